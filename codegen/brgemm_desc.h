@@ -1,0 +1,66 @@
+// The batch-reduce GEMM micro-kernel: its call arguments and its specialization.
+//
+//   C[mr × nr] = epilogue( Σ_{i < batch} A_i[mr × kb] · B_i[kb × nr] )
+//
+// A_i is bf16 row-major (row stride lda bytes); B_i is a block of the packed
+// weight layout (see packed_layout.h): k-pair rows of `b_row_bytes`, each row
+// holding 64 columns × 2 bf16. The epilogue (bias, activation, conversion) is
+// fused into the store. Every emitter (AMX, AVX-512) implements this contract.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "tilejit/tilejit.h"
+
+namespace tilejit::codegen {
+
+// Passed by pointer in the first argument register. Field offsets are part of
+// the emitted code: the static_asserts below guard them.
+struct BrgemmArgs {
+  const void* const* a;  // [batch] A block pointers
+  const void* const* b;  // [batch] packed B block pointers
+  int64_t batch;
+  int64_t lda;     // bytes between A rows
+  void* c;         // C[0, 0]
+  int64_t ldc;     // bytes between C rows
+  const void* bias;  // bias[0] of this column block, or null
+  // AMX only: zero-padded copy of the last A block's K tail (kb % 32 columns,
+  // rows of 64 bytes), so tile loads never read past the end of a row.
+  const void* a_tail;
+};
+static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
+              offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
+              offsetof(BrgemmArgs, c) == 32 && offsetof(BrgemmArgs, ldc) == 40 &&
+              offsetof(BrgemmArgs, bias) == 48 && offsetof(BrgemmArgs, a_tail) == 56);
+
+using BrgemmFn = void (*)(const BrgemmArgs*);
+
+enum class BiasKind { none, f32, bf16 };
+const char* bias_kind_name(BiasKind b);
+
+// Everything that changes the emitted bytes, and nothing else. Hash, equality
+// and the key text all derive from fields(), so a new field cannot be forgotten.
+struct BrgemmDesc {
+  Isa isa = Isa::avx512;
+  int mr = 1;               // rows of C
+  int nr = 64;              // columns of C (≤ 64)
+  int64_t kb = 1;           // K elements per batch item
+  int64_t b_row_bytes = 256;  // bytes per k-pair row of a packed B block
+  BiasKind bias = BiasKind::none;
+  Activation act = Activation::none;
+  DType out = DType::f32;   // f32 or bf16
+
+  auto fields() const { return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out); }
+  bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
+
+  // Canonical key text, e.g. "brgemm;isa=avx512;mr=7;nr=64;kb=4096;brow=256;bias=f32;act=silu;out=bf16".
+  std::string key() const;
+  // Kernel name spelling its specialization, e.g.
+  // "brgemm_avx512_bf16_f32acc_m7n64k4096_bias_silu_bf16out".
+  std::string name() const;
+};
+
+}  // namespace tilejit::codegen

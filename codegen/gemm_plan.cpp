@@ -1,0 +1,102 @@
+#include "codegen/gemm_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "codegen/xbyak/emitters.h"
+
+namespace tilejit::codegen {
+
+GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
+  GemmPlan p;
+  p.spec = spec;
+  p.isa = isa;
+  p.nb = static_cast<int>(PackedLayout::kBlockN);
+  p.n_tail = static_cast<int>(spec.n % p.nb);
+  switch (isa) {
+    case Isa::amx:
+      // Two row tiles: every B tile loaded feeds two tdpbf16ps.
+      p.mr = 32;
+      p.k_tail = spec.k % 32;
+      break;
+    case Isa::avx512: {
+      // The widest N block sets the register budget for the rows.
+      const int nz = static_cast<int>(std::min<int64_t>(4, (spec.n + 15) / 16));
+      p.mr = xbyak::avx512_brgemm_max_mr(nz);
+      break;
+    }
+    case Isa::scalar:
+      p.mr = 1;
+      break;
+  }
+  return p;
+}
+
+BrgemmDesc GemmPlan::ukernel(int rows, int cols) const {
+  BrgemmDesc d;
+  d.isa = isa;
+  d.mr = rows;
+  d.nr = cols;
+  d.kb = spec.k;
+  d.b_row_bytes = PackedLayout::kRowBytes;
+  d.bias = spec.bias;
+  d.act = spec.act;
+  d.out = spec.out;
+  return d;
+}
+
+std::string GemmPlan::name() const {
+  std::string s = fmt::format("gemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nb, spec.k);
+  if (n_tail != 0) s += fmt::format("_nt{}", n_tail);
+  if (spec.bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(spec.bias));
+  if (spec.act != Activation::none) s += fmt::format("_{}", activation_name(spec.act));
+  s += fmt::format("_{}out", dtype_name(spec.out));
+  return s;
+}
+
+std::string GemmPlan::key() const {
+  return fmt::format("gemm;isa={};n={};k={};bias={};act={};out={}", isa_name(isa), spec.n, spec.k,
+                     bias_kind_name(spec.bias), activation_name(spec.act), dtype_name(spec.out));
+}
+
+std::string GemmPlan::str() const {
+  std::string s = fmt::format("plan {}\n", name());
+  s += fmt::format("  isa          {}\n", isa_name(isa));
+  s += fmt::format("  problem      M=? (symbolic) N={} K={}\n", spec.n, spec.k);
+  s += fmt::format("  blocking     BM={} BN={} BK={} (whole K per call; fp32 accumulators in {})\n",
+                   mr, nb, isa == Isa::amx ? 32 : 2, isa == Isa::amx ? "tiles" : "zmm registers");
+  s += fmt::format("  tails        M: {}..{} rows by kernel variant; N: {}; K: {}\n", 1, mr - 1,
+                   n_tail ? fmt::format("{} columns, masked stores", n_tail) : "none",
+                   isa == Isa::amx ? (k_tail ? fmt::format("{} (padded A copy)", k_tail) : "none")
+                                   : (spec.k % 2 ? "odd k (zero-extended A)" : "none"));
+  s += fmt::format("  epilogue     bias={} act={} out={}\n", bias_kind_name(spec.bias),
+                   activation_name(spec.act), dtype_name(spec.out));
+  s += fmt::format("  weights      packed {}", "bf16_vnni2_n64k32");
+  return s;
+}
+
+const char* bias_kind_name(BiasKind b) {
+  switch (b) {
+    case BiasKind::none: return "none";
+    case BiasKind::f32: return "f32";
+    case BiasKind::bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::string BrgemmDesc::key() const {
+  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={}",
+                     isa_name(isa), mr, nr, kb, b_row_bytes, bias_kind_name(bias),
+                     activation_name(act), dtype_name(out));
+}
+
+std::string BrgemmDesc::name() const {
+  std::string s = fmt::format("brgemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nr, kb);
+  if (bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(bias));
+  if (act != Activation::none) s += fmt::format("_{}", activation_name(act));
+  s += fmt::format("_{}out", dtype_name(out));
+  return s;
+}
+
+}  // namespace tilejit::codegen

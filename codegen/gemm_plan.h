@@ -1,0 +1,45 @@
+// Lowering of a gemm + epilogue chain to a kernel plan: the ISA, the register
+// / tile blocking, the tails and the fused epilogue, and the micro-kernel
+// descriptors the driver needs for any M.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "codegen/brgemm_desc.h"
+#include "codegen/packed_layout.h"
+
+namespace tilejit::codegen {
+
+// What a gemm + epilogue chain computes, independent of the machine.
+struct GemmSpec {
+  int64_t n = 0, k = 0;
+  BiasKind bias = BiasKind::none;
+  Activation act = Activation::none;
+  DType out = DType::f32;
+
+  auto fields() const { return std::tie(n, k, bias, act, out); }
+  bool operator==(const GemmSpec& o) const { return fields() == o.fields(); }
+};
+
+struct GemmPlan {
+  GemmSpec spec;
+  Isa isa = Isa::scalar;
+  int mr = 1;        // rows per micro-kernel call (main block); M tails use 1..mr-1
+  int nb = 64;       // columns per micro-kernel call (the packed block)
+  int n_tail = 0;    // N % nb (0: none)
+  int64_t k_tail = 0;  // K % 32 handled by the AMX kernel's padded A copy (0: none)
+
+  // Micro-kernel for a block of `rows` × `cols`.
+  BrgemmDesc ukernel(int rows, int cols) const;
+  // e.g. "gemm_avx512_bf16_f32acc_m7n64k4096_nt17_bias_silu_bf16out".
+  std::string name() const;
+  // Canonical key text: everything that changes the code of this plan.
+  std::string key() const;
+  // Multi-line human-readable plan, for `tilejit dump --stage plan`.
+  std::string str() const;
+};
+
+GemmPlan plan_gemm(const GemmSpec& spec, Isa isa);
+
+}  // namespace tilejit::codegen

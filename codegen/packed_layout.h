@@ -1,0 +1,36 @@
+// The packed bf16 weight layout shared by the AMX and AVX-512 micro-kernels.
+//
+//   packed[nb][kp][c][2] = w[nb*64 + c][2*kp + parity]      ("vnni2, n64, k32-padded")
+//
+// nb: column block of 64 output features; kp: k-pair row; c: column within the
+// block. One k-pair row of a block is 256 bytes: four 64-byte AMX B-tile rows
+// (16 columns × 2 bf16) side by side, or four zmm loads for vdpbf16ps. N is
+// zero-padded to a multiple of 64 and K to a multiple of 32 (one AMX K step),
+// so tile loads of the last block never leave the buffer and padded products
+// are exact zeros.
+#pragma once
+
+#include <cstdint>
+
+namespace tilejit::codegen {
+
+struct PackedLayout {
+  static constexpr int64_t kBlockN = 64;   // columns per block
+  static constexpr int64_t kPadK = 32;     // K is padded to this multiple
+  static constexpr int64_t kRowBytes = kBlockN * 2 * 2;  // one k-pair row
+
+  int64_t n = 0, k = 0;
+
+  int64_t n_blocks() const { return (n + kBlockN - 1) / kBlockN; }
+  int64_t k_padded() const { return (k + kPadK - 1) / kPadK * kPadK; }
+  int64_t k_pairs() const { return k_padded() / 2; }
+  int64_t block_elems() const { return k_pairs() * kBlockN * 2; }
+  int64_t total_elems() const { return n_blocks() * block_elems(); }
+  // Element index of w[row, col] in the packed buffer.
+  int64_t index(int64_t row, int64_t col) const {
+    const int64_t nb = row / kBlockN, c = row % kBlockN;
+    return nb * block_elems() + (col / 2) * kBlockN * 2 + c * 2 + (col % 2);
+  }
+};
+
+}  // namespace tilejit::codegen

@@ -1,0 +1,158 @@
+// AMX bf16 batch-reduce GEMM micro-kernel (tdpbf16ps).
+//
+// C[mr ≤ 32 × nr ≤ 64] in up to 2 × 4 accumulator tiles of 16×16 f32. With two
+// row tiles the eight tile registers hold 2×2 accumulators + 2 A + 2 B, so the
+// 64 columns are done in two passes; with one row tile, 1×4 accumulators + 1 A
+// + 3 rotating B tiles do them in one. The accumulators stay in tiles across
+// the whole K loop and are stored once to a stack scratch, from which the
+// shared AVX-512 epilogue applies bias/activation/conversion and masked stores.
+// M tails are tile rows; N tails are masked stores (B is zero-padded to 64
+// columns); K tails use a zero-padded copy of A's last 32 columns (a_tail) and
+// B's zero-padded K rows, so no tile load reads past a row. A kernel with a K
+// tail (kb % 32 ≠ 0) must be called with batch == 1.
+#include <algorithm>
+
+#include "codegen/xbyak/amx_tile_config.h"
+#include "codegen/xbyak/avx512_epilogue.h"
+#include "codegen/xbyak/emitters.h"
+
+namespace tilejit::codegen::xbyak {
+namespace {
+
+using namespace Xbyak::util;
+
+class AmxBrgemm : public JitGenerator {
+ public:
+  explicit AmxBrgemm(const BrgemmDesc& d) : d_(d) {
+    mt_ = (d.mr + 15) / 16;
+    nt_ = (d.nr + 15) / 16;
+    ntp_max_ = mt_ == 2 ? 2 : 4;
+    b_slots_ = 8 - mt_ * ntp_max_ - mt_;
+    generate();
+  }
+
+ private:
+  int rows(int i) const { return std::min(16, d_.mr - 16 * i); }
+  Xbyak::Tmm acc(int i, int j) const { return Xbyak::Tmm(i * ntp_max_ + j); }
+  Xbyak::Tmm a_tile(int i) const { return Xbyak::Tmm(mt_ * ntp_max_ + i); }
+  Xbyak::Tmm b_tile(int n) const { return Xbyak::Tmm(mt_ * ntp_max_ + mt_ + n % b_slots_); }
+
+  const Xbyak::Label& config() {
+    AmxTileConfig cfg;
+    for (int i = 0; i < mt_; ++i) {
+      for (int j = 0; j < ntp_max_; ++j) cfg.set(acc(i, j).getIdx(), rows(i), 64);
+      cfg.set(a_tile(i).getIdx(), rows(i), 64);
+    }
+    for (int s = 0; s < b_slots_; ++s) cfg.set(b_tile(s).getIdx(), 16, 64);
+    return blob_label(cfg.bytes.data(), cfg.bytes.size());
+  }
+
+  // One K step of 32: A tiles from [a_row0 / a_row16 + stride], B tiles from b.
+  void k_step(int ntp, const Xbyak::Reg64& a0, const Xbyak::Reg64& a1, const Xbyak::Reg64& a_stride,
+              int64_t a1_disp) {
+    tileloadd(a_tile(0), ptr[a0 + a_stride]);
+    if (mt_ == 2) tileloadd(a_tile(1), ptr[a1 + a_stride + a1_disp]);
+    for (int j = 0; j < ntp; ++j) {
+      tileloadd(b_tile(j), ptr[rsi + r11 + j * 64]);
+      for (int i = 0; i < mt_; ++i) tdpbf16ps(acc(i, j), a_tile(i), b_tile(j));
+    }
+  }
+
+  void generate() {
+    const Xbyak::Label& cfg = config();
+    const int64_t kfull = d_.kb / 32;
+    const bool ktail = d_.kb % 32 != 0;
+    const int scratch = mt_ * ntp_max_ * 1024;
+
+    push_callee_saved();
+    mov(rbp, rsp);
+    sub(rsp, scratch);
+    and_(rsp, -64);
+    ldtilecfg(ptr[rip + cfg]);  // this thread's tile state is ours: always load it
+    mov(r15, ptr[rdi + 24]);    // lda
+    mov(r11, d_.b_row_bytes);   // B tile row stride
+    mov(r13, 64);               // a_tail and scratch row stride
+
+    const int passes = (nt_ + ntp_max_ - 1) / ntp_max_;
+    for (int p = 0; p < passes; ++p) {
+      const int ntp = std::min(ntp_max_, nt_ - p * ntp_max_);
+      for (int i = 0; i < mt_; ++i)
+        for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
+      Xbyak::Label batch_loop, batch_done, k_loop;
+      mov(r8, ptr[rdi + 0]);
+      mov(r9, ptr[rdi + 8]);
+      mov(r10, ptr[rdi + 16]);
+      test(r10, r10);
+      jle(batch_done, T_NEAR);
+      L(batch_loop);
+      {
+        mov(rax, ptr[r8]);
+        mov(rsi, ptr[r9]);
+        if (p > 0) add(rsi, p * ntp_max_ * 64);
+        if (mt_ == 2) {
+          mov(rbx, r15);
+          shl(rbx, 4);
+          add(rbx, rax);  // row 16 of A
+        }
+        if (kfull > 0) {
+          mov(rcx, kfull);
+          L(k_loop);
+          k_step(ntp, rax, rbx, r15, 0);
+          add(rax, 64);
+          if (mt_ == 2) add(rbx, 64);
+          add(rsi, 16 * d_.b_row_bytes);
+          dec(rcx);
+          jnz(k_loop, T_NEAR);
+        }
+        add(r8, 8);
+        add(r9, 8);
+        dec(r10);
+        jnz(batch_loop, T_NEAR);
+      }
+      if (ktail) {
+        // rsi already points at the zero-padded K rows of the (only) B block.
+        mov(rdx, ptr[rdi + 56]);
+        k_step(ntp, rdx, rdx, r13, 16 * 64);
+      }
+      L(batch_done);
+      for (int i = 0; i < mt_; ++i)
+        for (int j = 0; j < ntp; ++j)
+          tilestored(ptr[rsp + r13 + (i * ntp_max_ + j) * 1024], acc(i, j));
+
+      Avx512Epilogue epi(*this, d_, {zmm1, zmm2, zmm3, zmm4});
+      const int tail_cols = d_.nr % 16;
+      if (tail_cols != 0) {
+        mov(edx, (1u << tail_cols) - 1);
+        kmovw(k1, edx);
+      }
+      mov(rdx, ptr[rdi + 32]);  // C
+      mov(r14, ptr[rdi + 40]);  // ldc
+      mov(r12, ptr[rdi + 48]);  // bias
+      for (int r = 0; r < d_.mr; ++r) {
+        for (int j = 0; j < ntp; ++j) {
+          const int col_vec = p * ntp_max_ + j;
+          const bool last = col_vec == nt_ - 1 && tail_cols != 0;
+          vmovups(zmm0, ptr[rsp + ((r / 16) * ntp_max_ + j) * 1024 + (r % 16) * 64]);
+          epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr);
+        }
+        if (r + 1 < d_.mr) add(rdx, r14);
+      }
+    }
+    mov(rsp, rbp);
+    vzeroupper();
+    pop_callee_saved();
+    ret();
+  }
+
+  const BrgemmDesc& d_;
+  int mt_ = 1, nt_ = 1, ntp_max_ = 4, b_slots_ = 3;
+};
+
+}  // namespace
+
+std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d) {
+  AmxBrgemm g(d);
+  return g.finish();
+}
+
+}  // namespace tilejit::codegen::xbyak

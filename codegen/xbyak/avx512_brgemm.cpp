@@ -1,0 +1,168 @@
+// AVX-512 bf16 batch-reduce GEMM micro-kernel (vdpbf16ps), for CPUs without AMX.
+//
+// Register blocking: mr rows × nz zmm columns of fp32 accumulators (nz =
+// ceil(nr/16) ≤ 4), ksplit copies of them when mr·nz is too small to hide the
+// vdpbf16ps latency (decode shapes), nz registers of B per k-pair, and A
+// broadcast straight from memory as the {1to16} operand. A rows are addressed
+// from one base register per three rows ([base], [base+lda], [base+2·lda]).
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "codegen/xbyak/avx512_epilogue.h"
+#include "codegen/xbyak/emitters.h"
+
+namespace tilejit::codegen::xbyak {
+namespace {
+
+using namespace Xbyak::util;
+
+class Avx512Brgemm : public JitGenerator {
+ public:
+  explicit Avx512Brgemm(const BrgemmDesc& d) : d_(d) {
+    nz_ = (d.nr + 15) / 16;
+    ksplit_ = avx512_brgemm_ksplit(d.mr, nz_);
+    generate();
+  }
+
+ private:
+  static constexpr int kUnroll = 4;  // k-pairs per loop iteration (multiple of ksplit)
+
+  Xbyak::Zmm acc(int s, int r, int j) const { return Xbyak::Zmm(s * d_.mr * nz_ + r * nz_ + j); }
+  Xbyak::Zmm breg(int j) const { return Xbyak::Zmm(ksplit_ * d_.mr * nz_ + j); }
+  // A element address of row r at byte offset `off` of the current k position.
+  Xbyak::RegExp a_exp(int r, int64_t off) const {
+    const Xbyak::Reg64& base = abase_[r / 3];
+    switch (r % 3) {
+      case 0: return base + off;
+      case 1: return base + lda_ + off;
+      default: return base + lda_ * 2 + off;
+    }
+  }
+  Xbyak::Address a_addr(int r, int64_t off) { return ptr_b[a_exp(r, off)]; }
+
+  void k_pair(int64_t u, int set) {
+    // B for this k-pair: nz vectors of 16 column pairs.
+    for (int j = 0; j < nz_; ++j) vmovups(breg(j), ptr[b_ + u * d_.b_row_bytes + j * 64]);
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < nz_; ++j) vdpbf16ps(acc(set, r, j), breg(j), a_addr(r, u * 4));
+  }
+
+  void advance(int64_t pairs) {
+    for (int i = 0; i < (d_.mr + 2) / 3; ++i) add(abase_[i], pairs * 4);
+    add(b_, pairs * d_.b_row_bytes);
+  }
+
+  void generate() {
+    push_callee_saved();
+    const int nbase = (d_.mr + 2) / 3;
+    const Xbyak::Reg64 bases[] = {rax, rbx, r12, r13};
+    for (int i = 0; i < nbase; ++i) abase_[i] = bases[i];
+
+    mov(lda_, ptr[rdi + 24]);
+    mov(r8, ptr[rdi + 0]);    // A list
+    mov(r9, ptr[rdi + 8]);    // B list
+    mov(r10, ptr[rdi + 16]);  // batch count
+    for (int s = 0; s < ksplit_; ++s)
+      for (int r = 0; r < d_.mr; ++r)
+        for (int j = 0; j < nz_; ++j) vpxord(acc(s, r, j), acc(s, r, j), acc(s, r, j));
+
+    const int64_t kp = d_.kb / 2;
+    const bool odd = d_.kb % 2 != 0;
+    Xbyak::Label batch_loop, batch_done, k_loop;
+    test(r10, r10);
+    jle(batch_done, T_NEAR);
+    L(batch_loop);
+    {
+      mov(abase_[0], ptr[r8]);
+      mov(b_, ptr[r9]);
+      lea(rdx, ptr[lda_ + lda_ * 2]);  // 3·lda
+      for (int i = 1; i < nbase; ++i) lea(abase_[i], ptr[abase_[i - 1] + rdx]);
+
+      const int64_t iters = kp / kUnroll;
+      if (iters > 0) {
+        mov(rcx, iters);
+        L(k_loop);
+        for (int u = 0; u < kUnroll; ++u) k_pair(u, u % ksplit_);
+        advance(kUnroll);
+        dec(rcx);
+        jnz(k_loop, T_NEAR);
+      }
+      const int64_t rem = kp % kUnroll;
+      for (int64_t u = 0; u < rem; ++u) k_pair(u, static_cast<int>(u % ksplit_));
+      if (odd) {
+        // The last, unpaired k: zero-extend the single bf16 of each A row (its
+        // neighbour may lie past the row or be NaN), pair it with B's row whose
+        // second half is packing padding (zero).
+        const Xbyak::Zmm a1 = breg(0);
+        for (int r = 0; r < d_.mr; ++r) {
+          movzx(edx, word[a_exp(r, rem * 4)]);
+          vpbroadcastd(a1, edx);
+          for (int j = 0; j < nz_; ++j)
+            vdpbf16ps(acc(0, r, j), a1, ptr[b_ + rem * d_.b_row_bytes + j * 64]);
+        }
+      }
+      add(r8, 8);
+      add(r9, 8);
+      dec(r10);
+      jnz(batch_loop, T_NEAR);
+    }
+    L(batch_done);
+
+    // Epilogue: fold the k-split copies, then bias/activation/convert/store row by row.
+    for (int s = 1; s < ksplit_; ++s)
+      for (int r = 0; r < d_.mr; ++r)
+        for (int j = 0; j < nz_; ++j) vaddps(acc(0, r, j), acc(0, r, j), acc(s, r, j));
+    const int first_free = d_.mr * nz_;
+    Avx512Epilogue epi(*this, d_,
+                       {Xbyak::Zmm(first_free), Xbyak::Zmm(first_free + 1),
+                        Xbyak::Zmm(first_free + 2), Xbyak::Zmm(first_free + 3)});
+    const int tail_cols = d_.nr % 16;
+    if (tail_cols != 0) {
+      mov(edx, (1u << tail_cols) - 1);
+      kmovw(k1, edx);
+    }
+    mov(rsi, ptr[rdi + 32]);  // C row pointer
+    mov(r11, ptr[rdi + 40]);  // ldc
+    mov(r14, ptr[rdi + 48]);  // bias
+    for (int r = 0; r < d_.mr; ++r) {
+      for (int j = 0; j < nz_; ++j) {
+        const bool last = j == nz_ - 1 && tail_cols != 0;
+        epi.apply_and_store(acc(0, r, j), j, rsi, r14, last ? &k1 : nullptr);
+      }
+      if (r + 1 < d_.mr) add(rsi, r11);
+    }
+    vzeroupper();
+    pop_callee_saved();
+    ret();
+  }
+
+  const BrgemmDesc& d_;
+  int nz_ = 1, ksplit_ = 1;
+  Xbyak::Reg64 abase_[4];
+  const Xbyak::Reg64 lda_ = r15;
+  const Xbyak::Reg64 b_ = rsi;
+};
+
+}  // namespace
+
+int avx512_brgemm_ksplit(int mr, int nz) {
+  // vdpbf16ps has a latency of several cycles: keep at least 8 independent
+  // accumulator chains, within the 32 zmm registers (B takes nz of them).
+  int ks = 1;
+  while (ks < 4 && ks * mr * nz < 8 && 2 * ks * mr * nz + nz <= 32) ks *= 2;
+  return ks;
+}
+
+int avx512_brgemm_max_mr(int nz) {
+  // mr·nz accumulators + max(nz B registers, 4 epilogue temporaries) ≤ 32;
+  // 12 rows is the most the four A base registers address.
+  return std::min(12, (32 - std::max(nz, 4)) / nz);
+}
+
+std::vector<uint8_t> emit_avx512_brgemm(const BrgemmDesc& d) {
+  Avx512Brgemm g(d);
+  return g.finish();
+}
+
+}  // namespace tilejit::codegen::xbyak

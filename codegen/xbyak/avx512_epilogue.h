@@ -1,0 +1,38 @@
+// The fused GEMM epilogue on zmm registers, shared by the AVX-512 and AMX
+// micro-kernels: bias add, activation, conversion to bf16 (round to nearest
+// even) or f32, and the (masked) store. Transcendentals are evaluated with
+// constants from the generator's RIP-relative pool, so no register holds them.
+#pragma once
+
+#include <array>
+
+#include "codegen/brgemm_desc.h"
+#include "codegen/xbyak/jit_generator.h"
+
+namespace tilejit::codegen::xbyak {
+
+class Avx512Epilogue {
+ public:
+  // temps: four zmm registers the epilogue may clobber.
+  Avx512Epilogue(JitGenerator& g, const BrgemmDesc& d, std::array<Xbyak::Zmm, 4> temps)
+      : g_(g), d_(d), t_(temps) {}
+
+  // Applies bias + activation to acc (16 f32 lanes = output columns
+  // [16*col_vec, 16*col_vec + 16)) and stores it at c_row + 16*col_vec elements.
+  // `tail` masks both the bias load and the store of the last, partial vector.
+  void apply_and_store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
+                       const Xbyak::Reg64& bias, const Xbyak::Opmask* tail);
+
+  // exp(v) in place; clobbers n and r. Max relative error ~2e-7 on [-87, 88].
+  static void exp_inplace(JitGenerator& g, const Xbyak::Zmm& v, const Xbyak::Zmm& n,
+                          const Xbyak::Zmm& r);
+
+ private:
+  void activation(const Xbyak::Zmm& v);
+
+  JitGenerator& g_;
+  const BrgemmDesc& d_;
+  std::array<Xbyak::Zmm, 4> t_;
+};
+
+}  // namespace tilejit::codegen::xbyak

@@ -1,0 +1,26 @@
+// The Xbyak emitters, behind an interface free of Xbyak types: callers get
+// position-independent machine code bytes (constants are RIP-relative) and
+// place them in executable memory themselves.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "codegen/brgemm_desc.h"
+
+namespace tilejit::codegen::xbyak {
+
+std::vector<uint8_t> emit_avx512_brgemm(const BrgemmDesc& d);
+std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d);
+
+// Register-blocking rules of the AVX-512 kernel, shared with the planner.
+int avx512_brgemm_ksplit(int mr, int nz);
+int avx512_brgemm_max_mr(int nz);
+
+// Peak-throughput probes for the benchmarks: `void f(int64_t iters)` running
+// iters × 16 independent vdpbf16ps (zmm) or iters × 8 tdpbf16ps on operands
+// held in registers. FLOPs per iteration: see peak_flops_per_iter().
+std::vector<uint8_t> emit_peak_probe(Isa isa);
+double peak_flops_per_iter(Isa isa);
+
+}  // namespace tilejit::codegen::xbyak

@@ -1,0 +1,124 @@
+// The public API of tilejit: the contract an embedding engine codes against.
+//
+//   auto w = tilejit::pack_weight({w_ptr, tilejit::DType::bf16, {N, K}});  // once, at load
+//   tilejit::gemm({x_ptr, tilejit::DType::bf16, {M, K}}, w,
+//                 {y_ptr, tilejit::DType::bf16, {M, N}},
+//                 {.bias = bias_view, .act = tilejit::Activation::silu});  // every step
+//
+// Every function raises tilejit::Error on bad input; nothing aborts the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tilejit/error.h"
+
+namespace tilejit {
+
+enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4 };
+
+// "f32", "bf16", ... (the spelling the IR text uses).
+const char* dtype_name(DType t);
+// Storage size in bits (u4 is 4).
+int dtype_bits(DType t);
+
+// A non-owning view of a strided tensor. Strides are in elements.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+
+  TensorView() = default;
+  // Row-major (contiguous) strides.
+  TensorView(void* data, DType dtype, std::vector<int64_t> shape);
+  TensorView(void* data, DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides);
+  // Read-only data is accepted through the same view; tilejit never writes an input.
+  TensorView(const void* ptr, DType type, std::vector<int64_t> dims)
+      : TensorView(const_cast<void*>(ptr), type, std::move(dims)) {}
+};
+
+enum class Activation { none, relu, silu, gelu_tanh, gelu_erf };
+const char* activation_name(Activation a);
+
+// The instruction-set paths, lowest first. The active path is min(what the CPU
+// and OS allow, TILEJIT_ISA); it is chosen once, at the first call.
+enum class Isa { scalar, avx512, amx };
+const char* isa_name(Isa isa);
+
+// A weight [N, K] repacked once for the micro-kernels (see docs/gemm.md for the
+// layout). Owning, movable, cheap to copy (the packed bytes are shared and
+// immutable). The layout tag travels with the data: a gemm checks it.
+class PackedWeight {
+ public:
+  struct Impl;
+  PackedWeight();
+  ~PackedWeight();
+  PackedWeight(const PackedWeight&);
+  PackedWeight(PackedWeight&&) noexcept;
+  PackedWeight& operator=(const PackedWeight&);
+  PackedWeight& operator=(PackedWeight&&) noexcept;
+
+  int64_t n() const;
+  int64_t k() const;
+  DType dtype() const;
+  // Layout name with its parameters, e.g. "bf16_vnni2_n64k2".
+  std::string layout() const;
+  // Size of the packed buffer in bytes (includes padding of the N and K tails).
+  size_t packed_bytes() const;
+  bool empty() const { return impl_ == nullptr; }
+  // Restores the original [N, K] weight exactly into `out` (rows may be strided).
+  void unpack(const TensorView& out) const;
+
+  const Impl* impl() const { return impl_.get(); }
+  explicit PackedWeight(std::shared_ptr<const Impl> impl);
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Packs w [N, K] bf16 (rows may be strided; the K stride must be 1).
+PackedWeight pack_weight(const TensorView& w);
+// Packing a packed weight is a no-op: it returns the same packed data.
+PackedWeight pack_weight(const PackedWeight& w);
+
+struct GemmOptions {
+  std::optional<TensorView> bias;  // [N], f32 or bf16
+  Activation act = Activation::none;
+};
+
+// y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
+// x: [M, K] bf16, K stride 1, row stride ≥ K. y: [M, N] bf16 or f32, N stride 1.
+void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
+          const GemmOptions& opt = {});
+
+struct CpuInfo {
+  std::string vendor;
+  bool avx512f = false, avx512bw = false, avx512vl = false;
+  bool avx512_bf16 = false, avx512_fp16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool amx_permitted = false;  // the OS granted XTILEDATA (arch_prctl)
+  Isa max_isa = Isa::scalar;   // best path the CPU and OS allow
+  Isa isa = Isa::scalar;       // the active path (capped by TILEJIT_ISA)
+  int num_threads = 1;
+};
+CpuInfo cpu_info();
+
+struct CacheStats {
+  uint64_t hits = 0;      // lookups served from the cache
+  uint64_t misses = 0;    // lookups that had to wait for (or do) a compile
+  uint64_t compiles = 0;  // kernels emitted
+  double compile_seconds = 0;  // total wall time spent emitting
+  size_t kernels = 0;          // kernels resident
+};
+CacheStats cache_stats();
+
+// Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the cores).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace tilejit

@@ -1,0 +1,31 @@
+#include "jit/brgemm_kernels.h"
+
+#include "codegen/xbyak/emitters.h"
+#include "jit/kernel_cache.h"
+
+namespace tilejit::jit {
+
+const Kernel& brgemm_kernel(const codegen::BrgemmDesc& d) {
+  if (d.mr < 1 || d.nr < 1 || d.nr > 64 || d.kb < 1)
+    throw Error("brgemm: descriptor " + d.key() + " is outside 1 <= mr, 1 <= nr <= 64, kb >= 1");
+  return KernelCache::global().get(d.key(), d.name(), [&] {
+    switch (d.isa) {
+      case Isa::amx:
+        if (d.mr > 32) throw Error("brgemm: AMX kernel mr=" + std::to_string(d.mr) + " > 32");
+        return codegen::xbyak::emit_amx_brgemm(d);
+      case Isa::avx512: {
+        const int nz = (d.nr + 15) / 16;
+        if (d.mr > codegen::xbyak::avx512_brgemm_max_mr(nz))
+          throw Error("brgemm: AVX-512 kernel mr=" + std::to_string(d.mr) + " exceeds " +
+                      std::to_string(codegen::xbyak::avx512_brgemm_max_mr(nz)) + " for nr=" +
+                      std::to_string(d.nr));
+        return codegen::xbyak::emit_avx512_brgemm(d);
+      }
+      case Isa::scalar:
+        break;
+    }
+    throw Error("brgemm: no JIT kernel for the scalar path");
+  });
+}
+
+}  // namespace tilejit::jit

@@ -1,0 +1,101 @@
+#include "jit/kernel_cache.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace tilejit::jit {
+
+struct KernelCache::Impl {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_future<const Kernel*>> map;
+  std::vector<std::unique_ptr<Kernel>> owned;  // guarded by mu
+  std::atomic<uint64_t> hits{0}, misses{0}, compiles{0};
+  std::atomic<uint64_t> compile_ns{0};
+  const bool verbose = [] {
+    const char* v = std::getenv("TILEJIT_VERBOSE");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+};
+
+KernelCache::Impl& KernelCache::impl() const {
+  static Impl impl;
+  return impl;
+}
+
+KernelCache& KernelCache::global() {
+  static KernelCache cache;
+  return cache;
+}
+
+void KernelCache::count_hit() { impl().hits.fetch_add(1, std::memory_order_relaxed); }
+
+const Kernel& KernelCache::get(const std::string& key, const std::string& name,
+                               const std::function<std::vector<uint8_t>()>& emit) {
+  Impl& s = impl();
+  std::promise<const Kernel*> promise;
+  {
+    std::unique_lock<std::mutex> lk(s.mu);
+    auto it = s.map.find(key);
+    if (it != s.map.end()) {
+      std::shared_future<const Kernel*> f = it->second;
+      lk.unlock();
+      const bool ready = f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      (ready ? s.hits : s.misses).fetch_add(1, std::memory_order_relaxed);
+      return *f.get();
+    }
+    s.map.emplace(key, promise.get_future().share());
+    s.misses.fetch_add(1, std::memory_order_relaxed);
+  }
+  // This thread is the one creator for `key`; others wait on the future.
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<uint8_t> bytes = emit();
+    auto k = std::make_unique<Kernel>();
+    k->name = name;
+    k->key = key;
+    k->code = runtime::ExecutableMemory(bytes.data(), bytes.size());
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+    k->compile_us = ns / 1e3;
+    s.compiles.fetch_add(1, std::memory_order_relaxed);
+    s.compile_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    if (s.verbose)
+      std::fprintf(stderr, "tilejit: compiled %s (%zu bytes, %.1f us) key=%s\n", name.c_str(),
+                   bytes.size(), k->compile_us, key.c_str());
+    const Kernel* result = k.get();
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.owned.push_back(std::move(k));
+    }
+    promise.set_value(result);
+    return *result;
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.map.erase(key);  // a later call may try again
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+CacheStats KernelCache::stats() const {
+  Impl& s = impl();
+  CacheStats st;
+  st.hits = s.hits.load();
+  st.misses = s.misses.load();
+  st.compiles = s.compiles.load();
+  st.compile_seconds = s.compile_ns.load() / 1e9;
+  std::lock_guard<std::mutex> lk(s.mu);
+  st.kernels = s.owned.size();
+  return st;
+}
+
+}  // namespace tilejit::jit

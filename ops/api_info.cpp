@@ -1,0 +1,93 @@
+// The small public functions: names, TensorView constructors, cpu_info,
+// cache_stats, thread count.
+#include <fmt/format.h>
+
+#include "jit/kernel_cache.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "runtime/thread_pool.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i8: return "i8";
+    case DType::u8: return "u8";
+    case DType::i32: return "i32";
+    case DType::f8e4m3: return "f8e4m3";
+    case DType::u4: return "u4";
+  }
+  return "?";
+}
+
+int dtype_bits(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 32;
+    case DType::bf16: case DType::f16: return 16;
+    case DType::i8: case DType::u8: case DType::f8e4m3: return 8;
+    case DType::u4: return 4;
+  }
+  return 0;
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+    case Activation::silu: return "silu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::gelu_erf: return "gelu_erf";
+  }
+  return "?";
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx512: return "avx512";
+    case Isa::amx: return "amx";
+  }
+  return "?";
+}
+
+TensorView::TensorView(void* d, DType t, std::vector<int64_t> s)
+    : data(d), dtype(t), shape(std::move(s)), strides(shape.size()) {
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+}
+
+TensorView::TensorView(void* d, DType t, std::vector<int64_t> s, std::vector<int64_t> st)
+    : data(d), dtype(t), shape(std::move(s)), strides(std::move(st)) {}
+
+CpuInfo cpu_info() {
+  const auto& f = runtime::cpu_features();
+  CpuInfo c;
+  c.vendor = f.vendor;
+  c.avx512f = f.avx512f;
+  c.avx512bw = f.avx512bw;
+  c.avx512vl = f.avx512vl;
+  c.avx512_bf16 = f.avx512_bf16;
+  c.avx512_fp16 = f.avx512_fp16;
+  c.amx_tile = f.amx_tile;
+  c.amx_bf16 = f.amx_bf16;
+  c.amx_int8 = f.amx_int8;
+  c.amx_permitted = f.amx_permitted;
+  c.max_isa = runtime::max_supported_isa();
+  c.isa = runtime::active_isa();
+  c.num_threads = runtime::num_threads();
+  return c;
+}
+
+CacheStats cache_stats() { return jit::KernelCache::global().stats(); }
+
+void set_num_threads(int n) { runtime::set_num_threads(n); }
+int num_threads() { return runtime::num_threads(); }
+
+}  // namespace tilejit

@@ -1,0 +1,217 @@
+// tilejit::gemm: argument checks, plan lookup, and the driver loop that runs
+// the micro-kernels over (N block, M chunk) tasks on the thread pool.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "codegen/brgemm_desc.h"
+#include "jit/brgemm_kernels.h"
+#include "jit/kernel_cache.h"
+#include "ops/gemm_executable.h"
+#include "ops/gemm_ir.h"
+#include "ops/packed_weight_impl.h"
+#include "ops/tensor_checks.h"
+#include "runtime/isa.h"
+#include "runtime/reference_gemm.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+namespace ops {
+
+const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail) {
+  auto& slot = slots_[rows][n_tail ? 1 : 0];
+  if (const jit::Kernel* k = slot.load(std::memory_order_acquire)) return *k;
+  const int cols = n_tail ? plan_.n_tail : plan_.nb;
+  const jit::Kernel& k = jit::brgemm_kernel(plan_.ukernel(rows, cols));
+  slot.store(&k, std::memory_order_release);
+  return k;
+}
+
+namespace {
+
+struct SpecHash {
+  size_t operator()(const std::pair<codegen::GemmSpec, Isa>& s) const {
+    const auto& f = s.first;
+    size_t h = std::hash<int64_t>()(f.n) * 1000003u ^ std::hash<int64_t>()(f.k);
+    h = h * 31 + static_cast<size_t>(f.bias);
+    h = h * 31 + static_cast<size_t>(f.act);
+    h = h * 31 + static_cast<size_t>(f.out);
+    return h * 31 + static_cast<size_t>(s.second);
+  }
+};
+
+}  // namespace
+
+GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
+  static std::shared_mutex mu;
+  static std::unordered_map<std::pair<codegen::GemmSpec, Isa>, std::unique_ptr<GemmExecutable>,
+                            SpecHash>
+      map;
+  const auto key = std::make_pair(spec, isa);
+  {
+    std::shared_lock<std::shared_mutex> lk(mu);
+    auto it = map.find(key);
+    if (it != map.end()) {
+      jit::KernelCache::global().count_hit();
+      return *it->second;
+    }
+  }
+  // Miss: the whole pipeline (IR -> verify -> lower). Cheap next to emission,
+  // and done once per spec.
+  LoweredGemm lowered = lower_gemm_spec(spec, isa);
+  std::unique_lock<std::shared_mutex> lk(mu);
+  auto& slot = map[key];
+  if (!slot) {
+    slot = std::make_unique<GemmExecutable>(std::move(lowered.plan));
+    slot->ir_text = std::move(lowered.ir_text);
+  }
+  return *slot;
+}
+
+}  // namespace ops
+
+namespace {
+
+codegen::BiasKind bias_kind(const GemmOptions& opt) {
+  if (!opt.bias) return codegen::BiasKind::none;
+  return opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32 : codegen::BiasKind::bf16;
+}
+
+void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorView& y,
+                     const GemmOptions& opt) {
+  if (w.empty())
+    throw Error("gemm: w is an empty PackedWeight; allowed: a weight from pack_weight()");
+  if (w.layout() != PackedWeight::Impl::kLayoutName)
+    throw Error(fmt::format("gemm: w has layout {}; allowed: {}", w.layout(),
+                            PackedWeight::Impl::kLayoutName));
+  ops::check_view("gemm", "x", x, 2);
+  ops::check_dtype("gemm", "x", x, {DType::bf16});
+  ops::check_row_major_rows("gemm", "x", x);
+  ops::check_view("gemm", "y", y, 2);
+  ops::check_dtype("gemm", "y", y, {DType::bf16, DType::f32});
+  ops::check_row_major_rows("gemm", "y", y);
+  if (x.shape[1] != w.k())
+    throw Error(fmt::format("gemm: x has shape {} but w is [{}, {}]; allowed: x.shape[1] == K = {}",
+                            ops::shape_str(x.shape), w.n(), w.k(), w.k()));
+  if (y.shape[0] != x.shape[0] || y.shape[1] != w.n())
+    throw Error(fmt::format("gemm: y has shape {}; allowed: [M, N] = [{}, {}]",
+                            ops::shape_str(y.shape), x.shape[0], w.n()));
+  if (opt.bias) {
+    ops::check_view("gemm", "bias", *opt.bias, 1);
+    ops::check_dtype("gemm", "bias", *opt.bias, {DType::f32, DType::bf16});
+    if (opt.bias->shape[0] != w.n())
+      throw Error(fmt::format("gemm: bias has shape {}; allowed: [N] = [{}]",
+                              ops::shape_str(opt.bias->shape), w.n()));
+    if (opt.bias->strides[0] != 1 && w.n() > 1)
+      throw Error(fmt::format("gemm: bias has stride {}; allowed: 1", opt.bias->strides[0]));
+  }
+  switch (opt.act) {
+    case Activation::none:
+    case Activation::relu:
+    case Activation::silu:
+    case Activation::gelu_tanh:
+    case Activation::gelu_erf:
+      break;
+    default:
+      throw Error(fmt::format("gemm: act={} is not an activation; allowed: none, relu, silu, "
+                              "gelu_tanh, gelu_erf",
+                              static_cast<int>(opt.act)));
+  }
+}
+
+void run_scalar(const TensorView& x, const PackedWeight& w, const TensorView& y,
+                const GemmOptions& opt) {
+  const PackedWeight::Impl& p = *w.impl();
+  runtime::ReferenceGemmArgs a;
+  a.x = static_cast<const uint16_t*>(x.data);
+  a.ldx = x.strides[0];
+  a.m = x.shape[0];
+  a.n = w.n();
+  a.k = w.k();
+  a.bias = opt.bias ? opt.bias->data : nullptr;
+  a.bias_dtype = opt.bias ? opt.bias->dtype : DType::f32;
+  a.act = opt.act;
+  a.y = y.data;
+  a.y_dtype = y.dtype;
+  a.ldy = y.strides[0];
+  const uint16_t* packed = p.bf16();
+  // Rows are independent: split M over the pool.
+  runtime::parallel_for(a.m, [&](int64_t i) {
+    runtime::ReferenceGemmArgs row = a;
+    row.m = 1;
+    row.x = a.x + i * a.ldx;
+    row.y = static_cast<char*>(a.y) + i * a.ldy * (a.y_dtype == DType::f32 ? 4 : 2);
+    runtime::reference_gemm(row, [&](int64_t n, int64_t k) { return packed[p.layout.index(n, k)]; });
+  });
+}
+
+}  // namespace
+
+void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
+          const GemmOptions& opt) {
+  check_gemm_args(x, w, y, opt);
+  const int64_t M = x.shape[0], N = w.n(), K = w.k();
+  if (M == 0) return;
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
+
+  const codegen::GemmSpec spec{N, K, bias_kind(opt), opt.act, y.dtype};
+  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa);
+  const codegen::GemmPlan& plan = exe.plan();
+  const PackedWeight::Impl& p = *w.impl();
+
+  const int mr = plan.mr;
+  const int64_t nb = plan.nb;
+  const int64_t n_blocks = (N + nb - 1) / nb;
+  const int64_t m_blocks = (M + mr - 1) / mr;
+  // M chunks of ~256 rows per task keep a task's B panel hot in L2 while
+  // leaving enough tasks to balance two noisy cores.
+  const int64_t chunk_blocks = std::max<int64_t>(1, 256 / mr);
+  const int64_t m_chunks = (m_blocks + chunk_blocks - 1) / chunk_blocks;
+
+  const auto* xb = static_cast<const uint8_t*>(x.data);
+  auto* yb = static_cast<uint8_t*>(y.data);
+  const int64_t lda = x.strides[0] * 2;
+  const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
+  const int64_t ldc = y.strides[0] * y_elem;
+  const auto* bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
+  const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
+  const int64_t block_bytes = p.layout.block_elems() * 2;
+  const int64_t k_full = K / 32 * 32;
+
+  runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
+    const int64_t nbi = t % n_blocks, mc = t / n_blocks;
+    const bool tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+    const void* b_ptr = packed + nbi * block_bytes;
+    alignas(64) uint16_t a_tail[32 * 32];
+    for (int64_t mb = mc * chunk_blocks; mb < std::min(m_blocks, (mc + 1) * chunk_blocks); ++mb) {
+      const int64_t m0 = mb * mr;
+      const int rows = static_cast<int>(std::min<int64_t>(mr, M - m0));
+      const void* a_ptr = xb + m0 * lda;
+      codegen::BrgemmArgs args{};
+      args.a = &a_ptr;
+      args.b = &b_ptr;
+      args.batch = 1;
+      args.lda = lda;
+      args.c = yb + m0 * ldc + nbi * nb * y_elem;
+      args.ldc = ldc;
+      args.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
+      if (plan.k_tail != 0) {
+        // AMX K tail: a zero-padded copy of the last (K % 32) columns, so tile
+        // loads never read past a row of x.
+        std::memset(a_tail, 0, sizeof a_tail);
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(a_tail + r * 32, xb + (m0 + r) * lda + k_full * 2, plan.k_tail * 2);
+        args.a_tail = a_tail;
+      }
+      exe.kernel(rows, tail).entry<codegen::BrgemmFn>()(&args);
+    }
+  });
+}
+
+}  // namespace tilejit

@@ -1,0 +1,25 @@
+// An owning, 64-byte aligned byte buffer (cache line and AMX tile row alignment).
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+namespace tilejit::runtime {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+inline std::unique_ptr<std::byte[], FreeDeleter> aligned_alloc_bytes(size_t bytes,
+                                                                      size_t align = 64) {
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded == 0 ? align : rounded);
+  return std::unique_ptr<std::byte[], FreeDeleter>(static_cast<std::byte*>(p));
+}
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,96 @@
+#include "runtime/cpu_features.h"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace tilejit::runtime {
+namespace {
+
+struct Regs {
+  uint32_t eax, ebx, ecx, edx;
+};
+
+Regs cpuid(uint32_t leaf, uint32_t sub = 0) {
+  Regs r{};
+  __cpuid_count(leaf, sub, r.eax, r.ebx, r.ecx, r.edx);
+  return r;
+}
+
+uint64_t xgetbv0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+bool bit(uint32_t v, int b) { return (v >> b) & 1u; }
+
+// Linux arch_prctl codes; not in every libc's headers.
+constexpr long kArchGetXcompPerm = 0x1022;
+constexpr long kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+bool amx_granted_now() {
+  uint64_t mask = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) != 0) return false;
+  return (mask >> kXfeatureXtiledata) & 1u;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  Regs v = cpuid(0);
+  char vendor[13] = {};
+  std::memcpy(vendor + 0, &v.ebx, 4);
+  std::memcpy(vendor + 4, &v.edx, 4);
+  std::memcpy(vendor + 8, &v.ecx, 4);
+  f.vendor = vendor;
+  const uint32_t max_leaf = v.eax;
+  if (max_leaf < 7) return f;
+
+  Regs l1 = cpuid(1);
+  const bool osxsave = bit(l1.ecx, 27);
+  const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+  // Bits 1,2 (SSE, AVX), 5,6,7 (opmask, ZMM_Hi256, Hi16_ZMM).
+  f.os_avx512 = (xcr0 & 0xE6) == 0xE6;
+  // Bits 17, 18 (XTILECFG, XTILEDATA).
+  f.os_amx_xcr0 = (xcr0 & (3ull << 17)) == (3ull << 17);
+
+  Regs l7 = cpuid(7, 0);
+  f.avx512f = bit(l7.ebx, 16) && f.os_avx512;
+  f.avx512dq = bit(l7.ebx, 17) && f.os_avx512;
+  f.avx512bw = bit(l7.ebx, 30) && f.os_avx512;
+  f.avx512vl = bit(l7.ebx, 31) && f.os_avx512;
+  f.avx512_vnni = bit(l7.ecx, 11) && f.os_avx512;
+  f.avx512_fp16 = bit(l7.edx, 23) && f.os_avx512;
+  f.amx_bf16 = bit(l7.edx, 22);
+  f.amx_tile = bit(l7.edx, 24);
+  f.amx_int8 = bit(l7.edx, 25);
+  if (l7.eax >= 1) {
+    Regs l71 = cpuid(7, 1);
+    f.avx512_bf16 = bit(l71.eax, 5) && f.os_avx512;
+  }
+  if (f.amx_tile && f.os_amx_xcr0) f.amx_permitted = request_amx_permission();
+  return f;
+}
+
+}  // namespace
+
+bool request_amx_permission() {
+  // Function-local static: the request runs once even if many threads race here.
+  static const bool granted = [] {
+    if (amx_granted_now()) return true;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    return amx_granted_now();
+  }();
+  return granted;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,25 @@
+// CPU feature detection (CPUID + XCR0) and the Linux AMX permission request.
+#pragma once
+
+#include <string>
+
+namespace tilejit::runtime {
+
+struct CpuFeatures {
+  std::string vendor;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_avx512 = false;      // XCR0 enables opmask + ZMM state
+  bool os_amx_xcr0 = false;    // XCR0 enables XTILECFG + XTILEDATA
+  bool amx_permitted = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM) granted
+};
+
+// Detected once (thread-safe); the AMX permission is requested at most once.
+const CpuFeatures& cpu_features();
+
+// Requests XTILEDATA permission for the process. Idempotent and thread-safe;
+// returns whether tile instructions may be executed.
+bool request_amx_permission();
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,165 @@
+#include "runtime/thread_pool.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tilejit/error.h"
+
+namespace tilejit::runtime {
+namespace {
+
+thread_local bool t_in_task = false;
+
+int default_threads() {
+  if (const char* env = std::getenv("TILEJIT_NUM_THREADS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || v < 1 || v > 4096)
+      throw Error(std::string("TILEJIT_NUM_THREADS='") + env +
+                  "' is not a thread count; allowed: an integer from 1 to 4096");
+    return static_cast<int>(v);
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+class Pool {
+ public:
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void run(int threads, int64_t n, const std::function<void(int64_t)>& fn) {
+    std::unique_lock<std::mutex> owner(owner_mu_, std::try_to_lock);
+    if (!owner.owns_lock() || threads <= 1 || n <= 1) return run_inline(n, fn);
+    ensure_workers(threads - 1);
+    const int helpers = std::min<int64_t>(threads - 1, n - 1);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0);
+      active_helpers_ = helpers;
+      pending_ = helpers;
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static void run_inline(int64_t n, const std::function<void(int64_t)>& fn) {
+    const bool was = t_in_task;
+    t_in_task = true;
+    try {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+    } catch (...) {
+      t_in_task = was;
+      throw;
+    }
+    t_in_task = was;
+  }
+
+  void work() {
+    const bool was = t_in_task;
+    t_in_task = true;
+    for (;;) {
+      int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n_) break;
+      try {
+        (*fn_)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!error_) error_ = std::current_exception();
+        next_.store(n_);  // stop handing out work
+      }
+    }
+    t_in_task = was;
+  }
+
+  void ensure_workers(int count) {
+    while (static_cast<int>(workers_.size()) < count) {
+      const int index = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, index] { worker_loop(index); });
+    }
+  }
+
+  void worker_loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+        if (index >= active_helpers_) continue;
+      }
+      work();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::mutex owner_mu_;  // one parallel region at a time
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<int64_t> next_{0};
+  int active_helpers_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+std::atomic<int>& thread_count() {
+  static std::atomic<int> n{default_threads()};
+  return n;
+}
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+int num_threads() { return thread_count().load(std::memory_order_relaxed); }
+
+void set_num_threads(int n) {
+  if (n < 1 || n > 4096)
+    throw Error("set_num_threads: n=" + std::to_string(n) + " is not allowed; allowed: 1 to 4096");
+  thread_count().store(n);
+}
+
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (t_in_task) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool().run(num_threads(), n, fn);
+}
+
+}  // namespace tilejit::runtime

@@ -1,0 +1,21 @@
+// A small persistent thread pool: parallel_for over task indices with dynamic
+// claiming (the machine is shared and noisy, so static splits straggle).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tilejit::runtime {
+
+// Threads used by parallel_for (TILEJIT_NUM_THREADS, else the online cores).
+int num_threads();
+// Sets the thread count for later calls; n >= 1 (else Error).
+void set_num_threads(int n);
+
+// Runs fn(i) for i in [0, n) on up to num_threads() threads (the caller is one
+// of them) and returns when all are done. Calls from inside a task, or while
+// another thread owns the pool, run inline: never a deadlock.
+// The first exception thrown by a task is rethrown to the caller.
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+}  // namespace tilejit::runtime
