@@ -5,6 +5,7 @@
 #include <string>
 
 #include "codegen/gemm_plan.h"
+#include "ir/program.h"
 
 namespace tilejit::ops {
 
@@ -12,6 +13,9 @@ struct LoweredGemm {
   codegen::GemmPlan plan;
   std::string ir_text;  // printed IR of the verified program
 };
+
+// The IR program of a gemm + epilogue chain (M symbolic).
+ir::Function build_gemm_ir(const codegen::GemmSpec& spec);
 
 LoweredGemm lower_gemm_spec(const codegen::GemmSpec& spec, Isa isa);
 
