@@ -1,0 +1,81 @@
+// The context a per-op rule function works in: its operands by role, and
+// helpers that both test a rule and phrase its message. Private to ir/.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ir/program.h"
+#include "ir/text_util.h"
+
+namespace tilejit::ir {
+
+class RuleContext {
+ public:
+  RuleContext(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs,
+              std::vector<std::string>& problems)
+      : kind_(kind),
+        operands_(operands),
+        attrs_(attrs),
+        problems_(problems),
+        start_(problems.size()) {}
+
+  // No problem recorded so far. Rules run checks as statements (so messages
+  // come in a fixed order) and test ok() where later checks need earlier ones.
+  bool ok() const { return problems_.size() == start_; }
+
+  OpKind kind() const { return kind_; }
+  const Attrs& attrs() const { return attrs_; }
+  const TensorType& type(size_t i) const { return operands_[i]->type; }
+  // Axis counted from the front, or from the back when negative (-1 = last).
+  const Dim& dim(size_t i, int axis) const;
+  // "'w' (%w)": how messages name an operand.
+  std::string who(size_t i) const;
+
+  // Records "<op>: <message>" and returns false, so rules read `return fail(...)`.
+  bool fail(const std::string& message);
+
+  // Each check records a message naming the operand and the rule, and returns
+  // whether it held. `shape` reads like "[M, K]".
+  bool rank(size_t i, int rank, const char* shape);
+  bool dtype(size_t i, std::initializer_list<DType> allowed);
+  bool same_dtype(size_t i, size_t j, const char* rule);
+  // row_major, with unit stride on the last dim (strided rows are fine).
+  bool unit_stride_rows(size_t i);
+  // row_major with unit last stride, or packed<vnni2> (GEMM weights).
+  bool weight_layout(size_t i);
+  // Any row_major layout (elementwise ops read strided operands).
+  bool row_major(size_t i);
+  bool static_dim(size_t i, int axis, const char* dim_name, const char* rule);
+  // dim(i, ai) == dim(j, aj), else "operand 'i' has N=.. but 'j' has N=..: <rule>".
+  bool same_dim(size_t i, int ai, size_t j, int aj, const char* dim_name, const char* rule);
+
+ private:
+  OpKind kind_;
+  std::span<const Value* const> operands_;
+  const Attrs& attrs_;
+  std::vector<std::string>& problems_;
+  size_t start_;
+};
+
+// "[?M, 4096]"
+std::string shape_str(const std::vector<Dim>& dims);
+// A contiguous row-major result.
+inline TensorType result(DType dtype, std::vector<Dim> dims) {
+  return TensorType{dtype, std::move(dims), Layout{}};
+}
+
+// One per op group; each returns the result type, or std::nullopt after
+// recording at least one problem.
+std::optional<TensorType> check_gemm(RuleContext& c);
+std::optional<TensorType> check_binary(RuleContext& c);
+std::optional<TensorType> check_activation(RuleContext& c);
+std::optional<TensorType> check_cast(RuleContext& c);
+std::optional<TensorType> check_attention(RuleContext& c);
+std::optional<TensorType> check_rope(RuleContext& c);
+std::optional<TensorType> check_moe(RuleContext& c);
+
+}  // namespace tilejit::ir

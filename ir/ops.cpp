@@ -1,0 +1,321 @@
+#include "ir/ops.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+
+#include "ir/text_util.h"
+#include "ir/types.h"
+
+namespace tilejit::ir {
+
+namespace {
+
+struct KindInfo {
+  OpKind kind;
+  const char* name;
+  std::span<const char* const> roles;
+};
+
+constexpr const char* kGemmRoles[] = {"x", "w"};
+constexpr const char* kAttentionRoles[] = {"q", "k", "v"};
+constexpr const char* kRopeRoles[] = {"q", "positions", "cos_sin"};
+constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "topk_ids"};
+constexpr const char* kBinaryRoles[] = {"a", "b"};
+constexpr const char* kUnaryRoles[] = {"x"};
+
+constexpr std::array<KindInfo, 11> kKinds = {{
+    {OpKind::gemm, "gemm", kGemmRoles},
+    {OpKind::attention, "attention", kAttentionRoles},
+    {OpKind::rope, "rope", kRopeRoles},
+    {OpKind::moe, "moe", kMoeRoles},
+    {OpKind::add, "add", kBinaryRoles},
+    {OpKind::mul, "mul", kBinaryRoles},
+    {OpKind::relu, "relu", kUnaryRoles},
+    {OpKind::silu, "silu", kUnaryRoles},
+    {OpKind::gelu_tanh, "gelu_tanh", kUnaryRoles},
+    {OpKind::gelu_erf, "gelu_erf", kUnaryRoles},
+    {OpKind::cast, "cast", kUnaryRoles},
+}};
+
+constexpr std::array<OpKind, 11> kAllKinds = {
+    OpKind::gemm, OpKind::attention, OpKind::rope,      OpKind::moe,      OpKind::add, OpKind::mul,
+    OpKind::relu, OpKind::silu,      OpKind::gelu_tanh, OpKind::gelu_erf, OpKind::cast};
+
+const KindInfo& info(OpKind kind) {
+  for (const KindInfo& k : kKinds) {
+    if (k.kind == kind) return k;
+  }
+  throw Error(cat("unknown OpKind ", static_cast<int>(kind)));
+}
+
+constexpr AttrSpec kAttentionAttrs[] = {
+    {"causal", AttrKind::boolean, false, "mask keys after the query position (default false)"},
+    {"sm_scale", AttrKind::real, false, "softmax scale, > 0 (default 1/sqrt(D))"},
+    {"window_left", AttrKind::integer, false, "keys visible before the query, -1 = all (default)"},
+    {"window_right", AttrKind::integer, false, "keys visible after the query, -1 = all (default)"},
+    {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
+};
+constexpr AttrSpec kRopeAttrs[] = {
+    {"style", AttrKind::string, false, "\"neox\" (rotate halves, default) or \"gptj\" (pairs)"},
+    {"rotary_dim", AttrKind::integer, false, "leading head dims rotated, even, <= D (default D)"},
+};
+constexpr AttrSpec kMoeAttrs[] = {
+    {"top_k", AttrKind::integer, true, "experts per token, >= 1"},
+    {"activation", AttrKind::string, false,
+     "gated activation: \"silu\" (default), \"gelu_tanh\" or \"gelu_erf\""},
+};
+constexpr AttrSpec kCastAttrs[] = {
+    {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},
+};
+
+bool kind_accepts(AttrKind want, AttrKind got) {
+  return want == got || (want == AttrKind::real && got == AttrKind::integer);
+}
+
+double as_double(const AttrValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  return std::get<double>(v);
+}
+
+}  // namespace
+
+const char* name(OpKind kind) {
+  return info(kind).name;
+}
+
+std::optional<OpKind> op_kind_from_name(std::string_view n) {
+  for (const KindInfo& k : kKinds) {
+    if (n == k.name) return k.kind;
+  }
+  return std::nullopt;
+}
+
+std::span<const OpKind> all_op_kinds() {
+  return kAllKinds;
+}
+
+bool is_activation(OpKind k) {
+  return k == OpKind::relu || k == OpKind::silu || k == OpKind::gelu_tanh || k == OpKind::gelu_erf;
+}
+
+bool is_binary_elementwise(OpKind k) {
+  return k == OpKind::add || k == OpKind::mul;
+}
+
+std::span<const char* const> operand_roles(OpKind kind) {
+  return info(kind).roles;
+}
+
+AttrKind kind_of(const AttrValue& v) {
+  return static_cast<AttrKind>(v.index());
+}
+
+const char* name(AttrKind kind) {
+  switch (kind) {
+    case AttrKind::boolean:
+      return "bool";
+    case AttrKind::integer:
+      return "int";
+    case AttrKind::real:
+      return "float";
+    case AttrKind::string:
+      return "string";
+    case AttrKind::dtype:
+      return "dtype";
+    case AttrKind::int_list:
+      return "int list";
+  }
+  return "?";
+}
+
+std::string str(const AttrValue& v) {
+  struct Visitor {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const {
+      // Shortest form that reads back to the same double, always with a '.' or
+      // an exponent so that the parser reads it back as a float, not an int.
+      char buf[64];
+      auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), d);
+      std::string s(buf, ec == std::errc() ? end : buf);
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      return s;
+    }
+    std::string operator()(const std::string& s) const {
+      std::string out = "\"";
+      for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      return out + "\"";
+    }
+    std::string operator()(DType t) const { return dtype_name(t); }
+    std::string operator()(const IntList& l) const {
+      std::string out = "[";
+      for (size_t i = 0; i < l.size(); ++i) out += (i ? ", " : "") + std::to_string(l[i]);
+      return out + "]";
+    }
+  };
+  return std::visit(Visitor{}, v);
+}
+
+Attrs::Attrs(std::initializer_list<Entry> entries) {
+  for (const Entry& e : entries) {
+    if (has(e.first)) throw Error(cat("Attrs: attribute '", e.first, "' given twice"));
+    set(e.first, e.second);
+  }
+}
+
+Attrs& Attrs::set(std::string n, AttrValue value) {
+  if (!is_identifier(n)) throw Error(cat("Attrs: name '", n, "' is not an identifier"));
+  if (const auto* d = std::get_if<double>(&value); d && !std::isfinite(*d)) {
+    throw Error(cat("Attrs: attribute '", n, "' is not finite"));
+  }
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), n,
+                             [](const Entry& e, const std::string& k) { return e.first < k; });
+  if (it != entries_.end() && it->first == n) {
+    it->second = std::move(value);
+  } else {
+    entries_.insert(it, Entry{std::move(n), std::move(value)});
+  }
+  return *this;
+}
+
+bool Attrs::erase(std::string_view n) {
+  auto it =
+      std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first == n; });
+  if (it == entries_.end()) return false;
+  entries_.erase(it);
+  return true;
+}
+
+const AttrValue* Attrs::find(std::string_view n) const {
+  for (const Entry& e : entries_) {
+    if (e.first == n) return &e.second;
+  }
+  return nullptr;
+}
+
+namespace {
+template <typename T>
+std::optional<T> get_as(const Attrs& a, std::string_view n, AttrKind want) {
+  const AttrValue* v = a.find(n);
+  if (v == nullptr) return std::nullopt;
+  if (const T* p = std::get_if<T>(v)) return *p;
+  throw Error(cat("attribute '", n, "' is a ", name(kind_of(*v)), ", not a ", name(want)));
+}
+}  // namespace
+
+std::optional<bool> Attrs::get_bool(std::string_view n) const {
+  return get_as<bool>(*this, n, AttrKind::boolean);
+}
+std::optional<int64_t> Attrs::get_int(std::string_view n) const {
+  return get_as<int64_t>(*this, n, AttrKind::integer);
+}
+std::optional<double> Attrs::get_double(std::string_view n) const {
+  const AttrValue* v = find(n);
+  if (v != nullptr && std::holds_alternative<int64_t>(*v)) return as_double(*v);
+  return get_as<double>(*this, n, AttrKind::real);
+}
+std::optional<std::string> Attrs::get_string(std::string_view n) const {
+  return get_as<std::string>(*this, n, AttrKind::string);
+}
+std::optional<DType> Attrs::get_dtype(std::string_view n) const {
+  return get_as<DType>(*this, n, AttrKind::dtype);
+}
+std::optional<IntList> Attrs::get_ints(std::string_view n) const {
+  return get_as<IntList>(*this, n, AttrKind::int_list);
+}
+
+std::string Attrs::str() const {
+  if (entries_.empty()) return "";
+  std::string s = "{";
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (i) s += ", ";
+    s += entries_[i].first + " = " + ir::str(entries_[i].second);
+  }
+  return s + "}";
+}
+
+std::span<const AttrSpec> attr_specs(OpKind kind) {
+  switch (kind) {
+    case OpKind::attention:
+      return kAttentionAttrs;
+    case OpKind::rope:
+      return kRopeAttrs;
+    case OpKind::moe:
+      return kMoeAttrs;
+    case OpKind::cast:
+      return kCastAttrs;
+    default:
+      return {};
+  }
+}
+
+void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& problems) {
+  auto specs = attr_specs(kind);
+  auto spec_of = [&](std::string_view n) -> const AttrSpec* {
+    for (const AttrSpec& s : specs) {
+      if (n == s.name) return &s;
+    }
+    return nullptr;
+  };
+  size_t before = problems.size();
+  for (const auto& [n, v] : attrs) {
+    const AttrSpec* s = spec_of(n);
+    if (s == nullptr) {
+      std::string known;
+      for (const AttrSpec& sp : specs) known += (known.empty() ? "" : ", ") + std::string(sp.name);
+      problems.push_back(cat("unknown attribute '", n, "' (", name(kind), " takes ",
+                             known.empty() ? "no attributes" : known, ")"));
+    } else if (!kind_accepts(s->kind, kind_of(v))) {
+      problems.push_back(cat("attribute '", n, "' is a ", name(kind_of(v)), " (", str(v),
+                             "), expected a ", name(s->kind)));
+    }
+  }
+  for (const AttrSpec& s : specs) {
+    if (s.required && !attrs.has(s.name)) {
+      problems.push_back(cat("missing required attribute '", s.name, "': ", s.doc));
+    }
+  }
+  if (problems.size() != before) return;  // values are only checked once the kinds are right
+
+  auto int_at_least = [&](const char* n, int64_t lo) {
+    if (auto v = attrs.get_int(n); v && *v < lo) {
+      problems.push_back(cat("attribute '", n, "' = ", *v, " must be >= ", lo));
+    }
+  };
+  auto one_of = [&](const char* n, std::initializer_list<std::string_view> allowed) {
+    auto v = attrs.get_string(n);
+    if (!v || std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) return;
+    std::string list;
+    for (auto a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+    problems.push_back(cat("attribute '", n, "' = \"", *v, "\" must be one of ", list));
+  };
+  switch (kind) {
+    case OpKind::attention:
+      if (auto s = attrs.get_double("sm_scale"); s && !(*s > 0)) {
+        problems.push_back(cat("attribute 'sm_scale' = ", *s, " must be > 0"));
+      }
+      if (auto c = attrs.get_double("softcap"); c && *c < 0) {
+        problems.push_back(cat("attribute 'softcap' = ", *c, " must be >= 0 (0 = off)"));
+      }
+      int_at_least("window_left", -1);
+      int_at_least("window_right", -1);
+      break;
+    case OpKind::rope:
+      one_of("style", {"neox", "gptj"});
+      int_at_least("rotary_dim", 1);
+      break;
+    case OpKind::moe:
+      int_at_least("top_k", 1);
+      one_of("activation", {"silu", "gelu_tanh", "gelu_erf"});
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace tilejit::ir

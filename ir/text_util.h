@@ -1,0 +1,29 @@
+// Small string helpers shared by the IR's message builders, printer and parser.
+// Private to ir/.
+#pragma once
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace tilejit::ir {
+
+// Concatenates anything streamable: cat("K=", 64) == "K=64".
+template <typename... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+inline bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+inline bool is_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+inline bool is_ident_char(char c) {
+  return is_alpha(c) || is_digit(c);
+}
+
+}  // namespace tilejit::ir

@@ -1,0 +1,200 @@
+#include "ir/types.h"
+
+#include <algorithm>
+#include <array>
+
+#include "ir/text_util.h"
+
+namespace tilejit::ir {
+
+namespace {
+
+constexpr std::array kAllDTypes = {DType::f32, DType::bf16, DType::f16,    DType::i8,
+                                   DType::u8,  DType::i32,  DType::f8e4m3, DType::u4};
+
+// The formats the IR knows. Adding a packed weight layout means adding a row
+// here (and its parameter rules in check_packed below).
+const std::array<PackedFormat, 1>& packed_formats() {
+  static const std::array<PackedFormat, 1> formats = {
+      PackedFormat{"vnni2", {"n_block", "k_pair"}, {DType::bf16}, 2},
+  };
+  return formats;
+}
+
+void check_packed(const TensorType& t, std::vector<std::string>& problems) {
+  const Layout& l = t.layout;
+  if (!l.strides.empty()) problems.push_back("a packed layout has no strides");
+  const PackedFormat* f = find_packed_format(l.format);
+  if (f == nullptr) {
+    problems.push_back(cat("unknown packed format '", l.format, "' (known: vnni2)"));
+    return;
+  }
+  for (const auto& [name, value] : l.params) {
+    if (std::find(f->params.begin(), f->params.end(), name) == f->params.end()) {
+      problems.push_back(cat("packed<", f->name, "> has no parameter '", name, "'"));
+    } else if (value < 1) {
+      problems.push_back(
+          cat("packed<", f->name, "> parameter ", name, "=", value, " must be positive"));
+    }
+  }
+  for (std::string_view p : f->params) {
+    if (!l.param(p)) problems.push_back(cat("packed<", f->name, "> needs parameter '", p, "'"));
+  }
+  if (auto k_pair = l.param("k_pair"); f->name == "vnni2" && k_pair && *k_pair != 2) {
+    problems.push_back(
+        cat("packed<vnni2> needs k_pair=2 (pairs of bf16 along K), got k_pair=", *k_pair));
+  }
+  if (std::find(f->dtypes.begin(), f->dtypes.end(), t.dtype) == f->dtypes.end()) {
+    problems.push_back(cat("packed<", f->name, "> does not apply to dtype ", dtype_name(t.dtype)));
+  }
+  if (t.rank() < f->min_rank) {
+    problems.push_back(
+        cat("packed<", f->name, "> needs rank >= ", f->min_rank, ", got rank ", t.rank()));
+  }
+}
+
+}  // namespace
+
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType t : kAllDTypes) {
+    if (name == dtype_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+bool is_identifier(std::string_view s) {
+  if (s.empty() || is_digit(s[0])) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return is_ident_char(c); });
+}
+
+Dim Dim::fixed(int64_t value) {
+  if (value < 0) throw Error(cat("Dim::fixed: size ", value, " is negative"));
+  return Dim{value, {}};
+}
+
+Dim Dim::sym(std::string name) {
+  if (!is_identifier(name)) {
+    throw Error(cat("Dim::sym: '", name, "' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"));
+  }
+  if (name.find('x') != std::string::npos) {
+    throw Error(
+        cat("Dim::sym: symbol '", name,
+            "' contains 'x', which separates dims in the text form (tensor<?Mx4096xbf16>)"));
+  }
+  return Dim{0, std::move(name)};
+}
+
+std::string Dim::str() const {
+  return is_static() ? std::to_string(value) : "?" + symbol;
+}
+
+Layout Layout::strided(std::vector<Stride> strides) {
+  for (const Stride& s : strides) {
+    if (s && *s < 0) throw Error(cat("Layout::strided: stride ", *s, " is negative"));
+  }
+  Layout l;
+  l.strides = std::move(strides);
+  return l;
+}
+
+Layout Layout::packed(std::string format, std::vector<Param> params) {
+  if (!is_identifier(format)) {
+    throw Error(cat("Layout::packed: format '", format, "' is not an identifier"));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (params[i].first == params[j].first) {
+        throw Error(cat("Layout::packed: parameter '", params[i].first, "' given twice"));
+      }
+    }
+  }
+  // Canonical order: a known format's declared order, else by name.
+  auto rank_of = [f = find_packed_format(format)](const std::string& name) -> size_t {
+    if (f == nullptr) return 0;
+    auto it = std::find(f->params.begin(), f->params.end(), name);
+    return static_cast<size_t>(it - f->params.begin());
+  };
+  std::stable_sort(params.begin(), params.end(), [&](const Param& a, const Param& b) {
+    size_t ra = rank_of(a.first), rb = rank_of(b.first);
+    return ra != rb ? ra < rb : a.first < b.first;
+  });
+  Layout l;
+  l.kind = LayoutKind::packed;
+  l.format = std::move(format);
+  l.params = std::move(params);
+  return l;
+}
+
+Layout Layout::vnni2(int64_t n_block, int64_t k_pair) {
+  return packed("vnni2", {{"n_block", n_block}, {"k_pair", k_pair}});
+}
+
+std::optional<int64_t> Layout::param(std::string_view name) const {
+  for (const auto& [n, v] : params) {
+    if (n == name) return v;
+  }
+  return std::nullopt;
+}
+
+std::string Layout::str() const {
+  if (kind == LayoutKind::packed) {
+    std::string s = "packed<" + format;
+    for (const auto& [n, v] : params) s += cat(", ", n, "=", v);
+    return s + ">";
+  }
+  if (strides.empty()) return "";
+  std::string s = "strided<[";
+  for (size_t i = 0; i < strides.size(); ++i) {
+    if (i) s += ", ";
+    s += strides[i] ? std::to_string(*strides[i]) : "?";
+  }
+  return s + "]>";
+}
+
+TensorType TensorType::make(DType dtype, std::vector<Dim> dims, Layout layout) {
+  TensorType t{dtype, std::move(dims), std::move(layout)};
+  std::vector<std::string> problems;
+  check_type(t, problems);
+  if (!problems.empty()) throw Error(cat(t.str(), ": ", problems.front()));
+  return t;
+}
+
+std::string TensorType::str() const {
+  std::string s = "tensor<";
+  for (const Dim& d : dims) s += d.str() + "x";
+  s += dtype_name(dtype);
+  if (std::string l = layout.str(); !l.empty()) s += ", " + l;
+  return s + ">";
+}
+
+void check_type(const TensorType& t, std::vector<std::string>& problems) {
+  for (const Dim& d : t.dims) {
+    if (d.is_static() && d.value < 0) problems.push_back(cat("dim ", d.value, " is negative"));
+    if (!d.is_static() && (!is_identifier(d.symbol) || d.symbol.find('x') != std::string::npos)) {
+      problems.push_back(cat("dim symbol '", d.symbol, "' is not an identifier without 'x'"));
+    }
+  }
+  if (t.layout.kind == LayoutKind::packed) {
+    check_packed(t, problems);
+    return;
+  }
+  const auto& s = t.layout.strides;
+  if (!t.layout.format.empty() || !t.layout.params.empty()) {
+    problems.push_back("a row_major layout has no format or parameters");
+  }
+  if (!s.empty() && s.size() != t.dims.size()) {
+    problems.push_back(cat("layout has ", s.size(), " strides for rank ", t.rank()));
+  }
+  for (const auto& st : s) {
+    if (st && *st < 0) problems.push_back(cat("stride ", *st, " is negative"));
+  }
+}
+
+const PackedFormat* find_packed_format(std::string_view name) {
+  for (const PackedFormat& f : packed_formats()) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace tilejit::ir
