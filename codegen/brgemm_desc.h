@@ -30,11 +30,16 @@ struct BrgemmArgs {
   // AMX only: zero-padded copy of the last A block's K tail (kb % 32 columns,
   // rows of 64 bytes), so tile loads never read past the end of a row.
   const void* a_tail;
+  // With desc.accumulate: fp32 partial sums of earlier K chunks, added before
+  // the epilogue (may alias c when both are f32).
+  const float* acc_in;
+  int64_t ld_acc_in;  // bytes between acc_in rows
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
               offsetof(BrgemmArgs, c) == 32 && offsetof(BrgemmArgs, ldc) == 40 &&
-              offsetof(BrgemmArgs, bias) == 48 && offsetof(BrgemmArgs, a_tail) == 56);
+              offsetof(BrgemmArgs, bias) == 48 && offsetof(BrgemmArgs, a_tail) == 56 &&
+              offsetof(BrgemmArgs, acc_in) == 64 && offsetof(BrgemmArgs, ld_acc_in) == 72);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 
@@ -52,8 +57,9 @@ struct BrgemmDesc {
   BiasKind bias = BiasKind::none;
   Activation act = Activation::none;
   DType out = DType::f32;   // f32 or bf16
+  bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
 
-  auto fields() const { return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out); }
+  auto fields() const { return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate); }
   bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
 
   // Canonical key text, e.g. "brgemm;isa=avx512;mr=7;nr=64;kb=4096;brow=256;bias=f32;act=silu;out=bf16".

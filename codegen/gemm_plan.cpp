@@ -14,6 +14,11 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   p.isa = isa;
   p.nb = static_cast<int>(PackedLayout::kBlockN);
   p.n_tail = static_cast<int>(spec.n % p.nb);
+  // A B panel is kc/2 rows of 256 bytes: 2048-deep chunks are 256 KiB, a
+  // quarter of a 1 MiB L2, leaving room for A blocks and the partial sums.
+  constexpr int64_t kMaxChunk = 2048;
+  p.k_chunks = (spec.k + kMaxChunk - 1) / kMaxChunk;
+  p.kc = p.k_chunks == 1 ? spec.k : ((spec.k + p.k_chunks - 1) / p.k_chunks + 31) / 32 * 32;
   switch (isa) {
     case Isa::amx:
       // Two row tiles: every B tile loaded feeds two tdpbf16ps.
@@ -33,16 +38,28 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   return p;
 }
 
-BrgemmDesc GemmPlan::ukernel(int rows, int cols) const {
+int64_t GemmPlan::chunk_k(Chunk c) const {
+  switch (c) {
+    case Chunk::whole: return spec.k;
+    case Chunk::first:
+    case Chunk::middle: return kc;
+    case Chunk::last: return spec.k - (k_chunks - 1) * kc;
+  }
+  return spec.k;
+}
+
+BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   BrgemmDesc d;
   d.isa = isa;
   d.mr = rows;
   d.nr = cols;
-  d.kb = spec.k;
+  d.kb = chunk_k(chunk);
   d.b_row_bytes = PackedLayout::kRowBytes;
-  d.bias = spec.bias;
-  d.act = spec.act;
-  d.out = spec.out;
+  const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
+  d.bias = epilogue ? spec.bias : BiasKind::none;
+  d.act = epilogue ? spec.act : Activation::none;
+  d.out = epilogue ? spec.out : DType::f32;
+  d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
   return d;
 }
 
@@ -64,8 +81,11 @@ std::string GemmPlan::str() const {
   std::string s = fmt::format("plan {}\n", name());
   s += fmt::format("  isa          {}\n", isa_name(isa));
   s += fmt::format("  problem      M=? (symbolic) N={} K={}\n", spec.n, spec.k);
-  s += fmt::format("  blocking     BM={} BN={} BK={} (whole K per call; fp32 accumulators in {})\n",
-                   mr, nb, isa == Isa::amx ? 32 : 2, isa == Isa::amx ? "tiles" : "zmm registers");
+  s += fmt::format("  blocking     BM={} BN={} BK={} KC={}{} (fp32 accumulators in {})\n", mr, nb,
+                   isa == Isa::amx ? 32 : 2, kc,
+                   k_chunks > 1 ? fmt::format(" x {} chunks, partial sums in a scratch", k_chunks)
+                                : " (whole K per call)",
+                   isa == Isa::amx ? "tiles" : "zmm registers");
   s += fmt::format("  tails        M: {}..{} rows by kernel variant; N: {}; K: {}\n", 1, mr - 1,
                    n_tail ? fmt::format("{} columns, masked stores", n_tail) : "none",
                    isa == Isa::amx ? (k_tail ? fmt::format("{} (padded A copy)", k_tail) : "none")
@@ -86,13 +106,14 @@ const char* bias_kind_name(BiasKind b) {
 }
 
 std::string BrgemmDesc::key() const {
-  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={}",
+  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}",
                      isa_name(isa), mr, nr, kb, b_row_bytes, bias_kind_name(bias),
-                     activation_name(act), dtype_name(out));
+                     activation_name(act), dtype_name(out), accumulate ? 1 : 0);
 }
 
 std::string BrgemmDesc::name() const {
   std::string s = fmt::format("brgemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nr, kb);
+  if (accumulate) s += "_accin";
   if (bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(bias));
   if (act != Activation::none) s += fmt::format("_{}", activation_name(act));
   s += fmt::format("_{}out", dtype_name(out));

@@ -29,9 +29,18 @@ struct GemmPlan {
   int nb = 64;       // columns per micro-kernel call (the packed block)
   int n_tail = 0;    // N % nb (0: none)
   int64_t k_tail = 0;  // K % 32 handled by the AMX kernel's padded A copy (0: none)
+  // K chunking: when a 64-column B panel of the whole K would not stay in L2,
+  // K is cut into chunks of kc (a multiple of 32) whose fp32 partial sums are
+  // carried in a scratch; the last chunk applies the epilogue.
+  int64_t kc = 0;
+  int64_t k_chunks = 1;
+
+  // Which part of a K-chunked reduction a micro-kernel computes.
+  enum class Chunk { whole, first, middle, last };
+  int64_t chunk_k(Chunk c) const;
 
   // Micro-kernel for a block of `rows` × `cols`.
-  BrgemmDesc ukernel(int rows, int cols) const;
+  BrgemmDesc ukernel(int rows, int cols, Chunk chunk = Chunk::whole) const;
   // e.g. "gemm_avx512_bf16_f32acc_m7n64k4096_nt17_bias_silu_bf16out".
   std::string name() const;
   // Canonical key text: everything that changes the code of this plan.

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "codegen/brgemm_desc.h"
 #include "jit/brgemm_kernels.h"
@@ -22,11 +23,11 @@
 namespace tilejit {
 namespace ops {
 
-const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail) {
-  auto& slot = slots_[rows][n_tail ? 1 : 0];
+const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail, Chunk chunk) {
+  auto& slot = slots_[rows][n_tail ? 1 : 0][static_cast<int>(chunk)];
   if (const jit::Kernel* k = slot.load(std::memory_order_acquire)) return *k;
   const int cols = n_tail ? plan_.n_tail : plan_.nb;
-  const jit::Kernel& k = jit::brgemm_kernel(plan_.ukernel(rows, cols));
+  const jit::Kernel& k = jit::brgemm_kernel(plan_.ukernel(rows, cols, chunk));
   slot.store(&k, std::memory_order_release);
   return k;
 }
@@ -184,32 +185,51 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
   const int64_t block_bytes = p.layout.block_elems() * 2;
   const int64_t k_full = K / 32 * 32;
 
+  using Chunk = codegen::GemmPlan::Chunk;
   runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
     const int64_t nbi = t % n_blocks, mc = t / n_blocks;
     const bool tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-    const void* b_ptr = packed + nbi * block_bytes;
+    const uint8_t* b_block = packed + nbi * block_bytes;
+    const int64_t mb_begin = mc * chunk_blocks;
+    const int64_t mb_end = std::min(m_blocks, (mc + 1) * chunk_blocks);
+    // K chunks pay off only when the B chunk is reused by several M blocks.
+    const int64_t k_chunks = mb_end - mb_begin > 1 ? plan.k_chunks : 1;
+    // fp32 partial sums of this task's rows × 64 columns across K chunks.
+    thread_local std::vector<float> partial;
+    if (k_chunks > 1) partial.resize(static_cast<size_t>((mb_end - mb_begin) * mr * nb));
     alignas(64) uint16_t a_tail[32 * 32];
-    for (int64_t mb = mc * chunk_blocks; mb < std::min(m_blocks, (mc + 1) * chunk_blocks); ++mb) {
-      const int64_t m0 = mb * mr;
-      const int rows = static_cast<int>(std::min<int64_t>(mr, M - m0));
-      const void* a_ptr = xb + m0 * lda;
-      codegen::BrgemmArgs args{};
-      args.a = &a_ptr;
-      args.b = &b_ptr;
-      args.batch = 1;
-      args.lda = lda;
-      args.c = yb + m0 * ldc + nbi * nb * y_elem;
-      args.ldc = ldc;
-      args.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
-      if (plan.k_tail != 0) {
-        // AMX K tail: a zero-padded copy of the last (K % 32) columns, so tile
-        // loads never read past a row of x.
-        std::memset(a_tail, 0, sizeof a_tail);
-        for (int r = 0; r < rows; ++r)
-          std::memcpy(a_tail + r * 32, xb + (m0 + r) * lda + k_full * 2, plan.k_tail * 2);
-        args.a_tail = a_tail;
+    for (int64_t kci = 0; kci < k_chunks; ++kci) {
+      const Chunk chunk = k_chunks == 1          ? Chunk::whole
+                          : kci == 0             ? Chunk::first
+                          : kci == k_chunks - 1  ? Chunk::last
+                                                 : Chunk::middle;
+      const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
+      const void* b_ptr = b_block + kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
+      for (int64_t mb = mb_begin; mb < mb_end; ++mb) {
+        const int64_t m0 = mb * mr;
+        const int rows = static_cast<int>(std::min<int64_t>(mr, M - m0));
+        const void* a_ptr = xb + m0 * lda + kci * plan.kc * 2;
+        float* part = k_chunks > 1 ? partial.data() + (m0 - mb_begin * mr) * nb : nullptr;
+        codegen::BrgemmArgs args{};
+        args.a = &a_ptr;
+        args.b = &b_ptr;
+        args.batch = 1;
+        args.lda = lda;
+        args.c = epilogue ? static_cast<void*>(yb + m0 * ldc + nbi * nb * y_elem) : part;
+        args.ldc = epilogue ? ldc : nb * 4;
+        args.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
+        args.acc_in = part;
+        args.ld_acc_in = nb * 4;
+        if (plan.k_tail != 0 && epilogue) {
+          // AMX K tail: a zero-padded copy of the last (K % 32) columns, so
+          // tile loads never read past a row of x.
+          std::memset(a_tail, 0, sizeof a_tail);
+          for (int r = 0; r < rows; ++r)
+            std::memcpy(a_tail + r * 32, xb + (m0 + r) * lda + k_full * 2, plan.k_tail * 2);
+          args.a_tail = a_tail;
+        }
+        exe.kernel(rows, tail, chunk).entry<codegen::BrgemmFn>()(&args);
       }
-      exe.kernel(rows, tail).entry<codegen::BrgemmFn>()(&args);
     }
   });
 }

@@ -19,13 +19,17 @@ class GemmExecutable {
   const codegen::GemmPlan& plan() const { return plan_; }
   std::string ir_text;  // the verified IR this plan was lowered from (for dump)
 
-  // The micro-kernel for `rows` (1..mr) × (full block | N tail) columns.
-  const jit::Kernel& kernel(int rows, bool n_tail);
+  using Chunk = codegen::GemmPlan::Chunk;
+  // The micro-kernel for `rows` (1..mr) × (full block | N tail) columns, for
+  // one part of the K reduction.
+  const jit::Kernel& kernel(int rows, bool n_tail, Chunk chunk);
 
  private:
   static constexpr int kMaxRows = 32;
   codegen::GemmPlan plan_;
-  std::array<std::array<std::atomic<const jit::Kernel*>, 2>, kMaxRows + 1> slots_{};
+  // [rows][n_tail][chunk]: filled on first use, then read without a lock.
+  std::array<std::array<std::array<std::atomic<const jit::Kernel*>, 4>, 2>, kMaxRows + 1>
+      slots_{};
 };
 
 // The executable for a spec on the active ISA: builds the IR, verifies and

@@ -128,14 +128,21 @@ class AmxBrgemm : public JitGenerator {
       mov(rdx, ptr[rdi + 32]);  // C
       mov(r14, ptr[rdi + 40]);  // ldc
       mov(r12, ptr[rdi + 48]);  // bias
+      if (d_.accumulate) {
+        mov(r8, ptr[rdi + 64]);  // acc_in row (the lists are reloaded per pass)
+        mov(r9, ptr[rdi + 72]);
+      }
       for (int r = 0; r < d_.mr; ++r) {
         for (int j = 0; j < ntp; ++j) {
           const int col_vec = p * ntp_max_ + j;
           const bool last = col_vec == nt_ - 1 && tail_cols != 0;
           vmovups(zmm0, ptr[rsp + ((r / 16) * ntp_max_ + j) * 1024 + (r % 16) * 64]);
-          epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr);
+          epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr, r8);
         }
-        if (r + 1 < d_.mr) add(rdx, r14);
+        if (r + 1 < d_.mr) {
+          add(rdx, r14);
+          if (d_.accumulate) add(r8, r9);
+        }
       }
     }
     mov(rsp, rbp);

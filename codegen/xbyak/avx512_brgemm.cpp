@@ -125,12 +125,19 @@ class Avx512Brgemm : public JitGenerator {
     mov(rsi, ptr[rdi + 32]);  // C row pointer
     mov(r11, ptr[rdi + 40]);  // ldc
     mov(r14, ptr[rdi + 48]);  // bias
+    if (d_.accumulate) {
+      mov(r8, ptr[rdi + 64]);  // acc_in row
+      mov(r9, ptr[rdi + 72]);  // its stride
+    }
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nz_; ++j) {
         const bool last = j == nz_ - 1 && tail_cols != 0;
-        epi.apply_and_store(acc(0, r, j), j, rsi, r14, last ? &k1 : nullptr);
+        epi.apply_and_store(acc(0, r, j), j, rsi, r14, last ? &k1 : nullptr, r8);
       }
-      if (r + 1 < d_.mr) add(rsi, r11);
+      if (r + 1 < d_.mr) {
+        add(rsi, r11);
+        if (d_.accumulate) add(r8, r9);
+      }
     }
     vzeroupper();
     pop_callee_saved();

@@ -89,8 +89,15 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
 
 void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec,
                                      const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
-                                     const Xbyak::Opmask* tail) {
+                                     const Xbyak::Opmask* tail,
+                                     const Xbyak::Reg64& acc_in_row) {
   auto& g = g_;
+  if (d_.accumulate) {
+    if (tail != nullptr)
+      g.vaddps(acc | *tail, acc, g.ptr[acc_in_row + col_vec * 64]);
+    else
+      g.vaddps(acc, acc, g.ptr[acc_in_row + col_vec * 64]);
+  }
   // Masked memory operands suppress faults on masked-off lanes, so the bias
   // and C tails are never read or written past column N.
   switch (d_.bias) {

@@ -20,8 +20,10 @@ class Avx512Epilogue {
   // Applies bias + activation to acc (16 f32 lanes = output columns
   // [16*col_vec, 16*col_vec + 16)) and stores it at c_row + 16*col_vec elements.
   // `tail` masks both the bias load and the store of the last, partial vector.
+  // With desc.accumulate, acc_in_row points at the fp32 partial sums of the row.
   void apply_and_store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
-                       const Xbyak::Reg64& bias, const Xbyak::Opmask* tail);
+                       const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
+                       const Xbyak::Reg64& acc_in_row);
 
   // exp(v) in place; clobbers n and r. Max relative error ~2e-7 on [-87, 88].
   static void exp_inplace(JitGenerator& g, const Xbyak::Zmm& v, const Xbyak::Zmm& n,
