@@ -1,5 +1,7 @@
 #include "jit/kernel_cache.h"
 
+#include "jit/disk_cache.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -7,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace tilejit::jit {
@@ -17,6 +20,12 @@ struct KernelCache::Impl {
   std::vector<std::unique_ptr<Kernel>> owned;  // guarded by mu
   std::atomic<uint64_t> hits{0}, misses{0}, compiles{0};
   std::atomic<uint64_t> compile_ns{0};
+  std::mutex disk_mu;
+  std::shared_ptr<DiskCache> disk = std::make_shared<DiskCache>(disk_cache_dir_from_env());
+  std::shared_ptr<DiskCache> disk_cache() {
+    std::lock_guard<std::mutex> lk(disk_mu);
+    return disk;
+  }
   const bool verbose = [] {
     const char* v = std::getenv("TILEJIT_VERBOSE");
     return v != nullptr && *v != '\0' && *v != '0';
@@ -55,7 +64,13 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
   // This thread is the one creator for `key`; others wait on the future.
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<uint8_t> bytes = emit();
+    const std::shared_ptr<DiskCache> disk = s.disk_cache();
+    std::optional<std::vector<uint8_t>> stored = disk->load(key);
+    const bool from_disk = stored.has_value();
+    // Xbyak code is position independent (RIP-relative constants), so bytes
+    // from another process run as they are.
+    std::vector<uint8_t> bytes = from_disk ? std::move(*stored) : emit();
+    if (!from_disk) disk->store(key, bytes);
     auto k = std::make_unique<Kernel>();
     k->name = name;
     k->key = key;
@@ -64,11 +79,14 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
                         std::chrono::steady_clock::now() - t0)
                         .count();
     k->compile_us = ns / 1e3;
-    s.compiles.fetch_add(1, std::memory_order_relaxed);
-    s.compile_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    if (!from_disk) {
+      s.compiles.fetch_add(1, std::memory_order_relaxed);
+      s.compile_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    }
     if (s.verbose)
-      std::fprintf(stderr, "tilejit: compiled %s (%zu bytes, %.1f us) key=%s\n", name.c_str(),
-                   bytes.size(), k->compile_us, key.c_str());
+      std::fprintf(stderr, "tilejit: %s %s (%zu bytes, %.1f us) backend=xbyak key=%s\n",
+                   from_disk ? "loaded" : "compiled", name.c_str(), bytes.size(), k->compile_us,
+                   key.c_str());
     const Kernel* result = k.get();
     {
       std::lock_guard<std::mutex> lk(s.mu);
@@ -93,9 +111,20 @@ CacheStats KernelCache::stats() const {
   st.misses = s.misses.load();
   st.compiles = s.compiles.load();
   st.compile_seconds = s.compile_ns.load() / 1e9;
+  const std::shared_ptr<DiskCache> disk = s.disk_cache();
+  st.disk_loads = disk->loads();
+  st.disk_stores = disk->stores();
+  st.disk_dir = disk->enabled() ? disk->dir() : std::string();
   std::lock_guard<std::mutex> lk(s.mu);
   st.kernels = s.owned.size();
   return st;
+}
+
+void KernelCache::set_disk_dir(const std::string& dir) {
+  Impl& s = impl();
+  auto fresh = std::make_shared<DiskCache>(dir);
+  std::lock_guard<std::mutex> lk(s.disk_mu);
+  s.disk = std::move(fresh);
 }
 
 }  // namespace tilejit::jit

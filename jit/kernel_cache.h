@@ -24,6 +24,9 @@ class KernelCache {
                     const std::function<std::vector<uint8_t>()>& emit);
 
   CacheStats stats() const;
+  // Points the on-disk cache at `dir` ("" turns it off). The library default
+  // is TILEJIT_CACHE_DIR; the tool and tests set it explicitly.
+  void set_disk_dir(const std::string& dir);
   // Counts a lookup served by a caller-side table (e.g. a plan's kernel slots).
   void count_hit();
 

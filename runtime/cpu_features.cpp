@@ -88,6 +88,31 @@ bool request_amx_permission() {
   return granted;
 }
 
+std::string cpu_signature() {
+  const CpuFeatures& f = cpu_features();
+  const Regs l1 = cpuid(1);
+  const uint32_t family = ((l1.eax >> 8) & 0xf) + ((l1.eax >> 20) & 0xff);
+  const uint32_t model = ((l1.eax >> 4) & 0xf) | (((l1.eax >> 16) & 0xf) << 4);
+  const uint32_t stepping = l1.eax & 0xf;
+  auto b = [](bool v) { return v ? '1' : '0'; };
+  std::string s = f.vendor + "-" + std::to_string(family) + "-" + std::to_string(model) + "-" +
+                  std::to_string(stepping) + "-f";
+  s += b(f.avx512f);
+  s += "bw";
+  s += b(f.avx512bw);
+  s += "vl";
+  s += b(f.avx512vl);
+  s += "bf16";
+  s += b(f.avx512_bf16);
+  s += "fp16";
+  s += b(f.avx512_fp16);
+  s += "amx";
+  s += b(f.amx_tile);
+  s += b(f.amx_bf16);
+  s += b(f.amx_int8);
+  return s;
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;

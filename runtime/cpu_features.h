@@ -18,6 +18,10 @@ struct CpuFeatures {
 // Detected once (thread-safe); the AMX permission is requested at most once.
 const CpuFeatures& cpu_features();
 
+// Identifies the CPU for on-disk caches: vendor, family/model/stepping and the
+// feature bits the emitters depend on, e.g. "AuthenticAMD-25-17-1-f1bw1vl1bf161fp160amx000".
+std::string cpu_signature();
+
 // Requests XTILEDATA permission for the process. Idempotent and thread-safe;
 // returns whether tile instructions may be executed.
 bool request_amx_permission();

@@ -114,6 +114,9 @@ struct CacheStats {
   uint64_t compiles = 0;  // kernels emitted
   double compile_seconds = 0;  // total wall time spent emitting
   size_t kernels = 0;          // kernels resident
+  uint64_t disk_loads = 0;     // kernels loaded from TILEJIT_CACHE_DIR instead of compiled
+  uint64_t disk_stores = 0;    // kernels written to it
+  std::string disk_dir;        // "" when the on-disk cache is off
 };
 CacheStats cache_stats();
 

@@ -1,0 +1,60 @@
+// The on-disk kernel cache: position-independent machine code (or an object
+// file) stored under a directory, keyed by the specialization key + the CPU
+// signature + the tilejit build, so a new process loads a kernel instead of
+// compiling it.
+//
+// Entry file: "<16 hex digits of the key hash>.tjk" holding
+//   magic "TJKC" | u32 format | u64 key length | key | u64 payload length |
+//   payload | u64 FNV-1a of everything before it.
+// Writers fill a unique temporary file in the same directory and rename(2)
+// it into place, so readers see a whole entry or none, whatever number of
+// processes fill the directory. A truncated or corrupted entry fails its
+// length or checksum test, is removed and recompiled. A directory that cannot
+// be created or written degrades the cache to memory-only, with one warning.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tilejit::jit {
+
+class DiskCache {
+ public:
+  // dir empty: disabled.
+  explicit DiskCache(std::string dir);
+
+  bool enabled() const { return !dir_.empty() && !disabled_.load(); }
+  const std::string& dir() const { return dir_; }
+
+  // The payload stored for `key`, or nothing (missing, foreign, corrupted).
+  std::optional<std::vector<uint8_t>> load(const std::string& key);
+  // Best effort: failures disable the cache (one warning), never throw.
+  void store(const std::string& key, const std::vector<uint8_t>& payload);
+
+  // The full key an entry is filed under: key + CPU signature + build.
+  static std::string qualified_key(const std::string& key);
+  std::string path_for(const std::string& key) const;
+
+  uint64_t loads() const { return loads_.load(); }
+  uint64_t stores() const { return stores_.load(); }
+  uint64_t rejected() const { return rejected_.load(); }
+
+ private:
+  void disable(const std::string& why);
+
+  std::string dir_;
+  std::atomic<bool> disabled_{false};
+  std::once_flag warned_;
+  std::atomic<uint64_t> loads_{0}, stores_{0}, rejected_{0};
+};
+
+// The directory from TILEJIT_CACHE_DIR ("" = off, the library default).
+std::string disk_cache_dir_from_env();
+// The per-user default the `tilejit` tool uses: $XDG_CACHE_HOME/tilejit or ~/.cache/tilejit.
+std::string default_user_cache_dir();
+
+}  // namespace tilejit::jit
