@@ -28,8 +28,7 @@ bool RuleContext::rank(size_t i, int r, const char* shape) {
 
 bool RuleContext::dtype(size_t i, std::initializer_list<DType> allowed) {
   if (std::find(allowed.begin(), allowed.end(), type(i).dtype) != allowed.end()) return true;
-  std::string list;
-  for (DType t : allowed) list += (list.empty() ? "" : ", ") + std::string(dtype_name(t));
+  std::string list = join(allowed, ", ", [](DType t) { return dtype_name(t); });
   return fail(cat("operand ", who(i), " has dtype ", dtype_name(type(i).dtype), ": ", name(kind_),
                   " takes ", operand_roles(kind_)[i], " as ", list));
 }
@@ -82,17 +81,14 @@ bool RuleContext::same_dim(size_t i, int ai, size_t j, int aj, const char* dim_n
 }
 
 std::string shape_str(const std::vector<Dim>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i].str();
-  return s + "]";
+  return cat("[", join(dims, ", ", [](const Dim& d) { return d.str(); }), "]");
 }
 
 std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> operands,
                                    const Attrs& attrs, std::vector<std::string>& problems) {
   auto roles = operand_roles(kind);
   if (operands.size() != roles.size()) {
-    std::string list;
-    for (const char* r : roles) list += (list.empty() ? "" : ", ") + std::string(r);
+    std::string list = join(roles, ", ", [](const char* r) { return r; });
     problems.push_back(
         cat(name(kind), ": takes ", roles.size(), " operands (", list, "), got ", operands.size()));
     return std::nullopt;

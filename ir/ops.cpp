@@ -153,9 +153,7 @@ std::string str(const AttrValue& v) {
     }
     std::string operator()(DType t) const { return dtype_name(t); }
     std::string operator()(const IntList& l) const {
-      std::string out = "[";
-      for (size_t i = 0; i < l.size(); ++i) out += (i ? ", " : "") + std::to_string(l[i]);
-      return out + "]";
+      return cat("[", join(l, ", ", [](int64_t i) { return std::to_string(i); }), "]");
     }
   };
   return std::visit(Visitor{}, v);
@@ -266,8 +264,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
   for (const auto& [n, v] : attrs) {
     const AttrSpec* s = spec_of(n);
     if (s == nullptr) {
-      std::string known;
-      for (const AttrSpec& sp : specs) known += (known.empty() ? "" : ", ") + std::string(sp.name);
+      std::string known = join(specs, ", ", [](const AttrSpec& sp) { return sp.name; });
       problems.push_back(cat("unknown attribute '", n, "' (", name(kind), " takes ",
                              known.empty() ? "no attributes" : known, ")"));
     } else if (!kind_accepts(s->kind, kind_of(v))) {
@@ -290,8 +287,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
   auto one_of = [&](const char* n, std::initializer_list<std::string_view> allowed) {
     auto v = attrs.get_string(n);
     if (!v || std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) return;
-    std::string list;
-    for (auto a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+    std::string list = join(allowed, ", ", [](std::string_view a) { return cat('"', a, '"'); });
     problems.push_back(cat("attribute '", n, "' = \"", *v, "\" must be one of ", list));
   };
   switch (kind) {

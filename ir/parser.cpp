@@ -312,8 +312,7 @@ class Parser {
     std::string kname = ident("an op name");
     std::optional<OpKind> kind = op_kind_from_name(kname);
     if (!kind) {
-      std::string known;
-      for (OpKind k : all_op_kinds()) known += (known.empty() ? "" : ", ") + std::string(name(k));
+      std::string known = join(all_op_kinds(), ", ", [](OpKind k) { return name(k); });
       fail(kp, cat("unknown op '", kname, "' (known: ", known, ")"));
     }
     Op op;

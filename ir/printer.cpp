@@ -19,23 +19,38 @@ std::string type_of(const Function& f, int id) {
 std::string print(const Function& f, const Op& op) {
   std::string s = ref(f, op.result) + " = " + name(op.kind);
   for (size_t i = 0; i < op.operands.size(); ++i) {
-    s += (i ? ", " : " ") + ref(f, op.operands[i]);
+    s += i ? ", " : " ";
+    s += ref(f, op.operands[i]);
   }
-  if (!op.attrs.empty()) s += " " + op.attrs.str();
+  if (!op.attrs.empty()) {
+    s += ' ';
+    s += op.attrs.str();
+  }
   return s + " : " + type_of(f, op.result);
 }
 
 std::string print(const Function& f) {
   std::string s = "func @" + f.name + "(";
   for (size_t i = 0; i < f.params.size(); ++i) {
-    s += (i ? ", " : "") + ref(f, f.params[i]) + ": " + type_of(f, f.params[i]);
+    s += i ? ", " : "";
+    s += ref(f, f.params[i]) + ": " + type_of(f, f.params[i]);
   }
   s += ") -> (";
-  for (size_t i = 0; i < f.results.size(); ++i) s += (i ? ", " : "") + type_of(f, f.results[i]);
+  for (size_t i = 0; i < f.results.size(); ++i) {
+    s += i ? ", " : "";
+    s += type_of(f, f.results[i]);
+  }
   s += ") {\n";
-  for (const Op& op : f.ops) s += "  " + print(f, op) + "\n";
+  for (const Op& op : f.ops) {
+    s += "  ";
+    s += print(f, op);
+    s += '\n';
+  }
   s += "  return";
-  for (size_t i = 0; i < f.results.size(); ++i) s += (i ? ", " : " ") + ref(f, f.results[i]);
+  for (size_t i = 0; i < f.results.size(); ++i) {
+    s += i ? ", " : " ";
+    s += ref(f, f.results[i]);
+  }
   return s + "\n}\n";
 }
 

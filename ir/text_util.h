@@ -16,6 +16,19 @@ std::string cat(Args&&... args) {
   return os.str();
 }
 
+// "a, b, c": each item of `items` formatted by `fmt`, separated by `sep`.
+template <typename Range, typename Fmt>
+std::string join(const Range& items, const char* sep, Fmt fmt) {
+  std::string s;
+  bool first = true;
+  for (const auto& item : items) {
+    if (!first) s += sep;
+    first = false;
+    s += fmt(item);
+  }
+  return s;
+}
+
 inline bool is_digit(char c) {
   return c >= '0' && c <= '9';
 }

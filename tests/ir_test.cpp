@@ -418,7 +418,7 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
       EXPECT_EQ(e.line(), c.line);
       EXPECT_EQ(e.col(), c.col);
       EXPECT_THAT(e.detail(), HasSubstr(c.message));
-      EXPECT_EQ(std::string(e.what()), "t.tir:" + std::to_string(c.line) + ":" +
+      EXPECT_EQ(std::string(e.what()), std::string("t.tir:") + std::to_string(c.line) + ":" +
                                            std::to_string(c.col) + ": error: " + e.detail());
       EXPECT_EQ(e.file(), "t.tir");
     }
@@ -490,7 +490,7 @@ TEST(IrParser, MalformedInputThrowsParseError) {
           s.insert(at, 1, alphabet[rng() % alphabet.size()]);
           break;
       }
-      if (s.empty()) s = "x";
+      if (s.empty()) s.push_back('x');
     }
     parse_or_parse_error(s);
   }
