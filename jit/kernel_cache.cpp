@@ -2,6 +2,8 @@
 
 #include "jit/disk_cache.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +36,15 @@ struct KernelCache::Impl {
 
 KernelCache::Impl& KernelCache::impl() const {
   static Impl impl;
+  // fork() while another thread holds a cache lock would leave the child's
+  // copy locked forever: hold both locks across fork, release them on each side.
+  static const bool registered = [] {
+    pthread_atfork([] { impl.mu.lock(); impl.disk_mu.lock(); },
+                   [] { impl.disk_mu.unlock(); impl.mu.unlock(); },
+                   [] { impl.disk_mu.unlock(); impl.mu.unlock(); });
+    return true;
+  }();
+  (void)registered;
   return impl;
 }
 

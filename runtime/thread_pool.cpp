@@ -1,5 +1,6 @@
 #include "runtime/thread_pool.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -138,9 +139,27 @@ std::atomic<int>& thread_count() {
   return n;
 }
 
+// The pool is reached through a pointer so that a child of fork(), which has
+// none of the parent's worker threads, can start over with a fresh pool (the
+// parent's copy is leaked: its threads do not exist in the child, so it can
+// be neither joined nor destroyed).
+std::atomic<Pool*> g_pool{nullptr};
+std::mutex g_pool_mu;
+
+void reset_pool_in_child() { g_pool.store(nullptr); }
+
 Pool& pool() {
-  static Pool p;
-  return p;
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) return *p;
+  std::lock_guard<std::mutex> lk(g_pool_mu);
+  if (Pool* p = g_pool.load()) return *p;
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, &reset_pool_in_child);
+    return true;
+  }();
+  (void)registered;
+  Pool* p = new Pool();  // lives for the process: workers may outlive static destruction order
+  g_pool.store(p, std::memory_order_release);
+  return *p;
 }
 
 }  // namespace
