@@ -3,6 +3,7 @@
 #include "jit/disk_cache.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -28,6 +29,17 @@ struct KernelCache::Impl {
     std::lock_guard<std::mutex> lk(disk_mu);
     return disk;
   }
+  // TILEJIT_PERF_MAP=1: name JIT code for `perf report` (/tmp/perf-<pid>.map).
+  const bool perf_map = [] {
+    const char* v = std::getenv("TILEJIT_PERF_MAP");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  // TILEJIT_JIT_DUMP=DIR: write each kernel's bytes to DIR/<name>.bin.
+  const std::string dump_dir = [] {
+    const char* v = std::getenv("TILEJIT_JIT_DUMP");
+    return v != nullptr ? std::string(v) : std::string();
+  }();
+  std::mutex observe_mu;
   const bool verbose = [] {
     const char* v = std::getenv("TILEJIT_VERBOSE");
     return v != nullptr && *v != '\0' && *v != '0';
@@ -46,6 +58,29 @@ KernelCache::Impl& KernelCache::impl() const {
   }();
   (void)registered;
   return impl;
+}
+
+// perf map and JIT dump: best effort, never an error for the caller.
+static void observe(KernelCache::Impl& s, const Kernel& k, const std::vector<uint8_t>& bytes) {
+  if (!s.perf_map && s.dump_dir.empty()) return;
+  std::lock_guard<std::mutex> lk(s.observe_mu);
+  if (s.perf_map) {
+    const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
+    if (FILE* f = std::fopen(path.c_str(), "a")) {
+      std::fprintf(f, "%lx %zx %s\n", reinterpret_cast<unsigned long>(k.code.data()),
+                   k.code.size(), k.name.c_str());
+      std::fclose(f);
+    }
+  }
+  if (!s.dump_dir.empty()) {
+    const std::string path = s.dump_dir + "/" + k.name + ".bin";
+    if (FILE* f = std::fopen(path.c_str(), "wb")) {
+      std::fwrite(bytes.data(), 1, bytes.size(), f);
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "tilejit: warning: TILEJIT_JIT_DUMP: cannot write %s\n", path.c_str());
+    }
+  }
 }
 
 KernelCache& KernelCache::global() {
@@ -98,6 +133,7 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
       std::fprintf(stderr, "tilejit: %s %s (%zu bytes, %.1f us) backend=xbyak key=%s\n",
                    from_disk ? "loaded" : "compiled", name.c_str(), bytes.size(), k->compile_us,
                    key.c_str());
+    observe(s, *k, bytes);
     const Kernel* result = k.get();
     {
       std::lock_guard<std::mutex> lk(s.mu);

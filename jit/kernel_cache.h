@@ -32,7 +32,11 @@ class KernelCache {
 
  private:
   KernelCache() = default;
+
+ public:
   struct Impl;
+
+ private:
   Impl& impl() const;
 };
 
