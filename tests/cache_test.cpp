@@ -1,0 +1,341 @@
+// Compile-once and thread safety: tilejit::gemm on a fresh shape from 8
+// threads at once, jit::KernelCache directly (one emit per key, errors reach
+// every waiter and a later call retries), and runtime::parallel_for.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <latch>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+#include "jit/kernel_cache.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+
+namespace tilejit::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kThreads = 8;
+
+// Runs body(t) on kThreads threads released together by a latch.
+template <class F>
+void run_together(F&& body) {
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      body(t);
+    });
+  for (auto& th : threads) th.join();
+}
+
+// ---------------------------------------------------------------------------
+// tilejit::gemm from 8 threads
+
+// Micro-kernels (rows, columns) a call with M rows needs for N columns.
+std::set<std::pair<int, int>> variants_for(int64_t M, int64_t N, int mr) {
+  std::set<std::pair<int, int>> v;
+  for (int r : {M >= mr ? mr : 0, static_cast<int>(M % mr)})
+    for (int c : {N >= 64 ? 64 : 0, static_cast<int>(N % 64)})
+      if (r != 0 && c != 0) v.insert({r, c});
+  return v;
+}
+
+int row_block(int64_t N, int64_t K, Isa isa) {
+  if (isa == Isa::scalar) return 1;
+  return codegen::plan_gemm({N, K, codegen::BiasKind::bf16, Activation::gelu_tanh, DType::f32}, isa)
+      .mr;
+}
+
+class GemmConcurrency : public IsaTest {};
+
+// Eight threads call gemm on one never-seen shape at the same moment: the
+// kernels it needs are compiled exactly once and every result is right.
+TEST_F(GemmConcurrency, FreshShapeCompilesOnceUnderEightThreads) {
+  const Isa isa = cpu_info().isa;
+  const int64_t M = 7, N = 192, K = 93;  // K used by no other test in this binary
+  const int mr = row_block(N, K, isa);
+  const size_t expected = isa == Isa::scalar ? 0 : variants_for(M, N, mr).size();
+  if (isa == Isa::avx512) {
+    EXPECT_EQ(expected, 1u) << "AVX-512 blocks 7 rows for N >= 64";
+  }
+
+  const GemmProblem p = random_problem(M, N, K, Activation::gelu_tanh, Bias::bf16, DType::f32);
+  const PackedWeight w = pack_weight(TensorView(p.w.data(), DType::bf16, {N, K}));
+  const CacheStats before = cache_stats();
+  std::vector<::testing::AssertionResult> results(kThreads, ::testing::AssertionSuccess());
+  run_together([&](int t) { results[t] = run_and_compare(p, &w); });
+  const CacheStats after = cache_stats();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t]) << "thread " << t;
+  EXPECT_EQ(after.compiles - before.compiles, expected) << "path " << isa_name(isa);
+  EXPECT_EQ(after.kernels - before.kernels, expected);
+}
+
+// Eight threads with eight different M on one fresh shape: the compiles are the
+// union of the variants they need, each once.
+TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
+  const Isa isa = cpu_info().isa;
+  const int64_t N = 100, K = 59;  // fresh; N has a 36-column tail
+  const int mr = row_block(N, K, isa);
+  const int64_t ms[kThreads] = {1, 3, 7, 10, 14, 33, 40, 64};
+  std::set<std::pair<int, int>> all;
+  for (int64_t m : ms)
+    for (const auto& v : variants_for(m, N, mr)) all.insert(v);
+  const size_t expected = isa == Isa::scalar ? 0 : all.size();
+
+  std::vector<GemmProblem> problems;
+  for (int64_t m : ms) {
+    problems.push_back(random_problem(m, N, K, Activation::gelu_tanh, Bias::bf16, DType::f32));
+    problems.back().w = problems.front().w;
+  }
+  const PackedWeight w = pack_weight(TensorView(problems[0].w.data(), DType::bf16, {N, K}));
+  const CacheStats before = cache_stats();
+  std::vector<::testing::AssertionResult> results(kThreads, ::testing::AssertionSuccess());
+  run_together([&](int t) { results[t] = run_and_compare(problems[t], &w); });
+  const CacheStats after = cache_stats();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t]) << "thread " << t;
+  EXPECT_EQ(after.compiles - before.compiles, expected) << "path " << isa_name(isa);
+
+  // A second round finds everything compiled.
+  run_together([&](int t) { results[t] = run_and_compare(problems[t], &w); });
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t]) << "thread " << t;
+  EXPECT_EQ(cache_stats().compiles, after.compiles);
+}
+
+// ---------------------------------------------------------------------------
+// jit::KernelCache directly (no ISA involved: the bytes are a tiny function).
+
+// mov eax, imm32 ; ret
+std::vector<uint8_t> return_const(int32_t v) {
+  std::vector<uint8_t> b = {0xB8, 0, 0, 0, 0, 0xC3};
+  std::memcpy(&b[1], &v, 4);
+  return b;
+}
+
+std::string unique_key(const char* what) {
+  static std::atomic<int> counter{0};
+  return std::string("test;") + what + ";" + std::to_string(counter++);
+}
+
+TEST(KernelCache, EightThreadsOneKeyEmitOnce) {
+  auto& cache = jit::KernelCache::global();
+  const std::string key = unique_key("once");
+  std::atomic<int> emits{0};
+  std::vector<const jit::Kernel*> got(kThreads, nullptr);
+  const CacheStats before = cache.stats();
+  run_together([&](int t) {
+    got[t] = &cache.get(key, "test_return_42", [&] {
+      emits.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // widen the race
+      return return_const(42);
+    });
+  });
+  const CacheStats after = cache.stats();
+  EXPECT_EQ(emits.load(), 1);
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got[t], got[0]) << "thread " << t;
+  EXPECT_EQ(after.compiles - before.compiles, 1u);
+  EXPECT_EQ(after.kernels - before.kernels, 1u);
+  EXPECT_EQ((after.hits + after.misses) - (before.hits + before.misses),
+            static_cast<uint64_t>(kThreads));
+  EXPECT_GE(after.misses - before.misses, 1u);
+  EXPECT_EQ(got[0]->key, key);
+  EXPECT_EQ(got[0]->name, "test_return_42");
+  // The bytes run.
+  EXPECT_EQ(got[0]->entry<int (*)()>()(), 42);
+  // A later lookup is a hit and emits nothing.
+  const jit::Kernel& again = cache.get(key, "test_return_42", [&] {
+    emits.fetch_add(1);
+    return return_const(0);
+  });
+  EXPECT_EQ(&again, got[0]);
+  EXPECT_EQ(emits.load(), 1);
+  EXPECT_EQ(cache.stats().hits, after.hits + 1);
+}
+
+TEST(KernelCache, DistinctKeysAreDistinctKernels) {
+  auto& cache = jit::KernelCache::global();
+  std::vector<const jit::Kernel*> got(kThreads, nullptr);
+  std::vector<std::string> keys;
+  for (int t = 0; t < kThreads; ++t) keys.push_back(unique_key("distinct"));
+  run_together([&](int t) { got[t] = &cache.get(keys[t], "k", [t] { return return_const(t); }); });
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got[t]->entry<int (*)()>()(), t);
+}
+
+// An emit that throws: every waiter sees the error, nothing is cached, and a
+// later call compiles successfully.
+TEST(KernelCache, FailedEmitReachesEveryWaiterAndCanBeRetried) {
+  auto& cache = jit::KernelCache::global();
+  const std::string key = unique_key("throws");
+  std::atomic<int> emits{0};
+  std::vector<std::string> errors(kThreads);
+  const CacheStats before = cache.stats();
+  run_together([&](int t) {
+    try {
+      cache.get(key, "test_throws", [&]() -> std::vector<uint8_t> {
+        emits.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        throw Error("emit failed on purpose");
+      });
+      errors[t] = "<no exception>";
+    } catch (const Error& e) {
+      errors[t] = e.what();
+    } catch (...) {
+      errors[t] = "<other exception>";
+    }
+  });
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "emit failed on purpose") << "thread " << t;
+  // Threads that arrived while the first emit ran waited on it; a thread that
+  // arrived after the failure was erased may try again (and fail again).
+  EXPECT_GE(emits.load(), 1);
+  EXPECT_LE(emits.load(), kThreads);
+  EXPECT_EQ(cache.stats().compiles, before.compiles);
+  EXPECT_EQ(cache.stats().kernels, before.kernels);
+
+  // Retry with a working emit.
+  const jit::Kernel& k = cache.get(key, "test_retry", [] { return return_const(7); });
+  EXPECT_EQ(k.entry<int (*)()>()(), 7);
+  EXPECT_EQ(cache.stats().compiles, before.compiles + 1);
+  // And it is now cached.
+  int late = 0;
+  const jit::Kernel& k2 = cache.get(key, "test_retry", [&] {
+    ++late;
+    return return_const(8);
+  });
+  EXPECT_EQ(&k2, &k);
+  EXPECT_EQ(late, 0);
+}
+
+// A non-tilejit exception from emit keeps its type.
+TEST(KernelCache, EmitExceptionTypeIsPreserved) {
+  auto& cache = jit::KernelCache::global();
+  const std::string key = unique_key("runtime_error");
+  EXPECT_THROW(cache.get(key, "x", []() -> std::vector<uint8_t> { throw std::runtime_error("x"); }),
+               std::runtime_error);
+  EXPECT_EQ(cache.get(key, "x", [] { return return_const(1); }).entry<int (*)()>()(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// runtime::parallel_for (no JIT).
+
+class ParallelFor : public ::testing::Test {
+ protected:
+  void SetUp() override { saved_ = runtime::num_threads(); }
+  void TearDown() override { runtime::set_num_threads(saved_); }
+  int saved_ = 1;
+};
+
+TEST_F(ParallelFor, EveryIndexRunsExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    runtime::set_num_threads(threads);
+    for (int64_t n : {0, 1, 2, 3, 17, 1000, 100000}) {
+      std::vector<std::atomic<int>> count(static_cast<size_t>(n));
+      runtime::parallel_for(n, [&](int64_t i) { count[static_cast<size_t>(i)].fetch_add(1); });
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) wrong += count[static_cast<size_t>(i)].load() != 1;
+      EXPECT_EQ(wrong, 0) << "n=" << n << " threads=" << threads;
+    }
+  }
+  // Negative counts run nothing.
+  int calls = 0;
+  runtime::parallel_for(-5, [&](int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
+}
+
+TEST_F(ParallelFor, UsesSeveralThreadsAndOneThreadRunsInline) {
+  runtime::set_num_threads(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  // Task 0 waits (up to 5 s) until a second thread has joined, so the check
+  // does not depend on how fast the helper wakes up on a busy machine.
+  runtime::parallel_for(64, [&](int64_t i) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (i == 0 && std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (ids.size() >= 2) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  EXPECT_EQ(ids.size(), 2u) << "two threads requested";
+  runtime::set_num_threads(1);
+  ids.clear();
+  runtime::parallel_for(64, [&](int64_t) {
+    std::lock_guard<std::mutex> lk(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ids, std::set<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST_F(ParallelFor, NestedCallsRunInline) {
+  runtime::set_num_threads(4);
+  const int64_t outer = 16, inner = 50;
+  std::vector<std::atomic<int>> count(outer * inner);
+  std::atomic<int> foreign{0};
+  runtime::parallel_for(outer, [&](int64_t i) {
+    const auto me = std::this_thread::get_id();
+    runtime::parallel_for(inner, [&](int64_t j) {
+      if (std::this_thread::get_id() != me) foreign.fetch_add(1);
+      count[static_cast<size_t>(i * inner + j)].fetch_add(1);
+    });
+  });
+  EXPECT_EQ(foreign.load(), 0) << "nested tasks ran on another thread";
+  for (int64_t e = 0; e < outer * inner; ++e) ASSERT_EQ(count[e].load(), 1) << "index " << e;
+}
+
+TEST_F(ParallelFor, ExceptionsPropagateAndThePoolSurvives) {
+  for (int threads : {1, 2, 4}) {
+    runtime::set_num_threads(threads);
+    try {
+      runtime::parallel_for(1000, [&](int64_t i) {
+        if (i == 37) throw Error("task 37 failed");
+      });
+      ADD_FAILURE() << "no exception with " << threads << " threads";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "task 37 failed");
+    }
+    // Every task throws: one error arrives, no deadlock.
+    EXPECT_THROW(runtime::parallel_for(100, [](int64_t) { throw std::runtime_error("all"); }),
+                 std::runtime_error);
+    // The pool is usable afterwards.
+    std::atomic<int64_t> sum{0};
+    runtime::parallel_for(100, [&](int64_t i) { sum.fetch_add(i); });
+    EXPECT_EQ(sum.load(), 4950);
+  }
+}
+
+TEST_F(ParallelFor, ConcurrentCallersAllComplete) {
+  runtime::set_num_threads(2);
+  std::vector<int64_t> sums(kThreads, 0);
+  run_together([&](int t) {
+    std::atomic<int64_t> s{0};
+    for (int rep = 0; rep < 20; ++rep) runtime::parallel_for(500, [&](int64_t i) { s.fetch_add(i); });
+    sums[t] = s.load();
+  });
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(sums[t], 20 * 124750) << "caller " << t;
+}
+
+TEST_F(ParallelFor, ThreadCountIsValidated) {
+  EXPECT_THROW(runtime::set_num_threads(0), Error);
+  EXPECT_THROW(runtime::set_num_threads(-3), Error);
+  EXPECT_THROW(set_num_threads(0), Error);
+  runtime::set_num_threads(3);
+  EXPECT_EQ(num_threads(), 3);
+}
+
+}  // namespace
+}  // namespace tilejit::test

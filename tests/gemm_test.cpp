@@ -1,0 +1,302 @@
+// tilejit::gemm against the scalar reference, XNNPACK-style: one battery of
+// shapes (M, N, K tails around the 64-column block, the AVX-512 row blocks
+// 7/9/12 and the AMX 16/32 rows, odd K, K below/at/above the 32-step), every
+// epilogue (activation × bias × output dtype) with strided x and y, the
+// activations' tails, and the compile bound of the M-tail variants.
+//
+// ctest runs this binary once per TILEJIT_ISA value (amx, avx512, scalar);
+// a variant whose path this machine lacks skips (test_util.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+#include "test_util.h"
+
+namespace tilejit::test {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Shapes: act none, no bias, f32 out, contiguous.
+
+using Shape = std::tuple<int64_t, int64_t, int64_t>;  // M, N, K
+
+std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
+  const auto [m, n, k] = info.param;
+  return "m" + std::to_string(m) + "_n" + std::to_string(n) + "_k" + std::to_string(k);
+}
+
+class GemmShape : public IsaTestWithParam<Shape> {};
+
+TEST_P(GemmShape, MatchesReference) {
+  const auto [m, n, k] = GetParam();
+  EXPECT_TRUE(run_and_compare(random_problem(m, n, k)));
+}
+
+std::vector<int64_t> small_m() {
+  std::vector<int64_t> v;
+  for (int64_t m = 1; m <= 33; ++m) v.push_back(m);
+  for (int64_t m : {64, 127, 128, 300}) v.push_back(m);
+  return v;
+}
+
+// Full cross product of the small dimensions: every M tail of every blocking
+// against every N tail and K class.
+INSTANTIATE_TEST_SUITE_P(Small, GemmShape,
+                         ::testing::Combine(::testing::ValuesIn(small_m()),
+                                            ::testing::Values(1, 15, 16, 17, 31, 32, 33, 64),
+                                            ::testing::Values(1, 2, 30, 32, 64)),
+                         shape_name);
+
+// Wide N (several 64-column blocks plus a tail), with a handful of M.
+INSTANTIATE_TEST_SUITE_P(LargeN, GemmShape,
+                         ::testing::Combine(::testing::Values(1, 2, 7, 12, 13, 33, 64, 127,
+                                                              128, 300),
+                                            ::testing::Values(100, 1000, 4096),
+                                            ::testing::Values(1, 2, 30, 32, 64, 100)),
+                         shape_name);
+
+// Deep K (the unrolled K loop, long fp32 accumulation chains).
+INSTANTIATE_TEST_SUITE_P(LargeK, GemmShape,
+                         ::testing::Combine(::testing::Values(1, 2, 7, 13, 33, 64, 127, 300),
+                                            ::testing::Values(1, 17, 64, 100),
+                                            ::testing::Values(100, 4096)),
+                         shape_name);
+
+// K above the 2048-deep chunk: fp32 partial sums carried across 2 or 3 K
+// chunks (first / middle / last micro-kernels) when a task has several M
+// blocks; odd last chunks.
+INSTANTIATE_TEST_SUITE_P(KChunks, GemmShape,
+                         ::testing::Combine(::testing::Values(1, 8, 15, 33),
+                                            ::testing::Values(17, 100),
+                                            ::testing::Values(2049, 4097, 6001)),
+                         shape_name);
+
+// Big problems: many M blocks and M chunks over the thread pool. Not run on
+// the scalar variant (ctest filters Big/*): there the path is the reference
+// itself and these cost seconds each.
+INSTANTIATE_TEST_SUITE_P(Big, GemmShape,
+                         ::testing::Values(Shape{1, 4096, 4096}, Shape{7, 4096, 4096},
+                                           Shape{33, 1000, 4096}, Shape{127, 1000, 1000},
+                                           Shape{128, 4096, 100}, Shape{300, 1000, 100},
+                                           Shape{300, 4096, 64}, Shape{300, 100, 4096},
+                                           Shape{64, 4096, 1024}, Shape{127, 4096, 2049},
+                                           Shape{300, 1000, 1000}),
+                         shape_name);
+
+// ---------------------------------------------------------------------------
+// Epilogues: every activation × bias × output dtype × x/y striding.
+
+struct EpilogueCase {
+  Shape shape;
+  Activation act;
+  Bias bias;
+  DType out;
+  bool x_strided, y_strided;
+};
+
+std::string epilogue_name(const ::testing::TestParamInfo<EpilogueCase>& info) {
+  const auto& c = info.param;
+  const auto [m, n, k] = c.shape;
+  return "m" + std::to_string(m) + "_n" + std::to_string(n) + "_k" + std::to_string(k) + "_" +
+         activation_name(c.act) + "_" + bias_name(c.bias) + "_" + dtype_name(c.out) + "out" +
+         (c.x_strided ? "_xstrided" : "") + (c.y_strided ? "_ystrided" : "");
+}
+
+std::vector<EpilogueCase> epilogue_cases() {
+  // Odd and even K (with a strided x, a NaN follows each row's last element),
+  // N below one vector, across a tail vector, several blocks.
+  // {15, 100, 4097}: three row blocks, so K is cut into chunks and the
+  // epilogue runs in the last-chunk kernel on carried fp32 partial sums.
+  const Shape shapes[] = {{1, 1, 1},   {2, 15, 1},   {5, 17, 30},     {13, 100, 64},
+                          {33, 33, 2}, {8, 64, 101}, {12, 1000, 100}, {15, 100, 4097}};
+  std::vector<EpilogueCase> v;
+  for (const Shape& s : shapes)
+    for (Activation act : {Activation::none, Activation::relu, Activation::silu,
+                           Activation::gelu_tanh, Activation::gelu_erf})
+      for (Bias b : {Bias::none, Bias::f32, Bias::bf16})
+        for (DType out : {DType::f32, DType::bf16})
+          for (int strides = 0; strides < 4; ++strides)
+            v.push_back({s, act, b, out, (strides & 1) != 0, (strides & 2) != 0});
+  return v;
+}
+
+class GemmEpilogue : public IsaTestWithParam<EpilogueCase> {};
+
+TEST_P(GemmEpilogue, MatchesReference) {
+  const auto& c = GetParam();
+  const auto [m, n, k] = c.shape;
+  // Row strides that keep rows misaligned: K + 7 and N + 5 elements.
+  const GemmProblem p = random_problem(m, n, k, c.act, c.bias, c.out, c.x_strided ? k + 7 : 0,
+                                       c.y_strided ? n + 5 : 0);
+  EXPECT_TRUE(run_and_compare(p));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GemmEpilogue, ::testing::ValuesIn(epilogue_cases()), epilogue_name);
+
+// ---------------------------------------------------------------------------
+// Activation tails: pre-activations laid out on a grid, built exactly.
+//
+// K = 2, x[i] = (v_i, 1), w[j] = (1, c_j): pre = v_i + c_j + bias_j exactly.
+// v spans [-10, 10] in 64 steps and the far tails (±20, ±30, ±88, ±100, where
+// exp saturates), c_j small offsets.
+
+struct TailCase {
+  Activation act;
+  DType out;
+};
+
+std::string tail_name(const ::testing::TestParamInfo<TailCase>& info) {
+  return std::string(activation_name(info.param.act)) + "_" + dtype_name(info.param.out) + "out";
+}
+
+class GemmActivationTails : public IsaTestWithParam<TailCase> {};
+
+TEST_P(GemmActivationTails, MatchesReferenceOnBothTails) {
+  const auto [act, out] = GetParam();
+  std::vector<float> v;
+  for (int i = 0; i < 64; ++i) v.push_back(-10.0f + 20.0f * static_cast<float>(i) / 63);
+  for (float f : {20.f, 30.f, 60.f, 88.f, 90.f, 100.f, 1000.f}) {
+    v.push_back(f);
+    v.push_back(-f);
+  }
+  const int64_t M = static_cast<int64_t>(v.size()), N = 19, K = 2;
+  GemmProblem p;
+  p.m = M, p.n = N, p.k = K, p.act = act, p.out = out, p.bias = Bias::f32;
+  for (float f : v) {
+    p.x.push_back(f32_to_bf16(f));
+    p.x.push_back(f32_to_bf16(1.0f));
+  }
+  for (int64_t j = 0; j < N; ++j) {
+    p.w.push_back(f32_to_bf16(1.0f));
+    p.w.push_back(f32_to_bf16(static_cast<float>(j - 9) / 32));
+    p.bias_f32.push_back(static_cast<float>(j % 3) * 0.125f);
+  }
+  EXPECT_TRUE(run_and_compare(p));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, GemmActivationTails,
+    ::testing::Values(TailCase{Activation::none, DType::f32}, TailCase{Activation::relu, DType::f32},
+                      TailCase{Activation::silu, DType::f32},
+                      TailCase{Activation::gelu_tanh, DType::f32},
+                      TailCase{Activation::gelu_erf, DType::f32},
+                      TailCase{Activation::relu, DType::bf16},
+                      TailCase{Activation::silu, DType::bf16},
+                      TailCase{Activation::gelu_tanh, DType::bf16},
+                      TailCase{Activation::gelu_erf, DType::bf16}),
+    tail_name);
+
+// ---------------------------------------------------------------------------
+// Other properties of a call.
+
+class GemmCall : public IsaTest {};
+
+// One packed weight serves every M, activation and output dtype.
+TEST_F(GemmCall, OnePackedWeightServesManyCalls) {
+  const int64_t N = 100, K = 64;
+  GemmProblem base = random_problem(1, N, K);
+  const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
+  for (int64_t m : {1, 9, 40}) {
+    for (Activation act : {Activation::none, Activation::gelu_erf}) {
+      GemmProblem p = random_problem(m, N, K, act, Bias::bf16, DType::bf16);
+      p.w = base.w;
+      EXPECT_TRUE(run_and_compare(p, &w));
+    }
+  }
+}
+
+// Results are bit-identical across repeated calls and thread counts: each
+// output element is computed by one micro-kernel call, whatever the split.
+TEST_F(GemmCall, DeterministicAcrossCallsAndThreadCounts) {
+  const int saved = num_threads();
+  const GemmProblem p = random_problem(77, 300, 96, Activation::silu, Bias::f32, DType::f32);
+  const PackedWeight w = pack_weight(TensorView(p.w.data(), DType::bf16, {p.n, p.k}));
+  GemmOutput first, again, one_thread, three_threads;
+  ASSERT_TRUE(run_and_compare(p, &w, &first));
+  ASSERT_TRUE(run_and_compare(p, &w, &again));
+  set_num_threads(1);
+  ASSERT_TRUE(run_and_compare(p, &w, &one_thread));
+  set_num_threads(3);
+  ASSERT_TRUE(run_and_compare(p, &w, &three_threads));
+  set_num_threads(saved);
+  EXPECT_EQ(first.y_bytes, again.y_bytes);
+  EXPECT_EQ(first.y_bytes, one_thread.y_bytes);
+  EXPECT_EQ(first.y_bytes, three_threads.y_bytes);
+}
+
+// M = 0 is a valid empty problem: nothing is read or written.
+TEST_F(GemmCall, EmptyMDoesNothing) {
+  const GemmProblem p = random_problem(1, 17, 30);
+  const PackedWeight w = pack_weight(TensorView(p.w.data(), DType::bf16, {17, 30}));
+  float y = 123.0f;
+  EXPECT_NO_THROW(gemm(TensorView(static_cast<void*>(nullptr), DType::bf16, {0, 30}), w,
+                       TensorView(&y, DType::f32, {0, 17})));
+  EXPECT_EQ(y, 123.0f);
+}
+
+// ---------------------------------------------------------------------------
+// Compile bound: on one (N, K) the driver needs the main row block and one
+// kernel per M tail (1..mr-1), each for the full 64-column block and the N
+// tail. Once a variant exists no call compiles it again, so `compiles` grows
+// by exactly the number of variants a call needs for the first time, and
+// stops growing once all of them exist.
+
+// The (rows, columns) micro-kernels a call with M rows needs.
+std::set<std::pair<int, int>> variants_for(int64_t M, int64_t N, int mr) {
+  std::set<std::pair<int, int>> v;
+  std::vector<int> rows, cols;
+  if (M >= mr) rows.push_back(mr);
+  if (M % mr != 0) rows.push_back(static_cast<int>(M % mr));
+  if (N >= 64) cols.push_back(64);
+  if (N % 64 != 0) cols.push_back(static_cast<int>(N % 64));
+  for (int r : rows)
+    for (int c : cols) v.insert({r, c});
+  return v;
+}
+
+TEST_F(GemmCall, MTailVariantsCompileOnceThenNothing) {
+  // A shape no other test of this binary uses, so every kernel is new.
+  const int64_t N = 100, K = 77;
+  const Isa isa = cpu_info().isa;
+  const int mr = isa == Isa::scalar
+                     ? 1
+                     : codegen::plan_gemm({N, K, codegen::BiasKind::f32, Activation::silu,
+                                           DType::bf16},
+                                          isa)
+                           .mr;
+  GemmProblem base = random_problem(1, N, K);
+  const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
+  std::set<std::pair<int, int>> seen;
+  const uint64_t start = cache_stats().compiles;
+  for (int64_t m = 1; m <= 40; ++m) {
+    GemmProblem p = random_problem(m, N, K, Activation::silu, Bias::f32, DType::bf16);
+    p.w = base.w;
+    const uint64_t before = cache_stats().compiles;
+    ASSERT_TRUE(run_and_compare(p, &w));
+    size_t fresh = 0;
+    if (isa != Isa::scalar)  // the scalar path compiles nothing
+      for (const auto& v : variants_for(m, N, mr)) fresh += seen.insert(v).second ? 1 : 0;
+    EXPECT_EQ(cache_stats().compiles - before, fresh)
+        << "M=" << m << " (mr=" << mr << ", path " << isa_name(isa) << ")";
+  }
+  const uint64_t all = cache_stats().compiles - start;
+  // main + (mr-1) tails, times (full block, N tail); M up to 40 ≥ mr meets all.
+  EXPECT_EQ(all, isa == Isa::scalar ? 0u : static_cast<uint64_t>(2 * mr));
+  // Any further M compiles nothing.
+  const uint64_t settled = cache_stats().compiles;
+  for (int64_t m : {1, 5, 17, 40, 41, 64, 99, 130}) {
+    GemmProblem p = random_problem(m, N, K, Activation::silu, Bias::f32, DType::bf16);
+    p.w = base.w;
+    ASSERT_TRUE(run_and_compare(p, &w));
+  }
+  EXPECT_EQ(cache_stats().compiles, settled);
+}
+
+}  // namespace
+}  // namespace tilejit::test
