@@ -57,7 +57,14 @@ int row_block(int64_t N, int64_t K, Isa isa) {
       .mr;
 }
 
-class GemmConcurrency : public IsaTest {};
+class GemmConcurrency : public IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    // Kernels loaded from TILEJIT_CACHE_DIR do not count as compiles.
+    jit::KernelCache::global().set_disk_dir("");
+  }
+};
 
 // Eight threads call gemm on one never-seen shape at the same moment: the
 // kernels it needs are compiled exactly once and every result is right.
@@ -127,7 +134,12 @@ std::string unique_key(const char* what) {
   return std::string("test;") + what + ";" + std::to_string(counter++);
 }
 
-TEST(KernelCache, EightThreadsOneKeyEmitOnce) {
+class KernelCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override { jit::KernelCache::global().set_disk_dir(""); }
+};
+
+TEST_F(KernelCacheTest, EightThreadsOneKeyEmitOnce) {
   auto& cache = jit::KernelCache::global();
   const std::string key = unique_key("once");
   std::atomic<int> emits{0};
@@ -162,7 +174,7 @@ TEST(KernelCache, EightThreadsOneKeyEmitOnce) {
   EXPECT_EQ(cache.stats().hits, after.hits + 1);
 }
 
-TEST(KernelCache, DistinctKeysAreDistinctKernels) {
+TEST_F(KernelCacheTest, DistinctKeysAreDistinctKernels) {
   auto& cache = jit::KernelCache::global();
   std::vector<const jit::Kernel*> got(kThreads, nullptr);
   std::vector<std::string> keys;
@@ -173,7 +185,7 @@ TEST(KernelCache, DistinctKeysAreDistinctKernels) {
 
 // An emit that throws: every waiter sees the error, nothing is cached, and a
 // later call compiles successfully.
-TEST(KernelCache, FailedEmitReachesEveryWaiterAndCanBeRetried) {
+TEST_F(KernelCacheTest, FailedEmitReachesEveryWaiterAndCanBeRetried) {
   auto& cache = jit::KernelCache::global();
   const std::string key = unique_key("throws");
   std::atomic<int> emits{0};
@@ -216,7 +228,7 @@ TEST(KernelCache, FailedEmitReachesEveryWaiterAndCanBeRetried) {
 }
 
 // A non-tilejit exception from emit keeps its type.
-TEST(KernelCache, EmitExceptionTypeIsPreserved) {
+TEST_F(KernelCacheTest, EmitExceptionTypeIsPreserved) {
   auto& cache = jit::KernelCache::global();
   const std::string key = unique_key("runtime_error");
   EXPECT_THROW(cache.get(key, "x", []() -> std::vector<uint8_t> { throw std::runtime_error("x"); }),

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "ops/packed_weight_impl.h"
 #include "test_util.h"
 
 namespace tilejit::test {

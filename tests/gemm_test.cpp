@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "codegen/gemm_plan.h"
+#include "jit/kernel_cache.h"
 #include "test_util.h"
 
 namespace tilejit::test {
@@ -55,15 +56,20 @@ INSTANTIATE_TEST_SUITE_P(Small, GemmShape,
 
 // Wide N (several 64-column blocks plus a tail), with a handful of M.
 INSTANTIATE_TEST_SUITE_P(LargeN, GemmShape,
-                         ::testing::Combine(::testing::Values(1, 2, 7, 12, 13, 33, 64, 127,
-                                                              128, 300),
+                         ::testing::Combine(::testing::Values(1, 2, 7, 12, 13, 33),
                                             ::testing::Values(100, 1000, 4096),
                                             ::testing::Values(1, 2, 30, 32, 64, 100)),
+                         shape_name);
+// ... and with many row blocks (several M chunks per column block at 300).
+INSTANTIATE_TEST_SUITE_P(LargeNTallM, GemmShape,
+                         ::testing::Combine(::testing::Values(64, 127, 128, 300),
+                                            ::testing::Values(100, 1000, 4096),
+                                            ::testing::Values(1, 30, 64)),
                          shape_name);
 
 // Deep K (the unrolled K loop, long fp32 accumulation chains).
 INSTANTIATE_TEST_SUITE_P(LargeK, GemmShape,
-                         ::testing::Combine(::testing::Values(1, 2, 7, 13, 33, 64, 127, 300),
+                         ::testing::Combine(::testing::Values(1, 2, 7, 13, 33, 127),
                                             ::testing::Values(1, 17, 64, 100),
                                             ::testing::Values(100, 4096)),
                          shape_name);
@@ -85,8 +91,9 @@ INSTANTIATE_TEST_SUITE_P(Big, GemmShape,
                                            Shape{33, 1000, 4096}, Shape{127, 1000, 1000},
                                            Shape{128, 4096, 100}, Shape{300, 1000, 100},
                                            Shape{300, 4096, 64}, Shape{300, 100, 4096},
-                                           Shape{64, 4096, 1024}, Shape{127, 4096, 2049},
-                                           Shape{300, 1000, 1000}),
+                                           Shape{64, 4096, 1024}, Shape{127, 1000, 2049},
+                                           Shape{300, 1000, 1000}, Shape{2000, 17, 64},
+                                           Shape{1000, 100, 30}, Shape{600, 64, 2100}),
                          shape_name);
 
 // ---------------------------------------------------------------------------
@@ -111,10 +118,10 @@ std::string epilogue_name(const ::testing::TestParamInfo<EpilogueCase>& info) {
 std::vector<EpilogueCase> epilogue_cases() {
   // Odd and even K (with a strided x, a NaN follows each row's last element),
   // N below one vector, across a tail vector, several blocks.
-  // {15, 100, 4097}: three row blocks, so K is cut into chunks and the
+  // {15, 70, 2081}: several row blocks, so K is cut into chunks and the
   // epilogue runs in the last-chunk kernel on carried fp32 partial sums.
   const Shape shapes[] = {{1, 1, 1},   {2, 15, 1},   {5, 17, 30},     {13, 100, 64},
-                          {33, 33, 2}, {8, 64, 101}, {12, 1000, 100}, {15, 100, 4097}};
+                          {33, 33, 2}, {8, 64, 101}, {12, 1000, 100}, {15, 70, 2081}};
   std::vector<EpilogueCase> v;
   for (const Shape& s : shapes)
     for (Activation act : {Activation::none, Activation::relu, Activation::silu,
@@ -260,7 +267,16 @@ std::set<std::pair<int, int>> variants_for(int64_t M, int64_t N, int mr) {
   return v;
 }
 
-TEST_F(GemmCall, MTailVariantsCompileOnceThenNothing) {
+class GemmCompileBound : public IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    // Kernels loaded from TILEJIT_CACHE_DIR do not count as compiles.
+    jit::KernelCache::global().set_disk_dir("");
+  }
+};
+
+TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
   // A shape no other test of this binary uses, so every kernel is new.
   const int64_t N = 100, K = 77;
   const Isa isa = cpu_info().isa;
@@ -292,6 +308,37 @@ TEST_F(GemmCall, MTailVariantsCompileOnceThenNothing) {
   const uint64_t settled = cache_stats().compiles;
   for (int64_t m : {1, 5, 17, 40, 41, 64, 99, 130}) {
     GemmProblem p = random_problem(m, N, K, Activation::silu, Bias::f32, DType::bf16);
+    p.w = base.w;
+    ASSERT_TRUE(run_and_compare(p, &w));
+  }
+  EXPECT_EQ(cache_stats().compiles, settled);
+}
+
+// K deeper than one chunk: each (rows, columns) variant may also exist as a
+// first / middle / last chunk kernel, so at most 4 kernels per variant; once
+// M has gone through 1..40, further calls compile nothing.
+TEST_F(GemmCompileBound, KChunkedVariantsAreBounded) {
+  const int64_t N = 100, K = 4100;  // fresh: 3 chunks of ≤ 2048
+  const Isa isa = cpu_info().isa;
+  const int mr = isa == Isa::scalar
+                     ? 1
+                     : codegen::plan_gemm({N, K, codegen::BiasKind::none, Activation::relu,
+                                           DType::f32},
+                                          isa)
+                           .mr;
+  GemmProblem base = random_problem(1, N, K);
+  const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
+  const uint64_t start = cache_stats().compiles;
+  for (int64_t m = 1; m <= 40; ++m) {
+    GemmProblem p = random_problem(m, N, K, Activation::relu);
+    p.w = base.w;
+    ASSERT_TRUE(run_and_compare(p, &w));
+  }
+  const uint64_t all = cache_stats().compiles - start;
+  EXPECT_LE(all, isa == Isa::scalar ? 0u : static_cast<uint64_t>(2 * mr * 4));
+  const uint64_t settled = cache_stats().compiles;
+  for (int64_t m : {3, 40, 41, 77, 100}) {
+    GemmProblem p = random_problem(m, N, K, Activation::relu);
     p.w = base.w;
     ASSERT_TRUE(run_and_compare(p, &w));
   }
