@@ -1,0 +1,425 @@
+// LLVM IR for the batch-reduce GEMM micro-kernel.
+//
+// Shape of the emitted function (mirrors codegen/xbyak/avx512_brgemm.cpp):
+//
+//   for each row block (mb rows; mr split into blocks that fit the registers):
+//     acc[set][row][col vec] = 0                      <16 x float>, SSA phis
+//     for i < args->batch:                            runtime loop
+//       for k-pair groups of unroll_ (static count): loop, unroll_ pairs unrolled
+//         B: nz loads of 16 column pairs (<16 x i32>), widened to even / odd f32
+//         A: per row, one i32 (a bf16 pair) widened and splat
+//         acc += a_even·b_even + a_odd·b_odd          llvm.fma (or one dpbf16ps)
+//       remaining pairs unrolled; odd K: the last A element alone (zero-extended,
+//       never reading past the row), with B's even half only
+//     fold the sets; accumulate, bias, activation, f32 / bf16 (RNE) store,
+//     with masked loads/stores on the N tail so columns ≥ nr are never touched.
+//
+// The k-split sets give each k-pair's products independent accumulators when a
+// block has too few to hide the FMA latency (decode shapes).
+#include "codegen/llvm/llvm_brgemm.h"
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "codegen/llvm/ir_loop.h"
+#include "codegen/llvm/module_context.h"
+#include "codegen/llvm/vector_math.h"
+
+namespace tilejit::codegen::llvm_backend {
+namespace {
+
+constexpr int kLanes = 16;  // f32 lanes per accumulator vector: 16 columns
+constexpr int kMaxMr = 32;
+
+// Register blocking, from the host's register file: rows per block and, per
+// block, the accumulator sets (independent copies that the k-pairs rotate
+// through when a block has too few accumulators to cover the latency of the
+// dot-product instruction; they are added up before the epilogue).
+class Blocking {
+ public:
+  Blocking(int nz, bool dpbf16, const HostTarget& host)
+      : nz_(nz), dpbf16_(dpbf16), w_(std::max(1, 512 / host.vector_bits)), regs_(host.vector_regs) {
+    // Live besides the accumulators: fma keeps B's even and odd halves of
+    // every column vector (2·nz) and one row's two A splats; dpbf16 keeps nz B
+    // vectors and one A splat (LLVM keeps a splat used nz times in a register
+    // rather than folding it into each instruction as a {1to16} operand).
+    fixed_ = dpbf16 ? nz + 2 : (2 * nz + 2) * w_;
+  }
+
+  int sets(int mb) const {
+    int s = 1;
+    if (dpbf16_) {
+      // The Xbyak kernel's rule (avx512_brgemm_ksplit), so that both kernels
+      // add the products in the same order and agree bit for bit.
+      while (s < 4 && s * mb * nz_ < 8 && 2 * s * mb * nz_ + nz_ <= regs_) s *= 2;
+    } else {
+      // 8 register-sized chains cover the FMA latency (4 cycles, 2 per cycle).
+      while (s < 4 && s * mb * nz_ * w_ < 8 && 2 * s * mb * nz_ * w_ + fixed_ <= regs_) s *= 2;
+    }
+    return s;
+  }
+
+  // The most rows whose accumulators fit in the registers with the rest.
+  int max_rows(int mr) const {
+    for (int mb = std::min(mr, kMaxMr); mb > 1; --mb)
+      if (sets(mb) * mb * nz_ * w_ + fixed_ <= regs_) return mb;
+    return 1;
+  }
+
+ private:
+  int nz_;
+  bool dpbf16_;
+  int w_;  // registers per <16 x float>: 1 zmm, 2 ymm or 4 xmm
+  int regs_;
+  int fixed_ = 0;
+};
+
+class BrgemmEmitter {
+ public:
+  BrgemmEmitter(ModuleContext& mc, const BrgemmDesc& d, bool dpbf16)
+      : mc_(mc), d_(d), dpbf16_(dpbf16), b_(mc.ctx), vm_(b_, kLanes) {
+    nz_ = (d.nr + kLanes - 1) / kLanes;
+  }
+
+  void emit(const std::string& name) {
+    llvm::Function* f = mc_.define_kernel(name);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", f));
+    load_args(f->getArg(0));
+    sums_ = b_.CreateAlloca(vm_.f32v(), b_.getInt32(d_.mr * nz_), "sums");
+    sums_->setAlignment(llvm::Align(64));
+
+    // Column groups of nzg vectors, each with its own pass over K. With 32
+    // registers all columns fit in one group (B is loaded once per k-pair for
+    // the whole block). With 16 (AVX2), widening B for 4 column vectors takes
+    // every register, so each 16-column vector gets its own pass with more
+    // rows to share B's widening (measured: 84 against 71 GFLOP/s for 7 × 64
+    // on Zen 4 ymm; a single row is faster in one pass).
+    const int w = std::max(1, 512 / mc_.host.vector_bits);
+    nzg_ = !dpbf16_ && w >= 2 && d_.mr >= 2 ? 1 : nz_;
+    const Blocking blk(nzg_, dpbf16_, mc_.host);
+    const int mb = blk.max_rows(d_.mr);
+    // mr rows in nblocks blocks of `big` or `big - 1` rows, the big ones first.
+    const int nblocks = (d_.mr + mb - 1) / mb;
+    const int big = (d_.mr + nblocks - 1) / nblocks;
+    const int n_big = d_.mr - nblocks * (big - 1);
+    auto no_carry = std::vector<llvm::Value*>{};
+    emit_loop(
+        b_, i64(nz_ / nzg_), no_carry,
+        [&](llvm::Value* group, const std::vector<llvm::Value*>&) {
+          j0_ = b_.CreateMul(group, i64(nzg_));
+          emit_loop(
+              b_, i64(n_big), no_carry,
+              [&](llvm::Value* iv, const std::vector<llvm::Value*>&) {
+                row_block(b_.CreateMul(iv, i64(big)), big, blk.sets(big));
+                return no_carry;
+              },
+              "rowblk");
+          if (big > 1) {
+            emit_loop(
+                b_, i64(nblocks - n_big), no_carry,
+                [&](llvm::Value* iv, const std::vector<llvm::Value*>&) {
+                  row_block(b_.CreateAdd(i64(int64_t(n_big) * big), b_.CreateMul(iv, i64(big - 1))),
+                            big - 1, blk.sets(big - 1));
+                  return no_carry;
+                },
+                "rowblk.small");
+          }
+          return no_carry;
+        },
+        "colgroup");
+    epilogue();
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+  llvm::Type* ptr_ty() { return b_.getPtrTy(); }
+  llvm::Value* byte_gep(llvm::Value* p, llvm::Value* off) {
+    return b_.CreateGEP(b_.getInt8Ty(), p, off);
+  }
+  llvm::Value* byte_gep(llvm::Value* p, int64_t off) { return byte_gep(p, i64(off)); }
+  llvm::Value* field(llvm::Value* args, int64_t offset, llvm::Type* t, const char* name) {
+    auto* v = b_.CreateAlignedLoad(t, byte_gep(args, offset), llvm::Align(8), name);
+    // The BrgemmArgs struct is never written while the kernel runs.
+    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
+    return v;
+  }
+
+  void load_args(llvm::Value* args) {
+    // Offsets are guarded by the static_asserts of codegen/brgemm_desc.h.
+    a_list_ = field(args, 0, ptr_ty(), "a_list");
+    b_list_ = field(args, 8, ptr_ty(), "b_list");
+    batch_ = field(args, 16, b_.getInt64Ty(), "batch");
+    lda_ = field(args, 24, b_.getInt64Ty(), "lda");
+    c_ = field(args, 32, ptr_ty(), "c");
+    ldc_ = field(args, 40, b_.getInt64Ty(), "ldc");
+    bias_ = d_.bias != BiasKind::none ? field(args, 48, ptr_ty(), "bias") : nullptr;
+    if (d_.accumulate) {
+      acc_in_ = field(args, 64, ptr_ty(), "acc_in");
+      ld_acc_in_ = field(args, 72, b_.getInt64Ty(), "ld_acc_in");
+    }
+  }
+
+  // Index of accumulator (set, row, column vector) in the flat carried list.
+  size_t ai(int s, int r, int j) const { return (size_t(s) * mbs_ + r) * nzg_ + j; }
+
+  void row_block(llvm::Value* row0, int mbs, int sets) {
+    mbs_ = mbs;
+    sets_ = sets;
+    // k-pairs per loop iteration: a multiple of the set cycle (dpbf16 uses one
+    // set per pair, fma two); unrolling further only adds compile time (same
+    // GFLOP/s with 2 and 4 pairs, measured).
+    unroll_ = dpbf16_ ? std::max(2, sets) : 2;
+    std::vector<llvm::Value*> acc(size_t(sets_) * mbs * nzg_,
+                                  llvm::Constant::getNullValue(vm_.f32v()));
+    acc = emit_loop(
+        b_, batch_, acc,
+        [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
+          return batch_item(i, row0, in);
+        },
+        "batch");
+    for (int r = 0; r < mbs; ++r) {
+      for (int j = 0; j < nzg_; ++j) {
+        llvm::Value* v = acc[ai(0, r, j)];
+        for (int s = 1; s < sets_; ++s) v = b_.CreateFAdd(v, acc[ai(s, r, j)]);
+        b_.CreateAlignedStore(v, sums_slot(b_.CreateAdd(row0, i64(r)), b_.CreateAdd(j0_, i64(j))),
+                              llvm::Align(64));
+      }
+    }
+  }
+
+  // &sums[row][j]: the block sums go through a stack buffer so that one
+  // epilogue loop serves every row; unrolled per row, the activation code
+  // (dozens of instructions per vector) would dominate compile time.
+  llvm::Value* sums_slot(llvm::Value* row, llvm::Value* j) {
+    return b_.CreateGEP(vm_.f32v(), sums_, b_.CreateAdd(b_.CreateMul(row, i64(nz_)), j));
+  }
+
+  std::vector<llvm::Value*> batch_item(llvm::Value* i, llvm::Value* row0,
+                                       std::vector<llvm::Value*> acc) {
+    llvm::Value* a =
+        b_.CreateAlignedLoad(ptr_ty(), b_.CreateGEP(ptr_ty(), a_list_, i), llvm::Align(8));
+    b_ptr_ = b_.CreateAlignedLoad(ptr_ty(), b_.CreateGEP(ptr_ty(), b_list_, i), llvm::Align(8));
+    a_rows_.clear();
+    for (int r = 0; r < mbs_; ++r)
+      a_rows_.push_back(byte_gep(a, b_.CreateMul(b_.CreateAdd(row0, i64(r)), lda_)));
+
+    const int64_t kp = d_.kb / 2;
+    acc = emit_loop(
+        b_, i64(kp / unroll_), acc,
+        [&](llvm::Value* it, const std::vector<llvm::Value*>& in) {
+          std::vector<llvm::Value*> cur = in;
+          llvm::Value* p0 = b_.CreateMul(it, i64(unroll_));
+          for (int u = 0; u < unroll_; ++u) k_pair(b_.CreateAdd(p0, i64(u)), u, cur);
+          return cur;
+        },
+        "kloop");
+    const int64_t rem = kp % unroll_;
+    for (int64_t u = 0; u < rem; ++u) k_pair(i64(kp - rem + u), static_cast<int>(u), acc);
+    if (d_.kb % 2 != 0) odd_k(i64(kp), acc);
+    return acc;
+  }
+
+  // Column vector j of the current column group in k-pair row `pair` of B.
+  llvm::Value* load_b_row(llvm::Value* pair, int j) {
+    llvm::Value* col = b_.CreateMul(b_.CreateAdd(j0_, i64(j)), i64(64));
+    llvm::Value* p = byte_gep(b_ptr_, b_.CreateAdd(b_.CreateMul(pair, i64(d_.b_row_bytes)), col));
+    return b_.CreateAlignedLoad(vm_.i32v(), p, llvm::Align(4));
+  }
+  // The bf16 pair of row r at k-pair `pair`, as one i32 (A rows are 2-byte aligned).
+  llvm::Value* load_a_pair(int r, llvm::Value* pair) {
+    return b_.CreateAlignedLoad(b_.getInt32Ty(), byte_gep(a_rows_[r], b_.CreateMul(pair, i64(4))),
+                                llvm::Align(2));
+  }
+  llvm::Value* as_float(llvm::Value* i32) { return b_.CreateBitCast(i32, b_.getFloatTy()); }
+
+  llvm::Value* dpbf16(llvm::Value* acc, llvm::Value* a_i32v, llvm::Value* b_i32v) {
+    auto* bf = llvm::FixedVectorType::get(b_.getBFloatTy(), 2 * kLanes);
+    return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                              {acc, b_.CreateBitCast(b_i32v, bf), b_.CreateBitCast(a_i32v, bf)});
+  }
+
+  void k_pair(llvm::Value* pair, int u, std::vector<llvm::Value*>& acc) {
+    if (dpbf16_) {
+      const int s = u % sets_;
+      std::vector<llvm::Value*> bv;
+      for (int j = 0; j < nzg_; ++j) bv.push_back(load_b_row(pair, j));
+      for (int r = 0; r < mbs_; ++r) {
+        llvm::Value* a = vm_.splat(load_a_pair(r, pair));
+        for (int j = 0; j < nzg_; ++j) acc[ai(s, r, j)] = dpbf16(acc[ai(s, r, j)], a, bv[j]);
+      }
+      return;
+    }
+    // Even k in the low half of each 32-bit lane, odd k in the high half:
+    // a shift and a mask make both exact f32 values.
+    const int se = (2 * u) % sets_, so = (2 * u + 1) % sets_;
+    std::vector<llvm::Value*> be, bo;
+    for (int j = 0; j < nzg_; ++j) {
+      llvm::Value* raw = load_b_row(pair, j);
+      be.push_back(b_.CreateBitCast(b_.CreateShl(raw, vm_.i32(16)), vm_.f32v()));
+      bo.push_back(b_.CreateBitCast(b_.CreateAnd(raw, vm_.i32(0xffff0000u)), vm_.f32v()));
+    }
+    for (int r = 0; r < mbs_; ++r) {
+      llvm::Value* a = load_a_pair(r, pair);
+      llvm::Value* ae = vm_.splat(as_float(b_.CreateShl(a, b_.getInt32(16))));
+      llvm::Value* ao = vm_.splat(as_float(b_.CreateAnd(a, b_.getInt32(0xffff0000u))));
+      for (int j = 0; j < nzg_; ++j) {
+        acc[ai(se, r, j)] = vm_.fma(ae, be[j], acc[ai(se, r, j)]);
+        acc[ai(so, r, j)] = vm_.fma(ao, bo[j], acc[ai(so, r, j)]);
+      }
+    }
+  }
+
+  // The last, unpaired k: read only its own bf16 (its neighbour may lie past
+  // the row, or be NaN), and multiply with the even half of B's row.
+  void odd_k(llvm::Value* pair, std::vector<llvm::Value*>& acc) {
+    std::vector<llvm::Value*> bv;
+    for (int j = 0; j < nzg_; ++j) bv.push_back(load_b_row(pair, j));
+    for (int r = 0; r < mbs_; ++r) {
+      llvm::Value* a16 = b_.CreateAlignedLoad(
+          b_.getInt16Ty(), byte_gep(a_rows_[r], b_.CreateMul(pair, i64(4))), llvm::Align(2));
+      llvm::Value* a32 = b_.CreateZExt(a16, b_.getInt32Ty());
+      for (int j = 0; j < nzg_; ++j) {
+        if (dpbf16_) {
+          // Zero in A's odd half: B's odd half (packing padding) adds 0.
+          acc[ai(0, r, j)] = dpbf16(acc[ai(0, r, j)], vm_.splat(a32), bv[j]);
+        } else {
+          llvm::Value* ae = vm_.splat(as_float(b_.CreateShl(a32, b_.getInt32(16))));
+          llvm::Value* be = b_.CreateBitCast(b_.CreateShl(bv[j], vm_.i32(16)), vm_.f32v());
+          acc[ai(0, r, j)] = vm_.fma(ae, be, acc[ai(0, r, j)]);
+        }
+      }
+    }
+  }
+
+  llvm::Value* tail_mask(int lanes) {
+    std::vector<llvm::Constant*> m;
+    for (int l = 0; l < kLanes; ++l) m.push_back(b_.getInt1(l < lanes));
+    return llvm::ConstantVector::get(m);
+  }
+  // A load of 16 elements of `t` at p, masked to the first `lanes` (masked-off
+  // lanes are neither read nor faulted on, and read as zero).
+  llvm::Value* load(llvm::Type* t, llvm::Value* p, int lanes, unsigned align) {
+    if (lanes == kLanes) return b_.CreateAlignedLoad(t, p, llvm::Align(align));
+    return b_.CreateMaskedLoad(t, p, llvm::Align(align), tail_mask(lanes),
+                               llvm::Constant::getNullValue(t));
+  }
+  void store(llvm::Value* v, llvm::Value* p, int lanes, unsigned align) {
+    if (lanes == kLanes)
+      b_.CreateAlignedStore(v, p, llvm::Align(align));
+    else
+      b_.CreateMaskedStore(v, p, llvm::Align(align), tail_mask(lanes));
+  }
+
+  void epilogue() {
+    const int tail = d_.nr % kLanes;
+    auto lanes_of = [&](int j) { return j == nz_ - 1 && tail != 0 ? tail : kLanes; };
+    // Bias vectors once, before any store (LLVM cannot know C does not alias them).
+    std::vector<llvm::Value*> bias(size_t(nz_), nullptr);
+    for (int j = 0; j < nz_ && d_.bias != BiasKind::none; ++j) {
+      if (d_.bias == BiasKind::f32)
+        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), lanes_of(j), 4);
+      else
+        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), lanes_of(j), 2));
+    }
+    const int out_bytes = d_.out == DType::f32 ? 4 : 2;
+    emit_loop(
+        b_, i64(d_.mr), {},
+        [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
+          llvm::Value* c_row = byte_gep(c_, b_.CreateMul(row, ldc_));
+          llvm::Value* in_row =
+              d_.accumulate ? byte_gep(acc_in_, b_.CreateMul(row, ld_acc_in_)) : nullptr;
+          for (int j = 0; j < nz_; ++j) {
+            const int lanes = lanes_of(j);
+            llvm::Value* v =
+                b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
+            if (d_.accumulate)
+              v = b_.CreateFAdd(v, load(vm_.f32v(), byte_gep(in_row, j * 64), lanes, 4));
+            if (bias[j] != nullptr) v = b_.CreateFAdd(v, bias[j]);
+            v = vm_.activation(d_.act, v);
+            if (d_.out == DType::bf16) v = vm_.f32_to_bf16(v);
+            store(v, byte_gep(c_row, j * kLanes * out_bytes), lanes, out_bytes);
+          }
+          return std::vector<llvm::Value*>{};
+        },
+        "epilogue");
+  }
+
+  ModuleContext& mc_;
+  const BrgemmDesc& d_;
+  bool dpbf16_;
+  llvm::IRBuilder<> b_;
+  VectorMath vm_;
+  int nz_ = 1;                 // column vectors of C
+  int nzg_ = 1;                // column vectors per group (one pass over K each)
+  llvm::Value* j0_ = nullptr;  // first column vector of the group being emitted
+  int sets_ = 1, mbs_ = 1;     // the row block being emitted
+  int unroll_ = 2;
+  llvm::Value *a_list_ = nullptr, *b_list_ = nullptr, *batch_ = nullptr, *lda_ = nullptr;
+  llvm::Value *c_ = nullptr, *ldc_ = nullptr, *bias_ = nullptr;
+  llvm::Value *acc_in_ = nullptr, *ld_acc_in_ = nullptr;
+  llvm::Value* b_ptr_ = nullptr;
+  llvm::AllocaInst* sums_ = nullptr;
+  std::vector<llvm::Value*> a_rows_;
+};
+
+void check_desc(const BrgemmDesc& d) {
+  auto bad = [&](const std::string& what) {
+    throw Error("compile_llvm_brgemm: " + what + " (kernel " + llvm_brgemm_name(d) + ")");
+  };
+  if (d.mr < 1 || d.mr > kMaxMr) bad("mr = " + std::to_string(d.mr) + " is outside [1, 32]");
+  if (d.nr < 1 || d.nr > 64) bad("nr = " + std::to_string(d.nr) + " is outside [1, 64]");
+  if (d.kb < 0) bad("kb = " + std::to_string(d.kb) + " is negative");
+  const int64_t need = (d.nr + kLanes - 1) / kLanes * 64;
+  if (d.b_row_bytes < need || d.b_row_bytes % 4 != 0)
+    bad("b_row_bytes = " + std::to_string(d.b_row_bytes) +
+        " must be a multiple of 4 and at least " + std::to_string(need) +
+        " for nr = " + std::to_string(d.nr));
+  if (d.out != DType::f32 && d.out != DType::bf16)
+    bad(std::string("out = ") + dtype_name(d.out) + " is not supported (f32 or bf16)");
+  if (d.bias != BiasKind::none && d.bias != BiasKind::f32 && d.bias != BiasKind::bf16)
+    bad("bias kind " + std::to_string(static_cast<int>(d.bias)) + " is not none, f32 or bf16");
+  switch (d.act) {
+    case Activation::none:
+    case Activation::relu:
+    case Activation::silu:
+    case Activation::gelu_tanh:
+    case Activation::gelu_erf:
+      break;
+    default:
+      bad("activation " + std::to_string(static_cast<int>(d.act)) + " is not supported");
+  }
+}
+
+}  // namespace
+
+std::string llvm_brgemm_name(const BrgemmDesc& d) {
+  BrgemmDesc n = d;
+  n.isa = Isa::scalar;  // any value: its spelling is replaced below
+  const std::string s = n.name();
+  const std::string prefix = std::string("brgemm_") + isa_name(n.isa);
+  return "brgemm_llvm" + s.substr(prefix.size());
+}
+
+LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& options) {
+  check_desc(d);
+  require_vector_host("compile_llvm_brgemm");
+  const HostTarget& host = host_target();
+  const bool dpbf16 =
+      options.dot == BrgemmDot::dpbf16 || (options.dot == BrgemmDot::best && host.avx512bf16);
+  if (dpbf16 && !host.avx512bf16)
+    throw Error("compile_llvm_brgemm: dot = dpbf16 needs AVX512-BF16, which this host (" +
+                host.cpu + ") lacks");
+  // A forced variant is spelled in the name; the default is the host's best.
+  std::string name = llvm_brgemm_name(d);
+  if (options.dot != BrgemmDot::best) name += dpbf16 ? "_dpbf16" : "_fma";
+  return compile_module(
+      name, [&](ModuleContext& mc) { BrgemmEmitter(mc, d, dpbf16).emit(name); }, options.opt);
+}
+
+}  // namespace tilejit::codegen::llvm_backend

@@ -1,0 +1,319 @@
+// The process-wide ORC LLJIT: host detection, the optimise + codegen pipeline
+// of compile_module(), and linking objects into per-kernel JITDylibs.
+#include "codegen/llvm/llvm_jit.h"
+
+#include <llvm/ADT/SmallVector.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/TargetParser/X86TargetParser.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <type_traits>
+
+#include "codegen/llvm/module_context.h"
+
+namespace tilejit::codegen::llvm_backend {
+namespace {
+
+namespace orc = llvm::orc;
+
+[[noreturn]] void fail(const std::string& what, llvm::Error err) {
+  throw Error("LLVM JIT: " + what + ": " + llvm::toString(std::move(err)));
+}
+
+template <class T>
+T take(llvm::Expected<T> v, const std::string& what) {
+  if (!v) fail(what, v.takeError());
+  if constexpr (std::is_reference_v<T>)
+    return *v;
+  else
+    return std::move(*v);
+}
+
+struct Jit {
+  std::unique_ptr<orc::LLJIT> lljit;
+  orc::JITTargetMachineBuilder jtmb;  // the host; copied per compile
+  HostTarget host;
+};
+
+HostTarget describe_host(const orc::JITTargetMachineBuilder& b) {
+  HostTarget h;
+  h.triple = b.getTargetTriple().str();
+  h.cpu = b.getCPU();
+  h.features = b.getFeatures().getString();
+  for (const std::string& f : b.getFeatures().getFeatures()) {
+    if (f.empty() || f[0] != '+') continue;
+    const std::string name = f.substr(1);
+    if (name == "avx2") h.avx2 = true;
+    if (name == "fma") h.fma = true;
+    if (name == "f16c") h.f16c = true;
+    if (name == "avx512f") h.avx512f = true;
+    if (name == "avx512bw") h.avx512bw = true;
+    if (name == "avx512bf16") h.avx512bf16 = true;
+    if (name == "avx" || name == "avx2") h.vector_bits = std::max(h.vector_bits, 256);
+  }
+  if (h.avx512f) {
+    h.vector_bits = 512;
+    h.vector_regs = 32;
+  }
+  return h;
+}
+
+// TILEJIT_LLVM_CPU=<cpu> (e.g. x86-64-v3): compile for that CPU's features
+// instead of all the host's, to run the portable code paths (AVX2 without
+// AVX-512) on a bigger machine. It must be a subset of the host, or kernels
+// would stop with SIGILL: anything else is an Error.
+void apply_cpu_override(orc::JITTargetMachineBuilder& b) {
+  const char* env = std::getenv("TILEJIT_LLVM_CPU");
+  if (env == nullptr || *env == '\0') return;
+  const std::string cpu = env;
+  if (llvm::X86::parseArchX86(cpu, /*Only64Bit=*/true) == llvm::X86::CK_None)
+    throw Error("TILEJIT_LLVM_CPU=" + cpu +
+                " is not an x86-64 CPU name LLVM knows (e.g. x86-64-v3)");
+  std::set<std::string> host;
+  for (const std::string& f : b.getFeatures().getFeatures())
+    if (!f.empty() && f[0] == '+') host.insert(f);
+  // The CPU's own features plus everything they imply (avx512bw implies
+  // avx512f, avx2 implies avx, ...): the list for the TargetMachine and for
+  // HostTarget's flags.
+  llvm::SmallVector<llvm::StringRef, 64> own;
+  llvm::X86::getFeaturesForCPU(cpu, own, /*NeedPlus=*/false);
+  llvm::StringMap<bool> implied;
+  for (llvm::StringRef f : own) {
+    implied[f] = true;  // updateImpliedFeatures sets only what f implies
+    llvm::X86::updateImpliedFeatures(f, true, implied);
+  }
+  // Only instruction-set extensions the code generator may use are compared:
+  // the host list lacks some that do not change code (x87, rdpru, ...).
+  auto checked = [](llvm::StringRef f) {
+    for (const char* p :
+         {"avx", "amx", "fma", "f16c", "sse", "ssse3", "bmi", "evex", "gfni", "vaes", "vpclmulqdq"})
+      if (f.starts_with(p)) return true;
+    return false;
+  };
+  std::vector<std::string> names;
+  for (const auto& e : implied)
+    if (e.getValue()) names.push_back(e.getKey().str());
+  std::sort(names.begin(), names.end());
+  std::string features;
+  for (const std::string& f : names) {
+    if (checked(f) && !host.count("+" + f))
+      throw Error("TILEJIT_LLVM_CPU=" + cpu + " needs " + f + ", which this host (" + b.getCPU() +
+                  ") lacks");
+    features += (features.empty() ? "+" : ",+") + f;
+  }
+  b.setCPU(cpu);
+  b.setFeatures(features);
+}
+
+Jit* create_jit() {
+  // Each returns true on failure (no target for the host compiled into LLVM).
+  if (llvm::InitializeNativeTarget() || llvm::InitializeNativeTargetAsmPrinter() ||
+      llvm::InitializeNativeTargetAsmParser())
+    throw Error("LLVM JIT: this LLVM build has no code generator for the host");
+  auto jtmb = take(orc::JITTargetMachineBuilder::detectHost(), "detecting the host target");
+  apply_cpu_override(jtmb);
+  // Position-independent, small code model: objects can be linked anywhere and
+  // cached on disk; constants are RIP-relative.
+  jtmb.setRelocationModel(llvm::Reloc::PIC_);
+  jtmb.setCodeModel(llvm::CodeModel::Small);
+  auto lljit =
+      take(orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create(), "creating the LLJIT");
+  auto* j = new Jit{std::move(lljit), jtmb, {}};
+  j->host = describe_host(j->jtmb);
+  return j;
+}
+
+// Leaked on purpose: kernels held by static caches may be destroyed after any
+// static JIT would be, and unlinking them needs the JIT.
+Jit& jit() {
+  static Jit* j = create_jit();  // a throw leaves it unset: the next call retries
+  return *j;
+}
+
+llvm::CodeGenOptLevel codegen_level(OptLevel o) {
+  switch (o) {
+    case OptLevel::O0:
+      return llvm::CodeGenOptLevel::None;
+    case OptLevel::O1:
+      return llvm::CodeGenOptLevel::Less;
+    case OptLevel::kernel:
+    case OptLevel::O2:
+      return llvm::CodeGenOptLevel::Default;
+    case OptLevel::O3:
+      return llvm::CodeGenOptLevel::Aggressive;
+  }
+  return llvm::CodeGenOptLevel::Default;
+}
+
+// The IR passes of OptLevel::kernel. The emitters already write vector code
+// with explicit register blocking and loops; what is left to do is folding
+// (constant splats, bitcasts, address arithmetic), CSE, hoisting loop-invariant
+// loads and CFG cleanup. The O2 pipeline adds inlining, loop rotation and
+// unrolling, vectorizers, GVN, ... for the same machine code speed (measured)
+// at twice the compile time. (InstCombine must not verify its fixpoint: that
+// check reports a fatal error.)
+constexpr const char* kKernelPipeline =
+    "function(sroa<modify-cfg>,early-cse<memssa>,instcombine<no-verify-fixpoint>,"
+    "simplifycfg,loop-mssa(licm),instcombine<no-verify-fixpoint>,simplifycfg)";
+
+void optimize(llvm::Module& m, llvm::TargetMachine& tm, OptLevel o) {
+  if (o == OptLevel::O0) return;
+  // Declared in this order so that they are destroyed in the reverse one (the
+  // proxies registered below point from later managers to earlier ones).
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PassBuilder pb(&tm);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm;
+  switch (o) {
+    case OptLevel::kernel:
+      if (llvm::Error e = pb.parsePassPipeline(mpm, kKernelPipeline))
+        fail("building the kernel pass pipeline", std::move(e));
+      break;
+    case OptLevel::O1:
+      mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O1);
+      break;
+    case OptLevel::O2:
+      mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
+      break;
+    default:
+      mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+      break;
+  }
+  mpm.run(m, mam);
+}
+
+std::vector<uint8_t> emit_object(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::SmallVector<char, 0> buf;
+  llvm::raw_svector_ostream os(buf);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
+    throw Error("LLVM JIT: the host TargetMachine cannot emit object files");
+  pm.run(m);
+  return std::vector<uint8_t>(buf.begin(), buf.end());
+}
+
+void remove_dylib(orc::JITDylib* jd) {
+  // Called from destructors: an error here can only be dropped (the code
+  // stays mapped, which is harmless).
+  llvm::consumeError(jit().lljit->getExecutionSession().removeJITDylib(*jd));
+}
+
+double micros_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+const HostTarget& host_target() {
+  return jit().host;
+}
+
+void require_vector_host(const char* who) {
+  const HostTarget& h = host_target();
+  // Below AVX2 + FMA, llvm.fma and 16-lane integer code would lower to libm
+  // calls and long scalar sequences: not a target these kernels are for.
+  if (!h.avx2 || !h.fma)
+    throw Error(std::string(who) + ": the LLVM kernels need AVX2 and FMA, which the target CPU " +
+                h.cpu + " lacks");
+}
+
+llvm::Function* ModuleContext::define_kernel(const std::string& name) const {
+  auto* ptr = llvm::PointerType::getUnqual(ctx);
+  auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false);
+  auto* f = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, module);
+  f->addFnAttr(llvm::Attribute::NoUnwind);
+  f->addFnAttr("target-cpu", host.cpu);
+  f->addFnAttr("target-features", host.features);
+  f->addFnAttr("no-builtins");
+  f->addFnAttr("frame-pointer", "none");
+  if (host.avx512f) {
+    // Without these the x86 backend may split 512-bit vectors into ymm halves
+    // (some CPUs prefer 256-bit code by default).
+    f->addFnAttr("prefer-vector-width", "512");
+    f->addFnAttr("min-legal-vector-width", "512");
+  }
+  f->getArg(0)->setName("args");
+  f->addParamAttr(0, llvm::Attribute::NoCapture);
+  f->addParamAttr(0, llvm::Attribute::ReadOnly);
+  return f;
+}
+
+LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Jit& j = jit();
+  // One JITDylib per kernel: symbols never collide (the same kernel may be
+  // linked twice, e.g. from a disk cache), and removing it frees the code.
+  static std::atomic<uint64_t> counter{0};
+  orc::JITDylib& jd =
+      take(j.lljit->createJITDylib("tilejit." + std::to_string(counter++) + "." + symbol),
+           "creating a JITDylib for " + symbol);
+  std::shared_ptr<void> keepalive(&jd,
+                                  [](void* p) { remove_dylib(static_cast<orc::JITDylib*>(p)); });
+  auto buf = llvm::MemoryBuffer::getMemBufferCopy(
+      llvm::StringRef(reinterpret_cast<const char*>(object_file.data()), object_file.size()),
+      symbol);
+  if (llvm::Error e = j.lljit->addObjectFile(jd, std::move(buf)))
+    fail("adding the object of " + symbol, std::move(e));
+  const orc::ExecutorAddr addr = take(j.lljit->lookup(jd, symbol), "linking " + symbol);
+  LlvmKernel k;
+  k.name = symbol;
+  k.entry = addr.toPtr<void*>();
+  k.keepalive = std::move(keepalive);
+  k.object_file = std::move(object_file);
+  k.compile_us = micros_since(t0);
+  return k;
+}
+
+LlvmKernel compile_module(const std::string& symbol,
+                          const std::function<void(ModuleContext&)>& emit, OptLevel opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Jit& j = jit();
+  // A TargetMachine per compile: codegen mutates it, so threads must not share one.
+  orc::JITTargetMachineBuilder b = j.jtmb;
+  b.setCodeGenOptLevel(codegen_level(opt));
+  std::unique_ptr<llvm::TargetMachine> tm =
+      take(b.createTargetMachine(), "creating the host TargetMachine");
+
+  // Per compile: a context is not thread-safe, separate ones are independent.
+  llvm::LLVMContext ctx;
+  llvm::Module m(symbol, ctx);
+  m.setDataLayout(tm->createDataLayout());
+  m.setTargetTriple(tm->getTargetTriple().str());
+  ModuleContext mc{ctx, m, j.host};
+  emit(mc);
+
+  llvm::Function* f = m.getFunction(symbol);
+  if (f == nullptr || f->isDeclaration())
+    throw Error("LLVM JIT: the module for " + symbol + " does not define a function of that name");
+  std::string problems;
+  llvm::raw_string_ostream os(problems);
+  if (llvm::verifyModule(m, &os))
+    throw Error("LLVM JIT: invalid IR for " + symbol + ": " + os.str());
+
+  optimize(m, *tm, opt);
+  std::vector<uint8_t> object = emit_object(m, *tm);
+  LlvmKernel k = load_object_file(symbol, std::move(object));
+  k.compile_us = micros_since(t0);
+  return k;
+}
+
+}  // namespace tilejit::codegen::llvm_backend
