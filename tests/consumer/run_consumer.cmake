@@ -55,7 +55,15 @@ if(CHECK STREQUAL "tool")
   if(NOT EXISTS ${prefix}/bin/tilejit)
     message(FATAL_ERROR "install is missing bin/tilejit")
   endif()
-  step(tool ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/tilejit cpuinfo)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/tilejit cpuinfo
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "[tool] ${out}${err}")
+  if(NOT rc EQUAL 0)
+    file(READ_ELF ${prefix}/bin/tilejit RUNPATH runpath RPATH rpath)
+    message(FATAL_ERROR "the installed ${prefix}/bin/tilejit does not run from its prefix "
+            "(exit ${rc}); its RUNPATH is '${runpath}', RPATH '${rpath}': it needs an install "
+            "RPATH such as $ORIGIN/../lib to find lib/libtilejit.so")
+  endif()
   return()
 endif()
 
