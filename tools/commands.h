@@ -1,15 +1,62 @@
-// The subcommands of the `tilejit` tool.
+// The subcommands of the `tilejit` tool (docs/tool.md). Each returns the
+// process exit code: 0 success, 1 failure (bad input, a stage that cannot be
+// produced, a --check FAIL); they throw tilejit::Error for main to report.
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace tilejit::tools {
 
 struct LlamaJobOptions {
-  int threads = 0;          // 0: library default
-  double seconds = 0.3;     // timing budget per shape
-  bool check = true;        // compare against the scalar reference
+  int threads = 0;       // 0: library default
+  double seconds = 0.3;  // timing budget per shape
+  bool check = true;     // compare against the scalar reference
+};
+
+struct DumpOptions {
+  std::string file;               // .tir path, "-" = stdin
+  std::string stage = "all";      // ir | verified | plan | key | asm | all
+  std::vector<std::string> dims;  // "M=512"
+  std::string isa;                // "" = active path; else plan for this one
+  std::string syntax = "intel";   // asm syntax: intel | att
+};
+
+struct RunOptions {
+  std::string file;
+  std::vector<std::string> inputs;   // "NAME=FILE.npy"
+  std::vector<std::string> outputs;  // "NAME=FILE.npy"
+  std::vector<std::string> dims;     // "M=7" (with --random-inputs)
+  bool check = false;
+  bool random_inputs = false;
+  uint64_t seed = 0;
+  std::string save_inputs;  // directory for the inputs as .npy
+  std::string isa;          // --isa as given (main sets TILEJIT_ISA from it)
+};
+
+struct BenchOptions {
+  std::string file;
+  std::vector<std::string> dims;
+  int threads = 0;
+  double seconds = 1.0;
+  uint64_t seed = 1;
+  std::string isa;
+};
+
+// Hidden test helper: writes a .npy file of random values.
+struct GenNpyOptions {
+  std::string file;
+  std::string dtype = "<f4";
+  std::vector<int64_t> shape;
+  uint64_t seed = 1;
 };
 
 int run_llama_layer_job(const LlamaJobOptions& opt);
 int run_cpuinfo();
+int run_dump(const DumpOptions& opt);
+int run_program(const RunOptions& opt);
+int run_bench(const BenchOptions& opt);
+int run_gen_npy(const GenNpyOptions& opt);
 
 }  // namespace tilejit::tools

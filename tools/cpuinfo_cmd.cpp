@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <string>
+
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 
@@ -16,7 +18,10 @@ int run_cpuinfo() {
   fmt::print("amx permitted   {}\n", yes(c.amx_permitted));
   fmt::print("best path       {}\n", isa_name(c.max_isa));
   fmt::print("active path     {} (TILEJIT_ISA caps it)\n", isa_name(c.isa));
-  fmt::print("threads         {}\n", c.num_threads);
+  fmt::print("threads         {} (TILEJIT_NUM_THREADS overrides)\n", c.num_threads);
+  const std::string dir = cache_stats().disk_dir;
+  fmt::print("kernel cache    {} (TILEJIT_CACHE_DIR overrides, empty = off)\n",
+             dir.empty() ? std::string("off: memory only") : dir);
   return 0;
 }
 

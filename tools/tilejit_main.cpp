@@ -1,11 +1,103 @@
-// `tilejit`: the command-line face of the library.
+// `tilejit`: the command-line face of the library (docs/tool.md).
+//
+// Exit codes: 0 success; 1 an error in the input (IR, .npy, shapes), a stage
+// that cannot be produced, or a --check FAIL; 2 a usage error; 3 an internal
+// error.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
+#include "jit/disk_cache.h"
+#include "jit/kernel_cache.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+
+namespace {
+
+// Repeatable options take one value per occurrence (`-i x=a.npy -i w=b.npy`),
+// so a .tir file after them is never read as one more value.
+
+using tilejit::tools::BenchOptions;
+using tilejit::tools::DumpOptions;
+using tilejit::tools::GenNpyOptions;
+using tilejit::tools::RunOptions;
+
+const char* const kIsaHelp =
+    "ISA path cap: amx, avx512 or scalar (sets TILEJIT_ISA for this process; the active path "
+    "is the best one at or below it)";
+
+void add_dump(CLI::App& app, DumpOptions& o) {
+  auto* c = app.add_subcommand("dump",
+                               "print the stages of a .tir program: parsed IR, verified "
+                               "types, kernel plan, specialization keys, disassembly");
+  c->add_option("file", o.file, "the .tir program ('-' reads stdin)")->required();
+  c->add_option("--stage", o.stage, "ir | verified | plan | key | asm | all (default)")
+      ->check(CLI::IsMember({"ir", "verified", "plan", "key", "asm", "all"}));
+  c->add_option("--dim", o.dims, "bind a symbolic dim, e.g. M=512 (adds the M-tail kernels)")
+      ->allow_extra_args(false);
+  c->add_option("--isa", o.isa,
+                "plan and emit for this path (default: the active one); emitting needs no "
+                "hardware support, so --isa amx shows AMX code on any machine")
+      ->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+  c->add_option("--syntax", o.syntax, "assembly syntax: intel (default) or att")
+      ->check(CLI::IsMember({"intel", "att"}));
+}
+
+void add_run(CLI::App& app, RunOptions& o) {
+  auto* c = app.add_subcommand("run", "run a .tir program on .npy inputs and write its outputs");
+  c->add_option("file", o.file, "the .tir program ('-' reads stdin)")->required();
+  c->add_option("--input,-i", o.inputs, "NAME=FILE.npy for the parameter %NAME (repeatable)")
+      ->allow_extra_args(false);
+  c->add_option("--output,-o", o.outputs, "NAME=FILE.npy for the result %NAME (repeatable)")
+      ->allow_extra_args(false);
+  c->add_flag("--check", o.check,
+              "compare with the scalar reference; prints errors and PASS/FAIL (exit 1 on FAIL)");
+  c->add_option("--isa", o.isa, kIsaHelp)->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+  c->add_option("--random-inputs", o.seed,
+                "generate every input not given by --input from this seed")
+      ->each([&o](const std::string&) { o.random_inputs = true; });
+  c->add_option("--dim", o.dims, "bind a symbolic dim for generated inputs, e.g. M=7")
+      ->allow_extra_args(false);
+  c->add_option("--save-inputs", o.save_inputs,
+                "write every input (given or generated) to DIR/NAME.npy");
+}
+
+void add_bench(CLI::App& app, BenchOptions& o) {
+  auto* c = app.add_subcommand("bench",
+                               "time a .tir program on random inputs: GFLOP/s, % of "
+                               "the measured peak, time per call");
+  c->add_option("file", o.file, "the .tir program ('-' reads stdin)")->required();
+  c->add_option("--dim", o.dims, "bind a symbolic dim, e.g. M=512 (every one must be bound)")
+      ->allow_extra_args(false);
+  c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--seconds", o.seconds, "timing budget (default 1)");
+  c->add_option("--seed", o.seed, "seed of the random inputs (default 1)");
+  c->add_option("--isa", o.isa, kIsaHelp)->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+}
+
+void add_gen_npy(CLI::App& app, GenNpyOptions& o) {
+  // Hidden (empty group): a test helper, not part of the documented surface.
+  auto* c = app.add_subcommand("gen-npy", "write a random .npy file (test helper)");
+  c->group("");
+  c->add_option("file", o.file, "output path")->required();
+  c->add_option("--dtype", o.dtype, "<f4 | <i4 | |u1 | |i1 | <u2");
+  c->add_option("--shape", o.shape, "dims, comma separated (none: a scalar)")->delimiter(',');
+  c->add_option("--seed", o.seed, "seed");
+}
+
+// The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set
+// (empty = off), else the per-user cache directory.
+void set_up_disk_cache() {
+  const char* env = std::getenv("TILEJIT_CACHE_DIR");
+  tilejit::jit::KernelCache::global().set_disk_dir(
+      env != nullptr ? std::string(env) : tilejit::jit::default_user_cache_dir());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tilejit: a JIT compiler for LLM inference CPU kernels"};
@@ -13,26 +105,63 @@ int main(int argc, char** argv) {
 
   tilejit::tools::LlamaJobOptions llama;
   auto* job = app.add_subcommand(
-      "llama-layer", "JIT the GEMMs of one Llama-3-8B decoder layer for M in {1, 16, 512}, check "
-                     "them against the scalar reference and print speed (the default command)");
+      "llama-layer",
+      "JIT the GEMMs of one Llama-3-8B decoder layer for M in {1, 16, 512}, check "
+      "them against the scalar reference and print speed (the default command)");
   job->add_option("--threads", llama.threads, "threads (default: TILEJIT_NUM_THREADS or cores)");
   job->add_option("--seconds", llama.seconds, "timing budget per shape");
   job->add_flag("!--no-check", llama.check, "skip the reference check");
-  auto* cpuinfo = app.add_subcommand("cpuinfo", "detected ISA features, AMX permission, path");
+  app.add_subcommand(
+      "cpuinfo", "detected ISA features, AMX permission, active path, threads, kernel cache dir");
+  DumpOptions dump;
+  add_dump(app, dump);
+  RunOptions run;
+  add_run(app, run);
+  BenchOptions bench;
+  add_bench(app, bench);
+  GenNpyOptions gen;
+  add_gen_npy(app, gen);
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, naming the subcommand whose options were being read.
+    std::string who = "tilejit";
+    for (const CLI::App* sub : app.get_subcommands()) who += " " + sub->get_name();
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", who.c_str(), e.what(), who.c_str());
+    return 2;
   }
+
+  const CLI::App* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+  const std::string name = sub ? sub->get_name() : "llama-layer";
   try {
-    if (*cpuinfo) return tilejit::tools::run_cpuinfo();
+    // TILEJIT_ISA is read once, at the library's first ISA query: set it before any call.
+    const std::string isa = name == "run" ? run.isa : name == "bench" ? bench.isa : "";
+    if (!isa.empty()) setenv("TILEJIT_ISA", isa.c_str(), 1);
+    if (name == "gen-npy") return tilejit::tools::run_gen_npy(gen);
+    set_up_disk_cache();
+    if (name == "cpuinfo") return tilejit::tools::run_cpuinfo();
+    if (name == "dump") return tilejit::tools::run_dump(dump);
+    if (name == "run") return tilejit::tools::run_program(run);
+    if (name == "bench") return tilejit::tools::run_bench(bench);
     return tilejit::tools::run_llama_layer_job(llama);
   } catch (const tilejit::Error& e) {
-    std::fprintf(stderr, "tilejit: error: %s\n", e.what());
+    std::fflush(stdout);
+    // IR parse errors already read "file:line:col: error: ..."; file errors
+    // start with the file name.
+    const std::string what = e.what();
+    if (what.find(": error: ") != std::string::npos)
+      std::fprintf(stderr, "%s\n", what.c_str());
+    else
+      std::fprintf(stderr, "tilejit %s: error: %s\n", name.c_str(), what.c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tilejit: internal error: %s\n", e.what());
-    return 2;
+    std::fflush(stdout);
+    std::fprintf(stderr, "tilejit %s: internal error: %s\n", name.c_str(), e.what());
+    return 3;
   }
 }

@@ -1,0 +1,130 @@
+// Runs an IR program (the text a user writes, not a C++ call) on host tensors:
+// what `tilejit run` and `tilejit bench` execute, and what `tilejit dump`
+// lowers. Today the one family with a lowering is a gemm chain
+// (gemm → add bias → activation → cast); it runs through the public API
+// (pack_weight + gemm), so the tool measures exactly what an engine gets.
+//
+//   ops::ProgramRunner r(ir::parse(text, "linear.tir"));   // verify + match
+//   r.set_inputs(inputs);                                  // bind ?M, check shapes, pack w
+//   auto outputs = r.make_outputs();
+//   r.run(outputs);                                        // active ISA path
+//   ops::CheckReport c = r.check(outputs);                 // scalar reference
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+#include "ir/program.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::ops {
+
+// An owned, dense, C-order host tensor of an IR dtype (bf16 as its bit pattern).
+struct HostTensor {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  static HostTensor zeros(DType dtype, std::vector<int64_t> shape);
+  int64_t numel() const;
+  template <class T>
+  T* data() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  template <class T>
+  const T* data() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+};
+
+// Inputs and outputs by value name (without the '%').
+using TensorMap = std::map<std::string, HostTensor>;
+// Values of the symbolic dims ("M" -> 512).
+using DimBindings = std::map<std::string, int64_t>;
+
+// A verified function recognised as a gemm chain, and how the runner feeds it.
+struct GemmProgram {
+  // The function codegen lowers: the source with a row-major w re-typed to
+  // packed<vnni2, n_block=64, k_pair=2>, since the runner packs w itself.
+  ir::Function lowered;
+  bool w_packed_by_runner = false;  // w is row-major in the source
+  codegen::GemmSpec spec;
+  int x = -1, w = -1, bias = -1;  // param value ids (bias -1: none)
+  int result = -1;                // the returned value id
+};
+
+// Recognises the op family of a verified function. Throws tilejit::Error:
+// "no lowering for op 'attention' yet ..." for families that land later, or
+// codegen::match_gemm's message for a chain that cannot be fused.
+GemmProgram match_program(const ir::Function& f);
+
+// The dims of `t` with symbols replaced by their bindings ("?M" unbound → -1).
+std::vector<int64_t> bind_shape(const ir::TensorType& t, const DimBindings& dims);
+// "[?M, 1024]" (the IR dims) and "[7, 1024]".
+std::string dims_str(const ir::TensorType& t);
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// One micro-kernel a plan needs, with why (for `tilejit dump --stage key|asm`).
+struct KernelUse {
+  std::string role;  // "main block", "N tail", "M tail (3 rows)", ... + chunk
+  codegen::BrgemmDesc desc;
+};
+// Without m: the main block and N tail variants (and K-chunk variants when the
+// plan chunks K). With m: exactly the variants ops/gemm.cpp's driver calls for
+// that M, M tails included.
+std::vector<KernelUse> plan_kernels(const codegen::GemmPlan& plan, std::optional<int64_t> m);
+
+// The result of comparing outputs with the scalar reference.
+struct CheckReport {
+  double max_abs = 0;  // max |got - ref|
+  double max_rel = 0;  // max |got - ref| / max(|ref|, 1e-6)
+  int64_t failures = 0;
+  int64_t checked = 0;
+  // The element with the largest error / tolerance ratio.
+  std::vector<int64_t> worst_index;
+  double worst_got = 0, worst_ref = 0, worst_tol = 0;
+  std::string tolerance;  // the formula used, for the report
+  bool pass() const { return failures == 0; }
+};
+
+class ProgramRunner {
+ public:
+  // Verifies f (throws the verifier's first diagnostic) and matches it.
+  explicit ProgramRunner(ir::Function f);
+
+  const ir::Function& function() const { return f_; }
+  const GemmProgram& program() const { return prog_; }
+
+  // Checks every input against its param's type (dtype, rank, static dims,
+  // symbolic dims consistent across inputs and with `preset`) and binds the
+  // symbols; packs w. Inputs must outlive run(). Errors name the input, its
+  // shape and the expected one.
+  void set_inputs(const TensorMap& inputs, const DimBindings& preset = {});
+  const DimBindings& bindings() const { return dims_; }
+
+  // Zeroed outputs of the bound result types, by result name.
+  TensorMap make_outputs() const;
+  // Runs on the active ISA path (tilejit::gemm).
+  void run(TensorMap& outputs);
+  // Compares `outputs` with runtime::reference_gemm on the same inputs.
+  CheckReport check(const TensorMap& outputs) const;
+  // 2·M·N·K of the bound problem.
+  double flops() const;
+
+ private:
+  const HostTensor& input(int value_id) const;
+
+  ir::Function f_;
+  GemmProgram prog_;
+  const TensorMap* inputs_ = nullptr;
+  DimBindings dims_;
+  PackedWeight packed_w_;
+  std::vector<uint16_t> x_strided_;  // x copied to the IR's static row stride, if any
+  int64_t x_ld_ = 0;                 // that stride, in elements
+};
+
+}  // namespace tilejit::ops

@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# End-to-end test of the `tilejit` command line (docs/tool.md).
+#
+#   tests/tool_test.sh <path to tilejit> <examples dir>
+#
+# Every examples/*.tir is dumped at every stage; gemm programs are run with
+# --check on generated inputs (saved as .npy and read back), on the active
+# path and on the scalar one; error paths must exit non-zero with a one-line
+# message. Needs no numpy: inputs come from `run --random-inputs` and the
+# hidden `tilejit gen-npy` helper.
+set -u
+
+TJ=${1:?usage: tool_test.sh <tilejit binary> <examples dir>}
+EXAMPLES=${2:?usage: tool_test.sh <tilejit binary> <examples dir>}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tilejit_tool_test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+# Compile counts and timings stay out of the user's cache.
+export TILEJIT_CACHE_DIR=
+
+failures=0
+checks=0
+OUT=$WORK/out
+ERR=$WORK/err
+
+fail() {
+  echo "FAIL: $*"
+  echo "  --- stdout (head) ---"
+  head -n 20 "$OUT" | sed 's/^/  /'
+  echo "  --- stderr ---"
+  sed 's/^/  /' "$ERR"
+  failures=$((failures + 1))
+}
+
+# ok <description> <command...>: exit 0 expected.
+ok() {
+  local what=$1
+  shift
+  checks=$((checks + 1))
+  "$@" >"$OUT" 2>"$ERR"
+  local rc=$?
+  [ $rc -eq 0 ] || fail "$what: exit $rc, expected 0 ($*)"
+  return $rc
+}
+
+# bad <description> <stderr regex> <command...>: exit != 0 and one stderr
+# line matching the regex.
+bad() {
+  local what=$1 pattern=$2
+  shift 2
+  checks=$((checks + 1))
+  "$@" >"$OUT" 2>"$ERR"
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    fail "$what: exit 0, expected an error ($*)"
+  elif ! grep -Eq -- "$pattern" "$ERR"; then
+    fail "$what: stderr does not match /$pattern/ ($*)"
+  elif [ "$(wc -l <"$ERR")" -ne 1 ]; then
+    fail "$what: expected a one-line error, got $(wc -l <"$ERR") lines ($*)"
+  fi
+}
+
+# has <description> <file> <regex>
+has() {
+  checks=$((checks + 1))
+  grep -Eq -- "$3" "$2" || fail "$1: output does not match /$3/"
+}
+
+# ---- help, cpuinfo -----------------------------------------------------------
+for sub in dump run bench cpuinfo llama-layer; do
+  ok "$sub --help" "$TJ" "$sub" --help && has "$sub --help" "$OUT" "Usage|Options"
+done
+TILEJIT_CACHE_DIR=$WORK/cache ok "cpuinfo" "$TJ" cpuinfo
+has "cpuinfo: active path" "$OUT" "^active path +(amx|avx512|scalar)"
+has "cpuinfo: threads" "$OUT" "^threads +[0-9]+"
+has "cpuinfo: cache dir" "$OUT" "^kernel cache +$WORK/cache"
+ok "cpuinfo, cache off" "$TJ" cpuinfo && has "cpuinfo: cache off" "$OUT" "^kernel cache +off"
+
+# ---- every example: dump at every stage, run --check ---------------------------
+shopt -s nullglob
+examples=("$EXAMPLES"/*.tir)
+[ ${#examples[@]} -gt 0 ] || fail "no examples in $EXAMPLES"
+for tir in "${examples[@]}"; do
+  name=$(basename "$tir" .tir)
+  ok "$name: dump --stage ir" "$TJ" dump "$tir" --stage ir
+  has "$name: ir" "$OUT" "^func @"
+  # The printed IR reads back to itself (through stdin).
+  cp "$OUT" "$WORK/$name.ir"
+  ok "$name: dump - --stage ir" "$TJ" dump - --stage ir <"$WORK/$name.ir"
+  checks=$((checks + 1))
+  cmp -s "$OUT" "$WORK/$name.ir" || fail "$name: printed IR does not read back to itself"
+  ok "$name: dump --stage verified" "$TJ" dump "$tir" --stage verified
+  has "$name: verified" "$OUT" "verified: .* no diagnostics"
+
+  # Bind every symbolic dim to 10: M tails on every path (AVX-512 7 + 3, AMX 10 of 32).
+  dims=()
+  for s in $(grep -Eo '^// \?[A-Za-z_0-9]+ is bound' "$OUT" | sed -E 's|^// \?([A-Za-z_0-9]+) .*|\1|'); do
+    dims+=(--dim "$s=10")
+  done
+
+  if ! grep -Eq '= *gemm ' "$tir"; then
+    bad "$name: dump --stage plan (no lowering)" "no lowering for op '[a-z_]+' yet" \
+      "$TJ" dump "$tir" --stage plan
+    bad "$name: dump --stage all (no lowering)" "no lowering for op '[a-z_]+' yet" \
+      "$TJ" dump "$tir"
+    bad "$name: run (no lowering)" "no lowering for op '[a-z_]+' yet" \
+      "$TJ" run "$tir" --random-inputs 1 "${dims[@]}"
+    continue
+  fi
+
+  ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
+  for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
+  for isa in avx512 amx; do
+    ok "$name: dump --stage plan --isa $isa" "$TJ" dump "$tir" --stage plan --isa $isa
+    has "$name: plan ($isa)" "$OUT" "^plan gemm_${isa}_bf16_f32acc_m[0-9]+n64k[0-9]+"
+    plan=$(sed -nE 's/^plan (gemm_[a-z0-9_]+).*/\1/p' "$OUT")
+    ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa "${dims[@]}"
+    has "$name: key names the plan ($isa)" "$OUT" "^plan +$plan\$"
+    has "$name: plan key ($isa)" "$OUT" "^key +gemm;isa=$isa;n=[0-9]+;k=[0-9]+;"
+    has "$name: micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;mr=[0-9]+;nr=[0-9]+;kb=[0-9]+;"
+    has "$name: M-tail kernel for M=10 ($isa)" "$OUT" "^  M tail \\(([0-9]+) rows\\)"
+    ok "$name: dump --stage asm --isa $isa" "$TJ" dump "$tir" --stage asm --isa $isa "${dims[@]}"
+    has "$name: asm header ($isa)" "$OUT" "^; kernel brgemm_${isa}_bf16_f32acc_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
+    if [ $isa = avx512 ]; then
+      has "$name: asm has vdpbf16ps" "$OUT" "vdpbf16ps zmm[0-9]+, zmm[0-9]+, dword ptr"
+    else
+      has "$name: asm has tdpbf16ps" "$OUT" "tdpbf16ps tmm[0-9], tmm[0-9], tmm[0-9]"
+      has "$name: asm has ldtilecfg" "$OUT" "ldtilecfg"
+    fi
+  done
+  ok "$name: dump --stage asm --syntax att" "$TJ" dump "$tir" --stage asm --isa avx512 --syntax att
+  has "$name: AT&T syntax" "$OUT" "vdpbf16ps \\(%"
+  ok "$name: dump --stage asm --isa scalar" "$TJ" dump "$tir" --stage asm --isa scalar
+  has "$name: scalar asm" "$OUT" "scalar reference"
+  TILEJIT_ISA=scalar ok "$name: dump --stage asm, TILEJIT_ISA=scalar" "$TJ" dump "$tir" --stage asm
+  has "$name: scalar asm by env" "$OUT" "scalar reference.*no JIT code"
+
+  # run --check on generated inputs, saved as .npy ...
+  ok "$name: run --random-inputs --check" \
+    "$TJ" run "$tir" --random-inputs 11 "${dims[@]}" --save-inputs "$WORK/$name.in" --check
+  has "$name: PASS" "$OUT" "^PASS \\("
+  has "$name: tolerance" "$OUT" "tolerance +.*K=[0-9]+"
+  # ... then read back from the .npy files: same result.
+  inputs=()
+  for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+  result=$(sed -nE 's/^ *return %([A-Za-z0-9_]+).*/\1/p' "$WORK/$name.ir")
+  ok "$name: run --input ... --check" \
+    "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out1.npy" --check
+  has "$name: PASS from files" "$OUT" "^PASS \\("
+  ok "$name: run --input ... again" \
+    "$TJ" run "$tir" "${inputs[@]}" --output "%$result=$WORK/$name.out2.npy"
+  checks=$((checks + 1))
+  cmp -s "$WORK/$name.out1.npy" "$WORK/$name.out2.npy" || fail "$name: two runs wrote different outputs"
+  checks=$((checks + 1))
+  head -c 6 "$WORK/$name.out1.npy" | od -c | grep -q 'N   U   M   P   Y' || fail "$name: output is not .npy"
+  # The scalar path, by environment and by --isa.
+  TILEJIT_ISA=scalar ok "$name: run --check, TILEJIT_ISA=scalar" \
+    "$TJ" run "$tir" "${inputs[@]}" --check
+  has "$name: scalar path" "$OUT" "on the scalar path"
+  has "$name: scalar PASS" "$OUT" "^PASS \\("
+  ok "$name: run --isa scalar --check" "$TJ" run "$tir" "${inputs[@]}" --isa scalar --check
+  has "$name: --isa scalar" "$OUT" "on the scalar path"
+done
+
+# ---- one example in detail: names, keys, .npy conventions, errors -----------------
+LB=$EXAMPLES/linear_bias.tir
+LS=$EXAMPLES/linear_silu.tir
+if [ -f "$LB" ] && [ -f "$LS" ]; then
+  ok "linear_silu: dump --stage key" "$TJ" dump "$LS" --stage key --isa avx512 --dim M=512
+  has "linear_silu: plan name" "$OUT" "^plan +gemm_avx512_bf16_f32acc_m7n64k4096_silu_bf16out$"
+  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16$"
+  has "linear_silu: M tail of 512 = 73*7 + 1" "$OUT" "M tail \\(1 row\\), last K chunk +brgemm_avx512_bf16_f32acc_m1n64k2048_accin_silu_bf16out"
+  ok "linear_bias: dump --stage key" "$TJ" dump "$LB" --stage key --isa avx512
+  has "linear_bias: N tail" "$OUT" "N tail \\(40 cols\\) +brgemm_avx512_bf16_f32acc_m7n40k1024_biasbf16_f32out"
+  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;mr=7;nr=40;kb=1024;brow=256;bias=bf16;act=none;out=f32;acc=0"
+  ok "linear_bias: dump --stage plan" "$TJ" dump "$LB" --stage plan
+  has "linear_bias: row-major w is packed by run" "$OUT" "%w is row-major in the IR"
+
+  ok "linear_bias: inputs" "$TJ" run "$LB" --random-inputs 3 --dim M=5 --save-inputs "$WORK/lb"
+  # A float32 array for a bf16 input is rounded to bf16.
+  "$TJ" gen-npy "$WORK/x_f32.npy" --dtype '<f4' --shape 5,1024 --seed 4
+  ok "bf16 input from <f4" "$TJ" run "$LB" --input "x=$WORK/x_f32.npy" --input "w=$WORK/lb/w.npy" \
+    --input "bias=$WORK/lb/bias.npy" --check
+  has "bf16 input from <f4: PASS" "$OUT" "^PASS \\("
+
+  "$TJ" gen-npy "$WORK/x_wrong.npy" --dtype '<u2' --shape 5,1000
+  bad "wrong-shape .npy" "input 'x' \\(.*x_wrong.npy\\) has shape \\[5, 1000\\]; expected \\[\\?M, 1024\\]" \
+    "$TJ" run "$LB" --input "x=$WORK/x_wrong.npy" --input "w=$WORK/lb/w.npy" --input "bias=$WORK/lb/bias.npy"
+  "$TJ" gen-npy "$WORK/x_rank.npy" --dtype '<u2' --shape 5120
+  bad "wrong-rank .npy" "input 'x' .* has shape \\[5120\\]; expected \\[\\?M, 1024\\]" \
+    "$TJ" run "$LB" --input "x=$WORK/x_rank.npy" --random-inputs 1
+  "$TJ" gen-npy "$WORK/x_i4.npy" --dtype '<i4' --shape 5,1024
+  bad "wrong-dtype .npy" "input 'x' \\(.*x_i4.npy\\) is a '<i4' array; .* needs '<u2'" \
+    "$TJ" run "$LB" --input "x=$WORK/x_i4.npy" --random-inputs 1
+  "$TJ" gen-npy "$WORK/x_m6.npy" --dtype '<u2' --shape 6,1024
+  bad "inconsistent symbolic dim" "\\?M = 6, but \\?M = 5" \
+    "$TJ" run "$LB" --input "x=$WORK/x_m6.npy" --random-inputs 1 --dim M=5
+  printf 'not numpy' >"$WORK/garbage.npy"
+  bad "not a .npy file" "garbage.npy: not a .npy file" \
+    "$TJ" run "$LB" --input "x=$WORK/garbage.npy" --random-inputs 1
+  bad "missing .npy file" "nothere.npy: cannot open" \
+    "$TJ" run "$LB" --input "x=$WORK/nothere.npy" --random-inputs 1
+  bad "missing input" "missing input 'bias' \\(tensor<1000xbf16>\\)" \
+    "$TJ" run "$LB" --input "x=$WORK/lb/x.npy" --input "w=$WORK/lb/w.npy"
+  bad "unknown input" "has no input 'q'; its inputs are x, w, bias" \
+    "$TJ" run "$LB" --input "q=$WORK/lb/x.npy" --random-inputs 1
+  bad "unknown output" "has no result 'y'" \
+    "$TJ" run "$LB" --random-inputs 1 --dim M=2 --output "y=$WORK/y.npy"
+  bad "malformed --input" "--input 'x': expected NAME=FILE.npy" "$TJ" run "$LB" --input x
+  bad "unbound dim" "\\?M has no size; give --dim M=SIZE" "$TJ" run "$LB" --random-inputs 1
+  bad "unknown dim" "has no dim \\?Q; its symbolic dims are \\?M" "$TJ" dump "$LB" --dim Q=3
+  bad "bad dim value" "--dim 'M=-1': the size must be an integer >= 0" "$TJ" dump "$LB" --dim M=-1
+  bad "unknown --stage" "--stage: bogus not in" "$TJ" dump "$LB" --stage bogus
+  bad "unknown --isa" "--isa: knights not in" "$TJ" run "$LB" --isa knights
+  bad "unknown option" "tilejit run: error: .*--frobnicate" "$TJ" run "$LB" --frobnicate
+  bad "missing file argument" "file is required" "$TJ" dump
+  bad "missing .tir file" "nothere.tir: cannot open" "$TJ" dump "$WORK/nothere.tir"
+  bad "bench without its dims" "give --dim M=SIZE" "$TJ" bench "$LB"
+  ok "bench" "$TJ" bench "$LB" --dim M=16 --seconds 0.05 --threads 1
+  has "bench: GFLOP/s" "$OUT" "^  GFLOP/s +[0-9.]+"
+  has "bench: time per call" "$OUT" "^  time/call +[0-9.e+-]+ ms"
+  has "bench: peak" "$OUT" "^  % of peak +([0-9.]+% of|n/a)"
+
+  # The on-disk kernel cache fills when it is on.
+  TILEJIT_CACHE_DIR=$WORK/kcache ok "run with a cache dir" "$TJ" run "$LB" --random-inputs 1 --dim M=3
+  checks=$((checks + 1))
+  if [ "$(sed -nE 's/^active path +([a-z0-9]+).*/\1/p' <(TILEJIT_CACHE_DIR= "$TJ" cpuinfo))" != scalar ]; then
+    ls "$WORK/kcache"/*.tjk >/dev/null 2>&1 || fail "no kernel cache entries in $WORK/kcache"
+  fi
+fi
+
+# ---- a static row stride: the runner lays x out at that stride ----------------------
+printf 'func @s(%%x: tensor<?Mx100xbf16, strided<[160, 1]>>, %%w: tensor<70x100xbf16>) -> (tensor<?Mx70xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx70xf32>\n  %%1 = relu %%0 : tensor<?Mx70xf32>\n  return %%1\n}\n' >"$WORK/strided.tir"
+ok "strided x: run --check" "$TJ" run "$WORK/strided.tir" --random-inputs 2 --dim M=9 --check
+has "strided x: PASS" "$OUT" "^PASS \\("
+
+# ---- IR errors ----------------------------------------------------------------
+printf 'func @bad(%%x: tensor<?Mx8xbf16>) -> (tensor<?Mx8xf32>) {\n  %%0 = gemm %%x %%x : tensor<?Mx8xf32>\n  return %%0\n}\n' >"$WORK/syntax.tir"
+for stage in ir all; do
+  bad "malformed .tir (--stage $stage)" "^$WORK/syntax.tir:2:16: error: " "$TJ" dump "$WORK/syntax.tir" --stage $stage
+done
+bad "malformed .tir on stdin" "^<stdin>:2:16: error: " "$TJ" dump - <"$WORK/syntax.tir"
+bad "malformed .tir (run)" "^$WORK/syntax.tir:[0-9]+:[0-9]+: error: " "$TJ" run "$WORK/syntax.tir" --random-inputs 1
+printf 'func @k(%%x: tensor<?Mx64xbf16>, %%w: tensor<32x100xbf16>) -> (tensor<?Mx32xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx32xf32>\n  return %%0\n}\n' >"$WORK/verify.tir"
+ok "verify error: --stage ir still prints" "$TJ" dump "$WORK/verify.tir" --stage ir
+bad "verify error (dump)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" dump "$WORK/verify.tir" --stage verified
+bad "verify error (run)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" run "$WORK/verify.tir" --random-inputs 1
+printf 'func @r(%%x: tensor<?Mx64xf32>) -> (tensor<?Mx64xf32>) {\n  %%0 = relu %%x : tensor<?Mx64xf32>\n  return %%0\n}\n' >"$WORK/relu.tir"
+ok "elementwise only: verified" "$TJ" dump "$WORK/relu.tir" --stage verified
+bad "elementwise only: no lowering" "no lowering for op 'relu' yet" "$TJ" dump "$WORK/relu.tir" --stage key
+
+echo "tool_test: $checks checks, $failures failed"
+[ $failures -eq 0 ]

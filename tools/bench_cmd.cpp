@@ -1,0 +1,83 @@
+// `tilejit bench`: times a .tir program on random inputs and puts the rate
+// next to the machine's measured peak.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "jit/peak.h"
+#include "ops/program_runner.h"
+#include "tilejit/tilejit.h"
+#include "tools/commands.h"
+#include "tools/program_io.h"
+
+namespace tilejit::tools {
+
+int run_bench(const BenchOptions& opt) {
+  if (opt.threads > 0) set_num_threads(opt.threads);
+  if (!(opt.seconds > 0)) throw Error(fmt::format("--seconds {}: must be > 0", opt.seconds));
+  const ir::Function f = load_program(opt.file);
+  const ops::DimBindings dims = parse_dims(opt.dims, f);
+  ops::ProgramRunner runner = make_runner(f, opt.file);
+  note_isa_request(opt.isa);
+
+  ops::TensorMap inputs;
+  for (int p : f.params) inputs[f.value(p).name] = random_tensor(f.value(p), dims, opt.seed);
+  runner.set_inputs(inputs, dims);
+  ops::TensorMap outputs = runner.make_outputs();
+
+  const CpuInfo cpu = cpu_info();
+  const CacheStats before = cache_stats();
+  runner.run(outputs);  // compiles (or loads from the disk cache) what this shape needs
+  const CacheStats after = cache_stats();
+
+  // Batches of calls sized from a first one-call batch; the median of the
+  // sized batches, since the machine is shared and noisy.
+  using clock = std::chrono::steady_clock;
+  constexpr int kBatches = 7;
+  std::vector<double> per_call;
+  int64_t calls = 1;
+  for (int b = 0; b <= kBatches; ++b) {
+    const auto t0 = clock::now();
+    for (int64_t i = 0; i < calls; ++i) runner.run(outputs);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (b == 0) {
+      calls = std::max<int64_t>(1, static_cast<int64_t>(opt.seconds / kBatches / s));
+      continue;
+    }
+    per_call.push_back(s / static_cast<double>(calls));
+  }
+  std::sort(per_call.begin(), per_call.end());
+  const double t = per_call[per_call.size() / 2];
+  const double flops = runner.flops();
+  const double gflops = flops / t / 1e9;
+
+  const auto& spec = runner.program().spec;
+  const int64_t m = inputs.at(f.value(runner.program().x).name).shape.at(0);
+  fmt::print("bench @{}: M={} N={} K={} on the {} path, {} thread{}\n", f.name, m, spec.n, spec.k,
+             isa_name(cpu.isa), cpu.num_threads, cpu.num_threads == 1 ? "" : "s");
+  fmt::print("  plan        {}\n", cpu.isa == Isa::scalar
+                                       ? std::string("scalar reference (no JIT code)")
+                                       : codegen::plan_gemm(spec, cpu.isa).name());
+  fmt::print("  time/call   {:.4g} ms (median of {} batches of {} call{})\n", t * 1e3, kBatches,
+             calls, calls == 1 ? "" : "s");
+  fmt::print("  GFLOP/s     {:.1f} (2·M·N·K = {:.4g} GFLOP per call)\n", gflops, flops / 1e9);
+  if (cpu.isa == Isa::scalar) {
+    fmt::print("  % of peak   n/a (the scalar path has no measured peak)\n");
+  } else {
+    const double core = jit::measure_peak_gflops(cpu.isa);
+    const double peak = core * cpu.num_threads;
+    fmt::print(
+        "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x {})\n",
+        peak > 0 ? 100 * gflops / peak : 0.0, peak, isa_name(cpu.isa), core, cpu.num_threads);
+  }
+  fmt::print("  first call  {} compile{} ({:.2f} ms), {} disk load{}\n",
+             after.compiles - before.compiles, after.compiles - before.compiles == 1 ? "" : "s",
+             (after.compile_seconds - before.compile_seconds) * 1e3,
+             after.disk_loads - before.disk_loads,
+             after.disk_loads - before.disk_loads == 1 ? "" : "s");
+  return 0;
+}
+
+}  // namespace tilejit::tools

@@ -1,0 +1,212 @@
+// `tilejit dump`: every stage of the pipeline for one .tir program — the IR,
+// the verified types, the kernel plan, the specialization keys, and the
+// disassembly of the machine code the emitters produce for it.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "codegen/gemm_lowering.h"
+#include "codegen/xbyak/emitters.h"
+#include "ir/infer.h"
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "ops/program_runner.h"
+#include "runtime/isa.h"
+#include "tilejit/tilejit.h"
+#include "tools/commands.h"
+#include "tools/program_io.h"
+
+#if TILEJIT_TOOL_HAVE_MC
+#include "codegen/llvm/mc_disassembler.h"
+#endif
+
+namespace tilejit::tools {
+namespace {
+
+const char* const kStages[] = {"ir", "verified", "plan", "key", "asm"};
+
+std::string pad(const std::string& s, size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
+
+void print_verified(const ir::Function& f) {
+  fmt::print("// @{} verified: {} params, {} ops, no diagnostics\n", f.name, f.params.size(),
+             f.ops.size());
+  for (const std::string& s : program_symbols(f)) {
+    for (int p : f.params) {
+      const auto& dims = f.value(p).type.dims;
+      auto it =
+          std::find_if(dims.begin(), dims.end(), [&](const ir::Dim& d) { return d.symbol == s; });
+      if (it != dims.end()) {
+        fmt::print("// ?{} is bound at run time by %{} dim {}\n", s, f.value(p).name,
+                   it - dims.begin());
+        break;
+      }
+    }
+  }
+  size_t w = 0;
+  for (const ir::Value& v : f.values) w = std::max(w, v.name.size() + 1);
+  for (int p : f.params)
+    fmt::print("{}param     {}\n", pad("%" + f.value(p).name, w + 1), f.value(p).type.str());
+  for (const ir::Op& op : f.ops) {
+    // The type the op rules infer from the operands (verify() checked that
+    // it is the one the text states).
+    std::vector<const ir::Value*> operands;
+    for (int id : op.operands) operands.push_back(&f.value(id));
+    const ir::TensorType t = ir::infer_type(op.kind, operands, op.attrs);
+    fmt::print("{}{}{}\n", pad("%" + f.value(op.result).name, w + 1), pad(ir::name(op.kind), 10),
+               t.str());
+  }
+  for (int r : f.results)
+    fmt::print("{}result    {}\n", pad("%" + f.value(r).name, w + 1), f.value(r).type.str());
+}
+
+// M of the gemm: x's first dim, static or bound by --dim.
+std::optional<int64_t> gemm_m(const ir::Function& f, const ops::GemmProgram& p,
+                              const ops::DimBindings& dims) {
+  const int64_t m = ops::bind_shape(f.value(p.x).type, dims).at(0);
+  return m < 0 ? std::nullopt : std::optional<int64_t>(m);
+}
+
+void print_plan(const ir::Function& f, const ops::GemmProgram& p, const codegen::GemmPlan& plan,
+                std::optional<int64_t> m) {
+  fmt::print("{}\n", plan.str());
+  if (p.w_packed_by_runner)
+    fmt::print(
+        "  note         %{} is row-major in the IR: `tilejit run` packs it (pack_weight) "
+        "into the layout above\n",
+        f.value(p.w).name);
+  if (plan.isa == Isa::scalar) {
+    fmt::print(
+        "  note         the scalar path runs the reference (runtime/reference_gemm.h) on "
+        "the packed weight: no JIT code\n");
+  } else if (m) {
+    const int64_t full = *m / plan.mr, tail = *m % plan.mr;
+    fmt::print("  for M={:<6}  {} block{} of {} rows{}; {} column block{} of {}{}\n", *m, full,
+               full == 1 ? "" : "s", plan.mr,
+               tail ? fmt::format(" + 1 tail block of {} row{}", tail, tail == 1 ? "" : "s") : "",
+               plan.spec.n / plan.nb, plan.spec.n / plan.nb == 1 ? "" : "s", plan.nb,
+               plan.n_tail ? fmt::format(" + 1 tail of {}", plan.n_tail) : "");
+  }
+}
+
+void print_keys(const codegen::GemmPlan& plan, std::optional<int64_t> m) {
+  fmt::print("plan   {}\n", plan.name());
+  fmt::print("key    {}\n", plan.key());
+  if (plan.isa == Isa::scalar) {
+    fmt::print("micro-kernels: none (the scalar path runs the reference: no JIT code)\n");
+    return;
+  }
+  const auto uses = ops::plan_kernels(plan, m);
+  fmt::print("micro-kernels {}: {}\n",
+             m ? fmt::format("for M={}", *m) : "for any M (main block, N tail)", uses.size());
+  size_t w = 0;
+  for (const auto& u : uses) w = std::max(w, u.role.size());
+  for (const auto& u : uses) {
+    fmt::print("  {}{}\n", pad(u.role, w + 2), u.desc.name());
+    fmt::print("  {}{}\n", std::string(w + 2, ' '), u.desc.key());
+  }
+}
+
+std::vector<uint8_t> emit(const codegen::BrgemmDesc& d) {
+  return d.isa == Isa::amx ? codegen::xbyak::emit_amx_brgemm(d)
+                           : codegen::xbyak::emit_avx512_brgemm(d);
+}
+
+std::string listing(const std::vector<uint8_t>& code, const std::string& syntax) {
+#if TILEJIT_TOOL_HAVE_MC
+  return codegen::llvm_backend::disassemble(code.data(), code.size(), 0, "",
+                                            syntax == "att"
+                                                ? codegen::llvm_backend::AsmSyntax::att
+                                                : codegen::llvm_backend::AsmSyntax::intel);
+#else
+  // Built without LLVM: the bytes, for an external disassembler
+  // (objdump -D -b binary -m i386:x86-64 -M intel).
+  (void)syntax;
+  std::string s = "  ; no disassembler in this build (TILEJIT_WITH_LLVM=OFF): raw bytes\n";
+  for (size_t i = 0; i < code.size(); i += 16) {
+    s += fmt::format("  {:6x}: ", i);
+    for (size_t j = i; j < std::min(code.size(), i + 16); ++j) s += fmt::format(" {:02x}", code[j]);
+    s += '\n';
+  }
+  return s;
+#endif
+}
+
+void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const std::string& syntax) {
+  if (plan.isa == Isa::scalar) {
+    fmt::print(
+        "; scalar path: tilejit::gemm runs the scalar reference (runtime/reference_gemm.h); "
+        "there is no JIT code to show\n");
+    return;
+  }
+  for (const auto& u : ops::plan_kernels(plan, m)) {
+    const std::vector<uint8_t> code = emit(u.desc);
+    fmt::print("; kernel {}  ({} bytes)\n; {}: {}\n", u.desc.name(), code.size(), u.role,
+               u.desc.key());
+    fmt::print("{}\n", listing(code, syntax));
+  }
+}
+
+}  // namespace
+
+int run_dump(const DumpOptions& opt) {
+  const bool all = opt.stage == "all";
+  if (!all && std::find(std::begin(kStages), std::end(kStages), opt.stage) == std::end(kStages))
+    throw Error(fmt::format(
+        "--stage '{}' is not a stage; allowed: ir, verified, plan, key, asm, all", opt.stage));
+  const std::string file = display_name(opt.file);
+  const ir::Function f = load_program(opt.file);
+  // Bad options fail before anything is printed.
+  const ops::DimBindings dims = parse_dims(opt.dims, f);
+  const Isa isa = opt.isa.empty() ? cpu_info().isa : runtime::parse_isa(opt.isa.c_str(), "--isa");
+
+  auto header = [&](const char* stage) {
+    if (all) fmt::print("// ---- {} ----\n", stage);
+  };
+  if (all || opt.stage == "ir") {
+    header("ir");
+    fmt::print("{}", ir::print(f));
+  }
+  if (opt.stage == "ir") return 0;
+
+  const std::vector<ir::Diagnostic> diags = ir::check(f);
+  if (!diags.empty()) {
+    for (const ir::Diagnostic& d : diags) fmt::print(stderr, "{}: error: {}\n", file, d.message);
+    return 1;
+  }
+  if (all || opt.stage == "verified") {
+    header("verified");
+    print_verified(f);
+  }
+  if (opt.stage == "verified") return 0;
+
+  ops::GemmProgram prog;
+  try {
+    prog = ops::match_program(f);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: cannot produce --stage {}: {}\n", file, all ? "plan" : opt.stage,
+               e.what());
+    return 1;
+  }
+  const codegen::GemmPlan plan = codegen::lower_gemm(prog.lowered, isa);
+  const std::optional<int64_t> m = gemm_m(f, prog, dims);
+  if (all || opt.stage == "plan") {
+    header("plan");
+    print_plan(f, prog, plan, m);
+  }
+  if (all || opt.stage == "key") {
+    header("key");
+    print_keys(plan, m);
+  }
+  if (all || opt.stage == "asm") {
+    header("asm");
+    print_asm(plan, m, opt.syntax);
+  }
+  return 0;
+}
+
+}  // namespace tilejit::tools

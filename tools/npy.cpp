@@ -1,0 +1,262 @@
+#include "tools/npy.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "tilejit/error.h"
+
+namespace tilejit::tools {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicLen = 6;
+
+// The header is a Python dict literal; the writers we read (numpy, this file)
+// only produce strings, booleans and int tuples in it.
+struct HeaderValue {
+  std::string str;
+  std::optional<bool> boolean;
+  std::optional<std::vector<int64_t>> tuple;
+};
+
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view s, const std::string& name) : s_(s), name_(name) {}
+
+  std::map<std::string, HeaderValue> dict() {
+    std::map<std::string, HeaderValue> out;
+    expect('{');
+    while (true) {
+      ws();
+      if (peek() == '}') break;
+      std::string key = string();
+      expect(':');
+      out[key] = value();
+      ws();
+      if (peek() == ',') ++i_;
+    }
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) {
+    throw Error(fmt::format("{}: bad .npy header ({} at offset {}): {}", name_, what, i_, s_));
+  }
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  char peek() {
+    ws();
+    return i_ < s_.size() ? s_[i_] : '\0';
+  }
+  void expect(char c) {
+    if (peek() != c) fail(fmt::format("expected '{}'", c));
+    ++i_;
+  }
+  std::string string() {
+    const char q = peek();
+    if (q != '\'' && q != '"') fail("expected a string");
+    const size_t end = s_.find(q, ++i_);
+    if (end == std::string_view::npos) fail("unterminated string");
+    std::string v(s_.substr(i_, end - i_));
+    i_ = end + 1;
+    return v;
+  }
+  HeaderValue value() {
+    HeaderValue v;
+    const char c = peek();
+    if (c == '\'' || c == '"') {
+      v.str = string();
+    } else if (s_.substr(i_, 4) == "True") {
+      v.boolean = true;
+      i_ += 4;
+    } else if (s_.substr(i_, 5) == "False") {
+      v.boolean = false;
+      i_ += 5;
+    } else if (c == '(') {
+      ++i_;
+      std::vector<int64_t> dims;
+      while (peek() != ')') {
+        if (!std::isdigit(static_cast<unsigned char>(peek()))) fail("expected a dimension");
+        int64_t d = 0;
+        while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) {
+          if (d > (int64_t(1) << 50)) fail("dimension too large");
+          d = d * 10 + (s_[i_++] - '0');
+        }
+        if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 longs
+        dims.push_back(d);
+        if (peek() == ',') ++i_;
+      }
+      ++i_;
+      v.tuple = std::move(dims);
+    } else if (c == '[') {
+      fail("structured dtypes are not supported");
+    } else {
+      fail("unexpected value");
+    }
+    return v;
+  }
+
+  std::string_view s_;
+  const std::string& name_;
+  size_t i_ = 0;
+};
+
+std::optional<NpyDtype> dtype_from_descr(const std::string& d) {
+  // One-byte types have no byte order: numpy writes '|', others may write '<'.
+  if (d == "<f4" || d == "=f4") return NpyDtype::f4;
+  if (d == "<i4" || d == "=i4") return NpyDtype::i4;
+  if (d == "|u1" || d == "<u1" || d == "=u1") return NpyDtype::u1;
+  if (d == "|i1" || d == "<i1" || d == "=i1") return NpyDtype::i1;
+  if (d == "<u2" || d == "=u2") return NpyDtype::u2;
+  return std::nullopt;
+}
+
+std::string shape_tuple(const std::vector<int64_t>& shape) {
+  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
+  return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+const char* npy_descr(NpyDtype t) {
+  switch (t) {
+    case NpyDtype::f4:
+      return "<f4";
+    case NpyDtype::i4:
+      return "<i4";
+    case NpyDtype::u1:
+      return "|u1";
+    case NpyDtype::i1:
+      return "|i1";
+    case NpyDtype::u2:
+      return "<u2";
+  }
+  return "?";
+}
+
+int npy_item_bytes(NpyDtype t) {
+  switch (t) {
+    case NpyDtype::f4:
+    case NpyDtype::i4:
+      return 4;
+    case NpyDtype::u1:
+    case NpyDtype::i1:
+      return 1;
+    case NpyDtype::u2:
+      return 2;
+  }
+  return 1;
+}
+
+int64_t NpyArray::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+NpyArray parse_npy(std::string_view bytes, const std::string& name) {
+  if (bytes.size() < kMagicLen + 4 ||
+      bytes.substr(0, kMagicLen) != std::string_view(kMagic, kMagicLen))
+    throw Error(fmt::format("{}: not a .npy file (no \\x93NUMPY magic)", name));
+  const auto major = static_cast<uint8_t>(bytes[6]);
+  const auto u8 = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])); };
+  size_t header_len = 0, header_start = 0;
+  if (major == 1) {
+    header_len = u8(8) | u8(9) << 8;
+    header_start = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) throw Error(fmt::format("{}: truncated .npy header", name));
+    header_len = u8(8) | u8(9) << 8 | u8(10) << 16 | u8(11) << 24;
+    header_start = 12;
+  } else {
+    throw Error(
+        fmt::format("{}: .npy format version {}.{} is not supported; allowed: 1.0, 2.0, 3.0", name,
+                    major, u8(7)));
+  }
+  if (bytes.size() < header_start + header_len)
+    throw Error(fmt::format("{}: truncated .npy header", name));
+  auto dict = HeaderParser(bytes.substr(header_start, header_len), name).dict();
+
+  NpyArray a;
+  const std::string descr = dict["descr"].str;
+  const auto dt = dtype_from_descr(descr);
+  if (!dt) {
+    const bool big = !descr.empty() && descr[0] == '>';
+    throw Error(
+        fmt::format("{}: dtype '{}' is not supported{}; allowed: <f4, <i4, |u1, |i1, <u2 "
+                    "(bf16 bits)",
+                    name, descr, big ? " (big-endian)" : ""));
+  }
+  a.dtype = *dt;
+  if (!dict["shape"].tuple) throw Error(fmt::format("{}: .npy header has no shape", name));
+  a.shape = *dict["shape"].tuple;
+  // Fortran order is the same memory as C order for fewer than two dims of size > 1.
+  int big_dims = 0;
+  for (int64_t d : a.shape) big_dims += d > 1;
+  if (dict["fortran_order"].boolean.value_or(false) && big_dims > 1)
+    throw Error(
+        fmt::format("{}: the array is in Fortran order; write it in C order "
+                    "(numpy.ascontiguousarray)",
+                    name));
+  const size_t data_start = header_start + header_len;
+  const size_t want = static_cast<size_t>(a.numel() * npy_item_bytes(a.dtype));
+  if (bytes.size() - data_start != want)
+    throw Error(fmt::format("{}: holds {} data bytes, but shape {} of {} needs {}", name,
+                            bytes.size() - data_start, shape_tuple(a.shape), descr, want));
+  a.data.assign(bytes.begin() + data_start, bytes.end());
+  return a;
+}
+
+NpyArray read_npy(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::string bytes;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) throw Error(fmt::format("{}: read error", path));
+  return parse_npy(bytes, path);
+}
+
+std::string serialize_npy(const NpyArray& a) {
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+                                   npy_descr(a.dtype), shape_tuple(a.shape));
+  // numpy pads the header with spaces and a newline so the data starts on a
+  // 64-byte boundary.
+  const bool v2 = header.size() + 1 + 10 > 65535;
+  const size_t prefix = v2 ? 12 : 10;
+  header.append(63 - (prefix + header.size()) % 64, ' ');
+  header += '\n';
+  std::string out(kMagic, kMagicLen);
+  out += static_cast<char>(v2 ? 2 : 1);
+  out += '\0';
+  const size_t len = header.size();
+  out += static_cast<char>(len & 0xff);
+  out += static_cast<char>((len >> 8) & 0xff);
+  if (v2) {
+    out += static_cast<char>((len >> 16) & 0xff);
+    out += static_cast<char>((len >> 24) & 0xff);
+  }
+  out += header;
+  out.append(reinterpret_cast<const char*>(a.data.data()), a.data.size());
+  return out;
+}
+
+void write_npy(const std::string& path, const NpyArray& a) {
+  const std::string bytes = serialize_npy(a);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (std::fclose(f) != 0 || !ok) throw Error(fmt::format("{}: write error", path));
+}
+
+}  // namespace tilejit::tools

@@ -1,0 +1,53 @@
+// What the program subcommands (dump, run, bench) share: loading a .tir file,
+// the NAME=VALUE option forms, and moving tensors between .npy files, random
+// generators and the runner.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/program.h"
+#include "ops/program_runner.h"
+#include "tools/npy.h"
+
+namespace tilejit::tools {
+
+// The text of `path`, or of stdin for "-". Throws Error "path: cannot open: ...".
+std::string read_text(const std::string& path);
+// Parses `path` ("-" = stdin, shown as <stdin>). Throws ir::ParseError, whose
+// what() is "file:line:col: error: ...".
+ir::Function load_program(const std::string& path);
+// The name under which errors refer to `path`.
+std::string display_name(const std::string& path);
+// ops::ProgramRunner(f), its errors (verifier, "no lowering ...") prefixed
+// "file: error: " like the parser's.
+ops::ProgramRunner make_runner(const ir::Function& f, const std::string& path);
+
+// "NAME=VALUE" → {NAME, VALUE}; a leading '%' of NAME is dropped so that
+// both `--input x=...` and `--input %x=...` work. Error names the option.
+std::pair<std::string, std::string> split_assignment(const std::string& arg, const char* option,
+                                                     const char* value_hint);
+// --dim M=512 ... → {"M": 512}; every symbol must occur in f.
+ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f);
+// The symbols of f's params, in order of first appearance.
+std::vector<std::string> program_symbols(const ir::Function& f);
+
+// The .npy convention (docs/tool.md): an IR bf16 input is a '<u2' array of
+// bf16 bits, or '<f4' rounded to nearest even; f32 '<f4'; i32 '<i4'; u8 '|u1';
+// i8 '|i1'. Errors name the input and the file.
+ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std::string& file);
+NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what);
+
+// Random contents for `param` with its symbols bound by `dims` (Error naming
+// the input and the unbound symbol otherwise). Floats uniform in [-1, 1), ints
+// small; one stream per (seed, name), so giving some inputs from files leaves
+// the others unchanged.
+ops::HostTensor random_tensor(const ir::Value& param, const ops::DimBindings& dims, uint64_t seed);
+
+// A note on stderr when --isa asked for a path other than the one that runs
+// (TILEJIT_ISA is a cap: the active path is the best one at or below it).
+void note_isa_request(const std::string& requested);
+
+}  // namespace tilejit::tools
