@@ -25,6 +25,7 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
       p.mr = 32;
       p.k_tail = spec.k % 32;
       break;
+    case Isa::llvm:  // same register blocking; LLVM allocates the registers
     case Isa::avx512: {
       // The widest N block sets the register budget for the rows.
       const int nz = static_cast<int>(std::min<int64_t>(4, (spec.n + 15) / 16));

@@ -61,18 +61,21 @@ KernelCache::Impl& KernelCache::impl() const {
 }
 
 // perf map and JIT dump: best effort, never an error for the caller.
-static void observe(KernelCache::Impl& s, const Kernel& k, const std::vector<uint8_t>& bytes) {
+static void observe(KernelCache::Impl& s, const Kernel& k) {
   if (!s.perf_map && s.dump_dir.empty()) return;
   std::lock_guard<std::mutex> lk(s.observe_mu);
   if (s.perf_map) {
     const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
     if (FILE* f = std::fopen(path.c_str(), "a")) {
-      std::fprintf(f, "%lx %zx %s\n", reinterpret_cast<unsigned long>(k.code.data()),
-                   k.code.size(), k.name.c_str());
+      std::fprintf(f, "%lx %zx %s\n", reinterpret_cast<unsigned long>(k.entry_ptr), k.size,
+                   k.name.c_str());
       std::fclose(f);
     }
   }
-  if (!s.dump_dir.empty()) {
+  // Xbyak kernels dump their code; LLVM kernels their relocatable object.
+  if (!s.dump_dir.empty() && k.backend == "xbyak") {
+    const std::vector<uint8_t> bytes(static_cast<const uint8_t*>(k.entry_ptr),
+                                     static_cast<const uint8_t*>(k.entry_ptr) + k.size);
     const std::string path = s.dump_dir + "/" + k.name + ".bin";
     if (FILE* f = std::fopen(path.c_str(), "wb")) {
       std::fwrite(bytes.data(), 1, bytes.size(), f);
@@ -90,8 +93,36 @@ KernelCache& KernelCache::global() {
 
 void KernelCache::count_hit() { impl().hits.fetch_add(1, std::memory_order_relaxed); }
 
+std::unique_ptr<Kernel> make_xbyak_kernel(const std::vector<uint8_t>& bytes) {
+  auto k = std::make_unique<Kernel>();
+  k->backend = "xbyak";
+  k->code = runtime::ExecutableMemory(bytes.data(), bytes.size());
+  k->entry_ptr = k->code.data();
+  k->size = bytes.size();
+  return k;
+}
+
+KernelRecipe xbyak_recipe(std::function<std::vector<uint8_t>()> emit) {
+  KernelRecipe r;
+  r.compile = [emit = std::move(emit)] {
+    BuiltKernel b;
+    b.payload = emit();
+    b.kernel = make_xbyak_kernel(b.payload);
+    return b;
+  };
+  // Xbyak code is position independent (RIP-relative constants), so bytes
+  // from another process run as they are.
+  r.load = [](std::vector<uint8_t> bytes) { return make_xbyak_kernel(bytes); };
+  return r;
+}
+
 const Kernel& KernelCache::get(const std::string& key, const std::string& name,
                                const std::function<std::vector<uint8_t>()>& emit) {
+  return get(key, name, xbyak_recipe(emit));
+}
+
+const Kernel& KernelCache::get(const std::string& key, const std::string& name,
+                               const KernelRecipe& recipe) {
   Impl& s = impl();
   std::promise<const Kernel*> promise;
   {
@@ -112,15 +143,24 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
     const auto t0 = std::chrono::steady_clock::now();
     const std::shared_ptr<DiskCache> disk = s.disk_cache();
     std::optional<std::vector<uint8_t>> stored = disk->load(key);
-    const bool from_disk = stored.has_value();
-    // Xbyak code is position independent (RIP-relative constants), so bytes
-    // from another process run as they are.
-    std::vector<uint8_t> bytes = from_disk ? std::move(*stored) : emit();
-    if (!from_disk) disk->store(key, bytes);
-    auto k = std::make_unique<Kernel>();
+    std::unique_ptr<Kernel> k;
+    bool from_disk = false;
+    if (stored) {
+      try {
+        k = recipe.load(std::move(*stored));
+        from_disk = true;
+      } catch (const Error&) {
+        // A stored entry that passes its checksum but will not load (e.g. an
+        // object the linker rejects): compile instead.
+      }
+    }
+    if (!k) {
+      BuiltKernel built = recipe.compile();
+      disk->store(key, built.payload);
+      k = std::move(built.kernel);
+    }
     k->name = name;
     k->key = key;
-    k->code = runtime::ExecutableMemory(bytes.data(), bytes.size());
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - t0)
                         .count();
@@ -130,10 +170,10 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
       s.compile_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
     }
     if (s.verbose)
-      std::fprintf(stderr, "tilejit: %s %s (%zu bytes, %.1f us) backend=xbyak key=%s\n",
-                   from_disk ? "loaded" : "compiled", name.c_str(), bytes.size(), k->compile_us,
-                   key.c_str());
-    observe(s, *k, bytes);
+      std::fprintf(stderr, "tilejit: %s %s (%zu bytes, %.1f us) backend=%s key=%s\n",
+                   from_disk ? "loaded" : "compiled", name.c_str(), k->size, k->compile_us,
+                   k->backend.c_str(), key.c_str());
+    observe(s, *k);
     const Kernel* result = k.get();
     {
       std::lock_guard<std::mutex> lk(s.mu);

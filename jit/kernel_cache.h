@@ -22,6 +22,9 @@ class KernelCache {
   // If `emit` throws, nothing is cached and the error reaches every waiter.
   const Kernel& get(const std::string& key, const std::string& name,
                     const std::function<std::vector<uint8_t>()>& emit);
+  // The general form: any backend. On a miss the on-disk cache is tried first
+  // (recipe.load), then recipe.compile, whose payload is stored on disk.
+  const Kernel& get(const std::string& key, const std::string& name, const KernelRecipe& recipe);
 
   CacheStats stats() const;
   // Points the on-disk cache at `dir` ("" turns it off). The library default

@@ -48,6 +48,7 @@ const char* activation_name(Activation a) {
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
+    case Isa::llvm: return "llvm";
     case Isa::avx512: return "avx512";
     case Isa::amx: return "amx";
   }
@@ -79,6 +80,11 @@ CpuInfo cpu_info() {
   c.amx_bf16 = f.amx_bf16;
   c.amx_int8 = f.amx_int8;
   c.amx_permitted = f.amx_permitted;
+  c.avx2 = f.avx2;
+  c.fma = f.fma;
+#ifdef TILEJIT_HAVE_LLVM
+  c.llvm_backend = true;
+#endif
   c.max_isa = runtime::max_supported_isa();
   c.isa = runtime::active_isa();
   c.num_threads = runtime::num_threads();

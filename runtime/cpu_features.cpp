@@ -58,7 +58,10 @@ CpuFeatures detect() {
   // Bits 17, 18 (XTILECFG, XTILEDATA).
   f.os_amx_xcr0 = (xcr0 & (3ull << 17)) == (3ull << 17);
 
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;
+  f.fma = bit(l1.ecx, 12) && os_ymm;
   Regs l7 = cpuid(7, 0);
+  f.avx2 = bit(l7.ebx, 5) && os_ymm;
   f.avx512f = bit(l7.ebx, 16) && f.os_avx512;
   f.avx512dq = bit(l7.ebx, 17) && f.os_avx512;
   f.avx512bw = bit(l7.ebx, 30) && f.os_avx512;

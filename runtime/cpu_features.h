@@ -7,6 +7,7 @@ namespace tilejit::runtime {
 
 struct CpuFeatures {
   std::string vendor;
+  bool avx2 = false, fma = false;  // with YMM state enabled in XCR0
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;

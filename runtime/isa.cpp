@@ -1,5 +1,6 @@
 #include "runtime/isa.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,8 +12,21 @@ namespace tilejit::runtime {
 Isa parse_isa(const char* text, const char* what) {
   if (std::strcmp(text, "amx") == 0) return Isa::amx;
   if (std::strcmp(text, "avx512") == 0) return Isa::avx512;
+  if (std::strcmp(text, "llvm") == 0) return Isa::llvm;
   if (std::strcmp(text, "scalar") == 0) return Isa::scalar;
-  throw Error(std::string(what) + "='" + text + "' is not an ISA path; allowed: amx, avx512, scalar");
+  throw Error(std::string(what) + "='" + text +
+              "' is not an ISA path; allowed: amx, avx512, llvm, scalar");
+}
+
+Backend backend_choice() {
+  static const Backend b = [] {
+    const char* env = std::getenv("TILEJIT_BACKEND");
+    if (env == nullptr || *env == '\0') return Backend::any;
+    if (std::strcmp(env, "xbyak") == 0) return Backend::xbyak;
+    if (std::strcmp(env, "llvm") == 0) return Backend::llvm;
+    throw Error(std::string("TILEJIT_BACKEND='") + env + "' is not a backend; allowed: xbyak, llvm");
+  }();
+  return b;
 }
 
 Isa max_supported_isa() {
@@ -21,16 +35,33 @@ Isa max_supported_isa() {
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
   if (avx512 && f.amx_tile && f.amx_bf16 && f.amx_permitted) return Isa::amx;
   if (avx512) return Isa::avx512;
+#ifdef TILEJIT_HAVE_LLVM
+  // The LLVM kernels are portable vector code; below AVX2 + FMA they would be
+  // slower than worth a compile.
+  if (f.avx2 && f.fma) return Isa::llvm;
+#endif
   return Isa::scalar;
 }
 
 Isa active_isa() {
   static const Isa isa = [] {
-    Isa best = max_supported_isa();
+    Isa path = max_supported_isa();
     const char* env = std::getenv("TILEJIT_ISA");
-    if (env == nullptr || *env == '\0') return best;
-    Isa cap = parse_isa(env, "TILEJIT_ISA");
-    return cap < best ? cap : best;
+    if (env != nullptr && *env != '\0') path = std::min(path, parse_isa(env, "TILEJIT_ISA"));
+    switch (backend_choice()) {
+      case Backend::any: break;
+      case Backend::xbyak:
+        if (path == Isa::llvm) path = Isa::scalar;
+        break;
+      case Backend::llvm:
+#ifdef TILEJIT_HAVE_LLVM
+        if (path > Isa::llvm) path = Isa::llvm;
+#else
+        throw Error("TILEJIT_BACKEND='llvm' but this tilejit was built without LLVM; allowed: xbyak");
+#endif
+        break;
+    }
+    return path;
   }();
   return isa;
 }

@@ -45,9 +45,11 @@ struct TensorView {
 enum class Activation { none, relu, silu, gelu_tanh, gelu_erf };
 const char* activation_name(Activation a);
 
-// The instruction-set paths, lowest first. The active path is min(what the CPU
-// and OS allow, TILEJIT_ISA); it is chosen once, at the first call.
-enum class Isa { scalar, avx512, amx };
+// The instruction-set paths, lowest first: the scalar reference; LLVM ORC
+// vector code for the host (any x86-64 with AVX2 + FMA); Xbyak AVX-512
+// (vdpbf16ps); Xbyak AMX tiles. The active path is min(what the CPU and OS
+// allow, TILEJIT_ISA), adjusted by TILEJIT_BACKEND; chosen once, at the first call.
+enum class Isa { scalar, llvm, avx512, amx };
 const char* isa_name(Isa isa);
 
 // A weight [N, K] repacked once for the micro-kernels (see docs/gemm.md for the
@@ -103,7 +105,9 @@ struct CpuInfo {
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool amx_permitted = false;  // the OS granted XTILEDATA (arch_prctl)
   Isa max_isa = Isa::scalar;   // best path the CPU and OS allow
-  Isa isa = Isa::scalar;       // the active path (capped by TILEJIT_ISA)
+  bool avx2 = false, fma = false;
+  bool llvm_backend = false;   // built with the LLVM ORC backend
+  Isa isa = Isa::scalar;       // the active path (capped by TILEJIT_ISA, TILEJIT_BACKEND)
   int num_threads = 1;
 };
 CpuInfo cpu_info();
