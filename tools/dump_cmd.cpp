@@ -142,6 +142,15 @@ void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const st
         "there is no JIT code to show\n");
     return;
   }
+  // Written without naming other paths, so a path added later (e.g. an LLVM
+  // one) is reported rather than fed to an Xbyak emitter.
+  if (plan.isa != Isa::avx512 && plan.isa != Isa::amx) {
+    fmt::print(
+        "; the {} path has no Xbyak emitter: `dump --stage asm` shows the code of the amx "
+        "and avx512 paths (--isa)\n",
+        isa_name(plan.isa));
+    return;
+  }
   for (const auto& u : ops::plan_kernels(plan, m)) {
     const std::vector<uint8_t> code = emit(u.desc);
     fmt::print("; kernel {}  ({} bytes)\n; {}: {}\n", u.desc.name(), code.size(), u.role,
