@@ -26,7 +26,7 @@ using tilejit::tools::GenNpyOptions;
 using tilejit::tools::RunOptions;
 
 const char* const kIsaHelp =
-    "ISA path cap: amx, avx512 or scalar (sets TILEJIT_ISA for this process; the active path "
+    "ISA path cap: amx, avx512, llvm or scalar (sets TILEJIT_ISA for this process; the active path "
     "is the best one at or below it)";
 
 void add_dump(CLI::App& app, DumpOptions& o) {
@@ -41,7 +41,7 @@ void add_dump(CLI::App& app, DumpOptions& o) {
   c->add_option("--isa", o.isa,
                 "plan and emit for this path (default: the active one); emitting needs no "
                 "hardware support, so --isa amx shows AMX code on any machine")
-      ->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+      ->check(CLI::IsMember({"amx", "avx512", "llvm", "scalar"}));
   c->add_option("--syntax", o.syntax, "assembly syntax: intel (default) or att")
       ->check(CLI::IsMember({"intel", "att"}));
 }
@@ -55,7 +55,8 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->allow_extra_args(false);
   c->add_flag("--check", o.check,
               "compare with the scalar reference; prints errors and PASS/FAIL (exit 1 on FAIL)");
-  c->add_option("--isa", o.isa, kIsaHelp)->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+  c->add_option("--isa", o.isa, kIsaHelp)
+      ->check(CLI::IsMember({"amx", "avx512", "llvm", "scalar"}));
   c->add_option("--random-inputs", o.seed,
                 "generate every input not given by --input from this seed")
       ->each([&o](const std::string&) { o.random_inputs = true; });
@@ -76,7 +77,8 @@ void add_bench(CLI::App& app, BenchOptions& o) {
       ->check(CLI::PositiveNumber);
   c->add_option("--seconds", o.seconds, "timing budget (default 1)");
   c->add_option("--seed", o.seed, "seed of the random inputs (default 1)");
-  c->add_option("--isa", o.isa, kIsaHelp)->check(CLI::IsMember({"amx", "avx512", "scalar"}));
+  c->add_option("--isa", o.isa, kIsaHelp)
+      ->check(CLI::IsMember({"amx", "avx512", "llvm", "scalar"}));
 }
 
 void add_gen_npy(CLI::App& app, GenNpyOptions& o) {
