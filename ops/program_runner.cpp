@@ -11,6 +11,7 @@
 #include "codegen/gemm_lowering.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/thread_pool.h"
@@ -108,10 +109,6 @@ std::string dims_str(const ir::TensorType& t) {
   std::string s = "[";
   for (size_t i = 0; i < t.dims.size(); ++i) s += (i ? ", " : "") + t.dims[i].str();
   return s + "]";
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 std::vector<KernelUse> plan_kernels(const codegen::GemmPlan& plan, std::optional<int64_t> m) {
