@@ -23,6 +23,21 @@ namespace tilejit::test {
 namespace {
 
 // ---------------------------------------------------------------------------
+// The ISA lattice: the active path is one this build and CPU can run. A path
+// that is missing (no AMX on the CPU, no LLVM in the build) must be capped to
+// a lower one, as amx falls to avx512 on a CPU without AMX (and the variant
+// skips); a path reported active must run a gemm.
+class IsaLattice : public IsaTest {};
+
+TEST_F(IsaLattice, ActivePathRunsAGemm) {
+  const CpuInfo info = cpu_info();
+  EXPECT_LE(info.isa, info.max_isa);
+  const GemmProblem p = random_problem(3, 17, 30, Activation::silu, Bias::f32, DType::bf16);
+  EXPECT_TRUE(run_and_compare(p)) << "active path " << isa_name(info.isa)
+                                  << " (best the CPU allows: " << isa_name(info.max_isa) << ")";
+}
+
+// ---------------------------------------------------------------------------
 // Shapes: act none, no bias, f32 out, contiguous.
 
 using Shape = std::tuple<int64_t, int64_t, int64_t>;  // M, N, K

@@ -125,9 +125,8 @@ inline std::optional<Isa> requested_isa() {
   const char* env = std::getenv("TILEJIT_ISA");
   if (env == nullptr) return std::nullopt;
   const std::string s = env;
-  if (s == "amx") return Isa::amx;
-  if (s == "avx512") return Isa::avx512;
-  if (s == "scalar") return Isa::scalar;
+  for (Isa isa : {Isa::amx, Isa::avx512, Isa::llvm, Isa::scalar})
+    if (s == isa_name(isa)) return isa;
   return std::nullopt;
 }
 
