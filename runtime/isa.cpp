@@ -48,6 +48,9 @@ Isa active_isa() {
     Isa path = max_supported_isa();
     const char* env = std::getenv("TILEJIT_ISA");
     if (env != nullptr && *env != '\0') path = std::min(path, parse_isa(env, "TILEJIT_ISA"));
+#ifndef TILEJIT_HAVE_LLVM
+    if (path == Isa::llvm) path = Isa::scalar;  // capped at a path this build lacks
+#endif
     switch (backend_choice()) {
       case Backend::any: break;
       case Backend::xbyak:
