@@ -1,6 +1,7 @@
 #include "jit/kernel_cache.h"
 
 #include "jit/disk_cache.h"
+#include "runtime/verbose.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -40,10 +41,7 @@ struct KernelCache::Impl {
     return v != nullptr ? std::string(v) : std::string();
   }();
   std::mutex observe_mu;
-  const bool verbose = [] {
-    const char* v = std::getenv("TILEJIT_VERBOSE");
-    return v != nullptr && *v != '\0' && *v != '0';
-  }();
+  const bool verbose = runtime::verbose_level() > 0;
 };
 
 KernelCache::Impl& KernelCache::impl() const {

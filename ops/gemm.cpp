@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -19,6 +20,7 @@
 #include "runtime/isa.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/thread_pool.h"
+#include "runtime/verbose.h"
 
 namespace tilejit {
 namespace ops {
@@ -163,6 +165,10 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
   const codegen::GemmSpec spec{N, K, bias_kind(opt), opt.act, y.dtype};
   ops::GemmExecutable& exe = ops::gemm_executable(spec, isa);
   const codegen::GemmPlan& plan = exe.plan();
+  if (runtime::verbose_level() > 0)
+    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s\n",
+                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                 isa_name(isa), plan.name().c_str());
   const PackedWeight::Impl& p = *w.impl();
 
   const int mr = plan.mr;
