@@ -98,6 +98,45 @@ struct GemmOptions {
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
           const GemmOptions& opt = {});
 
+// ---- Attention (docs/attention.md) ------------------------------------------
+// Scores s = softcap(q·k·sm_scale) + alibi_slope[h]·(j − i_pos), where query
+// row i of a sequence with Tq queries and Tk keys sits at position
+// i_pos = Tk − Tq + i (bottom-right alignment) and key j at position j.
+// Key j is visible to query i when: !causal or j ≤ i_pos; window_left < 0 or
+// j ≥ i_pos − window_left; window_right < 0 or j ≤ i_pos + window_right.
+// Softmax over the visible keys in fp32; with sinks, exp(sink[h]) joins the
+// denominator (a learned "no-op" key). A query that sees no key outputs 0.
+struct AttentionOptions {
+  bool causal = false;
+  std::optional<float> sm_scale;  // default 1/√D
+  int window_left = -1;           // -1: unbounded
+  int window_right = -1;          // -1: unbounded
+  float softcap = 0;              // 0: off; else cap·tanh(s/cap)
+  std::optional<TensorView> sinks;         // [Hq] f32
+  std::optional<TensorView> alibi_slopes;  // [Hq] f32
+};
+
+// Prefill over a batch of variable-length sequences packed along T.
+// q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, Hq, Dv] bf16;
+// cu_seqlens_q / cu_seqlens_k int32 [B+1] (prefix sums, starting at 0).
+void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& cu_seqlens_q,
+                       const TensorView& cu_seqlens_k, const AttentionOptions& opt = {});
+
+// One new token per sequence over a paged KV cache.
+// q [B, Hq, D]; k_cache [num_blocks, block_size, Hkv, D]; v_cache
+// [num_blocks, block_size, Hkv, Dv]; out [B, Hq, Dv] bf16; block_table int32
+// [B, max_blocks_per_seq]; seq_lens int32 [B] (keys per sequence, the new
+// token's included). The new token is the last position: i_pos = seq_len − 1.
+void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      const TensorView& out, const TensorView& block_table,
+                      const TensorView& seq_lens, const AttentionOptions& opt = {});
+
+// Writes new K/V rows into the paged cache: k [T, Hkv, D], v [T, Hkv, Dv] into
+// slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset).
+void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
+              const TensorView& v_cache, const TensorView& slot_mapping);
+
 struct CpuInfo {
   std::string vendor;
   bool avx512f = false, avx512bw = false, avx512vl = false;
