@@ -88,7 +88,8 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
                      const GemmOptions& opt) {
   if (w.empty())
     throw Error("gemm: w is an empty PackedWeight; allowed: a weight from pack_weight()");
-  if (w.layout() != PackedWeight::Impl::kLayoutName)
+  // Compared in place: layout() would allocate on every call.
+  if (w.impl()->layout_name != PackedWeight::Impl::kLayoutName)
     throw Error(fmt::format("gemm: w has layout {}; allowed: {}", w.layout(),
                             PackedWeight::Impl::kLayoutName));
   ops::check_view("gemm", "x", x, 2);
