@@ -1,0 +1,76 @@
+#include "ops/attention_checks.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "ops/attention_engine.h"
+#include "ops/tensor_checks.h"
+
+namespace tilejit::ops::attn {
+
+void check_head_dim(const char* op, const char* what, int64_t d) {
+  if (d < 16 || d > kMaxHeadDim || d % 16 != 0)
+    throw Error(
+        fmt::format("{}: {}={}; allowed: a multiple of 16 in [16, {}]", op, what, d, kMaxHeadDim));
+}
+
+void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank) {
+  check_view(op, arg, t, rank);
+  check_dtype(op, arg, t, {DType::bf16});
+  if (t.strides[rank - 1] != 1 && t.shape[rank - 1] > 1)
+    throw Error(fmt::format("{}: {} has strides {}; allowed: innermost stride 1", op, arg,
+                            shape_str(t.strides)));
+}
+
+namespace {
+void check_head_vector(const char* op, const char* arg, const TensorView& t, int64_t hq) {
+  check_view(op, arg, t, 1);
+  check_dtype(op, arg, t, {DType::f32});
+  if (t.shape[0] != hq)
+    throw Error(
+        fmt::format("{}: {} has shape {}; allowed: [Hq] = [{}]", op, arg, shape_str(t.shape), hq));
+}
+}  // namespace
+
+void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq) {
+  if (opt.sinks) check_head_vector(op, "sinks", *opt.sinks, hq);
+  if (opt.alibi_slopes) check_head_vector(op, "alibi_slopes", *opt.alibi_slopes, hq);
+}
+
+void check_options(const char* op, const AttentionOptions& opt) {
+  if (opt.window_left < -1)
+    throw Error(
+        fmt::format("{}: window_left={}; allowed: -1 (unbounded) or >= 0", op, opt.window_left));
+  if (opt.window_right < -1)
+    throw Error(
+        fmt::format("{}: window_right={}; allowed: -1 (unbounded) or >= 0", op, opt.window_right));
+  if (!(opt.softcap >= 0) || !std::isfinite(opt.softcap))
+    throw Error(
+        fmt::format("{}: softcap={}; allowed: 0 (off) or a finite value > 0", op, opt.softcap));
+  if (opt.sm_scale && !std::isfinite(*opt.sm_scale))
+    throw Error(fmt::format("{}: sm_scale={}; allowed: a finite value", op, *opt.sm_scale));
+}
+
+std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
+                                     int64_t total) {
+  check_view(op, arg, t, 1);
+  check_dtype(op, arg, t, {DType::i32});
+  if (t.shape[0] < 1)
+    throw Error(fmt::format("{}: {} has shape {}; allowed: [B+1] with B >= 0", op, arg,
+                            shape_str(t.shape)));
+  const auto* p = static_cast<const int32_t*>(t.data);
+  std::vector<int64_t> v(static_cast<size_t>(t.shape[0]));
+  for (int64_t i = 0; i < t.shape[0]; ++i) v[i] = p[i * t.strides[0]];
+  if (v[0] != 0) throw Error(fmt::format("{}: {}[0]={}; allowed: 0", op, arg, v[0]));
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] < v[i - 1])
+      throw Error(fmt::format("{}: {}[{}]={} < {}[{}]={}; allowed: non-decreasing prefix sums", op,
+                              arg, i, v[i], arg, i - 1, v[i - 1]));
+  if (v.back() != total)
+    throw Error(fmt::format("{}: {}[{}]={}; allowed: the token count {}", op, arg, v.size() - 1,
+                            v.back(), total));
+  return v;
+}
+
+}  // namespace tilejit::ops::attn

@@ -1,0 +1,24 @@
+// Argument checks of the attention operators: each failure is a tilejit::Error
+// naming the operator, the argument, the value and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tilejit/tilejit.h"
+
+namespace tilejit::ops::attn {
+
+// Head sizes the engine specialises for: multiples of 16 in [16, 576].
+void check_head_dim(const char* op, const char* what, int64_t d);
+// A bf16 tensor of the given rank with innermost stride 1.
+void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank);
+// sinks / alibi_slopes: f32 [Hq] when present.
+void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq);
+// window_left / window_right ≥ −1, softcap ≥ 0, sm_scale finite.
+void check_options(const char* op, const AttentionOptions& opt);
+// int32 [B+1] prefix sums from 0 to total; returns them.
+std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
+                                     int64_t total);
+
+}  // namespace tilejit::ops::attn

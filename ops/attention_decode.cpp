@@ -1,0 +1,191 @@
+// tilejit::decode_attention: one new token per sequence over a paged KV cache.
+// Tasks are (sequence, kv head, block of ≤ 64 heads of the group); when those
+// are too few to fill the pool and sequences are long, each sequence's key
+// range is split into chunks whose (max, sum, O) partials are merged with a
+// log-sum-exp merge (split-KV, "flash decoding").
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/attention_checks.h"
+#include "ops/attention_engine.h"
+#include "ops/attention_scalar.h"
+#include "ops/tensor_checks.h"
+#include "runtime/isa.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+namespace attn = ops::attn;
+
+namespace {
+
+// Keys per split chunk at least, so a split pays for its merge.
+constexpr int64_t kMinSplitKeys = 256;
+
+void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
+                 int64_t head_dim, const TensorView& k_cache) {
+  attn::check_bf16_rows(op, arg, c, 4);
+  if (c.shape[0] != k_cache.shape[0] || c.shape[1] != k_cache.shape[1] || c.shape[2] != hkv ||
+      c.shape[3] != head_dim)
+    throw Error(fmt::format(
+        "{}: {} has shape {}; allowed: [num_blocks, block_size, Hkv, {}] = "
+        "[{}, {}, {}, {}]",
+        op, arg, shape_str(c.shape), head_dim, k_cache.shape[0], k_cache.shape[1], hkv, head_dim));
+}
+
+}  // namespace
+
+void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      const TensorView& out, const TensorView& block_table,
+                      const TensorView& seq_lens, const AttentionOptions& opt) {
+  constexpr const char* op = "decode_attention";
+  attn::check_bf16_rows(op, "q", q, 3);
+  attn::check_bf16_rows(op, "k_cache", k_cache, 4);
+  attn::check_bf16_rows(op, "v_cache", v_cache, 4);
+  attn::check_bf16_rows(op, "out", out, 3);
+  const int64_t batch = q.shape[0], hq = q.shape[1], d = q.shape[2];
+  const int64_t num_blocks = k_cache.shape[0], bs = k_cache.shape[1], hkv = k_cache.shape[2];
+  const int64_t dv = v_cache.shape[3];
+  attn::check_head_dim(op, "D (q.shape[2])", d);
+  attn::check_head_dim(op, "Dv (v_cache.shape[3])", dv);
+  if (hkv < 1 || hq % hkv != 0)
+    throw Error(
+        fmt::format("{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv "
+                    ">= 1",
+                    op, hq, hkv));
+  if (bs < 16 || bs % 16 != 0)
+    throw Error(
+        fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op, bs));
+  check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
+  check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
+  if (out.shape != std::vector<int64_t>{batch, hq, dv})
+    throw Error(fmt::format("{}: out has shape {}; allowed: [B, Hq, Dv] = [{}, {}, {}]", op,
+                            shape_str(out.shape), batch, hq, dv));
+  ops::check_view(op, "block_table", block_table, 2);
+  ops::check_dtype(op, "block_table", block_table, {DType::i32});
+  ops::check_view(op, "seq_lens", seq_lens, 1);
+  ops::check_dtype(op, "seq_lens", seq_lens, {DType::i32});
+  if (block_table.shape[0] != batch)
+    throw Error(fmt::format("{}: block_table has shape {}; allowed: [B, max_blocks] with B = {}",
+                            op, shape_str(block_table.shape), batch));
+  if (seq_lens.shape[0] != batch)
+    throw Error(fmt::format("{}: seq_lens has shape {}; allowed: [B] = [{}]", op,
+                            shape_str(seq_lens.shape), batch));
+  attn::check_options(op, opt);
+  attn::check_head_vectors(op, opt, hq);
+
+  // Every block index a sequence uses is checked before any key is read.
+  const int64_t max_blocks = block_table.shape[1];
+  const auto* table = static_cast<const int32_t*>(block_table.data);
+  const auto* lens_p = static_cast<const int32_t*>(seq_lens.data);
+  std::vector<int64_t> lens(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens_p[b * seq_lens.strides[0]];
+    if (len < 1 || len > max_blocks * bs)
+      throw Error(fmt::format("{}: seq_lens[{}]={}; allowed: 1 .. max_blocks·block_size = {}", op,
+                              b, len, max_blocks * bs));
+    for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
+      const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
+      if (blk < 0 || blk >= num_blocks)
+        throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op,
+                                b, i, blk, num_blocks - 1));
+    }
+    lens[b] = len;
+  }
+  if (batch == 0) return;
+
+  const attn::Params p = attn::make_params(opt, d, dv);
+  const int64_t g = hq / hkv;
+  const auto* qd = static_cast<const uint16_t*>(q.data);
+  auto* od = static_cast<uint16_t*>(out.data);
+  auto source = [&](const TensorView& c, int64_t b, int64_t h) {
+    attn::RowSource s;
+    s.base = static_cast<const uint16_t*>(c.data) + h * c.strides[2];
+    s.row_stride = c.strides[1];
+    s.table = table + b * block_table.strides[0];
+    s.table_stride = block_table.strides[1];
+    s.block_size = bs;
+    s.block_stride = c.strides[0];
+    return s;
+  };
+
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) {
+    runtime::parallel_for(batch * hq, [&](int64_t t) {
+      const int64_t b = t / hq, h = t % hq;
+      attn::scalar_head(p, h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
+                        source(k_cache, b, h / g), source(v_cache, b, h / g),
+                        od + b * out.strides[0] + h * out.strides[1], 0);
+    });
+    return;
+  }
+
+  const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
+  const int64_t base_tasks = batch * hkv * row_blocks;
+  const int64_t threads = runtime::num_threads();
+  int64_t splits = 1;
+  if (threads > 1 && base_tasks < 2 * threads) {
+    const int64_t longest = *std::max_element(lens.begin(), lens.end());
+    splits = std::max<int64_t>(
+        1, std::min((2 * threads + base_tasks - 1) / base_tasks, longest / kMinSplitKeys));
+  }
+  const int64_t dv_padded = (dv + 63) / 64 * 64;
+
+  auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
+    const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;
+    const int64_t r0 = task % row_blocks * attn::kRowsPerBlock;
+    const int64_t rows = std::min(attn::kRowsPerBlock, g - r0);
+    qr.resize(static_cast<size_t>(rows));
+    orows.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t head = h * g + r0 + r;
+      qr[r] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
+      orows[r] = od + b * out.strides[0] + head * out.strides[1];
+    }
+    return std::make_pair(b, h);
+  };
+
+  if (splits == 1) {
+    runtime::parallel_for(base_tasks, [&](int64_t t) {
+      std::vector<attn::QueryRow> qr;
+      std::vector<uint16_t*> orows;
+      const auto [b, h] = rows_of(t, qr, orows);
+      thread_local attn::Partial st;
+      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      attn::attend(isa, p, qr, source(k_cache, b, h), source(v_cache, b, h), lens[b], 0, lens[b],
+                   st);
+      attn::finish(p, qr, st, orows);
+    });
+    return;
+  }
+
+  // Split-KV: chunk s of a sequence covers keys [s·chunk, (s+1)·chunk), chunk a
+  // multiple of the key block so splits fall on block boundaries.
+  std::vector<attn::Partial> parts(static_cast<size_t>(base_tasks * splits));
+  runtime::parallel_for(base_tasks * splits, [&](int64_t t) {
+    const int64_t task = t / splits, s = t % splits;
+    std::vector<attn::QueryRow> qr;
+    std::vector<uint16_t*> orows;
+    const auto [b, h] = rows_of(task, qr, orows);
+    const int64_t per = (lens[b] + splits - 1) / splits;
+    const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
+    attn::Partial& st = parts[t];
+    st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+    const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);
+    attn::attend(isa, p, qr, source(k_cache, b, h), source(v_cache, b, h), lens[b], j0, j1, st);
+  });
+  runtime::parallel_for(base_tasks, [&](int64_t task) {
+    std::vector<attn::QueryRow> qr;
+    std::vector<uint16_t*> orows;
+    rows_of(task, qr, orows);
+    attn::Partial& acc = parts[task * splits];
+    for (int64_t s = 1; s < splits; ++s)
+      attn::merge(acc, parts[task * splits + s], static_cast<int64_t>(qr.size()), dv);
+    attn::finish(p, qr, acc, orows);
+  });
+}
+
+}  // namespace tilejit

@@ -1,0 +1,93 @@
+// The attention block engine shared by prefill (flash_attn_varlen) and decode
+// (decode_attention): one block of ≤ 64 query rows of one kv head against a
+// key range, in key blocks of 64, with an fp32 online softmax.
+//
+//   Sᵀ[keys × m] = K[keys × D] · Qᵀ     JIT brgemm, A = K rows in place, B = Qᵀ packed once
+//   P = softmax pieces of S, bf16        C++ (scale, softcap, ALiBi, masks)
+//   O[m × Dv] += P · V                   JIT brgemm, B = the V block repacked to vnni2
+//
+// Scores are computed transposed so the K rows (cache or prefill tensor) are
+// read as they lie: only Q (once per query block) and V (once per key block)
+// are repacked, because AMX / vdpbf16ps need the reduced dimension in pairs.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "tilejit/tilejit.h"
+
+namespace tilejit::ops::attn {
+
+inline constexpr int64_t kRowsPerBlock = 64;  // query rows per block (one packed B block)
+inline constexpr int64_t kKeyBlock = 64;      // keys per online-softmax step
+inline constexpr int64_t kMaxHeadDim = 576;
+
+// Where key (or value) row j of one kv head lives: a dense tensor, or a paged
+// cache addressed through one sequence's block-table row.
+struct RowSource {
+  const uint16_t* base = nullptr;  // row 0 of the head (dense) / block 0 + head offset (paged)
+  int64_t row_stride = 0;          // elements between rows inside a run
+  const int32_t* table = nullptr;  // paged: block indices (already range-checked)
+  int64_t table_stride = 1;
+  int64_t block_size = 0;
+  int64_t block_stride = 0;  // elements between cache blocks
+
+  const uint16_t* row(int64_t j) const {
+    if (table == nullptr) return base + j * row_stride;
+    const int64_t blk = table[(j / block_size) * table_stride];
+    return base + blk * block_stride + (j % block_size) * row_stride;
+  }
+  // Rows from j on that share row_stride (to the end of the cache block).
+  int64_t run(int64_t j) const {
+    return table == nullptr ? std::numeric_limits<int64_t>::max() : block_size - j % block_size;
+  }
+};
+
+struct Params {
+  int64_t d = 0, dv = 0;
+  float scale = 1;
+  float softcap = 0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  const float* sinks = nullptr;  // [Hq] or null (strided: sinks_stride)
+  int64_t sinks_stride = 1;
+  const float* slopes = nullptr;  // [Hq] or null
+  int64_t slopes_stride = 1;
+};
+
+// Params of a call (scale defaults to 1/√D; head vectors may be strided).
+Params make_params(const AttentionOptions& opt, int64_t d, int64_t dv);
+
+struct QueryRow {
+  const uint16_t* q = nullptr;  // D contiguous bf16
+  int64_t i_pos = 0;            // position among the sequence's keys
+  int64_t head = 0;             // query head (sinks, ALiBi slope)
+};
+
+// Unnormalised online-softmax state of ≤ 64 rows: running max, running sum,
+// and the fp32 O accumulator [rows × ldo].
+struct Partial {
+  std::vector<float> mx, l, o;
+  int64_t ldo = 0;
+  void reset(int64_t rows, int64_t dv_padded);
+};
+
+// Visible key interval [lo, hi] (inclusive; empty when lo > hi) of a query at
+// i_pos in a sequence of tk keys.
+void visible_keys(const Params& p, int64_t i_pos, int64_t tk, int64_t& lo, int64_t& hi);
+
+// Runs rows (≤ kRowsPerBlock) over keys [j_begin, j_end) of a sequence of tk
+// keys, accumulating into st (which must be reset by the caller). Key blocks
+// no row can see are skipped without touching memory.
+void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
+            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st);
+
+// Folds partial b into a (log-sum-exp merge), row by row.
+void merge(Partial& a, const Partial& b, int64_t rows, int64_t dv);
+
+// out row r = O_r / (l_r [+ exp(sink − m_r)]) as bf16; 0 for a row that saw no key.
+void finish(const Params& p, const std::vector<QueryRow>& rows, const Partial& st,
+            const std::vector<uint16_t*>& out_rows);
+
+}  // namespace tilejit::ops::attn

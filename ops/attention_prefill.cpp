@@ -1,0 +1,122 @@
+// tilejit::flash_attn_varlen: checks, then tasks of (sequence, kv head, block
+// of ≤ 64 query rows) on the thread pool, each running the block engine.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/attention_checks.h"
+#include "ops/attention_engine.h"
+#include "ops/attention_scalar.h"
+#include "ops/tensor_checks.h"
+#include "runtime/isa.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+namespace attn = ops::attn;
+
+void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& cu_seqlens_q,
+                       const TensorView& cu_seqlens_k, const AttentionOptions& opt) {
+  constexpr const char* op = "flash_attn_varlen";
+  attn::check_bf16_rows(op, "q", q, 3);
+  attn::check_bf16_rows(op, "k", k, 3);
+  attn::check_bf16_rows(op, "v", v, 3);
+  attn::check_bf16_rows(op, "out", out, 3);
+  const int64_t tq = q.shape[0], hq = q.shape[1], d = q.shape[2];
+  const int64_t tk = k.shape[0], hkv = k.shape[1], dv = v.shape[2];
+  attn::check_head_dim(op, "D (q.shape[2])", d);
+  attn::check_head_dim(op, "Dv (v.shape[2])", dv);
+  if (hkv < 1 || hq % hkv != 0)
+    throw Error(fmt::format("{}: Hq={} (q) and Hkv={} (k); allowed: Hq a multiple of Hkv >= 1", op,
+                            hq, hkv));
+  if (k.shape[2] != d)
+    throw Error(fmt::format("{}: k has shape {}; allowed: [Tk, Hkv, D] with D = {} (q)", op,
+                            shape_str(k.shape), d));
+  if (v.shape[0] != tk || v.shape[1] != hkv)
+    throw Error(fmt::format("{}: v has shape {}; allowed: [Tk, Hkv, Dv] = [{}, {}, Dv]", op,
+                            shape_str(v.shape), tk, hkv));
+  if (out.shape != std::vector<int64_t>{tq, hq, dv})
+    throw Error(fmt::format("{}: out has shape {}; allowed: [Tq, Hq, Dv] = [{}, {}, {}]", op,
+                            shape_str(out.shape), tq, hq, dv));
+  attn::check_options(op, opt);
+  attn::check_head_vectors(op, opt, hq);
+  const auto cq = attn::read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq);
+  const auto ck = attn::read_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk);
+  if (cq.size() != ck.size())
+    throw Error(
+        fmt::format("{}: cu_seqlens_q has {} entries, cu_seqlens_k {}; allowed: the same "
+                    "B+1",
+                    op, cq.size(), ck.size()));
+  const int64_t batch = static_cast<int64_t>(cq.size()) - 1;
+  for (int64_t b = 0; b < batch; ++b)
+    if (cq[b + 1] - cq[b] > ck[b + 1] - ck[b])
+      throw Error(
+          fmt::format("{}: sequence {} has {} queries and {} keys; allowed: queries <= "
+                      "keys (queries are the last positions, bottom-right aligned)",
+                      op, b, cq[b + 1] - cq[b], ck[b + 1] - ck[b]));
+
+  const attn::Params p = attn::make_params(opt, d, dv);
+  const int64_t g = hq / hkv;
+  const auto* qd = static_cast<const uint16_t*>(q.data);
+  const auto* kd = static_cast<const uint16_t*>(k.data);
+  const auto* vd = static_cast<const uint16_t*>(v.data);
+  auto* od = static_cast<uint16_t*>(out.data);
+  auto sources = [&](int64_t b, int64_t h) {
+    attn::RowSource ks{kd + ck[b] * k.strides[0] + h * k.strides[1], k.strides[0]};
+    attn::RowSource vs{vd + ck[b] * v.strides[0] + h * v.strides[1], v.strides[0]};
+    return std::make_pair(ks, vs);
+  };
+
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) {
+    runtime::parallel_for(batch * hq, [&](int64_t t) {
+      const int64_t b = t / hq, h = t % hq;
+      const auto [ks, vs] = sources(b, h / g);
+      attn::scalar_head(p, h, cq[b + 1] - cq[b], ck[b + 1] - ck[b],
+                        qd + cq[b] * q.strides[0] + h * q.strides[1], q.strides[0], ks, vs,
+                        od + cq[b] * out.strides[0] + h * out.strides[1], out.strides[0]);
+    });
+    return;
+  }
+
+  // Rows of a sequence's kv head are (query position, head of the group),
+  // position-major, so a block holds whole groups and consecutive positions.
+  struct Task {
+    int64_t b, h, r0;
+  };
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t rows = (cq[b + 1] - cq[b]) * g;
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t r0 = 0; r0 < rows; r0 += attn::kRowsPerBlock) tasks.push_back({b, h, r0});
+  }
+  // Causal blocks late in a sequence cost the most: start them first.
+  if (opt.causal)
+    std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) {
+      return ck[x.b + 1] - ck[x.b] - (cq[x.b + 1] - cq[x.b]) + x.r0 / g >
+             ck[y.b + 1] - ck[y.b] - (cq[y.b + 1] - cq[y.b]) + y.r0 / g;
+    });
+  const int64_t dv_padded = (dv + 63) / 64 * 64;
+  runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const Task& task = tasks[t];
+    const int64_t nq = cq[task.b + 1] - cq[task.b], nk = ck[task.b + 1] - ck[task.b];
+    const int64_t rows = std::min(attn::kRowsPerBlock, nq * g - task.r0);
+    std::vector<attn::QueryRow> qr(static_cast<size_t>(rows));
+    std::vector<uint16_t*> orows(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = (task.r0 + r) / g, h = task.h * g + (task.r0 + r) % g;
+      qr[r] = {qd + (cq[task.b] + i) * q.strides[0] + h * q.strides[1], nk - nq + i, h};
+      orows[r] = od + (cq[task.b] + i) * out.strides[0] + h * out.strides[1];
+    }
+    const auto [ks, vs] = sources(task.b, task.h);
+    thread_local attn::Partial st;
+    st.reset(rows, dv_padded);
+    attn::attend(isa, p, qr, ks, vs, nk, 0, nk, st);
+    attn::finish(p, qr, st, orows);
+  });
+}
+
+}  // namespace tilejit

@@ -1,0 +1,78 @@
+// tilejit::store_kv: scatters new K/V rows into the paged cache by slot.
+// A negative slot skips its token (vLLM's padding convention); a slot at or
+// past num_blocks·block_size is an Error, raised before anything is written.
+// slot_mapping is int32 only: tilejit::DType has no 64-bit integer type yet, so
+// the int64 the API comment mentions cannot be expressed in a TensorView.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ops/attention_checks.h"
+#include "ops/tensor_checks.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+
+namespace {
+
+void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const char* cache_arg,
+                          const TensorView& cache, int64_t t, int64_t hkv) {
+  constexpr const char* op = "store_kv";
+  ops::attn::check_bf16_rows(op, rows_arg, rows, 3);
+  ops::attn::check_bf16_rows(op, cache_arg, cache, 4);
+  if (rows.shape[0] != t || rows.shape[1] != hkv)
+    throw Error(fmt::format("{}: {} has shape {}; allowed: [T, Hkv, ·] = [{}, {}, ·]", op, rows_arg,
+                            shape_str(rows.shape), t, hkv));
+  if (cache.shape[2] != hkv || cache.shape[3] != rows.shape[2])
+    throw Error(fmt::format("{}: {} has shape {}; allowed: [num_blocks, block_size, {}, {}]", op,
+                            cache_arg, shape_str(cache.shape), hkv, rows.shape[2]));
+}
+
+void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64_t slot) {
+  const int64_t bs = cache.shape[1], hkv = rows.shape[1], d = rows.shape[2];
+  const auto* src = static_cast<const uint16_t*>(rows.data) + t * rows.strides[0];
+  auto* dst = static_cast<uint16_t*>(cache.data) + (slot / bs) * cache.strides[0] +
+              (slot % bs) * cache.strides[1];
+  for (int64_t h = 0; h < hkv; ++h)
+    std::memcpy(dst + h * cache.strides[2], src + h * rows.strides[1], static_cast<size_t>(d) * 2);
+}
+
+}  // namespace
+
+void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
+              const TensorView& v_cache, const TensorView& slot_mapping) {
+  constexpr const char* op = "store_kv";
+  ops::check_view(op, "slot_mapping", slot_mapping, 1);
+  ops::check_dtype(op, "slot_mapping", slot_mapping, {DType::i32});
+  const int64_t t = slot_mapping.shape[0];
+  ops::check_view(op, "k", k, 3);
+  const int64_t hkv = k.shape[1];
+  check_rows_and_cache("k", k, "k_cache", k_cache, t, hkv);
+  check_rows_and_cache("v", v, "v_cache", v_cache, t, hkv);
+  if (v_cache.shape[0] != k_cache.shape[0] || v_cache.shape[1] != k_cache.shape[1])
+    throw Error(
+        fmt::format("{}: v_cache has shape {}; allowed: [num_blocks, block_size] of "
+                    "k_cache = [{}, {}, ...]",
+                    op, shape_str(v_cache.shape), k_cache.shape[0], k_cache.shape[1]));
+  const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
+  std::vector<int64_t> slots(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t at = i * slot_mapping.strides[0];
+    slots[i] = static_cast<const int32_t*>(slot_mapping.data)[at];
+    if (slots[i] >= capacity)
+      throw Error(
+          fmt::format("{}: slot_mapping[{}]={}; allowed: < num_blocks·block_size = {} "
+                      "(negative: skip the token)",
+                      op, i, slots[i], capacity));
+  }
+  runtime::parallel_for(t, [&](int64_t i) {
+    if (slots[i] < 0) return;
+    copy_rows(k, k_cache, i, slots[i]);
+    copy_rows(v, v_cache, i, slots[i]);
+  });
+}
+
+}  // namespace tilejit

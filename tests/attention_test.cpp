@@ -1,0 +1,651 @@
+// Attention operators against the double-precision reference
+// (runtime/reference_attention.h), on the active ISA path.
+//
+// Error bound, per output element: |out − ref| ≤ 2⁻⁷·max|v| + 2⁻⁸·|ref|.
+// Scores are fp32 sums of exact bf16 products; the softmax weights P are
+// rounded to bf16 (relative error ≤ 2⁻⁹ each) before P·V, which moves the
+// output by at most 2⁻⁹·max|v|; the output itself is rounded to bf16 (2⁻⁹·|ref|).
+// The bound leaves 4× / 2× headroom over those for fp32 exp and summation.
+//
+// Long problems compare a sample of query rows (the last rows through the
+// reference's bottom-right alignment, early rows of causal problems through a
+// truncated key range), so each variant stays well under a minute.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "runtime/reference_attention.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Prefill problems
+
+struct Varlen {
+  std::vector<int64_t> lq, lk;  // per sequence
+  int64_t hq = 1, hkv = 1, d = 64, dv = 64;
+  AttentionOptions opt;
+  std::vector<float> sinks, slopes;
+  bool qkv_packed = false;  // q, k, v as column views of one [T, (Hq + 2·Hkv)·D] buffer
+};
+
+double tolerance(double max_v, double ref) {
+  return std::ldexp(max_v, -7) + std::ldexp(std::fabs(ref), -8);
+}
+
+struct Checker {
+  double max_v = 0, worst = 0;
+  int64_t checked = 0;
+  void compare(double got, double ref, const std::string& where) {
+    const double err = std::fabs(got - ref), tol = tolerance(max_v, ref);
+    worst = std::max(worst, err / tol);
+    ++checked;
+    ASSERT_LE(err, tol) << where << ": got " << got << " want " << ref;
+  }
+};
+
+// Reference rows [i0, i0 + n) of a head with tq queries / tk keys. Rows at the
+// end keep bottom-right alignment with tq' = n; causal rows elsewhere use a
+// key range truncated to i_pos + 1 (the keys past i_pos are masked anyway).
+template <class Q, class K, class V, class Out>
+void reference_rows(runtime::ReferenceAttentionHead h, int64_t i0, int64_t n, Q q_at, K k_at,
+                    V v_at, Out out) {
+  const int64_t tq = h.tq, tk = h.tk;
+  if (i0 + n != tq) {
+    h.tk = tk - tq + i0 + n;  // only valid when causal (checked by the caller)
+  }
+  h.tq = n;
+  h.q_at = [&](int64_t i, int64_t c) { return q_at(i0 + i, c); };
+  h.k_at = k_at;
+  h.v_at = v_at;
+  h.out = [&](int64_t i, int64_t c, double x) { out(i0 + i, c, x); };
+  runtime::reference_attention_head(h);
+}
+
+void run_varlen(const Varlen& pr, bool sample = false) {
+  const int64_t b = static_cast<int64_t>(pr.lq.size());
+  std::vector<int32_t> cq(b + 1, 0), ck(b + 1, 0);
+  for (int64_t i = 0; i < b; ++i) cq[i + 1] = cq[i] + pr.lq[i], ck[i + 1] = ck[i] + pr.lk[i];
+  const int64_t tq = cq[b], tk = ck[b], hq = pr.hq, hkv = pr.hkv, d = pr.d, dv = pr.dv;
+  const uint32_t seed = seed_of({tq, tk, hq, hkv, d, dv, pr.opt.causal});
+  // Guarded inputs: a kernel reading past the last row of q, k or v faults.
+  std::optional<GuardedBuffer> qkv_buf;
+  GuardedBuffer qb(std::max<int64_t>(1, tq * hq * d) * 2),
+      kb(std::max<int64_t>(1, tk * hkv * d) * 2), vb(std::max<int64_t>(1, tk * hkv * dv) * 2);
+  auto fill = [](uint16_t* p, int64_t n, uint32_t s, float a) {
+    const auto r = random_bf16(static_cast<size_t>(n), s, -a, a);
+    std::copy(r.begin(), r.end(), p);
+  };
+  TensorView q, k, v;
+  if (pr.qkv_packed) {
+    EXPECT_EQ(tq, tk);
+    EXPECT_EQ(d, dv);
+    const int64_t w = (hq + 2 * hkv) * d;
+    qkv_buf.emplace(std::max<int64_t>(1, tq * w) * 2);
+    auto* base = qkv_buf->as<uint16_t>();
+    fill(base, tq * w, seed, 2);
+    q = TensorView(base, DType::bf16, {tq, hq, d}, {w, d, 1});
+    k = TensorView(base + hq * d, DType::bf16, {tk, hkv, d}, {w, d, 1});
+    v = TensorView(base + (hq + hkv) * d, DType::bf16, {tk, hkv, dv}, {w, dv, 1});
+  } else {
+    fill(qb.as<uint16_t>(), tq * hq * d, seed, 2);
+    fill(kb.as<uint16_t>(), tk * hkv * d, seed + 1, 2);
+    fill(vb.as<uint16_t>(), tk * hkv * dv, seed + 2, 1);
+    q = TensorView(qb.as<uint16_t>(), DType::bf16, {tq, hq, d});
+    k = TensorView(kb.as<uint16_t>(), DType::bf16, {tk, hkv, d});
+    v = TensorView(vb.as<uint16_t>(), DType::bf16, {tk, hkv, dv});
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(std::max<int64_t>(1, tq * hq * dv)), 0x7fc0);
+  AttentionOptions opt = pr.opt;
+  if (!pr.sinks.empty()) opt.sinks = TensorView(pr.sinks.data(), DType::f32, {hq});
+  if (!pr.slopes.empty()) opt.alibi_slopes = TensorView(pr.slopes.data(), DType::f32, {hq});
+  flash_attn_varlen(q, k, v, TensorView(out.data(), DType::bf16, {tq, hq, dv}),
+                    TensorView(cq.data(), DType::i32, {b + 1}),
+                    TensorView(ck.data(), DType::i32, {b + 1}), opt);
+
+  auto el = [](const TensorView& t, int64_t i, int64_t h, int64_t c) {
+    return double(
+        bf16_to_f32(static_cast<const uint16_t*>(t.data)[i * t.strides[0] + h * t.strides[1] + c]));
+  };
+  Checker chk;
+  for (int64_t i = 0; i < tk; ++i)
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t c = 0; c < dv; ++c) chk.max_v = std::max(chk.max_v, std::fabs(el(v, i, h, c)));
+  const int64_t g = hq / hkv;
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t h = 0; h < hq; ++h) {
+      runtime::ReferenceAttentionHead rh;
+      rh.tq = pr.lq[s];
+      rh.tk = pr.lk[s];
+      rh.d = d;
+      rh.dv = dv;
+      rh.sm_scale = opt.sm_scale ? *opt.sm_scale : 1.0 / std::sqrt(double(d));
+      rh.causal = opt.causal;
+      rh.window_left = opt.window_left;
+      rh.window_right = opt.window_right;
+      rh.softcap = opt.softcap;
+      rh.has_sink = !pr.sinks.empty();
+      if (rh.has_sink) rh.sink = pr.sinks[h];
+      if (!pr.slopes.empty()) rh.alibi_slope = pr.slopes[h];
+      auto q_at = [&](int64_t i, int64_t c) { return el(q, cq[s] + i, h, c); };
+      auto k_at = [&](int64_t j, int64_t c) { return el(k, ck[s] + j, h / g, c); };
+      auto v_at = [&](int64_t j, int64_t c) { return el(v, ck[s] + j, h / g, c); };
+      auto cmp = [&](int64_t i, int64_t c, double ref) {
+        const double got = bf16_to_f32(out[((cq[s] + i) * hq + h) * dv + c]);
+        chk.compare(got, ref,
+                    "seq " + std::to_string(s) + " head " + std::to_string(h) + " row " +
+                        std::to_string(i) + " col " + std::to_string(c));
+      };
+      const int64_t nq = pr.lq[s];
+      if (!sample || nq <= 32) {
+        reference_rows(rh, 0, nq, q_at, k_at, v_at, cmp);
+      } else {
+        reference_rows(rh, nq - 16, 16, q_at, k_at, v_at, cmp);
+        if (opt.causal && opt.window_right < 0)
+          for (int64_t i0 : {int64_t{0}, nq / 2, nq - 100})
+            reference_rows(rh, i0, 8, q_at, k_at, v_at, cmp);
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  EXPECT_GT(chk.checked + (tq == 0 ? 1 : 0), 0);
+}
+
+class Prefill : public IsaTest {};
+
+TEST_F(Prefill, HeadDims) {
+  for (int64_t d : {16, 32, 64, 80, 96, 112, 128, 160, 192, 256, 576}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("D=" + std::to_string(d) + " causal=" + std::to_string(causal));
+      Varlen pr;
+      pr.lq = pr.lk = {0, 1, 15, 16, 17, 100};
+      pr.hq = 4, pr.hkv = 1, pr.d = d, pr.dv = d == 576 ? 512 : d;
+      pr.opt.causal = causal;
+      run_varlen(pr);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(Prefill, DifferentDv) {
+  Varlen pr;
+  pr.lq = {5, 70};
+  pr.lk = {9, 130};
+  pr.hq = 2, pr.hkv = 2, pr.d = 96, pr.dv = 48;
+  pr.opt.causal = true;
+  run_varlen(pr);
+}
+
+TEST_F(Prefill, GroupedQueries) {
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{2, 2}, {8, 2}, {8, 1}, {16, 1}}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv));
+      Varlen pr;
+      pr.lq = {1, 17, 0, 40, 100};  // chunked prefill: fewer queries than keys
+      pr.lk = {15, 17, 16, 100, 100};
+      pr.hq = hq, pr.hkv = hkv, pr.d = 128, pr.dv = 128;
+      pr.opt.causal = causal;
+      run_varlen(pr);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(Prefill, Thousand) {
+  Varlen pr;
+  pr.lq = pr.lk = {1000, 17};
+  pr.hq = 4, pr.hkv = 2, pr.d = 64, pr.dv = 64;
+  pr.opt.causal = true;
+  run_varlen(pr, /*sample=*/true);
+  pr.opt.causal = false;
+  run_varlen(pr, /*sample=*/true);
+}
+
+TEST_F(Prefill, Options) {
+  struct Case {
+    const char* name;
+    bool causal;
+    int wl, wr;
+    float softcap;
+    bool sinks, alibi;
+    std::optional<float> scale;
+  };
+  const Case cases[] = {
+      {"window_left", true, 20, -1, 0, false, false, {}},
+      {"window_both", false, 10, 5, 0, false, false, {}},
+      {"window_right0", false, -1, 0, 0, false, false, {}},
+      {"softcap", true, -1, -1, 5.f, false, false, {}},
+      {"sinks", true, -1, -1, 0, true, false, {}},
+      {"sinks_noncausal", false, 8, -1, 0, true, false, {}},
+      {"alibi", true, -1, -1, 0, false, true, {}},
+      {"all", true, 30, -1, 20.f, true, true, 0.3f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Varlen pr;
+    pr.lq = {1, 17, 100, 64};
+    pr.lk = {1, 40, 100, 200};
+    pr.hq = 4, pr.hkv = 2, pr.d = 64, pr.dv = 64;
+    pr.opt.causal = c.causal;
+    pr.opt.window_left = c.wl;
+    pr.opt.window_right = c.wr;
+    pr.opt.softcap = c.softcap;
+    pr.opt.sm_scale = c.scale;
+    if (c.sinks) pr.sinks = {-1.f, 0.5f, 3.f, 40.f};  // 40: a sink far above every score
+    if (c.alibi) pr.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+    run_varlen(pr);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Prefill, PackedQkvStrides) {
+  Varlen pr;
+  pr.lq = pr.lk = {33, 80};
+  pr.hq = 4, pr.hkv = 1, pr.d = 80, pr.dv = 80;
+  pr.opt.causal = true;
+  pr.qkv_packed = true;
+  run_varlen(pr);
+}
+
+TEST_F(Prefill, LongCausal) {
+  Varlen pr;
+  pr.lq = pr.lk = {4200, 3};
+  pr.hq = 2, pr.hkv = 1, pr.d = 64, pr.dv = 64;
+  pr.opt.causal = true;
+  run_varlen(pr, /*sample=*/true);
+}
+
+// ---------------------------------------------------------------------------
+// Decode over a paged cache
+
+struct Paged {
+  std::vector<int64_t> lens;
+  int64_t hq = 8, hkv = 2, d = 128, dv = 128, bs = 16;
+  bool mla = false;  // v_cache = the first Dv columns of k_cache (Hkv = 1)
+  AttentionOptions opt;
+  std::vector<float> sinks, slopes;
+};
+
+// Returns the output; checks it against the reference.
+std::vector<uint16_t> run_decode(const Paged& pr, int threads) {
+  const int64_t b = static_cast<int64_t>(pr.lens.size()), hq = pr.hq, hkv = pr.hkv, d = pr.d,
+                dv = pr.dv, bs = pr.bs;
+  int64_t max_blocks = 1, used = 0;
+  for (int64_t l : pr.lens)
+    max_blocks = std::max(max_blocks, (l + bs - 1) / bs), used += (l + bs - 1) / bs;
+  const int64_t num_blocks = used + 3;  // a few never referenced
+  const uint32_t seed = seed_of({b, hq, hkv, d, dv, bs, pr.mla});
+  // Blocks handed out in a shuffled order, so neighbouring blocks of a sequence are not adjacent.
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+  std::vector<int32_t> table(static_cast<size_t>(b * max_blocks), -1), lens32;
+  int64_t next = 0;
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t i = 0; i < (pr.lens[s] + bs - 1) / bs; ++i)
+      table[s * max_blocks + i] = perm[next++];
+    lens32.push_back(static_cast<int32_t>(pr.lens[s]));
+  }
+  const int64_t kcols = hkv * d;
+  GuardedBuffer kc(num_blocks * bs * kcols * 2);
+  {
+    const auto r = random_bf16(static_cast<size_t>(num_blocks * bs * kcols), seed, -2, 2);
+    std::copy(r.begin(), r.end(), kc.as<uint16_t>());
+  }
+  std::optional<GuardedBuffer> vc;
+  TensorView k_cache(kc.as<uint16_t>(), DType::bf16, {num_blocks, bs, hkv, d});
+  TensorView v_cache;
+  if (pr.mla) {
+    v_cache =
+        TensorView(kc.as<uint16_t>(), DType::bf16, {num_blocks, bs, 1, dv}, {bs * d, d, d, 1});
+  } else {
+    vc.emplace(num_blocks * bs * hkv * dv * 2);
+    const auto r = random_bf16(static_cast<size_t>(num_blocks * bs * hkv * dv), seed + 1, -1, 1);
+    std::copy(r.begin(), r.end(), vc->as<uint16_t>());
+    v_cache = TensorView(vc->as<uint16_t>(), DType::bf16, {num_blocks, bs, hkv, dv});
+  }
+  const auto qv = random_bf16(static_cast<size_t>(b * hq * d), seed + 2, -2, 2);
+  std::vector<uint16_t> out(static_cast<size_t>(b * hq * dv), 0x7fc0);
+  AttentionOptions opt = pr.opt;
+  if (!pr.sinks.empty()) opt.sinks = TensorView(pr.sinks.data(), DType::f32, {hq});
+  if (!pr.slopes.empty()) opt.alibi_slopes = TensorView(pr.slopes.data(), DType::f32, {hq});
+  const int saved = num_threads();
+  set_num_threads(threads);
+  decode_attention(TensorView(qv.data(), DType::bf16, {b, hq, d}), k_cache, v_cache,
+                   TensorView(out.data(), DType::bf16, {b, hq, dv}),
+                   TensorView(table.data(), DType::i32, {b, max_blocks}),
+                   TensorView(lens32.data(), DType::i32, {b}), opt);
+  set_num_threads(saved);
+
+  auto cache_at = [&](const TensorView& c, int64_t s, int64_t j, int64_t h, int64_t col) {
+    const int64_t blk = table[s * max_blocks + j / bs];
+    return double(bf16_to_f32(static_cast<const uint16_t*>(
+        c.data)[blk * c.strides[0] + (j % bs) * c.strides[1] + h * c.strides[2] + col]));
+  };
+  Checker chk;
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t j = 0; j < pr.lens[s]; ++j)
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t c = 0; c < dv; ++c)
+          chk.max_v = std::max(chk.max_v, std::fabs(cache_at(v_cache, s, j, h, c)));
+  const int64_t g = hq / hkv;
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t h = 0; h < hq; ++h) {
+      runtime::ReferenceAttentionHead rh;
+      rh.tq = 1;
+      rh.tk = pr.lens[s];
+      rh.d = d;
+      rh.dv = dv;
+      rh.sm_scale = opt.sm_scale ? *opt.sm_scale : 1.0 / std::sqrt(double(d));
+      rh.causal = opt.causal;
+      rh.window_left = opt.window_left;
+      rh.window_right = opt.window_right;
+      rh.softcap = opt.softcap;
+      rh.has_sink = !pr.sinks.empty();
+      if (rh.has_sink) rh.sink = pr.sinks[h];
+      if (!pr.slopes.empty()) rh.alibi_slope = pr.slopes[h];
+      rh.q_at = [&](int64_t, int64_t c) { return double(bf16_to_f32(qv[(s * hq + h) * d + c])); };
+      rh.k_at = [&](int64_t j, int64_t c) { return cache_at(k_cache, s, j, h / g, c); };
+      rh.v_at = [&](int64_t j, int64_t c) { return cache_at(v_cache, s, j, h / g, c); };
+      rh.out = [&](int64_t, int64_t c, double ref) {
+        chk.compare(bf16_to_f32(out[(s * hq + h) * dv + c]), ref,
+                    "seq " + std::to_string(s) + " head " + std::to_string(h) + " col " +
+                        std::to_string(c));
+      };
+      runtime::reference_attention_head(rh);
+      if (::testing::Test::HasFatalFailure()) return out;
+    }
+  }
+  return out;
+}
+
+class Decode : public IsaTest {};
+
+TEST_F(Decode, BlockSizesSplitOnAndOff) {
+  for (int64_t bs : {16, 32, 64, 128}) {
+    SCOPED_TRACE("block_size=" + std::to_string(bs));
+    Paged pr;
+    pr.lens = {1, 100, 1500};
+    pr.bs = bs;
+    // 1 thread: no split. 8 threads with B·Hkv = 6 < 16: the 1500-key sequence splits.
+    const auto one = run_decode(pr, 1);
+    if (HasFatalFailure()) return;
+    const auto many = run_decode(pr, 8);
+    if (HasFatalFailure()) return;
+    // Split placement moves the running max each P row is rounded against, so
+    // the two may differ by P's bf16 rounding (2⁻⁹·max|v|, max|v| ≤ 1 here)
+    // plus the output rounding; anything larger is a merge bug.
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double a = bf16_to_f32(one[i]), b = bf16_to_f32(many[i]);
+      ASSERT_LE(std::fabs(a - b), std::ldexp(1.0, -8) + std::ldexp(std::fabs(a), -7))
+          << "element " << i << ": " << a << " vs " << b;
+    }
+  }
+}
+
+TEST_F(Decode, GroupedAndHeadDims) {
+  for (auto [hq, hkv, d] :
+       {std::tuple<int64_t, int64_t, int64_t>{4, 4, 64}, {32, 4, 80}, {16, 1, 256}, {128, 1, 64}}) {
+    SCOPED_TRACE("Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
+                 " D=" + std::to_string(d));
+    Paged pr;
+    pr.lens = {7, 300};
+    pr.hq = hq, pr.hkv = hkv, pr.d = d, pr.dv = d, pr.bs = 32;
+    run_decode(pr, 4);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Decode, Options) {
+  Paged pr;
+  pr.lens = {1, 33, 700};
+  pr.hq = 4, pr.hkv = 2, pr.d = 64, pr.dv = 64, pr.bs = 16;
+  pr.opt.window_left = 100;
+  pr.opt.softcap = 10;
+  pr.sinks = {0.f, 1.f, -2.f, 30.f};
+  pr.slopes = {0.1f, 0.01f, 0.f, 0.5f};
+  run_decode(pr, 4);
+}
+
+TEST_F(Decode, Mla) {
+  Paged pr;
+  pr.lens = {5, 300};
+  pr.hq = 16, pr.hkv = 1, pr.d = 576, pr.dv = 512, pr.bs = 64, pr.mla = true;
+  pr.opt.sm_scale = 0.1f;
+  run_decode(pr, 2);
+  run_decode(pr, 1);
+}
+
+TEST_F(Decode, Long32k) {
+  Paged pr;
+  pr.lens = {32768};
+  pr.hq = 4, pr.hkv = 1, pr.d = 128, pr.dv = 128, pr.bs = 256;
+  run_decode(pr, 4);
+}
+
+// ---------------------------------------------------------------------------
+// store_kv
+
+TEST(StoreKv, ScattersSkipsNegativeAndRejectsOutOfRange) {
+  const int64_t t = 5, hkv = 2, d = 32, dv = 16, nb = 3, bs = 16;
+  const auto k = random_bf16(t * hkv * d, 1), v = random_bf16(t * hkv * dv, 2);
+  std::vector<uint16_t> kc(nb * bs * hkv * d, 0), vc(nb * bs * hkv * dv, 0);
+  std::vector<int32_t> slots = {0, 17, -1, 47, 33};
+  TensorView kt(k.data(), DType::bf16, {t, hkv, d}), vt(v.data(), DType::bf16, {t, hkv, dv});
+  TensorView kct(kc.data(), DType::bf16, {nb, bs, hkv, d}),
+      vct(vc.data(), DType::bf16, {nb, bs, hkv, dv});
+  store_kv(kt, vt, kct, vct, TensorView(slots.data(), DType::i32, {t}));
+  int64_t written = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    if (slots[i] < 0) continue;
+    ++written;
+    for (int64_t h = 0; h < hkv; ++h) {
+      for (int64_t c = 0; c < d; ++c)
+        ASSERT_EQ(kc[(slots[i] * hkv + h) * d + c], k[(i * hkv + h) * d + c]);
+      for (int64_t c = 0; c < dv; ++c)
+        ASSERT_EQ(vc[(slots[i] * hkv + h) * dv + c], v[(i * hkv + h) * dv + c]);
+    }
+  }
+  // The skipped token left nothing behind: exactly 4 slots hold data.
+  int64_t nonzero_slots = 0;
+  for (int64_t s = 0; s < nb * bs; ++s)
+    nonzero_slots += std::any_of(kc.begin() + s * hkv * d, kc.begin() + (s + 1) * hkv * d,
+                                 [](uint16_t x) { return x != 0; });
+  EXPECT_EQ(nonzero_slots, written);
+
+  const auto before = kc;
+  slots[1] = static_cast<int32_t>(nb * bs);
+  try {
+    store_kv(kt, vt, kct, vct, TensorView(slots.data(), DType::i32, {t}));
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("slot_mapping[1]=48"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kc, before) << "nothing is written when a slot is out of range";
+}
+
+// ---------------------------------------------------------------------------
+// Errors: each names the argument, the value and what is allowed.
+
+template <class F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected Error containing \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nwanted: " << needle;
+  }
+}
+
+TEST(AttentionErrors, Prefill) {
+  std::vector<uint16_t> buf(64 * 8 * 128, 0);
+  std::vector<float> f(64, 0);
+  std::vector<int32_t> cu = {0, 4, 8}, cu_bad0 = {1, 4, 8}, cu_desc = {0, 6, 4},
+                       cu_short = {0, 4, 7}, cu3 = {0, 2, 4, 8}, cu_k_small = {0, 2, 8};
+  auto bf = [&](std::vector<int64_t> s) { return TensorView(buf.data(), DType::bf16, s); };
+  auto i32 = [](std::vector<int32_t>& v) {
+    return TensorView(v.data(), DType::i32, {static_cast<int64_t>(v.size())});
+  };
+  const TensorView q = bf({8, 4, 64}), k = bf({8, 2, 64}), v = bf({8, 2, 64}), o = bf({8, 4, 64});
+  const char* f_op = "flash_attn_varlen";
+  (void)f_op;
+  expect_error(
+      [&] {
+        flash_attn_varlen(TensorView(buf.data(), DType::f32, {8, 4, 64}), k, v, o, i32(cu),
+                          i32(cu));
+      },
+      "q.dtype=f32 is not allowed; allowed: bf16");
+  expect_error(
+      [&] { flash_attn_varlen(q, k, v, o, TensorView(f.data(), DType::f32, {3}), i32(cu)); },
+      "cu_seqlens_q.dtype=f32");
+  expect_error(
+      [&] {
+        flash_attn_varlen(bf({8, 4, 72}), bf({8, 2, 72}), bf({8, 2, 72}), bf({8, 4, 72}), i32(cu),
+                          i32(cu));
+      },
+      "D (q.shape[2])=72; allowed: a multiple of 16 in [16, 576]");
+  expect_error(
+      [&] {
+        flash_attn_varlen(bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}),
+                          i32(cu), i32(cu));
+      },
+      "=592; allowed: a multiple of 16");
+  expect_error(
+      [&] {
+        flash_attn_varlen(bf({8, 3, 64}), k, v, bf({8, 3, 64}), i32(cu), i32(cu));
+      },
+      "Hq=3 (q) and Hkv=2 (k); allowed: Hq a multiple of Hkv");
+  expect_error(
+      [&] {
+        flash_attn_varlen(q, bf({8, 2, 32}), v, o, i32(cu), i32(cu));
+      },
+      "k has shape [8, 2, 32]; allowed: [Tk, Hkv, D] with D = 64");
+  expect_error(
+      [&] {
+        flash_attn_varlen(q, k, bf({7, 2, 64}), o, i32(cu), i32(cu));
+      },
+      "v has shape [7, 2, 64]");
+  expect_error(
+      [&] {
+        flash_attn_varlen(q, k, v, bf({8, 4, 32}), i32(cu), i32(cu));
+      },
+      "out has shape [8, 4, 32]; allowed: [Tq, Hq, Dv] = [8, 4, 64]");
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_bad0), i32(cu)); },
+               "cu_seqlens_q[0]=1; allowed: 0");
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_desc)); },
+               "cu_seqlens_k[2]=4 < cu_seqlens_k[1]=6");
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_short), i32(cu)); },
+               "cu_seqlens_q[2]=7; allowed: the token count 8");
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu3), i32(cu)); },
+               "cu_seqlens_q has 4 entries, cu_seqlens_k 3");
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_k_small)); },
+               "sequence 0 has 4 queries and 2 keys; allowed: queries <= keys");
+  AttentionOptions opt;
+  opt.sinks = TensorView(f.data(), DType::f32, {3});
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
+               "sinks has shape [3]; allowed: [Hq] = [4]");
+  opt = {};
+  opt.alibi_slopes = TensorView(buf.data(), DType::bf16, {4});
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
+               "alibi_slopes.dtype=bf16 is not allowed; allowed: f32");
+  opt = {};
+  opt.window_left = -5;
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); }, "window_left=-5");
+  opt = {};
+  opt.softcap = -1;
+  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); }, "softcap=-1");
+  expect_error(
+      [&] {
+        flash_attn_varlen(TensorView(buf.data(), DType::bf16, {8, 4, 64}, {256, 64, 2}), k, v, o,
+                          i32(cu), i32(cu));
+      },
+      "q has strides [256, 64, 2]; allowed: innermost stride 1");
+}
+
+TEST(AttentionErrors, Decode) {
+  const int64_t nb = 4, bs = 16;
+  GuardedBuffer kc(nb * bs * 2 * 64 * 2), vc(nb * bs * 2 * 64 * 2);
+  std::vector<uint16_t> qb(2 * 4 * 64, 0), ob(2 * 4 * 64, 0);
+  std::vector<int32_t> table = {0, 1, 2, 3}, lens = {20, 5};
+  const TensorView q(qb.data(), DType::bf16, {2, 4, 64}), o(ob.data(), DType::bf16, {2, 4, 64});
+  const TensorView k(kc.as<uint16_t>(), DType::bf16, {nb, bs, 2, 64}),
+      v(vc.as<uint16_t>(), DType::bf16, {nb, bs, 2, 64});
+  auto tab = [&] { return TensorView(table.data(), DType::i32, {2, 2}); };
+  auto sl = [&] { return TensorView(lens.data(), DType::i32, {2}); };
+  decode_attention(q, k, v, o, tab(), sl());  // valid baseline
+
+  expect_error(
+      [&] {
+        decode_attention(q, k, v, o, TensorView(table.data(), DType::f32, {2, 2}), sl());
+      },
+      "block_table.dtype=f32 is not allowed; allowed: i32");
+  expect_error(
+      [&] { decode_attention(q, k, v, o, tab(), TensorView(lens.data(), DType::f32, {2})); },
+      "seq_lens.dtype=f32");
+  expect_error(
+      [&] {
+        decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}),
+                         TensorView(vc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}), o, tab(),
+                         sl());
+      },
+      "block_size=24 (k_cache.shape[1]); allowed: a multiple of 16");
+  expect_error(
+      [&] {
+        decode_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, 1, 64}), o,
+                         tab(), sl());
+      },
+      "v_cache has shape [4, 16, 1, 64]");
+  expect_error(
+      [&] {
+        decode_attention(q, k, v, TensorView(ob.data(), DType::bf16, {2, 4, 32}), tab(), sl());
+      },
+      "out has shape [2, 4, 32]");
+  lens = {33, 5};
+  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
+               "seq_lens[0]=33; allowed: 1 .. max_blocks·block_size = 32");
+  lens = {20, 0};
+  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "seq_lens[1]=0");
+  lens = {20, 5};
+  // An out-of-range block index raises before any key is read: block 4 would
+  // start past the end of k_cache, inside the guard page.
+  table = {0, 4, 2, 3};
+  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
+               "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
+  table = {0, 1, -1, 3};
+  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "block_table[1, 0]=-1");
+  // Entries past a sequence's length are never used, so they are not checked.
+  table = {0, 1, 2, 999};
+  decode_attention(q, k, v, o, tab(), sl());
+}
+
+TEST(AttentionErrors, StoreKv) {
+  std::vector<uint16_t> buf(4 * 16 * 2 * 64, 0);
+  std::vector<int32_t> slots = {0, 1};
+  const TensorView k(buf.data(), DType::bf16, {2, 2, 64}),
+      kc(buf.data(), DType::bf16, {4, 16, 2, 64});
+  expect_error([&] { store_kv(k, k, kc, kc, TensorView(slots.data(), DType::f32, {2})); },
+               "slot_mapping.dtype=f32 is not allowed; allowed: i32");
+  expect_error(
+      [&] {
+        store_kv(k, k, TensorView(buf.data(), DType::bf16, {4, 16, 2, 32}), kc,
+                 TensorView(slots.data(), DType::i32, {2}));
+      },
+      "k_cache has shape [4, 16, 2, 32]");
+  expect_error(
+      [&] {
+        store_kv(TensorView(buf.data(), DType::bf16, {3, 2, 64}), k, kc, kc,
+                 TensorView(slots.data(), DType::i32, {2}));
+      },
+      "k has shape [3, 2, 64]");
+}
+
+}  // namespace
+}  // namespace tilejit::test
