@@ -135,9 +135,15 @@ void pack_v(const RowSource& v, int64_t j0, int64_t n, int64_t kb, int64_t dv) {
     for (int64_t nb = 0; nb < nblocks; ++nb) {
       uint32_t* out = dst + (nb * pairs + kp) * 64;
       const int64_t c0 = nb * 64, cols = std::min<int64_t>(64, dv - c0);
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint32_t lo = r0 ? r0[c0 + c] : 0u, hi = r1 ? r1[c0 + c] : 0u;
-        out[c] = lo | (hi << 16);
+      // Branch-free inner loops (they vectorise); zero keys pad the last pair.
+      if (r0 && r1) {
+        const uint16_t *a = r0 + c0, *b = r1 + c0;
+        for (int64_t c = 0; c < cols; ++c) out[c] = uint32_t(a[c]) | (uint32_t(b[c]) << 16);
+      } else if (r0) {
+        const uint16_t* a = r0 + c0;
+        for (int64_t c = 0; c < cols; ++c) out[c] = a[c];
+      } else {
+        std::memset(out, 0, static_cast<size_t>(cols) * 4);
       }
     }
   }
