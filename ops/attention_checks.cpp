@@ -52,6 +52,17 @@ void check_options(const char* op, const AttentionOptions& opt) {
     throw Error(fmt::format("{}: sm_scale={}; allowed: a finite value", op, *opt.sm_scale));
 }
 
+void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
+                 int64_t head_dim, const TensorView& k_cache) {
+  check_bf16_rows(op, arg, c, 4);
+  if (c.shape[0] != k_cache.shape[0] || c.shape[1] != k_cache.shape[1] || c.shape[2] != hkv ||
+      c.shape[3] != head_dim)
+    throw Error(fmt::format(
+        "{}: {} has shape {}; allowed: [num_blocks, block_size, Hkv, {}] = "
+        "[{}, {}, {}, {}]",
+        op, arg, shape_str(c.shape), head_dim, k_cache.shape[0], k_cache.shape[1], hkv, head_dim));
+}
+
 std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
                                      int64_t total) {
   check_view(op, arg, t, 1);

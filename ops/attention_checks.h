@@ -17,6 +17,10 @@ void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_
 void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq);
 // window_left / window_right ≥ −1, softcap ≥ 0, sm_scale finite.
 void check_options(const char* op, const AttentionOptions& opt);
+// A paged cache [num_blocks, block_size, Hkv, head_dim] bf16 whose first two
+// dims match k_cache's.
+void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
+                 int64_t head_dim, const TensorView& k_cache);
 // int32 [B+1] prefix sums from 0 to total; returns them.
 std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
                                      int64_t total);

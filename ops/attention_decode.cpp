@@ -25,17 +25,6 @@ namespace {
 // Keys per split chunk at least, so a split pays for its merge.
 constexpr int64_t kMinSplitKeys = 256;
 
-void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
-                 int64_t head_dim, const TensorView& k_cache) {
-  attn::check_bf16_rows(op, arg, c, 4);
-  if (c.shape[0] != k_cache.shape[0] || c.shape[1] != k_cache.shape[1] || c.shape[2] != hkv ||
-      c.shape[3] != head_dim)
-    throw Error(fmt::format(
-        "{}: {} has shape {}; allowed: [num_blocks, block_size, Hkv, {}] = "
-        "[{}, {}, {}, {}]",
-        op, arg, shape_str(c.shape), head_dim, k_cache.shape[0], k_cache.shape[1], hkv, head_dim));
-}
-
 }  // namespace
 
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -59,8 +48,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   if (bs < 16 || bs % 16 != 0)
     throw Error(
         fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op, bs));
-  check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
-  check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
+  attn::check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
+  attn::check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
   if (out.shape != std::vector<int64_t>{batch, hq, dv})
     throw Error(fmt::format("{}: out has shape {}; allowed: [B, Hq, Dv] = [{}, {}, {}]", op,
                             shape_str(out.shape), batch, hq, dv));

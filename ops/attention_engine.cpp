@@ -245,12 +245,15 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
       const int64_t a = std::max(lo[r], j0) - j0, b = std::min(hi[r], j0 + n - 1) - j0;
       if (a > b) continue;
       const float slope = p.slopes ? p.slopes[rows[r].head * p.slopes_stride] : 0.f;
+      const uint8_t* mask = rows[r].mask;
+      const int64_t mfirst = rows[r].mask_first, mstride = rows[r].mask_stride;
       float sv[kKeyBlock];
       float bmax = kNegInf;
       for (int64_t j = a; j <= b; ++j) {
         float x = tls.s[j * 64 + r] * p.scale;
         if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
         if (slope != 0) x += slope * static_cast<float>(j0 + j - rows[r].i_pos);
+        if (mask && j0 + j >= mfirst && mask[(j0 + j - mfirst) * mstride] == 0) x = kNegInf;
         sv[j] = x;
         bmax = std::max(bmax, x);
       }

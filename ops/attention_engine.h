@@ -32,9 +32,10 @@ struct RowSource {
   int64_t table_stride = 1;
   int64_t block_size = 0;
   int64_t block_stride = 0;  // elements between cache blocks
+  int64_t first = 0;         // dense: key index of the row at base (extend's new tokens)
 
   const uint16_t* row(int64_t j) const {
-    if (table == nullptr) return base + j * row_stride;
+    if (table == nullptr) return base + (j - first) * row_stride;
     const int64_t blk = table[(j / block_size) * table_stride];
     return base + blk * block_stride + (j % block_size) * row_stride;
   }
@@ -63,6 +64,11 @@ struct QueryRow {
   const uint16_t* q = nullptr;  // D contiguous bf16
   int64_t i_pos = 0;            // position among the sequence's keys
   int64_t head = 0;             // query head (sinks, ALiBi slope)
+  // Tree mask (extend, speculative decoding): key j >= mask_first is visible
+  // only where mask[j − mask_first] != 0; keys before mask_first are not masked.
+  const uint8_t* mask = nullptr;
+  int64_t mask_first = 0;
+  int64_t mask_stride = 1;
 };
 
 // Unnormalised online-softmax state of ≤ 64 rows: running max, running sum,

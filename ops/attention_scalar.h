@@ -3,6 +3,10 @@
 // reference of runtime/reference_attention.h.
 #pragma once
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "ops/attention_engine.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
@@ -33,6 +37,51 @@ inline void scalar_head(const Params& p, int64_t head, int64_t tq, int64_t tk, c
     out0[i * out_stride + c] = runtime::f32_to_bf16(static_cast<float>(x));
   };
   runtime::reference_attention_head(h);
+}
+
+// One query row over keys [0, tk) whose rows come from key_row(j) / value_row(j),
+// in double, honouring the row's tree mask (extend with a tree mask has
+// per-key visibility the reference's interval rule cannot express).
+template <class KeyRow, class ValueRow>
+void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row,
+                ValueRow value_row, uint16_t* out) {
+  int64_t lo = 0, hi = -1;
+  visible_keys(p, row.i_pos, tk, lo, hi);
+  const double slope = p.slopes ? p.slopes[row.head * p.slopes_stride] : 0.0;
+  std::vector<double> s(static_cast<size_t>(std::max<int64_t>(0, hi - lo + 1)));
+  std::vector<double> acc(static_cast<size_t>(p.dv), 0.0);
+  double mx = p.sinks ? double(p.sinks[row.head * p.sinks_stride])
+                      : -std::numeric_limits<double>::infinity();
+  auto visible = [&](int64_t j) {
+    return row.mask == nullptr || j < row.mask_first ||
+           row.mask[(j - row.mask_first) * row.mask_stride] != 0;
+  };
+  bool any = false;
+  for (int64_t j = lo; j <= hi; ++j) {
+    if (!visible(j)) continue;
+    const uint16_t* k = key_row(j);
+    double dot = 0;
+    for (int64_t c = 0; c < p.d; ++c)
+      dot += double(runtime::bf16_to_f32(row.q[c])) * double(runtime::bf16_to_f32(k[c]));
+    double x = dot * p.scale;
+    if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+    x += slope * static_cast<double>(j - row.i_pos);
+    s[j - lo] = x;
+    mx = std::max(mx, x);
+    any = true;
+  }
+  if (any) {
+    double denom = p.sinks ? std::exp(double(p.sinks[row.head * p.sinks_stride]) - mx) : 0.0;
+    for (int64_t j = lo; j <= hi; ++j) {
+      if (!visible(j)) continue;
+      const double w = std::exp(s[j - lo] - mx);
+      denom += w;
+      const uint16_t* v = value_row(j);
+      for (int64_t c = 0; c < p.dv; ++c) acc[c] += w * double(runtime::bf16_to_f32(v[c]));
+    }
+    for (auto& a : acc) a /= denom;
+  }
+  for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(static_cast<float>(acc[c]));
 }
 
 }  // namespace tilejit::ops::attn

@@ -132,6 +132,32 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
                       const TensorView& out, const TensorView& block_table,
                       const TensorView& seq_lens, const AttentionOptions& opt = {});
 
+// Extend (sglang): for each sequence b, the new tokens q[qo_indptr[b] ..
+// qo_indptr[b+1]) sit at positions prefix_lens[b] + i and attend to the
+// sequence's prefix in the paged cache (keys 0 .. prefix_len − 1, through
+// block_table) and causally to each other (opt.causal is implied). Their own
+// K/V come from k_new / v_new, or, when both are absent, from the cache at
+// positions prefix_len .. prefix_len + n_new − 1 (written there beforehand,
+// e.g. a KV-shared layer); a token at position p never sees a key past p.
+struct ExtendOptions {
+  std::optional<TensorView> k_new;  // [T, Hkv, D] bf16
+  std::optional<TensorView> v_new;  // [T, Hkv, Dv] bf16
+  // Speculative-decoding tree mask, u8 [Σ_b n_b²], row-major per sequence:
+  // mask[i·n_b + j] != 0 lets new token i see new token j (replaces the causal
+  // rule among the new tokens; the prefix stays visible, subject to windows).
+  std::optional<TensorView> tree_mask;
+  // Results independent of the thread count: no split-KV, fixed key order.
+  bool deterministic = false;
+};
+
+// q [T, Hq, D], out [T, Hq, Dv] bf16 (T = Σ n_b); k_cache / v_cache
+// [num_blocks, block_size, Hkv, D / Dv]; qo_indptr int32 [B+1] (prefix sums
+// from 0 to T); block_table int32 [B, max_blocks]; prefix_lens int32 [B].
+void extend_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      const TensorView& out, const TensorView& qo_indptr,
+                      const TensorView& block_table, const TensorView& prefix_lens,
+                      const AttentionOptions& opt = {}, const ExtendOptions& ext = {});
+
 // Writes new K/V rows into the paged cache: k [T, Hkv, D], v [T, Hkv, Dv] into
 // slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset).
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,

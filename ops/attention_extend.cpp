@@ -1,0 +1,279 @@
+// tilejit::extend_attention (sglang's extend): new tokens of each sequence
+// attend to the sequence's prefix in the paged cache and causally (or through
+// a speculative-decoding tree mask) to each other. The new tokens' K/V come
+// from k_new / v_new or from the cache right after the prefix.
+//
+// Tasks are (sequence, kv head, block of ≤ 64 rows), rows (new token, head of
+// the group) position-major as in prefill, each running the block engine over
+// the cached keys and then over the new keys. Without `deterministic`, few
+// tasks and long prefixes split the key range (split-KV, as in decode); with
+// it, every row's keys are visited in one fixed order by one task, so the
+// result does not depend on the thread count.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/attention_checks.h"
+#include "ops/attention_engine.h"
+#include "ops/attention_scalar.h"
+#include "ops/tensor_checks.h"
+#include "runtime/isa.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+namespace attn = ops::attn;
+
+namespace {
+
+// Keys per split chunk at least, so a split pays for its merge.
+constexpr int64_t kMinSplitKeys = 256;
+
+void check_new_rows(const char* op, const char* arg, const TensorView& t, int64_t tokens,
+                    int64_t hkv, int64_t head_dim) {
+  attn::check_bf16_rows(op, arg, t, 3);
+  if (t.shape != std::vector<int64_t>{tokens, hkv, head_dim})
+    throw Error(fmt::format("{}: {} has shape {}; allowed: [T, Hkv, {}] = [{}, {}, {}]", op, arg,
+                            shape_str(t.shape), head_dim, tokens, hkv, head_dim));
+}
+
+}  // namespace
+
+void extend_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      const TensorView& out, const TensorView& qo_indptr,
+                      const TensorView& block_table, const TensorView& prefix_lens,
+                      const AttentionOptions& opt, const ExtendOptions& ext) {
+  constexpr const char* op = "extend_attention";
+  attn::check_bf16_rows(op, "q", q, 3);
+  attn::check_bf16_rows(op, "k_cache", k_cache, 4);
+  attn::check_bf16_rows(op, "v_cache", v_cache, 4);
+  attn::check_bf16_rows(op, "out", out, 3);
+  const int64_t tokens = q.shape[0], hq = q.shape[1], d = q.shape[2];
+  const int64_t num_blocks = k_cache.shape[0], bs = k_cache.shape[1], hkv = k_cache.shape[2];
+  const int64_t dv = v_cache.shape[3];
+  attn::check_head_dim(op, "D (q.shape[2])", d);
+  attn::check_head_dim(op, "Dv (v_cache.shape[3])", dv);
+  if (hkv < 1 || hq % hkv != 0)
+    throw Error(fmt::format(
+        "{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv >= 1", op, hq, hkv));
+  if (bs < 16 || bs % 16 != 0)
+    throw Error(
+        fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op, bs));
+  attn::check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
+  attn::check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
+  if (out.shape != std::vector<int64_t>{tokens, hq, dv})
+    throw Error(fmt::format("{}: out has shape {}; allowed: [T, Hq, Dv] = [{}, {}, {}]", op,
+                            shape_str(out.shape), tokens, hq, dv));
+  if (ext.k_new.has_value() != ext.v_new.has_value())
+    throw Error(
+        fmt::format("{}: k_new is {}, v_new is {}; allowed: both given or both absent "
+                    "(the new K/V already in the cache)",
+                    op, ext.k_new ? "given" : "absent", ext.v_new ? "given" : "absent"));
+  const bool in_cache = !ext.k_new;
+  if (!in_cache) {
+    check_new_rows(op, "k_new", *ext.k_new, tokens, hkv, d);
+    check_new_rows(op, "v_new", *ext.v_new, tokens, hkv, dv);
+  }
+  attn::check_options(op, opt);
+  attn::check_head_vectors(op, opt, hq);
+  const auto qo = attn::read_cu_seqlens(op, "qo_indptr", qo_indptr, tokens);
+  const int64_t batch = static_cast<int64_t>(qo.size()) - 1;
+  ops::check_view(op, "block_table", block_table, 2);
+  ops::check_dtype(op, "block_table", block_table, {DType::i32});
+  ops::check_view(op, "prefix_lens", prefix_lens, 1);
+  ops::check_dtype(op, "prefix_lens", prefix_lens, {DType::i32});
+  if (block_table.shape[0] != batch)
+    throw Error(fmt::format(
+        "{}: block_table has shape {}; allowed: [B, max_blocks] with B = {} (qo_indptr)", op,
+        shape_str(block_table.shape), batch));
+  if (prefix_lens.shape[0] != batch)
+    throw Error(fmt::format("{}: prefix_lens has shape {}; allowed: [B] = [{}] (qo_indptr)", op,
+                            shape_str(prefix_lens.shape), batch));
+
+  // Per sequence: prefix length, cached keys (checked against the table's
+  // capacity and every block index they use, before any key is read), and
+  // the offset of its n² tree-mask block.
+  const int64_t max_blocks = block_table.shape[1];
+  const auto* table = static_cast<const int32_t*>(block_table.data);
+  const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
+  std::vector<int64_t> prefix(static_cast<size_t>(batch)), mask_off(static_cast<size_t>(batch) + 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pre = prefix_p[b * prefix_lens.strides[0]], n = qo[b + 1] - qo[b];
+    if (pre < 0) throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: >= 0", op, b, pre));
+    const int64_t cached = in_cache ? pre + n : pre;
+    if (cached > max_blocks * bs) {
+      if (in_cache)
+        throw Error(
+            fmt::format("{}: prefix_lens[{}] + new tokens = {} + {} = {}; allowed: <= "
+                        "max_blocks·block_size = {} (k_new absent: the new K/V are in the cache)",
+                        op, b, pre, n, cached, max_blocks * bs));
+      throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: <= max_blocks·block_size = {}", op,
+                              b, pre, max_blocks * bs));
+    }
+    for (int64_t i = 0; i < (cached + bs - 1) / bs; ++i) {
+      const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
+      if (blk < 0 || blk >= num_blocks)
+        throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op,
+                                b, i, blk, num_blocks - 1));
+    }
+    prefix[b] = pre;
+    mask_off[b + 1] = mask_off[b] + n * n;
+  }
+  const uint8_t* mask = nullptr;
+  int64_t mask_stride = 1;
+  if (ext.tree_mask) {
+    const TensorView& m = *ext.tree_mask;
+    ops::check_view(op, "tree_mask", m, 1);
+    ops::check_dtype(op, "tree_mask", m, {DType::u8});
+    if (m.shape[0] != mask_off[batch])
+      throw Error(fmt::format(
+          "{}: tree_mask has shape {}; allowed: [Σ n_b²] = [{}] (n_b = new tokens of sequence b)",
+          op, shape_str(m.shape), mask_off[batch]));
+    mask = static_cast<const uint8_t*>(m.data);
+    mask_stride = m.strides[0];
+  }
+  if (tokens == 0) return;
+
+  attn::Params p = attn::make_params(opt, d, dv);
+  // Causal among the new tokens unless the tree mask replaces that rule; the
+  // prefix keys lie before every new token, so causality never hides them.
+  p.causal = mask == nullptr;
+  const int64_t g = hq / hkv;
+  const auto* qd = static_cast<const uint16_t*>(q.data);
+  auto* od = static_cast<uint16_t*>(out.data);
+  auto cache_source = [&](const TensorView& c, int64_t b, int64_t h) {
+    attn::RowSource s;
+    s.base = static_cast<const uint16_t*>(c.data) + h * c.strides[2];
+    s.row_stride = c.strides[1];
+    s.table = table + b * block_table.strides[0];
+    s.table_stride = block_table.strides[1];
+    s.block_size = bs;
+    s.block_stride = c.strides[0];
+    return s;
+  };
+  // New token i of sequence b is key prefix[b] + i.
+  auto new_source = [&](const TensorView& t, int64_t b, int64_t h) {
+    attn::RowSource s;
+    s.base = static_cast<const uint16_t*>(t.data) + qo[b] * t.strides[0] + h * t.strides[1];
+    s.row_stride = t.strides[0];
+    s.first = prefix[b];
+    return s;
+  };
+  auto query_row = [&](int64_t b, int64_t i, int64_t head) {
+    attn::QueryRow r{qd + (qo[b] + i) * q.strides[0] + head * q.strides[1], prefix[b] + i, head};
+    if (mask) {
+      r.mask = mask + (mask_off[b] + i * (qo[b + 1] - qo[b])) * mask_stride;
+      r.mask_first = prefix[b];
+      r.mask_stride = mask_stride;
+    }
+    return r;
+  };
+  auto keys_of = [&](int64_t b) { return prefix[b] + qo[b + 1] - qo[b]; };
+  // Keys [0, cached_end) come from the cache, the rest from k_new / v_new.
+  auto cached_end = [&](int64_t b) { return in_cache ? keys_of(b) : prefix[b]; };
+
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) {
+    runtime::parallel_for(tokens * hq, [&](int64_t t) {
+      const int64_t tok = t / hq, head = t % hq;
+      const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
+      const int64_t h = head / g;
+      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
+      attn::RowSource kn, vn;
+      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+      const int64_t split = cached_end(b);
+      attn::scalar_row(
+          p, query_row(b, tok - qo[b], head), keys_of(b),
+          [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
+          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
+          od + tok * out.strides[0] + head * out.strides[1]);
+    });
+    return;
+  }
+
+  struct Task {
+    int64_t b, h, r0;
+  };
+  std::vector<Task> tasks;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t rows = (qo[b + 1] - qo[b]) * g;
+    if (rows > 0) longest = std::max(longest, keys_of(b));
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t r0 = 0; r0 < rows; r0 += attn::kRowsPerBlock) tasks.push_back({b, h, r0});
+  }
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
+  const int64_t threads = runtime::num_threads();
+  int64_t splits = 1;
+  if (!ext.deterministic && threads > 1 && ntasks < 2 * threads)
+    splits = std::max<int64_t>(
+        1, std::min((2 * threads + ntasks - 1) / ntasks, longest / kMinSplitKeys));
+  const int64_t dv_padded = (dv + 63) / 64 * 64;
+
+  auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,
+                     std::vector<uint16_t*>& orows) {
+    const int64_t n = qo[task.b + 1] - qo[task.b];
+    const int64_t rows = std::min(attn::kRowsPerBlock, n * g - task.r0);
+    qr.resize(static_cast<size_t>(rows));
+    orows.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = (task.r0 + r) / g, head = task.h * g + (task.r0 + r) % g;
+      qr[r] = query_row(task.b, i, head);
+      orows[r] = od + (qo[task.b] + i) * out.strides[0] + head * out.strides[1];
+    }
+  };
+  // Keys [j0, j1) of a task: the cached part, then the new part (fixed order).
+  auto run = [&](const Task& task, const std::vector<attn::QueryRow>& qr, int64_t j0, int64_t j1,
+                 attn::Partial& st) {
+    const int64_t b = task.b, h = task.h, tk = keys_of(b), split = cached_end(b);
+    if (j0 < split)
+      attn::attend(isa, p, qr, cache_source(k_cache, b, h), cache_source(v_cache, b, h), tk, j0,
+                   std::min(j1, split), st);
+    if (!in_cache && j1 > split)
+      attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
+                   std::max(j0, split), j1, st);
+  };
+
+  if (splits == 1) {
+    runtime::parallel_for(ntasks, [&](int64_t t) {
+      std::vector<attn::QueryRow> qr;
+      std::vector<uint16_t*> orows;
+      rows_of(tasks[t], qr, orows);
+      thread_local attn::Partial st;
+      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
+      attn::finish(p, qr, st, orows);
+    });
+    return;
+  }
+
+  // Split-KV: chunk s covers keys [s·chunk, (s+1)·chunk), chunk a multiple of
+  // the key block, then a log-sum-exp merge per task.
+  std::vector<attn::Partial> parts(static_cast<size_t>(ntasks * splits));
+  runtime::parallel_for(ntasks * splits, [&](int64_t t) {
+    const Task& task = tasks[t / splits];
+    const int64_t s = t % splits, tk = keys_of(task.b);
+    std::vector<attn::QueryRow> qr;
+    std::vector<uint16_t*> orows;
+    rows_of(task, qr, orows);
+    const int64_t per = (tk + splits - 1) / splits;
+    const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
+    attn::Partial& st = parts[t];
+    st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+    const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
+    run(task, qr, j0, j1, st);
+  });
+  runtime::parallel_for(ntasks, [&](int64_t t) {
+    std::vector<attn::QueryRow> qr;
+    std::vector<uint16_t*> orows;
+    rows_of(tasks[t], qr, orows);
+    attn::Partial& acc = parts[t * splits];
+    for (int64_t s = 1; s < splits; ++s)
+      attn::merge(acc, parts[t * splits + s], static_cast<int64_t>(qr.size()), dv);
+    attn::finish(p, qr, acc, orows);
+  });
+}
+
+}  // namespace tilejit
