@@ -163,6 +163,36 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
               const TensorView& v_cache, const TensorView& slot_mapping);
 
+// ---- Rotary position embedding (docs/rope.md) -------------------------------
+// In place on q [T, Hq, D] and k [T, Hk, D] (f32 or bf16, the same dtype; row
+// and head strides free, innermost stride 1), with f32 arithmetic. The first
+// rotary_dim elements of each head rotate, the rest pass through untouched.
+// cos_sin_cache [max_position, W] (f32 or bf16, innermost stride 1), W = the
+// rotary width of one position stream: row p = cos θ_0..θ_{W/2−1}, then
+// sin θ_0..θ_{W/2−1}. positions int32 (DType has no int64): [T], or [S, T]
+// with one row per position stream. Every position must lie in
+// [0, max_position) (checked before anything is read or written).
+enum class RopeStyle {
+  neox,  // rotate halves: pairs (x[i], x[i + W/2])
+  gptj,  // interleaved: pairs (x[2i], x[2i + 1])
+};
+struct RopeOptions {
+  RopeStyle style = RopeStyle::neox;
+  int64_t rotary_dim = 0;  // 0: D; else even, <= D
+  // Multidimensional RoPE (2-D vision): the rotary part splits into ndim equal
+  // chunks (rotary_dim / ndim, even), chunk c rotated on its own as a rotary
+  // of width W = rotary_dim / ndim with positions[c]; positions [ndim, T].
+  int ndim = 1;
+  // M-RoPE (vLLM's mrope_section, e.g. {16, 24, 24} for t/h/w): frequency
+  // index i < rotary_dim / 2 in section s takes its cos/sin from row
+  // positions[s]; sum = rotary_dim / 2; positions [sections, T]; W = rotary_dim.
+  std::vector<int64_t> mrope_section;
+};
+
+// Rotates q and, when k is non-null, k in one pass over the tokens.
+void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
+          const TensorView& cos_sin_cache, const RopeOptions& opt = {});
+
 struct CpuInfo {
   std::string vendor;
   bool avx512f = false, avx512bw = false, avx512vl = false;

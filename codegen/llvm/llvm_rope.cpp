@@ -1,0 +1,290 @@
+// LLVM IR for RoPE. Shape of the emitted function:
+//
+//   for t < tokens:                                 runtime count
+//     row[s] = cache + positions[s][t]·row_stride   one cos/sin row per stream
+//     cos/sin of every block, widened to f32       loaded once per token, kept
+//                                                   in registers for all heads
+//     for h < Hq: rotate every block of q[t][h]     static count
+//     for h < Hk: rotate every block of k[t][h]
+//
+// A block is up to 16 rotation pairs that share a position stream: for neox
+// two <16 x float> halves x1 = x[a..], x2 = x[a + W/2..]; for gptj one
+// <16 x float> of 8 interleaved pairs, with cos/sin duplicated across each
+// pair and the partner swapped in by a shuffle. Blocks end at chunk and
+// M-RoPE section boundaries; a short block uses masked loads and stores, so
+// nothing past the rotary part (or the cache row) is read or written.
+#include "codegen/llvm/llvm_rope.h"
+
+#include <llvm/IR/IRBuilder.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "codegen/llvm/ir_loop.h"
+#include "codegen/llvm/module_context.h"
+#include "codegen/llvm/vector_math.h"
+
+namespace tilejit::codegen::llvm_backend {
+
+int64_t RopeDesc::streams() const {
+  if (ndim > 1) return ndim;
+  return mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
+}
+
+std::string RopeDesc::name() const {
+  std::string s = std::string("rope_llvm_") + (neox ? "neox_" : "gptj_") + dtype_name(dtype) +
+                  "_cache" + dtype_name(cache_dtype) + "_d" + std::to_string(d) + "_rd" +
+                  std::to_string(rotary_dim) + "_hq" + std::to_string(hq) + "_hk" +
+                  std::to_string(hk);
+  if (ndim > 1) s += "_nd" + std::to_string(ndim);
+  if (!mrope_section.empty()) {
+    s += "_mrope";
+    for (size_t i = 0; i < mrope_section.size(); ++i) {
+      if (i) s += 'x';
+      s += std::to_string(mrope_section[i]);
+    }
+  }
+  return s;
+}
+
+namespace {
+
+constexpr int kLanes = 16;
+
+[[noreturn]] void fail(const RopeDesc& d, const std::string& what) {
+  throw Error("compile_llvm_rope: " + d.name() + ": " + what);
+}
+
+void check(const RopeDesc& d) {
+  const auto float_type = [](DType t) { return t == DType::f32 || t == DType::bf16; };
+  if (!float_type(d.dtype))
+    fail(d, std::string("dtype ") + dtype_name(d.dtype) + "; allowed: f32, bf16");
+  if (!float_type(d.cache_dtype))
+    fail(d, std::string("cache_dtype ") + dtype_name(d.cache_dtype) + "; allowed: f32, bf16");
+  if (d.d < 2 || d.d % 2) fail(d, "d=" + std::to_string(d.d) + "; allowed: even, >= 2");
+  if (d.ndim < 1) fail(d, "ndim=" + std::to_string(d.ndim) + "; allowed: >= 1");
+  if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
+    fail(d, "rotary_dim=" + std::to_string(d.rotary_dim) +
+                "; allowed: a multiple of 2·ndim in [2, d]");
+  if (d.hq < 1 || d.hk < 0) fail(d, "heads; allowed: hq >= 1, hk >= 0");
+  if (!d.mrope_section.empty()) {
+    if (d.ndim > 1) fail(d, "mrope_section with ndim > 1; allowed: one of the two");
+    const int64_t sum = std::accumulate(d.mrope_section.begin(), d.mrope_section.end(), int64_t{0});
+    const bool positive = std::all_of(d.mrope_section.begin(), d.mrope_section.end(),
+                                      [](int64_t v) { return v > 0; });
+    if (!positive || sum != d.rotary_dim / 2)
+      fail(d, "mrope_section sums to " + std::to_string(sum) +
+                  "; allowed: positive sizes summing to rotary_dim/2 = " +
+                  std::to_string(d.rotary_dim / 2));
+  }
+}
+
+// Up to 16 (neox) or 8 (gptj) rotation pairs of one position stream.
+struct Block {
+  int64_t stream = 0;
+  int64_t a = 0;    // first element: x1 (neox) or the first pair (gptj)
+  int64_t b = 0;    // neox: first element of x2
+  int64_t col = 0;  // cos column of the first pair; sin at col + W/2
+  int n = 0;        // pairs
+};
+
+std::vector<Block> make_blocks(const RopeDesc& d) {
+  const int64_t width = d.rotary_dim / d.ndim, half = width / 2;
+  const int64_t per_block = d.neox ? kLanes : kLanes / 2;
+  // Stream boundaries within [0, half): the M-RoPE sections, else none.
+  std::vector<int64_t> ends;
+  for (int64_t e = 0; int64_t s : d.mrope_section) ends.push_back(e += s);
+  if (ends.empty()) ends.push_back(half);
+  std::vector<Block> blocks;
+  for (int64_t c = 0; c < d.ndim; ++c) {
+    const int64_t base = c * width;
+    int64_t j = 0;
+    for (size_t s = 0; s < ends.size(); ++s) {
+      for (; j < ends[s]; j += per_block) {
+        Block bl;
+        bl.stream = d.ndim > 1 ? c : static_cast<int64_t>(s);
+        bl.n = static_cast<int>(std::min(per_block, ends[s] - j));
+        bl.col = j;
+        bl.a = base + (d.neox ? j : 2 * j);
+        bl.b = base + half + j;
+        blocks.push_back(bl);
+      }
+      j = ends[s];
+    }
+  }
+  return blocks;
+}
+
+class RopeEmitter {
+ public:
+  RopeEmitter(ModuleContext& mc, const RopeDesc& d)
+      : mc_(mc),
+        d_(d),
+        blocks_(make_blocks(d)),
+        b_(mc.ctx),
+        vm16_(b_, kLanes),
+        vm8_(b_, kLanes / 2) {}
+
+  void emit(const std::string& name) {
+    llvm::Function* fn = mc_.define_kernel(name);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
+    llvm::Value* args = fn->getArg(0);
+    llvm::Type* ptr = b_.getPtrTy();
+    llvm::Type* i64t = b_.getInt64Ty();
+    q_ = field(args, 0, ptr);
+    k_ = field(args, 1, ptr);
+    positions_ = field(args, 2, ptr);
+    cache_ = field(args, 3, ptr);
+    llvm::Value* tokens = field(args, 4, i64t);
+    qts_ = field(args, 5, i64t);
+    qhs_ = field(args, 6, i64t);
+    kts_ = field(args, 7, i64t);
+    khs_ = field(args, 8, i64t);
+    pss_ = field(args, 9, i64t);
+    pts_ = field(args, 10, i64t);
+    crs_ = field(args, 11, i64t);
+    emit_loop(
+        b_, tokens, {},
+        [&](llvm::Value* t, const std::vector<llvm::Value*>&) {
+          token(t);
+          return std::vector<llvm::Value*>{};
+        },
+        "token");
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+
+  // Argument fields are all 8 bytes wide: field i is at byte 8·i.
+  llvm::Value* field(llvm::Value* args, int64_t i, llvm::Type* t) {
+    auto* v = b_.CreateAlignedLoad(t, b_.CreateGEP(t, args, i64(i)), llvm::Align(8));
+    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
+    return v;
+  }
+
+  llvm::Type* storage(DType t) { return t == DType::f32 ? b_.getFloatTy() : b_.getInt16Ty(); }
+  llvm::Align align(DType t) { return llvm::Align(t == DType::f32 ? 4 : 2); }
+
+  llvm::Value* mask(int lanes, int active) {
+    std::vector<llvm::Constant*> m;
+    for (int l = 0; l < lanes; ++l) m.push_back(b_.getInt1(l < active));
+    return llvm::ConstantVector::get(m);
+  }
+
+  // `active` of `lanes` elements from base[offset], widened to f32 (inactive lanes 0).
+  llvm::Value* load(llvm::Value* base, DType t, int64_t offset, int lanes, int active) {
+    llvm::Type* et = storage(t);
+    auto* vt = llvm::FixedVectorType::get(et, lanes);
+    llvm::Value* p = b_.CreateGEP(et, base, i64(offset));
+    llvm::Value* raw = active == lanes
+                           ? static_cast<llvm::Value*>(b_.CreateAlignedLoad(vt, p, align(t)))
+                           : b_.CreateMaskedLoad(vt, p, align(t), mask(lanes, active),
+                                                 llvm::Constant::getNullValue(vt));
+    if (t == DType::f32) return raw;
+    return (lanes == kLanes ? vm16_ : vm8_).bf16_to_f32(raw);
+  }
+
+  void store(llvm::Value* base, int64_t offset, llvm::Value* v, int active) {
+    const DType t = d_.dtype;
+    if (t == DType::bf16) v = vm16_.f32_to_bf16(v);
+    llvm::Value* p = b_.CreateGEP(storage(t), base, i64(offset));
+    if (active == kLanes)
+      b_.CreateAlignedStore(v, p, align(t));
+    else
+      b_.CreateMaskedStore(v, p, align(t), mask(kLanes, active));
+  }
+
+  llvm::Value* shuffle(llvm::Value* v, const std::vector<int>& idx) {
+    return b_.CreateShuffleVector(v, idx);
+  }
+
+  void token(llvm::Value* t) {
+    std::vector<llvm::Value*> rows;
+    for (int64_t s = 0; s < d_.streams(); ++s) {
+      llvm::Value* at = b_.CreateAdd(b_.CreateMul(i64(s), pss_), b_.CreateMul(t, pts_));
+      llvm::Value* pos = b_.CreateAlignedLoad(
+          b_.getInt32Ty(), b_.CreateGEP(b_.getInt32Ty(), positions_, at), llvm::Align(4));
+      rows.push_back(b_.CreateGEP(storage(d_.cache_dtype), cache_,
+                                  b_.CreateMul(b_.CreateSExt(pos, b_.getInt64Ty()), crs_)));
+    }
+    const int64_t half = d_.rotary_dim / d_.ndim / 2;
+    cos_.clear();
+    sin_.clear();
+    for (const Block& bl : blocks_) {
+      llvm::Value* row = rows[bl.stream];
+      if (d_.neox) {
+        cos_.push_back(load(row, d_.cache_dtype, bl.col, kLanes, bl.n));
+        sin_.push_back(load(row, d_.cache_dtype, half + bl.col, kLanes, bl.n));
+        continue;
+      }
+      // gptj: lane 2i and 2i+1 use pair i; the even lane subtracts x_odd·sin.
+      std::vector<int> dup;
+      for (int l = 0; l < kLanes; ++l) dup.push_back(l / 2);
+      std::vector<llvm::Constant*> sign;
+      for (int l = 0; l < kLanes; ++l)
+        sign.push_back(llvm::ConstantFP::get(b_.getFloatTy(), l % 2 ? 1.0 : -1.0));
+      cos_.push_back(shuffle(load(row, d_.cache_dtype, bl.col, kLanes / 2, bl.n), dup));
+      sin_.push_back(
+          b_.CreateFMul(shuffle(load(row, d_.cache_dtype, half + bl.col, kLanes / 2, bl.n), dup),
+                        llvm::ConstantVector::get(sign)));
+    }
+    heads(q_, qts_, qhs_, d_.hq, t, "qhead");
+    if (d_.hk > 0) heads(k_, kts_, khs_, d_.hk, t, "khead");
+  }
+
+  void heads(llvm::Value* base, llvm::Value* ts, llvm::Value* hs, int64_t count, llvm::Value* t,
+             const char* name) {
+    llvm::Type* et = storage(d_.dtype);
+    llvm::Value* row = b_.CreateGEP(et, base, b_.CreateMul(t, ts));
+    emit_loop(
+        b_, i64(count), {},
+        [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
+          llvm::Value* head = b_.CreateGEP(et, row, b_.CreateMul(h, hs));
+          for (size_t i = 0; i < blocks_.size(); ++i) rotate(head, blocks_[i], cos_[i], sin_[i]);
+          return std::vector<llvm::Value*>{};
+        },
+        name);
+  }
+
+  // Both outputs are one fma over a rounded product: within 2^-23·(|x·cos| +
+  // |x'·sin|) of the exact value.
+  void rotate(llvm::Value* head, const Block& bl, llvm::Value* cs, llvm::Value* sn) {
+    if (d_.neox) {
+      llvm::Value* x1 = load(head, d_.dtype, bl.a, kLanes, bl.n);
+      llvm::Value* x2 = load(head, d_.dtype, bl.b, kLanes, bl.n);
+      llvm::Value* o1 = vm16_.fma(x1, cs, b_.CreateFNeg(b_.CreateFMul(x2, sn)));
+      llvm::Value* o2 = vm16_.fma(x2, cs, b_.CreateFMul(x1, sn));
+      store(head, bl.a, o1, bl.n);
+      store(head, bl.b, o2, bl.n);
+      return;
+    }
+    std::vector<int> swap;
+    for (int l = 0; l < kLanes; ++l) swap.push_back(l ^ 1);
+    llvm::Value* x = load(head, d_.dtype, bl.a, kLanes, 2 * bl.n);
+    llvm::Value* o = vm16_.fma(x, cs, b_.CreateFMul(shuffle(x, swap), sn));
+    store(head, bl.a, o, 2 * bl.n);
+  }
+
+  ModuleContext& mc_;
+  const RopeDesc& d_;
+  std::vector<Block> blocks_;
+  llvm::IRBuilder<> b_;
+  VectorMath vm16_, vm8_;
+  llvm::Value *q_ = nullptr, *k_ = nullptr, *positions_ = nullptr, *cache_ = nullptr;
+  llvm::Value *qts_ = nullptr, *qhs_ = nullptr, *kts_ = nullptr, *khs_ = nullptr;
+  llvm::Value *pss_ = nullptr, *pts_ = nullptr, *crs_ = nullptr;
+  std::vector<llvm::Value*> cos_, sin_;  // per block, for the current token
+};
+
+}  // namespace
+
+LlvmKernel compile_llvm_rope(const RopeDesc& desc, OptLevel opt) {
+  check(desc);
+  require_vector_host("compile_llvm_rope");
+  const std::string name = desc.name();
+  return compile_module(
+      name, [&](ModuleContext& mc) { RopeEmitter(mc, desc).emit(name); }, opt);
+}
+
+}  // namespace tilejit::codegen::llvm_backend

@@ -1,0 +1,205 @@
+// tilejit::rope: argument checks, then the LLVM kernel (llvm, avx512 and amx
+// paths: LLVM emits AVX-512 code on such hosts) or the scalar reference, over
+// chunks of tokens on the thread pool. Semantics: docs/rope.md.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "ops/rope_kernels.h"
+#include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
+#include "runtime/isa.h"
+#include "runtime/reference_rope.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+
+namespace {
+
+constexpr const char* kOp = "rope";
+
+// Everything the checks establish: the kernel descriptor and the views.
+struct RopeCall {
+  codegen::llvm_backend::RopeDesc desc;
+  int64_t t = 0, width = 0, max_position = 0;
+  int64_t pos_stream_stride = 0, pos_token_stride = 0;
+};
+
+void check_heads(const char* arg, const TensorView& x) {
+  ops::check_view(kOp, arg, x, 3);
+  ops::check_dtype(kOp, arg, x, {DType::f32, DType::bf16});
+  ops::check_row_major_rows(kOp, arg, x);
+}
+
+RopeCall check(const TensorView& q, const TensorView* k, const TensorView& positions,
+               const TensorView& cache, const RopeOptions& opt) {
+  RopeCall c;
+  auto& d = c.desc;
+  check_heads("q", q);
+  c.t = q.shape[0];
+  d.hq = q.shape[1];
+  d.d = q.shape[2];
+  d.dtype = q.dtype;
+  if (d.d < 2 || d.d % 2)
+    throw Error(fmt::format("{}: q has head size D={} (shape {}); allowed: even, >= 2", kOp, d.d,
+                            shape_str(q.shape)));
+  if (d.hq < 1) throw Error(fmt::format("{}: q has {} heads; allowed: >= 1", kOp, d.hq));
+  if (k != nullptr) {
+    check_heads("k", *k);
+    if (k->dtype != q.dtype)
+      throw Error(fmt::format("{}: k.dtype={}; allowed: q.dtype={}", kOp, dtype_name(k->dtype),
+                              dtype_name(q.dtype)));
+    if (k->shape[0] != c.t || k->shape[2] != d.d || k->shape[1] < 1)
+      throw Error(fmt::format("{}: k has shape {}; allowed: [T, Hk >= 1, D] = [{}, ·, {}]", kOp,
+                              shape_str(k->shape), c.t, d.d));
+    d.hk = k->shape[1];
+  }
+  d.neox = opt.style == RopeStyle::neox;
+  d.ndim = opt.ndim;
+  d.mrope_section = opt.mrope_section;
+  d.rotary_dim = opt.rotary_dim == 0 ? d.d : opt.rotary_dim;
+  if (opt.ndim < 1) throw Error(fmt::format("{}: ndim={}; allowed: >= 1", kOp, opt.ndim));
+  if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
+    throw Error(
+        fmt::format("{}: rotary_dim={} with D={}, ndim={}; allowed: a multiple of 2·ndim "
+                    "in [2, D] (0: D)",
+                    kOp, d.rotary_dim, d.d, d.ndim));
+  if (!d.mrope_section.empty()) {
+    if (d.ndim > 1)
+      throw Error(
+          fmt::format("{}: mrope_section with ndim={}; allowed: one of the two", kOp, d.ndim));
+    const int64_t sum = std::accumulate(d.mrope_section.begin(), d.mrope_section.end(), int64_t{0});
+    const bool positive = std::all_of(d.mrope_section.begin(), d.mrope_section.end(),
+                                      [](int64_t v) { return v > 0; });
+    if (!positive || sum != d.rotary_dim / 2)
+      throw Error(
+          fmt::format("{}: mrope_section={}; allowed: positive sizes summing to "
+                      "rotary_dim/2 = {}",
+                      kOp, shape_str(d.mrope_section), d.rotary_dim / 2));
+  }
+
+  const int64_t streams = d.streams();
+  ops::check_dtype(kOp, "positions", positions, {DType::i32});
+  if (positions.shape.size() == 1 && streams == 1) {
+    ops::check_view(kOp, "positions", positions, 1);
+    c.pos_token_stride = positions.strides[0];
+  } else {
+    ops::check_view(kOp, "positions", positions, 2);
+    c.pos_stream_stride = positions.strides[0];
+    c.pos_token_stride = positions.strides[1];
+  }
+  const int64_t pos_t = positions.shape.back();
+  const int64_t pos_s = positions.shape.size() == 2 ? positions.shape[0] : 1;
+  if (pos_s != streams || pos_t != c.t)
+    throw Error(
+        fmt::format("{}: positions has shape {}; allowed: [{}] or [streams, T] = [{}, {}] "
+                    "(streams: ndim or the mrope sections)",
+                    kOp, shape_str(positions.shape), c.t, streams, c.t));
+
+  c.width = d.rotary_dim / d.ndim;
+  ops::check_view(kOp, "cos_sin_cache", cache, 2);
+  ops::check_dtype(kOp, "cos_sin_cache", cache, {DType::f32, DType::bf16});
+  ops::check_row_major_rows(kOp, "cos_sin_cache", cache);
+  if (cache.shape[1] != c.width)
+    throw Error(
+        fmt::format("{}: cos_sin_cache has shape {}; allowed: [max_position, {}] (cos "
+                    "half, sin half of rotary_dim/ndim)",
+                    kOp, shape_str(cache.shape), c.width));
+  d.cache_dtype = cache.dtype;
+  c.max_position = cache.shape[0];
+
+  // Every position before any read of the cache.
+  const auto* p = static_cast<const int32_t*>(positions.data);
+  for (int64_t s = 0; s < streams; ++s)
+    for (int64_t t = 0; t < c.t; ++t) {
+      const int32_t v = p[s * c.pos_stream_stride + t * c.pos_token_stride];
+      if (v < 0 || v >= c.max_position)
+        throw Error(fmt::format("{}: positions[{}][{}]={}; allowed: [0, max_position = {})", kOp, s,
+                                t, v, c.max_position));
+    }
+  return c;
+}
+
+double load(const TensorView& x, int64_t at) {
+  if (x.dtype == DType::f32) return static_cast<const float*>(x.data)[at];
+  return runtime::bf16_to_f32(static_cast<const uint16_t*>(x.data)[at]);
+}
+
+void store(const TensorView& x, int64_t at, double v) {
+  if (x.dtype == DType::f32)
+    static_cast<float*>(x.data)[at] = static_cast<float>(v);
+  else
+    static_cast<uint16_t*>(x.data)[at] = runtime::f32_to_bf16(static_cast<float>(v));
+}
+
+// The scalar path: the reference, one head row at a time.
+void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
+                 const TensorView& positions, const TensorView& cache) {
+  runtime::ReferenceRope r;
+  r.neox = c.desc.neox;
+  r.rotary_dim = c.desc.rotary_dim;
+  r.ndim = c.desc.ndim;
+  r.mrope_section = c.desc.mrope_section;
+  const auto* pos = static_cast<const int32_t*>(positions.data);
+  runtime::parallel_for(c.t, [&](int64_t t) {
+    const auto row = [&](int64_t s, int64_t col) {
+      const int64_t p = pos[s * c.pos_stream_stride + t * c.pos_token_stride];
+      return load(cache, p * cache.strides[0] + col);
+    };
+    std::vector<double> in(c.desc.d), out(c.desc.d);
+    for (const TensorView* x : {&q, k}) {
+      if (x == nullptr) continue;
+      for (int64_t h = 0; h < x->shape[1]; ++h) {
+        const int64_t base = t * x->strides[0] + h * x->strides[1];
+        for (int64_t i = 0; i < c.desc.d; ++i) in[i] = load(*x, base + i);
+        runtime::reference_rope_head(r, c.desc.d, in.data(), out.data(), row);
+        for (int64_t i = 0; i < c.desc.rotary_dim; ++i) store(*x, base + i, out[i]);
+      }
+    }
+  });
+}
+
+void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
+              const TensorView& positions, const TensorView& cache) {
+  namespace lb = codegen::llvm_backend;
+  const auto fn = ops::rope_kernel(c.desc).entry<lb::RopeFn>();
+  const int64_t qb = dtype_bits(q.dtype) / 8;
+  // A few chunks per thread: the machine is shared, dynamic claiming evens out.
+  const int64_t tasks = std::min<int64_t>(c.t, 4 * runtime::num_threads());
+  const int64_t chunk = (c.t + tasks - 1) / tasks;
+  runtime::parallel_for((c.t + chunk - 1) / chunk, [&](int64_t i) {
+    const int64_t t0 = i * chunk;
+    lb::RopeArgs a{};
+    a.q = static_cast<char*>(q.data) + t0 * q.strides[0] * qb;
+    a.k = k ? static_cast<char*>(k->data) + t0 * k->strides[0] * qb : nullptr;
+    a.positions = static_cast<const int32_t*>(positions.data) + t0 * c.pos_token_stride;
+    a.cache = cache.data;
+    a.tokens = std::min(chunk, c.t - t0);
+    a.q_token_stride = q.strides[0];
+    a.q_head_stride = q.strides[1];
+    a.k_token_stride = k ? k->strides[0] : 0;
+    a.k_head_stride = k ? k->strides[1] : 0;
+    a.pos_stream_stride = c.pos_stream_stride;
+    a.pos_token_stride = c.pos_token_stride;
+    a.cache_row_stride = cache.strides[0];
+    fn(&a);
+  });
+}
+
+}  // namespace
+
+void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
+          const TensorView& cos_sin_cache, const RopeOptions& opt) {
+  const RopeCall c = check(q, k, positions, cos_sin_cache, opt);
+  if (c.t == 0) return;
+#ifdef TILEJIT_HAVE_LLVM
+  if (runtime::active_isa() != Isa::scalar) return rope_jit(c, q, k, positions, cos_sin_cache);
+#endif
+  rope_scalar(c, q, k, positions, cos_sin_cache);
+}
+
+}  // namespace tilejit

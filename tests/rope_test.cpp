@@ -1,0 +1,392 @@
+// tilejit::rope against the double-precision reference (runtime/reference_rope.h)
+// on the active ISA path.
+//
+// Error bound per rotated element, with mag = |x·cos| + |x'·sin| (x' the pair
+// partner; the reference reports it):
+//  - f32 out: |got − ref| ≤ 2⁻²²·mag. The kernel rounds the product x'·sin
+//    (≤ 2⁻²⁴·|x'·sin|) and then the fma (≤ 2⁻²⁴·|result| ≤ 2⁻²⁴·mag): 2⁻²³·mag
+//    in all, doubled for headroom. Inputs and cache values are exact in both.
+//  - bf16 out: |got − ref| ≤ 2⁻⁷·|ref| + 2⁻²¹·mag: one bf16 ulp of the result
+//    (rounding the f32 value costs at most half of one) plus the f32 error above.
+// Elements past rotary_dim, and all memory around the views, must keep their bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "runtime/reference_rope.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+enum class Mode { plain, ndim2, mrope };
+
+struct RopeCase {
+  RopeStyle style = RopeStyle::neox;
+  DType dtype = DType::bf16, cache_dtype = DType::f32;
+  int64_t d = 128, rotary_dim = 0;  // 0: d
+  int64_t hq = 4, hk = 2;           // hk 0: k absent
+  Mode mode = Mode::plain;
+  std::vector<int64_t> sections;  // mrope
+  int64_t t = 7, max_position = 50;
+  bool fused = false;      // q and k as views of one [T, (Hq + 2·Hk)·D + pad] qkv buffer
+  int64_t head_pad = 0;    // fused: extra elements between heads
+  int64_t cache_pad = 0;   // extra elements per cache row
+  int64_t pos_stride = 1;  // token stride of positions
+};
+
+int64_t rd_of(const RopeCase& c) {
+  return c.rotary_dim ? c.rotary_dim : c.d;
+}
+
+std::string case_str(const RopeCase& c) {
+  std::ostringstream s;
+  s << (c.style == RopeStyle::neox ? "neox" : "gptj") << "_" << dtype_name(c.dtype) << "_cache"
+    << dtype_name(c.cache_dtype) << "_d" << c.d << "_rd" << rd_of(c) << "_hq" << c.hq << "_hk"
+    << c.hk
+    << (c.mode == Mode::ndim2   ? "_nd2"
+        : c.mode == Mode::mrope ? "_mrope"
+                                : "")
+    << "_t" << c.t << (c.fused ? "_fused" : "");
+  return s.str();
+}
+
+void PrintTo(const RopeCase& c, std::ostream* os) {
+  *os << case_str(c);
+}
+
+int64_t streams_of(const RopeCase& c) {
+  return c.mode == Mode::ndim2 ? 2 : c.mode == Mode::mrope ? int64_t(c.sections.size()) : 1;
+}
+
+RopeOptions options_of(const RopeCase& c) {
+  RopeOptions o;
+  o.style = c.style;
+  o.rotary_dim = c.rotary_dim;
+  if (c.mode == Mode::ndim2) o.ndim = 2;
+  if (c.mode == Mode::mrope) o.mrope_section = c.sections;
+  return o;
+}
+
+double read(DType t, const void* p, int64_t at) {
+  if (t == DType::f32) return static_cast<const float*>(p)[at];
+  return bf16_to_f32(static_cast<const uint16_t*>(p)[at]);
+}
+void write(DType t, void* p, int64_t at, double v) {
+  if (t == DType::f32)
+    static_cast<float*>(p)[at] = static_cast<float>(v);
+  else
+    static_cast<uint16_t*>(p)[at] = f32_to_bf16(static_cast<float>(v));
+}
+
+// A real cos/sin table: θ_i(p) = p·10000^(−2i/W).
+void fill_cache(void* cache, DType t, int64_t rows, int64_t width, int64_t row_stride) {
+  for (int64_t p = 0; p < rows; ++p)
+    for (int64_t i = 0; i < width / 2; ++i) {
+      const double th = double(p) * std::pow(10000.0, -2.0 * double(i) / double(width));
+      write(t, cache, p * row_stride + i, std::cos(th));
+      write(t, cache, p * row_stride + width / 2 + i, std::sin(th));
+    }
+}
+
+void run_case(const RopeCase& c) {
+  SCOPED_TRACE(case_str(c));
+  const int64_t rd = rd_of(c), ndim = c.mode == Mode::ndim2 ? 2 : 1, width = rd / ndim;
+  const int64_t eb = dtype_bits(c.dtype) / 8, S = streams_of(c);
+  const uint32_t seed = seed_of({c.d, rd, c.hq, c.hk, int64_t(c.mode), int64_t(c.style),
+                                 int64_t(c.dtype), int64_t(c.cache_dtype), c.t});
+  // Activations: one buffer for q (and k, when fused), ending at a guard page.
+  const int64_t hstride = c.d + c.head_pad;
+  const int64_t qrow = c.fused ? (c.hq + 2 * c.hk) * hstride + 8 : c.hq * hstride;
+  const int64_t krow = c.hk * hstride;
+  GuardedBuffer qbuf(size_t(std::max<int64_t>(1, c.t * qrow * eb)));
+  GuardedBuffer kbuf(size_t(std::max<int64_t>(1, c.t * krow * eb)));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> ud(-2, 2);
+  for (int64_t i = 0; i < c.t * qrow; ++i) write(c.dtype, qbuf.data(), i, ud(rng));
+  for (int64_t i = 0; i < c.t * krow; ++i) write(c.dtype, kbuf.data(), i, ud(rng));
+  TensorView q(qbuf.data(), c.dtype, {c.t, c.hq, c.d}, {qrow, hstride, 1});
+  TensorView k;
+  if (c.fused)
+    k = TensorView(static_cast<char*>(qbuf.data()) + c.hq * hstride * eb, c.dtype, {c.t, c.hk, c.d},
+                   {qrow, hstride, 1});
+  else
+    k = TensorView(kbuf.data(), c.dtype, {c.t, c.hk, c.d}, {krow, hstride, 1});
+
+  const int64_t cstride = width + c.cache_pad;
+  GuardedBuffer cbuf(size_t(c.max_position * cstride * dtype_bits(c.cache_dtype) / 8));
+  fill_cache(cbuf.data(), c.cache_dtype, c.max_position, width, cstride);
+  TensorView cache(cbuf.data(), c.cache_dtype, {c.max_position, width}, {cstride, 1});
+
+  GuardedBuffer pbuf(size_t(std::max<int64_t>(1, S * c.t * c.pos_stride * 4)));
+  auto* pos = pbuf.as<int32_t>();
+  std::uniform_int_distribution<int32_t> pd(0, int32_t(c.max_position - 1));
+  for (int64_t i = 0; i < S * c.t * c.pos_stride; ++i) pos[i] = pd(rng);
+  if (c.t > 0) pos[0] = int32_t(c.max_position - 1);  // the last row is reachable
+  TensorView positions =
+      S == 1 && c.mode == Mode::plain
+          ? TensorView(pos, DType::i32, {c.t}, {c.pos_stride})
+          : TensorView(pos, DType::i32, {S, c.t}, {c.t * c.pos_stride, c.pos_stride});
+
+  std::vector<uint8_t> q0(qbuf.bytes()), k0(kbuf.bytes());
+  std::memcpy(q0.data(), qbuf.data(), q0.size());
+  std::memcpy(k0.data(), kbuf.data(), k0.size());
+  rope(q, c.hk ? &k : nullptr, positions, cache, options_of(c));
+
+  runtime::ReferenceRope r;
+  r.neox = c.style == RopeStyle::neox;
+  r.rotary_dim = rd;
+  r.ndim = ndim;
+  r.mrope_section = c.mode == Mode::mrope ? c.sections : std::vector<int64_t>{};
+  std::vector<double> x(c.d), ref(c.d), mag(c.d);
+  // Bytes the call may change: the rotary part of every q / k head.
+  std::vector<uint8_t> qmay(q0.size()), kmay(k0.size());
+  int failures = 0;
+  auto check_heads = [&](const TensorView& v, const std::vector<uint8_t>& before,
+                         std::vector<uint8_t>& may, const void* buf_base, const char* which) {
+    const int64_t off =
+        (static_cast<const char*>(v.data) - static_cast<const char*>(buf_base)) / eb;
+    for (int64_t t = 0; t < c.t; ++t) {
+      const auto row = [&](int64_t s, int64_t col) {
+        return read(c.cache_dtype, cbuf.data(),
+                    pos[s * c.t * c.pos_stride + t * c.pos_stride] * cstride + col);
+      };
+      for (int64_t h = 0; h < v.shape[1]; ++h) {
+        const int64_t base = off + t * v.strides[0] + h * v.strides[1];
+        for (int64_t i = 0; i < c.d; ++i) x[i] = read(c.dtype, before.data(), base + i);
+        runtime::reference_rope_head(r, c.d, x.data(), ref.data(), row, mag.data());
+        for (int64_t i = 0; i < rd; ++i) {
+          for (int64_t b = 0; b < eb; ++b) may[size_t((base + i) * eb + b)] = 1;
+          const double got = read(c.dtype, buf_base, base + i);
+          const double tol = c.dtype == DType::f32
+                                 ? std::ldexp(mag[i], -22)
+                                 : std::ldexp(std::fabs(ref[i]), -7) + std::ldexp(mag[i], -21);
+          if (!(std::fabs(got - ref[i]) <= tol) && ++failures <= 5)
+            ADD_FAILURE() << which << "[" << t << "][" << h << "][" << i << "] = " << got
+                          << ", want " << ref[i] << " ± " << tol;
+        }
+      }
+    }
+  };
+  check_heads(q, q0, qmay, qbuf.data(), "q");
+  if (c.hk) {
+    if (c.fused)
+      check_heads(k, q0, qmay, qbuf.data(), "k");
+    else
+      check_heads(k, k0, kmay, kbuf.data(), "k");
+  }
+  auto untouched = [&](const uint8_t* now, const std::vector<uint8_t>& before,
+                       const std::vector<uint8_t>& may, const char* which) {
+    for (size_t i = 0; i < before.size(); ++i)
+      if (!may[i] && now[i] != before[i]) {
+        ADD_FAILURE() << which << " byte " << i << " outside the rotary parts changed";
+        return;
+      }
+  };
+  untouched(static_cast<const uint8_t*>(qbuf.data()), q0, qmay, "q buffer");
+  untouched(static_cast<const uint8_t*>(kbuf.data()), k0, kmay, "k buffer");
+}
+
+// ---------------------------------------------------------------------------
+// The battery: style × dtype × cache dtype × full/partial × D × mode × k absent.
+
+// Partial rotary: ~60 % of D, a multiple of 4 (ndim 2 needs it), mostly not of 16.
+int64_t partial_rd(int64_t d) {
+  return d * 6 / 10 / 4 * 4;
+}
+
+// M-RoPE sections of rd/2 pairs in the 1 : 1.5 : 1.5 proportion of [16, 24, 24].
+std::vector<int64_t> sections_of(int64_t rd) {
+  const int64_t half = rd / 2, s0 = half / 4, s1 = (half - s0) / 2;
+  return {s0, s1, half - s0 - s1};
+}
+
+std::vector<RopeCase> battery() {
+  std::vector<RopeCase> v;
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (DType ct : {DType::f32, DType::bf16})
+        for (bool partial : {false, true})
+          for (int64_t d : {64, 72, 80, 128, 160, 256})
+            for (Mode m : {Mode::plain, Mode::ndim2, Mode::mrope})
+              for (int64_t hk : {0, 2}) {
+                RopeCase c;
+                c.style = st, c.dtype = dt, c.cache_dtype = ct, c.d = d, c.mode = m, c.hk = hk;
+                c.rotary_dim = partial ? partial_rd(d) : 0;
+                if (m == Mode::mrope) c.sections = sections_of(rd_of(c));
+                c.hq = hk ? 3 : 2;
+                v.push_back(c);
+              }
+  return v;
+}
+
+class RopeBattery : public IsaTestWithParam<RopeCase> {};
+TEST_P(RopeBattery, MatchesReference) {
+  run_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(All, RopeBattery, ::testing::ValuesIn(battery()),
+                         [](const auto& p) { return case_str(p.param); });
+
+class Rope : public IsaTest {};
+
+TEST_F(Rope, QwenMropeSections16x24x24) {
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj}) {
+    RopeCase c;
+    c.style = st, c.d = 128, c.mode = Mode::mrope, c.sections = {16, 24, 24}, c.hq = 4, c.hk = 1;
+    run_case(c);
+  }
+}
+
+TEST_F(Rope, GemmaVision2d) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    RopeCase c;
+    c.dtype = dt, c.d = 160, c.mode = Mode::ndim2, c.hq = 4, c.hk = 4, c.t = 9;
+    run_case(c);
+  }
+}
+
+TEST_F(Rope, FusedQkvViewsAndStrides) {
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t pad : {0, 6}) {
+        RopeCase c;
+        c.style = st, c.dtype = dt, c.d = 80, c.rotary_dim = 40, c.hq = 4, c.hk = 2;
+        c.fused = true, c.head_pad = pad, c.cache_pad = pad, c.pos_stride = pad ? 3 : 1;
+        run_case(c);
+        c.mode = Mode::mrope, c.sections = {4, 8, 8};
+        run_case(c);
+      }
+}
+
+TEST_F(Rope, SmallAndOddShapes) {
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj})
+    for (int64_t rd : {2, 4, 6, 18, 34}) {
+      RopeCase c;
+      c.style = st, c.d = 36, c.rotary_dim = rd, c.hq = 1, c.hk = 1;
+      run_case(c);
+    }
+  RopeCase tiny;
+  tiny.d = 2, tiny.hq = 1, tiny.hk = 0;
+  run_case(tiny);
+}
+
+TEST_F(Rope, TokenCounts) {
+  for (int64_t t : {0, 1, 2, 33, 301}) {
+    RopeCase c;
+    c.t = t, c.d = 64, c.hq = 8, c.hk = 2, c.max_position = 4096;
+    run_case(c);
+  }
+}
+
+TEST_F(Rope, CompilesOncePerShape) {
+  RopeCase c;
+  c.d = 96, c.rotary_dim = 48, c.hq = 5, c.hk = 1;
+  run_case(c);
+  const uint64_t compiles = cache_stats().compiles;
+  run_case(c);
+  c.t = 40;  // the token count is a runtime argument
+  run_case(c);
+  EXPECT_EQ(cache_stats().compiles, compiles);
+}
+
+// ---------------------------------------------------------------------------
+// Errors: raised before anything is read or written.
+
+struct ErrorFixture {
+  std::vector<float> q = std::vector<float>(2 * 2 * 8, 1.0f),
+                     k = std::vector<float>(2 * 1 * 8, 1.0f);
+  std::vector<float> cache = std::vector<float>(10 * 8, 0.5f);
+  std::vector<int32_t> pos = {1, 2, 3, 4, 5, 6};
+  TensorView qv{q.data(), DType::f32, {2, 2, 8}};
+  TensorView kv{k.data(), DType::f32, {2, 1, 8}};
+  TensorView cv{cache.data(), DType::f32, {10, 8}};
+  TensorView pv{pos.data(), DType::i32, {2}};
+};
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no tilejit::Error; wanted one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Rope, Errors) {
+  ErrorFixture f;
+  auto call = [&](const TensorView& q, const TensorView* k, const TensorView& p,
+                  const TensorView& c, RopeOptions o = {}) { rope(q, k, p, c, o); };
+  std::vector<uint16_t> h(64);
+  expect_error([&] { call({h.data(), DType::f16, {2, 2, 8}}, &f.kv, f.pv, f.cv); }, "q.dtype=f16");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, f.pv, {h.data(), DType::f16, {4, 8}});
+      },
+      "cos_sin_cache.dtype=f16");
+  expect_error(
+      [&] {
+        call(f.qv, &f.kv, {f.pos.data(), DType::f32, {2}}, f.cv);
+      },
+      "positions.dtype=f32");
+  expect_error([&] { call(f.qv, nullptr, f.pv, f.cv, {.rotary_dim = 0, .ndim = 0}); }, "ndim=0");
+  TensorView k_bf16(h.data(), DType::bf16, {2, 1, 8});
+  expect_error([&] { call(f.qv, &k_bf16, f.pv, f.cv); }, "k.dtype=bf16");
+  expect_error([&] { call({f.q.data(), DType::f32, {4, 8}}, nullptr, f.pv, f.cv); }, "rank 3");
+  expect_error([&] { call({f.q.data(), DType::f32, {2, 2, 7}}, nullptr, f.pv, f.cv); }, "D=7");
+  TensorView k_bad_d(f.k.data(), DType::f32, {2, 2, 4});
+  expect_error([&] { call(f.qv, &k_bad_d, f.pv, f.cv); }, "k has shape [2, 2, 4]");
+  TensorView k_bad_t(f.k.data(), DType::f32, {1, 1, 8});
+  expect_error([&] { call(f.qv, &k_bad_t, f.pv, f.cv); }, "k has shape [1, 1, 8]");
+  expect_error([&] { call(f.qv, nullptr, f.pv, f.cv, {.rotary_dim = 10}); }, "rotary_dim=10");
+  expect_error([&] { call(f.qv, nullptr, f.pv, f.cv, {.rotary_dim = 5}); }, "rotary_dim=5");
+  expect_error([&] { call(f.qv, nullptr, f.pv, f.cv, {.rotary_dim = 6, .ndim = 2}); },
+               "rotary_dim=6");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, {f.pos.data(), DType::i32, {3}}, f.cv);
+      },
+      "positions has shape [3]");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, {f.pos.data(), DType::i32, {2, 2}}, f.cv);
+      },
+      "positions has shape [2, 2]");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, f.pv, {f.cache.data(), DType::f32, {20, 4}});
+      },
+      "cos_sin_cache has shape [20, 4]");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, f.pv, f.cv, {.mrope_section = {1, 2}});
+      },
+      "mrope_section=[1, 2]");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, f.pv, f.cv, {.ndim = 2, .mrope_section = {2, 2}});
+      },
+      "mrope_section with ndim=2");
+  TensorView q_col(f.q.data(), DType::f32, {2, 2, 4}, {16, 8, 2});
+  expect_error(
+      [&] {
+        call(q_col, nullptr, f.pv, {f.cache.data(), DType::f32, {20, 4}});
+      },
+      "innermost stride 1");
+  // Out of range positions: an Error, and q / k keep their values.
+  for (int32_t bad : {-1, 10}) {
+    f.pos[1] = bad;
+    expect_error([&] { call(f.qv, &f.kv, f.pv, f.cv); }, "positions[0][1]=" + std::to_string(bad));
+    for (float v : f.q) ASSERT_EQ(v, 1.0f);
+    for (float v : f.k) ASSERT_EQ(v, 1.0f);
+  }
+}
+
+}  // namespace
+}  // namespace tilejit::test
