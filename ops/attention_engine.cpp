@@ -17,6 +17,13 @@
 #include "jit/brgemm_kernels.h"
 #include "runtime/bf16.h"
 
+// The softmax helpers pass 64-byte vectors by value; they are internal and
+// inlined, so GCC's psABI note (reported at the end of the file) concerns no caller.
+#pragma GCC diagnostic ignored "-Wpsabi"
+// The C++ glue loops (softmax, V repack) are built for AVX-512 / AVX2 too and
+// picked at load time: the library itself targets baseline x86-64 (SSE2).
+#define TILEJIT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 namespace tilejit::ops::attn {
 namespace {
 
@@ -124,7 +131,7 @@ void pack_q(const std::vector<QueryRow>& rows, int64_t d) {
 }
 
 // Keys [j0, j0 + n) of V as a packed weight with N = Dv, K = kb (n padded with zero keys).
-void pack_v(const RowSource& v, int64_t j0, int64_t n, int64_t kb, int64_t dv) {
+TILEJIT_CLONES void pack_v(const RowSource& v, int64_t j0, int64_t n, int64_t kb, int64_t dv) {
   const int64_t pairs = kb / 2, nblocks = (dv + 63) / 64;
   tls.v_packed.resize(static_cast<size_t>(nblocks * pairs * 64));
   uint32_t* dst = tls.v_packed.data();
@@ -147,6 +154,68 @@ void pack_v(const RowSource& v, int64_t j0, int64_t n, int64_t kb, int64_t dv) {
       }
     }
   }
+}
+
+// The softmax glue in GCC vector extensions (16 floats): plain loops with
+// selects and a float max reduction do not auto-vectorise without
+// -ffast-math.
+using F16 = float __attribute__((vector_size(64)));
+using I16 = int32_t __attribute__((vector_size(64)));
+using U16 = uint32_t __attribute__((vector_size(64)));
+
+[[gnu::always_inline]] inline F16 load16(const float* p) {
+  F16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// e^x for x ≤ 0 (−inf and anything below −87 give exactly 0): x = n·ln2 + f,
+// |f| ≤ ln2/2, e^f by a degree-6 polynomial (relative error < 2⁻²²), 2^n by
+// the exponent bits.
+[[gnu::always_inline]] inline F16 exp_neg(F16 x) {
+  const I16 dead = x < -87.f;
+  const F16 xc = dead ? F16{} - 87.f : x;
+  const F16 t = xc * 1.44269504f + 12582912.f;  // round to nearest via the 1.5·2²³ shifter
+  const F16 nf = t - 12582912.f;
+  const F16 f = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;  // ln2 split hi + lo
+  F16 p = f * 1.38888889e-3f + 8.33333333e-3f;
+  p = p * f + 4.16666667e-2f;
+  p = p * f + 1.66666667e-1f;
+  p = p * f + 0.5f;
+  p = p * f + 1.f;
+  p = p * f + 1.f;
+  const I16 n = __builtin_convertvector(nf, I16);
+  const F16 scale = reinterpret_cast<F16>((n + 127) << 23);
+  return dead ? F16{} : p * scale;
+}
+
+// Row r of the block: the 64 scores sv (masked keys −inf) → m_new, then
+// prow[j] = bf16(exp(sv[j] − m_new)) (nearest even; values in [0, 1], never
+// NaN) for j < kb. Returns the block max through bmax (first pass) or the
+// sum of the rounded weights (second pass), see the callers.
+TILEJIT_CLONES float max_of(const float* x) {
+  F16 m = load16(x);
+  for (int64_t j = 16; j < kKeyBlock; j += 16) {
+    const F16 v = load16(x + j);
+    m = m > v ? m : v;
+  }
+  float mx = m[0];
+  for (int l = 1; l < 16; ++l) mx = std::max(mx, m[l]);
+  return mx;
+}
+
+TILEJIT_CLONES float exp_to_bf16(const float* sv, float mx, uint16_t* prow, int64_t kb) {
+  F16 sum{};
+  for (int64_t j = 0; j < kb; j += 16) {
+    const F16 e = exp_neg(load16(sv + j) - mx);
+    const U16 u = reinterpret_cast<U16>(e);
+    const U16 h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    for (int l = 0; l < 16; ++l) prow[j + l] = static_cast<uint16_t>(h[l]);
+    sum += reinterpret_cast<F16>(h << 16);
+  }
+  float total = 0;
+  for (int l = 0; l < 16; ++l) total += sum[l];
+  return total;
 }
 
 }  // namespace
@@ -191,7 +260,7 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
   // The key range any row can see, so blocks above the causal diagonal (or
   // outside every window) are skipped entirely.
   int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = -1;
-  std::vector<int64_t> lo(static_cast<size_t>(m)), hi(static_cast<size_t>(m));
+  int64_t lo[kRowsPerBlock], hi[kRowsPerBlock];
   for (int64_t r = 0; r < m; ++r) {
     visible_keys(p, rows[r].i_pos, tk, lo[r], hi[r]);
     if (lo[r] <= hi[r]) kmin = std::min(kmin, lo[r]), kmax = std::max(kmax, hi[r]);
@@ -239,26 +308,40 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
     }
 
     // Online softmax: P row r = exp(s − m_new) as bf16; rescale O and l.
+    // Every loop below runs over the whole 64-key block with fixed trip
+    // counts and selects instead of branches, so GCC vectorises them: the
+    // per-element libm exp and bf16 rounding were most of decode's time.
     const int64_t kb = n <= 32 ? 32 : 64;
-    tls.p.assign(static_cast<size_t>(m * kb), 0);
+    tls.p.resize(static_cast<size_t>(m * kb));
     for (int64_t r = 0; r < m; ++r) {
+      uint16_t* prow = tls.p.data() + r * kb;
       const int64_t a = std::max(lo[r], j0) - j0, b = std::min(hi[r], j0 + n - 1) - j0;
-      if (a > b) continue;
-      const float slope = p.slopes ? p.slopes[rows[r].head * p.slopes_stride] : 0.f;
-      const uint8_t* mask = rows[r].mask;
-      const int64_t mfirst = rows[r].mask_first, mstride = rows[r].mask_stride;
-      float sv[kKeyBlock];
-      float bmax = kNegInf;
-      for (int64_t j = a; j <= b; ++j) {
-        float x = tls.s[j * 64 + r] * p.scale;
-        if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
-        if (slope != 0) x += slope * static_cast<float>(j0 + j - rows[r].i_pos);
-        if (mask && j0 + j >= mfirst && mask[(j0 + j - mfirst) * mstride] == 0) x = kNegInf;
-        sv[j] = x;
-        bmax = std::max(bmax, x);
+      if (a > b) {
+        std::memset(prow, 0, static_cast<size_t>(kb) * 2);
+        continue;
       }
+      alignas(64) float sv[kKeyBlock];
+      const float* srow = tls.s.data() + r;
+      for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] = srow[j * 64] * p.scale;
+      if (p.softcap > 0)
+        for (int64_t j = a; j <= b; ++j) sv[j] = p.softcap * std::tanh(sv[j] / p.softcap);
+      if (p.slopes) {
+        const float slope = p.slopes[rows[r].head * p.slopes_stride];
+        const float base = static_cast<float>(j0 - rows[r].i_pos);
+        for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] += slope * (base + static_cast<float>(j));
+      }
+      if (const uint8_t* mask = rows[r].mask) {
+        const int64_t mfirst = rows[r].mask_first, mstride = rows[r].mask_stride;
+        for (int64_t j = std::max(a, mfirst - j0); j <= b; ++j)
+          if (mask[(j0 + j - mfirst) * mstride] == 0) sv[j] = kNegInf;
+      }
+      for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] = (j >= a && j <= b) ? sv[j] : kNegInf;
+      const float bmax = max_of(sv);
       const float m_old = st.mx[r], m_new = std::max(m_old, bmax);
-      if (m_new == kNegInf) continue;  // every score −inf: contributes nothing
+      if (m_new == kNegInf) {  // every score −inf: contributes nothing
+        std::memset(prow, 0, static_cast<size_t>(kb) * 2);
+        continue;
+      }
       if (m_old != m_new && m_old != kNegInf) {
         const float alpha = std::exp(m_old - m_new);
         float* o = st.o.data() + r * st.ldo;
@@ -266,15 +349,8 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
         st.l[r] *= alpha;
       }
       st.mx[r] = m_new;
-      uint16_t* prow = tls.p.data() + r * kb;
-      float sum = 0;
-      for (int64_t j = a; j <= b; ++j) {
-        // l sums the rounded weights, so numerator and denominator agree.
-        const uint16_t h = runtime::f32_to_bf16(std::exp(sv[j] - m_new));
-        prow[j] = h;
-        sum += runtime::bf16_to_f32(h);
-      }
-      st.l[r] += sum;
+      // l sums the rounded weights, so numerator and denominator agree.
+      st.l[r] += exp_to_bf16(sv, m_new, prow, kb);
     }
 
     // O[m × Dv] += P[m × kb] · V[kb × Dv]
