@@ -3,6 +3,11 @@
 // lowers. Today the one family with a lowering is a gemm chain
 // (gemm → add bias → activation → cast); it runs through the public API
 // (pack_weight + gemm), so the tool measures exactly what an engine gets.
+// With the LLVM backend (TILEJIT_HAVE_LLVM) a gemm may be followed by any
+// elementwise chain (add, mul, relu, silu, gelu_tanh, gelu_erf, cast): the
+// longest prefix codegen::match_gemm accepts runs as the fused gemm, the rest
+// as one loop compiled by codegen/llvm/llvm_elementwise.h; and a program with
+// no gemm at all that is such a chain runs as that loop alone.
 //
 //   ops::ProgramRunner r(ir::parse(text, "linear.tir"));   // verify + match
 //   r.set_inputs(inputs);                                  // bind ?M, check shapes, pack w
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "codegen/gemm_plan.h"
+#include "codegen/llvm/llvm_jit.h"
 #include "ir/program.h"
 #include "tilejit/tilejit.h"
 
@@ -54,13 +60,25 @@ struct GemmProgram {
   bool w_packed_by_runner = false;  // w is row-major in the source
   codegen::GemmSpec spec;
   int x = -1, w = -1, bias = -1;  // param value ids (bias -1: none)
-  int result = -1;                // the returned value id
+  int result = -1;                // the returned value id (of `lowered`)
+
+  // The elementwise rest, run by the LLVM elementwise compiler (empty ops: none).
+  // For a gemm program its first param is the fused gemm's result (`result`,
+  // [M, N]); the others are params of the source (names prefixed "v"). For a
+  // program without a gemm (has_gemm false) it is the whole source function;
+  // then x is its param of largest rank, w is -1 and spec holds only n (k = 0).
+  bool has_gemm = true;
+  ir::Function epilogue;
+  std::vector<int> epilogue_inputs;  // per epilogue param: the source value id
 };
 
 // Recognises the op family of a verified function. Throws tilejit::Error:
 // "no lowering for op 'attention' yet ..." for families that land later, or
-// codegen::match_gemm's message for a chain that cannot be fused.
-GemmProgram match_program(const ir::Function& f);
+// codegen::match_gemm's message for a chain that cannot be fused (without
+// LLVM, or when what follows the gemm is not elementwise). A program without a
+// gemm is refused unless allow_elementwise (the runner's case: `tilejit dump`
+// has no gemm plan to show for it); built without LLVM it is always refused.
+GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false);
 
 // The dims of `t` with symbols replaced by their bindings ("?M" unbound → -1).
 std::vector<int64_t> bind_shape(const ir::TensorType& t, const DimBindings& dims);
@@ -110,13 +128,17 @@ class ProgramRunner {
   TensorMap make_outputs() const;
   // Runs on the active ISA path (tilejit::gemm).
   void run(TensorMap& outputs);
-  // Compares `outputs` with runtime::reference_gemm on the same inputs.
+  // Compares `outputs` with runtime::reference_gemm on the same inputs; with
+  // an elementwise rest, followed by a double evaluation of every op of the
+  // source (see check_chain in the .cpp for the tolerance).
   CheckReport check(const TensorMap& outputs) const;
-  // 2·M·N·K of the bound problem.
+  // 2·M·N·K of the bound problem (of the gemm; throws for a program without one).
   double flops() const;
 
  private:
   const HostTensor& input(int value_id) const;
+  void run_epilogue(const HostTensor* gemm_out, TensorMap& outputs);
+  CheckReport check_chain(const TensorMap& outputs) const;
 
   ir::Function f_;
   GemmProgram prog_;
@@ -125,6 +147,8 @@ class ProgramRunner {
   PackedWeight packed_w_;
   std::vector<uint16_t> x_strided_;  // x copied to the IR's static row stride, if any
   int64_t x_ld_ = 0;                 // that stride, in elements
+  codegen::llvm_backend::LlvmKernel epilogue_kernel_;  // compiled once, at construction
+  HostTensor gemm_out_;  // the fused gemm's result when an epilogue follows
 };
 
 }  // namespace tilejit::ops

@@ -3,7 +3,8 @@
 #
 #   tests/tool_test.sh <path to tilejit> <examples dir>
 #
-# Every examples/*.tir is dumped at every stage; gemm programs are run with
+# Every examples/*.tir is dumped at every stage; gemm programs (whatever
+# elementwise ops follow the gemm) and purely elementwise ones are run with
 # --check on generated inputs (saved as .npy and read back), on the active
 # path and on the scalar one; error paths must exit non-zero with a one-line
 # message. Needs no numpy: inputs come from `run --random-inputs` and the
@@ -97,6 +98,25 @@ for tir in "${examples[@]}"; do
     dims+=(--dim "$s=10")
   done
 
+  if ! grep -Eq '= *(gemm|attention|rope|moe) ' "$tir"; then
+    # Elementwise only: no gemm plan to dump; run compiles it with LLVM.
+    bad "$name: dump --stage plan (no gemm)" "has no gemm, so no gemm plan, key or asm to show" \
+      "$TJ" dump "$tir" --stage plan
+    bad "$name: dump --stage all (no gemm)" "has no gemm, so no gemm plan" "$TJ" dump "$tir"
+    ok "$name: run --random-inputs --check" \
+      "$TJ" run "$tir" --random-inputs 11 "${dims[@]}" --save-inputs "$WORK/$name.in" --check
+    has "$name: PASS" "$OUT" "^PASS \\("
+    has "$name: tolerance" "$OUT" "tolerance +0 for the inputs, carried through the chain"
+    inputs=()
+    for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+    ok "$name: run --input ... --check" "$TJ" run "$tir" "${inputs[@]}" --check
+    has "$name: PASS from files" "$OUT" "^PASS \\("
+    TILEJIT_ISA=scalar ok "$name: run --check, TILEJIT_ISA=scalar" "$TJ" run "$tir" "${inputs[@]}" --check
+    has "$name: scalar PASS" "$OUT" "^PASS \\("
+    bad "$name: bench (no gemm)" "has no gemm: .tilejit bench. reports gemm GFLOP/s" \
+      "$TJ" bench "$tir" "${dims[@]}" --seconds 0.01
+    continue
+  fi
   if ! grep -Eq '= *gemm ' "$tir"; then
     bad "$name: dump --stage plan (no lowering)" "no lowering for op '[a-z_]+' yet" \
       "$TJ" dump "$tir" --stage plan
@@ -246,7 +266,26 @@ bad "verify error (dump)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" dump "$W
 bad "verify error (run)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" run "$WORK/verify.tir" --random-inputs 1
 printf 'func @r(%%x: tensor<?Mx64xf32>) -> (tensor<?Mx64xf32>) {\n  %%0 = relu %%x : tensor<?Mx64xf32>\n  return %%0\n}\n' >"$WORK/relu.tir"
 ok "elementwise only: verified" "$TJ" dump "$WORK/relu.tir" --stage verified
-bad "elementwise only: no lowering" "no lowering for op 'relu' yet" "$TJ" dump "$WORK/relu.tir" --stage key
+bad "elementwise only: no gemm key" "@r has no gemm, so no gemm plan, key or asm to show" "$TJ" dump "$WORK/relu.tir" --stage key
+ok "elementwise only: run --check" "$TJ" run "$WORK/relu.tir" --random-inputs 1 --dim M=5 --check
+has "elementwise only: PASS" "$OUT" "^PASS \\(320 elements"
+
+# ---- a gemm followed by more than the fused chain (the LLVM elementwise rest) --------
+# The longest prefix the gemm fuses (bias → silu) runs as the gemm; mul, gelu_tanh
+# and cast run as one LLVM loop.
+printf 'func @e(%%x: tensor<?Mx128xbf16>, %%w: tensor<80x128xbf16>, %%bias: tensor<80xbf16>, %%s: tensor<80xf32>) -> (tensor<?Mx80xbf16>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx80xf32>\n  %%1 = add %%0, %%bias : tensor<?Mx80xf32>\n  %%2 = silu %%1 : tensor<?Mx80xf32>\n  %%3 = mul %%2, %%s : tensor<?Mx80xf32>\n  %%4 = gelu_tanh %%3 : tensor<?Mx80xf32>\n  %%5 = cast %%4 {to = bf16} : tensor<?Mx80xbf16>\n  return %%5\n}\n' >"$WORK/epi.tir"
+ok "gemm + rest: dump plan of the fused prefix" "$TJ" dump "$WORK/epi.tir" --stage plan --isa avx512
+has "gemm + rest: prefix plan" "$OUT" "^plan gemm_avx512_bf16_f32acc_m7n64k128_nt16_biasbf16_silu_f32out"
+ok "gemm + rest: run --check (rows over threads)" "$TJ" run "$WORK/epi.tir" --random-inputs 4 --dim M=300 --check
+has "gemm + rest: PASS" "$OUT" "^PASS \\(24000 elements"
+# An inner value read after the prefix shortens it (here to gemm → add); two results.
+printf 'func @t(%%x: tensor<?Mx128xbf16>, %%w: tensor<80x128xbf16>, %%bias: tensor<80xf32>) -> (tensor<?Mx80xf32>, tensor<?Mx80xbf16>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx80xf32>\n  %%1 = add %%0, %%bias : tensor<?Mx80xf32>\n  %%2 = relu %%1 : tensor<?Mx80xf32>\n  %%3 = mul %%2, %%1 : tensor<?Mx80xf32>\n  %%4 = cast %%3 {to = bf16} : tensor<?Mx80xbf16>\n  return %%1, %%4\n}\n' >"$WORK/two.tir"
+ok "gemm + rest, two results: dump plan" "$TJ" dump "$WORK/two.tir" --stage plan --isa avx512
+has "gemm + rest, two results: prefix plan" "$OUT" "^plan gemm_avx512_bf16_f32acc_m7n64k128_nt16_biasf32_f32out"
+ok "gemm + rest, two results: run --check" "$TJ" run "$WORK/two.tir" --random-inputs 4 --dim M=10 --check
+has "gemm + rest, two results: PASS" "$OUT" "^PASS \\(1600 elements"
+TILEJIT_ISA=scalar ok "gemm + rest, two results: scalar run --check" "$TJ" run "$WORK/two.tir" --random-inputs 4 --dim M=10 --check
+has "gemm + rest, two results: scalar PASS" "$OUT" "^PASS \\(1600 elements"
 
 echo "tool_test: $checks checks, $failures failed"
 [ $failures -eq 0 ]
