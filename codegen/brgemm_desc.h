@@ -23,9 +23,9 @@ struct BrgemmArgs {
   const void* const* a;  // [batch] A block pointers
   const void* const* b;  // [batch] packed B block pointers
   int64_t batch;
-  int64_t lda;     // bytes between A rows
-  void* c;         // C[0, 0]
-  int64_t ldc;     // bytes between C rows
+  int64_t lda;       // bytes between A rows
+  void* c;           // C[0, 0]
+  int64_t ldc;       // bytes between C rows
   const void* bias;  // bias[0] of this column block, or null
   // AMX only: zero-padded copy of the last A block's K tail (kb % 32 columns,
   // rows of 64 bytes), so tile loads never read past the end of a row.
@@ -50,9 +50,9 @@ const char* bias_kind_name(BiasKind b);
 // and the key text all derive from fields(), so a new field cannot be forgotten.
 struct BrgemmDesc {
   Isa isa = Isa::avx512;
-  int mr = 1;               // rows of C
-  int nr = 64;              // columns of C (≤ 64)
-  int64_t kb = 1;           // K elements per batch item
+  int mr = 1;                 // rows of C
+  int nr = 64;                // columns of C (≤ 64)
+  int64_t kb = 1;             // K elements per batch item
   int64_t b_row_bytes = 256;  // bytes per k-pair row of a packed B block
   BiasKind bias = BiasKind::none;
   Activation act = Activation::none;
@@ -62,7 +62,8 @@ struct BrgemmDesc {
   auto fields() const { return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate); }
   bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
 
-  // Canonical key text, e.g. "brgemm;isa=avx512;mr=7;nr=64;kb=4096;brow=256;bias=f32;act=silu;out=bf16".
+  // Canonical key text, e.g.
+  // "brgemm;isa=avx512;mr=7;nr=64;kb=4096;brow=256;bias=f32;act=silu;out=bf16".
   std::string key() const;
   // Kernel name spelling its specialization, e.g.
   // "brgemm_avx512_bf16_f32acc_m7n64k4096_bias_silu_bf16out".

@@ -17,11 +17,16 @@ constexpr const char* kChain =
 
 Activation activation_of(ir::OpKind k) {
   switch (k) {
-    case ir::OpKind::relu: return Activation::relu;
-    case ir::OpKind::silu: return Activation::silu;
-    case ir::OpKind::gelu_tanh: return Activation::gelu_tanh;
-    case ir::OpKind::gelu_erf: return Activation::gelu_erf;
-    default: return Activation::none;
+    case ir::OpKind::relu:
+      return Activation::relu;
+    case ir::OpKind::silu:
+      return Activation::silu;
+    case ir::OpKind::gelu_tanh:
+      return Activation::gelu_tanh;
+    case ir::OpKind::gelu_erf:
+      return Activation::gelu_erf;
+    default:
+      return Activation::none;
   }
 }
 
@@ -35,7 +40,8 @@ bool is_param(const ir::Function& f, int id) {
 
 GemmSpec match_gemm(const ir::Function& f) {
   if (f.ops.empty() || f.ops.front().kind != ir::OpKind::gemm)
-    throw Error(fmt::format("lower gemm: function @{} does not start with a gemm; {}", f.name, kChain));
+    throw Error(
+        fmt::format("lower gemm: function @{} does not start with a gemm; {}", f.name, kChain));
   const ir::Op& g = f.ops.front();
   const ir::TensorType& w = f.value(g.operands.at(1)).type;
   if (!w.layout.is_packed("vnni2") || w.layout.param("n_block").value_or(0) != 64)
@@ -70,10 +76,13 @@ GemmSpec match_gemm(const ir::Function& f) {
     current = op.result;
   }
   if (f.results.size() != 1 || f.results[0] != current)
-    throw Error(fmt::format("lower gemm: @{} must return the end of the chain; {}", f.name, kChain));
+    throw Error(
+        fmt::format("lower gemm: @{} must return the end of the chain; {}", f.name, kChain));
   return spec;
 }
 
-GemmPlan lower_gemm(const ir::Function& f, Isa isa) { return plan_gemm(match_gemm(f), isa); }
+GemmPlan lower_gemm(const ir::Function& f, Isa isa) {
+  return plan_gemm(match_gemm(f), isa);
+}
 
 }  // namespace tilejit::codegen

@@ -41,10 +41,13 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
 
 int64_t GemmPlan::chunk_k(Chunk c) const {
   switch (c) {
-    case Chunk::whole: return spec.k;
+    case Chunk::whole:
+      return spec.k;
     case Chunk::first:
-    case Chunk::middle: return kc;
-    case Chunk::last: return spec.k - (k_chunks - 1) * kc;
+    case Chunk::middle:
+      return kc;
+    case Chunk::last:
+      return spec.k - (k_chunks - 1) * kc;
   }
   return spec.k;
 }
@@ -99,9 +102,12 @@ std::string GemmPlan::str() const {
 
 const char* bias_kind_name(BiasKind b) {
   switch (b) {
-    case BiasKind::none: return "none";
-    case BiasKind::f32: return "f32";
-    case BiasKind::bf16: return "bf16";
+    case BiasKind::none:
+      return "none";
+    case BiasKind::f32:
+      return "f32";
+    case BiasKind::bf16:
+      return "bf16";
   }
   return "?";
 }

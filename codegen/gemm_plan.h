@@ -25,9 +25,9 @@ struct GemmSpec {
 struct GemmPlan {
   GemmSpec spec;
   Isa isa = Isa::scalar;
-  int mr = 1;        // rows per micro-kernel call (main block); M tails use 1..mr-1
-  int nb = 64;       // columns per micro-kernel call (the packed block)
-  int n_tail = 0;    // N % nb (0: none)
+  int mr = 1;          // rows per micro-kernel call (main block); M tails use 1..mr-1
+  int nb = 64;         // columns per micro-kernel call (the packed block)
+  int n_tail = 0;      // N % nb (0: none)
   int64_t k_tail = 0;  // K % 32 handled by the AMX kernel's padded A copy (0: none)
   // K chunking: when a 64-column B panel of the whole K would not stay in L2,
   // K is cut into chunks of kc (a multiple of 32) whose fp32 partial sums are

@@ -15,8 +15,8 @@
 namespace tilejit::codegen {
 
 struct PackedLayout {
-  static constexpr int64_t kBlockN = 64;   // columns per block
-  static constexpr int64_t kPadK = 32;     // K is padded to this multiple
+  static constexpr int64_t kBlockN = 64;                 // columns per block
+  static constexpr int64_t kPadK = 32;                   // K is padded to this multiple
   static constexpr int64_t kRowBytes = kBlockN * 2 * 2;  // one k-pair row
 
   int64_t n = 0, k = 0;

@@ -73,8 +73,8 @@ const Kernel& brgemm_kernel(const codegen::BrgemmDesc& d) {
         const int nz = (d.nr + 15) / 16;
         if (d.mr > codegen::xbyak::avx512_brgemm_max_mr(nz))
           throw Error("brgemm: AVX-512 kernel mr=" + std::to_string(d.mr) + " exceeds " +
-                      std::to_string(codegen::xbyak::avx512_brgemm_max_mr(nz)) + " for nr=" +
-                      std::to_string(d.nr));
+                      std::to_string(codegen::xbyak::avx512_brgemm_max_mr(nz)) +
+                      " for nr=" + std::to_string(d.nr));
         return codegen::xbyak::emit_avx512_brgemm(d);
       }
       case Isa::llvm:

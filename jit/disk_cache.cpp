@@ -97,9 +97,9 @@ std::string DiskCache::qualified_key(const std::string& key) {
 std::string DiskCache::path_for(const std::string& key) const {
   const std::string q = qualified_key(key);
   char name[32];
-  std::snprintf(name, sizeof name, "%016llx.tjk",
-                static_cast<unsigned long long>(
-                    fnv1a(reinterpret_cast<const uint8_t*>(q.data()), q.size())));
+  std::snprintf(
+      name, sizeof name, "%016llx.tjk",
+      static_cast<unsigned long long>(fnv1a(reinterpret_cast<const uint8_t*>(q.data()), q.size())));
   return dir_ + "/" + name;
 }
 
@@ -124,7 +124,8 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
   if (ok) {
     const size_t payload_pos = pos;
     pos += payload_len;
-    ok = get(file, pos, &sum) && pos == file.size() && sum == fnv1a(file.data(), payload_pos + payload_len);
+    ok = get(file, pos, &sum) && pos == file.size() &&
+         sum == fnv1a(file.data(), payload_pos + payload_len);
     if (ok) {
       loads_.fetch_add(1);
       return std::vector<uint8_t>(file.begin() + payload_pos,

@@ -49,9 +49,19 @@ KernelCache::Impl& KernelCache::impl() const {
   // fork() while another thread holds a cache lock would leave the child's
   // copy locked forever: hold both locks across fork, release them on each side.
   static const bool registered = [] {
-    pthread_atfork([] { impl.mu.lock(); impl.disk_mu.lock(); },
-                   [] { impl.disk_mu.unlock(); impl.mu.unlock(); },
-                   [] { impl.disk_mu.unlock(); impl.mu.unlock(); });
+    pthread_atfork(
+        [] {
+          impl.mu.lock();
+          impl.disk_mu.lock();
+        },
+        [] {
+          impl.disk_mu.unlock();
+          impl.mu.unlock();
+        },
+        [] {
+          impl.disk_mu.unlock();
+          impl.mu.unlock();
+        });
     return true;
   }();
   (void)registered;
@@ -89,7 +99,9 @@ KernelCache& KernelCache::global() {
   return cache;
 }
 
-void KernelCache::count_hit() { impl().hits.fetch_add(1, std::memory_order_relaxed); }
+void KernelCache::count_hit() {
+  impl().hits.fetch_add(1, std::memory_order_relaxed);
+}
 
 std::unique_ptr<Kernel> make_xbyak_kernel(const std::vector<uint8_t>& bytes) {
   auto k = std::make_unique<Kernel>();
@@ -159,9 +171,9 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
     }
     k->name = name;
     k->key = key;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     k->compile_us = ns / 1e3;
     if (!from_disk) {
       s.compiles.fetch_add(1, std::memory_order_relaxed);

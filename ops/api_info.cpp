@@ -12,45 +12,70 @@ namespace tilejit {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i8: return "i8";
-    case DType::u8: return "u8";
-    case DType::i32: return "i32";
-    case DType::f8e4m3: return "f8e4m3";
-    case DType::u4: return "u4";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+    case DType::i32:
+      return "i32";
+    case DType::f8e4m3:
+      return "f8e4m3";
+    case DType::u4:
+      return "u4";
   }
   return "?";
 }
 
 int dtype_bits(DType t) {
   switch (t) {
-    case DType::f32: case DType::i32: return 32;
-    case DType::bf16: case DType::f16: return 16;
-    case DType::i8: case DType::u8: case DType::f8e4m3: return 8;
-    case DType::u4: return 4;
+    case DType::f32:
+    case DType::i32:
+      return 32;
+    case DType::bf16:
+    case DType::f16:
+      return 16;
+    case DType::i8:
+    case DType::u8:
+    case DType::f8e4m3:
+      return 8;
+    case DType::u4:
+      return 4;
   }
   return 0;
 }
 
 const char* activation_name(Activation a) {
   switch (a) {
-    case Activation::none: return "none";
-    case Activation::relu: return "relu";
-    case Activation::silu: return "silu";
-    case Activation::gelu_tanh: return "gelu_tanh";
-    case Activation::gelu_erf: return "gelu_erf";
+    case Activation::none:
+      return "none";
+    case Activation::relu:
+      return "relu";
+    case Activation::silu:
+      return "silu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::gelu_erf:
+      return "gelu_erf";
   }
   return "?";
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::scalar: return "scalar";
-    case Isa::llvm: return "llvm";
-    case Isa::avx512: return "avx512";
-    case Isa::amx: return "amx";
+    case Isa::scalar:
+      return "scalar";
+    case Isa::llvm:
+      return "llvm";
+    case Isa::avx512:
+      return "avx512";
+    case Isa::amx:
+      return "amx";
   }
   return "?";
 }
@@ -91,9 +116,15 @@ CpuInfo cpu_info() {
   return c;
 }
 
-CacheStats cache_stats() { return jit::KernelCache::global().stats(); }
+CacheStats cache_stats() {
+  return jit::KernelCache::global().stats();
+}
 
-void set_num_threads(int n) { runtime::set_num_threads(n); }
-int num_threads() { return runtime::num_threads(); }
+void set_num_threads(int n) {
+  runtime::set_num_threads(n);
+}
+int num_threads() {
+  return runtime::num_threads();
+}
 
 }  // namespace tilejit

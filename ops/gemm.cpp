@@ -121,9 +121,10 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
     case Activation::gelu_erf:
       break;
     default:
-      throw Error(fmt::format("gemm: act={} is not an activation; allowed: none, relu, silu, "
-                              "gelu_tanh, gelu_erf",
-                              static_cast<int>(opt.act)));
+      throw Error(
+          fmt::format("gemm: act={} is not an activation; allowed: none, relu, silu, "
+                      "gelu_tanh, gelu_erf",
+                      static_cast<int>(opt.act)));
   }
 }
 
@@ -149,14 +150,14 @@ void run_scalar(const TensorView& x, const PackedWeight& w, const TensorView& y,
     row.m = 1;
     row.x = a.x + i * a.ldx;
     row.y = static_cast<char*>(a.y) + i * a.ldy * (a.y_dtype == DType::f32 ? 4 : 2);
-    runtime::reference_gemm(row, [&](int64_t n, int64_t k) { return packed[p.layout.index(n, k)]; });
+    runtime::reference_gemm(row,
+                            [&](int64_t n, int64_t k) { return packed[p.layout.index(n, k)]; });
   });
 }
 
 }  // namespace
 
-void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
-          const GemmOptions& opt) {
+void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const GemmOptions& opt) {
   check_gemm_args(x, w, y, opt);
   const int64_t M = x.shape[0], N = w.n(), K = w.k();
   if (M == 0) return;
@@ -206,10 +207,10 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
     if (k_chunks > 1) partial.resize(static_cast<size_t>((mb_end - mb_begin) * mr * nb));
     alignas(64) uint16_t a_tail[32 * 32];
     for (int64_t kci = 0; kci < k_chunks; ++kci) {
-      const Chunk chunk = k_chunks == 1          ? Chunk::whole
-                          : kci == 0             ? Chunk::first
-                          : kci == k_chunks - 1  ? Chunk::last
-                                                 : Chunk::middle;
+      const Chunk chunk = k_chunks == 1         ? Chunk::whole
+                          : kci == 0            ? Chunk::first
+                          : kci == k_chunks - 1 ? Chunk::last
+                                                : Chunk::middle;
       const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
       const void* b_ptr = b_block + kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
       for (int64_t mb = mb_begin; mb < mb_end; ++mb) {

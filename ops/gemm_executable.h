@@ -28,8 +28,7 @@ class GemmExecutable {
   static constexpr int kMaxRows = 32;
   codegen::GemmPlan plan_;
   // [rows][n_tail][chunk]: filled on first use, then read without a lock.
-  std::array<std::array<std::array<std::atomic<const jit::Kernel*>, 4>, 2>, kMaxRows + 1>
-      slots_{};
+  std::array<std::array<std::array<std::atomic<const jit::Kernel*>, 4>, 2>, kMaxRows + 1> slots_{};
 };
 
 // The executable for a spec on the active ISA: builds the IR, verifies and

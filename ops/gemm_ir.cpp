@@ -14,9 +14,9 @@ ir::Function build_gemm_ir(const codegen::GemmSpec& spec) {
   ir::Builder b("gemm");
   // M is symbolic: one program (and one set of kernels) serves every batch size.
   const int x = b.param("x", TensorType::make(DType::bf16, {Dim::sym("M"), Dim::fixed(spec.k)},
-                                               Layout::strided({std::nullopt, 1})));
+                                              Layout::strided({std::nullopt, 1})));
   const int w = b.param("w", TensorType::make(DType::bf16, {Dim::fixed(spec.n), Dim::fixed(spec.k)},
-                                               Layout::vnni2(64, 2)));
+                                              Layout::vnni2(64, 2)));
   int bias = -1;
   if (spec.bias != codegen::BiasKind::none) {
     const DType bt = spec.bias == codegen::BiasKind::f32 ? DType::f32 : DType::bf16;
@@ -25,11 +25,20 @@ ir::Function build_gemm_ir(const codegen::GemmSpec& spec) {
   int v = b.gemm(x, w);
   if (bias >= 0) v = b.add(v, bias);
   switch (spec.act) {
-    case Activation::none: break;
-    case Activation::relu: v = b.unary(ir::OpKind::relu, v); break;
-    case Activation::silu: v = b.unary(ir::OpKind::silu, v); break;
-    case Activation::gelu_tanh: v = b.unary(ir::OpKind::gelu_tanh, v); break;
-    case Activation::gelu_erf: v = b.unary(ir::OpKind::gelu_erf, v); break;
+    case Activation::none:
+      break;
+    case Activation::relu:
+      v = b.unary(ir::OpKind::relu, v);
+      break;
+    case Activation::silu:
+      v = b.unary(ir::OpKind::silu, v);
+      break;
+    case Activation::gelu_tanh:
+      v = b.unary(ir::OpKind::gelu_tanh, v);
+      break;
+    case Activation::gelu_erf:
+      v = b.unary(ir::OpKind::gelu_erf, v);
+      break;
   }
   if (spec.out != DType::f32) v = b.cast(v, spec.out);
   b.ret({v});

@@ -20,15 +20,21 @@ PackedWeight::PackedWeight(std::shared_ptr<const Impl> impl) : impl_(std::move(i
 namespace {
 const PackedWeight::Impl& need(const PackedWeight::Impl* impl, const char* what) {
   if (impl == nullptr)
-    throw Error(fmt::format("{}: the PackedWeight is empty; allowed: a weight from pack_weight()",
-                            what));
+    throw Error(
+        fmt::format("{}: the PackedWeight is empty; allowed: a weight from pack_weight()", what));
   return *impl;
 }
 }  // namespace
 
-int64_t PackedWeight::n() const { return need(impl_.get(), "PackedWeight::n").layout.n; }
-int64_t PackedWeight::k() const { return need(impl_.get(), "PackedWeight::k").layout.k; }
-DType PackedWeight::dtype() const { return need(impl_.get(), "PackedWeight::dtype").dtype; }
+int64_t PackedWeight::n() const {
+  return need(impl_.get(), "PackedWeight::n").layout.n;
+}
+int64_t PackedWeight::k() const {
+  return need(impl_.get(), "PackedWeight::k").layout.k;
+}
+DType PackedWeight::dtype() const {
+  return need(impl_.get(), "PackedWeight::dtype").dtype;
+}
 std::string PackedWeight::layout() const {
   return need(impl_.get(), "PackedWeight::layout").layout_name;
 }
@@ -75,7 +81,8 @@ void PackedWeight::unpack(const TensorView& out) const {
   auto* dst = static_cast<uint16_t*>(out.data);
   const uint16_t* src = p.bf16();
   for (int64_t n = 0; n < p.layout.n; ++n)
-    for (int64_t k = 0; k < p.layout.k; ++k) dst[n * out.strides[0] + k] = src[p.layout.index(n, k)];
+    for (int64_t k = 0; k < p.layout.k; ++k)
+      dst[n * out.strides[0] + k] = src[p.layout.index(n, k)];
 }
 
 }  // namespace tilejit

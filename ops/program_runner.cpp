@@ -48,9 +48,9 @@ bool is_elementwise(ir::OpKind k) {
 
 // ops[from..] of f as a function of its own: `first` (if >= 0) becomes the
 // first param, typed `first_type`, then every param of f those ops read, in
-// f's order (each named "v" + its name in f: a number is no param name). Strides are dropped (the runner's tensors are dense); a packed
-// layout is kept so that the elementwise compiler names it. Returns the
-// function and, per param, the value id of f it stands for.
+// f's order (each named "v" + its name in f: a number is no param name). Strides are dropped (the
+// runner's tensors are dense); a packed layout is kept so that the elementwise compiler names it.
+// Returns the function and, per param, the value id of f it stands for.
 ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
                               const ir::TensorType& first_type, std::vector<int>& inputs) {
   ir::Builder b(f.name + (first >= 0 ? "_epilogue" : ""));
@@ -702,9 +702,10 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
       "add: + 2⁻²³·|v|; mul: |b|·tol_a + |a|·tol_b + 2⁻²³·|v|; relu: ×1; silu, gelu: "
       "×1.13 + 4e-6·max(1,|v|); each bf16 value: + 2⁻⁷·|v|";
   rep.tolerance = prog_.has_gemm
-                      ? fmt::format("(K+2)·2⁻²⁴·Σ|x·w| for the gemm, K={}, carried through the "
-                                    "chain ({})",
-                                    k, chain)
+                      ? fmt::format(
+                            "(K+2)·2⁻²⁴·Σ|x·w| for the gemm, K={}, carried through the "
+                            "chain ({})",
+                            k, chain)
                       : fmt::format("0 for the inputs, carried through the chain ({})", chain);
   double worst_ratio = -1;
   for (size_t q = 0; q < nres; ++q) {

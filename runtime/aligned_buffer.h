@@ -14,7 +14,7 @@ struct FreeDeleter {
 };
 
 inline std::unique_ptr<std::byte[], FreeDeleter> aligned_alloc_bytes(size_t bytes,
-                                                                      size_t align = 64) {
+                                                                     size_t align = 64) {
   const size_t rounded = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
   if (p == nullptr) throw std::bad_alloc();

@@ -26,7 +26,9 @@ uint64_t xgetbv0() {
   return (uint64_t(hi) << 32) | lo;
 }
 
-bool bit(uint32_t v, int b) { return (v >> b) & 1u; }
+bool bit(uint32_t v, int b) {
+  return (v >> b) & 1u;
+}
 
 // Linux arch_prctl codes; not in every libc's headers.
 constexpr long kArchGetXcompPerm = 0x1022;

@@ -23,8 +23,8 @@ class ExecutableMemory {
 
  private:
   void* base_ = nullptr;
-  size_t size_ = 0;     // code bytes
-  size_t mapped_ = 0;   // page-rounded mapping
+  size_t size_ = 0;    // code bytes
+  size_t mapped_ = 0;  // page-rounded mapping
 };
 
 }  // namespace tilejit::runtime

@@ -24,7 +24,8 @@ Backend backend_choice() {
     if (env == nullptr || *env == '\0') return Backend::any;
     if (std::strcmp(env, "xbyak") == 0) return Backend::xbyak;
     if (std::strcmp(env, "llvm") == 0) return Backend::llvm;
-    throw Error(std::string("TILEJIT_BACKEND='") + env + "' is not a backend; allowed: xbyak, llvm");
+    throw Error(std::string("TILEJIT_BACKEND='") + env +
+                "' is not a backend; allowed: xbyak, llvm");
   }();
   return b;
 }
@@ -52,7 +53,8 @@ Isa active_isa() {
     if (path == Isa::llvm) path = Isa::scalar;  // capped at a path this build lacks
 #endif
     switch (backend_choice()) {
-      case Backend::any: break;
+      case Backend::any:
+        break;
       case Backend::xbyak:
         if (path == Isa::llvm) path = Isa::scalar;
         break;
@@ -60,7 +62,8 @@ Isa active_isa() {
 #ifdef TILEJIT_HAVE_LLVM
         if (path > Isa::llvm) path = Isa::llvm;
 #else
-        throw Error("TILEJIT_BACKEND='llvm' but this tilejit was built without LLVM; allowed: xbyak");
+        throw Error(
+            "TILEJIT_BACKEND='llvm' but this tilejit was built without LLVM; allowed: xbyak");
 #endif
         break;
     }

@@ -13,15 +13,15 @@
 namespace tilejit::runtime {
 
 struct ReferenceAttentionHead {
-  int64_t tq = 0, tk = 0;      // queries and keys of the sequence
+  int64_t tq = 0, tk = 0;  // queries and keys of the sequence
   int64_t d = 0, dv = 0;
   double sm_scale = 1;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;
   bool has_sink = false;
-  double sink = 0;              // this head's sink logit
-  double alibi_slope = 0;       // 0: no ALiBi
+  double sink = 0;         // this head's sink logit
+  double alibi_slope = 0;  // 0: no ALiBi
   // q_at(i, c): element c of query row i; k_at(j, c), v_at(j, c) likewise.
   std::function<double(int64_t, int64_t)> q_at, k_at, v_at;
   // Receives out[i][c] for c < dv.

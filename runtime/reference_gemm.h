@@ -12,14 +12,18 @@ namespace tilejit::runtime {
 
 inline double reference_activation(Activation act, double v) {
   switch (act) {
-    case Activation::none: return v;
-    case Activation::relu: return v > 0 ? v : 0;
-    case Activation::silu: return v / (1.0 + std::exp(-v));
+    case Activation::none:
+      return v;
+    case Activation::relu:
+      return v > 0 ? v : 0;
+    case Activation::silu:
+      return v / (1.0 + std::exp(-v));
     case Activation::gelu_tanh: {
       const double k = std::sqrt(2.0 / M_PI);
       return 0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v)));
     }
-    case Activation::gelu_erf: return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    case Activation::gelu_erf:
+      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
   }
   return v;
 }
@@ -28,10 +32,10 @@ struct ReferenceGemmArgs {
   const uint16_t* x = nullptr;  // bf16 [M, K], row stride ldx elements
   int64_t ldx = 0;
   int64_t m = 0, n = 0, k = 0;
-  const void* bias = nullptr;   // [N] of bias_dtype, or null
+  const void* bias = nullptr;  // [N] of bias_dtype, or null
   DType bias_dtype = DType::f32;
   Activation act = Activation::none;
-  void* y = nullptr;            // [M, N] f32 or bf16, row stride ldy elements
+  void* y = nullptr;  // [M, N] f32 or bf16, row stride ldy elements
   DType y_dtype = DType::f32;
   int64_t ldy = 0;
 };
@@ -46,8 +50,9 @@ void reference_gemm(const ReferenceGemmArgs& a, WAt&& w_at) {
       for (int64_t kk = 0; kk < a.k; ++kk)
         acc += double(bf16_to_f32(a.x[i * a.ldx + kk])) * double(bf16_to_f32(w_at(j, kk)));
       if (a.bias != nullptr)
-        acc += a.bias_dtype == DType::f32 ? double(static_cast<const float*>(a.bias)[j])
-                                          : double(bf16_to_f32(static_cast<const uint16_t*>(a.bias)[j]));
+        acc += a.bias_dtype == DType::f32
+                   ? double(static_cast<const float*>(a.bias)[j])
+                   : double(bf16_to_f32(static_cast<const uint16_t*>(a.bias)[j]));
       const double v = reference_activation(a.act, acc);
       if (a.y_dtype == DType::f32)
         static_cast<float*>(a.y)[i * a.ldy + j] = static_cast<float>(v);

@@ -146,7 +146,9 @@ std::atomic<int>& thread_count() {
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex g_pool_mu;
 
-void reset_pool_in_child() { g_pool.store(nullptr); }
+void reset_pool_in_child() {
+  g_pool.store(nullptr);
+}
 
 Pool& pool() {
   if (Pool* p = g_pool.load(std::memory_order_acquire)) return *p;
@@ -164,7 +166,9 @@ Pool& pool() {
 
 }  // namespace
 
-int num_threads() { return thread_count().load(std::memory_order_relaxed); }
+int num_threads() {
+  return thread_count().load(std::memory_order_relaxed);
+}
 
 void set_num_threads(int n) {
   if (n < 1 || n > 4096)

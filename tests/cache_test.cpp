@@ -205,7 +205,8 @@ TEST_F(KernelCacheTest, FailedEmitReachesEveryWaiterAndCanBeRetried) {
       errors[t] = "<other exception>";
     }
   });
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "emit failed on purpose") << "thread " << t;
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(errors[t], "emit failed on purpose") << "thread " << t;
   // Threads that arrived while the first emit ran waited on it; a thread that
   // arrived after the failure was erased may try again (and fail again).
   EXPECT_GE(emits.load(), 1);
@@ -335,7 +336,8 @@ TEST_F(ParallelFor, ConcurrentCallersAllComplete) {
   std::vector<int64_t> sums(kThreads, 0);
   run_together([&](int t) {
     std::atomic<int64_t> s{0};
-    for (int rep = 0; rep < 20; ++rep) runtime::parallel_for(500, [&](int64_t i) { s.fetch_add(i); });
+    for (int rep = 0; rep < 20; ++rep)
+      runtime::parallel_for(500, [&](int64_t i) { s.fetch_add(i); });
     sums[t] = s.load();
   });
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(sums[t], 20 * 124750) << "caller " << t;

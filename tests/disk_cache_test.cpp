@@ -23,9 +23,9 @@ using namespace tilejit;
 namespace {
 
 std::string fresh_dir(const std::string& tag) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("tilejit-disk-" + tag + "-" + std::to_string(::getpid()) + "-" +
-                      std::to_string(std::random_device{}()));
+  const fs::path p =
+      fs::temp_directory_path() / ("tilejit-disk-" + tag + "-" + std::to_string(::getpid()) + "-" +
+                                   std::to_string(std::random_device{}()));
   fs::remove_all(p);
   return p.string();
 }
@@ -46,7 +46,9 @@ uint16_t run_gemm(int64_t n, int64_t k) {
   return y[0];
 }
 
-bool jit_path() { return runtime::active_isa() != Isa::scalar; }
+bool jit_path() {
+  return runtime::active_isa() != Isa::scalar;
+}
 
 }  // namespace
 

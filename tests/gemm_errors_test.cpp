@@ -127,7 +127,9 @@ TEST_F(GemmErrors, NullData) {
 
 TEST_F(GemmErrors, XInnermostStride) {
   const TensorView xs(xp(), DType::bf16, {M / 2, K}, {2 * K, 2});
-  EXPECT_THAT(error_of([&] { gemm(xs, w, TensorView(yp(), DType::f32, {M / 2, N})); }),
+  EXPECT_THAT(error_of([&] {
+                gemm(xs, w, TensorView(yp(), DType::f32, {M / 2, N}));
+              }),
               AllOf(HasSubstr("x has strides [64, 2]"), HasSubstr("innermost stride 1")));
 }
 
@@ -141,7 +143,9 @@ TEST_F(GemmErrors, YBadStrides) {
   const TensorView ys(yp(), DType::f32, {M, N}, {N - 1, 1});
   EXPECT_THAT(error_of([&] { gemm(x(), w, ys); }), HasSubstr("y has row stride 16"));
   const TensorView yi(yp(), DType::f32, {1, N}, {N, 2});
-  EXPECT_THAT(error_of([&] { gemm(TensorView(xp(), DType::bf16, {1, K}), w, yi); }),
+  EXPECT_THAT(error_of([&] {
+                gemm(TensorView(xp(), DType::bf16, {1, K}), w, yi);
+              }),
               AllOf(HasSubstr("y has strides [17, 2]"), HasSubstr("innermost stride 1")));
 }
 
@@ -201,15 +205,21 @@ TEST_F(GemmErrors, RejectedCallLeavesYUntouched) {
 
 TEST(PackWeightErrors, WrongDtype) {
   std::vector<float> w(16 * 32);
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::f32, {16, 32})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::f32, {16, 32}));
+              }),
               AllOf(HasSubstr("pack_weight"), HasSubstr("w.dtype=f32"), HasSubstr("bf16")));
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::i8, {16, 32})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::i8, {16, 32}));
+              }),
               HasSubstr("w.dtype=i8"));
 }
 
 TEST(PackWeightErrors, WrongRank) {
   std::vector<uint16_t> w(16 * 32);
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {2, 8, 32})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::bf16, {2, 8, 32}));
+              }),
               AllOf(HasSubstr("w has shape [2, 8, 32] (rank 3)"), HasSubstr("rank 2")));
   EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {32})); }),
               HasSubstr("w has shape [32] (rank 1)"));
@@ -217,37 +227,52 @@ TEST(PackWeightErrors, WrongRank) {
 
 TEST(PackWeightErrors, ZeroDims) {
   std::vector<uint16_t> w(16 * 32);
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {0, 32})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::bf16, {0, 32}));
+              }),
               AllOf(HasSubstr("w has shape [0, 32]"), HasSubstr("N >= 1 and K >= 1")));
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {16, 0})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::bf16, {16, 0}));
+              }),
               HasSubstr("w has shape [16, 0]"));
-  EXPECT_THAT(
-      error_of([&] { pack_weight(TensorView(static_cast<void*>(nullptr), DType::bf16, {0, 0})); }),
-      HasSubstr("w has shape [0, 0]"));
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(static_cast<void*>(nullptr), DType::bf16, {0, 0}));
+              }),
+              HasSubstr("w has shape [0, 0]"));
 }
 
 TEST(PackWeightErrors, BadStridesAndNull) {
   std::vector<uint16_t> w(16 * 64);
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {16, 32}, {64, 2})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::bf16, {16, 32}, {64, 2}));
+              }),
               AllOf(HasSubstr("w has strides [64, 2]"), HasSubstr("innermost stride 1")));
-  EXPECT_THAT(error_of([&] { pack_weight(TensorView(w.data(), DType::bf16, {16, 32}, {31, 1})); }),
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(w.data(), DType::bf16, {16, 32}, {31, 1}));
+              }),
               HasSubstr("w has row stride 31"));
-  EXPECT_THAT(
-      error_of([&] { pack_weight(TensorView(static_cast<void*>(nullptr), DType::bf16, {16, 32})); }),
-      HasSubstr("w data is null"));
+  EXPECT_THAT(error_of([&] {
+                pack_weight(TensorView(static_cast<void*>(nullptr), DType::bf16, {16, 32}));
+              }),
+              HasSubstr("w data is null"));
 }
 
 TEST(PackWeightErrors, UnpackWrongOutput) {
   std::vector<uint16_t> w = random_bf16(16 * 32, 3), out(17 * 32);
   const PackedWeight p = pack_weight(TensorView(w.data(), DType::bf16, {16, 32}));
-  EXPECT_THAT(error_of([&] { p.unpack(TensorView(out.data(), DType::bf16, {17, 32})); }),
-              AllOf(HasSubstr("unpack"), HasSubstr("out has shape [17, 32]"),
-                    HasSubstr("[16, 32]")));
-  EXPECT_THAT(error_of([&] { p.unpack(TensorView(out.data(), DType::f32, {16, 32})); }),
-              HasSubstr("out.dtype=f32"));
   EXPECT_THAT(
-      error_of([&] { p.unpack(TensorView(static_cast<void*>(nullptr), DType::bf16, {16, 32})); }),
-      HasSubstr("out data is null"));
+      error_of([&] {
+        p.unpack(TensorView(out.data(), DType::bf16, {17, 32}));
+      }),
+      AllOf(HasSubstr("unpack"), HasSubstr("out has shape [17, 32]"), HasSubstr("[16, 32]")));
+  EXPECT_THAT(error_of([&] {
+                p.unpack(TensorView(out.data(), DType::f32, {16, 32}));
+              }),
+              HasSubstr("out.dtype=f32"));
+  EXPECT_THAT(error_of([&] {
+                p.unpack(TensorView(static_cast<void*>(nullptr), DType::bf16, {16, 32}));
+              }),
+              HasSubstr("out data is null"));
 }
 
 // ---------------------------------------------------------------------------
@@ -263,7 +288,9 @@ TEST(GemmIsaEnv, BogusValueRaisesErrorNamingTheVariable) {
   std::vector<float> y(2 * 3, 0.5f);
   // Packing needs no ISA decision.
   PackedWeight w;
-  ASSERT_EQ(error_of([&] { w = pack_weight(TensorView(wv.data(), DType::bf16, {3, 8})); }),
+  ASSERT_EQ(error_of([&] {
+              w = pack_weight(TensorView(wv.data(), DType::bf16, {3, 8}));
+            }),
             "<no exception>");
   for (int attempt = 0; attempt < 2; ++attempt) {
     EXPECT_THAT(error_of([&] {

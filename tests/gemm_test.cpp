@@ -202,17 +202,17 @@ TEST_P(GemmActivationTails, MatchesReferenceOnBothTails) {
   EXPECT_TRUE(run_and_compare(p));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, GemmActivationTails,
-    ::testing::Values(TailCase{Activation::none, DType::f32}, TailCase{Activation::relu, DType::f32},
-                      TailCase{Activation::silu, DType::f32},
-                      TailCase{Activation::gelu_tanh, DType::f32},
-                      TailCase{Activation::gelu_erf, DType::f32},
-                      TailCase{Activation::relu, DType::bf16},
-                      TailCase{Activation::silu, DType::bf16},
-                      TailCase{Activation::gelu_tanh, DType::bf16},
-                      TailCase{Activation::gelu_erf, DType::bf16}),
-    tail_name);
+INSTANTIATE_TEST_SUITE_P(All, GemmActivationTails,
+                         ::testing::Values(TailCase{Activation::none, DType::f32},
+                                           TailCase{Activation::relu, DType::f32},
+                                           TailCase{Activation::silu, DType::f32},
+                                           TailCase{Activation::gelu_tanh, DType::f32},
+                                           TailCase{Activation::gelu_erf, DType::f32},
+                                           TailCase{Activation::relu, DType::bf16},
+                                           TailCase{Activation::silu, DType::bf16},
+                                           TailCase{Activation::gelu_tanh, DType::bf16},
+                                           TailCase{Activation::gelu_erf, DType::bf16}),
+                         tail_name);
 
 // ---------------------------------------------------------------------------
 // Other properties of a call.
@@ -295,12 +295,11 @@ TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
   // A shape no other test of this binary uses, so every kernel is new.
   const int64_t N = 100, K = 77;
   const Isa isa = cpu_info().isa;
-  const int mr = isa == Isa::scalar
-                     ? 1
-                     : codegen::plan_gemm({N, K, codegen::BiasKind::f32, Activation::silu,
-                                           DType::bf16},
-                                          isa)
-                           .mr;
+  const int mr =
+      isa == Isa::scalar
+          ? 1
+          : codegen::plan_gemm({N, K, codegen::BiasKind::f32, Activation::silu, DType::bf16}, isa)
+                .mr;
   GemmProblem base = random_problem(1, N, K);
   const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
   std::set<std::pair<int, int>> seen;
@@ -335,12 +334,11 @@ TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
 TEST_F(GemmCompileBound, KChunkedVariantsAreBounded) {
   const int64_t N = 100, K = 4100;  // fresh: 3 chunks of ≤ 2048
   const Isa isa = cpu_info().isa;
-  const int mr = isa == Isa::scalar
-                     ? 1
-                     : codegen::plan_gemm({N, K, codegen::BiasKind::none, Activation::relu,
-                                           DType::f32},
-                                          isa)
-                           .mr;
+  const int mr =
+      isa == Isa::scalar
+          ? 1
+          : codegen::plan_gemm({N, K, codegen::BiasKind::none, Activation::relu, DType::f32}, isa)
+                .mr;
   GemmProblem base = random_problem(1, N, K);
   const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
   const uint64_t start = cache_stats().compiles;

@@ -51,7 +51,9 @@ std::vector<uint16_t> unpack_strided(const PackedWeight& p, int64_t ld) {
   return rows;
 }
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 using PackShape = std::tuple<int64_t, int64_t>;  // N, K
 
@@ -210,9 +212,9 @@ TEST(PackedWeight, EmptyRaisesErrorEverywhere) {
   }
   std::vector<uint16_t> x(4 * 4);
   std::vector<float> y(4 * 4);
-  EXPECT_THROW(gemm(TensorView(x.data(), DType::bf16, {4, 4}), e,
-                    TensorView(y.data(), DType::f32, {4, 4})),
-               Error);
+  EXPECT_THROW(
+      gemm(TensorView(x.data(), DType::bf16, {4, 4}), e, TensorView(y.data(), DType::f32, {4, 4})),
+      Error);
 }
 
 }  // namespace

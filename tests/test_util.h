@@ -141,10 +141,10 @@ inline std::string missing_isa_reason() {
          " path (missing: " + isa_name(*want) + ")";
 }
 
-#define TILEJIT_SKIP_IF_ISA_MISSING()                              \
-  do {                                                             \
+#define TILEJIT_SKIP_IF_ISA_MISSING()                                        \
+  do {                                                                       \
     const std::string tilejit_skip_ = ::tilejit::test::missing_isa_reason(); \
-    if (!tilejit_skip_.empty()) GTEST_SKIP() << tilejit_skip_;     \
+    if (!tilejit_skip_.empty()) GTEST_SKIP() << tilejit_skip_;               \
   } while (0)
 
 // Fixtures whose SetUp applies the skip rule.
@@ -164,21 +164,24 @@ class IsaTestWithParam : public ::testing::TestWithParam<P> {
 enum class Bias { none, f32, bf16 };
 inline const char* bias_name(Bias b) {
   switch (b) {
-    case Bias::none: return "nobias";
-    case Bias::f32: return "biasf32";
-    case Bias::bf16: return "biasbf16";
+    case Bias::none:
+      return "nobias";
+    case Bias::f32:
+      return "biasf32";
+    case Bias::bf16:
+      return "biasbf16";
   }
   return "?";
 }
 
 struct GemmProblem {
   int64_t m = 1, n = 1, k = 1;
-  int64_t ldx = 0;  // x row stride in elements (0: k)
-  int64_t ldy = 0;  // y row stride in elements (0: n)
+  int64_t ldx = 0;          // x row stride in elements (0: k)
+  int64_t ldy = 0;          // y row stride in elements (0: n)
   std::vector<uint16_t> x;  // [m, k] contiguous; copied into a strided buffer for the call
   std::vector<uint16_t> w;  // [n, k] contiguous
   Bias bias = Bias::none;
-  std::vector<float> bias_f32;     // [n] when bias == f32
+  std::vector<float> bias_f32;      // [n] when bias == f32
   std::vector<uint16_t> bias_bf16;  // [n] when bias == bf16
   Activation act = Activation::none;
   DType out = DType::f32;
@@ -188,9 +191,9 @@ struct GemmProblem {
 // x, w uniform in [-a, a] with a² = 15/√K, so x·w over K terms has a standard
 // deviation of √K·a²/3 = 5 for every K; bias uniform in [-5, 5]. Typical
 // pre-activations therefore span about [-15, 15].
-inline GemmProblem random_problem(int64_t m, int64_t n, int64_t k, Activation act = Activation::none,
-                                  Bias bias = Bias::none, DType out = DType::f32,
-                                  int64_t ldx = 0, int64_t ldy = 0) {
+inline GemmProblem random_problem(int64_t m, int64_t n, int64_t k,
+                                  Activation act = Activation::none, Bias bias = Bias::none,
+                                  DType out = DType::f32, int64_t ldx = 0, int64_t ldy = 0) {
   GemmProblem p;
   p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldy = ldy;
   p.act = act, p.bias = bias, p.out = out;
@@ -209,10 +212,13 @@ inline GemmProblem random_problem(int64_t m, int64_t n, int64_t k, Activation ac
 inline double activation_lipschitz(Activation act) {
   switch (act) {
     case Activation::none:
-    case Activation::relu: return 1.0;
-    case Activation::silu: return 1.1;
+    case Activation::relu:
+      return 1.0;
+    case Activation::silu:
+      return 1.1;
     case Activation::gelu_tanh:
-    case Activation::gelu_erf: return 1.13;
+    case Activation::gelu_erf:
+      return 1.13;
   }
   return 1.0;
 }
@@ -246,7 +252,8 @@ inline double gemm_tolerance(Activation act, DType out, int64_t k, double sum_ab
   if (act != Activation::none && act != Activation::relu)
     tol += 4e-6 * std::max(1.0, std::fabs(pre));
   tol += u * std::fabs(v);
-  if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -7) * std::fabs(v);
+  if (out == DType::bf16)
+    tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -7) * std::fabs(v);
   return tol;
 }
 
@@ -377,9 +384,10 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
         const double p0 = xr[kk] * wr[kk];
         s0 += p0, a0 += std::fabs(p0);
       }
-      const double b = p.bias == Bias::f32    ? double(p.bias_f32[static_cast<size_t>(j)])
-                       : p.bias == Bias::bf16 ? double(bf16_to_f32(p.bias_bf16[static_cast<size_t>(j)]))
-                                              : 0.0;
+      const double b = p.bias == Bias::f32 ? double(p.bias_f32[static_cast<size_t>(j)])
+                       : p.bias == Bias::bf16
+                           ? double(bf16_to_f32(p.bias_bf16[static_cast<size_t>(j)]))
+                           : 0.0;
       const double pre = s0 + s1 + b;
       const double v = runtime::reference_activation(p.act, pre);
       const double tol = gemm_tolerance(p.act, p.out, K, a0 + a1, std::fabs(b), pre, v);
@@ -390,8 +398,8 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
       if (std::isfinite(got) && tol > 0) worst = std::max(worst, err / tol);
       if (!ok) {
         if (bad < 5)
-          msg << "\n  y[" << i << ", " << j << "] = " << got << ", reference " << want
-              << ", |err| " << err << " > tol " << tol << " (pre-activation " << pre << ")";
+          msg << "\n  y[" << i << ", " << j << "] = " << got << ", reference " << want << ", |err| "
+              << err << " > tol " << tol << " (pre-activation " << pre << ")";
         ++bad;
       }
     }
@@ -402,12 +410,14 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
   std::ostringstream tmsg;
   auto is_sentinel = [&](int64_t idx) {  // idx relative to y[0]
     const uint8_t* e = y + idx * static_cast<int64_t>(ysz);
-    return ysz == 4 ? std::memcmp(e, &kSentinelF32, 4) == 0 : std::memcmp(e, &kSentinelBf16, 2) == 0;
+    return ysz == 4 ? std::memcmp(e, &kSentinelF32, 4) == 0
+                    : std::memcmp(e, &kSentinelBf16, 2) == 0;
   };
   for (int64_t idx = -kGuard; idx < y_elems + kGuard; ++idx) {
     const bool inside = idx >= 0 && idx < y_elems && idx % ldy < N;
     if (!inside && !is_sentinel(idx)) {
-      if (touched < 5) tmsg << "\n  y element at offset " << idx << " from y[0, 0], row stride " << ldy;
+      if (touched < 5)
+        tmsg << "\n  y element at offset " << idx << " from y[0, 0], row stride " << ldy;
       ++touched;
     }
   }
@@ -420,8 +430,8 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
     }
     return ::testing::AssertionSuccess() << problem_str(p) << " worst err/tol " << worst;
   }
-  auto r = ::testing::AssertionFailure() << problem_str(p) << " (active path "
-                                         << isa_name(cpu_info().isa) << "): ";
+  auto r = ::testing::AssertionFailure()
+           << problem_str(p) << " (active path " << isa_name(cpu_info().isa) << "): ";
   if (bad) r << bad << " of " << M * N << " outputs outside the bound" << msg.str();
   if (touched) r << "\n" << touched << " elements outside y[M, N] were written:" << tmsg.str();
   return r;

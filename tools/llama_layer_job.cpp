@@ -87,10 +87,12 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   const CpuInfo cpu = cpu_info();
   const double peak_core = jit::measure_peak_gflops(cpu.isa == Isa::scalar ? cpu.max_isa : cpu.isa);
   const double peak = peak_core * cpu.num_threads;
-  fmt::print("tilejit llama-layer: Llama-3-8B decoder layer GEMMs, bf16 in, fp32 accumulate, bf16 out\n");
-  fmt::print("path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total\n\n",
-             isa_name(cpu.isa), cpu.num_threads, isa_name(cpu.isa == Isa::scalar ? cpu.max_isa : cpu.isa),
-             peak_core, peak);
+  fmt::print(
+      "tilejit llama-layer: Llama-3-8B decoder layer GEMMs, bf16 in, fp32 accumulate, bf16 out\n");
+  fmt::print(
+      "path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total\n\n",
+      isa_name(cpu.isa), cpu.num_threads, isa_name(cpu.isa == Isa::scalar ? cpu.max_isa : cpu.isa),
+      peak_core, peak);
 
   const LayerGemm gemms[] = {{"qkv_proj", 6144, 4096, Activation::none},
                              {"o_proj", 4096, 4096, Activation::none},
@@ -98,8 +100,9 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
                              {"down_proj", 4096, 14336, Activation::none}};
   const int64_t ms[] = {1, 16, 512};
 
-  fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9} {:>7} {:>10} {:>6} {}\n", "gemm", "M", "N",
-             "K", "path", "kernel (plan key)", "GFLOP/s", "%peak", "compile ms", "hits", "check");
+  fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9} {:>7} {:>10} {:>6} {}\n", "gemm", "M",
+             "N", "K", "path", "kernel (plan key)", "GFLOP/s", "%peak", "compile ms", "hits",
+             "check");
   bool all_ok = true;
   uint64_t seed = 1;
   for (const LayerGemm& g : gemms) {
@@ -128,7 +131,8 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       for (int b = 0; b < 5; ++b) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < per_batch; ++i) gemm(xv, pw, yv, go);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         rates.push_back(flops * per_batch / s / 1e9);
         if (b == 0) per_batch = std::max<int64_t>(1, int64_t(opt.seconds / 5 / (s / per_batch)));
       }
@@ -142,16 +146,17 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
                                      cpu.isa)
                     .plan()
                     .name();
-      fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9.1f} {:>6.1f}% {:>10.3f} {:>6} {}\n", g.name,
-                 m, g.n, g.k, isa_name(cpu.isa), key, gflops,
+      fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9.1f} {:>6.1f}% {:>10.3f} {:>6} {}\n",
+                 g.name, m, g.n, g.k, isa_name(cpu.isa), key, gflops,
                  peak > 0 ? 100 * gflops / peak : 0.0, compile_ms, after.hits - after_first.hits,
-                 !opt.check ? "skipped" : ok ? fmt::format("ok (max err {:.2g})", max_err)
-                                             : fmt::format("FAIL (max err {:.2g})", max_err));
+                 !opt.check ? "skipped"
+                 : ok       ? fmt::format("ok (max err {:.2g})", max_err)
+                            : fmt::format("FAIL (max err {:.2g})", max_err));
     }
   }
   const CacheStats st = cache_stats();
-  fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n", st.kernels,
-             st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);
+  fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n",
+             st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);
   if (!all_ok) {
     fmt::print(stderr, "tilejit llama-layer: some results differ from the scalar reference\n");
     return 1;

@@ -34,9 +34,12 @@ class Avx512Brgemm : public JitGenerator {
   Xbyak::RegExp a_exp(int r, int64_t off) const {
     const Xbyak::Reg64& base = abase_[r / 3];
     switch (r % 3) {
-      case 0: return base + off;
-      case 1: return base + lda_ + off;
-      default: return base + lda_ * 2 + off;
+      case 0:
+        return base + off;
+      case 1:
+        return base + lda_ + off;
+      default:
+        return base + lda_ * 2 + off;
     }
   }
   Xbyak::Address a_addr(int r, int64_t off) { return ptr_b[a_exp(r, off)]; }

@@ -74,11 +74,11 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
       g.vmulps(t0, t0, t0);
       g.vxorps(t0, t0, g.bcst_u32(kSignMask));  // −z²
       exp_inplace(g, t0, t1, t3);
-      g.vmulps(t2, t2, t0);                     // q = 1 − erf(z)
+      g.vmulps(t2, t2, t0);  // q = 1 − erf(z)
       g.vxorps(t2, t2, g.bcst_u32(kSignMask));
-      g.vaddps(t2, t2, g.bcst(1.0f));           // erf(|x|/√2)
+      g.vaddps(t2, t2, g.bcst(1.0f));  // erf(|x|/√2)
       g.vandps(t1, x, g.bcst_u32(kSignMask));
-      g.vxorps(t2, t2, t1);                     // erf(x/√2), odd in x
+      g.vxorps(t2, t2, t1);  // erf(x/√2), odd in x
       g.vaddps(t2, t2, g.bcst(1.0f));
       g.vmulps(x, x, t2);
       g.vmulps(x, x, g.bcst(0.5f));
@@ -87,9 +87,8 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
   }
 }
 
-void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec,
-                                     const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
-                                     const Xbyak::Opmask* tail,
+void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
+                                     const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
                                      const Xbyak::Reg64& acc_in_row) {
   auto& g = g_;
   if (d_.accumulate) {

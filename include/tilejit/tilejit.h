@@ -108,10 +108,10 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
 // denominator (a learned "no-op" key). A query that sees no key outputs 0.
 struct AttentionOptions {
   bool causal = false;
-  std::optional<float> sm_scale;  // default 1/√D
-  int window_left = -1;           // -1: unbounded
-  int window_right = -1;          // -1: unbounded
-  float softcap = 0;              // 0: off; else cap·tanh(s/cap)
+  std::optional<float> sm_scale;           // default 1/√D
+  int window_left = -1;                    // -1: unbounded
+  int window_right = -1;                   // -1: unbounded
+  float softcap = 0;                       // 0: off; else cap·tanh(s/cap)
   std::optional<TensorView> sinks;         // [Hq] f32
   std::optional<TensorView> alibi_slopes;  // [Hq] f32
 };
@@ -201,16 +201,16 @@ struct CpuInfo {
   bool amx_permitted = false;  // the OS granted XTILEDATA (arch_prctl)
   Isa max_isa = Isa::scalar;   // best path the CPU and OS allow
   bool avx2 = false, fma = false;
-  bool llvm_backend = false;   // built with the LLVM ORC backend
-  Isa isa = Isa::scalar;       // the active path (capped by TILEJIT_ISA, TILEJIT_BACKEND)
+  bool llvm_backend = false;  // built with the LLVM ORC backend
+  Isa isa = Isa::scalar;      // the active path (capped by TILEJIT_ISA, TILEJIT_BACKEND)
   int num_threads = 1;
 };
 CpuInfo cpu_info();
 
 struct CacheStats {
-  uint64_t hits = 0;      // lookups served from the cache
-  uint64_t misses = 0;    // lookups that had to wait for (or do) a compile
-  uint64_t compiles = 0;  // kernels emitted
+  uint64_t hits = 0;           // lookups served from the cache
+  uint64_t misses = 0;         // lookups that had to wait for (or do) a compile
+  uint64_t compiles = 0;       // kernels emitted
   double compile_seconds = 0;  // total wall time spent emitting
   size_t kernels = 0;          // kernels resident
   uint64_t disk_loads = 0;     // kernels loaded from TILEJIT_CACHE_DIR instead of compiled

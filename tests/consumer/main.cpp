@@ -32,8 +32,8 @@ int main() {
   tilejit::GemmOptions opt;
   opt.bias = tilejit::TensorView(bias.data(), tilejit::DType::f32, {N});
   opt.act = tilejit::Activation::relu;
-  tilejit::gemm({x.data(), tilejit::DType::bf16, {M, K}}, pw, {y.data(), tilejit::DType::f32, {M, N}},
-                opt);
+  tilejit::gemm({x.data(), tilejit::DType::bf16, {M, K}}, pw,
+                {y.data(), tilejit::DType::f32, {M, N}}, opt);
 
   // Row 0: 10·(n+1) + bias = 11, 22, -70 -> relu -> 11, 22, 0. Row 1: all negative -> 0.
   const float want[M * N] = {11, 22, 0, 0, 0, 0};
@@ -46,7 +46,8 @@ int main() {
 
   bool caught = false;
   try {
-    tilejit::gemm({x.data(), tilejit::DType::f32, {M, K}}, pw, {y.data(), tilejit::DType::f32, {M, N}});
+    tilejit::gemm({x.data(), tilejit::DType::f32, {M, K}}, pw,
+                  {y.data(), tilejit::DType::f32, {M, N}});
   } catch (const tilejit::Error& e) {
     caught = std::strstr(e.what(), "x.dtype=f32") != nullptr;
   }
@@ -55,7 +56,8 @@ int main() {
     ++bad;
   }
 
-  std::printf("tilejit consumer: path %s, layout %s, %s\n", tilejit::isa_name(tilejit::cpu_info().isa),
-              pw.layout().c_str(), bad ? "FAILED" : "ok");
+  std::printf("tilejit consumer: path %s, layout %s, %s\n",
+              tilejit::isa_name(tilejit::cpu_info().isa), pw.layout().c_str(),
+              bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }
