@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "ops/attention_checks.h"
+#include "ops/attention_decode_kernel.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 
@@ -24,6 +26,16 @@ namespace {
 
 // Keys per split chunk at least, so a split pays for its merge.
 constexpr int64_t kMinSplitKeys = 256;
+
+// Split count: tasks too few for the pool (and long sequences) split each
+// sequence's keys into chunks merged afterwards.
+int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
+  const int64_t threads = runtime::num_threads();
+  if (threads <= 1 || base_tasks >= 2 * threads) return 1;
+  const int64_t longest = *std::max_element(lens.begin(), lens.end());
+  return std::max<int64_t>(
+      1, std::min((2 * threads + base_tasks - 1) / base_tasks, longest / kMinSplitKeys));
+}
 
 }  // namespace
 
@@ -112,16 +124,110 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     return;
   }
 
+  const int64_t dv_padded = (dv + 63) / 64 * 64;
+  if (ops::have_decode_attention_kernel()) {
+    // The LLVM kernel: tasks are sequences × splits, all heads at once, so
+    // each 16-key chunk reads whole cache rows (every head) instead of
+    // 256-byte pieces of them.
+    namespace lb = codegen::llvm_backend;
+    lb::DecodeAttentionDesc desc;
+    desc.d = d;
+    desc.dv = dv;
+    desc.g = g;
+    desc.block_size = bs;
+    desc.ldo = dv_padded;
+    desc.softcap = p.softcap > 0;
+    desc.alibi = p.slopes != nullptr;
+    const auto fn = ops::decode_attention_kernel(desc).entry<lb::DecodeAttentionFn>();
+    const int64_t base_tasks = batch;
+    const int64_t splits = split_count(base_tasks, lens);
+    auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
+                       std::vector<uint16_t*>& orows) {
+      const int64_t b = task;
+      qr.resize(static_cast<size_t>(hq));
+      orows.resize(static_cast<size_t>(hq));
+      for (int64_t head = 0; head < hq; ++head) {
+        qr[head] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
+        orows[head] = od + b * out.strides[0] + head * out.strides[1];
+      }
+    };
+    // Keys [j0, j1) of task's sequence folded into st (reset here).
+    auto run = [&](int64_t task, int64_t j0, int64_t j1, const std::vector<attn::QueryRow>& qr,
+                   attn::Partial& st) {
+      const int64_t b = task;
+      st.reset(hq, dv_padded);
+      int64_t lo = 0, hi = 0;
+      attn::visible_keys(p, lens[b] - 1, lens[b], lo, hi);
+      j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
+      if (j0 >= j1) return;
+      // q widened and scaled once per task, so the kernel's inner loop is FMAs only.
+      thread_local std::vector<float> qf, slopes;
+      qf.resize(static_cast<size_t>(hq * d));
+      slopes.resize(static_cast<size_t>(hq));
+      for (int64_t r = 0; r < hq; ++r) {
+        for (int64_t c = 0; c < d; ++c) qf[r * d + c] = runtime::bf16_to_f32(qr[r].q[c]) * p.scale;
+        if (p.slopes) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
+      }
+      lb::DecodeAttentionArgs a{};
+      a.qf = qf.data();
+      a.k = static_cast<const uint16_t*>(k_cache.data);
+      a.v = static_cast<const uint16_t*>(v_cache.data);
+      a.heads = hkv;
+      a.k_head_stride = k_cache.strides[2];
+      a.v_head_stride = v_cache.strides[2];
+      a.table = table + b * block_table.strides[0];
+      a.table_stride = block_table.strides[1];
+      a.k_block_stride = k_cache.strides[0];
+      a.k_row_stride = k_cache.strides[1];
+      a.v_block_stride = v_cache.strides[0];
+      a.v_row_stride = v_cache.strides[1];
+      a.j0 = j0;
+      a.j1 = j1;
+      a.i_pos = lens[b] - 1;
+      a.slopes = slopes.data();
+      a.softcap = p.softcap;
+      a.m = st.mx.data();
+      a.l = st.l.data();
+      a.o = st.o.data();
+      fn(&a);
+    };
+    if (splits == 1) {
+      runtime::parallel_for(base_tasks, [&](int64_t t) {
+        std::vector<attn::QueryRow> qr;
+        std::vector<uint16_t*> orows;
+        rows_of(t, qr, orows);
+        thread_local attn::Partial st;
+        run(t, 0, lens[t], qr, st);
+        attn::finish(p, qr, st, orows);
+      });
+      return;
+    }
+    std::vector<attn::Partial> parts(static_cast<size_t>(base_tasks * splits));
+    runtime::parallel_for(base_tasks * splits, [&](int64_t t) {
+      const int64_t task = t / splits, s = t % splits, len = lens[task];
+      std::vector<attn::QueryRow> qr;
+      std::vector<uint16_t*> orows;
+      rows_of(task, qr, orows);
+      // Chunks a multiple of 16 keys, so a chunk boundary never splits a cache block's run.
+      const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
+      const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
+      run(task, j0, j1, qr, parts[t]);
+    });
+    runtime::parallel_for(base_tasks, [&](int64_t task) {
+      std::vector<attn::QueryRow> qr;
+      std::vector<uint16_t*> orows;
+      rows_of(task, qr, orows);
+      attn::Partial& acc = parts[task * splits];
+      for (int64_t s = 1; s < splits; ++s) attn::merge(acc, parts[task * splits + s], hq, dv);
+      attn::finish(p, qr, acc, orows);
+    });
+    return;
+  }
+
+  // Without LLVM: the brgemm engine, in blocks of ≤ 64 rows.
   const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
   const int64_t base_tasks = batch * hkv * row_blocks;
-  const int64_t threads = runtime::num_threads();
-  int64_t splits = 1;
-  if (threads > 1 && base_tasks < 2 * threads) {
-    const int64_t longest = *std::max_element(lens.begin(), lens.end());
-    splits = std::max<int64_t>(
-        1, std::min((2 * threads + base_tasks - 1) / base_tasks, longest / kMinSplitKeys));
-  }
-  const int64_t dv_padded = (dv + 63) / 64 * 64;
+  const int64_t splits = split_count(base_tasks, lens);
 
   auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
     const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;

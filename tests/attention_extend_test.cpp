@@ -376,7 +376,17 @@ TEST_F(ExtendAttention, SingleTokenMatchesDecode) {
                    TensorView(table.data(), DType::i32, {2, 4}),
                    TensorView(lens.data(), DType::i32, {2}));
   set_num_threads(saved);
-  EXPECT_EQ(a, b);
+  // Extend runs on the brgemm engine, decode on its own JIT kernel: the two
+  // sum in different orders, so they agree within the attention bf16
+  // tolerance of each against the reference (twice it), not bit for bit.
+  double vmax = 0;
+  for (uint16_t v : vc) vmax = std::max(vmax, std::fabs(double(bf16_to_f32(v))));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]);
+    const double tol =
+        2 * (std::ldexp(vmax, -7) + std::ldexp(std::max(std::fabs(x), std::fabs(y)), -8));
+    ASSERT_LE(std::fabs(x - y), tol) << "element " << i;
+  }
 }
 
 // ---------------------------------------------------------------------------
