@@ -1,54 +1,22 @@
 #include "jit/brgemm_kernels.h"
 
-#include <cstdio>
-
 #include "codegen/xbyak/emitters.h"
 #include "jit/kernel_cache.h"
 
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_brgemm.h"
+#include "jit/llvm_kernels.h"
 #endif
 
 namespace tilejit::jit {
 namespace {
 
 #ifdef TILEJIT_HAVE_LLVM
-namespace lb = codegen::llvm_backend;
-
-std::unique_ptr<Kernel> adopt(lb::LlvmKernel&& lk) {
-  auto k = std::make_unique<Kernel>();
-  k->backend = "llvm";
-  k->entry_ptr = lk.entry;
-  k->size = lk.object_file.size();
-  k->keepalive = std::move(lk.keepalive);
-  return k;
-}
-
-// LLVM code is compiled for exactly this host's CPU and features (and the
-// dot-product variant follows them), so they are part of the key.
-std::string llvm_key(const codegen::BrgemmDesc& d) {
-  const lb::HostTarget& h = lb::host_target();
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a of the feature string
-  for (char c : h.features) hash = (hash ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return d.key() + ";llvm_cpu=" + h.cpu + ";llvm_features=" + hex;
-}
-
 const Kernel& llvm_brgemm_kernel(const codegen::BrgemmDesc& d) {
-  const std::string name = lb::llvm_brgemm_name(d);
-  KernelRecipe r;
-  r.compile = [&] {
-    lb::LlvmKernel lk = lb::compile_llvm_brgemm(d);
-    BuiltKernel b;
-    b.payload = lk.object_file;
-    b.kernel = adopt(std::move(lk));
-    return b;
-  };
-  r.load = [name](std::vector<uint8_t> object) {
-    return adopt(lb::load_object_file(name, std::move(object)));
-  };
-  return KernelCache::global().get(llvm_key(d), name, r);
+  // The dot-product variant (vdpbf16ps or fp32 FMA) follows the host target,
+  // which llvm_kernel adds to the key.
+  return llvm_kernel(d.key(), codegen::llvm_backend::llvm_brgemm_name(d),
+                     [&] { return codegen::llvm_backend::compile_llvm_brgemm(d); });
 }
 #endif
 
