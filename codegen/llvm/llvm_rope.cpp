@@ -26,11 +26,6 @@
 
 namespace tilejit::codegen::llvm_backend {
 
-int64_t RopeDesc::streams() const {
-  if (ndim > 1) return ndim;
-  return mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
-}
-
 std::string RopeDesc::name() const {
   std::string s = std::string("rope_llvm_") + (neox ? "neox_" : "gptj_") + dtype_name(dtype) +
                   "_cache" + dtype_name(cache_dtype) + "_d" + std::to_string(d) + "_rd" +

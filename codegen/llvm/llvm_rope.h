@@ -25,7 +25,12 @@ struct RopeDesc {
   int64_t ndim = 1;                    // chunks of the rotary part, one position stream each
   std::vector<int64_t> mrope_section;  // frequency sections (ndim == 1), sum rotary_dim / 2
 
-  int64_t streams() const;
+  // Position streams: ndim chunks, or one per M-RoPE section, else one. Inline:
+  // the ops layer reads it in builds without LLVM too.
+  int64_t streams() const {
+    if (ndim > 1) return ndim;
+    return mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
+  }
   // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24]
   std::string name() const;
 };
