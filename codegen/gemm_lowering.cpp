@@ -15,21 +15,6 @@ constexpr const char* kChain =
   throw Error(fmt::format("lower gemm: {}: {}; {}", ir::print(f, op), why, kChain));
 }
 
-Activation activation_of(ir::OpKind k) {
-  switch (k) {
-    case ir::OpKind::relu:
-      return Activation::relu;
-    case ir::OpKind::silu:
-      return Activation::silu;
-    case ir::OpKind::gelu_tanh:
-      return Activation::gelu_tanh;
-    case ir::OpKind::gelu_erf:
-      return Activation::gelu_erf;
-    default:
-      return Activation::none;
-  }
-}
-
 bool is_param(const ir::Function& f, int id) {
   for (int p : f.params)
     if (p == id) return true;
@@ -62,8 +47,8 @@ GemmSpec match_gemm(const ir::Function& f) {
         reject(f, op, "the added operand is not a [N] bias parameter");
       spec.bias = bt.dtype == DType::bf16 ? BiasKind::bf16 : BiasKind::f32;
       stage = kAct;
-    } else if (activation_of(op.kind) != Activation::none && stage <= kAct) {
-      spec.act = activation_of(op.kind);
+    } else if (ir::activation_of(op.kind) != Activation::none && stage <= kAct) {
+      spec.act = ir::activation_of(op.kind);
       stage = kCast;
     } else if (op.kind == ir::OpKind::cast && stage <= kCast) {
       spec.out = f.value(op.result).type.dtype;

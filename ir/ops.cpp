@@ -100,6 +100,25 @@ bool is_activation(OpKind k) {
   return k == OpKind::relu || k == OpKind::silu || k == OpKind::gelu_tanh || k == OpKind::gelu_erf;
 }
 
+bool is_elementwise(OpKind k) {
+  return is_activation(k) || is_binary_elementwise(k) || k == OpKind::cast;
+}
+
+Activation activation_of(OpKind k) {
+  switch (k) {
+    case OpKind::relu:
+      return Activation::relu;
+    case OpKind::silu:
+      return Activation::silu;
+    case OpKind::gelu_tanh:
+      return Activation::gelu_tanh;
+    case OpKind::gelu_erf:
+      return Activation::gelu_erf;
+    default:
+      return Activation::none;
+  }
+}
+
 bool is_binary_elementwise(OpKind k) {
   return k == OpKind::add || k == OpKind::mul;
 }

@@ -28,6 +28,11 @@ std::span<const OpKind> all_op_kinds();
 
 bool is_activation(OpKind kind);          // relu, silu, gelu_tanh, gelu_erf
 bool is_binary_elementwise(OpKind kind);  // add, mul
+// add, mul, the activations and cast: what an elementwise kernel (a fused
+// epilogue or an LLVM elementwise chain) can compute.
+bool is_elementwise(OpKind kind);
+// The public Activation an activation op computes; Activation::none otherwise.
+Activation activation_of(OpKind kind);
 
 // The names of the operands, in order: gemm -> {"x", "w"}. Their count is the
 // op's arity. Messages refer to operands by these names.

@@ -31,21 +31,6 @@ int64_t elem_bytes(DType t) {
 }
 
 #ifdef TILEJIT_HAVE_LLVM
-bool is_elementwise(ir::OpKind k) {
-  switch (k) {
-    case ir::OpKind::add:
-    case ir::OpKind::mul:
-    case ir::OpKind::relu:
-    case ir::OpKind::silu:
-    case ir::OpKind::gelu_tanh:
-    case ir::OpKind::gelu_erf:
-    case ir::OpKind::cast:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // ops[from..] of f as a function of its own: `first` (if >= 0) becomes the
 // first param, typed `first_type`, then every param of f those ops read, in
 // f's order (each named "v" + its name in f: a number is no param name). Strides are dropped (the
@@ -133,7 +118,7 @@ GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
   if (f.ops.front().kind != ir::OpKind::gemm) {
 #ifdef TILEJIT_HAVE_LLVM
     bool all_elementwise = true;
-    for (const ir::Op& op : f.ops) all_elementwise = all_elementwise && is_elementwise(op.kind);
+    for (const ir::Op& op : f.ops) all_elementwise = all_elementwise && ir::is_elementwise(op.kind);
     if (all_elementwise && !allow_elementwise)
       throw Error(fmt::format(
           "@{} has no gemm, so no gemm plan, key or asm to show; `tilejit run` executes this "
@@ -181,7 +166,7 @@ GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
     // after it reads; the rest must be elementwise, else today's message.
     bool rest_elementwise = true;
     for (size_t i = 1; i < f.ops.size(); ++i)
-      rest_elementwise = rest_elementwise && is_elementwise(f.ops[i].kind);
+      rest_elementwise = rest_elementwise && ir::is_elementwise(f.ops[i].kind);
     if (!rest_elementwise) throw;
     for (size_t len = f.ops.size() - 1; len >= 1; --len) {
       const int end = f.ops[len - 1].result;

@@ -52,36 +52,6 @@ struct Access {
   std::optional<int64_t> row_stride, col_stride;
 };
 
-bool is_elementwise(ir::OpKind k) {
-  switch (k) {
-    case ir::OpKind::add:
-    case ir::OpKind::mul:
-    case ir::OpKind::relu:
-    case ir::OpKind::silu:
-    case ir::OpKind::gelu_tanh:
-    case ir::OpKind::gelu_erf:
-    case ir::OpKind::cast:
-      return true;
-    default:
-      return false;
-  }
-}
-
-Activation activation_of(ir::OpKind k) {
-  switch (k) {
-    case ir::OpKind::relu:
-      return Activation::relu;
-    case ir::OpKind::silu:
-      return Activation::silu;
-    case ir::OpKind::gelu_tanh:
-      return Activation::gelu_tanh;
-    case ir::OpKind::gelu_erf:
-      return Activation::gelu_erf;
-    default:
-      return Activation::none;
-  }
-}
-
 // The checked description of f as a [rows, N] loop nest.
 struct Plan {
   std::vector<ir::Dim> space;  // S
@@ -94,7 +64,7 @@ struct Plan {
 Plan make_plan(const ir::Function& f) {
   Plan p;
   for (const ir::Op& op : f.ops) {
-    if (!is_elementwise(op.kind))
+    if (!ir::is_elementwise(op.kind))
       fail(f, value_ref(f, op.result) + " = " + ir::name(op.kind) +
                   " is not elementwise: the LLVM elementwise compiler takes add, mul, relu, "
                   "silu, gelu_tanh, gelu_erf and cast");
@@ -387,7 +357,7 @@ class ElementwiseEmitter {
           v = get(op.operands[0]);
           break;
         default:
-          v = vm_.activation(activation_of(op.kind), get(op.operands[0]));
+          v = vm_.activation(ir::activation_of(op.kind), get(op.operands[0]));
           break;
       }
       if (out == DType::bf16 || out == DType::f16) {
