@@ -84,4 +84,29 @@ std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const Tens
   return v;
 }
 
+PagedDims check_paged_attention(const char* op, const char* rows, const TensorView& q,
+                                const TensorView& k_cache, const TensorView& v_cache,
+                                const TensorView& out) {
+  check_bf16_rows(op, "q", q, 3);
+  check_bf16_rows(op, "k_cache", k_cache, 4);
+  check_bf16_rows(op, "v_cache", v_cache, 4);
+  check_bf16_rows(op, "out", out, 3);
+  PagedDims p{q.shape[0],       q.shape[1],       q.shape[2],      v_cache.shape[3],
+              k_cache.shape[2], k_cache.shape[0], k_cache.shape[1]};
+  check_head_dim(op, "D (q.shape[2])", p.d);
+  check_head_dim(op, "Dv (v_cache.shape[3])", p.dv);
+  if (p.hkv < 1 || p.hq % p.hkv != 0)
+    throw Error(fmt::format(
+        "{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv >= 1", op, p.hq, p.hkv));
+  if (p.block_size < 16 || p.block_size % 16 != 0)
+    throw Error(fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op,
+                            p.block_size));
+  check_cache(op, "k_cache", k_cache, p.hkv, p.d, k_cache);
+  check_cache(op, "v_cache", v_cache, p.hkv, p.dv, k_cache);
+  if (out.shape != std::vector<int64_t>{p.rows, p.hq, p.dv})
+    throw Error(fmt::format("{}: out has shape {}; allowed: [{}, Hq, Dv] = [{}, {}, {}]", op,
+                            shape_str(out.shape), rows, p.rows, p.hq, p.dv));
+  return p;
+}
+
 }  // namespace tilejit::ops::attn

@@ -21,6 +21,16 @@ void check_options(const char* op, const AttentionOptions& opt);
 // dims match k_cache's.
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
                  int64_t head_dim, const TensorView& k_cache);
+// q [rows, Hq, D], the paged k_cache / v_cache and out [rows, Hq, Dv] of
+// decode and extend: dtypes, head dims, Hq a multiple of Hkv, block_size a
+// multiple of 16, matching caches and out shape. `rows` names q's first dim
+// in messages ("B" or "T").
+struct PagedDims {
+  int64_t rows, hq, d, dv, hkv, num_blocks, block_size;
+};
+PagedDims check_paged_attention(const char* op, const char* rows, const TensorView& q,
+                                const TensorView& k_cache, const TensorView& v_cache,
+                                const TensorView& out);
 // int32 [B+1] prefix sums from 0 to total; returns them.
 std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
                                      int64_t total);

@@ -43,28 +43,9 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
                       const TensorView& out, const TensorView& block_table,
                       const TensorView& seq_lens, const AttentionOptions& opt) {
   constexpr const char* op = "decode_attention";
-  attn::check_bf16_rows(op, "q", q, 3);
-  attn::check_bf16_rows(op, "k_cache", k_cache, 4);
-  attn::check_bf16_rows(op, "v_cache", v_cache, 4);
-  attn::check_bf16_rows(op, "out", out, 3);
-  const int64_t batch = q.shape[0], hq = q.shape[1], d = q.shape[2];
-  const int64_t num_blocks = k_cache.shape[0], bs = k_cache.shape[1], hkv = k_cache.shape[2];
-  const int64_t dv = v_cache.shape[3];
-  attn::check_head_dim(op, "D (q.shape[2])", d);
-  attn::check_head_dim(op, "Dv (v_cache.shape[3])", dv);
-  if (hkv < 1 || hq % hkv != 0)
-    throw Error(
-        fmt::format("{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv "
-                    ">= 1",
-                    op, hq, hkv));
-  if (bs < 16 || bs % 16 != 0)
-    throw Error(
-        fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op, bs));
-  attn::check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
-  attn::check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
-  if (out.shape != std::vector<int64_t>{batch, hq, dv})
-    throw Error(fmt::format("{}: out has shape {}; allowed: [B, Hq, Dv] = [{}, {}, {}]", op,
-                            shape_str(out.shape), batch, hq, dv));
+  const attn::PagedDims dims = attn::check_paged_attention(op, "B", q, k_cache, v_cache, out);
+  const int64_t batch = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
+  const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
   ops::check_view(op, "block_table", block_table, 2);
   ops::check_dtype(op, "block_table", block_table, {DType::i32});
   ops::check_view(op, "seq_lens", seq_lens, 1);

@@ -46,26 +46,9 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                       const TensorView& block_table, const TensorView& prefix_lens,
                       const AttentionOptions& opt, const ExtendOptions& ext) {
   constexpr const char* op = "extend_attention";
-  attn::check_bf16_rows(op, "q", q, 3);
-  attn::check_bf16_rows(op, "k_cache", k_cache, 4);
-  attn::check_bf16_rows(op, "v_cache", v_cache, 4);
-  attn::check_bf16_rows(op, "out", out, 3);
-  const int64_t tokens = q.shape[0], hq = q.shape[1], d = q.shape[2];
-  const int64_t num_blocks = k_cache.shape[0], bs = k_cache.shape[1], hkv = k_cache.shape[2];
-  const int64_t dv = v_cache.shape[3];
-  attn::check_head_dim(op, "D (q.shape[2])", d);
-  attn::check_head_dim(op, "Dv (v_cache.shape[3])", dv);
-  if (hkv < 1 || hq % hkv != 0)
-    throw Error(fmt::format(
-        "{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv >= 1", op, hq, hkv));
-  if (bs < 16 || bs % 16 != 0)
-    throw Error(
-        fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op, bs));
-  attn::check_cache(op, "k_cache", k_cache, hkv, d, k_cache);
-  attn::check_cache(op, "v_cache", v_cache, hkv, dv, k_cache);
-  if (out.shape != std::vector<int64_t>{tokens, hq, dv})
-    throw Error(fmt::format("{}: out has shape {}; allowed: [T, Hq, Dv] = [{}, {}, {}]", op,
-                            shape_str(out.shape), tokens, hq, dv));
+  const attn::PagedDims dims = attn::check_paged_attention(op, "T", q, k_cache, v_cache, out);
+  const int64_t tokens = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
+  const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
   if (ext.k_new.has_value() != ext.v_new.has_value())
     throw Error(
         fmt::format("{}: k_new is {}, v_new is {}; allowed: both given or both absent "
