@@ -10,7 +10,8 @@ namespace tilejit::ir {
 namespace {
 
 constexpr std::array kAllDTypes = {DType::f32, DType::bf16, DType::f16,    DType::i8,
-                                   DType::u8,  DType::i32,  DType::f8e4m3, DType::u4};
+                                   DType::u8,  DType::i32,  DType::f8e4m3, DType::u4,
+                                   DType::i64};
 
 // The formats the IR knows. Adding a packed weight layout means adding a row
 // here (and its parameter rules in check_packed below).

@@ -28,6 +28,8 @@ const char* dtype_name(DType t) {
       return "f8e4m3";
     case DType::u4:
       return "u4";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
@@ -46,6 +48,8 @@ int dtype_bits(DType t) {
       return 8;
     case DType::u4:
       return 4;
+    case DType::i64:
+      return 64;
   }
   return 0;
 }

@@ -709,6 +709,7 @@ double decode(DType t, const uint8_t* p) {
       return s ? -mag : mag;
     }
     case DType::u4:
+    case DType::i64:
       break;
   }
   return 0;
@@ -918,6 +919,7 @@ Tensor make_tensor(DType t, int64_t rows, int64_t n, int64_t row_stride, int64_t
           break;
         }
         case DType::u4:
+        case DType::i64:
           break;
       }
     }

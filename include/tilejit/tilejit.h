@@ -19,7 +19,8 @@
 
 namespace tilejit {
 
-enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4 };
+// i64 is an index type only (slot_mapping, positions); no kernel computes in it.
+enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64 };
 
 // "f32", "bf16", ... (the spelling the IR text uses).
 const char* dtype_name(DType t);
@@ -192,6 +193,95 @@ struct RopeOptions {
 // Rotates q and, when k is non-null, k in one pass over the tokens.
 void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
           const TensorView& cos_sin_cache, const RopeOptions& opt = {});
+
+// ---- Mixture of experts (docs/moe.md) ---------------------------------------
+// Expert weights, packed once at load for the GEMM micro-kernels.
+//   gate_up: w13 [E, 2I, H] bf16 (per expert the I gate rows, then the I up
+//            rows: nn.Linear layout), packed so each 64-column block holds 32
+//            gate and the matching 32 up columns (the act-and-mul epilogue
+//            pairs them in registers).
+//   down:    w2 [E, H, I] bf16.
+enum class ExpertProj { gate_up, down };
+class PackedExperts {
+ public:
+  struct Impl;
+  PackedExperts();
+  ~PackedExperts();
+  PackedExperts(const PackedExperts&);
+  PackedExperts(PackedExperts&&) noexcept;
+  PackedExperts& operator=(const PackedExperts&);
+  PackedExperts& operator=(PackedExperts&&) noexcept;
+
+  int64_t num_experts() const;
+  ExpertProj proj() const;
+  // Output features per expert: I for gate_up (2I rows packed), H for down.
+  int64_t n() const;
+  // Input features: H for gate_up, I for down.
+  int64_t k() const;
+  size_t packed_bytes() const;
+  bool empty() const { return impl_ == nullptr; }
+
+  const Impl* impl() const { return impl_.get(); }
+  explicit PackedExperts(std::shared_ptr<const Impl> impl);
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// w: [E, 2I, H] for gate_up, [E, H, I] for down; bf16, innermost stride 1.
+PackedExperts pack_experts(const TensorView& w, ExpertProj proj);
+
+struct MoeOptions {
+  // Gated activation act(gate)·up; silu (silu_and_mul), gelu_tanh or gelu_erf
+  // (gelu_and_mul). Others raise an Error.
+  Activation act = Activation::silu;
+  // GPT-OSS clamped SwiGLU instead of act: g = min(gate, limit),
+  // u = clamp(up, −limit, limit), out = g·σ(alpha·g)·(u + 1).
+  bool clamped_swiglu = false;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  std::optional<TensorView> b13;  // [E, 2I] f32: gate then up bias per expert
+  std::optional<TensorView> b2;   // [E, H] f32
+  // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + shared(x_t)
+  float routed_scaling_factor = 1.0f;
+  // Shared expert (DeepSeek, Qwen-MoE): one-expert packs (E = 1), same
+  // activation, no bias; its output is added unweighted.
+  const PackedExperts* shared_w13 = nullptr;
+  const PackedExperts* shared_w2 = nullptr;
+};
+
+// out[t] = Σ_j topk_weights[t, j] · (act(x_t·W13_e) · W2_eᵀ + b2_e), e = topk_ids[t, j].
+// hidden [T, H] bf16; topk_weights f32 [T, k]; topk_ids int32 [T, k] in
+// [0, E); out [T, H] bf16 (may not alias hidden). Row strides free.
+void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
+                   const TensorView& topk_weights, const TensorView& topk_ids,
+                   const TensorView& out, const MoeOptions& opt = {});
+
+// Routing. logits [T, E] f32 or bf16; topk_weights f32 [T, k]; topk_ids int32
+// [T, k] (k from their shape, 1 ≤ k ≤ E). Ties pick the lower expert id.
+// softmax over E, then the k largest; renormalize: weights sum to 1.
+void topk_softmax(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, bool renormalize = true);
+// σ(logit) per expert, then the k largest.
+void topk_sigmoid(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, bool renormalize = true);
+// DeepSeek grouped top-k: the E experts split into num_expert_group equal
+// groups; score s = softmax or σ of the logits; selection uses
+// s + correction_bias (DeepSeek-V3) and keeps the topk_group groups with the
+// best group score (sum of its top two when a correction bias is given, else
+// its max), then the k best experts inside them. Weights are s (without the
+// bias), renormalized if asked, times routed_scaling_factor.
+enum class RouterScore { softmax, sigmoid };
+struct GroupedTopkOptions {
+  RouterScore score = RouterScore::sigmoid;
+  int num_expert_group = 1;
+  int topk_group = 1;
+  bool renormalize = true;
+  float routed_scaling_factor = 1.0f;
+  std::optional<TensorView> correction_bias;  // [E] f32
+};
+void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, const GroupedTopkOptions& opt = {});
 
 struct CpuInfo {
   std::string vendor;
