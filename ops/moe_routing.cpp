@@ -1,0 +1,252 @@
+// MoE routing: topk_softmax, topk_sigmoid and grouped_topk (docs/moe.md).
+//
+// Plain C++, not a JIT path: routing touches T·E scores once (E ≤ a few
+// hundred), which is noise next to the expert GEMMs that follow, so it is
+// written for clarity and exactness rather than emitted per shape. Scores are
+// computed in double, so the selection and the weights match the test's
+// double-precision reference up to the final f32 rounding of the weights.
+//
+// Output order: the k experts of a token are written best first (by the
+// selection key), ties broken by the lower expert id, as torch.topk(sorted=True)
+// orders them in the engines this replaces.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+using ops::shape_str;
+
+namespace {
+
+// Tokens per thread-pool task: a task costs a std::function call and an atomic
+// claim, a token's routing a few hundred exps; 16 tokens amortise the former
+// and still give enough tasks to balance a prefill batch over the cores.
+constexpr int64_t kTokensPerTask = 16;
+
+struct RoutingCall {
+  int64_t t = 0, e = 0, k = 0;
+};
+
+RoutingCall check_routing(const char* op, const TensorView& logits, const TensorView& weights,
+                          const TensorView& ids) {
+  ops::check_view(op, "logits", logits, 2);
+  ops::check_dtype(op, "logits", logits, {DType::f32, DType::bf16});
+  ops::check_row_major_rows(op, "logits", logits);
+  ops::check_view(op, "topk_weights", weights, 2);
+  ops::check_dtype(op, "topk_weights", weights, {DType::f32});
+  ops::check_row_major_rows(op, "topk_weights", weights);
+  ops::check_view(op, "topk_ids", ids, 2);
+  ops::check_dtype(op, "topk_ids", ids, {DType::i32});
+  ops::check_row_major_rows(op, "topk_ids", ids);
+  RoutingCall c;
+  c.t = logits.shape[0];
+  c.e = logits.shape[1];
+  c.k = ids.shape[1];
+  if (c.e < 1)
+    throw Error(fmt::format("{}: logits has shape {} (E = {} experts); allowed: E >= 1", op,
+                            shape_str(logits.shape), c.e));
+  if (ids.shape[0] != c.t)
+    throw Error(fmt::format("{}: topk_ids has shape {}; allowed: [T, k] with T = {} (logits {})",
+                            op, shape_str(ids.shape), c.t, shape_str(logits.shape)));
+  if (weights.shape != ids.shape)
+    throw Error(fmt::format("{}: topk_weights has shape {}; allowed: the shape of topk_ids {}", op,
+                            shape_str(weights.shape), shape_str(ids.shape)));
+  if (c.k < 1 || c.k > c.e)
+    throw Error(fmt::format("{}: k = {} (topk_ids {}); allowed: 1 <= k <= E = {}", op, c.k,
+                            shape_str(ids.shape), c.e));
+  if (c.e > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("{}: E = {} experts; allowed: E <= {} (int32 ids)", op, c.e,
+                            std::numeric_limits<int32_t>::max()));
+  return c;
+}
+
+// Logits row t as doubles (bf16 and f32 both convert exactly).
+void load_row(const TensorView& logits, int64_t t, std::vector<double>& row) {
+  const int64_t e = logits.shape[1];
+  const int64_t off = t * logits.strides[0];
+  if (logits.dtype == DType::f32) {
+    const float* p = static_cast<const float*>(logits.data) + off;
+    for (int64_t i = 0; i < e; ++i) row[i] = p[i];
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(logits.data) + off;
+    for (int64_t i = 0; i < e; ++i) row[i] = runtime::bf16_to_f32(p[i]);
+  }
+}
+
+// NaN ranks below everything, so the comparison stays a strict weak order
+// (non-finite logits are the caller's problem, but must not break the sort).
+inline double rank_key(double v) {
+  return std::isnan(v) ? -std::numeric_limits<double>::infinity() : v;
+}
+
+// Sorts the first k entries of idx (a permutation of candidates) by key,
+// descending, the lower id first on ties.
+void select_top(std::vector<int32_t>& idx, int64_t k, const std::vector<double>& key) {
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    const double ka = rank_key(key[a]), kb = rank_key(key[b]);
+    return ka > kb || (ka == kb && a < b);
+  });
+}
+
+// In place: logits -> softmax probabilities (max subtracted for range).
+void softmax(std::vector<double>& s, int64_t e) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, s[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < e; ++i) {
+    s[i] = std::exp(s[i] - mx);
+    sum += s[i];
+  }
+  for (int64_t i = 0; i < e; ++i) s[i] /= sum;
+}
+
+void sigmoid(std::vector<double>& s, int64_t e) {
+  for (int64_t i = 0; i < e; ++i) s[i] = 1.0 / (1.0 + std::exp(-s[i]));
+}
+
+// Writes the k chosen experts of token t: weight = score · scale, divided by
+// the sum of the chosen scores when renormalizing (skipped if that sum is 0,
+// e.g. every σ underflowed: dividing would turn the row into NaN).
+void write_row(const TensorView& weights, const TensorView& ids, int64_t t, int64_t k,
+               const std::vector<int32_t>& chosen, const std::vector<double>& score,
+               bool renormalize, double scale) {
+  float* w = static_cast<float*>(weights.data) + t * weights.strides[0];
+  int32_t* id = static_cast<int32_t*>(ids.data) + t * ids.strides[0];
+  double sum = 0;
+  for (int64_t j = 0; j < k; ++j) sum += score[chosen[j]];
+  const double norm = renormalize && sum > 0 ? scale / sum : scale;
+  for (int64_t j = 0; j < k; ++j) {
+    id[j] = chosen[j];
+    w[j] = static_cast<float>(score[chosen[j]] * norm);
+  }
+}
+
+// Plain top-k: both scores are monotone in the logit, so the selection runs on
+// the logits themselves (exact ties, no rounding of exp can merge two experts).
+void plain_topk(const char* op, bool use_softmax, const TensorView& logits,
+                const TensorView& weights, const TensorView& ids, bool renormalize) {
+  const RoutingCall c = check_routing(op, logits, weights, ids);
+  const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;
+  runtime::parallel_for(tasks, [&](int64_t task) {
+    std::vector<double> row(c.e);
+    std::vector<int32_t> idx(c.e);
+    const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
+    for (int64_t t = task * kTokensPerTask; t < end; ++t) {
+      load_row(logits, t, row);
+      for (int64_t i = 0; i < c.e; ++i) idx[i] = static_cast<int32_t>(i);
+      select_top(idx, c.k, row);
+      if (use_softmax)
+        softmax(row, c.e);
+      else
+        sigmoid(row, c.e);
+      write_row(weights, ids, t, c.k, idx, row, renormalize, 1.0);
+    }
+  });
+}
+
+}  // namespace
+
+void topk_softmax(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, bool renormalize) {
+  plain_topk("topk_softmax", true, logits, topk_weights, topk_ids, renormalize);
+}
+
+void topk_sigmoid(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, bool renormalize) {
+  plain_topk("topk_sigmoid", false, logits, topk_weights, topk_ids, renormalize);
+}
+
+void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
+                  const TensorView& topk_ids, const GroupedTopkOptions& opt) {
+  constexpr const char* op = "grouped_topk";
+  const RoutingCall c = check_routing(op, logits, topk_weights, topk_ids);
+  const int64_t groups = opt.num_expert_group;
+  if (groups < 1 || c.e % groups != 0)
+    throw Error(
+        fmt::format("{}: num_expert_group = {} with E = {} experts; allowed: >= 1 and dividing E",
+                    op, groups, c.e));
+  if (opt.topk_group < 1 || opt.topk_group > groups)
+    throw Error(
+        fmt::format("{}: topk_group = {}; allowed: 1 <= topk_group <= num_expert_group = {}", op,
+                    opt.topk_group, groups));
+  const int64_t group_size = c.e / groups;
+  if (c.k > opt.topk_group * group_size)
+    throw Error(fmt::format(
+        "{}: k = {} (topk_ids {}); allowed: k <= topk_group * E / num_expert_group = {} * {} = {}",
+        op, c.k, shape_str(topk_ids.shape), opt.topk_group, group_size,
+        opt.topk_group * group_size));
+  if (opt.score != RouterScore::softmax && opt.score != RouterScore::sigmoid)
+    throw Error(
+        fmt::format("{}: score = {}; allowed: softmax, sigmoid", op, static_cast<int>(opt.score)));
+  const TensorView* bias = opt.correction_bias ? &*opt.correction_bias : nullptr;
+  if (bias != nullptr) {
+    ops::check_view(op, "correction_bias", *bias, 1);
+    ops::check_dtype(op, "correction_bias", *bias, {DType::f32});
+    if (bias->shape[0] != c.e)
+      throw Error(fmt::format("{}: correction_bias has shape {}; allowed: [E] = [{}]", op,
+                              shape_str(bias->shape), c.e));
+  }
+
+  const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;
+  runtime::parallel_for(tasks, [&](int64_t task) {
+    std::vector<double> score(c.e), key(c.e), group_score(groups);
+    std::vector<int32_t> idx, gidx(groups);
+    idx.reserve(c.e);
+    const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
+    for (int64_t t = task * kTokensPerTask; t < end; ++t) {
+      load_row(logits, t, score);
+      if (opt.score == RouterScore::softmax)
+        softmax(score, c.e);
+      else
+        sigmoid(score, c.e);
+      for (int64_t i = 0; i < c.e; ++i) {
+        key[i] = score[i];
+        if (bias != nullptr) key[i] += static_cast<const float*>(bias->data)[i * bias->strides[0]];
+      }
+      // Group scores: with a correction bias, the sum of the group's best two
+      // keys (DeepSeek-V3; the one key when a group holds a single expert);
+      // without, the group's best score.
+      for (int64_t g = 0; g < groups; ++g) {
+        const double* kg = key.data() + g * group_size;
+        if (bias != nullptr) {
+          double first = -std::numeric_limits<double>::infinity(), second = first;
+          for (int64_t i = 0; i < group_size; ++i) {
+            const double v = rank_key(kg[i]);
+            if (v > first) {
+              second = first;
+              first = v;
+            } else if (v > second) {
+              second = v;
+            }
+          }
+          group_score[g] = group_size >= 2 ? first + second : first;
+        } else {
+          double best = -std::numeric_limits<double>::infinity();
+          for (int64_t i = 0; i < group_size; ++i) best = std::max(best, rank_key(kg[i]));
+          group_score[g] = best;
+        }
+        gidx[g] = static_cast<int32_t>(g);
+      }
+      select_top(gidx, opt.topk_group, group_score);
+      // Candidates: the experts of the kept groups only (never a masked-out
+      // expert, whatever its score).
+      idx.clear();
+      for (int64_t gi = 0; gi < opt.topk_group; ++gi)
+        for (int64_t i = 0; i < group_size; ++i)
+          idx.push_back(static_cast<int32_t>(gidx[gi] * group_size + i));
+      select_top(idx, c.k, key);
+      write_row(topk_weights, topk_ids, t, c.k, idx, score, opt.renormalize,
+                opt.routed_scaling_factor);
+    }
+  });
+}
+
+}  // namespace tilejit
