@@ -46,6 +46,18 @@ using BrgemmFn = void (*)(const BrgemmArgs*);
 enum class BiasKind { none, f32, bf16 };
 const char* bias_kind_name(BiasKind b);
 
+// Gated (GLU) epilogue of the MoE gate/up projection. The B block then holds
+// 64 columns: gate columns in 0..31 and the matching up columns in 32..63
+// (ExpertProj::gate_up packing); the kernel computes all 64 and stores
+// nr ≤ 32 outputs out[c] = f(gate[c], up[c]). Bias and acc_in, when present,
+// are 64 columns in the same order.
+enum class Glu {
+  none,
+  act_mul,         // act(gate)·up (silu_and_mul, gelu_and_mul)
+  clamped_swiglu,  // GPT-OSS: g = min(gate, limit), u = clamp(up, ±limit), g·σ(alpha·g)·(u + 1)
+};
+const char* glu_name(Glu g);
+
 // Everything that changes the emitted bytes, and nothing else. Hash, equality
 // and the key text all derive from fields(), so a new field cannot be forgotten.
 struct BrgemmDesc {
@@ -58,8 +70,16 @@ struct BrgemmDesc {
   Activation act = Activation::none;
   DType out = DType::f32;   // f32 or bf16
   bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
+  Glu glu = Glu::none;
+  float glu_alpha = 0, glu_limit = 0;  // clamped_swiglu only (0 otherwise)
 
-  auto fields() const { return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate); }
+  // Columns of the B block the kernel computes: 64 for a GLU, else nr.
+  int computed_cols() const { return glu != Glu::none ? 64 : nr; }
+
+  auto fields() const {
+    return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate, glu, glu_alpha,
+                    glu_limit);
+  }
   bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
 
   // Canonical key text, e.g.

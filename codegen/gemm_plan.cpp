@@ -8,11 +8,26 @@
 
 namespace tilejit::codegen {
 
+namespace {
+// The GLU part of a key or name: empty when there is none, so every existing
+// kernel keeps its key (and its on-disk cache entry).
+std::string glu_suffix(Glu glu, Activation act, float alpha, float limit, bool key) {
+  if (glu == Glu::none) return "";
+  if (glu == Glu::act_mul)
+    return key ? fmt::format(";glu={}_mul", activation_name(act))
+               : fmt::format("_{}_and_mul", activation_name(act));
+  // %a: the exact bits of alpha and limit are part of the code.
+  return key ? fmt::format(";glu=clamped_swiglu;alpha={:a};limit={:a}", alpha, limit)
+             : fmt::format("_swiglu_a{}_l{}", alpha, limit);
+}
+}  // namespace
+
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   GemmPlan p;
   p.spec = spec;
   p.isa = isa;
-  p.nb = static_cast<int>(PackedLayout::kBlockN);
+  p.nb =
+      static_cast<int>(spec.glu != Glu::none ? PackedLayout::kBlockN / 2 : PackedLayout::kBlockN);
   p.n_tail = static_cast<int>(spec.n % p.nb);
   // A B panel is kc/2 rows of 256 bytes: 2048-deep chunks are 256 KiB, a
   // quarter of a 1 MiB L2, leaving room for A blocks and the partial sums.
@@ -28,7 +43,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
     case Isa::llvm:  // same register blocking; LLVM allocates the registers
     case Isa::avx512: {
       // The widest N block sets the register budget for the rows.
-      const int nz = static_cast<int>(std::min<int64_t>(4, (spec.n + 15) / 16));
+      // (A GLU computes the whole 64-column block.)
+      const int nz =
+          spec.glu != Glu::none ? 4 : static_cast<int>(std::min<int64_t>(4, (spec.n + 15) / 16));
       p.mr = xbyak::avx512_brgemm_max_mr(nz);
       break;
     }
@@ -64,6 +81,16 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   d.act = epilogue ? spec.act : Activation::none;
   d.out = epilogue ? spec.out : DType::f32;
   d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
+  if (spec.glu != Glu::none) {
+    // Partial chunks carry all 64 pre-activation columns; the last one pairs them.
+    if (epilogue) {
+      d.glu = spec.glu;
+      d.glu_alpha = spec.glu_alpha;
+      d.glu_limit = spec.glu_limit;
+    } else {
+      d.nr = static_cast<int>(PackedLayout::kBlockN);
+    }
+  }
   return d;
 }
 
@@ -71,14 +98,18 @@ std::string GemmPlan::name() const {
   std::string s = fmt::format("gemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nb, spec.k);
   if (n_tail != 0) s += fmt::format("_nt{}", n_tail);
   if (spec.bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(spec.bias));
-  if (spec.act != Activation::none) s += fmt::format("_{}", activation_name(spec.act));
+  if (spec.glu != Glu::none)
+    s += glu_suffix(spec.glu, spec.act, spec.glu_alpha, spec.glu_limit, false);
+  else if (spec.act != Activation::none)
+    s += fmt::format("_{}", activation_name(spec.act));
   s += fmt::format("_{}out", dtype_name(spec.out));
   return s;
 }
 
 std::string GemmPlan::key() const {
-  return fmt::format("gemm;isa={};n={};k={};bias={};act={};out={}", isa_name(isa), spec.n, spec.k,
-                     bias_kind_name(spec.bias), activation_name(spec.act), dtype_name(spec.out));
+  return fmt::format("gemm;isa={};n={};k={};bias={};act={};out={}{}", isa_name(isa), spec.n, spec.k,
+                     bias_kind_name(spec.bias), activation_name(spec.act), dtype_name(spec.out),
+                     glu_suffix(spec.glu, spec.act, spec.glu_alpha, spec.glu_limit, true));
 }
 
 std::string GemmPlan::str() const {
@@ -112,17 +143,33 @@ const char* bias_kind_name(BiasKind b) {
   return "?";
 }
 
+const char* glu_name(Glu g) {
+  switch (g) {
+    case Glu::none:
+      return "none";
+    case Glu::act_mul:
+      return "mul";
+    case Glu::clamped_swiglu:
+      return "clamped_swiglu";
+  }
+  return "?";
+}
+
 std::string BrgemmDesc::key() const {
-  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}",
+  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}{}",
                      isa_name(isa), mr, nr, kb, b_row_bytes, bias_kind_name(bias),
-                     activation_name(act), dtype_name(out), accumulate ? 1 : 0);
+                     activation_name(act), dtype_name(out), accumulate ? 1 : 0,
+                     glu_suffix(glu, act, glu_alpha, glu_limit, true));
 }
 
 std::string BrgemmDesc::name() const {
   std::string s = fmt::format("brgemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nr, kb);
   if (accumulate) s += "_accin";
   if (bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(bias));
-  if (act != Activation::none) s += fmt::format("_{}", activation_name(act));
+  if (glu != Glu::none)
+    s += glu_suffix(glu, act, glu_alpha, glu_limit, false);
+  else if (act != Activation::none)
+    s += fmt::format("_{}", activation_name(act));
   s += fmt::format("_{}out", dtype_name(out));
   return s;
 }

@@ -17,8 +17,12 @@ struct GemmSpec {
   BiasKind bias = BiasKind::none;
   Activation act = Activation::none;
   DType out = DType::f32;
+  // A GLU epilogue (MoE gate/up): n counts the outputs, each packed 64-column
+  // block yields 32 of them (see BrgemmDesc::glu).
+  Glu glu = Glu::none;
+  float glu_alpha = 0, glu_limit = 0;
 
-  auto fields() const { return std::tie(n, k, bias, act, out); }
+  auto fields() const { return std::tie(n, k, bias, act, out, glu, glu_alpha, glu_limit); }
   bool operator==(const GemmSpec& o) const { return fields() == o.fields(); }
 };
 
@@ -26,7 +30,7 @@ struct GemmPlan {
   GemmSpec spec;
   Isa isa = Isa::scalar;
   int mr = 1;          // rows per micro-kernel call (main block); M tails use 1..mr-1
-  int nb = 64;         // columns per micro-kernel call (the packed block)
+  int nb = 64;         // output columns per micro-kernel call (the packed block; 32 with a GLU)
   int n_tail = 0;      // N % nb (0: none)
   int64_t k_tail = 0;  // K % 32 handled by the AMX kernel's padded A copy (0: none)
   // K chunking: when a 64-column B panel of the whole K would not stay in L2,

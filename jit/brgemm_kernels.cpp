@@ -25,6 +25,8 @@ const Kernel& llvm_brgemm_kernel(const codegen::BrgemmDesc& d) {
 const Kernel& brgemm_kernel(const codegen::BrgemmDesc& d) {
   if (d.mr < 1 || d.nr < 1 || d.nr > 64 || d.kb < 1)
     throw Error("brgemm: descriptor " + d.key() + " is outside 1 <= mr, 1 <= nr <= 64, kb >= 1");
+  if (d.glu != codegen::Glu::none && d.nr > 32)
+    throw Error("brgemm: GLU descriptor " + d.key() + " has nr > 32 (a 64-column block pairs 32)");
   if (d.isa == Isa::llvm) {
 #ifdef TILEJIT_HAVE_LLVM
     return llvm_brgemm_kernel(d);
@@ -38,7 +40,7 @@ const Kernel& brgemm_kernel(const codegen::BrgemmDesc& d) {
         if (d.mr > 32) throw Error("brgemm: AMX kernel mr=" + std::to_string(d.mr) + " > 32");
         return codegen::xbyak::emit_amx_brgemm(d);
       case Isa::avx512: {
-        const int nz = (d.nr + 15) / 16;
+        const int nz = (d.computed_cols() + 15) / 16;
         if (d.mr > codegen::xbyak::avx512_brgemm_max_mr(nz))
           throw Error("brgemm: AVX-512 kernel mr=" + std::to_string(d.mr) + " exceeds " +
                       std::to_string(codegen::xbyak::avx512_brgemm_max_mr(nz)) +

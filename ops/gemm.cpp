@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -15,6 +14,7 @@
 #include "jit/kernel_cache.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_ir.h"
+#include "ops/gemm_task.h"
 #include "ops/packed_weight_impl.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
@@ -64,8 +64,11 @@ GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
     }
   }
   // Miss: the whole pipeline (IR -> verify -> lower). Cheap next to emission,
-  // and done once per spec.
-  LoweredGemm lowered = lower_gemm_spec(spec, isa);
+  // and done once per spec. A GLU epilogue (MoE gate/up) has no IR op yet: it
+  // is planned directly.
+  LoweredGemm lowered = spec.glu == codegen::Glu::none
+                            ? lower_gemm_spec(spec, isa)
+                            : LoweredGemm{codegen::plan_gemm(spec, isa), ""};
   std::unique_lock<std::shared_mutex> lk(mu);
   auto& slot = map[key];
   if (!slot) {
@@ -191,54 +194,20 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
   const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
   const int64_t block_bytes = p.layout.block_elems() * 2;
-  const int64_t k_full = K / 32 * 32;
 
-  using Chunk = codegen::GemmPlan::Chunk;
   runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
     const int64_t nbi = t % n_blocks, mc = t / n_blocks;
-    const bool tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-    const uint8_t* b_block = packed + nbi * block_bytes;
-    const int64_t mb_begin = mc * chunk_blocks;
-    const int64_t mb_end = std::min(m_blocks, (mc + 1) * chunk_blocks);
-    // K chunks pay off only when the B chunk is reused by several M blocks.
-    const int64_t k_chunks = mb_end - mb_begin > 1 ? plan.k_chunks : 1;
-    // fp32 partial sums of this task's rows × 64 columns across K chunks.
-    thread_local std::vector<float> partial;
-    if (k_chunks > 1) partial.resize(static_cast<size_t>((mb_end - mb_begin) * mr * nb));
-    alignas(64) uint16_t a_tail[32 * 32];
-    for (int64_t kci = 0; kci < k_chunks; ++kci) {
-      const Chunk chunk = k_chunks == 1         ? Chunk::whole
-                          : kci == 0            ? Chunk::first
-                          : kci == k_chunks - 1 ? Chunk::last
-                                                : Chunk::middle;
-      const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
-      const void* b_ptr = b_block + kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
-      for (int64_t mb = mb_begin; mb < mb_end; ++mb) {
-        const int64_t m0 = mb * mr;
-        const int rows = static_cast<int>(std::min<int64_t>(mr, M - m0));
-        const void* a_ptr = xb + m0 * lda + kci * plan.kc * 2;
-        float* part = k_chunks > 1 ? partial.data() + (m0 - mb_begin * mr) * nb : nullptr;
-        codegen::BrgemmArgs args{};
-        args.a = &a_ptr;
-        args.b = &b_ptr;
-        args.batch = 1;
-        args.lda = lda;
-        args.c = epilogue ? static_cast<void*>(yb + m0 * ldc + nbi * nb * y_elem) : part;
-        args.ldc = epilogue ? ldc : nb * 4;
-        args.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
-        args.acc_in = part;
-        args.ld_acc_in = nb * 4;
-        if (plan.k_tail != 0 && epilogue) {
-          // AMX K tail: a zero-padded copy of the last (K % 32) columns, so
-          // tile loads never read past a row of x.
-          std::memset(a_tail, 0, sizeof a_tail);
-          for (int r = 0; r < rows; ++r)
-            std::memcpy(a_tail + r * 32, xb + (m0 + r) * lda + k_full * 2, plan.k_tail * 2);
-          args.a_tail = a_tail;
-        }
-        exe.kernel(rows, tail, chunk).entry<codegen::BrgemmFn>()(&args);
-      }
-    }
+    const int64_t m0 = mc * chunk_blocks * mr;
+    ops::RowBlockJob job;
+    job.a = xb + m0 * lda;
+    job.lda = lda;
+    job.rows = std::min(M, (mc + 1) * chunk_blocks * mr) - m0;
+    job.b_block = packed + nbi * block_bytes;
+    job.c = yb + m0 * ldc + nbi * nb * y_elem;
+    job.ldc = ldc;
+    job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
+    job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+    ops::run_row_block(exe, job);
   });
 }
 

@@ -83,7 +83,7 @@ class BrgemmEmitter {
  public:
   BrgemmEmitter(ModuleContext& mc, const BrgemmDesc& d, bool dpbf16)
       : mc_(mc), d_(d), dpbf16_(dpbf16), b_(mc.ctx), vm_(b_, kLanes) {
-    nz_ = (d.nr + kLanes - 1) / kLanes;
+    nz_ = (d.computed_cols() + kLanes - 1) / kLanes;
   }
 
   void emit(const std::string& name) {
@@ -316,7 +316,59 @@ class BrgemmEmitter {
       b_.CreateMaskedStore(v, p, llvm::Align(align), tail_mask(lanes));
   }
 
+  // GLU (desc.glu): out vector j = f(gate vector j, up vector j + 2), with
+  // acc_in and bias over the padded 64-column block (no masks on the inputs).
+  void glu_epilogue() {
+    const int nout = (d_.nr + kLanes - 1) / kLanes;
+    const int tail = d_.nr % kLanes;
+    std::vector<llvm::Value*> bias(size_t(nz_), nullptr);
+    for (int j = 0; j < nz_ && d_.bias != BiasKind::none; ++j) {
+      if (d_.bias == BiasKind::f32)
+        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), kLanes, 4);
+      else
+        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), kLanes, 2));
+    }
+    const int out_bytes = d_.out == DType::f32 ? 4 : 2;
+    emit_loop(
+        b_, i64(d_.mr), {},
+        [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
+          llvm::Value* c_row = byte_gep(c_, b_.CreateMul(row, ldc_));
+          llvm::Value* in_row =
+              d_.accumulate ? byte_gep(acc_in_, b_.CreateMul(row, ld_acc_in_)) : nullptr;
+          auto input = [&](int j) {
+            llvm::Value* v =
+                b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
+            if (d_.accumulate)
+              v = b_.CreateFAdd(v, load(vm_.f32v(), byte_gep(in_row, j * 64), kLanes, 4));
+            if (bias[j] != nullptr) v = b_.CreateFAdd(v, bias[j]);
+            return v;
+          };
+          for (int j = 0; j < nout; ++j) {
+            llvm::Value* g = input(j);
+            llvm::Value* u = input(j + 2);
+            llvm::Value* v = nullptr;
+            if (d_.glu == Glu::act_mul) {
+              v = b_.CreateFMul(vm_.activation(d_.act, g), u);
+            } else {
+              llvm::Value* lim = vm_.f32(d_.glu_limit);
+              g = b_.CreateMinNum(g, lim);
+              u = b_.CreateMaxNum(b_.CreateMinNum(u, lim), vm_.f32(-d_.glu_limit));
+              // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
+              llvm::Value* e = vm_.exp(b_.CreateFMul(g, vm_.f32(-d_.glu_alpha)));
+              v = b_.CreateFDiv(g, b_.CreateFAdd(e, vm_.f32(1.0f)));
+              v = b_.CreateFMul(v, b_.CreateFAdd(u, vm_.f32(1.0f)));
+            }
+            if (d_.out == DType::bf16) v = vm_.f32_to_bf16(v);
+            const int lanes = j == nout - 1 && tail != 0 ? tail : kLanes;
+            store(v, byte_gep(c_row, j * kLanes * out_bytes), lanes, out_bytes);
+          }
+          return std::vector<llvm::Value*>{};
+        },
+        "epilogue");
+  }
+
   void epilogue() {
+    if (d_.glu != Glu::none) return glu_epilogue();
     const int tail = d_.nr % kLanes;
     auto lanes_of = [&](int j) { return j == nz_ - 1 && tail != 0 ? tail : kLanes; };
     // Bias vectors once, before any store (LLVM cannot know C does not alias them).
@@ -375,11 +427,13 @@ void check_desc(const BrgemmDesc& d) {
   if (d.mr < 1 || d.mr > kMaxMr) bad("mr = " + std::to_string(d.mr) + " is outside [1, 32]");
   if (d.nr < 1 || d.nr > 64) bad("nr = " + std::to_string(d.nr) + " is outside [1, 64]");
   if (d.kb < 0) bad("kb = " + std::to_string(d.kb) + " is negative");
-  const int64_t need = (d.nr + kLanes - 1) / kLanes * 64;
+  if (d.glu != Glu::none && d.nr > 32)
+    bad("a GLU stores nr = " + std::to_string(d.nr) + " > 32 columns");
+  const int64_t need = (d.computed_cols() + kLanes - 1) / kLanes * 64;
   if (d.b_row_bytes < need || d.b_row_bytes % 4 != 0)
     bad("b_row_bytes = " + std::to_string(d.b_row_bytes) +
-        " must be a multiple of 4 and at least " + std::to_string(need) +
-        " for nr = " + std::to_string(d.nr));
+        " must be a multiple of 4 and at least " + std::to_string(need) + " for " +
+        std::to_string(d.computed_cols()) + " columns");
   if (d.out != DType::f32 && d.out != DType::bf16)
     bad(std::string("out = ") + dtype_name(d.out) + " is not supported (f32 or bf16)");
   if (d.bias != BiasKind::none && d.bias != BiasKind::f32 && d.bias != BiasKind::bf16)

@@ -25,7 +25,7 @@ class AmxBrgemm : public JitGenerator {
  public:
   explicit AmxBrgemm(const BrgemmDesc& d) : d_(d) {
     mt_ = (d.mr + 15) / 16;
-    nt_ = (d.nr + 15) / 16;
+    nt_ = (d.computed_cols() + 15) / 16;
     ntp_max_ = mt_ == 2 ? 2 : 4;
     b_slots_ = 8 - mt_ * ntp_max_ - mt_;
     generate();
@@ -36,6 +36,37 @@ class AmxBrgemm : public JitGenerator {
   Xbyak::Tmm acc(int i, int j) const { return Xbyak::Tmm(i * ntp_max_ + j); }
   Xbyak::Tmm a_tile(int i) const { return Xbyak::Tmm(mt_ * ntp_max_ + i); }
   Xbyak::Tmm b_tile(int n) const { return Xbyak::Tmm(mt_ * ntp_max_ + mt_ + n % b_slots_); }
+
+  // The GLU epilogue from the scratch: row r's gate vector j and up vector j + 2.
+  template <class Slot>
+  void glu_epilogue(Slot slot) {
+    Avx512Epilogue epi(*this, d_, {zmm2, zmm3, zmm4, zmm5});
+    const int tail_cols = d_.nr % 16;
+    if (tail_cols != 0) {
+      mov(edx, (1u << tail_cols) - 1);
+      kmovw(k1, edx);
+    }
+    mov(rdx, ptr[rdi + 32]);
+    mov(r14, ptr[rdi + 40]);
+    mov(r12, ptr[rdi + 48]);
+    if (d_.accumulate) {
+      mov(r8, ptr[rdi + 64]);
+      mov(r9, ptr[rdi + 72]);
+    }
+    const int nout = (d_.nr + 15) / 16;
+    for (int r = 0; r < d_.mr; ++r) {
+      for (int j = 0; j < nout; ++j) {
+        vmovups(zmm0, ptr[rsp + slot(r / 16, j) * 1024 + (r % 16) * 64]);
+        vmovups(zmm1, ptr[rsp + slot(r / 16, j + 2) * 1024 + (r % 16) * 64]);
+        epi.apply_glu_and_store(zmm0, zmm1, j, rdx, r12,
+                                j == nout - 1 && tail_cols != 0 ? &k1 : nullptr, r8);
+      }
+      if (r + 1 < d_.mr) {
+        add(rdx, r14);
+        if (d_.accumulate) add(r8, r9);
+      }
+    }
+  }
 
   const Xbyak::Label& config() {
     AmxTileConfig cfg;
@@ -62,7 +93,13 @@ class AmxBrgemm : public JitGenerator {
     const Xbyak::Label& cfg = config();
     const int64_t kfull = d_.kb / 32;
     const bool ktail = d_.kb % 32 != 0;
-    const int scratch = mt_ * ntp_max_ * 1024;
+    // A GLU pairs column tiles of different passes (gate 0..1, up 2..3), so
+    // its scratch keeps every pass and the epilogue runs after the last one.
+    const bool glu = d_.glu != Glu::none;
+    const int scratch = mt_ * (glu ? nt_ : ntp_max_) * 1024;
+    auto slot = [&](int i, int p, int j) {
+      return glu ? i * nt_ + p * ntp_max_ + j : i * ntp_max_ + j;
+    };
 
     push_callee_saved();
     mov(rbp, rsp);
@@ -116,8 +153,8 @@ class AmxBrgemm : public JitGenerator {
       }
       L(batch_done);
       for (int i = 0; i < mt_; ++i)
-        for (int j = 0; j < ntp; ++j)
-          tilestored(ptr[rsp + r13 + (i * ntp_max_ + j) * 1024], acc(i, j));
+        for (int j = 0; j < ntp; ++j) tilestored(ptr[rsp + r13 + slot(i, p, j) * 1024], acc(i, j));
+      if (glu) continue;
 
       Avx512Epilogue epi(*this, d_, {zmm1, zmm2, zmm3, zmm4});
       const int tail_cols = d_.nr % 16;
@@ -136,7 +173,7 @@ class AmxBrgemm : public JitGenerator {
         for (int j = 0; j < ntp; ++j) {
           const int col_vec = p * ntp_max_ + j;
           const bool last = col_vec == nt_ - 1 && tail_cols != 0;
-          vmovups(zmm0, ptr[rsp + ((r / 16) * ntp_max_ + j) * 1024 + (r % 16) * 64]);
+          vmovups(zmm0, ptr[rsp + slot(r / 16, p, j) * 1024 + (r % 16) * 64]);
           epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr, r8);
         }
         if (r + 1 < d_.mr) {
@@ -145,6 +182,7 @@ class AmxBrgemm : public JitGenerator {
         }
       }
     }
+    if (glu) glu_epilogue([&](int i, int col_vec) { return slot(i, 0, col_vec); });
     mov(rsp, rbp);
     vzeroupper();
     pop_callee_saved();

@@ -20,7 +20,7 @@ using namespace Xbyak::util;
 class Avx512Brgemm : public JitGenerator {
  public:
   explicit Avx512Brgemm(const BrgemmDesc& d) : d_(d) {
-    nz_ = (d.nr + 15) / 16;
+    nz_ = (d.computed_cols() + 15) / 16;
     ksplit_ = avx512_brgemm_ksplit(d.mr, nz_);
     generate();
   }
@@ -132,10 +132,17 @@ class Avx512Brgemm : public JitGenerator {
       mov(r8, ptr[rdi + 64]);  // acc_in row
       mov(r9, ptr[rdi + 72]);  // its stride
     }
+    // Output vectors: nz_, or with a GLU the ceil(nr/16) ≤ 2 gate vectors,
+    // each paired with the up vector two further on.
+    const int nout = d_.glu != Glu::none ? (d_.nr + 15) / 16 : nz_;
     for (int r = 0; r < d_.mr; ++r) {
-      for (int j = 0; j < nz_; ++j) {
-        const bool last = j == nz_ - 1 && tail_cols != 0;
-        epi.apply_and_store(acc(0, r, j), j, rsi, r14, last ? &k1 : nullptr, r8);
+      for (int j = 0; j < nout; ++j) {
+        const bool last = j == nout - 1 && tail_cols != 0;
+        if (d_.glu != Glu::none)
+          epi.apply_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, rsi, r14, last ? &k1 : nullptr,
+                                  r8);
+        else
+          epi.apply_and_store(acc(0, r, j), j, rsi, r14, last ? &k1 : nullptr, r8);
       }
       if (r + 1 < d_.mr) {
         add(rsi, r11);

@@ -87,9 +87,8 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
   }
 }
 
-void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
-                                     const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
-                                     const Xbyak::Reg64& acc_in_row) {
+void Avx512Epilogue::add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
+                                const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row) {
   auto& g = g_;
   if (d_.accumulate) {
     if (tail != nullptr)
@@ -117,7 +116,11 @@ void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const X
       g.vaddps(acc, acc, t_[0]);
       break;
   }
-  activation(acc);
+}
+
+void Avx512Epilogue::store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
+                           const Xbyak::Opmask* tail) {
+  auto& g = g_;
   if (d_.out == DType::f32) {
     if (tail != nullptr)
       g.vmovups(g.ptr[c_row + col_vec * 64] | *tail, acc);
@@ -131,6 +134,47 @@ void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const X
     else
       g.vmovdqu16(g.ptr[c_row + col_vec * 32], y);
   }
+}
+
+void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
+                                     const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
+                                     const Xbyak::Reg64& acc_in_row) {
+  add_inputs(acc, col_vec, bias, tail, acc_in_row);
+  activation(acc);
+  store(acc, col_vec, c_row, tail);
+}
+
+void Avx512Epilogue::apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up, int out_vec,
+                                         const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
+                                         const Xbyak::Opmask* tail,
+                                         const Xbyak::Reg64& acc_in_row) {
+  auto& g = g_;
+  // The inputs cover the padded 64-column block: no masks.
+  add_inputs(gate, out_vec, bias, nullptr, acc_in_row);
+  add_inputs(up, out_vec + 2, bias, nullptr, acc_in_row);
+  switch (d_.glu) {
+    case Glu::none:
+      break;
+    case Glu::act_mul:
+      activation(gate);
+      g.vmulps(gate, gate, up);
+      break;
+    case Glu::clamped_swiglu: {
+      const auto &t0 = t_[0], &t1 = t_[1], &t2 = t_[2];
+      g.vminps(gate, gate, g.bcst(d_.glu_limit));
+      g.vminps(up, up, g.bcst(d_.glu_limit));
+      g.vmaxps(up, up, g.bcst(-d_.glu_limit));
+      // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
+      g.vmulps(t0, gate, g.bcst(-d_.glu_alpha));
+      exp_inplace(g, t0, t1, t2);
+      g.vaddps(t0, t0, g.bcst(1.0f));
+      g.vdivps(gate, gate, t0);
+      g.vaddps(up, up, g.bcst(1.0f));
+      g.vmulps(gate, gate, up);
+      break;
+    }
+  }
+  store(gate, out_vec, c_row, tail);
 }
 
 }  // namespace tilejit::codegen::xbyak

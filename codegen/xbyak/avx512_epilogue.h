@@ -25,12 +25,26 @@ class Avx512Epilogue {
                        const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
                        const Xbyak::Reg64& acc_in_row);
 
+  // GLU (desc.glu): gate holds columns [16·out_vec, +16) of the 64-column
+  // block and up the matching columns 32 further on; both get acc_in and bias
+  // (64 columns, unmasked: the block is padded), then out = f(gate, up) is
+  // stored at c_row + 16·out_vec elements, `tail` masking the last vector.
+  // Clobbers up and the four temps.
+  void apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up, int out_vec,
+                           const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
+                           const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
+
   // exp(v) in place; clobbers n and r. Max relative error ~2e-7 on [-87, 88].
   static void exp_inplace(JitGenerator& g, const Xbyak::Zmm& v, const Xbyak::Zmm& n,
                           const Xbyak::Zmm& r);
 
  private:
   void activation(const Xbyak::Zmm& v);
+  // acc += acc_in (if accumulating) and bias for 64-column block vector col_vec.
+  void add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
+                  const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
+  void store(const Xbyak::Zmm& v, int col_vec, const Xbyak::Reg64& c_row,
+             const Xbyak::Opmask* tail);
 
   JitGenerator& g_;
   const BrgemmDesc& d_;

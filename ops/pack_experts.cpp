@@ -1,0 +1,87 @@
+// pack_experts: [E, rows, cols] bf16 expert weights -> E packed matrices (see
+// ops/packed_experts_impl.h). Padding is zero, so padded products vanish and a
+// GLU's padded outputs are act(0)·0 = 0, never stored anyway.
+#include <fmt/format.h>
+
+#include "ops/packed_experts_impl.h"
+#include "ops/tensor_checks.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+
+PackedExperts::PackedExperts() = default;
+PackedExperts::~PackedExperts() = default;
+PackedExperts::PackedExperts(const PackedExperts&) = default;
+PackedExperts::PackedExperts(PackedExperts&&) noexcept = default;
+PackedExperts& PackedExperts::operator=(const PackedExperts&) = default;
+PackedExperts& PackedExperts::operator=(PackedExperts&&) noexcept = default;
+PackedExperts::PackedExperts(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+namespace {
+const PackedExperts::Impl& need(const PackedExperts::Impl* impl, const char* what) {
+  if (impl == nullptr)
+    throw Error(
+        fmt::format("{}: the PackedExperts is empty; allowed: experts from pack_experts()", what));
+  return *impl;
+}
+}  // namespace
+
+int64_t PackedExperts::num_experts() const {
+  return need(impl_.get(), "PackedExperts::num_experts").experts;
+}
+ExpertProj PackedExperts::proj() const {
+  return need(impl_.get(), "PackedExperts::proj").proj;
+}
+int64_t PackedExperts::n() const {
+  return need(impl_.get(), "PackedExperts::n").n;
+}
+int64_t PackedExperts::k() const {
+  return need(impl_.get(), "PackedExperts::k").k;
+}
+size_t PackedExperts::packed_bytes() const {
+  const Impl& p = need(impl_.get(), "PackedExperts::packed_bytes");
+  return static_cast<size_t>(p.experts * p.expert_bytes);
+}
+
+PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
+  const char* op = "pack_experts";
+  if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
+    throw Error(fmt::format("pack_experts: proj={} is not an ExpertProj; allowed: gate_up, down",
+                            static_cast<int>(proj)));
+  ops::check_view(op, "w", w, 3);
+  ops::check_dtype(op, "w", w, {DType::bf16});
+  if (w.strides[2] != 1)
+    throw Error(fmt::format("pack_experts: w has innermost stride {}; allowed: 1", w.strides[2]));
+  const int64_t E = w.shape[0], rows = w.shape[1], cols = w.shape[2];
+  if (E < 1 || rows < 1 || cols < 1)
+    throw Error(fmt::format("pack_experts: w has shape {}; allowed: every dim >= 1",
+                            ops::shape_str(w.shape)));
+  if (proj == ExpertProj::gate_up && rows % 2 != 0)
+    throw Error(fmt::format(
+        "pack_experts: w has shape {} for gate_up; allowed: [E, 2I, H] (an even row count)",
+        ops::shape_str(w.shape)));
+
+  auto impl = std::make_shared<PackedExperts::Impl>();
+  impl->proj = proj;
+  impl->experts = E;
+  impl->n = proj == ExpertProj::gate_up ? rows / 2 : rows;
+  impl->k = cols;
+  impl->layout.n = proj == ExpertProj::gate_up ? (impl->n + 31) / 32 * 64 : rows;
+  impl->layout.k = cols;
+  impl->expert_bytes = impl->layout.total_elems() * 2;
+  impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(E * impl->expert_bytes));
+  const auto* src = static_cast<const uint16_t*>(w.data);
+  const PackedExperts::Impl& p = *impl;
+  runtime::parallel_for(E, [&](int64_t e) {
+    auto* dst = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(p.expert(e)));
+    for (int64_t r = 0; r < p.layout.n; ++r) {
+      const int64_t s = proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
+      if (s < 0) continue;  // zero padding (the buffer starts zeroed)
+      const uint16_t* row = src + e * w.strides[0] + s * w.strides[1];
+      for (int64_t c = 0; c < cols; ++c) dst[p.layout.index(r, c)] = row[c];
+    }
+  });
+  return PackedExperts(std::move(impl));
+}
+
+}  // namespace tilejit

@@ -1,0 +1,40 @@
+// The inside of a PackedExperts: E expert matrices, each in the packed bf16
+// layout of codegen/packed_layout.h, back to back in one buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "codegen/packed_layout.h"
+#include "runtime/aligned_buffer.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit {
+
+struct PackedExperts::Impl {
+  ExpertProj proj = ExpertProj::down;
+  int64_t experts = 0;
+  int64_t n = 0;  // outputs per expert: I (gate_up) or H (down)
+  int64_t k = 0;  // inputs per expert: H (gate_up) or I (down)
+  // One expert's packed matrix. gate_up: rows = ceil(I/32)·64, block b holding
+  // gate rows 32b.. in columns 0..31 and up rows I + 32b.. in 32..63 (zero
+  // past I); down: rows = H.
+  codegen::PackedLayout layout;
+  int64_t expert_bytes = 0;
+  std::unique_ptr<std::byte[], runtime::FreeDeleter> data;
+
+  const uint8_t* expert(int64_t e) const {
+    return reinterpret_cast<const uint8_t*>(data.get()) + e * expert_bytes;
+  }
+  int64_t block_bytes() const { return layout.block_elems() * 2; }
+  // Row of the unpacked weight held by packed row p of a gate_up expert, or -1 (padding).
+  int64_t gate_up_source_row(int64_t p) const {
+    const int64_t b = p / 64, c = p % 64;
+    const int64_t i = 32 * b + (c % 32);
+    if (i >= n) return -1;
+    return c < 32 ? i : n + i;
+  }
+};
+
+}  // namespace tilejit
