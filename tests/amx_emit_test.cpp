@@ -68,6 +68,55 @@ TEST(AmxEmit, EveryTailShapeEmitsWithAMatchingTileConfig) {
       }
 }
 
+// The MoE gate/up kernel: 64 columns computed, nr ≤ 32 outputs stored after
+// the last pass (the gate and up tiles of a row live in different passes).
+TEST(AmxEmit, GluEpilogueEmitsForEveryTail) {
+  for (Glu glu : {Glu::act_mul, Glu::clamped_swiglu})
+    for (int mr : {1, 16, 17, 32})
+      for (int nr : {1, 16, 17, 32})
+        for (bool acc : {false, true}) {
+          BrgemmDesc d;
+          d.isa = Isa::amx;
+          d.mr = mr;
+          d.nr = nr;
+          d.kb = 100;
+          d.bias = BiasKind::f32;
+          d.act = Activation::silu;
+          d.out = DType::bf16;
+          d.accumulate = acc;
+          d.glu = glu;
+          d.glu_alpha = 1.702f;
+          d.glu_limit = 7.0f;
+          SCOPED_TRACE(d.name());
+          const std::vector<uint8_t> code = xbyak::emit_amx_brgemm(d);
+          const uint8_t* cfg = find_tile_config(code);
+          ASSERT_NE(cfg, nullptr);
+          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49}), 1);
+          // Every row of every A tile is configured 64 bytes wide, as for a plain kernel.
+          EXPECT_EQ(cfg[16], 64);
+        }
+}
+
+TEST(AmxEmit, GluKernelNameAndKeySpellTheGatedActivation) {
+  BrgemmDesc d;
+  d.isa = Isa::amx;
+  d.mr = 32;
+  d.nr = 17;
+  d.kb = 2880;
+  d.out = DType::bf16;
+  d.act = Activation::gelu_tanh;
+  d.glu = Glu::act_mul;
+  EXPECT_EQ(d.name(), "brgemm_amx_bf16_f32acc_m32n17k2880_gelu_tanh_and_mul_bf16out");
+  BrgemmDesc s = d;
+  s.glu = Glu::clamped_swiglu;
+  s.glu_alpha = 1.702f;
+  s.glu_limit = 7.0f;
+  EXPECT_NE(s.key(), d.key());
+  BrgemmDesc s2 = s;
+  s2.glu_limit = 6.0f;
+  EXPECT_NE(s2.key(), s.key());  // the clamp is baked into the code
+}
+
 TEST(AmxEmit, KernelNameSpellsTheSpecialization) {
   BrgemmDesc d;
   d.isa = Isa::amx;
