@@ -83,7 +83,8 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   }
 
   const int64_t streams = d.streams();
-  ops::check_dtype(kOp, "positions", positions, {DType::i32});
+  ops::check_index_dtype(kOp, "positions", positions);
+  d.pos_dtype = positions.dtype;
   if (positions.shape.size() == 1 && streams == 1) {
     ops::check_view(kOp, "positions", positions, 1);
     c.pos_token_stride = positions.strides[0];
@@ -112,11 +113,11 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   d.cache_dtype = cache.dtype;
   c.max_position = cache.shape[0];
 
-  // Every position before any read of the cache.
-  const auto* p = static_cast<const int32_t*>(positions.data);
+  // Every position before any read of the cache. int64 values are compared
+  // whole, so 2^32 + 5 is out of range, not position 5.
   for (int64_t s = 0; s < streams; ++s)
     for (int64_t t = 0; t < c.t; ++t) {
-      const int32_t v = p[s * c.pos_stream_stride + t * c.pos_token_stride];
+      const int64_t v = ops::index_at(positions, s * c.pos_stream_stride + t * c.pos_token_stride);
       if (v < 0 || v >= c.max_position)
         throw Error(fmt::format("{}: positions[{}][{}]={}; allowed: [0, max_position = {})", kOp, s,
                                 t, v, c.max_position));
@@ -144,10 +145,9 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
   r.rotary_dim = c.desc.rotary_dim;
   r.ndim = c.desc.ndim;
   r.mrope_section = c.desc.mrope_section;
-  const auto* pos = static_cast<const int32_t*>(positions.data);
   runtime::parallel_for(c.t, [&](int64_t t) {
     const auto row = [&](int64_t s, int64_t col) {
-      const int64_t p = pos[s * c.pos_stream_stride + t * c.pos_token_stride];
+      const int64_t p = ops::index_at(positions, s * c.pos_stream_stride + t * c.pos_token_stride);
       return load(cache, p * cache.strides[0] + col);
     };
     std::vector<double> in(c.desc.d), out(c.desc.d);
@@ -167,7 +167,7 @@ void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
               const TensorView& positions, const TensorView& cache) {
   namespace lb = codegen::llvm_backend;
   const auto fn = ops::rope_kernel(c.desc).entry<lb::RopeFn>();
-  const int64_t qb = dtype_bits(q.dtype) / 8;
+  const int64_t qb = dtype_bits(q.dtype) / 8, pb = dtype_bits(positions.dtype) / 8;
   // A few chunks per thread: the machine is shared, dynamic claiming evens out.
   const int64_t tasks = std::min<int64_t>(c.t, 4 * runtime::num_threads());
   const int64_t chunk = (c.t + tasks - 1) / tasks;
@@ -176,7 +176,7 @@ void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
     lb::RopeArgs a{};
     a.q = static_cast<char*>(q.data) + t0 * q.strides[0] * qb;
     a.k = k ? static_cast<char*>(k->data) + t0 * k->strides[0] * qb : nullptr;
-    a.positions = static_cast<const int32_t*>(positions.data) + t0 * c.pos_token_stride;
+    a.positions = static_cast<const char*>(positions.data) + t0 * c.pos_token_stride * pb;
     a.cache = cache.data;
     a.tokens = std::min(chunk, c.t - t0);
     a.q_token_stride = q.strides[0];

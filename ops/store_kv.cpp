@@ -1,8 +1,8 @@
 // tilejit::store_kv: scatters new K/V rows into the paged cache by slot.
 // A negative slot skips its token (vLLM's padding convention); a slot at or
 // past num_blocks·block_size is an Error, raised before anything is written.
-// slot_mapping is int32 only: tilejit::DType has no 64-bit integer type yet, so
-// the int64 the API comment mentions cannot be expressed in a TensorView.
+// slot_mapping is int32 or int64 (vLLM passes int64); both are read as int64,
+// so a 64-bit slot that would wrap in 32 bits is still rejected, not truncated.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -46,7 +46,7 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
               const TensorView& v_cache, const TensorView& slot_mapping) {
   constexpr const char* op = "store_kv";
   ops::check_view(op, "slot_mapping", slot_mapping, 1);
-  ops::check_dtype(op, "slot_mapping", slot_mapping, {DType::i32});
+  ops::check_index_dtype(op, "slot_mapping", slot_mapping);
   const int64_t t = slot_mapping.shape[0];
   ops::check_view(op, "k", k, 3);
   const int64_t hkv = k.shape[1];
@@ -60,8 +60,7 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
   const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
   std::vector<int64_t> slots(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) {
-    const int64_t at = i * slot_mapping.strides[0];
-    slots[i] = static_cast<const int32_t*>(slot_mapping.data)[at];
+    slots[i] = ops::index_at(slot_mapping, i * slot_mapping.strides[0]);
     if (slots[i] >= capacity)
       throw Error(
           fmt::format("{}: slot_mapping[{}]={}; allowed: < num_blocks·block_size = {} "

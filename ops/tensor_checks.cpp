@@ -52,4 +52,8 @@ void check_row_major_rows(const char* op, const char* arg, const TensorView& t) 
                             op, arg, t.strides[r - 2], t.shape[r - 1], t.shape[r - 1]));
 }
 
+void check_index_dtype(const char* op, const char* arg, const TensorView& t) {
+  check_dtype(op, arg, t, {DType::i32, DType::i64});
+}
+
 }  // namespace tilejit::ops

@@ -647,5 +647,68 @@ TEST(AttentionErrors, StoreKv) {
       "k has shape [3, 2, 64]");
 }
 
+// ---------------------------------------------------------------------------
+// store_kv with int64 slot_mapping (vLLM's dtype)
+
+struct StoreKvCase {
+  static constexpr int64_t t = 6, hkv = 2, d = 32, dv = 16, nb = 3, bs = 16;
+  std::vector<uint16_t> k = random_bf16(t * hkv * d, 11), v = random_bf16(t * hkv * dv, 12);
+  std::vector<uint16_t> kc = std::vector<uint16_t>(nb * bs * hkv * d, 0),
+                        vc = std::vector<uint16_t>(nb * bs * hkv * dv, 0);
+  TensorView kt{k.data(), DType::bf16, {t, hkv, d}}, vt{v.data(), DType::bf16, {t, hkv, dv}};
+  TensorView kct{kc.data(), DType::bf16, {nb, bs, hkv, d}},
+      vct{vc.data(), DType::bf16, {nb, bs, hkv, dv}};
+};
+
+// The same scatter as int32, from a strided int64 table; every negative
+// value skips its token, however large (vLLM pads with -1).
+TEST(StoreKvInt64, ScattersLikeInt32AndSkipsNegative) {
+  const std::vector<int64_t> slots = {47, 0, -1, 17, -(int64_t{1} << 40), 33};
+  StoreKvCase a, b;
+  std::vector<int32_t> s32;
+  for (int64_t s : slots) s32.push_back(s < 0 ? -1 : static_cast<int32_t>(s));
+  store_kv(a.kt, a.vt, a.kct, a.vct, TensorView(s32.data(), DType::i32, {a.t}));
+  // Every other element of a [2T] buffer: the stride is in int64 elements.
+  std::vector<int64_t> strided(2 * slots.size(), int64_t{1} << 50);
+  for (size_t i = 0; i < slots.size(); ++i) strided[2 * i] = slots[i];
+  store_kv(b.kt, b.vt, b.kct, b.vct, TensorView(strided.data(), DType::i64, {b.t}, {2}));
+  EXPECT_EQ(a.kc, b.kc);
+  EXPECT_EQ(a.vc, b.vc);
+  // And the int32 result is the scatter itself: token 3 sits in slot 17.
+  for (int64_t h = 0; h < a.hkv; ++h)
+    for (int64_t c = 0; c < a.d; ++c)
+      ASSERT_EQ(b.kc[(17 * a.hkv + h) * a.d + c], b.k[(3 * a.hkv + h) * a.d + c]);
+  int64_t filled = 0;
+  for (int64_t s = 0; s < a.nb * a.bs; ++s)
+    filled += std::any_of(b.kc.begin() + s * a.hkv * a.d, b.kc.begin() + (s + 1) * a.hkv * a.d,
+                          [](uint16_t x) { return x != 0; });
+  EXPECT_EQ(filled, 4);
+}
+
+// A slot past the cache is rejected over the full int64 range (2^32 + 1 would
+// be slot 1 if truncated to int32), before any row is written.
+TEST(StoreKvInt64, RejectsOutOfRangeBeforeWriting) {
+  for (int64_t bad : {int64_t{48}, int64_t{1} << 40, (int64_t{1} << 32) + 1, int64_t{INT64_MAX}}) {
+    StoreKvCase c;
+    std::vector<int64_t> slots = {0, 1, 2, 3, 4, bad};
+    try {
+      store_kv(c.kt, c.vt, c.kct, c.vct, TensorView(slots.data(), DType::i64, {c.t}));
+      ADD_FAILURE() << "slot " << bad << ": expected Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("slot_mapping[5]=" + std::to_string(bad) +
+                                           "; allowed: < num_blocks·block_size = 48"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(std::all_of(c.kc.begin(), c.kc.end(), [](uint16_t x) { return x == 0; }))
+        << "slot " << bad << ": k_cache written before the check";
+    EXPECT_TRUE(std::all_of(c.vc.begin(), c.vc.end(), [](uint16_t x) { return x == 0; }));
+  }
+  std::vector<uint8_t> u8(StoreKvCase::t);
+  StoreKvCase c;
+  expect_error([&] { store_kv(c.kt, c.vt, c.kct, c.vct, TensorView(u8.data(), DType::u8, {c.t})); },
+               "slot_mapping.dtype=u8 is not allowed; allowed: i32, i64");
+}
+
 }  // namespace
 }  // namespace tilejit::test

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -40,6 +41,7 @@ struct RopeCase {
   int64_t head_pad = 0;    // fused: extra elements between heads
   int64_t cache_pad = 0;   // extra elements per cache row
   int64_t pos_stride = 1;  // token stride of positions
+  DType pos_dtype = DType::i32;
 };
 
 int64_t rd_of(const RopeCase& c) {
@@ -54,7 +56,7 @@ std::string case_str(const RopeCase& c) {
     << (c.mode == Mode::ndim2   ? "_nd2"
         : c.mode == Mode::mrope ? "_mrope"
                                 : "")
-    << "_t" << c.t << (c.fused ? "_fused" : "");
+    << "_t" << c.t << (c.fused ? "_fused" : "") << (c.pos_dtype == DType::i64 ? "_pos64" : "");
   return s.str();
 }
 
@@ -125,15 +127,24 @@ void run_case(const RopeCase& c) {
   fill_cache(cbuf.data(), c.cache_dtype, c.max_position, width, cstride);
   TensorView cache(cbuf.data(), c.cache_dtype, {c.max_position, width}, {cstride, 1});
 
-  GuardedBuffer pbuf(size_t(std::max<int64_t>(1, S * c.t * c.pos_stride * 4)));
-  auto* pos = pbuf.as<int32_t>();
-  std::uniform_int_distribution<int32_t> pd(0, int32_t(c.max_position - 1));
-  for (int64_t i = 0; i < S * c.t * c.pos_stride; ++i) pos[i] = pd(rng);
-  if (c.t > 0) pos[0] = int32_t(c.max_position - 1);  // the last row is reachable
+  // Positions end at a guard page too: an int64 table read as int32 (or the
+  // reverse) reads the wrong rows, and a kernel reading past it faults.
+  const int64_t pb = dtype_bits(c.pos_dtype) / 8, npos = S * c.t * c.pos_stride;
+  GuardedBuffer pbuf(size_t(std::max<int64_t>(1, npos * pb)));
+  std::vector<int64_t> pos(static_cast<size_t>(npos));
+  std::uniform_int_distribution<int64_t> pd(0, c.max_position - 1);
+  for (auto& p : pos) p = pd(rng);
+  if (c.t > 0) pos[0] = c.max_position - 1;  // the last row is reachable
+  for (int64_t i = 0; i < npos; ++i) {
+    if (c.pos_dtype == DType::i64)
+      pbuf.as<int64_t>()[i] = pos[size_t(i)];
+    else
+      pbuf.as<int32_t>()[i] = int32_t(pos[size_t(i)]);
+  }
   TensorView positions =
       S == 1 && c.mode == Mode::plain
-          ? TensorView(pos, DType::i32, {c.t}, {c.pos_stride})
-          : TensorView(pos, DType::i32, {S, c.t}, {c.t * c.pos_stride, c.pos_stride});
+          ? TensorView(pbuf.data(), c.pos_dtype, {c.t}, {c.pos_stride})
+          : TensorView(pbuf.data(), c.pos_dtype, {S, c.t}, {c.t * c.pos_stride, c.pos_stride});
 
   std::vector<uint8_t> q0(qbuf.bytes()), k0(kbuf.bytes());
   std::memcpy(q0.data(), qbuf.data(), q0.size());
@@ -296,6 +307,45 @@ TEST_F(Rope, CompilesOncePerShape) {
   EXPECT_EQ(cache_stats().compiles, compiles);
 }
 
+// int64 positions (what PyTorch engines pass): every mode and style, strided
+// and fused views, enough tokens for several chunks per thread (each chunk's
+// positions pointer is offset in bytes of the index dtype).
+TEST_F(Rope, Int64Positions) {
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (Mode m : {Mode::plain, Mode::ndim2, Mode::mrope}) {
+        RopeCase c;
+        c.style = st, c.dtype = dt, c.mode = m, c.pos_dtype = DType::i64;
+        c.d = 80, c.rotary_dim = 48, c.hq = 4, c.hk = 2, c.t = 67, c.max_position = 3000;
+        if (m == Mode::mrope) c.sections = sections_of(48);
+        run_case(c);
+        c.fused = true, c.head_pad = 4, c.cache_pad = 2, c.pos_stride = 3, c.t = 5;
+        run_case(c);
+      }
+  RopeCase llama;  // Llama-3-8B geometry, a prefill chunk
+  llama.d = 128, llama.hq = 32, llama.hk = 8, llama.t = 129, llama.max_position = 8192;
+  llama.pos_dtype = DType::i64;
+  run_case(llama);
+}
+
+// The index width is part of the kernel: an i64 call compiles its own kernel
+// once (the i32 one of the same shape is not reused for it) and then reuses it.
+TEST_F(Rope, Int64CompilesOncePerShape) {
+  RopeCase c;
+  c.d = 112, c.rotary_dim = 64, c.hq = 3, c.hk = 1;
+  run_case(c);
+  const uint64_t after_i32 = cache_stats().compiles;
+  c.pos_dtype = DType::i64;
+  run_case(c);
+  const uint64_t after_i64 = cache_stats().compiles;
+  if (cpu_info().isa != Isa::scalar) {
+    EXPECT_EQ(after_i64, after_i32 + 1);
+  }
+  c.t = 40;
+  run_case(c);
+  EXPECT_EQ(cache_stats().compiles, after_i64);
+}
+
 // ---------------------------------------------------------------------------
 // Errors: raised before anything is read or written.
 
@@ -386,6 +436,59 @@ TEST_F(Rope, Errors) {
     for (float v : f.q) ASSERT_EQ(v, 1.0f);
     for (float v : f.k) ASSERT_EQ(v, 1.0f);
   }
+  // Index dtypes other than i32 / i64.
+  for (DType bad : {DType::u8, DType::i8, DType::f32})
+    expect_error(
+        [&] {
+          call(f.qv, &f.kv, {f.pos.data(), bad, {2}}, f.cv);
+        },
+        std::string("positions.dtype=") + dtype_name(bad) + " is not allowed; allowed: i32, i64");
+}
+
+// int64 positions are range-checked whole: values that would be in range
+// once truncated to 32 bits (2^32 + 1 → 1, 2^40 → 0) are errors too, and
+// nothing is read or written. The cache is a PROT_NONE page: a read of it faults.
+TEST_F(Rope, Int64PositionsOutOfRange) {
+  ErrorFixture f;
+  GuardedBuffer guard(1);
+  // 10 rows of 8 floats "in" the guard page: any cache read faults.
+  const TensorView no_cache(static_cast<char*>(guard.data()) + 1, DType::f32, {10, 8});
+  std::vector<int64_t> pos = {3, 4, 5, 6};
+  const int64_t cases[] = {-1,
+                           10,  // max_position
+                           int64_t{1} << 40,
+                           (int64_t{1} << 32) + 1,
+                           -(int64_t{1} << 32),
+                           std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max()};
+  for (int64_t bad : cases) {
+    for (size_t at : {size_t{0}, size_t{1}}) {
+      pos = {3, 4, 5, 6};
+      pos[at] = bad;
+      expect_error(
+          [&] {
+            rope(f.qv, &f.kv, {pos.data(), DType::i64, {2}}, no_cache);
+          },
+          "positions[0][" + std::to_string(at) + "]=" + std::to_string(bad) +
+              "; allowed: [0, max_position = 10)");
+      // Two streams (ndim = 2, cache width 4): the stream index is named.
+      pos = {3, 4, 5, 6};
+      pos[2 + at] = bad;
+      expect_error(
+          [&] {
+            rope(f.qv, &f.kv, {pos.data(), DType::i64, {2, 2}},
+                 {static_cast<char*>(guard.data()) + 1, DType::f32, {10, 4}},
+                 {.rotary_dim = 8, .ndim = 2});
+          },
+          "positions[1][" + std::to_string(at) + "]=" + std::to_string(bad));
+    }
+  }
+  for (float v : f.q) ASSERT_EQ(v, 1.0f);
+  for (float v : f.k) ASSERT_EQ(v, 1.0f);
+  // In range, the same call runs (on a real cache).
+  pos = {0, 9, 5, 6};
+  rope(f.qv, &f.kv, {pos.data(), DType::i64, {2}}, f.cv);
+  EXPECT_NE(f.q[0], 1.0f);
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ std::string RopeDesc::name() const {
       s += std::to_string(mrope_section[i]);
     }
   }
+  if (pos_dtype != DType::i32) s += std::string("_pos") + dtype_name(pos_dtype);
   return s;
 }
 
@@ -56,6 +57,8 @@ void check(const RopeDesc& d) {
     fail(d, std::string("dtype ") + dtype_name(d.dtype) + "; allowed: f32, bf16");
   if (!float_type(d.cache_dtype))
     fail(d, std::string("cache_dtype ") + dtype_name(d.cache_dtype) + "; allowed: f32, bf16");
+  if (d.pos_dtype != DType::i32 && d.pos_dtype != DType::i64)
+    fail(d, std::string("pos_dtype ") + dtype_name(d.pos_dtype) + "; allowed: i32, i64");
   if (d.d < 2 || d.d % 2) fail(d, "d=" + std::to_string(d.d) + "; allowed: even, >= 2");
   if (d.ndim < 1) fail(d, "ndim=" + std::to_string(d.ndim) + "; allowed: >= 1");
   if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
@@ -198,10 +201,14 @@ class RopeEmitter {
     std::vector<llvm::Value*> rows;
     for (int64_t s = 0; s < d_.streams(); ++s) {
       llvm::Value* at = b_.CreateAdd(b_.CreateMul(i64(s), pss_), b_.CreateMul(t, pts_));
-      llvm::Value* pos = b_.CreateAlignedLoad(
-          b_.getInt32Ty(), b_.CreateGEP(b_.getInt32Ty(), positions_, at), llvm::Align(4));
-      rows.push_back(b_.CreateGEP(storage(d_.cache_dtype), cache_,
-                                  b_.CreateMul(b_.CreateSExt(pos, b_.getInt64Ty()), crs_)));
+      // The index width is part of the specialisation: an int64 position is
+      // loaded whole (the ops layer checked it against max_position).
+      const bool wide = d_.pos_dtype == DType::i64;
+      llvm::Type* pt = wide ? b_.getInt64Ty() : b_.getInt32Ty();
+      llvm::Value* pos =
+          b_.CreateAlignedLoad(pt, b_.CreateGEP(pt, positions_, at), llvm::Align(wide ? 8 : 4));
+      if (!wide) pos = b_.CreateSExt(pos, b_.getInt64Ty());
+      rows.push_back(b_.CreateGEP(storage(d_.cache_dtype), cache_, b_.CreateMul(pos, crs_)));
     }
     const int64_t half = d_.rotary_dim / d_.ndim / 2;
     cos_.clear();

@@ -24,6 +24,7 @@ struct RopeDesc {
   int64_t hq = 0, hk = 0;              // heads; hk = 0: no k
   int64_t ndim = 1;                    // chunks of the rotary part, one position stream each
   std::vector<int64_t> mrope_section;  // frequency sections (ndim == 1), sum rotary_dim / 2
+  DType pos_dtype = DType::i32;        // positions: i32 or i64 (the load width)
 
   // Position streams: ndim chunks, or one per M-RoPE section, else one. Inline:
   // the ops layer reads it in builds without LLVM too.
@@ -31,17 +32,19 @@ struct RopeDesc {
     if (ndim > 1) return ndim;
     return mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
   }
-  // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24]
+  // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24][_posi64]
+  // (i32 positions add nothing, so the names of the int32 kernels stay as they were).
   std::string name() const;
 };
 
 // The call: `tokens` tokens starting at the given pointers. Strides in
-// elements; positions[s·pos_stream_stride + t·pos_token_stride] is stream s of
-// token t, already checked to lie in [0, max_position).
+// elements; positions[s·pos_stream_stride + t·pos_token_stride] (int32 or
+// int64 per pos_dtype) is stream s of token t, already checked to lie in
+// [0, max_position).
 struct RopeArgs {
   void* q;
   void* k;  // unused when hk = 0
-  const int32_t* positions;
+  const void* positions;
   const void* cache;
   int64_t tokens;
   int64_t q_token_stride, q_head_stride;

@@ -160,7 +160,9 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                       const AttentionOptions& opt = {}, const ExtendOptions& ext = {});
 
 // Writes new K/V rows into the paged cache: k [T, Hkv, D], v [T, Hkv, Dv] into
-// slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset).
+// slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset;
+// a negative slot skips its token; one ≥ num_blocks·block_size is an Error
+// raised before anything is written).
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
               const TensorView& v_cache, const TensorView& slot_mapping);
 
@@ -170,9 +172,9 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
 // rotary_dim elements of each head rotate, the rest pass through untouched.
 // cos_sin_cache [max_position, W] (f32 or bf16, innermost stride 1), W = the
 // rotary width of one position stream: row p = cos θ_0..θ_{W/2−1}, then
-// sin θ_0..θ_{W/2−1}. positions int32 (DType has no int64): [T], or [S, T]
-// with one row per position stream. Every position must lie in
-// [0, max_position) (checked before anything is read or written).
+// sin θ_0..θ_{W/2−1}. positions int32 or int64: [T], or [S, T] with one row
+// per position stream. Every position must lie in [0, max_position) (checked
+// over the full int64 range before anything is read or written).
 enum class RopeStyle {
   neox,  // rotate halves: pairs (x[i], x[i + W/2])
   gptj,  // interleaved: pairs (x[2i], x[2i + 1])
