@@ -1,26 +1,68 @@
-// The main job: JIT the GEMMs of one Llama-3-8B decoder layer, check each
-// against the scalar reference and print speed against the measured peak.
+// The main job: one Llama-3-8B decoder layer as an engine runs it, op by op
+// in execution order (GEMMs, RoPE, attention), each op JIT-compiled, checked
+// against its scalar reference and timed. One function per kind of row
+// (gemm_rows, rope_rows, decode_row, prefill_row); a new kind of layer op
+// (an MoE block once fused_experts lands) is one more such function and one
+// more entry in the layer list of run_llama_layer_job. docs/tool.md explains
+// every row.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
 #include <vector>
 
+#include "codegen/llvm/llvm_decode_attention.h"
+#include "codegen/llvm/llvm_rope.h"
 #include "jit/peak.h"
+#include "ops/attention_decode_kernel.h"
 #include "ops/gemm_executable.h"
 #include "runtime/bf16.h"
+#include "runtime/reference_attention.h"
 #include "runtime/reference_gemm.h"
+#include "runtime/reference_rope.h"
+#include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 
 namespace tilejit::tools {
 namespace {
 
-struct LayerGemm {
-  const char* name;
-  int64_t n, k;
-  Activation act;
+// Llama-3-8B: hidden 4096, 32 query heads and 8 kv heads of 128, MLP 14336,
+// RoPE over the whole head (neox), 8192 positions.
+constexpr int64_t kHidden = 4096, kHq = 32, kHkv = 8, kHeadDim = 128;
+constexpr int64_t kQkvWidth = (kHq + 2 * kHkv) * kHeadDim;  // 6144: the fused qkv_proj output
+constexpr int64_t kMaxPosition = 8192;
+constexpr double kRopeTheta = 500000;
+// Decode rows: every sequence has this many keys, the new token's included
+// (the new token sits at position kDecodeContext − 1), in vLLM's 16-slot blocks.
+constexpr int64_t kDecodeContext = 4096, kBlockSize = 16;
+
+// What the whole job shares: the machine's limits and the options.
+struct Env {
+  CpuInfo cpu;
+  double peak_gflops = 0;  // measured bf16 compute peak, all threads
+  double read_gbs = 0;     // measured streaming-read bandwidth, all threads
+  LlamaJobOptions opt;
+};
+
+// One row of the table.
+struct Row {
+  std::string op;
+  int64_t m = 0;       // tokens of the engine step
+  std::string shape;   // what the op computes, in its own terms
+  std::string kernel;  // the kernel (or plan) name, or what runs instead
+  double seconds = 0;  // per call, median of the timed batches
+  double rate = 0;
+  bool bytes = false;  // rate is GB/s (memory-bound op), else GFLOP/s
+  double compile_ms = 0;
+  uint64_t hits = 0;
+  std::string check;
+  bool ok = true;
 };
 
 // xorshift: the 235M-element gate/up weight would take seconds with mt19937.
@@ -41,11 +83,87 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
   return v;
 }
 
+double bf(uint16_t h) {
+  return runtime::bf16_to_f32(h);
+}
+
+// Streaming read bandwidth: every thread sums its slice of a 512 MiB buffer
+// (far past any cache); best of 3. The yardstick of the GB/s rows.
+double measure_read_gbs() {
+  const size_t n = size_t{64} << 20;  // uint64 elements
+  std::vector<uint64_t> buf(n, 1);
+  const int64_t parts = runtime::num_threads();
+  std::vector<uint64_t> sums(static_cast<size_t>(parts));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    runtime::parallel_for(parts, [&](int64_t p) {
+      const size_t b = n * static_cast<size_t>(p) / static_cast<size_t>(parts);
+      const size_t e = n * static_cast<size_t>(p + 1) / static_cast<size_t>(parts);
+      sums[static_cast<size_t>(p)] = std::accumulate(buf.begin() + b, buf.begin() + e, uint64_t{0});
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(n * 8) / s / 1e9);
+  }
+  if (std::accumulate(sums.begin(), sums.end(), uint64_t{0}) != n) return 0;  // keeps the reads
+  return best;
+}
+
+// Times `call` (already run once: compiled, warm). One sizing batch, then 4
+// batches of >= seconds/5 each; the median seconds per call (upper-middle
+// rate, as the GEMM rows have always reported).
+double seconds_per_call(const std::function<void()>& call, double seconds) {
+  int64_t per_batch = 1;
+  std::vector<double> times;
+  for (int b = 0; b < 5; ++b) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < per_batch; ++i) call();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (b == 0)
+      per_batch = std::max<int64_t>(1, int64_t(seconds / 5 / s));
+    else
+      times.push_back(s / double(per_batch));
+  }
+  std::sort(times.begin(), times.end());
+  return times[1];
+}
+
+// Receives each row as soon as it is measured (the table prints as it goes).
+using Emit = std::function<void(const Row&)>;
+
+// Runs the first call (compiles what it needs), then times the op; fills the
+// row's time, compile time and the cache hits of the timed calls.
+template <class Check>
+void measure(Row& row, const Env& env, const std::function<void()>& call, Check check) {
+  const CacheStats before = cache_stats();
+  call();
+  const CacheStats after_first = cache_stats();
+  row.compile_ms = (after_first.compile_seconds - before.compile_seconds) * 1e3;
+  if (env.opt.check) {
+    double max_err = 0;
+    row.ok = check(&max_err);
+    row.check = fmt::format("{} (max err {:.2g})", row.ok ? "ok" : "FAIL", max_err);
+  } else {
+    row.check = "skipped";
+  }
+  row.seconds = seconds_per_call(call, env.opt.seconds);
+  row.hits = cache_stats().hits - after_first.hits;
+}
+
+// ---- GEMM rows ---------------------------------------------------------------
+
+struct LayerGemm {
+  const char* name;
+  int64_t n, k;
+  Activation act;
+};
+
 // Checks rows {0, M/2, M-1} of y against the reference; bf16 output bound:
 // one bf16 ulp of |ref| plus fp32 accumulation (K+2)·2⁻²⁴·Σ|x·w| plus the
 // activation approximation 4e-6·max(1, |ref|).
-bool check_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
-                const std::vector<uint16_t>& y, int64_t m, const LayerGemm& g, double* max_err) {
+bool check_gemm_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
+                     const std::vector<uint16_t>& y, int64_t m, const LayerGemm& g,
+                     double* max_err) {
   std::vector<int64_t> rows = {0, m / 2, m - 1};
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   bool ok = true;
@@ -66,10 +184,9 @@ bool check_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
     for (int64_t j = 0; j < g.n; ++j) {
       double abs_sum = 0;
       for (int64_t kk = 0; kk < g.k; ++kk)
-        abs_sum += std::fabs(double(runtime::bf16_to_f32(x[r * g.k + kk])) *
-                             runtime::bf16_to_f32(w[j * g.k + kk]));
-      const double want = runtime::bf16_to_f32(ref[j]);
-      const double got = runtime::bf16_to_f32(y[r * g.n + j]);
+        abs_sum += std::fabs(bf(x[r * g.k + kk]) * bf(w[j * g.k + kk]));
+      const double want = bf(ref[j]);
+      const double got = bf(y[r * g.n + j]);
       const double tol = std::ldexp(std::fabs(want), -7) + (g.k + 2) * std::ldexp(abs_sum, -24) +
                          4e-6 * std::max(1.0, std::fabs(want));
       const double err = std::fabs(got - want);
@@ -80,80 +197,343 @@ bool check_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
   return ok;
 }
 
+// y[M, N] = x[M, K] · wᵀ for each M; the weight is packed once, as at model load.
+void gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& ms, uint64_t seed,
+               const Emit& emit) {
+  const auto w = random_bf16(size_t(g.n) * g.k, seed, 1.0f / 16);
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {g.n, g.k}));
+  const std::string kernel =
+      env.cpu.isa == Isa::scalar
+          ? std::string("scalar reference")
+          : ops::gemm_executable({g.n, g.k, codegen::BiasKind::none, g.act, DType::bf16},
+                                 env.cpu.isa)
+                .plan()
+                .name();
+  for (int64_t m : ms) {
+    const auto x = random_bf16(size_t(m) * g.k, seed + 1 + uint64_t(m), 1.0f);
+    std::vector<uint16_t> y(static_cast<size_t>(m * g.n));
+    const TensorView xv(x.data(), DType::bf16, {m, g.k});
+    const TensorView yv(y.data(), DType::bf16, {m, g.n});
+    const GemmOptions go{.bias = std::nullopt, .act = g.act};
+    Row row{.op = g.name, .m = m, .shape = fmt::format("N={} K={}", g.n, g.k), .kernel = kernel};
+    measure(
+        row, env, [&] { gemm(xv, pw, yv, go); },
+        [&](double* err) { return check_gemm_rows(x, w, y, m, g, err); });
+    row.rate = 2.0 * double(m) * double(g.n) * double(g.k) / row.seconds / 1e9;
+    emit(row);
+  }
+}
+
+// ---- RoPE rows ---------------------------------------------------------------
+
+// q and k rotated in place, as views of the fused qkv_proj output [M, 6144]
+// (q: columns 0..4095, k: 4096..5119), neox style over the whole head, an f32
+// cos/sin cache of 8192 positions, int64 positions (what PyTorch engines pass):
+// 4095 for M = 1 (the decode token of the decode row), else 0..M−1 (a prompt).
+// GB/s counts q and k read and written once plus one cache row per token.
+void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, const Emit& emit) {
+  std::vector<float> cache(static_cast<size_t>(kMaxPosition * kHeadDim));
+  for (int64_t p = 0; p < kMaxPosition; ++p)
+    for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+      const double th = double(p) * std::pow(kRopeTheta, -2.0 * double(i) / double(kHeadDim));
+      cache[size_t(p * kHeadDim + i)] = static_cast<float>(std::cos(th));
+      cache[size_t(p * kHeadDim + kHeadDim / 2 + i)] = static_cast<float>(std::sin(th));
+    }
+  const TensorView cache_v(cache.data(), DType::f32, {kMaxPosition, kHeadDim});
+  codegen::llvm_backend::RopeDesc desc;
+  desc.neox = true;
+  desc.dtype = DType::bf16;
+  desc.cache_dtype = DType::f32;
+  desc.d = desc.rotary_dim = kHeadDim;
+  desc.hq = kHq;
+  desc.hk = kHkv;
+  desc.pos_dtype = DType::i64;
+  // rope runs the LLVM kernel on every JIT path of an LLVM build, else the reference.
+  const bool jit = env.cpu.isa != Isa::scalar && env.cpu.llvm_backend;
+  const std::string kernel = jit ? desc.name() : "scalar reference";
+
+  for (int64_t m : ms) {
+    auto qkv = random_bf16(size_t(m * kQkvWidth), seed + uint64_t(m), 2.0f);
+    const auto before = qkv;
+    std::vector<int64_t> pos(static_cast<size_t>(m));
+    std::iota(pos.begin(), pos.end(), int64_t{0});
+    if (m == 1) pos[0] = kDecodeContext - 1;
+    const TensorView q(qkv.data(), DType::bf16, {m, kHq, kHeadDim}, {kQkvWidth, kHeadDim, 1});
+    const TensorView k(qkv.data() + kHq * kHeadDim, DType::bf16, {m, kHkv, kHeadDim},
+                       {kQkvWidth, kHeadDim, 1});
+    const TensorView pv(pos.data(), DType::i64, {m});
+
+    // Tokens {0, M/2, M−1}, every q and k head, against the double reference
+    // (runtime/reference_rope.h): one bf16 ulp of the result plus the f32
+    // error 2⁻²¹·(|x·cos| + |x'·sin|), the bound of tests/rope_test.cpp.
+    auto check = [&](double* max_err) {
+      runtime::ReferenceRope r;
+      r.rotary_dim = kHeadDim;
+      std::vector<double> x(kHeadDim), ref(kHeadDim), mag(kHeadDim);
+      bool ok = true;
+      *max_err = 0;
+      for (int64_t t : {int64_t{0}, m / 2, m - 1})
+        for (int64_t h = 0; h < kHq + kHkv; ++h) {
+          const int64_t base = t * kQkvWidth + h * kHeadDim;
+          for (int64_t i = 0; i < kHeadDim; ++i) x[i] = bf(before[size_t(base + i)]);
+          runtime::reference_rope_head(
+              r, kHeadDim, x.data(), ref.data(),
+              [&](int64_t, int64_t col) { return double(cache[size_t(pos[t] * kHeadDim + col)]); },
+              mag.data());
+          for (int64_t i = 0; i < kHeadDim; ++i) {
+            const double err = std::fabs(bf(qkv[size_t(base + i)]) - ref[i]);
+            *max_err = std::max(*max_err, err);
+            ok &= err <= std::ldexp(std::fabs(ref[i]), -7) + std::ldexp(mag[i], -21);
+          }
+        }
+      return ok;
+    };
+    Row row{.op = "rope_qk",
+            .m = m,
+            .shape = fmt::format("Hq={} Hk={} D={} pos {}", kHq, kHkv, kHeadDim,
+                                 m == 1 ? std::to_string(pos[0]) : fmt::format("0..{}", m - 1)),
+            .kernel = kernel,
+            .bytes = true};
+    measure(
+        row, env, [&] { rope(q, &k, pv, cache_v); }, check);
+    const double bytes = double(m) * double((kHq + kHkv) * kHeadDim * 2 * 2 + kHeadDim * 4);
+    row.rate = bytes / row.seconds / 1e9;
+    emit(row);
+  }
+}
+
+// ---- Attention rows ------------------------------------------------------------
+
+// The bound of tests/attention_test.cpp: P rounded to bf16 (2⁻⁹·max|v|) and
+// the bf16 output (2⁻⁹·|ref|), with headroom for fp32 exp and summation.
+double attention_tolerance(double max_v, double ref) {
+  return std::ldexp(max_v, -7) + std::ldexp(std::fabs(ref), -8);
+}
+
+// Decode step of B = M sequences (M = 1: one; M = 16: a batch of 16), each at
+// kDecodeContext keys in a paged cache of 16-slot blocks handed out in a
+// shuffled order (as an allocator leaves them after a while). GB/s counts the
+// K and V rows read (B·context·Hkv·2·D·2 bytes); the cache of B = 16 (256 MiB)
+// is far past the caches, the one of B = 1 (16 MiB) partly fits L3.
+Row decode_row(const Env& env, int64_t m, uint64_t seed) {
+  const int64_t b = m, per_seq = kDecodeContext / kBlockSize, nb = b * per_seq;
+  const size_t cache_elems = size_t(nb * kBlockSize * kHkv * kHeadDim);
+  const auto kc = random_bf16(cache_elems, seed, 1.0f);
+  const auto vc = random_bf16(cache_elems, seed + 1, 1.0f);
+  const auto q = random_bf16(size_t(b * kHq * kHeadDim), seed + 2, 1.0f);
+  std::vector<uint16_t> out(static_cast<size_t>(b * kHq * kHeadDim));
+  std::vector<int32_t> table(static_cast<size_t>(nb));
+  std::vector<int32_t> lens(static_cast<size_t>(b), int32_t(kDecodeContext));
+  std::iota(table.begin(), table.end(), 0);
+  Rng shuffle{seed};
+  for (size_t i = table.size(); i > 1; --i) {  // Fisher–Yates with the job's generator
+    shuffle.next();
+    std::swap(table[i - 1], table[size_t(shuffle.s % i)]);
+  }
+  const TensorView qv(q.data(), DType::bf16, {b, kHq, kHeadDim});
+  const TensorView kv(kc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
+  const TensorView vv(vc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
+  const TensorView ov(out.data(), DType::bf16, {b, kHq, kHeadDim});
+  const TensorView tv(table.data(), DType::i32, {b, per_seq});
+  const TensorView lv(lens.data(), DType::i32, {b});
+
+  std::string kernel = "scalar reference";
+  if (env.cpu.isa != Isa::scalar && ops::have_decode_attention_kernel()) {
+    codegen::llvm_backend::DecodeAttentionDesc d;  // as ops/attention_decode.cpp builds it
+    d.d = d.dv = kHeadDim;
+    d.g = kHq / kHkv;
+    d.block_size = kBlockSize;
+    d.ldo = (kHeadDim + 63) / 64 * 64;
+    kernel = d.name();
+  } else if (env.cpu.isa != Isa::scalar) {
+    kernel = fmt::format("engine: brgemm_{} (S=K*Q^T, O+=P*V)", isa_name(env.cpu.isa));
+  }
+
+  // Sequences {0, B−1}, every head, against the double reference.
+  auto check = [&](double* max_err) {
+    const auto at = [&](const std::vector<uint16_t>& c, int64_t s, int64_t j, int64_t h,
+                        int64_t col) {
+      const int64_t blk = table[size_t(s * per_seq + j / kBlockSize)];
+      return bf(c[size_t(((blk * kBlockSize + j % kBlockSize) * kHkv + h) * kHeadDim + col)]);
+    };
+    bool ok = true;
+    *max_err = 0;
+    std::vector<int64_t> seqs = {0, b - 1};
+    seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
+    for (int64_t s : seqs) {
+      double max_v = 0;
+      for (int64_t j = 0; j < kDecodeContext; ++j)
+        for (int64_t h = 0; h < kHkv; ++h)
+          for (int64_t c = 0; c < kHeadDim; ++c)
+            max_v = std::max(max_v, std::fabs(at(vc, s, j, h, c)));
+      for (int64_t h = 0; h < kHq; ++h) {
+        const int64_t hk = h / (kHq / kHkv);
+        runtime::ReferenceAttentionHead rh;
+        rh.tq = 1;
+        rh.tk = kDecodeContext;
+        rh.d = rh.dv = kHeadDim;
+        rh.sm_scale = 1.0 / std::sqrt(double(kHeadDim));
+        rh.q_at = [&](int64_t, int64_t c) { return bf(q[size_t((s * kHq + h) * kHeadDim + c)]); };
+        rh.k_at = [&](int64_t j, int64_t c) { return at(kc, s, j, hk, c); };
+        rh.v_at = [&](int64_t j, int64_t c) { return at(vc, s, j, hk, c); };
+        rh.out = [&](int64_t, int64_t c, double ref) {
+          const double err = std::fabs(bf(out[size_t((s * kHq + h) * kHeadDim + c)]) - ref);
+          *max_err = std::max(*max_err, err);
+          ok &= err <= attention_tolerance(max_v, ref);
+        };
+        runtime::reference_attention_head(rh);
+      }
+    }
+    return ok;
+  };
+  Row row{
+      .op = "attn_decode",
+      .m = m,
+      .shape = fmt::format("B={} ctx={} Hq={} Hkv={} D={}", b, kDecodeContext, kHq, kHkv, kHeadDim),
+      .kernel = kernel,
+      .bytes = true};
+  measure(
+      row, env, [&] { decode_attention(qv, kv, vv, ov, tv, lv); }, check);
+  row.rate = double(b * kDecodeContext * kHkv * 2 * kHeadDim * 2) / row.seconds / 1e9;
+  return row;
+}
+
+// Prefill of one M-token prompt (no cached prefix), causal, with q, k and v as
+// column views of the fused qkv_proj output [M, 6144], as an engine calls it.
+// GFLOP/s counts the visible (query, key) pairs only: Hq·M(M+1)/2·(2D + 2D).
+Row prefill_row(const Env& env, int64_t m, uint64_t seed) {
+  auto qkv = random_bf16(static_cast<size_t>(m * kQkvWidth), seed, 1.0f);
+  std::vector<uint16_t> out(static_cast<size_t>(m * kHq * kHeadDim));
+  std::vector<int32_t> cu = {0, int32_t(m)};
+  const TensorView q(qkv.data(), DType::bf16, {m, kHq, kHeadDim}, {kQkvWidth, kHeadDim, 1});
+  const TensorView k(qkv.data() + kHq * kHeadDim, DType::bf16, {m, kHkv, kHeadDim},
+                     {kQkvWidth, kHeadDim, 1});
+  const TensorView v(qkv.data() + (kHq + kHkv) * kHeadDim, DType::bf16, {m, kHkv, kHeadDim},
+                     {kQkvWidth, kHeadDim, 1});
+  const TensorView ov(out.data(), DType::bf16, {m, kHq, kHeadDim});
+  const TensorView cuv(cu.data(), DType::i32, {2});
+  const AttentionOptions opt{.causal = true};
+  const std::string kernel =
+      env.cpu.isa == Isa::scalar
+          ? std::string("scalar reference")
+          : fmt::format("engine: brgemm_{} (S=K*Q^T, O+=P*V)", isa_name(env.cpu.isa));
+
+  // Query rows {0, M/2, M−1} of every head against the double reference: a
+  // causal row i sees keys 0..i, so it is the last row of an (i+1)-key problem.
+  auto check = [&](double* max_err) {
+    const auto el = [&](int64_t t, int64_t col) { return bf(qkv[size_t(t * kQkvWidth + col)]); };
+    double max_v = 0;
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t c = 0; c < kHkv * kHeadDim; ++c)
+        max_v = std::max(max_v, std::fabs(el(t, (kHq + kHkv) * kHeadDim + c)));
+    bool ok = true;
+    *max_err = 0;
+    std::vector<int64_t> rows = {0, m / 2, m - 1};
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    for (int64_t i : rows)
+      for (int64_t h = 0; h < kHq; ++h) {
+        const int64_t hk = h / (kHq / kHkv);
+        runtime::ReferenceAttentionHead rh;
+        rh.tq = 1;
+        rh.tk = i + 1;
+        rh.d = rh.dv = kHeadDim;
+        rh.sm_scale = 1.0 / std::sqrt(double(kHeadDim));
+        rh.causal = true;
+        rh.q_at = [&](int64_t, int64_t c) { return el(i, h * kHeadDim + c); };
+        rh.k_at = [&](int64_t j, int64_t c) { return el(j, (kHq + hk) * kHeadDim + c); };
+        rh.v_at = [&](int64_t j, int64_t c) { return el(j, (kHq + kHkv + hk) * kHeadDim + c); };
+        rh.out = [&](int64_t, int64_t c, double ref) {
+          const double err = std::fabs(bf(out[size_t((i * kHq + h) * kHeadDim + c)]) - ref);
+          *max_err = std::max(*max_err, err);
+          ok &= err <= attention_tolerance(max_v, ref);
+        };
+        runtime::reference_attention_head(rh);
+      }
+    return ok;
+  };
+  Row row{.op = "attn_prefill",
+          .m = m,
+          .shape = fmt::format("T={} Hq={} Hkv={} D={} causal", m, kHq, kHkv, kHeadDim),
+          .kernel = kernel};
+  measure(
+      row, env, [&] { flash_attn_varlen(q, k, v, ov, cuv, cuv, opt); }, check);
+  row.rate = double(kHq) * double(m) * double(m + 1) / 2 * 4 * kHeadDim / row.seconds / 1e9;
+  return row;
+}
+
+// ---- The table -------------------------------------------------------------------
+
+std::string time_str(double s) {
+  if (s < 1e-3) return fmt::format("{:.1f} us", s * 1e6);
+  if (s < 1) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.2f} s", s);
+}
+
+void print_header() {
+  fmt::print("{:<13} {:>4} {:<32} {:<7} {:<56} {:>9} {:>14} {:>6} {:>10} {:>6} {}\n", "op", "M",
+             "shape", "path", "kernel (plan key)", "time", "rate", "%peak", "compile ms", "hits",
+             "check");
+}
+
+void print_row(const Env& env, const Row& r) {
+  // %peak: of the bf16 compute peak for GFLOP/s, of the read bandwidth for GB/s.
+  const double limit = r.bytes ? env.read_gbs : env.peak_gflops;
+  fmt::print("{:<13} {:>4} {:<32} {:<7} {:<56} {:>9} {:>14} {:>5.1f}% {:>10.3f} {:>6} {}\n", r.op,
+             r.m, r.shape, isa_name(env.cpu.isa), r.kernel, time_str(r.seconds),
+             fmt::format("{:.1f} {}", r.rate, r.bytes ? "GB/s" : "GFLOP/s"),
+             limit > 0 ? 100 * r.rate / limit : 0.0, r.compile_ms, r.hits, r.check);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int run_llama_layer_job(const LlamaJobOptions& opt) {
   if (opt.threads > 0) set_num_threads(opt.threads);
-  const CpuInfo cpu = cpu_info();
-  const double peak_core = jit::measure_peak_gflops(cpu.isa == Isa::scalar ? cpu.max_isa : cpu.isa);
-  const double peak = peak_core * cpu.num_threads;
+  Env env;
+  env.cpu = cpu_info();
+  env.opt = opt;
+  const Isa peak_isa = env.cpu.isa == Isa::scalar ? env.cpu.max_isa : env.cpu.isa;
+  const double peak_core = jit::measure_peak_gflops(peak_isa);
+  env.peak_gflops = peak_core * env.cpu.num_threads;
+  env.read_gbs = measure_read_gbs();
   fmt::print(
-      "tilejit llama-layer: Llama-3-8B decoder layer GEMMs, bf16 in, fp32 accumulate, bf16 out\n");
+      "tilejit llama-layer: one Llama-3-8B decoder layer (hidden {}, {} q / {} kv heads of {}, "
+      "MLP 14336) in execution order: GEMMs, RoPE, attention; bf16 in, fp32 accumulate, bf16 "
+      "out\n",
+      kHidden, kHq, kHkv, kHeadDim);
   fmt::print(
-      "path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total\n\n",
-      isa_name(cpu.isa), cpu.num_threads, isa_name(cpu.isa == Isa::scalar ? cpu.max_isa : cpu.isa),
-      peak_core, peak);
+      "path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total | "
+      "streaming read {:.1f} GB/s\n",
+      isa_name(env.cpu.isa), env.cpu.num_threads, isa_name(peak_isa), peak_core, env.peak_gflops,
+      env.read_gbs);
+  fmt::print(
+      "M = tokens of the engine step: 1 = one decode token (context {}), 16 = a decode batch "
+      "of 16 sequences or a 16-token prompt, 512 = a 512-token prompt\n\n",
+      kDecodeContext);
 
-  const LayerGemm gemms[] = {{"qkv_proj", 6144, 4096, Activation::none},
-                             {"o_proj", 4096, 4096, Activation::none},
-                             {"gate_up_proj", 28672, 4096, Activation::none},
-                             {"down_proj", 4096, 14336, Activation::none}};
-  const int64_t ms[] = {1, 16, 512};
+  const std::vector<int64_t> all_m = {1, 16, 512};
+  const LayerGemm qkv{"qkv_proj", kQkvWidth, kHidden, Activation::none};
+  const LayerGemm o{"o_proj", kHidden, kHq * kHeadDim, Activation::none};
+  const LayerGemm gate_up{"gate_up_proj", 2 * 14336, kHidden, Activation::none};
+  const LayerGemm down{"down_proj", kHidden, 14336, Activation::none};
 
-  fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9} {:>7} {:>10} {:>6} {}\n", "gemm", "M",
-             "N", "K", "path", "kernel (plan key)", "GFLOP/s", "%peak", "compile ms", "hits",
-             "check");
+  print_header();
   bool all_ok = true;
-  uint64_t seed = 1;
-  for (const LayerGemm& g : gemms) {
-    const auto w = random_bf16(size_t(g.n) * g.k, seed++, 1.0f / 16);
-    const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {g.n, g.k}));
-    for (int64_t m : ms) {
-      const auto x = random_bf16(size_t(m) * g.k, seed++, 1.0f);
-      std::vector<uint16_t> y(size_t(m) * g.n);
-      const TensorView xv(x.data(), DType::bf16, {m, g.k});
-      const TensorView yv(y.data(), DType::bf16, {m, g.n});
-      const GemmOptions go{.bias = std::nullopt, .act = g.act};
-
-      const CacheStats before = cache_stats();
-      gemm(xv, pw, yv, go);  // first call: compiles what this M needs
-      const CacheStats after_first = cache_stats();
-      const double compile_ms = (after_first.compile_seconds - before.compile_seconds) * 1e3;
-
-      double max_err = 0;
-      const bool ok = !opt.check || check_rows(x, w, y, m, g, &max_err);
-      all_ok &= ok;
-
-      // Timing: batches of calls of >= seconds/5 each; median batch rate.
-      std::vector<double> rates;
-      const double flops = 2.0 * m * g.n * g.k;
-      int64_t per_batch = 1;
-      for (int b = 0; b < 5; ++b) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < per_batch; ++i) gemm(xv, pw, yv, go);
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        rates.push_back(flops * per_batch / s / 1e9);
-        if (b == 0) per_batch = std::max<int64_t>(1, int64_t(opt.seconds / 5 / (s / per_batch)));
-      }
-      std::sort(rates.begin() + 1, rates.end());
-      const double gflops = rates[3];  // median of the 4 sized batches
-      const CacheStats after = cache_stats();
-      const std::string key =
-          cpu.isa == Isa::scalar
-              ? std::string("scalar reference")
-              : ops::gemm_executable({g.n, g.k, codegen::BiasKind::none, g.act, DType::bf16},
-                                     cpu.isa)
-                    .plan()
-                    .name();
-      fmt::print("{:<13} {:>4} {:>6} {:>6} {:<7} {:<52} {:>9.1f} {:>6.1f}% {:>10.3f} {:>6} {}\n",
-                 g.name, m, g.n, g.k, isa_name(cpu.isa), key, gflops,
-                 peak > 0 ? 100 * gflops / peak : 0.0, compile_ms, after.hits - after_first.hits,
-                 !opt.check ? "skipped"
-                 : ok       ? fmt::format("ok (max err {:.2g})", max_err)
-                            : fmt::format("FAIL (max err {:.2g})", max_err));
-    }
-  }
+  const Emit emit = [&](const Row& r) {
+    print_row(env, r);
+    all_ok &= r.ok;
+  };
+  // The layer, op by op. A dense MLP is gate_up + down; an MoE layer (once
+  // fused_experts lands) puts its router and experts here as one more row kind.
+  gemm_rows(env, qkv, all_m, 1, emit);
+  rope_rows(env, all_m, 100, emit);
+  emit(decode_row(env, 1, 200));
+  emit(decode_row(env, 16, 210));
+  emit(prefill_row(env, 16, 300));
+  emit(prefill_row(env, 512, 310));
+  gemm_rows(env, o, all_m, 2000, emit);
+  gemm_rows(env, gate_up, all_m, 3000, emit);
+  gemm_rows(env, down, all_m, 4000, emit);
   const CacheStats st = cache_stats();
   fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n",
              st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);

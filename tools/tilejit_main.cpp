@@ -108,8 +108,9 @@ int main(int argc, char** argv) {
   tilejit::tools::LlamaJobOptions llama;
   auto* job = app.add_subcommand(
       "llama-layer",
-      "JIT the GEMMs of one Llama-3-8B decoder layer for M in {1, 16, 512}, check "
-      "them against the scalar reference and print speed (the default command)");
+      "JIT one Llama-3-8B decoder layer op by op (GEMMs for M in {1, 16, 512}, RoPE on q/k, "
+      "decode and prefill attention), check each against the scalar reference and print "
+      "speed (the default command)");
   job->add_option("--threads", llama.threads, "threads (default: TILEJIT_NUM_THREADS or cores)");
   job->add_option("--seconds", llama.seconds, "timing budget per shape");
   job->add_flag("!--no-check", llama.check, "skip the reference check");
