@@ -15,6 +15,7 @@
 #include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/brgemm_kernels.h"
+#include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 
 // The softmax helpers pass 64-byte vectors by value; they are internal and
@@ -28,32 +29,42 @@ namespace tilejit::ops::attn {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.44269504088896341f;
 constexpr int kMaxMr = 32;
+constexpr int kLanes = 16;                               // query rows per vector
+constexpr int kMaxGroups = int(kRowsPerBlock) / kLanes;  // 16-row groups of a block
+// The weights of a row are exp(s − ref); ref follows the row's max only when
+// that max exceeds it by more than this (weights then stay ≤ 2⁸, harmless in
+// fp32 and bf16), so most key blocks skip rescaling O (FlashAttention-4's
+// conditional rescale).
+constexpr float kLazyRescale = 8.0f / kLog2e;
 
 // The micro-kernels of one (ISA, D, Dv): a bounded set, looked up lock-free
-// after the first use. Scores: mr ∈ [1, mr limit] × nr ∈ {16, 32, 48, 64}
-// (Qᵀ is zero-padded to 16 columns). P·V: mr × {kb 32, kb 64} × {64, Dv % 64}.
+// after the first use. Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32,
+// 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr ×
+// {kb 32, kb 64}, accumulating in place.
 class Kernels {
  public:
-  Kernels(Isa isa, int64_t d, int64_t dv) : isa_(isa), d_(d), dv_(dv) {}
+  Kernels(Isa isa, int64_t d) : isa_(isa), d_(d) {}
 
-  int score_mr(int nz) const { return mr_limit(nz); }
-  int pv_mr() const { return mr_limit(static_cast<int>(std::min<int64_t>(4, (dv_ + 15) / 16))); }
+  int mr_limit(int nz) const {
+    return isa_ == Isa::amx ? kMaxMr : codegen::xbyak::avx512_brgemm_max_mr(nz);
+  }
 
   codegen::BrgemmFn score(int rows, int nz) {
     return get(score_[nz - 1][rows - 1], [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
-      d.nr = 16 * nz;
+      d.nr = kLanes * nz;
       d.kb = d_;
       return d;
     });
   }
-  codegen::BrgemmFn pv(int rows, int64_t kb, bool tail) {
-    return get(pv_[kb == 64][tail][rows - 1], [&] {
+  codegen::BrgemmFn pv(int rows, int nz, int64_t kb) {
+    return get(pv_[kb == 64][nz - 1][rows - 1], [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
-      d.nr = tail ? static_cast<int>(dv_ % 64) : 64;
+      d.nr = kLanes * nz;
       d.kb = kb;
       d.accumulate = true;
       return d;
@@ -61,9 +72,6 @@ class Kernels {
   }
 
  private:
-  int mr_limit(int nz) const {
-    return isa_ == Isa::amx ? kMaxMr : codegen::xbyak::avx512_brgemm_max_mr(nz);
-  }
   codegen::BrgemmDesc base() const {
     codegen::BrgemmDesc d;
     d.isa = isa_;
@@ -82,31 +90,61 @@ class Kernels {
   }
 
   Isa isa_;
-  int64_t d_, dv_;
-  std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, 4> score_{};
-  std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, 2>, 2> pv_{};
+  int64_t d_;
+  std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups> score_{};
+  std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>, 2> pv_{};
 };
 
-Kernels& kernels_for(Isa isa, int64_t d, int64_t dv) {
+Kernels& kernels_for(Isa isa, int64_t d) {
   static std::shared_mutex mu;
-  static std::map<std::tuple<Isa, int64_t, int64_t>, std::unique_ptr<Kernels>> map;
-  const auto key = std::make_tuple(isa, d, dv);
+  static std::map<std::pair<Isa, int64_t>, std::unique_ptr<Kernels>> map;
+  const auto key = std::make_pair(isa, d);
   {
     std::shared_lock lk(mu);
     if (auto it = map.find(key); it != map.end()) return *it->second;
   }
   std::unique_lock lk(mu);
   auto& slot = map[key];
-  if (!slot) slot = std::make_unique<Kernels>(isa, d, dv);
+  if (!slot) slot = std::make_unique<Kernels>(isa, d);
   return *slot;
 }
 
+// Calls f(r0, rows) over [0, n) in ⌈n / max⌉ near-equal chunks: 64 rows at
+// mr ≤ 7 become 4 × 7 + 6 × 6 rather than 9 × 7 + 1, whose one-row call runs
+// at a fraction of the FMA throughput.
+template <class F>
+void for_chunks(int64_t n, int max, F f) {
+  const int64_t parts = (n + max - 1) / max;
+  for (int64_t i = 0, r0 = 0; i < parts; ++i) {
+    const int64_t rows = (n - r0 + (parts - i) - 1) / (parts - i);
+    f(r0, static_cast<int>(rows));
+    r0 += rows;
+  }
+}
+
+// A grow-only 64-byte aligned array.
+template <class T>
+struct AlignedArray {
+  std::unique_ptr<std::byte[], runtime::FreeDeleter> mem;
+  size_t cap = 0;
+  T* get(size_t n) {
+    if (n > cap) {
+      mem = runtime::aligned_alloc_bytes(n * sizeof(T));
+      cap = n;
+    }
+    return reinterpret_cast<T*>(mem.get());
+  }
+};
+
 // Per-thread scratch, reused across blocks and calls.
 struct Scratch {
-  std::vector<uint32_t> q_packed;  // Qᵀ in vnni2: [D/2 pairs (padded to 16)][64 columns]
-  std::vector<float> s;            // Sᵀ [64 keys][64 rows]
-  std::vector<uint16_t> p;         // P [rows][kb] bf16
-  std::vector<uint32_t> v_packed;  // V block in vnni2: [Dv/64 blocks][kb/2 pairs][64]
+  std::vector<uint32_t> q_packed;                  // Qᵀ vnni2: [D/2 pairs (padded)][64 rows]
+  alignas(64) float s[kKeyBlock * kRowsPerBlock];  // Sᵀ [64 keys][64 rows]
+  alignas(64) uint32_t pt[kKeyBlock / 2 * kRowsPerBlock];    // Pᵀ vnni2: [32 key pairs][64 rows]
+  alignas(64) float m[kRowsPerBlock], l[kRowsPerBlock];      // reference max, sum
+  alignas(64) int32_t lo[kRowsPerBlock], hi[kRowsPerBlock];  // visible keys per row
+  AlignedArray<float> ot;                                    // Oᵀ [Dv][64 rows]
+  AlignedArray<uint16_t> vt;                                 // Vᵀ of one key block [Dv][64 keys]
   alignas(64) uint16_t a_tail[32 * 32];
 };
 thread_local Scratch tls;
@@ -130,95 +168,135 @@ void pack_q(const std::vector<QueryRow>& rows, int64_t d) {
   }
 }
 
-// Keys [j0, j0 + n) of V as a packed weight with N = Dv, K = kb (n padded with zero keys).
-TILEJIT_CLONES void pack_v(const RowSource& v, int64_t j0, int64_t n, int64_t kb, int64_t dv) {
-  const int64_t pairs = kb / 2, nblocks = (dv + 63) / 64;
-  tls.v_packed.resize(static_cast<size_t>(nblocks * pairs * 64));
-  uint32_t* dst = tls.v_packed.data();
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    const int64_t ja = 2 * kp, jb = 2 * kp + 1;
-    const uint16_t* r0 = ja < n ? v.row(j0 + ja) : nullptr;
-    const uint16_t* r1 = jb < n ? v.row(j0 + jb) : nullptr;
-    for (int64_t nb = 0; nb < nblocks; ++nb) {
-      uint32_t* out = dst + (nb * pairs + kp) * 64;
-      const int64_t c0 = nb * 64, cols = std::min<int64_t>(64, dv - c0);
-      // Branch-free inner loops (they vectorise); zero keys pad the last pair.
-      if (r0 && r1) {
-        const uint16_t *a = r0 + c0, *b = r1 + c0;
-        for (int64_t c = 0; c < cols; ++c) out[c] = uint32_t(a[c]) | (uint32_t(b[c]) << 16);
-      } else if (r0) {
-        const uint16_t* a = r0 + c0;
-        for (int64_t c = 0; c < cols; ++c) out[c] = a[c];
-      } else {
-        std::memset(out, 0, static_cast<size_t>(cols) * 4);
-      }
-    }
-  }
-}
-
-// The softmax glue in GCC vector extensions (16 floats): plain loops with
-// selects and a float max reduction do not auto-vectorise without
-// -ffast-math.
+// The softmax glue in GCC vector extensions, 16 query rows per vector: plain
+// loops with selects do not auto-vectorise without -ffast-math.
 using F16 = float __attribute__((vector_size(64)));
 using I16 = int32_t __attribute__((vector_size(64)));
 using U16 = uint32_t __attribute__((vector_size(64)));
 
-[[gnu::always_inline]] inline F16 load16(const float* p) {
-  F16 v;
+template <class V, class T>
+[[gnu::always_inline]] inline V load_v(const T* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+template <class V, class T>
+[[gnu::always_inline]] inline void store_v(T* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+[[gnu::always_inline]] inline bool any(I16 m) {
+  int32_t r = 0;
+  for (int l = 0; l < kLanes; ++l) r |= m[l];
+  return r != 0;
+}
 
-// e^x for x ≤ 0 (−inf and anything below −87 give exactly 0): x = n·ln2 + f,
-// |f| ≤ ln2/2, e^f by a degree-6 polynomial (relative error < 2⁻²²), 2^n by
-// the exponent bits.
-[[gnu::always_inline]] inline F16 exp_neg(F16 x) {
-  const I16 dead = x < -87.f;
-  const F16 xc = dead ? F16{} - 87.f : x;
-  const F16 t = xc * 1.44269504f + 12582912.f;  // round to nearest via the 1.5·2²³ shifter
-  const F16 nf = t - 12582912.f;
-  const F16 f = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;  // ln2 split hi + lo
-  F16 p = f * 1.38888889e-3f + 8.33333333e-3f;
-  p = p * f + 4.16666667e-2f;
-  p = p * f + 1.66666667e-1f;
-  p = p * f + 0.5f;
-  p = p * f + 1.f;
+// 2^x for x ≤ 8 (the lazy reference bounds it); x ≤ −127 (−inf included)
+// gives exactly 0: x = n + f, |f| ≤ 1/2, 2^f by a degree-5 polynomial (rel.
+// error < 3·10⁻⁶, far below P's bf16 rounding), 2^n by the exponent bits.
+[[gnu::always_inline]] inline F16 exp2v(F16 x) {
+  x = x < -127.f ? F16{} - 127.f : x;
+  const F16 nf = (x + 12582912.f) - 12582912.f;  // round to nearest via the 1.5·2²³ shifter
+  const F16 f = x - nf;
+  F16 p = f * 1.33335581e-3f + 9.61812911e-3f;
+  p = p * f + 5.55041087e-2f;
+  p = p * f + 2.40226507e-1f;
+  p = p * f + 6.93147181e-1f;
   p = p * f + 1.f;
   const I16 n = __builtin_convertvector(nf, I16);
-  const F16 scale = reinterpret_cast<F16>((n + 127) << 23);
-  return dead ? F16{} : p * scale;
+  return p * reinterpret_cast<F16>((n + 127) << 23);
 }
 
-// Row r of the block: the 64 scores sv (masked keys −inf) → m_new, then
-// prow[j] = bf16(exp(sv[j] − m_new)) (nearest even; values in [0, 1], never
-// NaN) for j < kb. Returns the block max through bmax (first pass) or the
-// sum of the rounded weights (second pass), see the callers.
-TILEJIT_CLONES float max_of(const float* x) {
-  F16 m = load16(x);
-  for (int64_t j = 16; j < kKeyBlock; j += 16) {
-    const F16 v = load16(x + j);
-    m = m > v ? m : v;
-  }
-  float mx = m[0];
-  for (int l = 1; l < 16; ++l) mx = std::max(mx, m[l]);
-  return mx;
-}
+// One online-softmax step over a key block, 16 query rows per vector.
+struct Step {
+  const float* s;     // Sᵀ [kb][64]: row j = key j0 + j; rows ≥ n are ignored
+  uint32_t* pt;       // out: Pᵀ vnni2 [kb/2][64], rows of key pairs
+  float* ot;          // Oᵀ [dv][64], rescaled when a reference moves
+  float* m;           // [64] reference (scaled-score units), in/out
+  float* l;           // [64] sum of the bf16-rounded weights, in/out
+  const int32_t* lo;  // [64] visible keys [lo, hi] per row
+  const int32_t* hi;
+  int64_t j0, n, kb, dv, nz;
+  float scale;  // applied to s (1 when s holds final scores)
+  bool masked;  // else every row sees all n == kb keys
+};
 
-TILEJIT_CLONES float exp_to_bf16(const float* sv, float mx, uint16_t* prow, int64_t kb) {
-  F16 sum{};
-  for (int64_t j = 0; j < kb; j += 16) {
-    const F16 e = exp_neg(load16(sv + j) - mx);
-    const U16 u = reinterpret_cast<U16>(e);
-    const U16 h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    for (int l = 0; l < 16; ++l) prow[j + l] = static_cast<uint16_t>(h[l]);
-    sum += reinterpret_cast<F16>(h << 16);
+TILEJIT_CLONES void softmax_step(const Step& a) {
+  const float c = a.scale * kLog2e;
+  for (int64_t g = 0; g < a.nz; ++g) {
+    const int64_t r0 = g * kLanes;
+    const I16 lo = load_v<I16>(a.lo + r0), hi = load_v<I16>(a.hi + r0);
+    auto visible = [&](int64_t j) {
+      const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
+      return (key >= lo) & (key <= hi);
+    };
+    // The block max of each row (masked keys excluded).
+    F16 bm = F16{} + kNegInf;
+    if (a.masked) {
+      for (int64_t j = 0; j < a.n; ++j) {
+        const F16 v = load_v<F16>(a.s + j * 64 + r0);
+        bm = visible(j) & (v > bm) ? v : bm;
+      }
+    } else {
+      for (int64_t j = 0; j < a.kb; ++j) {
+        const F16 v = load_v<F16>(a.s + j * 64 + r0);
+        bm = v > bm ? v : bm;
+      }
+    }
+    bm *= a.scale;
+    F16 ref = load_v<F16>(a.m + r0);
+    const I16 upd = bm > ref + kLazyRescale;
+    if (any(upd)) {
+      // alpha = e^(ref − new): 0 for a row's first visible block (ref = −inf,
+      // and O, l are still 0 there), 1 for rows that keep their reference.
+      const F16 nref = upd ? bm : ref;
+      const F16 alpha = upd ? exp2v((ref - nref) * kLog2e) : F16{} + 1.f;
+      if (any(ref != kNegInf)) {
+        store_v(a.l + r0, load_v<F16>(a.l + r0) * alpha);
+        for (int64_t col = 0; col < a.dv; ++col) {
+          float* o = a.ot + col * 64 + r0;
+          store_v(o, load_v<F16>(o) * alpha);
+        }
+      }
+      ref = nref;
+      store_v(a.m + r0, ref);
+    }
+    // A row with no visible key yet keeps ref = −inf; its weights are 0 anyway.
+    const F16 off = ref == kNegInf ? F16{} : ref * kLog2e;
+    F16 sum{};
+    for (int64_t j = 0; j < a.kb; j += 2) {
+      F16 e0 = exp2v(load_v<F16>(a.s + j * 64 + r0) * c - off);
+      F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
+      if (a.masked) {
+        e0 = j < a.n ? (visible(j) ? e0 : F16{}) : F16{};
+        e1 = j + 1 < a.n ? (visible(j + 1) ? e1 : F16{}) : F16{};
+      }
+      // bf16 round to nearest even (weights are finite and ≥ 0); key j in the
+      // low half of the pair word, key j + 1 in the high half.
+      const U16 u0 = reinterpret_cast<U16>(e0), u1 = reinterpret_cast<U16>(e1);
+      const U16 h0 = (u0 + 0x7fffu + ((u0 >> 16) & 1u)) & 0xffff0000u;
+      const U16 h1 = (u1 + 0x7fffu + ((u1 >> 16) & 1u)) & 0xffff0000u;
+      store_v(a.pt + j / 2 * 64 + r0, (h0 >> 16) | h1);
+      // l sums the rounded weights, so numerator and denominator agree.
+      sum += reinterpret_cast<F16>(h0) + reinterpret_cast<F16>(h1);
+    }
+    store_v(a.l + r0, load_v<F16>(a.l + r0) + sum);
   }
-  float total = 0;
-  for (int l = 0; l < 16; ++l) total += sum[l];
-  return total;
 }
 
 }  // namespace
+
+void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld) {
+  // 16 keys at a time: each output row gets 32 contiguous bytes per pass.
+  for (int64_t jb = 0; jb < n; jb += 16) {
+    const int64_t nj = std::min<int64_t>(16, n - jb);
+    const uint16_t* rows[16];
+    for (int64_t j = 0; j < nj; ++j) rows[j] = v.row(j0 + jb + j);
+    for (int64_t c = 0; c < dv; ++c) {
+      uint16_t* o = out + c * ld + jb;
+      for (int64_t j = 0; j < nj; ++j) o[j] = rows[j][c];
+    }
+  }
+}
 
 Params make_params(const AttentionOptions& opt, int64_t d, int64_t dv) {
   Params p;
@@ -255,37 +333,64 @@ void visible_keys(const Params& p, int64_t i_pos, int64_t tk, int64_t& lo, int64
 }
 
 void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
-            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st) {
+            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
+            const TransposedV* vt) {
   const int64_t m = static_cast<int64_t>(rows.size());
-  // The key range any row can see, so blocks above the causal diagonal (or
-  // outside every window) are skipped entirely.
+  const int nz = static_cast<int>((m + kLanes - 1) / kLanes);
+  const int64_t mp = int64_t(nz) * kLanes;
+  // The visible interval of every row (padded rows see nothing), and the key
+  // range any row can see, so blocks above the causal diagonal (or outside
+  // every window) are skipped entirely.
   int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = -1;
-  int64_t lo[kRowsPerBlock], hi[kRowsPerBlock];
-  for (int64_t r = 0; r < m; ++r) {
-    visible_keys(p, rows[r].i_pos, tk, lo[r], hi[r]);
-    if (lo[r] <= hi[r]) kmin = std::min(kmin, lo[r]), kmax = std::max(kmax, hi[r]);
+  int64_t lo_max = std::numeric_limits<int64_t>::min(),
+          hi_min = std::numeric_limits<int64_t>::max();
+  for (int64_t r = 0; r < mp; ++r) {
+    int64_t lo = 1, hi = 0;
+    if (r < m) {
+      visible_keys(p, rows[r].i_pos, tk, lo, hi);
+      if (lo <= hi) kmin = std::min(kmin, lo), kmax = std::max(kmax, hi);
+      lo_max = std::max(lo_max, lo), hi_min = std::min(hi_min, hi);
+    }
+    tls.lo[r] = static_cast<int32_t>(lo);
+    tls.hi[r] = static_cast<int32_t>(hi);
   }
   const int64_t jb0 = std::max(j_begin, kmin), jb1 = std::min(j_end, kmax + 1);
   if (jb0 >= jb1) return;
 
-  Kernels& ker = kernels_for(isa, p.d, p.dv);
-  const int nz = static_cast<int>((m + 15) / 16);
-  const int smr = ker.score_mr(nz), pmr = ker.pv_mr();
+  // The state, transposed: reference and sum per row, Oᵀ [Dv][64].
+  float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
+  bool fresh = true;
+  for (int64_t r = 0; r < mp; ++r) {
+    tls.m[r] = r < m ? st.mx[r] : kNegInf;
+    tls.l[r] = r < m ? st.l[r] : 0.f;
+    fresh = fresh && tls.m[r] == kNegInf;
+  }
+  if (fresh) {
+    std::memset(ot, 0, static_cast<size_t>(p.dv * kRowsPerBlock) * 4);
+  } else {
+    for (int64_t c = 0; c < p.dv; ++c)
+      for (int64_t r = 0; r < kRowsPerBlock; ++r)
+        ot[c * kRowsPerBlock + r] = r < m ? st.o[r * st.ldo + c] : 0.f;
+  }
+
+  Kernels& ker = kernels_for(isa, p.d);
+  const int mr = ker.mr_limit(nz);
   const int64_t d_full = p.d / 32 * 32, d_tail = p.d % 32;
   const bool amx_tail = isa == Isa::amx && d_tail != 0;
+  // Scale, softcap, ALiBi and tree masks other than the visible interval go
+  // through a C++ pass over the scores first (rare options, not the fast path).
+  const bool slow = p.softcap > 0 || p.slopes != nullptr ||
+                    std::any_of(rows.begin(), rows.end(), [](const QueryRow& r) { return r.mask; });
   pack_q(rows, p.d);
-  tls.s.resize(kKeyBlock * 64);
   const void* q_ptr = tls.q_packed.data();
-  const int64_t dv_blocks = (p.dv + 63) / 64;
-  const bool dv_tail = p.dv % 64 != 0;
+  const void* pt_ptr = tls.pt;
 
   for (int64_t j0 = jb0; j0 < jb1; j0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, jb1 - j0);
     // Sᵀ[keys × m] = K[keys × D] · Qᵀ, in runs of rows sharing one stride.
     for (int64_t jl = 0; jl < n;) {
       const int64_t run = std::min(n - jl, k.run(j0 + jl));
-      for (int64_t r0 = 0; r0 < run; r0 += smr) {
-        const int rr = static_cast<int>(std::min<int64_t>(smr, run - r0));
+      for_chunks(run, mr, [&](int64_t r0, int rr) {
         const uint16_t* a_ptr = k.row(j0 + jl + r0);
         const void* a = a_ptr;
         codegen::BrgemmArgs args{};
@@ -293,8 +398,8 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
         args.b = &q_ptr;
         args.batch = 1;
         args.lda = k.row_stride * 2;
-        args.c = tls.s.data() + (jl + r0) * 64;
-        args.ldc = 64 * 4;
+        args.c = tls.s + (jl + r0) * kRowsPerBlock;
+        args.ldc = kRowsPerBlock * 4;
         if (amx_tail) {
           // AMX K tail: zero-padded copy of the last D % 32 columns of each row.
           std::memset(tls.a_tail, 0, sizeof tls.a_tail);
@@ -303,77 +408,71 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
           args.a_tail = tls.a_tail;
         }
         ker.score(rr, nz)(&args);
-      }
+      });
       jl += run;
     }
 
-    // Online softmax: P row r = exp(s − m_new) as bf16; rescale O and l.
-    // Every loop below runs over the whole 64-key block with fixed trip
-    // counts and selects instead of branches, so GCC vectorises them: the
-    // per-element libm exp and bf16 rounding were most of decode's time.
     const int64_t kb = n <= 32 ? 32 : 64;
-    tls.p.resize(static_cast<size_t>(m * kb));
-    for (int64_t r = 0; r < m; ++r) {
-      uint16_t* prow = tls.p.data() + r * kb;
-      const int64_t a = std::max(lo[r], j0) - j0, b = std::min(hi[r], j0 + n - 1) - j0;
-      if (a > b) {
-        std::memset(prow, 0, static_cast<size_t>(kb) * 2);
-        continue;
+    Step step{tls.s, tls.pt, ot, tls.m, tls.l, tls.lo, tls.hi, j0, n, kb, p.dv, nz, p.scale, true};
+    if (slow) {
+      // Final scores in place (masked keys −inf), then a step with scale 1.
+      for (int64_t r = 0; r < m; ++r) {
+        const QueryRow& row = rows[r];
+        const float slope = p.slopes ? p.slopes[row.head * p.slopes_stride] : 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          float& x = tls.s[j * kRowsPerBlock + r];
+          x *= p.scale;
+          if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+          const int64_t key = j0 + j;
+          if (p.slopes) x += slope * static_cast<float>(key - row.i_pos);
+          if (row.mask && key >= row.mask_first &&
+              row.mask[(key - row.mask_first) * row.mask_stride] == 0)
+            x = kNegInf;
+        }
       }
-      alignas(64) float sv[kKeyBlock];
-      const float* srow = tls.s.data() + r;
-      for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] = srow[j * 64] * p.scale;
-      if (p.softcap > 0)
-        for (int64_t j = a; j <= b; ++j) sv[j] = p.softcap * std::tanh(sv[j] / p.softcap);
-      if (p.slopes) {
-        const float slope = p.slopes[rows[r].head * p.slopes_stride];
-        const float base = static_cast<float>(j0 - rows[r].i_pos);
-        for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] += slope * (base + static_cast<float>(j));
-      }
-      if (const uint8_t* mask = rows[r].mask) {
-        const int64_t mfirst = rows[r].mask_first, mstride = rows[r].mask_stride;
-        for (int64_t j = std::max(a, mfirst - j0); j <= b; ++j)
-          if (mask[(j0 + j - mfirst) * mstride] == 0) sv[j] = kNegInf;
-      }
-      for (int64_t j = 0; j < kKeyBlock; ++j) sv[j] = (j >= a && j <= b) ? sv[j] : kNegInf;
-      const float bmax = max_of(sv);
-      const float m_old = st.mx[r], m_new = std::max(m_old, bmax);
-      if (m_new == kNegInf) {  // every score −inf: contributes nothing
-        std::memset(prow, 0, static_cast<size_t>(kb) * 2);
-        continue;
-      }
-      if (m_old != m_new && m_old != kNegInf) {
-        const float alpha = std::exp(m_old - m_new);
-        float* o = st.o.data() + r * st.ldo;
-        for (int64_t c = 0; c < p.dv; ++c) o[c] *= alpha;
-        st.l[r] *= alpha;
-      }
-      st.mx[r] = m_new;
-      // l sums the rounded weights, so numerator and denominator agree.
-      st.l[r] += exp_to_bf16(sv, m_new, prow, kb);
+      step.scale = 1.f;
+    } else {
+      step.masked = n != kb || j0 < lo_max || j0 + n - 1 > hi_min;
     }
+    softmax_step(step);
 
-    // O[m × Dv] += P[m × kb] · V[kb × Dv]
-    pack_v(v, j0, n, kb, p.dv);
-    for (int64_t r0 = 0; r0 < m; r0 += pmr) {
-      const int rr = static_cast<int>(std::min<int64_t>(pmr, m - r0));
-      const void* a = tls.p.data() + r0 * kb;
-      for (int64_t nb = 0; nb < dv_blocks; ++nb) {
-        const bool tail = dv_tail && nb == dv_blocks - 1;
-        const void* b = tls.v_packed.data() + nb * (kb / 2) * 64;
-        float* c = st.o.data() + r0 * st.ldo + nb * 64;
-        codegen::BrgemmArgs args{};
-        args.a = &a;
-        args.b = &b;
-        args.batch = 1;
-        args.lda = kb * 2;
-        args.c = c;
-        args.ldc = st.ldo * 4;
-        args.acc_in = c;
-        args.ld_acc_in = st.ldo * 4;
-        ker.pv(rr, kb, tail)(&args);
-      }
+    // Oᵀ[Dv × m] += Vᵀ[Dv × kb] · Pᵀ[kb × m]; Vᵀ columns past n are zeros
+    // (the weights there are 0, and 0 · NaN would not be).
+    const uint16_t* a_base;
+    int64_t lda;
+    if (vt) {
+      a_base = vt->base + (j0 - vt->first);
+      lda = vt->ld;
+    } else {
+      uint16_t* blk = tls.vt.get(static_cast<size_t>(p.dv * kKeyBlock));
+      transpose_v(v, j0, n, p.dv, blk, kKeyBlock);
+      if (n < kb)
+        for (int64_t c = 0; c < p.dv; ++c)
+          std::memset(blk + c * kKeyBlock + n, 0, static_cast<size_t>(kb - n) * 2);
+      a_base = blk;
+      lda = kKeyBlock;
     }
+    for_chunks(p.dv, mr, [&](int64_t c0, int rr) {
+      const void* a = a_base + c0 * lda;
+      float* c = ot + c0 * kRowsPerBlock;
+      codegen::BrgemmArgs args{};
+      args.a = &a;
+      args.b = &pt_ptr;
+      args.batch = 1;
+      args.lda = lda * 2;
+      args.c = c;
+      args.ldc = kRowsPerBlock * 4;
+      args.acc_in = c;
+      args.ld_acc_in = kRowsPerBlock * 4;
+      ker.pv(rr, nz, kb)(&args);
+    });
+  }
+
+  for (int64_t r = 0; r < m; ++r) {
+    st.mx[r] = tls.m[r];
+    st.l[r] = tls.l[r];
+    float* o = st.o.data() + r * st.ldo;
+    for (int64_t c = 0; c < p.dv; ++c) o[c] = ot[c * kRowsPerBlock + r];
   }
 }
 

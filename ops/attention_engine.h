@@ -1,14 +1,17 @@
-// The attention block engine shared by prefill (flash_attn_varlen) and decode
-// (decode_attention): one block of ≤ 64 query rows of one kv head against a
-// key range, in key blocks of 64, with an fp32 online softmax.
+// The attention block engine shared by prefill (flash_attn_varlen), extend
+// and the non-LLVM decode: one block of ≤ 64 query rows of one kv head against
+// a key range, in key blocks of 64, with an fp32 online softmax. Everything
+// runs transposed, rows of the query block along the vector lanes:
 //
-//   Sᵀ[keys × m] = K[keys × D] · Qᵀ     JIT brgemm, A = K rows in place, B = Qᵀ packed once
-//   P = softmax pieces of S, bf16        C++ (scale, softcap, ALiBi, masks)
-//   O[m × Dv] += P · V                   JIT brgemm, B = the V block repacked to vnni2
+//   Sᵀ[keys × m] = K[keys × D] · Qᵀ      JIT brgemm, A = K rows in place, B = Qᵀ packed once
+//   Pᵀ = softmax step of Sᵀ, bf16 vnni2  vectorised across the m rows (no gathers,
+//                                         no horizontal reductions), written directly
+//                                         as the packed B operand of the next GEMM
+//   Oᵀ[Dv × m] += Vᵀ[Dv × keys] · Pᵀ     JIT brgemm, A = V transposed (per call for
+//                                         prefill, per key block otherwise)
 //
-// Scores are computed transposed so the K rows (cache or prefill tensor) are
-// read as they lie: only Q (once per query block) and V (once per key block)
-// are repacked, because AMX / vdpbf16ps need the reduced dimension in pairs.
+// Only Q (once per query block) and V are rearranged, because AMX / vdpbf16ps
+// need the reduced dimension in pairs: K's pairs are its own row elements.
 #pragma once
 
 #include <cstdint>
@@ -83,11 +86,28 @@ struct Partial {
 // i_pos in a sequence of tk keys.
 void visible_keys(const Params& p, int64_t i_pos, int64_t tk, int64_t& lo, int64_t& hi);
 
+// V of one kv head already transposed (prefill transposes it once per call):
+// Vᵀ[c][j] at base[c·ld + j − first], with zeros from column tk − first up to
+// at least column tk − first + kKeyBlock, so a 64-key block may run past tk.
+struct TransposedV {
+  const uint16_t* base = nullptr;
+  int64_t ld = 0;
+  int64_t first = 0;
+};
+
+// Writes Vᵀ of keys [j0, j0 + n) into out[c·ld + (j − j0)], c < dv.
+void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld);
+
 // Runs rows (≤ kRowsPerBlock) over keys [j_begin, j_end) of a sequence of tk
 // keys, accumulating into st (which must be reset by the caller). Key blocks
-// no row can see are skipped without touching memory.
+// no row can see are skipped without touching memory. With vt, V is read from
+// that transposed copy instead of v. st.mx is the reference the weights are
+// taken against: it follows the running max lazily (only when the max grows
+// by more than 2⁸ in weight), so it may lie below the true max; merge and
+// finish need only that l and o are relative to it.
 void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
-            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st);
+            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
+            const TransposedV* vt = nullptr);
 
 // Folds partial b into a (log-sum-exp merge), row by row.
 void merge(Partial& a, const Partial& b, int64_t rows, int64_t dv);

@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "ops/attention_checks.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
+#include "runtime/aligned_buffer.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 
@@ -99,6 +102,43 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       return ck[x.b + 1] - ck[x.b] - (cq[x.b + 1] - cq[x.b]) + x.r0 / g >
              ck[y.b + 1] - ck[y.b] - (cq[y.b + 1] - cq[y.b]) + y.r0 / g;
     });
+  // V transposed once per (sequence, kv head) for every query block of the
+  // sequence: the P·V GEMM reads Vᵀ rows as its A operand. Columns are padded
+  // with zeros up to a multiple of the key block plus one block (a block may
+  // start at any visible key and run 64 keys). Kept per calling thread and
+  // reused across calls, unless it grew past 64 MiB.
+  struct Prepared {
+    std::vector<int64_t> offset;  // per (sequence, kv head): element offset of its Vᵀ
+    std::unique_ptr<std::byte[], runtime::FreeDeleter> buf;
+    size_t bytes = 0;
+    uint16_t* ensure(size_t n) {
+      if (n > bytes) buf = runtime::aligned_alloc_bytes(n), bytes = n;
+      return reinterpret_cast<uint16_t*>(buf.get());
+    }
+  };
+  thread_local Prepared prep;
+  prep.offset.assign(static_cast<size_t>(batch * hkv), 0);
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < hkv; ++h) {
+      prep.offset[b * hkv + h] = total;
+      const int64_t nk = ck[b + 1] - ck[b];
+      total +=
+          dv * ((nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock);
+    }
+  uint16_t* vt_all = prep.ensure(static_cast<size_t>(total) * 2);
+  // (prep is this thread's; the pool's workers see it through these pointers.)
+  const int64_t* vt_offset = prep.offset.data();
+  runtime::parallel_for(batch * hkv, [&](int64_t t) {
+    const int64_t b = t / hkv, h = t % hkv, nk = ck[b + 1] - ck[b];
+    const int64_t ld =
+        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock;
+    uint16_t* dst = vt_all + vt_offset[t];
+    attn::transpose_v(sources(b, h).second, 0, nk, dv, dst, ld);
+    for (int64_t c = 0; c < dv; ++c)
+      std::memset(dst + c * ld + nk, 0, static_cast<size_t>(ld - nk) * 2);
+  });
+
   const int64_t dv_padded = (dv + 63) / 64 * 64;
   runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const Task& task = tasks[t];
@@ -112,11 +152,15 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       orows[r] = od + (cq[task.b] + i) * out.strides[0] + h * out.strides[1];
     }
     const auto [ks, vs] = sources(task.b, task.h);
+    const attn::TransposedV vt{
+        vt_all + vt_offset[task.b * hkv + task.h],
+        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock, 0};
     thread_local attn::Partial st;
     st.reset(rows, dv_padded);
-    attn::attend(isa, p, qr, ks, vs, nk, 0, nk, st);
+    attn::attend(isa, p, qr, ks, vs, nk, 0, nk, st, &vt);
     attn::finish(p, qr, st, orows);
   });
+  if (prep.bytes > (size_t(64) << 20)) prep.buf.reset(), prep.bytes = 0;
 }
 
 }  // namespace tilejit
