@@ -1,0 +1,366 @@
+// moe_bench: tilejit::fused_experts on two model layers against this
+// machine's measured limits (bf16 peak from the JIT peak probe, DRAM read
+// bandwidth).
+//
+//   build-moe/bench/moe_bench --benchmark_repetitions=5
+//       --benchmark_display_aggregates_only=true --benchmark_filter=...
+// (docs/moe.md has the exact commands and the measured tables.)
+//
+// Layers:
+//   qwen3   Qwen3-30B-A3B-like: E = 128, k = 8, H = 2048, I = 768
+//           (1.21 GB of packed experts, 9.4 MB per expert)
+//   mixtral Mixtral-8x7B-like:  E = 8,   k = 2, H = 4096, I = 14336
+//           (2.8 GB of packed experts, 352 MB per expert)
+// T ∈ {1, 16, 256, 2048} tokens for qwen3; T ≤ 256 for mixtral: at T = 2048 one
+// call is ~1.4 TFLOP of routed work, several seconds per iteration on this
+// 2-core machine, too long for a repeated run (it would measure nothing new:
+// T = 256 already runs every expert as a large GEMM).
+//
+// Routing: random logits [T, E] through tilejit::topk_softmax (renormalized),
+// 16 routing sets per T cycled per iteration, so consecutive calls touch
+// different experts as consecutive decode steps do. Routing is done outside
+// the timed region (it is its own op).
+//
+// Counters (wall clock, UseRealTime: the library runs its own threads):
+//   tokens_per_s  T / time per call
+//   GFLOPs        routed-expert FLOPs actually computed per second:
+//                 2·T·k·(2I·H + H·I) per call (no shared expert, nothing for
+//                 experts no token chose)
+//   GFLOPs_cpu    the same over process CPU time / threads: on this shared
+//                 machine it leaves out the time other processes held the cores
+//   pct_peak      GFLOPs of threads × the per-core bf16 peak (JIT probe)
+//   for T ≤ 16 (weight-streaming decode):
+//   GBs           expert weights read per second: unique experts touched by the
+//                 call × packed bytes per expert (w13 + w2); the weights total
+//                 ≥ 1.2 GB ≫ the 32 MiB L3, and each call routes afresh, so
+//                 they come from DRAM
+//   dram_GBs      streaming read bandwidth measured in this process with the
+//                 same thread count (2 GiB, huge pages, as packed weights get)
+//   pct_dram      GBs of dram_GBs
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codegen/xbyak/emitters.h"
+#include "dram_bandwidth.h"
+#include "runtime/bf16.h"
+#include "runtime/exec_memory.h"
+#include "tilejit/tilejit.h"
+
+namespace {
+
+using tilejit::DType;
+using tilejit::TensorView;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kGiB = size_t(1) << 30;
+
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Wall time and process CPU time / threads of a measured region.
+struct Meter {
+  int threads;
+  Clock::time_point t0 = Clock::now();
+  double c0 = process_cpu_seconds();
+  explicit Meter(int t) : threads(t) {}
+  double wall() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+  double cpu() const { return (process_cpu_seconds() - c0) / threads; }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void skip(benchmark::State& state, const std::string& why) {
+  state.SkipWithError(why.c_str());
+  for (auto _ : state) {
+  }
+}
+
+// Uniform(-scale, scale) bf16 values: 1 Mi from a xorshift stream, then copies
+// of them (filling GBs of weights from the stream would dominate the setup;
+// the timing does not depend on the values). The scale keeps the activations
+// of the random layer well inside the bf16 range.
+void fill_bf16(uint16_t* p, size_t n, uint64_t seed, float scale) {
+  const size_t chunk = std::min<size_t>(n, size_t(1) << 20);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < chunk; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float f = static_cast<float>(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    p[i] = tilejit::runtime::f32_to_bf16(scale * f);
+  }
+  for (size_t i = chunk; i < n; i += chunk) std::memcpy(p + i, p, std::min(chunk, n - i) * 2);
+}
+
+// ---------------------------------------------------------------- peak
+
+// Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow: the
+// register-only JIT probe (as jit/peak.h), median of 7 runs of ~50 ms, timed
+// with the thread's CPU clock (as gemm_bench and attention_bench do): the
+// probe touches no memory, so CPU time is the core's own speed.
+double per_core_peak_gflops() {
+  static const double peak = [] {
+    const tilejit::Isa isa = tilejit::cpu_info().max_isa;
+    if (isa != tilejit::Isa::amx && isa != tilejit::Isa::avx512) return 0.0;
+    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa);
+    const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
+    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
+    const double flops_per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa);
+    fn(100000);  // warm up (clocks)
+    double t0 = thread_cpu_seconds();
+    fn(1000000);
+    const int64_t iters = std::max<int64_t>(
+        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
+    std::vector<double> g;
+    for (int r = 0; r < 7; ++r) {
+      t0 = thread_cpu_seconds();
+      fn(iters);
+      g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
+    }
+    return median(g);
+  }();
+  return peak;
+}
+
+double pct_of_peak(double gflops, int threads) {
+  const double peak = per_core_peak_gflops() * threads;
+  return peak > 0 ? 100.0 * gflops / peak : 0.0;
+}
+
+// ---------------------------------------------------------------- DRAM
+
+// Streaming read bandwidth (GB/s) of `threads` threads over a 2 GiB buffer in
+// huge pages (packed weights get 2 MiB-aligned MADV_HUGEPAGE pages too),
+// median of 3 passes, measured once per thread count. The buffer is unmapped
+// afterwards: the layers need the memory.
+double dram_gbs(int threads) {
+  static std::map<int, double> rates;
+  auto& r = rates[threads];
+  if (r == 0 && tilejit::cpu_info().avx512f) {
+    const size_t bytes = 2 * kGiB;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 0;
+    madvise(p, bytes, MADV_HUGEPAGE);
+    auto* w = static_cast<uint64_t*>(p);
+    for (size_t i = 0; i < bytes / 8; ++i) w[i] = i;  // touch every page, non-zero data
+    std::vector<double> g;
+    for (int i = 0; i < 3; ++i) {
+      const Meter m(threads);
+      benchmark::DoNotOptimize(tilejit::bench::stream_read(p, bytes, threads));
+      g.push_back(double(bytes) / m.wall() * 1e-9);
+    }
+    munmap(p, bytes);
+    r = median(g);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------- layers
+
+struct LayerShape {
+  const char* name;
+  int64_t e, k, h, i;
+};
+constexpr LayerShape kQwen3{"qwen3", 128, 8, 2048, 768};
+constexpr LayerShape kMixtral{"mixtral", 8, 2, 4096, 14336};
+
+// The packed experts of one layer (the raw weights are dropped after packing).
+struct Layer {
+  LayerShape s;
+  tilejit::PackedExperts w13, w2;
+  double bytes_per_expert = 0;
+  explicit Layer(const LayerShape& shape) : s(shape) {
+    {
+      std::vector<uint16_t> raw(size_t(s.e * 2 * s.i * s.h));
+      // ~unit-variance gate/up pre-activations: uniform(±a) with a = 3/√H.
+      fill_bf16(raw.data(), raw.size(), 1, float(3.0 / std::sqrt(double(s.h))));
+      w13 = tilejit::pack_experts(TensorView(raw.data(), DType::bf16, {s.e, 2 * s.i, s.h}),
+                                  tilejit::ExpertProj::gate_up);
+    }
+    {
+      std::vector<uint16_t> raw(size_t(s.e * s.h * s.i));
+      fill_bf16(raw.data(), raw.size(), 2, float(3.0 / std::sqrt(double(s.i))));
+      w2 = tilejit::pack_experts(TensorView(raw.data(), DType::bf16, {s.e, s.h, s.i}),
+                                 tilejit::ExpertProj::down);
+    }
+    bytes_per_expert = double(w13.packed_bytes() + w2.packed_bytes()) / double(s.e);
+  }
+};
+
+// One live layer at a time (mixtral's packed experts alone are 2.8 GB).
+Layer& layer(const LayerShape& s) {
+  static std::unique_ptr<Layer> cur;
+  if (!cur || cur->s.e != s.e || cur->s.h != s.h || cur->s.i != s.i) {
+    cur.reset();
+    cur = std::make_unique<Layer>(s);
+  }
+  return *cur;
+}
+
+// kSets routing sets for T tokens: topk_softmax over random logits.
+constexpr int kSets = 16;
+struct Routing {
+  int64_t t = 0, k = 0;
+  std::vector<float> weights;   // [kSets][T, k]
+  std::vector<int32_t> ids;     // [kSets][T, k]
+  std::vector<int64_t> unique;  // experts touched per set
+  double mean_unique = 0;
+};
+
+Routing make_routing(const LayerShape& s, int64_t t) {
+  Routing r;
+  r.t = t, r.k = s.k;
+  r.weights.resize(size_t(kSets * t * s.k));
+  r.ids.resize(r.weights.size());
+  std::mt19937 rng(uint32_t(t * 1000 + s.e));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> logits(size_t(t * s.e));
+  for (int set = 0; set < kSets; ++set) {
+    for (float& l : logits) l = nd(rng);
+    float* w = r.weights.data() + set * t * s.k;
+    int32_t* id = r.ids.data() + set * t * s.k;
+    tilejit::topk_softmax(TensorView(logits.data(), DType::f32, {t, s.e}),
+                          TensorView(w, DType::f32, {t, s.k}),
+                          TensorView(id, DType::i32, {t, s.k}));
+    r.unique.push_back(int64_t(std::set<int32_t>(id, id + t * s.k).size()));
+  }
+  double sum = 0;
+  for (int64_t u : r.unique) sum += double(u);
+  r.mean_unique = sum / kSets;
+  return r;
+}
+
+// Hidden states and the output, the largest T's worth, reused by every run.
+struct Activations {
+  std::vector<uint16_t> hidden, out;
+};
+Activations& activations(int64_t t, int64_t h) {
+  static Activations a;
+  const size_t n = size_t(t * h);
+  if (a.hidden.size() < n) {
+    a.hidden.resize(n);
+    fill_bf16(a.hidden.data(), n, 3, 1.0f);
+    a.out.resize(n);
+  }
+  return a;
+}
+
+void BM_FusedExperts(benchmark::State& state, LayerShape s) {
+  const int64_t t = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  if (tilejit::cpu_info().isa == tilejit::Isa::scalar)
+    return skip(state, "the scalar path is the reference: nothing to time");
+  const double dram = t <= 16 ? dram_gbs(threads) : 0.0;  // before the layer takes the memory
+  Layer& l = layer(s);
+  const Routing r = make_routing(s, t);
+  Activations& act = activations(t, s.h);
+  tilejit::set_num_threads(threads);
+  const TensorView hidden(act.hidden.data(), DType::bf16, {t, s.h});
+  const TensorView out(act.out.data(), DType::bf16, {t, s.h});
+  auto run = [&](int set) {
+    tilejit::fused_experts(hidden, l.w13, l.w2,
+                           TensorView(r.weights.data() + set * t * s.k, DType::f32, {t, s.k}),
+                           TensorView(r.ids.data() + set * t * s.k, DType::i32, {t, s.k}), out);
+  };
+  run(kSets - 1);  // warm-up: compiles the kernels
+  int set = 0;
+  double bytes = 0;
+  const Meter m(threads);
+  for (auto _ : state) {
+    run(set);
+    bytes += double(r.unique[size_t(set)]) * l.bytes_per_expert;
+    set = (set + 1) % kSets;
+  }
+  const double wall = m.wall(), cpu = m.cpu(), it = double(state.iterations());
+  for (size_t n = 0; n < act.out.size() && n < size_t(s.h); ++n)
+    if (!std::isfinite(tilejit::runtime::bf16_to_f32(act.out[n])))
+      return state.SkipWithError("non-finite output");
+  const double flops = 2.0 * double(t * s.k) * double(2 * s.i * s.h + s.h * s.i);
+  const double gflops = flops * it / wall * 1e-9, cpu_gflops = flops * it / cpu * 1e-9;
+  state.counters["tokens_per_s"] = double(t) * it / wall;
+  state.counters["GFLOPs"] = gflops;
+  state.counters["GFLOPs_cpu"] = cpu_gflops;
+  state.counters["pct_peak"] = pct_of_peak(gflops, threads);
+  state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
+  state.counters["experts_touched"] = r.mean_unique;
+  if (t <= 16) {
+    const double gbs = bytes / wall * 1e-9;
+    state.counters["GBs"] = gbs;
+    state.counters["GBs_cpu"] = bytes / cpu * 1e-9;
+    state.counters["dram_GBs"] = dram;
+    if (dram > 0) state.counters["pct_dram"] = 100.0 * gbs / dram;
+  }
+}
+
+void BM_DramReadBandwidth(benchmark::State& state) {
+  if (!tilejit::cpu_info().avx512f) return skip(state, "the streaming probe needs AVX-512F");
+  const int threads = static_cast<int>(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(dram_gbs(threads));
+  state.counters["GBs"] = dram_gbs(threads);
+}
+
+void register_all() {
+  using benchmark::RegisterBenchmark;
+  for (int threads : {1, 2})
+    RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
+        ->Arg(threads)
+        ->ArgName("threads")
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  for (const LayerShape& s : {kQwen3, kMixtral})
+    for (int64_t t : {1, 16, 256, 2048}) {
+      if (s.e == kMixtral.e && t > 256) continue;  // see the top
+      for (int threads : {1, 2}) {
+        const std::string name = std::string("BM_FusedExperts/") + s.name;
+        RegisterBenchmark(name.c_str(), BM_FusedExperts, s)
+            ->Args({t, threads})
+            ->ArgNames({"T", "threads"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_all();
+  const tilejit::CpuInfo ci = tilejit::cpu_info();
+  benchmark::AddCustomContext("tilejit_active_isa", tilejit::isa_name(ci.isa));
+  benchmark::AddCustomContext("peak_per_core_gflops", std::to_string(per_core_peak_gflops()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
