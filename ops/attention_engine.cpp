@@ -12,8 +12,10 @@
 #include <tuple>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/llvm/llvm_softmax.h"
 #include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
+#include "jit/attention_kernels.h"
 #include "jit/brgemm_kernels.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
@@ -28,16 +30,17 @@
 namespace tilejit::ops::attn {
 namespace {
 
+namespace lb = codegen::llvm_backend;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr int kMaxMr = 32;
 constexpr int kLanes = 16;                               // query rows per vector
 constexpr int kMaxGroups = int(kRowsPerBlock) / kLanes;  // 16-row groups of a block
 // The weights of a row are exp(s − ref); ref follows the row's max only when
-// that max exceeds it by more than this (weights then stay ≤ 2⁸, harmless in
-// fp32 and bf16), so most key blocks skip rescaling O (FlashAttention-4's
-// conditional rescale).
-constexpr float kLazyRescale = 8.0f / kLog2e;
+// that max exceeds it by more than 2⁸ in weight (harmless in fp32 and bf16),
+// so most key blocks skip rescaling O (FlashAttention-4's conditional rescale).
+constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 
 // The micro-kernels of one (ISA, D, Dv): a bounded set, looked up lock-free
 // after the first use. Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32,
@@ -206,23 +209,12 @@ template <class V, class T>
   return p * reinterpret_cast<F16>((n + 127) << 23);
 }
 
-// One online-softmax step over a key block, 16 query rows per vector.
-struct Step {
-  const float* s;     // Sᵀ [kb][64]: row j = key j0 + j; rows ≥ n are ignored
-  uint32_t* pt;       // out: Pᵀ vnni2 [kb/2][64], rows of key pairs
-  float* ot;          // Oᵀ [dv][64], rescaled when a reference moves
-  float* m;           // [64] reference (scaled-score units), in/out
-  float* l;           // [64] sum of the bf16-rounded weights, in/out
-  const int32_t* lo;  // [64] visible keys [lo, hi] per row
-  const int32_t* hi;
-  int64_t j0, n, kb, dv, nz;
-  float scale;  // applied to s (1 when s holds final scores)
-  bool masked;  // else every row sees all n == kb keys
-};
-
-TILEJIT_CLONES void softmax_step(const Step& a) {
+// The online-softmax step (contract: codegen/llvm/llvm_softmax.h) in C++ for
+// builds without LLVM; the JIT kernel does the same with vscalefps and
+// vcvtne2ps2bf16 where the host has them.
+TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
   const float c = a.scale * kLog2e;
-  for (int64_t g = 0; g < a.nz; ++g) {
+  for (int64_t g = 0; g < nz; ++g) {
     const int64_t r0 = g * kLanes;
     const I16 lo = load_v<I16>(a.lo + r0), hi = load_v<I16>(a.hi + r0);
     auto visible = [&](int64_t j) {
@@ -231,7 +223,7 @@ TILEJIT_CLONES void softmax_step(const Step& a) {
     };
     // The block max of each row (masked keys excluded).
     F16 bm = F16{} + kNegInf;
-    if (a.masked) {
+    if (a.masked != 0) {
       for (int64_t j = 0; j < a.n; ++j) {
         const F16 v = load_v<F16>(a.s + j * 64 + r0);
         bm = visible(j) & (v > bm) ? v : bm;
@@ -266,7 +258,7 @@ TILEJIT_CLONES void softmax_step(const Step& a) {
     for (int64_t j = 0; j < a.kb; j += 2) {
       F16 e0 = exp2v(load_v<F16>(a.s + j * 64 + r0) * c - off);
       F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
-      if (a.masked) {
+      if (a.masked != 0) {
         e0 = j < a.n ? (visible(j) ? e0 : F16{}) : F16{};
         e1 = j + 1 < a.n ? (visible(j + 1) ? e1 : F16{}) : F16{};
       }
@@ -281,6 +273,28 @@ TILEJIT_CLONES void softmax_step(const Step& a) {
     }
     store_v(a.l + r0, load_v<F16>(a.l + r0) + sum);
   }
+}
+
+// The step for nz groups: the LLVM kernel (compiled once per nz and host),
+// else the C++ loop above (no LLVM in this build, or LLVM cannot target the
+// host; the reason is the Error the compile raised).
+void softmax_step(const lb::SoftmaxStepArgs& a, int nz) {
+  using Fn = lb::SoftmaxStepFn;
+  static std::array<std::atomic<Fn>, kMaxGroups> slots{};
+  static std::atomic<bool> unavailable{!jit::have_softmax_step_kernel()};
+  Fn f = slots[nz - 1].load(std::memory_order_acquire);
+  if (f == nullptr && !unavailable.load(std::memory_order_relaxed)) {
+    try {
+      f = jit::softmax_step_kernel({nz}).entry<Fn>();
+      slots[nz - 1].store(f, std::memory_order_release);
+    } catch (const Error&) {
+      unavailable.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (f)
+    f(&a);
+  else
+    softmax_step_cxx(a, nz);
 }
 
 }  // namespace
@@ -413,7 +427,8 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
     }
 
     const int64_t kb = n <= 32 ? 32 : 64;
-    Step step{tls.s, tls.pt, ot, tls.m, tls.l, tls.lo, tls.hi, j0, n, kb, p.dv, nz, p.scale, true};
+    lb::SoftmaxStepArgs step{tls.s, tls.pt, ot, tls.m, tls.l,   tls.lo, tls.hi,
+                             j0,    n,      kb, p.dv,  p.scale, 1};
     if (slow) {
       // Final scores in place (masked keys −inf), then a step with scale 1.
       for (int64_t r = 0; r < m; ++r) {
@@ -434,7 +449,7 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
     } else {
       step.masked = n != kb || j0 < lo_max || j0 + n - 1 > hi_min;
     }
-    softmax_step(step);
+    softmax_step(step, nz);
 
     // Oᵀ[Dv × m] += Vᵀ[Dv × kb] · Pᵀ[kb × m]; Vᵀ columns past n are zeros
     // (the weights there are 0, and 0 · NaN would not be).

@@ -96,12 +96,18 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     for (int64_t h = 0; h < hkv; ++h)
       for (int64_t r0 = 0; r0 < rows; r0 += attn::kRowsPerBlock) tasks.push_back({b, h, r0});
   }
-  // Causal blocks late in a sequence cost the most: start them first.
-  if (opt.causal)
+  // Longer sequences first (they cost the most); within a sequence, one kv
+  // head after the other, so a thread's consecutive tasks reuse that head's K
+  // and Vᵀ from its L2 (interleaving the heads sent every K/V read to L3:
+  // 5% slower at T = 2048); causal blocks late in the sequence first.
+  if (opt.causal) {
+    auto cost = [&](int64_t b) { return (ck[b + 1] - ck[b]) * (cq[b + 1] - cq[b]); };
     std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) {
-      return ck[x.b + 1] - ck[x.b] - (cq[x.b + 1] - cq[x.b]) + x.r0 / g >
-             ck[y.b + 1] - ck[y.b] - (cq[y.b + 1] - cq[y.b]) + y.r0 / g;
+      if (x.b != y.b) return cost(x.b) > cost(y.b) || (cost(x.b) == cost(y.b) && x.b < y.b);
+      if (x.h != y.h) return x.h < y.h;
+      return x.r0 > y.r0;
     });
+  }
   // V transposed once per (sequence, kv head) for every query block of the
   // sequence: the P·V GEMM reads Vᵀ rows as its A operand. Columns are padded
   // with zeros up to a multiple of the key block plus one block (a block may

@@ -1,0 +1,56 @@
+// The online-softmax step of the attention block engine (ops/attention_engine.h)
+// compiled by LLVM: one key block of transposed scores Sᵀ[keys][64 rows] →
+// the bf16 weights Pᵀ in the vnni2 layout the P·V micro-kernel reads as its B
+// operand, with the running reference max and sum of each query row, and O
+// rescaled when a reference moves. Query rows run along the vector lanes (16
+// per vector, nz vectors per key), so there are no gathers and no horizontal
+// reductions. LLVM-free: the rest of the project includes this header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "codegen/llvm/llvm_jit.h"
+
+namespace tilejit::codegen::llvm_backend {
+
+// Row stride (in elements) of every [·][64] operand: one engine block of rows.
+inline constexpr int64_t kSoftmaxRows = 64;
+
+// Weights are 2^((s·scale − ref)·log2 e); ref (the stored m) follows a row's
+// max only when the max exceeds it by more than this, in scaled-score units
+// (weights then stay ≤ 2⁸), so most key blocks leave O alone.
+inline constexpr float kSoftmaxLazyRescale = 8.0f / 1.44269504088896341f;
+
+// What the emitted bytes depend on (besides the host, which the cache key adds).
+struct SoftmaxStepDesc {
+  int nz = 4;  // 16-row groups, 1..4
+
+  // attn_softmax_step_llvm_nz4
+  std::string name() const;
+};
+
+// One call: key block [j0, j0 + n), n ≤ kb ∈ {32, 64}.
+struct SoftmaxStepArgs {
+  const float* s;     // Sᵀ [kb][64]: row j is key j0 + j (raw q·k); rows ≥ n are not read
+                      // for the max and give weight 0
+  uint32_t* pt;       // out: Pᵀ [kb/2][64], word (j/2, r) = bf16 P[r][j] | bf16 P[r][j+1] << 16
+  float* ot;          // Oᵀ [dv][64], multiplied by e^(old ref − new ref) where a ref moves
+  float* m;           // [64] reference per row (scaled-score units; −inf: no key yet)
+  float* l;           // [64] sum of the bf16-rounded weights per row
+  const int32_t* lo;  // [64] visible keys [lo, hi] per row (masked mode only)
+  const int32_t* hi;
+  int64_t j0, n, kb, dv;
+  float scale;     // s·scale is the score (1 when s already holds final scores, −inf masked)
+  int32_t masked;  // 0: every row sees every key of the block, n == kb, scores finite
+};
+static_assert(offsetof(SoftmaxStepArgs, j0) == 56 && offsetof(SoftmaxStepArgs, dv) == 80 &&
+              offsetof(SoftmaxStepArgs, scale) == 88 && offsetof(SoftmaxStepArgs, masked) == 92);
+
+using SoftmaxStepFn = void (*)(const SoftmaxStepArgs*);
+
+// Checks the descriptor (Error naming the field) and compiles it.
+LlvmKernel compile_llvm_softmax_step(const SoftmaxStepDesc& desc, OptLevel opt = OptLevel::kernel);
+
+}  // namespace tilejit::codegen::llvm_backend

@@ -1,0 +1,32 @@
+#include "jit/attention_kernels.h"
+
+#include "tilejit/error.h"
+
+#ifdef TILEJIT_HAVE_LLVM
+#include "jit/llvm_kernels.h"
+#endif
+
+namespace tilejit::jit {
+
+#ifdef TILEJIT_HAVE_LLVM
+namespace lb = codegen::llvm_backend;
+
+bool have_softmax_step_kernel() {
+  return true;
+}
+
+const Kernel& softmax_step_kernel(const lb::SoftmaxStepDesc& d) {
+  const std::string name = d.name();
+  return llvm_kernel(name, name, [&] { return lb::compile_llvm_softmax_step(d); });
+}
+#else
+bool have_softmax_step_kernel() {
+  return false;
+}
+
+const Kernel& softmax_step_kernel(const codegen::llvm_backend::SoftmaxStepDesc&) {
+  throw Error("attention: the JIT softmax step needs a tilejit built with LLVM");
+}
+#endif
+
+}  // namespace tilejit::jit
