@@ -346,7 +346,7 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
     d.ldo = (kHeadDim + 63) / 64 * 64;
     kernel = d.name();
   } else if (env.cpu.isa != Isa::scalar) {
-    kernel = fmt::format("engine: brgemm_{} (S=K*Q^T, O+=P*V)", isa_name(env.cpu.isa));
+    kernel = fmt::format("attention engine (brgemm_{} kernels)", isa_name(env.cpu.isa));
   }
 
   // Sequences {0, B−1}, every head, against the double reference.
@@ -416,7 +416,7 @@ Row prefill_row(const Env& env, int64_t m, uint64_t seed) {
   const std::string kernel =
       env.cpu.isa == Isa::scalar
           ? std::string("scalar reference")
-          : fmt::format("engine: brgemm_{} (S=K*Q^T, O+=P*V)", isa_name(env.cpu.isa));
+          : fmt::format("attention engine (brgemm_{} kernels)", isa_name(env.cpu.isa));
 
   // Query rows {0, M/2, M−1} of every head against the double reference: a
   // causal row i sees keys 0..i, so it is the last row of an (i+1)-key problem.
