@@ -34,8 +34,8 @@
 //                 call × packed bytes per expert (w13 + w2); the weights total
 //                 ≥ 1.2 GB ≫ the 32 MiB L3, and each call routes afresh, so
 //                 they come from DRAM
-//   dram_GBs      streaming read bandwidth measured in this process with the
-//                 same thread count (2 GiB, huge pages, as packed weights get)
+//   dram_GBs      streaming read bandwidth with the same thread count, measured
+//                 right before the run (2 GiB, huge pages, as packed weights get)
 //   pct_dram      GBs of dram_GBs (pct_dram_cpu: both over CPU time)
 //
 // On this shared VM the wall-clock rates move with the other tenants (the
@@ -168,36 +168,32 @@ struct DramRate {
 
 // Streaming read bandwidth of `threads` threads over a 2 GiB buffer in huge
 // pages (packed weights get 2 MiB-aligned MADV_HUGEPAGE pages too), median of
-// 3 passes, wall clock and process CPU time / threads. The buffer is unmapped
-// afterwards: the layers need the memory.
+// 3 passes, wall clock and process CPU time / threads. Measured right before
+// each decode run: on this shared machine a reference taken minutes apart is
+// not comparable. The buffer stays mapped (touched once).
 DramRate measure_dram(int threads) {
   DramRate r;
   if (!tilejit::cpu_info().avx512f) return r;
-  const size_t bytes = 2 * kGiB;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return r;
-  madvise(p, bytes, MADV_HUGEPAGE);
-  auto* w = static_cast<uint64_t*>(p);
-  for (size_t i = 0; i < bytes / 8; ++i) w[i] = i;  // touch every page, non-zero data
+  constexpr size_t bytes = 2 * kGiB;
+  static void* const buf = [] {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return static_cast<void*>(nullptr);
+    madvise(p, bytes, MADV_HUGEPAGE);
+    auto* w = static_cast<uint64_t*>(p);
+    for (size_t i = 0; i < bytes / 8; ++i) w[i] = i;  // touch every page, non-zero data
+    return p;
+  }();
+  if (buf == nullptr) return r;
   std::vector<double> g, c;
   for (int i = 0; i < 3; ++i) {
     const Meter m(threads);
-    benchmark::DoNotOptimize(tilejit::bench::stream_read(p, bytes, threads));
+    benchmark::DoNotOptimize(tilejit::bench::stream_read(buf, bytes, threads));
     g.push_back(double(bytes) / m.wall() * 1e-9);
     c.push_back(double(bytes) / m.cpu() * 1e-9);
   }
-  munmap(p, bytes);
   r.wall_gbs = median(g);
   r.cpu_gbs = median(c);
   return r;
-}
-
-// The reference of the decode runs: measured once per thread count, on first use.
-DramRate dram_rate(int threads) {
-  static std::map<int, DramRate> rates;
-  auto it = rates.find(threads);
-  if (it == rates.end()) it = rates.emplace(threads, measure_dram(threads)).first;
-  return it->second;
 }
 
 // ---------------------------------------------------------------- layers
@@ -295,7 +291,6 @@ void BM_FusedExperts(benchmark::State& state, LayerShape s) {
   const int threads = static_cast<int>(state.range(1));
   if (tilejit::cpu_info().isa == tilejit::Isa::scalar)
     return skip(state, "the scalar path is the reference: nothing to time");
-  const DramRate dram = t <= 16 ? dram_rate(threads) : DramRate{};  // before the layer is built
   Layer& l = layer(s);
   const Routing r = make_routing(s, t);
   Activations& act = activations(t, s.h);
@@ -308,6 +303,7 @@ void BM_FusedExperts(benchmark::State& state, LayerShape s) {
                            TensorView(r.ids.data() + set * t * s.k, DType::i32, {t, s.k}), out);
   };
   run(kSets - 1);  // warm-up: compiles the kernels
+  const DramRate dram = t <= 16 ? measure_dram(threads) : DramRate{};
   int set = 0;
   double bytes = 0;
   const Meter m(threads);
