@@ -2,9 +2,9 @@
 // in execution order (GEMMs, RoPE, attention), each op JIT-compiled, checked
 // against its scalar reference and timed. One function per kind of row
 // (gemm_rows, rope_rows, decode_row, prefill_row); a new kind of layer op
-// (an MoE block once fused_experts lands) is one more such function and one
-// more entry in the layer list of run_llama_layer_job. docs/tool.md explains
-// every row.
+// is one more such function and one more entry in the layer list of
+// run_llama_layer_job. After the dense layer, one MoE block (moe_rows: router
+// and fused experts). docs/tool.md explains every row.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_gemm.h"
+#include "runtime/reference_moe.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
@@ -461,6 +463,126 @@ Row prefill_row(const Env& env, int64_t m, uint64_t seed) {
   return row;
 }
 
+// ---- MoE rows ------------------------------------------------------------------
+
+// A Qwen3-30B-A3B-like MoE block (hidden 2048, 128 experts of intermediate 768,
+// top-8, silu_and_mul): the router (gemm to f32 logits + topk_softmax, one row)
+// and fused_experts (one row). Experts are packed once, as at model load; the
+// 1.2 GB of expert weights is far past the caches, so the M ≤ 16 rows stream
+// them from memory and report GB/s of the experts actually touched; M = 512
+// reports GFLOP/s of the routed work, 2·M·k·3·H·I.
+constexpr int64_t kMoeHidden = 2048, kMoeExperts = 128, kMoeInter = 768, kMoeTopk = 8;
+
+// Tokens {0, M/2, M−1} against runtime/reference_moe.h (double, bf16
+// intermediate mirrored). Bound: one bf16 ulp of the output, plus 2e-3 of the
+// row's largest |value|: the kernel's fp32 gate/up (accumulation error ~H·2⁻²⁴
+// relative) can put an intermediate on the other side of a bf16 rounding
+// boundary than the reference's, moving the output by 2⁻⁸·|act·w2| for that
+// term; a handful of such flips per row stay far inside 2e-3.
+bool check_moe_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w13,
+                    const std::vector<uint16_t>& w2, const std::vector<float>& tw,
+                    const std::vector<int32_t>& ids, const std::vector<uint16_t>& out, int64_t m,
+                    double* max_err) {
+  std::vector<int64_t> rows = {0, m / 2, m - 1};
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  bool ok = true;
+  *max_err = 0;
+  for (int64_t r : rows) {
+    std::vector<float> ref(kMoeHidden);
+    runtime::ReferenceMoeArgs a;
+    a.t = 1;
+    a.h = kMoeHidden;
+    a.i = kMoeInter;
+    a.e = kMoeExperts;
+    a.k = kMoeTopk;
+    a.hidden = x.data() + r * kMoeHidden;
+    a.ld_hidden = kMoeHidden;
+    a.w13 = w13.data();
+    a.w2 = w2.data();
+    a.topk_weights = tw.data() + r * kMoeTopk;
+    a.ld_weights = kMoeTopk;
+    a.topk_ids = ids.data() + r * kMoeTopk;
+    a.ld_ids = kMoeTopk;
+    a.out = ref.data();
+    a.ld_out = kMoeHidden;
+    runtime::reference_moe(a);
+    const double row_max = std::fabs(*std::max_element(
+        ref.begin(), ref.end(), [](float p, float q) { return std::fabs(p) < std::fabs(q); }));
+    for (int64_t j = 0; j < kMoeHidden; ++j) {
+      const double want = ref[j], got = bf(out[r * kMoeHidden + j]);
+      const double tol = std::ldexp(std::fabs(want), -7) + 2e-3 * row_max;
+      const double err = std::fabs(got - want);
+      *max_err = std::max(*max_err, err);
+      if (!(err <= tol)) ok = false;
+    }
+  }
+  return ok;
+}
+
+void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, const Emit& emit) {
+  const int64_t H = kMoeHidden, E = kMoeExperts, I = kMoeInter, K = kMoeTopk;
+  const auto w13 = random_bf16(size_t(E * 2 * I * H), seed, 1.0f / 16);
+  const auto w2 = random_bf16(size_t(E * H * I), seed + 1, 1.0f / 16);
+  const auto w_router = random_bf16(size_t(E * H), seed + 2, 1.0f / 16);
+  const PackedExperts p13 =
+      pack_experts(TensorView(w13.data(), DType::bf16, {E, 2 * I, H}), ExpertProj::gate_up);
+  const PackedExperts p2 =
+      pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down);
+  const PackedWeight pr = pack_weight(TensorView(w_router.data(), DType::bf16, {E, H}));
+  for (int64_t m : ms) {
+    const auto x = random_bf16(size_t(m * H), seed + 3 + uint64_t(m), 1.0f);
+    std::vector<float> logits(size_t(m * E)), tw(size_t(m * K));
+    std::vector<int32_t> ids(size_t(m * K));
+    std::vector<uint16_t> out(size_t(m * H));
+    const TensorView xv(x.data(), DType::bf16, {m, H});
+    const TensorView lv(logits.data(), DType::f32, {m, E});
+    const TensorView wv(tw.data(), DType::f32, {m, K});
+    const TensorView iv(ids.data(), DType::i32, {m, K});
+    const TensorView ov(out.data(), DType::bf16, {m, H});
+
+    Row router{.op = "moe_router",
+               .m = m,
+               .shape = fmt::format("E={} H={} top{}", E, H, K),
+               .kernel = "gemm (f32 logits) + topk_softmax"};
+    measure(
+        router, env,
+        [&] {
+          gemm(xv, pr, lv);
+          topk_softmax(lv, wv, iv, true);
+        },
+        [&](double* err) {
+          // The chosen weights are a distribution over k experts.
+          *err = 0;
+          for (int64_t t = 0; t < m; ++t) {
+            double sum = 0;
+            for (int64_t j = 0; j < K; ++j) sum += tw[t * K + j];
+            *err = std::max(*err, std::fabs(sum - 1));
+          }
+          return *err < 1e-5;
+        });
+    router.rate = 2.0 * double(m) * double(E) * double(H) / router.seconds / 1e9;
+    emit(router);
+
+    std::set<int32_t> touched(ids.begin(), ids.end());
+    Row experts{.op = "moe_experts",
+                .m = m,
+                .shape = fmt::format("E={} k={} H={} I={}", E, K, H, I),
+                .kernel = fmt::format("fused_experts ({} experts touched)", touched.size())};
+    measure(
+        experts, env, [&] { fused_experts(xv, p13, p2, wv, iv, ov); },
+        [&](double* err) { return check_moe_rows(x, w13, w2, tw, ids, out, m, err); });
+    if (m <= 16) {
+      experts.bytes = true;
+      experts.rate =
+          double(touched.size()) * 3.0 * double(H) * double(I) * 2 / experts.seconds / 1e9;
+    } else {
+      experts.rate =
+          2.0 * double(m) * double(K) * 3.0 * double(H) * double(I) / experts.seconds / 1e9;
+    }
+    emit(experts);
+  }
+}
+
 // ---- The table -------------------------------------------------------------------
 
 std::string time_str(double s) {
@@ -498,7 +620,8 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   env.read_gbs = measure_read_gbs();
   fmt::print(
       "tilejit llama-layer: one Llama-3-8B decoder layer (hidden {}, {} q / {} kv heads of {}, "
-      "MLP 14336) in execution order: GEMMs, RoPE, attention; bf16 in, fp32 accumulate, bf16 "
+      "MLP 14336) in execution order: GEMMs, RoPE, attention; then one Qwen3-30B-A3B-like MoE "
+      "block; bf16 in, fp32 accumulate, bf16 "
       "out\n",
       kHidden, kHq, kHkv, kHeadDim);
   fmt::print(
@@ -523,8 +646,8 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
     print_row(env, r);
     all_ok &= r.ok;
   };
-  // The layer, op by op. A dense MLP is gate_up + down; an MoE layer (once
-  // fused_experts lands) puts its router and experts here as one more row kind.
+  // The layer, op by op (a dense MLP: gate_up + down), then one MoE block in
+  // place of that MLP.
   gemm_rows(env, qkv, all_m, 1, emit);
   rope_rows(env, all_m, 100, emit);
   emit(decode_row(env, 1, 200));
@@ -534,6 +657,7 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   gemm_rows(env, o, all_m, 2000, emit);
   gemm_rows(env, gate_up, all_m, 3000, emit);
   gemm_rows(env, down, all_m, 4000, emit);
+  moe_rows(env, all_m, 5000, emit);
   const CacheStats st = cache_stats();
   fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n",
              st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);
