@@ -19,6 +19,11 @@ const Kernel& softmax_step_kernel(const lb::SoftmaxStepDesc& d) {
   const std::string name = d.name();
   return llvm_kernel(name, name, [&] { return lb::compile_llvm_softmax_step(d); });
 }
+
+const Kernel& softmax_finish_kernel() {
+  return llvm_kernel(lb::kSoftmaxFinishName, lb::kSoftmaxFinishName,
+                     [] { return lb::compile_llvm_softmax_finish(); });
+}
 #else
 bool have_softmax_step_kernel() {
   return false;
@@ -26,6 +31,10 @@ bool have_softmax_step_kernel() {
 
 const Kernel& softmax_step_kernel(const codegen::llvm_backend::SoftmaxStepDesc&) {
   throw Error("attention: the JIT softmax step needs a tilejit built with LLVM");
+}
+
+const Kernel& softmax_finish_kernel() {
+  throw Error("attention: the JIT block finish needs a tilejit built with LLVM");
 }
 #endif
 

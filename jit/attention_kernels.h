@@ -1,5 +1,5 @@
-// The attention engine's JIT-emitted glue (the online-softmax step of
-// codegen/llvm/llvm_softmax.h) through the process-wide compile-once cache,
+// The attention engine's JIT-emitted glue (the online-softmax step and the
+// block finish of codegen/llvm/llvm_softmax.h) through the process-wide compile-once cache,
 // keyed on the descriptor and the LLVM target.
 #pragma once
 
@@ -11,7 +11,8 @@ namespace tilejit::jit {
 // True when this tilejit was built with LLVM, so softmax_step_kernel can work.
 bool have_softmax_step_kernel();
 
-// Throws tilejit::Error when built without LLVM or when LLVM cannot target the host.
+// Both throw tilejit::Error when built without LLVM or when LLVM cannot target the host.
 const Kernel& softmax_step_kernel(const codegen::llvm_backend::SoftmaxStepDesc& d);
+const Kernel& softmax_finish_kernel();
 
 }  // namespace tilejit::jit

@@ -297,6 +297,24 @@ void softmax_step(const lb::SoftmaxStepArgs& a, int nz) {
     softmax_step_cxx(a, nz);
 }
 
+// Asks for the K rows and Vᵀ columns of keys [j0, j0 + n) in L2 while the
+// current block computes: past ~1 MB of K and V per kv head (T ≳ 2k at D =
+// 128) they come from L3, where the micro-kernels' broadcast loads of A would
+// wait for them (measured +2% at T = 8192, neutral at 2048).
+void prefetch_block(const Params& p, const RowSource& k, const TransposedV* vt, int64_t j0,
+                    int64_t n) {
+  if (n <= 0) return;
+  for (int64_t j = 0; j < n; ++j) {
+    const char* row = reinterpret_cast<const char*>(k.row(j0 + j));
+    for (int64_t b = 0; b < p.d * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
+  }
+  if (vt == nullptr) return;
+  for (int64_t c = 0; c < p.dv; ++c) {
+    const char* col = reinterpret_cast<const char*>(vt->base + c * vt->ld + (j0 - vt->first));
+    for (int64_t b = 0; b < n * 2; b += 64) __builtin_prefetch(col + b, 0, 2);
+  }
+}
+
 }  // namespace
 
 void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld) {
@@ -346,9 +364,14 @@ void visible_keys(const Params& p, int64_t i_pos, int64_t tk, int64_t& lo, int64
   if (p.window_right >= 0) hi = std::min(hi, i_pos + p.window_right);
 }
 
-void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
-            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
-            const TransposedV* vt) {
+namespace {
+
+// attend() on the per-thread transposed state (tls.m, tls.l, tls.ot), which
+// starts from `init` or, without it, empty. Returns false, touching nothing,
+// when no row sees any key of [j_begin, j_end).
+bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
+                const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end,
+                const TransposedV* vt, const Partial* init) {
   const int64_t m = static_cast<int64_t>(rows.size());
   const int nz = static_cast<int>((m + kLanes - 1) / kLanes);
   const int64_t mp = int64_t(nz) * kLanes;
@@ -369,14 +392,14 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
     tls.hi[r] = static_cast<int32_t>(hi);
   }
   const int64_t jb0 = std::max(j_begin, kmin), jb1 = std::min(j_end, kmax + 1);
-  if (jb0 >= jb1) return;
+  if (jb0 >= jb1) return false;
 
   // The state, transposed: reference and sum per row, Oᵀ [Dv][64].
   float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
   bool fresh = true;
   for (int64_t r = 0; r < mp; ++r) {
-    tls.m[r] = r < m ? st.mx[r] : kNegInf;
-    tls.l[r] = r < m ? st.l[r] : 0.f;
+    tls.m[r] = init && r < m ? init->mx[r] : kNegInf;
+    tls.l[r] = init && r < m ? init->l[r] : 0.f;
     fresh = fresh && tls.m[r] == kNegInf;
   }
   if (fresh) {
@@ -384,7 +407,7 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
   } else {
     for (int64_t c = 0; c < p.dv; ++c)
       for (int64_t r = 0; r < kRowsPerBlock; ++r)
-        ot[c * kRowsPerBlock + r] = r < m ? st.o[r * st.ldo + c] : 0.f;
+        ot[c * kRowsPerBlock + r] = r < m ? init->o[r * init->ldo + c] : 0.f;
   }
 
   Kernels& ker = kernels_for(isa, p.d);
@@ -401,6 +424,7 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
 
   for (int64_t j0 = jb0; j0 < jb1; j0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, jb1 - j0);
+    prefetch_block(p, k, vt, j0 + kKeyBlock, std::min(kKeyBlock, jb1 - j0 - kKeyBlock));
     // Sᵀ[keys × m] = K[keys × D] · Qᵀ, in runs of rows sharing one stride.
     for (int64_t jl = 0; jl < n;) {
       const int64_t run = std::min(n - jl, k.run(j0 + jl));
@@ -483,12 +507,74 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
     });
   }
 
-  for (int64_t r = 0; r < m; ++r) {
+  return true;
+}
+
+// 1/l per row, with a sink joining the denominator (against max(m, sink), so
+// exp never overflows); 0 for a row that saw no key.
+float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
+  if (!(l > 0)) return 0.f;
+  float scale_o = 1;
+  if (p.sinks) {
+    const float sink = p.sinks[row.head * p.sinks_stride];
+    const float m2 = std::max(mx, sink);
+    scale_o = std::exp(mx - m2);
+    l = l * scale_o + std::exp(sink - m2);
+  }
+  return scale_o / l;
+}
+
+// out rows from the transposed state: the LLVM kernel, else plain loops.
+void finish_transposed(const Params& p, const std::vector<QueryRow>& rows,
+                       const std::vector<uint16_t*>& out_rows) {
+  static std::atomic<lb::SoftmaxFinishFn> kernel{nullptr};
+  static std::atomic<bool> unavailable{!jit::have_softmax_step_kernel()};
+  lb::SoftmaxFinishFn fn = kernel.load(std::memory_order_acquire);
+  if (fn == nullptr && !unavailable.load(std::memory_order_relaxed)) {
+    try {
+      fn = jit::softmax_finish_kernel().entry<lb::SoftmaxFinishFn>();
+      kernel.store(fn, std::memory_order_release);
+    } catch (const Error&) {
+      unavailable.store(true, std::memory_order_relaxed);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(rows.size());
+  alignas(64) float f[kRowsPerBlock] = {};
+  for (int64_t r = 0; r < m; ++r) f[r] = out_factor(p, rows[r], tls.m[r], tls.l[r]);
+  const float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
+  if (fn && p.dv % kLanes == 0) {
+    const lb::SoftmaxFinishArgs args{ot, f, out_rows.data(), m, p.dv};
+    fn(&args);
+    return;
+  }
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < p.dv; ++c)
+      out_rows[r][c] = runtime::f32_to_bf16(ot[c * kRowsPerBlock + r] * f[r]);
+}
+
+}  // namespace
+
+void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
+            const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
+            const TransposedV* vt) {
+  if (!run_blocks(isa, p, rows, k, v, tk, j_begin, j_end, vt, &st)) return;
+  const float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
+  for (size_t r = 0; r < rows.size(); ++r) {
     st.mx[r] = tls.m[r];
     st.l[r] = tls.l[r];
-    float* o = st.o.data() + r * st.ldo;
-    for (int64_t c = 0; c < p.dv; ++c) o[c] = ot[c * kRowsPerBlock + r];
+    float* o = st.o.data() + static_cast<int64_t>(r) * st.ldo;
+    for (int64_t c = 0; c < p.dv; ++c) o[c] = ot[c * kRowsPerBlock + static_cast<int64_t>(r)];
   }
+}
+
+void attend_finish(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
+                   const RowSource& v, int64_t tk, const TransposedV* vt,
+                   const std::vector<uint16_t*>& out_rows) {
+  if (!run_blocks(isa, p, rows, k, v, tk, 0, tk, vt, nullptr)) {
+    for (uint16_t* out : out_rows) std::fill(out, out + p.dv, uint16_t{0});
+    return;
+  }
+  finish_transposed(p, rows, out_rows);
 }
 
 void merge(Partial& a, const Partial& b, int64_t rows, int64_t dv) {
@@ -509,18 +595,7 @@ void finish(const Params& p, const std::vector<QueryRow>& rows, const Partial& s
             const std::vector<uint16_t*>& out_rows) {
   for (size_t r = 0; r < rows.size(); ++r) {
     uint16_t* out = out_rows[r];
-    float l = st.l[r], f = 0;
-    if (l > 0) {
-      float mx = st.mx[r], scale_o = 1;
-      if (p.sinks) {
-        // The sink joins the denominator; the max includes it so exp never overflows.
-        const float sink = p.sinks[rows[r].head * p.sinks_stride];
-        const float m2 = std::max(mx, sink);
-        scale_o = std::exp(mx - m2);
-        l = l * scale_o + std::exp(sink - m2);
-      }
-      f = scale_o / l;
-    }
+    const float f = out_factor(p, rows[r], st.mx[r], st.l[r]);
     const float* o = st.o.data() + static_cast<int64_t>(r) * st.ldo;
     for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(o[c] * f);
   }

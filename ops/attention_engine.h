@@ -109,6 +109,13 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
             const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
             const TransposedV* vt = nullptr);
 
+// attend() over all tk keys from an empty state, then finish() straight into
+// out_rows from the engine's transposed state (no row-major Partial: the
+// prefill path, where one call sees every key of its rows).
+void attend_finish(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
+                   const RowSource& v, int64_t tk, const TransposedV* vt,
+                   const std::vector<uint16_t*>& out_rows);
+
 // Folds partial b into a (log-sum-exp merge), row by row.
 void merge(Partial& a, const Partial& b, int64_t rows, int64_t dv);
 

@@ -145,7 +145,6 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       std::memset(dst + c * ld + nk, 0, static_cast<size_t>(ld - nk) * 2);
   });
 
-  const int64_t dv_padded = (dv + 63) / 64 * 64;
   runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const Task& task = tasks[t];
     const int64_t nq = cq[task.b + 1] - cq[task.b], nk = ck[task.b + 1] - ck[task.b];
@@ -161,10 +160,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     const attn::TransposedV vt{
         vt_all + vt_offset[task.b * hkv + task.h],
         (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock, 0};
-    thread_local attn::Partial st;
-    st.reset(rows, dv_padded);
-    attn::attend(isa, p, qr, ks, vs, nk, 0, nk, st, &vt);
-    attn::finish(p, qr, st, orows);
+    attn::attend_finish(isa, p, qr, ks, vs, nk, &vt, orows);
   });
   if (prep.bytes > (size_t(64) << 20)) prep.buf.reset(), prep.bytes = 0;
 }

@@ -1,5 +1,5 @@
-// The online-softmax step of the attention block engine (ops/attention_engine.h)
-// compiled by LLVM: one key block of transposed scores Sᵀ[keys][64 rows] →
+// The online-softmax step (and the block finish) of the attention block engine
+// (ops/attention_engine.h) compiled by LLVM: one key block of transposed scores Sᵀ[keys][64 rows] →
 // the bf16 weights Pᵀ in the vnni2 layout the P·V micro-kernel reads as its B
 // operand, with the running reference max and sum of each query row, and O
 // rescaled when a reference moves. Query rows run along the vector lanes (16
@@ -52,5 +52,22 @@ using SoftmaxStepFn = void (*)(const SoftmaxStepArgs*);
 
 // Checks the descriptor (Error naming the field) and compiles it.
 LlvmKernel compile_llvm_softmax_step(const SoftmaxStepDesc& desc, OptLevel opt = OptLevel::kernel);
+
+// The block's output: out[r][c] = bf16(Oᵀ[c][r] · f[r]) for r < rows, c < dv
+// (dv a multiple of 16; round to nearest even, NaN quiet, as runtime/bf16.h).
+// Oᵀ is transposed back 16 × 16 in registers. One kernel for every shape,
+// named kSoftmaxFinishName.
+struct SoftmaxFinishArgs {
+  const float* ot;       // Oᵀ [dv][64]
+  const float* f;        // [64] per-row factor (1/l, a sink folded in; 0: no key)
+  uint16_t* const* out;  // [rows] output row pointers
+  int64_t rows, dv;
+};
+static_assert(offsetof(SoftmaxFinishArgs, rows) == 24 && offsetof(SoftmaxFinishArgs, dv) == 32);
+
+using SoftmaxFinishFn = void (*)(const SoftmaxFinishArgs*);
+
+inline constexpr const char* kSoftmaxFinishName = "attn_finish_llvm";
+LlvmKernel compile_llvm_softmax_finish(OptLevel opt = OptLevel::kernel);
 
 }  // namespace tilejit::codegen::llvm_backend
