@@ -13,7 +13,7 @@ std::optional<TensorType> check_rope(RuleContext& c) {
   c.rank(cs, 2, "[P, rotary_dim]");
   if (!c.ok()) return std::nullopt;
   c.dtype(q, {DType::bf16, DType::f16, DType::f32});
-  c.dtype(pos, {DType::i32});
+  c.dtype(pos, {DType::i32, DType::i64});  // PyTorch engines pass int64
   c.dtype(cs, {DType::f32});
   for (size_t i : {q, pos, cs}) c.unit_stride_rows(i);
   if (!c.ok()) return std::nullopt;

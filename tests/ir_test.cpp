@@ -671,6 +671,8 @@ std::string rope_text(const std::string& q, const std::string& pos, const std::s
 TEST(IrVerifier, RopeRules) {
   const std::string q = "tensor<?Tx8x128xbf16>", pos = "tensor<?Txi32>";
   EXPECT_EQ(verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "{rotary_dim = 64}")), "");
+  // int64 positions, as PyTorch engines pass them.
+  EXPECT_EQ(verify_error(rope_text(q, "tensor<?Txi64>", "tensor<?Px128xf32>", "")), "");
   EXPECT_THAT(verify_error(rope_text("tensor<?Tx8x63xf32>", pos, "tensor<?Px63xf32>", "")),
               HasSubstr("%0 = rope: operand 'q' (%q) has head dim D=63: rope rotates pairs, D "
                         "must be even"));
@@ -679,8 +681,9 @@ TEST(IrVerifier, RopeRules) {
                         "must be even and <= D"));
   EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "")),
               HasSubstr("operand 'cos_sin' (%cs) has 64 columns but rotary_dim=128"));
-  EXPECT_THAT(verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
-              HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes positions as i32"));
+  EXPECT_THAT(
+      verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
+      HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes positions as i32, i64"));
   EXPECT_THAT(verify_error(rope_text(q, "tensor<?Uxi32>", "tensor<?Px128xf32>", "")),
               HasSubstr("operand 'positions' (%pos) has T=?U but 'q' (%q) has T=?T"));
   EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px128xf32>", "{style = \"llama\"}")),
