@@ -38,6 +38,9 @@ int64_t PackedExperts::n() const {
 int64_t PackedExperts::k() const {
   return need(impl_.get(), "PackedExperts::k").k;
 }
+std::string PackedExperts::layout() const {
+  return need(impl_.get(), "PackedExperts::layout").layout_name;
+}
 size_t PackedExperts::packed_bytes() const {
   const Impl& p = need(impl_.get(), "PackedExperts::packed_bytes");
   return static_cast<size_t>(p.experts * p.expert_bytes);
@@ -62,6 +65,7 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
         ops::shape_str(w.shape)));
 
   auto impl = std::make_shared<PackedExperts::Impl>();
+  impl->layout_name = PackedExperts::Impl::layout_for(proj);
   impl->proj = proj;
   impl->experts = E;
   impl->n = proj == ExpertProj::gate_up ? rows / 2 : rows;
@@ -82,6 +86,38 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
     }
   });
   return PackedExperts(std::move(impl));
+}
+
+PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj) {
+  const PackedExperts::Impl& p = need(w.impl(), "pack_experts");
+  if (p.proj != proj)
+    throw Error(fmt::format(
+        "pack_experts: w is already packed as {} (layout {}); allowed: proj = that same value",
+        p.proj == ExpertProj::gate_up ? "gate_up" : "down", p.layout_name));
+  return w;  // already packed: the same immutable bytes, never a second transform
+}
+
+void PackedExperts::unpack(const TensorView& out) const {
+  const Impl& p = need(impl_.get(), "PackedExperts::unpack");
+  const char* op = "PackedExperts::unpack";
+  ops::check_view(op, "out", out, 3);
+  ops::check_dtype(op, "out", out, {DType::bf16});
+  if (out.strides[2] != 1)
+    throw Error(fmt::format("{}: out has innermost stride {}; allowed: 1", op, out.strides[2]));
+  const int64_t rows = p.proj == ExpertProj::gate_up ? 2 * p.n : p.n;
+  if (out.shape[0] != p.experts || out.shape[1] != rows || out.shape[2] != p.k)
+    throw Error(fmt::format("{}: out has shape {}; allowed: [{}, {}, {}]", op,
+                            ops::shape_str(out.shape), p.experts, rows, p.k));
+  auto* dst = static_cast<uint16_t*>(out.data);
+  runtime::parallel_for(p.experts, [&](int64_t e) {
+    const auto* src = reinterpret_cast<const uint16_t*>(p.expert(e));
+    for (int64_t r = 0; r < p.layout.n; ++r) {
+      const int64_t s = p.proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
+      if (s < 0) continue;
+      uint16_t* row = dst + e * out.strides[0] + s * out.strides[1];
+      for (int64_t c = 0; c < p.k; ++c) row[c] = src[p.layout.index(r, c)];
+    }
+  });
 }
 
 }  // namespace tilejit

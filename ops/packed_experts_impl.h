@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "codegen/packed_layout.h"
 #include "runtime/aligned_buffer.h"
@@ -13,6 +14,13 @@
 namespace tilejit {
 
 struct PackedExperts::Impl {
+  // The tags fused_experts checks before reading the bytes.
+  static constexpr const char* kGateUpLayout = "bf16_vnni2_n64k32_glu32";
+  static constexpr const char* kDownLayout = "bf16_vnni2_n64k32";
+  static const char* layout_for(ExpertProj p) {
+    return p == ExpertProj::gate_up ? kGateUpLayout : kDownLayout;
+  }
+  std::string layout_name;
   ExpertProj proj = ExpertProj::down;
   int64_t experts = 0;
   int64_t n = 0;  // outputs per expert: I (gate_up) or H (down)

@@ -927,5 +927,39 @@ TEST_F(FusedExpertsErrors, PackExperts) {
   EXPECT_GE(p.w13.packed_bytes(), size_t(E * 2 * I * H * 2));
 }
 
+// Packing: a round trip restores every weight (tails in I and H, the GLU's
+// gate/up interleave), the layout tag names the format, and packing packed
+// experts is a no-op for the same projection and an Error for the other.
+TEST(PackExperts, UnpackRestoresEveryWeightAndRepackIsANoOp) {
+  for (auto [e, rows, cols, proj] :
+       {std::tuple{3, int64_t{2 * 40}, int64_t{80}, ExpertProj::gate_up},
+        std::tuple{2, int64_t{2 * 33}, int64_t{17}, ExpertProj::gate_up},
+        std::tuple{3, int64_t{80}, int64_t{40}, ExpertProj::down},
+        std::tuple{1, int64_t{65}, int64_t{33}, ExpertProj::down}}) {
+    SCOPED_TRACE(::testing::Message() << e << "x" << rows << "x" << cols);
+    const auto w = random_bf16(size_t(e * rows * cols), seed_of({e, rows, cols}));
+    const PackedExperts p = pack_experts(TensorView(w.data(), DType::bf16, {e, rows, cols}), proj);
+    EXPECT_EQ(p.layout(),
+              proj == ExpertProj::gate_up ? "bf16_vnni2_n64k32_glu32" : "bf16_vnni2_n64k32");
+    // Strided destination rows: the padding column must stay untouched.
+    const int64_t ld = cols + 3;
+    std::vector<uint16_t> back(size_t(e * rows * ld), 0x7777);
+    p.unpack(TensorView(back.data(), DType::bf16, {e, rows, cols}, {rows * ld, ld, 1}));
+    for (int64_t x = 0; x < e; ++x)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < ld; ++c) {
+          const uint16_t want = c < cols ? w[(x * rows + r) * cols + c] : uint16_t{0x7777};
+          ASSERT_EQ(back[(x * rows + r) * ld + c], want) << x << "," << r << "," << c;
+        }
+    const PackedExperts again = pack_experts(p, proj);
+    EXPECT_EQ(again.impl(), p.impl());  // the same bytes, not a second transform
+    const ExpertProj other = proj == ExpertProj::gate_up ? ExpertProj::down : ExpertProj::gate_up;
+    EXPECT_THROW(pack_experts(p, other), Error);
+    std::vector<uint16_t> small(size_t(e * rows * cols));
+    EXPECT_THROW(p.unpack(TensorView(small.data(), DType::bf16, {e, rows, cols - 1})), Error);
+  }
+  EXPECT_THROW(PackedExperts().unpack(TensorView()), Error);
+}
+
 }  // namespace
 }  // namespace tilejit::test

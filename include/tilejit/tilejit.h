@@ -220,8 +220,14 @@ class PackedExperts {
   int64_t n() const;
   // Input features: H for gate_up, I for down.
   int64_t k() const;
+  // Layout tag, checked by fused_experts: "bf16_vnni2_n64k32_glu32" (gate_up)
+  // or "bf16_vnni2_n64k32" (down).
+  std::string layout() const;
   size_t packed_bytes() const;
   bool empty() const { return impl_ == nullptr; }
+  // Restores the original weights exactly: out [E, 2I, H] (gate_up) or
+  // [E, H, I] (down), bf16, innermost stride 1.
+  void unpack(const TensorView& out) const;
 
   const Impl* impl() const { return impl_.get(); }
   explicit PackedExperts(std::shared_ptr<const Impl> impl);
@@ -232,6 +238,8 @@ class PackedExperts {
 
 // w: [E, 2I, H] for gate_up, [E, H, I] for down; bf16, innermost stride 1.
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj);
+// Packing packed experts is a no-op (the same bytes) if proj matches, else an Error.
+PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj);
 
 struct MoeOptions {
   // Gated activation act(gate)·up; silu (silu_and_mul), gelu_tanh or gelu_erf
@@ -252,15 +260,21 @@ struct MoeOptions {
   const PackedExperts* shared_w2 = nullptr;
 };
 
-// out[t] = Σ_j topk_weights[t, j] · (act(x_t·W13_e) · W2_eᵀ + b2_e), e = topk_ids[t, j].
+// out[t] = rsf · Σ_j topk_weights[t, j] · (glu(x_t·W13_eᵀ + b13_e) · W2_eᵀ + b2_e)
+//          + shared(x_t),
+// e = topk_ids[t, j], rsf = routed_scaling_factor, glu(gate, up) the gated
+// activation of MoeOptions; the intermediate glu(...) is stored as bf16.
 // hidden [T, H] bf16; topk_weights f32 [T, k]; topk_ids int32 [T, k] in
-// [0, E); out [T, H] bf16 (may not alias hidden). Row strides free.
+// [0, E) (all checked before any expert is read); out [T, H] bf16 or f32 (may
+// not overlap hidden). Row strides free.
 void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
                    const TensorView& topk_weights, const TensorView& topk_ids,
                    const TensorView& out, const MoeOptions& opt = {});
 
 // Routing. logits [T, E] f32 or bf16; topk_weights f32 [T, k]; topk_ids int32
-// [T, k] (k from their shape, 1 ≤ k ≤ E). Ties pick the lower expert id.
+// [T, k] (k from their shape, 1 ≤ k ≤ E). Each token's experts are written
+// best first; ties pick the lower expert id. Renormalizing a zero sum leaves
+// the weights as they are (never NaN). docs/moe.md has the details.
 // softmax over E, then the k largest; renormalize: weights sum to 1.
 void topk_softmax(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, bool renormalize = true);
@@ -270,9 +284,9 @@ void topk_sigmoid(const TensorView& logits, const TensorView& topk_weights,
 // DeepSeek grouped top-k: the E experts split into num_expert_group equal
 // groups; score s = softmax or σ of the logits; selection uses
 // s + correction_bias (DeepSeek-V3) and keeps the topk_group groups with the
-// best group score (sum of its top two when a correction bias is given, else
-// its max), then the k best experts inside them. Weights are s (without the
-// bias), renormalized if asked, times routed_scaling_factor.
+// best group score (sum of its top two when a correction bias is given, its
+// one score for groups of one expert, else its max), then the k best experts inside them. Weights
+// are s (without the bias), renormalized if asked, times routed_scaling_factor.
 enum class RouterScore { softmax, sigmoid };
 struct GroupedTopkOptions {
   RouterScore score = RouterScore::sigmoid;
