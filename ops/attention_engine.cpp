@@ -45,7 +45,7 @@ constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 // The micro-kernels of one (ISA, D, Dv): a bounded set, looked up lock-free
 // after the first use. Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32,
 // 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr ×
-// {kb 32, kb 64}, accumulating in place.
+// kb ∈ {32, 64, 96, 128} (the block's keys rounded up to 32), accumulating in place.
 class Kernels {
  public:
   Kernels(Isa isa, int64_t d) : isa_(isa), d_(d) {}
@@ -64,7 +64,7 @@ class Kernels {
     });
   }
   codegen::BrgemmFn pv(int rows, int nz, int64_t kb) {
-    return get(pv_[kb == 64][nz - 1][rows - 1], [&] {
+    return get(pv_[kb / 32 - 1][nz - 1][rows - 1], [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
@@ -95,7 +95,9 @@ class Kernels {
   Isa isa_;
   int64_t d_;
   std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups> score_{};
-  std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>, 2> pv_{};
+  std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>,
+             kKeyBlock / 32>
+      pv_{};
 };
 
 Kernels& kernels_for(Isa isa, int64_t d) {
@@ -142,12 +144,12 @@ struct AlignedArray {
 // Per-thread scratch, reused across blocks and calls.
 struct Scratch {
   std::vector<uint32_t> q_packed;                  // Qᵀ vnni2: [D/2 pairs (padded)][64 rows]
-  alignas(64) float s[kKeyBlock * kRowsPerBlock];  // Sᵀ [64 keys][64 rows]
-  alignas(64) uint32_t pt[kKeyBlock / 2 * kRowsPerBlock];    // Pᵀ vnni2: [32 key pairs][64 rows]
+  alignas(64) float s[kKeyBlock * kRowsPerBlock];  // Sᵀ [128 keys][64 rows]
+  alignas(64) uint32_t pt[kKeyBlock / 2 * kRowsPerBlock];    // Pᵀ vnni2: [64 key pairs][64 rows]
   alignas(64) float m[kRowsPerBlock], l[kRowsPerBlock];      // reference max, sum
   alignas(64) int32_t lo[kRowsPerBlock], hi[kRowsPerBlock];  // visible keys per row
   AlignedArray<float> ot;                                    // Oᵀ [Dv][64 rows]
-  AlignedArray<uint16_t> vt;                                 // Vᵀ of one key block [Dv][64 keys]
+  AlignedArray<uint16_t> vt;                                 // Vᵀ of one key block [Dv][128 keys]
   alignas(64) uint16_t a_tail[32 * 32];
 };
 thread_local Scratch tls;
@@ -450,7 +452,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
       jl += run;
     }
 
-    const int64_t kb = n <= 32 ? 32 : 64;
+    const int64_t kb = round_up(n, 32);
     lb::SoftmaxStepArgs step{tls.s, tls.pt, ot, tls.m, tls.l,   tls.lo, tls.hi,
                              j0,    n,      kb, p.dv,  p.scale, 1};
     if (slow) {

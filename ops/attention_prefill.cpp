@@ -111,7 +111,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   // V transposed once per (sequence, kv head) for every query block of the
   // sequence: the P·V GEMM reads Vᵀ rows as its A operand. Columns are padded
   // with zeros up to a multiple of the key block plus one block (a block may
-  // start at any visible key and run 64 keys). Kept per calling thread and
+  // start at any visible key and run kKeyBlock keys). Kept per calling thread and
   // reused across calls, unless it grew past 64 MiB.
   struct Prepared {
     std::vector<int64_t> offset;  // per (sequence, kv head): element offset of its Vᵀ

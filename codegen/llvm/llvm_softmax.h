@@ -31,7 +31,7 @@ struct SoftmaxStepDesc {
   std::string name() const;
 };
 
-// One call: key block [j0, j0 + n), n ≤ kb ∈ {32, 64}.
+// One call: key block [j0, j0 + n), n ≤ kb, kb even (the engine: n rounded up to 32).
 struct SoftmaxStepArgs {
   const float* s;     // Sᵀ [kb][64]: row j is key j0 + j (raw q·k); rows ≥ n are not read
                       // for the max and give weight 0
