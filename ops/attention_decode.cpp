@@ -141,16 +141,14 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       attn::visible_keys(p, lens[b] - 1, lens[b], lo, hi);
       j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
       if (j0 >= j1) return;
-      // q widened and scaled once per task, so the kernel's inner loop is FMAs only.
-      thread_local std::vector<float> qf, slopes;
-      qf.resize(static_cast<size_t>(hq * d));
+      // Slopes gathered once per task into the kernel's [Hq] order.
+      thread_local std::vector<float> slopes;
       slopes.resize(static_cast<size_t>(hq));
-      for (int64_t r = 0; r < hq; ++r) {
-        for (int64_t c = 0; c < d; ++c) qf[r * d + c] = runtime::bf16_to_f32(qr[r].q[c]) * p.scale;
-        if (p.slopes) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
-      }
+      if (p.slopes)
+        for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
       lb::DecodeAttentionArgs a{};
-      a.qf = qf.data();
+      a.q = qd + b * q.strides[0];
+      a.q_row_stride = q.strides[1];
       a.k = static_cast<const uint16_t*>(k_cache.data);
       a.v = static_cast<const uint16_t*>(v_cache.data);
       a.heads = hkv;
@@ -167,6 +165,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       a.i_pos = lens[b] - 1;
       a.slopes = slopes.data();
       a.softcap = p.softcap;
+      a.scale = p.scale;
       a.m = st.mx.data();
       a.l = st.l.data();
       a.o = st.o.data();

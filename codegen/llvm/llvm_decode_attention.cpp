@@ -1,24 +1,40 @@
 // LLVM IR for paged decode attention. Shape of the emitted function:
 //
+//   entry: q packed (P rows per vector, see pack_q), O permuted (dpbf16)
 //   for each chunk of 16 keys (aligned, so inside one cache block):  runtime count
-//     K, V = the block's rows of this head (block table lookup)
-//     valid lanes [a, b) = the chunk ∩ [j0, j1)
-//     scores: for rows in blocks of ≤ 8, for valid keys:             runtime count
-//        acc_r = Σ_c qf[r][c] · K[j][c]     <16 x float> FMAs, K widened once per key
-//        s[r][j] = horizontal sum of acc_r
-//     softmax, for each row (loop):
-//        s = softcap / ALiBi / −inf outside [a, b); m' = max(m, max s)
-//        p = exp(s − m'), α = exp(m − m'), l = α·l + Σp
-//     O: for rows in blocks, for column groups:
-//        acc = α·O[r][cols]; for valid keys: acc += p[r][j] · V[j][cols]; store
+//     K, V = the block's rows (block table lookup); the same for the chunk
+//       kPrefetchChunks ahead, whose rows are prefetched into L2 while this
+//       chunk is computed: the table indirection defeats the hardware
+//       prefetcher at every block boundary
+//     for h in 0 .. heads (one more iteration than kv heads):          runtime count
+//       if h < heads: scores and softmax of head h
+//         per pack of P rows, 4 iterations of 4 keys:
+//           per key one <16 x float> of partial dot products (vdpbf16ps on
+//           the bf16 K row as it lies in the cache, or fp32 FMAs on its
+//           even / odd halves), 4 keys folded into one vector by shuffles
+//         then a transposing shuffle-add tree: one vector s of the 16 keys'
+//         scores per row; softmax on up to 4 rows at once: scale, softcap,
+//         ALiBi, mask; m' = max(m, max s), p = bf16(exp(s − m')),
+//         α = exp(m − m'), l = α·l + Σp
+//       if h > 0: O = α·O + P·V of head h − 1, row blocks × column groups in
+//         registers: dpbf16: V rows j, j + 1 interleaved (vpunpck{l,h}wd)
+//         against the broadcast pair (p_j, p_j+1); fma: widened V_j · p_j
+//   exit: O permuted back
 //
-// Keys outside [j0, j1) are never loaded. Every chunk's 16 K rows and 16 V
-// rows are read once; O, q and the score/weight scratch stay in L1, so the
-// work per key is a few dozen vector instructions against ~230 cycles of DRAM
-// time per key and core: the kernel runs at the memory's speed.
+// Every K and V row of the range is read from memory once; q, O and the
+// scratch stay in L1. Full chunks run unmasked code; the first and last
+// chunk of [j0, j1) a masked copy (invalid scores −inf, their V rows zeroed,
+// so stale cache rows cannot turn 0·v into NaN). Those rows are still
+// loaded: they lie inside a block the sequence uses.
+//
+// With dpbf16 the interleave puts O's columns of each 32-column group in the
+// order (0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, ...): O is permuted into that
+// order on entry and back on exit, so callers see plain rows.
 #include "codegen/llvm/llvm_decode_attention.h"
 
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InlineAsm.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 #include <algorithm>
 #include <limits>
@@ -30,10 +46,14 @@
 
 namespace tilejit::codegen::llvm_backend {
 
+bool DecodeAttentionDesc::uses_dpbf16() const {
+  return dot == DecodeDot::dpbf16 || (dot == DecodeDot::best && host_target().avx512bf16);
+}
+
 std::string DecodeAttentionDesc::name() const {
   std::string s = "decode_attn_llvm_d" + std::to_string(d) + "_dv" + std::to_string(dv) + "_g" +
                   std::to_string(g) + "_bs" + std::to_string(block_size) + "_ldo" +
-                  std::to_string(ldo);
+                  std::to_string(ldo) + (uses_dpbf16() ? "_dpbf16" : "_fma");
   if (softcap) s += "_softcap";
   if (alibi) s += "_alibi";
   return s;
@@ -43,6 +63,14 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
+// Prefetch distance in chunks and hint, measured on Zen 4 (B 16, 8k keys,
+// block 16): prefetcht2 beats prefetcht1 (~30 vs ~19 GB/s on 2 threads) and
+// prefetcht0 (~14: into L1 the lines evict the chunk in use); 1 and 2
+// chunks ahead are within noise. Issued in one burst per chunk instead of
+// spread over its work: ~10 GB/s (the core's miss buffers fill and stall).
+constexpr int kPrefetchChunks = 1;
+constexpr int kPrefetchLocality =
+    1;  // llvm.prefetch locality 1 = prefetcht2  // 0 spread, 1 burst, 2 off
 
 [[noreturn]] void fail(const DecodeAttentionDesc& d, const std::string& what) {
   throw Error("compile_llvm_decode_attention: " + d.name() + ": " + what);
@@ -60,12 +88,49 @@ void check(const DecodeAttentionDesc& d) {
   if (d.block_size < 16 || d.block_size % 16 != 0)
     fail(d, "block_size=" + std::to_string(d.block_size) + "; allowed: a multiple of 16");
   if (d.ldo < d.dv) fail(d, "ldo=" + std::to_string(d.ldo) + "; allowed: >= dv");
+  if (d.dot == DecodeDot::dpbf16 && !host_target().avx512bf16)
+    fail(d, "dot = dpbf16 needs AVX512-BF16, which this host (" + host_target().cpu + ") lacks");
+}
+
+using Mask = std::vector<int>;
+
+// Shuffle masks over the concatenation (a: 0..15, b: 16..31) of two
+// <16 x float> that fold 16 per-key partial-sum vectors into one vector of
+// the 16 sums, lane k = key k, in four levels of (lo + hi):
+//   0: keys (a, b) -> per 128-bit lane [a b a b]        (vunpck{l,h}ps)
+//   1: two of those -> per 128-bit lane [a b c d]       (vshufps)
+//   2, 3: 128-bit lanes paired across vectors           (vshuff32x4)
+Mask tree_mask(int level, bool hi) {
+  Mask m;
+  for (int l = 0; l < 4; ++l) {
+    const int o = 4 * l + (hi ? 2 : 0);
+    if (level == 0) m.insert(m.end(), {o, 16 + o, o + 1, 17 + o});
+    if (level == 1) m.insert(m.end(), {o, o + 1, 16 + o, 17 + o});
+  }
+  if (level >= 2)  // lo = [a.L0, a.L2, b.L0, b.L2], hi = [a.L1, a.L3, b.L1, b.L3]
+    for (int src : {0, 16})
+      for (int lane : {0, 2})
+        for (int i = 0; i < 4; ++i) m.push_back(src + 4 * (lane + (hi ? 1 : 0)) + i);
+  return m;
+}
+
+// Word interleave of two rows of 32 bf16 (a: 0..31, b: 32..63) as
+// vpunpck{l,h}wd does it per 128-bit lane: dword 4L+i of lo holds the pair
+// (a, b)[8L + i], of hi the pair (a, b)[8L + 4 + i].
+Mask interleave_mask(bool hi) {
+  Mask m;
+  for (int l = 0; l < 4; ++l)
+    for (int i = 0; i < 4; ++i) {
+      const int c = 8 * l + (hi ? 4 : 0) + i;
+      m.insert(m.end(), {c, 32 + c});
+    }
+  return m;
 }
 
 class DecodeEmitter {
  public:
-  DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d)
-      : mc_(mc), d_(d), b_(mc.ctx), vm_(b_, kLanes) {}
+  DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d, bool dp)
+      : mc_(mc), d_(d), dp_(dp), b_(mc.ctx), vm_(b_, kLanes) {}
 
   void emit(const std::string& name) {
     llvm::Function* fn = mc_.define_kernel(name);
@@ -74,45 +139,81 @@ class DecodeEmitter {
     llvm::Type* ptr = b_.getPtrTy();
     llvm::Type* i64t = b_.getInt64Ty();
     f32_ = b_.getFloatTy();
-    qf_ = field(args, 0, ptr);
-    k_ = field(args, 1, ptr);
-    v_ = field(args, 2, ptr);
-    table_ = field(args, 3, ptr);
-    ts_ = field(args, 4, i64t);
-    kbs_ = field(args, 5, i64t);
-    krs_ = field(args, 6, i64t);
-    vbs_ = field(args, 7, i64t);
-    vrs_ = field(args, 8, i64t);
-    llvm::Value* j0 = field(args, 9, i64t);
-    llvm::Value* j1 = field(args, 10, i64t);
-    i_pos_ = field(args, 11, i64t);
-    slopes_ = field(args, 12, ptr);
-    softcap_ = field(args, 13, f32_);  // the float at byte 104
-    m_ = field(args, 14, ptr);
-    l_ = field(args, 15, ptr);
-    o_ = field(args, 16, ptr);
-    heads_ = field(args, 17, i64t);
-    khs_ = field(args, 18, i64t);
-    vhs_ = field(args, 19, i64t);
+    q_ = field(args, 0, ptr);
+    k_ = field(args, 8, ptr);
+    v_ = field(args, 16, ptr);
+    table_ = field(args, 24, ptr);
+    ts_ = field(args, 32, i64t);
+    kbs_ = field(args, 40, i64t);
+    krs_ = field(args, 48, i64t);
+    vbs_ = field(args, 56, i64t);
+    vrs_ = field(args, 64, i64t);
+    llvm::Value* j0 = field(args, 72, i64t);
+    llvm::Value* j1 = field(args, 80, i64t);
+    i_pos_ = field(args, 88, i64t);
+    slopes_ = field(args, 96, ptr);
+    softcap_ = field(args, 104, f32_);
+    scale_ = field(args, 108, f32_);
+    m_ = field(args, 112, ptr);
+    l_ = field(args, 120, ptr);
+    o_ = field(args, 128, ptr);
+    heads_ = field(args, 136, i64t);
+    khs_ = field(args, 144, i64t);
+    vhs_ = field(args, 152, i64t);
+    qrs_ = field(args, 160, i64t);
 
-    // Scratch of one chunk: scores and weights [G][16], α [G].
-    scores_ = b_.CreateAlloca(f32_, i64(d_.g * kChunk));
-    probs_ = b_.CreateAlloca(f32_, i64(d_.g * kChunk));
-    alpha_ = b_.CreateAlloca(f32_, i64(d_.g));
-    cast<llvm::AllocaInst>(scores_)->setAlignment(llvm::Align(64));
+    // Scratch of one chunk and head: the weights [G][16] (bf16 for dpbf16,
+    // f32 for fma) and α [G].
+    probs_ = b_.CreateAlloca(dp_ ? b_.getInt16Ty() : f32_, i64(2 * d_.g * kChunk));
+    alpha_ = b_.CreateAlloca(f32_, i64(2 * d_.g));
     cast<llvm::AllocaInst>(probs_)->setAlignment(llvm::Align(64));
+
+    // Rows per packed q vector: 4 (or 2) when G allows and the pack's q
+    // fits in half the registers, else 1.
+    {
+      const HostTarget& host = mc_.host;
+      const int64_t w = std::max(1, 512 / host.vector_bits);
+      pack_ = 1;
+      for (int64_t p : {4, 2})
+        if (d_.g % p == 0 && w * (d_.d * p / 32) * (dp_ ? 1 : 2) <= host.vector_regs / 2) {
+          pack_ = p;
+          break;
+        }
+    }
+    zscr_ = b_.CreateAlloca(f32_, i64(4 * kLanes));
+    cast<llvm::AllocaInst>(zscr_)->setAlignment(llvm::Align(64));
+    qpack_ = b_.CreateAlloca(i16t(), b_.CreateMul(b_.CreateMul(heads_, i64(d_.g)), i64(qpitch())));
+    cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
+    pack_q();
+    if (dp_) permute_o(/*to_kernel=*/true);
 
     // Chunks are aligned to 16 keys, so each lies inside one cache block.
     llvm::Value* c_begin = b_.CreateAnd(j0, i64(~int64_t{kChunk - 1}));
+    c_last_ = b_.CreateAnd(b_.CreateSub(j1, i64(1)), i64(~int64_t{kChunk - 1}));
     llvm::Value* chunks =
         b_.CreateUDiv(b_.CreateAdd(b_.CreateSub(j1, c_begin), i64(kChunk - 1)), i64(kChunk));
     emit_loop(
         b_, chunks, {},
         [&](llvm::Value* ci, const std::vector<llvm::Value*>&) {
-          chunk(b_.CreateAdd(c_begin, b_.CreateMul(ci, i64(kChunk))), j0, j1);
+          llvm::Value* c0 = b_.CreateAdd(c_begin, b_.CreateMul(ci, i64(kChunk)));
+          llvm::Value* full = b_.CreateAnd(b_.CreateICmpSGE(c0, j0),
+                                           b_.CreateICmpSLE(b_.CreateAdd(c0, i64(kChunk)), j1));
+          llvm::Function* f = b_.GetInsertBlock()->getParent();
+          auto* full_bb = llvm::BasicBlock::Create(mc_.ctx, "full", f);
+          auto* part_bb = llvm::BasicBlock::Create(mc_.ctx, "partial", f);
+          auto* done_bb = llvm::BasicBlock::Create(mc_.ctx, "chunk_done", f);
+          b_.CreateCondBr(full, full_bb, part_bb);
+          b_.SetInsertPoint(full_bb);
+          chunk(c0, j0, j1, false);
+          b_.CreateBr(done_bb);
+          b_.SetInsertPoint(part_bb);
+          chunk(c0, j0, j1, true);
+          b_.CreateBr(done_bb);
+          b_.SetInsertPoint(done_bb);
           return std::vector<llvm::Value*>{};
         },
         "chunk");
+    if (dp_) permute_o(/*to_kernel=*/false);
     b_.CreateRetVoid();
   }
 
@@ -122,10 +223,12 @@ class DecodeEmitter {
     return llvm::cast<T>(v);
   }
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+  llvm::Type* i16t() { return b_.getInt16Ty(); }
+  llvm::Type* i32x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt32Ty(), n); }
+  llvm::Type* i16x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt16Ty(), n); }
 
-  // Argument fields are 8 bytes wide: field i is at byte 8·i.
-  llvm::Value* field(llvm::Value* args, int64_t i, llvm::Type* t) {
-    llvm::Value* p = b_.CreateGEP(b_.getInt8Ty(), args, i64(8 * i));
+  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
+    llvm::Value* p = b_.CreateGEP(b_.getInt8Ty(), args, i64(byte));
     auto* v = b_.CreateAlignedLoad(t, p, llvm::Align(t->isFloatTy() ? 4 : 8));
     v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
     return v;
@@ -143,17 +246,36 @@ class DecodeEmitter {
   void store_vf32(llvm::Value* v, llvm::Value* base, llvm::Value* index) {
     b_.CreateAlignedStore(v, b_.CreateGEP(f32_, base, index), llvm::Align(4));
   }
+  // Columns [col, col + 32) of a bf16 row as <16 x i32> (pairs); when only 16
+  // columns are left (D % 32 = 16) the upper half is zero.
+  llvm::Value* load_pairs(llvm::Value* row, int64_t col, int64_t cols) {
+    llvm::Value* p = b_.CreateGEP(i16t(), row, i64(col));
+    if (col + 32 <= cols) return b_.CreateAlignedLoad(i32x(16), p, llvm::Align(2));
+    llvm::Value* half = b_.CreateAlignedLoad(i32x(8), p, llvm::Align(2));
+    Mask m;
+    for (int i = 0; i < 16; ++i) m.push_back(i);
+    return b_.CreateShuffleVector(half, llvm::Constant::getNullValue(i32x(8)), m);
+  }
   // 16 bf16 at row[col..] widened to f32 (exact).
   llvm::Value* load_bf16(llvm::Value* row, int64_t col) {
-    llvm::Value* p = b_.CreateGEP(b_.getInt16Ty(), row, i64(col));
+    llvm::Value* p = b_.CreateGEP(i16t(), row, i64(col));
     return vm_.bf16_to_f32(b_.CreateAlignedLoad(vm_.i16v(), p, llvm::Align(2)));
   }
-  llvm::Value* hsum(llvm::Value* v) {
-    auto* r = b_.CreateFAddReduce(llvm::ConstantFP::get(f32_, -0.0), v);
-    llvm::FastMathFlags f;
-    f.setAllowReassoc();  // a tree of shuffles + adds instead of 15 serial adds
-    r->setFastMathFlags(f);
-    return r;
+  // The even / odd bf16 of 16 pairs as exact f32.
+  llvm::Value* even(llvm::Value* pairs) {
+    return b_.CreateBitCast(b_.CreateShl(pairs, vm_.i32(16)), vm_.f32v());
+  }
+  llvm::Value* odd(llvm::Value* pairs) {
+    return b_.CreateBitCast(b_.CreateAnd(pairs, vm_.i32(0xffff0000u)), vm_.f32v());
+  }
+  llvm::Value* dpbf16(llvm::Value* acc, llvm::Value* a, llvm::Value* b) {
+    auto* bf = llvm::FixedVectorType::get(b_.getBFloatTy(), 2 * kLanes);
+    return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {},
+                              {acc, b_.CreateBitCast(a, bf), b_.CreateBitCast(b, bf)});
+  }
+  llvm::Value* shuffle_add(llvm::Value* a, llvm::Value* b, int level) {
+    return b_.CreateFAdd(b_.CreateShuffleVector(a, b, tree_mask(level, false)),
+                         b_.CreateShuffleVector(a, b, tree_mask(level, true)));
   }
 
   // fn(first row, rows) over the G rows in blocks of `per`: a loop over the
@@ -175,251 +297,593 @@ class DecodeEmitter {
     if (tail) fn(i64(full * per), tail);
   }
 
-  // Valid keys of the chunk: jl = a + iv for iv < b − a.
-  void keys(llvm::Value* a, llvm::Value* b, std::vector<llvm::Value*> carried,
-            const std::function<std::vector<llvm::Value*>(llvm::Value*,
-                                                          const std::vector<llvm::Value*>&)>& fn,
-            std::vector<llvm::Value*>* out, const char* name) {
-    auto res = emit_loop(
-        b_, b_.CreateSub(b, a), std::move(carried),
-        [&](llvm::Value* iv, const std::vector<llvm::Value*>& c) {
-          return fn(b_.CreateAdd(a, iv), c);
-        },
-        name);
-    if (out) *out = std::move(res);
+  // Row pointer of key jl (0..15) of a chunk.
+  llvm::Value* key_row(llvm::Value* base, llvm::Value* row_stride, int64_t jl) {
+    return b_.CreateGEP(i16t(), base, b_.CreateMul(i64(jl), row_stride));
   }
 
-  void chunk(llvm::Value* c0, llvm::Value* j0, llvm::Value* j1) {
-    llvm::Value* a = b_.CreateSelect(b_.CreateICmpSGT(j0, c0), b_.CreateSub(j0, c0), i64(0));
-    llvm::Value* rest = b_.CreateSub(j1, c0);
-    llvm::Value* b = b_.CreateSelect(b_.CreateICmpSLT(rest, i64(kChunk)), rest, i64(kChunk));
-    llvm::Value* slot = b_.CreateUDiv(c0, i64(d_.block_size));
-    llvm::Value* blk = b_.CreateSExt(
-        b_.CreateAlignedLoad(b_.getInt32Ty(),
-                             b_.CreateGEP(b_.getInt32Ty(), table_, b_.CreateMul(slot, ts_)),
-                             llvm::Align(4)),
-        b_.getInt64Ty());
-    llvm::Value* off = b_.CreateURem(c0, i64(d_.block_size));
-    llvm::Type* i16 = b_.getInt16Ty();
-    llvm::Value* kp =
-        b_.CreateGEP(i16, k_, b_.CreateAdd(b_.CreateMul(blk, kbs_), b_.CreateMul(off, krs_)));
-    llvm::Value* vp =
-        b_.CreateGEP(i16, v_, b_.CreateAdd(b_.CreateMul(blk, vbs_), b_.CreateMul(off, vrs_)));
-    prefetch_next(c0, j1);
-    llvm::Value *qf = qf_, *slopes = slopes_, *m = m_, *l = l_, *o = o_;
-    emit_loop(
-        b_, heads_, {},
-        [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
-          llvm::Value* row0 = b_.CreateMul(h, i64(d_.g));
-          qf_ = b_.CreateGEP(f32_, qf, b_.CreateMul(row0, i64(d_.d)));
-          slopes_ = b_.CreateGEP(f32_, slopes, row0);
-          m_ = b_.CreateGEP(f32_, m, row0);
-          l_ = b_.CreateGEP(f32_, l, row0);
-          o_ = b_.CreateGEP(f32_, o, b_.CreateMul(row0, i64(d_.ldo)));
-          scores(b_.CreateGEP(i16, kp, b_.CreateMul(h, khs_)), a, b);
-          softmax(c0, a, b);
-          accumulate(b_.CreateGEP(i16, vp, b_.CreateMul(h, vhs_)), a, b);
-          return std::vector<llvm::Value*>{};
-        },
-        "head");
-    qf_ = qf, slopes_ = slopes, m_ = m, l_ = l, o_ = o;
+  // p, as a value LLVM cannot see through: loads from it are not merged with
+  // equal loads elsewhere. Without it EarlyCSE merges each row's K (or each
+  // column pass's P) loads into one and keeps 64 vectors live: spills.
+  llvm::Value* opaque(llvm::Value* p) {
+    auto* fty = llvm::FunctionType::get(p->getType(), {p->getType()}, false);
+    return b_.CreateCall(llvm::InlineAsm::get(fty, "", "=r,0", /*hasSideEffects=*/false), {p});
   }
 
-  // The next chunk's K and V rows (16 rows of a random block each, 256-byte
-  // pieces at the cache's row stride) requested now, so their DRAM latency
-  // overlaps this chunk's arithmetic: the hardware prefetcher cannot guess
-  // the next block of the table.
-  void prefetch_next(llvm::Value* c0, llvm::Value* j1) {
-    llvm::Value* c1 = b_.CreateAdd(c0, i64(kChunk));
-    llvm::Function* fn = b_.GetInsertBlock()->getParent();
-    auto* then = llvm::BasicBlock::Create(mc_.ctx, "prefetch", fn);
-    auto* done = llvm::BasicBlock::Create(mc_.ctx, "prefetch_done", fn);
-    b_.CreateCondBr(b_.CreateICmpSLT(c1, j1), then, done);
-    b_.SetInsertPoint(then);
-    llvm::Value* slot = b_.CreateUDiv(c1, i64(d_.block_size));
-    llvm::Value* blk = b_.CreateSExt(
-        b_.CreateAlignedLoad(b_.getInt32Ty(),
-                             b_.CreateGEP(b_.getInt32Ty(), table_, b_.CreateMul(slot, ts_)),
-                             llvm::Align(4)),
-        b_.getInt64Ty());
-    llvm::Value* off = b_.CreateURem(c1, i64(d_.block_size));
-    for (auto [base, bstride, rstride, hstride, cols] :
-         {std::tuple{k_, kbs_, krs_, khs_, d_.d}, std::tuple{v_, vbs_, vrs_, vhs_, d_.dv}}) {
-      llvm::Value* p = b_.CreateGEP(
-          i16t(), base, b_.CreateAdd(b_.CreateMul(blk, bstride), b_.CreateMul(off, rstride)));
-      // Every head's part of the row: (heads − 1)·head stride + cols elements.
-      llvm::Value* span =
-          b_.CreateAdd(b_.CreateMul(b_.CreateSub(heads_, i64(1)), hstride), i64(cols));
-      llvm::Value* lines = b_.CreateUDiv(b_.CreateAdd(span, i64(31)), i64(32));
-      for (int64_t j = 0; j < kChunk; ++j) {
-        llvm::Value* row = b_.CreateGEP(i16t(), p, b_.CreateMul(i64(j), rstride));
-        emit_loop(
-            b_, lines, {},
-            [&](llvm::Value* line, const std::vector<llvm::Value*>&) {
-              // One request per 64-byte line, into L2 (prefetcht1): into L1 the
-              // 2·16 rows of a chunk overflow its miss buffers and stall.
-              b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {b_.getPtrTy()},
-                                 {b_.CreateGEP(i16t(), row, b_.CreateMul(line, i64(32))),
-                                  b_.getInt32(0), b_.getInt32(2), b_.getInt32(1)});
-              return std::vector<llvm::Value*>{};
-            },
-            "prefetch_line");
-      }
-    }
+  void emit_if(llvm::Value* cond, const std::function<void()>& then) {
+    llvm::Function* f = b_.GetInsertBlock()->getParent();
+    auto* yes = llvm::BasicBlock::Create(mc_.ctx, "then", f);
+    auto* done = llvm::BasicBlock::Create(mc_.ctx, "endif", f);
+    b_.CreateCondBr(cond, yes, done);
+    b_.SetInsertPoint(yes);
+    then();
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
 
-  // s[r][j] = q_r · K_j. Rows in blocks of 8: 8 independent FMA chains hide
-  // the FMA latency; smaller blocks split each row's sum over two chains.
-  void scores(llvm::Value* kp, llvm::Value* a, llvm::Value* b) {
-    const int64_t nvec = d_.d / kLanes;
+  // The cache rows of key c (a multiple of 16) for kv head 0: (K, V).
+  std::pair<llvm::Value*, llvm::Value*> chunk_rows(llvm::Value* c) {
+    llvm::Value* slot = b_.CreateUDiv(c, i64(d_.block_size));
+    llvm::Value* blk = b_.CreateSExt(
+        b_.CreateAlignedLoad(b_.getInt32Ty(),
+                             b_.CreateGEP(b_.getInt32Ty(), table_, b_.CreateMul(slot, ts_)),
+                             llvm::Align(4)),
+        b_.getInt64Ty());
+    llvm::Value* off = b_.CreateURem(c, i64(d_.block_size));
+    return {
+        b_.CreateGEP(i16t(), k_, b_.CreateAdd(b_.CreateMul(blk, kbs_), b_.CreateMul(off, krs_))),
+        b_.CreateGEP(i16t(), v_, b_.CreateAdd(b_.CreateMul(blk, vbs_), b_.CreateMul(off, vrs_)))};
+  }
+
+  void chunk(llvm::Value* c0, llvm::Value* j0, llvm::Value* j1, bool masked) {
+    masked_ = masked;
+    if (masked) {
+      a_ = b_.CreateSelect(b_.CreateICmpSGT(j0, c0), b_.CreateSub(j0, c0), i64(0));
+      llvm::Value* rest = b_.CreateSub(j1, c0);
+      b_lim_ = b_.CreateSelect(b_.CreateICmpSLT(rest, i64(kChunk)), rest, i64(kChunk));
+      std::vector<llvm::Constant*> lane;
+      for (int l = 0; l < kLanes; ++l) lane.push_back(b_.getInt32(static_cast<uint32_t>(l)));
+      llvm::Value* lanes = llvm::ConstantVector::get(lane);
+      llvm::Type* i32t = b_.getInt32Ty();
+      valid_ = b_.CreateAnd(b_.CreateICmpSGE(lanes, vm_.splat(b_.CreateTrunc(a_, i32t))),
+                            b_.CreateICmpSLT(lanes, vm_.splat(b_.CreateTrunc(b_lim_, i32t))));
+    }
+    if (d_.alibi) {
+      std::vector<llvm::Constant*> lane;
+      for (int l = 0; l < kLanes; ++l)
+        lane.push_back(llvm::ConstantFP::get(f32_, static_cast<double>(l)));
+      dist_ = b_.CreateFAdd(vm_.splat(b_.CreateSIToFP(b_.CreateSub(c0, i_pos_), f32_)),
+                            llvm::ConstantVector::get(lane));
+    }
+    auto [kp, vp] = chunk_rows(c0);
+    // The chunk kPrefetchChunks ahead, clamped to the last one (so the table
+    // read stays inside the entries the sequence uses).
+    llvm::Value* cf = b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks));
+    cf = b_.CreateSelect(b_.CreateICmpSLT(cf, c_last_), cf, c_last_);
+    auto [kf, vf] = chunk_rows(cf);
+    llvm::Value *slopes = slopes_, *m = m_, *l = l_, *o = o_;
+    llvm::Value *probs = probs_, *alpha = alpha_;
+    // Software-pipelined over the heads: iteration h scores head h and then
+    // accumulates P·V of head h − 1, so the latency chain of h's softmax
+    // (reduce, exp, reduce) overlaps h − 1's P·V instead of stalling.
+    // P and α are double-buffered by head parity.
+    auto buffers = [&](llvm::Value* h) {
+      llvm::Value* parity = b_.CreateAnd(h, i64(1));
+      probs_ = b_.CreateGEP(dp_ ? i16t() : f32_, probs, b_.CreateMul(parity, i64(d_.g * kChunk)));
+      alpha_ = b_.CreateGEP(f32_, alpha, b_.CreateMul(parity, i64(d_.g)));
+    };
+    emit_loop(
+        b_, b_.CreateAdd(heads_, i64(1)), {},
+        [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
+          emit_if(b_.CreateICmpSLT(h, heads_), [&] {
+            llvm::Value* row0 = b_.CreateMul(h, i64(d_.g));
+            slopes_ = b_.CreateGEP(f32_, slopes, row0);
+            m_ = b_.CreateGEP(f32_, m, row0);
+            l_ = b_.CreateGEP(f32_, l, row0);
+            buffers(h);
+            kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, khs_));
+            vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, vhs_));
+            if (d_.g > 8) prefetch_keys(i64(0), kChunk);
+            scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, khs_)), row0);
+          });
+          emit_if(b_.CreateICmpSGT(h, i64(0)), [&] {
+            llvm::Value* hp = b_.CreateSub(h, i64(1));
+            o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
+            buffers(hp);
+            vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(hp, vhs_));
+            pv_prefetch_ = d_.g <= 8;
+            accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, vhs_)));
+          });
+          return std::vector<llvm::Value*>{};
+        },
+        "head");
+    probs_ = probs, alpha_ = alpha;
+    slopes_ = slopes, m_ = m, l_ = l, o_ = o;
+  }
+
+  // Prefetches of the future chunk's rows [j0, j0 + n) of this head (kf_,
+  // vf_; `which`: kPrefetchK, kPrefetchV or both), one request per 64-byte
+  // line, into L2. For G ≤ 8 they are spread over the head's work: K rows in
+  // the score loop, V rows in the first P·V column pass, a few per key; for
+  // larger G (compute-bound anyway) one burst per head.
+  static constexpr int kPrefetchK = 1, kPrefetchV = 2;
+  void prefetch_keys(llvm::Value* j0, int64_t n, int which = kPrefetchK | kPrefetchV) {
+    for (auto [base, stride, cols] : {std::tuple{kf_, krs_, d_.d}, std::tuple{vf_, vrs_, d_.dv}})
+      for (int64_t j = 0; j < n; ++j) {
+        if (!(which & (base == kf_ ? kPrefetchK : kPrefetchV))) continue;
+        llvm::Value* row =
+            b_.CreateGEP(i16t(), base, b_.CreateMul(b_.CreateAdd(j0, i64(j)), stride));
+        for (int64_t c = 0; c < cols; c += 32)
+          b_.CreateIntrinsic(
+              llvm::Intrinsic::prefetch, {b_.getPtrTy()},
+              {b_.CreateGEP(i16t(), row, i64(c)), b_.getInt32(0),
+               b_.getInt32(static_cast<uint32_t>(kPrefetchLocality)), b_.getInt32(1)});
+      }
+  }
+
+  // 128-bit lanes (la of a, lb of a, lc of b, ld of b) of two <16 x float>.
+  static Mask lanes4(int la, int lb, int lc, int ld) {
+    Mask m;
+    for (int src = 0; src < 2; ++src)
+      for (int l : {src ? lc : la, src ? ld : lb})
+        for (int i = 0; i < 4; ++i) m.push_back(16 * src + 4 * l + i);
+    return m;
+  }
+  // Same, lanes taken alternately from a and b: (a.la, b.la, a.lb, b.lb).
+  static Mask lanes_alt(int la, int lb) {
+    Mask m;
+    for (int l : {la, lb})
+      for (int src = 0; src < 2; ++src)
+        for (int i = 0; i < 4; ++i) m.push_back(16 * src + 4 * l + i);
+    return m;
+  }
+
+  // The P score vectors of a pack from its four level-1 vectors z (keys 4m ..
+  // 4m + 3; 128-bit lane L holds partial sums of row L·P/4).
+  std::vector<llvm::Value*> finish_tree(const std::vector<llvm::Value*>& z) {
+    auto sh = [&](llvm::Value* a, llvm::Value* b, const Mask& m) {
+      return b_.CreateShuffleVector(a, b, m);
+    };
+    if (pack_ == 1) return {shuffle_add(shuffle_add(z[0], z[1], 2), shuffle_add(z[2], z[3], 2), 3)};
+    if (pack_ == 2) {
+      // Row r = lanes 2r, 2r + 1: add them, then gather each row's halves.
+      auto w = [&](llvm::Value* a, llvm::Value* b) {
+        return b_.CreateFAdd(sh(a, b, lanes_alt(0, 2)), sh(a, b, lanes_alt(1, 3)));
+      };
+      llvm::Value *w0 = w(z[0], z[1]), *w1 = w(z[2], z[3]);
+      return {sh(w0, w1, lanes4(0, 1, 0, 1)), sh(w0, w1, lanes4(2, 3, 2, 3))};
+    }
+    // pack 4: row r = lane r of every z, a 4 x 4 transpose of 128-bit lanes.
+    llvm::Value* t0 = sh(z[0], z[1], lanes4(0, 1, 0, 1));
+    llvm::Value* t1 = sh(z[0], z[1], lanes4(2, 3, 2, 3));
+    llvm::Value* t2 = sh(z[2], z[3], lanes4(0, 1, 0, 1));
+    llvm::Value* t3 = sh(z[2], z[3], lanes4(2, 3, 2, 3));
+    return {sh(t0, t2, lanes4(0, 2, 0, 2)), sh(t0, t2, lanes4(1, 3, 1, 3)),
+            sh(t1, t3, lanes4(0, 2, 0, 2)), sh(t1, t3, lanes4(1, 3, 1, 3))};
+  }
+
+  // Packs q at entry: P rows share each vector, row i of a pack in lanes
+  // [16i/P, 16(i+1)/P) as bf16 pairs, so one broadcast K piece scores P
+  // rows at once and the transposing tree shrinks P-fold.
+  void pack_q() {
+    const int64_t per = 16 / pack_, nvec = qvecs();
+    llvm::Value* packs = b_.CreateUDiv(b_.CreateMul(heads_, i64(d_.g)), i64(pack_));
+    emit_loop(
+        b_, packs, {},
+        [&](llvm::Value* pk, const std::vector<llvm::Value*>&) {
+          llvm::Value* r0 = b_.CreateMul(pk, i64(pack_));
+          llvm::Value* dst = b_.CreateGEP(i16t(), qpack_, b_.CreateMul(r0, i64(qpitch())));
+          for (int64_t e = 0; e < nvec; ++e) {
+            std::vector<llvm::Value*> parts;
+            for (int64_t i = 0; i < pack_; ++i) {
+              llvm::Value* qrow =
+                  b_.CreateGEP(i16t(), q_, b_.CreateMul(b_.CreateAdd(r0, i64(i)), qrs_));
+              parts.push_back(
+                  pack_ == 1 ? load_pairs(qrow, e * 32, d_.d)
+                             : b_.CreateAlignedLoad(i32x(static_cast<unsigned>(per)),
+                                                    b_.CreateGEP(i16t(), qrow, i64(e * 2 * per)),
+                                                    llvm::Align(2)));
+            }
+            b_.CreateAlignedStore(concat(parts), b_.CreateGEP(i16t(), dst, i64(e * 32)),
+                                  llvm::Align(64));
+          }
+          return std::vector<llvm::Value*>{};
+        },
+        "pack_q");
+  }
+  int64_t qvecs() const { return pack_ == 1 ? (d_.d + 31) / 32 : d_.d * pack_ / 32; }
+  // bf16 per packed row (a pack of P rows takes P·qpitch).
+  int64_t qpitch() const { return pack_ == 1 ? (d_.d + 31) / 32 * 32 : d_.d; }
+
+  // Scores of the chunk's 16 keys for every row, then the softmax step. Rows
+  // in blocks of ≤ 8 (packs of P rows unrolled inside a block). Each pack runs
+  // a loop of 4 iterations of 4 keys, each ending in one level-1 tree vector:
+  // a loop body is its own scheduling region, so LLVM cannot interleave all
+  // 16 keys' dot chains and spill them (straight-line code did exactly that).
+  void scores(llvm::Value* kp, llvm::Value* head_row0) {
+    const int64_t nvec = qvecs(), per = 16 / pack_;
+    const int64_t nacc = std::min<int64_t>(nvec, 2);
+    const int64_t block = std::min<int64_t>(d_.g, 8);
+    const bool spread = block == d_.g;
     row_blocks(
-        std::min<int64_t>(d_.g, 8),
+        block,
         [&](llvm::Value* row0, int64_t rows) {
-          const int64_t chains = rows >= 8 ? 1 : rows >= 4 ? 2 : 4;
-          keys(
-              a, b, {},
-              [&](llvm::Value* jl, const std::vector<llvm::Value*>&) {
-                llvm::Value* krow = b_.CreateGEP(i16t(), kp, b_.CreateMul(jl, krs_));
-                std::vector<llvm::Value*> acc(static_cast<size_t>(rows * chains), vm_.f32(0.0f));
-                for (int64_t c = 0; c < nvec; ++c) {
-                  llvm::Value* kv = load_bf16(krow, c * kLanes);
-                  for (int64_t r = 0; r < rows; ++r) {
-                    llvm::Value* qi = b_.CreateAdd(
-                        b_.CreateMul(b_.CreateAdd(row0, i64(r)), i64(d_.d)), i64(c * kLanes));
-                    llvm::Value*& s = acc[static_cast<size_t>(r * chains + c % chains)];
-                    s = vm_.fma(load_vf32(qf_, qi), kv, s);
+          std::vector<llvm::Value*> s;
+          for (int64_t r = 0; r < rows; r += pack_) {
+            llvm::Value* qp = b_.CreateGEP(
+                i16t(), qpack_,
+                b_.CreateMul(b_.CreateAdd(head_row0, b_.CreateAdd(row0, i64(r))), i64(qpitch())));
+            std::vector<llvm::Value*> qa, qb;  // dpbf16: pairs; fma: even, odd halves
+            for (int64_t e = 0; e < nvec; ++e) {
+              llvm::Value* pairs = b_.CreateAlignedLoad(
+                  i32x(16), b_.CreateGEP(i16t(), qp, i64(e * 32)), llvm::Align(64));
+              qa.push_back(dp_ ? pairs : even(pairs));
+              if (!dp_) qb.push_back(odd(pairs));
+            }
+            emit_loop(
+                b_, i64(kChunk / 4), {},
+                [&](llvm::Value* it, const std::vector<llvm::Value*>&) {
+                  llvm::Value* j0 = b_.CreateMul(it, i64(4));
+                  std::vector<llvm::Value*> acc;
+                  for (int64_t jj = 0; jj < 4; ++jj) {
+                    llvm::Value* krow =
+                        b_.CreateGEP(i16t(), kp, b_.CreateMul(b_.CreateAdd(j0, i64(jj)), krs_));
+                    std::vector<llvm::Value*> av(static_cast<size_t>(2 * nacc), vm_.f32(0.0f));
+                    for (int64_t e = 0; e < nvec; ++e) {
+                      llvm::Value*& a = av[static_cast<size_t>(2 * (e % nacc))];
+                      llvm::Value*& a2 = av[static_cast<size_t>(2 * (e % nacc) + 1)];
+                      llvm::Value* kv;
+                      if (pack_ == 1) {
+                        kv = load_pairs(krow, e * 32, d_.d);
+                      } else {  // K[e·2per ..) broadcast to the P rows' lanes
+                        Mask bc;
+                        for (int i = 0; i < 16; ++i) bc.push_back(static_cast<int>(i % per));
+                        kv = b_.CreateShuffleVector(
+                            b_.CreateAlignedLoad(i32x(static_cast<unsigned>(per)),
+                                                 b_.CreateGEP(i16t(), krow, i64(e * 2 * per)),
+                                                 llvm::Align(2)),
+                            bc);
+                      }
+                      if (dp_) {
+                        a = dpbf16(a, kv, qa[e]);
+                      } else {
+                        a = vm_.fma(qa[e], even(kv), a);
+                        a2 = vm_.fma(qb[e], odd(kv), a2);
+                      }
+                    }
+                    // Chains folded pairwise (the FMA path's odd halves too).
+                    std::vector<llvm::Value*> sums;
+                    for (size_t i = 0; i < av.size(); i += 2)
+                      sums.push_back(dp_ ? av[i] : b_.CreateFAdd(av[i], av[i + 1]));
+                    while (sums.size() > 1) {
+                      std::vector<llvm::Value*> next;
+                      for (size_t i = 0; i + 1 < sums.size(); i += 2)
+                        next.push_back(b_.CreateFAdd(sums[i], sums[i + 1]));
+                      if (sums.size() % 2) next.push_back(sums.back());
+                      sums = std::move(next);
+                    }
+                    acc.push_back(sums[0]);
                   }
-                }
-                for (int64_t r = 0; r < rows; ++r) {
-                  llvm::Value* sum = acc[static_cast<size_t>(r * chains)];
-                  for (int64_t k = 1; k < chains; ++k)
-                    sum = b_.CreateFAdd(sum, acc[static_cast<size_t>(r * chains + k)]);
-                  llvm::Value* row = b_.CreateAdd(row0, i64(r));
-                  store_f32(hsum(sum), scores_, b_.CreateAdd(b_.CreateMul(row, i64(kChunk)), jl));
-                }
-                return std::vector<llvm::Value*>{};
-              },
-              nullptr, "key");
+                  llvm::Value* z = shuffle_add(shuffle_add(acc[0], acc[1], 0),
+                                               shuffle_add(acc[2], acc[3], 0), 1);
+                  store_vf32(z, zscr_, b_.CreateMul(it, i64(kLanes)));
+                  if (spread && r == 0) prefetch_keys(j0, 4, kPrefetchK);
+                  return std::vector<llvm::Value*>{};
+                },
+                "keys");
+            std::vector<llvm::Value*> z;
+            for (int64_t m = 0; m < 4; ++m) z.push_back(load_vf32(zscr_, i64(m * kLanes)));
+            for (llvm::Value* x : finish_tree(z)) s.push_back(x);
+            // Softmax in groups of ≤ 4 rows: one wide vector per step, so
+            // the rows' latency chains (reduce, exp, reduce) run side by side.
+            if (s.size() == 4 || r + pack_ == rows) {
+              const int64_t first = r + pack_ - static_cast<int64_t>(s.size());
+              softmax(b_.CreateAdd(row0, i64(first)), s);
+              s.clear();
+            }
+          }
         },
         "score_rows");
   }
 
-  void softmax(llvm::Value* c0, llvm::Value* a, llvm::Value* b) {
-    std::vector<llvm::Constant*> lane;
-    for (int l = 0; l < kLanes; ++l) lane.push_back(b_.getInt32(static_cast<uint32_t>(l)));
-    llvm::Value* lanes = llvm::ConstantVector::get(lane);
-    llvm::Type* i32t = b_.getInt32Ty();
-    llvm::Value* valid = b_.CreateAnd(b_.CreateICmpSGE(lanes, vm_.splat(b_.CreateTrunc(a, i32t))),
-                                      b_.CreateICmpSLT(lanes, vm_.splat(b_.CreateTrunc(b, i32t))));
+  // <16·n> lanes from n <16 x float>, or lane i of v repeated 16 times ([n] -> [16n]).
+  llvm::Value* concat(const std::vector<llvm::Value*>& v) {
+    std::vector<llvm::Value*> cur = v;
+    while (cur.size() > 1) {  // pairwise: shufflevector joins equal widths only
+      std::vector<llvm::Value*> next;
+      for (size_t i = 0; i + 1 < cur.size(); i += 2) {
+        const unsigned n = llvm::cast<llvm::FixedVectorType>(cur[i]->getType())->getNumElements();
+        const unsigned n2 =
+            llvm::cast<llvm::FixedVectorType>(cur[i + 1]->getType())->getNumElements();
+        llvm::Value* b = cur[i + 1];
+        if (n2 < n) {  // widen the odd one out with poison lanes
+          Mask w;
+          for (unsigned k = 0; k < n; ++k) w.push_back(k < n2 ? static_cast<int>(k) : -1);
+          b = b_.CreateShuffleVector(b, w);
+        }
+        Mask m;
+        for (unsigned k = 0; k < n + n2; ++k) m.push_back(k < n ? k : n + (k - n));
+        next.push_back(b_.CreateShuffleVector(cur[i], b, m));
+      }
+      if (cur.size() % 2) next.push_back(cur.back());
+      cur = std::move(next);
+    }
+    return cur[0];
+  }
+  llvm::Value* spread(llvm::Value* v, int64_t n) {
+    Mask m;
+    for (int64_t i = 0; i < 16 * n; ++i) m.push_back(static_cast<int>(i / 16));
+    return b_.CreateShuffleVector(v, m);
+  }
+  llvm::Value* repeat(llvm::Value* v, int64_t n) {
+    Mask m;
+    for (int64_t i = 0; i < 16 * n; ++i) m.push_back(static_cast<int>(i % 16));
+    return b_.CreateShuffleVector(v, m);
+  }
+  // Butterfly within each 16-lane segment: every lane ends with the
+  // segment's max (or sum), no scalar extraction and re-broadcast.
+  llvm::Value* segment_reduce(llvm::Value* x, bool max) {
+    const unsigned n = llvm::cast<llvm::FixedVectorType>(x->getType())->getNumElements();
+    for (unsigned k : {8u, 4u, 2u, 1u}) {
+      Mask m;
+      for (unsigned i = 0; i < n; ++i) m.push_back(static_cast<int>(i ^ k));
+      llvm::Value* y = b_.CreateShuffleVector(x, m);
+      x = max ? b_.CreateSelect(b_.CreateFCmpOGT(x, y), x, y) : b_.CreateFAdd(x, y);
+    }
+    return x;
+  }
+  llvm::Value* row_lanes(llvm::Value* x, int64_t n) {  // lane 16r of each segment
+    Mask m;
+    for (int64_t r = 0; r < n; ++r) m.push_back(static_cast<int>(16 * r));
+    return b_.CreateShuffleVector(x, m);
+  }
+
+  // The online-softmax step of rows row0 .. row0 + n − 1 (n ≤ 4), scores s.
+  void softmax(llvm::Value* row0, const std::vector<llvm::Value*>& s_rows) {
+    const int64_t n = static_cast<int64_t>(s_rows.size());
+    const unsigned lanes = static_cast<unsigned>(16 * n);
+    VectorMath vw(b_, lanes), vr(b_, static_cast<unsigned>(n));
+    llvm::Type* rowv = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(n));
     const float inf = std::numeric_limits<float>::infinity();
-    llvm::Value* dist = nullptr;  // ALiBi: key − i_pos per lane
-    if (d_.alibi)
-      dist = b_.CreateFAdd(vm_.splat(b_.CreateSIToFP(b_.CreateSub(c0, i_pos_), f32_)),
-                           b_.CreateSIToFP(lanes, vm_.f32v()));
-    emit_loop(
-        b_, i64(d_.g), {},
-        [&](llvm::Value* r, const std::vector<llvm::Value*>&) {
-          llvm::Value* at = b_.CreateMul(r, i64(kChunk));
-          llvm::Value* s = load_vf32(scores_, at);
-          if (d_.softcap) {
-            // cap·tanh(s/cap), tanh x = 1 − 2/(e^{2x} + 1): exp saturates both ways.
-            llvm::Value* cap = vm_.splat(softcap_);
-            llvm::Value* e = vm_.exp(b_.CreateFMul(b_.CreateFDiv(s, cap), vm_.f32(2.0f)));
-            llvm::Value* t = b_.CreateFSub(
-                vm_.f32(1.0f), b_.CreateFDiv(vm_.f32(2.0f), b_.CreateFAdd(e, vm_.f32(1.0f))));
-            s = b_.CreateFMul(cap, t);
-          }
-          if (d_.alibi) s = vm_.fma(vm_.splat(load_f32(slopes_, r)), dist, s);
-          s = b_.CreateSelect(valid, s, vm_.f32(-inf));
-          auto* cmax = b_.CreateFPMaxReduce(s);
-          llvm::FastMathFlags f;
-          f.setNoNaNs();
-          cmax->setFastMathFlags(f);
-          llvm::Value* m_old = load_f32(m_, r);
-          llvm::Value* m_new = b_.CreateMaxNum(m_old, cmax);
-          llvm::Value* p =
-              b_.CreateSelect(valid, vm_.exp(b_.CreateFSub(s, vm_.splat(m_new))), vm_.f32(0.0f));
-          // α = 0 before the first key (m = −inf: O and l are 0 anyway, but
-          // exp's clamp would give 1e-38, not 0, and −inf − −inf is NaN).
-          llvm::Value* e_old =
-              b_.CreateExtractElement(vm_.exp(vm_.splat(b_.CreateFSub(m_old, m_new))), i64(0));
-          llvm::Value* alpha =
-              b_.CreateSelect(b_.CreateFCmpOEQ(m_old, llvm::ConstantFP::getInfinity(f32_, true)),
-                              llvm::ConstantFP::get(f32_, 0.0), e_old);
-          store_vf32(p, probs_, at);
-          store_f32(alpha, alpha_, r);
-          store_f32(m_new, m_, r);
-          store_f32(b_.CreateFAdd(b_.CreateFMul(load_f32(l_, r), alpha), hsum(p)), l_, r);
-          return std::vector<llvm::Value*>{};
-        },
-        "softmax_row");
+    llvm::Value* s = b_.CreateFMul(concat(s_rows), vw.splat(scale_));
+    if (d_.softcap) {
+      // cap·tanh(s/cap), tanh x = 1 − 2/(e^{2x} + 1): exp saturates both ways.
+      llvm::Value* cap = vw.splat(softcap_);
+      llvm::Value* e = vw.exp(b_.CreateFMul(b_.CreateFDiv(s, cap), vw.f32(2.0f)));
+      llvm::Value* t =
+          b_.CreateFSub(vw.f32(1.0f), b_.CreateFDiv(vw.f32(2.0f), b_.CreateFAdd(e, vw.f32(1.0f))));
+      s = b_.CreateFMul(cap, t);
+    }
+    if (d_.alibi) {
+      llvm::Value* sl =
+          b_.CreateAlignedLoad(rowv, b_.CreateGEP(f32_, slopes_, row0), llvm::Align(4));
+      s = vw.fma(spread(sl, n), repeat(dist_, n), s);
+    }
+    llvm::Value* valid = masked_ ? repeat(valid_, n) : nullptr;
+    if (masked_) s = b_.CreateSelect(valid, s, vw.f32(-inf));
+    llvm::Value* m_old = b_.CreateAlignedLoad(rowv, b_.CreateGEP(f32_, m_, row0), llvm::Align(4));
+    llvm::Value* cmax = segment_reduce(s, true);
+    llvm::Value* mo = spread(m_old, n);
+    llvm::Value* m_new = b_.CreateSelect(b_.CreateFCmpOGT(cmax, mo), cmax, mo);
+    llvm::Value* p = vw.exp(b_.CreateFSub(s, m_new));
+    if (masked_) p = b_.CreateSelect(valid, p, vw.f32(0.0f));
+    // P rounded to bf16 (as vdpbf16ps needs it) and l summing the rounded
+    // weights, so numerator and denominator agree.
+    llvm::Value* pb = vw.f32_to_bf16(p);
+    p = vw.bf16_to_f32(pb);
+    llvm::Value* sum = row_lanes(segment_reduce(p, false), n);
+    llvm::Value* m_row = row_lanes(m_new, n);
+    // α = 0 before the first key (m = −inf: O and l are 0 anyway, but
+    // exp's clamp would give 1e-38, not 0, and −inf − −inf is NaN).
+    llvm::Value* alpha = b_.CreateSelect(b_.CreateFCmpOEQ(m_old, vr.f32(-inf)), vr.f32(0.0f),
+                                         vr.exp(b_.CreateFSub(m_old, m_row)));
+    llvm::Value* l_at = b_.CreateGEP(f32_, l_, row0);
+    llvm::Value* l_old = b_.CreateAlignedLoad(rowv, l_at, llvm::Align(4));
+    b_.CreateAlignedStore(vr.fma(l_old, alpha, sum), l_at, llvm::Align(4));
+    b_.CreateAlignedStore(m_row, b_.CreateGEP(f32_, m_, row0), llvm::Align(4));
+    b_.CreateAlignedStore(alpha, b_.CreateGEP(f32_, alpha_, row0), llvm::Align(4));
+    llvm::Value* at = b_.CreateMul(row0, i64(kChunk));
+    if (dp_)
+      b_.CreateAlignedStore(pb, b_.CreateGEP(i16t(), probs_, at), llvm::Align(2));
+    else
+      b_.CreateAlignedStore(p, b_.CreateGEP(f32_, probs_, at), llvm::Align(4));
+  }
+
+  // V row of key jl, zeroed when the key is outside [j0, j1) (masked chunk).
+  llvm::Value* v_masked(llvm::Value* v, int64_t jl) {
+    if (!masked_) return v;
+    llvm::Value* ok =
+        b_.CreateAnd(b_.CreateICmpSLE(a_, i64(jl)), b_.CreateICmpSGT(b_lim_, i64(jl)));
+    return b_.CreateSelect(ok, v, llvm::Constant::getNullValue(v->getType()));
   }
 
   // O[r][cols] = α_r·O[r][cols] + Σ_j p[r][j]·V[j][cols]: per (row block,
-  // column group) the accumulators stay in registers across the chunk's
-  // keys; every V vector is loaded and widened once per key.
-  void accumulate(llvm::Value* vp, llvm::Value* a, llvm::Value* b) {
-    const int64_t nvec = d_.dv / kLanes;
-    const int64_t per = std::min<int64_t>(d_.g, 8);
-    row_blocks(
-        per,
-        [&](llvm::Value* row0, int64_t rows) {
-          const int64_t cw = std::min<int64_t>(nvec, std::max<int64_t>(1, 16 / rows));
-          for (int64_t c0 = 0; c0 < nvec; c0 += cw) {
-            const int64_t cols = std::min(cw, nvec - c0);
-            std::vector<llvm::Value*> acc;
-            for (int64_t r = 0; r < rows; ++r) {
-              llvm::Value* row = b_.CreateAdd(row0, i64(r));
-              llvm::Value* al = vm_.splat(load_f32(alpha_, row));
-              for (int64_t c = 0; c < cols; ++c)
-                acc.push_back(b_.CreateFMul(load_vf32(o_, o_index(row, c0 + c)), al));
-            }
-            keys(
-                a, b, acc,
-                [&](llvm::Value* jl, const std::vector<llvm::Value*>& in) {
-                  llvm::Value* vrow = b_.CreateGEP(i16t(), vp, b_.CreateMul(jl, vrs_));
-                  std::vector<llvm::Value*> v, out = in;
-                  for (int64_t c = 0; c < cols; ++c)
-                    v.push_back(load_bf16(vrow, (c0 + c) * kLanes));
-                  for (int64_t r = 0; r < rows; ++r) {
-                    llvm::Value* row = b_.CreateAdd(row0, i64(r));
-                    llvm::Value* pr = vm_.splat(
-                        load_f32(probs_, b_.CreateAdd(b_.CreateMul(row, i64(kChunk)), jl)));
-                    for (int64_t c = 0; c < cols; ++c) {
-                      llvm::Value*& x = out[static_cast<size_t>(r * cols + c)];
-                      x = vm_.fma(pr, v[static_cast<size_t>(c)], x);
-                    }
-                  }
-                  return out;
-                },
-                &acc, "pv_key");
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t c = 0; c < cols; ++c)
-                store_vf32(acc[static_cast<size_t>(r * cols + c)], o_,
-                           o_index(b_.CreateAdd(row0, i64(r)), c0 + c));
-          }
-        },
-        "pv_rows");
+  // column group) the accumulators stay in registers across the chunk's keys;
+  // every V vector is loaded (and interleaved or widened) once per row block.
+  void accumulate(llvm::Value* vp) {
+    const HostTarget& host = mc_.host;
+    const int64_t w = std::max(1, 512 / host.vector_bits), regs = host.vector_regs;
+    if (dp_) {
+      // Registers: R·2U accumulators, 2U interleaved + 2U loaded V, 1 splat.
+      const int64_t units = d_.dv / 32, tail = d_.dv % 32 != 0;
+      int64_t rows = std::min<int64_t>(d_.g, 8), u = 1;
+      while (u < units && w * (rows * 2 * (u + 1) + 4 * (u + 1) + 1) <= regs) ++u;
+      row_blocks(
+          rows, [&](llvm::Value* row0, int64_t nr) { pv_dpbf16(vp, row0, nr, u, units, tail); },
+          "pv_rows");
+    } else {
+      // Registers: R·W accumulators, W widened V, 1 splat.
+      const int64_t nvec = d_.dv / kLanes;
+      int64_t rows = std::min<int64_t>(d_.g, 8);
+      while (rows > 1 && w * (rows + 2) > regs) --rows;
+      int64_t cw = 1;
+      while (cw < nvec && w * (rows * (cw + 1) + (cw + 1) + 1) <= regs) ++cw;
+      row_blocks(
+          rows, [&](llvm::Value* row0, int64_t nr) { pv_fma(vp, row0, nr, cw, nvec); }, "pv_rows");
+    }
   }
 
-  llvm::Value* o_index(llvm::Value* row, int64_t vec) {
-    return b_.CreateAdd(b_.CreateMul(row, i64(d_.ldo)), i64(vec * kLanes));
+  void pv_dpbf16(llvm::Value* vp, llvm::Value* row0, int64_t rows, int64_t per, int64_t units,
+                 bool tail) {
+    std::vector<llvm::Value*> al, prow;
+    for (int64_t r = 0; r < rows; ++r) {
+      llvm::Value* row = b_.CreateAdd(row0, i64(r));
+      al.push_back(vm_.splat(load_f32(alpha_, row)));
+      prow.push_back(b_.CreateMul(row, i64(kChunk)));
+    }
+    // Column groups: `per` units of 32 columns, then the 16-column tail.
+    for (int64_t u0 = 0; u0 < units + tail; u0 += per) {
+      const int64_t nu = std::min(per, units + tail - u0);
+      const bool has_tail = tail && u0 + nu == units + tail;
+      const int64_t nfull = nu - (has_tail ? 1 : 0);
+      const int64_t nacc = 2 * nfull + (has_tail ? 1 : 0);
+      llvm::Value* probs = opaque(probs_);
+      std::vector<llvm::Value*> acc;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t a = 0; a < nacc; ++a)
+          acc.push_back(b_.CreateFMul(load_vf32(o_, o_index(b_.CreateAdd(row0, i64(r)), u0, a)),
+                                      al[static_cast<size_t>(r)]));
+      for (int64_t j = 0; j < kChunk; j += 2) {
+        llvm::Value* va = key_row(vp, vrs_, j);
+        llvm::Value* vb = key_row(vp, vrs_, j + 1);
+        std::vector<llvm::Value*> x;  // interleaved (V_j, V_j+1) pairs
+        for (int64_t u = 0; u < nfull; ++u) {
+          const int64_t col = (u0 + u) * 32;
+          auto load = [&](llvm::Value* row, int64_t jl) {
+            return v_masked(
+                b_.CreateAlignedLoad(i16x(32), b_.CreateGEP(i16t(), row, i64(col)), llvm::Align(2)),
+                jl);
+          };
+          llvm::Value* ra = load(va, j);
+          llvm::Value* rb = load(vb, j + 1);
+          x.push_back(
+              b_.CreateBitCast(b_.CreateShuffleVector(ra, rb, interleave_mask(false)), i32x(16)));
+          x.push_back(
+              b_.CreateBitCast(b_.CreateShuffleVector(ra, rb, interleave_mask(true)), i32x(16)));
+        }
+        if (has_tail) {
+          const int64_t col = units * 32;
+          auto load = [&](llvm::Value* row, int64_t jl) {
+            return v_masked(
+                b_.CreateAlignedLoad(i16x(16), b_.CreateGEP(i16t(), row, i64(col)), llvm::Align(2)),
+                jl);
+          };
+          Mask m;
+          for (int i = 0; i < 16; ++i) m.insert(m.end(), {i, 16 + i});
+          x.push_back(
+              b_.CreateBitCast(b_.CreateShuffleVector(load(va, j), load(vb, j + 1), m), i32x(16)));
+        }
+        if (pv_prefetch_ && u0 == 0) prefetch_keys(i64(j), 2, kPrefetchV);
+        for (int64_t r = 0; r < rows; ++r) {
+          // (p_j, p_j+1) as one dword, broadcast.
+          llvm::Value* pp = vm_.splat(b_.CreateAlignedLoad(
+              b_.getInt32Ty(),
+              b_.CreateGEP(i16t(), probs, b_.CreateAdd(prow[static_cast<size_t>(r)], i64(j))),
+              llvm::Align(4)));
+          for (int64_t a = 0; a < nacc; ++a) {
+            llvm::Value*& y = acc[static_cast<size_t>(r * nacc + a)];
+            y = dpbf16(y, x[static_cast<size_t>(a)], pp);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t a = 0; a < nacc; ++a)
+          store_vf32(acc[static_cast<size_t>(r * nacc + a)], o_,
+                     o_index(b_.CreateAdd(row0, i64(r)), u0, a));
+    }
   }
-  llvm::Type* i16t() { return b_.getInt16Ty(); }
+
+  void pv_fma(llvm::Value* vp, llvm::Value* row0, int64_t rows, int64_t cw, int64_t nvec) {
+    std::vector<llvm::Value*> al;
+    for (int64_t r = 0; r < rows; ++r)
+      al.push_back(vm_.splat(load_f32(alpha_, b_.CreateAdd(row0, i64(r)))));
+    for (int64_t c0 = 0; c0 < nvec; c0 += cw) {
+      const int64_t cols = std::min(cw, nvec - c0);
+      std::vector<llvm::Value*> acc;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          acc.push_back(b_.CreateFMul(
+              load_vf32(o_, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(row0, i64(r)), i64(d_.ldo)),
+                                         i64((c0 + c) * kLanes))),
+              al[static_cast<size_t>(r)]));
+      for (int64_t j = 0; j < kChunk; ++j) {
+        if (pv_prefetch_ && c0 == 0) prefetch_keys(i64(j), 1, kPrefetchV);
+        llvm::Value* vrow = key_row(vp, vrs_, j);
+        std::vector<llvm::Value*> v;
+        for (int64_t c = 0; c < cols; ++c)
+          v.push_back(v_masked(load_bf16(vrow, (c0 + c) * kLanes), j));
+        for (int64_t r = 0; r < rows; ++r) {
+          llvm::Value* row = b_.CreateAdd(row0, i64(r));
+          llvm::Value* pr =
+              vm_.splat(load_f32(probs_, b_.CreateAdd(b_.CreateMul(row, i64(kChunk)), i64(j))));
+          for (int64_t c = 0; c < cols; ++c) {
+            llvm::Value*& x = acc[static_cast<size_t>(r * cols + c)];
+            x = vm_.fma(pr, v[static_cast<size_t>(c)], x);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          store_vf32(acc[static_cast<size_t>(r * cols + c)], o_,
+                     b_.CreateAdd(b_.CreateMul(b_.CreateAdd(row0, i64(r)), i64(d_.ldo)),
+                                  i64((c0 + c) * kLanes)));
+    }
+  }
+
+  // Float index of accumulator a (16 columns) of the group starting at unit
+  // u0 in row `row`: units are 32 columns, the tail 16.
+  llvm::Value* o_index(llvm::Value* row, int64_t u0, int64_t a) {
+    return b_.CreateAdd(b_.CreateMul(row, i64(d_.ldo)), i64(u0 * 32 + a * kLanes));
+  }
+
+  // O's full 32-column groups between plain order and the interleaved
+  // order of pv_dpbf16 (see the file comment), for every row of every head.
+  void permute_o(bool to_kernel) {
+    const int64_t units = d_.dv / 32;
+    if (units == 0) return;
+    Mask lo, hi;  // plain -> kernel: lane 4L+i of lo = column 8L+i, of hi = 8L+4+i
+    for (int l = 0; l < 4; ++l)
+      for (int i = 0; i < 4; ++i) lo.push_back(8 * l + i), hi.push_back(8 * l + 4 + i);
+    Mask n0, n1;  // kernel -> plain: column c = lo[4(c/8) + c%8] or hi[4(c/8) + c%8 − 4]
+    for (int c = 0; c < 32; ++c) {
+      const int w = c % 8, idx = w < 4 ? 4 * (c / 8) + w : 16 + 4 * (c / 8) + w - 4;
+      (c < 16 ? n0 : n1).push_back(idx);
+    }
+    emit_loop(
+        b_, b_.CreateMul(heads_, i64(d_.g)), {},
+        [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
+          for (int64_t u = 0; u < units; ++u) {
+            llvm::Value* at = b_.CreateAdd(b_.CreateMul(row, i64(d_.ldo)), i64(u * 32));
+            llvm::Value* at2 = b_.CreateAdd(at, i64(kLanes));
+            llvm::Value* x0 = load_vf32(o_, at);
+            llvm::Value* x1 = load_vf32(o_, at2);
+            store_vf32(b_.CreateShuffleVector(x0, x1, to_kernel ? lo : n0), o_, at);
+            store_vf32(b_.CreateShuffleVector(x0, x1, to_kernel ? hi : n1), o_, at2);
+          }
+          return std::vector<llvm::Value*>{};
+        },
+        "permute_o");
+  }
 
   ModuleContext& mc_;
   const DecodeAttentionDesc& d_;
+  const bool dp_;
   llvm::IRBuilder<> b_;
   VectorMath vm_;
   llvm::Type* f32_ = nullptr;
-  llvm::Value *qf_ = nullptr, *k_ = nullptr, *v_ = nullptr, *table_ = nullptr;
+  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *table_ = nullptr;
   llvm::Value *ts_ = nullptr, *kbs_ = nullptr, *krs_ = nullptr, *vbs_ = nullptr, *vrs_ = nullptr;
-  llvm::Value *i_pos_ = nullptr, *slopes_ = nullptr, *softcap_ = nullptr;
+  llvm::Value *i_pos_ = nullptr, *slopes_ = nullptr, *softcap_ = nullptr, *scale_ = nullptr;
   llvm::Value *m_ = nullptr, *l_ = nullptr, *o_ = nullptr;
-  llvm::Value *heads_ = nullptr, *khs_ = nullptr, *vhs_ = nullptr;
-  llvm::Value *scores_ = nullptr, *probs_ = nullptr, *alpha_ = nullptr;
+  llvm::Value *heads_ = nullptr, *khs_ = nullptr, *vhs_ = nullptr, *qrs_ = nullptr;
+  llvm::Value *probs_ = nullptr, *alpha_ = nullptr, *c_last_ = nullptr, *qpack_ = nullptr,
+              *zscr_ = nullptr;
+  int64_t pack_ = 1;
+  bool pv_prefetch_ = false;
+  // The chunk being emitted.
+  bool masked_ = false;
+  llvm::Value *a_ = nullptr, *b_lim_ = nullptr, *valid_ = nullptr, *dist_ = nullptr;
+  llvm::Value *kf_ = nullptr, *vf_ = nullptr;  // this head's rows of the chunk prefetched
 };
 
 }  // namespace
@@ -428,8 +892,9 @@ LlvmKernel compile_llvm_decode_attention(const DecodeAttentionDesc& desc, OptLev
   check(desc);
   require_vector_host("compile_llvm_decode_attention");
   const std::string name = desc.name();
+  const bool dp = desc.uses_dpbf16();
   return compile_module(
-      name, [&](ModuleContext& mc) { DecodeEmitter(mc, desc).emit(name); }, opt);
+      name, [&](ModuleContext& mc) { DecodeEmitter(mc, desc, dp).emit(name); }, opt);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

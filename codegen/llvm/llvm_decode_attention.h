@@ -13,6 +13,11 @@
 
 namespace tilejit::codegen::llvm_backend {
 
+// How q·k and p·v are multiplied: vdpbf16ps (AVX512-BF16; p rounded to bf16,
+// which the softmax does anyway) or fp32 FMAs on the exactly widened bf16.
+// best: dpbf16 where the host has it.
+enum class DecodeDot { best, fma, dpbf16 };
+
 // What the emitted bytes depend on (K and V are bf16).
 struct DecodeAttentionDesc {
   int64_t d = 0, dv = 0;   // head sizes, multiples of 16
@@ -21,36 +26,43 @@ struct DecodeAttentionDesc {
   int64_t ldo = 0;         // floats between O rows of the partial
   bool softcap = false;    // s = cap·tanh(s / cap)
   bool alibi = false;      // s += slope_r · (j − i_pos)
+  DecodeDot dot = DecodeDot::best;
 
-  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]
+  // True when the kernel uses vdpbf16ps (dot resolved against the host).
+  bool uses_dpbf16() const;
+  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128_{dpbf16,fma}[_softcap][_alibi]
   std::string name() const;
 };
 
 // The call: keys [j0, j1) (0 ≤ j0 < j1, every block they touch already
-// checked) folded into the running state (m, l, O) of the G rows. Strides in
-// elements. Row r of q is qf[r·d .. r·d + d), already multiplied by the scale.
+// checked) folded into the running state (m, l, O) of the G rows of each kv
+// head. Strides in elements.
 struct DecodeAttentionArgs {
-  const float* qf;       // [G][D] f32
-  const uint16_t* k;     // cache block 0, this kv head
-  const uint16_t* v;     // cache block 0, this kv head (may alias k: MLA)
+  const uint16_t* q;     // bf16 query row r at q + r·q_row_stride (not scaled)
+  const uint16_t* k;     // cache block 0, kv head 0
+  const uint16_t* v;     // cache block 0, kv head 0 (may alias k: MLA)
   const int32_t* table;  // the sequence's block-table row
   int64_t table_stride;
   int64_t k_block_stride, k_row_stride;
   int64_t v_block_stride, v_row_stride;
   int64_t j0, j1;
   int64_t i_pos;        // the query's position (ALiBi)
-  const float* slopes;  // [G] (alibi)
-  float softcap, pad_;  // cap (softcap)
-  float* m;             // [G] running max (−inf: no key yet)
-  float* l;             // [G] running sum of exp(s − m)
-  float* o;             // [G][ldo] unnormalised output
-  // Kv heads h < heads done chunk by chunk together (rows of head h are rows
-  // h·G.. of qf, slopes, m, l, o), so a chunk reads whole cache rows.
+  const float* slopes;  // [heads·G] (alibi)
+  float softcap;        // cap (softcap)
+  float scale;          // s = scale · q·k before softcap
+  float* m;             // [heads·G] running max (−inf: no key yet)
+  float* l;             // [heads·G] running sum of exp(s − m)
+  float* o;             // [heads·G][ldo] unnormalised output
+  // Kv heads h < heads are done chunk by chunk together (rows of head h are
+  // rows h·G.. of q, slopes, m, l, o), so a chunk reads whole cache rows.
   int64_t heads;
   int64_t k_head_stride, v_head_stride;
+  int64_t q_row_stride;
 };
-static_assert(offsetof(DecodeAttentionArgs, j0) == 72 && offsetof(DecodeAttentionArgs, o) == 128 &&
-              offsetof(DecodeAttentionArgs, v_head_stride) == 152);
+static_assert(offsetof(DecodeAttentionArgs, j0) == 72 &&
+              offsetof(DecodeAttentionArgs, scale) == 108 &&
+              offsetof(DecodeAttentionArgs, o) == 128 &&
+              offsetof(DecodeAttentionArgs, q_row_stride) == 160);
 
 using DecodeAttentionFn = void (*)(const DecodeAttentionArgs*);
 
