@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "codegen/llvm/llvm_jit.h"
 
@@ -27,6 +28,10 @@ struct DecodeAttentionDesc {
   bool softcap = false;    // s = cap·tanh(s / cap)
   bool alibi = false;      // s += slope_r · (j − i_pos)
   DecodeDot dot = DecodeDot::best;
+
+  // Every field above, for equality: a field added there must be added here.
+  auto fields() const { return std::tie(d, dv, g, block_size, ldo, softcap, alibi, dot); }
+  bool operator==(const DecodeAttentionDesc& o) const { return fields() == o.fields(); }
 
   // True when the kernel uses vdpbf16ps (dot resolved against the host).
   bool uses_dpbf16() const;
