@@ -24,7 +24,8 @@ namespace tilejit::ops {
 namespace {
 
 constexpr const char* kLowered =
-    "today a program must be a gemm chain: gemm → add bias → activation → cast";
+    "a program must be a gemm chain (gemm → add bias → activation → cast) or a chain of "
+    "rope, attention and moe ops";
 
 int64_t elem_bytes(DType t) {
   return std::max(1, dtype_bits(t) / 8);
@@ -72,10 +73,6 @@ ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
 
 #endif  // TILEJIT_HAVE_LLVM
 
-bool is_later_family(ir::OpKind k) {
-  return k == ir::OpKind::attention || k == ir::OpKind::rope || k == ir::OpKind::moe;
-}
-
 const char* chunk_name(codegen::GemmPlan::Chunk c) {
   switch (c) {
     case codegen::GemmPlan::Chunk::whole:
@@ -108,11 +105,11 @@ int64_t HostTensor::numel() const {
 
 GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
   for (const ir::Op& op : f.ops)
-    if (is_later_family(op.kind))
+    if (is_operator_op(op.kind))
       throw Error(fmt::format(
-          "no lowering for op '{}' yet ({}): attention, rope and moe get theirs in later "
-          "issues; {}",
-          ir::name(op.kind), ir::print(f, op), kLowered));
+          "no gemm lowering for op '{}' ({}): rope, attention and moe run as calls of the "
+          "public API (match_operator_program), not as a gemm chain",
+          ir::name(op.kind), ir::print(f, op)));
   if (f.ops.empty())
     throw Error(fmt::format("no lowering for @{}: it has no ops; {}", f.name, kLowered));
   if (f.ops.front().kind != ir::OpKind::gemm) {
@@ -276,6 +273,10 @@ std::vector<KernelUse> plan_kernels(const codegen::GemmPlan& plan, std::optional
 
 ProgramRunner::ProgramRunner(ir::Function f) : f_(std::move(f)) {
   ir::verify(f_);
+  if (has_operator_ops(f_)) {
+    ops_ = std::make_unique<OperatorRunner>(f_, match_operator_program(f_));
+    return;
+  }
   prog_ = match_program(f_, /*allow_elementwise=*/true);
 #ifdef TILEJIT_HAVE_LLVM
   if (!prog_.epilogue.ops.empty())
@@ -333,6 +334,10 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
   }
   inputs_ = &inputs;
   dims_ = std::move(dims);
+  if (ops_) {
+    ops_->bind(inputs, dims_);
+    return;
+  }
   if (!prog_.has_gemm) return;
   if (!prog_.epilogue.ops.empty()) {
     const ir::TensorType& gt = f_.value(prog_.result).type;
@@ -432,6 +437,10 @@ void ProgramRunner::run_epilogue(const HostTensor* gemm_out, TensorMap& outputs)
 
 void ProgramRunner::run(TensorMap& outputs) {
   if (inputs_ == nullptr) throw Error("ProgramRunner::run: set_inputs() first");
+  if (ops_) {
+    ops_->run(outputs);
+    return;
+  }
   if (!prog_.has_gemm) {
     run_epilogue(nullptr, outputs);
     return;
@@ -453,8 +462,14 @@ void ProgramRunner::run(TensorMap& outputs) {
   if (epilogue) run_epilogue(&gemm_out_, outputs);
 }
 
+void ProgramRunner::run_for_timing(TensorMap& outputs) {
+  if (ops_ && inputs_ != nullptr) return ops_->run_in_place(outputs);
+  run(outputs);
+}
+
 CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   if (inputs_ == nullptr) throw Error("ProgramRunner::check: set_inputs() first");
+  if (ops_) return ops_->check(outputs);
   if (!prog_.epilogue.ops.empty()) return check_chain(outputs);
   const HostTensor& x = input(prog_.x);
   const HostTensor& w = input(prog_.w);
@@ -496,6 +511,7 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   });
 
   CheckReport rep;
+  rep.reference = "runtime/reference_gemm.h, double accumulation";
   rep.tolerance = fmt::format("{}(K+2)·2⁻²⁴·Σ|x·w| + 4e-6·max(1,|ref|), K={}",
                               bf16_out ? "2⁻⁷·|ref| + " : "", k);
   double worst_ratio = -1;
@@ -683,6 +699,8 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
   });
 
   CheckReport rep;
+  rep.reference =
+      prog_.has_gemm ? "runtime/reference_gemm.h, then each op in double" : "each op in double";
   const std::string chain =
       "add: + 2⁻²³·|v|; mul: |b|·tol_a + |a|·tol_b + 2⁻²³·|v|; relu: ×1; silu, gelu: "
       "×1.13 + 4e-6·max(1,|v|); each bf16 value: + 2⁻⁷·|v|";
@@ -734,6 +752,7 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
 
 double ProgramRunner::flops() const {
   if (inputs_ == nullptr) return 0;
+  if (ops_) return ops_->work().flops;
   if (!prog_.has_gemm)
     throw Error(fmt::format(
         "@{} has no gemm: `tilejit bench` reports gemm GFLOP/s and a gemm plan, which an "

@@ -1,8 +1,9 @@
 // Runs an IR program (the text a user writes, not a C++ call) on host tensors:
 // what `tilejit run` and `tilejit bench` execute, and what `tilejit dump`
-// lowers. Today the one family with a lowering is a gemm chain
-// (gemm → add bias → activation → cast); it runs through the public API
-// (pack_weight + gemm), so the tool measures exactly what an engine gets.
+// lowers. Two families run, both through the public API, so the tool
+// measures exactly what an engine gets: a gemm chain (gemm → add bias →
+// activation → cast; pack_weight + gemm), and programs of rope, attention and
+// moe ops, one API call per op (ops/program_runner_ops.h).
 // With the LLVM backend (TILEJIT_HAVE_LLVM) a gemm may be followed by any
 // elementwise chain (add, mul, relu, silu, gelu_tanh, gelu_erf, cast): the
 // longest prefix codegen::match_gemm accepts runs as the fused gemm, the rest
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/llvm/llvm_jit.h"
 #include "ir/program.h"
+#include "ops/program_runner_ops.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::ops {
@@ -72,12 +75,12 @@ struct GemmProgram {
   std::vector<int> epilogue_inputs;  // per epilogue param: the source value id
 };
 
-// Recognises the op family of a verified function. Throws tilejit::Error:
-// "no lowering for op 'attention' yet ..." for families that land later, or
-// codegen::match_gemm's message for a chain that cannot be fused (without
-// LLVM, or when what follows the gemm is not elementwise). A program without a
-// gemm is refused unless allow_elementwise (the runner's case: `tilejit dump`
-// has no gemm plan to show for it); built without LLVM it is always refused.
+// Recognises a gemm program in a verified function. Throws tilejit::Error:
+// for rope, attention and moe ops (they run as operator calls: see
+// match_operator_program), or codegen::match_gemm's message for a chain that cannot be fused
+// (without LLVM, or when what follows the gemm is not elementwise). A program without a gemm is
+// refused unless allow_elementwise (the runner's case: `tilejit dump` has no gemm plan to show for
+// it); built without LLVM it is always refused.
 GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false);
 
 // The dims of `t` with symbols replaced by their bindings ("?M" unbound → -1).
@@ -104,8 +107,10 @@ struct CheckReport {
   int64_t checked = 0;
   // The element with the largest error / tolerance ratio.
   std::vector<int64_t> worst_index;
+  std::string worst_value;  // "%o": the result holding it, when several are compared
   double worst_got = 0, worst_ref = 0, worst_tol = 0;
   std::string tolerance;  // the formula used, for the report
+  std::string reference;  // what the outputs were compared with
   bool pass() const { return failures == 0; }
 };
 
@@ -115,7 +120,10 @@ class ProgramRunner {
   explicit ProgramRunner(ir::Function f);
 
   const ir::Function& function() const { return f_; }
+  // The gemm program; empty (no ops) for an operator program.
   const GemmProgram& program() const { return prog_; }
+  // The rope / attention / moe calls, or null for a gemm or elementwise program.
+  const OperatorRunner* operators() const { return ops_.get(); }
 
   // Checks every input against its param's type (dtype, rank, static dims,
   // symbolic dims consistent across inputs and with `preset`) and binds the
@@ -126,13 +134,19 @@ class ProgramRunner {
 
   // Zeroed outputs of the bound result types, by result name.
   TensorMap make_outputs() const;
-  // Runs on the active ISA path (tilejit::gemm).
+  // Runs on the active ISA path (tilejit::gemm, or the operator calls).
   void run(TensorMap& outputs);
+  // run() for `tilejit bench`: the same calls, but an in-place operator
+  // (rope) works on its previous result instead of a fresh copy of its input
+  // (OperatorRunner::run_in_place). Outputs are not checkable afterwards.
+  void run_for_timing(TensorMap& outputs);
   // Compares `outputs` with runtime::reference_gemm on the same inputs; with
   // an elementwise rest, followed by a double evaluation of every op of the
-  // source (see check_chain in the .cpp for the tolerance).
+  // source (see check_chain in the .cpp for the tolerance). An operator
+  // program: OperatorRunner::check.
   CheckReport check(const TensorMap& outputs) const;
-  // 2·M·N·K of the bound problem (of the gemm; throws for a program without one).
+  // 2·M·N·K of the bound problem (of the gemm; throws for a program without
+  // one); an operator program: OperatorRunner::work().flops.
   double flops() const;
 
  private:
@@ -148,7 +162,8 @@ class ProgramRunner {
   std::vector<uint16_t> x_strided_;  // x copied to the IR's static row stride, if any
   int64_t x_ld_ = 0;                 // that stride, in elements
   codegen::llvm_backend::LlvmKernel epilogue_kernel_;  // compiled once, at construction
-  HostTensor gemm_out_;  // the fused gemm's result when an epilogue follows
+  HostTensor gemm_out_;                  // the fused gemm's result when an epilogue follows
+  std::unique_ptr<OperatorRunner> ops_;  // set for a rope / attention / moe program
 };
 
 }  // namespace tilejit::ops

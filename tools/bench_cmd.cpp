@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "jit/peak.h"
@@ -13,6 +14,65 @@
 #include "tools/program_io.h"
 
 namespace tilejit::tools {
+namespace {
+
+constexpr int kBatches = 7;
+
+void print_first_call(const CacheStats& before, const CacheStats& after) {
+  fmt::print("  first call  {} compile{} ({:.2f} ms), {} disk load{}\n",
+             after.compiles - before.compiles, after.compiles - before.compiles == 1 ? "" : "s",
+             (after.compile_seconds - before.compile_seconds) * 1e3,
+             after.disk_loads - before.disk_loads,
+             after.disk_loads - before.disk_loads == 1 ? "" : "s");
+}
+
+// A program of rope / attention / moe calls: the rate of what it computes.
+// FLOP-counted ops (attention over its visible pairs, moe's routed GEMMs) give
+// GFLOP/s against the bf16 peak; a program of RoPE alone, which streams
+// memory, gives GB/s of what it reads and writes.
+void report_operators(const ops::ProgramRunner& runner, const CpuInfo& cpu, double t, int64_t calls,
+                      const CacheStats& before, const CacheStats& after) {
+  const ops::OperatorRunner& o = *runner.operators();
+  const ops::OperatorWork w = o.work();
+  std::vector<std::string> apis;
+  for (const ops::OperatorCall& c : o.program().calls) apis.push_back(c.api());
+  fmt::print("bench @{}: {} on the {} path, {} thread{}\n", runner.function().name, w.shape,
+             isa_name(cpu.isa), cpu.num_threads, cpu.num_threads == 1 ? "" : "s");
+  fmt::print("  calls       {} (kernels chosen at run time by the operator{})\n",
+             fmt::join(apis, ", then "), apis.size() == 1 ? "" : "s");
+  const bool has_rope =
+      std::any_of(o.program().calls.begin(), o.program().calls.end(),
+                  [](const ops::OperatorCall& c) { return c.kind == ir::OpKind::rope; });
+  fmt::print("  time/call   {:.4g} ms (median of {} batches of {} call{}{}{})\n", t * 1e3, kBatches,
+             calls, calls == 1 ? "" : "s", apis.size() == 1 ? "" : ", every call of the program",
+             has_rope ? "; rope rotates its result in place again, without the copy of q that "
+                        "`run` makes first"
+                      : "");
+  if (w.flops > 0) {
+    const double gflops = w.flops / t / 1e9;
+    fmt::print("  GFLOP/s     {:.2f} ({:.4g} GFLOP per call; {})\n", gflops, w.flops / 1e9,
+               w.counted);
+    if (cpu.isa == Isa::scalar) {
+      fmt::print("  % of peak   n/a (the scalar path has no measured peak)\n");
+    } else {
+      const double core = jit::measure_peak_gflops(cpu.isa);
+      const double peak = core * cpu.num_threads;
+      fmt::print(
+          "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x "
+          "{})\n",
+          peak > 0 ? 100 * gflops / peak : 0.0, peak, isa_name(cpu.isa), core, cpu.num_threads);
+    }
+  } else {
+    fmt::print("  GB/s        {:.2f} ({:.4g} MB per call; {})\n", w.bytes / t / 1e9, w.bytes / 1e6,
+               w.counted);
+    fmt::print(
+        "  % of peak   n/a (memory-bound: compare GB/s with the streaming read bandwidth "
+        "of `tilejit llama-layer`)\n");
+  }
+  print_first_call(before, after);
+}
+
+}  // namespace
 
 int run_bench(const BenchOptions& opt) {
   if (opt.threads > 0) set_num_threads(opt.threads);
@@ -23,7 +83,7 @@ int run_bench(const BenchOptions& opt) {
   note_isa_request(opt.isa);
 
   ops::TensorMap inputs;
-  for (int p : f.params) inputs[f.value(p).name] = random_tensor(f.value(p), dims, opt.seed);
+  for (int p : f.params) inputs[f.value(p).name] = random_tensor(f, p, dims, opt.seed);
   runner.set_inputs(inputs, dims);
   ops::TensorMap outputs = runner.make_outputs();
 
@@ -35,12 +95,11 @@ int run_bench(const BenchOptions& opt) {
   // Batches of calls sized from a first one-call batch; the median of the
   // sized batches, since the machine is shared and noisy.
   using clock = std::chrono::steady_clock;
-  constexpr int kBatches = 7;
   std::vector<double> per_call;
   int64_t calls = 1;
   for (int b = 0; b <= kBatches; ++b) {
     const auto t0 = clock::now();
-    for (int64_t i = 0; i < calls; ++i) runner.run(outputs);
+    for (int64_t i = 0; i < calls; ++i) runner.run_for_timing(outputs);
     const double s = std::chrono::duration<double>(clock::now() - t0).count();
     if (b == 0) {
       calls = std::max<int64_t>(1, static_cast<int64_t>(opt.seconds / kBatches / s));
@@ -50,6 +109,10 @@ int run_bench(const BenchOptions& opt) {
   }
   std::sort(per_call.begin(), per_call.end());
   const double t = per_call[per_call.size() / 2];
+  if (runner.operators() != nullptr) {
+    report_operators(runner, cpu, t, calls, before, after);
+    return 0;
+  }
   const double flops = runner.flops();
   const double gflops = flops / t / 1e9;
 
@@ -72,11 +135,7 @@ int run_bench(const BenchOptions& opt) {
         "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x {})\n",
         peak > 0 ? 100 * gflops / peak : 0.0, peak, isa_name(cpu.isa), core, cpu.num_threads);
   }
-  fmt::print("  first call  {} compile{} ({:.2f} ms), {} disk load{}\n",
-             after.compiles - before.compiles, after.compiles - before.compiles == 1 ? "" : "s",
-             (after.compile_seconds - before.compile_seconds) * 1e3,
-             after.disk_loads - before.disk_loads,
-             after.disk_loads - before.disk_loads == 1 ? "" : "s");
+  print_first_call(before, after);
   return 0;
 }
 

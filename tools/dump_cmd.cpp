@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "codegen/gemm_lowering.h"
@@ -159,6 +160,44 @@ void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const st
   }
 }
 
+// A program of rope / attention / moe ops: each op is one call of the public
+// API, which plans and compiles its own kernels. plan and key say which call
+// and which kernels (named where the shapes fix them); asm has no listing.
+int dump_operators(const ir::Function& f, const std::string& file, const DumpOptions& opt, bool all,
+                   Isa isa, const ops::DimBindings& dims) {
+  ops::OperatorProgram prog;
+  try {
+    prog = ops::match_operator_program(f);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: cannot produce --stage {}: {}\n", file, all ? "plan" : opt.stage,
+               e.what());
+    return 1;
+  }
+  auto header = [&](const char* stage) {
+    if (all) fmt::print("// ---- {} ----\n", stage);
+  };
+  if (all || opt.stage == "plan") {
+    header("plan");
+    fmt::print("{}", ops::describe_operator_plan(f, prog, isa, dims));
+  }
+  if (all || opt.stage == "key") {
+    header("key");
+    fmt::print("{}", ops::describe_operator_keys(f, prog, isa, dims));
+  }
+  if (all || opt.stage == "asm") {
+    header("asm");
+    std::vector<std::string> apis;
+    for (const ops::OperatorCall& c : prog.calls) apis.push_back(c.api());
+    fmt::print(
+        "; @{} runs {}: the kernels are chosen and compiled inside the operator at run time, so "
+        "there is no listing here (`dump --stage asm` disassembles gemm micro-kernels); "
+        "TILEJIT_VERBOSE=1 logs each kernel compiled, TILEJIT_PERF_MAP=1 names them for perf\n",
+        f.name, fmt::join(apis, ", then "));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_dump(const DumpOptions& opt) {
@@ -191,6 +230,8 @@ int run_dump(const DumpOptions& opt) {
     print_verified(f);
   }
   if (opt.stage == "verified") return 0;
+
+  if (ops::has_operator_ops(f)) return dump_operators(f, file, opt, all, isa, dims);
 
   ops::GemmProgram prog;
   try {

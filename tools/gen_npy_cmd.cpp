@@ -1,16 +1,48 @@
 // `tilejit gen-npy` (hidden): writes a random .npy file of any supported dtype
 // and shape. It lets tests/tool_test.sh build inputs — of wrong shapes and
 // dtypes too — on machines without numpy.
+//
+// Operator inputs must hold valid values, so a file named after the operand
+// role it feeds gets values of that role (tools/program_io.h, fill_role):
+// pos.npy / positions.npy positions in [0, 16) (valid for a cache of ≥ 16
+// rows), cos_sin.npy a real cos/sin cache, topk_ids.npy distinct expert ids in
+// [0, 16) per row (valid for E ≥ 16), topk_weights.npy positive rows summing
+// to 1. The name is the switch because the options are fixed by the command
+// line parser (tools/tilejit_main.cpp).
 #include <fmt/format.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "runtime/bf16.h"
 #include "tilejit/error.h"
 #include "tools/commands.h"
 #include "tools/npy.h"
+#include "tools/program_io.h"
 
 namespace tilejit::tools {
+namespace {
+
+// The range of generated positions and expert ids: that of the plain ints.
+constexpr int64_t kIndexRange = 16;
+
+DType dtype_of(NpyDtype t) {
+  switch (t) {
+    case NpyDtype::f4:
+      return DType::f32;
+    case NpyDtype::i4:
+      return DType::i32;
+    case NpyDtype::u1:
+      return DType::u8;
+    case NpyDtype::i1:
+      return DType::i8;
+    case NpyDtype::u2:
+      break;
+  }
+  return DType::bf16;
+}
+
+}  // namespace
 
 int run_gen_npy(const GenNpyOptions& opt) {
   NpyArray a;
@@ -27,6 +59,13 @@ int run_gen_npy(const GenNpyOptions& opt) {
   for (int64_t d : opt.shape)
     if (d < 0) throw Error(fmt::format("--shape: dim {} must be >= 0", d));
   a.shape = opt.shape;
+  const InputRole role = role_from_name(std::filesystem::path(opt.file).stem().string());
+  if (role != InputRole::plain) {
+    ops::HostTensor t = ops::HostTensor::zeros(dtype_of(a.dtype), a.shape);
+    fill_role(t, role, kIndexRange, opt.seed, "gen-npy " + opt.file);
+    write_npy(opt.file, npy_from_tensor(t, "gen-npy " + opt.file));
+    return 0;
+  }
   const int64_t n = a.numel();
   const int item = npy_item_bytes(a.dtype);
   a.data.resize(static_cast<size_t>(n * item));

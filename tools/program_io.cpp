@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -28,6 +30,9 @@ struct Rng {
   }
   float uniform() {  // [-1, 1)
     return static_cast<float>(static_cast<int64_t>(next() >> 40) - (1 << 23)) / float(1 << 23);
+  }
+  double unit() {  // [0, 1)
+    return static_cast<double>(next() >> 11) / static_cast<double>(1ull << 53);
   }
 };
 
@@ -148,6 +153,19 @@ ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param,
     case DType::i8:
       if (a.dtype != NpyDtype::i1) throw mismatch("'|i1'");
       break;
+    case DType::i64: {
+      // Index tensors (rope positions) may be int64 in the IR, as PyTorch
+      // engines pass them; the .npy reader has no '<i8', so '<i4' is widened.
+      if (a.dtype != NpyDtype::i4) throw mismatch("'<i4' (widened to i64)");
+      t.bytes.resize(a.data.size() * 2);
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        int32_t v;
+        std::memcpy(&v, a.data.data() + i * 4, 4);
+        const int64_t w = v;
+        std::memcpy(t.bytes.data() + i * 8, &w, 8);
+      }
+      return t;
+    }
     default:
       throw Error(fmt::format("input '{}' is {}: the .npy convention has no dtype for it",
                               param.name, param.type.str()));
@@ -174,6 +192,23 @@ NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what) {
     case DType::i8:
       a.dtype = NpyDtype::i1;
       break;
+    case DType::i64: {
+      // Written as '<i4' (what tensor_from_npy widens back) when it fits.
+      a.dtype = NpyDtype::i4;
+      a.shape = t.shape;
+      a.data.resize(t.bytes.size() / 2);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int64_t v = t.data<int64_t>()[i];
+        if (v < INT32_MIN || v > INT32_MAX)
+          throw Error(
+              fmt::format("{} is i64 with element {} = {}: the .npy convention writes i64 "
+                          "as '<i4', which cannot hold it",
+                          what, i, v));
+        const int32_t n = static_cast<int32_t>(v);
+        std::memcpy(a.data.data() + i * 4, &n, 4);
+      }
+      return a;
+    }
     default:
       throw Error(fmt::format("{} is {}: the .npy convention has no dtype for it", what,
                               dtype_name(t.dtype)));
@@ -183,16 +218,106 @@ NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what) {
   return a;
 }
 
-ops::HostTensor random_tensor(const ir::Value& param, const ops::DimBindings& dims, uint64_t seed) {
-  const std::vector<int64_t> shape = ops::bind_shape(param.type, dims);
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] < 0)
-      throw Error(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
-                              param.name, param.type.str(), param.type.dims[i].str(),
-                              param.type.dims[i].symbol));
-  ops::HostTensor t = ops::HostTensor::zeros(param.type.dtype, shape);
-  Rng r{seed * 0x2545F4914F6CDD1Dull ^ name_hash(param.name)};
+InputRole input_role(const ir::Function& f, int id, const ops::DimBindings& dims, int64_t* range,
+                     int* range_of) {
+  *range = -1;
+  int unused = -1;
+  if (range_of == nullptr) range_of = &unused;
+  for (const ir::Op& op : f.ops)
+    for (size_t i = 0; i < op.operands.size(); ++i) {
+      if (op.operands[i] != id) continue;
+      if (op.kind == ir::OpKind::rope && i == 1) {
+        *range_of = op.operands[2];
+        *range = ops::bind_shape(f.value(*range_of).type, dims).at(0);
+        return InputRole::positions;
+      }
+      if (op.kind == ir::OpKind::rope && i == 2) return InputRole::cos_sin;
+      if (op.kind == ir::OpKind::moe && i == 3) return InputRole::topk_weights;
+      if (op.kind == ir::OpKind::moe && i == 4) {
+        *range_of = op.operands[1];
+        *range = ops::bind_shape(f.value(*range_of).type, dims).at(0);
+        return InputRole::topk_ids;
+      }
+      return InputRole::plain;
+    }
+  return InputRole::plain;
+}
+
+InputRole role_from_name(const std::string& stem) {
+  if (stem == "pos" || stem == "positions") return InputRole::positions;
+  if (stem == "cos_sin") return InputRole::cos_sin;
+  if (stem == "topk_ids") return InputRole::topk_ids;
+  if (stem == "topk_weights") return InputRole::topk_weights;
+  return InputRole::plain;
+}
+
+void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
+               const std::string& what) {
+  Rng r{seed};
   const int64_t n = t.numel();
+  const int rank = static_cast<int>(t.shape.size());
+  auto need = [&](bool ok, const std::string& rule) {
+    if (!ok)
+      throw Error(
+          fmt::format("{} ({} {}): {}", what, dtype_name(t.dtype), ops::shape_str(t.shape), rule));
+  };
+  switch (role) {
+    case InputRole::positions:
+      need(t.dtype == DType::i32 || t.dtype == DType::i64, "positions are i32 or i64");
+      need(range >= 1 || n == 0, range < 0 ? "the cache's row count is unbound: give --dim for it"
+                                           : "positions need a cos/sin cache of at least one row");
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t p = static_cast<int64_t>(r.next() % static_cast<uint64_t>(range));
+        if (t.dtype == DType::i64)
+          t.data<int64_t>()[i] = p;
+        else
+          t.data<int32_t>()[i] = static_cast<int32_t>(p);
+      }
+      return;
+    case InputRole::cos_sin: {
+      // A real cache (θ base 10000): values an engine holds, not noise.
+      need(t.dtype == DType::f32 && rank == 2 && t.shape[1] % 2 == 0,
+           "a cos/sin cache is f32 [P, R] with R even");
+      const int64_t rows = t.shape[0], w = t.shape[1], half = w / 2;
+      for (int64_t p = 0; p < rows; ++p)
+        for (int64_t j = 0; j < half; ++j) {
+          const double theta = std::pow(10000.0, -2.0 * double(j) / double(w));
+          t.data<float>()[p * w + j] = static_cast<float>(std::cos(double(p) * theta));
+          t.data<float>()[p * w + half + j] = static_cast<float>(std::sin(double(p) * theta));
+        }
+      return;
+    }
+    case InputRole::topk_ids: {
+      need(t.dtype == DType::i32 && rank == 2, "expert ids are i32 [T, top_k]");
+      const int64_t k = t.shape[1];
+      need(range >= 0, "the expert count is unbound: give --dim for it");
+      need(k <= range,
+           fmt::format("top_k = {} distinct experts need E >= top_k; E = {}", k, range));
+      // k distinct experts per token, as a router picks them.
+      for (int64_t row = 0; row < t.shape[0]; ++row) {
+        int32_t* ids = t.data<int32_t>() + row * k;
+        for (int64_t j = 0; j < k;) {
+          const int32_t e = static_cast<int32_t>(r.next() % static_cast<uint64_t>(range));
+          if (std::find(ids, ids + j, e) == ids + j) ids[j++] = e;
+        }
+      }
+      return;
+    }
+    case InputRole::topk_weights: {
+      need(t.dtype == DType::f32 && rank == 2, "routing weights are f32 [T, top_k]");
+      const int64_t k = t.shape[1];
+      // Positive and renormalized, as topk_softmax(renormalize) leaves them.
+      for (int64_t row = 0; row < t.shape[0]; ++row) {
+        float* w = t.data<float>() + row * k;
+        double sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += w[j] = static_cast<float>(0.1 + r.unit());
+        for (int64_t j = 0; j < k; ++j) w[j] = static_cast<float>(w[j] / sum);
+      }
+      return;
+    }
+    case InputRole::plain:
+      break;
+  }
   switch (t.dtype) {
     case DType::bf16:
       for (int64_t i = 0; i < n; ++i) t.data<uint16_t>()[i] = runtime::f32_to_bf16(r.uniform());
@@ -203,14 +328,40 @@ ops::HostTensor random_tensor(const ir::Value& param, const ops::DimBindings& di
     case DType::i32:
       for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.next() % 16);
       break;
+    case DType::i64:
+      for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = static_cast<int64_t>(r.next() % 16);
+      break;
     case DType::u8:
     case DType::i8:
       for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(r.next());
       break;
     default:
-      throw Error(fmt::format("random input '{}' is {}: no generator for it", param.name,
-                              param.type.str()));
+      throw Error(fmt::format("{} is {}: no generator for it", what, dtype_name(t.dtype)));
   }
+}
+
+ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindings& dims,
+                              uint64_t seed) {
+  const ir::Value& param = f.value(id);
+  const std::vector<int64_t> shape = ops::bind_shape(param.type, dims);
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] < 0)
+      throw Error(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
+                              param.name, param.type.str(), param.type.dims[i].str(),
+                              param.type.dims[i].symbol));
+  ops::HostTensor t = ops::HostTensor::zeros(param.type.dtype, shape);
+  int64_t range = -1;
+  int range_of = -1;
+  const InputRole role = input_role(f, id, dims, &range, &range_of);
+  if (range < 0 && range_of >= 0) {
+    const ir::Dim& d = f.value(range_of).type.dims.at(0);
+    throw Error(fmt::format(
+        "random input '{}' ({}): its values must lie in [0, {}) (%{} dim 0), which has no size; "
+        "give --dim {}=SIZE",
+        param.name, param.type.str(), d.str(), f.value(range_of).name, d.symbol));
+  }
+  fill_role(t, role, range, seed * 0x2545F4914F6CDD1Dull ^ name_hash(param.name),
+            fmt::format("random input '{}'", param.name));
   return t;
 }
 

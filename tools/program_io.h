@@ -36,15 +36,40 @@ std::vector<std::string> program_symbols(const ir::Function& f);
 
 // The .npy convention (docs/tool.md): an IR bf16 input is a '<u2' array of
 // bf16 bits, or '<f4' rounded to nearest even; f32 '<f4'; i32 '<i4'; u8 '|u1';
-// i8 '|i1'. Errors name the input and the file.
+// i8 '|i1'; i64 (rope positions) '<i4', widened (tools/npy.h has no '<i8').
+// Errors name the input and the file. An i64 tensor is written as '<i4' when
+// every value fits, else it is an Error.
 ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std::string& file);
 NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what);
 
-// Random contents for `param` with its symbols bound by `dims` (Error naming
-// the input and the unbound symbol otherwise). Floats uniform in [-1, 1), ints
-// small; one stream per (seed, name), so giving some inputs from files leaves
-// the others unchanged.
-ops::HostTensor random_tensor(const ir::Value& param, const ops::DimBindings& dims, uint64_t seed);
+// What an input feeds, when that constrains its values: random data must be
+// valid data for the operator that reads it.
+enum class InputRole {
+  plain,      // floats uniform in [-1, 1), ints in [0, 16)
+  positions,  // rope positions: in [0, range) (range = the cache's rows)
+  cos_sin,  // rope cos/sin cache [P, R]: row p = cos(p·θ_j), then sin(p·θ_j), θ_j = 10000^(-2j/R)
+  topk_ids,      // moe expert ids [T, k]: k distinct ids per row in [0, range) (range = E)
+  topk_weights,  // moe routing weights [T, k]: positive, each row summing to 1
+};
+// The role of param `id` in f (the first op reading it decides) and, for
+// positions and topk_ids, the bound range (-1 when its dim is unbound) and
+// the value whose dim 0 it is (the cos/sin cache, w13).
+InputRole input_role(const ir::Function& f, int id, const ops::DimBindings& dims, int64_t* range,
+                     int* range_of = nullptr);
+// The role a file name's stem names, for `tilejit gen-npy`: "pos" or
+// "positions", "cos_sin", "topk_ids", "topk_weights"; else plain.
+InputRole role_from_name(const std::string& stem);
+// Fills t (shape and bytes set) with random values of `role` from one stream
+// of `seed`. Errors name `what` when the dtype, shape or range do not fit.
+void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
+               const std::string& what);
+
+// Random contents for param `id` of f with its symbols bound by `dims` (Error
+// naming the input and the unbound symbol otherwise), valid for its role
+// (input_role). One stream per (seed, name), so giving some inputs from files
+// leaves the others unchanged.
+ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindings& dims,
+                              uint64_t seed);
 
 // A note on stderr when --isa asked for a path other than the one that runs
 // (TILEJIT_ISA is a cap: the active path is the best one at or below it).

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "ops/program_runner.h"
 #include "runtime/bf16.h"
@@ -57,14 +59,13 @@ void print_summary(const std::string& name, const ops::HostTensor& t) {
 }
 
 void print_check(const ops::CheckReport& c) {
-  fmt::print(
-      "check  against the scalar reference (runtime/reference_gemm.h, double accumulation)\n");
+  fmt::print("check  against the scalar reference ({})\n", c.reference);
   fmt::print("  max abs err  {:.3g}\n", c.max_abs);
   fmt::print("  max rel err  {:.3g}  (|got - ref| / max(|ref|, 1e-6))\n", c.max_rel);
   fmt::print("  tolerance    {}\n", c.tolerance);
   if (!c.worst_index.empty())
-    fmt::print("  worst        [{}]: got {:.7g}, ref {:.7g}, |err| {:.3g} vs tol {:.3g}\n",
-               fmt::join(c.worst_index, ", "), c.worst_got, c.worst_ref,
+    fmt::print("  worst        {}[{}]: got {:.7g}, ref {:.7g}, |err| {:.3g} vs tol {:.3g}\n",
+               c.worst_value, fmt::join(c.worst_index, ", "), c.worst_got, c.worst_ref,
                std::fabs(c.worst_got - c.worst_ref), c.worst_tol);
   if (c.pass())
     fmt::print("PASS ({} elements within tolerance)\n", c.checked);
@@ -108,7 +109,7 @@ int run_program(const RunOptions& opt) {
           fmt::format("missing input '{}' ({}): give --input {}=FILE.npy, or "
                       "--random-inputs SEED",
                       v.name, v.type.str(), v.name));
-    inputs[v.name] = random_tensor(v, dims, opt.seed);
+    inputs[v.name] = random_tensor(f, p, dims, opt.seed);
   }
   if (!opt.save_inputs.empty()) {
     std::filesystem::create_directories(opt.save_inputs);
@@ -133,11 +134,18 @@ int run_program(const RunOptions& opt) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  const auto& spec = runner.program().spec;
-  const int64_t m = inputs.at(f.value(runner.program().x).name).shape.at(0);
-  fmt::print(
-      "ran @{} on the {} path: M={} N={} K={} in {:.3f} ms (first call, compiles included)\n",
-      f.name, isa_name(cpu_info().isa), m, spec.n, spec.k, ms);
+  if (const ops::OperatorRunner* o = runner.operators()) {
+    std::vector<std::string> apis;
+    for (const ops::OperatorCall& c : o->program().calls) apis.push_back(c.api());
+    fmt::print("ran @{} on the {} path: {} ({}) in {:.3f} ms (first call, compiles included)\n",
+               f.name, isa_name(cpu_info().isa), o->work().shape, fmt::join(apis, ", then "), ms);
+  } else {
+    const auto& spec = runner.program().spec;
+    const int64_t m = inputs.at(f.value(runner.program().x).name).shape.at(0);
+    fmt::print(
+        "ran @{} on the {} path: M={} N={} K={} in {:.3f} ms (first call, compiles included)\n",
+        f.name, isa_name(cpu_info().isa), m, spec.n, spec.k, ms);
+  }
   for (const auto& [name, t] : outputs) {
     print_summary(name, t);
     if (auto it = out_files.find(name); it != out_files.end()) {
