@@ -117,13 +117,34 @@ for tir in "${examples[@]}"; do
       "$TJ" bench "$tir" "${dims[@]}" --seconds 0.01
     continue
   fi
-  if ! grep -Eq '= *gemm ' "$tir"; then
-    bad "$name: dump --stage plan (no lowering)" "no lowering for op '[a-z_]+' yet" \
-      "$TJ" dump "$tir" --stage plan
-    bad "$name: dump --stage all (no lowering)" "no lowering for op '[a-z_]+' yet" \
-      "$TJ" dump "$tir"
-    bad "$name: run (no lowering)" "no lowering for op '[a-z_]+' yet" \
-      "$TJ" run "$tir" --random-inputs 1 "${dims[@]}"
+  if grep -Eq '= *(attention|rope|moe) ' "$tir"; then
+    # Operator programs: one public API call per op (ops/program_runner_ops.h).
+    ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
+    for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
+    has "$name: plan names the call" "$OUT" "^call 1 of [0-9]+: %[A-Za-z0-9_]+ = (rope|attention|moe) "
+    has "$name: plan has the API call" "$OUT" "^  api +(tilejit::rope|tilejit::flash_attn_varlen|w13p = tilejit::pack_experts)\\("
+    has "$name: asm explains" "$OUT" "kernels are chosen and compiled inside the operator at run time"
+    ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
+    has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
+    ok "$name: run --random-inputs --check" \
+      "$TJ" run "$tir" --random-inputs 11 "${dims[@]}" --save-inputs "$WORK/$name.in" --check
+    has "$name: PASS" "$OUT" "^PASS \\("
+    has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_(rope|attention|moe)\\.h"
+    inputs=()
+    for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+    result=$(sed -nE 's/^ *return %([A-Za-z0-9_]+).*/\1/p' "$WORK/$name.ir")
+    ok "$name: run --input ... --check" \
+      "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out1.npy" --check
+    has "$name: PASS from files" "$OUT" "^PASS \\("
+    ok "$name: run --input ... again" "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out2.npy"
+    checks=$((checks + 1))
+    cmp -s "$WORK/$name.out1.npy" "$WORK/$name.out2.npy" || fail "$name: two runs wrote different outputs"
+    TILEJIT_ISA=scalar ok "$name: run --check, TILEJIT_ISA=scalar" "$TJ" run "$tir" "${inputs[@]}" --check
+    has "$name: scalar path" "$OUT" "on the scalar path"
+    has "$name: scalar PASS" "$OUT" "^PASS \\("
+    ok "$name: bench" "$TJ" bench "$tir" "${dims[@]}" --seconds 0.02 --threads 1
+    has "$name: bench rate" "$OUT" "^  (GFLOP/s|GB/s) +[0-9.]+ "
+    has "$name: bench calls" "$OUT" "^  calls +tilejit::"
     continue
   fi
 
@@ -286,6 +307,111 @@ ok "gemm + rest, two results: run --check" "$TJ" run "$WORK/two.tir" --random-in
 has "gemm + rest, two results: PASS" "$OUT" "^PASS \\(1600 elements"
 TILEJIT_ISA=scalar ok "gemm + rest, two results: scalar run --check" "$TJ" run "$WORK/two.tir" --random-inputs 4 --dim M=10 --check
 has "gemm + rest, two results: scalar PASS" "$OUT" "^PASS \\(1600 elements"
+
+# ---- rope, attention, moe: inputs from gen-npy, --check on the avx512 and scalar paths ----
+# gen-npy gives a file named after an operand role values of that role: pos in
+# [0, 16), a real cos/sin cache, distinct expert ids in [0, 16), weights summing to 1.
+G=$WORK/gen
+mkdir -p "$G"
+gen() { "$TJ" gen-npy "$G/$1.npy" --dtype "$2" --shape "$3" --seed "${4:-1}" || fail "gen-npy $1"; }
+gen q '<u2' 7,32,128
+gen pos '<i4' 7
+gen cos_sin '<f4' 64,128
+gen k '<u2' 19,8,128 2
+gen v '<u2' 19,8,128 3
+gen hidden '<u2' 5,256
+gen w13 '<u2' 16,192,256 4
+gen w2 '<u2' 16,256,96 5
+gen topk_weights '<f4' 5,2
+gen topk_ids '<i4' 5,2
+R=(-i "q=$G/q.npy" -i "pos=$G/pos.npy" -i "cos_sin=$G/cos_sin.npy")
+A=(-i "q=$G/q.npy" -i "k=$G/k.npy" -i "v=$G/v.npy")
+M=(-i "hidden=$G/hidden.npy" -i "w13=$G/w13.npy" -i "w2=$G/w2.npy"
+  -i "topk_weights=$G/topk_weights.npy" -i "topk_ids=$G/topk_ids.npy")
+RA=("${R[@]}" -i "k=$G/k.npy" -i "v=$G/v.npy")
+active=$(sed -nE 's/^active path +([a-z0-9]+).*/\1/p' <("$TJ" cpuinfo))
+for ex in rope:R attention_causal:A moe_silu:M rope_attention:RA; do
+  name=${ex%%:*}
+  declare -n args=${ex#*:}
+  [ -f "$EXAMPLES/$name.tir" ] || { fail "missing examples/$name.tir"; continue; }
+  for isa in avx512 scalar; do
+    ok "$name (gen-npy): run --isa $isa --check" "$TJ" run "$EXAMPLES/$name.tir" "${args[@]}" --isa $isa --check
+    has "$name (gen-npy, $isa): PASS" "$OUT" "^PASS \\("
+    has "$name (gen-npy, $isa): tolerance stated" "$OUT" "^  tolerance +[^ ]"
+  done
+  unset -n args
+done
+has "rope_attention: checked call by call" "$OUT" "each call on the operands it read"
+has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\|"
+# The RoPE kernel and key that dump names are the ones the call compiles.
+if [ "$active" != scalar ]; then
+  ok "rope: dump --stage key" "$TJ" dump "$EXAMPLES/rope.tir" --stage key
+  key=$(sed -nE 's/^  key +(rope_llvm_[^ ]+)$/\1/p' "$OUT")
+  checks=$((checks + 1))
+  [ -n "$key" ] || fail "rope: dump --stage key prints no rope_llvm key"
+  TILEJIT_VERBOSE=1 ok "rope: run, TILEJIT_VERBOSE=1" "$TJ" run "$EXAMPLES/rope.tir" "${R[@]}"
+  has "rope: the compiled kernel has dump's key" "$ERR" "^tilejit: compiled rope_llvm_[a-z0-9_]+ .* key=$key\$"
+fi
+
+# A deliberately poisoned input must FAIL the check (exit 1), not pass: a NaN
+# in q (rope) and in hidden (moe) makes those outputs NaN, never within a bound.
+poison() {  # <src.npy> <dst.npy> <elements> <item bytes> <bits as printf escapes>: element 0
+  cp "$1" "$2"
+  printf "$5" | dd of="$2" bs=1 seek=$(($(stat -c %s "$1") - $3 * $4)) conv=notrunc 2>/dev/null
+}
+poison "$G/q.npy" "$G/q_nan.npy" $((7 * 32 * 128)) 2 '\xc0\x7f'
+poison "$G/hidden.npy" "$G/hidden_nan.npy" $((5 * 256)) 2 '\xc0\x7f'
+for case in "rope:q=$G/q_nan.npy:${R[*]:2}" "moe_silu:hidden=$G/hidden_nan.npy:${M[*]:2}"; do
+  IFS=: read -r name poisoned rest <<<"$case"
+  read -ra rest <<<"$rest"
+  checks=$((checks + 1))
+  "$TJ" run "$EXAMPLES/$name.tir" -i "$poisoned" "${rest[@]}" --check >"$OUT" 2>"$ERR"
+  rc=$?
+  [ $rc -eq 1 ] || fail "$name: a NaN input: exit $rc, expected 1 (a --check FAIL)"
+  has "$name: a NaN input FAILs" "$OUT" "^FAIL \\([0-9]+ of [0-9]+ elements exceed the tolerance\\)"
+done
+
+# Options the IR has and the API takes: gptj, partial rotary, f32, int64
+# positions (saved and read back as '<i4'); windows, softcap, sm_scale, GQA, a
+# strided k; gelu, E < 16, tails, a w13 the IR calls packed (the tool packs).
+printf 'func @r(%%q: tensor<?Tx4x96xf32>, %%pos: tensor<?Txi64>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx4x96xf32>) {\n  %%o = rope %%q, %%pos, %%cs {rotary_dim = 64, style = "gptj"} : tensor<?Tx4x96xf32>\n  return %%o\n}\n' >"$WORK/rope_i64.tir"
+printf 'func @a(%%q: tensor<?Tx8x64xbf16>, %%k: tensor<?Sx2x64xbf16, strided<[256, 64, 1]>>, %%v: tensor<?Sx2x64xbf16>) -> (tensor<?Tx8x64xbf16>) {\n  %%o = attention %%q, %%k, %%v {causal = true, sm_scale = 0.2, softcap = 4.0, window_left = 5} : tensor<?Tx8x64xbf16>\n  return %%o\n}\n' >"$WORK/attn_opts.tir"
+printf 'func @m(%%h: tensor<?Tx100xbf16>, %%w13: tensor<5x80x100xbf16, packed<vnni2, n_block=64, k_pair=2>>, %%w2: tensor<5x100x40xbf16>, %%tw: tensor<?Tx3xf32>, %%ti: tensor<?Tx3xi32>) -> (tensor<?Tx100xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti {activation = "gelu_tanh", top_k = 3} : tensor<?Tx100xbf16>\n  return %%o\n}\n' >"$WORK/moe_gelu.tir"
+for spec in "rope_i64:--dim T=33 --dim P=100" "attn_opts:--dim T=20 --dim S=30" "moe_gelu:--dim T=37"; do
+  name=${spec%%:*}
+  read -ra d <<<"${spec#*:}"
+  ok "$name: run --check" "$TJ" run "$WORK/$name.tir" --random-inputs 5 "${d[@]}" --save-inputs "$WORK/$name.in" --check
+  has "$name: PASS" "$OUT" "^PASS \\("
+  [ "$name" != rope_i64 ] || has "rope_i64: f32 bound" "$OUT" "tolerance +f32: 2⁻²²"
+  inputs=()
+  for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+  TILEJIT_ISA=scalar ok "$name: scalar run --check from files" "$TJ" run "$WORK/$name.tir" "${inputs[@]}" --check
+  has "$name: scalar PASS" "$OUT" "^PASS \\("
+done
+checks=$((checks + 1))
+head -c 128 "$WORK/rope_i64.in/pos.npy" | grep -q "'descr': '<i4'" || fail "rope_i64: i64 positions not saved as '<i4'"
+ok "rope_i64: dump --stage key" "$TJ" dump "$WORK/rope_i64.tir" --stage key --isa avx512
+has "rope_i64: kernel for int64 positions" "$OUT" "^  kernel +rope_llvm_gptj_f32_cachef32_d96_rd64_hq4_hk0_posi64$"
+ok "moe_gelu: dump --stage plan" "$TJ" dump "$WORK/moe_gelu.tir" --stage plan --dim T=4
+has "moe_gelu: packs the weights" "$OUT" "w13p = tilejit::pack_experts\\(%w13 bf16 \\[5, 80, 100\\], gate_up\\)"
+has "moe_gelu: the activation" "$OUT" "\\{\\.act = gelu_tanh\\}"
+
+# What the public API cannot take is refused, in the file: error: style.
+printf 'func @f(%%q: tensor<?Tx8x64xf32>, %%k: tensor<?Sx2x64xf32>, %%v: tensor<?Sx2x64xf32>) -> (tensor<?Tx8x64xf32>) {\n  %%o = attention %%q, %%k, %%v : tensor<?Tx8x64xf32>\n  return %%o\n}\n' >"$WORK/attn_f32.tir"
+bad "attention f32: run" "attn_f32.tir: error: %o = attention .*operand 'q' \\(%q\\) is f32: tilejit::flash_attn_varlen takes bf16" \
+  "$TJ" run "$WORK/attn_f32.tir" --random-inputs 1 --dim T=2 --dim S=2
+bad "attention f32: dump" "attn_f32.tir: error: cannot produce --stage plan: .*takes bf16" "$TJ" dump "$WORK/attn_f32.tir"
+printf 'func @g(%%x: tensor<?Tx64xbf16>, %%w: tensor<64x64xbf16>, %%q: tensor<?Tx2x64xbf16>, %%pos: tensor<?Txi32>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx64xf32>, tensor<?Tx2x64xbf16>) {\n  %%0 = gemm %%x, %%w : tensor<?Tx64xf32>\n  %%1 = rope %%q, %%pos, %%cs : tensor<?Tx2x64xbf16>\n  return %%0, %%1\n}\n' >"$WORK/mixed.tir"
+bad "gemm and rope in one program" "mixed.tir: error: no lowering for op 'gemm' .* in a program with rope, attention or moe ops" \
+  "$TJ" run "$WORK/mixed.tir" --random-inputs 1 --dim T=2 --dim P=2
+bad "positions without a cache size" "random input 'pos' .*must lie in \\[0, \\?P\\) \\(%cos_sin dim 0\\).*give --dim P=SIZE" \
+  "$TJ" run "$EXAMPLES/rope.tir" --random-inputs 1 --dim T=3
+mkdir -p "$G/small"
+gen small/cos_sin '<f4' 4,128
+bad "positions past the cache" "rope: positions\\[.*allowed: \\[0, max_position = 4\\)" \
+  "$TJ" run "$EXAMPLES/rope.tir" -i "q=$G/q.npy" -i "pos=$G/pos.npy" -i "cos_sin=$G/small/cos_sin.npy"
+bad "gen-npy: a role with the wrong dtype" "expert ids are i32 \\[T, top_k\\]" \
+  "$TJ" gen-npy "$G/topk_ids.npy" --dtype '<f4' --shape 3,2
 
 echo "tool_test: $checks checks, $failures failed"
 [ $failures -eq 0 ]
