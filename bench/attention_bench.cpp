@@ -6,12 +6,14 @@
 // (docs/attention.md has the exact commands and the measured tables.)
 //
 // Sections (benchmark names):
-//   BM_PrefillOnednn/D/T/threads/block   baseline: per q head and block of query
-//                                        rows, S = Q·Kᵀ (oneDNN, f32, scale folded
-//                                        in), causal softmax (AVX-512 below),
+//   BM_PrefillOnednn/D/T/threads/block   the baseline (see Baseline below): per q
+//                                        head and block of query rows, S = Q·Kᵀ
+//                                        (oneDNN brgemm matmul, f32, scale folded
+//                                        in), causal softmax (AVX-512 intrinsics),
 //                                        O = P·V (oneDNN, bf16 out). block = T is
-//                                        the full square; block = 256 skips the
-//                                        key columns past the block's last row.
+//                                        the full square (T ≤ 2048 only); block =
+//                                        256 skips the key columns past each block's
+//                                        last row (~(1 + 256/T)/2 of the square).
 //   BM_PrefillTilejit/D/T/threads        tilejit::flash_attn_varlen, causal
 //   BM_DramReadBandwidth/threads         streaming read over a 2 GiB buffer
 //   BM_DecodeTilejit/B/ctx/block/threads tilejit::decode_attention, cold KV cache
@@ -21,13 +23,16 @@
 // 0..i, so a head has T(T+1)/2 pairs, each costing 2·D (q·k) + 2·Dv (p·v):
 //     flops = Hq · T(T+1)/2 · (2D + 2Dv)
 // The baseline is charged the same (useful) FLOPs, so GFLOP/s ratios are time
-// ratios. Counters: GFLOPs (wall), GFLOPs_cpu (process CPU time / threads: on
-// this shared machine it excludes time other processes held the cores),
-// pct_peak (of threads × the per-core peak of jit/peak.h), vs_baseline
-// (tilejit ÷ the fastest baseline variant measured for the same D, T, threads
-// earlier in this process; median over its repetitions), vs_full_square.
+// ratios. Counters: GFLOPs (wall), GFLOPs_cpu (the same work over the process
+// CPU time / threads: on this shared machine it leaves out the time other
+// processes held the cores; spin-waiting still counts), pct_peak[_cpu] (of
+// threads × the per-core peak: the register-only JIT probe behind jit/peak.h,
+// timed on the thread's CPU clock), vs_baseline[_cpu] (tilejit ÷ the fastest
+// baseline variant measured for the same D, T, threads earlier in this process,
+// median over its repetitions), vs_full_square[_cpu] (÷ the block = T variant).
 // Every tilejit shape is checked once against the baseline's output
-// (relative L2 error ≤ 1e-2) so a wrong kernel cannot post a number.
+// (relative L2 error ≤ 1e-2, counter rel_err) so a wrong kernel cannot post a
+// number. T = 8192 runs one iteration per repetition (seconds per call).
 //
 // Decode: Hq = 32, Hkv = 8, D = 128, every sequence `ctx` keys. Counters: GBs
 // (K + V bytes of the cache read per second: B·ctx·Hkv·D·2 bytes each),
@@ -479,6 +484,7 @@ void BM_PrefillOnednn(benchmark::State& state, int64_t d, int64_t t, int threads
   state.counters["GFLOPs"] = gflops;
   state.counters["GFLOPs_cpu"] = cpu_gflops;
   state.counters["pct_peak"] = pct_of_peak(gflops, threads);
+  state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
   state.SetLabel(bl.impl);
 }
 
@@ -520,15 +526,16 @@ void BM_PrefillTilejit(benchmark::State& state, int64_t d, int64_t t, int thread
   state.counters["pct_peak"] = pct_of_peak(gflops, threads);
   state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
   state.counters["peak_per_core"] = per_core_peak_gflops();
-  double best = 0, best_cpu = 0, full = 0;
+  double best = 0, best_cpu = 0, full = 0, full_cpu = 0;
   for (const auto& [block, r] : rates) {
     best = std::max(best, median(r.wall));
     best_cpu = std::max(best_cpu, median(r.cpu));
-    if (block >= t) full = median(r.wall);
+    if (block >= t) full = median(r.wall), full_cpu = median(r.cpu);
   }
   if (best > 0) state.counters["vs_baseline"] = gflops / best;
   if (best_cpu > 0) state.counters["vs_baseline_cpu"] = cpu_gflops / best_cpu;
   if (full > 0) state.counters["vs_full_square"] = gflops / full;
+  if (full_cpu > 0) state.counters["vs_full_square_cpu"] = cpu_gflops / full_cpu;
 }
 
 // ---------------------------------------------------------------- DRAM

@@ -214,21 +214,48 @@ template <class V, class T>
 // The online-softmax step (contract: codegen/llvm/llvm_softmax.h) in C++ for
 // builds without LLVM; the JIT kernel does the same with vscalefps and
 // vcvtne2ps2bf16 where the host has them.
+// The weights of one 16-row group for keys j < kb (pass 2 of the step):
+// Masked keeps only keys in [lo, hi_n] (hi_n ≤ the block's last key), with
+// all-vector masks so GCC keeps it in zmm registers.
+template <bool Masked>
+[[gnu::always_inline]] inline F16 weights(const lb::SoftmaxStepArgs& a, int64_t r0, F16 c, F16 off,
+                                          I16 lo, I16 hi_n) {
+  F16 sum{};
+  for (int64_t j = 0; j < a.kb; j += 2) {
+    F16 e0 = exp2v(load_v<F16>(a.s + j * 64 + r0) * c - off);
+    F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
+    if constexpr (Masked) {
+      const I16 k0 = I16{} + static_cast<int32_t>(a.j0 + j), k1 = k0 + 1;
+      e0 = (k0 >= lo) & (k0 <= hi_n) ? e0 : F16{};
+      e1 = (k1 >= lo) & (k1 <= hi_n) ? e1 : F16{};
+    }
+    // bf16 round to nearest even (weights are finite and ≥ 0); key j in the
+    // low half of the pair word, key j + 1 in the high half.
+    const U16 u0 = reinterpret_cast<U16>(e0), u1 = reinterpret_cast<U16>(e1);
+    const U16 h0 = (u0 + 0x7fffu + ((u0 >> 16) & 1u)) & 0xffff0000u;
+    const U16 h1 = (u1 + 0x7fffu + ((u1 >> 16) & 1u)) & 0xffff0000u;
+    store_v(a.pt + j / 2 * 64 + r0, (h0 >> 16) | h1);
+    // l sums the rounded weights, so numerator and denominator agree.
+    sum += reinterpret_cast<F16>(h0) + reinterpret_cast<F16>(h1);
+  }
+  return sum;
+}
+
 TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
-  const float c = a.scale * kLog2e;
+  const F16 c = F16{} + a.scale * kLog2e;
+  const bool masked = a.masked != 0;
   for (int64_t g = 0; g < nz; ++g) {
     const int64_t r0 = g * kLanes;
     const I16 lo = load_v<I16>(a.lo + r0), hi = load_v<I16>(a.hi + r0);
-    auto visible = [&](int64_t j) {
-      const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
-      return (key >= lo) & (key <= hi);
-    };
+    const I16 last = I16{} + static_cast<int32_t>(a.j0 + a.n - 1);
+    const I16 hi_n = hi < last ? hi : last;
     // The block max of each row (masked keys excluded).
     F16 bm = F16{} + kNegInf;
-    if (a.masked != 0) {
+    if (masked) {
       for (int64_t j = 0; j < a.n; ++j) {
         const F16 v = load_v<F16>(a.s + j * 64 + r0);
-        bm = visible(j) & (v > bm) ? v : bm;
+        const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
+        bm = (key >= lo) & (key <= hi) & (v > bm) ? v : bm;
       }
     } else {
       for (int64_t j = 0; j < a.kb; ++j) {
@@ -256,23 +283,8 @@ TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
     }
     // A row with no visible key yet keeps ref = −inf; its weights are 0 anyway.
     const F16 off = ref == kNegInf ? F16{} : ref * kLog2e;
-    F16 sum{};
-    for (int64_t j = 0; j < a.kb; j += 2) {
-      F16 e0 = exp2v(load_v<F16>(a.s + j * 64 + r0) * c - off);
-      F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
-      if (a.masked != 0) {
-        e0 = j < a.n ? (visible(j) ? e0 : F16{}) : F16{};
-        e1 = j + 1 < a.n ? (visible(j + 1) ? e1 : F16{}) : F16{};
-      }
-      // bf16 round to nearest even (weights are finite and ≥ 0); key j in the
-      // low half of the pair word, key j + 1 in the high half.
-      const U16 u0 = reinterpret_cast<U16>(e0), u1 = reinterpret_cast<U16>(e1);
-      const U16 h0 = (u0 + 0x7fffu + ((u0 >> 16) & 1u)) & 0xffff0000u;
-      const U16 h1 = (u1 + 0x7fffu + ((u1 >> 16) & 1u)) & 0xffff0000u;
-      store_v(a.pt + j / 2 * 64 + r0, (h0 >> 16) | h1);
-      // l sums the rounded weights, so numerator and denominator agree.
-      sum += reinterpret_cast<F16>(h0) + reinterpret_cast<F16>(h1);
-    }
+    const F16 sum =
+        masked ? weights<true>(a, r0, c, off, lo, hi_n) : weights<false>(a, r0, c, off, lo, hi_n);
     store_v(a.l + r0, load_v<F16>(a.l + r0) + sum);
   }
 }
