@@ -316,17 +316,34 @@ class BrgemmEmitter {
       b_.CreateMaskedStore(v, p, llvm::Align(align), tail_mask(lanes));
   }
 
-  // GLU (desc.glu): out vector j = f(gate vector j, up vector j + 2), with
-  // acc_in and bias over the padded 64-column block (no masks on the inputs).
-  void glu_epilogue() {
-    const int nout = (d_.nr + kLanes - 1) / kLanes;
+  // The gated function of a GLU epilogue (see BrgemmDesc::glu).
+  llvm::Value* gated(llvm::Value* g, llvm::Value* u) {
+    if (d_.glu == Glu::act_mul) return b_.CreateFMul(vm_.activation(d_.act, g), u);
+    llvm::Value* lim = vm_.f32(d_.glu_limit);
+    g = b_.CreateMinNum(g, lim);
+    u = b_.CreateMaxNum(b_.CreateMinNum(u, lim), vm_.f32(-d_.glu_limit));
+    // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
+    llvm::Value* e = vm_.exp(b_.CreateFMul(g, vm_.f32(-d_.glu_alpha)));
+    llvm::Value* v = b_.CreateFDiv(g, b_.CreateFAdd(e, vm_.f32(1.0f)));
+    return b_.CreateFMul(v, b_.CreateFAdd(u, vm_.f32(1.0f)));
+  }
+
+  // Output vector j = act(column vector j), or with a GLU f(gate vector j, up
+  // vector j + 2), whose inputs (acc_in, bias) cover the padded 64-column block
+  // unmasked; only the stores of the last output vector are masked.
+  void epilogue() {
+    const bool glu = d_.glu != Glu::none;
     const int tail = d_.nr % kLanes;
+    const int nout = (d_.nr + kLanes - 1) / kLanes;
+    auto in_lanes = [&](int j) { return !glu && j == nz_ - 1 && tail != 0 ? tail : kLanes; };
+    auto out_lanes = [&](int j) { return j == nout - 1 && tail != 0 ? tail : kLanes; };
+    // Bias vectors once, before any store (LLVM cannot know C does not alias them).
     std::vector<llvm::Value*> bias(size_t(nz_), nullptr);
     for (int j = 0; j < nz_ && d_.bias != BiasKind::none; ++j) {
       if (d_.bias == BiasKind::f32)
-        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), kLanes, 4);
+        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), in_lanes(j), 4);
       else
-        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), kLanes, 2));
+        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), in_lanes(j), 2));
     }
     const int out_bytes = d_.out == DType::f32 ? 4 : 2;
     emit_loop(
@@ -339,63 +356,14 @@ class BrgemmEmitter {
             llvm::Value* v =
                 b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
             if (d_.accumulate)
-              v = b_.CreateFAdd(v, load(vm_.f32v(), byte_gep(in_row, j * 64), kLanes, 4));
+              v = b_.CreateFAdd(v, load(vm_.f32v(), byte_gep(in_row, j * 64), in_lanes(j), 4));
             if (bias[j] != nullptr) v = b_.CreateFAdd(v, bias[j]);
             return v;
           };
           for (int j = 0; j < nout; ++j) {
-            llvm::Value* g = input(j);
-            llvm::Value* u = input(j + 2);
-            llvm::Value* v = nullptr;
-            if (d_.glu == Glu::act_mul) {
-              v = b_.CreateFMul(vm_.activation(d_.act, g), u);
-            } else {
-              llvm::Value* lim = vm_.f32(d_.glu_limit);
-              g = b_.CreateMinNum(g, lim);
-              u = b_.CreateMaxNum(b_.CreateMinNum(u, lim), vm_.f32(-d_.glu_limit));
-              // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
-              llvm::Value* e = vm_.exp(b_.CreateFMul(g, vm_.f32(-d_.glu_alpha)));
-              v = b_.CreateFDiv(g, b_.CreateFAdd(e, vm_.f32(1.0f)));
-              v = b_.CreateFMul(v, b_.CreateFAdd(u, vm_.f32(1.0f)));
-            }
+            llvm::Value* v = glu ? gated(input(j), input(j + 2)) : vm_.activation(d_.act, input(j));
             if (d_.out == DType::bf16) v = vm_.f32_to_bf16(v);
-            const int lanes = j == nout - 1 && tail != 0 ? tail : kLanes;
-            store(v, byte_gep(c_row, j * kLanes * out_bytes), lanes, out_bytes);
-          }
-          return std::vector<llvm::Value*>{};
-        },
-        "epilogue");
-  }
-
-  void epilogue() {
-    if (d_.glu != Glu::none) return glu_epilogue();
-    const int tail = d_.nr % kLanes;
-    auto lanes_of = [&](int j) { return j == nz_ - 1 && tail != 0 ? tail : kLanes; };
-    // Bias vectors once, before any store (LLVM cannot know C does not alias them).
-    std::vector<llvm::Value*> bias(size_t(nz_), nullptr);
-    for (int j = 0; j < nz_ && d_.bias != BiasKind::none; ++j) {
-      if (d_.bias == BiasKind::f32)
-        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), lanes_of(j), 4);
-      else
-        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), lanes_of(j), 2));
-    }
-    const int out_bytes = d_.out == DType::f32 ? 4 : 2;
-    emit_loop(
-        b_, i64(d_.mr), {},
-        [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
-          llvm::Value* c_row = byte_gep(c_, b_.CreateMul(row, ldc_));
-          llvm::Value* in_row =
-              d_.accumulate ? byte_gep(acc_in_, b_.CreateMul(row, ld_acc_in_)) : nullptr;
-          for (int j = 0; j < nz_; ++j) {
-            const int lanes = lanes_of(j);
-            llvm::Value* v =
-                b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
-            if (d_.accumulate)
-              v = b_.CreateFAdd(v, load(vm_.f32v(), byte_gep(in_row, j * 64), lanes, 4));
-            if (bias[j] != nullptr) v = b_.CreateFAdd(v, bias[j]);
-            v = vm_.activation(d_.act, v);
-            if (d_.out == DType::bf16) v = vm_.f32_to_bf16(v);
-            store(v, byte_gep(c_row, j * kLanes * out_bytes), lanes, out_bytes);
+            store(v, byte_gep(c_row, j * kLanes * out_bytes), out_lanes(j), out_bytes);
           }
           return std::vector<llvm::Value*>{};
         },
