@@ -156,6 +156,18 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       qr[r] = {qd + (cq[task.b] + i) * q.strides[0] + h * q.strides[1], nk - nq + i, h};
       orows[r] = od + (cq[task.b] + i) * out.strides[0] + h * out.strides[1];
     }
+    // The next task's query rows (usually this thread's next, or its
+    // neighbour's) into L2: packing Qᵀ otherwise waits on their misses.
+    if (t + 1 < static_cast<int64_t>(tasks.size())) {
+      const Task& nt = tasks[t + 1];
+      const int64_t nrows = std::min(attn::kRowsPerBlock, (cq[nt.b + 1] - cq[nt.b]) * g - nt.r0);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t i = (nt.r0 + r) / g, h = nt.h * g + (nt.r0 + r) % g;
+        const char* row =
+            reinterpret_cast<const char*>(qd + (cq[nt.b] + i) * q.strides[0] + h * q.strides[1]);
+        for (int64_t b = 0; b < d * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
+      }
+    }
     const auto [ks, vs] = sources(task.b, task.h);
     const attn::TransposedV vt{
         vt_all + vt_offset[task.b * hkv + task.h],
