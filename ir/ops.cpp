@@ -64,7 +64,12 @@ constexpr AttrSpec kRopeAttrs[] = {
 constexpr AttrSpec kMoeAttrs[] = {
     {"top_k", AttrKind::integer, true, "experts per token, >= 1"},
     {"activation", AttrKind::string, false,
-     "gated activation: \"silu\" (default), \"gelu_tanh\" or \"gelu_erf\""},
+     "gated activation: \"silu\" (default), \"gelu_tanh\", \"gelu_erf\" or \"clamped_swiglu\" "
+     "(GPT-OSS)"},
+    {"swiglu_alpha", AttrKind::real, false, "clamped_swiglu: sigmoid slope, > 0 (default 1.702)"},
+    {"swiglu_limit", AttrKind::real, false,
+     "clamped_swiglu: clamp of gate and up, > 0 (default 7)"},
+    {"routed_scaling_factor", AttrKind::real, false, "scale of the routed sum (default 1)"},
 };
 constexpr AttrSpec kCastAttrs[] = {
     {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},
@@ -326,7 +331,10 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       break;
     case OpKind::moe:
       int_at_least("top_k", 1);
-      one_of("activation", {"silu", "gelu_tanh", "gelu_erf"});
+      one_of("activation", {"silu", "gelu_tanh", "gelu_erf", "clamped_swiglu"});
+      for (const char* n : {"swiglu_alpha", "swiglu_limit"})
+        if (auto v = attrs.get_double(n); v && !(*v > 0))
+          problems.push_back(cat("attribute '", n, "' = ", *v, " must be > 0"));
       break;
     default:
       break;

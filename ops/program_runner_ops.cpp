@@ -22,6 +22,12 @@
 namespace tilejit::ops {
 namespace {
 
+// The gated activation of an MoE call as the tool prints it.
+std::string moe_act_text(const MoeOptions& o) {
+  if (!o.clamped_swiglu) return activation_name(o.act);
+  return fmt::format("clamped_swiglu(alpha={:g}, limit={:g})", o.swiglu_alpha, o.swiglu_limit);
+}
+
 constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
 
 int64_t elem_bytes(DType t) {
@@ -180,6 +186,11 @@ OperatorProgram match_operator_program(const ir::Function& f) {
         c.moe.act = act == "gelu_tanh"  ? Activation::gelu_tanh
                     : act == "gelu_erf" ? Activation::gelu_erf
                                         : Activation::silu;
+        c.moe.clamped_swiglu = act == "clamped_swiglu";
+        c.moe.swiglu_alpha = static_cast<float>(a.get_double("swiglu_alpha").value_or(1.702));
+        c.moe.swiglu_limit = static_cast<float>(a.get_double("swiglu_limit").value_or(7.0));
+        c.moe.routed_scaling_factor =
+            static_cast<float>(a.get_double("routed_scaling_factor").value_or(1.0));
         break;
       }
     }
@@ -267,7 +278,7 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           "w13p = tilejit::pack_experts({}, gate_up), w2p = tilejit::pack_experts({}, down) once "
           "when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
           "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}}})",
-          arg(1), arg(2), arg(0), arg(3), arg(4), out, activation_name(c.moe.act));
+          arg(1), arg(2), arg(0), arg(3), arg(4), out, moe_act_text(c.moe));
   }
 }
 
@@ -307,7 +318,7 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
     default:
       return {fmt::format("{}: gate/up GEMM with the {}-and-mul epilogue, then the down GEMM "
                           "scaled by the routing weights (docs/moe.md)",
-                          isa_name(isa), activation_name(c.moe.act)),
+                          isa_name(isa), moe_act_text(c.moe)),
               fmt::format("chosen at run time by {} (brgemm_{} micro-kernels; "
                           "TILEJIT_VERBOSE=1 logs each one compiled)",
                           api, isa_name(isa))};
@@ -624,12 +635,24 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
                               ti.data<int32_t>()[i], e_count));
   runtime::ReferenceGlu glu;
   glu.act = c.moe.act;
+  glu.clamped_swiglu = c.moe.clamped_swiglu;
+  glu.alpha = c.moe.swiglu_alpha;
+  glu.limit = c.moe.swiglu_limit;
   const double eps_h = sum_ulps(h) * kU;
   const auto act_slack = [&](const runtime::MoeActPoint& p) {
     const double eg = eps_h * p.gate_abs, eu = eps_h * p.up_abs;
-    const double lip = glu.act == Activation::silu ? 1.1 : 1.13;
-    const double f = runtime::reference_activation(glu.act, p.gate);
-    const double m = std::fabs(p.up) + eu;
+    // Clamped SwiGLU: out = f(g)·(u + 1) with f(g) = g·σ(α·g) on the clamped
+    // gate, |f'| ≤ 1.1·max(1, α)/1.702 + 0.1 for the α engines use; clamping
+    // only shrinks the error of both inputs.
+    const bool sw = glu.clamped_swiglu;
+    const double lip = sw                            ? 1.1 * std::max(1.0, glu.alpha / 1.702) + 0.1
+                       : glu.act == Activation::silu ? 1.1
+                                                     : 1.13;
+    const double gc = sw ? std::min(p.gate, glu.limit) : p.gate;
+    const double f =
+        sw ? gc / (1 + std::exp(-glu.alpha * gc)) : runtime::reference_activation(glu.act, p.gate);
+    const double m =
+        sw ? std::fabs(std::clamp(p.up, -glu.limit, glu.limit) + 1) + eu : std::fabs(p.up) + eu;
     double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
                 4e-6 * std::max(1.0, std::fabs(p.gate)) * m + 4 * kU * std::fabs(p.act);
     ea *= 2;
@@ -656,6 +679,7 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
     a.topk_ids = ti.data<int32_t>() + tok * k;
     a.ld_ids = k;
     a.glu = glu;
+    a.routed_scaling_factor = c.moe.routed_scaling_factor;
     a.out = out.data() + tok * h;
     a.ld_out = h;
     a.abs_sum = abs_sum.data() + tok * h;
@@ -791,7 +815,7 @@ OperatorWork OperatorRunner::work() const {
         // Per routed (token, expert): 2·H·2I for gate/up, 2·I·H for down.
         w.flops += 6.0 * double(h[0]) * double(c.top_k) * double(h[1]) * double(w2[2]);
         shapes.push_back(fmt::format("moe T={} E={} top_k={} H={} I={} {}", h[0], w2[0], c.top_k,
-                                     h[1], w2[2], activation_name(c.moe.act)));
+                                     h[1], w2[2], moe_act_text(c.moe)));
         break;
       }
     }

@@ -377,7 +377,9 @@ done
 printf 'func @r(%%q: tensor<?Tx4x96xf32>, %%pos: tensor<?Txi64>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx4x96xf32>) {\n  %%o = rope %%q, %%pos, %%cs {rotary_dim = 64, style = "gptj"} : tensor<?Tx4x96xf32>\n  return %%o\n}\n' >"$WORK/rope_i64.tir"
 printf 'func @a(%%q: tensor<?Tx8x64xbf16>, %%k: tensor<?Sx2x64xbf16, strided<[256, 64, 1]>>, %%v: tensor<?Sx2x64xbf16>) -> (tensor<?Tx8x64xbf16>) {\n  %%o = attention %%q, %%k, %%v {causal = true, sm_scale = 0.2, softcap = 4.0, window_left = 5} : tensor<?Tx8x64xbf16>\n  return %%o\n}\n' >"$WORK/attn_opts.tir"
 printf 'func @m(%%h: tensor<?Tx100xbf16>, %%w13: tensor<5x80x100xbf16, packed<vnni2, n_block=64, k_pair=2>>, %%w2: tensor<5x100x40xbf16>, %%tw: tensor<?Tx3xf32>, %%ti: tensor<?Tx3xi32>) -> (tensor<?Tx100xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti {activation = "gelu_tanh", top_k = 3} : tensor<?Tx100xbf16>\n  return %%o\n}\n' >"$WORK/moe_gelu.tir"
-for spec in "rope_i64:--dim T=33 --dim P=100" "attn_opts:--dim T=20 --dim S=30" "moe_gelu:--dim T=37"; do
+# GPT-OSS's clamped SwiGLU (a small limit so both clamps bite) with a routed scale.
+printf 'func @m(%%h: tensor<?Tx96xbf16>, %%w13: tensor<4x96x96xbf16>, %%w2: tensor<4x96x48xbf16>, %%tw: tensor<?Tx2xf32>, %%ti: tensor<?Tx2xi32>) -> (tensor<?Tx96xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti {activation = "clamped_swiglu", swiglu_alpha = 1.702, swiglu_limit = 0.5, routed_scaling_factor = 2.5, top_k = 2} : tensor<?Tx96xbf16>\n  return %%o\n}\n' >"$WORK/moe_swiglu.tir"
+for spec in "rope_i64:--dim T=33 --dim P=100" "attn_opts:--dim T=20 --dim S=30" "moe_gelu:--dim T=37" "moe_swiglu:--dim T=29"; do
   name=${spec%%:*}
   read -ra d <<<"${spec#*:}"
   ok "$name: run --check" "$TJ" run "$WORK/$name.tir" --random-inputs 5 "${d[@]}" --save-inputs "$WORK/$name.in" --check
@@ -395,6 +397,8 @@ has "rope_i64: kernel for int64 positions" "$OUT" "^  kernel +rope_llvm_gptj_f32
 ok "moe_gelu: dump --stage plan" "$TJ" dump "$WORK/moe_gelu.tir" --stage plan --dim T=4
 has "moe_gelu: packs the weights" "$OUT" "w13p = tilejit::pack_experts\\(%w13 bf16 \\[5, 80, 100\\], gate_up\\)"
 has "moe_gelu: the activation" "$OUT" "\\{\\.act = gelu_tanh\\}"
+ok "moe_swiglu: dump --stage plan" "$TJ" dump "$WORK/moe_swiglu.tir" --stage plan --dim T=4
+has "moe_swiglu: the activation" "$OUT" "clamped_swiglu\\(alpha=1.702, limit=0.5\\)"
 
 # What the public API cannot take is refused, in the file: error: style.
 printf 'func @f(%%q: tensor<?Tx8x64xf32>, %%k: tensor<?Sx2x64xf32>, %%v: tensor<?Sx2x64xf32>) -> (tensor<?Tx8x64xf32>) {\n  %%o = attention %%q, %%k, %%v : tensor<?Tx8x64xf32>\n  return %%o\n}\n' >"$WORK/attn_f32.tir"
