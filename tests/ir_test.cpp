@@ -715,6 +715,14 @@ TEST(IrVerifier, MoeRules) {
               HasSubstr("attribute 'activation' = \"relu\" must be one of"));
   EXPECT_THAT(verify_error(moe_text(w13, tw, "{top_k = 0}")),
               HasSubstr("attribute 'top_k' = 0 must be >= 1"));
+  EXPECT_EQ(verify_error(moe_text(w13, tw,
+                                  "{activation = \"clamped_swiglu\", swiglu_alpha = 1.702, "
+                                  "swiglu_limit = 7.0, routed_scaling_factor = 2.5, top_k = 2}")),
+            "");
+  EXPECT_THAT(verify_error(moe_text(w13, tw,
+                                    "{activation = \"clamped_swiglu\", swiglu_limit = 0.0, "
+                                    "top_k = 2}")),
+              HasSubstr("attribute 'swiglu_limit' = 0 must be > 0"));
 }
 
 TEST(IrVerifier, CheckCollectsEveryProblem) {
