@@ -108,13 +108,17 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       return x.r0 > y.r0;
     });
   }
-  // V transposed once per (sequence, kv head) for every query block of the
-  // sequence: the P·V GEMM reads Vᵀ rows as its A operand. Columns are padded
-  // with zeros up to a multiple of the key block plus one block (a block may
-  // start at any visible key and run kKeyBlock keys). Kept per calling thread and
-  // reused across calls, unless it grew past 64 MiB.
+  // Per (sequence, kv head), once for every query block of the sequence:
+  //  - Vᵀ [Dv][ld]: the P·V GEMM reads Vᵀ rows as its A operand. Columns are
+  //    zero-padded up to a multiple of the key block plus one block (a block
+  //    may start at any visible key and run kKeyBlock keys).
+  //  - K [nk][D] contiguous: the score GEMM's A rows, 256 bytes apart instead
+  //    of Hkv·D·2 (one 4 KiB page per two keys at Hkv = 8, D = 128, so each key
+  //    block of K missed the L1 TLB 64 times): +2-3% for one copy of K.
+  // Both live in one buffer (huge pages when ≥ 2 MiB) kept per calling thread
+  // and reused across calls, unless it grew past 64 MiB.
   struct Prepared {
-    std::vector<int64_t> offset;  // per (sequence, kv head): element offset of its Vᵀ
+    std::vector<int64_t> offset;  // per (sequence, kv head): element offset of its Vᵀ, then K
     std::unique_ptr<std::byte[], runtime::FreeDeleter> buf;
     size_t bytes = 0;
     uint16_t* ensure(size_t n) {
@@ -130,7 +134,8 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       prep.offset[b * hkv + h] = total;
       const int64_t nk = ck[b + 1] - ck[b];
       total +=
-          dv * ((nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock);
+          dv * ((nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock) +
+          nk * d;
     }
   uint16_t* vt_all = prep.ensure(static_cast<size_t>(total) * 2);
   // (prep is this thread's; the pool's workers see it through these pointers.)
@@ -143,6 +148,10 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     attn::transpose_v(sources(b, h).second, 0, nk, dv, dst, ld);
     for (int64_t c = 0; c < dv; ++c)
       std::memset(dst + c * ld + nk, 0, static_cast<size_t>(ld - nk) * 2);
+    uint16_t* kdst = dst + dv * ld;
+    const attn::RowSource ks = sources(b, h).first;
+    for (int64_t j = 0; j < nk; ++j)
+      std::memcpy(kdst + j * d, ks.row(j), static_cast<size_t>(d) * 2);
   });
 
   runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
@@ -168,10 +177,11 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
         for (int64_t b = 0; b < d * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
       }
     }
-    const auto [ks, vs] = sources(task.b, task.h);
-    const attn::TransposedV vt{
-        vt_all + vt_offset[task.b * hkv + task.h],
-        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock, 0};
+    const auto [ks0, vs] = sources(task.b, task.h);
+    const int64_t ldv =
+        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock;
+    const attn::TransposedV vt{vt_all + vt_offset[task.b * hkv + task.h], ldv, 0};
+    const attn::RowSource ks{vt.base + dv * ldv, d};
     attn::attend_finish(isa, p, qr, ks, vs, nk, &vt, orows);
   });
   if (prep.bytes > (size_t(64) << 20)) prep.buf.reset(), prep.bytes = 0;
