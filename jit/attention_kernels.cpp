@@ -24,6 +24,11 @@ const Kernel& softmax_finish_kernel() {
   return llvm_kernel(lb::kSoftmaxFinishName, lb::kSoftmaxFinishName,
                      [] { return lb::compile_llvm_softmax_finish(); });
 }
+
+const Kernel& softmax_pack_q_kernel() {
+  return llvm_kernel(lb::kSoftmaxPackQName, lb::kSoftmaxPackQName,
+                     [] { return lb::compile_llvm_softmax_pack_q(); });
+}
 #else
 bool have_softmax_step_kernel() {
   return false;
@@ -35,6 +40,10 @@ const Kernel& softmax_step_kernel(const codegen::llvm_backend::SoftmaxStepDesc&)
 
 const Kernel& softmax_finish_kernel() {
   throw Error("attention: the JIT block finish needs a tilejit built with LLVM");
+}
+
+const Kernel& softmax_pack_q_kernel() {
+  throw Error("attention: the JIT Qᵀ pack needs a tilejit built with LLVM");
 }
 #endif
 

@@ -63,13 +63,15 @@ class Kernels {
       return d;
     });
   }
-  codegen::BrgemmFn pv(int rows, int nz, int64_t kb) {
-    return get(pv_[kb / 32 - 1][nz - 1][rows - 1], [&] {
+  // accumulate = false: the first block of an empty state stores C instead
+  // of adding to it (no zeroing of Oᵀ, no reading it back).
+  codegen::BrgemmFn pv(int rows, int nz, int64_t kb, bool accumulate) {
+    return get(pv_[accumulate][kb / 32 - 1][nz - 1][rows - 1], [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
       d.kb = kb;
-      d.accumulate = true;
+      d.accumulate = accumulate;
       return d;
     });
   }
@@ -95,8 +97,9 @@ class Kernels {
   Isa isa_;
   int64_t d_;
   std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups> score_{};
-  std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>,
-             kKeyBlock / 32>
+  std::array<std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>,
+                        kKeyBlock / 32>,
+             2>
       pv_{};
 };
 
@@ -158,17 +161,49 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// Qᵀ as a packed "weight" with N = rows, K = D: word (kp, r) holds q_r[2kp], q_r[2kp+1].
+// An LLVM glue kernel, looked up once and lock-free afterwards; null when
+// this build has no LLVM or LLVM cannot target the host (the compile's Error),
+// and the caller runs its C++ code instead.
+std::atomic<bool> glue_unavailable{!jit::have_softmax_step_kernel()};
+template <class Fn, class Get>
+Fn glue_kernel(std::atomic<Fn>& slot, Get get) {
+  Fn f = slot.load(std::memory_order_acquire);
+  if (f != nullptr || glue_unavailable.load(std::memory_order_relaxed)) return f;
+  try {
+    f = get().template entry<Fn>();
+    slot.store(f, std::memory_order_release);
+  } catch (const Error&) {
+    glue_unavailable.store(true, std::memory_order_relaxed);
+  }
+  return f;
+}
+
+// Qᵀ as a packed "weight" with N = rows, K = D: word (kp, r) holds q_r[2kp],
+// q_r[2kp+1]; pairs past D/2 are 0 (AMX reads K padded to 32).
 void pack_q(const std::vector<QueryRow>& rows, int64_t d) {
+  static std::atomic<lb::SoftmaxPackQFn> kernel{nullptr};
+  static const uint16_t kZeroRow[kMaxHeadDim] = {};
   const int64_t pairs = round_up(d, 32) / 2;
+  const int64_t m = static_cast<int64_t>(rows.size());
+  if (const auto fn = glue_kernel(
+          kernel, []() -> const jit::Kernel& { return jit::softmax_pack_q_kernel(); })) {
+    // Columns past the last 16-row group are never read (nr = 16·groups).
+    tls.q_packed.resize(static_cast<size_t>(pairs * 64));
+    const uint16_t* ptrs[kRowsPerBlock];
+    const int64_t groups = (m + kLanes - 1) / kLanes;
+    for (int64_t r = 0; r < groups * kLanes; ++r) ptrs[r] = r < m ? rows[r].q : kZeroRow;
+    const lb::SoftmaxPackQArgs args{ptrs, tls.q_packed.data(), groups, d / 2, pairs};
+    fn(&args);
+    return;
+  }
   tls.q_packed.assign(static_cast<size_t>(pairs * 64), 0u);
   uint32_t* dst = tls.q_packed.data();
-  for (size_t r = 0; r < rows.size(); ++r) {
+  for (int64_t r = 0; r < m; ++r) {
     const uint16_t* q = rows[r].q;
     for (int64_t kp = 0; kp < d / 2; ++kp) {
       uint32_t w;
       std::memcpy(&w, q + 2 * kp, 4);
-      dst[kp * 64 + static_cast<int64_t>(r)] = w;
+      dst[kp * 64 + r] = w;
     }
   }
 }
@@ -293,20 +328,10 @@ TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
 // else the C++ loop above (no LLVM in this build, or LLVM cannot target the
 // host; the reason is the Error the compile raised).
 void softmax_step(const lb::SoftmaxStepArgs& a, int nz) {
-  using Fn = lb::SoftmaxStepFn;
-  static std::array<std::atomic<Fn>, kMaxGroups> slots{};
-  static std::atomic<bool> unavailable{!jit::have_softmax_step_kernel()};
-  Fn f = slots[nz - 1].load(std::memory_order_acquire);
-  if (f == nullptr && !unavailable.load(std::memory_order_relaxed)) {
-    try {
-      f = jit::softmax_step_kernel({nz}).entry<Fn>();
-      slots[nz - 1].store(f, std::memory_order_release);
-    } catch (const Error&) {
-      unavailable.store(true, std::memory_order_relaxed);
-    }
-  }
-  if (f)
-    f(&a);
+  static std::array<std::atomic<lb::SoftmaxStepFn>, kMaxGroups> slots{};
+  if (const auto fn = glue_kernel(
+          slots[nz - 1], [nz]() -> const jit::Kernel& { return jit::softmax_step_kernel({nz}); }))
+    fn(&a);
   else
     softmax_step_cxx(a, nz);
 }
@@ -416,9 +441,10 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
     tls.l[r] = init && r < m ? init->l[r] : 0.f;
     fresh = fresh && tls.m[r] == kNegInf;
   }
-  if (fresh) {
-    std::memset(ot, 0, static_cast<size_t>(p.dv * kRowsPerBlock) * 4);
-  } else {
+  // Fresh: Oᵀ is written by the first block's P·V (accumulate off), and the
+  // softmax step leaves it alone until then (every reference is −inf).
+  bool accumulate = !fresh;
+  if (!fresh) {
     for (int64_t c = 0; c < p.dv; ++c)
       for (int64_t r = 0; r < kRowsPerBlock; ++r)
         ot[c * kRowsPerBlock + r] = r < m ? init->o[r * init->ldo + c] : 0.f;
@@ -515,10 +541,13 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
       args.lda = lda * 2;
       args.c = c;
       args.ldc = kRowsPerBlock * 4;
-      args.acc_in = c;
-      args.ld_acc_in = kRowsPerBlock * 4;
-      ker.pv(rr, nz, kb)(&args);
+      if (accumulate) {
+        args.acc_in = c;
+        args.ld_acc_in = kRowsPerBlock * 4;
+      }
+      ker.pv(rr, nz, kb, accumulate)(&args);
     });
+    accumulate = true;
   }
 
   return true;
@@ -542,16 +571,8 @@ float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
 void finish_transposed(const Params& p, const std::vector<QueryRow>& rows,
                        const std::vector<uint16_t*>& out_rows) {
   static std::atomic<lb::SoftmaxFinishFn> kernel{nullptr};
-  static std::atomic<bool> unavailable{!jit::have_softmax_step_kernel()};
-  lb::SoftmaxFinishFn fn = kernel.load(std::memory_order_acquire);
-  if (fn == nullptr && !unavailable.load(std::memory_order_relaxed)) {
-    try {
-      fn = jit::softmax_finish_kernel().entry<lb::SoftmaxFinishFn>();
-      kernel.store(fn, std::memory_order_release);
-    } catch (const Error&) {
-      unavailable.store(true, std::memory_order_relaxed);
-    }
-  }
+  const auto fn =
+      glue_kernel(kernel, []() -> const jit::Kernel& { return jit::softmax_finish_kernel(); });
   const int64_t m = static_cast<int64_t>(rows.size());
   alignas(64) float f[kRowsPerBlock] = {};
   for (int64_t r = 0; r < m; ++r) f[r] = out_factor(p, rows[r], tls.m[r], tls.l[r]);

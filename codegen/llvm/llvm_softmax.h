@@ -70,4 +70,22 @@ using SoftmaxFinishFn = void (*)(const SoftmaxFinishArgs*);
 inline constexpr const char* kSoftmaxFinishName = "attn_finish_llvm";
 LlvmKernel compile_llvm_softmax_finish(OptLevel opt = OptLevel::kernel);
 
+// Qᵀ of a block in the vnni2 layout the score micro-kernel reads as its B
+// operand: out[kp][r] = word kp (elements 2kp, 2kp+1) of query row r, for
+// kp < pairs and r < 16·groups; words kp ≥ `words` are 0 (the K padding AMX
+// reads). Transposed 16 × 16 in registers. One kernel: kSoftmaxPackQName.
+struct SoftmaxPackQArgs {
+  const uint16_t* const* rows;  // [16·groups] query rows (padding rows: point at zeros)
+  uint32_t* out;                // [pairs][64]
+  int64_t groups;               // 16-row groups, 1..4
+  int64_t words;                // D/2: bf16 pairs per row
+  int64_t pairs;                // rows of out, a multiple of 16, ≥ words
+};
+static_assert(offsetof(SoftmaxPackQArgs, groups) == 16 && offsetof(SoftmaxPackQArgs, pairs) == 32);
+
+using SoftmaxPackQFn = void (*)(const SoftmaxPackQArgs*);
+
+inline constexpr const char* kSoftmaxPackQName = "attn_pack_q_llvm";
+LlvmKernel compile_llvm_softmax_pack_q(OptLevel opt = OptLevel::kernel);
+
 }  // namespace tilejit::codegen::llvm_backend

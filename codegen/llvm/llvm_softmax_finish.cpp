@@ -1,14 +1,15 @@
 // LLVM IR for the attention engine's block finish: Oᵀ [dv][64] (query rows
 // along the lanes, as the P·V micro-kernel leaves it) back to bf16 output
 // rows, scaled by each row's 1/l. Per 16 rows × 16 columns: 16 loads, a
-// 16 × 16 transpose in four stages of two-source shuffles (vpermt2ps on
-// AVX-512), one multiply, one bf16 conversion and one 32-byte store per row.
+// 16 × 16 transpose in registers (transpose16), one multiply, one bf16
+// conversion and one 32-byte store per row.
 #include <llvm/IR/IRBuilder.h>
 
 #include <vector>
 
 #include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/llvm_softmax.h"
+#include "codegen/llvm/llvm_softmax_ir.h"
 #include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 
@@ -71,22 +72,7 @@ class FinishEmitter {
       v.push_back(
           b_.CreateAlignedLoad(f32v, b_.CreateGEP(b_.getFloatTy(), ot_, at), llvm::Align(4)));
     }
-    // Swap the off-diagonal d × d blocks of every 2d × 2d block, d = 8, 4, 2, 1:
-    // element (i, k) ends at (k, i).
-    for (int d = kLanes / 2; d >= 1; d /= 2) {
-      for (int i = 0; i < kLanes; ++i) {
-        if (i & d) continue;
-        std::vector<int> lo, hi;  // indices into concat(x, y), y at +16
-        for (int k = 0; k < kLanes; ++k) {
-          lo.push_back((k & d) ? kLanes + k - d : k);
-          hi.push_back((k & d) ? kLanes + k : k + d);
-        }
-        llvm::Value* x = b_.CreateShuffleVector(v[i], v[i + d], lo);
-        llvm::Value* y = b_.CreateShuffleVector(v[i], v[i + d], hi);
-        v[i] = x;
-        v[i + d] = y;
-      }
-    }
+    transpose16(b_, v);
     llvm::Value* fv =
         b_.CreateAlignedLoad(f32v, b_.CreateGEP(b_.getFloatTy(), f_, r0), llvm::Align(4));
     llvm::Function* fn = b_.GetInsertBlock()->getParent();
