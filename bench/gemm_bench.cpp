@@ -50,6 +50,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_util.h"
 #include "codegen/brgemm_desc.h"
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
@@ -66,45 +67,15 @@ namespace {
 using tilejit::DType;
 using tilejit::Isa;
 using tilejit::TensorView;
+using tilejit::bench::median;
+using tilejit::bench::Meter;
+using tilejit::bench::pct_of_peak;
+using tilejit::bench::per_core_peak_gflops;
+using tilejit::bench::process_cpu_seconds;
+using tilejit::bench::thread_cpu_seconds;
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kGiB = size_t(1) << 30;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double thread_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double process_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Wall time and CPU time of a measured region. cpu() is the process CPU time
-// divided by the thread count: the time each of the T threads would have taken
-// with a core of its own. On this shared machine other processes take cores
-// away; wall time then grows but CPU time does not (spin-waiting does count).
-struct Meter {
-  int threads;
-  Clock::time_point t0 = Clock::now();
-  double c0 = process_cpu_seconds();
-  explicit Meter(int t) : threads(t) {}
-  double wall() const { return seconds_since(t0); }
-  double cpu() const { return (process_cpu_seconds() - c0) / threads; }
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ---------------------------------------------------------------- data
 
@@ -164,7 +135,9 @@ const Weight& weight(int64_t n, int64_t k) {
 struct Probe {
   tilejit::runtime::ExecutableMemory mem;
   double flops_per_iter = 0;
-  void run(int64_t iters) const { reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()))(iters); }
+  void run(int64_t iters) const {
+    reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()))(iters);
+  }
 };
 
 bool isa_usable(Isa isa) {
@@ -199,7 +172,7 @@ int64_t probe_iters(Isa isa) {
   auto& n = iters[isa];
   if (n == 0) {
     const Probe& p = probe(isa);
-    p.run(100000);  // warm up (clocks, AMX state)
+    p.run(100000);                           // warm up (clocks, AMX state)
     const double t0 = thread_cpu_seconds();  // CPU time: a busy machine must not shrink the run
     p.run(1000000);
     const double s = thread_cpu_seconds() - t0;
@@ -212,33 +185,6 @@ Isa best_isa() {
   if (isa_usable(Isa::amx)) return Isa::amx;
   if (isa_usable(Isa::avx512)) return Isa::avx512;
   return Isa::scalar;
-}
-
-// Per-core peak GFLOP/s of the best ISA the CPU and OS allow: median of 7
-// one-thread probe runs, measured once, on first use. Timed with the thread's
-// CPU clock: the probe touches no memory, so CPU time is the core's own speed,
-// unaffected by the other tenants of this shared machine taking the core away
-// (wall-clock peak runs are BM_Peak*). The peak of T threads is T times this.
-double per_core_peak_gflops() {
-  static const double peak = [] {
-    const Isa isa = best_isa();
-    if (isa == Isa::scalar) return 0.0;
-    const Probe& p = probe(isa);
-    const int64_t iters = probe_iters(isa);
-    std::vector<double> g;
-    for (int r = 0; r < 7; ++r) {
-      const double t0 = thread_cpu_seconds();
-      p.run(iters);
-      g.push_back(p.flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-    }
-    return median(g);
-  }();
-  return peak;
-}
-
-double pct_of_peak(double gflops, int threads) {
-  const double peak = per_core_peak_gflops() * threads;
-  return peak > 0 ? 100.0 * gflops / peak : 0.0;
 }
 
 void BM_Peak(benchmark::State& state, Isa isa) {
@@ -291,7 +237,9 @@ const DramBuffer& dram_buffer(bool huge) {
   return *b[huge];
 }
 
-bool dram_probe_usable() { return tilejit::cpu_info().avx512f; }
+bool dram_probe_usable() {
+  return tilejit::cpu_info().avx512f;
+}
 
 struct DramRate {
   double wall_gbs = 0, cpu_gbs = 0;
@@ -334,7 +282,8 @@ void BM_DramReadBandwidth(benchmark::State& state) {
   const Meter t(threads);
   for (auto _ : state) benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
   const double cpu = t.cpu();
-  state.counters["GBs"] = benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBs"] =
+      benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GBs_cpu"] = double(b.bytes) * double(state.iterations()) / cpu * 1e-9;
 }
 
@@ -370,7 +319,8 @@ struct OnednnMatmul {
     strm.wait();
   }
   void run(size_t copy = 0) {
-    prim.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights[copy]}, {DNNL_ARG_DST, dst}});
+    prim.execute(strm,
+                 {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights[copy]}, {DNNL_ARG_DST, dst}});
     strm.wait();
   }
   size_t weight_bytes() const { return pd.weights_desc().get_size(); }
@@ -429,7 +379,8 @@ void BM_OnednnMatmul(benchmark::State& state) {
   onednn_rates()[key].add(gflops, s, cpu_gflops);
   state.counters["GFLOPs_cpu"] = cpu_gflops;
   state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
-  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["pct_peak"] = pct_of_peak(gflops, threads);
   state.SetLabel(mm.impl);
 }
@@ -482,7 +433,8 @@ std::string check_against_onednn(const GemmKey& key, const TensorView& x,
   std::string msg;
   if (!(rel <= 1e-2)) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, "tilejit output differs from oneDNN: relative L2 error %.3g", rel);
+    std::snprintf(buf, sizeof buf, "tilejit output differs from oneDNN: relative L2 error %.3g",
+                  rel);
     msg = buf;
   }
   checked[shape] = msg;
@@ -514,7 +466,8 @@ void BM_TilejitGemm(benchmark::State& state) {
   state.counters["GFLOPs_cpu"] = cpu_gflops;
   state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
   state.counters["vs_onednn_cpu"] = ref_cpu > 0 ? cpu_gflops / ref_cpu : 0.0;
-  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["pct_peak"] = pct_of_peak(gflops, threads);
   state.counters["peak_per_core"] = per_core_peak_gflops();
   state.counters["vs_onednn"] = ref > 0 ? gflops / ref : 0.0;
@@ -525,7 +478,9 @@ void BM_TilejitGemm(benchmark::State& state) {
 
 // Enough copies of a weight to exceed 1 GiB (L3 here is 32 MiB): every call
 // reads a copy that was evicted long ago. One pool is live at a time.
-size_t copies_for(size_t bytes) { return kGiB / bytes + 2; }
+size_t copies_for(size_t bytes) {
+  return kGiB / bytes + 2;
+}
 
 struct ColdPools {
   std::pair<int64_t, int64_t> tj_shape{-1, -1};
@@ -569,8 +524,10 @@ void set_cold_counters(benchmark::State& state, double bytes_per_call, const Met
   const double gbs = bytes_per_call * it / t.wall() * 1e-9;
   const double cpu_gbs = bytes_per_call * it / t.cpu() * 1e-9;
   auto pct = [](double x, double ref) { return ref > 0 ? 100.0 * x / ref : 0.0; };
-  state.counters["GBs"] = benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBs"] =
+      benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GBs_cpu"] = cpu_gbs;
   state.counters["pct_dram_bw"] = pct(gbs, dram.huge.wall_gbs);
   state.counters["pct_dram_bw_cpu"] = pct(cpu_gbs, dram.huge.cpu_gbs);
@@ -632,7 +589,9 @@ void BM_OnednnMatmulColdWeights(benchmark::State& state) {
 
 // ---------------------------------------------------------------- compile time
 
-Isa jit_isa() { return tilejit::cpu_info().isa; }
+Isa jit_isa() {
+  return tilejit::cpu_info().isa;
+}
 
 void BM_JitCompileMicrokernel(benchmark::State& state, Isa isa) {
   if (!isa_usable(isa)) {
@@ -651,8 +610,9 @@ void BM_JitCompileMicrokernel(benchmark::State& state, Isa isa) {
   d.out = DType::bf16;
   size_t code_bytes = 0;
   for (auto _ : state) {
-    const std::vector<uint8_t> code = isa == Isa::amx ? tilejit::codegen::xbyak::emit_amx_brgemm(d)
-                                                      : tilejit::codegen::xbyak::emit_avx512_brgemm(d);
+    const std::vector<uint8_t> code = isa == Isa::amx
+                                          ? tilejit::codegen::xbyak::emit_amx_brgemm(d)
+                                          : tilejit::codegen::xbyak::emit_avx512_brgemm(d);
     tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
     benchmark::DoNotOptimize(mem.data());
     code_bytes = code.size();
@@ -683,7 +643,8 @@ void BM_GemmFirstCall(benchmark::State& state) {
       state.SkipWithError("out of fresh K values");
       break;
     }
-    const tilejit::PackedWeight w = tilejit::pack_weight(TensorView(raw.data(), DType::bf16, {N, k}));
+    const tilejit::PackedWeight w =
+        tilejit::pack_weight(TensorView(raw.data(), DType::bf16, {N, k}));
     state.ResumeTiming();
     tilejit::gemm(TensorView(activations().u16(), DType::bf16, {1, k}), w,
                   TensorView(output_buffer(), DType::bf16, {1, N}));
@@ -746,10 +707,9 @@ void BM_RawMicrokernel(benchmark::State& state) {
     }
     return;
   }
-  const tilejit::codegen::GemmPlan plan =
-      tilejit::codegen::plan_gemm({kTinyN, kTinyK, tilejit::codegen::BiasKind::none,
-                                   tilejit::Activation::none, DType::bf16},
-                                  isa);
+  const tilejit::codegen::GemmPlan plan = tilejit::codegen::plan_gemm(
+      {kTinyN, kTinyK, tilejit::codegen::BiasKind::none, tilejit::Activation::none, DType::bf16},
+      isa);
   const auto& kernel = tilejit::jit::brgemm_kernel(plan.ukernel(kTinyM, kTinyN));
   const auto fn = kernel.entry<tilejit::codegen::BrgemmFn>();
   const Weight& w = weight(kTinyN, kTinyK);
@@ -817,7 +777,8 @@ void BM_BrgemmMicrokernel(benchmark::State& state) {
   }
   const double flops = 2.0 * mr * 64 * double(k);
   const double cpu_gflops = flops * double(state.iterations()) / t.cpu() * 1e-9;
-  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOPs_cpu"] = cpu_gflops;
   state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, 1);
   state.SetLabel(kernel.name);
@@ -850,7 +811,8 @@ void BM_RawDecodeColdPages(benchmark::State& state) {
   }
   const tilejit::codegen::GemmPlan plan = tilejit::codegen::plan_gemm(
       {n, k, tilejit::codegen::BiasKind::none, tilejit::Activation::none, DType::bf16}, isa);
-  const auto fn = tilejit::jit::brgemm_kernel(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
+  const auto fn =
+      tilejit::jit::brgemm_kernel(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
   const int64_t n_blocks = n / 64, block_bytes = int64_t(bytes) / n_blocks;
   alignas(64) static uint16_t a_tail[32 * 32] = {};
   const void* a_ptr = activations().u16();
@@ -886,63 +848,116 @@ void BM_RawDecodeColdPages(benchmark::State& state) {
 void register_all() {
   using benchmark::RegisterBenchmark;
   for (int t : {1, 2}) {
-    RegisterBenchmark("BM_PeakAvx512Bf16", BM_Peak, Isa::avx512)->Arg(t)->UseRealTime()->Unit(benchmark::kMillisecond);
+    RegisterBenchmark("BM_PeakAvx512Bf16", BM_Peak, Isa::avx512)
+        ->Arg(t)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (int t : {1, 2}) {
-    RegisterBenchmark("BM_PeakAmxBf16", BM_Peak, Isa::amx)->Arg(t)->UseRealTime()->Unit(benchmark::kMillisecond);
+    RegisterBenchmark("BM_PeakAmxBf16", BM_Peak, Isa::amx)
+        ->Arg(t)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (int huge : {1, 0})
     for (int t : {1, 2})
-      RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)->Args({t, huge})->ArgNames({"threads", "hugepages"})->UseRealTime()->Unit(benchmark::kMillisecond);
+      RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
+          ->Args({t, huge})
+          ->ArgNames({"threads", "hugepages"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
 
   // Hot GEMM: each oneDNN shape runs right before the tilejit one it is compared with.
   const std::vector<std::pair<int64_t, int64_t>> nk = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
   for (auto [n, k] : nk)
     for (int64_t m : {1, 4, 16, 64, 256, 1024})
       for (int t : {1, 2}) {
-        RegisterBenchmark("BM_OnednnMatmul", BM_OnednnMatmul)->Args({m, n, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
-        RegisterBenchmark("BM_TilejitGemm", BM_TilejitGemm)->Args({m, n, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
+        RegisterBenchmark("BM_OnednnMatmul", BM_OnednnMatmul)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+        RegisterBenchmark("BM_TilejitGemm", BM_TilejitGemm)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
       }
 
   // Decode (M=1) across weight sizes around the 32 MiB L3: 8, 16, 32, 64 MiB.
   for (int64_t k : {1024, 2048, 4096, 8192})
     for (int t : {1, 2}) {
-      RegisterBenchmark("BM_OnednnMatmulDecodeSweep", BM_OnednnMatmul)->Args({1, 4096, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
-      RegisterBenchmark("BM_TilejitGemmDecodeSweep", BM_TilejitGemm)->Args({1, 4096, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
+      RegisterBenchmark("BM_OnednnMatmulDecodeSweep", BM_OnednnMatmul)
+          ->Args({1, 4096, k, t})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      RegisterBenchmark("BM_TilejitGemmDecodeSweep", BM_TilejitGemm)
+          ->Args({1, 4096, k, t})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
 
   // Cold-weight decode.
   for (auto [n, k] : nk)
     for (int64_t m : {1, 16})
       for (int t : {1, 2})
-        RegisterBenchmark("BM_TilejitGemmColdWeights", BM_TilejitGemmColdWeights)->Args({m, n, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
+        RegisterBenchmark("BM_TilejitGemmColdWeights", BM_TilejitGemmColdWeights)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   for (auto [n, k] : nk)
     for (int64_t m : {1, 16})
       for (int t : {1, 2})
-        RegisterBenchmark("BM_OnednnMatmulColdWeights", BM_OnednnMatmulColdWeights)->Args({m, n, k, t})->UseRealTime()->Unit(benchmark::kMicrosecond);
+        RegisterBenchmark("BM_OnednnMatmulColdWeights", BM_OnednnMatmulColdWeights)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
 
   // Compile time.
-  for (auto [mr, nr] : std::vector<std::pair<int, int>>{{1, 64}, {4, 64}, {7, 64}, {1, 16}, {12, 16}})
-    RegisterBenchmark("BM_JitCompileMicrokernel", BM_JitCompileMicrokernel, Isa::avx512)->Args({mr, nr, 4096})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  for (auto [mr, nr] :
+       std::vector<std::pair<int, int>>{{1, 64}, {4, 64}, {7, 64}, {1, 16}, {12, 16}})
+    RegisterBenchmark("BM_JitCompileMicrokernel", BM_JitCompileMicrokernel, Isa::avx512)
+        ->Args({mr, nr, 4096})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   for (auto [mr, nr] : std::vector<std::pair<int, int>>{{32, 64}, {16, 64}})
-    RegisterBenchmark("BM_JitCompileMicrokernelAmx", BM_JitCompileMicrokernel, Isa::amx)->Args({mr, nr, 4096})->UseRealTime()->Unit(benchmark::kMicrosecond);
-  RegisterBenchmark("BM_GemmFirstCall", BM_GemmFirstCall)->Iterations(300)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    RegisterBenchmark("BM_JitCompileMicrokernelAmx", BM_JitCompileMicrokernel, Isa::amx)
+        ->Args({mr, nr, 4096})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  RegisterBenchmark("BM_GemmFirstCall", BM_GemmFirstCall)
+      ->Iterations(300)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   for (int64_t m : {1, 256})
-    RegisterBenchmark("BM_OnednnPrimitiveCreate", BM_OnednnPrimitiveCreate)->Arg(m)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    RegisterBenchmark("BM_OnednnPrimitiveCreate", BM_OnednnPrimitiveCreate)
+        ->Arg(m)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
 
   // Per-call overhead on a cache hit.
   for (int t : {1, 2})
-    RegisterBenchmark("BM_CacheHitOverhead", BM_CacheHitOverhead)->Arg(t)->UseRealTime()->Unit(benchmark::kNanosecond);
-  RegisterBenchmark("BM_RawMicrokernel", BM_RawMicrokernel)->UseRealTime()->Unit(benchmark::kNanosecond);
+    RegisterBenchmark("BM_CacheHitOverhead", BM_CacheHitOverhead)
+        ->Arg(t)
+        ->UseRealTime()
+        ->Unit(benchmark::kNanosecond);
+  RegisterBenchmark("BM_RawMicrokernel", BM_RawMicrokernel)
+      ->UseRealTime()
+      ->Unit(benchmark::kNanosecond);
 
   // Cold decode over 4 KiB vs 2 MiB pages (same kernel, same bytes).
   for (int huge : {0, 1, 0, 1})
-    RegisterBenchmark("BM_RawDecodeColdPages", BM_RawDecodeColdPages)->Arg(huge)->ArgName("hugepages")->UseRealTime()->Unit(benchmark::kMicrosecond);
+    RegisterBenchmark("BM_RawDecodeColdPages", BM_RawDecodeColdPages)
+        ->Arg(huge)
+        ->ArgName("hugepages")
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
 
   // Micro-kernel efficiency by row count (single thread, B panel warm).
   for (int64_t k : {4096, 11008})
     for (int mr : {1, 2, 4, 5, 6, 7})
-      RegisterBenchmark("BM_BrgemmMicrokernel", BM_BrgemmMicrokernel)->Args({mr, k})->UseRealTime()->Unit(benchmark::kMicrosecond);
+      RegisterBenchmark("BM_BrgemmMicrokernel", BM_BrgemmMicrokernel)
+          ->Args({mr, k})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace

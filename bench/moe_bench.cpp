@@ -59,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
 #include "runtime/bf16.h"
@@ -70,37 +71,14 @@ namespace {
 using tilejit::DType;
 using tilejit::TensorView;
 using Clock = std::chrono::steady_clock;
+using tilejit::bench::median;
+using tilejit::bench::Meter;
+using tilejit::bench::pct_of_peak;
+using tilejit::bench::per_core_peak_gflops;
+using tilejit::bench::process_cpu_seconds;
+using tilejit::bench::thread_cpu_seconds;
 
 constexpr size_t kGiB = size_t(1) << 30;
-
-double process_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double thread_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Wall time and process CPU time / threads of a measured region.
-struct Meter {
-  int threads;
-  Clock::time_point t0 = Clock::now();
-  double c0 = process_cpu_seconds();
-  explicit Meter(int t) : threads(t) {}
-  double wall() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-  double cpu() const { return (process_cpu_seconds() - c0) / threads; }
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void skip(benchmark::State& state, const std::string& why) {
   state.SkipWithError(why.c_str());
@@ -126,39 +104,6 @@ void fill_bf16(uint16_t* p, size_t n, uint64_t seed, float scale) {
 }
 
 // ---------------------------------------------------------------- peak
-
-// Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow: the
-// register-only JIT probe (as jit/peak.h), median of 7 runs of ~50 ms, timed
-// with the thread's CPU clock (as gemm_bench and attention_bench do): the
-// probe touches no memory, so CPU time is the core's own speed.
-double per_core_peak_gflops() {
-  static const double peak = [] {
-    const tilejit::Isa isa = tilejit::cpu_info().max_isa;
-    if (isa != tilejit::Isa::amx && isa != tilejit::Isa::avx512) return 0.0;
-    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa);
-    const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
-    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-    const double flops_per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa);
-    fn(100000);  // warm up (clocks)
-    double t0 = thread_cpu_seconds();
-    fn(1000000);
-    const int64_t iters = std::max<int64_t>(
-        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
-    std::vector<double> g;
-    for (int r = 0; r < 7; ++r) {
-      t0 = thread_cpu_seconds();
-      fn(iters);
-      g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-    }
-    return median(g);
-  }();
-  return peak;
-}
-
-double pct_of_peak(double gflops, int threads) {
-  const double peak = per_core_peak_gflops() * threads;
-  return peak > 0 ? 100.0 * gflops / peak : 0.0;
-}
 
 // ---------------------------------------------------------------- DRAM
 

@@ -1,0 +1,88 @@
+// What every benchmark of bench/ measures the same way: CPU clocks, a wall +
+// CPU-time meter, medians, and the machine's per-core bf16 peak from the JIT
+// register-only probe (codegen/xbyak/peak_probe.cpp, as jit/peak.h).
+//
+// CPU time matters on this shared machine: other tenants take cores away, so
+// wall time grows while the CPU time of our threads does not (spin-waiting
+// does count). Benches report both.
+#pragma once
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "codegen/xbyak/emitters.h"
+#include "runtime/exec_memory.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::bench {
+
+inline double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+inline double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Wall time and CPU time of a measured region. cpu() is the process CPU time
+// divided by the thread count: the time each of the T threads would have taken
+// with a core of its own.
+struct Meter {
+  using Clock = std::chrono::steady_clock;
+  int threads;
+  Clock::time_point t0 = Clock::now();
+  double c0 = process_cpu_seconds();
+  explicit Meter(int t) : threads(t) {}
+  double wall() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+  double cpu() const { return (process_cpu_seconds() - c0) / threads; }
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow (0 when
+// neither AMX nor AVX-512 runs): median of 7 probe runs of ~50 ms, measured
+// once, timed with the thread's CPU clock (the probe touches no memory, so CPU
+// time is the core's own speed). The peak of T threads is T times this.
+inline double per_core_peak_gflops() {
+  static const double peak = [] {
+    const Isa isa = cpu_info().max_isa;
+    if (isa != Isa::amx && isa != Isa::avx512) return 0.0;
+    const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa);
+    const runtime::ExecutableMemory mem(code.data(), code.size());
+    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
+    const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa);
+    fn(100000);  // warm up (clocks)
+    double t0 = thread_cpu_seconds();
+    fn(1000000);
+    const int64_t iters = std::max<int64_t>(
+        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
+    std::vector<double> g;
+    for (int r = 0; r < 7; ++r) {
+      t0 = thread_cpu_seconds();
+      fn(iters);
+      g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
+    }
+    return median(g);
+  }();
+  return peak;
+}
+
+inline double pct_of_peak(double gflops, int threads) {
+  const double peak = per_core_peak_gflops() * threads;
+  return peak > 0 ? 100.0 * gflops / peak : 0.0;
+}
+
+}  // namespace tilejit::bench
