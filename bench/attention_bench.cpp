@@ -36,8 +36,8 @@
 //
 // Decode: Hq = 32, Hkv = 8, D = 128, every sequence `ctx` keys. Counters: GBs
 // (K + V bytes of the cache read per second: B·ctx·Hkv·D·2 bytes each),
-// pct_dram (of the streaming read bandwidth measured with the same thread count
-// in this process). The KV pool holds copies of the cache totalling ≥ 1 GiB
+// pct_dram (of the streaming read bandwidth dram_GBs, measured with the same
+// thread count right before the run). The KV pool holds copies of the cache totalling ≥ 1 GiB
 // (32× the 32 MiB L3), blocks in a random order; each iteration reads the next
 // copy, so the cache is cold. Combinations over ~6 GiB are not registered.
 //
@@ -541,7 +541,9 @@ void BM_PrefillTilejit(benchmark::State& state, int64_t d, int64_t t, int thread
 // ---------------------------------------------------------------- DRAM
 
 // Streaming read bandwidth (GB/s) of `threads` threads over a 2 GiB buffer in
-// huge pages, median of 3 passes, measured once per thread count.
+// huge pages, median of 3 passes. Measured again right before every decode
+// run: the memory bus is shared with the machine's other tenants, so the
+// yardstick has to be taken under the same conditions as the run.
 const Mapping& dram_buffer() {
   static const std::unique_ptr<Mapping> b = [] {
     auto m = std::make_unique<Mapping>(2 * kGiB);
@@ -553,19 +555,15 @@ const Mapping& dram_buffer() {
 }
 
 double dram_gbs(int threads) {
-  static std::map<int, double> rates;
-  auto& r = rates[threads];
-  if (r == 0 && tilejit::cpu_info().avx512f) {
-    const Mapping& b = dram_buffer();
-    std::vector<double> g;
-    for (int i = 0; i < 3; ++i) {
-      const Meter m(threads);
-      benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
-      g.push_back(double(b.bytes) / m.wall() * 1e-9);
-    }
-    r = median(g);
+  if (!tilejit::cpu_info().avx512f) return 0;
+  const Mapping& b = dram_buffer();
+  std::vector<double> g;
+  for (int i = 0; i < 3; ++i) {
+    const Meter m(threads);
+    benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
+    g.push_back(double(b.bytes) / m.wall() * 1e-9);
   }
-  return r;
+  return median(g);
 }
 
 void BM_DramReadBandwidth(benchmark::State& state) {
@@ -632,8 +630,8 @@ DecodeData& decode_data(int64_t b, int64_t ctx, int64_t bs) {
 void BM_DecodeTilejit(benchmark::State& state) {
   const int64_t b = state.range(0), ctx = state.range(1), bs = state.range(2);
   const int threads = static_cast<int>(state.range(3));
-  const double ref = dram_gbs(threads);
   DecodeData& dd = decode_data(b, ctx, bs);
+  const double ref = dram_gbs(threads);
   tilejit::set_num_threads(threads);
   dd.run(0);  // warm-up: compiles the kernel
   int64_t copy = 0;
