@@ -37,9 +37,10 @@
 // Decode: Hq = 32, Hkv = 8, D = 128, every sequence `ctx` keys. Counters: GBs
 // (K + V bytes of the cache read per second: B·ctx·Hkv·D·2 bytes each),
 // pct_dram (of the streaming read bandwidth dram_GBs, measured with the same
-// thread count right before the run). The KV pool holds copies of the cache totalling ≥ 1 GiB
-// (32× the 32 MiB L3), blocks in a random order; each iteration reads the next
-// copy, so the cache is cold. Combinations over ~6 GiB are not registered.
+// thread count right before the run). The KV pool holds copies of the cache
+// totalling ≥ 1 GiB (32× the 32 MiB L3), blocks in a random order; each
+// iteration reads the next copy, so the cache is cold. Combinations over
+// ~6 GiB are not registered.
 //
 // All timings are wall clock (UseRealTime): both libraries run their own threads.
 #include <benchmark/benchmark.h>
