@@ -13,7 +13,6 @@
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
-#include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 

@@ -321,6 +321,22 @@ class DecodeEmitter {
     b_.SetInsertPoint(done);
   }
 
+  // Spreads the instructions [a, b) of block bb evenly between those from b
+  // to the end (which must not use them), keeping each group's own order.
+  // The block must still be straight-line code from a to its end.
+  static void interleave(llvm::BasicBlock* bb, size_t a, size_t b) {
+    std::vector<llvm::Instruction*> first, second;
+    size_t i = 0;
+    for (llvm::Instruction& inst : *bb) {
+      if (i >= a && i < b) first.push_back(&inst);
+      if (i >= b) second.push_back(&inst);
+      ++i;
+    }
+    if (first.empty() || second.empty()) return;
+    for (size_t k = 0; k < first.size(); ++k)
+      first[k]->moveBefore(second[k * second.size() / first.size()]);
+  }
+
   // The cache rows of key c (a multiple of 16) for kv head 0: (K, V).
   std::pair<llvm::Value*, llvm::Value*> chunk_rows(llvm::Value* c) {
     llvm::Value* slot = b_.CreateUDiv(c, i64(d_.block_size));
@@ -372,31 +388,63 @@ class DecodeEmitter {
       probs_ = b_.CreateGEP(dp_ ? i16t() : f32_, probs, b_.CreateMul(parity, i64(d_.g * kChunk)));
       alpha_ = b_.CreateGEP(f32_, alpha, b_.CreateMul(parity, i64(d_.g)));
     };
-    emit_loop(
-        b_, b_.CreateAdd(heads_, i64(1)), {},
-        [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
-          emit_if(b_.CreateICmpSLT(h, heads_), [&] {
-            llvm::Value* row0 = b_.CreateMul(h, i64(d_.g));
-            slopes_ = b_.CreateGEP(f32_, slopes, row0);
-            m_ = b_.CreateGEP(f32_, m, row0);
-            l_ = b_.CreateGEP(f32_, l, row0);
-            buffers(h);
-            kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, khs_));
-            vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, vhs_));
-            if (d_.g > 8) prefetch_keys(i64(0), kChunk);
-            scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, khs_)), row0);
-          });
-          emit_if(b_.CreateICmpSGT(h, i64(0)), [&] {
-            llvm::Value* hp = b_.CreateSub(h, i64(1));
-            o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
-            buffers(hp);
-            vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(hp, vhs_));
-            pv_prefetch_ = d_.g <= 8;
-            accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, vhs_)));
-          });
-          return std::vector<llvm::Value*>{};
-        },
-        "head");
+    auto score_head = [&](llvm::Value* h) {
+      llvm::Value* row0 = b_.CreateMul(h, i64(d_.g));
+      slopes_ = b_.CreateGEP(f32_, slopes, row0);
+      m_ = b_.CreateGEP(f32_, m, row0);
+      l_ = b_.CreateGEP(f32_, l, row0);
+      buffers(h);
+      kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, khs_));
+      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, vhs_));
+      if (d_.g > 8) prefetch_keys(i64(0), kChunk);
+      scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, khs_)), row0);
+    };
+    auto pv_head = [&](llvm::Value* hp) {
+      o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
+      buffers(hp);
+      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(hp, vhs_));
+      pv_prefetch_ = d_.g <= 8;
+      accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, vhs_)));
+    };
+    if (d_.g <= 8) {
+      // Prologue (scores of head 0), heads 1 .. heads − 1 (scores of h, then
+      // its softmax interleaved instruction by instruction with P·V of
+      // h − 1), epilogue (P·V of the last head). Interleaved, the softmax's
+      // dependent chain does not fill the FP scheduler while P·V's
+      // independent work waits behind it.
+      auto softmax_pending = [&] {
+        for (auto& [row0, s] : pending_) softmax(row0, s);
+        pending_.clear();
+      };
+      score_head(i64(0));
+      softmax_pending();
+      emit_loop(
+          b_, b_.CreateSub(heads_, i64(1)), {},
+          [&](llvm::Value* i, const std::vector<llvm::Value*>&) {
+            llvm::Value* h = b_.CreateAdd(i, i64(1));
+            score_head(h);
+            llvm::BasicBlock* bb = b_.GetInsertBlock();
+            const size_t before = bb->size();
+            softmax_pending();
+            const size_t mid = bb->size();
+            pv_head(i);
+            interleave(bb, before, mid);
+            return std::vector<llvm::Value*>{};
+          },
+          "head");
+      pv_head(b_.CreateSub(heads_, i64(1)));
+    } else {
+      // Same order with a loop of heads + 1 iterations (G > 8 has loops
+      // inside the score and P·V parts, so no instruction interleave).
+      emit_loop(
+          b_, b_.CreateAdd(heads_, i64(1)), {},
+          [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
+            emit_if(b_.CreateICmpSLT(h, heads_), [&] { score_head(h); });
+            emit_if(b_.CreateICmpSGT(h, i64(0)), [&] { pv_head(b_.CreateSub(h, i64(1))); });
+            return std::vector<llvm::Value*>{};
+          },
+          "head");
+    }
     probs_ = probs, alpha_ = alpha;
     slopes_ = slopes, m_ = m, l_ = l, o_ = o;
   }
@@ -578,7 +626,10 @@ class DecodeEmitter {
             // the rows' latency chains (reduce, exp, reduce) run side by side.
             if (s.size() == 4 || r + pack_ == rows) {
               const int64_t first = r + pack_ - static_cast<int64_t>(s.size());
-              softmax(b_.CreateAdd(row0, i64(first)), s);
+              if (d_.g <= 8)
+                pending_.push_back({b_.CreateAdd(row0, i64(first)), s});
+              else
+                softmax(b_.CreateAdd(row0, i64(first)), s);
               s.clear();
             }
           }
@@ -880,6 +931,8 @@ class DecodeEmitter {
               *zscr_ = nullptr;
   int64_t pack_ = 1;
   bool pv_prefetch_ = false;
+  // Softmax groups (first row, score vectors) of the head being scored (G ≤ 8).
+  std::vector<std::pair<llvm::Value*, std::vector<llvm::Value*>>> pending_;
   // The chunk being emitted.
   bool masked_ = false;
   llvm::Value *a_ = nullptr, *b_lim_ = nullptr, *valid_ = nullptr, *dist_ = nullptr;
