@@ -29,6 +29,11 @@ const Kernel& softmax_pack_q_kernel() {
   return llvm_kernel(lb::kSoftmaxPackQName, lb::kSoftmaxPackQName,
                      [] { return lb::compile_llvm_softmax_pack_q(); });
 }
+
+const Kernel& softmax_transpose_v_kernel() {
+  return llvm_kernel(lb::kSoftmaxTransposeVName, lb::kSoftmaxTransposeVName,
+                     [] { return lb::compile_llvm_softmax_transpose_v(); });
+}
 #else
 bool have_softmax_step_kernel() {
   return false;
@@ -44,6 +49,10 @@ const Kernel& softmax_finish_kernel() {
 
 const Kernel& softmax_pack_q_kernel() {
   throw Error("attention: the JIT Qᵀ pack needs a tilejit built with LLVM");
+}
+
+const Kernel& softmax_transpose_v_kernel() {
+  throw Error("attention: the JIT V transpose needs a tilejit built with LLVM");
 }
 #endif
 

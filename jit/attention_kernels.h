@@ -1,6 +1,6 @@
 // The attention engine's JIT-emitted glue (the online-softmax step, the
-// block finish and the Qᵀ pack of codegen/llvm/llvm_softmax.h) through the process-wide
-// compile-once cache, keyed on the descriptor and the LLVM target.
+// block finish, the Qᵀ pack and the V transpose of codegen/llvm/llvm_softmax.h) through the
+// process-wide compile-once cache, keyed on the descriptor and the LLVM target.
 #pragma once
 
 #include "codegen/llvm/llvm_softmax.h"
@@ -15,5 +15,6 @@ bool have_softmax_step_kernel();
 const Kernel& softmax_step_kernel(const codegen::llvm_backend::SoftmaxStepDesc& d);
 const Kernel& softmax_finish_kernel();
 const Kernel& softmax_pack_q_kernel();
+const Kernel& softmax_transpose_v_kernel();
 
 }  // namespace tilejit::jit

@@ -357,14 +357,24 @@ void prefetch_block(const Params& p, const RowSource& k, const TransposedV* vt, 
 }  // namespace
 
 void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld) {
-  // 16 keys at a time: each output row gets 32 contiguous bytes per pass.
-  for (int64_t jb = 0; jb < n; jb += 16) {
-    const int64_t nj = std::min<int64_t>(16, n - jb);
-    const uint16_t* rows[16];
-    for (int64_t j = 0; j < nj; ++j) rows[j] = v.row(j0 + jb + j);
+  static std::atomic<lb::SoftmaxTransposeVFn> kernel{nullptr};
+  static const uint16_t kZeroRow[kMaxHeadDim] = {};
+  const auto fn =
+      glue_kernel(kernel, []() -> const jit::Kernel& { return jit::softmax_transpose_v_kernel(); });
+  // In runs of up to 128 keys (16-key tiles, padding rows point at zeros).
+  constexpr int64_t kRun = 128;
+  for (int64_t jb = 0; jb < n; jb += kRun) {
+    const int64_t nj = std::min(kRun, n - jb), padded = round_up(nj, 16);
+    const uint16_t* rows[kRun];
+    for (int64_t j = 0; j < padded; ++j) rows[j] = j < nj ? v.row(j0 + jb + j) : kZeroRow;
+    if (fn && dv % kLanes == 0) {
+      const lb::SoftmaxTransposeVArgs args{rows, out + jb, ld, nj, dv};
+      fn(&args);
+      continue;
+    }
     for (int64_t c = 0; c < dv; ++c) {
       uint16_t* o = out + c * ld + jb;
-      for (int64_t j = 0; j < nj; ++j) o[j] = rows[j][c];
+      for (int64_t j = 0; j < padded; ++j) o[j] = rows[j][c];
     }
   }
 }

@@ -97,7 +97,8 @@ struct TransposedV {
   int64_t first = 0;
 };
 
-// Writes Vᵀ of keys [j0, j0 + n) into out[c·ld + (j − j0)], c < dv.
+// Writes Vᵀ of keys [j0, j0 + n) into out[c·ld + (j − j0)], c < dv, and
+// zeros in the columns up to n rounded up to 16 (ld must leave room for them).
 void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld);
 
 // Runs rows (≤ kRowsPerBlock) over keys [j_begin, j_end) of a sequence of tk

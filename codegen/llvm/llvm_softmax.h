@@ -88,4 +88,24 @@ using SoftmaxPackQFn = void (*)(const SoftmaxPackQArgs*);
 inline constexpr const char* kSoftmaxPackQName = "attn_pack_q_llvm";
 LlvmKernel compile_llvm_softmax_pack_q(OptLevel opt = OptLevel::kernel);
 
+// Vᵀ of a run of keys, the A operand of the P·V micro-kernel:
+// out[c·ld + j] = rows[j][c] for j < round_up(keys, 16), c < dv (dv a
+// multiple of 16; the caller pads rows to a multiple of 16 with pointers to
+// zeros, so the padding columns come out 0). 16 × 16 tiles transposed in
+// registers. One kernel: kSoftmaxTransposeVName.
+struct SoftmaxTransposeVArgs {
+  const uint16_t* const* rows;  // [round_up(keys, 16)] V rows
+  uint16_t* out;
+  int64_t ld;    // elements between rows of out
+  int64_t keys;  // rounded up to 16 by the kernel
+  int64_t dv;
+};
+static_assert(offsetof(SoftmaxTransposeVArgs, keys) == 24 &&
+              offsetof(SoftmaxTransposeVArgs, dv) == 32);
+
+using SoftmaxTransposeVFn = void (*)(const SoftmaxTransposeVArgs*);
+
+inline constexpr const char* kSoftmaxTransposeVName = "attn_transpose_v_llvm";
+LlvmKernel compile_llvm_softmax_transpose_v(OptLevel opt = OptLevel::kernel);
+
 }  // namespace tilejit::codegen::llvm_backend

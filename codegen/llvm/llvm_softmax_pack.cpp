@@ -1,8 +1,12 @@
-// LLVM IR for the attention engine's Qᵀ pack: 16 query rows × 16 bf16 pairs
-// per tile, loaded as 16 vectors of 32-bit words (masked past D/2, so the
-// K padding is zero), transposed in registers (transpose16) and stored as 16
-// contiguous 64-byte rows of the vnni2 B layout. It replaces 4096 scattered
-// 4-byte stores per 64-row block at D = 128.
+// LLVM IR for the attention engine's operand packing:
+//  - Qᵀ: 16 query rows × 16 bf16 pairs per tile, loaded as 16 vectors of
+//    32-bit words (masked past D/2, so the K padding is zero), transposed in
+//    registers (transpose16) and stored as 16 contiguous 64-byte rows of the
+//    vnni2 B layout; it replaces 4096 scattered 4-byte stores per 64-row block
+//    at D = 128.
+//  - Vᵀ: 16 keys × 16 columns per tile, widened to 32 bits, transposed,
+//    narrowed, stored as 16 runs of 32 bytes; it replaces one 2-byte store
+//    per element.
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
 
@@ -94,7 +98,84 @@ class PackQEmitter {
   llvm::Value *rows_ = nullptr, *out_ = nullptr, *words_ = nullptr;
 };
 
+class TransposeVEmitter {
+ public:
+  explicit TransposeVEmitter(ModuleContext& mc) : mc_(mc), b_(mc.ctx), vm_(b_, kLanes) {}
+
+  void emit(const std::string& name) {
+    llvm::Function* fn = mc_.define_kernel(name);
+    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
+    llvm::Value* args = fn->getArg(0);
+    llvm::Type* ptr = b_.getPtrTy();
+    llvm::Type* i64t = b_.getInt64Ty();
+    rows_ = field(args, 0, ptr);
+    out_ = field(args, 8, ptr);
+    ld_ = field(args, 16, i64t);
+    llvm::Value* keys = field(args, 24, i64t);
+    llvm::Value* dv = field(args, 32, i64t);
+    llvm::Value* key_tiles = b_.CreateUDiv(b_.CreateAdd(keys, i64(kLanes - 1)), i64(kLanes));
+    emit_loop(
+        b_, key_tiles, {},
+        [&](llvm::Value* kt, const Vals&) {
+          emit_loop(
+              b_, b_.CreateUDiv(dv, i64(kLanes)), {},
+              [&](llvm::Value* ct, const Vals&) {
+                tile(kt, ct);
+                return Vals{};
+              },
+              "cols");
+          return Vals{};
+        },
+        "keys");
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+
+  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
+    auto* v =
+        b_.CreateAlignedLoad(t, b_.CreateConstGEP1_64(b_.getInt8Ty(), args, byte), llvm::Align(8));
+    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
+    return v;
+  }
+
+  // Keys 16kt.. × columns 16ct..
+  void tile(llvm::Value* kt, llvm::Value* ct) {
+    llvm::Type* i16v = vm_.i16v();
+    llvm::Value* j0 = b_.CreateMul(kt, i64(kLanes));
+    llvm::Value* c0 = b_.CreateMul(ct, i64(kLanes));
+    Vals v;  // v[i] = columns c0.. of key j0 + i, widened
+    for (int i = 0; i < kLanes; ++i) {
+      llvm::Value* row = b_.CreateAlignedLoad(
+          b_.getPtrTy(), b_.CreateGEP(b_.getPtrTy(), rows_, b_.CreateAdd(j0, i64(i))),
+          llvm::Align(8));
+      llvm::Value* x =
+          b_.CreateAlignedLoad(i16v, b_.CreateGEP(b_.getInt16Ty(), row, c0), llvm::Align(2));
+      v.push_back(b_.CreateZExt(x, vm_.i32v()));
+    }
+    transpose16(b_, v);
+    for (int c = 0; c < kLanes; ++c) {
+      llvm::Value* at = b_.CreateAdd(b_.CreateMul(b_.CreateAdd(c0, i64(c)), ld_), j0);
+      b_.CreateAlignedStore(b_.CreateTrunc(v[c], i16v), b_.CreateGEP(b_.getInt16Ty(), out_, at),
+                            llvm::Align(2));
+    }
+  }
+
+  ModuleContext& mc_;
+  llvm::IRBuilder<> b_;
+  VectorMath vm_;
+  llvm::Value *rows_ = nullptr, *out_ = nullptr, *ld_ = nullptr;
+};
+
 }  // namespace
+
+LlvmKernel compile_llvm_softmax_transpose_v(OptLevel opt) {
+  require_vector_host("compile_llvm_softmax_transpose_v");
+  return compile_module(
+      kSoftmaxTransposeVName,
+      [&](ModuleContext& mc) { TransposeVEmitter(mc).emit(kSoftmaxTransposeVName); }, opt);
+}
 
 LlvmKernel compile_llvm_softmax_pack_q(OptLevel opt) {
   require_vector_host("compile_llvm_softmax_pack_q");
