@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
-#include <tuple>
+#include <utility>
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/llvm/llvm_softmax.h"
@@ -23,8 +23,8 @@
 // The softmax helpers pass 64-byte vectors by value; they are internal and
 // inlined, so GCC's psABI note (reported at the end of the file) concerns no caller.
 #pragma GCC diagnostic ignored "-Wpsabi"
-// The C++ glue loops (softmax, V repack) are built for AVX-512 / AVX2 too and
-// picked at load time: the library itself targets baseline x86-64 (SSE2).
+// The C++ softmax step (builds without LLVM) is built for AVX-512 / AVX2 too
+// and picked at load time: the library itself targets baseline x86-64 (SSE2).
 #define TILEJIT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace tilejit::ops::attn {
@@ -42,7 +42,7 @@ constexpr int kMaxGroups = int(kRowsPerBlock) / kLanes;  // 16-row groups of a b
 // so most key blocks skip rescaling O (FlashAttention-4's conditional rescale).
 constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 
-// The micro-kernels of one (ISA, D, Dv): a bounded set, looked up lock-free
+// The micro-kernels of one (ISA, D): a bounded set, looked up lock-free
 // after the first use. Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32,
 // 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr ×
 // kb ∈ {32, 64, 96, 128} (the block's keys rounded up to 32), accumulating in place.
