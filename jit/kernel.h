@@ -17,7 +17,7 @@ struct Kernel {
   std::string key;
   std::string backend;  // "xbyak" or "llvm"
   const void* entry_ptr = nullptr;
-  size_t size = 0;                  // code bytes (Xbyak) or object bytes (LLVM)
+  size_t size = 0;                  // code bytes of the entry function
   runtime::ExecutableMemory code;   // Xbyak kernels
   std::shared_ptr<void> keepalive;  // LLVM kernels: owns the code
   double compile_us = 0;            // wall time to emit (or load) and publish

@@ -13,7 +13,8 @@ std::unique_ptr<Kernel> adopt(lb::LlvmKernel&& lk) {
   auto k = std::make_unique<Kernel>();
   k->backend = "llvm";
   k->entry_ptr = lk.entry;
-  k->size = lk.object_file.size();
+  // The function's own bytes: the perf map must not claim the code placed after it.
+  k->size = lk.code_size;
   k->keepalive = std::move(lk.keepalive);
   return k;
 }

@@ -521,6 +521,11 @@ TEST(LlvmBrgemmApi, KernelFromItsObjectFileComputesTheSame) {
   EXPECT_TRUE(check_brgemm(d, want));
   EXPECT_EQ(run_brgemm(d, again.fn<BrgemmFn>()), want);
   EXPECT_EQ(run_brgemm(d, third.fn<BrgemmFn>()), want);
+  // The function's own extent (what the perf map names), known after either
+  // path: inside the object, which also holds its constants and metadata.
+  EXPECT_GT(k.code_size, 64u);
+  EXPECT_LT(k.code_size, k.object_file.size());
+  EXPECT_EQ(again.code_size, k.code_size);
 }
 
 TEST(LlvmBrgemmApi, ZeroBatchGivesTheEpilogueOfZero) {

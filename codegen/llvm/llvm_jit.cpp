@@ -7,6 +7,8 @@
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
+#include <llvm/Object/ELFObjectFile.h>
+#include <llvm/Object/ObjectFile.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
@@ -257,6 +259,39 @@ llvm::Function* ModuleContext::define_kernel(const std::string& name) const {
   return f;
 }
 
+namespace {
+// Bytes of the function `symbol` in an ELF object (its st_size), or 0. The
+// perf map needs the function's own extent: the object also holds constant
+// pools and other sections placed elsewhere.
+size_t function_size(const std::vector<uint8_t>& object_file, const std::string& symbol) {
+  auto obj = llvm::object::ObjectFile::createObjectFile(llvm::MemoryBufferRef(
+      llvm::StringRef(reinterpret_cast<const char*>(object_file.data()), object_file.size()),
+      symbol));
+  if (!obj) {
+    llvm::consumeError(obj.takeError());
+    return 0;
+  }
+  const auto* elf = llvm::dyn_cast<llvm::object::ELFObjectFileBase>(obj->get());
+  if (elf == nullptr) return 0;
+  for (const llvm::object::ELFSymbolRef& sym : elf->symbols()) {
+    auto name = sym.getName();
+    if (!name) {
+      llvm::consumeError(name.takeError());
+      continue;
+    }
+    // The FILE symbol carries the module's name, which is the function's too.
+    auto type = sym.getType();
+    if (!type) {
+      llvm::consumeError(type.takeError());
+      continue;
+    }
+    if (*name == symbol && *type == llvm::object::SymbolRef::ST_Function)
+      return static_cast<size_t>(sym.getSize());
+  }
+  return 0;
+}
+}  // namespace
+
 LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
   const auto t0 = std::chrono::steady_clock::now();
   Jit& j = jit();
@@ -278,6 +313,7 @@ LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> obje
   k.name = symbol;
   k.entry = addr.toPtr<void*>();
   k.keepalive = std::move(keepalive);
+  k.code_size = function_size(object_file, symbol);
   k.object_file = std::move(object_file);
   k.compile_us = micros_since(t0);
   return k;

@@ -30,6 +30,7 @@ struct LlvmKernel {
   std::shared_ptr<void> keepalive;   // owns the JITDylib that holds the code
   double compile_us = 0;             // IR build + optimise + codegen + link, wall time
   std::vector<uint8_t> object_file;  // the relocatable ELF object (for a disk cache)
+  size_t code_size = 0;              // bytes of the function itself (0 if unknown)
 
   template <class Fn>
   Fn fn() const {
