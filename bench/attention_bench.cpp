@@ -65,6 +65,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_util.h"
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
 #include "runtime/bf16.h"
@@ -76,50 +77,18 @@ namespace {
 using tilejit::DType;
 using tilejit::TensorView;
 using Clock = std::chrono::steady_clock;
+using tilejit::bench::fill_random_bf16;
+using tilejit::bench::fill_repeating_bf16;
+using tilejit::bench::median;
+using tilejit::bench::Meter;
+using tilejit::bench::pct_of_peak;
+using tilejit::bench::per_core_peak_gflops;
+using tilejit::bench::process_cpu_seconds;
+using tilejit::bench::skip;
+using tilejit::bench::thread_cpu_seconds;
 
 constexpr int64_t kHq = 32, kHkv = 8;
 constexpr size_t kGiB = size_t(1) << 30;
-
-double process_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Wall time and process CPU time / threads of a measured region.
-struct Meter {
-  int threads;
-  Clock::time_point t0 = Clock::now();
-  double c0 = process_cpu_seconds();
-  explicit Meter(int t) : threads(t) {}
-  double wall() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-  double cpu() const { return (process_cpu_seconds() - c0) / threads; }
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-void skip(benchmark::State& state, const std::string& why) {
-  state.SkipWithError(why.c_str());
-  for (auto _ : state) {
-  }
-}
-
-// Uniform(-1, 1) bf16 values from a xorshift stream.
-void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    const float f = static_cast<float>(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
-    p[i] = tilejit::runtime::f32_to_bf16(f);
-  }
-}
 
 // Anonymous mapping with transparent huge pages requested (as a large KV cache
 // of an engine would get); the callers fill it, so every page is touched
@@ -139,56 +108,7 @@ struct Mapping {
   uint16_t* u16() const { return static_cast<uint16_t*>(p); }
 };
 
-// Fills n bf16 values: 1 Mi random values, then copies of them (filling GiBs
-// from the xorshift stream would dominate the setup; decode timing does not
-// depend on the values).
-void fill_pool(uint16_t* p, size_t n, uint64_t seed) {
-  const size_t chunk = std::min<size_t>(n, size_t(1) << 20);
-  fill_random_bf16(p, chunk, seed);
-  for (size_t i = chunk; i < n; i += chunk) std::memcpy(p + i, p, std::min(chunk, n - i) * 2);
-}
-
 // ---------------------------------------------------------------- peak
-
-double thread_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow: the
-// register-only JIT probe behind jit/peak.h, median of 7 runs of ~50 ms, timed
-// with the thread's CPU clock (as gemm_bench does): the probe touches no
-// memory, so CPU time is the core's own speed, while wall time on this shared
-// machine would charge it for other processes holding the core.
-double per_core_peak_gflops() {
-  static const double peak = [] {
-    const tilejit::Isa isa = tilejit::cpu_info().max_isa;
-    if (isa != tilejit::Isa::amx && isa != tilejit::Isa::avx512) return 0.0;
-    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa);
-    const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
-    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-    const double flops_per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa);
-    fn(100000);  // warm up (clocks)
-    double t0 = thread_cpu_seconds();
-    fn(1000000);
-    const int64_t iters = std::max<int64_t>(
-        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
-    std::vector<double> g;
-    for (int r = 0; r < 7; ++r) {
-      t0 = thread_cpu_seconds();
-      fn(iters);
-      g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-    }
-    return median(g);
-  }();
-  return peak;
-}
-
-double pct_of_peak(double gflops, int threads) {
-  const double peak = per_core_peak_gflops() * threads;
-  return peak > 0 ? 100.0 * gflops / peak : 0.0;
-}
 
 // ---------------------------------------------------------------- prefill data
 
@@ -600,8 +520,8 @@ struct DecodeData {
     const size_t elems = size_t(num_blocks * bs * kHkv * kDecodeD);
     k = std::make_unique<Mapping>(elems * 2);
     v = std::make_unique<Mapping>(elems * 2);
-    fill_pool(k->u16(), elems, 5);
-    fill_pool(v->u16(), elems, 6);
+    fill_repeating_bf16(k->u16(), elems, 5);
+    fill_repeating_bf16(v->u16(), elems, 6);
     tables.resize(size_t(num_blocks));
     std::iota(tables.begin(), tables.end(), 0);
     std::shuffle(tables.begin(), tables.end(), std::mt19937_64(42));

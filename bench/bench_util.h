@@ -9,12 +9,17 @@
 
 #include <time.h>
 
+#include <benchmark/benchmark.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "codegen/xbyak/emitters.h"
+#include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
 #include "tilejit/tilejit.h"
 
@@ -83,6 +88,34 @@ inline double per_core_peak_gflops() {
 inline double pct_of_peak(double gflops, int threads) {
   const double peak = per_core_peak_gflops() * threads;
   return peak > 0 ? 100.0 * gflops / peak : 0.0;
+}
+
+// Marks a benchmark skipped with the reason (the state loop must still run).
+inline void skip(benchmark::State& state, const std::string& why) {
+  state.SkipWithError(why.c_str());
+  for (auto _ : state) {
+  }
+}
+
+// Uniform(-scale, scale) bf16 values from a xorshift stream (fast enough for
+// tens of millions of elements; mt19937 would dominate the setup).
+inline void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale = 1.0f) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float f = static_cast<float>(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    p[i] = runtime::f32_to_bf16(scale * f);
+  }
+}
+
+// The same for GiB-sized buffers whose timing does not depend on the values:
+// 1 Mi values from the stream, then copies of them.
+inline void fill_repeating_bf16(uint16_t* p, size_t n, uint64_t seed, float scale = 1.0f) {
+  const size_t chunk = std::min<size_t>(n, size_t(1) << 20);
+  fill_random_bf16(p, chunk, seed, scale);
+  for (size_t i = chunk; i < n; i += chunk) std::memcpy(p + i, p, std::min(chunk, n - i) * 2);
 }
 
 }  // namespace tilejit::bench

@@ -67,29 +67,20 @@ namespace {
 using tilejit::DType;
 using tilejit::Isa;
 using tilejit::TensorView;
+using tilejit::bench::fill_random_bf16;
+using tilejit::bench::fill_repeating_bf16;
 using tilejit::bench::median;
 using tilejit::bench::Meter;
 using tilejit::bench::pct_of_peak;
 using tilejit::bench::per_core_peak_gflops;
 using tilejit::bench::process_cpu_seconds;
+using tilejit::bench::skip;
 using tilejit::bench::thread_cpu_seconds;
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kGiB = size_t(1) << 30;
 
 // ---------------------------------------------------------------- data
-
-// Uniform(-1, 1) bf16 values from a xorshift stream (fast enough for 45M-element weights).
-void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    const float f = static_cast<float>(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
-    p[i] = tilejit::runtime::f32_to_bf16(f);
-  }
-}
 
 struct Buffer {
   std::unique_ptr<std::byte[], tilejit::runtime::FreeDeleter> mem;

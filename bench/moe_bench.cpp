@@ -70,37 +70,17 @@ namespace {
 using tilejit::DType;
 using tilejit::TensorView;
 using Clock = std::chrono::steady_clock;
+using tilejit::bench::fill_random_bf16;
+using tilejit::bench::fill_repeating_bf16;
 using tilejit::bench::median;
 using tilejit::bench::Meter;
 using tilejit::bench::pct_of_peak;
 using tilejit::bench::per_core_peak_gflops;
 using tilejit::bench::process_cpu_seconds;
+using tilejit::bench::skip;
 using tilejit::bench::thread_cpu_seconds;
 
 constexpr size_t kGiB = size_t(1) << 30;
-
-void skip(benchmark::State& state, const std::string& why) {
-  state.SkipWithError(why.c_str());
-  for (auto _ : state) {
-  }
-}
-
-// Uniform(-scale, scale) bf16 values: 1 Mi from a xorshift stream, then copies
-// of them (filling GBs of weights from the stream would dominate the setup;
-// the timing does not depend on the values). The scale keeps the activations
-// of the random layer well inside the bf16 range.
-void fill_bf16(uint16_t* p, size_t n, uint64_t seed, float scale) {
-  const size_t chunk = std::min<size_t>(n, size_t(1) << 20);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < chunk; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    const float f = static_cast<float>(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
-    p[i] = tilejit::runtime::f32_to_bf16(scale * f);
-  }
-  for (size_t i = chunk; i < n; i += chunk) std::memcpy(p + i, p, std::min(chunk, n - i) * 2);
-}
 
 // ---------------------------------------------------------------- peak
 
@@ -158,13 +138,13 @@ struct Layer {
     {
       std::vector<uint16_t> raw(size_t(s.e * 2 * s.i * s.h));
       // ~unit-variance gate/up pre-activations: uniform(±a) with a = 3/√H.
-      fill_bf16(raw.data(), raw.size(), 1, float(3.0 / std::sqrt(double(s.h))));
+      fill_repeating_bf16(raw.data(), raw.size(), 1, float(3.0 / std::sqrt(double(s.h))));
       w13 = tilejit::pack_experts(TensorView(raw.data(), DType::bf16, {s.e, 2 * s.i, s.h}),
                                   tilejit::ExpertProj::gate_up);
     }
     {
       std::vector<uint16_t> raw(size_t(s.e * s.h * s.i));
-      fill_bf16(raw.data(), raw.size(), 2, float(3.0 / std::sqrt(double(s.i))));
+      fill_repeating_bf16(raw.data(), raw.size(), 2, float(3.0 / std::sqrt(double(s.i))));
       w2 = tilejit::pack_experts(TensorView(raw.data(), DType::bf16, {s.e, s.h, s.i}),
                                  tilejit::ExpertProj::down);
     }
@@ -224,7 +204,7 @@ Activations& activations(int64_t t, int64_t h) {
   const size_t n = size_t(t * h);
   if (a.hidden.size() < n) {
     a.hidden.resize(n);
-    fill_bf16(a.hidden.data(), n, 3, 1.0f);
+    fill_repeating_bf16(a.hidden.data(), n, 3, 1.0f);
     a.out.resize(n);
   }
   return a;
