@@ -50,4 +50,31 @@ std::vector<llvm::Value*> emit_loop(llvm::IRBuilder<>& b, llvm::Value* count,
   return result;
 }
 
+void emit_tile_loops(llvm::IRBuilder<>& b, llvm::Value* outer, llvm::Value* inner,
+                     const std::function<void(llvm::Value* i, llvm::Value* j)>& body,
+                     const std::string& outer_name, const std::string& inner_name) {
+  using Vals = std::vector<llvm::Value*>;
+  emit_loop(
+      b, outer, {},
+      [&](llvm::Value* i, const Vals&) {
+        emit_loop(
+            b, inner, {},
+            [&](llvm::Value* j, const Vals&) {
+              body(i, j);
+              return Vals{};
+            },
+            inner_name);
+        return Vals{};
+      },
+      outer_name);
+}
+
+llvm::Value* load_arg_field(llvm::IRBuilder<>& b, llvm::Value* args, int64_t byte, llvm::Type* t,
+                            unsigned align) {
+  auto* v =
+      b.CreateAlignedLoad(t, b.CreateConstGEP1_64(b.getInt8Ty(), args, byte), llvm::Align(align));
+  v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(b.getContext(), {}));
+  return v;
+}
+
 }  // namespace tilejit::codegen::llvm_backend

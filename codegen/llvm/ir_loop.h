@@ -22,4 +22,16 @@ std::vector<llvm::Value*> emit_loop(llvm::IRBuilder<>& b, llvm::Value* count,
                                     std::vector<llvm::Value*> carried, const LoopBody& body,
                                     const std::string& name);
 
+// for (i < outer) for (j < inner) body(i, j): the 2-D tile walk of the
+// attention glue kernels (counts are i64, may be runtime values ≤ 0).
+void emit_tile_loops(llvm::IRBuilder<>& b, llvm::Value* outer, llvm::Value* inner,
+                     const std::function<void(llvm::Value* i, llvm::Value* j)>& body,
+                     const std::string& outer_name, const std::string& inner_name);
+
+// The field at byte offset `byte` of a kernel's argument struct. The struct is
+// never written while the kernel runs, so the load is marked invariant (LLVM
+// may hoist it out of any loop). `align` is the field's alignment.
+llvm::Value* load_arg_field(llvm::IRBuilder<>& b, llvm::Value* args, int64_t byte, llvm::Type* t,
+                            unsigned align = 8);
+
 }  // namespace tilejit::codegen::llvm_backend

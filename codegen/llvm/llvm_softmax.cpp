@@ -121,10 +121,7 @@ class SoftmaxEmitter {
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
 
   llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    auto* v =
-        b_.CreateAlignedLoad(t, b_.CreateConstGEP1_64(b_.getInt8Ty(), args, byte), llvm::Align(4));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
+    return load_arg_field(b_, args, byte, t, 4);
   }
   // 16 elements at base[offset] (elements of the vector's type).
   llvm::Value* load(llvm::Type* vt, llvm::Value* base, llvm::Value* offset) {

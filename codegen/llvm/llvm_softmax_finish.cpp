@@ -35,19 +35,9 @@ class FinishEmitter {
     rows_ = field(args, 24, i64t);
     llvm::Value* dv = field(args, 32, i64t);
     llvm::Value* groups = b_.CreateUDiv(b_.CreateAdd(rows_, i64(kLanes - 1)), i64(kLanes));
-    emit_loop(
-        b_, groups, {},
-        [&](llvm::Value* g, const Vals&) {
-          emit_loop(
-              b_, b_.CreateUDiv(dv, i64(kLanes)), {},
-              [&](llvm::Value* cb, const Vals&) {
-                tile(g, cb);
-                return Vals{};
-              },
-              "cols");
-          return Vals{};
-        },
-        "group");
+    emit_tile_loops(
+        b_, groups, b_.CreateUDiv(dv, i64(kLanes)),
+        [&](llvm::Value* g, llvm::Value* cb) { tile(g, cb); }, "group", "cols");
     b_.CreateRetVoid();
   }
 
@@ -55,10 +45,7 @@ class FinishEmitter {
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
 
   llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    auto* v =
-        b_.CreateAlignedLoad(t, b_.CreateConstGEP1_64(b_.getInt8Ty(), args, byte), llvm::Align(8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
+    return load_arg_field(b_, args, byte, t, 8);
   }
 
   // Rows 16g.. × columns 16cb..: transpose, scale, convert, store.

@@ -39,19 +39,9 @@ class PackQEmitter {
     llvm::Value* groups = field(args, 16, i64t);
     words_ = field(args, 24, i64t);
     llvm::Value* pairs = field(args, 32, i64t);
-    emit_loop(
-        b_, groups, {},
-        [&](llvm::Value* g, const Vals&) {
-          emit_loop(
-              b_, b_.CreateUDiv(pairs, i64(kLanes)), {},
-              [&](llvm::Value* t, const Vals&) {
-                tile(g, t);
-                return Vals{};
-              },
-              "tiles");
-          return Vals{};
-        },
-        "group");
+    emit_tile_loops(
+        b_, groups, b_.CreateUDiv(pairs, i64(kLanes)),
+        [&](llvm::Value* g, llvm::Value* t) { tile(g, t); }, "group", "tiles");
     b_.CreateRetVoid();
   }
 
@@ -59,10 +49,7 @@ class PackQEmitter {
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
 
   llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    auto* v =
-        b_.CreateAlignedLoad(t, b_.CreateConstGEP1_64(b_.getInt8Ty(), args, byte), llvm::Align(8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
+    return load_arg_field(b_, args, byte, t, 8);
   }
 
   // Rows 16g.. × pairs 16t..
@@ -114,19 +101,9 @@ class TransposeVEmitter {
     llvm::Value* keys = field(args, 24, i64t);
     llvm::Value* dv = field(args, 32, i64t);
     llvm::Value* key_tiles = b_.CreateUDiv(b_.CreateAdd(keys, i64(kLanes - 1)), i64(kLanes));
-    emit_loop(
-        b_, key_tiles, {},
-        [&](llvm::Value* kt, const Vals&) {
-          emit_loop(
-              b_, b_.CreateUDiv(dv, i64(kLanes)), {},
-              [&](llvm::Value* ct, const Vals&) {
-                tile(kt, ct);
-                return Vals{};
-              },
-              "cols");
-          return Vals{};
-        },
-        "keys");
+    emit_tile_loops(
+        b_, key_tiles, b_.CreateUDiv(dv, i64(kLanes)),
+        [&](llvm::Value* kt, llvm::Value* ct) { tile(kt, ct); }, "keys", "cols");
     b_.CreateRetVoid();
   }
 
@@ -134,10 +111,7 @@ class TransposeVEmitter {
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
 
   llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    auto* v =
-        b_.CreateAlignedLoad(t, b_.CreateConstGEP1_64(b_.getInt8Ty(), args, byte), llvm::Align(8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
+    return load_arg_field(b_, args, byte, t, 8);
   }
 
   // Keys 16kt.. × columns 16ct..
