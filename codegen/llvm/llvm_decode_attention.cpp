@@ -63,14 +63,16 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
-// Prefetch distance in chunks and hint, measured on Zen 4 (B 16, 8k keys,
-// block 16): prefetcht2 beats prefetcht1 (~30 vs ~19 GB/s on 2 threads) and
-// prefetcht0 (~14: into L1 the lines evict the chunk in use); 1 and 2
-// chunks ahead are within noise. Issued in one burst per chunk instead of
-// spread over its work: ~10 GB/s (the core's miss buffers fill and stall).
-constexpr int kPrefetchChunks = 1;
-constexpr int kPrefetchLocality =
-    1;  // llvm.prefetch locality 1 = prefetcht2  // 0 spread, 1 burst, 2 off
+// Prefetch distance in chunks, hint and placement, measured on Zen 4 (B 16,
+// 8k keys, block 16, cold cache, noisy shared box): prefetcht2 beats
+// prefetcht1 and prefetcht0 (into L1 the lines evict the chunk in use); one
+// burst per chunk stalls on the miss buffers (~10 GB/s on 2 threads); the
+// list in address order (K rows, then V rows), a share at each key of the
+// score loop, each prefetch a couple of dot instructions after the last:
+// ~15 GB/s on 1 thread and ~22-24 on 2, against ~13 and ~18-23 with K and V
+// requests issued back to back, V during the P·V pass, or rows interleaved.
+constexpr int kPrefetchChunks = 2;
+constexpr int kPrefetchLocality = 1;  // llvm.prefetch locality 1 = prefetcht2
 
 [[noreturn]] void fail(const DecodeAttentionDesc& d, const std::string& what) {
   throw Error("compile_llvm_decode_attention: " + d.name() + ": " + what);
@@ -396,14 +398,12 @@ class DecodeEmitter {
       buffers(h);
       kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, khs_));
       vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, vhs_));
-      if (d_.g > 8) prefetch_keys(i64(0), kChunk);
+      if (d_.g > 8) prefetch_all();
       scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, khs_)), row0);
     };
     auto pv_head = [&](llvm::Value* hp) {
       o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
       buffers(hp);
-      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(hp, vhs_));
-      pv_prefetch_ = d_.g <= 8;
       accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, vhs_)));
     };
     if (d_.g <= 8) {
@@ -449,24 +449,61 @@ class DecodeEmitter {
     slopes_ = slopes, m_ = m, l_ = l, o_ = o;
   }
 
-  // Prefetches of the future chunk's rows [j0, j0 + n) of this head (kf_,
-  // vf_; `which`: kPrefetchK, kPrefetchV or both), one request per 64-byte
-  // line, into L2. For G ≤ 8 they are spread over the head's work: K rows in
-  // the score loop, V rows in the first P·V column pass, a few per key; for
-  // larger G (compute-bound anyway) one burst per head.
-  static constexpr int kPrefetchK = 1, kPrefetchV = 2;
-  void prefetch_keys(llvm::Value* j0, int64_t n, int which = kPrefetchK | kPrefetchV) {
-    for (auto [base, stride, cols] : {std::tuple{kf_, krs_, d_.d}, std::tuple{vf_, vrs_, d_.dv}})
-      for (int64_t j = 0; j < n; ++j) {
-        if (!(which & (base == kf_ ? kPrefetchK : kPrefetchV))) continue;
-        llvm::Value* row =
-            b_.CreateGEP(i16t(), base, b_.CreateMul(b_.CreateAdd(j0, i64(j)), stride));
-        for (int64_t c = 0; c < cols; c += 32)
-          b_.CreateIntrinsic(
-              llvm::Intrinsic::prefetch, {b_.getPtrTy()},
-              {b_.CreateGEP(i16t(), row, i64(c)), b_.getInt32(0),
-               b_.getInt32(static_cast<uint32_t>(kPrefetchLocality)), b_.getInt32(1)});
-      }
+  // The future chunk's rows of this head (kf_, vf_) are requested into L2,
+  // one prefetch per 64-byte line, as one list of 32 rows: K rows 0 .. 15,
+  // then V rows 0 .. 15, each row's lines in address order. For G ≤ 8 the
+  // score loop issues an equal share of the rows at each key (the loop runs
+  // over keys, so a share's first row is a runtime index); for larger G the
+  // head issues the whole list at once (compute-bound anyway).
+  //
+  // The line addresses of row `unit` (0 .. 31) of the list.
+  std::vector<llvm::Value*> prefetch_row_lines(llvm::Value* unit) {
+    const int64_t lk = (d_.d + 31) / 32, lv = (d_.dv + 31) / 32;
+    llvm::Value* is_k = b_.CreateICmpULT(unit, i64(kChunk));
+    llvm::Value* row = b_.CreateAnd(unit, i64(kChunk - 1));
+    llvm::Value* base = b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
+                                     b_.CreateMul(row, b_.CreateSelect(is_k, krs_, vrs_)));
+    std::vector<llvm::Value*> lines;
+    for (int64_t c = 0; c < std::max(lk, lv); ++c) {
+      llvm::Value* col = i64(32 * c);
+      if (c >= std::min(lk, lv))  // the shorter row repeats its last line
+        col = b_.CreateSelect(is_k, i64(32 * std::min(c, lk - 1)), i64(32 * std::min(c, lv - 1)));
+      lines.push_back(b_.CreateGEP(i16t(), base, col));
+    }
+    return lines;
+  }
+  void prefetch(llvm::Value* line) {
+    b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {b_.getPtrTy()},
+                       {line, b_.getInt32(0), b_.getInt32(kPrefetchLocality), b_.getInt32(1)});
+  }
+  void prefetch_row(llvm::Value* unit) {
+    for (llvm::Value* line : prefetch_row_lines(unit)) prefetch(line);
+  }
+  void prefetch_all() {
+    emit_loop(
+        b_, i64(2 * kChunk), {},
+        [&](llvm::Value* unit, const std::vector<llvm::Value*>&) {
+          prefetch_row(unit);
+          return std::vector<llvm::Value*>{};
+        },
+        "prefetch");
+  }
+  // The lines to prefetch at key jj (0 .. 3) of score-loop iteration `it` of
+  // pack `pack`: rows [u0 + a, u0 + b) of the list, u0 = (pack·4 + it)·per
+  // for `per` rows per iteration.
+  std::vector<llvm::Value*> prefetch_share(int64_t pack, llvm::Value* it, int64_t jj) {
+    const int64_t iters = d_.g / pack_ * 4, per = (2 * kChunk + iters - 1) / iters;
+    const int64_t a = jj * per / 4, b = (jj + 1) * per / 4;
+    llvm::Value* u0 = b_.CreateMul(b_.CreateAdd(i64(pack * 4), it), i64(per));
+    std::vector<llvm::Value*> lines;
+    for (int64_t u = a; u < b; ++u) {
+      // Rows past the list (when 32 rows do not split evenly) repeat the last.
+      llvm::Value* unit = b_.CreateAdd(u0, i64(u));
+      if (2 * kChunk % iters != 0)
+        unit = b_.CreateSelect(b_.CreateICmpULT(unit, i64(2 * kChunk)), unit, i64(2 * kChunk - 1));
+      for (llvm::Value* line : prefetch_row_lines(unit)) lines.push_back(line);
+    }
+    return lines;
   }
 
   // 128-bit lanes (la of a, lb of a, lc of b, ld of b) of two <16 x float>.
@@ -577,7 +614,16 @@ class DecodeEmitter {
                     llvm::Value* krow =
                         b_.CreateGEP(i16t(), kp, b_.CreateMul(b_.CreateAdd(j0, i64(jj)), krs_));
                     std::vector<llvm::Value*> av(static_cast<size_t>(2 * nacc), vm_.f32(0.0f));
+                    // This key's share of the prefetches, one after every few
+                    // dot instructions: back to back they are partly lost.
+                    std::vector<llvm::Value*> pf;
+                    if (spread) pf = prefetch_share(r / pack_, it, jj);
+                    size_t pf_next = 0;
                     for (int64_t e = 0; e < nvec; ++e) {
+                      for (; pf_next <
+                             pf.size() * static_cast<size_t>(e + 1) / static_cast<size_t>(nvec);
+                           ++pf_next)
+                        prefetch(pf[pf_next]);
                       llvm::Value*& a = av[static_cast<size_t>(2 * (e % nacc))];
                       llvm::Value*& a2 = av[static_cast<size_t>(2 * (e % nacc) + 1)];
                       llvm::Value* kv;
@@ -615,7 +661,6 @@ class DecodeEmitter {
                   llvm::Value* z = shuffle_add(shuffle_add(acc[0], acc[1], 0),
                                                shuffle_add(acc[2], acc[3], 0), 1);
                   store_vf32(z, zscr_, b_.CreateMul(it, i64(kLanes)));
-                  if (spread && r == 0) prefetch_keys(j0, 4, kPrefetchK);
                   return std::vector<llvm::Value*>{};
                 },
                 "keys");
@@ -824,7 +869,6 @@ class DecodeEmitter {
           x.push_back(
               b_.CreateBitCast(b_.CreateShuffleVector(load(va, j), load(vb, j + 1), m), i32x(16)));
         }
-        if (pv_prefetch_ && u0 == 0) prefetch_keys(i64(j), 2, kPrefetchV);
         for (int64_t r = 0; r < rows; ++r) {
           // (p_j, p_j+1) as one dword, broadcast.
           llvm::Value* pp = vm_.splat(b_.CreateAlignedLoad(
@@ -858,7 +902,6 @@ class DecodeEmitter {
                                          i64((c0 + c) * kLanes))),
               al[static_cast<size_t>(r)]));
       for (int64_t j = 0; j < kChunk; ++j) {
-        if (pv_prefetch_ && c0 == 0) prefetch_keys(i64(j), 1, kPrefetchV);
         llvm::Value* vrow = key_row(vp, vrs_, j);
         std::vector<llvm::Value*> v;
         for (int64_t c = 0; c < cols; ++c)
@@ -930,7 +973,6 @@ class DecodeEmitter {
   llvm::Value *probs_ = nullptr, *alpha_ = nullptr, *c_last_ = nullptr, *qpack_ = nullptr,
               *zscr_ = nullptr;
   int64_t pack_ = 1;
-  bool pv_prefetch_ = false;
   // Softmax groups (first row, score vectors) of the head being scored (G ≤ 8).
   std::vector<std::pair<llvm::Value*, std::vector<llvm::Value*>>> pending_;
   // The chunk being emitted.
