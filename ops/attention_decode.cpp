@@ -83,14 +83,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const auto* qd = static_cast<const uint16_t*>(q.data);
   auto* od = static_cast<uint16_t*>(out.data);
   auto source = [&](const TensorView& c, int64_t b, int64_t h) {
-    attn::RowSource s;
-    s.base = static_cast<const uint16_t*>(c.data) + h * c.strides[2];
-    s.row_stride = c.strides[1];
-    s.table = table + b * block_table.strides[0];
-    s.table_stride = block_table.strides[1];
-    s.block_size = bs;
-    s.block_stride = c.strides[0];
-    return s;
+    return attn::paged_rows(c, block_table, b, h);
   };
 
   const Isa isa = runtime::active_isa();

@@ -50,6 +50,20 @@ struct RowSource {
   }
 };
 
+// Kv head h of sequence b in a paged cache [num_blocks, block_size, Hkv, D]
+// through row b of block_table (int32 [B, max_blocks], entries range-checked).
+inline RowSource paged_rows(const TensorView& cache, const TensorView& block_table, int64_t b,
+                            int64_t h) {
+  RowSource s;
+  s.base = static_cast<const uint16_t*>(cache.data) + h * cache.strides[2];
+  s.row_stride = cache.strides[1];
+  s.table = static_cast<const int32_t*>(block_table.data) + b * block_table.strides[0];
+  s.table_stride = block_table.strides[1];
+  s.block_size = cache.shape[1];
+  s.block_stride = cache.strides[0];
+  return s;
+}
+
 struct Params {
   int64_t d = 0, dv = 0;
   float scale = 1;
