@@ -474,22 +474,6 @@ class RoutingErrors : public IsaTest {
   }
 };
 
-template <class F>
-::testing::AssertionResult throws_with(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const char* p : parts)
-      if (m.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "message \"" << m << "\" lacks \"" << p << "\"";
-    return ::testing::AssertionSuccess() << m;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "not a tilejit::Error: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
-
 TEST_F(RoutingErrors, Shapes) {
   EXPECT_TRUE(throws_with(
       [&] {

@@ -709,22 +709,6 @@ TEST_F(ReferenceMoe, HandComputed) {
 // Errors: each names the argument, the value and what is allowed, and is
 // raised before anything is written.
 
-template <class F>
-::testing::AssertionResult throws_with(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const char* part : parts)
-      if (m.find(part) == std::string::npos)
-        return ::testing::AssertionFailure() << "message \"" << m << "\" lacks \"" << part << "\"";
-    return ::testing::AssertionSuccess() << m;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "not a tilejit::Error: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
-
 class FusedExpertsErrors : public IsaTest {
  protected:
   static constexpr int64_t T = 3, H = 64, I = 32, E = 4, K = 2;

@@ -437,4 +437,22 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
   return r;
 }
 
+// f() must raise tilejit::Error whose message contains every part (the
+// argument, the value, what is allowed); anything else fails with the reason.
+template <class F>
+::testing::AssertionResult throws_with(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* part : parts)
+      if (m.find(part) == std::string::npos)
+        return ::testing::AssertionFailure() << "message \"" << m << "\" lacks \"" << part << "\"";
+    return ::testing::AssertionSuccess() << m;
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "not a tilejit::Error: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
 }  // namespace tilejit::test
