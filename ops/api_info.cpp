@@ -109,6 +109,7 @@ CpuInfo cpu_info() {
   c.amx_bf16 = f.amx_bf16;
   c.amx_int8 = f.amx_int8;
   c.amx_permitted = f.amx_permitted;
+  c.amx_emulated = f.amx_emulated;
   c.avx2 = f.avx2;
   c.fma = f.fma;
 #ifdef TILEJIT_HAVE_LLVM

@@ -5,7 +5,12 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "tilejit/error.h"
 
 namespace tilejit::runtime {
 namespace {
@@ -39,6 +44,37 @@ bool amx_granted_now() {
   uint64_t mask = 0;
   if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) != 0) return false;
   return (mask >> kXfeatureXtiledata) & 1u;
+}
+
+// Set once, from a static constructor of the binary, before anything runs.
+AmxEmulatorInstaller g_amx_emulator = nullptr;
+
+bool request_permission_once() {
+  // Function-local static: the request runs once even if many threads race here.
+  static const bool granted = [] {
+    if (amx_granted_now()) return true;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    return amx_granted_now();
+  }();
+  return granted;
+}
+
+// Whether AMX is to be emulated, and the emulator is in place.
+bool use_amx_emulator(const CpuFeatures& f) {
+  const AmxEmulation choice = amx_emulation_choice();
+  if (choice == AmxEmulation::off) return false;
+  // auto: only where the CPU (CPUID) or the OS (XCR0) lacks AMX. Not decided
+  // by requesting the permission: that would grant it to the whole process.
+  const bool native = f.amx_tile && f.amx_bf16 && f.os_amx_xcr0;
+  if (choice == AmxEmulation::automatic && native) return false;
+  if (g_amx_emulator == nullptr) {
+    std::fprintf(stderr,
+                 "tilejit: TILEJIT_AMX_EMULATE=%s ignored: no AMX emulator is linked into this "
+                 "binary (tests/support/amx_emulator)\n",
+                 choice == AmxEmulation::on ? "1" : "auto");
+    return false;
+  }
+  return g_amx_emulator();
 }
 
 CpuFeatures detect() {
@@ -77,20 +113,29 @@ CpuFeatures detect() {
     Regs l71 = cpuid(7, 1);
     f.avx512_bf16 = bit(l71.eax, 5) && f.os_avx512;
   }
-  if (f.amx_tile && f.os_amx_xcr0) f.amx_permitted = request_amx_permission();
+  f.amx_emulated = use_amx_emulator(f);
+  if (!f.amx_emulated && f.amx_tile && f.os_amx_xcr0) f.amx_permitted = request_permission_once();
   return f;
 }
 
 }  // namespace
 
+AmxEmulation amx_emulation_choice() {
+  const char* env = std::getenv("TILEJIT_AMX_EMULATE");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "0") == 0) return AmxEmulation::off;
+  if (std::strcmp(env, "1") == 0) return AmxEmulation::on;
+  if (std::strcmp(env, "auto") == 0) return AmxEmulation::automatic;
+  throw Error(std::string("TILEJIT_AMX_EMULATE='") + env +
+              "' is not an emulation mode; allowed: 0, 1, auto");
+}
+
+void register_amx_emulator(AmxEmulatorInstaller install) {
+  g_amx_emulator = install;
+}
+
 bool request_amx_permission() {
-  // Function-local static: the request runs once even if many threads race here.
-  static const bool granted = [] {
-    if (amx_granted_now()) return true;
-    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
-    return amx_granted_now();
-  }();
-  return granted;
+  if (cpu_features().amx_emulated) return false;
+  return request_permission_once();
 }
 
 std::string cpu_signature() {

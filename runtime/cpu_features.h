@@ -14,6 +14,10 @@ struct CpuFeatures {
   bool os_avx512 = false;      // XCR0 enables opmask + ZMM state
   bool os_amx_xcr0 = false;    // XCR0 enables XTILECFG + XTILEDATA
   bool amx_permitted = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM) granted
+  // AMX instructions run under the test-support emulator (TILEJIT_AMX_EMULATE,
+  // see register_amx_emulator): the AMX path is usable, the permission is not
+  // requested (so that on an AMX CPU the instructions trap).
+  bool amx_emulated = false;
 };
 
 // Detected once (thread-safe); the AMX permission is requested at most once.
@@ -23,8 +27,22 @@ const CpuFeatures& cpu_features();
 // feature bits the emitters depend on, e.g. "AuthenticAMD-25-17-1-f1bw1vl1bf161fp160amx000".
 std::string cpu_signature();
 
+// TILEJIT_AMX_EMULATE: 0 or unset (off), 1 (emulate), auto (emulate where
+// the CPU/OS cannot run AMX natively). Any other value throws tilejit::Error.
+enum class AmxEmulation { off, on, automatic };
+AmxEmulation amx_emulation_choice();
+
+// Test support: an AMX emulator linked into the binary (tests/support/
+// amx_emulator.cpp, never part of the library) registers its installer from
+// a static constructor. cpu_features() calls it once when TILEJIT_AMX_EMULATE
+// asks for emulation; it returns whether the emulator is in place.
+using AmxEmulatorInstaller = bool (*)();
+void register_amx_emulator(AmxEmulatorInstaller install);
+
 // Requests XTILEDATA permission for the process. Idempotent and thread-safe;
-// returns whether tile instructions may be executed.
+// returns whether tile instructions may be executed. Under emulation it
+// returns false without asking: a granted permission would make every tile
+// instruction run natively, bypassing the emulator for the whole process.
 bool request_amx_permission();
 
 }  // namespace tilejit::runtime

@@ -34,7 +34,9 @@ Isa max_supported_isa() {
   const CpuFeatures& f = cpu_features();
   // The AVX-512 path needs vdpbf16ps (AVX512-BF16) plus BW/VL for masked 16-bit stores.
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
-  if (avx512 && f.amx_tile && f.amx_bf16 && f.amx_permitted) return Isa::amx;
+  // Emulated AMX (TILEJIT_AMX_EMULATE) counts as present, on any CPU.
+  const bool amx = (f.amx_tile && f.amx_bf16 && f.amx_permitted) || f.amx_emulated;
+  if (avx512 && amx) return Isa::amx;
   if (avx512) return Isa::avx512;
 #ifdef TILEJIT_HAVE_LLVM
   // The LLVM kernels are portable vector code; below AVX2 + FMA they would be

@@ -16,8 +16,14 @@ int run_cpuinfo() {
   fmt::print("avx512_fp16     {}\n", yes(c.avx512_fp16));
   fmt::print("amx tile/bf16/int8 {}/{}/{}\n", yes(c.amx_tile), yes(c.amx_bf16), yes(c.amx_int8));
   fmt::print("amx permitted   {}\n", yes(c.amx_permitted));
-  fmt::print("best path       {}\n", isa_name(c.max_isa));
-  fmt::print("active path     {} (TILEJIT_ISA caps it)\n", isa_name(c.isa));
+  if (c.amx_emulated) fmt::print("amx emulated    yes (TILEJIT_AMX_EMULATE)\n");
+  // Under emulation the AMX path runs, but not on tile hardware: say so
+  // wherever the path is named.
+  auto path = [&](Isa isa) {
+    return std::string(isa_name(isa)) + (isa == Isa::amx && c.amx_emulated ? " (emulated)" : "");
+  };
+  fmt::print("best path       {}\n", path(c.max_isa));
+  fmt::print("active path     {} (TILEJIT_ISA caps it)\n", path(c.isa));
   fmt::print("threads         {} (TILEJIT_NUM_THREADS overrides)\n", c.num_threads);
   const std::string dir = cache_stats().disk_dir;
   fmt::print("kernel cache    {} (TILEJIT_CACHE_DIR overrides, empty = off)\n",

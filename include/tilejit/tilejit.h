@@ -305,6 +305,7 @@ struct CpuInfo {
   bool avx512_bf16 = false, avx512_fp16 = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool amx_permitted = false;  // the OS granted XTILEDATA (arch_prctl)
+  bool amx_emulated = false;   // AMX runs under the tests' emulator (TILEJIT_AMX_EMULATE)
   Isa max_isa = Isa::scalar;   // best path the CPU and OS allow
   bool avx2 = false, fma = false;
   bool llvm_backend = false;  // built with the LLVM ORC backend
