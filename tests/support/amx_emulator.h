@@ -15,8 +15,14 @@
 // binary only registers the installer with the runtime; nothing changes
 // unless the variable asks for it. It is never part of libtilejit.
 //
-// What traps on an AMX CPU without the permission (measured on a Sapphire
-// Rapids class Xeon, Linux 6.18, by amx_emulator_test's Hardware* tests):
+// Semantics: the SDM's, where the hardware agrees; where it does not, the
+// hardware's (amx_emulator_test compares bit for bit on an AMX CPU): NaN
+// selection (the SDM is silent) and TDPFP16PS's accumulation order (see
+// amx_emulator_execute.cpp).
+//
+// What traps on an AMX CPU without the permission (measured on an Intel Xeon
+// with AMX-BF16/INT8/FP16, Linux 6.18; experiments behind the comment, the
+// AmxLoadStore.* and AmxFaults.* tests check the consequences):
 // Linux arms XFD for XTILEDATA, so every instruction that touches tile data
 // (TILEZERO, TILELOADD(T1), TILESTORED, TDP*) raises #NM, delivered as
 // SIGILL at the instruction (ILL_ILLOPC the first time; later ones arrive

@@ -83,6 +83,37 @@ __attribute__((target("avx512f,avx512bw"), no_sanitize("address"))) void write_g
 // restored afterwards, so the program's MXCSR is neither used nor changed.
 constexpr unsigned kMxcsrDazFtzRne = 0x9FC0;
 
+// NaNs: the SDM does not say which NaN a dot product returns; measured on
+// hardware (amx_emulator_test, AmxDot.*Special*): in a multiply-add the first
+// NaN among the multiplicands a, b, then the accumulator, quieted; in an
+// addition (even + odd, then dst + that) the first NaN among the operands;
+// an invalid operation (inf * 0, inf - inf) gives the default NaN FFC00000.
+// An x86 FMA picks by operand position, and the compiler chooses among the
+// 132/213/231 forms, so the NaN lanes are fixed up explicitly.
+__attribute__((target("avx512f"))) inline __m512 quieted(__m512 x) {
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x00400000)));
+}
+
+__attribute__((target("avx512f"))) inline __mmask16 nan_lanes(__m512 x) {
+  return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+}
+
+__attribute__((target("avx512f"))) inline __m512 amx_fma(__m512 a, __m512 b, __m512 acc) {
+  __m512 r = _mm512_fmadd_ps(a, b, acc);
+  if (nan_lanes(r) == 0) return r;
+  r = _mm512_mask_mov_ps(r, nan_lanes(acc), quieted(acc));
+  r = _mm512_mask_mov_ps(r, nan_lanes(b), quieted(b));
+  return _mm512_mask_mov_ps(r, nan_lanes(a), quieted(a));
+}
+
+__attribute__((target("avx512f"))) inline __m512 amx_add(__m512 x, __m512 y) {
+  __m512 r = _mm512_add_ps(x, y);
+  if (nan_lanes(r) == 0) return r;
+  r = _mm512_mask_mov_ps(r, nan_lanes(y), quieted(y));
+  return _mm512_mask_mov_ps(r, nan_lanes(x), quieted(x));
+}
+
 // SDM TDPBF16PS: per row m, the even and the odd bf16 products accumulate in
 // two separate fp32 temporaries over k (lane n of `even` is temp1[2n], of
 // `odd` temp1[2n+1]), then dst[m][n] += (temp1[2n] + temp1[2n+1]).
@@ -101,11 +132,11 @@ __attribute__((target("avx512f,avx512bw"), noinline)) void bf16_rows(float c[kMa
       const __m512 a_odd =
           _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(pair & 0xFFFF0000u)));
       const __m512i bk = _mm512_loadu_si512(b[k]);
-      even = _mm512_fmadd_ps(a_even, _mm512_castsi512_ps(_mm512_slli_epi32(bk, 16)), even);
-      odd = _mm512_fmadd_ps(a_odd, _mm512_castsi512_ps(_mm512_and_si512(bk, hi_half)), odd);
+      even = amx_fma(a_even, _mm512_castsi512_ps(_mm512_slli_epi32(bk, 16)), even);
+      odd = amx_fma(a_odd, _mm512_castsi512_ps(_mm512_and_si512(bk, hi_half)), odd);
     }
-    const __m512 pairs = _mm512_add_ps(even, odd);
-    _mm512_storeu_ps(c[m], _mm512_add_ps(_mm512_loadu_ps(c[m]), pairs));
+    const __m512 pairs = amx_add(even, odd);
+    _mm512_storeu_ps(c[m], amx_add(_mm512_loadu_ps(c[m]), pairs));
   }
 }
 
@@ -121,8 +152,10 @@ __attribute__((target("avx512f,avx512bw"), noinline)) void fp16_tile_to_f32(floa
   }
 }
 
-// SDM TDPFP16PS: one fp32 accumulator per output, seeded with dst; per k the
-// even product is added, then the odd one.
+// TDPFP16PS as the hardware does it (amx_emulator_test compares): not the
+// SDM pseudo-code's single accumulator seeded with dst, but TDPBF16PS's
+// scheme: even and odd products in separate temporaries from zero, then
+// dst += (even + odd).
 __attribute__((target("avx512f,avx512bw"), noinline)) void fp16_rows(float c[kMaxRows][16],
                                                                      const float (*a)[32],
                                                                      const float (*b)[32],
@@ -132,15 +165,14 @@ __attribute__((target("avx512f,avx512bw"), noinline)) void fp16_rows(float c[kMa
   const __m512i odd_idx =
       _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (int m = 0; m < m_rows; ++m) {
-    __m512 acc = _mm512_loadu_ps(c[m]);
+    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
     for (int k = 0; k < k_pairs; ++k) {
       const __m512 lo = _mm512_loadu_ps(b[k]), hi = _mm512_loadu_ps(b[k] + 16);
-      const __m512 b_even = _mm512_permutex2var_ps(lo, even_idx, hi);
-      const __m512 b_odd = _mm512_permutex2var_ps(lo, odd_idx, hi);
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(a[m][2 * k]), b_even, acc);
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(a[m][2 * k + 1]), b_odd, acc);
+      even = amx_fma(_mm512_set1_ps(a[m][2 * k]), _mm512_permutex2var_ps(lo, even_idx, hi), even);
+      odd = amx_fma(_mm512_set1_ps(a[m][2 * k + 1]), _mm512_permutex2var_ps(lo, odd_idx, hi), odd);
     }
-    _mm512_storeu_ps(c[m], acc);
+    const __m512 pairs = amx_add(even, odd);
+    _mm512_storeu_ps(c[m], amx_add(_mm512_loadu_ps(c[m]), pairs));
   }
 }
 
