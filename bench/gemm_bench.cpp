@@ -200,6 +200,36 @@ void BM_Peak(benchmark::State& state, Isa isa) {
   state.counters["pct_peak"] = pct_of_peak(flops / t.wall() * 1e-9, threads);
 }
 
+// The 2×2 AMX kernel that reloads its four operand tiles every K step, from a
+// footprint of `steps` × 4 KiB (1: L1; 64: 256 KiB, L2): the ceiling of a
+// streaming micro-kernel, next to the register-only peak above.
+void BM_AmxReloadCeiling(benchmark::State& state) {
+  if (!isa_usable(Isa::amx)) {
+    state.SkipWithError("AMX not available (cpu_info().max_isa != amx)");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const int64_t steps = state.range(0);
+  static tilejit::runtime::ExecutableMemory mem = [] {
+    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_amx_reload_probe();
+    return tilejit::runtime::ExecutableMemory(code.data(), code.size());
+  }();
+  Buffer ops(size_t(steps) * 4096);
+  fill_random_bf16(ops.u16(), size_t(steps) * 2048, 3);
+  auto fn =
+      reinterpret_cast<void (*)(int64_t, const void*, int64_t)>(const_cast<void*>(mem.data()));
+  const int64_t iters = std::max<int64_t>(1, 2000000 / steps);
+  fn(iters / 10 + 1, ops.mem.get(), steps);
+  const Meter t(1);
+  for (auto _ : state) fn(iters, ops.mem.get(), steps);
+  const double flops = 4.0 * 16 * 16 * 32 * 2 * double(iters * steps) * double(state.iterations());
+  state.counters["GFLOPs"] = benchmark::Counter(flops / double(state.iterations()) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs_cpu"] = flops / t.cpu() * 1e-9;
+  state.counters["pct_peak"] = pct_of_peak(flops / t.wall() * 1e-9, 1);
+}
+
 // ---------------------------------------------------------------- DRAM
 
 constexpr size_t kDramBufferBytes = 2 * kGiB;
@@ -761,8 +791,16 @@ void BM_BrgemmMicrokernel(benchmark::State& state) {
   args.ldc = 64 * 2;
   args.a_tail = a_tail;
   fn(&args);
+  // range(2): distinct A blocks walked call after call, as a driver's M loop does.
+  const int64_t a_blocks = state.range(2);
+  std::vector<const void*> a_ptrs;
+  for (int64_t i = 0; i < a_blocks; ++i)
+    a_ptrs.push_back(activations().u16() + i * tilejit::codegen::PackedA{k}.block_bytes() / 2);
   const Meter t(1);
+  int64_t i = 0;
   for (auto _ : state) {
+    a_ptr = a_ptrs[i];
+    i = i + 1 == a_blocks ? 0 : i + 1;
     fn(&args);
     benchmark::ClobberMemory();
   }
@@ -850,6 +888,12 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+  for (int steps : {1, 8, 64, 256})
+    RegisterBenchmark("BM_AmxReloadCeiling", BM_AmxReloadCeiling)
+        ->Arg(steps)
+        ->ArgName("steps")
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   for (int huge : {1, 0})
     for (int t : {1, 2})
       RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
@@ -942,11 +986,18 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
 
+  // The AMX kernel walking 8 A blocks of a K chunk, as the driver does.
+  for (int64_t k : {1024, 2048, 4096})
+    for (int64_t blocks : {1, 8})
+      RegisterBenchmark("BM_BrgemmMicrokernel", BM_BrgemmMicrokernel)
+          ->Args({32, k, blocks})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
   // Micro-kernel efficiency by row count (single thread, B panel warm).
   for (int64_t k : {4096, 11008})
-    for (int mr : {1, 2, 4, 5, 6, 7})
+    for (int mr : {1, 2, 4, 5, 6, 7, 16, 32})
       RegisterBenchmark("BM_BrgemmMicrokernel", BM_BrgemmMicrokernel)
-          ->Args({mr, k})
+          ->Args({mr, k, 1})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
 }

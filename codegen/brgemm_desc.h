@@ -72,13 +72,17 @@ struct BrgemmDesc {
   bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
   Glu glu = Glu::none;
   float glu_alpha = 0, glu_limit = 0;  // clamped_swiglu only (0 otherwise)
+  // AMX only: A_i is in the tile layout of PackedA (packed_layout.h) instead
+  // of row-major: every tile load is 1 KiB contiguous and K is zero-padded to
+  // 32, so lda and a_tail are unused and any kb works with any batch.
+  bool a_packed = false;
 
   // Columns of the B block the kernel computes: 64 for a GLU, else nr.
   int computed_cols() const { return glu != Glu::none ? 64 : nr; }
 
   auto fields() const {
     return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate, glu, glu_alpha,
-                    glu_limit);
+                    glu_limit, a_packed);
   }
   bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
 

@@ -38,7 +38,7 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
     case Isa::amx:
       // Two row tiles: every B tile loaded feeds two tdpbf16ps.
       p.mr = 32;
-      p.k_tail = spec.k % 32;
+      p.a_packed = true;
       break;
     case Isa::llvm:  // same register blocking; LLVM allocates the registers
     case Isa::avx512: {
@@ -54,6 +54,30 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
       break;
   }
   return p;
+}
+
+Isa gemm_isa_for_rows(Isa path, int64_t m) {
+  constexpr int64_t kAmxMinRows = 3;
+  return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
+}
+
+std::vector<GemmPlan::Variant> GemmPlan::variants_for(int64_t m) const {
+  std::vector<Variant> out;
+  std::vector<int> col_variants;
+  if (spec.n >= nb) col_variants.push_back(nb);
+  if (n_tail != 0) col_variants.push_back(n_tail);
+  std::vector<int> row_variants;
+  if (m >= mr) row_variants.push_back(mr);
+  if (m % mr != 0) row_variants.push_back(static_cast<int>(m % mr));
+  std::vector<Chunk> chunks = {Chunk::whole};
+  if (k_chunks_for(m) > 1) {
+    chunks = {Chunk::first, Chunk::last};
+    if (k_chunks > 2) chunks.push_back(Chunk::middle);
+  }
+  for (int rows : row_variants)
+    for (int cols : col_variants)
+      for (Chunk c : chunks) out.push_back({rows, cols, c});
+  return out;
 }
 
 int64_t GemmPlan::chunk_k(Chunk c) const {
@@ -81,6 +105,7 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   d.act = epilogue ? spec.act : Activation::none;
   d.out = epilogue ? spec.out : DType::f32;
   d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
+  d.a_packed = a_packed;
   if (spec.glu != Glu::none) {
     // Partial chunks carry all 64 pre-activation columns; the last one pairs them.
     if (epilogue) {
@@ -121,12 +146,14 @@ std::string GemmPlan::str() const {
                    k_chunks > 1 ? fmt::format(" x {} chunks, partial sums in a scratch", k_chunks)
                                 : " (whole K per call)",
                    isa == Isa::amx ? "tiles" : "zmm registers");
-  s += fmt::format("  tails        M: {}..{} rows by kernel variant; N: {}; K: {}\n", 1, mr - 1,
-                   n_tail ? fmt::format("{} columns, masked stores", n_tail) : "none",
-                   isa == Isa::amx ? (k_tail ? fmt::format("{} (padded A copy)", k_tail) : "none")
-                                   : (spec.k % 2 ? "odd k (zero-extended A)" : "none"));
+  s += fmt::format(
+      "  tails        M: {}..{} rows by kernel variant; N: {}; K: {}\n", 1, mr - 1,
+      n_tail ? fmt::format("{} columns, masked stores", n_tail) : "none",
+      a_packed ? (spec.k % 32 ? fmt::format("{} (zero-padded packed A)", spec.k % 32) : "none")
+               : (spec.k % 2 ? "odd k (zero-extended A)" : "none"));
   s += fmt::format("  epilogue     bias={} act={} out={}\n", bias_kind_name(spec.bias),
                    activation_name(spec.act), dtype_name(spec.out));
+  if (a_packed) s += "  activations  repacked per call into 32-row AMX tile blocks (PackedA)\n";
   s += fmt::format("  weights      packed {}", "bf16_vnni2_n64k32");
   return s;
 }
@@ -156,14 +183,15 @@ const char* glu_name(Glu g) {
 }
 
 std::string BrgemmDesc::key() const {
-  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}{}",
+  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}{}{}",
                      isa_name(isa), mr, nr, kb, b_row_bytes, bias_kind_name(bias),
                      activation_name(act), dtype_name(out), accumulate ? 1 : 0,
-                     glu_suffix(glu, act, glu_alpha, glu_limit, true));
+                     glu_suffix(glu, act, glu_alpha, glu_limit, true), a_packed ? ";apack=1" : "");
 }
 
 std::string BrgemmDesc::name() const {
   std::string s = fmt::format("brgemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nr, kb);
+  if (a_packed) s += "_apack";
   if (accumulate) s += "_accin";
   if (bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(bias));
   if (glu != Glu::none)

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/packed_layout.h"
@@ -29,19 +30,32 @@ struct GemmSpec {
 struct GemmPlan {
   GemmSpec spec;
   Isa isa = Isa::scalar;
-  int mr = 1;          // rows per micro-kernel call (main block); M tails use 1..mr-1
-  int nb = 64;         // output columns per micro-kernel call (the packed block; 32 with a GLU)
-  int n_tail = 0;      // N % nb (0: none)
-  int64_t k_tail = 0;  // K % 32 handled by the AMX kernel's padded A copy (0: none)
+  int mr = 1;      // rows per micro-kernel call (main block); M tails use 1..mr-1
+  int nb = 64;     // output columns per micro-kernel call (the packed block; 32 with a GLU)
+  int n_tail = 0;  // N % nb (0: none)
   // K chunking: when a 64-column B panel of the whole K would not stay in L2,
   // K is cut into chunks of kc (a multiple of 32) whose fp32 partial sums are
   // carried in a scratch; the last chunk applies the epilogue.
   int64_t kc = 0;
   int64_t k_chunks = 1;
+  // AMX: the drivers repack A into the PackedA tile layout once per call and
+  // the micro-kernels read it from there (K tails are its zero padding).
+  bool a_packed = false;
 
   // Which part of a K-chunked reduction a micro-kernel computes.
   enum class Chunk { whole, first, middle, last };
   int64_t chunk_k(Chunk c) const;
+  // K chunks run for a GEMM (or a driver job) of `rows` rows: they pay off
+  // only when the B chunk is reused by more than one row block.
+  int64_t k_chunks_for(int64_t rows) const { return rows > mr ? k_chunks : 1; }
+  // Every micro-kernel variant a GEMM of `m` rows runs with this plan
+  // (distinct; ukernel(rows, cols, chunk) gives each one's descriptor).
+  struct Variant {
+    int rows, cols;
+    Chunk chunk;
+    bool operator==(const Variant&) const = default;
+  };
+  std::vector<Variant> variants_for(int64_t m) const;
 
   // Micro-kernel for a block of `rows` × `cols`.
   BrgemmDesc ukernel(int rows, int cols, Chunk chunk = Chunk::whole) const;
@@ -54,5 +68,10 @@ struct GemmPlan {
 };
 
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa);
+
+// The path a GEMM of `m` rows runs on when `path` is the active one. At m ≤ 2
+// the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:
+// docs/gemm-performance.md), so such GEMMs take the AVX-512 plan.
+Isa gemm_isa_for_rows(Isa path, int64_t m);
 
 }  // namespace tilejit::codegen

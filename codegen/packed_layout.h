@@ -33,4 +33,30 @@ struct PackedLayout {
   }
 };
 
+// The AMX tile layout of an activation (A) operand, packed per call by the
+// GEMM drivers so that the AMX kernel's tile loads are contiguous 1 KiB reads:
+//
+//   packed[mb][ks][r][c] = a[mb*32 + r][ks*32 + c]     (zero past K)
+//
+// mb: block of 32 rows; ks: K step of 32; one K step of a block is 2 KiB (two
+// 16-row tiles of 64-byte rows). Row-major A with a large row stride puts the
+// 16 rows of one tile load in 16 pages and in the same L1 set (K = 4096: an
+// 8 KiB stride), so every A tile came from L2 with a TLB walk per row.
+struct PackedA {
+  static constexpr int64_t kBlockRows = 32;
+  static constexpr int64_t kStepBytes = kBlockRows * 64;  // one K step of a block
+
+  int64_t k = 0;
+
+  int64_t k_steps() const { return (k + 31) / 32; }
+  int64_t block_bytes() const { return k_steps() * kStepBytes; }
+  // Bytes of the packed copy of `rows` rows.
+  int64_t bytes(int64_t rows) const { return (rows + kBlockRows - 1) / kBlockRows * block_bytes(); }
+  // Byte offset of a[row, col].
+  int64_t offset(int64_t row, int64_t col) const {
+    return row / kBlockRows * block_bytes() + col / 32 * kStepBytes + row % kBlockRows * 64 +
+           col % 32 * 2;
+  }
+};
+
 }  // namespace tilejit::codegen

@@ -164,7 +164,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   check_gemm_args(x, w, y, opt);
   const int64_t M = x.shape[0], N = w.n(), K = w.k();
   if (M == 0) return;
-  const Isa isa = runtime::active_isa();
+  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
   if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
 
   const codegen::GemmSpec spec{N, K, bias_kind(opt), opt.act, y.dtype};
@@ -187,7 +187,14 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
 
   const auto* xb = static_cast<const uint8_t*>(x.data);
   auto* yb = static_cast<uint8_t*>(y.data);
-  const int64_t lda = x.strides[0] * 2;
+  int64_t lda = x.strides[0] * 2;
+  if (plan.a_packed) {
+    // Once per call, shared by every column block's tasks.
+    uint8_t* pa = ops::packed_a_scratch(0, codegen::PackedA{K}.bytes(M));
+    ops::pack_a(xb, lda, M, K, pa);
+    xb = pa;
+    lda = 0;
+  }
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
   const int64_t ldc = y.strides[0] * y_elem;
   const auto* bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
@@ -195,11 +202,11 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
   const int64_t block_bytes = p.layout.block_elems() * 2;
 
-  runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
+  auto job_at = [&](int64_t t) {
     const int64_t nbi = t % n_blocks, mc = t / n_blocks;
     const int64_t m0 = mc * chunk_blocks * mr;
     ops::RowBlockJob job;
-    job.a = xb + m0 * lda;
+    job.a = plan.a_packed ? xb + codegen::PackedA{K}.offset(m0, 0) : xb + m0 * lda;
     job.lda = lda;
     job.rows = std::min(M, (mc + 1) * chunk_blocks * mr) - m0;
     job.b_block = packed + nbi * block_bytes;
@@ -207,8 +214,27 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
     job.ldc = ldc;
     job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
     job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-    ops::run_row_block(exe, job);
-  });
+    return job;
+  };
+  if (plan.k_chunks_for(M) > 1) {
+    // K chunk by K chunk over every task: consecutive tasks share a row chunk,
+    // so its K chunk of A stays in L2 while the column blocks stream by; the
+    // fp32 partial sums of the whole [M, N] wait in a scratch between passes.
+    const int64_t ld_part = n_blocks * nb * 4;
+    auto* part = reinterpret_cast<float*>(ops::packed_a_scratch(1, M * ld_part));
+    for (int64_t kci = 0; kci < plan.k_chunks; ++kci)
+      runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
+        ops::RowBlockJob job = job_at(t);
+        job.only_chunk = kci;
+        job.partial =
+            part + (t / n_blocks) * chunk_blocks * mr * (ld_part / 4) + (t % n_blocks) * nb;
+        job.ld_partial = ld_part;
+        ops::run_row_block(exe, job);
+      });
+    return;
+  }
+  runtime::parallel_for(n_blocks * m_chunks,
+                        [&](int64_t t) { ops::run_row_block(exe, job_at(t)); });
 }
 
 }  // namespace tilejit

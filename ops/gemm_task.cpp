@@ -6,6 +6,8 @@
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/packed_layout.h"
+#include "runtime/aligned_buffer.h"
+#include "runtime/thread_pool.h"
 
 namespace tilejit::ops {
 
@@ -14,17 +16,23 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
   const codegen::GemmPlan& plan = exe.plan();
   const int mr = plan.mr;
   const int64_t m_blocks = (job.rows + mr - 1) / mr;
-  // K chunks pay off only when the B chunk is reused by several M blocks.
-  const int64_t k_chunks = m_blocks > 1 ? plan.k_chunks : 1;
+  const bool one_chunk = job.only_chunk >= 0;
+  const int64_t k_chunks = one_chunk ? plan.k_chunks : plan.k_chunks_for(job.rows);
   // Partial sums keep every computed column of the block (64, also for a GLU,
   // which pairs them only in the last chunk).
   constexpr int64_t kCols = codegen::PackedLayout::kBlockN;
-  thread_local std::vector<float> partial;
-  if (k_chunks > 1) partial.resize(static_cast<size_t>(m_blocks * mr * kCols));
-  const int64_t k = plan.spec.k;
-  const int64_t k_full = k / 32 * 32;
-  alignas(64) uint16_t a_tail[32 * 32];
-  for (int64_t kci = 0; kci < k_chunks; ++kci) {
+  thread_local std::vector<float> own_partial;
+  float* partial = job.partial;
+  int64_t ld_partial = job.ld_partial;
+  if (k_chunks > 1 && !one_chunk) {
+    own_partial.resize(static_cast<size_t>(m_blocks * mr * kCols));
+    partial = own_partial.data();
+    ld_partial = kCols * 4;
+  }
+  const codegen::PackedA pa{plan.spec.k};
+  const int64_t kc0 = one_chunk ? job.only_chunk : 0;
+  const int64_t kc1 = one_chunk ? job.only_chunk + 1 : k_chunks;
+  for (int64_t kci = kc0; kci < kc1; ++kci) {
     const Chunk chunk = k_chunks == 1         ? Chunk::whole
                         : kci == 0            ? Chunk::first
                         : kci == k_chunks - 1 ? Chunk::last
@@ -34,29 +42,64 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
     for (int64_t mb = 0; mb < m_blocks; ++mb) {
       const int64_t m0 = mb * mr;
       const int rows = static_cast<int>(std::min<int64_t>(mr, job.rows - m0));
-      const void* a_ptr = job.a + m0 * job.lda + kci * plan.kc * 2;
-      float* part = k_chunks > 1 ? partial.data() + m0 * kCols : nullptr;
+      const void* a_ptr = plan.a_packed ? job.a + pa.offset(m0, kci * plan.kc)
+                                        : job.a + m0 * job.lda + kci * plan.kc * 2;
+      float* part =
+          k_chunks > 1
+              ? reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(partial) + m0 * ld_partial)
+              : nullptr;
       codegen::BrgemmArgs args{};
       args.a = &a_ptr;
       args.b = &b_ptr;
       args.batch = 1;
       args.lda = job.lda;
       args.c = epilogue ? static_cast<void*>(job.c + m0 * job.ldc) : part;
-      args.ldc = epilogue ? job.ldc : kCols * 4;
+      args.ldc = epilogue ? job.ldc : ld_partial;
       args.bias = job.bias;
       args.acc_in = part;
-      args.ld_acc_in = kCols * 4;
-      if (plan.k_tail != 0 && epilogue) {
-        // AMX K tail: a zero-padded copy of the last (K % 32) columns, so
-        // tile loads never read past a row of A.
-        std::memset(a_tail, 0, sizeof a_tail);
-        for (int r = 0; r < rows; ++r)
-          std::memcpy(a_tail + r * 32, job.a + (m0 + r) * job.lda + k_full * 2, plan.k_tail * 2);
-        args.a_tail = a_tail;
-      }
+      args.ld_acc_in = ld_partial;
       exe.kernel(rows, job.n_tail, chunk).entry<codegen::BrgemmFn>()(&args);
     }
   }
+}
+
+void pack_a_rows(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst) {
+  const codegen::PackedA pa{k};
+  const int64_t full = k / 32, tail = k % 32;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = a + r * lda;
+    uint8_t* d = dst + pa.offset(r, 0);
+    for (int64_t s = 0; s < full; ++s)
+      std::memcpy(d + s * codegen::PackedA::kStepBytes, src + s * 64, 64);
+    if (tail != 0) {
+      uint8_t* dt = d + full * codegen::PackedA::kStepBytes;
+      std::memcpy(dt, src + full * 64, tail * 2);
+      std::memset(dt + tail * 2, 0, 64 - tail * 2);
+    }
+  }
+}
+
+void pack_a(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst) {
+  constexpr int64_t kRows = codegen::PackedA::kBlockRows;
+  const codegen::PackedA pa{k};
+  runtime::parallel_for((rows + kRows - 1) / kRows, [&](int64_t mb) {
+    const int64_t r0 = mb * kRows;
+    pack_a_rows(a + r0 * lda, lda, std::min(kRows, rows - r0), k, dst + pa.offset(r0, 0));
+  });
+}
+
+uint8_t* packed_a_scratch(int slot, int64_t bytes) {
+  struct Scratch {
+    std::unique_ptr<std::byte[], runtime::FreeDeleter> mem;
+    int64_t bytes = 0;
+  };
+  thread_local Scratch s[4];
+  Scratch& b = s[slot];
+  if (b.bytes < bytes) {
+    b.mem = runtime::aligned_alloc_bytes(static_cast<size_t>(bytes));
+    b.bytes = bytes;
+  }
+  return reinterpret_cast<uint8_t*>(b.mem.get());
 }
 
 }  // namespace tilejit::ops

@@ -12,16 +12,38 @@
 namespace tilejit::ops {
 
 struct RowBlockJob {
-  const uint8_t* a = nullptr;  // A[0, 0] of the run (bf16)
-  int64_t lda = 0;             // bytes between A rows
+  // A[0, 0] of the run (bf16): row-major with lda, or, when plan.a_packed, the
+  // PackedA block holding the run's first row (the run starts a 32-row block).
+  const uint8_t* a = nullptr;
+  int64_t lda = 0;  // bytes between A rows (row-major A only)
   int64_t rows = 0;
   const uint8_t* b_block = nullptr;  // the packed B block of this column block
   uint8_t* c = nullptr;              // C[0, first column of the block]
   int64_t ldc = 0;                   // bytes between C rows
   const void* bias = nullptr;        // bias of this column block, or null
   bool n_tail = false;               // the block is the plan's N tail
+  // K chunks: by default the job runs every chunk of the plan in turn with
+  // its partial sums in a thread-local scratch. A driver that runs the chunks
+  // as separate passes over many jobs (so one K chunk of A stays in L2 while
+  // the column blocks stream by) sets `only_chunk` and gives each job its own
+  // fp32 partial sums [rows][64] with `ld_partial` bytes between rows.
+  int64_t only_chunk = -1;
+  float* partial = nullptr;
+  int64_t ld_partial = 0;
 };
 
 void run_row_block(GemmExecutable& exe, const RowBlockJob& job);
+
+// Copies rows [0, rows) of row-major bf16 A (k columns, lda bytes between rows)
+// into the PackedA tile layout at dst (PackedA{k}.bytes(rows) bytes, 64-byte
+// aligned), zero past column k. Splits the rows over the thread pool.
+void pack_a(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst);
+// The same on the calling thread only (for callers that split work themselves).
+void pack_a_rows(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst);
+
+// A grown-on-demand, 64-byte aligned scratch for a packed A, one per thread
+// and per purpose (`slot` 0..3: gemm's A, gemm's partial sums, fused_experts'
+// A and act), so concurrent callers on their own threads never share one.
+uint8_t* packed_a_scratch(int slot, int64_t bytes);
 
 }  // namespace tilejit::ops

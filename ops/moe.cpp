@@ -258,7 +258,36 @@ struct Group {
   const float* b2 = nullptr;   // [H]
   ops::GemmExecutable* up = nullptr;
   ops::GemmExecutable* down = nullptr;
+  // AMX (plan.a_packed): the group's A rows and act rows repacked into the
+  // PackedA tile layout, once per call, before the tasks that read them.
+  const uint8_t* a_packed = nullptr;
+  const uint8_t* act_packed = nullptr;
 };
+
+// The K of a group's gate/up (H) or down (its own I: the shared expert's
+// may differ from the routed ones') GEMM.
+int64_t group_k(const Group& g, bool act) {
+  return (act ? g.down : g.up)->plan().spec.k;
+}
+
+// Packs every group's rows of one operand (A = hidden rows, or act) into the
+// PackedA layout, each group from a 32-row block boundary of one scratch,
+// and points the group's `field` there.
+void pack_groups(std::vector<Group>& groups, bool act, int slot, const uint8_t* Group::*field) {
+  std::vector<int64_t> off(groups.size() + 1, 0);
+  for (size_t i = 0; i < groups.size(); ++i)
+    off[i + 1] = off[i] + codegen::PackedA{group_k(groups[i], act)}.bytes(groups[i].rows);
+  uint8_t* buf = ops::packed_a_scratch(slot, off.back());
+  runtime::parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t i) {
+    Group& g = groups[i];
+    const int64_t k = group_k(g, act);
+    if (act)
+      ops::pack_a_rows(reinterpret_cast<const uint8_t*>(g.act), g.ld_act, g.rows, k, buf + off[i]);
+    else
+      ops::pack_a_rows(g.a, g.lda, g.rows, k, buf + off[i]);
+    g.*field = buf + off[i];
+  });
+}
 
 codegen::GemmSpec gate_up_spec(int64_t I, int64_t H, bool bias, const MoeOptions& opt) {
   codegen::GemmSpec s;
@@ -416,12 +445,14 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
         up_tasks.push_back(
             {static_cast<int32_t>(gi), static_cast<int32_t>(b), m0, std::min(chunk, g.rows - m0)});
   }
+  if (up.plan().a_packed) pack_groups(groups, false, 2, &Group::a_packed);
   runtime::parallel_for(static_cast<int64_t>(up_tasks.size()), [&](int64_t ti) {
     const UpTask& t = up_tasks[ti];
     const Group& g = groups[t.g];
     const int64_t blocks = (g.w13->n + 31) / 32;
     ops::RowBlockJob job;
-    job.a = g.a + t.m0 * g.lda;
+    job.a = g.a_packed != nullptr ? g.a_packed + codegen::PackedA{H}.offset(t.m0, 0)
+                                  : g.a + t.m0 * g.lda;
     job.lda = g.lda;
     job.rows = t.rows;
     job.b_block = g.w13->expert(g.expert) + t.block * g.w13->block_bytes();
@@ -434,6 +465,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 
   // 3. Down projection + weighted sum, one 64-column block of H per task.
   const int64_t n_down_blocks = (H + 63) / 64;
+  if (down.plan().a_packed) pack_groups(groups, true, 3, &Group::act_packed);
   runtime::parallel_for(n_down_blocks, [&](int64_t nb) {
     const int64_t c0 = nb * 64, ncols = std::min<int64_t>(64, H - c0);
     thread_local std::vector<float> acc, tile;
@@ -444,7 +476,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       for (int64_t m0 = 0; m0 < g.rows; m0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, g.rows - m0);
         ops::RowBlockJob job;
-        job.a = reinterpret_cast<const uint8_t*>(g.act) + m0 * g.ld_act;
+        job.a = g.act_packed != nullptr
+                    ? g.act_packed + codegen::PackedA{group_k(g, true)}.offset(m0, 0)
+                    : reinterpret_cast<const uint8_t*>(g.act) + m0 * g.ld_act;
         job.lda = g.ld_act;
         job.rows = rows;
         job.b_block = g.w2->expert(g.expert) + nb * g.w2->block_bytes();

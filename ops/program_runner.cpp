@@ -235,24 +235,9 @@ std::vector<KernelUse> plan_kernels(const codegen::GemmPlan& plan, std::optional
       add(Chunk::last, plan.mr);
     }
   } else {
-    // Mirrors the task split of ops/gemm.cpp: M chunks of ~256 rows; K is
-    // chunked only in tasks that hold more than one M block.
-    const int64_t mr = plan.mr;
-    const int64_t m_blocks = (*m + mr - 1) / mr;
-    const int64_t chunk_blocks = std::max<int64_t>(1, 256 / mr);
-    for (int64_t b0 = 0; b0 < m_blocks; b0 += chunk_blocks) {
-      const int64_t b1 = std::min(m_blocks, b0 + chunk_blocks);
-      const int64_t k_chunks = b1 - b0 > 1 ? plan.k_chunks : 1;
-      for (int64_t kc = 0; kc < k_chunks; ++kc) {
-        const Chunk c = k_chunks == 1        ? Chunk::whole
-                        : kc == 0            ? Chunk::first
-                        : kc == k_chunks - 1 ? Chunk::last
-                                             : Chunk::middle;
-        // Blocks of one task share a row count except the last block of M.
-        add(c, static_cast<int>(std::min<int64_t>(mr, *m - b0 * mr)));
-        add(c, static_cast<int>(std::min<int64_t>(mr, *m - (b1 - 1) * mr)));
-      }
-    }
+    // What the GEMM driver runs for m rows, from the plan's own list.
+    for (const auto& v : plan.variants_for(*m))
+      uses.insert({static_cast<int>(v.chunk), -v.rows, v.cols != plan.nb});
   }
   std::vector<KernelUse> out;
   for (const auto& [c, neg_rows, tail] : uses) {

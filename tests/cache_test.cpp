@@ -42,19 +42,8 @@ void run_together(F&& body) {
 // ---------------------------------------------------------------------------
 // tilejit::gemm from 8 threads
 
-// Micro-kernels (rows, columns) a call with M rows needs for N columns.
-std::set<std::pair<int, int>> variants_for(int64_t M, int64_t N, int mr) {
-  std::set<std::pair<int, int>> v;
-  for (int r : {M >= mr ? mr : 0, static_cast<int>(M % mr)})
-    for (int c : {N >= 64 ? 64 : 0, static_cast<int>(N % 64)})
-      if (r != 0 && c != 0) v.insert({r, c});
-  return v;
-}
-
-int row_block(int64_t N, int64_t K, Isa isa) {
-  if (isa == Isa::scalar) return 1;
-  return codegen::plan_gemm({N, K, codegen::BiasKind::bf16, Activation::gelu_tanh, DType::f32}, isa)
-      .mr;
+codegen::GemmSpec concurrency_spec(int64_t N, int64_t K) {
+  return {N, K, codegen::BiasKind::bf16, Activation::gelu_tanh, DType::f32};
 }
 
 class GemmConcurrency : public IsaTest {
@@ -71,8 +60,7 @@ class GemmConcurrency : public IsaTest {
 TEST_F(GemmConcurrency, FreshShapeCompilesOnceUnderEightThreads) {
   const Isa isa = cpu_info().isa;
   const int64_t M = 7, N = 192, K = 93;  // K used by no other test in this binary
-  const int mr = row_block(N, K, isa);
-  const size_t expected = isa == Isa::scalar ? 0 : variants_for(M, N, mr).size();
+  const size_t expected = gemm_kernel_keys(concurrency_spec(N, K), isa, M).size();
   if (isa == Isa::avx512) {
     EXPECT_EQ(expected, 1u) << "AVX-512 blocks 7 rows for N >= 64";
   }
@@ -93,12 +81,10 @@ TEST_F(GemmConcurrency, FreshShapeCompilesOnceUnderEightThreads) {
 TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
   const Isa isa = cpu_info().isa;
   const int64_t N = 100, K = 59;  // fresh; N has a 36-column tail
-  const int mr = row_block(N, K, isa);
   const int64_t ms[kThreads] = {1, 3, 7, 10, 14, 33, 40, 64};
-  std::set<std::pair<int, int>> all;
-  for (int64_t m : ms)
-    for (const auto& v : variants_for(m, N, mr)) all.insert(v);
-  const size_t expected = isa == Isa::scalar ? 0 : all.size();
+  std::set<std::string> all;
+  for (int64_t m : ms) all.merge(gemm_kernel_keys(concurrency_spec(N, K), isa, m));
+  const size_t expected = all.size();
 
   std::vector<GemmProblem> problems;
   for (int64_t m : ms) {

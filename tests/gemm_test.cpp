@@ -270,15 +270,15 @@ TEST_F(GemmCall, EmptyMDoesNothing) {
 // stops growing once all of them exist.
 
 // The (rows, columns) micro-kernels a call with M rows needs.
-std::set<std::pair<int, int>> variants_for(int64_t M, int64_t N, int mr) {
-  std::set<std::pair<int, int>> v;
+std::set<std::tuple<Isa, int, int>> variants_for(Isa path, int64_t M, int64_t N, int mr) {
+  std::set<std::tuple<Isa, int, int>> v;
   std::vector<int> rows, cols;
   if (M >= mr) rows.push_back(mr);
   if (M % mr != 0) rows.push_back(static_cast<int>(M % mr));
   if (N >= 64) cols.push_back(64);
   if (N % 64 != 0) cols.push_back(static_cast<int>(N % 64));
   for (int r : rows)
-    for (int c : cols) v.insert({r, c});
+    for (int c : cols) v.insert({path, r, c});
   return v;
 }
 
@@ -295,14 +295,18 @@ TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
   // A shape no other test of this binary uses, so every kernel is new.
   const int64_t N = 100, K = 77;
   const Isa isa = cpu_info().isa;
-  const int mr =
-      isa == Isa::scalar
-          ? 1
-          : codegen::plan_gemm({N, K, codegen::BiasKind::f32, Activation::silu, DType::bf16}, isa)
-                .mr;
+  // The path serving m rows (AMX hands m ≤ 2 to AVX-512) and its row blocking.
+  auto mr_of = [&](Isa path) {
+    return path == Isa::scalar
+               ? 1
+               : codegen::plan_gemm({N, K, codegen::BiasKind::f32, Activation::silu, DType::bf16},
+                                    path)
+                     .mr;
+  };
+  const int mr = mr_of(isa);
   GemmProblem base = random_problem(1, N, K);
   const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
-  std::set<std::pair<int, int>> seen;
+  std::set<std::tuple<Isa, int, int>> seen;
   const uint64_t start = cache_stats().compiles;
   for (int64_t m = 1; m <= 40; ++m) {
     GemmProblem p = random_problem(m, N, K, Activation::silu, Bias::f32, DType::bf16);
@@ -311,13 +315,17 @@ TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
     ASSERT_TRUE(run_and_compare(p, &w));
     size_t fresh = 0;
     if (isa != Isa::scalar)  // the scalar path compiles nothing
-      for (const auto& v : variants_for(m, N, mr)) fresh += seen.insert(v).second ? 1 : 0;
+      for (const auto& v : variants_for(codegen::gemm_isa_for_rows(isa, m), m, N,
+                                        mr_of(codegen::gemm_isa_for_rows(isa, m))))
+        fresh += seen.insert(v).second ? 1 : 0;
     EXPECT_EQ(cache_stats().compiles - before, fresh)
         << "M=" << m << " (mr=" << mr << ", path " << isa_name(isa) << ")";
   }
   const uint64_t all = cache_stats().compiles - start;
-  // main + (mr-1) tails, times (full block, N tail); M up to 40 ≥ mr meets all.
-  EXPECT_EQ(all, isa == Isa::scalar ? 0u : static_cast<uint64_t>(2 * mr));
+  // main + (mr-1) tails, times (full block, N tail); M up to 40 ≥ mr meets
+  // all; plus rows 1 and 2 on AVX-512 where AMX hands them over.
+  const uint64_t handed_over = codegen::gemm_isa_for_rows(isa, 1) != isa ? 4 : 0;
+  EXPECT_EQ(all, isa == Isa::scalar ? 0u : static_cast<uint64_t>(2 * mr) + handed_over);
   // Any further M compiles nothing.
   const uint64_t settled = cache_stats().compiles;
   for (int64_t m : {1, 5, 17, 40, 41, 64, 99, 130}) {
@@ -328,34 +336,44 @@ TEST_F(GemmCompileBound, MTailVariantsCompileOnceThenNothing) {
   EXPECT_EQ(cache_stats().compiles, settled);
 }
 
-// K deeper than one chunk: each (rows, columns) variant may also exist as a
-// first / middle / last chunk kernel, so at most 4 kernels per variant; once
-// M has gone through 1..40, further calls compile nothing.
+// K deeper than one chunk: a GEMM of m rows needs the kernels its plan lists
+// (GemmPlan::variants_for, on the path gemm_isa_for_rows picks for m); the
+// compiles are exactly the distinct ones, so M = 1..40 compiles a bounded
+// set and later shapes compile only the variants they add (on AMX, M = 41
+// and 77 add K-chunked tail kernels of 9 and 13 rows).
 TEST_F(GemmCompileBound, KChunkedVariantsAreBounded) {
   const int64_t N = 100, K = 4100;  // fresh: 3 chunks of ≤ 2048
   const Isa isa = cpu_info().isa;
-  const int mr =
-      isa == Isa::scalar
-          ? 1
-          : codegen::plan_gemm({N, K, codegen::BiasKind::none, Activation::relu, DType::f32}, isa)
-                .mr;
+  const codegen::GemmSpec spec{N, K, codegen::BiasKind::none, Activation::relu, DType::f32};
+  std::set<std::string> seen;
+  // The distinct kernel keys the plan says m rows need and no earlier m did.
+  auto added_by = [&](int64_t m) {
+    uint64_t n = 0;
+    for (const std::string& key : gemm_kernel_keys(spec, isa, m)) n += seen.insert(key).second;
+    return n;
+  };
   GemmProblem base = random_problem(1, N, K);
   const PackedWeight w = pack_weight(TensorView(base.w.data(), DType::bf16, {N, K}));
+  uint64_t expected = 0;
   const uint64_t start = cache_stats().compiles;
   for (int64_t m = 1; m <= 40; ++m) {
     GemmProblem p = random_problem(m, N, K, Activation::relu);
     p.w = base.w;
     ASSERT_TRUE(run_and_compare(p, &w));
+    expected += added_by(m);
+    EXPECT_EQ(cache_stats().compiles - start, expected) << "after M = " << m;
   }
-  const uint64_t all = cache_stats().compiles - start;
-  EXPECT_LE(all, isa == Isa::scalar ? 0u : static_cast<uint64_t>(2 * mr * 4));
-  const uint64_t settled = cache_stats().compiles;
-  for (int64_t m : {3, 40, 41, 77, 100}) {
+  // The set is bounded: ≤ 2 row variants × 2 column variants × 3 chunk kinds
+  // per row count the plan has, on at most two paths.
+  const int mr = isa == Isa::scalar ? 1 : codegen::plan_gemm(spec, isa).mr;
+  EXPECT_LE(expected, static_cast<uint64_t>(2 * 4 * (mr + 2)));
+  for (int64_t m : {3, 40, 41, 77, 100, 1000}) {
     GemmProblem p = random_problem(m, N, K, Activation::relu);
     p.w = base.w;
     ASSERT_TRUE(run_and_compare(p, &w));
+    expected += added_by(m);
+    EXPECT_EQ(cache_stats().compiles - start, expected) << "after M = " << m;
   }
-  EXPECT_EQ(cache_stats().compiles, settled);
 }
 
 }  // namespace

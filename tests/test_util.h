@@ -17,10 +17,12 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "codegen/gemm_plan.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_gemm.h"
 #include "tilejit/tilejit.h"
@@ -453,6 +455,20 @@ template <class F>
     return ::testing::AssertionFailure() << "not a tilejit::Error: " << e.what();
   }
   return ::testing::AssertionFailure() << "did not throw";
+}
+
+// The keys of the micro-kernels tilejit::gemm runs for m rows of `spec` with
+// `active` the active path, from the plan's own list (gemm_isa_for_rows,
+// GemmPlan::variants_for): what a compile count is checked against.
+inline std::set<std::string> gemm_kernel_keys(const codegen::GemmSpec& spec, Isa active,
+                                              int64_t m) {
+  std::set<std::string> keys;
+  const Isa path = codegen::gemm_isa_for_rows(active, m);
+  if (path == Isa::scalar) return keys;
+  const codegen::GemmPlan plan = codegen::plan_gemm(spec, path);
+  for (const auto& v : plan.variants_for(m))
+    keys.insert(plan.ukernel(v.rows, v.cols, v.chunk).key());
+  return keys;
 }
 
 }  // namespace tilejit::test

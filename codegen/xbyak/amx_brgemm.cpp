@@ -9,9 +9,12 @@
 // M tails are tile rows; N tails are masked stores (B is zero-padded to 64
 // columns); K tails use a zero-padded copy of A's last 32 columns (a_tail) and
 // B's zero-padded K rows, so no tile load reads past a row. A kernel with a K
-// tail (kb % 32 ≠ 0) must be called with batch == 1.
+// tail (kb % 32 ≠ 0) must be called with batch == 1. With desc.a_packed, A
+// comes in the PackedA tile layout instead (contiguous tiles, K zero-padded):
+// no K tail step, any batch.
 #include <algorithm>
 
+#include "codegen/packed_layout.h"
 #include "codegen/xbyak/amx_tile_config.h"
 #include "codegen/xbyak/avx512_epilogue.h"
 #include "codegen/xbyak/emitters.h"
@@ -81,18 +84,36 @@ class AmxBrgemm : public JitGenerator {
   // One K step of 32: A tiles from [a_row0 / a_row16 + stride], B tiles from b.
   void k_step(int ntp, const Xbyak::Reg64& a0, const Xbyak::Reg64& a1, const Xbyak::Reg64& a_stride,
               int64_t a1_disp) {
+    // Packed A: the cache lines of the K step `dist` steps ahead (this pass's
+    // A rows and B columns) are prefetched into L1, spread between the dot
+    // products, so the tile loads hit L1 instead of waiting on L2.
+    std::vector<Xbyak::Address> pf;
+    constexpr int dist = 1;
+    if (d_.a_packed && dist > 0) {
+      for (int r = 0; r < d_.mr; ++r) pf.push_back(ptr[a0 + dist * PackedA::kStepBytes + r * 64]);
+      for (int r = 0; r < 16; ++r)
+        for (int j = 0; j < ntp; ++j)
+          pf.push_back(ptr[rsi + dist * 16 * d_.b_row_bytes + r * d_.b_row_bytes + j * 64]);
+    }
+    const size_t per_dot = (pf.size() + mt_ * ntp - 1) / (mt_ * ntp);
+    size_t next = 0;
     tileloadd(a_tile(0), ptr[a0 + a_stride]);
     if (mt_ == 2) tileloadd(a_tile(1), ptr[a1 + a_stride + a1_disp]);
     for (int j = 0; j < ntp; ++j) {
       tileloadd(b_tile(j), ptr[rsi + r11 + j * 64]);
-      for (int i = 0; i < mt_; ++i) tdpbf16ps(acc(i, j), a_tile(i), b_tile(j));
+      for (int i = 0; i < mt_; ++i) {
+        tdpbf16ps(acc(i, j), a_tile(i), b_tile(j));
+        for (size_t q = 0; q < per_dot && next < pf.size(); ++q) prefetcht0(pf[next++]);
+      }
     }
   }
 
   void generate() {
     const Xbyak::Label& cfg = config();
-    const int64_t kfull = d_.kb / 32;
-    const bool ktail = d_.kb % 32 != 0;
+    // Packed A is zero-padded to whole K steps: no tail step.
+    const int64_t kfull = d_.a_packed ? (d_.kb + 31) / 32 : d_.kb / 32;
+    const bool ktail = !d_.a_packed && d_.kb % 32 != 0;
+    const int64_t a_step = d_.a_packed ? PackedA::kStepBytes : 64;
     // A GLU pairs column tiles of different passes (gate 0..1, up 2..3), so
     // its scratch keeps every pass and the epilogue runs after the last one.
     const bool glu = d_.glu != Glu::none;
@@ -126,7 +147,7 @@ class AmxBrgemm : public JitGenerator {
         mov(rax, ptr[r8]);
         mov(rsi, ptr[r9]);
         if (p > 0) add(rsi, p * ntp_max_ * 64);
-        if (mt_ == 2) {
+        if (mt_ == 2 && !d_.a_packed) {
           mov(rbx, r15);
           shl(rbx, 4);
           add(rbx, rax);  // row 16 of A
@@ -134,9 +155,12 @@ class AmxBrgemm : public JitGenerator {
         if (kfull > 0) {
           mov(rcx, kfull);
           L(k_loop);
-          k_step(ntp, rax, rbx, r15, 0);
-          add(rax, 64);
-          if (mt_ == 2) add(rbx, 64);
+          if (d_.a_packed)
+            k_step(ntp, rax, rax, r13, 1024);  // tiles of 16 rows × 64 bytes, back to back
+          else
+            k_step(ntp, rax, rbx, r15, 0);
+          add(rax, a_step);
+          if (mt_ == 2 && !d_.a_packed) add(rbx, 64);
           add(rsi, 16 * d_.b_row_bytes);
           dec(rcx);
           jnz(k_loop, T_NEAR);

@@ -23,4 +23,10 @@ int avx512_brgemm_max_mr(int nz);
 std::vector<uint8_t> emit_peak_probe(Isa isa);
 double peak_flops_per_iter(Isa isa);
 
+// `void f(int64_t iters, const void* operands, int64_t steps)`: a 2×2 AMX
+// kernel that reloads two A and two B tiles per K step from `operands`
+// (steps × 4 KiB, walked iters times): 4 tdpbf16ps per step. Its rate with a
+// 1-step footprint is the L1 ceiling of any kernel that streams its operands.
+std::vector<uint8_t> emit_amx_reload_probe();
+
 }  // namespace tilejit::codegen::xbyak

@@ -46,7 +46,54 @@ class PeakProbe : public JitGenerator {
   }
 };
 
+// The ceiling of a 2×2 AMX kernel that reloads its operands: per K step two A
+// tiles and two B tiles (1 KiB each, rows of 64 bytes, contiguous) are loaded
+// and feed four tdpbf16ps. The operands walk `steps` K steps of 4 KiB each
+// and start over, so the footprint picks the cache level they come from
+// (1 step: L1; 64 steps, 256 KiB: L2).
+class AmxReloadProbe : public JitGenerator {
+ public:
+  AmxReloadProbe() {
+    // void f(int64_t iters, const void* operands, int64_t steps)
+    push_callee_saved();
+    AmxTileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
+    ldtilecfg(ptr[rip + blob_label(cfg.bytes.data(), cfg.bytes.size())]);
+    for (int t = 0; t < 4; ++t) tilezero(Xbyak::Tmm(t));
+    mov(r8, 64);
+    Xbyak::Label outer, inner, done;
+    test(rdi, rdi);
+    jle(done, T_NEAR);
+    L(outer);
+    mov(rax, rsi);
+    mov(rcx, rdx);
+    L(inner);
+    tileloadd(Xbyak::Tmm(4), ptr[rax + r8]);
+    tileloadd(Xbyak::Tmm(6), ptr[rax + r8 + 2048]);
+    tdpbf16ps(Xbyak::Tmm(0), Xbyak::Tmm(4), Xbyak::Tmm(6));
+    tileloadd(Xbyak::Tmm(5), ptr[rax + r8 + 1024]);
+    tdpbf16ps(Xbyak::Tmm(2), Xbyak::Tmm(5), Xbyak::Tmm(6));
+    tileloadd(Xbyak::Tmm(7), ptr[rax + r8 + 3072]);
+    tdpbf16ps(Xbyak::Tmm(1), Xbyak::Tmm(4), Xbyak::Tmm(7));
+    tdpbf16ps(Xbyak::Tmm(3), Xbyak::Tmm(5), Xbyak::Tmm(7));
+    add(rax, 4096);
+    dec(rcx);
+    jnz(inner);
+    dec(rdi);
+    jnz(outer);
+    L(done);
+    tilerelease();
+    pop_callee_saved();
+    ret();
+  }
+};
+
 }  // namespace
+
+std::vector<uint8_t> emit_amx_reload_probe() {
+  AmxReloadProbe g;
+  return g.finish();
+}
 
 std::vector<uint8_t> emit_peak_probe(Isa isa) {
   PeakProbe g(isa);
