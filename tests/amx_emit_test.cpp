@@ -32,40 +32,45 @@ int count(const std::vector<uint8_t>& code, std::initializer_list<uint8_t> patte
 }
 
 TEST(AmxEmit, EveryTailShapeEmitsWithAMatchingTileConfig) {
-  for (int mr : {1, 5, 15, 16, 17, 31, 32})
-    for (int nr : {1, 15, 16, 17, 33, 64})
-      for (int64_t kb : {1, 2, 31, 32, 33, 100, 4096}) {
-        BrgemmDesc d;
-        d.isa = Isa::amx;
-        d.mr = mr;
-        d.nr = nr;
-        d.kb = kb;
-        d.bias = BiasKind::f32;
-        d.act = Activation::gelu_erf;
-        d.out = DType::bf16;
-        const std::vector<uint8_t> code = xbyak::emit_amx_brgemm(d);
-        SCOPED_TRACE(d.name());
-        const uint8_t* cfg = find_tile_config(code);
-        ASSERT_NE(cfg, nullptr);
-        const int mt = (mr + 15) / 16;
-        const int ntp = mt == 2 ? 2 : 4;
-        // Accumulators and A tiles: rows of their 16-row slice, 64 bytes wide.
-        for (int i = 0; i < mt; ++i) {
-          const int rows = std::min(16, mr - 16 * i);
-          for (int j = 0; j < ntp; ++j) {
-            EXPECT_EQ(cfg[48 + i * ntp + j], rows);
-            EXPECT_EQ(cfg[16 + 2 * (i * ntp + j)], 64);
+  for (bool a_packed : {false, true})
+    for (int mr : {1, 5, 15, 16, 17, 31, 32})
+      for (int nr : {1, 15, 16, 17, 33, 64})
+        for (int64_t kb : {1, 2, 31, 32, 33, 100, 4096}) {
+          BrgemmDesc d;
+          d.isa = Isa::amx;
+          d.a_packed = a_packed;
+          d.mr = mr;
+          d.nr = nr;
+          d.kb = kb;
+          d.bias = BiasKind::f32;
+          d.act = Activation::gelu_erf;
+          d.out = DType::bf16;
+          const std::vector<uint8_t> code = xbyak::emit_amx_brgemm(d);
+          SCOPED_TRACE(d.name());
+          const uint8_t* cfg = find_tile_config(code);
+          ASSERT_NE(cfg, nullptr);
+          const int mt = (mr + 15) / 16;
+          const int ntp = mt == 2 ? 2 : 4;
+          // Accumulators and A tiles: rows of their 16-row slice, 64 bytes wide.
+          for (int i = 0; i < mt; ++i) {
+            const int rows = std::min(16, mr - 16 * i);
+            for (int j = 0; j < ntp; ++j) {
+              EXPECT_EQ(cfg[48 + i * ntp + j], rows);
+              EXPECT_EQ(cfg[16 + 2 * (i * ntp + j)], 64);
+            }
+            EXPECT_EQ(cfg[48 + mt * ntp + i], rows);
           }
-          EXPECT_EQ(cfg[48 + mt * ntp + i], rows);
+          // B tiles: 16 k-pair rows of 64 bytes.
+          for (int t = mt * ntp + mt; t < 8; ++t) {
+            EXPECT_EQ(cfg[48 + t], 16);
+            EXPECT_EQ(cfg[16 + 2 * t], 64);
+          }
+          // ldtilecfg (C4 E2 78 49 + a RIP-relative ModRM 05) is loaded by the
+          // kernel itself, once, and tilerelease (C4 E2 78 49 C0) leaves the
+          // thread's tile state clean, once.
+          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49, 0x05}), 1);
+          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49, 0xC0}), 1);
         }
-        // B tiles: 16 k-pair rows of 64 bytes.
-        for (int t = mt * ntp + mt; t < 8; ++t) {
-          EXPECT_EQ(cfg[48 + t], 16);
-          EXPECT_EQ(cfg[16 + 2 * t], 64);
-        }
-        // ldtilecfg (C4 E2 78 49) is loaded by the kernel itself, once.
-        EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49}), 1);
-      }
 }
 
 // The MoE gate/up kernel: 64 columns computed, nr ≤ 32 outputs stored after
@@ -91,7 +96,8 @@ TEST(AmxEmit, GluEpilogueEmitsForEveryTail) {
           const std::vector<uint8_t> code = xbyak::emit_amx_brgemm(d);
           const uint8_t* cfg = find_tile_config(code);
           ASSERT_NE(cfg, nullptr);
-          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49}), 1);
+          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49, 0x05}), 1);  // ldtilecfg [rip + disp]
+          EXPECT_EQ(count(code, {0xC4, 0xE2, 0x78, 0x49, 0xC0}), 1);  // tilerelease
           // Every row of every A tile is configured 64 bytes wide, as for a plain kernel.
           EXPECT_EQ(cfg[16], 64);
         }

@@ -208,6 +208,11 @@ class AmxBrgemm : public JitGenerator {
     }
     if (glu) glu_epilogue([&](int i, int col_vec) { return slot(i, 0, col_vec); });
     mov(rsp, rbp);
+    // Leave the thread's tile state clean for the host (its own AMX code,
+    // signal frames, context switches: live tile data is 8 KiB more XSAVE
+    // state). Measured free: gemm M = 16 / 256 at N = K = 4096 and a
+    // 32 × 512 × 512 GEMM of 8 calls all within run-to-run noise.
+    tilerelease();
     vzeroupper();
     pop_callee_saved();
     ret();
