@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -53,7 +54,18 @@ bool request_permission_once() {
   // Function-local static: the request runs once even if many threads race here.
   static const bool granted = [] {
     if (amx_granted_now()) return true;
-    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    // Refused on kernels before 5.16 (EINVAL) and when some thread of the
+    // process has a sigaltstack too small for the AMX signal frame (ENOSPC):
+    // then the AMX path is not usable and the next path serves, said once.
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+      const int err = errno;
+      std::fprintf(stderr,
+                   "tilejit: AMX permission refused by the OS (arch_prctl(ARCH_REQ_XCOMP_PERM): "
+                   "%s%s); using the next path\n",
+                   std::strerror(err),
+                   err == ENOSPC ? ": a thread's sigaltstack is too small for AMX state" : "");
+      return false;
+    }
     return amx_granted_now();
   }();
   return granted;
