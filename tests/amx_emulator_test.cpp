@@ -657,6 +657,51 @@ TEST(AmxExecute, LoadZeroesBytesPastColsbAndRowsPastRows) {
       ASSERT_EQ(s.data[3][r][b], (r < 5 && b < 6) ? 0x11 : 0) << "row " << r << " byte " << b;
 }
 
+// On a CPU without AMX, LDTILECFG/STTILECFG/TILERELEASE trap and are
+// emulated; on this kind of CPU they run natively. Their executor, driven
+// directly with decoded Xbyak bytes, RIP-relative operand included.
+TEST(AmxExecute, ConfigInstructionsAsOnACpuWithoutAmx) {
+  using namespace Xbyak::util;
+  Xbyak::CodeGenerator g;
+  g.ldtilecfg(g.ptr[rip + 0x40]);  // config 64 bytes past the instruction's end
+  g.sttilecfg(g.ptr[rax + rcx * 2 + 8]);
+  g.tilerelease();
+  const uint8_t* code = g.getCode();
+  emu::Insn ld, st, rel;
+  const char* why = "";
+  ASSERT_EQ(emu::decode(code, &ld, &why), emu::DecodeResult::ok);
+  ASSERT_EQ(emu::decode(code + ld.length, &st, &why), emu::DecodeResult::ok);
+  ASSERT_EQ(emu::decode(code + ld.length + st.length, &rel, &why), emu::DecodeResult::ok);
+
+  Bytes mem(256, 0);
+  const Bytes cfg = config_bytes({{0, {16, 64}}, {6, {2, 10}}});
+  std::copy(cfg.begin(), cfg.end(), mem.begin() + 0x40);
+  const uint64_t next_rip = reinterpret_cast<uint64_t>(mem.data());  // pretend code address
+  uint64_t gpr[16] = {};
+  gpr[0] = reinterpret_cast<uint64_t>(mem.data() + 128);
+  gpr[1] = 4;  // sttilecfg at mem + 128 + 8 + 8
+  emu::TileState s;
+  std::memset(s.data, 0xCC, sizeof s.data);
+  emu::Fault f;
+  ASSERT_TRUE(emu::execute(ld, gpr, next_rip, &s, &f)) << f.rule;
+  EXPECT_EQ(s.cfg.rows[6], 2);
+  EXPECT_EQ(s.cfg.colsb[6], 10);
+  for (size_t i = 0; i < sizeof s.data; ++i)
+    ASSERT_EQ(reinterpret_cast<const uint8_t*>(s.data)[i], 0) << "LDTILECFG zeroes the tiles";
+  ASSERT_TRUE(emu::execute(st, gpr, 0, &s, &f)) << f.rule;
+  EXPECT_EQ(first_difference(cfg, Bytes(mem.begin() + 144, mem.begin() + 208)), "");
+  ASSERT_TRUE(emu::execute(rel, gpr, 0, &s, &f)) << f.rule;
+  EXPECT_EQ(s.cfg.palette, 0);
+  ASSERT_TRUE(emu::execute(st, gpr, 0, &s, &f)) << f.rule;
+  EXPECT_EQ(first_difference(Bytes(64, 0), Bytes(mem.begin() + 144, mem.begin() + 208)), "");
+  // A bad config is refused and leaves the state alone.
+  mem[0x40] = 3;
+  EXPECT_FALSE(emu::execute(ld, gpr, next_rip, &s, &f));
+  EXPECT_STREQ(f.exception, "#GP");
+  EXPECT_STREQ(f.rule, "palette 3 is not supported (allowed: 0, 1)");
+  EXPECT_EQ(s.cfg.palette, 0);
+}
+
 // ---------------------------------------------------------------------------
 // Loads and stores: partial shapes, strides, every displacement form.
 
