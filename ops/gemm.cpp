@@ -179,22 +179,25 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const int mr = plan.mr;
   const int64_t nb = plan.nb;
   const int64_t n_blocks = (N + nb - 1) / nb;
-  const int64_t m_blocks = (M + mr - 1) / mr;
   // M chunks of ~256 rows per task keep a task's B panel hot in L2 while
   // leaving enough tasks to balance two noisy cores.
   const int64_t chunk_blocks = std::max<int64_t>(1, 256 / mr);
-  const int64_t m_chunks = (m_blocks + chunk_blocks - 1) / chunk_blocks;
+  const int64_t chunk_rows = chunk_blocks * mr;
+  // K chunked (decided for the whole M, as GemmPlan::variants_for says): one
+  // pass over all tasks per K chunk, the fp32 partial sums of [rows, N] in a
+  // scratch between passes.
+  const bool chunked = plan.k_chunks_for(M) > 1;
+  const int64_t ld_part = n_blocks * nb * 4;
+  // Rows run in slices whose scratch (packed A, partial sums) stays ≤ 64 MiB,
+  // so a huge M costs no huge allocation; a slice holds whole row chunks.
+  const int64_t row_bytes =
+      (plan.a_packed ? codegen::PackedA{K}.k_steps() * 64 : 0) + (chunked ? ld_part : 0);
+  constexpr int64_t kScratchBytes = int64_t(64) << 20;
+  const int64_t slice_rows =
+      row_bytes == 0 ? M
+                     : std::max<int64_t>(1, kScratchBytes / (row_bytes * chunk_rows)) * chunk_rows;
 
-  const auto* xb = static_cast<const uint8_t*>(x.data);
-  auto* yb = static_cast<uint8_t*>(y.data);
-  int64_t lda = x.strides[0] * 2;
-  if (plan.a_packed) {
-    // Once per call, shared by every column block's tasks.
-    uint8_t* pa = ops::packed_a_scratch(0, codegen::PackedA{K}.bytes(M));
-    ops::pack_a(xb, lda, M, K, pa);
-    xb = pa;
-    lda = 0;
-  }
+  const int64_t lda = x.strides[0] * 2;
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
   const int64_t ldc = y.strides[0] * y_elem;
   const auto* bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
@@ -202,39 +205,45 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
   const int64_t block_bytes = p.layout.block_elems() * 2;
 
-  auto job_at = [&](int64_t t) {
-    const int64_t nbi = t % n_blocks, mc = t / n_blocks;
-    const int64_t m0 = mc * chunk_blocks * mr;
-    ops::RowBlockJob job;
-    job.a = plan.a_packed ? xb + codegen::PackedA{K}.offset(m0, 0) : xb + m0 * lda;
-    job.lda = lda;
-    job.rows = std::min(M, (mc + 1) * chunk_blocks * mr) - m0;
-    job.b_block = packed + nbi * block_bytes;
-    job.c = yb + m0 * ldc + nbi * nb * y_elem;
-    job.ldc = ldc;
-    job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
-    job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-    return job;
-  };
-  if (plan.k_chunks_for(M) > 1) {
-    // K chunk by K chunk over every task: consecutive tasks share a row chunk,
-    // so its K chunk of A stays in L2 while the column blocks stream by; the
-    // fp32 partial sums of the whole [M, N] wait in a scratch between passes.
-    const int64_t ld_part = n_blocks * nb * 4;
-    auto* part = reinterpret_cast<float*>(ops::packed_a_scratch(1, M * ld_part));
+  for (int64_t s0 = 0; s0 < M; s0 += slice_rows) {
+    const int64_t rows = std::min(slice_rows, M - s0);
+    const auto* xb = static_cast<const uint8_t*>(x.data) + s0 * lda;
+    auto* yb = static_cast<uint8_t*>(y.data) + s0 * ldc;
+    if (plan.a_packed) {
+      // Once per slice, shared by every column block's tasks.
+      uint8_t* pa = ops::packed_a_scratch(0, codegen::PackedA{K}.bytes(rows));
+      ops::pack_a(xb, lda, rows, K, pa);
+      xb = pa;
+    }
+    const int64_t m_chunks = (rows + chunk_rows - 1) / chunk_rows;
+    auto job_at = [&](int64_t t) {
+      const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
+      ops::RowBlockJob job;
+      job.a = plan.a_packed ? xb + codegen::PackedA{K}.offset(m0, 0) : xb + m0 * lda;
+      job.lda = lda;
+      job.rows = std::min(rows, m0 + chunk_rows) - m0;
+      job.b_block = packed + nbi * block_bytes;
+      job.c = yb + m0 * ldc + nbi * nb * y_elem;
+      job.ldc = ldc;
+      job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
+      job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+      return job;
+    };
+    if (!chunked) {
+      runtime::parallel_for(n_blocks * m_chunks,
+                            [&](int64_t t) { ops::run_row_block(exe, job_at(t)); });
+      continue;
+    }
+    auto* part = reinterpret_cast<float*>(ops::packed_a_scratch(1, rows * ld_part));
     for (int64_t kci = 0; kci < plan.k_chunks; ++kci)
       runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
         ops::RowBlockJob job = job_at(t);
         job.only_chunk = kci;
-        job.partial =
-            part + (t / n_blocks) * chunk_blocks * mr * (ld_part / 4) + (t % n_blocks) * nb;
+        job.partial = part + (t / n_blocks) * chunk_rows * (ld_part / 4) + (t % n_blocks) * nb;
         job.ld_partial = ld_part;
         ops::run_row_block(exe, job);
       });
-    return;
   }
-  runtime::parallel_for(n_blocks * m_chunks,
-                        [&](int64_t t) { ops::run_row_block(exe, job_at(t)); });
 }
 
 }  // namespace tilejit

@@ -108,7 +108,11 @@ INSTANTIATE_TEST_SUITE_P(Big, GemmShape,
                                            Shape{300, 4096, 64}, Shape{300, 100, 4096},
                                            Shape{64, 4096, 1024}, Shape{127, 1000, 2049},
                                            Shape{300, 1000, 1000}, Shape{2000, 17, 64},
-                                           Shape{1000, 100, 30}, Shape{600, 64, 2100}),
+                                           Shape{1000, 100, 30}, Shape{600, 64, 2100},
+                                           // K = 65536: 128 KiB of packed A per row, so
+                                           // the driver runs M in slices of one row
+                                           // chunk (its 64 MiB scratch bound), K-chunked.
+                                           Shape{600, 17, 65536}),
                          shape_name);
 
 // ---------------------------------------------------------------------------
