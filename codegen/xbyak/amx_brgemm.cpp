@@ -131,11 +131,36 @@ class AmxBrgemm : public JitGenerator {
     mov(r11, d_.b_row_bytes);   // B tile row stride
     mov(r13, 64);               // a_tail and scratch row stride
 
+    // Whole 16-column tiles (no N tail, no GLU pairing): the fp32 partial
+    // sums of earlier K chunks are loaded straight into the accumulators, and
+    // a plain fp32 result (the partial sums of a first or middle chunk, an f32
+    // GEMM without bias or activation) is stored straight from them, without
+    // the stack scratch and the vector epilogue.
+    const bool whole_tiles = !glu && d_.nr % 16 == 0;
+    const bool acc_tiles = whole_tiles && d_.accumulate;
+    const bool direct_store = whole_tiles && d_.out == DType::f32 && d_.bias == BiasKind::none &&
+                              d_.act == Activation::none;
+    BrgemmDesc epi_desc = d_;
+    epi_desc.accumulate = d_.accumulate && !acc_tiles;  // else added in the tiles already
+
     const int passes = (nt_ + ntp_max_ - 1) / ntp_max_;
     for (int p = 0; p < passes; ++p) {
       const int ntp = std::min(ntp_max_, nt_ - p * ntp_max_);
-      for (int i = 0; i < mt_; ++i)
-        for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
+      if (acc_tiles) {
+        mov(r8, ptr[rdi + 64]);  // acc_in
+        mov(r9, ptr[rdi + 72]);  // its row stride
+        if (mt_ == 2) {
+          mov(rdx, r9);
+          shl(rdx, 4);
+          add(rdx, r8);  // row 16
+        }
+        for (int i = 0; i < mt_; ++i)
+          for (int j = 0; j < ntp; ++j)
+            tileloadd(acc(i, j), ptr[(i == 0 ? r8 : rdx) + r9 + (p * ntp_max_ + j) * 64]);
+      } else {
+        for (int i = 0; i < mt_; ++i)
+          for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
+      }
       Xbyak::Label batch_loop, batch_done, k_loop;
       mov(r8, ptr[rdi + 0]);
       mov(r9, ptr[rdi + 8]);
@@ -176,11 +201,24 @@ class AmxBrgemm : public JitGenerator {
         k_step(ntp, rdx, rdx, r13, 16 * 64);
       }
       L(batch_done);
+      if (direct_store) {
+        mov(rdx, ptr[rdi + 32]);  // C
+        mov(r14, ptr[rdi + 40]);  // ldc
+        if (mt_ == 2) {
+          mov(rax, r14);
+          shl(rax, 4);
+          add(rax, rdx);  // row 16
+        }
+        for (int i = 0; i < mt_; ++i)
+          for (int j = 0; j < ntp; ++j)
+            tilestored(ptr[(i == 0 ? rdx : rax) + r14 + (p * ntp_max_ + j) * 64], acc(i, j));
+        continue;
+      }
       for (int i = 0; i < mt_; ++i)
         for (int j = 0; j < ntp; ++j) tilestored(ptr[rsp + r13 + slot(i, p, j) * 1024], acc(i, j));
       if (glu) continue;
 
-      Avx512Epilogue epi(*this, d_, {zmm1, zmm2, zmm3, zmm4});
+      Avx512Epilogue epi(*this, epi_desc, {zmm1, zmm2, zmm3, zmm4});
       const int tail_cols = d_.nr % 16;
       if (tail_cols != 0) {
         mov(edx, (1u << tail_cols) - 1);
@@ -189,7 +227,7 @@ class AmxBrgemm : public JitGenerator {
       mov(rdx, ptr[rdi + 32]);  // C
       mov(r14, ptr[rdi + 40]);  // ldc
       mov(r12, ptr[rdi + 48]);  // bias
-      if (d_.accumulate) {
+      if (epi_desc.accumulate) {
         mov(r8, ptr[rdi + 64]);  // acc_in row (the lists are reloaded per pass)
         mov(r9, ptr[rdi + 72]);
       }
@@ -202,7 +240,7 @@ class AmxBrgemm : public JitGenerator {
         }
         if (r + 1 < d_.mr) {
           add(rdx, r14);
-          if (d_.accumulate) add(r8, r9);
+          if (epi_desc.accumulate) add(r8, r9);
         }
       }
     }
