@@ -70,7 +70,10 @@ endif()
 step(configure ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
      -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-     -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+     -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF
+     # A sanitized libtilejit needs the sanitizer runtime loaded first: the
+     # app is built with the same flags (else it segfaults at start-up).
+     "-DCMAKE_CXX_FLAGS=${CONSUMER_CXX_FLAGS}")
 step(build ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 # The app must find the installed library by itself (no LD_LIBRARY_PATH).
 step(run ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${WORK_DIR}/build/app)
