@@ -34,12 +34,17 @@ struct BrgemmArgs {
   // the epilogue (may alias c when both are f32).
   const float* acc_in;
   int64_t ld_acc_in;  // bytes between acc_in rows
+  // AMX with desc.a_packed: bytes to pull into L2 while this call computes
+  // (xbyak::amx_b_prefetch_bytes(desc) of them from here on), e.g. the part
+  // of the B chunk the thread's next task will need; null: none.
+  const void* b_prefetch;
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
               offsetof(BrgemmArgs, c) == 32 && offsetof(BrgemmArgs, ldc) == 40 &&
               offsetof(BrgemmArgs, bias) == 48 && offsetof(BrgemmArgs, a_tail) == 56 &&
-              offsetof(BrgemmArgs, acc_in) == 64 && offsetof(BrgemmArgs, ld_acc_in) == 72);
+              offsetof(BrgemmArgs, acc_in) == 64 && offsetof(BrgemmArgs, ld_acc_in) == 72 &&
+              offsetof(BrgemmArgs, b_prefetch) == 80);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 

@@ -204,6 +204,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
   const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
   const int64_t block_bytes = p.layout.block_elems() * 2;
+  const int64_t threads = runtime::num_threads();
 
   for (int64_t s0 = 0; s0 < M; s0 += slice_rows) {
     const int64_t rows = std::min(slice_rows, M - s0);
@@ -227,6 +228,9 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
       job.ldc = ldc;
       job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
       job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+      // The pool hands out tasks in order, one at a time: this thread's next
+      // one is about `threads` further on.
+      if (nbi + threads < n_blocks) job.b_next = packed + (nbi + threads) * block_bytes;
       return job;
     };
     if (!chunked) {

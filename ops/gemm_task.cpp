@@ -6,6 +6,7 @@
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/packed_layout.h"
+#include "codegen/xbyak/emitters.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/thread_pool.h"
 
@@ -38,7 +39,9 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
                         : kci == k_chunks - 1 ? Chunk::last
                                               : Chunk::middle;
     const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
-    const void* b_ptr = job.b_block + kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
+    const int64_t b_offset = kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
+    const void* b_ptr = job.b_block + b_offset;
+    const int64_t b_bytes = (plan.chunk_k(chunk) + 31) / 32 * 16 * codegen::PackedLayout::kRowBytes;
     for (int64_t mb = 0; mb < m_blocks; ++mb) {
       const int64_t m0 = mb * mr;
       const int rows = static_cast<int>(std::min<int64_t>(mr, job.rows - m0));
@@ -58,6 +61,12 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
       args.bias = job.bias;
       args.acc_in = part;
       args.ld_acc_in = ld_partial;
+      if (job.b_next != nullptr && plan.a_packed && mb > 0) {
+        // Call mb pulls its share of the next block's B chunk into L2.
+        const int64_t share = codegen::xbyak::amx_b_prefetch_bytes(
+            plan.ukernel(rows, job.n_tail ? plan.n_tail : plan.nb, chunk));
+        if ((mb - 1) * share < b_bytes) args.b_prefetch = job.b_next + b_offset + (mb - 1) * share;
+      }
       exe.kernel(rows, job.n_tail, chunk).entry<codegen::BrgemmFn>()(&args);
     }
   }

@@ -22,6 +22,10 @@ struct RowBlockJob {
   int64_t ldc = 0;                   // bytes between C rows
   const void* bias = nullptr;        // bias of this column block, or null
   bool n_tail = false;               // the block is the plan's N tail
+  // AMX: the packed B block the thread will likely run next (or null): the
+  // calls after the first, whose B is in L2 by then, pull it into L2 so the
+  // next job does not start on an L3 stream.
+  const uint8_t* b_next = nullptr;
   // K chunks: by default the job runs every chunk of the plan in turn with
   // its partial sums in a thread-local scratch. A driver that runs the chunks
   // as separate passes over many jobs (so one K chunk of A stays in L2 while

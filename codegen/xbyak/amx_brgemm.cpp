@@ -24,12 +24,26 @@ namespace {
 
 using namespace Xbyak::util;
 
+constexpr int kPrefetchLinesPerStep = 8;
+
+// The tile blocking of a descriptor: row tiles, column tiles, column tiles
+// per pass (2 with two row tiles, else 4) and passes.
+struct AmxShape {
+  int mt, nt, ntp_max, passes;
+  explicit AmxShape(const BrgemmDesc& d)
+      : mt((d.mr + 15) / 16),
+        nt((d.computed_cols() + 15) / 16),
+        ntp_max(mt == 2 ? 2 : 4),
+        passes((nt + ntp_max - 1) / ntp_max) {}
+};
+
 class AmxBrgemm : public JitGenerator {
  public:
   explicit AmxBrgemm(const BrgemmDesc& d) : d_(d) {
-    mt_ = (d.mr + 15) / 16;
-    nt_ = (d.computed_cols() + 15) / 16;
-    ntp_max_ = mt_ == 2 ? 2 : 4;
+    const AmxShape shape(d);
+    mt_ = shape.mt;
+    nt_ = shape.nt;
+    ntp_max_ = shape.ntp_max;
     b_slots_ = 8 - mt_ * ntp_max_ - mt_;
     generate();
   }
@@ -95,6 +109,10 @@ class AmxBrgemm : public JitGenerator {
         for (int j = 0; j < ntp; ++j)
           pf.push_back(ptr[rsi + dist * 16 * d_.b_row_bytes + r * d_.b_row_bytes + j * 64]);
     }
+    // Then 8 lines of args.b_prefetch (r12) into L2.
+    const size_t n_l1 = pf.size();
+    if (d_.a_packed)
+      for (int l = 0; l < kPrefetchLinesPerStep; ++l) pf.push_back(ptr[r12 + l * 64]);
     const size_t per_dot = (pf.size() + mt_ * ntp - 1) / (mt_ * ntp);
     size_t next = 0;
     tileloadd(a_tile(0), ptr[a0 + a_stride]);
@@ -103,7 +121,12 @@ class AmxBrgemm : public JitGenerator {
       tileloadd(b_tile(j), ptr[rsi + r11 + j * 64]);
       for (int i = 0; i < mt_; ++i) {
         tdpbf16ps(acc(i, j), a_tile(i), b_tile(j));
-        for (size_t q = 0; q < per_dot && next < pf.size(); ++q) prefetcht0(pf[next++]);
+        for (size_t q = 0; q < per_dot && next < pf.size(); ++q, ++next) {
+          if (next < n_l1)
+            prefetcht0(pf[next]);
+          else
+            prefetcht1(pf[next]);
+        }
       }
     }
   }
@@ -143,7 +166,7 @@ class AmxBrgemm : public JitGenerator {
     BrgemmDesc epi_desc = d_;
     epi_desc.accumulate = d_.accumulate && !acc_tiles;  // else added in the tiles already
 
-    const int passes = (nt_ + ntp_max_ - 1) / ntp_max_;
+    const int passes = AmxShape(d_).passes;
     for (int p = 0; p < passes; ++p) {
       const int ntp = std::min(ntp_max_, nt_ - p * ntp_max_);
       if (acc_tiles) {
@@ -162,6 +185,21 @@ class AmxBrgemm : public JitGenerator {
           for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
       }
       Xbyak::Label batch_loop, batch_done, k_loop;
+      if (d_.a_packed) {
+        // r12: this pass's share of args.b_prefetch, advanced by r14 per K
+        // step; without one, r12 walks nothing (the stack, stride 0).
+        Xbyak::Label have, set;
+        mov(r12, ptr[rdi + 80]);
+        mov(r14d, kPrefetchLinesPerStep * 64);
+        test(r12, r12);
+        jnz(have);
+        mov(r12, rsp);
+        xor_(r14d, r14d);
+        jmp(set);
+        L(have);
+        if (p > 0) add(r12, p * kfull * kPrefetchLinesPerStep * 64);
+        L(set);
+      }
       mov(r8, ptr[rdi + 0]);
       mov(r9, ptr[rdi + 8]);
       mov(r10, ptr[rdi + 16]);
@@ -185,6 +223,7 @@ class AmxBrgemm : public JitGenerator {
           else
             k_step(ntp, rax, rbx, r15, 0);
           add(rax, a_step);
+          if (d_.a_packed) add(r12, r14);
           if (mt_ == 2 && !d_.a_packed) add(rbx, 64);
           add(rsi, 16 * d_.b_row_bytes);
           dec(rcx);
@@ -261,6 +300,11 @@ class AmxBrgemm : public JitGenerator {
 };
 
 }  // namespace
+
+int64_t amx_b_prefetch_bytes(const BrgemmDesc& d) {
+  if (!d.a_packed) return 0;
+  return int64_t(AmxShape(d).passes) * ((d.kb + 31) / 32) * kPrefetchLinesPerStep * 64;
+}
 
 std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d) {
   AmxBrgemm g(d);

@@ -16,6 +16,9 @@ std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d);
 // Register-blocking rules of the AVX-512 kernel, shared with the planner.
 int avx512_brgemm_ksplit(int mr, int nz);
 int avx512_brgemm_max_mr(int nz);
+// Bytes an AMX kernel with desc.a_packed prefetches from args.b_prefetch per
+// call (8 cache lines per K step of each column pass).
+int64_t amx_b_prefetch_bytes(const BrgemmDesc& d);
 
 // Peak-throughput probes for the benchmarks: `void f(int64_t iters)` running
 // iters × 16 independent vdpbf16ps (zmm) or iters × 8 tdpbf16ps on operands
