@@ -11,7 +11,7 @@
 //           (1.21 GB of packed experts, 9.4 MB per expert)
 //   mixtral Mixtral-8x7B-like:  E = 8,   k = 2, H = 4096, I = 14336
 //           (2.8 GB of packed experts, 352 MB per expert)
-// T ∈ {1, 16, 256, 2048} tokens. Mixtral at T = 2048 is one call of ~1.4 TFLOP
+// T ∈ {1, 16, 256, 512, 2048} tokens. Mixtral at T = 2048 is one call of ~1.4 TFLOP
 // of routed work, several seconds on this 2-core machine: it runs once per
 // repetition, on 2 threads only.
 //
@@ -279,7 +279,7 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   for (const LayerShape& s : {kQwen3, kMixtral})
-    for (int64_t t : {1, 16, 256, 2048}) {
+    for (int64_t t : {1, 16, 256, 512, 2048}) {
       const bool huge = s.e == kMixtral.e && t > 256;  // see the top
       for (int threads : {1, 2}) {
         if (huge && threads == 1) continue;
