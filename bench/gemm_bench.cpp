@@ -10,6 +10,7 @@
 // Sections (benchmark names):
 //   BM_PeakAvx512Bf16/T, BM_PeakAmxBf16/T    register-only dot-product peak
 //   BM_DramReadBandwidth/T/hugepages         streaming read over a 2 GiB buffer
+//   BM_L3ReadBandwidth/T                     the same over 32 MiB, hot in the LLC
 //   BM_OnednnMatmul/M/N/K/T                  oneDNN bf16 matmul (packed weights)
 //   BM_TilejitGemm/M/N/K/T                   tilejit::gemm, same shape; vs_onednn
 //   BM_{Onednn,Tilejit}*DecodeSweep/1/4096/K/T  M=1 with 8..64 MiB of weights (vs L3)
@@ -289,6 +290,29 @@ struct DramRefs {
 };
 DramRefs measure_dram_refs(int threads) {
   return {measure_dram(threads, 3, true), measure_dram(threads, 3, false)};
+}
+
+// The same streaming read over a 32 MiB buffer that stays in the last-level
+// cache (a 4096 × 4096 bf16 weight's size): the ceiling of a hot decode GEMM,
+// whose weights are read once per call from L3.
+void BM_L3ReadBandwidth(benchmark::State& state) {
+  if (!dram_probe_usable()) {
+    state.SkipWithError("the streaming probe needs AVX-512F");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const int threads = static_cast<int>(state.range(0));
+  constexpr size_t kBytes = size_t(32) << 20;
+  static Buffer b(kBytes);
+  std::memset(b.mem.get(), 1, kBytes);
+  benchmark::DoNotOptimize(tilejit::bench::stream_read(b.mem.get(), kBytes, threads));  // warm
+  const Meter t(threads);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(tilejit::bench::stream_read(b.mem.get(), kBytes, threads));
+  state.counters["GBs"] =
+      benchmark::Counter(double(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBs_cpu"] = double(kBytes) * double(state.iterations()) / t.cpu() * 1e-9;
 }
 
 void BM_DramReadBandwidth(benchmark::State& state) {
@@ -894,6 +918,12 @@ void register_all() {
         ->ArgName("steps")
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  for (int t : {1, 2})
+    RegisterBenchmark("BM_L3ReadBandwidth", BM_L3ReadBandwidth)
+        ->Arg(t)
+        ->ArgName("threads")
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   for (int huge : {1, 0})
     for (int t : {1, 2})
       RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
