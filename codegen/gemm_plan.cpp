@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "codegen/xbyak/emitters.h"
+#include "tilejit/error.h"
 
 namespace tilejit::codegen {
 
@@ -23,6 +24,10 @@ std::string glu_suffix(Glu glu, Activation act, float alpha, float limit, bool k
 }  // namespace
 
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
+  // The blocking below divides by K chunks and N blocks: an empty GEMM has no
+  // plan (the verifier and pack_weight refuse N or K of 0 before this).
+  if (spec.n < 1 || spec.k < 1)
+    throw Error(fmt::format("plan_gemm: N={} K={}; allowed: N >= 1 and K >= 1", spec.n, spec.k));
   GemmPlan p;
   p.spec = spec;
   p.isa = isa;
@@ -32,8 +37,10 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   // A B panel is kc/2 rows of 256 bytes: 2048-deep chunks are 256 KiB, a
   // quarter of a 1 MiB L2, leaving room for A blocks and the partial sums.
   constexpr int64_t kMaxChunk = 2048;
-  p.k_chunks = (spec.k + kMaxChunk - 1) / kMaxChunk;
-  p.kc = p.k_chunks == 1 ? spec.k : ((spec.k + p.k_chunks - 1) / p.k_chunks + 31) / 32 * 32;
+  // Ceiling divisions written so that no sum can overflow, whatever K (up to INT64_MAX).
+  p.k_chunks = spec.k / kMaxChunk + (spec.k % kMaxChunk != 0);
+  const int64_t per_chunk = spec.k / p.k_chunks + (spec.k % p.k_chunks != 0);  // <= 2048
+  p.kc = p.k_chunks == 1 ? spec.k : (per_chunk + 31) / 32 * 32;
   switch (isa) {
     case Isa::amx:
       // Two row tiles: every B tile loaded feeds two tdpbf16ps.
@@ -44,8 +51,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
     case Isa::avx512: {
       // The widest N block sets the register budget for the rows.
       // (A GLU computes the whole 64-column block.)
-      const int nz =
-          spec.glu != Glu::none ? 4 : static_cast<int>(std::min<int64_t>(4, (spec.n + 15) / 16));
+      const int nz = spec.glu != Glu::none
+                         ? 4
+                         : static_cast<int>(std::min<int64_t>(4, spec.n / 16 + (spec.n % 16 != 0)));
       p.mr = xbyak::avx512_brgemm_max_mr(nz);
       break;
     }

@@ -73,6 +73,13 @@ bool RuleContext::static_dim(size_t i, int axis, const char* dim_name, const cha
   return fail(cat("operand ", who(i), " has ", dim_name, "=", dim(i, axis).str(), ": ", rule));
 }
 
+bool RuleContext::nonzero_dim(size_t i, int axis, const char* dim_name, const char* rule) {
+  const Dim& d = dim(i, axis);
+  if (!d.is_static() || d.value != 0) return true;
+  return fail(
+      cat("operand ", who(i), " has ", dim_name, "=0; allowed: ", dim_name, " >= 1 (", rule, ")"));
+}
+
 bool RuleContext::same_dim(size_t i, int ai, size_t j, int aj, const char* dim_name,
                            const char* rule) {
   if (dim(i, ai) == dim(j, aj)) return true;

@@ -50,6 +50,11 @@ class RuleContext {
   // Any row_major layout (elementwise ops read strided operands).
   bool row_major(size_t i);
   bool static_dim(size_t i, int axis, const char* dim_name, const char* rule);
+  // A static dim is not 0 (a symbolic one is checked when it is bound):
+  // "operand 'w' (%w) has N=0; allowed: N >= 1 (<rule>)". The IR refuses the
+  // empty dims the operators refuse, so that no later stage (plan, emit)
+  // divides by them.
+  bool nonzero_dim(size_t i, int axis, const char* dim_name, const char* rule);
   // dim(i, ai) == dim(j, aj), else "operand 'i' has N=.. but 'j' has N=..: <rule>".
   bool same_dim(size_t i, int ai, size_t j, int aj, const char* dim_name, const char* rule);
 

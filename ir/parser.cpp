@@ -413,17 +413,27 @@ class Parser {
     return i;
   }
 
+  void refuse_control_byte() {
+    const auto c = static_cast<unsigned char>(peek());
+    if (c < 0x20 || c == 0x7f)
+      fail(here(), cat(describe(peek()), " in a string literal; allowed: printable characters"));
+  }
+
   std::string string_literal() {
     Pos p = here();
     advance();  // the opening quote
     std::string s;
     while (true) {
       if (at_end() || peek() == '\n') fail(p, "unterminated string");
+      // A NUL or other control byte would end or garble every message that
+      // quotes the string (C strings stop at NUL): strings are printable text.
+      refuse_control_byte();
       char c = peek();
       advance();
       if (c == '"') return s;
       if (c == '\\') {
         if (at_end()) fail(p, "unterminated string");
+        refuse_control_byte();
         c = peek();
         if (c != '"' && c != '\\')
           fail(here(), cat("unknown escape '\\", c, "' (only \\\" and \\\\)"));

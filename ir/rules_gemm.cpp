@@ -16,6 +16,9 @@ std::optional<TensorType> check_gemm(RuleContext& c) {
   c.weight_layout(w);
   if (!c.ok()) return std::nullopt;
   if (!c.same_dim(w, 1, x, 1, "K", "the reduction dims must match")) return std::nullopt;
+  c.nonzero_dim(w, 0, "N", "tilejit::pack_weight takes no empty weight");
+  c.nonzero_dim(w, 1, "K", "tilejit::pack_weight takes no empty weight");
+  if (!c.ok()) return std::nullopt;
   return result(DType::f32, {c.dim(x, 0), c.dim(w, 0)});
 }
 

@@ -1,6 +1,8 @@
 // moe %hidden, %w13, %w2, %topk_weights, %topk_ids: fused mixture of experts.
 // Each token runs through its top_k experts e: act(hidden·w13[e]ᵀ) split in
 // gate/up halves, gate_act(gate)*up, ·w2[e]ᵀ, summed with its routing weights.
+#include <tuple>
+
 #include "ir/op_rules.h"
 
 namespace tilejit::ir {
@@ -39,12 +41,16 @@ std::optional<TensorType> check_moe(RuleContext& c) {
                " has I=", i.str(), ": expert intermediate dims must be static"));
     return std::nullopt;
   }
-  if (two_i.value != 2 * i.value) {
+  // Compared as a division: 2·I could overflow for a huge static I.
+  if (two_i.value % 2 != 0 || two_i.value / 2 != i.value) {
     c.fail(cat("operand ", c.who(w13), " has 2*I=", two_i.value, " but ", c.who(w2),
                " has I=", i.value,
                ": w13 stacks the gate and up projections, so its dim 1 is twice w2's dim 2"));
     return std::nullopt;
   }
+  for (auto [operand, axis, name] : {std::tuple{w13, 0, "E"}, {w13, 1, "2*I"}, {w13, 2, "H"}})
+    c.nonzero_dim(operand, axis, name, "tilejit::pack_experts takes no empty expert weights");
+  if (!c.ok()) return std::nullopt;
   int64_t top_k = *c.attrs().get_int("top_k");
   for (size_t r : {tw, ti}) {
     const Dim& k = c.dim(r, 1);

@@ -89,11 +89,31 @@ const char* chunk_name(codegen::GemmPlan::Chunk c) {
 
 }  // namespace
 
-HostTensor HostTensor::zeros(DType dtype, std::vector<int64_t> shape) {
+int64_t dense_bytes(const std::vector<int64_t>& shape, int64_t item_bytes,
+                    const std::string& what) {
+  int64_t n = item_bytes;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (d < 0)
+      throw Error(fmt::format("{} has shape {}: a dim is negative", what, shape_str(shape)));
+    overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  }
+  // A zero dim makes an empty tensor whatever the other dims multiply to.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  if (overflow || n > kMaxHostTensorBytes)
+    throw Error(fmt::format(
+        "{} has shape {} of {}-byte elements: {} bytes; allowed: at most {} GiB (the tool's cap "
+        "on one tensor)",
+        what, shape_str(shape), item_bytes,
+        overflow ? std::string("more than 2^63") : std::to_string(n), kMaxHostTensorBytes >> 30));
+  return n;
+}
+
+HostTensor HostTensor::zeros(DType dtype, std::vector<int64_t> shape, const std::string& what) {
   HostTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.bytes.assign(static_cast<size_t>(t.numel() * elem_bytes(dtype)), 0);
+  t.bytes.assign(static_cast<size_t>(dense_bytes(t.shape, elem_bytes(dtype), what)), 0);
   return t;
 }
 
@@ -313,9 +333,11 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
                         source[d.symbol], shape_str(bind_shape(v.type, dims))));
       }
     }
-    if (static_cast<int64_t>(t.bytes.size()) != t.numel() * elem_bytes(t.dtype))
+    const int64_t need =
+        dense_bytes(t.shape, elem_bytes(t.dtype), fmt::format("input '{}'", v.name));
+    if (static_cast<int64_t>(t.bytes.size()) != need)
       throw Error(fmt::format("input '{}' holds {} bytes; its shape {} needs {}", v.name,
-                              t.bytes.size(), shape_str(t.shape), t.numel() * elem_bytes(t.dtype)));
+                              t.bytes.size(), shape_str(t.shape), need));
   }
   inputs_ = &inputs;
   dims_ = std::move(dims);
@@ -326,7 +348,8 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
   if (!prog_.has_gemm) return;
   if (!prog_.epilogue.ops.empty()) {
     const ir::TensorType& gt = f_.value(prog_.result).type;
-    gemm_out_ = HostTensor::zeros(gt.dtype, bind_shape(gt, dims_));
+    gemm_out_ = HostTensor::zeros(gt.dtype, bind_shape(gt, dims_),
+                                  fmt::format("the gemm result %{}", f_.value(prog_.result).name));
   }
 
   // x at the IR's static row stride, when it has one wider than K: the
@@ -337,7 +360,11 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
   const int64_t m = x.shape[0], k = x.shape[1];
   if (!xl.strides.empty() && xl.strides[0] && *xl.strides[0] > k) {
     const int64_t ld = x_ld_ = *xl.strides[0];
-    x_strided_.assign(static_cast<size_t>(m * ld), 0);
+    x_strided_.assign(static_cast<size_t>(dense_bytes({m, ld}, 2,
+                                                      fmt::format("input '{}' at its row stride {}",
+                                                                  f_.value(prog_.x).name, ld)) /
+                                          2),
+                      0);
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(x_strided_.data() + i * ld, x.data<uint16_t>() + i * k, size_t(k) * 2);
   }
@@ -354,7 +381,8 @@ TensorMap ProgramRunner::make_outputs() const {
       if (shape[i] < 0)
         throw Error(fmt::format("result '{}' ({}) has dim {} = {} that no input binds", v.name,
                                 v.type.str(), i, v.type.dims[i].str()));
-    out[v.name] = HostTensor::zeros(v.type.dtype, std::move(shape));
+    out[v.name] =
+        HostTensor::zeros(v.type.dtype, std::move(shape), fmt::format("result '{}'", v.name));
   }
   return out;
 }

@@ -32,13 +32,26 @@
 
 namespace tilejit::ops {
 
+// The largest tensor the runner holds (an input read from a .npy file, a
+// generated input, a result, a scratch between calls): shapes from a .tir
+// file, --dim or a .npy header past it are refused before any allocation.
+inline constexpr int64_t kMaxHostTensorBytes = int64_t(16) << 30;
+
+// The bytes of a dense tensor of `shape` with `item_bytes`-byte elements,
+// computed with overflow checks: Error naming `what`, the shape and the cap
+// when a dim is negative or the product overflows int64 or exceeds
+// kMaxHostTensorBytes.
+int64_t dense_bytes(const std::vector<int64_t>& shape, int64_t item_bytes, const std::string& what);
+
 // An owned, dense, C-order host tensor of an IR dtype (bf16 as its bit pattern).
 struct HostTensor {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
 
-  static HostTensor zeros(DType dtype, std::vector<int64_t> shape);
+  // Error (dense_bytes, kMaxHostTensorBytes) naming `what` when the shape is too large.
+  static HostTensor zeros(DType dtype, std::vector<int64_t> shape,
+                          const std::string& what = "a tensor");
   int64_t numel() const;
   template <class T>
   T* data() {

@@ -396,20 +396,30 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
     // the calls then read the rows of a wider buffer, as the program says.
     const HostTensor& h = inputs.at(f_.value(id).name);
     const int r = t.rank();
+    if (h.numel() == 0) continue;
     std::vector<int64_t> st(r), dense(r);
-    bool differs = false;
+    bool differs = false, overflow = false;
     for (int i = r - 1; i >= 0; --i) {
       dense[i] = i == r - 1 ? 1 : dense[i + 1] * h.shape[i + 1];
       const auto& s = t.layout.strides[i];
-      st[i] = s ? *s : (i == r - 1 ? 1 : st[i + 1] * h.shape[i + 1]);
+      st[i] = s ? *s : 1;
+      if (!s && i != r - 1) overflow |= __builtin_mul_overflow(st[i + 1], h.shape[i + 1], &st[i]);
       differs = differs || st[i] != dense[i];
     }
-    if (!differs || h.numel() == 0) continue;
+    if (!differs) continue;
+    // Static strides come from the .tir text: their span is checked like a shape.
     int64_t span = 1;
-    for (int i = 0; i < r; ++i) span += (h.shape[i] - 1) * st[i];
+    for (int i = 0; i < r; ++i) {
+      int64_t step = 0;
+      overflow |= __builtin_mul_overflow(h.shape[i] - 1, st[i], &step);
+      overflow |= __builtin_add_overflow(span, step, &span);
+    }
     const int64_t eb = elem_bytes(h.dtype);
+    const std::string what =
+        fmt::format("input '{}' at its strides {}", f_.value(id).name, shape_str(st));
+    if (overflow) throw Error(fmt::format("{} spans more than 2^63 elements", what));
     Bound::Strided& out = b->strided[id];
-    out.bytes.assign(static_cast<size_t>(span * eb), 0);
+    out.bytes.assign(static_cast<size_t>(dense_bytes({span}, eb, what)), 0);
     out.strides = st;
     for (int64_t flat = 0; flat < h.numel(); ++flat) {
       int64_t rest = flat, off = 0;
@@ -423,7 +433,8 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
   for (const ir::Op& op : f_.ops) {
     if (is_param(f_, op.result) || is_result(f_, op.result)) continue;
     const ir::TensorType& t = f_.value(op.result).type;
-    b->scratch[op.result] = HostTensor::zeros(t.dtype, bind_shape(t, dims_));
+    b->scratch[op.result] = HostTensor::zeros(t.dtype, bind_shape(t, dims_),
+                                              fmt::format("%{}", f_.value(op.result).name));
   }
   b->w13.resize(prog_.calls.size());
   b->w2.resize(prog_.calls.size());

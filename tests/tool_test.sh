@@ -249,7 +249,7 @@ if [ -f "$LB" ] && [ -f "$LS" ]; then
   bad "malformed --input" "--input 'x': expected NAME=FILE.npy" "$TJ" run "$LB" --input x
   bad "unbound dim" "\\?M has no size; give --dim M=SIZE" "$TJ" run "$LB" --random-inputs 1
   bad "unknown dim" "has no dim \\?Q; its symbolic dims are \\?M" "$TJ" dump "$LB" --dim Q=3
-  bad "bad dim value" "--dim 'M=-1': the size must be an integer >= 0" "$TJ" dump "$LB" --dim M=-1
+  bad "bad dim value" "--dim 'M=-1': the size must be an integer in \\[0, 2147483647\\]" "$TJ" dump "$LB" --dim M=-1
   bad "unknown --stage" "--stage: bogus not in" "$TJ" dump "$LB" --stage bogus
   bad "unknown --isa" "--isa: knights not in" "$TJ" run "$LB" --isa knights
   bad "unknown option" "tilejit run: error: .*--frobnicate" "$TJ" run "$LB" --frobnicate

@@ -75,8 +75,8 @@ void report_operators(const ops::ProgramRunner& runner, const CpuInfo& cpu, doub
 }  // namespace
 
 int run_bench(const BenchOptions& opt) {
-  if (opt.threads > 0) set_num_threads(opt.threads);
-  if (!(opt.seconds > 0)) throw Error(fmt::format("--seconds {}: must be > 0", opt.seconds));
+  set_threads_option(opt.threads);
+  check_seconds_option(opt.seconds);
   const ir::Function f = load_program(opt.file);
   const ops::DimBindings dims = parse_dims(opt.dims, f);
   ops::ProgramRunner runner = make_runner(f, opt.file);

@@ -1,13 +1,24 @@
 // The subcommands of the `tilejit` tool (docs/tool.md). Each returns the
 // process exit code: 0 success, 1 failure (bad input, a stage that cannot be
-// produced, a --check FAIL); they throw tilejit::Error for main to report.
+// produced, a --check FAIL); they throw tilejit::Error for main to report
+// (exit 1), or UsageError for a bad command line (exit 2).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "tilejit/error.h"
+
 namespace tilejit::tools {
+
+// A command line the tool cannot act on: an option value out of range or
+// malformed, a name the program does not have, an argument missing. main
+// reports it as CLI11's own parse errors are reported, with exit code 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
 
 struct LlamaJobOptions {
   int threads = 0;       // 0: library default

@@ -203,7 +203,7 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
 int run_dump(const DumpOptions& opt) {
   const bool all = opt.stage == "all";
   if (!all && std::find(std::begin(kStages), std::end(kStages), opt.stage) == std::end(kStages))
-    throw Error(fmt::format(
+    throw UsageError(fmt::format(
         "--stage '{}' is not a stage; allowed: ir, verified, plan, key, asm, all", opt.stage));
   const std::string file = display_name(opt.file);
   const ir::Function f = load_program(opt.file);

@@ -54,21 +54,23 @@ int run_gen_npy(const GenNpyOptions& opt) {
       found = true;
     }
   if (!found)
-    throw Error(
+    throw UsageError(
         fmt::format("--dtype '{}': allowed: <f4, <i4, |u1, |i1, <u2 (bf16 bits)", opt.dtype));
   for (int64_t d : opt.shape)
-    if (d < 0) throw Error(fmt::format("--shape: dim {} must be >= 0", d));
+    if (d < 0 || d > kMaxDimValue)
+      throw UsageError(fmt::format("--shape: dim {}; allowed: 0 to {}", d, kMaxDimValue));
   a.shape = opt.shape;
+  const int64_t bytes = ops::dense_bytes(a.shape, npy_item_bytes(a.dtype), "gen-npy " + opt.file);
   const InputRole role = role_from_name(std::filesystem::path(opt.file).stem().string());
   if (role != InputRole::plain) {
-    ops::HostTensor t = ops::HostTensor::zeros(dtype_of(a.dtype), a.shape);
+    ops::HostTensor t = ops::HostTensor::zeros(dtype_of(a.dtype), a.shape, "gen-npy " + opt.file);
     fill_role(t, role, kIndexRange, opt.seed, "gen-npy " + opt.file);
     write_npy(opt.file, npy_from_tensor(t, "gen-npy " + opt.file));
     return 0;
   }
   const int64_t n = a.numel();
   const int item = npy_item_bytes(a.dtype);
-  a.data.resize(static_cast<size_t>(n * item));
+  a.data.resize(static_cast<size_t>(bytes));
   uint64_t s = opt.seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < n; ++i) {
     s ^= s << 13;

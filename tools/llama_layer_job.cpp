@@ -30,6 +30,7 @@
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program_io.h"
 
 namespace tilejit::tools {
 namespace {
@@ -622,7 +623,8 @@ void print_row(const Env& env, const Row& r) {
 }  // namespace
 
 int run_llama_layer_job(const LlamaJobOptions& opt) {
-  if (opt.threads > 0) set_num_threads(opt.threads);
+  set_threads_option(opt.threads);
+  check_seconds_option(opt.seconds);
   Env env;
   env.cpu = cpu_info();
   env.opt = opt;

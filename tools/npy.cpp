@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "tilejit/error.h"
+#include "tools/file_limits.h"
 
 namespace tilejit::tools {
 namespace {
@@ -161,29 +162,44 @@ int64_t NpyArray::numel() const {
   return n;
 }
 
-NpyArray parse_npy(std::string_view bytes, const std::string& name) {
+namespace {
+
+// What the fixed-size preamble (magic, version, header length) says.
+struct Preamble {
+  size_t header_start = 0;  // 10 (version 1) or 12
+  size_t header_len = 0;
+};
+
+// `bytes` holds at least the first 10 bytes of the file (12 for version 2+).
+Preamble parse_preamble(std::string_view bytes, const std::string& name) {
   if (bytes.size() < kMagicLen + 4 ||
       bytes.substr(0, kMagicLen) != std::string_view(kMagic, kMagicLen))
     throw Error(fmt::format("{}: not a .npy file (no \\x93NUMPY magic)", name));
-  const auto major = static_cast<uint8_t>(bytes[6]);
   const auto u8 = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])); };
-  size_t header_len = 0, header_start = 0;
+  const uint32_t major = u8(6);
+  Preamble p;
   if (major == 1) {
-    header_len = u8(8) | u8(9) << 8;
-    header_start = 10;
+    p.header_len = u8(8) | u8(9) << 8;
+    p.header_start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) throw Error(fmt::format("{}: truncated .npy header", name));
-    header_len = u8(8) | u8(9) << 8 | u8(10) << 16 | u8(11) << 24;
-    header_start = 12;
+    p.header_len = u8(8) | u8(9) << 8 | u8(10) << 16 | u8(11) << 24;
+    p.header_start = 12;
   } else {
     throw Error(
         fmt::format("{}: .npy format version {}.{} is not supported; allowed: 1.0, 2.0, 3.0", name,
                     major, u8(7)));
   }
-  if (bytes.size() < header_start + header_len)
-    throw Error(fmt::format("{}: truncated .npy header", name));
-  auto dict = HeaderParser(bytes.substr(header_start, header_len), name).dict();
+  if (static_cast<int64_t>(p.header_len) > kMaxNpyHeaderBytes)
+    throw Error(fmt::format("{}: .npy header length {} is more than the {} a header may have", name,
+                            p.header_len, byte_size_str(kMaxNpyHeaderBytes)));
+  return p;
+}
 
+// The array a header describes, with no data yet; *data_bytes is what the
+// shape needs, computed with overflow checks and capped (ops::dense_bytes).
+NpyArray parse_header(std::string_view header, const std::string& name, int64_t* data_bytes) {
+  auto dict = HeaderParser(header, name).dict();
   NpyArray a;
   const std::string descr = dict["descr"].str;
   const auto dt = dtype_from_descr(descr);
@@ -205,26 +221,58 @@ NpyArray parse_npy(std::string_view bytes, const std::string& name) {
         fmt::format("{}: the array is in Fortran order; write it in C order "
                     "(numpy.ascontiguousarray)",
                     name));
-  const size_t data_start = header_start + header_len;
-  const size_t want = static_cast<size_t>(a.numel() * npy_item_bytes(a.dtype));
-  if (bytes.size() - data_start != want)
-    throw Error(fmt::format("{}: holds {} data bytes, but shape {} of {} needs {}", name,
-                            bytes.size() - data_start, shape_tuple(a.shape), descr, want));
-  a.data.assign(bytes.begin() + data_start, bytes.end());
+  *data_bytes = ops::dense_bytes(a.shape, npy_item_bytes(a.dtype),
+                                 fmt::format("{}: the .npy array ({})", name, descr));
   return a;
 }
 
+Error size_mismatch(const std::string& name, const std::string& holds, const NpyArray& a,
+                    int64_t want) {
+  return Error(fmt::format("{}: holds {} data bytes, but shape {} of {} needs {}", name, holds,
+                           shape_tuple(a.shape), npy_descr(a.dtype), want));
+}
+
+}  // namespace
+
+NpyArray parse_npy(std::string_view bytes, const std::string& name) {
+  const Preamble p = parse_preamble(bytes, name);
+  if (bytes.size() - p.header_start < p.header_len)
+    throw Error(fmt::format("{}: truncated .npy header", name));
+  int64_t want = 0;
+  NpyArray a = parse_header(bytes.substr(p.header_start, p.header_len), name, &want);
+  const std::string_view data = bytes.substr(p.header_start + p.header_len);
+  if (static_cast<int64_t>(data.size()) != want)
+    throw size_mismatch(name, std::to_string(data.size()), a, want);
+  a.data.assign(data.begin(), data.end());
+  return a;
+}
+
+// Reads the file piece by piece, so that no more is read than the header
+// says the array needs (and never more than the caps of tools/file_limits.h):
+// /dev/zero fails at the magic, a header claiming 2^52 elements at its shape.
 NpyArray read_npy(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::string bytes;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.append(buf, n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) throw Error(fmt::format("{}: read error", path));
-  return parse_npy(bytes, path);
+  CappedFile f(path);
+  f.require_at_most(kMaxNpyHeaderBytes + 12 + kMaxNpyDataBytes, "a .npy file");
+  std::string head;
+  f.read_up_to(10, head);
+  if (head.size() >= 7 && head[6] != 1) f.read_up_to(2, head);
+  const Preamble p = parse_preamble(head, f.name());
+  f.read_up_to(static_cast<int64_t>(p.header_start + p.header_len - head.size()), head);
+  if (head.size() < p.header_start + p.header_len)
+    throw Error(fmt::format("{}: truncated .npy header", f.name()));
+  int64_t want = 0;
+  NpyArray a =
+      parse_header(std::string_view(head).substr(p.header_start, p.header_len), f.name(), &want);
+  const int64_t data_start = static_cast<int64_t>(head.size());
+  if (f.size() >= 0 && f.size() - data_start != want)
+    throw size_mismatch(f.name(), std::to_string(f.size() - data_start), a, want);
+  if (f.size() >= 0) a.data.reserve(static_cast<size_t>(want));
+  f.read_up_to(want + 1, a.data);  // one byte more: a stream longer than the shape is an error too
+  const auto got = static_cast<int64_t>(a.data.size());
+  if (got != want)
+    throw size_mismatch(
+        f.name(), got > want ? fmt::format("more than {}", want) : std::to_string(got), a, want);
+  return a;
 }
 
 std::string serialize_npy(const NpyArray& a) {

@@ -9,12 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <iostream>
-#include <iterator>
 
 #include "ir/parser.h"
 #include "runtime/bf16.h"
 #include "tilejit/error.h"
+#include "tools/commands.h"
+#include "tools/file_limits.h"
 
 namespace tilejit::tools {
 namespace {
@@ -49,18 +49,7 @@ std::string display_name(const std::string& path) {
 }
 
 std::string read_text(const std::string& path) {
-  if (path == "-")
-    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::string text;
-  char buf[1 << 14];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) throw Error(fmt::format("{}: read error", path));
-  return text;
+  return CappedFile(path).read_all(kMaxProgramBytes, ".tir program");
 }
 
 ir::Function load_program(const std::string& path) {
@@ -81,7 +70,7 @@ std::pair<std::string, std::string> split_assignment(const std::string& arg, con
   std::string name = arg.substr(0, eq);
   if (!name.empty() && name[0] == '%') name.erase(0, 1);
   if (eq == std::string::npos || name.empty() || eq + 1 == arg.size())
-    throw Error(fmt::format("{} '{}': expected NAME={}", option, arg, value_hint));
+    throw UsageError(fmt::format("{} '{}': expected NAME={}", option, arg, value_hint));
   return {name, arg.substr(eq + 1)};
 }
 
@@ -102,10 +91,11 @@ ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Func
     if (!name.empty() && name[0] == '?') name.erase(0, 1);
     int64_t v = -1;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size() || v < 0)
-      throw Error(fmt::format("--dim '{}': the size must be an integer >= 0", arg));
+    if (ec != std::errc() || end != text.data() + text.size() || v < 0 || v > kMaxDimValue)
+      throw UsageError(
+          fmt::format("--dim '{}': the size must be an integer in [0, {}]", arg, kMaxDimValue));
     if (std::find(syms.begin(), syms.end(), name) == syms.end())
-      throw Error(fmt::format(
+      throw UsageError(fmt::format(
           "--dim '{}': @{} has no dim ?{}; its symbolic dims are {}", arg, f.name, name,
           syms.empty() ? std::string("(none)") : "?" + fmt::format("{}", fmt::join(syms, ", ?"))));
     dims[name] = v;
@@ -346,16 +336,17 @@ ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindi
   const std::vector<int64_t> shape = ops::bind_shape(param.type, dims);
   for (size_t i = 0; i < shape.size(); ++i)
     if (shape[i] < 0)
-      throw Error(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
-                              param.name, param.type.str(), param.type.dims[i].str(),
-                              param.type.dims[i].symbol));
-  ops::HostTensor t = ops::HostTensor::zeros(param.type.dtype, shape);
+      throw UsageError(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
+                                   param.name, param.type.str(), param.type.dims[i].str(),
+                                   param.type.dims[i].symbol));
+  ops::HostTensor t =
+      ops::HostTensor::zeros(param.type.dtype, shape, fmt::format("random input '{}'", param.name));
   int64_t range = -1;
   int range_of = -1;
   const InputRole role = input_role(f, id, dims, &range, &range_of);
   if (range < 0 && range_of >= 0) {
     const ir::Dim& d = f.value(range_of).type.dims.at(0);
-    throw Error(fmt::format(
+    throw UsageError(fmt::format(
         "random input '{}' ({}): its values must lie in [0, {}) (%{} dim 0), which has no size; "
         "give --dim {}=SIZE",
         param.name, param.type.str(), d.str(), f.value(range_of).name, d.symbol));
@@ -363,6 +354,23 @@ ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindi
   fill_role(t, role, range, seed * 0x2545F4914F6CDD1Dull ^ name_hash(param.name),
             fmt::format("random input '{}'", param.name));
   return t;
+}
+
+void set_threads_option(int threads) {
+  if (threads == 0) return;  // the option was not given
+  try {
+    set_num_threads(threads);
+  } catch (const Error& e) {
+    // The runtime states the allowed range; the message names the option too.
+    throw UsageError(fmt::format("--threads {}: {}", threads, e.what()));
+  }
+}
+
+void check_seconds_option(double seconds) {
+  if (!(seconds > 0 && seconds <= kMaxSeconds))
+    throw UsageError(fmt::format(
+        "--seconds {}: allowed: a number of seconds > 0 and at most {} (the timing budget)",
+        seconds, kMaxSeconds));
 }
 
 void note_isa_request(const std::string& requested) {

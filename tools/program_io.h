@@ -14,7 +14,9 @@
 
 namespace tilejit::tools {
 
-// The text of `path`, or of stdin for "-". Throws Error "path: cannot open: ...".
+// The text of `path`, or of stdin for "-", at most kMaxProgramBytes
+// (tools/file_limits.h). Throws Error "path: cannot open: ...", "path: is a
+// directory, not a file", "path: is N bytes, more than ...".
 std::string read_text(const std::string& path);
 // Parses `path` ("-" = stdin, shown as <stdin>). Throws ir::ParseError, whose
 // what() is "file:line:col: error: ...".
@@ -29,7 +31,12 @@ ops::ProgramRunner make_runner(const ir::Function& f, const std::string& path);
 // both `--input x=...` and `--input %x=...` work. Error names the option.
 std::pair<std::string, std::string> split_assignment(const std::string& arg, const char* option,
                                                      const char* value_hint);
-// --dim M=512 ... → {"M": 512}; every symbol must occur in f.
+// The largest value --dim takes: any larger and a product of two dims could
+// overflow int64 (the shapes it makes are capped again, in bytes, by
+// ops::dense_bytes).
+inline constexpr int64_t kMaxDimValue = (int64_t(1) << 31) - 1;
+// --dim M=512 ... → {"M": 512}; every symbol must occur in f. UsageError
+// (tools/commands.h) for a malformed, negative, too large or unknown dim.
 ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f);
 // The symbols of f's params, in order of first appearance.
 std::vector<std::string> program_symbols(const ir::Function& f);
@@ -70,6 +77,15 @@ void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
 // leaves the others unchanged.
 ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindings& dims,
                               uint64_t seed);
+
+// --threads N of bench and llama-layer (0: not given): set_num_threads, its
+// Error (which states the allowed range) a UsageError naming the option.
+void set_threads_option(int threads);
+// --seconds S of bench and llama-layer: a timing budget, finite and positive,
+// at most kMaxSeconds (batches are sized by S / time per call: 1e308 would
+// run for ever); UsageError otherwise.
+inline constexpr double kMaxSeconds = 3600;
+void check_seconds_option(double seconds);
 
 // A note on stderr when --isa asked for a path other than the one that runs
 // (TILEJIT_ISA is a cap: the active path is the best one at or below it).

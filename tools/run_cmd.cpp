@@ -36,12 +36,24 @@ std::map<std::string, std::string> file_options(const std::vector<std::string>& 
   for (const std::string& arg : args) {
     auto [name, path] = split_assignment(arg, option, "FILE.npy");
     if (std::find(names.begin(), names.end(), name) == names.end())
-      throw Error(fmt::format("{} '{}': @{} has no {} '{}'; its {}s are {}", option, arg, f.name,
-                              what, name, what, fmt::join(names, ", ")));
+      throw UsageError(fmt::format("{} '{}': @{} has no {} '{}'; its {}s are {}", option, arg,
+                                   f.name, what, name, what, fmt::join(names, ", ")));
     if (!out.emplace(name, path).second)
-      throw Error(fmt::format("{} '{}': {} '{}' is given twice", option, arg, what, name));
+      throw UsageError(fmt::format("{} '{}': {} '{}' is given twice", option, arg, what, name));
   }
   return out;
+}
+
+// --save-inputs DIR: created when missing; a path that exists and is not a
+// directory (a regular file, say) is a usage error, not a failed write.
+void make_save_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw UsageError(
+        fmt::format("--save-inputs '{}': {}; allowed: a directory (created if missing)", dir,
+                    std::filesystem::exists(dir) ? "exists and is not a directory"
+                                                 : "cannot be created: " + ec.message()));
 }
 
 void print_summary(const std::string& name, const ops::HostTensor& t) {
@@ -105,14 +117,14 @@ int run_program(const RunOptions& opt) {
     const ir::Value& v = f.value(p);
     if (inputs.count(v.name)) continue;
     if (!opt.random_inputs)
-      throw Error(
+      throw UsageError(
           fmt::format("missing input '{}' ({}): give --input {}=FILE.npy, or "
                       "--random-inputs SEED",
                       v.name, v.type.str(), v.name));
     inputs[v.name] = random_tensor(f, p, dims, opt.seed);
   }
   if (!opt.save_inputs.empty()) {
-    std::filesystem::create_directories(opt.save_inputs);
+    make_save_dir(opt.save_inputs);
     for (const auto& [name, t] : inputs)
       write_npy(opt.save_inputs + "/" + name + ".npy", npy_from_tensor(t, "input '" + name + "'"));
   }

@@ -5,9 +5,12 @@
 // error.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "jit/disk_cache.h"
@@ -28,6 +31,18 @@ using tilejit::tools::RunOptions;
 const char* const kIsaHelp =
     "ISA path cap: amx, avx512, llvm or scalar (sets TILEJIT_ISA for this process; the active path "
     "is the best one at or below it)";
+
+// A seed is any uint64 written in decimal: CLI11 alone would take "-1" (as
+// 2^64 - 1) and wrap "18446744073709551616" to 0.
+const CLI::Validator kSeed(
+    [](std::string& s) {
+      uint64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      return ec == std::errc() && end == s.data() + s.size()
+                 ? std::string()
+                 : "'" + s + "' is not a seed; allowed: an integer in [0, 18446744073709551615]";
+    },
+    "UINT64");
 
 void add_dump(CLI::App& app, DumpOptions& o) {
   auto* c = app.add_subcommand("dump",
@@ -59,6 +74,7 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"amx", "avx512", "llvm", "scalar"}));
   c->add_option("--random-inputs", o.seed,
                 "generate every input not given by --input from this seed")
+      ->check(kSeed)
       ->each([&o](const std::string&) { o.random_inputs = true; });
   c->add_option("--dim", o.dims, "bind a symbolic dim for generated inputs, e.g. M=7")
       ->allow_extra_args(false);
@@ -76,7 +92,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
       ->check(CLI::PositiveNumber);
   c->add_option("--seconds", o.seconds, "timing budget (default 1)");
-  c->add_option("--seed", o.seed, "seed of the random inputs (default 1)");
+  c->add_option("--seed", o.seed, "seed of the random inputs (default 1)")->check(kSeed);
   c->add_option("--isa", o.isa, kIsaHelp)
       ->check(CLI::IsMember({"amx", "avx512", "llvm", "scalar"}));
 }
@@ -88,7 +104,7 @@ void add_gen_npy(CLI::App& app, GenNpyOptions& o) {
   c->add_option("file", o.file, "output path")->required();
   c->add_option("--dtype", o.dtype, "<f4 | <i4 | |u1 | |i1 | <u2");
   c->add_option("--shape", o.shape, "dims, comma separated (none: a scalar)")->delimiter(',');
-  c->add_option("--seed", o.seed, "seed");
+  c->add_option("--seed", o.seed, "seed")->check(kSeed);
 }
 
 // The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set
@@ -152,6 +168,11 @@ int main(int argc, char** argv) {
     if (name == "run") return tilejit::tools::run_program(run);
     if (name == "bench") return tilejit::tools::run_bench(bench);
     return tilejit::tools::run_llama_layer_job(llama);
+  } catch (const tilejit::tools::UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tilejit %s: error: %s (see tilejit %s --help)\n", name.c_str(), e.what(),
+                 name.c_str());
+    return 2;
   } catch (const tilejit::Error& e) {
     std::fflush(stdout);
     // IR parse errors already read "file:line:col: error: ..."; file errors
@@ -161,6 +182,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", what.c_str());
     else
       std::fprintf(stderr, "tilejit %s: error: %s\n", name.c_str(), what.c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // Every tensor is capped (ops::kMaxHostTensorBytes), but the caps may still
+    // exceed this machine's memory: an error in the input's size, not a bug.
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "tilejit %s: error: out of memory: the tensors of this program and shape do not "
+                 "fit in this machine's memory\n",
+                 name.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
