@@ -12,6 +12,7 @@
 #include <random>
 
 #include "runtime/cpu_features.h"
+#include "runtime/verbose.h"
 
 #ifndef TILEJIT_BUILD_ID
 #define TILEJIT_BUILD_ID "unknown"
@@ -22,6 +23,9 @@ namespace {
 
 constexpr char kMagic[4] = {'T', 'J', 'K', 'C'};
 constexpr uint32_t kFormat = 1;
+// Kernels are a few KiB of code (an LLVM object file at most a few hundred):
+// a larger file in the directory is not an entry this build wrote.
+constexpr int64_t kMaxEntryBytes = int64_t(64) << 20;
 
 uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) {
   for (size_t i = 0; i < n; ++i) {
@@ -45,17 +49,40 @@ bool get(const std::vector<uint8_t>& in, size_t& pos, T* v) {
   return true;
 }
 
-bool read_file(const std::string& path, std::vector<uint8_t>* out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
-  std::vector<uint8_t> buf;
-  uint8_t chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) buf.insert(buf.end(), chunk, chunk + n);
-  const bool ok = !std::ferror(f);
-  std::fclose(f);
-  if (ok) *out = std::move(buf);
-  return ok;
+// Why an entry could not be read; `missing` is the ordinary cold-cache case.
+enum class ReadResult { ok, missing, refused };
+
+// Reads the entry at `path` only if it is a regular file of at most
+// kMaxEntryBytes: a symlink (to /dev/zero, say), a FIFO, a device or a
+// directory in its place is refused without reading from it, and opening
+// never blocks (O_NONBLOCK: a FIFO with no writer would wait in open(2)).
+ReadResult read_file(const std::string& path, std::vector<uint8_t>* out) {
+  struct stat before;
+  if (::lstat(path.c_str(), &before) != 0)
+    return errno == ENOENT ? ReadResult::missing : ReadResult::refused;
+  if (!S_ISREG(before.st_mode) || before.st_size > kMaxEntryBytes) return ReadResult::refused;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return errno == ENOENT ? ReadResult::missing : ReadResult::refused;
+  // The name may have been replaced between lstat and open: check what was opened.
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxEntryBytes) {
+    ::close(fd);
+    return ReadResult::refused;
+  }
+  // One byte more than the size says, so that a file growing under us fails
+  // the length check instead of being read without end.
+  std::vector<uint8_t> buf(static_cast<size_t>(st.st_size) + 1);
+  size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t r = ::read(fd, buf.data() + got, buf.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  buf.resize(got);
+  *out = std::move(buf);
+  return ReadResult::ok;
 }
 
 bool write_all(int fd, const uint8_t* p, size_t n) {
@@ -107,7 +134,17 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
   if (!enabled()) return std::nullopt;
   const std::string path = path_for(key);
   std::vector<uint8_t> file;
-  if (!read_file(path, &file)) return std::nullopt;
+  const ReadResult read = read_file(path, &file);
+  if (read == ReadResult::missing) return std::nullopt;
+  if (read == ReadResult::refused) {
+    // Not a regular file of a sane size: never read, and unlinked (a
+    // symlink, FIFO or device node loses its name only; a directory stays
+    // and makes that key's stores fail) so the recompiled kernel replaces it.
+    rejected_.fetch_add(1);
+    log("refused entry (not a regular file of at most 64 MiB)", path);
+    ::unlink(path.c_str());
+    return std::nullopt;
+  }
   const std::string q = qualified_key(key);
   size_t pos = 0;
   uint32_t format = 0;
@@ -119,7 +156,9 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
        std::memcmp(file.data() + pos, q.data(), key_len) == 0;
   if (ok) {
     pos += key_len;
-    ok = get(file, pos, &payload_len) && file.size() - pos >= payload_len + 8;
+    // Written as two comparisons: payload_len + 8 wraps for a forged length near 2^64.
+    ok = get(file, pos, &payload_len) && payload_len <= file.size() - pos &&
+         file.size() - pos - payload_len >= 8;
   }
   if (ok) {
     const size_t payload_pos = pos;
@@ -135,6 +174,7 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
   // Truncated or corrupted (or, in theory, another key under the same 64-bit
   // hash): drop it, best effort, so the recompiled kernel replaces it.
   rejected_.fetch_add(1);
+  log("rejected entry (truncated, corrupted or foreign)", path);
   ::unlink(path.c_str());
   return std::nullopt;
 }
@@ -150,24 +190,44 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
   out.insert(out.end(), payload.begin(), payload.end());
   put(out, fnv1a(out.data(), out.size()));
 
+  if (static_cast<int64_t>(out.size()) > kMaxEntryBytes) {
+    store_failed("entry larger than 64 MiB, not stored", path_for(key));
+    return;
+  }
   const std::string path = path_for(key);
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return disable(std::string("cannot create an entry: ") + std::strerror(errno));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return store_failed(std::string("cannot create: ") + std::strerror(errno), tmp);
   const bool written = write_all(fd, out.data(), out.size());
+  const int write_errno = errno;
   const bool closed = ::close(fd) == 0;
   if (!written || !closed) {
     ::unlink(tmp.c_str());
-    return disable(std::string("cannot write an entry: ") + std::strerror(errno));
+    return store_failed(std::string("cannot write: ") + std::strerror(write_errno), tmp);
   }
   // rename(2) is atomic within a directory: readers see the old entry, the
   // new one, or none, never a partial file.
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
     ::unlink(tmp.c_str());
-    return disable(std::string("cannot publish an entry: ") + std::strerror(errno));
+    return store_failed(std::string("cannot publish: ") + std::strerror(e), path);
   }
   stores_.fetch_add(1);
+}
+
+// A store that fails (the temporary file deleted underneath, a directory in
+// the entry's place, a full disk) loses that one entry, nothing more: the
+// next store tries again, and loads go on, so one bad moment does not turn
+// the disk cache off for the rest of the process.
+void DiskCache::store_failed(const std::string& why, const std::string& path) {
+  store_failures_.fetch_add(1);
+  log(why, path);
+}
+
+void DiskCache::log(const std::string& what, const std::string& path) const {
+  if (runtime::verbose_level() > 0)
+    std::fprintf(stderr, "tilejit: disk cache: %s: %s\n", what.c_str(), path.c_str());
 }
 
 std::string disk_cache_dir_from_env() {

@@ -9,8 +9,12 @@
 // Writers fill a unique temporary file in the same directory and rename(2)
 // it into place, so readers see a whole entry or none, whatever number of
 // processes fill the directory. A truncated or corrupted entry fails its
-// length or checksum test, is removed and recompiled. A directory that cannot
-// be created or written degrades the cache to memory-only, with one warning.
+// length or checksum test, is removed and recompiled. Only regular files of
+// at most 64 MiB are read: a symlink, FIFO, device or directory in an entry's
+// place is refused without reading (or blocking) and unlinked where it can
+// be. A store that fails loses that one entry (logged under TILEJIT_VERBOSE);
+// only a directory that cannot be created degrades the cache to memory-only,
+// with one warning.
 #pragma once
 
 #include <atomic>
@@ -32,7 +36,7 @@ class DiskCache {
 
   // The payload stored for `key`, or nothing (missing, foreign, corrupted).
   std::optional<std::vector<uint8_t>> load(const std::string& key);
-  // Best effort: failures disable the cache (one warning), never throw.
+  // Best effort, never throws: a failure loses this entry only (store_failures()).
   void store(const std::string& key, const std::vector<uint8_t>& payload);
 
   // The full key an entry is filed under: key + CPU signature + build.
@@ -42,14 +46,17 @@ class DiskCache {
   uint64_t loads() const { return loads_.load(); }
   uint64_t stores() const { return stores_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
+  uint64_t store_failures() const { return store_failures_.load(); }
 
  private:
   void disable(const std::string& why);
+  void store_failed(const std::string& why, const std::string& path);
+  void log(const std::string& what, const std::string& path) const;
 
   std::string dir_;
   std::atomic<bool> disabled_{false};
   std::once_flag warned_;
-  std::atomic<uint64_t> loads_{0}, stores_{0}, rejected_{0};
+  std::atomic<uint64_t> loads_{0}, stores_{0}, rejected_{0}, store_failures_{0};
 };
 
 // The directory from TILEJIT_CACHE_DIR ("" = off, the library default).
