@@ -1,7 +1,7 @@
 // RoPE throughput in GB/s (bytes of q and k read + written, the cache rows
 // counted once per token) next to an in-place read-modify-write stream over
 // the same q/k bytes: the memory-bound ceiling of an in-place operator.
-//   rope_bench [threads]
+//   rope_bench [--threads N | N] [--help]
 // GB/s counts the rotary bytes only (partial rotary touches fewer bytes than
 // its cache lines).
 #include <chrono>
@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench_args.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 
@@ -77,7 +78,12 @@ void run(const Shape& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) tilejit::set_num_threads(std::atoi(argv[1]));
+  int threads = 0;
+  if (const int rc = tilejit::bench::parse_bench_args(
+          argc, argv, "rope_bench [--threads N | N] [--help]: RoPE GB/s next to a row copy",
+          &threads);
+      rc >= 0)
+    return rc;
   using tilejit::DType;
   using tilejit::RopeStyle;
   std::printf("threads %d, isa %s\n", tilejit::num_threads(),
