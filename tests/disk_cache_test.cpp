@@ -1,14 +1,26 @@
 // The on-disk kernel cache: round trip, a new process loads instead of
 // compiling, corrupted / truncated / foreign entries are recompiled, an
 // unusable directory degrades to memory-only, and several processes may fill
-// one directory at once.
+// one directory at once. Hostile directories: a symlink to /dev/zero, a FIFO,
+// a device node, a directory, an oversized or forged entry in an entry's
+// place are refused without reading or blocking; a failed store loses only
+// that entry; and runs stay correct while a vandal corrupts the directory.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "jit/disk_cache.h"
@@ -162,5 +174,300 @@ TEST(DiskCache, ManyProcessesFillOneDirectory) {
   for (int64_t n : {33, 64, 100}) run_gemm(n, 70);
   EXPECT_EQ(cache_stats().compiles, before.compiles);
   jit::KernelCache::global().set_disk_dir("");
+  fs::remove_all(dir);
+}
+
+// ---- hostile directories ----------------------------------------------------
+
+namespace {
+
+// Runs fn in a forked child and returns its exit code, or -1 when it has not
+// finished within `seconds` (the child is then killed): a load that blocks
+// on a FIFO or reads /dev/zero without end fails the test instead of hanging it.
+int in_child_within(double seconds, const std::function<int()>& fn) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  if (pid < 0) return -2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+}
+
+// In a child (so that a hang is caught): the load of `key` returns nothing,
+// counts one rejected entry, and a store + load then round-trips.
+int refuses_then_recovers(const std::string& dir, bool entry_removable) {
+  jit::DiskCache c(dir);
+  if (c.load("k").has_value()) return 10;
+  if (c.rejected() != 1) return 11;
+  if (!c.enabled()) return 12;
+  if (!entry_removable) return 0;
+  c.store("k", bytes(300, 9));
+  const auto got = c.load("k");
+  return got && *got == bytes(300, 9) ? 0 : 13;
+}
+
+// A directory whose entry for "k" has been replaced by `make_entry(path)`.
+std::string dir_with_entry(const std::string& tag,
+                           const std::function<void(const std::string&)>& make_entry) {
+  const std::string dir = fresh_dir(tag);
+  jit::DiskCache c(dir);
+  c.store("k", bytes(300, 9));
+  const std::string path = c.path_for("k");
+  fs::remove(path);
+  make_entry(path);
+  return dir;
+}
+
+}  // namespace
+
+TEST(DiskCacheHostile, SymlinkToDevZeroIsNotRead) {
+  const std::string dir =
+      dir_with_entry("zero", [](const std::string& p) { fs::create_symlink("/dev/zero", p); });
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, true); }), 0);
+  EXPECT_TRUE(fs::exists("/dev/zero")) << "only the link is removed";
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, SymlinkToAGoodEntryIsNotFollowed) {
+  // Even a link to a valid entry is refused: the cache reads only files it wrote.
+  const std::string dir = dir_with_entry("link", [](const std::string& p) {
+    jit::DiskCache other(fresh_dir("link-target"));
+    other.store("k", bytes(300, 9));
+    fs::create_symlink(other.path_for("k"), p);
+  });
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, true); }), 0);
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, FifoDoesNotBlock) {
+  const std::string dir = dir_with_entry("fifo", [](const std::string& p) {
+    ASSERT_EQ(mkfifo(p.c_str(), 0644), 0) << std::strerror(errno);
+  });
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, true); }), 0);
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, DeviceNodeIsNotRead) {
+  bool made = true;
+  const std::string dir = dir_with_entry("dev", [&](const std::string& p) {
+    // /dev/zero's numbers (1, 5); creating a device node needs CAP_MKNOD.
+    made = mknod(p.c_str(), S_IFCHR | 0644, makedev(1, 5)) == 0;
+  });
+  if (!made) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "mknod needs CAP_MKNOD: " << std::strerror(errno);
+  }
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, true); }), 0);
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, DirectoryInPlaceOfAnEntry) {
+  const std::string dir = dir_with_entry("dir", [](const std::string& p) {
+    fs::create_directories(p + "/inside");  // not empty: rename(2) cannot replace it
+  });
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, false); }), 0);
+  jit::DiskCache c(dir);
+  EXPECT_FALSE(c.load("k").has_value());
+  c.store("k", bytes(300, 9));  // the publish fails: that entry only
+  EXPECT_EQ(c.store_failures(), 1u);
+  EXPECT_TRUE(c.enabled()) << "one failed store must not turn the cache off";
+  EXPECT_TRUE(fs::is_directory(c.path_for("k"))) << "a directory is never removed";
+  c.store("other", bytes(50, 2));
+  ASSERT_TRUE(c.load("other").has_value());
+  EXPECT_EQ(*c.load("other"), bytes(50, 2));
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temporary left: " << e.path();
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, OversizedEntryIsNotRead) {
+  // A sparse 4 GiB file: refused by its size, without a read.
+  const std::string dir = dir_with_entry("big", [](const std::string& p) {
+    std::ofstream(p, std::ios::binary) << "TJKC";
+    fs::resize_file(p, uintmax_t(4) << 30);
+  });
+  EXPECT_EQ(in_child_within(10, [&] { return refuses_then_recovers(dir, true); }), 0);
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheHostile, ForgedPayloadLengthIsRejected) {
+  // A well-formed entry whose payload length is 2^64 - 4 and whose checksum
+  // matches: the length check must not wrap.
+  jit::DiskCache c(fresh_dir("forged"));
+  const std::string q = jit::DiskCache::qualified_key("k");
+  std::vector<uint8_t> out = {'T', 'J', 'K', 'C'};
+  auto put = [&](auto v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    out.insert(out.end(), p, p + sizeof v);
+  };
+  put(uint32_t{1});
+  put(uint64_t{q.size()});
+  out.insert(out.end(), q.begin(), q.end());
+  put(~uint64_t{0} - 3);
+  const size_t payload_pos = out.size();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the bytes before the (wrapped) payload end
+  for (size_t i = 0; i < payload_pos - 4; ++i) h = (h ^ out[i]) * 1099511628211ull;
+  out.resize(payload_pos - 4 + 8 + 4);
+  std::memcpy(out.data() + payload_pos - 4, &h, 8);
+  std::ofstream(c.path_for("k"), std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  EXPECT_FALSE(c.load("k").has_value());
+  EXPECT_EQ(c.rejected(), 1u);
+  fs::remove_all(c.dir());
+}
+
+TEST(DiskCacheHostile, AStoreIntoAVanishedDirectoryFailsAloneAndTheNextOneWorks) {
+  jit::DiskCache c(fresh_dir("gone"));
+  fs::remove_all(c.dir());  // deleted underneath, temporary files and all
+  c.store("k", bytes(100, 1));
+  EXPECT_EQ(c.store_failures(), 1u);
+  EXPECT_TRUE(c.enabled());
+  fs::create_directories(c.dir());
+  c.store("k", bytes(100, 1));
+  ASSERT_TRUE(c.load("k").has_value());
+  EXPECT_EQ(c.stores(), 1u);
+  fs::remove_all(c.dir());
+}
+
+namespace {
+
+// y = x·wᵀ for a [5, k] x and an [n, k] w, bf16 bits.
+std::vector<uint16_t> gemm_output(int64_t n, int64_t k) {
+  std::vector<uint16_t> w(n * k), x(5 * k), y(5 * n);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = runtime::f32_to_bf16(float(int(i % 11) - 5) / 4);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = runtime::f32_to_bf16(float(int(i % 7) - 3) / 2);
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {n, k}));
+  gemm(TensorView(x.data(), DType::bf16, {5, k}), pw, TensorView(y.data(), DType::bf16, {5, n}));
+  return y;
+}
+
+// One act of vandalism on an entry of the directory: delete it, truncate it,
+// flip a byte, or put a symlink to /dev/zero, a FIFO or a directory there.
+void vandalize(const fs::path& p, std::mt19937& rng) {
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec))) {
+    // The cache never removes a directory: the vandal takes its own away,
+    // so that the entry's key can be stored and loaded again.
+    fs::remove_all(p, ec);
+    return;
+  }
+  switch (rng() % 6) {
+    case 0:
+      fs::remove(p, ec);
+      break;
+    case 1:
+      fs::resize_file(p, fs::file_size(p, ec) / 2, ec);
+      break;
+    case 2: {
+      std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(rng() % std::max<uintmax_t>(1, fs::file_size(p, ec))));
+      f.put(static_cast<char>(rng()));
+      break;
+    }
+    case 3:
+      fs::remove(p, ec);
+      fs::create_symlink("/dev/zero", p, ec);
+      break;
+    case 4:
+      fs::remove(p, ec);
+      mkfifo(p.c_str(), 0644);
+      break;
+    case 5:
+      fs::remove(p, ec);
+      fs::create_directories(p / "x", ec);
+      break;
+  }
+}
+
+}  // namespace
+
+TEST(DiskCacheHostile, ConcurrentVandalismNeverChangesAResult) {
+  if (!jit_path()) GTEST_SKIP() << "ISA path unavailable: the scalar path compiles nothing";
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{48, 40}, {80, 72}, {112, 136}, {20, 8}};
+  size_t total = 0;
+  for (const auto& [n, k] : shapes) total += size_t(5 * n);
+  // The reference: every result computed once with the disk cache off, in a
+  // child (so that this process's in-memory cache, which the workers inherit
+  // through fork, stays cold for these shapes), into shared memory. A kernel
+  // loaded from disk is the same code, so results must be bit-identical.
+  auto* want = static_cast<uint16_t*>(
+      mmap(nullptr, total * 2, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(want, MAP_FAILED);
+  auto all_results = [&](uint16_t* out, bool compare, size_t first) {
+    size_t bad = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const size_t s = (first + i) % shapes.size();
+      size_t off = 0;
+      for (size_t j = 0; j < s; ++j) off += size_t(5 * shapes[j].first);
+      const std::vector<uint16_t> y = gemm_output(shapes[s].first, shapes[s].second);
+      if (compare)
+        bad += std::memcmp(y.data(), out + off, y.size() * 2) != 0;
+      else
+        std::memcpy(out + off, y.data(), y.size() * 2);
+    }
+    return bad;
+  };
+  ASSERT_EQ(in_child_within(120,
+                            [&] {
+                              jit::KernelCache::global().set_disk_dir("");
+                              all_results(want, false, 0);
+                              return 0;
+                            }),
+            0);
+
+  const std::string dir = fresh_dir("vandal");
+  fs::create_directories(dir);
+  std::atomic<bool> stop{false};
+  std::atomic<int> acts{0};
+  // The vandal: a thread of this process, while child processes (each with a
+  // cold in-memory cache and two threads) load, compile and store.
+  std::thread vandal([&] {
+    std::mt19937 rng(7);
+    while (!stop.load()) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (rng() % 4 == 0) {
+          vandalize(e.path(), rng);
+          ++acts;
+        }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  });
+  auto worker = [&] {
+    jit::KernelCache::global().set_disk_dir(dir);
+    std::atomic<size_t> wrong{0};
+    std::thread t1([&] { wrong += all_results(want, true, 0); });
+    std::thread t2([&] { wrong += all_results(want, true, 2); });
+    t1.join();
+    t2.join();
+    return wrong.load() == 0 ? 0 : 1;
+  };
+  for (int round = 0; round < 20; ++round) {
+    // Three concurrent workers; each must finish (a FIFO or /dev/zero must
+    // not stall it) with every result exact.
+    std::vector<std::thread> waiters;
+    std::vector<int> rc(3, -9);
+    for (int c = 0; c < 3; ++c)
+      waiters.emplace_back([&, c] { rc[c] = in_child_within(120, worker); });
+    for (auto& w : waiters) w.join();
+    for (int c = 0; c < 3; ++c)
+      EXPECT_EQ(rc[c], 0) << "round " << round << ": a worker gave a wrong result (1), hung (-1) "
+                          << "or crashed (-3)";
+  }
+  stop.store(true);
+  vandal.join();
+  EXPECT_GT(acts.load(), 0) << "the vandal found no entry to spoil";
+  // What the vandal left is refused or loaded, never trusted blindly: one more
+  // cold process, with no vandal, still computes every result exactly.
+  EXPECT_EQ(in_child_within(120, worker), 0);
+  munmap(want, total * 2);
   fs::remove_all(dir);
 }
