@@ -19,13 +19,15 @@
 #include "jit/brgemm_kernels.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
+#include "runtime/cpu_features.h"
 
 // The softmax helpers pass 64-byte vectors by value; they are internal and
 // inlined, so GCC's psABI note (reported at the end of the file) concerns no caller.
 #pragma GCC diagnostic ignored "-Wpsabi"
 // The C++ softmax step (builds without LLVM) is built for AVX-512 / AVX2 too
-// and picked at load time: the library itself targets baseline x86-64 (SSE2).
-#define TILEJIT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// and picked once at run time (softmax_step_cxx below): the library itself
+// targets baseline x86-64 (SSE2). Not target_clones: its ifunc resolver runs
+// during relocation, before ThreadSanitizer's runtime is up, and crashes there.
 
 namespace tilejit::ops::attn {
 namespace {
@@ -261,8 +263,8 @@ template <bool Masked>
     F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
     if constexpr (Masked) {
       const I16 k0 = I16{} + static_cast<int32_t>(a.j0 + j), k1 = k0 + 1;
-      e0 = (k0 >= lo) & (k0 <= hi_n) ? e0 : F16{};
-      e1 = (k1 >= lo) & (k1 <= hi_n) ? e1 : F16{};
+      e0 = ((k0 >= lo) & (k0 <= hi_n)) ? e0 : F16{};
+      e1 = ((k1 >= lo) & (k1 <= hi_n)) ? e1 : F16{};
     }
     // bf16 round to nearest even (weights are finite and ≥ 0); key j in the
     // low half of the pair word, key j + 1 in the high half.
@@ -276,7 +278,11 @@ template <bool Masked>
   return sum;
 }
 
-TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
+// The body of softmax_step_cxx, inlined into one copy per target. Its
+// interface has no vector types: the helpers pass 64-byte vectors by value,
+// which clang refuses across functions of different targets (a different ABI),
+// but accepts once they are inlined into a caller of the same target.
+[[gnu::always_inline]] inline void softmax_step_body(const lb::SoftmaxStepArgs& a, int nz) {
   const F16 c = F16{} + a.scale * kLog2e;
   const bool masked = a.masked != 0;
   for (int64_t g = 0; g < nz; ++g) {
@@ -290,7 +296,7 @@ TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
       for (int64_t j = 0; j < a.n; ++j) {
         const F16 v = load_v<F16>(a.s + j * 64 + r0);
         const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
-        bm = (key >= lo) & (key <= hi) & (v > bm) ? v : bm;
+        bm = ((key >= lo) & (key <= hi) & (v > bm)) ? v : bm;
       }
     } else {
       for (int64_t j = 0; j < a.kb; ++j) {
@@ -322,6 +328,28 @@ TILEJIT_CLONES void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
         masked ? weights<true>(a, r0, c, off, lo, hi_n) : weights<false>(a, r0, c, off, lo, hi_n);
     store_v(a.l + r0, load_v<F16>(a.l + r0) + sum);
   }
+}
+
+__attribute__((target("avx512f"))) void softmax_step_avx512(const lb::SoftmaxStepArgs& a, int nz) {
+  softmax_step_body(a, nz);
+}
+__attribute__((target("avx2"))) void softmax_step_avx2(const lb::SoftmaxStepArgs& a, int nz) {
+  softmax_step_body(a, nz);
+}
+void softmax_step_baseline(const lb::SoftmaxStepArgs& a, int nz) {
+  softmax_step_body(a, nz);
+}
+
+// The copy for this CPU, chosen on first use (features with the OS state).
+void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
+  using Fn = void (*)(const lb::SoftmaxStepArgs&, int);
+  static const Fn fn = [] {
+    const runtime::CpuFeatures& f = runtime::cpu_features();
+    if (f.avx512f && f.os_avx512) return Fn{softmax_step_avx512};
+    if (f.avx2) return Fn{softmax_step_avx2};
+    return Fn{softmax_step_baseline};
+  }();
+  fn(a, nz);
 }
 
 // The step for nz groups: the LLVM kernel (compiled once per nz and host),
