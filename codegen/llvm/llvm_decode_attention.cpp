@@ -373,12 +373,16 @@ class DecodeEmitter {
       dist_ = b_.CreateFAdd(vm_.splat(b_.CreateSIToFP(b_.CreateSub(c0, i_pos_), f32_)),
                             llvm::ConstantVector::get(lane));
     }
-    auto [kp, vp] = chunk_rows(c0);
+    // std::tie, not structured bindings: the lambdas below capture these,
+    // which clang accepts only from version 16 (Debian 12's clang is 14).
+    llvm::Value *kp, *vp;
+    std::tie(kp, vp) = chunk_rows(c0);
     // The chunk kPrefetchChunks ahead, clamped to the last one (so the table
     // read stays inside the entries the sequence uses).
     llvm::Value* cf = b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks));
     cf = b_.CreateSelect(b_.CreateICmpSLT(cf, c_last_), cf, c_last_);
-    auto [kf, vf] = chunk_rows(cf);
+    llvm::Value *kf, *vf;
+    std::tie(kf, vf) = chunk_rows(cf);
     llvm::Value *slopes = slopes_, *m = m_, *l = l_, *o = o_;
     llvm::Value *probs = probs_, *alpha = alpha_;
     // Software-pipelined over the heads: iteration h scores head h and then
