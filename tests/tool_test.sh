@@ -60,6 +60,27 @@ bad() {
   fi
 }
 
+# exits <code> <description> <stderr regex> <command...>: exactly that exit
+# code (docs/tool.md: 1 an error in the input, 2 a usage error) and one
+# stderr line matching the regex. Run under a timeout: hostile input must
+# never hang the tool.
+exits() {
+  local want=$1 what=$2 pattern=$3
+  shift 3
+  checks=$((checks + 1))
+  timeout 60 "$@" >"$OUT" 2>"$ERR"
+  local rc=$?
+  if [ $rc -ne "$want" ]; then
+    fail "$what: exit $rc, expected $want ($*)"
+  elif ! grep -Eq -- "$pattern" "$ERR"; then
+    fail "$what: stderr does not match /$pattern/ ($*)"
+  elif [ "$(wc -l <"$ERR")" -ne 1 ]; then
+    fail "$what: expected a one-line error, got $(wc -l <"$ERR") lines ($*)"
+  fi
+}
+usage() { exits 2 "$@"; }
+input_error() { exits 1 "$@"; }
+
 # has <description> <file> <regex>
 has() {
   checks=$((checks + 1))
@@ -416,6 +437,169 @@ bad "positions past the cache" "rope: positions\\[.*allowed: \\[0, max_position 
   "$TJ" run "$EXAMPLES/rope.tir" -i "q=$G/q.npy" -i "pos=$G/pos.npy" -i "cos_sin=$G/small/cos_sin.npy"
 bad "gen-npy: a role with the wrong dtype" "expert ids are i32 \\[T, top_k\\]" \
   "$TJ" gen-npy "$G/topk_ids.npy" --dtype '<f4' --shape 3,2
+
+# ---- hostile input: exit codes, size caps, one clear message per refused value ----
+H=$WORK/hostile
+mkdir -p "$H"
+RT=$EXAMPLES/rope.tir
+# Usage errors exit 2 and name the option and what it allows.
+for d in T=-1 T=abc T=99999999999999999999 T=4611686018427387904 T=; do
+  usage "--dim $d" "^tilejit run: error: --dim 'T=[^']*': the size must be an integer in \[0, 2147483647\] \(see tilejit run --help\)$|expected NAME=SIZE" \
+    "$TJ" run "$RT" --random-inputs 1 --dim "$d"
+done
+usage "unknown dim (run)" "--dim 'Q=3': @rope has no dim \?Q; its symbolic dims are \?T, \?P" \
+  "$TJ" run "$RT" --random-inputs 1 --dim Q=3
+usage "unknown dim (dump)" "has no dim \?Q" "$TJ" dump "$LB" --dim Q=3
+usage "dump --dim M=2^62" "the size must be an integer in \[0, 2147483647\]" \
+  "$TJ" dump "$LS" --stage key --dim M=4611686018427387904
+for s in -1 nan inf 1e308 0; do
+  usage "bench --seconds $s" "^tilejit bench: error: --seconds [^:]*: allowed: a number of seconds > 0 and at most 3600" \
+    "$TJ" bench "$LB" --dim M=2 --seconds "$s"
+done
+usage "bench --threads 100000" "^tilejit bench: error: --threads 100000: .*allowed: 1 to 4096" \
+  "$TJ" bench "$LB" --dim M=2 --threads 100000 --seconds 0.01
+usage "llama-layer --threads 100000" "^tilejit llama-layer: error: --threads 100000: .*allowed: 1 to 4096" \
+  "$TJ" llama-layer --threads 100000
+usage "llama-layer --seconds nan" "^tilejit llama-layer: error: --seconds nan: allowed" "$TJ" llama-layer --seconds nan
+for seed in 18446744073709551616 -1 abc; do
+  usage "--random-inputs $seed" "--random-inputs: '$seed' is not a seed; allowed: an integer in \[0, 18446744073709551615\]" \
+    "$TJ" run "$LB" --random-inputs "$seed" --dim M=2
+done
+usage "bench --seed -1" "--seed: '-1' is not a seed" "$TJ" bench "$LB" --dim M=2 --seed -1
+touch "$H/a_file"
+usage "--save-inputs at a regular file" "^tilejit run: error: --save-inputs '.*a_file': exists and is not a directory; allowed: a directory" \
+  "$TJ" run "$LB" --random-inputs 1 --dim M=2 --save-inputs "$H/a_file"
+usage "missing input is usage" "missing input 'bias'" "$TJ" run "$LB" --input "x=$WORK/lb/x.npy" --input "w=$WORK/lb/w.npy"
+usage "unknown input is usage" "has no input 'q'" "$TJ" run "$LB" --input "q=$WORK/lb/x.npy" --random-inputs 1
+usage "unknown output is usage" "has no result 'y'" "$TJ" run "$LB" --random-inputs 1 --dim M=2 --output "y=$WORK/y.npy"
+usage "malformed --input is usage" "--input 'x': expected NAME=FILE.npy" "$TJ" run "$LB" --input x
+usage "input given twice" "input 'x' is given twice" \
+  "$TJ" run "$LB" --input "x=$WORK/lb/x.npy" --input "x=$WORK/lb/x.npy" --random-inputs 1
+usage "unbound dim is usage" "\?M has no size; give --dim M=SIZE" "$TJ" run "$LB" --random-inputs 1
+usage "unknown option" "^tilejit run: error: .*--frobnicate" "$TJ" run "$LB" --frobnicate
+usage "unknown --stage" "--stage: bogus not in" "$TJ" dump "$LB" --stage bogus
+usage "gen-npy --shape past int32" "--shape: dim 4294967296; allowed: 0 to 2147483647" \
+  "$TJ" gen-npy "$H/g.npy" --shape 4294967296
+
+# Zero and int64-max dims: the verifier refuses what run refuses (no SIGFPE in dump).
+printf 'func @g(%%x: tensor<?Mx64xbf16>, %%w: tensor<0x64xbf16>) -> (tensor<?Mx0xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx0xf32>\n  return %%0\n}\n' >"$H/n0.tir"
+printf 'func @g(%%x: tensor<?Mx0xbf16>, %%w: tensor<64x0xbf16>) -> (tensor<?Mx64xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx64xf32>\n  return %%0\n}\n' >"$H/k0.tir"
+for isa in avx512 amx; do
+  for stage in verified plan key asm all; do
+    input_error "gemm N=0: dump --stage $stage --isa $isa" "n0.tir: error: %0 = gemm: operand 'w' \(%w\) has N=0; allowed: N >= 1" \
+      "$TJ" dump "$H/n0.tir" --stage $stage --isa $isa --dim M=10
+    input_error "gemm K=0: dump --stage $stage --isa $isa" "k0.tir: error: %0 = gemm: operand 'w' \(%w\) has K=0; allowed: K >= 1" \
+      "$TJ" dump "$H/k0.tir" --stage $stage --isa $isa --dim M=10
+  done
+done
+input_error "gemm K=0: run" "has K=0; allowed: K >= 1" "$TJ" run "$H/k0.tir" --random-inputs 1 --dim M=2
+printf 'func @m(%%h: tensor<?Tx96xbf16>, %%w13: tensor<4x0x96xbf16>, %%w2: tensor<4x96x0xbf16>, %%tw: tensor<?Tx2xf32>, %%ti: tensor<?Tx2xi32>) -> (tensor<?Tx96xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti {top_k = 2} : tensor<?Tx96xbf16>\n  return %%o\n}\n' >"$H/moe0.tir"
+input_error "moe I=0" "moe0.tir: error: %o = moe: operand 'w13' \(%w13\) has 2\*I=0; allowed: 2\*I >= 1" \
+  "$TJ" dump "$H/moe0.tir" --dim T=3
+MAX=9223372036854775807
+printf 'func @g(%%x: tensor<?Mx%sxbf16>, %%w: tensor<64x%sxbf16>) -> (tensor<?Mx64xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx64xf32>\n  return %%0\n}\n' $MAX $MAX >"$H/kmax.tir"
+printf 'func @g(%%x: tensor<?Mx64xbf16>, %%w: tensor<%sx64xbf16>) -> (tensor<?Mx%sxf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx%sxf32>\n  return %%0\n}\n' $MAX $MAX $MAX >"$H/nmax.tir"
+for isa in avx512 amx; do
+  ok "gemm K=INT64_MAX: dump --stage plan --isa $isa" timeout 20 "$TJ" dump "$H/kmax.tir" --stage plan --isa $isa
+  has "gemm K=INT64_MAX: K chunks of 2048, no overflow ($isa)" "$OUT" "KC=2048 x 4503599627370496 chunks"
+  ok "gemm N=INT64_MAX: dump --stage key --isa $isa" timeout 20 "$TJ" dump "$H/nmax.tir" --stage key --isa $isa --dim M=10
+  has "gemm N=INT64_MAX: the N tail ($isa)" "$OUT" "N tail \(63 cols\)"
+done
+input_error "gemm N=INT64_MAX: run" "random input 'w' has shape \[$MAX, 64\] of 2-byte elements: more than 2\^63 bytes; allowed: at most 16 GiB" \
+  "$TJ" run "$H/nmax.tir" --random-inputs 1 --dim M=2
+printf 'func @s(%%x: tensor<?Mx100xbf16, strided<[%s, 1]>>, %%w: tensor<70x100xbf16>) -> (tensor<?Mx70xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx70xf32>\n  return %%0\n}\n' $MAX >"$H/xstride.tir"
+input_error "x row stride INT64_MAX" "input 'x' at its row stride $MAX has shape .*more than 2\^63 bytes" \
+  "$TJ" run "$H/xstride.tir" --random-inputs 1 --dim M=3
+printf 'func @a(%%q: tensor<?Tx8x64xbf16>, %%k: tensor<?Sx2x64xbf16, strided<[4611686018427387904, 64, 1]>>, %%v: tensor<?Sx2x64xbf16>) -> (tensor<?Tx8x64xbf16>) {\n  %%o = attention %%q, %%k, %%v {causal = true} : tensor<?Tx8x64xbf16>\n  return %%o\n}\n' >"$H/kstride.tir"
+input_error "k stride 2^62" "input 'k' at its strides \[4611686018427387904, 64, 1\] spans more than 2\^63 elements" \
+  "$TJ" run "$H/kstride.tir" --random-inputs 1 --dim T=3 --dim S=4
+# The largest --dim: the key stage lists the kernels without a loop over M.
+ok "dump --stage key --dim M=2^31-1" timeout 20 "$TJ" dump "$LS" --stage key --dim M=2147483647
+has "dump --dim M=2^31-1: M tail" "$OUT" "micro-kernels for M=2147483647"
+
+# .npy files: read header first, the shape overflow-checked and capped.
+npy_header() {  # <file> <shape tuple>: a version-1.0 header for '<u2' and no data
+  local h="{'descr': '<u2', 'fortran_order': False, 'shape': $2, }"
+  while [ $(((${#h} + 11) % 64)) -ne 0 ]; do h="$h "; done
+  h="$h"$'\n'
+  { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((${#h} % 256)))\\x$(printf %02x $((${#h} / 256)))"; printf '%s' "$h"; } >"$1"
+}
+npy_header "$H/wrap.npy" "(4503599627370496, 4096)"
+input_error ".npy shape product overflows" "wrap.npy: the .npy array \(<u2\) has shape \[4503599627370496, 4096\] .*more than 2\^63 bytes" \
+  "$TJ" run "$LB" -i "x=$H/wrap.npy" --random-inputs 1
+npy_header "$H/huge.npy" "(1024, 1024, 1024, 1024)"
+input_error ".npy past the 16 GiB cap" "huge.npy: .*2199023255552 bytes; allowed: at most 16 GiB" \
+  "$TJ" run "$LB" -i "x=$H/huge.npy" --random-inputs 1
+npy_header "$H/short.npy" "(5, 1024)"
+input_error ".npy with no data" "short.npy: holds 0 data bytes, but shape \(5, 1024\) of <u2 needs 10240" \
+  "$TJ" run "$LB" -i "x=$H/short.npy" --random-inputs 1
+input_error ".npy longer than its shape (a pipe)" "holds more than 10240 data bytes" \
+  "$TJ" run "$LB" -i "x="<(cat "$WORK/lb/x.npy" "$WORK/lb/x.npy") --random-inputs 1
+ok ".npy from a pipe" "$TJ" run "$LB" -i "x="<(cat "$WORK/lb/x.npy") --random-inputs 1
+input_error ".npy from /dev/zero" "/dev/zero: not a .npy file" "$TJ" run "$LB" -i x=/dev/zero --random-inputs 1
+input_error ".npy a directory" "$H: is a directory, not a file" "$TJ" run "$LB" -i "x=$H" --random-inputs 1
+mkfifo "$H/fifo"
+input_error ".npy a FIFO with no writer" "fifo: not a .npy file" "$TJ" run "$LB" -i "x=$H/fifo" --random-inputs 1
+input_error "gen-npy past the cap" "gen-npy .*allowed: at most 16 GiB" \
+  "$TJ" gen-npy "$H/g.npy" --dtype '<f4' --shape 65536,65536,65536
+# .tir files: at most 16 MiB.
+input_error ".tir from /dev/zero" "/dev/zero: holds more than the 16 MiB a .tir program may have" "$TJ" dump /dev/zero
+input_error ".tir on stdin from /dev/zero" "<stdin>: holds more than the 16 MiB" sh -c "exec '$TJ' dump - </dev/zero"
+truncate -s 17M "$H/big.tir"
+input_error ".tir past 16 MiB" "big.tir: is 17825792 bytes, more than the 16 MiB a .tir program may have" "$TJ" dump "$H/big.tir"
+input_error ".tir a directory" "is a directory, not a file" "$TJ" dump "$H"
+input_error ".tir a FIFO with no writer" "fifo:1:1: error: expected 'func', got end of input" "$TJ" dump "$H/fifo"
+# NUL (or any control byte) in a string literal: refused where it stands, the message whole.
+printf 'func @r(%%q: tensor<?Tx4x64xf32>, %%pos: tensor<?Txi32>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx4x64xf32>) {\n  %%o = rope %%q, %%pos, %%cs {style = "ne\x00ox"} : tensor<?Tx4x64xf32>\n  return %%o\n}\n' >"$H/nul.tir"
+input_error "NUL in a string literal" "nul.tir:2:39: error: byte 0x00 in a string literal; allowed: printable characters$" \
+  "$TJ" dump "$H/nul.tir" --stage ir
+printf 'func @r(%%q: tensor<?Tx4x64xf32>, %%pos: tensor<?Txi32>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx4x64xf32>) {\n  %%o = rope %%q, %%pos, %%cs {style = "ne\x01ox"} : tensor<?Tx4x64xf32>\n  return %%o\n}\n' >"$H/ctl.tir"
+input_error "control byte in a string literal" "ctl.tir:2:39: error: byte 0x01 in a string literal" "$TJ" dump "$H/ctl.tir"
+
+# The disk cache under the tool: entries replaced by directories, /dev/zero
+# links and FIFOs; every run completes and passes, a failed store is one
+# TILEJIT_VERBOSE line and later stores still happen.
+if [ "$active" != scalar ]; then
+  KC=$H/kcache
+  TILEJIT_CACHE_DIR=$KC ok "disk cache: fill" "$TJ" run "$LB" --random-inputs 1 --dim M=3
+  n=0
+  entries=("$KC"/*.tjk)
+  for e in "${entries[@]}"; do
+    case $((n % 3)) in
+      0) rm -f "$e" && mkdir -p "$e/x" ;;
+      1) rm -f "$e" && ln -s /dev/zero "$e" ;;
+      2) rm -f "$e" && mkfifo "$e" ;;
+    esac
+    n=$((n + 1))
+  done
+  checks=$((checks + 1))
+  [ $n -gt 0 ] || fail "disk cache: no entries to replace"
+  TILEJIT_CACHE_DIR=$KC TILEJIT_VERBOSE=1 ok "disk cache: hostile entries" timeout 60 "$TJ" run "$LB" --random-inputs 1 --dim M=3 --check
+  has "disk cache: hostile entries: PASS" "$OUT" "^PASS \\("
+  has "disk cache: refused, not read" "$ERR" "^tilejit: disk cache: refused entry"
+  has "disk cache: a directory makes one store fail" "$ERR" "^tilejit: disk cache: cannot publish: "
+  if [ $n -gt 1 ]; then
+    checks=$((checks + 1))
+    [ -f "${entries[1]}" ] && [ ! -L "${entries[1]}" ] ||
+      fail "disk cache: the store after a failed one did not happen (${entries[1]})"
+  fi
+  TILEJIT_CACHE_DIR=$KC ok "disk cache: run again" timeout 60 "$TJ" run "$LB" --random-inputs 1 --dim M=3 --check
+  has "disk cache: run again: PASS" "$OUT" "^PASS \\("
+fi
+
+# Every bench program parses its arguments: --help exits 0, a bad argument 1 or 2, never a crash.
+BENCH_DIR=$(dirname "$TJ")/../bench
+for b in rope_bench gemm_bench attention_bench moe_bench jit_bench; do
+  [ -x "$BENCH_DIR/$b" ] || continue
+  ok "$b --help" timeout 30 "$BENCH_DIR/$b" --help
+  for arg in --bogus abc 0 100000; do
+    checks=$((checks + 1))
+    timeout 30 "$BENCH_DIR/$b" "$arg" --benchmark_filter=NONE >"$OUT" 2>"$ERR"
+    rc=$?
+    { [ $rc -eq 1 ] || [ $rc -eq 2 ]; } || fail "$b $arg: exit $rc, expected 1 or 2 (a usage error)"
+    grep -Eq "error" "$ERR" || fail "$b $arg: no error message"
+  done
+done
 
 echo "tool_test: $checks checks, $failures failed"
 [ $failures -eq 0 ]
