@@ -40,6 +40,9 @@ std::optional<TensorType> check_attention(RuleContext& c) {
   c.same_dim(v, 1, k, 1, "Hkv", "k and v have the same heads");
   if (!c.ok()) return std::nullopt;
 
+  c.nonzero_dim(q, 1, "Hq", "tilejit::flash_attn_varlen takes 1 or more heads");
+  c.nonzero_dim(k, 1, "Hkv", "tilejit::flash_attn_varlen takes 1 or more heads");
+  if (!c.ok()) return std::nullopt;
   const Dim& hq = c.dim(q, 1);
   const Dim& hkv = c.dim(k, 1);
   if (hq != hkv) {

@@ -19,6 +19,8 @@ std::optional<TensorType> check_rope(RuleContext& c) {
   if (!c.ok()) return std::nullopt;
   c.same_dim(pos, 0, q, 0, "T", "one position per token");
   c.static_dim(q, 2, "D", "rope needs a static head dim");
+  c.nonzero_dim(q, 1, "H", "tilejit::rope takes 1 or more heads");
+  c.nonzero_dim(q, 2, "D", "tilejit::rope takes a non-empty head");
   if (!c.ok()) return std::nullopt;
 
   int64_t d = c.dim(q, 2).value;

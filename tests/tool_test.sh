@@ -496,6 +496,12 @@ input_error "gemm K=0: run" "has K=0; allowed: K >= 1" "$TJ" run "$H/k0.tir" --r
 printf 'func @m(%%h: tensor<?Tx96xbf16>, %%w13: tensor<4x0x96xbf16>, %%w2: tensor<4x96x0xbf16>, %%tw: tensor<?Tx2xf32>, %%ti: tensor<?Tx2xi32>) -> (tensor<?Tx96xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti {top_k = 2} : tensor<?Tx96xbf16>\n  return %%o\n}\n' >"$H/moe0.tir"
 input_error "moe I=0" "moe0.tir: error: %o = moe: operand 'w13' \(%w13\) has 2\*I=0; allowed: 2\*I >= 1" \
   "$TJ" dump "$H/moe0.tir" --dim T=3
+printf 'func @a(%%q: tensor<?Tx0x64xbf16>, %%k: tensor<?Sx2x64xbf16>, %%v: tensor<?Sx2x64xbf16>) -> (tensor<?Tx0x64xbf16>) {\n  %%o = attention %%q, %%k, %%v {causal = true} : tensor<?Tx0x64xbf16>\n  return %%o\n}\n' >"$H/attn0.tir"
+input_error "attention Hq=0" "attn0.tir: error: %o = attention: operand 'q' \(%q\) has Hq=0; allowed: Hq >= 1" \
+  "$TJ" dump "$H/attn0.tir" --stage verified
+printf 'func @r(%%q: tensor<?Tx0x64xf32>, %%pos: tensor<?Txi32>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx0x64xf32>) {\n  %%o = rope %%q, %%pos, %%cs : tensor<?Tx0x64xf32>\n  return %%o\n}\n' >"$H/rope0.tir"
+input_error "rope H=0" "rope0.tir: error: %o = rope: operand 'q' \(%q\) has H=0; allowed: H >= 1" \
+  "$TJ" dump "$H/rope0.tir" --stage plan
 MAX=9223372036854775807
 printf 'func @g(%%x: tensor<?Mx%sxbf16>, %%w: tensor<64x%sxbf16>) -> (tensor<?Mx64xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx64xf32>\n  return %%0\n}\n' $MAX $MAX >"$H/kmax.tir"
 printf 'func @g(%%x: tensor<?Mx64xbf16>, %%w: tensor<%sx64xbf16>) -> (tensor<?Mx%sxf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx%sxf32>\n  return %%0\n}\n' $MAX $MAX $MAX >"$H/nmax.tir"
