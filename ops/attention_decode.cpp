@@ -97,6 +97,19 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     return;
   }
 
+  // Output rows of sequence b holding a NaN or an Inf, recomputed by the
+  // reference (the NaN/Inf rule of ops/attention_scalar.h).
+  auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
+                    const std::vector<uint16_t*>& orows) {
+    attn::repair_nonfinite(orows, dv, [&](size_t r) {
+      const attn::RowSource ks = source(k_cache, b, qr[r].head / g);
+      const attn::RowSource vs = source(v_cache, b, qr[r].head / g);
+      attn::scalar_row(
+          p, qr[r], lens[b], [&](int64_t j) { return ks.row(j); },
+          [&](int64_t j) { return vs.row(j); }, orows[r]);
+    });
+  };
+
   const int64_t dv_padded = (dv + 63) / 64 * 64;
   if (ops::have_decode_attention_kernel()) {
     // The LLVM kernel: tasks are sequences × splits, all heads at once, so
@@ -182,6 +195,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       rows_of(task, qr, orows);
       // Chunks a multiple of 16 keys, so a chunk boundary never splits a cache block's run.
       const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
+        repair(t, qr, orows);
       const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
       run(task, j0, j1, qr, parts[t]);
     });
@@ -203,6 +217,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
 
   auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
     const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;
+      repair(task, qr, orows);
     const int64_t r0 = task % row_blocks * attn::kRowsPerBlock;
     const int64_t rows = std::min(attn::kRowsPerBlock, g - r0);
     qr.resize(static_cast<size_t>(rows));
@@ -236,6 +251,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t task = t / splits, s = t % splits;
     std::vector<attn::QueryRow> qr;
     std::vector<uint16_t*> orows;
+      repair(b, qr, orows);
     const auto [b, h] = rows_of(task, qr, orows);
     const int64_t per = (lens[b] + splits - 1) / splits;
     const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
@@ -247,11 +263,12 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   runtime::parallel_for(base_tasks, [&](int64_t task) {
     std::vector<attn::QueryRow> qr;
     std::vector<uint16_t*> orows;
-    rows_of(task, qr, orows);
+    const int64_t b = rows_of(task, qr, orows).first;
     attn::Partial& acc = parts[task * splits];
     for (int64_t s = 1; s < splits; ++s)
       attn::merge(acc, parts[task * splits + s], static_cast<int64_t>(qr.size()), dv);
     attn::finish(p, qr, acc, orows);
+    repair(b, qr, orows);
   });
 }
 

@@ -17,6 +17,7 @@
 #include "codegen/xbyak/emitters.h"
 #include "jit/attention_kernels.h"
 #include "jit/brgemm_kernels.h"
+#include "ops/attention_scalar.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
@@ -235,6 +236,7 @@ template <class V, class T>
 // 2^x for x ≤ 8 (the lazy reference bounds it); x ≤ −127 (−inf included)
 // gives exactly 0: x = n + f, |f| ≤ 1/2, 2^f by a degree-5 polynomial (rel.
 // error < 3·10⁻⁶, far below P's bf16 rounding), 2^n by the exponent bits.
+// A NaN x (NaN score) stays NaN: the clamp keeps it, and p carries it.
 [[gnu::always_inline]] inline F16 exp2v(F16 x) {
   x = x < -127.f ? F16{} - 127.f : x;
   const F16 nf = (x + 12582912.f) - 12582912.f;  // round to nearest via the 1.5·2²³ shifter
@@ -244,7 +246,8 @@ template <class V, class T>
   p = p * f + 2.40226507e-1f;
   p = p * f + 6.93147181e-1f;
   p = p * f + 1.f;
-  const I16 n = __builtin_convertvector(nf, I16);
+  // Converting a NaN to int is undefined: NaN lanes take n = 0 (p is NaN there).
+  const I16 n = __builtin_convertvector(nf == nf ? nf : F16{}, I16);
   return p * reinterpret_cast<F16>((n + 127) << 23);
 }
 
@@ -592,9 +595,10 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
 }
 
 // 1/l per row, with a sink joining the denominator (against max(m, sink), so
-// exp never overflows); 0 for a row that saw no key.
+// exp never overflows); 0 for a row that saw no key; NaN when l is (a NaN
+// score), so the row's output is NaN whatever O holds.
 float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
-  if (!(l > 0)) return 0.f;
+  if (l == 0.f) return 0.f;
   float scale_o = 1;
   if (p.sinks) {
     const float sink = p.sinks[row.head * p.sinks_stride];
@@ -648,6 +652,11 @@ void attend_finish(Isa isa, const Params& p, const std::vector<QueryRow>& rows, 
     return;
   }
   finish_transposed(p, rows, out_rows);
+  repair_nonfinite(out_rows, p.dv, [&](size_t r) {
+    scalar_row(
+        p, rows[r], tk, [&](int64_t j) { return k.row(j); }, [&](int64_t j) { return v.row(j); },
+        out_rows[r]);
+  });
 }
 
 void merge(Partial& a, const Partial& b, int64_t rows, int64_t dv) {

@@ -165,6 +165,21 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
           [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
           [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
           od + tok * out.strides[0] + head * out.strides[1]);
+  // Output rows of sequence b holding a NaN or an Inf, recomputed by the
+  // reference (the NaN/Inf rule of ops/attention_scalar.h).
+  auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
+                    const std::vector<uint16_t*>& orows) {
+    attn::repair_nonfinite(orows, dv, [&](size_t r) {
+      const int64_t h = qr[r].head / g, split = cached_end(b);
+      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
+      attn::RowSource kn, vn;
+      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+      attn::scalar_row(
+          p, qr[r], keys_of(b), [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
+          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r]);
+    });
+  };
+
     });
     return;
   }
@@ -236,6 +251,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     rows_of(task, qr, orows);
     const int64_t per = (tk + splits - 1) / splits;
     const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
+      repair(tasks[t].b, qr, orows);
     attn::Partial& st = parts[t];
     st.reset(static_cast<int64_t>(qr.size()), dv_padded);
     const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
@@ -253,3 +269,4 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 }
 
 }  // namespace tilejit
+    repair(tasks[t].b, qr, orows);

@@ -70,18 +70,43 @@ void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row
     mx = std::max(mx, x);
     any = true;
   }
+  // NaN and ±Inf as runtime/reference_attention.h: every visible score −inf
+  // (mx = −inf) is a row that sees no key.
+  const double shift = mx == -std::numeric_limits<double>::infinity() ? 0.0 : mx;
   if (any) {
-    double denom = p.sinks ? std::exp(double(p.sinks[row.head * p.sinks_stride]) - mx) : 0.0;
+    double denom = p.sinks ? std::exp(double(p.sinks[row.head * p.sinks_stride]) - shift) : 0.0;
     for (int64_t j = lo; j <= hi; ++j) {
       if (!visible(j)) continue;
-      const double w = std::exp(s[j - lo] - mx);
+      const double w = std::exp(s[j - lo] - shift);
       denom += w;
       const uint16_t* v = value_row(j);
       for (int64_t c = 0; c < p.dv; ++c) acc[c] += w * double(runtime::bf16_to_f32(v[c]));
     }
-    for (auto& a : acc) a /= denom;
+    for (auto& a : acc) a = denom == 0 ? 0.0 : a / denom;
   }
   for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(static_cast<float>(acc[c]));
+}
+
+// True when the bf16 row holds a NaN or an infinity (exponent bits all ones).
+inline bool nonfinite_bf16(const uint16_t* x, int64_t n) {
+  unsigned bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= (x[i] & 0x7f80u) == 0x7f80u;
+  return bad != 0;
+}
+
+// The NaN/Inf rule of the JIT paths (docs/reliability.md, "NaN and Inf"):
+// they may turn a non-finite input into a NaN where IEEE arithmetic would not
+// (the P·V GEMM multiplies a weight of 0 by the V row of a key that the
+// row's mask hides but its key block holds, 0·NaN = NaN; 2^(−inf) is NaN in
+// the unmasked softmax loop, which skips its clamp for speed), but never turn
+// one into a finite value. So an output row holding a NaN or an Inf — rare,
+// and found by one pass over the output — is recomputed by the reference,
+// which decides: recompute(r) rewrites out_rows[r]. The hot loops stay as they
+// were.
+template <class Recompute>
+void repair_nonfinite(const std::vector<uint16_t*>& out_rows, int64_t dv, Recompute recompute) {
+  for (size_t r = 0; r < out_rows.size(); ++r)
+    if (nonfinite_bf16(out_rows[r], dv)) recompute(r);
 }
 
 }  // namespace tilejit::ops::attn

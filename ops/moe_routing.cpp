@@ -81,28 +81,48 @@ void load_row(const TensorView& logits, int64_t t, std::vector<double>& row) {
   }
 }
 
-// NaN ranks below everything, so the comparison stays a strict weak order
-// (non-finite logits are the caller's problem, but must not break the sort).
-inline double rank_key(double v) {
-  return std::isnan(v) ? -std::numeric_limits<double>::infinity() : v;
+// Non-finite logits (docs/moe.md, "NaN and Inf"): NaN ranks below every
+// number, −inf included, so a NaN expert is chosen only when fewer than k
+// experts have a number, and the comparison stays a strict weak order.
+inline bool ranks_above(double a, double b) {
+  if (std::isnan(b)) return !std::isnan(a);
+  return a > b;  // false when a is NaN
+}
+inline bool ranks_equal(double a, double b) {
+  return std::isnan(a) ? std::isnan(b) : a == b;
 }
 
 // Sorts the first k entries of idx (a permutation of candidates) by key,
 // descending, the lower id first on ties.
 void select_top(std::vector<int32_t>& idx, int64_t k, const std::vector<double>& key) {
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    const double ka = rank_key(key[a]), kb = rank_key(key[b]);
-    return ka > kb || (ka == kb && a < b);
+    const double ka = key[a], kb = key[b];
+    return ranks_above(ka, kb) || (ranks_equal(ka, kb) && a < b);
   });
 }
 
 // In place: logits -> softmax probabilities (max subtracted for range).
+// IEEE where IEEE has an answer, the limit where it would give 0/0 or
+// ∞ − ∞ instead: a NaN logit makes every probability of the token NaN (its
+// denominator sees it); +inf logits share probability 1 equally, the rest
+// get 0; a row of only −inf logits is uniform (the limit of equal logits).
 void softmax(std::vector<double>& s, int64_t e) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, s[i]);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  double mx = -inf;
+  bool nan = false;
+  for (int64_t i = 0; i < e; ++i) {
+    nan = nan || std::isnan(s[i]);
+    mx = std::max(mx, s[i]);
+  }
+  if (nan) {
+    std::fill(s.begin(), s.begin() + e, std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  if (mx == inf || mx == -inf)
+    for (int64_t i = 0; i < e; ++i) s[i] = s[i] == mx ? 0.0 : -inf;  // the tied top at 0
   double sum = 0;
   for (int64_t i = 0; i < e; ++i) {
-    s[i] = std::exp(s[i] - mx);
+    s[i] = std::exp(s[i] - (mx == inf || mx == -inf ? 0.0 : mx));
     sum += s[i];
   }
   for (int64_t i = 0; i < e; ++i) s[i] /= sum;
@@ -217,20 +237,24 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
       for (int64_t g = 0; g < groups; ++g) {
         const double* kg = key.data() + g * group_size;
         if (bias != nullptr) {
-          double first = -std::numeric_limits<double>::infinity(), second = first;
+          // The best two by rank (NaN, the lowest rank, is also "none yet"):
+          // a NaN key counts only in a group with fewer than two numbers,
+          // whose score is then NaN, ranking last.
+          double first = std::numeric_limits<double>::quiet_NaN(), second = first;
           for (int64_t i = 0; i < group_size; ++i) {
-            const double v = rank_key(kg[i]);
-            if (v > first) {
+            const double v = kg[i];
+            if (ranks_above(v, first)) {
               second = first;
               first = v;
-            } else if (v > second) {
+            } else if (ranks_above(v, second)) {
               second = v;
             }
           }
           group_score[g] = group_size >= 2 ? first + second : first;
         } else {
-          double best = -std::numeric_limits<double>::infinity();
-          for (int64_t i = 0; i < group_size; ++i) best = std::max(best, rank_key(kg[i]));
+          double best = kg[0];
+          for (int64_t i = 1; i < group_size; ++i)
+            if (ranks_above(kg[i], best)) best = kg[i];
           group_score[g] = best;
         }
         gidx[g] = static_cast<int32_t>(g);

@@ -54,15 +54,23 @@ inline void reference_attention_head(const ReferenceAttentionHead& h) {
       any = true;
     }
     std::fill(acc.begin(), acc.end(), 0.0);
+    // NaN and ±Inf (docs/reliability.md): IEEE arithmetic throughout. A NaN
+    // score (NaN in q or k, Inf·0, Inf − Inf) never enters mx but makes its
+    // weight, the denominator and so the whole row NaN; a +inf score makes
+    // the row NaN (exp(inf − inf)); a −inf score is a weight of exactly 0, and
+    // a row whose visible scores are all −inf (and no finite sink) is a row
+    // that sees no key: 0, as FlashAttention gives, not 0/0. A V element
+    // reaches only its own output column, of the rows that see its key.
+    const double shift = mx == -std::numeric_limits<double>::infinity() ? 0.0 : mx;
     if (any) {
-      double denom = h.has_sink ? std::exp(h.sink - mx) : 0.0;
+      double denom = h.has_sink ? std::exp(h.sink - shift) : 0.0;
       for (int64_t j = 0; j < h.tk; ++j) {
         if (!reference_key_visible(h, i_pos, j)) continue;
-        const double p = std::exp(s[j] - mx);
+        const double p = std::exp(s[j] - shift);
         denom += p;
         for (int64_t c = 0; c < h.dv; ++c) acc[c] += p * h.v_at(j, c);
       }
-      for (auto& a : acc) a /= denom;
+      for (auto& a : acc) a = denom == 0 ? 0.0 : a / denom;
     }
     for (int64_t c = 0; c < h.dv; ++c) h.out(i, c, acc[c]);
   }

@@ -229,11 +229,14 @@ class SoftmaxEmitter {
 
   // 2^x, x = n + f with n = round(x), |f| ≤ 1/2; 2^f by a degree-5 polynomial
   // (rel. error < 3·10⁻⁶, far below the bf16 rounding of P). clamp: x may be
-  // −inf (masked or −inf scores), which must give exactly 0.
+  // −inf (masked or −inf scores), which must give exactly 0. A NaN x (a NaN
+  // score) must stay NaN, so the clamp is "x < lo ? lo : x" (vmaxps with x
+  // second: x86 returns the second operand when one is NaN), never the other
+  // way round, which would turn a NaN score into a weight of 0 and hide it.
   llvm::Value* exp2(llvm::Value* x, bool clamp) {
     if (clamp || !scalef_) {
       const float lo = scalef_ ? kExp2ClampScalef : kExp2ClampBits;
-      x = b_.CreateSelect(b_.CreateFCmpOGT(x, vm_.f32(lo)), x, vm_.f32(lo));
+      x = b_.CreateSelect(b_.CreateFCmpOLT(x, vm_.f32(lo)), vm_.f32(lo), x);
     }
     llvm::Value* n = b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, x);
     llvm::Value* f = b_.CreateFSub(x, n);
@@ -243,9 +246,11 @@ class SoftmaxEmitter {
     if (scalef_)
       return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_mask_scalef_ps_512, {},
                                 {p, n, vm_.f32(0.0f), b_.getInt16(0xffff), b_.getInt32(4)});
-    // n ≥ −127: (n + 127) << 23 is 2^n, and exactly 0 at −127.
-    llvm::Value* bits =
-        b_.CreateShl(b_.CreateAdd(b_.CreateFPToSI(n, i32v()), vm_.i32(127)), vm_.i32(23));
+    // n ≥ −127: (n + 127) << 23 is 2^n, and exactly 0 at −127. fptosi of a
+    // NaN n is poison in LLVM IR; frozen, it is some integer, and p (NaN
+    // then) keeps the product NaN.
+    llvm::Value* ni = b_.CreateFreeze(b_.CreateFPToSI(n, i32v()));
+    llvm::Value* bits = b_.CreateShl(b_.CreateAdd(ni, vm_.i32(127)), vm_.i32(23));
     return b_.CreateFMul(p, b_.CreateBitCast(bits, f32v()));
   }
 

@@ -39,10 +39,11 @@ llvm::Value* VectorMath::fma(llvm::Value* a, llvm::Value* b, llvm::Value* c) con
 
 llvm::Value* VectorMath::exp(llvm::Value* x) const {
   auto& b = b_;
-  // min/max as compare + select: the x86 vminps/vmaxps semantics (a NaN
-  // input yields the constant), one instruction each, as in the Xbyak code.
-  x = b.CreateSelect(b.CreateFCmpOLT(x, f32(88.3762626647949f)), x, f32(88.3762626647949f));
-  x = b.CreateSelect(b.CreateFCmpOGT(x, f32(-87.3365447505531f)), x, f32(-87.3365447505531f));
+  // min/max as compare + select, one vminps/vmaxps each, with x as the
+  // operand x86 returns when one is NaN: exp(NaN) is NaN (an attention score
+  // or softcap argument that is NaN must not become a finite weight).
+  x = b.CreateSelect(b.CreateFCmpOGT(x, f32(88.3762626647949f)), f32(88.3762626647949f), x);
+  x = b.CreateSelect(b.CreateFCmpOLT(x, f32(-87.3365447505531f)), f32(-87.3365447505531f), x);
   llvm::Value* n = b.CreateFMul(x, f32(1.44269504088896341f));
   n = b.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, n);
   llvm::Value* neg_n = b.CreateFNeg(n);
@@ -53,7 +54,9 @@ llvm::Value* VectorMath::exp(llvm::Value* x) const {
   // 2^n with n in [-126, 128]: two factors 2^n1 · 2^n2, n1 = n >> 1, each a
   // normal float built from its exponent bits; both products are exact
   // except for a final underflow, which rounds once (like vscalefps).
-  llvm::Value* ni = b.CreateFPToSI(n, i32v());
+  // fptosi of a NaN n is poison in LLVM IR; frozen, it is some integer, and
+  // p (NaN then) keeps the result NaN.
+  llvm::Value* ni = b.CreateFreeze(b.CreateFPToSI(n, i32v()));
   llvm::Value* n1 = b.CreateAShr(ni, i32(1));
   llvm::Value* n2 = b.CreateSub(ni, n1);
   auto pow2 = [&](llvm::Value* e) {

@@ -31,6 +31,7 @@ class VectorMath {
   // exp(x), x clamped to [-87.34, 88.38]: Cody–Waite reduction, degree-6
   // polynomial, scaling by 2^n through the exponent bits in two exact steps
   // (n can be 128, which one step cannot encode). Max rel. error ~2e-7.
+  // exp(NaN) is NaN.
   llvm::Value* exp(llvm::Value* x) const;
   // relu, silu = x/(1+e^-x), gelu_tanh = x/(1+e^{-2u}), gelu_erf by
   // Abramowitz–Stegun 7.1.26; none returns x.
