@@ -548,6 +548,11 @@ mkfifo "$H/fifo"
 input_error ".npy a FIFO with no writer" "fifo: not a .npy file" "$TJ" run "$LB" -i "x=$H/fifo" --random-inputs 1
 input_error "gen-npy past the cap" "gen-npy .*allowed: at most 16 GiB" \
   "$TJ" gen-npy "$H/g.npy" --dtype '<f4' --shape 65536,65536,65536
+printf "\x93NUMPY\x01\x00\x20\x00{'descr': '<u\x002', 'shape': (\n    \n" >"$H/ctl.npy"
+input_error ".npy header with NUL and newlines: one line" "ctl.npy: bad .npy header \(expected a dimension at offset 32\): \{'descr': '<u\\\\x002', 'shape': \(\\\\x0a" \
+  "$TJ" run "$LB" -i "x=$H/ctl.npy" --random-inputs 1
+input_error "a file name with a newline: one line" "a\\\\x0ab.npy: cannot open" "$TJ" run "$LB" -i "x=a
+b.npy" --random-inputs 1
 # .tir files: at most 16 MiB.
 input_error ".tir from /dev/zero" "/dev/zero: holds more than the 16 MiB a .tir program may have" "$TJ" dump /dev/zero
 input_error ".tir on stdin from /dev/zero" "<stdin>: holds more than the 16 MiB" sh -c "exec '$TJ' dump - </dev/zero"

@@ -170,8 +170,9 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
     prog = ops::match_operator_program(f);
   } catch (const Error& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "{}: error: cannot produce --stage {}: {}\n", file, all ? "plan" : opt.stage,
-               e.what());
+    fmt::print(stderr, "{}\n",
+               one_line(fmt::format("{}: error: cannot produce --stage {}: {}", file,
+                                    all ? "plan" : opt.stage, e.what())));
     return 1;
   }
   auto header = [&](const char* stage) {
@@ -222,7 +223,8 @@ int run_dump(const DumpOptions& opt) {
 
   const std::vector<ir::Diagnostic> diags = ir::check(f);
   if (!diags.empty()) {
-    for (const ir::Diagnostic& d : diags) fmt::print(stderr, "{}: error: {}\n", file, d.message);
+    for (const ir::Diagnostic& d : diags)
+      fmt::print(stderr, "{}\n", one_line(fmt::format("{}: error: {}", file, d.message)));
     return 1;
   }
   if (all || opt.stage == "verified") {
@@ -238,8 +240,9 @@ int run_dump(const DumpOptions& opt) {
     prog = ops::match_program(f);
   } catch (const Error& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "{}: error: cannot produce --stage {}: {}\n", file, all ? "plan" : opt.stage,
-               e.what());
+    fmt::print(stderr, "{}\n",
+               one_line(fmt::format("{}: error: cannot produce --stage {}: {}", file,
+                                    all ? "plan" : opt.stage, e.what())));
     return 1;
   }
   const codegen::GemmPlan plan = codegen::lower_gemm(prog.lowered, isa);

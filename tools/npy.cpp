@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -17,6 +18,19 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
+
+// Header text as a message quotes it: control bytes escaped (a header ends in
+// '\n', and may hold anything), at most 120 bytes of it.
+std::string excerpt(std::string_view s) {
+  constexpr size_t kMax = 120;
+  std::string out;
+  for (size_t i = 0; i < std::min(s.size(), kMax); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    out += c < 0x20 || c >= 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, s[i]);
+  }
+  if (s.size() > kMax) out += fmt::format("... ({} bytes)", s.size());
+  return out;
+}
 
 // The header is a Python dict literal; the writers we read (numpy, this file)
 // only produce strings, booleans and int tuples in it.
@@ -47,7 +61,8 @@ class HeaderParser {
 
  private:
   [[noreturn]] void fail(const std::string& what) {
-    throw Error(fmt::format("{}: bad .npy header ({} at offset {}): {}", name_, what, i_, s_));
+    throw Error(
+        fmt::format("{}: bad .npy header ({} at offset {}): {}", name_, what, i_, excerpt(s_)));
   }
   void ws() {
     while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
@@ -208,7 +223,7 @@ NpyArray parse_header(std::string_view header, const std::string& name, int64_t*
     throw Error(
         fmt::format("{}: dtype '{}' is not supported{}; allowed: <f4, <i4, |u1, |i1, <u2 "
                     "(bf16 bits)",
-                    name, descr, big ? " (big-endian)" : ""));
+                    name, excerpt(descr), big ? " (big-endian)" : ""));
   }
   a.dtype = *dt;
   if (!dict["shape"].tuple) throw Error(fmt::format("{}: .npy header has no shape", name));

@@ -44,6 +44,21 @@ uint64_t name_hash(const std::string& s) {
 
 }  // namespace
 
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 std::string display_name(const std::string& path) {
   return path == "-" ? "<stdin>" : path;
 }

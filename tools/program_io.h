@@ -21,6 +21,10 @@ std::string read_text(const std::string& path);
 // Parses `path` ("-" = stdin, shown as <stdin>). Throws ir::ParseError, whose
 // what() is "file:line:col: error: ...".
 ir::Function load_program(const std::string& path);
+// Errors are one line on stderr (docs/tool.md), whatever they quote: a file
+// name or an option value may hold a newline or other control bytes, which
+// one_line prints escaped (\x0a).
+std::string one_line(const std::string& s);
 // The name under which errors refer to `path`.
 std::string display_name(const std::string& path);
 // ops::ProgramRunner(f), its errors (verifier, "no lowering ...") prefixed

@@ -17,6 +17,7 @@
 #include "jit/kernel_cache.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program_io.h"
 
 namespace {
 
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
     // One line, naming the subcommand whose options were being read.
     std::string who = "tilejit";
     for (const CLI::App* sub : app.get_subcommands()) who += " " + sub->get_name();
-    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", who.c_str(), e.what(), who.c_str());
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", who.c_str(),
+                 tilejit::tools::one_line(e.what()).c_str(), who.c_str());
     return 2;
   }
 
@@ -170,14 +172,14 @@ int main(int argc, char** argv) {
     return tilejit::tools::run_llama_layer_job(llama);
   } catch (const tilejit::tools::UsageError& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "tilejit %s: error: %s (see tilejit %s --help)\n", name.c_str(), e.what(),
-                 name.c_str());
+    std::fprintf(stderr, "tilejit %s: error: %s (see tilejit %s --help)\n", name.c_str(),
+                 tilejit::tools::one_line(e.what()).c_str(), name.c_str());
     return 2;
   } catch (const tilejit::Error& e) {
     std::fflush(stdout);
     // IR parse errors already read "file:line:col: error: ..."; file errors
     // start with the file name.
-    const std::string what = e.what();
+    const std::string what = tilejit::tools::one_line(e.what());
     if (what.find(": error: ") != std::string::npos)
       std::fprintf(stderr, "%s\n", what.c_str());
     else
@@ -194,7 +196,8 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "tilejit %s: internal error: %s\n", name.c_str(), e.what());
+    std::fprintf(stderr, "tilejit %s: internal error: %s\n", name.c_str(),
+                 tilejit::tools::one_line(e.what()).c_str());
     return 3;
   }
 }
