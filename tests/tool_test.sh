@@ -553,6 +553,11 @@ input_error ".npy header with NUL and newlines: one line" "ctl.npy: bad .npy hea
   "$TJ" run "$LB" -i "x=$H/ctl.npy" --random-inputs 1
 input_error "a file name with a newline: one line" "a\\\\x0ab.npy: cannot open" "$TJ" run "$LB" -i "x=a
 b.npy" --random-inputs 1
+# Outputs: a FIFO nobody reads is an error, not a wait in open(2); a full disk a write error.
+input_error "output to a FIFO with no reader" "fifo: cannot create: a FIFO with no reader" \
+  "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/fifo"
+input_error "output to /dev/full" "/dev/full: write error" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o 1=/dev/full
+ok "bench of an empty problem (M=0) ends" timeout 30 "$TJ" bench "$LB" --dim M=0 --seconds 0.05
 # .tir files: at most 16 MiB.
 input_error ".tir from /dev/zero" "/dev/zero: holds more than the 16 MiB a .tir program may have" "$TJ" dump /dev/zero
 input_error ".tir on stdin from /dev/zero" "<stdin>: holds more than the 16 MiB" sh -c "exec '$TJ' dump - </dev/zero"

@@ -102,7 +102,7 @@ int run_bench(const BenchOptions& opt) {
     for (int64_t i = 0; i < calls; ++i) runner.run_for_timing(outputs);
     const double s = std::chrono::duration<double>(clock::now() - t0).count();
     if (b == 0) {
-      calls = std::max<int64_t>(1, static_cast<int64_t>(opt.seconds / kBatches / s));
+      calls = calls_for_budget(opt.seconds / kBatches, s);
       continue;
     }
     per_call.push_back(s / static_cast<double>(calls));

@@ -123,7 +123,7 @@ double seconds_per_call(const std::function<void()>& call, double seconds) {
     for (int64_t i = 0; i < per_batch; ++i) call();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (b == 0)
-      per_batch = std::max<int64_t>(1, int64_t(seconds / 5 / s));
+      per_batch = calls_for_budget(seconds / 5, s);
     else
       times.push_back(s / double(per_batch));
   }

@@ -1,6 +1,8 @@
 #include "tools/npy.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -316,8 +318,18 @@ std::string serialize_npy(const NpyArray& a) {
 
 void write_npy(const std::string& path, const NpyArray& a) {
   const std::string bytes = serialize_npy(a);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  // O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait in
+  // open(2); writes block again after the open.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot create: {}", path,
+                            errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno)));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  FILE* f = ::fdopen(fd, "wb");
+  if (f == nullptr) {
+    ::close(fd);
+    throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  }
   const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   if (std::fclose(f) != 0 || !ok) throw Error(fmt::format("{}: write error", path));
 }

@@ -388,6 +388,12 @@ void check_seconds_option(double seconds) {
         seconds, kMaxSeconds));
 }
 
+int64_t calls_for_budget(double budget, double measured) {
+  // 1 ns: below any call's cost, so the count stays below 2^42 for kMaxSeconds.
+  const double calls = budget / std::max(measured, 1e-9);
+  return calls < 1 ? 1 : static_cast<int64_t>(std::min(calls, 4e12));
+}
+
 void note_isa_request(const std::string& requested) {
   if (requested.empty()) return;
   const CpuInfo cpu = cpu_info();

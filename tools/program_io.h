@@ -90,6 +90,9 @@ void set_threads_option(int threads);
 // run for ever); UsageError otherwise.
 inline constexpr double kMaxSeconds = 3600;
 void check_seconds_option(double seconds);
+// How many calls of `measured` seconds each fill `budget` seconds: at least
+// 1, and finite even when the clock measured 0 (an empty problem).
+int64_t calls_for_budget(double budget, double measured);
 
 // A note on stderr when --isa asked for a path other than the one that runs
 // (TILEJIT_ISA is a cap: the active path is the best one at or below it).
