@@ -2,6 +2,8 @@
 // cache_stats, thread count.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "jit/kernel_cache.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
@@ -9,6 +11,14 @@
 #include "tilejit/tilejit.h"
 
 namespace tilejit {
+
+namespace {
+// An enum value outside its declaration (a cast from an int, a corrupted
+// field) is a caller's error like any other.
+Error bad_enum(const char* fn, const char* type, int value, const char* allowed) {
+  return Error(fmt::format("{}: {}({}) is not a {}; allowed: {}", fn, type, value, type, allowed));
+}
+}  // namespace
 
 const char* dtype_name(DType t) {
   switch (t) {
@@ -31,7 +41,8 @@ const char* dtype_name(DType t) {
     case DType::i64:
       return "i64";
   }
-  return "?";
+  throw bad_enum("dtype_name", "DType", static_cast<int>(t),
+                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64");
 }
 
 int dtype_bits(DType t) {
@@ -51,7 +62,8 @@ int dtype_bits(DType t) {
     case DType::i64:
       return 64;
   }
-  return 0;
+  throw bad_enum("dtype_bits", "DType", static_cast<int>(t),
+                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64");
 }
 
 const char* activation_name(Activation a) {
@@ -67,7 +79,8 @@ const char* activation_name(Activation a) {
     case Activation::gelu_erf:
       return "gelu_erf";
   }
-  return "?";
+  throw bad_enum("activation_name", "Activation", static_cast<int>(a),
+                 "none, relu, silu, gelu_tanh, gelu_erf");
 }
 
 const char* isa_name(Isa isa) {
@@ -81,15 +94,18 @@ const char* isa_name(Isa isa) {
     case Isa::amx:
       return "amx";
   }
-  return "?";
+  throw bad_enum("isa_name", "Isa", static_cast<int>(isa), "scalar, llvm, avx512, amx");
 }
 
 TensorView::TensorView(void* d, DType t, std::vector<int64_t> s)
     : data(d), dtype(t), shape(std::move(s)), strides(shape.size()) {
+  // Saturating: a shape whose size overflows int64 gets strides every
+  // operator's view check refuses (a constructor has no argument name to report).
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= shape[i];
+    if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 0, &stride))
+      stride = std::numeric_limits<int64_t>::max();
   }
 }
 

@@ -15,6 +15,22 @@ void check_head_dim(const char* op, const char* what, int64_t d) {
         fmt::format("{}: {}={}; allowed: a multiple of 16 in [16, {}]", op, what, d, kMaxHeadDim));
 }
 
+void check_head_counts(const char* op, int64_t hq, const char* of_q, int64_t hkv,
+                       const char* of_kv) {
+  if (hq < 1 || hq > Limits::max_heads || hkv < 1 || hkv > Limits::max_heads || hq % hkv != 0)
+    throw Error(fmt::format(
+        "{}: Hq={} ({}) and Hkv={} ({}); allowed: Hq a multiple of Hkv, both in 1 .. {}", op, hq,
+        of_q, hkv, of_kv, Limits::max_heads));
+}
+
+void check_attention_out(const char* op, const TensorView& out, const AttentionOptions& opt,
+                         std::initializer_list<ops::NamedView> inputs) {
+  ops::check_output(op, "out", out, inputs);
+  ops::check_output(
+      op, "out", out,
+      {{"sinks", ops::opt_view(opt.sinks)}, {"alibi_slopes", ops::opt_view(opt.alibi_slopes)}});
+}
+
 void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank) {
   check_view(op, arg, t, rank);
   check_dtype(op, arg, t, {DType::bf16});
@@ -95,9 +111,7 @@ PagedDims check_paged_attention(const char* op, const char* rows, const TensorVi
               k_cache.shape[2], k_cache.shape[0], k_cache.shape[1]};
   check_head_dim(op, "D (q.shape[2])", p.d);
   check_head_dim(op, "Dv (v_cache.shape[3])", p.dv);
-  if (p.hkv < 1 || p.hq % p.hkv != 0)
-    throw Error(fmt::format(
-        "{}: Hq={} (q) and Hkv={} (k_cache); allowed: Hq a multiple of Hkv >= 1", op, p.hq, p.hkv));
+  check_head_counts(op, p.hq, "q", p.hkv, "k_cache");
   if (p.block_size < 16 || p.block_size % 16 != 0)
     throw Error(fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op,
                             p.block_size));

@@ -5,12 +5,21 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/tensor_checks.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::ops::attn {
 
-// Head sizes the engine specialises for: multiples of 16 in [16, 576].
+// Head sizes the engine specialises for: multiples of 16 in [16, Limits::max_head_dim].
 void check_head_dim(const char* op, const char* what, int64_t d);
+// Hq and Hkv in [1, Limits::max_heads], Hq a multiple of Hkv. `of_q` and
+// `of_kv` name the tensors the counts come from.
+void check_head_counts(const char* op, int64_t hq, const char* of_q, int64_t hkv,
+                       const char* of_kv);
+// out [·, Hq, Dv] of an attention call: writable, and sharing no memory with
+// q, the keys and values, or any index / option tensor it reads.
+void check_attention_out(const char* op, const TensorView& out, const AttentionOptions& opt,
+                         std::initializer_list<ops::NamedView> inputs);
 // A bf16 tensor of the given rank with innermost stride 1.
 void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank);
 // sinks / alibi_slopes: f32 [Hq] when present.

@@ -58,16 +58,27 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   attn::check_options(op, opt);
   attn::check_head_vectors(op, opt, hq);
 
+  // k_cache and v_cache may share memory (MLA reads V as the first Dv
+  // columns of the K cache); out is written while every input is read.
+  attn::check_attention_out(op, out, opt,
+                            {{"q", &q},
+                             {"k_cache", &k_cache},
+                             {"v_cache", &v_cache},
+                             {"block_table", &block_table},
+                             {"seq_lens", &seq_lens}});
+
   // Every block index a sequence uses is checked before any key is read.
   const int64_t max_blocks = block_table.shape[1];
+  // Saturating: a table wider than any int32 length needs is not an error.
+  const int64_t capacity = ops::saturating_mul(max_blocks, bs);
   const auto* table = static_cast<const int32_t*>(block_table.data);
   const auto* lens_p = static_cast<const int32_t*>(seq_lens.data);
   std::vector<int64_t> lens(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = lens_p[b * seq_lens.strides[0]];
-    if (len < 1 || len > max_blocks * bs)
+    if (len < 1 || len > capacity)
       throw Error(fmt::format("{}: seq_lens[{}]={}; allowed: 1 .. max_blocks·block_size = {}", op,
-                              b, len, max_blocks * bs));
+                              b, len, capacity));
     for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
       const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
       if (blk < 0 || blk >= num_blocks)
@@ -86,17 +97,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     return attn::paged_rows(c, block_table, b, h);
   };
 
-  const Isa isa = runtime::active_isa();
-  if (isa == Isa::scalar) {
-    runtime::parallel_for(batch * hq, [&](int64_t t) {
-      const int64_t b = t / hq, h = t % hq;
-      attn::scalar_head(p, h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
-                        source(k_cache, b, h / g), source(v_cache, b, h / g),
-                        od + b * out.strides[0] + h * out.strides[1], 0);
-    });
-    return;
-  }
-
   // Output rows of sequence b holding a NaN or an Inf, recomputed by the
   // reference (the NaN/Inf rule of ops/attention_scalar.h).
   auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
@@ -109,6 +109,17 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
           [&](int64_t j) { return vs.row(j); }, orows[r]);
     });
   };
+
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) {
+    runtime::parallel_for(batch * hq, [&](int64_t t) {
+      const int64_t b = t / hq, h = t % hq;
+      attn::scalar_head(p, h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
+                        source(k_cache, b, h / g), source(v_cache, b, h / g),
+                        od + b * out.strides[0] + h * out.strides[1], 0);
+    });
+    return;
+  }
 
   const int64_t dv_padded = (dv + 63) / 64 * 64;
   if (ops::have_decode_attention_kernel()) {
@@ -184,6 +195,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         thread_local attn::Partial st;
         run(t, 0, lens[t], qr, st);
         attn::finish(p, qr, st, orows);
+        repair(t, qr, orows);
       });
       return;
     }
@@ -195,7 +207,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       rows_of(task, qr, orows);
       // Chunks a multiple of 16 keys, so a chunk boundary never splits a cache block's run.
       const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
-        repair(t, qr, orows);
       const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
       run(task, j0, j1, qr, parts[t]);
     });
@@ -206,6 +217,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       attn::Partial& acc = parts[task * splits];
       for (int64_t s = 1; s < splits; ++s) attn::merge(acc, parts[task * splits + s], hq, dv);
       attn::finish(p, qr, acc, orows);
+      repair(task, qr, orows);
     });
     return;
   }
@@ -217,7 +229,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
 
   auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
     const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;
-      repair(task, qr, orows);
     const int64_t r0 = task % row_blocks * attn::kRowsPerBlock;
     const int64_t rows = std::min(attn::kRowsPerBlock, g - r0);
     qr.resize(static_cast<size_t>(rows));
@@ -240,6 +251,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       attn::attend(isa, p, qr, source(k_cache, b, h), source(v_cache, b, h), lens[b], 0, lens[b],
                    st);
       attn::finish(p, qr, st, orows);
+      repair(b, qr, orows);
     });
     return;
   }
@@ -251,7 +263,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t task = t / splits, s = t % splits;
     std::vector<attn::QueryRow> qr;
     std::vector<uint16_t*> orows;
-      repair(b, qr, orows);
     const auto [b, h] = rows_of(task, qr, orows);
     const int64_t per = (lens[b] + splits - 1) / splits;
     const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;

@@ -26,7 +26,7 @@ inline constexpr int64_t kRowsPerBlock = 64;  // query rows per block (one packe
 // Keys per online-softmax step: 128 rather than 64 halves the P·V
 // micro-kernel's accumulator loads and stores per FMA (+2-5% prefill).
 inline constexpr int64_t kKeyBlock = 128;
-inline constexpr int64_t kMaxHeadDim = 576;
+inline constexpr int64_t kMaxHeadDim = Limits::max_head_dim;
 
 // Where key (or value) row j of one kv head lives: a dense tensor, or a paged
 // cache addressed through one sequence's block-table row.

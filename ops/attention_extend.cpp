@@ -75,10 +75,24 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     throw Error(fmt::format("{}: prefix_lens has shape {}; allowed: [B] = [{}] (qo_indptr)", op,
                             shape_str(prefix_lens.shape), batch));
 
+  // The caches and the new K/V may share memory with each other and with q
+  // (all are only read); out is written while every input is read.
+  attn::check_attention_out(op, out, opt,
+                            {{"q", &q},
+                             {"k_cache", &k_cache},
+                             {"v_cache", &v_cache},
+                             {"qo_indptr", &qo_indptr},
+                             {"block_table", &block_table},
+                             {"prefix_lens", &prefix_lens},
+                             {"k_new", ops::opt_view(ext.k_new)},
+                             {"v_new", ops::opt_view(ext.v_new)}});
+
   // Per sequence: prefix length, cached keys (checked against the table's
   // capacity and every block index they use, before any key is read), and
   // the offset of its n² tree-mask block.
   const int64_t max_blocks = block_table.shape[1];
+  // Saturating: a table wider than any int32 length needs is not an error.
+  const int64_t capacity = ops::saturating_mul(max_blocks, bs);
   const auto* table = static_cast<const int32_t*>(block_table.data);
   const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
   std::vector<int64_t> prefix(static_cast<size_t>(batch)), mask_off(static_cast<size_t>(batch) + 1);
@@ -86,14 +100,14 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t pre = prefix_p[b * prefix_lens.strides[0]], n = qo[b + 1] - qo[b];
     if (pre < 0) throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: >= 0", op, b, pre));
     const int64_t cached = in_cache ? pre + n : pre;
-    if (cached > max_blocks * bs) {
+    if (cached > capacity) {
       if (in_cache)
         throw Error(
             fmt::format("{}: prefix_lens[{}] + new tokens = {} + {} = {}; allowed: <= "
                         "max_blocks·block_size = {} (k_new absent: the new K/V are in the cache)",
-                        op, b, pre, n, cached, max_blocks * bs));
+                        op, b, pre, n, cached, capacity));
       throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: <= max_blocks·block_size = {}", op,
-                              b, pre, max_blocks * bs));
+                              b, pre, capacity));
     }
     for (int64_t i = 0; i < (cached + bs - 1) / bs; ++i) {
       const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
@@ -114,6 +128,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       throw Error(fmt::format(
           "{}: tree_mask has shape {}; allowed: [Σ n_b²] = [{}] (n_b = new tokens of sequence b)",
           op, shape_str(m.shape), mask_off[batch]));
+    ops::check_disjoint(op, "out", out, "tree_mask", m);
     mask = static_cast<const uint8_t*>(m.data);
     mask_stride = m.strides[0];
   }
@@ -150,21 +165,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   // Keys [0, cached_end) come from the cache, the rest from k_new / v_new.
   auto cached_end = [&](int64_t b) { return in_cache ? keys_of(b) : prefix[b]; };
 
-  const Isa isa = runtime::active_isa();
-  if (isa == Isa::scalar) {
-    runtime::parallel_for(tokens * hq, [&](int64_t t) {
-      const int64_t tok = t / hq, head = t % hq;
-      const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
-      const int64_t h = head / g;
-      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
-      attn::RowSource kn, vn;
-      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
-      const int64_t split = cached_end(b);
-      attn::scalar_row(
-          p, query_row(b, tok - qo[b], head), keys_of(b),
-          [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
-          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
-          od + tok * out.strides[0] + head * out.strides[1]);
   // Output rows of sequence b holding a NaN or an Inf, recomputed by the
   // reference (the NaN/Inf rule of ops/attention_scalar.h).
   auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
@@ -180,6 +180,21 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     });
   };
 
+  const Isa isa = runtime::active_isa();
+  if (isa == Isa::scalar) {
+    runtime::parallel_for(tokens * hq, [&](int64_t t) {
+      const int64_t tok = t / hq, head = t % hq;
+      const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
+      const int64_t h = head / g;
+      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
+      attn::RowSource kn, vn;
+      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+      const int64_t split = cached_end(b);
+      attn::scalar_row(
+          p, query_row(b, tok - qo[b], head), keys_of(b),
+          [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
+          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
+          od + tok * out.strides[0] + head * out.strides[1]);
     });
     return;
   }
@@ -236,6 +251,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       st.reset(static_cast<int64_t>(qr.size()), dv_padded);
       run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
       attn::finish(p, qr, st, orows);
+      repair(tasks[t].b, qr, orows);
     });
     return;
   }
@@ -251,7 +267,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     rows_of(task, qr, orows);
     const int64_t per = (tk + splits - 1) / splits;
     const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
-      repair(tasks[t].b, qr, orows);
     attn::Partial& st = parts[t];
     st.reset(static_cast<int64_t>(qr.size()), dv_padded);
     const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
@@ -265,8 +280,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     for (int64_t s = 1; s < splits; ++s)
       attn::merge(acc, parts[t * splits + s], static_cast<int64_t>(qr.size()), dv);
     attn::finish(p, qr, acc, orows);
+    repair(tasks[t].b, qr, orows);
   });
 }
 
 }  // namespace tilejit
-    repair(tasks[t].b, qr, orows);

@@ -32,9 +32,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   const int64_t tk = k.shape[0], hkv = k.shape[1], dv = v.shape[2];
   attn::check_head_dim(op, "D (q.shape[2])", d);
   attn::check_head_dim(op, "Dv (v.shape[2])", dv);
-  if (hkv < 1 || hq % hkv != 0)
-    throw Error(fmt::format("{}: Hq={} (q) and Hkv={} (k); allowed: Hq a multiple of Hkv >= 1", op,
-                            hq, hkv));
+  attn::check_head_counts(op, hq, "q", hkv, "k");
   if (k.shape[2] != d)
     throw Error(fmt::format("{}: k has shape {}; allowed: [Tk, Hkv, D] with D = {} (q)", op,
                             shape_str(k.shape), d));
@@ -61,6 +59,14 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
                       "keys (queries are the last positions, bottom-right aligned)",
                       op, b, cq[b + 1] - cq[b], ck[b + 1] - ck[b]));
 
+  // q, k and v may share memory (views of one fused qkv tensor); out is
+  // written while they are read.
+  attn::check_attention_out(op, out, opt,
+                            {{"q", &q},
+                             {"k", &k},
+                             {"v", &v},
+                             {"cu_seqlens_q", &cu_seqlens_q},
+                             {"cu_seqlens_k", &cu_seqlens_k}});
   const attn::Params p = attn::make_params(opt, d, dv);
   const int64_t g = hq / hkv;
   const auto* qd = static_cast<const uint16_t*>(q.data);

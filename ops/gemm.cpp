@@ -128,7 +128,8 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
           fmt::format("gemm: act={} is not an activation; allowed: none, relu, silu, "
                       "gelu_tanh, gelu_erf",
                       static_cast<int>(opt.act)));
-  }
+  }  // y is written while x and bias are still read (by other row and column blocks).
+  ops::check_output("gemm", "y", y, {{"x", &x}, {"bias", ops::opt_view(opt.bias)}});
 }
 
 void run_scalar(const TensorView& x, const PackedWeight& w, const TensorView& y,

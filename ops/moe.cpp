@@ -49,19 +49,6 @@ const PackedExperts::Impl& need_experts(const PackedExperts& w, const char* arg,
   return *w.impl();
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  auto extent = [](const TensorView& t) {
-    int64_t last = 0;
-    for (size_t d = 0; d < t.shape.size(); ++d)
-      if (t.shape[d] > 0) last += (t.shape[d] - 1) * t.strides[d];
-    const auto* p = static_cast<const uint8_t*>(t.data);
-    return std::make_pair(p, p + (last + 1) * dtype_bits(t.dtype) / 8);
-  };
-  const auto [a0, a1] = extent(a);
-  const auto [b0, b1] = extent(b);
-  return a0 < b1 && b0 < a1;
-}
-
 void check_bias(const std::optional<TensorView>& b, const char* arg, int64_t e, int64_t n) {
   if (!b) return;
   ops::check_view(kOp, arg, *b, 2);
@@ -114,8 +101,9 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   if (weights.shape != ids.shape)
     throw Error(fmt::format("{}: topk_weights has shape {}; allowed: topk_ids' shape {}", kOp,
                             ops::shape_str(weights.shape), ops::shape_str(ids.shape)));
-  if (d.T > 0 && overlaps(hidden, out))
-    throw Error(fmt::format("{}: out overlaps hidden; allowed: separate buffers", kOp));
+  if (d.k > d.E)
+    throw Error(fmt::format("{}: topk_ids has shape {}; allowed: k <= E = {}", kOp,
+                            ops::shape_str(ids.shape), d.E));
   if (opt.clamped_swiglu) {
     if (!std::isfinite(opt.swiglu_alpha) || !std::isfinite(opt.swiglu_limit) ||
         opt.swiglu_limit <= 0)
@@ -131,6 +119,13 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   }
   check_bias(opt.b13, "b13", d.E, 2 * d.I);
   check_bias(opt.b2, "b2", d.E, d.H);
+  // out is accumulated into while every input is still read.
+  ops::check_output(kOp, "out", out,
+                    {{"hidden", &hidden},
+                     {"topk_weights", &weights},
+                     {"topk_ids", &ids},
+                     {"b13", ops::opt_view(opt.b13)},
+                     {"b2", ops::opt_view(opt.b2)}});
   if ((opt.shared_w13 == nullptr) != (opt.shared_w2 == nullptr))
     throw Error(
         fmt::format("{}: only one of shared_w13 / shared_w2 is given; allowed: both or none", kOp));

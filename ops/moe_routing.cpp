@@ -62,9 +62,10 @@ RoutingCall check_routing(const char* op, const TensorView& logits, const Tensor
   if (c.k < 1 || c.k > c.e)
     throw Error(fmt::format("{}: k = {} (topk_ids {}); allowed: 1 <= k <= E = {}", op, c.k,
                             shape_str(ids.shape), c.e));
-  if (c.e > std::numeric_limits<int32_t>::max())
-    throw Error(fmt::format("{}: E = {} experts; allowed: E <= {} (int32 ids)", op, c.e,
-                            std::numeric_limits<int32_t>::max()));
+  ops::check_count(op, "E (logits.shape[1])", c.e, 1, Limits::max_experts);
+  // Both outputs are written while the logits are read.
+  ops::check_output(op, "topk_weights", weights, {{"logits", &logits}, {"topk_ids", &ids}});
+  ops::check_output(op, "topk_ids", ids, {{"logits", &logits}});
   return c;
 }
 
@@ -213,6 +214,8 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
     if (bias->shape[0] != c.e)
       throw Error(fmt::format("{}: correction_bias has shape {}; allowed: [E] = [{}]", op,
                               shape_str(bias->shape), c.e));
+    ops::check_disjoint(op, "topk_weights", topk_weights, "correction_bias", *bias);
+    ops::check_disjoint(op, "topk_ids", topk_ids, "correction_bias", *bias);
   }
 
   const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;

@@ -53,12 +53,14 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
                             static_cast<int>(proj)));
   ops::check_view(op, "w", w, 3);
   ops::check_dtype(op, "w", w, {DType::bf16});
-  if (w.strides[2] != 1)
-    throw Error(fmt::format("pack_experts: w has innermost stride {}; allowed: 1", w.strides[2]));
+  // Rows may not overlap (a row stride below H, e.g. 0, would pack one row
+  // many times: a weight no checkpoint holds); experts may (stride 0: E copies).
+  ops::check_row_major_rows(op, "w", w);
   const int64_t E = w.shape[0], rows = w.shape[1], cols = w.shape[2];
   if (E < 1 || rows < 1 || cols < 1)
     throw Error(fmt::format("pack_experts: w has shape {}; allowed: every dim >= 1",
                             ops::shape_str(w.shape)));
+  ops::check_count(op, "E (w.shape[0])", E, 1, Limits::max_experts);
   if (proj == ExpertProj::gate_up && rows % 2 != 0)
     throw Error(fmt::format(
         "pack_experts: w has shape {} for gate_up; allowed: [E, 2I, H] (an even row count)",
@@ -73,7 +75,8 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
   impl->layout.n = proj == ExpertProj::gate_up ? (impl->n + 31) / 32 * 64 : rows;
   impl->layout.k = cols;
   impl->expert_bytes = impl->layout.total_elems() * 2;
-  impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(E * impl->expert_bytes));
+  impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(
+      ops::checked_mul(op, "packed bytes E·bytes per expert", E, impl->expert_bytes)));
   const auto* src = static_cast<const uint16_t*>(w.data);
   const PackedExperts::Impl& p = *impl;
   runtime::parallel_for(E, [&](int64_t e) {
@@ -104,6 +107,7 @@ void PackedExperts::unpack(const TensorView& out) const {
   ops::check_dtype(op, "out", out, {DType::bf16});
   if (out.strides[2] != 1)
     throw Error(fmt::format("{}: out has innermost stride {}; allowed: 1", op, out.strides[2]));
+  ops::check_writable(op, "out", out);
   const int64_t rows = p.proj == ExpertProj::gate_up ? 2 * p.n : p.n;
   if (out.shape[0] != p.experts || out.shape[1] != rows || out.shape[2] != p.k)
     throw Error(fmt::format("{}: out has shape {}; allowed: [{}, {}, {}]", op,

@@ -75,6 +75,7 @@ void PackedWeight::unpack(const TensorView& out) const {
   ops::check_view("PackedWeight::unpack", "out", out, 2);
   ops::check_dtype("PackedWeight::unpack", "out", out, {DType::bf16});
   ops::check_row_major_rows("PackedWeight::unpack", "out", out);
+  ops::check_writable("PackedWeight::unpack", "out", out);
   if (out.shape[0] != p.layout.n || out.shape[1] != p.layout.k)
     throw Error(fmt::format("PackedWeight::unpack: out has shape {}; allowed: [{}, {}]",
                             ops::shape_str(out.shape), p.layout.n, p.layout.k));

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "ops/rope_kernels.h"
@@ -47,7 +46,10 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   if (d.d < 2 || d.d % 2)
     throw Error(fmt::format("{}: q has head size D={} (shape {}); allowed: even, >= 2", kOp, d.d,
                             shape_str(q.shape)));
-  if (d.hq < 1) throw Error(fmt::format("{}: q has {} heads; allowed: >= 1", kOp, d.hq));
+  if (d.d > Limits::max_head_dim)
+    throw Error(fmt::format("{}: q has head size D={} (shape {}); allowed: <= {}", kOp, d.d,
+                            shape_str(q.shape), Limits::max_head_dim));
+  ops::check_count(kOp, "Hq (q.shape[1])", d.hq, 1, Limits::max_heads);
   if (k != nullptr) {
     check_heads("k", *k);
     if (k->dtype != q.dtype)
@@ -57,12 +59,17 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
       throw Error(fmt::format("{}: k has shape {}; allowed: [T, Hk >= 1, D] = [{}, ·, {}]", kOp,
                               shape_str(k->shape), c.t, d.d));
     d.hk = k->shape[1];
+    ops::check_count(kOp, "Hk (k.shape[1])", d.hk, 1, Limits::max_heads);
   }
+  if (opt.style != RopeStyle::neox && opt.style != RopeStyle::gptj)
+    throw Error(fmt::format("{}: style=RopeStyle({}) is not a RopeStyle; allowed: neox, gptj", kOp,
+                            static_cast<int>(opt.style)));
   d.neox = opt.style == RopeStyle::neox;
   d.ndim = opt.ndim;
   d.mrope_section = opt.mrope_section;
   d.rotary_dim = opt.rotary_dim == 0 ? d.d : opt.rotary_dim;
-  if (opt.ndim < 1) throw Error(fmt::format("{}: ndim={}; allowed: >= 1", kOp, opt.ndim));
+  // Bounded first, so 2·ndim below cannot overflow.
+  ops::check_count(kOp, "ndim", opt.ndim, 1, d.d / 2);
   if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
     throw Error(
         fmt::format("{}: rotary_dim={} with D={}, ndim={}; allowed: a multiple of 2·ndim "
@@ -72,9 +79,13 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
     if (d.ndim > 1)
       throw Error(
           fmt::format("{}: mrope_section with ndim={}; allowed: one of the two", kOp, d.ndim));
-    const int64_t sum = std::accumulate(d.mrope_section.begin(), d.mrope_section.end(), int64_t{0});
-    const bool positive = std::all_of(d.mrope_section.begin(), d.mrope_section.end(),
-                                      [](int64_t v) { return v > 0; });
+    // Summed only while every size is in (0, rotary_dim/2], so it cannot overflow.
+    int64_t sum = 0;
+    bool positive = true;
+    for (int64_t v : d.mrope_section) {
+      positive &= v > 0 && v <= d.rotary_dim / 2;
+      if (positive) sum += v;
+    }
     if (!positive || sum != d.rotary_dim / 2)
       throw Error(
           fmt::format("{}: mrope_section={}; allowed: positive sizes summing to "
@@ -112,6 +123,12 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
                     kOp, shape_str(cache.shape), c.width));
   d.cache_dtype = cache.dtype;
   c.max_position = cache.shape[0];
+  // In place: q and k are rotated while positions and the cache are read, so
+  // each of q and k is writable and shares memory with none of the others
+  // (q passed again as k would rotate twice).
+  ops::check_output(kOp, "q", q, {{"k", k}, {"positions", &positions}, {"cos_sin_cache", &cache}});
+  if (k != nullptr)
+    ops::check_output(kOp, "k", *k, {{"positions", &positions}, {"cos_sin_cache", &cache}});
 
   // Every position before any read of the cache. int64 values are compared
   // whole, so 2^32 + 5 is out of range, not position 5.

@@ -57,6 +57,14 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
         fmt::format("{}: v_cache has shape {}; allowed: [num_blocks, block_size] of "
                     "k_cache = [{}, {}, ...]",
                     op, shape_str(v_cache.shape), k_cache.shape[0], k_cache.shape[1]));
+  // Both caches are written while k, v and slot_mapping are read: no two of
+  // them may share memory (k_cache == v_cache would keep only V), and neither
+  // cache may overlap itself (a slot stride of 0 puts every token in one row).
+  ops::check_output(op, "k_cache", k_cache,
+                    {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}, {"v_cache", &v_cache}});
+  ops::check_output(op, "v_cache", v_cache,
+                    {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
+  // Fits: an output cache spans its slots in memory (check_writable).
   const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
   std::vector<int64_t> slots(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) {

@@ -2,13 +2,59 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
 namespace tilejit::ops {
 
 std::string shape_str(const std::vector<int64_t>& v) {
   return fmt::format("[{}]", fmt::join(v, ", "));
 }
 
+namespace {
+
+// Element size in bytes for alignment (u4: 1, two per byte).
+int64_t align_of(DType t) {
+  return std::max(1, dtype_bits(t) / 8);
+}
+
+// Bytes spanned by `elems` consecutive elements of the dtype.
+int64_t bytes_of_elems(DType t, int64_t elems) {
+  const int bits = dtype_bits(t);
+  return bits == 4 ? (elems + 1) / 2 : elems * (bits / 8);
+}
+
+// 1 + Σ (shape[i] − 1)·strides[i] over dims from `first` on (elements), or -1
+// on overflow. The view must have no zero dim.
+int64_t span_elems(const TensorView& t, size_t first) {
+  int64_t last = 0;
+  for (size_t i = first; i < t.shape.size(); ++i) {
+    int64_t step;
+    if (__builtin_mul_overflow(t.shape[i] - 1, t.strides[i], &step) ||
+        __builtin_add_overflow(last, step, &last))
+      return -1;
+  }
+  return last + 1;
+}
+
+bool is_empty(const TensorView& t) {
+  return std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d == 0; });
+}
+
+uintptr_t address(const TensorView& t) {
+  return reinterpret_cast<uintptr_t>(t.data);
+}
+
+}  // namespace
+
 void check_view(const char* op, const char* arg, const TensorView& t, size_t rank) {
+  try {
+    (void)dtype_bits(t.dtype);
+  } catch (const Error&) {
+    throw Error(fmt::format("{}: {}.dtype={} is not a DType; allowed: a DType enumerator", op, arg,
+                            static_cast<int>(t.dtype)));
+  }
   if (t.shape.size() != rank)
     throw Error(fmt::format("{}: {} has shape {} (rank {}); allowed: rank {}", op, arg,
                             shape_str(t.shape), t.shape.size(), rank));
@@ -19,15 +65,128 @@ void check_view(const char* op, const char* arg, const TensorView& t, size_t ran
     if (t.shape[i] < 0)
       throw Error(fmt::format("{}: {} has shape {}; allowed: non-negative dims", op, arg,
                               shape_str(t.shape)));
+    if (t.shape[i] > Limits::max_dim)
+      throw Error(fmt::format("{}: {} has shape {}: dim {} = {}; allowed: dims <= {} (2^31 - 1)",
+                              op, arg, shape_str(t.shape), i, t.shape[i], Limits::max_dim));
     if (t.strides[i] < 0)
       throw Error(fmt::format("{}: {} has strides {}; allowed: non-negative strides", op, arg,
                               shape_str(t.strides)));
   }
-  bool empty = false;
-  for (int64_t d : t.shape) empty |= d == 0;
-  if (t.data == nullptr && !empty)
+  if (is_empty(t)) return;  // nothing is ever read or written through it
+  if (t.data == nullptr)
     throw Error(fmt::format("{}: {} data is null for shape {}; allowed: a valid pointer", op, arg,
                             shape_str(t.shape)));
+  const int64_t align = align_of(t.dtype);
+  if (address(t) % static_cast<uintptr_t>(align) != 0)
+    throw Error(
+        fmt::format("{}: {} data {} is not aligned to its {}-byte {} elements; allowed: an "
+                    "address that is a multiple of {}",
+                    op, arg, t.data, align, dtype_name(t.dtype), align));
+  const int64_t span = span_elems(t, 0);
+  int64_t bytes = span < 0 ? -1 : bytes_of_elems(t.dtype, std::min(span, Limits::max_view_bytes));
+  if (span < 0 || span > Limits::max_view_bytes || bytes > Limits::max_view_bytes ||
+      address(t) > std::numeric_limits<uintptr_t>::max() - static_cast<uintptr_t>(bytes))
+    throw Error(
+        fmt::format("{}: {} has shape {} and strides {}: it would span {} bytes from {}; "
+                    "allowed: a view within the address space (at most 2^56 bytes)",
+                    op, arg, shape_str(t.shape), shape_str(t.strides),
+                    span < 0 ? std::string("more than 2^63") : std::to_string(bytes), t.data));
+}
+
+int64_t view_bytes(const TensorView& t) {
+  if (t.shape.empty()) return bytes_of_elems(t.dtype, 1);
+  if (is_empty(t)) return 0;
+  return bytes_of_elems(t.dtype, span_elems(t, 0));
+}
+
+void check_writable(const char* op, const char* arg, const TensorView& t) {
+  if (is_empty(t)) return;
+  // Sufficient condition, dims by increasing stride: each stride steps past
+  // everything the smaller-stride dims span (the layouts of real outputs).
+  std::vector<size_t> dims;
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    if (t.shape[i] > 1) dims.push_back(i);
+  std::sort(dims.begin(), dims.end(),
+            [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+  int64_t inner = 1;  // elements spanned by the dims so far (fits: check_view bounded it)
+  for (size_t i : dims) {
+    if (t.strides[i] < inner)
+      throw Error(fmt::format(
+          "{}: {} has shape {} and strides {}: dim {} (stride {}) writes over elements of "
+          "another index; allowed: an output whose elements do not overlap (no stride 0)",
+          op, arg, shape_str(t.shape), shape_str(t.strides), i, t.strides[i]));
+    inner += (t.shape[i] - 1) * t.strides[i];
+  }
+}
+
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  if (is_empty(a) || is_empty(b)) return false;
+  const uintptr_t a0 = address(a), a1 = a0 + static_cast<uintptr_t>(view_bytes(a));
+  const uintptr_t b0 = address(b), b1 = b0 + static_cast<uintptr_t>(view_bytes(b));
+  if (a1 <= b0 || b1 <= a0) return false;
+  // Interleaved views: one outermost period S (bytes) that both repeat with,
+  // each one's part of a period an interval [lo mod S, lo mod S + footprint).
+  auto period = [](const TensorView& t) -> int64_t {
+    if (t.shape.empty() || t.shape[0] < 2) return 0;
+    return bytes_of_elems(t.dtype, t.strides[0]);
+  };
+  auto footprint = [](const TensorView& t) -> int64_t {  // bytes of one index of dim 0
+    if (t.shape.size() < 2) return bytes_of_elems(t.dtype, 1);
+    return t.shape[0] < 2 ? view_bytes(t) : bytes_of_elems(t.dtype, span_elems(t, 1));
+  };
+  const int64_t pa = period(a), pb = period(b);
+  const int64_t s = pa != 0 ? pa : pb;
+  if (s == 0 || (pa != 0 && pb != 0 && pa != pb)) return true;
+  if (dtype_bits(a.dtype) == 4 || dtype_bits(b.dtype) == 4) return true;  // half-byte periods
+  const int64_t fa = footprint(a), fb = footprint(b);
+  if (fa > s || fb > s) return true;
+  // The byte ranges intersect and each spans ≤ 2^56 bytes, so the distance fits.
+  const int64_t diff = static_cast<int64_t>(b0 - a0);
+  const int64_t rel = (diff % s + s) % s;
+  return rel < fa || rel + fb > s;
+}
+
+void check_disjoint(const char* op, const char* out_arg, const TensorView& out, const char* in_arg,
+                    const TensorView& in) {
+  if (views_overlap(out, in))
+    throw Error(fmt::format(
+        "{}: {} (data {}, shape {}, strides {}) overlaps {} (data {}, shape {}, strides {}); "
+        "allowed: {} in memory that {} does not use",
+        op, out_arg, out.data, shape_str(out.shape), shape_str(out.strides), in_arg, in.data,
+        shape_str(in.shape), shape_str(in.strides), out_arg, in_arg));
+}
+
+void check_output(const char* op, const char* arg, const TensorView& out,
+                  std::initializer_list<NamedView> inputs) {
+  check_writable(op, arg, out);
+  for (const NamedView& in : inputs)
+    if (in.view != nullptr) check_disjoint(op, arg, out, in.name, *in.view);
+}
+
+int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw Error(fmt::format("{}: {} = {}·{} overflows int64; allowed: a product below 2^63", op,
+                            what, a, b));
+  return r;
+}
+
+int64_t checked_add(const char* op, const char* what, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r))
+    throw Error(
+        fmt::format("{}: {} = {} + {} overflows int64; allowed: a sum below 2^63", op, what, a, b));
+  return r;
+}
+
+int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+
+void check_count(const char* op, const char* what, int64_t v, int64_t min, int64_t max) {
+  if (v < min || v > max)
+    throw Error(fmt::format("{}: {}={}; allowed: {} .. {}", op, what, v, min, max));
 }
 
 void check_dtype(const char* op, const char* arg, const TensorView& t,

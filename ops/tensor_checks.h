@@ -1,9 +1,12 @@
 // Argument checks shared by the operators: each failure names the operator,
-// the argument, the value and what is allowed.
+// the argument, the value and what is allowed. Every size, extent and index
+// product of a call is computed here, with overflow checks, once: the
+// operators and the drivers below them may then use plain int64 arithmetic.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,12 +16,53 @@ namespace tilejit::ops {
 
 std::string shape_str(const std::vector<int64_t>& v);
 
-// Rank, non-null data, strides consistent with the shape and non-negative.
+// Rank, a valid dtype, non-null data, strides consistent with the shape, dims
+// and strides in [0, Limits::max_dim] / non-negative, data aligned to the
+// element size, and a byte extent (view_bytes) within Limits::max_view_bytes
+// that does not wrap the address space.
 void check_view(const char* op, const char* arg, const TensorView& t, size_t rank);
 void check_dtype(const char* op, const char* arg, const TensorView& t,
                  std::initializer_list<DType> allowed);
 // The innermost dimension must be contiguous, the outer stride must cover it.
 void check_row_major_rows(const char* op, const char* arg, const TensorView& t);
+
+// Bytes from the first to one past the last element of a checked view (0 when empty).
+int64_t view_bytes(const TensorView& t);
+
+// An output: no two of its elements share memory (no stride 0, no rows that
+// overlap). Checked on a view that passed check_view.
+void check_writable(const char* op, const char* arg, const TensorView& t);
+// Whether two checked views may touch a common byte. Exact for the layouts
+// engines use: disjoint byte ranges, or views that interleave with the same
+// outermost stride (q, k and v as column slices of one fused qkv buffer, K
+// and V caches as halves of one block) without sharing a byte inside a period.
+// Anything else whose byte ranges intersect counts as overlapping.
+bool views_overlap(const TensorView& a, const TensorView& b);
+// Error when out shares memory with in: "{op}: {out_arg} overlaps {in_arg}".
+void check_disjoint(const char* op, const char* out_arg, const TensorView& out, const char* in_arg,
+                    const TensorView& in);
+
+// check_writable(out), then check_disjoint against every input given (a null
+// view pointer is an absent optional input and is skipped).
+struct NamedView {
+  const char* name;
+  const TensorView* view;
+};
+void check_output(const char* op, const char* arg, const TensorView& out,
+                  std::initializer_list<NamedView> inputs);
+// The view inside an optional, or null.
+inline const TensorView* opt_view(const std::optional<TensorView>& v) {
+  return v ? &*v : nullptr;
+}
+
+// a·b and a + b, or an Error "{op}: {what} = a·b overflows int64".
+int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b);
+int64_t checked_add(const char* op, const char* what, int64_t a, int64_t b);
+// a·b, or INT64_MAX when it overflows (a capacity compared against values that fit).
+int64_t saturating_mul(int64_t a, int64_t b);
+
+// A count against its documented limit: "{op}: {what}={v}; allowed: 1 .. {max}".
+void check_count(const char* op, const char* what, int64_t v, int64_t min, int64_t max);
 
 // Index tensors (slot_mapping, positions) come as int32 or int64: PyTorch
 // engines hand over int64, C++ engines int32. The dtype must be one of the two.

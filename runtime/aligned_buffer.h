@@ -8,6 +8,9 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
+
+#include "tilejit/error.h"
 
 namespace tilejit::runtime {
 
@@ -22,9 +25,16 @@ inline std::unique_ptr<std::byte[], FreeDeleter> aligned_alloc_bytes(size_t byte
   constexpr size_t kHuge = size_t(2) << 20;
   const bool huge = bytes >= kHuge;
   if (huge) align = kHuge;
+  if (bytes > (size_t(1) << 56))
+    throw Error("out of memory: a buffer of " + std::to_string(bytes) +
+                " bytes was asked for; allowed: what the machine can allocate");
   const size_t rounded = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
-  if (p == nullptr) throw std::bad_alloc();
+  // An Error like any other refused input: the caller asked for shapes whose
+  // buffers do not fit (std::bad_alloc would escape the documented contract).
+  if (p == nullptr)
+    throw Error("out of memory: allocating " + std::to_string(rounded) +
+                " bytes failed; allowed: shapes whose buffers fit in memory");
   // Advice only (transparent huge pages may be off); given before the first touch.
   if (huge) madvise(p, rounded, MADV_HUGEPAGE);
   std::memset(p, 0, rounded == 0 ? align : rounded);

@@ -630,7 +630,7 @@ TEST(LlvmBrgemmErrors, OutOfContractDescriptorsRaiseError) {
   expect_error(d, "out = f16");
   d = {};
   d.act = static_cast<Activation>(42);
-  expect_error(d, "activation 42");
+  expect_error(d, "Activation(42)");
 }
 
 TEST(LlvmBrgemmErrors, Dpbf16OnAHostWithoutItRaisesError) {

@@ -22,12 +22,37 @@ namespace tilejit {
 // i64 is an index type only (slot_mapping, positions); no kernel computes in it.
 enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64 };
 
-// "f32", "bf16", ... (the spelling the IR text uses).
+// "f32", "bf16", ... (the spelling the IR text uses). A value outside the
+// enum raises an Error (as does every enum argument of every function).
 const char* dtype_name(DType t);
 // Storage size in bits (u4 is 4).
 int dtype_bits(DType t);
 
+// ---- The contract's limits (docs/reliability.md) ----------------------------
+// Checked on every call before any work, so nothing overflows, runs for ever
+// or allocates without bound; a value past a limit is an Error naming it.
+struct Limits {
+  // Every dimension of every tensor (int32 index tensors address any of them,
+  // and a product of two dims cannot overflow int64).
+  static constexpr int64_t max_dim = (int64_t{1} << 31) - 1;
+  // The bytes a view spans, (Σ (shape[i] − 1)·strides[i] + 1) · element size:
+  // at most the x86-64 user address space (57-bit virtual addresses).
+  static constexpr int64_t max_view_bytes = int64_t{1} << 56;
+  // Attention and RoPE heads (Hq, Hkv, Hk): a task per head is allocated.
+  static constexpr int64_t max_heads = 4096;
+  // Attention head sizes: multiples of 16 in [16, max_head_dim]; RoPE heads
+  // are even and at most this.
+  static constexpr int64_t max_head_dim = 576;
+  // Experts of a PackedExperts / routing call.
+  static constexpr int64_t max_experts = 65536;
+};
+
 // A non-owning view of a strided tensor. Strides are in elements.
+// Every operator checks its views: dims and strides ≥ 0 and within Limits,
+// data aligned to the element size (2 bytes for bf16, 4 for f32 and i32, 8
+// for i64), and the byte extent within Limits::max_view_bytes. Which outputs
+// may share memory with which inputs is said per operator; an output never
+// overlaps itself (no stride 0 or overlapping rows in an output).
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
@@ -41,6 +66,9 @@ struct TensorView {
   // Read-only data is accepted through the same view; tilejit never writes an input.
   TensorView(const void* ptr, DType type, std::vector<int64_t> dims)
       : TensorView(const_cast<void*>(ptr), type, std::move(dims)) {}
+  // A null view (only valid for a shape with a zero dim; operators reject it otherwise).
+  TensorView(std::nullptr_t, DType type, std::vector<int64_t> dims)
+      : TensorView(static_cast<void*>(nullptr), type, std::move(dims)) {}
 };
 
 enum class Activation { none, relu, silu, gelu_tanh, gelu_erf };

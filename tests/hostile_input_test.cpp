@@ -1,0 +1,572 @@
+// The hostile-input battery (issue: hostile input never crashes, hangs,
+// overflows or silently computes garbage). Each case is a call a hostile or
+// careless engine could make; its expected outcome is either a tilejit::Error
+// whose message names the argument (checked by a substring) or a documented
+// correct result (checked against the same call on separate buffers).
+// Registered once per ISA path: the checks run before any path is chosen, the
+// accepted-aliasing results are computed by every path.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+constexpr int64_t kBig = int64_t{1} << 40;
+constexpr int64_t kMaxDim = Limits::max_dim;
+
+// Runs f and expects an Error whose message contains every needle.
+void expect_error(const std::function<void()>& f, std::initializer_list<const char*> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an Error containing \"" << *needles.begin() << "\"";
+  } catch (const Error& e) {
+    for (const char* n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "message: " << e.what() << "\nwanted: " << n;
+  }
+}
+
+// A small valid world to break one argument of at a time.
+struct Bufs {
+  std::vector<uint16_t> a = random_bf16(1 << 16, 1);
+  std::vector<uint16_t> b = random_bf16(1 << 16, 2);
+  std::vector<uint16_t> c = random_bf16(1 << 16, 3);
+  std::vector<float> f = random_f32(1 << 14, 4);
+  std::vector<int32_t> i32 = std::vector<int32_t>(1 << 12, 0);
+  std::vector<int64_t> i64 = std::vector<int64_t>(1 << 12, 0);
+};
+
+PackedWeight small_weight(Bufs& s, int64_t n = 64, int64_t k = 64) {
+  return pack_weight(TensorView(s.b.data(), DType::bf16, {n, k}));
+}
+
+// ---------------------------------------------------------------------------
+// 1. Sizes that overflow int64, and absurd counts: an Error before any work.
+
+TEST(HostileSizes, GemmDimsAndExtents) {
+  Bufs s;
+  const PackedWeight w = small_weight(s);
+  TensorView y(s.c.data(), DType::bf16, {5, 64});
+  // The issue's segfault: x [2^40, 64] with a 2^40 row stride.
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), DType::bf16, {kBig, 64}, {kBig, 1}), w, y);
+      },
+      {"gemm: x", "dims <="});
+  // Dims within the limit, extent beyond the address space.
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), DType::bf16, {kMaxDim, 64}, {kMaxDim * 8, 1}), w, y);
+      },
+      {"gemm: x", "address space"});
+  // The row-major constructor saturates instead of overflowing.
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), DType::bf16, {kBig, kBig, kBig}), w, y);
+      },
+      {"gemm: x"});
+  expect_error(
+      [&] {
+        pack_weight(TensorView(s.a.data(), DType::bf16, {kMaxDim, kMaxDim}));
+      },
+      {"pack_weight: w", "address space"});
+}
+
+TEST(HostileSizes, PackExperts) {
+  Bufs s;
+  // 65537 experts through an expert stride of 0.
+  expect_error(
+      [&] {
+        pack_experts(TensorView(s.a.data(), DType::bf16, {65537, 2, 16}, {0, 16, 1}),
+                     ExpertProj::gate_up);
+      },
+      {"pack_experts", "E (w.shape[0])=65537"});
+  // The largest count with a large expert: the packed size does not fit in
+  // memory and is an Error, not std::bad_alloc or a crash.
+  std::vector<uint16_t> big(size_t{1} << 24);
+  expect_error(
+      [&] {
+        pack_experts(TensorView(big.data(), DType::bf16, {65536, 4096, 4096}, {0, 4096, 1}),
+                     ExpertProj::down);
+      },
+      {"out of memory"});
+}
+
+TEST(HostileSizes, AttentionCounts) {
+  Bufs s;
+  std::vector<int32_t> cu = {0, 4};
+  TensorView cuq(cu.data(), DType::i32, {2});
+  TensorView k(s.b.data(), DType::bf16, {4, 1, 64});
+  TensorView v(s.c.data(), DType::bf16, {4, 1, 64});
+  std::vector<uint16_t> out(4 * 64);
+  // Hq = 2^31 - 1 heads through a head stride of 0 (ran > 30 s before).
+  expect_error(
+      [&] {
+        flash_attn_varlen(TensorView(s.a.data(), DType::bf16, {4, kMaxDim, 64}, {64, 0, 1}), k, v,
+                          TensorView(out.data(), DType::bf16, {4, kMaxDim, 64}, {0, 0, 1}), cuq,
+                          cuq);
+      },
+      {"Hq=2147483647", "1 .. 4096"});
+  // Hq = 2^62: past the dim limit.
+  expect_error(
+      [&] {
+        flash_attn_varlen(
+            TensorView(s.a.data(), DType::bf16, {4, int64_t{1} << 62, 64}, {64, 0, 1}), k, v,
+            TensorView(out.data(), DType::bf16, {4, 1, 64}), cuq, cuq);
+      },
+      {"flash_attn_varlen: q", "dims <="});
+  // decode with Hq = 2^32 + 2 (hung on scalar; named an internal g before).
+  std::vector<int32_t> table(4, 0), lens = {16};
+  TensorView kc(s.b.data(), DType::bf16, {4, 16, 1, 64});
+  expect_error(
+      [&] {
+        decode_attention(
+            TensorView(s.a.data(), DType::bf16, {1, (int64_t{1} << 32) + 2, 64}, {64, 0, 1}), kc,
+            kc, TensorView(out.data(), DType::bf16, {1, 1, 64}),
+            TensorView(table.data(), DType::i32, {1, 4}), TensorView(lens.data(), DType::i32, {1}));
+      },
+      {"decode_attention: q", "dims <="});
+  expect_error(
+      [&] {
+        decode_attention(TensorView(s.a.data(), DType::bf16, {1, 8192, 64}, {64, 0, 1}), kc, kc,
+                         TensorView(out.data(), DType::bf16, {1, 8192, 64}, {0, 0, 1}),
+                         TensorView(table.data(), DType::i32, {1, 4}),
+                         TensorView(lens.data(), DType::i32, {1}));
+      },
+      {"Hq=8192"});
+}
+
+TEST(HostileSizes, BlockTableWiderThanAnyLength) {
+  // A block table [1, 2^31 - 1] (stride 0): max_blocks·block_size = 2^35 is a
+  // capacity, not an error; only the blocks the sequence uses are read.
+  Bufs s;
+  std::vector<int32_t> table(1, 0), lens = {17};
+  TensorView kc(s.b.data(), DType::bf16, {1, 16, 1, 64});
+  std::vector<uint16_t> out(64);
+  EXPECT_NO_THROW(decode_attention(TensorView(s.a.data(), DType::bf16, {1, 1, 64}), kc, kc,
+                                   TensorView(out.data(), DType::bf16, {1, 1, 64}),
+                                   TensorView(table.data(), DType::i32, {1, kMaxDim}, {0, 0}),
+                                   TensorView(lens.data(), DType::i32, {1})));
+  lens[0] = 33;  // past a two-block table
+  expect_error(
+      [&] {
+        decode_attention(TensorView(s.a.data(), DType::bf16, {1, 1, 64}), kc, kc,
+                         TensorView(out.data(), DType::bf16, {1, 1, 64}),
+                         TensorView(table.data(), DType::i32, {1, 2}, {0, 0}),
+                         TensorView(lens.data(), DType::i32, {1}));
+      },
+      {"seq_lens[0]=33", "= 32"});
+}
+
+TEST(HostileSizes, RopeOptions) {
+  Bufs s;
+  TensorView q(s.f.data(), DType::f32, {2, 1, 32});
+  std::vector<int32_t> pos = {0, 1, 0, 1, 0, 1};
+  TensorView cache(s.f.data() + 4096, DType::f32, {8, 32});
+  RopeOptions o;
+  o.mrope_section = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(), 2};
+  expect_error(
+      [&] {
+        rope(q, nullptr, TensorView(pos.data(), DType::i32, {3, 2}), cache, o);
+      },
+      {"mrope_section"});
+  RopeOptions n;
+  n.ndim = std::numeric_limits<int>::max();
+  expect_error([&] { rope(q, nullptr, TensorView(pos.data(), DType::i32, {2}), cache, n); },
+               {"ndim=2147483647"});
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {2, 1, 1024}), nullptr,
+             TensorView(pos.data(), DType::i32, {2}),
+             TensorView(s.f.data() + 4096, DType::f32, {2, 1024}));
+      },
+      {"D=1024"});
+}
+
+TEST(HostileSizes, MoeCounts) {
+  Bufs s;
+  std::vector<float> logits(70000, 0);
+  std::vector<float> w(4);
+  std::vector<int32_t> ids(4);
+  expect_error(
+      [&] {
+        topk_softmax(TensorView(logits.data(), DType::f32, {1, 70000}),
+                     TensorView(w.data(), DType::f32, {1, 2}),
+                     TensorView(ids.data(), DType::i32, {1, 2}));
+      },
+      {"E (logits.shape[1])=70000"});
+}
+
+// ---------------------------------------------------------------------------
+// 2. Outputs that alias inputs or themselves.
+
+TEST(HostileAliasing, Gemm) {
+  Bufs s;
+  const PackedWeight w = small_weight(s);
+  TensorView x(s.a.data(), DType::bf16, {5, 64});
+  expect_error([&] { gemm(x, w, x); }, {"gemm: y", "overlaps x"});
+  // y sharing a row with x, offset into the same buffer.
+  expect_error(
+      [&] {
+        gemm(x, w, TensorView(s.a.data() + 256, DType::bf16, {5, 64}));
+      },
+      {"overlaps x"});
+  std::vector<float> bias(64 * 8);
+  GemmOptions o;
+  o.bias = TensorView(bias.data(), DType::f32, {64});
+  expect_error(
+      [&] {
+        gemm(x, w, TensorView(bias.data(), DType::f32, {5, 64}, {64, 1}), o);
+      },
+      {"overlaps bias"});
+  // Row stride 0: every row written to one place.
+  expect_error(
+      [&] {
+        gemm(x, w, TensorView(s.c.data(), DType::bf16, {5, 64}, {0, 1}));
+      },
+      {"gemm: y", "row stride 0"});
+  // Column stride 0 (a one-column y broadcast over N): caught as self-overlap.
+  std::vector<float> y1(5);
+  const PackedWeight w1 = small_weight(s, 1, 64);
+  EXPECT_NO_THROW(gemm(x, w1, TensorView(y1.data(), DType::f32, {5, 1}, {1, 0})));
+  // The unpack of a weight into a self-overlapping view.
+  expect_error(
+      [&] {
+        w.unpack(TensorView(s.c.data(), DType::bf16, {64, 64}, {0, 1}));
+      },
+      {"unpack", "out"});
+}
+
+TEST(HostileAliasing, Rope) {
+  Bufs s;
+  TensorView q(s.f.data(), DType::f32, {4, 2, 32});
+  std::vector<int32_t> pos = {0, 1, 2, 3};
+  TensorView p(pos.data(), DType::i32, {4});
+  TensorView cache(s.f.data() + 8192, DType::f32, {8, 32});
+  expect_error([&] { rope(q, &q, p, cache); }, {"rope: q", "overlaps k"});
+  // positions inside q: validated, then overwritten, then used (segfaulted).
+  expect_error(
+      [&] {
+        rope(q, nullptr, TensorView(reinterpret_cast<int32_t*>(s.f.data()), DType::i32, {4}),
+             cache);
+      },
+      {"overlaps positions"});
+  expect_error(
+      [&] {
+        rope(q, nullptr, p, TensorView(s.f.data(), DType::f32, {8, 32}));
+      },
+      {"overlaps cos_sin_cache"});
+  // A head stride of 0 in q rotates the same row twice.
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {4, 2, 32}, {64, 0, 1}), nullptr, p, cache);
+      },
+      {"rope: q", "row stride 0"});
+  // A token stride of 0.
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {4, 2, 32}, {0, 32, 1}), nullptr, p, cache);
+      },
+      {"rope: q", "do not overlap"});
+}
+
+TEST(HostileAliasing, Attention) {
+  Bufs s;
+  std::vector<int32_t> cu = {0, 4};
+  TensorView cuq(cu.data(), DType::i32, {2});
+  TensorView q(s.a.data(), DType::bf16, {4, 2, 64});
+  TensorView k(s.b.data(), DType::bf16, {4, 1, 64});
+  TensorView v(s.c.data(), DType::bf16, {4, 1, 64});
+  expect_error(
+      [&] {
+        flash_attn_varlen(q, k, v, TensorView(s.b.data(), DType::bf16, {4, 2, 64}), cuq, cuq);
+      },
+      {"flash_attn_varlen: out", "overlaps k"});
+  expect_error(
+      [&] {
+        flash_attn_varlen(
+            q, k, v, TensorView(s.c.data() + 4096, DType::bf16, {4, 2, 64}, {128, 0, 1}), cuq, cuq);
+      },
+      {"flash_attn_varlen: out", "do not overlap"});
+  std::vector<int32_t> table = {0, 1}, lens = {20};
+  TensorView kc(s.b.data(), DType::bf16, {2, 16, 1, 64});
+  TensorView vc(s.c.data(), DType::bf16, {2, 16, 1, 64});
+  TensorView bt(table.data(), DType::i32, {1, 2});
+  TensorView sl(lens.data(), DType::i32, {1});
+  expect_error(
+      [&] {
+        decode_attention(TensorView(s.a.data(), DType::bf16, {1, 2, 64}), kc, vc,
+                         TensorView(s.b.data() + 64, DType::bf16, {1, 2, 64}), bt, sl);
+      },
+      {"decode_attention: out", "overlaps k_cache"});
+  std::vector<int32_t> tl(1 + 64, 0);  // a block table and out in one buffer
+  tl[0] = 1;
+  expect_error(
+      [&] {
+        decode_attention(
+            TensorView(s.a.data(), DType::bf16, {1, 2, 64}), kc, vc,
+            TensorView(reinterpret_cast<uint16_t*>(tl.data()), DType::bf16, {1, 2, 64}),
+            TensorView(tl.data(), DType::i32, {1, 1}), sl);
+      },
+      {"decode_attention: out", "overlaps block_table"});
+}
+
+TEST(HostileAliasing, StoreKv) {
+  Bufs s;
+  std::vector<int64_t> slots = {0, 3};
+  TensorView sm(slots.data(), DType::i64, {2});
+  TensorView k(s.a.data(), DType::bf16, {2, 1, 64});
+  TensorView v(s.a.data() + 1024, DType::bf16, {2, 1, 64});
+  TensorView kc(s.b.data(), DType::bf16, {2, 16, 1, 64});
+  expect_error([&] { store_kv(k, v, kc, kc, sm); }, {"store_kv: k_cache", "overlaps v_cache"});
+  // A slot stride of 0: every slot of a block is one row.
+  expect_error(
+      [&] {
+        store_kv(k, v, TensorView(s.b.data(), DType::bf16, {2, 16, 1, 64}, {1024, 0, 64, 1}),
+                 TensorView(s.c.data(), DType::bf16, {2, 16, 1, 64}), sm);
+      },
+      {"store_kv: k_cache", "do not overlap"});
+  expect_error(
+      [&] {
+        store_kv(k, v, TensorView(s.a.data(), DType::bf16, {2, 16, 1, 64}),
+                 TensorView(s.c.data(), DType::bf16, {2, 16, 1, 64}), sm);
+      },
+      {"k_cache", "overlaps k"});
+}
+
+TEST(HostileAliasing, Moe) {
+  Bufs s;
+  // Row stride 0 in the expert weights.
+  expect_error(
+      [&] {
+        pack_experts(TensorView(s.a.data(), DType::bf16, {2, 64, 64}, {4096, 0, 1}),
+                     ExpertProj::down);
+      },
+      {"pack_experts", "row stride"});
+  std::vector<float> logits(8 * 16, 0.5f);
+  std::vector<float> w(8 * 2);
+  std::vector<int32_t> ids(8 * 2);
+  TensorView lg(logits.data(), DType::f32, {8, 16});
+  // topk_ids written over topk_weights.
+  expect_error(
+      [&] {
+        topk_softmax(lg, TensorView(w.data(), DType::f32, {8, 2}),
+                     TensorView(reinterpret_cast<int32_t*>(w.data()), DType::i32, {8, 2}));
+      },
+      {"topk_weights", "overlaps topk_ids"});
+  expect_error(
+      [&] {
+        topk_sigmoid(lg, TensorView(logits.data(), DType::f32, {8, 2}),
+                     TensorView(ids.data(), DType::i32, {8, 2}));
+      },
+      {"topk_weights", "overlaps logits"});
+
+  const PackedExperts w13 =
+      pack_experts(TensorView(s.a.data(), DType::bf16, {2, 64, 64}), ExpertProj::gate_up);
+  const PackedExperts w2 =
+      pack_experts(TensorView(s.b.data(), DType::bf16, {2, 64, 32}), ExpertProj::down);
+  std::vector<float> tw(4, 0.5f);
+  std::vector<int32_t> tid = {0, 1, 1, 0};
+  TensorView hidden(s.c.data(), DType::bf16, {2, 64});
+  expect_error(
+      [&] {
+        fused_experts(hidden, w13, w2, TensorView(tw.data(), DType::f32, {2, 2}),
+                      TensorView(tid.data(), DType::i32, {2, 2}),
+                      TensorView(tw.data(), DType::f32, {2, 64}, {0, 0}));
+      },
+      {"fused_experts: out"});
+  std::vector<float> out(2 * 64 + 4);
+  expect_error(
+      [&] {
+        fused_experts(hidden, w13, w2, TensorView(out.data() + 64, DType::f32, {2, 2}),
+                      TensorView(tid.data(), DType::i32, {2, 2}),
+                      TensorView(out.data(), DType::f32, {2, 64}));
+      },
+      {"fused_experts: out", "overlaps topk_weights"});
+  expect_error(
+      [&] {
+        fused_experts(hidden, w13, w2, TensorView(tw.data(), DType::f32, {2, 2}),
+                      TensorView(tid.data(), DType::i32, {2, 3}),
+                      TensorView(out.data(), DType::f32, {2, 64}));
+      },
+      {"topk_weights"});
+}
+
+// ---------------------------------------------------------------------------
+// 3. Alignment, 6. enums and API edges.
+
+TEST(HostileViews, Misaligned) {
+  Bufs s;
+  const PackedWeight w = small_weight(s);
+  auto* odd = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(s.a.data()) + 1);
+  expect_error(
+      [&] {
+        gemm(TensorView(odd, DType::bf16, {5, 64}), w,
+             TensorView(s.c.data(), DType::bf16, {5, 64}));
+      },
+      {"gemm: x", "not aligned"});
+  expect_error([&] { pack_weight(TensorView(odd, DType::bf16, {64, 64})); }, {"not aligned"});
+  auto* f2 = reinterpret_cast<float*>(reinterpret_cast<char*>(s.f.data()) + 2);
+  std::vector<int32_t> pos = {0, 1};
+  expect_error(
+      [&] {
+        rope(TensorView(f2, DType::f32, {2, 1, 32}), nullptr,
+             TensorView(pos.data(), DType::i32, {2}),
+             TensorView(s.f.data() + 4096, DType::f32, {8, 32}));
+      },
+      {"rope: q", "4-byte"});
+  auto* i64 = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(s.i64.data()) + 4);
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {2, 1, 32}), nullptr,
+             TensorView(i64, DType::i64, {2}), TensorView(s.f.data() + 4096, DType::f32, {8, 32}));
+      },
+      {"positions", "8-byte"});
+}
+
+TEST(HostileViews, Enums) {
+  Bufs s;
+  std::vector<int32_t> pos = {0, 1};
+  RopeOptions o;
+  o.style = static_cast<RopeStyle>(7);
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {2, 1, 32}), nullptr,
+             TensorView(pos.data(), DType::i32, {2}),
+             TensorView(s.f.data() + 4096, DType::f32, {8, 32}), o);
+      },
+      {"RopeStyle(7)"});
+  expect_error([&] { (void)dtype_name(static_cast<DType>(77)); }, {"DType(77)"});
+  expect_error([&] { (void)activation_name(static_cast<Activation>(9)); }, {"Activation(9)"});
+  expect_error([&] { (void)isa_name(static_cast<Isa>(-1)); }, {"Isa(-1)"});
+  const PackedWeight w = small_weight(s);
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), static_cast<DType>(77), {5, 64}), w,
+             TensorView(s.c.data(), DType::bf16, {5, 64}));
+      },
+      {"gemm: x.dtype=77"});
+  GemmOptions g;
+  g.act = static_cast<Activation>(9);
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), DType::bf16, {5, 64}), w,
+             TensorView(s.c.data(), DType::bf16, {5, 64}), g);
+      },
+      {"act=9"});
+  // The null-data case the contract promises to reject can be written.
+  expect_error(
+      [&] {
+        gemm(TensorView(nullptr, DType::bf16, {5, 64}), w,
+             TensorView(s.c.data(), DType::bf16, {5, 64}));
+      },
+      {"gemm: x data is null"});
+  // A null view of an empty shape is fine: M = 0 does nothing.
+  EXPECT_NO_THROW(gemm(TensorView(nullptr, DType::bf16, {0, 64}), w,
+                       TensorView(nullptr, DType::bf16, {0, 64})));
+}
+
+// ---------------------------------------------------------------------------
+// Aliasing the contract allows: fused buffers engines really pass, computed
+// on every path, equal to the same call on separate copies.
+
+class AllowedAliasing : public IsaTest {};
+
+TEST_F(AllowedAliasing, RopeOnViewsOfOneQkvBuffer) {
+  const int64_t T = 7, Hq = 4, Hk = 2, D = 64, W = (Hq + 2 * Hk) * D;
+  std::vector<uint16_t> qkv = random_bf16(T * W, 11);
+  std::vector<uint16_t> qs(T * Hq * D), ks(T * Hk * D);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(&qs[t * Hq * D], &qkv[t * W], Hq * D * 2);
+    std::memcpy(&ks[t * Hk * D], &qkv[t * W + Hq * D], Hk * D * 2);
+  }
+  std::vector<float> cache = random_f32(16 * D, 12);
+  std::vector<int32_t> pos = {3, 1, 4, 1, 5, 9, 2};
+  TensorView p(pos.data(), DType::i32, {T});
+  TensorView c(cache.data(), DType::f32, {16, D});
+  TensorView q(qkv.data(), DType::bf16, {T, Hq, D}, {W, D, 1});
+  TensorView k(qkv.data() + Hq * D, DType::bf16, {T, Hk, D}, {W, D, 1});
+  rope(q, &k, p, c);
+  TensorView q2(qs.data(), DType::bf16, {T, Hq, D});
+  TensorView k2(ks.data(), DType::bf16, {T, Hk, D});
+  rope(q2, &k2, p, c);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(0, std::memcmp(&qs[t * Hq * D], &qkv[t * W], Hq * D * 2)) << "q token " << t;
+    EXPECT_EQ(0, std::memcmp(&ks[t * Hk * D], &qkv[t * W + Hq * D], Hk * D * 2)) << "k token " << t;
+  }
+}
+
+TEST_F(AllowedAliasing, PrefillOnViewsOfOneQkvBuffer) {
+  const int64_t T = 37, Hq = 4, Hkv = 2, D = 64, W = (Hq + 2 * Hkv) * D;
+  std::vector<uint16_t> qkv = random_bf16(T * W, 21);
+  std::vector<uint16_t> qs(T * Hq * D), ks(T * Hkv * D), vs(T * Hkv * D);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(&qs[t * Hq * D], &qkv[t * W], Hq * D * 2);
+    std::memcpy(&ks[t * Hkv * D], &qkv[t * W + Hq * D], Hkv * D * 2);
+    std::memcpy(&vs[t * Hkv * D], &qkv[t * W + (Hq + Hkv) * D], Hkv * D * 2);
+  }
+  std::vector<int32_t> cu = {0, 30, 37};
+  TensorView c(cu.data(), DType::i32, {3});
+  std::vector<uint16_t> o1(T * Hq * D), o2(T * Hq * D);
+  AttentionOptions opt;
+  opt.causal = true;
+  flash_attn_varlen(TensorView(qkv.data(), DType::bf16, {T, Hq, D}, {W, D, 1}),
+                    TensorView(qkv.data() + Hq * D, DType::bf16, {T, Hkv, D}, {W, D, 1}),
+                    TensorView(qkv.data() + (Hq + Hkv) * D, DType::bf16, {T, Hkv, D}, {W, D, 1}),
+                    TensorView(o1.data(), DType::bf16, {T, Hq, D}), c, c, opt);
+  flash_attn_varlen(TensorView(qs.data(), DType::bf16, {T, Hq, D}),
+                    TensorView(ks.data(), DType::bf16, {T, Hkv, D}),
+                    TensorView(vs.data(), DType::bf16, {T, Hkv, D}),
+                    TensorView(o2.data(), DType::bf16, {T, Hq, D}), c, c, opt);
+  EXPECT_EQ(o1, o2);
+}
+
+TEST_F(AllowedAliasing, DecodeWithVAsColumnsOfTheKCache) {
+  // MLA: V is the first Dv columns of each cached K row.
+  const int64_t nb = 3, bs = 16, D = 96, Dv = 64, Hq = 4, B = 2;
+  std::vector<uint16_t> kc = random_bf16(nb * bs * D, 31);
+  std::vector<uint16_t> vc(nb * bs * Dv);
+  for (int64_t r = 0; r < nb * bs; ++r) std::memcpy(&vc[r * Dv], &kc[r * D], Dv * 2);
+  std::vector<uint16_t> q = random_bf16(B * Hq * D, 32);
+  std::vector<int32_t> table = {2, 0, 1, 0}, lens = {29, 7};
+  std::vector<uint16_t> o1(B * Hq * Dv), o2(B * Hq * Dv);
+  TensorView qv(q.data(), DType::bf16, {B, Hq, D});
+  TensorView bt(table.data(), DType::i32, {B, 2});
+  TensorView sl(lens.data(), DType::i32, {B});
+  TensorView k(kc.data(), DType::bf16, {nb, bs, 1, D});
+  decode_attention(qv, k, TensorView(kc.data(), DType::bf16, {nb, bs, 1, Dv}, {bs * D, D, D, 1}),
+                   TensorView(o1.data(), DType::bf16, {B, Hq, Dv}), bt, sl);
+  decode_attention(qv, k, TensorView(vc.data(), DType::bf16, {nb, bs, 1, Dv}),
+                   TensorView(o2.data(), DType::bf16, {B, Hq, Dv}), bt, sl);
+  EXPECT_EQ(o1, o2);
+}
+
+TEST_F(AllowedAliasing, StoreKvIntoHalvesOfOneBlockBuffer) {
+  // [num_blocks, 2, block_size, Hkv, D]: K then V inside each block.
+  const int64_t nb = 2, bs = 16, H = 2, D = 32, blk = 2 * bs * H * D;
+  std::vector<uint16_t> kv(nb * blk, 0), kcs(nb * bs * H * D, 0), vcs(nb * bs * H * D, 0);
+  std::vector<uint16_t> k = random_bf16(3 * H * D, 41), v = random_bf16(3 * H * D, 42);
+  std::vector<int32_t> slots = {5, -1, 20};
+  TensorView kt(k.data(), DType::bf16, {3, H, D}), vt(v.data(), DType::bf16, {3, H, D});
+  TensorView sm(slots.data(), DType::i32, {3});
+  store_kv(kt, vt, TensorView(kv.data(), DType::bf16, {nb, bs, H, D}, {blk, H * D, D, 1}),
+           TensorView(kv.data() + bs * H * D, DType::bf16, {nb, bs, H, D}, {blk, H * D, D, 1}), sm);
+  store_kv(kt, vt, TensorView(kcs.data(), DType::bf16, {nb, bs, H, D}),
+           TensorView(vcs.data(), DType::bf16, {nb, bs, H, D}), sm);
+  for (int64_t b = 0; b < nb; ++b) {
+    EXPECT_EQ(0, std::memcmp(&kv[b * blk], &kcs[b * bs * H * D], bs * H * D * 2)) << b;
+    EXPECT_EQ(0, std::memcmp(&kv[b * blk + bs * H * D], &vcs[b * bs * H * D], bs * H * D * 2)) << b;
+  }
+}
+
+}  // namespace
+}  // namespace tilejit::test
