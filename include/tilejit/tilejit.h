@@ -124,6 +124,7 @@ struct GemmOptions {
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
 // x: [M, K] bf16, K stride 1, row stride ≥ K. y: [M, N] bf16 or f32, N stride 1.
+// Aliasing: y shares memory with neither x nor bias.
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
           const GemmOptions& opt = {});
 
@@ -148,6 +149,8 @@ struct AttentionOptions {
 // Prefill over a batch of variable-length sequences packed along T.
 // q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, Hq, Dv] bf16;
 // cu_seqlens_q / cu_seqlens_k int32 [B+1] (prefix sums, starting at 0).
+// Aliasing: q, k, v may be views of one buffer (fused qkv); out shares memory
+// with no input.
 void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView& cu_seqlens_q,
                        const TensorView& cu_seqlens_k, const AttentionOptions& opt = {});
@@ -157,6 +160,8 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
 // [num_blocks, block_size, Hkv, Dv]; out [B, Hq, Dv] bf16; block_table int32
 // [B, max_blocks_per_seq]; seq_lens int32 [B] (keys per sequence, the new
 // token's included). The new token is the last position: i_pos = seq_len − 1.
+// Aliasing: k_cache and v_cache may share memory (MLA: V = the first Dv
+// columns of K); out shares memory with no input.
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
                       const TensorView& seq_lens, const AttentionOptions& opt = {});
@@ -182,6 +187,7 @@ struct ExtendOptions {
 // q [T, Hq, D], out [T, Hq, Dv] bf16 (T = Σ n_b); k_cache / v_cache
 // [num_blocks, block_size, Hkv, D / Dv]; qo_indptr int32 [B+1] (prefix sums
 // from 0 to T); block_table int32 [B, max_blocks]; prefix_lens int32 [B].
+// Aliasing: the inputs may share memory with each other; out with none of them.
 void extend_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& qo_indptr,
                       const TensorView& block_table, const TensorView& prefix_lens,
@@ -191,6 +197,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 // slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset;
 // a negative slot skips its token; one ≥ num_blocks·block_size is an Error
 // raised before anything is written).
+// Aliasing: k_cache and v_cache share memory with neither each other (they
+// may be the two halves of each block of one buffer) nor k, v, slot_mapping.
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
               const TensorView& v_cache, const TensorView& slot_mapping);
 
@@ -221,6 +229,9 @@ struct RopeOptions {
 };
 
 // Rotates q and, when k is non-null, k in one pass over the tokens.
+// Aliasing: in place on q and k, which may be column slices of one qkv buffer
+// but may not share an element (k == q would rotate twice); positions and
+// cos_sin_cache share memory with neither.
 void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
           const TensorView& cos_sin_cache, const RopeOptions& opt = {});
 
@@ -295,6 +306,7 @@ struct MoeOptions {
 // hidden [T, H] bf16; topk_weights f32 [T, k]; topk_ids int32 [T, k] in
 // [0, E) (all checked before any expert is read); out [T, H] bf16 or f32 (may
 // not overlap hidden). Row strides free.
+// Aliasing: out shares memory with no input (hidden, topk_*, biases).
 void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
                    const TensorView& topk_weights, const TensorView& topk_ids,
                    const TensorView& out, const MoeOptions& opt = {});
@@ -304,6 +316,8 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
 // best first; ties pick the lower expert id. Renormalizing a zero sum leaves
 // the weights as they are (never NaN). docs/moe.md has the details.
 // softmax over E, then the k largest; renormalize: weights sum to 1.
+// Aliasing (all three routers): topk_weights and topk_ids share memory with
+// neither each other nor logits (nor correction_bias).
 void topk_softmax(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, bool renormalize = true);
 // σ(logit) per expert, then the k largest.
