@@ -145,6 +145,68 @@ TEST(HostileSizes, AttentionCounts) {
       {"Hq=8192"});
 }
 
+TEST(HostileSizes, AttentionStridesAndTables) {
+  Bufs s;
+  std::vector<int32_t> cu = {0, 4};
+  TensorView cuq(cu.data(), DType::i32, {2});
+  TensorView q(s.a.data(), DType::bf16, {4, 1, 64});
+  TensorView v(s.c.data(), DType::bf16, {4, 1, 64});
+  std::vector<uint16_t> out(4 * 64);
+  TensorView o(out.data(), DType::bf16, {4, 1, 64});
+  // A 2^62 token stride: pointer arithmetic far outside any object before.
+  expect_error(
+      [&] {
+        flash_attn_varlen(
+            q, TensorView(s.b.data(), DType::bf16, {4, 1, 64}, {int64_t{1} << 62, 64, 1}), v, o,
+            cuq, cuq);
+      },
+      {"flash_attn_varlen: k", "address space"});
+  // Block tables [B, 2^60]: max_blocks·block_size overflowed int64.
+  std::vector<int32_t> table(4, 0), lens = {16}, pre = {0};
+  TensorView kc(s.b.data(), DType::bf16, {4, 16, 1, 64});
+  TensorView wide(table.data(), DType::i32, {1, int64_t{1} << 60}, {0, 0});
+  expect_error(
+      [&] {
+        decode_attention(TensorView(s.a.data(), DType::bf16, {1, 1, 64}), kc, kc,
+                         TensorView(out.data(), DType::bf16, {1, 1, 64}), wide,
+                         TensorView(lens.data(), DType::i32, {1}));
+      },
+      {"decode_attention: block_table", "dims <="});
+  std::vector<int32_t> qo = {0, 4};
+  expect_error(
+      [&] {
+        extend_attention(q, kc, kc, o, TensorView(qo.data(), DType::i32, {2}), wide,
+                         TensorView(pre.data(), DType::i32, {1}));
+      },
+      {"extend_attention: block_table", "dims <="});
+  // store_kv's capacity num_blocks·block_size from a cache past the address space.
+  std::vector<int64_t> slots = {0};
+  expect_error(
+      [&] {
+        store_kv(TensorView(s.a.data(), DType::bf16, {1, 1, 64}),
+                 TensorView(s.a.data(), DType::bf16, {1, 1, 64}),
+                 TensorView(s.b.data(), DType::bf16, {kMaxDim, kMaxDim, 1, 64}),
+                 TensorView(s.c.data(), DType::bf16, {kMaxDim, kMaxDim, 1, 64}),
+                 TensorView(slots.data(), DType::i64, {1}));
+      },
+      {"store_kv: k_cache", "address space"});
+  // fused_experts' overlap test on views whose extents overflowed.
+  const PackedExperts w13 =
+      pack_experts(TensorView(s.a.data(), DType::bf16, {2, 64, 64}), ExpertProj::gate_up);
+  const PackedExperts w2 =
+      pack_experts(TensorView(s.b.data(), DType::bf16, {2, 64, 32}), ExpertProj::down);
+  std::vector<float> tw(2, 0.5f);
+  std::vector<int32_t> tid = {0, 1};
+  expect_error(
+      [&] {
+        fused_experts(TensorView(s.c.data(), DType::bf16, {2, 64}, {int64_t{1} << 62, 1}), w13, w2,
+                      TensorView(tw.data(), DType::f32, {2, 1}),
+                      TensorView(tid.data(), DType::i32, {2, 1}),
+                      TensorView(s.f.data(), DType::f32, {2, 64}));
+      },
+      {"fused_experts: hidden", "address space"});
+}
+
 TEST(HostileSizes, BlockTableWiderThanAnyLength) {
   // A block table [1, 2^31 - 1] (stride 0): max_blocks·block_size = 2^35 is a
   // capacity, not an error; only the blocks the sequence uses are read.
