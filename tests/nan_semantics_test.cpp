@@ -342,6 +342,21 @@ TEST(NanGemm, PropagatesThroughProductsBiasAndActivations) {
   }
 }
 
+// relu(NaN) is 0 on every path (docs/reliability.md: not yet IEEE, but the
+// paths agree): x86 vmaxps x, x, 0 and the reference's v > 0 ? v : 0.
+TEST(NanGemm, ReluDropsNaNAlike) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  const int64_t m = 3, n = 32, k = 32;
+  auto x = random_bf16(size_t(m * k), 15), w = random_bf16(size_t(n * k), 16);
+  x[1 * k + 4] = kNaN;
+  std::vector<float> y(size_t(m * n));
+  gemm(TensorView(x.data(), DType::bf16, {m, k}),
+       pack_weight(TensorView(w.data(), DType::bf16, {n, k})),
+       TensorView(y.data(), DType::f32, {m, n}), {.act = Activation::relu});
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(y[1 * n + j], 0.0f) << j;
+  for (int64_t j = 0; j < n; ++j) EXPECT_FALSE(std::isnan(y[j]) || std::isnan(y[2 * n + j]));
+}
+
 // ---- RoPE --------------------------------------------------------------------
 
 TEST(NanRope, OnlyTheRotatedPairSeesTheNaN) {

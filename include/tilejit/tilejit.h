@@ -123,6 +123,9 @@ struct GemmOptions {
 };
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
+// NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE
+// propagation, the same on every path: a NaN in x row m, w row n or bias[n]
+// makes y row m / column n NaN, and nothing else (except relu(NaN) = 0).
 // x: [M, K] bf16, K stride 1, row stride ≥ K. y: [M, N] bf16 or f32, N stride 1.
 // Aliasing: y shares memory with neither x nor bias.
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
@@ -136,6 +139,10 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
 // j ≥ i_pos − window_left; window_right < 0 or j ≤ i_pos + window_right.
 // Softmax over the visible keys in fp32; with sinks, exp(sink[h]) joins the
 // denominator (a learned "no-op" key). A query that sees no key outputs 0.
+// NaN / Inf: a NaN or +Inf score (NaN in q or a visible key's k, Inf·0) or a
+// NaN / +Inf sink makes the row NaN, a NaN in v[j, c] column c of the rows
+// that see j; a −Inf score is a weight of 0 (all −Inf: the row outputs 0).
+// Keys a row cannot see never affect it (stale NaN in unused cache slots).
 struct AttentionOptions {
   bool causal = false;
   std::optional<float> sm_scale;           // default 1/√D
@@ -314,7 +321,10 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
 // Routing. logits [T, E] f32 or bf16; topk_weights f32 [T, k]; topk_ids int32
 // [T, k] (k from their shape, 1 ≤ k ≤ E). Each token's experts are written
 // best first; ties pick the lower expert id. Renormalizing a zero sum leaves
-// the weights as they are (never NaN). docs/moe.md has the details.
+// the weights as they are (never NaN). NaN logits rank below every number
+// (−Inf included); under softmax a NaN logit makes its token's weights NaN,
+// +Inf logits share probability 1, an all −Inf token is uniform.
+// docs/moe.md has the details.
 // softmax over E, then the k largest; renormalize: weights sum to 1.
 // Aliasing (all three routers): topk_weights and topk_ids share memory with
 // neither each other nor logits (nor correction_bias).
