@@ -39,10 +39,11 @@ inline std::string byte_size_str(int64_t n) {
 
 class CappedFile {
  public:
-  // path "-" reads stdin. Throws Error "<name>: cannot open: ..." or "<name>:
-  // is a directory".
-  explicit CappedFile(const std::string& path) : name_(path == "-" ? "<stdin>" : path) {
-    if (path == "-") {
+  // With dash_is_stdin, path "-" reads stdin (shown as <stdin>). Throws
+  // Error "<name>: cannot open: ..." or "<name>: is a directory, not a file".
+  explicit CappedFile(const std::string& path, bool dash_is_stdin = false)
+      : name_(dash_is_stdin && path == "-" ? "<stdin>" : path) {
+    if (dash_is_stdin && path == "-") {
       fd_ = STDIN_FILENO;
       owned_ = false;
     } else {
@@ -62,7 +63,9 @@ class CappedFile {
       close_fd();
       throw Error(fmt::format("{}: is a directory, not a file", name_));
     }
-    if (S_ISREG(st.st_mode)) size_ = st.st_size;
+    // stdin may be a regular file read from an offset other than 0: it is
+    // capped as it is read, like a pipe.
+    if (S_ISREG(st.st_mode) && owned_) size_ = st.st_size;
   }
   ~CappedFile() { close_fd(); }
   CappedFile(const CappedFile&) = delete;

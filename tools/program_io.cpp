@@ -64,7 +64,7 @@ std::string display_name(const std::string& path) {
 }
 
 std::string read_text(const std::string& path) {
-  return CappedFile(path).read_all(kMaxProgramBytes, ".tir program");
+  return CappedFile(path, /*dash_is_stdin=*/true).read_all(kMaxProgramBytes, ".tir program");
 }
 
 ir::Function load_program(const std::string& path) {
