@@ -298,6 +298,68 @@ TEST_P(NanDecode, StaleCacheSlotsAndPlantedValues) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, NanDecode, ::testing::Values(1, 2));
 
+// Extend: one sequence, a 20-key prefix in the paged cache (its unused slots
+// NaN) and 30 new tokens with k_new / v_new, causal among themselves.
+TEST(NanExtend, NewKeysReachOnlyTheTokensThatSeeThem) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  const int64_t prefix = 20, n = 30, hq = 4, hkv = 2, d = 64, dv = 64, bs = 16, blocks = 4;
+  const int64_t g = hq / hkv;
+  auto q = random_bf16(size_t(n * hq * d), 17);
+  auto kn = random_bf16(size_t(n * hkv * d), 18), vn = random_bf16(size_t(n * hkv * dv), 19);
+  std::vector<uint16_t> kc(size_t(blocks * bs * hkv * d), kNaN), vc(kc.size(), kNaN);
+  const std::vector<int32_t> table{3, 1, 0, 2};
+  const auto kr = random_bf16(kc.size(), 20), vr = random_bf16(vc.size(), 21);
+  auto slot = [&](int64_t j) { return table[size_t(j / bs)] * bs + j % bs; };
+  for (int64_t j = 0; j < prefix; ++j)
+    for (int64_t e = 0; e < hkv * d; ++e) {
+      kc[size_t(slot(j) * hkv * d + e)] = kr[size_t(j * hkv * d + e)];
+      vc[size_t(slot(j) * hkv * dv + e)] = vr[size_t(j * hkv * dv + e)];
+    }
+  kn[(12 * hkv + 1) * d + 3] = kNaN;  // new token 12 (key 32), kv head 1: heads 2, 3 of tokens ≥ 12
+  for (int64_t e = 0; e < dv; ++e) vn[(25 * hkv + 0) * dv + e] = kNaN;  // tokens ≥ 25, heads 0, 1
+  q[(4 * hq + 0) * d + 0] = kNaN;                                       // token 4, head 0
+  std::vector<uint16_t> out(size_t(n * hq * dv), 0x1234);
+  const int32_t qo[] = {0, int32_t(n)}, pl[] = {int32_t(prefix)};
+  extend_attention(TensorView(q.data(), DType::bf16, {n, hq, d}),
+                   TensorView(kc.data(), DType::bf16, {blocks, bs, hkv, d}),
+                   TensorView(vc.data(), DType::bf16, {blocks, bs, hkv, dv}),
+                   TensorView(out.data(), DType::bf16, {n, hq, dv}),
+                   TensorView(qo, DType::i32, {2}), TensorView(table.data(), DType::i32, {1, 4}),
+                   TensorView(pl, DType::i32, {1}), {},
+                   {.k_new = TensorView(kn.data(), DType::bf16, {n, hkv, d}),
+                    .v_new = TensorView(vn.data(), DType::bf16, {n, hkv, dv})});
+  int64_t mismatches = 0;
+  for (int64_t h = 0; h < hq; ++h) {
+    const int64_t kvh = h / g;
+    runtime::ReferenceAttentionHead rh;
+    rh.tq = n, rh.tk = prefix + n, rh.d = d, rh.dv = dv;
+    rh.sm_scale = 1.0 / std::sqrt(double(d));
+    rh.causal = true;
+    rh.q_at = [&](int64_t i, int64_t e) { return double(bf16_to_f32(q[(i * hq + h) * d + e])); };
+    rh.k_at = [&](int64_t j, int64_t e) {
+      return double(bf16_to_f32(j < prefix ? kc[size_t((slot(j) * hkv + kvh) * d + e)]
+                                           : kn[size_t(((j - prefix) * hkv + kvh) * d + e)]));
+    };
+    rh.v_at = [&](int64_t j, int64_t e) {
+      return double(bf16_to_f32(j < prefix ? vc[size_t((slot(j) * hkv + kvh) * dv + e)]
+                                           : vn[size_t(((j - prefix) * hkv + kvh) * dv + e)]));
+    };
+    rh.out = [&](int64_t i, int64_t e, double ref) {
+      const double got = bf16_to_f32(out[(i * hq + h) * dv + e]);
+      const double r = bf16_to_f32(f32_to_bf16(float(ref)));
+      const bool nan = (i == 4 && h == 0) || (i >= 12 && kvh == 1) || (i >= 25 && kvh == 0);
+      EXPECT_EQ(std::isnan(r), nan) << "reference out[" << i << ", " << h << ", " << e << "]";
+      const bool ok = cls(got) == cls(r) &&
+                      (cls(r) != 0 || std::fabs(got - r) <= 1.0 / 128 + std::fabs(r) / 256);
+      if (!ok && ++mismatches <= 8)
+        ADD_FAILURE() << "out[" << i << ", " << h << ", " << e << "] = " << got << ", reference "
+                      << r;
+    };
+    runtime::reference_attention_head(rh);
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 // ---- GEMM --------------------------------------------------------------------
 
 TEST(NanGemm, PropagatesThroughProductsBiasAndActivations) {
