@@ -603,6 +603,12 @@ if [ "$active" != scalar ]; then
   has "disk cache: run again: PASS" "$OUT" "^PASS \\("
 fi
 
+TILEJIT_CACHE_DIR=/dev/null ok "an unusable cache dir" "$TJ" run "$LB" --random-inputs 1 --dim M=2 --check
+has "an unusable cache dir: PASS" "$OUT" "^PASS \\("
+checks=$((checks + 1))
+[ "$(grep -c "kernel cache directory '/dev/null' is not usable" "$ERR")" -eq 1 ] ||
+  fail "an unusable cache dir: expected one warning, got: $(cat "$ERR")"
+
 # Every bench program parses its arguments: --help exits 0, a bad argument 1 or 2, never a crash.
 BENCH_DIR=$(dirname "$TJ")/../bench
 for b in rope_bench gemm_bench attention_bench moe_bench jit_bench; do

@@ -109,11 +109,12 @@ void add_gen_npy(CLI::App& app, GenNpyOptions& o) {
 }
 
 // The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set
-// (empty = off), else the per-user cache directory.
+// (empty = off), else the per-user cache directory. With the variable set
+// the library already opened that directory (and warned, once, if it is not
+// usable): opening it again would only repeat the warning.
 void set_up_disk_cache() {
-  const char* env = std::getenv("TILEJIT_CACHE_DIR");
-  tilejit::jit::KernelCache::global().set_disk_dir(
-      env != nullptr ? std::string(env) : tilejit::jit::default_user_cache_dir());
+  if (std::getenv("TILEJIT_CACHE_DIR") != nullptr) return;
+  tilejit::jit::KernelCache::global().set_disk_dir(tilejit::jit::default_user_cache_dir());
 }
 
 }  // namespace
