@@ -471,3 +471,49 @@ TEST(DiskCacheHostile, ConcurrentVandalismNeverChangesAResult) {
   munmap(want, total * 2);
   fs::remove_all(dir);
 }
+
+TEST(DiskCacheHostile, ConcurrentVandalismNeverYieldsAWrongPayload) {
+  // One process: four threads store and load eight entries through one
+  // DiskCache while a fifth spoils them. A load returns nothing or exactly
+  // the payload stored for its key, never a spoiled one, and nothing blocks.
+  const std::string dir = fresh_dir("vandal1");
+  EXPECT_EQ(in_child_within(120,
+                            [&] {
+                              jit::DiskCache c(dir);
+                              auto payload = [](int key) {
+                                return bytes(500 + 97 * size_t(key), uint8_t(key));
+                              };
+                              std::atomic<bool> stop{false};
+                              std::atomic<int> wrong{0}, loads{0};
+                              std::thread vandal([&] {
+                                std::mt19937 rng(11);
+                                while (!stop.load()) {
+                                  std::error_code ec;
+                                  for (const auto& e : fs::directory_iterator(dir, ec))
+                                    if (rng() % 4 == 0) vandalize(e.path(), rng);
+                                  std::this_thread::sleep_for(std::chrono::microseconds(50));
+                                }
+                              });
+                              std::vector<std::thread> users;
+                              for (int t = 0; t < 4; ++t)
+                                users.emplace_back([&, t] {
+                                  for (int i = 0; i < 1500; ++i) {
+                                    const int key = (i * 5 + t) % 8;
+                                    const std::string name = "key" + std::to_string(key);
+                                    if (auto got = c.load(name)) {
+                                      ++loads;
+                                      if (*got != payload(key)) ++wrong;
+                                    } else {
+                                      c.store(name, payload(key));
+                                    }
+                                  }
+                                });
+                              for (auto& u : users) u.join();
+                              stop.store(true);
+                              vandal.join();
+                              // Exit codes: 0 fine, 1 a wrong payload, 2 no load ever succeeded.
+                              return wrong.load() != 0 ? 1 : loads.load() == 0 ? 2 : 0;
+                            }),
+            0);
+  fs::remove_all(dir);
+}
