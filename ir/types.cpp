@@ -9,9 +9,8 @@ namespace tilejit::ir {
 
 namespace {
 
-constexpr std::array kAllDTypes = {DType::f32, DType::bf16, DType::f16,    DType::i8,
-                                   DType::u8,  DType::i32,  DType::f8e4m3, DType::u4,
-                                   DType::i64};
+constexpr std::array kAllDTypes = {DType::f32, DType::bf16,   DType::f16, DType::i8, DType::u8,
+                                   DType::i32, DType::f8e4m3, DType::u4,  DType::i64};
 
 // The formats the IR knows. Adding a packed weight layout means adding a row
 // here (and its parameter rules in check_packed below).
@@ -171,6 +170,11 @@ std::string TensorType::str() const {
 void check_type(const TensorType& t, std::vector<std::string>& problems) {
   for (const Dim& d : t.dims) {
     if (d.is_static() && d.value < 0) problems.push_back(cat("dim ", d.value, " is negative"));
+    // Every operator refuses larger dims (check_view): refused where the
+    // type is written, so that no stage multiplies two of them into an overflow.
+    if (d.is_static() && d.value > Limits::max_dim)
+      problems.push_back(cat("dim ", d.value, " is larger than ", Limits::max_dim,
+                             ", the largest dim an operator takes (tilejit::Limits::max_dim)"));
     if (!d.is_static() && (!is_identifier(d.symbol) || d.symbol.find('x') != std::string::npos)) {
       problems.push_back(cat("dim symbol '", d.symbol, "' is not an identifier without 'x'"));
     }

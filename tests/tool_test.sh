@@ -503,16 +503,22 @@ printf 'func @r(%%q: tensor<?Tx0x64xf32>, %%pos: tensor<?Txi32>, %%cs: tensor<?P
 input_error "rope H=0" "rope0.tir: error: %o = rope: operand 'q' \(%q\) has H=0; allowed: H >= 1" \
   "$TJ" dump "$H/rope0.tir" --stage plan
 MAX=9223372036854775807
+# Dims past tilejit::Limits::max_dim are refused where the type is written.
 printf 'func @g(%%x: tensor<?Mx%sxbf16>, %%w: tensor<64x%sxbf16>) -> (tensor<?Mx64xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx64xf32>\n  return %%0\n}\n' $MAX $MAX >"$H/kmax.tir"
-printf 'func @g(%%x: tensor<?Mx64xbf16>, %%w: tensor<%sx64xbf16>) -> (tensor<?Mx%sxf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx%sxf32>\n  return %%0\n}\n' $MAX $MAX $MAX >"$H/nmax.tir"
+input_error "gemm K=INT64_MAX" "kmax.tir:1:13: error: tensor<\?Mx${MAX}xbf16>: dim $MAX is larger than 2147483647, the largest dim an operator takes" \
+  "$TJ" dump "$H/kmax.tir" --stage ir
+# The largest dims allowed plan without overflow (KC was -2016 for K = INT64_MAX).
+BIG=2147483647
+printf 'func @g(%%x: tensor<?Mx%sxbf16>, %%w: tensor<64x%sxbf16>) -> (tensor<?Mx64xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx64xf32>\n  return %%0\n}\n' $BIG $BIG >"$H/kbig.tir"
+printf 'func @g(%%x: tensor<?Mx64xbf16>, %%w: tensor<%sx64xbf16>) -> (tensor<?Mx%sxf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx%sxf32>\n  return %%0\n}\n' $BIG $BIG $BIG >"$H/nbig.tir"
 for isa in avx512 amx; do
-  ok "gemm K=INT64_MAX: dump --stage plan --isa $isa" timeout 20 "$TJ" dump "$H/kmax.tir" --stage plan --isa $isa
-  has "gemm K=INT64_MAX: K chunks of 2048, no overflow ($isa)" "$OUT" "KC=2048 x 4503599627370496 chunks"
-  ok "gemm N=INT64_MAX: dump --stage key --isa $isa" timeout 20 "$TJ" dump "$H/nmax.tir" --stage key --isa $isa --dim M=10
-  has "gemm N=INT64_MAX: the N tail ($isa)" "$OUT" "N tail \(63 cols\)"
+  ok "gemm K=2^31-1: dump --stage plan --isa $isa" timeout 20 "$TJ" dump "$H/kbig.tir" --stage plan --isa $isa
+  has "gemm K=2^31-1: K chunks of 2048 ($isa)" "$OUT" "KC=2048 x 1048576 chunks"
+  ok "gemm N=2^31-1: dump --stage key --isa $isa" timeout 20 "$TJ" dump "$H/nbig.tir" --stage key --isa $isa --dim M=10
+  has "gemm N=2^31-1: the N tail ($isa)" "$OUT" "N tail \(63 cols\)"
 done
-input_error "gemm N=INT64_MAX: run" "random input 'w' has shape \[$MAX, 64\] of 2-byte elements: more than 2\^63 bytes; allowed: at most 16 GiB" \
-  "$TJ" run "$H/nmax.tir" --random-inputs 1 --dim M=2
+input_error "gemm N=2^31-1: run" "random input 'w' has shape \[$BIG, 64\] of 2-byte elements: 274877906816 bytes; allowed: at most 16 GiB" \
+  "$TJ" run "$H/nbig.tir" --random-inputs 1 --dim M=2
 printf 'func @s(%%x: tensor<?Mx100xbf16, strided<[%s, 1]>>, %%w: tensor<70x100xbf16>) -> (tensor<?Mx70xf32>) {\n  %%0 = gemm %%x, %%w : tensor<?Mx70xf32>\n  return %%0\n}\n' $MAX >"$H/xstride.tir"
 input_error "x row stride INT64_MAX" "input 'x' at its row stride $MAX has shape .*more than 2\^63 bytes" \
   "$TJ" run "$H/xstride.tir" --random-inputs 1 --dim M=3

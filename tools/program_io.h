@@ -35,10 +35,9 @@ ops::ProgramRunner make_runner(const ir::Function& f, const std::string& path);
 // both `--input x=...` and `--input %x=...` work. Error names the option.
 std::pair<std::string, std::string> split_assignment(const std::string& arg, const char* option,
                                                      const char* value_hint);
-// The largest value --dim takes: any larger and a product of two dims could
-// overflow int64 (the shapes it makes are capped again, in bytes, by
-// ops::dense_bytes).
-inline constexpr int64_t kMaxDimValue = (int64_t(1) << 31) - 1;
+// The largest value --dim takes: the largest dim an operator takes (the
+// shapes it makes are capped again, in bytes, by ops::dense_bytes).
+inline constexpr int64_t kMaxDimValue = Limits::max_dim;
 // --dim M=512 ... → {"M": 512}; every symbol must occur in f. UsageError
 // (tools/commands.h) for a malformed, negative, too large or unknown dim.
 ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f);
