@@ -17,8 +17,10 @@
 
 namespace tilejit::codegen {
 
-// Passed by pointer in the first argument register. Field offsets are part of
-// the emitted code: the static_asserts below guard them.
+// Passed by pointer in the first argument register. The emitters address its
+// fields by offsetof (JitGenerator::arg, the LLVM emitter's field()); the
+// layout below is also the C ABI the disk cache's stored kernels were built
+// against, which the static_assert pins.
 struct BrgemmArgs {
   const void* const* a;  // [batch] A block pointers
   const void* const* b;  // [batch] packed B block pointers

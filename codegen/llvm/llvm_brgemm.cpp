@@ -152,16 +152,17 @@ class BrgemmEmitter {
 
   void load_args(llvm::Value* args) {
     // Offsets are guarded by the static_asserts of codegen/brgemm_desc.h.
-    a_list_ = field(args, 0, ptr_ty(), "a_list");
-    b_list_ = field(args, 8, ptr_ty(), "b_list");
-    batch_ = field(args, 16, b_.getInt64Ty(), "batch");
-    lda_ = field(args, 24, b_.getInt64Ty(), "lda");
-    c_ = field(args, 32, ptr_ty(), "c");
-    ldc_ = field(args, 40, b_.getInt64Ty(), "ldc");
-    bias_ = d_.bias != BiasKind::none ? field(args, 48, ptr_ty(), "bias") : nullptr;
+    a_list_ = field(args, offsetof(BrgemmArgs, a), ptr_ty(), "a_list");
+    b_list_ = field(args, offsetof(BrgemmArgs, b), ptr_ty(), "b_list");
+    batch_ = field(args, offsetof(BrgemmArgs, batch), b_.getInt64Ty(), "batch");
+    lda_ = field(args, offsetof(BrgemmArgs, lda), b_.getInt64Ty(), "lda");
+    c_ = field(args, offsetof(BrgemmArgs, c), ptr_ty(), "c");
+    ldc_ = field(args, offsetof(BrgemmArgs, ldc), b_.getInt64Ty(), "ldc");
+    bias_ = d_.bias != BiasKind::none ? field(args, offsetof(BrgemmArgs, bias), ptr_ty(), "bias")
+                                      : nullptr;
     if (d_.accumulate) {
-      acc_in_ = field(args, 64, ptr_ty(), "acc_in");
-      ld_acc_in_ = field(args, 72, b_.getInt64Ty(), "ld_acc_in");
+      acc_in_ = field(args, offsetof(BrgemmArgs, acc_in), ptr_ty(), "acc_in");
+      ld_acc_in_ = field(args, offsetof(BrgemmArgs, ld_acc_in), b_.getInt64Ty(), "ld_acc_in");
     }
   }
 

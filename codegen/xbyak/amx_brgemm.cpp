@@ -63,12 +63,12 @@ class AmxBrgemm : public JitGenerator {
       mov(edx, (1u << tail_cols) - 1);
       kmovw(k1, edx);
     }
-    mov(rdx, ptr[rdi + 32]);
-    mov(r14, ptr[rdi + 40]);
-    mov(r12, ptr[rdi + 48]);
+    mov(rdx, arg(offsetof(BrgemmArgs, c)));
+    mov(r14, arg(offsetof(BrgemmArgs, ldc)));
+    mov(r12, arg(offsetof(BrgemmArgs, bias)));
     if (d_.accumulate) {
-      mov(r8, ptr[rdi + 64]);
-      mov(r9, ptr[rdi + 72]);
+      mov(r8, arg(offsetof(BrgemmArgs, acc_in)));
+      mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
     }
     const int nout = (d_.nr + 15) / 16;
     for (int r = 0; r < d_.mr; ++r) {
@@ -149,10 +149,10 @@ class AmxBrgemm : public JitGenerator {
     mov(rbp, rsp);
     sub(rsp, scratch);
     and_(rsp, -64);
-    ldtilecfg(ptr[rip + cfg]);  // this thread's tile state is ours: always load it
-    mov(r15, ptr[rdi + 24]);    // lda
-    mov(r11, d_.b_row_bytes);   // B tile row stride
-    mov(r13, 64);               // a_tail and scratch row stride
+    ldtilecfg(ptr[rip + cfg]);                 // this thread's tile state is ours: always load it
+    mov(r15, arg(offsetof(BrgemmArgs, lda)));  // lda
+    mov(r11, d_.b_row_bytes);                  // B tile row stride
+    mov(r13, 64);                              // a_tail and scratch row stride
 
     // Whole 16-column tiles (no N tail, no GLU pairing): the fp32 partial
     // sums of earlier K chunks are loaded straight into the accumulators, and
@@ -170,8 +170,8 @@ class AmxBrgemm : public JitGenerator {
     for (int p = 0; p < passes; ++p) {
       const int ntp = std::min(ntp_max_, nt_ - p * ntp_max_);
       if (acc_tiles) {
-        mov(r8, ptr[rdi + 64]);  // acc_in
-        mov(r9, ptr[rdi + 72]);  // its row stride
+        mov(r8, arg(offsetof(BrgemmArgs, acc_in)));     // acc_in
+        mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));  // its row stride
         if (mt_ == 2) {
           mov(rdx, r9);
           shl(rdx, 4);
@@ -189,7 +189,7 @@ class AmxBrgemm : public JitGenerator {
         // r12: this pass's share of args.b_prefetch, advanced by r14 per K
         // step; without one, r12 walks nothing (the stack, stride 0).
         Xbyak::Label have, set;
-        mov(r12, ptr[rdi + 80]);
+        mov(r12, arg(offsetof(BrgemmArgs, b_prefetch)));
         mov(r14d, kPrefetchLinesPerStep * 64);
         test(r12, r12);
         jnz(have);
@@ -200,9 +200,9 @@ class AmxBrgemm : public JitGenerator {
         if (p > 0) add(r12, p * kfull * kPrefetchLinesPerStep * 64);
         L(set);
       }
-      mov(r8, ptr[rdi + 0]);
-      mov(r9, ptr[rdi + 8]);
-      mov(r10, ptr[rdi + 16]);
+      mov(r8, arg(offsetof(BrgemmArgs, a)));
+      mov(r9, arg(offsetof(BrgemmArgs, b)));
+      mov(r10, arg(offsetof(BrgemmArgs, batch)));
       test(r10, r10);
       jle(batch_done, T_NEAR);
       L(batch_loop);
@@ -236,13 +236,13 @@ class AmxBrgemm : public JitGenerator {
       }
       if (ktail) {
         // rsi already points at the zero-padded K rows of the (only) B block.
-        mov(rdx, ptr[rdi + 56]);
+        mov(rdx, arg(offsetof(BrgemmArgs, a_tail)));
         k_step(ntp, rdx, rdx, r13, 16 * 64);
       }
       L(batch_done);
       if (direct_store) {
-        mov(rdx, ptr[rdi + 32]);  // C
-        mov(r14, ptr[rdi + 40]);  // ldc
+        mov(rdx, arg(offsetof(BrgemmArgs, c)));    // C
+        mov(r14, arg(offsetof(BrgemmArgs, ldc)));  // ldc
         if (mt_ == 2) {
           mov(rax, r14);
           shl(rax, 4);
@@ -263,12 +263,12 @@ class AmxBrgemm : public JitGenerator {
         mov(edx, (1u << tail_cols) - 1);
         kmovw(k1, edx);
       }
-      mov(rdx, ptr[rdi + 32]);  // C
-      mov(r14, ptr[rdi + 40]);  // ldc
-      mov(r12, ptr[rdi + 48]);  // bias
+      mov(rdx, arg(offsetof(BrgemmArgs, c)));     // C
+      mov(r14, arg(offsetof(BrgemmArgs, ldc)));   // ldc
+      mov(r12, arg(offsetof(BrgemmArgs, bias)));  // bias
       if (epi_desc.accumulate) {
-        mov(r8, ptr[rdi + 64]);  // acc_in row (the lists are reloaded per pass)
-        mov(r9, ptr[rdi + 72]);
+        mov(r8, arg(offsetof(BrgemmArgs, acc_in)));  // acc_in row (the lists are reloaded per pass)
+        mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
       }
       for (int r = 0; r < d_.mr; ++r) {
         for (int j = 0; j < ntp; ++j) {

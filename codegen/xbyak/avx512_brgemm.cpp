@@ -69,10 +69,10 @@ class Avx512Brgemm : public JitGenerator {
     const Xbyak::Reg64 bases[] = {rax, rbx, r12, r13};
     for (int i = 0; i < nbase; ++i) abase_[i] = bases[i];
 
-    mov(lda_, ptr[rdi + 24]);
-    mov(r8, ptr[rdi + 0]);    // A list
-    mov(r9, ptr[rdi + 8]);    // B list
-    mov(r10, ptr[rdi + 16]);  // batch count
+    mov(lda_, arg(offsetof(BrgemmArgs, lda)));
+    mov(r8, arg(offsetof(BrgemmArgs, a)));       // A list
+    mov(r9, arg(offsetof(BrgemmArgs, b)));       // B list
+    mov(r10, arg(offsetof(BrgemmArgs, batch)));  // batch count
     for (int s = 0; s < ksplit_; ++s)
       for (int r = 0; r < d_.mr; ++r)
         for (int j = 0; j < nz_; ++j) vpxord(acc(s, r, j), acc(s, r, j), acc(s, r, j));
@@ -132,12 +132,12 @@ class Avx512Brgemm : public JitGenerator {
       mov(edx, (1u << tail_cols) - 1);
       kmovw(k1, edx);
     }
-    mov(rsi, ptr[rdi + 32]);  // C row pointer
-    mov(r11, ptr[rdi + 40]);  // ldc
-    mov(r14, ptr[rdi + 48]);  // bias
+    mov(rsi, arg(offsetof(BrgemmArgs, c)));     // C row pointer
+    mov(r11, arg(offsetof(BrgemmArgs, ldc)));   // ldc
+    mov(r14, arg(offsetof(BrgemmArgs, bias)));  // bias
     if (d_.accumulate) {
-      mov(r8, ptr[rdi + 64]);  // acc_in row
-      mov(r9, ptr[rdi + 72]);  // its stride
+      mov(r8, arg(offsetof(BrgemmArgs, acc_in)));     // acc_in row
+      mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));  // its stride
     }
     // Output vectors: nz_, or with a GLU the ceil(nr/16) ≤ 2 gate vectors,
     // each paired with the up vector two further on.

@@ -48,6 +48,13 @@ class JitGenerator : public Xbyak::CodeGenerator {
   }
 
  protected:
+  // The 64-bit field at byte `offset` of the argument struct the kernel gets
+  // by pointer in rdi: called with offsetof(Args, field), so the emitted
+  // displacement follows the struct and no literal offset can drift from it.
+  static Xbyak::Address arg(size_t offset) {
+    return Xbyak::util::qword[Xbyak::util::rdi + static_cast<uint32_t>(offset)];
+  }
+
   void push_callee_saved() {
     for (const auto& r : kCalleeSaved) push(r);
   }
