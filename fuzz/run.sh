@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer harnesses of a TILEJIT_FUZZ=ON build one after another,
+# each for SECONDS, one process at a time (docs/reliability.md):
+#   fuzz/run.sh BUILD_DIR SECONDS [harness...]     (default: every harness)
+# Each harness grows its corpus under BUILD_DIR/fuzz-work/<name> from the
+# committed seeds in fuzz/corpus/<name>; a crash, leak, timeout or failed
+# check leaves its input in BUILD_DIR/fuzz-crashes/ and fails the run. Every
+# run appends "date harness seconds runs result" to BUILD_DIR/fuzz-work/log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:?usage: fuzz/run.sh BUILD_DIR SECONDS [harness...]}
+seconds=${2:?usage: fuzz/run.sh BUILD_DIR SECONDS [harness...]}
+shift 2
+harnesses=("$@")
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(ir_pipeline npy disk_cache api)
+
+mkdir -p "$build/fuzz-work" "$build/fuzz-crashes"
+failed=0
+for h in "${harnesses[@]}"; do
+  bin="$build/fuzz/${h}_fuzzer"
+  if [ ! -x "$bin" ]; then
+    echo "fuzz/run.sh: $bin is not built (configure with -DTILEJIT_FUZZ=ON)" >&2
+    exit 2
+  fi
+  work="$build/fuzz-work/$h"
+  mkdir -p "$work"
+  log="$build/fuzz-work/$h.last.log"
+  start=$(date +%s)
+  # -timeout: one input taking longer is a hang; -rss_limit_mb: one that
+  # allocates past it is unbounded allocation. The disk cache off, so inputs
+  # do not share kernels through a directory.
+  TILEJIT_CACHE_DIR= "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix="$build/fuzz-crashes/$h-" \
+    "$work" "fuzz/corpus/$h" >"$log" 2>&1
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  if [ $rc -eq 0 ]; then
+    result=clean
+  else
+    result="FAILED(exit $rc)"
+    failed=1
+  fi
+  echo "$(date -u +%FT%TZ) $h ${took}s ${runs:-0} $result" | tee -a "$build/fuzz-work/log"
+  if [ $rc -ne 0 ]; then
+    grep -E 'ERROR|SUMMARY|fuzzer: |Test unit written' "$log" | head -20 >&2
+  fi
+done
+exit $failed
