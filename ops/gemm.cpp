@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/field_hash.h"
 #include "jit/brgemm_kernels.h"
 #include "jit/kernel_cache.h"
 #include "ops/gemm_executable.h"
@@ -38,12 +39,7 @@ namespace {
 
 struct SpecHash {
   size_t operator()(const std::pair<codegen::GemmSpec, Isa>& s) const {
-    const auto& f = s.first;
-    size_t h = std::hash<int64_t>()(f.n) * 1000003u ^ std::hash<int64_t>()(f.k);
-    h = h * 31 + static_cast<size_t>(f.bias);
-    h = h * 31 + static_cast<size_t>(f.act);
-    h = h * 31 + static_cast<size_t>(f.out);
-    return h * 31 + static_cast<size_t>(s.second);
+    return codegen::hash_fields(s.first.fields()) * 31 + codegen::hash_field(s.second);
   }
 };
 
