@@ -548,6 +548,10 @@ input_error ".npy with no data" "short.npy: holds 0 data bytes, but shape \(5, 1
 input_error ".npy longer than its shape (a pipe)" "holds more than 10240 data bytes" \
   "$TJ" run "$LB" -i "x="<(cat "$WORK/lb/x.npy" "$WORK/lb/x.npy") --random-inputs 1
 ok ".npy from a pipe" "$TJ" run "$LB" -i "x="<(cat "$WORK/lb/x.npy") --random-inputs 1
+truncate -s 17G "$H/sparse.npy"  # sparse: measured, never read
+input_error ".npy file past the cap" "sparse.npy: is 18253611008 bytes, more than the 1 MiB header and 16 GiB of data a .npy file may have" \
+  "$TJ" run "$LB" -i "x=$H/sparse.npy" --random-inputs 1
+rm -f "$H/sparse.npy"
 input_error ".npy from /dev/zero" "/dev/zero: not a .npy file" "$TJ" run "$LB" -i x=/dev/zero --random-inputs 1
 input_error ".npy a directory" "$H: is a directory, not a file" "$TJ" run "$LB" -i "x=$H" --random-inputs 1
 mkfifo "$H/fifo"

@@ -77,8 +77,9 @@ class CappedFile {
 
   // Throws unless the file can hold at most `cap` bytes: a regular file is
   // measured, anything else is checked by read_all as it is read.
-  void require_at_most(int64_t cap, const char* what) const {
-    if (size_ > cap) throw too_big(size_, cap, what);
+  // `cap_text` says the cap in a message (default: "16 MiB" for the bytes).
+  void require_at_most(int64_t cap, const char* what, const std::string& cap_text = "") const {
+    if (size_ > cap) throw too_big(size_, cap_text.empty() ? byte_size_str(cap) : cap_text, what);
   }
 
   // Appends up to n bytes (fewer only at the end of the file) to out, a
@@ -101,16 +102,15 @@ class CappedFile {
     require_at_most(cap, what);
     std::string out;
     read_up_to(cap + 1, out);
-    if (static_cast<int64_t>(out.size()) > cap) throw too_big(-1, cap, what);
+    if (static_cast<int64_t>(out.size()) > cap) throw too_big(-1, byte_size_str(cap), what);
     return out;
   }
 
  private:
-  Error too_big(int64_t size, int64_t cap, const char* what) const {
-    return Error(
-        fmt::format("{}: {} than the {} a {} may have", name_,
-                    size >= 0 ? fmt::format("is {} bytes, more", size) : std::string("holds more"),
-                    byte_size_str(cap), what));
+  Error too_big(int64_t size, const std::string& cap, const char* what) const {
+    return Error(fmt::format(
+        "{}: {} than the {} a {} may have", name_,
+        size >= 0 ? fmt::format("is {} bytes, more", size) : std::string("holds more"), cap, what));
   }
   void close_fd() {
     if (owned_ && fd_ >= 0) ::close(fd_);

@@ -269,7 +269,9 @@ NpyArray parse_npy(std::string_view bytes, const std::string& name) {
 // /dev/zero fails at the magic, a header claiming 2^52 elements at its shape.
 NpyArray read_npy(const std::string& path) {
   CappedFile f(path);
-  f.require_at_most(kMaxNpyHeaderBytes + 12 + kMaxNpyDataBytes, "a .npy file");
+  f.require_at_most(kMaxNpyHeaderBytes + 12 + kMaxNpyDataBytes, ".npy file",
+                    fmt::format("{} header and {} of data", byte_size_str(kMaxNpyHeaderBytes),
+                                byte_size_str(kMaxNpyDataBytes)));
   std::string head;
   f.read_up_to(10, head);
   if (head.size() >= 7 && head[6] != 1) f.read_up_to(2, head);
