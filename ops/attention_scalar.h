@@ -3,6 +3,7 @@
 // reference of runtime/reference_attention.h.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -87,11 +88,13 @@ void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row
   for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(static_cast<float>(acc[c]));
 }
 
-// True when the bf16 row holds a NaN or an infinity (exponent bits all ones).
+// True when the bf16 row holds a NaN or an infinity: |x| ≥ 0x7f80 (exponent
+// bits all ones). A signed 16-bit max of |x| (non-negative as int16), which
+// GCC turns into pand + pmaxsw per 8 elements even at the SSE2 baseline.
 inline bool nonfinite_bf16(const uint16_t* x, int64_t n) {
-  unsigned bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad |= (x[i] & 0x7f80u) == 0x7f80u;
-  return bad != 0;
+  int16_t mag = 0;
+  for (int64_t i = 0; i < n; ++i) mag = std::max(mag, static_cast<int16_t>(x[i] & 0x7fffu));
+  return mag >= 0x7f80;
 }
 
 // The NaN/Inf rule of the JIT paths (docs/reliability.md, "NaN and Inf"):

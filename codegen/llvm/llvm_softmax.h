@@ -43,7 +43,8 @@ struct SoftmaxStepArgs {
   const int32_t* hi;
   int64_t j0, n, kb, dv;
   float scale;     // s·scale is the score (1 when s already holds final scores, −inf masked)
-  int32_t masked;  // 0: every row sees every key of the block, n == kb, scores finite
+  int32_t masked;  // 0: every row sees every key of the block, n == kb (no clamp:
+                   // a −inf score gives a NaN weight there; the engine repairs such rows)
 };
 static_assert(offsetof(SoftmaxStepArgs, j0) == 56 && offsetof(SoftmaxStepArgs, dv) == 80 &&
               offsetof(SoftmaxStepArgs, scale) == 88 && offsetof(SoftmaxStepArgs, masked) == 92);
