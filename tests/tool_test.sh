@@ -7,8 +7,9 @@
 # elementwise ops follow the gemm) and purely elementwise ones are run with
 # --check on generated inputs (saved as .npy and read back), on the active
 # path and on the scalar one; error paths must exit non-zero with a one-line
-# message. Needs no numpy: inputs come from `run --random-inputs` and the
-# hidden `tilejit gen-npy` helper.
+# message, and the hostile inputs of docs/reliability.md with exactly the
+# documented code (1 input, 2 usage) under a timeout. Needs no numpy: inputs
+# come from `run --random-inputs` and the hidden `tilejit gen-npy` helper.
 set -u
 
 TJ=${1:?usage: tool_test.sh <tilejit binary> <examples dir>}
