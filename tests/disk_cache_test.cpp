@@ -15,10 +15,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -181,14 +183,18 @@ TEST(DiskCache, ManyProcessesFillOneDirectory) {
 
 namespace {
 
-// Runs fn in a forked child and returns its exit code, or -1 when it has not
-// finished within `seconds` (the child is then killed): a load that blocks
-// on a FIFO or reads /dev/zero without end fails the test instead of hanging it.
-int in_child_within(double seconds, const std::function<int()>& fn) {
+// Forks a child that runs fn and exits with its result.
+pid_t start_child(const std::function<int()>& fn) {
   const pid_t pid = fork();
   if (pid == 0) _exit(fn());
+  return pid;
+}
+
+// The child's exit code, or -1 when it has not finished by `deadline` (it is
+// then killed), -3 when it died of a signal: a load that blocks on a FIFO or
+// reads /dev/zero without end fails the test instead of hanging it.
+int wait_until(pid_t pid, std::chrono::steady_clock::time_point deadline) {
   if (pid < 0) return -2;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
@@ -196,9 +202,19 @@ int in_child_within(double seconds, const std::function<int()>& fn) {
       waitpid(pid, &status, 0);
       return -1;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+}
+
+std::chrono::steady_clock::time_point after(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+int in_child_within(double seconds, const std::function<int()>& fn) {
+  return wait_until(start_child(fn), after(seconds));
 }
 
 // In a child (so that a hang is caught): the load of `key` returns nothing,
@@ -425,22 +441,29 @@ TEST(DiskCacheHostile, ConcurrentVandalismNeverChangesAResult) {
 
   const std::string dir = fresh_dir("vandal");
   fs::create_directories(dir);
-  std::atomic<bool> stop{false};
-  std::atomic<int> acts{0};
-  // The vandal: a thread of this process, while child processes (each with a
-  // cold in-memory cache and two threads) load, compile and store.
-  std::thread vandal([&] {
+  // The vandal: a process of its own, killed at the end, so that this one
+  // forks the workers without other threads running; it counts its acts in
+  // shared memory.
+  auto* acts =
+      static_cast<std::atomic<int>*>(mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(acts, MAP_FAILED);
+  new (acts) std::atomic<int>(0);
+  const pid_t vandal = start_child([&] {
     std::mt19937 rng(7);
-    while (!stop.load()) {
+    while (true) {
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(dir, ec))
         if (rng() % 4 == 0) {
           vandalize(e.path(), rng);
-          ++acts;
+          acts->fetch_add(1);
         }
       std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
+    return 0;
   });
+  ASSERT_GT(vandal, 0);
+  // A worker: a cold in-memory cache, two threads loading, compiling and storing.
   auto worker = [&] {
     jit::KernelCache::global().set_disk_dir(dir);
     std::atomic<size_t> wrong{0};
@@ -453,67 +476,64 @@ TEST(DiskCacheHostile, ConcurrentVandalismNeverChangesAResult) {
   for (int round = 0; round < 20; ++round) {
     // Three concurrent workers; each must finish (a FIFO or /dev/zero must
     // not stall it) with every result exact.
-    std::vector<std::thread> waiters;
-    std::vector<int> rc(3, -9);
-    for (int c = 0; c < 3; ++c)
-      waiters.emplace_back([&, c] { rc[c] = in_child_within(120, worker); });
-    for (auto& w : waiters) w.join();
-    for (int c = 0; c < 3; ++c)
-      EXPECT_EQ(rc[c], 0) << "round " << round << ": a worker gave a wrong result (1), hung (-1) "
-                          << "or crashed (-3)";
+    std::vector<pid_t> kids;
+    for (int c = 0; c < 3; ++c) kids.push_back(start_child(worker));
+    const auto deadline = after(120);
+    for (pid_t pid : kids)
+      EXPECT_EQ(wait_until(pid, deadline), 0)
+          << "round " << round << ": a worker gave a wrong result (1), hung (-1) or crashed (-3)";
   }
-  stop.store(true);
-  vandal.join();
-  EXPECT_GT(acts.load(), 0) << "the vandal found no entry to spoil";
+  kill(vandal, SIGKILL);
+  waitpid(vandal, nullptr, 0);
+  EXPECT_GT(acts->load(), 0) << "the vandal found no entry to spoil";
   // What the vandal left is refused or loaded, never trusted blindly: one more
   // cold process, with no vandal, still computes every result exactly.
   EXPECT_EQ(in_child_within(120, worker), 0);
+  munmap(acts, sizeof(std::atomic<int>));
   munmap(want, total * 2);
   fs::remove_all(dir);
 }
 
 TEST(DiskCacheHostile, ConcurrentVandalismNeverYieldsAWrongPayload) {
-  // One process: four threads store and load eight entries through one
-  // DiskCache while a fifth spoils them. A load returns nothing or exactly
-  // the payload stored for its key, never a spoiled one, and nothing blocks.
+  // One process (so that a ThreadSanitizer build sees every access): four
+  // threads store and load eight entries through one DiskCache while a fifth
+  // spoils them. A load returns nothing or exactly the payload stored for its
+  // key, never a spoiled one; a FIFO or /dev/zero that blocked would be
+  // caught by the test's ctest timeout.
   const std::string dir = fresh_dir("vandal1");
-  EXPECT_EQ(in_child_within(120,
-                            [&] {
-                              jit::DiskCache c(dir);
-                              auto payload = [](int key) {
-                                return bytes(500 + 97 * size_t(key), uint8_t(key));
-                              };
-                              std::atomic<bool> stop{false};
-                              std::atomic<int> wrong{0}, loads{0};
-                              std::thread vandal([&] {
-                                std::mt19937 rng(11);
-                                while (!stop.load()) {
-                                  std::error_code ec;
-                                  for (const auto& e : fs::directory_iterator(dir, ec))
-                                    if (rng() % 4 == 0) vandalize(e.path(), rng);
-                                  std::this_thread::sleep_for(std::chrono::microseconds(50));
-                                }
-                              });
-                              std::vector<std::thread> users;
-                              for (int t = 0; t < 4; ++t)
-                                users.emplace_back([&, t] {
-                                  for (int i = 0; i < 1500; ++i) {
-                                    const int key = (i * 5 + t) % 8;
-                                    const std::string name = "key" + std::to_string(key);
-                                    if (auto got = c.load(name)) {
-                                      ++loads;
-                                      if (*got != payload(key)) ++wrong;
-                                    } else {
-                                      c.store(name, payload(key));
-                                    }
-                                  }
-                                });
-                              for (auto& u : users) u.join();
-                              stop.store(true);
-                              vandal.join();
-                              // Exit codes: 0 fine, 1 a wrong payload, 2 no load ever succeeded.
-                              return wrong.load() != 0 ? 1 : loads.load() == 0 ? 2 : 0;
-                            }),
-            0);
+  jit::DiskCache c(dir);
+  auto payload = [](int key) { return bytes(500 + 97 * size_t(key), uint8_t(key)); };
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, loads{0};
+  std::thread vandal([&] {
+    std::mt19937 rng(11);
+    while (!stop.load()) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (rng() % 4 == 0) vandalize(e.path(), rng);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  std::vector<std::thread> users;
+  for (int t = 0; t < 4; ++t)
+    users.emplace_back([&, t] {
+      for (int i = 0; i < 1500; ++i) {
+        const int key = (i * 5 + t) % 8;
+        const std::string name = "key" + std::to_string(key);
+        if (auto got = c.load(name)) {
+          ++loads;
+          if (*got != payload(key)) ++wrong;
+        } else {
+          c.store(name, payload(key));
+        }
+      }
+    });
+  for (auto& u : users) u.join();
+  stop.store(true);
+  vandal.join();
+  EXPECT_EQ(wrong.load(), 0) << "a spoiled entry was loaded";
+  EXPECT_GT(loads.load(), 0) << "no load ever succeeded: the test tested nothing";
+  EXPECT_GT(c.rejected(), 0u) << "the vandal spoiled nothing that was loaded";
+  EXPECT_TRUE(c.enabled());
   fs::remove_all(dir);
 }
