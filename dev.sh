@@ -3,7 +3,11 @@
 #   ./dev.sh run    install dependencies, build, run the main job (tilejit llama-layer)
 #   ./dev.sh test   install dependencies, build, run the test suite (ctest)
 #   ./dev.sh asan   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   ./dev.sh asan-ci  the part of it CI runs (after ./dev.sh test)
+#   ./dev.sh asan-ci  the part of it CI runs (after ./dev.sh test): clang, ASan + UBSan,
+#                   in the build the fuzzers link against (build-asan-clang)
+#   ./dev.sh tsan   the concurrency tests under ThreadSanitizer (clang; tsan-ci: the same)
+#   ./dev.sh fuzz [seconds]  each libFuzzer harness (fuzz/) for that long, default 60
+#   ./dev.sh fuzz-ci  what CI runs of it: each harness for 30 s
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -21,6 +25,43 @@ install_deps() {
   echo "dev.sh: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# The sanitizer and fuzzing builds use clang (libFuzzer, and a TSan runtime
+# that copes with the library's code); installed only for those entries.
+CLANG_PACKAGES=(clang-19 libclang-rt-19-dev libfuzzer-19-dev)
+
+install_clang() {
+  PACKAGES+=("${CLANG_PACKAGES[@]}")
+  install_deps
+}
+
+# One clang build serves the ASan + UBSan tests and the fuzzers: the library
+# and the tests carry libFuzzer's coverage instrumentation (which costs them
+# little), the harnesses link libFuzzer's main.
+ASAN_DIR=build-asan-clang
+asan_clang_build() {
+  build $ASAN_DIR -DCMAKE_CXX_COMPILER=clang++-19 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTILEJIT_SANITIZE=ON -DTILEJIT_FUZZ=ON -DTILEJIT_BUILD_BENCH=OFF
+}
+
+# The tests where threads meet: compile-once under concurrent misses
+# (cache_test), attention's thread pool and per-thread state
+# (attention_threads_test), processes and threads sharing a disk cache
+# (disk_cache_test).
+TSAN_TARGETS=(cache_test attention_threads_test disk_cache_test)
+TSAN_TESTS='^(cache_test_(avx512|llvm|amx)|attention_threads_test_(amx|avx512|llvm|scalar)|disk_cache_test)$'
+tsan() {
+  install_clang
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEJIT_SANITIZE=thread -DTILEJIT_BUILD_BENCH=OFF
+  cmake --build build-tsan -j "$(nproc)" --target "${TSAN_TARGETS[@]}"
+  # halt_on_error: a race fails its test instead of scrolling past in the log.
+  # die_after_fork=0: disk_cache_test forks worker processes from a threaded
+  # test binary (each child runs threads of its own). The suppressions are
+  # reports TSan cannot judge, each explained in the file.
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 die_after_fork=0 suppressions=$PWD/cmake/tsan-suppressions.txt" \
+    ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" -R "$TSAN_TESTS"
 }
 
 build() {  # build DIR [cmake args...]
@@ -50,13 +91,23 @@ case "$cmd" in
     # What CI runs under the sanitizers (the whole suite takes ~12 min on 2
     # cores): every test that is not a per-ISA variant, plus the variants of
     # the best path (amx: native, or emulated where the CPU lacks AMX).
-    install_deps
-    build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEJIT_SANITIZE=ON -DTILEJIT_BUILD_BENCH=OFF
-    ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" \
+    install_clang
+    asan_clang_build
+    ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $ASAN_DIR --output-on-failure -j "$(nproc)" \
       -E '_(avx512|llvm|scalar)$|_llvm_avx2$|^tool_test$|^llvm_backend_test'
     ;;
+  tsan|tsan-ci)
+    tsan
+    ;;
+  fuzz|fuzz-ci)
+    seconds=${2:-60}
+    [ "$cmd" = fuzz-ci ] && seconds=30
+    install_clang
+    asan_clang_build
+    fuzz/run.sh $ASAN_DIR "$seconds"
+    ;;
   *)
-    echo "usage: ./dev.sh run|test|asan|asan-ci" >&2
+    echo "usage: ./dev.sh run|test|asan|asan-ci|tsan|tsan-ci|fuzz [seconds]|fuzz-ci" >&2
     exit 2
     ;;
 esac
