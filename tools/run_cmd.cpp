@@ -47,13 +47,13 @@ std::map<std::string, std::string> file_options(const std::vector<std::string>& 
 // --save-inputs DIR: created when missing; a path that exists and is not a
 // directory (a regular file, say) is a usage error, not a failed write.
 void make_save_dir(const std::string& dir) {
-  std::error_code ec;
+  std::error_code ec, stat_ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir))
-    throw UsageError(
-        fmt::format("--save-inputs '{}': {}; allowed: a directory (created if missing)", dir,
-                    std::filesystem::exists(dir) ? "exists and is not a directory"
-                                                 : "cannot be created: " + ec.message()));
+  if (!ec && std::filesystem::is_directory(dir, stat_ec)) return;
+  throw UsageError(
+      fmt::format("--save-inputs '{}': {}; allowed: a directory (created if missing)", dir,
+                  std::filesystem::exists(dir, stat_ec) ? "exists and is not a directory"
+                                                        : "cannot be created: " + ec.message()));
 }
 
 void print_summary(const std::string& name, const ops::HostTensor& t) {
