@@ -71,6 +71,11 @@ void check_view(const char* op, const char* arg, const TensorView& t, size_t ran
     if (t.strides[i] < 0)
       throw Error(fmt::format("{}: {} has strides {}; allowed: non-negative strides", op, arg,
                               shape_str(t.strides)));
+    // Even the stride of a dim of size 1 is multiplied by an element size
+    // (a row stride in bytes): bounded like any extent, so that cannot overflow.
+    if (t.strides[i] > Limits::max_view_bytes)
+      throw Error(fmt::format("{}: {} has strides {}: stride {} = {}; allowed: strides <= 2^56", op,
+                              arg, shape_str(t.strides), i, t.strides[i]));
   }
   if (is_empty(t)) return;  // nothing is ever read or written through it
   if (t.data == nullptr)

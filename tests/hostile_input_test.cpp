@@ -68,6 +68,14 @@ TEST(HostileSizes, GemmDimsAndExtents) {
         gemm(TensorView(s.a.data(), DType::bf16, {kMaxDim, 64}, {kMaxDim * 8, 1}), w, y);
       },
       {"gemm: x", "address space"});
+  // The fuzzer's first find: a row stride of INT64_MAX on a one-row x (its
+  // extent is one row) overflowed when turned into bytes.
+  expect_error(
+      [&] {
+        gemm(TensorView(s.a.data(), DType::bf16, {1, 64}, {std::numeric_limits<int64_t>::max(), 1}),
+             w, TensorView(s.c.data(), DType::bf16, {1, 64}));
+      },
+      {"gemm: x", "strides <= 2^56"});
   // The row-major constructor saturates instead of overflowing.
   expect_error(
       [&] {
@@ -160,7 +168,7 @@ TEST(HostileSizes, AttentionStridesAndTables) {
             q, TensorView(s.b.data(), DType::bf16, {4, 1, 64}, {int64_t{1} << 62, 64, 1}), v, o,
             cuq, cuq);
       },
-      {"flash_attn_varlen: k", "address space"});
+      {"flash_attn_varlen: k", "strides <= 2^56"});
   // Block tables [B, 2^60]: max_blocks·block_size overflowed int64.
   std::vector<int32_t> table(4, 0), lens = {16}, pre = {0};
   TensorView kc(s.b.data(), DType::bf16, {4, 16, 1, 64});
@@ -204,7 +212,7 @@ TEST(HostileSizes, AttentionStridesAndTables) {
                       TensorView(tid.data(), DType::i32, {2, 1}),
                       TensorView(s.f.data(), DType::f32, {2, 64}));
       },
-      {"fused_experts: hidden", "address space"});
+      {"fused_experts: hidden", "strides <= 2^56"});
 }
 
 TEST(HostileSizes, BlockTableWiderThanAnyLength) {
