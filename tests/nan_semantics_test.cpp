@@ -360,6 +360,57 @@ TEST(NanExtend, NewKeysReachOnlyTheTokensThatSeeThem) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Extend with a tree mask (speculative decoding): the masked scores are −inf
+// in the engine's slow pass, but the hidden keys' V rows are still in the key
+// block. Rows that see no bad key must match the clean call: bit for bit, or
+// within twice the attention bound where the rule recomputed them (the
+// reference rounds differently).
+TEST(NanExtend, TreeMaskHidesBadKeys) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  const int64_t prefix = 8, n = 20, hq = 4, hkv = 2, d = 64, dv = 64, bs = 16, blocks = 2;
+  const auto q = random_bf16(size_t(n * hq * d), 22);
+  const auto kc = random_bf16(size_t(blocks * bs * hkv * d), 23);
+  const auto vc = random_bf16(size_t(blocks * bs * hkv * dv), 24);
+  const auto kn = random_bf16(size_t(n * hkv * d), 25), vn = random_bf16(size_t(n * hkv * dv), 26);
+  std::vector<uint8_t> mask(size_t(n * n));
+  auto sees = [](int64_t i, int64_t j) { return j <= i && (i - j) % 3 != 1; };
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) mask[size_t(i * n + j)] = sees(i, j) ? 1 : 0;
+  const std::vector<int32_t> table{1, 0};
+  const int32_t qo[] = {0, int32_t(n)}, pl[] = {int32_t(prefix)};
+  auto run = [&](const std::vector<uint16_t>& k_new, const std::vector<uint16_t>& v_new) {
+    std::vector<uint16_t> out(size_t(n * hq * dv), 0x1234);
+    extend_attention(TensorView(q.data(), DType::bf16, {n, hq, d}),
+                     TensorView(kc.data(), DType::bf16, {blocks, bs, hkv, d}),
+                     TensorView(vc.data(), DType::bf16, {blocks, bs, hkv, dv}),
+                     TensorView(out.data(), DType::bf16, {n, hq, dv}),
+                     TensorView(qo, DType::i32, {2}), TensorView(table.data(), DType::i32, {1, 2}),
+                     TensorView(pl, DType::i32, {1}), {},
+                     {.k_new = TensorView(k_new.data(), DType::bf16, {n, hkv, d}),
+                      .v_new = TensorView(v_new.data(), DType::bf16, {n, hkv, dv}),
+                      .tree_mask = TensorView(mask.data(), DType::u8, {n * n})});
+    return out;
+  };
+  const auto clean = run(kn, vn);
+  auto kb = kn, vb = vn;
+  for (int64_t e = 0; e < dv; ++e) vb[(5 * hkv + 0) * dv + e] = kNaN;  // new token 5, kv head 0
+  kb[(9 * hkv + 1) * d + 0] = kNaN;                                    // new token 9, kv head 1
+  const auto got = run(kb, vb);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < hq; ++h) {
+      const bool bad = h / (hq / hkv) == 0 ? sees(i, 5) : sees(i, 9);
+      for (int64_t e = 0; e < dv; ++e) {
+        const size_t o = size_t((i * hq + h) * dv + e);
+        if (bad)
+          EXPECT_TRUE(std::isnan(bf16_to_f32(got[o]))) << i << ", " << h << ", " << e;
+        else
+          EXPECT_NEAR(bf16_to_f32(got[o]), bf16_to_f32(clean[o]),
+                      2.0 / 128 + std::fabs(bf16_to_f32(clean[o])) / 128)
+              << i << ", " << h << ", " << e;
+      }
+    }
+}
+
 // ---- GEMM --------------------------------------------------------------------
 
 TEST(NanGemm, PropagatesThroughProductsBiasAndActivations) {
@@ -570,6 +621,22 @@ TEST(NanRouting, InfiniteLogitsTakeTheirLimits) {
   EXPECT_EQ(g.w[1], 0.0f);
   EXPECT_EQ(g.w[2], 0.5f);
   EXPECT_EQ(g.w[3], 0.5f);
+  // A NaN correction bias makes that expert's selection key NaN: it ranks
+  // last, and a group with fewer than two numbers among its keys scores NaN.
+  {
+    const std::vector<float> lg{2.0f, 1.0f, 0.5f, 0.0f};
+    std::vector<float> bias{kNanF, 0.0f, 0.0f, 0.0f};
+    std::vector<float> w(2);
+    std::vector<int32_t> ids(2);
+    grouped_topk(TensorView(lg.data(), DType::f32, {1, 4}),
+                 TensorView(w.data(), DType::f32, {1, 2}),
+                 TensorView(ids.data(), DType::i32, {1, 2}),
+                 {.num_expert_group = 2,
+                  .topk_group = 1,
+                  .correction_bias = TensorView(bias.data(), DType::f32, {4})});
+    EXPECT_EQ(ids, (std::vector<int32_t>{2, 3}));  // group 0: σ(1) + NaN, last
+    for (float x : w) EXPECT_FALSE(std::isnan(x));
+  }
   // Grouped (softmax, 2 groups of 2): the same scores, never a NaN.
   const Routed gr = route(logits, 4, 2, 2);
   for (float w : gr.w) EXPECT_FALSE(std::isnan(w));

@@ -57,14 +57,19 @@ LlvmKernel compile_llvm_softmax_step(const SoftmaxStepDesc& desc, OptLevel opt =
 // The block's output: out[r][c] = bf16(Oᵀ[c][r] · f[r]) for r < rows, c < dv
 // (dv a multiple of 16; round to nearest even, NaN quiet, as runtime/bf16.h).
 // Oᵀ is transposed back 16 × 16 in registers. One kernel for every shape,
-// named kSoftmaxFinishName.
+// named kSoftmaxFinishName. It also adds 0·(Σ_c Oᵀ[c][r]) into bad[r] (the
+// caller zeroes it): NaN exactly for the rows whose O holds a NaN or an Inf
+// (or, harmlessly, whose sum overflows), so the engine finds the rows the
+// NaN/Inf rule recomputes (ops/attention_scalar.h) without a pass over out.
 struct SoftmaxFinishArgs {
   const float* ot;       // Oᵀ [dv][64]
   const float* f;        // [64] per-row factor (1/l, a sink folded in; 0: no key)
   uint16_t* const* out;  // [rows] output row pointers
   int64_t rows, dv;
+  float* bad;  // [64], 16-row groups up to rows
 };
-static_assert(offsetof(SoftmaxFinishArgs, rows) == 24 && offsetof(SoftmaxFinishArgs, dv) == 32);
+static_assert(offsetof(SoftmaxFinishArgs, rows) == 24 && offsetof(SoftmaxFinishArgs, dv) == 32 &&
+              offsetof(SoftmaxFinishArgs, bad) == 40);
 
 using SoftmaxFinishFn = void (*)(const SoftmaxFinishArgs*);
 

@@ -5,6 +5,7 @@
 // conversion and one 32-byte store per row.
 #include <llvm/IR/IRBuilder.h>
 
+#include <utility>
 #include <vector>
 
 #include "codegen/llvm/ir_loop.h"
@@ -34,6 +35,7 @@ class FinishEmitter {
     out_ = field(args, 16, ptr);
     rows_ = field(args, 24, i64t);
     llvm::Value* dv = field(args, 32, i64t);
+    bad_ = field(args, 40, ptr);
     llvm::Value* groups = b_.CreateUDiv(b_.CreateAdd(rows_, i64(kLanes - 1)), i64(kLanes));
     emit_tile_loops(
         b_, groups, b_.CreateUDiv(dv, i64(kLanes)),
@@ -59,6 +61,19 @@ class FinishEmitter {
       v.push_back(
           b_.CreateAlignedLoad(f32v, b_.CreateGEP(b_.getFloatTy(), ot_, at), llvm::Align(4)));
     }
+    // Before the transpose the lanes are rows: bad[rows] += 0·Σ v[i] is NaN
+    // exactly where a row's 16 values hold a NaN or an Inf (a tree of adds,
+    // one multiply per tile: the NaN/Inf rule's check without a pass over out).
+    Vals sum = v;
+    while (sum.size() > 1) {
+      Vals next;
+      for (size_t i = 0; i + 1 < sum.size(); i += 2)
+        next.push_back(b_.CreateFAdd(sum[i], sum[i + 1]));
+      sum = std::move(next);
+    }
+    llvm::Value* bad_at = b_.CreateGEP(b_.getFloatTy(), bad_, r0);
+    llvm::Value* bad = b_.CreateAlignedLoad(f32v, bad_at, llvm::Align(4));
+    b_.CreateAlignedStore(vm_.fma(sum[0], vm_.f32(0.0f), bad), bad_at, llvm::Align(4));
     transpose16(b_, v);
     llvm::Value* fv =
         b_.CreateAlignedLoad(f32v, b_.CreateGEP(b_.getFloatTy(), f_, r0), llvm::Align(4));
@@ -82,7 +97,7 @@ class FinishEmitter {
   ModuleContext& mc_;
   llvm::IRBuilder<> b_;
   VectorMath vm_;
-  llvm::Value *ot_ = nullptr, *f_ = nullptr, *out_ = nullptr, *rows_ = nullptr;
+  llvm::Value *ot_ = nullptr, *f_ = nullptr, *out_ = nullptr, *rows_ = nullptr, *bad_ = nullptr;
 };
 
 }  // namespace
