@@ -512,8 +512,15 @@ TEST(NanRope, OnlyTheRotatedPairSeesTheNaN) {
 
 // ---- Fused experts -----------------------------------------------------------
 
-TEST(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
-  TILEJIT_SKIP_IF_ISA_MISSING();
+// Every gated activation, GPT-OSS's clamped SwiGLU included: its clamps
+// min(gate, limit) and clamp(up, ±limit) must keep a NaN (they returned the
+// limit on the JIT paths, so a NaN token came out finite).
+class NanMoe : public IsaTestWithParam<int> {};
+
+TEST_P(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
+  MoeOptions opt;
+  if (GetParam() == 1) opt.act = Activation::gelu_tanh;
+  if (GetParam() == 2) opt.clamped_swiglu = true;
   const int64_t t = 6, h = 64, inter = 32, e = 4, k = 2;
   const auto w13 = random_bf16(size_t(e * 2 * inter * h), 12, -0.1f, 0.1f);
   const auto w2 = random_bf16(size_t(e * h * inter), 13, -0.1f, 0.1f);
@@ -527,7 +534,7 @@ TEST(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
     fused_experts(TensorView(x.data(), DType::bf16, {t, h}), p13, p2,
                   TensorView(wt.data(), DType::f32, {t, k}),
                   TensorView(ids.data(), DType::i32, {t, k}),
-                  TensorView(out.data(), DType::f32, {t, h}));
+                  TensorView(out.data(), DType::f32, {t, h}), opt);
     return out;
   };
   const auto x = random_bf16(size_t(t * h), 14);
@@ -547,6 +554,8 @@ TEST(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
         EXPECT_EQ(got[o], clean[o]) << i << ", " << c;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Glu, NanMoe, ::testing::Values(0, 1, 2));
 
 // ---- Routing -----------------------------------------------------------------
 

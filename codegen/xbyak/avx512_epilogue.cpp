@@ -161,9 +161,14 @@ void Avx512Epilogue::apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zm
       break;
     case Glu::clamped_swiglu: {
       const auto &t0 = t_[0], &t1 = t_[1], &t2 = t_[2];
-      g.vminps(gate, gate, g.bcst(d_.glu_limit));
-      g.vminps(up, up, g.bcst(d_.glu_limit));
-      g.vmaxps(up, up, g.bcst(-d_.glu_limit));
+      // The limits in a register as the first source: vminps / vmaxps
+      // return the second source when one is NaN, so a NaN gate or up stays
+      // NaN (docs/reliability.md, "NaN and Inf") instead of becoming ±limit.
+      g.vbroadcastss(t1, g.f32_const(d_.glu_limit));
+      g.vminps(gate, t1, gate);
+      g.vminps(up, t1, up);
+      g.vbroadcastss(t1, g.f32_const(-d_.glu_limit));
+      g.vmaxps(up, t1, up);
       // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
       g.vmulps(t0, gate, g.bcst(-d_.glu_alpha));
       exp_inplace(g, t0, t1, t2);
