@@ -2,17 +2,32 @@
 
 #include <fmt/format.h>
 
+#include "ir/activation.h"
 #include "ir/printer.h"
 
 namespace tilejit::codegen {
 namespace {
 
-constexpr const char* kChain =
-    "allowed: gemm(x: ?xK bf16, w: NxK bf16 packed<vnni2, n_block=64>) → add(bias: [N] f32|bf16)? "
-    "→ relu|silu|gelu_tanh|gelu_erf? → cast(to = bf16|f32)? → return";
+// The chain a GEMM plan fuses; the activations are those of ir/activation.h
+// that have an op.
+const std::string& chain() {
+  static const std::string s = [] {
+    std::string acts;
+    for (const ir::ActivationInfo& r : ir::kActivations) {
+      if (!r.op) continue;
+      if (!acts.empty()) acts += '|';
+      acts += ir::name(*r.op);
+    }
+    return fmt::format(
+        "allowed: gemm(x: ?xK bf16, w: NxK bf16 packed<vnni2, n_block=64>) → add(bias: [N] "
+        "f32|bf16)? → {}? → cast(to = bf16|f32)? → return",
+        acts);
+  }();
+  return s;
+}
 
 [[noreturn]] void reject(const ir::Function& f, const ir::Op& op, const std::string& why) {
-  throw Error(fmt::format("lower gemm: {}: {}; {}", ir::print(f, op), why, kChain));
+  throw Error(fmt::format("lower gemm: {}: {}; {}", ir::print(f, op), why, chain()));
 }
 
 bool is_param(const ir::Function& f, int id) {
@@ -26,7 +41,7 @@ bool is_param(const ir::Function& f, int id) {
 GemmSpec match_gemm(const ir::Function& f) {
   if (f.ops.empty() || f.ops.front().kind != ir::OpKind::gemm)
     throw Error(
-        fmt::format("lower gemm: function @{} does not start with a gemm; {}", f.name, kChain));
+        fmt::format("lower gemm: function @{} does not start with a gemm; {}", f.name, chain()));
   const ir::Op& g = f.ops.front();
   const ir::TensorType& w = f.value(g.operands.at(1)).type;
   if (!w.layout.is_packed("vnni2") || w.layout.param("n_block").value_or(0) != 64)
@@ -62,7 +77,7 @@ GemmSpec match_gemm(const ir::Function& f) {
   }
   if (f.results.size() != 1 || f.results[0] != current)
     throw Error(
-        fmt::format("lower gemm: @{} must return the end of the chain; {}", f.name, kChain));
+        fmt::format("lower gemm: @{} must return the end of the chain; {}", f.name, chain()));
   return spec;
 }
 

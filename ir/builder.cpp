@@ -1,5 +1,6 @@
 #include "ir/builder.h"
 
+#include "ir/activation.h"
 #include "ir/infer.h"
 #include "ir/text_util.h"
 #include "ir/verifier.h"
@@ -79,8 +80,10 @@ int Builder::mul(int a, int b) {
 
 int Builder::unary(OpKind act, int x) {
   if (!is_activation(act)) {
-    throw Error(
-        cat("unary: ", name(act), " is not an activation (relu, silu, gelu_tanh, gelu_erf)"));
+    std::string ops;
+    for (const ActivationInfo& r : kActivations)
+      if (r.op) ops += cat(ops.empty() ? "" : ", ", name(*r.op));
+    throw Error(cat("unary: ", name(act), " is not an activation (", ops, ")"));
   }
   return op(act, {x});
 }

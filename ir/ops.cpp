@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "ir/activation.h"
 #include "ir/text_util.h"
 #include "ir/types.h"
 
@@ -102,7 +103,7 @@ std::span<const OpKind> all_op_kinds() {
 }
 
 bool is_activation(OpKind k) {
-  return k == OpKind::relu || k == OpKind::silu || k == OpKind::gelu_tanh || k == OpKind::gelu_erf;
+  return activation_of(k) != Activation::none;
 }
 
 bool is_elementwise(OpKind k) {
@@ -110,18 +111,9 @@ bool is_elementwise(OpKind k) {
 }
 
 Activation activation_of(OpKind k) {
-  switch (k) {
-    case OpKind::relu:
-      return Activation::relu;
-    case OpKind::silu:
-      return Activation::silu;
-    case OpKind::gelu_tanh:
-      return Activation::gelu_tanh;
-    case OpKind::gelu_erf:
-      return Activation::gelu_erf;
-    default:
-      return Activation::none;
-  }
+  for (const ActivationInfo& r : kActivations)
+    if (r.op == k) return r.act;
+  return Activation::none;
 }
 
 bool is_binary_elementwise(OpKind k) {
@@ -308,7 +300,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       problems.push_back(cat("attribute '", n, "' = ", *v, " must be >= ", lo));
     }
   };
-  auto one_of = [&](const char* n, std::initializer_list<std::string_view> allowed) {
+  auto one_of = [&](const char* n, const std::vector<std::string_view>& allowed) {
     auto v = attrs.get_string(n);
     if (!v || std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) return;
     std::string list = join(allowed, ", ", [](std::string_view a) { return cat('"', a, '"'); });
@@ -331,7 +323,11 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       break;
     case OpKind::moe:
       int_at_least("top_k", 1);
-      one_of("activation", {"silu", "gelu_tanh", "gelu_erf", "clamped_swiglu"});
+      one_of("activation", [] {
+        std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
+        v.push_back("clamped_swiglu");
+        return v;
+      }());
       for (const char* n : {"swiglu_alpha", "swiglu_limit"})
         if (auto v = attrs.get_double(n); v && !(*v > 0))
           problems.push_back(cat("attribute '", n, "' = ", *v, " must be > 0"));

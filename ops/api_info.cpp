@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "ir/activation.h"
 #include "jit/kernel_cache.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
@@ -67,20 +68,9 @@ int dtype_bits(DType t) {
 }
 
 const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::none:
-      return "none";
-    case Activation::relu:
-      return "relu";
-    case Activation::silu:
-      return "silu";
-    case Activation::gelu_tanh:
-      return "gelu_tanh";
-    case Activation::gelu_erf:
-      return "gelu_erf";
-  }
+  if (const ir::ActivationInfo* r = ir::find_activation(a)) return r->name;
   throw bad_enum("activation_name", "Activation", static_cast<int>(a),
-                 "none, relu, silu, gelu_tanh, gelu_erf");
+                 ir::activation_list(false).c_str());
 }
 
 const char* isa_name(Isa isa) {

@@ -11,6 +11,7 @@
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/field_hash.h"
+#include "ir/activation.h"
 #include "jit/brgemm_kernels.h"
 #include "jit/kernel_cache.h"
 #include "ops/gemm_executable.h"
@@ -112,19 +113,10 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
     if (opt.bias->strides[0] != 1 && w.n() > 1)
       throw Error(fmt::format("gemm: bias has stride {}; allowed: 1", opt.bias->strides[0]));
   }
-  switch (opt.act) {
-    case Activation::none:
-    case Activation::relu:
-    case Activation::silu:
-    case Activation::gelu_tanh:
-    case Activation::gelu_erf:
-      break;
-    default:
-      throw Error(
-          fmt::format("gemm: act={} is not an activation; allowed: none, relu, silu, "
-                      "gelu_tanh, gelu_erf",
-                      static_cast<int>(opt.act)));
-  }  // y is written while x and bias are still read (by other row and column blocks).
+  if (ir::find_activation(opt.act) == nullptr)
+    throw Error(fmt::format("gemm: act={} is not an activation; allowed: {}",
+                            static_cast<int>(opt.act), ir::activation_list(false)));
+  // y is written while x and bias are still read (by other row and column blocks).
   ops::check_output("gemm", "y", y, {{"x", &x}, {"bias", ops::opt_view(opt.bias)}});
 }
 

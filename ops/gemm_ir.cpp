@@ -1,6 +1,7 @@
 #include "ops/gemm_ir.h"
 
 #include "codegen/gemm_lowering.h"
+#include "ir/activation.h"
 #include "ir/builder.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -24,22 +25,8 @@ ir::Function build_gemm_ir(const codegen::GemmSpec& spec) {
   }
   int v = b.gemm(x, w);
   if (bias >= 0) v = b.add(v, bias);
-  switch (spec.act) {
-    case Activation::none:
-      break;
-    case Activation::relu:
-      v = b.unary(ir::OpKind::relu, v);
-      break;
-    case Activation::silu:
-      v = b.unary(ir::OpKind::silu, v);
-      break;
-    case Activation::gelu_tanh:
-      v = b.unary(ir::OpKind::gelu_tanh, v);
-      break;
-    case Activation::gelu_erf:
-      v = b.unary(ir::OpKind::gelu_erf, v);
-      break;
-  }
+  if (const ir::ActivationInfo* a = ir::find_activation(spec.act); a && a->op)
+    v = b.unary(*a->op, v);
   if (spec.out != DType::f32) v = b.cast(v, spec.out);
   b.ret({v});
   return b.finish();

@@ -24,6 +24,7 @@
 
 #include "codegen/gemm_plan.h"
 #include "codegen/packed_layout.h"
+#include "ir/activation.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/packed_experts_impl.h"
@@ -109,13 +110,10 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
         opt.swiglu_limit <= 0)
       throw Error(fmt::format("{}: clamped swiglu alpha={} limit={}; allowed: finite, limit > 0",
                               kOp, opt.swiglu_alpha, opt.swiglu_limit));
-  } else if (opt.act != Activation::silu && opt.act != Activation::gelu_tanh &&
-             opt.act != Activation::gelu_erf) {
-    const int a = static_cast<int>(opt.act);
-    throw Error(fmt::format(
-        "{}: act={} is not a gated activation; allowed: silu (silu_and_mul), gelu_tanh, gelu_erf "
-        "(gelu_and_mul), or clamped_swiglu = true",
-        kOp, a >= 0 && a <= 4 ? activation_name(opt.act) : std::to_string(a)));
+  } else if (!ir::is_gated_activation(opt.act)) {
+    throw Error(
+        fmt::format("{}: act={} is not a gated activation; allowed: {}, or clamped_swiglu = true",
+                    kOp, ir::activation_str(opt.act), ir::activation_list(true)));
   }
   check_bias(opt.b13, "b13", d.E, 2 * d.I);
   check_bias(opt.b2, "b2", d.E, d.H);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ir/activation.h"
 #include "ir/printer.h"
 #include "ops/program_runner.h"
 #include "runtime/bf16.h"
@@ -182,10 +183,9 @@ OperatorProgram match_operator_program(const ir::Function& f) {
                 "bound",
                 who, w == 1 ? "w13" : "w2", f.value(op.operands[w]).name));
         c.top_k = *a.get_int("top_k");
+        // The verifier allowed only the gated activations or clamped_swiglu.
         const std::string act = a.get_string("activation").value_or("silu");
-        c.moe.act = act == "gelu_tanh"  ? Activation::gelu_tanh
-                    : act == "gelu_erf" ? Activation::gelu_erf
-                                        : Activation::silu;
+        c.moe.act = ir::activation_from_name(act).value_or(Activation::silu);
         c.moe.clamped_swiglu = act == "clamped_swiglu";
         c.moe.swiglu_alpha = static_cast<float>(a.get_double("swiglu_alpha").value_or(1.702));
         c.moe.swiglu_limit = static_cast<float>(a.get_double("swiglu_limit").value_or(7.0));

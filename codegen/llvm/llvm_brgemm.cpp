@@ -29,6 +29,7 @@
 #include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
+#include "ir/activation.h"
 
 namespace tilejit::codegen::llvm_backend {
 namespace {
@@ -411,16 +412,8 @@ void check_desc(const BrgemmDesc& d) {
     bad(std::string("out = ") + dtype_name(d.out) + " is not supported (f32 or bf16)");
   if (d.bias != BiasKind::none && d.bias != BiasKind::f32 && d.bias != BiasKind::bf16)
     bad("bias kind " + std::to_string(static_cast<int>(d.bias)) + " is not none, f32 or bf16");
-  switch (d.act) {
-    case Activation::none:
-    case Activation::relu:
-    case Activation::silu:
-    case Activation::gelu_tanh:
-    case Activation::gelu_erf:
-      break;
-    default:
-      bad("activation " + std::to_string(static_cast<int>(d.act)) + " is not supported");
-  }
+  if (ir::find_activation(d.act) == nullptr)
+    bad("activation " + std::to_string(static_cast<int>(d.act)) + " is not supported");
 }
 
 }  // namespace
