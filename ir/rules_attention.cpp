@@ -6,16 +6,17 @@ namespace tilejit::ir {
 
 namespace {
 
-// The JIT specialises on the head dim; these are the sizes its tiles cover
-// (16-element K steps up to DeepSeek MLA's 576).
+// The JIT specialises on the head dim; these are the sizes the operators
+// take (Limits, the public contract).
 bool check_head_dim(RuleContext& c, size_t i, const char* dim_name) {
   if (!c.static_dim(i, -1, dim_name, "head dims must be static (the kernel specialises on them)")) {
     return false;
   }
   int64_t d = c.dim(i, -1).value;
-  if (d >= 16 && d <= 576 && d % 16 == 0) return true;
+  if (Limits::attention_head_dim_ok(d)) return true;
   return c.fail(cat("operand ", c.who(i), " has head dim ", dim_name, "=", d,
-                    ": head dims must be multiples of 16 in [16, 576]"));
+                    ": head dims must be multiples of ", Limits::head_dim_step, " in [",
+                    Limits::head_dim_step, ", ", Limits::max_head_dim, "]"));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 namespace tilejit::ops::attn {
 
 void check_head_dim(const char* op, const char* what, int64_t d) {
-  if (d < 16 || d > kMaxHeadDim || d % 16 != 0)
+  if (!Limits::attention_head_dim_ok(d))
     throw Error(
         fmt::format("{}: {}={}; allowed: a multiple of 16 in [16, {}]", op, what, d, kMaxHeadDim));
 }

@@ -40,9 +40,14 @@ struct Limits {
   static constexpr int64_t max_view_bytes = int64_t{1} << 56;
   // Attention and RoPE heads (Hq, Hkv, Hk): a task per head is allocated.
   static constexpr int64_t max_heads = 4096;
-  // Attention head sizes: multiples of 16 in [16, max_head_dim]; RoPE heads
-  // are even and at most this.
+  // Attention head sizes: multiples of head_dim_step in [head_dim_step,
+  // max_head_dim] (the kernels take 16-element K steps; 576 is DeepSeek MLA's
+  // head); RoPE heads are even and at most max_head_dim.
+  static constexpr int64_t head_dim_step = 16;
   static constexpr int64_t max_head_dim = 576;
+  static constexpr bool attention_head_dim_ok(int64_t d) {
+    return d >= head_dim_step && d <= max_head_dim && d % head_dim_step == 0;
+  }
   // Experts of a PackedExperts / routing call.
   static constexpr int64_t max_experts = 65536;
 };
