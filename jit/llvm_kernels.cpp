@@ -19,7 +19,9 @@ std::unique_ptr<Kernel> adopt(lb::LlvmKernel&& lk) {
   return k;
 }
 
-std::string host_key(const std::string& key) {
+}  // namespace
+
+std::string llvm_host_key(const std::string& key) {
   const lb::HostTarget& h = lb::host_target();
   uint64_t hash = 1469598103934665603ull;  // FNV-1a of the feature string
   for (char c : h.features) hash = (hash ^ static_cast<uint8_t>(c)) * 1099511628211ull;
@@ -27,8 +29,6 @@ std::string host_key(const std::string& key) {
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
   return key + ";llvm_cpu=" + h.cpu + ";llvm_features=" + hex;
 }
-
-}  // namespace
 
 const Kernel& llvm_kernel(const std::string& key, const std::string& name,
                           const std::function<lb::LlvmKernel()>& compile) {
@@ -43,7 +43,7 @@ const Kernel& llvm_kernel(const std::string& key, const std::string& name,
   r.load = [&name](std::vector<uint8_t> object) {
     return adopt(lb::load_object_file(name, std::move(object)));
   };
-  return KernelCache::global().get(host_key(key), name, r);
+  return KernelCache::global().get(llvm_host_key(key), name, r);
 }
 
 }  // namespace tilejit::jit

@@ -16,4 +16,10 @@ namespace tilejit::jit {
 const Kernel& llvm_kernel(const std::string& key, const std::string& name,
                           const std::function<codegen::llvm_backend::LlvmKernel()>& compile);
 
+// The cache key llvm_kernel() gives `key`: it joined with the host's LLVM CPU
+// and a hash of its feature string ("<key>;llvm_cpu=znver4;llvm_features=<16
+// hex digits>"). Exported so the tool prints the key the cache uses
+// (tests/tool_test.sh compares it with TILEJIT_VERBOSE's log).
+std::string llvm_host_key(const std::string& key);
+
 }  // namespace tilejit::jit

@@ -18,6 +18,7 @@
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_jit.h"
 #include "codegen/llvm/llvm_rope.h"
+#include "jit/llvm_kernels.h"
 #endif
 
 namespace tilejit::ops {
@@ -235,15 +236,11 @@ std::string rope_kernel_name(const ir::Function& f, const OperatorCall& c,
 #endif
 }
 
-// The cache key jit/llvm_kernels.cpp gives an LLVM kernel: its name joined
-// with the host's LLVM CPU and a hash of its feature string (kept equal to
-// host_key() there; tests/tool_test.sh compares it with TILEJIT_VERBOSE's log).
+// The cache key of an LLVM kernel (jit::llvm_host_key), or the key itself in
+// a build without LLVM.
 std::string llvm_host_key(const std::string& key) {
 #ifdef TILEJIT_HAVE_LLVM
-  const codegen::llvm_backend::HostTarget& h = codegen::llvm_backend::host_target();
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a
-  for (char ch : h.features) hash = (hash ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
-  return fmt::format("{};llvm_cpu={};llvm_features={:016x}", key, h.cpu, hash);
+  return jit::llvm_host_key(key);
 #else
   return key;
 #endif
