@@ -69,6 +69,38 @@ Isa gemm_isa_for_rows(Isa path, int64_t m) {
   return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
 }
 
+int64_t GemmPlan::task_rows() const {
+  return std::max<int64_t>(1, 256 / mr) * mr;
+}
+
+GemmPlan::Schedule GemmPlan::schedule(int64_t m) const {
+  Schedule s;
+  s.m = m;
+  s.n_blocks = spec.n / nb + (spec.n % nb != 0);
+  s.task_rows = task_rows();
+  // K chunked or not is decided for the whole M (as variants_for says).
+  s.k_passes = k_chunks_for(m);
+  s.ld_partial = s.k_passes > 1 ? s.n_blocks * nb * 4 : 0;
+  const int64_t row_bytes = (a_packed ? PackedA{spec.k}.k_steps() * 64 : 0) + s.ld_partial;
+  s.slice_rows =
+      row_bytes == 0
+          ? std::max<int64_t>(m, 1)
+          : std::max<int64_t>(1, Schedule::kScratchBytes / (row_bytes * s.task_rows)) * s.task_rows;
+  return s;
+}
+
+std::string GemmPlan::Schedule::str() const {
+  auto n = [](int64_t v, const char* one, const char* many) {
+    return fmt::format("{} {}", v, v == 1 ? one : many);
+  };
+  const int64_t slice = std::min(slice_rows, m);
+  return fmt::format("M={}: {} of {} rows, each {} of {} rows x {} = {} tasks per K pass; {}", m,
+                     n(slices(), "slice", "slices"), slice,
+                     n(row_chunks(slice), "row chunk", "row chunks"), task_rows,
+                     n(n_blocks, "column block", "column blocks"), row_chunks(slice) * n_blocks,
+                     n(k_passes, "K pass", "K passes"));
+}
+
 std::vector<GemmPlan::Variant> GemmPlan::variants_for(int64_t m) const {
   std::vector<Variant> out;
   std::vector<int> col_variants;
@@ -78,7 +110,7 @@ std::vector<GemmPlan::Variant> GemmPlan::variants_for(int64_t m) const {
   if (m >= mr) row_variants.push_back(mr);
   if (m % mr != 0) row_variants.push_back(static_cast<int>(m % mr));
   std::vector<Chunk> chunks = {Chunk::whole};
-  if (k_chunks_for(m) > 1) {
+  if (schedule(m).k_passes > 1) {
     chunks = {Chunk::first, Chunk::last};
     if (k_chunks > 2) chunks.push_back(Chunk::middle);
   }

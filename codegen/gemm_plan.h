@@ -57,6 +57,36 @@ struct GemmPlan {
   };
   std::vector<Variant> variants_for(int64_t m) const;
 
+  // Rows per driver task: whole micro-kernel blocks, about 256 rows, so a
+  // task's B panel stays hot in L2 while leaving enough tasks to balance two
+  // noisy cores (tilejit::gemm and fused_experts' gate/up both cut M so).
+  int64_t task_rows() const;
+  // How tilejit::gemm runs a GEMM of `m` rows with this plan: the one copy of
+  // the split, which `tilejit dump --dim` prints.
+  struct Schedule {
+    int64_t m = 0;
+    int64_t n_blocks = 0;    // column blocks of nb (the last one is the N tail, if any)
+    int64_t task_rows = 0;   // rows per task (task_rows()); a task is (row chunk, column block)
+    int64_t slice_rows = 0;  // rows per slice: whole row chunks whose scratch fits kScratchBytes
+    // K chunks run as separate passes over all tasks of a slice (1: each task
+    // runs the whole K), so one K chunk of A stays in L2 while the column
+    // blocks stream by; the fp32 partial sums [rows, n_blocks·nb] are kept in
+    // a scratch between passes, ld_partial bytes a row.
+    int64_t k_passes = 1;
+    int64_t ld_partial = 0;
+    // A slice's scratch (packed A for AMX, partial sums) is at most this, so a
+    // huge M costs no huge allocation.
+    static constexpr int64_t kScratchBytes = int64_t{64} << 20;
+
+    int64_t slices() const { return (m + slice_rows - 1) / slice_rows; }
+    // Row chunks of a slice of `rows` rows; a pass runs row_chunks · n_blocks tasks.
+    int64_t row_chunks(int64_t rows) const { return (rows + task_rows - 1) / task_rows; }
+    // One line, e.g. "M=1000: 1 slice of 1000 rows, each 4 row chunks of 252 rows
+    // x 172 column blocks = 688 tasks per K pass; 2 K passes".
+    std::string str() const;
+  };
+  Schedule schedule(int64_t m) const;
+
   // Micro-kernel for a block of `rows` × `cols`.
   BrgemmDesc ukernel(int rows, int cols, Chunk chunk = Chunk::whole) const;
   // e.g. "gemm_avx512_bf16_f32acc_m7n64k4096_nt17_bias_silu_bf16out".

@@ -165,26 +165,13 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
                  isa_name(isa), plan.name().c_str());
   const PackedWeight::Impl& p = *w.impl();
 
-  const int mr = plan.mr;
   const int64_t nb = plan.nb;
-  const int64_t n_blocks = (N + nb - 1) / nb;
-  // M chunks of ~256 rows per task keep a task's B panel hot in L2 while
-  // leaving enough tasks to balance two noisy cores.
-  const int64_t chunk_blocks = std::max<int64_t>(1, 256 / mr);
-  const int64_t chunk_rows = chunk_blocks * mr;
-  // K chunked (decided for the whole M, as GemmPlan::variants_for says): one
-  // pass over all tasks per K chunk, the fp32 partial sums of [rows, N] in a
-  // scratch between passes.
-  const bool chunked = plan.k_chunks_for(M) > 1;
-  const int64_t ld_part = n_blocks * nb * 4;
-  // Rows run in slices whose scratch (packed A, partial sums) stays ≤ 64 MiB,
-  // so a huge M costs no huge allocation; a slice holds whole row chunks.
-  const int64_t row_bytes =
-      (plan.a_packed ? codegen::PackedA{K}.k_steps() * 64 : 0) + (chunked ? ld_part : 0);
-  constexpr int64_t kScratchBytes = int64_t(64) << 20;
-  const int64_t slice_rows =
-      row_bytes == 0 ? M
-                     : std::max<int64_t>(1, kScratchBytes / (row_bytes * chunk_rows)) * chunk_rows;
+  // The task split (row chunks x column blocks, slices, K passes) is the
+  // plan's: GemmPlan::schedule.
+  const codegen::GemmPlan::Schedule sched = plan.schedule(M);
+  const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
+  const bool chunked = sched.k_passes > 1;
+  const int64_t ld_part = sched.ld_partial;
 
   const int64_t lda = x.strides[0] * 2;
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
@@ -195,8 +182,8 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const int64_t block_bytes = p.layout.block_elems() * 2;
   const int64_t threads = runtime::num_threads();
 
-  for (int64_t s0 = 0; s0 < M; s0 += slice_rows) {
-    const int64_t rows = std::min(slice_rows, M - s0);
+  for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {
+    const int64_t rows = std::min(sched.slice_rows, M - s0);
     const auto* xb = static_cast<const uint8_t*>(x.data) + s0 * lda;
     auto* yb = static_cast<uint8_t*>(y.data) + s0 * ldc;
     if (plan.a_packed) {
@@ -205,7 +192,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
       ops::pack_a(xb, lda, rows, K, pa);
       xb = pa;
     }
-    const int64_t m_chunks = (rows + chunk_rows - 1) / chunk_rows;
+    const int64_t m_chunks = sched.row_chunks(rows);
     auto job_at = [&](int64_t t) {
       const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
       ops::RowBlockJob job;
@@ -228,7 +215,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
       continue;
     }
     auto* part = reinterpret_cast<float*>(ops::packed_a_scratch(1, rows * ld_part));
-    for (int64_t kci = 0; kci < plan.k_chunks; ++kci)
+    for (int64_t kci = 0; kci < sched.k_passes; ++kci)
       runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
         ops::RowBlockJob job = job_at(t);
         job.only_chunk = kci;

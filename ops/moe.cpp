@@ -431,7 +431,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   std::vector<UpTask> up_tasks;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
-    const int64_t chunk = std::max<int64_t>(1, 256 / g.up->plan().mr) * g.up->plan().mr;
+    const int64_t chunk = g.up->plan().task_rows();
     const int64_t blocks = (g.w13->n + 31) / 32;
     for (int64_t m0 = 0; m0 < g.rows; m0 += chunk)
       for (int64_t b = 0; b < blocks; ++b)

@@ -90,6 +90,8 @@ void print_plan(const ir::Function& f, const ops::GemmProgram& p, const codegen:
                tail ? fmt::format(" + 1 tail block of {} row{}", tail, tail == 1 ? "" : "s") : "",
                plan.spec.n / plan.nb, plan.spec.n / plan.nb == 1 ? "" : "s", plan.nb,
                plan.n_tail ? fmt::format(" + 1 tail of {}", plan.n_tail) : "");
+    // The task split tilejit::gemm runs (the plan's own schedule).
+    fmt::print("  tasks        {}\n", plan.schedule(*m).str());
   }
 }
 
