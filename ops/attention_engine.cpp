@@ -623,11 +623,22 @@ uint64_t finish_transposed(const Params& p, const std::vector<QueryRow>& rows,
   const float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
   uint64_t bad_rows = 0;
   if (fn && p.dv % kLanes == 0) {
-    alignas(64) float bad[kRowsPerBlock] = {};
+    // bad[r] starts as 0·f[r] and the kernel adds 0·ΣO: each is 0 or NaN, so
+    // one OR of the exponent bits over the block (a few vector ops, no
+    // per-row branch) says whether any row needs the rule at all.
+    alignas(64) float bad[kRowsPerBlock];
+    for (int64_t r = 0; r < kRowsPerBlock; ++r) bad[r] = 0.f * f[r];
     const lb::SoftmaxFinishArgs args{ot, f, out_rows.data(), m, p.dv, bad};
     fn(&args);
+    uint32_t exp_bits = 0;
+    for (int64_t r = 0; r < kRowsPerBlock; ++r) {
+      uint32_t u;
+      std::memcpy(&u, &bad[r], 4);
+      exp_bits |= u & 0x7f800000u;
+    }
+    if (exp_bits == 0) return 0;
     for (int64_t r = 0; r < m; ++r)
-      if (std::isnan(bad[r]) || !std::isfinite(f[r])) bad_rows |= uint64_t{1} << r;
+      if (std::isnan(bad[r])) bad_rows |= uint64_t{1} << r;
     return bad_rows;
   }
   for (int64_t r = 0; r < m; ++r) {
