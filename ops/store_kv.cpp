@@ -75,10 +75,15 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
                       "(negative: skip the token)",
                       op, i, slots[i], capacity));
   }
+  // A cache with Hkv = 0 or a head size of 0 holds nothing to write, and its
+  // data pointer may be null or unaligned (check_view does not look at the
+  // pointer of an empty view): no address is formed from it.
+  auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
+  const bool write_k = holds(k_cache), write_v = holds(v_cache);
   runtime::parallel_for(t, [&](int64_t i) {
     if (slots[i] < 0) return;
-    copy_rows(k, k_cache, i, slots[i]);
-    copy_rows(v, v_cache, i, slots[i]);
+    if (write_k) copy_rows(k, k_cache, i, slots[i]);
+    if (write_v) copy_rows(v, v_cache, i, slots[i]);
   });
 }
 

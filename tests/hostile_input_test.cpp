@@ -413,6 +413,19 @@ TEST(HostileAliasing, StoreKv) {
       {"k_cache", "overlaps k"});
 }
 
+TEST(HostileViews, StoreKvIntoEmptyCaches) {
+  // The api fuzzer's find: caches with a head size of 0 (empty views, whose
+  // pointer is never checked) got rows copied to null + offset / an odd address.
+  Bufs s;
+  std::vector<int32_t> slots = {0, 5};
+  TensorView sm(slots.data(), DType::i32, {2});
+  auto* odd = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(s.b.data()) + 1);
+  EXPECT_NO_THROW(store_kv(TensorView(s.a.data(), DType::bf16, {2, 1, 0}),
+                           TensorView(s.c.data(), DType::bf16, {2, 1, 0}),
+                           TensorView(nullptr, DType::bf16, {1, 16, 1, 0}),
+                           TensorView(odd, DType::bf16, {1, 16, 1, 0}), sm));
+}
+
 TEST(HostileAliasing, Moe) {
   Bufs s;
   // Row stride 0 in the expert weights.
