@@ -17,6 +17,7 @@
 #include "ir/verifier.h"
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/thread_pool.h"
 
@@ -495,7 +496,7 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   // The reference result before any rounding to the output type: the bound
   // below then covers the JIT's own rounding and nothing of the reference's.
   std::vector<float> ref(static_cast<size_t>(m * n));
-  std::vector<double> abs_sum(static_cast<size_t>(m * n));
+  std::vector<double> abs_sum(static_cast<size_t>(m * n)), pre(abs_sum.size());
   runtime::ReferenceGemmArgs a;
   a.ldx = k;
   a.m = 1;
@@ -508,6 +509,12 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   a.act = prog_.spec.act;
   a.y_dtype = DType::f32;
   a.ldy = n;
+  const auto bias_at = [&](int64_t j) -> double {
+    if (a.bias == nullptr) return 0;
+    return a.bias_dtype == DType::f32
+               ? static_cast<const float*>(a.bias)[j]
+               : runtime::bf16_to_f32(static_cast<const uint16_t*>(a.bias)[j]);
+  };
   // O(M·N·K) in double: rows over the pool.
   runtime::parallel_for(m, [&](int64_t i) {
     runtime::ReferenceGemmArgs row = a;
@@ -515,25 +522,31 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
     row.y = ref.data() + i * n;
     runtime::reference_gemm(row, [&](int64_t r, int64_t c) { return wd[r * k + c]; });
     for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t kk = 0; kk < k; ++kk)
-        s += std::fabs(double(runtime::bf16_to_f32(xd[i * k + kk])) *
-                       runtime::bf16_to_f32(wd[j * k + kk]));
+      // Σ|x·w| and the pre-activation (bias included) for the bound.
+      double s = 0, p = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double t =
+            double(runtime::bf16_to_f32(xd[i * k + kk])) * runtime::bf16_to_f32(wd[j * k + kk]);
+        s += std::fabs(t);
+        p += t;
+      }
       abs_sum[i * n + j] = s;
+      pre[i * n + j] = p + bias_at(j);
     }
   });
 
   CheckReport rep;
   rep.reference = "runtime/reference_gemm.h, double accumulation";
-  rep.tolerance = fmt::format("{}(K+2)·2⁻²⁴·Σ|x·w| + 4e-6·max(1,|ref|), K={}",
-                              bf16_out ? "2⁻⁷·|ref| + " : "", k);
+  rep.tolerance = fmt::format(
+      "L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + 2⁻²⁴·|ref|{}, K={}, L={} "
+      "(runtime/reference_error_bounds.h)",
+      bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_lipschitz(a.act));
   double worst_ratio = -1;
   for (int64_t i = 0; i < m * n; ++i) {
     const double want = ref[i];
     const double got = bf16_out ? runtime::bf16_to_f32(y.data<uint16_t>()[i]) : y.data<float>()[i];
-    const double tol = (bf16_out ? std::ldexp(std::fabs(want), -7) : 0.0) +
-                       double(k + 2) * std::ldexp(abs_sum[i], -24) +
-                       4e-6 * std::max(1.0, std::fabs(want));
+    const double tol = runtime::gemm_output_bound(a.act, y.dtype, k, abs_sum[i],
+                                                  std::fabs(bias_at(i % n)), pre[i], want);
     double err = std::fabs(got - want);
     if (std::isnan(err)) err = INFINITY;
     ++rep.checked;
@@ -557,8 +570,9 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
 // do). Each value carries a bound on |got - ref|: the gemm's
 // (K+2)·2⁻²⁴·Σ|x·w|; add: the operands' bounds summed; mul: |b|·tol_a +
 // |a|·tol_b + tol_a·tol_b; add and mul also + 2⁻²³·|v| (their f32 rounding);
-// relu: the operand's; silu, gelu_tanh, gelu_erf: 1.13 (their largest slope)
-// times it + 4e-6·max(1,|v|) (the vector math); a value of dtype bf16: + 2⁻⁷·|v|
+// an activation: its Lipschitz constant (relu 1, silu 1.1, gelu 1.13) times
+// it + 4e-6·max(1,|in| + tol_in) (the vector math at its input; none for relu; the constants are
+// runtime/reference_error_bounds.h's); a value of dtype bf16: + 2⁻⁷·|v|
 // (one ulp: the kernel and the reference may round to neighbours), f16: +
 // 2⁻¹⁰·|v| + 2⁻²⁴ (the reference is not rounded).
 CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
@@ -656,7 +670,7 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
         switch (op.kind) {
           case ir::OpKind::gemm:
             v = gref[r * n + c];
-            t = double(k + 2) * std::ldexp(abs_sum[r * n + c], -24);
+            t = runtime::dot_bound(k, abs_sum[r * n + c]);
             break;
           case ir::OpKind::add: {
             const double b = val[op.operands.at(1)], tb = err[op.operands.at(1)];
@@ -671,17 +685,13 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
             break;
           }
           case ir::OpKind::relu:
-            v = runtime::reference_activation(Activation::relu, a);
-            t = ta;
-            break;
           case ir::OpKind::silu:
           case ir::OpKind::gelu_tanh:
           case ir::OpKind::gelu_erf: {
-            const Activation act = op.kind == ir::OpKind::silu        ? Activation::silu
-                                   : op.kind == ir::OpKind::gelu_tanh ? Activation::gelu_tanh
-                                                                      : Activation::gelu_erf;
+            const Activation act = ir::activation_of(op.kind);
             v = runtime::reference_activation(act, a);
-            t = 1.13 * ta + 4e-6 * std::max(1.0, std::fabs(v));
+            t = runtime::activation_lipschitz(act) * ta +
+                runtime::activation_math_error(act, std::fabs(a) + ta);
             break;
           }
           default:  // cast
@@ -715,8 +725,8 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
   rep.reference =
       prog_.has_gemm ? "runtime/reference_gemm.h, then each op in double" : "each op in double";
   const std::string chain =
-      "add: + 2⁻²³·|v|; mul: |b|·tol_a + |a|·tol_b + 2⁻²³·|v|; relu: ×1; silu, gelu: "
-      "×1.13 + 4e-6·max(1,|v|); each bf16 value: + 2⁻⁷·|v|";
+      "add: + 2⁻²³·|v|; mul: |b|·tol_a + |a|·tol_b + 2⁻²³·|v|; relu: ×1; silu: ×1.1, gelu: "
+      "×1.13, + 4e-6·max(1,|in|+tol_in); each bf16 value: + 2⁻⁷·|v|";
   rep.tolerance = prog_.has_gemm
                       ? fmt::format(
                             "(K+2)·2⁻²⁴·Σ|x·w| for the gemm, K={}, carried through the "

@@ -12,6 +12,7 @@
 #include "ops/program_runner.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_moe.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
@@ -30,7 +31,7 @@ std::string moe_act_text(const MoeOptions& o) {
   return fmt::format("clamped_swiglu(alpha={:g}, limit={:g})", o.swiglu_alpha, o.swiglu_limit);
 }
 
-constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
+constexpr double kU = runtime::kF32Unit;
 
 int64_t elem_bytes(DType t) {
   return std::max(1, dtype_bits(t) / 8);
@@ -83,16 +84,6 @@ std::string operand_text(const ir::Function& f, int id, const DimBindings& dims)
 // sm_scale as the API applies it (the IR default is the API's: 1/√D).
 double sm_scale_of(const OperatorCall& c, int64_t d) {
   return c.attention.sm_scale ? double(*c.attention.sm_scale) : 1.0 / std::sqrt(double(d));
-}
-
-// The error of an n-term fp32 sum, in units of u·Σ|terms|: the worst case
-// (n + 2, as the gemm check uses) or, when smaller, six standard deviations of
-// the probabilistic model of Higham & Mary (2019): independent zero-mean
-// rounding errors give rms ≤ u·√(Σ_k S_k²/3) ≤ u·√(n/3)·Σ|t| since every
-// partial sum |S_k| ≤ Σ|t|. That holds for any signs of the terms, unlike
-// tests/moe_test.cpp's 8·u·Σ|t|, which relies on its zero-mean random inputs.
-double sum_ulps(int64_t n) {
-  return std::min(double(n + 2), 6.0 * std::sqrt(double(n) / 3.0));
 }
 
 // Keys visible to query row i of a (T queries, S keys) sequence: the API's
@@ -558,9 +549,7 @@ Expected rope_expected(const OperatorCall& c, const HostTensor& q, const HostTen
       runtime::reference_rope_head(r, d, in.data(), out.data(), cache, mag.data());
       for (int64_t i = 0; i < d; ++i) {
         e.ref[base + i] = out[i];
-        e.tol[base + i] = i >= rot ? 0.0
-                          : f32    ? std::ldexp(mag[i], -22)
-                                   : std::ldexp(std::fabs(out[i]), -7) + std::ldexp(mag[i], -21);
+        e.tol[base + i] = i >= rot ? 0.0 : runtime::rope_output_bound(q.dtype, mag[i], out[i]);
       }
     }
   });
@@ -611,7 +600,7 @@ Expected attention_expected(const OperatorCall& c, const HostTensor& q, const Ho
     r.out = [&](int64_t i, int64_t col, double val) {
       const int64_t at = (i * hq + h) * dv + col;
       e.ref[at] = val;
-      e.tol[at] = std::ldexp(max_v, -7) + std::ldexp(std::fabs(val), -8) + 5 * delta[i] * max_v;
+      e.tol[at] = runtime::attention_output_bound(max_v, val) + 5 * delta[i] * max_v;
     };
     runtime::reference_attention_head(r);
   });
@@ -619,19 +608,16 @@ Expected attention_expected(const OperatorCall& c, const HostTensor& q, const Ho
   return e;
 }
 
-// Bound of tests/moe_test.cpp (see its header for the derivation), with its
-// fp32 sums bounded by sum_ulps(n)·u·Σ|t| instead of 8·u·Σ|t|, so that it
-// holds for inputs of any sign, not only for zero-mean random ones:
-//  1. gate and up: εg = sum_ulps(H)·u·Σ|x·w|, εu likewise;
-//  2. glu(gate, up) in fp32: εg through the activation's Lipschitz constant
-//     (1.1 silu, 1.13 gelu) times |up|, εu times |act(gate)|, the vector
-//     math (4e-6·max(1, |gate|)·|up|), 4 fp32 roundings; doubled: εa;
-//  3. the bf16 rounding of the activation may go the other way within εa:
-//     slack = max |bf16(a ± εa) − bf16(a)|, pushed through |W2| and the
-//     routing weights into act_term;
-//  4. down projection and weighted sum: (sum_ulps(I) + sum_ulps(k+1))·u·
-//     (Σ|terms| + act_term);
-//  5. the bf16 output: + 2⁻⁸·(|ref| + tol) + u·|ref|.
+// Bound of tests/moe_test.cpp (see its header for the derivation;
+// runtime/reference_error_bounds.h computes it), with its fp32 sums bounded
+// by fp32_sum_ulps(n)·u·Σ|t| instead of 8·u·Σ|t|, so that it holds for inputs of
+// any sign, not only for zero-mean random ones:
+//  1. gate and up: εg = fp32_sum_ulps(H)·u·Σ|x·w|, εu likewise;
+//  2.-3. glu(gate, up) in fp32 and the bf16 slack of the activation:
+//     runtime::moe_act_slack, pushed through |W2| and the routing weights
+//     into act_term;
+//  4.-5. down projection and weighted sum, (fp32_sum_ulps(I) + fp32_sum_ulps(k+1))·u·
+//     (Σ|terms| + act_term), and the output rounding: runtime::moe_output_bound.
 Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const HostTensor& w13,
                       const HostTensor& w2, const HostTensor& tw, const HostTensor& ti,
                       DType out_dtype) {
@@ -646,28 +632,9 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
   glu.clamped_swiglu = c.moe.clamped_swiglu;
   glu.alpha = c.moe.swiglu_alpha;
   glu.limit = c.moe.swiglu_limit;
-  const double eps_h = sum_ulps(h) * kU;
+  const double eps_h = runtime::fp32_sum_ulps(h) * kU;
   const auto act_slack = [&](const runtime::MoeActPoint& p) {
-    const double eg = eps_h * p.gate_abs, eu = eps_h * p.up_abs;
-    // Clamped SwiGLU: out = f(g)·(u + 1) with f(g) = g·σ(α·g) on the clamped
-    // gate, |f'| ≤ 1.1·max(1, α)/1.702 + 0.1 for the α engines use; clamping
-    // only shrinks the error of both inputs.
-    const bool sw = glu.clamped_swiglu;
-    const double lip = sw                            ? 1.1 * std::max(1.0, glu.alpha / 1.702) + 0.1
-                       : glu.act == Activation::silu ? 1.1
-                                                     : 1.13;
-    const double gc = sw ? std::min(p.gate, glu.limit) : p.gate;
-    const double f =
-        sw ? gc / (1 + std::exp(-glu.alpha * gc)) : runtime::reference_activation(glu.act, p.gate);
-    const double m =
-        sw ? std::fabs(std::clamp(p.up, -glu.limit, glu.limit) + 1) + eu : std::fabs(p.up) + eu;
-    double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
-                4e-6 * std::max(1.0, std::fabs(p.gate)) * m + 4 * kU * std::fabs(p.act);
-    ea *= 2;
-    const auto rb = [](double x) {
-      return double(runtime::bf16_to_f32(runtime::f32_to_bf16(static_cast<float>(x))));
-    };
-    return std::max(std::fabs(rb(p.act + ea) - p.act_bf16), std::fabs(rb(p.act - ea) - p.act_bf16));
+    return runtime::moe_act_slack(glu, p, eps_h);
   };
   std::vector<float> out(static_cast<size_t>(t * h));
   std::vector<double> abs_sum(out.size()), act_term(out.size());
@@ -698,15 +665,11 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
   Expected e;
   e.ref.resize(out.size());
   e.tol.resize(out.size());
-  const double eps_out = (sum_ulps(inter) + sum_ulps(k + 1)) * kU;
+  const double eps_out = (runtime::fp32_sum_ulps(inter) + runtime::fp32_sum_ulps(k + 1)) * kU;
   for (size_t i = 0; i < out.size(); ++i) {
     const double ref = out[i];
-    double tol = act_term[i] + eps_out * (abs_sum[i] + act_term[i]);
-    tol = out_dtype == DType::f32 ? tol + kU * std::fabs(ref)
-                                  : tol * (1 + std::ldexp(1.0, -8)) +
-                                        std::ldexp(1.0, -8) * std::fabs(ref) + kU * std::fabs(ref);
     e.ref[i] = ref;
-    e.tol[i] = tol;
+    e.tol[i] = runtime::moe_output_bound(out_dtype, abs_sum[i], act_term[i], eps_out, ref);
   }
   e.tolerance = fmt::format(
       "bf16 out: 2⁻⁸·(|ref| + tol) + tol, tol = fp32 sums of n terms at min(n+2, 6·√(n/3))·"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/reference_attention.h"
+#include "runtime/reference_error_bounds.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
 
@@ -36,8 +37,9 @@ struct Varlen {
   bool qkv_packed = false;  // q, k, v as column views of one [T, (Hq + 2·Hkv)·D] buffer
 };
 
+// The bound above (runtime/reference_error_bounds.h).
 double tolerance(double max_v, double ref) {
-  return std::ldexp(max_v, -7) + std::ldexp(std::fabs(ref), -8);
+  return runtime::attention_output_bound(max_v, ref);
 }
 
 struct Checker {

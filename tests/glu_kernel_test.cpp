@@ -23,6 +23,7 @@
 #include "codegen/brgemm_desc.h"
 #include "jit/brgemm_kernels.h"
 #include "runtime/bf16.h"
+#include "runtime/reference_error_bounds.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::test {
@@ -179,10 +180,10 @@ double read(const std::vector<uint8_t>& out, DType t, int64_t i) {
         mag += std::fabs(d.bias[col]) + std::fabs(d.bias[col + 32]);
       }
       const double ref = gated(c, g, u);
-      const double in_err = (c.kb + 2) * std::ldexp(1.0, -24) * mag;
+      const double in_err = runtime::dot_bound(c.kb, mag);
       double tol = in_err * (1 + std::fabs(g)) * (1 + std::fabs(u)) * 2 +
-                   4e-6 * std::max(1.0, std::fabs(ref));
-      if (c.out == DType::bf16) tol += std::ldexp(std::fabs(ref), -7);
+                   runtime::kVectorMathError * std::max(1.0, std::fabs(ref));
+      if (c.out == DType::bf16) tol += runtime::bf16_ulp_bound(ref);
       const double v = read(got, c.out, i);
       if (!(std::fabs(v - ref) <= tol)) {
         if (bad++ < 5)

@@ -730,10 +730,6 @@ struct RefVal {
   double v = 0, err = 0;
 };
 
-double lipschitz(ir::OpKind k) {
-  return k == ir::OpKind::relu ? 1.0 : k == ir::OpKind::silu ? 1.1 : 1.13;
-}
-
 RefVal round_to(DType t, RefVal r) {
   const double mag = std::fabs(r.v) + r.err;
   if (t == DType::bf16) r.err += std::ldexp(mag, -8);
@@ -794,13 +790,10 @@ std::vector<RefVal> reference_eval(const ir::Function& f, const EwCall& call, in
         break;
       }
       default: {
-        const Activation act = op.kind == ir::OpKind::relu        ? Activation::relu
-                               : op.kind == ir::OpKind::silu      ? Activation::silu
-                               : op.kind == ir::OpKind::gelu_tanh ? Activation::gelu_tanh
-                                                                  : Activation::gelu_erf;
+        const Activation act = ir::activation_of(op.kind);
         out.v = runtime::reference_activation(act, a.v);
-        out.err = lipschitz(op.kind) * a.err;
-        if (act != Activation::relu) out.err += 4e-6 * std::max(1.0, std::fabs(a.v) + a.err);
+        out.err = runtime::activation_lipschitz(act) * a.err;
+        out.err += runtime::activation_math_error(act, std::fabs(a.v) + a.err);
         out.err += u * (std::fabs(out.v) + out.err);
         break;
       }

@@ -54,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_moe.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
@@ -203,29 +204,10 @@ double round_bf16(double v) {
   return bf16_to_f32(f32_to_bf16(static_cast<float>(v)));
 }
 
-// Step 2 and 3 of the bound above, for one intermediate activation.
+// Step 2 and 3 of the bound above, for one intermediate activation
+// (runtime/reference_error_bounds.h), with the fp32 sums at kSumUlps.
 double act_slack(const runtime::ReferenceGlu& glu, const runtime::MoeActPoint& p) {
-  const double eg = kSumUlps * kU * p.gate_abs;
-  const double eu = kSumUlps * kU * p.up_abs;
-  double lip, f, mult, g;
-  if (glu.clamped_swiglu) {
-    lip = 1.1;
-    g = std::min(p.gate, glu.limit);
-    f = g / (1 + std::exp(-glu.alpha * g));
-    mult = std::clamp(p.up, -glu.limit, glu.limit) + 1;
-  } else {
-    lip = glu.act == Activation::silu ? 1.1 : 1.13;
-    g = p.gate;
-    f = runtime::reference_activation(glu.act, g);
-    mult = p.up;
-  }
-  const double m = std::fabs(mult) + eu;
-  double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
-              4e-6 * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
-              4 * kU * std::fabs(p.act);
-  ea *= 2;
-  return std::max(std::fabs(round_bf16(p.act + ea) - p.act_bf16),
-                  std::fabs(round_bf16(p.act - ea) - p.act_bf16));
+  return runtime::moe_act_slack(glu, p, kSumUlps * kU);
 }
 
 struct Reference {
@@ -277,10 +259,7 @@ Reference run_reference(const MoeCase& c, const MoeData& d) {
 
 // Steps 4 and 5 of the bound.
 double out_tolerance(const MoeCase& c, double abs_sum, double act_term, double ref) {
-  const double tol = act_term + 2 * kSumUlps * kU * (abs_sum + act_term);
-  if (c.out == DType::f32) return tol + kU * std::fabs(ref);
-  return tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -8) * std::fabs(ref) +
-         kU * std::fabs(ref);
+  return runtime::moe_output_bound(c.out, abs_sum, act_term, 2 * kSumUlps * kU, ref);
 }
 
 // ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <vector>
 
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_rope.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
@@ -176,9 +177,7 @@ void run_case(const RopeCase& c) {
         for (int64_t i = 0; i < rd; ++i) {
           for (int64_t b = 0; b < eb; ++b) may[size_t((base + i) * eb + b)] = 1;
           const double got = read(c.dtype, buf_base, base + i);
-          const double tol = c.dtype == DType::f32
-                                 ? std::ldexp(mag[i], -22)
-                                 : std::ldexp(std::fabs(ref[i]), -7) + std::ldexp(mag[i], -21);
+          const double tol = runtime::rope_output_bound(c.dtype, mag[i], ref[i]);
           if (!(std::fabs(got - ref[i]) <= tol) && ++failures <= 5)
             ADD_FAILURE() << which << "[" << t << "][" << h << "][" << i << "] = " << got
                           << ", want " << ref[i] << " ± " << tol;

@@ -24,6 +24,7 @@
 
 #include "codegen/gemm_plan.h"
 #include "runtime/bf16.h"
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "tilejit/tilejit.h"
 
@@ -209,54 +210,13 @@ inline GemmProblem random_problem(int64_t m, int64_t n, int64_t k,
   return p;
 }
 
-// |act'| ≤ L: the factor by which an error of the dot product can grow
-// through the activation (sup of |silu'| = 1.0998, of |gelu'| = 1.1289).
-inline double activation_lipschitz(Activation act) {
-  switch (act) {
-    case Activation::none:
-    case Activation::relu:
-      return 1.0;
-    case Activation::silu:
-      return 1.1;
-    case Activation::gelu_tanh:
-    case Activation::gelu_erf:
-      return 1.13;
-  }
-  return 1.0;
-}
-
-// The error bound of one output y[i, j] against the reference.
-//
-// Dot product. Products of two bf16 values are exact in fp32; vdpbf16ps /
-// tdpbf16ps then add them into fp32 accumulators with one rounding (unit
-// roundoff u = 2⁻²⁴) per addition, in whatever order the blocking (k-split
-// accumulators, tiles) chooses. Any summation order of K terms plus the final
-// bias addition is within (K+1)·u·Σ|x·w| + u·|bias| of the exact value; we
-// allow (K+2)·u·Σ|x·w| + u·|bias|, with Σ|x·w| computed per output in double.
-// The activation can stretch that error by at most its Lipschitz constant L.
-//
-// Activation. The JIT evaluates exp (degree-6 polynomial, rel. error ~2e-7)
-// and erf (Abramowitz–Stegun 7.1.26, abs. error 1.5e-7) in fp32; both stay
-// within 4e-6·max(1, |pre-activation|).
-//
-// Reference rounding. The oracle accumulates in double and rounds the result
-// once to fp32 (≤ u·|v|, v the exact result) — counted too.
-//
-// bf16 output. Both sides round nearly equal fp32 values to bf16, and the
-// roundings may fall on either side of a rounding boundary: one bf16 ulp,
-// ≤ 2⁻⁷·|v|, on top of the fp32 bound (itself scaled by 1 + 2⁻⁸ since the
-// JIT rounds its own, slightly perturbed, value).
+// The error bound of one output y[i, j] against the reference: the model of
+// runtime/reference_error_bounds.h (dot product through the activation's
+// Lipschitz constant, vector math, the reference's rounding, a bf16 ulp),
+// where each term's justification is stated.
 inline double gemm_tolerance(Activation act, DType out, int64_t k, double sum_abs, double bias_abs,
                              double pre, double v) {
-  const double u = std::ldexp(1.0, -24);
-  const double dot = (static_cast<double>(k) + 2) * u * sum_abs + u * bias_abs;
-  double tol = activation_lipschitz(act) * dot;
-  if (act != Activation::none && act != Activation::relu)
-    tol += 4e-6 * std::max(1.0, std::fabs(pre));
-  tol += u * std::fabs(v);
-  if (out == DType::bf16)
-    tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -7) * std::fabs(v);
-  return tol;
+  return runtime::gemm_output_bound(act, out, k, sum_abs, bias_abs, pre, v);
 }
 
 inline std::string problem_str(const GemmProblem& p) {

@@ -24,6 +24,7 @@
 #include "ops/gemm_executable.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
+#include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_moe.h"
 #include "runtime/reference_rope.h"
@@ -161,9 +162,10 @@ struct LayerGemm {
   Activation act;
 };
 
-// Checks rows {0, M/2, M-1} of y against the reference; bf16 output bound:
-// one bf16 ulp of |ref| plus fp32 accumulation (K+2)·2⁻²⁴·Σ|x·w| plus the
-// activation approximation 4e-6·max(1, |ref|).
+// Checks rows {0, M/2, M-1} of y against the reference under the gemm bound
+// of runtime/reference_error_bounds.h (fp32 accumulation (K+2)·2⁻²⁴·Σ|x·w|
+// through the activation, its vector math at the pre-activation, one bf16 ulp
+// of the output).
 bool check_gemm_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
                      const std::vector<uint16_t>& y, int64_t m, const LayerGemm& g,
                      double* max_err) {
@@ -185,13 +187,15 @@ bool check_gemm_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>
     a.ldy = g.n;
     runtime::reference_gemm(a, [&](int64_t n, int64_t k) { return w[n * g.k + k]; });
     for (int64_t j = 0; j < g.n; ++j) {
-      double abs_sum = 0;
-      for (int64_t kk = 0; kk < g.k; ++kk)
-        abs_sum += std::fabs(bf(x[r * g.k + kk]) * bf(w[j * g.k + kk]));
+      double abs_sum = 0, pre = 0;
+      for (int64_t kk = 0; kk < g.k; ++kk) {
+        const double t = bf(x[r * g.k + kk]) * bf(w[j * g.k + kk]);
+        abs_sum += std::fabs(t);
+        pre += t;
+      }
       const double want = bf(ref[j]);
       const double got = bf(y[r * g.n + j]);
-      const double tol = std::ldexp(std::fabs(want), -7) + (g.k + 2) * std::ldexp(abs_sum, -24) +
-                         4e-6 * std::max(1.0, std::fabs(want));
+      const double tol = runtime::gemm_output_bound(g.act, DType::bf16, g.k, abs_sum, 0, pre, want);
       const double err = std::fabs(got - want);
       *max_err = std::max(*max_err, err);
       if (!(err <= tol)) ok = false;
@@ -286,7 +290,7 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
           for (int64_t i = 0; i < kHeadDim; ++i) {
             const double err = std::fabs(bf(qkv[size_t(base + i)]) - ref[i]);
             *max_err = std::max(*max_err, err);
-            ok &= err <= std::ldexp(std::fabs(ref[i]), -7) + std::ldexp(mag[i], -21);
+            ok &= err <= runtime::rope_output_bound(DType::bf16, mag[i], ref[i]);
           }
         }
       return ok;
@@ -307,10 +311,11 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
 
 // ---- Attention rows ------------------------------------------------------------
 
-// The bound of tests/attention_test.cpp: P rounded to bf16 (2⁻⁹·max|v|) and
-// the bf16 output (2⁻⁹·|ref|), with headroom for fp32 exp and summation.
+// The bound of tests/attention_test.cpp (runtime/reference_error_bounds.h):
+// P rounded to bf16 (2⁻⁹·max|v|) and the bf16 output (2⁻⁹·|ref|), with
+// headroom for fp32 exp and summation.
 double attention_tolerance(double max_v, double ref) {
-  return std::ldexp(max_v, -7) + std::ldexp(std::fabs(ref), -8);
+  return runtime::attention_output_bound(max_v, ref);
 }
 
 // Decode step of B = M sequences (M = 1: one; M = 16: a batch of 16), each at

@@ -1,0 +1,171 @@
+// How far a kernel's result may be from the scalar references next to this
+// header (reference_gemm.h, reference_moe.h), and why: the one error model the
+// tests, `tilejit run --check` (the tool's program runner) and the llama layer
+// job compare against. Everything is in double, per output; each bound says
+// why it is what it is.
+//
+//   tol = gemm_output_bound(act, out, K, Σ|x·w|, |bias|, pre, ref);
+//   ok  = std::fabs(got - ref) <= tol;
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/bf16.h"
+#include "runtime/reference_moe.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::runtime {
+
+// fp32 unit roundoff u: one rounding of an fp32 operation moves a value by at
+// most u·|value|.
+inline constexpr double kF32Unit = 1.0 / (1 << 24);
+
+// The JIT evaluates exp (degree-6 polynomial, rel. error ~2e-7) and erf
+// (Abramowitz–Stegun 7.1.26, abs. error 1.5e-7) in fp32; an activation built
+// on them stays within kVectorMathError·max(1, |x|) of exact at input x.
+inline constexpr double kVectorMathError = 4e-6;
+
+// How much an activation can stretch an error of its input: its largest slope.
+// silu: x·σ(x) has slope ≤ 1.0998; the gelus ≤ 1.129; relu and none 1.
+inline double activation_lipschitz(Activation act) {
+  switch (act) {
+    case Activation::none:
+    case Activation::relu:
+      return 1.0;
+    case Activation::silu:
+      return 1.1;
+    case Activation::gelu_tanh:
+    case Activation::gelu_erf:
+      return 1.13;
+  }
+  return 1.0;
+}
+
+// The error the vector math adds to act(x) (none and relu are exact).
+inline double activation_math_error(Activation act, double x) {
+  if (act == Activation::none || act == Activation::relu) return 0;
+  return kVectorMathError * std::max(1.0, std::fabs(x));
+}
+
+// Dot product. Products of two bf16 values are exact in fp32; vdpbf16ps /
+// tdpbf16ps (and the LLVM FMAs) then add them into fp32 accumulators with one
+// rounding per addition, in whatever order the blocking (k-split
+// accumulators, tiles) chooses. Any summation order of K terms plus the final
+// bias addition is within (K+1)·u·Σ|x·w| + u·|bias| of the exact value; we
+// allow (K+2)·u·Σ|x·w| + u·|bias|, with Σ|x·w| computed per output in double.
+inline double dot_bound(int64_t k, double sum_abs, double bias_abs = 0) {
+  return (static_cast<double>(k) + 2) * kF32Unit * sum_abs + kF32Unit * bias_abs;
+}
+
+// One bf16 ulp of v, ≤ 2⁻⁷·|v|: where both sides round nearly equal fp32
+// values to bf16, the roundings may fall on either side of a boundary.
+inline double bf16_ulp_bound(double v) {
+  return std::ldexp(std::fabs(v), -7);
+}
+
+// The error bound of one gemm output y[i, j] against reference_gemm (double
+// accumulation, rounded once to fp32): the dot product through the
+// activation (its Lipschitz constant), the activation's vector math at the
+// pre-activation `pre`, the reference's own rounding to fp32 (u·|v|, v the
+// reference result), and for a bf16 output one bf16 ulp on top of the fp32
+// bound (itself scaled by 1 + 2⁻⁸ since the JIT rounds its own, slightly
+// perturbed, value).
+inline double gemm_output_bound(Activation act, DType out, int64_t k, double sum_abs,
+                                double bias_abs, double pre, double v) {
+  double tol = activation_lipschitz(act) * dot_bound(k, sum_abs, bias_abs);
+  tol += activation_math_error(act, pre);
+  tol += kF32Unit * std::fabs(v);
+  if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + bf16_ulp_bound(v);
+  return tol;
+}
+
+// The error of an n-term fp32 sum of terms of any sign, in units of
+// u·Σ|terms|: the worst case (n + 2, as the gemm bound uses) or, when
+// smaller, six standard deviations of the probabilistic model of Higham &
+// Mary (2019): independent zero-mean rounding errors give rms ≤ u·√(Σ_k S_k²/3)
+// ≤ u·√(n/3)·Σ|t| since every partial sum |S_k| ≤ Σ|t|. (tests/moe_test.cpp
+// allows 8·u·Σ|t| instead, which relies on its zero-mean random inputs.)
+inline double fp32_sum_ulps(int64_t n) {
+  return std::min(double(n + 2), 6.0 * std::sqrt(double(n) / 3.0));
+}
+
+// ---- attention and RoPE --------------------------------------------------------
+
+// One attention output against reference_attention: scores are fp32 sums of
+// exact bf16 products; the softmax weights P are rounded to bf16 (relative
+// error ≤ 2⁻⁹ each) before P·V, which moves the output by at most
+// 2⁻⁹·max|v|; the output itself is rounded to bf16 (2⁻⁹·|ref|). The bound
+// leaves 4× / 2× headroom over those for fp32 exp and summation:
+// 2⁻⁷·max|v| + 2⁻⁸·|ref|, max|v| over the values the row reads.
+inline double attention_output_bound(double max_v, double ref) {
+  return std::ldexp(max_v, -7) + std::ldexp(std::fabs(ref), -8);
+}
+
+// One rotated element against reference_rope, mag = |x·cos| + |x'·sin| (x'
+// the pair partner; the reference reports it). f32: the kernel rounds the
+// product x'·sin (≤ 2⁻²⁴·|x'·sin|) and then the fma (≤ 2⁻²⁴·mag): 2⁻²³·mag in
+// all, doubled for headroom (inputs and cache values are exact in both).
+// bf16: one bf16 ulp of the result (rounding the f32 value costs at most half
+// of one) plus the f32 error above, doubled again: 2⁻⁷·|ref| + 2⁻²¹·mag.
+inline double rope_output_bound(DType out, double mag, double ref) {
+  if (out == DType::f32) return std::ldexp(mag, -22);
+  return bf16_ulp_bound(ref) + std::ldexp(mag, -21);
+}
+
+// ---- fused_experts (derivation: tests/moe_test.cpp's header) ----------------
+
+// Steps 2 and 3 of the MoE bound, for one intermediate activation whose
+// fp32 gate and up sums are within eps_sum·Σ|x·w| (eps_sum in absolute
+// units, e.g. 8·u): glu(gate, up) in fp32 moves by εg through the gated
+// function's Lipschitz constant (1.1 for silu and σ-swiglu, 1.13 for gelu;
+// the clamps are 1-Lipschitz) times |up|, εu times |act(gate)|, the
+// vectorised exp/erf/tanh approximations (kVectorMathError·max(1, |gate|)
+// relative to |up|, times max(1, α) since exp sees α·gate) and a few fp32
+// roundings of the product: εa, doubled for headroom. The kernel's bf16
+// activation then lies between bf16(a − εa) and bf16(a + εa) (rounding is
+// monotone): the slack is the larger distance of those from the reference's
+// bf16(a), zero unless a sits within εa of a rounding midpoint.
+inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
+  const double eg = eps_sum * p.gate_abs;
+  const double eu = eps_sum * p.up_abs;
+  double lip, f, mult, g;
+  if (glu.clamped_swiglu) {
+    // d/dg g·σ(α·g) = h(α·g) with h(y) = σ(y) + y·σ'(y) ≤ 1.0998, for any α.
+    lip = 1.1;
+    g = std::min(p.gate, glu.limit);
+    f = g / (1 + std::exp(-glu.alpha * g));
+    mult = std::clamp(p.up, -glu.limit, glu.limit) + 1;
+  } else {
+    lip = activation_lipschitz(glu.act);
+    g = p.gate;
+    f = reference_activation(glu.act, g);
+    mult = p.up;
+  }
+  const double m = std::fabs(mult) + eu;
+  double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
+              kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
+              4 * kF32Unit * std::fabs(p.act);
+  ea *= 2;
+  auto round_bf16 = [](double v) {
+    return double(bf16_to_f32(f32_to_bf16(static_cast<float>(v))));
+  };
+  return std::max(std::fabs(round_bf16(p.act + ea) - p.act_bf16),
+                  std::fabs(round_bf16(p.act - ea) - p.act_bf16));
+}
+
+// Steps 4 and 5: the down projection and the weighted sum, whose fp32 sums
+// are within eps_out·(Σ|terms| + act_term) (act_term: the step-3 slack pushed
+// through |W2| and the routing weights, as reference_moe reports it); an f32
+// output adds the reference's own f32 rounding (u·|ref|), a bf16 one half a
+// bf16 ulp of the kernel's value, ≤ 2⁻⁸·(|ref| + tol) (rigorous).
+inline double moe_output_bound(DType out, double abs_sum, double act_term, double eps_out,
+                               double ref) {
+  const double tol = act_term + eps_out * (abs_sum + act_term);
+  if (out == DType::f32) return tol + kF32Unit * std::fabs(ref);
+  return tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -8) * std::fabs(ref) +
+         kF32Unit * std::fabs(ref);
+}
+
+}  // namespace tilejit::runtime
