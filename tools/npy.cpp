@@ -174,6 +174,11 @@ int npy_item_bytes(NpyDtype t) {
 }
 
 int64_t NpyArray::numel() const {
+  // An accepted header's product fits (its byte size was checked) unless a
+  // dim is 0, which makes the partial products before it meaningless: a
+  // (2^32, 2^32, 0) header is 0 elements, not an int64 overflow.
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
