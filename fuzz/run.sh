@@ -25,6 +25,17 @@ for h in "${harnesses[@]}"; do
   work="$build/fuzz-work/$h"
   mkdir -p "$work"
   log="$build/fuzz-work/$h.last.log"
+  # The committed reproducers of past findings (fuzz/crashes/<harness>-*)
+  # first: each is a regression test that must now pass.
+  repro=(fuzz/crashes/"$h"-*)
+  if [ -e "${repro[0]}" ]; then
+    if ! TILEJIT_CACHE_DIR= "$bin" "${repro[@]}" >"$log" 2>&1; then
+      echo "$(date -u +%FT%TZ) $h reproducers FAILED" | tee -a "$build/fuzz-work/log"
+      grep -E 'ERROR|SUMMARY|fuzzer: |Running:' "$log" | head -20 >&2
+      failed=1
+      continue
+    fi
+  fi
   start=$(date +%s)
   # -timeout: one input taking longer is a hang; -rss_limit_mb: one that
   # allocates past it is unbounded allocation. The disk cache off, so inputs
