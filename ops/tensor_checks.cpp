@@ -35,7 +35,8 @@ int64_t span_elems(const TensorView& t, size_t first) {
         __builtin_add_overflow(last, step, &last))
       return -1;
   }
-  return last + 1;
+  // (649658 − 1)·((2^63 − 1)/649657) is exactly INT64_MAX: the +1 overflows too.
+  return __builtin_add_overflow(last, 1, &last) ? -1 : last;
 }
 
 bool is_empty(const TensorView& t) {

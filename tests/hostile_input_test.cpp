@@ -76,6 +76,12 @@ TEST(HostileSizes, GemmDimsAndExtents) {
              w, TensorView(s.c.data(), DType::bf16, {1, 64}));
       },
       {"gemm: x", "strides <= 2^56"});
+  // A last element offset of exactly INT64_MAX (649657 · 14197294936951 = 2^63 − 1).
+  expect_error(
+      [&] {
+        pack_weight(TensorView(s.a.data(), DType::bf16, {649658, 1}, {14197294936951, 1}));
+      },
+      {"pack_weight: w", "address space"});
   // The row-major constructor saturates instead of overflowing.
   expect_error(
       [&] {
