@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -884,8 +886,18 @@ Result ask_oracle(const uint8_t* data, size_t size, std::vector<uint8_t>* arena_
       "in one process with TILEJIT_ISA=scalar and the same input";
   if (!write_all(g_oracle.to, &n, 4) || !write_all(g_oracle.to, data, size)) die(dead);
   // The child gets the harness's own timeout budget; past it, it hangs.
-  pollfd pfd{g_oracle.from, POLLIN, 0};
-  if (poll(&pfd, 1, 25000) <= 0) die("the scalar path (oracle child) hangs on this input");
+  // libFuzzer's -timeout is a SIGALRM every timeout/2 + 1 s, which cuts a
+  // poll short with EINTR: that is no answer yet, so wait out the rest.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(25);
+  for (;;) {
+    pollfd pfd{g_oracle.from, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int rc = poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (rc > 0) break;
+    if (rc < 0 && errno == EINTR && left.count() > 0) continue;
+    die("the scalar path (oracle child) hangs on this input");
+  }
   Result r;
   uint8_t outcome;
   uint32_t len;
