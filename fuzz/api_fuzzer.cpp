@@ -306,6 +306,13 @@ void for_each_elem(const Tensor& t, F f) {
   }
 }
 
+// A value for an integer element: clamped to ±limit (NaN → 0), since a
+// double out of the integer's range is undefined behaviour to convert.
+int64_t to_int(double v, double limit) {
+  if (std::isnan(v)) return 0;
+  return static_cast<int64_t>(std::clamp(v, -limit, limit));
+}
+
 void store_elem(DType t, int64_t off, double v) {
   uint8_t* p = arena().base + off;
   switch (t) {
@@ -320,17 +327,17 @@ void store_elem(DType t, int64_t off, double v) {
       break;
     }
     case DType::i32: {
-      const auto i = static_cast<int32_t>(v);
+      const auto i = static_cast<int32_t>(to_int(v, 2147483647.0));
       std::memcpy(p, &i, 4);
       break;
     }
     case DType::i64: {
-      const auto i = static_cast<int64_t>(v);
+      const int64_t i = to_int(v, 9.2e18);
       std::memcpy(p, &i, 8);
       break;
     }
     default:
-      *p = static_cast<uint8_t>(static_cast<int64_t>(v));
+      *p = static_cast<uint8_t>(to_int(v, 9.2e18));
   }
 }
 
