@@ -67,6 +67,9 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
                              {"v", &v},
                              {"cu_seqlens_q", &cu_seqlens_q},
                              {"cu_seqlens_k", &cu_seqlens_k}});
+  // No query rows: nothing to write, and q / out may be null (empty views'
+  // pointers are not checked), so no row address may be formed from them.
+  if (tq == 0) return;
   const attn::Params p = attn::make_params(opt, d, dv);
   const int64_t g = hq / hkv;
   const auto* qd = static_cast<const uint16_t*>(q.data);

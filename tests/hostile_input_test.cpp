@@ -432,6 +432,17 @@ TEST(HostileViews, StoreKvIntoEmptyCaches) {
                            TensorView(odd, DType::bf16, {1, 16, 1, 0}), sm));
 }
 
+TEST(HostileViews, PrefillWithNoQueries) {
+  // The api fuzzer's find: Tq = 0 with null q and out and a sequence with
+  // keys but no queries; the scalar path formed null + offset row pointers.
+  Bufs s;
+  std::vector<int32_t> cq = {0, 0}, ck = {0, 2};
+  EXPECT_NO_THROW(flash_attn_varlen(
+      TensorView(nullptr, DType::bf16, {0, 3, 80}), TensorView(s.b.data(), DType::bf16, {2, 1, 80}),
+      TensorView(s.c.data(), DType::bf16, {2, 1, 80}), TensorView(nullptr, DType::bf16, {0, 3, 80}),
+      TensorView(cq.data(), DType::i32, {2}), TensorView(ck.data(), DType::i32, {2})));
+}
+
 TEST(HostileAliasing, Moe) {
   Bufs s;
   // Row stride 0 in the expert weights.
