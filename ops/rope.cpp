@@ -180,8 +180,9 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
   });
 }
 
-void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
-              const TensorView& positions, const TensorView& cache) {
+// Called only in a build with LLVM (the kernels are LLVM's).
+[[maybe_unused]] void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
+                               const TensorView& positions, const TensorView& cache) {
   namespace lb = codegen::llvm_backend;
   const auto fn = ops::rope_kernel(c.desc).entry<lb::RopeFn>();
   const int64_t qb = dtype_bits(q.dtype) / 8, pb = dtype_bits(positions.dtype) / 8;
