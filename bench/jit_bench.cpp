@@ -17,7 +17,6 @@
 #include "codegen/xbyak/emitters.h"
 #include "jit/brgemm_kernels.h"
 #include "jit/kernel_cache.h"
-#include "ops/program_runner.h"
 #include "runtime/exec_memory.h"
 #include "runtime/isa.h"
 
@@ -73,7 +72,7 @@ std::vector<codegen::BrgemmDesc> llama_kernel_set(Isa isa) {
     const codegen::GemmPlan plan = codegen::plan_gemm(
         {s[0], s[1], codegen::BiasKind::none, Activation::none, DType::bf16}, isa);
     for (int64_t m : {1, 16, 512})
-      for (const ops::KernelUse& u : ops::plan_kernels(plan, m)) out.push_back(u.desc);
+      for (const codegen::KernelUse& u : codegen::plan_kernels(plan, m)) out.push_back(u.desc);
   }
   return out;
 }

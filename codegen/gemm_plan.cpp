@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
+#include <tuple>
 
 #include "codegen/xbyak/emitters.h"
 #include "tilejit/error.h"
@@ -240,6 +242,63 @@ std::string BrgemmDesc::name() const {
     s += fmt::format("_{}", activation_name(act));
   s += fmt::format("_{}out", dtype_name(out));
   return s;
+}
+
+namespace {
+
+const char* chunk_name(GemmPlan::Chunk c) {
+  switch (c) {
+    case GemmPlan::Chunk::whole:
+      return "whole K";
+    case GemmPlan::Chunk::first:
+      return "first K chunk";
+    case GemmPlan::Chunk::middle:
+      return "middle K chunk";
+    case GemmPlan::Chunk::last:
+      return "last K chunk";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<KernelUse> plan_kernels(const GemmPlan& plan, std::optional<int64_t> m) {
+  using Chunk = GemmPlan::Chunk;
+  const bool full_block = plan.spec.n >= plan.nb;
+  const bool tail_block = plan.n_tail != 0;
+  // (chunk, -rows, n_tail): main blocks before tails, K chunks in order.
+  std::set<std::tuple<int, int, bool>> uses;
+  auto add = [&](Chunk c, int rows) {
+    if (full_block) uses.insert({static_cast<int>(c), -rows, false});
+    if (tail_block) uses.insert({static_cast<int>(c), -rows, true});
+  };
+  if (!m) {
+    add(Chunk::whole, plan.mr);
+    if (plan.k_chunks > 1) {
+      add(Chunk::first, plan.mr);
+      if (plan.k_chunks > 2) add(Chunk::middle, plan.mr);
+      add(Chunk::last, plan.mr);
+    }
+  } else {
+    // What the GEMM driver runs for m rows, from the plan's own list.
+    for (const auto& v : plan.variants_for(*m))
+      uses.insert({static_cast<int>(v.chunk), -v.rows, v.cols != plan.nb});
+  }
+  std::vector<KernelUse> out;
+  for (const auto& [c, neg_rows, tail] : uses) {
+    const int rows = -neg_rows;
+    const Chunk chunk = static_cast<Chunk>(c);
+    std::string role;
+    if (rows == plan.mr)
+      role = tail ? fmt::format("N tail ({} cols)", plan.n_tail) : "main block";
+    else
+      role = tail ? fmt::format("M tail ({} row{}) x N tail ({} cols)", rows, rows == 1 ? "" : "s",
+                                plan.n_tail)
+                  : fmt::format("M tail ({} row{})", rows, rows == 1 ? "" : "s");
+    if (chunk != Chunk::whole) role += fmt::format(", {}", chunk_name(chunk));
+    out.push_back({role, plan.ukernel(rows, tail ? plan.n_tail : plan.nb, chunk)});
+  }
+  return out;
 }
 
 }  // namespace tilejit::codegen

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,5 +104,15 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa);
 // the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:
 // docs/gemm-performance.md), so such GEMMs take the AVX-512 plan.
 Isa gemm_isa_for_rows(Isa path, int64_t m);
+
+// One micro-kernel a plan runs, with why (for `tilejit dump --stage key|asm`).
+struct KernelUse {
+  std::string role;  // "main block", "N tail", "M tail (3 rows)", ... + chunk
+  BrgemmDesc desc;
+};
+// Without m: the main block and N tail variants (and K-chunk variants when the
+// plan chunks K). With m: exactly the variants the GEMM driver (ops/gemm.cpp)
+// calls for that M, M tails included (variants_for).
+std::vector<KernelUse> plan_kernels(const GemmPlan& plan, std::optional<int64_t> m);
 
 }  // namespace tilejit::codegen

@@ -1,7 +1,7 @@
 // libFuzzer harness: IR text -> parse -> print round trip -> verify -> match
 // -> plan (every path) -> keys -> emit -> disassemble, the pipeline of
-// `tilejit dump --stage all` (tools/dump_cmd.cpp) through the library's own
-// entry points.
+// `tilejit dump --stage all` (tools/dump_cmd.cpp) through the library's entry
+// points and the tool's program matching (tools/program/).
 //
 // The contract under test: for any bytes, each stage either succeeds or
 // raises tilejit::Error. Any other exception (std::out_of_range from an
@@ -21,8 +21,10 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
-#include "ops/program_runner.h"
 #include "tilejit/tilejit.h"
+#include "tools/program/describe_operators.h"
+#include "tools/program/gemm_program.h"
+#include "tools/program/host_tensor.h"
 
 #if TILEJIT_FUZZ_HAVE_MC
 #include "codegen/llvm/mc_disassembler.h"
@@ -41,7 +43,7 @@ using namespace tilejit;
 // program whose plan needs more kernels than this is planned and keyed only.
 constexpr size_t kMaxEmittedKernels = 8;
 
-void plan_emit(const ir::Function& f, const ops::GemmProgram& prog, Isa isa) {
+void plan_emit(const ir::Function& f, const tools::GemmProgram& prog, Isa isa) {
   const codegen::GemmPlan plan = codegen::lower_gemm(prog.lowered, isa);
   (void)plan.str();
   (void)plan.name();
@@ -49,9 +51,9 @@ void plan_emit(const ir::Function& f, const ops::GemmProgram& prog, Isa isa) {
   if (plan.isa == Isa::scalar) return;  // the reference: no JIT code
   // M as `dump` takes it: x's first dim when static (a symbol stays unbound).
   std::optional<int64_t> m;
-  const int64_t m0 = ops::bind_shape(f.value(prog.x).type, {}).at(0);
+  const int64_t m0 = tools::bind_shape(f.value(prog.x).type, {}).at(0);
   if (m0 >= 0) m = m0;
-  const std::vector<ops::KernelUse> uses = ops::plan_kernels(plan, m);
+  const std::vector<codegen::KernelUse> uses = codegen::plan_kernels(plan, m);
   if (plan.isa != Isa::avx512 && plan.isa != Isa::amx) return;  // no Xbyak emitter
   for (size_t i = 0; i < uses.size() && i < kMaxEmittedKernels; ++i) {
     const codegen::BrgemmDesc& d = uses[i].desc;
@@ -93,12 +95,12 @@ void run_pipeline(std::string_view text) {
 
   for (Isa isa : {Isa::amx, Isa::avx512, Isa::llvm, Isa::scalar}) {
     try {
-      if (ops::has_operator_ops(f)) {
-        const ops::OperatorProgram prog = ops::match_operator_program(f);
-        (void)ops::describe_operator_plan(f, prog, isa, {});
-        (void)ops::describe_operator_keys(f, prog, isa, {});
+      if (tools::has_operator_ops(f)) {
+        const tools::OperatorProgram prog = tools::match_operator_program(f);
+        (void)tools::describe_operator_plan(f, prog, isa, {});
+        (void)tools::describe_operator_keys(f, prog, isa, {});
       } else {
-        plan_emit(f, ops::match_program(f), isa);
+        plan_emit(f, tools::match_program(f), isa);
       }
     } catch (const Error&) {
       // A program the library refuses, with a message: fine.

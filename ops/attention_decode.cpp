@@ -10,6 +10,7 @@
 
 #include "ops/attention_checks.h"
 #include "ops/attention_decode_kernel.h"
+#include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
@@ -36,7 +37,28 @@ int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
       1, std::min((2 * threads + base_tasks - 1) / base_tasks, longest / kMinSplitKeys));
 }
 
+// Floats between the rows of a partial O: dv rounded up to whole 64-float blocks.
+int64_t padded_dv(int64_t dv) {
+  return (dv + 63) / 64 * 64;
+}
+
 }  // namespace
+
+namespace ops {
+
+codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
+                                                                 int64_t block_size, bool softcap,
+                                                                 bool alibi) {
+  return {.d = d,
+          .dv = dv,
+          .g = g,
+          .block_size = block_size,
+          .ldo = padded_dv(dv),
+          .softcap = softcap,
+          .alibi = alibi};
+}
+
+}  // namespace ops
 
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
@@ -121,20 +143,14 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     return;
   }
 
-  const int64_t dv_padded = (dv + 63) / 64 * 64;
+  const int64_t dv_padded = padded_dv(dv);
   if (ops::have_decode_attention_kernel()) {
     // The LLVM kernel: tasks are sequences × splits, all heads at once, so
     // each 16-key chunk reads whole cache rows (every head) instead of
     // 256-byte pieces of them.
     namespace lb = codegen::llvm_backend;
-    lb::DecodeAttentionDesc desc;
-    desc.d = d;
-    desc.dv = dv;
-    desc.g = g;
-    desc.block_size = bs;
-    desc.ldo = dv_padded;
-    desc.softcap = p.softcap > 0;
-    desc.alibi = p.slopes != nullptr;
+    const lb::DecodeAttentionDesc desc =
+        ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr);
     const auto fn = ops::decode_attention_kernel(desc).entry<lb::DecodeAttentionFn>();
     const int64_t base_tasks = batch;
     const int64_t splits = split_count(base_tasks, lens);

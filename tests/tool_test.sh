@@ -140,7 +140,7 @@ for tir in "${examples[@]}"; do
     continue
   fi
   if grep -Eq '= *(attention|rope|moe) ' "$tir"; then
-    # Operator programs: one public API call per op (ops/program_runner_ops.h).
+    # Operator programs: one public API call per op (tools/program/operator_runner.h).
     ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
     for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
     has "$name: plan names the call" "$OUT" "^call 1 of [0-9]+: %[A-Za-z0-9_]+ = (rope|attention|moe) "

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "jit/peak.h"
-#include "ops/program_runner.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program/program_runner.h"
 #include "tools/program_io.h"
 
 namespace tilejit::tools {
@@ -30,19 +30,19 @@ void print_first_call(const CacheStats& before, const CacheStats& after) {
 // FLOP-counted ops (attention over its visible pairs, moe's routed GEMMs) give
 // GFLOP/s against the bf16 peak; a program of RoPE alone, which streams
 // memory, gives GB/s of what it reads and writes.
-void report_operators(const ops::ProgramRunner& runner, const CpuInfo& cpu, double t, int64_t calls,
+void report_operators(const ProgramRunner& runner, const CpuInfo& cpu, double t, int64_t calls,
                       const CacheStats& before, const CacheStats& after) {
-  const ops::OperatorRunner& o = *runner.operators();
-  const ops::OperatorWork w = o.work();
+  const OperatorRunner& o = *runner.operators();
+  const OperatorWork w = o.work();
   std::vector<std::string> apis;
-  for (const ops::OperatorCall& c : o.program().calls) apis.push_back(c.api());
+  for (const OperatorCall& c : o.program().calls) apis.push_back(c.api());
   fmt::print("bench @{}: {} on the {} path, {} thread{}\n", runner.function().name, w.shape,
              isa_name(cpu.isa), cpu.num_threads, cpu.num_threads == 1 ? "" : "s");
   fmt::print("  calls       {} (kernels chosen at run time by the operator{})\n",
              fmt::join(apis, ", then "), apis.size() == 1 ? "" : "s");
   const bool has_rope =
       std::any_of(o.program().calls.begin(), o.program().calls.end(),
-                  [](const ops::OperatorCall& c) { return c.kind == ir::OpKind::rope; });
+                  [](const OperatorCall& c) { return c.kind == ir::OpKind::rope; });
   fmt::print("  time/call   {:.4g} ms (median of {} batches of {} call{}{}{})\n", t * 1e3, kBatches,
              calls, calls == 1 ? "" : "s", apis.size() == 1 ? "" : ", every call of the program",
              has_rope ? "; rope rotates its result in place again, without the copy of q that "
@@ -78,14 +78,14 @@ int run_bench(const BenchOptions& opt) {
   set_threads_option(opt.threads);
   check_seconds_option(opt.seconds);
   const ir::Function f = load_program(opt.file);
-  const ops::DimBindings dims = parse_dims(opt.dims, f);
-  ops::ProgramRunner runner = make_runner(f, opt.file);
+  const DimBindings dims = parse_dims(opt.dims, f);
+  ProgramRunner runner = make_runner(f, opt.file);
   note_isa_request(opt.isa);
 
-  ops::TensorMap inputs;
+  TensorMap inputs;
   for (int p : f.params) inputs[f.value(p).name] = random_tensor(f, p, dims, opt.seed);
   runner.set_inputs(inputs, dims);
-  ops::TensorMap outputs = runner.make_outputs();
+  TensorMap outputs = runner.make_outputs();
 
   const CpuInfo cpu = cpu_info();
   const CacheStats before = cache_stats();

@@ -13,10 +13,11 @@
 #include "ir/infer.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
-#include "ops/program_runner.h"
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program/describe_operators.h"
+#include "tools/program/program_runner.h"
 #include "tools/program_io.h"
 
 #if TILEJIT_TOOL_HAVE_MC
@@ -65,13 +66,13 @@ void print_verified(const ir::Function& f) {
 }
 
 // M of the gemm: x's first dim, static or bound by --dim.
-std::optional<int64_t> gemm_m(const ir::Function& f, const ops::GemmProgram& p,
-                              const ops::DimBindings& dims) {
-  const int64_t m = ops::bind_shape(f.value(p.x).type, dims).at(0);
+std::optional<int64_t> gemm_m(const ir::Function& f, const GemmProgram& p,
+                              const DimBindings& dims) {
+  const int64_t m = bind_shape(f.value(p.x).type, dims).at(0);
   return m < 0 ? std::nullopt : std::optional<int64_t>(m);
 }
 
-void print_plan(const ir::Function& f, const ops::GemmProgram& p, const codegen::GemmPlan& plan,
+void print_plan(const ir::Function& f, const GemmProgram& p, const codegen::GemmPlan& plan,
                 std::optional<int64_t> m) {
   fmt::print("{}\n", plan.str());
   if (p.w_packed_by_runner)
@@ -102,7 +103,7 @@ void print_keys(const codegen::GemmPlan& plan, std::optional<int64_t> m) {
     fmt::print("micro-kernels: none (the scalar path runs the reference: no JIT code)\n");
     return;
   }
-  const auto uses = ops::plan_kernels(plan, m);
+  const auto uses = codegen::plan_kernels(plan, m);
   fmt::print("micro-kernels {}: {}\n",
              m ? fmt::format("for M={}", *m) : "for any M (main block, N tail)", uses.size());
   size_t w = 0;
@@ -154,7 +155,7 @@ void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const st
         isa_name(plan.isa));
     return;
   }
-  for (const auto& u : ops::plan_kernels(plan, m)) {
+  for (const auto& u : codegen::plan_kernels(plan, m)) {
     const std::vector<uint8_t> code = emit(u.desc);
     fmt::print("; kernel {}  ({} bytes)\n; {}: {}\n", u.desc.name(), code.size(), u.role,
                u.desc.key());
@@ -166,10 +167,10 @@ void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const st
 // API, which plans and compiles its own kernels. plan and key say which call
 // and which kernels (named where the shapes fix them); asm has no listing.
 int dump_operators(const ir::Function& f, const std::string& file, const DumpOptions& opt, bool all,
-                   Isa isa, const ops::DimBindings& dims) {
-  ops::OperatorProgram prog;
+                   Isa isa, const DimBindings& dims) {
+  OperatorProgram prog;
   try {
-    prog = ops::match_operator_program(f);
+    prog = match_operator_program(f);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}\n",
@@ -182,16 +183,16 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
   };
   if (all || opt.stage == "plan") {
     header("plan");
-    fmt::print("{}", ops::describe_operator_plan(f, prog, isa, dims));
+    fmt::print("{}", describe_operator_plan(f, prog, isa, dims));
   }
   if (all || opt.stage == "key") {
     header("key");
-    fmt::print("{}", ops::describe_operator_keys(f, prog, isa, dims));
+    fmt::print("{}", describe_operator_keys(f, prog, isa, dims));
   }
   if (all || opt.stage == "asm") {
     header("asm");
     std::vector<std::string> apis;
-    for (const ops::OperatorCall& c : prog.calls) apis.push_back(c.api());
+    for (const OperatorCall& c : prog.calls) apis.push_back(c.api());
     fmt::print(
         "; @{} runs {}: the kernels are chosen and compiled inside the operator at run time, so "
         "there is no listing here (`dump --stage asm` disassembles gemm micro-kernels); "
@@ -211,7 +212,7 @@ int run_dump(const DumpOptions& opt) {
   const std::string file = display_name(opt.file);
   const ir::Function f = load_program(opt.file);
   // Bad options fail before anything is printed.
-  const ops::DimBindings dims = parse_dims(opt.dims, f);
+  const DimBindings dims = parse_dims(opt.dims, f);
   const Isa isa = opt.isa.empty() ? cpu_info().isa : runtime::parse_isa(opt.isa.c_str(), "--isa");
 
   auto header = [&](const char* stage) {
@@ -235,11 +236,11 @@ int run_dump(const DumpOptions& opt) {
   }
   if (opt.stage == "verified") return 0;
 
-  if (ops::has_operator_ops(f)) return dump_operators(f, file, opt, all, isa, dims);
+  if (has_operator_ops(f)) return dump_operators(f, file, opt, all, isa, dims);
 
-  ops::GemmProgram prog;
+  GemmProgram prog;
   try {
-    prog = ops::match_program(f);
+    prog = match_program(f);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}\n",

@@ -17,8 +17,8 @@
 #include <cstring>
 #include <string>
 
-#include "ops/program_runner.h"
 #include "tilejit/error.h"
+#include "tools/program/host_tensor.h"
 
 namespace tilejit::tools {
 
@@ -28,7 +28,7 @@ inline constexpr int64_t kMaxProgramBytes = int64_t(16) << 20;
 // more than 10000 by default); 1 MiB leaves room for any writer.
 inline constexpr int64_t kMaxNpyHeaderBytes = int64_t(1) << 20;
 // A .npy array becomes a HostTensor: the runner's cap on the tensors it holds.
-inline constexpr int64_t kMaxNpyDataBytes = ops::kMaxHostTensorBytes;
+inline constexpr int64_t kMaxNpyDataBytes = kMaxHostTensorBytes;
 
 // "16 MiB", "16 GiB": caps as messages state them.
 inline std::string byte_size_str(int64_t n) {

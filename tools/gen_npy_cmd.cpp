@@ -60,10 +60,10 @@ int run_gen_npy(const GenNpyOptions& opt) {
     if (d < 0 || d > kMaxDimValue)
       throw UsageError(fmt::format("--shape: dim {}; allowed: 0 to {}", d, kMaxDimValue));
   a.shape = opt.shape;
-  const int64_t bytes = ops::dense_bytes(a.shape, npy_item_bytes(a.dtype), "gen-npy " + opt.file);
+  const int64_t bytes = dense_bytes(a.shape, npy_item_bytes(a.dtype), "gen-npy " + opt.file);
   const InputRole role = role_from_name(std::filesystem::path(opt.file).stem().string());
   if (role != InputRole::plain) {
-    ops::HostTensor t = ops::HostTensor::zeros(dtype_of(a.dtype), a.shape, "gen-npy " + opt.file);
+    HostTensor t = HostTensor::zeros(dtype_of(a.dtype), a.shape, "gen-npy " + opt.file);
     fill_role(t, role, kIndexRange, opt.seed, "gen-npy " + opt.file);
     write_npy(opt.file, npy_from_tensor(t, "gen-npy " + opt.file));
     return 0;

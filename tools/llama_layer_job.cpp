@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
 #include "jit/peak.h"
 #include "ops/attention_decode_kernel.h"
+#include "ops/attention_descs.h"
 #include "ops/gemm_executable.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
@@ -31,6 +31,8 @@
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program/llvm_kernel_names.h"
+#include "tools/program/reference_rows.h"
 #include "tools/program_io.h"
 
 namespace tilejit::tools {
@@ -257,7 +259,7 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
   desc.pos_dtype = DType::i64;
   // rope runs the LLVM kernel on every JIT path of an LLVM build, else the reference.
   const bool jit = env.cpu.isa != Isa::scalar && env.cpu.llvm_backend;
-  const std::string kernel = jit ? desc.name() : "scalar reference";
+  const std::string kernel = jit ? rope_kernel_name(desc) : "scalar reference";
 
   for (int64_t m : ms) {
     auto qkv = random_bf16(size_t(m * kQkvWidth), seed + uint64_t(m), 2.0f);
@@ -347,12 +349,8 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
 
   std::string kernel = "scalar reference";
   if (env.cpu.isa != Isa::scalar && ops::have_decode_attention_kernel()) {
-    codegen::llvm_backend::DecodeAttentionDesc d;  // as ops/attention_decode.cpp builds it
-    d.d = d.dv = kHeadDim;
-    d.g = kHq / kHkv;
-    d.block_size = kBlockSize;
-    d.ldo = (kHeadDim + 63) / 64 * 64;
-    kernel = d.name();
+    kernel = decode_attention_kernel_name(ops::decode_attention_desc(
+        kHeadDim, kHeadDim, kHq / kHkv, kBlockSize, /*softcap=*/false, /*alibi=*/false));
   } else if (env.cpu.isa != Isa::scalar) {
     kernel = fmt::format("attention engine (brgemm_{} kernels)", isa_name(env.cpu.isa));
   }
@@ -496,21 +494,11 @@ bool check_moe_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>&
   for (int64_t r : rows) {
     std::vector<float> ref(kMoeHidden);
     runtime::ReferenceMoeArgs a;
-    a.t = 1;
     a.h = kMoeHidden;
     a.i = kMoeInter;
     a.e = kMoeExperts;
     a.k = kMoeTopk;
-    a.hidden = x.data() + r * kMoeHidden;
-    a.ld_hidden = kMoeHidden;
-    a.w13 = w13.data();
-    a.w2 = w2.data();
-    a.topk_weights = tw.data() + r * kMoeTopk;
-    a.ld_weights = kMoeTopk;
-    a.topk_ids = ids.data() + r * kMoeTopk;
-    a.ld_ids = kMoeTopk;
-    a.out = ref.data();
-    a.ld_out = kMoeHidden;
+    moe_token_args(a, x.data(), w13.data(), w2.data(), tw.data(), ids.data(), r, ref.data());
     runtime::reference_moe(a);
     const double row_max = std::fabs(*std::max_element(
         ref.begin(), ref.end(), [](float p, float q) { return std::fabs(p) < std::fabs(q); }));

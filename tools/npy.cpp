@@ -219,7 +219,7 @@ Preamble parse_preamble(std::string_view bytes, const std::string& name) {
 }
 
 // The array a header describes, with no data yet; *data_bytes is what the
-// shape needs, computed with overflow checks and capped (ops::dense_bytes).
+// shape needs, computed with overflow checks and capped (dense_bytes).
 NpyArray parse_header(std::string_view header, const std::string& name, int64_t* data_bytes) {
   auto dict = HeaderParser(header, name).dict();
   NpyArray a;
@@ -243,8 +243,8 @@ NpyArray parse_header(std::string_view header, const std::string& name, int64_t*
         fmt::format("{}: the array is in Fortran order; write it in C order "
                     "(numpy.ascontiguousarray)",
                     name));
-  *data_bytes = ops::dense_bytes(a.shape, npy_item_bytes(a.dtype),
-                                 fmt::format("{}: the .npy array ({})", name, descr));
+  *data_bytes = dense_bytes(a.shape, npy_item_bytes(a.dtype),
+                            fmt::format("{}: the .npy array ({})", name, descr));
   return a;
 }
 

@@ -71,9 +71,9 @@ ir::Function load_program(const std::string& path) {
   return ir::parse(read_text(path), display_name(path));
 }
 
-ops::ProgramRunner make_runner(const ir::Function& f, const std::string& path) {
+ProgramRunner make_runner(const ir::Function& f, const std::string& path) {
   try {
-    return ops::ProgramRunner(f);
+    return ProgramRunner(f);
   } catch (const Error& e) {
     throw Error(fmt::format("{}: error: {}", display_name(path), e.what()));
   }
@@ -98,9 +98,9 @@ std::vector<std::string> program_symbols(const ir::Function& f) {
   return syms;
 }
 
-ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f) {
+DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f) {
   const std::vector<std::string> syms = program_symbols(f);
-  ops::DimBindings dims;
+  DimBindings dims;
   for (const std::string& arg : args) {
     auto [name, text] = split_assignment(arg, "--dim", "SIZE (e.g. M=512)");
     if (!name.empty() && name[0] == '?') name.erase(0, 1);
@@ -118,10 +118,9 @@ ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Func
   return dims;
 }
 
-ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param,
-                                const std::string& file) {
+HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std::string& file) {
   const DType want = param.type.dtype;
-  ops::HostTensor t;
+  HostTensor t;
   t.dtype = want;
   t.shape = a.shape;
   auto mismatch = [&](const char* allowed) {
@@ -179,7 +178,7 @@ ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param,
   return t;
 }
 
-NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what) {
+NpyArray npy_from_tensor(const HostTensor& t, const std::string& what) {
   NpyArray a;
   switch (t.dtype) {
     case DType::bf16:
@@ -223,7 +222,7 @@ NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what) {
   return a;
 }
 
-InputRole input_role(const ir::Function& f, int id, const ops::DimBindings& dims, int64_t* range,
+InputRole input_role(const ir::Function& f, int id, const DimBindings& dims, int64_t* range,
                      int* range_of) {
   *range = -1;
   int unused = -1;
@@ -233,14 +232,14 @@ InputRole input_role(const ir::Function& f, int id, const ops::DimBindings& dims
       if (op.operands[i] != id) continue;
       if (op.kind == ir::OpKind::rope && i == 1) {
         *range_of = op.operands[2];
-        *range = ops::bind_shape(f.value(*range_of).type, dims).at(0);
+        *range = bind_shape(f.value(*range_of).type, dims).at(0);
         return InputRole::positions;
       }
       if (op.kind == ir::OpKind::rope && i == 2) return InputRole::cos_sin;
       if (op.kind == ir::OpKind::moe && i == 3) return InputRole::topk_weights;
       if (op.kind == ir::OpKind::moe && i == 4) {
         *range_of = op.operands[1];
-        *range = ops::bind_shape(f.value(*range_of).type, dims).at(0);
+        *range = bind_shape(f.value(*range_of).type, dims).at(0);
         return InputRole::topk_ids;
       }
       return InputRole::plain;
@@ -256,7 +255,7 @@ InputRole role_from_name(const std::string& stem) {
   return InputRole::plain;
 }
 
-void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
+void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
                const std::string& what) {
   Rng r{seed};
   const int64_t n = t.numel();
@@ -264,7 +263,7 @@ void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
   auto need = [&](bool ok, const std::string& rule) {
     if (!ok)
       throw Error(
-          fmt::format("{} ({} {}): {}", what, dtype_name(t.dtype), ops::shape_str(t.shape), rule));
+          fmt::format("{} ({} {}): {}", what, dtype_name(t.dtype), shape_str(t.shape), rule));
   };
   switch (role) {
     case InputRole::positions:
@@ -345,17 +344,16 @@ void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
   }
 }
 
-ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindings& dims,
-                              uint64_t seed) {
+HostTensor random_tensor(const ir::Function& f, int id, const DimBindings& dims, uint64_t seed) {
   const ir::Value& param = f.value(id);
-  const std::vector<int64_t> shape = ops::bind_shape(param.type, dims);
+  const std::vector<int64_t> shape = bind_shape(param.type, dims);
   for (size_t i = 0; i < shape.size(); ++i)
     if (shape[i] < 0)
       throw UsageError(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
                                    param.name, param.type.str(), param.type.dims[i].str(),
                                    param.type.dims[i].symbol));
-  ops::HostTensor t =
-      ops::HostTensor::zeros(param.type.dtype, shape, fmt::format("random input '{}'", param.name));
+  HostTensor t =
+      HostTensor::zeros(param.type.dtype, shape, fmt::format("random input '{}'", param.name));
   int64_t range = -1;
   int range_of = -1;
   const InputRole role = input_role(f, id, dims, &range, &range_of);

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "ir/program.h"
-#include "ops/program_runner.h"
 #include "tools/npy.h"
+#include "tools/program/program_runner.h"
 
 namespace tilejit::tools {
 
@@ -27,20 +27,20 @@ ir::Function load_program(const std::string& path);
 std::string one_line(const std::string& s);
 // The name under which errors refer to `path`.
 std::string display_name(const std::string& path);
-// ops::ProgramRunner(f), its errors (verifier, "no lowering ...") prefixed
+// ProgramRunner(f), its errors (verifier, "no lowering ...") prefixed
 // "file: error: " like the parser's.
-ops::ProgramRunner make_runner(const ir::Function& f, const std::string& path);
+ProgramRunner make_runner(const ir::Function& f, const std::string& path);
 
 // "NAME=VALUE" → {NAME, VALUE}; a leading '%' of NAME is dropped so that
 // both `--input x=...` and `--input %x=...` work. Error names the option.
 std::pair<std::string, std::string> split_assignment(const std::string& arg, const char* option,
                                                      const char* value_hint);
 // The largest value --dim takes: the largest dim an operator takes (the
-// shapes it makes are capped again, in bytes, by ops::dense_bytes).
+// shapes it makes are capped again, in bytes, by dense_bytes).
 inline constexpr int64_t kMaxDimValue = Limits::max_dim;
 // --dim M=512 ... → {"M": 512}; every symbol must occur in f. UsageError
 // (tools/commands.h) for a malformed, negative, too large or unknown dim.
-ops::DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f);
+DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function& f);
 // The symbols of f's params, in order of first appearance.
 std::vector<std::string> program_symbols(const ir::Function& f);
 
@@ -49,8 +49,8 @@ std::vector<std::string> program_symbols(const ir::Function& f);
 // i8 '|i1'; i64 (rope positions) '<i4', widened (tools/npy.h has no '<i8').
 // Errors name the input and the file. An i64 tensor is written as '<i4' when
 // every value fits, else it is an Error.
-ops::HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std::string& file);
-NpyArray npy_from_tensor(const ops::HostTensor& t, const std::string& what);
+HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std::string& file);
+NpyArray npy_from_tensor(const HostTensor& t, const std::string& what);
 
 // What an input feeds, when that constrains its values: random data must be
 // valid data for the operator that reads it.
@@ -64,22 +64,21 @@ enum class InputRole {
 // The role of param `id` in f (the first op reading it decides) and, for
 // positions and topk_ids, the bound range (-1 when its dim is unbound) and
 // the value whose dim 0 it is (the cos/sin cache, w13).
-InputRole input_role(const ir::Function& f, int id, const ops::DimBindings& dims, int64_t* range,
+InputRole input_role(const ir::Function& f, int id, const DimBindings& dims, int64_t* range,
                      int* range_of = nullptr);
 // The role a file name's stem names, for `tilejit gen-npy`: "pos" or
 // "positions", "cos_sin", "topk_ids", "topk_weights"; else plain.
 InputRole role_from_name(const std::string& stem);
 // Fills t (shape and bytes set) with random values of `role` from one stream
 // of `seed`. Errors name `what` when the dtype, shape or range do not fit.
-void fill_role(ops::HostTensor& t, InputRole role, int64_t range, uint64_t seed,
+void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
                const std::string& what);
 
 // Random contents for param `id` of f with its symbols bound by `dims` (Error
 // naming the input and the unbound symbol otherwise), valid for its role
 // (input_role). One stream per (seed, name), so giving some inputs from files
 // leaves the others unchanged.
-ops::HostTensor random_tensor(const ir::Function& f, int id, const ops::DimBindings& dims,
-                              uint64_t seed);
+HostTensor random_tensor(const ir::Function& f, int id, const DimBindings& dims, uint64_t seed);
 
 // --threads N of bench and llama-layer (0: not given): set_num_threads, its
 // Error (which states the allowed range) a UsageError naming the option.

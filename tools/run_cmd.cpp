@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "ops/program_runner.h"
 #include "runtime/bf16.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/program/program_runner.h"
 #include "tools/program_io.h"
 
 namespace tilejit::tools {
@@ -56,7 +56,7 @@ void make_save_dir(const std::string& dir) {
                                                         : "cannot be created: " + ec.message()));
 }
 
-void print_summary(const std::string& name, const ops::HostTensor& t) {
+void print_summary(const std::string& name, const HostTensor& t) {
   double lo = INFINITY, hi = -INFINITY, sum = 0;
   const int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) {
@@ -66,11 +66,11 @@ void print_summary(const std::string& name, const ops::HostTensor& t) {
     hi = std::max(hi, v);
     sum += v;
   }
-  fmt::print("  %{} {} {}: min {:.6g} max {:.6g} mean {:.6g}\n", name, ops::shape_str(t.shape),
+  fmt::print("  %{} {} {}: min {:.6g} max {:.6g} mean {:.6g}\n", name, shape_str(t.shape),
              dtype_name(t.dtype), lo, hi, n ? sum / n : 0.0);
 }
 
-void print_check(const ops::CheckReport& c) {
+void print_check(const CheckReport& c) {
   fmt::print("check  against the scalar reference ({})\n", c.reference);
   fmt::print("  max abs err  {:.3g}\n", c.max_abs);
   fmt::print("  max rel err  {:.3g}  (|got - ref| / max(|ref|, 1e-6))\n", c.max_rel);
@@ -89,14 +89,14 @@ void print_check(const ops::CheckReport& c) {
 
 int run_program(const RunOptions& opt) {
   const ir::Function f = load_program(opt.file);
-  const ops::DimBindings preset = parse_dims(opt.dims, f);
+  const DimBindings preset = parse_dims(opt.dims, f);
   // verify + match: their errors come before any .npy file is read.
-  ops::ProgramRunner runner = make_runner(f, opt.file);
+  ProgramRunner runner = make_runner(f, opt.file);
   const auto in_files = file_options(opt.inputs, "--input", "input", f, f.params);
   const auto out_files = file_options(opt.outputs, "--output", "result", f, f.results);
   note_isa_request(opt.isa);
 
-  ops::TensorMap inputs;
+  TensorMap inputs;
   for (const auto& [name, path] : in_files) {
     const int id = *std::find_if(f.params.begin(), f.params.end(),
                                  [&](int p) { return f.value(p).name == name; });
@@ -104,7 +104,7 @@ int run_program(const RunOptions& opt) {
   }
   // Generated inputs take their symbolic dims from --dim, then from the inputs
   // read from files (conflicts are reported by set_inputs below).
-  ops::DimBindings dims = preset;
+  DimBindings dims = preset;
   for (const auto& [name, t] : inputs) {
     const int id = *std::find_if(f.params.begin(), f.params.end(),
                                  [&](int p) { return f.value(p).name == name; });
@@ -140,15 +140,15 @@ int run_program(const RunOptions& opt) {
     }
     throw Error(msg);
   }
-  ops::TensorMap outputs = runner.make_outputs();
+  TensorMap outputs = runner.make_outputs();
   const auto t0 = std::chrono::steady_clock::now();
   runner.run(outputs);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  if (const ops::OperatorRunner* o = runner.operators()) {
+  if (const OperatorRunner* o = runner.operators()) {
     std::vector<std::string> apis;
-    for (const ops::OperatorCall& c : o->program().calls) apis.push_back(c.api());
+    for (const OperatorCall& c : o->program().calls) apis.push_back(c.api());
     fmt::print("ran @{} on the {} path: {} ({}) in {:.3f} ms (first call, compiles included)\n",
                f.name, isa_name(cpu_info().isa), o->work().shape, fmt::join(apis, ", then "), ms);
   } else {
@@ -166,7 +166,7 @@ int run_program(const RunOptions& opt) {
     }
   }
   if (!opt.check) return 0;
-  const ops::CheckReport c = runner.check(outputs);
+  const CheckReport c = runner.check(outputs);
   print_check(c);
   return c.pass() ? 0 : 1;
 }

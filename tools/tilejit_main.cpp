@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tilejit %s: error: %s\n", name.c_str(), what.c_str());
     return 1;
   } catch (const std::bad_alloc&) {
-    // Every tensor is capped (ops::kMaxHostTensorBytes), but the caps may still
+    // Every tensor is capped (kMaxHostTensorBytes), but the caps may still
     // exceed this machine's memory: an error in the input's size, not a bug.
     std::fflush(stdout);
     std::fprintf(stderr,

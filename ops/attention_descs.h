@@ -1,0 +1,19 @@
+// The kernel descriptors the attention operators build, exported so that a
+// caller that reports which kernel a call runs (the `tilejit` tool) takes the
+// operator's own descriptor instead of re-deriving its fields.
+#pragma once
+
+#include <cstdint>
+
+#include "codegen/llvm/llvm_decode_attention.h"
+
+namespace tilejit::ops {
+
+// The LLVM kernel tilejit::decode_attention runs for head sizes d and dv, g
+// query heads per kv head, cache blocks of block_size rows, with a softcap
+// and ALiBi slopes or without; its partial O rows are dv rounded up to 64 floats.
+codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
+                                                                 int64_t block_size, bool softcap,
+                                                                 bool alibi);
+
+}  // namespace tilejit::ops

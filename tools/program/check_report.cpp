@@ -1,0 +1,34 @@
+#include "tools/program/check_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tilejit::tools {
+
+bool CheckReport::add(double got, double want, double tol) {
+  double err = std::fabs(got - want);
+  if (std::isnan(err)) err = INFINITY;
+  ++checked;
+  if (!(err <= tol)) ++failures;
+  max_abs = std::max(max_abs, err);
+  max_rel = std::max(max_rel, err / std::max(std::fabs(want), 1e-6));
+  const double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
+  if (!(ratio > worst_ratio)) return false;
+  worst_ratio = ratio;
+  worst_got = got;
+  worst_ref = want;
+  worst_tol = tol;
+  return true;
+}
+
+std::vector<int64_t> unflatten(int64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    const int64_t sz = std::max<int64_t>(1, shape[d]);
+    idx[d] = flat % sz;
+    flat /= sz;
+  }
+  return idx;
+}
+
+}  // namespace tilejit::tools

@@ -1,0 +1,179 @@
+#include "tools/program/describe_operators.h"
+
+#include <fmt/format.h>
+
+#include "ir/printer.h"
+#include "tools/program/llvm_kernel_names.h"
+#ifdef TILEJIT_HAVE_LLVM
+#include "jit/llvm_kernels.h"
+#endif
+
+namespace tilejit::tools {
+namespace {
+
+// A dim of value `id` bound by `dims`: its size, or its symbol when unbound.
+std::string dim_text(const ir::Function& f, int id, int i, const DimBindings& dims) {
+  const ir::Dim& d = f.value(id).type.dims.at(i);
+  if (d.is_static()) return std::to_string(d.value);
+  auto it = dims.find(d.symbol);
+  return it == dims.end() ? d.str() : std::to_string(it->second);
+}
+
+std::string operand_text(const ir::Function& f, int id, const DimBindings& dims) {
+  const ir::TensorType& t = f.value(id).type;
+  std::string s = fmt::format("%{} {} [", f.value(id).name, dtype_name(t.dtype));
+  for (int i = 0; i < t.rank(); ++i) s += (i ? ", " : "") + dim_text(f, id, i, dims);
+  return s + "]";
+}
+
+// The RoPE kernel name the call will use on a JIT path, when the shapes fix it.
+std::string call_rope_kernel_name(const ir::Function& f, const OperatorCall& c,
+                                  const DimBindings& dims) {
+  const ir::TensorType& q = f.value(operand(f, c, 0)).type;
+  const std::string h = dim_text(f, operand(f, c, 0), 1, dims);
+  codegen::llvm_backend::RopeDesc d;
+  d.neox = c.rope.style == RopeStyle::neox;
+  d.dtype = q.dtype;
+  d.cache_dtype = DType::f32;
+  d.d = q.dims[2].value;
+  d.rotary_dim = c.rope.rotary_dim ? c.rope.rotary_dim : d.d;
+  d.hq = q.dims[1].is_static() ? q.dims[1].value : 0;
+  d.hk = 0;  // k absent
+  d.pos_dtype = f.value(operand(f, c, 1)).type.dtype;
+  std::string name = rope_kernel_name(d);
+  if (!name.empty() && !q.dims[1].is_static()) {
+    // The head count is in the name; an unbound one is shown as its symbol.
+    const std::string placeholder = "_hq0_";
+    if (auto at = name.find(placeholder); at != std::string::npos)
+      name.replace(at, placeholder.size(), "_hq" + h + "_");
+  }
+  return name;
+}
+
+// The cache key of an LLVM kernel (jit::llvm_host_key), or the key itself in
+// a build without LLVM.
+std::string llvm_host_key(const std::string& key) {
+#ifdef TILEJIT_HAVE_LLVM
+  return jit::llvm_host_key(key);
+#else
+  return key;
+#endif
+}
+
+std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBindings& dims) {
+  const ir::Op& op = op_of(f, c);
+  auto arg = [&](size_t i) { return operand_text(f, op.operands.at(i), dims); };
+  const std::string out = operand_text(f, op.result, dims);
+  switch (c.kind) {
+    case ir::OpKind::rope: {
+      const int64_t d = f.value(op.operands[0]).type.dims[2].value;
+      return fmt::format(
+          "tilejit::rope(q = {} (a copy of %{}, rotated in place), k = none, positions = {}, "
+          "cos_sin_cache = {}, {{.style = {}, .rotary_dim = {}}})",
+          out, f.value(op.operands[0]).name, arg(1), arg(2), rope_style_name(c.rope.style),
+          c.rope.rotary_dim ? c.rope.rotary_dim : d);
+    }
+    case ir::OpKind::attention: {
+      const AttentionOptions& o = c.attention;
+      const int64_t d = f.value(op.operands[0]).type.dims[2].value;
+      return fmt::format(
+          "tilejit::flash_attn_varlen(q = {}, k = {}, v = {}, out = {}, cu_seqlens_q = [0, {}], "
+          "cu_seqlens_k = [0, {}], {{.causal = {}, .sm_scale = {:.6g}{}, .window_left = {}, "
+          ".window_right = {}, .softcap = {:g}}}): one sequence",
+          arg(0), arg(1), arg(2), out, dim_text(f, op.operands[0], 0, dims),
+          dim_text(f, op.operands[1], 0, dims), o.causal, sm_scale_of(c, d),
+          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.window_right, o.softcap);
+    }
+    default:
+      return fmt::format(
+          "w13p = tilejit::pack_experts({}, gate_up), w2p = tilejit::pack_experts({}, down) once "
+          "when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
+          "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}}})",
+          arg(1), arg(2), arg(0), arg(3), arg(4), out, moe_act_text(c.moe));
+  }
+}
+
+// What runs on `isa`, and the kernels (named when the shapes fix them).
+std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, const OperatorCall& c,
+                                                     Isa isa, const DimBindings& dims) {
+  const std::string api = c.api();
+  if (isa == Isa::scalar) {
+    switch (c.kind) {
+      case ir::OpKind::rope:
+        return {"scalar: the reference, one head row at a time (ops/rope.cpp)",
+                "none (no JIT code on the scalar path)"};
+      case ir::OpKind::attention:
+        return {"scalar: one query head at a time in fp32 (ops/attention_scalar.h)",
+                "none (no JIT code on the scalar path)"};
+      default:
+        return {"scalar: the packed experts read in fp32 (ops/moe.cpp)",
+                "none (no JIT code on the scalar path)"};
+    }
+  }
+  switch (c.kind) {
+    case ir::OpKind::rope: {
+      const std::string name = call_rope_kernel_name(f, c, dims);
+      if (name.empty()) return {"needs a tilejit built with LLVM: the call raises an Error", "-"};
+      return {fmt::format("{}: one LLVM-compiled kernel per specialisation (dtype, head size, "
+                          "rotary_dim, heads, position dtype); tokens split over the threads",
+                          isa_name(isa)),
+              name};
+    }
+    case ir::OpKind::attention:
+      return {fmt::format("{}: the attention engine (docs/attention.md): q·kᵀ and P·v on "
+                          "brgemm micro-kernels, online softmax over key blocks",
+                          isa_name(isa)),
+              fmt::format("chosen at run time by {} (brgemm_{} micro-kernels; "
+                          "TILEJIT_VERBOSE=1 logs each one compiled)",
+                          api, isa_name(isa))};
+    default:
+      return {fmt::format("{}: gate/up GEMM with the {}-and-mul epilogue, then the down GEMM "
+                          "scaled by the routing weights (docs/moe.md)",
+                          isa_name(isa), moe_act_text(c.moe)),
+              fmt::format("chosen at run time by {} (brgemm_{} micro-kernels; "
+                          "TILEJIT_VERBOSE=1 logs each one compiled)",
+                          api, isa_name(isa))};
+  }
+}
+
+std::string call_header(const ir::Function& f, const OperatorProgram& p, size_t i) {
+  return fmt::format("call {} of {}: {}\n", i + 1, p.calls.size(),
+                     ir::print(f, op_of(f, p.calls[i])));
+}
+
+}  // namespace
+
+std::string describe_operator_plan(const ir::Function& f, const OperatorProgram& p, Isa isa,
+                                   const DimBindings& dims) {
+  std::string s = fmt::format(
+      "@{}: {} call{} of the public API in program order, on the {} path; no gemm plan (the "
+      "operators plan their own work)\n",
+      f.name, p.calls.size(), p.calls.size() == 1 ? "" : "s", isa_name(isa));
+  for (size_t i = 0; i < p.calls.size(); ++i) {
+    const auto [path, kernels] = path_and_kernels(f, p.calls[i], isa, dims);
+    s += call_header(f, p, i);
+    s += fmt::format("  api          {}\n", api_text(f, p.calls[i], dims));
+    s += fmt::format("  path         {}\n", path);
+    s += fmt::format("  kernels      {}\n", kernels);
+  }
+  return s;
+}
+
+std::string describe_operator_keys(const ir::Function& f, const OperatorProgram& p, Isa isa,
+                                   const DimBindings& dims) {
+  std::string s;
+  for (size_t i = 0; i < p.calls.size(); ++i) {
+    const OperatorCall& c = p.calls[i];
+    s += call_header(f, p, i);
+    const auto [path, kernels] = path_and_kernels(f, c, isa, dims);
+    if (isa != Isa::scalar && c.kind == ir::OpKind::rope && kernels != "-") {
+      s += fmt::format("  kernel  {}\n", kernels);
+      s += fmt::format("  key     {}\n", llvm_host_key(kernels));
+    } else {
+      s += fmt::format("  kernels {}\n", kernels);
+    }
+  }
+  return s;
+}
+
+}  // namespace tilejit::tools

@@ -1,0 +1,22 @@
+// Describing an operator program for `tilejit dump`: the public API calls it
+// makes and the kernels they use, without running anything.
+#pragma once
+
+#include <string>
+
+#include "tools/program/host_tensor.h"
+#include "tools/program/operator_program.h"
+
+namespace tilejit::tools {
+
+// What `tilejit dump --stage plan` and `--stage key` print for such a program
+// on path `isa`, with the symbolic dims bound by `dims` where given: per call,
+// the API call and its arguments; the kernels, named where the name follows
+// from the shapes alone (RoPE's one LLVM kernel), otherwise said to be chosen
+// at run time by the operator. Lines end with '\n'.
+std::string describe_operator_plan(const ir::Function& f, const OperatorProgram& p, Isa isa,
+                                   const DimBindings& dims);
+std::string describe_operator_keys(const ir::Function& f, const OperatorProgram& p, Isa isa,
+                                   const DimBindings& dims);
+
+}  // namespace tilejit::tools

@@ -1,0 +1,159 @@
+#include "tools/program/gemm_program.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "codegen/gemm_lowering.h"
+#include "ir/builder.h"
+#include "ir/printer.h"
+#include "tools/program/operator_program.h"
+
+namespace tilejit::tools {
+namespace {
+
+constexpr const char* kLowered =
+    "a program must be a gemm chain (gemm → add bias → activation → cast) or a chain of "
+    "rope, attention and moe ops";
+
+#ifdef TILEJIT_HAVE_LLVM
+// ops[from..] of f as a function of its own: `first` (if >= 0) becomes the
+// first param, typed `first_type`, then every param of f those ops read, in
+// f's order (each named "v" + its name in f: a number is no param name). Strides are dropped (the
+// runner's tensors are dense); a packed layout is kept so that the elementwise compiler names it.
+// Returns the function and, per param, the value id of f it stands for.
+ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
+                              const ir::TensorType& first_type, std::vector<int>& inputs) {
+  ir::Builder b(f.name + (first >= 0 ? "_epilogue" : ""));
+  std::map<int, int> id;  // f value id -> builder value id
+  inputs.clear();
+  auto dense = [](ir::TensorType t) {
+    if (t.layout.kind == ir::LayoutKind::row_major) t.layout = ir::Layout::row_major();
+    return t;
+  };
+  if (first >= 0) {
+    id[first] = b.param("v" + f.value(first).name, dense(first_type));
+    inputs.push_back(first);
+  }
+  std::set<int> used;
+  for (size_t i = from; i < f.ops.size(); ++i)
+    for (int o : f.ops[i].operands) used.insert(o);
+  for (int r : f.results) used.insert(r);
+  for (int p : f.params)
+    if (used.count(p) && !id.count(p)) {
+      id[p] = b.param("v" + f.value(p).name, dense(f.value(p).type));
+      inputs.push_back(p);
+    }
+  for (size_t i = from; i < f.ops.size(); ++i) {
+    const ir::Op& op = f.ops[i];
+    std::vector<int> operands;
+    for (int o : op.operands) operands.push_back(id.at(o));
+    id[op.result] = b.op(op.kind, operands, op.attrs);
+  }
+  std::vector<int> results;
+  for (int r : f.results) results.push_back(id.at(r));
+  b.ret(results);
+  return b.finish();
+}
+
+#endif  // TILEJIT_HAVE_LLVM
+
+}  // namespace
+
+GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
+  for (const ir::Op& op : f.ops)
+    if (is_operator_op(op.kind))
+      throw Error(fmt::format(
+          "no gemm lowering for op '{}' ({}): rope, attention and moe run as calls of the "
+          "public API (match_operator_program), not as a gemm chain",
+          ir::name(op.kind), ir::print(f, op)));
+  if (f.ops.empty())
+    throw Error(fmt::format("no lowering for @{}: it has no ops; {}", f.name, kLowered));
+  if (f.ops.front().kind != ir::OpKind::gemm) {
+#ifdef TILEJIT_HAVE_LLVM
+    bool all_elementwise = true;
+    for (const ir::Op& op : f.ops) all_elementwise = all_elementwise && ir::is_elementwise(op.kind);
+    if (all_elementwise && !allow_elementwise)
+      throw Error(fmt::format(
+          "@{} has no gemm, so no gemm plan, key or asm to show; `tilejit run` executes this "
+          "elementwise program as one loop compiled by the LLVM backend",
+          f.name));
+    if (all_elementwise) {
+      GemmProgram p;
+      p.has_gemm = false;
+      p.lowered = f;
+      p.epilogue = elementwise_part(f, 0, -1, {}, p.epilogue_inputs);
+      for (int q : f.params)
+        if (p.x < 0 || f.value(q).type.rank() > f.value(p.x).type.rank()) p.x = q;
+      for (const ir::Value& v : f.values)
+        if (!v.type.dims.empty() && v.type.dims.back().is_static())
+          p.spec.n = v.type.dims.back().value;
+      p.spec.k = 0;
+      p.result = f.results.at(0);
+      return p;
+    }
+#endif
+    (void)allow_elementwise;
+    throw Error(fmt::format(
+        "no lowering for op '{}' yet ({}): elementwise ops run only as a gemm's fused epilogue; {}",
+        ir::name(f.ops.front().kind), ir::print(f, f.ops.front()), kLowered));
+  }
+
+  GemmProgram p;
+  p.lowered = f;
+  const ir::Op& g = f.ops.front();
+  p.x = g.operands.at(0);
+  p.w = g.operands.at(1);
+  // The runner packs w with pack_weight whatever its IR layout, so a
+  // row-major weight lowers as the packed one the kernels read.
+  ir::TensorType& wt = p.lowered.values.at(p.w).type;
+  if (wt.layout.kind == ir::LayoutKind::row_major) {
+    wt.layout = ir::Layout::vnni2();
+    p.w_packed_by_runner = true;
+  }
+#ifdef TILEJIT_HAVE_LLVM
+  try {
+    p.spec = codegen::match_gemm(p.lowered);
+  } catch (const Error& e) {
+    const std::string full_error = e.what();
+    // The longest prefix the fused gemm takes whose inner values nothing
+    // after it reads; the rest must be elementwise, else today's message.
+    bool rest_elementwise = true;
+    for (size_t i = 1; i < f.ops.size(); ++i)
+      rest_elementwise = rest_elementwise && ir::is_elementwise(f.ops[i].kind);
+    if (!rest_elementwise) throw;
+    for (size_t len = f.ops.size() - 1; len >= 1; --len) {
+      const int end = f.ops[len - 1].result;
+      std::set<int> inner;
+      for (size_t i = 0; i + 1 < len; ++i) inner.insert(f.ops[i].result);
+      bool leaks = false;
+      for (size_t i = len; i < f.ops.size(); ++i)
+        for (int o : f.ops[i].operands) leaks = leaks || inner.count(o);
+      for (int r : f.results) leaks = leaks || inner.count(r);
+      if (leaks) continue;
+      ir::Function prefix = p.lowered;
+      prefix.ops.resize(len);
+      prefix.results = {end};
+      codegen::GemmSpec spec;
+      try {
+        spec = codegen::match_gemm(prefix);
+      } catch (const Error&) {
+        if (len == 1) throw Error(full_error);
+        continue;
+      }
+      p.spec = spec;
+      p.lowered = std::move(prefix);
+      p.epilogue = elementwise_part(f, len, end, f.value(end).type, p.epilogue_inputs);
+      break;
+    }
+  }
+#else
+  p.spec = codegen::match_gemm(p.lowered);
+#endif
+  if (p.spec.bias != codegen::BiasKind::none) p.bias = f.ops.at(1).operands.at(1);
+  p.result = p.lowered.results.at(0);
+  return p;
+}
+
+}  // namespace tilejit::tools

@@ -1,0 +1,40 @@
+// Matching a gemm chain: which part of a verified function runs as the fused
+// tilejit::gemm (codegen::match_gemm) and which as the LLVM elementwise loop.
+#pragma once
+
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+#include "ir/program.h"
+
+namespace tilejit::tools {
+
+// A verified function recognised as a gemm chain, and how the runner feeds it.
+struct GemmProgram {
+  // The function codegen lowers: the source with a row-major w re-typed to
+  // packed<vnni2, n_block=64, k_pair=2>, since the runner packs w itself.
+  ir::Function lowered;
+  bool w_packed_by_runner = false;  // w is row-major in the source
+  codegen::GemmSpec spec;
+  int x = -1, w = -1, bias = -1;  // param value ids (bias -1: none)
+  int result = -1;                // the returned value id (of `lowered`)
+
+  // The elementwise rest, run by the LLVM elementwise compiler (empty ops: none).
+  // For a gemm program its first param is the fused gemm's result (`result`,
+  // [M, N]); the others are params of the source (names prefixed "v"). For a
+  // program without a gemm (has_gemm false) it is the whole source function;
+  // then x is its param of largest rank, w is -1 and spec holds only n (k = 0).
+  bool has_gemm = true;
+  ir::Function epilogue;
+  std::vector<int> epilogue_inputs;  // per epilogue param: the source value id
+};
+
+// Recognises a gemm program in a verified function. Throws tilejit::Error:
+// for rope, attention and moe ops (they run as operator calls: see
+// match_operator_program), or codegen::match_gemm's message for a chain that cannot be fused
+// (without LLVM, or when what follows the gemm is not elementwise). A program without a gemm is
+// refused unless allow_elementwise (the runner's case: `tilejit dump` has no gemm plan to show for
+// it); built without LLVM it is always refused.
+GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false);
+
+}  // namespace tilejit::tools

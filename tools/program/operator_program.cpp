@@ -1,0 +1,127 @@
+#include "tools/program/operator_program.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ir/activation.h"
+#include "ir/printer.h"
+
+namespace tilejit::tools {
+
+const ir::Op& op_of(const ir::Function& f, const OperatorCall& c) {
+  return f.ops.at(c.op);
+}
+
+int operand(const ir::Function& f, const OperatorCall& c, size_t i) {
+  return op_of(f, c).operands.at(i);
+}
+
+bool is_param(const ir::Function& f, int id) {
+  return std::find(f.params.begin(), f.params.end(), id) != f.params.end();
+}
+
+bool is_result(const ir::Function& f, int id) {
+  return std::find(f.results.begin(), f.results.end(), id) != f.results.end();
+}
+
+const char* rope_style_name(RopeStyle s) {
+  return s == RopeStyle::neox ? "neox" : "gptj";
+}
+
+std::string moe_act_text(const MoeOptions& o) {
+  if (!o.clamped_swiglu) return activation_name(o.act);
+  return fmt::format("clamped_swiglu(alpha={:g}, limit={:g})", o.swiglu_alpha, o.swiglu_limit);
+}
+
+double sm_scale_of(const OperatorCall& c, int64_t d) {
+  return c.attention.sm_scale ? double(*c.attention.sm_scale) : 1.0 / std::sqrt(double(d));
+}
+
+bool is_operator_op(ir::OpKind k) {
+  return k == ir::OpKind::rope || k == ir::OpKind::attention || k == ir::OpKind::moe;
+}
+
+const char* OperatorCall::api() const {
+  switch (kind) {
+    case ir::OpKind::rope:
+      return "tilejit::rope";
+    case ir::OpKind::attention:
+      return "tilejit::flash_attn_varlen";
+    default:
+      return "tilejit::fused_experts";
+  }
+}
+
+bool has_operator_ops(const ir::Function& f) {
+  return std::any_of(f.ops.begin(), f.ops.end(),
+                     [](const ir::Op& op) { return is_operator_op(op.kind); });
+}
+
+OperatorProgram match_operator_program(const ir::Function& f) {
+  OperatorProgram p;
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    const ir::Op& op = f.ops[i];
+    if (!is_operator_op(op.kind))
+      throw Error(fmt::format(
+          "no lowering for op '{}' ({}) in a program with rope, attention or moe ops: each of "
+          "those runs as one call of the public API, and a program may chain only them; a gemm "
+          "or elementwise op needs a program of its own",
+          ir::name(op.kind), ir::print(f, op)));
+    OperatorCall c;
+    c.op = i;
+    c.kind = op.kind;
+    const ir::Attrs& a = op.attrs;
+    const std::string who = ir::print(f, op);
+    switch (op.kind) {
+      case ir::OpKind::rope: {
+        const DType q = f.value(op.operands[0]).type.dtype;
+        if (q != DType::f32 && q != DType::bf16)
+          throw Error(fmt::format("{}: operand 'q' (%{}) is {}: tilejit::rope takes f32 or bf16",
+                                  who, f.value(op.operands[0]).name, dtype_name(q)));
+        c.rope.style =
+            a.get_string("style").value_or("neox") == "gptj" ? RopeStyle::gptj : RopeStyle::neox;
+        c.rope.rotary_dim = a.get_int("rotary_dim").value_or(0);  // 0: D, the IR default too
+        break;
+      }
+      case ir::OpKind::attention: {
+        const DType q = f.value(op.operands[0]).type.dtype;
+        if (q != DType::bf16)
+          throw Error(fmt::format(
+              "{}: operand 'q' (%{}) is {}: tilejit::flash_attn_varlen takes bf16 q, k and v "
+              "(and writes a bf16 out)",
+              who, f.value(op.operands[0]).name, dtype_name(q)));
+        c.attention.causal = a.get_bool("causal").value_or(false);
+        if (auto s = a.get_double("sm_scale")) c.attention.sm_scale = static_cast<float>(*s);
+        c.attention.window_left = static_cast<int>(a.get_int("window_left").value_or(-1));
+        c.attention.window_right = static_cast<int>(a.get_int("window_right").value_or(-1));
+        c.attention.softcap = static_cast<float>(a.get_double("softcap").value_or(0.0));
+        break;
+      }
+      default: {  // moe
+        for (size_t w : {size_t{1}, size_t{2}})
+          if (!is_param(f, op.operands[w]))
+            throw Error(fmt::format(
+                "{}: operand '{}' (%{}) is computed by the program: the expert weights must be "
+                "program inputs, since they are packed once (pack_experts) when the inputs are "
+                "bound",
+                who, w == 1 ? "w13" : "w2", f.value(op.operands[w]).name));
+        c.top_k = *a.get_int("top_k");
+        // The verifier allowed only the gated activations or clamped_swiglu.
+        const std::string act = a.get_string("activation").value_or("silu");
+        c.moe.act = ir::activation_from_name(act).value_or(Activation::silu);
+        c.moe.clamped_swiglu = act == "clamped_swiglu";
+        c.moe.swiglu_alpha = static_cast<float>(a.get_double("swiglu_alpha").value_or(1.702));
+        c.moe.swiglu_limit = static_cast<float>(a.get_double("swiglu_limit").value_or(7.0));
+        c.moe.routed_scaling_factor =
+            static_cast<float>(a.get_double("routed_scaling_factor").value_or(1.0));
+        break;
+      }
+    }
+    p.calls.push_back(c);
+  }
+  return p;
+}
+
+}  // namespace tilejit::tools

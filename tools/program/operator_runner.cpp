@@ -1,0 +1,242 @@
+#include "tools/program/operator_runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+
+#include "ir/printer.h"
+
+namespace tilejit::tools {
+namespace {
+
+// Keys visible to query row i of a (T queries, S keys) sequence: the API's
+// rule (tilejit.h, AttentionOptions) with bottom-right alignment.
+int64_t visible_keys(const AttentionOptions& o, int64_t t, int64_t s, int64_t i) {
+  const int64_t i_pos = s - t + i;
+  int64_t lo = 0, hi = s - 1;
+  if (o.causal) hi = std::min(hi, i_pos);
+  if (o.window_left >= 0) lo = std::max<int64_t>(lo, i_pos - o.window_left);
+  if (o.window_right >= 0) hi = std::min<int64_t>(hi, i_pos + o.window_right);
+  return std::max<int64_t>(0, hi - lo + 1);
+}
+
+}  // namespace
+
+struct OperatorRunner::Bound {
+  std::map<int, HostTensor> scratch;  // values between calls that are not results
+  // Params with a static strided layout, laid out at those strides.
+  struct Strided {
+    std::vector<uint8_t> bytes;
+    std::vector<int64_t> strides;
+  };
+  std::map<int, Strided> strided;
+  std::vector<PackedExperts> w13, w2;              // per call (moe calls only)
+  std::vector<std::array<int32_t, 2>> cu_q, cu_k;  // per call (attention calls only)
+};
+
+OperatorRunner::OperatorRunner(ir::Function f, OperatorProgram p)
+    : f_(std::move(f)), prog_(std::move(p)) {}
+
+OperatorRunner::~OperatorRunner() = default;
+
+void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
+  inputs_ = &inputs;
+  dims_ = dims;
+  auto b = std::make_unique<Bound>();
+  for (int id : f_.params) {
+    const ir::TensorType& t = f_.value(id).type;
+    if (t.layout.kind != ir::LayoutKind::row_major || t.layout.strides.empty()) continue;
+    // Strides as the IR states them, a '?' one dense over the dims inside it:
+    // the calls then read the rows of a wider buffer, as the program says.
+    const HostTensor& h = inputs.at(f_.value(id).name);
+    const int r = t.rank();
+    if (h.numel() == 0) continue;
+    std::vector<int64_t> st(r), dense(r);
+    bool differs = false, overflow = false;
+    for (int i = r - 1; i >= 0; --i) {
+      dense[i] = i == r - 1 ? 1 : dense[i + 1] * h.shape[i + 1];
+      const auto& s = t.layout.strides[i];
+      st[i] = s ? *s : 1;
+      if (!s && i != r - 1) overflow |= __builtin_mul_overflow(st[i + 1], h.shape[i + 1], &st[i]);
+      differs = differs || st[i] != dense[i];
+    }
+    if (!differs) continue;
+    // Static strides come from the .tir text: their span is checked like a shape.
+    int64_t span = 1;
+    for (int i = 0; i < r; ++i) {
+      int64_t step = 0;
+      overflow |= __builtin_mul_overflow(h.shape[i] - 1, st[i], &step);
+      overflow |= __builtin_add_overflow(span, step, &span);
+    }
+    const int64_t eb = elem_bytes(h.dtype);
+    const std::string what =
+        fmt::format("input '{}' at its strides {}", f_.value(id).name, shape_str(st));
+    if (overflow) throw Error(fmt::format("{} spans more than 2^63 elements", what));
+    Bound::Strided& out = b->strided[id];
+    out.bytes.assign(static_cast<size_t>(dense_bytes({span}, eb, what)), 0);
+    out.strides = st;
+    for (int64_t flat = 0; flat < h.numel(); ++flat) {
+      int64_t rest = flat, off = 0;
+      for (int i = r - 1; i >= 0; --i) {
+        off += (rest % h.shape[i]) * st[i];
+        rest /= h.shape[i];
+      }
+      std::memcpy(out.bytes.data() + off * eb, h.bytes.data() + flat * eb, size_t(eb));
+    }
+  }
+  for (const ir::Op& op : f_.ops) {
+    if (is_param(f_, op.result) || is_result(f_, op.result)) continue;
+    const ir::TensorType& t = f_.value(op.result).type;
+    b->scratch[op.result] = HostTensor::zeros(t.dtype, bind_shape(t, dims_),
+                                              fmt::format("%{}", f_.value(op.result).name));
+  }
+  b->w13.resize(prog_.calls.size());
+  b->w2.resize(prog_.calls.size());
+  b->cu_q.resize(prog_.calls.size());
+  b->cu_k.resize(prog_.calls.size());
+  for (size_t i = 0; i < prog_.calls.size(); ++i) {
+    const OperatorCall& c = prog_.calls[i];
+    if (c.kind == ir::OpKind::moe) {
+      // The engine's load-time step: the source weights are plain [E, 2I, H]
+      // and [E, H, I], whatever layout the IR names (as a gemm's w is).
+      const HostTensor& w13 = inputs.at(f_.value(operand(f_, c, 1)).name);
+      const HostTensor& w2 = inputs.at(f_.value(operand(f_, c, 2)).name);
+      b->w13[i] = pack_experts(TensorView(w13.data<uint16_t>(), DType::bf16, w13.shape),
+                               ExpertProj::gate_up);
+      b->w2[i] =
+          pack_experts(TensorView(w2.data<uint16_t>(), DType::bf16, w2.shape), ExpertProj::down);
+    } else if (c.kind == ir::OpKind::attention) {
+      const int64_t t = bind_shape(f_.value(operand(f_, c, 0)).type, dims_).at(0);
+      const int64_t s = bind_shape(f_.value(operand(f_, c, 1)).type, dims_).at(0);
+      if (t > INT32_MAX || s > INT32_MAX)
+        throw Error(
+            fmt::format("{}: T={} S={}: cu_seqlens are int32", ir::print(f_, op_of(f_, c)), t, s));
+      b->cu_q[i] = {0, static_cast<int32_t>(t)};
+      b->cu_k[i] = {0, static_cast<int32_t>(s)};
+    }
+  }
+  bound_ = std::move(b);
+}
+
+const HostTensor& OperatorRunner::value(int id, const TensorMap& outputs) const {
+  const std::string& name = f_.value(id).name;
+  if (is_param(f_, id)) return inputs_->at(name);
+  if (is_result(f_, id)) return outputs.at(name);
+  return bound_->scratch.at(id);
+}
+
+TensorView OperatorRunner::view(int id, const TensorMap& outputs) const {
+  if (auto it = bound_->strided.find(id); it != bound_->strided.end()) {
+    const HostTensor& h = inputs_->at(f_.value(id).name);
+    return TensorView(const_cast<uint8_t*>(it->second.bytes.data()), h.dtype, h.shape,
+                      it->second.strides);
+  }
+  const HostTensor& h = value(id, outputs);
+  return TensorView(const_cast<uint8_t*>(h.bytes.data()), h.dtype, h.shape);
+}
+
+void OperatorRunner::run(TensorMap& outputs) {
+  run_calls(outputs, /*copy_rope_input=*/true);
+}
+
+void OperatorRunner::run_in_place(TensorMap& outputs) {
+  run_calls(outputs, /*copy_rope_input=*/false);
+}
+
+void OperatorRunner::run_calls(TensorMap& outputs, bool copy_rope_input) {
+  if (!bound_) throw Error("OperatorRunner::run: bind() first");
+  for (size_t i = 0; i < prog_.calls.size(); ++i) {
+    const OperatorCall& c = prog_.calls[i];
+    const ir::Op& op = op_of(f_, c);
+    // Calls write their results through views of tensors this runner owns
+    // (outputs or scratch), never into an input.
+    const TensorView out = view(op.result, outputs);
+    switch (c.kind) {
+      case ir::OpKind::rope: {
+        // tilejit::rope works in place: the result starts as a copy of q.
+        if (copy_rope_input) {
+          const HostTensor& q = value(op.operands[0], outputs);
+          std::memcpy(out.data, q.bytes.data(), q.bytes.size());
+        }
+        rope(out, nullptr, view(op.operands[1], outputs), view(op.operands[2], outputs), c.rope);
+        break;
+      }
+      case ir::OpKind::attention: {
+        const TensorView cu_q(bound_->cu_q[i].data(), DType::i32, {2});
+        const TensorView cu_k(bound_->cu_k[i].data(), DType::i32, {2});
+        flash_attn_varlen(view(op.operands[0], outputs), view(op.operands[1], outputs),
+                          view(op.operands[2], outputs), out, cu_q, cu_k, c.attention);
+        break;
+      }
+      default:
+        fused_experts(view(op.operands[0], outputs), bound_->w13[i], bound_->w2[i],
+                      view(op.operands[3], outputs), view(op.operands[4], outputs), out, c.moe);
+        break;
+    }
+  }
+  // A result that is a param is that input, unchanged.
+  for (int r : f_.results)
+    if (is_param(f_, r)) outputs.at(f_.value(r).name).bytes = inputs_->at(f_.value(r).name).bytes;
+}
+
+OperatorWork OperatorRunner::work() const {
+  OperatorWork w;
+  std::vector<std::string> shapes;
+  for (const OperatorCall& c : prog_.calls) {
+    const ir::Op& op = op_of(f_, c);
+    auto shape = [&](size_t i) { return bind_shape(f_.value(op.operands.at(i)).type, dims_); };
+    switch (c.kind) {
+      case ir::OpKind::rope: {
+        const auto q = shape(0);
+        const int64_t rot = c.rope.rotary_dim ? c.rope.rotary_dim : q[2];
+        const DType qt = f_.value(op.operands[0]).type.dtype;
+        const DType pt = f_.value(op.operands[1]).type.dtype;
+        // q read and written once, one position and one cache row per token.
+        w.bytes += double(q[0]) * (2.0 * q[1] * q[2] * elem_bytes(qt) + elem_bytes(pt) + rot * 4.0);
+        shapes.push_back(fmt::format("rope T={} H={} D={} rotary_dim={} {} {}", q[0], q[1], q[2],
+                                     rot, dtype_name(qt), rope_style_name(c.rope.style)));
+        break;
+      }
+      case ir::OpKind::attention: {
+        const auto q = shape(0), k = shape(1), v = shape(2);
+        double pairs = 0;
+        for (int64_t i = 0; i < q[0]; ++i)
+          pairs += double(visible_keys(c.attention, q[0], k[0], i));
+        // Visible (query, key) pairs only: 2·D for q·k, 2·Dv for P·v, per head.
+        w.flops += double(q[1]) * pairs * 2.0 * double(q[2] + v[2]);
+        shapes.push_back(fmt::format("attention T={} S={} Hq={} Hkv={} D={} Dv={}{}", q[0], k[0],
+                                     q[1], k[1], q[2], v[2], c.attention.causal ? " causal" : ""));
+        break;
+      }
+      default: {
+        const auto h = shape(0), w2 = shape(2);
+        // Per routed (token, expert): 2·H·2I for gate/up, 2·I·H for down.
+        w.flops += 6.0 * double(h[0]) * double(c.top_k) * double(h[1]) * double(w2[2]);
+        shapes.push_back(fmt::format("moe T={} E={} top_k={} H={} I={} {}", h[0], w2[0], c.top_k,
+                                     h[1], w2[2], moe_act_text(c.moe)));
+        break;
+      }
+    }
+  }
+  w.shape = fmt::format("{}", fmt::join(shapes, "; "));
+  std::vector<std::string> counted;
+  for (ir::OpKind k : {ir::OpKind::rope, ir::OpKind::attention, ir::OpKind::moe}) {
+    if (std::none_of(prog_.calls.begin(), prog_.calls.end(),
+                     [&](const OperatorCall& c) { return c.kind == k; }))
+      continue;
+    // A chain with FLOP-counted calls reports GFLOP/s of all of its time.
+    const char* rope = w.flops > 0 ? "rope: no FLOPs counted (it streams memory), its time included"
+                                   : "rope: q read and written, positions, one cache row per token";
+    counted.push_back(k == ir::OpKind::rope ? rope
+                      : k == ir::OpKind::attention
+                          ? "attention: 2·(D+Dv) FLOP per visible (query, key) pair and head"
+                          : "moe: 6·H·I FLOP per routed (token, expert)");
+  }
+  w.counted = fmt::format("{}", fmt::join(counted, "; "));
+  return w;
+}
+
+}  // namespace tilejit::tools
