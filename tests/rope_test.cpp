@@ -337,7 +337,8 @@ TEST_F(Rope, Int64CompilesOncePerShape) {
   c.pos_dtype = DType::i64;
   run_case(c);
   const uint64_t after_i64 = cache_stats().compiles;
-  if (cpu_info().isa != Isa::scalar) {
+  // Without LLVM every path runs the scalar reference: nothing compiles.
+  if (cpu_info().isa != Isa::scalar && cpu_info().llvm_backend) {
     EXPECT_EQ(after_i64, after_i32 + 1);
   }
   c.t = 40;
