@@ -68,6 +68,7 @@
 #include "bench_util.h"
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
+#include "onednn_context.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
 #include "tilejit/tilejit.h"
@@ -76,19 +77,9 @@ namespace {
 
 using tilejit::DType;
 using tilejit::TensorView;
-using Clock = std::chrono::steady_clock;
-using tilejit::bench::fill_random_bf16;
-using tilejit::bench::fill_repeating_bf16;
-using tilejit::bench::median;
-using tilejit::bench::Meter;
-using tilejit::bench::pct_of_peak;
-using tilejit::bench::per_core_peak_gflops;
-using tilejit::bench::process_cpu_seconds;
-using tilejit::bench::skip;
-using tilejit::bench::thread_cpu_seconds;
+using namespace tilejit::bench;
 
 constexpr int64_t kHq = 32, kHkv = 8;
-constexpr size_t kGiB = size_t(1) << 30;
 
 // Anonymous mapping with transparent huge pages requested (as a large KV cache
 // of an engine would get); the callers fill it, so every page is touched
@@ -626,17 +617,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_all();
-  const tilejit::CpuInfo ci = tilejit::cpu_info();
-  benchmark::AddCustomContext("tilejit_active_isa", tilejit::isa_name(ci.isa));
-  benchmark::AddCustomContext("peak_per_core_gflops", std::to_string(per_core_peak_gflops()));
-  const dnnl::version_t* v = dnnl::version();
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%d.%d.%d (%s)", v->major, v->minor, v->patch, v->hash);
-  benchmark::AddCustomContext("onednn", buf);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return benchmark_main(argc, argv, register_all, [] {
+    benchmark::AddCustomContext("peak_per_core_gflops", std::to_string(per_core_peak_gflops()));
+    add_onednn_context();
+  });
 }

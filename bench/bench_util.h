@@ -25,6 +25,9 @@
 
 namespace tilejit::bench {
 
+using Clock = std::chrono::steady_clock;
+inline constexpr size_t kGiB = size_t(1) << 30;
+
 inline double thread_cpu_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -116,6 +119,21 @@ inline void fill_repeating_bf16(uint16_t* p, size_t n, uint64_t seed, float scal
   const size_t chunk = std::min<size_t>(n, size_t(1) << 20);
   fill_random_bf16(p, chunk, seed, scale);
   for (size_t i = chunk; i < n; i += chunk) std::memcpy(p + i, p, std::min(chunk, n - i) * 2);
+}
+
+// The main() of a Google Benchmark bench: the flags, the benchmarks
+// register_all() registers, the context (the active ISA, then what
+// add_context() adds), the run.
+template <class Register, class Context>
+int benchmark_main(int argc, char** argv, Register register_all, Context add_context) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_all();
+  benchmark::AddCustomContext("tilejit_active_isa", isa_name(cpu_info().isa));
+  add_context();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace tilejit::bench

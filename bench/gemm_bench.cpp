@@ -57,6 +57,7 @@
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
 #include "jit/brgemm_kernels.h"
+#include "onednn_context.h"
 #include "ops/packed_weight_impl.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
@@ -68,18 +69,7 @@ namespace {
 using tilejit::DType;
 using tilejit::Isa;
 using tilejit::TensorView;
-using tilejit::bench::fill_random_bf16;
-using tilejit::bench::fill_repeating_bf16;
-using tilejit::bench::median;
-using tilejit::bench::Meter;
-using tilejit::bench::pct_of_peak;
-using tilejit::bench::per_core_peak_gflops;
-using tilejit::bench::process_cpu_seconds;
-using tilejit::bench::skip;
-using tilejit::bench::thread_cpu_seconds;
-using Clock = std::chrono::steady_clock;
-
-constexpr size_t kGiB = size_t(1) << 30;
+using namespace tilejit::bench;
 
 // ---------------------------------------------------------------- data
 
@@ -1035,18 +1025,9 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_all();
-  const tilejit::CpuInfo ci = tilejit::cpu_info();
-  benchmark::AddCustomContext("tilejit_active_isa", tilejit::isa_name(ci.isa));
-  benchmark::AddCustomContext("tilejit_max_isa", tilejit::isa_name(ci.max_isa));
-  benchmark::AddCustomContext("peak_isa", tilejit::isa_name(best_isa()));
-  char buf[64];
-  const dnnl::version_t* v = dnnl::version();
-  std::snprintf(buf, sizeof buf, "%d.%d.%d (%s)", v->major, v->minor, v->patch, v->hash);
-  benchmark::AddCustomContext("onednn", buf);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return benchmark_main(argc, argv, register_all, [] {
+    benchmark::AddCustomContext("tilejit_max_isa", tilejit::isa_name(tilejit::cpu_info().max_isa));
+    benchmark::AddCustomContext("peak_isa", tilejit::isa_name(best_isa()));
+    add_onednn_context();
+  });
 }

@@ -69,18 +69,7 @@ namespace {
 
 using tilejit::DType;
 using tilejit::TensorView;
-using Clock = std::chrono::steady_clock;
-using tilejit::bench::fill_random_bf16;
-using tilejit::bench::fill_repeating_bf16;
-using tilejit::bench::median;
-using tilejit::bench::Meter;
-using tilejit::bench::pct_of_peak;
-using tilejit::bench::per_core_peak_gflops;
-using tilejit::bench::process_cpu_seconds;
-using tilejit::bench::skip;
-using tilejit::bench::thread_cpu_seconds;
-
-constexpr size_t kGiB = size_t(1) << 30;
+using namespace tilejit::bench;
 
 // ---------------------------------------------------------------- peak
 
@@ -297,13 +286,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_all();
-  const tilejit::CpuInfo ci = tilejit::cpu_info();
-  benchmark::AddCustomContext("tilejit_active_isa", tilejit::isa_name(ci.isa));
-  benchmark::AddCustomContext("peak_per_core_gflops", std::to_string(per_core_peak_gflops()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return benchmark_main(argc, argv, register_all, [] {
+    benchmark::AddCustomContext("peak_per_core_gflops", std::to_string(per_core_peak_gflops()));
+  });
 }
