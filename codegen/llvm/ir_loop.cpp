@@ -40,14 +40,7 @@ std::vector<llvm::Value*> emit_loop(llvm::IRBuilder<>& b, llvm::Value* count,
 
   b.SetInsertPoint(exit);
   if (!guarded) return out;
-  std::vector<llvm::Value*> result;
-  for (size_t i = 0; i < carried.size(); ++i) {
-    llvm::PHINode* p = b.CreatePHI(carried[i]->getType(), 2);
-    p->addIncoming(carried[i], pre);
-    p->addIncoming(out[i], latch);
-    result.push_back(p);
-  }
-  return result;
+  return join_values(b, carried, pre, out, latch);
 }
 
 void emit_tile_loops(llvm::IRBuilder<>& b, llvm::Value* outer, llvm::Value* inner,
@@ -69,12 +62,37 @@ void emit_tile_loops(llvm::IRBuilder<>& b, llvm::Value* outer, llvm::Value* inne
       outer_name);
 }
 
-llvm::Value* load_arg_field(llvm::IRBuilder<>& b, llvm::Value* args, int64_t byte, llvm::Type* t,
-                            unsigned align) {
-  auto* v =
-      b.CreateAlignedLoad(t, b.CreateConstGEP1_64(b.getInt8Ty(), args, byte), llvm::Align(align));
-  v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(b.getContext(), {}));
-  return v;
+std::vector<llvm::Value*> emit_if_else(llvm::IRBuilder<>& b, llvm::Value* cond, const Branch& then,
+                                       const Branch& otherwise, const std::string& name) {
+  llvm::LLVMContext& ctx = b.getContext();
+  llvm::Function* f = b.GetInsertBlock()->getParent();
+  auto* yes = llvm::BasicBlock::Create(ctx, name, f);
+  auto* no = llvm::BasicBlock::Create(ctx, name + ".else", f);
+  auto* join = llvm::BasicBlock::Create(ctx, name + ".end", f);
+  b.CreateCondBr(cond, yes, no);
+  b.SetInsertPoint(yes);
+  const std::vector<llvm::Value*> from_yes = then();
+  llvm::BasicBlock* yes_end = b.GetInsertBlock();
+  b.CreateBr(join);
+  b.SetInsertPoint(no);
+  const std::vector<llvm::Value*> from_no = otherwise();
+  llvm::BasicBlock* no_end = b.GetInsertBlock();
+  b.CreateBr(join);
+  b.SetInsertPoint(join);
+  return join_values(b, from_yes, yes_end, from_no, no_end);
+}
+
+std::vector<llvm::Value*> join_values(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>& a,
+                                      llvm::BasicBlock* from_a, const std::vector<llvm::Value*>& bv,
+                                      llvm::BasicBlock* from_b) {
+  std::vector<llvm::Value*> joined;
+  for (size_t i = 0; i < a.size(); ++i) {
+    llvm::PHINode* p = b.CreatePHI(a[i]->getType(), 2);
+    p->addIncoming(a[i], from_a);
+    p->addIncoming(bv[i], from_b);
+    joined.push_back(p);
+  }
+  return joined;
 }
 
 }  // namespace tilejit::codegen::llvm_backend

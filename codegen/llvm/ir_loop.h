@@ -28,10 +28,19 @@ void emit_tile_loops(llvm::IRBuilder<>& b, llvm::Value* outer, llvm::Value* inne
                      const std::function<void(llvm::Value* i, llvm::Value* j)>& body,
                      const std::string& outer_name, const std::string& inner_name);
 
-// The field at byte offset `byte` of a kernel's argument struct. The struct is
-// never written while the kernel runs, so the load is marked invariant (LLVM
-// may hoist it out of any loop). `align` is the field's alignment.
-llvm::Value* load_arg_field(llvm::IRBuilder<>& b, llvm::Value* args, int64_t byte, llvm::Type* t,
-                            unsigned align = 8);
+using Branch = std::function<std::vector<llvm::Value*>()>;
+
+// if (cond) then() else otherwise() at the builder's insertion point (blocks
+// `name`, `name`.else and the join, `name`.end); leaves the builder in the
+// join and returns the phis of the values both sides return (the same number
+// and types).
+std::vector<llvm::Value*> emit_if_else(llvm::IRBuilder<>& b, llvm::Value* cond, const Branch& then,
+                                       const Branch& otherwise, const std::string& name);
+
+// Phis at the builder's insertion point (the head of a block that `from_a`
+// and `from_b` branch to) joining a[i] from from_a with bv[i] from from_b.
+std::vector<llvm::Value*> join_values(llvm::IRBuilder<>& b, const std::vector<llvm::Value*>& a,
+                                      llvm::BasicBlock* from_a, const std::vector<llvm::Value*>& bv,
+                                      llvm::BasicBlock* from_b);
 
 }  // namespace tilejit::codegen::llvm_backend

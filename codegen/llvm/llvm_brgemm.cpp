@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
-#include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 #include "ir/activation.h"
 
@@ -80,17 +80,18 @@ class Blocking {
   int fixed_ = 0;
 };
 
-class BrgemmEmitter {
+class BrgemmEmitter : public KernelEmitter {
  public:
   BrgemmEmitter(ModuleContext& mc, const BrgemmDesc& d, bool dpbf16)
-      : mc_(mc), d_(d), dpbf16_(dpbf16), b_(mc.ctx), vm_(b_, kLanes) {
+      : KernelEmitter(mc), d_(d), dpbf16_(dpbf16), vm_(b_, kLanes) {
     nz_ = (d.computed_cols() + kLanes - 1) / kLanes;
   }
 
-  void emit(const std::string& name) {
-    llvm::Function* f = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", f));
-    load_args(f->getArg(0));
+ private:
+  // Offsets are guarded by the static_asserts of codegen/brgemm_desc.h.
+  using Args = BrgemmArgs;
+
+  void generate() override {
     sums_ = b_.CreateAlloca(vm_.f32v(), b_.getInt32(d_.mr * nz_), "sums");
     sums_->setAlignment(llvm::Align(64));
 
@@ -134,39 +135,13 @@ class BrgemmEmitter {
         },
         "colgroup");
     epilogue();
-    b_.CreateRetVoid();
   }
 
- private:
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
   llvm::Type* ptr_ty() { return b_.getPtrTy(); }
   llvm::Value* byte_gep(llvm::Value* p, llvm::Value* off) {
     return b_.CreateGEP(b_.getInt8Ty(), p, off);
   }
   llvm::Value* byte_gep(llvm::Value* p, int64_t off) { return byte_gep(p, i64(off)); }
-  llvm::Value* field(llvm::Value* args, int64_t offset, llvm::Type* t, const char* name) {
-    auto* v = b_.CreateAlignedLoad(t, byte_gep(args, offset), llvm::Align(8), name);
-    // The BrgemmArgs struct is never written while the kernel runs.
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
-  }
-
-  void load_args(llvm::Value* args) {
-    // Offsets are guarded by the static_asserts of codegen/brgemm_desc.h.
-    a_list_ = field(args, offsetof(BrgemmArgs, a), ptr_ty(), "a_list");
-    b_list_ = field(args, offsetof(BrgemmArgs, b), ptr_ty(), "b_list");
-    batch_ = field(args, offsetof(BrgemmArgs, batch), b_.getInt64Ty(), "batch");
-    lda_ = field(args, offsetof(BrgemmArgs, lda), b_.getInt64Ty(), "lda");
-    c_ = field(args, offsetof(BrgemmArgs, c), ptr_ty(), "c");
-    ldc_ = field(args, offsetof(BrgemmArgs, ldc), b_.getInt64Ty(), "ldc");
-    bias_ = d_.bias != BiasKind::none ? field(args, offsetof(BrgemmArgs, bias), ptr_ty(), "bias")
-                                      : nullptr;
-    if (d_.accumulate) {
-      acc_in_ = field(args, offsetof(BrgemmArgs, acc_in), ptr_ty(), "acc_in");
-      ld_acc_in_ = field(args, offsetof(BrgemmArgs, ld_acc_in), b_.getInt64Ty(), "ld_acc_in");
-    }
-  }
-
   // Index of accumulator (set, row, column vector) in the flat carried list.
   size_t ai(int s, int r, int j) const { return (size_t(s) * mbs_ + r) * nzg_ + j; }
 
@@ -180,7 +155,7 @@ class BrgemmEmitter {
     std::vector<llvm::Value*> acc(size_t(sets_) * mbs * nzg_,
                                   llvm::Constant::getNullValue(vm_.f32v()));
     acc = emit_loop(
-        b_, batch_, acc,
+        b_, arg(TILEJIT_ARG(Args, batch)), acc,
         [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
           return batch_item(i, row0, in);
         },
@@ -204,12 +179,14 @@ class BrgemmEmitter {
 
   std::vector<llvm::Value*> batch_item(llvm::Value* i, llvm::Value* row0,
                                        std::vector<llvm::Value*> acc) {
-    llvm::Value* a =
-        b_.CreateAlignedLoad(ptr_ty(), b_.CreateGEP(ptr_ty(), a_list_, i), llvm::Align(8));
-    b_ptr_ = b_.CreateAlignedLoad(ptr_ty(), b_.CreateGEP(ptr_ty(), b_list_, i), llvm::Align(8));
+    llvm::Value* a = b_.CreateAlignedLoad(
+        ptr_ty(), b_.CreateGEP(ptr_ty(), arg(TILEJIT_ARG(Args, a)), i), llvm::Align(8));
+    b_ptr_ = b_.CreateAlignedLoad(ptr_ty(), b_.CreateGEP(ptr_ty(), arg(TILEJIT_ARG(Args, b)), i),
+                                  llvm::Align(8));
     a_rows_.clear();
     for (int r = 0; r < mbs_; ++r)
-      a_rows_.push_back(byte_gep(a, b_.CreateMul(b_.CreateAdd(row0, i64(r)), lda_)));
+      a_rows_.push_back(
+          byte_gep(a, b_.CreateMul(b_.CreateAdd(row0, i64(r)), arg(TILEJIT_ARG(Args, lda)))));
 
     const int64_t kp = d_.kb / 2;
     acc = emit_loop(
@@ -347,17 +324,21 @@ class BrgemmEmitter {
     std::vector<llvm::Value*> bias(size_t(nz_), nullptr);
     for (int j = 0; j < nz_ && d_.bias != BiasKind::none; ++j) {
       if (d_.bias == BiasKind::f32)
-        bias[j] = load(vm_.f32v(), byte_gep(bias_, j * 64), in_lanes(j), 4);
+        bias[j] = load(vm_.f32v(), byte_gep(arg(TILEJIT_ARG(Args, bias)), j * 64), in_lanes(j), 4);
       else
-        bias[j] = vm_.bf16_to_f32(load(vm_.i16v(), byte_gep(bias_, j * 32), in_lanes(j), 2));
+        bias[j] = vm_.bf16_to_f32(
+            load(vm_.i16v(), byte_gep(arg(TILEJIT_ARG(Args, bias)), j * 32), in_lanes(j), 2));
     }
     const int out_bytes = d_.out == DType::f32 ? 4 : 2;
     emit_loop(
         b_, i64(d_.mr), {},
         [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
-          llvm::Value* c_row = byte_gep(c_, b_.CreateMul(row, ldc_));
-          llvm::Value* in_row =
-              d_.accumulate ? byte_gep(acc_in_, b_.CreateMul(row, ld_acc_in_)) : nullptr;
+          llvm::Value* c_row =
+              byte_gep(arg(TILEJIT_ARG(Args, c)), b_.CreateMul(row, arg(TILEJIT_ARG(Args, ldc))));
+          llvm::Value* in_row = d_.accumulate
+                                    ? byte_gep(arg(TILEJIT_ARG(Args, acc_in)),
+                                               b_.CreateMul(row, arg(TILEJIT_ARG(Args, ld_acc_in))))
+                                    : nullptr;
           auto input = [&](int j) {
             llvm::Value* v =
                 b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
@@ -376,19 +357,14 @@ class BrgemmEmitter {
         "epilogue");
   }
 
-  ModuleContext& mc_;
   const BrgemmDesc& d_;
   bool dpbf16_;
-  llvm::IRBuilder<> b_;
   VectorMath vm_;
   int nz_ = 1;                 // column vectors of C
   int nzg_ = 1;                // column vectors per group (one pass over K each)
   llvm::Value* j0_ = nullptr;  // first column vector of the group being emitted
   int sets_ = 1, mbs_ = 1;     // the row block being emitted
   int unroll_ = 2;
-  llvm::Value *a_list_ = nullptr, *b_list_ = nullptr, *batch_ = nullptr, *lda_ = nullptr;
-  llvm::Value *c_ = nullptr, *ldc_ = nullptr, *bias_ = nullptr;
-  llvm::Value *acc_in_ = nullptr, *ld_acc_in_ = nullptr;
   llvm::Value* b_ptr_ = nullptr;
   llvm::AllocaInst* sums_ = nullptr;
   std::vector<llvm::Value*> a_rows_;
@@ -438,8 +414,7 @@ LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& opt
   // A forced variant is spelled in the name; the default is the host's best.
   std::string name = llvm_brgemm_name(d);
   if (options.dot != BrgemmDot::best) name += dpbf16 ? "_dpbf16" : "_fma";
-  return compile_module(
-      name, [&](ModuleContext& mc) { BrgemmEmitter(mc, d, dpbf16).emit(name); }, options.opt);
+  return compile_emitter<BrgemmEmitter>(name, options.opt, d, dpbf16);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

@@ -40,8 +40,8 @@
 #include <limits>
 #include <tuple>
 
+#include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
-#include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -139,40 +139,21 @@ Mask interleave_mask(bool hi) {
   return m;
 }
 
-class DecodeEmitter {
+class DecodeEmitter : public KernelEmitter {
  public:
   DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d, bool dp)
-      : mc_(mc), d_(d), dp_(dp), b_(mc.ctx), vm_(b_, kLanes) {}
+      : KernelEmitter(mc), d_(d), dp_(dp), vm_(b_, kLanes) {}
 
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    llvm::Value* args = fn->getArg(0);
-    llvm::Type* ptr = b_.getPtrTy();
-    llvm::Type* i64t = b_.getInt64Ty();
+ private:
+  using Args = DecodeAttentionArgs;
+
+  void generate() override {
     f32_ = b_.getFloatTy();
-    q_ = field(args, 0, ptr);
-    k_ = field(args, 8, ptr);
-    v_ = field(args, 16, ptr);
-    table_ = field(args, 24, ptr);
-    ts_ = field(args, 32, i64t);
-    kbs_ = field(args, 40, i64t);
-    krs_ = field(args, 48, i64t);
-    vbs_ = field(args, 56, i64t);
-    vrs_ = field(args, 64, i64t);
-    llvm::Value* j0 = field(args, 72, i64t);
-    llvm::Value* j1 = field(args, 80, i64t);
-    i_pos_ = field(args, 88, i64t);
-    slopes_ = field(args, 96, ptr);
-    softcap_ = field(args, 104, f32_);
-    scale_ = field(args, 108, f32_);
-    m_ = field(args, 112, ptr);
-    l_ = field(args, 120, ptr);
-    o_ = field(args, 128, ptr);
-    heads_ = field(args, 136, i64t);
-    khs_ = field(args, 144, i64t);
-    vhs_ = field(args, 152, i64t);
-    qrs_ = field(args, 160, i64t);
+    llvm::Value* j0 = arg(TILEJIT_ARG(Args, j0));
+    llvm::Value* j1 = arg(TILEJIT_ARG(Args, j1));
+    // Rows of the kv head being done: moved along by each head's loop.
+    slopes_ = arg(TILEJIT_ARG(Args, slopes)), m_ = arg(TILEJIT_ARG(Args, m));
+    l_ = arg(TILEJIT_ARG(Args, l)), o_ = arg(TILEJIT_ARG(Args, o));
 
     // Scratch of one chunk and head: the weights [G][16] (bf16 for dpbf16,
     // f32 for fma) and α [G].
@@ -194,7 +175,9 @@ class DecodeEmitter {
     }
     zscr_ = b_.CreateAlloca(f32_, i64(4 * kLanes));
     cast<llvm::AllocaInst>(zscr_)->setAlignment(llvm::Align(64));
-    qpack_ = b_.CreateAlloca(i16t(), b_.CreateMul(b_.CreateMul(heads_, i64(d_.g)), i64(qpitch())));
+    qpack_ = b_.CreateAlloca(
+        i16t(),
+        b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
     cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
     pack_q();
     if (dp_) permute_o(/*to_kernel=*/true);
@@ -210,41 +193,30 @@ class DecodeEmitter {
           llvm::Value* c0 = b_.CreateAdd(c_begin, b_.CreateMul(ci, i64(kChunk)));
           llvm::Value* full = b_.CreateAnd(b_.CreateICmpSGE(c0, j0),
                                            b_.CreateICmpSLE(b_.CreateAdd(c0, i64(kChunk)), j1));
-          llvm::Function* f = b_.GetInsertBlock()->getParent();
-          auto* full_bb = llvm::BasicBlock::Create(mc_.ctx, "full", f);
-          auto* part_bb = llvm::BasicBlock::Create(mc_.ctx, "partial", f);
-          auto* done_bb = llvm::BasicBlock::Create(mc_.ctx, "chunk_done", f);
-          b_.CreateCondBr(full, full_bb, part_bb);
-          b_.SetInsertPoint(full_bb);
-          chunk(c0, j0, j1, false);
-          b_.CreateBr(done_bb);
-          b_.SetInsertPoint(part_bb);
-          chunk(c0, j0, j1, true);
-          b_.CreateBr(done_bb);
-          b_.SetInsertPoint(done_bb);
+          emit_if_else(
+              b_, full,
+              [&] {
+                chunk(c0, j0, j1, false);
+                return std::vector<llvm::Value*>{};
+              },
+              [&] {
+                chunk(c0, j0, j1, true);
+                return std::vector<llvm::Value*>{};
+              },
+              "full");
           return std::vector<llvm::Value*>{};
         },
         "chunk");
     if (dp_) permute_o(/*to_kernel=*/false);
-    b_.CreateRetVoid();
   }
 
- private:
   template <class T>
   static T* cast(llvm::Value* v) {
     return llvm::cast<T>(v);
   }
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
   llvm::Type* i16t() { return b_.getInt16Ty(); }
   llvm::Type* i32x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt32Ty(), n); }
   llvm::Type* i16x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt16Ty(), n); }
-
-  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    llvm::Value* p = b_.CreateGEP(b_.getInt8Ty(), args, i64(byte));
-    auto* v = b_.CreateAlignedLoad(t, p, llvm::Align(t->isFloatTy() ? 4 : 8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
-  }
 
   llvm::Value* load_f32(llvm::Value* base, llvm::Value* index) {
     return b_.CreateAlignedLoad(f32_, b_.CreateGEP(f32_, base, index), llvm::Align(4));
@@ -354,13 +326,17 @@ class DecodeEmitter {
     llvm::Value* slot = b_.CreateUDiv(c, i64(d_.block_size));
     llvm::Value* blk = b_.CreateSExt(
         b_.CreateAlignedLoad(b_.getInt32Ty(),
-                             b_.CreateGEP(b_.getInt32Ty(), table_, b_.CreateMul(slot, ts_)),
+                             b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, table)),
+                                          b_.CreateMul(slot, arg(TILEJIT_ARG(Args, table_stride)))),
                              llvm::Align(4)),
         b_.getInt64Ty());
     llvm::Value* off = b_.CreateURem(c, i64(d_.block_size));
-    return {
-        b_.CreateGEP(i16t(), k_, b_.CreateAdd(b_.CreateMul(blk, kbs_), b_.CreateMul(off, krs_))),
-        b_.CreateGEP(i16t(), v_, b_.CreateAdd(b_.CreateMul(blk, vbs_), b_.CreateMul(off, vrs_)))};
+    return {b_.CreateGEP(i16t(), arg(TILEJIT_ARG(Args, k)),
+                         b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, k_block_stride))),
+                                      b_.CreateMul(off, arg(TILEJIT_ARG(Args, k_row_stride))))),
+            b_.CreateGEP(i16t(), arg(TILEJIT_ARG(Args, v)),
+                         b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, v_block_stride))),
+                                      b_.CreateMul(off, arg(TILEJIT_ARG(Args, v_row_stride)))))};
   }
 
   void chunk(llvm::Value* c0, llvm::Value* j0, llvm::Value* j1, bool masked) {
@@ -380,8 +356,9 @@ class DecodeEmitter {
       std::vector<llvm::Constant*> lane;
       for (int l = 0; l < kLanes; ++l)
         lane.push_back(llvm::ConstantFP::get(f32_, static_cast<double>(l)));
-      dist_ = b_.CreateFAdd(vm_.splat(b_.CreateSIToFP(b_.CreateSub(c0, i_pos_), f32_)),
-                            llvm::ConstantVector::get(lane));
+      dist_ = b_.CreateFAdd(
+          vm_.splat(b_.CreateSIToFP(b_.CreateSub(c0, arg(TILEJIT_ARG(Args, i_pos))), f32_)),
+          llvm::ConstantVector::get(lane));
     }
     // std::tie, not structured bindings: the lambdas below capture these,
     // which clang accepts only from version 16 (Debian 12's clang is 14).
@@ -410,15 +387,16 @@ class DecodeEmitter {
       m_ = b_.CreateGEP(f32_, m, row0);
       l_ = b_.CreateGEP(f32_, l, row0);
       buffers(h);
-      kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, khs_));
-      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, vhs_));
+      kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride))));
+      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, v_head_stride))));
       if (d_.g > 8) prefetch_all();
-      scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, khs_)), row0);
+      scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride)))),
+             row0);
     };
     auto pv_head = [&](llvm::Value* hp) {
       o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
       buffers(hp);
-      accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, vhs_)));
+      accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, arg(TILEJIT_ARG(Args, v_head_stride)))));
     };
     if (d_.g <= 8) {
       // Prologue (scores of head 0), heads 1 .. heads − 1 (scores of h, then
@@ -433,7 +411,7 @@ class DecodeEmitter {
       score_head(i64(0));
       softmax_pending();
       emit_loop(
-          b_, b_.CreateSub(heads_, i64(1)), {},
+          b_, b_.CreateSub(arg(TILEJIT_ARG(Args, heads)), i64(1)), {},
           [&](llvm::Value* i, const std::vector<llvm::Value*>&) {
             llvm::Value* h = b_.CreateAdd(i, i64(1));
             score_head(h);
@@ -446,14 +424,14 @@ class DecodeEmitter {
             return std::vector<llvm::Value*>{};
           },
           "head");
-      pv_head(b_.CreateSub(heads_, i64(1)));
+      pv_head(b_.CreateSub(arg(TILEJIT_ARG(Args, heads)), i64(1)));
     } else {
       // Same order with a loop of heads + 1 iterations (G > 8 has loops
       // inside the score and P·V parts, so no instruction interleave).
       emit_loop(
-          b_, b_.CreateAdd(heads_, i64(1)), {},
+          b_, b_.CreateAdd(arg(TILEJIT_ARG(Args, heads)), i64(1)), {},
           [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
-            emit_if(b_.CreateICmpSLT(h, heads_), [&] { score_head(h); });
+            emit_if(b_.CreateICmpSLT(h, arg(TILEJIT_ARG(Args, heads))), [&] { score_head(h); });
             emit_if(b_.CreateICmpSGT(h, i64(0)), [&] { pv_head(b_.CreateSub(h, i64(1))); });
             return std::vector<llvm::Value*>{};
           },
@@ -475,8 +453,10 @@ class DecodeEmitter {
     const int64_t lk = (d_.d + 31) / 32, lv = (d_.dv + 31) / 32;
     llvm::Value* is_k = b_.CreateICmpULT(unit, i64(kChunk));
     llvm::Value* row = b_.CreateAnd(unit, i64(kChunk - 1));
-    llvm::Value* base = b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
-                                     b_.CreateMul(row, b_.CreateSelect(is_k, krs_, vrs_)));
+    llvm::Value* base =
+        b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
+                     b_.CreateMul(row, b_.CreateSelect(is_k, arg(TILEJIT_ARG(Args, k_row_stride)),
+                                                       arg(TILEJIT_ARG(Args, v_row_stride)))));
     std::vector<llvm::Value*> lines;
     for (int64_t c = 0; c < std::max(lk, lv); ++c) {
       llvm::Value* col = i64(32 * c);
@@ -566,7 +546,8 @@ class DecodeEmitter {
   // rows at once and the transposing tree shrinks P-fold.
   void pack_q() {
     const int64_t per = 16 / pack_, nvec = qvecs();
-    llvm::Value* packs = b_.CreateUDiv(b_.CreateMul(heads_, i64(d_.g)), i64(pack_));
+    llvm::Value* packs =
+        b_.CreateUDiv(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(pack_));
     emit_loop(
         b_, packs, {},
         [&](llvm::Value* pk, const std::vector<llvm::Value*>&) {
@@ -575,8 +556,9 @@ class DecodeEmitter {
           for (int64_t e = 0; e < nvec; ++e) {
             std::vector<llvm::Value*> parts;
             for (int64_t i = 0; i < pack_; ++i) {
-              llvm::Value* qrow =
-                  b_.CreateGEP(i16t(), q_, b_.CreateMul(b_.CreateAdd(r0, i64(i)), qrs_));
+              llvm::Value* qrow = b_.CreateGEP(
+                  i16t(), arg(TILEJIT_ARG(Args, q)),
+                  b_.CreateMul(b_.CreateAdd(r0, i64(i)), arg(TILEJIT_ARG(Args, q_row_stride))));
               parts.push_back(
                   pack_ == 1 ? load_pairs(qrow, e * 32, d_.d)
                              : b_.CreateAlignedLoad(i32x(static_cast<unsigned>(per)),
@@ -626,7 +608,9 @@ class DecodeEmitter {
                   std::vector<llvm::Value*> acc;
                   for (int64_t jj = 0; jj < 4; ++jj) {
                     llvm::Value* krow =
-                        b_.CreateGEP(i16t(), kp, b_.CreateMul(b_.CreateAdd(j0, i64(jj)), krs_));
+                        b_.CreateGEP(i16t(), kp,
+                                     b_.CreateMul(b_.CreateAdd(j0, i64(jj)),
+                                                  arg(TILEJIT_ARG(Args, k_row_stride))));
                     std::vector<llvm::Value*> av(static_cast<size_t>(2 * nacc), vm_.f32(0.0f));
                     // This key's share of the prefetches, one after every few
                     // dot instructions: back to back they are partly lost.
@@ -755,10 +739,10 @@ class DecodeEmitter {
     VectorMath vw(b_, lanes), vr(b_, static_cast<unsigned>(n));
     llvm::Type* rowv = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(n));
     const float inf = std::numeric_limits<float>::infinity();
-    llvm::Value* s = b_.CreateFMul(concat(s_rows), vw.splat(scale_));
+    llvm::Value* s = b_.CreateFMul(concat(s_rows), vw.splat(arg(TILEJIT_ARG(Args, scale))));
     if (d_.softcap) {
       // cap·tanh(s/cap), tanh x = 1 − 2/(e^{2x} + 1): exp saturates both ways.
-      llvm::Value* cap = vw.splat(softcap_);
+      llvm::Value* cap = vw.splat(arg(TILEJIT_ARG(Args, softcap)));
       llvm::Value* e = vw.exp(b_.CreateFMul(b_.CreateFDiv(s, cap), vw.f32(2.0f)));
       llvm::Value* t =
           b_.CreateFSub(vw.f32(1.0f), b_.CreateFDiv(vw.f32(2.0f), b_.CreateFAdd(e, vw.f32(1.0f))));
@@ -854,8 +838,8 @@ class DecodeEmitter {
           acc.push_back(b_.CreateFMul(load_vf32(o_, o_index(b_.CreateAdd(row0, i64(r)), u0, a)),
                                       al[static_cast<size_t>(r)]));
       for (int64_t j = 0; j < kChunk; j += 2) {
-        llvm::Value* va = key_row(vp, vrs_, j);
-        llvm::Value* vb = key_row(vp, vrs_, j + 1);
+        llvm::Value* va = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j);
+        llvm::Value* vb = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j + 1);
         std::vector<llvm::Value*> x;  // interleaved (V_j, V_j+1) pairs
         for (int64_t u = 0; u < nfull; ++u) {
           const int64_t col = (u0 + u) * 32;
@@ -916,7 +900,7 @@ class DecodeEmitter {
                                          i64((c0 + c) * kLanes))),
               al[static_cast<size_t>(r)]));
       for (int64_t j = 0; j < kChunk; ++j) {
-        llvm::Value* vrow = key_row(vp, vrs_, j);
+        llvm::Value* vrow = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j);
         std::vector<llvm::Value*> v;
         for (int64_t c = 0; c < cols; ++c)
           v.push_back(v_masked(load_bf16(vrow, (c0 + c) * kLanes), j));
@@ -958,7 +942,7 @@ class DecodeEmitter {
       (c < 16 ? n0 : n1).push_back(idx);
     }
     emit_loop(
-        b_, b_.CreateMul(heads_, i64(d_.g)), {},
+        b_, b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), {},
         [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
           for (int64_t u = 0; u < units; ++u) {
             llvm::Value* at = b_.CreateAdd(b_.CreateMul(row, i64(d_.ldo)), i64(u * 32));
@@ -973,17 +957,11 @@ class DecodeEmitter {
         "permute_o");
   }
 
-  ModuleContext& mc_;
   const DecodeAttentionDesc& d_;
   const bool dp_;
-  llvm::IRBuilder<> b_;
   VectorMath vm_;
   llvm::Type* f32_ = nullptr;
-  llvm::Value *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *table_ = nullptr;
-  llvm::Value *ts_ = nullptr, *kbs_ = nullptr, *krs_ = nullptr, *vbs_ = nullptr, *vrs_ = nullptr;
-  llvm::Value *i_pos_ = nullptr, *slopes_ = nullptr, *softcap_ = nullptr, *scale_ = nullptr;
-  llvm::Value *m_ = nullptr, *l_ = nullptr, *o_ = nullptr;
-  llvm::Value *heads_ = nullptr, *khs_ = nullptr, *vhs_ = nullptr, *qrs_ = nullptr;
+  llvm::Value *slopes_ = nullptr, *m_ = nullptr, *l_ = nullptr, *o_ = nullptr;
   llvm::Value *probs_ = nullptr, *alpha_ = nullptr, *c_last_ = nullptr, *qpack_ = nullptr,
               *zscr_ = nullptr;
   int64_t pack_ = 1;
@@ -1000,10 +978,7 @@ class DecodeEmitter {
 LlvmKernel compile_llvm_decode_attention(const DecodeAttentionDesc& desc, OptLevel opt) {
   check(desc);
   require_vector_host("compile_llvm_decode_attention");
-  const std::string name = desc.name();
-  const bool dp = desc.uses_dpbf16();
-  return compile_module(
-      name, [&](ModuleContext& mc) { DecodeEmitter(mc, desc, dp).emit(name); }, opt);
+  return compile_emitter<DecodeEmitter>(desc.name(), opt, desc, desc.uses_dpbf16());
 }
 
 }  // namespace tilejit::codegen::llvm_backend

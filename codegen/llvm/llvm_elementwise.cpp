@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
-#include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 #include "ir/verifier.h"
 
@@ -168,16 +168,17 @@ llvm::Type* storage_type(llvm::IRBuilder<>& b, DType t) {
   return b.getInt8Ty();
 }
 
-class ElementwiseEmitter {
+class ElementwiseEmitter : public KernelEmitter {
  public:
   ElementwiseEmitter(ModuleContext& mc, const ir::Function& f, const Plan& p)
-      : mc_(mc), f_(f), p_(p), b_(mc.ctx), vm_(b_, kLanes) {}
+      : KernelEmitter(mc), f_(f), p_(p), vm_(b_, kLanes) {}
 
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    load_args(fn->getArg(0));
-    llvm::Value* rows = p_.static_rows ? i64(*p_.static_rows) : rows_arg_;
+ private:
+  using Args = ElementwiseArgs;
+
+  void generate() override {
+    load_bases();
+    llvm::Value* rows = p_.static_rows ? i64(*p_.static_rows) : arg(TILEJIT_ARG(Args, rows));
     emit_loop(
         b_, rows, {},
         [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
@@ -185,37 +186,31 @@ class ElementwiseEmitter {
           return std::vector<llvm::Value*>{};
         },
         "row");
-    b_.CreateRetVoid();
   }
 
- private:
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
-  llvm::Value* load_field(llvm::Value* base, int64_t index, llvm::Type* t) {
-    llvm::Value* p = b_.CreateGEP(t, base, i64(index));
-    auto* v = b_.CreateAlignedLoad(t, p, llvm::Align(8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
+  // Element i of an array the arguments point to (`t`: ptr or i64).
+  llvm::Value* element(llvm::Value* array, int64_t i, llvm::Type* t) {
+    return invariant_load(t, b_.CreateGEP(t, array, i64(i)), 8);
   }
-  llvm::Value* stride(const std::optional<int64_t>& s, llvm::Value* dynamic_array, int64_t index) {
+  llvm::Value* stride(const std::optional<int64_t>& s, int64_t index) {
     if (s) return i64(*s);
-    return load_field(dynamic_array, index, b_.getInt64Ty());
+    return element(arg(TILEJIT_ARG(Args, param_strides)), index, b_.getInt64Ty());
   }
 
-  void load_args(llvm::Value* args) {
+  // The addresses and strides of every parameter and result.
+  void load_bases() {
     llvm::Type* ptr = b_.getPtrTy();
-    llvm::Value* params = load_field(args, 0, ptr);
-    llvm::Value* results = load_field(args, 1, ptr);
-    rows_arg_ = load_field(args, 2, b_.getInt64Ty());
-    llvm::Value* pstrides = load_field(args, 3, ptr);
-    llvm::Value* rstrides = load_field(args, 4, ptr);
+    llvm::Value* params = arg(TILEJIT_ARG(Args, params));
+    llvm::Value* results = arg(TILEJIT_ARG(Args, results));
+    llvm::Value* rstrides = arg(TILEJIT_ARG(Args, result_row_strides));
     for (size_t i = 0; i < p_.params.size(); ++i) {
       const Access& a = p_.params[i];
-      param_base_.push_back(load_field(params, int64_t(i), ptr));
-      param_rs_.push_back(stride(a.row_stride, pstrides, 2 * int64_t(i)));
-      param_cs_.push_back(stride(a.col_stride, pstrides, 2 * int64_t(i) + 1));
+      param_base_.push_back(element(params, int64_t(i), ptr));
+      param_rs_.push_back(stride(a.row_stride, 2 * int64_t(i)));
+      param_cs_.push_back(stride(a.col_stride, 2 * int64_t(i) + 1));
     }
     for (size_t i = 0; i < p_.results.size(); ++i)
-      result_base_.push_back(load_field(results, int64_t(i), ptr));
+      result_base_.push_back(element(results, int64_t(i), ptr));
     // Result row strides: from the array when it is given, else contiguous.
     // A branch, not a select: the array must not be read when it is null.
     llvm::BasicBlock* from = b_.GetInsertBlock();
@@ -226,7 +221,7 @@ class ElementwiseEmitter {
     b_.SetInsertPoint(given);
     std::vector<llvm::Value*> loaded;
     for (size_t i = 0; i < p_.results.size(); ++i)
-      loaded.push_back(load_field(rstrides, int64_t(i), b_.getInt64Ty()));
+      loaded.push_back(element(rstrides, int64_t(i), b_.getInt64Ty()));
     b_.CreateBr(join);
     b_.SetInsertPoint(join);
     for (size_t i = 0; i < p_.results.size(); ++i) {
@@ -385,12 +380,9 @@ class ElementwiseEmitter {
     for (size_t k = 0; k < out.size(); ++k) store(k, out[k], c0, lanes);
   }
 
-  ModuleContext& mc_;
   const ir::Function& f_;
   const Plan& p_;
-  llvm::IRBuilder<> b_;
   VectorMath vm_;
-  llvm::Value* rows_arg_ = nullptr;
   std::vector<llvm::Value*> param_base_, param_rs_, param_cs_, result_base_, result_rs_;
   std::vector<llvm::Value*> param_row_, result_row_;
 };
@@ -402,8 +394,7 @@ LlvmKernel compile_llvm_elementwise(const ir::Function& f, OptLevel opt) {
   const Plan plan = make_plan(f);
   require_vector_host("compile_llvm_elementwise");
   const std::string name = "elementwise_" + f.name + "_n" + std::to_string(plan.n);
-  return compile_module(
-      name, [&](ModuleContext& mc) { ElementwiseEmitter(mc, f, plan).emit(name); }, opt);
+  return compile_emitter<ElementwiseEmitter>(name, opt, f, plan);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

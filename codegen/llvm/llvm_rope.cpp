@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
-#include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -113,52 +113,26 @@ std::vector<Block> make_blocks(const RopeDesc& d) {
   return blocks;
 }
 
-class RopeEmitter {
+class RopeEmitter : public KernelEmitter {
  public:
   RopeEmitter(ModuleContext& mc, const RopeDesc& d)
-      : mc_(mc),
+      : KernelEmitter(mc),
         d_(d),
         blocks_(make_blocks(d)),
-        b_(mc.ctx),
         vm16_(b_, kLanes),
         vm8_(b_, kLanes / 2) {}
 
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    llvm::Value* args = fn->getArg(0);
-    llvm::Type* ptr = b_.getPtrTy();
-    llvm::Type* i64t = b_.getInt64Ty();
-    q_ = field(args, 0, ptr);
-    k_ = field(args, 1, ptr);
-    positions_ = field(args, 2, ptr);
-    cache_ = field(args, 3, ptr);
-    llvm::Value* tokens = field(args, 4, i64t);
-    qts_ = field(args, 5, i64t);
-    qhs_ = field(args, 6, i64t);
-    kts_ = field(args, 7, i64t);
-    khs_ = field(args, 8, i64t);
-    pss_ = field(args, 9, i64t);
-    pts_ = field(args, 10, i64t);
-    crs_ = field(args, 11, i64t);
+ private:
+  using Args = RopeArgs;
+
+  void generate() override {
     emit_loop(
-        b_, tokens, {},
+        b_, arg(TILEJIT_ARG(Args, tokens)), {},
         [&](llvm::Value* t, const std::vector<llvm::Value*>&) {
           token(t);
           return std::vector<llvm::Value*>{};
         },
         "token");
-    b_.CreateRetVoid();
-  }
-
- private:
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
-
-  // Argument fields are all 8 bytes wide: field i is at byte 8·i.
-  llvm::Value* field(llvm::Value* args, int64_t i, llvm::Type* t) {
-    auto* v = b_.CreateAlignedLoad(t, b_.CreateGEP(t, args, i64(i)), llvm::Align(8));
-    v->setMetadata(llvm::LLVMContext::MD_invariant_load, llvm::MDNode::get(mc_.ctx, {}));
-    return v;
   }
 
   llvm::Type* storage(DType t) { return t == DType::f32 ? b_.getFloatTy() : b_.getInt16Ty(); }
@@ -200,15 +174,18 @@ class RopeEmitter {
   void token(llvm::Value* t) {
     std::vector<llvm::Value*> rows;
     for (int64_t s = 0; s < d_.streams(); ++s) {
-      llvm::Value* at = b_.CreateAdd(b_.CreateMul(i64(s), pss_), b_.CreateMul(t, pts_));
+      llvm::Value* at =
+          b_.CreateAdd(b_.CreateMul(i64(s), arg(TILEJIT_ARG(Args, pos_stream_stride))),
+                       b_.CreateMul(t, arg(TILEJIT_ARG(Args, pos_token_stride))));
       // The index width is part of the specialisation: an int64 position is
       // loaded whole (the ops layer checked it against max_position).
       const bool wide = d_.pos_dtype == DType::i64;
       llvm::Type* pt = wide ? b_.getInt64Ty() : b_.getInt32Ty();
-      llvm::Value* pos =
-          b_.CreateAlignedLoad(pt, b_.CreateGEP(pt, positions_, at), llvm::Align(wide ? 8 : 4));
+      llvm::Value* pos = b_.CreateAlignedLoad(
+          pt, b_.CreateGEP(pt, arg(TILEJIT_ARG(Args, positions)), at), llvm::Align(wide ? 8 : 4));
       if (!wide) pos = b_.CreateSExt(pos, b_.getInt64Ty());
-      rows.push_back(b_.CreateGEP(storage(d_.cache_dtype), cache_, b_.CreateMul(pos, crs_)));
+      rows.push_back(b_.CreateGEP(storage(d_.cache_dtype), arg(TILEJIT_ARG(Args, cache)),
+                                  b_.CreateMul(pos, arg(TILEJIT_ARG(Args, cache_row_stride)))));
     }
     const int64_t half = d_.rotary_dim / d_.ndim / 2;
     cos_.clear();
@@ -231,8 +208,11 @@ class RopeEmitter {
           b_.CreateFMul(shuffle(load(row, d_.cache_dtype, half + bl.col, kLanes / 2, bl.n), dup),
                         llvm::ConstantVector::get(sign)));
     }
-    heads(q_, qts_, qhs_, d_.hq, t, "qhead");
-    if (d_.hk > 0) heads(k_, kts_, khs_, d_.hk, t, "khead");
+    heads(arg(TILEJIT_ARG(Args, q)), arg(TILEJIT_ARG(Args, q_token_stride)),
+          arg(TILEJIT_ARG(Args, q_head_stride)), d_.hq, t, "qhead");
+    if (d_.hk > 0)
+      heads(arg(TILEJIT_ARG(Args, k)), arg(TILEJIT_ARG(Args, k_token_stride)),
+            arg(TILEJIT_ARG(Args, k_head_stride)), d_.hk, t, "khead");
   }
 
   void heads(llvm::Value* base, llvm::Value* ts, llvm::Value* hs, int64_t count, llvm::Value* t,
@@ -268,14 +248,9 @@ class RopeEmitter {
     store(head, bl.a, o, 2 * bl.n);
   }
 
-  ModuleContext& mc_;
   const RopeDesc& d_;
   std::vector<Block> blocks_;
-  llvm::IRBuilder<> b_;
   VectorMath vm16_, vm8_;
-  llvm::Value *q_ = nullptr, *k_ = nullptr, *positions_ = nullptr, *cache_ = nullptr;
-  llvm::Value *qts_ = nullptr, *qhs_ = nullptr, *kts_ = nullptr, *khs_ = nullptr;
-  llvm::Value *pss_ = nullptr, *pts_ = nullptr, *crs_ = nullptr;
   std::vector<llvm::Value*> cos_, sin_;  // per block, for the current token
 };
 
@@ -284,9 +259,7 @@ class RopeEmitter {
 LlvmKernel compile_llvm_rope(const RopeDesc& desc, OptLevel opt) {
   check(desc);
   require_vector_host("compile_llvm_rope");
-  const std::string name = desc.name();
-  return compile_module(
-      name, [&](ModuleContext& mc) { RopeEmitter(mc, desc).emit(name); }, opt);
+  return compile_emitter<RopeEmitter>(desc.name(), opt, desc);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

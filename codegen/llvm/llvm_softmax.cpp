@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
-#include "codegen/llvm/module_context.h"
 #include "codegen/llvm/vector_math.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -45,38 +45,26 @@ constexpr float kExp2ClampBits = -127.0f;
 
 using Vals = std::vector<llvm::Value*>;
 
-class SoftmaxEmitter {
+class SoftmaxEmitter : public KernelEmitter {
  public:
   SoftmaxEmitter(ModuleContext& mc, const SoftmaxStepDesc& d)
-      : mc_(mc), nz_(d.nz), b_(mc.ctx), vm_(b_, kLanes) {
+      : KernelEmitter(mc), nz_(d.nz), vm_(b_, kLanes) {
     scalef_ = mc.host.avx512f;
     cvtbf16_ = mc.host.avx512bf16;
   }
 
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    llvm::Value* args = fn->getArg(0);
-    llvm::Type* ptr = b_.getPtrTy();
-    llvm::Type* i64t = b_.getInt64Ty();
-    s_ = field(args, 0, ptr);
-    pt_ = field(args, 8, ptr);
-    ot_ = field(args, 16, ptr);
-    m_ = field(args, 24, ptr);
-    l_ = field(args, 32, ptr);
-    llvm::Value* lo_p = field(args, 40, ptr);
-    llvm::Value* hi_p = field(args, 48, ptr);
-    j0_ = b_.CreateTrunc(field(args, 56, i64t), b_.getInt32Ty());
-    n_ = field(args, 64, i64t);
-    kb_ = field(args, 72, i64t);
-    dv_ = field(args, 80, i64t);
-    llvm::Value* scale = field(args, 88, b_.getFloatTy());
-    llvm::Value* masked = b_.CreateICmpNE(field(args, 92, b_.getInt32Ty()), b_.getInt32(0));
+ private:
+  using Args = SoftmaxStepArgs;
+
+  void generate() override {
+    j0_ = b_.CreateTrunc(arg(TILEJIT_ARG(Args, j0)), b_.getInt32Ty());
+    llvm::Value* scale = arg(TILEJIT_ARG(Args, scale));
+    llvm::Value* masked = b_.CreateICmpNE(arg(TILEJIT_ARG(Args, masked)), b_.getInt32(0));
     scale_ = vm_.splat(scale);
     c_ = vm_.splat(b_.CreateFMul(scale, llvm::ConstantFP::get(b_.getFloatTy(), kLog2e)));
     for (int g = 0; g < nz_; ++g) {
-      lo_.push_back(load(i32v(), lo_p, g * kLanes));
-      hi_.push_back(load(i32v(), hi_p, g * kLanes));
+      lo_.push_back(load(i32v(), arg(TILEJIT_ARG(Args, lo)), g * kLanes));
+      hi_.push_back(load(i32v(), arg(TILEJIT_ARG(Args, hi)), g * kLanes));
     }
 
     // Pass 1: the block max of every row.
@@ -88,7 +76,7 @@ class SoftmaxEmitter {
     llvm::Value* any_upd = b_.getFalse();
     for (int g = 0; g < nz_; ++g) {
       llvm::Value* bmg = b_.CreateFMul(bm[g], scale_);
-      ref.push_back(load(f32v(), m_, g * kLanes));
+      ref.push_back(load(f32v(), arg(TILEJIT_ARG(Args, m)), g * kLanes));
       upd.push_back(b_.CreateFCmpOGT(bmg, b_.CreateFAdd(ref[g], vm_.f32(kSoftmaxLazyRescale))));
       nref.push_back(b_.CreateSelect(upd[g], bmg, ref[g]));
       any_upd = b_.CreateOr(any_upd, any(upd[g]));
@@ -111,18 +99,12 @@ class SoftmaxEmitter {
     const Vals sum = branch(
         masked, [&] { return weights(off, true); }, [&] { return weights(off, false); });
     for (int g = 0; g < nz_; ++g)
-      store(b_.CreateFAdd(load(f32v(), l_, g * kLanes), sum[g]), l_, g * kLanes);
-    b_.CreateRetVoid();
+      store(b_.CreateFAdd(load(f32v(), arg(TILEJIT_ARG(Args, l)), g * kLanes), sum[g]),
+            arg(TILEJIT_ARG(Args, l)), g * kLanes);
   }
 
- private:
   llvm::Type* f32v() const { return vm_.f32v(); }
   llvm::Type* i32v() const { return vm_.i32v(); }
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
-
-  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    return load_arg_field(b_, args, byte, t, 4);
-  }
   // 16 elements at base[offset] (elements of the vector's type).
   llvm::Value* load(llvm::Type* vt, llvm::Value* base, llvm::Value* offset) {
     auto* et = llvm::cast<llvm::VectorType>(vt)->getElementType();
@@ -147,30 +129,8 @@ class SoftmaxEmitter {
   }
 
   // if (cond) then() else otherwise(), both returning nz values; returns their phis.
-  template <class Then, class Else>
-  Vals branch(llvm::Value* cond, Then then, Else otherwise) {
-    llvm::Function* f = b_.GetInsertBlock()->getParent();
-    auto* bt = llvm::BasicBlock::Create(mc_.ctx, "then", f);
-    auto* be = llvm::BasicBlock::Create(mc_.ctx, "else", f);
-    auto* join = llvm::BasicBlock::Create(mc_.ctx, "join", f);
-    b_.CreateCondBr(cond, bt, be);
-    b_.SetInsertPoint(bt);
-    const Vals vt = then();
-    llvm::BasicBlock* et = b_.GetInsertBlock();
-    b_.CreateBr(join);
-    b_.SetInsertPoint(be);
-    const Vals ve = otherwise();
-    llvm::BasicBlock* ee = b_.GetInsertBlock();
-    b_.CreateBr(join);
-    b_.SetInsertPoint(join);
-    Vals out;
-    for (size_t i = 0; i < vt.size(); ++i) {
-      llvm::PHINode* p = b_.CreatePHI(vt[i]->getType(), 2);
-      p->addIncoming(vt[i], et);
-      p->addIncoming(ve[i], ee);
-      out.push_back(p);
-    }
-    return out;
+  Vals branch(llvm::Value* cond, const Branch& then, const Branch& otherwise) {
+    return emit_if_else(b_, cond, then, otherwise, "if");
   }
 
   // Rows of group g that see key j0 + j.
@@ -182,11 +142,11 @@ class SoftmaxEmitter {
   Vals block_max(bool masked) {
     Vals init(nz_, vm_.f32(-INFINITY));
     return emit_loop(
-        b_, masked ? n_ : kb_, init,
+        b_, masked ? arg(TILEJIT_ARG(Args, n)) : arg(TILEJIT_ARG(Args, kb)), init,
         [&](llvm::Value* j, const Vals& bm) {
           Vals out;
           for (int g = 0; g < nz_; ++g) {
-            llvm::Value* v = load(f32v(), s_, at(j, g));
+            llvm::Value* v = load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g));
             llvm::Value* take = b_.CreateFCmpOGT(v, bm[g]);  // vmaxps
             if (masked) take = b_.CreateAnd(take, visible(j, g));
             out.push_back(b_.CreateSelect(take, v, bm[g]));
@@ -205,19 +165,21 @@ class SoftmaxEmitter {
       llvm::Value* e = exp2(b_.CreateFMul(b_.CreateFSub(ref[g], nref[g]), vm_.f32(kLog2e)), true);
       alpha.push_back(b_.CreateSelect(upd[g], e, vm_.f32(1.0f)));
       any_live = b_.CreateOr(any_live, any(b_.CreateFCmpONE(ref[g], vm_.f32(-INFINITY))));
-      store(nref[g], m_, g * kLanes);
+      store(nref[g], arg(TILEJIT_ARG(Args, m)), g * kLanes);
     }
     branch(
         any_live,
         [&] {
           for (int g = 0; g < nz_; ++g)
-            store(b_.CreateFMul(load(f32v(), l_, g * kLanes), alpha[g]), l_, g * kLanes);
+            store(b_.CreateFMul(load(f32v(), arg(TILEJIT_ARG(Args, l)), g * kLanes), alpha[g]),
+                  arg(TILEJIT_ARG(Args, l)), g * kLanes);
           emit_loop(
-              b_, dv_, {},
+              b_, arg(TILEJIT_ARG(Args, dv)), {},
               [&](llvm::Value* c, const Vals&) {
                 for (int g = 0; g < nz_; ++g) {
                   llvm::Value* o = at(c, g);
-                  store(b_.CreateFMul(load(f32v(), ot_, o), alpha[g]), ot_, o);
+                  store(b_.CreateFMul(load(f32v(), arg(TILEJIT_ARG(Args, ot)), o), alpha[g]),
+                        arg(TILEJIT_ARG(Args, ot)), o);
                 }
                 return Vals{};
               },
@@ -286,23 +248,26 @@ class SoftmaxEmitter {
   Vals weights(const Vals& off, bool masked) {
     Vals init(nz_, vm_.f32(0.0f));
     return emit_loop(
-        b_, b_.CreateLShr(kb_, i64(1)), init,
+        b_, b_.CreateLShr(arg(TILEJIT_ARG(Args, kb)), i64(1)), init,
         [&](llvm::Value* kp, const Vals& sum) {
           llvm::Value* j = b_.CreateShl(kp, i64(1));
           llvm::Value* j1 = b_.CreateAdd(j, i64(1));
           Vals out;
           for (int g = 0; g < nz_; ++g) {
             llvm::Value* neg_off = b_.CreateFNeg(off[g]);
-            llvm::Value* e0 = exp2(vm_.fma(load(f32v(), s_, at(j, g)), c_, neg_off), masked);
-            llvm::Value* e1 = exp2(vm_.fma(load(f32v(), s_, at(j1, g)), c_, neg_off), masked);
+            llvm::Value* e0 = exp2(
+                vm_.fma(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g)), c_, neg_off), masked);
+            llvm::Value* e1 = exp2(
+                vm_.fma(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j1, g)), c_, neg_off), masked);
             if (masked) {
-              llvm::Value* in0 = vm_.splat(b_.CreateICmpSLT(j, n_));
-              llvm::Value* in1 = vm_.splat(b_.CreateICmpSLT(j1, n_));
+              llvm::Value* in0 = vm_.splat(b_.CreateICmpSLT(j, arg(TILEJIT_ARG(Args, n))));
+              llvm::Value* in1 = vm_.splat(b_.CreateICmpSLT(j1, arg(TILEJIT_ARG(Args, n))));
               e0 = b_.CreateSelect(b_.CreateAnd(visible(j, g), in0), e0, vm_.f32(0.0f));
               e1 = b_.CreateSelect(b_.CreateAnd(visible(j1, g), in1), e1, vm_.f32(0.0f));
             }
             const auto [word, rounded] = pack(e0, e1);
-            store(word, pt_, b_.CreateAdd(b_.CreateMul(kp, i64(kSoftmaxRows)), i64(g * kLanes)));
+            store(word, arg(TILEJIT_ARG(Args, pt)),
+                  b_.CreateAdd(b_.CreateMul(kp, i64(kSoftmaxRows)), i64(g * kLanes)));
             out.push_back(b_.CreateFAdd(sum[g], rounded));
           }
           return out;
@@ -310,13 +275,10 @@ class SoftmaxEmitter {
         masked ? "weights_masked" : "weights");
   }
 
-  ModuleContext& mc_;
   int nz_;
-  llvm::IRBuilder<> b_;
   VectorMath vm_;
   bool scalef_ = false, cvtbf16_ = false;
-  llvm::Value *s_ = nullptr, *pt_ = nullptr, *ot_ = nullptr, *m_ = nullptr, *l_ = nullptr;
-  llvm::Value *j0_ = nullptr, *n_ = nullptr, *kb_ = nullptr, *dv_ = nullptr;
+  llvm::Value* j0_ = nullptr;
   llvm::Value *scale_ = nullptr, *c_ = nullptr;
   Vals lo_, hi_;
 };
@@ -328,9 +290,7 @@ LlvmKernel compile_llvm_softmax_step(const SoftmaxStepDesc& desc, OptLevel opt) 
     throw Error("compile_llvm_softmax_step: nz=" + std::to_string(desc.nz) +
                 "; allowed: 1..4 (16-row groups of a 64-row block)");
   require_vector_host("compile_llvm_softmax_step");
-  const std::string name = desc.name();
-  return compile_module(
-      name, [&](ModuleContext& mc) { SoftmaxEmitter(mc, desc).emit(name); }, opt);
+  return compile_emitter<SoftmaxEmitter>(desc.name(), opt, desc);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

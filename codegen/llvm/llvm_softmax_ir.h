@@ -4,7 +4,12 @@
 
 #include <llvm/IR/IRBuilder.h>
 
+#include <string>
 #include <vector>
+
+#include "codegen/llvm/emitter_base.h"
+#include "codegen/llvm/ir_loop.h"
+#include "codegen/llvm/vector_math.h"
 
 namespace tilejit::codegen::llvm_backend {
 
@@ -28,5 +33,60 @@ inline void transpose16(llvm::IRBuilder<>& b, std::vector<llvm::Value*>& v) {
     }
   }
 }
+
+// The glue kernels that walk a 2-D grid of 16 × 16 tiles (finish, pack Q,
+// transpose V), `void f(const Args*)`: tile(i0, j0) emits the tile at element
+// i0 = 16·i of the outer dimension and j0 = 16·j of the inner one, for every
+// (i, j) of grid().
+template <class A>
+class TileWalkEmitter : public KernelEmitter {
+ public:
+  using Args = A;
+  static constexpr int kTile = 16;
+
+  explicit TileWalkEmitter(ModuleContext& mc) : KernelEmitter(mc), vm_(b_, kTile) {}
+
+ protected:
+  using Vals = std::vector<llvm::Value*>;
+  struct Grid {
+    llvm::Value* outer;  // tiles (i64)
+    llvm::Value* inner;
+  };
+
+  virtual void tile(llvm::Value* i0, llvm::Value* j0) = 0;
+  virtual Grid grid() = 0;
+
+  // Tiles covering n elements: ⌈n / 16⌉, or n / 16 when n is a multiple of 16.
+  llvm::Value* tiles_up(llvm::Value* n) {
+    return b_.CreateUDiv(b_.CreateAdd(n, i64(kTile - 1)), i64(kTile));
+  }
+  llvm::Value* tiles(llvm::Value* n) { return b_.CreateUDiv(n, i64(kTile)); }
+  // The grid of an outer (rounded up) × inner element count of the arguments.
+  Grid tiles_of(ArgField<int64_t> outer, ArgField<int64_t> inner) {
+    return {tiles_up(arg(outer)), tiles(arg(inner))};
+  }
+
+  // The 16 vectors row(0), ..., row(15) of a tile, emitted in that order.
+  template <class Row>
+  Vals rows16(Row row) {
+    Vals v;
+    for (int i = 0; i < kTile; ++i) v.push_back(row(i));
+    return v;
+  }
+
+  VectorMath vm_;
+
+ private:
+  void generate() final {
+    const Grid g = grid();
+    emit_tile_loops(
+        b_, g.outer, g.inner,
+        [&](llvm::Value* i, llvm::Value* j) {
+          llvm::Value* i0 = b_.CreateMul(i, i64(kTile));
+          tile(i0, b_.CreateMul(j, i64(kTile)));
+        },
+        "tile.i", "tile.j");
+  }
+};
 
 }  // namespace tilejit::codegen::llvm_backend

@@ -12,149 +12,86 @@
 
 #include <vector>
 
-#include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/llvm_softmax.h"
 #include "codegen/llvm/llvm_softmax_ir.h"
-#include "codegen/llvm/module_context.h"
-#include "codegen/llvm/vector_math.h"
 
 namespace tilejit::codegen::llvm_backend {
 namespace {
 
-constexpr int kLanes = 16;
-using Vals = std::vector<llvm::Value*>;
+class PackQEmitter : public TileWalkEmitter<SoftmaxPackQArgs> {
+  using TileWalkEmitter::TileWalkEmitter;
 
-class PackQEmitter {
- public:
-  explicit PackQEmitter(ModuleContext& mc) : mc_(mc), b_(mc.ctx), vm_(b_, kLanes) {}
-
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    llvm::Value* args = fn->getArg(0);
-    llvm::Type* ptr = b_.getPtrTy();
-    llvm::Type* i64t = b_.getInt64Ty();
-    rows_ = field(args, 0, ptr);
-    out_ = field(args, 8, ptr);
-    llvm::Value* groups = field(args, 16, i64t);
-    words_ = field(args, 24, i64t);
-    llvm::Value* pairs = field(args, 32, i64t);
-    emit_tile_loops(
-        b_, groups, b_.CreateUDiv(pairs, i64(kLanes)),
-        [&](llvm::Value* g, llvm::Value* t) { tile(g, t); }, "group", "tiles");
-    b_.CreateRetVoid();
+  // 16-row groups × tiles of 16 pairs.
+  Grid grid() override {
+    return {arg(TILEJIT_ARG(Args, groups)), tiles(arg(TILEJIT_ARG(Args, pairs)))};
   }
 
- private:
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
-
-  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    return load_arg_field(b_, args, byte, t, 8);
-  }
-
-  // Rows 16g.. × pairs 16t..
-  void tile(llvm::Value* g, llvm::Value* t) {
+  // Rows r0.. × pairs kp0..
+  void tile(llvm::Value* r0, llvm::Value* kp0) override {
     llvm::Type* i32v = vm_.i32v();
-    llvm::Value* r0 = b_.CreateMul(g, i64(kLanes));
-    llvm::Value* kp0 = b_.CreateMul(t, i64(kLanes));
     // Lanes l with kp0 + l < words hold data.
     std::vector<llvm::Constant*> iota;
-    for (int l = 0; l < kLanes; ++l) iota.push_back(b_.getInt64(l));
+    for (int l = 0; l < kTile; ++l) iota.push_back(b_.getInt64(l));
     llvm::Value* lane_kp = b_.CreateAdd(vm_.splat(kp0), llvm::ConstantVector::get(iota));
-    llvm::Value* mask = b_.CreateICmpSLT(lane_kp, vm_.splat(words_));
-    Vals v;  // v[i] = words kp0.. of row r0 + i
-    for (int i = 0; i < kLanes; ++i) {
+    llvm::Value* mask = b_.CreateICmpSLT(lane_kp, vm_.splat(arg(TILEJIT_ARG(Args, words))));
+    Vals v = rows16([&](int i) {  // words kp0.. of row r0 + i
       llvm::Value* row = b_.CreateAlignedLoad(
-          b_.getPtrTy(), b_.CreateGEP(b_.getPtrTy(), rows_, b_.CreateAdd(r0, i64(i))),
+          b_.getPtrTy(),
+          b_.CreateGEP(b_.getPtrTy(), arg(TILEJIT_ARG(Args, rows)), b_.CreateAdd(r0, i64(i))),
           llvm::Align(8));
       llvm::Value* src = b_.CreateGEP(b_.getInt32Ty(), row, kp0);
-      v.push_back(
-          b_.CreateMaskedLoad(i32v, src, llvm::Align(2), mask, llvm::Constant::getNullValue(i32v)));
-    }
+      return b_.CreateMaskedLoad(i32v, src, llvm::Align(2), mask,
+                                 llvm::Constant::getNullValue(i32v));
+    });
     transpose16(b_, v);
-    for (int j = 0; j < kLanes; ++j) {
+    for (int j = 0; j < kTile; ++j) {
       llvm::Value* at =
           b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kp0, i64(j)), i64(kSoftmaxRows)), r0);
-      b_.CreateAlignedStore(v[j], b_.CreateGEP(b_.getInt32Ty(), out_, at), llvm::Align(4));
+      b_.CreateAlignedStore(v[j], b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, out)), at),
+                            llvm::Align(4));
     }
   }
-
-  ModuleContext& mc_;
-  llvm::IRBuilder<> b_;
-  VectorMath vm_;
-  llvm::Value *rows_ = nullptr, *out_ = nullptr, *words_ = nullptr;
 };
 
-class TransposeVEmitter {
- public:
-  explicit TransposeVEmitter(ModuleContext& mc) : mc_(mc), b_(mc.ctx), vm_(b_, kLanes) {}
+class TransposeVEmitter : public TileWalkEmitter<SoftmaxTransposeVArgs> {
+  using TileWalkEmitter::TileWalkEmitter;
 
-  void emit(const std::string& name) {
-    llvm::Function* fn = mc_.define_kernel(name);
-    b_.SetInsertPoint(llvm::BasicBlock::Create(mc_.ctx, "entry", fn));
-    llvm::Value* args = fn->getArg(0);
-    llvm::Type* ptr = b_.getPtrTy();
-    llvm::Type* i64t = b_.getInt64Ty();
-    rows_ = field(args, 0, ptr);
-    out_ = field(args, 8, ptr);
-    ld_ = field(args, 16, i64t);
-    llvm::Value* keys = field(args, 24, i64t);
-    llvm::Value* dv = field(args, 32, i64t);
-    llvm::Value* key_tiles = b_.CreateUDiv(b_.CreateAdd(keys, i64(kLanes - 1)), i64(kLanes));
-    emit_tile_loops(
-        b_, key_tiles, b_.CreateUDiv(dv, i64(kLanes)),
-        [&](llvm::Value* kt, llvm::Value* ct) { tile(kt, ct); }, "keys", "cols");
-    b_.CreateRetVoid();
-  }
+  // Tiles of 16 keys (rounded up) × tiles of 16 columns.
+  Grid grid() override { return tiles_of(TILEJIT_ARG(Args, keys), TILEJIT_ARG(Args, dv)); }
 
- private:
-  llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
-
-  llvm::Value* field(llvm::Value* args, int64_t byte, llvm::Type* t) {
-    return load_arg_field(b_, args, byte, t, 8);
-  }
-
-  // Keys 16kt.. × columns 16ct..
-  void tile(llvm::Value* kt, llvm::Value* ct) {
+  // Keys j0.. × columns c0..
+  void tile(llvm::Value* j0, llvm::Value* c0) override {
     llvm::Type* i16v = vm_.i16v();
-    llvm::Value* j0 = b_.CreateMul(kt, i64(kLanes));
-    llvm::Value* c0 = b_.CreateMul(ct, i64(kLanes));
-    Vals v;  // v[i] = columns c0.. of key j0 + i, widened
-    for (int i = 0; i < kLanes; ++i) {
+    Vals v = rows16([&](int i) {  // columns c0.. of key j0 + i, widened
       llvm::Value* row = b_.CreateAlignedLoad(
-          b_.getPtrTy(), b_.CreateGEP(b_.getPtrTy(), rows_, b_.CreateAdd(j0, i64(i))),
+          b_.getPtrTy(),
+          b_.CreateGEP(b_.getPtrTy(), arg(TILEJIT_ARG(Args, rows)), b_.CreateAdd(j0, i64(i))),
           llvm::Align(8));
       llvm::Value* x =
           b_.CreateAlignedLoad(i16v, b_.CreateGEP(b_.getInt16Ty(), row, c0), llvm::Align(2));
-      v.push_back(b_.CreateZExt(x, vm_.i32v()));
-    }
+      return b_.CreateZExt(x, vm_.i32v());
+    });
     transpose16(b_, v);
-    for (int c = 0; c < kLanes; ++c) {
-      llvm::Value* at = b_.CreateAdd(b_.CreateMul(b_.CreateAdd(c0, i64(c)), ld_), j0);
-      b_.CreateAlignedStore(b_.CreateTrunc(v[c], i16v), b_.CreateGEP(b_.getInt16Ty(), out_, at),
+    for (int c = 0; c < kTile; ++c) {
+      llvm::Value* at =
+          b_.CreateAdd(b_.CreateMul(b_.CreateAdd(c0, i64(c)), arg(TILEJIT_ARG(Args, ld))), j0);
+      b_.CreateAlignedStore(b_.CreateTrunc(v[c], i16v),
+                            b_.CreateGEP(b_.getInt16Ty(), arg(TILEJIT_ARG(Args, out)), at),
                             llvm::Align(2));
     }
   }
-
-  ModuleContext& mc_;
-  llvm::IRBuilder<> b_;
-  VectorMath vm_;
-  llvm::Value *rows_ = nullptr, *out_ = nullptr, *ld_ = nullptr;
 };
 
 }  // namespace
 
 LlvmKernel compile_llvm_softmax_transpose_v(OptLevel opt) {
   require_vector_host("compile_llvm_softmax_transpose_v");
-  return compile_module(
-      kSoftmaxTransposeVName,
-      [&](ModuleContext& mc) { TransposeVEmitter(mc).emit(kSoftmaxTransposeVName); }, opt);
+  return compile_emitter<TransposeVEmitter>(kSoftmaxTransposeVName, opt);
 }
 
 LlvmKernel compile_llvm_softmax_pack_q(OptLevel opt) {
   require_vector_host("compile_llvm_softmax_pack_q");
-  return compile_module(
-      kSoftmaxPackQName, [&](ModuleContext& mc) { PackQEmitter(mc).emit(kSoftmaxPackQName); }, opt);
+  return compile_emitter<PackQEmitter>(kSoftmaxPackQName, opt);
 }
 
 }  // namespace tilejit::codegen::llvm_backend
