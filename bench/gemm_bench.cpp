@@ -56,7 +56,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
-#include "jit/brgemm_kernels.h"
+#include "jit/registry.h"
 #include "onednn_context.h"
 #include "ops/packed_weight_impl.h"
 #include "runtime/aligned_buffer.h"
@@ -745,7 +745,7 @@ void BM_RawMicrokernel(benchmark::State& state) {
   const tilejit::codegen::GemmPlan plan = tilejit::codegen::plan_gemm(
       {kTinyN, kTinyK, tilejit::codegen::BiasKind::none, tilejit::Activation::none, DType::bf16},
       isa);
-  const auto& kernel = tilejit::jit::brgemm_kernel(plan.ukernel(kTinyM, kTinyN));
+  const auto& kernel = tilejit::jit::get(plan.ukernel(kTinyM, kTinyN));
   const auto fn = kernel.entry<tilejit::codegen::BrgemmFn>();
   const Weight& w = weight(kTinyN, kTinyK);
   alignas(64) uint16_t a_tail[32 * 32] = {};
@@ -790,7 +790,7 @@ void BM_BrgemmMicrokernel(benchmark::State& state) {
     }
     return;
   }
-  const auto& kernel = tilejit::jit::brgemm_kernel(plan.ukernel(mr, 64));
+  const auto& kernel = tilejit::jit::get(plan.ukernel(mr, 64));
   const auto fn = kernel.entry<tilejit::codegen::BrgemmFn>();
   const Weight& w = weight(64, k);
   alignas(64) static uint16_t a_tail[32 * 32] = {};
@@ -855,7 +855,7 @@ void BM_RawDecodeColdPages(benchmark::State& state) {
   const tilejit::codegen::GemmPlan plan = tilejit::codegen::plan_gemm(
       {n, k, tilejit::codegen::BiasKind::none, tilejit::Activation::none, DType::bf16}, isa);
   const auto fn =
-      tilejit::jit::brgemm_kernel(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
+      tilejit::jit::get(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
   const int64_t n_blocks = n / 64, block_bytes = int64_t(bytes) / n_blocks;
   alignas(64) static uint16_t a_tail[32 * 32] = {};
   const void* a_ptr = activations().u16();

@@ -15,7 +15,7 @@
 
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
-#include "jit/brgemm_kernels.h"
+#include "jit/registry.h"
 #include "jit/kernel_cache.h"
 #include "runtime/exec_memory.h"
 #include "runtime/isa.h"
@@ -88,7 +88,7 @@ double child_acquire_seconds(const std::string& dir, Isa isa) {
     jit::KernelCache::global().set_disk_dir(dir);
     const auto descs = llama_kernel_set(isa);
     const auto t0 = std::chrono::steady_clock::now();
-    for (const auto& d : descs) jit::brgemm_kernel(d);
+    for (const auto& d : descs) jit::get(d);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const ssize_t w = write(fds[1], &s, sizeof s);
     _exit(w == sizeof s ? 0 : 1);

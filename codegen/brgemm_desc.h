@@ -13,6 +13,8 @@
 #include <string>
 #include <tuple>
 
+#include "codegen/kernel_desc.h"
+#include "codegen/packed_layout.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::codegen {
@@ -52,6 +54,9 @@ using BrgemmFn = void (*)(const BrgemmArgs*);
 
 enum class BiasKind { none, f32, bf16 };
 const char* bias_kind_name(BiasKind b);
+inline std::string field_text(BiasKind b) {
+  return bias_kind_name(b);
+}
 
 // Gated (GLU) epilogue of the MoE gate/up projection. The B block then holds
 // 64 columns: gate columns in 0..31 and the matching up columns in 32..63
@@ -64,41 +69,64 @@ enum class Glu {
   clamped_swiglu,  // GPT-OSS: g = min(gate, limit), u = clamp(up, ±limit), g·σ(alpha·g)·(u + 1)
 };
 const char* glu_name(Glu g);
+inline std::string field_text(Glu g) {
+  return glu_name(g);
+}
 
-// Everything that changes the emitted bytes, and nothing else. Hash, equality
-// and the key text all derive from fields(), so a new field cannot be forgotten.
+// Everything that changes the emitted bytes, and nothing else. Key text, name,
+// hash and equality are generated from field_list() (codegen/kernel_desc.h).
 struct BrgemmDesc {
+  static constexpr const char* kFamily = "brgemm";
+
   Isa isa = Isa::avx512;
-  int mr = 1;                 // rows of C
-  int nr = 64;                // columns of C (≤ 64)
-  int64_t kb = 1;             // K elements per batch item
-  int64_t b_row_bytes = 256;  // bytes per k-pair row of a packed B block
-  BiasKind bias = BiasKind::none;
-  Activation act = Activation::none;
-  DType out = DType::f32;   // f32 or bf16
-  bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
-  Glu glu = Glu::none;
-  float glu_alpha = 0, glu_limit = 0;  // clamped_swiglu only (0 otherwise)
+  // Operand and accumulator types. bf16 × bf16 → f32 is the one combination
+  // an emitter implements today; the registry's rows say which each takes.
+  DType a_type = DType::bf16;   // A (activations)
+  DType b_type = DType::bf16;   // B (the packed weight's element type)
+  DType acc_type = DType::f32;  // accumulators (and acc_in)
+  int mr = 1;                   // rows of C
+  int nr = 64;                  // columns of C (≤ 64)
+  int64_t kb = 1;               // K elements per batch item
+  int64_t b_row_bytes = 256;    // bytes per k-group row of a packed B block
   // AMX only: A_i is in the tile layout of PackedA (packed_layout.h) instead
   // of row-major: every tile load is 1 KiB contiguous and K is zero-padded to
-  // 32, so lda and a_tail are unused and any kb works with any batch.
+  // the K step, so lda and a_tail are unused and any kb works with any batch.
   bool a_packed = false;
+  bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
+  BiasKind bias = BiasKind::none;
+  Activation act = Activation::none;
+  Glu glu = Glu::none;
+  float glu_alpha = 0, glu_limit = 0;  // clamped_swiglu only (0 otherwise)
+  DType out = DType::f32;              // f32 or bf16
 
+  static constexpr auto field_list() {
+    using D = BrgemmDesc;
+    using enum NameRule;
+    return std::make_tuple(
+        field("isa", &D::isa, "_"), field("a", &D::a_type, "_"),
+        field("b", &D::b_type, "x", unless_default), field("acc", &D::acc_type, "_", "acc"),
+        field("mr", &D::mr, "_m"), field("nr", &D::nr, "n"), field("kb", &D::kb, "k"),
+        field("brow", &D::b_row_bytes, "", never), field("apack", &D::a_packed, "_apack", flag),
+        field("acc_in", &D::accumulate, "_accin", flag),
+        field("bias", &D::bias, "_bias", unless_default),
+        field("act", &D::act, "_", unless_default), field("glu", &D::glu, "_", unless_default),
+        field("alpha", &D::glu_alpha, "_a", unless_default),
+        field("limit", &D::glu_limit, "_l", unless_default), field("out", &D::out, "_", "out"));
+  }
+
+  // K elements one VNNI group of B holds (a k-group row of the packed block),
+  // and the K step of one AMX tile (64 bytes of A): both follow the dtypes.
+  int k_group() const { return k_group_of(b_type); }
+  int k_step() const { return amx_k_step_of(a_type); }
   // Columns of the B block the kernel computes: 64 for a GLU, else nr.
   int computed_cols() const { return glu != Glu::none ? 64 : nr; }
 
-  auto fields() const {
-    return std::tie(isa, mr, nr, kb, b_row_bytes, bias, act, out, accumulate, glu, glu_alpha,
-                    glu_limit, a_packed);
-  }
-  bool operator==(const BrgemmDesc& o) const { return fields() == o.fields(); }
-
-  // Canonical key text, e.g.
-  // "brgemm;isa=avx512;mr=7;nr=64;kb=4096;brow=256;bias=f32;act=silu;out=bf16".
-  std::string key() const;
-  // Kernel name spelling its specialization, e.g.
-  // "brgemm_avx512_bf16_f32acc_m7n64k4096_bias_silu_bf16out".
-  std::string name() const;
+  bool operator==(const BrgemmDesc& o) const { return same_fields(*this, o); }
+  // e.g. "brgemm;isa=avx512;a=bf16;b=bf16;acc=f32;mr=7;nr=64;kb=4096;...".
+  std::string key() const { return desc_key(*this); }
+  // e.g. "brgemm_avx512_bf16_f32acc_m7n64k4096_biasf32_silu_bf16out".
+  std::string name() const { return desc_name(*this); }
 };
+static_assert(fields_cover<BrgemmDesc>(), "a BrgemmDesc member is missing from field_list()");
 
 }  // namespace tilejit::codegen

@@ -11,20 +11,6 @@
 
 namespace tilejit::codegen {
 
-namespace {
-// The GLU part of a key or name: empty when there is none, so every existing
-// kernel keeps its key (and its on-disk cache entry).
-std::string glu_suffix(Glu glu, Activation act, float alpha, float limit, bool key) {
-  if (glu == Glu::none) return "";
-  if (glu == Glu::act_mul)
-    return key ? fmt::format(";glu={}_mul", activation_name(act))
-               : fmt::format("_{}_and_mul", activation_name(act));
-  // %a: the exact bits of alpha and limit are part of the code.
-  return key ? fmt::format(";glu=clamped_swiglu;alpha={:a};limit={:a}", alpha, limit)
-             : fmt::format("_swiglu_a{}_l{}", alpha, limit);
-}
-}  // namespace
-
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   // The blocking below divides by K chunks and N blocks: an empty GEMM has no
   // plan (the verifier and pack_weight refuse N or K of 0 before this).
@@ -42,7 +28,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   // Ceiling divisions written so that no sum can overflow, whatever K (up to INT64_MAX).
   p.k_chunks = spec.k / kMaxChunk + (spec.k % kMaxChunk != 0);
   const int64_t per_chunk = spec.k / p.k_chunks + (spec.k % p.k_chunks != 0);  // <= 2048
-  p.kc = p.k_chunks == 1 ? spec.k : (per_chunk + 31) / 32 * 32;
+  // Chunks are whole AMX K steps, so only the last one has a K tail.
+  const int64_t step = amx_k_step_of(DType::bf16);
+  p.kc = p.k_chunks == 1 ? spec.k : (per_chunk + step - 1) / step * step;
   switch (isa) {
     case Isa::amx:
       // Two row tiles: every B tile loaded feeds two tdpbf16ps.
@@ -161,22 +149,23 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   return d;
 }
 
+// The plan's name: its ISA and blocking, then the spec's fields, e.g.
+// "gemm_avx512_bf16_f32acc_m7n64k4096_nt40_biasbf16_silu_bf16out".
 std::string GemmPlan::name() const {
   std::string s = fmt::format("gemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nb, spec.k);
   if (n_tail != 0) s += fmt::format("_nt{}", n_tail);
-  if (spec.bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(spec.bias));
-  if (spec.glu != Glu::none)
-    s += glu_suffix(spec.glu, spec.act, spec.glu_alpha, spec.glu_limit, false);
-  else if (spec.act != Activation::none)
-    s += fmt::format("_{}", activation_name(spec.act));
-  s += fmt::format("_{}out", dtype_name(spec.out));
+  // The spec's own name less its "gemmn..k.." head (N and K are spelled above).
+  const std::string spec_name = desc_name(spec);
+  s += spec_name.substr(spec_name.find('_') == std::string::npos ? spec_name.size()
+                                                                 : spec_name.find('_'));
   return s;
 }
 
+// "gemm;isa=avx512;n=..;k=..;..": the ISA and every field of the spec (the
+// rest of the plan follows from them).
 std::string GemmPlan::key() const {
-  return fmt::format("gemm;isa={};n={};k={};bias={};act={};out={}{}", isa_name(isa), spec.n, spec.k,
-                     bias_kind_name(spec.bias), activation_name(spec.act), dtype_name(spec.out),
-                     glu_suffix(spec.glu, spec.act, spec.glu_alpha, spec.glu_limit, true));
+  const std::string spec_key = desc_key(spec);
+  return fmt::format("gemm;isa={}{}", isa_name(isa), spec_key.substr(spec_key.find(';')));
 }
 
 std::string GemmPlan::str() const {
@@ -217,31 +206,11 @@ const char* glu_name(Glu g) {
     case Glu::none:
       return "none";
     case Glu::act_mul:
-      return "mul";
+      return "and_mul";
     case Glu::clamped_swiglu:
       return "clamped_swiglu";
   }
   return "?";
-}
-
-std::string BrgemmDesc::key() const {
-  return fmt::format("brgemm;isa={};mr={};nr={};kb={};brow={};bias={};act={};out={};acc={}{}{}",
-                     isa_name(isa), mr, nr, kb, b_row_bytes, bias_kind_name(bias),
-                     activation_name(act), dtype_name(out), accumulate ? 1 : 0,
-                     glu_suffix(glu, act, glu_alpha, glu_limit, true), a_packed ? ";apack=1" : "");
-}
-
-std::string BrgemmDesc::name() const {
-  std::string s = fmt::format("brgemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nr, kb);
-  if (a_packed) s += "_apack";
-  if (accumulate) s += "_accin";
-  if (bias != BiasKind::none) s += fmt::format("_bias{}", bias_kind_name(bias));
-  if (glu != Glu::none)
-    s += glu_suffix(glu, act, glu_alpha, glu_limit, false);
-  else if (act != Activation::none)
-    s += fmt::format("_{}", activation_name(act));
-  s += fmt::format("_{}out", dtype_name(out));
-  return s;
 }
 
 namespace {

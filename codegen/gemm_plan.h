@@ -15,6 +15,7 @@ namespace tilejit::codegen {
 
 // What a gemm + epilogue chain computes, independent of the machine.
 struct GemmSpec {
+  static constexpr const char* kFamily = "gemm";
   int64_t n = 0, k = 0;
   BiasKind bias = BiasKind::none;
   Activation act = Activation::none;
@@ -24,9 +25,20 @@ struct GemmSpec {
   Glu glu = Glu::none;
   float glu_alpha = 0, glu_limit = 0;
 
-  auto fields() const { return std::tie(n, k, bias, act, out, glu, glu_alpha, glu_limit); }
-  bool operator==(const GemmSpec& o) const { return fields() == o.fields(); }
+  static constexpr auto field_list() {
+    using D = GemmSpec;
+    using enum NameRule;
+    return std::make_tuple(field("n", &D::n, "n"), field("k", &D::k, "k"),
+                           field("bias", &D::bias, "_bias", unless_default),
+                           field("act", &D::act, "_", unless_default),
+                           field("out", &D::out, "_", "out"),
+                           field("glu", &D::glu, "_", unless_default),
+                           field("alpha", &D::glu_alpha, "_a", unless_default),
+                           field("limit", &D::glu_limit, "_l", unless_default));
+  }
+  bool operator==(const GemmSpec& o) const { return same_fields(*this, o); }
 };
+static_assert(fields_cover<GemmSpec>(), "a GemmSpec member is missing from field_list()");
 
 struct GemmPlan {
   GemmSpec spec;

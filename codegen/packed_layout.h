@@ -12,11 +12,23 @@
 
 #include <cstdint>
 
+#include "tilejit/tilejit.h"
+
 namespace tilejit::codegen {
 
+// The K granularities, one home: a VNNI group of B holds 4 bytes of K (2 bf16,
+// 4 int8), an AMX tile row holds 64 bytes of K (32 bf16, 64 int8).
+inline int k_group_of(DType b) {
+  return dtype_bits(b) >= 32 ? 1 : 32 / dtype_bits(b);
+}
+inline int amx_k_step_of(DType a) {
+  return 512 / dtype_bits(a);
+}
+
 struct PackedLayout {
-  static constexpr int64_t kBlockN = 64;                 // columns per block
-  static constexpr int64_t kPadK = 32;                   // K is padded to this multiple
+  static constexpr int64_t kBlockN = 64;  // columns per block
+  // K is padded to a multiple of one AMX K step (amx_k_step_of(bf16)).
+  static constexpr int64_t kPadK = 32;
   static constexpr int64_t kRowBytes = kBlockN * 2 * 2;  // one k-pair row
 
   int64_t n = 0, k = 0;

@@ -159,9 +159,14 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
       try {
         k = recipe.load(std::move(*stored));
         from_disk = true;
-      } catch (const Error&) {
+      } catch (const Error& e) {
         // A stored entry that passes its checksum but will not load (e.g. an
         // object the linker rejects): compile instead.
+        if (s.verbose)
+          std::fprintf(stderr,
+                       "tilejit: fallback: disk cache entry of %s will not load (%s): "
+                       "compiling\n",
+                       name.c_str(), e.what());
       }
     }
     if (!k) {

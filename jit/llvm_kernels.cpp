@@ -1,8 +1,9 @@
 #include "jit/llvm_kernels.h"
 
+#include <algorithm>
 #include <cstdio>
 
-#include "jit/kernel_cache.h"
+#include "tilejit/error.h"
 
 namespace tilejit::jit {
 namespace {
@@ -30,20 +31,28 @@ std::string llvm_host_key(const std::string& key) {
   return key + ";llvm_cpu=" + h.cpu + ";llvm_features=" + hex;
 }
 
-const Kernel& llvm_kernel(const std::string& key, const std::string& name,
-                          const std::function<lb::LlvmKernel()>& compile) {
+KernelRecipe llvm_kernel_recipe(std::string symbol, std::function<lb::LlvmKernel()> compile) {
   KernelRecipe r;
-  r.compile = [&] {
+  const bool named = !symbol.empty();
+  r.compile = [named, compile = std::move(compile)] {
     lb::LlvmKernel lk = compile();
     BuiltKernel b;
-    b.payload = lk.object_file;
+    if (!named) {
+      b.payload.assign(lk.name.begin(), lk.name.end());
+      b.payload.push_back('\n');
+    }
+    b.payload.insert(b.payload.end(), lk.object_file.begin(), lk.object_file.end());
     b.kernel = adopt(std::move(lk));
     return b;
   };
-  r.load = [&name](std::vector<uint8_t> object) {
-    return adopt(lb::load_object_file(name, std::move(object)));
+  r.load = [symbol = std::move(symbol)](std::vector<uint8_t> payload) {
+    if (!symbol.empty()) return adopt(lb::load_object_file(symbol, std::move(payload)));
+    const auto nl = std::find(payload.begin(), payload.end(), uint8_t{'\n'});
+    if (nl == payload.end()) throw Error("llvm kernel payload without its symbol name");
+    const std::string name(payload.begin(), nl);
+    return adopt(lb::load_object_file(name, std::vector<uint8_t>(nl + 1, payload.end())));
   };
-  return KernelCache::global().get(llvm_host_key(key), name, r);
+  return r;
 }
 
 }  // namespace tilejit::jit

@@ -1,5 +1,5 @@
-// LLVM-compiled kernels through the process-wide kernel cache: one recipe for
-// every LLVM kernel family (brgemm, RoPE, decode attention, ...).
+// How LLVM-compiled kernels enter the kernel cache: their key gains the host
+// target, and their stored payload is the relocatable object file.
 #pragma once
 
 #include <functional>
@@ -10,16 +10,14 @@
 
 namespace tilejit::jit {
 
-// The cached kernel `name`, compiled once by `compile` on a miss (or relinked
-// from the on-disk cache). LLVM code is compiled for exactly this host's CPU
-// and features, so they join `key` here.
-const Kernel& llvm_kernel(const std::string& key, const std::string& name,
-                          const std::function<codegen::llvm_backend::LlvmKernel()>& compile);
-
-// The cache key llvm_kernel() gives `key`: it joined with the host's LLVM CPU
-// and a hash of its feature string ("<key>;llvm_cpu=znver4;llvm_features=<16
-// hex digits>"). Exported so the tool prints the key the cache uses
-// (tests/tool_test.sh compares it with TILEJIT_VERBOSE's log).
+// `key` plus the LLVM host CPU and a hash of its feature string: LLVM code is
+// compiled for the host, so another CPU must not load it from disk.
 std::string llvm_host_key(const std::string& key);
+
+// The recipe of an LLVM kernel: `compile` builds it; a stored object is
+// reloaded by looking up `symbol` in it. An empty symbol means the compile
+// alone knows it: it is then stored ahead of the object in the payload.
+KernelRecipe llvm_kernel_recipe(std::string symbol,
+                                std::function<codegen::llvm_backend::LlvmKernel()> compile);
 
 }  // namespace tilejit::jit

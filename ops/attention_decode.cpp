@@ -8,14 +8,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "jit/registry.h"
 #include "ops/attention_checks.h"
-#include "ops/attention_decode_kernel.h"
 #include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
+#include "runtime/verbose.h"
 
 namespace tilejit {
 
@@ -144,14 +145,14 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   }
 
   const int64_t dv_padded = padded_dv(dv);
-  if (ops::have_decode_attention_kernel()) {
+  if (jit::family_built(jit::Family::decode_attention)) {
     // The LLVM kernel: tasks are sequences × splits, all heads at once, so
     // each 16-key chunk reads whole cache rows (every head) instead of
     // 256-byte pieces of them.
     namespace lb = codegen::llvm_backend;
     const lb::DecodeAttentionDesc desc =
         ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr);
-    const auto fn = ops::decode_attention_kernel(desc).entry<lb::DecodeAttentionFn>();
+    const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
     const int64_t base_tasks = batch;
     const int64_t splits = split_count(base_tasks, lens);
     auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
@@ -239,6 +240,10 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   }
 
   // Without LLVM: the brgemm engine, in blocks of ≤ 64 rows.
+  static std::once_flag logged;
+  runtime::log_fallback_once(logged,
+                             "decode_attention: no LLVM decode kernel in this build: the brgemm "
+                             "attention engine");
   const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
   const int64_t base_tasks = batch * hkv * row_blocks;
   const int64_t splits = split_count(base_tasks, lens);

@@ -4,23 +4,21 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <utility>
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/llvm/llvm_softmax.h"
 #include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
-#include "jit/attention_kernels.h"
-#include "jit/brgemm_kernels.h"
+#include "jit/registry.h"
 #include "ops/attention_scalar.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
+#include "runtime/verbose.h"
 
 // The softmax helpers pass 64-byte vectors by value; they are internal and
 // inlined, so GCC's psABI note (reported at the end of the file) concerns no caller.
@@ -45,10 +43,10 @@ constexpr int kMaxGroups = int(kRowsPerBlock) / kLanes;  // 16-row groups of a b
 // so most key blocks skip rescaling O (FlashAttention-4's conditional rescale).
 constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 
-// The micro-kernels of one (ISA, D): a bounded set, looked up lock-free
-// after the first use. Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32,
-// 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr ×
-// kb ∈ {32, 64, 96, 128} (the block's keys rounded up to 32), accumulating in place.
+// The micro-kernels of one (ISA, D), from the kernel registry (whose
+// per-thread front cache makes a repeat lookup a hash probe). Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit]
+// × nr ∈ {16, 32, 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr × kb ∈
+// {32, 64, 96, 128} (the block's keys rounded up to 32), accumulating in place.
 class Kernels {
  public:
   Kernels(Isa isa, int64_t d) : isa_(isa), d_(d) {}
@@ -58,7 +56,7 @@ class Kernels {
   }
 
   codegen::BrgemmFn score(int rows, int nz) {
-    return get(score_[nz - 1][rows - 1], [&] {
+    return get([&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
@@ -69,7 +67,7 @@ class Kernels {
   // accumulate = false: the first block of an empty state stores C instead
   // of adding to it (no zeroing of Oᵀ, no reading it back).
   codegen::BrgemmFn pv(int rows, int nz, int64_t kb, bool accumulate) {
-    return get(pv_[accumulate][kb / 32 - 1][nz - 1][rows - 1], [&] {
+    return get([&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
@@ -88,37 +86,13 @@ class Kernels {
     return d;
   }
   template <class MakeDesc>
-  codegen::BrgemmFn get(std::atomic<codegen::BrgemmFn>& slot, MakeDesc make) {
-    if (codegen::BrgemmFn f = slot.load(std::memory_order_acquire)) return f;
-    const codegen::BrgemmDesc desc = make();
-    const jit::Kernel& k = jit::brgemm_kernel(desc);
-    const auto f = k.entry<codegen::BrgemmFn>();
-    slot.store(f, std::memory_order_release);
-    return f;
+  static codegen::BrgemmFn get(MakeDesc make) {
+    return jit::get(make()).template entry<codegen::BrgemmFn>();
   }
 
   Isa isa_;
   int64_t d_;
-  std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups> score_{};
-  std::array<std::array<std::array<std::array<std::atomic<codegen::BrgemmFn>, kMaxMr>, kMaxGroups>,
-                        kKeyBlock / 32>,
-             2>
-      pv_{};
 };
-
-Kernels& kernels_for(Isa isa, int64_t d) {
-  static std::shared_mutex mu;
-  static std::map<std::pair<Isa, int64_t>, std::unique_ptr<Kernels>> map;
-  const auto key = std::make_pair(isa, d);
-  {
-    std::shared_lock lk(mu);
-    if (auto it = map.find(key); it != map.end()) return *it->second;
-  }
-  std::unique_lock lk(mu);
-  auto& slot = map[key];
-  if (!slot) slot = std::make_unique<Kernels>(isa, d);
-  return *slot;
-}
 
 // Calls f(r0, rows) over [0, n) in ⌈n / max⌉ near-equal chunks: 64 rows at
 // mr ≤ 7 become 4 × 7 + 6 × 6 rather than 9 × 7 + 1, whose one-row call runs
@@ -164,32 +138,27 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// An LLVM glue kernel, looked up once and lock-free afterwards; null when
-// this build has no LLVM or LLVM cannot target the host (the compile's Error),
-// and the caller runs its C++ code instead.
-std::atomic<bool> glue_unavailable{!jit::have_softmax_step_kernel()};
-template <class Fn, class Get>
-Fn glue_kernel(std::atomic<Fn>& slot, Get get) {
-  Fn f = slot.load(std::memory_order_acquire);
-  if (f != nullptr || glue_unavailable.load(std::memory_order_relaxed)) return f;
-  try {
-    f = get().template entry<Fn>();
-    slot.store(f, std::memory_order_release);
-  } catch (const Error&) {
-    glue_unavailable.store(true, std::memory_order_relaxed);
-  }
-  return f;
+// An LLVM glue kernel of the registry, or null when this build has no LLVM:
+// the caller then runs its C++ code (TILEJIT_VERBOSE says so once). Any
+// Error from the registry propagates: the descriptors are the engine's own,
+// so a failure is a bug to see, not a case to hide.
+template <class Fn, class Desc>
+Fn glue_kernel(jit::Family family, const Desc& desc) {
+  if (jit::family_built(family)) return jit::get(desc).template entry<Fn>();
+  static std::once_flag logged;
+  runtime::log_fallback_once(logged, std::string("attention: no ") + jit::family_name(family) +
+                                         " kernels in this build (no LLVM): C++ glue");
+  return nullptr;
 }
 
 // Qᵀ as a packed "weight" with N = rows, K = D: word (kp, r) holds q_r[2kp],
 // q_r[2kp+1]; pairs past D/2 are 0 (AMX reads K padded to 32).
 void pack_q(const std::vector<QueryRow>& rows, int64_t d) {
-  static std::atomic<lb::SoftmaxPackQFn> kernel{nullptr};
   static const uint16_t kZeroRow[kMaxHeadDim] = {};
   const int64_t pairs = round_up(d, 32) / 2;
   const int64_t m = static_cast<int64_t>(rows.size());
-  if (const auto fn = glue_kernel(
-          kernel, []() -> const jit::Kernel& { return jit::softmax_pack_q_kernel(); })) {
+  if (const auto fn = glue_kernel<lb::SoftmaxPackQFn>(
+          jit::Family::softmax_glue, lb::SoftmaxGlueDesc{lb::SoftmaxGlue::pack_q})) {
     // Columns past the last 16-row group are never read (nr = 16·groups).
     tls.q_packed.resize(static_cast<size_t>(pairs * 64));
     const uint16_t* ptrs[kRowsPerBlock];
@@ -356,12 +325,10 @@ void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
 }
 
 // The step for nz groups: the LLVM kernel (compiled once per nz and host),
-// else the C++ loop above (no LLVM in this build, or LLVM cannot target the
-// host; the reason is the Error the compile raised).
+// else the C++ loop above (no LLVM in this build).
 void softmax_step(const lb::SoftmaxStepArgs& a, int nz) {
-  static std::array<std::atomic<lb::SoftmaxStepFn>, kMaxGroups> slots{};
-  if (const auto fn = glue_kernel(
-          slots[nz - 1], [nz]() -> const jit::Kernel& { return jit::softmax_step_kernel({nz}); }))
+  if (const auto fn =
+          glue_kernel<lb::SoftmaxStepFn>(jit::Family::softmax_step, lb::SoftmaxStepDesc{nz}))
     fn(&a);
   else
     softmax_step_cxx(a, nz);
@@ -388,10 +355,9 @@ void prefetch_block(const Params& p, const RowSource& k, const TransposedV* vt, 
 }  // namespace
 
 void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld) {
-  static std::atomic<lb::SoftmaxTransposeVFn> kernel{nullptr};
   static const uint16_t kZeroRow[kMaxHeadDim] = {};
-  const auto fn =
-      glue_kernel(kernel, []() -> const jit::Kernel& { return jit::softmax_transpose_v_kernel(); });
+  const auto fn = glue_kernel<lb::SoftmaxTransposeVFn>(
+      jit::Family::softmax_glue, lb::SoftmaxGlueDesc{lb::SoftmaxGlue::transpose_v});
   // In runs of up to 128 keys (16-key tiles, padding rows point at zeros).
   constexpr int64_t kRun = 128;
   for (int64_t jb = 0; jb < n; jb += kRun) {
@@ -491,7 +457,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
         ot[c * kRowsPerBlock + r] = r < m ? init->o[r * init->ldo + c] : 0.f;
   }
 
-  Kernels& ker = kernels_for(isa, p.d);
+  Kernels ker(isa, p.d);
   const int mr = ker.mr_limit(nz);
   const int64_t d_full = p.d / 32 * 32, d_tail = p.d % 32;
   const bool amx_tail = isa == Isa::amx && d_tail != 0;
@@ -614,9 +580,8 @@ float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
 // or their factor is not finite (the NaN/Inf rule, ops/attention_scalar.h).
 uint64_t finish_transposed(const Params& p, const std::vector<QueryRow>& rows,
                            const std::vector<uint16_t*>& out_rows) {
-  static std::atomic<lb::SoftmaxFinishFn> kernel{nullptr};
-  const auto fn =
-      glue_kernel(kernel, []() -> const jit::Kernel& { return jit::softmax_finish_kernel(); });
+  const auto fn = glue_kernel<lb::SoftmaxFinishFn>(jit::Family::softmax_glue,
+                                                   lb::SoftmaxGlueDesc{lb::SoftmaxGlue::finish});
   const int64_t m = static_cast<int64_t>(rows.size());
   alignas(64) float f[kRowsPerBlock] = {};
   for (int64_t r = 0; r < m; ++r) f[r] = out_factor(p, rows[r], tls.m[r], tls.l[r]);

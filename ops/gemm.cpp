@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
-#include "codegen/field_hash.h"
 #include "ir/activation.h"
-#include "jit/brgemm_kernels.h"
 #include "jit/kernel_cache.h"
+#include "jit/registry.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_ir.h"
 #include "ops/gemm_task.h"
@@ -27,20 +26,15 @@
 namespace tilejit {
 namespace ops {
 
-const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail, Chunk chunk) {
-  auto& slot = slots_[rows][n_tail ? 1 : 0][static_cast<int>(chunk)];
-  if (const jit::Kernel* k = slot.load(std::memory_order_acquire)) return *k;
-  const int cols = n_tail ? plan_.n_tail : plan_.nb;
-  const jit::Kernel& k = jit::brgemm_kernel(plan_.ukernel(rows, cols, chunk));
-  slot.store(&k, std::memory_order_release);
-  return k;
+const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail, Chunk chunk) const {
+  return jit::get(plan_.ukernel(rows, n_tail ? plan_.n_tail : plan_.nb, chunk));
 }
 
 namespace {
 
 struct SpecHash {
   size_t operator()(const std::pair<codegen::GemmSpec, Isa>& s) const {
-    return codegen::hash_fields(s.first.fields()) * 31 + codegen::hash_field(s.second);
+    return codegen::desc_hash(s.first) * 31 + codegen::field_hash(s.second);
   }
 };
 

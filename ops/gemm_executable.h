@@ -1,10 +1,8 @@
-// A lowered GEMM ready to run: its plan and the micro-kernels it needs,
-// compiled lazily per (M tail, N tail) variant and then held in atomic slots,
-// so a call on a known shape costs one table lookup and no compile.
+// A lowered GEMM ready to run: its plan (and the IR it came from). Its
+// micro-kernels come from the kernel registry (jit::get), compiled on first
+// use per (M tail, N tail, K chunk) variant.
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <memory>
 #include <string>
 
@@ -22,13 +20,10 @@ class GemmExecutable {
   using Chunk = codegen::GemmPlan::Chunk;
   // The micro-kernel for `rows` (1..mr) × (full block | N tail) columns, for
   // one part of the K reduction.
-  const jit::Kernel& kernel(int rows, bool n_tail, Chunk chunk);
+  const jit::Kernel& kernel(int rows, bool n_tail, Chunk chunk) const;
 
  private:
-  static constexpr int kMaxRows = 32;
   codegen::GemmPlan plan_;
-  // [rows][n_tail][chunk]: filled on first use, then read without a lock.
-  std::array<std::array<std::array<std::atomic<const jit::Kernel*>, 4>, 2>, kMaxRows + 1> slots_{};
 };
 
 // The executable for a spec on the active ISA: builds the IR, verifies and

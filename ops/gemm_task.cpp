@@ -12,7 +12,7 @@
 
 namespace tilejit::ops {
 
-void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
+void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
   using Chunk = codegen::GemmPlan::Chunk;
   const codegen::GemmPlan& plan = exe.plan();
   const int mr = plan.mr;
@@ -33,6 +33,9 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
   const codegen::PackedA pa{plan.spec.k};
   const int64_t kc0 = one_chunk ? job.only_chunk : 0;
   const int64_t kc1 = one_chunk ? job.only_chunk + 1 : k_chunks;
+  // The kernel of the previous call: only the last row block differs.
+  const jit::Kernel* kernel = nullptr;
+  int kernel_rows = 0;
   for (int64_t kci = kc0; kci < kc1; ++kci) {
     const Chunk chunk = k_chunks == 1         ? Chunk::whole
                         : kci == 0            ? Chunk::first
@@ -41,7 +44,11 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
     const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
     const int64_t b_offset = kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
     const void* b_ptr = job.b_block + b_offset;
-    const int64_t b_bytes = (plan.chunk_k(chunk) + 31) / 32 * 16 * codegen::PackedLayout::kRowBytes;
+    // The B rows this chunk reads: its K padded to whole K steps, in k-pair rows.
+    const int64_t step = codegen::amx_k_step_of(DType::bf16);
+    const int64_t b_bytes =
+        (plan.chunk_k(chunk) + step - 1) / step * (step / 2) * codegen::PackedLayout::kRowBytes;
+    kernel = nullptr;
     for (int64_t mb = 0; mb < m_blocks; ++mb) {
       const int64_t m0 = mb * mr;
       const int rows = static_cast<int>(std::min<int64_t>(mr, job.rows - m0));
@@ -67,7 +74,11 @@ void run_row_block(GemmExecutable& exe, const RowBlockJob& job) {
             plan.ukernel(rows, job.n_tail ? plan.n_tail : plan.nb, chunk));
         if ((mb - 1) * share < b_bytes) args.b_prefetch = job.b_next + b_offset + (mb - 1) * share;
       }
-      exe.kernel(rows, job.n_tail, chunk).entry<codegen::BrgemmFn>()(&args);
+      if (kernel == nullptr || rows != kernel_rows) {
+        kernel = &exe.kernel(rows, job.n_tail, chunk);
+        kernel_rows = rows;
+      }
+      kernel->entry<codegen::BrgemmFn>()(&args);
     }
   }
 }

@@ -36,7 +36,7 @@ struct RowBlockJob {
   int64_t ld_partial = 0;
 };
 
-void run_row_block(GemmExecutable& exe, const RowBlockJob& job);
+void run_row_block(const GemmExecutable& exe, const RowBlockJob& job);
 
 // Copies rows [0, rows) of row-major bf16 A (k columns, lda bytes between rows)
 // into the PackedA tile layout at dst (PackedA{k}.bytes(rows) bytes, 64-byte

@@ -6,12 +6,13 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops/rope_kernels.h"
+#include "jit/registry.h"
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
+#include "runtime/verbose.h"
 
 namespace tilejit {
 
@@ -181,10 +182,10 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
 }
 
 // Called only in a build with LLVM (the kernels are LLVM's).
-[[maybe_unused]] void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
-                               const TensorView& positions, const TensorView& cache) {
+void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
+              const TensorView& positions, const TensorView& cache) {
   namespace lb = codegen::llvm_backend;
-  const auto fn = ops::rope_kernel(c.desc).entry<lb::RopeFn>();
+  const auto fn = jit::get(c.desc).entry<lb::RopeFn>();
   const int64_t qb = dtype_bits(q.dtype) / 8, pb = dtype_bits(positions.dtype) / 8;
   // A few chunks per thread: the machine is shared, dynamic claiming evens out.
   const int64_t tasks = std::min<int64_t>(c.t, 4 * runtime::num_threads());
@@ -214,9 +215,11 @@ void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
           const TensorView& cos_sin_cache, const RopeOptions& opt) {
   const RopeCall c = check(q, k, positions, cos_sin_cache, opt);
   if (c.t == 0) return;
-#ifdef TILEJIT_HAVE_LLVM
-  if (runtime::active_isa() != Isa::scalar) return rope_jit(c, q, k, positions, cos_sin_cache);
-#endif
+  if (runtime::active_isa() != Isa::scalar) {
+    if (jit::family_built(jit::Family::rope)) return rope_jit(c, q, k, positions, cos_sin_cache);
+    static std::once_flag logged;
+    runtime::log_fallback_once(logged, "rope: no RoPE kernel in this build (no LLVM): reference");
+  }
   rope_scalar(c, q, k, positions, cos_sin_cache);
 }
 

@@ -180,4 +180,72 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
+const char* feature_name(Feature f) {
+  switch (f) {
+    case Feature::avx2:
+      return "avx2";
+    case Feature::fma:
+      return "fma";
+    case Feature::avx512f:
+      return "avx512f";
+    case Feature::avx512bw:
+      return "avx512bw";
+    case Feature::avx512vl:
+      return "avx512vl";
+    case Feature::avx512dq:
+      return "avx512dq";
+    case Feature::avx512_bf16:
+      return "avx512_bf16";
+    case Feature::avx512_fp16:
+      return "avx512_fp16";
+    case Feature::avx512_vnni:
+      return "avx512_vnni";
+    case Feature::amx_tile:
+      return "amx_tile";
+    case Feature::amx_bf16:
+      return "amx_bf16";
+    case Feature::amx_int8:
+      return "amx_int8";
+    case Feature::count_:
+      break;
+  }
+  return "?";
+}
+
+std::string FeatureSet::str() const {
+  std::string s;
+  for (uint32_t i = 0; i < static_cast<uint32_t>(Feature::count_); ++i)
+    if (has(static_cast<Feature>(i))) {
+      if (!s.empty()) s += ' ';
+      s += feature_name(static_cast<Feature>(i));
+    }
+  return s.empty() ? "none" : s;
+}
+
+FeatureSet detected_features() {
+  static const FeatureSet set = [] {
+    const CpuFeatures& f = cpu_features();
+    // AMX state is usable natively with the permission, or under the emulator.
+    const bool amx_os = f.amx_permitted || f.amx_emulated;
+    FeatureSet s;
+    auto add = [&](bool on, Feature x) {
+      if (on) s = s | FeatureSet{x};
+    };
+    add(f.avx2, Feature::avx2);
+    add(f.fma, Feature::fma);
+    add(f.avx512f, Feature::avx512f);
+    add(f.avx512bw, Feature::avx512bw);
+    add(f.avx512vl, Feature::avx512vl);
+    add(f.avx512dq, Feature::avx512dq);
+    add(f.avx512_bf16, Feature::avx512_bf16);
+    add(f.avx512_fp16, Feature::avx512_fp16);
+    add(f.avx512_vnni, Feature::avx512_vnni);
+    add((f.amx_tile && amx_os) || f.amx_emulated, Feature::amx_tile);
+    add((f.amx_bf16 && amx_os) || f.amx_emulated, Feature::amx_bf16);
+    add((f.amx_int8 && amx_os) || f.amx_emulated, Feature::amx_int8);
+    return s;
+  }();
+  return set;
+}
+
 }  // namespace tilejit::runtime

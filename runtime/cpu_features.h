@@ -1,9 +1,57 @@
 // CPU feature detection (CPUID + XCR0) and the Linux AMX permission request.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace tilejit::runtime {
+
+// The CPU features kernels are selected on, as bits of a FeatureSet. Each
+// bit means "usable": the CPUID bit and the OS state it needs (XCR0, the AMX
+// permission; emulated AMX counts as usable).
+enum class Feature : uint32_t {
+  avx2,
+  fma,
+  avx512f,
+  avx512bw,
+  avx512vl,
+  avx512dq,
+  avx512_bf16,
+  avx512_fp16,
+  avx512_vnni,
+  amx_tile,
+  amx_bf16,
+  amx_int8,
+  count_
+};
+const char* feature_name(Feature f);
+
+class FeatureSet {
+ public:
+  constexpr FeatureSet() = default;
+  constexpr FeatureSet(std::initializer_list<Feature> fs) {
+    for (Feature f : fs) bits_ |= bit(f);
+  }
+  constexpr bool has(Feature f) const { return (bits_ & bit(f)) != 0; }
+  constexpr bool contains(FeatureSet o) const { return (bits_ & o.bits_) == o.bits_; }
+  constexpr FeatureSet operator|(FeatureSet o) const { return from_bits(bits_ | o.bits_); }
+  constexpr FeatureSet operator&(FeatureSet o) const { return from_bits(bits_ & o.bits_); }
+  constexpr FeatureSet without(FeatureSet o) const { return from_bits(bits_ & ~o.bits_); }
+  constexpr bool operator==(const FeatureSet&) const = default;
+  constexpr uint32_t bits() const { return bits_; }
+  // "avx512f avx512bw ..." ("none" when empty).
+  std::string str() const;
+
+ private:
+  static constexpr uint32_t bit(Feature f) { return 1u << static_cast<uint32_t>(f); }
+  static constexpr FeatureSet from_bits(uint32_t b) {
+    FeatureSet s;
+    s.bits_ = b;
+    return s;
+  }
+  uint32_t bits_ = 0;
+};
 
 struct CpuFeatures {
   std::string vendor;
@@ -22,6 +70,8 @@ struct CpuFeatures {
 
 // Detected once (thread-safe); the AMX permission is requested at most once.
 const CpuFeatures& cpu_features();
+// cpu_features() as a set of usable features.
+FeatureSet detected_features();
 
 // Identifies the CPU for on-disk caches: vendor, family/model/stepping and the
 // feature bits the emitters depend on, e.g. "AuthenticAMD-25-17-1-f1bw1vl1bf161fp160amx000".

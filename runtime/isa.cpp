@@ -18,31 +18,71 @@ Isa parse_isa(const char* text, const char* what) {
               "' is not an ISA path; allowed: amx, avx512, llvm, scalar");
 }
 
-Backend backend_choice() {
-  static const Backend b = [] {
+BackendChoice backend_choice() {
+  static const BackendChoice b = [] {
     const char* env = std::getenv("TILEJIT_BACKEND");
-    if (env == nullptr || *env == '\0') return Backend::any;
-    if (std::strcmp(env, "xbyak") == 0) return Backend::xbyak;
-    if (std::strcmp(env, "llvm") == 0) return Backend::llvm;
+    if (env == nullptr || *env == '\0') return BackendChoice::any;
+    if (std::strcmp(env, "xbyak") == 0) return BackendChoice::xbyak;
+    if (std::strcmp(env, "llvm") == 0) return BackendChoice::llvm;
     throw Error(std::string("TILEJIT_BACKEND='") + env +
                 "' is not a backend; allowed: xbyak, llvm");
   }();
   return b;
 }
 
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::reference:
+      return "reference";
+    case Backend::xbyak:
+      return "xbyak";
+    case Backend::llvm:
+      return "llvm";
+  }
+  return "?";
+}
+
+FeatureSet isa_features(Isa isa) {
+  // The AVX-512 path needs vdpbf16ps (AVX512-BF16) plus BW/VL for masked
+  // 16-bit stores; the AMX path runs its small-M GEMMs and epilogues on it.
+  constexpr FeatureSet avx512{Feature::avx512f, Feature::avx512bw, Feature::avx512vl,
+                              Feature::avx512_bf16};
+  switch (isa) {
+    case Isa::amx:
+      return avx512 | FeatureSet{Feature::amx_tile, Feature::amx_bf16};
+    case Isa::avx512:
+      return avx512;
+    case Isa::llvm:
+      // The LLVM kernels are portable vector code; below AVX2 + FMA they
+      // would be slower than worth a compile.
+      return {Feature::avx2, Feature::fma};
+    case Isa::scalar:
+      return {};
+  }
+  return {};
+}
+
+Backend isa_backend(Isa isa) {
+  switch (isa) {
+    case Isa::amx:
+    case Isa::avx512:
+      return Backend::xbyak;
+    case Isa::llvm:
+      return Backend::llvm;
+    case Isa::scalar:
+      return Backend::reference;
+  }
+  return Backend::reference;
+}
+
 Isa max_supported_isa() {
-  const CpuFeatures& f = cpu_features();
-  // The AVX-512 path needs vdpbf16ps (AVX512-BF16) plus BW/VL for masked 16-bit stores.
-  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
-  // Emulated AMX (TILEJIT_AMX_EMULATE) counts as present, on any CPU.
-  const bool amx = (f.amx_tile && f.amx_bf16 && f.amx_permitted) || f.amx_emulated;
-  if (avx512 && amx) return Isa::amx;
-  if (avx512) return Isa::avx512;
-#ifdef TILEJIT_HAVE_LLVM
-  // The LLVM kernels are portable vector code; below AVX2 + FMA they would be
-  // slower than worth a compile.
-  if (f.avx2 && f.fma) return Isa::llvm;
+  const FeatureSet have = detected_features();
+  for (Isa isa : {Isa::amx, Isa::avx512, Isa::llvm}) {
+#ifndef TILEJIT_HAVE_LLVM
+    if (isa_backend(isa) == Backend::llvm) continue;
 #endif
+    if (have.contains(isa_features(isa))) return isa;
+  }
   return Isa::scalar;
 }
 
@@ -55,12 +95,12 @@ Isa active_isa() {
     if (path == Isa::llvm) path = Isa::scalar;  // capped at a path this build lacks
 #endif
     switch (backend_choice()) {
-      case Backend::any:
+      case BackendChoice::any:
         break;
-      case Backend::xbyak:
+      case BackendChoice::xbyak:
         if (path == Isa::llvm) path = Isa::scalar;
         break;
-      case Backend::llvm:
+      case BackendChoice::llvm:
 #ifdef TILEJIT_HAVE_LLVM
         if (path > Isa::llvm) path = Isa::llvm;
 #else

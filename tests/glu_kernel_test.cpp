@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
-#include "jit/brgemm_kernels.h"
+#include "jit/registry.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_error_bounds.h"
 #include "tilejit/tilejit.h"
@@ -235,7 +235,7 @@ TEST_P(GluKernel, MatchesReferenceOnEveryPathAndPathsAgreeBitForBit) {
   std::vector<std::vector<uint8_t>> outs;
   for (Isa isa : isas) {
     SCOPED_TRACE(isa_name(isa));
-    const auto& k = jit::brgemm_kernel(c.desc(isa));
+    const auto& k = jit::get(c.desc(isa));
     outs.push_back(run(c, d, k.entry<BrgemmFn>()));
     EXPECT_TRUE(check(c, d, outs.back()));
   }
@@ -260,7 +260,7 @@ TEST(GluKernelPaths, BothPathsRunWhereTheMachineHasThem) {
 
 TEST(GluKernelErrors, MoreThan32OutputsIsRejected) {
   Case c{1, 33, 32, Glu::act_mul, Activation::silu, false, false, DType::f32};
-  EXPECT_THROW(jit::brgemm_kernel(c.desc(Isa::avx512)), Error);
+  EXPECT_THROW(jit::get(c.desc(Isa::avx512)), Error);
 }
 
 }  // namespace

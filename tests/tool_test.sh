@@ -121,10 +121,16 @@ for tir in "${examples[@]}"; do
   done
 
   if ! grep -Eq '= *(gemm|attention|rope|moe) ' "$tir"; then
-    # Elementwise only: no gemm plan to dump; run compiles it with LLVM.
-    bad "$name: dump --stage plan (no gemm)" "has no gemm, so no gemm plan, key or asm to show" \
-      "$TJ" dump "$tir" --stage plan
-    bad "$name: dump --stage all (no gemm)" "has no gemm, so no gemm plan" "$TJ" dump "$tir"
+    # Elementwise only: one loop compiled by LLVM, shown through the registry.
+    ok "$name: dump --stage plan (no gemm)" "$TJ" dump "$tir" --stage plan
+    has "$name: elementwise plan" "$OUT" "^plan +elementwise: @[A-Za-z0-9_]+ as one fused loop compiled by LLVM"
+    ok "$name: dump --stage key (no gemm)" "$TJ" dump "$tir" --stage key
+    has "$name: elementwise key" "$OUT" "^key +elementwise;func @"
+    ok "$name: dump --stage asm (no gemm)" "$TJ" dump "$tir" --stage asm
+    has "$name: elementwise asm header" "$OUT" "^; kernel elementwise_[A-Za-z0-9_]+  \\([0-9]+ bytes\\)"
+    has "$name: elementwise asm is LLVM code" "$OUT" "^; the elementwise program \\(llvm code\\)"
+    has "$name: elementwise asm has ret" "$OUT" "\\bret\\b"
+    ok "$name: dump --stage all (no gemm)" "$TJ" dump "$tir"
     ok "$name: run --random-inputs --check" \
       "$TJ" run "$tir" --random-inputs 11 "${dims[@]}" --save-inputs "$WORK/$name.in" --check
     has "$name: PASS" "$OUT" "^PASS \\("
@@ -179,7 +185,7 @@ for tir in "${examples[@]}"; do
     ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa "${dims[@]}"
     has "$name: key names the plan ($isa)" "$OUT" "^plan +$plan\$"
     has "$name: plan key ($isa)" "$OUT" "^key +gemm;isa=$isa;n=[0-9]+;k=[0-9]+;"
-    has "$name: micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;mr=[0-9]+;nr=[0-9]+;kb=[0-9]+;"
+    has "$name: micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;a=bf16;b=bf16;acc=f32;mr=[0-9]+;nr=[0-9]+;kb=[0-9]+;"
     has "$name: M-tail kernel for M=10 ($isa)" "$OUT" "^  M tail \\(([0-9]+) rows\\)"
     ok "$name: dump --stage asm --isa $isa" "$TJ" dump "$tir" --stage asm --isa $isa "${dims[@]}"
     has "$name: asm header ($isa)" "$OUT" "^; kernel brgemm_${isa}_bf16_f32acc_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
@@ -190,6 +196,10 @@ for tir in "${examples[@]}"; do
       has "$name: asm has ldtilecfg" "$OUT" "ldtilecfg"
     fi
   done
+  # The llvm path's micro-kernels are disassembled too (registry, LLVM code).
+  ok "$name: dump --stage asm --isa llvm" "$TJ" dump "$tir" --stage asm --isa llvm "${dims[@]}"
+  has "$name: llvm asm header" "$OUT" "^; kernel brgemm_llvm_bf16_f32acc_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
+  has "$name: llvm asm is LLVM code" "$OUT" "^; main block[^:]*: brgemm;isa=llvm;.*llvm_cpu=.* \\(llvm code\\)"
   ok "$name: dump --stage asm --syntax att" "$TJ" dump "$tir" --stage asm --isa avx512 --syntax att
   has "$name: AT&T syntax" "$OUT" "vdpbf16ps \\(%"
   ok "$name: dump --stage asm --isa scalar" "$TJ" dump "$tir" --stage asm --isa scalar
@@ -230,11 +240,11 @@ LS=$EXAMPLES/linear_silu.tir
 if [ -f "$LB" ] && [ -f "$LS" ]; then
   ok "linear_silu: dump --stage key" "$TJ" dump "$LS" --stage key --isa avx512 --dim M=512
   has "linear_silu: plan name" "$OUT" "^plan +gemm_avx512_bf16_f32acc_m7n64k4096_silu_bf16out$"
-  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16$"
+  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0$"
   has "linear_silu: M tail of 512 = 73*7 + 1" "$OUT" "M tail \\(1 row\\), last K chunk +brgemm_avx512_bf16_f32acc_m1n64k2048_accin_silu_bf16out"
   ok "linear_bias: dump --stage key" "$TJ" dump "$LB" --stage key --isa avx512
   has "linear_bias: N tail" "$OUT" "N tail \\(40 cols\\) +brgemm_avx512_bf16_f32acc_m7n40k1024_biasbf16_f32out"
-  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;mr=7;nr=40;kb=1024;brow=256;bias=bf16;act=none;out=f32;acc=0"
+  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;a=bf16;b=bf16;acc=f32;mr=7;nr=40;kb=1024;brow=256;apack=0;acc_in=0;bias=bf16;act=none;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0;out=f32"
   ok "linear_bias: dump --stage plan" "$TJ" dump "$LB" --stage plan
   has "linear_bias: row-major w is packed by run" "$OUT" "%w is row-major in the IR"
 
@@ -309,7 +319,8 @@ bad "verify error (dump)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" dump "$W
 bad "verify error (run)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" run "$WORK/verify.tir" --random-inputs 1
 printf 'func @r(%%x: tensor<?Mx64xf32>) -> (tensor<?Mx64xf32>) {\n  %%0 = relu %%x : tensor<?Mx64xf32>\n  return %%0\n}\n' >"$WORK/relu.tir"
 ok "elementwise only: verified" "$TJ" dump "$WORK/relu.tir" --stage verified
-bad "elementwise only: no gemm key" "@r has no gemm, so no gemm plan, key or asm to show" "$TJ" dump "$WORK/relu.tir" --stage key
+ok "elementwise only: key" "$TJ" dump "$WORK/relu.tir" --stage key
+has "elementwise only: key names the IR" "$OUT" "^key +elementwise;func @r\\(%vx: tensor<\\?Mx64xf32>\\)"
 ok "elementwise only: run --check" "$TJ" run "$WORK/relu.tir" --random-inputs 1 --dim M=5 --check
 has "elementwise only: PASS" "$OUT" "^PASS \\(320 elements"
 
@@ -368,7 +379,7 @@ has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\
 # The RoPE kernel and key that dump names are the ones the call compiles.
 if [ "$active" != scalar ]; then
   ok "rope: dump --stage key" "$TJ" dump "$EXAMPLES/rope.tir" --stage key
-  key=$(sed -nE 's/^  key +(rope_llvm_[^ ]+)$/\1/p' "$OUT")
+  key=$(sed -nE 's/^  key +(rope_llvm;[^ ]+)$/\1/p' "$OUT")
   checks=$((checks + 1))
   [ -n "$key" ] || fail "rope: dump --stage key prints no rope_llvm key"
   TILEJIT_VERBOSE=1 ok "rope: run, TILEJIT_VERBOSE=1" "$TJ" run "$EXAMPLES/rope.tir" "${R[@]}"

@@ -9,20 +9,17 @@
 #include <vector>
 
 #include "codegen/gemm_lowering.h"
-#include "codegen/xbyak/emitters.h"
+#include "codegen/gemm_plan.h"
 #include "ir/infer.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "jit/registry.h"
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program/describe_operators.h"
 #include "tools/program/program_runner.h"
 #include "tools/program_io.h"
-
-#if TILEJIT_TOOL_HAVE_MC
-#include "codegen/llvm/mc_disassembler.h"
-#endif
 
 namespace tilejit::tools {
 namespace {
@@ -114,53 +111,52 @@ void print_keys(const codegen::GemmPlan& plan, std::optional<int64_t> m) {
   }
 }
 
-std::vector<uint8_t> emit(const codegen::BrgemmDesc& d) {
-  return d.isa == Isa::amx ? codegen::xbyak::emit_amx_brgemm(d)
-                           : codegen::xbyak::emit_avx512_brgemm(d);
+// Every kernel is compiled through the registry and disassembled from
+// memory, whichever backend made it (compiling is harmless on a CPU that
+// cannot run the code: nothing is called).
+void print_kernel_asm(const jit::Kernel& k, const std::string& what, const std::string& syntax) {
+  fmt::print("; kernel {}  ({} bytes)\n; {} ({} code)\n", k.name, k.size, what, k.backend);
+  fmt::print("{}\n", jit::disassemble(k, syntax == "att"));
 }
 
-std::string listing(const std::vector<uint8_t>& code, const std::string& syntax) {
-#if TILEJIT_TOOL_HAVE_MC
-  return codegen::llvm_backend::disassemble(code.data(), code.size(), 0, "",
-                                            syntax == "att"
-                                                ? codegen::llvm_backend::AsmSyntax::att
-                                                : codegen::llvm_backend::AsmSyntax::intel);
-#else
-  // Built without LLVM: the bytes, for an external disassembler
-  // (objdump -D -b binary -m i386:x86-64 -M intel).
-  (void)syntax;
-  std::string s = "  ; no disassembler in this build (TILEJIT_WITH_LLVM=OFF): raw bytes\n";
-  for (size_t i = 0; i < code.size(); i += 16) {
-    s += fmt::format("  {:6x}: ", i);
-    for (size_t j = i; j < std::min(code.size(), i + 16); ++j) s += fmt::format(" {:02x}", code[j]);
-    s += '\n';
-  }
-  return s;
-#endif
-}
-
-void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const std::string& syntax) {
+void print_asm(const codegen::GemmPlan& plan, std::optional<int64_t> m, const GemmProgram& prog,
+               const std::string& syntax) {
   if (plan.isa == Isa::scalar) {
     fmt::print(
         "; scalar path: tilejit::gemm runs the scalar reference (runtime/reference_gemm.h); "
         "there is no JIT code to show\n");
-    return;
+  } else {
+    for (const auto& u : codegen::plan_kernels(plan, m))
+      print_kernel_asm(jit::get(u.desc), fmt::format("{}: {}", u.role, jit::cache_key(u.desc)),
+                       syntax);
   }
-  // Written without naming other paths, so a path added later (e.g. an LLVM
-  // one) is reported rather than fed to an Xbyak emitter.
-  if (plan.isa != Isa::avx512 && plan.isa != Isa::amx) {
-    fmt::print(
-        "; the {} path has no Xbyak emitter: `dump --stage asm` shows the code of the amx "
-        "and avx512 paths (--isa)\n",
-        isa_name(plan.isa));
-    return;
+  if (!prog.epilogue.ops.empty())
+    print_kernel_asm(jit::get_elementwise(prog.epilogue),
+                     "the elementwise epilogue after the gemm (LLVM loop)", syntax);
+}
+
+// A program without a gemm: one elementwise loop compiled by LLVM.
+int dump_elementwise(const GemmProgram& prog, const DumpOptions& opt, bool all) {
+  auto header = [&](const char* stage) {
+    if (all) fmt::print("// ---- {} ----\n", stage);
+  };
+  if (all || opt.stage == "plan") {
+    header("plan");
+    fmt::print("plan   elementwise: @{} as one fused loop compiled by LLVM (no gemm)\n",
+               prog.epilogue.name);
   }
-  for (const auto& u : codegen::plan_kernels(plan, m)) {
-    const std::vector<uint8_t> code = emit(u.desc);
-    fmt::print("; kernel {}  ({} bytes)\n; {}: {}\n", u.desc.name(), code.size(), u.role,
-               u.desc.key());
-    fmt::print("{}\n", listing(code, syntax));
+  if (all || opt.stage == "key") {
+    header("key");
+    // The key holds the printed IR: shown on one line.
+    std::string key = jit::cache_key(prog.epilogue);
+    std::replace(key.begin(), key.end(), '\n', ' ');
+    fmt::print("key    {}\n", key);
   }
+  if (all || opt.stage == "asm") {
+    header("asm");
+    print_kernel_asm(jit::get_elementwise(prog.epilogue), "the elementwise program", opt.syntax);
+  }
+  return 0;
 }
 
 // A program of rope / attention / moe ops: each op is one call of the public
@@ -240,7 +236,7 @@ int run_dump(const DumpOptions& opt) {
 
   GemmProgram prog;
   try {
-    prog = match_program(f);
+    prog = match_program(f, /*allow_elementwise=*/true);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}\n",
@@ -248,6 +244,7 @@ int run_dump(const DumpOptions& opt) {
                                     all ? "plan" : opt.stage, e.what())));
     return 1;
   }
+  if (!prog.has_gemm) return dump_elementwise(prog, opt, all);
   const codegen::GemmPlan plan = codegen::lower_gemm(prog.lowered, isa);
   const std::optional<int64_t> m = gemm_m(f, prog, dims);
   if (all || opt.stage == "plan") {
@@ -260,7 +257,7 @@ int run_dump(const DumpOptions& opt) {
   }
   if (all || opt.stage == "asm") {
     header("asm");
-    print_asm(plan, m, opt.syntax);
+    print_asm(plan, m, prog, opt.syntax);
   }
   return 0;
 }

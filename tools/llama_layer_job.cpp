@@ -19,7 +19,7 @@
 
 #include "codegen/llvm/llvm_rope.h"
 #include "jit/peak.h"
-#include "ops/attention_decode_kernel.h"
+#include "jit/registry.h"
 #include "ops/attention_descs.h"
 #include "ops/gemm_executable.h"
 #include "runtime/bf16.h"
@@ -31,7 +31,6 @@
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
-#include "tools/program/llvm_kernel_names.h"
 #include "tools/program/reference_rows.h"
 #include "tools/program_io.h"
 
@@ -259,7 +258,7 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
   desc.pos_dtype = DType::i64;
   // rope runs the LLVM kernel on every JIT path of an LLVM build, else the reference.
   const bool jit = env.cpu.isa != Isa::scalar && env.cpu.llvm_backend;
-  const std::string kernel = jit ? rope_kernel_name(desc) : "scalar reference";
+  const std::string kernel = jit ? desc.name() : "scalar reference";
 
   for (int64_t m : ms) {
     auto qkv = random_bf16(size_t(m * kQkvWidth), seed + uint64_t(m), 2.0f);
@@ -348,9 +347,10 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
   const TensorView lv(lens.data(), DType::i32, {b});
 
   std::string kernel = "scalar reference";
-  if (env.cpu.isa != Isa::scalar && ops::have_decode_attention_kernel()) {
-    kernel = decode_attention_kernel_name(ops::decode_attention_desc(
-        kHeadDim, kHeadDim, kHq / kHkv, kBlockSize, /*softcap=*/false, /*alibi=*/false));
+  if (env.cpu.isa != Isa::scalar && jit::family_built(jit::Family::decode_attention)) {
+    kernel = ops::decode_attention_desc(kHeadDim, kHeadDim, kHq / kHkv, kBlockSize,
+                                        /*softcap=*/false, /*alibi=*/false)
+                 .name();
   } else if (env.cpu.isa != Isa::scalar) {
     kernel = fmt::format("attention engine (brgemm_{} kernels)", isa_name(env.cpu.isa));
   }

@@ -50,15 +50,6 @@ bool DecodeAttentionDesc::uses_dpbf16() const {
   return dot == DecodeDot::dpbf16 || (dot == DecodeDot::best && host_target().avx512bf16);
 }
 
-std::string DecodeAttentionDesc::name() const {
-  std::string s = "decode_attn_llvm_d" + std::to_string(d) + "_dv" + std::to_string(dv) + "_g" +
-                  std::to_string(g) + "_bs" + std::to_string(block_size) + "_ldo" +
-                  std::to_string(ldo) + (uses_dpbf16() ? "_dpbf16" : "_fma");
-  if (softcap) s += "_softcap";
-  if (alibi) s += "_alibi";
-  return s;
-}
-
 namespace {
 
 constexpr int kLanes = 16;

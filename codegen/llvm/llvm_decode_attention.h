@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "codegen/kernel_desc.h"
 #include "codegen/llvm/llvm_jit.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -18,9 +19,13 @@ namespace tilejit::codegen::llvm_backend {
 // which the softmax does anyway) or fp32 FMAs on the exactly widened bf16.
 // best: dpbf16 where the host has it.
 enum class DecodeDot { best, fma, dpbf16 };
+inline std::string field_text(DecodeDot d) {
+  return d == DecodeDot::best ? "best" : d == DecodeDot::fma ? "fma" : "dpbf16";
+}
 
 // What the emitted bytes depend on (K and V are bf16).
 struct DecodeAttentionDesc {
+  static constexpr const char* kFamily = "decode_attn_llvm";
   int64_t d = 0, dv = 0;   // head sizes, multiples of 16
   int64_t g = 0;           // query rows per kv head (Hq / Hkv)
   int64_t block_size = 0;  // cache block, a multiple of 16
@@ -29,15 +34,23 @@ struct DecodeAttentionDesc {
   bool alibi = false;      // s += slope_r · (j − i_pos)
   DecodeDot dot = DecodeDot::best;
 
-  // Every field above, for equality: a field added there must be added here.
-  auto fields() const { return std::tie(d, dv, g, block_size, ldo, softcap, alibi, dot); }
-  bool operator==(const DecodeAttentionDesc& o) const { return fields() == o.fields(); }
+  static constexpr auto field_list() {
+    using D = DecodeAttentionDesc;
+    using enum NameRule;
+    return std::make_tuple(field("d", &D::d, "_d"), field("dv", &D::dv, "_dv"),
+                           field("g", &D::g, "_g"), field("bs", &D::block_size, "_bs"),
+                           field("ldo", &D::ldo, "_ldo"),
+                           field("softcap", &D::softcap, "_softcap", flag),
+                           field("alibi", &D::alibi, "_alibi", flag), field("dot", &D::dot, "_"));
+  }
+  bool operator==(const DecodeAttentionDesc& o) const { return same_fields(*this, o); }
 
   // True when the kernel uses vdpbf16ps (dot resolved against the host).
   bool uses_dpbf16() const;
-  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128_{dpbf16,fma}[_softcap][_alibi]
-  std::string name() const;
+  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]_{best,fma,dpbf16}
+  std::string name() const { return desc_name(*this); }
 };
+static_assert(fields_cover<DecodeAttentionDesc>(), "a member is missing from field_list()");
 
 // The call: keys [j0, j1) (0 ≤ j0 < j1, every block they touch already
 // checked) folded into the running state (m, l, O) of the G rows of each kv

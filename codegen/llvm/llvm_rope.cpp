@@ -26,23 +26,6 @@
 
 namespace tilejit::codegen::llvm_backend {
 
-std::string RopeDesc::name() const {
-  std::string s = std::string("rope_llvm_") + (neox ? "neox_" : "gptj_") + dtype_name(dtype) +
-                  "_cache" + dtype_name(cache_dtype) + "_d" + std::to_string(d) + "_rd" +
-                  std::to_string(rotary_dim) + "_hq" + std::to_string(hq) + "_hk" +
-                  std::to_string(hk);
-  if (ndim > 1) s += "_nd" + std::to_string(ndim);
-  if (!mrope_section.empty()) {
-    s += "_mrope";
-    for (size_t i = 0; i < mrope_section.size(); ++i) {
-      if (i) s += 'x';
-      s += std::to_string(mrope_section[i]);
-    }
-  }
-  if (pos_dtype != DType::i32) s += std::string("_pos") + dtype_name(pos_dtype);
-  return s;
-}
-
 namespace {
 
 constexpr int kLanes = 16;

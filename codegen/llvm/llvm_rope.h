@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/kernel_desc.h"
 #include "codegen/llvm/llvm_jit.h"
 #include "tilejit/tilejit.h"
 
@@ -16,6 +17,7 @@ namespace tilejit::codegen::llvm_backend {
 
 // What the emitted bytes depend on.
 struct RopeDesc {
+  static constexpr const char* kFamily = "rope_llvm";
   bool neox = true;                    // else gptj
   DType dtype = DType::bf16;           // q and k: f32 or bf16
   DType cache_dtype = DType::f32;      // f32 or bf16
@@ -32,10 +34,23 @@ struct RopeDesc {
     if (ndim > 1) return ndim;
     return mrope_section.empty() ? 1 : static_cast<int64_t>(mrope_section.size());
   }
+  static constexpr auto field_list() {
+    using D = RopeDesc;
+    using enum NameRule;
+    return std::make_tuple(
+        field("neox", &D::neox, "_neox", "_gptj", choice), field("dtype", &D::dtype, "_"),
+        field("cache", &D::cache_dtype, "_cache"), field("d", &D::d, "_d"),
+        field("rd", &D::rotary_dim, "_rd"), field("hq", &D::hq, "_hq"), field("hk", &D::hk, "_hk"),
+        field("nd", &D::ndim, "_nd", unless_default),
+        field("mrope", &D::mrope_section, "_mrope", unless_default),
+        field("pos", &D::pos_dtype, "_pos", unless_default));
+  }
+  bool operator==(const RopeDesc& o) const { return same_fields(*this, o); }
   // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24][_posi64]
   // (i32 positions add nothing, so the names of the int32 kernels stay as they were).
-  std::string name() const;
+  std::string name() const { return desc_name(*this); }
 };
+static_assert(fields_cover<RopeDesc>(), "a RopeDesc member is missing from field_list()");
 
 // The call: `tokens` tokens starting at the given pointers. Strides in
 // elements; positions[s·pos_stream_stride + t·pos_token_stride] (int32 or

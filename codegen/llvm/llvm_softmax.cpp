@@ -30,10 +30,6 @@
 
 namespace tilejit::codegen::llvm_backend {
 
-std::string SoftmaxStepDesc::name() const {
-  return "attn_softmax_step_llvm_nz" + std::to_string(nz);
-}
-
 namespace {
 
 constexpr unsigned kLanes = 16;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "codegen/kernel_desc.h"
 #include "codegen/llvm/llvm_jit.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -25,11 +26,17 @@ inline constexpr float kSoftmaxLazyRescale = 8.0f / 1.44269504088896341f;
 
 // What the emitted bytes depend on (besides the host, which the cache key adds).
 struct SoftmaxStepDesc {
+  static constexpr const char* kFamily = "attn_softmax_step_llvm";
   int nz = 4;  // 16-row groups, 1..4
 
+  static constexpr auto field_list() {
+    return std::make_tuple(field("nz", &SoftmaxStepDesc::nz, "_nz"));
+  }
+  bool operator==(const SoftmaxStepDesc& o) const { return same_fields(*this, o); }
   // attn_softmax_step_llvm_nz4
-  std::string name() const;
+  std::string name() const { return desc_name(*this); }
 };
+static_assert(fields_cover<SoftmaxStepDesc>(), "a member is missing from field_list()");
 
 // One call: key block [j0, j0 + n), n ≤ kb, kb even (the engine: n rounded up to 32).
 struct SoftmaxStepArgs {
@@ -73,7 +80,7 @@ static_assert(offsetof(SoftmaxFinishArgs, rows) == 24 && offsetof(SoftmaxFinishA
 
 using SoftmaxFinishFn = void (*)(const SoftmaxFinishArgs*);
 
-inline constexpr const char* kSoftmaxFinishName = "attn_finish_llvm";
+inline constexpr const char* kSoftmaxFinishName = "attn_glue_llvm_finish";
 LlvmKernel compile_llvm_softmax_finish(OptLevel opt = OptLevel::kernel);
 
 // Qᵀ of a block in the vnni2 layout the score micro-kernel reads as its B
@@ -91,7 +98,7 @@ static_assert(offsetof(SoftmaxPackQArgs, groups) == 16 && offsetof(SoftmaxPackQA
 
 using SoftmaxPackQFn = void (*)(const SoftmaxPackQArgs*);
 
-inline constexpr const char* kSoftmaxPackQName = "attn_pack_q_llvm";
+inline constexpr const char* kSoftmaxPackQName = "attn_glue_llvm_pack_q";
 LlvmKernel compile_llvm_softmax_pack_q(OptLevel opt = OptLevel::kernel);
 
 // Vᵀ of a run of keys, the A operand of the P·V micro-kernel:
@@ -111,7 +118,25 @@ static_assert(offsetof(SoftmaxTransposeVArgs, keys) == 24 &&
 
 using SoftmaxTransposeVFn = void (*)(const SoftmaxTransposeVArgs*);
 
-inline constexpr const char* kSoftmaxTransposeVName = "attn_transpose_v_llvm";
+inline constexpr const char* kSoftmaxTransposeVName = "attn_glue_llvm_transpose_v";
 LlvmKernel compile_llvm_softmax_transpose_v(OptLevel opt = OptLevel::kernel);
+
+// The three shape-free kernels above as one kernel family for the registry.
+enum class SoftmaxGlue { finish, pack_q, transpose_v };
+inline std::string field_text(SoftmaxGlue g) {
+  return g == SoftmaxGlue::finish ? "finish" : g == SoftmaxGlue::pack_q ? "pack_q" : "transpose_v";
+}
+struct SoftmaxGlueDesc {
+  static constexpr const char* kFamily = "attn_glue_llvm";
+  SoftmaxGlue kind = SoftmaxGlue::finish;
+
+  static constexpr auto field_list() {
+    return std::make_tuple(field("kind", &SoftmaxGlueDesc::kind, "_"));
+  }
+  bool operator==(const SoftmaxGlueDesc& o) const { return same_fields(*this, o); }
+  // attn_glue_llvm_{finish,pack_q,transpose_v}
+  std::string name() const { return desc_name(*this); }
+};
+static_assert(fields_cover<SoftmaxGlueDesc>(), "a member is missing from field_list()");
 
 }  // namespace tilejit::codegen::llvm_backend

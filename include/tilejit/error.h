@@ -1,4 +1,8 @@
-// tilejit::Error: the one exception type every bad input raises.
+// tilejit::Error: the exception type every bad input raises, and
+// tilejit::InternalError (a kind of Error): a failure inside tilejit on an
+// input it accepted, e.g. an emitter that fails on a descriptor its checks
+// let through. Callers that fall back to another path on an Error they
+// expect never swallow an InternalError.
 // Kept in its own header so that every layer of the library can throw it
 // without pulling in the whole public API.
 #pragma once
@@ -16,6 +20,12 @@ class Error : public std::exception {
 
  private:
   std::string message_;
+};
+
+class InternalError : public Error {
+ public:
+  explicit InternalError(std::string message)
+      : Error("tilejit internal error (please report): " + std::move(message)) {}
 };
 
 }  // namespace tilejit

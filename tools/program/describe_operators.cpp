@@ -3,10 +3,7 @@
 #include <fmt/format.h>
 
 #include "ir/printer.h"
-#include "tools/program/llvm_kernel_names.h"
-#ifdef TILEJIT_HAVE_LLVM
-#include "jit/llvm_kernels.h"
-#endif
+#include "jit/registry.h"
 
 namespace tilejit::tools {
 namespace {
@@ -26,11 +23,10 @@ std::string operand_text(const ir::Function& f, int id, const DimBindings& dims)
   return s + "]";
 }
 
-// The RoPE kernel name the call will use on a JIT path, when the shapes fix it.
-std::string call_rope_kernel_name(const ir::Function& f, const OperatorCall& c,
-                                  const DimBindings& dims) {
+// The RoPE kernel descriptor the call will use on a JIT path (hq 0 when the
+// head count is symbolic).
+codegen::llvm_backend::RopeDesc call_rope_desc(const ir::Function& f, const OperatorCall& c) {
   const ir::TensorType& q = f.value(operand(f, c, 0)).type;
-  const std::string h = dim_text(f, operand(f, c, 0), 1, dims);
   codegen::llvm_backend::RopeDesc d;
   d.neox = c.rope.style == RopeStyle::neox;
   d.dtype = q.dtype;
@@ -40,24 +36,34 @@ std::string call_rope_kernel_name(const ir::Function& f, const OperatorCall& c,
   d.hq = q.dims[1].is_static() ? q.dims[1].value : 0;
   d.hk = 0;  // k absent
   d.pos_dtype = f.value(operand(f, c, 1)).type.dtype;
-  std::string name = rope_kernel_name(d);
-  if (!name.empty() && !q.dims[1].is_static()) {
-    // The head count is in the name; an unbound one is shown as its symbol.
-    const std::string placeholder = "_hq0_";
-    if (auto at = name.find(placeholder); at != std::string::npos)
-      name.replace(at, placeholder.size(), "_hq" + h + "_");
-  }
-  return name;
+  return d;
 }
 
-// The cache key of an LLVM kernel (jit::llvm_host_key), or the key itself in
-// a build without LLVM.
-std::string llvm_host_key(const std::string& key) {
-#ifdef TILEJIT_HAVE_LLVM
-  return jit::llvm_host_key(key);
-#else
-  return key;
-#endif
+// `text` with the descriptor's hq spelled as the bound or symbolic head count
+// when the IR leaves it symbolic.
+std::string with_heads(std::string text, const std::string& from, const std::string& to) {
+  if (auto at = text.find(from); at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+// The RoPE kernel name the call will use on a JIT path, when the shapes fix
+// it ("" without LLVM: there is no RoPE kernel, the scalar path runs).
+std::string call_rope_kernel_name(const ir::Function& f, const OperatorCall& c,
+                                  const DimBindings& dims) {
+  if (!jit::family_built(jit::Family::rope)) return "";
+  const bool symbolic = !f.value(operand(f, c, 0)).type.dims[1].is_static();
+  const std::string name = call_rope_desc(f, c).name();
+  return symbolic ? with_heads(name, "_hq0_", "_hq" + dim_text(f, operand(f, c, 0), 1, dims) + "_")
+                  : name;
+}
+
+// Its cache key (jit::cache_key), spelled the same way.
+std::string call_rope_kernel_key(const ir::Function& f, const OperatorCall& c,
+                                 const DimBindings& dims) {
+  const bool symbolic = !f.value(operand(f, c, 0)).type.dims[1].is_static();
+  const std::string key = jit::cache_key(call_rope_desc(f, c));
+  return symbolic ? with_heads(key, ";hq=0;", ";hq=" + dim_text(f, operand(f, c, 0), 1, dims) + ";")
+                  : key;
 }
 
 std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBindings& dims) {
@@ -168,7 +174,7 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
     const auto [path, kernels] = path_and_kernels(f, c, isa, dims);
     if (isa != Isa::scalar && c.kind == ir::OpKind::rope && kernels != "-") {
       s += fmt::format("  kernel  {}\n", kernels);
-      s += fmt::format("  key     {}\n", llvm_host_key(kernels));
+      s += fmt::format("  key     {}\n", call_rope_kernel_key(f, c, dims));
     } else {
       s += fmt::format("  kernels {}\n", kernels);
     }

@@ -7,6 +7,7 @@
 
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_elementwise.h"
+#include "jit/registry.h"
 #endif
 #include "ir/verifier.h"
 #include "runtime/thread_pool.h"
@@ -20,10 +21,7 @@ ProgramRunner::ProgramRunner(ir::Function f) : f_(std::move(f)) {
     return;
   }
   prog_ = match_program(f_, /*allow_elementwise=*/true);
-#ifdef TILEJIT_HAVE_LLVM
-  if (!prog_.epilogue.ops.empty())
-    epilogue_kernel_ = codegen::llvm_backend::compile_llvm_elementwise(prog_.epilogue);
-#endif
+  if (!prog_.epilogue.ops.empty()) epilogue_kernel_ = &jit::get_elementwise(prog_.epilogue);
 }
 
 const HostTensor& ProgramRunner::input(int value_id) const {
@@ -162,7 +160,7 @@ void ProgramRunner::run_epilogue(const HostTensor* gemm_out, TensorMap& outputs)
     outs.push_back(operand(e.value(e.results[i]).type, t.bytes.data()));
     in_place = in_place || (outs.back().row_elems == 0 && rank >= 2);
   }
-  const ElementwiseFn fn = epilogue_kernel_.fn<ElementwiseFn>();
+  const ElementwiseFn fn = epilogue_kernel_->entry<ElementwiseFn>();
   const int64_t chunk = in_place ? rows : std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
   const int64_t tasks = (rows + chunk - 1) / chunk;
   auto task = [&](int64_t t) {

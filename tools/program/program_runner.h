@@ -21,8 +21,8 @@
 #include <memory>
 #include <vector>
 
-#include "codegen/llvm/llvm_jit.h"
 #include "ir/program.h"
+#include "jit/kernel.h"
 #include "tilejit/tilejit.h"
 #include "tools/program/check_report.h"
 #include "tools/program/gemm_program.h"
@@ -76,9 +76,9 @@ class ProgramRunner {
   const TensorMap* inputs_ = nullptr;
   DimBindings dims_;
   PackedWeight packed_w_;
-  std::vector<uint16_t> x_strided_;  // x copied to the IR's static row stride, if any
-  int64_t x_ld_ = 0;                 // that stride, in elements
-  codegen::llvm_backend::LlvmKernel epilogue_kernel_;  // compiled once, at construction
+  std::vector<uint16_t> x_strided_;               // x copied to the IR's static row stride, if any
+  int64_t x_ld_ = 0;                              // that stride, in elements
+  const jit::Kernel* epilogue_kernel_ = nullptr;  // from the registry, at construction
   HostTensor gemm_out_;                  // the fused gemm's result when an epilogue follows
   std::unique_ptr<OperatorRunner> ops_;  // set for a rope / attention / moe program
 };

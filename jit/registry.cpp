@@ -1,0 +1,290 @@
+#include "jit/registry.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <unordered_map>
+
+#include "codegen/xbyak/emitters.h"
+#include "jit/kernel_cache.h"
+#include "tilejit/error.h"
+
+#ifdef TILEJIT_HAVE_LLVM
+#include "codegen/llvm/llvm_brgemm.h"
+#include "codegen/llvm/llvm_elementwise.h"
+#include "codegen/llvm/mc_disassembler.h"
+#include "jit/llvm_kernels.h"
+#endif
+#include "ir/printer.h"
+
+namespace tilejit::jit {
+
+namespace lb = codegen::llvm_backend;
+using runtime::Backend;
+using runtime::isa_features;
+
+namespace {
+
+// The table. One row per (family, path) this build can make, best path first.
+constexpr const char* kBrgemmLimits =
+    "a=bf16 b=bf16 acc=f32, 1 <= mr (amx: <= 32; avx512/llvm: the zmm budget for nr), "
+    "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
+const KernelRow kRows[] = {
+    {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
+     kBrgemmLimits},
+    {Family::brgemm, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
+     "xbyak::emit_avx512_brgemm", kBrgemmLimits},
+#ifdef TILEJIT_HAVE_LLVM
+    {Family::brgemm, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_brgemm", kBrgemmLimits},
+    // The attention glue, decode and RoPE kernels are LLVM code on every JIT
+    // path: one row each, serving the llvm, avx512 and amx paths alike.
+    {Family::softmax_step, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_softmax_step", "nz 1..4 (16-row groups)"},
+    {Family::softmax_glue, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_softmax_{finish,pack_q,transpose_v}", "shape-free"},
+    {Family::decode_attention, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_decode_attention",
+     "d, dv multiples of 16 (Limits::attention_head_dim_ok), block_size a multiple of 16"},
+    {Family::rope, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_rope", "d even, rotary_dim even <= d, f32|bf16 q/k and cache"},
+    {Family::elementwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_elementwise", "add mul relu silu gelu_tanh gelu_erf cast"},
+#endif
+};
+
+// The row of a descriptor: brgemm descriptors name their path; the other
+// families have one row.
+const KernelRow& row_for(Family family, Isa path) {
+  if (const KernelRow* r = find_row(family, path)) return *r;
+  throw Error(fmt::format("jit: no {} kernel for the {} path in this build{}", family_name(family),
+                          isa_name(path),
+                          family == Family::brgemm ? "" : " (it is LLVM code: build with LLVM)"));
+}
+
+// Compile through the cache; an exception an emitter raises that is not a
+// tilejit::Error (Xbyak's, a std:: one) is a bug in tilejit, not in the call.
+const Kernel& compile(const std::string& key, const std::string& name, const KernelRecipe& recipe) {
+  try {
+    return KernelCache::global().get(key, name, recipe);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw InternalError(fmt::format("jit: emitting {} failed: {}", name, e.what()));
+  }
+}
+
+// The LLVM rows' keys add the host target (LLVM compiles for the host).
+std::string llvm_cache_key(const std::string& key) {
+#ifdef TILEJIT_HAVE_LLVM
+  return llvm_host_key(key);
+#else
+  return key;
+#endif
+}
+
+// The per-thread front: descriptor -> kernel, no lock. Kernels are never
+// evicted, so the pointers stay valid; each thread fills its own copy.
+template <class D, class Slow>
+const Kernel& front(const D& d, Slow slow) {
+  struct Eq {
+    bool operator()(const D& a, const D& b) const { return codegen::same_fields(a, b); }
+  };
+  thread_local std::unordered_map<D, const Kernel*, codegen::DescHash, Eq> map;
+  if (auto it = map.find(d); it != map.end()) {
+    KernelCache::global().count_hit();
+    return *it->second;
+  }
+  const Kernel& k = slow(d);
+  map.emplace(d, &k);
+  return k;
+}
+
+const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
+  const KernelRow& row = row_for(Family::brgemm, d.isa);
+  if (d.a_type != DType::bf16 || d.b_type != DType::bf16 || d.acc_type != DType::f32)
+    throw Error(fmt::format("brgemm: descriptor {} has a={} b={} acc={}; allowed: {}", d.key(),
+                            dtype_name(d.a_type), dtype_name(d.b_type), dtype_name(d.acc_type),
+                            row.limits));
+  if (d.mr < 1 || d.nr < 1 || d.nr > 64 || d.kb < 1)
+    throw Error("brgemm: descriptor " + d.key() + " is outside 1 <= mr, 1 <= nr <= 64, kb >= 1");
+  if (d.glu != codegen::Glu::none && d.nr > 32)
+    throw Error("brgemm: GLU descriptor " + d.key() + " has nr > 32 (a 64-column block pairs 32)");
+  switch (row.backend) {
+    case Backend::xbyak:
+      if (d.isa == Isa::amx) {
+        if (d.mr > 32) throw Error("brgemm: AMX kernel mr=" + std::to_string(d.mr) + " > 32");
+        return compile(cache_key(d), d.name(),
+                       xbyak_recipe([d] { return codegen::xbyak::emit_amx_brgemm(d); }));
+      } else {
+        const int nz = (d.computed_cols() + 15) / 16;
+        if (d.mr > codegen::xbyak::avx512_brgemm_max_mr(nz))
+          throw Error("brgemm: AVX-512 kernel mr=" + std::to_string(d.mr) + " exceeds " +
+                      std::to_string(codegen::xbyak::avx512_brgemm_max_mr(nz)) +
+                      " for nr=" + std::to_string(d.nr));
+        return compile(cache_key(d), d.name(),
+                       xbyak_recipe([d] { return codegen::xbyak::emit_avx512_brgemm(d); }));
+      }
+    case Backend::llvm:
+#ifdef TILEJIT_HAVE_LLVM
+    {
+      // The dot-product variant (vdpbf16ps or fp32 FMA) follows the host
+      // target, which the key adds.
+      const std::string symbol = lb::llvm_brgemm_name(d);
+      return compile(cache_key(d), symbol,
+                     llvm_kernel_recipe(symbol, [d] { return lb::compile_llvm_brgemm(d); }));
+    }
+#endif
+    case Backend::reference:
+      break;
+  }
+  throw InternalError("jit: brgemm row " + std::string(isa_name(row.path)) + " has no emitter");
+}
+
+// An LLVM-only family: its one row, keyed on the descriptor and the host.
+template <class D, class Make>
+const Kernel& llvm_family(Family family, const D& d, Make make) {
+  row_for(family, Isa::llvm);  // Error when this build has no such row
+#ifdef TILEJIT_HAVE_LLVM
+  const std::string symbol = codegen::desc_name(d);
+  return compile(llvm_cache_key(codegen::desc_key(d)), symbol,
+                 llvm_kernel_recipe(symbol, [&d, &make] { return make(d); }));
+#else
+  (void)d;
+  (void)make;
+  throw InternalError("jit: an LLVM row in a build without LLVM");
+#endif
+}
+
+}  // namespace
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::brgemm:
+      return "brgemm";
+    case Family::softmax_step:
+      return "softmax_step";
+    case Family::softmax_glue:
+      return "softmax_glue";
+    case Family::decode_attention:
+      return "decode_attention";
+    case Family::rope:
+      return "rope";
+    case Family::elementwise:
+      return "elementwise";
+  }
+  return "?";
+}
+
+std::span<const KernelRow> kernel_rows() {
+  return kRows;
+}
+
+const KernelRow* find_row(Family family, Isa path) {
+  for (const KernelRow& r : kRows)
+    if (r.family == family && r.path == path) return &r;
+  return nullptr;
+}
+
+bool row_runs_here(const KernelRow& row) {
+  return runtime::detected_features().contains(row.needs);
+}
+
+bool family_built(Family family) {
+  for (const KernelRow& r : kRows)
+    if (r.family == family) return true;
+  return false;
+}
+
+const Kernel& get(const codegen::BrgemmDesc& d) {
+  return front(d, brgemm_slow);
+}
+
+const Kernel& get(const lb::SoftmaxStepDesc& d) {
+  return front(d, [](const lb::SoftmaxStepDesc& x) -> const Kernel& {
+    return llvm_family(Family::softmax_step, x, [](const lb::SoftmaxStepDesc& y) {
+      return lb::compile_llvm_softmax_step(y);
+    });
+  });
+}
+
+const Kernel& get(const lb::SoftmaxGlueDesc& d) {
+  return front(d, [](const lb::SoftmaxGlueDesc& x) -> const Kernel& {
+    return llvm_family(Family::softmax_glue, x, [](const lb::SoftmaxGlueDesc& y) {
+      switch (y.kind) {
+        case lb::SoftmaxGlue::finish:
+          return lb::compile_llvm_softmax_finish();
+        case lb::SoftmaxGlue::pack_q:
+          return lb::compile_llvm_softmax_pack_q();
+        case lb::SoftmaxGlue::transpose_v:
+          break;
+      }
+      return lb::compile_llvm_softmax_transpose_v();
+    });
+  });
+}
+
+const Kernel& get(const lb::DecodeAttentionDesc& d) {
+  return front(d, [](const lb::DecodeAttentionDesc& x) -> const Kernel& {
+    return llvm_family(Family::decode_attention, x, [](const lb::DecodeAttentionDesc& y) {
+      return lb::compile_llvm_decode_attention(y);
+    });
+  });
+}
+
+const Kernel& get(const lb::RopeDesc& d) {
+  return front(d, [](const lb::RopeDesc& x) -> const Kernel& {
+    return llvm_family(Family::rope, x,
+                       [](const lb::RopeDesc& y) { return lb::compile_llvm_rope(y); });
+  });
+}
+
+const Kernel& get_elementwise(const ir::Function& f) {
+  row_for(Family::elementwise, Isa::llvm);
+#ifdef TILEJIT_HAVE_LLVM
+  // The symbol is the compiler's (it adds the row width): the payload keeps it.
+  return compile(cache_key(f), "elementwise_" + f.name,
+                 llvm_kernel_recipe("", [&f] { return lb::compile_llvm_elementwise(f); }));
+#else
+  (void)f;
+  throw InternalError("jit: an LLVM row in a build without LLVM");
+#endif
+}
+
+std::string cache_key(const codegen::BrgemmDesc& d) {
+  const KernelRow* row = find_row(Family::brgemm, d.isa);
+  return row != nullptr && row->backend == Backend::llvm ? llvm_cache_key(d.key()) : d.key();
+}
+
+std::string cache_key(const lb::RopeDesc& d) {
+  return llvm_cache_key(codegen::desc_key(d));
+}
+
+std::string cache_key(const lb::DecodeAttentionDesc& d) {
+  return llvm_cache_key(codegen::desc_key(d));
+}
+
+std::string cache_key(const ir::Function& elementwise) {
+  return llvm_cache_key("elementwise;" + ir::print(elementwise));
+}
+
+std::string disassemble(const Kernel& k, bool att_syntax) {
+  const auto* code = static_cast<const uint8_t*>(k.entry_ptr);
+#ifdef TILEJIT_HAVE_LLVM
+  // Offsets from the entry (address 0), so listings compare across runs.
+  return lb::disassemble(code, k.size, 0, "",
+                         att_syntax ? lb::AsmSyntax::att : lb::AsmSyntax::intel);
+#else
+  // For an external disassembler (objdump -D -b binary -m i386:x86-64 -M intel).
+  (void)att_syntax;
+  std::string s = "  ; no disassembler in this build (TILEJIT_WITH_LLVM=OFF): raw bytes\n";
+  for (size_t i = 0; i < k.size; i += 16) {
+    s += fmt::format("  {:6x}: ", i);
+    for (size_t j = i; j < std::min(k.size, i + 16); ++j) s += fmt::format(" {:02x}", code[j]);
+    s += '\n';
+  }
+  return s;
+#endif
+}
+
+}  // namespace tilejit::jit
