@@ -854,8 +854,7 @@ void BM_RawDecodeColdPages(benchmark::State& state) {
   }
   const tilejit::codegen::GemmPlan plan = tilejit::codegen::plan_gemm(
       {n, k, tilejit::codegen::BiasKind::none, tilejit::Activation::none, DType::bf16}, isa);
-  const auto fn =
-      tilejit::jit::get(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
+  const auto fn = tilejit::jit::get(plan.ukernel(1, 64)).entry<tilejit::codegen::BrgemmFn>();
   const int64_t n_blocks = n / 64, block_bytes = int64_t(bytes) / n_blocks;
   alignas(64) static uint16_t a_tail[32 * 32] = {};
   const void* a_ptr = activations().u16();

@@ -15,8 +15,8 @@
 
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
-#include "jit/registry.h"
 #include "jit/kernel_cache.h"
+#include "jit/registry.h"
 #include "runtime/exec_memory.h"
 #include "runtime/isa.h"
 

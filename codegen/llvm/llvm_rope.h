@@ -37,13 +37,13 @@ struct RopeDesc {
   static constexpr auto field_list() {
     using D = RopeDesc;
     using enum NameRule;
-    return std::make_tuple(
-        field("neox", &D::neox, "_neox", "_gptj", choice), field("dtype", &D::dtype, "_"),
-        field("cache", &D::cache_dtype, "_cache"), field("d", &D::d, "_d"),
-        field("rd", &D::rotary_dim, "_rd"), field("hq", &D::hq, "_hq"), field("hk", &D::hk, "_hk"),
-        field("nd", &D::ndim, "_nd", unless_default),
-        field("mrope", &D::mrope_section, "_mrope", unless_default),
-        field("pos", &D::pos_dtype, "_pos", unless_default));
+    return std::make_tuple(field("neox", &D::neox, "_neox", "_gptj", choice),
+                           field("dtype", &D::dtype, "_"),
+                           field("cache", &D::cache_dtype, "_cache"), field("d", &D::d, "_d"),
+                           field("rd", &D::rotary_dim, "_rd"), field("hq", &D::hq, "_hq"),
+                           field("hk", &D::hk, "_hk"), field("nd", &D::ndim, "_nd", unless_default),
+                           field("mrope", &D::mrope_section, "_mrope", unless_default),
+                           field("pos", &D::pos_dtype, "_pos", unless_default));
   }
   bool operator==(const RopeDesc& o) const { return same_fields(*this, o); }
   // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24][_posi64]

@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_elementwise.h"
-#include "jit/registry.h"
-#endif
 #include "ir/verifier.h"
+#include "jit/registry.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::tools {
