@@ -95,6 +95,9 @@ done
 TILEJIT_CACHE_DIR=$WORK/cache ok "cpuinfo" "$TJ" cpuinfo
 has "cpuinfo: active path" "$OUT" "^active path +(amx|avx512|scalar)"
 has "cpuinfo: threads" "$OUT" "^threads +[0-9]+"
+has "cpuinfo: usable features" "$OUT" "^usable features "
+has "cpuinfo: the registry's brgemm rows" "$OUT" "^  brgemm +avx512 +xbyak +(yes|no) +avx512f avx512bw avx512vl avx512_bf16$"
+has "cpuinfo: an LLVM row" "$OUT" "^  rope +llvm +llvm +(yes|no) +avx2 fma$"
 has "cpuinfo: cache dir" "$OUT" "^kernel cache +$WORK/cache"
 ok "cpuinfo, cache off" "$TJ" cpuinfo && has "cpuinfo: cache off" "$OUT" "^kernel cache +off"
 

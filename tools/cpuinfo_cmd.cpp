@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "jit/registry.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 
@@ -28,6 +31,13 @@ int run_cpuinfo() {
   const std::string dir = cache_stats().disk_dir;
   fmt::print("kernel cache    {} (TILEJIT_CACHE_DIR overrides, empty = off)\n",
              dir.empty() ? std::string("off: memory only") : dir);
+  fmt::print("usable features {}\n", runtime::detected_features().str());
+  // The registry's table: which family runs on which path, made by which
+  // backend, needing what; "runs here" is the features test alone.
+  fmt::print("kernel rows     family / path / backend / runs here / needs\n");
+  for (const jit::KernelRow& r : jit::kernel_rows())
+    fmt::print("  {:<17}{:<8}{:<7}{:<4} {}\n", jit::family_name(r.family), path(r.path),
+               runtime::backend_name(r.backend), yes(jit::row_runs_here(r)), r.needs.str());
   return 0;
 }
 

@@ -1,0 +1,226 @@
+// The descriptor concept (codegen/kernel_desc.h), the CPU feature lattice
+// (runtime/isa.h) and the kernel registry (jit/registry.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "codegen/brgemm_desc.h"
+#include "codegen/gemm_plan.h"
+#include "codegen/llvm/llvm_decode_attention.h"
+#include "codegen/llvm/llvm_rope.h"
+#include "jit/kernel_cache.h"
+#include "jit/registry.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "tilejit/error.h"
+
+namespace tilejit {
+namespace {
+
+namespace lb = codegen::llvm_backend;
+
+// Changing any one listed field of a default descriptor changes its key and
+// its equality (and, for these values, its hash): nothing in field_list() is
+// left out of what is generated from it.
+template <class D, class Mutate>
+void expect_every_field_counts(const D& base, Mutate mutate) {
+  const std::string base_key = codegen::desc_key(base);
+  constexpr size_t n = std::tuple_size_v<decltype(D::field_list())>;
+  std::set<std::string> keys{base_key};
+  for (size_t i = 0; i < n; ++i) {
+    D d = base;
+    mutate(d, i);
+    SCOPED_TRACE(codegen::desc_key(d));
+    EXPECT_FALSE(d == base) << "field " << i;
+    EXPECT_NE(codegen::desc_key(d), base_key) << "field " << i;
+    EXPECT_NE(codegen::desc_hash(d), codegen::desc_hash(base)) << "field " << i;
+    keys.insert(codegen::desc_key(d));
+  }
+  EXPECT_EQ(keys.size(), n + 1);  // every mutation gives its own key
+}
+
+// Sets field i of d to a value different from its default.
+template <class D>
+void bump(D& d, size_t i) {
+  size_t at = 0;
+  std::apply(
+      [&](const auto&... f) {
+        (
+            [&] {
+              if (at++ != i) return;
+              auto& v = d.*(f.member);
+              using T = std::decay_t<decltype(v)>;
+              if constexpr (std::is_same_v<T, bool>)
+                v = !v;
+              else if constexpr (std::is_enum_v<T>)
+                v = static_cast<T>(static_cast<int>(v) + 1);
+              else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+                v.push_back(8);
+              else
+                v = v + 3;
+            }(),
+            ...);
+      },
+      D::field_list());
+}
+
+TEST(KernelDesc, EveryBrgemmFieldIsInKeyHashAndEquality) {
+  expect_every_field_counts(codegen::BrgemmDesc{}, bump<codegen::BrgemmDesc>);
+}
+
+TEST(KernelDesc, EveryOtherDescriptorsFieldsCount) {
+  expect_every_field_counts(codegen::GemmSpec{}, bump<codegen::GemmSpec>);
+  expect_every_field_counts(lb::DecodeAttentionDesc{}, bump<lb::DecodeAttentionDesc>);
+  expect_every_field_counts(lb::RopeDesc{}, bump<lb::RopeDesc>);
+  expect_every_field_counts(lb::SoftmaxStepDesc{}, bump<lb::SoftmaxStepDesc>);
+}
+
+TEST(KernelDesc, NamesSpellTheSpecialization) {
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.mr = 7;
+  d.nr = 40;
+  d.kb = 1024;
+  d.bias = codegen::BiasKind::bf16;
+  EXPECT_EQ(d.name(), "brgemm_avx512_bf16_f32acc_m7n40k1024_biasbf16_f32out");
+  d.accumulate = true;
+  d.act = Activation::silu;
+  d.out = DType::bf16;
+  EXPECT_EQ(d.name(), "brgemm_avx512_bf16_f32acc_m7n40k1024_accin_biasbf16_silu_bf16out");
+  d.b_type = DType::u4;  // a weight type other than the default is spelled
+  EXPECT_EQ(d.name(), "brgemm_avx512_bf16xu4_f32acc_m7n40k1024_accin_biasbf16_silu_bf16out");
+  lb::RopeDesc r;
+  r.neox = false;
+  r.dtype = DType::f32;
+  r.d = 96;
+  r.rotary_dim = 64;
+  r.hq = 4;
+  r.pos_dtype = DType::i64;
+  EXPECT_EQ(r.name(), "rope_llvm_gptj_f32_cachef32_d96_rd64_hq4_hk0_posi64");
+  r.mrope_section = {16, 8, 8};
+  EXPECT_EQ(r.name(), "rope_llvm_gptj_f32_cachef32_d96_rd64_hq4_hk0_mrope16x8x8_posi64");
+}
+
+TEST(KernelDesc, KeysAreExactForFloats) {
+  codegen::BrgemmDesc a, b;
+  a.glu = b.glu = codegen::Glu::clamped_swiglu;
+  a.glu_alpha = 1.702f;
+  b.glu_alpha = std::nextafter(1.702f, 2.f);
+  EXPECT_NE(a.key(), b.key());  // one ulp apart: different code
+  EXPECT_FALSE(a == b);
+}
+
+TEST(KernelDesc, KStepsFollowTheDtypes) {
+  codegen::BrgemmDesc d;
+  EXPECT_EQ(d.k_group(), 2);  // bf16: VNNI pairs
+  EXPECT_EQ(d.k_step(), 32);  // bf16: 32 per AMX tile row
+  d.a_type = d.b_type = DType::i8;
+  EXPECT_EQ(d.k_group(), 4);
+  EXPECT_EQ(d.k_step(), 64);
+}
+
+TEST(Features, IsaViewIsTheLatticeOfFeatureSets) {
+  using runtime::isa_features;
+  EXPECT_TRUE(isa_features(Isa::amx).contains(isa_features(Isa::avx512)));
+  EXPECT_TRUE(isa_features(Isa::scalar) == runtime::FeatureSet{});
+  EXPECT_EQ(runtime::isa_backend(Isa::amx), runtime::Backend::xbyak);
+  EXPECT_EQ(runtime::isa_backend(Isa::llvm), runtime::Backend::llvm);
+  EXPECT_EQ(runtime::isa_backend(Isa::scalar), runtime::Backend::reference);
+  // The best path is the highest whose features are usable here.
+  const runtime::FeatureSet have = runtime::detected_features();
+  const Isa best = runtime::max_supported_isa();
+  EXPECT_TRUE(have.contains(isa_features(best)));
+  for (Isa above : {Isa::amx, Isa::avx512})
+    if (above > best) EXPECT_FALSE(have.contains(isa_features(above))) << isa_name(above);
+  EXPECT_EQ(runtime::FeatureSet{}.str(), "none");
+  EXPECT_EQ((runtime::FeatureSet{runtime::Feature::fma, runtime::Feature::avx2}).str(), "avx2 fma");
+}
+
+TEST(Registry, TableHasOneRowPerFamilyAndPath) {
+  std::set<std::pair<jit::Family, Isa>> seen;
+  for (const jit::KernelRow& r : jit::kernel_rows()) {
+    EXPECT_TRUE(seen.insert({r.family, r.path}).second) << jit::family_name(r.family);
+    EXPECT_TRUE(r.needs == runtime::isa_features(r.path)) << jit::family_name(r.family);
+    EXPECT_EQ(r.backend, runtime::isa_backend(r.path)) << jit::family_name(r.family);
+    EXPECT_EQ(jit::find_row(r.family, r.path), &r);
+  }
+  EXPECT_NE(jit::find_row(jit::Family::brgemm, Isa::avx512), nullptr);
+  EXPECT_EQ(jit::find_row(jit::Family::brgemm, Isa::scalar), nullptr);
+  // The LLVM families come and go together with the LLVM brgemm row.
+  EXPECT_EQ(jit::family_built(jit::Family::rope),
+            jit::find_row(jit::Family::brgemm, Isa::llvm) != nullptr);
+}
+
+TEST(Registry, GetCompilesOnceAndAnswersFromTheFront) {
+  const jit::KernelRow* row = jit::find_row(jit::Family::brgemm, Isa::avx512);
+  ASSERT_NE(row, nullptr);
+  if (!jit::row_runs_here(*row)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.mr = 3;
+  d.nr = 19;
+  d.kb = 77;  // a shape no other test asks for
+  const CacheStats before = cache_stats();
+  const jit::Kernel& k = jit::get(d);
+  const jit::Kernel& again = jit::get(d);
+  EXPECT_EQ(&k, &again);
+  const CacheStats after = cache_stats();
+  EXPECT_EQ(after.hits, before.hits + 1);  // the second call: a front hit
+  EXPECT_EQ(k.name, d.name());
+  EXPECT_EQ(k.key, jit::cache_key(d));
+  EXPECT_EQ(k.backend, "xbyak");
+  // Another thread has its own front but finds the same kernel.
+  const jit::Kernel* other = nullptr;
+  std::thread([&] { other = &jit::get(d); }).join();
+  EXPECT_EQ(other, &k);
+  EXPECT_NE(jit::disassemble(k).find("vdpbf16ps"), std::string::npos);
+}
+
+TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.a_type = DType::i8;
+  try {
+    jit::get(d);
+    FAIL() << "an int8 descriptor compiled on a bf16-only row";
+  } catch (const InternalError&) {
+    FAIL() << "a descriptor outside the limits is the caller's Error, not an internal one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a=i8"), std::string::npos) << e.what();
+  }
+  d = {};
+  d.nr = 65;
+  EXPECT_THROW(jit::get(d), Error);
+  d = {};
+  d.isa = Isa::scalar;  // no row: the reference path has no kernels
+  EXPECT_THROW(jit::get(d), Error);
+}
+
+TEST(Registry, LlvmRowsKeyOnTheHost) {
+  if (!jit::family_built(jit::Family::rope)) GTEST_SKIP() << "built without LLVM";
+  lb::RopeDesc r;
+  r.d = r.rotary_dim = 64;
+  r.hq = 2;
+  EXPECT_NE(jit::cache_key(r).find(";llvm_cpu="), std::string::npos);
+  codegen::BrgemmDesc d;
+  d.isa = Isa::llvm;
+  EXPECT_NE(jit::cache_key(d).find(";llvm_cpu="), std::string::npos);
+  d.isa = Isa::avx512;
+  EXPECT_EQ(jit::cache_key(d), d.key());  // Xbyak code depends on nothing else
+}
+
+TEST(Errors, InternalErrorIsAnErrorThatSaysSo) {
+  try {
+    throw InternalError("emitter x failed");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("internal error"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("emitter x failed"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tilejit
