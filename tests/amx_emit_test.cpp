@@ -1,7 +1,8 @@
 // The AMX emitter on any machine: every tail shape emits, the tile
 // configuration matches the plan, and the code holds the instructions the
-// design promises. (Numerical tests of the AMX path run in gemm_test_amx,
-// which skips with a message on CPUs without AMX.)
+// design promises. (The AMX kernels against the reference, every tail and
+// epilogue: tests/brgemm_battery_test's amx instances, on tile hardware or
+// under the emulator; whole GEMMs: gemm_test_amx.)
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,8 +1,9 @@
-// The LLVM ORC backend (codegen/llvm/): the batch-reduce GEMM micro-kernel
-// against the scalar reference (runtime/reference_gemm.h) over the tails of
-// the contract and every epilogue, both dot-product variants (portable fma,
-// and dpbf16 on AVX512-BF16 hosts); bit-for-bit against the Xbyak AVX-512
-// kernel where this CPU runs it; elementwise IR chains against a scalar
+// The LLVM ORC backend (codegen/llvm/): the batch-reduce GEMM micro-kernel's
+// forced portable fma variant against the scalar reference
+// (runtime/reference_gemm.h) over the tails of the contract and every
+// epilogue (the host's default variant, as jit::get() makes it, is in
+// tests/brgemm_battery_test's llvm instances); bit-for-bit against the Xbyak
+// AVX-512 kernel where this CPU runs it; elementwise IR chains against a scalar
 // double evaluation; bad inputs raising tilejit::Error; concurrent compiles;
 // relinking a kernel from its object file.
 //
@@ -401,23 +402,10 @@ bool host_has_dpbf16() {
   return lb::host_target().avx512bf16;
 }
 
-// The kernel of the host's default variant (dpbf16 on AVX512-BF16 hosts,
-// else fma).
-class LlvmBrgemm : public ::testing::TestWithParam<BrgemmCase> {};
-
-TEST_P(LlvmBrgemm, MatchesReference) {
-  const BrgemmCase& c = GetParam();
-  const BrgemmData d = make_data(c);
-  const lb::LlvmKernel& k = kernel_for(c, lb::BrgemmDot::best);
-  EXPECT_TRUE(check_brgemm(d, run_brgemm(d, k.fn<BrgemmFn>())));
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, LlvmBrgemm, ::testing::ValuesIn(shape_sweep()), case_name);
-INSTANTIATE_TEST_SUITE_P(Epilogues, LlvmBrgemm, ::testing::ValuesIn(epilogue_sweep()), case_name);
-
-// The portable variant (llvm.fma on widened bf16), which is the default on
-// hosts without AVX512-BF16 (where the suite above covers it in full); here on
-// every third case.
+// The portable variant (llvm.fma on widened bf16) forced, on every third
+// case. It is the default on hosts without AVX512-BF16, where
+// brgemm_battery_test's llvm instances run it over the whole battery; the
+// host's default variant against the reference is that battery's too.
 class LlvmBrgemmFma : public ::testing::TestWithParam<BrgemmCase> {};
 
 TEST_P(LlvmBrgemmFma, MatchesReference) {
