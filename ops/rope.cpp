@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "jit/registry.h"
+#include "ops/rope_desc.h"
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
@@ -17,6 +18,26 @@
 namespace tilejit {
 
 using ops::shape_str;
+
+namespace ops {
+
+codegen::llvm_backend::RopeDesc rope_desc(const RopeOptions& opt, DType dtype, DType cache_dtype,
+                                          int64_t d, int64_t hq, int64_t hk, DType pos_dtype) {
+  codegen::llvm_backend::RopeDesc r;
+  r.neox = opt.style == RopeStyle::neox;
+  r.dtype = dtype;
+  r.cache_dtype = cache_dtype;
+  r.d = d;
+  r.rotary_dim = opt.rotary_dim == 0 ? d : opt.rotary_dim;
+  r.hq = hq;
+  r.hk = hk;
+  r.ndim = opt.ndim;
+  r.mrope_section = opt.mrope_section;
+  r.pos_dtype = pos_dtype;
+  return r;
+}
+
+}  // namespace ops
 
 namespace {
 
@@ -65,10 +86,7 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   if (opt.style != RopeStyle::neox && opt.style != RopeStyle::gptj)
     throw Error(fmt::format("{}: style=RopeStyle({}) is not a RopeStyle; allowed: neox, gptj", kOp,
                             static_cast<int>(opt.style)));
-  d.neox = opt.style == RopeStyle::neox;
-  d.ndim = opt.ndim;
-  d.mrope_section = opt.mrope_section;
-  d.rotary_dim = opt.rotary_dim == 0 ? d.d : opt.rotary_dim;
+  d = ops::rope_desc(opt, q.dtype, cache.dtype, d.d, d.hq, d.hk, positions.dtype);
   // Bounded first, so 2·ndim below cannot overflow.
   ops::check_count(kOp, "ndim", opt.ndim, 1, d.d / 2);
   if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
@@ -96,7 +114,6 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
 
   const int64_t streams = d.streams();
   ops::check_index_dtype(kOp, "positions", positions);
-  d.pos_dtype = positions.dtype;
   if (positions.shape.size() == 1 && streams == 1) {
     ops::check_view(kOp, "positions", positions, 1);
     c.pos_token_stride = positions.strides[0];
@@ -122,7 +139,6 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
         fmt::format("{}: cos_sin_cache has shape {}; allowed: [max_position, {}] (cos "
                     "half, sin half of rotary_dim/ndim)",
                     kOp, shape_str(cache.shape), c.width));
-  d.cache_dtype = cache.dtype;
   c.max_position = cache.shape[0];
   // In place: q and k are rotated while positions and the cache are read, so
   // each of q and k is writable and shares memory with none of the others

@@ -22,6 +22,7 @@
 #include "jit/registry.h"
 #include "ops/attention_descs.h"
 #include "ops/gemm_executable.h"
+#include "ops/rope_desc.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
@@ -248,14 +249,9 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
       cache[size_t(p * kHeadDim + kHeadDim / 2 + i)] = static_cast<float>(std::sin(th));
     }
   const TensorView cache_v(cache.data(), DType::f32, {kMaxPosition, kHeadDim});
-  codegen::llvm_backend::RopeDesc desc;
-  desc.neox = true;
-  desc.dtype = DType::bf16;
-  desc.cache_dtype = DType::f32;
-  desc.d = desc.rotary_dim = kHeadDim;
-  desc.hq = kHq;
-  desc.hk = kHkv;
-  desc.pos_dtype = DType::i64;
+  // The descriptor of the call below (neox, rotary_dim = D, q and k, int64 positions).
+  const codegen::llvm_backend::RopeDesc desc =
+      ops::rope_desc({}, DType::bf16, DType::f32, kHeadDim, kHq, kHkv, DType::i64);
   // rope runs the LLVM kernel on every JIT path of an LLVM build, else the reference.
   const bool jit = env.cpu.isa != Isa::scalar && env.cpu.llvm_backend;
   const std::string kernel = jit ? desc.name() : "scalar reference";

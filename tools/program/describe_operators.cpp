@@ -4,6 +4,7 @@
 
 #include "ir/printer.h"
 #include "jit/registry.h"
+#include "ops/rope_desc.h"
 
 namespace tilejit::tools {
 namespace {
@@ -27,16 +28,13 @@ std::string operand_text(const ir::Function& f, int id, const DimBindings& dims)
 // head count is symbolic).
 codegen::llvm_backend::RopeDesc call_rope_desc(const ir::Function& f, const OperatorCall& c) {
   const ir::TensorType& q = f.value(operand(f, c, 0)).type;
-  codegen::llvm_backend::RopeDesc d;
-  d.neox = c.rope.style == RopeStyle::neox;
-  d.dtype = q.dtype;
-  d.cache_dtype = DType::f32;
-  d.d = q.dims[2].value;
-  d.rotary_dim = c.rope.rotary_dim ? c.rope.rotary_dim : d.d;
-  d.hq = q.dims[1].is_static() ? q.dims[1].value : 0;
-  d.hk = 0;  // k absent
-  d.pos_dtype = f.value(operand(f, c, 1)).type.dtype;
-  return d;
+  RopeOptions opt;
+  opt.style = c.rope.style;
+  opt.rotary_dim = c.rope.rotary_dim;
+  // The runner passes no k and an f32 cache.
+  return ops::rope_desc(opt, q.dtype, DType::f32, q.dims[2].value,
+                        q.dims[1].is_static() ? q.dims[1].value : 0, 0,
+                        f.value(operand(f, c, 1)).type.dtype);
 }
 
 // `text` with the descriptor's hq spelled as the bound or symbolic head count
