@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <unordered_map>
 
 #include "codegen/xbyak/emitters.h"
+#include "jit/front_cache.h"
 #include "jit/kernel_cache.h"
 #include "tilejit/error.h"
 
@@ -88,20 +88,17 @@ std::string llvm_cache_key(const std::string& key) {
 #endif
 }
 
-// The per-thread front: descriptor -> kernel, no lock. Kernels are never
-// evicted, so the pointers stay valid; each thread fills its own copy.
+// The per-thread front of the registry (jit/front_cache.h); a front hit
+// counts as a cache hit in cache_stats().
 template <class D, class Slow>
 const Kernel& front(const D& d, Slow slow) {
   struct Eq {
     bool operator()(const D& a, const D& b) const { return codegen::same_fields(a, b); }
   };
-  thread_local std::unordered_map<D, const Kernel*, codegen::DescHash, Eq> map;
-  if (auto it = map.find(d); it != map.end()) {
-    KernelCache::global().count_hit();
-    return *it->second;
-  }
-  const Kernel& k = slow(d);
-  map.emplace(d, &k);
+  bool hit = false;
+  const Kernel& k = FrontCache<D, const Kernel, codegen::DescHash, Eq>::get(
+      d, [&](const D& x) -> const Kernel& { return slow(x); }, &hit);
+  if (hit) KernelCache::global().count_hit();
   return k;
 }
 

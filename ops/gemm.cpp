@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
-#include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
 #include "ir/activation.h"
+#include "jit/front_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/registry.h"
 #include "ops/gemm_executable.h"
@@ -32,41 +32,45 @@ const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail, Chunk chunk) co
 
 namespace {
 
-struct SpecHash {
-  size_t operator()(const std::pair<codegen::GemmSpec, Isa>& s) const {
+using PlanKey = std::pair<codegen::GemmSpec, Isa>;
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& s) const {
     return codegen::desc_hash(s.first) * 31 + codegen::field_hash(s.second);
   }
 };
 
-}  // namespace
-
-GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
-  static std::shared_mutex mu;
-  static std::unordered_map<std::pair<codegen::GemmSpec, Isa>, std::unique_ptr<GemmExecutable>,
-                            SpecHash>
-      map;
-  const auto key = std::make_pair(spec, isa);
+// The process-wide table behind the per-thread front: built once per spec.
+GemmExecutable& build_executable(const PlanKey& key) {
+  static std::mutex mu;
+  static std::unordered_map<PlanKey, std::unique_ptr<GemmExecutable>, PlanKeyHash> map;
   {
-    std::shared_lock<std::shared_mutex> lk(mu);
-    auto it = map.find(key);
-    if (it != map.end()) {
-      jit::KernelCache::global().count_hit();
-      return *it->second;
-    }
+    std::lock_guard<std::mutex> lk(mu);
+    if (auto it = map.find(key); it != map.end()) return *it->second;
   }
-  // Miss: the whole pipeline (IR -> verify -> lower). Cheap next to emission,
-  // and done once per spec. A GLU epilogue (MoE gate/up) has no IR op yet: it
-  // is planned directly.
+  // Miss: the whole pipeline (IR -> verify -> lower), outside the lock. Cheap
+  // next to emission, and done once per spec. A GLU epilogue (MoE gate/up)
+  // has no IR op yet: it is planned directly.
+  const auto& [spec, isa] = key;
   LoweredGemm lowered = spec.glu == codegen::Glu::none
                             ? lower_gemm_spec(spec, isa)
                             : LoweredGemm{codegen::plan_gemm(spec, isa), ""};
-  std::unique_lock<std::shared_mutex> lk(mu);
+  std::lock_guard<std::mutex> lk(mu);
   auto& slot = map[key];
   if (!slot) {
     slot = std::make_unique<GemmExecutable>(std::move(lowered.plan));
     slot->ir_text = std::move(lowered.ir_text);
   }
   return *slot;
+}
+
+}  // namespace
+
+GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
+  bool hit = false;
+  GemmExecutable& exe = jit::FrontCache<PlanKey, GemmExecutable, PlanKeyHash>::get(
+      {spec, isa}, build_executable, &hit);
+  if (hit) jit::KernelCache::global().count_hit();
+  return exe;
 }
 
 }  // namespace ops
