@@ -123,11 +123,12 @@ inline double rope_output_bound(DType out, double mag, double ref) {
 // the clamps are 1-Lipschitz) times |up|, εu times |act(gate)|, the
 // vectorised exp/erf/tanh approximations (kVectorMathError·max(1, |gate|)
 // relative to |up|, times max(1, α) since exp sees α·gate) and a few fp32
-// roundings of the product: εa, doubled for headroom. The kernel's bf16
-// activation then lies between bf16(a − εa) and bf16(a + εa) (rounding is
-// monotone): the slack is the larger distance of those from the reference's
-// bf16(a), zero unless a sits within εa of a rounding midpoint.
-inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
+// roundings of the product: εa (moe_act_error), doubled for headroom. The
+// kernel's bf16 activation then lies between bf16(a − εa) and bf16(a + εa)
+// (rounding is monotone): the slack (moe_act_slack) is the larger distance of
+// those from the reference's bf16(a), zero unless a sits within εa of a
+// rounding midpoint.
+inline double moe_act_error(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
   const double eg = eps_sum * p.gate_abs;
   const double eu = eps_sum * p.up_abs;
   double lip, f, mult, g;
@@ -144,10 +145,14 @@ inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, doubl
     mult = p.up;
   }
   const double m = std::fabs(mult) + eu;
-  double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
-              kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
-              4 * kF32Unit * std::fabs(p.act);
-  ea *= 2;
+  const double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
+                    kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
+                    4 * kF32Unit * std::fabs(p.act);
+  return 2 * ea;
+}
+
+inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
+  const double ea = moe_act_error(glu, p, eps_sum);
   auto round_bf16 = [](double v) {
     return double(bf16_to_f32(f32_to_bf16(static_cast<float>(v))));
   };

@@ -43,7 +43,7 @@
 //    Σ|terms|); a bf16 output must equal the reference's bf16 value unless the
 //    exact value lies within the GLU's error εa of a rounding boundary
 //    (runtime::moe_act_slack); an f32 output is within εa itself
-//    (glu_f32_bound below: moe_act_slack's εa before its bf16 step).
+//    (runtime::moe_act_error: moe_act_slack's εa before its bf16 step).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -513,32 +513,6 @@ Pre pre_activation(const Data& d, int r, int j) {
   return p;
 }
 
-// εa of runtime::moe_act_slack (its derivation there), before the bf16
-// rounding: how far the kernel's fp32 glu(gate, up) may be from the exact one
-// when gate and up are within eps_sum·Σ|terms|.
-double glu_f32_bound(const runtime::ReferenceGlu& glu, const runtime::MoeActPoint& p,
-                     double eps_sum) {
-  const double eg = eps_sum * p.gate_abs, eu = eps_sum * p.up_abs;
-  double lip, f, mult, g;
-  if (glu.clamped_swiglu) {
-    lip = 1.1;
-    g = std::min(p.gate, glu.limit);
-    f = g / (1 + std::exp(-glu.alpha * g));
-    mult = std::clamp(p.up, -glu.limit, glu.limit) + 1;
-  } else {
-    lip = runtime::activation_lipschitz(glu.act);
-    g = p.gate;
-    f = runtime::reference_activation(glu.act, g);
-    mult = p.up;
-  }
-  const double m = std::fabs(mult) + eu;
-  const double ea =
-      lip * eg * m + (std::fabs(f) + lip * eg) * eu +
-      runtime::kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
-      4 * runtime::kF32Unit * std::fabs(p.act);
-  return 2 * ea;
-}
-
 ::testing::AssertionResult check(const Data& d, const std::vector<uint8_t>& got) {
   const Case& c = d.c;
   const size_t es = c.out == DType::f32 ? 4 : 2;
@@ -575,7 +549,7 @@ double glu_f32_bound(const runtime::ReferenceGlu& glu, const runtime::MoeActPoin
           tol = runtime::moe_act_slack(glu, pt, eps);
         } else {
           want = pt.act;
-          tol = glu_f32_bound(glu, pt, eps);
+          tol = runtime::moe_act_error(glu, pt, eps);
         }
       }
       const double err = std::fabs(g - want);
