@@ -154,7 +154,8 @@ for tir in "${examples[@]}"; do
     for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
     has "$name: plan names the call" "$OUT" "^call 1 of [0-9]+: %[A-Za-z0-9_]+ = (rope|attention|moe) "
     has "$name: plan has the API call" "$OUT" "^  api +(tilejit::rope|tilejit::flash_attn_varlen|w13p = tilejit::pack_experts)\\("
-    has "$name: asm explains" "$OUT" "kernels are chosen and compiled inside the operator at run time"
+    # asm lists the kernels the shapes fix (RoPE's) and names the rest.
+    has "$name: asm lists or explains" "$OUT" "(kernels are chosen and compiled inside the operator at run time|^; kernel rope_llvm_)"
     ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
     has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
     ok "$name: run --random-inputs --check" \
@@ -381,6 +382,14 @@ has "rope_attention: checked call by call" "$OUT" "each call on the operands it 
 has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\|"
 # The RoPE kernel and key that dump names are the ones the call compiles.
 if [ "$active" != scalar ]; then
+  # Its code too, through the registry (LLVM code); attention's kernels are
+  # chosen at run time and are only named.
+  ok "rope: dump --stage asm" "$TJ" dump "$EXAMPLES/rope.tir" --stage asm
+  has "rope: asm header" "$OUT" "^; kernel rope_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+  has "rope: asm is LLVM code with its key" "$OUT" "^; tilejit::rope: rope_llvm;.*llvm_cpu=.* \\(llvm code\\)"
+  ok "rope_attention: dump --stage asm" "$TJ" dump "$EXAMPLES/rope_attention.tir" --stage asm
+  has "rope_attention: the rope kernel's code" "$OUT" "^; kernel rope_llvm_"
+  has "rope_attention: attention named, not listed" "$OUT" "runs tilejit::flash_attn_varlen: the kernels are chosen"
   ok "rope: dump --stage key" "$TJ" dump "$EXAMPLES/rope.tir" --stage key
   key=$(sed -nE 's/^  key +(rope_llvm;[^ ]+)$/\1/p' "$OUT")
   checks=$((checks + 1))

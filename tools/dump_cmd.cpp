@@ -188,12 +188,22 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
   if (all || opt.stage == "asm") {
     header("asm");
     std::vector<std::string> apis;
-    for (const OperatorCall& c : prog.calls) apis.push_back(c.api());
-    fmt::print(
-        "; @{} runs {}: the kernels are chosen and compiled inside the operator at run time, so "
-        "there is no listing here (`dump --stage asm` disassembles gemm micro-kernels); "
-        "TILEJIT_VERBOSE=1 logs each kernel compiled, TILEJIT_PERF_MAP=1 names them for perf\n",
-        f.name, fmt::join(apis, ", then "));
+    for (const OperatorCall& c : prog.calls) {
+      // RoPE's one kernel follows from the shapes: its code is shown.
+      if (const auto rope = call_rope_kernel(f, c, isa, dims)) {
+        print_kernel_asm(jit::get(*rope), fmt::format("{}: {}", c.api(), jit::cache_key(*rope)),
+                         opt.syntax);
+        continue;
+      }
+      apis.push_back(c.api());
+    }
+    if (!apis.empty())
+      fmt::print(
+          "; @{} runs {}: the kernels are chosen and compiled inside the operator at run time, "
+          "so there is no listing here (`dump --stage asm` disassembles gemm micro-kernels, "
+          "RoPE and elementwise kernels); TILEJIT_VERBOSE=1 logs each kernel compiled, "
+          "TILEJIT_PERF_MAP=1 names them for perf\n",
+          f.name, fmt::join(apis, ", then "));
   }
   return 0;
 }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include "ir/printer.h"
 #include "jit/registry.h"
 #include "ops/rope_desc.h"
@@ -178,6 +180,20 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
     }
   }
   return s;
+}
+
+std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Function& f,
+                                                                const OperatorCall& c, Isa isa,
+                                                                const DimBindings& dims) {
+  if (isa == Isa::scalar || c.kind != ir::OpKind::rope || !jit::family_built(jit::Family::rope))
+    return std::nullopt;
+  codegen::llvm_backend::RopeDesc d = call_rope_desc(f, c);
+  if (d.hq == 0) {  // symbolic heads: the kernel exists once they are bound
+    const std::string h = dim_text(f, operand(f, c, 0), 1, dims);
+    if (h.empty() || !std::isdigit(static_cast<unsigned char>(h[0]))) return std::nullopt;
+    d.hq = std::stoll(h);
+  }
+  return d;
 }
 
 }  // namespace tilejit::tools

@@ -2,7 +2,10 @@
 // makes and the kernels they use, without running anything.
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include "codegen/llvm/llvm_rope.h"
 
 #include "tools/program/host_tensor.h"
 #include "tools/program/operator_program.h"
@@ -18,5 +21,10 @@ std::string describe_operator_plan(const ir::Function& f, const OperatorProgram&
                                    const DimBindings& dims);
 std::string describe_operator_keys(const ir::Function& f, const OperatorProgram& p, Isa isa,
                                    const DimBindings& dims);
+// The descriptor of a RoPE call's kernel when the shapes fix it (a static or
+// bound head count, an LLVM build, a JIT path), for `--stage asm`.
+std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Function& f,
+                                                                const OperatorCall& c, Isa isa,
+                                                                const DimBindings& dims);
 
 }  // namespace tilejit::tools
