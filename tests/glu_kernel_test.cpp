@@ -8,27 +8,17 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
 #include "jit/registry.h"
-#include "runtime/bf16.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::test {
 namespace {
-
-using codegen::BiasKind;
-using codegen::BrgemmArgs;
-using codegen::BrgemmDesc;
-using codegen::BrgemmFn;
-using codegen::Glu;
-using runtime::bf16_to_f32;
-using runtime::f32_to_bf16;
 
 struct Case {
   int mr, nr;
@@ -147,19 +137,12 @@ TEST_P(GluKernel, LlvmAndXbyakKernelsAgreeBitForBit) {
   const Data d = make_data(c);
   const std::vector<uint8_t> x = run(c, d, jit::get(c.desc(Isa::avx512)).entry<BrgemmFn>());
   const std::vector<uint8_t> l = run(c, d, jit::get(c.desc(Isa::llvm)).entry<BrgemmFn>());
-  const size_t es = c.out == DType::f32 ? 4 : 2;
+  const int64_t elems = int64_t(x.size()) / (c.out == DType::f32 ? 4 : 2);
   int differ = 0;
   std::string msg;
-  for (size_t e = 0; e < x.size() / es; ++e) {
-    if (std::memcmp(&x[e * es], &l[e * es], es) == 0) continue;
-    if (c.out == DType::bf16) {
-      // vcvtneps2bf16 flushes subnormal results to zero; the LLVM kernel rounds them.
-      uint16_t hx, hl;
-      std::memcpy(&hx, &x[e * 2], 2);
-      std::memcpy(&hl, &l[e * 2], 2);
-      const float tiny = std::ldexp(1.0f, -126);
-      if (std::fabs(bf16_to_f32(hx)) < tiny && std::fabs(bf16_to_f32(hl)) < tiny) continue;
-    }
+  for (int64_t e = 0; e < elems; ++e) {
+    // Subnormal bf16 results excepted (brgemm_test_util.h).
+    if (same_output_bits(x.data(), l.data(), c.out, e)) continue;
     if (differ++ < 5) msg += fmt::format("\n  element {} (row {}, col {})", e, e / kLdc, e % kLdc);
   }
   EXPECT_EQ(differ, 0) << c.str() << ": LLVM and Xbyak kernels differ" << msg;

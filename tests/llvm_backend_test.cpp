@@ -1,13 +1,13 @@
-// The LLVM ORC backend (codegen/llvm/): the batch-reduce GEMM micro-kernel's
-// forced portable fma variant against the scalar reference
-// (runtime/reference_gemm.h) over the tails of the contract and every
-// epilogue (the host's default variant, as jit::get() makes it, is in
-// tests/brgemm_battery_test's llvm instances); bit-for-bit against the Xbyak
-// AVX-512 kernel where this CPU runs it; elementwise IR chains against a scalar
-// double evaluation; bad inputs raising tilejit::Error; concurrent compiles;
-// relinking a kernel from its object file.
+// The LLVM ORC backend (codegen/llvm/): the batch-reduce GEMM micro-kernel
+// bit-for-bit against the Xbyak AVX-512 kernel where this CPU runs it, its
+// API (names, object files, concurrent compiles, unlinking); elementwise IR
+// chains against a scalar double evaluation; bad inputs raising
+// tilejit::Error. The micro-kernel against the scalar reference over the
+// tails of the contract and every epilogue, in the host's default variant and
+// with the fma dot product forced, is tests/brgemm_battery_test (its llvm and
+// llvm_fma instances, on the harness of tests/brgemm_test_util.h).
 //
-// Tolerances (per output; the bounds of tests/test_util.h, stated there):
+// Tolerances (per output; the bounds of runtime/reference_error_bounds.h):
 //  - GEMM: products of bf16 values are exact in fp32 and each addition rounds
 //    once (u = 2⁻²⁴), in any order, so the dot product of K terms plus the
 //    acc_in partial sum and the bias is within (K+2)·u·Σ|x·w| + u·|bias| of
@@ -37,13 +37,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
 #include "codegen/llvm/llvm_brgemm.h"
 #include "codegen/llvm/llvm_elementwise.h"
 #include "codegen/llvm/llvm_jit.h"
-#include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
 #include "ir/parser.h"
 #include "runtime/bf16.h"
@@ -54,278 +55,25 @@
 namespace tilejit::test {
 namespace {
 
-using codegen::BiasKind;
-using codegen::BrgemmArgs;
-using codegen::BrgemmDesc;
-using codegen::BrgemmFn;
-using codegen::PackedLayout;
 namespace lb = codegen::llvm_backend;
 
 // ===========================================================================
-// Brgemm: cases, inputs, the run, the checks.
+// Brgemm: the cases of the Xbyak differential and of the API tests, on the
+// shared harness (tests/brgemm_test_util.h: inputs ending at guard pages with
+// NaN padding, the run between sentinel zones, the check against the
+// reference). The kernel against the reference over the tails and every
+// epilogue, default and fma variants, is brgemm_battery_test (llvm,
+// llvm_fma).
 
-enum class Acc { off, separate, alias };  // acc_in: none, own buffer, the C buffer itself
-
-struct BrgemmCase {
-  int mr = 1, nr = 64;
-  int64_t kb = 1;
-  int batch = 1;
-  Activation act = Activation::none;
-  BiasKind bias = BiasKind::none;
-  DType out = DType::f32;
-  Acc acc = Acc::off;
-
-  BrgemmDesc desc() const {
-    BrgemmDesc d;
-    d.mr = mr, d.nr = nr, d.kb = kb;
-    d.bias = bias, d.act = act, d.out = out;
-    d.accumulate = acc != Acc::off;
-    return d;
-  }
-  std::string str() const {
-    const char* accs[] = {"", "_accin", "_accinplace"};
-    return "m" + std::to_string(mr) + "_n" + std::to_string(nr) + "_k" + std::to_string(kb) + "_b" +
-           std::to_string(batch) + "_" + activation_name(act) + "_bias" + bias_kind_name(bias) +
-           "_" + dtype_name(out) + "out" + accs[static_cast<int>(acc)];
-  }
-};
-
-void PrintTo(const BrgemmCase& c, std::ostream* os) {
-  *os << c.str();
-}
-
-// The inputs of one case, laid out as a caller would, with traps: A rows have
-// a stride of kb + 3 elements whose padding is NaN, and each A block ends at a
-// PROT_NONE page (reading past a row's last element faults, odd K included);
-// B blocks, the bias and acc_in end at guard pages too.
-struct BrgemmData {
+// A case of the llvm row with strided A (rows of kb + 3 elements, the padding
+// NaN) and C (rows of nr + 7, the padding sentinel).
+BrgemmCase llvm_case(int mr, int nr, int64_t kb, int batch = 1) {
   BrgemmCase c;
-  int64_t lda = 0, ldc = 0, ld_acc = 0;  // elements
-  std::vector<std::vector<uint16_t>> x;  // [batch][mr × kb] bf16, contiguous copies
-  std::vector<std::vector<uint16_t>> w;  // [batch][nr × kb] bf16
-  std::vector<std::unique_ptr<GuardedBuffer>> a_bufs, b_bufs;
-  std::vector<const void*> a_list, b_list;
-  std::vector<float> bias_f32;
-  std::vector<uint16_t> bias_bf16;
-  std::unique_ptr<GuardedBuffer> bias_buf;
-  std::vector<uint16_t> acc_in;  // [mr × nr] bf16-exact values of acc_in
-  std::unique_ptr<GuardedBuffer> acc_buf;
-};
-
-BrgemmData make_data(const BrgemmCase& c) {
-  BrgemmData d;
-  d.c = c;
-  d.lda = c.kb + 3;
-  d.ldc = c.nr + 7;
-  d.ld_acc = c.acc == Acc::alias ? d.ldc : c.nr + 5;
-  const uint32_t seed =
-      seed_of({c.mr, c.nr, c.kb, c.batch, static_cast<int64_t>(c.act), static_cast<int64_t>(c.bias),
-               c.out == DType::f32 ? 0 : 1, static_cast<int64_t>(c.acc)});
-  // Pre-activations of standard deviation ~5 whatever K (tests/test_util.h).
-  const int64_t ktot = std::max<int64_t>(1, c.kb * c.batch);
-  const float a = static_cast<float>(std::sqrt(15.0 / std::sqrt(static_cast<double>(ktot))));
-  const PackedLayout layout{PackedLayout::kBlockN, c.kb};
-  for (int b = 0; b < c.batch; ++b) {
-    d.x.push_back(random_bf16(size_t(c.mr * c.kb), seed + 10 * b, -a, a));
-    d.w.push_back(random_bf16(size_t(c.nr * c.kb), seed + 10 * b + 1, -a, a));
-    const size_t a_elems = size_t((c.mr - 1) * d.lda + c.kb);
-    d.a_bufs.push_back(std::make_unique<GuardedBuffer>(std::max<size_t>(a_elems, 1) * 2));
-    uint16_t* ap = d.a_bufs.back()->as<uint16_t>();
-    std::fill(ap, ap + a_elems, uint16_t(0x7fc1));  // NaN in the row padding
-    for (int i = 0; i < c.mr; ++i)
-      std::memcpy(ap + i * d.lda, d.x.back().data() + i * c.kb, size_t(c.kb) * 2);
-    // One packed 64-column block: exactly what the kernel may read, no more.
-    const size_t b_bytes = size_t(layout.k_pairs()) * PackedLayout::kRowBytes;
-    d.b_bufs.push_back(std::make_unique<GuardedBuffer>(std::max<size_t>(b_bytes, 1)));
-    uint16_t* bp = d.b_bufs.back()->as<uint16_t>();
-    std::fill(bp, bp + b_bytes / 2, uint16_t(0));
-    for (int n = 0; n < c.nr; ++n)
-      for (int64_t k = 0; k < c.kb; ++k) bp[layout.index(n, k)] = d.w.back()[size_t(n * c.kb + k)];
-    d.a_list.push_back(ap);
-    d.b_list.push_back(bp);
-  }
-  if (c.bias == BiasKind::f32) {
-    d.bias_f32 = random_f32(size_t(c.nr), seed + 2, -5, 5);
-    d.bias_buf = std::make_unique<GuardedBuffer>(size_t(c.nr) * 4);
-    std::memcpy(d.bias_buf->data(), d.bias_f32.data(), size_t(c.nr) * 4);
-  } else if (c.bias == BiasKind::bf16) {
-    d.bias_bf16 = random_bf16(size_t(c.nr), seed + 2, -5, 5);
-    d.bias_buf = std::make_unique<GuardedBuffer>(size_t(c.nr) * 2);
-    std::memcpy(d.bias_buf->data(), d.bias_bf16.data(), size_t(c.nr) * 2);
-  }
-  if (c.acc != Acc::off) {
-    // bf16-exact values, so that the reference can take them as one more
-    // K column (see reference_output).
-    d.acc_in = random_bf16(size_t(c.mr * c.nr), seed + 3, -5, 5);
-    if (c.acc == Acc::separate) {
-      const size_t elems = size_t((c.mr - 1) * d.ld_acc + c.nr);
-      d.acc_buf = std::make_unique<GuardedBuffer>(elems * 4);
-      float* p = d.acc_buf->as<float>();
-      std::fill(p, p + elems, std::nanf(""));
-      for (int i = 0; i < c.mr; ++i)
-        for (int j = 0; j < c.nr; ++j)
-          p[i * d.ld_acc + j] = bf16_to_f32(d.acc_in[size_t(i * c.nr + j)]);
-    }
-  }
-  return d;
-}
-
-constexpr int64_t kGuard = 64;  // sentinel elements before and after C
-
-// Runs `fn` on the case's inputs; returns C [mr × ldc] plus the guard zones,
-// as bytes (sentinels wherever the kernel must not write).
-std::vector<uint8_t> run_brgemm(const BrgemmData& d, BrgemmFn fn) {
-  const BrgemmCase& c = d.c;
-  const size_t es = c.out == DType::f32 ? 4 : 2;
-  const int64_t elems = c.mr * d.ldc + 2 * kGuard;
-  std::vector<uint8_t> buf(size_t(elems) * es);
-  for (int64_t e = 0; e < elems; ++e) {
-    if (es == 4)
-      std::memcpy(&buf[size_t(e) * 4], &kSentinelF32, 4);
-    else
-      std::memcpy(&buf[size_t(e) * 2], &kSentinelBf16, 2);
-  }
-  uint8_t* cp = buf.data() + kGuard * es;
-  if (c.acc == Acc::alias) {  // in place: C holds the partial sums on entry
-    for (int i = 0; i < c.mr; ++i)
-      for (int j = 0; j < c.nr; ++j) {
-        const float v = bf16_to_f32(d.acc_in[size_t(i * c.nr + j)]);
-        std::memcpy(cp + (i * d.ldc + j) * 4, &v, 4);
-      }
-  }
-  BrgemmArgs args{};
-  args.a = d.a_list.data();
-  args.b = d.b_list.data();
-  args.batch = c.batch;
-  args.lda = d.lda * 2;
-  args.c = cp;
-  args.ldc = d.ldc * int64_t(es);
-  args.bias = d.bias_buf ? d.bias_buf->data() : nullptr;
-  if (c.acc == Acc::separate) args.acc_in = d.acc_buf->as<float>();
-  if (c.acc == Acc::alias) args.acc_in = reinterpret_cast<const float*>(cp);
-  args.ld_acc_in = d.ld_acc * 4;
-  fn(&args);
-  return buf;
-}
-
-double read_out(const std::vector<uint8_t>& buf, DType out, int64_t idx) {
-  if (out == DType::f32) {
-    float f;
-    std::memcpy(&f, &buf[size_t(idx) * 4], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &buf[size_t(idx) * 2], 2);
-  return bf16_to_f32(h);
-}
-
-// C through runtime::reference_gemm: the batch-reduce is one GEMM over the
-// concatenated K of the batch items, and acc_in enters as mr more K columns
-// (x = the identity, w[j][k] = acc_in[k][j]; its values are bf16-exact).
-std::vector<uint8_t> reference_output(const BrgemmData& d) {
-  const BrgemmCase& c = d.c;
-  const int64_t kcat = c.batch * c.kb, kref = kcat + (c.acc != Acc::off ? c.mr : 0);
-  std::vector<uint16_t> x(size_t(c.mr * kref), 0);
-  for (int i = 0; i < c.mr; ++i) {
-    for (int b = 0; b < c.batch; ++b)
-      std::memcpy(&x[size_t(i * kref + b * c.kb)], d.x[b].data() + i * c.kb, size_t(c.kb) * 2);
-    if (c.acc != Acc::off) x[size_t(i * kref + kcat + i)] = f32_to_bf16(1.0f);
-  }
-  std::vector<uint8_t> y(size_t(c.mr * c.nr) * (c.out == DType::f32 ? 4 : 2));
-  runtime::ReferenceGemmArgs r;
-  r.x = x.data();
-  r.ldx = kref;
-  r.m = c.mr, r.n = c.nr, r.k = kref;
-  r.bias = c.bias == BiasKind::f32    ? static_cast<const void*>(d.bias_f32.data())
-           : c.bias == BiasKind::bf16 ? static_cast<const void*>(d.bias_bf16.data())
-                                      : nullptr;
-  r.bias_dtype = c.bias == BiasKind::bf16 ? DType::bf16 : DType::f32;
-  r.act = c.act;
-  r.y = y.data();
-  r.y_dtype = c.out;
-  r.ldy = c.nr;
-  runtime::reference_gemm(r, [&](int64_t n, int64_t k) -> uint16_t {
-    if (k < kcat) return d.w[size_t(k / c.kb)][size_t(n * c.kb + k % c.kb)];
-    return d.acc_in[size_t((k - kcat) * c.nr + n)];
-  });
-  return y;
-}
-
-// Every output within the bound of the header comment, finite, and nothing
-// outside C[mr × nr] written.
-::testing::AssertionResult check_brgemm(const BrgemmData& d, const std::vector<uint8_t>& got) {
-  const BrgemmCase& c = d.c;
-  const std::vector<uint8_t> ref = reference_output(d);
-  const size_t es = c.out == DType::f32 ? 4 : 2;
-  std::vector<uint8_t> body(got.begin() + kGuard * int64_t(es), got.end());
-  int64_t bad = 0;
-  std::string msg;
-  double worst = 0;
-  for (int i = 0; i < c.mr; ++i) {
-    for (int j = 0; j < c.nr; ++j) {
-      double pre = 0, sum_abs = 0;
-      for (int b = 0; b < c.batch; ++b)
-        for (int64_t k = 0; k < c.kb; ++k) {
-          const double p = double(bf16_to_f32(d.x[b][size_t(i * c.kb + k)])) *
-                           double(bf16_to_f32(d.w[b][size_t(j * c.kb + k)]));
-          pre += p;
-          sum_abs += std::fabs(p);
-        }
-      if (c.acc != Acc::off) {
-        const double a = bf16_to_f32(d.acc_in[size_t(i * c.nr + j)]);
-        pre += a;
-        sum_abs += std::fabs(a);
-      }
-      double bias = 0;
-      if (c.bias == BiasKind::f32) bias = d.bias_f32[size_t(j)];
-      if (c.bias == BiasKind::bf16) bias = bf16_to_f32(d.bias_bf16[size_t(j)]);
-      pre += bias;
-      const double v = runtime::reference_activation(c.act, pre);
-      const int64_t terms = c.batch * c.kb + (c.acc != Acc::off ? 1 : 0);
-      const double tol = gemm_tolerance(c.act, c.out, terms, sum_abs, std::fabs(bias), pre, v);
-      const double g = read_out(body, c.out, i * d.ldc + j);
-      const double want = read_out(ref, c.out, i * c.nr + j);
-      const double err = std::fabs(g - want);
-      if (std::isfinite(g) && tol > 0) worst = std::max(worst, err / tol);
-      if (!std::isfinite(g) || err > tol) {
-        if (bad++ < 5)
-          msg += "\n  C[" + std::to_string(i) + ", " + std::to_string(j) +
-                 "] = " + std::to_string(g) + ", reference " + std::to_string(want) + ", |err| " +
-                 std::to_string(err) + " > tol " + std::to_string(tol);
-      }
-    }
-  }
-  int64_t touched = 0;
-  for (int64_t e = 0; e < int64_t(got.size() / es); ++e) {
-    const int64_t idx = e - kGuard;
-    const bool inside = idx >= 0 && idx < c.mr * d.ldc && idx % d.ldc < c.nr;
-    const bool sentinel = es == 4 ? std::memcmp(&got[size_t(e) * 4], &kSentinelF32, 4) == 0
-                                  : std::memcmp(&got[size_t(e) * 2], &kSentinelBf16, 2) == 0;
-    if (!inside && !sentinel) ++touched;
-  }
-  if (bad == 0 && touched == 0) return ::testing::AssertionSuccess() << "worst err/tol " << worst;
-  auto r = ::testing::AssertionFailure() << c.str() << ": ";
-  if (bad) r << bad << " of " << c.mr * c.nr << " outputs outside the bound" << msg;
-  if (touched) r << "\n" << touched << " elements outside C[mr × nr] were written";
-  return r;
-}
-
-// Kernels by (desc, variant), compiled once per test binary: the reference
-// sweep and the Xbyak differential share them.
-const lb::LlvmKernel& kernel_for(const BrgemmCase& c, lb::BrgemmDot dot) {
-  static std::mutex mu;
-  static std::map<std::string, lb::LlvmKernel> cache;
-  // On a target without AVX512-BF16 the best variant is fma: one kernel.
-  const bool fma = dot == lb::BrgemmDot::fma && lb::host_target().avx512bf16;
-  const std::string key = c.desc().key() + (fma ? ";fma" : ";best");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end())
-    it = cache
-             .emplace(key,
-                      lb::compile_llvm_brgemm(c.desc(), {.dot = fma ? dot : lb::BrgemmDot::best}))
-             .first;
-  return it->second;
+  c.path = Isa::llvm;
+  c.group = "sweep";
+  c.mr = mr, c.nr = nr, c.kb = kb, c.batch = batch;
+  c.lda_pad = 3, c.ldc_pad = 7;
+  return c;
 }
 
 // ---------------------------------------------------------------------------
@@ -347,9 +95,7 @@ std::vector<BrgemmCase> shape_sweep() {
   for (int mr : kMr)
     for (int nr : kNr)
       for (int64_t kb : kKb) {
-        BrgemmCase c;
-        c.mr = mr, c.nr = nr, c.kb = kb;
-        c.batch = i % 2 ? 3 : 1;
+        BrgemmCase c = llvm_case(mr, nr, kb, i % 2 ? 3 : 1);
         c.act = kActs[i % 5];
         c.bias = kBiases[i % 3];
         c.out = (i / 2) % 2 ? DType::bf16 : DType::f32;
@@ -374,8 +120,7 @@ std::vector<BrgemmCase> epilogue_sweep() {
           for (Acc acc : {Acc::off, Acc::separate, Acc::alias})
             for (int batch : {1, 3}) {
               if (acc == Acc::alias && out != DType::f32) continue;
-              BrgemmCase c;
-              c.mr = mr, c.nr = nr, c.kb = kb, c.batch = batch;
+              BrgemmCase c = llvm_case(mr, nr, kb, batch);
               c.act = act, c.bias = bias, c.out = out, c.acc = acc;
               v.push_back(c);
             }
@@ -386,40 +131,9 @@ std::string case_name(const ::testing::TestParamInfo<BrgemmCase>& info) {
   return info.param.str();
 }
 
-// Cases of both sweeps that pass `keep`, each once.
-template <class Keep>
-std::vector<BrgemmCase> both_sweeps(Keep keep) {
-  std::vector<BrgemmCase> v;
-  std::set<std::string> seen;
-  int i = 0;
-  for (const auto& s : {shape_sweep(), epilogue_sweep()})
-    for (const BrgemmCase& c : s)
-      if (keep(c, i++) && seen.insert(c.str()).second) v.push_back(c);
-  return v;
-}
-
 bool host_has_dpbf16() {
   return lb::host_target().avx512bf16;
 }
-
-// The portable variant (llvm.fma on widened bf16) forced, on every third
-// case. It is the default on hosts without AVX512-BF16, where
-// brgemm_battery_test's llvm instances run it over the whole battery; the
-// host's default variant against the reference is that battery's too.
-class LlvmBrgemmFma : public ::testing::TestWithParam<BrgemmCase> {};
-
-TEST_P(LlvmBrgemmFma, MatchesReference) {
-  const BrgemmCase& c = GetParam();
-  const BrgemmData d = make_data(c);
-  const lb::LlvmKernel& k = kernel_for(c, lb::BrgemmDot::fma);
-  EXPECT_TRUE(check_brgemm(d, run_brgemm(d, k.fn<BrgemmFn>())));
-}
-
-std::vector<BrgemmCase> fma_sweep() {
-  return both_sweeps([](const BrgemmCase&, int i) { return i % 3 == 0; });
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, LlvmBrgemmFma, ::testing::ValuesIn(fma_sweep()), case_name);
 
 // ---------------------------------------------------------------------------
 // Against the Xbyak AVX-512 kernel, on the shapes it takes (mr up to its
@@ -446,27 +160,31 @@ TEST_P(LlvmVsXbyak, BitIdenticalToAvx512Kernel) {
   const std::vector<uint8_t> code = codegen::xbyak::emit_avx512_brgemm(xd);
   const runtime::ExecutableMemory mem(code.data(), code.size());
   const auto xfn = reinterpret_cast<BrgemmFn>(const_cast<void*>(mem.data()));
-  const BrgemmData d = make_data(c);
+  const lb::LlvmKernel k = lb::compile_llvm_brgemm(c.desc());
+  const BrgemmData d = make_brgemm_data(c);
   const std::vector<uint8_t> want = run_brgemm(d, xfn);
-  const std::vector<uint8_t> got = run_brgemm(d, kernel_for(c, lb::BrgemmDot::best).fn<BrgemmFn>());
+  const std::vector<uint8_t> got = run_brgemm(d, k.fn<BrgemmFn>());
   ASSERT_EQ(got.size(), want.size());
-  const size_t es = c.out == DType::f32 ? 4 : 2;
+  const int64_t elems = int64_t(got.size()) / (c.out == DType::f32 ? 4 : 2);
   int64_t differ = 0;
   std::string msg;
-  for (size_t e = 0; e < got.size() / es; ++e) {
-    if (std::memcmp(&got[e * es], &want[e * es], es) == 0) continue;
-    const double g = read_out(got, c.out, int64_t(e)), w = read_out(want, c.out, int64_t(e));
-    const double tiny = std::ldexp(1.0, -126);
-    if (c.out == DType::bf16 && std::fabs(g) < tiny && std::fabs(w) < tiny) continue;
+  for (int64_t e = 0; e < elems; ++e) {
+    if (same_output_bits(got.data(), want.data(), c.out, e)) continue;
     if (differ++ < 5)
-      msg += "\n  element " + std::to_string(int64_t(e) - kGuard) + ": llvm " + std::to_string(g) +
-             ", xbyak " + std::to_string(w);
+      msg += fmt::format("\n  element {}: llvm {}, xbyak {}", e - kBrgemmGuard,
+                         read_out(got.data(), c.out, e), read_out(want.data(), c.out, e));
   }
   EXPECT_EQ(differ, 0) << c.str() << ": outputs differ from the Xbyak kernel's" << msg;
 }
 
+// The cases of both sweeps the Xbyak kernel takes, each once.
 std::vector<BrgemmCase> xbyak_sweep() {
-  return both_sweeps([](const BrgemmCase& c, int) { return xbyak_takes(c); });
+  std::vector<BrgemmCase> v;
+  std::set<std::string> seen;
+  for (const auto& s : {shape_sweep(), epilogue_sweep()})
+    for (const BrgemmCase& c : s)
+      if (xbyak_takes(c) && seen.insert(c.str()).second) v.push_back(c);
+  return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LlvmVsXbyak, ::testing::ValuesIn(xbyak_sweep()), case_name);
@@ -496,10 +214,9 @@ TEST(LlvmBrgemmApi, NameSpellsTheSpecializationWithIsaLlvm) {
 }
 
 TEST(LlvmBrgemmApi, KernelFromItsObjectFileComputesTheSame) {
-  BrgemmCase c;
-  c.mr = 5, c.nr = 33, c.kb = 77, c.batch = 2;
+  BrgemmCase c = llvm_case(5, 33, 77, 2);
   c.act = Activation::gelu_erf, c.bias = BiasKind::bf16, c.out = DType::bf16;
-  const BrgemmData d = make_data(c);
+  const BrgemmData d = make_brgemm_data(c);
   const lb::LlvmKernel k = lb::compile_llvm_brgemm(c.desc());
   // Linked twice in one process: each object lives in its own JITDylib.
   const lb::LlvmKernel again = lb::load_object_file(k.name, k.object_file);
@@ -517,15 +234,15 @@ TEST(LlvmBrgemmApi, KernelFromItsObjectFileComputesTheSame) {
 }
 
 TEST(LlvmBrgemmApi, ZeroBatchGivesTheEpilogueOfZero) {
-  BrgemmCase c;
-  c.mr = 2, c.nr = 20, c.kb = 8, c.batch = 0;
+  BrgemmCase c = llvm_case(2, 20, 8, 0);
   c.bias = BiasKind::f32, c.act = Activation::relu;
-  const BrgemmData d = make_data(c);
-  const std::vector<uint8_t> got = run_brgemm(d, kernel_for(c, lb::BrgemmDot::best).fn<BrgemmFn>());
+  const BrgemmData d = make_brgemm_data(c);
+  const lb::LlvmKernel k = lb::compile_llvm_brgemm(c.desc());
+  const std::vector<uint8_t> got = run_brgemm(d, k.fn<BrgemmFn>());
   for (int i = 0; i < c.mr; ++i)
     for (int j = 0; j < c.nr; ++j)
-      EXPECT_EQ(read_out(got, c.out, kGuard + i * d.ldc + j),
-                std::max(0.0f, d.bias_f32[size_t(j)]));
+      EXPECT_EQ(read_out(got.data(), c.out, kBrgemmGuard + i * d.ldc + j),
+                std::max(0.0f, d.bias[size_t(j)]));
 }
 
 TEST(LlvmBrgemmApi, KernelsCompiledOnManyThreadsAtOnceAreCorrect) {
@@ -538,14 +255,13 @@ TEST(LlvmBrgemmApi, KernelsCompiledOnManyThreadsAtOnceAreCorrect) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 4; ++i) {
-        BrgemmCase c;
-        c.mr = 1 + t * 3 + i, c.nr = 9 + 13 * i, c.kb = 21 + 10 * t;
+        BrgemmCase c = llvm_case(1 + t * 3 + i, 9 + 13 * i, 21 + 10 * t);
         c.act = kActs[(t + i) % 5];
         c.out = i % 2 ? DType::bf16 : DType::f32;
         try {
           const lb::LlvmKernel k = lb::compile_llvm_brgemm(
               c.desc(), {.dot = i % 2 ? lb::BrgemmDot::fma : lb::BrgemmDot::best});
-          const BrgemmData d = make_data(c);
+          const BrgemmData d = make_brgemm_data(c);
           const auto r = check_brgemm(d, run_brgemm(d, k.fn<BrgemmFn>()));
           if (!r) {
             ++failures;
@@ -567,9 +283,8 @@ TEST(LlvmBrgemmApi, KernelsCompiledOnManyThreadsAtOnceAreCorrect) {
 TEST(LlvmBrgemmApi, DroppedKernelsAreUnlinked) {
   // Each kernel owns its JITDylib; dropping the last copy removes it. Many
   // compile/drop rounds must neither fail nor disturb a kernel still held.
-  BrgemmCase keep;
-  keep.mr = 3, keep.nr = 16, keep.kb = 10;
-  const BrgemmData d = make_data(keep);
+  const BrgemmCase keep = llvm_case(3, 16, 10);
+  const BrgemmData d = make_brgemm_data(keep);
   const lb::LlvmKernel held = lb::compile_llvm_brgemm(keep.desc());
   const std::vector<uint8_t> want = run_brgemm(d, held.fn<BrgemmFn>());
   for (int i = 0; i < 20; ++i) {
@@ -1317,9 +1032,9 @@ TEST(LlvmBackendMeasure, DISABLED_CompileTimeAndThroughput) {
   for (const Row& r : {Row{7, 64, 4096, Activation::none}, Row{4, 64, 4096, Activation::none},
                        Row{1, 64, 4096, Activation::none}, Row{7, 64, 256, Activation::gelu_tanh},
                        Row{2, 17, 4096, Activation::silu}, Row{32, 64, 1024, Activation::none}}) {
-    BrgemmCase c;
-    c.mr = r.mr, c.nr = r.nr, c.kb = r.kb, c.act = r.act;
-    const BrgemmData d = make_data(c);
+    BrgemmCase c = llvm_case(r.mr, r.nr, r.kb);
+    c.act = r.act;
+    const BrgemmData d = make_brgemm_data(c);
     std::string line = c.str() + ":";
     for (auto [dot, opt, label] :
          {std::tuple{lb::BrgemmDot::best, lb::OptLevel::kernel, "best/kernel"},

@@ -232,6 +232,18 @@ inline std::string problem_str(const GemmProblem& p) {
 constexpr uint32_t kSentinelF32 = 0x7fa5a5a5u;
 constexpr uint16_t kSentinelBf16 = 0x7fa5u;
 
+// Element idx of an output buffer of dtype `out` (f32 or bf16), as a double.
+inline double read_out(const uint8_t* base, DType out, int64_t idx) {
+  if (out == DType::f32) {
+    float f;
+    std::memcpy(&f, base + idx * 4, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, base + idx * 2, 2);
+  return bf16_to_f32(h);
+}
+
 // What a run produced, for tests that compare runs with each other.
 struct GemmOutput {
   std::vector<uint8_t> y_bytes;  // the [M, N] result rows, packed (bit-exact)
@@ -317,17 +329,6 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
   for (size_t e = 0; e < xf.size(); ++e) xf[e] = bf16_to_f32(p.x[e]);
   for (size_t e = 0; e < wf.size(); ++e) wf[e] = bf16_to_f32(p.w[e]);
 
-  auto read = [&](const uint8_t* base, int64_t idx) -> double {
-    if (ysz == 4) {
-      float f;
-      std::memcpy(&f, base + idx * 4, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, base + idx * 2, 2);
-    return bf16_to_f32(h);
-  };
-
   int64_t bad = 0;
   std::ostringstream msg;
   double worst = 0;  // max |err| / tol
@@ -353,8 +354,8 @@ inline ::testing::AssertionResult run_and_compare(const GemmProblem& p,
       const double pre = s0 + s1 + b;
       const double v = runtime::reference_activation(p.act, pre);
       const double tol = gemm_tolerance(p.act, p.out, K, a0 + a1, std::fabs(b), pre, v);
-      const double got = read(y, i * ldy + j);
-      const double want = read(ref.data(), i * N + j);
+      const double got = read_out(y, p.out, i * ldy + j);
+      const double want = read_out(ref.data(), p.out, i * N + j);
       const double err = std::fabs(got - want);
       const bool ok = std::isfinite(got) && err <= tol;
       if (std::isfinite(got) && tol > 0) worst = std::max(worst, err / tol);
