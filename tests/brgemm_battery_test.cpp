@@ -128,6 +128,15 @@ std::vector<BrgemmCase> battery(Isa path) {
       add(c);
     }
   }
+  // A deep reduction: 3 × 4096 terms per output (the accumulation-error
+  // bound at its largest), on a tailed sub-tile with acc_in.
+  {
+    BrgemmCase c;
+    c.group = "k";
+    c.mr = 3, c.nr = 17, c.kb = 4096, c.batch = 3;
+    c.acc = Acc::separate;
+    add(c);
+  }
   // n: every sub-tile of the 64-column block, at full M and at 5 rows.
   for (int nr : {1, 15, 16, 17, 31, 32, 33, 48, 63, 64})
     for (int mr : {max_mr(path, nr), 5})
