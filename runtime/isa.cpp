@@ -114,4 +114,11 @@ Isa active_isa() {
   return isa;
 }
 
+FeatureSet usable_features() {
+  FeatureSet cap;
+  for (Isa isa : {Isa::scalar, Isa::llvm, Isa::avx512, Isa::amx})
+    if (isa <= active_isa()) cap = cap | isa_features(isa);
+  return detected_features() & cap;
+}
+
 }  // namespace tilejit::runtime

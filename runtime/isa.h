@@ -25,6 +25,10 @@ Backend isa_backend(Isa isa);
 Isa max_supported_isa();
 // The active path: min(max_supported_isa(), TILEJIT_ISA). Read once.
 Isa active_isa();
+// The features the operators' kernels may use: CPUID ∧ OS permission
+// (detected_features) ∧ the TILEJIT_ISA cap, i.e. the features of the
+// active path and the paths below it.
+FeatureSet usable_features();
 // Parses "amx" | "avx512" | "llvm" | "scalar"; throws Error naming `what` otherwise.
 Isa parse_isa(const char* text, const char* what);
 

@@ -31,7 +31,9 @@ int run_cpuinfo() {
   const std::string dir = cache_stats().disk_dir;
   fmt::print("kernel cache    {} (TILEJIT_CACHE_DIR overrides, empty = off)\n",
              dir.empty() ? std::string("off: memory only") : dir);
-  fmt::print("usable features {}\n", runtime::detected_features().str());
+  fmt::print("cpu features    {}\n", runtime::detected_features().str());
+  fmt::print("usable features {} (the active path's, TILEJIT_ISA caps them)\n",
+             runtime::usable_features().str());
   // The registry's table: which family runs on which path, made by which
   // backend, needing what; "runs here" is the features test alone.
   fmt::print("kernel rows     family / path / backend / runs here / needs\n");
