@@ -117,9 +117,10 @@ bool same_fields(const D& a, const D& b) {
   return tie_fields(a) == tie_fields(b);
 }
 
+// The family is not hashed: containers hold one descriptor type each.
 template <class D>
 size_t desc_hash(const D& d) {
-  size_t h = std::hash<std::string_view>()(D::kFamily);
+  size_t h = 0;
   std::apply([&](const auto&... f) { ((h = h * 1000003u ^ field_hash(d.*(f.member))), ...); },
              D::field_list());
   return h;

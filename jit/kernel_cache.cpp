@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -99,8 +100,47 @@ KernelCache& KernelCache::global() {
   return cache;
 }
 
+namespace {
+
+// Front-cache hits are counted per thread (a shared atomic counter would bounce
+// its cache line between the cores on every kernel lookup of a hot loop);
+// stats() sums the live threads' counters and what exited threads left.
+struct HitCounters {
+  std::mutex mu;
+  std::vector<const std::atomic<uint64_t>*> live;
+  std::atomic<uint64_t> retired{0};
+  static HitCounters& global() {
+    static HitCounters* c = new HitCounters;  // outlives every thread's counter
+    return *c;
+  }
+  uint64_t total() {
+    std::lock_guard<std::mutex> lk(mu);
+    uint64_t n = retired.load(std::memory_order_relaxed);
+    for (const auto* c : live) n += c->load(std::memory_order_relaxed);
+    return n;
+  }
+};
+
+struct ThreadHits {
+  std::atomic<uint64_t> n{0};  // written by its thread only, read by stats()
+  ThreadHits() {
+    HitCounters& g = HitCounters::global();
+    std::lock_guard<std::mutex> lk(g.mu);
+    g.live.push_back(&n);
+  }
+  ~ThreadHits() {
+    HitCounters& g = HitCounters::global();
+    std::lock_guard<std::mutex> lk(g.mu);
+    g.retired.fetch_add(n.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    g.live.erase(std::find(g.live.begin(), g.live.end(), &n));
+  }
+};
+
+}  // namespace
+
 void KernelCache::count_hit() {
-  impl().hits.fetch_add(1, std::memory_order_relaxed);
+  thread_local ThreadHits hits;
+  hits.n.store(hits.n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 std::unique_ptr<Kernel> make_xbyak_kernel(const std::vector<uint8_t>& bytes) {
@@ -209,7 +249,7 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
 CacheStats KernelCache::stats() const {
   Impl& s = impl();
   CacheStats st;
-  st.hits = s.hits.load();
+  st.hits = s.hits.load() + HitCounters::global().total();
   st.misses = s.misses.load();
   st.compiles = s.compiles.load();
   st.compile_seconds = s.compile_ns.load() / 1e9;

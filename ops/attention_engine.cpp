@@ -43,10 +43,14 @@ constexpr int kMaxGroups = int(kRowsPerBlock) / kLanes;  // 16-row groups of a b
 // so most key blocks skip rescaling O (FlashAttention-4's conditional rescale).
 constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 
-// The micro-kernels of one (ISA, D), from the kernel registry (whose
-// per-thread front cache makes a repeat lookup a hash probe). Scores Sᵀ = K·Qᵀ: mr ∈ [1, mr limit]
-// × nr ∈ {16, 32, 48, 64} (Qᵀ is zero-padded to 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr × kb ∈
-// {32, 64, 96, 128} (the block's keys rounded up to 32), accumulating in place.
+// The micro-kernels of one (ISA, D), from the kernel registry. One block
+// calls a handful of variants thousands of times (per key block × row chunk),
+// so the object remembers the last few it was given: a repeat costs a compare
+// of a packed variant number, not a descriptor hash. It lives for one call
+// on the stack; the registry's front cache serves the next call. Scores
+// Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32, 48, 64} (Qᵀ is zero-padded to
+// 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr × kb ∈ {32, 64, 96, 128} (the
+// block's keys rounded up to 32), accumulating in place.
 class Kernels {
  public:
   Kernels(Isa isa, int64_t d) : isa_(isa), d_(d) {}
@@ -56,7 +60,7 @@ class Kernels {
   }
 
   codegen::BrgemmFn score(int rows, int nz) {
-    return get([&] {
+    return get(variant(0, rows, nz, 0, false), [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
@@ -67,7 +71,7 @@ class Kernels {
   // accumulate = false: the first block of an empty state stores C instead
   // of adding to it (no zeroing of Oᵀ, no reading it back).
   codegen::BrgemmFn pv(int rows, int nz, int64_t kb, bool accumulate) {
-    return get([&] {
+    return get(variant(1, rows, nz, kb, accumulate), [&] {
       codegen::BrgemmDesc d = base();
       d.mr = rows;
       d.nr = kLanes * nz;
@@ -85,13 +89,30 @@ class Kernels {
     d.out = DType::f32;
     return d;
   }
+  // Every descriptor field that varies between this object's kernels, packed
+  // (rows ≤ 32, nz ≤ 4, kb ≤ 128 for P·V): equal numbers, equal descriptors.
+  static uint32_t variant(int kind, int rows, int nz, int64_t kb, bool acc) {
+    return static_cast<uint32_t>(kind) | static_cast<uint32_t>(rows) << 1 |
+           static_cast<uint32_t>(nz) << 7 | static_cast<uint32_t>(kb) << 10 |
+           static_cast<uint32_t>(acc) << 20;
+  }
   template <class MakeDesc>
-  static codegen::BrgemmFn get(MakeDesc make) {
-    return jit::get(make()).template entry<codegen::BrgemmFn>();
+  codegen::BrgemmFn get(uint32_t v, MakeDesc make) {
+    for (const Memo& m : memo_)
+      if (m.fn != nullptr && m.variant == v) return m.fn;
+    const auto fn = jit::get(make()).template entry<codegen::BrgemmFn>();
+    memo_[next_++ % memo_.size()] = {v, fn};
+    return fn;
   }
 
+  struct Memo {
+    uint32_t variant = 0;
+    codegen::BrgemmFn fn = nullptr;
+  };
   Isa isa_;
   int64_t d_;
+  std::array<Memo, 8> memo_{};
+  size_t next_ = 0;
 };
 
 // Calls f(r0, rows) over [0, n) in ⌈n / max⌉ near-equal chunks: 64 rows at

@@ -135,13 +135,19 @@ TEST(Features, IsaViewIsTheLatticeOfFeatureSets) {
   const Isa best = runtime::max_supported_isa();
   EXPECT_TRUE(have.contains(isa_features(best)));
   for (Isa above : {Isa::amx, Isa::avx512})
-    if (above > best) EXPECT_FALSE(have.contains(isa_features(above))) << isa_name(above);
+    if (above > best) {
+      EXPECT_FALSE(have.contains(isa_features(above))) << isa_name(above);
+    }
   // Usable = detected ∧ the cap: exactly what the active path needs, at least.
   const runtime::FeatureSet usable = runtime::usable_features();
   EXPECT_TRUE(have.contains(usable));
   EXPECT_TRUE(usable.contains(isa_features(runtime::active_isa())));
-  if (runtime::active_isa() < Isa::amx) EXPECT_FALSE(usable.has(runtime::Feature::amx_tile));
-  if (runtime::active_isa() < Isa::avx512) EXPECT_FALSE(usable.has(runtime::Feature::avx512f));
+  if (runtime::active_isa() < Isa::amx) {
+    EXPECT_FALSE(usable.has(runtime::Feature::amx_tile));
+  }
+  if (runtime::active_isa() < Isa::avx512) {
+    EXPECT_FALSE(usable.has(runtime::Feature::avx512f));
+  }
   EXPECT_EQ(runtime::FeatureSet{}.str(), "none");
   EXPECT_EQ((runtime::FeatureSet{runtime::Feature::fma, runtime::Feature::avx2}).str(), "avx2 fma");
 }
