@@ -345,14 +345,44 @@ void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
   fn(a, nz);
 }
 
-// The step for nz groups: the LLVM kernel (compiled once per nz and host),
-// else the C++ loop above (no LLVM in this build).
-void softmax_step(const lb::SoftmaxStepArgs& a, int nz) {
-  if (const auto fn =
-          glue_kernel<lb::SoftmaxStepFn>(jit::Family::softmax_step, lb::SoftmaxStepDesc{nz}))
+// The step kernel for nz groups (compiled once per nz and host), or null:
+// the C++ loop above (no LLVM in this build).
+lb::SoftmaxStepFn softmax_step_kernel(int nz) {
+  return glue_kernel<lb::SoftmaxStepFn>(jit::Family::softmax_step, lb::SoftmaxStepDesc{nz});
+}
+
+void softmax_step(const lb::SoftmaxStepArgs& a, int nz, lb::SoftmaxStepFn fn) {
+  if (fn)
     fn(&a);
   else
     softmax_step_cxx(a, nz);
+}
+
+lb::SoftmaxTransposeVFn transpose_v_kernel() {
+  return glue_kernel<lb::SoftmaxTransposeVFn>(jit::Family::softmax_glue,
+                                              lb::SoftmaxGlueDesc{lb::SoftmaxGlue::transpose_v});
+}
+
+// transpose_v with its kernel (or null) already looked up.
+void transpose_v_with(lb::SoftmaxTransposeVFn fn, const RowSource& v, int64_t j0, int64_t n,
+                      int64_t dv, uint16_t* out, int64_t ld) {
+  static const uint16_t kZeroRow[kMaxHeadDim] = {};
+  // In runs of up to 128 keys (16-key tiles, padding rows point at zeros).
+  constexpr int64_t kRun = 128;
+  for (int64_t jb = 0; jb < n; jb += kRun) {
+    const int64_t nj = std::min(kRun, n - jb), padded = round_up(nj, 16);
+    const uint16_t* rows[kRun];
+    for (int64_t j = 0; j < padded; ++j) rows[j] = j < nj ? v.row(j0 + jb + j) : kZeroRow;
+    if (fn && dv % kLanes == 0) {
+      const lb::SoftmaxTransposeVArgs args{rows, out + jb, ld, nj, dv};
+      fn(&args);
+      continue;
+    }
+    for (int64_t c = 0; c < dv; ++c) {
+      uint16_t* o = out + c * ld + jb;
+      for (int64_t j = 0; j < padded; ++j) o[j] = rows[j][c];
+    }
+  }
 }
 
 // Asks for the K rows and Vᵀ columns of keys [j0, j0 + n) in L2 while the
@@ -376,25 +406,7 @@ void prefetch_block(const Params& p, const RowSource& k, const TransposedV* vt, 
 }  // namespace
 
 void transpose_v(const RowSource& v, int64_t j0, int64_t n, int64_t dv, uint16_t* out, int64_t ld) {
-  static const uint16_t kZeroRow[kMaxHeadDim] = {};
-  const auto fn = glue_kernel<lb::SoftmaxTransposeVFn>(
-      jit::Family::softmax_glue, lb::SoftmaxGlueDesc{lb::SoftmaxGlue::transpose_v});
-  // In runs of up to 128 keys (16-key tiles, padding rows point at zeros).
-  constexpr int64_t kRun = 128;
-  for (int64_t jb = 0; jb < n; jb += kRun) {
-    const int64_t nj = std::min(kRun, n - jb), padded = round_up(nj, 16);
-    const uint16_t* rows[kRun];
-    for (int64_t j = 0; j < padded; ++j) rows[j] = j < nj ? v.row(j0 + jb + j) : kZeroRow;
-    if (fn && dv % kLanes == 0) {
-      const lb::SoftmaxTransposeVArgs args{rows, out + jb, ld, nj, dv};
-      fn(&args);
-      continue;
-    }
-    for (int64_t c = 0; c < dv; ++c) {
-      uint16_t* o = out + c * ld + jb;
-      for (int64_t j = 0; j < padded; ++j) o[j] = rows[j][c];
-    }
-  }
+  transpose_v_with(transpose_v_kernel(), v, j0, n, dv, out, ld);
 }
 
 Params make_params(const AttentionOptions& opt, int64_t d, int64_t dv) {
@@ -479,6 +491,9 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
   }
 
   Kernels ker(isa, p.d);
+  // The glue kernels of this call, looked up once (not per key block).
+  const lb::SoftmaxStepFn step_fn = softmax_step_kernel(nz);
+  const lb::SoftmaxTransposeVFn transpose_fn = transpose_v_kernel();
   const int mr = ker.mr_limit(nz);
   const int64_t d_full = p.d / 32 * 32, d_tail = p.d % 32;
   const bool amx_tail = isa == Isa::amx && d_tail != 0;
@@ -541,7 +556,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
     } else {
       step.masked = n != kb || j0 < lo_max || j0 + n - 1 > hi_min;
     }
-    softmax_step(step, nz);
+    softmax_step(step, nz, step_fn);
 
     // Oᵀ[Dv × m] += Vᵀ[Dv × kb] · Pᵀ[kb × m]; Vᵀ columns past n are zeros
     // (the weights there are 0, and 0 · NaN would not be).
@@ -552,7 +567,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
       lda = vt->ld;
     } else {
       uint16_t* blk = tls.vt.get(static_cast<size_t>(p.dv * kKeyBlock));
-      transpose_v(v, j0, n, p.dv, blk, kKeyBlock);
+      transpose_v_with(transpose_fn, v, j0, n, p.dv, blk, kKeyBlock);
       if (n < kb)
         for (int64_t c = 0; c < p.dv; ++c)
           std::memset(blk + c * kKeyBlock + n, 0, static_cast<size_t>(kb - n) * 2);
