@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <array>
-
 #include "codegen/xbyak/emitters.h"
 #include "jit/front_cache.h"
 #include "jit/kernel_cache.h"
@@ -25,7 +23,6 @@ using runtime::isa_features;
 
 namespace {
 
-// The table. One row per (family, path) this build can make, best path first.
 // What each brgemm row takes (checked in brgemm_slow and by the emitter).
 constexpr const char* kAmxLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
@@ -34,6 +31,7 @@ constexpr const char* kAvx512Limits =
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
 [[maybe_unused]] constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
+// The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
      kAmxLimits},
