@@ -36,7 +36,7 @@ namespace lb = codegen::llvm_backend;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr int kMaxMr = 32;
-constexpr int kLanes = 16;                               // query rows per vector
+constexpr int kLanes = 16;  // query rows per vector
 // The weights of a row are exp(s − ref); ref follows the row's max only when
 // that max exceeds it by more than 2⁸ in weight (harmless in fp32 and bf16),
 // so most key blocks skip rescaling O (FlashAttention-4's conditional rescale).
