@@ -1,0 +1,128 @@
+// runtime/quant_formats.h: the element decoding of the quantized checkpoint
+// formats, against values written from the format descriptions independently
+// (fp8 e4m3 over all 256 codes, known AWQ / GPTQ words, random matrices
+// packed here by hand and read back).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "runtime/quant_formats.h"
+
+namespace tilejit::runtime {
+namespace {
+
+// e4m3 from its fields, in double: (-1)^s · 2^(e−7) · (1 + m/8), e > 0;
+// (-1)^s · 2^−6 · m/8, e = 0; S.1111.111 NaN.
+double e4m3_spec(int code) {
+  const int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+  if (e == 15 && m == 7) return NAN;
+  const double mag = e == 0 ? std::pow(2.0, -6) * (m / 8.0) : std::pow(2.0, e - 7) * (1 + m / 8.0);
+  return s ? -mag : mag;
+}
+
+TEST(Fp8E4m3, EveryCodeDecodesAsTheFormatSays) {
+  for (int c = 0; c < 256; ++c) {
+    const double want = e4m3_spec(c);
+    const float got = e4m3_to_f32(static_cast<uint8_t>(c));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << c;
+    } else {
+      EXPECT_EQ(double(got), want) << "code 0x" << std::hex << c;
+    }
+  }
+  EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);
+  EXPECT_EQ(e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(e4m3_to_f32(0xB8), -1.0f);
+  EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+}
+
+TEST(Fp8E4m3, EncodeRoundsToNearestEvenAndSaturates) {
+  // Every finite code is its own encoding (−0 included).
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;
+    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(static_cast<uint8_t>(c))), c) << "code 0x" << std::hex << c;
+  }
+  // Between two neighbours: the nearer; at the midpoint: the even code.
+  for (int c = 0; c < 0x7E; ++c) {
+    const float a = e4m3_to_f32(static_cast<uint8_t>(c)), b = e4m3_to_f32(uint8_t(c + 1));
+    const float mid = (a + b) / 2;  // exact: both are short binary fractions
+    EXPECT_EQ(f32_to_e4m3(mid), c % 2 == 0 ? c : c + 1) << "tie above code " << c;
+    EXPECT_EQ(f32_to_e4m3(std::nextafter(mid, a)), c) << c;
+    EXPECT_EQ(f32_to_e4m3(std::nextafter(mid, b)), c + 1) << c;
+    EXPECT_EQ(f32_to_e4m3(-std::nextafter(mid, b)), 0x80 | (c + 1)) << c;
+  }
+  EXPECT_EQ(f32_to_e4m3(1e6f), 0x7E);  // saturated, not NaN
+  EXPECT_EQ(f32_to_e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(f32_to_e4m3(464.0f), 0x7E);
+  EXPECT_EQ(f32_to_e4m3(NAN) & 0x7F, 0x7F);
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);  // the tie with 2^-9: to even 0
+}
+
+TEST(Mxfp4, E2m1AndE8m0) {
+  const float mags[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int n = 0; n < 16; ++n)
+    EXPECT_EQ(e2m1_to_f32(static_cast<uint8_t>(n)), n & 8 ? -mags[n & 7] : mags[n & 7]) << n;
+  EXPECT_EQ(e8m0_to_f32(127), 1.0f);
+  EXPECT_EQ(e8m0_to_f32(130), 8.0f);
+  EXPECT_EQ(e8m0_to_f32(0), std::ldexp(1.0f, -127));
+  EXPECT_TRUE(std::isnan(e8m0_to_f32(0xFF)));
+}
+
+TEST(Awq, KnownWordAndTheInterleavedOrder) {
+  // Word nibbles 0..7 = 0..7 (low first): AWQ puts columns 0,2,4,6,1,3,5,7 there.
+  const int32_t word = 0x76543210;
+  const int want[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column j's value = the nibble holding it
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(awq_at(&word, 1, 0, j), want[j]) << "column " << j;
+}
+
+TEST(Awq, RandomMatrixPackedByHandReadsBack) {
+  const int64_t K = 13, N = 24;
+  std::mt19937 rng(7);
+  std::vector<int> q(size_t(K * N));
+  for (int& v : q) v = int(rng() % 16);
+  std::vector<int32_t> packed(size_t(K * N / 8), 0);
+  const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t c = 0; c < N / 8; ++c) {
+      uint32_t w = 0;
+      for (int i = 0; i < 8; ++i) w |= uint32_t(q[size_t(k * N + c * 8 + order[i])]) << (4 * i);
+      packed[size_t(k * (N / 8) + c)] = static_cast<int32_t>(w);
+    }
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      ASSERT_EQ(awq_at(packed.data(), N / 8, k, n), q[size_t(k * N + n)]) << k << "," << n;
+}
+
+TEST(Gptq, PackedAlongKAndZerosAlongN) {
+  const int64_t K = 32, N = 5, G = 8;
+  std::mt19937 rng(11);
+  std::vector<int> q(size_t(K * N));
+  for (int& v : q) v = int(rng() % 16);
+  std::vector<int32_t> qweight(size_t(K / 8 * N), 0);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      qweight[size_t(k / 8 * N + n)] =
+          static_cast<int32_t>(uint32_t(qweight[size_t(k / 8 * N + n)]) |
+                               uint32_t(q[size_t(k * N + n)]) << (4 * (k % 8)));
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      ASSERT_EQ(gptq_q_at(qweight.data(), N, k, n), q[size_t(k * N + n)]);
+  // The symmetric v1 checkpoint: 0x77777777 means z = 8; v2 stores z itself.
+  const int32_t zeros[1] = {0x77777777};
+  for (int n = 0; n < 8; ++n) {
+    EXPECT_EQ(gptq_zero_at(zeros, 1, 0, n, true), 8);
+    EXPECT_EQ(gptq_zero_at(zeros, 1, 0, n, false), 7);
+  }
+  // Act-order: the group comes from g_idx, not k / G.
+  const int32_t g_idx[4] = {3, 0, 2, 0};
+  EXPECT_EQ(quant_group_of(0, G, g_idx), 3);
+  EXPECT_EQ(quant_group_of(2, G, g_idx), 2);
+  EXPECT_EQ(quant_group_of(17, G, nullptr), 2);
+  EXPECT_EQ(dequant_int4(3, 8, 0.5), -2.5);
+}
+
+}  // namespace
+}  // namespace tilejit::runtime
