@@ -23,23 +23,22 @@ using runtime::isa_features;
 
 namespace {
 
-// What each brgemm row takes (checked in brgemm_slow and by the emitter).
-constexpr const char* kAmxLimits =
+// What each brgemm row takes (checked in brgemm_slow and by the emitter):
+// AMX and LLVM cap mr at 32, AVX-512 at its zmm budget.
+constexpr const char* kMr32Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
 constexpr const char* kAvx512Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= avx512_brgemm_max_mr(nr) (the zmm budget), "
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
-[[maybe_unused]] constexpr const char* kLlvmLimits =
-    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
-     kAmxLimits},
+     kMr32Limits},
     {Family::brgemm, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
      "xbyak::emit_avx512_brgemm", kAvx512Limits},
 #ifdef TILEJIT_HAVE_LLVM
     {Family::brgemm, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
-     "llvm_backend::compile_llvm_brgemm", kLlvmLimits},
+     "llvm_backend::compile_llvm_brgemm", kMr32Limits},
     // The attention glue, decode and RoPE kernels are LLVM code on every JIT
     // path: one row each, serving the llvm, avx512 and amx paths alike.
     {Family::softmax_step, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
