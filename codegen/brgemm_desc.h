@@ -42,13 +42,23 @@ struct BrgemmArgs {
   // (xbyak::amx_b_prefetch_bytes(desc) of them from here on), e.g. the part
   // of the B chunk the thread's next task will need; null: none.
   const void* b_prefetch;
+  // Integer kernels (a=u8, b=i8, acc=i32) only. The epilogue computes, per
+  // row r and column c of the call (f32 arithmetic in this order):
+  //   v = float(acc[r][c] − a_zero[r]·b_comp[c]) · a_scale[r] · b_scale[c]  (+ bias[c], act)
+  // where acc is the exact int32 Σ_k a[r][k]·b[k][c] (plus acc_in, int32).
+  const float* a_scale;   // [mr] per row of this call
+  const int32_t* a_zero;  // [mr] per row zero points (u8 activations)
+  const float* b_scale;   // [64] per column of this block (padded with 0)
+  const int32_t* b_comp;  // [64] Σ_k b[k][c] over the real K (padded with 0)
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
               offsetof(BrgemmArgs, c) == 32 && offsetof(BrgemmArgs, ldc) == 40 &&
               offsetof(BrgemmArgs, bias) == 48 && offsetof(BrgemmArgs, a_tail) == 56 &&
               offsetof(BrgemmArgs, acc_in) == 64 && offsetof(BrgemmArgs, ld_acc_in) == 72 &&
-              offsetof(BrgemmArgs, b_prefetch) == 80);
+              offsetof(BrgemmArgs, b_prefetch) == 80 && offsetof(BrgemmArgs, a_scale) == 88 &&
+              offsetof(BrgemmArgs, a_zero) == 96 && offsetof(BrgemmArgs, b_scale) == 104 &&
+              offsetof(BrgemmArgs, b_comp) == 112);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 
@@ -79,8 +89,10 @@ struct BrgemmDesc {
   static constexpr const char* kFamily = "brgemm";
 
   Isa isa = Isa::avx512;
-  // Operand and accumulator types. bf16 × bf16 → f32 is the one combination
-  // an emitter implements today; the registry's rows say which each takes.
+  // Operand and accumulator types: bf16 × bf16 → f32, or u8 × i8 → i32 (W8A8:
+  // B in the Int8Layout, kb a multiple of 4, the scaled epilogue of
+  // BrgemmArgs; a partial K chunk stores its raw int32 sums with out = i32
+  // and acc_in is int32). The registry's rows say which each takes.
   DType a_type = DType::bf16;   // A (activations)
   DType b_type = DType::bf16;   // B (the packed weight's element type)
   DType acc_type = DType::f32;  // accumulators (and acc_in)

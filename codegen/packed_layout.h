@@ -45,6 +45,31 @@ struct PackedLayout {
   }
 };
 
+// The packed int8 weight layout of the W8A8 kernels (vpdpbusd, tdpbusd):
+//
+//   packed[nb][kq][c][4] = w[nb*64 + c][4*kq + j]            ("vnni4, n64, k64-padded")
+//
+// The same geometry as PackedLayout with 4 int8 in a VNNI group instead of 2
+// bf16: a k-quad row of a block is 256 bytes (64 columns × 4), N padded to 64
+// and K to 64 (one AMX int8 K step) with zeros.
+struct Int8Layout {
+  static constexpr int64_t kBlockN = 64;
+  static constexpr int64_t kPadK = 64;  // amx_k_step_of(u8)
+  static constexpr int64_t kRowBytes = kBlockN * 4;
+
+  int64_t n = 0, k = 0;
+
+  int64_t n_blocks() const { return (n + kBlockN - 1) / kBlockN; }
+  int64_t k_padded() const { return (k + kPadK - 1) / kPadK * kPadK; }
+  int64_t k_quads() const { return k_padded() / 4; }
+  int64_t block_bytes() const { return k_quads() * kRowBytes; }
+  int64_t total_bytes() const { return n_blocks() * block_bytes(); }
+  // Byte offset of w[row, col].
+  int64_t index(int64_t row, int64_t col) const {
+    return row / kBlockN * block_bytes() + (col / 4) * kRowBytes + (row % kBlockN) * 4 + col % 4;
+  }
+};
+
 // The AMX tile layout of an activation (A) operand, packed per call by the
 // GEMM drivers so that the AMX kernel's tile loads are contiguous 1 KiB reads:
 //

@@ -1,0 +1,134 @@
+// The kernels of the weight-quantized GEMMs (docs/quantized.md) besides the
+// brgemm micro-kernels themselves: their descriptors and call arguments.
+//
+//   dequant:   a chunk of a quantized packed weight block (fp8 e4m3 or int4
+//              codes in the packed k-pair order, codegen/quant_layout.h) ->
+//              the bf16 packed block the bf16 brgemm kernels read (W8A16, W4A16);
+//   act_quant: bf16 activation rows -> u8 rows with a per-row scale and zero
+//              point (W8A8's activations, quantized per call).
+//
+// Every emitter (Xbyak AVX-512 for the avx512 and amx paths, LLVM for the
+// llvm path) implements exactly the arithmetic written here, so the scalar
+// reference (runtime/reference_quant.h) can reproduce it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "codegen/kernel_desc.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::codegen {
+
+// ---- dequant ------------------------------------------------------------------
+//
+// For each k-pair row r < rows, column c < 64 and parity p (0: even k, 1: odd k):
+//   g    = groups[r]                                   (the row's scale group)
+//   q    = fp8:  the e4m3 byte codes[r·128 + 2c + p]   (never a NaN code: packing refuses them)
+//          int4: nibble p of the byte codes[r·64 + c]  (low nibble: even k)
+//   v    = fp8:  e4m3 value of q (exact in f32)
+//          int4: (float)(q − zeros[g·64 + c])          (exact; zeros null: 8)
+//   w    = v · scales[g·64 + c]                        (one f32 multiply, RNE)
+//   out[r·128 + 2c + p] = bf16(w)                      (round to nearest even)
+// i.e. out is `rows` k-pair rows of the bf16 packed layout (PackedLayout:
+// 64 columns × 2 bf16 = 256 bytes a row).
+struct DequantArgs {
+  const uint8_t* codes;   // the chunk's first k-pair row of codes
+  const int32_t* groups;  // [rows] scale group of each k-pair row
+  const float* scales;    // [G][64] f32: this column block's scale rows
+  const uint8_t* zeros;   // [G][64] u8: this column block's zero points (int4 with zeros), or null
+  uint16_t* out;          // [rows][64][2] bf16
+  int64_t rows;           // k-pair rows (>= 0)
+};
+static_assert(offsetof(DequantArgs, codes) == 0 && offsetof(DequantArgs, groups) == 8 &&
+              offsetof(DequantArgs, scales) == 16 && offsetof(DequantArgs, zeros) == 24 &&
+              offsetof(DequantArgs, out) == 32 && offsetof(DequantArgs, rows) == 40);
+using DequantFn = void (*)(const DequantArgs*);
+
+struct DequantDesc {
+  static constexpr const char* kFamily = "dequant";
+  Isa isa = Isa::avx512;         // avx512 (serves amx too) or llvm
+  DType code = DType::f8e4m3;    // f8e4m3 or u4
+  bool zeros = false;            // u4 only: zero points given (else 8)
+
+  static constexpr auto field_list() {
+    using D = DequantDesc;
+    using enum NameRule;
+    return std::make_tuple(field("isa", &D::isa, "_"), field("code", &D::code, "_"),
+                           field("zeros", &D::zeros, "_zp", flag));
+  }
+  bool operator==(const DequantDesc& o) const { return same_fields(*this, o); }
+  std::string key() const { return desc_key(*this); }
+  // e.g. "dequant_avx512_u4_zp".
+  std::string name() const { return desc_name(*this); }
+};
+static_assert(fields_cover<DequantDesc>(), "a DequantDesc member is missing from field_list()");
+
+// ---- act_quant ----------------------------------------------------------------
+//
+// Per row i < rows of x (bf16, k >= 1 elements, row stride ldx elements), all
+// arithmetic in f32 with IEEE round-to-nearest-even, in this order:
+//   sym (dynamic symmetric s8, stored as u8 = s8 + 128):
+//     a = max_k |x|; if a == 0: inv = 1, s = 1; else inv = 127 / a, s = a / 127
+//     q = clamp(rne(x · inv), −127, 127) + 128;  zero = 128
+//   asym (dynamic asymmetric u8):
+//     lo = min(0, min_k x), hi = max(0, max_k x), r = hi − lo
+//     if r == 0: inv = 1, s = 1; else inv = 255 / r, s = r / 255
+//     zero = clamp(rne(−lo · inv), 0, 255);  q = clamp(rne(x · inv) + zero, 0, 255)
+//   fixed (a given per-tensor scale s > 0 and zero point z in [0, 255]):
+//     inv = 1 / s (computed once by the caller: args.inv_scale);
+//     q = clamp(rne(x · inv) + z, 0, 255);  zero = z
+// rne(v) is taken of clamp(v, −512, 512) (so a huge x·inv cannot overflow the
+// conversion; the clamps to the code range follow). In every mode a row
+// holding a NaN or ±Inf (any |x| bits >= 0x7F80) gets s = NaN (so its GEMM
+// outputs are NaN, as with bf16 weights) and q = zero everywhere.
+// out row i: k bytes of q, then zeros up to k_padded (a multiple of 4: the
+// VNNI group; the int8 kernels read whole groups), row stride ld_out bytes.
+// scale[i] = s, zero[i] = the zero point (as int32).
+struct ActQuantArgs {
+  const uint16_t* x;
+  int64_t ldx;      // elements between x rows
+  int64_t rows;
+  int64_t k;        // elements per row (>= 1)
+  int64_t k_padded; // >= k, multiple of 4
+  uint8_t* out;
+  int64_t ld_out;   // bytes between out rows (>= k_padded)
+  float* scale;     // [rows]
+  int32_t* zero;    // [rows]
+  float inv_scale;  // fixed mode: 1 / s
+  float fixed_scale;  // fixed mode: s
+  int32_t fixed_zero; // fixed mode: z
+};
+static_assert(offsetof(ActQuantArgs, x) == 0 && offsetof(ActQuantArgs, ldx) == 8 &&
+              offsetof(ActQuantArgs, rows) == 16 && offsetof(ActQuantArgs, k) == 24 &&
+              offsetof(ActQuantArgs, k_padded) == 32 && offsetof(ActQuantArgs, out) == 40 &&
+              offsetof(ActQuantArgs, ld_out) == 48 && offsetof(ActQuantArgs, scale) == 56 &&
+              offsetof(ActQuantArgs, zero) == 64 && offsetof(ActQuantArgs, inv_scale) == 72 &&
+              offsetof(ActQuantArgs, fixed_scale) == 76 && offsetof(ActQuantArgs, fixed_zero) == 80);
+using ActQuantFn = void (*)(const ActQuantArgs*);
+
+enum class ActQuantMode { sym, asym, fixed };
+const char* act_quant_mode_name(ActQuantMode m);
+inline std::string field_text(ActQuantMode m) {
+  return act_quant_mode_name(m);
+}
+
+struct ActQuantDesc {
+  static constexpr const char* kFamily = "act_quant";
+  Isa isa = Isa::avx512;  // avx512 (serves amx too) or llvm
+  ActQuantMode mode = ActQuantMode::sym;
+
+  static constexpr auto field_list() {
+    using D = ActQuantDesc;
+    return std::make_tuple(field("isa", &D::isa, "_"), field("mode", &D::mode, "_"));
+  }
+  bool operator==(const ActQuantDesc& o) const { return same_fields(*this, o); }
+  std::string key() const { return desc_key(*this); }
+  // e.g. "act_quant_avx512_sym".
+  std::string name() const { return desc_name(*this); }
+};
+static_assert(fields_cover<ActQuantDesc>(), "an ActQuantDesc member is missing from field_list()");
+
+}  // namespace tilejit::codegen
