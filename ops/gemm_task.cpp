@@ -43,7 +43,7 @@ void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
                                               : Chunk::middle;
     const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
     const int64_t b_offset = kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
-    const void* b_ptr = job.b_block + b_offset;
+    const void* b_ptr = job.b_is_chunk ? job.b_block : job.b_block + b_offset;
     // The B rows this chunk reads: its K padded to whole K steps, in k-pair rows.
     const int64_t step = codegen::amx_k_step_of(DType::bf16);
     const int64_t b_bytes =
@@ -113,7 +113,7 @@ uint8_t* packed_a_scratch(int slot, int64_t bytes) {
     std::unique_ptr<std::byte[], runtime::FreeDeleter> mem;
     int64_t bytes = 0;
   };
-  thread_local Scratch s[4];
+  thread_local Scratch s[8];
   Scratch& b = s[slot];
   if (b.bytes < bytes) {
     b.mem = runtime::aligned_alloc_bytes(static_cast<size_t>(bytes));

@@ -34,6 +34,9 @@ struct RowBlockJob {
   int64_t only_chunk = -1;
   float* partial = nullptr;
   int64_t ld_partial = 0;
+  // b_block already points at the rows of the chunk being run (a dequantized
+  // copy of just that chunk) instead of the start of the whole K panel.
+  bool b_is_chunk = false;
 };
 
 void run_row_block(const GemmExecutable& exe, const RowBlockJob& job);
@@ -46,8 +49,17 @@ void pack_a(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst
 void pack_a_rows(const uint8_t* a, int64_t lda, int64_t rows, int64_t k, uint8_t* dst);
 
 // A grown-on-demand, 64-byte aligned scratch for a packed A, one per thread
-// and per purpose (`slot` 0..3: gemm's A, gemm's partial sums, fused_experts'
-// A and act), so concurrent callers on their own threads never share one.
+// and per purpose, so concurrent callers on their own threads never share one.
+enum ScratchSlot : int {
+  kGemmA = 0,         // gemm's packed A
+  kGemmPartial = 1,   // gemm's K-pass partial sums
+  kMoeA = 2,          // fused_experts' packed A
+  kMoeAct = 3,        // fused_experts' intermediate
+  kQuantB = 4,        // quantized gemm: a dequantized B chunk
+  kQuantX = 5,        // quantized gemm: x gathered (act-order) or quantized (int8)
+  kQuantPartial = 6,  // quantized gemm: a task's partial sums
+  kQuantAPacked = 7,  // quantized gemm: the AMX tile copy of x
+};
 uint8_t* packed_a_scratch(int slot, int64_t bytes);
 
 }  // namespace tilejit::ops

@@ -35,12 +35,23 @@ int64_t PackedWeight::k() const {
 DType PackedWeight::dtype() const {
   return need(impl_.get(), "PackedWeight::dtype").dtype;
 }
+WeightFormat PackedWeight::format() const {
+  return need(impl_.get(), "PackedWeight::format").format;
+}
 std::string PackedWeight::layout() const {
   return need(impl_.get(), "PackedWeight::layout").layout_name;
 }
 size_t PackedWeight::packed_bytes() const {
-  return static_cast<size_t>(need(impl_.get(), "PackedWeight::packed_bytes").layout.total_elems()) *
-         2;
+  const Impl& p = need(impl_.get(), "PackedWeight::packed_bytes");
+  if (p.quant == nullptr) return static_cast<size_t>(p.layout.total_elems()) * 2;
+  // Codes, plus the tables the kernels read per call.
+  const ops::QuantTables& q = *p.quant;
+  const int64_t cols = p.run_layout().n_blocks() * codegen::PackedLayout::kBlockN;
+  size_t bytes = p.data_bytes + q.groups.size() * 4 + q.perm.size() * 4;
+  if (q.scales) bytes += static_cast<size_t>(cols * q.n_groups) * 4;
+  if (q.zeros) bytes += static_cast<size_t>(cols * q.n_groups);
+  if (q.col_scale) bytes += static_cast<size_t>(cols) * 8;
+  return bytes;
 }
 
 PackedWeight pack_weight(const TensorView& w) {
@@ -72,6 +83,12 @@ PackedWeight pack_weight(const PackedWeight& w) {
 
 void PackedWeight::unpack(const TensorView& out) const {
   const Impl& p = need(impl_.get(), "PackedWeight::unpack");
+  if (p.quant != nullptr)
+    throw Error(
+        fmt::format("PackedWeight::unpack: the weight was packed as {}; allowed: a bf16 "
+                    "weight (a quantized one unpacks into its own format's tensors, or "
+                    "dequantize() gives its logical values)",
+                    weight_format_name(p.format)));
   ops::check_view("PackedWeight::unpack", "out", out, 2);
   ops::check_dtype("PackedWeight::unpack", "out", out, {DType::bf16});
   ops::check_row_major_rows("PackedWeight::unpack", "out", out);

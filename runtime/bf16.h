@@ -22,4 +22,29 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t((u + rounding) >> 16);
 }
 
+// IEEE half -> f32, exact (subnormals, Inf and NaN included).
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t u;
+  if (exp == 0x1F) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: man·2^-24, normalised
+    int e = -1;
+    uint32_t m = man;
+    do {
+      m <<= 1;
+      ++e;
+    } while ((m & 0x400u) == 0);
+    u = sign | uint32_t(112 - e) << 23 | ((m & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 }  // namespace tilejit::runtime

@@ -86,6 +86,74 @@ const char* activation_name(Activation a);
 enum class Isa { scalar, llvm, avx512, amx };
 const char* isa_name(Isa isa);
 
+// ---- Quantized weights (docs/quantized.md) ---------------------------------
+// A quantized linear layer's checkpoint tensors, as the format stores them.
+// pack_weight() takes one of these and returns a PackedWeight that the same
+// gemm() call runs; format() and layout() say which it is.
+enum class WeightFormat { bf16, int8, fp8_e4m3, int4_awq, int4_gptq };
+const char* weight_format_name(WeightFormat f);
+
+// int8 W8A8: weight i8 [N, K] (K stride 1); scales f32 [N] (per output
+// channel) or [1] (per tensor). w = weight · scale. Activations are quantized
+// per call (GemmOptions::act_quant).
+struct Int8Weight {
+  TensorView weight;
+  TensorView scales;
+};
+
+// fp8 e4m3 W8A16: weight f8e4m3, logically [N, K] with any strides (a
+// checkpoint stored [K, N], as for torch._scaled_mm, is passed as shape
+// {N, K} with strides {1, N}). scales f32: [1] per tensor, [N] per output
+// channel, or block scales [ceil(N / block_n), ceil(K / block_k)] (DeepSeek's
+// weight_scale_inv; partial last blocks allowed; block_n ≥ 1, block_k even).
+// w[n, k] = e4m3(weight[n, k]) · scale. NaN codes (0x7F, 0xFF) are refused.
+struct Fp8Weight {
+  TensorView weight;
+  TensorView scales;
+  int64_t block_n = 0, block_k = 0;  // block scales only (0 otherwise)
+};
+
+// int4 W4A16 checkpoints (AutoAWQ "GEMM", AutoGPTQ / GPTQModel, AutoRound
+// exports), w[n, k] = (q[n, k] − z[g, n]) · scale[g, n], g = the group of k.
+enum class Int4Format {
+  awq,   // qweight i32 [K, N/8] packed along N, nibble order 0 2 4 6 1 3 5 7; qzeros the same
+  gptq,  // qweight i32 [K/8, N] packed along K; qzeros i32 [G, N/8] packed along N (plain order)
+};
+struct Int4Weight {
+  Int4Format format = Int4Format::gptq;
+  TensorView qweight;                // i32 (see Int4Format)
+  TensorView scales;                 // f16, bf16 or f32 [G, N]
+  std::optional<TensorView> qzeros;  // i32 [G, N/8]; absent: symmetric, z = 8
+  // i32 [K]: the group of each input channel (act-order / desc_act checkpoints,
+  // or a tensor-parallel K shard that starts inside a group); absent: k / group_size.
+  std::optional<TensorView> g_idx;
+  int bits = 4;              // only 4 is supported (an Error otherwise)
+  int64_t group_size = 128;  // 32, 64, 128, or −1 (per channel: G = 1)
+  // GPTQ only: qzeros hold z itself ("gptq_v2") instead of z − 1 (the
+  // original v1 format, AutoGPTQ "gptq", the default). AWQ stores z: true
+  // with awq is an Error.
+  bool gptq_v2 = false;
+  // The logical shape; 0: from qweight (awq: K = rows, N = 8·cols; gptq:
+  // K = 8·rows, N = cols). Smaller values cut the packing's padding.
+  int64_t n = 0, k = 0;
+};
+
+// The int4 fields of an AutoRound quantization_config: checkpoint_format is
+// "auto_gptq" / "gptq" (v1 zeros), "gptq_v2", or "auto_awq" / "awq", with or
+// without an "auto_round:" prefix. Checks bits == 4, the group size, that
+// desc_act comes with g_idx and !sym with qzeros; an Error names the field.
+struct AutoRoundConfig {
+  int bits = 4;
+  int64_t group_size = 128;
+  bool sym = true;
+  bool desc_act = false;
+  std::string checkpoint_format = "auto_gptq";
+};
+Int4Weight int4_weight_from_config(const AutoRoundConfig& config, const TensorView& qweight,
+                                   const TensorView& scales,
+                                   std::optional<TensorView> qzeros = std::nullopt,
+                                   std::optional<TensorView> g_idx = std::nullopt);
+
 // A weight [N, K] repacked once for the micro-kernels (see docs/gemm.md for the
 // layout). Owning, movable, cheap to copy (the packed bytes are shared and
 // immutable). The layout tag travels with the data: a gemm checks it.
@@ -101,14 +169,29 @@ class PackedWeight {
 
   int64_t n() const;
   int64_t k() const;
+  // The element type of the packed codes: bf16, i8, f8e4m3 or u4.
   DType dtype() const;
-  // Layout name with its parameters, e.g. "bf16_vnni2_n64k2".
+  WeightFormat format() const;
+  // Layout name with its parameters, e.g. "bf16_vnni2_n64k32", "u4_gptq_g128_actorder".
   std::string layout() const;
-  // Size of the packed buffer in bytes (includes padding of the N and K tails).
+  // Size of the packed buffer in bytes (includes padding of the N and K tails,
+  // and the scales / zero points the kernels read).
   size_t packed_bytes() const;
   bool empty() const { return impl_ == nullptr; }
-  // Restores the original [N, K] weight exactly into `out` (rows may be strided).
+  // bf16 weights: restores the original [N, K] weight exactly into `out`
+  // (rows may be strided). A quantized weight raises an Error: use its own unpack.
   void unpack(const TensorView& out) const;
+  // Quantized weights: writes the tensors given to pack_weight back, bit for
+  // bit, in their logical layout, into caller-allocated views of the same
+  // shapes and dtypes (the fields that were absent stay absent). The format
+  // must match the packed one.
+  void unpack(const Int8Weight& out) const;
+  void unpack(const Fp8Weight& out) const;
+  void unpack(const Int4Weight& out) const;
+  // The logical weight w[N, K] = dequantized codes (in double, rounded once
+  // to out's dtype: f32 or bf16; K stride 1), for any format: what a weight
+  // checker compares, never the physical layout.
+  void dequantize(const TensorView& out) const;
 
   const Impl* impl() const { return impl_.get(); }
   explicit PackedWeight(std::shared_ptr<const Impl> impl);
@@ -121,13 +204,33 @@ class PackedWeight {
 PackedWeight pack_weight(const TensorView& w);
 // Packing a packed weight is a no-op: it returns the same packed data.
 PackedWeight pack_weight(const PackedWeight& w);
+// Quantized weights (docs/quantized.md): every N ≥ 1 and K ≥ 1 the format can
+// express; the inputs are only read (a checkpoint is never modified).
+PackedWeight pack_weight(const Int8Weight& w);
+PackedWeight pack_weight(const Fp8Weight& w);
+PackedWeight pack_weight(const Int4Weight& w);
+
+// How an int8 (W8A8) GEMM quantizes x each call.
+enum class ActQuant {
+  dynamic_sym,   // per token: s = max|x|/127, s8 codes (run as u8 = s8 + 128)
+  dynamic_asym,  // per token: u8 over [min(0, min x), max(0, max x)], a zero point
+  fixed,         // one given scale and zero point for the tensor (act_scale, act_zero_point)
+};
 
 struct GemmOptions {
   std::optional<TensorView> bias;  // [N], f32 or bf16
   Activation act = Activation::none;
+  // int8 weights only (ignored otherwise).
+  ActQuant act_quant = ActQuant::dynamic_sym;
+  float act_scale = 0;       // ActQuant::fixed: > 0 and finite
+  int act_zero_point = 128;  // ActQuant::fixed: u8 zero point in [0, 255] (128: symmetric)
 };
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
+// Quantized w (docs/quantized.md): fp8 and int4 weights are dequantized to
+// bf16 inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
+// dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
+// exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32.
 // NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE
 // propagation, the same on every path: a NaN in x row m, w row n or bias[n]
 // makes y row m / column n NaN, and nothing else (except relu(NaN) = 0).

@@ -1,0 +1,2 @@
+// The weight-quantized GEMM drivers (in progress).
+#include "ops/quant_weight.h"

@@ -1,0 +1,24 @@
+// What the quantized GEMM driver and the tool need from a quantized
+// PackedWeight besides its Impl (ops/packed_weight_impl.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ops/packed_weight_impl.h"
+
+namespace tilejit::ops {
+
+// int8 W8A8: the int32 sums Σ (a − zp)·w of u8 x s8 codes stay exact while
+// 255·128·K < 2^31, i.e. K <= 65793; the limit is the power of two below.
+inline constexpr int64_t kInt8MaxK = 65536;
+
+// The logical weight w[n, k] of any format, in double, from the checkpoint's
+// own scale / zero tensors (kept verbatim) and the packed codes: the oracle
+// of dequantize() and of the scalar path.
+double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k);
+
+// The layout tag of a packed weight, from its format and parameters.
+std::string quant_layout_name(const PackedWeight::Impl& p);
+
+}  // namespace tilejit::ops
