@@ -23,13 +23,23 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
       static_cast<int>(spec.glu != Glu::none ? PackedLayout::kBlockN / 2 : PackedLayout::kBlockN);
   p.n_tail = static_cast<int>(spec.n % p.nb);
   // A B panel is kc/2 rows of 256 bytes: 2048-deep chunks are 256 KiB, a
-  // quarter of a 1 MiB L2, leaving room for A blocks and the partial sums.
-  constexpr int64_t kMaxChunk = 2048;
+  // quarter of a 1 MiB L2, leaving room for A blocks and the partial sums
+  // (int8: kc/4 rows, so 4096-deep chunks are the same 256 KiB).
+  if (spec.b_type != DType::bf16 && spec.b_type != DType::i8)
+    throw Error(fmt::format("plan_gemm: b_type={}; allowed: bf16, i8", dtype_name(spec.b_type)));
+  const int64_t step = amx_k_step_of(spec.int8() ? DType::u8 : DType::bf16);
+  if (spec.max_kc < step || spec.max_kc % step != 0)
+    throw Error(fmt::format("plan_gemm: max_kc={}; allowed: a multiple of {}", spec.max_kc, step));
+  if (spec.int8() && (spec.k % 4 != 0 || spec.glu != Glu::none))
+    throw Error(
+        fmt::format("plan_gemm: an int8 GEMM with k={} glu={}; allowed: k a multiple of "
+                    "4, no GLU",
+                    spec.k, glu_name(spec.glu)));
+  const int64_t kMaxChunk = spec.max_kc * (spec.int8() ? 2 : 1);
   // Ceiling divisions written so that no sum can overflow, whatever K (up to INT64_MAX).
   p.k_chunks = spec.k / kMaxChunk + (spec.k % kMaxChunk != 0);
   const int64_t per_chunk = spec.k / p.k_chunks + (spec.k % p.k_chunks != 0);  // <= 2048
   // Chunks are whole AMX K steps, so only the last one has a K tail.
-  const int64_t step = amx_k_step_of(DType::bf16);
   p.kc = p.k_chunks == 1 ? spec.k : (per_chunk + step - 1) / step * step;
   switch (isa) {
     case Isa::amx:
@@ -71,7 +81,7 @@ GemmPlan::Schedule GemmPlan::schedule(int64_t m) const {
   // K chunked or not is decided for the whole M (as variants_for says).
   s.k_passes = k_chunks_for(m);
   s.ld_partial = s.k_passes > 1 ? s.n_blocks * nb * 4 : 0;
-  const int64_t row_bytes = (a_packed ? PackedA{spec.k}.k_steps() * 64 : 0) + s.ld_partial;
+  const int64_t row_bytes = (a_packed ? packed_a().k_steps() * 64 : 0) + s.ld_partial;
   s.slice_rows =
       row_bytes == 0
           ? std::max<int64_t>(m, 1)
@@ -129,11 +139,16 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   d.mr = rows;
   d.nr = cols;
   d.kb = chunk_k(chunk);
-  d.b_row_bytes = PackedLayout::kRowBytes;
+  d.b_row_bytes = PackedLayout::kRowBytes;  // = Int8Layout::kRowBytes
+  if (spec.int8()) {
+    d.a_type = DType::u8;
+    d.b_type = DType::i8;
+    d.acc_type = DType::i32;
+  }
   const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
   d.bias = epilogue ? spec.bias : BiasKind::none;
   d.act = epilogue ? spec.act : Activation::none;
-  d.out = epilogue ? spec.out : DType::f32;
+  d.out = epilogue ? spec.out : spec.int8() ? DType::i32 : DType::f32;
   d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
   d.a_packed = a_packed;
   if (spec.glu != Glu::none) {
@@ -152,7 +167,8 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
 // The plan's name: its ISA and blocking, then the spec's fields, e.g.
 // "gemm_avx512_bf16_f32acc_m7n64k4096_nt40_biasbf16_silu_bf16out".
 std::string GemmPlan::name() const {
-  std::string s = fmt::format("gemm_{}_bf16_f32acc_m{}n{}k{}", isa_name(isa), mr, nb, spec.k);
+  std::string s = fmt::format("gemm_{}_{}_m{}n{}k{}", isa_name(isa),
+                              spec.int8() ? "u8xi8_i32acc" : "bf16_f32acc", mr, nb, spec.k);
   if (n_tail != 0) s += fmt::format("_nt{}", n_tail);
   // The spec's own name less its "gemmn..k.." head (N and K are spelled above).
   const std::string spec_name = desc_name(spec);
@@ -172,11 +188,12 @@ std::string GemmPlan::str() const {
   std::string s = fmt::format("plan {}\n", name());
   s += fmt::format("  isa          {}\n", isa_name(isa));
   s += fmt::format("  problem      M=? (symbolic) N={} K={}\n", spec.n, spec.k);
-  s += fmt::format("  blocking     BM={} BN={} BK={} KC={}{} (fp32 accumulators in {})\n", mr, nb,
-                   isa == Isa::amx ? 32 : 2, kc,
-                   k_chunks > 1 ? fmt::format(" x {} chunks, partial sums in a scratch", k_chunks)
-                                : " (whole K per call)",
-                   isa == Isa::amx ? "tiles" : "zmm registers");
+  s += fmt::format(
+      "  blocking     BM={} BN={} BK={} KC={}{} ({} accumulators in {})\n", mr, nb,
+      isa == Isa::amx ? amx_k_step_of(spec.int8() ? DType::u8 : DType::bf16) : spec.k_group(), kc,
+      k_chunks > 1 ? fmt::format(" x {} chunks, partial sums in a scratch", k_chunks)
+                   : " (whole K per call)",
+      spec.int8() ? "int32" : "fp32", isa == Isa::amx ? "tiles" : "zmm registers");
   s += fmt::format(
       "  tails        M: {}..{} rows by kernel variant; N: {}; K: {}\n", 1, mr - 1,
       n_tail ? fmt::format("{} columns, masked stores", n_tail) : "none",
@@ -185,7 +202,8 @@ std::string GemmPlan::str() const {
   s += fmt::format("  epilogue     bias={} act={} out={}\n", bias_kind_name(spec.bias),
                    activation_name(spec.act), dtype_name(spec.out));
   if (a_packed) s += "  activations  repacked per call into 32-row AMX tile blocks (PackedA)\n";
-  s += fmt::format("  weights      packed {}", "bf16_vnni2_n64k32");
+  s += fmt::format("  weights      packed {}",
+                   spec.int8() ? "i8_vnni4_n64k64" : "bf16_vnni2_n64k32");
   return s;
 }
 

@@ -24,6 +24,14 @@ struct GemmSpec {
   // block yields 32 of them (see BrgemmDesc::glu).
   Glu glu = Glu::none;
   float glu_alpha = 0, glu_limit = 0;
+  // The micro-kernels' weight type: bf16 (also for fp8 / int4 weights, which
+  // are dequantized to bf16 chunks first) or i8 (W8A8: u8 activations, i32
+  // accumulators, k a multiple of 4).
+  DType b_type = DType::bf16;
+  // The deepest K chunk (a multiple of the AMX K step): a B chunk of
+  // max_kc/2 rows of 256 bytes is what stays in L2 (or, for dequantized
+  // weights at small M, in L1).
+  int64_t max_kc = 2048;
 
   static constexpr auto field_list() {
     using D = GemmSpec;
@@ -34,8 +42,14 @@ struct GemmSpec {
                            field("out", &D::out, "_", "out"),
                            field("glu", &D::glu, "_", unless_default),
                            field("alpha", &D::glu_alpha, "_a", unless_default),
-                           field("limit", &D::glu_limit, "_l", unless_default));
+                           field("limit", &D::glu_limit, "_l", unless_default),
+                           field("b", &D::b_type, "_b", unless_default),
+                           field("kcmax", &D::max_kc, "_kc", unless_default));
   }
+  bool int8() const { return b_type == DType::i8; }
+  // Bytes of one A element and K elements per B VNNI group.
+  int64_t a_bytes() const { return int8() ? 1 : 2; }
+  int64_t k_group() const { return k_group_of(b_type); }
   bool operator==(const GemmSpec& o) const { return same_fields(*this, o); }
 };
 static_assert(fields_cover<GemmSpec>(), "a GemmSpec member is missing from field_list()");
@@ -99,6 +113,14 @@ struct GemmPlan {
     std::string str() const;
   };
   Schedule schedule(int64_t m) const;
+
+  // The tile layout the AMX drivers repack A into (PackedA counts K in bf16
+  // units: an int8 GEMM's k bytes are k/2 of them).
+  PackedA packed_a() const { return PackedA{spec.k * spec.a_bytes() / 2}; }
+  // Byte offsets of K element k (a multiple of the chunk size) in a
+  // row-major A row and in a packed B block.
+  int64_t a_offset(int64_t k) const { return k * spec.a_bytes(); }
+  int64_t b_offset(int64_t k) const { return k / spec.k_group() * PackedLayout::kRowBytes; }
 
   // Micro-kernel for a block of `rows` × `cols`.
   BrgemmDesc ukernel(int rows, int cols, Chunk chunk = Chunk::whole) const;

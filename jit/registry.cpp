@@ -24,21 +24,28 @@ using runtime::isa_features;
 namespace {
 
 // What each brgemm row takes (checked in brgemm_slow and by the emitter):
-// AMX and LLVM cap mr at 32, AVX-512 at its zmm budget.
-constexpr const char* kMr32Limits =
-    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
+// AMX and LLVM cap mr at 32, AVX-512 at its zmm budget; the Xbyak rows also
+// take int8 (W8A8: u8 activations × i8 weights, int32 sums).
+constexpr const char* kAmxLimits =
+    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, a_packed, no GLU, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias or act)";
 constexpr const char* kAvx512Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= avx512_brgemm_max_mr(nr) (the zmm budget), "
-    "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
+    "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias or act)";
+constexpr const char* kLlvmLimits =
+    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
-     kMr32Limits},
+     kAmxLimits},
     {Family::brgemm, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
      "xbyak::emit_avx512_brgemm", kAvx512Limits},
 #ifdef TILEJIT_HAVE_LLVM
     {Family::brgemm, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
-     "llvm_backend::compile_llvm_brgemm", kMr32Limits},
+     "llvm_backend::compile_llvm_brgemm", kLlvmLimits},
     // The attention glue, decode and RoPE kernels are LLVM code on every JIT
     // path: one row each, serving the llvm, avx512 and amx paths alike.
     {Family::softmax_step, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
@@ -52,6 +59,18 @@ const KernelRow kRows[] = {
      "llvm_backend::compile_llvm_rope", "d even, rotary_dim even <= d, f32|bf16 q/k and cache"},
     {Family::elementwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_elementwise", "add mul relu silu gelu_tanh gelu_erf cast"},
+#endif
+    // The quantized GEMMs' helpers: the Xbyak AVX-512 kernels serve the
+    // avx512 and amx paths (a descriptor of either names isa=avx512).
+    {Family::dequant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak, "xbyak::emit_dequant",
+     "code f8e4m3 | u4 (zeros: u4 only)"},
+    {Family::act_quant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
+     "xbyak::emit_act_quant", "mode sym | asym | fixed"},
+#ifdef TILEJIT_HAVE_LLVM
+    {Family::dequant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_dequant", "code f8e4m3 | u4 (zeros: u4 only)"},
+    {Family::act_quant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_act_quant", "mode sym | asym | fixed"},
 #endif
 };
 
@@ -101,10 +120,39 @@ const Kernel& front(const D& d, Slow slow) {
 
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
-  if (d.a_type != DType::bf16 || d.b_type != DType::bf16 || d.acc_type != DType::f32)
-    throw Error(fmt::format("brgemm: descriptor {} has a={} b={} acc={}; allowed: {}", d.key(),
-                            dtype_name(d.a_type), dtype_name(d.b_type), dtype_name(d.acc_type),
-                            row.limits));
+  const bool bf16 = d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
+  // Int8 (u8 × i8 → i32): the Xbyak rows (amx, avx512) only, so far.
+  const bool int8 = d.a_type == DType::u8 && d.b_type == DType::i8 && d.acc_type == DType::i32;
+  const bool int8_row = row.backend == Backend::xbyak;
+  if (!bf16 && !(int8 && int8_row))
+    throw Error(fmt::format("brgemm: descriptor {} has a={} b={} acc={}; allowed on the {} row: {}",
+                            d.key(), dtype_name(d.a_type), dtype_name(d.b_type),
+                            dtype_name(d.acc_type), isa_name(row.path), row.limits));
+  if (bf16 && d.out != DType::f32 && d.out != DType::bf16)
+    throw Error(fmt::format("brgemm: descriptor {} has out={}; allowed with a=bf16: f32, bf16",
+                            d.key(), dtype_name(d.out)));
+  if (int8) {
+    if (d.out != DType::i32 && d.out != DType::f32 && d.out != DType::bf16)
+      throw Error(fmt::format("brgemm: descriptor {} has out={}; allowed with a=u8: i32, f32, bf16",
+                              d.key(), dtype_name(d.out)));
+    if (d.kb % codegen::k_group_of(d.b_type) != 0)
+      throw Error(fmt::format(
+          "brgemm: int8 descriptor {} has kb={}; allowed: a multiple of 4 (the VNNI group)",
+          d.key(), d.kb));
+    if (d.out == DType::i32 && (d.bias != codegen::BiasKind::none || d.act != Activation::none))
+      throw Error(
+          fmt::format("brgemm: int8 descriptor {} has out=i32 with bias={} act={}; "
+                      "allowed: bias=none act=none (i32 is the raw partial sums)",
+                      d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act)));
+    if (d.glu != codegen::Glu::none)
+      throw Error(fmt::format("brgemm: int8 descriptor {} has glu={}; allowed: none", d.key(),
+                              codegen::glu_name(d.glu)));
+    if (d.isa == Isa::amx && !d.a_packed)
+      throw Error(
+          fmt::format("brgemm: AMX int8 descriptor {} has a_packed=0; allowed: a_packed "
+                      "(A in the PackedA tile layout)",
+                      d.key()));
+  }
   if (d.mr < 1 || d.nr < 1 || d.nr > 64 || d.kb < 1)
     throw Error("brgemm: descriptor " + d.key() + " is outside 1 <= mr, 1 <= nr <= 64, kb >= 1");
   if (d.glu != codegen::Glu::none && d.nr > 32)
@@ -171,6 +219,10 @@ const char* family_name(Family f) {
       return "rope";
     case Family::elementwise:
       return "elementwise";
+    case Family::dequant:
+      return "dequant";
+    case Family::act_quant:
+      return "act_quant";
   }
   return "?";
 }
@@ -235,6 +287,58 @@ const Kernel& get(const lb::RopeDesc& d) {
   return front(d, [](const lb::RopeDesc& x) -> const Kernel& {
     return llvm_family(Family::rope, x,
                        [](const lb::RopeDesc& y) { return lb::compile_llvm_rope(y); });
+  });
+}
+
+namespace {
+
+// A family with an Xbyak row (avx512) and an LLVM row, chosen by desc.isa.
+template <class D, class EmitXbyak, class CompileLlvm>
+const Kernel& two_backend_family(Family family, const D& d, EmitXbyak emit,
+                                 CompileLlvm compile_llvm) {
+  const KernelRow& row = row_for(family, d.isa);
+  if (row.backend == Backend::xbyak)
+    return compile(d.key(), d.name(), xbyak_recipe([d, emit] { return emit(d); }));
+#ifdef TILEJIT_HAVE_LLVM
+  const std::string symbol = d.name();
+  return compile(llvm_cache_key(d.key()), symbol,
+                 llvm_kernel_recipe(symbol, [d, compile_llvm] { return compile_llvm(d); }));
+#else
+  (void)compile_llvm;
+  throw InternalError("jit: an LLVM row in a build without LLVM");
+#endif
+}
+
+}  // namespace
+
+const Kernel& get(const codegen::DequantDesc& d) {
+  return front(d, [](const codegen::DequantDesc& x) -> const Kernel& {
+    if (x.code != DType::f8e4m3 && x.code != DType::u4)
+      throw Error(fmt::format("dequant: code={}; allowed: f8e4m3, u4", dtype_name(x.code)));
+    if (x.zeros && x.code != DType::u4)
+      throw Error("dequant: zero points with code=f8e4m3; allowed: zeros with u4 only");
+#ifdef TILEJIT_QUANT_EMITTERS
+    return two_backend_family(
+        Family::dequant, x,
+        [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },
+        [](const codegen::DequantDesc& y) { return lb::compile_llvm_dequant(y); });
+#else
+    throw InternalError("jit: the dequant emitters are not in this build yet");
+#endif
+  });
+}
+
+const Kernel& get(const codegen::ActQuantDesc& d) {
+  return front(d, [](const codegen::ActQuantDesc& x) -> const Kernel& {
+#ifdef TILEJIT_QUANT_EMITTERS
+    return two_backend_family(
+        Family::act_quant, x,
+        [](const codegen::ActQuantDesc& y) { return codegen::xbyak::emit_act_quant(y); },
+        [](const codegen::ActQuantDesc& y) { return lb::compile_llvm_act_quant(y); });
+#else
+    (void)x;
+    throw InternalError("jit: the act_quant emitters are not in this build yet");
+#endif
   });
 }
 

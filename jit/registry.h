@@ -20,6 +20,7 @@
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
 #include "codegen/llvm/llvm_softmax.h"
+#include "codegen/quant_desc.h"
 #include "jit/kernel.h"
 #include "runtime/isa.h"
 
@@ -29,7 +30,16 @@ struct Function;
 
 namespace tilejit::jit {
 
-enum class Family { brgemm, softmax_step, softmax_glue, decode_attention, rope, elementwise };
+enum class Family {
+  brgemm,
+  softmax_step,
+  softmax_glue,
+  decode_attention,
+  rope,
+  elementwise,
+  dequant,
+  act_quant
+};
 const char* family_name(Family f);
 
 // One row: a kernel family on one path.
@@ -61,6 +71,8 @@ const Kernel& get(const codegen::llvm_backend::SoftmaxStepDesc& d);
 const Kernel& get(const codegen::llvm_backend::SoftmaxGlueDesc& d);
 const Kernel& get(const codegen::llvm_backend::DecodeAttentionDesc& d);
 const Kernel& get(const codegen::llvm_backend::RopeDesc& d);
+const Kernel& get(const codegen::DequantDesc& d);
+const Kernel& get(const codegen::ActQuantDesc& d);
 // An elementwise IR function (the tool's fused epilogues), keyed on its
 // printed IR; without a front cache (the tool compiles a few per run).
 const Kernel& get_elementwise(const ir::Function& f);

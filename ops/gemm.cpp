@@ -17,6 +17,7 @@
 #include "ops/gemm_ir.h"
 #include "ops/gemm_task.h"
 #include "ops/packed_weight_impl.h"
+#include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
 #include "runtime/reference_gemm.h"
@@ -51,9 +52,11 @@ GemmExecutable& build_executable(const PlanKey& key) {
   // next to emission, and done once per spec. A GLU epilogue (MoE gate/up)
   // has no IR op yet: it is planned directly.
   const auto& [spec, isa] = key;
-  LoweredGemm lowered = spec.glu == codegen::Glu::none
-                            ? lower_gemm_spec(spec, isa)
-                            : LoweredGemm{codegen::plan_gemm(spec, isa), ""};
+  // Quantized specs (b_type, max_kc) have no IR op yet either.
+  const bool planned_directly = spec.glu != codegen::Glu::none || spec.b_type != DType::bf16 ||
+                                spec.max_kc != codegen::GemmSpec{}.max_kc;
+  LoweredGemm lowered = !planned_directly ? lower_gemm_spec(spec, isa)
+                                          : LoweredGemm{codegen::plan_gemm(spec, isa), ""};
   std::lock_guard<std::mutex> lk(mu);
   auto& slot = map[key];
   if (!slot) {
@@ -64,6 +67,11 @@ GemmExecutable& build_executable(const PlanKey& key) {
 }
 
 }  // namespace
+
+codegen::BiasKind bias_kind(const GemmOptions& opt) {
+  if (!opt.bias) return codegen::BiasKind::none;
+  return opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32 : codegen::BiasKind::bf16;
+}
 
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
   bool hit = false;
@@ -77,19 +85,16 @@ GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
 
 namespace {
 
-codegen::BiasKind bias_kind(const GemmOptions& opt) {
-  if (!opt.bias) return codegen::BiasKind::none;
-  return opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32 : codegen::BiasKind::bf16;
-}
-
 void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorView& y,
                      const GemmOptions& opt) {
   if (w.empty())
     throw Error("gemm: w is an empty PackedWeight; allowed: a weight from pack_weight()");
-  // Compared in place: layout() would allocate on every call.
-  if (w.impl()->layout_name != PackedWeight::Impl::kLayoutName)
-    throw Error(fmt::format("gemm: w has layout {}; allowed: {}", w.layout(),
-                            PackedWeight::Impl::kLayoutName));
+  // The tag against the format's layouts (compared in place: layout() would
+  // allocate on every call).
+  if (!ops::layout_tag_ok(*w.impl()))
+    throw Error(fmt::format("gemm: w has layout {} for format {}; allowed: {}", w.layout(),
+                            weight_format_name(w.impl()->format),
+                            ops::layout_tag_prefix(w.impl()->format)));
   ops::check_view("gemm", "x", x, 2);
   ops::check_dtype("gemm", "x", x, {DType::bf16});
   ops::check_row_major_rows("gemm", "x", x);
@@ -147,22 +152,11 @@ void run_scalar(const TensorView& x, const PackedWeight& w, const TensorView& y,
 
 }  // namespace
 
-void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const GemmOptions& opt) {
-  check_gemm_args(x, w, y, opt);
-  const int64_t M = x.shape[0], N = w.n(), K = w.k();
-  if (M == 0) return;
-  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
-  if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
+namespace ops {
 
-  const codegen::GemmSpec spec{N, K, bias_kind(opt), opt.act, y.dtype};
-  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa);
+void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
   const codegen::GemmPlan& plan = exe.plan();
-  if (runtime::verbose_level() > 0)
-    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s\n",
-                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 isa_name(isa), plan.name().c_str());
-  const PackedWeight::Impl& p = *w.impl();
-
+  const int64_t M = r.m, K = plan.spec.k;
   const int64_t nb = plan.nb;
   // The task split (row chunks x column blocks, slices, K passes) is the
   // plan's: GemmPlan::schedule.
@@ -170,58 +164,90 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
   const bool chunked = sched.k_passes > 1;
   const int64_t ld_part = sched.ld_partial;
-
-  const int64_t lda = x.strides[0] * 2;
-  const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
-  const int64_t ldc = y.strides[0] * y_elem;
-  const auto* bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
-  const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
-  const auto* packed = reinterpret_cast<const uint8_t*>(p.data.get());
-  const int64_t block_bytes = p.layout.block_elems() * 2;
   const int64_t threads = runtime::num_threads();
+  const codegen::PackedA pa_layout = plan.packed_a();
 
   for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {
     const int64_t rows = std::min(sched.slice_rows, M - s0);
-    const auto* xb = static_cast<const uint8_t*>(x.data) + s0 * lda;
-    auto* yb = static_cast<uint8_t*>(y.data) + s0 * ldc;
+    const uint8_t* xb = r.x + s0 * r.lda;
+    int64_t lda = r.lda;
+    if (r.prepare_slice) xb = r.prepare_slice(s0, rows, &lda);
     if (plan.a_packed) {
       // Once per slice, shared by every column block's tasks.
-      uint8_t* pa = ops::packed_a_scratch(0, codegen::PackedA{K}.bytes(rows));
-      ops::pack_a(xb, lda, rows, K, pa);
+      uint8_t* pa = packed_a_scratch(kGemmA, pa_layout.bytes(rows));
+      pack_a(xb, lda, rows, pa_layout.k, pa);
       xb = pa;
     }
+    (void)K;
+    uint8_t* yb = r.y + s0 * r.ldc;
     const int64_t m_chunks = sched.row_chunks(rows);
     auto job_at = [&](int64_t t) {
       const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
-      ops::RowBlockJob job;
-      job.a = plan.a_packed ? xb + codegen::PackedA{K}.offset(m0, 0) : xb + m0 * lda;
+      RowBlockJob job;
+      job.a = plan.a_packed ? xb + pa_layout.offset(m0, 0) : xb + m0 * lda;
       job.lda = lda;
       job.rows = std::min(rows, m0 + chunk_rows) - m0;
-      job.b_block = packed + nbi * block_bytes;
-      job.c = yb + m0 * ldc + nbi * nb * y_elem;
-      job.ldc = ldc;
-      job.bias = bias ? bias + nbi * nb * bias_elem : nullptr;
+      job.b_block = r.b + nbi * r.block_bytes;
+      job.c = yb + m0 * r.ldc + nbi * nb * r.y_elem;
+      job.ldc = r.ldc;
+      job.bias = r.bias ? r.bias + nbi * nb * r.bias_elem : nullptr;
       job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
       // The pool hands out tasks in order, one at a time: this thread's next
       // one is about `threads` further on.
-      if (nbi + threads < n_blocks) job.b_next = packed + (nbi + threads) * block_bytes;
+      if (nbi + threads < n_blocks) job.b_next = r.b + (nbi + threads) * r.block_bytes;
+      if (r.a_scale != nullptr) {
+        job.a_scale = r.a_scale + m0;
+        job.a_zero = r.a_zero + m0;
+        job.b_scale = r.b_scale + nbi * nb;
+        job.b_comp = r.b_comp + nbi * nb;
+      }
       return job;
     };
     if (!chunked) {
-      runtime::parallel_for(n_blocks * m_chunks,
-                            [&](int64_t t) { ops::run_row_block(exe, job_at(t)); });
+      runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) { run_row_block(exe, job_at(t)); });
       continue;
     }
-    auto* part = reinterpret_cast<float*>(ops::packed_a_scratch(1, rows * ld_part));
+    auto* part = reinterpret_cast<float*>(packed_a_scratch(kGemmPartial, rows * ld_part));
     for (int64_t kci = 0; kci < sched.k_passes; ++kci)
       runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
-        ops::RowBlockJob job = job_at(t);
+        RowBlockJob job = job_at(t);
         job.only_chunk = kci;
         job.partial = part + (t / n_blocks) * chunk_rows * (ld_part / 4) + (t % n_blocks) * nb;
         job.ld_partial = ld_part;
-        ops::run_row_block(exe, job);
+        run_row_block(exe, job);
       });
   }
+}
+
+}  // namespace ops
+
+void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const GemmOptions& opt) {
+  check_gemm_args(x, w, y, opt);
+  const int64_t M = x.shape[0], N = w.n(), K = w.k();
+  if (M == 0) return;
+  const PackedWeight::Impl& p = *w.impl();
+  if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
+  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
+  if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
+
+  const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa);
+  if (runtime::verbose_level() > 0)
+    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s\n",
+                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                 isa_name(isa), exe.plan().name().c_str());
+  ops::GemmRun r;
+  r.m = M;
+  r.x = static_cast<const uint8_t*>(x.data);
+  r.lda = x.strides[0] * 2;
+  r.y = static_cast<uint8_t*>(y.data);
+  r.y_elem = y.dtype == DType::f32 ? 4 : 2;
+  r.ldc = y.strides[0] * r.y_elem;
+  r.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
+  r.bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  r.b = reinterpret_cast<const uint8_t*>(p.data.get());
+  r.block_bytes = p.layout.block_elems() * 2;
+  ops::run_gemm_plan(exe, r);
 }
 
 }  // namespace tilejit

@@ -3,6 +3,8 @@
 // use per (M tail, N tail, K chunk) variant.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,5 +31,31 @@ class GemmExecutable {
 // The executable for a spec on the active ISA: builds the IR, verifies and
 // lowers it on first use; later calls are a lookup.
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa);
+
+codegen::BiasKind bias_kind(const GemmOptions& opt);
+
+// One GEMM run of a plan over M rows: the driver every tilejit::gemm format
+// shares (the schedule's slices, tasks and K passes; run_row_block per task).
+struct GemmRun {
+  int64_t m = 0;
+  const uint8_t* x = nullptr;  // A row 0 (bf16, or u8 for int8 plans)
+  int64_t lda = 0;             // bytes between A rows
+  // When set: called once per slice of `rows` rows from row s0 on the
+  // calling thread; returns that slice's A (and sets its row stride), e.g.
+  // x quantized or gathered into a scratch.
+  std::function<const uint8_t*(int64_t s0, int64_t rows, int64_t* lda)> prepare_slice;
+  uint8_t* y = nullptr;
+  int64_t ldc = 0, y_elem = 2;
+  const uint8_t* bias = nullptr;
+  int64_t bias_elem = 4;
+  const uint8_t* b = nullptr;  // packed B block 0
+  int64_t block_bytes = 0;     // bytes between packed B blocks
+  // int8 plans: per row of the current slice (prepare_slice sets them) and per column.
+  const float* a_scale = nullptr;
+  const int32_t* a_zero = nullptr;
+  const float* b_scale = nullptr;
+  const int32_t* b_comp = nullptr;
+};
+void run_gemm_plan(const GemmExecutable& exe, GemmRun& r);
 
 }  // namespace tilejit::ops

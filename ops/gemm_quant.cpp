@@ -1,2 +1,328 @@
-// The weight-quantized GEMM drivers (in progress).
+// The weight-quantized GEMM drivers (docs/quantized.md):
+//   fp8 / int4 (W8A16, W4A16): per task and K chunk, the dequant kernel turns
+//     the chunk of the column block's codes into a bf16 packed chunk (L1 / L2
+//     resident), which the bf16 brgemm kernels of the plan then run on;
+//     act-order weights first gather x's columns into the packed K order.
+//   int8 (W8A8): the act_quant kernel quantizes each slice of x to u8 with
+//     per-row scales and zero points; the int8 brgemm kernels run on the int8
+//     packed weight with the scaled epilogue.
+// The scalar path computes both from the logical weights in double.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "codegen/quant_desc.h"
+#include "jit/registry.h"
+#include "ops/gemm_executable.h"
+#include "ops/gemm_task.h"
 #include "ops/quant_weight.h"
+#include "runtime/bf16.h"
+#include "runtime/isa.h"
+#include "runtime/reference_gemm.h"
+#include "runtime/reference_quant.h"
+#include "runtime/thread_pool.h"
+#include "runtime/verbose.h"
+
+namespace tilejit::ops {
+
+namespace {
+
+constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
+
+// Up to this many rows the GEMM streams the weight once per column block
+// with few rows to amortize a dequantized chunk over: shallow K chunks keep
+// the chunk in L1 (256 deep: 32 KiB of bf16).
+constexpr int64_t kShallowChunkRows = 16;
+
+codegen::ActQuantMode act_quant_mode(ActQuant q) {
+  switch (q) {
+    case ActQuant::dynamic_sym:
+      return codegen::ActQuantMode::sym;
+    case ActQuant::dynamic_asym:
+      return codegen::ActQuantMode::asym;
+    case ActQuant::fixed:
+      return codegen::ActQuantMode::fixed;
+  }
+  throw Error(
+      fmt::format("gemm: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
+                  "dynamic_asym, fixed",
+                  static_cast<int>(q)));
+}
+
+runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
+  switch (m) {
+    case codegen::ActQuantMode::sym:
+      return runtime::ActQuantRule::sym;
+    case codegen::ActQuantMode::asym:
+      return runtime::ActQuantRule::asym;
+    case codegen::ActQuantMode::fixed:
+      break;
+  }
+  return runtime::ActQuantRule::fixed;
+}
+
+void store(const TensorView& y, int64_t i, int64_t j, double v) {
+  if (y.dtype == DType::f32)
+    static_cast<float*>(y.data)[i * y.strides[0] + j] = static_cast<float>(v);
+  else
+    static_cast<uint16_t*>(y.data)[i * y.strides[0] + j] =
+        runtime::f32_to_bf16(static_cast<float>(v));
+}
+
+double bias_at(const GemmOptions& opt, int64_t j) {
+  if (!opt.bias) return 0;
+  return opt.bias->dtype == DType::f32
+             ? double(static_cast<const float*>(opt.bias->data)[j])
+             : double(runtime::bf16_to_f32(static_cast<const uint16_t*>(opt.bias->data)[j]));
+}
+
+// The oracle path: w from weight_value (double); int8 quantizes x with the
+// kernels' rule (runtime/reference_quant.h) and sums the codes exactly.
+void run_scalar_quant(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                      const GemmOptions& opt) {
+  const int64_t M = x.shape[0], N = p.layout.n, K = p.layout.k;
+  const auto* xs = static_cast<const uint16_t*>(x.data);
+  if (p.format == WeightFormat::int8) {
+    const codegen::ActQuantMode mode = act_quant_mode(opt.act_quant);
+    std::vector<uint8_t> q(static_cast<size_t>(M * K));
+    std::vector<float> sa(static_cast<size_t>(M));
+    std::vector<int32_t> za(static_cast<size_t>(M));
+    runtime::parallel_for(M, [&](int64_t i) {
+      runtime::reference_act_quant_row(act_quant_rule(mode), xs + i * x.strides[0], K, K,
+                                       1.0f / opt.act_scale, opt.act_scale, opt.act_zero_point,
+                                       &q[i * K], &sa[i], &za[i]);
+    });
+    const auto* sw = reinterpret_cast<const float*>(p.quant->col_scale.get());
+    runtime::parallel_for(N, [&](int64_t j) {
+      std::vector<int32_t> w(static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) w[k] = static_cast<int8_t>(p.bytes()[p.int8.index(j, k)]);
+      for (int64_t i = 0; i < M; ++i) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += int64_t(q[i * K + k] - za[i]) * w[k];
+        const double v = double(acc) * double(sa[i]) * double(sw[j]) + bias_at(opt, j);
+        store(y, i, j, runtime::reference_activation(opt.act, v));
+      }
+    });
+    return;
+  }
+  runtime::parallel_for(N, [&](int64_t j) {
+    std::vector<double> w(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) w[k] = weight_value(p, j, k);
+    for (int64_t i = 0; i < M; ++i) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(runtime::bf16_to_f32(xs[i * x.strides[0] + k])) * w[k];
+      store(y, i, j, runtime::reference_activation(opt.act, acc + bias_at(opt, j)));
+    }
+  });
+}
+
+GemmRun base_run(const TensorView& x, const TensorView& y, const GemmOptions& opt) {
+  GemmRun r;
+  r.m = x.shape[0];
+  r.x = static_cast<const uint8_t*>(x.data);
+  r.lda = x.strides[0] * 2;
+  r.y = static_cast<uint8_t*>(y.data);
+  r.y_elem = y.dtype == DType::f32 ? 4 : 2;
+  r.ldc = y.strides[0] * r.y_elem;
+  r.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
+  r.bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  return r;
+}
+
+void log_plan(const char* what, const TensorView& x, const PackedWeight::Impl& p, Isa isa,
+              const codegen::GemmPlan& plan) {
+  if (runtime::verbose_level() > 0)
+    std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s plan=%s\n", what,
+                 static_cast<long long>(x.shape[0]), static_cast<long long>(p.layout.n),
+                 static_cast<long long>(p.layout.k), isa_name(isa), p.layout_name.c_str(),
+                 plan.name().c_str());
+}
+
+// ---- W8A8 -------------------------------------------------------------------------
+
+void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+              const GemmOptions& opt, Isa isa) {
+  const int64_t K = p.layout.k;
+  const int64_t k4 = (K + 3) / 4 * 4;
+  codegen::GemmSpec spec{p.layout.n, k4, bias_kind(opt), opt.act, y.dtype};
+  spec.b_type = DType::i8;
+  GemmExecutable& exe = gemm_executable(spec, isa);
+  log_plan("w8a8", x, p, isa, exe.plan());
+  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+                                 act_quant_mode(opt.act_quant)};
+  const auto quantize = jit::get(qd).entry<codegen::ActQuantFn>();
+  // u8 rows padded to whole AMX K steps (the pack_a copy reads 64-byte steps).
+  const int64_t ldq = (k4 + 63) / 64 * 64;
+
+  GemmRun r = base_run(x, y, opt);
+  r.b = p.bytes();
+  r.block_bytes = p.int8.block_bytes();
+  r.b_scale = reinterpret_cast<const float*>(p.quant->col_scale.get());
+  r.b_comp = reinterpret_cast<const int32_t*>(p.quant->col_comp.get());
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+  r.prepare_slice = [&](int64_t s0, int64_t rows, int64_t* lda) {
+    uint8_t* q = packed_a_scratch(kQuantX, rows * ldq);
+    scale.resize(static_cast<size_t>(rows));
+    zero.resize(static_cast<size_t>(rows));
+    constexpr int64_t kRowsPerTask = 16;
+    runtime::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+      const int64_t r0 = t * kRowsPerTask;
+      codegen::ActQuantArgs a{};
+      a.x = static_cast<const uint16_t*>(x.data) + (s0 + r0) * x.strides[0];
+      a.ldx = x.strides[0];
+      a.rows = std::min(kRowsPerTask, rows - r0);
+      a.k = K;
+      a.k_padded = ldq;
+      a.out = q + r0 * ldq;
+      a.ld_out = ldq;
+      a.scale = scale.data() + r0;
+      a.zero = zero.data() + r0;
+      a.inv_scale = 1.0f / opt.act_scale;
+      a.fixed_scale = opt.act_scale;
+      a.fixed_zero = opt.act_zero_point;
+      quantize(&a);
+    });
+    r.a_scale = scale.data();
+    r.a_zero = zero.data();
+    *lda = ldq;
+    return q;
+  };
+  run_gemm_plan(exe, r);
+}
+
+// ---- W8A16 / W4A16 ------------------------------------------------------------------
+
+void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                 const GemmOptions& opt, Isa isa) {
+  const QuantTables& q = *p.quant;
+  const int64_t M = x.shape[0], kp = q.k_packed;
+  codegen::GemmSpec spec{p.layout.n, kp, bias_kind(opt), opt.act, y.dtype};
+  if (M <= kShallowChunkRows) spec.max_kc = 256;
+  GemmExecutable& exe = gemm_executable(spec, isa);
+  const codegen::GemmPlan& plan = exe.plan();
+  log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
+  const codegen::DequantDesc dd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+                                p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4,
+                                q.zeros != nullptr};
+  const auto dequant = jit::get(dd).entry<codegen::DequantFn>();
+
+  const codegen::GemmPlan::Schedule sched = plan.schedule(M);
+  const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
+  const codegen::PackedA pa_layout = plan.packed_a();
+  const int64_t code_block = p.code_block_bytes();
+  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
+  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
+  // The dequantized chunk: the K rows the kernels read, whole AMX K steps.
+  const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
+  GemmRun r = base_run(x, y, opt);
+
+  for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {
+    const int64_t rows = std::min(sched.slice_rows, M - s0);
+    const uint8_t* xb = r.x + s0 * r.lda;
+    int64_t lda = r.lda;
+    if (!q.perm.empty()) {
+      // Act-order: x's columns in the packed K order (padding positions 0).
+      const int64_t ldg = (kp + 31) / 32 * 32;
+      auto* g = reinterpret_cast<uint16_t*>(packed_a_scratch(kQuantX, rows * ldg * 2));
+      runtime::parallel_for(rows, [&](int64_t i) {
+        const auto* src = static_cast<const uint16_t*>(x.data) + (s0 + i) * x.strides[0];
+        uint16_t* dst = g + i * ldg;
+        for (int64_t j = 0; j < kp; ++j) dst[j] = q.perm[j] >= 0 ? src[q.perm[j]] : 0;
+      });
+      xb = reinterpret_cast<const uint8_t*>(g);
+      lda = ldg * 2;
+    }
+    if (plan.a_packed) {
+      uint8_t* pa = packed_a_scratch(kQuantAPacked, pa_layout.bytes(rows));
+      pack_a(xb, lda, rows, pa_layout.k, pa);
+      xb = pa;
+    }
+    uint8_t* yb = r.y + s0 * r.ldc;
+    const int64_t m_chunks = sched.row_chunks(rows);
+    runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
+      const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
+      auto* chunk = reinterpret_cast<uint16_t*>(
+          packed_a_scratch(kQuantB, chunk_pairs * codegen::PackedLayout::kRowBytes));
+      auto* part =
+          reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, chunk_rows * kBlockN * 4));
+      RowBlockJob job;
+      job.a = plan.a_packed ? xb + pa_layout.offset(m0, 0) : xb + m0 * lda;
+      job.lda = lda;
+      job.rows = std::min(rows, m0 + chunk_rows) - m0;
+      job.b_block = reinterpret_cast<const uint8_t*>(chunk);
+      job.b_is_chunk = true;
+      job.c = yb + m0 * r.ldc + nbi * plan.nb * r.y_elem;
+      job.ldc = r.ldc;
+      job.bias = r.bias ? r.bias + nbi * plan.nb * r.bias_elem : nullptr;
+      job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+      job.partial = part;
+      job.ld_partial = kBlockN * 4;
+      for (int64_t c = 0; c < plan.k_chunks; ++c) {
+        const int64_t k0 = c * plan.kc;
+        const int64_t klen = std::min(plan.kc, kp - k0);
+        codegen::DequantArgs d{};
+        d.codes = p.bytes() + nbi * code_block + k0 / 2 * q.code_row_bytes;
+        d.groups = q.groups.data() + k0 / 2;
+        d.scales = scales + nbi * q.n_groups * kBlockN;
+        d.zeros = zeros != nullptr ? zeros + nbi * q.n_groups * kBlockN : nullptr;
+        d.out = chunk;
+        d.rows = (klen + 31) / 32 * 16;
+        dequant(&d);
+        job.only_chunk = c;
+        run_row_block(exe, job);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+const char* layout_tag_prefix(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::bf16:
+      return "bf16_vnni2_n64k32";
+    case WeightFormat::int8:
+      return "i8_vnni4_n64k64_";
+    case WeightFormat::fp8_e4m3:
+      return "f8e4m3_vnni2_n64k32_";
+    case WeightFormat::int4_awq:
+      return "u4_awq_vnni2_n64k32_g";
+    case WeightFormat::int4_gptq:
+      return "u4_gptq_vnni2_n64k32_g";
+  }
+  return "?";
+}
+
+bool layout_tag_ok(const PackedWeight::Impl& p) {
+  const char* prefix = layout_tag_prefix(p.format);
+  if ((p.format == WeightFormat::bf16) != (p.quant == nullptr)) return false;
+  if (p.format == WeightFormat::bf16) return p.layout_name == prefix;
+  return p.layout_name.rfind(prefix, 0) == 0;
+}
+
+void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                    const GemmOptions& opt) {
+  if (p.format == WeightFormat::int8) {
+    act_quant_mode(opt.act_quant);  // Error for a value outside the enum
+    if (opt.act_quant == ActQuant::fixed &&
+        (!(opt.act_scale > 0) || !std::isfinite(opt.act_scale) || opt.act_zero_point < 0 ||
+         opt.act_zero_point > 255))
+      throw Error(
+          fmt::format("gemm: act_quant=fixed with act_scale={} act_zero_point={}; "
+                      "allowed: a finite act_scale > 0 and act_zero_point in [0, 255]",
+                      opt.act_scale, opt.act_zero_point));
+  }
+  const int64_t M = x.shape[0];
+  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
+  if (isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
+  if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa);
+  run_dequant(x, p, y, opt, isa);
+}
+
+}  // namespace tilejit::ops

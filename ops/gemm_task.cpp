@@ -30,7 +30,7 @@ void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
     partial = own_partial.data();
     ld_partial = kCols * 4;
   }
-  const codegen::PackedA pa{plan.spec.k};
+  const codegen::PackedA pa = plan.packed_a();
   const int64_t kc0 = one_chunk ? job.only_chunk : 0;
   const int64_t kc1 = one_chunk ? job.only_chunk + 1 : k_chunks;
   // The kernel of the previous call: only the last row block differs.
@@ -42,18 +42,17 @@ void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
                         : kci == k_chunks - 1 ? Chunk::last
                                               : Chunk::middle;
     const bool epilogue = chunk == Chunk::whole || chunk == Chunk::last;
-    const int64_t b_offset = kci * plan.kc / 2 * codegen::PackedLayout::kRowBytes;
+    const int64_t b_offset = plan.b_offset(kci * plan.kc);
     const void* b_ptr = job.b_is_chunk ? job.b_block : job.b_block + b_offset;
     // The B rows this chunk reads: its K padded to whole K steps, in k-pair rows.
-    const int64_t step = codegen::amx_k_step_of(DType::bf16);
-    const int64_t b_bytes =
-        (plan.chunk_k(chunk) + step - 1) / step * (step / 2) * codegen::PackedLayout::kRowBytes;
+    const int64_t step = codegen::amx_k_step_of(plan.spec.int8() ? DType::u8 : DType::bf16);
+    const int64_t b_bytes = plan.b_offset((plan.chunk_k(chunk) + step - 1) / step * step);
     kernel = nullptr;
     for (int64_t mb = 0; mb < m_blocks; ++mb) {
       const int64_t m0 = mb * mr;
       const int rows = static_cast<int>(std::min<int64_t>(mr, job.rows - m0));
-      const void* a_ptr = plan.a_packed ? job.a + pa.offset(m0, kci * plan.kc)
-                                        : job.a + m0 * job.lda + kci * plan.kc * 2;
+      const void* a_ptr = plan.a_packed ? job.a + pa.offset(m0, plan.a_offset(kci * plan.kc) / 2)
+                                        : job.a + m0 * job.lda + plan.a_offset(kci * plan.kc);
       float* part =
           k_chunks > 1
               ? reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(partial) + m0 * ld_partial)
@@ -68,6 +67,12 @@ void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
       args.bias = job.bias;
       args.acc_in = part;
       args.ld_acc_in = ld_partial;
+      if (job.a_scale != nullptr) {  // int8
+        args.a_scale = job.a_scale + m0;
+        args.a_zero = job.a_zero + m0;
+        args.b_scale = job.b_scale;
+        args.b_comp = job.b_comp;
+      }
       if (job.b_next != nullptr && plan.a_packed && mb > 0) {
         // Call mb pulls its share of the next block's B chunk into L2.
         const int64_t share = codegen::xbyak::amx_b_prefetch_bytes(

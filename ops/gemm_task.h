@@ -37,6 +37,12 @@ struct RowBlockJob {
   // b_block already points at the rows of the chunk being run (a dequantized
   // copy of just that chunk) instead of the start of the whole K panel.
   bool b_is_chunk = false;
+  // int8 (W8A8) plans: the rows' activation scales and zero points (from the
+  // run's first row) and the block's weight scales and compensation sums.
+  const float* a_scale = nullptr;
+  const int32_t* a_zero = nullptr;
+  const float* b_scale = nullptr;
+  const int32_t* b_comp = nullptr;
 };
 
 void run_row_block(const GemmExecutable& exe, const RowBlockJob& job);

@@ -21,4 +21,14 @@ double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k);
 // The layout tag of a packed weight, from its format and parameters.
 std::string quant_layout_name(const PackedWeight::Impl& p);
 
+// The layout tag's fixed part per format ("bf16_vnni2_n64k32",
+// "u4_awq_vnni2_n64k32", ...) and whether a weight's tag has it: what gemm
+// checks before reading the bytes.
+const char* layout_tag_prefix(WeightFormat f);
+bool layout_tag_ok(const PackedWeight::Impl& p);
+
+// gemm() for fp8, int4 and int8 weights (arguments already checked).
+void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                    const GemmOptions& opt);
+
 }  // namespace tilejit::ops
