@@ -7,11 +7,16 @@
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/quant_desc.h"
 
 namespace tilejit::codegen::xbyak {
 
 std::vector<uint8_t> emit_avx512_brgemm(const BrgemmDesc& d);
 std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d);
+
+// The quantized GEMMs' helper kernels (contracts in codegen/quant_desc.h):
+// `void f(const DequantArgs*)`.
+std::vector<uint8_t> emit_dequant(const DequantDesc& d);
 
 // Register-blocking rules of the AVX-512 kernel, shared with the planner.
 int avx512_brgemm_ksplit(int mr, int nz);
