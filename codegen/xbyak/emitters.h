@@ -15,8 +15,9 @@ std::vector<uint8_t> emit_avx512_brgemm(const BrgemmDesc& d);
 std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d);
 
 // The quantized GEMMs' helper kernels (contracts in codegen/quant_desc.h):
-// `void f(const DequantArgs*)`.
+// `void f(const DequantArgs*)` and `void f(const ActQuantArgs*)`.
 std::vector<uint8_t> emit_dequant(const DequantDesc& d);
+std::vector<uint8_t> emit_act_quant(const ActQuantDesc& d);
 
 // Register-blocking rules of the AVX-512 kernel, shared with the planner.
 int avx512_brgemm_ksplit(int mr, int nz);

@@ -1,0 +1,435 @@
+// The quantized GEMMs' helper kernels, bit for bit against their scalar
+// statement (runtime/reference_quant.h):
+//   act_quant (Xbyak AVX-512 where the CPU has the avx512 path, LLVM where
+//   built): every mode, tails, strided rows, NaN / Inf / huge / subnormal
+//   rows, padding and nothing written past k_padded or read past a row;
+//   dequant (Xbyak AVX-512): every fp8 code, every int4 byte with and
+//   without zero points, group switches, huge / tiny / special scales.
+// Inputs sit at the end of guarded buffers (a read past them faults).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/quant_desc.h"
+#include "codegen/xbyak/emitters.h"
+#include "jit/kernel.h"
+#include "runtime/reference_quant.h"
+#include "test_util.h"
+#ifdef TILEJIT_HAVE_LLVM
+#include "codegen/llvm/llvm_act_quant.h"
+#endif
+
+namespace tilejit::test {
+namespace {
+
+using codegen::ActQuantArgs;
+using codegen::ActQuantDesc;
+using codegen::ActQuantFn;
+using codegen::ActQuantMode;
+using codegen::DequantArgs;
+using codegen::DequantDesc;
+using codegen::DequantFn;
+
+bool xbyak_here() {
+  return cpu_info().max_isa >= Isa::avx512;
+}
+
+bool llvm_here() {
+#ifdef TILEJIT_HAVE_LLVM
+  const CpuInfo info = cpu_info();
+  return info.llvm_backend && info.avx2 && info.fma;
+#else
+  return false;
+#endif
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// ---------------------------------------------------------------------------
+// act_quant
+
+struct AqKernel {
+  std::string name;
+  ActQuantFn fn = nullptr;
+  std::shared_ptr<void> keepalive;
+};
+
+std::vector<AqKernel> act_quant_kernels(ActQuantMode mode) {
+  std::vector<AqKernel> v;
+  if (xbyak_here()) {
+    std::shared_ptr<jit::Kernel> k = jit::make_xbyak_kernel(
+        codegen::xbyak::emit_act_quant(ActQuantDesc{.isa = Isa::avx512, .mode = mode}));
+    v.push_back({"xbyak", k->entry<ActQuantFn>(), k});
+  }
+#ifdef TILEJIT_HAVE_LLVM
+  if (llvm_here()) {
+    const ActQuantDesc d{.isa = Isa::llvm, .mode = mode};
+    auto k = std::make_shared<codegen::llvm_backend::LlvmKernel>(
+        codegen::llvm_backend::compile_llvm_act_quant(d));
+    EXPECT_EQ(k->name, d.name());
+    v.push_back({"llvm", k->fn<ActQuantFn>(), k});
+  }
+#endif
+  return v;
+}
+
+runtime::ActQuantRule rule_of(ActQuantMode m) {
+  switch (m) {
+    case ActQuantMode::sym:
+      return runtime::ActQuantRule::sym;
+    case ActQuantMode::asym:
+      return runtime::ActQuantRule::asym;
+    case ActQuantMode::fixed:
+      break;
+  }
+  return runtime::ActQuantRule::fixed;
+}
+
+enum class Pattern {
+  random,
+  zero,
+  huge,
+  nan,
+  inf,
+  neg_inf,
+  negative,
+  positive,
+  subnormal,
+  any_bits,
+  wide,
+  count
+};
+
+const char* pattern_name(Pattern p) {
+  static const char* names[] = {"random",   "zero",     "huge",      "nan",      "inf", "neg_inf",
+                                "negative", "positive", "subnormal", "any_bits", "wide"};
+  return names[static_cast<int>(p)];
+}
+
+// One row of k bf16 values of pattern p.
+std::vector<uint16_t> row_values(Pattern p, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> v(static_cast<size_t>(k));
+  std::uniform_real_distribution<float> u(-3, 3);
+  for (auto& e : v) e = runtime::f32_to_bf16(u(rng));
+  const size_t at = static_cast<size_t>(rng() % static_cast<uint32_t>(k));
+  switch (p) {
+    case Pattern::random:
+    case Pattern::count:
+      break;
+    case Pattern::zero:
+      for (auto& e : v) e = (rng() & 1) ? 0x8000 : 0;
+      break;
+    case Pattern::huge:
+      v[at] = (rng() & 1) ? 0x7F7F : 0xFF7F;  // ±max finite
+      break;
+    case Pattern::nan:
+      v[at] = (rng() & 1) ? 0x7FC0 : 0xFF81;
+      break;
+    case Pattern::inf:
+      v[at] = 0x7F80;
+      break;
+    case Pattern::neg_inf:
+      v[at] = 0xFF80;
+      break;
+    case Pattern::negative: {
+      std::uniform_real_distribution<float> n(-5, -0.1f);
+      for (auto& e : v) e = runtime::f32_to_bf16(n(rng));
+      break;
+    }
+    case Pattern::positive: {
+      std::uniform_real_distribution<float> n(0.1f, 5);
+      for (auto& e : v) e = runtime::f32_to_bf16(n(rng));
+      break;
+    }
+    case Pattern::subnormal:  // max |x| subnormal: 127 / a overflows to Inf
+      for (auto& e : v) e = static_cast<uint16_t>((rng() % 0x80) | ((rng() & 1) << 15));
+      break;
+    case Pattern::any_bits:  // every finite bf16 (NaN / Inf may appear)
+      for (auto& e : v) e = static_cast<uint16_t>(rng());
+      break;
+    case Pattern::wide:  // finite, every exponent
+      for (auto& e : v) {
+        e = static_cast<uint16_t>(rng());
+        if ((e & 0x7F80) == 0x7F80) e &= 0xBFFF;
+      }
+      break;
+  }
+  return v;
+}
+
+struct AqCase {
+  int64_t rows, k, k_padded, ldx, ld_out;
+  Pattern pattern;
+  float inv_scale, fixed_scale;
+  int32_t fixed_zero;
+};
+
+constexpr uint8_t kGuard = 0xA5;
+
+void run_act_quant(const AqKernel& kern, ActQuantMode mode, const AqCase& c) {
+  SCOPED_TRACE(kern.name + " " + codegen::act_quant_mode_name(mode) +
+               " rows=" + std::to_string(c.rows) + " k=" + std::to_string(c.k) +
+               " k_padded=" + std::to_string(c.k_padded) + " pattern=" + pattern_name(c.pattern));
+  // x: the last row ends at the guard page.
+  const int64_t x_elems = (c.rows - 1) * c.ldx + c.k;
+  GuardedBuffer xbuf(static_cast<size_t>(x_elems) * 2);
+  uint16_t* x = xbuf.as<uint16_t>();
+  for (int64_t i = 0; i < x_elems; ++i) x[i] = 0x7FC1;  // NaN between rows: must not be read
+  for (int64_t r = 0; r < c.rows; ++r) {
+    // Rows cycle through the patterns, starting at the case's.
+    const auto p =
+        static_cast<Pattern>((static_cast<int>(c.pattern) + r) % static_cast<int>(Pattern::count));
+    const std::vector<uint16_t> v =
+        row_values(c.rows == 1 ? c.pattern : p, c.k,
+                   seed_of({c.k, r, static_cast<int64_t>(c.pattern), static_cast<int64_t>(mode)}));
+    std::memcpy(x + r * c.ldx, v.data(), v.size() * 2);
+  }
+  const size_t out_bytes = static_cast<size_t>(c.rows * c.ld_out);
+  GuardedBuffer obuf(out_bytes);
+  uint8_t* out = obuf.as<uint8_t>();
+  std::memset(out, kGuard, out_bytes);
+  std::vector<float> scale(static_cast<size_t>(c.rows + 1), -7.0f);
+  std::vector<int32_t> zero(static_cast<size_t>(c.rows + 1), -7);
+
+  ActQuantArgs a{};
+  a.x = x;
+  a.ldx = c.ldx;
+  a.rows = c.rows;
+  a.k = c.k;
+  a.k_padded = c.k_padded;
+  a.out = out;
+  a.ld_out = c.ld_out;
+  a.scale = scale.data();
+  a.zero = zero.data();
+  a.inv_scale = c.inv_scale;
+  a.fixed_scale = c.fixed_scale;
+  a.fixed_zero = c.fixed_zero;
+  kern.fn(&a);
+
+  std::vector<uint8_t> want(static_cast<size_t>(c.k_padded));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    float ws = 0;
+    int32_t wz = 0;
+    runtime::reference_act_quant_row(rule_of(mode), x + r * c.ldx, c.k, c.k_padded, c.inv_scale,
+                                     c.fixed_scale, c.fixed_zero, want.data(), &ws, &wz);
+    const uint8_t* got = out + r * c.ld_out;
+    EXPECT_EQ(bits(scale[r]), bits(ws)) << "row " << r << " scale " << scale[r] << " want " << ws;
+    EXPECT_EQ(zero[r], wz) << "row " << r;
+    int bad = 0;
+    for (int64_t j = 0; j < c.k_padded && bad < 5; ++j)
+      if (got[j] != want[j]) {
+        ++bad;
+        ADD_FAILURE() << "row " << r << " q[" << j << "] = " << int(got[j]) << ", want "
+                      << int(want[j]) << " (x bits 0x" << std::hex
+                      << (j < c.k ? x[r * c.ldx + j] : 0) << std::dec << ")";
+      }
+    for (int64_t j = c.k_padded; j < c.ld_out; ++j)
+      ASSERT_EQ(got[j], kGuard) << "row " << r << " byte " << j << " past k_padded written";
+  }
+  EXPECT_EQ(scale[c.rows], -7.0f) << "scale written past rows";
+  EXPECT_EQ(zero[c.rows], -7) << "zero written past rows";
+}
+
+class ActQuantKernels : public ::testing::TestWithParam<ActQuantMode> {};
+
+TEST_P(ActQuantKernels, MatchReferenceBitForBit) {
+  const ActQuantMode mode = GetParam();
+  const std::vector<AqKernel> kernels = act_quant_kernels(mode);
+  if (kernels.empty()) GTEST_SKIP() << "neither the Xbyak avx512 path nor the LLVM backend here";
+  for (const AqKernel& kern : kernels)
+    for (int64_t k : {1, 3, 15, 16, 17, 31, 32, 33, 100, 4096 + 7})
+      for (int64_t rows : {1, 5})
+        for (int p = 0; p < static_cast<int>(Pattern::count); ++p) {
+          const int64_t kp =
+              (k + 3) / 4 * 4 + (p % 3 == 1 ? 8 : 0);  // sometimes past the VNNI group
+          AqCase c{};
+          c.rows = rows;
+          c.k = k;
+          c.k_padded = kp;
+          c.ldx = k + 5 + p;
+          c.ld_out = kp + 3;
+          c.pattern = static_cast<Pattern>(p);
+          c.fixed_scale = 0.01f * static_cast<float>(1 + (k + p) % 7);
+          c.inv_scale = 1.0f / c.fixed_scale;
+          c.fixed_zero = static_cast<int32_t>((k * 37 + p * 101) % 256);
+          run_act_quant(kern, mode, c);
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST_P(ActQuantKernels, ZeroRowsWriteNothing) {
+  const ActQuantMode mode = GetParam();
+  for (const AqKernel& kern : act_quant_kernels(mode)) {
+    uint16_t x[4] = {0x3F80, 0x3F80, 0x3F80, 0x3F80};
+    uint8_t out[8];
+    std::memset(out, kGuard, sizeof out);
+    float scale = -7;
+    int32_t zero = -7;
+    ActQuantArgs a{x, 4, 0, 4, 4, out, 8, &scale, &zero, 1, 1, 0};
+    kern.fn(&a);
+    for (uint8_t b : out) EXPECT_EQ(b, kGuard) << kern.name;
+    EXPECT_EQ(scale, -7) << kern.name;
+    EXPECT_EQ(zero, -7) << kern.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ActQuantKernels,
+                         ::testing::Values(ActQuantMode::sym, ActQuantMode::asym,
+                                           ActQuantMode::fixed),
+                         [](const auto& p) {
+                           return std::string(codegen::act_quant_mode_name(p.param));
+                         });
+
+// ---------------------------------------------------------------------------
+// dequant
+
+struct DqKernel {
+  std::string name;
+  std::function<std::shared_ptr<jit::Kernel>(const DequantDesc&)> make;
+};
+
+std::vector<DqKernel> dequant_kernels() {
+  std::vector<DqKernel> v;
+  if (xbyak_here())
+    v.push_back({"xbyak", [](const DequantDesc& d) {
+                   return std::shared_ptr<jit::Kernel>(
+                       jit::make_xbyak_kernel(codegen::xbyak::emit_dequant(d)));
+                 }});
+  return v;
+}
+
+enum class Scales { normal, huge, tiny, special };
+
+const char* scales_name(Scales s) {
+  static const char* names[] = {"normal", "huge", "tiny", "special"};
+  return names[static_cast<int>(s)];
+}
+
+float scale_value(Scales kind, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0, 1);
+  const float sign = (rng() & 1) ? -1.0f : 1.0f;
+  switch (kind) {
+    case Scales::normal:
+      return sign * std::ldexp(1.0f + u(rng), static_cast<int>(rng() % 20) - 12);
+    case Scales::huge:  // products overflow to ±Inf
+      return sign * std::ldexp(1.0f + u(rng), 120 + static_cast<int>(rng() % 8));
+    case Scales::tiny:  // subnormal products (and subnormal scales)
+      return sign * std::ldexp(1.0f + u(rng), -150 + static_cast<int>(rng() % 40));
+    case Scales::special: {
+      const float v[] = {0.0f,
+                         -0.0f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN(),
+                         std::numeric_limits<float>::denorm_min(),
+                         std::numeric_limits<float>::max(),
+                         1.0f,
+                         0.5f};
+      return v[rng() % (sizeof v / sizeof v[0])];
+    }
+  }
+  return 1;
+}
+
+struct DqCase {
+  DType code;
+  bool zeros;
+  int64_t rows;
+  int64_t groups;  // scale rows G
+  Scales scales;
+};
+
+void run_dequant(const DqKernel& kern, const DqCase& c) {
+  const bool fp8 = c.code == DType::f8e4m3;
+  SCOPED_TRACE(kern.name + (fp8 ? " fp8" : " u4") + (c.zeros ? "_zp" : "") +
+               " rows=" + std::to_string(c.rows) + " G=" + std::to_string(c.groups) +
+               " scales=" + scales_name(c.scales));
+  const uint32_t seed = seed_of({c.rows, c.groups, static_cast<int64_t>(c.scales), c.zeros, fp8});
+  std::mt19937 rng(seed);
+  const int64_t row_bytes = fp8 ? 128 : 64;
+  // The 254 non-NaN e4m3 codes (every one within two rows), or every int4 byte.
+  std::vector<uint8_t> codes_v(static_cast<size_t>(std::max<int64_t>(c.rows, 1) * row_bytes));
+  for (size_t i = 0; i < codes_v.size(); ++i) {
+    if (fp8) {
+      const int n = static_cast<int>((i + seed % 7) % 254);  // skip 0x7F and 0xFF
+      codes_v[i] = static_cast<uint8_t>(n < 127 ? n : n + 1);
+    } else {
+      codes_v[i] = static_cast<uint8_t>((i * 97 + seed) % 256);
+    }
+  }
+  GuardedBuffer codes(codes_v.size());
+  std::memcpy(codes.data(), codes_v.data(), codes_v.size());
+  GuardedBuffer groups_buf(static_cast<size_t>(std::max<int64_t>(c.rows, 1)) * 4);
+  int32_t* groups = groups_buf.as<int32_t>();
+  for (int64_t r = 0; r < c.rows; ++r)  // runs of equal groups, and jumps back
+    groups[r] = static_cast<int32_t>(r % 3 == 0 ? rng() % c.groups : (r / 3) % c.groups);
+  GuardedBuffer scales_buf(static_cast<size_t>(c.groups * 64) * 4);
+  float* scales = scales_buf.as<float>();
+  for (int64_t i = 0; i < c.groups * 64; ++i) scales[i] = scale_value(c.scales, rng);
+  GuardedBuffer zeros_buf(static_cast<size_t>(c.groups * 64));
+  uint8_t* zeros = zeros_buf.as<uint8_t>();
+  for (int64_t i = 0; i < c.groups * 64; ++i) zeros[i] = static_cast<uint8_t>(rng() % 17);
+
+  const size_t out_words = static_cast<size_t>(c.rows * 128);
+  std::vector<uint16_t> out(out_words + 64, 0xDEAD);
+
+  const std::shared_ptr<jit::Kernel> k = kern.make(DequantDesc{
+      .isa = kern.name == "xbyak" ? Isa::avx512 : Isa::llvm, .code = c.code, .zeros = c.zeros});
+  DequantArgs a{};
+  a.codes = codes.as<uint8_t>();
+  a.groups = groups;
+  a.scales = scales;
+  a.zeros = c.zeros ? zeros : nullptr;
+  a.out = out.data();
+  a.rows = c.rows;
+  k->entry<DequantFn>()(&a);
+
+  uint16_t want[128];
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t g = groups[r];
+    runtime::reference_dequant_row(fp8, codes.as<uint8_t>() + r * row_bytes, scales + g * 64,
+                                   c.zeros ? zeros + g * 64 : nullptr, want);
+    int bad = 0;
+    for (int i = 0; i < 128 && bad < 5; ++i)
+      if (out[static_cast<size_t>(r * 128 + i)] != want[i]) {
+        ++bad;
+        const uint8_t code = codes.as<uint8_t>()[r * row_bytes + (fp8 ? i : i / 2)];
+        ADD_FAILURE() << "row " << r << " (group " << g << ") col " << i / 2 << " parity " << i % 2
+                      << ": got 0x" << std::hex << out[static_cast<size_t>(r * 128 + i)]
+                      << ", want 0x" << want[i] << " (code 0x" << int(code) << ", scale bits 0x"
+                      << bits(scales[g * 64 + i / 2]) << ")" << std::dec;
+      }
+  }
+  for (size_t i = out_words; i < out.size(); ++i)
+    ASSERT_EQ(out[i], 0xDEAD) << "written past rows at word " << i;
+}
+
+TEST(DequantKernels, MatchReferenceBitForBit) {
+  const std::vector<DqKernel> kernels = dequant_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no Xbyak avx512 path here";
+  for (const DqKernel& kern : kernels)
+    for (const auto& [code, zp] :
+         {std::pair{DType::f8e4m3, false}, std::pair{DType::u4, false}, std::pair{DType::u4, true}})
+      for (int64_t rows : {0, 1, 2, 37})
+        for (int64_t groups : {1, 3})
+          for (Scales s : {Scales::normal, Scales::huge, Scales::tiny, Scales::special}) {
+            run_dequant(kern, DqCase{code, zp, rows, groups, s});
+            if (HasFatalFailure()) return;
+          }
+}
+
+}  // namespace
+}  // namespace tilejit::test
