@@ -80,7 +80,9 @@ static_assert(fields_cover<DequantDesc>(), "a DequantDesc member is missing from
 //   fixed (a given per-tensor scale s > 0 and zero point z in [0, 255]):
 //     inv = 1 / s (computed once by the caller: args.inv_scale);
 //     q = clamp(rne(x · inv) + z, 0, 255);  zero = z
-// rne(v) is taken of clamp(v, −512, 512) (so a huge x·inv cannot overflow the
+// rne(v) is vcvtps2dq's: NaN and values outside int32 give INT32_MIN (so an
+// asym row of subnormals, whose inv is Inf, gets zero point 0).
+// For the codes, rne(v) is taken of clamp(v, −512, 512) (so a huge x·inv cannot overflow the
 // conversion; the clamps to the code range follow). In every mode a row
 // holding a NaN or ±Inf (any |x| bits >= 0x7F80) gets s = NaN (so its GEMM
 // outputs are NaN, as with bf16 weights) and q = zero everywhere.

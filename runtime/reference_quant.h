@@ -33,8 +33,11 @@ inline void reference_dequant_row(bool fp8, const uint8_t* codes, const float* s
     }
 }
 
-// Round to nearest even, as vcvtps2dq does in the default MXCSR mode.
+// Round to nearest even, as vcvtps2dq does in the default MXCSR mode,
+// including its answer for NaN and values outside int32: INT32_MIN (the
+// "integer indefinite"), without the undefined C++ conversion.
 inline int32_t rne_to_int(float x) {
+  if (!(std::fabs(x) < 2147483648.0f)) return std::numeric_limits<int32_t>::min();
   return static_cast<int32_t>(std::nearbyint(x));
 }
 
