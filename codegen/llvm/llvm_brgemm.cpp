@@ -14,6 +14,14 @@
 //     fold the sets; accumulate, bias, activation, f32 / bf16 (RNE) store,
 //     with masked loads/stores on the N tail so columns ≥ nr are never touched.
 //
+// The int8 kernel (u8 A × i8 B → i32, W8A8) has the same shape over k-quad
+// rows (4 K elements, Int8Layout): B's column vectors are <16 x i32> of 4
+// int8 each, A's quad one i32 splat, the sums <16 x i32> and exact:
+// llvm.x86.avx512.vpdpbusd (512 bits, or 256 twice on AVX-VNNI) where the
+// target has it, else the bytes widened (zext A, sext B) and multiplied in
+// i32 (never vpmaddubsw: it saturates). Its epilogue is integer up to the
+// zero-point correction, then BrgemmArgs' f32 scaling (or the raw sums, out i32).
+//
 // The k-split sets give each k-pair's products independent accumulators when a
 // block has too few to hide the FMA latency (decode shapes).
 #include "codegen/llvm/llvm_brgemm.h"
@@ -43,6 +51,8 @@ constexpr int kMaxMr = 32;
 // dot-product instruction; they are added up before the epilogue).
 class Blocking {
  public:
+  // dpbf16: any one-instruction dot product (vdpbf16ps, vpdpbusd); otherwise
+  // a widening one (fp32 FMAs, int8 bytes widened to i32).
   Blocking(int nz, bool dpbf16, const HostTarget& host)
       : nz_(nz), dpbf16_(dpbf16), w_(std::max(1, 512 / host.vector_bits)), regs_(host.vector_regs) {
     // Live besides the accumulators: fma keeps B's even and odd halves of
@@ -80,10 +90,19 @@ class Blocking {
   int fixed_ = 0;
 };
 
+// The int8 dot product of a k-quad (see IntDot in compile_llvm_brgemm).
+enum class IntDot { none, vpdpbusd512, vpdpbusd256, imul };
+
 class BrgemmEmitter : public KernelEmitter {
  public:
-  BrgemmEmitter(ModuleContext& mc, const BrgemmDesc& d, bool dpbf16)
-      : KernelEmitter(mc), d_(d), dpbf16_(dpbf16), vm_(b_, kLanes) {
+  BrgemmEmitter(ModuleContext& mc, const BrgemmDesc& d, bool dpbf16, IntDot idot)
+      : KernelEmitter(mc),
+        d_(d),
+        dpbf16_(dpbf16),
+        idot_(idot),
+        int8_(idot != IntDot::none),
+        vnni_(idot == IntDot::vpdpbusd512 || idot == IntDot::vpdpbusd256),
+        vm_(b_, kLanes) {
     nz_ = (d.computed_cols() + kLanes - 1) / kLanes;
   }
 
@@ -92,7 +111,7 @@ class BrgemmEmitter : public KernelEmitter {
   using Args = BrgemmArgs;
 
   void generate() override {
-    sums_ = b_.CreateAlloca(vm_.f32v(), b_.getInt32(d_.mr * nz_), "sums");
+    sums_ = b_.CreateAlloca(acc_vt(), b_.getInt32(d_.mr * nz_), "sums");
     sums_->setAlignment(llvm::Align(64));
 
     // Column groups of nzg vectors, each with its own pass over K. With 32
@@ -102,8 +121,10 @@ class BrgemmEmitter : public KernelEmitter {
     // rows to share B's widening (measured: 84 against 71 GFLOP/s for 7 × 64
     // on Zen 4 ymm; a single row is faster in one pass).
     const int w = std::max(1, 512 / mc_.host.vector_bits);
-    nzg_ = !dpbf16_ && w >= 2 && d_.mr >= 2 ? 1 : nz_;
-    const Blocking blk(nzg_, dpbf16_, mc_.host);
+    // (AVX-VNNI's ymm vpdpbusd has the same register pressure as fma.)
+    const bool split = !one_op_dot() || idot_ == IntDot::vpdpbusd256;
+    nzg_ = split && w >= 2 && d_.mr >= 2 ? 1 : nz_;
+    const Blocking blk(nzg_, one_op_dot(), mc_.host);
     const int mb = blk.max_rows(d_.mr);
     // mr rows in nblocks blocks of `big` or `big - 1` rows, the big ones first.
     const int nblocks = (d_.mr + mb - 1) / mb;
@@ -138,6 +159,10 @@ class BrgemmEmitter : public KernelEmitter {
   }
 
   llvm::Type* ptr_ty() { return b_.getPtrTy(); }
+  // The accumulator vector: <16 x float>, or <16 x i32> for int8.
+  llvm::Type* acc_vt() const { return int8_ ? vm_.i32v() : vm_.f32v(); }
+  // A dot product in one instruction per B vector (vdpbf16ps, vpdpbusd).
+  bool one_op_dot() const { return dpbf16_ || vnni_; }
   llvm::Value* byte_gep(llvm::Value* p, llvm::Value* off) {
     return b_.CreateGEP(b_.getInt8Ty(), p, off);
   }
@@ -151,9 +176,9 @@ class BrgemmEmitter : public KernelEmitter {
     // k-pairs per loop iteration: a multiple of the set cycle (dpbf16 uses one
     // set per pair, fma two); unrolling further only adds compile time (same
     // GFLOP/s with 2 and 4 pairs, measured).
-    unroll_ = dpbf16_ ? std::max(2, sets) : 2;
+    unroll_ = one_op_dot() ? std::max(2, sets) : 2;
     std::vector<llvm::Value*> acc(size_t(sets_) * mbs * nzg_,
-                                  llvm::Constant::getNullValue(vm_.f32v()));
+                                  llvm::Constant::getNullValue(acc_vt()));
     acc = emit_loop(
         b_, arg(TILEJIT_ARG(Args, batch)), acc,
         [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
@@ -163,7 +188,8 @@ class BrgemmEmitter : public KernelEmitter {
     for (int r = 0; r < mbs; ++r) {
       for (int j = 0; j < nzg_; ++j) {
         llvm::Value* v = acc[ai(0, r, j)];
-        for (int s = 1; s < sets_; ++s) v = b_.CreateFAdd(v, acc[ai(s, r, j)]);
+        for (int s = 1; s < sets_; ++s)
+          v = int8_ ? b_.CreateAdd(v, acc[ai(s, r, j)]) : b_.CreateFAdd(v, acc[ai(s, r, j)]);
         b_.CreateAlignedStore(v, sums_slot(b_.CreateAdd(row0, i64(r)), b_.CreateAdd(j0_, i64(j))),
                               llvm::Align(64));
       }
@@ -174,7 +200,7 @@ class BrgemmEmitter : public KernelEmitter {
   // epilogue loop serves every row; unrolled per row, the activation code
   // (dozens of instructions per vector) would dominate compile time.
   llvm::Value* sums_slot(llvm::Value* row, llvm::Value* j) {
-    return b_.CreateGEP(vm_.f32v(), sums_, b_.CreateAdd(b_.CreateMul(row, i64(nz_)), j));
+    return b_.CreateGEP(acc_vt(), sums_, b_.CreateAdd(b_.CreateMul(row, i64(nz_)), j));
   }
 
   std::vector<llvm::Value*> batch_item(llvm::Value* i, llvm::Value* row0,
@@ -188,6 +214,21 @@ class BrgemmEmitter : public KernelEmitter {
       a_rows_.push_back(
           byte_gep(a, b_.CreateMul(b_.CreateAdd(row0, i64(r)), arg(TILEJIT_ARG(Args, lda)))));
 
+    if (int8_) {
+      const int64_t kq = d_.kb / 4;  // check_desc: kb % 4 == 0
+      acc = emit_loop(
+          b_, i64(kq / unroll_), acc,
+          [&](llvm::Value* it, const std::vector<llvm::Value*>& in) {
+            std::vector<llvm::Value*> cur = in;
+            llvm::Value* q0 = b_.CreateMul(it, i64(unroll_));
+            for (int u = 0; u < unroll_; ++u) k_quad(b_.CreateAdd(q0, i64(u)), u, cur);
+            return cur;
+          },
+          "kloop");
+      const int64_t rem = kq % unroll_;
+      for (int64_t u = 0; u < rem; ++u) k_quad(i64(kq - rem + u), static_cast<int>(u), acc);
+      return acc;
+    }
     const int64_t kp = d_.kb / 2;
     acc = emit_loop(
         b_, i64(kp / unroll_), acc,
@@ -250,6 +291,57 @@ class BrgemmEmitter : public KernelEmitter {
       for (int j = 0; j < nzg_; ++j) {
         acc[ai(se, r, j)] = vm_.fma(ae, be[j], acc[ai(se, r, j)]);
         acc[ai(so, r, j)] = vm_.fma(ao, bo[j], acc[ai(so, r, j)]);
+      }
+    }
+  }
+
+  // vpdpbusd: acc[i] += Σ_{4 bytes} u8(a) · s8(b) per i32 lane, exact (no saturation).
+  llvm::Value* vpdpbusd(llvm::Value* acc, llvm::Value* a_i32v, llvm::Value* b_i32v) {
+    if (idot_ == IntDot::vpdpbusd512)
+      return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_512, {},
+                                {acc, a_i32v, b_i32v});
+    // AVX-VNNI: two 256-bit halves.
+    auto half = [&](llvm::Value* v, int h) {
+      return b_.CreateShuffleVector(
+          v, {8 * h, 8 * h + 1, 8 * h + 2, 8 * h + 3, 8 * h + 4, 8 * h + 5, 8 * h + 6, 8 * h + 7});
+    };
+    llvm::Value* lo = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_256, {},
+                                         {half(acc, 0), half(a_i32v, 0), half(b_i32v, 0)});
+    llvm::Value* hi = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_256, {},
+                                         {half(acc, 1), half(a_i32v, 1), half(b_i32v, 1)});
+    return b_.CreateShuffleVector(lo, hi, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  }
+
+  // One k-quad row of the int8 kernel: 4 K elements of every row and column.
+  void k_quad(llvm::Value* quad, int u, std::vector<llvm::Value*>& acc) {
+    if (vnni_) {
+      const int s = u % sets_;
+      std::vector<llvm::Value*> bv;
+      for (int j = 0; j < nzg_; ++j) bv.push_back(load_b_row(quad, j));
+      for (int r = 0; r < mbs_; ++r) {
+        // The quad's 4 u8 of row r (A rows are byte-aligned).
+        llvm::Value* a = vm_.splat(b_.CreateAlignedLoad(
+            b_.getInt32Ty(), byte_gep(a_rows_[r], b_.CreateMul(quad, i64(4))), llvm::Align(1)));
+        for (int j = 0; j < nzg_; ++j) acc[ai(s, r, j)] = vpdpbusd(acc[ai(s, r, j)], a, bv[j]);
+      }
+      return;
+    }
+    // Widened: byte p of every B lane sign-extended (shl, ashr), A's byte p
+    // zero-extended, one exact i32 multiply-add each.
+    std::vector<llvm::Value*> raw;
+    for (int j = 0; j < nzg_; ++j) raw.push_back(load_b_row(quad, j));
+    for (int p = 0; p < 4; ++p) {
+      const int s = (4 * u + p) % sets_;
+      std::vector<llvm::Value*> bp;
+      for (int j = 0; j < nzg_; ++j)
+        bp.push_back(b_.CreateAShr(b_.CreateShl(raw[j], vm_.i32(24 - 8 * p)), vm_.i32(24)));
+      for (int r = 0; r < mbs_; ++r) {
+        llvm::Value* a8 = b_.CreateAlignedLoad(
+            b_.getInt8Ty(), byte_gep(a_rows_[r], b_.CreateAdd(b_.CreateMul(quad, i64(4)), i64(p))),
+            llvm::Align(1));
+        llvm::Value* a = vm_.splat(b_.CreateZExt(a8, b_.getInt32Ty()));
+        for (int j = 0; j < nzg_; ++j)
+          acc[ai(s, r, j)] = b_.CreateAdd(acc[ai(s, r, j)], b_.CreateMul(a, bp[j]));
       }
     }
   }
@@ -329,7 +421,16 @@ class BrgemmEmitter : public KernelEmitter {
         bias[j] = vm_.bf16_to_f32(
             load(vm_.i16v(), byte_gep(arg(TILEJIT_ARG(Args, bias)), j * 32), in_lanes(j), 2));
     }
-    const int out_bytes = d_.out == DType::f32 ? 4 : 2;
+    // int8: the per-column scale and zero-point compensation ([64] each).
+    std::vector<llvm::Value*> b_scale(size_t(nz_), nullptr), b_comp(size_t(nz_), nullptr);
+    const bool scaled = int8_ && d_.out != DType::i32;
+    for (int j = 0; j < nz_ && scaled; ++j) {
+      b_scale[j] =
+          load(vm_.f32v(), byte_gep(arg(TILEJIT_ARG(Args, b_scale)), j * 64), in_lanes(j), 4);
+      b_comp[j] =
+          load(vm_.i32v(), byte_gep(arg(TILEJIT_ARG(Args, b_comp)), j * 64), in_lanes(j), 4);
+    }
+    const int out_bytes = d_.out == DType::bf16 ? 2 : 4;
     emit_loop(
         b_, i64(d_.mr), {},
         [&](llvm::Value* row, const std::vector<llvm::Value*>&) {
@@ -339,7 +440,33 @@ class BrgemmEmitter : public KernelEmitter {
                                     ? byte_gep(arg(TILEJIT_ARG(Args, acc_in)),
                                                b_.CreateMul(row, arg(TILEJIT_ARG(Args, ld_acc_in))))
                                     : nullptr;
+          llvm::Value* a_zero = nullptr;
+          llvm::Value* a_scale = nullptr;
+          if (scaled) {
+            a_zero = vm_.splat(b_.CreateAlignedLoad(
+                b_.getInt32Ty(), b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, a_zero)), row),
+                llvm::Align(4)));
+            a_scale = vm_.splat(b_.CreateAlignedLoad(
+                b_.getFloatTy(),
+                b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, a_scale)), row),
+                llvm::Align(4)));
+          }
+          // int8: the exact sums (+ int32 acc_in); raw for out i32, else
+          // float(acc − a_zero·b_comp) · a_scale · b_scale, then the bias.
+          auto int_input = [&](int j) {
+            llvm::Value* v =
+                b_.CreateAlignedLoad(vm_.i32v(), sums_slot(row, i64(j)), llvm::Align(64));
+            if (d_.accumulate)
+              v = b_.CreateAdd(v, load(vm_.i32v(), byte_gep(in_row, j * 64), in_lanes(j), 4));
+            if (!scaled) return v;
+            v = b_.CreateSub(v, b_.CreateMul(a_zero, b_comp[j]));
+            llvm::Value* f = b_.CreateSIToFP(v, vm_.f32v());
+            f = b_.CreateFMul(b_.CreateFMul(f, a_scale), b_scale[j]);
+            if (bias[j] != nullptr) f = b_.CreateFAdd(f, bias[j]);
+            return f;
+          };
           auto input = [&](int j) {
+            if (int8_) return int_input(j);
             llvm::Value* v =
                 b_.CreateAlignedLoad(vm_.f32v(), sums_slot(row, i64(j)), llvm::Align(64));
             if (d_.accumulate)
@@ -348,7 +475,9 @@ class BrgemmEmitter : public KernelEmitter {
             return v;
           };
           for (int j = 0; j < nout; ++j) {
-            llvm::Value* v = glu ? gated(input(j), input(j + 2)) : vm_.activation(d_.act, input(j));
+            llvm::Value* v = glu                    ? gated(input(j), input(j + 2))
+                             : d_.out == DType::i32 ? input(j)
+                                                    : vm_.activation(d_.act, input(j));
             if (d_.out == DType::bf16) v = vm_.f32_to_bf16(v);
             store(v, byte_gep(c_row, j * kLanes * out_bytes), out_lanes(j), out_bytes);
           }
@@ -359,6 +488,8 @@ class BrgemmEmitter : public KernelEmitter {
 
   const BrgemmDesc& d_;
   bool dpbf16_;
+  IntDot idot_;
+  bool int8_, vnni_;
   VectorMath vm_;
   int nz_ = 1;                 // column vectors of C
   int nzg_ = 1;                // column vectors per group (one pass over K each)
@@ -377,6 +508,16 @@ void check_desc(const BrgemmDesc& d) {
   if (d.mr < 1 || d.mr > kMaxMr) bad("mr = " + std::to_string(d.mr) + " is outside [1, 32]");
   if (d.nr < 1 || d.nr > 64) bad("nr = " + std::to_string(d.nr) + " is outside [1, 64]");
   if (d.kb < 0) bad("kb = " + std::to_string(d.kb) + " is negative");
+  const bool int8 = d.a_type == DType::u8;
+  const bool types_bf16 =
+      d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
+  const bool types_int8 = int8 && d.b_type == DType::i8 && d.acc_type == DType::i32;
+  if (!types_bf16 && !types_int8)
+    bad(std::string("a/b/acc types ") + dtype_name(d.a_type) + "/" + dtype_name(d.b_type) + "/" +
+        dtype_name(d.acc_type) + " are not supported (bf16/bf16/f32 or u8/i8/i32)");
+  if (int8 && d.kb % 4 != 0)
+    bad("kb = " + std::to_string(d.kb) + " is not a multiple of 4 (int8 k-quads)");
+  if (int8 && d.glu != Glu::none) bad("a GLU epilogue is not supported with int8 operands");
   if (d.glu != Glu::none && d.nr > 32)
     bad("a GLU stores nr = " + std::to_string(d.nr) + " > 32 columns");
   const int64_t need = (d.computed_cols() + kLanes - 1) / kLanes * 64;
@@ -384,8 +525,13 @@ void check_desc(const BrgemmDesc& d) {
     bad("b_row_bytes = " + std::to_string(d.b_row_bytes) +
         " must be a multiple of 4 and at least " + std::to_string(need) + " for " +
         std::to_string(d.computed_cols()) + " columns");
-  if (d.out != DType::f32 && d.out != DType::bf16)
-    bad(std::string("out = ") + dtype_name(d.out) + " is not supported (f32 or bf16)");
+  if (d.out == DType::i32 && int8) {
+    if (d.bias != BiasKind::none || d.act != Activation::none || d.glu != Glu::none)
+      bad("out = i32 stores the raw int32 sums: no bias, activation or GLU");
+  } else if (d.out != DType::f32 && d.out != DType::bf16) {
+    bad(std::string("out = ") + dtype_name(d.out) + " is not supported (f32 or bf16" +
+        (int8 ? ", or i32" : "") + ")");
+  }
   if (d.bias != BiasKind::none && d.bias != BiasKind::f32 && d.bias != BiasKind::bf16)
     bad("bias kind " + std::to_string(static_cast<int>(d.bias)) + " is not none, f32 or bf16");
   if (ir::find_activation(d.act) == nullptr)
@@ -402,10 +548,54 @@ std::string llvm_brgemm_name(const BrgemmDesc& d) {
   return "brgemm_llvm" + s.substr(prefix.size());
 }
 
+namespace {
+
+bool has_feature(const HostTarget& host, const std::string& f) {
+  const std::string list = "," + host.features + ",";
+  return list.find(",+" + f + ",") != std::string::npos;
+}
+
+// The int8 dot product for the target: vpdpbusd where it has AVX512-VNNI
+// (zmm) or AVX-VNNI (ymm, twice), else the widened i32 multiply-adds.
+IntDot int8_dot(const BrgemmDesc& d, const LlvmBrgemmOptions& options, const HostTarget& host) {
+  const bool zmm = host.vector_bits >= 512 && has_feature(host, "avx512vnni");
+  const bool ymm = has_feature(host, "avxvnni") ||
+                   (has_feature(host, "avx512vnni") && has_feature(host, "avx512vl"));
+  const IntDot best = zmm ? IntDot::vpdpbusd512 : ymm ? IntDot::vpdpbusd256 : IntDot::imul;
+  switch (options.dot) {
+    case BrgemmDot::best:
+      return best;
+    case BrgemmDot::imul:
+      return IntDot::imul;
+    case BrgemmDot::vpdpbusd:
+      if (best == IntDot::imul)
+        throw Error(
+            "compile_llvm_brgemm: dot = vpdpbusd needs AVX512-VNNI or AVX-VNNI, which "
+            "this host (" +
+            host.cpu + ") lacks");
+      return best;
+    default:
+      throw Error("compile_llvm_brgemm: dot = fma / dpbf16 is for bf16 kernels; the int8 kernel " +
+                  llvm_brgemm_name(d) + " takes best, vpdpbusd or imul");
+  }
+}
+
+}  // namespace
+
 LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& options) {
   check_desc(d);
   require_vector_host("compile_llvm_brgemm");
   const HostTarget& host = host_target();
+  if (d.a_type == DType::u8) {
+    const IntDot idot = int8_dot(d, options, host);
+    std::string name = llvm_brgemm_name(d);
+    if (options.dot != BrgemmDot::best) name += idot == IntDot::imul ? "_imul" : "_vpdpbusd";
+    return compile_emitter<BrgemmEmitter>(name, options.opt, d, false, idot);
+  }
+  if (options.dot != BrgemmDot::best && options.dot != BrgemmDot::fma &&
+      options.dot != BrgemmDot::dpbf16)
+    throw Error("compile_llvm_brgemm: dot = vpdpbusd / imul is for int8 kernels; the bf16 kernel " +
+                llvm_brgemm_name(d) + " takes best, fma or dpbf16");
   const bool dpbf16 =
       options.dot == BrgemmDot::dpbf16 || (options.dot == BrgemmDot::best && host.avx512bf16);
   if (dpbf16 && !host.avx512bf16)
@@ -414,7 +604,7 @@ LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& opt
   // A forced variant is spelled in the name; the default is the host's best.
   std::string name = llvm_brgemm_name(d);
   if (options.dot != BrgemmDot::best) name += dpbf16 ? "_dpbf16" : "_fma";
-  return compile_emitter<BrgemmEmitter>(name, options.opt, d, dpbf16);
+  return compile_emitter<BrgemmEmitter>(name, options.opt, d, dpbf16, IntDot::none);
 }
 
 }  // namespace tilejit::codegen::llvm_backend

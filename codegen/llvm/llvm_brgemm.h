@@ -16,8 +16,13 @@ namespace tilejit::codegen::llvm_backend {
 //            <16 x float> per k-pair. Runs on any AVX2 + FMA host.
 //  - dpbf16: llvm.x86.avx512bf16.dpbf16ps.512, one per k-pair (2x the FLOPs
 //            per instruction); only on hosts with AVX512-BF16.
-//  - best:   dpbf16 where the host has it, else fma.
-enum class BrgemmDot { best, fma, dpbf16 };
+//  - best:   dpbf16 where the host has it, else fma (int8: vpdpbusd, else imul).
+// The int8 (u8 × i8 → i32) kernel's, exact either way:
+//  - vpdpbusd: llvm.x86.avx512.vpdpbusd.512 per k-quad, or the .256 form
+//            twice on a host with AVX-VNNI only; needs one of the two.
+//  - imul:   the bytes widened (u8 zero-, i8 sign-extended to i32) and
+//            multiplied and added in i32. Runs on any AVX2 host.
+enum class BrgemmDot { best, fma, dpbf16, vpdpbusd, imul };
 
 struct LlvmBrgemmOptions {
   BrgemmDot dot = BrgemmDot::best;
@@ -28,10 +33,15 @@ struct LlvmBrgemmOptions {
 // "brgemm_llvm_bf16_f32acc_m7n64k4096_biasf32_silu_bf16out".
 std::string llvm_brgemm_name(const BrgemmDesc& d);
 
-// Compiles the micro-kernel for `d` on the host; entry is a BrgemmFn. Throws
-// tilejit::Error for a descriptor out of the contract (mr outside [1, 32], nr
-// outside [1, 64], kb < 0, b_row_bytes too small for nr or not a multiple of
-// 4, out neither f32 nor bf16) or for dpbf16 on a host without AVX512-BF16.
+// Compiles the micro-kernel for `d` on the host; entry is a BrgemmFn. Takes
+// bf16 × bf16 → f32 and u8 × i8 → i32 (W8A8: B in the Int8Layout, kb a
+// multiple of 4, row-major A of lda bytes; out i32 stores the raw sums, f32 /
+// bf16 apply BrgemmArgs' scaled epilogue; no GLU yet). Throws tilejit::Error
+// for a descriptor out of the contract (mr outside [1, 32], nr outside
+// [1, 64], kb < 0, other dtypes, b_row_bytes too small for nr or not a multiple of 4,
+// out neither f32 nor bf16 (nor i32 for int8, which then allows no bias,
+// activation or GLU)), for a dot product of the other dtype or for one the
+// host lacks (dpbf16 without AVX512-BF16, vpdpbusd without VNNI).
 LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& options = {});
 
 }  // namespace tilejit::codegen::llvm_backend
