@@ -8,10 +8,15 @@
 #include "tilejit/error.h"
 
 #ifdef TILEJIT_HAVE_LLVM
+#include "codegen/llvm/llvm_act_quant.h"
 #include "codegen/llvm/llvm_brgemm.h"
 #include "codegen/llvm/llvm_elementwise.h"
 #include "codegen/llvm/mc_disassembler.h"
 #include "jit/llvm_kernels.h"
+// The LLVM maker of a two-backend family (nothing in a build without LLVM).
+#define TILEJIT_LLVM_MAKER(D, expr) []([[maybe_unused]] const D& y) { return expr; }
+#else
+#define TILEJIT_LLVM_MAKER(D, expr) nullptr
 #endif
 #include "ir/printer.h"
 
@@ -317,28 +322,21 @@ const Kernel& get(const codegen::DequantDesc& d) {
       throw Error(fmt::format("dequant: code={}; allowed: f8e4m3, u4", dtype_name(x.code)));
     if (x.zeros && x.code != DType::u4)
       throw Error("dequant: zero points with code=f8e4m3; allowed: zeros with u4 only");
-#ifdef TILEJIT_QUANT_EMITTERS
     return two_backend_family(
         Family::dequant, x,
         [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },
-        [](const codegen::DequantDesc& y) { return lb::compile_llvm_dequant(y); });
-#else
-    throw InternalError("jit: the dequant emitters are not in this build yet");
-#endif
+        TILEJIT_LLVM_MAKER(codegen::DequantDesc,
+                           (throw InternalError("jit: no LLVM dequant emitter yet"),
+                            lb::compile_llvm_act_quant(codegen::ActQuantDesc{}))));
   });
 }
 
 const Kernel& get(const codegen::ActQuantDesc& d) {
   return front(d, [](const codegen::ActQuantDesc& x) -> const Kernel& {
-#ifdef TILEJIT_QUANT_EMITTERS
     return two_backend_family(
         Family::act_quant, x,
         [](const codegen::ActQuantDesc& y) { return codegen::xbyak::emit_act_quant(y); },
-        [](const codegen::ActQuantDesc& y) { return lb::compile_llvm_act_quant(y); });
-#else
-    (void)x;
-    throw InternalError("jit: the act_quant emitters are not in this build yet");
-#endif
+        TILEJIT_LLVM_MAKER(codegen::ActQuantDesc, lb::compile_llvm_act_quant(y)));
   });
 }
 

@@ -49,6 +49,27 @@ inline double activation_math_error(Activation act, double x) {
   return kVectorMathError * std::max(1.0, std::fabs(x));
 }
 
+// fp8 and int4 weights are dequantized to bf16 before the dot product
+// (codegen/quant_desc.h): each w moves by at most 2⁻⁸·|w| (bf16 round to
+// nearest even; the f32 product before it adds 2⁻²⁴), so against the exact
+// dequantized weights an output moves by at most that times Σ|x·w| more,
+// through the activation.
+inline double dequant_weight_bound(Activation act, double sum_abs) {
+  return activation_lipschitz(act) * (std::ldexp(1.0, -8) + std::ldexp(1.0, -23)) * sum_abs;
+}
+
+// The W8A8 epilogue (codegen/brgemm_desc.h): the int32 sum t is exact; float(t),
+// the two scale multiplies and the bias add are four f32 roundings of values
+// at most |pre| + |bias| (pre = t·s_x·s_w), moved through the activation, then
+// the reference's own rounding and, for bf16 out, one bf16 ulp.
+inline double int8_output_bound(Activation act, DType out, double pre_abs, double bias_abs,
+                                double pre, double v) {
+  double tol = activation_lipschitz(act) * 4 * kF32Unit * (pre_abs + bias_abs);
+  tol += activation_math_error(act, pre) + kF32Unit * std::fabs(v);
+  if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(std::fabs(v), -7);
+  return tol;
+}
+
 // Dot product. Products of two bf16 values are exact in fp32; vdpbf16ps /
 // tdpbf16ps (and the LLVM FMAs) then add them into fp32 accumulators with one
 // rounding per addition, in whatever order the blocking (k-split

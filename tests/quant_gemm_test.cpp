@@ -1,0 +1,522 @@
+// The weight-quantized GEMM battery (docs/quantized.md): every format on the
+// path TILEJIT_ISA names, against references written here from the test's
+// own logical weights (not the library's packing), over M / N / K tails,
+// group and block sizes, symmetric and zero-point int4, act-order, [K, N]
+// fp8, bias, activations and both output types; the pack contract (unpack
+// bit for bit, dequantize, packing twice, tensor-parallel shards); and the
+// Errors of malformed checkpoints.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
+#include "runtime/reference_error_bounds.h"
+#include "runtime/reference_gemm.h"
+#include "runtime/reference_quant.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+using runtime::bf16_to_f32;
+using runtime::f32_to_bf16;
+
+enum class Fmt { int8, fp8, awq, gptq };
+enum class Scale { tensor, channel, block };
+
+const char* fmt_name(Fmt f) {
+  switch (f) {
+    case Fmt::int8:
+      return "int8";
+    case Fmt::fp8:
+      return "fp8";
+    case Fmt::awq:
+      return "awq";
+    case Fmt::gptq:
+      return "gptq";
+  }
+  return "?";
+}
+
+struct QCase {
+  Fmt fmt = Fmt::fp8;
+  int64_t m = 1, n = 1, k = 1;
+  // fp8
+  Scale scale = Scale::channel;
+  int64_t bn = 0, bk = 0;
+  bool kn = false;  // weight stored [K, N]
+  // int4
+  int64_t group = 128;  // -1: per channel
+  bool zp = false, act_order = false, v2 = false;
+  DType scale_dtype = DType::f16;
+  // int8
+  ActQuant aq = ActQuant::dynamic_sym;
+  bool per_tensor = false;
+  Activation act = Activation::none;
+  Bias bias = Bias::none;
+  DType out = DType::f32;
+
+  std::string name() const {
+    std::string s = fmt::format("{}_m{}n{}k{}", fmt_name(fmt), m, n, k);
+    if (fmt == Fmt::fp8)
+      s += scale == Scale::block    ? fmt::format("_block{}x{}", bn, bk)
+           : scale == Scale::tensor ? "_tensor"
+                                    : "_channel";
+    if (fmt == Fmt::fp8 && kn) s += "_kn";
+    if (fmt == Fmt::awq || fmt == Fmt::gptq) {
+      s += group < 0 ? "_gch" : fmt::format("_g{}", group);
+      if (zp) s += "_zp";
+      if (act_order) s += "_actorder";
+      if (v2) s += "_v2";
+      s += fmt::format("_s{}", dtype_name(scale_dtype));
+    }
+    if (fmt == Fmt::int8) {
+      s += aq == ActQuant::dynamic_sym ? "_sym" : aq == ActQuant::dynamic_asym ? "_asym" : "_fixed";
+      if (per_tensor) s += "_tensor";
+    }
+    s += fmt::format("_{}_{}_{}", activation_name(act), bias_name(bias), dtype_name(out));
+    return s;
+  }
+};
+
+// Scales with few mantissa bits: exact in f16, bf16 and f32 alike.
+float small_scale(std::mt19937& rng, int exp) {
+  return std::ldexp(1.0f + static_cast<float>(rng() % 8) / 8.0f, exp);
+}
+uint16_t f32_to_f16_exact(float v) {  // for the values small_scale makes
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const int e = static_cast<int>((u >> 23) & 0xFF) - 127 + 15;
+  return static_cast<uint16_t>(sign | (uint32_t(e) << 10) | ((u >> 13) & 0x3FF));
+}
+
+// A checkpoint built from logical values, in its format's storage, with the
+// logical weights: exact (double) and as the kernels' contract rounds them.
+struct Checkpoint {
+  std::vector<int8_t> i8;
+  std::vector<uint8_t> f8;
+  std::vector<int32_t> qweight, qzeros, g_idx;
+  std::vector<float> scales_f32;
+  std::vector<uint16_t> scales_16;
+  Int8Weight int8;
+  Fp8Weight fp8;
+  Int4Weight int4;
+  std::vector<double> w;       // [N, K] exact
+  std::vector<double> w_bf16;  // [N, K] rounded as the dequant kernels do (fp8 / int4)
+};
+
+Checkpoint make_checkpoint(const QCase& c) {
+  Checkpoint ck;
+  const int64_t N = c.n, K = c.k;
+  std::mt19937 rng(
+      seed_of({static_cast<int64_t>(c.fmt), N, K, c.group, c.zp, c.act_order, c.bn, c.bk, c.kn}));
+  ck.w.assign(static_cast<size_t>(N * K), 0);
+  ck.w_bf16.assign(static_cast<size_t>(N * K), 0);
+  // Weight magnitudes ~ 15/sqrt(K)/|x| as random_problem's, so pre-activations span both tails.
+  const int wexp = static_cast<int>(std::floor(std::log2(4.0 / std::sqrt(double(K))))) - 3;
+  switch (c.fmt) {
+    case Fmt::int8: {
+      ck.i8.resize(static_cast<size_t>(N * K));
+      for (auto& v : ck.i8) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+      ck.scales_f32.resize(c.per_tensor ? 1 : static_cast<size_t>(N));
+      for (auto& s : ck.scales_f32) s = small_scale(rng, wexp - 4);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          ck.w[n * K + k] = double(ck.i8[n * K + k]) * ck.scales_f32[c.per_tensor ? 0 : n];
+      ck.int8.weight = TensorView(ck.i8.data(), DType::i8, {N, K});
+      ck.int8.scales =
+          TensorView(ck.scales_f32.data(), DType::f32, {int64_t(ck.scales_f32.size())});
+      break;
+    }
+    case Fmt::fp8: {
+      ck.f8.resize(static_cast<size_t>(N * K));
+      int64_t gn = 1, gk = 1;
+      if (c.scale == Scale::channel) gn = N;
+      if (c.scale == Scale::block) gn = (N + c.bn - 1) / c.bn, gk = (K + c.bk - 1) / c.bk;
+      ck.scales_f32.resize(static_cast<size_t>(gn * gk));
+      for (auto& s : ck.scales_f32) s = small_scale(rng, wexp - 2);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          uint8_t code;
+          do code = static_cast<uint8_t>(rng() % 256);
+          while ((code & 0x7F) == 0x7F);
+          (c.kn ? ck.f8[k * N + n] : ck.f8[n * K + k]) = code;
+          const float s = c.scale == Scale::block    ? ck.scales_f32[(n / c.bn) * gk + k / c.bk]
+                          : c.scale == Scale::tensor ? ck.scales_f32[0]
+                                                     : ck.scales_f32[n];
+          const float v = runtime::e4m3_to_f32(code);
+          ck.w[n * K + k] = double(v) * s;
+          ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s));
+        }
+      ck.fp8.weight = c.kn ? TensorView(ck.f8.data(), DType::f8e4m3, {N, K}, {1, N})
+                           : TensorView(ck.f8.data(), DType::f8e4m3, {N, K});
+      if (c.scale == Scale::block) {
+        ck.fp8.scales = TensorView(ck.scales_f32.data(), DType::f32, {gn, gk});
+        ck.fp8.block_n = c.bn, ck.fp8.block_k = c.bk;
+      } else {
+        ck.fp8.scales = TensorView(ck.scales_f32.data(), DType::f32, {gn});
+      }
+      break;
+    }
+    case Fmt::awq:
+    case Fmt::gptq: {
+      const bool awq = c.fmt == Fmt::awq;
+      const int64_t G = c.group < 0 ? 1 : (K + c.group - 1) / c.group;
+      std::vector<int32_t> group_of(static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k)
+        group_of[k] = static_cast<int32_t>(c.group < 0 ? 0 : k / c.group);
+      if (c.act_order) std::shuffle(group_of.begin(), group_of.end(), rng);
+      std::vector<int> q(static_cast<size_t>(N * K)), z(static_cast<size_t>(G * N), 8);
+      for (auto& v : q) v = static_cast<int>(rng() % 16);
+      if (c.zp)
+        for (auto& v : z) v = static_cast<int>(rng() % 16) + (!awq && !c.v2 ? 1 : 0);  // v1: 1..16
+      std::vector<float> s(static_cast<size_t>(G * N));
+      for (auto& v : s) v = small_scale(rng, wexp);
+      const int64_t n8 = (N + 7) / 8, k8 = (K + 7) / 8;
+      ck.qweight.assign(static_cast<size_t>(awq ? K * n8 : k8 * N), 0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const uint32_t v = static_cast<uint32_t>(q[n * K + k]);
+          if (awq)
+            ck.qweight[k * n8 + n / 8] |=
+                static_cast<int32_t>(v << (4 * runtime::kAwqNibble[n % 8]));
+          else
+            ck.qweight[(k / 8) * N + n] |= static_cast<int32_t>(v << (4 * (k % 8)));
+        }
+      if (c.zp) {
+        ck.qzeros.assign(static_cast<size_t>(G * n8), 0);
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t n = 0; n < N; ++n) {
+            const uint32_t stored =
+                static_cast<uint32_t>((!awq && !c.v2) ? z[g * N + n] - 1 : z[g * N + n]) & 0xF;
+            const int nib = awq ? runtime::kAwqNibble[n % 8] : static_cast<int>(n % 8);
+            ck.qzeros[g * n8 + n / 8] |= static_cast<int32_t>(stored << (4 * nib));
+          }
+      }
+      if (c.scale_dtype == DType::f32) {
+        ck.scales_f32 = s;
+      } else {
+        ck.scales_16.resize(s.size());
+        for (size_t i = 0; i < s.size(); ++i)
+          ck.scales_16[i] =
+              c.scale_dtype == DType::bf16 ? f32_to_bf16(s[i]) : f32_to_f16_exact(s[i]);
+      }
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t g = group_of[k];
+          const float v = static_cast<float>(q[n * K + k] - z[g * N + n]);
+          ck.w[n * K + k] = double(v) * s[g * N + n];
+          ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s[g * N + n]));
+        }
+      Int4Weight& w = ck.int4;
+      w.format = awq ? Int4Format::awq : Int4Format::gptq;
+      w.qweight = awq ? TensorView(ck.qweight.data(), DType::i32, {K, n8})
+                      : TensorView(ck.qweight.data(), DType::i32, {k8, N});
+      w.n = N, w.k = K;
+      w.scales = c.scale_dtype == DType::f32
+                     ? TensorView(ck.scales_f32.data(), DType::f32, {G, N})
+                     : TensorView(ck.scales_16.data(), c.scale_dtype, {G, N});
+      if (c.zp) w.qzeros = TensorView(ck.qzeros.data(), DType::i32, {G, n8});
+      if (c.act_order) {
+        ck.g_idx = group_of;
+        w.g_idx = TensorView(ck.g_idx.data(), DType::i32, {K});
+      }
+      w.group_size = c.group;
+      w.gptq_v2 = c.v2;
+      break;
+    }
+  }
+  if (c.fmt == Fmt::int8) ck.w_bf16 = ck.w;
+  return ck;
+}
+
+PackedWeight pack(const QCase& c, const Checkpoint& ck) {
+  switch (c.fmt) {
+    case Fmt::int8:
+      return pack_weight(ck.int8);
+    case Fmt::fp8:
+      return pack_weight(ck.fp8);
+    default:
+      return pack_weight(ck.int4);
+  }
+}
+
+double bias_value(const QCase& c, const std::vector<float>& bf, const std::vector<uint16_t>& bb,
+                  int64_t j) {
+  if (c.bias == Bias::f32) return bf[j];
+  if (c.bias == Bias::bf16) return bf16_to_f32(bb[j]);
+  return 0;
+}
+
+::testing::AssertionResult run_case(const QCase& c) {
+  const Checkpoint ck = make_checkpoint(c);
+  const PackedWeight pw = pack(c, ck);
+  const int64_t M = c.m, N = c.n, K = c.k;
+  const uint32_t seed =
+      seed_of({M, N, K, static_cast<int64_t>(c.act), static_cast<int64_t>(c.bias)});
+  const std::vector<uint16_t> xv = random_bf16(static_cast<size_t>(M * K), seed, -2, 2);
+  // x with a padded row stride holding NaN, in a guarded buffer.
+  const int64_t ldx = K + 3;
+  GuardedBuffer xbuf(static_cast<size_t>((M - 1) * ldx + K) * 2);
+  auto* xg = xbuf.as<uint16_t>();
+  for (int64_t e = 0; e < (M - 1) * ldx + K; ++e) xg[e] = 0x7fc1;
+  for (int64_t i = 0; i < M; ++i) std::memcpy(xg + i * ldx, &xv[i * K], static_cast<size_t>(K) * 2);
+  std::vector<float> bf;
+  std::vector<uint16_t> bb;
+  GemmOptions opt;
+  opt.act = c.act;
+  if (c.bias == Bias::f32) {
+    bf = random_f32(static_cast<size_t>(N), seed + 7, -3, 3);
+    opt.bias = TensorView(bf.data(), DType::f32, {N});
+  } else if (c.bias == Bias::bf16) {
+    bb = random_bf16(static_cast<size_t>(N), seed + 7, -3, 3);
+    opt.bias = TensorView(bb.data(), DType::bf16, {N});
+  }
+  opt.act_quant = c.aq;
+  if (c.aq == ActQuant::fixed) opt.act_scale = 2.0f / 127, opt.act_zero_point = 128;
+  const size_t ysz = c.out == DType::f32 ? 4 : 2;
+  const int64_t ldy = N + 5;
+  std::vector<uint8_t> ybuf(static_cast<size_t>(M * ldy) * ysz, 0xA5);
+  gemm(TensorView(xg, DType::bf16, {M, K}, {ldx, 1}), pw,
+       TensorView(ybuf.data(), c.out, {M, N}, {ldy, 1}), opt);
+
+  const bool scalar = cpu_info().isa == Isa::scalar;
+  const bool int8 = c.fmt == Fmt::int8;
+  std::vector<uint8_t> qa(static_cast<size_t>(K));
+  int bad = 0;
+  std::string first;
+  for (int64_t i = 0; i < M; ++i) {
+    float sa = 1;
+    int32_t za = 0;
+    if (int8)
+      runtime::reference_act_quant_row(c.aq == ActQuant::dynamic_sym ? runtime::ActQuantRule::sym
+                                       : c.aq == ActQuant::dynamic_asym
+                                           ? runtime::ActQuantRule::asym
+                                           : runtime::ActQuantRule::fixed,
+                                       &xv[i * K], K, K, 1.0f / opt.act_scale, opt.act_scale,
+                                       opt.act_zero_point, qa.data(), &sa, &za);
+    for (int64_t j = 0; j < N; ++j) {
+      const double b = bias_value(c, bf, bb, j);
+      double ref, tol;
+      double pre, sum_abs = 0;
+      if (int8) {
+        // Exact integer sums of the codes the kernels' quantizer makes.
+        int64_t acc = 0, wabs = 0;
+        const double sw = ck.scales_f32[c.per_tensor ? 0 : j];
+        for (int64_t k = 0; k < K; ++k) {
+          acc += int64_t(qa[k] - za) * ck.i8[j * K + k];
+          wabs += std::abs(int64_t(qa[k] - za) * ck.i8[j * K + k]);
+        }
+        pre = double(acc) * sa * sw + b;
+        ref = runtime::reference_activation(c.act, pre);
+        tol = runtime::int8_output_bound(c.act, c.out, double(wabs) * sa * sw, std::fabs(b), pre,
+                                         ref);
+      } else {
+        // Against the exact dequantized weights; off the scalar path the
+        // kernels' bf16 rounding of w adds dequant_weight_bound.
+        double acc = 0, acc_r = 0, abs_r = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double x = bf16_to_f32(xv[i * K + k]);
+          acc += x * ck.w[j * K + k];
+          sum_abs += std::fabs(x * ck.w[j * K + k]);
+          acc_r += x * ck.w_bf16[j * K + k];
+          abs_r += std::fabs(x * ck.w_bf16[j * K + k]);
+        }
+        pre = acc + b;
+        ref = runtime::reference_activation(c.act, pre);
+        tol = runtime::gemm_output_bound(c.act, c.out, K, sum_abs, std::fabs(b), pre, ref);
+        if (!scalar) {
+          tol += runtime::dequant_weight_bound(c.act, sum_abs) * (c.out == DType::bf16 ? 1.01 : 1);
+          // The tight check: the kernels' contract (w rounded to bf16) exactly.
+          const double pre_r = acc_r + b, ref_r = runtime::reference_activation(c.act, pre_r);
+          const double tol_r =
+              runtime::gemm_output_bound(c.act, c.out, K, abs_r, std::fabs(b), pre_r, ref_r);
+          const double got = read_out(ybuf.data(), c.out, i * ldy + j);
+          if (!(std::fabs(got - ref_r) <= tol_r)) {
+            if (bad++ == 0)
+              first = fmt::format("y[{}, {}] = {} vs bf16-weight reference {} (tol {})", i, j, got,
+                                  ref_r, tol_r);
+          }
+        }
+      }
+      const double got = read_out(ybuf.data(), c.out, i * ldy + j);
+      if (!(std::fabs(got - ref) <= tol)) {
+        if (bad++ == 0)
+          first = fmt::format("y[{}, {}] = {} vs reference {} (tol {})", i, j, got, ref, tol);
+      }
+    }
+    // The row padding of y is untouched.
+    for (int64_t j = N; j < ldy; ++j)
+      for (size_t b = 0; b < ysz; ++b)
+        if (ybuf[(i * ldy + j) * ysz + b] != 0xA5 && bad++ == 0)
+          first = fmt::format("y padding [{}, {}] written", i, j);
+  }
+  if (bad != 0) return ::testing::AssertionFailure() << bad << " bad outputs; first: " << first;
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<QCase> battery() {
+  std::vector<QCase> out;
+  const Activation acts[] = {Activation::none, Activation::relu, Activation::silu,
+                             Activation::gelu_tanh, Activation::gelu_erf};
+  const Bias biases[] = {Bias::none, Bias::f32, Bias::bf16};
+  // M tails (1, the AVX-512 / AMX blocks and past them, > 16 for deep K
+  // chunks), N tails around 16 / 64, K tails, K below one group, and K past
+  // one 256 (small M) or 2048 (large M) chunk.
+  const int64_t shapes[][3] = {{1, 1, 1},     {1, 65, 20},   {3, 31, 100},   {5, 130, 300},
+                               {1, 64, 1000}, {17, 96, 64},  {40, 70, 2100}, {33, 200, 260},
+                               {2, 17, 127},  {64, 129, 513}};
+  int v = 0;
+  auto add = [&](QCase c) {
+    c.act = acts[v % 5];
+    c.bias = biases[(v / 5) % 3];
+    c.out = (v / 2) % 2 ? DType::bf16 : DType::f32;
+    ++v;
+    out.push_back(c);
+  };
+  for (const auto& s : shapes) {
+    QCase c;
+    c.m = s[0], c.n = s[1], c.k = s[2];
+    // fp8: per tensor, per channel, blocks (128x128, partial last blocks,
+    // small odd bn), [K, N] storage.
+    for (Scale sc : {Scale::tensor, Scale::channel, Scale::block}) {
+      QCase f = c;
+      f.fmt = Fmt::fp8;
+      f.scale = sc;
+      if (sc == Scale::block) f.bn = 128, f.bk = 128;
+      add(f);
+    }
+    {
+      QCase f = c;
+      f.fmt = Fmt::fp8, f.scale = Scale::block, f.bn = 48, f.bk = 16, f.kn = true;
+      add(f);
+      f.scale = Scale::channel, f.bn = f.bk = 0;
+      add(f);
+    }
+    // int4: AWQ and GPTQ, every group size, symmetric and zero points,
+    // act-order, v2 zeros, scale dtypes.
+    int g = 0;
+    for (int64_t group : {32, 64, 128, -1}) {
+      QCase a = c;
+      a.fmt = Fmt::awq, a.group = group, a.zp = g % 2 == 0,
+      a.scale_dtype = g % 2 ? DType::bf16 : DType::f16;
+      add(a);
+      QCase q = c;
+      q.fmt = Fmt::gptq, q.group = group, q.zp = g != 1, q.act_order = group != -1 && g % 2 == 1,
+      q.v2 = g == 2, q.scale_dtype = g == 3 ? DType::f32 : DType::f16;
+      add(q);
+      ++g;
+    }
+    {
+      QCase q = c;
+      q.fmt = Fmt::gptq, q.group = 32, q.zp = true, q.act_order = true;
+      add(q);
+    }
+    // int8 W8A8: dynamic sym / asym, fixed scale; per channel and per tensor.
+    for (ActQuant aq : {ActQuant::dynamic_sym, ActQuant::dynamic_asym, ActQuant::fixed}) {
+      QCase i = c;
+      i.fmt = Fmt::int8, i.aq = aq, i.per_tensor = aq == ActQuant::fixed;
+      add(i);
+    }
+  }
+  return out;
+}
+
+class QuantGemm : public IsaTestWithParam<QCase> {};
+
+TEST_P(QuantGemm, MatchesReference) {
+  EXPECT_TRUE(run_case(GetParam())) << GetParam().name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Battery, QuantGemm, ::testing::ValuesIn(battery()),
+                         [](const auto& p) { return p.param.name(); });
+
+// ---- the pack contract ------------------------------------------------------------
+
+class QuantPack : public ::testing::TestWithParam<QCase> {};
+
+TEST_P(QuantPack, UnpackDequantizeRepack) {
+  const QCase& c = GetParam();
+  const Checkpoint ck = make_checkpoint(c);
+  const PackedWeight pw = pack(c, ck);
+  EXPECT_EQ(pw.n(), c.n);
+  EXPECT_EQ(pw.k(), c.k);
+  // Packing again is a no-op: the same bytes.
+  const PackedWeight again = pack_weight(pw);
+  EXPECT_EQ(again.impl(), pw.impl());
+  // dequantize: the logical weight, the exact value rounded once to f32.
+  std::vector<float> dq(static_cast<size_t>(c.n * c.k));
+  pw.dequantize(TensorView(dq.data(), DType::f32, {c.n, c.k}));
+  int bad = 0;
+  for (size_t e = 0; e < dq.size(); ++e)
+    if (dq[e] != static_cast<float>(ck.w[e]) && bad++ == 0)
+      ADD_FAILURE() << "dequantize[" << e << "] = " << dq[e] << ", expected " << ck.w[e];
+  // unpack: the checkpoint tensors bit for bit.
+  Checkpoint out = ck;
+  switch (c.fmt) {
+    case Fmt::int8: {
+      std::fill(out.i8.begin(), out.i8.end(), 0);
+      std::fill(out.scales_f32.begin(), out.scales_f32.end(), 0.0f);
+      pw.unpack(Int8Weight{
+          TensorView(out.i8.data(), DType::i8, {c.n, c.k}),
+          TensorView(out.scales_f32.data(), DType::f32, {int64_t(out.scales_f32.size())})});
+      EXPECT_EQ(out.i8, ck.i8);
+      break;
+    }
+    case Fmt::fp8: {
+      std::fill(out.f8.begin(), out.f8.end(), 0x7F);
+      std::fill(out.scales_f32.begin(), out.scales_f32.end(), 0.0f);
+      Fp8Weight u = ck.fp8;
+      u.weight.data = out.f8.data();
+      u.scales.data = out.scales_f32.data();
+      pw.unpack(u);
+      EXPECT_EQ(out.f8, ck.f8);
+      break;
+    }
+    default: {
+      std::fill(out.qweight.begin(), out.qweight.end(), -1);
+      std::fill(out.qzeros.begin(), out.qzeros.end(), -1);
+      std::fill(out.g_idx.begin(), out.g_idx.end(), -1);
+      std::fill(out.scales_16.begin(), out.scales_16.end(), 0xFFFF);
+      std::fill(out.scales_f32.begin(), out.scales_f32.end(), -1.0f);
+      Int4Weight u = ck.int4;
+      u.qweight.data = out.qweight.data();
+      u.scales.data = c.scale_dtype == DType::f32 ? static_cast<void*>(out.scales_f32.data())
+                                                  : static_cast<void*>(out.scales_16.data());
+      if (u.qzeros) u.qzeros->data = out.qzeros.data();
+      if (u.g_idx) u.g_idx->data = out.g_idx.data();
+      pw.unpack(u);
+      EXPECT_EQ(out.qweight, ck.qweight);
+      EXPECT_EQ(out.qzeros, ck.qzeros);
+      EXPECT_EQ(out.g_idx, ck.g_idx);
+      EXPECT_EQ(out.scales_16, ck.scales_16);
+      break;
+    }
+  }
+  EXPECT_EQ(out.scales_f32, ck.scales_f32);
+  // The bf16 unpack refuses a quantized weight (it would not be the checkpoint).
+  std::vector<uint16_t> bf(static_cast<size_t>(c.n * c.k));
+  EXPECT_THROW(pw.unpack(TensorView(bf.data(), DType::bf16, {c.n, c.k})), Error);
+}
+
+std::vector<QCase> pack_cases() {
+  std::vector<QCase> out;
+  for (const QCase& c : battery())
+    if (c.m <= 5) out.push_back(c);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Contract, QuantPack, ::testing::ValuesIn(pack_cases()),
+                         [](const auto& p) { return p.param.name(); });
+
+}  // namespace
+}  // namespace tilejit::test
