@@ -1,0 +1,157 @@
+// LLVM IR for the dequantization kernel (codegen/quant_desc.h). Shape of the
+// emitted function:
+//
+//   for r < rows:                                    runtime count
+//     g = groups[r]; s = scales + 64·g; z = zeros + 64·g
+//     for each L columns c0 (L = 16 with AVX-512, else 8; unrolled, 64 / L):
+//       fp8:  2L code bytes, split into even / odd k by shuffles
+//       int4: L code bytes, low nibble even k, high nibble odd k
+//       v = exact f32 value of each; w = v · s[c0..]        (one multiply)
+//       even / odd bf16 (RNE, NaN quiet) interleaved into 2L outputs, stored
+//
+// Every step is exact or one IEEE operation, as the contract writes it, and
+// none depends on MXCSR's DAZ / FTZ beyond that multiply (which the scalar
+// reference shares): e4m3 subnormals are converted as m · 2^-9 from the
+// integer m (normal f32 operands), the bf16 rounding is integer arithmetic
+// (vcvtneps2bf16 would flush subnormal products to zero).
+#include "codegen/llvm/llvm_dequant.h"
+
+#include <llvm/IR/IRBuilder.h>
+
+#include <string>
+#include <vector>
+
+#include "codegen/llvm/emitter_base.h"
+#include "codegen/llvm/ir_loop.h"
+#include "codegen/llvm/vector_math.h"
+
+namespace tilejit::codegen::llvm_backend {
+namespace {
+
+constexpr int kCols = 64;  // columns of a packed row
+
+class DequantEmitter : public KernelEmitter {
+ public:
+  DequantEmitter(ModuleContext& mc, const DequantDesc& d)
+      : KernelEmitter(mc),
+        d_(d),
+        lanes_(mc.host.vector_bits >= 512 ? 16 : 8),
+        vm_(b_, static_cast<unsigned>(lanes_)) {}
+
+ private:
+  using Args = DequantArgs;
+
+  void generate() override {
+    emit_loop(
+        b_, arg(TILEJIT_ARG(Args, rows)), {},
+        [&](llvm::Value* r, const std::vector<llvm::Value*>&) {
+          row(r);
+          return std::vector<llvm::Value*>{};
+        },
+        "row");
+  }
+
+  llvm::Value* byte_gep(llvm::Value* p, llvm::Value* off) {
+    return b_.CreateGEP(b_.getInt8Ty(), p, off);
+  }
+  llvm::FixedVectorType* vec(llvm::Type* t, int n) { return llvm::FixedVectorType::get(t, n); }
+  std::vector<int> iota(int start, int step) {
+    std::vector<int> v;
+    for (int l = 0; l < lanes_; ++l) v.push_back(start + step * l);
+    return v;
+  }
+
+  // e4m3 codes (<L x i8>, never NaN) -> f32, exactly: a normal code's 7
+  // magnitude bits shifted to f32's exponent / mantissa boundary, rebiased
+  // by 120 in the exponent field; a subnormal one (e = 0) is m · 2^-9; the
+  // sign bit or-ed in (0x80 is −0).
+  llvm::Value* e4m3_to_f32(llvm::Value* bits) {
+    llvm::Value* v = b_.CreateZExt(bits, vm_.i32v());
+    llvm::Value* mag = b_.CreateAnd(v, vm_.i32(0x7f));
+    llvm::Value* normal = b_.CreateAdd(b_.CreateShl(mag, vm_.i32(20)), vm_.i32(120u << 23));
+    llvm::Value* sub = b_.CreateBitCast(
+        b_.CreateFMul(b_.CreateSIToFP(mag, vm_.f32v()), vm_.f32(0x1.0p-9f)), vm_.i32v());
+    llvm::Value* is_sub = b_.CreateICmpULT(mag, vm_.i32(8));
+    llvm::Value* m = b_.CreateSelect(is_sub, sub, normal);
+    llvm::Value* sign = b_.CreateShl(b_.CreateAnd(v, vm_.i32(0x80)), vm_.i32(24));
+    return b_.CreateBitCast(b_.CreateOr(m, sign), vm_.f32v());
+  }
+
+  void row(llvm::Value* r) {
+    llvm::Value* g = b_.CreateSExt(
+        b_.CreateAlignedLoad(b_.getInt32Ty(),
+                             b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, groups)), r),
+                             llvm::Align(4)),
+        b_.getInt64Ty());
+    llvm::Value* grow = b_.CreateMul(g, i64(kCols));  // element index of the group's row
+    llvm::Value* scale_row = b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, scales)), grow);
+    llvm::Value* zero_row =
+        d_.zeros ? b_.CreateGEP(b_.getInt8Ty(), arg(TILEJIT_ARG(Args, zeros)), grow) : nullptr;
+    const bool fp8 = d_.code == DType::f8e4m3;
+    llvm::Value* code_row =
+        byte_gep(arg(TILEJIT_ARG(Args, codes)), b_.CreateMul(r, i64(fp8 ? 2 * kCols : kCols)));
+    llvm::Value* out_row =
+        b_.CreateGEP(b_.getInt16Ty(), arg(TILEJIT_ARG(Args, out)), b_.CreateMul(r, i64(2 * kCols)));
+    llvm::Type* i8 = b_.getInt8Ty();
+    for (int c0 = 0; c0 < kCols; c0 += lanes_) {
+      llvm::Value* s = b_.CreateAlignedLoad(
+          vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), scale_row, i64(c0)), llvm::Align(4));
+      llvm::Value *ve, *vo;
+      if (fp8) {
+        llvm::Value* bytes = b_.CreateAlignedLoad(vec(i8, 2 * lanes_),
+                                                  byte_gep(code_row, i64(2 * c0)), llvm::Align(1));
+        ve = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(0, 2)));
+        vo = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(1, 2)));
+      } else {
+        llvm::Value* bytes = b_.CreateZExt(
+            b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(code_row, i64(c0)), llvm::Align(1)),
+            vm_.i32v());
+        llvm::Value* z = vm_.i32(8);
+        if (zero_row != nullptr)
+          z = b_.CreateZExt(
+              b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(zero_row, i64(c0)), llvm::Align(1)),
+              vm_.i32v());
+        // q − z is exact in i32 and in f32 (|q − z| ≤ 255).
+        ve = b_.CreateSIToFP(b_.CreateSub(b_.CreateAnd(bytes, vm_.i32(0xF)), z), vm_.f32v());
+        vo = b_.CreateSIToFP(b_.CreateSub(b_.CreateLShr(bytes, vm_.i32(4)), z), vm_.f32v());
+      }
+      llvm::Value* we = vm_.f32_to_bf16(b_.CreateFMul(ve, s));
+      llvm::Value* wo = vm_.f32_to_bf16(b_.CreateFMul(vo, s));
+      std::vector<int> interleave;
+      for (int l = 0; l < lanes_; ++l) interleave.push_back(l), interleave.push_back(lanes_ + l);
+      b_.CreateAlignedStore(b_.CreateShuffleVector(we, wo, interleave),
+                            b_.CreateGEP(b_.getInt16Ty(), out_row, i64(2 * c0)), llvm::Align(2));
+    }
+  }
+
+  const DequantDesc& d_;
+  int lanes_;
+  VectorMath vm_;
+};
+
+void check(const DequantDesc& d) {
+  auto bad = [&](const std::string& what) {
+    throw Error("compile_llvm_dequant: " + what + " (kernel " + llvm_dequant_name(d) + ")");
+  };
+  if (d.code != DType::f8e4m3 && d.code != DType::u4)
+    bad(std::string("code = ") + dtype_name(d.code) + " is not supported (f8e4m3 or u4)");
+  if (d.zeros && d.code != DType::u4) bad("zero points are for u4 codes only");
+}
+
+}  // namespace
+
+std::string llvm_dequant_name(const DequantDesc& d) {
+  DequantDesc n = d;
+  n.isa = Isa::scalar;  // any value: its spelling is replaced below
+  const std::string s = n.name();
+  const std::string prefix = std::string("dequant_") + isa_name(n.isa);
+  return "dequant_llvm" + s.substr(prefix.size());
+}
+
+LlvmKernel compile_llvm_dequant(const DequantDesc& d, OptLevel opt) {
+  check(d);
+  require_vector_host("compile_llvm_dequant");
+  return compile_emitter<DequantEmitter>(llvm_dequant_name(d), opt, d);
+}
+
+}  // namespace tilejit::codegen::llvm_backend
