@@ -520,3 +520,224 @@ INSTANTIATE_TEST_SUITE_P(Contract, QuantPack, ::testing::ValuesIn(pack_cases()),
 
 }  // namespace
 }  // namespace tilejit::test
+
+namespace tilejit::test {
+namespace {
+
+// ---- tensor-parallel shards ---------------------------------------------------------
+
+// A shard of a checkpoint is packed from slices of its tensors: an N slice
+// of an AWQ layer (whole int32 words), and a K slice of a GPTQ layer that
+// starts inside a group, described by its g_idx.
+TEST(QuantShards, NSliceAndKSliceInsideAGroup) {
+  QCase full;
+  full.fmt = Fmt::awq, full.n = 200, full.k = 96, full.group = 32, full.zp = true;
+  const Checkpoint ck = make_checkpoint(full);
+  // AWQ columns [64, 136): qweight words [8, 17), scales / qzeros columns.
+  const int64_t n0 = 64, n1 = 136, N = n1 - n0, n8 = (full.n + 7) / 8;
+  Int4Weight s = ck.int4;
+  s.qweight = TensorView(const_cast<int32_t*>(ck.qweight.data()) + n0 / 8, DType::i32,
+                         {full.k, N / 8}, {n8, 1});
+  s.scales =
+      TensorView(const_cast<uint16_t*>(ck.scales_16.data()) + n0, DType::f16, {3, N}, {full.n, 1});
+  s.qzeros =
+      TensorView(const_cast<int32_t*>(ck.qzeros.data()) + n0 / 8, DType::i32, {3, N / 8}, {n8, 1});
+  s.n = N;
+  const PackedWeight pw = pack_weight(s);
+  std::vector<float> dq(static_cast<size_t>(N * full.k));
+  pw.dequantize(TensorView(dq.data(), DType::f32, {N, full.k}));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < full.k; ++k)
+      ASSERT_EQ(dq[n * full.k + k], static_cast<float>(ck.w[(n0 + n) * full.k + k]))
+          << n << " " << k;
+
+  QCase g;
+  g.fmt = Fmt::gptq, g.n = 40, g.k = 200, g.group = 32, g.zp = true;
+  const Checkpoint gk = make_checkpoint(g);
+  // Rows [40, 200): starts 8 rows into group 1; its groups are 1..6 of the full.
+  const int64_t k0 = 40, K = g.k - k0;
+  std::vector<int32_t> gidx(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) gidx[k] = static_cast<int32_t>((k0 + k) / 32 - k0 / 32);
+  Int4Weight t = gk.int4;
+  t.qweight =
+      TensorView(const_cast<int32_t*>(gk.qweight.data()) + k0 / 8 * g.n, DType::i32, {K / 8, g.n});
+  t.scales = TensorView(const_cast<uint16_t*>(gk.scales_16.data()) + 1 * g.n, DType::f16, {6, g.n});
+  t.qzeros = TensorView(const_cast<int32_t*>(gk.qzeros.data()) + 1 * 5, DType::i32, {6, 5});
+  t.g_idx = TensorView(gidx.data(), DType::i32, {K});
+  t.k = K;
+  const PackedWeight pk = pack_weight(t);
+  std::vector<float> dk(static_cast<size_t>(g.n * K));
+  pk.dequantize(TensorView(dk.data(), DType::f32, {g.n, K}));
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_EQ(dk[n * K + k], static_cast<float>(gk.w[n * g.k + k0 + k])) << n << " " << k;
+  // And the shard runs: y = x · shardᵀ against the shard's logical weights.
+  if (!missing_isa_reason().empty()) GTEST_SKIP() << missing_isa_reason();
+  const int64_t M = 3;
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(M * K), 5);
+  std::vector<float> y(static_cast<size_t>(M * g.n));
+  gemm(TensorView(x.data(), DType::bf16, {M, K}), pk, TensorView(y.data(), DType::f32, {M, g.n}));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t n = 0; n < g.n; ++n) {
+      double ref = 0, abs = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = bf16_to_f32(x[i * K + k]) * gk.w[n * g.k + k0 + k];
+        ref += v, abs += std::fabs(v);
+      }
+      EXPECT_NEAR(y[i * g.n + n], ref,
+                  runtime::gemm_output_bound(Activation::none, DType::f32, K, abs, 0, ref, ref) +
+                      runtime::dequant_weight_bound(Activation::none, abs));
+    }
+}
+
+// ---- bad input ----------------------------------------------------------------------
+
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
+TEST(QuantErrors, Int4Checkpoints) {
+  QCase c;
+  c.fmt = Fmt::gptq, c.n = 16, c.k = 64, c.group = 32, c.zp = true, c.act_order = true;
+  const Checkpoint ck = make_checkpoint(c);
+  auto with = [&](auto edit) {
+    Int4Weight w = ck.int4;
+    edit(w);
+    return w;
+  };
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 3; })); }, "bits=3");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 8; })); }, "allowed: 4");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = 0; })); }, "group_size=0");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = -4; })); },
+               "group_size=-4");
+  expect_error(
+      [&] {
+        pack_weight(with([](Int4Weight& w) { w.format = Int4Format::awq, w.gptq_v2 = true; }));
+      },
+      "gptq_v2");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) {
+                       w.scales.shape = {3, 16};
+                     })); },
+               "scales");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) {
+                       w.qzeros->shape = {2, 1};
+                     })); },
+               "qzeros");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.qweight.dtype = DType::f32; })); },
+               "qweight");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.n = 17; })); }, "n=17");
+  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.g_idx->shape = {63}; })); }, "g_idx");
+  std::vector<int32_t> gi = ck.g_idx;
+  gi[5] = 2;  // only groups 0, 1 exist
+  expect_error([&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
+               "g_idx[5] = 2");
+  gi = ck.g_idx;
+  for (auto& v : gi) v = 0;  // 64 channels in a group of 32
+  expect_error([&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
+               "more than group_size=32");
+  // AutoRound configs.
+  AutoRoundConfig cfg;
+  cfg.bits = 2;
+  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "bits=2");
+  cfg = {};
+  cfg.desc_act = true;
+  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "desc_act");
+  cfg = {};
+  cfg.sym = false;
+  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "qzeros");
+  cfg = {};
+  cfg.checkpoint_format = "marlin";
+  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "marlin");
+  cfg = {};
+  cfg.checkpoint_format = "auto_round:auto_awq";
+  cfg.desc_act = true;
+  expect_error(
+      [&] {
+        int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales, ck.int4.qzeros,
+                                ck.int4.g_idx);
+      },
+      "AWQ");
+  // A valid AutoRound GPTQ export packs like the hand-made description.
+  cfg = {};
+  cfg.group_size = 32, cfg.sym = false, cfg.desc_act = true,
+  cfg.checkpoint_format = "auto_round:auto_gptq";
+  Int4Weight w =
+      int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales, ck.int4.qzeros, ck.int4.g_idx);
+  w.n = c.n, w.k = c.k;
+  std::vector<float> a(static_cast<size_t>(c.n * c.k)), b(a.size());
+  pack_weight(w).dequantize(TensorView(a.data(), DType::f32, {c.n, c.k}));
+  pack_weight(ck.int4).dequantize(TensorView(b.data(), DType::f32, {c.n, c.k}));
+  EXPECT_EQ(a, b);
+}
+
+TEST(QuantErrors, Fp8AndInt8Checkpoints) {
+  QCase c;
+  c.fmt = Fmt::fp8, c.n = 20, c.k = 40, c.scale = Scale::block, c.bn = 16, c.bk = 16;
+  Checkpoint ck = make_checkpoint(c);
+  Fp8Weight w = ck.fp8;
+  w.block_k = 15;
+  expect_error([&] { pack_weight(w); }, "block_k=15");
+  w = ck.fp8;
+  w.scales.shape = {2, 2};
+  expect_error([&] { pack_weight(w); }, "scales has shape [2, 2]");
+  w = ck.fp8;
+  w.block_n = w.block_k = 0;
+  expect_error([&] { pack_weight(w); }, "rank 2");
+  w = ck.fp8;
+  w.weight.dtype = DType::bf16;
+  expect_error([&] { pack_weight(w); }, "weight");
+  ck.f8[7] = 0xFF;
+  expect_error([&] { pack_weight(ck.fp8); }, "weight[0, 7] = 0xff");
+
+  std::vector<int8_t> big(65537, 1);
+  std::vector<float> one(1, 1.0f), three(3, 1.0f);
+  expect_error(
+      [&] {
+        pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {1, 65537}),
+                               TensorView(one.data(), DType::f32, {1})});
+      },
+      "K=65537");
+  expect_error(
+      [&] {
+        pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {2, 8}),
+                               TensorView(three.data(), DType::f32, {3})});
+      },
+      "scales has shape [3]");
+  // gemm: fixed activation quantization needs a scale and a u8 zero point.
+  const PackedWeight p = pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {2, 8}),
+                                                TensorView(one.data(), DType::f32, {1})});
+  std::vector<uint16_t> x(8, 0x3f80);
+  std::vector<float> y(2);
+  GemmOptions opt;
+  opt.act_quant = ActQuant::fixed;
+  expect_error(
+      [&] {
+        gemm(TensorView(x.data(), DType::bf16, {1, 8}), p, TensorView(y.data(), DType::f32, {1, 2}),
+             opt);
+      },
+      "act_scale=0");
+  opt.act_scale = 0.1f, opt.act_zero_point = 300;
+  expect_error(
+      [&] {
+        gemm(TensorView(x.data(), DType::bf16, {1, 8}), p, TensorView(y.data(), DType::f32, {1, 2}),
+             opt);
+      },
+      "act_zero_point=300");
+  // Unpacking into another format's tensors, dequantizing into a wrong shape.
+  expect_error([&] { p.unpack(ck.fp8); }, "packed as int8");
+  expect_error(
+      [&] {
+        p.dequantize(TensorView(y.data(), DType::f32, {1, 2}));
+      },
+      "out has shape [1, 2]");
+}
+
+}  // namespace
+}  // namespace tilejit::test
