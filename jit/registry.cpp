@@ -10,6 +10,7 @@
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_act_quant.h"
 #include "codegen/llvm/llvm_brgemm.h"
+#include "codegen/llvm/llvm_dequant.h"
 #include "codegen/llvm/llvm_elementwise.h"
 #include "codegen/llvm/mc_disassembler.h"
 #include "jit/llvm_kernels.h"
@@ -325,9 +326,7 @@ const Kernel& get(const codegen::DequantDesc& d) {
     return two_backend_family(
         Family::dequant, x,
         [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },
-        TILEJIT_LLVM_MAKER(codegen::DequantDesc,
-                           (throw InternalError("jit: no LLVM dequant emitter yet"),
-                            lb::compile_llvm_act_quant(codegen::ActQuantDesc{}))));
+        TILEJIT_LLVM_MAKER(codegen::DequantDesc, lb::compile_llvm_dequant(y)));
   });
 }
 
