@@ -741,3 +741,33 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
 
 }  // namespace
 }  // namespace tilejit::test
+
+namespace tilejit::test {
+namespace {
+
+// NaN in x row m makes y row m NaN and nothing else, for every format (W8A8:
+// the row's scale becomes NaN, docs/quantized.md).
+class QuantNan : public IsaTestWithParam<Fmt> {};
+
+TEST_P(QuantNan, RowOfNanStaysInItsRow) {
+  QCase c;
+  c.fmt = GetParam(), c.m = 4, c.n = 70, c.k = 96, c.group = 32, c.zp = true;
+  const Checkpoint ck = make_checkpoint(c);
+  const PackedWeight pw = pack(c, ck);
+  std::vector<uint16_t> x = random_bf16(static_cast<size_t>(c.m * c.k), 3);
+  x[2 * c.k + 17] = 0x7fc0;  // NaN in row 2
+  std::vector<float> y(static_cast<size_t>(c.m * c.n));
+  gemm(TensorView(x.data(), DType::bf16, {c.m, c.k}), pw,
+       TensorView(y.data(), DType::f32, {c.m, c.n}));
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j)
+      EXPECT_EQ(std::isnan(y[i * c.n + j]), i == 2)
+          << fmt_name(c.fmt) << " y[" << i << ", " << j << "]";
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantNan,
+                         ::testing::Values(Fmt::int8, Fmt::fp8, Fmt::awq, Fmt::gptq),
+                         [](const auto& p) { return std::string(fmt_name(p.param)); });
+
+}  // namespace
+}  // namespace tilejit::test
