@@ -49,15 +49,27 @@ using DequantFn = void (*)(const DequantArgs*);
 
 struct DequantDesc {
   static constexpr const char* kFamily = "dequant";
-  Isa isa = Isa::avx512;         // avx512 (serves amx too) or llvm
-  DType code = DType::f8e4m3;    // f8e4m3 or u4
-  bool zeros = false;            // u4 only: zero points given (else 8)
+  Isa isa = Isa::avx512;       // avx512 (serves amx too) or llvm
+  DType code = DType::f8e4m3;  // f8e4m3 or u4
+  bool zeros = false;          // u4 only: zero points given (else 8)
+  // The weight's scales are all 0, non-finite, or in [normal_scale_min(),
+  // 2^100] in magnitude, so no product v·s is an f32 subnormal (which
+  // AVX512-BF16's conversion would flush) and a rescaling by 2^8 cannot
+  // overflow: the kernel may skip its per-product check. The result is the
+  // same either way.
+  bool normal_products = false;
 
   static constexpr auto field_list() {
     using D = DequantDesc;
     using enum NameRule;
     return std::make_tuple(field("isa", &D::isa, "_"), field("code", &D::code, "_"),
-                           field("zeros", &D::zeros, "_zp", flag));
+                           field("zeros", &D::zeros, "_zp", flag),
+                           field("normal", &D::normal_products, "_nosub", flag));
+  }
+  // The smallest |scale| whose products with the smallest nonzero code value
+  // (e4m3: 2^-9; int4: |q − z| = 1) are normal f32 numbers.
+  static float normal_scale_min(DType code) {
+    return code == DType::f8e4m3 ? 0x1p-117f : 0x1p-126f;
   }
   bool operator==(const DequantDesc& o) const { return same_fields(*this, o); }
   std::string key() const { return desc_key(*this); }
@@ -91,24 +103,25 @@ static_assert(fields_cover<DequantDesc>(), "a DequantDesc member is missing from
 // scale[i] = s, zero[i] = the zero point (as int32).
 struct ActQuantArgs {
   const uint16_t* x;
-  int64_t ldx;      // elements between x rows
+  int64_t ldx;  // elements between x rows
   int64_t rows;
-  int64_t k;        // elements per row (>= 1)
-  int64_t k_padded; // >= k, multiple of 4
+  int64_t k;         // elements per row (>= 1)
+  int64_t k_padded;  // >= k, multiple of 4
   uint8_t* out;
-  int64_t ld_out;   // bytes between out rows (>= k_padded)
-  float* scale;     // [rows]
-  int32_t* zero;    // [rows]
-  float inv_scale;  // fixed mode: 1 / s
-  float fixed_scale;  // fixed mode: s
-  int32_t fixed_zero; // fixed mode: z
+  int64_t ld_out;      // bytes between out rows (>= k_padded)
+  float* scale;        // [rows]
+  int32_t* zero;       // [rows]
+  float inv_scale;     // fixed mode: 1 / s
+  float fixed_scale;   // fixed mode: s
+  int32_t fixed_zero;  // fixed mode: z
 };
 static_assert(offsetof(ActQuantArgs, x) == 0 && offsetof(ActQuantArgs, ldx) == 8 &&
               offsetof(ActQuantArgs, rows) == 16 && offsetof(ActQuantArgs, k) == 24 &&
               offsetof(ActQuantArgs, k_padded) == 32 && offsetof(ActQuantArgs, out) == 40 &&
               offsetof(ActQuantArgs, ld_out) == 48 && offsetof(ActQuantArgs, scale) == 56 &&
               offsetof(ActQuantArgs, zero) == 64 && offsetof(ActQuantArgs, inv_scale) == 72 &&
-              offsetof(ActQuantArgs, fixed_scale) == 76 && offsetof(ActQuantArgs, fixed_zero) == 80);
+              offsetof(ActQuantArgs, fixed_scale) == 76 &&
+              offsetof(ActQuantArgs, fixed_zero) == 80);
 using ActQuantFn = void (*)(const ActQuantArgs*);
 
 enum class ActQuantMode { sym, asym, fixed };

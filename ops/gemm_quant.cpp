@@ -209,7 +209,7 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
   log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
   const codegen::DequantDesc dd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
                                 p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4,
-                                q.zeros != nullptr};
+                                q.zeros != nullptr, q.normal_products};
   const auto dequant = jit::get(dd).entry<codegen::DequantFn>();
 
   const codegen::GemmPlan::Schedule sched = plan.schedule(M);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "codegen/quant_desc.h"
 #include "ops/packed_weight_impl.h"
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
@@ -144,6 +145,16 @@ void build_order(QuantTables& q, const std::vector<int32_t>& group_of, int64_t n
 
 std::string shape_of(int64_t a, int64_t b) {
   return fmt::format("[{}, {}]", a, b);
+}
+
+// Whether every scale of the table is 0, non-finite or large enough that
+// no dequantized product is an f32 subnormal.
+bool normal_products(const float* s, size_t count, DType code) {
+  const float min = codegen::DequantDesc::normal_scale_min(code);
+  for (size_t i = 0; i < count; ++i)
+    if (s[i] != 0 && std::isfinite(s[i]) && (std::fabs(s[i]) < min || std::fabs(s[i]) > 0x1p100f))
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -376,6 +387,8 @@ PackedWeight pack_weight(const Fp8Weight& w) {
         v = ops::at1<float>(w.scales, w.scales.shape[0] == 1 ? 0 : n);
       s[(n / kBlockN * G + g) * kBlockN + n % kBlockN] = v;
     }
+  t.normal_products =
+      ops::normal_products(s, static_cast<size_t>(geo.n_blocks() * G * kBlockN), DType::f8e4m3);
   impl->layout_name = ops::quant_layout_name(*impl);
   return PackedWeight(std::move(impl));
 }
@@ -495,6 +508,8 @@ PackedWeight pack_weight(const Int4Weight& w) {
     for (int64_t n = 0; n < N; ++n)
       s[(n / kBlockN * G + g) * kBlockN + n % kBlockN] =
           static_cast<float>(ops::scale_value(t.scales_in, g, n));
+  t.normal_products =
+      ops::normal_products(s, static_cast<size_t>(geo.n_blocks() * G * kBlockN), DType::u4);
   if (w.qzeros) {
     t.zeros = ops::zeroed(static_cast<size_t>(geo.n_blocks() * G * kBlockN));
     auto* z = reinterpret_cast<uint8_t*>(t.zeros.get());

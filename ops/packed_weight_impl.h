@@ -42,6 +42,8 @@ struct QuantTables {
   // when the order is the identity (no gather of x).
   std::vector<int32_t> perm;
   std::vector<int64_t> pos_of;  // [K] packed position of channel k
+  // No scale can make a subnormal product (DequantDesc::normal_products).
+  bool normal_products = true;
   // int8: per column, padded to whole blocks.
   std::unique_ptr<std::byte[], runtime::FreeDeleter> col_scale;  // f32 [nb·64]
   std::unique_ptr<std::byte[], runtime::FreeDeleter> col_comp;   // i32 [nb·64] Σ_k w[n][k]

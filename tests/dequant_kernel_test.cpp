@@ -312,11 +312,12 @@ class DequantKernelTest : public ::testing::TestWithParam<std::string> {
     const std::string why = maker(GetParam()).unavailable();
     if (!why.empty()) GTEST_SKIP() << GetParam() << " kernel unavailable here: " << why;
   }
-  DequantKernel make(DType code, bool zeros) {
+  DequantKernel make(DType code, bool zeros, bool normal_products = false) {
     DequantDesc d;
     d.isa = maker(GetParam()).isa;
     d.code = code;
     d.zeros = zeros;
+    d.normal_products = normal_products;
     return maker(GetParam()).make(d);
   }
 };
@@ -349,6 +350,20 @@ TEST_P(DequantKernelTest, Int4EveryNibbleWithZeros) {
       for (bool tame : {true, false})
         for (int64_t groups : {int64_t{1}, int64_t{17}})
           EXPECT_TRUE(run_and_check(k, u4_case(rows, groups, true, how, tame, seed++)));
+}
+
+// The variant without the per-product subnormal check (DequantDesc::
+// normal_products): the same results for the scales it is made for.
+TEST_P(DequantKernelTest, NormalProductsVariantOnTameScales) {
+  uint32_t seed = 300;
+  for (const auto& [code, zeros] :
+       {std::pair{DType::f8e4m3, false}, std::pair{DType::u4, false}, std::pair{DType::u4, true}}) {
+    const DequantKernel k = make(code, zeros, true);
+    for (int64_t rows : kRows)
+      for (Groups how : kGroups)
+        EXPECT_TRUE(run_and_check(k, code == DType::u4 ? u4_case(rows, 5, zeros, how, true, seed++)
+                                                       : fp8_case(rows, 5, how, true, seed++)));
+  }
 }
 
 // Random bytes (fp8: NaN codes replaced) and random scales of every kind, many rows.
