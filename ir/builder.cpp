@@ -50,12 +50,13 @@ const Value& Builder::operand(const char* op, int id) const {
   return f_.values[static_cast<size_t>(id)];
 }
 
-int Builder::op(OpKind kind, std::vector<int> operands, Attrs attrs) {
+int Builder::op(OpKind kind, std::vector<int> operands, Attrs attrs,
+                std::vector<std::string> named) {
   check_open(name(kind));
   std::vector<const Value*> vals;
   vals.reserve(operands.size());
   for (int id : operands) vals.push_back(&operand(name(kind), id));
-  TensorType type = infer_type(kind, vals, attrs);
+  TensorType type = infer_type(kind, vals, attrs, named);
 
   std::string result_name;
   do {
@@ -64,12 +65,19 @@ int Builder::op(OpKind kind, std::vector<int> operands, Attrs attrs) {
   int id = static_cast<int>(f_.values.size());
   names_.insert(result_name);
   f_.values.push_back(Value{id, std::move(result_name), std::move(type)});
-  f_.ops.push_back(Op{kind, std::move(operands), id, std::move(attrs)});
+  f_.ops.push_back(Op{kind, std::move(operands), id, std::move(attrs), std::move(named)});
   return id;
 }
 
 int Builder::gemm(int x, int w) {
   return op(OpKind::gemm, {x, w});
+}
+int Builder::gemm_quant(int x, int w, int scale, Attrs attrs, int zero, int g_idx) {
+  std::vector<int> operands = {x, w, scale};
+  std::vector<std::string> named = {"scale"};
+  if (zero >= 0) operands.push_back(zero), named.push_back("zero");
+  if (g_idx >= 0) operands.push_back(g_idx), named.push_back("g_idx");
+  return op(OpKind::gemm, std::move(operands), std::move(attrs), std::move(named));
 }
 int Builder::add(int a, int b) {
   return op(OpKind::add, {a, b});

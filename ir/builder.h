@@ -28,6 +28,9 @@ class Builder {
   int param(std::string name, TensorType type);
 
   int gemm(int x, int w);
+  // A quantized gemm: w is i8, f8e4m3 or u4 with its scale and, for u4, an
+  // optional zero point and g_idx (-1: absent); attrs as docs/ir.md says.
+  int gemm_quant(int x, int w, int scale, Attrs attrs = {}, int zero = -1, int g_idx = -1);
   int add(int a, int b);
   int mul(int a, int b);
   // act is relu, silu, gelu_tanh or gelu_erf.
@@ -38,7 +41,9 @@ class Builder {
   int moe(int hidden, int w13, int w2, int topk_weights, int topk_ids, Attrs attrs);
   // Any op kind; the typed methods above forward here. The result is named by
   // the next free number ("0", "1", ...).
-  int op(OpKind kind, std::vector<int> operands, Attrs attrs = {});
+  // `named`: the roles of the operands past the positional ones.
+  int op(OpKind kind, std::vector<int> operands, Attrs attrs = {},
+         std::vector<std::string> named = {});
 
   void ret(std::vector<int> values);
 

@@ -11,8 +11,21 @@ const Dim& RuleContext::dim(size_t i, int axis) const {
   return dims[static_cast<size_t>(axis < 0 ? static_cast<int>(dims.size()) + axis : axis)];
 }
 
+std::string RuleContext::role(size_t i) const {
+  auto roles = operand_roles(kind_);
+  if (i < roles.size()) return roles[i];
+  if (i - roles.size() < named_.size()) return named_[i - roles.size()];
+  return cat("#", i);
+}
+
+std::optional<size_t> RuleContext::named(std::string_view r) const {
+  for (size_t j = 0; j < named_.size(); ++j)
+    if (named_[j] == r) return operand_roles(kind_).size() + j;
+  return std::nullopt;
+}
+
 std::string RuleContext::who(size_t i) const {
-  return cat("'", operand_roles(kind_)[i], "' (%", operands_[i]->name, ")");
+  return cat("'", role(i), "' (%", operands_[i]->name, ")");
 }
 
 bool RuleContext::fail(const std::string& message) {
@@ -23,14 +36,14 @@ bool RuleContext::fail(const std::string& message) {
 bool RuleContext::rank(size_t i, int r, const char* shape) {
   if (type(i).rank() == r) return true;
   return fail(cat("operand ", who(i), " has rank ", type(i).rank(), " (", type(i).str(),
-                  "): ", name(kind_), " takes ", operand_roles(kind_)[i], " as ", shape));
+                  "): ", name(kind_), " takes ", role(i), " as ", shape));
 }
 
 bool RuleContext::dtype(size_t i, std::initializer_list<DType> allowed) {
   if (std::find(allowed.begin(), allowed.end(), type(i).dtype) != allowed.end()) return true;
   std::string list = join(allowed, ", ", [](DType t) { return dtype_name(t); });
   return fail(cat("operand ", who(i), " has dtype ", dtype_name(type(i).dtype), ": ", name(kind_),
-                  " takes ", operand_roles(kind_)[i], " as ", list));
+                  " takes ", role(i), " as ", list));
 }
 
 bool RuleContext::same_dtype(size_t i, size_t j, const char* rule) {
@@ -46,7 +59,7 @@ bool RuleContext::unit_stride_rows(size_t i) {
     return true;
   }
   return fail(cat("operand ", who(i), " has layout ", l.str(), ": ", name(kind_), " takes ",
-                  operand_roles(kind_)[i], " row_major with unit stride on the last dim"));
+                  role(i), " row_major with unit stride on the last dim"));
 }
 
 bool RuleContext::weight_layout(size_t i) {
@@ -57,8 +70,7 @@ bool RuleContext::weight_layout(size_t i) {
     return true;
   }
   return fail(cat("operand ", who(i), " has layout ", l.str(), ": ", name(kind_), " takes ",
-                  operand_roles(kind_)[i],
-                  " row_major (unit stride on the last dim) or packed<vnni2>"));
+                  role(i), " row_major (unit stride on the last dim) or packed<vnni2>"));
 }
 
 bool RuleContext::row_major(size_t i) {
@@ -92,22 +104,52 @@ std::string shape_str(const std::vector<Dim>& dims) {
 }
 
 std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> operands,
-                                   const Attrs& attrs, std::vector<std::string>& problems) {
+                                   const Attrs& attrs, std::vector<std::string>& problems,
+                                   std::span<const std::string> named) {
   auto roles = operand_roles(kind);
-  if (operands.size() != roles.size()) {
+  if (operands.size() != roles.size() + named.size()) {
     std::string list = join(roles, ", ", [](const char* r) { return r; });
-    problems.push_back(
-        cat(name(kind), ": takes ", roles.size(), " operands (", list, "), got ", operands.size()));
+    if (named.empty()) {
+      problems.push_back(cat(name(kind), ": takes ", roles.size(), " operands (", list, "), got ",
+                             operands.size()));
+    } else {
+      problems.push_back(cat(name(kind), ": has ", operands.size(), " operands but ", roles.size(),
+                             " positional (", list, ") and ", named.size(), " named ones"));
+    }
     return std::nullopt;
   }
+  // Named operands: known roles, each once, in canonical order.
   size_t before = problems.size();
+  {
+    auto known = named_operand_roles(kind);
+    std::string known_list = join(known, ", ", [](const char* r) { return r; });
+    size_t last = 0;
+    for (size_t j = 0; j < named.size(); ++j) {
+      size_t at = known.size();
+      for (size_t r = 0; r < known.size(); ++r)
+        if (named[j] == known[r]) at = r;
+      if (at == known.size()) {
+        problems.push_back(cat(name(kind), ": has no operand '", named[j], "' (",
+                               known.empty() ? cat(name(kind), " takes no named operands")
+                                             : cat("its named operands are ", known_list),
+                               ")"));
+      } else if (j > 0 && at <= last) {
+        problems.push_back(cat(name(kind), ": operand '", named[j],
+                               "' is given twice or out of "
+                               "order (the named operands come in the order ",
+                               known_list, ")"));
+      }
+      last = at;
+    }
+    if (problems.size() != before) return std::nullopt;
+  }
   std::vector<std::string> attr_problems;
   check_attrs(kind, attrs, attr_problems);
   for (auto& p : attr_problems) problems.push_back(cat(name(kind), ": ", p));
   // Operand rules read attributes (top_k, rotary_dim), so they wait for sane ones.
   if (problems.size() != before) return std::nullopt;
 
-  RuleContext c(kind, operands, attrs, problems);
+  RuleContext c(kind, operands, attrs, problems, named);
   switch (kind) {
     case OpKind::gemm:
       return check_gemm(c);
@@ -132,9 +174,10 @@ std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> op
   return std::nullopt;
 }
 
-TensorType infer_type(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs) {
+TensorType infer_type(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs,
+                      std::span<const std::string> named) {
   std::vector<std::string> problems;
-  std::optional<TensorType> t = check_op(kind, operands, attrs, problems);
+  std::optional<TensorType> t = check_op(kind, operands, attrs, problems, named);
   if (!t)
     throw Error(problems.empty() ? cat(name(kind), ": cannot infer the result type")
                                  : problems.front());

@@ -17,11 +17,14 @@ namespace tilejit::ir {
 // Checks arity, attributes and the operand rules of `kind`, and infers the
 // result type. On failure appends problems of the form
 //   "gemm: operand 'w' (%w) has K=100 but 'x' (%x) has K=64: the reduction dims must match"
-// and returns std::nullopt. Operand pointers must not be null.
+// and returns std::nullopt. Operand pointers must not be null. `named` gives
+// the roles of the operands past the positional ones (Op::operand_names).
 std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> operands,
-                                   const Attrs& attrs, std::vector<std::string>& problems);
+                                   const Attrs& attrs, std::vector<std::string>& problems,
+                                   std::span<const std::string> named = {});
 
 // Same, throwing tilejit::Error with the first problem.
-TensorType infer_type(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs);
+TensorType infer_type(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs,
+                      std::span<const std::string> named = {});
 
 }  // namespace tilejit::ir

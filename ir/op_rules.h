@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/program.h"
@@ -16,11 +17,12 @@ namespace tilejit::ir {
 class RuleContext {
  public:
   RuleContext(OpKind kind, std::span<const Value* const> operands, const Attrs& attrs,
-              std::vector<std::string>& problems)
+              std::vector<std::string>& problems, std::span<const std::string> named = {})
       : kind_(kind),
         operands_(operands),
         attrs_(attrs),
         problems_(problems),
+        named_(named),
         start_(problems.size()) {}
 
   // No problem recorded so far. Rules run checks as statements (so messages
@@ -34,6 +36,11 @@ class RuleContext {
   const Dim& dim(size_t i, int axis) const;
   // "'w' (%w)": how messages name an operand.
   std::string who(size_t i) const;
+  // The role of operand i ("x", "w", or a named one: "scale").
+  std::string role(size_t i) const;
+  size_t size() const { return operands_.size(); }
+  // The index of the named operand `role`, if the op has it.
+  std::optional<size_t> named(std::string_view role) const;
 
   // Records "<op>: <message>" and returns false, so rules read `return fail(...)`.
   bool fail(const std::string& message);
@@ -63,6 +70,7 @@ class RuleContext {
   std::span<const Value* const> operands_;
   const Attrs& attrs_;
   std::vector<std::string>& problems_;
+  std::span<const std::string> named_;
   size_t start_;
 };
 

@@ -25,6 +25,7 @@ constexpr const char* kRopeRoles[] = {"q", "positions", "cos_sin"};
 constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "topk_ids"};
 constexpr const char* kBinaryRoles[] = {"a", "b"};
 constexpr const char* kUnaryRoles[] = {"x"};
+constexpr const char* kGemmNamedRoles[] = {"scale", "zero", "g_idx"};
 
 constexpr std::array<KindInfo, 11> kKinds = {{
     {OpKind::gemm, "gemm", kGemmRoles},
@@ -71,6 +72,25 @@ constexpr AttrSpec kMoeAttrs[] = {
     {"swiglu_limit", AttrKind::real, false,
      "clamped_swiglu: clamp of gate and up, > 0 (default 7)"},
     {"routed_scaling_factor", AttrKind::real, false, "scale of the routed sum (default 1)"},
+};
+// The quantized weight's attributes; which apply to which weight dtype is a
+// rule of rules_gemm.cpp.
+constexpr AttrSpec kGemmAttrs[] = {
+    {"act_quant", AttrKind::string, false,
+     "i8 weights: how x is quantized per call, \"dynamic_sym\" (default), \"dynamic_asym\" or "
+     "\"fixed\""},
+    {"act_scale", AttrKind::real, false, "i8 weights, act_quant = \"fixed\": x's scale, > 0"},
+    {"act_zero_point", AttrKind::integer, false,
+     "i8 weights, act_quant = \"fixed\": x's u8 zero point in [0, 255] (default 128)"},
+    {"bits", AttrKind::integer, false, "u4 weights: bits per code, 4 (the default and only value)"},
+    {"block_k", AttrKind::integer, false, "f8e4m3 block scales: K per scale block, even, >= 2"},
+    {"block_n", AttrKind::integer, false, "f8e4m3 block scales: N per scale block, >= 1"},
+    {"format", AttrKind::string, false,
+     "u4 weights (required): the checkpoint layout, \"awq\" or \"gptq\""},
+    {"gptq_v2", AttrKind::boolean, false,
+     "u4 gptq weights: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
+    {"group_size", AttrKind::integer, false,
+     "u4 weights: K per scale group, 32, 64, 128 (default) or -1 (one group)"},
 };
 constexpr AttrSpec kCastAttrs[] = {
     {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},
@@ -122,6 +142,11 @@ bool is_binary_elementwise(OpKind k) {
 
 std::span<const char* const> operand_roles(OpKind kind) {
   return info(kind).roles;
+}
+
+std::span<const char* const> named_operand_roles(OpKind kind) {
+  if (kind == OpKind::gemm) return kGemmNamedRoles;
+  return {};
 }
 
 AttrKind kind_of(const AttrValue& v) {
@@ -263,6 +288,8 @@ std::span<const AttrSpec> attr_specs(OpKind kind) {
       return kMoeAttrs;
     case OpKind::cast:
       return kCastAttrs;
+    case OpKind::gemm:
+      return kGemmAttrs;
     default:
       return {};
   }
@@ -320,6 +347,10 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
     case OpKind::rope:
       one_of("style", {"neox", "gptj"});
       int_at_least("rotary_dim", 1);
+      break;
+    case OpKind::gemm:
+      one_of("format", {"awq", "gptq"});
+      one_of("act_quant", {"dynamic_sym", "dynamic_asym", "fixed"});
       break;
     case OpKind::moe:
       int_at_least("top_k", 1);

@@ -37,6 +37,10 @@ Activation activation_of(OpKind kind);
 // The names of the operands, in order: gemm -> {"x", "w"}. Their count is the
 // op's arity. Messages refer to operands by these names.
 std::span<const char* const> operand_roles(OpKind kind);
+// The optional operands an op may take by name after its positional ones, in
+// canonical order: gemm -> {"scale", "zero", "g_idx"} (quantized weights);
+// empty for the other kinds.
+std::span<const char* const> named_operand_roles(OpKind kind);
 
 // ---- Attributes -----------------------------------------------------------
 

@@ -3,6 +3,7 @@
 // rule reads characters and skips whitespace and // comments between tokens.
 #include "ir/parser.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <unordered_map>
@@ -318,10 +319,39 @@ class Parser {
     Op op;
     op.kind = *kind;
     skip_ws();
-    if (peek() == '%') {
+    if (peek() == '%' || is_alpha(peek())) {
+      // Positional operands (%x), then named ones (scale = %s); the named
+      // ones are kept in the op's canonical order (the verifier checks the
+      // roles), so that equal ops print equally.
+      std::vector<std::pair<std::string, int>> named;
       do {
-        op.operands.push_back(use());
+        skip_ws();
+        Pos np = here();
+        if (is_alpha(peek())) {
+          std::string role = ident_chars();
+          for (const auto& [r, id] : named)
+            if (r == role) fail(np, cat("operand '", role, "' given twice"));
+          expect('=');
+          named.emplace_back(role, use());
+        } else {
+          if (!named.empty())
+            fail(np, "a positional operand after a named one (named operands come last)");
+          op.operands.push_back(use());
+        }
       } while (accept(','));
+      auto roles = named_operand_roles(op.kind);
+      auto rank = [&](const std::string& r) {
+        size_t i = 0;
+        while (i < roles.size() && r != roles[i]) ++i;
+        return i;
+      };
+      std::stable_sort(named.begin(), named.end(), [&](const auto& a, const auto& b) {
+        return rank(a.first) != rank(b.first) ? rank(a.first) < rank(b.first) : a.first < b.first;
+      });
+      for (auto& [r, id] : named) {
+        op.operands.push_back(id);
+        op.operand_names.push_back(r);
+      }
     }
     skip_ws();
     if (peek() == '{') op.attrs = attrs();

@@ -4,6 +4,13 @@
 
 namespace tilejit::ir {
 
+std::string operand_role(const Op& op, size_t i) {
+  auto roles = operand_roles(op.kind);
+  if (i < roles.size()) return roles[i];
+  if (i - roles.size() < op.operand_names.size()) return op.operand_names[i - roles.size()];
+  return cat("#", i);
+}
+
 const Value& Function::value(int id) const {
   if (!has_value(id)) {
     throw Error(cat("function @", name, " has no value with id ", id, " (it has ", values.size(),

@@ -23,11 +23,19 @@ struct Value {
 
 struct Op {
   OpKind kind = OpKind::add;
-  std::vector<int> operands;  // value ids, in operand_roles(kind) order
-  int result = -1;            // value id
+  // Value ids: the positional operands, in operand_roles(kind) order, then
+  // the named ones (a quantized gemm's scale, zero, g_idx).
+  std::vector<int> operands;
+  int result = -1;  // value id
   Attrs attrs;
+  // The roles of the named operands (operands past operand_roles(kind)), in
+  // canonical order (named_operand_roles(kind)); printed `scale = %s`.
+  std::vector<std::string> operand_names;
   bool operator==(const Op&) const = default;
 };
+
+// The role of operand i of op: a positional role, a named one, or "#i".
+std::string operand_role(const Op& op, size_t i);
 
 struct Function {
   std::string name;

@@ -1,25 +1,239 @@
 // gemm %x, %w: y[M, N] = x[M, K] · w[N, K]ᵀ, bf16 in, f32 accumulator out.
 // The f32 result is what epilogue ops (add, activations, cast) then consume,
 // so the whole chain fuses into the micro-kernel's store.
+//
+// A quantized weight comes with named operands (docs/ir.md, "Quantized
+// weights"): gemm %x, %w, scale = %s [, zero = %z] [, g_idx = %g] {...}:
+//   i8 [N, K]      W8A8: scale f32 [N] or [1]; act_quant / act_scale / act_zero_point
+//   f8e4m3 [N, K]  scale f32 [1], [N], or [ceil(N/block_n), ceil(K/block_k)] with block_n, block_k
+//   u4 [N, K]      AWQ / GPTQ: scale [G, N] f16/bf16/f32, zero u4 [G, N], g_idx i32 [K];
+//                  format ("awq" | "gptq"), group_size, bits, gptq_v2
+#include <array>
+
 #include "ir/op_rules.h"
 
 namespace tilejit::ir {
 
+namespace {
+
+constexpr size_t kX = 0, kW = 1;
+
+// Which weight dtype each quantization attribute belongs to.
+struct AttrOwner {
+  const char* attr;
+  DType dtype;
+};
+constexpr std::array<AttrOwner, 9> kAttrOwners = {{
+    {"act_quant", DType::i8},
+    {"act_scale", DType::i8},
+    {"act_zero_point", DType::i8},
+    {"block_k", DType::f8e4m3},
+    {"block_n", DType::f8e4m3},
+    {"bits", DType::u4},
+    {"format", DType::u4},
+    {"gptq_v2", DType::u4},
+    {"group_size", DType::u4},
+}};
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// A contiguous row-major operand (scales, zero points, g_idx are dense tensors).
+bool dense(RuleContext& c, size_t i) {
+  const Layout& l = c.type(i).layout;
+  if (l.kind == LayoutKind::row_major &&
+      (l.strides.empty() || l.strides.back() == std::optional<int64_t>(1)))
+    return true;
+  return c.fail(cat("operand ", c.who(i), " has layout ", l.str(),
+                    ": gemm takes it row_major with unit stride on the last dim"));
+}
+
+// shape == want (static dims), else "operand 'scale' (%s) has shape [..]; <rule>".
+bool shape_is(RuleContext& c, size_t i, const std::vector<int64_t>& want, const std::string& rule) {
+  const auto& dims = c.type(i).dims;
+  bool ok = dims.size() == want.size();
+  for (size_t d = 0; ok && d < dims.size(); ++d)
+    ok = dims[d].is_static() && dims[d].value == want[d];
+  if (ok) return true;
+  return c.fail(cat("operand ", c.who(i), " has shape ", shape_str(dims), "; ", rule));
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  return cat("[", join(s, ", ", [](int64_t v) { return std::to_string(v); }), "]");
+}
+
+void check_int8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+  const Attrs& a = c.attrs();
+  if (k > 65536)
+    c.fail(cat("operand ", c.who(kW), " has K=", k,
+               "; allowed: K <= 65536 for an i8 weight (the int32 sums of u8 x s8 codes stay "
+               "exact)"));
+  if (c.dtype(scale, {DType::f32}) && dense(c, scale)) {
+    const auto& dims = c.type(scale).dims;
+    const bool ok =
+        dims.size() == 1 && dims[0].is_static() && (dims[0].value == n || dims[0].value == 1);
+    if (!ok)
+      c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
+                 "; an i8 weight takes scale as f32 [N] (per channel, N=", n,
+                 ") or [1] (per tensor)"));
+  }
+  const std::string mode = a.get_string("act_quant").value_or("dynamic_sym");
+  if (mode == "fixed") {
+    auto s = a.get_double("act_scale");
+    if (!s)
+      c.fail("attribute 'act_quant' = \"fixed\" needs attribute 'act_scale' (x's scale, > 0)");
+    else if (!(*s > 0))
+      c.fail(cat("attribute 'act_scale' = ", *s, " must be > 0"));
+    if (auto z = a.get_int("act_zero_point"); z && (*z < 0 || *z > 255))
+      c.fail(cat("attribute 'act_zero_point' = ", *z, " must be in [0, 255] (a u8 zero point)"));
+  } else {
+    for (const char* n2 : {"act_scale", "act_zero_point"})
+      if (a.has(n2))
+        c.fail(cat("attribute '", n2, "' applies to act_quant = \"fixed\" only (act_quant is \"",
+                   mode, "\")"));
+  }
+}
+
+void check_fp8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+  const Attrs& a = c.attrs();
+  const auto bn = a.get_int("block_n"), bk = a.get_int("block_k");
+  if (!c.dtype(scale, {DType::f32}) || !dense(c, scale)) return;
+  const auto& dims = c.type(scale).dims;
+  if (dims.size() == 2) {
+    if (!bn || !bk) {
+      c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
+                 ": block scales need attributes 'block_n' and 'block_k' (e.g. {block_k = 128, "
+                 "block_n = 128})"));
+      return;
+    }
+    if (*bn < 1) c.fail(cat("attribute 'block_n' = ", *bn, " must be >= 1"));
+    if (*bk < 2 || *bk % 2 != 0)
+      c.fail(cat("attribute 'block_k' = ", *bk,
+                 " must be even and >= 2 (a k-pair never straddles two blocks)"));
+    if (!c.ok()) return;
+    const std::vector<int64_t> want = {ceil_div(n, *bn), ceil_div(k, *bk)};
+    shape_is(c, scale, want,
+             cat("block scales of ", *bn, "x", *bk, " over N=", n, ", K=", k, " are f32 ",
+                 shape_text(want), " [ceil(N/block_n), ceil(K/block_k)]"));
+    return;
+  }
+  for (const char* b : {"block_n", "block_k"})
+    if (a.has(b))
+      c.fail(cat("attribute '", b, "' needs block scales: ", c.who(scale), " is ", shape_str(dims),
+                 ", not [ceil(N/block_n), ceil(K/block_k)]"));
+  const bool ok =
+      dims.size() == 1 && dims[0].is_static() && (dims[0].value == n || dims[0].value == 1);
+  if (!ok)
+    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
+               "; an f8e4m3 weight takes scale as f32 [1] (per tensor), [N] (per channel, N=", n,
+               ") or [ceil(N/block_n), ceil(K/block_k)] (block scales)"));
+}
+
+void check_int4(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+  const Attrs& a = c.attrs();
+  const auto format = a.get_string("format");
+  if (!format)
+    c.fail("a u4 weight needs attribute 'format': \"awq\" (AutoAWQ) or \"gptq\" (AutoGPTQ)");
+  if (auto bits = a.get_int("bits"); bits && *bits != 4)
+    c.fail(cat("attribute 'bits' = ", *bits, "; allowed: 4 (u4 weights)"));
+  const int64_t gs = a.get_int("group_size").value_or(128);
+  if (gs != 32 && gs != 64 && gs != 128 && gs != -1)
+    c.fail(cat("attribute 'group_size' = ", gs,
+               "; allowed: 32, 64, 128 or -1 (one group over all of K)"));
+  if (format == "awq" && a.get_bool("gptq_v2").value_or(false))
+    c.fail("attribute 'gptq_v2' = true applies to format = \"gptq\" only (AWQ stores z itself)");
+  if (!c.ok()) return;
+  const std::optional<size_t> zero = c.named("zero"), g_idx = c.named("g_idx");
+  if (!c.dtype(scale, {DType::f16, DType::bf16, DType::f32}) || !dense(c, scale)) return;
+  const auto& sd = c.type(scale).dims;
+  const int64_t groups = gs < 0 ? 1 : ceil_div(k, gs);
+  if (!g_idx) {
+    shape_is(c, scale, {groups, n},
+             cat("a u4 weight of K=", k, " in groups of ", gs < 0 ? k : gs,
+                 " takes scale as [G, N] = ", shape_text({groups, n})));
+  } else if (sd.size() != 2 || !sd[0].is_static() || sd[0].value < 1 || !sd[1].is_static() ||
+             sd[1].value != n) {
+    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(sd),
+               "; a u4 weight takes scale as [G, N] with G >= 1 static and N=", n));
+  }
+  if (!c.ok()) return;
+  const int64_t g = sd[0].value;
+  if (zero && c.dtype(*zero, {DType::u4}) && dense(c, *zero))
+    shape_is(c, *zero, {g, n},
+             cat("zero points are u4 [G, N] like 'scale' (", shape_text({g, n}), ")"));
+  if (g_idx && c.dtype(*g_idx, {DType::i32}) && dense(c, *g_idx))
+    shape_is(c, *g_idx, {k}, cat("g_idx is i32 [K] (the group of each input channel, K=", k, ")"));
+}
+
+// The quantized weight's operands and attributes, for w of dtype wt.
+void check_quant(RuleContext& c, DType wt) {
+  const Attrs& a = c.attrs();
+  const std::string w_is = cat(c.who(kW), " is ", dtype_name(wt));
+  for (const AttrOwner& o : kAttrOwners)
+    if (a.has(o.attr) && o.dtype != wt)
+      c.fail(cat("attribute '", o.attr, "' applies to ", dtype_name(o.dtype), " weights only; ",
+                 w_is));
+  const std::optional<size_t> scale = c.named("scale"), zero = c.named("zero"),
+                              g_idx = c.named("g_idx");
+  if (wt == DType::bf16) {
+    for (size_t i = 2; i < c.size(); ++i)
+      c.fail(cat("operand ", c.who(i), ": a bf16 weight takes no '", c.role(i),
+                 "' (scale, zero and g_idx describe i8, f8e4m3 and u4 weights)"));
+    return;
+  }
+  if (zero && wt != DType::u4)
+    c.fail(cat("operand ", c.who(*zero), ": an ", dtype_name(wt),
+               " weight has no zero point (zero is for u4 weights",
+               wt == DType::i8 ? "; x's zero point comes from act_quant)" : ")"));
+  if (g_idx && wt != DType::u4)
+    c.fail(cat("operand ", c.who(*g_idx), ": an ", dtype_name(wt),
+               " weight has no g_idx (g_idx is for act-order u4 weights)"));
+  if (!scale)
+    c.fail(cat("operand ", w_is, ": a quantized weight needs a 'scale' operand (gemm %", "x, %w, ",
+               "scale = %s)"));
+  c.static_dim(kW, 0, "N", "a quantized weight has static dims");
+  c.static_dim(kW, 1, "K", "a quantized weight has static dims");
+  if (!c.ok()) return;
+  const int64_t n = c.dim(kW, 0).value, k = c.dim(kW, 1).value;
+  if (wt == DType::i8) check_int8(c, *scale, n, k);
+  if (wt == DType::f8e4m3) check_fp8(c, *scale, n, k);
+  if (wt == DType::u4) check_int4(c, *scale, n, k);
+}
+
+}  // namespace
+
 std::optional<TensorType> check_gemm(RuleContext& c) {
-  constexpr size_t x = 0, w = 1;
-  c.rank(x, 2, "[M, K]");
-  c.rank(w, 2, "[N, K]");
+  c.rank(kX, 2, "[M, K]");
+  c.rank(kW, 2, "[N, K]");
   if (!c.ok()) return std::nullopt;
-  c.dtype(x, {DType::bf16});
-  c.dtype(w, {DType::bf16});
-  c.unit_stride_rows(x);
-  c.weight_layout(w);
+  c.dtype(kX, {DType::bf16});
+  c.dtype(kW, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
+  c.unit_stride_rows(kX);
   if (!c.ok()) return std::nullopt;
-  if (!c.same_dim(w, 1, x, 1, "K", "the reduction dims must match")) return std::nullopt;
-  c.nonzero_dim(w, 0, "N", "tilejit::pack_weight takes no empty weight");
-  c.nonzero_dim(w, 1, "K", "tilejit::pack_weight takes no empty weight");
+  const DType wt = c.type(kW).dtype;
+  const Layout& wl = c.type(kW).layout;
+  if (wt == DType::bf16) {
+    c.weight_layout(kW);
+  } else if (wt == DType::f8e4m3) {
+    // Any strides: a [K, N] checkpoint is the logical [N, K] with strided<[1, N]>.
+    if (wl.kind != LayoutKind::row_major)
+      c.fail(cat("operand ", c.who(kW), " has layout ", wl.str(),
+                 ": gemm takes an f8e4m3 weight row_major (any strides)"));
+  } else if (wt == DType::i8) {
+    c.unit_stride_rows(kW);
+  } else if (!wl.is_contiguous()) {
+    c.fail(cat("operand ", c.who(kW), " has layout ", wl.str(),
+               ": a u4 weight is the checkpoint's int32-packed qweight, contiguous"));
+  }
   if (!c.ok()) return std::nullopt;
-  return result(DType::f32, {c.dim(x, 0), c.dim(w, 0)});
+  if (!c.same_dim(kW, 1, kX, 1, "K", "the reduction dims must match")) return std::nullopt;
+  c.nonzero_dim(kW, 0, "N", "tilejit::pack_weight takes no empty weight");
+  c.nonzero_dim(kW, 1, "K", "tilejit::pack_weight takes no empty weight");
+  if (!c.ok()) return std::nullopt;
+  check_quant(c, wt);
+  if (!c.ok()) return std::nullopt;
+  return result(DType::f32, {c.dim(kX, 0), c.dim(kW, 0)});
 }
 
 }  // namespace tilejit::ir

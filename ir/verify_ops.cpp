@@ -23,7 +23,8 @@ void verify_ops(const Function& f, std::vector<Diagnostic>& out) {
     if (!ids_ok) continue;
 
     std::vector<std::string> problems;
-    std::optional<TensorType> inferred = check_op(op.kind, operands, op.attrs, problems);
+    std::optional<TensorType> inferred =
+        check_op(op.kind, operands, op.attrs, problems, op.operand_names);
     std::string prefix = value_label(f, op.result) + " = ";
     for (std::string& p : problems) out.push_back(Diagnostic{prefix + p, oi, op.result});
     const TensorType& stated = f.values[static_cast<size_t>(op.result)].type;

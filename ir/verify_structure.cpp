@@ -55,10 +55,10 @@ void verify_structure(const Function& f, std::vector<Diagnostic>& out) {
   for (size_t i = 0; i < f.ops.size(); ++i) {
     const Op& op = f.ops[i];
     int oi = static_cast<int>(i);
-    auto roles = operand_roles(op.kind);
     for (size_t j = 0; j < op.operands.size(); ++j) {
       int id = op.operands[j];
-      std::string role = j < roles.size() ? cat("'", roles[j], "'") : cat("#", j);
+      std::string role = operand_role(op, j);
+      if (role[0] != '#') role = cat("'", role, "'");
       if (!f.has_value(id)) {
         add(cat(op_label(f, i), ": operand ", role, " (id ", id, ") is not a value"), oi);
       } else if (!defined[static_cast<size_t>(id)]) {

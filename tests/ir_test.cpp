@@ -735,11 +735,191 @@ TEST(IrVerifier, CheckCollectsEveryProblem) {
   EXPECT_THAT(d[1].message, HasSubstr("operand 'w'"));
 }
 
+// ---- quantized weights ---------------------------------------------------------------
+
+// A one-gemm program over the given params (name: type) and gemm operand text.
+std::string quant_text(const std::string& params, const std::string& operands,
+                       const std::string& attrs, const std::string& n = "64") {
+  return "func @q(%x: tensor<?Mx128xbf16>, " + params + ") -> (tensor<?Mx" + n +
+         "xf32>) {\n  %0 = gemm %x, " + operands + (attrs.empty() ? "" : " " + attrs) +
+         " : tensor<?Mx" + n + "xf32>\n  return %0\n}\n";
+}
+
+TEST(IrQuant, PrintParseRoundTrips) {
+  const std::vector<std::string> texts = {
+      quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale = %s", ""),
+      quant_text("%w: tensor<64x128xi8>, %s: tensor<1xf32>", "%w, scale = %s",
+                 "{act_quant = \"fixed\", act_scale = 0.015625, act_zero_point = 128}"),
+      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1xf32>", "%w, scale = %s", ""),
+      quant_text("%w: tensor<64x128xf8e4m3, strided<[1, 64]>>, %s: tensor<64xf32>",
+                 "%w, scale = %s", ""),
+      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1x2xf32>", "%w, scale = %s",
+                 "{block_k = 64, block_n = 128}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf16>", "%w, scale = %s",
+                 "{format = \"gptq\", group_size = 128}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<4x64xbf16>, %z: tensor<4x64xu4>",
+                 "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"),
+      quant_text(
+          "%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, %g: tensor<128xi32>",
+          "%w, scale = %s, zero = %z, g_idx = %g",
+          "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf32>, %g: tensor<128xi32>",
+                 "%w, scale = %s, g_idx = %g", "{format = \"gptq\", group_size = -1}"),
+  };
+  for (const std::string& t : texts) {
+    SCOPED_TRACE(t);
+    const Function f = parse(t);
+    EXPECT_EQ(verify_error(f), "");
+    EXPECT_EQ(print(f), t);  // the texts are canonical
+    EXPECT_EQ(print(parse(print(f))), print(f));
+    EXPECT_EQ(parse(print(f)), f);
+  }
+}
+
+TEST(IrQuant, NamedOperandsAreCanonical) {
+  // Named operands in any order read back in the canonical order.
+  const Function f = parse(quant_text(
+      "%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, %g: tensor<128xi32>",
+      "%w, g_idx = %g, zero = %z, scale = %s", "{format = \"gptq\", group_size = 64}"));
+  EXPECT_EQ(verify_error(f), "");
+  EXPECT_THAT(print(f), HasSubstr("gemm %x, %w, scale = %s, zero = %z, g_idx = %g {"));
+  ASSERT_EQ(f.ops[0].operand_names.size(), 3u);
+  EXPECT_EQ(operand_role(f.ops[0], 4), "g_idx");
+}
+
+TEST(IrQuant, BuilderMatchesParser) {
+  Builder b("q");
+  int x = b.param("x", T(DType::bf16, {S("M"), F(128)}));
+  int w = b.param("w", T(DType::u4, {F(64), F(128)}));
+  int s = b.param("s", T(DType::f16, {F(4), F(64)}));
+  int z = b.param("z", T(DType::u4, {F(4), F(64)}));
+  int y =
+      b.gemm_quant(x, w, s, Attrs{{"format", std::string("awq")}, {"group_size", int64_t{32}}}, z);
+  b.ret({y});
+  const Function f = b.finish();
+  EXPECT_EQ(print(f),
+            quant_text("%w: tensor<64x128xu4>, %s: tensor<4x64xf16>, %z: tensor<4x64xu4>",
+                       "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"));
+  EXPECT_EQ(parse(print(f)), f);
+}
+
+TEST(IrQuant, ParserErrors) {
+  auto parse_error = [](const std::string& t) -> std::string {
+    try {
+      parse(t);
+    } catch (const ParseError& e) {
+      return e.detail();
+    }
+    return "";
+  };
+  EXPECT_THAT(parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>",
+                                     "%w, scale = %s, scale = %s", "")),
+              HasSubstr("operand 'scale' given twice"));
+  EXPECT_THAT(
+      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "scale = %s, %w", "")),
+      HasSubstr("a positional operand after a named one"));
+  EXPECT_THAT(
+      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale %s", "")),
+      HasSubstr("expected '='"));
+}
+
+TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
+  struct Case {
+    std::string params, operands, attrs, message;
+  };
+  const std::string i8 = "%w: tensor<64x128xi8>, ";
+  const std::string f8 = "%w: tensor<64x128xf8e4m3>, ";
+  const std::string u4 = "%w: tensor<64x128xu4>, ";
+  const std::vector<Case> cases = {
+      // i8
+      {i8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
+       "operand 'scale' (%s) has shape [32]; an i8 weight takes scale as f32 [N] (per channel, "
+       "N=64) or [1] (per tensor)"},
+      {i8 + "%s: tensor<64xf16>", "%w, scale = %s", "", "operand 'scale' (%s) has dtype f16"},
+      {"%w: tensor<64x128xi8>", "%w", "", "a quantized weight needs a 'scale' operand"},
+      {i8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>", "%w, scale = %s, zero = %z", "",
+       "operand 'zero' (%z): an i8 weight has no zero point"},
+      {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{act_quant = \"fixed\"}",
+       "attribute 'act_quant' = \"fixed\" needs attribute 'act_scale'"},
+      {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{act_quant = \"static\"}",
+       "attribute 'act_quant' = \"static\" must be one of"},
+      {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{act_scale = 0.5}",
+       "attribute 'act_scale' applies to act_quant = \"fixed\" only"},
+      {i8 + "%s: tensor<64xf32>", "%w, scale = %s",
+       "{act_quant = \"fixed\", act_scale = 0.5, act_zero_point = 300}",
+       "attribute 'act_zero_point' = 300 must be in [0, 255]"},
+      {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{group_size = 128}",
+       "attribute 'group_size' applies to u4 weights only; 'w' (%w) is i8"},
+      // f8e4m3
+      {f8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>", "%w, scale = %s, zero = %z", "",
+       "operand 'zero' (%z): an f8e4m3 weight has no zero point"},
+      {f8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
+       "operand 'scale' (%s) has shape [32]; an f8e4m3 weight takes scale as f32 [1] (per "
+       "tensor), [N] (per channel, N=64)"},
+      {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "",
+       "block scales need attributes 'block_n' and 'block_k'"},
+      {f8 + "%s: tensor<1x2xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
+       "operand 'scale' (%s) has shape [1, 2]; block scales of 128x128 over N=64, K=128 are f32 "
+       "[1, 1]"},
+      {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "{block_k = 127, block_n = 128}",
+       "attribute 'block_k' = 127 must be even"},
+      {f8 + "%s: tensor<64xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
+       "attribute 'block_n' needs block scales"},
+      {f8 + "%s: tensor<64xf32>, %g: tensor<128xi32>", "%w, scale = %s, g_idx = %g", "",
+       "operand 'g_idx' (%g): an f8e4m3 weight has no g_idx"},
+      // u4
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", bits = 8}",
+       "attribute 'bits' = 8; allowed: 4"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", group_size = 0}",
+       "attribute 'group_size' = 0; allowed: 32, 64, 128 or -1"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "", "a u4 weight needs attribute 'format'"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"exl2\"}",
+       "attribute 'format' = \"exl2\" must be one of \"awq\", \"gptq\""},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"awq\", gptq_v2 = true}",
+       "attribute 'gptq_v2' = true applies to format = \"gptq\" only"},
+      {u4 + "%s: tensor<2x64xf16>", "%w, scale = %s", "{format = \"gptq\"}",
+       "operand 'scale' (%s) has shape [2, 64]; a u4 weight of K=128 in groups of 128 takes "
+       "scale as [G, N] = [1, 64]"},
+      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x32xu4>", "%w, scale = %s, zero = %z",
+       "{format = \"awq\", group_size = 32}",
+       "operand 'zero' (%z) has shape [4, 32]; zero points are u4 [G, N] like 'scale' ([4, 64])"},
+      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x64xi32>", "%w, scale = %s, zero = %z",
+       "{format = \"awq\", group_size = 32}", "operand 'zero' (%z) has dtype i32"},
+      {u4 + "%s: tensor<1x64xf16>, %g: tensor<64xi32>", "%w, scale = %s, g_idx = %g",
+       "{format = \"gptq\"}", "operand 'g_idx' (%g) has shape [64]; g_idx is i32 [K]"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{block_n = 128, format = \"gptq\"}",
+       "attribute 'block_n' applies to f8e4m3 weights only; 'w' (%w) is u4"},
+      // bf16 and the named operands themselves
+      {"%w: tensor<64x128xbf16>, %s: tensor<64xf32>", "%w, scale = %s", "",
+       "operand 'scale' (%s): a bf16 weight takes no 'scale'"},
+      {i8 + "%s: tensor<64xf32>", "%w, bias = %s", "",
+       "%0 = gemm: has no operand 'bias' (its named operands are scale, zero, g_idx)"},
+      {"%w: tensor<64x128xf32>", "%w", "",
+       "operand 'w' (%w) has dtype f32: gemm takes w as bf16, i8, f8e4m3, u4"},
+      {"%w: tensor<64x128xu4, strided<[256, 1]>>, %s: tensor<1x64xf16>", "%w, scale = %s",
+       "{format = \"gptq\"}", "a u4 weight is the checkpoint's int32-packed qweight, contiguous"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.params + " | " + c.operands + " | " + c.attrs);
+    const std::string e = verify_error(quant_text(c.params, c.operands, c.attrs));
+    EXPECT_THAT(e, ::testing::StartsWith("%0 = gemm: "));
+    EXPECT_THAT(e, HasSubstr(c.message));
+  }
+  // A hand-built op with the named operands out of order.
+  Function f = parse(quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf16>, %z: tensor<1x64xu4>",
+                                "%w, scale = %s, zero = %z", "{format = \"gptq\"}"));
+  std::swap(f.ops[0].operand_names[0], f.ops[0].operand_names[1]);
+  std::swap(f.ops[0].operands[2], f.ops[0].operands[3]);
+  EXPECT_THAT(verify_error(f), HasSubstr("operand 'scale' is given twice or out of order"));
+}
+
 // ---- examples/*.tir ---------------------------------------------------------------
 
 TEST(IrExamples, ParseAndVerify) {
 #ifdef TILEJIT_EXAMPLES_DIR
-  for (const char* file : {"linear_silu.tir", "linear_bias.tir"}) {
+  for (const char* file :
+       {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir", "gemm_fp8_channel.tir",
+        "gemm_fp8_block.tir", "gemm_int4_gptq.tir", "gemm_int4_awq.tir"}) {
     SCOPED_TRACE(file);
     std::string path = std::string(TILEJIT_EXAMPLES_DIR) + "/" + file;
     std::ifstream in(path);
