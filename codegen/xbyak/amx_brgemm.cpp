@@ -1,6 +1,7 @@
-// AMX bf16 batch-reduce GEMM micro-kernel (tdpbf16ps).
+// AMX batch-reduce GEMM micro-kernel: bf16 × bf16 → f32 (tdpbf16ps) or
+// u8 × i8 → i32 (tdpbusd).
 //
-// C[mr ≤ 32 × nr ≤ 64] in up to 2 × 4 accumulator tiles of 16×16 f32. With two
+// C[mr ≤ 32 × nr ≤ 64] in up to 2 × 4 accumulator tiles of 16×16 f32 / i32. With two
 // row tiles the eight tile registers hold 2×2 accumulators + 2 A + 2 B, so the
 // 64 columns are done in two passes; with one row tile, 1×4 accumulators + 1 A
 // + 3 rotating B tiles do them in one. The accumulators stay in tiles across
@@ -12,6 +13,13 @@
 // tail (kb % 32 ≠ 0) must be called with batch == 1. With desc.a_packed, A
 // comes in the PackedA tile layout instead (contiguous tiles, K zero-padded):
 // no K tail step, any batch.
+//
+// Int8 kernels have the same blocking, tile shapes and prefetches: a K step
+// is 64 bytes of A either way (32 bf16 or 64 u8) and a B tile 16 k-group rows
+// (pairs or quads) of 64 bytes; they take packed A only (kb rounds up to
+// whole K steps of 64, A and B being zero-padded to them), keep int32 sums
+// in the tiles and finish with Avx512Epilogue::apply_int8_and_store (raw
+// int32 sums with out = i32: stored straight from whole tiles).
 #include <algorithm>
 
 #include "codegen/packed_layout.h"
@@ -39,7 +47,7 @@ struct AmxShape {
 
 class AmxBrgemm : public JitGenerator {
  public:
-  explicit AmxBrgemm(const BrgemmDesc& d) : d_(d) {
+  explicit AmxBrgemm(const BrgemmDesc& d) : d_(d), int8_(d.a_type == DType::u8) {
     const AmxShape shape(d);
     mt_ = shape.mt;
     nt_ = shape.nt;
@@ -95,7 +103,14 @@ class AmxBrgemm : public JitGenerator {
     return blob_label(cfg.bytes.data(), cfg.bytes.size());
   }
 
-  // One K step of 32: A tiles from [a_row0 / a_row16 + stride], B tiles from b.
+  void dot(const Xbyak::Tmm& c, const Xbyak::Tmm& a, const Xbyak::Tmm& b) {
+    if (int8_)
+      tdpbusd(c, a, b);
+    else
+      tdpbf16ps(c, a, b);
+  }
+
+  // One K step (64 bytes of A): A tiles from [a_row0 / a_row16 + stride], B tiles from b.
   void k_step(int ntp, const Xbyak::Reg64& a0, const Xbyak::Reg64& a1, const Xbyak::Reg64& a_stride,
               int64_t a1_disp) {
     // Packed A: the cache lines of the K step `dist` steps ahead (this pass's
@@ -120,7 +135,7 @@ class AmxBrgemm : public JitGenerator {
     for (int j = 0; j < ntp; ++j) {
       tileloadd(b_tile(j), ptr[rsi + r11 + j * 64]);
       for (int i = 0; i < mt_; ++i) {
-        tdpbf16ps(acc(i, j), a_tile(i), b_tile(j));
+        dot(acc(i, j), a_tile(i), b_tile(j));
         for (size_t q = 0; q < per_dot && next < pf.size(); ++q, ++next) {
           if (next < n_l1)
             prefetcht0(pf[next]);
@@ -134,8 +149,9 @@ class AmxBrgemm : public JitGenerator {
   void generate() {
     const Xbyak::Label& cfg = config();
     // Packed A is zero-padded to whole K steps: no tail step.
-    const int64_t kfull = d_.a_packed ? (d_.kb + 31) / 32 : d_.kb / 32;
-    const bool ktail = !d_.a_packed && d_.kb % 32 != 0;
+    const int64_t ks = d_.k_step();
+    const int64_t kfull = d_.a_packed ? (d_.kb + ks - 1) / ks : d_.kb / ks;
+    const bool ktail = !d_.a_packed && d_.kb % ks != 0;
     const int64_t a_step = d_.a_packed ? PackedA::kStepBytes : 64;
     // A GLU pairs column tiles of different passes (gate 0..1, up 2..3), so
     // its scratch keeps every pass and the epilogue runs after the last one.
@@ -161,8 +177,9 @@ class AmxBrgemm : public JitGenerator {
     // the stack scratch and the vector epilogue.
     const bool whole_tiles = !glu && d_.nr % 16 == 0;
     const bool acc_tiles = whole_tiles && d_.accumulate;
-    const bool direct_store = whole_tiles && d_.out == DType::f32 && d_.bias == BiasKind::none &&
-                              d_.act == Activation::none;
+    // (Int8: only the raw int32 sums, out = i32, which takes no bias or act.)
+    const bool direct_store = whole_tiles && d_.out == (int8_ ? DType::i32 : DType::f32) &&
+                              d_.bias == BiasKind::none && d_.act == Activation::none;
     BrgemmDesc epi_desc = d_;
     epi_desc.accumulate = d_.accumulate && !acc_tiles;  // else added in the tiles already
 
@@ -270,12 +287,24 @@ class AmxBrgemm : public JitGenerator {
         mov(r8, arg(offsetof(BrgemmArgs, acc_in)));  // acc_in row (the lists are reloaded per pass)
         mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
       }
+      // Int8: the scales and zero points (rax, rbx, rcx, r10 are reloaded by
+      // the next pass).
+      const Avx512Epilogue::Int8Regs q{rax, rbx, rcx, r10};
+      if (int8_ && d_.out != DType::i32) {
+        mov(q.a_scale, arg(offsetof(BrgemmArgs, a_scale)));
+        mov(q.a_zero, arg(offsetof(BrgemmArgs, a_zero)));
+        mov(q.b_scale, arg(offsetof(BrgemmArgs, b_scale)));
+        mov(q.b_comp, arg(offsetof(BrgemmArgs, b_comp)));
+      }
       for (int r = 0; r < d_.mr; ++r) {
         for (int j = 0; j < ntp; ++j) {
           const int col_vec = p * ntp_max_ + j;
           const bool last = col_vec == nt_ - 1 && tail_cols != 0;
           vmovups(zmm0, ptr[rsp + slot(r / 16, p, j) * 1024 + (r % 16) * 64]);
-          epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr, r8);
+          if (int8_)
+            epi.apply_int8_and_store(zmm0, col_vec, r, q, rdx, r12, last ? &k1 : nullptr, r8);
+          else
+            epi.apply_and_store(zmm0, col_vec, rdx, r12, last ? &k1 : nullptr, r8);
         }
         if (r + 1 < d_.mr) {
           add(rdx, r14);
@@ -296,6 +325,7 @@ class AmxBrgemm : public JitGenerator {
   }
 
   const BrgemmDesc& d_;
+  const bool int8_;
   int mt_ = 1, nt_ = 1, ntp_max_ = 4, b_slots_ = 3;
 };
 
@@ -303,7 +333,8 @@ class AmxBrgemm : public JitGenerator {
 
 int64_t amx_b_prefetch_bytes(const BrgemmDesc& d) {
   if (!d.a_packed) return 0;
-  return int64_t(AmxShape(d).passes) * ((d.kb + 31) / 32) * kPrefetchLinesPerStep * 64;
+  return int64_t(AmxShape(d).passes) * ((d.kb + d.k_step() - 1) / d.k_step()) *
+         kPrefetchLinesPerStep * 64;
 }
 
 std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d) {

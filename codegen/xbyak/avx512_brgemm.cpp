@@ -1,10 +1,17 @@
-// AVX-512 bf16 batch-reduce GEMM micro-kernel (vdpbf16ps), for CPUs without AMX.
+// AVX-512 batch-reduce GEMM micro-kernel for CPUs without AMX: bf16 × bf16 →
+// f32 (vdpbf16ps) or u8 × i8 → i32 (vpdpbusd, the non-saturating one).
 //
-// Register blocking: mr rows × nz zmm columns of fp32 accumulators (nz =
-// ceil(nr/16) ≤ 4), ksplit copies of them when mr·nz is too small to hide the
-// vdpbf16ps latency (decode shapes), nz registers of B per k-pair, and A
-// broadcast straight from memory as the {1to16} operand. A rows are addressed
-// from one base register per three rows ([base], [base+lda], [base+2·lda]).
+// Register blocking: mr rows × nz zmm columns of fp32 / int32 accumulators
+// (nz = ceil(nr/16) ≤ 4), ksplit copies of them when mr·nz is too small to
+// hide the dot-product latency (decode shapes), nz registers of B per k-group
+// (4 bytes of K: a bf16 pair or an int8 quad). bf16 A is broadcast straight
+// from memory as the {1to16} operand; vpdpbusd takes its unsigned bytes (A)
+// only from a register, so int8 A is broadcast (vpbroadcastd, 4 bytes) into
+// one register per row, and where the accumulators leave too few registers
+// for all nz B vectors the last ones are read from memory by each
+// vpdpbusd. A rows are addressed from one base register per three rows
+// ([base], [base+lda], [base+2·lda]). Int8 kernels then apply the
+// zero-point compensation and scales of Avx512Epilogue::apply_int8_and_store.
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -19,18 +26,21 @@ using namespace Xbyak::util;
 
 class Avx512Brgemm : public JitGenerator {
  public:
-  explicit Avx512Brgemm(const BrgemmDesc& d) : d_(d) {
+  explicit Avx512Brgemm(const BrgemmDesc& d) : d_(d), int8_(d.a_type == DType::u8) {
     nz_ = (d.computed_cols() + 15) / 16;
     ksplit_ = avx512_brgemm_ksplit(d.mr, nz_);
+    // Int8: one register holds the broadcast A row; B gets what is left.
+    b_regs_ = int8_ ? std::min(nz_, 32 - ksplit_ * d.mr * nz_ - 1) : nz_;
     generate();
   }
 
  private:
-  static constexpr int kUnroll = 4;  // k-pairs per loop iteration (multiple of ksplit)
+  static constexpr int kUnroll = 4;  // k-groups per loop iteration (multiple of ksplit)
   static constexpr int kPrefetchPairs = 128;
 
   Xbyak::Zmm acc(int s, int r, int j) const { return Xbyak::Zmm(s * d_.mr * nz_ + r * nz_ + j); }
   Xbyak::Zmm breg(int j) const { return Xbyak::Zmm(ksplit_ * d_.mr * nz_ + j); }
+  Xbyak::Zmm a_reg() const { return Xbyak::Zmm(ksplit_ * d_.mr * nz_ + b_regs_); }  // int8
   // A element address of row r at byte offset `off` of the current k position.
   Xbyak::RegExp a_exp(int r, int64_t off) const {
     const Xbyak::Reg64& base = abase_[r / 3];
@@ -46,14 +56,27 @@ class Avx512Brgemm : public JitGenerator {
   Xbyak::Address a_addr(int r, int64_t off) { return ptr_b[a_exp(r, off)]; }
 
   void k_pair(int64_t u, int set) {
-    // B for this k-pair: nz vectors of 16 column pairs.
-    for (int j = 0; j < nz_; ++j) vmovups(breg(j), ptr[b_ + u * d_.b_row_bytes + j * 64]);
+    // B for this k-group: nz vectors of 16 column pairs (quads), b_regs_ of
+    // them in registers.
+    for (int j = 0; j < b_regs_; ++j) vmovups(breg(j), ptr[b_ + u * d_.b_row_bytes + j * 64]);
     // B lines 128 k-pairs (32 KiB) ahead into L2: the hardware prefetchers
     // alone left a cold M = 1 decode at 67-70 % of the DRAM read rate on the
     // AMX Xeon; with this it reaches 97-99 % (and hot or compute-bound calls
     // gained 2-6 %). Prefetches past the panel's end are harmless.
     for (int j = 0; j < nz_; ++j)
       prefetcht1(ptr[b_ + (u + kPrefetchPairs) * d_.b_row_bytes + j * 64]);
+    if (int8_) {
+      for (int r = 0; r < d_.mr; ++r) {
+        vpbroadcastd(a_reg(), dword[a_exp(r, u * 4)]);
+        for (int j = 0; j < nz_; ++j) {
+          if (j < b_regs_)
+            vpdpbusd(acc(set, r, j), a_reg(), breg(j));
+          else
+            vpdpbusd(acc(set, r, j), a_reg(), ptr[b_ + u * d_.b_row_bytes + j * 64]);
+        }
+      }
+      return;
+    }
     for (int r = 0; r < d_.mr; ++r)
       for (int j = 0; j < nz_; ++j) vdpbf16ps(acc(set, r, j), breg(j), a_addr(r, u * 4));
   }
@@ -77,8 +100,10 @@ class Avx512Brgemm : public JitGenerator {
       for (int r = 0; r < d_.mr; ++r)
         for (int j = 0; j < nz_; ++j) vpxord(acc(s, r, j), acc(s, r, j), acc(s, r, j));
 
-    const int64_t kp = d_.kb / 2;
-    const bool odd = d_.kb % 2 != 0;
+    // k-groups of 4 bytes: bf16 pairs (an odd kb leaves one k), int8 quads
+    // (kb is a multiple of 4).
+    const int64_t kp = d_.kb / d_.k_group();
+    const bool odd = !int8_ && d_.kb % 2 != 0;
     Xbyak::Label batch_loop, batch_done, k_loop;
     test(r10, r10);
     jle(batch_done, T_NEAR);
@@ -122,7 +147,12 @@ class Avx512Brgemm : public JitGenerator {
     // Epilogue: fold the k-split copies, then bias/activation/convert/store row by row.
     for (int s = 1; s < ksplit_; ++s)
       for (int r = 0; r < d_.mr; ++r)
-        for (int j = 0; j < nz_; ++j) vaddps(acc(0, r, j), acc(0, r, j), acc(s, r, j));
+        for (int j = 0; j < nz_; ++j) {
+          if (int8_)
+            vpaddd(acc(0, r, j), acc(0, r, j), acc(s, r, j));
+          else
+            vaddps(acc(0, r, j), acc(0, r, j), acc(s, r, j));
+        }
     const int first_free = d_.mr * nz_;
     Avx512Epilogue epi(*this, d_,
                        {Xbyak::Zmm(first_free), Xbyak::Zmm(first_free + 1),
@@ -139,13 +169,23 @@ class Avx512Brgemm : public JitGenerator {
       mov(r8, arg(offsetof(BrgemmArgs, acc_in)));     // acc_in row
       mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));  // its stride
     }
+    // Int8: the scales and zero points (the A base registers are free now).
+    const Avx512Epilogue::Int8Regs q{rax, rbx, r12, r13};
+    if (int8_ && d_.out != DType::i32) {
+      mov(q.a_scale, arg(offsetof(BrgemmArgs, a_scale)));
+      mov(q.a_zero, arg(offsetof(BrgemmArgs, a_zero)));
+      mov(q.b_scale, arg(offsetof(BrgemmArgs, b_scale)));
+      mov(q.b_comp, arg(offsetof(BrgemmArgs, b_comp)));
+    }
     // Output vectors: nz_, or with a GLU the ceil(nr/16) ≤ 2 gate vectors,
     // each paired with the up vector two further on.
     const int nout = d_.glu != Glu::none ? (d_.nr + 15) / 16 : nz_;
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nout; ++j) {
         const bool last = j == nout - 1 && tail_cols != 0;
-        if (d_.glu != Glu::none)
+        if (int8_)
+          epi.apply_int8_and_store(acc(0, r, j), j, r, q, rsi, r14, last ? &k1 : nullptr, r8);
+        else if (d_.glu != Glu::none)
           epi.apply_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, rsi, r14, last ? &k1 : nullptr,
                                   r8);
         else
@@ -162,7 +202,8 @@ class Avx512Brgemm : public JitGenerator {
   }
 
   const BrgemmDesc& d_;
-  int nz_ = 1, ksplit_ = 1;
+  const bool int8_;
+  int nz_ = 1, ksplit_ = 1, b_regs_ = 1;
   Xbyak::Reg64 abase_[4];
   const Xbyak::Reg64 lda_ = r15;
   const Xbyak::Reg64 b_ = rsi;

@@ -96,6 +96,12 @@ void Avx512Epilogue::add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak:
     else
       g.vaddps(acc, acc, g.ptr[acc_in_row + col_vec * 64]);
   }
+  add_bias(acc, col_vec, bias, tail);
+}
+
+void Avx512Epilogue::add_bias(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
+                              const Xbyak::Opmask* tail) {
+  auto& g = g_;
   // Masked memory operands suppress faults on masked-off lanes, so the bias
   // and C tails are never read or written past column N.
   switch (d_.bias) {
@@ -121,7 +127,7 @@ void Avx512Epilogue::add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak:
 void Avx512Epilogue::store(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& c_row,
                            const Xbyak::Opmask* tail) {
   auto& g = g_;
-  if (d_.out == DType::f32) {
+  if (d_.out != DType::bf16) {  // f32, or the raw sums of an int8 kernel (i32)
     if (tail != nullptr)
       g.vmovups(g.ptr[c_row + col_vec * 64] | *tail, acc);
     else
@@ -141,6 +147,31 @@ void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const X
                                      const Xbyak::Reg64& acc_in_row) {
   add_inputs(acc, col_vec, bias, tail, acc_in_row);
   activation(acc);
+  store(acc, col_vec, c_row, tail);
+}
+
+void Avx512Epilogue::apply_int8_and_store(const Xbyak::Zmm& acc, int col_vec, int row,
+                                          const Int8Regs& q, const Xbyak::Reg64& c_row,
+                                          const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
+                                          const Xbyak::Reg64& acc_in_row) {
+  auto& g = g_;
+  if (d_.accumulate) {
+    if (tail != nullptr)
+      g.vpaddd(acc | *tail, acc, g.ptr[acc_in_row + col_vec * 64]);
+    else
+      g.vpaddd(acc, acc, g.ptr[acc_in_row + col_vec * 64]);
+  }
+  if (d_.out != DType::i32) {
+    const Xbyak::Zmm& t = t_[0];
+    g.vpbroadcastd(t, g.dword[q.a_zero + row * 4]);
+    g.vpmulld(t, t, g.ptr[q.b_comp + col_vec * 64]);
+    g.vpsubd(acc, acc, t);  // exact int32: acc − a_zero·b_comp
+    g.vcvtdq2ps(acc, acc);  // round to nearest even (exact below 2^24)
+    g.vmulps(acc, acc, g.ptr_b[q.a_scale + row * 4]);
+    g.vmulps(acc, acc, g.ptr[q.b_scale + col_vec * 64]);
+    add_bias(acc, col_vec, bias, tail);
+    activation(acc);
+  }
   store(acc, col_vec, c_row, tail);
 }
 

@@ -1,6 +1,9 @@
 // The fused GEMM epilogue on zmm registers, shared by the AVX-512 and AMX
 // micro-kernels: bias add, activation, conversion to bf16 (round to nearest
-// even) or f32, and the (masked) store. Transcendentals are evaluated with
+// even) or f32, and the (masked) store. The int8 kernels (u8 × i8 → i32) go
+// through apply_int8_and_store: zero-point compensation and the two scales
+// first (BrgemmArgs' a_scale, a_zero, b_scale, b_comp), then the same bias,
+// activation and store, or the raw int32 sums with out = i32. Transcendentals are evaluated with
 // constants from the generator's RIP-relative pool, so no register holds them.
 #pragma once
 
@@ -25,6 +28,24 @@ class Avx512Epilogue {
                        const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
                        const Xbyak::Reg64& acc_in_row);
 
+  // The int8 operands of BrgemmArgs, each in a register: a_scale and a_zero
+  // (per row of the call, addressed at row·4), b_scale and b_comp (64 entries
+  // of the column block, read unmasked: the block's arrays are padded).
+  struct Int8Regs {
+    Xbyak::Reg64 a_scale, a_zero, b_scale, b_comp;
+  };
+
+  // Int8 kernels: acc holds the int32 sums of row `row`, columns
+  // [16*col_vec, +16). With desc.accumulate the int32 partial sums at
+  // acc_in_row are added first (vpaddd). out = i32 stores that; otherwise, in
+  // this order, t = acc − a_zero[row]·b_comp[c] (vpmulld, vpsubd), v =
+  // float(t) (vcvtdq2ps), v = v·a_scale[row], v = v·b_scale[c], then bias,
+  // activation and the store as apply_and_store. Clobbers temps[0] and those
+  // the activation uses.
+  void apply_int8_and_store(const Xbyak::Zmm& acc, int col_vec, int row, const Int8Regs& q,
+                            const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
+                            const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
+
   // GLU (desc.glu): gate holds columns [16·out_vec, +16) of the 64-column
   // block and up the matching columns 32 further on; both get acc_in and bias
   // (64 columns, unmasked: the block is padded), then out = f(gate, up) is
@@ -43,6 +64,8 @@ class Avx512Epilogue {
   // acc += acc_in (if accumulating) and bias for 64-column block vector col_vec.
   void add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
                   const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
+  void add_bias(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
+                const Xbyak::Opmask* tail);
   void store(const Xbyak::Zmm& v, int col_vec, const Xbyak::Reg64& c_row,
              const Xbyak::Opmask* tail);
 
