@@ -1,0 +1,868 @@
+// quant_gemm_bench: tilejit::gemm with quantized weights (docs/quantized.md)
+// against tilejit's own bf16 GEMM, the DRAM read bandwidth measured in the
+// same run, and oneDNN's u8s8 matmul (int8 W8A8).
+//
+//   build/bench/quant_gemm_bench --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true --benchmark_filter=...
+//
+// TILEJIT_ISA picks the path; every row's label says the GEMM path that ran
+// for its M (gemm runs M < 3 on the AVX-512 kernels even when AMX is active;
+// an emulated AMX is labelled amx-emulated, never amx) and the packed layout.
+//
+// Sections (benchmark names; fmt is gptq_g128_zp, awq_g128_zp, fp8_channel,
+// fp8_block128, int8_channel_sym):
+//   BM_DramReadBandwidth/T/hugepages     streaming read over a 2 GiB buffer
+//   BM_Bf16ColdDecode/N/K/T               bf16 M=1 over a rotating set of weight copies > L3
+//   BM_QuantColdDecode/fmt/N/K/T          the same with quantized weights; vs DRAM, vs bf16
+//   BM_Bf16Gemm/M/N/K/T                   bf16 GEMM, hot weights
+//   BM_QuantGemm/fmt/M/N/K/T              quantized GEMM, hot weights; vs_bf16 (and
+//                                         vs_onednn for int8)
+//   BM_OnednnInt8Matmul/M/N/K/T           oneDNN u8 x s8 -> bf16 with per-N output scales
+//                                         (its label: the implementation that ran)
+//
+// All timings are wall clock (UseRealTime: the library runs its own threads);
+// the *_cpu counters divide the same work by the process CPU time / threads
+// (bench_util.h Meter), the stable view on a shared machine.
+// Counters:
+//   GFLOPs          2·M·N·K per second
+//   GBs             PackedWeight::packed_bytes() (codes + the scale / zero-point
+//                   tables the kernels stream) per second; oneDNN: its packed weights
+//   pct_dram_bw     GBs against the streaming read over huge pages measured right
+//                   before the run (pct_dram_bw_4k: over 4 KiB pages, what a malloc'd
+//                   buffer such as a packed weight gets)
+//   bf16_GBs, speedup_vs_bf16   the bf16 M=1 cold decode of the same shape and threads
+//                   in this run, and its time per call ÷ this one's: the ratio of tokens
+//                   per second a memory-bound decode gets from the quantized weights
+//   vs_bf16, bf16_GFLOPs        GFLOP/s ÷ the bf16 GEMM's at the same M, N, K, threads
+//   vs_onednn, onednn_GFLOPs    int8: GFLOP/s ÷ oneDNN's u8s8 matmul (same shape, threads)
+//   pct_peak        of threads × the bf16 peak of the path that ran (JIT probe;
+//                   fp8 / int4 run the bf16 kernels). There is no int8 peak probe
+//                   (codegen/xbyak/peak_probe.cpp has bf16 ones only): int8 rows
+//                   have no pct_peak.
+// Every quantized (format, shape, M) is checked once against the bf16 GEMM on
+// the weight's own dequantize() (relative L2 error ≤ 1e-2; int8, whose x is
+// quantized per token, ≤ 3e-2), so a wrong kernel cannot post a fast number.
+// A gemm that raises (e.g. int8 kernels not in yet on a path) skips its row
+// with the message.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "bench_util.h"
+#include "codegen/gemm_plan.h"
+#include "codegen/xbyak/emitters.h"
+#include "dram_bandwidth.h"
+#include "onednn_context.h"
+#include "runtime/aligned_buffer.h"
+#include "runtime/bf16.h"
+#include "runtime/exec_memory.h"
+#include "runtime/quant_formats.h"
+#include "tilejit/tilejit.h"
+
+namespace {
+
+using tilejit::DType;
+using tilejit::Isa;
+using tilejit::TensorView;
+using namespace tilejit::bench;
+
+// ---------------------------------------------------------------- data
+
+struct Buffer {
+  std::unique_ptr<std::byte[], tilejit::runtime::FreeDeleter> mem;
+  size_t bytes = 0;
+  explicit Buffer(size_t n) : mem(tilejit::runtime::aligned_alloc_bytes(n)), bytes(n) {}
+  uint16_t* u16() const { return reinterpret_cast<uint16_t*>(mem.get()); }
+  uint8_t* u8() const { return reinterpret_cast<uint8_t*>(mem.get()); }
+};
+
+// Activations for every shape (M ≤ 512, K ≤ 14336): bf16 for tilejit, u8 for oneDNN.
+constexpr int64_t kMaxM = 512, kMaxDim = 14336;
+const Buffer& activations() {
+  static const Buffer b = [] {
+    Buffer x(size_t(kMaxM) * kMaxDim * 2);
+    fill_random_bf16(x.u16(), size_t(kMaxM) * kMaxDim, 7);
+    return x;
+  }();
+  return b;
+}
+const Buffer& u8_activations() {
+  static const Buffer b = [] {
+    Buffer x(size_t(kMaxM) * kMaxDim);
+    uint64_t s = 12345;
+    for (size_t i = 0; i < x.bytes; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      x.u8()[i] = static_cast<uint8_t>(s >> 56);
+    }
+    return x;
+  }();
+  return b;
+}
+void* output_buffer() {
+  static Buffer y(size_t(kMaxM) * kMaxDim * 4);
+  return y.mem.get();
+}
+
+// xorshift64 words (checkpoint codes: every 4-bit nibble is a valid int4 code).
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+// bf16 [N, K] weights and their packing, per shape, kept for the run.
+struct Bf16Weight {
+  std::vector<uint16_t> raw;
+  tilejit::PackedWeight packed;
+};
+const Bf16Weight& bf16_weight(int64_t n, int64_t k) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bf16Weight>> cache;
+  auto& slot = cache[{n, k}];
+  if (!slot) {
+    slot = std::make_unique<Bf16Weight>();
+    slot->raw.resize(size_t(n) * k);
+    fill_repeating_bf16(slot->raw.data(), slot->raw.size(), uint64_t(n * 31 + k),
+                        1.0f / std::sqrt(float(k)));
+    slot->packed = tilejit::pack_weight(TensorView(slot->raw.data(), DType::bf16, {n, k}));
+  }
+  return *slot;
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+enum class QFmt { gptq, awq, fp8_channel, fp8_block, int8 };
+const char* qfmt_name(QFmt f) {
+  switch (f) {
+    case QFmt::gptq:
+      return "gptq_g128_zp";
+    case QFmt::awq:
+      return "awq_g128_zp";
+    case QFmt::fp8_channel:
+      return "fp8_channel";
+    case QFmt::fp8_block:
+      return "fp8_block128";
+    case QFmt::int8:
+      return "int8_channel_sym";
+  }
+  return "?";
+}
+
+// A layer's checkpoint tensors in the format's own storage (as a GPTQ / AWQ /
+// fp8 / W8A8 export holds them; tests/quant_gemm_test.cpp builds the same
+// layouts), with random codes and scales ~ 1/sqrt(K) per unit code.
+struct Checkpoint {
+  QFmt fmt;
+  std::vector<int32_t> qweight, qzeros;
+  std::vector<uint16_t> scales_f16;
+  std::vector<float> scales_f32;
+  std::vector<uint8_t> codes;  // fp8 e4m3 / int8
+  tilejit::Int4Weight int4;
+  tilejit::Fp8Weight fp8;
+  tilejit::Int8Weight int8;
+  tilejit::PackedWeight pack() const {
+    switch (fmt) {
+      case QFmt::gptq:
+      case QFmt::awq:
+        return tilejit::pack_weight(int4);
+      case QFmt::fp8_channel:
+      case QFmt::fp8_block:
+        return tilejit::pack_weight(fp8);
+      case QFmt::int8:
+        return tilejit::pack_weight(int8);
+    }
+    return {};
+  }
+};
+
+// f16 bits of 2^e · (1 + m/1024), e in the normal range.
+uint16_t f16_bits(int e, uint32_t m) {
+  return static_cast<uint16_t>((uint32_t(e + 15) << 10) | (m & 0x3FF));
+}
+
+std::unique_ptr<Checkpoint> make_checkpoint(QFmt fmt, int64_t N, int64_t K) {
+  auto ck = std::make_unique<Checkpoint>();
+  ck->fmt = fmt;
+  Rng rng(uint64_t(fmt) * 1000003 + uint64_t(N) * 131 + uint64_t(K));
+  // Unit-code scale ~ 1/sqrt(K) (outputs of order one for |x| ≤ 1).
+  const int sexp = static_cast<int>(std::floor(std::log2(1.0 / std::sqrt(double(K)))));
+  switch (fmt) {
+    case QFmt::gptq:
+    case QFmt::awq: {
+      const bool awq = fmt == QFmt::awq;
+      constexpr int64_t group = 128;
+      const int64_t G = (K + group - 1) / group, n8 = (N + 7) / 8, k8 = (K + 7) / 8;
+      ck->qweight.resize(size_t(awq ? K * n8 : k8 * N));
+      for (auto& v : ck->qweight) v = static_cast<int32_t>(rng.next() >> 32);
+      // Zero points: AWQ stores z, GPTQ v1 z − 1; every nibble is a valid value.
+      ck->qzeros.resize(size_t(G * n8));
+      for (auto& v : ck->qzeros) v = static_cast<int32_t>(rng.next() >> 32);
+      ck->scales_f16.resize(size_t(G * N));
+      for (auto& v : ck->scales_f16) v = f16_bits(sexp - 3, uint32_t(rng.next() >> 54));
+      tilejit::Int4Weight& w = ck->int4;
+      w.format = awq ? tilejit::Int4Format::awq : tilejit::Int4Format::gptq;
+      w.qweight = awq ? TensorView(ck->qweight.data(), DType::i32, {K, n8})
+                      : TensorView(ck->qweight.data(), DType::i32, {k8, N});
+      w.scales = TensorView(ck->scales_f16.data(), DType::f16, {G, N});
+      w.qzeros = TensorView(ck->qzeros.data(), DType::i32, {G, n8});
+      w.group_size = group;
+      w.n = N, w.k = K;
+      break;
+    }
+    case QFmt::fp8_channel:
+    case QFmt::fp8_block: {
+      ck->codes.resize(size_t(N * K));
+      for (auto& c : ck->codes) {
+        do c = static_cast<uint8_t>(rng.next() >> 56);
+        while ((c & 0x7F) == 0x7F);  // NaN codes are refused
+      }
+      const bool block = fmt == QFmt::fp8_block;
+      const int64_t gn = block ? (N + 127) / 128 : N, gk = block ? (K + 127) / 128 : 1;
+      ck->scales_f32.resize(size_t(gn * gk));
+      for (auto& s : ck->scales_f32)
+        s = std::ldexp(1.0f + float(rng.next() >> 61) / 8.0f, sexp - 6);
+      ck->fp8.weight = TensorView(ck->codes.data(), DType::f8e4m3, {N, K});
+      ck->fp8.scales = block ? TensorView(ck->scales_f32.data(), DType::f32, {gn, gk})
+                             : TensorView(ck->scales_f32.data(), DType::f32, {gn});
+      if (block) ck->fp8.block_n = 128, ck->fp8.block_k = 128;
+      break;
+    }
+    case QFmt::int8: {
+      ck->codes.resize(size_t(N * K));
+      for (auto& c : ck->codes) c = static_cast<uint8_t>(rng.next() >> 56);
+      ck->scales_f32.resize(size_t(N));
+      for (auto& s : ck->scales_f32)
+        s = std::ldexp(1.0f + float(rng.next() >> 61) / 8.0f, sexp - 7);
+      ck->int8.weight = TensorView(ck->codes.data(), DType::i8, {N, K});
+      ck->int8.scales = TensorView(ck->scales_f32.data(), DType::f32, {N});
+      break;
+    }
+  }
+  return ck;
+}
+
+using QKey = std::tuple<QFmt, int64_t, int64_t>;  // format, N, K
+
+// The checkpoint and its hot packing, per format and shape, kept for the run.
+struct QWeight {
+  std::unique_ptr<Checkpoint> ck;
+  tilejit::PackedWeight packed;
+  std::string pack_error;  // pack_weight raised
+};
+QWeight& qweight(QFmt fmt, int64_t n, int64_t k) {
+  static std::map<QKey, std::unique_ptr<QWeight>> cache;
+  auto& slot = cache[{fmt, n, k}];
+  if (!slot) {
+    slot = std::make_unique<QWeight>();
+    slot->ck = make_checkpoint(fmt, n, k);
+    try {
+      slot->packed = slot->ck->pack();
+    } catch (const tilejit::Error& e) {
+      slot->pack_error = std::string("pack_weight raised: ") + e.what();
+    }
+  }
+  return *slot;
+}
+
+// ---------------------------------------------------------------- path and peak
+
+// The GEMM path gemm() runs for M rows on the active path.
+Isa gemm_path(int64_t m) {
+  return tilejit::codegen::gemm_isa_for_rows(tilejit::cpu_info().isa, m);
+}
+std::string path_name(int64_t m) {
+  const Isa isa = gemm_path(m);
+  if (isa == Isa::amx && tilejit::cpu_info().amx_emulated) return "amx-emulated";
+  return tilejit::isa_name(isa);
+}
+
+// Per-core bf16 peak (GFLOP/s) of `isa`'s register-only JIT probe, 0 where
+// there is none (scalar, llvm) or AMX is emulated.
+double path_peak_per_core(Isa isa) {
+  static std::map<Isa, double> peaks;
+  auto it = peaks.find(isa);
+  if (it != peaks.end()) return it->second;
+  const tilejit::CpuInfo ci = tilejit::cpu_info();
+  double peak = 0;
+  const bool usable = isa == Isa::amx ? ci.max_isa == Isa::amx && !ci.amx_emulated
+                                      : isa == Isa::avx512 && ci.avx512_bf16;
+  if (usable) {
+    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa);
+    const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
+    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
+    const double per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa);
+    fn(100000);
+    double t0 = thread_cpu_seconds();
+    fn(1000000);
+    const int64_t iters = std::max<int64_t>(
+        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
+    std::vector<double> g;
+    for (int r = 0; r < 7; ++r) {
+      t0 = thread_cpu_seconds();
+      fn(iters);
+      g.push_back(per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
+    }
+    peak = median(g);
+  }
+  peaks[isa] = peak;
+  return peak;
+}
+
+// ---------------------------------------------------------------- DRAM
+
+constexpr size_t kDramBufferBytes = 2 * kGiB;
+
+// The streaming buffer with transparent huge pages requested or in 4 KiB pages
+// (as gemm_bench: the first is the machine's ceiling, the second what a
+// malloc'd packed weight gets).
+struct DramBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DramBuffer(size_t n, bool huge) : bytes(n) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    auto* w = static_cast<uint64_t*>(p);
+    for (size_t i = 0; i < n / 8; ++i) w[i] = i;
+  }
+  ~DramBuffer() { munmap(p, bytes); }
+  DramBuffer(const DramBuffer&) = delete;
+  DramBuffer& operator=(const DramBuffer&) = delete;
+};
+const DramBuffer& dram_buffer(bool huge) {
+  static std::unique_ptr<DramBuffer> b[2];
+  if (!b[huge]) b[huge] = std::make_unique<DramBuffer>(kDramBufferBytes, huge);
+  return *b[huge];
+}
+bool dram_probe_usable() {
+  return tilejit::cpu_info().avx512f;
+}
+
+struct DramRate {
+  double wall_gbs = 0, cpu_gbs = 0;
+};
+DramRate measure_dram(int threads, int passes, bool huge) {
+  DramRate v;
+  if (!dram_probe_usable()) return v;
+  const DramBuffer& b = dram_buffer(huge);
+  std::vector<double> g, c;
+  for (int r = 0; r < passes; ++r) {
+    const Meter t(threads);
+    benchmark::DoNotOptimize(stream_read(b.p, b.bytes, threads));
+    g.push_back(double(b.bytes) / t.wall() * 1e-9);
+    c.push_back(double(b.bytes) / t.cpu() * 1e-9);
+  }
+  v.wall_gbs = median(g);
+  v.cpu_gbs = median(c);
+  return v;
+}
+struct DramRefs {
+  DramRate huge, small;
+};
+DramRefs measure_dram_refs(int threads) {
+  return {measure_dram(threads, 3, true), measure_dram(threads, 3, false)};
+}
+
+void BM_DramReadBandwidth(benchmark::State& state) {
+  if (!dram_probe_usable()) return skip(state, "the streaming probe needs AVX-512F");
+  const int threads = static_cast<int>(state.range(0));
+  const DramBuffer& b = dram_buffer(state.range(1) != 0);
+  const Meter t(threads);
+  for (auto _ : state) benchmark::DoNotOptimize(stream_read(b.p, b.bytes, threads));
+  state.counters["GBs"] =
+      benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBs_cpu"] = double(b.bytes) * double(state.iterations()) / t.cpu() * 1e-9;
+}
+
+// ---------------------------------------------------------------- rate logs
+
+// Rates of the reference runs (bf16 GEMM, oneDNN) measured in this process:
+// the denominators of the ratios. Runs shorter than 0.1 s are not kept unless
+// nothing else exists (Google Benchmark's iteration estimation).
+struct RateLog {
+  std::vector<double> long_runs, short_runs, cpu;
+  void add(double rate, double seconds, double cpu_rate) {
+    (seconds >= 0.1 ? long_runs : short_runs).push_back(rate);
+    if (seconds >= 0.1 || cpu.empty()) cpu.push_back(cpu_rate);
+  }
+  bool empty() const { return long_runs.empty() && short_runs.empty(); }
+  double rate() const { return median(long_runs.empty() ? short_runs : long_runs); }
+  double cpu_rate() const { return median(cpu); }
+};
+using RateKey = std::tuple<std::string, int64_t, int64_t, int64_t, int>;  // kind, M, N, K, T
+std::map<RateKey, RateLog>& rate_logs() {
+  static std::map<RateKey, RateLog> m;
+  return m;
+}
+
+// Runs `call` for at least 0.3 s (and `min_calls` calls): a reference whose
+// own benchmark was filtered out.
+template <class F>
+void measure_into(RateLog& log, int threads, double work_per_call, int64_t min_calls, F call) {
+  call(0);
+  int64_t calls = 0;
+  const Meter t(threads);
+  while (t.wall() < 0.3 || calls < min_calls) call(++calls);
+  log.add(work_per_call * double(calls) / t.wall(), 1.0, work_per_call * double(calls) / t.cpu());
+}
+
+// ---------------------------------------------------------------- checks
+
+double rel_l2(const float* a, const float* ref, size_t n) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(ref[i]);
+    err += d * d;
+    norm += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(err / std::max(norm, 1e-30));
+}
+
+// Once per (format, shape, M): y of the quantized gemm against the bf16 gemm
+// on the weight's own dequantize() (rounded to bf16, as the dequant kernels
+// round it), both f32 out. Returns an error text, or "" when it agrees.
+std::string check_quant(QFmt fmt, int64_t m, int64_t n, int64_t k, const tilejit::PackedWeight& w) {
+  static std::map<std::tuple<QFmt, int64_t, int64_t, int64_t>, std::string> checked;
+  const auto key = std::make_tuple(fmt, m, n, k);
+  if (auto it = checked.find(key); it != checked.end()) return it->second;
+  std::string msg;
+  try {
+    std::vector<uint16_t> deq(size_t(n) * k);
+    w.dequantize(TensorView(deq.data(), DType::bf16, {n, k}));
+    const tilejit::PackedWeight ref_w =
+        tilejit::pack_weight(TensorView(deq.data(), DType::bf16, {n, k}));
+    const TensorView x(activations().u16(), DType::bf16, {m, k});
+    std::vector<float> ref(size_t(m) * n);
+    tilejit::gemm(x, ref_w, TensorView(ref.data(), DType::f32, {m, n}));
+    auto* y = static_cast<float*>(output_buffer());
+    tilejit::gemm(x, w, TensorView(y, DType::f32, {m, n}));
+    const double rel = rel_l2(y, ref.data(), ref.size());
+    const double tol = fmt == QFmt::int8 ? 3e-2 : 1e-2;
+    if (!(rel <= tol)) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "quantized gemm differs from the bf16 gemm on its dequantized weight: "
+                    "relative L2 error %.3g > %.0e",
+                    rel, tol);
+      msg = buf;
+    }
+  } catch (const tilejit::Error& e) {
+    msg = std::string("gemm raised: ") + e.what();
+  }
+  checked[key] = msg;
+  return msg;
+}
+
+std::string label_for(int64_t m, const tilejit::PackedWeight& w) {
+  return "path=" + path_name(m) + " " + w.layout();
+}
+
+// ---------------------------------------------------------------- cold pools
+
+// The rotating set of weight copies for cold decode: more bytes than
+// max(1 GiB, 2 × L3) (this VM reports a 504 MiB L3: gemm_bench's 1 GiB is only
+// 2× it), so each call reads a copy evicted long ago. One pool live at a time.
+size_t cold_set_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<size_t>(kGiB, l3 > 0 ? 2 * size_t(l3) : 0);
+}
+size_t copies_for(size_t bytes) {
+  return cold_set_bytes() / bytes + 2;
+}
+
+// Pool key: format (-1: bf16), N, K.
+struct ColdPool {
+  std::tuple<int, int64_t, int64_t> key{-2, 0, 0};
+  std::vector<tilejit::PackedWeight> copies;
+};
+const std::vector<tilejit::PackedWeight>& cold_copies(int fmt, int64_t n, int64_t k) {
+  static ColdPool pool;
+  const auto key = std::make_tuple(fmt, n, k);
+  if (pool.key != key) {
+    pool.copies.clear();
+    pool.key = key;
+    const tilejit::PackedWeight first =
+        fmt < 0 ? bf16_weight(n, k).packed : qweight(QFmt(fmt), n, k).packed;
+    const size_t count = copies_for(first.packed_bytes());
+    pool.copies.resize(count);
+    // Pack on two threads (packing is not what this measures).
+    std::vector<std::thread> th;
+    for (int t = 0; t < 2; ++t)
+      th.emplace_back([&, t] {
+        for (size_t i = t; i < count; i += 2)
+          pool.copies[i] = fmt < 0 ? tilejit::pack_weight(TensorView(bf16_weight(n, k).raw.data(),
+                                                                     DType::bf16, {n, k}))
+                                   : qweight(QFmt(fmt), n, k).ck->pack();
+      });
+    for (auto& t : th) t.join();
+  }
+  return pool.copies;
+}
+
+void set_cold_counters(benchmark::State& state, double bytes_per_call, const Meter& t,
+                       const DramRefs& dram, double flops) {
+  const double it = double(state.iterations());
+  const double gbs = bytes_per_call * it / t.wall() * 1e-9;
+  const double cpu_gbs = bytes_per_call * it / t.cpu() * 1e-9;
+  auto pct = [](double x, double ref) { return ref > 0 ? 100.0 * x / ref : 0.0; };
+  state.counters["GBs"] =
+      benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBs_cpu"] = cpu_gbs;
+  state.counters["pct_dram_bw"] = pct(gbs, dram.huge.wall_gbs);
+  state.counters["pct_dram_bw_cpu"] = pct(cpu_gbs, dram.huge.cpu_gbs);
+  state.counters["pct_dram_bw_4k"] = pct(gbs, dram.small.wall_gbs);
+  state.counters["pct_dram_bw_4k_cpu"] = pct(cpu_gbs, dram.small.cpu_gbs);
+  state.counters["dram_GBs"] = dram.huge.wall_gbs;
+  state.counters["dram_GBs_cpu"] = dram.huge.cpu_gbs;
+  state.counters["dram4k_GBs"] = dram.small.wall_gbs;
+  state.counters["dram4k_GBs_cpu"] = dram.small.cpu_gbs;
+  state.counters["bytes_per_call"] = bytes_per_call;
+}
+
+using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int>;  // M, N, K, T
+
+// Rates are logged in calls per second (the work of a call differs between
+// bf16 and the quantized formats; tokens per second is what compares).
+RateLog& bf16_cold_log(int64_t n, int64_t k, int threads) {
+  RateLog& log = rate_logs()[{"bf16_cold", 1, n, k, threads}];
+  if (log.empty()) {
+    const auto& copies = cold_copies(-1, n, k);
+    tilejit::set_num_threads(threads);
+    const TensorView x(activations().u16(), DType::bf16, {1, k});
+    const TensorView y(output_buffer(), DType::bf16, {1, n});
+    measure_into(log, threads, 1.0, int64_t(copies.size()),
+                 [&](int64_t i) { tilejit::gemm(x, copies[size_t(i) % copies.size()], y); });
+  }
+  return log;
+}
+
+void BM_Bf16ColdDecode(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  const auto& copies = cold_copies(-1, n, k);
+  tilejit::set_num_threads(threads);
+  const TensorView x(activations().u16(), DType::bf16, {1, k});
+  const TensorView y(output_buffer(), DType::bf16, {1, n});
+  tilejit::gemm(x, copies[0], y);  // warm-up (compile)
+  const DramRefs dram = measure_dram_refs(threads);
+  size_t next = 1;
+  const Meter t(threads);
+  for (auto _ : state) {
+    tilejit::gemm(x, copies[next], y);
+    if (++next == copies.size()) next = 0;
+  }
+  const double s = t.wall(), cpu = t.cpu(), it = double(state.iterations());
+  rate_logs()[{"bf16_cold", 1, n, k, threads}].add(it / s, s, it / cpu);
+  set_cold_counters(state, double(copies[0].packed_bytes()), t, dram, 2.0 * n * k);
+  state.counters["copies"] = double(copies.size());
+  state.SetLabel(label_for(1, copies[0]));
+}
+
+void BM_QuantColdDecode(benchmark::State& state, QFmt fmt) {
+  const int64_t n = state.range(0), k = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  QWeight& qw = qweight(fmt, n, k);
+  if (!qw.pack_error.empty()) return skip(state, qw.pack_error);
+  tilejit::set_num_threads(threads);
+  if (const std::string err = check_quant(fmt, 1, n, k, qw.packed); !err.empty())
+    return skip(state, err);
+  const RateLog& bf16 = bf16_cold_log(n, k, threads);
+  const double bf16_bytes = double(bf16_weight(n, k).packed.packed_bytes());
+  const auto& copies = cold_copies(int(fmt), n, k);
+  tilejit::set_num_threads(threads);
+  const TensorView x(activations().u16(), DType::bf16, {1, k});
+  const TensorView y(output_buffer(), DType::bf16, {1, n});
+  tilejit::gemm(x, copies[0], y);  // warm-up (compile)
+  const DramRefs dram = measure_dram_refs(threads);
+  size_t next = 1;
+  const Meter t(threads);
+  for (auto _ : state) {
+    tilejit::gemm(x, copies[next], y);
+    if (++next == copies.size()) next = 0;
+  }
+  const double s = t.wall(), cpu = t.cpu(), it = double(state.iterations());
+  set_cold_counters(state, double(copies[0].packed_bytes()), t, dram, 2.0 * n * k);
+  state.counters["copies"] = double(copies.size());
+  state.counters["bf16_GBs"] = bf16.rate() * bf16_bytes * 1e-9;
+  state.counters["bf16_GBs_cpu"] = bf16.cpu_rate() * bf16_bytes * 1e-9;
+  state.counters["speedup_vs_bf16"] = bf16.rate() > 0 ? it / s / bf16.rate() : 0.0;
+  state.counters["speedup_vs_bf16_cpu"] = bf16.cpu_rate() > 0 ? it / cpu / bf16.cpu_rate() : 0.0;
+  state.SetLabel(label_for(1, copies[0]));
+}
+
+// ---------------------------------------------------------------- hot GEMMs
+
+void set_hot_counters(benchmark::State& state, const Meter& t, int64_t m, int64_t n, int64_t k,
+                      int threads, double weight_bytes, bool bf16_kernels) {
+  const double s = t.wall(), cpu = t.cpu(), it = double(state.iterations());
+  const double flops = 2.0 * m * n * k;
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs_cpu"] = flops * it / cpu * 1e-9;
+  state.counters["GBs"] =
+      benchmark::Counter(weight_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (bf16_kernels) {
+    const double peak = path_peak_per_core(gemm_path(m)) * threads;
+    state.counters["peak_per_core"] = peak / threads;
+    state.counters["pct_peak"] = peak > 0 ? 100.0 * flops * it / s * 1e-9 / peak : 0.0;
+    state.counters["pct_peak_cpu"] = peak > 0 ? 100.0 * flops * it / cpu * 1e-9 / peak : 0.0;
+  }
+}
+
+RateLog& bf16_hot_log(int64_t m, int64_t n, int64_t k, int threads) {
+  RateLog& log = rate_logs()[{"bf16", m, n, k, threads}];
+  if (log.empty()) {
+    tilejit::set_num_threads(threads);
+    const tilejit::PackedWeight& w = bf16_weight(n, k).packed;
+    const TensorView x(activations().u16(), DType::bf16, {m, k});
+    const TensorView y(output_buffer(), DType::bf16, {m, n});
+    measure_into(log, threads, 2.0 * m * n * k * 1e-9, 2, [&](int64_t) { tilejit::gemm(x, w, y); });
+  }
+  return log;
+}
+
+void BM_Bf16Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  tilejit::set_num_threads(threads);
+  const tilejit::PackedWeight& w = bf16_weight(n, k).packed;
+  const TensorView x(activations().u16(), DType::bf16, {m, k});
+  const TensorView y(output_buffer(), DType::bf16, {m, n});
+  tilejit::gemm(x, w, y);  // warm-up (compile)
+  const Meter t(threads);
+  for (auto _ : state) tilejit::gemm(x, w, y);
+  const double s = t.wall(), cpu = t.cpu(), flops = 2.0 * m * n * k * double(state.iterations());
+  rate_logs()[{"bf16", m, n, k, threads}].add(flops / s * 1e-9, s, flops / cpu * 1e-9);
+  set_hot_counters(state, t, m, n, k, threads, double(w.packed_bytes()), true);
+  state.SetLabel(label_for(m, w));
+}
+
+// ---------------------------------------------------------------- oneDNN int8
+
+// oneDNN 2.x matmul: u8 src [M, K] × s8 weights [K, N] (packed by the
+// primitive) -> bf16 dst, the per-N weight scales as output scales given at
+// creation (set_output_scales(1 << 1, scales): they are known at load time).
+// oneDNN 2.6.3 has no brgemm kernel for run-time output scales
+// ({DNNL_RUNTIME_F32_VAL}): with them this primitive is ref_int8:any (bf16
+// dst, ~0.05 GFLOP/s) or gemm:jit (f32 dst), so that is not the baseline.
+struct OnednnInt8 {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  dnnl::memory src, wei, dst;
+  std::string impl;
+
+  OnednnInt8(int64_t m, int64_t n, int64_t k, const uint8_t* x, const int8_t* w_nk,
+             const float* w_scales, void* y) {
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc src_md({m, k}, dt::u8, tag::ab);
+    const dnnl::memory::desc wei_any({k, n}, dt::s8, tag::any);
+    const dnnl::memory::desc dst_md({m, n}, dt::bf16, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(1 << 1, std::vector<float>(w_scales, w_scales + n));
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wei_any, dst_md), attr, eng);
+    prim = dnnl::matmul(pd);
+    impl = pd.impl_info_str();
+    src = dnnl::memory(src_md, eng, const_cast<uint8_t*>(x));
+    dst = dnnl::memory(dst_md, eng, y);
+    dnnl::memory plain({{k, n}, dt::s8, tag::ba}, eng, const_cast<int8_t*>(w_nk));
+    wei = dnnl::memory(pd.weights_desc(), eng);
+    dnnl::reorder(plain, wei).execute(strm, plain, wei);
+    strm.wait();
+  }
+  void run() {
+    prim.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    strm.wait();
+  }
+  size_t weight_bytes() const { return pd.weights_desc().get_size(); }
+};
+
+OnednnInt8& onednn_int8(const ShapeKey& key) {
+  static ShapeKey current{-1, -1, -1, -1};
+  static std::unique_ptr<OnednnInt8> mm;
+  if (!mm || key != current) {
+    mm.reset();
+    const auto [m, n, k, threads] = key;
+    omp_set_num_threads(threads);  // oneDNN (OpenMP build) partitions at creation
+    const Checkpoint& ck = *qweight(QFmt::int8, n, k).ck;
+    mm = std::make_unique<OnednnInt8>(m, n, k, u8_activations().u8(),
+                                      reinterpret_cast<const int8_t*>(ck.codes.data()),
+                                      ck.scales_f32.data(), output_buffer());
+    current = key;
+  }
+  return *mm;
+}
+
+void BM_OnednnInt8Matmul(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  omp_set_num_threads(threads);
+  OnednnInt8* mm = nullptr;
+  try {
+    mm = &onednn_int8({m, n, k, threads});
+  } catch (const dnnl::error& e) {
+    return skip(state, std::string("oneDNN: ") + e.what());
+  }
+  mm->run();  // warm-up
+  const Meter t(threads);
+  for (auto _ : state) mm->run();
+  const double s = t.wall(), cpu = t.cpu(), flops = 2.0 * m * n * k * double(state.iterations());
+  rate_logs()[{"onednn_int8", m, n, k, threads}].add(flops / s * 1e-9, s, flops / cpu * 1e-9);
+  set_hot_counters(state, t, m, n, k, threads, double(mm->weight_bytes()), false);
+  state.SetLabel(mm->impl);
+}
+
+const RateLog* onednn_int8_log(int64_t m, int64_t n, int64_t k, int threads) {
+  RateLog& log = rate_logs()[{"onednn_int8", m, n, k, threads}];
+  if (log.empty()) {
+    omp_set_num_threads(threads);
+    try {
+      OnednnInt8& mm = onednn_int8({m, n, k, threads});
+      measure_into(log, threads, 2.0 * m * n * k * 1e-9, 2, [&](int64_t) { mm.run(); });
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  }
+  return &log;
+}
+
+// ---------------------------------------------------------------- quantized hot
+
+void BM_QuantGemm(benchmark::State& state, QFmt fmt) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  QWeight& qw = qweight(fmt, n, k);
+  if (!qw.pack_error.empty()) return skip(state, qw.pack_error);
+  tilejit::set_num_threads(threads);
+  if (const std::string err = check_quant(fmt, m, n, k, qw.packed); !err.empty())
+    return skip(state, err);
+  const RateLog& bf16 = bf16_hot_log(m, n, k, threads);
+  const RateLog* dnnl = fmt == QFmt::int8 ? onednn_int8_log(m, n, k, threads) : nullptr;
+  tilejit::set_num_threads(threads);
+  const TensorView x(activations().u16(), DType::bf16, {m, k});
+  const TensorView y(output_buffer(), DType::bf16, {m, n});
+  tilejit::gemm(x, qw.packed, y);  // warm-up (compile)
+  const Meter t(threads);
+  for (auto _ : state) tilejit::gemm(x, qw.packed, y);
+  const double s = t.wall(), cpu = t.cpu(), flops = 2.0 * m * n * k * double(state.iterations());
+  const double g = flops / s * 1e-9, g_cpu = flops / cpu * 1e-9;
+  set_hot_counters(state, t, m, n, k, threads, double(qw.packed.packed_bytes()), fmt != QFmt::int8);
+  state.counters["bf16_GFLOPs"] = bf16.rate();
+  state.counters["vs_bf16"] = bf16.rate() > 0 ? g / bf16.rate() : 0.0;
+  state.counters["vs_bf16_cpu"] = bf16.cpu_rate() > 0 ? g_cpu / bf16.cpu_rate() : 0.0;
+  if (dnnl != nullptr) {
+    state.counters["onednn_GFLOPs"] = dnnl->rate();
+    state.counters["vs_onednn"] = dnnl->rate() > 0 ? g / dnnl->rate() : 0.0;
+    state.counters["vs_onednn_cpu"] = dnnl->cpu_rate() > 0 ? g_cpu / dnnl->cpu_rate() : 0.0;
+  }
+  state.SetLabel(label_for(m, qw.packed));
+}
+
+// ---------------------------------------------------------------- registration
+
+void register_all() {
+  using benchmark::RegisterBenchmark;
+  const std::vector<int> threads = {1, 2};
+  for (int huge : {1, 0})
+    for (int t : threads)
+      RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
+          ->Args({t, huge})
+          ->ArgNames({"threads", "hugepages"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+
+  // Llama-2/3 shapes: attention 4096², MLP up 14336×4096, MLP down 4096×14336.
+  const std::vector<std::pair<int64_t, int64_t>> nk = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+  const QFmt int4[] = {QFmt::gptq, QFmt::awq};
+  const QFmt fp8[] = {QFmt::fp8_channel, QFmt::fp8_block};
+  auto name = [](const char* bm, QFmt f) { return std::string(bm) + "/" + qfmt_name(f); };
+
+  // 1, 3: M = 1, cold weights; per shape the bf16 reference first (its pool,
+  // then each format's, are built once for both thread counts).
+  for (auto [n, k] : nk) {
+    for (int t : threads)
+      RegisterBenchmark("BM_Bf16ColdDecode", BM_Bf16ColdDecode)
+          ->Args({n, k, t})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    for (QFmt f : {QFmt::gptq, QFmt::awq, QFmt::fp8_channel, QFmt::fp8_block})
+      for (int t : threads)
+        RegisterBenchmark(name("BM_QuantColdDecode", f).c_str(), BM_QuantColdDecode, f)
+            ->Args({n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+  }
+
+  // 2, 3: hot GEMMs against bf16 at the same shape (bf16 right before).
+  for (auto [n, k] : nk)
+    for (int64_t m : {256, 512})
+      for (int t : threads) {
+        RegisterBenchmark("BM_Bf16Gemm", BM_Bf16Gemm)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+        if (m == 512)
+          for (QFmt f : int4)
+            RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f)
+                ->Args({m, n, k, t})
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        for (QFmt f : fp8)
+          RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f)
+              ->Args({m, n, k, t})
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+      }
+
+  // 4: int8 W8A8 against oneDNN u8s8 (oneDNN right before).
+  for (auto [n, k] : nk)
+    for (int64_t m : {256, 512, 1})
+      for (int t : threads) {
+        RegisterBenchmark("BM_OnednnInt8Matmul", BM_OnednnInt8Matmul)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+        RegisterBenchmark(name("BM_QuantGemm", QFmt::int8).c_str(), BM_QuantGemm, QFmt::int8)
+            ->Args({m, n, k, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return benchmark_main(argc, argv, register_all, [] {
+    const tilejit::CpuInfo ci = tilejit::cpu_info();
+    benchmark::AddCustomContext("tilejit_max_isa", tilejit::isa_name(ci.max_isa));
+    benchmark::AddCustomContext("amx_emulated", ci.amx_emulated ? "yes" : "no");
+    benchmark::AddCustomContext("path_m1", path_name(1));
+    benchmark::AddCustomContext("path_m256", path_name(256));
+    benchmark::AddCustomContext("cold_set_bytes", std::to_string(cold_set_bytes()));
+    benchmark::AddCustomContext("int8_peak_probe", "none (peak_probe.cpp has bf16 probes only)");
+    add_onednn_context();
+  });
+}
