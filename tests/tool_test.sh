@@ -180,6 +180,65 @@ for tir in "${examples[@]}"; do
     continue
   fi
 
+  if grep -Eq '= *gemm .*scale = %' "$tir"; then
+    # A quantized weight (docs/ir.md "Quantized weights"): the bf16 plan over
+    # k_packed plus the dequant kernel (fp8, int4), or the i8 plan plus the
+    # act_quant kernel (W8A8).
+    if grep -Eq 'xi8>' "$tir"; then kind=int8 acc=u8xi8_i32acc helper=act_quant; else
+      kind=dequant acc=bf16_f32acc helper=dequant; fi
+    ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
+    for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
+    for isa in avx512 amx; do
+      ok "$name: dump --stage plan --isa $isa" "$TJ" dump "$tir" --stage plan --isa $isa "${dims[@]}"
+      has "$name: plan ($isa)" "$OUT" "^plan gemm_${isa}_${acc}_m[0-9]+n64k[0-9]+"
+      has "$name: plan weight ($isa)" "$OUT" "^  weight +%[a-z_]+ (i8|f8e4m3|u4) \\[[0-9]+, [0-9]+\\]: tilejit::pack_weight\\((Int8|Fp8|Int4)Weight\\)"
+      has "$name: plan helper kernel ($isa)" "$OUT" "^  kernel +${helper}_avx512_"
+      ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa "${dims[@]}"
+      has "$name: plan key ($isa)" "$OUT" "^key +gemm;isa=$isa;n=[0-9]+;k=[0-9]+;"
+      has "$name: helper key ($isa)" "$OUT" "^ +${helper};isa=avx512;"
+      [ $kind = int8 ] && has "$name: i8 micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;a=u8;b=i8;"
+      ok "$name: dump --stage asm --isa $isa" "$TJ" dump "$tir" --stage asm --isa $isa "${dims[@]}"
+      has "$name: asm brgemm ($isa)" "$OUT" "^; kernel brgemm_${isa}_${acc}_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
+      has "$name: asm helper ($isa)" "$OUT" "^; kernel ${helper}_avx512_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+      has "$name: asm has ret ($isa)" "$OUT" "\\bret\\b"
+    done
+    if [ $kind = dequant ]; then
+      # The llvm path's dequant row (int8 W8A8 has no llvm brgemm row yet).
+      ok "$name: dump --stage asm --isa llvm" "$TJ" dump "$tir" --stage asm --isa llvm "${dims[@]}"
+      has "$name: llvm dequant asm" "$OUT" "^; kernel dequant_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+    fi
+    ok "$name: dump --stage plan --isa scalar" "$TJ" dump "$tir" --stage plan --isa scalar
+    has "$name: scalar plan" "$OUT" "^  kernel +none \\(the scalar path computes from the logical weights in double\\)"
+    ok "$name: dump --stage asm --isa scalar" "$TJ" dump "$tir" --stage asm --isa scalar
+    has "$name: scalar asm" "$OUT" "scalar reference"
+    ok "$name: run --random-inputs --check" \
+      "$TJ" run "$tir" --random-inputs 11 "${dims[@]}" --save-inputs "$WORK/$name.in" --check
+    has "$name: PASS" "$OUT" "^PASS \\("
+    if [ $kind = int8 ]; then
+      has "$name: tolerance" "$OUT" "tolerance +int8_output_bound: .*K=[0-9]+"
+      has "$name: reference" "$OUT" "reference_act_quant_row"
+    else
+      has "$name: tolerance" "$OUT" "tolerance +gemm_output_bound .* \\+ dequant_weight_bound .*K=[0-9]+"
+    fi
+    inputs=()
+    for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
+    result=$(sed -nE 's/^ *return %([A-Za-z0-9_]+).*/\1/p' "$WORK/$name.ir")
+    ok "$name: run --input ... --check" \
+      "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out1.npy" --check
+    has "$name: PASS from files" "$OUT" "^PASS \\("
+    ok "$name: run --input ... again" "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out2.npy"
+    checks=$((checks + 1))
+    cmp -s "$WORK/$name.out1.npy" "$WORK/$name.out2.npy" || fail "$name: two runs wrote different outputs"
+    for isa in avx512 scalar $([ $kind = dequant ] && echo llvm); do
+      ok "$name: run --isa $isa --check" "$TJ" run "$tir" "${inputs[@]}" --isa $isa --check
+      has "$name: PASS ($isa)" "$OUT" "^PASS \\("
+    done
+    # M = 1 (the decode row: the AVX-512 plan with shallow K chunks).
+    ok "$name: run M=1 --check" "$TJ" run "$tir" --random-inputs 5 --dim M=1 --check
+    has "$name: PASS (M=1)" "$OUT" "^PASS \\("
+    continue
+  fi
+
   ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
   for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
   for isa in avx512 amx; do
@@ -189,7 +248,7 @@ for tir in "${examples[@]}"; do
     ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa "${dims[@]}"
     has "$name: key names the plan ($isa)" "$OUT" "^plan +$plan\$"
     has "$name: plan key ($isa)" "$OUT" "^key +gemm;isa=$isa;n=[0-9]+;k=[0-9]+;"
-    has "$name: micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;a=bf16;b=bf16;acc=f32;mr=[0-9]+;nr=[0-9]+;kb=[0-9]+;"
+    has "$name: micro-kernel key ($isa)" "$OUT" "brgemm;isa=$isa;a=bf16;b=bf16;(zeros=0;)?acc=f32;mr=[0-9]+;nr=[0-9]+;kb=[0-9]+;"
     has "$name: M-tail kernel for M=10 ($isa)" "$OUT" "^  M tail \\(([0-9]+) rows\\)"
     ok "$name: dump --stage asm --isa $isa" "$TJ" dump "$tir" --stage asm --isa $isa "${dims[@]}"
     has "$name: asm header ($isa)" "$OUT" "^; kernel brgemm_${isa}_bf16_f32acc_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
@@ -244,11 +303,11 @@ LS=$EXAMPLES/linear_silu.tir
 if [ -f "$LB" ] && [ -f "$LS" ]; then
   ok "linear_silu: dump --stage key" "$TJ" dump "$LS" --stage key --isa avx512 --dim M=512
   has "linear_silu: plan name" "$OUT" "^plan +gemm_avx512_bf16_f32acc_m7n64k4096_silu_bf16out$"
-  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0$"
+  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0(;b=bf16;kcmax=2048)?$"
   has "linear_silu: M tail of 512 = 73*7 + 1" "$OUT" "M tail \\(1 row\\), last K chunk +brgemm_avx512_bf16_f32acc_m1n64k2048_accin_silu_bf16out"
   ok "linear_bias: dump --stage key" "$TJ" dump "$LB" --stage key --isa avx512
   has "linear_bias: N tail" "$OUT" "N tail \\(40 cols\\) +brgemm_avx512_bf16_f32acc_m7n40k1024_biasbf16_f32out"
-  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;a=bf16;b=bf16;acc=f32;mr=7;nr=40;kb=1024;brow=256;apack=0;acc_in=0;bias=bf16;act=none;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0;out=f32"
+  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;a=bf16;b=bf16;(zeros=0;)?acc=f32;mr=7;nr=40;kb=1024;brow=256;apack=0;acc_in=0;bias=bf16;act=none;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0;out=f32"
   ok "linear_bias: dump --stage plan" "$TJ" dump "$LB" --stage plan
   has "linear_bias: row-major w is packed by run" "$OUT" "%w is row-major in the IR"
 
@@ -656,6 +715,34 @@ for b in rope_bench gemm_bench attention_bench moe_bench jit_bench; do
     grep -Eq "error" "$ERR" || fail "$b $arg: no error message"
   done
 done
+
+# ---- quantized weights: input and verifier errors -------------------------------
+Q="$WORK/quant"
+mkdir -p "$Q"
+if [ -f "$EXAMPLES/gemm_int4_gptq.tir" ]; then
+  "$TJ" run "$EXAMPLES/gemm_int4_gptq.tir" --random-inputs 3 --dim M=2 --save-inputs "$Q/in" >/dev/null 2>&1 ||
+    fail "gemm_int4_gptq: --save-inputs"
+  # The qweight of a gptq u4 [256, 512] weight is i32 [64, 256]: an [N, K]-shaped file is refused.
+  "$TJ" gen-npy "$Q/qw_bad.npy" --dtype '<i4' --shape 256,512 || fail "gen-npy qw_bad"
+  input_error "int4: qweight of the logical shape" \
+    "input 'qweight' \\(.*qw_bad.npy\\) has shape \\[256, 512\\]; expected \\[64, 256\\] \\(the int32-packed checkpoint tensor of tensor<256x512xu4>\\)" \
+    "$TJ" run "$EXAMPLES/gemm_int4_gptq.tir" -i x="$Q/in/x.npy" -i qweight="$Q/qw_bad.npy" \
+    -i scales="$Q/in/scales.npy" -i qzeros="$Q/in/qzeros.npy" -i g_idx="$Q/in/g_idx.npy"
+  "$TJ" gen-npy "$Q/qw_u1.npy" --dtype '|u1' --shape 64,256 || fail "gen-npy qw_u1"
+  input_error "int4: qweight not int32" "input 'qweight' .* is a '\\|u1' array; .* needs '<i4'" \
+    "$TJ" run "$EXAMPLES/gemm_int4_gptq.tir" -i x="$Q/in/x.npy" -i qweight="$Q/qw_u1.npy" \
+    -i scales="$Q/in/scales.npy" -i qzeros="$Q/in/qzeros.npy" -i g_idx="$Q/in/g_idx.npy"
+fi
+sed -e 's/group_size = 128/group_size = 0/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/g0.tir"
+input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: 32, 64, 128 or -1" \
+  "$TJ" dump "$Q/g0.tir" --stage plan
+sed -e 's/{block_k = 128, block_n = 128}/{block_k = 64, block_n = 128}/' "$EXAMPLES/gemm_fp8_block.tir" >"$Q/bk.tir"
+input_error "fp8: block scale shape" "bk.tir: error: %0 = gemm: operand 'scale' \\(%w_scale\\) has shape \\[3, 3\\]; block scales of 128x64" \
+  "$TJ" run "$Q/bk.tir" --random-inputs 1 --dim M=2 --check
+sed -e 's/%w_scale: tensor<192xf32>/%w_scale: tensor<192xf32>, %z: tensor<1x192xu4>/' \
+  -e 's/scale = %w_scale/scale = %w_scale, zero = %z/' "$EXAMPLES/gemm_fp8_channel.tir" >"$Q/z.tir"
+input_error "fp8: a zero operand" "z.tir: error: %0 = gemm: operand 'zero' \\(%z\\): an f8e4m3 weight has no zero point" \
+  "$TJ" dump "$Q/z.tir" --stage verified
 
 echo "tool_test: $checks checks, $failures failed"
 [ $failures -eq 0 ]

@@ -10,6 +10,7 @@
 
 #include "codegen/gemm_lowering.h"
 #include "codegen/gemm_plan.h"
+#include "codegen/quant_desc.h"
 #include "ir/infer.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -54,7 +55,7 @@ void print_verified(const ir::Function& f) {
     // it is the one the text states).
     std::vector<const ir::Value*> operands;
     for (int id : op.operands) operands.push_back(&f.value(id));
-    const ir::TensorType t = ir::infer_type(op.kind, operands, op.attrs);
+    const ir::TensorType t = ir::infer_type(op.kind, operands, op.attrs, op.operand_names);
     fmt::print("{}{}{}\n", pad("%" + f.value(op.result).name, w + 1), pad(ir::name(op.kind), 10),
                t.str());
   }
@@ -72,7 +73,7 @@ std::optional<int64_t> gemm_m(const ir::Function& f, const GemmProgram& p,
 void print_plan(const ir::Function& f, const GemmProgram& p, const codegen::GemmPlan& plan,
                 std::optional<int64_t> m) {
   fmt::print("{}\n", plan.str());
-  if (p.w_packed_by_runner)
+  if (p.w_packed_by_runner && !p.quantized())
     fmt::print(
         "  note         %{} is row-major in the IR: `tilejit run` packs it (pack_weight) "
         "into the layout above\n",
@@ -109,6 +110,66 @@ void print_keys(const codegen::GemmPlan& plan, std::optional<int64_t> m) {
     fmt::print("  {}{}\n", pad(u.role, w + 2), u.desc.name());
     fmt::print("  {}{}\n", std::string(w + 2, ' '), u.desc.key());
   }
+}
+
+// The helper kernel of a quantized gemm: dequant (fp8, int4) or act_quant
+// (int8), as ops/gemm_quant.cpp asks the registry for it.
+struct QuantKernel {
+  std::string role;
+  std::optional<codegen::DequantDesc> dequant;
+  std::optional<codegen::ActQuantDesc> act_quant;
+};
+std::optional<QuantKernel> quant_kernel(const ir::Function& f, const GemmProgram& p, Isa isa) {
+  if (!p.quantized() || isa == Isa::scalar) return std::nullopt;
+  const Isa kisa = isa == Isa::llvm ? Isa::llvm : Isa::avx512;
+  QuantKernel q;
+  if (p.format == WeightFormat::int8) {
+    const std::string m = f.ops.front().attrs.get_string("act_quant").value_or("dynamic_sym");
+    q.role = "act_quant: x rows -> u8 codes with per-row scales (each call)";
+    q.act_quant = codegen::ActQuantDesc{kisa, m == "fixed"          ? codegen::ActQuantMode::fixed
+                                              : m == "dynamic_asym" ? codegen::ActQuantMode::asym
+                                                                    : codegen::ActQuantMode::sym};
+  } else {
+    q.role = "dequant: a K chunk of the column block's codes -> bf16 packed rows";
+    q.dequant = codegen::DequantDesc{
+        kisa, p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, p.zero >= 0};
+  }
+  return q;
+}
+std::string quant_kernel_name(const QuantKernel& q) {
+  return q.dequant ? q.dequant->name() : q.act_quant->name();
+}
+std::string quant_kernel_key(const QuantKernel& q) {
+  return q.dequant ? q.dequant->key() : q.act_quant->key();
+}
+const jit::Kernel& quant_kernel_code(const QuantKernel& q) {
+  return q.dequant ? jit::get(*q.dequant) : jit::get(*q.act_quant);
+}
+
+// How the weight of a quantized program is packed and run.
+void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa) {
+  const ir::Value& w = f.value(p.w);
+  const char* api = p.format == WeightFormat::int8       ? "Int8Weight"
+                    : p.format == WeightFormat::fp8_e4m3 ? "Fp8Weight"
+                                                         : "Int4Weight";
+  fmt::print("  weight       %{} {} {}: tilejit::pack_weight({}), format {}\n", w.name,
+             dtype_name(w.type.dtype), dims_str(w.type), api, weight_format_name(p.format));
+  if (p.format == WeightFormat::int8)
+    fmt::print(
+        "  w8a8         x quantized to u8 per call, u8 x s8 brgemm with i32 sums, then "
+        "y = act(Σ·s_x·s_w + bias) in f32 (b_type=i8, K rounded up to {})\n",
+        p.spec.k);
+  else
+    fmt::print(
+        "  dequant      per task and K chunk, the chunk's codes become bf16 packed rows, which "
+        "the bf16 plan above runs on (K = k_packed = {}: the packed K order; act-order "
+        "gathers x's columns into it)\n",
+        p.spec.k);
+  if (const auto q = quant_kernel(f, p, isa))
+    fmt::print("  kernel       {} ({})\n", quant_kernel_name(*q), q->role);
+  else
+    fmt::print(
+        "  kernel       none (the scalar path computes from the logical weights in double)\n");
 }
 
 // Every kernel is compiled through the registry and disassembled from
@@ -255,19 +316,36 @@ int run_dump(const DumpOptions& opt) {
     return 1;
   }
   if (!prog.has_gemm) return dump_elementwise(prog, opt, all);
-  const codegen::GemmPlan plan = codegen::lower_gemm(prog.lowered, isa);
   const std::optional<int64_t> m = gemm_m(f, prog, dims);
+  codegen::GemmPlan plan;
+  if (prog.quantized()) {
+    // ops/gemm_quant.cpp's spec: shallow K chunks (L1-resident dequantized
+    // chunks) for fp8 / int4 at M <= 16.
+    codegen::GemmSpec spec = prog.spec;
+    if (!spec.int8() && m && *m <= 16) spec.max_kc = 256;
+    plan = codegen::plan_gemm(spec, isa);
+  } else {
+    plan = codegen::lower_gemm(prog.lowered, isa);
+  }
+  const std::optional<QuantKernel> qk = quant_kernel(f, prog, isa);
   if (all || opt.stage == "plan") {
     header("plan");
     print_plan(f, prog, plan, m);
+    if (prog.quantized()) print_quant_plan(f, prog, isa);
   }
   if (all || opt.stage == "key") {
     header("key");
     print_keys(plan, m);
+    if (qk)
+      fmt::print("{}  {}\n{}  {}\n", qk->dequant ? "dequant  " : "act_quant",
+                 quant_kernel_name(*qk), std::string(9, ' '), quant_kernel_key(*qk));
   }
   if (all || opt.stage == "asm") {
     header("asm");
     print_asm(plan, m, prog, opt.syntax);
+    if (qk)
+      print_kernel_asm(quant_kernel_code(*qk),
+                       fmt::format("{}: {}", qk->role, quant_kernel_key(*qk)), opt.syntax);
   }
   return 0;
 }

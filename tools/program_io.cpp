@@ -157,6 +157,18 @@ HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std:
     case DType::i8:
       if (a.dtype != NpyDtype::i1) throw mismatch("'|i1'");
       break;
+    case DType::f8e4m3:
+      if (a.dtype != NpyDtype::u1) throw mismatch("'|u1' (e4m3 codes)");
+      break;
+    case DType::f16:
+      if (a.dtype != NpyDtype::u2) throw mismatch("'<u2' (f16 bit patterns)");
+      break;
+    case DType::u4:
+      // A u4 weight or zero point: the checkpoint's int32-packed tensor
+      // (qweight / qzeros), whose shape the runner checks.
+      if (a.dtype != NpyDtype::i4) throw mismatch("'<i4' (the int32-packed qweight / qzeros)");
+      t.dtype = DType::i32;
+      break;
     case DType::i64: {
       // Index tensors (rope positions) may be int64 in the IR, as PyTorch
       // engines pass them; the .npy reader has no '<i8', so '<i4' is widened.
@@ -195,6 +207,12 @@ NpyArray npy_from_tensor(const HostTensor& t, const std::string& what) {
       break;
     case DType::i8:
       a.dtype = NpyDtype::i1;
+      break;
+    case DType::f8e4m3:
+      a.dtype = NpyDtype::u1;
+      break;
+    case DType::f16:
+      a.dtype = NpyDtype::u2;
       break;
     case DType::i64: {
       // Written as '<i4' (what tensor_from_npy widens back) when it fits.
@@ -237,6 +255,14 @@ InputRole input_role(const ir::Function& f, int id, const DimBindings& dims, int
       }
       if (op.kind == ir::OpKind::rope && i == 2) return InputRole::cos_sin;
       if (op.kind == ir::OpKind::moe && i == 3) return InputRole::topk_weights;
+      if (op.kind == ir::OpKind::gemm && ir::operand_role(op, i) == "g_idx") {
+        // The groups are the scale's rows.
+        *range_of = op.operands[2];
+        *range = bind_shape(f.value(*range_of).type, dims).at(0);
+        return InputRole::g_idx;
+      }
+      if (op.kind == ir::OpKind::gemm && ir::operand_role(op, i) == "scale")
+        return InputRole::quant_scale;
       if (op.kind == ir::OpKind::moe && i == 4) {
         *range_of = op.operands[1];
         *range = bind_shape(f.value(*range_of).type, dims).at(0);
@@ -319,6 +345,31 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
       }
       return;
     }
+    case InputRole::g_idx: {
+      // Act-order: every group holds ceil(K/G) channels (k / ceil(K/G)), shuffled.
+      need(t.dtype == DType::i32 && rank == 1 && range >= 1, "g_idx is i32 [K] over G >= 1 groups");
+      const int64_t per = (n + range - 1) / range;
+      for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(i / per);
+      for (int64_t i = n - 1; i > 0; --i)
+        std::swap(t.data<int32_t>()[i],
+                  t.data<int32_t>()[static_cast<int64_t>(r.next() % static_cast<uint64_t>(i + 1))]);
+      return;
+    }
+    case InputRole::quant_scale:
+      // Positive scales in [2^-8, 2^-6) with 3 mantissa bits, exact in f16, bf16 and f32.
+      for (int64_t i = 0; i < n; ++i) {
+        const int m = static_cast<int>(r.next() % 8), e = -8 + static_cast<int>(r.next() % 2);
+        const float v = std::ldexp(1.0f + float(m) / 8.0f, e);
+        if (t.dtype == DType::f32)
+          t.data<float>()[i] = v;
+        else if (t.dtype == DType::bf16)
+          t.data<uint16_t>()[i] = runtime::f32_to_bf16(v);
+        else if (t.dtype == DType::f16)
+          t.data<uint16_t>()[i] = static_cast<uint16_t>(((e + 15) << 10) | (m << 7));
+        else
+          need(false, "a scale is f32, bf16 or f16");
+      }
+      return;
     case InputRole::plain:
       break;
   }
@@ -339,6 +390,14 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
     case DType::i8:
       for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(r.next());
       break;
+    case DType::f8e4m3:  // any code but the NaNs (0x7F, 0xFF)
+      for (int64_t i = 0; i < n; ++i) {
+        uint8_t c;
+        do c = static_cast<uint8_t>(r.next());
+        while ((c & 0x7F) == 0x7F);
+        t.data<uint8_t>()[i] = c;
+      }
+      break;
     default:
       throw Error(fmt::format("{} is {}: no generator for it", what, dtype_name(t.dtype)));
   }
@@ -352,6 +411,13 @@ HostTensor random_tensor(const ir::Function& f, int id, const DimBindings& dims,
       throw UsageError(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
                                    param.name, param.type.str(), param.type.dims[i].str(),
                                    param.type.dims[i].symbol));
+  if (const auto u4 = u4_storage_shape(f, id)) {
+    // The int32-packed checkpoint tensor: eight random nibbles a word.
+    HostTensor t = HostTensor::zeros(DType::i32, *u4, fmt::format("random input '{}'", param.name));
+    Rng r{seed * 0x2545F4914F6CDD1Dull ^ name_hash(param.name)};
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<uint32_t>()[i] = static_cast<uint32_t>(r.next());
+    return t;
+  }
   HostTensor t =
       HostTensor::zeros(param.type.dtype, shape, fmt::format("random input '{}'", param.name));
   int64_t range = -1;

@@ -55,8 +55,10 @@ NpyArray npy_from_tensor(const HostTensor& t, const std::string& what);
 // What an input feeds, when that constrains its values: random data must be
 // valid data for the operator that reads it.
 enum class InputRole {
-  plain,      // floats uniform in [-1, 1), ints in [0, 16)
-  positions,  // rope positions: in [0, range) (range = the cache's rows)
+  plain,        // floats uniform in [-1, 1), ints in [0, 16)
+  g_idx,        // a quantized gemm's g_idx [K]: k / ceil(K/G), shuffled (range = G)
+  quant_scale,  // a quantized gemm's scale: 2^e·(1 + m/8), e in {-8, -7} (exact in f16)
+  positions,    // rope positions: in [0, range) (range = the cache's rows)
   cos_sin,  // rope cos/sin cache [P, R]: row p = cos(p·θ_j), then sin(p·θ_j), θ_j = 10000^(-2j/R)
   topk_ids,      // moe expert ids [T, k]: k distinct ids per row in [0, range) (range = E)
   topk_weights,  // moe routing weights [T, k]: positive, each row summing to 1

@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
+#include "runtime/reference_quant.h"
 #include "runtime/thread_pool.h"
 #include "tools/program/program_runner.h"
 #include "tools/program/reference_rows.h"
@@ -16,6 +18,7 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   if (inputs_ == nullptr) throw Error("ProgramRunner::check: set_inputs() first");
   if (ops_) return ops_->check(outputs);
   if (!prog_.epilogue.ops.empty()) return check_chain(outputs);
+  if (prog_.quantized()) return check_quantized(outputs);
   const HostTensor& x = input(prog_.x);
   const HostTensor& w = input(prog_.w);
   const HostTensor& y = outputs.at(f_.value(prog_.result).name);
@@ -51,6 +54,167 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
         a.act, y.dtype, k, abs_sum[i], std::fabs(reference_bias_at(a, i % n)), pre[i], want);
     if (rep.add(got, want, tol)) rep.worst_index = {i / n, i % n};
   }
+  return rep;
+}
+
+namespace {
+
+double scale_at(const HostTensor& s, int64_t i) {
+  switch (s.dtype) {
+    case DType::f16:
+      return runtime::f16_to_f32(s.data<uint16_t>()[i]);
+    case DType::bf16:
+      return runtime::bf16_to_f32(s.data<uint16_t>()[i]);
+    default:
+      return s.data<float>()[i];
+  }
+}
+
+}  // namespace
+
+// A quantized gemm against the exact dequantized weights, decoded here from
+// the checkpoint tensors (in double: a code times an f32 / f16 / bf16 scale
+// is exact), or for W8A8 against exact integer sums of the codes the
+// kernels' activation quantizer makes (runtime::reference_act_quant_row), as
+// tests/quant_gemm_test.cpp does. Bounds: runtime/reference_error_bounds.h's
+// gemm_output_bound + dequant_weight_bound (fp8, int4; the latter off the
+// scalar path, which computes in double) and int8_output_bound (W8A8).
+CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
+  const ir::Op& g = f_.ops.front();
+  const HostTensor& x = input(prog_.x);
+  const HostTensor& wq = input(prog_.w);
+  const HostTensor& s = input(prog_.scale);
+  const HostTensor& y = outputs.at(f_.value(prog_.result).name);
+  const ir::TensorType& wt = f_.value(prog_.w).type;
+  const int64_t m = x.shape[0], n = wt.dims.at(0).value, k = wt.dims.at(1).value;
+  const bool bf16_out = y.dtype == DType::bf16;
+  const Activation act = prog_.spec.act;
+  const uint16_t* xd = x.data<uint16_t>();
+  runtime::ReferenceGemmArgs ba;
+  if (prog_.bias >= 0) {
+    ba.bias = input(prog_.bias).bytes.data();
+    ba.bias_dtype = input(prog_.bias).dtype;
+  }
+  auto got_at = [&](int64_t i) -> double {
+    return bf16_out ? runtime::bf16_to_f32(y.data<uint16_t>()[i]) : y.data<float>()[i];
+  };
+  CheckReport rep;
+
+  if (prog_.format == WeightFormat::int8) {
+    const ir::Attrs& a = g.attrs;
+    const GemmOptions opt = gemm_options();
+    const runtime::ActQuantRule rule =
+        opt.act_quant == ActQuant::fixed          ? runtime::ActQuantRule::fixed
+        : opt.act_quant == ActQuant::dynamic_asym ? runtime::ActQuantRule::asym
+                                                  : runtime::ActQuantRule::sym;
+    const auto* w8 = wq.data<int8_t>();
+    const bool per_tensor = s.shape.at(0) == 1;
+    std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
+    runtime::parallel_for(m, [&](int64_t i) {
+      std::vector<uint8_t> q(static_cast<size_t>(k));
+      float sa = 1;
+      int32_t za = 0;
+      runtime::reference_act_quant_row(rule, xd + i * k, k, k, 1.0f / opt.act_scale, opt.act_scale,
+                                       opt.act_zero_point, q.data(), &sa, &za);
+      for (int64_t j = 0; j < n; ++j) {
+        int64_t acc = 0, wabs = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const int64_t t = int64_t(q[c] - za) * w8[j * k + c];
+          acc += t;
+          wabs += t < 0 ? -t : t;
+        }
+        const double sw = s.data<float>()[per_tensor ? 0 : j];
+        const double b = reference_bias_at(ba, j);
+        const double pre = double(acc) * sa * sw + b;
+        const double ref = runtime::reference_activation(act, pre);
+        want[i * n + j] = ref;
+        tol[i * n + j] = runtime::int8_output_bound(act, y.dtype, double(wabs) * sa * sw,
+                                                    std::fabs(b), pre, ref);
+      }
+    });
+    (void)a;
+    rep.reference =
+        "exact int32 sums of the u8 codes of runtime::reference_act_quant_row and the i8 "
+        "weights, times both scales, in double";
+    rep.tolerance = fmt::format(
+        "int8_output_bound: L·4·2⁻²⁴·(Σ|q·w|·s_x·s_w + |bias|) + 4e-6·max(1,|pre|) + "
+        "2⁻²⁴·|ref|{}, K={}, L={} (runtime/reference_error_bounds.h)",
+        bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_lipschitz(act));
+    for (int64_t i = 0; i < m * n; ++i)
+      if (rep.add(got_at(i), want[i], tol[i])) rep.worst_index = {i / n, i % n};
+    return rep;
+  }
+
+  // The exact logical weight w[n, k] in double.
+  std::vector<double> w(static_cast<size_t>(n * k));
+  if (prog_.format == WeightFormat::fp8_e4m3) {
+    const int64_t bn = g.attrs.get_int("block_n").value_or(0);
+    const int64_t bk = g.attrs.get_int("block_k").value_or(0);
+    const int64_t gk = bk > 0 ? (k + bk - 1) / bk : 1;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const double sc = s.shape.size() == 2 ? scale_at(s, (r / bn) * gk + c / bk)
+                          : s.shape[0] == 1   ? scale_at(s, 0)
+                                              : scale_at(s, r);
+        w[r * k + c] = double(runtime::e4m3_to_f32(wq.data<uint8_t>()[r * k + c])) * sc;
+      }
+  } else {
+    const bool awq = prog_.format == WeightFormat::int4_awq;
+    const bool v2 = g.attrs.get_bool("gptq_v2").value_or(false);
+    const int64_t gs = g.attrs.get_int("group_size").value_or(128);
+    const int64_t n8 = (n + 7) / 8;
+    const int32_t* qw = wq.data<int32_t>();
+    const int32_t* qz = prog_.zero >= 0 ? input(prog_.zero).data<int32_t>() : nullptr;
+    const int32_t* gi = prog_.g_idx >= 0 ? input(prog_.g_idx).data<int32_t>() : nullptr;
+    auto nibble = [](int32_t word, int i) {
+      return (static_cast<uint32_t>(word) >> (4 * i)) & 0xF;
+    };
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t grp = gi != nullptr ? gi[c] : gs < 0 ? 0 : c / gs;
+        const uint32_t q = awq ? nibble(qw[c * n8 + r / 8], runtime::kAwqNibble[r % 8])
+                               : nibble(qw[(c / 8) * n + r], static_cast<int>(c % 8));
+        int z = 8;
+        if (qz != nullptr) {
+          const uint32_t st =
+              nibble(qz[grp * n8 + r / 8], awq ? runtime::kAwqNibble[r % 8] : int(r % 8));
+          z = static_cast<int>(st) + (!awq && !v2 ? 1 : 0);
+        }
+        w[r * k + c] = double(int(q) - z) * scale_at(s, grp * n + r);
+      }
+  }
+  const bool dequantized = cpu_info().isa != Isa::scalar;
+  std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
+  runtime::parallel_for(m, [&](int64_t i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0, sum_abs = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double t = double(runtime::bf16_to_f32(xd[i * k + c])) * w[j * k + c];
+        acc += t;
+        sum_abs += std::fabs(t);
+      }
+      const double b = reference_bias_at(ba, j);
+      const double pre = acc + b;
+      const double ref = runtime::reference_activation(act, pre);
+      want[i * n + j] = ref;
+      double t = runtime::gemm_output_bound(act, y.dtype, k, sum_abs, std::fabs(b), pre, ref);
+      // The kernels round each w to bf16 (tests/quant_gemm_test.cpp: ×1.01
+      // for the bf16 output's rounding of the moved value).
+      if (dequantized) t += runtime::dequant_weight_bound(act, sum_abs) * (bf16_out ? 1.01 : 1);
+      tol[i * n + j] = t;
+    }
+  });
+  rep.reference =
+      "the exact dequantized weights (decoded from the checkpoint tensors), double "
+      "accumulation";
+  rep.tolerance = fmt::format(
+      "gemm_output_bound (L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + "
+      "2⁻²⁴·|ref|{}){}, K={}, L={} (runtime/reference_error_bounds.h)",
+      bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "",
+      dequantized ? " + dequant_weight_bound (L·(2⁻⁸ + 2⁻²³)·Σ|x·w|: w rounded to bf16)" : "", k,
+      runtime::activation_lipschitz(act));
+  for (int64_t i = 0; i < m * n; ++i)
+    if (rep.add(got_at(i), want[i], tol[i])) rep.worst_index = {i / n, i % n};
   return rep;
 }
 

@@ -59,7 +59,64 @@ ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
 
 #endif  // TILEJIT_HAVE_LLVM
 
+// A gemm with a quantized weight: the chain after it must fuse (bias,
+// activation, cast), as tilejit::gemm runs it in one call.
+GemmProgram match_quantized(const ir::Function& f, GemmProgram p) {
+  const ir::Op& g = f.ops.front();
+  const DType wdt = f.value(p.w).type.dtype;
+  p.format = wdt == DType::i8                                         ? WeightFormat::int8
+             : wdt == DType::f8e4m3                                   ? WeightFormat::fp8_e4m3
+             : g.attrs.get_string("format").value_or("gptq") == "awq" ? WeightFormat::int4_awq
+                                                                      : WeightFormat::int4_gptq;
+  for (size_t i = 0; i < g.operand_names.size(); ++i) {
+    const int id = g.operands.at(2 + i);
+    if (g.operand_names[i] == "scale") p.scale = id;
+    if (g.operand_names[i] == "zero") p.zero = id;
+    if (g.operand_names[i] == "g_idx") p.g_idx = id;
+  }
+  ir::Op& lg = p.lowered.ops.front();
+  lg.operands.resize(2);
+  lg.operand_names.clear();
+  lg.attrs = {};
+  ir::TensorType& wt = p.lowered.values.at(p.w).type;
+  wt = ir::TensorType{DType::bf16, wt.dims, ir::Layout::vnni2()};
+  p.w_packed_by_runner = true;
+  try {
+    p.spec = codegen::match_gemm(p.lowered);
+  } catch (const Error& e) {
+    throw Error(fmt::format(
+        "{} (a gemm with a quantized weight runs as one tilejit::gemm call: only a fused "
+        "bias, activation and cast may follow it)",
+        e.what()));
+  }
+  if (p.format == WeightFormat::int8) {
+    p.spec.k = (p.spec.k + 3) / 4 * 4;
+    p.spec.b_type = DType::i8;
+  }
+  if (p.spec.bias != codegen::BiasKind::none) p.bias = f.ops.at(1).operands.at(1);
+  p.result = p.lowered.results.at(0);
+  return p;
+}
+
 }  // namespace
+
+std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id) {
+  if (f.value(id).type.dtype != DType::u4) return std::nullopt;
+  for (const ir::Op& op : f.ops) {
+    if (op.kind != ir::OpKind::gemm || op.operands.size() < 2) continue;
+    const bool awq = op.attrs.get_string("format").value_or("") == "awq";
+    const auto& wd = f.value(op.operands[1]).type.dims;
+    const int64_t n = wd.at(0).value, k = wd.at(1).value;
+    if (op.operands[1] == id) {
+      if (awq) return std::vector<int64_t>{k, (n + 7) / 8};
+      return std::vector<int64_t>{(k + 7) / 8, n};
+    }
+    for (size_t i = 0; i < op.operand_names.size(); ++i)
+      if (op.operand_names[i] == "zero" && op.operands.at(2 + i) == id)
+        return std::vector<int64_t>{f.value(id).type.dims.at(0).value, (n + 7) / 8};
+  }
+  return std::nullopt;
+}
 
 GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
   for (const ir::Op& op : f.ops)
@@ -105,6 +162,8 @@ GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
   const ir::Op& g = f.ops.front();
   p.x = g.operands.at(0);
   p.w = g.operands.at(1);
+  const DType wdt = f.value(p.w).type.dtype;
+  if (wdt != DType::bf16) return match_quantized(f, std::move(p));
   // The runner packs w with pack_weight whatever its IR layout, so a
   // row-major weight lowers as the packed one the kernels read.
   ir::TensorType& wt = p.lowered.values.at(p.w).type;

@@ -2,6 +2,7 @@
 // tilejit::gemm (codegen::match_gemm) and which as the LLVM elementwise loop.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "codegen/gemm_plan.h"
@@ -17,7 +18,16 @@ struct GemmProgram {
   bool w_packed_by_runner = false;  // w is row-major in the source
   codegen::GemmSpec spec;
   int x = -1, w = -1, bias = -1;  // param value ids (bias -1: none)
-  int result = -1;                // the returned value id (of `lowered`)
+  // A quantized weight (w is i8, f8e4m3 or u4): its format and the gemm's
+  // named operands (param value ids, -1: absent). `lowered` then has a bf16
+  // packed w of the same [N, K] and no named operands, and spec is the plan
+  // tilejit::gemm runs: i8: b_type = i8, k rounded up to 4; f8e4m3 / u4: the
+  // bf16 plan over k_packed (= K for groups of even size; the runner takes
+  // the packed weight's), next to the dequant kernel.
+  WeightFormat format = WeightFormat::bf16;
+  int scale = -1, zero = -1, g_idx = -1;
+  bool quantized() const { return format != WeightFormat::bf16; }
+  int result = -1;  // the returned value id (of `lowered`)
 
   // The elementwise rest, run by the LLVM elementwise compiler (empty ops: none).
   // For a gemm program its first param is the fused gemm's result (`result`,
@@ -36,5 +46,10 @@ struct GemmProgram {
 // refused unless allow_elementwise (the runner's case: `tilejit dump` has no gemm plan to show for
 // it); built without LLVM it is always refused.
 GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false);
+
+// A u4 param (a quantized gemm's w or zero) is held as its checkpoint's
+// int32 tensor: qweight [ceil(K/8), N] (gptq) or [K, ceil(N/8)] (awq), qzeros
+// [G, ceil(N/8)]. That shape, or nullopt for any other param.
+std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id);
 
 }  // namespace tilejit::tools

@@ -43,15 +43,31 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
     if (it == inputs.end())
       throw Error(fmt::format("missing input '{}' ({})", v.name, v.type.str()));
     const HostTensor& t = it->second;
-    if (t.dtype != v.type.dtype)
-      throw Error(fmt::format("input '{}' is {}; expected {} ({})", v.name, dtype_name(t.dtype),
-                              dtype_name(v.type.dtype), v.type.str()));
-    bool ok = static_cast<int>(t.shape.size()) == v.type.rank();
-    for (int i = 0; ok && i < v.type.rank(); ++i)
+    // A u4 weight or zero point is held as its checkpoint's int32 tensor.
+    const std::optional<std::vector<int64_t>> u4 = u4_storage_shape(f_, p);
+    const DType want = u4 ? DType::i32 : v.type.dtype;
+    if (t.dtype != want)
+      throw Error(fmt::format("input '{}' is {}; expected {} ({}{})", v.name, dtype_name(t.dtype),
+                              dtype_name(want), v.type.str(),
+                              u4 ? ": its int32-packed checkpoint tensor" : ""));
+    if (u4 && t.shape != *u4)
+      throw Error(
+          fmt::format("input '{}' has shape {}; expected {} (the int32-packed checkpoint "
+                      "tensor of {})",
+                      v.name, shape_str(t.shape), shape_str(*u4), v.type.str()));
+    bool ok = u4 || static_cast<int>(t.shape.size()) == v.type.rank();
+    for (int i = 0; ok && !u4 && i < v.type.rank(); ++i)
       ok = !v.type.dims[i].is_static() || v.type.dims[i].value == t.shape[i];
     if (!ok)
       throw Error(fmt::format("input '{}' has shape {}; expected {} ({})", v.name,
                               shape_str(t.shape), dims_str(v.type), v.type.str()));
+    if (u4) {
+      const int64_t need = dense_bytes(t.shape, 4, fmt::format("input '{}'", v.name));
+      if (static_cast<int64_t>(t.bytes.size()) != need)
+        throw Error(fmt::format("input '{}' holds {} bytes; its shape {} needs {}", v.name,
+                                t.bytes.size(), shape_str(t.shape), need));
+      continue;
+    }
     for (int i = 0; i < v.type.rank(); ++i) {
       const ir::Dim& d = v.type.dims[i];
       if (d.is_static()) continue;
@@ -102,7 +118,69 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
       std::memcpy(x_strided_.data() + i * ld, x.data<uint16_t>() + i * k, size_t(k) * 2);
   }
   const HostTensor& w = input(prog_.w);
+  if (prog_.quantized()) {
+    packed_w_ = pack_quantized();
+    return;
+  }
   packed_w_ = pack_weight(TensorView(w.data<uint16_t>(), DType::bf16, w.shape));
+}
+
+PackedWeight ProgramRunner::pack_quantized() const {
+  const ir::Op& g = f_.ops.front();
+  const HostTensor& w = input(prog_.w);
+  const HostTensor& s = input(prog_.scale);
+  const ir::TensorType& wt = f_.value(prog_.w).type;
+  const int64_t n = wt.dims.at(0).value, k = wt.dims.at(1).value;
+  const TensorView sv(s.data<uint8_t>(), s.dtype, s.shape);
+  switch (prog_.format) {
+    case WeightFormat::int8:
+      return pack_weight(Int8Weight{TensorView(w.data<uint8_t>(), DType::i8, {n, k}), sv});
+    case WeightFormat::fp8_e4m3: {
+      Fp8Weight q{TensorView(w.data<uint8_t>(), DType::f8e4m3, {n, k}), sv};
+      q.block_n = g.attrs.get_int("block_n").value_or(0);
+      q.block_k = g.attrs.get_int("block_k").value_or(0);
+      return pack_weight(q);
+    }
+    default: {
+      Int4Weight q;
+      q.format = prog_.format == WeightFormat::int4_awq ? Int4Format::awq : Int4Format::gptq;
+      q.qweight = TensorView(w.data<uint8_t>(), DType::i32, w.shape);
+      q.scales = sv;
+      if (prog_.zero >= 0) {
+        const HostTensor& z = input(prog_.zero);
+        q.qzeros = TensorView(z.data<uint8_t>(), DType::i32, z.shape);
+      }
+      if (prog_.g_idx >= 0) {
+        const HostTensor& gi = input(prog_.g_idx);
+        q.g_idx = TensorView(gi.data<uint8_t>(), DType::i32, gi.shape);
+      }
+      q.bits = static_cast<int>(g.attrs.get_int("bits").value_or(4));
+      q.group_size = g.attrs.get_int("group_size").value_or(128);
+      q.gptq_v2 = g.attrs.get_bool("gptq_v2").value_or(false);
+      q.n = n;
+      q.k = k;
+      return pack_weight(q);
+    }
+  }
+}
+
+GemmOptions ProgramRunner::gemm_options() const {
+  GemmOptions opt;
+  if (prog_.bias >= 0) {
+    const HostTensor& b = input(prog_.bias);
+    opt.bias = TensorView(b.data<uint8_t>(), b.dtype, b.shape);
+  }
+  opt.act = prog_.spec.act;
+  if (prog_.format == WeightFormat::int8) {
+    const ir::Attrs& a = f_.ops.front().attrs;
+    const std::string mode = a.get_string("act_quant").value_or("dynamic_sym");
+    opt.act_quant = mode == "fixed"          ? ActQuant::fixed
+                    : mode == "dynamic_asym" ? ActQuant::dynamic_asym
+                                             : ActQuant::dynamic_sym;
+    opt.act_scale = static_cast<float>(a.get_double("act_scale").value_or(0));
+    opt.act_zero_point = static_cast<int>(a.get_int("act_zero_point").value_or(128));
+  }
+  return opt;
 }
 
 TensorMap ProgramRunner::make_outputs() const {
@@ -198,12 +276,7 @@ void ProgramRunner::run(TensorMap& outputs) {
                             ? TensorView(x.data<uint16_t>(), DType::bf16, {m, k})
                             : TensorView(x_strided_.data(), DType::bf16, {m, k}, {x_ld_, 1});
   HostTensor& y = epilogue ? gemm_out_ : outputs.at(f_.value(prog_.result).name);
-  GemmOptions opt;
-  if (prog_.bias >= 0) {
-    const HostTensor& b = input(prog_.bias);
-    opt.bias = TensorView(b.data<uint8_t>(), b.dtype, b.shape);
-  }
-  opt.act = prog_.spec.act;
+  const GemmOptions opt = gemm_options();
   gemm(xv, packed_w_, TensorView(y.bytes.data(), y.dtype, y.shape), opt);
   if (epilogue) run_epilogue(&gemm_out_, outputs);
 }

@@ -39,6 +39,8 @@ class ProgramRunner {
   const ir::Function& function() const { return f_; }
   // The gemm program; empty (no ops) for an operator program.
   const GemmProgram& program() const { return prog_; }
+  // The packed weight (after set_inputs; empty for an operator program).
+  const PackedWeight& packed_weight() const { return packed_w_; }
   // The rope / attention / moe calls, or null for a gemm or elementwise program.
   const OperatorRunner* operators() const { return ops_.get(); }
 
@@ -70,6 +72,11 @@ class ProgramRunner {
   const HostTensor& input(int value_id) const;
   void run_epilogue(const HostTensor* gemm_out, TensorMap& outputs);
   CheckReport check_chain(const TensorMap& outputs) const;
+  // A quantized gemm: pack_weight(Int8Weight / Fp8Weight / Int4Weight) of
+  // the inputs, the options it runs with, and its check (check_gemm.cpp).
+  PackedWeight pack_quantized() const;
+  GemmOptions gemm_options() const;
+  CheckReport check_quantized(const TensorMap& outputs) const;
 
   ir::Function f_;
   GemmProgram prog_;
