@@ -30,8 +30,8 @@ using runtime::isa_features;
 namespace {
 
 // What each brgemm row takes (checked in brgemm_slow and by the emitter):
-// AMX and LLVM cap mr at 32, AVX-512 at its zmm budget; the Xbyak rows also
-// take int8 (W8A8: u8 activations × i8 weights, int32 sums).
+// AMX and LLVM cap mr at 32, AVX-512 at its zmm budget; every row also takes
+// int8 (W8A8: u8 activations × i8 weights, int32 sums).
 constexpr const char* kAmxLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, a_packed, no GLU, out i32|f32|bf16 "
@@ -42,7 +42,9 @@ constexpr const char* kAvx512Limits =
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
     "(i32: the raw sums, no bias or act)";
 constexpr const char* kLlvmLimits =
-    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16";
+    "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias or act)";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
@@ -127,10 +129,9 @@ const Kernel& front(const D& d, Slow slow) {
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
   const bool bf16 = d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
-  // Int8 (u8 × i8 → i32): the Xbyak rows (amx, avx512) only, so far.
+  // Int8 (u8 × i8 → i32): every row (Xbyak amx / avx512, LLVM).
   const bool int8 = d.a_type == DType::u8 && d.b_type == DType::i8 && d.acc_type == DType::i32;
-  const bool int8_row = row.backend == Backend::xbyak;
-  if (!bf16 && !(int8 && int8_row))
+  if (!bf16 && !int8)
     throw Error(fmt::format("brgemm: descriptor {} has a={} b={} acc={}; allowed on the {} row: {}",
                             d.key(), dtype_name(d.a_type), dtype_name(d.b_type),
                             dtype_name(d.acc_type), isa_name(row.path), row.limits));
