@@ -50,6 +50,14 @@ struct BrgemmArgs {
   const int32_t* a_zero;  // [mr] per row zero points (u8 activations)
   const float* b_scale;   // [64] per column of this block (padded with 0)
   const int32_t* b_comp;  // [64] Σ_k b[k][c] over the real K (padded with 0)
+  // Quantized-weight kernels (b = u4 or f8e4m3, xbyak/quant_brgemm.cpp) only:
+  // B = b[0] holds the column block's codes in the packed k-pair order
+  // (ops/packed_weight_impl.h, QuantTables), q_groups[kp] names the scale row
+  // of k-pair row kp, q_scales is [G][64] f32 and q_zeros [G][64] u8 (with
+  // desc.b_zeros; otherwise every zero point is 8 for u4, none for fp8).
+  const int32_t* q_groups;
+  const float* q_scales;
+  const uint8_t* q_zeros;
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
@@ -58,7 +66,8 @@ static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, acc_in) == 64 && offsetof(BrgemmArgs, ld_acc_in) == 72 &&
               offsetof(BrgemmArgs, b_prefetch) == 80 && offsetof(BrgemmArgs, a_scale) == 88 &&
               offsetof(BrgemmArgs, a_zero) == 96 && offsetof(BrgemmArgs, b_scale) == 104 &&
-              offsetof(BrgemmArgs, b_comp) == 112);
+              offsetof(BrgemmArgs, b_comp) == 112 && offsetof(BrgemmArgs, q_groups) == 120 &&
+              offsetof(BrgemmArgs, q_scales) == 128 && offsetof(BrgemmArgs, q_zeros) == 136);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 
@@ -93,8 +102,14 @@ struct BrgemmDesc {
   // B in the Int8Layout, kb a multiple of 4, the scaled epilogue of
   // BrgemmArgs; a partial K chunk stores its raw int32 sums with out = i32
   // and acc_in is int32). The registry's rows say which each takes.
-  DType a_type = DType::bf16;   // A (activations)
-  DType b_type = DType::bf16;   // B (the packed weight's element type)
+  DType a_type = DType::bf16;  // A (activations)
+  DType b_type = DType::bf16;  // B (the packed weight's element type)
+  // b = u4 (W4A16) or f8e4m3 (W8A16) with a = bf16, acc = f32: the fused
+  // decode kernel (xbyak/quant_brgemm.cpp) that reads the packed codes and the
+  // group tables of BrgemmArgs (q_groups, q_scales, q_zeros) itself; mr ≤ 4,
+  // kb the whole K, batch 1, b_row_bytes the code row (64 u4, 128 fp8).
+  // b_zeros: u4 with per-group zero points (q_zeros), else z = 8.
+  bool b_zeros = false;
   DType acc_type = DType::f32;  // accumulators (and acc_in)
   int mr = 1;                   // rows of C
   int nr = 64;                  // columns of C (≤ 64)
@@ -116,9 +131,10 @@ struct BrgemmDesc {
     using enum NameRule;
     return std::make_tuple(
         field("isa", &D::isa, "_"), field("a", &D::a_type, "_"),
-        field("b", &D::b_type, "x", unless_default), field("acc", &D::acc_type, "_", "acc"),
-        field("mr", &D::mr, "_m"), field("nr", &D::nr, "n"), field("kb", &D::kb, "k"),
-        field("brow", &D::b_row_bytes, "", never), field("apack", &D::a_packed, "_apack", flag),
+        field("b", &D::b_type, "x", unless_default), field("zeros", &D::b_zeros, "_zp", flag),
+        field("acc", &D::acc_type, "_", "acc"), field("mr", &D::mr, "_m"), field("nr", &D::nr, "n"),
+        field("kb", &D::kb, "k"), field("brow", &D::b_row_bytes, "", never),
+        field("apack", &D::a_packed, "_apack", flag),
         field("acc_in", &D::accumulate, "_accin", flag),
         field("bias", &D::bias, "_bias", unless_default),
         field("act", &D::act, "_", unless_default), field("glu", &D::glu, "_", unless_default),
@@ -134,7 +150,7 @@ struct BrgemmDesc {
   int computed_cols() const { return glu != Glu::none ? 64 : nr; }
 
   bool operator==(const BrgemmDesc& o) const { return same_fields(*this, o); }
-  // e.g. "brgemm;isa=avx512;a=bf16;b=bf16;acc=f32;mr=7;nr=64;kb=4096;...".
+  // e.g. "brgemm;isa=avx512;a=bf16;b=bf16;zeros=0;acc=f32;mr=7;nr=64;kb=4096;...".
   std::string key() const { return desc_key(*this); }
   // e.g. "brgemm_avx512_bf16_f32acc_m7n64k4096_biasf32_silu_bf16out".
   std::string name() const { return desc_name(*this); }

@@ -40,7 +40,8 @@ constexpr const char* kAvx512Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= avx512_brgemm_max_mr(nr) (the zmm budget), "
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias or act)";
+    "(i32: the raw sums, no bias or act); "
+    "or a=bf16 b=u4|f8e4m3 acc=f32 (the fused W4A16 / W8A16 decode kernel) with mr <= 4";
 constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
@@ -126,8 +127,50 @@ const Kernel& front(const D& d, Slow slow) {
   return k;
 }
 
+// The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3) of the avx512 row
+// (the amx path's small-M quantized GEMMs use the avx512 plan too).
+constexpr const char* kQuantLimits =
+    "a=bf16 b=u4|f8e4m3 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64, kb >= 1 (the "
+    "whole K, batch 1), b_row_bytes 64 (u4) | 128 (f8e4m3), zeros with u4 only, no acc_in, no "
+    "GLU, row-major A, out f32|bf16";
+
+const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
+  auto refuse = [&](const std::string& what) -> Error {
+    return Error(fmt::format("brgemm: quantized descriptor {} has {}; allowed: {}", d.key(), what,
+                             kQuantLimits));
+  };
+  if (d.isa != Isa::avx512) throw refuse(fmt::format("isa={}", isa_name(d.isa)));
+  if (d.a_type != DType::bf16 || d.acc_type != DType::f32)
+    throw refuse(fmt::format("a={} acc={}", dtype_name(d.a_type), dtype_name(d.acc_type)));
+  if (d.b_zeros && d.b_type != DType::u4) throw refuse("zeros=1 with b=f8e4m3");
+  if (d.mr < 1 || d.mr > 4) throw refuse(fmt::format("mr={}", d.mr));
+  if (d.nr < 1 || d.nr > 64) throw refuse(fmt::format("nr={}", d.nr));
+  if (d.kb < 1) throw refuse(fmt::format("kb={}", d.kb));
+  const int64_t code_row = d.b_type == DType::u4 ? 64 : 128;
+  if (d.b_row_bytes != code_row)
+    throw refuse(
+        fmt::format("b_row_bytes={} (batch-shaped B: one code block of {}-byte k-pair "
+                    "rows)",
+                    d.b_row_bytes, code_row));
+  if (d.accumulate) throw refuse("acc_in=1 (the kernel takes the whole K in one call)");
+  if (d.glu != codegen::Glu::none) throw refuse(fmt::format("glu={}", codegen::glu_name(d.glu)));
+  if (d.a_packed) throw refuse("apack=1");
+  if (d.out != DType::f32 && d.out != DType::bf16)
+    throw refuse(fmt::format("out={}", dtype_name(d.out)));
+  return compile(cache_key(d), d.name(),
+                 xbyak_recipe([d] { return codegen::xbyak::emit_quant_brgemm(d); }));
+}
+
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
+  if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3) {
+    if (row.path == Isa::avx512 && row.backend == Backend::xbyak) return quant_brgemm(d);
+    throw Error(fmt::format("brgemm: descriptor {} has b={}; allowed on the {} row: {}", d.key(),
+                            dtype_name(d.b_type), isa_name(row.path), row.limits));
+  }
+  if (d.b_zeros)
+    throw Error(fmt::format("brgemm: descriptor {} has zeros=1 with b={}; allowed: zeros with b=u4",
+                            d.key(), dtype_name(d.b_type)));
   const bool bf16 = d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
   // Int8 (u8 × i8 → i32): every row (Xbyak amx / avx512, LLVM).
   const bool int8 = d.a_type == DType::u8 && d.b_type == DType::i8 && d.acc_type == DType::i32;

@@ -102,6 +102,36 @@ inline double gemm_output_bound(Activation act, DType out, int64_t k, double sum
   return tol;
 }
 
+// The fused W4A16 / W8A16 decode kernel (codegen/xbyak/quant_brgemm.cpp)
+// against the exact dequantized weights, for one output y[r][c] =
+// act(Σ_g s_g·Σ_{k∈g} a_k·(q_k − z_g) + bias). No weight is rounded: the
+// codes become exact bf16 numbers (q, q − 8 or the e4m3 value × 2⁻⁸) and
+// a_k·q_k is exact in f32 (8-bit × ≤ 4-bit significands). The f32 error
+// then comes from
+//  - the per-group sums acc_g (vdpbf16ps: one rounding per term) and the
+//    fold acc += s_g·acc_g (one fma rounding per group): every term a·q·s
+//    passes through at most K + 2 roundings, ≤ (K+2)·u·Σ_k |a_k|·|q_k|·|s|;
+//  - with zero points, the Σa sums of the group (exact bf16 terms), the
+//    rounding of z·s and the fma acc −= (z·s)·Σa: ≤ (K+2)·u·Σ_k |a_k|·|z|·|s|;
+//  - the scale fmas' own roundings and the bias add (≤ 2·u·Σ|terms| + u·|bias|);
+//    the fp8 ×2⁸ is exact;
+// in all within (K+4)·u·Σ_k |a_k|·(|q_k| + |z|)·|s| + u·|bias| (sum_abs =
+// that Σ, q the code value: int4 q, fp8 the e4m3 value, z = 0), moved
+// through the activation's Lipschitz constant, plus its vector math, the
+// reference's own f32 rounding and, for bf16 out, one bf16 ulp (as
+// gemm_output_bound). It assumes no f32 subnormal partial result (vdpbf16ps
+// flushes them): the terms a·q (fp8: a·e4m3·2⁻⁸) are 0 or ≥ 2⁻¹²⁶ in
+// magnitude, i.e. nonzero activations above ~2⁻¹⁰⁸.
+inline double quant_brgemm_output_bound(Activation act, DType out, int64_t k, double sum_abs,
+                                        double bias_abs, double pre, double v) {
+  double tol = activation_lipschitz(act) *
+               ((static_cast<double>(k) + 4) * kF32Unit * sum_abs + kF32Unit * bias_abs);
+  tol += activation_math_error(act, pre);
+  tol += kF32Unit * std::fabs(v);
+  if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + bf16_ulp_bound(v);
+  return tol;
+}
+
 // The error of an n-term fp32 sum of terms of any sign, in units of
 // u·Σ|terms|: the worst case (n + 2, as the gemm bound uses) or, when
 // smaller, six standard deviations of the probabilistic model of Higham &
