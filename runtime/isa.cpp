@@ -44,12 +44,14 @@ const char* backend_name(Backend b) {
 
 FeatureSet isa_features(Isa isa) {
   // The AVX-512 path needs vdpbf16ps (AVX512-BF16) plus BW/VL for masked
-  // 16-bit stores; the AMX path runs its small-M GEMMs and epilogues on it.
+  // 16-bit stores, and vpdpbusd (AVX512-VNNI) for its W8A8 kernels; the AMX
+  // path runs its small-M GEMMs and epilogues on it, and W8A8 on tdpbusd.
+  // (Every CPU with AVX512-BF16 has VNNI, every AMX-BF16 one AMX-INT8.)
   constexpr FeatureSet avx512{Feature::avx512f, Feature::avx512bw, Feature::avx512vl,
-                              Feature::avx512_bf16};
+                              Feature::avx512_bf16, Feature::avx512_vnni};
   switch (isa) {
     case Isa::amx:
-      return avx512 | FeatureSet{Feature::amx_tile, Feature::amx_bf16};
+      return avx512 | FeatureSet{Feature::amx_tile, Feature::amx_bf16, Feature::amx_int8};
     case Isa::avx512:
       return avx512;
     case Isa::llvm:
