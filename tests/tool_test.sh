@@ -96,7 +96,7 @@ TILEJIT_CACHE_DIR=$WORK/cache ok "cpuinfo" "$TJ" cpuinfo
 has "cpuinfo: active path" "$OUT" "^active path +(amx|avx512|scalar)"
 has "cpuinfo: threads" "$OUT" "^threads +[0-9]+"
 has "cpuinfo: usable features" "$OUT" "^usable features "
-has "cpuinfo: the registry's brgemm rows" "$OUT" "^  brgemm +avx512 +xbyak +(yes|no) +avx512f avx512bw avx512vl avx512_bf16$"
+has "cpuinfo: the registry's brgemm rows" "$OUT" "^  brgemm +avx512 +xbyak +(yes|no) +avx512f avx512bw avx512vl avx512_bf16( avx512_vnni)?$"
 has "cpuinfo: an LLVM row" "$OUT" "^  rope +llvm +llvm +(yes|no) +avx2 fma$"
 has "cpuinfo: cache dir" "$OUT" "^kernel cache +$WORK/cache"
 ok "cpuinfo, cache off" "$TJ" cpuinfo && has "cpuinfo: cache off" "$OUT" "^kernel cache +off"
@@ -543,6 +543,8 @@ usage "bench --threads 100000" "^tilejit bench: error: --threads 100000: .*allow
   "$TJ" bench "$LB" --dim M=2 --threads 100000 --seconds 0.01
 usage "llama-layer --threads 100000" "^tilejit llama-layer: error: --threads 100000: .*allowed: 1 to 4096" \
   "$TJ" llama-layer --threads 100000
+usage "llama-layer --weights int2" "^tilejit llama-layer: error: --weights: int2 not in \\{bf16,int8,fp8,int4\\}" \
+  "$TJ" llama-layer --weights int2
 usage "llama-layer --seconds nan" "^tilejit llama-layer: error: --seconds nan: allowed" "$TJ" llama-layer --seconds nan
 for seed in 18446744073709551616 -1 abc; do
   usage "--random-inputs $seed" "--random-inputs: '$seed' is not a seed; allowed: an integer in \[0, 18446744073709551615\]" \

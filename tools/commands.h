@@ -24,6 +24,9 @@ struct LlamaJobOptions {
   int threads = 0;       // 0: library default
   double seconds = 0.3;  // timing budget per shape
   bool check = true;     // compare against the scalar reference
+  // The layer GEMMs' weight format: bf16, int8 (W8A8, per-channel scales),
+  // fp8 (e4m3, 128x128 block scales) or int4 (GPTQ, groups of 128, zero points).
+  std::string weights = "bf16";
 };
 
 struct DumpOptions {

@@ -22,12 +22,15 @@
 #include "jit/registry.h"
 #include "ops/attention_descs.h"
 #include "ops/gemm_executable.h"
+#include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
 #include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_moe.h"
+#include "runtime/reference_quant.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
@@ -69,6 +72,7 @@ struct Row {
   uint64_t hits = 0;
   std::string check;
   bool ok = true;
+  std::string note;  // printed after the check (the GEMMs' weight GB/s at M = 1)
 };
 
 // xorshift: the 235M-element gate/up weight would take seconds with mt19937.
@@ -206,9 +210,227 @@ bool check_gemm_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>
   return ok;
 }
 
+// ---- quantized GEMM rows (--weights int8 | fp8 | int4) --------------------------
+
+// A quantized checkpoint of one projection, built from random codes the way
+// tests/quant_gemm_test.cpp's make_checkpoint does (scales 2^e·(1 + m/8), exact
+// in every scale dtype; weights about as large as the bf16 rows' ±1/16).
+struct QuantCheckpoint {
+  WeightFormat format = WeightFormat::bf16;
+  int64_t n = 0, k = 0;
+  std::vector<int8_t> i8;
+  std::vector<uint8_t> f8;
+  std::vector<int32_t> qweight, qzeros;
+  std::vector<float> scales;
+  static constexpr int64_t kBlock = 128;  // fp8 block scales and int4 groups
+
+  // The exact logical weight w[r, c] (code times scale, in double).
+  double w(int64_t r, int64_t c) const {
+    switch (format) {
+      case WeightFormat::int8:
+        return double(i8[r * k + c]) * scales[r];
+      case WeightFormat::fp8_e4m3: {
+        const int64_t gk = (k + kBlock - 1) / kBlock;
+        return double(runtime::e4m3_to_f32(f8[r * k + c])) * scales[(r / kBlock) * gk + c / kBlock];
+      }
+      default: {
+        const int64_t g = c / kBlock;
+        const int q = (static_cast<uint32_t>(qweight[(c / 8) * n + r]) >> (4 * (c % 8))) & 0xF;
+        const int z =
+            int((static_cast<uint32_t>(qzeros[g * ((n + 7) / 8) + r / 8]) >> (4 * (r % 8))) & 0xF) +
+            1;  // GPTQ v1 stores z - 1
+        return double(q - z) * scales[g * n + r];
+      }
+    }
+  }
+};
+
+float quant_scale(uint64_t bits, int exp) {
+  return std::ldexp(1.0f + static_cast<float>(bits % 8) / 8.0f, exp);
+}
+
+QuantCheckpoint make_checkpoint(WeightFormat f, int64_t n, int64_t k, uint64_t seed) {
+  QuantCheckpoint ck;
+  ck.format = f;
+  ck.n = n;
+  ck.k = k;
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  const int64_t kb = QuantCheckpoint::kBlock;
+  switch (f) {
+    case WeightFormat::int8:
+      ck.i8.resize(static_cast<size_t>(n * k));
+      for (auto& v : ck.i8) v = static_cast<int8_t>(next() >> 56);
+      ck.scales.resize(static_cast<size_t>(n));
+      for (auto& v : ck.scales) v = quant_scale(next(), -12);  // |w| <= 128·2^-12·2 = 1/8
+      break;
+    case WeightFormat::fp8_e4m3: {
+      ck.f8.resize(static_cast<size_t>(n * k));
+      for (auto& v : ck.f8) {
+        do v = static_cast<uint8_t>(next() >> 56);
+        while ((v & 0x7F) == 0x7F);  // no NaN codes
+      }
+      ck.scales.resize(static_cast<size_t>(((n + kb - 1) / kb) * ((k + kb - 1) / kb)));
+      for (auto& v : ck.scales) v = quant_scale(next(), -12);
+      break;
+    }
+    default: {
+      const int64_t g = (k + kb - 1) / kb, n8 = (n + 7) / 8;
+      ck.qweight.resize(static_cast<size_t>(((k + 7) / 8) * n));
+      for (auto& v : ck.qweight) v = static_cast<int32_t>(next() >> 32);
+      ck.qzeros.resize(static_cast<size_t>(g * n8));
+      for (auto& v : ck.qzeros) v = static_cast<int32_t>(next() >> 32);
+      ck.scales.resize(static_cast<size_t>(g * n));
+      for (auto& v : ck.scales) v = quant_scale(next(), -8);
+      break;
+    }
+  }
+  return ck;
+}
+
+PackedWeight pack_checkpoint(const QuantCheckpoint& ck) {
+  const int64_t n = ck.n, k = ck.k, kb = QuantCheckpoint::kBlock;
+  switch (ck.format) {
+    case WeightFormat::int8:
+      return pack_weight(Int8Weight{TensorView(ck.i8.data(), DType::i8, {n, k}),
+                                    TensorView(ck.scales.data(), DType::f32, {n})});
+    case WeightFormat::fp8_e4m3: {
+      Fp8Weight w{TensorView(ck.f8.data(), DType::f8e4m3, {n, k}),
+                  TensorView(ck.scales.data(), DType::f32, {(n + kb - 1) / kb, (k + kb - 1) / kb})};
+      w.block_n = kb;
+      w.block_k = kb;
+      return pack_weight(w);
+    }
+    default: {
+      Int4Weight w;
+      w.format = Int4Format::gptq;
+      w.qweight = TensorView(ck.qweight.data(), DType::i32, {(k + 7) / 8, n});
+      w.scales = TensorView(ck.scales.data(), DType::f32, {(k + kb - 1) / kb, n});
+      w.qzeros = TensorView(ck.qzeros.data(), DType::i32, {(k + kb - 1) / kb, (n + 7) / 8});
+      w.group_size = kb;
+      w.n = n;
+      w.k = k;
+      return pack_weight(w);
+    }
+  }
+}
+
+// Rows {0, M/2, M-1} of y against the exact dequantized weights under
+// gemm_output_bound + dequant_weight_bound (fp8, int4; the kernels round w to
+// bf16), or for W8A8 against the exact integer sums of the codes
+// runtime::reference_act_quant_row makes, under int8_output_bound
+// (runtime/reference_error_bounds.h), as tests/quant_gemm_test.cpp checks.
+bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
+                      const std::vector<uint16_t>& y, int64_t m, const LayerGemm& g, Isa isa,
+                      double* max_err) {
+  std::vector<int64_t> rows = {0, m / 2, m - 1};
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<double> errs(rows.size() * g.n), tols(errs.size());
+  runtime::parallel_for(static_cast<int64_t>(rows.size()) * g.n, [&](int64_t t) {
+    const int64_t ri = t / g.n, j = t % g.n, r = rows[ri];
+    const uint16_t* xr = x.data() + r * g.k;
+    double ref, tol;
+    if (ck.format == WeightFormat::int8) {
+      std::vector<uint8_t> q(static_cast<size_t>(g.k));
+      float sa = 1;
+      int32_t za = 0;
+      runtime::reference_act_quant_row(runtime::ActQuantRule::sym, xr, g.k, g.k, 1, 1, 128,
+                                       q.data(), &sa, &za);
+      int64_t acc = 0, wabs = 0;
+      for (int64_t c = 0; c < g.k; ++c) {
+        const int64_t p = int64_t(q[c] - za) * ck.i8[j * g.k + c];
+        acc += p;
+        wabs += p < 0 ? -p : p;
+      }
+      const double sw = ck.scales[j];
+      const double pre = double(acc) * sa * sw;
+      ref = runtime::reference_activation(g.act, pre);
+      tol = runtime::int8_output_bound(g.act, DType::bf16, double(wabs) * sa * sw, 0, pre, ref);
+    } else {
+      double pre = 0, abs_sum = 0;
+      for (int64_t c = 0; c < g.k; ++c) {
+        const double p = bf(xr[c]) * ck.w(j, c);
+        pre += p;
+        abs_sum += std::fabs(p);
+      }
+      ref = runtime::reference_activation(g.act, pre);
+      tol = runtime::gemm_output_bound(g.act, DType::bf16, g.k, abs_sum, 0, pre, ref);
+      if (isa != Isa::scalar) tol += runtime::dequant_weight_bound(g.act, abs_sum) * 1.01;
+    }
+    errs[t] = std::fabs(bf(y[r * g.n + j]) - ref);
+    tols[t] = tol;
+  });
+  bool ok = true;
+  *max_err = 0;
+  for (size_t i = 0; i < errs.size(); ++i) {
+    *max_err = std::max(*max_err, errs[i]);
+    if (!(errs[i] <= tols[i])) ok = false;
+  }
+  return ok;
+}
+
+WeightFormat weight_format(const std::string& w) {
+  if (w == "int8") return WeightFormat::int8;
+  if (w == "fp8") return WeightFormat::fp8_e4m3;
+  if (w == "int4") return WeightFormat::int4_gptq;
+  return WeightFormat::bf16;
+}
+
+// The weight stream of a decode step: packed bytes (codes, scales, zeros) per second.
+std::string weight_note(const PackedWeight& pw, const Row& row) {
+  if (row.m != 1) return "";
+  return fmt::format("weights {:.1f} GB/s ({:.1f} MB {})",
+                     double(pw.packed_bytes()) / row.seconds / 1e9, double(pw.packed_bytes()) / 1e6,
+                     weight_format_name(pw.format()));
+}
+
+void quant_gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& ms,
+                     uint64_t seed, const Emit& emit) {
+  const WeightFormat f = weight_format(env.opt.weights);
+  const QuantCheckpoint ck = make_checkpoint(f, g.n, g.k, seed);
+  const PackedWeight pw = pack_checkpoint(ck);
+  for (int64_t m : ms) {
+    std::string kernel = "scalar reference (logical weights, double)";
+    const Isa isa = codegen::gemm_isa_for_rows(env.cpu.isa, m);
+    if (isa != Isa::scalar) {
+      // The spec ops/gemm_quant.cpp runs (docs/quantized.md).
+      codegen::GemmSpec spec{g.n, g.k, codegen::BiasKind::none, g.act, DType::bf16};
+      if (f == WeightFormat::int8) {
+        spec.k = (g.k + 3) / 4 * 4;
+        spec.b_type = DType::i8;
+      } else {
+        spec.k = pw.impl()->quant->k_packed;
+        if (m <= 16) spec.max_kc = 256;
+      }
+      kernel = ops::gemm_executable(spec, isa).plan().name();
+    }
+    const auto x = random_bf16(size_t(m) * g.k, seed + 1 + uint64_t(m), 1.0f);
+    std::vector<uint16_t> y(static_cast<size_t>(m * g.n));
+    const TensorView xv(x.data(), DType::bf16, {m, g.k});
+    const TensorView yv(y.data(), DType::bf16, {m, g.n});
+    const GemmOptions go{.bias = std::nullopt, .act = g.act};
+    Row row{.op = g.name,
+            .m = m,
+            .shape = fmt::format("N={} K={} {}", g.n, g.k, env.opt.weights),
+            .kernel = kernel};
+    measure(
+        row, env, [&] { gemm(xv, pw, yv, go); },
+        [&](double* err) { return check_quant_rows(x, ck, y, m, g, env.cpu.isa, err); });
+    row.rate = 2.0 * double(m) * double(g.n) * double(g.k) / row.seconds / 1e9;
+    row.note = weight_note(pw, row);
+    emit(row);
+  }
+}
+
 // y[M, N] = x[M, K] · wᵀ for each M; the weight is packed once, as at model load.
 void gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& ms, uint64_t seed,
                const Emit& emit) {
+  if (env.opt.weights != "bf16") return quant_gemm_rows(env, g, ms, seed, emit);
   const auto w = random_bf16(size_t(g.n) * g.k, seed, 1.0f / 16);
   const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {g.n, g.k}));
   const std::string kernel =
@@ -229,6 +451,7 @@ void gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& m
         row, env, [&] { gemm(xv, pw, yv, go); },
         [&](double* err) { return check_gemm_rows(x, w, y, m, g, err); });
     row.rate = 2.0 * double(m) * double(g.n) * double(g.k) / row.seconds / 1e9;
+    row.note = weight_note(pw, row);
     emit(row);
   }
 }
@@ -602,10 +825,10 @@ void print_row(const Env& env, const Row& r) {
   std::string pct =
       fmt::format("{:.1f}%{}", limit > 0 ? 100 * r.rate / limit : 0.0, r.bytes ? " hot" : "");
   if (env.cpu.amx_emulated) pct = "n/a";  // emulated: no percentage of a hardware peak
-  fmt::print("{:<13} {:>4} {:<32} {:<7} {:<56} {:>9} {:>14} {:>10} {:>10.3f} {:>6} {}\n", r.op, r.m,
-             r.shape, path_str(env.cpu), r.kernel, time_str(r.seconds),
+  fmt::print("{:<13} {:>4} {:<32} {:<7} {:<56} {:>9} {:>14} {:>10} {:>10.3f} {:>6} {}{}\n", r.op,
+             r.m, r.shape, path_str(env.cpu), r.kernel, time_str(r.seconds),
              fmt::format("{:.1f} {}", r.rate, r.bytes ? "GB/s" : "GFLOP/s"), pct, r.compile_ms,
-             r.hits, r.check);
+             r.hits, r.check, r.note.empty() ? "" : "  " + r.note);
   std::fflush(stdout);
 }
 
@@ -643,8 +866,16 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       "with the op's data hot in cache (\"hot\": above 100 % it ran from cache)\n");
   fmt::print(
       "M = tokens of the engine step: 1 = one decode token (context {}), 16 = a decode batch "
-      "of 16 sequences or a 16-token prompt, 512 = a 512-token prompt\n\n",
+      "of 16 sequences or a 16-token prompt, 512 = a 512-token prompt\n",
       kDecodeContext);
+  fmt::print(
+      "GEMM weights: {}; at M = 1 each GEMM row also prints the weight stream in GB/s "
+      "(PackedWeight::packed_bytes() per call)\n\n",
+      opt.weights == "int8"   ? "int8 W8A8 (per-channel f32 scales, x quantized per token)"
+      : opt.weights == "fp8"  ? "fp8 e4m3 (128x128 block scales), dequantized to bf16 in the GEMM"
+      : opt.weights == "int4" ? "int4 GPTQ (groups of 128, zero points), dequantized to bf16 in "
+                                "the GEMM"
+                              : "bf16");
 
   const std::vector<int64_t> all_m = {1, 16, 512};
   const LayerGemm qkv{"qkv_proj", kQkvWidth, kHidden, Activation::none};

@@ -132,6 +132,10 @@ int main(int argc, char** argv) {
   job->add_option("--threads", llama.threads, "threads (default: TILEJIT_NUM_THREADS or cores)");
   job->add_option("--seconds", llama.seconds, "timing budget per shape");
   job->add_flag("!--no-check", llama.check, "skip the reference check");
+  job->add_option("--weights", llama.weights,
+                  "the GEMMs' weight format: bf16 (default), int8 (W8A8, per-channel scales), "
+                  "fp8 (e4m3, 128x128 block scales), int4 (GPTQ g128 with zero points)")
+      ->check(CLI::IsMember({"bf16", "int8", "fp8", "int4"}));
   app.add_subcommand(
       "cpuinfo", "detected ISA features, AMX permission, active path, threads, kernel cache dir");
   DumpOptions dump;
