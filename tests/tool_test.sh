@@ -202,11 +202,10 @@ for tir in "${examples[@]}"; do
       has "$name: asm helper ($isa)" "$OUT" "^; kernel ${helper}_avx512_[a-z0-9_]+  \\([0-9]+ bytes\\)"
       has "$name: asm has ret ($isa)" "$OUT" "\\bret\\b"
     done
-    if [ $kind = dequant ]; then
-      # The llvm path's dequant row (int8 W8A8 has no llvm brgemm row yet).
-      ok "$name: dump --stage asm --isa llvm" "$TJ" dump "$tir" --stage asm --isa llvm "${dims[@]}"
-      has "$name: llvm dequant asm" "$OUT" "^; kernel dequant_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
-    fi
+    # The llvm path's rows: its brgemm and its dequant / act_quant kernel.
+    ok "$name: dump --stage asm --isa llvm" "$TJ" dump "$tir" --stage asm --isa llvm "${dims[@]}"
+    has "$name: llvm brgemm asm" "$OUT" "^; kernel brgemm_llvm_${acc}_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
+    has "$name: llvm helper asm" "$OUT" "^; kernel ${helper}_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
     ok "$name: dump --stage plan --isa scalar" "$TJ" dump "$tir" --stage plan --isa scalar
     has "$name: scalar plan" "$OUT" "^  kernel +none \\(the scalar path computes from the logical weights in double\\)"
     ok "$name: dump --stage asm --isa scalar" "$TJ" dump "$tir" --stage asm --isa scalar
@@ -229,7 +228,7 @@ for tir in "${examples[@]}"; do
     ok "$name: run --input ... again" "$TJ" run "$tir" "${inputs[@]}" --output "$result=$WORK/$name.out2.npy"
     checks=$((checks + 1))
     cmp -s "$WORK/$name.out1.npy" "$WORK/$name.out2.npy" || fail "$name: two runs wrote different outputs"
-    for isa in avx512 scalar $([ $kind = dequant ] && echo llvm); do
+    for isa in avx512 llvm scalar; do
       ok "$name: run --isa $isa --check" "$TJ" run "$tir" "${inputs[@]}" --isa $isa --check
       has "$name: PASS ($isa)" "$OUT" "^PASS \\("
     done
