@@ -198,6 +198,84 @@ void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
 
 // ---- W8A16 / W4A16 ------------------------------------------------------------------
 
+// x's rows [s0, s0 + rows) in the packed K order (act-order; padding
+// positions exactly 0, as both kernels need), `ldg` elements a row.
+uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int64_t rows,
+                      int64_t ldg) {
+  auto* g = reinterpret_cast<uint16_t*>(packed_a_scratch(kQuantX, rows * ldg * 2));
+  runtime::parallel_for(rows, [&](int64_t i) {
+    const auto* src = static_cast<const uint16_t*>(x.data) + (s0 + i) * x.strides[0];
+    uint16_t* dst = g + i * ldg;
+    for (int64_t j = 0; j < q.k_packed; ++j) dst[j] = q.perm[j] >= 0 ? src[q.perm[j]] : 0;
+  });
+  return g;
+}
+
+// Decode shapes (M <= kFusedMaxRows on the amx / avx512 paths): the fused
+// micro-kernel reads the codes and group tables itself, one call per column
+// block over the whole K (codegen/xbyak/quant_brgemm.cpp).
+constexpr int64_t kFusedMaxRows = 4;
+
+void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+               const GemmOptions& opt) {
+  const QuantTables& q = *p.quant;
+  const int64_t M = x.shape[0], N = p.layout.n;
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.b_type = p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
+  d.b_zeros = q.zeros != nullptr;
+  d.mr = static_cast<int>(M);
+  d.kb = q.k_packed;
+  d.b_row_bytes = q.code_row_bytes;
+  d.bias = bias_kind(opt);
+  d.act = opt.act;
+  d.out = y.dtype;
+  codegen::BrgemmDesc tail = d;
+  tail.nr = static_cast<int>(N % kBlockN);
+  const jit::Kernel& main_k = jit::get(d);
+  const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
+  if (runtime::verbose_level() > 0)
+    std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=avx512 weight=%s kernel=%s\n",
+                 d.b_type == DType::u4 ? "w4a16" : "w8a16", static_cast<long long>(M),
+                 static_cast<long long>(N), static_cast<long long>(p.layout.k),
+                 p.layout_name.c_str(), main_k.name.c_str());
+  const uint8_t* a = static_cast<const uint8_t*>(x.data);
+  int64_t lda = x.strides[0] * 2;
+  if (!q.perm.empty()) {
+    const int64_t ldg = (q.k_packed + 31) / 32 * 32;
+    a = reinterpret_cast<const uint8_t*>(gather_rows(x, q, 0, M, ldg));
+    lda = ldg * 2;
+  }
+  const int64_t n_blocks = (N + kBlockN - 1) / kBlockN;
+  const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
+  const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
+  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
+  // Runs of consecutive column blocks per task: the kernel's prefetch runs on
+  // from one block's codes into the next.
+  constexpr int64_t kBlocksPerTask = 8;
+  runtime::parallel_for((n_blocks + kBlocksPerTask - 1) / kBlocksPerTask, [&](int64_t t) {
+    for (int64_t nb = t * kBlocksPerTask; nb < std::min(n_blocks, (t + 1) * kBlocksPerTask); ++nb) {
+      const void* a_ptr = a;
+      const void* b_ptr = p.bytes() + nb * p.code_block_bytes();
+      codegen::BrgemmArgs args{};
+      args.a = &a_ptr;
+      args.b = &b_ptr;
+      args.batch = 1;
+      args.lda = lda;
+      args.c = static_cast<uint8_t*>(y.data) + nb * kBlockN * y_elem;
+      args.ldc = y.strides[0] * y_elem;
+      args.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
+                           : nullptr;
+      args.q_groups = q.groups.data();
+      args.q_scales = scales + nb * q.n_groups * kBlockN;
+      args.q_zeros = zeros != nullptr ? zeros + nb * q.n_groups * kBlockN : nullptr;
+      const bool last = nb == n_blocks - 1 && tail_k != nullptr;
+      (last ? *tail_k : main_k).entry<codegen::BrgemmFn>()(&args);
+    }
+  });
+}
+
 void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                  const GemmOptions& opt, Isa isa) {
   const QuantTables& q = *p.quant;
@@ -229,13 +307,7 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
     if (!q.perm.empty()) {
       // Act-order: x's columns in the packed K order (padding positions 0).
       const int64_t ldg = (kp + 31) / 32 * 32;
-      auto* g = reinterpret_cast<uint16_t*>(packed_a_scratch(kQuantX, rows * ldg * 2));
-      runtime::parallel_for(rows, [&](int64_t i) {
-        const auto* src = static_cast<const uint16_t*>(x.data) + (s0 + i) * x.strides[0];
-        uint16_t* dst = g + i * ldg;
-        for (int64_t j = 0; j < kp; ++j) dst[j] = q.perm[j] >= 0 ? src[q.perm[j]] : 0;
-      });
-      xb = reinterpret_cast<const uint8_t*>(g);
+      xb = reinterpret_cast<const uint8_t*>(gather_rows(x, q, s0, rows, ldg));
       lda = ldg * 2;
     }
     if (plan.a_packed) {
@@ -299,6 +371,10 @@ const char* layout_tag_prefix(WeightFormat f) {
   return "?";
 }
 
+bool quant_gemm_fused(Isa path, int64_t m) {
+  return m <= kFusedMaxRows && (path == Isa::avx512 || path == Isa::amx);
+}
+
 bool layout_tag_ok(const PackedWeight::Impl& p) {
   const char* prefix = layout_tag_prefix(p.format);
   if ((p.format == WeightFormat::bf16) != (p.quant == nullptr)) return false;
@@ -322,6 +398,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
   if (isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa);
+  if (quant_gemm_fused(isa, M)) return run_fused(x, p, y, opt);
   run_dequant(x, p, y, opt, isa);
 }
 

@@ -27,6 +27,11 @@ std::string quant_layout_name(const PackedWeight::Impl& p);
 const char* layout_tag_prefix(WeightFormat f);
 bool layout_tag_ok(const PackedWeight::Impl& p);
 
+// Whether an fp8 / int4 GEMM of m rows on `path` runs the fused decode
+// micro-kernel (codegen/xbyak/quant_brgemm.cpp: exact weights, per-group
+// fp32 sums) instead of dequantizing to bf16 chunks for the bf16 kernels.
+bool quant_gemm_fused(Isa path, int64_t m);
+
 // gemm() for fp8, int4 and int8 weights (arguments already checked).
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                     const GemmOptions& opt);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
@@ -87,9 +88,11 @@ struct QCase {
   }
 };
 
-// Scales with few mantissa bits: exact in f16, bf16 and f32 alike.
-float small_scale(std::mt19937& rng, int exp) {
-  return std::ldexp(1.0f + static_cast<float>(rng() % 8) / 8.0f, exp);
+// Scales with `bits` mantissa bits (10: exact in f16; 3: in bf16 as well),
+// so that dequantized weights need bf16 rounding and the two kernel
+// families' error models are told apart.
+float small_scale(std::mt19937& rng, int exp, int bits = 10) {
+  return std::ldexp(1.0f + static_cast<float>(rng() % (1u << bits)) / float(1u << bits), exp);
 }
 uint16_t f32_to_f16_exact(float v) {  // for the values small_scale makes
   uint32_t u;
@@ -112,6 +115,7 @@ struct Checkpoint {
   Int4Weight int4;
   std::vector<double> w;       // [N, K] exact
   std::vector<double> w_bf16;  // [N, K] rounded as the dequant kernels do (fp8 / int4)
+  std::vector<double> qz_s;    // [N, K] (|q| + |z|)·|s| (fp8: |w|): the fused kernel's bound
 };
 
 Checkpoint make_checkpoint(const QCase& c) {
@@ -121,6 +125,7 @@ Checkpoint make_checkpoint(const QCase& c) {
       seed_of({static_cast<int64_t>(c.fmt), N, K, c.group, c.zp, c.act_order, c.bn, c.bk, c.kn}));
   ck.w.assign(static_cast<size_t>(N * K), 0);
   ck.w_bf16.assign(static_cast<size_t>(N * K), 0);
+  ck.qz_s.assign(static_cast<size_t>(N * K), 0);
   // Weight magnitudes ~ 15/sqrt(K)/|x| as random_problem's, so pre-activations span both tails.
   const int wexp = static_cast<int>(std::floor(std::log2(4.0 / std::sqrt(double(K))))) - 3;
   switch (c.fmt) {
@@ -143,7 +148,7 @@ Checkpoint make_checkpoint(const QCase& c) {
       if (c.scale == Scale::channel) gn = N;
       if (c.scale == Scale::block) gn = (N + c.bn - 1) / c.bn, gk = (K + c.bk - 1) / c.bk;
       ck.scales_f32.resize(static_cast<size_t>(gn * gk));
-      for (auto& s : ck.scales_f32) s = small_scale(rng, wexp - 2);
+      for (auto& s : ck.scales_f32) s = small_scale(rng, wexp - 2, 20);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t k = 0; k < K; ++k) {
           uint8_t code;
@@ -156,6 +161,7 @@ Checkpoint make_checkpoint(const QCase& c) {
           const float v = runtime::e4m3_to_f32(code);
           ck.w[n * K + k] = double(v) * s;
           ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s));
+          ck.qz_s[n * K + k] = std::fabs(ck.w[n * K + k]);
         }
       ck.fp8.weight = c.kn ? TensorView(ck.f8.data(), DType::f8e4m3, {N, K}, {1, N})
                            : TensorView(ck.f8.data(), DType::f8e4m3, {N, K});
@@ -180,7 +186,7 @@ Checkpoint make_checkpoint(const QCase& c) {
       if (c.zp)
         for (auto& v : z) v = static_cast<int>(rng() % 16) + (!awq && !c.v2 ? 1 : 0);  // v1: 1..16
       std::vector<float> s(static_cast<size_t>(G * N));
-      for (auto& v : s) v = small_scale(rng, wexp);
+      for (auto& v : s) v = small_scale(rng, wexp, c.scale_dtype == DType::bf16 ? 3 : 10);
       const int64_t n8 = (N + 7) / 8, k8 = (K + 7) / 8;
       ck.qweight.assign(static_cast<size_t>(awq ? K * n8 : k8 * N), 0);
       for (int64_t n = 0; n < N; ++n)
@@ -216,6 +222,7 @@ Checkpoint make_checkpoint(const QCase& c) {
           const float v = static_cast<float>(q[n * K + k] - z[g * N + n]);
           ck.w[n * K + k] = double(v) * s[g * N + n];
           ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s[g * N + n]));
+          ck.qz_s[n * K + k] = double(q[n * K + k] + z[g * N + n]) * std::fabs(s[g * N + n]);
         }
       Int4Weight& w = ck.int4;
       w.format = awq ? Int4Format::awq : Int4Format::gptq;
@@ -290,6 +297,10 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
        TensorView(ybuf.data(), c.out, {M, N}, {ldy, 1}), opt);
 
   const bool scalar = cpu_info().isa == Isa::scalar;
+  // The dequant path rounds w to bf16 (a tight check against those weights);
+  // the fused decode kernel (M <= 4 on amx / avx512) keeps w exact, within
+  // its own bound.
+  const bool fused = ops::quant_gemm_fused(cpu_info().isa, c.m);
   const bool int8 = c.fmt == Fmt::int8;
   std::vector<uint8_t> qa(static_cast<size_t>(K));
   int bad = 0;
@@ -334,7 +345,12 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
         pre = acc + b;
         ref = runtime::reference_activation(c.act, pre);
         tol = runtime::gemm_output_bound(c.act, c.out, K, sum_abs, std::fabs(b), pre, ref);
-        if (!scalar) {
+        if (fused) {
+          double qz_abs = 0;  // Σ|x|·(|q| + |z|)·|s| (fp8: Σ|x·w|)
+          for (int64_t k = 0; k < K; ++k)
+            qz_abs += std::fabs(bf16_to_f32(xv[i * K + k])) * ck.qz_s[j * K + k];
+          tol = runtime::quant_brgemm_output_bound(c.act, c.out, K, qz_abs, std::fabs(b), pre, ref);
+        } else if (!scalar) {
           tol += runtime::dequant_weight_bound(c.act, sum_abs) * (c.out == DType::bf16 ? 1.01 : 1);
           // The tight check: the kernels' contract (w rounded to bf16) exactly.
           const double pre_r = acc_r + b, ref_r = runtime::reference_activation(c.act, pre_r);
