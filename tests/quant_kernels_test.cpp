@@ -42,14 +42,12 @@ bool xbyak_here() {
   return cpu_info().max_isa >= Isa::avx512;
 }
 
-bool llvm_here() {
 #ifdef TILEJIT_HAVE_LLVM
+bool llvm_here() {
   const CpuInfo info = cpu_info();
   return info.llvm_backend && info.avx2 && info.fma;
-#else
-  return false;
-#endif
 }
+#endif
 
 uint32_t bits(float f) {
   uint32_t u;
