@@ -35,10 +35,9 @@
 //                   per second a memory-bound decode gets from the quantized weights
 //   vs_bf16, bf16_GFLOPs        GFLOP/s ÷ the bf16 GEMM's at the same M, N, K, threads
 //   vs_onednn, onednn_GFLOPs    int8: GFLOP/s ÷ oneDNN's u8s8 matmul (same shape, threads)
-//   pct_peak        of threads × the bf16 peak of the path that ran (JIT probe;
-//                   fp8 / int4 run the bf16 kernels). There is no int8 peak probe
-//                   (codegen/xbyak/peak_probe.cpp has bf16 ones only): int8 rows
-//                   have no pct_peak.
+//   pct_peak        of threads × the peak of the path that ran (JIT probes,
+//                   codegen/xbyak/peak_probe.cpp): bf16 for bf16, fp8 and int4
+//                   (which run the bf16 kernels), int8 (tdpbusd / vpdpbusd) for int8.
 // Every quantized (format, shape, M) is checked once against the bf16 GEMM on
 // the weight's own dequantize() (relative L2 error ≤ 1e-2; int8, whose x is
 // quantized per token, ≤ 3e-2), so a wrong kernel cannot post a fast number.
@@ -297,19 +296,19 @@ std::string path_name(int64_t m) {
 
 // Per-core bf16 peak (GFLOP/s) of `isa`'s register-only JIT probe, 0 where
 // there is none (scalar, llvm) or AMX is emulated.
-double path_peak_per_core(Isa isa) {
-  static std::map<Isa, double> peaks;
-  auto it = peaks.find(isa);
+double path_peak_per_core(Isa isa, DType op = DType::bf16) {
+  static std::map<std::pair<Isa, DType>, double> peaks;
+  auto it = peaks.find({isa, op});
   if (it != peaks.end()) return it->second;
   const tilejit::CpuInfo ci = tilejit::cpu_info();
   double peak = 0;
   const bool usable = isa == Isa::amx ? ci.max_isa == Isa::amx && !ci.amx_emulated
                                       : isa == Isa::avx512 && ci.avx512_bf16;
   if (usable) {
-    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa);
+    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa, op);
     const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
     const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-    const double per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa);
+    const double per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa, op);
     fn(100000);
     double t0 = thread_cpu_seconds();
     fn(1000000);
@@ -323,7 +322,7 @@ double path_peak_per_core(Isa isa) {
     }
     peak = median(g);
   }
-  peaks[isa] = peak;
+  peaks[{isa, op}] = peak;
   return peak;
 }
 
@@ -622,8 +621,10 @@ void set_hot_counters(benchmark::State& state, const Meter& t, int64_t m, int64_
   state.counters["GFLOPs_cpu"] = flops * it / cpu * 1e-9;
   state.counters["GBs"] =
       benchmark::Counter(weight_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  if (bf16_kernels) {
-    const double peak = path_peak_per_core(gemm_path(m)) * threads;
+  {
+    // fp8 / int4 run the bf16 kernels; int8 the int8 ones (their own probe).
+    const double peak =
+        path_peak_per_core(gemm_path(m), bf16_kernels ? DType::bf16 : DType::u8) * threads;
     state.counters["peak_per_core"] = peak / threads;
     state.counters["pct_peak"] = peak > 0 ? 100.0 * flops * it / s * 1e-9 / peak : 0.0;
     state.counters["pct_peak_cpu"] = peak > 0 ? 100.0 * flops * it / cpu * 1e-9 / peak : 0.0;

@@ -9,12 +9,12 @@
 
 namespace tilejit::jit {
 
-double measure_peak_gflops(Isa isa, int reps) {
+double measure_peak_gflops(Isa isa, int reps, DType op) {
   if (isa == Isa::scalar) return 0;
-  const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa);
+  const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa, op);
   runtime::ExecutableMemory mem(code.data(), code.size());
   auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-  const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa);
+  const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa, op);
   // ~20 ms per repetition at a few hundred GFLOP/s (AMX: ~4 ms at 3.7 TFLOP/s).
   const int64_t iters = isa == Isa::amx ? 100000 : 5000000;
   // Warm up for a whole repetition: the AMX unit ramps up over milliseconds

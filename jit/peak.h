@@ -7,6 +7,7 @@
 namespace tilejit::jit {
 
 // Median over `reps` runs of the probe on the calling thread, in GFLOP/s.
-double measure_peak_gflops(Isa isa, int reps = 5);
+// op = u8: the int8 peak (tdpbusd / vpdpbusd), in int8 GOP/s.
+double measure_peak_gflops(Isa isa, int reps = 5, DType op = DType::bf16);
 
 }  // namespace tilejit::jit

@@ -32,8 +32,9 @@ int64_t amx_b_prefetch_bytes(const BrgemmDesc& d);
 // Peak-throughput probes for the benchmarks: `void f(int64_t iters)` running
 // iters × 16 independent vdpbf16ps (zmm) or iters × 8 tdpbf16ps on operands
 // held in registers. FLOPs per iteration: see peak_flops_per_iter().
-std::vector<uint8_t> emit_peak_probe(Isa isa);
-double peak_flops_per_iter(Isa isa);
+// op = u8: the int8 probes (tdpbusd, vpdpbusd; "FLOPs" are int8 ops, 2 per product).
+std::vector<uint8_t> emit_peak_probe(Isa isa, DType op = DType::bf16);
+double peak_flops_per_iter(Isa isa, DType op = DType::bf16);
 
 // `void f(int64_t iters, const void* operands, int64_t steps)`: a 2×2 AMX
 // kernel that reloads two A and two B tiles per K step from `operands`

@@ -1,4 +1,4 @@
-// Register-only throughput probes: the machine's measured bf16 peak, against
+// Register-only throughput probes: the machine's measured bf16 (and int8) peak, against
 // which the benchmarks report "% of peak" (no datasheet numbers).
 #include "codegen/xbyak/amx_tile_config.h"
 #include "codegen/xbyak/emitters.h"
@@ -11,7 +11,7 @@ using namespace Xbyak::util;
 
 class PeakProbe : public JitGenerator {
  public:
-  explicit PeakProbe(Isa isa) {
+  PeakProbe(Isa isa, bool int8) {
     push_callee_saved();
     Xbyak::Label loop, done;
     if (isa == Isa::amx) {
@@ -25,7 +25,10 @@ class PeakProbe : public JitGenerator {
       for (int rep = 0; rep < 2; ++rep)
         for (int i = 0; i < 2; ++i)
           for (int j = 0; j < 2; ++j)
-            tdpbf16ps(Xbyak::Tmm(i * 2 + j), Xbyak::Tmm(4 + i), Xbyak::Tmm(6 + j));
+            if (int8)
+              tdpbusd(Xbyak::Tmm(i * 2 + j), Xbyak::Tmm(4 + i), Xbyak::Tmm(6 + j));
+            else
+              tdpbf16ps(Xbyak::Tmm(i * 2 + j), Xbyak::Tmm(4 + i), Xbyak::Tmm(6 + j));
       dec(rdi);
       jnz(loop);
       L(done);
@@ -35,7 +38,12 @@ class PeakProbe : public JitGenerator {
       test(rdi, rdi);
       jle(done, T_NEAR);
       L(loop);
-      for (int i = 0; i < 16; ++i) vdpbf16ps(Xbyak::Zmm(i), zmm16, zmm17);
+      for (int i = 0; i < 16; ++i) {
+        if (int8)
+          vpdpbusd(Xbyak::Zmm(i), zmm16, zmm17);
+        else
+          vdpbf16ps(Xbyak::Zmm(i), zmm16, zmm17);
+      }
       dec(rdi);
       jnz(loop);
       L(done);
@@ -95,15 +103,17 @@ std::vector<uint8_t> emit_amx_reload_probe() {
   return g.finish();
 }
 
-std::vector<uint8_t> emit_peak_probe(Isa isa) {
-  PeakProbe g(isa);
+std::vector<uint8_t> emit_peak_probe(Isa isa, DType op) {
+  PeakProbe g(isa, op == DType::u8);
   return g.finish();
 }
 
-double peak_flops_per_iter(Isa isa) {
+double peak_flops_per_iter(Isa isa, DType op) {
   // tdpbf16ps: 16×16 outputs × 32 products × 2 FLOPs; 8 per iteration.
   // vdpbf16ps zmm: 16 lanes × 2 products × 2 FLOPs; 16 per iteration.
-  return isa == Isa::amx ? 8.0 * 16 * 16 * 32 * 2 : 16.0 * 16 * 2 * 2;
+  // The int8 ones (tdpbusd, vpdpbusd) take 4 bytes per VNNI group: twice the products.
+  const double products = op == DType::u8 ? 2 : 1;
+  return products * (isa == Isa::amx ? 8.0 * 16 * 16 * 32 * 2 : 16.0 * 16 * 2 * 2);
 }
 
 }  // namespace tilejit::codegen::xbyak
