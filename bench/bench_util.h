@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "codegen/xbyak/emitters.h"
+#include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
 #include "tilejit/tilejit.h"
@@ -60,33 +62,49 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Per-core peak (GFLOP/s; int8: GOP/s) of the register-only JIT probe of
+// `isa` for `op` (bf16: vdpbf16ps / tdpbf16ps, u8: vpdpbusd / tdpbusd):
+// median of 7 probe runs of ~50 ms, timed with the thread's CPU clock (the
+// probe touches no memory, so CPU time is the core's own speed).
+inline double probe_peak_gflops(Isa isa, DType op = DType::bf16) {
+  const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa, op);
+  const runtime::ExecutableMemory mem(code.data(), code.size());
+  const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
+  const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa, op);
+  fn(100000);  // warm up (clocks)
+  double t0 = thread_cpu_seconds();
+  fn(1000000);
+  const int64_t iters = std::max<int64_t>(
+      100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
+  std::vector<double> g;
+  for (int r = 0; r < 7; ++r) {
+    t0 = thread_cpu_seconds();
+    fn(iters);
+    g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
+  }
+  return median(g);
+}
+
 // Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow (0 when
-// neither AMX nor AVX-512 runs): median of 7 probe runs of ~50 ms, measured
-// once, timed with the thread's CPU clock (the probe touches no memory, so CPU
-// time is the core's own speed). The peak of T threads is T times this.
+// neither AMX nor AVX-512 runs), measured once. The peak of T threads is T
+// times this.
 inline double per_core_peak_gflops() {
   static const double peak = [] {
     const Isa isa = cpu_info().max_isa;
     if (isa != Isa::amx && isa != Isa::avx512) return 0.0;
-    const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa);
-    const runtime::ExecutableMemory mem(code.data(), code.size());
-    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-    const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa);
-    fn(100000);  // warm up (clocks)
-    double t0 = thread_cpu_seconds();
-    fn(1000000);
-    const int64_t iters = std::max<int64_t>(
-        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
-    std::vector<double> g;
-    for (int r = 0; r < 7; ++r) {
-      t0 = thread_cpu_seconds();
-      fn(iters);
-      g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-    }
-    return median(g);
+    return probe_peak_gflops(isa);
   }();
   return peak;
 }
+
+// A 64-byte aligned scratch of `bytes` bytes (activations, outputs).
+struct Buffer {
+  std::unique_ptr<std::byte[], runtime::FreeDeleter> mem;
+  size_t bytes = 0;
+  explicit Buffer(size_t n) : mem(runtime::aligned_alloc_bytes(n)), bytes(n) {}
+  uint16_t* u16() const { return reinterpret_cast<uint16_t*>(mem.get()); }
+  uint8_t* u8() const { return reinterpret_cast<uint8_t*>(mem.get()); }
+};
 
 inline double pct_of_peak(double gflops, int threads) {
   const double peak = per_core_peak_gflops() * threads;

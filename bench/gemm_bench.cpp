@@ -73,13 +73,6 @@ using namespace tilejit::bench;
 
 // ---------------------------------------------------------------- data
 
-struct Buffer {
-  std::unique_ptr<std::byte[], tilejit::runtime::FreeDeleter> mem;
-  size_t bytes = 0;
-  explicit Buffer(size_t n) : mem(tilejit::runtime::aligned_alloc_bytes(n)), bytes(n) {}
-  uint16_t* u16() const { return reinterpret_cast<uint16_t*>(mem.get()); }
-};
-
 // Activations: one random buffer big enough for every shape (M ≤ 1024, K ≤ 11008).
 constexpr int64_t kMaxM = 1024, kMaxDim = 11008;
 const Buffer& activations() {

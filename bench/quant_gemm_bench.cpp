@@ -82,14 +82,6 @@ using namespace tilejit::bench;
 
 // ---------------------------------------------------------------- data
 
-struct Buffer {
-  std::unique_ptr<std::byte[], tilejit::runtime::FreeDeleter> mem;
-  size_t bytes = 0;
-  explicit Buffer(size_t n) : mem(tilejit::runtime::aligned_alloc_bytes(n)), bytes(n) {}
-  uint16_t* u16() const { return reinterpret_cast<uint16_t*>(mem.get()); }
-  uint8_t* u8() const { return reinterpret_cast<uint8_t*>(mem.get()); }
-};
-
 // Activations for every shape (M ≤ 512, K ≤ 14336): bf16 for tilejit, u8 for oneDNN.
 constexpr int64_t kMaxM = 512, kMaxDim = 14336;
 const Buffer& activations() {
@@ -304,24 +296,7 @@ double path_peak_per_core(Isa isa, DType op = DType::bf16) {
   double peak = 0;
   const bool usable = isa == Isa::amx ? ci.max_isa == Isa::amx && !ci.amx_emulated
                                       : isa == Isa::avx512 && ci.avx512_bf16;
-  if (usable) {
-    const std::vector<uint8_t> code = tilejit::codegen::xbyak::emit_peak_probe(isa, op);
-    const tilejit::runtime::ExecutableMemory mem(code.data(), code.size());
-    const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-    const double per_iter = tilejit::codegen::xbyak::peak_flops_per_iter(isa, op);
-    fn(100000);
-    double t0 = thread_cpu_seconds();
-    fn(1000000);
-    const int64_t iters = std::max<int64_t>(
-        100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
-    std::vector<double> g;
-    for (int r = 0; r < 7; ++r) {
-      t0 = thread_cpu_seconds();
-      fn(iters);
-      g.push_back(per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-    }
-    peak = median(g);
-  }
+  if (usable) peak = probe_peak_gflops(isa, op);
   peaks[{isa, op}] = peak;
   return peak;
 }

@@ -143,6 +143,17 @@ void build_order(QuantTables& q, const std::vector<int32_t>& group_of, int64_t n
   if (!identity) q.perm = std::move(perm);
 }
 
+// The fp8 / int4 packing's common part: the packed K order into the tables,
+// the tables into the weight, and the zeroed code buffer (returned).
+uint8_t* place_tables(PackedWeight::Impl& impl, std::unique_ptr<QuantTables> q,
+                      const std::vector<int32_t>& group_of, int64_t n_groups) {
+  build_order(*q, group_of, n_groups);
+  impl.quant = std::move(q);
+  impl.data_bytes = static_cast<size_t>(impl.run_layout().n_blocks() * impl.code_block_bytes());
+  impl.data = zeroed(impl.data_bytes);
+  return reinterpret_cast<uint8_t*>(impl.data.get());
+}
+
 std::string shape_of(int64_t a, int64_t b) {
   return fmt::format("[{}, {}]", a, b);
 }
@@ -363,13 +374,9 @@ PackedWeight pack_weight(const Fp8Weight& w) {
   const int64_t G = block ? (K + w.block_k - 1) / w.block_k : 1;
   if (block)
     for (int64_t k = 0; k < K; ++k) group_of[k] = static_cast<int32_t>(k / w.block_k);
-  ops::build_order(*q, group_of, G);
-  impl->quant = std::move(q);
+  uint8_t* codes = ops::place_tables(*impl, std::move(q), group_of, G);
   QuantTables& t = *impl->quant;
   const codegen::PackedLayout geo = impl->run_layout();
-  impl->data_bytes = static_cast<size_t>(geo.n_blocks() * impl->code_block_bytes());
-  impl->data = ops::zeroed(impl->data_bytes);
-  uint8_t* codes = reinterpret_cast<uint8_t*>(impl->data.get());
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       const int64_t pos = t.pos_of[k];
@@ -484,13 +491,9 @@ PackedWeight pack_weight(const Int4Weight& w) {
   q->scales_in = ops::save(w.scales);
   if (w.qzeros) q->qzeros_in = ops::save(*w.qzeros);
   if (w.g_idx) q->g_idx_in = ops::save(*w.g_idx);
-  ops::build_order(*q, group_of, G);
-  impl->quant = std::move(q);
+  uint8_t* codes = ops::place_tables(*impl, std::move(q), group_of, G);
   QuantTables& t = *impl->quant;
   const codegen::PackedLayout geo = impl->run_layout();
-  impl->data_bytes = static_cast<size_t>(geo.n_blocks() * impl->code_block_bytes());
-  impl->data = ops::zeroed(impl->data_bytes);
-  uint8_t* codes = reinterpret_cast<uint8_t*>(impl->data.get());
   const auto* qw = static_cast<const int32_t*>(w.qweight.data);
   const int64_t qstride = w.qweight.strides[0];
   for (int64_t k = 0; k < K; ++k) {
