@@ -154,6 +154,19 @@ void run_scalar(const TensorView& x, const PackedWeight& w, const TensorView& y,
 
 namespace ops {
 
+GemmRun GemmRun::of(const TensorView& x, const TensorView& y, const GemmOptions& opt) {
+  GemmRun r;
+  r.m = x.shape[0];
+  r.x = static_cast<const uint8_t*>(x.data);
+  r.lda = x.strides[0] * 2;
+  r.y = static_cast<uint8_t*>(y.data);
+  r.y_elem = y.dtype == DType::f32 ? 4 : 2;
+  r.ldc = y.strides[0] * r.y_elem;
+  r.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
+  r.bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  return r;
+}
+
 void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
   const codegen::GemmPlan& plan = exe.plan();
   const int64_t M = r.m, K = plan.spec.k;
@@ -236,15 +249,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
     std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s\n",
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
                  isa_name(isa), exe.plan().name().c_str());
-  ops::GemmRun r;
-  r.m = M;
-  r.x = static_cast<const uint8_t*>(x.data);
-  r.lda = x.strides[0] * 2;
-  r.y = static_cast<uint8_t*>(y.data);
-  r.y_elem = y.dtype == DType::f32 ? 4 : 2;
-  r.ldc = y.strides[0] * r.y_elem;
-  r.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
-  r.bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
+  ops::GemmRun r = ops::GemmRun::of(x, y, opt);
   r.b = reinterpret_cast<const uint8_t*>(p.data.get());
   r.block_bytes = p.layout.block_elems() * 2;
   ops::run_gemm_plan(exe, r);

@@ -55,6 +55,9 @@ struct GemmRun {
   const int32_t* a_zero = nullptr;
   const float* b_scale = nullptr;
   const int32_t* b_comp = nullptr;
+
+  // x, y and the bias of a (checked) gemm call; B and the int8 fields are the caller's.
+  static GemmRun of(const TensorView& x, const TensorView& y, const GemmOptions& opt);
 };
 void run_gemm_plan(const GemmExecutable& exe, GemmRun& r);
 

@@ -121,19 +121,6 @@ void run_scalar_quant(const TensorView& x, const PackedWeight::Impl& p, const Te
   });
 }
 
-GemmRun base_run(const TensorView& x, const TensorView& y, const GemmOptions& opt) {
-  GemmRun r;
-  r.m = x.shape[0];
-  r.x = static_cast<const uint8_t*>(x.data);
-  r.lda = x.strides[0] * 2;
-  r.y = static_cast<uint8_t*>(y.data);
-  r.y_elem = y.dtype == DType::f32 ? 4 : 2;
-  r.ldc = y.strides[0] * r.y_elem;
-  r.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) : nullptr;
-  r.bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
-  return r;
-}
-
 void log_plan(const char* what, const TensorView& x, const PackedWeight::Impl& p, Isa isa,
               const codegen::GemmPlan& plan) {
   if (runtime::verbose_level() > 0)
@@ -159,7 +146,7 @@ void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
   // u8 rows padded to whole AMX K steps (the pack_a copy reads 64-byte steps).
   const int64_t ldq = (k4 + 63) / 64 * 64;
 
-  GemmRun r = base_run(x, y, opt);
+  GemmRun r = GemmRun::of(x, y, opt);
   r.b = p.bytes();
   r.block_bytes = p.int8.block_bytes();
   r.b_scale = reinterpret_cast<const float*>(p.quant->col_scale.get());
@@ -298,7 +285,7 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
   const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
   // The dequantized chunk: the K rows the kernels read, whole AMX K steps.
   const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
-  GemmRun r = base_run(x, y, opt);
+  GemmRun r = GemmRun::of(x, y, opt);
 
   for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {
     const int64_t rows = std::min(sched.slice_rows, M - s0);
