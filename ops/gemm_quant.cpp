@@ -53,6 +53,11 @@ codegen::ActQuantMode act_quant_mode(ActQuant q) {
                   static_cast<int>(q)));
 }
 
+// ActQuant::fixed's 1 / s (checked > 0 and finite before); unused otherwise.
+float fixed_inv_scale(const GemmOptions& opt) {
+  return opt.act_quant == ActQuant::fixed ? 1.0f / opt.act_scale : 1.0f;
+}
+
 runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
   switch (m) {
     case codegen::ActQuantMode::sym:
@@ -93,7 +98,7 @@ void run_scalar_quant(const TensorView& x, const PackedWeight::Impl& p, const Te
     std::vector<int32_t> za(static_cast<size_t>(M));
     runtime::parallel_for(M, [&](int64_t i) {
       runtime::reference_act_quant_row(act_quant_rule(mode), xs + i * x.strides[0], K, K,
-                                       1.0f / opt.act_scale, opt.act_scale, opt.act_zero_point,
+                                       fixed_inv_scale(opt), opt.act_scale, opt.act_zero_point,
                                        &q[i * K], &sa[i], &za[i]);
     });
     const auto* sw = reinterpret_cast<const float*>(p.quant->col_scale.get());
@@ -170,7 +175,7 @@ void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
       a.ld_out = ldq;
       a.scale = scale.data() + r0;
       a.zero = zero.data() + r0;
-      a.inv_scale = 1.0f / opt.act_scale;
+      a.inv_scale = fixed_inv_scale(opt);
       a.fixed_scale = opt.act_scale;
       a.fixed_zero = opt.act_zero_point;
       quantize(&a);
@@ -219,13 +224,13 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   d.out = y.dtype;
   codegen::BrgemmDesc tail = d;
   tail.nr = static_cast<int>(N % kBlockN);
-  const jit::Kernel& main_k = jit::get(d);
+  const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
   const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=avx512 weight=%s kernel=%s\n",
                  d.b_type == DType::u4 ? "w4a16" : "w8a16", static_cast<long long>(M),
                  static_cast<long long>(N), static_cast<long long>(p.layout.k),
-                 p.layout_name.c_str(), main_k.name.c_str());
+                 p.layout_name.c_str(), (main_k != nullptr ? main_k : tail_k)->name.c_str());
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   int64_t lda = x.strides[0] * 2;
   if (!q.perm.empty()) {
@@ -258,7 +263,7 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
       args.q_scales = scales + nb * q.n_groups * kBlockN;
       args.q_zeros = zeros != nullptr ? zeros + nb * q.n_groups * kBlockN : nullptr;
       const bool last = nb == n_blocks - 1 && tail_k != nullptr;
-      (last ? *tail_k : main_k).entry<codegen::BrgemmFn>()(&args);
+      (last ? tail_k : main_k)->entry<codegen::BrgemmFn>()(&args);
     }
   });
 }
