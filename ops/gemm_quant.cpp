@@ -36,7 +36,7 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 // Up to this many rows the GEMM streams the weight once per column block
 // with few rows to amortize a dequantized chunk over: shallow K chunks keep
 // the chunk in L1 (256 deep: 32 KiB of bf16).
-constexpr int64_t kShallowChunkRows = 16;
+constexpr int64_t kShallowChunkRows = 16, kShallowChunk = 256;
 
 codegen::ActQuantMode act_quant_mode(ActQuant q) {
   switch (q) {
@@ -140,9 +140,8 @@ void log_plan(const char* what, const TensorView& x, const PackedWeight::Impl& p
 void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
               const GemmOptions& opt, Isa isa) {
   const int64_t K = p.layout.k;
-  const int64_t k4 = (K + 3) / 4 * 4;
-  codegen::GemmSpec spec{p.layout.n, k4, bias_kind(opt), opt.act, y.dtype};
-  spec.b_type = DType::i8;
+  const codegen::GemmSpec spec = quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, x.shape[0]);
+  const int64_t k4 = spec.k;
   GemmExecutable& exe = gemm_executable(spec, isa);
   log_plan("w8a8", x, p, isa, exe.plan());
   const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
@@ -208,20 +207,28 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
 // block over the whole K (codegen/xbyak/quant_brgemm.cpp).
 constexpr int64_t kFusedMaxRows = 4;
 
-void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-               const GemmOptions& opt) {
+// The fused kernel's descriptor for m rows and a full 64-column block.
+codegen::BrgemmDesc fused_desc(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
+                               DType out, int64_t m) {
   const QuantTables& q = *p.quant;
-  const int64_t M = x.shape[0], N = p.layout.n;
   codegen::BrgemmDesc d;
   d.isa = Isa::avx512;
   d.b_type = p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
   d.b_zeros = q.zeros != nullptr;
-  d.mr = static_cast<int>(M);
+  d.mr = static_cast<int>(m);
   d.kb = q.k_packed;
   d.b_row_bytes = q.code_row_bytes;
-  d.bias = bias_kind(opt);
-  d.act = opt.act;
-  d.out = y.dtype;
+  d.bias = bias;
+  d.act = act;
+  d.out = out;
+  return d;
+}
+
+void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+               const GemmOptions& opt) {
+  const QuantTables& q = *p.quant;
+  const int64_t M = x.shape[0], N = p.layout.n;
+  const codegen::BrgemmDesc d = fused_desc(p, bias_kind(opt), opt.act, y.dtype, M);
   codegen::BrgemmDesc tail = d;
   tail.nr = static_cast<int>(N % kBlockN);
   const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
@@ -272,9 +279,8 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
                  const GemmOptions& opt, Isa isa) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], kp = q.k_packed;
-  codegen::GemmSpec spec{p.layout.n, kp, bias_kind(opt), opt.act, y.dtype};
-  if (M <= kShallowChunkRows) spec.max_kc = 256;
-  GemmExecutable& exe = gemm_executable(spec, isa);
+  GemmExecutable& exe =
+      gemm_executable(quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, M), isa);
   const codegen::GemmPlan& plan = exe.plan();
   log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
   const codegen::DequantDesc dd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
@@ -361,6 +367,29 @@ const char* layout_tag_prefix(WeightFormat f) {
       return "u4_gptq_vnni2_n64k32_g";
   }
   return "?";
+}
+
+int64_t quant_gemm_max_kc(bool int8, int64_t m) {
+  return !int8 && m <= kShallowChunkRows ? kShallowChunk : codegen::GemmSpec{}.max_kc;
+}
+
+codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                  Activation act, DType out, int64_t m) {
+  const bool int8 = p.format == WeightFormat::int8;
+  codegen::GemmSpec spec{p.layout.n, int8 ? (p.layout.k + 3) / 4 * 4 : p.quant->k_packed, bias, act,
+                         out};
+  if (int8) spec.b_type = DType::i8;
+  spec.max_kc = quant_gemm_max_kc(int8, m);
+  return spec;
+}
+
+std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                   Activation act, DType out, Isa path, int64_t m) {
+  const Isa isa = codegen::gemm_isa_for_rows(path, m);
+  if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
+  if (p.format != WeightFormat::int8 && quant_gemm_fused(isa, m))
+    return fused_desc(p, bias, act, out, m).name();
+  return gemm_executable(quant_gemm_spec(p, bias, act, out, m), isa).plan().name();
 }
 
 bool quant_gemm_fused(Isa path, int64_t m) {

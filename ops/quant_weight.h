@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "codegen/gemm_plan.h"
 #include "ops/packed_weight_impl.h"
 
 namespace tilejit::ops {
@@ -31,6 +32,22 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // micro-kernel (codegen/xbyak/quant_brgemm.cpp: exact weights, per-group
 // fp32 sums) instead of dequantizing to bf16 chunks for the bf16 kernels.
 bool quant_gemm_fused(Isa path, int64_t m);
+
+// The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
+// dequantize 256-deep chunks (32 KiB of bf16: L1-resident), the rest keep
+// GemmSpec's default. (Also what `tilejit dump` plans with.)
+int64_t quant_gemm_max_kc(bool int8, int64_t m);
+
+// The plan spec the driver uses for a quantized weight and m rows: int8 has
+// K rounded up to the VNNI group of 4 and b_type i8; fp8 / int4 plan the bf16
+// kernels over the packed K order (k_packed).
+codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                  Activation act, DType out, int64_t m);
+
+// What a quantized GEMM of m rows runs on `path`: the fused decode kernel's
+// name, or the plan's (for the tool's tables).
+std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                   Activation act, DType out, Isa path, int64_t m);
 
 // gemm() for fp8, int4 and int8 weights (arguments already checked).
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,

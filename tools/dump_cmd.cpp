@@ -15,6 +15,7 @@
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "jit/registry.h"
+#include "ops/quant_weight.h"
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
@@ -322,7 +323,7 @@ int run_dump(const DumpOptions& opt) {
     // ops/gemm_quant.cpp's spec: shallow K chunks (L1-resident dequantized
     // chunks) for fp8 / int4 at M <= 16.
     codegen::GemmSpec spec = prog.spec;
-    if (!spec.int8() && m && *m <= 16) spec.max_kc = 256;
+    if (m) spec.max_kc = ops::quant_gemm_max_kc(spec.int8(), *m);
     plan = codegen::plan_gemm(spec, isa);
   } else {
     plan = codegen::lower_gemm(prog.lowered, isa);

@@ -395,20 +395,9 @@ void quant_gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64
   const QuantCheckpoint ck = make_checkpoint(f, g.n, g.k, seed);
   const PackedWeight pw = pack_checkpoint(ck);
   for (int64_t m : ms) {
-    std::string kernel = "scalar reference (logical weights, double)";
-    const Isa isa = codegen::gemm_isa_for_rows(env.cpu.isa, m);
-    if (isa != Isa::scalar) {
-      // The spec ops/gemm_quant.cpp runs (docs/quantized.md).
-      codegen::GemmSpec spec{g.n, g.k, codegen::BiasKind::none, g.act, DType::bf16};
-      if (f == WeightFormat::int8) {
-        spec.k = (g.k + 3) / 4 * 4;
-        spec.b_type = DType::i8;
-      } else {
-        spec.k = pw.impl()->quant->k_packed;
-        if (m <= 16) spec.max_kc = 256;
-      }
-      kernel = ops::gemm_executable(spec, isa).plan().name();
-    }
+    // What ops/gemm_quant.cpp runs (docs/quantized.md).
+    const std::string kernel = ops::quant_gemm_kernel_name(*pw.impl(), codegen::BiasKind::none,
+                                                           g.act, DType::bf16, env.cpu.isa, m);
     const auto x = random_bf16(size_t(m) * g.k, seed + 1 + uint64_t(m), 1.0f);
     std::vector<uint16_t> y(static_cast<size_t>(m * g.n));
     const TensorView xv(x.data(), DType::bf16, {m, g.k});
