@@ -105,27 +105,37 @@ inline double gemm_output_bound(Activation act, DType out, int64_t k, double sum
 // The fused W4A16 / W8A16 decode kernel (codegen/xbyak/quant_brgemm.cpp)
 // against the exact dequantized weights, for one output y[r][c] =
 // act(Σ_g s_g·Σ_{k∈g} a_k·(q_k − z_g) + bias). No weight is rounded: the
-// codes become exact bf16 numbers (q, q − 8 or the e4m3 value × 2⁻⁸) and
-// a_k·q_k is exact in f32 (8-bit × ≤ 4-bit significands). The f32 error
+// codes become exact small numbers (int4: 16 + q on the table-free path of
+// full 64-column blocks, else q or q − 8; fp8: the e4m3 value × 2⁻⁸) and
+// a_k·w_k is exact in f32 (8-bit × ≤ 5-bit significands). The f32 error
 // then comes from
-//  - the per-group sums acc_g (vdpbf16ps: one rounding per term) and the
-//    fold acc += s_g·acc_g (one fma rounding per group): every term a·q·s
-//    passes through at most K + 2 roundings, ≤ (K+2)·u·Σ_k |a_k|·|q_k|·|s|;
-//  - with zero points, the Σa sums of the group (exact bf16 terms), the
-//    rounding of z·s and the fma acc −= (z·s)·Σa: ≤ (K+2)·u·Σ_k |a_k|·|z|·|s|;
+//  - the per-group sums acc_g (vdpbf16ps or fma: one rounding per term) and
+//    the fold: every term a·w·s passes through at most K + 2 roundings,
+//    ≤ (K+2)·u·Σ_k |a_k|·|w_k|·|s|;
+//  - the Σa sums of the group (exact bf16 terms) and their fma with the
+//    exact integer (16 + z), z or z·s: ≤ (K+2)·u·Σ_k |a_k|·|z'|·|s| with z'
+//    the offset subtracted (16 + z, z or 8);
 //  - the scale fmas' own roundings and the bias add (≤ 2·u·Σ|terms| + u·|bias|);
 //    the fp8 ×2⁸ is exact;
-// in all within (K+4)·u·Σ_k |a_k|·(|q_k| + |z|)·|s| + u·|bias| (sum_abs =
-// that Σ, q the code value: int4 q, fp8 the e4m3 value, z = 0), moved
-// through the activation's Lipschitz constant, plus its vector math, the
+// in all within (K+4)·u·(sum_abs + offset_abs) + u·|bias|, sum_abs =
+// Σ_k |a_k|·(|q_k| + |z|)·|s| (q the code value: int4 q, fp8 the e4m3 value,
+// z = 0; z = 8 for int4 without zero points) and offset_abs the part the
+// int4 offset of 16 adds: Σ_k |a_k|·32·|s| (|16 + q| + |16 + z| = 32 + q + z;
+// cancelled exactly in the real sum, not in the rounding error). Without
+// zero points 32 ≤ 4·(|q| + 8), so offset_abs ≤ 4·sum_abs there; with zero
+// points a caller passing 0 relies on the (K+4) chain count being far above
+// the real one (≤ k-pairs per group + groups + 4). The result moves through
+// the activation's Lipschitz constant, plus its vector math, the
 // reference's own f32 rounding and, for bf16 out, one bf16 ulp (as
 // gemm_output_bound). It assumes no f32 subnormal partial result (vdpbf16ps
-// flushes them): the terms a·q (fp8: a·e4m3·2⁻⁸) are 0 or ≥ 2⁻¹²⁶ in
+// flushes them): the terms a·w (fp8: a·e4m3·2⁻⁸) are 0 or ≥ 2⁻¹²⁶ in
 // magnitude, i.e. nonzero activations above ~2⁻¹⁰⁸.
 inline double quant_brgemm_output_bound(Activation act, DType out, int64_t k, double sum_abs,
-                                        double bias_abs, double pre, double v) {
-  double tol = activation_lipschitz(act) *
-               ((static_cast<double>(k) + 4) * kF32Unit * sum_abs + kF32Unit * bias_abs);
+                                        double bias_abs, double pre, double v,
+                                        double offset_abs = 0) {
+  double tol =
+      activation_lipschitz(act) *
+      ((static_cast<double>(k) + 4) * kF32Unit * (sum_abs + offset_abs) + kF32Unit * bias_abs);
   tol += activation_math_error(act, pre);
   tol += kF32Unit * std::fabs(v);
   if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + bf16_ulp_bound(v);

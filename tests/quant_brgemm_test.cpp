@@ -18,7 +18,8 @@
 //   fp8all_*  every e4m3 code (zero, ±0, subnormals, ±448) in every column;
 //   zeros_*   u4 zero points all 0 / all 16 with codes 0 / 15.
 // Reference: double, from the logical weights (q − z)·s (e4m3(q)·s), bound
-// runtime::quant_brgemm_output_bound (sum_abs = Σ|a|·(|q| + |z|)·|s|).
+// runtime::quant_brgemm_output_bound (sum_abs = Σ|a|·(|q| + |z|)·|s|; int4
+// offset_abs = Σ|a|·32·|s| for the table-free path's 16 + q codes).
 //
 // Traps: A, the code block, groups, scales, zeros and bias each end at a
 // PROT_NONE page (GuardedBuffer). A rows of an odd kb are followed by a NaN
@@ -334,18 +335,19 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
   std::string msg;
   for (int r = 0; r < c.mr; ++r)
     for (int j = 0; j < c.nr; ++j) {
-      double pre = 0, sabs = 0;
+      double pre = 0, sabs = 0, oabs = 0;
       for (int64_t k = 0; k < c.kb; ++k) {
         const double a = bf16_to_f32(d.x[size_t(r * c.kb + k)]);
         const double s = d.scales[size_t(d.group_of(k) * 64 + j)];
         pre += a * d.value(k, j) * s;
         sabs += std::fabs(a) * (d.code_abs(k, j) + d.zero_abs(k, j)) * std::fabs(s);
+        if (c.fmt != Fmt::fp8) oabs += std::fabs(a) * 32 * std::fabs(s);  // int4's 16 + q
       }
       const double b = c.bias != BiasKind::none ? d.bias[size_t(j)] : 0.0;
       pre += b;
       const double want = runtime::reference_activation(c.act, pre);
-      const double tol =
-          runtime::quant_brgemm_output_bound(c.act, c.out, c.kb, sabs, std::fabs(b), pre, want);
+      const double tol = runtime::quant_brgemm_output_bound(c.act, c.out, c.kb, sabs, std::fabs(b),
+                                                            pre, want, oabs);
       const double g = read_out(body, c.out, r * d.ldc + j);
       const double err = std::fabs(g - want);
       if (!std::isfinite(g) || !(err <= tol)) {
