@@ -58,6 +58,10 @@ struct BrgemmArgs {
   const int32_t* q_groups;
   const float* q_scales;
   const uint8_t* q_zeros;
+  // xbyak::quant_brgemm_scratch_bytes(desc) bytes, 64-byte aligned, that the
+  // call may overwrite (its f32 copy of A), when that is nonzero: kept off
+  // the stack, whose size an embedding engine's threads choose.
+  void* q_scratch;
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
@@ -67,7 +71,8 @@ static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, b_prefetch) == 80 && offsetof(BrgemmArgs, a_scale) == 88 &&
               offsetof(BrgemmArgs, a_zero) == 96 && offsetof(BrgemmArgs, b_scale) == 104 &&
               offsetof(BrgemmArgs, b_comp) == 112 && offsetof(BrgemmArgs, q_groups) == 120 &&
-              offsetof(BrgemmArgs, q_scales) == 128 && offsetof(BrgemmArgs, q_zeros) == 136);
+              offsetof(BrgemmArgs, q_scales) == 128 && offsetof(BrgemmArgs, q_zeros) == 136 &&
+              offsetof(BrgemmArgs, q_scratch) == 144);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 

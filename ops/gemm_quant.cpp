@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "codegen/quant_desc.h"
+#include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
+#include "runtime/cpu_features.h"
 #include "runtime/isa.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
@@ -232,6 +234,9 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   codegen::BrgemmDesc tail = d;
   tail.nr = static_cast<int>(N % kBlockN);
   const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
+  // The kernels' own scratch (a per-thread one; the N tail's need is no larger).
+  const int64_t scratch_bytes = std::max(codegen::xbyak::quant_brgemm_scratch_bytes(d),
+                                         codegen::xbyak::quant_brgemm_scratch_bytes(tail));
   const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=avx512 weight=%s kernel=%s\n",
@@ -269,6 +274,7 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
       args.q_groups = q.groups.data();
       args.q_scales = scales + nb * q.n_groups * kBlockN;
       args.q_zeros = zeros != nullptr ? zeros + nb * q.n_groups * kBlockN : nullptr;
+      args.q_scratch = scratch_bytes > 0 ? packed_a_scratch(kQuantB, scratch_bytes) : nullptr;
       const bool last = nb == n_blocks - 1 && tail_k != nullptr;
       (last ? tail_k : main_k)->entry<codegen::BrgemmFn>()(&args);
     }
@@ -393,7 +399,10 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
 }
 
 bool quant_gemm_fused(Isa path, int64_t m) {
-  return m <= kFusedMaxRows && (path == Isa::avx512 || path == Isa::amx);
+  // The fused kernel's int4 codes come from vpmultishiftqb (AVX512-VBMI: every
+  // AVX512-BF16 CPU but Cooper Lake has it; there the dequant path runs).
+  static const bool vbmi = runtime::detected_features().has(runtime::Feature::avx512_vbmi);
+  return m <= kFusedMaxRows && (path == Isa::avx512 || path == Isa::amx) && vbmi;
 }
 
 bool layout_tag_ok(const PackedWeight::Impl& p) {

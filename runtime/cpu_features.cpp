@@ -117,6 +117,7 @@ CpuFeatures detect() {
   f.avx512bw = bit(l7.ebx, 30) && f.os_avx512;
   f.avx512vl = bit(l7.ebx, 31) && f.os_avx512;
   f.avx512_vnni = bit(l7.ecx, 11) && f.os_avx512;
+  f.avx512_vbmi = bit(l7.ecx, 1) && f.os_avx512;
   f.avx512_fp16 = bit(l7.edx, 23) && f.os_avx512;
   f.amx_bf16 = bit(l7.edx, 22);
   f.amx_tile = bit(l7.edx, 24);
@@ -200,6 +201,8 @@ const char* feature_name(Feature f) {
       return "avx512_fp16";
     case Feature::avx512_vnni:
       return "avx512_vnni";
+    case Feature::avx512_vbmi:
+      return "avx512_vbmi";
     case Feature::amx_tile:
       return "amx_tile";
     case Feature::amx_bf16:
@@ -240,6 +243,7 @@ FeatureSet detected_features() {
     add(f.avx512_bf16, Feature::avx512_bf16);
     add(f.avx512_fp16, Feature::avx512_fp16);
     add(f.avx512_vnni, Feature::avx512_vnni);
+    add(f.avx512_vbmi, Feature::avx512_vbmi);
     add((f.amx_tile && amx_os) || f.amx_emulated, Feature::amx_tile);
     add((f.amx_bf16 && amx_os) || f.amx_emulated, Feature::amx_bf16);
     add((f.amx_int8 && amx_os) || f.amx_emulated, Feature::amx_int8);

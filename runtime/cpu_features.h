@@ -20,6 +20,7 @@ enum class Feature : uint32_t {
   avx512_bf16,
   avx512_fp16,
   avx512_vnni,
+  avx512_vbmi,
   amx_tile,
   amx_bf16,
   amx_int8,
@@ -57,7 +58,7 @@ struct CpuFeatures {
   std::string vendor;
   bool avx2 = false, fma = false;  // with YMM state enabled in XCR0
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false;
+  bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false, avx512_vbmi = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_avx512 = false;      // XCR0 enables opmask + ZMM state
   bool os_amx_xcr0 = false;    // XCR0 enables XTILECFG + XTILEDATA

@@ -35,11 +35,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
@@ -323,6 +325,13 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
   args.q_groups = d.groups_ptr;
   args.q_scales = d.scales_ptr;
   args.q_zeros = d.zeros_ptr;
+  // The kernel's scratch (its f32 copy of A), guarded: it must stay inside.
+  const int64_t scratch = codegen::xbyak::quant_brgemm_scratch_bytes(c.desc());
+  std::optional<GuardedBuffer> sbuf;
+  if (scratch > 0) {
+    sbuf.emplace(static_cast<size_t>(scratch));
+    args.q_scratch = sbuf->data();
+  }
   fn(&args);
   return buf;
 }

@@ -116,6 +116,7 @@ struct Checkpoint {
   std::vector<double> w;       // [N, K] exact
   std::vector<double> w_bf16;  // [N, K] rounded as the dequant kernels do (fp8 / int4)
   std::vector<double> qz_s;    // [N, K] (|q| + |z|)·|s| (fp8: |w|): the fused kernel's bound
+  std::vector<double> off_s;   // [N, K] 32·|s| for int4 (the fused kernel's offset of 16), fp8 0
 };
 
 Checkpoint make_checkpoint(const QCase& c) {
@@ -126,6 +127,7 @@ Checkpoint make_checkpoint(const QCase& c) {
   ck.w.assign(static_cast<size_t>(N * K), 0);
   ck.w_bf16.assign(static_cast<size_t>(N * K), 0);
   ck.qz_s.assign(static_cast<size_t>(N * K), 0);
+  ck.off_s.assign(static_cast<size_t>(N * K), 0);
   // Weight magnitudes ~ 15/sqrt(K)/|x| as random_problem's, so pre-activations span both tails.
   const int wexp = static_cast<int>(std::floor(std::log2(4.0 / std::sqrt(double(K))))) - 3;
   switch (c.fmt) {
@@ -223,6 +225,7 @@ Checkpoint make_checkpoint(const QCase& c) {
           ck.w[n * K + k] = double(v) * s[g * N + n];
           ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s[g * N + n]));
           ck.qz_s[n * K + k] = double(q[n * K + k] + z[g * N + n]) * std::fabs(s[g * N + n]);
+          ck.off_s[n * K + k] = 32.0 * std::fabs(s[g * N + n]);
         }
       Int4Weight& w = ck.int4;
       w.format = awq ? Int4Format::awq : Int4Format::gptq;
@@ -346,10 +349,13 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
         ref = runtime::reference_activation(c.act, pre);
         tol = runtime::gemm_output_bound(c.act, c.out, K, sum_abs, std::fabs(b), pre, ref);
         if (fused) {
-          double qz_abs = 0;  // Σ|x|·(|q| + |z|)·|s| (fp8: Σ|x·w|)
-          for (int64_t k = 0; k < K; ++k)
+          double qz_abs = 0, off_abs = 0;  // Σ|x|·(|q| + |z|)·|s| (fp8: Σ|x·w|), Σ|x|·32·|s|
+          for (int64_t k = 0; k < K; ++k) {
             qz_abs += std::fabs(bf16_to_f32(xv[i * K + k])) * ck.qz_s[j * K + k];
-          tol = runtime::quant_brgemm_output_bound(c.act, c.out, K, qz_abs, std::fabs(b), pre, ref);
+            off_abs += std::fabs(bf16_to_f32(xv[i * K + k])) * ck.off_s[j * K + k];
+          }
+          tol = runtime::quant_brgemm_output_bound(c.act, c.out, K, qz_abs, std::fabs(b), pre, ref,
+                                                   off_abs);
         } else if (!scalar) {
           tol += runtime::dequant_weight_bound(c.act, sum_abs) * (c.out == DType::bf16 ? 1.01 : 1);
           // The tight check: the kernels' contract (w rounded to bf16) exactly.

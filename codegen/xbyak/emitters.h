@@ -16,6 +16,8 @@ std::vector<uint8_t> emit_amx_brgemm(const BrgemmDesc& d);
 // The fused W4A16 / W8A16 decode kernel: b = u4 or f8e4m3 (codes and group
 // tables of BrgemmArgs read directly), a = bf16, acc = f32, mr 1..4, batch 1.
 std::vector<uint8_t> emit_quant_brgemm(const BrgemmDesc& d);
+// The scratch a quant_brgemm call needs in args.q_scratch (0: none).
+int64_t quant_brgemm_scratch_bytes(const BrgemmDesc& d);
 
 // The quantized GEMMs' helper kernels (contracts in codegen/quant_desc.h):
 // `void f(const DequantArgs*)` and `void f(const ActQuantArgs*)`.

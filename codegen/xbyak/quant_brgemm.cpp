@@ -104,11 +104,21 @@ class QuantBrgemm : public JitGenerator {
   static constexpr int kUnroll = 4;                // k-pair rows per loop iteration
   static constexpr int64_t kPrefetchBytes = 8192;  // code bytes ahead (L2)
 
-  // The f32 FMA variant of the table-free int4 path: A converted to f32 on
-  // the stack, [a_even, a_odd, a_even + a_odd, 0] per k-pair and row.
-  int64_t fp_row_bytes() const { return ((d_.kb + 1) / 2 + 7) / 8 * 8 * 16; }
-  static constexpr int64_t kFpBufferMax = 128 * 1024;
+  // The f32 FMA variant of the table-free int4 path: A converted to f32 in
+  // args.q_scratch, [a_even, a_odd, a_even + a_odd, 0] per k-pair and row.
+  int64_t fp_row_bytes() const { return fp_row_bytes_of(d_); }
 
+ public:
+  static int64_t fp_row_bytes_of(const BrgemmDesc& d) { return ((d.kb + 1) / 2 + 7) / 8 * 8 * 16; }
+  static constexpr int64_t kFpBufferMax = 128 * 1024;
+  // Whether a descriptor takes the f32 FMA variant (then its scratch).
+  static bool fp_variant(const BrgemmDesc& d) {
+    const int nz = (d.nr + 15) / 16;
+    const bool table_free = d.b_type == DType::u4 && nz == 4;
+    return table_free && d.mr * fp_row_bytes_of(d) <= kFpBufferMax && d.mr * nz + d.mr + 17 <= 32;
+  }
+
+ private:
   void plan_registers_fp() {
     const int rn = d_.mr * nz_;
     // acc_g, Σa, 8 multishift controls, mask, or-word, 4 B temporaries, 3 A.
@@ -132,7 +142,7 @@ class QuantBrgemm : public JitGenerator {
 
   void plan_registers() {
     const int rn = d_.mr * nz_;
-    fp_ = tf_ && d_.mr * fp_row_bytes() <= kFpBufferMax && rn + d_.mr + 17 <= 32;
+    fp_ = fp_variant(d_);
     if (fp_) {
       plan_registers_fp();
       return;
@@ -543,11 +553,10 @@ class QuantBrgemm : public JitGenerator {
     push_callee_saved();
     mov(rbp, rsp);
     const int64_t acc_bytes = acc_in_regs_ ? 0 : d_.mr * nz_ * 64;
-    const int64_t buf_bytes = fp_ ? d_.mr * fp_row_bytes() : 0;
-    if (acc_bytes + buf_bytes > 0) {
-      sub(rsp, acc_bytes + buf_bytes + 64);
+    if (acc_bytes > 0) {
+      sub(rsp, acc_bytes + 64);
       and_(rsp, -64);
-      if (!acc_in_regs_) mov(accm_, rsp);
+      mov(accm_, rsp);
     }
     mov(lda_, arg(offsetof(BrgemmArgs, lda)));
     mov(r11, arg(offsetof(BrgemmArgs, a)));
@@ -560,10 +569,11 @@ class QuantBrgemm : public JitGenerator {
           imul(r12, r12, r);
           add(r11, r12);
         }
-        lea(r12, ptr[rsp + acc_bytes + r * fp_row_bytes()]);
+        mov(r12, arg(offsetof(BrgemmArgs, q_scratch)));
+        if (r > 0) add(r12, r * fp_row_bytes());
         convert_a_fp(r11, r12);
       }
-      lea(a_, ptr[rsp + acc_bytes]);
+      mov(a_, arg(offsetof(BrgemmArgs, q_scratch)));
       mov(lda_, fp_row_bytes());
     }
     if (d_.mr == 4) lea(lda3_, ptr[lda_ + lda_ * 2]);
@@ -677,6 +687,10 @@ class QuantBrgemm : public JitGenerator {
 };
 
 }  // namespace
+
+int64_t quant_brgemm_scratch_bytes(const BrgemmDesc& d) {
+  return QuantBrgemm::fp_variant(d) ? d.mr * QuantBrgemm::fp_row_bytes_of(d) : 0;
+}
 
 std::vector<uint8_t> emit_quant_brgemm(const BrgemmDesc& d) {
   QuantBrgemm g(d);
