@@ -567,7 +567,8 @@ TEST(Int8BrgemmDesc, NameAndKey) {
   d.a_packed = false;
   d.out = DType::bf16;
   EXPECT_EQ(d.name(), "brgemm_avx512_u8xi8_i32acc_m4n64k256_bf16out");
-  EXPECT_NE(d.key().find("a=u8;b=i8;zeros=0;acc=i32;mr=4;nr=64;kb=256;"), std::string::npos) << d.key();
+  EXPECT_NE(d.key().find("a=u8;b=i8;zeros=0;acc=i32;mr=4;nr=64;kb=256;"), std::string::npos)
+      << d.key();
   d = int8_desc(Isa::amx);
   d.out = DType::i32;
   EXPECT_EQ(d.name(), "brgemm_amx_u8xi8_i32acc_m4n64k256_apack_i32out");
