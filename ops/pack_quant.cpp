@@ -116,8 +116,11 @@ void build_order(QuantTables& q, const std::vector<int32_t>& group_of, int64_t n
   const int64_t K = static_cast<int64_t>(group_of.size());
   std::vector<int32_t> order(static_cast<size_t>(K));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return group_of[a] < group_of[b]; });
+  // Stable by construction (the channel breaks ties): std::stable_sort's
+  // libstdc++ buffer trips clang's deprecation warning.
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return group_of[a] != group_of[b] ? group_of[a] < group_of[b] : a < b;
+  });
   std::vector<int32_t> perm, pos_group;
   perm.reserve(static_cast<size_t>(K + K / 2 + 2));
   for (int64_t i = 0; i < K; ++i) {
