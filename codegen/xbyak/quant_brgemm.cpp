@@ -43,8 +43,8 @@
 //
 // When q_groups[kp] changes (and at the end) the group is folded into the
 // f32 accumulators (the table-free fold above; otherwise as follows):
-// acc += s ⊙ acc_g (fp8: (acc_g·256) ⊙ s), and with zero
-// points acc −= (z·s) ⊙ Σa, where Σa is the group's sum of the A row
+// acc += s ⊙ acc_g (fp8: (acc_g·256) ⊙ s), with zero points
+// acc += s ⊙ (acc_g − z ⊙ Σa), where Σa is the group's sum of the A row
 // (vdpbf16ps with bf16 ones, all lanes equal); without zero points the
 // int4 table already holds q − 8, so no Σa is needed. The fold is a called
 // subroutine, the group test one cmp + branch per k-pair row.
@@ -339,7 +339,7 @@ class QuantBrgemm : public JitGenerator {
     L(same);
   }
 
-  // The fold subroutine: acc += s ⊙ acc_g (− (z·s) ⊙ Σa) for group cur_;
+  // The fold subroutine: acc += s ⊙ (acc_g − z ⊙ Σa) for group cur_;
   // acc_g and Σa zeroed. Clobbers r11, r12 and the B temporaries.
   void emit_fold() {
     L(fold_);
@@ -374,16 +374,19 @@ class QuantBrgemm : public JitGenerator {
     for (int j = 0; j < nz_; ++j) {
       if (zp_) {
         vpmovzxbd(zs, xword[r12 + 16 * j]);
-        vcvtdq2ps(zs, zs);
-        vmulps(zs, zs, ptr[r11 + 64 * j]);  // z·s, one rounding
+        vcvtdq2ps(zs, zs);  // z, exact
       }
       for (int r = 0; r < d_.mr; ++r) {
         const Zmm g = accg(0, r, j);
         if (fp8_) vmulps(g, g, bcst(256.0f));  // exact: the codes' 2^-8
+        // The group's own sum first, d = acc_g − z·Σa (one rounding; exactly
+        // 0 when every q = z), then acc += s·d: adding s·acc_g and z·s·Σa to
+        // acc one after the other lost acc to their cancellation when s is
+        // large (found by quant_pack_fuzzer).
+        if (zp_) vfnmadd231ps(g, sum(0, r), zs);
         const Zmm a = acc_in_regs_ ? acc(r, j) : t;
         if (!acc_in_regs_) vmovaps(a, ptr[accm_ + acc_mem_off(r, j)]);
         vfmadd231ps(a, g, ptr[r11 + 64 * j]);
-        if (zp_) vfnmadd231ps(a, sum(0, r), zs);
         if (!acc_in_regs_) vmovaps(ptr[accm_ + acc_mem_off(r, j)], a);
         vpxord(g, g, g);
       }
