@@ -172,7 +172,8 @@ class PackedWeight {
   // The element type of the packed codes: bf16, i8, f8e4m3 or u4.
   DType dtype() const;
   WeightFormat format() const;
-  // Layout name with its parameters, e.g. "bf16_vnni2_n64k32", "u4_gptq_g128_actorder".
+  // Layout name with its parameters, e.g. "bf16_vnni2_n64k32",
+  // "u4_gptq_vnni2_n64k32_g128_zp_gidx_perm".
   std::string layout() const;
   // Size of the packed buffer in bytes (includes padding of the N and K tails,
   // and the scales / zero points the kernels read).
@@ -227,8 +228,9 @@ struct GemmOptions {
 };
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
-// Quantized w (docs/quantized.md): fp8 and int4 weights are dequantized to
-// bf16 inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
+// Quantized w (docs/quantized.md): fp8 and int4 weights run either exact in
+// a fused decode kernel (M ≤ 4 on amx / avx512) or dequantized to bf16
+// inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
 // dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
 // exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32.
 // NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE
