@@ -213,18 +213,40 @@ inline BrgemmData make_brgemm_data(const BrgemmCase& c) {
   return d;
 }
 
+// The C buffer of one call: mr rows of ldc elements of `es` bytes (4: f32
+// or i32, 2: bf16) between kBrgemmGuard elements on each side, all sentinel.
+inline std::vector<uint8_t> sentinel_c(int64_t mr, int64_t ldc, size_t es) {
+  const int64_t elems = mr * ldc + 2 * kBrgemmGuard;
+  std::vector<uint8_t> buf(size_t(elems) * es);
+  for (int64_t e = 0; e < elems; ++e)
+    std::memcpy(&buf[size_t(e) * es],
+                es == 4 ? static_cast<const void*>(&kSentinelF32)
+                        : static_cast<const void*>(&kSentinelBf16),
+                es);
+  return buf;
+}
+
+// The elements of a sentinel_c buffer outside C[mr × nr] (guard zones, row
+// padding) that are no longer sentinel; the first five described in *msg.
+inline int64_t touched_outside_c(const std::vector<uint8_t>& got, size_t es, int64_t mr,
+                                 int64_t ldc, int64_t nr, std::string* msg) {
+  int64_t touched = 0;
+  for (int64_t e = 0; e < int64_t(got.size() / es); ++e) {
+    const int64_t idx = e - kBrgemmGuard;
+    const bool inside = idx >= 0 && idx < mr * ldc && idx % ldc < nr;
+    const bool sentinel = es == 4 ? std::memcmp(&got[size_t(e) * 4], &kSentinelF32, 4) == 0
+                                  : std::memcmp(&got[size_t(e) * 2], &kSentinelBf16, 2) == 0;
+    if (!inside && !sentinel && touched++ < 5)
+      *msg += fmt::format("\n  C element at offset {} from C[0, 0] (ldc {})", idx, ldc);
+  }
+  return touched;
+}
+
 // Runs `fn`; returns C [mr × ldc] with the guard zones, as bytes.
 inline std::vector<uint8_t> run_brgemm(const BrgemmData& d, BrgemmFn fn) {
   const BrgemmCase& c = d.c;
   const size_t es = c.out == DType::f32 ? 4 : 2;
-  const int64_t elems = c.mr * d.ldc + 2 * kBrgemmGuard;
-  std::vector<uint8_t> buf(size_t(elems) * es);
-  for (int64_t e = 0; e < elems; ++e) {
-    if (es == 4)
-      std::memcpy(&buf[size_t(e) * 4], &kSentinelF32, 4);
-    else
-      std::memcpy(&buf[size_t(e) * 2], &kSentinelBf16, 2);
-  }
+  std::vector<uint8_t> buf = sentinel_c(c.mr, d.ldc, es);
   uint8_t* cp = buf.data() + kBrgemmGuard * es;
   if (c.acc == Acc::alias)  // in place: C holds the partial sums on entry
     for (int r = 0; r < c.mr; ++r)
@@ -356,16 +378,8 @@ inline ::testing::AssertionResult check_brgemm(const BrgemmData& d,
                              want, err, tol);
       }
     }
-  int64_t touched = 0;
   std::string tmsg;
-  for (int64_t e = 0; e < int64_t(got.size() / es); ++e) {
-    const int64_t idx = e - kBrgemmGuard;
-    const bool inside = idx >= 0 && idx < c.mr * d.ldc && idx % d.ldc < c.nr;
-    const bool sentinel = es == 4 ? std::memcmp(&got[size_t(e) * 4], &kSentinelF32, 4) == 0
-                                  : std::memcmp(&got[size_t(e) * 2], &kSentinelBf16, 2) == 0;
-    if (!inside && !sentinel && touched++ < 5)
-      tmsg += fmt::format("\n  C element at offset {} from C[0, 0] (ldc {})", idx, d.ldc);
-  }
+  const int64_t touched = touched_outside_c(got, es, c.mr, d.ldc, c.nr, &tmsg);
   if (bad == 0 && touched == 0) return ::testing::AssertionSuccess() << "worst err/tol " << worst;
   auto res = ::testing::AssertionFailure() << c.row() << "/" << c.str() << ": ";
   if (bad) res << bad << " of " << c.mr * c.nr << " outputs outside the bound" << msg;

@@ -274,13 +274,7 @@ size_t out_bytes(DType t) {
 std::vector<uint8_t> run(const Int8Data& d, BrgemmFn fn) {
   const Int8Case& c = d.c;
   const size_t es = out_bytes(c.out);
-  const int64_t elems = c.mr * d.ldc + 2 * kBrgemmGuard;
-  std::vector<uint8_t> buf(size_t(elems) * es);
-  for (int64_t e = 0; e < elems; ++e)
-    std::memcpy(&buf[size_t(e) * es],
-                es == 4 ? static_cast<const void*>(&kSentinelF32)
-                        : static_cast<const void*>(&kSentinelBf16),
-                es);
+  std::vector<uint8_t> buf = sentinel_c(c.mr, d.ldc, es);
   uint8_t* cp = buf.data() + kBrgemmGuard * es;
   if (c.acc == Acc::alias)
     for (int r = 0; r < c.mr; ++r)
@@ -362,16 +356,8 @@ int64_t exact_sum(const Int8Data& d, int r, int n) {
               r, n, g, want, sum, t, err, tol);
       }
     }
-  int64_t touched = 0;
   std::string tmsg;
-  for (int64_t e = 0; e < int64_t(got.size() / es); ++e) {
-    const int64_t idx = e - kBrgemmGuard;
-    const bool inside = idx >= 0 && idx < c.mr * d.ldc && idx % d.ldc < c.nr;
-    const bool sentinel = es == 4 ? std::memcmp(&got[size_t(e) * 4], &kSentinelF32, 4) == 0
-                                  : std::memcmp(&got[size_t(e) * 2], &kSentinelBf16, 2) == 0;
-    if (!inside && !sentinel && touched++ < 5)
-      tmsg += fmt::format("\n  C element at offset {} from C[0, 0] (ldc {})", idx, d.ldc);
-  }
+  const int64_t touched = touched_outside_c(got, es, c.mr, d.ldc, c.nr, &tmsg);
   if (bad == 0 && touched == 0) return ::testing::AssertionSuccess() << "worst err/tol " << worst;
   auto res = ::testing::AssertionFailure() << isa_name(c.path) << "/" << c.str() << ": ";
   if (bad) res << bad << " of " << c.mr * c.nr << " outputs wrong" << msg;

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
@@ -121,7 +122,7 @@ void PrintTo(const QCase& c, std::ostream* os) {
 }
 
 constexpr uint16_t kNan = 0x7fc1;
-constexpr int64_t kGuard = 64;
+constexpr int64_t kGuard = kBrgemmGuard;
 
 struct QData {
   QCase c;
@@ -304,14 +305,7 @@ QData make_data(const QCase& c) {
 std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
   const QCase& c = d.c;
   const size_t es = c.out == DType::f32 ? 4 : 2;
-  const int64_t elems = c.mr * d.ldc + 2 * kGuard;
-  std::vector<uint8_t> buf(size_t(elems) * es);
-  for (int64_t e = 0; e < elems; ++e) {
-    if (es == 4)
-      std::memcpy(&buf[size_t(e) * 4], &kSentinelF32, 4);
-    else
-      std::memcpy(&buf[size_t(e) * 2], &kSentinelBf16, 2);
-  }
+  std::vector<uint8_t> buf = sentinel_c(c.mr, d.ldc, es);
   const void* a_list[1] = {d.a_ptr};
   const void* b_list[1] = {d.b_ptr};
   BrgemmArgs args{};
@@ -366,15 +360,7 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
       }
     }
   // Nothing outside C[mr × nr] written.
-  int64_t touched = 0;
-  for (int64_t e = 0; e < int64_t(got.size() / es); ++e) {
-    const int64_t rel = e - kGuard;
-    const bool inside = rel >= 0 && rel < c.mr * d.ldc && rel % d.ldc < c.nr;
-    if (inside) continue;
-    const bool same = es == 4 ? std::memcmp(&got[size_t(e) * 4], &kSentinelF32, 4) == 0
-                              : std::memcmp(&got[size_t(e) * 2], &kSentinelBf16, 2) == 0;
-    if (!same) ++touched;
-  }
+  const int64_t touched = touched_outside_c(got, es, c.mr, d.ldc, c.nr, &msg);
   if (bad == 0 && touched == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << c.str() << ": " << bad << " outputs out of bound, "
                                        << touched << " elements outside C written" << msg;
