@@ -1,8 +1,8 @@
 // The kernels of the weight-quantized GEMMs (docs/quantized.md) besides the
 // brgemm micro-kernels themselves: their descriptors and call arguments.
 //
-//   dequant:   a chunk of a quantized packed weight block (fp8 e4m3 or int4
-//              codes in the packed k-pair order, codegen/quant_layout.h) ->
+//   dequant:   a chunk of a quantized packed weight block (fp8 e4m3, int4 or
+//              MXFP4 e2m1 codes in the packed k-pair order) ->
 //              the bf16 packed block the bf16 brgemm kernels read (W8A16, W4A16);
 //   act_quant: bf16 activation rows -> u8 rows with a per-row scale and zero
 //              point (W8A8's activations, quantized per call).
@@ -27,10 +27,14 @@ namespace tilejit::codegen {
 // For each k-pair row r < rows, column c < 64 and parity p (0: even k, 1: odd k):
 //   g    = groups[r]                                   (the row's scale group)
 //   q    = fp8:  the e4m3 byte codes[r·128 + 2c + p]   (never a NaN code: packing refuses them)
-//          int4: nibble p of the byte codes[r·64 + c]  (low nibble: even k)
+//          int4, mxfp4: nibble p of the byte codes[r·64 + c]  (low nibble: even k)
 //   v    = fp8:  e4m3 value of q (exact in f32)
 //          int4: (float)(q − zeros[g·64 + c])          (exact; zeros null: 8)
-//   w    = v · scales[g·64 + c]                        (one f32 multiply, RNE)
+//          mxfp4: e2m1 value of q: bit 3 the sign, magnitude (q & 7) one of
+//                 0, 0.5, 1, 1.5, 2, 3, 4, 6 (0x8 is −0)
+//   w    = v · scales[g·64 + c]                        (one f32 multiply, RNE;
+//          mxfp4's scales are 2^(e − 127): the product is exact unless it
+//          overflows, and e = 0's 2^-127 is an f32 subnormal, used as it is)
 //   out[r·128 + 2c + p] = bf16(w)                      (round to nearest even)
 // i.e. out is `rows` k-pair rows of the bf16 packed layout (PackedLayout:
 // 64 columns × 2 bf16 = 256 bytes a row).
@@ -50,7 +54,7 @@ using DequantFn = void (*)(const DequantArgs*);
 struct DequantDesc {
   static constexpr const char* kFamily = "dequant";
   Isa isa = Isa::avx512;       // avx512 (serves amx too) or llvm
-  DType code = DType::f8e4m3;  // f8e4m3 or u4
+  DType code = DType::f8e4m3;  // f8e4m3, u4 or f4e2m1 (MXFP4)
   bool zeros = false;          // u4 only: zero points given (else 8)
   // The weight's scales are all 0, non-finite, or in [normal_scale_min(),
   // 2^100] in magnitude, so no product v·s is an f32 subnormal (which
@@ -67,9 +71,9 @@ struct DequantDesc {
                            field("normal", &D::normal_products, "_nosub", flag));
   }
   // The smallest |scale| whose products with the smallest nonzero code value
-  // (e4m3: 2^-9; int4: |q − z| = 1) are normal f32 numbers.
+  // (e4m3: 2^-9; int4: |q − z| = 1; e2m1: 0.5) are normal f32 numbers.
   static float normal_scale_min(DType code) {
-    return code == DType::f8e4m3 ? 0x1p-117f : 0x1p-126f;
+    return code == DType::f8e4m3 ? 0x1p-117f : code == DType::f4e2m1 ? 0x1p-125f : 0x1p-126f;
   }
   bool operator==(const DequantDesc& o) const { return same_fields(*this, o); }
   std::string key() const { return desc_key(*this); }

@@ -363,10 +363,12 @@ const Kernel& two_backend_family(Family family, const D& d, EmitXbyak emit,
 
 const Kernel& get(const codegen::DequantDesc& d) {
   return front(d, [](const codegen::DequantDesc& x) -> const Kernel& {
-    if (x.code != DType::f8e4m3 && x.code != DType::u4)
-      throw Error(fmt::format("dequant: code={}; allowed: f8e4m3, u4", dtype_name(x.code)));
+    if (x.code != DType::f8e4m3 && x.code != DType::u4 && x.code != DType::f4e2m1)
+      throw Error(
+          fmt::format("dequant: code={}; allowed: f8e4m3, u4, f4e2m1", dtype_name(x.code)));
     if (x.zeros && x.code != DType::u4)
-      throw Error("dequant: zero points with code=f8e4m3; allowed: zeros with u4 only");
+      throw Error(fmt::format("dequant: zero points with code={}; allowed: zeros with u4 only",
+                              dtype_name(x.code)));
     return two_backend_family(
         Family::dequant, x,
         [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },

@@ -41,9 +41,11 @@ const char* dtype_name(DType t) {
       return "u4";
     case DType::i64:
       return "i64";
+    case DType::f4e2m1:
+      return "f4e2m1";
   }
   throw bad_enum("dtype_name", "DType", static_cast<int>(t),
-                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64");
+                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1");
 }
 
 int dtype_bits(DType t) {
@@ -59,12 +61,13 @@ int dtype_bits(DType t) {
     case DType::f8e4m3:
       return 8;
     case DType::u4:
+    case DType::f4e2m1:
       return 4;
     case DType::i64:
       return 64;
   }
   throw bad_enum("dtype_bits", "DType", static_cast<int>(t),
-                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64");
+                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1");
 }
 
 const char* activation_name(Activation a) {

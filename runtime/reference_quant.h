@@ -1,5 +1,5 @@
 // The scalar statement of the quantized GEMMs' helper kernels
-// (codegen/quant_desc.h): the dequantization of packed fp8 / int4 codes to
+// (codegen/quant_desc.h): the dequantization of packed fp8 / int4 / MXFP4 codes to
 // bf16 and the per-row quantization of bf16 activations to u8. Both are
 // defined as exact f32 arithmetic, so the JIT kernels must match these
 // bit for bit; the tests compare them so.
@@ -13,24 +13,31 @@
 
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
+#include "tilejit/tilejit.h"
 
 namespace tilejit::runtime {
 
-// One k-pair row of DequantArgs' contract: `code` is f8e4m3 (fp8 = true) or
-// u4; scale / zero the row's group rows (zero null: 8); out 128 bf16.
-inline void reference_dequant_row(bool fp8, const uint8_t* codes, const float* scale,
+// One k-pair row of DequantArgs' contract: `code` is f8e4m3, u4 or f4e2m1
+// (MXFP4); scale / zero the row's group rows (zero: u4 only, null: 8); out
+// 128 bf16.
+inline void reference_dequant_row(DType code, const uint8_t* codes, const float* scale,
                                   const uint8_t* zero, uint16_t* out) {
   for (int c = 0; c < 64; ++c)
     for (int p = 0; p < 2; ++p) {
       float v;
-      if (fp8) {
+      if (code == DType::f8e4m3) {
         v = e4m3_to_f32(codes[2 * c + p]);
       } else {
         const int q = (codes[c] >> (4 * p)) & 0xF;
-        v = static_cast<float>(q - (zero != nullptr ? zero[c] : 8));
+        v = code == DType::f4e2m1 ? e2m1_to_f32(static_cast<uint8_t>(q))
+                                  : static_cast<float>(q - (zero != nullptr ? zero[c] : 8));
       }
       out[2 * c + p] = f32_to_bf16(v * scale[c]);
     }
+}
+inline void reference_dequant_row(bool fp8, const uint8_t* codes, const float* scale,
+                                  const uint8_t* zero, uint16_t* out) {
+  reference_dequant_row(fp8 ? DType::f8e4m3 : DType::u4, codes, scale, zero, out);
 }
 
 // Round to nearest even, as vcvtps2dq does in the default MXCSR mode,

@@ -4,7 +4,9 @@
 // table below: the Xbyak AVX-512 kernel, skipped on a CPU without it, and the
 // LLVM kernel where LLVM is built): fp8 e4m3, every one of the 254 non-NaN codes in every one of
 // the 128 positions of a row; int4, every nibble value in both halves of every column, with the
-// default zero point 8 and with zero points 0..16 (GPTQ v1 can give 16); scales normal, zero,
+// default zero point 8 and with zero points 0..16 (GPTQ v1 can give 16); MXFP4 (e2m1), every
+// nibble value in both halves of every column under every e8m0 scale 2^(e − 127), e = 0..254
+// (e = 0 and 1 give f32 subnormal products), and under the general scales; scales normal, zero,
 // subnormal, huge (products overflowing to Inf), Inf and NaN (a NaN result stays NaN, with the
 // reference's bits); rows 0, 1, 2, 37, 254; groups changing every row, constant, monotone.
 //
@@ -161,7 +163,7 @@ const T* guarded(std::vector<std::unique_ptr<GuardedBuffer>>& bufs, const std::v
   std::vector<uint16_t> want(128);
   for (int64_t r = 0; r < c.rows; ++r) {
     const int32_t g = c.group[size_t(r)];
-    runtime::reference_dequant_row(c.code == DType::f8e4m3, &c.codes[size_t(r * c.row_bytes())],
+    runtime::reference_dequant_row(c.code, &c.codes[size_t(r * c.row_bytes())],
                                    &c.scales[size_t(g * 64)],
                                    c.zeros ? &c.zero_rows[size_t(g * 64)] : nullptr, want.data());
     for (int i = 0; i < 128; ++i) {
@@ -301,6 +303,25 @@ DequantCase u4_case(int64_t rows, int64_t groups, bool zeros, Groups how, bool t
   return c;
 }
 
+// MXFP4: the int4 case's nibble pattern (every value in both halves of every
+// column over 16 rows); scales the e8m0 values 2^(e − 127), column c of group
+// g taking e = (g·64 + c + shift) mod 255, so 4 groups hold every e in
+// [0, 254] (e = 255 is NaN: packing refuses it); `e8m0` false: the general
+// scale kinds of fill_scales instead (the kernel's contract is any f32 scale).
+DequantCase mx_case(int64_t rows, int64_t groups, Groups how, bool e8m0, bool tame, uint32_t seed) {
+  DequantCase c = u4_case(rows, groups, false, how, tame, seed);
+  c.what = fmt::format("mxfp4 rows {} groups {} ({}){}", rows, groups, int(how),
+                       e8m0   ? " e8m0"
+                       : tame ? " tame"
+                              : "");
+  c.code = DType::f4e2m1;
+  if (e8m0)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int col = 0; col < 64; ++col)
+        c.scales[size_t(g * 64 + col)] = std::ldexp(1.0f, int((g * 64 + col + seed) % 255) - 127);
+  return c;
+}
+
 const int64_t kRows[] = {0, 1, 2, 37, 254};
 const Groups kGroups[] = {Groups::every_row, Groups::constant, Groups::monotone};
 
@@ -352,30 +373,46 @@ TEST_P(DequantKernelTest, Int4EveryNibbleWithZeros) {
           EXPECT_TRUE(run_and_check(k, u4_case(rows, groups, true, how, tame, seed++)));
 }
 
+TEST_P(DequantKernelTest, Mxfp4EveryNibbleEveryExponent) {
+  const DequantKernel k = make(DType::f4e2m1, false);
+  uint32_t seed = 400;
+  for (int64_t rows : kRows)
+    for (Groups how : kGroups) {
+      EXPECT_TRUE(run_and_check(k, mx_case(rows, 4, how, true, false, seed++)));
+      EXPECT_TRUE(run_and_check(k, mx_case(rows, 1, how, true, false, seed++)));
+      for (bool tame : {true, false})
+        EXPECT_TRUE(run_and_check(k, mx_case(rows, 5, how, false, tame, seed++)));
+    }
+}
+
 // The variant without the per-product subnormal check (DequantDesc::
 // normal_products): the same results for the scales it is made for.
 TEST_P(DequantKernelTest, NormalProductsVariantOnTameScales) {
   uint32_t seed = 300;
-  for (const auto& [code, zeros] :
-       {std::pair{DType::f8e4m3, false}, std::pair{DType::u4, false}, std::pair{DType::u4, true}}) {
+  for (const auto& [code, zeros] : {std::pair{DType::f8e4m3, false}, std::pair{DType::u4, false},
+                                    std::pair{DType::u4, true}, std::pair{DType::f4e2m1, false}}) {
     const DequantKernel k = make(code, zeros, true);
     for (int64_t rows : kRows)
       for (Groups how : kGroups)
         EXPECT_TRUE(run_and_check(k, code == DType::u4 ? u4_case(rows, 5, zeros, how, true, seed++)
-                                                       : fp8_case(rows, 5, how, true, seed++)));
+                                     : code == DType::f4e2m1
+                                         ? mx_case(rows, 5, how, false, true, seed++)
+                                         : fp8_case(rows, 5, how, true, seed++)));
   }
 }
 
 // Random bytes (fp8: NaN codes replaced) and random scales of every kind, many rows.
 TEST_P(DequantKernelTest, RandomRows) {
-  for (DType code : {DType::f8e4m3, DType::u4})
+  for (DType code : {DType::f8e4m3, DType::u4, DType::f4e2m1})
     for (bool zeros : {false, true}) {
       if (zeros && code != DType::u4) continue;
       const DequantKernel k = make(code, zeros);
       for (uint32_t seed = 0; seed < 8; ++seed) {
         std::mt19937 rng(seed * 31 + (zeros ? 7 : 0));
         DequantCase c = code == DType::u4 ? u4_case(101, 9, zeros, Groups::every_row, false, seed)
-                                          : fp8_case(101, 9, Groups::every_row, false, seed);
+                        : code == DType::f4e2m1
+                            ? mx_case(101, 9, Groups::every_row, seed % 2 == 0, false, seed)
+                            : fp8_case(101, 9, Groups::every_row, false, seed);
         for (uint8_t& b : c.codes) {
           b = uint8_t(rng());
           if (code == DType::f8e4m3 && (b & 0x7f) == 0x7f) b ^= 1;
@@ -408,6 +445,10 @@ TEST(LlvmDequant, NameAndBadDescriptors) {
   d.zeros = false, d.code = DType::bf16;
   EXPECT_THROW(lb::compile_llvm_dequant(d), Error);
   d.code = DType::i8;
+  EXPECT_THROW(lb::compile_llvm_dequant(d), Error);
+  d.code = DType::f4e2m1;
+  EXPECT_EQ(lb::llvm_dequant_name(d), "dequant_llvm_f4e2m1");
+  d.zeros = true;  // MXFP4 has no zero points
   EXPECT_THROW(lb::compile_llvm_dequant(d), Error);
 }
 #endif

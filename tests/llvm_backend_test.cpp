@@ -414,6 +414,7 @@ double decode(DType t, const uint8_t* p) {
     case DType::f8e4m3:  // checked over all 256 codes in quant_formats_test
       return runtime::e4m3_to_f32(*p);
     case DType::u4:
+    case DType::f4e2m1:
     case DType::i64:
       break;
   }
@@ -617,6 +618,7 @@ Tensor make_tensor(DType t, int64_t rows, int64_t n, int64_t row_stride, int64_t
           break;
         }
         case DType::u4:
+        case DType::f4e2m1:
         case DType::i64:
           break;
       }

@@ -6,6 +6,7 @@
 //     for each L columns c0 (L = 16 with AVX-512, else 8; unrolled, 64 / L):
 //       fp8:  2L code bytes, split into even / odd k by shuffles
 //       int4: L code bytes, low nibble even k, high nibble odd k
+//       mxfp4: as int4; e2m1 nibble -> f32 by bit arithmetic and a select
 //       v = exact f32 value of each; w = v · s[c0..]        (one multiply)
 //       even / odd bf16 (RNE, NaN quiet) interleaved into 2L outputs, stored
 //
@@ -77,6 +78,20 @@ class DequantEmitter : public KernelEmitter {
     return b_.CreateBitCast(b_.CreateOr(m, sign), vm_.f32v());
   }
 
+  // e2m1 nibbles (<L x i32> in 0..15) -> f32, exactly: with m = q & 7 (two
+  // exponent bits, one mantissa bit), m >= 2 is the normal value
+  // (1 + (m & 1)/2) · 2^((m >> 1) − 1), whose f32 bits are (m << 22) + (126 << 23);
+  // m < 2 is m · 0.5; bit 3 the sign (0x8 is −0).
+  llvm::Value* e2m1_to_f32(llvm::Value* q) {
+    llvm::Value* mag = b_.CreateAnd(q, vm_.i32(7));
+    llvm::Value* normal = b_.CreateAdd(b_.CreateShl(mag, vm_.i32(22)), vm_.i32(126u << 23));
+    llvm::Value* sub = b_.CreateBitCast(
+        b_.CreateFMul(b_.CreateSIToFP(mag, vm_.f32v()), vm_.f32(0.5f)), vm_.i32v());
+    llvm::Value* m = b_.CreateSelect(b_.CreateICmpULT(mag, vm_.i32(2)), sub, normal);
+    llvm::Value* sign = b_.CreateShl(b_.CreateAnd(q, vm_.i32(8)), vm_.i32(28));
+    return b_.CreateBitCast(b_.CreateOr(m, sign), vm_.f32v());
+  }
+
   void row(llvm::Value* r) {
     llvm::Value* g = b_.CreateSExt(
         b_.CreateAlignedLoad(b_.getInt32Ty(),
@@ -102,6 +117,12 @@ class DequantEmitter : public KernelEmitter {
                                                   byte_gep(code_row, i64(2 * c0)), llvm::Align(1));
         ve = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(0, 2)));
         vo = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(1, 2)));
+      } else if (d_.code == DType::f4e2m1) {
+        llvm::Value* bytes = b_.CreateZExt(
+            b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(code_row, i64(c0)), llvm::Align(1)),
+            vm_.i32v());
+        ve = e2m1_to_f32(b_.CreateAnd(bytes, vm_.i32(0xF)));
+        vo = e2m1_to_f32(b_.CreateLShr(bytes, vm_.i32(4)));
       } else {
         llvm::Value* bytes = b_.CreateZExt(
             b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(code_row, i64(c0)), llvm::Align(1)),
@@ -133,8 +154,8 @@ void check(const DequantDesc& d) {
   auto bad = [&](const std::string& what) {
     throw Error("compile_llvm_dequant: " + what + " (kernel " + llvm_dequant_name(d) + ")");
   };
-  if (d.code != DType::f8e4m3 && d.code != DType::u4)
-    bad(std::string("code = ") + dtype_name(d.code) + " is not supported (f8e4m3 or u4)");
+  if (d.code != DType::f8e4m3 && d.code != DType::u4 && d.code != DType::f4e2m1)
+    bad(std::string("code = ") + dtype_name(d.code) + " is not supported (f8e4m3, u4 or f4e2m1)");
   if (d.zeros && d.code != DType::u4) bad("zero points are for u4 codes only");
 }
 

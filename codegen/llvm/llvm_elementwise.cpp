@@ -162,6 +162,7 @@ llvm::Type* storage_type(llvm::IRBuilder<>& b, DType t) {
     case DType::i32:
       return b.getInt32Ty();
     case DType::u4:
+    case DType::f4e2m1:
     case DType::i64:
       break;
   }
@@ -302,6 +303,7 @@ class ElementwiseEmitter : public KernelEmitter {
       case DType::f8e4m3:
         return vm_.f8e4m3_to_f32(raw);
       case DType::u4:
+      case DType::f4e2m1:
       case DType::i64:
         break;
     }

@@ -1,9 +1,13 @@
 // AVX-512 dequant kernel (DequantArgs, codegen/quant_desc.h): `rows` k-pair
-// rows of fp8 e4m3 or int4 codes -> bf16 packed rows, 4 × 16 columns a row.
+// rows of fp8 e4m3, int4 or MXFP4 e2m1 codes -> bf16 packed rows, 4 × 16
+// columns a row.
 //
 //   int4: vpmovzxbd 16 code bytes; even = b & 0xF, odd = b >> 4; minus the
 //         zero points (int32, exact), vcvtdq2ps, × scale; vcvtne2ps2bf16 puts
 //         the 16 even then the 16 odd words in one zmm, vpermw interleaves them.
+//   mxfp4: as int4, but v = a 16-entry f32 table of the e2m1 values, looked up
+//         by vpermps (it reads the low 4 bits of each index: b for even, b >> 4
+//         for odd), × the e8m0 scale 2^(e − 127).
 //   fp8:  32 code bytes are already in output order (e0, o0, e1, o1, ...):
 //         vpmovzxbw, build f16 bits ((b & 0x80) << 8) | ((b & 0x7F) << 7), which
 //         are the e4m3 value × 2^-8 exactly (subnormals included); vcvtph2ps,
@@ -16,6 +20,8 @@
 // subnormal inputs to zero: each product pair is classified (vfpclassps) and a
 // row holding a subnormal product (tiny scales only) is redone on an exact
 // path that rounds in integer arithmetic.
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <stdexcept>
 #include <vector>
@@ -35,9 +41,14 @@ constexpr uint8_t kClassSubnormal = 0x20;  // vfpclassps: denormal
 class DequantKernel : public JitGenerator {
  public:
   explicit DequantKernel(const DequantDesc& d)
-      : fp8_(d.code == DType::f8e4m3), zeros_(d.zeros), check_(!d.normal_products) {
-    if (d.code != DType::f8e4m3 && d.code != DType::u4)
-      throw std::invalid_argument("emit_dequant: code must be f8e4m3 or u4");
+      : fp8_(d.code == DType::f8e4m3),
+        mx_(d.code == DType::f4e2m1),
+        zeros_(d.zeros),
+        check_(!d.normal_products) {
+    if (d.code != DType::f8e4m3 && d.code != DType::u4 && d.code != DType::f4e2m1)
+      throw std::invalid_argument("emit_dequant: code must be f8e4m3, u4 or f4e2m1");
+    if (zeros_ && d.code != DType::u4)
+      throw std::invalid_argument("emit_dequant: zero points are for u4 codes only");
     generate();
   }
 
@@ -54,6 +65,7 @@ class DequantKernel : public JitGenerator {
   const Zmm c_perm_ = Zmm(25);   // int4: vpermw interleave index
   const Zmm c_256_ = Zmm(25);    // fp8: 256.0f
   const Zmm c_eight_ = Zmm(26);  // int4 without zeros: 8
+  const Zmm c_e2m1_ = Zmm(26);   // mxfp4: the 16 e2m1 values (f32)
   // Temporaries of chunk i: T(i, 0..2) (chunk i < 4 uses 3i..3i+2).
   Zmm T(int i, int j) const { return Zmm(3 * i + j); }
 
@@ -109,6 +121,14 @@ class DequantKernel : public JitGenerator {
       return;
     }
     vpmovzxbd(t, xword[codes_ + 16 * i]);
+    if (mx_) {
+      vpermps(a, t, c_e2m1_);  // the low nibble (vpermps reads bits 0..3 of the index)
+      vpsrld(b, t, 4);
+      vpermps(b, b, c_e2m1_);
+      vmulps(a, a, S(i));
+      vmulps(b, b, S(i));
+      return;
+    }
     vpandd(a, t, c_mask_);
     vpsrld(b, t, 4);
     const Zmm z = zeros_ ? Z(i) : c_eight_;
@@ -152,7 +172,11 @@ class DequantKernel : public JitGenerator {
     } else {
       mov(eax, 0xF);
       vpbroadcastd(c_mask_, eax);
-      if (!zeros_) {
+      if (mx_) {
+        const std::array<float, 16> table = e2m1_table();
+        vmovups(c_e2m1_, ptr[rip + blob_label(reinterpret_cast<const uint8_t*>(table.data()),
+                                              sizeof(float) * table.size())]);
+      } else if (!zeros_) {
         mov(eax, 8);
         vpbroadcastd(c_eight_, eax);
       }
@@ -217,7 +241,20 @@ class DequantKernel : public JitGenerator {
     jmp(next_row, T_NEAR);
   }
 
-  bool fp8_, zeros_, check_;
+  // The e2m1 value of each code q: bit 3 the sign; q & 7 = 2e + m (e the
+  // exponent field, m the mantissa bit): e = 0 is m · 0.5, else
+  // (1 + m/2) · 2^(e − 1).
+  static std::array<float, 16> e2m1_table() {
+    std::array<float, 16> t{};
+    for (int q = 0; q < 16; ++q) {
+      const int e = (q >> 1) & 3, m = q & 1;
+      const float mag = e == 0 ? 0.5f * float(m) : std::ldexp(1.0f + 0.5f * float(m), e - 1);
+      t[size_t(q)] = (q & 8) ? -mag : mag;
+    }
+    return t;
+  }
+
+  bool fp8_, mx_, zeros_, check_;
 };
 
 }  // namespace

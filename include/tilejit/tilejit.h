@@ -20,12 +20,14 @@
 namespace tilejit {
 
 // i64 is an index type only (slot_mapping, positions); no kernel computes in it.
-enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64 };
+// f4e2m1 is the code type of MXFP4 weights (PackedWeight::dtype(); the
+// checkpoint's tensors are u8): no tensor view or IR value has it.
+enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1 };
 
 // "f32", "bf16", ... (the spelling the IR text uses). A value outside the
 // enum raises an Error (as does every enum argument of every function).
 const char* dtype_name(DType t);
-// Storage size in bits (u4 is 4).
+// Storage size in bits (u4 and f4e2m1 are 4).
 int dtype_bits(DType t);
 
 // ---- The contract's limits (docs/reliability.md) ----------------------------
