@@ -209,28 +209,12 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
 // block over the whole K (codegen/xbyak/quant_brgemm.cpp).
 constexpr int64_t kFusedMaxRows = 4;
 
-// The fused kernel's descriptor for m rows and a full 64-column block.
-codegen::BrgemmDesc fused_desc(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
-                               DType out, int64_t m) {
-  const QuantTables& q = *p.quant;
-  codegen::BrgemmDesc d;
-  d.isa = Isa::avx512;
-  d.b_type = p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
-  d.b_zeros = q.zeros != nullptr;
-  d.mr = static_cast<int>(m);
-  d.kb = q.k_packed;
-  d.b_row_bytes = q.code_row_bytes;
-  d.bias = bias;
-  d.act = act;
-  d.out = out;
-  return d;
-}
-
 void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                const GemmOptions& opt) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
-  const codegen::BrgemmDesc d = fused_desc(p, bias_kind(opt), opt.act, y.dtype, M);
+  const codegen::BrgemmDesc d = quant_fused_desc(
+      p, codegen::GemmSpec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype}, M);
   codegen::BrgemmDesc tail = d;
   tail.nr = static_cast<int>(N % kBlockN);
   const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
@@ -289,10 +273,7 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
       gemm_executable(quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, M), isa);
   const codegen::GemmPlan& plan = exe.plan();
   log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
-  const codegen::DequantDesc dd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
-                                p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4,
-                                q.zeros != nullptr, q.normal_products};
-  const auto dequant = jit::get(dd).entry<codegen::DequantFn>();
+  const auto dequant = jit::get(quant_dequant_desc(p, isa)).entry<codegen::DequantFn>();
 
   const codegen::GemmPlan::Schedule sched = plan.schedule(M);
   const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
@@ -379,14 +360,44 @@ int64_t quant_gemm_max_kc(bool int8, int64_t m) {
   return !int8 && m <= kShallowChunkRows ? kShallowChunk : codegen::GemmSpec{}.max_kc;
 }
 
-codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
-                                  Activation act, DType out, int64_t m) {
+codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m) {
   const bool int8 = p.format == WeightFormat::int8;
-  codegen::GemmSpec spec{p.layout.n, int8 ? (p.layout.k + 3) / 4 * 4 : p.quant->k_packed, bias, act,
-                         out};
+  spec.k = int8 ? (p.layout.k + 3) / 4 * 4 : p.quant->k_packed;
   if (int8) spec.b_type = DType::i8;
   spec.max_kc = quant_gemm_max_kc(int8, m);
   return spec;
+}
+
+codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                  Activation act, DType out, int64_t m) {
+  return quant_gemm_spec(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m);
+}
+
+codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
+                                     int64_t m) {
+  const QuantTables& q = *p.quant;
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.b_type = p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
+  d.b_zeros = q.zeros != nullptr;
+  d.mr = static_cast<int>(m);
+  d.kb = q.k_packed;
+  d.b_row_bytes = q.code_row_bytes;
+  d.bias = spec.bias;
+  d.act = spec.act;
+  d.out = spec.out;
+  d.glu = spec.glu;
+  d.glu_alpha = spec.glu_alpha;
+  d.glu_limit = spec.glu_limit;
+  if (d.glu != codegen::Glu::none) d.nr = 32;
+  return d;
+}
+
+codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
+  const QuantTables& q = *p.quant;
+  return {isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+          p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, q.zeros != nullptr,
+          q.normal_products};
 }
 
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
@@ -394,7 +405,7 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (p.format != WeightFormat::int8 && quant_gemm_fused(isa, m))
-    return fused_desc(p, bias, act, out, m).name();
+    return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m).name();
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m), isa).plan().name();
 }
 

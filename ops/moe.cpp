@@ -27,10 +27,13 @@
 #include "ir/activation.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
+#include "ops/moe_quant.h"
 #include "ops/packed_experts_impl.h"
+#include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
+#include "runtime/reference_quant.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
@@ -88,6 +91,18 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
         fmt::format("{}: hidden has shape {} but w13 takes H = {}; allowed: hidden.shape[1] "
                     "== w13.k()",
                     kOp, ops::shape_str(hidden.shape), w13.k));
+  if (w13.format != w2.format)
+    throw Error(fmt::format("{}: w13 is {} ({}) but w2 is {} ({}); allowed: both in one format",
+                            kOp, weight_format_name(w13.format), w13.layout_name,
+                            weight_format_name(w2.format), w2.layout_name));
+  if (w13.format == WeightFormat::int8 ||
+      (opt.shared_w13 != nullptr && opt.shared_w13->impl() != nullptr &&
+       opt.shared_w13->impl()->format == WeightFormat::int8))
+    if (opt.act_quant != ActQuant::dynamic_sym && opt.act_quant != ActQuant::dynamic_asym)
+      throw Error(fmt::format(
+          "{}: act_quant={} with int8 experts; allowed: dynamic_sym, dynamic_asym (a fixed "
+          "scale would need one per projection)",
+          kOp, static_cast<int>(opt.act_quant)));
   if (w2.experts != d.E)
     throw Error(fmt::format("{}: w2 has {} experts; allowed: w13's {}", kOp, w2.experts, d.E));
   if (w2.n != d.H || w2.k != d.I)
@@ -130,6 +145,10 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   if (opt.shared_w13 != nullptr) {
     const auto& s13 = need_experts(*opt.shared_w13, "shared_w13", ExpertProj::gate_up);
     const auto& s2 = need_experts(*opt.shared_w2, "shared_w2", ExpertProj::down);
+    if (s13.format != s2.format)
+      throw Error(
+          fmt::format("{}: shared_w13 is {} but shared_w2 is {}; allowed: both in one format", kOp,
+                      weight_format_name(s13.format), weight_format_name(s2.format)));
     if (s13.experts != 1 || s2.experts != 1)
       throw Error(fmt::format("{}: the shared expert packs hold {} and {} experts; allowed: 1", kOp,
                               s13.experts, s2.experts));
@@ -169,35 +188,60 @@ float gated(const MoeOptions& opt, float g, float u) {
   }
 }
 
+// Weight (logical row r, column c) of expert e of any format, in double.
+double expert_weight(const PackedExperts::Impl& w, int64_t e, int64_t r, int64_t c) {
+  if (!w.quant.empty()) return ops::weight_value(w.q(e), r, c);
+  const int64_t p = w.proj == ExpertProj::gate_up ? w.glu_packed_row(r) : r;
+  return runtime::bf16_to_f32(reinterpret_cast<const uint16_t*>(w.expert(e))[w.layout.index(p, c)]);
+}
+
+// A projection's input row as its kernels see it: the bf16 values, or for
+// int8 weights their per-token quantization (the act_quant kernels' rule,
+// runtime/reference_quant.h) as (q − z)·s.
+std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_t* x, int64_t k,
+                                     const MoeOptions& opt) {
+  std::vector<double> in(static_cast<size_t>(k));
+  if (w.format != WeightFormat::int8) {
+    for (int64_t i = 0; i < k; ++i) in[i] = runtime::bf16_to_f32(x[i]);
+    return in;
+  }
+  std::vector<uint8_t> q(static_cast<size_t>(k));
+  float s = 0;
+  int32_t z = 0;
+  runtime::reference_act_quant_row(opt.act_quant == ActQuant::dynamic_asym
+                                       ? runtime::ActQuantRule::asym
+                                       : runtime::ActQuantRule::sym,
+                                   x, k, k, 1.0f, 0.0f, 0, q.data(), &s, &z);
+  for (int64_t i = 0; i < k; ++i) in[i] = double(int32_t(q[i]) - z) * double(s);
+  return in;
+}
+
 // One expert on one token, accumulated into acc[H] with weight w: reads the
-// packed layouts element by element (the oracle-grade fallback, no JIT).
+// packed weights element by element (the oracle-grade fallback, no JIT).
 void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2, int64_t e,
                    const uint16_t* x, const float* b13, const float* b2, float w,
-                   const MoeOptions& opt, std::vector<float>& act, float* acc) {
-  using runtime::bf16_to_f32;
+                   const MoeOptions& opt, float* acc) {
   const int64_t H = w13.k, I = w13.n;
-  const auto* p13 = reinterpret_cast<const uint16_t*>(w13.expert(e));
-  const auto* p2 = reinterpret_cast<const uint16_t*>(w2.expert(e));
-  act.resize(static_cast<size_t>(I));
+  const std::vector<double> xin = projection_input(w13, x, H, opt);
+  std::vector<uint16_t> act(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
-    const int64_t pg = i / 32 * 64 + i % 32;  // packed rows of gate i and up i
-    float g = 0, u = 0;
+    double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) {
-      const float xv = bf16_to_f32(x[h]);
-      g += xv * bf16_to_f32(p13[w13.layout.index(pg, h)]);
-      u += xv * bf16_to_f32(p13[w13.layout.index(pg + 32, h)]);
+      g += xin[h] * expert_weight(w13, e, i, h);
+      u += xin[h] * expert_weight(w13, e, I + i, h);
     }
     if (b13 != nullptr) {
       g += b13[i];
       u += b13[I + i];
     }
     // The JIT path stores the activation as bf16: round it the same way.
-    act[i] = bf16_to_f32(runtime::f32_to_bf16(gated(opt, g, u)));
+    act[i] = runtime::f32_to_bf16(gated(opt, static_cast<float>(g), static_cast<float>(u)));
   }
+  const std::vector<double> ain = projection_input(w2, act.data(), I, opt);
   for (int64_t h = 0; h < H; ++h) {
-    float s = b2 != nullptr ? b2[h] : 0.0f;
-    for (int64_t i = 0; i < I; ++i) s += act[i] * bf16_to_f32(p2[w2.layout.index(h, i)]);
-    acc[h] += w * s;
+    double s = b2 != nullptr ? b2[h] : 0.0;
+    for (int64_t i = 0; i < I; ++i) s += ain[i] * expert_weight(w2, e, h, i);
+    acc[h] += w * static_cast<float>(s);
   }
 }
 
@@ -214,7 +258,7 @@ void run_scalar(const Dims& d, const TensorView& hidden, const PackedExperts::Im
                 const PackedExperts::Impl& w2, const TensorView& weights, const TensorView& ids,
                 const TensorView& out, const MoeOptions& opt) {
   runtime::parallel_for(d.T, [&](int64_t t) {
-    std::vector<float> acc(static_cast<size_t>(d.H), 0.0f), act;
+    std::vector<float> acc(static_cast<size_t>(d.H), 0.0f);
     const auto* x = static_cast<const uint16_t*>(hidden.data) + t * hidden.strides[0];
     for (int64_t j = 0; j < d.k; ++j) {
       const int32_t e =
@@ -225,60 +269,58 @@ void run_scalar(const Dims& d, const TensorView& hidden, const PackedExperts::Im
           opt.b13 ? static_cast<const float*>(opt.b13->data) + e * opt.b13->strides[0] : nullptr;
       const float* b2 =
           opt.b2 ? static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0] : nullptr;
-      scalar_expert(w13, w2, e, x, b13, b2, w * opt.routed_scaling_factor, opt, act, acc.data());
+      scalar_expert(w13, w2, e, x, b13, b2, w * opt.routed_scaling_factor, opt, acc.data());
     }
     if (opt.shared_w13 != nullptr)
       scalar_expert(*opt.shared_w13->impl(), *opt.shared_w2->impl(), 0, x, nullptr, nullptr, 1.0f,
-                    opt, act, acc.data());
+                    opt, acc.data());
     store_row(acc.data(), out, t, 0, d.H);
   });
 }
 
 // ---- the JIT path ----------------------------------------------------------------
 
+// One projection's input rows of a group, as its ExpertGemm reads them.
+struct Operand {
+  const uint8_t* rows = nullptr;    // row-major: bf16 (the weight's K order) or u8 (int8)
+  int64_t ld = 0;                   // bytes between rows
+  const uint8_t* packed = nullptr;  // AMX (a_packed plans): the PackedA tile copy
+  const float* scale = nullptr;     // int8: per row
+  const int32_t* zero = nullptr;
+};
+
 // A run of rows that share one expert's weights.
 struct Group {
   const PackedExperts::Impl* w13 = nullptr;
   const PackedExperts::Impl* w2 = nullptr;
   int64_t expert = 0;
-  const uint8_t* a = nullptr;  // first A row (gathered rows, or hidden itself)
-  int64_t lda = 0;
   int64_t rows = 0;
-  int64_t row0 = 0;            // first row in row_token / row_weight / the act buffer
-  uint16_t* act = nullptr;     // act(gate)·up rows of this group, bf16
-  int64_t ld_act = 0;          // bytes between act rows
+  int64_t row0 = 0;            // first row in row_token / row_weight / the row buffers
   const float* b13 = nullptr;  // permuted: 64 per packed block (32 gate, 32 up)
   const float* b2 = nullptr;   // [H]
-  ops::GemmExecutable* up = nullptr;
-  ops::GemmExecutable* down = nullptr;
-  // AMX (plan.a_packed): the group's A rows and act rows repacked into the
-  // PackedA tile layout, once per call, before the tasks that read them.
-  const uint8_t* a_packed = nullptr;
-  const uint8_t* act_packed = nullptr;
+  ops::ExpertGemm up, down;
+  Operand in_up, in_down;
+  uint16_t* act = nullptr;  // act(gate)·up rows of this group, bf16, natural order
+  int64_t ld_act = 0;       // bytes between act rows
 };
 
-// The K of a group's gate/up (H) or down (its own I: the shared expert's
-// may differ from the routed ones') GEMM.
-int64_t group_k(const Group& g, bool act) {
-  return (act ? g.down : g.up)->plan().spec.k;
-}
-
-// Packs every group's rows of one operand (A = hidden rows, or act) into the
-// PackedA layout, each group from a 32-row block boundary of one scratch,
-// and points the group's `field` there.
-void pack_groups(std::vector<Group>& groups, bool act, int slot, const uint8_t* Group::*field) {
+// Packs every group's operand of one projection whose plan reads the PackedA
+// tile layout, each group from a 32-row block boundary of one scratch.
+void pack_operands(std::vector<Group>& groups, bool down, int slot) {
   std::vector<int64_t> off(groups.size() + 1, 0);
-  for (size_t i = 0; i < groups.size(); ++i)
-    off[i + 1] = off[i] + codegen::PackedA{group_k(groups[i], act)}.bytes(groups[i].rows);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const ops::ExpertGemm& gm = down ? groups[i].down : groups[i].up;
+    off[i + 1] = off[i] + (gm.a_packed() ? gm.packed_a().bytes(groups[i].rows) : 0);
+  }
+  if (off.back() == 0) return;
   uint8_t* buf = ops::packed_a_scratch(slot, off.back());
   runtime::parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t i) {
     Group& g = groups[i];
-    const int64_t k = group_k(g, act);
-    if (act)
-      ops::pack_a_rows(reinterpret_cast<const uint8_t*>(g.act), g.ld_act, g.rows, k, buf + off[i]);
-    else
-      ops::pack_a_rows(g.a, g.lda, g.rows, k, buf + off[i]);
-    g.*field = buf + off[i];
+    const ops::ExpertGemm& gm = down ? g.down : g.up;
+    if (!gm.a_packed()) return;
+    Operand& op = down ? g.in_down : g.in_up;
+    ops::pack_a_rows(op.rows, op.ld, g.rows, gm.packed_a().k, buf + off[i]);
+    op.packed = buf + off[i];
   });
 }
 
@@ -312,10 +354,82 @@ codegen::GemmSpec down_spec(int64_t H, int64_t I, bool bias) {
 struct Scratch {
   std::vector<int32_t> row_token;
   std::vector<float> row_weight;
-  std::vector<uint16_t> a;    // gathered hidden rows
-  std::vector<uint16_t> act;  // gate/up outputs
-  std::vector<float> b13;     // permuted biases of the active experts
+  std::vector<uint16_t> a;            // gathered hidden rows
+  std::vector<uint16_t> a_g;          // the same in the up weights' K order (act-order)
+  std::vector<uint16_t> act;          // gate/up outputs
+  std::vector<uint16_t> act_g;        // act rows in the down weights' K order (act-order)
+  std::vector<uint8_t> q_up, q_down;  // int8: u8 rows of a / act
+  std::vector<float> s_up, s_down;    // int8: their per-row scales
+  std::vector<int32_t> z_up, z_down;  // and zero points
+  std::vector<float> b13;             // permuted biases of the active experts
 };
+
+size_t sz(int64_t v) {
+  return static_cast<size_t>(v);
+}
+
+// Fills each group's operand for one projection from its bf16 source rows
+// (src(g): the group's first row, ld_src elements apart): gathered into the
+// weight's packed K order when it has one (act-order), or quantized to u8
+// rows for int8 weights; else the source rows themselves.
+template <class Src>
+void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, ActQuant aq,
+                      std::vector<uint16_t>& gathered, std::vector<uint8_t>& q,
+                      std::vector<float>& scale, std::vector<int32_t>& zero, int64_t total_rows,
+                      Src src, int64_t ld_src) {
+  int64_t ldg = 0, ldq = 0;
+  for (const Group& g : groups) {
+    const ops::ExpertGemm& gm = down ? g.down : g.up;
+    if (gm.perm() != nullptr) ldg = std::max(ldg, (gm.a_cols() + 31) / 32 * 32);
+    if (gm.int8()) ldq = std::max(ldq, (gm.a_cols() + 63) / 64 * 64);
+  }
+  if (ldg > 0) gathered.resize(sz(total_rows * ldg));
+  if (ldq > 0) {
+    q.resize(sz(total_rows * ldq));
+    scale.resize(sz(total_rows));
+    zero.resize(sz(total_rows));
+  }
+  for (Group& g : groups) {
+    const ops::ExpertGemm& gm = down ? g.down : g.up;
+    Operand& op = down ? g.in_down : g.in_up;
+    if (gm.perm() != nullptr) {
+      op.rows = reinterpret_cast<const uint8_t*>(gathered.data() + g.row0 * ldg);
+      op.ld = ldg * 2;
+    } else if (gm.int8()) {
+      op.rows = q.data() + g.row0 * ldq;
+      op.ld = ldq;
+      op.scale = scale.data() + g.row0;
+      op.zero = zero.data() + g.row0;
+    } else {
+      op.rows = reinterpret_cast<const uint8_t*>(src(g));
+      op.ld = ld_src * 2;
+    }
+  }
+  if (ldg == 0 && ldq == 0) return;
+  // Tasks of up to 16 rows of one group.
+  constexpr int64_t kRows = 16;
+  std::vector<std::pair<int32_t, int64_t>> tasks;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (int64_t r = 0; r < groups[gi].rows; r += kRows)
+      tasks.emplace_back(static_cast<int32_t>(gi), r);
+  runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
+    const Group& g = groups[tasks[ti].first];
+    const ops::ExpertGemm& gm = down ? g.down : g.up;
+    const int64_t r0 = tasks[ti].second, r1 = std::min(g.rows, r0 + kRows);
+    const uint16_t* s0 = src(g) + r0 * ld_src;
+    if (const std::vector<int32_t>* perm = gm.perm()) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint16_t* s = s0 + (r - r0) * ld_src;
+        uint16_t* d = gathered.data() + (g.row0 + r) * ldg;
+        for (int64_t j = 0; j < gm.a_cols(); ++j) d[j] = (*perm)[j] >= 0 ? s[(*perm)[j]] : 0;
+      }
+    } else if (gm.int8()) {
+      const int64_t k = down ? g.w2->k : g.w13->k;
+      ops::quantize_rows(aq, isa, s0, ld_src, r1 - r0, k, q.data() + (g.row0 + r0) * ldq, ldq,
+                         scale.data() + g.row0 + r0, zero.data() + g.row0 + r0);
+    }
+  });
+}
 
 void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExperts::Impl& w13,
              const PackedExperts::Impl& w2, const TensorView& weights, const TensorView& ids,
@@ -326,7 +440,6 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   Scratch& sc = tls_scratch;
   const int64_t T = d.T, H = d.H, I = d.I, E = d.E, K = d.k;
   const int64_t routed = T * K;
-  const int64_t I_pad = (I + 31) / 32 * 32;  // act rows 64-byte aligned
 
   // 1. Counting sort of the (token, slot) pairs by expert.
   std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
@@ -337,8 +450,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     for (int64_t j = 0; j < K; ++j) ++start[id_at(t, j) + 1];
   for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
   const bool shared = opt.shared_w13 != nullptr;
-  sc.row_token.resize(static_cast<size_t>(routed + (shared ? T : 0)));
-  sc.row_weight.resize(sc.row_token.size());
+  const int64_t total = routed + (shared ? T : 0);
+  sc.row_token.resize(sz(total));
+  sc.row_weight.resize(sz(total));
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t t = 0; t < T; ++t)
@@ -349,19 +463,19 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
                            static_cast<const float*>(
                                weights.data)[t * weights.strides[0] + j * weights.strides[1]];
       }
+    for (int64_t t = 0; t < T && shared; ++t) {
+      sc.row_token[routed + t] = static_cast<int32_t>(t);
+      sc.row_weight[routed + t] = 1.0f;
+    }
   }
 
   // Groups: the active experts, then the shared expert on every token.
   const bool b13 = opt.b13.has_value(), b2 = opt.b2.has_value();
-  ops::GemmExecutable& up = ops::gemm_executable(gate_up_spec(I, H, b13, opt), isa);
-  ops::GemmExecutable& down = ops::gemm_executable(down_spec(H, I, b2), isa);
   std::vector<Group> groups;
   const int64_t n_up_blocks = (I + 31) / 32;
   int64_t active = 0;
   for (int64_t e = 0; e < E; ++e) active += start[e + 1] > start[e];
-  sc.a.resize(static_cast<size_t>(routed * H));
-  sc.act.resize(static_cast<size_t>(routed * I_pad));
-  if (b13) sc.b13.assign(static_cast<size_t>(active * n_up_blocks * 64), 0.0f);
+  if (b13) sc.b13.assign(sz(active * n_up_blocks * 64), 0.0f);
   for (int64_t e = 0; e < E; ++e) {
     if (start[e + 1] == start[e]) continue;
     Group g;
@@ -370,10 +484,6 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.expert = e;
     g.row0 = start[e];
     g.rows = start[e + 1] - start[e];
-    g.a = reinterpret_cast<const uint8_t*>(sc.a.data() + g.row0 * H);
-    g.lda = H * 2;
-    g.act = sc.act.data() + g.row0 * I_pad;
-    g.ld_act = I_pad * 2;
     if (b13) {
       // The bias in the packed block order: 32 gate entries, then the 32 up ones.
       float* pb = sc.b13.data() + static_cast<int64_t>(groups.size()) * n_up_blocks * 64;
@@ -385,42 +495,44 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       g.b13 = pb;
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
-    g.up = &up;
-    g.down = &down;
-    groups.push_back(g);
+    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa);
+    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa);
+    groups.push_back(std::move(g));
   }
-  std::vector<uint16_t> shared_act;
   if (shared) {
-    const auto& s13 = *opt.shared_w13->impl();
-    const auto& s2 = *opt.shared_w2->impl();
-    const int64_t Is_pad = (s13.n + 31) / 32 * 32;
-    shared_act.resize(static_cast<size_t>(T * Is_pad));
     Group g;
-    g.w13 = &s13;
-    g.w2 = &s2;
+    g.w13 = opt.shared_w13->impl();
+    g.w2 = opt.shared_w2->impl();
     g.row0 = routed;
     g.rows = T;
-    g.a = static_cast<const uint8_t*>(hidden.data);  // every token, in order: no gather
-    g.lda = hidden.strides[0] * 2;
-    g.act = shared_act.data();
-    g.ld_act = Is_pad * 2;
-    g.up = &ops::gemm_executable(gate_up_spec(s13.n, H, false, opt), isa);
-    g.down = &ops::gemm_executable(down_spec(H, s13.n, false), isa);
-    for (int64_t t = 0; t < T; ++t) {
-      sc.row_token[routed + t] = static_cast<int32_t>(t);
-      sc.row_weight[routed + t] = 1.0f;
-    }
-    groups.push_back(g);
+    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa);
+    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa);
+    groups.push_back(std::move(g));
   }
 
-  // Gather the routed rows (hidden may be strided; the runs must be dense).
+  // The gate/up inputs: hidden's rows of each group (gathered: the runs must
+  // be dense), then in the weights' K order or quantized as they need.
+  sc.a.resize(sz(total * H));
   const auto* hb = static_cast<const uint16_t*>(hidden.data);
   constexpr int64_t kGatherRows = 64;
-  runtime::parallel_for((routed + kGatherRows - 1) / kGatherRows, [&](int64_t c) {
-    const int64_t r1 = std::min(routed, (c + 1) * kGatherRows);
+  runtime::parallel_for((total + kGatherRows - 1) / kGatherRows, [&](int64_t c) {
+    const int64_t r1 = std::min(total, (c + 1) * kGatherRows);
     for (int64_t r = c * kGatherRows; r < r1; ++r)
       std::memcpy(sc.a.data() + r * H, hb + sc.row_token[r] * hidden.strides[0], H * 2);
   });
+  prepare_operands(
+      groups, false, isa, opt.act_quant, sc.a_g, sc.q_up, sc.s_up, sc.z_up, total,
+      [&](const Group& g) { return static_cast<const uint16_t*>(sc.a.data() + g.row0 * H); }, H);
+  pack_operands(groups, false, ops::kMoeA);
+
+  // The act rows: one stride for every group (the shared expert's I may differ).
+  int64_t ld_act = (I + 31) / 32 * 32;
+  for (const Group& g : groups) ld_act = std::max(ld_act, (g.w13->n + 31) / 32 * 32);
+  sc.act.resize(sz(total * ld_act));
+  for (Group& g : groups) {
+    g.act = sc.act.data() + g.row0 * ld_act;
+    g.ld_act = ld_act * 2;
+  }
 
   // 2. Gate/up with the act-and-mul epilogue: (group, row chunk, block) tasks.
   struct UpTask {
@@ -431,55 +543,64 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   std::vector<UpTask> up_tasks;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
-    const int64_t chunk = g.up->plan().task_rows();
+    const int64_t chunk = g.up.task_rows();
     const int64_t blocks = (g.w13->n + 31) / 32;
     for (int64_t m0 = 0; m0 < g.rows; m0 += chunk)
       for (int64_t b = 0; b < blocks; ++b)
         up_tasks.push_back(
             {static_cast<int32_t>(gi), static_cast<int32_t>(b), m0, std::min(chunk, g.rows - m0)});
   }
-  if (up.plan().a_packed) pack_groups(groups, false, 2, &Group::a_packed);
   runtime::parallel_for(static_cast<int64_t>(up_tasks.size()), [&](int64_t ti) {
     const UpTask& t = up_tasks[ti];
     const Group& g = groups[t.g];
     const int64_t blocks = (g.w13->n + 31) / 32;
     ops::RowBlockJob job;
-    job.a = g.a_packed != nullptr ? g.a_packed + codegen::PackedA{H}.offset(t.m0, 0)
-                                  : g.a + t.m0 * g.lda;
-    job.lda = g.lda;
+    job.a = g.in_up.packed != nullptr ? g.in_up.packed + g.up.packed_a().offset(t.m0, 0)
+                                      : g.in_up.rows + t.m0 * g.in_up.ld;
+    job.lda = g.in_up.ld;
     job.rows = t.rows;
-    job.b_block = g.w13->expert(g.expert) + t.block * g.w13->block_bytes();
     job.c = reinterpret_cast<uint8_t*>(g.act) + t.m0 * g.ld_act + t.block * 32 * 2;
     job.ldc = g.ld_act;
     job.bias = g.b13 != nullptr ? g.b13 + t.block * 64 : nullptr;
     job.n_tail = t.block == blocks - 1 && g.w13->n % 32 != 0;
-    ops::run_row_block(*g.up, job);
+    if (g.in_up.scale != nullptr) {
+      job.a_scale = g.in_up.scale + t.m0;
+      job.a_zero = g.in_up.zero + t.m0;
+    }
+    g.up.run(job, t.block);
   });
+
+  // The down inputs: the act rows, reordered or quantized as the weights need.
+  prepare_operands(
+      groups, true, isa, opt.act_quant, sc.act_g, sc.q_down, sc.s_down, sc.z_down, total,
+      [&](const Group& g) { return static_cast<const uint16_t*>(g.act); }, ld_act);
+  pack_operands(groups, true, ops::kMoeAct);
 
   // 3. Down projection + weighted sum, one 64-column block of H per task.
   const int64_t n_down_blocks = (H + 63) / 64;
-  if (down.plan().a_packed) pack_groups(groups, true, 3, &Group::act_packed);
   runtime::parallel_for(n_down_blocks, [&](int64_t nb) {
     const int64_t c0 = nb * 64, ncols = std::min<int64_t>(64, H - c0);
     thread_local std::vector<float> acc, tile;
-    acc.assign(static_cast<size_t>(T * 64), 0.0f);
+    acc.assign(sz(T * 64), 0.0f);
     constexpr int64_t kTileRows = 64;
-    tile.resize(static_cast<size_t>(kTileRows * 64));
+    tile.resize(sz(kTileRows * 64));
     for (const Group& g : groups) {
       for (int64_t m0 = 0; m0 < g.rows; m0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, g.rows - m0);
         ops::RowBlockJob job;
-        job.a = g.act_packed != nullptr
-                    ? g.act_packed + codegen::PackedA{group_k(g, true)}.offset(m0, 0)
-                    : reinterpret_cast<const uint8_t*>(g.act) + m0 * g.ld_act;
-        job.lda = g.ld_act;
+        job.a = g.in_down.packed != nullptr ? g.in_down.packed + g.down.packed_a().offset(m0, 0)
+                                            : g.in_down.rows + m0 * g.in_down.ld;
+        job.lda = g.in_down.ld;
         job.rows = rows;
-        job.b_block = g.w2->expert(g.expert) + nb * g.w2->block_bytes();
         job.c = reinterpret_cast<uint8_t*>(tile.data());
         job.ldc = 64 * 4;
         job.bias = g.b2 != nullptr ? g.b2 + c0 : nullptr;
         job.n_tail = ncols < 64;
-        ops::run_row_block(*g.down, job);
+        if (g.in_down.scale != nullptr) {
+          job.a_scale = g.in_down.scale + m0;
+          job.a_zero = g.in_down.zero + m0;
+        }
+        g.down.run(job, nb);
         // The weighted sum, while the tile is in L1.
         for (int64_t r = 0; r < rows; ++r) {
           const float w = sc.row_weight[g.row0 + m0 + r];

@@ -43,6 +43,11 @@ std::string PackedExperts::layout() const {
 }
 size_t PackedExperts::packed_bytes() const {
   const Impl& p = need(impl_.get(), "PackedExperts::packed_bytes");
+  if (!p.quant.empty()) {
+    size_t bytes = 0;
+    for (const PackedWeight& w : p.quant) bytes += w.packed_bytes();
+    return bytes;
+  }
   return static_cast<size_t>(p.experts * p.expert_bytes);
 }
 
@@ -103,6 +108,10 @@ PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj) {
 void PackedExperts::unpack(const TensorView& out) const {
   const Impl& p = need(impl_.get(), "PackedExperts::unpack");
   const char* op = "PackedExperts::unpack";
+  if (!p.quant.empty())
+    throw Error(
+        fmt::format("{}: the experts are {}; allowed: unpack into that format's checkpoint tensors",
+                    op, weight_format_name(p.format)));
   ops::check_view(op, "out", out, 3);
   ops::check_dtype(op, "out", out, {DType::bf16});
   if (out.strides[2] != 1)

@@ -173,6 +173,23 @@ bool normal_products(const float* s, size_t count, DType code) {
 
 }  // namespace
 
+void QuantTables::set_row_map(std::vector<int64_t> map, int64_t n) {
+  if (!map.empty()) {
+    const int64_t cols = (n + kBlockN - 1) / kBlockN * kBlockN;
+    std::vector<bool> used(static_cast<size_t>(cols), false);
+    bool ok = static_cast<int64_t>(map.size()) == n;
+    for (size_t i = 0; ok && i < map.size(); ++i) {
+      ok = map[i] >= 0 && map[i] < cols && !used[map[i]];
+      if (ok) used[map[i]] = true;
+    }
+    if (!ok)
+      throw Error(fmt::format(
+          "pack_weight: the row map of {} entries is not a permutation of {} rows into [0, {})",
+          map.size(), n, cols));
+  }
+  row_of = std::move(map);
+}
+
 double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
   if (p.quant == nullptr) return runtime::bf16_to_f32(p.bf16()[p.layout.index(n, k)]);
   const QuantTables& q = *p.quant;
@@ -180,14 +197,14 @@ double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
     case WeightFormat::bf16:
       break;
     case WeightFormat::int8: {
-      const auto code = static_cast<int8_t>(p.bytes()[p.int8.index(n, k)]);
+      const auto code = static_cast<int8_t>(p.bytes()[p.int8.index(q.packed_row(n), k)]);
       const int64_t si = q.scales_in.shape[0] == 1 ? 0 : n;
       return double(code) * double(saved_at<float>(q.scales_in, si));
     }
     case WeightFormat::fp8_e4m3: {
-      const int64_t pos = q.pos_of[k];
-      const uint8_t code = p.bytes()[n / kBlockN * p.code_block_bytes() +
-                                     pos / 2 * q.code_row_bytes + n % kBlockN * 2 + pos % 2];
+      const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
+      const uint8_t code = p.bytes()[pr / kBlockN * p.code_block_bytes() +
+                                     pos / 2 * q.code_row_bytes + pr % kBlockN * 2 + pos % 2];
       double s;
       if (q.block_n > 0)
         s = saved_at<float>(q.scales_in, n / q.block_n, k / q.block_k);
@@ -197,9 +214,9 @@ double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
     }
     case WeightFormat::int4_awq:
     case WeightFormat::int4_gptq: {
-      const int64_t pos = q.pos_of[k];
-      const uint8_t byte =
-          p.bytes()[n / kBlockN * p.code_block_bytes() + pos / 2 * q.code_row_bytes + n % kBlockN];
+      const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
+      const uint8_t byte = p.bytes()[pr / kBlockN * p.code_block_bytes() +
+                                     pos / 2 * q.code_row_bytes + pr % kBlockN];
       const int code = (byte >> (4 * (pos % 2))) & 0xF;
       const int64_t g = q.g_idx_in.present ? saved_at<int32_t>(q.g_idx_in, k)
                         : q.group_size < 0 ? 0
@@ -267,7 +284,9 @@ const char* weight_format_name(WeightFormat f) {
 
 // ---- int8 ------------------------------------------------------------------------
 
-PackedWeight pack_weight(const Int8Weight& w) {
+namespace ops {
+
+PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int8)";
   ops::check_view(op, "weight", w.weight, 2);
   ops::check_dtype(op, "weight", w.weight, {DType::i8});
@@ -295,6 +314,7 @@ PackedWeight pack_weight(const Int8Weight& w) {
   impl->data_bytes = static_cast<size_t>(L.total_bytes());
   impl->data = ops::zeroed(impl->data_bytes);
   auto q = std::make_unique<QuantTables>();
+  q->set_row_map(std::move(row_of), N);
   q->scales_in = ops::save(w.scales);
   const int64_t cols = L.n_blocks() * kBlockN;
   q->col_scale = ops::zeroed(static_cast<size_t>(cols) * 4);
@@ -304,13 +324,14 @@ PackedWeight pack_weight(const Int8Weight& w) {
   auto* cc = reinterpret_cast<int32_t*>(q->col_comp.get());
   for (int64_t n = 0; n < N; ++n) {
     const auto* row = static_cast<const int8_t*>(w.weight.data) + n * w.weight.strides[0];
+    const int64_t pr = q->packed_row(n);
     int32_t sum = 0;
     for (int64_t k = 0; k < K; ++k) {
-      dst[L.index(n, k)] = row[k];
+      dst[L.index(pr, k)] = row[k];
       sum += row[k];
     }
-    cc[n] = sum;
-    cs[n] = ops::at1<float>(w.scales, w.scales.shape[0] == 1 ? 0 : n);
+    cc[pr] = sum;
+    cs[pr] = ops::at1<float>(w.scales, w.scales.shape[0] == 1 ? 0 : n);
   }
   impl->quant = std::move(q);
   impl->layout_name = ops::quant_layout_name(*impl);
@@ -319,7 +340,7 @@ PackedWeight pack_weight(const Int8Weight& w) {
 
 // ---- fp8 e4m3 --------------------------------------------------------------------
 
-PackedWeight pack_weight(const Fp8Weight& w) {
+PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(fp8)";
   ops::check_view(op, "weight", w.weight, 2);
   ops::check_dtype(op, "weight", w.weight, {DType::f8e4m3});
@@ -369,6 +390,7 @@ PackedWeight pack_weight(const Fp8Weight& w) {
   impl->dtype = DType::f8e4m3;
   impl->layout = {N, K};
   auto q = std::make_unique<QuantTables>();
+  q->set_row_map(std::move(row_of), N);
   q->code_row_bytes = 128;
   q->block_n = block ? w.block_n : 0;
   q->block_k = block ? w.block_k : 0;
@@ -382,8 +404,8 @@ PackedWeight pack_weight(const Fp8Weight& w) {
   const codegen::PackedLayout geo = impl->run_layout();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t pos = t.pos_of[k];
-      codes[n / kBlockN * impl->code_block_bytes() + pos / 2 * 128 + n % kBlockN * 2 + pos % 2] =
+      const int64_t pos = t.pos_of[k], pr = t.packed_row(n);
+      codes[pr / kBlockN * impl->code_block_bytes() + pos / 2 * 128 + pr % kBlockN * 2 + pos % 2] =
           ops::at2<uint8_t>(w.weight, n, k);
     }
   t.scales = ops::zeroed(static_cast<size_t>(geo.n_blocks() * G * kBlockN) * 4);
@@ -395,7 +417,8 @@ PackedWeight pack_weight(const Fp8Weight& w) {
         v = ops::at2<float>(w.scales, n / w.block_n, g);
       else
         v = ops::at1<float>(w.scales, w.scales.shape[0] == 1 ? 0 : n);
-      s[(n / kBlockN * G + g) * kBlockN + n % kBlockN] = v;
+      const int64_t pr = t.packed_row(n);
+      s[(pr / kBlockN * G + g) * kBlockN + pr % kBlockN] = v;
     }
   t.normal_products =
       ops::normal_products(s, static_cast<size_t>(geo.n_blocks() * G * kBlockN), DType::f8e4m3);
@@ -405,7 +428,7 @@ PackedWeight pack_weight(const Fp8Weight& w) {
 
 // ---- int4 ------------------------------------------------------------------------
 
-PackedWeight pack_weight(const Int4Weight& w) {
+PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int4)";
   if (w.format != Int4Format::awq && w.format != Int4Format::gptq)
     throw Error(fmt::format("{}: format={} is not an Int4Format; allowed: awq, gptq", op,
@@ -486,6 +509,7 @@ PackedWeight pack_weight(const Int4Weight& w) {
   impl->dtype = DType::u4;
   impl->layout = {N, K};
   auto q = std::make_unique<QuantTables>();
+  q->set_row_map(std::move(row_of), N);
   q->code_row_bytes = 64;
   q->int4_format = w.format;
   q->gptq_v2 = w.gptq_v2;
@@ -504,16 +528,19 @@ PackedWeight pack_weight(const Int4Weight& w) {
     for (int64_t n = 0; n < N; ++n) {
       const int v =
           awq ? runtime::awq_at(qw, qstride, k, n) : runtime::gptq_q_at(qw, qstride, k, n);
-      codes[n / kBlockN * impl->code_block_bytes() + pos / 2 * 64 + n % kBlockN] |=
+      const int64_t pr = t.packed_row(n);
+      codes[pr / kBlockN * impl->code_block_bytes() + pos / 2 * 64 + pr % kBlockN] |=
           static_cast<uint8_t>(v << (4 * (pos % 2)));
     }
   }
   t.scales = ops::zeroed(static_cast<size_t>(geo.n_blocks() * G * kBlockN) * 4);
   auto* s = reinterpret_cast<float*>(t.scales.get());
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t n = 0; n < N; ++n)
-      s[(n / kBlockN * G + g) * kBlockN + n % kBlockN] =
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t pr = t.packed_row(n);
+      s[(pr / kBlockN * G + g) * kBlockN + pr % kBlockN] =
           static_cast<float>(ops::scale_value(t.scales_in, g, n));
+    }
   t.normal_products =
       ops::normal_products(s, static_cast<size_t>(geo.n_blocks() * G * kBlockN), DType::u4);
   if (w.qzeros) {
@@ -522,13 +549,27 @@ PackedWeight pack_weight(const Int4Weight& w) {
     const auto* zw = static_cast<const int32_t*>(w.qzeros->data);
     const int64_t zstride = w.qzeros->strides[0];
     for (int64_t g = 0; g < G; ++g)
-      for (int64_t n = 0; n < N; ++n)
-        z[(n / kBlockN * G + g) * kBlockN + n % kBlockN] =
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t pr = t.packed_row(n);
+        z[(pr / kBlockN * G + g) * kBlockN + pr % kBlockN] =
             static_cast<uint8_t>(awq ? runtime::awq_at(zw, zstride, g, n)
                                      : runtime::gptq_zero_at(zw, zstride, g, n, !w.gptq_v2));
+      }
   }
   impl->layout_name = ops::quant_layout_name(*impl);
   return PackedWeight(std::move(impl));
+}
+
+}  // namespace ops
+
+PackedWeight pack_weight(const Int8Weight& w) {
+  return ops::pack_int8(w, {});
+}
+PackedWeight pack_weight(const Fp8Weight& w) {
+  return ops::pack_fp8(w, {});
+}
+PackedWeight pack_weight(const Int4Weight& w) {
+  return ops::pack_int4(w, {});
 }
 
 Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& qweight,
@@ -606,7 +647,8 @@ void PackedWeight::unpack(const Int8Weight& out) const {
   auto* dst = static_cast<uint8_t*>(out.weight.data);
   for (int64_t n = 0; n < p.layout.n; ++n)
     for (int64_t k = 0; k < p.layout.k; ++k)
-      dst[n * out.weight.strides[0] + k * out.weight.strides[1]] = p.bytes()[p.int8.index(n, k)];
+      dst[n * out.weight.strides[0] + k * out.weight.strides[1]] =
+          p.bytes()[p.int8.index(p.quant->packed_row(n), k)];
   ops::restore(op, "scales", p.quant->scales_in, out.scales);
 }
 
@@ -627,9 +669,9 @@ void PackedWeight::unpack(const Fp8Weight& out) const {
   auto* dst = static_cast<uint8_t*>(out.weight.data);
   for (int64_t n = 0; n < p.layout.n; ++n)
     for (int64_t k = 0; k < p.layout.k; ++k) {
-      const int64_t pos = q.pos_of[k];
+      const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
       dst[n * out.weight.strides[0] + k * out.weight.strides[1]] =
-          p.bytes()[n / 64 * p.code_block_bytes() + pos / 2 * 128 + n % 64 * 2 + pos % 2];
+          p.bytes()[pr / 64 * p.code_block_bytes() + pos / 2 * 128 + pr % 64 * 2 + pos % 2];
     }
   ops::restore(op, "scales", q.scales_in, out.scales);
 }
@@ -662,8 +704,9 @@ void PackedWeight::unpack(const Int4Weight& out) const {
   for (int64_t k = 0; k < p.layout.k; ++k) {
     const int64_t pos = q.pos_of[k];
     for (int64_t n = 0; n < p.layout.n; ++n) {
+      const int64_t pr = q.packed_row(n);
       const uint32_t v =
-          (p.bytes()[n / 64 * p.code_block_bytes() + pos / 2 * 64 + n % 64] >> (4 * (pos % 2))) &
+          (p.bytes()[pr / 64 * p.code_block_bytes() + pos / 2 * 64 + pr % 64] >> (4 * (pos % 2))) &
           0xF;
       if (awq)
         qw[k * stride + n / 8] |= static_cast<int32_t>(v << (4 * runtime::kAwqNibble[n % 8]));

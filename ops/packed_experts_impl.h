@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "codegen/packed_layout.h"
 #include "runtime/aligned_buffer.h"
@@ -14,11 +15,33 @@
 namespace tilejit {
 
 struct PackedExperts::Impl {
-  // The tags fused_experts checks before reading the bytes.
+  // The tags fused_experts checks before reading the bytes; quantized
+  // experts: their expert weights' tag (ops/quant_weight.h) + kGluSuffix
+  // for gate_up.
   static constexpr const char* kGateUpLayout = "bf16_vnni2_n64k32_glu32";
   static constexpr const char* kDownLayout = "bf16_vnni2_n64k32";
+  static constexpr const char* kGluSuffix = "_glu32";
   static const char* layout_for(ExpertProj p) {
     return p == ExpertProj::gate_up ? kGateUpLayout : kDownLayout;
+  }
+  WeightFormat format = WeightFormat::bf16;
+  // Quantized formats: one packed weight per expert, the logical [2I, H] or
+  // [H, I] matrix; gate_up ones with the GLU row map (glu_row_map), so their
+  // 64-column blocks hold 32 gate and the matching 32 up columns like the
+  // bf16 layout. `layout` and `data` are unused then.
+  std::vector<PackedWeight> quant;
+  const PackedWeight::Impl& q(int64_t e) const { return *quant[static_cast<size_t>(e)].impl(); }
+  // Packed column of logical row r of a [2I, H] gate_up matrix: the
+  // inverse of gate_up_source_row.
+  static int64_t glu_packed_row(int64_t I, int64_t r) {
+    const int64_t i = r < I ? r : r - I;
+    return i / 32 * 64 + (r < I ? 0 : 32) + i % 32;
+  }
+  int64_t glu_packed_row(int64_t r) const { return glu_packed_row(n, r); }
+  static std::vector<int64_t> glu_row_map(int64_t I) {
+    std::vector<int64_t> m(static_cast<size_t>(2 * I));
+    for (int64_t r = 0; r < 2 * I; ++r) m[r] = glu_packed_row(I, r);
+    return m;
   }
   std::string layout_name;
   ExpertProj proj = ExpertProj::down;

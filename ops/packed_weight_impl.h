@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,17 @@ struct SavedTensor {
 // group for act-order, with a zero-activation padding position after a group
 // of odd length, so no k-pair straddles two groups), padded to 32.
 struct QuantTables {
+  // The packed column (block row_of[n] / 64, column row_of[n] % 64) of
+  // logical output row n: empty for the identity; MoE gate_up experts place
+  // gate row i and up row i in one block's halves (ops/packed_experts_impl.h).
+  // Always a permutation into [0, ceil(N/64)·64); the other columns stay
+  // zero codes with zero scales, i.e. weight 0.
+  std::vector<int64_t> row_of;
+  int64_t packed_row(int64_t n) const { return row_of.empty() ? n : row_of[n]; }
+  // Takes the map for an N-row weight; Error unless it is such a permutation
+  // (an internal caller's bug, never a checkpoint's).
+  void set_row_map(std::vector<int64_t> map, int64_t n);
+
   int64_t k_packed = 0;         // GEMM inner dimension after reordering (>= K)
   int64_t code_row_bytes = 0;   // 128 (fp8) or 64 (int4)
   int64_t n_groups = 1;         // G: scale rows per column block

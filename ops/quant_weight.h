@@ -4,8 +4,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "codegen/brgemm_desc.h"
 #include "codegen/gemm_plan.h"
+#include "codegen/quant_desc.h"
 #include "ops/packed_weight_impl.h"
 
 namespace tilejit::ops {
@@ -13,6 +16,12 @@ namespace tilejit::ops {
 // int8 W8A8: the int32 sums Σ (a − zp)·w of u8 x s8 codes stay exact while
 // 255·128·K < 2^31, i.e. K <= 65793; the limit is the power of two below.
 inline constexpr int64_t kInt8MaxK = 65536;
+
+// pack_weight of each format with logical row n placed at packed column
+// row_of[n] (QuantTables::row_of; empty: the identity).
+PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of);
+PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of);
+PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of);
 
 // The logical weight w[n, k] of any format, in double, from the checkpoint's
 // own scale / zero tensors (kept verbatim) and the packed codes: the oracle
@@ -43,6 +52,18 @@ int64_t quant_gemm_max_kc(bool int8, int64_t m);
 // kernels over the packed K order (k_packed).
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                   Activation act, DType out, int64_t m);
+
+// The same for a spec of the caller's (n, bias, epilogue, GLU: fused_experts'
+// projections): K and b_type of the weight's plan, its K chunk for m rows.
+codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m);
+
+// The fused decode kernel for m rows, a full 64-column block (nr 64, or 32
+// outputs with the spec's GLU) and the spec's epilogue; the N tail sets nr.
+codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
+                                     int64_t m);
+
+// The dequant kernel of an fp8 / int4 weight on `path` (avx512 serves amx).
+codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);
 
 // What a quantized GEMM of m rows runs on `path`: the fused decode kernel's
 // name, or the plan's (for the tool's tables).

@@ -86,16 +86,16 @@ class QuantBrgemm : public JitGenerator {
       : d_(d),
         fp8_(d.b_type == DType::f8e4m3),
         zp_(d.b_type == DType::u4 && d.b_zeros),
-        nz_((d.nr + 15) / 16),
+        nz_((d.computed_cols() + 15) / 16),
         tf_(d.b_type == DType::u4 && nz_ == 4),
         sa_(zp_ || tf_),
         row_bytes_(fp8_ ? 128 : 64) {
     if (d.b_type != DType::u4 && d.b_type != DType::f8e4m3)
       throw std::invalid_argument("emit_quant_brgemm: b must be u4 or f8e4m3");
-    if (d.mr < 1 || d.mr > 4 || d.nr < 1 || d.nr > 64 || d.kb < 1)
-      throw std::invalid_argument("emit_quant_brgemm: mr 1..4, nr 1..64, kb >= 1");
-    if (d.accumulate || d.glu != Glu::none || d.a_packed)
-      throw std::invalid_argument("emit_quant_brgemm: no acc_in, GLU or packed A");
+    if (d.mr < 1 || d.mr > 4 || d.nr < 1 || d.nr > (d.glu != Glu::none ? 32 : 64) || d.kb < 1)
+      throw std::invalid_argument("emit_quant_brgemm: mr 1..4, nr 1..64 (GLU: 1..32), kb >= 1");
+    if (d.accumulate || d.a_packed)
+      throw std::invalid_argument("emit_quant_brgemm: no acc_in or packed A");
     plan_registers();
     generate();
   }
@@ -113,7 +113,7 @@ class QuantBrgemm : public JitGenerator {
   static constexpr int64_t kFpBufferMax = 128 * 1024;
   // Whether a descriptor takes the f32 FMA variant (then its scratch).
   static bool fp_variant(const BrgemmDesc& d) {
-    const int nz = (d.nr + 15) / 16;
+    const int nz = (d.computed_cols() + 15) / 16;
     const bool table_free = d.b_type == DType::u4 && nz == 4;
     return table_free && d.mr * fp_row_bytes_of(d) <= kFpBufferMax && d.mr * nz + d.mr + 17 <= 32;
   }
@@ -648,15 +648,25 @@ class QuantBrgemm : public JitGenerator {
     mov(rsi, arg(offsetof(BrgemmArgs, c)));
     mov(r11, arg(offsetof(BrgemmArgs, ldc)));
     mov(r14, arg(offsetof(BrgemmArgs, bias)));
+    // With a GLU the ceil(nr/16) <= 2 gate vectors, each paired with the up
+    // vector two further on (the block's columns 32..63).
+    const bool glu = d_.glu != Glu::none;
+    const int nout = glu ? (d_.nr + 15) / 16 : nz_;
     for (int r = 0; r < d_.mr; ++r) {
-      for (int j = 0; j < nz_; ++j) {
-        const bool last = j == nz_ - 1 && tail_cols != 0;
-        Zmm v = Zmm(0);
-        if (acc_in_regs_)
+      for (int j = 0; j < nout; ++j) {
+        const bool last = j == nout - 1 && tail_cols != 0;
+        Zmm v = Zmm(0), u = Zmm(first + 4);
+        if (acc_in_regs_) {
           v = acc(r, j);
-        else
+          if (glu) u = acc(r, j + 2);
+        } else {
           vmovaps(v, ptr[accm_ + acc_mem_off(r, j)]);
-        epi.apply_and_store(v, j, rsi, r14, last ? &k1 : nullptr, r8);
+          if (glu) vmovaps(u, ptr[accm_ + acc_mem_off(r, j + 2)]);
+        }
+        if (glu)
+          epi.apply_glu_and_store(v, u, j, rsi, r14, last ? &k1 : nullptr, r8);
+        else
+          epi.apply_and_store(v, j, rsi, r14, last ? &k1 : nullptr, r8);
       }
       if (r + 1 < d_.mr) add(rsi, r11);
     }

@@ -383,9 +383,20 @@ class PackedExperts {
   std::string layout() const;
   size_t packed_bytes() const;
   bool empty() const { return impl_ == nullptr; }
+  // The experts' weight format (bf16, or that of the checkpoints of the
+  // quantized pack_experts overloads).
+  WeightFormat format() const;
   // Restores the original weights exactly: out [E, 2I, H] (gate_up) or
-  // [E, H, I] (down), bf16, innermost stride 1.
+  // [E, H, I] (down), bf16, innermost stride 1. bf16 experts only.
   void unpack(const TensorView& out) const;
+  // Quantized experts: expert e's checkpoint tensors back, bit for bit, into
+  // out[e] (shaped as that expert's tensors were when packed).
+  void unpack(const std::vector<Int8Weight>& out) const;
+  void unpack(const std::vector<Fp8Weight>& out) const;
+  void unpack(const std::vector<Int4Weight>& out) const;
+  // The logical weights of any format: out [E, 2I, H] or [E, H, I], f32 or
+  // bf16 (rounded to nearest even), innermost stride 1.
+  void dequantize(const TensorView& out) const;
 
   const Impl* impl() const { return impl_.get(); }
   explicit PackedExperts(std::shared_ptr<const Impl> impl);
@@ -398,6 +409,17 @@ class PackedExperts {
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj);
 // Packing packed experts is a no-op (the same bytes) if proj matches, else an Error.
 PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj);
+// Quantized experts (docs/moe.md): one checkpoint description per expert
+// (views into an engine's [E, ...] tensors, or its per-expert tensors), each
+// of the logical [2I, H] matrix (gate_up: the I gate rows, then the I up
+// rows) or [H, I] (down), with the formats, checks and contract of
+// pack_weight (docs/quantized.md). Every expert has the same shape, format
+// and parameters (group size, zero points, block sizes, scale granularity;
+// act-order g_idx may differ per expert). A tensor-parallel shard is just
+// views of the shard: any I.
+PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj);
+PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj);
+PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj);
 
 struct MoeOptions {
   // Gated activation act(gate)·up; silu (silu_and_mul), gelu_tanh or gelu_erf
@@ -413,9 +435,14 @@ struct MoeOptions {
   // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + shared(x_t)
   float routed_scaling_factor = 1.0f;
   // Shared expert (DeepSeek, Qwen-MoE): one-expert packs (E = 1), same
-  // activation, no bias; its output is added unweighted.
+  // activation, no bias; its output is added unweighted. It may be packed in
+  // another format than the routed experts.
   const PackedExperts* shared_w13 = nullptr;
   const PackedExperts* shared_w2 = nullptr;
+  // int8 (W8A8) experts: how both projections' inputs are quantized per
+  // token (dynamic_sym or dynamic_asym; a fixed scale would need one per
+  // projection and is refused).
+  ActQuant act_quant = ActQuant::dynamic_sym;
 };
 
 // out[t] = rsf · Σ_j topk_weights[t, j] · (glu(x_t·W13_eᵀ + b13_e) · W2_eᵀ + b2_e)

@@ -1,0 +1,154 @@
+// ExpertGemm: one expert projection on the experts' format (ops/moe_quant.h).
+#include "ops/moe_quant.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "codegen/quant_desc.h"
+#include "codegen/xbyak/emitters.h"
+#include "jit/registry.h"
+#include "ops/quant_weight.h"
+
+namespace tilejit::ops {
+
+namespace {
+constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
+}  // namespace
+
+ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec,
+                       int64_t rows, Isa isa)
+    : w_(&w), e_(e) {
+  if (w.quant.empty()) {
+    exe_ = &gemm_executable(spec, isa);
+    a_cols_ = spec.k;
+    return;
+  }
+  q_ = &w.q(e);
+  const codegen::GemmSpec qs = quant_gemm_spec(*q_, spec, rows);
+  a_cols_ = qs.k;
+  if (q_->format == WeightFormat::int8) {
+    route_ = Route::int8;
+    exe_ = &gemm_executable(qs, isa);
+    return;
+  }
+  if (quant_gemm_fused(isa, rows)) {
+    route_ = Route::fused;
+    fused_rows_ = rows;
+    const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows);
+    codegen::BrgemmDesc tail = d;
+    tail.nr = static_cast<int>(spec.n % d.nr);
+    if (spec.n >= d.nr) fused_[0] = &jit::get(d);
+    if (tail.nr != 0) fused_[1] = &jit::get(tail);
+    fused_scratch_ = std::max(codegen::xbyak::quant_brgemm_scratch_bytes(d),
+                              tail.nr != 0 ? codegen::xbyak::quant_brgemm_scratch_bytes(tail) : 0);
+    return;
+  }
+  route_ = Route::dequant;
+  exe_ = &gemm_executable(qs, isa);
+  dequant_ = jit::get(quant_dequant_desc(*q_, isa)).entry<codegen::DequantFn>();
+}
+
+int64_t ExpertGemm::task_rows() const {
+  // The fused kernel takes every row of its (<= 4-row) group in one call.
+  return route_ == Route::fused ? 4 : exe_->plan().task_rows();
+}
+
+const std::vector<int32_t>* ExpertGemm::perm() const {
+  if (q_ == nullptr || q_->format == WeightFormat::int8 || q_->quant->perm.empty()) return nullptr;
+  return &q_->quant->perm;
+}
+
+void ExpertGemm::run(RowBlockJob job, int64_t block) const {
+  switch (route_) {
+    case Route::bf16:
+      job.b_block = w_->expert(e_) + block * w_->block_bytes();
+      run_row_block(*exe_, job);
+      return;
+    case Route::int8: {
+      const QuantTables& q = *q_->quant;
+      job.b_block = q_->bytes() + block * q_->int8.block_bytes();
+      job.b_scale = reinterpret_cast<const float*>(q.col_scale.get()) + block * kBlockN;
+      job.b_comp = reinterpret_cast<const int32_t*>(q.col_comp.get()) + block * kBlockN;
+      run_row_block(*exe_, job);
+      return;
+    }
+    case Route::fused: {
+      const QuantTables& q = *q_->quant;
+      const jit::Kernel* k = job.n_tail ? fused_[1] : fused_[0];
+      // The kernel is compiled for the group's row count (its mr).
+      if (k == nullptr || job.rows != fused_rows_)
+        throw Error(fmt::format("fused_experts: internal: no fused kernel for {} rows (has {})",
+                                job.rows, fused_rows_));
+      const void* a_ptr = job.a;
+      const void* b_ptr = q_->bytes() + block * q_->code_block_bytes();
+      codegen::BrgemmArgs args{};
+      args.a = &a_ptr;
+      args.b = &b_ptr;
+      args.batch = 1;
+      args.lda = job.lda;
+      args.c = job.c;
+      args.ldc = job.ldc;
+      args.bias = job.bias;
+      args.q_groups = q.groups.data();
+      args.q_scales = reinterpret_cast<const float*>(q.scales.get()) + block * q.n_groups * kBlockN;
+      args.q_zeros = q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) +
+                                              block * q.n_groups * kBlockN
+                                        : nullptr;
+      args.q_scratch = fused_scratch_ > 0 ? packed_a_scratch(kQuantB, fused_scratch_) : nullptr;
+      k->entry<codegen::BrgemmFn>()(&args);
+      return;
+    }
+    case Route::dequant: {
+      const QuantTables& q = *q_->quant;
+      const codegen::GemmPlan& plan = exe_->plan();
+      const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
+      auto* chunk = reinterpret_cast<uint16_t*>(
+          packed_a_scratch(kQuantB, chunk_pairs * codegen::PackedLayout::kRowBytes));
+      const int64_t part_rows = (job.rows + plan.mr - 1) / plan.mr * plan.mr;
+      job.partial =
+          reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, part_rows * kBlockN * 4));
+      job.ld_partial = kBlockN * 4;
+      job.b_block = reinterpret_cast<const uint8_t*>(chunk);
+      job.b_is_chunk = true;
+      const auto* scales = reinterpret_cast<const float*>(q.scales.get());
+      const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
+      for (int64_t c = 0; c < plan.k_chunks; ++c) {
+        const int64_t k0 = c * plan.kc;
+        const int64_t klen = std::min(plan.kc, q.k_packed - k0);
+        codegen::DequantArgs d{};
+        d.codes = q_->bytes() + block * q_->code_block_bytes() + k0 / 2 * q.code_row_bytes;
+        d.groups = q.groups.data() + k0 / 2;
+        d.scales = scales + block * q.n_groups * kBlockN;
+        d.zeros = zeros != nullptr ? zeros + block * q.n_groups * kBlockN : nullptr;
+        d.out = chunk;
+        d.rows = (klen + 31) / 32 * 16;
+        dequant_(&d);
+        job.only_chunk = c;
+        run_row_block(*exe_, job);
+      }
+      return;
+    }
+  }
+}
+
+void quantize_rows(ActQuant mode, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows, int64_t k,
+                   uint8_t* q, int64_t ldq, float* scale, int32_t* zero) {
+  const codegen::ActQuantDesc qd{
+      isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+      mode == ActQuant::dynamic_asym ? codegen::ActQuantMode::asym : codegen::ActQuantMode::sym};
+  codegen::ActQuantArgs a{};
+  a.x = x;
+  a.ldx = ldx;
+  a.rows = rows;
+  a.k = k;
+  a.k_padded = ldq;
+  a.out = q;
+  a.ld_out = ldq;
+  a.scale = scale;
+  a.zero = zero;
+  a.inv_scale = 1.0f;
+  jit::get(qd).entry<codegen::ActQuantFn>()(&a);
+}
+
+}  // namespace tilejit::ops

@@ -1,0 +1,73 @@
+// One projection (gate_up with its act-and-mul, or down) of one expert, run
+// by fused_experts' tasks on whatever format the experts were packed in:
+//   bf16:    the bf16 brgemm kernels on the packed block;
+//   fused:   fp8 / int4 at <= 4 rows on amx / avx512: the fused decode kernel
+//            (exact weights, codegen/xbyak/quant_brgemm.cpp), one call per block;
+//   dequant: fp8 / int4 otherwise: per K chunk the dequant kernel fills a bf16
+//            chunk that the bf16 kernels run on (as ops/gemm_quant.cpp does);
+//   int8:    u8 rows (quantized by the caller with quantize_rows) × the i8
+//            block on the int8 kernels, with the scaled epilogue.
+// A's rows must be in the weight's packed K order (gather_row), a_cols wide.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+#include "codegen/quant_desc.h"
+#include "jit/kernel.h"
+#include "ops/gemm_executable.h"
+#include "ops/gemm_task.h"
+#include "ops/packed_experts_impl.h"
+#include "ops/packed_weight_impl.h"
+
+namespace tilejit::ops {
+
+class ExpertGemm {
+ public:
+  enum class Route { bf16, fused, dequant, int8 };
+
+  // Expert e of w for a run of `rows` rows; spec: n (outputs), k, bias, out,
+  // act or GLU as for bf16 experts (k is replaced by the weight's own).
+  ExpertGemm() = default;
+  ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec, int64_t rows,
+             Isa isa);
+
+  Route route() const { return route_; }
+  // Rows per task (a multiple of the kernels' row block).
+  int64_t task_rows() const;
+  // The A layout the tasks read: row-major (a_cols elements of A's type per
+  // row), or the PackedA tile copy when a_packed().
+  bool a_packed() const { return exe_ != nullptr && exe_->plan().a_packed; }
+  codegen::PackedA packed_a() const { return exe_->plan().packed_a(); }
+  // A's columns: K (bf16), k_packed (fp8 / int4: act-order order with
+  // padding), or K rounded up to 4 (int8, u8 bytes).
+  int64_t a_cols() const { return a_cols_; }
+  bool int8() const { return route_ == Route::int8; }
+  // fp8 / int4 act-order: A column j holds input channel perm[j] (−1: zero).
+  const std::vector<int32_t>* perm() const;
+
+  // Runs job (a, lda, rows, c, ldc, bias, n_tail and, for int8, a_scale /
+  // a_zero of the job's rows set by the caller) on column block `block`.
+  void run(RowBlockJob job, int64_t block) const;
+
+ private:
+  Route route_ = Route::bf16;
+  const PackedExperts::Impl* w_ = nullptr;
+  const PackedWeight::Impl* q_ = nullptr;  // quantized experts
+  int64_t e_ = 0;
+  int64_t a_cols_ = 0;
+  GemmExecutable* exe_ = nullptr;
+  const jit::Kernel* fused_[2] = {nullptr, nullptr};  // full block, N tail
+  int64_t fused_scratch_ = 0;
+  int64_t fused_rows_ = 0;
+  codegen::DequantFn dequant_ = nullptr;
+};
+
+// int8 experts: quantizes `rows` bf16 rows (k columns, ldx elements apart)
+// to u8 rows of ldq bytes with per-row scale and zero point (the act_quant
+// kernel; ActQuant dynamic_sym or dynamic_asym), on the calling thread.
+void quantize_rows(ActQuant mode, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows, int64_t k,
+                   uint8_t* q, int64_t ldq, float* scale, int32_t* zero);
+
+}  // namespace tilejit::ops

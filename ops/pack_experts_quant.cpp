@@ -1,0 +1,196 @@
+// pack_experts for the quantized formats: one quantized PackedWeight per
+// expert (ops/pack_quant.cpp does the packing and every checkpoint check),
+// gate_up ones with the GLU row map so that each 64-column block pairs 32
+// gate with the matching 32 up columns, as the bf16 experts' layout does.
+// unpack / dequantize go back through those weights.
+#include <fmt/format.h>
+
+#include "ops/packed_experts_impl.h"
+#include "ops/quant_weight.h"
+#include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
+#include "runtime/thread_pool.h"
+
+namespace tilejit {
+namespace {
+
+constexpr const char* kOp = "pack_experts";
+
+// Rows of the logical matrix a checkpoint description holds (before any
+// check: pack_weight checks it right after).
+int64_t logical_rows(const Int8Weight& w) {
+  return w.weight.shape.empty() ? 0 : w.weight.shape[0];
+}
+int64_t logical_rows(const Fp8Weight& w) {
+  return w.weight.shape.empty() ? 0 : w.weight.shape[0];
+}
+int64_t logical_rows(const Int4Weight& w) {
+  if (w.n != 0) return w.n;
+  if (w.qweight.shape.size() != 2) return 0;
+  return w.format == Int4Format::awq ? w.qweight.shape[1] * 8 : w.qweight.shape[1];
+}
+
+PackedWeight pack_one(const Int8Weight& w, std::vector<int64_t> map) {
+  return ops::pack_int8(w, std::move(map));
+}
+PackedWeight pack_one(const Fp8Weight& w, std::vector<int64_t> map) {
+  return ops::pack_fp8(w, std::move(map));
+}
+PackedWeight pack_one(const Int4Weight& w, std::vector<int64_t> map) {
+  return ops::pack_int4(w, std::move(map));
+}
+
+// What must agree between experts: the layout tag without the act-order
+// marker (each expert's g_idx is its own).
+std::string tag_class(const PackedWeight::Impl& p) {
+  std::string t = p.layout_name;
+  const std::string perm = "_perm";
+  if (t.size() >= perm.size() && t.compare(t.size() - perm.size(), perm.size(), perm) == 0)
+    t.resize(t.size() - perm.size());
+  return t;
+}
+
+template <class W>
+PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj) {
+  if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
+    throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down", kOp,
+                            static_cast<int>(proj)));
+  const int64_t E = static_cast<int64_t>(w.size());
+  ops::check_count(kOp, "E (w.size())", E, 1, Limits::max_experts);
+  const int64_t rows = logical_rows(w[0]);
+  if (proj == ExpertProj::gate_up && (rows < 2 || rows % 2 != 0))
+    throw Error(fmt::format(
+        "{}: expert 0 has {} output rows for gate_up; allowed: 2I (gate rows, then up rows)", kOp,
+        rows));
+  std::vector<int64_t> map;
+  if (proj == ExpertProj::gate_up) map = PackedExperts::Impl::glu_row_map(rows / 2);
+  auto impl = std::make_shared<PackedExperts::Impl>();
+  impl->quant.resize(static_cast<size_t>(E));
+  runtime::parallel_for(E, [&](int64_t e) {
+    if (logical_rows(w[e]) != rows)
+      throw Error(fmt::format("{}: expert {} has {} output rows; allowed: expert 0's {}", kOp, e,
+                              logical_rows(w[e]), rows));
+    try {
+      impl->quant[e] = pack_one(w[e], map);
+    } catch (const Error& err) {
+      throw Error(fmt::format("{}: expert {}: {}", kOp, e, err.what()));
+    }
+  });
+  const PackedWeight::Impl& first = impl->q(0);
+  for (int64_t e = 1; e < E; ++e) {
+    const PackedWeight::Impl& p = impl->q(e);
+    if (p.layout.k != first.layout.k || tag_class(p) != tag_class(first))
+      throw Error(fmt::format(
+          "{}: expert {} is {} with K = {}; allowed: expert 0's format {} and K = {} (every "
+          "expert the same shape and parameters)",
+          kOp, e, p.layout_name, p.layout.k, first.layout_name, first.layout.k));
+  }
+  impl->format = first.format;
+  impl->proj = proj;
+  impl->experts = E;
+  impl->n = proj == ExpertProj::gate_up ? first.layout.n / 2 : first.layout.n;
+  impl->k = first.layout.k;
+  impl->layout_name =
+      tag_class(first) + (proj == ExpertProj::gate_up ? PackedExperts::Impl::kGluSuffix : "");
+  return PackedExperts(std::move(impl));
+}
+
+const PackedExperts::Impl& need_quant(const PackedExperts::Impl* p, const char* op, size_t size) {
+  if (p == nullptr)
+    throw Error(
+        fmt::format("{}: the PackedExperts is empty; allowed: experts from pack_experts()", op));
+  if (p->quant.empty())
+    throw Error(fmt::format(
+        "{}: the experts are bf16; allowed: unpack(const TensorView&) for bf16 experts", op));
+  if (size != p->quant.size())
+    throw Error(fmt::format("{}: out has {} entries; allowed: one per expert ({})", op, size,
+                            p->quant.size()));
+  return *p;
+}
+
+template <class W>
+void unpack_quantized(const PackedExperts::Impl* impl, const std::vector<W>& out) {
+  const char* op = "PackedExperts::unpack";
+  const PackedExperts::Impl& p = need_quant(impl, op, out.size());
+  for (size_t e = 0; e < out.size(); ++e) {
+    try {
+      p.quant[e].unpack(out[e]);
+    } catch (const Error& err) {
+      throw Error(fmt::format("{}: expert {}: {}", op, e, err.what()));
+    }
+  }
+}
+
+}  // namespace
+
+PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj) {
+  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+  return pack_quantized(w, proj);
+}
+PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj) {
+  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+  return pack_quantized(w, proj);
+}
+PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj) {
+  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+  return pack_quantized(w, proj);
+}
+
+void PackedExperts::unpack(const std::vector<Int8Weight>& out) const {
+  unpack_quantized(impl_.get(), out);
+}
+void PackedExperts::unpack(const std::vector<Fp8Weight>& out) const {
+  unpack_quantized(impl_.get(), out);
+}
+void PackedExperts::unpack(const std::vector<Int4Weight>& out) const {
+  unpack_quantized(impl_.get(), out);
+}
+
+WeightFormat PackedExperts::format() const {
+  if (impl_ == nullptr)
+    throw Error(
+        "PackedExperts::format: the PackedExperts is empty; allowed: experts from "
+        "pack_experts()");
+  return impl_->format;
+}
+
+void PackedExperts::dequantize(const TensorView& out) const {
+  const char* op = "PackedExperts::dequantize";
+  if (impl_ == nullptr)
+    throw Error(
+        fmt::format("{}: the PackedExperts is empty; allowed: experts from pack_experts()", op));
+  const Impl& p = *impl_;
+  ops::check_view(op, "out", out, 3);
+  ops::check_dtype(op, "out", out, {DType::f32, DType::bf16});
+  if (out.strides[2] != 1)
+    throw Error(fmt::format("{}: out has innermost stride {}; allowed: 1", op, out.strides[2]));
+  ops::check_writable(op, "out", out);
+  const int64_t rows = p.proj == ExpertProj::gate_up ? 2 * p.n : p.n;
+  if (out.shape != std::vector<int64_t>{p.experts, rows, p.k})
+    throw Error(fmt::format("{}: out has shape {}; allowed: [{}, {}, {}]", op,
+                            ops::shape_str(out.shape), p.experts, rows, p.k));
+  // bf16 experts: the packed row of each logical row.
+  const std::vector<int64_t> map = p.quant.empty() && p.proj == ExpertProj::gate_up
+                                       ? PackedExperts::Impl::glu_row_map(p.n)
+                                       : std::vector<int64_t>{};
+  runtime::parallel_for(p.experts * rows, [&](int64_t er) {
+    const int64_t e = er / rows, r = er % rows;
+    for (int64_t c = 0; c < p.k; ++c) {
+      float v;
+      if (p.quant.empty()) {
+        const int64_t s = map.empty() ? r : map[static_cast<size_t>(r)];
+        v = runtime::bf16_to_f32(
+            reinterpret_cast<const uint16_t*>(p.expert(e))[p.layout.index(s, c)]);
+      } else {
+        v = static_cast<float>(ops::weight_value(p.q(e), r, c));
+      }
+      const int64_t off = e * out.strides[0] + r * out.strides[1] + c;
+      if (out.dtype == DType::f32)
+        static_cast<float*>(out.data)[off] = v;
+      else
+        static_cast<uint16_t*>(out.data)[off] = runtime::f32_to_bf16(v);
+    }
+  });
+}
+
+}  // namespace tilejit
