@@ -15,7 +15,7 @@ bool check_head_dim(RuleContext& c, size_t i, const char* dim_name) {
   int64_t d = c.dim(i, -1).value;
   if (Limits::attention_head_dim_ok(d)) return true;
   return c.fail(cat("operand ", c.who(i), " has head dim ", dim_name, "=", d,
-                    ": head dims must be multiples of ", Limits::head_dim_step, " in [",
+                    ": head dims must be even (multiples of ", Limits::head_dim_step, ") in [",
                     Limits::head_dim_step, ", ", Limits::max_head_dim, "]"));
 }
 

@@ -11,8 +11,8 @@ namespace tilejit::ops::attn {
 
 void check_head_dim(const char* op, const char* what, int64_t d) {
   if (!Limits::attention_head_dim_ok(d))
-    throw Error(
-        fmt::format("{}: {}={}; allowed: a multiple of 16 in [16, {}]", op, what, d, kMaxHeadDim));
+    throw Error(fmt::format("{}: {}={}; allowed: an even size in [{}, {}] (Limits::head_dim_step)",
+                            op, what, d, Limits::head_dim_step, kMaxHeadDim));
 }
 
 void check_head_counts(const char* op, int64_t hq, const char* of_q, int64_t hkv,
@@ -112,9 +112,9 @@ PagedDims check_paged_attention(const char* op, const char* rows, const TensorVi
   check_head_dim(op, "D (q.shape[2])", p.d);
   check_head_dim(op, "Dv (v_cache.shape[3])", p.dv);
   check_head_counts(op, p.hq, "q", p.hkv, "k_cache");
-  if (p.block_size < 16 || p.block_size % 16 != 0)
-    throw Error(fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: a multiple of 16", op,
-                            p.block_size));
+  if (p.block_size < 1)
+    throw Error(
+        fmt::format("{}: block_size={} (k_cache.shape[1]); allowed: >= 1", op, p.block_size));
   check_cache(op, "k_cache", k_cache, p.hkv, p.d, k_cache);
   check_cache(op, "v_cache", v_cache, p.hkv, p.dv, k_cache);
   if (out.shape != std::vector<int64_t>{p.rows, p.hq, p.dv})

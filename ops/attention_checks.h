@@ -10,7 +10,8 @@
 
 namespace tilejit::ops::attn {
 
-// Head sizes the engine specialises for: multiples of 16 in [16, Limits::max_head_dim].
+// Head sizes the engine specialises for: Limits::attention_head_dim_ok (even, in
+// [2, Limits::max_head_dim]), the rule the IR verifier calls too.
 void check_head_dim(const char* op, const char* what, int64_t d);
 // Hq and Hkv in [1, Limits::max_heads], Hq a multiple of Hkv. `of_q` and
 // `of_kv` name the tensors the counts come from.
@@ -31,8 +32,8 @@ void check_options(const char* op, const AttentionOptions& opt);
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
                  int64_t head_dim, const TensorView& k_cache);
 // q [rows, Hq, D], the paged k_cache / v_cache and out [rows, Hq, Dv] of
-// decode and extend: dtypes, head dims, Hq a multiple of Hkv, block_size a
-// multiple of 16, matching caches and out shape. `rows` names q's first dim
+// decode and extend: dtypes, head dims, Hq a multiple of Hkv, block_size
+// >= 1, matching caches and out shape. `rows` names q's first dim
 // in messages ("B" or "T").
 struct PagedDims {
   int64_t rows, hq, d, dv, hkv, num_blocks, block_size;

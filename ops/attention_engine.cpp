@@ -150,6 +150,7 @@ struct Scratch {
   alignas(64) int32_t lo[kRowsPerBlock], hi[kRowsPerBlock];  // visible keys per row
   AlignedArray<float> ot;                                    // Oᵀ [Dv][64 rows]
   AlignedArray<uint16_t> vt;                                 // Vᵀ of one key block [Dv][128 keys]
+  AlignedArray<uint16_t> kg;  // K rows of one key block gathered from small cache blocks [128][D]
   alignas(64) uint16_t a_tail[32 * 32];
 };
 thread_local Scratch tls;
@@ -384,17 +385,31 @@ void transpose_v_with(lb::SoftmaxTransposeVFn fn, const RowSource& v, int64_t j0
   }
 }
 
+// Rows of a paged source in runs too short for the score GEMM's row blocks.
+bool scattered(const RowSource& s) {
+  return s.table != nullptr && s.block_size % 16 != 0;
+}
+
 // Asks for the K rows and Vᵀ columns of keys [j0, j0 + n) in L2 while the
 // current block computes: past ~1 MB of K and V per kv head (T ≳ 2k at D =
 // 128) they come from L3, where the micro-kernels' broadcast loads of A would
 // wait for them (measured +2% at T = 8192, neutral at 2048).
-void prefetch_block(const Params& p, const RowSource& k, const TransposedV* vt, int64_t j0,
-                    int64_t n) {
+//
+// With scattered rows (a paged cache whose blocks hold fewer than 16 keys
+// or not a multiple of 16) the V rows are asked for too: no hardware
+// prefetcher follows a block table row by row.
+void prefetch_block(const Params& p, const RowSource& k, const RowSource& v, const TransposedV* vt,
+                    int64_t j0, int64_t n) {
   if (n <= 0) return;
   for (int64_t j = 0; j < n; ++j) {
     const char* row = reinterpret_cast<const char*>(k.row(j0 + j));
     for (int64_t b = 0; b < p.d * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
   }
+  if (vt == nullptr && scattered(v))
+    for (int64_t j = 0; j < n; ++j) {
+      const char* row = reinterpret_cast<const char*>(v.row(j0 + j));
+      for (int64_t b = 0; b < p.dv * 2; b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
   if (vt == nullptr) return;
   for (int64_t c = 0; c < p.dv; ++c) {
     const char* col = reinterpret_cast<const char*>(vt->base + c * vt->ld + (j0 - vt->first));
@@ -501,30 +516,43 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
   const bool slow = p.softcap > 0 || p.slopes != nullptr ||
                     std::any_of(rows.begin(), rows.end(), [](const QueryRow& r) { return r.mask; });
   pack_q(rows, p.d);
+  const bool gather_k = scattered(k);
   const void* q_ptr = tls.q_packed.data();
   const void* pt_ptr = tls.pt;
 
   for (int64_t j0 = jb0; j0 < jb1; j0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, jb1 - j0);
-    prefetch_block(p, k, vt, j0 + kKeyBlock, std::min(kKeyBlock, jb1 - j0 - kKeyBlock));
+    prefetch_block(p, k, v, vt, j0 + kKeyBlock, std::min(kKeyBlock, jb1 - j0 - kKeyBlock));
+    // Rows scattered over small cache blocks (block size 1, 8, ...) are
+    // gathered first, so the score GEMM runs on whole row blocks rather than
+    // one call per cache block.
+    RowSource kd = k;
+    if (gather_k) {
+      uint16_t* dst = tls.kg.get(static_cast<size_t>(kKeyBlock * p.d));
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(dst + j * p.d, k.row(j0 + j), static_cast<size_t>(p.d) * 2);
+      kd = RowSource{dst, p.d};
+      kd.first = j0;
+    }
+    const RowSource& ks = kd;
     // Sᵀ[keys × m] = K[keys × D] · Qᵀ, in runs of rows sharing one stride.
     for (int64_t jl = 0; jl < n;) {
-      const int64_t run = std::min(n - jl, k.run(j0 + jl));
+      const int64_t run = std::min(n - jl, ks.run(j0 + jl));
       for_chunks(run, mr, [&](int64_t r0, int rr) {
-        const uint16_t* a_ptr = k.row(j0 + jl + r0);
+        const uint16_t* a_ptr = ks.row(j0 + jl + r0);
         const void* a = a_ptr;
         codegen::BrgemmArgs args{};
         args.a = &a;
         args.b = &q_ptr;
         args.batch = 1;
-        args.lda = k.row_stride * 2;
+        args.lda = ks.row_stride * 2;
         args.c = tls.s + (jl + r0) * kRowsPerBlock;
         args.ldc = kRowsPerBlock * 4;
         if (amx_tail) {
           // AMX K tail: zero-padded copy of the last D % 32 columns of each row.
           std::memset(tls.a_tail, 0, sizeof tls.a_tail);
           for (int r = 0; r < rr; ++r)
-            std::memcpy(tls.a_tail + r * 32, a_ptr + r * k.row_stride + d_full, d_tail * 2);
+            std::memcpy(tls.a_tail + r * 32, a_ptr + r * ks.row_stride + d_full, d_tail * 2);
           args.a_tail = tls.a_tail;
         }
         ker.score(rr, nz)(&args);

@@ -264,6 +264,54 @@ TEST_F(ExtendAttention, HeadDimsAndGroups) {
   }
 }
 
+// Any block size (1: sglang's token-granular cache), both K/V modes, with
+// head sizes that are not multiples of 16 and D ≠ Dv: the prefix rows are
+// scattered over the blocks and gathered per key block by the engine.
+TEST_F(ExtendAttention, AnyBlockSizeAndHeadDimTails) {
+  struct Case {
+    int64_t hq, hkv, d, dv, bs;
+  };
+  for (const Case& c :
+       {Case{8, 2, 128, 128, 1}, Case{8, 2, 64, 64, 3}, Case{8, 2, 128, 128, 8},
+        Case{4, 2, 72, 72, 16}, Case{8, 1, 40, 40, 17}, Case{4, 1, 66, 66, 64}, Case{4, 2, 2, 2, 8},
+        Case{4, 2, 72, 40, 1}, Case{4, 2, 258, 130, 17}, Case{16, 2, 80, 80, 3}}) {
+    for (bool in_cache : {false, true}) {
+      SCOPED_TRACE("Hq=" + std::to_string(c.hq) + " Hkv=" + std::to_string(c.hkv) +
+                   " D=" + std::to_string(c.d) + " Dv=" + std::to_string(c.dv) +
+                   " bs=" + std::to_string(c.bs) + " in_cache=" + std::to_string(in_cache));
+      Extend pr;
+      pr.prefix = {0, 37, 150};
+      pr.n_new = {5, 1, 20};
+      pr.hq = c.hq, pr.hkv = c.hkv, pr.d = c.d, pr.dv = c.dv, pr.bs = c.bs;
+      pr.in_cache = in_cache;
+      run_extend(pr, 2);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(ExtendAttention, SmallBlocksWithOptions) {
+  for (int64_t bs : {1, 8}) {
+    for (Mask kind : {Mask::none, Mask::tree}) {
+      SCOPED_TRACE("bs=" + std::to_string(bs) + " tree=" + std::to_string(kind == Mask::tree));
+      Extend pr;
+      pr.prefix = {45, 300};
+      pr.n_new = {20, 9};
+      pr.hq = 4, pr.hkv = 2, pr.d = 72, pr.dv = 72, pr.bs = bs;
+      pr.mask = kind;
+      pr.opt.window_left = 50;
+      pr.opt.softcap = 20.f;
+      pr.sinks = {-1.f, 0.5f, 3.f, 40.f};
+      if (kind == Mask::none) pr.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};  // (tree ref: no ALiBi)
+      run_extend(pr, 2);
+      if (HasFatalFailure()) return;
+      pr.in_cache = true;
+      run_extend(pr, 8);  // split-KV over the scattered prefix
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 TEST_F(ExtendAttention, StridedNewKv) {
   Extend pr;
   pr.prefix = {20, 33};
@@ -502,6 +550,28 @@ TEST(ExtendAttentionErrors, BadInputs) {
   opt.window_left = -3;
   expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), opt, sep); },
                "window_left=-3");
+  expect_error(
+      [&] {
+        extend_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {nb, 0, hkv, d}),
+                         TensorView(vc.as<uint16_t>(), DType::bf16, {nb, 0, hkv, d}), o, qoi(),
+                         tab(), pl(), {}, sep);
+      },
+      "extend_attention: block_size=0 (k_cache.shape[1]); allowed: >= 1");
+  // Odd head sizes are refused on every path; even ones that are not
+  // multiples of 16 are accepted (v_new checked against Dv = 62).
+  expect_error(
+      [&] {
+        extend_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, hkv, 31}),
+                         TensorView(ob.data(), DType::bf16, {8, hq, 31}), qoi(), tab(), pl());
+      },
+      "extend_attention: Dv (v_cache.shape[3])=31; allowed: an even size in [2, 576]");
+  expect_error(
+      [&] {
+        extend_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, hkv, 62}),
+                         TensorView(ob.data(), DType::bf16, {8, hq, 62}), qoi(), tab(), pl(), {},
+                         sep);
+      },
+      "v_new has shape [8, 2, 64]; allowed: [T, Hkv, 62] = [8, 2, 62]");
 }
 
 }  // namespace

@@ -176,6 +176,49 @@ TEST_F(Prefill, HeadDims) {
   }
 }
 
+// Head sizes that are not multiples of 16 (SigLIP's 72, 40, and the
+// smallest and odd-pair ones): the K step is zero-padded, the Dv tail
+// masked. GQA rows, causal and not, D ≠ Dv both ways.
+TEST_F(Prefill, EvenHeadDimTails) {
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{2, 2},
+                       {40, 40},
+                       {66, 66},
+                       {72, 72},
+                       {80, 80},
+                       {258, 258},
+                       {574, 574},
+                       {72, 40},
+                       {40, 72},
+                       {66, 2},
+                       {2, 66},
+                       {258, 130}}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("D=" + std::to_string(d) + " Dv=" + std::to_string(dv) +
+                   " causal=" + std::to_string(causal));
+      Varlen pr;
+      pr.lq = {1, 15, 17, 70};
+      pr.lk = {1, 15, 40, 150};
+      pr.hq = 4, pr.hkv = 2, pr.d = d, pr.dv = dv;
+      pr.opt.causal = causal;
+      run_varlen(pr);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(Prefill, EvenHeadDimOptions) {
+  Varlen pr;
+  pr.lq = {1, 17, 100};
+  pr.lk = {1, 40, 200};
+  pr.hq = 4, pr.hkv = 1, pr.d = 72, pr.dv = 40;
+  pr.opt.causal = true;
+  pr.opt.window_left = 30;
+  pr.opt.softcap = 20.f;
+  pr.sinks = {-1.f, 0.5f, 3.f, 40.f};
+  pr.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  run_varlen(pr);
+}
+
 TEST_F(Prefill, DifferentDv) {
   Varlen pr;
   pr.lq = {5, 70};
@@ -392,6 +435,73 @@ TEST_F(Decode, BlockSizesSplitOnAndOff) {
   }
 }
 
+// Any block size: rows of a sequence scattered over blocks of 1, 3, 8, 17
+// keys (sglang's token-granular cache is block size 1), split-KV on and off.
+TEST_F(Decode, AnyBlockSize) {
+  for (int64_t bs : {1, 3, 8, 16, 17, 64}) {
+    SCOPED_TRACE("block_size=" + std::to_string(bs));
+    Paged pr;
+    pr.lens = {1, 5, 100, 700};
+    pr.bs = bs;
+    const auto one = run_decode(pr, 1);
+    if (HasFatalFailure()) return;
+    const auto many = run_decode(pr, 8);
+    if (HasFatalFailure()) return;
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double a = bf16_to_f32(one[i]), b = bf16_to_f32(many[i]);
+      ASSERT_LE(std::fabs(a - b), std::ldexp(1.0, -8) + std::ldexp(std::fabs(a), -7))
+          << "element " << i << ": " << a << " vs " << b;
+    }
+  }
+}
+
+// Head sizes that are not multiples of 16, with D ≠ Dv, group sizes 1, 4, 8
+// and 16 (G > 8 takes the kernel's other head loop) and block sizes that
+// do and do not divide into 16-key chunks.
+TEST_F(Decode, EvenHeadDimTails) {
+  struct Case {
+    int64_t hq, hkv, d, dv, bs;
+  };
+  for (const Case& c : {Case{4, 4, 2, 2, 16}, Case{8, 2, 40, 40, 8}, Case{8, 2, 66, 66, 16},
+                        Case{8, 1, 72, 72, 1}, Case{32, 2, 72, 72, 3}, Case{16, 2, 80, 80, 17},
+                        Case{8, 2, 258, 258, 64}, Case{8, 2, 72, 40, 8}, Case{8, 2, 40, 72, 16},
+                        Case{4, 2, 66, 2, 1}, Case{4, 2, 2, 66, 17}, Case{8, 1, 258, 130, 3}}) {
+    SCOPED_TRACE("Hq=" + std::to_string(c.hq) + " Hkv=" + std::to_string(c.hkv) +
+                 " D=" + std::to_string(c.d) + " Dv=" + std::to_string(c.dv) +
+                 " bs=" + std::to_string(c.bs));
+    Paged pr;
+    pr.lens = {3, 40, 300};
+    pr.hq = c.hq, pr.hkv = c.hkv, pr.d = c.d, pr.dv = c.dv, pr.bs = c.bs;
+    run_decode(pr, 1);
+    if (HasFatalFailure()) return;
+    run_decode(pr, 8);  // split-KV
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Decode, TailsWithOptions) {
+  for (int64_t bs : {1, 8}) {
+    SCOPED_TRACE("block_size=" + std::to_string(bs));
+    Paged pr;
+    pr.lens = {1, 33, 700};
+    pr.hq = 4, pr.hkv = 2, pr.d = 72, pr.dv = 72, pr.bs = bs;
+    pr.opt.window_left = 100;
+    pr.opt.softcap = 10;
+    pr.sinks = {0.f, 1.f, -2.f, 30.f};
+    pr.slopes = {0.1f, 0.01f, 0.f, 0.5f};
+    run_decode(pr, 4);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Decode, MlaSmallBlocks) {
+  Paged pr;
+  pr.lens = {5, 140};
+  pr.hq = 16, pr.hkv = 1, pr.d = 576, pr.dv = 512, pr.bs = 8, pr.mla = true;
+  pr.opt.sm_scale = 0.1f;
+  run_decode(pr, 2);
+}
+
 TEST_F(Decode, GroupedAndHeadDims) {
   for (auto [hq, hkv, d] :
        {std::tuple<int64_t, int64_t, int64_t>{4, 4, 64}, {32, 4, 80}, {16, 1, 256}, {128, 1, 64}}) {
@@ -510,16 +620,28 @@ TEST(AttentionErrors, Prefill) {
       "cu_seqlens_q.dtype=f32");
   expect_error(
       [&] {
-        flash_attn_varlen(bf({8, 4, 72}), bf({8, 2, 72}), bf({8, 2, 72}), bf({8, 4, 72}), i32(cu),
+        flash_attn_varlen(bf({8, 4, 71}), bf({8, 2, 71}), bf({8, 2, 71}), bf({8, 4, 71}), i32(cu),
                           i32(cu));
       },
-      "D (q.shape[2])=72; allowed: a multiple of 16 in [16, 576]");
+      "D (q.shape[2])=71; allowed: an even size in [2, 576]");
+  expect_error(
+      [&] {
+        flash_attn_varlen(bf({8, 4, 64}), bf({8, 2, 64}), bf({8, 2, 33}), bf({8, 4, 33}), i32(cu),
+                          i32(cu));
+      },
+      "Dv (v.shape[2])=33; allowed: an even size in [2, 576]");
+  expect_error(
+      [&] {
+        flash_attn_varlen(bf({8, 4, 0}), bf({8, 2, 0}), bf({8, 2, 0}), bf({8, 4, 0}), i32(cu),
+                          i32(cu));
+      },
+      "D (q.shape[2])=0; allowed: an even size in [2, 576]");
   expect_error(
       [&] {
         flash_attn_varlen(bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}),
                           i32(cu), i32(cu));
       },
-      "=592; allowed: a multiple of 16");
+      "=592; allowed: an even size in [2, 576]");
   expect_error(
       [&] {
         flash_attn_varlen(bf({8, 3, 64}), k, v, bf({8, 3, 64}), i32(cu), i32(cu));
@@ -592,13 +714,28 @@ TEST(AttentionErrors, Decode) {
   expect_error(
       [&] { decode_attention(q, k, v, o, tab(), TensorView(lens.data(), DType::f32, {2})); },
       "seq_lens.dtype=f32");
+  // Any block size >= 1 is a cache layout (24: two blocks of 24 hold 48 keys).
+  std::vector<int32_t> table24 = {1, 9, 0, 9};  // entries past a sequence's length: unused
+  decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}),
+                   TensorView(vc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}), o,
+                   TensorView(table24.data(), DType::i32, {2, 2}), sl());
   expect_error(
       [&] {
-        decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}),
-                         TensorView(vc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}), o, tab(),
+        decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {nb, 0, 2, 64}),
+                         TensorView(vc.as<uint16_t>(), DType::bf16, {nb, 0, 2, 64}), o, tab(),
                          sl());
       },
-      "block_size=24 (k_cache.shape[1]); allowed: a multiple of 16");
+      "decode_attention: block_size=0 (k_cache.shape[1]); allowed: >= 1");
+  // Odd head sizes are refused on every path (the kernels contract k-pairs).
+  std::vector<uint16_t> q_odd(2 * 4 * 63, 0), o_odd(2 * 4 * 63, 0);
+  expect_error(
+      [&] {
+        decode_attention(TensorView(q_odd.data(), DType::bf16, {2, 4, 63}),
+                         TensorView(kc.as<uint16_t>(), DType::bf16, {nb, bs, 2, 63}),
+                         TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, 2, 63}),
+                         TensorView(o_odd.data(), DType::bf16, {2, 4, 63}), tab(), sl());
+      },
+      "decode_attention: D (q.shape[2])=63; allowed: an even size in [2, 576]");
   expect_error(
       [&] {
         decode_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, 1, 64}), o,

@@ -627,10 +627,14 @@ TEST(IrVerifier, AttentionRules) {
   EXPECT_EQ(verify_error(attn_text(q("?Tx32x576xbf16"), q("?Sx1x576xbf16"), q("?Sx1x512xbf16"),
                                    "{window_left = -1}", q("?Tx32x512xbf16"))),
             "");
-  EXPECT_THAT(verify_error(attn_text(q("?Tx32x100xbf16"), q("?Sx8x100xbf16"), q("?Sx8x100xbf16"),
-                                     "", q("?Tx32x100xbf16"))),
-              HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=100: head dims must be "
-                        "multiples of 16 in [16, 576]"));
+  // Any even head dim (100, SigLIP's 72) is accepted; an odd one is not.
+  EXPECT_EQ(verify_error(attn_text(q("?Tx32x100xbf16"), q("?Sx8x100xbf16"), q("?Sx8x72xbf16"), "",
+                                   q("?Tx32x72xbf16"))),
+            "");
+  EXPECT_THAT(verify_error(attn_text(q("?Tx32x101xbf16"), q("?Sx8x101xbf16"), q("?Sx8x101xbf16"),
+                                     "", q("?Tx32x101xbf16"))),
+              HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=101: head dims must be "
+                        "even (multiples of 2) in [2, 576]"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx32x128xbf16"), q("?Sx8x128xbf16"), q("?Sx8x592xbf16"),
                                      "", q("?Tx32x592xbf16"))),
               HasSubstr("operand 'v' (%v) has head dim Dv=592"));

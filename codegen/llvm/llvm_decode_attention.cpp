@@ -22,10 +22,19 @@
 //   exit: O permuted back
 //
 // Every K and V row of the range is read from memory once; q, O and the
-// scratch stay in L1. Full chunks run unmasked code; the first and last
-// chunk of [j0, j1) a masked copy (invalid scores −inf, their V rows zeroed,
-// so stale cache rows cannot turn 0·v into NaN). Those rows are still
-// loaded: they lie inside a block the sequence uses.
+// scratch stay in L1. Head sizes are any even D, Dv: the contraction's last
+// K piece and the last V columns are loaded narrower and widened with zeros
+// (q is packed zero-padded), so no load passes the end of a row and the
+// padding adds 0 to every dot product; O's padded columns stay 0.
+//
+// Block sizes that are not a multiple of 16 scatter a chunk's rows over
+// several cache blocks: then each chunk first looks up the 16 K and V row
+// offsets of its keys (and of the chunk it prefetches) in the block table,
+// keys past the range clamped to its last one (a block the sequence uses),
+// and every row address comes from that list instead of base + j·stride. Full chunks run unmasked
+// code; the first and last chunk of [j0, j1) a masked copy (invalid scores −inf, their V rows
+// zeroed, so stale cache rows cannot turn 0·v into NaN). Those rows are still loaded: they lie
+// inside a block the sequence uses.
 //
 // With dpbf16 the interleave puts O's columns of each 32-column group in the
 // order (0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, ...): O is permuted into that
@@ -79,7 +88,7 @@ constexpr int64_t kKernelMaxHeadDim = 4096;
 
 void check(const DecodeAttentionDesc& d) {
   auto dim = [&](const char* f, int64_t v) {
-    constexpr int64_t step = Limits::head_dim_step;
+    constexpr int64_t step = Limits::head_dim_step;  // 2: bf16 k-pairs
     if (v < step || v % step != 0 || v > kKernelMaxHeadDim)
       fail(d, std::string(f) + "=" + std::to_string(v) + "; allowed: a multiple of " +
                   std::to_string(step) + " in [" + std::to_string(step) + ", " +
@@ -88,9 +97,12 @@ void check(const DecodeAttentionDesc& d) {
   dim("d", d.d);
   dim("dv", d.dv);
   if (d.g < 1 || d.g > 1024) fail(d, "g=" + std::to_string(d.g) + "; allowed: 1 .. 1024");
-  if (d.block_size < 16 || d.block_size % 16 != 0)
-    fail(d, "block_size=" + std::to_string(d.block_size) + "; allowed: a multiple of 16");
-  if (d.ldo < d.dv) fail(d, "ldo=" + std::to_string(d.ldo) + "; allowed: >= dv");
+  if (d.block_size < 1) fail(d, "block_size=" + std::to_string(d.block_size) + "; allowed: >= 1");
+  // O rows are written in 16-column vectors up to dv rounded up to 16.
+  const int64_t dv16 = (d.dv + 15) / 16 * 16;
+  if (d.ldo < dv16)
+    fail(d, "ldo=" + std::to_string(d.ldo) +
+                "; allowed: >= dv rounded up to 16 = " + std::to_string(dv16));
   if (d.dot == DecodeDot::dpbf16 && !host_target().avx512bf16)
     fail(d, "dot = dpbf16 needs AVX512-BF16, which this host (" + host_target().cpu + ") lacks");
 }
@@ -158,8 +170,10 @@ class DecodeEmitter : public KernelEmitter {
       const HostTarget& host = mc_.host;
       const int64_t w = std::max(1, 512 / host.vector_bits);
       pack_ = 1;
+      // A pack splits D in pieces of 32/P elements: D must hold whole pieces.
       for (int64_t p : {4, 2})
-        if (d_.g % p == 0 && w * (d_.d * p / 32) * (dp_ ? 1 : 2) <= host.vector_regs / 2) {
+        if (d_.g % p == 0 && d_.d % (32 / p) == 0 &&
+            w * (d_.d * p / 32) * (dp_ ? 1 : 2) <= host.vector_regs / 2) {
           pack_ = p;
           break;
         }
@@ -170,10 +184,12 @@ class DecodeEmitter : public KernelEmitter {
         i16t(),
         b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
     cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
+    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(4 * kChunk));
     pack_q();
     if (dp_) permute_o(/*to_kernel=*/true);
 
-    // Chunks are aligned to 16 keys, so each lies inside one cache block.
+    // Chunks are aligned to 16 keys (inside one cache block when the block
+    // size is a multiple of 16; otherwise rows come from the offset list).
     llvm::Value* c_begin = b_.CreateAnd(j0, i64(~int64_t{kChunk - 1}));
     c_last_ = b_.CreateAnd(b_.CreateSub(j1, i64(1)), i64(~int64_t{kChunk - 1}));
     llvm::Value* chunks =
@@ -207,7 +223,6 @@ class DecodeEmitter : public KernelEmitter {
   }
   llvm::Type* i16t() { return b_.getInt16Ty(); }
   llvm::Type* i32x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt32Ty(), n); }
-  llvm::Type* i16x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt16Ty(), n); }
 
   llvm::Value* load_f32(llvm::Value* base, llvm::Value* index) {
     return b_.CreateAlignedLoad(f32_, b_.CreateGEP(f32_, base, index), llvm::Align(4));
@@ -221,21 +236,32 @@ class DecodeEmitter : public KernelEmitter {
   void store_vf32(llvm::Value* v, llvm::Value* base, llvm::Value* index) {
     b_.CreateAlignedStore(v, b_.CreateGEP(f32_, base, index), llvm::Align(4));
   }
-  // Columns [col, col + 32) of a bf16 row as <16 x i32> (pairs); when only 16
-  // columns are left (D % 32 = 16) the upper half is zero.
+  // <width x t> at p of which only the first n exist: a load of those n
+  // widened with zero lanes, so a row's tail never reads past its end.
+  llvm::Value* load_part(llvm::Type* t, int64_t width, llvm::Value* p, int64_t n) {
+    auto* full = llvm::FixedVectorType::get(t, static_cast<unsigned>(width));
+    if (n >= width) return b_.CreateAlignedLoad(full, p, llvm::Align(2));
+    auto* part = llvm::FixedVectorType::get(t, static_cast<unsigned>(n));
+    llvm::Value* x = b_.CreateAlignedLoad(part, p, llvm::Align(2));
+    Mask m;  // lane n of the pair (x, 0) is a zero
+    for (int64_t i = 0; i < width; ++i) m.push_back(static_cast<int>(i < n ? i : n));
+    return b_.CreateShuffleVector(x, llvm::Constant::getNullValue(part), m);
+  }
+  // Columns [col, col + 32) of a bf16 row of `cols` (even) columns as
+  // <16 x i32> (pairs); pairs past the row are zero.
   llvm::Value* load_pairs(llvm::Value* row, int64_t col, int64_t cols) {
-    llvm::Value* p = b_.CreateGEP(i16t(), row, i64(col));
-    if (col + 32 <= cols) return b_.CreateAlignedLoad(i32x(16), p, llvm::Align(2));
-    llvm::Value* half = b_.CreateAlignedLoad(i32x(8), p, llvm::Align(2));
-    Mask m;
-    for (int i = 0; i < 16; ++i) m.push_back(i);
-    return b_.CreateShuffleVector(half, llvm::Constant::getNullValue(i32x(8)), m);
+    return load_part(b_.getInt32Ty(), 16, b_.CreateGEP(i16t(), row, i64(col)), (cols - col) / 2);
   }
-  // 16 bf16 at row[col..] widened to f32 (exact).
+  // `width` bf16 of a V row at column col (zeros past Dv).
+  llvm::Value* load_v(llvm::Value* row, int64_t col, int64_t width) {
+    return load_part(i16t(), width, b_.CreateGEP(i16t(), row, i64(col)), d_.dv - col);
+  }
+  // 16 bf16 at row[col..] widened to f32 (exact); zeros past Dv.
   llvm::Value* load_bf16(llvm::Value* row, int64_t col) {
-    llvm::Value* p = b_.CreateGEP(i16t(), row, i64(col));
-    return vm_.bf16_to_f32(b_.CreateAlignedLoad(vm_.i16v(), p, llvm::Align(2)));
+    return vm_.bf16_to_f32(load_v(row, col, kLanes));
   }
+  // Columns of O the P·V code computes: Dv rounded up to 16 (the rest are 0).
+  int64_t dv16() const { return (d_.dv + kLanes - 1) / kLanes * kLanes; }
   // The even / odd bf16 of 16 pairs as exact f32.
   llvm::Value* even(llvm::Value* pairs) {
     return b_.CreateBitCast(b_.CreateShl(pairs, vm_.i32(16)), vm_.f32v());
@@ -272,9 +298,23 @@ class DecodeEmitter : public KernelEmitter {
     if (tail) fn(i64(full * per), tail);
   }
 
-  // Row pointer of key jl (0..15) of a chunk.
-  llvm::Value* key_row(llvm::Value* base, llvm::Value* row_stride, int64_t jl) {
-    return b_.CreateGEP(i16t(), base, b_.CreateMul(i64(jl), row_stride));
+  // Row pointer of key jl (0..15) of the chunk, base being the chunk's row 0
+  // of the head (aligned blocks) or the head's block 0 (offset list: entry
+  // `list + jl`, list 0 = K, 16 = V of this chunk, 32 / 48 of the prefetched one).
+  llvm::Value* key_row(llvm::Value* base, bool is_v, llvm::Value* jl) {
+    if (!aligned_)
+      return b_.CreateGEP(
+          i16t(), base,
+          b_.CreateAlignedLoad(
+              b_.getInt64Ty(),
+              b_.CreateGEP(b_.getInt64Ty(), offs_, b_.CreateAdd(jl, i64(is_v ? kChunk : 0))),
+              llvm::Align(8)));
+    return b_.CreateGEP(i16t(), base,
+                        b_.CreateMul(jl, is_v ? arg(TILEJIT_ARG(Args, v_row_stride))
+                                              : arg(TILEJIT_ARG(Args, k_row_stride))));
+  }
+  llvm::Value* key_row(llvm::Value* base, bool is_v, int64_t jl) {
+    return key_row(base, is_v, i64(jl));
   }
 
   // p, as a value LLVM cannot see through: loads from it are not merged with
@@ -330,6 +370,36 @@ class DecodeEmitter : public KernelEmitter {
                                       b_.CreateMul(off, arg(TILEJIT_ARG(Args, v_row_stride)))))};
   }
 
+  // Unaligned blocks: the element offsets (from block 0, head 0) of the K
+  // and V rows of keys c .. c + 15 into offs_[at ..] and offs_[at + 16 ..],
+  // each key clamped to j1 − 1 (its block is one the sequence uses; keys
+  // below j0 but ≥ 0 are the sequence's too).
+  void key_offsets(llvm::Value* c, llvm::Value* j1, int64_t at) {
+    llvm::Value* last = b_.CreateSub(j1, i64(1));
+    for (int64_t jl = 0; jl < kChunk; ++jl) {
+      llvm::Value* key = b_.CreateAdd(c, i64(jl));
+      key = b_.CreateSelect(b_.CreateICmpSLT(key, last), key, last);
+      llvm::Value* slot = b_.CreateUDiv(key, i64(d_.block_size));
+      llvm::Value* blk =
+          b_.CreateSExt(b_.CreateAlignedLoad(
+                            b_.getInt32Ty(),
+                            b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, table)),
+                                         b_.CreateMul(slot, arg(TILEJIT_ARG(Args, table_stride)))),
+                            llvm::Align(4)),
+                        b_.getInt64Ty());
+      llvm::Value* off = b_.CreateURem(key, i64(d_.block_size));
+      auto store = [&](llvm::Value* v, int64_t i) {
+        b_.CreateAlignedStore(v, b_.CreateGEP(b_.getInt64Ty(), offs_, i64(i)), llvm::Align(8));
+      };
+      store(b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, k_block_stride))),
+                         b_.CreateMul(off, arg(TILEJIT_ARG(Args, k_row_stride)))),
+            at + jl);
+      store(b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, v_block_stride))),
+                         b_.CreateMul(off, arg(TILEJIT_ARG(Args, v_row_stride)))),
+            at + kChunk + jl);
+    }
+  }
+
   void chunk(llvm::Value* c0, llvm::Value* j0, llvm::Value* j1, bool masked) {
     masked_ = masked;
     if (masked) {
@@ -353,14 +423,20 @@ class DecodeEmitter : public KernelEmitter {
     }
     // std::tie, not structured bindings: the lambdas below capture these,
     // which clang accepts only from version 16 (Debian 12's clang is 14).
-    llvm::Value *kp, *vp;
-    std::tie(kp, vp) = chunk_rows(c0);
     // The chunk kPrefetchChunks ahead, clamped to the last one (so the table
     // read stays inside the entries the sequence uses).
     llvm::Value* cf = b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks));
     cf = b_.CreateSelect(b_.CreateICmpSLT(cf, c_last_), cf, c_last_);
-    llvm::Value *kf, *vf;
-    std::tie(kf, vf) = chunk_rows(cf);
+    llvm::Value *kp, *vp, *kf, *vf;
+    if (aligned_) {
+      std::tie(kp, vp) = chunk_rows(c0);
+      std::tie(kf, vf) = chunk_rows(cf);
+    } else {
+      key_offsets(c0, j1, 0);
+      key_offsets(cf, j1, 2 * kChunk);
+      kp = kf = arg(TILEJIT_ARG(Args, k));
+      vp = vf = arg(TILEJIT_ARG(Args, v));
+    }
     llvm::Value *slopes = slopes_, *m = m_, *l = l_, *o = o_;
     llvm::Value *probs = probs_, *alpha = alpha_;
     // Software-pipelined over the heads: iteration h scores head h and then
@@ -444,10 +520,18 @@ class DecodeEmitter : public KernelEmitter {
     const int64_t lk = (d_.d + 31) / 32, lv = (d_.dv + 31) / 32;
     llvm::Value* is_k = b_.CreateICmpULT(unit, i64(kChunk));
     llvm::Value* row = b_.CreateAnd(unit, i64(kChunk - 1));
-    llvm::Value* base =
-        b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
-                     b_.CreateMul(row, b_.CreateSelect(is_k, arg(TILEJIT_ARG(Args, k_row_stride)),
-                                                       arg(TILEJIT_ARG(Args, v_row_stride)))));
+    llvm::Value* base;
+    if (aligned_)
+      base =
+          b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
+                       b_.CreateMul(row, b_.CreateSelect(is_k, arg(TILEJIT_ARG(Args, k_row_stride)),
+                                                         arg(TILEJIT_ARG(Args, v_row_stride)))));
+    else  // the prefetched chunk's list: K rows at 32.., V rows at 48..
+      base = b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
+                          b_.CreateAlignedLoad(b_.getInt64Ty(),
+                                               b_.CreateGEP(b_.getInt64Ty(), offs_,
+                                                            b_.CreateAdd(unit, i64(2 * kChunk))),
+                                               llvm::Align(8)));
     std::vector<llvm::Value*> lines;
     for (int64_t c = 0; c < std::max(lk, lv); ++c) {
       llvm::Value* col = i64(32 * c);
@@ -598,10 +682,7 @@ class DecodeEmitter : public KernelEmitter {
                   llvm::Value* j0 = b_.CreateMul(it, i64(4));
                   std::vector<llvm::Value*> acc;
                   for (int64_t jj = 0; jj < 4; ++jj) {
-                    llvm::Value* krow =
-                        b_.CreateGEP(i16t(), kp,
-                                     b_.CreateMul(b_.CreateAdd(j0, i64(jj)),
-                                                  arg(TILEJIT_ARG(Args, k_row_stride))));
+                    llvm::Value* krow = key_row(kp, false, b_.CreateAdd(j0, i64(jj)));
                     std::vector<llvm::Value*> av(static_cast<size_t>(2 * nacc), vm_.f32(0.0f));
                     // This key's share of the prefetches, one after every few
                     // dot instructions: back to back they are partly lost.
@@ -790,7 +871,7 @@ class DecodeEmitter : public KernelEmitter {
     const int64_t w = std::max(1, 512 / host.vector_bits), regs = host.vector_regs;
     if (dp_) {
       // Registers: R·2U accumulators, 2U interleaved + 2U loaded V, 1 splat.
-      const int64_t units = d_.dv / 32, tail = d_.dv % 32 != 0;
+      const int64_t units = dv16() / 32, tail = dv16() % 32 != 0;
       int64_t rows = std::min<int64_t>(d_.g, 8), u = 1;
       while (u < units && w * (rows * 2 * (u + 1) + 4 * (u + 1) + 1) <= regs) ++u;
       row_blocks(
@@ -798,7 +879,7 @@ class DecodeEmitter : public KernelEmitter {
           "pv_rows");
     } else {
       // Registers: R·W accumulators, W widened V, 1 splat.
-      const int64_t nvec = d_.dv / kLanes;
+      const int64_t nvec = dv16() / kLanes;
       int64_t rows = std::min<int64_t>(d_.g, 8);
       while (rows > 1 && w * (rows + 2) > regs) --rows;
       int64_t cw = 1;
@@ -829,15 +910,13 @@ class DecodeEmitter : public KernelEmitter {
           acc.push_back(b_.CreateFMul(load_vf32(o_, o_index(b_.CreateAdd(row0, i64(r)), u0, a)),
                                       al[static_cast<size_t>(r)]));
       for (int64_t j = 0; j < kChunk; j += 2) {
-        llvm::Value* va = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j);
-        llvm::Value* vb = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j + 1);
+        llvm::Value* va = key_row(vp, true, j);
+        llvm::Value* vb = key_row(vp, true, j + 1);
         std::vector<llvm::Value*> x;  // interleaved (V_j, V_j+1) pairs
         for (int64_t u = 0; u < nfull; ++u) {
           const int64_t col = (u0 + u) * 32;
           auto load = [&](llvm::Value* row, int64_t jl) {
-            return v_masked(
-                b_.CreateAlignedLoad(i16x(32), b_.CreateGEP(i16t(), row, i64(col)), llvm::Align(2)),
-                jl);
+            return v_masked(load_v(row, col, 32), jl);
           };
           llvm::Value* ra = load(va, j);
           llvm::Value* rb = load(vb, j + 1);
@@ -849,9 +928,7 @@ class DecodeEmitter : public KernelEmitter {
         if (has_tail) {
           const int64_t col = units * 32;
           auto load = [&](llvm::Value* row, int64_t jl) {
-            return v_masked(
-                b_.CreateAlignedLoad(i16x(16), b_.CreateGEP(i16t(), row, i64(col)), llvm::Align(2)),
-                jl);
+            return v_masked(load_v(row, col, 16), jl);
           };
           Mask m;
           for (int i = 0; i < 16; ++i) m.insert(m.end(), {i, 16 + i});
@@ -891,7 +968,7 @@ class DecodeEmitter : public KernelEmitter {
                                          i64((c0 + c) * kLanes))),
               al[static_cast<size_t>(r)]));
       for (int64_t j = 0; j < kChunk; ++j) {
-        llvm::Value* vrow = key_row(vp, arg(TILEJIT_ARG(Args, v_row_stride)), j);
+        llvm::Value* vrow = key_row(vp, true, j);
         std::vector<llvm::Value*> v;
         for (int64_t c = 0; c < cols; ++c)
           v.push_back(v_masked(load_bf16(vrow, (c0 + c) * kLanes), j));
@@ -922,7 +999,7 @@ class DecodeEmitter : public KernelEmitter {
   // O's full 32-column groups between plain order and the interleaved
   // order of pv_dpbf16 (see the file comment), for every row of every head.
   void permute_o(bool to_kernel) {
-    const int64_t units = d_.dv / 32;
+    const int64_t units = dv16() / 32;
     if (units == 0) return;
     Mask lo, hi;  // plain -> kernel: lane 4L+i of lo = column 8L+i, of hi = 8L+4+i
     for (int l = 0; l < 4; ++l)
@@ -962,6 +1039,10 @@ class DecodeEmitter : public KernelEmitter {
   bool masked_ = false;
   llvm::Value *a_ = nullptr, *b_lim_ = nullptr, *valid_ = nullptr, *dist_ = nullptr;
   llvm::Value *kf_ = nullptr, *vf_ = nullptr;  // this head's rows of the chunk prefetched
+  // Block size a multiple of 16: a chunk's rows lie in one block, j·stride
+  // apart; otherwise offs_ holds the chunk's row offsets (key_offsets).
+  const bool aligned_ = d_.block_size % kChunk == 0;
+  llvm::Value* offs_ = nullptr;
 };
 
 }  // namespace

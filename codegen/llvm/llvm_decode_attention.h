@@ -26,9 +26,9 @@ inline std::string field_text(DecodeDot d) {
 // What the emitted bytes depend on (K and V are bf16).
 struct DecodeAttentionDesc {
   static constexpr const char* kFamily = "decode_attn_llvm";
-  int64_t d = 0, dv = 0;   // head sizes, multiples of 16
+  int64_t d = 0, dv = 0;   // head sizes, even
   int64_t g = 0;           // query rows per kv head (Hq / Hkv)
-  int64_t block_size = 0;  // cache block, a multiple of 16
+  int64_t block_size = 0;  // cache block, >= 1 (multiples of 16 take the fast row addressing)
   int64_t ldo = 0;         // floats between O rows of the partial
   bool softcap = false;    // s = cap·tanh(s / cap)
   bool alibi = false;      // s += slope_r · (j − i_pos)

@@ -42,10 +42,12 @@ struct Limits {
   static constexpr int64_t max_view_bytes = int64_t{1} << 56;
   // Attention and RoPE heads (Hq, Hkv, Hk): a task per head is allocated.
   static constexpr int64_t max_heads = 4096;
-  // Attention head sizes: multiples of head_dim_step in [head_dim_step,
-  // max_head_dim] (the kernels take 16-element K steps; 576 is DeepSeek MLA's
-  // head); RoPE heads are even and at most max_head_dim.
-  static constexpr int64_t head_dim_step = 16;
+  // Attention head sizes (D and Dv): multiples of head_dim_step in
+  // [head_dim_step, max_head_dim], i.e. any even size (the bf16 kernels
+  // contract over k-pairs and pad the rest of their K step with zeros; 576 is
+  // DeepSeek MLA's head). The one rule the operators and the IR verifier
+  // call. RoPE heads are even and at most max_head_dim.
+  static constexpr int64_t head_dim_step = 2;
   static constexpr int64_t max_head_dim = 576;
   static constexpr bool attention_head_dim_ok(int64_t d) {
     return d >= head_dim_step && d <= max_head_dim && d % head_dim_step == 0;
