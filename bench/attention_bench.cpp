@@ -17,6 +17,8 @@
 //   BM_PrefillTilejit/D/T/threads        tilejit::flash_attn_varlen, causal
 //   BM_DramReadBandwidth/threads         streaming read over a 2 GiB buffer
 //   BM_DecodeTilejit/B/ctx/block/threads tilejit::decode_attention, cold KV cache
+//                                        (block 1, 8, 16, 64: rows scattered per key
+//                                        at block 1, per 8 keys at block 8)
 //
 // Prefill: one sequence of T tokens, Hq = 32, Hkv = 8, D = Dv ∈ {64, 128},
 // causal. FLOPs count only the visible (query, key) pairs: query i sees keys
@@ -597,13 +599,14 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
 
-  // Decode: B × context, block 16 (plus block 64 at B = 16, 8k), caches over
-  // ~6 GiB left out (B = 64 at 32k would be 8 GiB; the machine has 24 GiB, shared).
+  // Decode: B × context, block 16 (plus blocks 1, 8 and 64 at B = 16, 8k:
+  // token-granular caches scatter every row), caches over ~6 GiB left out
+  // (B = 64 at 32k would be 8 GiB; the machine has 24 GiB, shared).
   for (int64_t b : {1, 16, 64})
     for (int64_t ctx : {1024, 8192, 32768}) {
       if (cache_bytes(b, ctx) > 6 * int64_t(kGiB)) continue;
-      for (int64_t bs : {16, 64}) {
-        if (bs == 64 && !(b == 16 && ctx == 8192)) continue;
+      for (int64_t bs : {1, 8, 16, 64}) {
+        if (bs != 16 && !(b == 16 && ctx == 8192)) continue;
         for (int threads : {1, 2})
           RegisterBenchmark("BM_DecodeTilejit", BM_DecodeTilejit)
               ->Args({b, ctx, bs, threads})

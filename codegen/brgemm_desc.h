@@ -46,6 +46,16 @@ struct BrgemmArgs {
   // row r and column c of the call (f32 arithmetic in this order):
   //   v = float(acc[r][c] − a_zero[r]·b_comp[c]) · a_scale[r] · b_scale[c]  (+ bias[c], act)
   // where acc is the exact int32 Σ_k a[r][k]·b[k][c] (plus acc_in, int32).
+  // With desc.glu (out f32 or bf16), for each output column j < nr of the
+  // 64-column GLU block (gate columns 0..31, up columns 32..63), in f32 in
+  // the order above, without act:
+  //   gate = float(acc[r][j] − a_zero[r]·b_comp[j]) · a_scale[r] · b_scale[j]  (+ bias[j])
+  //   up   = float(acc[r][32+j] − a_zero[r]·b_comp[32+j]) · a_scale[r] · b_scale[32+j]
+  //          (+ bias[32+j])
+  //   out[r][j] = glu(gate, up)
+  // by the same GLU code as the bf16 kernels' (BrgemmDesc::glu) from f32
+  // gate and up: b_scale, b_comp, bias and acc_in are indexed by the 64
+  // computed columns.
   const float* a_scale;   // [mr] per row of this call
   const int32_t* a_zero;  // [mr] per row zero points (u8 activations)
   const float* b_scale;   // [64] per column of this block (padded with 0)

@@ -34,18 +34,18 @@ namespace {
 // int8 (W8A8: u8 activations × i8 weights, int32 sums).
 constexpr const char* kAmxLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
-    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, a_packed, no GLU, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias or act)";
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, a_packed, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32)";
 constexpr const char* kAvx512Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= avx512_brgemm_max_mr(nr) (the zmm budget), "
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
-    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias or act); "
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); "
     "or a=bf16 b=u4|f8e4m3 acc=f32 (the fused W4A16 / W8A16 decode kernel) with mr <= 4";
 constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
-    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, no GLU, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias or act)";
+    "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
+    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32)";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
@@ -189,14 +189,13 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
       throw Error(fmt::format(
           "brgemm: int8 descriptor {} has kb={}; allowed: a multiple of 4 (the VNNI group)",
           d.key(), d.kb));
-    if (d.out == DType::i32 && (d.bias != codegen::BiasKind::none || d.act != Activation::none))
+    if (d.out == DType::i32 && (d.bias != codegen::BiasKind::none || d.act != Activation::none ||
+                                d.glu != codegen::Glu::none))
       throw Error(
-          fmt::format("brgemm: int8 descriptor {} has out=i32 with bias={} act={}; "
-                      "allowed: bias=none act=none (i32 is the raw partial sums)",
-                      d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act)));
-    if (d.glu != codegen::Glu::none)
-      throw Error(fmt::format("brgemm: int8 descriptor {} has glu={}; allowed: none", d.key(),
-                              codegen::glu_name(d.glu)));
+          fmt::format("brgemm: int8 descriptor {} has out=i32 with bias={} act={} glu={}; "
+                      "allowed: bias=none act=none glu=none (i32 is the raw partial sums)",
+                      d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act),
+                      codegen::glu_name(d.glu)));
     if (d.isa == Isa::amx && !d.a_packed)
       throw Error(
           fmt::format("brgemm: AMX int8 descriptor {} has a_packed=0; allowed: a_packed "

@@ -222,7 +222,10 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
       rows_of(task, qr, orows);
-      // Chunks a multiple of 16 keys, so a chunk boundary never splits a cache block's run.
+      // Chunks a multiple of 16 keys: the kernel walks 16-key chunks aligned to
+      // key 0, so a split boundary never cuts one of them in two (only a
+      // range's first and last chunk take the masked code), and with block
+      // sizes that are multiples of 16 never splits a cache block's run.
       const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
       const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
       run(task, j0, j1, qr, parts[t]);

@@ -28,8 +28,14 @@
 //   wrap_*    Σ = 255·127·71680 > 2^31 in one accumulator: the int32 sum
 //             wraps mod 2^32 as tdpbusd's and vpdpbusd's do (vpdpbusds
 //             would saturate at 2^31 − 1: the kernels must not use it).
-// Plus the registry's refusals (kb % 4, GLU, i32 out with bias/act, mixed
-// dtypes, AMX int8 without a_packed) and the descriptor's name.
+//   glu*      the GLU epilogue (gate columns 0..31, up 32..63 of the block;
+//             see the section's comment): every kind (act_mul with silu,
+//             gelu_tanh, gelu_erf; clamped_swiglu) × bias × out f32 / bf16,
+//             nr 1 17 31 32, every mr, K tails, batch 3 with int32 acc_in,
+//             zero points 0 / 128 / random.
+// Plus the registry's refusals (kb % 4, GLU with i32 out or nr > 32, i32 out
+// with bias/act, mixed dtypes, AMX int8 without a_packed) and the
+// descriptor's name.
 //
 // Traps (as tests/brgemm_test_util.h): every A block, B block, a_scale,
 // a_zero, b_scale, b_comp, bias and acc_in ends at a PROT_NONE page
@@ -524,6 +530,233 @@ INSTANTIATE_TEST_SUITE_P(amx, Int8Brgemm, ::testing::ValuesIn(cases(Isa::amx)), 
 INSTANTIATE_TEST_SUITE_P(avx512, Int8Brgemm, ::testing::ValuesIn(cases(Isa::avx512)), case_name);
 
 // ---------------------------------------------------------------------------
+// The int8 GLU epilogue (BrgemmDesc::glu with a = u8; its statement:
+// BrgemmArgs in codegen/brgemm_desc.h). The block holds 64 columns (gate
+// 0..31, up 32..63), the kernel computes all 64 and stores nr ≤ 32 outputs.
+// The inputs are make_data's for the full 64-column block (every A, B,
+// scale, zero, compensation, bias and acc_in array guarded); b_scale, b_comp
+// and bias are 0 in the columns no output uses (nr..31, 32+nr..63), as a
+// pack pads them.
+//
+// Scalar statement (the oracle), per output [r][j], j < nr, for col in
+// {j, 32 + j}: the exact int64 sum (+ acc_in), t = sum − a_zero[r]·b_comp[col]
+// (asserted inside int32), then in float and in the contract's order
+// v = float(t); v *= a_scale[r]; v *= b_scale[col]; v += bias[col]: gate and up,
+// bit for bit the kernel's f32 values (the same integer steps and the same
+// correctly rounded f32 operations). ref = reference_glu(gate, up) in double.
+// Tolerance: the kernel's f32 glu of those exact gate and up is within εa of
+// ref, εa = runtime::moe_act_error with no input error (its vectorised
+// exp / erf / tanh approximations and a few f32 roundings); an f32 output
+// must be within εa; a bf16 output is that value rounded to nearest even,
+// which moves it by at most half a bf16 ulp, so within one bf16 ulp of ref
+// (bf16_ulp_bound) plus εa.
+
+struct GluInt8Case {
+  Int8Case base;  // the 64-column block's inputs (base.nr = 64)
+  int nr = 32;    // outputs
+  Glu glu = Glu::act_mul;
+
+  BrgemmDesc desc() const {
+    BrgemmDesc d = base.desc();
+    d.nr = nr;
+    d.glu = glu;
+    if (glu == Glu::clamped_swiglu) d.glu_alpha = kGluAlpha, d.glu_limit = kSwigluLimit;
+    return d;
+  }
+  std::string str() const {
+    std::string s = base.str();
+    s.replace(s.find("n64"), 3, fmt::format("n{}", nr));
+    return fmt::format("glu{}_{}", glu == Glu::clamped_swiglu ? "swiglu" : "", s);
+  }
+  // The pre-activations have a standard deviation of a few units: a small
+  // limit makes both clamps bite.
+  static constexpr float kSwigluLimit = 2.5f;
+};
+
+void PrintTo(const GluInt8Case& c, std::ostream* os) {
+  *os << isa_name(c.base.path) << "/" << c.str();
+}
+
+Int8Data make_glu_data(const GluInt8Case& c) {
+  Int8Data d = make_data(c.base);
+  auto used = [&](int col) { return col % 32 < c.nr; };
+  for (int col = 0; col < 64; ++col)
+    if (!used(col)) {
+      d.b_scale[size_t(col)] = 0;
+      d.b_comp[size_t(col)] = 0;
+      if (!d.bias.empty()) d.bias[size_t(col)] = 0;
+    }
+  d.b_scale_ptr = d.guarded_copy(d.b_scale);
+  d.b_comp_ptr = d.guarded_copy(d.b_comp);
+  if (c.base.bias == BiasKind::f32) {
+    d.bias_ptr = d.guarded_copy(d.bias);
+  } else if (c.base.bias == BiasKind::bf16) {
+    std::vector<uint16_t> h;
+    for (float v : d.bias) h.push_back(f32_to_bf16(v));  // exact: bf16 values
+    d.bias_ptr = d.guarded_copy(h);
+  }
+  return d;
+}
+
+// Runs fn with C [mr × ldc], ldc = nr + 3 (the padding and guards sentinel).
+std::vector<uint8_t> run_glu(const GluInt8Case& c, const Int8Data& d, BrgemmFn fn, int64_t ldc) {
+  const size_t es = out_bytes(c.base.out);
+  std::vector<uint8_t> buf = sentinel_c(c.base.mr, ldc, es);
+  BrgemmArgs args{};
+  args.a = d.a_list.data();
+  args.b = d.b_list.data();
+  args.batch = c.base.batch;
+  args.lda = d.lda;
+  args.c = buf.data() + kBrgemmGuard * es;
+  args.ldc = ldc * int64_t(es);
+  args.bias = d.bias_ptr;
+  if (c.base.acc == Acc::separate) args.acc_in = reinterpret_cast<const float*>(d.acc_ptr);
+  args.ld_acc_in = d.ld_acc * 4;
+  args.a_scale = d.a_scale_ptr;
+  args.a_zero = d.a_zero_ptr;
+  args.b_scale = d.b_scale_ptr;
+  args.b_comp = d.b_comp_ptr;
+  fn(&args);
+  return buf;
+}
+
+::testing::AssertionResult check_glu(const GluInt8Case& c, const Int8Data& d,
+                                     const std::vector<uint8_t>& got, int64_t ldc) {
+  const Int8Case& b = c.base;
+  const size_t es = out_bytes(b.out);
+  const uint8_t* body = got.data() + kBrgemmGuard * int64_t(es);
+  runtime::ReferenceGlu rg;
+  rg.act = b.act;
+  rg.clamped_swiglu = c.glu == Glu::clamped_swiglu;
+  rg.alpha = double(kGluAlpha);
+  rg.limit = double(GluInt8Case::kSwigluLimit);
+  int64_t bad = 0;
+  std::string msg;
+  for (int r = 0; r < b.mr; ++r)
+    for (int j = 0; j < c.nr; ++j) {
+      float pre[2];
+      for (int h = 0; h < 2; ++h) {
+        const int col = j + 32 * h;
+        const int64_t t =
+            exact_sum(d, r, col) - int64_t(d.a_zero[size_t(r)]) * d.b_comp[size_t(col)];
+        if (t < INT32_MIN || t > INT32_MAX)
+          return ::testing::AssertionFailure() << c.str() << ": test inputs overflow int32";
+        float v = float(int32_t(t));
+        v *= d.a_scale[size_t(r)];
+        v *= d.b_scale[size_t(col)];
+        if (b.bias != BiasKind::none) v += d.bias[size_t(col)];
+        pre[h] = v;
+      }
+      const double want = runtime::reference_glu(rg, pre[0], pre[1]);
+      runtime::MoeActPoint pt;
+      pt.gate = pre[0], pt.up = pre[1], pt.act = want;
+      double tol = runtime::moe_act_error(rg, pt, 0.0);
+      if (b.out == DType::bf16) tol += runtime::bf16_ulp_bound(want);
+      const double g = read_out(body, b.out, r * ldc + j);
+      if (!std::isfinite(g) || !(std::fabs(g - want) <= tol)) {
+        if (bad++ < 5)
+          msg += fmt::format(
+              "\n  C[{}, {}] = {}, reference {} (gate {}, up {}), |err| {:.3g} > "
+              "tol {:.3g}",
+              r, j, g, want, pre[0], pre[1], std::fabs(g - want), tol);
+      }
+    }
+  std::string tmsg;
+  const int64_t touched = touched_outside_c(got, es, b.mr, ldc, c.nr, &tmsg);
+  if (bad == 0 && touched == 0) return ::testing::AssertionSuccess();
+  auto res = ::testing::AssertionFailure() << isa_name(b.path) << "/" << c.str() << ": ";
+  if (bad) res << bad << " of " << b.mr * c.nr << " outputs wrong" << msg;
+  if (touched) res << "\n" << touched << " elements outside C[mr × nr] were written" << tmsg;
+  return res;
+}
+
+std::vector<GluInt8Case> glu_cases(Isa path) {
+  std::vector<GluInt8Case> v;
+  std::set<std::string> seen;
+  struct Kind {
+    Glu glu;
+    Activation act;
+  };
+  const Kind kinds[] = {{Glu::act_mul, Activation::silu},
+                        {Glu::act_mul, Activation::gelu_tanh},
+                        {Glu::act_mul, Activation::gelu_erf},
+                        {Glu::clamped_swiglu, Activation::none}};
+  const BiasKind biases[] = {BiasKind::none, BiasKind::f32, BiasKind::bf16};
+  const Zero zeros[] = {Zero::random, Zero::half, Zero::none};
+  const DType outs[] = {DType::bf16, DType::f32};
+  int i = 0;
+  // One case; the GLU kind, bias, zero point and out rotate with i unless given.
+  auto add = [&](const std::string& group, int mr, int nr, int64_t kb, int batch, Acc acc,
+                 int kind = -1, int bias = -1, int out = -1) {
+    GluInt8Case c;
+    const Kind k = kinds[kind >= 0 ? kind : i % 4];
+    c.glu = k.glu, c.nr = nr;
+    c.base.path = path;
+    c.base.group = group;
+    c.base.mr = mr, c.base.nr = 64, c.base.kb = kb, c.base.batch = batch;
+    c.base.act = k.act;
+    c.base.bias = biases[bias >= 0 ? bias : (i / 4) % 3];
+    c.base.zero = zeros[(i / 3) % 3];
+    c.base.out = outs[out >= 0 ? out : (i / 2) % 2];
+    c.base.acc = acc;
+    ++i;
+    if (seen.insert(c.str()).second) v.push_back(c);
+  };
+  const int mmax = path == Isa::amx ? 32 : codegen::xbyak::avx512_brgemm_max_mr(4);
+  // Every GLU kind × bias × out on an N-tailed decode block, zero points rotating.
+  for (int kind = 0; kind < 4; ++kind)
+    for (int bias = 0; bias < 3; ++bias)
+      for (int out = 0; out < 2; ++out) add("gluepi", 3, 17, 68, 1, Acc::off, kind, bias, out);
+  // nr tails at a few row counts, K rotating.
+  const int64_t kbs[] = {4, 68, 132};
+  int q = 0;
+  for (int nr : {1, 17, 31, 32})
+    for (int mr : {1, 5, mmax}) add("glun", mr, nr, kbs[q++ % 3], 1, Acc::off);
+  // Every row count (AMX: tile row tails) at an N tail.
+  for (int mr = 1; mr <= mmax; ++mr) add("glum", mr, 17, 68, 1, Acc::off);
+  // K tails (AMX: K rounds up to its step of 64) at the full block.
+  for (int64_t kb : {4, 8, 60, 64, 68, 128, 132, 1024}) add("gluk", mmax, 32, kb, 1, Acc::off);
+  // Batch and int32 acc_in (the partial sums of earlier K chunks, 64 columns).
+  for (Acc acc : {Acc::off, Acc::separate})
+    for (auto [mr, nr] : {std::pair{mmax, 32}, std::pair{3, 17}, std::pair{2, 1}})
+      add("glubatch", mr, nr, 132, 3, acc);
+  return v;
+}
+
+class Int8GluBrgemm : public ::testing::TestWithParam<GluInt8Case> {};
+
+TEST_P(Int8GluBrgemm, MatchesScalarStatement) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  const GluInt8Case& c = GetParam();
+  const Isa path = c.base.path;
+  const Isa active = cpu_info().isa;
+  if (path != active)
+    GTEST_SKIP() << "a case of the " << isa_name(path) << " path; this run's path is "
+                 << isa_name(active) << " (int8 brgemm kernels: amx, avx512)";
+  const jit::KernelRow* row = jit::find_row(jit::Family::brgemm, path);
+  ASSERT_NE(row, nullptr);
+  const runtime::Feature int8_feature =
+      path == Isa::amx ? runtime::Feature::amx_int8 : runtime::Feature::avx512_vnni;
+  if (!jit::row_runs_here(*row) || !runtime::detected_features().contains({int8_feature}))
+    GTEST_SKIP() << "brgemm row " << isa_name(path) << " with int8 needs " << row->needs.str()
+                 << " + " << runtime::feature_name(int8_feature) << ", usable here "
+                 << runtime::detected_features().str();
+  const Int8Data d = make_glu_data(c);
+  const int64_t ldc = c.nr + 3;
+  const jit::Kernel& k = jit::get(c.desc());
+  EXPECT_TRUE(check_glu(c, d, run_glu(c, d, k.entry<BrgemmFn>(), ldc), ldc));
+}
+
+std::string glu_case_name(const ::testing::TestParamInfo<GluInt8Case>& info) {
+  return info.param.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(amx, Int8GluBrgemm, ::testing::ValuesIn(glu_cases(Isa::amx)),
+                         glu_case_name);
+INSTANTIATE_TEST_SUITE_P(avx512, Int8GluBrgemm, ::testing::ValuesIn(glu_cases(Isa::avx512)),
+                         glu_case_name);
+
+// ---------------------------------------------------------------------------
 // The descriptor and the registry's refusals (checked before any code is
 // emitted: they run on every machine).
 
@@ -558,6 +791,21 @@ TEST(Int8BrgemmDesc, NameAndKey) {
   d = int8_desc(Isa::amx);
   d.out = DType::i32;
   EXPECT_EQ(d.name(), "brgemm_amx_u8xi8_i32acc_m4n64k256_apack_i32out");
+  // A GLU is part of the name and key: each kind and its constants.
+  BrgemmDesc g = int8_desc(Isa::avx512);
+  g.nr = 32, g.out = DType::bf16;
+  BrgemmDesc plain = g;
+  g.glu = Glu::act_mul, g.act = Activation::silu;
+  BrgemmDesc sw = g;
+  sw.glu = Glu::clamped_swiglu, sw.act = Activation::none, sw.glu_alpha = 1.702f,
+  sw.glu_limit = 7.0f;
+  BrgemmDesc sw2 = sw;
+  sw2.glu_limit = 6.0f;
+  const std::set<std::string> names = {plain.name(), g.name(), sw.name(), sw2.name()};
+  const std::set<std::string> keys = {plain.key(), g.key(), sw.key(), sw2.key()};
+  EXPECT_EQ(names.size(), 4u) << g.name() << " " << sw.name() << " " << sw2.name();
+  EXPECT_EQ(keys.size(), 4u);
+  EXPECT_NE(g.name().find("and_mul"), std::string::npos) << g.name();
 }
 
 TEST(Int8BrgemmErrors, KbNotMultipleOf4) {
@@ -568,13 +816,17 @@ TEST(Int8BrgemmErrors, KbNotMultipleOf4) {
   }
 }
 
-TEST(Int8BrgemmErrors, Glu) {
+TEST(Int8BrgemmErrors, GluWithI32OutOrMoreThan32Columns) {
   for (Isa isa : {Isa::amx, Isa::avx512}) {
     BrgemmDesc d = int8_desc(isa);
     d.nr = 17;
     d.glu = Glu::act_mul;
     d.act = Activation::silu;
-    expect_refused(d, {"glu=and_mul", "allowed: none"});
+    d.out = DType::i32;  // a GLU is a final epilogue: no raw partial sums
+    expect_refused(d, {"out=i32", "glu=and_mul", "glu=none"});
+    d.out = DType::bf16;
+    d.nr = 33;
+    expect_refused(d, {"nr > 32"});
   }
 }
 

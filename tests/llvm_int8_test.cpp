@@ -24,6 +24,9 @@
 //    output must also equal, bit for bit, the contract's f32 order computed
 //    here in float: v = float(t); v *= a_scale; v *= b_scale; v += bias.
 //
+// The GLU epilogue (act_mul with silu / gelu_tanh / gelu_erf, clamped_swiglu)
+// has its own sweep and statement (Int8GluBrgemm, below).
+//
 // Traps: every A block, B block (exactly kb/4 k-quad rows), the scale, zero,
 // compensation, bias and acc_in arrays end at a PROT_NONE page; A row padding
 // is random bytes (a kernel reading it gets wrong sums); C is surrounded by
@@ -42,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
 #include "codegen/llvm/llvm_brgemm.h"
 #include "codegen/llvm/llvm_jit.h"
@@ -430,6 +434,280 @@ INSTANTIATE_TEST_SUITE_P(Epilogues, Int8Brgemm, ::testing::ValuesIn(epilogue_swe
 INSTANTIATE_TEST_SUITE_P(Extreme, Int8Brgemm, ::testing::ValuesIn(extreme_sweep()), case_name);
 INSTANTIATE_TEST_SUITE_P(Imul, Int8Brgemm, ::testing::ValuesIn(imul_sweep()), case_name);
 
+// ---------------------------------------------------------------------------
+// The int8 GLU epilogue (BrgemmDesc::glu with a = u8; its statement:
+// BrgemmArgs in codegen/brgemm_desc.h): the block's 64 columns are gate
+// 0..31 and up 32..63, the kernel computes all 64 and stores nr ≤ 32
+// outputs; b_scale, b_comp, bias and acc_in cover the 64 columns (0 in the
+// columns no output uses, as a pack pads them; acc_in's row padding junk).
+//
+// Scalar statement (the oracle), per output [r][j], for col in {j, 32 + j}:
+// the exact int64 sum (+ acc_in), t = sum − a_zero[r]·b_comp[col] (asserted
+// inside int32), then in float in the contract's order v = float(t);
+// v *= a_scale[r]; v *= b_scale[col]; v += bias[col]: gate and up, bit for
+// bit the kernel's (the same integer steps and correctly rounded f32
+// operations); ref = reference_glu(gate, up) in double. Tolerance: the
+// kernel's f32 glu of those exact gate and up is within εa of ref
+// (runtime::moe_act_error with no input error: the vectorised exp / erf /
+// tanh approximations and a few f32 roundings); f32 out within εa; bf16 out
+// is that value rounded to nearest even, at most half a bf16 ulp away, so
+// within one bf16 ulp of ref (bf16_ulp_bound) plus εa.
+
+struct GluCase {
+  std::string group;
+  int mr = 1, nr = 32;
+  int64_t kb = 4;
+  int batch = 1;
+  bool accumulate = false;
+  DType out = DType::bf16;
+  BiasKind bias = BiasKind::none;
+  codegen::Glu glu = codegen::Glu::act_mul;
+  Activation act = Activation::silu;  // act_mul's
+  Zero zero = Zero::random;
+  lb::BrgemmDot dot = lb::BrgemmDot::best;
+
+  static constexpr float kAlpha = 1.702f, kLimit = 2.5f;  // the clamps bite at ±2.5
+
+  BrgemmDesc desc() const {
+    BrgemmDesc d;
+    d.isa = Isa::llvm;
+    d.a_type = DType::u8, d.b_type = DType::i8, d.acc_type = DType::i32;
+    d.mr = mr, d.nr = nr, d.kb = kb;
+    d.b_row_bytes = Int8Layout::kRowBytes;
+    d.accumulate = accumulate;
+    d.bias = bias, d.out = out, d.glu = glu;
+    if (glu == codegen::Glu::clamped_swiglu)
+      d.glu_alpha = kAlpha, d.glu_limit = kLimit;
+    else
+      d.act = act;
+    return d;
+  }
+  std::string str() const {
+    std::string s = fmt::format("{}_m{}n{}k{}", group, mr, nr, kb);
+    if (batch > 1) s += fmt::format("_b{}", batch);
+    s += glu == codegen::Glu::clamped_swiglu ? std::string("_swiglu")
+                                             : fmt::format("_{}_and_mul", activation_name(act));
+    if (bias != BiasKind::none) s += fmt::format("_bias{}", codegen::bias_kind_name(bias));
+    if (accumulate) s += "_accin";
+    s += zero == Zero::none ? "_z0" : zero == Zero::z128 ? "_z128" : "_zrand";
+    if (dot == lb::BrgemmDot::imul) s += "_imul";
+    return s + "_" + dtype_name(out);
+  }
+};
+
+void PrintTo(const GluCase& c, std::ostream* os) {
+  *os << c.str();
+}
+
+// Runs one GLU case on `fn` and checks it; returns the failure text, or "".
+std::string run_glu_case(const GluCase& c, BrgemmFn fn) {
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(c.str())));
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int64_t lda = c.kb + 3, ldc = c.nr + 7, ld_acc = 64 + 5;
+  const int64_t kq = c.kb / 4;
+  auto used = [&](int col) { return col % 32 < c.nr; };
+  Buffers mem;
+  std::vector<std::vector<uint8_t>> x(size_t(c.batch));
+  std::vector<std::vector<int8_t>> w(size_t(c.batch));
+  std::vector<const void*> a_list, b_list;
+  for (int b = 0; b < c.batch; ++b) {
+    x[b].resize(size_t(c.mr * c.kb));
+    w[b].resize(size_t(64 * c.kb));
+    for (auto& v : x[b]) v = uint8_t(uni(0, 255));
+    for (auto& v : w[b]) v = int8_t(uni(-128, 127));
+    const size_t a_bytes = size_t((c.mr - 1) * lda + c.kb);
+    uint8_t* ap = mem.make<uint8_t>(a_bytes);
+    for (size_t i = 0; i < a_bytes; ++i) ap[i] = uint8_t(uni(0, 255));  // row padding junk
+    for (int r = 0; r < c.mr; ++r) std::memcpy(ap + r * lda, x[b].data() + r * c.kb, size_t(c.kb));
+    a_list.push_back(ap);
+    const Int8Layout layout{64, c.kb};
+    int8_t* bp = mem.make<int8_t>(size_t(kq * Int8Layout::kRowBytes));
+    for (int n = 0; n < 64; ++n)
+      for (int64_t k = 0; k < c.kb; ++k) bp[layout.index(n, k)] = w[b][size_t(n * c.kb + k)];
+    b_list.push_back(bp);
+  }
+  // acc_in [mr][64] (rows of ld_acc, padding junk), compensation, zero points.
+  std::vector<int32_t> acc_in(size_t(c.mr * 64), 0);
+  int32_t* acc_ptr = nullptr;
+  if (c.accumulate) {
+    const size_t n = size_t((c.mr - 1) * ld_acc + 64);
+    acc_ptr = mem.make<int32_t>(n);
+    for (size_t i = 0; i < n; ++i) acc_ptr[i] = uni(-1000000000, 1000000000);
+    for (int r = 0; r < c.mr; ++r)
+      for (int n2 = 0; n2 < 64; ++n2)
+        acc_ptr[r * ld_acc + n2] = acc_in[size_t(r * 64 + n2)] = uni(-(1 << 20), 1 << 20);
+  }
+  int32_t* comp = mem.make<int32_t>(64);
+  for (int n = 0; n < 64; ++n) {
+    int64_t s = 0;
+    for (int b = 0; b < c.batch; ++b)
+      for (int64_t k = 0; k < c.kb; ++k) s += w[b][size_t(n * c.kb + k)];
+    comp[n] = used(n) ? int32_t(s) : 0;
+  }
+  int32_t* zero = mem.make<int32_t>(size_t(c.mr));
+  for (int r = 0; r < c.mr; ++r)
+    zero[r] = c.zero == Zero::none ? 0 : c.zero == Zero::z128 ? 128 : uni(0, 255);
+  // t = Σ (+ acc_in) − a_zero·comp, exact.
+  std::vector<int64_t> t(size_t(c.mr * 64), 0);
+  int64_t tmax = 1;
+  for (int r = 0; r < c.mr; ++r)
+    for (int n = 0; n < 64; ++n) {
+      if (!used(n)) continue;
+      int64_t s = acc_in[size_t(r * 64 + n)];
+      for (int b = 0; b < c.batch; ++b)
+        for (int64_t k = 0; k < c.kb; ++k)
+          s += int64_t(x[b][size_t(r * c.kb + k)]) * int64_t(w[b][size_t(n * c.kb + k)]);
+      if (s > std::numeric_limits<int32_t>::max() || s < std::numeric_limits<int32_t>::min())
+        return "test bug: the sums leave int32";
+      t[size_t(r * 64 + n)] = s - int64_t(zero[r]) * comp[n];
+      if (t[size_t(r * 64 + n)] > std::numeric_limits<int32_t>::max() ||
+          t[size_t(r * 64 + n)] < std::numeric_limits<int32_t>::min())
+        return "test bug: t leaves int32";
+      tmax = std::max(tmax, std::abs(t[size_t(r * 64 + n)]));
+    }
+  // Scales: gate and up up to ~8 before the bias.
+  const double s0 = std::sqrt(8.0 / double(tmax));
+  float* a_scale = mem.make<float>(size_t(c.mr));
+  float* b_scale = mem.make<float>(64);
+  for (int r = 0; r < c.mr; ++r) a_scale[r] = float(s0 * (0.5 + uni(0, 1000) / 1000.0));
+  for (int n = 0; n < 64; ++n)
+    b_scale[n] =
+        used(n) ? float(s0 * (0.5 + uni(0, 1000) / 1000.0) * (uni(0, 3) == 0 ? -1 : 1)) : 0.0f;
+  std::vector<float> bias(64, 0.0f);
+  const void* bias_ptr = nullptr;
+  if (c.bias == BiasKind::f32) {
+    float* p = mem.make<float>(64);
+    for (int n = 0; n < 64; ++n) p[n] = bias[n] = used(n) ? float(uni(-3000, 3000) / 1000.0) : 0;
+    bias_ptr = p;
+  } else if (c.bias == BiasKind::bf16) {
+    uint16_t* p = mem.make<uint16_t>(64);
+    for (int n = 0; n < 64; ++n) {
+      p[n] = runtime::f32_to_bf16(used(n) ? float(uni(-3000, 3000) / 1000.0) : 0.0f);
+      bias[n] = runtime::bf16_to_f32(p[n]);
+    }
+    bias_ptr = p;
+  }
+
+  const size_t es = c.out == DType::bf16 ? 2 : 4;
+  std::vector<uint8_t> cbuf = sentinel_c(c.mr, ldc, es);
+  BrgemmArgs args{};
+  args.a = a_list.data();
+  args.b = b_list.data();
+  args.batch = c.batch;
+  args.lda = lda;
+  args.c = cbuf.data() + kBrgemmGuard * es;
+  args.ldc = ldc * int64_t(es);
+  args.bias = bias_ptr;
+  args.acc_in = reinterpret_cast<const float*>(acc_ptr);
+  args.ld_acc_in = ld_acc * 4;
+  args.a_scale = a_scale;
+  args.a_zero = zero;
+  args.b_scale = b_scale;
+  args.b_comp = comp;
+  fn(&args);
+
+  runtime::ReferenceGlu rg;
+  rg.act = c.act;
+  rg.clamped_swiglu = c.glu == codegen::Glu::clamped_swiglu;
+  rg.alpha = double(GluCase::kAlpha);
+  rg.limit = double(GluCase::kLimit);
+  const uint8_t* body = cbuf.data() + kBrgemmGuard * es;
+  int64_t bad = 0;
+  std::string msg;
+  for (int r = 0; r < c.mr; ++r)
+    for (int j = 0; j < c.nr; ++j) {
+      float pre[2];
+      for (int h = 0; h < 2; ++h) {
+        const int col = j + 32 * h;
+        float v = float(int32_t(t[size_t(r * 64 + col)]));
+        v *= a_scale[r];
+        v *= b_scale[col];
+        if (c.bias != BiasKind::none) v += bias[size_t(col)];
+        pre[h] = v;
+      }
+      const double want = runtime::reference_glu(rg, pre[0], pre[1]);
+      runtime::MoeActPoint pt;
+      pt.gate = pre[0], pt.up = pre[1], pt.act = want;
+      double tol = runtime::moe_act_error(rg, pt, 0.0);
+      if (c.out == DType::bf16) tol += runtime::bf16_ulp_bound(want);
+      const double got = read_out(body, c.out, r * ldc + j);
+      if (!std::isfinite(got) || !(std::fabs(got - want) <= tol))
+        if (bad++ < 5)
+          msg += fmt::format(
+              "\n  C[{}, {}] = {}, reference {} (gate {}, up {}), |err| {:.3g} > "
+              "tol {:.3g}",
+              r, j, got, want, pre[0], pre[1], std::fabs(got - want), tol);
+    }
+  std::string tmsg;
+  const int64_t touched = touched_outside_c(cbuf, es, c.mr, ldc, c.nr, &tmsg);
+  if (bad == 0 && touched == 0) return "";
+  return fmt::format("{}: {} of {} outputs wrong, {} outside C written{}{}", c.str(), bad,
+                     c.mr * c.nr, touched, msg, tmsg);
+}
+
+std::vector<GluCase> glu_sweep() {
+  std::vector<GluCase> v;
+  struct Kind {
+    codegen::Glu glu;
+    Activation act;
+  };
+  const Kind kinds[] = {{codegen::Glu::act_mul, Activation::silu},
+                        {codegen::Glu::act_mul, Activation::gelu_tanh},
+                        {codegen::Glu::act_mul, Activation::gelu_erf},
+                        {codegen::Glu::clamped_swiglu, Activation::none}};
+  const DType outs[] = {DType::bf16, DType::f32};
+  int i = 0;
+  auto add = [&](const std::string& group, int mr, int nr, int64_t kb, int batch, bool acc,
+                 int kind = -1, int bias = -1, int out = -1) {
+    GluCase c;
+    c.group = group;
+    c.mr = mr, c.nr = nr, c.kb = kb, c.batch = batch, c.accumulate = acc;
+    const Kind k = kinds[kind >= 0 ? kind : i % 4];
+    c.glu = k.glu, c.act = k.glu == codegen::Glu::act_mul ? k.act : Activation::silu;
+    c.bias = kBiases[bias >= 0 ? bias : (i / 4) % 3];
+    c.out = outs[out >= 0 ? out : (i / 2) % 2];
+    c.zero = kZeros[(i / 3) % 3];
+    ++i;
+    v.push_back(c);
+  };
+  // Every kind × bias × out on an N-tailed decode block.
+  for (int kind = 0; kind < 4; ++kind)
+    for (int bias = 0; bias < 3; ++bias)
+      for (int out = 0; out < 2; ++out) add("gluepi", 3, 17, 68, 1, false, kind, bias, out);
+  // nr tails × row counts (row blocks and their tails), K rotating.
+  int q = 0;
+  for (int nr : {1, 17, 31, 32})
+    for (int mr : {1, 2, 5, 13, 32}) add("glun", mr, nr, kKb[q++ % 7], 1, false);
+  // K tails at the full block.
+  for (int64_t kb : kKb) add("gluk", 6, 32, kb, 1, false);
+  // Batch 3 and int32 acc_in.
+  for (bool acc : {false, true})
+    for (auto [mr, nr] : {std::pair{7, 32}, std::pair{3, 17}, std::pair{32, 1}})
+      add("glubatch", mr, nr, 132, 3, acc);
+  // The widened i32 multiply (the host's best already where the target lacks VNNI).
+  const size_t n = v.size();
+  for (size_t k = 0; k < n; k += 3) {
+    GluCase c = v[k];
+    c.dot = lb::BrgemmDot::imul;
+    v.push_back(c);
+  }
+  return v;
+}
+
+class Int8GluBrgemm : public ::testing::TestWithParam<GluCase> {};
+
+TEST_P(Int8GluBrgemm, MatchesScalarStatement) {
+  const GluCase& c = GetParam();
+  const lb::LlvmKernel k = lb::compile_llvm_brgemm(c.desc(), {.dot = c.dot});
+  EXPECT_EQ(run_glu_case(c, k.fn<BrgemmFn>()), "");
+}
+
+std::string glu_case_name(const ::testing::TestParamInfo<GluCase>& info) {
+  return info.param.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Glu, Int8GluBrgemm, ::testing::ValuesIn(glu_sweep()), glu_case_name);
+
 bool target_has(const std::string& f) {
   return ("," + lb::host_target().features + ",").find(",+" + f + ",") != std::string::npos;
 }
@@ -475,7 +753,10 @@ TEST(Int8BrgemmErrors, OutOfContractDescriptorsRaise) {
   d.acc_type = DType::f32;
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
   d = c.desc();
-  d.glu = codegen::Glu::act_mul, d.nr = 32;  // not (yet) with int8
+  d.glu = codegen::Glu::act_mul, d.nr = 32, d.act = Activation::silu;
+  d.out = DType::i32;  // a GLU is a final epilogue: no raw sums
+  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  d.out = DType::bf16, d.nr = 33;  // a GLU stores at most 32 columns
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
   d = c.desc();
   d.out = DType::i8;

@@ -20,7 +20,9 @@
 // llvm.x86.avx512.vpdpbusd (512 bits, or 256 twice on AVX-VNNI) where the
 // target has it, else the bytes widened (zext A, sext B) and multiplied in
 // i32 (never vpmaddubsw: it saturates). Its epilogue is integer up to the
-// zero-point correction, then BrgemmArgs' f32 scaling (or the raw sums, out i32).
+// zero-point correction, then BrgemmArgs' f32 scaling (or the raw sums, out i32);
+// with a GLU, gate and up are each scaled so before the same gated function
+// as the bf16 kernel's (codegen/brgemm_desc.h states it).
 //
 // The k-split sets give each k-pair's products independent accumulators when a
 // block has too few to hide the FMA latency (decode shapes).
@@ -517,7 +519,6 @@ void check_desc(const BrgemmDesc& d) {
         dtype_name(d.acc_type) + " are not supported (bf16/bf16/f32 or u8/i8/i32)");
   if (int8 && d.kb % 4 != 0)
     bad("kb = " + std::to_string(d.kb) + " is not a multiple of 4 (int8 k-quads)");
-  if (int8 && d.glu != Glu::none) bad("a GLU epilogue is not supported with int8 operands");
   if (d.glu != Glu::none && d.nr > 32)
     bad("a GLU stores nr = " + std::to_string(d.nr) + " > 32 columns");
   const int64_t need = (d.computed_cols() + kLanes - 1) / kLanes * 64;

@@ -36,7 +36,7 @@ std::string llvm_brgemm_name(const BrgemmDesc& d);
 // Compiles the micro-kernel for `d` on the host; entry is a BrgemmFn. Takes
 // bf16 × bf16 → f32 and u8 × i8 → i32 (W8A8: B in the Int8Layout, kb a
 // multiple of 4, row-major A of lda bytes; out i32 stores the raw sums, f32 /
-// bf16 apply BrgemmArgs' scaled epilogue; no GLU yet). Throws tilejit::Error
+// bf16 apply BrgemmArgs' scaled epilogue, with a GLU too). Throws tilejit::Error
 // for a descriptor out of the contract (mr outside [1, 32], nr outside
 // [1, 64], kb < 0, other dtypes, b_row_bytes too small for nr or not a multiple of 4,
 // out neither f32 nor bf16 (nor i32 for int8, which then allows no bias,

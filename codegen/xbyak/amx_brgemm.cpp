@@ -19,7 +19,8 @@
 // (pairs or quads) of 64 bytes; they take packed A only (kb rounds up to
 // whole K steps of 64, A and B being zero-padded to them), keep int32 sums
 // in the tiles and finish with Avx512Epilogue::apply_int8_and_store (raw
-// int32 sums with out = i32: stored straight from whole tiles).
+// int32 sums with out = i32: stored straight from whole tiles), or with a
+// GLU Avx512Epilogue::apply_int8_glu_and_store from the scratch of all passes.
 #include <algorithm>
 
 #include "codegen/packed_layout.h"
@@ -78,13 +79,24 @@ class AmxBrgemm : public JitGenerator {
       mov(r8, arg(offsetof(BrgemmArgs, acc_in)));
       mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
     }
+    // Int8: the scales and zero points (rax, rbx, rcx, r10 are free after the last pass).
+    const Avx512Epilogue::Int8Regs q{rax, rbx, rcx, r10};
+    if (int8_) {
+      mov(q.a_scale, arg(offsetof(BrgemmArgs, a_scale)));
+      mov(q.a_zero, arg(offsetof(BrgemmArgs, a_zero)));
+      mov(q.b_scale, arg(offsetof(BrgemmArgs, b_scale)));
+      mov(q.b_comp, arg(offsetof(BrgemmArgs, b_comp)));
+    }
     const int nout = (d_.nr + 15) / 16;
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nout; ++j) {
         vmovups(zmm0, ptr[rsp + slot(r / 16, j) * 1024 + (r % 16) * 64]);
         vmovups(zmm1, ptr[rsp + slot(r / 16, j + 2) * 1024 + (r % 16) * 64]);
-        epi.apply_glu_and_store(zmm0, zmm1, j, rdx, r12,
-                                j == nout - 1 && tail_cols != 0 ? &k1 : nullptr, r8);
+        const Xbyak::Opmask* tail = j == nout - 1 && tail_cols != 0 ? &k1 : nullptr;
+        if (int8_)
+          epi.apply_int8_glu_and_store(zmm0, zmm1, j, r, q, rdx, r12, tail, r8);
+        else
+          epi.apply_glu_and_store(zmm0, zmm1, j, rdx, r12, tail, r8);
       }
       if (r + 1 < d_.mr) {
         add(rdx, r14);

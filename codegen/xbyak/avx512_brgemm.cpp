@@ -11,7 +11,8 @@
 // for all nz B vectors the last ones are read from memory by each
 // vpdpbusd. A rows are addressed from one base register per three rows
 // ([base], [base+lda], [base+2·lda]). Int8 kernels then apply the
-// zero-point compensation and scales of Avx512Epilogue::apply_int8_and_store.
+// zero-point compensation and scales of Avx512Epilogue::apply_int8_and_store
+// (with a GLU, apply_int8_glu_and_store: gate and up scaled, then the GLU).
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -183,7 +184,10 @@ class Avx512Brgemm : public JitGenerator {
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nout; ++j) {
         const bool last = j == nout - 1 && tail_cols != 0;
-        if (int8_)
+        if (int8_ && d_.glu != Glu::none)
+          epi.apply_int8_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, r, q, rsi, r14,
+                                       last ? &k1 : nullptr, r8);
+        else if (int8_)
           epi.apply_int8_and_store(acc(0, r, j), j, r, q, rsi, r14, last ? &k1 : nullptr, r8);
         else if (d_.glu != Glu::none)
           epi.apply_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, rsi, r14, last ? &k1 : nullptr,

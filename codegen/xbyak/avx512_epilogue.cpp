@@ -150,10 +150,8 @@ void Avx512Epilogue::apply_and_store(const Xbyak::Zmm& acc, int col_vec, const X
   store(acc, col_vec, c_row, tail);
 }
 
-void Avx512Epilogue::apply_int8_and_store(const Xbyak::Zmm& acc, int col_vec, int row,
-                                          const Int8Regs& q, const Xbyak::Reg64& c_row,
-                                          const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
-                                          const Xbyak::Reg64& acc_in_row) {
+void Avx512Epilogue::int8_scale(const Xbyak::Zmm& acc, int col_vec, int row, const Int8Regs& q,
+                                const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row) {
   auto& g = g_;
   if (d_.accumulate) {
     if (tail != nullptr)
@@ -161,28 +159,30 @@ void Avx512Epilogue::apply_int8_and_store(const Xbyak::Zmm& acc, int col_vec, in
     else
       g.vpaddd(acc, acc, g.ptr[acc_in_row + col_vec * 64]);
   }
+  if (d_.out == DType::i32) return;
+  const Xbyak::Zmm& t = t_[0];
+  g.vpbroadcastd(t, g.dword[q.a_zero + row * 4]);
+  g.vpmulld(t, t, g.ptr[q.b_comp + col_vec * 64]);
+  g.vpsubd(acc, acc, t);  // exact int32: acc − a_zero·b_comp
+  g.vcvtdq2ps(acc, acc);  // round to nearest even (exact below 2^24)
+  g.vmulps(acc, acc, g.ptr_b[q.a_scale + row * 4]);
+  g.vmulps(acc, acc, g.ptr[q.b_scale + col_vec * 64]);
+}
+
+void Avx512Epilogue::apply_int8_and_store(const Xbyak::Zmm& acc, int col_vec, int row,
+                                          const Int8Regs& q, const Xbyak::Reg64& c_row,
+                                          const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
+                                          const Xbyak::Reg64& acc_in_row) {
+  int8_scale(acc, col_vec, row, q, tail, acc_in_row);
   if (d_.out != DType::i32) {
-    const Xbyak::Zmm& t = t_[0];
-    g.vpbroadcastd(t, g.dword[q.a_zero + row * 4]);
-    g.vpmulld(t, t, g.ptr[q.b_comp + col_vec * 64]);
-    g.vpsubd(acc, acc, t);  // exact int32: acc − a_zero·b_comp
-    g.vcvtdq2ps(acc, acc);  // round to nearest even (exact below 2^24)
-    g.vmulps(acc, acc, g.ptr_b[q.a_scale + row * 4]);
-    g.vmulps(acc, acc, g.ptr[q.b_scale + col_vec * 64]);
     add_bias(acc, col_vec, bias, tail);
     activation(acc);
   }
   store(acc, col_vec, c_row, tail);
 }
 
-void Avx512Epilogue::apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up, int out_vec,
-                                         const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
-                                         const Xbyak::Opmask* tail,
-                                         const Xbyak::Reg64& acc_in_row) {
+void Avx512Epilogue::glu(const Xbyak::Zmm& gate, const Xbyak::Zmm& up) {
   auto& g = g_;
-  // The inputs cover the padded 64-column block: no masks.
-  add_inputs(gate, out_vec, bias, nullptr, acc_in_row);
-  add_inputs(up, out_vec + 2, bias, nullptr, acc_in_row);
   switch (d_.glu) {
     case Glu::none:
       break;
@@ -210,6 +210,30 @@ void Avx512Epilogue::apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zm
       break;
     }
   }
+}
+
+void Avx512Epilogue::apply_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up, int out_vec,
+                                         const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
+                                         const Xbyak::Opmask* tail,
+                                         const Xbyak::Reg64& acc_in_row) {
+  // The inputs cover the padded 64-column block: no masks.
+  add_inputs(gate, out_vec, bias, nullptr, acc_in_row);
+  add_inputs(up, out_vec + 2, bias, nullptr, acc_in_row);
+  glu(gate, up);
+  store(gate, out_vec, c_row, tail);
+}
+
+void Avx512Epilogue::apply_int8_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up,
+                                              int out_vec, int row, const Int8Regs& q,
+                                              const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
+                                              const Xbyak::Opmask* tail,
+                                              const Xbyak::Reg64& acc_in_row) {
+  // The inputs cover the padded 64-column block: no masks.
+  int8_scale(gate, out_vec, row, q, nullptr, acc_in_row);
+  add_bias(gate, out_vec, bias, nullptr);
+  int8_scale(up, out_vec + 2, row, q, nullptr, acc_in_row);
+  add_bias(up, out_vec + 2, bias, nullptr);
+  glu(gate, up);
   store(gate, out_vec, c_row, tail);
 }
 

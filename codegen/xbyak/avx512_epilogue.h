@@ -46,6 +46,20 @@ class Avx512Epilogue {
                             const Xbyak::Reg64& c_row, const Xbyak::Reg64& bias,
                             const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
 
+  // Int8 GLU (desc.glu with a = u8; the statement: BrgemmArgs in
+  // codegen/brgemm_desc.h): gate holds the int32 sums of row `row`, columns
+  // [16·out_vec, +16) of the 64-column block, up those 32 further on (block
+  // vector out_vec + 2). Each is scaled as apply_int8_and_store scales its
+  // vector (acc_in, zero point, a_scale, b_scale, bias), unmasked: the
+  // block's arrays cover all 64 columns. Then out = glu(gate, up) by
+  // apply_glu_and_store's code, stored at c_row + 16·out_vec elements,
+  // `tail` masking the last vector. out = f32 or bf16. Clobbers up and the
+  // four temps.
+  void apply_int8_glu_and_store(const Xbyak::Zmm& gate, const Xbyak::Zmm& up, int out_vec, int row,
+                                const Int8Regs& q, const Xbyak::Reg64& c_row,
+                                const Xbyak::Reg64& bias, const Xbyak::Opmask* tail,
+                                const Xbyak::Reg64& acc_in_row);
+
   // GLU (desc.glu): gate holds columns [16·out_vec, +16) of the 64-column
   // block and up the matching columns 32 further on; both get acc_in and bias
   // (64 columns, unmasked: the block is padded), then out = f(gate, up) is
@@ -61,6 +75,13 @@ class Avx512Epilogue {
 
  private:
   void activation(const Xbyak::Zmm& v);
+  // gate = f(gate, up) for desc.glu, from the f32 gate and up; clobbers up
+  // and the temps.
+  void glu(const Xbyak::Zmm& gate, const Xbyak::Zmm& up);
+  // Int8: acc (+ int32 acc_in) − a_zero·b_comp, to f32, · a_scale · b_scale,
+  // for block vector col_vec of row `row` (acc_in masked by `tail`).
+  void int8_scale(const Xbyak::Zmm& acc, int col_vec, int row, const Int8Regs& q,
+                  const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
   // acc += acc_in (if accumulating) and bias for 64-column block vector col_vec.
   void add_inputs(const Xbyak::Zmm& acc, int col_vec, const Xbyak::Reg64& bias,
                   const Xbyak::Opmask* tail, const Xbyak::Reg64& acc_in_row);
