@@ -1,9 +1,9 @@
 // libFuzzer harness: the quantized weight API (pack_weight of Int8Weight,
-// Fp8Weight, Int4Weight; unpack; dequantize; gemm) driven by a fuzzed
+// Fp8Weight, Int4Weight, Mxfp4Weight; unpack; dequantize; gemm) driven by a fuzzed
 // checkpoint description: format, shapes, the logical N / K, group size,
 // zero points, g_idx contents (act-order, shards, garbage), scale dtypes and
-// values (NaN, Inf, subnormal), fp8 block sizes and [K, N] strides, and the
-// tensors' bytes.
+// values (NaN, Inf, subnormal), fp8 block sizes and [K, N] strides, MXFP4
+// blocks forms and e8m0 exponents (255: NaN), and the tensors' bytes.
 //
 // The contract under test: pack_weight either raises tilejit::Error or
 // returns a weight whose unpack() gives the input tensors back bit for bit
@@ -337,12 +337,70 @@ void fuzz_int4(FuzzedDataProvider& f) {
   check_weight(f, pw, lw, N, K, false, {}, {});
 }
 
+void fuzz_mxfp4(FuzzedDataProvider& f) {
+  const bool three_d = f.ConsumeBool(), k_given = f.ConsumeBool();
+  const int64_t N = f.ConsumeIntegralInRange<int64_t>(0, 80),
+                K = f.ConsumeIntegralInRange<int64_t>(0, 300);
+  const int64_t G = (K + 31) / 32, B = (K + 1) / 2, row = three_d ? G * 16 : B;
+  // The logical K: k, or all the blocks hold (k = 0).
+  const int64_t KL = k_given ? K : three_d ? 32 * G : 2 * B, GL = (KL + 31) / 32;
+  std::vector<uint8_t> blocks = bytes_of<uint8_t>(f, static_cast<size_t>(N * row));
+  const int64_t gs = GL + (f.ConsumeIntegralInRange(0, 15) == 0 ? 1 : 0);
+  std::vector<uint8_t> scales = bytes_of<uint8_t>(f, static_cast<size_t>(N * gs));
+  if (f.ConsumeIntegralInRange(0, 7) != 0)  // mostly no NaN exponents
+    for (auto& e : scales)
+      if (e == 0xFF) e = 0x7F;
+  Mxfp4Weight d;
+  d.blocks = three_d ? TensorView(blocks.data(), DType::u8, {N, G, 16})
+                     : TensorView(blocks.data(), DType::u8, {N, B});
+  d.scales = TensorView(scales.data(), DType::u8, {N, gs});
+  d.k = k_given ? K : 0;
+  if (describe())
+    std::fprintf(stderr, "mxfp4 N=%lld K=%lld %s k=%lld scales [%lld, %lld]\n", (long long)N,
+                 (long long)KL, three_d ? "3-D" : "2-D", (long long)d.k, (long long)N,
+                 (long long)gs);
+  PackedWeight pw;
+  try {
+    pw = pack_weight(d);
+  } catch (const Error&) {
+    return;
+  }
+  // unpack: bit for bit, the nibbles past K zeroed.
+  std::vector<uint8_t> want = blocks, b2(blocks.size(), 0xEE), s2(scales.size(), 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < row; ++j) {
+      if (2 * j >= KL) want[n * row + j] = 0;
+      if (2 * j + 1 == KL) want[n * row + j] &= 0x0F;
+    }
+  Mxfp4Weight u = d;
+  u.blocks.data = b2.data();
+  u.scales.data = s2.data();
+  pw.unpack(u);
+  if (b2 != want) die("mxfp4 unpack: blocks differ");
+  if (s2 != scales) die("mxfp4 unpack: scales differ");
+  std::vector<double> lw(static_cast<size_t>(N * KL));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < KL; ++k) {
+      const int q = (blocks[n * row + k / 2] >> (4 * (k % 2))) & 0xF;
+      lw[n * KL + k] = double(runtime::e2m1_to_f32(static_cast<uint8_t>(q))) *
+                       std::ldexp(1.0, int(scales[n * gs + k / 32]) - 127);
+    }
+  check_weight(f, pw, lw, N, KL, false, {}, {});
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
   try {
-    switch (f.ConsumeIntegralInRange(0, 2)) {
+    // The format byte: % 3 as before MXFP4 came, and 250..255 for MXFP4
+    // (no committed corpus input ends in one of those).
+    const uint8_t format = f.ConsumeIntegral<uint8_t>();
+    if (format >= 250) {
+      fuzz_mxfp4(f);
+      return 0;
+    }
+    switch (format % 3) {
       case 0:
         fuzz_int8(f);
         break;

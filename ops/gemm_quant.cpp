@@ -352,6 +352,8 @@ const char* layout_tag_prefix(WeightFormat f) {
       return "u4_awq_vnni2_n64k32_g";
     case WeightFormat::int4_gptq:
       return "u4_gptq_vnni2_n64k32_g";
+    case WeightFormat::mxfp4:
+      return "f4e2m1_mx_vnni2_n64k32_";
   }
   return "?";
 }
@@ -378,7 +380,7 @@ codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen:
   const QuantTables& q = *p.quant;
   codegen::BrgemmDesc d;
   d.isa = Isa::avx512;
-  d.b_type = p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
+  d.b_type = p.dtype;  // f8e4m3 or u4 (quant_gemm_fused(p, ...) is false for the others)
   d.b_zeros = q.zeros != nullptr;
   d.mr = static_cast<int>(m);
   d.kb = q.k_packed;
@@ -395,16 +397,15 @@ codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen:
 
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
   const QuantTables& q = *p.quant;
-  return {isa == Isa::llvm ? Isa::llvm : Isa::avx512,
-          p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, q.zeros != nullptr,
-          q.normal_products};
+  return {isa == Isa::llvm ? Isa::llvm : Isa::avx512, p.dtype,  // f8e4m3, u4 or f4e2m1
+          q.zeros != nullptr, q.normal_products};
 }
 
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
-  if (p.format != WeightFormat::int8 && quant_gemm_fused(isa, m))
+  if (quant_gemm_fused(p, isa, m))
     return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m).name();
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m), isa).plan().name();
 }
@@ -414,6 +415,13 @@ bool quant_gemm_fused(Isa path, int64_t m) {
   // AVX512-BF16 CPU but Cooper Lake has it; there the dequant path runs).
   static const bool vbmi = runtime::detected_features().has(runtime::Feature::avx512_vbmi);
   return m <= kFusedMaxRows && (path == Isa::avx512 || path == Isa::amx) && vbmi;
+}
+
+bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
+  // MXFP4 has no fused kernel (yet): it always dequantizes.
+  return (p.format == WeightFormat::fp8_e4m3 || p.format == WeightFormat::int4_awq ||
+          p.format == WeightFormat::int4_gptq) &&
+         quant_gemm_fused(path, m);
 }
 
 bool layout_tag_ok(const PackedWeight::Impl& p) {
@@ -439,7 +447,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
   if (isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa);
-  if (quant_gemm_fused(isa, M)) return run_fused(x, p, y, opt);
+  if (quant_gemm_fused(p, isa, M)) return run_fused(x, p, y, opt);
   run_dequant(x, p, y, opt, isa);
 }
 

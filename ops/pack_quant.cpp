@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "codegen/quant_desc.h"
+#include "ops/pack_quant_util.h"
 #include "ops/packed_weight_impl.h"
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
@@ -19,11 +20,11 @@
 namespace tilejit {
 
 namespace ops {
-namespace {
+
+// (No anonymous namespace: ops/pack_quant_util.h declares the helpers the
+// MXFP4 packer shares.)
 
 constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
-
-using Buffer = std::unique_ptr<std::byte[], runtime::FreeDeleter>;
 
 Buffer zeroed(size_t bytes) {
   Buffer b = runtime::aligned_alloc_bytes(std::max<size_t>(bytes, 64));
@@ -171,8 +172,6 @@ bool normal_products(const float* s, size_t count, DType code) {
   return true;
 }
 
-}  // namespace
-
 void QuantTables::set_row_map(std::vector<int64_t> map, int64_t n) {
   if (!map.empty()) {
     const int64_t cols = (n + kBlockN - 1) / kBlockN * kBlockN;
@@ -230,6 +229,14 @@ double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
       }
       return runtime::dequant_int4(code, z, scale_value(q.scales_in, g, n));
     }
+    case WeightFormat::mxfp4: {  // int4's code layout; scales_in: the e8m0 bytes [N, G]
+      const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
+      const uint8_t byte = p.bytes()[pr / kBlockN * p.code_block_bytes() +
+                                     pos / 2 * q.code_row_bytes + pr % kBlockN];
+      const uint8_t e = saved_at<uint8_t>(q.scales_in, n, k / q.group_size);
+      return double(runtime::e2m1_to_f32(static_cast<uint8_t>((byte >> (4 * (pos % 2))) & 0xF))) *
+             std::ldexp(1.0, int(e) - 127);
+    }
   }
   return 0;
 }
@@ -254,6 +261,8 @@ std::string quant_layout_name(const PackedWeight::Impl& p) {
                          q.group_size < 0 ? std::string("ch") : std::to_string(q.group_size),
                          q.qzeros_in.present ? "_zp" : "", q.g_idx_in.present ? "_gidx" : "",
                          q.perm.empty() ? "" : "_perm");
+    case WeightFormat::mxfp4:
+      return "f4e2m1_mx_vnni2_n64k32_g32";
   }
   return "?";
 }
@@ -275,10 +284,12 @@ const char* weight_format_name(WeightFormat f) {
       return "int4_awq";
     case WeightFormat::int4_gptq:
       return "int4_gptq";
+    case WeightFormat::mxfp4:
+      return "mxfp4";
   }
   throw Error(
       fmt::format("weight_format_name: {} is not a WeightFormat; allowed: bf16, int8, "
-                  "fp8_e4m3, int4_awq, int4_gptq",
+                  "fp8_e4m3, int4_awq, int4_gptq, mxfp4",
                   static_cast<int>(f)));
 }
 
@@ -619,7 +630,7 @@ Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& q
 
 // ---- unpack and dequantize -------------------------------------------------------
 
-namespace {
+namespace ops {
 
 const PackedWeight::Impl& need_format(const PackedWeight::Impl* impl, const char* op,
                                       std::initializer_list<WeightFormat> allowed) {
@@ -632,7 +643,9 @@ const PackedWeight::Impl& need_format(const PackedWeight::Impl* impl, const char
                           op, weight_format_name(impl->format)));
 }
 
-}  // namespace
+}  // namespace ops
+
+using ops::need_format;
 
 void PackedWeight::unpack(const Int8Weight& out) const {
   const char* op = "PackedWeight::unpack(int8)";

@@ -22,6 +22,7 @@ inline constexpr int64_t kInt8MaxK = 65536;
 PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of);
 PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of);
 PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of);
+PackedWeight pack_mxfp4(const Mxfp4Weight& w, std::vector<int64_t> row_of);  // ops/pack_mxfp4.cpp
 
 // The logical weight w[n, k] of any format, in double, from the checkpoint's
 // own scale / zero tensors (kept verbatim) and the packed codes: the oracle
@@ -41,6 +42,9 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // micro-kernel (codegen/xbyak/quant_brgemm.cpp: exact weights, per-group
 // fp32 sums) instead of dequantizing to bf16 chunks for the bf16 kernels.
 bool quant_gemm_fused(Isa path, int64_t m);
+// The same for a GEMM with weight p: false for int8 and for MXFP4, which has
+// no fused kernel (it always dequantizes).
+bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
 
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
 // dequantize 256-deep chunks (32 KiB of bf16: L1-resident), the rest keep
@@ -62,7 +66,7 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
                                      int64_t m);
 
-// The dequant kernel of an fp8 / int4 weight on `path` (avx512 serves amx).
+// The dequant kernel of an fp8 / int4 / MXFP4 weight on `path` (avx512 serves amx).
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);
 
 // What a quantized GEMM of m rows runs on `path`: the fused decode kernel's

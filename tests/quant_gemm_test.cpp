@@ -2,7 +2,8 @@
 // path TILEJIT_ISA names, against references written here from the test's
 // own logical weights (not the library's packing), over M / N / K tails,
 // group and block sizes, symmetric and zero-point int4, act-order, [K, N]
-// fp8, bias, activations and both output types; the pack contract (unpack
+// fp8, MXFP4 (2-D and 3-D blocks, K not a multiple of 32, e8m0 exponents
+// 0..254, negative zero codes), bias, activations and both output types; the pack contract (unpack
 // bit for bit, dequantize, packing twice, tensor-parallel shards); and the
 // Errors of malformed checkpoints.
 #include <gtest/gtest.h>
@@ -30,7 +31,7 @@ namespace {
 using runtime::bf16_to_f32;
 using runtime::f32_to_bf16;
 
-enum class Fmt { int8, fp8, awq, gptq };
+enum class Fmt { int8, fp8, awq, gptq, mxfp4 };
 enum class Scale { tensor, channel, block };
 
 const char* fmt_name(Fmt f) {
@@ -43,6 +44,8 @@ const char* fmt_name(Fmt f) {
       return "awq";
     case Fmt::gptq:
       return "gptq";
+    case Fmt::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }
@@ -58,6 +61,8 @@ struct QCase {
   int64_t group = 128;  // -1: per channel
   bool zp = false, act_order = false, v2 = false;
   DType scale_dtype = DType::f16;
+  // mxfp4: blocks as [N, K/32, 16] (GPT-OSS's form) or [N, K/2]
+  bool mx3d = false;
   // int8
   ActQuant aq = ActQuant::dynamic_sym;
   bool per_tensor = false;
@@ -79,6 +84,7 @@ struct QCase {
       if (v2) s += "_v2";
       s += fmt::format("_s{}", dtype_name(scale_dtype));
     }
+    if (fmt == Fmt::mxfp4) s += mx3d ? "_3d" : "_2d";
     if (fmt == Fmt::int8) {
       s += aq == ActQuant::dynamic_sym ? "_sym" : aq == ActQuant::dynamic_asym ? "_asym" : "_fixed";
       if (per_tensor) s += "_tensor";
@@ -102,6 +108,15 @@ uint16_t f32_to_f16_exact(float v) {  // for the values small_scale makes
   return static_cast<uint16_t>(sign | (uint32_t(e) << 10) | ((u >> 13) & 0x3FF));
 }
 
+// The e2m1 value of a 4-bit code, decoded here from its definition (sign
+// bit 3; exponent field bits 2..1, bias 1; mantissa bit 0; exponent field 0
+// is the subnormal m · 0.5), not from the library's table.
+double e2m1_value(int q) {
+  const int e = (q >> 1) & 3, m = q & 1;
+  const double mag = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return (q & 8) ? -mag : mag;
+}
+
 // A checkpoint built from logical values, in its format's storage, with the
 // logical weights: exact (double) and as the kernels' contract rounds them.
 struct Checkpoint {
@@ -110,6 +125,9 @@ struct Checkpoint {
   std::vector<int32_t> qweight, qzeros, g_idx;
   std::vector<float> scales_f32;
   std::vector<uint16_t> scales_16;
+  std::vector<uint8_t> mx_blocks, mx_scales;
+  std::vector<uint8_t> mx_unpacked;  // mx_blocks as unpack writes them (0 past K)
+  Mxfp4Weight mx;
   Int8Weight int8;
   Fp8Weight fp8;
   Int4Weight int4;
@@ -118,6 +136,38 @@ struct Checkpoint {
   std::vector<double> qz_s;    // [N, K] (|q| + |z|)·|s| (fp8: |w|): the fused kernel's bound
   std::vector<double> off_s;   // [N, K] 32·|s| for int4 (the fused kernel's offset of 16), fp8 0
 };
+
+// An MXFP4 checkpoint: code q[n, k] and exponent e[n, g] from the given
+// makers (random codes; e around 127 + wexp in the battery); the nibbles
+// past K of the last block hold garbage (packing ignores them, unpack
+// gives 0).
+template <class CodeOf, class ExpOf>
+void make_mxfp4(const QCase& c, Checkpoint& ck, CodeOf code_of, ExpOf exp_of) {
+  const int64_t N = c.n, K = c.k, G = (K + 31) / 32, B = (K + 1) / 2;
+  const int64_t row = c.mx3d ? G * 16 : B;
+  ck.mx_blocks.assign(static_cast<size_t>(N * row), 0);
+  ck.mx_unpacked.assign(ck.mx_blocks.size(), 0);
+  ck.mx_scales.assign(static_cast<size_t>(N * G), 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g) ck.mx_scales[n * G + g] = static_cast<uint8_t>(exp_of(n, g));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < 2 * row; ++k) {
+      const int q = code_of(n, k) & 0xF;
+      ck.mx_blocks[n * row + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+      if (k >= K) continue;
+      ck.mx_unpacked[n * row + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+      const int e = ck.mx_scales[n * G + k / 32];
+      const double s = std::ldexp(1.0, e - 127);
+      ck.w[n * K + k] = e2m1_value(q) * s;
+      ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(float(e2m1_value(q)) * float(s)));
+      ck.qz_s[n * K + k] = std::fabs(ck.w[n * K + k]);
+    }
+  ck.mx.blocks = c.mx3d ? TensorView(ck.mx_blocks.data(), DType::u8, {N, G, 16})
+                        : TensorView(ck.mx_blocks.data(), DType::u8, {N, B});
+  ck.mx.scales = TensorView(ck.mx_scales.data(), DType::u8, {N, G});
+  // k = 0 (from blocks) where blocks holds exactly K.
+  ck.mx.k = (c.mx3d ? 32 * G : 2 * B) == K ? 0 : K;
+}
 
 Checkpoint make_checkpoint(const QCase& c) {
   Checkpoint ck;
@@ -173,6 +223,18 @@ Checkpoint make_checkpoint(const QCase& c) {
       } else {
         ck.fp8.scales = TensorView(ck.scales_f32.data(), DType::f32, {gn});
       }
+      break;
+    }
+    case Fmt::mxfp4: {
+      std::vector<int> q(static_cast<size_t>(N * 2 * ((K + 31) / 32) * 16));
+      for (auto& v : q) v = static_cast<int>(rng() % 16);
+      const int64_t G = (K + 31) / 32;
+      std::vector<int> e(static_cast<size_t>(N * G));
+      for (auto& v : e) v = 127 + wexp + static_cast<int>(rng() % 5) - 2;
+      const int64_t row = 2 * ((K + 31) / 32) * 16;
+      make_mxfp4(
+          c, ck, [&](int64_t n, int64_t k) { return q[n * row + k]; },
+          [&](int64_t n, int64_t g) { return e[n * G + g]; });
       break;
     }
     case Fmt::awq:
@@ -249,12 +311,15 @@ Checkpoint make_checkpoint(const QCase& c) {
   return ck;
 }
 
+
 PackedWeight pack(const QCase& c, const Checkpoint& ck) {
   switch (c.fmt) {
     case Fmt::int8:
       return pack_weight(ck.int8);
     case Fmt::fp8:
       return pack_weight(ck.fp8);
+    case Fmt::mxfp4:
+      return pack_weight(ck.mx);
     default:
       return pack_weight(ck.int4);
   }
@@ -303,7 +368,8 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
   // The dequant path rounds w to bf16 (a tight check against those weights);
   // the fused decode kernel (M <= 4 on amx / avx512) keeps w exact, within
   // its own bound.
-  const bool fused = ops::quant_gemm_fused(cpu_info().isa, c.m);
+  // (MXFP4 always runs the dequant path: its bf16 weights are exact.)
+  const bool fused = ops::quant_gemm_fused(*pw.impl(), cpu_info().isa, c.m);
   const bool int8 = c.fmt == Fmt::int8;
   std::vector<uint8_t> qa(static_cast<size_t>(K));
   int bad = 0;
@@ -443,6 +509,12 @@ std::vector<QCase> battery() {
       q.fmt = Fmt::gptq, q.group = 32, q.zp = true, q.act_order = true;
       add(q);
     }
+    // MXFP4: both blocks forms (K % 32 != 0: the last block padded).
+    for (bool mx3d : {false, true}) {
+      QCase x = c;
+      x.fmt = Fmt::mxfp4, x.mx3d = mx3d;
+      add(x);
+    }
     // int8 W8A8: dynamic sym / asym, fixed scale; per channel and per tensor.
     for (ActQuant aq : {ActQuant::dynamic_sym, ActQuant::dynamic_asym, ActQuant::fixed}) {
       QCase i = c;
@@ -502,6 +574,25 @@ TEST_P(QuantPack, UnpackDequantizeRepack) {
       u.scales.data = out.scales_f32.data();
       pw.unpack(u);
       EXPECT_EQ(out.f8, ck.f8);
+      break;
+    }
+    case Fmt::mxfp4: {
+      std::fill(out.mx_blocks.begin(), out.mx_blocks.end(), 0xEE);
+      std::fill(out.mx_scales.begin(), out.mx_scales.end(), 0xFF);
+      Mxfp4Weight u = ck.mx;
+      u.blocks.data = out.mx_blocks.data();
+      u.scales.data = out.mx_scales.data();
+      pw.unpack(u);
+      EXPECT_EQ(out.mx_blocks, ck.mx_unpacked);
+      EXPECT_EQ(out.mx_scales, ck.mx_scales);
+      // The other blocks form of the same bytes (when K fills them both).
+      if ((c.k + 31) / 32 * 16 == (c.k + 1) / 2) {
+        std::fill(out.mx_blocks.begin(), out.mx_blocks.end(), 0xEE);
+        u.blocks = c.mx3d ? TensorView(out.mx_blocks.data(), DType::u8, {c.n, (c.k + 1) / 2})
+                          : TensorView(out.mx_blocks.data(), DType::u8, {c.n, (c.k + 31) / 32, 16});
+        pw.unpack(u);
+        EXPECT_EQ(out.mx_blocks, ck.mx_unpacked);
+      }
       break;
     }
     default: {
@@ -788,8 +879,149 @@ TEST_P(QuantNan, RowOfNanStaysInItsRow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantNan,
-                         ::testing::Values(Fmt::int8, Fmt::fp8, Fmt::awq, Fmt::gptq),
+                         ::testing::Values(Fmt::int8, Fmt::fp8, Fmt::awq, Fmt::gptq, Fmt::mxfp4),
                          [](const auto& p) { return std::string(fmt_name(p.param)); });
+
+}  // namespace
+}  // namespace tilejit::test
+
+namespace tilejit::test {
+namespace {
+
+// ---- MXFP4: the whole e8m0 range, negative zeros, bad checkpoints -------------------
+
+// Every exponent 0..254 (e = 0: the subnormal scale 2^-127; e = 254 with
+// |v| >= 2: beyond f32, ±Inf) and every code, with -0 codes (0x8) in every
+// row: dequantize is the exact value (signed zeros included), unpack the
+// checkpoint; both blocks forms, K a multiple of 32 and not.
+TEST(QuantMxfp4, EveryExponentAndCode) {
+  for (const auto& [n, k, mx3d] : {std::tuple{64, 320, true}, std::tuple{70, 300, false},
+                                   std::tuple{9, 1, false}, std::tuple{9, 33, true}}) {
+    QCase c;
+    c.fmt = Fmt::mxfp4, c.n = n, c.k = k, c.mx3d = mx3d;
+    Checkpoint ck;
+    ck.w.assign(static_cast<size_t>(n * k), 0);
+    ck.w_bf16 = ck.qz_s = ck.off_s = ck.w;
+    const int64_t G = (k + 31) / 32;
+    make_mxfp4(
+        c, ck, [&](int64_t r, int64_t kk) { return kk % 5 == 2 ? 0x8 : int((r * 7 + kk) % 16); },
+        [&](int64_t r, int64_t g) { return int((r * G + g) % 255); });
+    const PackedWeight pw = pack_weight(ck.mx);
+    EXPECT_EQ(pw.format(), WeightFormat::mxfp4);
+    EXPECT_EQ(pw.dtype(), DType::f4e2m1);
+    EXPECT_EQ(pw.layout().rfind("f4e2m1_mx_vnni2_n64k32_g32", 0), 0u) << pw.layout();
+    EXPECT_EQ(pack_weight(pw).impl(), pw.impl());
+    std::vector<float> dq(static_cast<size_t>(n * k));
+    pw.dequantize(TensorView(dq.data(), DType::f32, {n, k}));
+    int bad = 0;
+    for (int64_t e = 0; e < n * k; ++e) {
+      const float want = static_cast<float>(ck.w[e]);
+      if (!(dq[e] == want && std::signbit(dq[e]) == std::signbit(want)) && bad++ < 3)
+        ADD_FAILURE() << "dequantize[" << e / k << ", " << e % k << "] = " << dq[e] << ", expected "
+                      << want;
+    }
+    std::vector<uint8_t> blocks(ck.mx_blocks.size(), 0xEE), scales(ck.mx_scales.size(), 0);
+    Mxfp4Weight u = ck.mx;
+    u.blocks.data = blocks.data();
+    u.scales.data = scales.data();
+    pw.unpack(u);
+    EXPECT_EQ(blocks, ck.mx_unpacked);
+    EXPECT_EQ(scales, ck.mx_scales);
+  }
+}
+
+// The GEMM over the exponents a weight can take without leaving f32 in the
+// sums: e in {0, 1, 2, 126, 127, 128, 253, 254} (e >= 253 rows: |v| <= 1.5,
+// small x), on the active path, against the exact weights. The bf16 dot
+// products flush subnormal operands and results (weights below 2^-126: e <= 1),
+// which the absolute 2^-100 allows.
+TEST(QuantMxfp4, GemmAcrossTheExponentRange) {
+  if (!missing_isa_reason().empty()) GTEST_SKIP() << missing_isa_reason();
+  const int64_t N = 80, K = 72;
+  const int kExps[] = {0, 1, 2, 126, 127, 128, 253, 254};
+  QCase c;
+  c.fmt = Fmt::mxfp4, c.n = N, c.k = K;
+  Checkpoint ck;
+  ck.w.assign(static_cast<size_t>(N * K), 0);
+  ck.w_bf16 = ck.qz_s = ck.off_s = ck.w;
+  std::mt19937 rng(11);
+  std::vector<int> q(static_cast<size_t>(N * 96));
+  for (auto& v : q) v = static_cast<int>(rng() % 16);
+  const auto exp_of = [&](int64_t n, int64_t g) { return kExps[(n + g) % 8]; };
+  make_mxfp4(
+      c, ck,
+      [&](int64_t n, int64_t k) {
+        const int v = q[n * 96 + k];
+        return exp_of(n, k / 32) >= 253 ? v & 0xB : v;  // |v| <= 1.5
+      },
+      exp_of);
+  const PackedWeight pw = pack_weight(ck.mx);
+  for (int64_t M : {1, 3, 20}) {
+    std::vector<uint16_t> x = random_bf16(static_cast<size_t>(M * K), 7, -1.0f / 64, 1.0f / 64);
+    std::vector<float> y(static_cast<size_t>(M * N));
+    gemm(TensorView(x.data(), DType::bf16, {M, K}), pw, TensorView(y.data(), DType::f32, {M, N}));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double ref = 0, abs = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double v = bf16_to_f32(x[i * K + k]) * ck.w[j * K + k];
+          ref += v, abs += std::fabs(v);
+        }
+        const double tol =
+            runtime::gemm_output_bound(Activation::none, DType::f32, K, abs, 0, ref, ref) +
+            std::ldexp(1.0, -100);
+        EXPECT_NEAR(y[i * N + j], ref, tol) << "M=" << M << " y[" << i << ", " << j << "]";
+      }
+  }
+}
+
+TEST(QuantErrors, Mxfp4Checkpoints) {
+  QCase c;
+  c.fmt = Fmt::mxfp4, c.n = 4, c.k = 64, c.mx3d = true;
+  Checkpoint ck = make_checkpoint(c);
+  auto with = [&](auto edit) {
+    Mxfp4Weight w = ck.mx;
+    edit(w);
+    return w;
+  };
+  ck.mx_scales[1 * 2 + 1] = 0xFF;
+  expect_error([&] { pack_weight(ck.mx); }, "scales[1, 1] = 0xff");
+  ck.mx_scales[1 * 2 + 1] = 127;
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) {
+                       w.blocks.shape = {4, 2, 8};
+                     })); },
+               "blocks has shape [4, 2, 8]");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.shape = {128}; })); },
+               "blocks has rank 1");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.dtype = DType::i8; })); },
+               "blocks");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.scales.dtype = DType::f32; })); },
+               "scales");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) {
+                       w.scales.shape = {4, 3};
+                     })); },
+               "scales has shape [4, 3]");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 65; })); }, "k=65");
+  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 32; })); }, "k=32");
+  // A 2-D view of the same bytes ([4, 32]): K is 63 or 64.
+  expect_error(
+      [&] {
+        pack_weight(with([](Mxfp4Weight& w) {
+          w.blocks = TensorView(w.blocks.data, DType::u8, {4, 32});
+          w.k = 62;
+        }));
+      },
+      "k=62");
+  const PackedWeight pw = pack_weight(ck.mx);
+  expect_error([&] { pw.unpack(ck.int4); }, "packed as mxfp4");
+  expect_error([&] { pw.unpack(with([](Mxfp4Weight& w) {
+                       w.blocks.shape = {4, 3, 16};
+                     })); },
+               "blocks has shape [4, 3, 16]");
+  expect_error([&] { pw.unpack(with([](Mxfp4Weight& w) { w.k = 63; })); }, "k=63");
+  const PackedWeight p8 = pack_weight(make_checkpoint(QCase{}).fp8);
+  expect_error([&] { p8.unpack(ck.mx); }, "packed as fp8_e4m3");
+}
 
 }  // namespace
 }  // namespace tilejit::test

@@ -94,7 +94,7 @@ const char* isa_name(Isa isa);
 // A quantized linear layer's checkpoint tensors, as the format stores them.
 // pack_weight() takes one of these and returns a PackedWeight that the same
 // gemm() call runs; format() and layout() say which it is.
-enum class WeightFormat { bf16, int8, fp8_e4m3, int4_awq, int4_gptq };
+enum class WeightFormat { bf16, int8, fp8_e4m3, int4_awq, int4_gptq, mxfp4 };
 const char* weight_format_name(WeightFormat f);
 
 // int8 W8A8: weight i8 [N, K] (K stride 1); scales f32 [N] (per output
@@ -158,6 +158,22 @@ Int4Weight int4_weight_from_config(const AutoRoundConfig& config, const TensorVi
                                    std::optional<TensorView> qzeros = std::nullopt,
                                    std::optional<TensorView> g_idx = std::nullopt);
 
+// MXFP4 W4A16 (OCP Microscaling fp4; GPT-OSS's MoE experts, one matrix of
+// its `*_blocks` / `*_scales`): blocks u8 [N, K/32, 16] or the same bytes as
+// [N, K/2] (any strides), two e2m1 codes a byte, the low nibble the even k;
+// scales u8 [N, ceil(K/32)], e8m0 exponents e. w[n, k] = e2m1(code) ·
+// 2^(e[n, k/32] − 127), e2m1 = sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3,
+// 4, 6. e = 255 (NaN) is refused. Any K >= 1: a K that is not a multiple of
+// 32 is padded (k gives it; the codes of the last block past K are ignored,
+// and unpack writes them as 0).
+struct Mxfp4Weight {
+  TensorView blocks;  // u8 [N, ceil(K/32), 16] or [N, ceil(K/2)]
+  TensorView scales;  // u8 [N, ceil(K/32)]
+  // The logical K; 0: all blocks holds (32 · blocks.shape[1] for the 3-D
+  // form, 2 · blocks.shape[1] for the 2-D one).
+  int64_t k = 0;
+};
+
 // A weight [N, K] repacked once for the micro-kernels (see docs/gemm.md for the
 // layout). Owning, movable, cheap to copy (the packed bytes are shared and
 // immutable). The layout tag travels with the data: a gemm checks it.
@@ -173,7 +189,7 @@ class PackedWeight {
 
   int64_t n() const;
   int64_t k() const;
-  // The element type of the packed codes: bf16, i8, f8e4m3 or u4.
+  // The element type of the packed codes: bf16, i8, f8e4m3, u4 or f4e2m1 (mxfp4).
   DType dtype() const;
   WeightFormat format() const;
   // Layout name with its parameters, e.g. "bf16_vnni2_n64k32",
@@ -193,6 +209,7 @@ class PackedWeight {
   void unpack(const Int8Weight& out) const;
   void unpack(const Fp8Weight& out) const;
   void unpack(const Int4Weight& out) const;
+  void unpack(const Mxfp4Weight& out) const;  // blocks in either form; k 0 or K
   // The logical weight w[N, K] = dequantized codes (in double, rounded once
   // to out's dtype: f32 or bf16; K stride 1), for any format: what a weight
   // checker compares, never the physical layout.
@@ -214,6 +231,7 @@ PackedWeight pack_weight(const PackedWeight& w);
 PackedWeight pack_weight(const Int8Weight& w);
 PackedWeight pack_weight(const Fp8Weight& w);
 PackedWeight pack_weight(const Int4Weight& w);
+PackedWeight pack_weight(const Mxfp4Weight& w);
 
 // How an int8 (W8A8) GEMM quantizes x each call.
 enum class ActQuant {
