@@ -30,11 +30,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   const int64_t step = amx_k_step_of(spec.int8() ? DType::u8 : DType::bf16);
   if (spec.max_kc < step || spec.max_kc % step != 0)
     throw Error(fmt::format("plan_gemm: max_kc={}; allowed: a multiple of {}", spec.max_kc, step));
-  if (spec.int8() && (spec.k % 4 != 0 || spec.glu != Glu::none))
+  if (spec.int8() && spec.k % 4 != 0)
     throw Error(
-        fmt::format("plan_gemm: an int8 GEMM with k={} glu={}; allowed: k a multiple of "
-                    "4, no GLU",
-                    spec.k, glu_name(spec.glu)));
+        fmt::format("plan_gemm: an int8 GEMM with k={}; allowed: k a multiple of 4", spec.k));
   const int64_t kMaxChunk = spec.max_kc * (spec.int8() ? 2 : 1);
   // Ceiling divisions written so that no sum can overflow, whatever K (up to INT64_MAX).
   p.k_chunks = spec.k / kMaxChunk + (spec.k % kMaxChunk != 0);

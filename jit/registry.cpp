@@ -130,9 +130,9 @@ const Kernel& front(const D& d, Slow slow) {
 // The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3) of the avx512 row
 // (the amx path's small-M quantized GEMMs use the avx512 plan too).
 constexpr const char* kQuantLimits =
-    "a=bf16 b=u4|f8e4m3 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64, kb >= 1 (the "
-    "whole K, batch 1), b_row_bytes 64 (u4) | 128 (f8e4m3), zeros with u4 only, no acc_in, no "
-    "GLU, row-major A, out f32|bf16";
+    "a=bf16 b=u4|f8e4m3 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64 (GLU: nr <= 32 "
+    "outputs of the 64 computed columns), kb >= 1 (the whole K, batch 1), b_row_bytes 64 (u4) | "
+    "128 (f8e4m3), zeros with u4 only, no acc_in, row-major A, out f32|bf16";
 
 const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
   auto refuse = [&](const std::string& what) -> Error {
@@ -144,7 +144,8 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
     throw refuse(fmt::format("a={} acc={}", dtype_name(d.a_type), dtype_name(d.acc_type)));
   if (d.b_zeros && d.b_type != DType::u4) throw refuse("zeros=1 with b=f8e4m3");
   if (d.mr < 1 || d.mr > 4) throw refuse(fmt::format("mr={}", d.mr));
-  if (d.nr < 1 || d.nr > 64) throw refuse(fmt::format("nr={}", d.nr));
+  if (d.nr < 1 || d.nr > (d.glu != codegen::Glu::none ? 32 : 64))
+    throw refuse(fmt::format("nr={} with glu={}", d.nr, codegen::glu_name(d.glu)));
   if (d.kb < 1) throw refuse(fmt::format("kb={}", d.kb));
   const int64_t code_row = d.b_type == DType::u4 ? 64 : 128;
   if (d.b_row_bytes != code_row)
@@ -153,7 +154,6 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
                     "rows)",
                     d.b_row_bytes, code_row));
   if (d.accumulate) throw refuse("acc_in=1 (the kernel takes the whole K in one call)");
-  if (d.glu != codegen::Glu::none) throw refuse(fmt::format("glu={}", codegen::glu_name(d.glu)));
   if (d.a_packed) throw refuse("apack=1");
   if (d.out != DType::f32 && d.out != DType::bf16)
     throw refuse(fmt::format("out={}", dtype_name(d.out)));
@@ -363,8 +363,7 @@ const Kernel& two_backend_family(Family family, const D& d, EmitXbyak emit,
 const Kernel& get(const codegen::DequantDesc& d) {
   return front(d, [](const codegen::DequantDesc& x) -> const Kernel& {
     if (x.code != DType::f8e4m3 && x.code != DType::u4 && x.code != DType::f4e2m1)
-      throw Error(
-          fmt::format("dequant: code={}; allowed: f8e4m3, u4, f4e2m1", dtype_name(x.code)));
+      throw Error(fmt::format("dequant: code={}; allowed: f8e4m3, u4, f4e2m1", dtype_name(x.code)));
     if (x.zeros && x.code != DType::u4)
       throw Error(fmt::format("dequant: zero points with code={}; allowed: zeros with u4 only",
                               dtype_name(x.code)));

@@ -524,8 +524,10 @@ TEST(QuantBrgemmErrors, RefusedDescriptorsNameTheField) {
   expect_refused(d, "kb=0");
   d = ok, d.accumulate = true;
   expect_refused(d, "acc_in=1");
-  d = ok, d.glu = codegen::Glu::act_mul, d.nr = 32;
-  expect_refused(d, "glu=");
+  // A GLU block stores at most 32 outputs (gate/up pairs of the 64 columns;
+  // its numerics are fused_experts' battery, tests/moe_quant_test.cpp).
+  d = ok, d.glu = codegen::Glu::act_mul, d.nr = 33;
+  expect_refused(d, "nr=33 with glu=and_mul");
   d = ok, d.a_packed = true;
   expect_refused(d, "apack=1");
   d = ok, d.b_row_bytes = 256;

@@ -1,0 +1,665 @@
+// fused_experts on quantized experts (int8 W8A8, fp8 e4m3 per-channel and
+// block, int4 GPTQ act-order with zero points, AWQ, symmetric per-channel)
+// against a double-precision oracle written here on the experts' logical
+// weights, decoded from the checkpoint tensors this test builds (not through
+// the library), on the active ISA path; plus the pack contract and bad input.
+//
+// The oracle: per token and routed expert, gate/up = x·W13ᵀ (+ b13), the
+// activation glu(gate, up) rounded to bf16 (the kernels store it as bf16),
+// y = act·W2ᵀ (+ b2), out = rsf·Σ w·y + shared. For int8 experts x and the
+// activation row are first quantized per token with the kernels' documented
+// rule (runtime/reference_quant.h, the act_quant contract), so the oracle
+// sees (q − z)·s as they do.
+//
+// The oracle follows the route each expert's GEMMs take (ops::quant_gemm_fused,
+// the library's one rule for it): the fused decode kernel and int8 read the
+// exact weights, the dequant route the weights rounded once to bf16 (the
+// dequant kernels' contract: bf16(f32(v·s))). The bound is then moe_test's
+// (runtime/reference_error_bounds.h): fp32 sums within 8·u·Σ|terms| per
+// sum (the fused int4 kernel's terms are a·(16 + q) and (16 + z)·Σa, so its
+// Σ|terms| uses (|q| + |z| + 32)·|s|), an activation's bf16 rounding
+// allowed to go the other way only where the fp32 error can reach a
+// rounding midpoint (moe_act_slack), and for int8 the requantized
+// activation row: a code one step off where an activation has slack, or
+// every code and the row scale if the row's max or min element has slack.
+// A 1 % error in any scale, a wrong group or nibble, a dropped tail fails it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ops/quant_weight.h"
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
+#include "runtime/reference_error_bounds.h"
+#include "runtime/reference_moe.h"
+#include "runtime/reference_quant.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+enum class QFmt { int8_sym, int8_asym, fp8_channel, fp8_block, gptq_actorder, awq, gptq_sym_ch };
+
+const char* qfmt_name(QFmt f) {
+  switch (f) {
+    case QFmt::int8_sym:
+      return "int8sym";
+    case QFmt::int8_asym:
+      return "int8asym";
+    case QFmt::fp8_channel:
+      return "fp8ch";
+    case QFmt::fp8_block:
+      return "fp8block32";
+    case QFmt::gptq_actorder:
+      return "gptqg32zpactorder";
+    case QFmt::awq:
+      return "awqg32zp";
+    case QFmt::gptq_sym_ch:
+      return "gptqsymch";
+  }
+  return "?";
+}
+
+bool is_int8(QFmt f) {
+  return f == QFmt::int8_sym || f == QFmt::int8_asym;
+}
+
+struct QCase {
+  int64_t t = 5, h = 80, i = 48, e = 8, k = 2;
+  QFmt fmt = QFmt::fp8_channel;
+  Activation act = Activation::silu;
+  bool clamped = false, b13 = false, b2 = false;
+  int64_t shared_i = 0;
+  QFmt shared_fmt = QFmt::fp8_channel;
+  DType out = DType::bf16;
+  bool hot = false;  // every token on experts 0..k-1 (the rest cold)
+};
+
+std::string case_str(const QCase& c) {
+  std::ostringstream s;
+  s << qfmt_name(c.fmt) << "_T" << c.t << "_H" << c.h << "_I" << c.i << "_E" << c.e << "_k" << c.k
+    << "_" << (c.clamped ? "swigluclamp" : activation_name(c.act));
+  if (c.b13) s << "_b13";
+  if (c.b2) s << "_b2";
+  if (c.shared_i) s << "_shared" << c.shared_i << qfmt_name(c.shared_fmt);
+  if (c.out == DType::f32) s << "_outf32";
+  if (c.hot) s << "_hot";
+  return s.str();
+}
+
+void PrintTo(const QCase& c, std::ostream* os) {
+  *os << case_str(c);
+}
+
+// ---------------------------------------------------------------------------
+// One logical matrix [N, K] in a checkpoint format, with its exact weights.
+
+struct Matrix {
+  int64_t n = 0, k = 0;
+  std::vector<int8_t> i8;
+  std::vector<uint8_t> f8;
+  std::vector<int32_t> qweight, qzeros, g_idx;
+  std::vector<float> scales;
+  std::vector<double> w;    // [N, K] exact
+  std::vector<double> mag;  // [N, K] the magnitude of w's terms in fp32 sums (see the top)
+  Int8Weight int8;
+  Fp8Weight fp8;
+  Int4Weight int4;
+};
+
+// Weights of magnitude up to `a`, from codes and scales drawn for the format.
+Matrix make_matrix(QFmt f, int64_t N, int64_t K, double a, uint32_t seed) {
+  Matrix m;
+  m.n = N, m.k = K;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  m.w.assign(static_cast<size_t>(N * K), 0);
+  m.mag.assign(static_cast<size_t>(N * K), 0);
+  switch (f) {
+    case QFmt::int8_sym:
+    case QFmt::int8_asym: {
+      m.i8.resize(static_cast<size_t>(N * K));
+      m.scales.resize(static_cast<size_t>(N));
+      for (int64_t n = 0; n < N; ++n) {
+        m.scales[n] = static_cast<float>(a / 127 * (0.5 + u01(rng)));
+        for (int64_t k = 0; k < K; ++k) {
+          const auto q = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+          m.i8[n * K + k] = q;
+          m.w[n * K + k] = double(q) * double(m.scales[n]);
+          m.mag[n * K + k] = std::fabs(m.w[n * K + k]);
+        }
+      }
+      m.int8.weight = TensorView(m.i8.data(), DType::i8, {N, K});
+      m.int8.scales = TensorView(m.scales.data(), DType::f32, {N});
+      return m;
+    }
+    case QFmt::fp8_channel:
+    case QFmt::fp8_block: {
+      const bool block = f == QFmt::fp8_block;
+      constexpr int64_t kB = 32;
+      const int64_t gn = block ? (N + kB - 1) / kB : N, gk = block ? (K + kB - 1) / kB : 1;
+      m.scales.resize(static_cast<size_t>(gn * gk));
+      for (float& s : m.scales) s = static_cast<float>(a / 448 * (1.0 + u01(rng)));
+      m.f8.resize(static_cast<size_t>(N * K));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const float s = block ? m.scales[n / kB * gk + k / kB] : m.scales[n];
+          const uint8_t q = runtime::f32_to_e4m3(static_cast<float>((2 * u01(rng) - 1) * a / s));
+          m.f8[n * K + k] = q;
+          m.w[n * K + k] = double(runtime::e4m3_to_f32(q)) * double(s);
+          m.mag[n * K + k] = std::fabs(m.w[n * K + k]);
+        }
+      m.fp8.weight = TensorView(m.f8.data(), DType::f8e4m3, {N, K});
+      if (block) {
+        m.fp8.scales = TensorView(m.scales.data(), DType::f32, {gn, gk});
+        m.fp8.block_n = kB;
+        m.fp8.block_k = kB;
+      } else {
+        m.fp8.scales = TensorView(m.scales.data(), DType::f32, {N});
+      }
+      return m;
+    }
+    case QFmt::gptq_actorder:
+    case QFmt::awq:
+    case QFmt::gptq_sym_ch: {
+      const bool awq = f == QFmt::awq, zp = f != QFmt::gptq_sym_ch;
+      const int64_t g = f == QFmt::gptq_sym_ch ? -1 : 32;
+      const int64_t G = g < 0 ? 1 : (K + g - 1) / g;
+      std::vector<int32_t> group(static_cast<size_t>(K));
+      if (f == QFmt::gptq_actorder) {
+        // Act-order: channel perm[j] in group j / g.
+        std::vector<int32_t> perm(static_cast<size_t>(K));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t j = 0; j < K; ++j) group[perm[j]] = static_cast<int32_t>(j / g);
+        m.g_idx = group;
+      } else {
+        for (int64_t k = 0; k < K; ++k) group[k] = static_cast<int32_t>(g < 0 ? 0 : k / g);
+      }
+      m.scales.resize(static_cast<size_t>(G * N));
+      for (float& s : m.scales) s = static_cast<float>(a / 8 * (0.5 + u01(rng)));
+      std::vector<int> z(static_cast<size_t>(G * N), 8);
+      if (zp)
+        for (int& v : z) v = 1 + static_cast<int>(rng() % 15);  // 1..15: GPTQ v1 stores z − 1
+      const int64_t words_n = (N + 7) / 8;
+      if (awq)
+        m.qweight.assign(static_cast<size_t>(K * words_n), 0);
+      else
+        m.qweight.assign(static_cast<size_t>((K + 7) / 8 * N), 0);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n) {
+          const int q = static_cast<int>(rng() % 16);
+          const auto v = static_cast<uint32_t>(q);
+          if (awq)
+            m.qweight[k * words_n + n / 8] |=
+                static_cast<int32_t>(v << (4 * runtime::kAwqNibble[n % 8]));
+          else
+            m.qweight[k / 8 * N + n] |= static_cast<int32_t>(v << (4 * (k % 8)));
+          const int64_t gi = group[k] * N + n;
+          m.w[n * K + k] = double(q - z[gi]) * double(m.scales[gi]);
+          m.mag[n * K + k] = double(q + z[gi] + 32) * double(m.scales[gi]);
+        }
+      if (zp) {
+        m.qzeros.assign(static_cast<size_t>(G * words_n), 0);
+        for (int64_t gg = 0; gg < G; ++gg)
+          for (int64_t n = 0; n < N; ++n) {
+            const int stored = awq ? z[gg * N + n] : z[gg * N + n] - 1;
+            const int pos = awq ? runtime::kAwqNibble[n % 8] : static_cast<int>(n % 8);
+            m.qzeros[gg * words_n + n / 8] |= static_cast<int32_t>(uint32_t(stored) << (4 * pos));
+          }
+      }
+      m.int4.format = awq ? Int4Format::awq : Int4Format::gptq;
+      m.int4.group_size = g;
+      m.int4.n = N;
+      m.int4.k = K;
+      m.int4.qweight = awq ? TensorView(m.qweight.data(), DType::i32, {K, words_n})
+                           : TensorView(m.qweight.data(), DType::i32, {(K + 7) / 8, N});
+      m.int4.scales = TensorView(m.scales.data(), DType::f32, {G, N});
+      if (zp) m.int4.qzeros = TensorView(m.qzeros.data(), DType::i32, {G, words_n});
+      if (!m.g_idx.empty()) m.int4.g_idx = TensorView(m.g_idx.data(), DType::i32, {K});
+      return m;
+    }
+  }
+  return m;
+}
+
+PackedExperts pack_matrices(QFmt f, const std::vector<Matrix>& ms, ExpertProj proj) {
+  if (is_int8(f)) {
+    std::vector<Int8Weight> v;
+    for (const Matrix& m : ms) v.push_back(m.int8);
+    return pack_experts(v, proj);
+  }
+  if (f == QFmt::fp8_channel || f == QFmt::fp8_block) {
+    std::vector<Fp8Weight> v;
+    for (const Matrix& m : ms) v.push_back(m.fp8);
+    return pack_experts(v, proj);
+  }
+  std::vector<Int4Weight> v;
+  for (const Matrix& m : ms) v.push_back(m.int4);
+  return pack_experts(v, proj);
+}
+
+struct Experts {
+  std::vector<Matrix> w13, w2;  // per expert: [2I, H], [H, I]
+  PackedExperts p13, p2;
+};
+
+Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed) {
+  Experts x;
+  // x in [-1, 1] and |w13| <= 12/√H give pre-activations of a few units (both
+  // tails of silu / gelu, the clamp of the swiglu); |w2| <= 3/√I.
+  for (int64_t e = 0; e < E; ++e) {
+    x.w13.push_back(make_matrix(f, 2 * I, H, 12.0 / std::sqrt(double(H)), seed + 2 * e));
+    x.w2.push_back(make_matrix(f, H, I, 3.0 / std::sqrt(double(I)), seed + 2 * e + 1));
+  }
+  x.p13 = pack_matrices(f, x.w13, ExpertProj::gate_up);
+  x.p2 = pack_matrices(f, x.w2, ExpertProj::down);
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+// The oracle.
+
+constexpr double kU = 1.0 / (1 << 24);
+constexpr double kSumUlps = 8;  // moe_test's allowance per fp32 sum, in u·Σ|terms|
+
+// A projection's input row as the kernels see it (int8: quantized per token),
+// with the magnitude of each element's terms.
+struct InputRow {
+  std::vector<double> v, mag;
+  double scale = 0;        // int8: the row's scale
+  int64_t lo = 0, hi = 0;  // int8: the elements that set the row's scale / zero point
+};
+
+InputRow input_row(QFmt f, const uint16_t* x, int64_t k) {
+  InputRow in;
+  in.v.resize(static_cast<size_t>(k));
+  in.mag.resize(static_cast<size_t>(k));
+  if (!is_int8(f)) {
+    for (int64_t i = 0; i < k; ++i) in.mag[i] = std::fabs(in.v[i] = bf16_to_f32(x[i]));
+    return in;
+  }
+  std::vector<uint8_t> q(static_cast<size_t>(k));
+  float s = 0;
+  int32_t z = 0;
+  runtime::reference_act_quant_row(
+      f == QFmt::int8_asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym, x, k, k,
+      1.0f, 0.0f, 0, q.data(), &s, &z);
+  for (int64_t i = 0; i < k; ++i) {
+    in.v[i] = double(int32_t(q[i]) - z) * double(s);
+    in.mag[i] = (std::fabs(double(int32_t(q[i]) - z)) + 2.0 * std::abs(z)) * double(s);
+    if (bf16_to_f32(x[i]) < bf16_to_f32(x[in.lo])) in.lo = i;
+    if (bf16_to_f32(x[i]) > bf16_to_f32(x[in.hi])) in.hi = i;
+    if (f == QFmt::int8_sym && std::fabs(bf16_to_f32(x[i])) > std::fabs(bf16_to_f32(x[in.hi])))
+      in.hi = i;
+  }
+  in.scale = s;
+  return in;
+}
+
+struct Oracle {
+  std::vector<double> out, abs_sum, act_term;  // [T, H]
+};
+
+// Weight (n, k) as the route reads it: exact, or rounded once to bf16 by the
+// dequant kernels.
+double route_weight(const Matrix& m, int64_t at, bool exact) {
+  return exact ? m.w[at] : double(bf16_to_f32(f32_to_bf16(static_cast<float>(m.w[at]))));
+}
+
+// Whether an expert's GEMMs over `rows` rows read exact weights on this path.
+bool exact_route(QFmt f, int64_t rows) {
+  const Isa isa = cpu_info().isa;
+  return is_int8(f) || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows);
+}
+
+void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int64_t rows,
+                const uint16_t* x, const float* b13, const float* b2, double scale, int64_t t,
+                Oracle& o) {
+  const int64_t H = c.h, I = w13.n / 2;
+  const bool exact = exact_route(f, rows);
+  // The fused int4 kernel's terms are larger than |a·w| (see the top).
+  const bool fold = exact && !is_int8(f) &&
+                    (f == QFmt::gptq_actorder || f == QFmt::awq || f == QFmt::gptq_sym_ch);
+  runtime::ReferenceGlu glu;
+  glu.act = c.act;
+  glu.clamped_swiglu = c.clamped;
+  const InputRow xin = input_row(f, x, H);
+  std::vector<uint16_t> act(static_cast<size_t>(I));
+  std::vector<double> slack(static_cast<size_t>(I));
+  for (int64_t i = 0; i < I; ++i) {
+    runtime::MoeActPoint p;
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const int64_t ag = i * H + hh, au = (I + i) * H + hh;
+      const double wg = route_weight(w13, ag, exact), wu = route_weight(w13, au, exact);
+      p.gate += xin.v[hh] * wg;
+      p.up += xin.v[hh] * wu;
+      p.gate_abs += xin.mag[hh] * (fold ? w13.mag[ag] : std::fabs(wg));
+      p.up_abs += xin.mag[hh] * (fold ? w13.mag[au] : std::fabs(wu));
+    }
+    if (b13 != nullptr) {
+      p.gate += b13[i], p.up += b13[I + i];
+      p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[I + i]);
+    }
+    p.act = runtime::reference_glu(glu, p.gate, p.up);
+    act[i] = f32_to_bf16(static_cast<float>(p.act));
+    p.act_bf16 = bf16_to_f32(act[i]);
+    slack[i] = runtime::moe_act_slack(glu, p, kSumUlps * kU);
+  }
+  const InputRow ain = input_row(f, act.data(), I);
+  // int8: where the kernel's activation may differ, its requantized row may
+  // too (one code step each; everything when the scale-setting element does).
+  const bool row_shift = is_int8(f) && (slack[ain.lo] > 0 || slack[ain.hi] > 0);
+  for (int64_t hh = 0; hh < H; ++hh) {
+    double y = b2 ? b2[hh] : 0, mag = b2 ? std::fabs(b2[hh]) : 0, term = 0, wabs = 0;
+    for (int64_t i = 0; i < I; ++i) {
+      const int64_t at = hh * I + i;
+      const double w = route_weight(w2, at, exact);
+      y += ain.v[i] * w;
+      mag += ain.mag[i] * (fold ? w2.mag[at] : std::fabs(w));
+      wabs += std::fabs(w);
+      if (slack[i] > 0) term += (is_int8(f) ? ain.scale + slack[i] : slack[i]) * std::fabs(w);
+    }
+    if (row_shift) term = ain.scale * wabs + std::ldexp(mag, -7);
+    o.out[t * H + hh] += scale * y;
+    o.abs_sum[t * H + hh] += std::fabs(scale) * mag;
+    o.act_term[t * H + hh] += std::fabs(scale) * term;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A case end to end.
+
+::testing::AssertionResult check_case(const QCase& c) {
+  const uint32_t seed = seed_of({c.t, c.h, c.i, c.e, c.k, static_cast<int64_t>(c.fmt),
+                                 static_cast<int64_t>(c.act), c.clamped, c.b13, c.b2, c.shared_i});
+  const Experts x = make_experts(c.fmt, c.e, c.h, c.i, seed);
+  std::optional<Experts> sh;
+  if (c.shared_i) sh.emplace(make_experts(c.shared_fmt, 1, c.h, c.shared_i, seed + 1000));
+  const std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(c.t * c.h), seed + 1, -1, 1);
+  const std::vector<float> weights = random_f32(static_cast<size_t>(c.t * c.k), seed + 2, 0.05f, 1);
+  std::vector<float> b13, b2;
+  if (c.b13) b13 = random_f32(static_cast<size_t>(c.e * 2 * c.i), seed + 3, -2, 2);
+  if (c.b2) b2 = random_f32(static_cast<size_t>(c.e * c.h), seed + 4, -1, 1);
+  std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
+  std::mt19937 rng(seed + 5);
+  for (int64_t t = 0; t < c.t; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(c.e));
+    std::iota(perm.begin(), perm.end(), 0);
+    if (!c.hot) std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t j = 0; j < c.k; ++j) ids[t * c.k + j] = perm[j];
+  }
+
+  MoeOptions o;
+  o.act = c.act;
+  o.clamped_swiglu = c.clamped;
+  o.routed_scaling_factor = 0.75f;
+  o.act_quant = c.fmt == QFmt::int8_asym ? ActQuant::dynamic_asym : ActQuant::dynamic_sym;
+  if (c.b13) o.b13 = TensorView(b13.data(), DType::f32, {c.e, 2 * c.i});
+  if (c.b2) o.b2 = TensorView(b2.data(), DType::f32, {c.e, c.h});
+  if (sh) {
+    o.shared_w13 = &sh->p13;
+    o.shared_w2 = &sh->p2;
+  }
+  const size_t esz = c.out == DType::f32 ? 4 : 2;
+  std::vector<uint8_t> out(static_cast<size_t>(c.t * c.h) * esz, 0xEE);
+  try {
+    fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()), DType::bf16, {c.t, c.h}), x.p13,
+                  x.p2, TensorView(const_cast<float*>(weights.data()), DType::f32, {c.t, c.k}),
+                  TensorView(ids.data(), DType::i32, {c.t, c.k}),
+                  TensorView(out.data(), c.out, {c.t, c.h}), o);
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << case_str(c) << ": fused_experts threw " << e.what();
+  }
+
+  Oracle ref;
+  ref.out.assign(static_cast<size_t>(c.t * c.h), 0);
+  ref.abs_sum = ref.out;
+  ref.act_term = ref.out;
+  std::vector<int64_t> rows(static_cast<size_t>(c.e), 0);
+  for (int32_t e : ids) ++rows[e];
+  for (int64_t t = 0; t < c.t; ++t) {
+    const uint16_t* xr = hidden.data() + t * c.h;
+    for (int64_t j = 0; j < c.k; ++j) {
+      const int32_t e = ids[t * c.k + j];
+      add_expert(c, c.fmt, x.w13[e], x.w2[e], rows[e], xr,
+                 c.b13 ? b13.data() + e * 2 * c.i : nullptr, c.b2 ? b2.data() + e * c.h : nullptr,
+                 0.75 * weights[t * c.k + j], t, ref);
+    }
+    if (sh)
+      add_expert(c, c.shared_fmt, sh->w13[0], sh->w2[0], c.t, xr, nullptr, nullptr, 1.0, t, ref);
+  }
+  int64_t bad = 0;
+  double worst = 0;
+  std::ostringstream msg;
+  for (int64_t at = 0; at < c.t * c.h; ++at) {
+    double got;
+    if (esz == 4) {
+      float v;
+      std::memcpy(&v, &out[at * 4], 4);
+      got = v;
+    } else {
+      uint16_t v;
+      std::memcpy(&v, &out[at * 2], 2);
+      got = bf16_to_f32(v);
+    }
+    const double want = ref.out[at];
+    const double tol = runtime::moe_output_bound(c.out, ref.abs_sum[at], ref.act_term[at],
+                                                 2 * kSumUlps * kU, want);
+    const double err = std::fabs(got - want);
+    worst = std::max(worst, err / tol);
+    if (!(err <= tol)) {
+      if (bad++ < 5)
+        msg << "\n  out[" << at / c.h << ", " << at % c.h << "] = " << got << ", oracle " << want
+            << ", tol " << tol;
+    }
+  }
+  if (bad)
+    return ::testing::AssertionFailure()
+           << case_str(c) << " (path " << isa_name(cpu_info().isa) << "): " << bad << " of "
+           << c.t * c.h << " outputs outside the bound" << msg.str();
+  return ::testing::AssertionSuccess() << case_str(c) << ": worst err/tol " << worst;
+}
+
+class QuantExperts : public IsaTestWithParam<QCase> {};
+
+TEST_P(QuantExperts, MatchesOracle) {
+  const auto r = check_case(GetParam());
+  EXPECT_TRUE(r);
+  if (r) RecordProperty("detail", r.message());
+}
+
+std::vector<QCase> battery() {
+  std::vector<QCase> v;
+  const QFmt fmts[] = {QFmt::int8_sym,      QFmt::int8_asym, QFmt::fp8_channel, QFmt::fp8_block,
+                       QFmt::gptq_actorder, QFmt::awq,       QFmt::gptq_sym_ch};
+  for (QFmt f : fmts) {
+    // T = 1 and 5: every expert's run is <= 4 rows (the fused decode kernel
+    // on amx / avx512); 77 and 512: the dequant / int8 kernels, hot and cold
+    // experts. H = 80, I = 48: a full and a partial column block in both
+    // projections, K tails past every group of 32.
+    for (int64_t t : {1, 5, 77, 512}) {
+      QCase c;
+      c.fmt = f;
+      c.t = t;
+      c.out = t == 5 ? DType::f32 : DType::bf16;
+      c.hot = t == 77;
+      v.push_back(c);
+    }
+    QCase b;  // biases, another activation, a shared expert in another format
+    b.fmt = f;
+    b.t = 9;
+    b.act = Activation::gelu_tanh;
+    b.b13 = b.b2 = true;
+    b.shared_i = 40;
+    b.shared_fmt = is_int8(f) ? QFmt::awq : QFmt::int8_sym;
+    v.push_back(b);
+    QCase s;  // GPT-OSS's clamped swiglu; a TP shard's I = 40 (not a group multiple)
+    s.fmt = f;
+    s.t = 3;
+    s.i = 40;
+    s.h = 72;
+    s.clamped = true;
+    s.b13 = true;
+    s.e = 4;
+    s.k = 4;
+    s.out = DType::f32;
+    v.push_back(s);
+    QCase g = s;  // gelu_erf at prefill size
+    g.t = 40;
+    g.clamped = false;
+    g.act = Activation::gelu_erf;
+    v.push_back(g);
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Battery, QuantExperts, ::testing::ValuesIn(battery()),
+                         [](const auto& p) { return case_str(p.param); });
+
+// ---------------------------------------------------------------------------
+// The pack contract: unpack bit for bit, dequantize the logical weights,
+// packing packed experts a no-op, the layout tag.
+
+template <class W>
+void expect_same_bytes(const TensorView& a, const std::vector<W>& b, const char* what, int64_t e) {
+  const auto* p = static_cast<const W*>(a.data);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), p)) << what << " of expert " << e;
+}
+
+TEST(QuantExpertsPack, UnpackDequantizeRepack) {
+  for (QFmt f : {QFmt::int8_sym, QFmt::fp8_block, QFmt::gptq_actorder, QFmt::awq}) {
+    SCOPED_TRACE(qfmt_name(f));
+    const int64_t E = 3, H = 72, I = 40;
+    const Experts x = make_experts(f, E, H, I, 77);
+    EXPECT_EQ(x.p13.num_experts(), E);
+    EXPECT_EQ(x.p13.n(), I);
+    EXPECT_EQ(x.p13.k(), H);
+    EXPECT_EQ(x.p2.n(), H);
+    EXPECT_EQ(x.p2.k(), I);
+    EXPECT_GT(x.p13.packed_bytes(), 0u);
+    EXPECT_NE(x.p13.layout().find("_glu32"), std::string::npos) << x.p13.layout();
+    EXPECT_EQ(x.p2.layout().find("_glu32"), std::string::npos) << x.p2.layout();
+    EXPECT_EQ(x.p13.format(), x.p2.format());
+    // dequantize: the exact weights rounded once to f32.
+    for (int proj = 0; proj < 2; ++proj) {
+      const PackedExperts& p = proj == 0 ? x.p13 : x.p2;
+      const std::vector<Matrix>& ms = proj == 0 ? x.w13 : x.w2;
+      const int64_t rows = ms[0].n, cols = ms[0].k;
+      std::vector<float> d(static_cast<size_t>(E * rows * cols));
+      p.dequantize(TensorView(d.data(), DType::f32, {E, rows, cols}));
+      int64_t wrong = 0;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < rows * cols; ++r)
+          wrong += d[e * rows * cols + r] != static_cast<float>(ms[e].w[r]);
+      EXPECT_EQ(wrong, 0) << "dequantized weights differing from the checkpoint's, proj " << proj;
+      // Repacking is the same object; the wrong proj is an Error.
+      const PackedExperts again = pack_experts(p, p.proj());
+      EXPECT_EQ(again.impl(), p.impl());
+      EXPECT_THROW(pack_experts(p, proj == 0 ? ExpertProj::down : ExpertProj::gate_up), Error);
+    }
+    // unpack: every checkpoint tensor back, bit for bit.
+    for (int proj = 0; proj < 2; ++proj) {
+      const PackedExperts& p = proj == 0 ? x.p13 : x.p2;
+      std::vector<Matrix> back;
+      for (int64_t e = 0; e < E; ++e)
+        back.push_back(make_matrix(f, proj == 0 ? 2 * I : H, proj == 0 ? H : I, 1.0, 5000 + e));
+      if (is_int8(f)) {
+        std::vector<Int8Weight> v;
+        for (Matrix& m : back) v.push_back(m.int8);
+        p.unpack(v);
+        for (int64_t e = 0; e < E; ++e) {
+          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
+          expect_same_bytes(v[e].weight, m.i8, "weight", e);
+          expect_same_bytes(v[e].scales, m.scales, "scales", e);
+        }
+      } else if (f == QFmt::fp8_block) {
+        std::vector<Fp8Weight> v;
+        for (Matrix& m : back) v.push_back(m.fp8);
+        p.unpack(v);
+        for (int64_t e = 0; e < E; ++e) {
+          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
+          expect_same_bytes(v[e].weight, m.f8, "weight", e);
+          expect_same_bytes(v[e].scales, m.scales, "scales", e);
+        }
+      } else {
+        std::vector<Int4Weight> v;
+        for (Matrix& m : back) v.push_back(m.int4);
+        p.unpack(v);
+        for (int64_t e = 0; e < E; ++e) {
+          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
+          expect_same_bytes(v[e].qweight, m.qweight, "qweight", e);
+          expect_same_bytes(v[e].scales, m.scales, "scales", e);
+          if (!m.qzeros.empty()) expect_same_bytes(*v[e].qzeros, m.qzeros, "qzeros", e);
+          if (!m.g_idx.empty()) expect_same_bytes(*v[e].g_idx, m.g_idx, "g_idx", e);
+        }
+      }
+    }
+    // The bf16 unpack refuses quantized experts.
+    std::vector<uint16_t> bf(static_cast<size_t>(E * 2 * I * H));
+    EXPECT_THROW(x.p13.unpack(TensorView(bf.data(), DType::bf16, {E, 2 * I, H})), Error);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: each an Error naming what is wrong.
+
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(QuantExpertsErrors, PackAndCall) {
+  const int64_t H = 72, I = 40, T = 2;
+  const Experts a = make_experts(QFmt::awq, 2, H, I, 9);
+  const Experts f8 = make_experts(QFmt::fp8_channel, 2, H, I, 10);
+  const Experts i8 = make_experts(QFmt::int8_sym, 2, H, I, 11);
+  std::vector<uint16_t> hidden(static_cast<size_t>(T * H), 0x3f80);
+  std::vector<float> w(static_cast<size_t>(T), 1.0f), out(static_cast<size_t>(T * H));
+  std::vector<int32_t> ids(static_cast<size_t>(T), 1);
+  auto call = [&](const PackedExperts& p13, const PackedExperts& p2, const MoeOptions& o) {
+    fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), p13, p2,
+                  TensorView(w.data(), DType::f32, {T, 1}),
+                  TensorView(ids.data(), DType::i32, {T, 1}),
+                  TensorView(out.data(), DType::f32, {T, H}), o);
+  };
+  // w13 and w2 in different formats.
+  expect_error([&] { call(a.p13, f8.p2, {}); }, "both in one format");
+  // A fixed activation scale with int8 experts.
+  MoeOptions fixed;
+  fixed.act_quant = ActQuant::fixed;
+  expect_error([&] { call(i8.p13, i8.p2, fixed); }, "act_quant");
+  // Scales for the wrong number of channels, in expert 1: the expert is named.
+  std::vector<Fp8Weight> bad;
+  for (const Matrix& m : f8.w13) bad.push_back(m.fp8);
+  bad[1].scales = TensorView(const_cast<float*>(f8.w13[1].scales.data()), DType::f32, {7});
+  expect_error([&] { pack_experts(bad, ExpertProj::gate_up); }, "expert 1");
+  // Experts of different shapes.
+  std::vector<Int4Weight> mixed{a.w2[0].int4, a.w13[1].int4};
+  expect_error([&] { pack_experts(mixed, ExpertProj::down); }, "expert 1");
+  // An odd row count for gate_up, and no experts at all.
+  std::vector<Int8Weight> odd{make_matrix(QFmt::int8_sym, 7, H, 1.0, 3).int8};
+  expect_error([&] { pack_experts(odd, ExpertProj::gate_up); }, "2I");
+  expect_error([&] { pack_experts(std::vector<Int8Weight>{}, ExpertProj::down); }, "empty");
+  // A quantized shared expert whose two halves disagree.
+  MoeOptions so;
+  so.shared_w13 = &a.p13;
+  so.shared_w2 = &f8.p2;
+  expect_error([&] { call(a.p13, a.p2, so); }, "shared_w13");
+}
+
+}  // namespace
+}  // namespace tilejit::test
