@@ -227,8 +227,8 @@ void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) {
-      g += xin[h] * expert_weight(w13, e, i, h);
-      u += xin[h] * expert_weight(w13, e, I + i, h);
+      g += xin[h] * expert_weight(w13, e, w13.gate_row(i), h);
+      u += xin[h] * expert_weight(w13, e, w13.up_row(i), h);
     }
     if (b13 != nullptr) {
       g += b13[i];

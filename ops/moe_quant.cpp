@@ -32,7 +32,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     exe_ = &gemm_executable(qs, isa);
     return;
   }
-  if (quant_gemm_fused(isa, rows)) {
+  if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
     fused_rows_ = rows;
     const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows);

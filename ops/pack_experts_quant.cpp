@@ -30,6 +30,10 @@ int64_t logical_rows(const Int4Weight& w) {
   return w.format == Int4Format::awq ? w.qweight.shape[1] * 8 : w.qweight.shape[1];
 }
 
+int64_t logical_rows(const Mxfp4Weight& w) {
+  return w.blocks.shape.empty() ? 0 : w.blocks.shape[0];
+}
+
 PackedWeight pack_one(const Int8Weight& w, std::vector<int64_t> map) {
   return ops::pack_int8(w, std::move(map));
 }
@@ -38,6 +42,9 @@ PackedWeight pack_one(const Fp8Weight& w, std::vector<int64_t> map) {
 }
 PackedWeight pack_one(const Int4Weight& w, std::vector<int64_t> map) {
   return ops::pack_int4(w, std::move(map));
+}
+PackedWeight pack_one(const Mxfp4Weight& w, std::vector<int64_t> map) {
+  return ops::pack_mxfp4(w, std::move(map));
 }
 
 // What must agree between experts: the layout tag without the act-order
@@ -51,7 +58,10 @@ std::string tag_class(const PackedWeight::Impl& p) {
 }
 
 template <class W>
-PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj) {
+PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj, GluRows order) {
+  if (order != GluRows::halves && order != GluRows::interleaved)
+    throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", kOp,
+                            static_cast<int>(order)));
   if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
     throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down", kOp,
                             static_cast<int>(proj)));
@@ -63,7 +73,8 @@ PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj) {
         "{}: expert 0 has {} output rows for gate_up; allowed: 2I (gate rows, then up rows)", kOp,
         rows));
   std::vector<int64_t> map;
-  if (proj == ExpertProj::gate_up) map = PackedExperts::Impl::glu_row_map(rows / 2);
+  const bool interleaved = order == GluRows::interleaved;
+  if (proj == ExpertProj::gate_up) map = PackedExperts::Impl::glu_row_map(rows / 2, interleaved);
   auto impl = std::make_shared<PackedExperts::Impl>();
   impl->quant.resize(static_cast<size_t>(E));
   runtime::parallel_for(E, [&](int64_t e) {
@@ -86,6 +97,7 @@ PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj) {
           kOp, e, p.layout_name, p.layout.k, first.layout_name, first.layout.k));
   }
   impl->format = first.format;
+  impl->glu_interleaved = interleaved && proj == ExpertProj::gate_up;
   impl->proj = proj;
   impl->experts = E;
   impl->n = proj == ExpertProj::gate_up ? first.layout.n / 2 : first.layout.n;
@@ -123,17 +135,21 @@ void unpack_quantized(const PackedExperts::Impl* impl, const std::vector<W>& out
 
 }  // namespace
 
-PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj) {
+PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj, GluRows rows) {
   if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj);
+  return pack_quantized(w, proj, rows);
 }
-PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj) {
+PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj, GluRows rows) {
   if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj);
+  return pack_quantized(w, proj, rows);
 }
-PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj) {
+PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj, GluRows rows) {
   if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj);
+  return pack_quantized(w, proj, rows);
+}
+PackedExperts pack_experts(const std::vector<Mxfp4Weight>& w, ExpertProj proj, GluRows rows) {
+  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+  return pack_quantized(w, proj, rows);
 }
 
 void PackedExperts::unpack(const std::vector<Int8Weight>& out) const {
@@ -143,6 +159,9 @@ void PackedExperts::unpack(const std::vector<Fp8Weight>& out) const {
   unpack_quantized(impl_.get(), out);
 }
 void PackedExperts::unpack(const std::vector<Int4Weight>& out) const {
+  unpack_quantized(impl_.get(), out);
+}
+void PackedExperts::unpack(const std::vector<Mxfp4Weight>& out) const {
   unpack_quantized(impl_.get(), out);
 }
 
@@ -171,7 +190,7 @@ void PackedExperts::dequantize(const TensorView& out) const {
                             ops::shape_str(out.shape), p.experts, rows, p.k));
   // bf16 experts: the packed row of each logical row.
   const std::vector<int64_t> map = p.quant.empty() && p.proj == ExpertProj::gate_up
-                                       ? PackedExperts::Impl::glu_row_map(p.n)
+                                       ? PackedExperts::Impl::glu_row_map(p.n, false)
                                        : std::vector<int64_t>{};
   runtime::parallel_for(p.experts * rows, [&](int64_t er) {
     const int64_t e = er / rows, r = er % rows;

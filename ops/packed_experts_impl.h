@@ -31,16 +31,22 @@ struct PackedExperts::Impl {
   // bf16 layout. `layout` and `data` are unused then.
   std::vector<PackedWeight> quant;
   const PackedWeight::Impl& q(int64_t e) const { return *quant[static_cast<size_t>(e)].impl(); }
-  // Packed column of logical row r of a [2I, H] gate_up matrix: the
-  // inverse of gate_up_source_row.
-  static int64_t glu_packed_row(int64_t I, int64_t r) {
-    const int64_t i = r < I ? r : r - I;
-    return i / 32 * 64 + (r < I ? 0 : 32) + i % 32;
+  // gate_up checkpoints: rows [0, I) gate and [I, 2I) up (halves, the
+  // default), or GPT-OSS's interleaving: row 2i gate i, row 2i + 1 up i.
+  bool glu_interleaved = false;
+  int64_t gate_row(int64_t i) const { return glu_interleaved ? 2 * i : i; }
+  int64_t up_row(int64_t i) const { return glu_interleaved ? 2 * i + 1 : n + i; }
+  // Packed column of logical row r of a [2I, H] gate_up matrix (the
+  // inverse of gate_up_source_row for halves).
+  static int64_t glu_packed_row(int64_t I, int64_t r, bool interleaved = false) {
+    const bool up = interleaved ? r % 2 != 0 : r >= I;
+    const int64_t i = interleaved ? r / 2 : up ? r - I : r;
+    return i / 32 * 64 + (up ? 32 : 0) + i % 32;
   }
-  int64_t glu_packed_row(int64_t r) const { return glu_packed_row(n, r); }
-  static std::vector<int64_t> glu_row_map(int64_t I) {
+  int64_t glu_packed_row(int64_t r) const { return glu_packed_row(n, r, glu_interleaved); }
+  static std::vector<int64_t> glu_row_map(int64_t I, bool interleaved = false) {
     std::vector<int64_t> m(static_cast<size_t>(2 * I));
-    for (int64_t r = 0; r < 2 * I; ++r) m[r] = glu_packed_row(I, r);
+    for (int64_t r = 0; r < 2 * I; ++r) m[r] = glu_packed_row(I, r, interleaved);
     return m;
   }
   std::string layout_name;

@@ -46,7 +46,16 @@
 namespace tilejit::test {
 namespace {
 
-enum class QFmt { int8_sym, int8_asym, fp8_channel, fp8_block, gptq_actorder, awq, gptq_sym_ch };
+enum class QFmt {
+  int8_sym,
+  int8_asym,
+  fp8_channel,
+  fp8_block,
+  gptq_actorder,
+  awq,
+  gptq_sym_ch,
+  mxfp4
+};
 
 const char* qfmt_name(QFmt f) {
   switch (f) {
@@ -64,6 +73,8 @@ const char* qfmt_name(QFmt f) {
       return "awqg32zp";
     case QFmt::gptq_sym_ch:
       return "gptqsymch";
+    case QFmt::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }
@@ -80,7 +91,8 @@ struct QCase {
   int64_t shared_i = 0;
   QFmt shared_fmt = QFmt::fp8_channel;
   DType out = DType::bf16;
-  bool hot = false;  // every token on experts 0..k-1 (the rest cold)
+  bool hot = false;          // every token on experts 0..k-1 (the rest cold)
+  bool interleaved = false;  // gate_up rows as GPT-OSS's: 2i gate i, 2i + 1 up i
 };
 
 std::string case_str(const QCase& c) {
@@ -92,6 +104,7 @@ std::string case_str(const QCase& c) {
   if (c.shared_i) s << "_shared" << c.shared_i << qfmt_name(c.shared_fmt);
   if (c.out == DType::f32) s << "_outf32";
   if (c.hot) s << "_hot";
+  if (c.interleaved) s << "_interleaved";
   return s.str();
 }
 
@@ -108,11 +121,13 @@ struct Matrix {
   std::vector<uint8_t> f8;
   std::vector<int32_t> qweight, qzeros, g_idx;
   std::vector<float> scales;
-  std::vector<double> w;    // [N, K] exact
-  std::vector<double> mag;  // [N, K] the magnitude of w's terms in fp32 sums (see the top)
+  std::vector<uint8_t> e8m0;  // mxfp4 scales
+  std::vector<double> w;      // [N, K] exact
+  std::vector<double> mag;    // [N, K] the magnitude of w's terms in fp32 sums (see the top)
   Int8Weight int8;
   Fp8Weight fp8;
   Int4Weight int4;
+  Mxfp4Weight mxfp4;
 };
 
 // Weights of magnitude up to `a`, from codes and scales drawn for the format.
@@ -165,6 +180,27 @@ Matrix make_matrix(QFmt f, int64_t N, int64_t K, double a, uint32_t seed) {
       } else {
         m.fp8.scales = TensorView(m.scales.data(), DType::f32, {N});
       }
+      return m;
+    }
+    case QFmt::mxfp4: {
+      // Blocks [N, ceil(K/32), 16], low nibble the even k; e8m0 scales near a/6.
+      const int64_t kb = (K + 31) / 32;
+      m.f8.assign(static_cast<size_t>(N * kb * 16), 0);
+      std::vector<uint8_t>& sc = m.e8m0;
+      sc.resize(static_cast<size_t>(N * kb));
+      const int e0 = 127 + static_cast<int>(std::floor(std::log2(a / 6)));
+      for (uint8_t& e : sc) e = static_cast<uint8_t>(e0 + static_cast<int>(rng() % 2));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const auto q = static_cast<uint8_t>(rng() % 16);
+          m.f8[(n * kb + k / 32) * 16 + k % 32 / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+          m.w[n * K + k] =
+              double(runtime::e2m1_to_f32(q)) * std::ldexp(1.0, sc[n * kb + k / 32] - 127);
+          m.mag[n * K + k] = std::fabs(m.w[n * K + k]);
+        }
+      m.mxfp4.blocks = TensorView(m.f8.data(), DType::u8, {N, kb, 16});
+      m.mxfp4.scales = TensorView(sc.data(), DType::u8, {N, kb});
+      m.mxfp4.k = K;
       return m;
     }
     case QFmt::gptq_actorder:
@@ -231,28 +267,66 @@ Matrix make_matrix(QFmt f, int64_t N, int64_t K, double a, uint32_t seed) {
   return m;
 }
 
-PackedExperts pack_matrices(QFmt f, const std::vector<Matrix>& ms, ExpertProj proj) {
+PackedExperts pack_matrices(QFmt f, const std::vector<Matrix>& ms, ExpertProj proj, GluRows rows) {
   if (is_int8(f)) {
     std::vector<Int8Weight> v;
     for (const Matrix& m : ms) v.push_back(m.int8);
-    return pack_experts(v, proj);
+    return pack_experts(v, proj, rows);
   }
   if (f == QFmt::fp8_channel || f == QFmt::fp8_block) {
     std::vector<Fp8Weight> v;
     for (const Matrix& m : ms) v.push_back(m.fp8);
-    return pack_experts(v, proj);
+    return pack_experts(v, proj, rows);
+  }
+  if (f == QFmt::mxfp4) {
+    std::vector<Mxfp4Weight> v;
+    for (const Matrix& m : ms) v.push_back(m.mxfp4);
+    return pack_experts(v, proj, rows);
   }
   std::vector<Int4Weight> v;
   for (const Matrix& m : ms) v.push_back(m.int4);
-  return pack_experts(v, proj);
+  return pack_experts(v, proj, rows);
 }
 
 struct Experts {
-  std::vector<Matrix> w13, w2;  // per expert: [2I, H], [H, I]
+  std::vector<Matrix> w13, w2;  // per expert: [2I, H] (gate rows, then up rows), [H, I]
   PackedExperts p13, p2;
 };
 
-Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed) {
+// The rows of a halves-ordered [2I, ...] matrix in GPT-OSS's interleaved
+// order (the checkpoint the packer sees; the oracle keeps the halves).
+Matrix interleave_rows(QFmt f, const Matrix& m) {
+  Matrix r = m;
+  const int64_t I = m.n / 2, K = m.k;
+  auto src_row = [&](int64_t row) { return row % 2 == 0 ? row / 2 : I + row / 2; };
+  auto copy_rows = [&](auto& dst, const auto& src, int64_t width) {
+    for (int64_t row = 0; row < m.n; ++row)
+      std::copy_n(src.begin() + src_row(row) * width, width, dst.begin() + row * width);
+  };
+  if (is_int8(f)) {
+    copy_rows(r.i8, m.i8, K);
+    copy_rows(r.scales, m.scales, 1);
+    r.int8.weight.data = r.i8.data();
+    r.int8.scales.data = r.scales.data();
+  } else if (f == QFmt::mxfp4) {
+    const int64_t kb = (K + 31) / 32;
+    copy_rows(r.f8, m.f8, kb * 16);
+    copy_rows(r.e8m0, m.e8m0, kb);
+    r.mxfp4.blocks.data = r.f8.data();
+    r.mxfp4.scales.data = r.e8m0.data();
+  } else if (f == QFmt::fp8_channel) {
+    copy_rows(r.f8, m.f8, K);
+    copy_rows(r.scales, m.scales, 1);
+    r.fp8.weight.data = r.f8.data();
+    r.fp8.scales.data = r.scales.data();
+  } else {
+    ADD_FAILURE() << "interleave_rows: no interleaved form for " << qfmt_name(f);
+  }
+  return r;
+}
+
+Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed,
+                     bool interleaved = false) {
   Experts x;
   // x in [-1, 1] and |w13| <= 12/√H give pre-activations of a few units (both
   // tails of silu / gelu, the clamp of the swiglu); |w2| <= 3/√I.
@@ -260,8 +334,14 @@ Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed) {
     x.w13.push_back(make_matrix(f, 2 * I, H, 12.0 / std::sqrt(double(H)), seed + 2 * e));
     x.w2.push_back(make_matrix(f, H, I, 3.0 / std::sqrt(double(I)), seed + 2 * e + 1));
   }
-  x.p13 = pack_matrices(f, x.w13, ExpertProj::gate_up);
-  x.p2 = pack_matrices(f, x.w2, ExpertProj::down);
+  if (interleaved) {
+    std::vector<Matrix> il;
+    for (const Matrix& m : x.w13) il.push_back(interleave_rows(f, m));
+    x.p13 = pack_matrices(f, il, ExpertProj::gate_up, GluRows::interleaved);
+  } else {
+    x.p13 = pack_matrices(f, x.w13, ExpertProj::gate_up, GluRows::halves);
+  }
+  x.p2 = pack_matrices(f, x.w2, ExpertProj::down, GluRows::halves);
   return x;
 }
 
@@ -381,7 +461,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
 ::testing::AssertionResult check_case(const QCase& c) {
   const uint32_t seed = seed_of({c.t, c.h, c.i, c.e, c.k, static_cast<int64_t>(c.fmt),
                                  static_cast<int64_t>(c.act), c.clamped, c.b13, c.b2, c.shared_i});
-  const Experts x = make_experts(c.fmt, c.e, c.h, c.i, seed);
+  const Experts x = make_experts(c.fmt, c.e, c.h, c.i, seed, c.interleaved);
   std::optional<Experts> sh;
   if (c.shared_i) sh.emplace(make_experts(c.shared_fmt, 1, c.h, c.shared_i, seed + 1000));
   const std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(c.t * c.h), seed + 1, -1, 1);
@@ -479,8 +559,8 @@ TEST_P(QuantExperts, MatchesOracle) {
 
 std::vector<QCase> battery() {
   std::vector<QCase> v;
-  const QFmt fmts[] = {QFmt::int8_sym,      QFmt::int8_asym, QFmt::fp8_channel, QFmt::fp8_block,
-                       QFmt::gptq_actorder, QFmt::awq,       QFmt::gptq_sym_ch};
+  const QFmt fmts[] = {QFmt::int8_sym, QFmt::int8_asym,     QFmt::fp8_channel, QFmt::fp8_block,
+                       QFmt::mxfp4,    QFmt::gptq_actorder, QFmt::awq,         QFmt::gptq_sym_ch};
   for (QFmt f : fmts) {
     // T = 1 and 5: every expert's run is <= 4 rows (the fused decode kernel
     // on amx / avx512); 77 and 512: the dequant / int8 kernels, hot and cold
@@ -519,6 +599,19 @@ std::vector<QCase> battery() {
     g.act = Activation::gelu_erf;
     v.push_back(g);
   }
+  // GPT-OSS: MXFP4 experts with interleaved gate_up rows and the clamped
+  // swiglu, decode and prefill; the interleaving on other formats too.
+  for (QFmt f : {QFmt::mxfp4, QFmt::int8_sym, QFmt::fp8_channel})
+    for (int64_t t : {2, 77}) {
+      QCase c;
+      c.fmt = f;
+      c.t = t;
+      c.clamped = true;
+      c.b13 = c.b2 = true;
+      c.interleaved = true;
+      c.out = DType::f32;
+      v.push_back(c);
+    }
   return v;
 }
 
@@ -536,7 +629,7 @@ void expect_same_bytes(const TensorView& a, const std::vector<W>& b, const char*
 }
 
 TEST(QuantExpertsPack, UnpackDequantizeRepack) {
-  for (QFmt f : {QFmt::int8_sym, QFmt::fp8_block, QFmt::gptq_actorder, QFmt::awq}) {
+  for (QFmt f : {QFmt::int8_sym, QFmt::fp8_block, QFmt::mxfp4, QFmt::gptq_actorder, QFmt::awq}) {
     SCOPED_TRACE(qfmt_name(f));
     const int64_t E = 3, H = 72, I = 40;
     const Experts x = make_experts(f, E, H, I, 77);
@@ -580,6 +673,15 @@ TEST(QuantExpertsPack, UnpackDequantizeRepack) {
           const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
           expect_same_bytes(v[e].weight, m.i8, "weight", e);
           expect_same_bytes(v[e].scales, m.scales, "scales", e);
+        }
+      } else if (f == QFmt::mxfp4) {
+        std::vector<Mxfp4Weight> v;
+        for (Matrix& m : back) v.push_back(m.mxfp4);
+        p.unpack(v);
+        for (int64_t e = 0; e < E; ++e) {
+          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
+          expect_same_bytes(v[e].blocks, m.f8, "blocks", e);
+          expect_same_bytes(v[e].scales, m.e8m0, "scales", e);
         }
       } else if (f == QFmt::fp8_block) {
         std::vector<Fp8Weight> v;

@@ -414,6 +414,7 @@ class PackedExperts {
   void unpack(const std::vector<Int8Weight>& out) const;
   void unpack(const std::vector<Fp8Weight>& out) const;
   void unpack(const std::vector<Int4Weight>& out) const;
+  void unpack(const std::vector<Mxfp4Weight>& out) const;
   // The logical weights of any format: out [E, 2I, H] or [E, H, I], f32 or
   // bf16 (rounded to nearest even), innermost stride 1.
   void dequantize(const TensorView& out) const;
@@ -431,15 +432,25 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj);
 PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj);
 // Quantized experts (docs/moe.md): one checkpoint description per expert
 // (views into an engine's [E, ...] tensors, or its per-expert tensors), each
-// of the logical [2I, H] matrix (gate_up: the I gate rows, then the I up
-// rows) or [H, I] (down), with the formats, checks and contract of
-// pack_weight (docs/quantized.md). Every expert has the same shape, format
-// and parameters (group size, zero points, block sizes, scale granularity;
-// act-order g_idx may differ per expert). A tensor-parallel shard is just
-// views of the shard: any I.
-PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj);
-PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj);
-PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj);
+// of the logical [2I, H] matrix (gate_up) or [H, I] (down), with the
+// formats, checks and contract of pack_weight (docs/quantized.md). Every
+// expert has the same shape, format and parameters (group size, zero
+// points, block sizes, scale granularity; act-order g_idx may differ per
+// expert). A tensor-parallel shard is just views of the shard: any I.
+// gate_up rows: `halves` (the I gate rows, then the I up rows: sglang's and
+// vLLM's w13) or `interleaved` (row 2i gate i, row 2i + 1 up i: GPT-OSS's
+// gate_up_proj); unpack and dequantize give the rows back in that order.
+enum class GluRows { halves, interleaved };
+PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj,
+                           GluRows rows = GluRows::halves);
+PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj,
+                           GluRows rows = GluRows::halves);
+PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj,
+                           GluRows rows = GluRows::halves);
+// MXFP4 (GPT-OSS): expert e's `*_blocks[e]` / `*_scales[e]`; its gate_up
+// with GluRows::interleaved.
+PackedExperts pack_experts(const std::vector<Mxfp4Weight>& w, ExpertProj proj,
+                           GluRows rows = GluRows::halves);
 
 struct MoeOptions {
   // Gated activation act(gate)·up; silu (silu_and_mul), gelu_tanh or gelu_erf
