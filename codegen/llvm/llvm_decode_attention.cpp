@@ -28,12 +28,13 @@
 // padding adds 0 to every dot product; O's padded columns stay 0.
 //
 // Block sizes that are not a multiple of 16 scatter a chunk's rows over
-// several cache blocks: then each chunk first looks up the 16 K and V row
-// offsets of its keys (and of the chunk it prefetches) in the block table,
-// keys past the range clamped to its last one (a block the sequence uses),
-// and every row address comes from that list instead of base + j·stride. Full chunks run unmasked
-// code; the first and last chunk of [j0, j1) a masked copy (invalid scores −inf, their V rows
-// zeroed, so stale cache rows cannot turn 0·v into NaN). Those rows are still loaded: they lie
+// several cache blocks: then each chunk looks up the 16 K and V row offsets
+// of the chunk it prefetches in the block table, into a ring of lists that
+// serves that chunk's own rows two chunks later,
+// blocks past the range's last one replaced by it (a block the sequence
+// uses), and every row address comes from that list instead of base + j·stride. Full chunks run
+// unmasked code; the first and last chunk of [j0, j1) a masked copy (invalid scores −inf, their V
+// rows zeroed, so stale cache rows cannot turn 0·v into NaN). Those rows are still loaded: they lie
 // inside a block the sequence uses.
 //
 // With dpbf16 the interleave puts O's columns of each 32-column group in the
@@ -73,6 +74,9 @@ constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
 // requests issued back to back, V during the P·V pass, or rows interleaved.
 constexpr int kPrefetchChunks = 2;
 constexpr int kPrefetchLocality = 1;  // llvm.prefetch locality 1 = prefetcht2
+// Row-offset lists kept for unaligned block sizes: this chunk's and the
+// prefetched ones'.
+constexpr int64_t kRing = kPrefetchChunks + 1;
 
 [[noreturn]] void fail(const DecodeAttentionDesc& d, const std::string& what) {
   throw Error("compile_llvm_decode_attention: " + d.name() + ": " + what);
@@ -184,7 +188,7 @@ class DecodeEmitter : public KernelEmitter {
         i16t(),
         b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
     cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
-    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(4 * kChunk));
+    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(kRing * 2 * kChunk));
     pack_q();
     if (dp_) permute_o(/*to_kernel=*/true);
 
@@ -194,10 +198,21 @@ class DecodeEmitter : public KernelEmitter {
     c_last_ = b_.CreateAnd(b_.CreateSub(j1, i64(1)), i64(~int64_t{kChunk - 1}));
     llvm::Value* chunks =
         b_.CreateUDiv(b_.CreateAdd(b_.CreateSub(j1, c_begin), i64(kChunk - 1)), i64(kChunk));
+    // Offset lists: a ring of kRing chunks. Chunk i's list is written when
+    // chunk i − kPrefetchChunks runs (its prefetches use it), so each chunk
+    // looks up 16 keys, not 32; the first lists are written here.
+    if (!aligned_)
+      for (int64_t i = 0; i < kPrefetchChunks; ++i)
+        key_offsets(b_.CreateAdd(c_begin, i64(i * kChunk)), j1, i64(i * 2 * kChunk));
     emit_loop(
         b_, chunks, {},
         [&](llvm::Value* ci, const std::vector<llvm::Value*>&) {
           llvm::Value* c0 = b_.CreateAdd(c_begin, b_.CreateMul(ci, i64(kChunk)));
+          if (!aligned_) {
+            cur_ = b_.CreateMul(b_.CreateURem(ci, i64(kRing)), i64(2 * kChunk));
+            fut_ = b_.CreateMul(b_.CreateURem(b_.CreateAdd(ci, i64(kPrefetchChunks)), i64(kRing)),
+                                i64(2 * kChunk));
+          }
           llvm::Value* full = b_.CreateAnd(b_.CreateICmpSGE(c0, j0),
                                            b_.CreateICmpSLE(b_.CreateAdd(c0, i64(kChunk)), j1));
           emit_if_else(
@@ -299,15 +314,16 @@ class DecodeEmitter : public KernelEmitter {
   }
 
   // Row pointer of key jl (0..15) of the chunk, base being the chunk's row 0
-  // of the head (aligned blocks) or the head's block 0 (offset list: entry
-  // `list + jl`, list 0 = K, 16 = V of this chunk, 32 / 48 of the prefetched one).
+  // of the head (aligned blocks) or the head's block 0 (offset list: the
+  // chunk's K entries at cur_, its V entries at cur_ + 16).
   llvm::Value* key_row(llvm::Value* base, bool is_v, llvm::Value* jl) {
     if (!aligned_)
       return b_.CreateGEP(
           i16t(), base,
           b_.CreateAlignedLoad(
               b_.getInt64Ty(),
-              b_.CreateGEP(b_.getInt64Ty(), offs_, b_.CreateAdd(jl, i64(is_v ? kChunk : 0))),
+              b_.CreateGEP(b_.getInt64Ty(), offs_,
+                           b_.CreateAdd(cur_, b_.CreateAdd(jl, i64(is_v ? kChunk : 0)))),
               llvm::Align(8)));
     return b_.CreateGEP(i16t(), base,
                         b_.CreateMul(jl, is_v ? arg(TILEJIT_ARG(Args, v_row_stride))
@@ -371,15 +387,17 @@ class DecodeEmitter : public KernelEmitter {
   }
 
   // Unaligned blocks: the element offsets (from block 0, head 0) of the K
-  // and V rows of keys c .. c + 15 into offs_[at ..] and offs_[at + 16 ..],
-  // each key clamped to j1 − 1 (its block is one the sequence uses; keys
-  // below j0 but ≥ 0 are the sequence's too).
-  void key_offsets(llvm::Value* c, llvm::Value* j1, int64_t at) {
-    llvm::Value* last = b_.CreateSub(j1, i64(1));
-    for (int64_t jl = 0; jl < kChunk; ++jl) {
-      llvm::Value* key = b_.CreateAdd(c, i64(jl));
-      key = b_.CreateSelect(b_.CreateICmpSLT(key, last), key, last);
-      llvm::Value* slot = b_.CreateUDiv(key, i64(d_.block_size));
+  // and V rows of keys c .. c + 15 (c a multiple of 16) into offs_[at ..]
+  // and offs_[at + 16 ..]. Blocks past the one of key j1 − 1 are replaced by
+  // it (a block the sequence uses; keys below j0 but >= 0 are the
+  // sequence's too), so no unchecked table entry is read; their rows are
+  // masked off or only prefetched. When the block size divides 16 a chunk
+  // holds whole blocks: one table read per block, row offsets in it constant.
+  void key_offsets(llvm::Value* c, llvm::Value* j1, llvm::Value* at) {
+    const int64_t bs = d_.block_size;
+    llvm::Value* last_slot = b_.CreateUDiv(b_.CreateSub(j1, i64(1)), i64(bs));
+    auto block = [&](llvm::Value* slot) {  // (K, V) offsets of the block's row 0
+      slot = b_.CreateSelect(b_.CreateICmpULT(slot, last_slot), slot, last_slot);
       llvm::Value* blk =
           b_.CreateSExt(b_.CreateAlignedLoad(
                             b_.getInt32Ty(),
@@ -387,16 +405,31 @@ class DecodeEmitter : public KernelEmitter {
                                          b_.CreateMul(slot, arg(TILEJIT_ARG(Args, table_stride)))),
                             llvm::Align(4)),
                         b_.getInt64Ty());
-      llvm::Value* off = b_.CreateURem(key, i64(d_.block_size));
-      auto store = [&](llvm::Value* v, int64_t i) {
-        b_.CreateAlignedStore(v, b_.CreateGEP(b_.getInt64Ty(), offs_, i64(i)), llvm::Align(8));
+      return std::make_pair(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, k_block_stride))),
+                            b_.CreateMul(blk, arg(TILEJIT_ARG(Args, v_block_stride))));
+    };
+    auto store = [&](llvm::Value* kb, llvm::Value* vb, llvm::Value* row, int64_t jl) {
+      auto put = [&](llvm::Value* v, int64_t i) {
+        b_.CreateAlignedStore(v, b_.CreateGEP(b_.getInt64Ty(), offs_, b_.CreateAdd(at, i64(i))),
+                              llvm::Align(8));
       };
-      store(b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, k_block_stride))),
-                         b_.CreateMul(off, arg(TILEJIT_ARG(Args, k_row_stride)))),
-            at + jl);
-      store(b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, v_block_stride))),
-                         b_.CreateMul(off, arg(TILEJIT_ARG(Args, v_row_stride)))),
-            at + kChunk + jl);
+      put(b_.CreateAdd(kb, b_.CreateMul(row, arg(TILEJIT_ARG(Args, k_row_stride)))), jl);
+      put(b_.CreateAdd(vb, b_.CreateMul(row, arg(TILEJIT_ARG(Args, v_row_stride)))), kChunk + jl);
+    };
+    if (kChunk % bs == 0) {
+      llvm::Value* slot0 = b_.CreateUDiv(c, i64(bs));
+      for (int64_t i = 0; i < kChunk / bs; ++i) {
+        llvm::Value *kb, *vb;
+        std::tie(kb, vb) = block(b_.CreateAdd(slot0, i64(i)));
+        for (int64_t r = 0; r < bs; ++r) store(kb, vb, i64(r), i * bs + r);
+      }
+      return;
+    }
+    for (int64_t jl = 0; jl < kChunk; ++jl) {
+      llvm::Value* key = b_.CreateAdd(c, i64(jl));
+      llvm::Value *kb, *vb;
+      std::tie(kb, vb) = block(b_.CreateUDiv(key, i64(bs)));
+      store(kb, vb, b_.CreateURem(key, i64(bs)), jl);
     }
   }
 
@@ -432,8 +465,10 @@ class DecodeEmitter : public KernelEmitter {
       std::tie(kp, vp) = chunk_rows(c0);
       std::tie(kf, vf) = chunk_rows(cf);
     } else {
-      key_offsets(c0, j1, 0);
-      key_offsets(cf, j1, 2 * kChunk);
+      // The list of chunk c0 + kPrefetchChunks·16 (unclamped: past the range
+      // its keys map to the last block), used now for prefetches and later
+      // as that chunk's rows.
+      key_offsets(b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks)), j1, fut_);
       kp = kf = arg(TILEJIT_ARG(Args, k));
       vp = vf = arg(TILEJIT_ARG(Args, v));
     }
@@ -526,12 +561,12 @@ class DecodeEmitter : public KernelEmitter {
           b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
                        b_.CreateMul(row, b_.CreateSelect(is_k, arg(TILEJIT_ARG(Args, k_row_stride)),
                                                          arg(TILEJIT_ARG(Args, v_row_stride)))));
-    else  // the prefetched chunk's list: K rows at 32.., V rows at 48..
-      base = b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
-                          b_.CreateAlignedLoad(b_.getInt64Ty(),
-                                               b_.CreateGEP(b_.getInt64Ty(), offs_,
-                                                            b_.CreateAdd(unit, i64(2 * kChunk))),
-                                               llvm::Align(8)));
+    else  // the prefetched chunk's list: K rows, then V rows
+      base = b_.CreateGEP(
+          i16t(), b_.CreateSelect(is_k, kf_, vf_),
+          b_.CreateAlignedLoad(b_.getInt64Ty(),
+                               b_.CreateGEP(b_.getInt64Ty(), offs_, b_.CreateAdd(fut_, unit)),
+                               llvm::Align(8)));
     std::vector<llvm::Value*> lines;
     for (int64_t c = 0; c < std::max(lk, lv); ++c) {
       llvm::Value* col = i64(32 * c);
@@ -1043,6 +1078,7 @@ class DecodeEmitter : public KernelEmitter {
   // apart; otherwise offs_ holds the chunk's row offsets (key_offsets).
   const bool aligned_ = d_.block_size % kChunk == 0;
   llvm::Value* offs_ = nullptr;
+  llvm::Value *cur_ = nullptr, *fut_ = nullptr;  // this chunk's / the prefetched list in offs_
 };
 
 }  // namespace
