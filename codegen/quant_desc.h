@@ -12,6 +12,7 @@
 // reference (runtime/reference_quant.h) can reproduce it.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -81,6 +82,16 @@ struct DequantDesc {
   std::string name() const { return desc_name(*this); }
 };
 static_assert(fields_cover<DequantDesc>(), "a DequantDesc member is missing from field_list()");
+
+// The e2m1 (MXFP4) value of a 4-bit code q, as the Xbyak kernels tabulate
+// it: bit 3 the sign; q & 7 = 2e + m (exponent field e, bias 1; mantissa
+// bit m): e = 0 is m · 0.5, else (1 + m/2) · 2^(e − 1). (The scalar
+// reference decodes with its own table, runtime::e2m1_to_f32.)
+inline float e2m1_code_value(int q) {
+  const int e = (q >> 1) & 3, m = q & 1;
+  const float mag = e == 0 ? 0.5f * float(m) : std::ldexp(1.0f + 0.5f * float(m), e - 1);
+  return (q & 8) ? -mag : mag;
+}
 
 // ---- act_quant ----------------------------------------------------------------
 //

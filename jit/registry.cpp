@@ -127,12 +127,12 @@ const Kernel& front(const D& d, Slow slow) {
   return k;
 }
 
-// The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3) of the avx512 row
+// The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3 | f4e2m1) of the avx512 row
 // (the amx path's small-M quantized GEMMs use the avx512 plan too).
 constexpr const char* kQuantLimits =
-    "a=bf16 b=u4|f8e4m3 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64 (GLU: nr <= 32 "
-    "outputs of the 64 computed columns), kb >= 1 (the whole K, batch 1), b_row_bytes 64 (u4) | "
-    "128 (f8e4m3), zeros with u4 only, no acc_in, row-major A, out f32|bf16";
+    "a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64 (GLU: "
+    "nr <= 32 outputs of the 64 computed columns), kb >= 1 (the whole K, batch 1), b_row_bytes "
+    "64 (u4, f4e2m1) | 128 (f8e4m3), zeros with u4 only, no acc_in, row-major A, out f32|bf16";
 
 const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
   auto refuse = [&](const std::string& what) -> Error {
@@ -142,12 +142,13 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
   if (d.isa != Isa::avx512) throw refuse(fmt::format("isa={}", isa_name(d.isa)));
   if (d.a_type != DType::bf16 || d.acc_type != DType::f32)
     throw refuse(fmt::format("a={} acc={}", dtype_name(d.a_type), dtype_name(d.acc_type)));
-  if (d.b_zeros && d.b_type != DType::u4) throw refuse("zeros=1 with b=f8e4m3");
+  if (d.b_zeros && d.b_type != DType::u4)
+    throw refuse(fmt::format("zeros=1 with b={}", dtype_name(d.b_type)));
   if (d.mr < 1 || d.mr > 4) throw refuse(fmt::format("mr={}", d.mr));
   if (d.nr < 1 || d.nr > (d.glu != codegen::Glu::none ? 32 : 64))
     throw refuse(fmt::format("nr={} with glu={}", d.nr, codegen::glu_name(d.glu)));
   if (d.kb < 1) throw refuse(fmt::format("kb={}", d.kb));
-  const int64_t code_row = d.b_type == DType::u4 ? 64 : 128;
+  const int64_t code_row = d.b_type == DType::f8e4m3 ? 128 : 64;
   if (d.b_row_bytes != code_row)
     throw refuse(
         fmt::format("b_row_bytes={} (batch-shaped B: one code block of {}-byte k-pair "
@@ -163,7 +164,7 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
 
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
-  if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3) {
+  if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1) {
     if (row.path == Isa::avx512 && row.backend == Backend::xbyak) return quant_brgemm(d);
     throw Error(fmt::format("brgemm: descriptor {} has b={}; allowed on the {} row: {}", d.key(),
                             dtype_name(d.b_type), isa_name(row.path), row.limits));

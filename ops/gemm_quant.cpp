@@ -224,7 +224,7 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=avx512 weight=%s kernel=%s\n",
-                 d.b_type == DType::u4 ? "w4a16" : "w8a16", static_cast<long long>(M),
+                 d.b_type == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
                  static_cast<long long>(N), static_cast<long long>(p.layout.k),
                  p.layout_name.c_str(), (main_k != nullptr ? main_k : tail_k)->name.c_str());
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
@@ -380,7 +380,7 @@ codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen:
   const QuantTables& q = *p.quant;
   codegen::BrgemmDesc d;
   d.isa = Isa::avx512;
-  d.b_type = p.dtype;  // f8e4m3 or u4 (quant_gemm_fused(p, ...) is false for the others)
+  d.b_type = p.dtype;  // f8e4m3, u4 or f4e2m1
   d.b_zeros = q.zeros != nullptr;
   d.mr = static_cast<int>(m);
   d.kb = q.k_packed;
@@ -418,9 +418,7 @@ bool quant_gemm_fused(Isa path, int64_t m) {
 }
 
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
-  // MXFP4 has no fused kernel (yet): it always dequantizes.
-  return (p.format == WeightFormat::fp8_e4m3 || p.format == WeightFormat::int4_awq ||
-          p.format == WeightFormat::int4_gptq) &&
+  return p.format != WeightFormat::bf16 && p.format != WeightFormat::int8 &&
          quant_gemm_fused(path, m);
 }
 

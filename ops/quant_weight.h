@@ -42,8 +42,7 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // micro-kernel (codegen/xbyak/quant_brgemm.cpp: exact weights, per-group
 // fp32 sums) instead of dequantizing to bf16 chunks for the bf16 kernels.
 bool quant_gemm_fused(Isa path, int64_t m);
-// The same for a GEMM with weight p: false for int8 and for MXFP4, which has
-// no fused kernel (it always dequantizes).
+// The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
 
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16

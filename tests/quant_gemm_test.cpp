@@ -311,7 +311,6 @@ Checkpoint make_checkpoint(const QCase& c) {
   return ck;
 }
 
-
 PackedWeight pack(const QCase& c, const Checkpoint& ck) {
   switch (c.fmt) {
     case Fmt::int8:
@@ -368,7 +367,6 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
   // The dequant path rounds w to bf16 (a tight check against those weights);
   // the fused decode kernel (M <= 4 on amx / avx512) keeps w exact, within
   // its own bound.
-  // (MXFP4 always runs the dequant path: its bf16 weights are exact.)
   const bool fused = ops::quant_gemm_fused(*pw.impl(), cpu_info().isa, c.m);
   const bool int8 = c.fmt == Fmt::int8;
   std::vector<uint8_t> qa(static_cast<size_t>(K));

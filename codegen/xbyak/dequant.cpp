@@ -241,16 +241,9 @@ class DequantKernel : public JitGenerator {
     jmp(next_row, T_NEAR);
   }
 
-  // The e2m1 value of each code q: bit 3 the sign; q & 7 = 2e + m (e the
-  // exponent field, m the mantissa bit): e = 0 is m · 0.5, else
-  // (1 + m/2) · 2^(e − 1).
   static std::array<float, 16> e2m1_table() {
     std::array<float, 16> t{};
-    for (int q = 0; q < 16; ++q) {
-      const int e = (q >> 1) & 3, m = q & 1;
-      const float mag = e == 0 ? 0.5f * float(m) : std::ldexp(1.0f + 0.5f * float(m), e - 1);
-      t[size_t(q)] = (q & 8) ? -mag : mag;
-    }
+    for (int q = 0; q < 16; ++q) t[size_t(q)] = e2m1_code_value(q);
     return t;
   }
 

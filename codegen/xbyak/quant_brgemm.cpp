@@ -1,5 +1,5 @@
-// The fused W4A16 / W8A16 decode micro-kernel (BrgemmDesc with b = u4 or
-// f8e4m3, a = bf16, acc = f32, mr ≤ 4): it reads the packed quantized codes of
+// The fused W4A16 / W8A16 decode micro-kernel (BrgemmDesc with b = u4,
+// f4e2m1 (MXFP4) or f8e4m3, a = bf16, acc = f32, mr ≤ 4): it reads the packed quantized codes of
 // one 64-column block (ops/packed_weight_impl.h, QuantTables: the k-pair
 // order) and the group tables of BrgemmArgs (q_groups, q_scales, q_zeros)
 // directly, instead of dequantizing a K chunk to bf16 first:
@@ -16,6 +16,9 @@
 //         word's bits 0..3 = q_odd), vpermw with table[i] = bf16(i & 15), or
 //         bf16((i & 15) − 8) without zero points: 3 ops for 32 weights
 //         (blocks of nr ≤ 48 only).
+//   mxfp4: the same 3 ops with table[i] = bf16(e2m1(i & 15)) (exact: 0,
+//         ±0.5 .. ±6), every block width; no zero points, so the fold is
+//         acc += s ⊙ acc_g with s = 2^(e − 127).
 //   int4, full blocks (nz = 4), table-free: bf16(16 + q) = 0x4180 | q << 3,
 //         f32(16 + q) = 0x41800000 | q << 19. The code row is loaded once;
 //         vpmultishiftqb moves each nibble into place (a qword's 8 bytes =
@@ -90,8 +93,8 @@ class QuantBrgemm : public JitGenerator {
         tf_(d.b_type == DType::u4 && nz_ == 4),
         sa_(zp_ || tf_),
         row_bytes_(fp8_ ? 128 : 64) {
-    if (d.b_type != DType::u4 && d.b_type != DType::f8e4m3)
-      throw std::invalid_argument("emit_quant_brgemm: b must be u4 or f8e4m3");
+    if (d.b_type != DType::u4 && d.b_type != DType::f8e4m3 && d.b_type != DType::f4e2m1)
+      throw std::invalid_argument("emit_quant_brgemm: b must be u4, f8e4m3 or f4e2m1");
     if (d.mr < 1 || d.mr > 4 || d.nr < 1 || d.nr > (d.glu != Glu::none ? 32 : 64) || d.kb < 1)
       throw std::invalid_argument("emit_quant_brgemm: mr 1..4, nr 1..64 (GLU: 1..32), kb >= 1");
     if (d.accumulate || d.a_packed)
@@ -548,7 +551,9 @@ class QuantBrgemm : public JitGenerator {
       vpbroadcastd(ones_, r11d);
     }
     uint16_t tab[32];
-    for (int i = 0; i < 32; ++i) tab[i] = runtime::f32_to_bf16(float((i & 15) - (zp_ ? 0 : 8)));
+    for (int i = 0; i < 32; ++i)
+      tab[i] = runtime::f32_to_bf16(d_.b_type == DType::f4e2m1 ? e2m1_code_value(i & 15)
+                                                               : float((i & 15) - (zp_ ? 0 : 8)));
     vmovdqu16(table_, ptr[rip + blob_label(reinterpret_cast<const uint8_t*>(tab), sizeof tab)]);
   }
 
