@@ -1,14 +1,15 @@
 // The fused W4A16 / W8A16 decode micro-kernel (codegen/xbyak/quant_brgemm.cpp)
 // through jit::get(desc) on the avx512 row, with hand-built code blocks and
 // group tables (the packed k-pair order of ops/packed_weight_impl.h):
-//   fp8: codes[kp][c][2] bytes (128 a k-pair row); int4: codes[kp][c] bytes,
-//   low nibble = even k (64 a row); groups[kp] the scale row of k-pair row
+//   fp8: codes[kp][c][2] bytes (128 a k-pair row); int4 and MXFP4 (e2m1):
+//   codes[kp][c] bytes, low nibble = even k (64 a row); groups[kp] the scale row of k-pair row
 //   kp; scales [G][64] f32, zeros [G][64] u8 (u4 with zeros).
 // Contract: y[r][c] = act(Σ_g s[g][c]·Σ_{k∈g} a[r][k]·(q[k][c] − z[g][c]) + bias[c]),
-// fp8: the e4m3 value instead of q − z; z = 8 for u4 without zeros.
+// fp8: the e4m3 value instead of q − z, MXFP4 the e2m1 value (decoded here
+// from its bit fields); z = 8 for u4 without zeros.
 //
 // Cases:
-//   shape_*   every format (u4, u4 with zeros, fp8) × mr 1..4 × nr {1, 15, 16,
+//   shape_*   every format (u4, u4 with zeros, fp8, mxfp4) × mr 1..4 × nr {1, 15, 16,
 //             17, 33, 64} × kb {1, 2, 3, 31, 64, 127, 256, 1000}, the group
 //             pattern cycling through constant / every 16 k / every 32 k /
 //             every 64 k / irregular runs (ids not monotone);
@@ -60,12 +61,12 @@ using codegen::BrgemmArgs;
 using codegen::BrgemmDesc;
 using codegen::BrgemmFn;
 
-enum class Fmt { u4, u4zp, fp8 };
+enum class Fmt { u4, u4zp, fp8, mx };
 enum class Groups { constant, every16, every32, every64, irregular };
 enum class Codes { random, all_fp8, min, max };
 
 const char* fmt_name(Fmt f) {
-  return f == Fmt::u4 ? "u4" : f == Fmt::u4zp ? "u4zp" : "fp8";
+  return f == Fmt::u4 ? "u4" : f == Fmt::u4zp ? "u4zp" : f == Fmt::mx ? "mxfp4" : "fp8";
 }
 const char* groups_name(Groups g) {
   switch (g) {
@@ -98,7 +99,7 @@ struct QCase {
   BrgemmDesc desc() const {
     BrgemmDesc d;
     d.isa = Isa::avx512;
-    d.b_type = fmt == Fmt::fp8 ? DType::f8e4m3 : DType::u4;
+    d.b_type = fmt == Fmt::fp8 ? DType::f8e4m3 : fmt == Fmt::mx ? DType::f4e2m1 : DType::u4;
     d.b_zeros = fmt == Fmt::u4zp;
     d.b_row_bytes = fmt == Fmt::fp8 ? 128 : 64;
     d.mr = mr, d.nr = nr, d.kb = kb;
@@ -122,6 +123,14 @@ void PrintTo(const QCase& c, std::ostream* os) {
 }
 
 constexpr uint16_t kNan = 0x7fc1;
+
+// e2m1 from its bit fields: sign bit 3, exponent bits 2..1 (bias 1),
+// mantissa bit 0; exponent 0 is the subnormal m · 0.5.
+double e2m1(int q) {
+  const int e = (q >> 1) & 3, m = q & 1;
+  const double mag = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return (q & 8) ? -mag : mag;
+}
 constexpr int64_t kGuard = kBrgemmGuard;
 
 struct QData {
@@ -156,15 +165,17 @@ struct QData {
   double value(int64_t k, int j) const {
     const uint8_t code = q[size_t(k * 64 + j)];
     if (c.fmt == Fmt::fp8) return runtime::e4m3_to_f32(code);
+    if (c.fmt == Fmt::mx) return e2m1(code);
     const int z = c.fmt == Fmt::u4zp ? zeros[size_t(group_of(k) * 64 + j)] : 8;
     return double(int(code) - z);
   }
   double zero_abs(int64_t k, int j) const {
-    if (c.fmt == Fmt::fp8) return 0;
+    if (c.fmt == Fmt::fp8 || c.fmt == Fmt::mx) return 0;
     return c.fmt == Fmt::u4zp ? zeros[size_t(group_of(k) * 64 + j)] : 8;
   }
   double code_abs(int64_t k, int j) const {
     const uint8_t code = q[size_t(k * 64 + j)];
+    if (c.fmt == Fmt::mx) return std::fabs(e2m1(code));
     return c.fmt == Fmt::fp8 ? std::fabs(runtime::e4m3_to_f32(code)) : double(code);
   }
 };
@@ -344,7 +355,8 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
         const double s = d.scales[size_t(d.group_of(k) * 64 + j)];
         pre += a * d.value(k, j) * s;
         sabs += std::fabs(a) * (d.code_abs(k, j) + d.zero_abs(k, j)) * std::fabs(s);
-        if (c.fmt != Fmt::fp8) oabs += std::fabs(a) * 32 * std::fabs(s);  // int4's 16 + q
+        if (c.fmt == Fmt::u4 || c.fmt == Fmt::u4zp)
+          oabs += std::fabs(a) * 32 * std::fabs(s);  // int4's 16 + q
       }
       const double b = c.bias != BiasKind::none ? d.bias[size_t(j)] : 0.0;
       pre += b;
@@ -390,7 +402,7 @@ std::vector<QCase> shape_cases() {
   const Groups pats[] = {Groups::constant, Groups::every16, Groups::every32, Groups::every64,
                          Groups::irregular};
   int i = 0;
-  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8})
+  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (int mr = 1; mr <= 4; ++mr)
       for (int nr : {1, 15, 16, 17, 33, 64})
         for (int64_t kb : {1, 2, 3, 31, 64, 127, 256, 1000}) {
@@ -406,7 +418,7 @@ std::vector<QCase> shape_cases() {
 
 std::vector<QCase> epilogue_cases() {
   std::vector<QCase> v;
-  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8})
+  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (BiasKind b : {BiasKind::none, BiasKind::f32, BiasKind::bf16})
       for (Activation a : {Activation::none, Activation::relu, Activation::silu,
                            Activation::gelu_tanh, Activation::gelu_erf})
@@ -426,7 +438,7 @@ std::vector<QCase> epilogue_cases() {
 
 std::vector<QCase> group_cases() {
   std::vector<QCase> v;
-  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8})
+  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (Groups g :
          {Groups::constant, Groups::every16, Groups::every32, Groups::every64, Groups::irregular})
       for (int mr = 1; mr <= 4; ++mr) {
@@ -481,7 +493,7 @@ INSTANTIATE_TEST_SUITE_P(Codes, QuantBrgemm, ::testing::ValuesIn(code_cases()), 
 // A NaN in A row r makes row r NaN and no other.
 TEST(QuantBrgemmNan, RowStaysInItsRow) {
   if (!avx512_runs()) GTEST_SKIP() << "the avx512 brgemm row does not run on this CPU";
-  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8}) {
+  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx}) {
     QCase c;
     c.group = "nan";
     c.fmt = f, c.mr = 4, c.nr = 64, c.kb = 100, c.groups = Groups::every32;
