@@ -141,7 +141,7 @@ const Bf16Weight& bf16_weight(int64_t n, int64_t k) {
 
 // ---------------------------------------------------------------- checkpoints
 
-enum class QFmt { gptq, awq, fp8_channel, fp8_block, int8 };
+enum class QFmt { gptq, awq, fp8_channel, fp8_block, int8, mxfp4 };
 const char* qfmt_name(QFmt f) {
   switch (f) {
     case QFmt::gptq:
@@ -154,6 +154,8 @@ const char* qfmt_name(QFmt f) {
       return "fp8_block128";
     case QFmt::int8:
       return "int8_channel_sym";
+    case QFmt::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }
@@ -166,7 +168,9 @@ struct Checkpoint {
   std::vector<int32_t> qweight, qzeros;
   std::vector<uint16_t> scales_f16;
   std::vector<float> scales_f32;
-  std::vector<uint8_t> codes;  // fp8 e4m3 / int8
+  std::vector<uint8_t> codes;  // fp8 e4m3 / int8 / MXFP4 blocks
+  std::vector<uint8_t> e8m0;   // MXFP4 scales
+  tilejit::Mxfp4Weight mx;
   tilejit::Int4Weight int4;
   tilejit::Fp8Weight fp8;
   tilejit::Int8Weight int8;
@@ -180,6 +184,8 @@ struct Checkpoint {
         return tilejit::pack_weight(fp8);
       case QFmt::int8:
         return tilejit::pack_weight(int8);
+      case QFmt::mxfp4:
+        return tilejit::pack_weight(mx);
     }
     return {};
   }
@@ -245,6 +251,17 @@ std::unique_ptr<Checkpoint> make_checkpoint(QFmt fmt, int64_t N, int64_t K) {
         s = std::ldexp(1.0f + float(rng.next() >> 61) / 8.0f, sexp - 7);
       ck->int8.weight = TensorView(ck->codes.data(), DType::i8, {N, K});
       ck->int8.scales = TensorView(ck->scales_f32.data(), DType::f32, {N});
+      break;
+    }
+    case QFmt::mxfp4: {  // GPT-OSS's form: blocks [N, K/32, 16], e8m0 scales [N, K/32]
+      const int64_t G = (K + 31) / 32;
+      ck->codes.resize(size_t(N * G * 16));
+      for (auto& c : ck->codes) c = static_cast<uint8_t>(rng.next() >> 56);
+      ck->e8m0.resize(size_t(N * G));
+      for (auto& e : ck->e8m0) e = static_cast<uint8_t>(127 + sexp - 2 + int(rng.next() >> 62));
+      ck->mx.blocks = TensorView(ck->codes.data(), DType::u8, {N, G, 16});
+      ck->mx.scales = TensorView(ck->e8m0.data(), DType::u8, {N, G});
+      ck->mx.k = K;
       break;
     }
   }
@@ -772,7 +789,7 @@ void register_all() {
 
   // Llama-2/3 shapes: attention 4096², MLP up 14336×4096, MLP down 4096×14336.
   const std::vector<std::pair<int64_t, int64_t>> nk = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-  const QFmt int4[] = {QFmt::gptq, QFmt::awq};
+  const QFmt int4[] = {QFmt::gptq, QFmt::awq, QFmt::mxfp4};
   const QFmt fp8[] = {QFmt::fp8_channel, QFmt::fp8_block};
   auto name = [](const char* bm, QFmt f) { return std::string(bm) + "/" + qfmt_name(f); };
 
@@ -784,7 +801,7 @@ void register_all() {
           ->Args({n, k, t})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
-    for (QFmt f : {QFmt::gptq, QFmt::awq, QFmt::fp8_channel, QFmt::fp8_block})
+    for (QFmt f : {QFmt::gptq, QFmt::awq, QFmt::fp8_channel, QFmt::fp8_block, QFmt::mxfp4})
       for (int t : threads)
         RegisterBenchmark(name("BM_QuantColdDecode", f).c_str(), BM_QuantColdDecode, f)
             ->Args({n, k, t})
