@@ -973,6 +973,49 @@ TEST(QuantMxfp4, GemmAcrossTheExponentRange) {
   }
 }
 
+// Strided views (an expert's slice of GPT-OSS's [E, N, K/32, 16] tensors, a
+// padded row stride, a 3-D view with its blocks apart) pack like the dense
+// ones, and unpack writes into strided views.
+TEST(QuantMxfp4, StridedViews) {
+  QCase c;
+  c.fmt = Fmt::mxfp4, c.n = 70, c.k = 96, c.mx3d = true;
+  const Checkpoint ck = make_checkpoint(c);
+  const int64_t N = c.n, K = c.k, G = 3;
+  std::vector<float> want(static_cast<size_t>(N * K)), got(want.size());
+  pack_weight(ck.mx).dequantize(TensorView(want.data(), DType::f32, {N, K}));
+  // Blocks apart: row stride 5 blocks of 20 bytes; scales with a row stride of 7.
+  std::vector<uint8_t> blocks(static_cast<size_t>(N * 100), 0xCC),
+      scales(static_cast<size_t>(N * 7));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      for (int b = 0; b < 16; ++b)
+        blocks[n * 100 + g * 20 + b] = ck.mx_blocks[(n * G + g) * 16 + b];
+      scales[n * 7 + g] = ck.mx_scales[n * G + g];
+    }
+  }
+  Mxfp4Weight w;
+  w.blocks = TensorView(blocks.data(), DType::u8, {N, G, 16}, {100, 20, 1});
+  w.scales = TensorView(scales.data(), DType::u8, {N, G}, {7, 1});
+  const PackedWeight pw = pack_weight(w);
+  pw.dequantize(TensorView(got.data(), DType::f32, {N, K}));
+  EXPECT_EQ(got, want);
+  // The 2-D form with a padded row stride.
+  std::vector<uint8_t> flat(static_cast<size_t>(N * 53), 0xCC);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < K / 2; ++j) flat[n * 53 + j] = ck.mx_blocks[n * G * 16 + j];
+  w.blocks = TensorView(flat.data(), DType::u8, {N, K / 2}, {53, 1});
+  pack_weight(w).dequantize(TensorView(got.data(), DType::f32, {N, K}));
+  EXPECT_EQ(got, want);
+  // unpack into the strided 3-D view: the bytes of the blocks, the gaps untouched.
+  std::vector<uint8_t> out(blocks.size(), 0xCC), out_s(scales.size(), 0);
+  Mxfp4Weight u;
+  u.blocks = TensorView(out.data(), DType::u8, {N, G, 16}, {100, 20, 1});
+  u.scales = TensorView(out_s.data(), DType::u8, {N, G}, {7, 1});
+  pw.unpack(u);
+  EXPECT_EQ(out, blocks);
+  EXPECT_EQ(out_s, scales);
+}
+
 TEST(QuantErrors, Mxfp4Checkpoints) {
   QCase c;
   c.fmt = Fmt::mxfp4, c.n = 4, c.k = 64, c.mx3d = true;
