@@ -63,7 +63,7 @@ const KernelRow kRows[] = {
      "llvm_backend::compile_llvm_softmax_{finish,pack_q,transpose_v}", "shape-free"},
     {Family::decode_attention, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_decode_attention",
-     "d, dv multiples of 16 (Limits::attention_head_dim_ok), block_size a multiple of 16"},
+     "d, dv even (Limits::attention_head_dim_ok), block_size >= 1"},
     {Family::rope, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_rope", "d even, rotary_dim even <= d, f32|bf16 q/k and cache"},
     {Family::elementwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
