@@ -250,7 +250,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
                  isa_name(isa), exe.plan().name().c_str());
   ops::GemmRun r = ops::GemmRun::of(x, y, opt);
-  r.b = reinterpret_cast<const uint8_t*>(p.data.get());
+  r.b = p.bytes();
   r.block_bytes = p.layout.block_elems() * 2;
   ops::run_gemm_plan(exe, r);
 }

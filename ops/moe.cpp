@@ -280,6 +280,10 @@ void run_scalar(const Dims& d, const TensorView& hidden, const PackedExperts::Im
 
 // ---- the JIT path ----------------------------------------------------------------
 
+// Groups of at most this many rows stream their expert's weights once
+// (decode): their tasks take runs of consecutive column blocks.
+constexpr int64_t kStreamingRows = 16;
+
 // One projection's input rows of a group, as its ExpertGemm reads them.
 struct Operand {
   const uint8_t* rows = nullptr;    // row-major: bf16 (the weight's K order) or u8 (int8)
@@ -534,10 +538,19 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.ld_act = ld_act * 2;
   }
 
-  // 2. Gate/up with the act-and-mul epilogue: (group, row chunk, block) tasks.
+  // 2. Gate/up with the act-and-mul epilogue: (group, row chunk, run of
+  // blocks) tasks. Decode-sized groups stream their weights: a run of
+  // consecutive blocks per task keeps each thread's reads sequential (the
+  // kernels' prefetch runs on into the next block), as many as still gives
+  // every thread a few tasks.
+  const int64_t threads = runtime::num_threads();
+  int64_t streaming_blocks = 0;
+  for (const Group& g : groups)
+    if (g.rows <= kStreamingRows) streaming_blocks += (g.w13->n + 31) / 32;
+  const int64_t run_blocks = std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8);
   struct UpTask {
     int32_t g;
-    int32_t block;
+    int32_t block, blocks;
     int64_t m0, rows;
   };
   std::vector<UpTask> up_tasks;
@@ -545,29 +558,33 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     const Group& g = groups[gi];
     const int64_t chunk = g.up.task_rows();
     const int64_t blocks = (g.w13->n + 31) / 32;
+    const int64_t run = g.rows <= kStreamingRows ? run_blocks : 1;
     for (int64_t m0 = 0; m0 < g.rows; m0 += chunk)
-      for (int64_t b = 0; b < blocks; ++b)
-        up_tasks.push_back(
-            {static_cast<int32_t>(gi), static_cast<int32_t>(b), m0, std::min(chunk, g.rows - m0)});
+      for (int64_t b = 0; b < blocks; b += run)
+        up_tasks.push_back({static_cast<int32_t>(gi), static_cast<int32_t>(b),
+                            static_cast<int32_t>(std::min(run, blocks - b)), m0,
+                            std::min(chunk, g.rows - m0)});
   }
   runtime::parallel_for(static_cast<int64_t>(up_tasks.size()), [&](int64_t ti) {
     const UpTask& t = up_tasks[ti];
     const Group& g = groups[t.g];
     const int64_t blocks = (g.w13->n + 31) / 32;
-    ops::RowBlockJob job;
-    job.a = g.in_up.packed != nullptr ? g.in_up.packed + g.up.packed_a().offset(t.m0, 0)
-                                      : g.in_up.rows + t.m0 * g.in_up.ld;
-    job.lda = g.in_up.ld;
-    job.rows = t.rows;
-    job.c = reinterpret_cast<uint8_t*>(g.act) + t.m0 * g.ld_act + t.block * 32 * 2;
-    job.ldc = g.ld_act;
-    job.bias = g.b13 != nullptr ? g.b13 + t.block * 64 : nullptr;
-    job.n_tail = t.block == blocks - 1 && g.w13->n % 32 != 0;
-    if (g.in_up.scale != nullptr) {
-      job.a_scale = g.in_up.scale + t.m0;
-      job.a_zero = g.in_up.zero + t.m0;
+    for (int64_t b = t.block; b < t.block + t.blocks; ++b) {
+      ops::RowBlockJob job;
+      job.a = g.in_up.packed != nullptr ? g.in_up.packed + g.up.packed_a().offset(t.m0, 0)
+                                        : g.in_up.rows + t.m0 * g.in_up.ld;
+      job.lda = g.in_up.ld;
+      job.rows = t.rows;
+      job.c = reinterpret_cast<uint8_t*>(g.act) + t.m0 * g.ld_act + b * 32 * 2;
+      job.ldc = g.ld_act;
+      job.bias = g.b13 != nullptr ? g.b13 + b * 64 : nullptr;
+      job.n_tail = b == blocks - 1 && g.w13->n % 32 != 0;
+      if (g.in_up.scale != nullptr) {
+        job.a_scale = g.in_up.scale + t.m0;
+        job.a_zero = g.in_up.zero + t.m0;
+      }
+      g.up.run(job, b);
     }
-    g.up.run(job, t.block);
   });
 
   // The down inputs: the act rows, reordered or quantized as the weights need.
@@ -576,41 +593,50 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       [&](const Group& g) { return static_cast<const uint16_t*>(g.act); }, ld_act);
   pack_operands(groups, true, ops::kMoeAct);
 
-  // 3. Down projection + weighted sum, one 64-column block of H per task.
+  // 3. Down projection + weighted sum, a run of 64-column blocks of H per
+  // task (one, unless every group streams its weights: then each group's
+  // run of blocks is one sequential read, as in phase 2).
   const int64_t n_down_blocks = (H + 63) / 64;
-  runtime::parallel_for(n_down_blocks, [&](int64_t nb) {
-    const int64_t c0 = nb * 64, ncols = std::min<int64_t>(64, H - c0);
+  const int64_t down_run =
+      T <= kStreamingRows ? std::clamp<int64_t>(n_down_blocks / (4 * threads), 1, 8) : 1;
+  runtime::parallel_for((n_down_blocks + down_run - 1) / down_run, [&](int64_t task) {
+    const int64_t nb0 = task * down_run, nb1 = std::min(n_down_blocks, nb0 + down_run);
+    const int64_t width = (nb1 - nb0) * 64;
     thread_local std::vector<float> acc, tile;
-    acc.assign(sz(T * 64), 0.0f);
+    acc.assign(sz(T * width), 0.0f);
     constexpr int64_t kTileRows = 64;
     tile.resize(sz(kTileRows * 64));
     for (const Group& g : groups) {
-      for (int64_t m0 = 0; m0 < g.rows; m0 += kTileRows) {
-        const int64_t rows = std::min(kTileRows, g.rows - m0);
-        ops::RowBlockJob job;
-        job.a = g.in_down.packed != nullptr ? g.in_down.packed + g.down.packed_a().offset(m0, 0)
-                                            : g.in_down.rows + m0 * g.in_down.ld;
-        job.lda = g.in_down.ld;
-        job.rows = rows;
-        job.c = reinterpret_cast<uint8_t*>(tile.data());
-        job.ldc = 64 * 4;
-        job.bias = g.b2 != nullptr ? g.b2 + c0 : nullptr;
-        job.n_tail = ncols < 64;
-        if (g.in_down.scale != nullptr) {
-          job.a_scale = g.in_down.scale + m0;
-          job.a_zero = g.in_down.zero + m0;
-        }
-        g.down.run(job, nb);
-        // The weighted sum, while the tile is in L1.
-        for (int64_t r = 0; r < rows; ++r) {
-          const float w = sc.row_weight[g.row0 + m0 + r];
-          float* dst = acc.data() + sc.row_token[g.row0 + m0 + r] * 64;
-          const float* src = tile.data() + r * 64;
-          for (int64_t c = 0; c < ncols; ++c) dst[c] += w * src[c];
+      for (int64_t nb = nb0; nb < nb1; ++nb) {
+        const int64_t c0 = nb * 64, ncols = std::min<int64_t>(64, H - c0);
+        for (int64_t m0 = 0; m0 < g.rows; m0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, g.rows - m0);
+          ops::RowBlockJob job;
+          job.a = g.in_down.packed != nullptr ? g.in_down.packed + g.down.packed_a().offset(m0, 0)
+                                              : g.in_down.rows + m0 * g.in_down.ld;
+          job.lda = g.in_down.ld;
+          job.rows = rows;
+          job.c = reinterpret_cast<uint8_t*>(tile.data());
+          job.ldc = 64 * 4;
+          job.bias = g.b2 != nullptr ? g.b2 + c0 : nullptr;
+          job.n_tail = ncols < 64;
+          if (g.in_down.scale != nullptr) {
+            job.a_scale = g.in_down.scale + m0;
+            job.a_zero = g.in_down.zero + m0;
+          }
+          g.down.run(job, nb);
+          // The weighted sum, while the tile is in L1.
+          for (int64_t r = 0; r < rows; ++r) {
+            const float w = sc.row_weight[g.row0 + m0 + r];
+            float* dst = acc.data() + sc.row_token[g.row0 + m0 + r] * width + (nb - nb0) * 64;
+            const float* src = tile.data() + r * 64;
+            for (int64_t c = 0; c < ncols; ++c) dst[c] += w * src[c];
+          }
         }
       }
     }
-    for (int64_t t = 0; t < T; ++t) store_row(acc.data() + t * 64, out, t, c0, ncols);
+    for (int64_t t = 0; t < T; ++t)
+      store_row(acc.data() + t * width, out, t, nb0 * 64, std::min(width, H - nb0 * 64));
   });
 }
 

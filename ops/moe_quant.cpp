@@ -19,8 +19,10 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec,
                        int64_t rows, Isa isa)
     : w_(&w), e_(e) {
+  // AMX or AVX-512 by the GEMM's own rule for `rows` (very few rows: AVX-512).
+  const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows);
   if (w.quant.empty()) {
-    exe_ = &gemm_executable(spec, isa);
+    exe_ = &gemm_executable(spec, plan_isa);
     a_cols_ = spec.k;
     return;
   }
@@ -29,7 +31,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   a_cols_ = qs.k;
   if (q_->format == WeightFormat::int8) {
     route_ = Route::int8;
-    exe_ = &gemm_executable(qs, isa);
+    exe_ = &gemm_executable(qs, plan_isa);
     return;
   }
   if (quant_gemm_fused(*q_, isa, rows)) {
@@ -45,7 +47,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     return;
   }
   route_ = Route::dequant;
-  exe_ = &gemm_executable(qs, isa);
+  exe_ = &gemm_executable(qs, plan_isa);
   dequant_ = jit::get(quant_dequant_desc(*q_, isa)).entry<codegen::DequantFn>();
 }
 

@@ -86,8 +86,15 @@ struct PackedWeight::Impl {
   size_t data_bytes = 0;
   std::unique_ptr<ops::QuantTables> quant;  // null for bf16
 
-  const uint16_t* bf16() const { return reinterpret_cast<const uint16_t*>(data.get()); }
-  const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(data.get()); }
+  // Set when the bytes live in a buffer shared with other weights instead of
+  // `data`: a quantized PackedExperts moves all its experts' codes into one
+  // allocation, so experts smaller than a 2 MiB page still stream from huge
+  // pages (ops/pack_experts_quant.cpp).
+  std::shared_ptr<const std::byte> shared;
+  const std::byte* shared_at = nullptr;
+  const std::byte* base() const { return shared_at != nullptr ? shared_at : data.get(); }
+  const uint16_t* bf16() const { return reinterpret_cast<const uint16_t*>(base()); }
+  const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(base()); }
   // The bf16 geometry the kernels run on (K = k_packed for fp8 / int4).
   codegen::PackedLayout run_layout() const {
     return quant ? codegen::PackedLayout{layout.n, quant->k_packed} : layout;

@@ -599,6 +599,21 @@ std::vector<QCase> battery() {
     g.act = Activation::gelu_erf;
     v.push_back(g);
   }
+  // Wide enough that decode tasks take runs of several column blocks in both
+  // phases (ops/moe.cpp, kStreamingRows), with tails in each.
+  for (QFmt f : {QFmt::awq, QFmt::fp8_block, QFmt::int8_sym})
+    for (int64_t t : {1, 3}) {
+      QCase c;
+      c.fmt = f;
+      c.t = t;
+      c.h = 1056;
+      c.i = 544;
+      c.e = 4;
+      c.k = 2;
+      c.b2 = true;
+      c.out = DType::f32;
+      v.push_back(c);
+    }
   // GPT-OSS: MXFP4 experts with interleaved gate_up rows and the clamped
   // swiglu, decode and prefill; the interleaving on other formats too.
   for (QFmt f : {QFmt::mxfp4, QFmt::int8_sym, QFmt::fp8_channel})
