@@ -58,8 +58,8 @@ asan_clang_build() {
 # paths on amx and avx512, the llvm variants (~1 min on 2 cores):
 NOLLVM_TESTS='_llvm$|^(attention|rope|moe|attention_threads|nan_semantics|hostile_input)_test_(amx|avx512)$'
 NOLLVM_TESTS+='|^attention_extend_test_avx512$|^(glu_kernel_test|ir_test)$'
-# The quantized GEMMs: Xbyak dequant / act_quant / int8 / fused kernels only.
-NOLLVM_TESTS+='|^(quant_gemm|int8_brgemm)_test_(amx|avx512)$'
+# The quantized GEMMs and experts: Xbyak dequant / act_quant / int8 / fused kernels only.
+NOLLVM_TESTS+='|^(quant_gemm|int8_brgemm|moe_quant)_test_(amx|avx512)$'
 NOLLVM_TESTS+='|^(dequant_kernel|quant_kernels|quant_brgemm)_test$'
 
 # The tests where threads meet: compile-once under concurrent misses
