@@ -81,6 +81,26 @@ inline TensorType result(DType dtype, std::vector<Dim> dims) {
   return TensorType{dtype, std::move(dims), Layout{}};
 }
 
+// One quantized weight matrix (or E of them) and its named operands: the
+// rules of docs/ir.md "Quantized weights", shared by gemm (w [N, K], scale,
+// zero, g_idx) and moe (w13 / w2 [E, N, K], scale13, zero13, ...; each
+// tensor then has a leading [E] dim). Defined in rules_gemm.cpp.
+struct QuantWeight {
+  size_t w = 0;                              // the weight operand
+  std::optional<size_t> scale, zero, g_idx;  // its named operands, if given
+  int64_t n = 0, k = 0;                      // one matrix's logical [N, K], static
+  bool experts = false;                      // a leading expert dim on every tensor
+  int64_t e = 0;                             // its size (experts only)
+  const char* scale_role = "scale";          // for the missing-scale message
+  const char* example = "";                  // how the op names it: "gemm %x, %w, scale = %s"
+};
+// The scale / zero / g_idx rules and the format's attribute rules for a
+// weight of dtype wt (i8, f8e4m3 or u4).
+void check_quant_weight(RuleContext& c, DType wt, const QuantWeight& q);
+// An attribute of another weight dtype (group_size on f8e4m3): "<w_is>"
+// says what the weight is.
+void check_quant_attr_owners(RuleContext& c, DType wt, const std::string& w_is);
+
 // One per op group; each returns the result type, or std::nullopt after
 // recording at least one problem.
 std::optional<TensorType> check_gemm(RuleContext& c);

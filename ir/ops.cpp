@@ -26,6 +26,9 @@ constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "top
 constexpr const char* kBinaryRoles[] = {"a", "b"};
 constexpr const char* kUnaryRoles[] = {"x"};
 constexpr const char* kGemmNamedRoles[] = {"scale", "zero", "g_idx"};
+// Per projection, the gemm's roles with the projection's suffix.
+constexpr const char* kMoeNamedRoles[] = {"scale13", "zero13", "g_idx13",
+                                          "scale2",  "zero2",  "g_idx2"};
 
 constexpr std::array<KindInfo, 11> kKinds = {{
     {OpKind::gemm, "gemm", kGemmRoles},
@@ -72,6 +75,19 @@ constexpr AttrSpec kMoeAttrs[] = {
     {"swiglu_limit", AttrKind::real, false,
      "clamped_swiglu: clamp of gate and up, > 0 (default 7)"},
     {"routed_scaling_factor", AttrKind::real, false, "scale of the routed sum (default 1)"},
+    // Quantized experts (one set for both projections; rules_gemm.cpp's rules).
+    {"act_quant", AttrKind::string, false,
+     "i8 experts: how both projections' inputs are quantized per token, \"dynamic_sym\" "
+     "(default) or \"dynamic_asym\""},
+    {"bits", AttrKind::integer, false, "u4 experts: bits per code, 4 (the default and only value)"},
+    {"block_k", AttrKind::integer, false, "f8e4m3 block scales: K per scale block, even, >= 2"},
+    {"block_n", AttrKind::integer, false, "f8e4m3 block scales: N per scale block, >= 1"},
+    {"format", AttrKind::string, false,
+     "u4 experts (required): the checkpoint layout, \"awq\" or \"gptq\""},
+    {"gptq_v2", AttrKind::boolean, false,
+     "u4 gptq experts: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
+    {"group_size", AttrKind::integer, false,
+     "u4 experts: K per scale group, 32, 64, 128 (default) or -1 (one group)"},
 };
 // The quantized weight's attributes; which apply to which weight dtype is a
 // rule of rules_gemm.cpp.
@@ -146,6 +162,7 @@ std::span<const char* const> operand_roles(OpKind kind) {
 
 std::span<const char* const> named_operand_roles(OpKind kind) {
   if (kind == OpKind::gemm) return kGemmNamedRoles;
+  if (kind == OpKind::moe) return kMoeNamedRoles;
   return {};
 }
 
@@ -354,6 +371,9 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       break;
     case OpKind::moe:
       int_at_least("top_k", 1);
+      one_of("format", {"awq", "gptq"});
+      // A fixed activation scale would need one per projection: the API refuses it too.
+      one_of("act_quant", {"dynamic_sym", "dynamic_asym"});
       one_of("activation", [] {
         std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
         v.push_back("clamped_swiglu");

@@ -45,12 +45,37 @@ bool dense(RuleContext& c, size_t i) {
   if (l.kind == LayoutKind::row_major &&
       (l.strides.empty() || l.strides.back() == std::optional<int64_t>(1)))
     return true;
-  return c.fail(cat("operand ", c.who(i), " has layout ", l.str(),
-                    ": gemm takes it row_major with unit stride on the last dim"));
+  return c.fail(cat("operand ", c.who(i), " has layout ", l.str(), ": ", name(c.kind()),
+                    " takes it row_major with unit stride on the last dim"));
 }
 
-// shape == want (static dims), else "operand 'scale' (%s) has shape [..]; <rule>".
-bool shape_is(RuleContext& c, size_t i, const std::vector<int64_t>& want, const std::string& rule) {
+std::string shape_text(const std::vector<int64_t>& s) {
+  return cat("[", join(s, ", ", [](int64_t v) { return std::to_string(v); }), "]");
+}
+
+// The shapes one matrix's tensors have, spelled for messages: "[N]", or
+// "[E, N]" for experts (a leading expert dim).
+std::string spell(const QuantWeight& q, const std::string& inner) {
+  return q.experts ? cat("[E, ", inner, "]") : cat("[", inner, "]");
+}
+
+// The dims of operand i past the expert dim (all of them for a gemm).
+// Experts: dim 0 must be E; std::nullopt (a problem recorded) otherwise.
+std::optional<std::vector<Dim>> per_matrix(RuleContext& c, size_t i, const QuantWeight& q) {
+  const auto& dims = c.type(i).dims;
+  if (!q.experts) return dims;
+  if (dims.empty() || !dims[0].is_static() || dims[0].value != q.e) {
+    c.fail(cat("operand ", c.who(i), " has shape ", shape_str(dims),
+               "; its dim 0 is the expert count E=", q.e, " (one tensor per expert)"));
+    return std::nullopt;
+  }
+  return std::vector<Dim>(dims.begin() + 1, dims.end());
+}
+
+// shape == [E,] want (static dims), else "operand 'scale' (%s) has shape [..]; <rule>".
+bool shape_is(RuleContext& c, size_t i, const QuantWeight& q, std::vector<int64_t> want,
+              const std::string& rule) {
+  if (q.experts) want.insert(want.begin(), q.e);
   const auto& dims = c.type(i).dims;
   bool ok = dims.size() == want.size();
   for (size_t d = 0; ok && d < dims.size(); ++d)
@@ -59,24 +84,22 @@ bool shape_is(RuleContext& c, size_t i, const std::vector<int64_t>& want, const 
   return c.fail(cat("operand ", c.who(i), " has shape ", shape_str(dims), "; ", rule));
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  return cat("[", join(s, ", ", [](int64_t v) { return std::to_string(v); }), "]");
-}
-
-void check_int8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+void check_int8(RuleContext& c, const QuantWeight& q) {
   const Attrs& a = c.attrs();
-  if (k > 65536)
-    c.fail(cat("operand ", c.who(kW), " has K=", k,
+  const size_t scale = *q.scale;
+  if (q.k > 65536)
+    c.fail(cat("operand ", c.who(q.w), " has K=", q.k,
                "; allowed: K <= 65536 for an i8 weight (the int32 sums of u8 x s8 codes stay "
                "exact)"));
   if (c.dtype(scale, {DType::f32}) && dense(c, scale)) {
-    const auto& dims = c.type(scale).dims;
-    const bool ok =
-        dims.size() == 1 && dims[0].is_static() && (dims[0].value == n || dims[0].value == 1);
-    if (!ok)
-      c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
-                 "; an i8 weight takes scale as f32 [N] (per channel, N=", n,
-                 ") or [1] (per tensor)"));
+    if (auto dims = per_matrix(c, scale, q)) {
+      const bool ok = dims->size() == 1 && (*dims)[0].is_static() &&
+                      ((*dims)[0].value == q.n || (*dims)[0].value == 1);
+      if (!ok)
+        c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(c.type(scale).dims),
+                   "; an i8 weight takes ", c.role(scale), " as f32 ", spell(q, "N"),
+                   " (per channel, N=", q.n, ") or ", spell(q, "1"), " (per tensor)"));
+    }
   }
   const std::string mode = a.get_string("act_quant").value_or("dynamic_sym");
   if (mode == "fixed") {
@@ -95,14 +118,18 @@ void check_int8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
   }
 }
 
-void check_fp8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+void check_fp8(RuleContext& c, const QuantWeight& q) {
   const Attrs& a = c.attrs();
+  const size_t scale = *q.scale;
+  const int64_t n = q.n, k = q.k;
   const auto bn = a.get_int("block_n"), bk = a.get_int("block_k");
   if (!c.dtype(scale, {DType::f32}) || !dense(c, scale)) return;
-  const auto& dims = c.type(scale).dims;
-  if (dims.size() == 2) {
+  const auto inner = per_matrix(c, scale, q);
+  if (!inner) return;
+  const auto& all = c.type(scale).dims;
+  if (inner->size() == 2) {
     if (!bn || !bk) {
-      c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
+      c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(all),
                  ": block scales need attributes 'block_n' and 'block_k' (e.g. {block_k = 128, "
                  "block_n = 128})"));
       return;
@@ -113,25 +140,29 @@ void check_fp8(RuleContext& c, size_t scale, int64_t n, int64_t k) {
                  " must be even and >= 2 (a k-pair never straddles two blocks)"));
     if (!c.ok()) return;
     const std::vector<int64_t> want = {ceil_div(n, *bn), ceil_div(k, *bk)};
-    shape_is(c, scale, want,
+    shape_is(c, scale, q, want,
              cat("block scales of ", *bn, "x", *bk, " over N=", n, ", K=", k, " are f32 ",
-                 shape_text(want), " [ceil(N/block_n), ceil(K/block_k)]"));
+                 shape_text(q.experts ? std::vector<int64_t>{q.e, want[0], want[1]} : want), " ",
+                 spell(q, "ceil(N/block_n), ceil(K/block_k)")));
     return;
   }
   for (const char* b : {"block_n", "block_k"})
     if (a.has(b))
-      c.fail(cat("attribute '", b, "' needs block scales: ", c.who(scale), " is ", shape_str(dims),
-                 ", not [ceil(N/block_n), ceil(K/block_k)]"));
-  const bool ok =
-      dims.size() == 1 && dims[0].is_static() && (dims[0].value == n || dims[0].value == 1);
+      c.fail(cat("attribute '", b, "' needs block scales: ", c.who(scale), " is ", shape_str(all),
+                 ", not ", spell(q, "ceil(N/block_n), ceil(K/block_k)")));
+  const bool ok = inner->size() == 1 && (*inner)[0].is_static() &&
+                  ((*inner)[0].value == n || (*inner)[0].value == 1);
   if (!ok)
-    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(dims),
-               "; an f8e4m3 weight takes scale as f32 [1] (per tensor), [N] (per channel, N=", n,
-               ") or [ceil(N/block_n), ceil(K/block_k)] (block scales)"));
+    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(all), "; an f8e4m3 weight takes ",
+               c.role(scale), " as f32 ", spell(q, "1"), " (per tensor), ", spell(q, "N"),
+               " (per channel, N=", n, ") or ", spell(q, "ceil(N/block_n), ceil(K/block_k)"),
+               " (block scales)"));
 }
 
-void check_int4(RuleContext& c, size_t scale, int64_t n, int64_t k) {
+void check_int4(RuleContext& c, const QuantWeight& q) {
   const Attrs& a = c.attrs();
+  const size_t scale = *q.scale;
+  const int64_t n = q.n, k = q.k;
   const auto format = a.get_string("format");
   if (!format)
     c.fail("a u4 weight needs attribute 'format': \"awq\" (AutoAWQ) or \"gptq\" (AutoGPTQ)");
@@ -144,61 +175,86 @@ void check_int4(RuleContext& c, size_t scale, int64_t n, int64_t k) {
   if (format == "awq" && a.get_bool("gptq_v2").value_or(false))
     c.fail("attribute 'gptq_v2' = true applies to format = \"gptq\" only (AWQ stores z itself)");
   if (!c.ok()) return;
-  const std::optional<size_t> zero = c.named("zero"), g_idx = c.named("g_idx");
   if (!c.dtype(scale, {DType::f16, DType::bf16, DType::f32}) || !dense(c, scale)) return;
-  const auto& sd = c.type(scale).dims;
+  const auto sd = per_matrix(c, scale, q);
+  if (!sd) return;
   const int64_t groups = gs < 0 ? 1 : ceil_div(k, gs);
-  if (!g_idx) {
-    shape_is(c, scale, {groups, n},
-             cat("a u4 weight of K=", k, " in groups of ", gs < 0 ? k : gs,
-                 " takes scale as [G, N] = ", shape_text({groups, n})));
-  } else if (sd.size() != 2 || !sd[0].is_static() || sd[0].value < 1 || !sd[1].is_static() ||
-             sd[1].value != n) {
-    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(sd),
-               "; a u4 weight takes scale as [G, N] with G >= 1 static and N=", n));
+  if (!q.g_idx) {
+    shape_is(c, scale, q, {groups, n},
+             cat("a u4 weight of K=", k, " in groups of ", gs < 0 ? k : gs, " takes ",
+                 c.role(scale), " as ", spell(q, "G, N"), " = ",
+                 shape_text(q.experts ? std::vector<int64_t>{q.e, groups, n}
+                                      : std::vector<int64_t>{groups, n})));
+  } else if (sd->size() != 2 || !(*sd)[0].is_static() || (*sd)[0].value < 1 ||
+             !(*sd)[1].is_static() || (*sd)[1].value != n) {
+    c.fail(cat("operand ", c.who(scale), " has shape ", shape_str(c.type(scale).dims),
+               "; a u4 weight takes ", c.role(scale), " as ", spell(q, "G, N"),
+               " with G >= 1 static and N=", n));
   }
   if (!c.ok()) return;
-  const int64_t g = sd[0].value;
-  if (zero && c.dtype(*zero, {DType::u4}) && dense(c, *zero))
-    shape_is(c, *zero, {g, n},
-             cat("zero points are u4 [G, N] like 'scale' (", shape_text({g, n}), ")"));
-  if (g_idx && c.dtype(*g_idx, {DType::i32}) && dense(c, *g_idx))
-    shape_is(c, *g_idx, {k}, cat("g_idx is i32 [K] (the group of each input channel, K=", k, ")"));
+  const int64_t g = (*sd)[0].value;
+  if (q.zero && c.dtype(*q.zero, {DType::u4}) && dense(c, *q.zero))
+    shape_is(
+        c, *q.zero, q, {g, n},
+        cat("zero points are u4 ", spell(q, "G, N"), " like '", c.role(scale), "' (",
+            shape_text(q.experts ? std::vector<int64_t>{q.e, g, n} : std::vector<int64_t>{g, n}),
+            ")"));
+  if (q.g_idx && c.dtype(*q.g_idx, {DType::i32}) && dense(c, *q.g_idx))
+    shape_is(c, *q.g_idx, q, {k},
+             cat("g_idx is i32 ", spell(q, "K"), " (the group of each input channel, K=", k, ")"));
 }
+
+}  // namespace
+
+void check_quant_attr_owners(RuleContext& c, DType wt, const std::string& w_is) {
+  for (const AttrOwner& o : kAttrOwners)
+    if (c.attrs().has(o.attr) && o.dtype != wt)
+      c.fail(cat("attribute '", o.attr, "' applies to ", dtype_name(o.dtype), " weights only; ",
+                 w_is));
+}
+
+void check_quant_weight(RuleContext& c, DType wt, const QuantWeight& q) {
+  const std::string w_is = cat(c.who(q.w), " is ", dtype_name(wt));
+  if (q.zero && wt != DType::u4)
+    c.fail(cat("operand ", c.who(*q.zero), ": an ", dtype_name(wt), " weight has no zero point (",
+               c.role(*q.zero), " is for u4 weights",
+               wt == DType::i8 ? "; x's zero point comes from act_quant)" : ")"));
+  if (q.g_idx && wt != DType::u4)
+    c.fail(cat("operand ", c.who(*q.g_idx), ": an ", dtype_name(wt), " weight has no ",
+               c.role(*q.g_idx), " (", c.role(*q.g_idx), " is for act-order u4 weights)"));
+  if (!q.scale)
+    c.fail(cat("operand ", w_is, ": a quantized weight needs a '", q.scale_role, "' operand (",
+               q.example, ")"));
+  if (!c.ok()) return;
+  if (wt == DType::i8) check_int8(c, q);
+  if (wt == DType::f8e4m3) check_fp8(c, q);
+  if (wt == DType::u4) check_int4(c, q);
+}
+
+namespace {
 
 // The quantized weight's operands and attributes, for w of dtype wt.
 void check_quant(RuleContext& c, DType wt) {
-  const Attrs& a = c.attrs();
-  const std::string w_is = cat(c.who(kW), " is ", dtype_name(wt));
-  for (const AttrOwner& o : kAttrOwners)
-    if (a.has(o.attr) && o.dtype != wt)
-      c.fail(cat("attribute '", o.attr, "' applies to ", dtype_name(o.dtype), " weights only; ",
-                 w_is));
-  const std::optional<size_t> scale = c.named("scale"), zero = c.named("zero"),
-                              g_idx = c.named("g_idx");
+  check_quant_attr_owners(c, wt, cat(c.who(kW), " is ", dtype_name(wt)));
   if (wt == DType::bf16) {
     for (size_t i = 2; i < c.size(); ++i)
       c.fail(cat("operand ", c.who(i), ": a bf16 weight takes no '", c.role(i),
                  "' (scale, zero and g_idx describe i8, f8e4m3 and u4 weights)"));
     return;
   }
-  if (zero && wt != DType::u4)
-    c.fail(cat("operand ", c.who(*zero), ": an ", dtype_name(wt),
-               " weight has no zero point (zero is for u4 weights",
-               wt == DType::i8 ? "; x's zero point comes from act_quant)" : ")"));
-  if (g_idx && wt != DType::u4)
-    c.fail(cat("operand ", c.who(*g_idx), ": an ", dtype_name(wt),
-               " weight has no g_idx (g_idx is for act-order u4 weights)"));
-  if (!scale)
-    c.fail(cat("operand ", w_is, ": a quantized weight needs a 'scale' operand (gemm %", "x, %w, ",
-               "scale = %s)"));
   c.static_dim(kW, 0, "N", "a quantized weight has static dims");
   c.static_dim(kW, 1, "K", "a quantized weight has static dims");
   if (!c.ok()) return;
-  const int64_t n = c.dim(kW, 0).value, k = c.dim(kW, 1).value;
-  if (wt == DType::i8) check_int8(c, *scale, n, k);
-  if (wt == DType::f8e4m3) check_fp8(c, *scale, n, k);
-  if (wt == DType::u4) check_int4(c, *scale, n, k);
+  QuantWeight q;
+  q.w = kW;
+  q.scale = c.named("scale");
+  q.zero = c.named("zero");
+  q.g_idx = c.named("g_idx");
+  q.n = c.dim(kW, 0).value;
+  q.k = c.dim(kW, 1).value;
+  q.scale_role = "scale";
+  q.example = "gemm %x, %w, scale = %s";
+  check_quant_weight(c, wt, q);
 }
 
 }  // namespace

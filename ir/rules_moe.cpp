@@ -1,11 +1,62 @@
 // moe %hidden, %w13, %w2, %topk_weights, %topk_ids: fused mixture of experts.
 // Each token runs through its top_k experts e: act(hidden·w13[e]ᵀ) split in
 // gate/up halves, gate_act(gate)*up, ·w2[e]ᵀ, summed with its routing weights.
+//
+// Quantized experts (docs/ir.md, "Quantized experts"): w13 and w2 both i8,
+// f8e4m3 or u4 with the named operands scale13, zero13, g_idx13 (w13's) and
+// scale2, zero2, g_idx2 (w2's), each tensor the gemm's with a leading [E];
+// the gemm's rules (QuantWeight, rules_gemm.cpp) per projection.
 #include <tuple>
 
 #include "ir/op_rules.h"
 
 namespace tilejit::ir {
+
+namespace {
+
+// The named operands and quantization attributes of experts of dtype wt.
+void check_quant_experts(RuleContext& c, DType wt) {
+  constexpr size_t w13 = 1, w2 = 2;
+  check_quant_attr_owners(c, wt, cat(c.who(w13), " is ", dtype_name(wt)));
+  if (wt == DType::bf16) {
+    for (size_t i = 5; i < c.size(); ++i)
+      c.fail(cat("operand ", c.who(i), ": bf16 experts take no '", c.role(i),
+                 "' (the scale, zero and g_idx operands describe i8, f8e4m3 and u4 experts)"));
+    return;
+  }
+  for (auto [w, name] : {std::tuple{w13, "2*I"}, {w2, "H"}})
+    c.static_dim(w, 1, name, "quantized experts have static dims");
+  c.static_dim(w13, 0, "E", "quantized experts have static dims");
+  c.static_dim(w13, 2, "H", "quantized experts have static dims");
+  if (!c.ok()) return;
+  const int64_t e = c.dim(w13, 0).value, h = c.dim(w13, 2).value, i = c.dim(w2, 2).value;
+  struct Proj {
+    size_t w;
+    const char *scale, *zero, *g_idx, *example;
+    int64_t n, k;
+  };
+  const Proj projs[] = {
+      {w13, "scale13", "zero13", "g_idx13", "moe %h, %w13, %w2, %tw, %ti, scale13 = %s13, ...",
+       2 * i, h},
+      {w2, "scale2", "zero2", "g_idx2", "moe %h, %w13, %w2, %tw, %ti, ..., scale2 = %s2", h, i},
+  };
+  for (const Proj& p : projs) {
+    QuantWeight q;
+    q.w = p.w;
+    q.scale = c.named(p.scale);
+    q.zero = c.named(p.zero);
+    q.g_idx = c.named(p.g_idx);
+    q.n = p.n;
+    q.k = p.k;
+    q.experts = true;
+    q.e = e;
+    q.scale_role = p.scale;
+    q.example = p.example;
+    check_quant_weight(c, wt, q);
+  }
+}
+
+}  // namespace
 
 std::optional<TensorType> check_moe(RuleContext& c) {
   constexpr size_t h = 0, w13 = 1, w2 = 2, tw = 3, ti = 4;
@@ -16,13 +67,31 @@ std::optional<TensorType> check_moe(RuleContext& c) {
   c.rank(ti, 2, "[T, top_k]");
   if (!c.ok()) return std::nullopt;
   c.dtype(h, {DType::bf16});
-  c.dtype(w13, {DType::bf16});
-  c.dtype(w2, {DType::bf16});
+  c.dtype(w13, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
+  c.dtype(w2, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
   c.dtype(tw, {DType::f32});
   c.dtype(ti, {DType::i32});
   c.unit_stride_rows(h);
-  c.weight_layout(w13);
-  c.weight_layout(w2);
+  if (!c.ok()) return std::nullopt;
+  // tilejit::pack_experts refuses w13 and w2 in different formats.
+  if (!c.same_dtype(w2, w13, "w13 and w2 are packed in one format (tilejit::pack_experts)"))
+    return std::nullopt;
+  const DType wt = c.type(w13).dtype;
+  for (size_t w : {w13, w2}) {
+    const Layout& wl = c.type(w).layout;
+    if (wt == DType::bf16) {
+      c.weight_layout(w);
+    } else if (wt == DType::i8) {
+      c.unit_stride_rows(w);
+    } else if (wt == DType::f8e4m3) {
+      if (wl.kind != LayoutKind::row_major)
+        c.fail(cat("operand ", c.who(w), " has layout ", wl.str(),
+                   ": moe takes f8e4m3 experts row_major (any strides)"));
+    } else if (!wl.is_contiguous()) {
+      c.fail(cat("operand ", c.who(w), " has layout ", wl.str(),
+                 ": u4 experts are the checkpoint's int32-packed qweight, contiguous"));
+    }
+  }
   c.unit_stride_rows(tw);
   c.unit_stride_rows(ti);
   if (!c.ok()) return std::nullopt;
@@ -60,6 +129,8 @@ std::optional<TensorType> check_moe(RuleContext& c) {
       return std::nullopt;
     }
   }
+  check_quant_experts(c, wt);
+  if (!c.ok()) return std::nullopt;
   return result(c.type(h).dtype, c.type(h).dims);
 }
 
