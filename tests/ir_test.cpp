@@ -23,8 +23,12 @@ using ::testing::HasSubstr;
 TensorType T(DType dt, std::vector<Dim> dims, Layout l = {}) {
   return TensorType::make(dt, std::move(dims), std::move(l));
 }
-Dim F(int64_t v) { return Dim::fixed(v); }
-Dim S(const char *s) { return Dim::sym(s); }
+Dim F(int64_t v) {
+  return Dim::fixed(v);
+}
+Dim S(const char* s) {
+  return Dim::sym(s);
+}
 
 // The function of the brief: y = bf16(silu(x·wᵀ + bias)).
 Function linear() {
@@ -37,7 +41,7 @@ Function linear() {
   return b.finish();
 }
 
-constexpr const char *kLinearText =
+constexpr const char* kLinearText =
     "func @linear(%x: tensor<?Mx4096xbf16>, %w: tensor<4096x4096xbf16, "
     "packed<vnni2, n_block=64, "
     "k_pair=2>>, %bias: tensor<4096xf32>) -> (tensor<?Mx4096xbf16>) {\n"
@@ -49,34 +53,30 @@ constexpr const char *kLinearText =
     "}\n";
 
 // The message verify() throws, or "" when the function is valid.
-std::string verify_error(const Function &f) {
+std::string verify_error(const Function& f) {
   try {
     verify(f);
-  } catch (const Error &e) {
+  } catch (const Error& e) {
     return e.what();
   }
   return "";
 }
-std::string verify_error(const std::string &text) {
+std::string verify_error(const std::string& text) {
   return verify_error(parse(text));
 }
 
 // The message infer_type throws for `kind` on operands of the given types.
-std::string
-infer_error(OpKind kind,
-            std::vector<std::pair<std::string, TensorType>> operands,
-            const Attrs &attrs = {}) {
+std::string infer_error(OpKind kind, std::vector<std::pair<std::string, TensorType>> operands,
+                        const Attrs& attrs = {}) {
   std::vector<Value> vals;
   for (size_t i = 0; i < operands.size(); ++i) {
-    vals.push_back(
-        Value{static_cast<int>(i), operands[i].first, operands[i].second});
+    vals.push_back(Value{static_cast<int>(i), operands[i].first, operands[i].second});
   }
-  std::vector<const Value *> ptrs;
-  for (const Value &v : vals)
-    ptrs.push_back(&v);
+  std::vector<const Value*> ptrs;
+  for (const Value& v : vals) ptrs.push_back(&v);
   try {
     infer_type(kind, ptrs, attrs);
-  } catch (const Error &e) {
+  } catch (const Error& e) {
     return e.what();
   }
   return "";
@@ -93,9 +93,8 @@ TEST(IrTypes, DimsAndTypesPrint) {
   EXPECT_EQ(T(DType::f32, {}).str(), "tensor<f32>");
   EXPECT_EQ(T(DType::bf16, {F(4096), F(11008)}, Layout::vnni2()).str(),
             "tensor<4096x11008xbf16, packed<vnni2, n_block=64, k_pair=2>>");
-  EXPECT_EQ(
-      T(DType::bf16, {S("M"), F(64)}, Layout::strided({std::nullopt, 1})).str(),
-      "tensor<?Mx64xbf16, strided<[?, 1]>>");
+  EXPECT_EQ(T(DType::bf16, {S("M"), F(64)}, Layout::strided({std::nullopt, 1})).str(),
+            "tensor<?Mx64xbf16, strided<[?, 1]>>");
 }
 
 TEST(IrTypes, FactoriesValidate) {
@@ -104,25 +103,22 @@ TEST(IrTypes, FactoriesValidate) {
   try {
     Dim::sym("max_pos");
     FAIL();
-  } catch (const Error &e) {
+  } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("contains 'x', which separates dims"));
   }
   EXPECT_THROW(Layout::strided({-2}), Error);
-  EXPECT_THROW(Layout::packed("vnni2", {{"n_block", 64}, {"n_block", 32}}),
-               Error);
+  EXPECT_THROW(Layout::packed("vnni2", {{"n_block", 64}, {"n_block", 32}}), Error);
   // Strides must cover the rank; vnni2 is for bf16 of rank >= 2 with k_pair=2.
   EXPECT_THAT(
       [] {
         T(DType::f32, {F(4), F(4)}, Layout::strided({1}));
       },
-      ::testing::ThrowsMessage<Error>(
-          HasSubstr("layout has 1 strides for rank 2")));
+      ::testing::ThrowsMessage<Error>(HasSubstr("layout has 1 strides for rank 2")));
   EXPECT_THAT(
       [] {
         T(DType::f32, {F(4), F(4)}, Layout::vnni2());
       },
-      ::testing::ThrowsMessage<Error>(
-          HasSubstr("does not apply to dtype f32")));
+      ::testing::ThrowsMessage<Error>(HasSubstr("does not apply to dtype f32")));
   EXPECT_THAT([] { T(DType::bf16, {F(4)}, Layout::vnni2()); },
               ::testing::ThrowsMessage<Error>(HasSubstr("needs rank >= 2")));
   EXPECT_THAT(
@@ -132,16 +128,14 @@ TEST(IrTypes, FactoriesValidate) {
       ::testing::ThrowsMessage<Error>(HasSubstr("needs k_pair=2")));
   EXPECT_THAT(
       [] {
-        T(DType::bf16, {F(4), F(4)},
-          Layout::packed("vnni2", {{"n_block", 64}}));
+        T(DType::bf16, {F(4), F(4)}, Layout::packed("vnni2", {{"n_block", 64}}));
       },
       ::testing::ThrowsMessage<Error>(HasSubstr("needs parameter 'k_pair'")));
   EXPECT_THAT(
       [] {
         T(DType::bf16, {F(4), F(4)}, Layout::packed("tiles", {}));
       },
-      ::testing::ThrowsMessage<Error>(
-          HasSubstr("unknown packed format 'tiles'")));
+      ::testing::ThrowsMessage<Error>(HasSubstr("unknown packed format 'tiles'")));
 }
 
 TEST(IrTypes, PackedParamsAreCanonical) {
@@ -150,13 +144,12 @@ TEST(IrTypes, PackedParamsAreCanonical) {
   EXPECT_EQ(a.str(), "packed<vnni2, n_block=64, k_pair=2>");
   EXPECT_EQ(a.param("n_block"), 64);
   EXPECT_EQ(a.param("nope"), std::nullopt);
-  EXPECT_NE(T(DType::bf16, {F(8), F(8)}),
-            T(DType::bf16, {F(8), F(8)}, Layout::vnni2()));
+  EXPECT_NE(T(DType::bf16, {F(8), F(8)}), T(DType::bf16, {F(8), F(8)}, Layout::vnni2()));
 }
 
 TEST(IrTypes, DTypeNames) {
-  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::u8,
-                  DType::i32, DType::f8e4m3, DType::u4}) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::u8, DType::i32,
+                  DType::f8e4m3, DType::u4}) {
     EXPECT_EQ(dtype_from_name(dtype_name(t)), t);
   }
   EXPECT_EQ(dtype_from_name("f64"), std::nullopt);
@@ -166,8 +159,7 @@ TEST(IrTypes, DTypeNames) {
 // -----------------------------------------------------------
 
 TEST(IrOps, NamesRoundTrip) {
-  for (OpKind k : all_op_kinds())
-    EXPECT_EQ(op_kind_from_name(name(k)), k);
+  for (OpKind k : all_op_kinds()) EXPECT_EQ(op_kind_from_name(name(k)), k);
   EXPECT_EQ(op_kind_from_name("conv"), std::nullopt);
   EXPECT_STREQ(name(OpKind::gelu_tanh), "gelu_tanh");
   EXPECT_EQ(operand_roles(OpKind::moe).size(), 5u);
@@ -176,21 +168,21 @@ TEST(IrOps, NamesRoundTrip) {
 TEST(IrOps, AttrsAreSortedTypedAndPrintable) {
   Attrs a{{"style", "neox"},   {"rotary_dim", 64},  {"causal", true},
           {"sm_scale", 0.125}, {"to", DType::bf16}, {"window", IntList{-1, 2}}};
-  EXPECT_EQ(a.str(), "{causal = true, rotary_dim = 64, sm_scale = 0.125, style "
-                     "= \"neox\", to = bf16, "
-                     "window = [-1, 2]}");
+  EXPECT_EQ(a.str(),
+            "{causal = true, rotary_dim = 64, sm_scale = 0.125, style "
+            "= \"neox\", to = bf16, "
+            "window = [-1, 2]}");
   EXPECT_EQ(kind_of(*a.find("rotary_dim")), AttrKind::integer);
   EXPECT_EQ(kind_of(*a.find("style")), AttrKind::string);
   EXPECT_EQ(a.get_int("rotary_dim"), 64);
-  EXPECT_EQ(a.get_double("rotary_dim"), 64.0); // ints read as floats
+  EXPECT_EQ(a.get_double("rotary_dim"), 64.0);  // ints read as floats
   EXPECT_EQ(a.get_string("style"), "neox");
   EXPECT_EQ(a.get_bool("missing"), std::nullopt);
   EXPECT_THROW(a.get_int("style"), Error);
-  EXPECT_EQ(str(AttrValue{1.0}), "1.0"); // a float stays a float in text
+  EXPECT_EQ(str(AttrValue{1.0}), "1.0");  // a float stays a float in text
   EXPECT_EQ(str(AttrValue{1e-30}), "1e-30");
   EXPECT_THROW(Attrs({{"a", 1}, {"a", 2}}), Error);
-  EXPECT_THROW(Attrs().set("x", std::numeric_limits<double>::infinity()),
-               Error);
+  EXPECT_THROW(Attrs().set("x", std::numeric_limits<double>::infinity()), Error);
   EXPECT_EQ((Attrs{{"b", 1}, {"a", 2}}), (Attrs{{"a", 2}, {"b", 1}}));
 }
 
@@ -202,8 +194,7 @@ TEST(IrBuilder, InfersLinearChain) {
   ASSERT_EQ(f.ops.size(), 4u);
   EXPECT_EQ(f.value(f.ops[0].result).type, T(DType::f32, {S("M"), F(4096)}));
   EXPECT_EQ(f.value(f.ops[1].result).type, T(DType::f32, {S("M"), F(4096)}));
-  EXPECT_EQ(f.result_types(),
-            std::vector<TensorType>{T(DType::bf16, {S("M"), F(4096)})});
+  EXPECT_EQ(f.result_types(), std::vector<TensorType>{T(DType::bf16, {S("M"), F(4096)})});
   EXPECT_TRUE(check(f).empty());
   EXPECT_THROW(f.value(99), Error);
 }
@@ -213,17 +204,13 @@ TEST(IrBuilder, ElementwiseBroadcastAndPromotion) {
   int a = b.param("a", T(DType::bf16, {S("M"), F(8)}));
   int v = b.param("v", T(DType::bf16, {F(8)}));
   int c = b.param("c", T(DType::f32, {S("M"), F(8)}));
-  EXPECT_EQ(b.type(b.mul(a, v)),
-            T(DType::bf16, {S("M"), F(8)})); // [N] over [M, N]
-  EXPECT_EQ(b.type(b.mul(v, a)), T(DType::bf16, {S("M"), F(8)})); // either side
-  EXPECT_EQ(b.type(b.add(a, c)),
-            T(DType::f32, {S("M"), F(8)})); // bf16 + f32 -> f32
+  EXPECT_EQ(b.type(b.mul(a, v)), T(DType::bf16, {S("M"), F(8)}));  // [N] over [M, N]
+  EXPECT_EQ(b.type(b.mul(v, a)), T(DType::bf16, {S("M"), F(8)}));  // either side
+  EXPECT_EQ(b.type(b.add(a, c)), T(DType::f32, {S("M"), F(8)}));   // bf16 + f32 -> f32
   EXPECT_EQ(b.type(b.cast(c, DType::f16)), T(DType::f16, {S("M"), F(8)}));
-  EXPECT_EQ(b.type(b.unary(OpKind::gelu_erf, c)),
-            T(DType::f32, {S("M"), F(8)}));
-  EXPECT_THAT(
-      [&] { b.unary(OpKind::add, c); },
-      ::testing::ThrowsMessage<Error>(HasSubstr("add is not an activation")));
+  EXPECT_EQ(b.type(b.unary(OpKind::gelu_erf, c)), T(DType::f32, {S("M"), F(8)}));
+  EXPECT_THAT([&] { b.unary(OpKind::add, c); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("add is not an activation")));
 }
 
 TEST(IrBuilder, InfersAttentionRopeMoe) {
@@ -234,67 +221,61 @@ TEST(IrBuilder, InfersAttentionRopeMoe) {
   int pos = b.param("pos", T(DType::i32, {S("T")}));
   int cs = b.param("cos_sin", T(DType::f32, {S("P"), F(64)}));
   int h = b.param("h", T(DType::bf16, {S("T"), F(256)}));
-  int w13 =
-      b.param("w13", T(DType::bf16, {F(4), F(128), F(256)}, Layout::vnni2()));
-  int w2 =
-      b.param("w2", T(DType::bf16, {F(4), F(256), F(64)}, Layout::vnni2()));
+  int w13 = b.param("w13", T(DType::bf16, {F(4), F(128), F(256)}, Layout::vnni2()));
+  int w2 = b.param("w2", T(DType::bf16, {F(4), F(256), F(64)}, Layout::vnni2()));
   int tw = b.param("tw", T(DType::f32, {S("T"), F(2)}));
   int ti = b.param("ti", T(DType::i32, {S("T"), F(2)}));
   int qr = b.rope(q, pos, cs, {{"style", "gptj"}, {"rotary_dim", 64}});
   EXPECT_EQ(b.type(qr), b.type(q));
   int o = b.attention(qr, k, v, {{"causal", true}});
-  EXPECT_EQ(b.type(o), T(DType::bf16, {S("T"), F(32), F(64)})); // [T, Hq, Dv]
+  EXPECT_EQ(b.type(o), T(DType::bf16, {S("T"), F(32), F(64)}));  // [T, Hq, Dv]
   int m = b.moe(h, w13, w2, tw, ti, {{"top_k", 2}});
   EXPECT_EQ(b.type(m), b.type(h));
   b.ret({o, m});
   Function f = b.finish();
   EXPECT_EQ(f.results.size(), 2u);
-  EXPECT_THROW(b.finish(), Error); // spent
+  EXPECT_THROW(b.finish(), Error);  // spent
 }
 
 TEST(IrBuilder, ErrorsNameOpOperandAndRule) {
   Builder b("bad");
   int x = b.param("x", T(DType::bf16, {S("M"), F(64)}));
   int w = b.param("w", T(DType::bf16, {F(32), F(100)}));
-  EXPECT_THAT(
-      [&] { b.gemm(x, w); },
-      ::testing::ThrowsMessage<Error>("gemm: operand 'w' (%w) has K=100 but "
-                                      "'x' (%x) has K=64: the reduction dims "
-                                      "must match"));
+  EXPECT_THAT([&] { b.gemm(x, w); },
+              ::testing::ThrowsMessage<Error>("gemm: operand 'w' (%w) has K=100 but "
+                                              "'x' (%x) has K=64: the reduction dims "
+                                              "must match"));
   int y = b.param("y", T(DType::f32, {S("M"), F(7)}));
   int z = b.param("z", T(DType::f32, {F(8)}));
   EXPECT_THAT([&] { b.add(y, z); },
-              ::testing::ThrowsMessage<Error>(HasSubstr(
-                  "add: operand 'b' (%z) has shape [8] but 'a' (%y) has shape "
-                  "[?M, 7]: add needs "
-                  "equal shapes, or a [N] operand broadcast over [..., N]")));
-  EXPECT_THROW(b.add(y, 42), Error); // no such value
-  EXPECT_EQ(infer_error(OpKind::gemm, {{"x", b.type(x)}}),
-            "gemm: takes 2 operands (x, w), got 1");
-  EXPECT_THROW(b.param("x", T(DType::f32, {})), Error); // name taken
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("add: operand 'b' (%z) has shape [8] but 'a' (%y) has shape "
+                            "[?M, 7]: add needs "
+                            "equal shapes, or a [N] operand broadcast over [..., N]")));
+  EXPECT_THROW(b.add(y, 42), Error);  // no such value
+  EXPECT_EQ(infer_error(OpKind::gemm, {{"x", b.type(x)}}), "gemm: takes 2 operands (x, w), got 1");
+  EXPECT_THROW(b.param("x", T(DType::f32, {})), Error);  // name taken
   b.unary(OpKind::relu, y);
-  EXPECT_THAT(
-      [&] { b.param("late", T(DType::f32, {})); },
-      ::testing::ThrowsMessage<Error>(HasSubstr("before the first op")));
-  EXPECT_THAT([&] { b.finish(); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("has no return")));
+  EXPECT_THAT([&] { b.param("late", T(DType::f32, {})); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("before the first op")));
+  EXPECT_THAT([&] { b.finish(); }, ::testing::ThrowsMessage<Error>(HasSubstr("has no return")));
 }
 
 // ---- printer
 // -------------------------------------------------------------------
 
-TEST(IrPrinter, LinearGolden) { EXPECT_EQ(print(linear()), kLinearText); }
+TEST(IrPrinter, LinearGolden) {
+  EXPECT_EQ(print(linear()), kLinearText);
+}
 
 TEST(IrPrinter, AttentionGolden) {
   Builder b("attn");
   int q = b.param("q", T(DType::bf16, {S("T"), F(32), F(128)}));
-  int k = b.param("k", T(DType::bf16, {S("S"), F(8), F(128)},
-                         Layout::strided({std::nullopt, 128, 1})));
+  int k =
+      b.param("k", T(DType::bf16, {S("S"), F(8), F(128)}, Layout::strided({std::nullopt, 128, 1})));
   int v = b.param("v", T(DType::bf16, {S("S"), F(8), F(128)}));
   b.ret({b.attention(q, k, v,
-                     {{"causal", true},
-                      {"sm_scale", 0.08838834764831845},
-                      {"window_left", -1}})});
+                     {{"causal", true}, {"sm_scale", 0.08838834764831845}, {"window_left", -1}})});
   EXPECT_EQ(print(b.finish()),
             "func @attn(%q: tensor<?Tx32x128xbf16>, %k: tensor<?Sx8x128xbf16, "
             "strided<[?, 128, "
@@ -318,7 +299,7 @@ TEST(IrPrinter, MalformedFunctionStillPrints) {
 // ---- parser: round trips
 // ----------------------------------------------------------
 
-const char *const kRoundTripPrograms[] = {
+const char* const kRoundTripPrograms[] = {
     kLinearText,
     // bias only, strided x, two results
     "func @linear_bias(%x: tensor<?Mx512xbf16, strided<[?, 1]>>, %w: "
@@ -373,10 +354,10 @@ const char *const kRoundTripPrograms[] = {
 };
 
 TEST(IrParser, RoundTrips) {
-  for (const char *text : kRoundTripPrograms) {
+  for (const char* text : kRoundTripPrograms) {
     SCOPED_TRACE(text);
     Function f = parse(text);
-    EXPECT_EQ(print(f), text); // the programs are written in printed form
+    EXPECT_EQ(print(f), text);  // the programs are written in printed form
     EXPECT_EQ(print(parse(print(f))), print(f));
     EXPECT_EQ(parse(print(f)), f);
   }
@@ -391,10 +372,11 @@ TEST(IrParser, BuilderFunctionsRoundTripStructurally) {
 }
 
 TEST(IrParser, AcceptsCommentsAndFreeLayout) {
-  Function f = parse("// a comment\n"
-                     "func @f(  %x :tensor< 4xf32 , strided<[ ? ]> >)->( "
-                     "tensor<4xf32>){ // trailing\n"
-                     "%r=relu %x:tensor<4xf32>   return %r}");
+  Function f = parse(
+      "// a comment\n"
+      "func @f(  %x :tensor< 4xf32 , strided<[ ? ]> >)->( "
+      "tensor<4xf32>){ // trailing\n"
+      "%r=relu %x:tensor<4xf32>   return %r}");
   EXPECT_EQ(print(f),
             "func @f(%x: tensor<4xf32, strided<[?]>>) -> (tensor<4xf32>) {\n"
             "  %r = relu %x : tensor<4xf32>\n"
@@ -407,10 +389,10 @@ TEST(IrParser, AcceptsCommentsAndFreeLayout) {
 // -------------------------------------------
 
 struct ErrorCase {
-  const char *text;
+  const char* text;
   int line;
   int col;
-  const char *message;
+  const char* message;
 };
 
 TEST(IrParser, ErrorsCarryLineAndColumn) {
@@ -423,18 +405,15 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
        "tensor<4xf32>\n"
        "  return %0\n}\n",
        2, 13, "use of undefined value %y"},
-      {"func @f(%x: tensor<4xq7>) -> () {\n  return\n}\n", 1, 22,
-       "unknown dtype 'q7'"},
-      {"func @f(%x: tensor<4 4xf32>) -> () {\n  return\n}\n", 1, 21,
-       "expected 'x' after a dim"},
-      {"func @f(%x: tensor<4xf32>, %x: tensor<4xf32>) -> () {\n  return\n}\n",
-       1, 28, "redefinition of %x (first defined at 1:9)"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xbf16>) {\n  return %x\n}\n", 1,
-       32,
+      {"func @f(%x: tensor<4xq7>) -> () {\n  return\n}\n", 1, 22, "unknown dtype 'q7'"},
+      {"func @f(%x: tensor<4 4xf32>) -> () {\n  return\n}\n", 1, 21, "expected 'x' after a dim"},
+      {"func @f(%x: tensor<4xf32>, %x: tensor<4xf32>) -> () {\n  return\n}\n", 1, 28,
+       "redefinition of %x (first defined at 1:9)"},
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xbf16>) {\n  return %x\n}\n", 1, 32,
        "result 0 is declared tensor<4xbf16> but the returned %x is "
        "tensor<4xf32>"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x, %x\n}\n",
-       2, 3, "return gives 2 value(s) but @f declares 1 result(s)"},
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x, %x\n}\n", 2, 3,
+       "return gives 2 value(s) but @f declares 1 result(s)"},
       {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %x {s = "
        "\"abc\n",
        2, 21, "unterminated string"},
@@ -442,32 +421,31 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
        "neox} : "
        "tensor<4xf32>\n  return %0\n}\n",
        2, 21, "unknown attribute value 'neox' (strings are quoted: \"neox\")"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x\n}\n}", 4,
-       1, "expected end of input after '}', got '}'"},
-      {"func @f(%x: tensor<4x4xf32, packed<blocky>>) -> () {\n  return\n}\n", 1,
-       13, "unknown packed format 'blocky'"},
-      {"func @f(%x: tensor<4x4xf32, strided<[1]>>) -> () {\n  return\n}\n", 1,
-       13, "layout has 1 strides for rank 2"},
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x\n}\n}", 4, 1,
+       "expected end of input after '}', got '}'"},
+      {"func @f(%x: tensor<4x4xf32, packed<blocky>>) -> () {\n  return\n}\n", 1, 13,
+       "unknown packed format 'blocky'"},
+      {"func @f(%x: tensor<4x4xf32, strided<[1]>>) -> () {\n  return\n}\n", 1, 13,
+       "layout has 1 strides for rank 2"},
       {"func @f(%x: tensor<4x4xf32, tiled<1>>) -> () {\n  return\n}\n", 1, 29,
        "unknown layout 'tiled'"},
-      {"func @f(%x: tensor<99999999999999999999xf32>) -> () {\n  return\n}\n",
-       1, 20, "out of range"},
+      {"func @f(%x: tensor<99999999999999999999xf32>) -> () {\n  return\n}\n", 1, 20,
+       "out of range"},
       {"func @f(%x: tensor<?max_posx4xf32>) -> () {\n  return\n}\n", 1, 24,
        "dim symbols end at the first 'x'"},
       {"", 1, 1, "expected 'func', got end of input"},
   };
-  for (const ErrorCase &c : cases) {
+  for (const ErrorCase& c : cases) {
     SCOPED_TRACE(c.text);
     try {
       parse(c.text, "t.tir");
       ADD_FAILURE() << "no error";
-    } catch (const ParseError &e) {
+    } catch (const ParseError& e) {
       EXPECT_EQ(e.line(), c.line);
       EXPECT_EQ(e.col(), c.col);
       EXPECT_THAT(e.detail(), HasSubstr(c.message));
-      EXPECT_EQ(std::string(e.what()),
-                std::string("t.tir:") + std::to_string(c.line) + ":" +
-                    std::to_string(c.col) + ": error: " + e.detail());
+      EXPECT_EQ(std::string(e.what()), std::string("t.tir:") + std::to_string(c.line) + ":" +
+                                           std::to_string(c.col) + ": error: " + e.detail());
       EXPECT_EQ(e.file(), "t.tir");
     }
   }
@@ -477,13 +455,12 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
 // -------------------------------------------
 
 // Parses `text`; any outcome but success or ParseError is a failure.
-void parse_or_parse_error(const std::string &text) {
+void parse_or_parse_error(const std::string& text) {
   try {
     parse(text);
-  } catch (const ParseError &) {
-  } catch (const std::exception &e) {
-    ADD_FAILURE() << "non-ParseError exception " << e.what() << " on:\n"
-                  << text;
+  } catch (const ParseError&) {
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "non-ParseError exception " << e.what() << " on:\n" << text;
   }
 }
 
@@ -517,7 +494,7 @@ TEST(IrParser, MalformedInputThrowsParseError) {
       "return %0 } extra",
       "func @f() -> () { %0 = relu %0 : tensor<f32> return }",
   };
-  for (const std::string &s : bad) {
+  for (const std::string& s : bad) {
     SCOPED_TRACE(s);
     EXPECT_THROW(parse(s), ParseError);
   }
@@ -529,25 +506,23 @@ TEST(IrParser, MalformedInputThrowsParseError) {
   }
   // Random byte edits either parse or raise ParseError.
   std::mt19937 rng(1234);
-  const std::string alphabet =
-      "%@<>{}[](),:=?x-.\"\\ \n0123456789abcdefgijklmnopqrstuvwz\x01\x80";
+  const std::string alphabet = "%@<>{}[](),:=?x-.\"\\ \n0123456789abcdefgijklmnopqrstuvwz\x01\x80";
   for (int i = 0; i < 3000; ++i) {
     std::string s = kRoundTripPrograms[i % std::size(kRoundTripPrograms)];
     for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
       size_t at = rng() % s.size();
       switch (rng() % 3) {
-      case 0:
-        s[at] = alphabet[rng() % alphabet.size()];
-        break;
-      case 1:
-        s.erase(at, 1 + rng() % 4);
-        break;
-      default:
-        s.insert(at, 1, alphabet[rng() % alphabet.size()]);
-        break;
+        case 0:
+          s[at] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 4);
+          break;
+        default:
+          s.insert(at, 1, alphabet[rng() % alphabet.size()]);
+          break;
       }
-      if (s.empty())
-        s.push_back('x');
+      if (s.empty()) s.push_back('x');
     }
     parse_or_parse_error(s);
   }
@@ -557,24 +532,20 @@ TEST(IrParser, MalformedInputThrowsParseError) {
 // ---------------------------------------------------
 
 // A gemm program with the given x and w types and result type.
-std::string gemm_text(const std::string &x, const std::string &w,
-                      const std::string &r) {
-  return "func @g(%x: " + x + ", %w: " + w + ") -> (" + r +
-         ") {\n  %0 = gemm %x, %w : " + r + "\n  return %0\n}\n";
+std::string gemm_text(const std::string& x, const std::string& w, const std::string& r) {
+  return "func @g(%x: " + x + ", %w: " + w + ") -> (" + r + ") {\n  %0 = gemm %x, %w : " + r +
+         "\n  return %0\n}\n";
 }
 
 TEST(IrVerifier, Structure) {
   Function f = linear();
-  std::swap(f.ops[0], f.ops[1]); // add before the gemm that defines its operand
-  EXPECT_THAT(
-      verify_error(f),
-      HasSubstr("%1 = add: operand 'a' (%0) is used before it is defined"));
+  std::swap(f.ops[0], f.ops[1]);  // add before the gemm that defines its operand
+  EXPECT_THAT(verify_error(f),
+              HasSubstr("%1 = add: operand 'a' (%0) is used before it is defined"));
 
   f = linear();
   f.ops[2].result = f.ops[1].result;
-  EXPECT_THAT(
-      verify_error(f),
-      HasSubstr("%1 = silu: redefines %1 (each value is defined once)"));
+  EXPECT_THAT(verify_error(f), HasSubstr("%1 = silu: redefines %1 (each value is defined once)"));
 
   f = linear();
   f.results = {17};
@@ -586,27 +557,23 @@ TEST(IrVerifier, Structure) {
 
   f = linear();
   f.values[3].name = "x";
-  EXPECT_THAT(verify_error(f),
-              HasSubstr("value %x is named twice (ids 0 and 3)"));
+  EXPECT_THAT(verify_error(f), HasSubstr("value %x is named twice (ids 0 and 3)"));
 
   f = linear();
-  f.ops.pop_back(); // %3 is returned but no longer defined
+  f.ops.pop_back();  // %3 is returned but no longer defined
   EXPECT_THAT(verify_error(f), HasSubstr("return: %3 is not defined"));
 
   f = linear();
   f.ops[0].operands.push_back(2);
-  EXPECT_THAT(verify_error(f),
-              HasSubstr("%0 = gemm: takes 2 operands (x, w), got 3"));
+  EXPECT_THAT(verify_error(f), HasSubstr("%0 = gemm: takes 2 operands (x, w), got 3"));
 }
 
 TEST(IrVerifier, ValueTypesAreWellFormed) {
   Function f = linear();
-  f.values[0].type.layout.strides = {1}; // rank 2, one stride
-  EXPECT_THAT(
-      verify_error(f),
-      HasSubstr(
-          "value %x: tensor<?Mx4096xbf16, strided<[1]>>: layout has 1 strides "
-          "for rank 2"));
+  f.values[0].type.layout.strides = {1};  // rank 2, one stride
+  EXPECT_THAT(verify_error(f),
+              HasSubstr("value %x: tensor<?Mx4096xbf16, strided<[1]>>: layout has 1 strides "
+                        "for rank 2"));
   f = linear();
   f.values[1].type.layout.format = "q4_0";
   EXPECT_THAT(verify_error(f), HasSubstr("value %w: "));
@@ -614,222 +581,169 @@ TEST(IrVerifier, ValueTypesAreWellFormed) {
 }
 
 TEST(IrVerifier, ResultTypeMustMatchInference) {
-  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16>",
-                                     "tensor<?Mx32xbf16>")),
-              HasSubstr("%0 = gemm: result type tensor<?Mx32xbf16> does not "
-                        "match the inferred type "
-                        "tensor<?Mx32xf32>"));
+  EXPECT_THAT(
+      verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16>", "tensor<?Mx32xbf16>")),
+      HasSubstr("%0 = gemm: result type tensor<?Mx32xbf16> does not "
+                "match the inferred type "
+                "tensor<?Mx32xf32>"));
 }
 
 TEST(IrVerifier, GemmRules) {
   const std::string r = "tensor<?Mx32xf32>";
-  EXPECT_EQ(
-      verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16>", r)),
-      "");
-  EXPECT_EQ(verify_error(gemm_text(
-                "tensor<?Mx64xbf16, strided<[?, 1]>>",
-                "tensor<32x64xbf16, packed<vnni2, n_block=16, k_pair=2>>", r)),
+  EXPECT_EQ(verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16>", r)), "");
+  EXPECT_EQ(verify_error(gemm_text("tensor<?Mx64xbf16, strided<[?, 1]>>",
+                                   "tensor<32x64xbf16, packed<vnni2, n_block=16, k_pair=2>>", r)),
             "");
+  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xf32>", "tensor<32x64xbf16>", r)),
+              HasSubstr("%0 = gemm: operand 'x' (%x) has dtype f32: gemm takes x as bf16"));
+  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xf16>", r)),
+              HasSubstr("%0 = gemm: operand 'w' (%w) has dtype f16: gemm takes w as bf16"));
   EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx64xf32>", "tensor<32x64xbf16>", r)),
-      HasSubstr(
-          "%0 = gemm: operand 'x' (%x) has dtype f32: gemm takes x as bf16"));
-  EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xf16>", r)),
-      HasSubstr(
-          "%0 = gemm: operand 'w' (%w) has dtype f16: gemm takes w as bf16"));
-  EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx64xbf16, strided<[1, ?]>>",
-                             "tensor<32x64xbf16>", r)),
-      HasSubstr(
-          "operand 'x' (%x) has layout strided<[1, ?]>: gemm takes x row_major "
-          "with unit stride on the last dim"));
-  EXPECT_THAT(verify_error(gemm_text(
-                  "tensor<?Mx64xbf16, packed<vnni2, n_block=64, k_pair=2>>",
-                  "tensor<32x64xbf16>", r)),
+      verify_error(gemm_text("tensor<?Mx64xbf16, strided<[1, ?]>>", "tensor<32x64xbf16>", r)),
+      HasSubstr("operand 'x' (%x) has layout strided<[1, ?]>: gemm takes x row_major "
+                "with unit stride on the last dim"));
+  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xbf16, packed<vnni2, n_block=64, k_pair=2>>",
+                                     "tensor<32x64xbf16>", r)),
               HasSubstr("operand 'x' (%x) has layout packed<vnni2"));
   EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx64xbf16>",
-                             "tensor<32x64xbf16, strided<[1, 32]>>", r)),
+      verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16, strided<[1, 32]>>", r)),
       HasSubstr("gemm takes w row_major (unit stride on the last dim) or "
                 "packed<vnni2>"));
-  EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x100xbf16>", r)),
-      HasSubstr(
-          "%0 = gemm: operand 'w' (%w) has K=100 but 'x' (%x) has K=64: the "
-          "reduction dims must match"));
-  EXPECT_THAT(
-      verify_error(gemm_text("tensor<?Mx?Kx64xbf16>", "tensor<32x64xbf16>", r)),
-      HasSubstr("operand 'x' (%x) has rank 3 (tensor<?Mx?Kx64xbf16>): gemm "
-                "takes x as "
-                "[M, K]"));
+  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x100xbf16>", r)),
+              HasSubstr("%0 = gemm: operand 'w' (%w) has K=100 but 'x' (%x) has K=64: the "
+                        "reduction dims must match"));
+  EXPECT_THAT(verify_error(gemm_text("tensor<?Mx?Kx64xbf16>", "tensor<32x64xbf16>", r)),
+              HasSubstr("operand 'x' (%x) has rank 3 (tensor<?Mx?Kx64xbf16>): gemm "
+                        "takes x as "
+                        "[M, K]"));
 }
 
 // A unary/binary elementwise program: "%0 = <op> <operands> <attrs> : <r>".
-std::string ew_text(const std::string &params, const std::string &op,
-                    const std::string &r) {
+std::string ew_text(const std::string& params, const std::string& op, const std::string& r) {
   return "func @e(" + params + ") -> (" + r + ") {\n  %0 = " + op + " : " + r +
          "\n  return %0\n}\n";
 }
 
 TEST(IrVerifier, ElementwiseRules) {
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<4x8xf32>, %b: tensor<4xf32>", "add %a, %b",
+                                   "tensor<4x8xf32>")),
+              HasSubstr("%0 = add: operand 'b' (%b) has shape [4] but 'a' (%a) has shape [4, "
+                        "8]: add needs equal shapes, or a [N] operand broadcast over [..., "
+                        "N]"));
   EXPECT_THAT(
-      verify_error(ew_text("%a: tensor<4x8xf32>, %b: tensor<4xf32>",
-                           "add %a, %b", "tensor<4x8xf32>")),
-      HasSubstr(
-          "%0 = add: operand 'b' (%b) has shape [4] but 'a' (%a) has shape [4, "
-          "8]: add needs equal shapes, or a [N] operand broadcast over [..., "
-          "N]"));
-  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xi32>, %b: tensor<8xf32>",
-                                   "mul %a, %b", "tensor<8xf32>")),
-              HasSubstr("%0 = mul: operand 'a' (%a) has dtype i32: mul takes a "
-                        "as f32, bf16"));
-  EXPECT_THAT(verify_error(ew_text(
-                  "%a: tensor<8x8xbf16, packed<vnni2, n_block=8, k_pair=2>>, "
-                  "%b: tensor<8xbf16>",
-                  "mul %a, %b", "tensor<8x8xbf16>")),
+      verify_error(ew_text("%a: tensor<8xi32>, %b: tensor<8xf32>", "mul %a, %b", "tensor<8xf32>")),
+      HasSubstr("%0 = mul: operand 'a' (%a) has dtype i32: mul takes a "
+                "as f32, bf16"));
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8x8xbf16, packed<vnni2, n_block=8, k_pair=2>>, "
+                                   "%b: tensor<8xbf16>",
+                                   "mul %a, %b", "tensor<8x8xbf16>")),
               HasSubstr("mul takes row_major operands"));
-  EXPECT_THAT(
-      verify_error(ew_text("%a: tensor<8xbf16>", "silu %a", "tensor<8xbf16>")),
-      HasSubstr("%0 = silu: operand 'x' (%a) has dtype bf16: silu is "
-                "elementwise on f32"));
-  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xf32>", "cast %a {to = i8}",
-                                   "tensor<8xi8>")),
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xbf16>", "silu %a", "tensor<8xbf16>")),
+              HasSubstr("%0 = silu: operand 'x' (%a) has dtype bf16: silu is "
+                        "elementwise on f32"));
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xf32>", "cast %a {to = i8}", "tensor<8xi8>")),
               HasSubstr("%0 = cast: target dtype i8 is not supported: cast "
                         "converts to f32, bf16 "
                         "or f16"));
-  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xu4>", "cast %a {to = f32}",
-                                   "tensor<8xf32>")),
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xu4>", "cast %a {to = f32}", "tensor<8xf32>")),
               HasSubstr("operand 'x' (%a) has dtype u4"));
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xf32>", "cast %a", "tensor<8xf32>")),
+              HasSubstr("%0 = cast: missing required attribute 'to'"));
   EXPECT_THAT(
-      verify_error(ew_text("%a: tensor<8xf32>", "cast %a", "tensor<8xf32>")),
-      HasSubstr("%0 = cast: missing required attribute 'to'"));
-  EXPECT_THAT(
-      verify_error(ew_text("%a: tensor<8xf32>", "cast %a {to = \"bf16\"}",
-                           "tensor<8xbf16>")),
+      verify_error(ew_text("%a: tensor<8xf32>", "cast %a {to = \"bf16\"}", "tensor<8xbf16>")),
       HasSubstr("attribute 'to' is a string (\"bf16\"), expected a dtype"));
-  EXPECT_THAT(
-      verify_error(ew_text("%a: tensor<8xf32>", "relu %a {alpha = 0.1}",
-                           "tensor<8xf32>")),
-      HasSubstr(
-          "%0 = relu: unknown attribute 'alpha' (relu takes no attributes)"));
+  EXPECT_THAT(verify_error(ew_text("%a: tensor<8xf32>", "relu %a {alpha = 0.1}", "tensor<8xf32>")),
+              HasSubstr("%0 = relu: unknown attribute 'alpha' (relu takes no attributes)"));
 }
 
-std::string attn_text(const std::string &q, const std::string &k,
-                      const std::string &v, const std::string &attrs,
-                      const std::string &r) {
+std::string attn_text(const std::string& q, const std::string& k, const std::string& v,
+                      const std::string& attrs, const std::string& r) {
   return "func @a(%q: " + q + ", %k: " + k + ", %v: " + v + ") -> (" + r +
-         ") {\n  %0 = attention %q, %k, %v " + attrs + " : " + r +
-         "\n  return %0\n}\n";
+         ") {\n  %0 = attention %q, %k, %v " + attrs + " : " + r + "\n  return %0\n}\n";
 }
 
 TEST(IrVerifier, AttentionRules) {
-  auto q = [](const char *s) { return std::string("tensor<") + s + ">"; };
-  EXPECT_EQ(verify_error(attn_text(q("?Tx32x576xbf16"), q("?Sx1x576xbf16"),
-                                   q("?Sx1x512xbf16"), "{window_left = -1}",
-                                   q("?Tx32x512xbf16"))),
+  auto q = [](const char* s) { return std::string("tensor<") + s + ">"; };
+  EXPECT_EQ(verify_error(attn_text(q("?Tx32x576xbf16"), q("?Sx1x576xbf16"), q("?Sx1x512xbf16"),
+                                   "{window_left = -1}", q("?Tx32x512xbf16"))),
             "");
   // Any even head dim (100, SigLIP's 72) is accepted; an odd one is not.
-  EXPECT_EQ(verify_error(attn_text(q("?Tx32x100xbf16"), q("?Sx8x100xbf16"),
-                                   q("?Sx8x72xbf16"), "", q("?Tx32x72xbf16"))),
+  EXPECT_EQ(verify_error(attn_text(q("?Tx32x100xbf16"), q("?Sx8x100xbf16"), q("?Sx8x72xbf16"), "",
+                                   q("?Tx32x72xbf16"))),
             "");
-  EXPECT_THAT(
-      verify_error(attn_text(q("?Tx32x101xbf16"), q("?Sx8x101xbf16"),
-                             q("?Sx8x101xbf16"), "", q("?Tx32x101xbf16"))),
-      HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=101: head "
-                "dims must be "
-                "even (multiples of 2) in [2, 576]"));
-  EXPECT_THAT(
-      verify_error(attn_text(q("?Tx32x128xbf16"), q("?Sx8x128xbf16"),
-                             q("?Sx8x592xbf16"), "", q("?Tx32x592xbf16"))),
-      HasSubstr("operand 'v' (%v) has head dim Dv=592"));
-  EXPECT_THAT(
-      verify_error(attn_text(q("?Tx6x128xbf16"), q("?Sx4x128xbf16"),
-                             q("?Sx4x128xbf16"), "", q("?Tx6x128xbf16"))),
-      HasSubstr("operand 'q' (%q) has Hq=6 but 'k' (%k) has Hkv=4: Hq must be "
-                "a multiple "
-                "of Hkv"));
-  EXPECT_THAT(
-      verify_error(attn_text(q("?Tx?Hx128xbf16"), q("?Sx4x128xbf16"),
-                             q("?Sx4x128xbf16"), "", q("?Tx?Hx128xbf16"))),
-      HasSubstr("cannot prove Hq is a multiple of Hkv"));
-  EXPECT_THAT(verify_error(attn_text(q("?Tx8x?Dxbf16"), q("?Sx8x?Dxbf16"),
-                                     q("?Sx8x?Dxbf16"), "", q("?Tx8x?Dxbf16"))),
+  EXPECT_THAT(verify_error(attn_text(q("?Tx32x101xbf16"), q("?Sx8x101xbf16"), q("?Sx8x101xbf16"),
+                                     "", q("?Tx32x101xbf16"))),
+              HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=101: head "
+                        "dims must be "
+                        "even (multiples of 2) in [2, 576]"));
+  EXPECT_THAT(verify_error(attn_text(q("?Tx32x128xbf16"), q("?Sx8x128xbf16"), q("?Sx8x592xbf16"),
+                                     "", q("?Tx32x592xbf16"))),
+              HasSubstr("operand 'v' (%v) has head dim Dv=592"));
+  EXPECT_THAT(verify_error(attn_text(q("?Tx6x128xbf16"), q("?Sx4x128xbf16"), q("?Sx4x128xbf16"), "",
+                                     q("?Tx6x128xbf16"))),
+              HasSubstr("operand 'q' (%q) has Hq=6 but 'k' (%k) has Hkv=4: Hq must be "
+                        "a multiple "
+                        "of Hkv"));
+  EXPECT_THAT(verify_error(attn_text(q("?Tx?Hx128xbf16"), q("?Sx4x128xbf16"), q("?Sx4x128xbf16"),
+                                     "", q("?Tx?Hx128xbf16"))),
+              HasSubstr("cannot prove Hq is a multiple of Hkv"));
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x?Dxbf16"), q("?Sx8x?Dxbf16"), q("?Sx8x?Dxbf16"), "",
+                                     q("?Tx8x?Dxbf16"))),
               HasSubstr("operand 'q' (%q) has D=?D: head dims must be static"));
-  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xf16"),
-                                     q("?Sx8x64xbf16"), "", q("?Tx8x64xbf16"))),
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xf16"), q("?Sx8x64xbf16"), "",
+                                     q("?Tx8x64xbf16"))),
               HasSubstr("operand 'k' (%k) has dtype f16 but 'q' (%q) has bf16: "
                         "q, k and v share "
                         "one dtype"));
-  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"),
-                                     q("?Ux8x64xbf16"), "", q("?Tx8x64xbf16"))),
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Ux8x64xbf16"), "",
+                                     q("?Tx8x64xbf16"))),
               HasSubstr("operand 'v' (%v) has S=?U but 'k' (%k) has S=?S"));
-  EXPECT_THAT(
-      verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"),
-                             q("?Sx8x64xbf16"), "{sm_scale = -1.0}",
-                             q("?Tx8x64xbf16"))),
-      HasSubstr("%0 = attention: attribute 'sm_scale' = -1 must be > 0"));
-  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"),
-                                     q("?Sx8x64xbf16"), "{window_left = -2}",
-                                     q("?Tx8x64xbf16"))),
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
+                                     "{sm_scale = -1.0}", q("?Tx8x64xbf16"))),
+              HasSubstr("%0 = attention: attribute 'sm_scale' = -1 must be > 0"));
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
+                                     "{window_left = -2}", q("?Tx8x64xbf16"))),
               HasSubstr("attribute 'window_left' = -2 must be >= -1"));
-  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"),
-                                     q("?Sx8x64xbf16"), "{causal = 1}",
-                                     q("?Tx8x64xbf16"))),
+  EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
+                                     "{causal = 1}", q("?Tx8x64xbf16"))),
               HasSubstr("attribute 'causal' is a int (1), expected a bool"));
 }
 
-std::string rope_text(const std::string &q, const std::string &pos,
-                      const std::string &cs, const std::string &attrs) {
+std::string rope_text(const std::string& q, const std::string& pos, const std::string& cs,
+                      const std::string& attrs) {
   return "func @r(%q: " + q + ", %pos: " + pos + ", %cs: " + cs + ") -> (" + q +
-         ") {\n  %0 = rope %q, %pos, %cs " + attrs + " : " + q +
-         "\n  return %0\n}\n";
+         ") {\n  %0 = rope %q, %pos, %cs " + attrs + " : " + q + "\n  return %0\n}\n";
 }
 
 TEST(IrVerifier, RopeRules) {
   const std::string q = "tensor<?Tx8x128xbf16>", pos = "tensor<?Txi32>";
-  EXPECT_EQ(
-      verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "{rotary_dim = 64}")),
-      "");
+  EXPECT_EQ(verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "{rotary_dim = 64}")), "");
   // int64 positions, as PyTorch engines pass them.
-  EXPECT_EQ(
-      verify_error(rope_text(q, "tensor<?Txi64>", "tensor<?Px128xf32>", "")),
-      "");
-  EXPECT_THAT(verify_error(rope_text("tensor<?Tx8x63xf32>", pos,
-                                     "tensor<?Px63xf32>", "")),
+  EXPECT_EQ(verify_error(rope_text(q, "tensor<?Txi64>", "tensor<?Px128xf32>", "")), "");
+  EXPECT_THAT(verify_error(rope_text("tensor<?Tx8x63xf32>", pos, "tensor<?Px63xf32>", "")),
               HasSubstr("%0 = rope: operand 'q' (%q) has head dim D=63: rope "
                         "rotates pairs, D "
                         "must be even"));
-  EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px256xf32>",
-                                     "{rotary_dim = 256}")),
+  EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px256xf32>", "{rotary_dim = 256}")),
               HasSubstr("attribute 'rotary_dim' = 256 with 'q' (%q) head dim "
                         "D=128: rotary_dim "
                         "must be even and <= D"));
-  EXPECT_THAT(
-      verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "")),
-      HasSubstr("operand 'cos_sin' (%cs) has 64 columns but rotary_dim=128"));
-  EXPECT_THAT(
-      verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
-      HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes "
-                "positions as i32, i64"));
-  EXPECT_THAT(
-      verify_error(rope_text(q, "tensor<?Uxi32>", "tensor<?Px128xf32>", "")),
-      HasSubstr("operand 'positions' (%pos) has T=?U but 'q' (%q) has T=?T"));
-  EXPECT_THAT(
-      verify_error(
-          rope_text(q, pos, "tensor<?Px128xf32>", "{style = \"llama\"}")),
-      HasSubstr(
-          "attribute 'style' = \"llama\" must be one of \"neox\", \"gptj\""));
+  EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "")),
+              HasSubstr("operand 'cos_sin' (%cs) has 64 columns but rotary_dim=128"));
+  EXPECT_THAT(verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
+              HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes "
+                        "positions as i32, i64"));
+  EXPECT_THAT(verify_error(rope_text(q, "tensor<?Uxi32>", "tensor<?Px128xf32>", "")),
+              HasSubstr("operand 'positions' (%pos) has T=?U but 'q' (%q) has T=?T"));
+  EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px128xf32>", "{style = \"llama\"}")),
+              HasSubstr("attribute 'style' = \"llama\" must be one of \"neox\", \"gptj\""));
 }
 
-std::string moe_text(const std::string &w13, const std::string &tw,
-                     const std::string &attrs) {
+std::string moe_text(const std::string& w13, const std::string& tw, const std::string& attrs) {
   const std::string h = "tensor<?Tx256xbf16>";
-  return "func @m(%h: " + h + ", %w13: " + w13 +
-         ", %w2: tensor<4x256x64xbf16>, %tw: " + tw +
-         ", %ti: tensor<?Tx2xi32>) -> (" + h +
-         ") {\n  %0 = moe %h, %w13, %w2, %tw, %ti " + attrs + " : " + h +
-         "\n  return %0\n}\n";
+  return "func @m(%h: " + h + ", %w13: " + w13 + ", %w2: tensor<4x256x64xbf16>, %tw: " + tw +
+         ", %ti: tensor<?Tx2xi32>) -> (" + h + ") {\n  %0 = moe %h, %w13, %w2, %tw, %ti " + attrs +
+         " : " + h + "\n  return %0\n}\n";
 }
 
 TEST(IrVerifier, MoeRules) {
@@ -837,42 +751,35 @@ TEST(IrVerifier, MoeRules) {
   EXPECT_EQ(verify_error(moe_text(w13, tw, "{top_k = 2}")), "");
   EXPECT_THAT(verify_error(moe_text(w13, tw, "")),
               HasSubstr("%0 = moe: missing required attribute 'top_k'"));
-  EXPECT_THAT(
-      verify_error(moe_text(w13, tw, "{top_k = 3}")),
-      HasSubstr("operand 'topk_weights' (%tw) has 2 columns but top_k=3"));
-  EXPECT_THAT(
-      verify_error(moe_text("tensor<4x64x256xbf16>", tw, "{top_k = 2}")),
-      HasSubstr("operand 'w13' (%w13) has 2*I=64 but 'w2' (%w2) has I=64"));
-  EXPECT_THAT(
-      verify_error(moe_text("tensor<4x128x512xbf16>", tw, "{top_k = 2}")),
-      HasSubstr("operand 'w13' (%w13) has H=512 but 'hidden' (%h) has H=256"));
+  EXPECT_THAT(verify_error(moe_text(w13, tw, "{top_k = 3}")),
+              HasSubstr("operand 'topk_weights' (%tw) has 2 columns but top_k=3"));
+  EXPECT_THAT(verify_error(moe_text("tensor<4x64x256xbf16>", tw, "{top_k = 2}")),
+              HasSubstr("operand 'w13' (%w13) has 2*I=64 but 'w2' (%w2) has I=64"));
+  EXPECT_THAT(verify_error(moe_text("tensor<4x128x512xbf16>", tw, "{top_k = 2}")),
+              HasSubstr("operand 'w13' (%w13) has H=512 but 'hidden' (%h) has H=256"));
   EXPECT_THAT(verify_error(moe_text(w13, "tensor<?Tx2xbf16>", "{top_k = 2}")),
               HasSubstr("operand 'topk_weights' (%tw) has dtype bf16: moe "
                         "takes topk_weights as "
                         "f32"));
-  EXPECT_THAT(
-      verify_error(moe_text(w13, tw, "{activation = \"relu\", top_k = 2}")),
-      HasSubstr("attribute 'activation' = \"relu\" must be one of"));
+  EXPECT_THAT(verify_error(moe_text(w13, tw, "{activation = \"relu\", top_k = 2}")),
+              HasSubstr("attribute 'activation' = \"relu\" must be one of"));
   EXPECT_THAT(verify_error(moe_text(w13, tw, "{top_k = 0}")),
               HasSubstr("attribute 'top_k' = 0 must be >= 1"));
-  EXPECT_EQ(verify_error(moe_text(
-                w13, tw,
-                "{activation = \"clamped_swiglu\", swiglu_alpha = 1.702, "
-                "swiglu_limit = 7.0, routed_scaling_factor = 2.5, top_k = 2}")),
+  EXPECT_EQ(verify_error(moe_text(w13, tw,
+                                  "{activation = \"clamped_swiglu\", swiglu_alpha = 1.702, "
+                                  "swiglu_limit = 7.0, routed_scaling_factor = 2.5, top_k = 2}")),
             "");
-  EXPECT_THAT(verify_error(moe_text(
-                  w13, tw,
-                  "{activation = \"clamped_swiglu\", swiglu_limit = 0.0, "
-                  "top_k = 2}")),
+  EXPECT_THAT(verify_error(moe_text(w13, tw,
+                                    "{activation = \"clamped_swiglu\", swiglu_limit = 0.0, "
+                                    "top_k = 2}")),
               HasSubstr("attribute 'swiglu_limit' = 0 must be > 0"));
 }
 
 TEST(IrVerifier, CheckCollectsEveryProblem) {
-  Function f = parse(gemm_text("tensor<?Mx64xf32>", "tensor<32x100xf16>",
-                               "tensor<?Mx32xf32>"));
+  Function f = parse(gemm_text("tensor<?Mx64xf32>", "tensor<32x100xf16>", "tensor<?Mx32xf32>"));
   std::vector<Diagnostic> d = check(f);
   ASSERT_EQ(d.size(),
-            2u); // both dtypes; K is checked once the dtypes are right
+            2u);  // both dtypes; K is checked once the dtypes are right
   EXPECT_EQ(d[0].op_index, 0);
   EXPECT_EQ(d[0].value_id, f.ops[0].result);
   EXPECT_THAT(d[0].message, HasSubstr("operand 'x'"));
@@ -883,47 +790,40 @@ TEST(IrVerifier, CheckCollectsEveryProblem) {
 // ---------------------------------------------------------------
 
 // A one-gemm program over the given params (name: type) and gemm operand text.
-std::string quant_text(const std::string &params, const std::string &operands,
-                       const std::string &attrs, const std::string &n = "64") {
+std::string quant_text(const std::string& params, const std::string& operands,
+                       const std::string& attrs, const std::string& n = "64") {
   return "func @q(%x: tensor<?Mx128xbf16>, " + params + ") -> (tensor<?Mx" + n +
-         "xf32>) {\n  %0 = gemm %x, " + operands +
-         (attrs.empty() ? "" : " " + attrs) + " : tensor<?Mx" + n +
-         "xf32>\n  return %0\n}\n";
+         "xf32>) {\n  %0 = gemm %x, " + operands + (attrs.empty() ? "" : " " + attrs) +
+         " : tensor<?Mx" + n + "xf32>\n  return %0\n}\n";
 }
 
 TEST(IrQuant, PrintParseRoundTrips) {
   const std::vector<std::string> texts = {
-      quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale = %s",
-                 ""),
+      quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale = %s", ""),
       quant_text("%w: tensor<64x128xi8>, %s: tensor<1xf32>", "%w, scale = %s",
                  "{act_quant = \"fixed\", act_scale = 0.015625, act_zero_point "
                  "= 128}"),
-      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1xf32>",
+      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1xf32>", "%w, scale = %s", ""),
+      quant_text("%w: tensor<64x128xf8e4m3, strided<[1, 64]>>, %s: tensor<64xf32>",
                  "%w, scale = %s", ""),
-      quant_text(
-          "%w: tensor<64x128xf8e4m3, strided<[1, 64]>>, %s: tensor<64xf32>",
-          "%w, scale = %s", ""),
-      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1x2xf32>",
-                 "%w, scale = %s", "{block_k = 64, block_n = 128}"),
-      quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf16>",
-                 "%w, scale = %s", "{format = \"gptq\", group_size = 128}"),
-      quant_text(
-          "%w: tensor<64x128xu4>, %s: tensor<4x64xbf16>, %z: tensor<4x64xu4>",
-          "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"),
-      quant_text(
-          "%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, "
-          "%g: tensor<128xi32>",
-          "%w, scale = %s, zero = %z, g_idx = %g",
-          "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
-      quant_text(
-          "%w: tensor<64x128xu4>, %s: tensor<1x64xf32>, %g: tensor<128xi32>",
-          "%w, scale = %s, g_idx = %g", "{format = \"gptq\", group_size = -1}"),
+      quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1x2xf32>", "%w, scale = %s",
+                 "{block_k = 64, block_n = 128}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf16>", "%w, scale = %s",
+                 "{format = \"gptq\", group_size = 128}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<4x64xbf16>, %z: tensor<4x64xu4>",
+                 "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, "
+                 "%g: tensor<128xi32>",
+                 "%w, scale = %s, zero = %z, g_idx = %g",
+                 "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf32>, %g: tensor<128xi32>",
+                 "%w, scale = %s, g_idx = %g", "{format = \"gptq\", group_size = -1}"),
   };
-  for (const std::string &t : texts) {
+  for (const std::string& t : texts) {
     SCOPED_TRACE(t);
     const Function f = parse(t);
     EXPECT_EQ(verify_error(f), "");
-    EXPECT_EQ(print(f), t); // the texts are canonical
+    EXPECT_EQ(print(f), t);  // the texts are canonical
     EXPECT_EQ(print(parse(print(f))), print(f));
     EXPECT_EQ(parse(print(f)), f);
   }
@@ -931,14 +831,12 @@ TEST(IrQuant, PrintParseRoundTrips) {
 
 TEST(IrQuant, NamedOperandsAreCanonical) {
   // Named operands in any order read back in the canonical order.
-  const Function f =
-      parse(quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: "
-                       "tensor<2x64xu4>, %g: tensor<128xi32>",
-                       "%w, g_idx = %g, zero = %z, scale = %s",
-                       "{format = \"gptq\", group_size = 64}"));
+  const Function f = parse(
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: "
+                 "tensor<2x64xu4>, %g: tensor<128xi32>",
+                 "%w, g_idx = %g, zero = %z, scale = %s", "{format = \"gptq\", group_size = 64}"));
   EXPECT_EQ(verify_error(f), "");
-  EXPECT_THAT(print(f),
-              HasSubstr("gemm %x, %w, scale = %s, zero = %z, g_idx = %g {"));
+  EXPECT_THAT(print(f), HasSubstr("gemm %x, %w, scale = %s, zero = %z, g_idx = %g {"));
   ASSERT_EQ(f.ops[0].operand_names.size(), 3u);
   EXPECT_EQ(operand_role(f.ops[0], 4), "g_idx");
 }
@@ -949,39 +847,33 @@ TEST(IrQuant, BuilderMatchesParser) {
   int w = b.param("w", T(DType::u4, {F(64), F(128)}));
   int s = b.param("s", T(DType::f16, {F(4), F(64)}));
   int z = b.param("z", T(DType::u4, {F(4), F(64)}));
-  int y = b.gemm_quant(
-      x, w, s,
-      Attrs{{"format", std::string("awq")}, {"group_size", int64_t{32}}}, z);
+  int y =
+      b.gemm_quant(x, w, s, Attrs{{"format", std::string("awq")}, {"group_size", int64_t{32}}}, z);
   b.ret({y});
   const Function f = b.finish();
-  EXPECT_EQ(
-      print(f),
-      quant_text(
-          "%w: tensor<64x128xu4>, %s: tensor<4x64xf16>, %z: tensor<4x64xu4>",
-          "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"));
+  EXPECT_EQ(print(f),
+            quant_text("%w: tensor<64x128xu4>, %s: tensor<4x64xf16>, %z: tensor<4x64xu4>",
+                       "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"));
   EXPECT_EQ(parse(print(f)), f);
 }
 
 TEST(IrQuant, ParserErrors) {
-  auto parse_error = [](const std::string &t) -> std::string {
+  auto parse_error = [](const std::string& t) -> std::string {
     try {
       parse(t);
-    } catch (const ParseError &e) {
+    } catch (const ParseError& e) {
       return e.detail();
     }
     return "";
   };
+  EXPECT_THAT(parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>",
+                                     "%w, scale = %s, scale = %s", "")),
+              HasSubstr("operand 'scale' given twice"));
   EXPECT_THAT(
-      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>",
-                             "%w, scale = %s, scale = %s", "")),
-      HasSubstr("operand 'scale' given twice"));
-  EXPECT_THAT(
-      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>",
-                             "scale = %s, %w", "")),
+      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "scale = %s, %w", "")),
       HasSubstr("a positional operand after a named one"));
   EXPECT_THAT(
-      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>",
-                             "%w, scale %s", "")),
+      parse_error(quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale %s", "")),
       HasSubstr("expected '='"));
 }
 
@@ -998,12 +890,9 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
        "operand 'scale' (%s) has shape [32]; an i8 weight takes scale as f32 "
        "[N] (per channel, "
        "N=64) or [1] (per tensor)"},
-      {i8 + "%s: tensor<64xf16>", "%w, scale = %s", "",
-       "operand 'scale' (%s) has dtype f16"},
-      {"%w: tensor<64x128xi8>", "%w", "",
-       "a quantized weight needs a 'scale' operand"},
-      {i8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>",
-       "%w, scale = %s, zero = %z", "",
+      {i8 + "%s: tensor<64xf16>", "%w, scale = %s", "", "operand 'scale' (%s) has dtype f16"},
+      {"%w: tensor<64x128xi8>", "%w", "", "a quantized weight needs a 'scale' operand"},
+      {i8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>", "%w, scale = %s, zero = %z", "",
        "operand 'zero' (%z): an i8 weight has no zero point"},
       {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{act_quant = \"fixed\"}",
        "attribute 'act_quant' = \"fixed\" needs attribute 'act_scale'"},
@@ -1017,8 +906,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {i8 + "%s: tensor<64xf32>", "%w, scale = %s", "{group_size = 128}",
        "attribute 'group_size' applies to u4 weights only; 'w' (%w) is i8"},
       // f8e4m3
-      {f8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>",
-       "%w, scale = %s, zero = %z", "",
+      {f8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>", "%w, scale = %s, zero = %z", "",
        "operand 'zero' (%z): an f8e4m3 weight has no zero point"},
       {f8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
        "operand 'scale' (%s) has shape [32]; an f8e4m3 weight takes scale as "
@@ -1026,49 +914,39 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
        "tensor), [N] (per channel, N=64)"},
       {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "",
        "block scales need attributes 'block_n' and 'block_k'"},
-      {f8 + "%s: tensor<1x2xf32>", "%w, scale = %s",
-       "{block_k = 128, block_n = 128}",
+      {f8 + "%s: tensor<1x2xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
        "operand 'scale' (%s) has shape [1, 2]; block scales of 128x128 over "
        "N=64, K=128 are f32 "
        "[1, 1]"},
-      {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s",
-       "{block_k = 127, block_n = 128}",
+      {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "{block_k = 127, block_n = 128}",
        "attribute 'block_k' = 127 must be even"},
-      {f8 + "%s: tensor<64xf32>", "%w, scale = %s",
-       "{block_k = 128, block_n = 128}",
+      {f8 + "%s: tensor<64xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
        "attribute 'block_n' needs block scales"},
-      {f8 + "%s: tensor<64xf32>, %g: tensor<128xi32>",
-       "%w, scale = %s, g_idx = %g", "",
+      {f8 + "%s: tensor<64xf32>, %g: tensor<128xi32>", "%w, scale = %s, g_idx = %g", "",
        "operand 'g_idx' (%g): an f8e4m3 weight has no g_idx"},
       // u4
-      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s",
-       "{format = \"gptq\", bits = 8}", "attribute 'bits' = 8; allowed: 4"},
-      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s",
-       "{format = \"gptq\", group_size = 0}",
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", bits = 8}",
+       "attribute 'bits' = 8; allowed: 4"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", group_size = 0}",
        "attribute 'group_size' = 0; allowed: 32, 64, 128 or -1"},
-      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "",
-       "a u4 weight needs attribute 'format'"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "", "a u4 weight needs attribute 'format'"},
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"exl2\"}",
        "attribute 'format' = \"exl2\" must be one of \"awq\", \"gptq\""},
-      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s",
-       "{format = \"awq\", gptq_v2 = true}",
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"awq\", gptq_v2 = true}",
        "attribute 'gptq_v2' = true applies to format = \"gptq\" only"},
       {u4 + "%s: tensor<2x64xf16>", "%w, scale = %s", "{format = \"gptq\"}",
        "operand 'scale' (%s) has shape [2, 64]; a u4 weight of K=128 in groups "
        "of 128 takes "
        "scale as [G, N] = [1, 64]"},
-      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x32xu4>",
-       "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}",
+      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x32xu4>", "%w, scale = %s, zero = %z",
+       "{format = \"awq\", group_size = 32}",
        "operand 'zero' (%z) has shape [4, 32]; zero points are u4 [G, N] like "
        "'scale' ([4, 64])"},
-      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x64xi32>",
-       "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}",
-       "operand 'zero' (%z) has dtype i32"},
-      {u4 + "%s: tensor<1x64xf16>, %g: tensor<64xi32>",
-       "%w, scale = %s, g_idx = %g", "{format = \"gptq\"}",
-       "operand 'g_idx' (%g) has shape [64]; g_idx is i32 [K]"},
-      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s",
-       "{block_n = 128, format = \"gptq\"}",
+      {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x64xi32>", "%w, scale = %s, zero = %z",
+       "{format = \"awq\", group_size = 32}", "operand 'zero' (%z) has dtype i32"},
+      {u4 + "%s: tensor<1x64xf16>, %g: tensor<64xi32>", "%w, scale = %s, g_idx = %g",
+       "{format = \"gptq\"}", "operand 'g_idx' (%g) has shape [64]; g_idx is i32 [K]"},
+      {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{block_n = 128, format = \"gptq\"}",
        "attribute 'block_n' applies to f8e4m3 weights only; 'w' (%w) is u4"},
       // bf16 and the named operands themselves
       {"%w: tensor<64x128xbf16>, %s: tensor<64xf32>", "%w, scale = %s", "",
@@ -1078,25 +956,21 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
        "g_idx)"},
       {"%w: tensor<64x128xf32>", "%w", "",
        "operand 'w' (%w) has dtype f32: gemm takes w as bf16, i8, f8e4m3, u4"},
-      {"%w: tensor<64x128xu4, strided<[256, 1]>>, %s: tensor<1x64xf16>",
-       "%w, scale = %s", "{format = \"gptq\"}",
-       "a u4 weight is the checkpoint's int32-packed qweight, contiguous"},
+      {"%w: tensor<64x128xu4, strided<[256, 1]>>, %s: tensor<1x64xf16>", "%w, scale = %s",
+       "{format = \"gptq\"}", "a u4 weight is the checkpoint's int32-packed qweight, contiguous"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(c.params + " | " + c.operands + " | " + c.attrs);
-    const std::string e =
-        verify_error(quant_text(c.params, c.operands, c.attrs));
+    const std::string e = verify_error(quant_text(c.params, c.operands, c.attrs));
     EXPECT_THAT(e, ::testing::StartsWith("%0 = gemm: "));
     EXPECT_THAT(e, HasSubstr(c.message));
   }
   // A hand-built op with the named operands out of order.
-  Function f = parse(quant_text(
-      "%w: tensor<64x128xu4>, %s: tensor<1x64xf16>, %z: tensor<1x64xu4>",
-      "%w, scale = %s, zero = %z", "{format = \"gptq\"}"));
+  Function f = parse(quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf16>, %z: tensor<1x64xu4>",
+                                "%w, scale = %s, zero = %z", "{format = \"gptq\"}"));
   std::swap(f.ops[0].operand_names[0], f.ops[0].operand_names[1]);
   std::swap(f.ops[0].operands[2], f.ops[0].operands[3]);
-  EXPECT_THAT(verify_error(f),
-              HasSubstr("operand 'scale' is given twice or out of order"));
+  EXPECT_THAT(verify_error(f), HasSubstr("operand 'scale' is given twice or out of order"));
 }
 
 // ---- quantized experts
@@ -1104,31 +978,25 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
 
 // A one-moe program: E=4, H=128, I=64 experts of dtype `wt`, extra params
 // and named operands.
-std::string moe_quant_text(const std::string &wt, const std::string &params,
-                           const std::string &named, const std::string &attrs) {
+std::string moe_quant_text(const std::string& wt, const std::string& params,
+                           const std::string& named, const std::string& attrs) {
   const std::string h = "tensor<?Tx128xbf16>";
-  return "func @m(%h: " + h + ", %w13: tensor<4x128x128x" + wt +
-         ">, %w2: tensor<4x128x64x" + wt +
-         ">, %tw: tensor<?Tx2xf32>, %ti: tensor<?Tx2xi32>" +
-         (params.empty() ? "" : ", " + params) + ") -> (" + h +
-         ") {\n  %0 = moe %h, %w13, %w2, %tw, %ti" +
-         (named.empty() ? "" : ", " + named) + " " + attrs + " : " + h +
-         "\n  return %0\n}\n";
+  return "func @m(%h: " + h + ", %w13: tensor<4x128x128x" + wt + ">, %w2: tensor<4x128x64x" + wt +
+         ">, %tw: tensor<?Tx2xf32>, %ti: tensor<?Tx2xi32>" + (params.empty() ? "" : ", " + params) +
+         ") -> (" + h + ") {\n  %0 = moe %h, %w13, %w2, %tw, %ti" +
+         (named.empty() ? "" : ", " + named) + " " + attrs + " : " + h + "\n  return %0\n}\n";
 }
 
-const char *const kMoeI8Params =
-    "%s13: tensor<4x128xf32>, %s2: tensor<4x1xf32>";
-const char *const kMoeF8Params =
-    "%s13: tensor<4x2x2xf32>, %s2: tensor<4x2x1xf32>";
-const char *const kMoeU4Params =
+const char* const kMoeI8Params = "%s13: tensor<4x128xf32>, %s2: tensor<4x1xf32>";
+const char* const kMoeF8Params = "%s13: tensor<4x2x2xf32>, %s2: tensor<4x2x1xf32>";
+const char* const kMoeU4Params =
     "%s13: tensor<4x2x128xf16>, %z13: tensor<4x2x128xu4>, %g13: "
     "tensor<4x128xi32>, "
     "%s2: tensor<4x1x128xf16>, %z2: tensor<4x1x128xu4>";
 
 TEST(IrQuantExperts, PrintParseRoundTrips) {
   const std::vector<std::string> texts = {
-      moe_quant_text("i8", kMoeI8Params, "scale13 = %s13, scale2 = %s2",
-                     "{top_k = 2}"),
+      moe_quant_text("i8", kMoeI8Params, "scale13 = %s13, scale2 = %s2", "{top_k = 2}"),
       moe_quant_text("i8", kMoeI8Params, "scale13 = %s13, scale2 = %s2",
                      "{act_quant = \"dynamic_asym\", top_k = 2}"),
       moe_quant_text("f8e4m3", "%s13: tensor<4x128xf32>, %s2: tensor<4x1xf32>",
@@ -1139,31 +1007,27 @@ TEST(IrQuantExperts, PrintParseRoundTrips) {
                      "scale13 = %s13, zero13 = %z13, g_idx13 = %g13, scale2 = "
                      "%s2, zero2 = %z2",
                      "{format = \"gptq\", group_size = 64, top_k = 2}"),
-      moe_quant_text("u4",
-                     "%s13: tensor<4x4x128xbf16>, %s2: tensor<4x2x128xbf16>",
+      moe_quant_text("u4", "%s13: tensor<4x4x128xbf16>, %s2: tensor<4x2x128xbf16>",
                      "scale13 = %s13, scale2 = %s2",
                      "{activation = \"gelu_tanh\", format = \"awq\", "
                      "group_size = 32, top_k = 2}"),
   };
-  for (const std::string &t : texts) {
+  for (const std::string& t : texts) {
     SCOPED_TRACE(t);
     const Function f = parse(t);
     EXPECT_EQ(verify_error(f), "");
-    EXPECT_EQ(print(f), t); // the texts are canonical
+    EXPECT_EQ(print(f), t);  // the texts are canonical
     EXPECT_EQ(print(parse(print(f))), print(f));
     EXPECT_EQ(parse(print(f)), f);
   }
   // Named operands in any order read back in the canonical order.
-  const Function f =
-      parse(moe_quant_text("u4", kMoeU4Params,
-                           "zero2 = %z2, g_idx13 = %g13, scale2 = %s2, zero13 "
-                           "= %z13, scale13 = %s13",
-                           "{format = \"gptq\", group_size = 64, top_k = 2}"));
+  const Function f = parse(moe_quant_text("u4", kMoeU4Params,
+                                          "zero2 = %z2, g_idx13 = %g13, scale2 = %s2, zero13 "
+                                          "= %z13, scale13 = %s13",
+                                          "{format = \"gptq\", group_size = 64, top_k = 2}"));
   EXPECT_EQ(verify_error(f), "");
-  EXPECT_THAT(
-      print(f),
-      HasSubstr("%ti, scale13 = %s13, zero13 = %z13, g_idx13 = %g13, scale2 = "
-                "%s2, zero2 = %z2 {"));
+  EXPECT_THAT(print(f), HasSubstr("%ti, scale13 = %s13, zero13 = %z13, g_idx13 = %g13, scale2 = "
+                                  "%s2, zero2 = %z2 {"));
   EXPECT_EQ(operand_role(f.ops[0], 9), "zero2");
 }
 
@@ -1172,8 +1036,9 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
     std::string wt, params, named, attrs, message;
   };
   const std::string i8n = "scale13 = %s13, scale2 = %s2";
-  const std::string u4n = "scale13 = %s13, zero13 = %z13, g_idx13 = %g13, "
-                          "scale2 = %s2, zero2 = %z2";
+  const std::string u4n =
+      "scale13 = %s13, zero13 = %z13, g_idx13 = %g13, "
+      "scale2 = %s2, zero2 = %z2";
   const std::string u4a = "{format = \"gptq\", group_size = 64, top_k = 2}";
   const std::vector<Case> cases = {
       // i8
@@ -1181,12 +1046,10 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
        "operand 'scale13' (%s13) has shape [4, 64]; an i8 weight takes scale13 "
        "as f32 [E, N] "
        "(per channel, N=128) or [E, 1] (per tensor)"},
-      {"i8", "%s13: tensor<3x128xf32>, %s2: tensor<4x1xf32>", i8n,
-       "{top_k = 2}",
+      {"i8", "%s13: tensor<3x128xf32>, %s2: tensor<4x1xf32>", i8n, "{top_k = 2}",
        "operand 'scale13' (%s13) has shape [3, 128]; its dim 0 is the expert "
        "count E=4"},
-      {"i8", "%s13: tensor<4x128xf32>, %s2: tensor<4x64xf32>", i8n,
-       "{top_k = 2}",
+      {"i8", "%s13: tensor<4x128xf32>, %s2: tensor<4x64xf32>", i8n, "{top_k = 2}",
        "operand 'scale2' (%s2) has shape [4, 64]; an i8 weight takes scale2 as "
        "f32 [E, N] (per "
        "channel, N=128)"},
@@ -1195,8 +1058,7 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
       {"i8", kMoeI8Params, i8n, "{act_quant = \"fixed\", top_k = 2}",
        "attribute 'act_quant' = \"fixed\" must be one of \"dynamic_sym\", "
        "\"dynamic_asym\""},
-      {"i8", kMoeI8Params, i8n, "{act_scale = 0.5, top_k = 2}",
-       "unknown attribute 'act_scale'"},
+      {"i8", kMoeI8Params, i8n, "{act_scale = 0.5, top_k = 2}", "unknown attribute 'act_scale'"},
       {"i8", kMoeI8Params, i8n, "{group_size = 64, top_k = 2}",
        "attribute 'group_size' applies to u4 weights only; 'w13' (%w13) is i8"},
       {"i8", std::string(kMoeI8Params) + ", %z: tensor<4x1x128xu4>",
@@ -1212,11 +1074,9 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
        "over N=128, K=128 "
        "are f32 [4, 2, 1] [E, ceil(N/block_n), ceil(K/block_k)]"},
       {"f8e4m3", "%s13: tensor<4x128xf32>, %s2: tensor<4x128xf32>", i8n,
-       "{block_k = 64, block_n = 64, top_k = 2}",
-       "attribute 'block_n' needs block scales"},
+       "{block_k = 64, block_n = 64, top_k = 2}", "attribute 'block_n' needs block scales"},
       {"f8e4m3", std::string(kMoeF8Params) + ", %g: tensor<4x64xi32>",
-       "scale13 = %s13, scale2 = %s2, g_idx2 = %g",
-       "{block_k = 64, block_n = 64, top_k = 2}",
+       "scale13 = %s13, scale2 = %s2, g_idx2 = %g", "{block_k = 64, block_n = 64, top_k = 2}",
        "operand 'g_idx2' (%g): an f8e4m3 weight has no g_idx2"},
       // u4
       {"u4", kMoeU4Params, u4n, "{group_size = 64, top_k = 2}",
@@ -1238,13 +1098,10 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
        "%s13: tensor<4x2x128xf16>, %z13: tensor<4x2x128xu4>, %g13: "
        "tensor<4x64xi32>, "
        "%s2: tensor<4x1x128xf16>, %z2: tensor<4x1x128xu4>",
-       u4n, u4a,
-       "operand 'g_idx13' (%g13) has shape [4, 64]; g_idx is i32 [E, K]"},
-      {"u4", kMoeU4Params, u4n,
-       "{format = \"gptq\", group_size = 64, bits = 8, top_k = 2}",
+       u4n, u4a, "operand 'g_idx13' (%g13) has shape [4, 64]; g_idx is i32 [E, K]"},
+      {"u4", kMoeU4Params, u4n, "{format = \"gptq\", group_size = 64, bits = 8, top_k = 2}",
        "attribute 'bits' = 8; allowed: 4"},
-      {"u4", kMoeU4Params, u4n,
-       "{block_k = 64, format = \"gptq\", group_size = 64, top_k = 2}",
+      {"u4", kMoeU4Params, u4n, "{block_k = 64, format = \"gptq\", group_size = 64, top_k = 2}",
        "attribute 'block_k' applies to f8e4m3 weights only; 'w13' (%w13) is "
        "u4"},
       // bf16, mixed formats and the named operands themselves
@@ -1255,22 +1112,19 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
        "zero13, g_idx13, "
        "scale2, zero2, g_idx2)"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(c.wt + " | " + c.params + " | " + c.named + " | " + c.attrs);
-    const std::string e =
-        verify_error(moe_quant_text(c.wt, c.params, c.named, c.attrs));
+    const std::string e = verify_error(moe_quant_text(c.wt, c.params, c.named, c.attrs));
     EXPECT_THAT(e, ::testing::StartsWith("%0 = moe: "));
     EXPECT_THAT(e, HasSubstr(c.message));
   }
   // w13 and w2 in different formats.
   std::string t = moe_quant_text("i8", kMoeI8Params, i8n, "{top_k = 2}");
   t.replace(t.find("4x128x64xi8"), 11, "4x128x64xf8e4m3");
-  EXPECT_THAT(verify_error(t),
-              HasSubstr("operand 'w2' (%w2) has dtype f8e4m3 but 'w13' (%w13) "
-                        "has i8: w13 and w2 are packed in one format"));
+  EXPECT_THAT(verify_error(t), HasSubstr("operand 'w2' (%w2) has dtype f8e4m3 but 'w13' (%w13) "
+                                         "has i8: w13 and w2 are packed in one format"));
   // MXFP4 is no IR dtype: the parser refuses f4e2m1.
-  EXPECT_THROW(parse(moe_quant_text("f4e2m1", "", "", "{top_k = 2}")),
-               ParseError);
+  EXPECT_THROW(parse(moe_quant_text("f4e2m1", "", "", "{top_k = 2}")), ParseError);
 }
 
 // ---- examples/*.tir
@@ -1278,10 +1132,10 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
 
 TEST(IrExamples, ParseAndVerify) {
 #ifdef TILEJIT_EXAMPLES_DIR
-  for (const char *file :
-       {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir",
-        "gemm_fp8_channel.tir", "gemm_fp8_block.tir", "gemm_int4_gptq.tir",
-        "gemm_int4_awq.tir", "moe_silu.tir"}) {
+  for (const char* file :
+       {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir", "gemm_fp8_channel.tir",
+        "gemm_fp8_block.tir", "gemm_int4_gptq.tir", "gemm_int4_awq.tir", "moe_silu.tir",
+        "moe_int8.tir", "moe_fp8_block.tir", "moe_int4_gptq.tir"}) {
     SCOPED_TRACE(file);
     std::string path = std::string(TILEJIT_EXAMPLES_DIR) + "/" + file;
     std::ifstream in(path);
@@ -1297,5 +1151,5 @@ TEST(IrExamples, ParseAndVerify) {
 #endif
 }
 
-} // namespace
-} // namespace tilejit::ir
+}  // namespace
+}  // namespace tilejit::ir

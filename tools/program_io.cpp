@@ -263,6 +263,18 @@ InputRole input_role(const ir::Function& f, int id, const DimBindings& dims, int
       }
       if (op.kind == ir::OpKind::gemm && ir::operand_role(op, i) == "scale")
         return InputRole::quant_scale;
+      if (op.kind == ir::OpKind::moe) {
+        // Quantized experts: the gemm's roles per projection, with a leading [E].
+        const std::string role = ir::operand_role(op, i);
+        if (role == "scale13" || role == "scale2") return InputRole::quant_scale;
+        if (role == "g_idx13" || role == "g_idx2") {
+          const std::string scale = role == "g_idx13" ? "scale13" : "scale2";
+          for (size_t j = 5; j < op.operands.size(); ++j)
+            if (ir::operand_role(op, j) == scale) *range_of = op.operands[j];
+          if (*range_of >= 0) *range = bind_shape(f.value(*range_of).type, dims).at(1);
+          return InputRole::g_idx;
+        }
+      }
       if (op.kind == ir::OpKind::moe && i == 4) {
         *range_of = op.operands[1];
         *range = bind_shape(f.value(*range_of).type, dims).at(0);
@@ -346,13 +358,18 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
       return;
     }
     case InputRole::g_idx: {
-      // Act-order: every group holds ceil(K/G) channels (k / ceil(K/G)), shuffled.
-      need(t.dtype == DType::i32 && rank == 1 && range >= 1, "g_idx is i32 [K] over G >= 1 groups");
-      const int64_t per = (n + range - 1) / range;
-      for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(i / per);
-      for (int64_t i = n - 1; i > 0; --i)
-        std::swap(t.data<int32_t>()[i],
-                  t.data<int32_t>()[static_cast<int64_t>(r.next() % static_cast<uint64_t>(i + 1))]);
+      // Act-order: every group holds ceil(K/G) channels (k / ceil(K/G)), shuffled;
+      // [E, K] (a moe op's experts): each expert's row so.
+      need(t.dtype == DType::i32 && (rank == 1 || rank == 2) && range >= 1,
+           "g_idx is i32 [K] (or [E, K] for experts) over G >= 1 groups");
+      const int64_t k = rank == 0 ? 0 : t.shape.back();
+      const int64_t per = (k + range - 1) / range;
+      for (int64_t row = 0; k > 0 && row < n / k; ++row) {
+        int32_t* g = t.data<int32_t>() + row * k;
+        for (int64_t i = 0; i < k; ++i) g[i] = static_cast<int32_t>(i / per);
+        for (int64_t i = k - 1; i > 0; --i)
+          std::swap(g[i], g[static_cast<int64_t>(r.next() % static_cast<uint64_t>(i + 1))]);
+      }
       return;
     }
     case InputRole::quant_scale:

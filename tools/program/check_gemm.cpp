@@ -57,21 +57,6 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   return rep;
 }
 
-namespace {
-
-double scale_at(const HostTensor& s, int64_t i) {
-  switch (s.dtype) {
-    case DType::f16:
-      return runtime::f16_to_f32(s.data<uint16_t>()[i]);
-    case DType::bf16:
-      return runtime::bf16_to_f32(s.data<uint16_t>()[i]);
-    default:
-      return s.data<float>()[i];
-  }
-}
-
-}  // namespace
-
 // A quantized gemm against the exact dequantized weights, decoded here from
 // the checkpoint tensors (in double: a code times an f32 / f16 / bf16 scale
 // is exact), or for W8A8 against exact integer sums of the codes the
@@ -147,42 +132,21 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
 
   // The exact logical weight w[n, k] in double.
   std::vector<double> w(static_cast<size_t>(n * k));
-  if (prog_.format == WeightFormat::fp8_e4m3) {
-    const int64_t bn = g.attrs.get_int("block_n").value_or(0);
-    const int64_t bk = g.attrs.get_int("block_k").value_or(0);
-    const int64_t gk = bk > 0 ? (k + bk - 1) / bk : 1;
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < k; ++c) {
-        const double sc = s.shape.size() == 2 ? scale_at(s, (r / bn) * gk + c / bk)
-                          : s.shape[0] == 1   ? scale_at(s, 0)
-                                              : scale_at(s, r);
-        w[r * k + c] = double(runtime::e4m3_to_f32(wq.data<uint8_t>()[r * k + c])) * sc;
-      }
-  } else {
-    const bool awq = prog_.format == WeightFormat::int4_awq;
-    const bool v2 = g.attrs.get_bool("gptq_v2").value_or(false);
-    const int64_t gs = g.attrs.get_int("group_size").value_or(128);
-    const int64_t n8 = (n + 7) / 8;
-    const int32_t* qw = wq.data<int32_t>();
-    const int32_t* qz = prog_.zero >= 0 ? input(prog_.zero).data<int32_t>() : nullptr;
-    const int32_t* gi = prog_.g_idx >= 0 ? input(prog_.g_idx).data<int32_t>() : nullptr;
-    auto nibble = [](int32_t word, int i) {
-      return (static_cast<uint32_t>(word) >> (4 * i)) & 0xF;
-    };
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < k; ++c) {
-        const int64_t grp = gi != nullptr ? gi[c] : gs < 0 ? 0 : c / gs;
-        const uint32_t q = awq ? nibble(qw[c * n8 + r / 8], runtime::kAwqNibble[r % 8])
-                               : nibble(qw[(c / 8) * n + r], static_cast<int>(c % 8));
-        int z = 8;
-        if (qz != nullptr) {
-          const uint32_t st =
-              nibble(qz[grp * n8 + r / 8], awq ? runtime::kAwqNibble[r % 8] : int(r % 8));
-          z = static_cast<int>(st) + (!awq && !v2 ? 1 : 0);
-        }
-        w[r * k + c] = double(int(q) - z) * scale_at(s, grp * n + r);
-      }
-  }
+  QuantMatrix qm;
+  qm.format = prog_.format;
+  qm.n = n;
+  qm.k = k;
+  qm.w = wq.bytes.data();
+  qm.scale = s.bytes.data();
+  qm.scale_dtype = s.dtype;
+  qm.scale_shape = s.shape;
+  qm.zero = prog_.zero >= 0 ? input(prog_.zero).data<int32_t>() : nullptr;
+  qm.g_idx = prog_.g_idx >= 0 ? input(prog_.g_idx).data<int32_t>() : nullptr;
+  qm.block_n = g.attrs.get_int("block_n").value_or(0);
+  qm.block_k = g.attrs.get_int("block_k").value_or(0);
+  qm.group_size = g.attrs.get_int("group_size").value_or(128);
+  qm.gptq_v2 = g.attrs.get_bool("gptq_v2").value_or(false);
+  dequantize_exact(qm, w.data());
   const bool dequantized = cpu_info().isa != Isa::scalar;
   std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
   runtime::parallel_for(m, [&](int64_t i) {

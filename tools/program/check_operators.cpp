@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "ir/printer.h"
+#include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
+#include "runtime/reference_quant.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
 #include "tools/program/operator_runner.h"
@@ -187,6 +190,167 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
   return e;
 }
 
+// Quantized experts (docs/ir.md "Quantized experts"): the oracle of
+// tests/moe_quant_test.cpp on the exact dequantized weights (dequantize_exact,
+// the gemm check's decoding, per expert), with a bound that holds on every
+// route an expert's GEMMs take (ops/moe_quant.h), following the route as
+// the test does (ops::quant_gemm_fused on the expert's routed rows: the
+// fused decode kernel, int8 and the scalar path read the exact weights, the
+// dequant route the weights rounded once to bf16):
+//  - gate/up sums within fp32_sum_ulps(H)·u·Σ|x·mag| (mag = |w|, or for int4
+//    on the fused route that kernel's terms, (q + z + 32)·|s|);
+//  - int8: x and the bf16 activation row as the kernels quantize them
+//    (runtime::reference_act_quant_row: the oracle reads (q − z)·s); an
+//    activation with slack may take the code one step s_a further, and if
+//    it can set the row's scale (its max, or min for dynamic_asym), every
+//    code may: s_a·Σ|W2| + 2⁻⁷·Σ|a·W2| (moe_quant_test's rule);
+//  - the activation slack (moe_act_slack), the down projection's weights as
+//    for gate/up, pushed through |W2| and the routing weights; then
+//    moe_output_bound as for bf16 experts.
+Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const TensorMap& inputs,
+                            const HostTensor& hidden, const HostTensor& tw, const HostTensor& ti,
+                            DType out_dtype) {
+  const MoeQuant& mq = c.moe_quant;
+  const int64_t t = hidden.shape[0], h = hidden.shape[1], k = tw.shape[1];
+  const ir::TensorType& w2t = f.value(operand(f, c, 2)).type;
+  const int64_t e_count = w2t.dims.at(0).value, inter = w2t.dims.at(2).value;
+  for (int64_t i = 0; i < ti.numel(); ++i)
+    if (ti.data<int32_t>()[i] < 0 || ti.data<int32_t>()[i] >= e_count)
+      throw Error(fmt::format("check: topk_ids[{}, {}] = {} is outside [0, {})", i / k, i % k,
+                              ti.data<int32_t>()[i], e_count));
+  const bool int8 = mq.format == WeightFormat::int8;
+  const bool asym = c.moe.act_quant == ActQuant::dynamic_asym;
+  // The exact weights and their term magnitudes, per expert.
+  const size_t n13 = static_cast<size_t>(2 * inter * h), n2 = static_cast<size_t>(h * inter);
+  std::vector<double> w13(n13 * e_count), m13(w13.size()), w2(n2 * e_count), m2(w2.size());
+  // The route of each expert's GEMMs (tests/moe_quant_test.cpp: the library's
+  // one rule, ops::quant_gemm_fused, on the expert's routed rows).
+  std::vector<int64_t> rows(static_cast<size_t>(e_count), 0);
+  for (int64_t i = 0; i < ti.numel(); ++i) ++rows[ti.data<int32_t>()[i]];
+  const Isa isa = cpu_info().isa;
+  runtime::parallel_for(e_count, [&](int64_t e) {
+    dequantize_exact(expert_matrix(f, c, inputs, 0, e), w13.data() + e * n13, m13.data() + e * n13);
+    dequantize_exact(expert_matrix(f, c, inputs, 1, e), w2.data() + e * n2, m2.data() + e * n2);
+    if (int8 || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows[e])) return;
+    // The dequant route: the weights rounded once to bf16, bf16(f32(v·s)).
+    for (auto [w, m, n] : {std::tuple{w13.data() + e * n13, m13.data() + e * n13, n13},
+                           {w2.data() + e * n2, m2.data() + e * n2, n2}})
+      for (size_t i = 0; i < n; ++i) {
+        w[i] = runtime::bf16_to_f32(runtime::f32_to_bf16(static_cast<float>(w[i])));
+        m[i] = std::fabs(w[i]);
+      }
+  });
+  const double eps_h = runtime::fp32_sum_ulps(h) * kU;
+  runtime::ReferenceGlu glu;
+  glu.act = c.moe.act;
+  glu.clamped_swiglu = c.moe.clamped_swiglu;
+  glu.alpha = c.moe.swiglu_alpha;
+  glu.limit = c.moe.swiglu_limit;
+  const runtime::ActQuantRule rule =
+      asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym;
+  Expected ex;
+  ex.ref.assign(static_cast<size_t>(t * h), 0.0);
+  ex.tol.assign(ex.ref.size(), 0.0);
+  const double eps_out = (runtime::fp32_sum_ulps(inter) + runtime::fp32_sum_ulps(k + 1)) * kU;
+  runtime::parallel_for(t, [&](int64_t tok) {
+    const uint16_t* xr = hidden.data<uint16_t>() + tok * h;
+    std::vector<double> x(static_cast<size_t>(h)), y(x.size(), 0.0), abs_sum(x.size(), 0.0),
+        act_term(x.size(), 0.0);
+    if (int8) {
+      std::vector<uint8_t> q(static_cast<size_t>(h));
+      float sx = 1;
+      int32_t zx = 0;
+      runtime::reference_act_quant_row(rule, xr, h, h, 1, 1, 128, q.data(), &sx, &zx);
+      for (int64_t i = 0; i < h; ++i) x[i] = double(int(q[i]) - zx) * sx;
+    } else {
+      for (int64_t i = 0; i < h; ++i) x[i] = runtime::bf16_to_f32(xr[i]);
+    }
+    std::vector<double> a(static_cast<size_t>(inter)), slack(a.size());
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ti.data<int32_t>()[tok * k + j];
+      const double scale = double(c.moe.routed_scaling_factor) * tw.data<float>()[tok * k + j];
+      const double* wg = w13.data() + e * n13;
+      const double* mg = m13.data() + e * n13;
+      for (int64_t i = 0; i < inter; ++i) {
+        runtime::MoeActPoint p;
+        for (int64_t hh = 0; hh < h; ++hh) {
+          const double tg = x[hh] * wg[i * h + hh], tu = x[hh] * wg[(inter + i) * h + hh];
+          p.gate += tg, p.up += tu;
+          p.gate_abs += std::fabs(x[hh]) * mg[i * h + hh];
+          p.up_abs += std::fabs(x[hh]) * mg[(inter + i) * h + hh];
+        }
+        p.act = runtime::reference_glu(glu, p.gate, p.up);
+        p.act_bf16 = runtime::bf16_to_f32(runtime::f32_to_bf16(static_cast<float>(p.act)));
+        a[i] = p.act_bf16;
+        slack[i] = runtime::moe_act_slack(glu, p, eps_h);
+      }
+      // int8: the kernels quantize their bf16 row again, as the oracle does
+      // here; where an element has slack its code may be one step off, and
+      // every code and the scale if the scale-setting element has.
+      double step = 0;
+      bool row_shift = false;
+      if (int8) {
+        std::vector<uint16_t> ab(static_cast<size_t>(inter));
+        for (int64_t i = 0; i < inter; ++i) ab[i] = runtime::f32_to_bf16(static_cast<float>(a[i]));
+        std::vector<uint8_t> q(static_cast<size_t>(inter));
+        float sa = 1;
+        int32_t za = 0;
+        runtime::reference_act_quant_row(rule, ab.data(), inter, inter, 1, 1, 128, q.data(), &sa,
+                                         &za);
+        double amax = 0, amin = 0;
+        for (int64_t i = 0; i < inter; ++i) {
+          amax = std::max(amax, asym ? a[i] : std::fabs(a[i]));
+          amin = std::min(amin, a[i]);
+        }
+        for (int64_t i = 0; i < inter; ++i) {
+          if (slack[i] > 0)
+            row_shift = row_shift || (asym ? a[i] + slack[i] >= amax || a[i] - slack[i] <= amin
+                                           : std::fabs(a[i]) + slack[i] >= amax);
+          a[i] = double(int(q[i]) - za) * sa;
+          if (slack[i] > 0) slack[i] += sa;
+        }
+        step = sa;
+      }
+      const double* wd = w2.data() + e * n2;
+      const double* md = m2.data() + e * n2;
+      const double s = std::fabs(scale);
+      for (int64_t hh = 0; hh < h; ++hh) {
+        double acc = 0, mag = 0, term = 0, wabs = 0;
+        for (int64_t i = 0; i < inter; ++i) {
+          const double w = wd[hh * inter + i];
+          acc += a[i] * w;
+          mag += std::fabs(a[i]) * md[hh * inter + i];
+          term += slack[i] * std::fabs(w);
+          wabs += std::fabs(w);
+        }
+        if (row_shift) term = step * wabs + std::ldexp(mag, -7);
+        y[hh] += scale * acc;
+        abs_sum[hh] += s * mag;
+        act_term[hh] += s * term;
+      }
+    }
+    for (int64_t hh = 0; hh < h; ++hh) {
+      const double ref = static_cast<float>(y[hh]);
+      ex.ref[tok * h + hh] = ref;
+      ex.tol[tok * h + hh] =
+          runtime::moe_output_bound(out_dtype, abs_sum[hh], act_term[hh], eps_out, ref);
+    }
+  });
+  ex.tolerance = fmt::format(
+      "the bf16 experts' bound (bf16 out: 2⁻⁸·(|ref| + tol) + tol, fp32 sums of n terms at "
+      "min(n+2, 6·√(n/3))·2⁻²⁴·Σ|terms|, H={}, I={}, top_k={}) on the exact {} weights{}{} "
+      "(tests/moe_quant_test.cpp's oracle; a bound for every route)",
+      h, inter, k, weight_format_name(mq.format),
+      int8 ? ", x and the activation row quantized as the kernels do, + one code step where an "
+             "activation has slack"
+           : ", rounded to bf16 for the experts on the dequant route (ops::quant_gemm_fused "
+             "on their routed rows)",
+      mq.format == WeightFormat::int4_awq || mq.format == WeightFormat::int4_gptq
+          ? ", int4 terms at (q + z + 32)·|s| (the fused decode kernel)"
+          : "");
+  return ex;
+}
+
 // Adds one call's comparison to the report.
 void compare(CheckReport& rep, const std::string& value_name, const HostTensor& got,
              const Expected& e) {
@@ -219,8 +383,13 @@ CheckReport OperatorRunner::check(const TensorMap& outputs) const {
         ref = "runtime/reference_attention.h";
         break;
       default:
-        e = moe_expected(c, in(0), in(1), in(2), in(3), in(4), got.dtype);
-        ref = "runtime/reference_moe.h";
+        if (c.moe_quant.quantized()) {
+          e = moe_quant_expected(f_, c, *inputs_, in(0), in(3), in(4), got.dtype);
+          ref = "runtime/reference_moe.h's oracle on the exact dequantized experts";
+        } else {
+          e = moe_expected(c, in(0), in(1), in(2), in(3), in(4), got.dtype);
+          ref = "runtime/reference_moe.h";
+        }
         break;
     }
     const std::string& name = f_.value(op.result).name;

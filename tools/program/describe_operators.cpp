@@ -4,6 +4,7 @@
 
 #include <cctype>
 
+#include "codegen/quant_desc.h"
 #include "ir/printer.h"
 #include "jit/registry.h"
 #include "ops/rope_desc.h"
@@ -91,6 +92,37 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.window_right, o.softcap);
     }
     default:
+      if (c.moe_quant.quantized()) {
+        // One checkpoint description per expert, views at e of the [E, ...] inputs.
+        const MoeQuant& q = c.moe_quant;
+        const char* desc = q.format == WeightFormat::int8       ? "Int8Weight"
+                           : q.format == WeightFormat::fp8_e4m3 ? "Fp8Weight"
+                                                                : "Int4Weight";
+        auto named = [&](int proj) {
+          std::string n = "scales " + operand_text(f, q.scale[proj], dims);
+          if (q.zero[proj] >= 0) n += ", qzeros " + operand_text(f, q.zero[proj], dims);
+          if (q.g_idx[proj] >= 0) n += ", g_idx " + operand_text(f, q.g_idx[proj], dims);
+          return n;
+        };
+        std::string params;
+        if (q.format == WeightFormat::fp8_e4m3 && q.block_n > 0)
+          params = fmt::format(", block {}x{}", q.block_n, q.block_k);
+        if (q.format == WeightFormat::int4_awq || q.format == WeightFormat::int4_gptq)
+          params = fmt::format(", {}, group_size {}{}", weight_format_name(q.format), q.group_size,
+                               q.gptq_v2 ? ", gptq_v2" : "");
+        return fmt::format(
+            "w13p = tilejit::pack_experts(E {} of {} with {}{}, gate_up), w2p = "
+            "tilejit::pack_experts(E {} of {} with {}{}, down) once when the inputs are bound; "
+            "then tilejit::fused_experts(hidden = {}, w13p, w2p, topk_weights = {}, topk_ids = {}, "
+            "out = {}, {{.act = {}{}}})",
+            desc, arg(1), named(0), params, desc, arg(2), named(1), params, arg(0), arg(3), arg(4),
+            out, moe_act_text(c.moe),
+            q.format == WeightFormat::int8
+                ? fmt::format(", .act_quant = {}", c.moe.act_quant == ActQuant::dynamic_asym
+                                                       ? "dynamic_asym"
+                                                       : "dynamic_sym")
+                : "");
+      }
       return fmt::format(
           "w13p = tilejit::pack_experts({}, gate_up), w2p = tilejit::pack_experts({}, down) once "
           "when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
@@ -133,6 +165,45 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                           "TILEJIT_VERBOSE=1 logs each one compiled)",
                           api, isa_name(isa))};
     default:
+      if (c.moe_quant.quantized()) {
+        // ops/moe_quant.h's routes, per (expert, projection) and the expert's rows;
+        // the helper kernels named as the registry names them (avx512 serves amx).
+        const MoeQuant& q = c.moe_quant;
+        const Isa kisa = isa == Isa::llvm ? Isa::llvm : Isa::avx512;
+        std::string routes;
+        if (q.format == WeightFormat::int8) {
+          const codegen::ActQuantDesc aq{kisa, c.moe.act_quant == ActQuant::dynamic_asym
+                                                   ? codegen::ActQuantMode::asym
+                                                   : codegen::ActQuantMode::sym};
+          routes = fmt::format(
+              "w13 and w2 each: int8: the expert's rows quantized per token by {}, then the "
+              "u8 x s8 kernels (brgemm_{}_u8xi8_i32acc_m<rows>n64...) with the scaled (w13: and "
+              "GLU) epilogue",
+              aq.name(), isa_name(isa));
+        } else {
+          const DType code = q.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
+          const std::string fused =
+              isa == Isa::llvm ? "no fused decode kernel on llvm: always the dequant route"
+                               : "<= 4 rows for the expert: the fused decode kernel (exact "
+                                 "weights; ops::quant_gemm_fused), else the dequant route";
+          for (int proj = 0; proj < 2; ++proj) {
+            const codegen::DequantDesc dq{kisa, code, q.zero[proj] >= 0};
+            routes += fmt::format(
+                "{}{}: {}: per K chunk {} (or its _normal variant, by the scales) fills bf16 "
+                "packed rows for brgemm_{}_bf16_f32acc_m<rows>n64...",
+                proj ? "; " : "", proj ? "w2" : "w13", fused, dq.name(), isa_name(isa));
+          }
+        }
+        return {
+            fmt::format("{}: {} experts, per (expert, projection) one route by the "
+                        "expert's routed rows: w13 (gate_up, {}-and-mul epilogue), then w2 "
+                        "(down, scaled by the routing weights) (docs/moe.md, \"Quantized "
+                        "experts\")",
+                        isa_name(isa), weight_format_name(c.moe_quant.format), moe_act_text(c.moe)),
+            fmt::format("{}; chosen at run time by {} (TILEJIT_VERBOSE=1 logs each one "
+                        "compiled)",
+                        routes, api)};
+      }
       return {fmt::format("{}: gate/up GEMM with the {}-and-mul epilogue, then the down GEMM "
                           "scaled by the routing weights (docs/moe.md)",
                           isa_name(isa), moe_act_text(c.moe)),

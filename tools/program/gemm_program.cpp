@@ -103,6 +103,26 @@ GemmProgram match_quantized(const ir::Function& f, GemmProgram p) {
 std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id) {
   if (f.value(id).type.dtype != DType::u4) return std::nullopt;
   for (const ir::Op& op : f.ops) {
+    if (op.kind == ir::OpKind::moe && op.operands.size() >= 3) {
+      // Quantized experts: the same per expert, with a leading [E].
+      const bool awq = op.attrs.get_string("format").value_or("") == "awq";
+      for (int proj = 0; proj < 2; ++proj) {
+        const auto& wd = f.value(op.operands[1 + proj]).type.dims;
+        if (wd.size() != 3) continue;
+        const int64_t e = wd[0].value, n = wd[1].value, k = wd[2].value;
+        if (op.operands[1 + proj] == id) {
+          if (awq) return std::vector<int64_t>{e, k, (n + 7) / 8};
+          return std::vector<int64_t>{e, (k + 7) / 8, n};
+        }
+        const char* zero = proj == 0 ? "zero13" : "zero2";
+        for (size_t i = 0; i < op.operand_names.size(); ++i)
+          if (op.operand_names[i] == zero && op.operands.at(5 + i) == id) {
+            const auto& zd = f.value(id).type.dims;
+            return std::vector<int64_t>{e, zd.size() == 3 ? zd[1].value : 0, (n + 7) / 8};
+          }
+      }
+      continue;
+    }
     if (op.kind != ir::OpKind::gemm || op.operands.size() < 2) continue;
     const bool awq = op.attrs.get_string("format").value_or("") == "awq";
     const auto& wd = f.value(op.operands[1]).type.dims;

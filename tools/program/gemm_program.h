@@ -49,7 +49,8 @@ GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false)
 
 // A u4 param (a quantized gemm's w or zero) is held as its checkpoint's
 // int32 tensor: qweight [ceil(K/8), N] (gptq) or [K, ceil(N/8)] (awq), qzeros
-// [G, ceil(N/8)]. That shape, or nullopt for any other param.
+// [G, ceil(N/8)]; a moe op's u4 experts and zero13 / zero2 the same with a
+// leading [E]. That shape, or nullopt for any other param.
 std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id);
 
 }  // namespace tilejit::tools

@@ -107,6 +107,36 @@ OperatorProgram match_operator_program(const ir::Function& f) {
                 "program inputs, since they are packed once (pack_experts) when the inputs are "
                 "bound",
                 who, w == 1 ? "w13" : "w2", f.value(op.operands[w]).name));
+        // Quantized experts: their named operands are packed with them.
+        for (size_t n = 0; n < op.operand_names.size(); ++n) {
+          const int id = op.operands.at(5 + n);
+          const std::string& role = op.operand_names[n];
+          if (!is_param(f, id))
+            throw Error(fmt::format(
+                "{}: operand '{}' (%{}) is computed by the program: the experts' checkpoint "
+                "tensors must be program inputs, since they are packed once (pack_experts) when "
+                "the inputs are bound",
+                who, role, f.value(id).name));
+          const int proj = role.back() == '2' ? 1 : 0;
+          if (role.rfind("scale", 0) == 0) c.moe_quant.scale[proj] = id;
+          if (role.rfind("zero", 0) == 0) c.moe_quant.zero[proj] = id;
+          if (role.rfind("g_idx", 0) == 0) c.moe_quant.g_idx[proj] = id;
+        }
+        const DType wdt = f.value(op.operands[1]).type.dtype;
+        c.moe_quant.format = wdt == DType::i8       ? WeightFormat::int8
+                             : wdt == DType::f8e4m3 ? WeightFormat::fp8_e4m3
+                             : wdt != DType::u4     ? WeightFormat::bf16
+                             : a.get_string("format").value_or("gptq") == "awq"
+                                 ? WeightFormat::int4_awq
+                                 : WeightFormat::int4_gptq;
+        c.moe_quant.block_n = a.get_int("block_n").value_or(0);
+        c.moe_quant.block_k = a.get_int("block_k").value_or(0);
+        c.moe_quant.group_size = a.get_int("group_size").value_or(128);
+        c.moe_quant.bits = static_cast<int>(a.get_int("bits").value_or(4));
+        c.moe_quant.gptq_v2 = a.get_bool("gptq_v2").value_or(false);
+        c.moe.act_quant = a.get_string("act_quant").value_or("dynamic_sym") == "dynamic_asym"
+                              ? ActQuant::dynamic_asym
+                              : ActQuant::dynamic_sym;
         c.top_k = *a.get_int("top_k");
         // The verifier allowed only the gated activations or clamped_swiglu.
         const std::string act = a.get_string("activation").value_or("silu");

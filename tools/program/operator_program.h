@@ -6,7 +6,10 @@
 //   attention  %o = attention %q, %k, %v       tilejit::flash_attn_varlen, one sequence:
 //                                              cu_seqlens_q = [0, T], cu_seqlens_k = [0, S]
 //   moe        %o = moe %h, %w13, %w2, %tw, %ti  pack_experts (w13, w2 given row-major), then
-//                                              tilejit::fused_experts
+//                                              tilejit::fused_experts; quantized experts
+//                                              (scale13 = ..., scale2 = ...): pack_experts of
+//                                              one Int8Weight / Fp8Weight / Int4Weight per
+//                                              expert, views into the [E, ...] inputs
 //
 // A program may chain these ops (examples/rope_attention.tir: rope, then
 // attention on its result): the calls run in program order, each writing its
@@ -32,6 +35,19 @@ namespace tilejit::tools {
 // True for rope, attention and moe: the ops an OperatorProgram runs.
 bool is_operator_op(ir::OpKind k);
 
+// A moe call's quantized experts (docs/ir.md, "Quantized experts"): the
+// format, and per projection (0: w13, 1: w2) the value ids of its named
+// operands (-1: absent) and the checkpoint parameters of the attributes.
+struct MoeQuant {
+  WeightFormat format = WeightFormat::bf16;
+  int scale[2] = {-1, -1}, zero[2] = {-1, -1}, g_idx[2] = {-1, -1};
+  int64_t block_n = 0, block_k = 0;  // fp8 block scales
+  int64_t group_size = 128;          // int4
+  int bits = 4;
+  bool gptq_v2 = false;
+  bool quantized() const { return format != WeightFormat::bf16; }
+};
+
 // One IR op and the public call that runs it, its attributes resolved to the
 // API's options (the IR defaults applied).
 struct OperatorCall {
@@ -40,6 +56,7 @@ struct OperatorCall {
   RopeOptions rope;
   AttentionOptions attention;
   MoeOptions moe;
+  MoeQuant moe_quant;
   int64_t top_k = 0;
 
   // "tilejit::rope", "tilejit::flash_attn_varlen", "tilejit::fused_experts".

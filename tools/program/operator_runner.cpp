@@ -25,6 +25,81 @@ int64_t visible_keys(const AttentionOptions& o, int64_t t, int64_t s, int64_t i)
 
 }  // namespace
 
+QuantMatrix expert_matrix(const ir::Function& f, const OperatorCall& c, const TensorMap& inputs,
+                          int proj, int64_t e) {
+  const MoeQuant& mq = c.moe_quant;
+  const ir::TensorType& wt = f.value(operand(f, c, proj == 0 ? 1 : 2)).type;
+  const int64_t experts = wt.dims.at(0).value;
+  // One expert's slice of a [E, ...] input.
+  auto slice = [&](int id, std::vector<int64_t>* shape) -> const uint8_t* {
+    const HostTensor& h = inputs.at(f.value(id).name);
+    if (shape != nullptr) *shape = std::vector<int64_t>(h.shape.begin() + 1, h.shape.end());
+    return h.bytes.data() + static_cast<size_t>(e) * (h.bytes.size() / size_t(experts));
+  };
+  QuantMatrix m;
+  m.format = mq.format;
+  m.n = wt.dims.at(1).value;
+  m.k = wt.dims.at(2).value;
+  m.w = slice(operand(f, c, proj == 0 ? 1 : 2), nullptr);
+  m.scale = slice(mq.scale[proj], &m.scale_shape);
+  m.scale_dtype = f.value(mq.scale[proj]).type.dtype;
+  if (mq.zero[proj] >= 0) m.zero = reinterpret_cast<const int32_t*>(slice(mq.zero[proj], nullptr));
+  if (mq.g_idx[proj] >= 0)
+    m.g_idx = reinterpret_cast<const int32_t*>(slice(mq.g_idx[proj], nullptr));
+  m.block_n = mq.block_n;
+  m.block_k = mq.block_k;
+  m.group_size = mq.group_size;
+  m.gptq_v2 = mq.gptq_v2;
+  return m;
+}
+
+PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
+                                 const TensorMap& inputs, int proj) {
+  const MoeQuant& mq = c.moe_quant;
+  const int64_t experts = f.value(operand(f, c, 1)).type.dims.at(0).value;
+  const ExpertProj p = proj == 0 ? ExpertProj::gate_up : ExpertProj::down;
+  auto view = [](const void* data, DType t, std::vector<int64_t> shape) {
+    return TensorView(const_cast<void*>(data), t, std::move(shape));
+  };
+  std::vector<Int8Weight> i8;
+  std::vector<Fp8Weight> f8;
+  std::vector<Int4Weight> u4;
+  for (int64_t e = 0; e < experts; ++e) {
+    const QuantMatrix m = expert_matrix(f, c, inputs, proj, e);
+    const TensorView sv = view(m.scale, m.scale_dtype, m.scale_shape);
+    switch (mq.format) {
+      case WeightFormat::int8:
+        i8.push_back(Int8Weight{view(m.w, DType::i8, {m.n, m.k}), sv});
+        break;
+      case WeightFormat::fp8_e4m3:
+        f8.push_back(Fp8Weight{view(m.w, DType::f8e4m3, {m.n, m.k}), sv, m.block_n, m.block_k});
+        break;
+      default: {
+        Int4Weight q;
+        const bool awq = mq.format == WeightFormat::int4_awq;
+        q.format = awq ? Int4Format::awq : Int4Format::gptq;
+        q.qweight = view(m.w, DType::i32,
+                         awq ? std::vector<int64_t>{m.k, (m.n + 7) / 8}
+                             : std::vector<int64_t>{(m.k + 7) / 8, m.n});
+        q.scales = sv;
+        if (m.zero != nullptr)
+          q.qzeros = view(m.zero, DType::i32, {m.scale_shape.at(0), (m.n + 7) / 8});
+        if (m.g_idx != nullptr) q.g_idx = view(m.g_idx, DType::i32, {m.k});
+        q.bits = mq.bits;
+        q.group_size = m.group_size;
+        q.gptq_v2 = m.gptq_v2;
+        q.n = m.n;
+        q.k = m.k;
+        u4.push_back(q);
+        break;
+      }
+    }
+  }
+  if (mq.format == WeightFormat::int8) return pack_experts(i8, p);
+  if (mq.format == WeightFormat::fp8_e4m3) return pack_experts(f8, p);
+  return pack_experts(u4, p);
+}
+
 struct OperatorRunner::Bound {
   std::map<int, HostTensor> scratch;  // values between calls that are not results
   // Params with a static strided layout, laid out at those strides.
@@ -102,6 +177,11 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
     if (c.kind == ir::OpKind::moe) {
       // The engine's load-time step: the source weights are plain [E, 2I, H]
       // and [E, H, I], whatever layout the IR names (as a gemm's w is).
+      if (c.moe_quant.quantized()) {
+        b->w13[i] = pack_quant_experts(f_, c, inputs, 0);
+        b->w2[i] = pack_quant_experts(f_, c, inputs, 1);
+        continue;
+      }
       const HostTensor& w13 = inputs.at(f_.value(operand(f_, c, 1)).name);
       const HostTensor& w2 = inputs.at(f_.value(operand(f_, c, 2)).name);
       b->w13[i] = pack_experts(TensorView(w13.data<uint16_t>(), DType::bf16, w13.shape),

@@ -8,6 +8,7 @@
 #include "tools/program/check_report.h"
 #include "tools/program/host_tensor.h"
 #include "tools/program/operator_program.h"
+#include "tools/program/reference_rows.h"
 
 namespace tilejit::tools {
 
@@ -18,6 +19,17 @@ struct OperatorWork {
   std::string shape;    // "rope T=10 H=32 D=128 rotary_dim=128", one entry per call, "; "-joined
   std::string counted;  // how flops or bytes were counted, for the calls present
 };
+
+// Expert e's checkpoint tensors of projection proj (0: w13, 1: w2) of a moe
+// call with quantized experts: dense views at expert e of the [E, ...]
+// inputs (u4 ones held as their int32 checkpoint tensors), what the pack
+// and the check both read.
+QuantMatrix expert_matrix(const ir::Function& f, const OperatorCall& c, const TensorMap& inputs,
+                          int proj, int64_t e);
+// pack_experts of every expert's expert_matrix (tilejit::pack_experts of one
+// Int8Weight / Fp8Weight / Int4Weight per expert, GluRows::halves).
+PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
+                                 const TensorMap& inputs, int proj);
 
 // Runs an OperatorProgram on host tensors; owned by ProgramRunner.
 class OperatorRunner {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::tools {
@@ -54,6 +55,63 @@ void moe_token_args(runtime::ReferenceMoeArgs& a, const uint16_t* hidden, const 
   a.ld_ids = a.k;
   a.out = out;
   a.ld_out = a.h;
+}
+
+namespace {
+
+double scale_at(DType t, const void* s, int64_t i) {
+  switch (t) {
+    case DType::f16:
+      return runtime::f16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    case DType::bf16:
+      return runtime::bf16_to_f32(static_cast<const uint16_t*>(s)[i]);
+    default:
+      return static_cast<const float*>(s)[i];
+  }
+}
+
+}  // namespace
+
+void dequantize_exact(const QuantMatrix& m, double* w, double* mag) {
+  const int64_t n = m.n, k = m.k;
+  if (m.format == WeightFormat::int8 || m.format == WeightFormat::fp8_e4m3) {
+    const bool fp8 = m.format == WeightFormat::fp8_e4m3;
+    const int64_t bn = m.block_n, bk = m.block_k;
+    const int64_t gk = bk > 0 ? (k + bk - 1) / bk : 1;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const double sc = m.scale_shape.size() == 2
+                              ? scale_at(m.scale_dtype, m.scale, (r / bn) * gk + c / bk)
+                          : m.scale_shape.at(0) == 1 ? scale_at(m.scale_dtype, m.scale, 0)
+                                                     : scale_at(m.scale_dtype, m.scale, r);
+        const double code =
+            fp8 ? double(runtime::e4m3_to_f32(static_cast<const uint8_t*>(m.w)[r * k + c]))
+                : double(static_cast<const int8_t*>(m.w)[r * k + c]);
+        w[r * k + c] = code * sc;
+        if (mag != nullptr) mag[r * k + c] = std::fabs(w[r * k + c]);
+      }
+    return;
+  }
+  const bool awq = m.format == WeightFormat::int4_awq;
+  const int64_t gs = m.group_size;
+  const int64_t n8 = (n + 7) / 8;
+  const auto* qw = static_cast<const int32_t*>(m.w);
+  auto nibble = [](int32_t word, int i) { return (static_cast<uint32_t>(word) >> (4 * i)) & 0xF; };
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t grp = m.g_idx != nullptr ? m.g_idx[c] : gs < 0 ? 0 : c / gs;
+      const uint32_t q = awq ? nibble(qw[c * n8 + r / 8], runtime::kAwqNibble[r % 8])
+                             : nibble(qw[(c / 8) * n + r], static_cast<int>(c % 8));
+      int z = 8;
+      if (m.zero != nullptr) {
+        const uint32_t st =
+            nibble(m.zero[grp * n8 + r / 8], awq ? runtime::kAwqNibble[r % 8] : int(r % 8));
+        z = static_cast<int>(st) + (!awq && !m.gptq_v2 ? 1 : 0);
+      }
+      const double s = scale_at(m.scale_dtype, m.scale, grp * n + r);
+      w[r * k + c] = double(int(q) - z) * s;
+      if (mag != nullptr) mag[r * k + c] = double(int(q) + z + 32) * std::fabs(s);
+    }
 }
 
 }  // namespace tilejit::tools

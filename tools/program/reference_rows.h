@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_moe.h"
@@ -25,5 +26,31 @@ double reference_bias_at(const runtime::ReferenceGemmArgs& a, int64_t j);
 void moe_token_args(runtime::ReferenceMoeArgs& a, const uint16_t* hidden, const uint16_t* w13,
                     const uint16_t* w2, const float* topk_weights, const int32_t* topk_ids,
                     int64_t tok, float* out);
+
+// One quantized matrix's checkpoint tensors, dense, as the IR names them
+// (docs/ir.md "Quantized weights"; an expert of a moe op is one of these,
+// views at expert e of the [E, ...] tensors).
+struct QuantMatrix {
+  WeightFormat format = WeightFormat::bf16;  // int8, fp8_e4m3, int4_awq or int4_gptq
+  int64_t n = 0, k = 0;                      // the logical [N, K]
+  // int8 i8 [N, K], fp8 e4m3 codes [N, K], int4 the int32 qweight
+  // (gptq [ceil(K/8), N], awq [K, ceil(N/8)]).
+  const void* w = nullptr;
+  const void* scale = nullptr;  // f32 (int8, fp8), f16 / bf16 / f32 (int4)
+  DType scale_dtype = DType::f32;
+  std::vector<int64_t>
+      scale_shape;                 // [1], [N], [G, N] or fp8 block scales [ceil(N/bn), ceil(K/bk)]
+  const int32_t* zero = nullptr;   // int4: qzeros [G, ceil(N/8)], or null (z = 8)
+  const int32_t* g_idx = nullptr;  // int4: [K], or null
+  int64_t block_n = 0, block_k = 0;  // fp8 block scales
+  int64_t group_size = 128;          // int4
+  bool gptq_v2 = false;
+};
+// The exact logical weight w[n·K + k] in double (a code times an f32 / f16 /
+// bf16 scale is exact), decoded here from the checkpoint tensors, not by the
+// library. Where `mag` is given, per element the magnitude of the terms the
+// fused int4 decode kernel sums, (q + z + 32)·|s| (its terms are a·(16 + q)
+// and (16 + z)·Σa), and |w| for the other formats.
+void dequantize_exact(const QuantMatrix& m, double* w, double* mag = nullptr);
 
 }  // namespace tilejit::tools
