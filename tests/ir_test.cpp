@@ -42,8 +42,7 @@ Function linear() {
 }
 
 constexpr const char* kLinearText =
-    "func @linear(%x: tensor<?Mx4096xbf16>, %w: tensor<4096x4096xbf16, "
-    "packed<vnni2, n_block=64, "
+    "func @linear(%x: tensor<?Mx4096xbf16>, %w: tensor<4096x4096xbf16, packed<vnni2, n_block=64, "
     "k_pair=2>>, %bias: tensor<4096xf32>) -> (tensor<?Mx4096xbf16>) {\n"
     "  %0 = gemm %x, %w : tensor<?Mx4096xf32>\n"
     "  %1 = add %0, %bias : tensor<?Mx4096xf32>\n"
@@ -155,8 +154,7 @@ TEST(IrTypes, DTypeNames) {
   EXPECT_EQ(dtype_from_name("f64"), std::nullopt);
 }
 
-// ---- ops and attributes
-// -----------------------------------------------------------
+// ---- ops and attributes -----------------------------------------------------------
 
 TEST(IrOps, NamesRoundTrip) {
   for (OpKind k : all_op_kinds()) EXPECT_EQ(op_kind_from_name(name(k)), k);
@@ -169,8 +167,7 @@ TEST(IrOps, AttrsAreSortedTypedAndPrintable) {
   Attrs a{{"style", "neox"},   {"rotary_dim", 64},  {"causal", true},
           {"sm_scale", 0.125}, {"to", DType::bf16}, {"window", IntList{-1, 2}}};
   EXPECT_EQ(a.str(),
-            "{causal = true, rotary_dim = 64, sm_scale = 0.125, style "
-            "= \"neox\", to = bf16, "
+            "{causal = true, rotary_dim = 64, sm_scale = 0.125, style = \"neox\", to = bf16, "
             "window = [-1, 2]}");
   EXPECT_EQ(kind_of(*a.find("rotary_dim")), AttrKind::integer);
   EXPECT_EQ(kind_of(*a.find("style")), AttrKind::string);
@@ -186,8 +183,7 @@ TEST(IrOps, AttrsAreSortedTypedAndPrintable) {
   EXPECT_EQ((Attrs{{"b", 1}, {"a", 2}}), (Attrs{{"a", 2}, {"b", 1}}));
 }
 
-// ---- builder: type inference
-// ----------------------------------------------------
+// ---- builder: type inference ----------------------------------------------------
 
 TEST(IrBuilder, InfersLinearChain) {
   Function f = linear();
@@ -242,16 +238,15 @@ TEST(IrBuilder, ErrorsNameOpOperandAndRule) {
   int x = b.param("x", T(DType::bf16, {S("M"), F(64)}));
   int w = b.param("w", T(DType::bf16, {F(32), F(100)}));
   EXPECT_THAT([&] { b.gemm(x, w); },
-              ::testing::ThrowsMessage<Error>("gemm: operand 'w' (%w) has K=100 but "
-                                              "'x' (%x) has K=64: the reduction dims "
-                                              "must match"));
+              ::testing::ThrowsMessage<Error>(
+                  "gemm: operand 'w' (%w) has K=100 but 'x' (%x) has K=64: the reduction dims "
+                  "must match"));
   int y = b.param("y", T(DType::f32, {S("M"), F(7)}));
   int z = b.param("z", T(DType::f32, {F(8)}));
   EXPECT_THAT([&] { b.add(y, z); },
-              ::testing::ThrowsMessage<Error>(
-                  HasSubstr("add: operand 'b' (%z) has shape [8] but 'a' (%y) has shape "
-                            "[?M, 7]: add needs "
-                            "equal shapes, or a [N] operand broadcast over [..., N]")));
+              ::testing::ThrowsMessage<Error>(HasSubstr(
+                  "add: operand 'b' (%z) has shape [8] but 'a' (%y) has shape [?M, 7]: add needs "
+                  "equal shapes, or a [N] operand broadcast over [..., N]")));
   EXPECT_THROW(b.add(y, 42), Error);  // no such value
   EXPECT_EQ(infer_error(OpKind::gemm, {{"x", b.type(x)}}), "gemm: takes 2 operands (x, w), got 1");
   EXPECT_THROW(b.param("x", T(DType::f32, {})), Error);  // name taken
@@ -261,8 +256,7 @@ TEST(IrBuilder, ErrorsNameOpOperandAndRule) {
   EXPECT_THAT([&] { b.finish(); }, ::testing::ThrowsMessage<Error>(HasSubstr("has no return")));
 }
 
-// ---- printer
-// -------------------------------------------------------------------
+// ---- printer -------------------------------------------------------------------
 
 TEST(IrPrinter, LinearGolden) {
   EXPECT_EQ(print(linear()), kLinearText);
@@ -277,11 +271,9 @@ TEST(IrPrinter, AttentionGolden) {
   b.ret({b.attention(q, k, v,
                      {{"causal", true}, {"sm_scale", 0.08838834764831845}, {"window_left", -1}})});
   EXPECT_EQ(print(b.finish()),
-            "func @attn(%q: tensor<?Tx32x128xbf16>, %k: tensor<?Sx8x128xbf16, "
-            "strided<[?, 128, "
+            "func @attn(%q: tensor<?Tx32x128xbf16>, %k: tensor<?Sx8x128xbf16, strided<[?, 128, "
             "1]>>, %v: tensor<?Sx8x128xbf16>) -> (tensor<?Tx32x128xbf16>) {\n"
-            "  %0 = attention %q, %k, %v {causal = true, sm_scale = "
-            "0.08838834764831845, "
+            "  %0 = attention %q, %k, %v {causal = true, sm_scale = 0.08838834764831845, "
             "window_left = -1} : tensor<?Tx32x128xbf16>\n"
             "  return %0\n"
             "}\n");
@@ -296,14 +288,12 @@ TEST(IrPrinter, MalformedFunctionStillPrints) {
   EXPECT_THAT(s, HasSubstr("return %<id -3>"));
 }
 
-// ---- parser: round trips
-// ----------------------------------------------------------
+// ---- parser: round trips ----------------------------------------------------------
 
 const char* const kRoundTripPrograms[] = {
     kLinearText,
     // bias only, strided x, two results
-    "func @linear_bias(%x: tensor<?Mx512xbf16, strided<[?, 1]>>, %w: "
-    "tensor<1000x512xbf16>, "
+    "func @linear_bias(%x: tensor<?Mx512xbf16, strided<[?, 1]>>, %w: tensor<1000x512xbf16>, "
     "%b: tensor<1000xbf16>) -> (tensor<?Mx1000xf32>, tensor<?Mx1000xbf16>) {\n"
     "  %0 = gemm %x, %w : tensor<?Mx1000xf32>\n"
     "  %1 = add %0, %b : tensor<?Mx1000xf32>\n"
@@ -311,8 +301,7 @@ const char* const kRoundTripPrograms[] = {
     "  return %1, %2\n"
     "}\n",
     // every activation and mul
-    "func @acts(%a: tensor<?Bx?Tx64xf32>, %s: tensor<64xf32>) -> "
-    "(tensor<?Bx?Tx64xf32>) {\n"
+    "func @acts(%a: tensor<?Bx?Tx64xf32>, %s: tensor<64xf32>) -> (tensor<?Bx?Tx64xf32>) {\n"
     "  %0 = relu %a : tensor<?Bx?Tx64xf32>\n"
     "  %1 = silu %0 : tensor<?Bx?Tx64xf32>\n"
     "  %2 = gelu_tanh %1 : tensor<?Bx?Tx64xf32>\n"
@@ -324,30 +313,22 @@ const char* const kRoundTripPrograms[] = {
     "func @attn(%q: tensor<?Tx32x128xbf16>, %k: tensor<?Sx8x128xbf16>, %v: "
     "tensor<?Sx8x128xbf16>, %pos: tensor<?Txi32>, %cs: tensor<?Px64xf32>) -> "
     "(tensor<?Tx32x128xbf16>) {\n"
-    "  %qr = rope %q, %pos, %cs {rotary_dim = 64, style = \"neox\"} : "
-    "tensor<?Tx32x128xbf16>\n"
-    "  %o = attention %qr, %k, %v {causal = true, sm_scale = 0.125, softcap = "
-    "50.0, window_left "
+    "  %qr = rope %q, %pos, %cs {rotary_dim = 64, style = \"neox\"} : tensor<?Tx32x128xbf16>\n"
+    "  %o = attention %qr, %k, %v {causal = true, sm_scale = 0.125, softcap = 50.0, window_left "
     "= 4096, window_right = 0} : tensor<?Tx32x128xbf16>\n"
     "  return %o\n"
     "}\n",
     // moe with packed expert weights
-    "func @moe(%h: tensor<?Tx2048xbf16>, %w13: tensor<8x1536x2048xbf16, "
-    "packed<vnni2, "
-    "n_block=32, k_pair=2>>, %w2: tensor<8x2048x768xbf16, packed<vnni2, "
-    "n_block=64, k_pair=2>>, "
-    "%tw: tensor<?Tx2xf32>, %ti: tensor<?Tx2xi32>) -> (tensor<?Tx2048xbf16>) "
-    "{\n"
-    "  %0 = moe %h, %w13, %w2, %tw, %ti {activation = \"gelu_tanh\", top_k = "
-    "2} : "
+    "func @moe(%h: tensor<?Tx2048xbf16>, %w13: tensor<8x1536x2048xbf16, packed<vnni2, "
+    "n_block=32, k_pair=2>>, %w2: tensor<8x2048x768xbf16, packed<vnni2, n_block=64, k_pair=2>>, "
+    "%tw: tensor<?Tx2xf32>, %ti: tensor<?Tx2xi32>) -> (tensor<?Tx2048xbf16>) {\n"
+    "  %0 = moe %h, %w13, %w2, %tw, %ti {activation = \"gelu_tanh\", top_k = 2} : "
     "tensor<?Tx2048xbf16>\n"
     "  return %0\n"
     "}\n",
-    // parses although it does not verify: attrs of every kind, scalar type, odd
-    // escapes
+    // parses although it does not verify: attrs of every kind, scalar type, odd escapes
     "func @attrs(%x: tensor<f32>) -> (tensor<f32>) {\n"
-    "  %0 = relu %x {b = false, d = u4, f = -2.5e-07, i = "
-    "-9223372036854775807, l = [], l2 = [1, "
+    "  %0 = relu %x {b = false, d = u4, f = -2.5e-07, i = -9223372036854775807, l = [], l2 = [1, "
     "-2, 3], s = \"a \\\"q\\\" \\\\ b\"} : tensor<f32>\n"
     "  return %0\n"
     "}\n",
@@ -374,8 +355,7 @@ TEST(IrParser, BuilderFunctionsRoundTripStructurally) {
 TEST(IrParser, AcceptsCommentsAndFreeLayout) {
   Function f = parse(
       "// a comment\n"
-      "func @f(  %x :tensor< 4xf32 , strided<[ ? ]> >)->( "
-      "tensor<4xf32>){ // trailing\n"
+      "func @f(  %x :tensor< 4xf32 , strided<[ ? ]> >)->( tensor<4xf32>){ // trailing\n"
       "%r=relu %x:tensor<4xf32>   return %r}");
   EXPECT_EQ(print(f),
             "func @f(%x: tensor<4xf32, strided<[?]>>) -> (tensor<4xf32>) {\n"
@@ -385,8 +365,7 @@ TEST(IrParser, AcceptsCommentsAndFreeLayout) {
   EXPECT_EQ(verify_error(f), "");
 }
 
-// ---- parser: errors at exact positions
-// -------------------------------------------
+// ---- parser: errors at exact positions -------------------------------------------
 
 struct ErrorCase {
   const char* text;
@@ -397,12 +376,10 @@ struct ErrorCase {
 
 TEST(IrParser, ErrorsCarryLineAndColumn) {
   const ErrorCase cases[] = {
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = frob %x : "
-       "tensor<4xf32>\n"
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = frob %x : tensor<4xf32>\n"
        "  return %0\n}\n",
        2, 8, "unknown op 'frob'"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %y : "
-       "tensor<4xf32>\n"
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %y : tensor<4xf32>\n"
        "  return %0\n}\n",
        2, 13, "use of undefined value %y"},
       {"func @f(%x: tensor<4xq7>) -> () {\n  return\n}\n", 1, 22, "unknown dtype 'q7'"},
@@ -410,15 +387,12 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
       {"func @f(%x: tensor<4xf32>, %x: tensor<4xf32>) -> () {\n  return\n}\n", 1, 28,
        "redefinition of %x (first defined at 1:9)"},
       {"func @f(%x: tensor<4xf32>) -> (tensor<4xbf16>) {\n  return %x\n}\n", 1, 32,
-       "result 0 is declared tensor<4xbf16> but the returned %x is "
-       "tensor<4xf32>"},
+       "result 0 is declared tensor<4xbf16> but the returned %x is tensor<4xf32>"},
       {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x, %x\n}\n", 2, 3,
        "return gives 2 value(s) but @f declares 1 result(s)"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %x {s = "
-       "\"abc\n",
-       2, 21, "unterminated string"},
-      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %x {s = "
-       "neox} : "
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %x {s = \"abc\n", 2, 21,
+       "unterminated string"},
+      {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  %0 = relu %x {s = neox} : "
        "tensor<4xf32>\n  return %0\n}\n",
        2, 21, "unknown attribute value 'neox' (strings are quoted: \"neox\")"},
       {"func @f(%x: tensor<4xf32>) -> (tensor<4xf32>) {\n  return %x\n}\n}", 4, 1,
@@ -451,8 +425,7 @@ TEST(IrParser, ErrorsCarryLineAndColumn) {
   }
 }
 
-// ---- parser: malformed input never crashes
-// -------------------------------------------
+// ---- parser: malformed input never crashes -------------------------------------------
 
 // Parses `text`; any outcome but success or ParseError is a failure.
 void parse_or_parse_error(const std::string& text) {
@@ -478,20 +451,15 @@ TEST(IrParser, MalformedInputThrowsParseError) {
       "func @f(%x: tensor<4x>) -> () { return }",
       "func @f(%x: tensor<4xf32, packed<vnni2, n_block=>>) -> () { return }",
       "func @f(%x: tensor<4xf32, strided<[--1]>>) -> () { return }",
-      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = 1e99999} "
-      ": tensor<f32> "
+      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = 1e99999} : tensor<f32> "
       "return %0 }",
-      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = [1, x]} : "
-      "tensor<f32> "
+      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = [1, x]} : tensor<f32> "
       "return %0 }",
-      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = 1, a = 2} "
-      ": tensor<f32> "
+      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = 1, a = 2} : tensor<f32> "
       "return %0 }",
-      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = \"\\n\"} "
-      ": tensor<f32> "
+      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x {a = \"\\n\"} : tensor<f32> "
       "return %0 }",
-      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x : tensor<f32> "
-      "return %0 } extra",
+      "func @f(%x: tensor<f32>) -> (tensor<f32>) { %0 = relu %x : tensor<f32> return %0 } extra",
       "func @f() -> () { %0 = relu %0 : tensor<f32> return }",
   };
   for (const std::string& s : bad) {
@@ -528,8 +496,7 @@ TEST(IrParser, MalformedInputThrowsParseError) {
   }
 }
 
-// ---- verifier: one test per rule
-// ---------------------------------------------------
+// ---- verifier: one test per rule ---------------------------------------------------
 
 // A gemm program with the given x and w types and result type.
 std::string gemm_text(const std::string& x, const std::string& w, const std::string& r) {
@@ -583,8 +550,7 @@ TEST(IrVerifier, ValueTypesAreWellFormed) {
 TEST(IrVerifier, ResultTypeMustMatchInference) {
   EXPECT_THAT(
       verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16>", "tensor<?Mx32xbf16>")),
-      HasSubstr("%0 = gemm: result type tensor<?Mx32xbf16> does not "
-                "match the inferred type "
+      HasSubstr("%0 = gemm: result type tensor<?Mx32xbf16> does not match the inferred type "
                 "tensor<?Mx32xf32>"));
 }
 
@@ -607,14 +573,12 @@ TEST(IrVerifier, GemmRules) {
               HasSubstr("operand 'x' (%x) has layout packed<vnni2"));
   EXPECT_THAT(
       verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x64xbf16, strided<[1, 32]>>", r)),
-      HasSubstr("gemm takes w row_major (unit stride on the last dim) or "
-                "packed<vnni2>"));
+      HasSubstr("gemm takes w row_major (unit stride on the last dim) or packed<vnni2>"));
   EXPECT_THAT(verify_error(gemm_text("tensor<?Mx64xbf16>", "tensor<32x100xbf16>", r)),
               HasSubstr("%0 = gemm: operand 'w' (%w) has K=100 but 'x' (%x) has K=64: the "
                         "reduction dims must match"));
   EXPECT_THAT(verify_error(gemm_text("tensor<?Mx?Kx64xbf16>", "tensor<32x64xbf16>", r)),
-              HasSubstr("operand 'x' (%x) has rank 3 (tensor<?Mx?Kx64xbf16>): gemm "
-                        "takes x as "
+              HasSubstr("operand 'x' (%x) has rank 3 (tensor<?Mx?Kx64xbf16>): gemm takes x as "
                         "[M, K]"));
 }
 
@@ -628,22 +592,18 @@ TEST(IrVerifier, ElementwiseRules) {
   EXPECT_THAT(verify_error(ew_text("%a: tensor<4x8xf32>, %b: tensor<4xf32>", "add %a, %b",
                                    "tensor<4x8xf32>")),
               HasSubstr("%0 = add: operand 'b' (%b) has shape [4] but 'a' (%a) has shape [4, "
-                        "8]: add needs equal shapes, or a [N] operand broadcast over [..., "
-                        "N]"));
+                        "8]: add needs equal shapes, or a [N] operand broadcast over [..., N]"));
   EXPECT_THAT(
       verify_error(ew_text("%a: tensor<8xi32>, %b: tensor<8xf32>", "mul %a, %b", "tensor<8xf32>")),
-      HasSubstr("%0 = mul: operand 'a' (%a) has dtype i32: mul takes a "
-                "as f32, bf16"));
+      HasSubstr("%0 = mul: operand 'a' (%a) has dtype i32: mul takes a as f32, bf16"));
   EXPECT_THAT(verify_error(ew_text("%a: tensor<8x8xbf16, packed<vnni2, n_block=8, k_pair=2>>, "
                                    "%b: tensor<8xbf16>",
                                    "mul %a, %b", "tensor<8x8xbf16>")),
               HasSubstr("mul takes row_major operands"));
   EXPECT_THAT(verify_error(ew_text("%a: tensor<8xbf16>", "silu %a", "tensor<8xbf16>")),
-              HasSubstr("%0 = silu: operand 'x' (%a) has dtype bf16: silu is "
-                        "elementwise on f32"));
+              HasSubstr("%0 = silu: operand 'x' (%a) has dtype bf16: silu is elementwise on f32"));
   EXPECT_THAT(verify_error(ew_text("%a: tensor<8xf32>", "cast %a {to = i8}", "tensor<8xi8>")),
-              HasSubstr("%0 = cast: target dtype i8 is not supported: cast "
-                        "converts to f32, bf16 "
+              HasSubstr("%0 = cast: target dtype i8 is not supported: cast converts to f32, bf16 "
                         "or f16"));
   EXPECT_THAT(verify_error(ew_text("%a: tensor<8xu4>", "cast %a {to = f32}", "tensor<8xf32>")),
               HasSubstr("operand 'x' (%a) has dtype u4"));
@@ -673,16 +633,14 @@ TEST(IrVerifier, AttentionRules) {
             "");
   EXPECT_THAT(verify_error(attn_text(q("?Tx32x101xbf16"), q("?Sx8x101xbf16"), q("?Sx8x101xbf16"),
                                      "", q("?Tx32x101xbf16"))),
-              HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=101: head "
-                        "dims must be "
+              HasSubstr("%0 = attention: operand 'q' (%q) has head dim D=101: head dims must be "
                         "even (multiples of 2) in [2, 576]"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx32x128xbf16"), q("?Sx8x128xbf16"), q("?Sx8x592xbf16"),
                                      "", q("?Tx32x592xbf16"))),
               HasSubstr("operand 'v' (%v) has head dim Dv=592"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx6x128xbf16"), q("?Sx4x128xbf16"), q("?Sx4x128xbf16"), "",
                                      q("?Tx6x128xbf16"))),
-              HasSubstr("operand 'q' (%q) has Hq=6 but 'k' (%k) has Hkv=4: Hq must be "
-                        "a multiple "
+              HasSubstr("operand 'q' (%q) has Hq=6 but 'k' (%k) has Hkv=4: Hq must be a multiple "
                         "of Hkv"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx?Hx128xbf16"), q("?Sx4x128xbf16"), q("?Sx4x128xbf16"),
                                      "", q("?Tx?Hx128xbf16"))),
@@ -692,8 +650,7 @@ TEST(IrVerifier, AttentionRules) {
               HasSubstr("operand 'q' (%q) has D=?D: head dims must be static"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xf16"), q("?Sx8x64xbf16"), "",
                                      q("?Tx8x64xbf16"))),
-              HasSubstr("operand 'k' (%k) has dtype f16 but 'q' (%q) has bf16: "
-                        "q, k and v share "
+              HasSubstr("operand 'k' (%k) has dtype f16 but 'q' (%q) has bf16: q, k and v share "
                         "one dtype"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Ux8x64xbf16"), "",
                                      q("?Tx8x64xbf16"))),
@@ -721,18 +678,16 @@ TEST(IrVerifier, RopeRules) {
   // int64 positions, as PyTorch engines pass them.
   EXPECT_EQ(verify_error(rope_text(q, "tensor<?Txi64>", "tensor<?Px128xf32>", "")), "");
   EXPECT_THAT(verify_error(rope_text("tensor<?Tx8x63xf32>", pos, "tensor<?Px63xf32>", "")),
-              HasSubstr("%0 = rope: operand 'q' (%q) has head dim D=63: rope "
-                        "rotates pairs, D "
+              HasSubstr("%0 = rope: operand 'q' (%q) has head dim D=63: rope rotates pairs, D "
                         "must be even"));
   EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px256xf32>", "{rotary_dim = 256}")),
-              HasSubstr("attribute 'rotary_dim' = 256 with 'q' (%q) head dim "
-                        "D=128: rotary_dim "
+              HasSubstr("attribute 'rotary_dim' = 256 with 'q' (%q) head dim D=128: rotary_dim "
                         "must be even and <= D"));
   EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px64xf32>", "")),
               HasSubstr("operand 'cos_sin' (%cs) has 64 columns but rotary_dim=128"));
-  EXPECT_THAT(verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
-              HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes "
-                        "positions as i32, i64"));
+  EXPECT_THAT(
+      verify_error(rope_text(q, "tensor<?Txf32>", "tensor<?Px128xf32>", "")),
+      HasSubstr("operand 'positions' (%pos) has dtype f32: rope takes positions as i32, i64"));
   EXPECT_THAT(verify_error(rope_text(q, "tensor<?Uxi32>", "tensor<?Px128xf32>", "")),
               HasSubstr("operand 'positions' (%pos) has T=?U but 'q' (%q) has T=?T"));
   EXPECT_THAT(verify_error(rope_text(q, pos, "tensor<?Px128xf32>", "{style = \"llama\"}")),
@@ -758,8 +713,7 @@ TEST(IrVerifier, MoeRules) {
   EXPECT_THAT(verify_error(moe_text("tensor<4x128x512xbf16>", tw, "{top_k = 2}")),
               HasSubstr("operand 'w13' (%w13) has H=512 but 'hidden' (%h) has H=256"));
   EXPECT_THAT(verify_error(moe_text(w13, "tensor<?Tx2xbf16>", "{top_k = 2}")),
-              HasSubstr("operand 'topk_weights' (%tw) has dtype bf16: moe "
-                        "takes topk_weights as "
+              HasSubstr("operand 'topk_weights' (%tw) has dtype bf16: moe takes topk_weights as "
                         "f32"));
   EXPECT_THAT(verify_error(moe_text(w13, tw, "{activation = \"relu\", top_k = 2}")),
               HasSubstr("attribute 'activation' = \"relu\" must be one of"));
@@ -778,16 +732,14 @@ TEST(IrVerifier, MoeRules) {
 TEST(IrVerifier, CheckCollectsEveryProblem) {
   Function f = parse(gemm_text("tensor<?Mx64xf32>", "tensor<32x100xf16>", "tensor<?Mx32xf32>"));
   std::vector<Diagnostic> d = check(f);
-  ASSERT_EQ(d.size(),
-            2u);  // both dtypes; K is checked once the dtypes are right
+  ASSERT_EQ(d.size(), 2u);  // both dtypes; K is checked once the dtypes are right
   EXPECT_EQ(d[0].op_index, 0);
   EXPECT_EQ(d[0].value_id, f.ops[0].result);
   EXPECT_THAT(d[0].message, HasSubstr("operand 'x'"));
   EXPECT_THAT(d[1].message, HasSubstr("operand 'w'"));
 }
 
-// ---- quantized weights
-// ---------------------------------------------------------------
+// ---- quantized weights ---------------------------------------------------------------
 
 // A one-gemm program over the given params (name: type) and gemm operand text.
 std::string quant_text(const std::string& params, const std::string& operands,
@@ -801,8 +753,7 @@ TEST(IrQuant, PrintParseRoundTrips) {
   const std::vector<std::string> texts = {
       quant_text("%w: tensor<64x128xi8>, %s: tensor<64xf32>", "%w, scale = %s", ""),
       quant_text("%w: tensor<64x128xi8>, %s: tensor<1xf32>", "%w, scale = %s",
-                 "{act_quant = \"fixed\", act_scale = 0.015625, act_zero_point "
-                 "= 128}"),
+                 "{act_quant = \"fixed\", act_scale = 0.015625, act_zero_point = 128}"),
       quant_text("%w: tensor<64x128xf8e4m3>, %s: tensor<1xf32>", "%w, scale = %s", ""),
       quant_text("%w: tensor<64x128xf8e4m3, strided<[1, 64]>>, %s: tensor<64xf32>",
                  "%w, scale = %s", ""),
@@ -812,10 +763,10 @@ TEST(IrQuant, PrintParseRoundTrips) {
                  "{format = \"gptq\", group_size = 128}"),
       quant_text("%w: tensor<64x128xu4>, %s: tensor<4x64xbf16>, %z: tensor<4x64xu4>",
                  "%w, scale = %s, zero = %z", "{format = \"awq\", group_size = 32}"),
-      quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, "
-                 "%g: tensor<128xi32>",
-                 "%w, scale = %s, zero = %z, g_idx = %g",
-                 "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
+      quant_text(
+          "%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, %g: tensor<128xi32>",
+          "%w, scale = %s, zero = %z, g_idx = %g",
+          "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
       quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf32>, %g: tensor<128xi32>",
                  "%w, scale = %s, g_idx = %g", "{format = \"gptq\", group_size = -1}"),
   };
@@ -831,10 +782,9 @@ TEST(IrQuant, PrintParseRoundTrips) {
 
 TEST(IrQuant, NamedOperandsAreCanonical) {
   // Named operands in any order read back in the canonical order.
-  const Function f = parse(
-      quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: "
-                 "tensor<2x64xu4>, %g: tensor<128xi32>",
-                 "%w, g_idx = %g, zero = %z, scale = %s", "{format = \"gptq\", group_size = 64}"));
+  const Function f = parse(quant_text(
+      "%w: tensor<64x128xu4>, %s: tensor<2x64xf32>, %z: tensor<2x64xu4>, %g: tensor<128xi32>",
+      "%w, g_idx = %g, zero = %z, scale = %s", "{format = \"gptq\", group_size = 64}"));
   EXPECT_EQ(verify_error(f), "");
   EXPECT_THAT(print(f), HasSubstr("gemm %x, %w, scale = %s, zero = %z, g_idx = %g {"));
   ASSERT_EQ(f.ops[0].operand_names.size(), 3u);
@@ -887,8 +837,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
   const std::vector<Case> cases = {
       // i8
       {i8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
-       "operand 'scale' (%s) has shape [32]; an i8 weight takes scale as f32 "
-       "[N] (per channel, "
+       "operand 'scale' (%s) has shape [32]; an i8 weight takes scale as f32 [N] (per channel, "
        "N=64) or [1] (per tensor)"},
       {i8 + "%s: tensor<64xf16>", "%w, scale = %s", "", "operand 'scale' (%s) has dtype f16"},
       {"%w: tensor<64x128xi8>", "%w", "", "a quantized weight needs a 'scale' operand"},
@@ -909,14 +858,12 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {f8 + "%s: tensor<64xf32>, %z: tensor<1x64xu4>", "%w, scale = %s, zero = %z", "",
        "operand 'zero' (%z): an f8e4m3 weight has no zero point"},
       {f8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
-       "operand 'scale' (%s) has shape [32]; an f8e4m3 weight takes scale as "
-       "f32 [1] (per "
+       "operand 'scale' (%s) has shape [32]; an f8e4m3 weight takes scale as f32 [1] (per "
        "tensor), [N] (per channel, N=64)"},
       {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "",
        "block scales need attributes 'block_n' and 'block_k'"},
       {f8 + "%s: tensor<1x2xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
-       "operand 'scale' (%s) has shape [1, 2]; block scales of 128x128 over "
-       "N=64, K=128 are f32 "
+       "operand 'scale' (%s) has shape [1, 2]; block scales of 128x128 over N=64, K=128 are f32 "
        "[1, 1]"},
       {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "{block_k = 127, block_n = 128}",
        "attribute 'block_k' = 127 must be even"},
@@ -935,13 +882,11 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"awq\", gptq_v2 = true}",
        "attribute 'gptq_v2' = true applies to format = \"gptq\" only"},
       {u4 + "%s: tensor<2x64xf16>", "%w, scale = %s", "{format = \"gptq\"}",
-       "operand 'scale' (%s) has shape [2, 64]; a u4 weight of K=128 in groups "
-       "of 128 takes "
+       "operand 'scale' (%s) has shape [2, 64]; a u4 weight of K=128 in groups of 128 takes "
        "scale as [G, N] = [1, 64]"},
       {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x32xu4>", "%w, scale = %s, zero = %z",
        "{format = \"awq\", group_size = 32}",
-       "operand 'zero' (%z) has shape [4, 32]; zero points are u4 [G, N] like "
-       "'scale' ([4, 64])"},
+       "operand 'zero' (%z) has shape [4, 32]; zero points are u4 [G, N] like 'scale' ([4, 64])"},
       {u4 + "%s: tensor<4x64xf16>, %z: tensor<4x64xi32>", "%w, scale = %s, zero = %z",
        "{format = \"awq\", group_size = 32}", "operand 'zero' (%z) has dtype i32"},
       {u4 + "%s: tensor<1x64xf16>, %g: tensor<64xi32>", "%w, scale = %s, g_idx = %g",
@@ -952,8 +897,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {"%w: tensor<64x128xbf16>, %s: tensor<64xf32>", "%w, scale = %s", "",
        "operand 'scale' (%s): a bf16 weight takes no 'scale'"},
       {i8 + "%s: tensor<64xf32>", "%w, bias = %s", "",
-       "%0 = gemm: has no operand 'bias' (its named operands are scale, zero, "
-       "g_idx)"},
+       "%0 = gemm: has no operand 'bias' (its named operands are scale, zero, g_idx)"},
       {"%w: tensor<64x128xf32>", "%w", "",
        "operand 'w' (%w) has dtype f32: gemm takes w as bf16, i8, f8e4m3, u4"},
       {"%w: tensor<64x128xu4, strided<[256, 1]>>, %s: tensor<1x64xf16>", "%w, scale = %s",
@@ -973,8 +917,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
   EXPECT_THAT(verify_error(f), HasSubstr("operand 'scale' is given twice or out of order"));
 }
 
-// ---- quantized experts
-// -------------------------------------------------------------
+// ---- quantized experts -------------------------------------------------------------
 
 // A one-moe program: E=4, H=128, I=64 experts of dtype `wt`, extra params
 // and named operands.
@@ -1127,8 +1070,7 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
   EXPECT_THROW(parse(moe_quant_text("f4e2m1", "", "", "{top_k = 2}")), ParseError);
 }
 
-// ---- examples/*.tir
-// ---------------------------------------------------------------
+// ---- examples/*.tir ---------------------------------------------------------------
 
 TEST(IrExamples, ParseAndVerify) {
 #ifdef TILEJIT_EXAMPLES_DIR
