@@ -51,11 +51,15 @@ size_t PackedExperts::packed_bytes() const {
   return static_cast<size_t>(p.experts * p.expert_bytes);
 }
 
-PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
+PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {
   const char* op = "pack_experts";
   if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
     throw Error(fmt::format("pack_experts: proj={} is not an ExpertProj; allowed: gate_up, down",
                             static_cast<int>(proj)));
+  if (order != GluRows::halves && order != GluRows::interleaved)
+    throw Error(
+        fmt::format("pack_experts: glu_rows={} is not a GluRows; allowed: halves, interleaved",
+                    static_cast<int>(order)));
   ops::check_view(op, "w", w, 3);
   ops::check_dtype(op, "w", w, {DType::bf16});
   // Rows may not overlap (a row stride below H, e.g. 0, would pack one row
@@ -74,6 +78,7 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj) {
   auto impl = std::make_shared<PackedExperts::Impl>();
   impl->layout_name = PackedExperts::Impl::layout_for(proj);
   impl->proj = proj;
+  impl->glu_interleaved = order == GluRows::interleaved && proj == ExpertProj::gate_up;
   impl->experts = E;
   impl->n = proj == ExpertProj::gate_up ? rows / 2 : rows;
   impl->k = cols;

@@ -215,7 +215,7 @@ void PackedExperts::dequantize(const TensorView& out) const {
                             ops::shape_str(out.shape), p.experts, rows, p.k));
   // bf16 experts: the packed row of each logical row.
   const std::vector<int64_t> map = p.quant.empty() && p.proj == ExpertProj::gate_up
-                                       ? PackedExperts::Impl::glu_row_map(p.n, false)
+                                       ? PackedExperts::Impl::glu_row_map(p.n, p.glu_interleaved)
                                        : std::vector<int64_t>{};
   runtime::parallel_for(p.experts * rows, [&](int64_t er) {
     const int64_t e = er / rows, r = er % rows;

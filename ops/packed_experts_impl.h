@@ -70,7 +70,7 @@ struct PackedExperts::Impl {
     const int64_t b = p / 64, c = p % 64;
     const int64_t i = 32 * b + (c % 32);
     if (i >= n) return -1;
-    return c < 32 ? i : n + i;
+    return c < 32 ? gate_row(i) : up_row(i);
   }
 };
 

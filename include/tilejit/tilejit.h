@@ -427,7 +427,12 @@ class PackedExperts {
 };
 
 // w: [E, 2I, H] for gate_up, [E, H, I] for down; bf16, innermost stride 1.
-PackedExperts pack_experts(const TensorView& w, ExpertProj proj);
+// The order of a gate_up matrix's rows: `halves` (the I gate rows, then the
+// I up rows: sglang's and vLLM's w13) or `interleaved` (row 2i gate i, row
+// 2i + 1 up i: GPT-OSS's gate_up_proj); unpack and dequantize give the rows
+// back in that order.
+enum class GluRows { halves, interleaved };
+PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows rows = GluRows::halves);
 // Packing packed experts is a no-op (the same bytes) if proj matches, else an Error.
 PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj);
 // Quantized experts (docs/moe.md): one checkpoint description per expert
@@ -437,10 +442,7 @@ PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj);
 // expert has the same shape, format and parameters (group size, zero
 // points, block sizes, scale granularity; act-order g_idx may differ per
 // expert). A tensor-parallel shard is just views of the shard: any I.
-// gate_up rows: `halves` (the I gate rows, then the I up rows: sglang's and
-// vLLM's w13) or `interleaved` (row 2i gate i, row 2i + 1 up i: GPT-OSS's
-// gate_up_proj); unpack and dequantize give the rows back in that order.
-enum class GluRows { halves, interleaved };
+// gate_up rows: GluRows (above).
 PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj,
                            GluRows rows = GluRows::halves);
 PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj,
