@@ -438,6 +438,37 @@ for ex in rope:R attention_causal:A moe_silu:M rope_attention:RA; do
 done
 has "rope_attention: checked call by call" "$OUT" "each call on the operands it read"
 has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\|"
+
+# ---- quantized experts (docs/ir.md "Quantized experts"): every path, decode and prefill rows ----
+# T = 1 and 3: most experts take <= 4 rows (the fused decode kernel on amx /
+# avx512); T = 64: the dequant route (fp8, int4) and bigger int8 groups.
+for name in moe_int8 moe_fp8_block moe_int4_gptq; do
+  tir=$EXAMPLES/$name.tir
+  [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }
+  if grep -Eq 'xi8>' "$tir"; then helper=act_quant; else helper=dequant; fi
+  for isa in avx512 amx llvm; do
+    ok "$name: dump --stage plan --isa $isa" "$TJ" dump "$tir" --stage plan --isa $isa --dim T=4
+    has "$name: plan api ($isa)" "$OUT" "^  api +w13p = tilejit::pack_experts\\(E (Int8|Fp8|Int4)Weight of %[a-z0-9_]+ (i8|f8e4m3|u4) \\[8, 192, 256\\] with scales %"
+    has "$name: plan names the helper kernel ($isa)" "$OUT" "^  kernels +.*\\b${helper}_(avx512|llvm)_[a-z0-9]+"
+  done
+  ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
+  has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
+  for isa in $active avx512 llvm scalar; do
+    for t in 1 3 64; do
+      TILEJIT_ISA=$isa ok "$name: run T=$t --check, TILEJIT_ISA=$isa" "$TJ" run "$tir" --random-inputs 7 --dim T=$t --check
+      has "$name: $isa path (T=$t)" "$OUT" "on the $isa path"
+      has "$name: PASS ($isa, T=$t)" "$OUT" "^PASS \\("
+    done
+  done
+  has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_moe.h's oracle on the exact dequantized experts"
+  has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq) weights"
+done
+# A computed scale is refused: the experts are packed once, when the inputs are bound.
+printf 'func @q(%%h: tensor<?Tx256xbf16>, %%w13: tensor<2x64x256xi8>, %%w2: tensor<2x256x32xi8>, %%tw: tensor<?Tx1xf32>, %%ti: tensor<?Tx1xi32>, %%s13: tensor<2x64xf32>, %%s2: tensor<2x256xf32>) -> (tensor<?Tx256xbf16>) {\n  %%a = moe %%h, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13, scale2 = %%s2 {top_k = 1} : tensor<?Tx256xbf16>\n  %%o = moe %%a, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13, scale2 = %%s2 {top_k = 1} : tensor<?Tx256xbf16>\n  return %%o\n}\n' >"$WORK/moe_q2.tir"
+ok "quantized experts, two calls: run --check" "$TJ" run "$WORK/moe_q2.tir" --random-inputs 3 --dim T=5 --check
+has "quantized experts, two calls: PASS" "$OUT" "^PASS \\("
+printf 'func @q(%%h: tensor<?Tx256xbf16>, %%w13: tensor<2x64x256xi8>, %%w2: tensor<2x256x32xi8>, %%tw: tensor<?Tx1xf32>, %%ti: tensor<?Tx1xi32>, %%s13: tensor<2x64xf32>) -> (tensor<?Tx256xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13 {top_k = 1} : tensor<?Tx256xbf16>\n  return %%o\n}\n' >"$WORK/moe_q_bad.tir"
+bad "quantized experts without scale2" "error: %o = moe: operand 'w2' \\(%w2\\) is i8: a quantized weight needs a 'scale2' operand" "$TJ" run "$WORK/moe_q_bad.tir" --random-inputs 1 --dim T=2
 # The RoPE kernel and key that dump names are the ones the call compiles.
 if [ "$active" != scalar ]; then
   # Its code too, through the registry (LLVM code); attention's kernels are
