@@ -37,6 +37,7 @@ using namespace Xbyak::util;
 using Xbyak::Zmm;
 
 constexpr uint8_t kClassSubnormal = 0x20;  // vfpclassps: denormal
+constexpr int kPrefetchBytes = 8192;       // code bytes ahead (L2), as the fused kernel
 
 class DequantKernel : public JitGenerator {
  public:
@@ -196,6 +197,12 @@ class DequantKernel : public JitGenerator {
     mov(cur_, rax);
     load_group();
     L(have_group);
+    // The codes stream from DRAM when a cold weight is dequantized (MoE
+    // prefill: each expert's block once per call): pull them into L2 well
+    // ahead, one cache line per 64 code bytes (prefetches never fault past
+    // the chunk's end).
+    for (int line = 0; line < row_bytes() / 64; ++line)
+      prefetcht1(ptr[codes_ + kPrefetchBytes + 64 * line]);
     for (int i = 0; i < 4; ++i) {
       products(i);
       const Zmm a = T(i, 0), b = T(i, 1);
