@@ -27,6 +27,12 @@ struct LlamaJobOptions {
   // The layer GEMMs' weight format: bf16, int8 (W8A8, per-channel scales),
   // fp8 (e4m3, 128x128 block scales) or int4 (GPTQ, groups of 128, zero points).
   std::string weights = "bf16";
+  // The MoE block's expert formats, one moe_experts row per format and M:
+  // bf16, int8, fp8 (per-channel), fp8_block (128x128), int4 (GPTQ g128 zp),
+  // awq (g128 zp), mxfp4, or all.
+  std::vector<std::string> moe_weights = {"bf16", "int4"};
+  // "dense": only the Llama layer; "moe": only the MoE block; "": both.
+  std::string only;
 };
 
 struct DumpOptions {

@@ -4,7 +4,8 @@
 // (gemm_rows, rope_rows, decode_row, prefill_row); a new kind of layer op
 // is one more such function and one more entry in the layer list of
 // run_llama_layer_job. After the dense layer, one MoE block (moe_rows: router
-// and fused experts). docs/tool.md explains every row.
+// and fused experts, bf16 and, by --moe-weights, quantized: quant_moe_rows).
+// docs/tool.md explains every row.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -212,36 +213,64 @@ bool check_gemm_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>
 
 // ---- quantized GEMM rows (--weights int8 | fp8 | int4) --------------------------
 
-// A quantized checkpoint of one projection, built from random codes the way
-// tests/quant_gemm_test.cpp's make_checkpoint does (scales 2^e·(1 + m/8), exact
-// in every scale dtype; weights about as large as the bf16 rows' ±1/16).
+// The checkpoint formats of the quantized rows: the GEMM rows' int8 / fp8 /
+// int4 are int8, fp8_block and gptq; the MoE rows take every one.
+enum class QKind { int8, fp8_channel, fp8_block, gptq, awq, mxfp4 };
+
+// A quantized checkpoint of one [N, K] matrix, built from random codes the
+// way tests/quant_gemm_test.cpp's make_checkpoint does (scales 2^e·(1 + m/8),
+// exact in every scale dtype; weights about as large as the bf16 rows' ±1/16).
 struct QuantCheckpoint {
-  WeightFormat format = WeightFormat::bf16;
+  QKind kind = QKind::int8;
   int64_t n = 0, k = 0;
   std::vector<int8_t> i8;
-  std::vector<uint8_t> f8;
+  std::vector<uint8_t> f8;  // fp8 codes [N, K]; MXFP4 blocks [N, ⌈K/32⌉, 16]
   std::vector<int32_t> qweight, qzeros;
   std::vector<float> scales;
+  std::vector<uint8_t> e8m0;              // MXFP4 scales [N, ⌈K/32⌉]
   static constexpr int64_t kBlock = 128;  // fp8 block scales and int4 groups
+
+  int64_t groups() const { return (k + kBlock - 1) / kBlock; }
+  // int4: code q and zero point z of w[r, c] = (q − z)·s.
+  int q4(int64_t r, int64_t c) const {
+    if (kind == QKind::awq)
+      return int(static_cast<uint32_t>(qweight[c * ((n + 7) / 8) + r / 8]) >>
+                 (4 * runtime::kAwqNibble[r % 8])) &
+             0xF;
+    return int(static_cast<uint32_t>(qweight[(c / 8) * n + r]) >> (4 * (c % 8))) & 0xF;
+  }
+  int z4(int64_t r, int64_t c) const {
+    const uint32_t word = static_cast<uint32_t>(qzeros[(c / kBlock) * ((n + 7) / 8) + r / 8]);
+    if (kind == QKind::awq) return int(word >> (4 * runtime::kAwqNibble[r % 8])) & 0xF;
+    return (int(word >> (4 * (r % 8))) & 0xF) + 1;  // GPTQ v1 stores z − 1
+  }
 
   // The exact logical weight w[r, c] (code times scale, in double).
   double w(int64_t r, int64_t c) const {
-    switch (format) {
-      case WeightFormat::int8:
+    switch (kind) {
+      case QKind::int8:
         return double(i8[r * k + c]) * scales[r];
-      case WeightFormat::fp8_e4m3: {
-        const int64_t gk = (k + kBlock - 1) / kBlock;
-        return double(runtime::e4m3_to_f32(f8[r * k + c])) * scales[(r / kBlock) * gk + c / kBlock];
+      case QKind::fp8_channel:
+        return double(runtime::e4m3_to_f32(f8[r * k + c])) * scales[r];
+      case QKind::fp8_block:
+        return double(runtime::e4m3_to_f32(f8[r * k + c])) *
+               scales[(r / kBlock) * groups() + c / kBlock];
+      case QKind::mxfp4: {
+        const int64_t kb = (k + 31) / 32;
+        const int q = (f8[(r * kb + c / 32) * 16 + c % 32 / 2] >> (4 * (c % 2))) & 0xF;
+        return double(runtime::e2m1_to_f32(static_cast<uint8_t>(q))) *
+               std::ldexp(1.0, e8m0[r * kb + c / 32] - 127);
       }
-      default: {
-        const int64_t g = c / kBlock;
-        const int q = (static_cast<uint32_t>(qweight[(c / 8) * n + r]) >> (4 * (c % 8))) & 0xF;
-        const int z =
-            int((static_cast<uint32_t>(qzeros[g * ((n + 7) / 8) + r / 8]) >> (4 * (r % 8))) & 0xF) +
-            1;  // GPTQ v1 stores z - 1
-        return double(q - z) * scales[g * n + r];
-      }
+      default:
+        return double(q4(r, c) - z4(r, c)) * scales[(c / kBlock) * n + r];
     }
+  }
+  // The magnitude of w[r, c]'s terms in the kernels' fp32 sums: |w|, but the
+  // fused int4 kernel sums a·(16 + q) and (16 + z)·Σa (tests/moe_quant_test.cpp):
+  // (q + z + 32)·s.
+  double mag(int64_t r, int64_t c, bool fused) const {
+    if (!fused || (kind != QKind::gptq && kind != QKind::awq)) return std::fabs(w(r, c));
+    return double(q4(r, c) + z4(r, c) + 32) * scales[(c / kBlock) * n + r];
   }
 };
 
@@ -249,9 +278,9 @@ float quant_scale(uint64_t bits, int exp) {
   return std::ldexp(1.0f + static_cast<float>(bits % 8) / 8.0f, exp);
 }
 
-QuantCheckpoint make_checkpoint(WeightFormat f, int64_t n, int64_t k, uint64_t seed) {
+QuantCheckpoint make_checkpoint(QKind f, int64_t n, int64_t k, uint64_t seed) {
   QuantCheckpoint ck;
-  ck.format = f;
+  ck.kind = f;
   ck.n = n;
   ck.k = k;
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
@@ -261,62 +290,107 @@ QuantCheckpoint make_checkpoint(WeightFormat f, int64_t n, int64_t k, uint64_t s
     s ^= s << 17;
     return s;
   };
-  const int64_t kb = QuantCheckpoint::kBlock;
+  const int64_t kb = QuantCheckpoint::kBlock, g = ck.groups(), n8 = (n + 7) / 8;
   switch (f) {
-    case WeightFormat::int8:
+    case QKind::int8:
       ck.i8.resize(static_cast<size_t>(n * k));
       for (auto& v : ck.i8) v = static_cast<int8_t>(next() >> 56);
       ck.scales.resize(static_cast<size_t>(n));
-      for (auto& v : ck.scales) v = quant_scale(next(), -12);  // |w| <= 128·2^-12·2 = 1/8
+      for (auto& v : ck.scales) v = quant_scale(next(), -12);  // |w| <= 128·2^-12·2 = 1/16
       break;
-    case WeightFormat::fp8_e4m3: {
+    case QKind::fp8_channel:
+    case QKind::fp8_block: {
       ck.f8.resize(static_cast<size_t>(n * k));
       for (auto& v : ck.f8) {
         do v = static_cast<uint8_t>(next() >> 56);
         while ((v & 0x7F) == 0x7F);  // no NaN codes
       }
-      ck.scales.resize(static_cast<size_t>(((n + kb - 1) / kb) * ((k + kb - 1) / kb)));
+      ck.scales.resize(static_cast<size_t>(f == QKind::fp8_block ? ((n + kb - 1) / kb) * g : n));
       for (auto& v : ck.scales) v = quant_scale(next(), -12);
       break;
     }
-    default: {
-      const int64_t g = (k + kb - 1) / kb, n8 = (n + 7) / 8;
-      ck.qweight.resize(static_cast<size_t>(((k + 7) / 8) * n));
+    case QKind::mxfp4: {
+      const int64_t kb32 = (k + 31) / 32;
+      ck.f8.resize(static_cast<size_t>(n * kb32 * 16));
+      for (auto& v : ck.f8) v = static_cast<uint8_t>(next() >> 56);
+      if (k % 32 != 0)  // codes past K are zero
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = k; c < kb32 * 32; ++c)
+            ck.f8[(r * kb32 + c / 32) * 16 + c % 32 / 2] &=
+                static_cast<uint8_t>(0xF0 >> (4 * (c % 2)));
+      ck.e8m0.resize(static_cast<size_t>(n * kb32));
+      for (auto& v : ck.e8m0) v = static_cast<uint8_t>(127 - 7 + int(next() % 2));  // |w| <= 6·2^-6
+      break;
+    }
+    default:
+      ck.qweight.resize(static_cast<size_t>(f == QKind::awq ? k * n8 : ((k + 7) / 8) * n));
       for (auto& v : ck.qweight) v = static_cast<int32_t>(next() >> 32);
       ck.qzeros.resize(static_cast<size_t>(g * n8));
       for (auto& v : ck.qzeros) v = static_cast<int32_t>(next() >> 32);
       ck.scales.resize(static_cast<size_t>(g * n));
       for (auto& v : ck.scales) v = quant_scale(next(), -8);
       break;
-    }
   }
   return ck;
 }
 
+// The checkpoint's tensors as the library's weight descriptions (views into ck).
+Int8Weight int8_weight(const QuantCheckpoint& ck) {
+  return Int8Weight{TensorView(ck.i8.data(), DType::i8, {ck.n, ck.k}),
+                    TensorView(ck.scales.data(), DType::f32, {ck.n})};
+}
+
+Fp8Weight fp8_weight(const QuantCheckpoint& ck) {
+  const int64_t kb = QuantCheckpoint::kBlock;
+  Fp8Weight w;
+  w.weight = TensorView(ck.f8.data(), DType::f8e4m3, {ck.n, ck.k});
+  const float* sc = ck.scales.data();
+  if (ck.kind == QKind::fp8_block) {
+    w.scales = TensorView(sc, DType::f32, {(ck.n + kb - 1) / kb, ck.groups()});
+    w.block_n = kb;
+    w.block_k = kb;
+  } else {
+    w.scales = TensorView(sc, DType::f32, {ck.n});
+  }
+  return w;
+}
+
+Int4Weight int4_weight(const QuantCheckpoint& ck) {
+  const int64_t n = ck.n, k = ck.k, g = ck.groups(), n8 = (n + 7) / 8;
+  const bool awq = ck.kind == QKind::awq;
+  Int4Weight w;
+  w.format = awq ? Int4Format::awq : Int4Format::gptq;
+  const int32_t* qw = ck.qweight.data();
+  w.qweight =
+      awq ? TensorView(qw, DType::i32, {k, n8}) : TensorView(qw, DType::i32, {(k + 7) / 8, n});
+  w.scales = TensorView(ck.scales.data(), DType::f32, {g, n});
+  w.qzeros = TensorView(ck.qzeros.data(), DType::i32, {g, n8});
+  w.group_size = QuantCheckpoint::kBlock;
+  w.n = n;
+  w.k = k;
+  return w;
+}
+
+Mxfp4Weight mxfp4_weight(const QuantCheckpoint& ck) {
+  const int64_t kb32 = (ck.k + 31) / 32;
+  Mxfp4Weight w;
+  w.blocks = TensorView(ck.f8.data(), DType::u8, {ck.n, kb32, 16});
+  w.scales = TensorView(ck.e8m0.data(), DType::u8, {ck.n, kb32});
+  w.k = ck.k;
+  return w;
+}
+
 PackedWeight pack_checkpoint(const QuantCheckpoint& ck) {
-  const int64_t n = ck.n, k = ck.k, kb = QuantCheckpoint::kBlock;
-  switch (ck.format) {
-    case WeightFormat::int8:
-      return pack_weight(Int8Weight{TensorView(ck.i8.data(), DType::i8, {n, k}),
-                                    TensorView(ck.scales.data(), DType::f32, {n})});
-    case WeightFormat::fp8_e4m3: {
-      Fp8Weight w{TensorView(ck.f8.data(), DType::f8e4m3, {n, k}),
-                  TensorView(ck.scales.data(), DType::f32, {(n + kb - 1) / kb, (k + kb - 1) / kb})};
-      w.block_n = kb;
-      w.block_k = kb;
-      return pack_weight(w);
-    }
-    default: {
-      Int4Weight w;
-      w.format = Int4Format::gptq;
-      w.qweight = TensorView(ck.qweight.data(), DType::i32, {(k + 7) / 8, n});
-      w.scales = TensorView(ck.scales.data(), DType::f32, {(k + kb - 1) / kb, n});
-      w.qzeros = TensorView(ck.qzeros.data(), DType::i32, {(k + kb - 1) / kb, (n + 7) / 8});
-      w.group_size = kb;
-      w.n = n;
-      w.k = k;
-      return pack_weight(w);
-    }
+  switch (ck.kind) {
+    case QKind::int8:
+      return pack_weight(int8_weight(ck));
+    case QKind::fp8_channel:
+    case QKind::fp8_block:
+      return pack_weight(fp8_weight(ck));
+    case QKind::mxfp4:
+      return pack_weight(mxfp4_weight(ck));
+    default:
+      return pack_weight(int4_weight(ck));
   }
 }
 
@@ -335,7 +409,7 @@ bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
     const int64_t ri = t / g.n, j = t % g.n, r = rows[ri];
     const uint16_t* xr = x.data() + r * g.k;
     double ref, tol;
-    if (ck.format == WeightFormat::int8) {
+    if (ck.kind == QKind::int8) {
       std::vector<uint8_t> q(static_cast<size_t>(g.k));
       float sa = 1;
       int32_t za = 0;
@@ -374,11 +448,11 @@ bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
   return ok;
 }
 
-WeightFormat weight_format(const std::string& w) {
-  if (w == "int8") return WeightFormat::int8;
-  if (w == "fp8") return WeightFormat::fp8_e4m3;
-  if (w == "int4") return WeightFormat::int4_gptq;
-  return WeightFormat::bf16;
+// --weights: the GEMM rows' checkpoint format.
+QKind gemm_weight_kind(const std::string& w) {
+  if (w == "int8") return QKind::int8;
+  if (w == "fp8") return QKind::fp8_block;
+  return QKind::gptq;
 }
 
 // The weight stream of a decode step: packed bytes (codes, scales, zeros) per second.
@@ -391,8 +465,7 @@ std::string weight_note(const PackedWeight& pw, const Row& row) {
 
 void quant_gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& ms,
                      uint64_t seed, const Emit& emit) {
-  const WeightFormat f = weight_format(env.opt.weights);
-  const QuantCheckpoint ck = make_checkpoint(f, g.n, g.k, seed);
+  const QuantCheckpoint ck = make_checkpoint(gemm_weight_kind(env.opt.weights), g.n, g.k, seed);
   const PackedWeight pw = pack_checkpoint(ck);
   for (int64_t m : ms) {
     // What ops/gemm_quant.cpp runs (docs/quantized.md).
@@ -721,27 +794,308 @@ bool check_moe_rows(const std::vector<uint16_t>& x, const std::vector<uint16_t>&
   return ok;
 }
 
+// ---- quantized MoE rows (--moe-weights) --------------------------------------------
+
+// The --moe-weights formats after bf16, in the order the rows print.
+struct MoeQuantFormat {
+  const char* name;  // the option's value and the shape column's suffix
+  QKind kind;
+  const char* what;  // the header's description
+};
+constexpr MoeQuantFormat kMoeQuantFormats[] = {
+    {"int8", QKind::int8,
+     "int8 W8A8 (per-channel scales; x and the activation quantized per token)"},
+    {"fp8", QKind::fp8_channel, "fp8 e4m3, per-channel scales"},
+    {"fp8_block", QKind::fp8_block, "fp8 e4m3, DeepSeek-style 128x128 block scales"},
+    {"int4", QKind::gptq, "int4 GPTQ g128 with zero points"},
+    {"awq", QKind::awq, "int4 AWQ g128 with zero points"},
+    {"mxfp4", QKind::mxfp4, "MXFP4 (e2m1, e8m0 scales per 32)"},
+};
+
+bool moe_format_selected(const LlamaJobOptions& opt, const std::string& name) {
+  for (const std::string& w : opt.moe_weights)
+    if (w == name || w == "all") return true;
+  return false;
+}
+
+// The inputs of one engine step of the MoE block: hidden states and the
+// router's choice (the same for every expert format).
+struct MoeStep {
+  int64_t m = 0;
+  std::vector<uint16_t> x;
+  std::vector<float> tw;
+  std::vector<int32_t> ids;
+};
+
+// Quantized experts of the MoE block: every expert's checkpoints with their
+// logical weights (QuantCheckpoint), and the packs.
+struct QuantExperts {
+  QKind kind = QKind::int8;
+  std::vector<QuantCheckpoint> w13, w2;  // per expert [2I, H] (gate rows, then up rows), [H, I]
+  PackedExperts p13, p2;
+};
+
+template <class W>
+PackedExperts pack_quant_experts(const std::vector<QuantCheckpoint>& cks, ExpertProj proj,
+                                 W (*desc)(const QuantCheckpoint&)) {
+  std::vector<W> v;
+  v.reserve(cks.size());
+  for (const QuantCheckpoint& ck : cks) v.push_back(desc(ck));
+  return pack_experts(v, proj, GluRows::halves);
+}
+
+PackedExperts pack_quant_experts(const std::vector<QuantCheckpoint>& cks, ExpertProj proj) {
+  switch (cks[0].kind) {
+    case QKind::int8:
+      return pack_quant_experts(cks, proj, int8_weight);
+    case QKind::fp8_channel:
+    case QKind::fp8_block:
+      return pack_quant_experts(cks, proj, fp8_weight);
+    case QKind::mxfp4:
+      return pack_quant_experts(cks, proj, mxfp4_weight);
+    default:
+      return pack_quant_experts(cks, proj, int4_weight);
+  }
+}
+
+QuantExperts make_quant_experts(QKind kind, uint64_t seed) {
+  const int64_t E = kMoeExperts, H = kMoeHidden, I = kMoeInter;
+  QuantExperts q;
+  q.kind = kind;
+  q.w13.resize(size_t(E));
+  q.w2.resize(size_t(E));
+  runtime::parallel_for(2 * E, [&](int64_t t) {
+    const int64_t e = t / 2;
+    if (t % 2 == 0)
+      q.w13[size_t(e)] = make_checkpoint(kind, 2 * I, H, seed + uint64_t(t));
+    else
+      q.w2[size_t(e)] = make_checkpoint(kind, H, I, seed + uint64_t(t));
+  });
+  q.p13 = pack_quant_experts(q.w13, ExpertProj::gate_up);
+  q.p2 = pack_quant_experts(q.w2, ExpertProj::down);
+  return q;
+}
+
+// A projection's input row as the kernels see it (int8: quantized per token
+// with runtime::reference_act_quant_row, MoeOptions' default dynamic_sym),
+// with the magnitude of each element's terms in the kernels' sums.
+struct MoeInputRow {
+  std::vector<double> v, mag;
+  double scale = 0;        // int8: the row's scale
+  int64_t lo = 0, hi = 0;  // int8: the elements that set it
+};
+
+MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
+  MoeInputRow in;
+  in.v.resize(size_t(k));
+  in.mag.resize(size_t(k));
+  if (!int8) {
+    for (int64_t i = 0; i < k; ++i) in.mag[i] = std::fabs(in.v[i] = bf(x[i]));
+    return in;
+  }
+  std::vector<uint8_t> q(static_cast<size_t>(k));
+  float s = 0;
+  int32_t z = 0;
+  runtime::reference_act_quant_row(runtime::ActQuantRule::sym, x, k, k, 1.0f, 0.0f, 0, q.data(), &s,
+                                   &z);
+  for (int64_t i = 0; i < k; ++i) {
+    in.v[i] = double(int32_t(q[i]) - z) * double(s);
+    in.mag[i] = (std::fabs(double(int32_t(q[i]) - z)) + 2.0 * std::abs(z)) * double(s);
+    if (bf(x[i]) < bf(x[in.lo])) in.lo = i;
+    if (std::fabs(bf(x[i])) > std::fabs(bf(x[in.hi]))) in.hi = i;
+  }
+  in.scale = s;
+  return in;
+}
+
+// Tokens {0, M/2, M−1} of fused_experts on quantized experts against a double
+// oracle on the experts' logical weights (QuantCheckpoint::w), the oracle and
+// bound of tests/moe_quant_test.cpp, correct for every route an expert's GEMMs
+// take (ops/moe_quant.cpp; the oracle follows each expert's, by the library's
+// rule ops::quant_gemm_fused on its row count):
+//  - fused decode kernel (fp8 / int4 / MXFP4, <= 4 rows, amx / avx512), int8
+//    and the scalar fallback read the exact weights; the dequant route reads
+//    them rounded once to bf16 (bf16(f32(w))), so the oracle does too;
+//  - int8: x and the bf16 activation row quantized per token as the kernels
+//    do (runtime::reference_act_quant_row), so the oracle sees (q − z)·s;
+//  - bound (runtime/reference_error_bounds.h): each fp32 sum within
+//    8·u·Σ|terms| (the fused int4 kernel's terms (q + z + 32)·s), the
+//    activation's bf16 rounding allowed to go the other way only where that
+//    error reaches a rounding midpoint (moe_act_slack), pushed through |W2|
+//    and the routing weights; int8: a code one step off where an activation
+//    has slack, or every code and the row scale if the row's largest element
+//    has; then moe_output_bound for the bf16 output. A 1 % error in a scale,
+//    a wrong nibble, group or expert fails it.
+bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
+                          const std::vector<uint16_t>& out, Isa isa, double* max_err,
+                          double* worst_ratio) {
+  const int64_t H = kMoeHidden, I = kMoeInter, K = kMoeTopk, m = st.m;
+  constexpr double kU = 1.0 / (1 << 24), kSumUlps = 8;
+  const bool int8 = q.kind == QKind::int8;
+  std::vector<int64_t> count(size_t(kMoeExperts), 0);
+  for (int32_t e : st.ids) ++count[size_t(e)];
+  runtime::ReferenceGlu glu;  // silu
+  std::vector<int64_t> rows = {0, m / 2, m - 1};
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  bool ok = true;
+  *max_err = 0;
+  *worst_ratio = 0;
+  for (int64_t r : rows) {
+    std::vector<double> ref(size_t(H), 0), abs_sum(size_t(H), 0), act_term(size_t(H), 0);
+    const MoeInputRow xin = moe_input_row(int8, st.x.data() + r * H, H);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = st.ids[size_t(r * K + j)];
+      const double scale = st.tw[size_t(r * K + j)];
+      const bool exact = int8 || isa == Isa::scalar || ops::quant_gemm_fused(isa, count[size_t(e)]);
+      const bool fused = exact && !int8;
+      const QuantCheckpoint& w13 = q.w13[size_t(e)];
+      const QuantCheckpoint& w2 = q.w2[size_t(e)];
+      auto wt = [&](const QuantCheckpoint& ck, int64_t a, int64_t b) {
+        const double v = ck.w(a, b);
+        return exact ? v : double(bf(runtime::f32_to_bf16(static_cast<float>(v))));
+      };
+      std::vector<uint16_t> act(static_cast<size_t>(I));
+      std::vector<double> slack(static_cast<size_t>(I));
+      runtime::parallel_for(I, [&](int64_t i) {
+        runtime::MoeActPoint p;
+        for (int64_t hh = 0; hh < H; ++hh) {
+          const double wg = wt(w13, i, hh), wu = wt(w13, I + i, hh);
+          p.gate += xin.v[hh] * wg;
+          p.up += xin.v[hh] * wu;
+          p.gate_abs += xin.mag[hh] * (fused ? w13.mag(i, hh, true) : std::fabs(wg));
+          p.up_abs += xin.mag[hh] * (fused ? w13.mag(I + i, hh, true) : std::fabs(wu));
+        }
+        if (int8) {  // exact int32 sums, then <= 4 f32 roundings of the scaled value
+          p.gate_abs = std::fabs(p.gate);
+          p.up_abs = std::fabs(p.up);
+        }
+        p.act = runtime::reference_glu(glu, p.gate, p.up);
+        act[size_t(i)] = runtime::f32_to_bf16(static_cast<float>(p.act));
+        p.act_bf16 = bf(act[size_t(i)]);
+        slack[size_t(i)] = runtime::moe_act_slack(glu, p, (int8 ? 4 : kSumUlps) * kU);
+      });
+      const MoeInputRow ain = moe_input_row(int8, act.data(), I);
+      const bool row_shift = int8 && (slack[size_t(ain.lo)] > 0 || slack[size_t(ain.hi)] > 0);
+      runtime::parallel_for(H, [&](int64_t hh) {
+        double y = 0, mag = 0, term = 0, wabs = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          const double w = wt(w2, hh, i);
+          y += ain.v[i] * w;
+          mag += ain.mag[i] * (fused ? w2.mag(hh, i, true) : std::fabs(w));
+          wabs += std::fabs(w);
+          if (slack[size_t(i)] > 0)
+            term += (int8 ? ain.scale + slack[size_t(i)] : slack[size_t(i)]) * std::fabs(w);
+        }
+        if (row_shift) term = ain.scale * wabs + std::ldexp(mag, -7);
+        ref[size_t(hh)] += scale * y;
+        abs_sum[size_t(hh)] += std::fabs(scale) * mag;
+        act_term[size_t(hh)] += std::fabs(scale) * term;
+      });
+    }
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const double want = ref[size_t(hh)], got = bf(out[size_t(r * H + hh)]);
+      const double tol = runtime::moe_output_bound(DType::bf16, abs_sum[size_t(hh)],
+                                                   act_term[size_t(hh)], 2 * kSumUlps * kU, want);
+      const double err = std::fabs(got - want);
+      *max_err = std::max(*max_err, err);
+      *worst_ratio = std::max(*worst_ratio, err / tol);
+      if (!(err <= tol)) ok = false;
+    }
+  }
+  return ok;
+}
+
+// What fused_experts runs for this step's experts (ops/moe_quant.cpp's routes).
+std::string quant_moe_kernel(const MoeQuantFormat& f, const MoeStep& st, Isa isa) {
+  std::vector<int64_t> count(size_t(kMoeExperts), 0);
+  for (int32_t e : st.ids) ++count[size_t(e)];
+  int64_t touched = 0, fused = 0;
+  for (int64_t c : count) {
+    touched += c > 0;
+    fused += c > 0 && ops::quant_gemm_fused(isa, c);
+  }
+  std::string route;
+  if (isa == Isa::scalar)
+    route = "scalar fallback";
+  else if (f.kind == QKind::int8)
+    route = "int8 kernels";
+  else if (fused == touched)
+    route = "fused decode kernel";
+  else if (fused == 0)
+    route = "dequant + bf16 kernels";
+  else
+    route = fmt::format("{} fused decode, {} dequant", fused, touched - fused);
+  return fmt::format("fused_experts ({} experts: {})", touched, route);
+}
+
+void quant_moe_rows(const Env& env, const MoeQuantFormat& f, const std::vector<MoeStep>& steps,
+                    uint64_t seed, const Emit& emit) {
+  const int64_t H = kMoeHidden, E = kMoeExperts, I = kMoeInter, K = kMoeTopk;
+  const QuantExperts q = make_quant_experts(f.kind, seed);
+  const double bytes_per_expert = double(q.p13.packed_bytes() + q.p2.packed_bytes()) / double(E);
+  for (const MoeStep& st : steps) {
+    const int64_t m = st.m;
+    std::vector<uint16_t> out(size_t(m * H));
+    const TensorView xv(st.x.data(), DType::bf16, {m, H});
+    const TensorView wv(st.tw.data(), DType::f32, {m, K});
+    const TensorView iv(st.ids.data(), DType::i32, {m, K});
+    const TensorView ov(out.data(), DType::bf16, {m, H});
+    const std::set<int32_t> touched(st.ids.begin(), st.ids.end());
+    Row row{.op = "moe_experts",
+            .m = m,
+            .shape = fmt::format("E={} k={} H={} I={} {}", E, K, H, I, f.name),
+            .kernel = quant_moe_kernel(f, st, env.cpu.isa)};
+    double ratio = -1;
+    measure(
+        row, env, [&] { fused_experts(xv, q.p13, q.p2, wv, iv, ov); },
+        [&](double* err) { return check_quant_moe_rows(st, q, out, env.cpu.isa, err, &ratio); });
+    if (ratio >= 0) row.note = fmt::format("err/bound {:.2f}", ratio);
+    if (m <= 16) {
+      // The touched experts' packed bytes (codes, scales, zeros) per second.
+      row.bytes = true;
+      row.rate = double(touched.size()) * bytes_per_expert / row.seconds / 1e9;
+      row.note += fmt::format("{}experts {:.2f} MB each", row.note.empty() ? "" : "; ",
+                              bytes_per_expert / 1e6);
+    } else {
+      row.rate = 2.0 * double(m) * double(K) * 3.0 * double(H) * double(I) / row.seconds / 1e9;
+    }
+    emit(row);
+  }
+}
+
+// The router and the bf16 experts (when selected) for each M, then each
+// selected quantized format's experts on the same steps (hidden states and
+// routing).
 void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, const Emit& emit) {
   const int64_t H = kMoeHidden, E = kMoeExperts, I = kMoeInter, K = kMoeTopk;
-  const auto w13 = random_bf16(size_t(E * 2 * I * H), seed, 1.0f / 16);
-  const auto w2 = random_bf16(size_t(E * H * I), seed + 1, 1.0f / 16);
+  const bool bf16_experts = moe_format_selected(env.opt, "bf16");
+  std::vector<uint16_t> w13, w2;
+  PackedExperts p13, p2;
+  if (bf16_experts) {
+    w13 = random_bf16(size_t(E * 2 * I * H), seed, 1.0f / 16);
+    w2 = random_bf16(size_t(E * H * I), seed + 1, 1.0f / 16);
+    p13 = pack_experts(TensorView(w13.data(), DType::bf16, {E, 2 * I, H}), ExpertProj::gate_up);
+    p2 = pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down);
+  }
   const auto w_router = random_bf16(size_t(E * H), seed + 2, 1.0f / 16);
-  const PackedExperts p13 =
-      pack_experts(TensorView(w13.data(), DType::bf16, {E, 2 * I, H}), ExpertProj::gate_up);
-  const PackedExperts p2 =
-      pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down);
   const PackedWeight pr = pack_weight(TensorView(w_router.data(), DType::bf16, {E, H}));
+  std::vector<MoeStep> steps;
   for (int64_t m : ms) {
-    const auto x = random_bf16(size_t(m * H), seed + 3 + uint64_t(m), 1.0f);
-    std::vector<float> logits(size_t(m * E)), tw(size_t(m * K));
-    std::vector<int32_t> ids(size_t(m * K));
+    MoeStep& st = steps.emplace_back();
+    st.m = m;
+    st.x = random_bf16(size_t(m * H), seed + 3 + uint64_t(m), 1.0f);
+    const auto& x = st.x;
+    auto& tw = st.tw;
+    auto& ids = st.ids;
+    std::vector<float> logits(size_t(m * E));
+    tw.resize(size_t(m * K));
+    ids.resize(size_t(m * K));
     std::vector<uint16_t> out(size_t(m * H));
     const TensorView xv(x.data(), DType::bf16, {m, H});
     const TensorView lv(logits.data(), DType::f32, {m, E});
     const TensorView wv(tw.data(), DType::f32, {m, K});
     const TensorView iv(ids.data(), DType::i32, {m, K});
     const TensorView ov(out.data(), DType::bf16, {m, H});
-
     Row router{.op = "moe_router",
                .m = m,
                .shape = fmt::format("E={} H={} top{}", E, H, K),
@@ -765,6 +1119,7 @@ void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, con
     router.rate = 2.0 * double(m) * double(E) * double(H) / router.seconds / 1e9;
     emit(router);
 
+    if (!bf16_experts) continue;
     std::set<int32_t> touched(ids.begin(), ids.end());
     Row experts{.op = "moe_experts",
                 .m = m,
@@ -783,6 +1138,9 @@ void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, con
     }
     emit(experts);
   }
+  for (size_t f = 0; f < std::size(kMoeQuantFormats); ++f)
+    if (moe_format_selected(env.opt, kMoeQuantFormats[f].name))
+      quant_moe_rows(env, kMoeQuantFormats[f], steps, seed + 1000 * (f + 1), emit);
 }
 
 // ---- The table -------------------------------------------------------------------
@@ -859,12 +1217,21 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       kDecodeContext);
   fmt::print(
       "GEMM weights: {}; at M = 1 each GEMM row also prints the weight stream in GB/s "
-      "(PackedWeight::packed_bytes() per call)\n\n",
+      "(PackedWeight::packed_bytes() per call)\n",
       opt.weights == "int8"   ? "int8 W8A8 (per-channel f32 scales, x quantized per token)"
       : opt.weights == "fp8"  ? "fp8 e4m3 (128x128 block scales), dequantized to bf16 in the GEMM"
       : opt.weights == "int4" ? "int4 GPTQ (groups of 128, zero points), dequantized to bf16 in "
                                 "the GEMM"
                               : "bf16");
+  std::string moe_formats;
+  if (moe_format_selected(opt, "bf16")) moe_formats = "bf16";
+  for (const MoeQuantFormat& f : kMoeQuantFormats)
+    if (moe_format_selected(opt, f.name))
+      moe_formats += fmt::format("{}{} = {}", moe_formats.empty() ? "" : "; ", f.name, f.what);
+  fmt::print(
+      "MoE experts: {}; at M <= 16 each moe_experts row reports the touched experts' weight "
+      "stream in GB/s (PackedExperts::packed_bytes() / E per expert)\n\n",
+      moe_formats.empty() ? "none" : moe_formats);
 
   const std::vector<int64_t> all_m = {1, 16, 512};
   const LayerGemm qkv{"qkv_proj", kQkvWidth, kHidden, Activation::none};
@@ -880,16 +1247,18 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   };
   // The layer, op by op (a dense MLP: gate_up + down), then one MoE block in
   // place of that MLP.
-  gemm_rows(env, qkv, all_m, 1, emit);
-  rope_rows(env, all_m, 100, emit);
-  emit(decode_row(env, 1, 200));
-  emit(decode_row(env, 16, 210));
-  emit(prefill_row(env, 16, 300));
-  emit(prefill_row(env, 512, 310));
-  gemm_rows(env, o, all_m, 2000, emit);
-  gemm_rows(env, gate_up, all_m, 3000, emit);
-  gemm_rows(env, down, all_m, 4000, emit);
-  moe_rows(env, all_m, 5000, emit);
+  if (opt.only != "moe") {
+    gemm_rows(env, qkv, all_m, 1, emit);
+    rope_rows(env, all_m, 100, emit);
+    emit(decode_row(env, 1, 200));
+    emit(decode_row(env, 16, 210));
+    emit(prefill_row(env, 16, 300));
+    emit(prefill_row(env, 512, 310));
+    gemm_rows(env, o, all_m, 2000, emit);
+    gemm_rows(env, gate_up, all_m, 3000, emit);
+    gemm_rows(env, down, all_m, 4000, emit);
+  }
+  if (opt.only != "dense") moe_rows(env, all_m, 5000, emit);
   const CacheStats st = cache_stats();
   fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n",
              st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);

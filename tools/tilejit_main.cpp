@@ -136,6 +136,14 @@ int main(int argc, char** argv) {
                   "the GEMMs' weight format: bf16 (default), int8 (W8A8, per-channel scales), "
                   "fp8 (e4m3, 128x128 block scales), int4 (GPTQ g128 with zero points)")
       ->check(CLI::IsMember({"bf16", "int8", "fp8", "int4"}));
+  job->add_option("--moe-weights", llama.moe_weights,
+                  "the MoE block's expert formats, comma-separated, one moe_experts row each: "
+                  "bf16, int8 (W8A8), fp8 (per-channel), fp8_block (128x128), int4 (GPTQ g128 "
+                  "zp), awq (g128 zp), mxfp4, all (default: bf16,int4)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "int8", "fp8", "fp8_block", "int4", "awq", "mxfp4", "all"}));
+  job->add_option("--only", llama.only, "run only the Llama layer (dense) or the MoE block (moe)")
+      ->check(CLI::IsMember({"dense", "moe"}));
   app.add_subcommand(
       "cpuinfo", "detected ISA features, AMX permission, active path, threads, kernel cache dir");
   DumpOptions dump;
