@@ -19,6 +19,8 @@
 //   BM_DecodeTilejit/B/ctx/block/threads tilejit::decode_attention, cold KV cache
 //                                        (block 1, 8, 16, 64: rows scattered per key
 //                                        at block 1, per 8 keys at block 8)
+//   BM_DecodeTilejitFp8/B/ctx/block/threads the same over an fp8 e4m3 cache
+//                                        (KvCacheScales, per-tensor scales)
 //
 // Prefill: one sequence of T tokens, Hq = 32, Hkv = 8, D = Dv ∈ {64, 128},
 // causal. FLOPs count only the visible (query, key) pairs: query i sees keys
@@ -37,7 +39,9 @@
 // number. T = 8192 runs one iteration per repetition (seconds per call).
 //
 // Decode: Hq = 32, Hkv = 8, D = 128, every sequence `ctx` keys. Counters: GBs
-// (K + V bytes of the cache read per second: B·ctx·Hkv·D·2 bytes each),
+// (K + V bytes of the cache read per second: B·ctx·Hkv·D·2 bytes each, 1
+// byte per element for the fp8 cache), keys_per_s (B·ctx keys per second:
+// compares the two caches' rates),
 // pct_dram (of the streaming read bandwidth dram_GBs, measured with the same
 // thread count right before the run). The KV pool holds copies of the cache
 // totalling ≥ 1 GiB (32× the 32 MiB L3), blocks in a random order; each
@@ -495,26 +499,39 @@ void BM_DramReadBandwidth(benchmark::State& state) {
 
 constexpr int64_t kDecodeD = 128;
 
-int64_t cache_bytes(int64_t b, int64_t ctx) {
-  return b * ctx * kHkv * kDecodeD * 2 * 2;  // K and V, bf16
+int64_t cache_bytes(int64_t b, int64_t ctx, bool fp8 = false) {
+  return b * ctx * kHkv * kDecodeD * 2 * (fp8 ? 1 : 2);  // K and V, bf16 or e4m3
 }
 
 // A KV pool of `copies` caches of B sequences × ctx keys, blocks shuffled.
 struct DecodeData {
   int64_t b, ctx, bs, copies, blocks_per_seq, num_blocks;
+  bool fp8;
   std::unique_ptr<Mapping> k, v;
   std::vector<int32_t> tables;  // [copies][B][blocks_per_seq]
   std::vector<int32_t> seq_lens;
   std::vector<uint16_t> q, out;
-  DecodeData(int64_t b_, int64_t ctx_, int64_t bs_) : b(b_), ctx(ctx_), bs(bs_) {
-    copies = std::max<int64_t>(1, (int64_t(kGiB) + cache_bytes(b, ctx) - 1) / cache_bytes(b, ctx));
+  DecodeData(int64_t b_, int64_t ctx_, int64_t bs_, bool fp8_)
+      : b(b_), ctx(ctx_), bs(bs_), fp8(fp8_) {
+    const int64_t bytes = cache_bytes(b, ctx, fp8);
+    copies = std::max<int64_t>(1, (int64_t(kGiB) + bytes - 1) / bytes);
     blocks_per_seq = (ctx + bs - 1) / bs;
     num_blocks = copies * b * blocks_per_seq;
     const size_t elems = size_t(num_blocks * bs * kHkv * kDecodeD);
-    k = std::make_unique<Mapping>(elems * 2);
-    v = std::make_unique<Mapping>(elems * 2);
-    fill_repeating_bf16(k->u16(), elems, 5);
-    fill_repeating_bf16(v->u16(), elems, 6);
+    k = std::make_unique<Mapping>(elems * (fp8 ? 1 : 2));
+    v = std::make_unique<Mapping>(elems * (fp8 ? 1 : 2));
+    if (fp8) {  // random e4m3 codes of magnitude 2^-3 .. 2^3 (never NaN)
+      auto fill = [&](uint8_t* p, uint64_t seed) {
+        std::mt19937_64 rng(seed);
+        for (size_t i = 0; i < elems; ++i)
+          p[i] = static_cast<uint8_t>(((rng() & 1) << 7) | ((4 + rng() % 7) << 3) | (rng() & 7));
+      };
+      fill(static_cast<uint8_t*>(static_cast<void*>(k->u16())), 5);
+      fill(static_cast<uint8_t*>(static_cast<void*>(v->u16())), 6);
+    } else {
+      fill_repeating_bf16(k->u16(), elems, 5);
+      fill_repeating_bf16(v->u16(), elems, 6);
+    }
     tables.resize(size_t(num_blocks));
     std::iota(tables.begin(), tables.end(), 0);
     std::shuffle(tables.begin(), tables.end(), std::mt19937_64(42));
@@ -524,29 +541,32 @@ struct DecodeData {
     out.assign(q.size(), 0);
   }
   void run(int64_t copy) {
-    const TensorView cache_k(k->u16(), DType::bf16, {num_blocks, bs, kHkv, kDecodeD});
-    const TensorView cache_v(v->u16(), DType::bf16, {num_blocks, bs, kHkv, kDecodeD});
+    const DType t = fp8 ? DType::f8e4m3 : DType::bf16;
+    const TensorView cache_k(k->u16(), t, {num_blocks, bs, kHkv, kDecodeD});
+    const TensorView cache_v(v->u16(), t, {num_blocks, bs, kHkv, kDecodeD});
+    tilejit::AttentionOptions opt;
+    if (fp8) opt.kv_scales.k_scale = 0.125f, opt.kv_scales.v_scale = 0.25f;
     tilejit::decode_attention(
         TensorView(q.data(), DType::bf16, {b, kHq, kDecodeD}), cache_k, cache_v,
         TensorView(out.data(), DType::bf16, {b, kHq, kDecodeD}),
         TensorView(tables.data() + copy * b * blocks_per_seq, DType::i32, {b, blocks_per_seq}),
-        TensorView(seq_lens.data(), DType::i32, {b}));
+        TensorView(seq_lens.data(), DType::i32, {b}), opt);
   }
 };
 
-DecodeData& decode_data(int64_t b, int64_t ctx, int64_t bs) {
+DecodeData& decode_data(int64_t b, int64_t ctx, int64_t bs, bool fp8) {
   static std::unique_ptr<DecodeData> cur;
-  if (!cur || cur->b != b || cur->ctx != ctx || cur->bs != bs) {
+  if (!cur || cur->b != b || cur->ctx != ctx || cur->bs != bs || cur->fp8 != fp8) {
     cur.reset();
-    cur = std::make_unique<DecodeData>(b, ctx, bs);
+    cur = std::make_unique<DecodeData>(b, ctx, bs, fp8);
   }
   return *cur;
 }
 
-void BM_DecodeTilejit(benchmark::State& state) {
+void run_decode_bench(benchmark::State& state, bool fp8) {
   const int64_t b = state.range(0), ctx = state.range(1), bs = state.range(2);
   const int threads = static_cast<int>(state.range(3));
-  DecodeData& dd = decode_data(b, ctx, bs);
+  DecodeData& dd = decode_data(b, ctx, bs, fp8);
   const double ref = dram_gbs(threads);
   tilejit::set_num_threads(threads);
   dd.run(0);  // warm-up: compiles the kernel
@@ -556,11 +576,20 @@ void BM_DecodeTilejit(benchmark::State& state) {
     copy = (copy + 1) % dd.copies;
     dd.run(copy);
   }
-  const double gbs = double(cache_bytes(b, ctx)) * double(state.iterations()) / m.wall() * 1e-9;
+  const double gbs =
+      double(cache_bytes(b, ctx, fp8)) * double(state.iterations()) / m.wall() * 1e-9;
   state.counters["GBs"] = gbs;
+  state.counters["keys_per_s"] = double(b * ctx) * double(state.iterations()) / m.wall();
   state.counters["dram_GBs"] = ref;
   if (ref > 0) state.counters["pct_dram"] = 100.0 * gbs / ref;
   state.counters["copies"] = double(dd.copies);
+}
+
+void BM_DecodeTilejit(benchmark::State& state) {
+  run_decode_bench(state, false);
+}
+void BM_DecodeTilejitFp8(benchmark::State& state) {
+  run_decode_bench(state, true);
 }
 
 void register_all() {
@@ -615,6 +644,14 @@ void register_all() {
               ->Unit(benchmark::kMillisecond);
       }
     }
+  // The fp8 e4m3 cache at B = 16, 8k (against the bf16 rows of the same shape above).
+  for (int64_t bs : {16, 64})
+    for (int threads : {1, 2})
+      RegisterBenchmark("BM_DecodeTilejitFp8", BM_DecodeTilejitFp8)
+          ->Args({16, 8192, bs, threads})
+          ->ArgNames({"B", "ctx", "block", "threads"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

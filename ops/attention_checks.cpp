@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <string>
 
 #include "ops/attention_engine.h"
 #include "ops/tensor_checks.h"
@@ -39,6 +42,64 @@ void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_
                             shape_str(t.strides)));
 }
 
+void check_cache_rows(const char* op, const char* arg, const TensorView& t) {
+  check_view(op, arg, t, 4);
+  if (std::find(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes), t.dtype) ==
+      std::end(kKvCacheDtypes)) {
+    std::string allowed;
+    for (DType d : kKvCacheDtypes)
+      allowed += (allowed.empty() ? "" : ", ") + std::string(dtype_name(d));
+    throw Error(
+        fmt::format("{}: {} has dtype {}; allowed: {}", op, arg, dtype_name(t.dtype), allowed));
+  }
+  if (t.strides[3] != 1 && t.shape[3] > 1)
+    throw Error(fmt::format("{}: {} has strides {}; allowed: innermost stride 1", op, arg,
+                            shape_str(t.strides)));
+}
+
+KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_cache,
+                         const TensorView& v_cache, const KvCacheScales& s, int64_t hkv) {
+  if (k_cache.dtype != v_cache.dtype)
+    throw Error(
+        fmt::format("{}: k_cache is {}, v_cache is {}; allowed: the same dtype (one of "
+                    "bf16, f8e4m3)",
+                    op, dtype_name(k_cache.dtype), dtype_name(v_cache.dtype)));
+  KvScales r;
+  r.fp8 = k_cache.dtype == DType::f8e4m3;
+  auto side = [&](const char* name, float scale, const char* heads_name,
+                  const std::optional<TensorView>& heads, std::vector<float>& out) {
+    if (!r.fp8) {
+      if (scale != 1 || heads)
+        throw Error(fmt::format(
+            "{}: {}.{}{}; allowed: the defaults (1, no head scales) with a "
+            "bf16 cache (scales apply to f8e4m3 caches)",
+            op, where, heads ? heads_name : name, heads ? " given" : fmt::format("={}", scale)));
+      out.assign(static_cast<size_t>(hkv), 1.0f);
+      return;
+    }
+    if (!(scale > 0) || !std::isfinite(scale))
+      throw Error(fmt::format("{}: {}.{}={}; allowed: a finite value > 0", op, where, name, scale));
+    out.assign(static_cast<size_t>(hkv), scale);
+    if (!heads) return;
+    const std::string arg = fmt::format("{}.{}", where, heads_name);
+    check_view(op, arg.c_str(), *heads, 1);
+    check_dtype(op, arg.c_str(), *heads, {DType::f32});
+    if (heads->shape[0] != hkv)
+      throw Error(fmt::format("{}: {} has shape {}; allowed: [Hkv] = [{}]", op, arg,
+                              shape_str(heads->shape), hkv));
+    const auto* p = static_cast<const float*>(heads->data);
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float x = p[h * heads->strides[0]];
+      if (!(x > 0) || !std::isfinite(x))
+        throw Error(fmt::format("{}: {}[{}]={}; allowed: a finite value > 0", op, arg, h, x));
+      out[static_cast<size_t>(h)] = x;
+    }
+  };
+  side("k_scale", s.k_scale, "k_head_scales", s.k_head_scales, r.k);
+  side("v_scale", s.v_scale, "v_head_scales", s.v_head_scales, r.v);
+  return r;
+}
+
 namespace {
 void check_head_vector(const char* op, const char* arg, const TensorView& t, int64_t hq) {
   check_view(op, arg, t, 1);
@@ -70,7 +131,7 @@ void check_options(const char* op, const AttentionOptions& opt) {
 
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,
                  int64_t head_dim, const TensorView& k_cache) {
-  check_bf16_rows(op, arg, c, 4);
+  check_cache_rows(op, arg, c);
   if (c.shape[0] != k_cache.shape[0] || c.shape[1] != k_cache.shape[1] || c.shape[2] != hkv ||
       c.shape[3] != head_dim)
     throw Error(fmt::format(
@@ -104,8 +165,8 @@ PagedDims check_paged_attention(const char* op, const char* rows, const TensorVi
                                 const TensorView& k_cache, const TensorView& v_cache,
                                 const TensorView& out) {
   check_bf16_rows(op, "q", q, 3);
-  check_bf16_rows(op, "k_cache", k_cache, 4);
-  check_bf16_rows(op, "v_cache", v_cache, 4);
+  check_cache_rows(op, "k_cache", k_cache);
+  check_cache_rows(op, "v_cache", v_cache);
   check_bf16_rows(op, "out", out, 3);
   PagedDims p{q.shape[0],       q.shape[1],       q.shape[2],      v_cache.shape[3],
               k_cache.shape[2], k_cache.shape[0], k_cache.shape[1]};

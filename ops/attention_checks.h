@@ -23,6 +23,23 @@ void check_attention_out(const char* op, const TensorView& out, const AttentionO
                          std::initializer_list<ops::NamedView> inputs);
 // A bf16 tensor of the given rank with innermost stride 1.
 void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank);
+// The dtypes a paged KV cache may have: bf16, or f8e4m3 (an fp8 cache read
+// as code · scale, KvCacheScales). The one list every cache check uses.
+inline constexpr DType kKvCacheDtypes[] = {DType::bf16, DType::f8e4m3};
+// A paged cache [num_blocks, block_size, Hkv, head_dim] view: rank 4, a
+// kKvCacheDtypes dtype, innermost stride 1.
+void check_cache_rows(const char* op, const char* arg, const TensorView& t);
+// The scales of a call, resolved per kv head (k[h], v[h]); fp8 when the
+// caches are f8e4m3. Checks: k_cache and v_cache of one dtype; every scale
+// finite and > 0; head-scale tensors f32 [Hkv]; a bf16 cache only with the
+// default scales. `where` prefixes the argument names ("opt.kv_scales" or
+// "scales").
+struct KvScales {
+  bool fp8 = false;
+  std::vector<float> k, v;  // [Hkv]
+};
+KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_cache,
+                         const TensorView& v_cache, const KvCacheScales& s, int64_t hkv);
 // sinks / alibi_slopes: f32 [Hq] when present.
 void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq);
 // window_left / window_right ≥ −1, softcap ≥ 0, sm_scale finite.

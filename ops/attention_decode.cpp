@@ -12,6 +12,7 @@
 #include "ops/attention_checks.h"
 #include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
+#include "ops/attention_fp8.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
@@ -49,14 +50,15 @@ namespace ops {
 
 codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
                                                                  int64_t block_size, bool softcap,
-                                                                 bool alibi) {
+                                                                 bool alibi, DType kv) {
   return {.d = d,
           .dv = dv,
           .g = g,
           .block_size = block_size,
           .ldo = padded_dv(dv),
           .softcap = softcap,
-          .alibi = alibi};
+          .alibi = alibi,
+          .kv = kv};
 }
 
 }  // namespace ops
@@ -80,6 +82,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
                             shape_str(seq_lens.shape), batch));
   attn::check_options(op, opt);
   attn::check_head_vectors(op, opt, hq);
+  const attn::KvScales kvs =
+      attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
 
   // k_cache and v_cache may share memory (MLA reads V as the first Dv
   // columns of the K cache); out is written while every input is read.
@@ -113,11 +117,24 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   if (batch == 0) return;
 
   const attn::Params p = attn::make_params(opt, d, dv);
+  // Per kv head: p with an fp8 cache's scales folded in (p itself for bf16).
+  std::vector<attn::Params> ph(static_cast<size_t>(hkv));
+  for (int64_t h = 0; h < hkv; ++h) ph[h] = attn::head_params(p, kvs, h);
   const int64_t g = hq / hkv;
   const auto* qd = static_cast<const uint16_t*>(q.data);
   auto* od = static_cast<uint16_t*>(out.data);
+  const Isa isa = runtime::active_isa();
+  const bool llvm_kernel = isa != Isa::scalar && jit::family_built(jit::Family::decode_attention);
+  // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
+  // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
+  attn::Bf16CacheCopy copy;
+  if (kvs.fp8 && !llvm_kernel) copy = attn::dequantize_cache(k_cache, v_cache, block_table, lens);
+  const bool copied = kvs.fp8 && !llvm_kernel;
+  const TensorView& kc = copied ? copy.k_cache : k_cache;
+  const TensorView& vc = copied ? copy.v_cache : v_cache;
+  const TensorView& bt = copied ? copy.block_table : block_table;
   auto source = [&](const TensorView& c, int64_t b, int64_t h) {
-    return attn::paged_rows(c, block_table, b, h);
+    return attn::paged_rows(c, bt, b, h);
   };
 
   // Output rows of sequence b holding a NaN or an Inf, recomputed by the
@@ -125,33 +142,41 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
                     const std::vector<uint16_t*>& orows) {
     attn::repair_nonfinite(orows, dv, [&](size_t r) {
-      const attn::RowSource ks = source(k_cache, b, qr[r].head / g);
-      const attn::RowSource vs = source(v_cache, b, qr[r].head / g);
+      const int64_t h = qr[r].head / g;
+      if (kvs.fp8 && !copied) {  // the codes in place, a row at a time
+        std::vector<uint16_t> kb, vb;
+        attn::scalar_row(
+            ph[h], qr[r], lens[b],
+            [&](int64_t j) { return attn::fp8_row(k_cache, block_table, b, h, j, kb); },
+            [&](int64_t j) { return attn::fp8_row(v_cache, block_table, b, h, j, vb); }, orows[r]);
+        return;
+      }
+      const attn::RowSource ks = source(kc, b, h);
+      const attn::RowSource vs = source(vc, b, h);
       attn::scalar_row(
-          p, qr[r], lens[b], [&](int64_t j) { return ks.row(j); },
+          ph[h], qr[r], lens[b], [&](int64_t j) { return ks.row(j); },
           [&](int64_t j) { return vs.row(j); }, orows[r]);
     });
   };
 
-  const Isa isa = runtime::active_isa();
   if (isa == Isa::scalar) {
     runtime::parallel_for(batch * hq, [&](int64_t t) {
       const int64_t b = t / hq, h = t % hq;
-      attn::scalar_head(p, h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
-                        source(k_cache, b, h / g), source(v_cache, b, h / g),
+      attn::scalar_head(ph[h / g], h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
+                        source(kc, b, h / g), source(vc, b, h / g),
                         od + b * out.strides[0] + h * out.strides[1], 0);
     });
     return;
   }
 
   const int64_t dv_padded = padded_dv(dv);
-  if (jit::family_built(jit::Family::decode_attention)) {
+  if (llvm_kernel) {
     // The LLVM kernel: tasks are sequences × splits, all heads at once, so
     // each 16-key chunk reads whole cache rows (every head) instead of
     // 256-byte pieces of them.
     namespace lb = codegen::llvm_backend;
-    const lb::DecodeAttentionDesc desc =
-        ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr);
+    const lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
+        d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
     const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
     const int64_t base_tasks = batch;
     const int64_t splits = split_count(base_tasks, lens);
@@ -179,7 +204,12 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       slopes.resize(static_cast<size_t>(hq));
       if (p.slopes)
         for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
+      // fp8: the score scale per kv head (sm_scale · k scale).
+      thread_local std::vector<float> k_scale;
+      k_scale.resize(static_cast<size_t>(hkv));
+      for (int64_t h = 0; h < hkv; ++h) k_scale[h] = ph[h].scale;
       lb::DecodeAttentionArgs a{};
+      a.k_scale = k_scale.data();
       a.q = qd + b * q.strides[0];
       a.q_row_stride = q.strides[1];
       a.k = static_cast<const uint16_t*>(k_cache.data);
@@ -203,6 +233,13 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       a.l = st.l.data();
       a.o = st.o.data();
       fn(&a);
+      // fp8: the kernel's O is in the V codes' units (DecodeAttentionArgs).
+      if (kvs.fp8)
+        for (int64_t r = 0; r < hq; ++r) {
+          const float vsc = ph[r / g].v_scale;
+          float* orow = st.o.data() + r * st.ldo;
+          for (int64_t c = 0; c < dv; ++c) orow[c] *= vsc;
+        }
     };
     if (splits == 1) {
       runtime::parallel_for(base_tasks, [&](int64_t t) {
@@ -272,9 +309,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       const auto [b, h] = rows_of(t, qr, orows);
       thread_local attn::Partial st;
       st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-      attn::attend(isa, p, qr, source(k_cache, b, h), source(v_cache, b, h), lens[b], 0, lens[b],
-                   st);
-      attn::finish(p, qr, st, orows);
+      attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], 0, lens[b], st);
+      attn::finish(ph[h], qr, st, orows);
       repair(b, qr, orows);
     });
     return;
@@ -293,16 +329,16 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     attn::Partial& st = parts[t];
     st.reset(static_cast<int64_t>(qr.size()), dv_padded);
     const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);
-    attn::attend(isa, p, qr, source(k_cache, b, h), source(v_cache, b, h), lens[b], j0, j1, st);
+    attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], j0, j1, st);
   });
   runtime::parallel_for(base_tasks, [&](int64_t task) {
     std::vector<attn::QueryRow> qr;
     std::vector<uint16_t*> orows;
-    const int64_t b = rows_of(task, qr, orows).first;
+    const auto [b, h] = rows_of(task, qr, orows);
     attn::Partial& acc = parts[task * splits];
     for (int64_t s = 1; s < splits; ++s)
       attn::merge(acc, parts[task * splits + s], static_cast<int64_t>(qr.size()), dv);
-    attn::finish(p, qr, acc, orows);
+    attn::finish(ph[h], qr, acc, orows);
     repair(b, qr, orows);
   });
 }

@@ -11,9 +11,11 @@ namespace tilejit::ops {
 
 // The LLVM kernel tilejit::decode_attention runs for head sizes d and dv, g
 // query heads per kv head, cache blocks of block_size rows, with a softcap
-// and ALiBi slopes or without; its partial O rows are dv rounded up to 64 floats.
+// and ALiBi slopes or without, over a bf16 or f8e4m3 cache (kv); its partial
+// O rows are dv rounded up to 64 floats.
 codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
                                                                  int64_t block_size, bool softcap,
-                                                                 bool alibi);
+                                                                 bool alibi,
+                                                                 DType kv = DType::bf16);
 
 }  // namespace tilejit::ops

@@ -635,7 +635,7 @@ float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
     scale_o = std::exp(mx - m2);
     l = l * scale_o + std::exp(sink - m2);
   }
-  return scale_o / l;
+  return scale_o / l * p.v_scale;
 }
 
 // out rows from the transposed state: the LLVM kernel, else plain loops.

@@ -74,6 +74,10 @@ struct Params {
   int64_t sinks_stride = 1;
   const float* slopes = nullptr;  // [Hq] or null
   int64_t slopes_stride = 1;
+  // fp8 KV cache (KvCacheScales): the output is v_scale · Σ p·v over the V
+  // values read; the K scale is folded into `scale` (per kv head: tasks of
+  // one kv head take a Params of their own).
+  float v_scale = 1;
 };
 
 // Params of a call (scale defaults to 1/√D; head vectors may be strided).

@@ -16,6 +16,7 @@
 
 #include "ops/attention_checks.h"
 #include "ops/attention_engine.h"
+#include "ops/attention_fp8.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
@@ -61,6 +62,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   }
   attn::check_options(op, opt);
   attn::check_head_vectors(op, opt, hq);
+  const attn::KvScales kvs =
+      attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
   const auto qo = attn::read_cu_seqlens(op, "qo_indptr", qo_indptr, tokens);
   const int64_t batch = static_cast<int64_t>(qo.size()) - 1;
   ops::check_view(op, "block_table", block_table, 2);
@@ -96,6 +99,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const auto* table = static_cast<const int32_t*>(block_table.data);
   const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
   std::vector<int64_t> prefix(static_cast<size_t>(batch)), mask_off(static_cast<size_t>(batch) + 1);
+  std::vector<int64_t> cached_keys(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pre = prefix_p[b * prefix_lens.strides[0]], n = qo[b + 1] - qo[b];
     if (pre < 0) throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: >= 0", op, b, pre));
@@ -116,6 +120,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                                 b, i, blk, num_blocks - 1));
     }
     prefix[b] = pre;
+    cached_keys[b] = cached;
     mask_off[b + 1] = mask_off[b] + n * n;
   }
   const uint8_t* mask = nullptr;
@@ -141,8 +146,20 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const int64_t g = hq / hkv;
   const auto* qd = static_cast<const uint16_t*>(q.data);
   auto* od = static_cast<uint16_t*>(out.data);
-  auto cache_source = [&](const TensorView& c, int64_t b, int64_t h) {
-    return attn::paged_rows(c, block_table, b, h);
+  // An fp8 cache: the blocks the call reads converted exactly to bf16
+  // (attention_fp8.h). The cached keys' K scale is folded into the score
+  // scale of the engine's cached-key pass (pc[h]); their V scale multiplies
+  // that pass's O before the new keys' pass is merged in (O is linear in V),
+  // so K and V are read as code · scale exactly.
+  attn::Bf16CacheCopy copy;
+  if (kvs.fp8) copy = attn::dequantize_cache(k_cache, v_cache, block_table, cached_keys);
+  const TensorView& kc_view = kvs.fp8 ? copy.k_cache : k_cache;
+  const TensorView& vc_view = kvs.fp8 ? copy.v_cache : v_cache;
+  const TensorView& bt = kvs.fp8 ? copy.block_table : block_table;
+  std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);
+  for (int64_t h = 0; h < hkv; ++h) pc[h].scale = p.scale * kvs.k[h];
+  auto cache_source = [&](bool is_v, int64_t b, int64_t h) {
+    return attn::paged_rows(is_v ? vc_view : kc_view, bt, b, h);
   };
   // New token i of sequence b is key prefix[b] + i.
   auto new_source = [&](const TensorView& t, int64_t b, int64_t h) {
@@ -171,12 +188,14 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                     const std::vector<uint16_t*>& orows) {
     attn::repair_nonfinite(orows, dv, [&](size_t r) {
       const int64_t h = qr[r].head / g, split = cached_end(b);
-      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
+      const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
       attn::RowSource kn, vn;
       if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
       attn::scalar_row(
           p, qr[r], keys_of(b), [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
-          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r]);
+          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r],
+          [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
+          [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
     });
   };
 
@@ -186,7 +205,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       const int64_t tok = t / hq, head = t % hq;
       const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
       const int64_t h = head / g;
-      const attn::RowSource kc = cache_source(k_cache, b, h), vc = cache_source(v_cache, b, h);
+      const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
       attn::RowSource kn, vn;
       if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
       const int64_t split = cached_end(b);
@@ -194,7 +213,9 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
           p, query_row(b, tok - qo[b], head), keys_of(b),
           [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
           [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
-          od + tok * out.strides[0] + head * out.strides[1]);
+          od + tok * out.strides[0] + head * out.strides[1],
+          [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
+          [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
     });
     return;
   }
@@ -234,12 +255,27 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   auto run = [&](const Task& task, const std::vector<attn::QueryRow>& qr, int64_t j0, int64_t j1,
                  attn::Partial& st) {
     const int64_t b = task.b, h = task.h, tk = keys_of(b), split = cached_end(b);
-    if (j0 < split)
-      attn::attend(isa, p, qr, cache_source(k_cache, b, h), cache_source(v_cache, b, h), tk, j0,
+    const int64_t rows = static_cast<int64_t>(qr.size());
+    if (j0 < split) {
+      attn::attend(isa, pc[h], qr, cache_source(false, b, h), cache_source(true, b, h), tk, j0,
                    std::min(j1, split), st);
-    if (!in_cache && j1 > split)
-      attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
-                   std::max(j0, split), j1, st);
+      // st holds only the cached keys (the callers reset it): O in V's scale.
+      if (kvs.fp8 && kvs.v[h] != 1.0f)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < dv; ++c) st.o[r * st.ldo + c] *= kvs.v[h];
+    }
+    if (!in_cache && j1 > split) {
+      if (!kvs.fp8 || j0 >= split) {
+        attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
+                     std::max(j0, split), j1, st);
+      } else {  // fp8: the new keys in a state of their own, merged in
+        thread_local attn::Partial fresh;
+        fresh.reset(rows, st.ldo);
+        attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
+                     split, j1, fresh);
+        attn::merge(st, fresh, rows, dv);
+      }
+    }
   };
 
   if (splits == 1) {

@@ -43,6 +43,14 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     throw Error(fmt::format("{}: out has shape {}; allowed: [Tq, Hq, Dv] = [{}, {}, {}]", op,
                             shape_str(out.shape), tq, hq, dv));
   attn::check_options(op, opt);
+  const KvCacheScales& kvs = opt.kv_scales;
+  if (kvs.k_scale != 1 || kvs.v_scale != 1 || kvs.k_head_scales || kvs.v_head_scales)
+    throw Error(
+        fmt::format("{}: opt.kv_scales set (k_scale={}, v_scale={}{}); allowed: the "
+                    "defaults (KV-cache scales apply to decode / extend over an f8e4m3 "
+                    "cache)",
+                    op, kvs.k_scale, kvs.v_scale,
+                    kvs.k_head_scales || kvs.v_head_scales ? ", head scales" : ""));
   attn::check_head_vectors(op, opt, hq);
   const auto cq = attn::read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq);
   const auto ck = attn::read_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk);

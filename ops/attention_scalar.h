@@ -33,19 +33,29 @@ inline void scalar_head(const Params& p, int64_t head, int64_t tq, int64_t tk, c
   if (p.slopes) h.alibi_slope = p.slopes[head * p.slopes_stride];
   h.q_at = [&](int64_t i, int64_t c) { return double(runtime::bf16_to_f32(q0[i * q_stride + c])); };
   h.k_at = [&](int64_t j, int64_t c) { return double(runtime::bf16_to_f32(k.row(j)[c])); };
-  h.v_at = [&](int64_t j, int64_t c) { return double(runtime::bf16_to_f32(v.row(j)[c])); };
+  h.v_at = [&](int64_t j, int64_t c) {
+    return double(runtime::bf16_to_f32(v.row(j)[c])) * double(p.v_scale);
+  };
   h.out = [&](int64_t i, int64_t c, double x) {
     out0[i * out_stride + c] = runtime::f32_to_bf16(static_cast<float>(x));
   };
   runtime::reference_attention_head(h);
 }
 
+// Scale 1 for every key (scalar_row's default).
+struct UnitScale {
+  double operator()(int64_t) const { return 1.0; }
+};
+
 // One query row over keys [0, tk) whose rows come from key_row(j) / value_row(j),
 // in double, honouring the row's tree mask (extend with a tree mask has
-// per-key visibility the reference's interval rule cannot express).
-template <class KeyRow, class ValueRow>
+// per-key visibility the reference's interval rule cannot express). Key j's
+// K and V values are its rows' times key_scale(j) / value_scale(j) (extend
+// over an fp8 cache: the cached keys' scales, 1 for k_new / v_new).
+template <class KeyRow, class ValueRow, class KeyScale = UnitScale, class ValueScale = UnitScale>
 void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row,
-                ValueRow value_row, uint16_t* out) {
+                ValueRow value_row, uint16_t* out, KeyScale key_scale = {},
+                ValueScale value_scale = {}) {
   int64_t lo = 0, hi = -1;
   visible_keys(p, row.i_pos, tk, lo, hi);
   const double slope = p.slopes ? p.slopes[row.head * p.slopes_stride] : 0.0;
@@ -64,7 +74,7 @@ void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c)
       dot += double(runtime::bf16_to_f32(row.q[c])) * double(runtime::bf16_to_f32(k[c]));
-    double x = dot * p.scale;
+    double x = dot * key_scale(j) * p.scale;
     if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
     x += slope * static_cast<double>(j - row.i_pos);
     s[j - lo] = x;
@@ -81,9 +91,10 @@ void scalar_row(const Params& p, const QueryRow& row, int64_t tk, KeyRow key_row
       const double w = std::exp(s[j - lo] - shift);
       denom += w;
       const uint16_t* v = value_row(j);
-      for (int64_t c = 0; c < p.dv; ++c) acc[c] += w * double(runtime::bf16_to_f32(v[c]));
+      const double vs = value_scale(j);
+      for (int64_t c = 0; c < p.dv; ++c) acc[c] += w * vs * double(runtime::bf16_to_f32(v[c]));
     }
-    for (auto& a : acc) a = denom == 0 ? 0.0 : a / denom;
+    for (auto& a : acc) a = denom == 0 ? 0.0 : a / denom * double(p.v_scale);
   }
   for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(static_cast<float>(acc[c]));
 }

@@ -3,6 +3,9 @@
 // past num_blocks·block_size is an Error, raised before anything is written.
 // slot_mapping is int32 or int64 (vLLM passes int64); both are read as int64,
 // so a 64-bit slot that would wrap in 32 bits is still rejected, not truncated.
+// An f8e4m3 cache (both caches, KvCacheScales) stores e4m3(x / scale):
+// runtime::f32_to_e4m3 (nearest, ties to even; saturating to ±448, ±Inf
+// too; NaN -> 0x7F) of the f32 quotient.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -10,6 +13,8 @@
 
 #include "ops/attention_checks.h"
 #include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit {
@@ -22,7 +27,7 @@ void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const ch
                           const TensorView& cache, int64_t t, int64_t hkv) {
   constexpr const char* op = "store_kv";
   ops::attn::check_bf16_rows(op, rows_arg, rows, 3);
-  ops::attn::check_bf16_rows(op, cache_arg, cache, 4);
+  ops::attn::check_cache_rows(op, cache_arg, cache);
   if (rows.shape[0] != t || rows.shape[1] != hkv)
     throw Error(fmt::format("{}: {} has shape {}; allowed: [T, Hkv, ·] = [{}, {}, ·]", op, rows_arg,
                             shape_str(rows.shape), t, hkv));
@@ -31,8 +36,21 @@ void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const ch
                             cache_arg, shape_str(cache.shape), hkv, rows.shape[2]));
 }
 
-void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64_t slot) {
+void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64_t slot,
+               const std::vector<float>& scales) {
   const int64_t bs = cache.shape[1], hkv = rows.shape[1], d = rows.shape[2];
+  if (cache.dtype == DType::f8e4m3) {
+    const auto* src = static_cast<const uint16_t*>(rows.data) + t * rows.strides[0];
+    auto* dst = static_cast<uint8_t*>(cache.data) + (slot / bs) * cache.strides[0] +
+                (slot % bs) * cache.strides[1];
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float s = scales[static_cast<size_t>(h)];
+      const uint16_t* x = src + h * rows.strides[1];
+      uint8_t* y = dst + h * cache.strides[2];
+      for (int64_t e = 0; e < d; ++e) y[e] = runtime::f32_to_e4m3(runtime::bf16_to_f32(x[e]) / s);
+    }
+    return;
+  }
   const auto* src = static_cast<const uint16_t*>(rows.data) + t * rows.strides[0];
   auto* dst = static_cast<uint16_t*>(cache.data) + (slot / bs) * cache.strides[0] +
               (slot % bs) * cache.strides[1];
@@ -43,7 +61,8 @@ void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64
 }  // namespace
 
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
-              const TensorView& v_cache, const TensorView& slot_mapping) {
+              const TensorView& v_cache, const TensorView& slot_mapping,
+              const KvCacheScales& scales) {
   constexpr const char* op = "store_kv";
   ops::check_view(op, "slot_mapping", slot_mapping, 1);
   ops::check_index_dtype(op, "slot_mapping", slot_mapping);
@@ -57,6 +76,8 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
         fmt::format("{}: v_cache has shape {}; allowed: [num_blocks, block_size] of "
                     "k_cache = [{}, {}, ...]",
                     op, shape_str(v_cache.shape), k_cache.shape[0], k_cache.shape[1]));
+  const ops::attn::KvScales kvs =
+      ops::attn::check_kv_scales(op, "scales", k_cache, v_cache, scales, hkv);
   // Both caches are written while k, v and slot_mapping are read: no two of
   // them may share memory (k_cache == v_cache would keep only V), and neither
   // cache may overlap itself (a slot stride of 0 puts every token in one row).
@@ -82,8 +103,8 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
   const bool write_k = holds(k_cache), write_v = holds(v_cache);
   runtime::parallel_for(t, [&](int64_t i) {
     if (slots[i] < 0) return;
-    if (write_k) copy_rows(k, k_cache, i, slots[i]);
-    if (write_v) copy_rows(v, v_cache, i, slots[i]);
+    if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);
+    if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v);
   });
 }
 

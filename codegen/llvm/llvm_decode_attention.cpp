@@ -107,6 +107,8 @@ void check(const DecodeAttentionDesc& d) {
   if (d.ldo < dv16)
     fail(d, "ldo=" + std::to_string(d.ldo) +
                 "; allowed: >= dv rounded up to 16 = " + std::to_string(dv16));
+  if (d.kv != DType::bf16 && d.kv != DType::f8e4m3)
+    fail(d, std::string("kv=") + dtype_name(d.kv) + "; allowed: bf16, f8e4m3");
   if (d.dot == DecodeDot::dpbf16 && !host_target().avx512bf16)
     fail(d, "dot = dpbf16 needs AVX512-BF16, which this host (" + host_target().cpu + ") lacks");
 }
@@ -189,6 +191,14 @@ class DecodeEmitter : public KernelEmitter {
         b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
     cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
     if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(kRing * 2 * kChunk));
+    if (fp8_) {
+      // The chunk's K rows of one head and its V rows of two (by head
+      // parity: P·V of head h − 1 runs while head h is scored), as bf16.
+      kscr_ = b_.CreateAlloca(i16t(), i64(kChunk * pitch(false)));
+      vscr_ = b_.CreateAlloca(i16t(), i64(2 * kChunk * pitch(true)));
+      cast<llvm::AllocaInst>(kscr_)->setAlignment(llvm::Align(64));
+      cast<llvm::AllocaInst>(vscr_)->setAlignment(llvm::Align(64));
+    }
     pack_q();
     if (dp_) permute_o(/*to_kernel=*/true);
 
@@ -237,6 +247,10 @@ class DecodeEmitter : public KernelEmitter {
     return llvm::cast<T>(v);
   }
   llvm::Type* i16t() { return b_.getInt16Ty(); }
+  // The cache's element type: bf16 (i16) or e4m3 bytes (strides count them).
+  llvm::Type* et() { return fp8_ ? b_.getInt8Ty() : b_.getInt16Ty(); }
+  // bf16 between the rows of the fp8 scratch: D (K) or Dv (V) rounded up to 32.
+  int64_t pitch(bool is_v) const { return ((is_v ? d_.dv : d_.d) + 31) / 32 * 32; }
   llvm::Type* i32x(unsigned n) { return llvm::FixedVectorType::get(b_.getInt32Ty(), n); }
 
   llvm::Value* load_f32(llvm::Value* base, llvm::Value* index) {
@@ -255,9 +269,10 @@ class DecodeEmitter : public KernelEmitter {
   // widened with zero lanes, so a row's tail never reads past its end.
   llvm::Value* load_part(llvm::Type* t, int64_t width, llvm::Value* p, int64_t n) {
     auto* full = llvm::FixedVectorType::get(t, static_cast<unsigned>(width));
-    if (n >= width) return b_.CreateAlignedLoad(full, p, llvm::Align(2));
+    const llvm::Align align(t->isIntegerTy(8) ? 1 : 2);  // e4m3 codes: bytes
+    if (n >= width) return b_.CreateAlignedLoad(full, p, align);
     auto* part = llvm::FixedVectorType::get(t, static_cast<unsigned>(n));
-    llvm::Value* x = b_.CreateAlignedLoad(part, p, llvm::Align(2));
+    llvm::Value* x = b_.CreateAlignedLoad(part, p, align);
     Mask m;  // lane n of the pair (x, 0) is a zero
     for (int64_t i = 0; i < width; ++i) m.push_back(static_cast<int>(i < n ? i : n));
     return b_.CreateShuffleVector(x, llvm::Constant::getNullValue(part), m);
@@ -317,15 +332,21 @@ class DecodeEmitter : public KernelEmitter {
   // of the head (aligned blocks) or the head's block 0 (offset list: the
   // chunk's K entries at cur_, its V entries at cur_ + 16).
   llvm::Value* key_row(llvm::Value* base, bool is_v, llvm::Value* jl) {
+    // fp8: the rows the bf16 code reads are the scratch's (convert_rows).
+    if (fp8_) return b_.CreateGEP(i16t(), base, b_.CreateMul(jl, i64(pitch(is_v))));
+    return cache_row(base, is_v, jl);
+  }
+  // The cache row itself (elements of et()).
+  llvm::Value* cache_row(llvm::Value* base, bool is_v, llvm::Value* jl) {
     if (!aligned_)
       return b_.CreateGEP(
-          i16t(), base,
+          et(), base,
           b_.CreateAlignedLoad(
               b_.getInt64Ty(),
               b_.CreateGEP(b_.getInt64Ty(), offs_,
                            b_.CreateAdd(cur_, b_.CreateAdd(jl, i64(is_v ? kChunk : 0)))),
               llvm::Align(8)));
-    return b_.CreateGEP(i16t(), base,
+    return b_.CreateGEP(et(), base,
                         b_.CreateMul(jl, is_v ? arg(TILEJIT_ARG(Args, v_row_stride))
                                               : arg(TILEJIT_ARG(Args, k_row_stride))));
   }
@@ -378,10 +399,10 @@ class DecodeEmitter : public KernelEmitter {
                              llvm::Align(4)),
         b_.getInt64Ty());
     llvm::Value* off = b_.CreateURem(c, i64(d_.block_size));
-    return {b_.CreateGEP(i16t(), arg(TILEJIT_ARG(Args, k)),
+    return {b_.CreateGEP(et(), arg(TILEJIT_ARG(Args, k)),
                          b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, k_block_stride))),
                                       b_.CreateMul(off, arg(TILEJIT_ARG(Args, k_row_stride))))),
-            b_.CreateGEP(i16t(), arg(TILEJIT_ARG(Args, v)),
+            b_.CreateGEP(et(), arg(TILEJIT_ARG(Args, v)),
                          b_.CreateAdd(b_.CreateMul(blk, arg(TILEJIT_ARG(Args, v_block_stride))),
                                       b_.CreateMul(off, arg(TILEJIT_ARG(Args, v_row_stride)))))};
   }
@@ -431,6 +452,82 @@ class DecodeEmitter : public KernelEmitter {
       std::tie(kb, vb) = block(b_.CreateUDiv(key, i64(bs)));
       store(kb, vb, b_.CreateURem(key, i64(bs)), jl);
     }
+  }
+
+  // The V scratch of head h (parity h & 1).
+  llvm::Value* vscr_of(llvm::Value* h) {
+    return b_.CreateGEP(i16t(), vscr_,
+                        b_.CreateMul(b_.CreateAnd(h, i64(1)), i64(kChunk * pitch(true))));
+  }
+
+  // 32 e4m3 codes (<32 x i8>) -> their values as bf16 (<32 x i16>), exactly
+  // (every e4m3 value is a bf16; NaN codes S.1111.111 give a NaN). With
+  // AVX512-BW: w = the sign-extended code; a normal code (exponent field
+  // e ≠ 0) is ((w << 4) & 0x87F0) + (120 << 7): sign, e + 120 = e − 7 + 127
+  // and the mantissa; zero and the subnormals m·2^-9 come from an 8-entry
+  // vpermw table (indexed by the low bits, which are m when e = 0) with the
+  // sign or-ed in. Elsewhere: through f32 (VectorMath::f8e4m3_to_f32), whose
+  // top halves are the bf16.
+  llvm::Value* e4m3_to_bf16(llvm::Value* codes) {
+    auto* v32 = llvm::FixedVectorType::get(i16t(), 32);
+    auto c16 = [&](uint16_t x) { return llvm::ConstantInt::get(v32, x); };
+    if (!mc_.host.avx512bw) {
+      std::vector<llvm::Value*> halves;
+      for (int h = 0; h < 2; ++h) {
+        Mask m;
+        for (int i = 0; i < 16; ++i) m.push_back(16 * h + i);
+        llvm::Value* f = vm_.f8e4m3_to_f32(b_.CreateShuffleVector(codes, m));
+        halves.push_back(b_.CreateTrunc(b_.CreateLShr(b_.CreateBitCast(f, i32x(16)), vm_.i32(16)),
+                                        llvm::FixedVectorType::get(i16t(), 16)));
+      }
+      Mask all;
+      for (int i = 0; i < 32; ++i) all.push_back(i);
+      return b_.CreateShuffleVector(halves[0], halves[1], all);
+    }
+    llvm::Value* w = b_.CreateSExt(codes, v32);
+    llvm::Value* normal =
+        b_.CreateAdd(b_.CreateAnd(b_.CreateShl(w, c16(4)), c16(0x87F0)), c16(0x3C00));
+    std::vector<llvm::Constant*> table;
+    for (int i = 0; i < 32; ++i) {
+      // bf16 of m·2^-9, m = i & 7 (only m of e = 0 codes is looked up).
+      const int m = i & 7;
+      uint16_t bits = 0;
+      if (m != 0) {
+        int e = 0;
+        while ((m >> (e + 1)) != 0) ++e;             // m = 2^e · (1 + f)
+        const int frac = (m - (1 << e)) << (7 - e);  // f in 7 mantissa bits
+        bits = static_cast<uint16_t>(((e - 9 + 127) << 7) | frac);
+      }
+      table.push_back(b_.getInt16(bits));
+    }
+    llvm::Value* sub = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_permvar_hi_512, {},
+                                          {llvm::ConstantVector::get(table), w});
+    sub = b_.CreateOr(sub, b_.CreateAnd(w, c16(0x8000)));
+    llvm::Value* r =
+        b_.CreateSelect(b_.CreateICmpEQ(b_.CreateAnd(w, c16(0x78)), c16(0)), sub, normal);
+    return b_.CreateSelect(b_.CreateICmpEQ(b_.CreateAnd(w, c16(0x7F)), c16(0x7F)), c16(0x7FC0), r);
+  }
+
+  // fp8: the chunk's 16 rows of one head (K or V; base = the head's row 0 of
+  // the chunk, or its block 0 with the offset list) converted into dst, bf16
+  // rows pitch(is_v) apart. A row's last piece is loaded narrower and widened
+  // with zero codes (+0), so nothing past the row is read.
+  void convert_rows(llvm::Value* base, bool is_v, llvm::Value* dst) {
+    const int64_t n = is_v ? d_.dv : d_.d;
+    emit_loop(
+        b_, i64(kChunk), {},
+        [&](llvm::Value* jl, const std::vector<llvm::Value*>&) {
+          llvm::Value* src = cache_row(base, is_v, jl);
+          llvm::Value* out = b_.CreateGEP(i16t(), dst, b_.CreateMul(jl, i64(pitch(is_v))));
+          for (int64_t col = 0; col < n; col += 32) {
+            llvm::Value* codes =
+                load_part(b_.getInt8Ty(), 32, b_.CreateGEP(b_.getInt8Ty(), src, i64(col)), n - col);
+            b_.CreateAlignedStore(e4m3_to_bf16(codes), b_.CreateGEP(i16t(), out, i64(col)),
+                                  llvm::Align(64));
+          }
+          return std::vector<llvm::Value*>{};
+        },
+        is_v ? "convert_v" : "convert_k");
   }
 
   void chunk(llvm::Value* c0, llvm::Value* j0, llvm::Value* j1, bool masked) {
@@ -489,16 +586,26 @@ class DecodeEmitter : public KernelEmitter {
       m_ = b_.CreateGEP(f32_, m, row0);
       l_ = b_.CreateGEP(f32_, l, row0);
       buffers(h);
-      kf_ = b_.CreateGEP(i16t(), kf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride))));
-      vf_ = b_.CreateGEP(i16t(), vf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, v_head_stride))));
+      kf_ = b_.CreateGEP(et(), kf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride))));
+      vf_ = b_.CreateGEP(et(), vf, b_.CreateMul(h, arg(TILEJIT_ARG(Args, v_head_stride))));
       if (d_.g > 8) prefetch_all();
-      scores(b_.CreateGEP(i16t(), kp, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride)))),
-             row0);
+      llvm::Value* kh =
+          b_.CreateGEP(et(), kp, b_.CreateMul(h, arg(TILEJIT_ARG(Args, k_head_stride))));
+      if (fp8_) {
+        hscale_ = load_f32(arg(TILEJIT_ARG(Args, k_scale)), h);
+        convert_rows(kh, false, kscr_);
+        convert_rows(b_.CreateGEP(et(), vp, b_.CreateMul(h, arg(TILEJIT_ARG(Args, v_head_stride)))),
+                     true, vscr_of(h));
+        kh = kscr_;
+      }
+      scores(kh, row0);
     };
     auto pv_head = [&](llvm::Value* hp) {
       o_ = b_.CreateGEP(f32_, o, b_.CreateMul(b_.CreateMul(hp, i64(d_.g)), i64(d_.ldo)));
       buffers(hp);
-      accumulate(b_.CreateGEP(i16t(), vp, b_.CreateMul(hp, arg(TILEJIT_ARG(Args, v_head_stride)))));
+      accumulate(
+          fp8_ ? vscr_of(hp)
+               : b_.CreateGEP(et(), vp, b_.CreateMul(hp, arg(TILEJIT_ARG(Args, v_head_stride)))));
     };
     if (d_.g <= 8) {
       // Prologue (scores of head 0), heads 1 .. heads − 1 (scores of h, then
@@ -552,27 +659,30 @@ class DecodeEmitter : public KernelEmitter {
   //
   // The line addresses of row `unit` (0 .. 31) of the list.
   std::vector<llvm::Value*> prefetch_row_lines(llvm::Value* unit) {
-    const int64_t lk = (d_.d + 31) / 32, lv = (d_.dv + 31) / 32;
+    // Elements per 64-byte line: 32 bf16 or 64 e4m3 codes.
+    const int64_t per_line = fp8_ ? 64 : 32;
+    const int64_t lk = (d_.d + per_line - 1) / per_line, lv = (d_.dv + per_line - 1) / per_line;
     llvm::Value* is_k = b_.CreateICmpULT(unit, i64(kChunk));
     llvm::Value* row = b_.CreateAnd(unit, i64(kChunk - 1));
     llvm::Value* base;
     if (aligned_)
       base =
-          b_.CreateGEP(i16t(), b_.CreateSelect(is_k, kf_, vf_),
+          b_.CreateGEP(et(), b_.CreateSelect(is_k, kf_, vf_),
                        b_.CreateMul(row, b_.CreateSelect(is_k, arg(TILEJIT_ARG(Args, k_row_stride)),
                                                          arg(TILEJIT_ARG(Args, v_row_stride)))));
     else  // the prefetched chunk's list: K rows, then V rows
       base = b_.CreateGEP(
-          i16t(), b_.CreateSelect(is_k, kf_, vf_),
+          et(), b_.CreateSelect(is_k, kf_, vf_),
           b_.CreateAlignedLoad(b_.getInt64Ty(),
                                b_.CreateGEP(b_.getInt64Ty(), offs_, b_.CreateAdd(fut_, unit)),
                                llvm::Align(8)));
     std::vector<llvm::Value*> lines;
     for (int64_t c = 0; c < std::max(lk, lv); ++c) {
-      llvm::Value* col = i64(32 * c);
+      llvm::Value* col = i64(per_line * c);
       if (c >= std::min(lk, lv))  // the shorter row repeats its last line
-        col = b_.CreateSelect(is_k, i64(32 * std::min(c, lk - 1)), i64(32 * std::min(c, lv - 1)));
-      lines.push_back(b_.CreateGEP(i16t(), base, col));
+        col = b_.CreateSelect(is_k, i64(per_line * std::min(c, lk - 1)),
+                              i64(per_line * std::min(c, lv - 1)));
+      lines.push_back(b_.CreateGEP(et(), base, col));
     }
     return lines;
   }
@@ -846,7 +956,8 @@ class DecodeEmitter : public KernelEmitter {
     VectorMath vw(b_, lanes), vr(b_, static_cast<unsigned>(n));
     llvm::Type* rowv = llvm::FixedVectorType::get(f32_, static_cast<unsigned>(n));
     const float inf = std::numeric_limits<float>::infinity();
-    llvm::Value* s = b_.CreateFMul(concat(s_rows), vw.splat(arg(TILEJIT_ARG(Args, scale))));
+    llvm::Value* s =
+        b_.CreateFMul(concat(s_rows), vw.splat(fp8_ ? hscale_ : arg(TILEJIT_ARG(Args, scale))));
     if (d_.softcap) {
       // cap·tanh(s/cap), tanh x = 1 − 2/(e^{2x} + 1): exp saturates both ways.
       llvm::Value* cap = vw.splat(arg(TILEJIT_ARG(Args, softcap)));
@@ -1077,6 +1188,11 @@ class DecodeEmitter : public KernelEmitter {
   // Block size a multiple of 16: a chunk's rows lie in one block, j·stride
   // apart; otherwise offs_ holds the chunk's row offsets (key_offsets).
   const bool aligned_ = d_.block_size % kChunk == 0;
+  // fp8 cache: each head's 16 K and V rows of the chunk are converted to bf16
+  // into kscr_ / vscr_ (two V buffers by head parity) before the bf16 code
+  // runs on them; hscale_ is the score scale of the head being scored.
+  const bool fp8_ = d_.kv == DType::f8e4m3;
+  llvm::Value *kscr_ = nullptr, *vscr_ = nullptr, *hscale_ = nullptr;
   llvm::Value* offs_ = nullptr;
   llvm::Value *cur_ = nullptr, *fut_ = nullptr;  // this chunk's / the prefetched list in offs_
 };

@@ -23,7 +23,7 @@ inline std::string field_text(DecodeDot d) {
   return d == DecodeDot::best ? "best" : d == DecodeDot::fma ? "fma" : "dpbf16";
 }
 
-// What the emitted bytes depend on (K and V are bf16).
+// What the emitted bytes depend on.
 struct DecodeAttentionDesc {
   static constexpr const char* kFamily = "decode_attn_llvm";
   int64_t d = 0, dv = 0;   // head sizes, even
@@ -33,21 +33,24 @@ struct DecodeAttentionDesc {
   bool softcap = false;    // s = cap·tanh(s / cap)
   bool alibi = false;      // s += slope_r · (j − i_pos)
   DecodeDot dot = DecodeDot::best;
+  // The K / V cache dtype: bf16, or f8e4m3 (fp8 KV cache: codes converted to
+  // bf16 exactly in registers; the scales are folded, see DecodeAttentionArgs).
+  DType kv = DType::bf16;
 
   static constexpr auto field_list() {
     using D = DecodeAttentionDesc;
     using enum NameRule;
-    return std::make_tuple(field("d", &D::d, "_d"), field("dv", &D::dv, "_dv"),
-                           field("g", &D::g, "_g"), field("bs", &D::block_size, "_bs"),
-                           field("ldo", &D::ldo, "_ldo"),
-                           field("softcap", &D::softcap, "_softcap", flag),
-                           field("alibi", &D::alibi, "_alibi", flag), field("dot", &D::dot, "_"));
+    return std::make_tuple(
+        field("d", &D::d, "_d"), field("dv", &D::dv, "_dv"), field("g", &D::g, "_g"),
+        field("bs", &D::block_size, "_bs"), field("ldo", &D::ldo, "_ldo"),
+        field("softcap", &D::softcap, "_softcap", flag), field("alibi", &D::alibi, "_alibi", flag),
+        field("dot", &D::dot, "_"), field("kv", &D::kv, "_kv", unless_default));
   }
   bool operator==(const DecodeAttentionDesc& o) const { return same_fields(*this, o); }
 
   // True when the kernel uses vdpbf16ps (dot resolved against the host).
   bool uses_dpbf16() const;
-  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]_{best,fma,dpbf16}
+  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]_{best,fma,dpbf16}[_kvf8e4m3]
   std::string name() const { return desc_name(*this); }
 };
 static_assert(fields_cover<DecodeAttentionDesc>(), "a member is missing from field_list()");
@@ -76,11 +79,19 @@ struct DecodeAttentionArgs {
   int64_t heads;
   int64_t k_head_stride, v_head_stride;
   int64_t q_row_stride;
+  // kv = f8e4m3 only (k and v then point at e4m3 bytes, strides in bytes):
+  // the score of kv head h is k_scale[h] · q·k̂ (k̂ the e4m3 values of the
+  // codes; the caller passes sm_scale · its k scale, `scale` is unused), and
+  // O accumulates Σ p · v̂ in the codes' own units: the caller multiplies the
+  // state's O by its v scale (O is linear in V, so the online rescaling and
+  // the split-KV merge are unaffected).
+  const float* k_scale;  // [heads]
 };
 static_assert(offsetof(DecodeAttentionArgs, j0) == 72 &&
               offsetof(DecodeAttentionArgs, scale) == 108 &&
               offsetof(DecodeAttentionArgs, o) == 128 &&
-              offsetof(DecodeAttentionArgs, q_row_stride) == 160);
+              offsetof(DecodeAttentionArgs, q_row_stride) == 160 &&
+              offsetof(DecodeAttentionArgs, k_scale) == 168);
 
 using DecodeAttentionFn = void (*)(const DecodeAttentionArgs*);
 

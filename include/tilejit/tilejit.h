@@ -275,6 +275,19 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
 // NaN / +Inf sink makes the row NaN, a NaN in v[j, c] column c of the rows
 // that see j; a −Inf score is a weight of 0 (all −Inf: the row outputs 0).
 // Keys a row cannot see never affect it (stale NaN in unused cache slots).
+// Scales of an fp8 e4m3 KV cache (k_cache / v_cache of dtype f8e4m3, the
+// same paged shape as a bf16 cache), sglang's k_scale / v_scale convention:
+// the cache stores e4m3(x / scale) and a reader takes code · scale. Per
+// tensor (k_scale, v_scale) or per kv head (k_head_scales / v_head_scales,
+// f32 [Hkv], which replace the per-tensor value of their side). Every scale
+// must be finite and > 0. A bf16 cache takes only the defaults (1, no head
+// scales): a scale given for a cache that does not use it is an Error.
+struct KvCacheScales {
+  float k_scale = 1, v_scale = 1;
+  std::optional<TensorView> k_head_scales;  // [Hkv] f32
+  std::optional<TensorView> v_head_scales;  // [Hkv] f32
+};
+
 struct AttentionOptions {
   bool causal = false;
   std::optional<float> sm_scale;           // default 1/√D
@@ -283,6 +296,11 @@ struct AttentionOptions {
   float softcap = 0;                       // 0: off; else cap·tanh(s/cap)
   std::optional<TensorView> sinks;         // [Hq] f32
   std::optional<TensorView> alibi_slopes;  // [Hq] f32
+  // decode_attention / extend_attention over an f8e4m3 cache: its scales.
+  // K and V are read as code · scale (exact e4m3 values, scales applied in
+  // fp32), scores and P·V in fp32 as for bf16. flash_attn_varlen takes
+  // only the defaults.
+  KvCacheScales kv_scales;
 };
 
 // Prefill over a batch of variable-length sequences packed along T.
@@ -338,8 +356,15 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 // raised before anything is written).
 // Aliasing: k_cache and v_cache share memory with neither each other (they
 // may be the two halves of each block of one buffer) nor k, v, slot_mapping.
+// The caches are bf16 (rows copied) or both f8e4m3 (an fp8 KV cache): then
+// each element is stored as e4m3(x / scale), x / scale computed in f32 and
+// rounded to the nearest e4m3 value (ties to even), saturated: |x / scale|
+// beyond 448 (±Inf included) is stored as ±448; a NaN as the NaN code 0x7F
+// (readers then see NaN, as with a NaN in a bf16 cache). scale is the
+// KvCacheScales value of the cache's side (its head's with head scales).
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
-              const TensorView& v_cache, const TensorView& slot_mapping);
+              const TensorView& v_cache, const TensorView& slot_mapping,
+              const KvCacheScales& scales = {});
 
 // ---- Rotary position embedding (docs/rope.md) -------------------------------
 // In place on q [T, Hq, D] and k [T, Hk, D] (f32 or bf16, the same dtype; row

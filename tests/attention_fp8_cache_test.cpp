@@ -1,0 +1,623 @@
+// The fp8 e4m3 KV cache (KvCacheScales): store_kv's quantization, and
+// decode_attention / extend_attention over an f8e4m3 cache against the
+// double-precision reference (runtime/reference_attention.h) computed on the
+// dequantized values code · scale, on the active ISA path.
+//
+// Error bound: the bf16 cache's, |out − ref| ≤ 2⁻⁷·max|v| + 2⁻⁸·|ref|
+// (runtime::attention_output_bound), with max|v| over the dequantized V.
+// Every e4m3 value is a bf16 number, so the kernels read K and V exactly
+// (the LLVM decode kernel converts the codes in registers, the other paths
+// convert the blocks to an exact bf16 copy); the scales are applied in fp32
+// (the K scale folded into the score scale, the V scale into O), a relative
+// error of ~2⁻²³ next to the bound's 2⁻⁹ terms. So nothing in the fp8 path
+// widens the bf16 cache's bound, and a kernel that reads one wrong code,
+// drops a scale or applies it twice fails it.
+//
+// The decoded values come from the e4m3 bit fields here (e4m3_value), not
+// from the library's conversion.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "runtime/reference_attention.h"
+#include "runtime/reference_error_bounds.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+// e4m3 ("fn"): sign, 4 exponent bits (bias 7), 3 mantissa bits, S.1111.111 NaN.
+double e4m3_value(uint8_t c) {
+  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+  return s ? -mag : mag;
+}
+
+// Random non-NaN codes, each of the 254 equally likely.
+std::vector<uint8_t> random_codes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(0, 253);
+  std::vector<uint8_t> v(n);
+  for (auto& c : v) {
+    const int x = d(rng);
+    c = static_cast<uint8_t>(x < 127 ? x : x + 1);  // skip 0x7F; 0xFF is past 253 + 1
+  }
+  return v;
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected Error containing \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nwanted: " << needle;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// store_kv
+
+TEST(Fp8StoreKv, EveryCodeRoundTripsAndTiesGoToEven) {
+  // Every finite code's value, times the scale, is stored as that code.
+  const int64_t hkv = 2, d = 128, bs = 4;
+  const float scale = 0.5f;  // a power of two: value · scale is exact in bf16
+  std::vector<uint16_t> k(static_cast<size_t>(2 * hkv * d)), v(k.size());
+  for (int64_t i = 0; i < 2 * hkv * d; ++i) {
+    const uint8_t c = static_cast<uint8_t>(i % 256);
+    const bool nan = (c & 0x7f) == 0x7f;
+    k[i] = f32_to_bf16(nan ? 0.0f : static_cast<float>(e4m3_value(c) * scale));
+    // Midpoints between neighbouring positive codes 8 .. 0x7D: ties to even.
+    const int lo = 8 + static_cast<int>(i % 117);
+    const double mid =
+        (e4m3_value(static_cast<uint8_t>(lo)) + e4m3_value(static_cast<uint8_t>(lo + 1))) / 2;
+    v[i] = f32_to_bf16(static_cast<float>(mid));
+  }
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * hkv * d), 0xAA), vc(kc.size(), 0xAA);
+  const std::vector<int32_t> slots = {1, 3};
+  KvCacheScales s;
+  s.k_scale = scale;
+  store_kv(TensorView(k.data(), DType::bf16, {2, hkv, d}),
+           TensorView(v.data(), DType::bf16, {2, hkv, d}),
+           TensorView(kc.data(), DType::f8e4m3, {1, bs, hkv, d}),
+           TensorView(vc.data(), DType::f8e4m3, {1, bs, hkv, d}),
+           TensorView(slots.data(), DType::i32, {2}), s);
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t e = 0; e < hkv * d; ++e) {
+      const int64_t i = t * hkv * d + e;
+      const uint8_t c = static_cast<uint8_t>(i % 256);
+      const uint8_t got = kc[slots[t] * hkv * d + e];
+      if ((c & 0x7f) == 0x7f)
+        EXPECT_EQ(got & 0x7f, 0) << i;  // stored 0 (±0)
+      else
+        EXPECT_EQ(got, c) << "code " << int(c);
+      const int lo = 8 + static_cast<int>(i % 117);
+      // The midpoint is exact in bf16 (4 significant bits); even code wins.
+      EXPECT_EQ(vc[slots[t] * hkv * d + e], lo % 2 == 0 ? lo : lo + 1) << "tie " << lo;
+    }
+  // Slots 0 and 2 untouched.
+  for (int64_t e = 0; e < hkv * d; ++e) {
+    EXPECT_EQ(kc[e], 0xAA);
+    EXPECT_EQ(kc[2 * hkv * d + e], 0xAA);
+  }
+}
+
+TEST(Fp8StoreKv, SaturatesAndKeepsNaN) {
+  const int64_t d = 8;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {1000.0f,       -1000.0f, inf,    -inf,
+                                std::nanf(""), 449.0f,   464.0f, 0.0001f};
+  std::vector<uint16_t> k(static_cast<size_t>(d));
+  for (int64_t i = 0; i < d; ++i) k[i] = f32_to_bf16(x[i]);
+  std::vector<uint8_t> kc(static_cast<size_t>(d)), vc(kc.size());
+  const std::vector<int32_t> slot = {0};
+  store_kv(
+      TensorView(k.data(), DType::bf16, {1, 1, d}), TensorView(k.data(), DType::bf16, {1, 1, d}),
+      TensorView(kc.data(), DType::f8e4m3, {1, 1, 1, d}),
+      TensorView(vc.data(), DType::f8e4m3, {1, 1, 1, d}), TensorView(slot.data(), DType::i32, {1}));
+  const std::vector<uint8_t> want = {0x7E, 0xFE, 0x7E, 0xFE, 0x7F, 0x7E, 0x7E, 0x00};
+  // ±1000, ±Inf, 449 and 464 (past 448, below the 480 a wider format would
+  // give) saturate; NaN is 0x7F; 0.0001 < 2^-10 (half the least subnormal) is 0.
+  for (int64_t i = 0; i < d; ++i) EXPECT_EQ(kc[i], want[i]) << "x = " << x[i];
+}
+
+TEST(Fp8StoreKv, PerTensorAndPerHeadScales) {
+  const int64_t t = 5, hkv = 3, d = 64, dv = 32, bs = 3, nb = 3;
+  const auto k = random_bf16(static_cast<size_t>(t * hkv * d), 11, -3, 3);
+  const auto v = random_bf16(static_cast<size_t>(t * hkv * dv), 12, -3, 3);
+  const std::vector<int32_t> slots = {8, -1, 0, 4, 2};
+  for (bool per_head : {false, true}) {
+    std::vector<uint8_t> kc(static_cast<size_t>(nb * bs * hkv * d)), vc(nb * bs * hkv * dv);
+    std::vector<float> khs = {0.01f, 0.02f, 0.005f}, vhs = {0.03f, 0.001f, 0.2f};
+    KvCacheScales s;
+    s.k_scale = 0.0125f;
+    s.v_scale = 0.05f;
+    if (per_head) {
+      s.k_head_scales = TensorView(khs.data(), DType::f32, {hkv});
+      s.v_head_scales = TensorView(vhs.data(), DType::f32, {hkv});
+    }
+    store_kv(TensorView(k.data(), DType::bf16, {t, hkv, d}),
+             TensorView(v.data(), DType::bf16, {t, hkv, dv}),
+             TensorView(kc.data(), DType::f8e4m3, {nb, bs, hkv, d}),
+             TensorView(vc.data(), DType::f8e4m3, {nb, bs, hkv, dv}),
+             TensorView(slots.data(), DType::i32, {t}), s);
+    for (int64_t i = 0; i < t; ++i) {
+      if (slots[i] < 0) continue;
+      for (int64_t h = 0; h < hkv; ++h) {
+        auto check = [&](const std::vector<uint16_t>& x, const std::vector<uint8_t>& c, int64_t w,
+                         float sc) {
+          for (int64_t e = 0; e < w; ++e) {
+            const float q = bf16_to_f32(x[(i * hkv + h) * w + e]) / sc;
+            const uint8_t code = c[(slots[i] * hkv + h) * w + e];
+            // The stored code is the nearest e4m3 to q (within half a step),
+            // saturated at 448.
+            const double back = e4m3_value(code);
+            double best = 1e30;
+            for (int cc = 0; cc < 256; ++cc)
+              if ((cc & 0x7f) != 0x7f)
+                best = std::min(best, std::fabs(e4m3_value(static_cast<uint8_t>(cc)) - q));
+            ASSERT_EQ(std::fabs(back - q), best) << "h " << h << " e " << e << " q " << q;
+          }
+        };
+        check(k, kc, d, per_head ? khs[h] : s.k_scale);
+        check(v, vc, dv, per_head ? vhs[h] : s.v_scale);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A paged fp8 problem: decode (n = 1 per sequence, no k_new) or extend.
+
+struct Fp8Problem {
+  std::vector<int64_t> prefix, n;  // per sequence: cached keys before the new tokens, new tokens
+  int64_t hq = 8, hkv = 2, d = 128, dv = 128, bs = 16;
+  bool mla = false;       // v_cache = the first Dv columns of k_cache (Hkv = 1)
+  bool per_head = false;  // head scales instead of per-tensor ones
+  bool k_new = false;     // extend: new K/V from k_new / v_new (else in the cache)
+  bool tree = false;      // extend: a random tree mask (no window, no ALiBi)
+  bool deterministic = false;
+  AttentionOptions opt;
+  bool sinks = false, alibi = false;
+};
+
+// decode (extend = false: n = 1, prefix = seq_len − 1, the new token in the
+// cache) or extend; checks against the reference.
+void run_fp8(const Fp8Problem& pr, bool extend, int threads = 0) {
+  const int64_t b = static_cast<int64_t>(pr.prefix.size()), hq = pr.hq, hkv = pr.hkv, d = pr.d,
+                dv = pr.dv, bs = pr.bs, g = hq / hkv;
+  std::vector<int64_t> qo(1, 0), cached(static_cast<size_t>(b));
+  int64_t max_blocks = 1, used = 0;
+  for (int64_t s = 0; s < b; ++s) {
+    qo.push_back(qo.back() + pr.n[s]);
+    cached[s] = pr.prefix[s] + (pr.k_new ? 0 : pr.n[s]);
+    max_blocks = std::max(max_blocks, (cached[s] + bs - 1) / bs);
+    used += (cached[s] + bs - 1) / bs;
+  }
+  const int64_t tokens = qo.back(), num_blocks = used + 2;
+  const uint32_t seed =
+      seed_of({b, hq, hkv, d, dv, bs, pr.mla, pr.per_head, pr.k_new, pr.tree, extend});
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+  std::vector<int32_t> table(static_cast<size_t>(b * max_blocks), -1), lens32, prefix32, qo32;
+  int64_t next = 0;
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t i = 0; i < (cached[s] + bs - 1) / bs; ++i)
+      table[s * max_blocks + i] = perm[next++];
+    lens32.push_back(static_cast<int32_t>(pr.prefix[s] + pr.n[s]));
+    prefix32.push_back(static_cast<int32_t>(pr.prefix[s]));
+  }
+  for (int64_t x : qo) qo32.push_back(static_cast<int32_t>(x));
+  GuardedBuffer kbuf(num_blocks * bs * hkv * d);
+  {
+    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * d), seed);
+    std::copy(c.begin(), c.end(), kbuf.as<uint8_t>());
+  }
+  std::optional<GuardedBuffer> vbuf;
+  TensorView k_cache(kbuf.as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, hkv, d}), v_cache;
+  if (pr.mla) {
+    v_cache =
+        TensorView(kbuf.as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, 1, dv}, {bs * d, d, d, 1});
+  } else {
+    vbuf.emplace(num_blocks * bs * hkv * dv);
+    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * dv), seed + 1);
+    std::copy(c.begin(), c.end(), vbuf->as<uint8_t>());
+    v_cache = TensorView(vbuf->as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, hkv, dv});
+  }
+  // Scales: codes reach 448, so ~1/128 keeps scores and values moderate.
+  std::vector<float> khs(static_cast<size_t>(hkv)), vhs(khs.size());
+  std::mt19937 rng(seed + 7);
+  std::uniform_real_distribution<float> sd(0.5f, 2.0f);
+  for (int64_t h = 0; h < hkv; ++h) khs[h] = sd(rng) / 128, vhs[h] = sd(rng) / 64;
+  AttentionOptions opt = pr.opt;
+  opt.kv_scales.k_scale = 1.0f / 160;
+  opt.kv_scales.v_scale = 1.0f / 48;
+  if (pr.per_head) {
+    opt.kv_scales.k_head_scales = TensorView(khs.data(), DType::f32, {hkv});
+    opt.kv_scales.v_head_scales = TensorView(vhs.data(), DType::f32, {hkv});
+  }
+  auto kscale = [&](int64_t h) { return double(pr.per_head ? khs[h] : opt.kv_scales.k_scale); };
+  auto vscale = [&](int64_t h) { return double(pr.per_head ? vhs[h] : opt.kv_scales.v_scale); };
+  std::vector<float> sinks, slopes;
+  for (int64_t h = 0; h < hq; ++h)
+    sinks.push_back(0.5f * float(h % 5) - 1), slopes.push_back(0.05f * float(h % 4 + 1));
+  if (pr.sinks) opt.sinks = TensorView(sinks.data(), DType::f32, {hq});
+  if (pr.alibi) opt.alibi_slopes = TensorView(slopes.data(), DType::f32, {hq});
+  const auto qv = random_bf16(static_cast<size_t>(tokens * hq * d), seed + 2, -2, 2);
+  const auto kn = random_bf16(static_cast<size_t>(tokens * hkv * d), seed + 3, -2, 2);
+  const auto vn = random_bf16(static_cast<size_t>(tokens * hkv * dv), seed + 4, -2, 2);
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> mask_off(1, 0);
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t i = 0; i < pr.n[s]; ++i)
+      for (int64_t j = 0; j < pr.n[s]; ++j)
+        mask.push_back(j == i || (j < i && (rng() % 3 != 0)) || (j > i && rng() % 7 == 0));
+    mask_off.push_back(static_cast<int64_t>(mask.size()));
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(tokens * hq * dv), 0x7fc0);
+  const int saved = num_threads();
+  if (threads > 0) set_num_threads(threads);
+  if (extend) {
+    ExtendOptions ext;
+    if (pr.k_new) {
+      ext.k_new = TensorView(kn.data(), DType::bf16, {tokens, hkv, d});
+      ext.v_new = TensorView(vn.data(), DType::bf16, {tokens, hkv, dv});
+    }
+    if (pr.tree) ext.tree_mask = TensorView(mask.data(), DType::u8, {mask_off.back()});
+    ext.deterministic = pr.deterministic;
+    extend_attention(TensorView(qv.data(), DType::bf16, {tokens, hq, d}), k_cache, v_cache,
+                     TensorView(out.data(), DType::bf16, {tokens, hq, dv}),
+                     TensorView(qo32.data(), DType::i32, {b + 1}),
+                     TensorView(table.data(), DType::i32, {b, max_blocks}),
+                     TensorView(prefix32.data(), DType::i32, {b}), opt, ext);
+  } else {
+    decode_attention(TensorView(qv.data(), DType::bf16, {b, hq, d}), k_cache, v_cache,
+                     TensorView(out.data(), DType::bf16, {b, hq, dv}),
+                     TensorView(table.data(), DType::i32, {b, max_blocks}),
+                     TensorView(lens32.data(), DType::i32, {b}), opt);
+  }
+  set_num_threads(saved);
+
+  auto cache_at = [&](const TensorView& c, int64_t s, int64_t j, int64_t h, int64_t col) {
+    const int64_t blk = table[s * max_blocks + j / bs];
+    return e4m3_value(static_cast<const uint8_t*>(
+        c.data)[blk * c.strides[0] + (j % bs) * c.strides[1] + h * c.strides[2] + col]);
+  };
+  // Key j of sequence s, kv head h: cached (code · scale) or new (bf16).
+  auto k_at = [&](int64_t s, int64_t j, int64_t h, int64_t c) {
+    if (j < cached[s]) return cache_at(k_cache, s, j, h, c) * kscale(h);
+    return double(bf16_to_f32(kn[((qo[s] + j - pr.prefix[s]) * hkv + h) * d + c]));
+  };
+  auto v_at = [&](int64_t s, int64_t j, int64_t h, int64_t c) {
+    if (j < cached[s]) return cache_at(v_cache, s, j, pr.mla ? 0 : h, c) * vscale(h);
+    return double(bf16_to_f32(vn[((qo[s] + j - pr.prefix[s]) * hkv + h) * dv + c]));
+  };
+  double max_v = 0;
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t j = 0; j < pr.prefix[s] + pr.n[s]; ++j)
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t c = 0; c < dv; ++c) max_v = std::max(max_v, std::fabs(v_at(s, j, h, c)));
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t tk = pr.prefix[s] + pr.n[s];
+    for (int64_t i = 0; i < pr.n[s]; ++i)
+      for (int64_t h = 0; h < hq; ++h) {
+        // Visible keys of the row: a tree mask maps the reference onto the
+        // list of keys it lets through (no window or ALiBi in those cases).
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < tk; ++j) {
+          if (!pr.tree) {
+            keys.push_back(j);
+            continue;
+          }
+          const int64_t jn = j - pr.prefix[s];
+          if (jn < 0 || mask[mask_off[s] + i * pr.n[s] + jn]) keys.push_back(j);
+        }
+        runtime::ReferenceAttentionHead rh;
+        rh.tq = 1;
+        rh.tk = pr.tree ? static_cast<int64_t>(keys.size()) : pr.prefix[s] + i + 1;
+        rh.d = d;
+        rh.dv = dv;
+        rh.sm_scale = opt.sm_scale ? *opt.sm_scale : 1.0 / std::sqrt(double(d));
+        rh.causal = !pr.tree && (extend || opt.causal);
+        rh.window_left = opt.window_left;
+        rh.window_right = opt.window_right;
+        if (!extend) rh.tk = tk;  // decode: the whole sequence, i_pos = tk − 1
+        rh.softcap = opt.softcap;
+        rh.has_sink = pr.sinks;
+        if (pr.sinks) rh.sink = sinks[h];
+        if (pr.alibi) rh.alibi_slope = slopes[h];
+        const int64_t row = qo[s] + i;
+        rh.q_at = [&](int64_t, int64_t c) {
+          return double(bf16_to_f32(qv[(row * hq + h) * d + c]));
+        };
+        rh.k_at = [&](int64_t j, int64_t c) { return k_at(s, keys[j], h / g, c); };
+        rh.v_at = [&](int64_t j, int64_t c) { return v_at(s, keys[j], h / g, c); };
+        rh.out = [&](int64_t, int64_t c, double ref) {
+          const double got = bf16_to_f32(out[(row * hq + h) * dv + c]);
+          const double tol = runtime::attention_output_bound(max_v, ref);
+          ASSERT_LE(std::fabs(got - ref), tol)
+              << "seq " << s << " token " << i << " head " << h << " col " << c << ": got " << got
+              << " want " << ref;
+        };
+        runtime::reference_attention_head(rh);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  }
+}
+
+// Decode: prefix = seq_len − 1, one new token in the cache.
+Fp8Problem decode_problem(std::vector<int64_t> lens) {
+  Fp8Problem p;
+  for (int64_t l : lens) p.prefix.push_back(l - 1), p.n.push_back(1);
+  return p;
+}
+
+class Fp8Decode : public IsaTest {};
+class Fp8Extend : public IsaTest {};
+
+TEST_F(Fp8Decode, HeadSizesAndBlockSizes) {
+  for (int64_t bs : {1, 16, 64})
+    for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {80, 80}, {72, 40}}) {
+      Fp8Problem p = decode_problem({1, 37, 300});
+      p.d = d, p.dv = dv, p.bs = bs;
+      SCOPED_TRACE("bs " + std::to_string(bs) + " d " + std::to_string(d) + "/" +
+                   std::to_string(dv));
+      run_fp8(p, false);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(Fp8Decode, PerHeadScalesGqaAndSplit) {
+  for (int64_t hkv : {1, 2, 8})
+    for (int threads : {1, 2}) {
+      Fp8Problem p = decode_problem({700, 5});
+      p.hq = 16, p.hkv = hkv, p.per_head = true;
+      SCOPED_TRACE("hkv " + std::to_string(hkv) + " threads " + std::to_string(threads));
+      run_fp8(p, false, threads);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(Fp8Decode, Options) {
+  for (int which = 0; which < 5; ++which)
+    for (int64_t bs : {1, 16}) {
+      Fp8Problem p = decode_problem({260, 17});
+      p.bs = bs;
+      p.per_head = which % 2 == 1;
+      if (which == 0) p.opt.window_left = 50;
+      if (which == 1) p.opt.softcap = 5;
+      if (which == 2) p.sinks = true;
+      if (which == 3) p.alibi = true;
+      if (which == 4) p.opt.sm_scale = 0.3f, p.opt.window_left = 7, p.sinks = true;
+      SCOPED_TRACE("case " + std::to_string(which) + " bs " + std::to_string(bs));
+      run_fp8(p, false);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(Fp8Decode, Mla) {
+  for (int64_t bs : {1, 64}) {
+    Fp8Problem p = decode_problem({90, 33});
+    p.hq = 16, p.hkv = 1, p.d = 576, p.dv = 512, p.mla = true, p.bs = bs;
+    run_fp8(p, false);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Fp8Extend, BothModesHeadAndBlockSizes) {
+  for (bool k_new : {false, true})
+    for (int64_t bs : {1, 16, 64})
+      for (auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {80, 80}, {66, 40}}) {
+        Fp8Problem p;
+        p.prefix = {0, 40, 130}, p.n = {3, 1, 20};
+        p.d = d, p.dv = dv, p.bs = bs, p.k_new = k_new, p.per_head = bs == 16;
+        SCOPED_TRACE("k_new " + std::to_string(k_new) + " bs " + std::to_string(bs) + " d " +
+                     std::to_string(d));
+        run_fp8(p, true);
+        if (HasFatalFailure()) return;
+      }
+}
+
+TEST_F(Fp8Extend, OptionsTreeDeterministicMla) {
+  for (int which = 0; which < 6; ++which) {
+    Fp8Problem p;
+    p.prefix = {300, 17}, p.n = {5, 9};
+    p.k_new = which % 2 == 0, p.per_head = true, p.bs = which < 3 ? 16 : 1;
+    if (which == 0) p.opt.window_left = 40, p.sinks = true;
+    if (which == 1) p.opt.softcap = 4, p.alibi = true;
+    if (which == 2) p.tree = true, p.sinks = true;
+    if (which == 3) p.deterministic = true, p.alibi = true;
+    if (which == 4) p.hq = 16, p.hkv = 1, p.d = 576, p.dv = 512, p.mla = true, p.k_new = false;
+    if (which == 5) p.tree = true, p.opt.softcap = 3;
+    SCOPED_TRACE("case " + std::to_string(which));
+    run_fp8(p, true, which == 3 ? 2 : 0);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(Fp8Extend, SplitKvLongPrefix) {
+  Fp8Problem p;
+  p.prefix = {1500}, p.n = {2};
+  p.k_new = true, p.per_head = true, p.hq = 4, p.hkv = 2;
+  run_fp8(p, true, 2);
+}
+
+// A NaN code in a key a row sees makes it NaN; in a slot past seq_len it does not.
+TEST_F(Fp8Decode, NanCodes) {
+  const int64_t d = 64, bs = 16;
+  std::vector<uint8_t> kc(static_cast<size_t>(2 * bs * d), 0x30), vc(kc.size(), 0x38);
+  kc[20 * d + 3] = 0x7F;  // key 20 (block 1, row 4): past seq_len 20
+  std::vector<int32_t> table = {0, 1}, lens = {20};
+  std::vector<uint16_t> q(static_cast<size_t>(d), f32_to_bf16(0.5f)), out(static_cast<size_t>(d));
+  auto run = [&] {
+    decode_attention(TensorView(q.data(), DType::bf16, {1, 1, d}),
+                     TensorView(kc.data(), DType::f8e4m3, {2, bs, 1, d}),
+                     TensorView(vc.data(), DType::f8e4m3, {2, bs, 1, d}),
+                     TensorView(out.data(), DType::bf16, {1, 1, d}),
+                     TensorView(table.data(), DType::i32, {1, 2}),
+                     TensorView(lens.data(), DType::i32, {1}));
+  };
+  run();
+  for (int64_t c = 0; c < d; ++c) EXPECT_EQ(bf16_to_f32(out[c]), 1.0f) << c;  // 0x38 = 1.0
+  lens[0] = 21;
+  run();
+  for (int64_t c = 0; c < d; ++c) EXPECT_TRUE(std::isnan(bf16_to_f32(out[c]))) << c;
+  kc[20 * d + 3] = 0x30, vc[5 * d + 7] = 0xFF;  // a NaN V element: only its column
+  run();
+  for (int64_t c = 0; c < d; ++c) EXPECT_EQ(std::isnan(bf16_to_f32(out[c])), c == 7) << c;
+}
+
+// store_kv writes the cache decode then reads: the path an engine takes.
+TEST_F(Fp8Decode, StoreThenDecode) {
+  const int64_t hkv = 2, hq = 4, d = 128, bs = 16, len = 40;
+  const auto k = random_bf16(static_cast<size_t>(len * hkv * d), 21, -2, 2);
+  const auto v = random_bf16(static_cast<size_t>(len * hkv * d), 22, -1, 1);
+  std::vector<uint8_t> kc(static_cast<size_t>(3 * bs * hkv * d)), vc(kc.size());
+  std::vector<int32_t> slots;
+  for (int64_t t = 0; t < len; ++t)
+    slots.push_back(static_cast<int32_t>((2 - t / bs) * bs + t % bs));
+  KvCacheScales s;
+  s.k_scale = 2.0f / 448, s.v_scale = 1.0f / 448;
+  store_kv(TensorView(k.data(), DType::bf16, {len, hkv, d}),
+           TensorView(v.data(), DType::bf16, {len, hkv, d}),
+           TensorView(kc.data(), DType::f8e4m3, {3, bs, hkv, d}),
+           TensorView(vc.data(), DType::f8e4m3, {3, bs, hkv, d}),
+           TensorView(slots.data(), DType::i32, {len}), s);
+  const auto q = random_bf16(static_cast<size_t>(hq * d), 23, -2, 2);
+  std::vector<uint16_t> out(static_cast<size_t>(hq * d));
+  std::vector<int32_t> table = {2, 1, 0}, lens = {static_cast<int32_t>(len)};
+  AttentionOptions opt;
+  opt.kv_scales = s;
+  decode_attention(TensorView(q.data(), DType::bf16, {1, hq, d}),
+                   TensorView(kc.data(), DType::f8e4m3, {3, bs, hkv, d}),
+                   TensorView(vc.data(), DType::f8e4m3, {3, bs, hkv, d}),
+                   TensorView(out.data(), DType::bf16, {1, hq, d}),
+                   TensorView(table.data(), DType::i32, {1, 3}),
+                   TensorView(lens.data(), DType::i32, {1}), opt);
+  // Against the reference on the stored codes' values.
+  double max_v = 0;
+  for (uint8_t c : vc) max_v = std::max(max_v, std::fabs(e4m3_value(c) * s.v_scale));
+  for (int64_t h = 0; h < hq; ++h) {
+    runtime::ReferenceAttentionHead rh;
+    rh.tq = 1, rh.tk = len, rh.d = d, rh.dv = d, rh.sm_scale = 1.0 / std::sqrt(double(d));
+    auto at = [&](const std::vector<uint8_t>& c, double sc, int64_t j, int64_t col) {
+      return e4m3_value(c[(slots[j] * hkv + h / 2) * d + col]) * sc;
+    };
+    rh.q_at = [&](int64_t, int64_t c) { return double(bf16_to_f32(q[h * d + c])); };
+    rh.k_at = [&](int64_t j, int64_t c) { return at(kc, s.k_scale, j, c); };
+    rh.v_at = [&](int64_t j, int64_t c) { return at(vc, s.v_scale, j, c); };
+    rh.out = [&](int64_t, int64_t c, double ref) {
+      ASSERT_LE(std::fabs(bf16_to_f32(out[h * d + c]) - ref),
+                runtime::attention_output_bound(max_v, ref))
+          << h << " " << c;
+    };
+    runtime::reference_attention_head(rh);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input
+
+TEST(Fp8CacheErrors, ScalesDtypesAndShapes) {
+  const int64_t d = 64, bs = 16;
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * 2 * d)), vc(kc.size());
+  std::vector<uint16_t> q(static_cast<size_t>(4 * d)), out(q.size()), kb(kc.size()), rows(2 * d);
+  std::vector<int32_t> table = {0}, lens = {3}, slot = {0}, qo = {0, 1}, pre = {2};
+  std::vector<float> hs2 = {1, 1}, hs3 = {1, 1, 1}, bad = {1, 0};
+  const TensorView k8(kc.data(), DType::f8e4m3, {1, bs, 2, d}),
+      v8(vc.data(), DType::f8e4m3, {1, bs, 2, d});
+  const TensorView kbf(kb.data(), DType::bf16, {1, bs, 2, d});
+  auto decode = [&](const TensorView& k, const TensorView& v, const AttentionOptions& opt) {
+    decode_attention(TensorView(q.data(), DType::bf16, {1, 4, d}), k, v,
+                     TensorView(out.data(), DType::bf16, {1, 4, d}),
+                     TensorView(table.data(), DType::i32, {1, 1}),
+                     TensorView(lens.data(), DType::i32, {1}), opt);
+  };
+  auto extend = [&](const TensorView& k, const TensorView& v, const AttentionOptions& opt) {
+    extend_attention(
+        TensorView(q.data(), DType::bf16, {1, 4, d}), k, v,
+        TensorView(out.data(), DType::bf16, {1, 4, d}), TensorView(qo.data(), DType::i32, {2}),
+        TensorView(table.data(), DType::i32, {1, 1}), TensorView(pre.data(), DType::i32, {1}), opt);
+  };
+  auto store = [&](const TensorView& k, const TensorView& v, const KvCacheScales& s) {
+    store_kv(TensorView(rows.data(), DType::bf16, {1, 2, d}),
+             TensorView(rows.data(), DType::bf16, {1, 2, d}), k, v,
+             TensorView(slot.data(), DType::i32, {1}), s);
+  };
+  for (float x : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    AttentionOptions o;
+    o.kv_scales.k_scale = x;
+    expect_error([&] { decode(k8, v8, o); }, "decode_attention: opt.kv_scales.k_scale=");
+    expect_error([&] { extend(k8, v8, o); }, "extend_attention: opt.kv_scales.k_scale=");
+    KvCacheScales s;
+    s.v_scale = x;
+    expect_error([&] { store(k8, v8, s); }, "store_kv: scales.v_scale=");
+  }
+  {
+    AttentionOptions o;
+    o.kv_scales.k_head_scales = TensorView(hs3.data(), DType::f32, {3});
+    expect_error(
+        [&] { decode(k8, v8, o); },
+        "decode_attention: opt.kv_scales.k_head_scales has shape [3]; allowed: [Hkv] = [2]");
+    o.kv_scales.k_head_scales = TensorView(hs2.data(), DType::i32, {2});
+    expect_error([&] { extend(k8, v8, o); }, "extend_attention: opt.kv_scales.k_head_scales");
+    o.kv_scales.k_head_scales.reset();
+    o.kv_scales.v_head_scales = TensorView(bad.data(), DType::f32, {2});
+    expect_error([&] { decode(k8, v8, o); },
+                 "opt.kv_scales.v_head_scales[1]=0; allowed: a finite value > 0");
+    KvCacheScales s;
+    s.k_head_scales = TensorView(hs3.data(), DType::f32, {3});
+    expect_error([&] { store(k8, v8, s); }, "store_kv: scales.k_head_scales has shape [3]");
+  }
+  // Mixed dtypes; a dtype that is neither.
+  expect_error(
+      [&] {
+        decode(k8, TensorView(kb.data(), DType::bf16, {1, bs, 2, d}), {});
+      },
+      "decode_attention: k_cache is f8e4m3, v_cache is bf16; allowed: the same dtype");
+  expect_error([&] { extend(kbf, v8, {}); },
+               "extend_attention: k_cache is bf16, v_cache is f8e4m3");
+  expect_error([&] { store(k8, kbf, {}); }, "store_kv: k_cache is f8e4m3, v_cache is bf16");
+  const TensorView k32(kb.data(), DType::f32, {1, bs, 1, d});
+  expect_error([&] { decode(k32, k32, {}); },
+               "decode_attention: k_cache has dtype f32; allowed: bf16, f8e4m3");
+  expect_error(
+      [&] {
+        store(TensorView(kc.data(), DType::u8, {1, bs, 2, d}), v8, {});
+      },
+      "store_kv: k_cache has dtype u8; allowed: bf16, f8e4m3");
+  // Scales with a bf16 cache; scales in prefill.
+  {
+    AttentionOptions o;
+    o.kv_scales.v_scale = 2;
+    expect_error([&] { decode(kbf, kbf, o); },
+                 "decode_attention: opt.kv_scales.v_scale=2; allowed: the defaults");
+    KvCacheScales s;
+    s.k_head_scales = TensorView(hs2.data(), DType::f32, {2});
+    expect_error([&] { store(kbf, kbf, s); },
+                 "store_kv: scales.k_head_scales given; allowed: the defaults");
+    std::vector<int32_t> cu = {0, 1};
+    expect_error(
+        [&] {
+          flash_attn_varlen(TensorView(q.data(), DType::bf16, {1, 4, d}),
+                            TensorView(q.data(), DType::bf16, {1, 4, d}),
+                            TensorView(q.data(), DType::bf16, {1, 4, d}),
+                            TensorView(out.data(), DType::bf16, {1, 4, d}),
+                            TensorView(cu.data(), DType::i32, {2}),
+                            TensorView(cu.data(), DType::i32, {2}), o);
+        },
+        "flash_attn_varlen: opt.kv_scales set");
+  }
+}
+
+}  // namespace
+}  // namespace tilejit::test
