@@ -87,7 +87,7 @@ constexpr AttrSpec kMoeAttrs[] = {
     {"gptq_v2", AttrKind::boolean, false,
      "u4 gptq experts: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
     {"group_size", AttrKind::integer, false,
-     "u4 experts: K per scale group, 32, 64, 128 (default) or -1 (one group)"},
+     "u4 experts: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
 };
 // The quantized weight's attributes; which apply to which weight dtype is a
 // rule of rules_gemm.cpp.
@@ -106,7 +106,7 @@ constexpr AttrSpec kGemmAttrs[] = {
     {"gptq_v2", AttrKind::boolean, false,
      "u4 gptq weights: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
     {"group_size", AttrKind::integer, false,
-     "u4 weights: K per scale group, 32, 64, 128 (default) or -1 (one group)"},
+     "u4 weights: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
 };
 constexpr AttrSpec kCastAttrs[] = {
     {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},

@@ -169,9 +169,10 @@ void check_int4(RuleContext& c, const QuantWeight& q) {
   if (auto bits = a.get_int("bits"); bits && *bits != 4)
     c.fail(cat("attribute 'bits' = ", *bits, "; allowed: 4 (u4 weights)"));
   const int64_t gs = a.get_int("group_size").value_or(128);
-  if (gs != 32 && gs != 64 && gs != 128 && gs != -1)
+  // pack_weight's rule (ops/pack_quant.cpp): any group size, or -1.
+  if (gs == 0 || gs < -1)
     c.fail(cat("attribute 'group_size' = ", gs,
-               "; allowed: 32, 64, 128 or -1 (one group over all of K)"));
+               "; allowed: a group size >= 1 (32, 64, 128, ...) or -1 (one group over all of K)"));
   if (format == "awq" && a.get_bool("gptq_v2").value_or(false))
     c.fail("attribute 'gptq_v2' = true applies to format = \"gptq\" only (AWQ stores z itself)");
   if (!c.ok()) return;

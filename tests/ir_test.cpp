@@ -769,6 +769,9 @@ TEST(IrQuant, PrintParseRoundTrips) {
           "{bits = 4, format = \"gptq\", gptq_v2 = true, group_size = 64}"),
       quant_text("%w: tensor<64x128xu4>, %s: tensor<1x64xf32>, %g: tensor<128xi32>",
                  "%w, scale = %s, g_idx = %g", "{format = \"gptq\", group_size = -1}"),
+      // Any group size pack_weight takes (AutoRound exports, TP shards).
+      quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf16>", "%w, scale = %s",
+                 "{format = \"gptq\", group_size = 96}"),
   };
   for (const std::string& t : texts) {
     SCOPED_TRACE(t);
@@ -875,7 +878,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", bits = 8}",
        "attribute 'bits' = 8; allowed: 4"},
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"gptq\", group_size = 0}",
-       "attribute 'group_size' = 0; allowed: 32, 64, 128 or -1"},
+       "attribute 'group_size' = 0; allowed: a group size >= 1 (32, 64, 128, ...) or -1"},
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "", "a u4 weight needs attribute 'format'"},
       {u4 + "%s: tensor<1x64xf16>", "%w, scale = %s", "{format = \"exl2\"}",
        "attribute 'format' = \"exl2\" must be one of \"awq\", \"gptq\""},
@@ -954,6 +957,9 @@ TEST(IrQuantExperts, PrintParseRoundTrips) {
                      "scale13 = %s13, scale2 = %s2",
                      "{activation = \"gelu_tanh\", format = \"awq\", "
                      "group_size = 32, top_k = 2}"),
+      moe_quant_text("u4", "%s13: tensor<4x3x128xf16>, %s2: tensor<4x2x128xf16>",
+                     "scale13 = %s13, scale2 = %s2",
+                     "{format = \"awq\", group_size = 48, top_k = 2}"),
   };
   for (const std::string& t : texts) {
     SCOPED_TRACE(t);
@@ -1042,6 +1048,8 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
        "tensor<4x64xi32>, "
        "%s2: tensor<4x1x128xf16>, %z2: tensor<4x1x128xu4>",
        u4n, u4a, "operand 'g_idx13' (%g13) has shape [4, 64]; g_idx is i32 [E, K]"},
+      {"u4", kMoeU4Params, u4n, "{format = \"gptq\", group_size = -2, top_k = 2}",
+       "attribute 'group_size' = -2; allowed: a group size >= 1"},
       {"u4", kMoeU4Params, u4n, "{format = \"gptq\", group_size = 64, bits = 8, top_k = 2}",
        "attribute 'bits' = 8; allowed: 4"},
       {"u4", kMoeU4Params, u4n, "{block_k = 64, format = \"gptq\", group_size = 64, top_k = 2}",
