@@ -881,8 +881,7 @@ QuantExperts make_quant_experts(QKind kind, uint64_t seed) {
 // with the magnitude of each element's terms in the kernels' sums.
 struct MoeInputRow {
   std::vector<double> v, mag;
-  double scale = 0;        // int8: the row's scale
-  int64_t lo = 0, hi = 0;  // int8: the elements that set it
+  double scale = 0;  // int8: the row's scale
 };
 
 MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
@@ -901,8 +900,6 @@ MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
   for (int64_t i = 0; i < k; ++i) {
     in.v[i] = double(int32_t(q[i]) - z) * double(s);
     in.mag[i] = (std::fabs(double(int32_t(q[i]) - z)) + 2.0 * std::abs(z)) * double(s);
-    if (bf(x[i]) < bf(x[in.lo])) in.lo = i;
-    if (std::fabs(bf(x[i])) > std::fabs(bf(x[in.hi]))) in.hi = i;
   }
   in.scale = s;
   return in;
@@ -919,13 +916,17 @@ MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
 //  - int8: x and the bf16 activation row quantized per token as the kernels
 //    do (runtime::reference_act_quant_row), so the oracle sees (q − z)·s;
 //  - bound (runtime/reference_error_bounds.h): each fp32 sum within
-//    8·u·Σ|terms| (the fused int4 kernel's terms (q + z + 32)·s), the
-//    activation's bf16 rounding allowed to go the other way only where that
-//    error reaches a rounding midpoint (moe_act_slack), pushed through |W2|
-//    and the routing weights; int8: a code one step off where an activation
-//    has slack, or every code and the row scale if the row's largest element
-//    has; then moe_output_bound for the bf16 output. A 1 % error in a scale,
-//    a wrong nibble, group or expert fails it.
+//    8·u·Σ|terms| (the fused int4 kernel's terms (q + z + 32)·s; int8's
+//    int32 sums are exact, so its gate / up only carry the f32 epilogue's
+//    4·u·|pre|), the activation's bf16 rounding allowed to go the other way
+//    only where that error reaches a rounding midpoint (moe_act_slack),
+//    pushed through |W2| and the routing weights; int8: such an activation's
+//    code as far off as its bf16 neighbours' codes, and if one of them can
+//    be the row's largest (its scale), the row requantized at every scale
+//    it can set (alt below); then moe_output_bound for the bf16 output.
+// Measured on this shape: 1 % more in every routing weight fails every row
+// but the int4 / AWQ ones at M <= 16 (err/bound ~0.4: their fused kernel's
+// larger terms leave more activations near a midpoint); 3 % fails every row.
 bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
                           const std::vector<uint16_t>& out, Isa isa, double* max_err,
                           double* worst_ratio) {
@@ -955,7 +956,7 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
         return exact ? v : double(bf(runtime::f32_to_bf16(static_cast<float>(v))));
       };
       std::vector<uint16_t> act(static_cast<size_t>(I));
-      std::vector<double> slack(static_cast<size_t>(I));
+      std::vector<double> slack(static_cast<size_t>(I)), lo_act(slack), hi_act(slack);
       runtime::parallel_for(I, [&](int64_t i) {
         runtime::MoeActPoint p;
         for (int64_t hh = 0; hh < H; ++hh) {
@@ -972,21 +973,79 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
         p.act = runtime::reference_glu(glu, p.gate, p.up);
         act[size_t(i)] = runtime::f32_to_bf16(static_cast<float>(p.act));
         p.act_bf16 = bf(act[size_t(i)]);
-        slack[size_t(i)] = runtime::moe_act_slack(glu, p, (int8 ? 4 : kSumUlps) * kU);
+        const double eps = (int8 ? 4 : kSumUlps) * kU;
+        slack[size_t(i)] = runtime::moe_act_slack(glu, p, eps);
+        // The kernel's bf16 activation lies in [lo_act, hi_act] (rounding is monotone).
+        const double ea = runtime::moe_act_error(glu, p, eps);
+        lo_act[size_t(i)] = bf(runtime::f32_to_bf16(static_cast<float>(p.act - ea)));
+        hi_act[size_t(i)] = bf(runtime::f32_to_bf16(static_cast<float>(p.act + ea)));
       });
       const MoeInputRow ain = moe_input_row(int8, act.data(), I);
-      const bool row_shift = int8 && (slack[size_t(ain.lo)] > 0 || slack[size_t(ain.hi)] > 0);
+      // int8: the kernel quantizes its own bf16 activations a'_i ∈ [lo_i, hi_i]
+      // at scale max|a'|/127. Every value that max can take (an activation near
+      // the row's largest) gives the row requantized at that scale (the fixed
+      // rule with dynamic_sym's f32 inv and scale): alt rows, whose outputs
+      // bound the scale's move exactly; at each scale, the codes of lo_i and
+      // hi_i bound a'_i's code (quantizing is monotone): code_step[i], the
+      // largest value change over the scales.
+      std::vector<std::vector<double>> alt;
+      std::vector<double> code_step(static_cast<size_t>(I), 0.0);
+      if (int8) {
+        std::vector<uint16_t> lo_row(static_cast<size_t>(I)), hi_row(lo_row);
+        double m_ref = 0, m_min = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          const double lo = lo_act[size_t(i)], hi = hi_act[size_t(i)];
+          lo_row[size_t(i)] = runtime::f32_to_bf16(static_cast<float>(lo));
+          hi_row[size_t(i)] = runtime::f32_to_bf16(static_cast<float>(hi));
+          m_ref = std::max(m_ref, std::fabs(bf(act[size_t(i)])));
+          m_min =
+              std::max(m_min, lo <= 0 && hi >= 0 ? 0.0 : std::min(std::fabs(lo), std::fabs(hi)));
+        }
+        std::set<uint16_t> maxima = {runtime::f32_to_bf16(static_cast<float>(m_min)),
+                                     runtime::f32_to_bf16(static_cast<float>(m_ref))};
+        for (int64_t i = 0; i < I; ++i) {
+          const double top = std::max(std::fabs(lo_act[size_t(i)]), std::fabs(hi_act[size_t(i)]));
+          if (top <= m_min) continue;
+          // Every bf16 magnitude in (m_min, top]: positive bf16 bits order as their values.
+          for (uint16_t b = runtime::f32_to_bf16(static_cast<float>(m_min));
+               b < runtime::f32_to_bf16(static_cast<float>(top));)
+            maxima.insert(++b);
+        }
+        auto quantize = [&](const std::vector<uint16_t>& row, float mx) {
+          std::vector<uint8_t> qa(static_cast<size_t>(I));
+          float sa = 0;
+          int32_t za = 0;
+          runtime::reference_act_quant_row(runtime::ActQuantRule::fixed, row.data(), I, I,
+                                           127.0f / mx, mx / 127.0f, 128, qa.data(), &sa, &za);
+          std::vector<double> v(static_cast<size_t>(I));
+          for (int64_t i = 0; i < I; ++i) v[size_t(i)] = double(int32_t(qa[size_t(i)]) - za) * sa;
+          return v;
+        };
+        for (uint16_t mb : maxima) {
+          const float mx = runtime::bf16_to_f32(mb);
+          if (mx == 0) continue;
+          std::vector<double> v = quantize(act, mx);
+          const std::vector<double> vl = quantize(lo_row, mx), vh = quantize(hi_row, mx);
+          for (int64_t i = 0; i < I; ++i)
+            code_step[size_t(i)] =
+                std::max({code_step[size_t(i)], std::fabs(vl[size_t(i)] - v[size_t(i)]),
+                          std::fabs(vh[size_t(i)] - v[size_t(i)])});
+          if (double(mx) != m_ref) alt.push_back(std::move(v));
+        }
+      }
       runtime::parallel_for(H, [&](int64_t hh) {
-        double y = 0, mag = 0, term = 0, wabs = 0;
+        double y = 0, mag = 0, term = 0;
+        std::vector<double> y_alt(alt.size(), 0.0);
         for (int64_t i = 0; i < I; ++i) {
           const double w = wt(w2, hh, i);
           y += ain.v[i] * w;
           mag += ain.mag[i] * (fused ? w2.mag(hh, i, true) : std::fabs(w));
-          wabs += std::fabs(w);
-          if (slack[size_t(i)] > 0)
-            term += (int8 ? ain.scale + slack[size_t(i)] : slack[size_t(i)]) * std::fabs(w);
+          for (size_t a = 0; a < alt.size(); ++a) y_alt[a] += alt[a][size_t(i)] * w;
+          term += (int8 ? code_step[size_t(i)] : slack[size_t(i)]) * std::fabs(w);
         }
-        if (row_shift) term = ain.scale * wabs + std::ldexp(mag, -7);
+        double shift = 0;
+        for (double ya : y_alt) shift = std::max(shift, std::fabs(ya - y));
+        term += shift;
         ref[size_t(hh)] += scale * y;
         abs_sum[size_t(hh)] += std::fabs(scale) * mag;
         act_term[size_t(hh)] += std::fabs(scale) * term;
