@@ -237,8 +237,6 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const int64_t n_blocks = (N + kBlockN - 1) / kBlockN;
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
-  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
-  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
   // Runs of consecutive column blocks per task: the kernel's prefetch runs on
   // from one block's codes into the next.
   constexpr int64_t kBlocksPerTask = 8;
@@ -255,10 +253,7 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
       args.ldc = y.strides[0] * y_elem;
       args.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
                            : nullptr;
-      args.q_groups = q.groups.data();
-      args.q_scales = scales + nb * q.n_groups * kBlockN;
-      args.q_zeros = zeros != nullptr ? zeros + nb * q.n_groups * kBlockN : nullptr;
-      args.q_scratch = scratch_bytes > 0 ? packed_a_scratch(kQuantB, scratch_bytes) : nullptr;
+      set_fused_tables(p, nb, scratch_bytes, args);
       const bool last = nb == n_blocks - 1 && tail_k != nullptr;
       (last ? tail_k : main_k)->entry<codegen::BrgemmFn>()(&args);
     }
@@ -278,11 +273,6 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
   const codegen::GemmPlan::Schedule sched = plan.schedule(M);
   const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
   const codegen::PackedA pa_layout = plan.packed_a();
-  const int64_t code_block = p.code_block_bytes();
-  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
-  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
-  // The dequantized chunk: the K rows the kernels read, whole AMX K steps.
-  const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
   GemmRun r = GemmRun::of(x, y, opt);
 
   for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {
@@ -304,41 +294,62 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
     const int64_t m_chunks = sched.row_chunks(rows);
     runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) {
       const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
-      auto* chunk = reinterpret_cast<uint16_t*>(
-          packed_a_scratch(kQuantB, chunk_pairs * codegen::PackedLayout::kRowBytes));
-      auto* part =
-          reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, chunk_rows * kBlockN * 4));
       RowBlockJob job;
       job.a = plan.a_packed ? xb + pa_layout.offset(m0, 0) : xb + m0 * lda;
       job.lda = lda;
       job.rows = std::min(rows, m0 + chunk_rows) - m0;
-      job.b_block = reinterpret_cast<const uint8_t*>(chunk);
-      job.b_is_chunk = true;
       job.c = yb + m0 * r.ldc + nbi * plan.nb * r.y_elem;
       job.ldc = r.ldc;
       job.bias = r.bias ? r.bias + nbi * plan.nb * r.bias_elem : nullptr;
       job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-      job.partial = part;
-      job.ld_partial = kBlockN * 4;
-      for (int64_t c = 0; c < plan.k_chunks; ++c) {
-        const int64_t k0 = c * plan.kc;
-        const int64_t klen = std::min(plan.kc, kp - k0);
-        codegen::DequantArgs d{};
-        d.codes = p.bytes() + nbi * code_block + k0 / 2 * q.code_row_bytes;
-        d.groups = q.groups.data() + k0 / 2;
-        d.scales = scales + nbi * q.n_groups * kBlockN;
-        d.zeros = zeros != nullptr ? zeros + nbi * q.n_groups * kBlockN : nullptr;
-        d.out = chunk;
-        d.rows = (klen + 31) / 32 * 16;
-        dequant(&d);
-        job.only_chunk = c;
-        run_row_block(exe, job);
-      }
+      run_dequant_block(p, exe, dequant, job, nbi);
     });
   }
 }
 
 }  // namespace
+
+void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratch_bytes,
+                      codegen::BrgemmArgs& args) {
+  const QuantTables& q = *p.quant;
+  args.q_groups = q.groups.data();
+  args.q_scales = reinterpret_cast<const float*>(q.scales.get()) + block * q.n_groups * kBlockN;
+  args.q_zeros = q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) +
+                                          block * q.n_groups * kBlockN
+                                    : nullptr;
+  args.q_scratch = scratch_bytes > 0 ? packed_a_scratch(kQuantB, scratch_bytes) : nullptr;
+}
+
+void run_dequant_block(const PackedWeight::Impl& p, const GemmExecutable& exe,
+                       codegen::DequantFn dequant, RowBlockJob job, int64_t block) {
+  const QuantTables& q = *p.quant;
+  const codegen::GemmPlan& plan = exe.plan();
+  // The dequantized chunk: the K rows the kernels read, whole AMX K steps.
+  const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
+  auto* chunk = reinterpret_cast<uint16_t*>(
+      packed_a_scratch(kQuantB, chunk_pairs * codegen::PackedLayout::kRowBytes));
+  const int64_t part_rows = (job.rows + plan.mr - 1) / plan.mr * plan.mr;
+  job.partial = reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, part_rows * kBlockN * 4));
+  job.ld_partial = kBlockN * 4;
+  job.b_block = reinterpret_cast<const uint8_t*>(chunk);
+  job.b_is_chunk = true;
+  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
+  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
+  for (int64_t c = 0; c < plan.k_chunks; ++c) {
+    const int64_t k0 = c * plan.kc;
+    const int64_t klen = std::min(plan.kc, q.k_packed - k0);
+    codegen::DequantArgs d{};
+    d.codes = p.bytes() + block * p.code_block_bytes() + k0 / 2 * q.code_row_bytes;
+    d.groups = q.groups.data() + k0 / 2;
+    d.scales = scales + block * q.n_groups * kBlockN;
+    d.zeros = zeros != nullptr ? zeros + block * q.n_groups * kBlockN : nullptr;
+    d.out = chunk;
+    d.rows = (klen + 31) / 32 * 16;
+    dequant(&d);
+    job.only_chunk = c;
+    run_row_block(exe, job);
+  }
+}
 
 const char* layout_tag_prefix(WeightFormat f) {
   switch (f) {

@@ -76,7 +76,6 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
       return;
     }
     case Route::fused: {
-      const QuantTables& q = *q_->quant;
       const jit::Kernel* k = job.n_tail ? fused_[1] : fused_[0];
       // The kernel is compiled for the group's row count (its mr).
       if (k == nullptr || job.rows != fused_rows_)
@@ -92,45 +91,13 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
       args.c = job.c;
       args.ldc = job.ldc;
       args.bias = job.bias;
-      args.q_groups = q.groups.data();
-      args.q_scales = reinterpret_cast<const float*>(q.scales.get()) + block * q.n_groups * kBlockN;
-      args.q_zeros = q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) +
-                                              block * q.n_groups * kBlockN
-                                        : nullptr;
-      args.q_scratch = fused_scratch_ > 0 ? packed_a_scratch(kQuantB, fused_scratch_) : nullptr;
+      set_fused_tables(*q_, block, fused_scratch_, args);
       k->entry<codegen::BrgemmFn>()(&args);
       return;
     }
-    case Route::dequant: {
-      const QuantTables& q = *q_->quant;
-      const codegen::GemmPlan& plan = exe_->plan();
-      const int64_t chunk_pairs = (plan.kc + 31) / 32 * 16;
-      auto* chunk = reinterpret_cast<uint16_t*>(
-          packed_a_scratch(kQuantB, chunk_pairs * codegen::PackedLayout::kRowBytes));
-      const int64_t part_rows = (job.rows + plan.mr - 1) / plan.mr * plan.mr;
-      job.partial =
-          reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, part_rows * kBlockN * 4));
-      job.ld_partial = kBlockN * 4;
-      job.b_block = reinterpret_cast<const uint8_t*>(chunk);
-      job.b_is_chunk = true;
-      const auto* scales = reinterpret_cast<const float*>(q.scales.get());
-      const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
-      for (int64_t c = 0; c < plan.k_chunks; ++c) {
-        const int64_t k0 = c * plan.kc;
-        const int64_t klen = std::min(plan.kc, q.k_packed - k0);
-        codegen::DequantArgs d{};
-        d.codes = q_->bytes() + block * q_->code_block_bytes() + k0 / 2 * q.code_row_bytes;
-        d.groups = q.groups.data() + k0 / 2;
-        d.scales = scales + block * q.n_groups * kBlockN;
-        d.zeros = zeros != nullptr ? zeros + block * q.n_groups * kBlockN : nullptr;
-        d.out = chunk;
-        d.rows = (klen + 31) / 32 * 16;
-        dequant_(&d);
-        job.only_chunk = c;
-        run_row_block(*exe_, job);
-      }
+    case Route::dequant:
+      run_dequant_block(*q_, *exe_, dequant_, job, block);
       return;
-    }
   }
 }
 

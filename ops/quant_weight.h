@@ -9,6 +9,8 @@
 #include "codegen/brgemm_desc.h"
 #include "codegen/gemm_plan.h"
 #include "codegen/quant_desc.h"
+#include "ops/gemm_executable.h"
+#include "ops/gemm_task.h"
 #include "ops/packed_weight_impl.h"
 
 namespace tilejit::ops {
@@ -72,6 +74,18 @@ codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);
 // name, or the plan's (for the tool's tables).
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m);
+
+// One column block of an fp8 / int4 / mxfp4 weight on the dequant route:
+// per K chunk of exe's plan the dequant kernel fills a bf16 chunk (this
+// thread's kQuantB scratch) that run_row_block runs `job` on (partial sums
+// in this thread's kQuantPartial scratch). gemm's and fused_experts' tasks.
+void run_dequant_block(const PackedWeight::Impl& p, const GemmExecutable& exe,
+                       codegen::DequantFn dequant, RowBlockJob job, int64_t block);
+
+// The fused decode kernel's tables for column block `block` (and its
+// per-thread scratch of scratch_bytes, or none).
+void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratch_bytes,
+                      codegen::BrgemmArgs& args);
 
 // gemm() for fp8, int4 and int8 weights (arguments already checked).
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
