@@ -257,6 +257,15 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
                          opt.syntax);
         continue;
       }
+      // Quantized experts: their helper kernels (act_quant / dequant) are
+      // fixed by the format; the brgemm kernels are chosen at run time.
+      std::string shown;  // w13 and w2 often share one: listed once
+      for (const MoeHelperKernel& k : call_moe_quant_kernels(f, c, isa)) {
+        if (k.key() == shown) continue;
+        shown = k.key();
+        print_kernel_asm(k.code(), fmt::format("{} ({}): {}", c.api(), k.proj, k.key()),
+                         opt.syntax);
+      }
       apis.push_back(c.api());
     }
     if (!apis.empty())

@@ -67,6 +67,44 @@ std::string call_rope_kernel_key(const ir::Function& f, const OperatorCall& c,
                   : key;
 }
 
+}  // namespace
+
+std::string MoeHelperKernel::name() const {
+  return dequant ? dequant->name() : act_quant->name();
+}
+std::string MoeHelperKernel::key() const {
+  return dequant ? dequant->key() : act_quant->key();
+}
+const jit::Kernel& MoeHelperKernel::code() const {
+  return dequant ? jit::get(*dequant) : jit::get(*act_quant);
+}
+
+std::vector<MoeHelperKernel> call_moe_quant_kernels(const ir::Function& f, const OperatorCall& c,
+                                                    Isa isa) {
+  (void)f;
+  std::vector<MoeHelperKernel> out;
+  const MoeQuant& q = c.moe_quant;
+  if (c.kind != ir::OpKind::moe || !q.quantized() || isa == Isa::scalar) return out;
+  // As ops/moe_quant.cpp asks the registry: avx512 serves amx.
+  const Isa kisa = isa == Isa::llvm ? Isa::llvm : Isa::avx512;
+  for (int proj = 0; proj < 2; ++proj) {
+    MoeHelperKernel k;
+    k.proj = proj == 0 ? "w13" : "w2";
+    if (q.format == WeightFormat::int8) {
+      k.act_quant = codegen::ActQuantDesc{kisa, c.moe.act_quant == ActQuant::dynamic_asym
+                                                    ? codegen::ActQuantMode::asym
+                                                    : codegen::ActQuantMode::sym};
+    } else {
+      k.dequant = codegen::DequantDesc{
+          kisa, q.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, q.zero[proj] >= 0};
+    }
+    out.push_back(k);
+  }
+  return out;
+}
+
+namespace {
+
 std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBindings& dims) {
   const ir::Op& op = op_of(f, c);
   auto arg = [&](size_t i) { return operand_text(f, op.operands.at(i), dims); };
@@ -169,30 +207,24 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
         // ops/moe_quant.h's routes, per (expert, projection) and the expert's rows;
         // the helper kernels named as the registry names them (avx512 serves amx).
         const MoeQuant& q = c.moe_quant;
-        const Isa kisa = isa == Isa::llvm ? Isa::llvm : Isa::avx512;
+        const std::vector<MoeHelperKernel> helpers = call_moe_quant_kernels(f, c, isa);
         std::string routes;
         if (q.format == WeightFormat::int8) {
-          const codegen::ActQuantDesc aq{kisa, c.moe.act_quant == ActQuant::dynamic_asym
-                                                   ? codegen::ActQuantMode::asym
-                                                   : codegen::ActQuantMode::sym};
           routes = fmt::format(
               "w13 and w2 each: int8: the expert's rows quantized per token by {}, then the "
               "u8 x s8 kernels (brgemm_{}_u8xi8_i32acc_m<rows>n64...) with the scaled (w13: and "
               "GLU) epilogue",
-              aq.name(), isa_name(isa));
+              helpers.at(0).name(), isa_name(isa));
         } else {
-          const DType code = q.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4;
           const std::string fused =
               isa == Isa::llvm ? "no fused decode kernel on llvm: always the dequant route"
                                : "<= 4 rows for the expert: the fused decode kernel (exact "
                                  "weights; ops::quant_gemm_fused), else the dequant route";
-          for (int proj = 0; proj < 2; ++proj) {
-            const codegen::DequantDesc dq{kisa, code, q.zero[proj] >= 0};
+          for (const MoeHelperKernel& k : helpers)
             routes += fmt::format(
                 "{}{}: {}: per K chunk {} (or its _normal variant, by the scales) fills bf16 "
                 "packed rows for brgemm_{}_bf16_f32acc_m<rows>n64...",
-                proj ? "; " : "", proj ? "w2" : "w13", fused, dq.name(), isa_name(isa));
-          }
+                routes.empty() ? "" : "; ", k.proj, fused, k.name(), isa_name(isa));
         }
         return {
             fmt::format("{}: {} experts, per (expert, projection) one route by the "
@@ -243,7 +275,15 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
     const OperatorCall& c = p.calls[i];
     s += call_header(f, p, i);
     const auto [path, kernels] = path_and_kernels(f, c, isa, dims);
-    if (isa != Isa::scalar && c.kind == ir::OpKind::rope && kernels != "-") {
+    const std::vector<MoeHelperKernel> helpers = call_moe_quant_kernels(f, c, isa);
+    for (const MoeHelperKernel& k : helpers) {
+      s += fmt::format("  kernel  {} ({}: {})\n", k.name(), k.proj,
+                       k.act_quant ? "act_quant, each call" : "dequant route");
+      s += fmt::format("  key     {}\n", k.key());
+    }
+    if (!helpers.empty()) {
+      s += fmt::format("  kernels {}\n", kernels);
+    } else if (isa != Isa::scalar && c.kind == ir::OpKind::rope && kernels != "-") {
       s += fmt::format("  kernel  {}\n", kernels);
       s += fmt::format("  key     {}\n", call_rope_kernel_key(f, c, dims));
     } else {

@@ -4,8 +4,11 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "codegen/llvm/llvm_rope.h"
+#include "codegen/quant_desc.h"
+#include "jit/kernel.h"
 
 #include "tools/program/host_tensor.h"
 #include "tools/program/operator_program.h"
@@ -26,5 +29,22 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
 std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Function& f,
                                                                 const OperatorCall& c, Isa isa,
                                                                 const DimBindings& dims);
+
+// A helper kernel of a moe call with quantized experts, for one projection
+// ("w13" or "w2"): the act_quant kernel (int8: the rows quantized per token)
+// or the dequant kernel (fp8, int4: K chunks to bf16 for the dequant route;
+// the general variant: whether the _normal one runs follows from the scales'
+// values when the experts are packed).
+struct MoeHelperKernel {
+  std::string proj;
+  std::optional<codegen::DequantDesc> dequant;
+  std::optional<codegen::ActQuantDesc> act_quant;
+  std::string name() const;
+  std::string key() const;
+  const jit::Kernel& code() const;  // jit::get: compiles it once
+};
+// Per projection, on a JIT path (none on scalar, none for bf16 experts).
+std::vector<MoeHelperKernel> call_moe_quant_kernels(const ir::Function& f, const OperatorCall& c,
+                                                    Isa isa);
 
 }  // namespace tilejit::tools
