@@ -451,6 +451,14 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq; do
     has "$name: plan api ($isa)" "$OUT" "^  api +w13p = tilejit::pack_experts\\(E (Int8|Fp8|Int4)Weight of %[a-z0-9_]+ (i8|f8e4m3|u4) \\[8, 192, 256\\] with scales %"
     has "$name: plan names the helper kernel ($isa)" "$OUT" "^  kernels +.*\\b${helper}_(avx512|llvm)_[a-z0-9]+"
   done
+  for isa in avx512 llvm; do
+    ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa
+    has "$name: helper kernel named ($isa)" "$OUT" "^  kernel  ${helper}_${isa}_[a-z0-9_]+ \\(w13: "
+    has "$name: helper key ($isa)" "$OUT" "^  key     ${helper};isa=${isa};"
+    ok "$name: dump --stage asm --isa $isa" "$TJ" dump "$tir" --stage asm --isa $isa
+    has "$name: helper asm ($isa)" "$OUT" "^; kernel ${helper}_${isa}_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+    has "$name: the rest is chosen at run time ($isa)" "$OUT" "kernels are chosen and compiled inside the operator at run time"
+  done
   ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
   has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
   for isa in $active avx512 llvm scalar; do
@@ -766,7 +774,7 @@ if [ -f "$EXAMPLES/gemm_int4_gptq.tir" ]; then
     -i scales="$Q/in/scales.npy" -i qzeros="$Q/in/qzeros.npy" -i g_idx="$Q/in/g_idx.npy"
 fi
 sed -e 's/group_size = 128/group_size = 0/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/g0.tir"
-input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: 32, 64, 128 or -1" \
+input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: a group size >= 1 \\(32, 64, 128, ...\\) or -1" \
   "$TJ" dump "$Q/g0.tir" --stage plan
 sed -e 's/{block_k = 128, block_n = 128}/{block_k = 64, block_n = 128}/' "$EXAMPLES/gemm_fp8_block.tir" >"$Q/bk.tir"
 input_error "fp8: block scale shape" "bk.tir: error: %0 = gemm: operand 'scale' \\(%w_scale\\) has shape \\[3, 3\\]; block scales of 128x64" \
