@@ -584,6 +584,21 @@ usage "llama-layer --threads 100000" "^tilejit llama-layer: error: --threads 100
 usage "llama-layer --weights int2" "^tilejit llama-layer: error: --weights: int2 not in \\{bf16,int8,fp8,int4\\}" \
   "$TJ" llama-layer --weights int2
 usage "llama-layer --seconds nan" "^tilejit llama-layer: error: --seconds nan: allowed" "$TJ" llama-layer --seconds nan
+usage "llama-layer --moe-weights int8,int2" "^tilejit llama-layer: error: --moe-weights: int2 not in \\{bf16,int8,fp8,fp8_block,int4,awq,mxfp4,all\\}" \
+  "$TJ" llama-layer --moe-weights int8,int2
+usage "llama-layer --only attn" "^tilejit llama-layer: error: --only: attn not in \\{dense,moe\\}" "$TJ" llama-layer --only attn
+# The main job's MoE block alone (--only moe) with quantized experts: the job
+# exits 0 only if every row's check passed; each M's int4 moe_experts row ran
+# and says ok; the M = 1 row names its route (the fused decode kernel on
+# amx / avx512 with VBMI); no dense-layer or bf16 experts row ran.
+ok "llama-layer --only moe --moe-weights int4" "$TJ" llama-layer --only moe --moe-weights int4 --seconds 0.01
+for m in 1 16 512; do
+  has "llama-layer: int4 moe_experts M=$m checked" "$OUT" \
+    "^moe_experts +$m E=128 k=8 H=2048 I=768 int4 .* ok \\(max err [^)]*\\)  err/bound [0-9.]+"
+done
+has "llama-layer: M=1 int4 experts name their route" "$OUT" "^moe_experts +1 .* int4 .*fused_experts \\(8 experts: (fused decode kernel|dequant \\+ bf16 kernels|scalar fallback)\\)"
+checks=$((checks + 1))
+! grep -Eq "^(qkv_proj|attn_decode|moe_experts .* I=768  )" "$OUT" || fail "llama-layer --only moe: rows other than the MoE block's int4 ones ran"
 for seed in 18446744073709551616 -1 abc; do
   usage "--random-inputs $seed" "--random-inputs: '$seed' is not a seed; allowed: an integer in \[0, 18446744073709551615\]" \
     "$TJ" run "$LB" --random-inputs "$seed" --dim M=2
