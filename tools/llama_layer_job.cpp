@@ -1197,6 +1197,11 @@ void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, con
     }
     emit(experts);
   }
+  // The bf16 experts' 2.4 GB (weights and packs) go before the quantized ones are built.
+  w13 = {};
+  w2 = {};
+  p13 = PackedExperts();
+  p2 = PackedExperts();
   for (size_t f = 0; f < std::size(kMoeQuantFormats); ++f)
     if (moe_format_selected(env.opt, kMoeQuantFormats[f].name))
       quant_moe_rows(env, kMoeQuantFormats[f], steps, seed + 1000 * (f + 1), emit);
