@@ -770,16 +770,6 @@ TEST(QuantExpertsPack, Bf16InterleavedRowsMatchHalves) {
 // ---------------------------------------------------------------------------
 // Bad input: each an Error naming what is wrong.
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one mentioning \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(QuantExpertsErrors, PackAndCall) {
   const int64_t H = 72, I = 40, T = 2;
   const Experts a = make_experts(QFmt::awq, 2, H, I, 9);
@@ -795,28 +785,28 @@ TEST(QuantExpertsErrors, PackAndCall) {
                   TensorView(out.data(), DType::f32, {T, H}), o);
   };
   // w13 and w2 in different formats.
-  expect_error([&] { call(a.p13, f8.p2, {}); }, "both in one format");
+  expect_tilejit_error([&] { call(a.p13, f8.p2, {}); }, "both in one format");
   // A fixed activation scale with int8 experts.
   MoeOptions fixed;
   fixed.act_quant = ActQuant::fixed;
-  expect_error([&] { call(i8.p13, i8.p2, fixed); }, "act_quant");
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_quant");
   // Scales for the wrong number of channels, in expert 1: the expert is named.
   std::vector<Fp8Weight> bad;
   for (const Matrix& m : f8.w13) bad.push_back(m.fp8);
   bad[1].scales = TensorView(const_cast<float*>(f8.w13[1].scales.data()), DType::f32, {7});
-  expect_error([&] { pack_experts(bad, ExpertProj::gate_up); }, "expert 1");
+  expect_tilejit_error([&] { pack_experts(bad, ExpertProj::gate_up); }, "expert 1");
   // Experts of different shapes.
   std::vector<Int4Weight> mixed{a.w2[0].int4, a.w13[1].int4};
-  expect_error([&] { pack_experts(mixed, ExpertProj::down); }, "expert 1");
+  expect_tilejit_error([&] { pack_experts(mixed, ExpertProj::down); }, "expert 1");
   // An odd row count for gate_up, and no experts at all.
   std::vector<Int8Weight> odd{make_matrix(QFmt::int8_sym, 7, H, 1.0, 3).int8};
-  expect_error([&] { pack_experts(odd, ExpertProj::gate_up); }, "2I");
-  expect_error([&] { pack_experts(std::vector<Int8Weight>{}, ExpertProj::down); }, "empty");
+  expect_tilejit_error([&] { pack_experts(odd, ExpertProj::gate_up); }, "2I");
+  expect_tilejit_error([&] { pack_experts(std::vector<Int8Weight>{}, ExpertProj::down); }, "empty");
   // A quantized shared expert whose two halves disagree.
   MoeOptions so;
   so.shared_w13 = &a.p13;
   so.shared_w2 = &f8.p2;
-  expect_error([&] { call(a.p13, a.p2, so); }, "shared_w13");
+  expect_tilejit_error([&] { call(a.p13, a.p2, so); }, "shared_w13");
 }
 
 }  // namespace

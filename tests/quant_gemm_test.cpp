@@ -703,17 +703,6 @@ TEST(QuantShards, NSliceAndKSliceInsideAGroup) {
 
 // ---- bad input ----------------------------------------------------------------------
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one mentioning \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
-  }
-}
-
 TEST(QuantErrors, Int4Checkpoints) {
   QCase c;
   c.fmt = Fmt::gptq, c.n = 16, c.k = 64, c.group = 32, c.zp = true, c.act_order = true;
@@ -723,53 +712,61 @@ TEST(QuantErrors, Int4Checkpoints) {
     edit(w);
     return w;
   };
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 3; })); }, "bits=3");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 8; })); }, "allowed: 4");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = 0; })); }, "group_size=0");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = -4; })); },
-               "group_size=-4");
-  expect_error(
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 3; })); }, "bits=3");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 8; })); }, "allowed: 4");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = 0; })); },
+                       "group_size=0");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = -4; })); },
+                       "group_size=-4");
+  expect_tilejit_error(
       [&] {
         pack_weight(with([](Int4Weight& w) { w.format = Int4Format::awq, w.gptq_v2 = true; }));
       },
       "gptq_v2");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) {
-                       w.scales.shape = {2, 15};
-                     })); },
-               "scales has shape [2, 15]");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) {
-                       w.qzeros->shape = {2, 1};
-                     })); },
-               "qzeros");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.qweight.dtype = DType::f32; })); },
-               "qweight");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.n = 17; })); }, "n=17");
-  expect_error([&] { pack_weight(with([](Int4Weight& w) { w.g_idx->shape = {63}; })); }, "g_idx");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) {
+                               w.scales.shape = {2, 15};
+                             })); },
+                       "scales has shape [2, 15]");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) {
+                               w.qzeros->shape = {2, 1};
+                             })); },
+                       "qzeros");
+  expect_tilejit_error(
+      [&] { pack_weight(with([](Int4Weight& w) { w.qweight.dtype = DType::f32; })); }, "qweight");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.n = 17; })); }, "n=17");
+  expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.g_idx->shape = {63}; })); },
+                       "g_idx");
   std::vector<int32_t> gi = ck.g_idx;
   gi[5] = 2;  // only groups 0, 1 exist
-  expect_error([&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
-               "g_idx[5] = 2");
+  expect_tilejit_error(
+      [&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
+      "g_idx[5] = 2");
   gi = ck.g_idx;
   for (auto& v : gi) v = 0;  // 64 channels in a group of 32
-  expect_error([&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
-               "more than group_size=32");
+  expect_tilejit_error(
+      [&] { pack_weight(with([&](Int4Weight& w) { w.g_idx->data = gi.data(); })); },
+      "more than group_size=32");
   // AutoRound configs.
   AutoRoundConfig cfg;
   cfg.bits = 2;
-  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "bits=2");
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "bits=2");
   cfg = {};
   cfg.desc_act = true;
-  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "desc_act");
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "desc_act");
   cfg = {};
   cfg.sym = false;
-  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "qzeros");
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "qzeros");
   cfg = {};
   cfg.checkpoint_format = "marlin";
-  expect_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); }, "marlin");
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "marlin");
   cfg = {};
   cfg.checkpoint_format = "auto_round:auto_awq";
   cfg.desc_act = true;
-  expect_error(
+  expect_tilejit_error(
       [&] {
         int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales, ck.int4.qzeros,
                                 ck.int4.g_idx);
@@ -794,28 +791,28 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   Checkpoint ck = make_checkpoint(c);
   Fp8Weight w = ck.fp8;
   w.block_k = 15;
-  expect_error([&] { pack_weight(w); }, "block_k=15");
+  expect_tilejit_error([&] { pack_weight(w); }, "block_k=15");
   w = ck.fp8;
   w.scales.shape = {2, 2};
-  expect_error([&] { pack_weight(w); }, "scales has shape [2, 2]");
+  expect_tilejit_error([&] { pack_weight(w); }, "scales has shape [2, 2]");
   w = ck.fp8;
   w.block_n = w.block_k = 0;
-  expect_error([&] { pack_weight(w); }, "rank 2");
+  expect_tilejit_error([&] { pack_weight(w); }, "rank 2");
   w = ck.fp8;
   w.weight.dtype = DType::bf16;
-  expect_error([&] { pack_weight(w); }, "weight");
+  expect_tilejit_error([&] { pack_weight(w); }, "weight");
   ck.f8[7] = 0xFF;
-  expect_error([&] { pack_weight(ck.fp8); }, "weight[0, 7] = 0xff");
+  expect_tilejit_error([&] { pack_weight(ck.fp8); }, "weight[0, 7] = 0xff");
 
   std::vector<int8_t> big(65537, 1);
   std::vector<float> one(1, 1.0f), three(3, 1.0f);
-  expect_error(
+  expect_tilejit_error(
       [&] {
         pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {1, 65537}),
                                TensorView(one.data(), DType::f32, {1})});
       },
       "K=65537");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {2, 8}),
                                TensorView(three.data(), DType::f32, {3})});
@@ -828,22 +825,22 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   std::vector<float> y(2);
   GemmOptions opt;
   opt.act_quant = ActQuant::fixed;
-  expect_error(
+  expect_tilejit_error(
       [&] {
         gemm(TensorView(x.data(), DType::bf16, {1, 8}), p, TensorView(y.data(), DType::f32, {1, 2}),
              opt);
       },
       "act_scale=0");
   opt.act_scale = 0.1f, opt.act_zero_point = 300;
-  expect_error(
+  expect_tilejit_error(
       [&] {
         gemm(TensorView(x.data(), DType::bf16, {1, 8}), p, TensorView(y.data(), DType::f32, {1, 2}),
              opt);
       },
       "act_zero_point=300");
   // Unpacking into another format's tensors, dequantizing into a wrong shape.
-  expect_error([&] { p.unpack(ck.fp8); }, "packed as int8");
-  expect_error(
+  expect_tilejit_error([&] { p.unpack(ck.fp8); }, "packed as int8");
+  expect_tilejit_error(
       [&] {
         p.dequantize(TensorView(y.data(), DType::f32, {1, 2}));
       },
@@ -1026,26 +1023,27 @@ TEST(QuantErrors, Mxfp4Checkpoints) {
     return w;
   };
   ck.mx_scales[1 * 2 + 1] = 0xFF;
-  expect_error([&] { pack_weight(ck.mx); }, "scales[1, 1] = 0xff");
+  expect_tilejit_error([&] { pack_weight(ck.mx); }, "scales[1, 1] = 0xff");
   ck.mx_scales[1 * 2 + 1] = 127;
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) {
-                       w.blocks.shape = {4, 2, 8};
-                     })); },
-               "blocks has shape [4, 2, 8]");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.shape = {128}; })); },
-               "blocks has rank 1");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.dtype = DType::i8; })); },
-               "blocks");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.scales.dtype = DType::f32; })); },
-               "scales");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) {
-                       w.scales.shape = {4, 3};
-                     })); },
-               "scales has shape [4, 3]");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 65; })); }, "k=65");
-  expect_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 32; })); }, "k=32");
+  expect_tilejit_error(
+      [&] {
+        pack_weight(with([](Mxfp4Weight& w) { w.blocks.shape = {4, 2, 8}; }));
+      },
+      "blocks has shape [4, 2, 8]");
+  expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.shape = {128}; })); },
+                       "blocks has rank 1");
+  expect_tilejit_error(
+      [&] { pack_weight(with([](Mxfp4Weight& w) { w.blocks.dtype = DType::i8; })); }, "blocks");
+  expect_tilejit_error(
+      [&] { pack_weight(with([](Mxfp4Weight& w) { w.scales.dtype = DType::f32; })); }, "scales");
+  expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) {
+                               w.scales.shape = {4, 3};
+                             })); },
+                       "scales has shape [4, 3]");
+  expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 65; })); }, "k=65");
+  expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 32; })); }, "k=32");
   // A 2-D view of the same bytes ([4, 32]): K is 63 or 64.
-  expect_error(
+  expect_tilejit_error(
       [&] {
         pack_weight(with([](Mxfp4Weight& w) {
           w.blocks = TensorView(w.blocks.data, DType::u8, {4, 32});
@@ -1054,14 +1052,15 @@ TEST(QuantErrors, Mxfp4Checkpoints) {
       },
       "k=62");
   const PackedWeight pw = pack_weight(ck.mx);
-  expect_error([&] { pw.unpack(ck.int4); }, "packed as mxfp4");
-  expect_error([&] { pw.unpack(with([](Mxfp4Weight& w) {
-                       w.blocks.shape = {4, 3, 16};
-                     })); },
-               "blocks has shape [4, 3, 16]");
-  expect_error([&] { pw.unpack(with([](Mxfp4Weight& w) { w.k = 63; })); }, "k=63");
+  expect_tilejit_error([&] { pw.unpack(ck.int4); }, "packed as mxfp4");
+  expect_tilejit_error(
+      [&] {
+        pw.unpack(with([](Mxfp4Weight& w) { w.blocks.shape = {4, 3, 16}; }));
+      },
+      "blocks has shape [4, 3, 16]");
+  expect_tilejit_error([&] { pw.unpack(with([](Mxfp4Weight& w) { w.k = 63; })); }, "k=63");
   const PackedWeight p8 = pack_weight(make_checkpoint(QCase{}).fp8);
-  expect_error([&] { p8.unpack(ck.mx); }, "packed as fp8_e4m3");
+  expect_tilejit_error([&] { p8.unpack(ck.mx); }, "packed as fp8_e4m3");
 }
 
 }  // namespace

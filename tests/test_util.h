@@ -54,6 +54,19 @@ inline std::vector<float> random_f32(size_t n, uint32_t seed, float lo = -1, flo
 }
 
 // A small stable hash to derive a per-case seed from its parameters.
+// f() must throw a tilejit::Error whose message mentions `needle` (the
+// argument or value it names).
+template <class F>
+void expect_tilejit_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error; expected one mentioning \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << needle << "\"";
+  }
+}
+
 inline uint32_t seed_of(std::initializer_list<int64_t> parts) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t p : parts) {
