@@ -476,6 +476,32 @@ TEST_F(Fp8Decode, NanCodes) {
   for (int64_t c = 0; c < d; ++c) EXPECT_EQ(std::isnan(bf16_to_f32(out[c])), c == 7) << c;
 }
 
+// Every finite code through the kernel's conversion, bit for bit: one
+// visible key has weight exactly 1, so out = v · v_scale exactly (a power of
+// two), while the attention bound alone would not see a wrong subnormal.
+TEST_F(Fp8Decode, EveryCodeReadExactly) {
+  const int64_t d = 64, dv = 256, bs = 16;
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * d), 0x38), vc(static_cast<size_t>(bs * dv));
+  for (int64_t c = 0; c < dv; ++c) vc[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
+  std::vector<int32_t> table = {0}, lens = {1};
+  const auto q = random_bf16(static_cast<size_t>(2 * d), 31, -1, 1);
+  std::vector<uint16_t> out(static_cast<size_t>(2 * dv));
+  for (float vs : {1.0f, 0.125f}) {
+    AttentionOptions opt;
+    opt.kv_scales.v_scale = vs;
+    decode_attention(TensorView(q.data(), DType::bf16, {1, 2, d}),
+                     TensorView(kc.data(), DType::f8e4m3, {1, bs, 1, d}),
+                     TensorView(vc.data(), DType::f8e4m3, {1, bs, 1, dv}),
+                     TensorView(out.data(), DType::bf16, {1, 2, dv}),
+                     TensorView(table.data(), DType::i32, {1, 1}),
+                     TensorView(lens.data(), DType::i32, {1}), opt);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t c = 0; c < dv; ++c)
+        ASSERT_EQ(bf16_to_f32(out[h * dv + c]), static_cast<float>(e4m3_value(vc[c]) * vs))
+            << "code 0x" << std::hex << int(vc[c]);
+  }
+}
+
 // store_kv writes the cache decode then reads: the path an engine takes.
 TEST_F(Fp8Decode, StoreThenDecode) {
   const int64_t hkv = 2, hq = 4, d = 128, bs = 16, len = 40;
