@@ -605,11 +605,25 @@ double attention_tolerance(double max_v, double ref) {
 // shuffled order (as an allocator leaves them after a while). GB/s counts the
 // K and V rows read (B·context·Hkv·2·D·2 bytes); the cache of B = 16 (256 MiB)
 // is far past the caches, the one of B = 1 (16 MiB) partly fits L3.
-Row decode_row(const Env& env, int64_t m, uint64_t seed) {
+// fp8: the same rows stored as an e4m3 cache (code = e4m3(x / s), the
+// store_kv rule, s = 2^-8 so the values stay inside e4m3's range) read with
+// AttentionOptions::kv_scales; GB/s then counts the fp8 bytes, and the
+// reference reads the dequantized values code · s.
+Row decode_row(const Env& env, int64_t m, uint64_t seed, bool fp8 = false) {
   const int64_t b = m, per_seq = kDecodeContext / kBlockSize, nb = b * per_seq;
   const size_t cache_elems = size_t(nb * kBlockSize * kHkv * kHeadDim);
   const auto kc = random_bf16(cache_elems, seed, 1.0f);
   const auto vc = random_bf16(cache_elems, seed + 1, 1.0f);
+  constexpr float kFp8Scale = 1.0f / 256;
+  std::vector<uint8_t> kc8, vc8;
+  if (fp8) {
+    kc8.resize(cache_elems);
+    vc8.resize(cache_elems);
+    for (size_t i = 0; i < cache_elems; ++i) {
+      kc8[i] = runtime::f32_to_e4m3(bf(kc[i]) / kFp8Scale);
+      vc8[i] = runtime::f32_to_e4m3(bf(vc[i]) / kFp8Scale);
+    }
+  }
   const auto q = random_bf16(size_t(b * kHq * kHeadDim), seed + 2, 1.0f);
   std::vector<uint16_t> out(static_cast<size_t>(b * kHq * kHeadDim));
   std::vector<int32_t> table(static_cast<size_t>(nb));
@@ -621,8 +635,14 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
     std::swap(table[i - 1], table[size_t(shuffle.s % i)]);
   }
   const TensorView qv(q.data(), DType::bf16, {b, kHq, kHeadDim});
-  const TensorView kv(kc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
-  const TensorView vv(vc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
+  const TensorView kv =
+      fp8 ? TensorView(kc8.data(), DType::f8e4m3, {nb, kBlockSize, kHkv, kHeadDim})
+          : TensorView(kc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
+  const TensorView vv =
+      fp8 ? TensorView(vc8.data(), DType::f8e4m3, {nb, kBlockSize, kHkv, kHeadDim})
+          : TensorView(vc.data(), DType::bf16, {nb, kBlockSize, kHkv, kHeadDim});
+  AttentionOptions aopt;
+  if (fp8) aopt.kv_scales.k_scale = aopt.kv_scales.v_scale = kFp8Scale;
   const TensorView ov(out.data(), DType::bf16, {b, kHq, kHeadDim});
   const TensorView tv(table.data(), DType::i32, {b, per_seq});
   const TensorView lv(lens.data(), DType::i32, {b});
@@ -630,7 +650,8 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
   std::string kernel = "scalar reference";
   if (env.cpu.isa != Isa::scalar && jit::family_built(jit::Family::decode_attention)) {
     kernel = ops::decode_attention_desc(kHeadDim, kHeadDim, kHq / kHkv, kBlockSize,
-                                        /*softcap=*/false, /*alibi=*/false)
+                                        /*softcap=*/false, /*alibi=*/false,
+                                        fp8 ? DType::f8e4m3 : DType::bf16)
                  .name();
   } else if (env.cpu.isa != Isa::scalar) {
     kernel = fmt::format("attention engine (brgemm_{} kernels)", isa_name(env.cpu.isa));
@@ -641,7 +662,10 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
     const auto at = [&](const std::vector<uint16_t>& c, int64_t s, int64_t j, int64_t h,
                         int64_t col) {
       const int64_t blk = table[size_t(s * per_seq + j / kBlockSize)];
-      return bf(c[size_t(((blk * kBlockSize + j % kBlockSize) * kHkv + h) * kHeadDim + col)]);
+      const size_t i = size_t(((blk * kBlockSize + j % kBlockSize) * kHkv + h) * kHeadDim + col);
+      if (!fp8) return double(bf(c[i]));
+      const std::vector<uint8_t>& c8 = &c == &kc ? kc8 : vc8;
+      return double(runtime::e4m3_to_f32(c8[i])) * double(kFp8Scale);
     };
     bool ok = true;
     *max_err = 0;
@@ -673,15 +697,15 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed) {
     }
     return ok;
   };
-  Row row{
-      .op = "attn_decode",
-      .m = m,
-      .shape = fmt::format("B={} ctx={} Hq={} Hkv={} D={}", b, kDecodeContext, kHq, kHkv, kHeadDim),
-      .kernel = kernel,
-      .bytes = true};
+  Row row{.op = fp8 ? "attn_decode_f8" : "attn_decode",
+          .m = m,
+          .shape = fmt::format("B={} ctx={} Hq={} Hkv={} D={}{}", b, kDecodeContext, kHq, kHkv,
+                               kHeadDim, fp8 ? " e4m3 cache" : ""),
+          .kernel = kernel,
+          .bytes = true};
   measure(
-      row, env, [&] { decode_attention(qv, kv, vv, ov, tv, lv); }, check);
-  row.rate = double(b * kDecodeContext * kHkv * 2 * kHeadDim * 2) / row.seconds / 1e9;
+      row, env, [&] { decode_attention(qv, kv, vv, ov, tv, lv, aopt); }, check);
+  row.rate = double(b * kDecodeContext * kHkv * 2 * kHeadDim * (fp8 ? 1 : 2)) / row.seconds / 1e9;
   return row;
 }
 
@@ -1316,6 +1340,7 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
     rope_rows(env, all_m, 100, emit);
     emit(decode_row(env, 1, 200));
     emit(decode_row(env, 16, 210));
+    emit(decode_row(env, 16, 210, /*fp8=*/true));
     emit(prefill_row(env, 16, 300));
     emit(prefill_row(env, 512, 310));
     gemm_rows(env, o, all_m, 2000, emit);
