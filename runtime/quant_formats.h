@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace tilejit::runtime {
@@ -29,23 +30,23 @@ inline uint8_t f32_to_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
   const float a = std::fabs(x);
   if (a >= 448.0f) return sign | 0x7E;  // saturate (also ±inf)
-  // Candidates are the 127 non-negative finite codes 0x00..0x7E, ascending
-  // in value: pick the nearest, ties to the even code (even mantissa).
-  int lo = 0, hi = 0x7E;
-  while (lo < hi) {  // the first code with value >= a
-    const int mid = (lo + hi) / 2;
-    if (e4m3_to_f32(static_cast<uint8_t>(mid)) < a)
-      lo = mid + 1;
-    else
-      hi = mid;
+  if (a < 0x1p-6f) {
+    // Subnormal codes m·2^-9, m = 0..8 (8: the least normal, 2^-6): a·2^9 and
+    // its fraction are exact; nearest, ties to the even m.
+    const float v = a * 512.0f;
+    int m = static_cast<int>(v);
+    const float f = v - static_cast<float>(m);
+    if (f > 0.5f || (f == 0.5f && (m & 1))) ++m;
+    return static_cast<uint8_t>(sign | m);
   }
-  int code = lo;
-  if (code > 0) {
-    const float up = e4m3_to_f32(static_cast<uint8_t>(code));
-    const float down = e4m3_to_f32(static_cast<uint8_t>(code - 1));
-    if (a - down < up - a || (a - down == up - a && (code - 1) % 2 == 0)) code -= 1;
-  }
-  return sign | static_cast<uint8_t>(code);
+  // Normal: f32's mantissa rounded to its top 3 bits, nearest even (a carry
+  // moves into the exponent); a < 448 rounds to at most 448, never to the
+  // NaN code. The f32 exponent E + 127 becomes e4m3's E + 7.
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  u += 0x7FFFFu + ((u >> 20) & 1);
+  const uint32_t e = (u >> 23) - 120, m = (u >> 20) & 7;
+  return static_cast<uint8_t>(sign | (e << 3) | m);
 }
 
 // ---- MXFP4 (OCP MX, GPT-OSS): e2m1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with a
