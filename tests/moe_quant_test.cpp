@@ -786,6 +786,9 @@ TEST(QuantExpertsErrors, PackAndCall) {
   };
   // w13 and w2 in different formats.
   expect_tilejit_error([&] { call(a.p13, f8.p2, {}); }, "both in one format");
+  // Experts packed for a different number of experts in w2.
+  const Experts a3 = make_experts(QFmt::awq, 3, H, I, 12);
+  expect_tilejit_error([&] { call(a.p13, a3.p2, {}); }, "w2 has 3 experts");
   // A fixed activation scale with int8 experts.
   MoeOptions fixed;
   fixed.act_quant = ActQuant::fixed;
