@@ -443,17 +443,6 @@ TEST_F(ExtendAttention, SingleTokenMatchesDecode) {
 // Errors: each names the argument, the value and what is allowed, and is
 // raised before any key is read.
 
-template <class F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nwanted: " << needle;
-  }
-}
-
 TEST(ExtendAttentionErrors, BadInputs) {
   const int64_t nb = 4, bs = 16, hkv = 2, hq = 4, d = 64;
   GuardedBuffer kc(nb * bs * hkv * d * 2), vc(nb * bs * hkv * d * 2);
@@ -473,73 +462,75 @@ TEST(ExtendAttentionErrors, BadInputs) {
   extend_attention(q, k, v, o, qoi(), tab(), pl());           // kv in cache: 23 and 10 keys
 
   qo = {0, 5, 3};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-               "qo_indptr[2]=3 < qo_indptr[1]=5; allowed: non-decreasing");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
+                       "qo_indptr[2]=3 < qo_indptr[1]=5; allowed: non-decreasing");
   qo = {0, 3, 7};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-               "qo_indptr[2]=7; allowed: the token count 8");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
+                       "qo_indptr[2]=7; allowed: the token count 8");
   qo = {0, 3, 8};
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(q, k, v, o, qoi(), tab(), TensorView(pre.data(), DType::i32, {1}), {},
                          sep);
       },
       "prefix_lens has shape [1]; allowed: [B] = [2]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(q, k, v, o, qoi(), TensorView(table.data(), DType::i32, {1, 4}), pl(), {},
                          sep);
       },
       "block_table has shape [1, 4]; allowed: [B, max_blocks] with B = 2");
   pre = {-1, 5};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-               "prefix_lens[0]=-1; allowed: >= 0");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
+                       "prefix_lens[0]=-1; allowed: >= 0");
   pre = {33, 5};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-               "prefix_lens[0]=33; allowed: <= max_blocks·block_size = 32");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
+                       "prefix_lens[0]=33; allowed: <= max_blocks·block_size = 32");
   // Cache mode: the new tokens must fit after the prefix.
   pre = {30, 5};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl()); },
-               "prefix_lens[0] + new tokens = 30 + 3 = 33; allowed: <= max_blocks·block_size = 32");
+  expect_tilejit_error(
+      [&] { extend_attention(q, k, v, o, qoi(), tab(), pl()); },
+      "prefix_lens[0] + new tokens = 30 + 3 = 33; allowed: <= max_blocks·block_size = 32");
   extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep);  // fine with k_new / v_new
   pre = {20, 5};
   // Block 4 would start past the end of the cache, inside the guard page.
   table = {0, 4, 2, 3};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-               "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
+                       "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
   table = {0, 1, 2, 3};
   // Separate mode reads only the prefix's blocks: sequence 1 (5 keys) uses one.
   table = {0, 1, 2, -7};
   extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep);
   pre = {20, 20};
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl()); }, "block_table[1, 1]=-7");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl()); },
+                       "block_table[1, 1]=-7");
   pre = {20, 5};
   table = {0, 1, 2, 3};
 
   ExtendOptions half;
   half.k_new = kn;
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, half); },
-               "k_new is given, v_new is absent; allowed: both given or both absent");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, half); },
+                       "k_new is given, v_new is absent; allowed: both given or both absent");
   ExtendOptions bad_new = sep;
   bad_new.v_new = TensorView(nbuf.data(), DType::bf16, {7, hkv, d});
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, bad_new); },
-               "v_new has shape [7, 2, 64]; allowed: [T, Hkv, 64] = [8, 2, 64]");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, bad_new); },
+                       "v_new has shape [7, 2, 64]; allowed: [T, Hkv, 64] = [8, 2, 64]");
   ExtendOptions m = sep;
   m.tree_mask = TensorView(mask.data(), DType::u8, {33});
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, m); },
-               "tree_mask has shape [33]; allowed: [Σ n_b²] = [34]");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, m); },
+                       "tree_mask has shape [33]; allowed: [Σ n_b²] = [34]");
   m.tree_mask = TensorView(mask.data(), DType::i32, {8});
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, m); },
-               "tree_mask.dtype=i32 is not allowed; allowed: u8");
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, m); },
+                       "tree_mask.dtype=i32 is not allowed; allowed: u8");
   m.tree_mask = TensorView(mask.data(), DType::u8, {34});
   extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, m);
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(q, k, v, TensorView(ob.data(), DType::bf16, {8, hq, 32}), qoi(), tab(),
                          pl(), {}, sep);
       },
       "out has shape [8, 4, 32]; allowed: [T, Hq, Dv] = [8, 4, 64]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(TensorView(qb.data(), DType::bf16, {8, 3, d}), k, v,
                          TensorView(ob.data(), DType::bf16, {8, 3, d}), qoi(), tab(), pl(), {},
@@ -548,9 +539,9 @@ TEST(ExtendAttentionErrors, BadInputs) {
       "Hq=3 (q) and Hkv=2 (k_cache); allowed: Hq a multiple of Hkv");
   AttentionOptions opt;
   opt.window_left = -3;
-  expect_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), opt, sep); },
-               "window_left=-3");
-  expect_error(
+  expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), opt, sep); },
+                       "window_left=-3");
+  expect_tilejit_error(
       [&] {
         extend_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {nb, 0, hkv, d}),
                          TensorView(vc.as<uint16_t>(), DType::bf16, {nb, 0, hkv, d}), o, qoi(),
@@ -559,13 +550,13 @@ TEST(ExtendAttentionErrors, BadInputs) {
       "extend_attention: block_size=0 (k_cache.shape[1]); allowed: >= 1");
   // Odd head sizes are refused on every path; even ones that are not
   // multiples of 16 are accepted (v_new checked against Dv = 62).
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, hkv, 31}),
                          TensorView(ob.data(), DType::bf16, {8, hq, 31}), qoi(), tab(), pl());
       },
       "extend_attention: Dv (v_cache.shape[3])=31; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         extend_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, hkv, 62}),
                          TensorView(ob.data(), DType::bf16, {8, hq, 62}), qoi(), tab(), pl(), {},

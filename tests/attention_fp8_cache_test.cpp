@@ -53,16 +53,6 @@ std::vector<uint8_t> random_codes(size_t n, uint32_t seed) {
   return v;
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nwanted: " << needle;
-  }
-}
-
 // ---------------------------------------------------------------------------
 // store_kv
 
@@ -582,41 +572,42 @@ TEST(Fp8CacheErrors, ScalesDtypesAndShapes) {
   for (float x : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
     AttentionOptions o;
     o.kv_scales.k_scale = x;
-    expect_error([&] { decode(k8, v8, o); }, "decode_attention: opt.kv_scales.k_scale=");
-    expect_error([&] { extend(k8, v8, o); }, "extend_attention: opt.kv_scales.k_scale=");
+    expect_tilejit_error([&] { decode(k8, v8, o); }, "decode_attention: opt.kv_scales.k_scale=");
+    expect_tilejit_error([&] { extend(k8, v8, o); }, "extend_attention: opt.kv_scales.k_scale=");
     KvCacheScales s;
     s.v_scale = x;
-    expect_error([&] { store(k8, v8, s); }, "store_kv: scales.v_scale=");
+    expect_tilejit_error([&] { store(k8, v8, s); }, "store_kv: scales.v_scale=");
   }
   {
     AttentionOptions o;
     o.kv_scales.k_head_scales = TensorView(hs3.data(), DType::f32, {3});
-    expect_error(
+    expect_tilejit_error(
         [&] { decode(k8, v8, o); },
         "decode_attention: opt.kv_scales.k_head_scales has shape [3]; allowed: [Hkv] = [2]");
     o.kv_scales.k_head_scales = TensorView(hs2.data(), DType::i32, {2});
-    expect_error([&] { extend(k8, v8, o); }, "extend_attention: opt.kv_scales.k_head_scales");
+    expect_tilejit_error([&] { extend(k8, v8, o); },
+                         "extend_attention: opt.kv_scales.k_head_scales");
     o.kv_scales.k_head_scales.reset();
     o.kv_scales.v_head_scales = TensorView(bad.data(), DType::f32, {2});
-    expect_error([&] { decode(k8, v8, o); },
-                 "opt.kv_scales.v_head_scales[1]=0; allowed: a finite value > 0");
+    expect_tilejit_error([&] { decode(k8, v8, o); },
+                         "opt.kv_scales.v_head_scales[1]=0; allowed: a finite value > 0");
     KvCacheScales s;
     s.k_head_scales = TensorView(hs3.data(), DType::f32, {3});
-    expect_error([&] { store(k8, v8, s); }, "store_kv: scales.k_head_scales has shape [3]");
+    expect_tilejit_error([&] { store(k8, v8, s); }, "store_kv: scales.k_head_scales has shape [3]");
   }
   // Mixed dtypes; a dtype that is neither.
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode(k8, TensorView(kb.data(), DType::bf16, {1, bs, 2, d}), {});
       },
       "decode_attention: k_cache is f8e4m3, v_cache is bf16; allowed: the same dtype");
-  expect_error([&] { extend(kbf, v8, {}); },
-               "extend_attention: k_cache is bf16, v_cache is f8e4m3");
-  expect_error([&] { store(k8, kbf, {}); }, "store_kv: k_cache is f8e4m3, v_cache is bf16");
+  expect_tilejit_error([&] { extend(kbf, v8, {}); },
+                       "extend_attention: k_cache is bf16, v_cache is f8e4m3");
+  expect_tilejit_error([&] { store(k8, kbf, {}); }, "store_kv: k_cache is f8e4m3, v_cache is bf16");
   const TensorView k32(kb.data(), DType::f32, {1, bs, 1, d});
-  expect_error([&] { decode(k32, k32, {}); },
-               "decode_attention: k_cache has dtype f32; allowed: bf16, f8e4m3");
-  expect_error(
+  expect_tilejit_error([&] { decode(k32, k32, {}); },
+                       "decode_attention: k_cache has dtype f32; allowed: bf16, f8e4m3");
+  expect_tilejit_error(
       [&] {
         store(TensorView(kc.data(), DType::u8, {1, bs, 2, d}), v8, {});
       },
@@ -625,14 +616,14 @@ TEST(Fp8CacheErrors, ScalesDtypesAndShapes) {
   {
     AttentionOptions o;
     o.kv_scales.v_scale = 2;
-    expect_error([&] { decode(kbf, kbf, o); },
-                 "decode_attention: opt.kv_scales.v_scale=2; allowed: the defaults");
+    expect_tilejit_error([&] { decode(kbf, kbf, o); },
+                         "decode_attention: opt.kv_scales.v_scale=2; allowed: the defaults");
     KvCacheScales s;
     s.k_head_scales = TensorView(hs2.data(), DType::f32, {2});
-    expect_error([&] { store(kbf, kbf, s); },
-                 "store_kv: scales.k_head_scales given; allowed: the defaults");
+    expect_tilejit_error([&] { store(kbf, kbf, s); },
+                         "store_kv: scales.k_head_scales given; allowed: the defaults");
     std::vector<int32_t> cu = {0, 1};
-    expect_error(
+    expect_tilejit_error(
         [&] {
           flash_attn_varlen(TensorView(q.data(), DType::bf16, {1, 4, d}),
                             TensorView(q.data(), DType::bf16, {1, 4, d}),

@@ -586,17 +586,6 @@ TEST(StoreKv, ScattersSkipsNegativeAndRejectsOutOfRange) {
 // ---------------------------------------------------------------------------
 // Errors: each names the argument, the value and what is allowed.
 
-template <class F>
-void expect_error(F f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nwanted: " << needle;
-  }
-}
-
 TEST(AttentionErrors, Prefill) {
   std::vector<uint16_t> buf(64 * 8 * 128, 0);
   std::vector<float> f(64, 0);
@@ -609,84 +598,85 @@ TEST(AttentionErrors, Prefill) {
   const TensorView q = bf({8, 4, 64}), k = bf({8, 2, 64}), v = bf({8, 2, 64}), o = bf({8, 4, 64});
   const char* f_op = "flash_attn_varlen";
   (void)f_op;
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(TensorView(buf.data(), DType::f32, {8, 4, 64}), k, v, o, i32(cu),
                           i32(cu));
       },
       "q.dtype=f32 is not allowed; allowed: bf16");
-  expect_error(
+  expect_tilejit_error(
       [&] { flash_attn_varlen(q, k, v, o, TensorView(f.data(), DType::f32, {3}), i32(cu)); },
       "cu_seqlens_q.dtype=f32");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(bf({8, 4, 71}), bf({8, 2, 71}), bf({8, 2, 71}), bf({8, 4, 71}), i32(cu),
                           i32(cu));
       },
       "D (q.shape[2])=71; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(bf({8, 4, 64}), bf({8, 2, 64}), bf({8, 2, 33}), bf({8, 4, 33}), i32(cu),
                           i32(cu));
       },
       "Dv (v.shape[2])=33; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(bf({8, 4, 0}), bf({8, 2, 0}), bf({8, 2, 0}), bf({8, 4, 0}), i32(cu),
                           i32(cu));
       },
       "D (q.shape[2])=0; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}), bf({8, 1, 592}),
                           i32(cu), i32(cu));
       },
       "=592; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(bf({8, 3, 64}), k, v, bf({8, 3, 64}), i32(cu), i32(cu));
       },
       "Hq=3 (q) and Hkv=2 (k); allowed: Hq a multiple of Hkv");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(q, bf({8, 2, 32}), v, o, i32(cu), i32(cu));
       },
       "k has shape [8, 2, 32]; allowed: [Tk, Hkv, D] with D = 64");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(q, k, bf({7, 2, 64}), o, i32(cu), i32(cu));
       },
       "v has shape [7, 2, 64]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(q, k, v, bf({8, 4, 32}), i32(cu), i32(cu));
       },
       "out has shape [8, 4, 32]; allowed: [Tq, Hq, Dv] = [8, 4, 64]");
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_bad0), i32(cu)); },
-               "cu_seqlens_q[0]=1; allowed: 0");
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_desc)); },
-               "cu_seqlens_k[2]=4 < cu_seqlens_k[1]=6");
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_short), i32(cu)); },
-               "cu_seqlens_q[2]=7; allowed: the token count 8");
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu3), i32(cu)); },
-               "cu_seqlens_q has 4 entries, cu_seqlens_k 3");
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_k_small)); },
-               "sequence 0 has 4 queries and 2 keys; allowed: queries <= keys");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_bad0), i32(cu)); },
+                       "cu_seqlens_q[0]=1; allowed: 0");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_desc)); },
+                       "cu_seqlens_k[2]=4 < cu_seqlens_k[1]=6");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu_short), i32(cu)); },
+                       "cu_seqlens_q[2]=7; allowed: the token count 8");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu3), i32(cu)); },
+                       "cu_seqlens_q has 4 entries, cu_seqlens_k 3");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu_k_small)); },
+                       "sequence 0 has 4 queries and 2 keys; allowed: queries <= keys");
   AttentionOptions opt;
   opt.sinks = TensorView(f.data(), DType::f32, {3});
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
-               "sinks has shape [3]; allowed: [Hq] = [4]");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
+                       "sinks has shape [3]; allowed: [Hq] = [4]");
   opt = {};
   opt.alibi_slopes = TensorView(buf.data(), DType::bf16, {4});
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
-               "alibi_slopes.dtype=bf16 is not allowed; allowed: f32");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
+                       "alibi_slopes.dtype=bf16 is not allowed; allowed: f32");
   opt = {};
   opt.window_left = -5;
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); }, "window_left=-5");
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); },
+                       "window_left=-5");
   opt = {};
   opt.softcap = -1;
-  expect_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); }, "softcap=-1");
-  expect_error(
+  expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, i32(cu), i32(cu), opt); }, "softcap=-1");
+  expect_tilejit_error(
       [&] {
         flash_attn_varlen(TensorView(buf.data(), DType::bf16, {8, 4, 64}, {256, 64, 2}), k, v, o,
                           i32(cu), i32(cu));
@@ -706,12 +696,12 @@ TEST(AttentionErrors, Decode) {
   auto sl = [&] { return TensorView(lens.data(), DType::i32, {2}); };
   decode_attention(q, k, v, o, tab(), sl());  // valid baseline
 
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode_attention(q, k, v, o, TensorView(table.data(), DType::f32, {2, 2}), sl());
       },
       "block_table.dtype=f32 is not allowed; allowed: i32");
-  expect_error(
+  expect_tilejit_error(
       [&] { decode_attention(q, k, v, o, tab(), TensorView(lens.data(), DType::f32, {2})); },
       "seq_lens.dtype=f32");
   // Any block size >= 1 is a cache layout (24: two blocks of 24 hold 48 keys).
@@ -719,7 +709,7 @@ TEST(AttentionErrors, Decode) {
   decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}),
                    TensorView(vc.as<uint16_t>(), DType::bf16, {2, 24, 2, 64}), o,
                    TensorView(table24.data(), DType::i32, {2, 2}), sl());
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode_attention(q, TensorView(kc.as<uint16_t>(), DType::bf16, {nb, 0, 2, 64}),
                          TensorView(vc.as<uint16_t>(), DType::bf16, {nb, 0, 2, 64}), o, tab(),
@@ -728,7 +718,7 @@ TEST(AttentionErrors, Decode) {
       "decode_attention: block_size=0 (k_cache.shape[1]); allowed: >= 1");
   // Odd head sizes are refused on every path (the kernels contract k-pairs).
   std::vector<uint16_t> q_odd(2 * 4 * 63, 0), o_odd(2 * 4 * 63, 0);
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode_attention(TensorView(q_odd.data(), DType::bf16, {2, 4, 63}),
                          TensorView(kc.as<uint16_t>(), DType::bf16, {nb, bs, 2, 63}),
@@ -736,30 +726,30 @@ TEST(AttentionErrors, Decode) {
                          TensorView(o_odd.data(), DType::bf16, {2, 4, 63}), tab(), sl());
       },
       "decode_attention: D (q.shape[2])=63; allowed: an even size in [2, 576]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode_attention(q, k, TensorView(vc.as<uint16_t>(), DType::bf16, {nb, bs, 1, 64}), o,
                          tab(), sl());
       },
       "v_cache has shape [4, 16, 1, 64]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         decode_attention(q, k, v, TensorView(ob.data(), DType::bf16, {2, 4, 32}), tab(), sl());
       },
       "out has shape [2, 4, 32]");
   lens = {33, 5};
-  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
-               "seq_lens[0]=33; allowed: 1 .. max_blocks·block_size = 32");
+  expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
+                       "seq_lens[0]=33; allowed: 1 .. max_blocks·block_size = 32");
   lens = {20, 0};
-  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "seq_lens[1]=0");
+  expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "seq_lens[1]=0");
   lens = {20, 5};
   // An out-of-range block index raises before any key is read: block 4 would
   // start past the end of k_cache, inside the guard page.
   table = {0, 4, 2, 3};
-  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
-               "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
+  expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
+                       "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
   table = {0, 1, -1, 3};
-  expect_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "block_table[1, 0]=-1");
+  expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "block_table[1, 0]=-1");
   // Entries past a sequence's length are never used, so they are not checked.
   table = {0, 1, 2, 999};
   decode_attention(q, k, v, o, tab(), sl());
@@ -770,15 +760,15 @@ TEST(AttentionErrors, StoreKv) {
   std::vector<int32_t> slots = {0, 1};
   const TensorView k(buf.data(), DType::bf16, {2, 2, 64}),
       kc(buf.data(), DType::bf16, {4, 16, 2, 64});
-  expect_error([&] { store_kv(k, k, kc, kc, TensorView(slots.data(), DType::f32, {2})); },
-               "slot_mapping.dtype=f32 is not allowed; allowed: i32");
-  expect_error(
+  expect_tilejit_error([&] { store_kv(k, k, kc, kc, TensorView(slots.data(), DType::f32, {2})); },
+                       "slot_mapping.dtype=f32 is not allowed; allowed: i32");
+  expect_tilejit_error(
       [&] {
         store_kv(k, k, TensorView(buf.data(), DType::bf16, {4, 16, 2, 32}), kc,
                  TensorView(slots.data(), DType::i32, {2}));
       },
       "k_cache has shape [4, 16, 2, 32]");
-  expect_error(
+  expect_tilejit_error(
       [&] {
         store_kv(TensorView(buf.data(), DType::bf16, {3, 2, 64}), k, kc, kc,
                  TensorView(slots.data(), DType::i32, {2}));
@@ -845,8 +835,9 @@ TEST(StoreKvInt64, RejectsOutOfRangeBeforeWriting) {
   }
   std::vector<uint8_t> u8(StoreKvCase::t);
   StoreKvCase c;
-  expect_error([&] { store_kv(c.kt, c.vt, c.kct, c.vct, TensorView(u8.data(), DType::u8, {c.t})); },
-               "slot_mapping.dtype=u8 is not allowed; allowed: i32, i64");
+  expect_tilejit_error(
+      [&] { store_kv(c.kt, c.vt, c.kct, c.vct, TensorView(u8.data(), DType::u8, {c.t})); },
+      "slot_mapping.dtype=u8 is not allowed; allowed: i32, i64");
 }
 
 }  // namespace
