@@ -767,6 +767,47 @@ TEST(QuantExpertsPack, Bf16InterleavedRowsMatchHalves) {
   EXPECT_EQ(wrong, 0);
 }
 
+// A NaN token poisons its own output row only, on every route: every other
+// row is bit for bit what it is without it (per-token activation
+// quantization, per-row accumulators), the NaN row is NaN.
+TEST(QuantExpertsNan, TokenOfNanStaysInItsRow) {
+  const int64_t E = 4, H = 72, I = 40, K = 2;
+  for (QFmt f : {QFmt::int8_asym, QFmt::fp8_block, QFmt::mxfp4, QFmt::gptq_actorder})
+    for (int64_t T : {3, 40}) {
+      SCOPED_TRACE(std::string(qfmt_name(f)) + " T=" + std::to_string(T));
+      const Experts x = make_experts(f, E, H, I, 21);
+      std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(T * H), 22, -1, 1);
+      std::vector<float> w(static_cast<size_t>(T * K), 0.5f);
+      std::vector<int32_t> ids(static_cast<size_t>(T * K));
+      for (size_t j = 0; j < ids.size(); ++j) ids[j] = static_cast<int32_t>(j % E);
+      MoeOptions o;
+      o.act_quant = ActQuant::dynamic_asym;
+      auto run = [&](std::vector<float>& out) {
+        out.assign(static_cast<size_t>(T * H), 0);
+        fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), x.p13, x.p2,
+                      TensorView(w.data(), DType::f32, {T, K}),
+                      TensorView(ids.data(), DType::i32, {T, K}),
+                      TensorView(out.data(), DType::f32, {T, H}), o);
+      };
+      std::vector<float> clean, poisoned;
+      run(clean);
+      const int64_t bad = 1;
+      std::fill_n(hidden.begin() + bad * H, H, uint16_t{0x7FC0});
+      run(poisoned);
+      int64_t differ = 0, not_nan = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const float a = clean[t * H + h], b = poisoned[t * H + h];
+          if (t == bad)
+            not_nan += !std::isnan(b);
+          else
+            differ += std::memcmp(&a, &b, 4) != 0;
+        }
+      EXPECT_EQ(differ, 0) << "outputs of other tokens changed";
+      EXPECT_EQ(not_nan, 0) << "outputs of the NaN token that are not NaN";
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Bad input: each an Error naming what is wrong.
 
