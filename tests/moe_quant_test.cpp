@@ -32,6 +32,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/quant_weight.h"
@@ -680,44 +681,37 @@ TEST(QuantExpertsPack, UnpackDequantizeRepack) {
       std::vector<Matrix> back;
       for (int64_t e = 0; e < E; ++e)
         back.push_back(make_matrix(f, proj == 0 ? 2 * I : H, proj == 0 ? H : I, 1.0, 5000 + e));
+      const std::vector<Matrix>& orig = proj == 0 ? x.w13 : x.w2;
+      // Unpacks into back's descriptions (field W of each) and checks each
+      // expert's tensors against the checkpoint's.
+      auto unpack_into = [&](auto Matrix::*field, auto check) {
+        std::vector<std::remove_reference_t<decltype(back[0].*field)>> v;
+        for (Matrix& m : back) v.push_back(m.*field);
+        p.unpack(v);
+        for (int64_t e = 0; e < E; ++e) check(v[e], orig[e], e);
+      };
       if (is_int8(f)) {
-        std::vector<Int8Weight> v;
-        for (Matrix& m : back) v.push_back(m.int8);
-        p.unpack(v);
-        for (int64_t e = 0; e < E; ++e) {
-          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
-          expect_same_bytes(v[e].weight, m.i8, "weight", e);
-          expect_same_bytes(v[e].scales, m.scales, "scales", e);
-        }
+        unpack_into(&Matrix::int8, [](const Int8Weight& v, const Matrix& m, int64_t e) {
+          expect_same_bytes(v.weight, m.i8, "weight", e);
+          expect_same_bytes(v.scales, m.scales, "scales", e);
+        });
       } else if (f == QFmt::mxfp4) {
-        std::vector<Mxfp4Weight> v;
-        for (Matrix& m : back) v.push_back(m.mxfp4);
-        p.unpack(v);
-        for (int64_t e = 0; e < E; ++e) {
-          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
-          expect_same_bytes(v[e].blocks, m.f8, "blocks", e);
-          expect_same_bytes(v[e].scales, m.e8m0, "scales", e);
-        }
+        unpack_into(&Matrix::mxfp4, [](const Mxfp4Weight& v, const Matrix& m, int64_t e) {
+          expect_same_bytes(v.blocks, m.f8, "blocks", e);
+          expect_same_bytes(v.scales, m.e8m0, "scales", e);
+        });
       } else if (f == QFmt::fp8_block) {
-        std::vector<Fp8Weight> v;
-        for (Matrix& m : back) v.push_back(m.fp8);
-        p.unpack(v);
-        for (int64_t e = 0; e < E; ++e) {
-          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
-          expect_same_bytes(v[e].weight, m.f8, "weight", e);
-          expect_same_bytes(v[e].scales, m.scales, "scales", e);
-        }
+        unpack_into(&Matrix::fp8, [](const Fp8Weight& v, const Matrix& m, int64_t e) {
+          expect_same_bytes(v.weight, m.f8, "weight", e);
+          expect_same_bytes(v.scales, m.scales, "scales", e);
+        });
       } else {
-        std::vector<Int4Weight> v;
-        for (Matrix& m : back) v.push_back(m.int4);
-        p.unpack(v);
-        for (int64_t e = 0; e < E; ++e) {
-          const Matrix& m = (proj == 0 ? x.w13 : x.w2)[e];
-          expect_same_bytes(v[e].qweight, m.qweight, "qweight", e);
-          expect_same_bytes(v[e].scales, m.scales, "scales", e);
-          if (!m.qzeros.empty()) expect_same_bytes(*v[e].qzeros, m.qzeros, "qzeros", e);
-          if (!m.g_idx.empty()) expect_same_bytes(*v[e].g_idx, m.g_idx, "g_idx", e);
-        }
+        unpack_into(&Matrix::int4, [](const Int4Weight& v, const Matrix& m, int64_t e) {
+          expect_same_bytes(v.qweight, m.qweight, "qweight", e);
+          expect_same_bytes(v.scales, m.scales, "scales", e);
+          if (!m.qzeros.empty()) expect_same_bytes(*v.qzeros, m.qzeros, "qzeros", e);
+          if (!m.g_idx.empty()) expect_same_bytes(*v.g_idx, m.g_idx, "g_idx", e);
+        });
       }
     }
     // The bf16 unpack refuses quantized experts.
