@@ -2,6 +2,10 @@
 # Runs the libFuzzer harnesses of a TILEJIT_FUZZ=ON build one after another,
 # each for SECONDS, one process at a time (docs/reliability.md):
 #   fuzz/run.sh BUILD_DIR SECONDS [harness...]     (default: every harness)
+# Harnesses run side by side, one per core (FUZZ_JOBS, default nproc), each
+# on one library thread (TILEJIT_NUM_THREADS=1): every harness still gets
+# SECONDS of one core, and CI waits a third as long on two cores as it
+# would one at a time.
 # Each harness grows its corpus under BUILD_DIR/fuzz-work/<name> from the
 # committed seeds in fuzz/corpus/<name>; a crash, leak, timeout or failed
 # check leaves its input in BUILD_DIR/fuzz-crashes/ and fails the run. Every
@@ -15,13 +19,16 @@ harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=(ir_pipeline npy disk_cache api quant_pack)
 
 mkdir -p "$build/fuzz-work" "$build/fuzz-crashes"
-failed=0
 for h in "${harnesses[@]}"; do
-  bin="$build/fuzz/${h}_fuzzer"
-  if [ ! -x "$bin" ]; then
-    echo "fuzz/run.sh: $bin is not built (configure with -DTILEJIT_FUZZ=ON)" >&2
+  if [ ! -x "$build/fuzz/${h}_fuzzer" ]; then
+    echo "fuzz/run.sh: $build/fuzz/${h}_fuzzer is not built (configure with -DTILEJIT_FUZZ=ON)" >&2
     exit 2
   fi
+done
+
+# One harness: its reproducers, then SECONDS of fuzzing; exit status 1 on a failure.
+run_one() {
+  local h=$1 bin="$build/fuzz/${1}_fuzzer" failed=0
   work="$build/fuzz-work/$h"
   mkdir -p "$work"
   log="$build/fuzz-work/$h.last.log"
@@ -32,8 +39,7 @@ for h in "${harnesses[@]}"; do
     if ! TILEJIT_CACHE_DIR= "$bin" "${repro[@]}" >"$log" 2>&1; then
       echo "$(date -u +%FT%TZ) $h reproducers FAILED" | tee -a "$build/fuzz-work/log"
       grep -E 'ERROR|SUMMARY|fuzzer: |Running:' "$log" | head -20 >&2
-      failed=1
-      continue
+      return 1
     fi
   fi
   start=$(date +%s)
@@ -56,5 +62,23 @@ for h in "${harnesses[@]}"; do
   if [ $rc -ne 0 ]; then
     grep -E 'ERROR|SUMMARY|fuzzer: |Test unit written' "$log" | head -20 >&2
   fi
+  return $failed
+}
+
+export TILEJIT_NUM_THREADS=1
+jobs=${FUZZ_JOBS:-$(nproc)}
+failed=0
+running=0
+for h in "${harnesses[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  run_one "$h" &
+  running=$((running + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
 done
 exit $failed
