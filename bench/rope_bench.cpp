@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
               tilejit::isa_name(tilejit::cpu_info().isa));
   const Shape shapes[] = {
       {"llama3-8b prefill neox bf16", 4096, 32, 8, 128, 128, RopeStyle::neox, DType::bf16},
+      // The issue-15 comparison point (vLLM's rotary_embedding, docs/rope.md).
+      {"llama3-8b prefill neox bf16", 512, 32, 8, 128, 128, RopeStyle::neox, DType::bf16},
       {"llama3-8b prefill neox f32", 2048, 32, 8, 128, 128, RopeStyle::neox, DType::f32},
       {"llama3-8b prefill gptj bf16", 4096, 32, 8, 128, 128, RopeStyle::gptj, DType::bf16},
       {"gptj-6b rd64 prefill bf16", 2048, 16, 16, 256, 64, RopeStyle::gptj, DType::bf16},

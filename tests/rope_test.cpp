@@ -306,6 +306,56 @@ TEST_F(Rope, CompilesOncePerShape) {
   EXPECT_EQ(cache_stats().compiles, compiles);
 }
 
+// bf16 results that are f32 subnormals round to nearest even like any other
+// (the AVX-512 BF16 conversion would flush them to zero; the kernel takes the
+// integer rounding for such a head). Inputs m·2⁻¹³³ (bf16 subnormals) times
+// cos = 0.75, sin = 0.5 give exact f32 results, so the expected bits are the
+// RNE of the exact value. Head 1 of q and head 0 of k are subnormal, the rest
+// normal (values m·2⁻⁶), so both paths run in one call.
+TEST_F(Rope, SubnormalResultsRoundToNearestEven) {
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj}) {
+    const int64_t t = 3, hq = 3, hk = 2, d = 128;
+    std::vector<uint16_t> q(t * hq * d), k(t * hk * d);
+    std::vector<double> qx(q.size()), kx(k.size());
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> m(-127, 127);
+    const auto fill = [&](std::vector<uint16_t>& bits, std::vector<double>& x, int64_t heads,
+                          int64_t tiny_head) {
+      for (size_t i = 0; i < bits.size(); ++i) {
+        const bool tiny = int64_t(i / d) % heads == tiny_head;
+        x[i] = std::ldexp(m(rng), tiny ? -133 : -6);
+        bits[i] = f32_to_bf16(static_cast<float>(x[i]));
+        ASSERT_EQ(double(bf16_to_f32(bits[i])), x[i]);
+      }
+    };
+    fill(q, qx, hq, 1);
+    fill(k, kx, hk, 0);
+    std::vector<float> cache(2 * d);
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t i = 0; i < d / 2; ++i) cache[r * d + i] = 0.75f, cache[r * d + d / 2 + i] = 0.5f;
+    std::vector<int32_t> pos = {1, 0, 1};
+    TensorView qv(q.data(), DType::bf16, {t, hq, d}), kv(k.data(), DType::bf16, {t, hk, d});
+    RopeOptions opt;
+    opt.style = st;
+    rope(qv, &kv, TensorView(pos.data(), DType::i32, {t}),
+         TensorView(cache.data(), DType::f32, {2, d}), opt);
+    const auto check = [&](const std::vector<uint16_t>& got, const std::vector<double>& x,
+                           const char* name) {
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t l = int64_t(i % d), row = int64_t(i) - l;
+        const bool first = st == RopeStyle::neox ? l < d / 2 : l % 2 == 0;
+        const int64_t partner =
+            st == RopeStyle::neox ? (first ? l + d / 2 : l - d / 2) : (first ? l + 1 : l - 1);
+        const double exact = x[i] * 0.75 + (first ? -0.5 : 0.5) * x[row + partner];
+        ASSERT_EQ(got[i], f32_to_bf16(static_cast<float>(exact)))
+            << name << " element " << i << " exact " << exact << " style " << int(st);
+      }
+    };
+    check(q, qx, "q");
+    check(k, kx, "k");
+  }
+}
+
 // int64 positions (what PyTorch engines pass): every mode and style, strided
 // and fused views, enough tokens for several chunks per thread (each chunk's
 // positions pointer is offset in bytes of the index dtype).
