@@ -1,0 +1,169 @@
+// Weight packing (bf16 and the quantized checkpoints), PackedWeight, gemm.
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bind.h"
+
+namespace py = pybind11;
+
+namespace tilejit::python {
+namespace {
+
+// Holds the borrowed tensors of one quantized checkpoint description for
+// the length of a call.
+struct Int4Args {
+  std::optional<DlpackTensor> qweight, scales, qzeros, g_idx;
+  Int4Weight w;
+};
+
+Int4Args int4_args(const py::handle& qweight, const py::handle& scales, const py::handle& qzeros,
+                   const py::handle& g_idx, const py::handle& format, int64_t group_size,
+                   bool gptq_v2, int64_t n, int64_t k, StorageAs as) {
+  Int4Args a;
+  a.w.format = parse_enum("format", str_arg(format, "format"), int4_format_table());
+  a.qweight.emplace(qweight, "qweight", as);
+  a.scales.emplace(scales, "scales", as);
+  a.qzeros = optional_tensor(qzeros, "qzeros", as);
+  a.g_idx = optional_tensor(g_idx, "g_idx", as);
+  a.w.qweight = a.qweight->view();
+  a.w.scales = a.scales->view();
+  a.w.qzeros = view_of(a.qzeros);
+  a.w.g_idx = view_of(a.g_idx);
+  a.w.group_size = group_size;
+  a.w.gptq_v2 = gptq_v2;
+  a.w.n = n;
+  a.w.k = k;
+  return a;
+}
+
+StorageAs fp8_codes(StorageAs as) {
+  as.u8_is_f8e4m3 = true;
+  return as;
+}
+
+}  // namespace
+
+void bind_gemm(py::module_& m) {
+  py::class_<PackedWeight>(m, "PackedWeight", py::dynamic_attr(),
+                           "A weight [N, K] packed for this machine's GEMM kernels.")
+      .def_property_readonly("n", &PackedWeight::n)
+      .def_property_readonly("k", &PackedWeight::k)
+      .def_property_readonly("layout", &PackedWeight::layout)
+      .def_property_readonly("format",
+                             [](const PackedWeight& w) { return weight_format_name(w.format()); })
+      .def_property_readonly("dtype", [](const PackedWeight& w) { return dtype_name(w.dtype()); })
+      .def_property_readonly("packed_bytes", &PackedWeight::packed_bytes)
+      .def("_unpack",
+           [](const PackedWeight& w, const py::handle& out, const py::handle& dtype) {
+             DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
+             py::gil_scoped_release release;
+             w.unpack(o.view());
+           })
+      .def("_unpack_int8",
+           [](const PackedWeight& w, const py::handle& weight, const py::handle& scales) {
+             DlpackTensor tw(weight, "weight"), ts(scales, "scales");
+             py::gil_scoped_release release;
+             w.unpack(Int8Weight{tw.view(), ts.view()});
+           })
+      .def("_unpack_fp8",
+           [](const PackedWeight& w, const py::handle& weight, const py::handle& scales,
+              int64_t block_n, int64_t block_k) {
+             DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
+             py::gil_scoped_release release;
+             w.unpack(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
+           })
+      .def("_unpack_int4",
+           [](const PackedWeight& w, const py::handle& qweight, const py::handle& scales,
+              const py::handle& qzeros, const py::handle& g_idx, const py::handle& format,
+              int64_t group_size, bool gptq_v2, int64_t n, int64_t k, const py::handle& dtype) {
+             Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n,
+                                    k, {parse_dtype_override(dtype)});
+             py::gil_scoped_release release;
+             w.unpack(a.w);
+           })
+      .def(
+          "_unpack_mxfp4",
+          [](const PackedWeight& w, const py::handle& blocks, const py::handle& scales, int64_t k) {
+            DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
+            py::gil_scoped_release release;
+            w.unpack(Mxfp4Weight{tb.view(), ts.view(), k});
+          })
+      .def("_dequantize",
+           [](const PackedWeight& w, const py::handle& out, const py::handle& dtype) {
+             DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
+             py::gil_scoped_release release;
+             w.dequantize(o.view());
+           })
+      .def("__reduce_ex__", [](const PackedWeight&, int) { refuse_pickle("PackedWeight"); })
+      .def("__repr__", [](const PackedWeight& w) {
+        if (w.empty()) return std::string("tilejit.PackedWeight(empty)");
+        return fmt::format("tilejit.PackedWeight(n={}, k={}, format=\"{}\", layout=\"{}\")", w.n(),
+                           w.k(), weight_format_name(w.format()), w.layout());
+      });
+
+  m.def("pack_weight", [](const py::handle& w, const py::handle& dtype) {
+    if (py::isinstance<PackedWeight>(w)) return pack_weight(w.cast<const PackedWeight&>());
+    DlpackTensor t(w, "w", {parse_dtype_override(dtype)});
+    py::gil_scoped_release release;
+    return pack_weight(t.view());
+  });
+  m.def("pack_int8", [](const py::handle& weight, const py::handle& scales) {
+    DlpackTensor tw(weight, "weight"), ts(scales, "scales");
+    py::gil_scoped_release release;
+    return pack_weight(Int8Weight{tw.view(), ts.view()});
+  });
+  m.def("pack_fp8",
+        [](const py::handle& weight, const py::handle& scales, int64_t block_n, int64_t block_k) {
+          DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
+          py::gil_scoped_release release;
+          return pack_weight(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
+        });
+  m.def("pack_int4",
+        [](const py::handle& qweight, const py::handle& scales, const py::handle& qzeros,
+           const py::handle& g_idx, const py::handle& format, int64_t group_size, bool gptq_v2,
+           int64_t n, int64_t k, const py::handle& dtype) {
+          Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
+                                 {parse_dtype_override(dtype)});
+          py::gil_scoped_release release;
+          return pack_weight(a.w);
+        });
+  m.def("pack_mxfp4", [](const py::handle& blocks, const py::handle& scales, int64_t k) {
+    DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
+    py::gil_scoped_release release;
+    return pack_weight(Mxfp4Weight{tb.view(), ts.view(), k});
+  });
+
+  // Positional from the Python layer (tilejit.gemm), which owns the keyword
+  // defaults: the fewest conversions per call.
+  m.def("gemm", [](const py::handle& x, const py::handle& w, const py::handle& out,
+                   const py::handle& bias, const py::handle& act, const py::handle& act_quant,
+                   float act_scale, int act_zero_point, const py::handle& dtype) {
+    const PackedWeight& pw = packed_weight_arg(w, "w");
+    GemmOptions o;
+    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+    o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
+    o.act_scale = act_scale;
+    o.act_zero_point = act_zero_point;
+    const StorageAs as{parse_dtype_override(dtype)};
+    DlpackTensor tx(x, "x", as), ty(out, "out", as);
+    std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
+    o.bias = view_of(tb);
+    py::gil_scoped_release release;
+    gemm(tx.view(), pw, ty.view(), o);
+  });
+
+  // (shape, dtype name) of any DLPack tensor: what unpack() allocates.
+  m.def("_describe", [](const py::handle& t, const py::handle& dtype) {
+    DlpackTensor d(t, "tensor", {parse_dtype_override(dtype)});
+    return py::make_tuple(py::tuple(py::cast(d.view().shape)), dtype_name(d.view().dtype));
+  });
+  // The shape of any DLPack tensor (the Python layer sizes outputs with it
+  // when the caller's tensor has no .shape).
+  m.def("_shape", [](const py::handle& t, const std::string& arg, const py::handle& dtype) {
+    DlpackTensor d(t, arg.c_str(), {parse_dtype_override(dtype), true});
+    return py::tuple(py::cast(d.view().shape));
+  });
+}
+
+}  // namespace tilejit::python

@@ -1,0 +1,250 @@
+#include "dlpack_tensor.h"
+
+#include <dlpack/dlpack.h>
+#include <fmt/format.h>
+
+#include <string>
+#include <utility>
+
+namespace py = pybind11;
+
+namespace tilejit::python {
+namespace {
+
+const char* device_name(int type) {
+  switch (type) {
+    case kDLCPU:
+      return "CPU";
+    case kDLCUDA:
+      return "CUDA";
+    case kDLCUDAHost:
+      return "CUDAHost";
+    case kDLOpenCL:
+      return "OpenCL";
+    case kDLVulkan:
+      return "Vulkan";
+    case kDLMetal:
+      return "Metal";
+    case kDLROCM:
+      return "ROCm";
+    case kDLROCMHost:
+      return "ROCmHost";
+    case kDLCUDAManaged:
+      return "CUDAManaged";
+    default:
+      return "unknown";
+  }
+}
+
+[[noreturn]] void refuse_device(const char* arg, int type, int id) {
+  throw Error(
+      fmt::format("{}: a tensor on DLPack device ({}, {}) ({}); tilejit runs on CPU memory only "
+                  "(device type kDLCPU = 1)",
+                  arg, type, id, device_name(type)));
+}
+
+// The one table of DLPack dtypes the module accepts. `as` reinterprets raw
+// storage (see StorageAs).
+std::optional<DType> map_dtype(const DLDataType& t, StorageAs as) {
+  if (t.lanes != 1) return std::nullopt;
+  switch (t.code) {
+    case kDLFloat:
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 16) return DType::f16;
+      break;
+    case kDLBfloat:
+      if (t.bits == 16) return DType::bf16;
+      break;
+    case kDLInt:
+      if (t.bits == 8) return DType::i8;
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 64) return DType::i64;
+      if (t.bits == 16 && as.u16_is_bf16) return DType::bf16;
+      break;
+    case kDLUInt:
+      if (t.bits == 8) return as.u8_is_f8e4m3 ? DType::f8e4m3 : DType::u8;
+      if (t.bits == 16 && as.u16_is_bf16) return DType::bf16;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void refuse_dtype(const char* arg, const DLDataType& t) {
+  const bool u16 = (t.code == kDLUInt || t.code == kDLInt) && t.bits == 16 && t.lanes == 1;
+  throw Error(fmt::format(
+      "{}: DLPack dtype (code {}, {} bits, {} lanes) has no tilejit type{}; allowed: float32, "
+      "float16, bfloat16, int8, uint8, int32, int64, and uint16 with dtype=\"bf16\"",
+      arg, t.code, t.bits, t.lanes,
+      u16 ? " (a uint16 array holding bfloat16 needs dtype=\"bf16\")" : ""));
+}
+
+// torch.Tensor and torch._C._to_dlpack once torch has been imported by the
+// caller (never imported here). Borrowed for the life of the process.
+struct TorchHooks {
+  PyObject* tensor_type = nullptr;
+  PyObject* to_dlpack = nullptr;
+};
+
+const TorchHooks& torch_hooks() {
+  static TorchHooks hooks;
+  if (hooks.tensor_type != nullptr) return hooks;
+  PyObject* torch = PyImport_GetModule(py::str("torch").ptr());
+  if (torch == nullptr) {
+    PyErr_Clear();
+    return hooks;
+  }
+  py::object mod = py::reinterpret_steal<py::object>(torch);
+  if (!py::hasattr(mod, "Tensor") || !py::hasattr(mod, "_C")) return hooks;  // partly imported
+  py::object c = mod.attr("_C");
+  if (!py::hasattr(c, "_to_dlpack")) return hooks;
+  hooks.to_dlpack = py::object(c.attr("_to_dlpack")).release().ptr();
+  hooks.tensor_type = py::object(mod.attr("Tensor")).release().ptr();
+  return hooks;
+}
+
+std::string type_name(const py::handle& obj) {
+  return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+}
+
+// The producer's exception as text, the Python error cleared.
+std::string python_error_text(py::error_already_set& e) {
+  std::string text = e.what();
+  e.restore();
+  PyErr_Clear();
+  return text;
+}
+
+py::object export_capsule(const py::handle& obj, const char* arg, StorageAs& as) {
+  const TorchHooks& torch = torch_hooks();
+  if (torch.tensor_type != nullptr &&
+      PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(torch.tensor_type))) {
+    // torch's __dlpack__ is Python code (and refuses tensors that require
+    // grad); _to_dlpack is the C function under it.
+    try {
+      return py::reinterpret_borrow<py::object>(torch.to_dlpack)(obj);
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: torch could not export the tensor through DLPack: {}", arg,
+                              python_error_text(e)));
+    }
+  }
+  if (!py::hasattr(obj, "__dlpack__")) {
+    throw Error(fmt::format(
+        "{}: an object of type '{}' is not a DLPack tensor (no __dlpack__ method); pass a torch "
+        "tensor, a numpy array or another object with __dlpack__ / __dlpack_device__",
+        arg, type_name(obj)));
+  }
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    int type = 0, id = 0;
+    try {
+      py::tuple dev = obj.attr("__dlpack_device__")();
+      type = dev[0].cast<int>();
+      id = dev[1].cast<int>();
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: __dlpack_device__() of '{}' failed: {}", arg, type_name(obj),
+                              python_error_text(e)));
+    } catch (const py::cast_error&) {
+      throw Error(fmt::format("{}: __dlpack_device__() of '{}' did not return (int, int)", arg,
+                              type_name(obj)));
+    }
+    if (type != kDLCPU) refuse_device(arg, type, id);
+  }
+  try {
+    return obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    std::string text = python_error_text(e);
+    // ml_dtypes' bfloat16 numpy arrays: numpy cannot export the dtype; the
+    // same bytes as uint16 are bf16.
+    if (py::hasattr(obj, "dtype") && py::hasattr(obj, "view") &&
+        py::str(obj.attr("dtype")).cast<std::string>() == "bfloat16") {
+      as.u16_is_bf16 = true;
+      try {
+        return obj.attr("view")("uint16").attr("__dlpack__")();
+      } catch (py::error_already_set& e2) {
+        text = python_error_text(e2);
+      }
+    }
+    throw Error(fmt::format("{}: __dlpack__() of '{}' failed: {}", arg, type_name(obj), text));
+  }
+}
+
+}  // namespace
+
+bool parse_dtype_override(const py::handle& dtype) {
+  if (dtype.is_none()) return false;
+  if (py::isinstance<py::str>(dtype) && dtype.cast<std::string>() == "bf16") return true;
+  throw Error(fmt::format(
+      "dtype: {} is not allowed; allowed: None (the tensors' own dtypes) or \"bf16\" (uint16 "
+      "arrays hold bfloat16)",
+      py::repr(dtype).cast<std::string>()));
+}
+
+DlpackTensor::DlpackTensor(const py::handle& obj, const char* arg, StorageAs as) {
+  py::object capsule = export_capsule(obj, arg, as);
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+    throw Error(
+        fmt::format("{}: __dlpack__() of '{}' did not return an unused \"dltensor\" capsule", arg,
+                    type_name(obj)));
+  }
+  managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  // The protocol: the consumer renames the capsule and calls the deleter
+  // itself (the capsule's own destructor then leaves the tensor alone).
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+  try {
+    init_view(arg, as);
+  } catch (...) {  // the destructor does not run for a throwing constructor
+    if (managed_->deleter != nullptr) managed_->deleter(managed_);
+    managed_ = nullptr;
+    throw;
+  }
+}
+
+void DlpackTensor::init_view(const char* arg, StorageAs as) {
+  const DLTensor& t = managed_->dl_tensor;
+  if (t.device.device_type != kDLCPU) refuse_device(arg, t.device.device_type, t.device.device_id);
+  std::optional<DType> dt = map_dtype(t.dtype, as);
+  if (!dt) refuse_dtype(arg, t.dtype);
+  if (t.ndim < 0) throw Error(fmt::format("{}: DLPack ndim {} is negative", arg, t.ndim));
+  view_.data = static_cast<char*>(t.data) + t.byte_offset;
+  view_.dtype = *dt;
+  view_.shape.assign(t.shape, t.shape + t.ndim);
+  if (t.strides != nullptr) {
+    view_.strides.assign(t.strides, t.strides + t.ndim);
+  } else {  // NULL strides: compact row-major
+    view_.strides.resize(t.ndim);
+    int64_t s = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      view_.strides[i] = s;
+      s *= t.shape[i];
+    }
+  }
+}
+
+DlpackTensor::DlpackTensor(DlpackTensor&& o) noexcept
+    : managed_(std::exchange(o.managed_, nullptr)), view_(std::move(o.view_)) {}
+
+DlpackTensor& DlpackTensor::operator=(DlpackTensor&& o) noexcept {
+  if (this != &o) {
+    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+    managed_ = std::exchange(o.managed_, nullptr);
+    view_ = std::move(o.view_);
+  }
+  return *this;
+}
+
+DlpackTensor::~DlpackTensor() {
+  if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+}
+
+std::optional<DlpackTensor> optional_tensor(const py::handle& obj, const char* arg, StorageAs as) {
+  if (obj.is_none()) return std::nullopt;
+  return std::optional<DlpackTensor>(std::in_place, obj, arg, as);
+}
+
+std::optional<TensorView> view_of(const std::optional<DlpackTensor>& t) {
+  if (!t) return std::nullopt;
+  return t->view();
+}
+
+}  // namespace tilejit::python

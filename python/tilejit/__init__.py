@@ -1,0 +1,205 @@
+"""tilejit: JIT-compiled CPU kernels for LLM inference, on any DLPack tensor.
+
+Every operator takes torch tensors, numpy arrays or any other object with
+``__dlpack__`` zero-copy (strides honoured) and writes into the caller's
+output when one is given. With ``out=None`` the output is allocated and
+returned as the caller's kind: a torch tensor when the first tensor argument
+is one, a numpy array when it is one (bf16 as uint16: numpy has no
+bfloat16), else a ``tilejit.Buffer`` (which speaks DLPack). numpy bf16 data
+is passed as uint16 arrays with ``dtype="bf16"``; uint8 KV caches and fp8
+weights hold e4m3 codes. See docs/python.md.
+
+Neither torch nor numpy is imported here: the kind of a tensor is checked
+only against modules the caller has already imported.
+"""
+
+import sys as _sys
+
+from . import _core
+from ._core import (
+    Buffer,
+    Error,
+    InternalError,
+    PackedExperts,
+    PackedWeight,
+    __version__,
+    cache_stats,
+    cpu_info,
+    num_threads,
+    set_num_threads,
+)
+
+__all__ = [
+    "Buffer", "Error", "InternalError", "PackedExperts", "PackedWeight", "__version__",
+    "cache_stats", "cpu_info", "num_threads", "set_num_threads",
+    "pack_weight", "pack_int8", "pack_fp8", "pack_int4", "pack_mxfp4", "gemm",
+    "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
+    "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",
+    "pack_experts_mxfp4", "fused_experts", "topk_softmax", "topk_sigmoid", "grouped_topk",
+]
+
+# ---- Output allocation ------------------------------------------------------
+
+# tilejit dtype names (dtype_name() in C++) -> torch / numpy dtype attribute
+# names. numpy's bf16 is uint16 (the call then passes dtype="bf16"); the
+# fp8 codes are bytes in both (torch 1.13 has no float8).
+_TORCH_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i8": "int8",
+                "u8": "uint8", "f8e4m3": "uint8", "i32": "int32", "i64": "int64"}
+_NUMPY_NAMES = dict(_TORCH_NAMES, bf16="uint16")
+
+
+def _kind(t):
+    """'torch', 'numpy' or None (anything else that speaks DLPack)."""
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(t, torch.Tensor):
+        return "torch"
+    np = _sys.modules.get("numpy")
+    if np is not None and isinstance(t, np.ndarray):
+        return "numpy"
+    return None
+
+
+def _check_dtype_name(arg, dt):
+    if dt not in _TORCH_NAMES:
+        raise Error(f"{arg}: {dt!r} is not a tilejit dtype with a tensor type; allowed: "
+                    + ", ".join(_TORCH_NAMES))
+
+
+def _empty(kind, shape, dt, dtype, arg="out_dtype"):
+    """A new tensor of the kind; returns it and the call's dtype override
+    ("bf16" when a numpy bf16 output is a uint16 array)."""
+    _check_dtype_name(arg, dt)
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        return torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dt])), dtype
+    if kind == "numpy":
+        np = _sys.modules["numpy"]
+        return np.empty(shape, dtype=_NUMPY_NAMES[dt]), ("bf16" if dt == "bf16" else dtype)
+    return Buffer(list(shape), dt), dtype
+
+
+def _new(like, shape, dt, dtype):
+    return _empty(_kind(like), shape, dt, dtype)
+
+
+def _shape(t, arg, ndim, dtype):
+    """The shape of a tensor argument, checked to have ndim dims (the
+    output's shape is computed from it)."""
+    s = t.shape if _kind(t) is not None else _core._shape(t, arg, dtype)
+    if len(s) != ndim:
+        raise Error(f"{arg}: expected {ndim} dims, got shape {tuple(s)}")
+    return tuple(s)
+
+
+# ---- GEMM and weight packing -------------------------------------------------
+
+def _describe(t, dtype=None):
+    return _core._describe(t, dtype)
+
+
+def _tag(packed, like, src):
+    """Remembers what unpack() needs: the caller's tensor kind and the
+    shapes / dtypes of the tensors packed."""
+    packed._kind = _kind(like)
+    packed._src = src
+    return packed
+
+
+def pack_weight(w, dtype=None):
+    """Packs a bf16 weight [N, K] (nn.Linear layout; rows may be strided,
+    K stride 1) for gemm(). Packing a PackedWeight returns the same data."""
+    if isinstance(w, PackedWeight):
+        return w
+    return _tag(_core.pack_weight(w, dtype), w, ("bf16", _describe(w, dtype)))
+
+
+def pack_int8(weight, scales):
+    """int8 W8A8: weight int8 [N, K], scales f32 [N] or [1]."""
+    src = {"weight": _describe(weight), "scales": _describe(scales)}
+    return _tag(_core.pack_int8(weight, scales), weight, ("int8", src))
+
+
+def pack_fp8(weight, scales, block_n=0, block_k=0):
+    """fp8 e4m3 W8A16: weight uint8 codes, logically [N, K] (any strides),
+    scales f32 [1], [N] or block scales [ceil(N/block_n), ceil(K/block_k)]."""
+    src = {"weight": _describe(weight), "scales": _describe(scales),
+           "block_n": block_n, "block_k": block_k}
+    return _tag(_core.pack_fp8(weight, scales, block_n, block_k), weight, ("fp8", src))
+
+
+def pack_int4(qweight, scales, qzeros=None, g_idx=None, format="gptq", group_size=128,
+              gptq_v2=False, n=0, k=0, dtype=None):
+    """int4 W4A16 (GPTQ or AWQ checkpoints); see docs/quantized.md."""
+    src = {"qweight": _describe(qweight), "scales": _describe(scales, dtype),
+           "qzeros": None if qzeros is None else _describe(qzeros),
+           "g_idx": None if g_idx is None else _describe(g_idx),
+           "format": format, "group_size": group_size, "gptq_v2": gptq_v2, "n": n, "k": k}
+    packed = _core.pack_int4(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
+                             dtype)
+    return _tag(packed, qweight, ("int4", src))
+
+
+def pack_mxfp4(blocks, scales, k=0):
+    """MXFP4 W4A16: blocks uint8 [N, K/32, 16] or [N, K/2], scales uint8 [N, ceil(K/32)]."""
+    src = {"blocks": _describe(blocks), "scales": _describe(scales), "k": k}
+    return _tag(_core.pack_mxfp4(blocks, scales, k), blocks, ("mxfp4", src))
+
+
+def _alloc_src(kind, desc):
+    shape, dt = desc
+    return _empty(kind, shape, dt, None)[0]
+
+
+def _weight_unpack(self, out=None):
+    """bf16: the weight [N, K] back, bit for bit (into out, or a new tensor).
+    Quantized: a dict of the checkpoint tensors given to the pack call, bit
+    for bit (out: a dict of caller-allocated tensors of those shapes)."""
+    fmt, src = getattr(self, "_src", (self.format, None))
+    kind = getattr(self, "_kind", None)
+    if src is None:
+        raise Error(f"unpack: this PackedWeight ({self.format}) was not made by a tilejit "
+                    "pack_* call, so the shapes of its tensors are unknown")
+    if fmt == "bf16":
+        if out is None:
+            out = _empty(kind, src[0], "bf16", None)[0]
+        self._unpack(out, "bf16")
+        return out
+    if out is None:
+        out = {name: (None if d is None else _alloc_src(kind, d))
+               for name, d in src.items() if isinstance(d, tuple) or d is None}
+    if fmt == "int8":
+        self._unpack_int8(out["weight"], out["scales"])
+    elif fmt == "fp8":
+        self._unpack_fp8(out["weight"], out["scales"], src["block_n"], src["block_k"])
+    elif fmt == "int4":
+        self._unpack_int4(out["qweight"], out["scales"], out.get("qzeros"), out.get("g_idx"),
+                          src["format"], src["group_size"], src["gptq_v2"], src["n"], src["k"],
+                          "bf16")
+    elif fmt == "mxfp4":
+        self._unpack_mxfp4(out["blocks"], out["scales"], src["k"])
+    return out
+
+
+def _weight_dequantize(self, out=None, out_dtype="f32"):
+    """The logical weight [N, K] (dequantized codes, rounded once to f32 or bf16)."""
+    if out is None:
+        out = _empty(getattr(self, "_kind", None), (self.n, self.k), out_dtype, None)[0]
+    self._dequantize(out, "bf16")
+    return out
+
+
+PackedWeight.unpack = _weight_unpack
+PackedWeight.dequantize = _weight_dequantize
+# Immutable shared bytes: a copy is the same object.
+PackedWeight.__copy__ = lambda self: self
+PackedWeight.__deepcopy__ = lambda self, memo: self
+
+
+def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_scale=0.0,
+         act_zero_point=128, out_dtype="bf16", dtype=None):
+    """out[M, N] = act(x[M, K] @ w.T + bias); x bf16 (K stride 1), out bf16
+    or f32 (out_dtype when allocated), bias [N] f32 or bf16."""
+    if out is None and isinstance(w, PackedWeight):
+        out, dtype = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype, dtype)
+    _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, dtype)
+    return out

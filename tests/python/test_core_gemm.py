@@ -1,0 +1,234 @@
+"""tilejit.gemm and the weight packers from torch and numpy, against float64
+references computed here.
+
+Tolerances (bf16 inputs, fp32 accumulation): a bf16 output is rounded once,
+within 2^-9 relative (2^-8 allows the nearest-even tie either way); the fp32
+sum over K is off by at most ~K·2^-24·Σ|x·w|, bounded here by 2^-16·Σ|x·w|
+(K ≤ 512). Quantized paths add their own term, stated per test.
+"""
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import tilejit
+from conftest import bf16, bf16_to_u16, to_f64, u16_to_f64
+
+
+def ref_linear(x, w, bias=None, act="none"):
+    y = to_f64(x) @ to_f64(w).T
+    if bias is not None:
+        y = y + to_f64(bias)
+    if act == "silu":
+        y = y / (1 + np.exp(-y))
+    elif act == "relu":
+        y = np.maximum(y, 0)
+    return y
+
+
+def bound(x, w, y_ref, out_bf16=True, extra=0.0):
+    mag = np.abs(to_f64(x)) @ np.abs(to_f64(w)).T
+    return (2.0**-8 * np.abs(y_ref) if out_bf16 else 0) + 2.0**-16 * mag + extra + 1e-30
+
+
+def check(y, y_ref, tol):
+    err = np.abs(to_f64(y) - y_ref)
+    assert (err <= tol).all(), f"max err {err.max()} (bound {tol.flat[np.argmax(err - tol)]})"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (5, 17, 40), (33, 130, 96)])
+def test_gemm_torch_bf16(m, n, k):
+    x, w = bf16((m, k), 1), bf16((n, k), 2)
+    pw = tilejit.pack_weight(w)
+    assert (pw.n, pw.k, pw.format, pw.dtype) == (n, k, "bf16", "bf16")
+    assert pw.packed_bytes >= n * k * 2 and pw.layout.startswith("bf16_")
+    y = tilejit.gemm(x, pw)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.shape == (m, n)
+    ref = ref_linear(x, w)
+    check(y, ref, bound(x, w, ref))
+
+
+def test_gemm_torch_f32_out_bias_silu():
+    x, w = bf16((7, 48), 3), bf16((20, 48), 4)
+    bias = torch.randn(20, generator=torch.Generator().manual_seed(5))
+    y = tilejit.gemm(x, tilejit.pack_weight(w), bias=bias, act="silu", out_dtype="f32")
+    assert y.dtype == torch.float32
+    ref = ref_linear(x, w, bias, "silu")
+    check(y, ref, bound(x, w, ref, out_bf16=False))
+
+
+def test_gemm_numpy_uint16_bf16():
+    x, w = bf16((4, 64), 6), bf16((32, 64), 7)
+    pw = tilejit.pack_weight(bf16_to_u16(w), dtype="bf16")
+    y = tilejit.gemm(bf16_to_u16(x), pw, dtype="bf16")
+    assert isinstance(y, np.ndarray) and y.dtype == np.uint16 and y.shape == (4, 32)
+    ref = ref_linear(x, w)
+    check(u16_to_f64(y), ref, bound(x, w, ref))
+    y32 = tilejit.gemm(bf16_to_u16(x), pw, out_dtype="f32", dtype="bf16")
+    assert y32.dtype == np.float32
+    check(y32, ref, bound(x, w, ref, out_bf16=False))
+
+
+def test_gemm_strided_views_into_caller_output():
+    # x: every other row of a wider buffer, columns 8..8+K (row stride 2·96);
+    # out: a column slice of a wider f32 buffer. Strides go straight through.
+    big = bf16((20, 96), 8)
+    x = big[::2, 8:72]
+    w_big = bf16((24, 128), 9)
+    w = w_big[:, :64]  # row stride 128
+    assert not x.is_contiguous() and not w.is_contiguous()
+    buf = torch.full((10, 40), 7.0)
+    out = buf[:, 4:28]
+    r = tilejit.gemm(x, tilejit.pack_weight(w), out=out)
+    assert r is out
+    ref = ref_linear(x, w)
+    check(out, ref, bound(x, w, ref, out_bf16=False))
+    assert (buf[:, :4] == 7).all() and (buf[:, 28:] == 7).all()  # nothing outside the view
+
+
+def test_gemm_numpy_strided():
+    x = bf16_to_u16(bf16((9, 80), 10))[1::2, :64]
+    w = bf16((16, 64), 11)
+    out = np.zeros((4, 16), np.float32)
+    tilejit.gemm(x, tilejit.pack_weight(w), out=out, dtype="bf16")
+    ref = to_f64(u16_to_f64(x)) @ to_f64(w).T
+    check(out, ref, bound(u16_to_f64(x), w, ref, out_bf16=False))
+
+
+def test_gemm_transposed_x_is_the_library_error():
+    x = bf16((64, 4), 12).T  # K stride 4: the C++ API requires 1
+    with pytest.raises(tilejit.Error, match="x"):
+        tilejit.gemm(x, tilejit.pack_weight(bf16((8, 64), 13)))
+
+
+class Dlpack:
+    """Any DLPack producer that is neither torch nor numpy."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_gemm_other_dlpack_producer_returns_buffer():
+    x, w = bf16((3, 32), 14), bf16((8, 32), 15)
+    y = tilejit.gemm(Dlpack(bf16_to_u16(x)), tilejit.pack_weight(w), out_dtype="f32",
+                     dtype="bf16")
+    assert isinstance(y, tilejit.Buffer) and y.shape == (3, 8) and y.dtype == "f32"
+    ref = ref_linear(x, w)
+    check(np.from_dlpack(y), ref, bound(x, w, ref, out_bf16=False))
+    yb = tilejit.gemm(Dlpack(bf16_to_u16(x)), tilejit.pack_weight(w), dtype="bf16")
+    assert yb.dtype == "bf16"
+    check(torch.from_dlpack(yb), ref, bound(x, w, ref))
+
+
+def test_pack_weight_unpack_roundtrip():
+    w = bf16((70, 40), 16)
+    pw = tilejit.pack_weight(w)
+    u = pw.unpack()
+    assert isinstance(u, torch.Tensor) and torch.equal(u.view(torch.int16), w.view(torch.int16))
+    out = torch.empty(70, 40, dtype=torch.bfloat16)
+    assert pw.unpack(out) is out and torch.equal(out, w)
+    pn = tilejit.pack_weight(bf16_to_u16(w), dtype="bf16")
+    un = pn.unpack()
+    assert isinstance(un, np.ndarray) and (un == bf16_to_u16(w)).all()
+    d = pw.dequantize()
+    assert d.dtype == torch.float32 and torch.equal(d, w.float())
+    assert tilejit.pack_weight(pw) is pw  # packing a packed weight: the same data
+    assert copy.copy(pw) is pw and copy.deepcopy(pw) is pw
+
+
+def test_pickling_refused():
+    pw = tilejit.pack_weight(bf16((8, 16), 17))
+    with pytest.raises(tilejit.Error, match="cannot be pickled.*this machine"):
+        pickle.dumps(pw)
+
+
+def test_int8_w8a8():
+    g = torch.Generator().manual_seed(18)
+    n, k = 24, 64
+    wq = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scales = torch.rand(n, generator=g) * 0.01 + 0.001
+    pw = tilejit.pack_int8(wq, scales)
+    assert pw.format == "int8" and pw.dtype == "i8"
+    x = bf16((5, k), 19)
+    y = tilejit.gemm(x, pw, out_dtype="f32")
+    wd = to_f64(wq) * to_f64(scales)[:, None]
+    ref = to_f64(x) @ wd.T
+    # dynamic_sym: each x element within s_x/2 of its code, s_x = max|x_m|/127.
+    sx = np.abs(to_f64(x)).max(axis=1, keepdims=True) / 127
+    tol = 0.5 * sx * np.abs(wd).sum(axis=1)[None, :] + 2.0**-16 * np.abs(to_f64(x)) @ np.abs(wd).T
+    check(y, ref, tol)
+    u = pw.unpack()
+    assert torch.equal(u["weight"], wq) and torch.equal(u["scales"], scales)
+    np.testing.assert_array_equal(to_f64(pw.dequantize()), wd.astype(np.float32))
+
+
+def test_fp8_block_scales():
+    g = torch.Generator().manual_seed(20)
+    n, k = 40, 96
+    codes = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x10  # no NaN codes (refused)
+    scales = torch.rand(2, 2, generator=g) + 0.5  # blocks of 32 x 64, partial last ones
+    pw = tilejit.pack_fp8(codes, scales, block_n=32, block_k=64)
+    assert pw.format == "fp8_e4m3"
+    wd = to_f64(pw.dequantize())
+    x = bf16((3, k), 21, 0.1)
+    y = tilejit.gemm(x, pw, out_dtype="f32")
+    ref = to_f64(x) @ wd.T
+    # w rounded to bf16 inside the GEMM: within 2^-8·|w| of the exact value.
+    tol = (2.0**-8 + 2.0**-16) * np.abs(to_f64(x)) @ np.abs(wd).T
+    check(y, ref, tol)
+    u = pw.unpack()
+    assert torch.equal(u["weight"], codes) and torch.equal(u["scales"], scales)
+
+
+def test_int4_gptq_numpy():
+    rng = np.random.default_rng(22)
+    n, k, gs = 32, 256, 128
+    qweight = rng.integers(-2**31, 2**31, size=(k // 8, n), dtype=np.int64).astype(np.int32)
+    scales = (rng.random((k // gs, n)) * 0.02 + 0.001).astype(np.float16)
+    qzeros = rng.integers(-2**31, 2**31, size=(k // gs, n // 8), dtype=np.int64).astype(np.int32)
+    pw = tilejit.pack_int4(qweight, scales, qzeros, format="gptq", group_size=gs)
+    assert (pw.n, pw.k, pw.format) == (n, k, "int4_gptq")
+    u = pw.unpack()
+    assert isinstance(u["qweight"], np.ndarray)
+    for name, a in [("qweight", qweight), ("scales", scales), ("qzeros", qzeros)]:
+        np.testing.assert_array_equal(u[name], a)
+    assert u["g_idx"] is None
+    # The dequantized weight by the GPTQ v1 rule, here: nibble j of
+    # qweight[k // 8, n] is q[k = 8·row + j], zero z − 1 stored.
+    q = (qweight.astype(np.uint32)[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 15
+    q = q.reshape(k, n).astype(np.float64)
+    z = (qzeros.astype(np.uint32)[:, :, None] >> (4 * np.arange(8))[None, None, :]) & 15
+    z = z.reshape(k // gs, n).astype(np.float64) + 1
+    wd = ((q - np.repeat(z, gs, axis=0)) * np.repeat(scales.astype(np.float64), gs, axis=0)).T
+    np.testing.assert_allclose(to_f64(pw.dequantize()), wd, rtol=2**-23, atol=0)
+    x = bf16((2, k), 23)
+    y = tilejit.gemm(bf16_to_u16(x), pw, out_dtype="f32", dtype="bf16")
+    tol = (2.0**-8 + 2.0**-16) * np.abs(to_f64(x)) @ np.abs(wd).T
+    check(y, to_f64(x) @ wd.T, tol)
+
+
+def test_mxfp4():
+    rng = np.random.default_rng(24)
+    n, k = 16, 64
+    blocks = rng.integers(0, 256, size=(n, k // 32, 16), dtype=np.uint8)
+    scales = rng.integers(120, 130, size=(n, k // 32), dtype=np.uint8)
+    pw = tilejit.pack_mxfp4(blocks, scales)
+    assert (pw.n, pw.k, pw.format, pw.dtype) == (n, k, "mxfp4", "f4e2m1")
+    lut = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    b = blocks.reshape(n, k // 2)
+    codes = np.stack([b & 15, b >> 4], axis=-1).reshape(n, k)
+    wd = lut[codes] * np.exp2(np.repeat(scales.astype(np.float64) - 127, 32, axis=1))
+    np.testing.assert_array_equal(to_f64(pw.dequantize()), wd)
+    u = pw.unpack()
+    np.testing.assert_array_equal(u["blocks"], blocks)
+    np.testing.assert_array_equal(u["scales"], scales)
