@@ -62,12 +62,42 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   return p;
 }
 
-Isa gemm_isa_for_rows(Isa path, int64_t m) {
+Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o) {
   constexpr int64_t kAmxMinRows = 3;
+  if (o.isa && path == Isa::amx) return *o.isa;
   return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
 }
 
+GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o) {
+  GemmSpec s = spec;
+  if (o.max_kc) s.max_kc = *o.max_kc;
+  GemmPlan p = plan_gemm(s, isa);
+  if (o.isa && *o.isa != Isa::amx && *o.isa != Isa::avx512)
+    throw Error(fmt::format("plan_gemm: tuned isa={}; allowed: amx, avx512", isa_name(*o.isa)));
+  if (o.mr) {
+    // AMX: two 16-row tiles per call, and PackedA's 32-row blocks are what a
+    // task's first row must start (the M tails still run 1..31 rows).
+    const int lo = isa == Isa::amx ? 32 : 1, hi = p.mr;
+    if (*o.mr < lo || *o.mr > hi)
+      throw Error(fmt::format("plan_gemm: tuned mr={} for {}; allowed: {}", *o.mr, p.name(),
+                              lo == hi ? fmt::format("{}", hi) : fmt::format("{} .. {}", lo, hi)));
+    p.tuned_mr = *o.mr != p.mr;
+    p.mr = *o.mr;
+  }
+  if (o.task_rows) {
+    constexpr int64_t kMaxTaskRows = 4096;
+    if (*o.task_rows < p.mr || *o.task_rows % p.mr != 0 || *o.task_rows > kMaxTaskRows)
+      throw Error(
+          fmt::format("plan_gemm: tuned task_rows={} for {}; allowed: a multiple of mr={} up to {}",
+                      *o.task_rows, p.name(), p.mr, kMaxTaskRows));
+    p.tuned_task_rows = *o.task_rows;
+  }
+  if (!o.empty()) p.tuned_entry = o.entry.empty() ? "(unnamed)" : o.entry;
+  return p;
+}
+
 int64_t GemmPlan::task_rows() const {
+  if (tuned_task_rows > 0) return tuned_task_rows;
   return std::max<int64_t>(1, 256 / mr) * mr;
 }
 
@@ -179,7 +209,9 @@ std::string GemmPlan::name() const {
 // rest of the plan follows from them).
 std::string GemmPlan::key() const {
   const std::string spec_key = desc_key(spec);
-  return fmt::format("gemm;isa={}{}", isa_name(isa), spec_key.substr(spec_key.find(';')));
+  // A tuned mr changes the micro-kernels; a tuned task split does not.
+  return fmt::format("gemm;isa={}{}{}", isa_name(isa), spec_key.substr(spec_key.find(';')),
+                     tuned_mr ? fmt::format(";mr={}", mr) : "");
 }
 
 std::string GemmPlan::str() const {
@@ -202,6 +234,9 @@ std::string GemmPlan::str() const {
   if (a_packed) s += "  activations  repacked per call into 32-row AMX tile blocks (PackedA)\n";
   s += fmt::format("  weights      packed {}",
                    spec.int8() ? "i8_vnni4_n64k64" : "bf16_vnni2_n64k32");
+  if (!tuned_entry.empty())
+    s += fmt::format("\n  tuned        entry {}: mr={}{} task_rows={} max_kc={}", tuned_entry, mr,
+                     tuned_mr ? " (tuned)" : "", task_rows(), spec.max_kc);
   return s;
 }
 

@@ -68,6 +68,12 @@ struct GemmPlan {
   // AMX: the drivers repack A into the PackedA tile layout once per call and
   // the micro-kernels read it from there (K tails are its zero padding).
   bool a_packed = false;
+  // Set by apply_overrides (a tuning database entry): the entry's name, whether
+  // mr is the entry's (it changes the micro-kernels, so key() spells it) and
+  // the entry's rows per task (0: the heuristic task_rows()).
+  std::string tuned_entry;
+  bool tuned_mr = false;
+  int64_t tuned_task_rows = 0;
 
   // Which part of a K-chunked reduction a micro-kernel computes.
   enum class Chunk { whole, first, middle, last };
@@ -134,10 +140,30 @@ struct GemmPlan {
 
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa);
 
+// Tuned values for the heuristics above (from a tuning database entry; see
+// docs/tuning.md): plain data, every field optional, unset keeps the
+// heuristic. None changes what a GEMM computes beyond what another valid
+// plan changes (the K chunking and the row blocking order the fp32 sums).
+struct PlanOverrides {
+  std::optional<int> mr;             // rows per micro-kernel call
+  std::optional<int64_t> task_rows;  // rows per driver task (thread split only)
+  std::optional<int64_t> max_kc;     // the deepest K chunk (GemmSpec::max_kc)
+  std::optional<Isa> isa;            // at this M, AMX or AVX-512 (on the AMX path)
+  std::string entry;                 // the database entry they come from
+  bool empty() const { return !mr && !task_rows && !max_kc && !isa; }
+  bool operator==(const PlanOverrides&) const = default;
+};
+// The plan for `spec` on `isa` with `o` applied: max_kc before planning, then
+// mr and task_rows. Throws Error naming the field, its value and what this
+// plan allows (mr: 1 .. the heuristic mr on avx512 / llvm, 32 on amx;
+// task_rows: a multiple of mr up to 4096; max_kc: plan_gemm's rule).
+GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o);
+
 // The path a GEMM of `m` rows runs on when `path` is the active one. At m ≤ 2
 // the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:
 // docs/gemm-performance.md), so such GEMMs take the AVX-512 plan.
-Isa gemm_isa_for_rows(Isa path, int64_t m);
+// With o.isa set (amx or avx512) and the AMX path active, the entry's choice instead.
+Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o = {});
 
 // One micro-kernel a plan runs, with why (for `tilejit dump --stage key|asm`).
 struct KernelUse {

@@ -1,4 +1,5 @@
 #include "jit/kernel_cache.h"
+#include "jit/tuning_db.h"
 
 #include "jit/disk_cache.h"
 #include "runtime/verbose.h"
@@ -257,6 +258,7 @@ CacheStats KernelCache::stats() const {
   st.disk_loads = disk->loads();
   st.disk_stores = disk->stores();
   st.disk_dir = disk->enabled() ? disk->dir() : std::string();
+  st.tuned_plans = tuned_plans_used();
   std::lock_guard<std::mutex> lk(s.mu);
   st.kernels = s.owned.size();
   return st;

@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "jit/registry.h"
+#include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
 #include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
@@ -125,6 +127,16 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   auto* od = static_cast<uint16_t*>(out.data);
   const Isa isa = runtime::active_isa();
   const bool llvm_kernel = isa != Isa::scalar && jit::family_built(jit::Family::decode_attention);
+  // A tuning database entry for this shape class sets the split count (the
+  // task split only: the same kernels run, the partials merge as always).
+  std::optional<int64_t> tuned_splits;
+  if (isa != Isa::scalar && jit::tuning_db_active())
+    if (const jit::TunedEntry* e =
+            jit::find_tuned("decode_attention",
+                            jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
+                                                    kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
+                                                    *std::max_element(lens.begin(), lens.end()))))
+      tuned_splits = e->knob("splits");
   // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
   // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
   attn::Bf16CacheCopy copy;
@@ -179,7 +191,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
     const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
     const int64_t base_tasks = batch;
-    const int64_t splits = split_count(base_tasks, lens);
+    const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
     auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                        std::vector<uint16_t*>& orows) {
       const int64_t b = task;
@@ -286,7 +298,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
                              "attention engine");
   const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
   const int64_t base_tasks = batch * hkv * row_blocks;
-  const int64_t splits = split_count(base_tasks, lens);
+  const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
 
   auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
     const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;

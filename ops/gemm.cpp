@@ -13,6 +13,7 @@
 #include "jit/front_cache.h"
 #include "jit/kernel_cache.h"
 #include "jit/registry.h"
+#include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_ir.h"
 #include "ops/gemm_task.h"
@@ -33,10 +34,20 @@ const jit::Kernel& GemmExecutable::kernel(int rows, bool n_tail, Chunk chunk) co
 
 namespace {
 
-using PlanKey = std::pair<codegen::GemmSpec, Isa>;
+// A spec on an ISA, with the tuned overrides (if any) its plan takes.
+struct PlanKey {
+  codegen::GemmSpec spec;
+  Isa isa;
+  codegen::PlanOverrides tuned;
+  bool operator==(const PlanKey&) const = default;
+};
 struct PlanKeyHash {
   size_t operator()(const PlanKey& s) const {
-    return codegen::desc_hash(s.first) * 31 + codegen::field_hash(s.second);
+    size_t h = codegen::desc_hash(s.spec) * 31 + codegen::field_hash(s.isa);
+    if (!s.tuned.empty())
+      h = h * 31 + std::hash<std::string>()(s.tuned.entry) * 7 + size_t(s.tuned.mr.value_or(0)) +
+          size_t(s.tuned.task_rows.value_or(0)) * 131;
+    return h;
   }
 };
 
@@ -51,12 +62,13 @@ GemmExecutable& build_executable(const PlanKey& key) {
   // Miss: the whole pipeline (IR -> verify -> lower), outside the lock. Cheap
   // next to emission, and done once per spec. A GLU epilogue (MoE gate/up)
   // has no IR op yet: it is planned directly.
-  const auto& [spec, isa] = key;
-  // Quantized specs (b_type, max_kc) have no IR op yet either.
+  const auto& [spec, isa, tuned] = key;
+  // Quantized specs (b_type, max_kc) have no IR op yet either; a tuned plan
+  // is the lowered one with the entry's overrides (plan_gemm checks them).
   const bool planned_directly = spec.glu != codegen::Glu::none || spec.b_type != DType::bf16 ||
-                                spec.max_kc != codegen::GemmSpec{}.max_kc;
+                                spec.max_kc != codegen::GemmSpec{}.max_kc || !tuned.empty();
   LoweredGemm lowered = !planned_directly ? lower_gemm_spec(spec, isa)
-                                          : LoweredGemm{codegen::plan_gemm(spec, isa), ""};
+                                          : LoweredGemm{codegen::plan_gemm(spec, isa, tuned), ""};
   std::lock_guard<std::mutex> lk(mu);
   auto& slot = map[key];
   if (!slot) {
@@ -68,15 +80,28 @@ GemmExecutable& build_executable(const PlanKey& key) {
 
 }  // namespace
 
+codegen::PlanOverrides tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m) {
+  if (path == Isa::scalar || !jit::tuning_db_active()) return {};
+  const jit::TunedEntry* e =
+      jit::find_tuned("gemm", jit::gemm_shape_class(path, runtime::num_threads(), spec.n, spec.k,
+                                                    spec.bias, spec.act, spec.out, m));
+  return e ? jit::gemm_overrides(*e) : codegen::PlanOverrides{};
+}
+
 codegen::BiasKind bias_kind(const GemmOptions& opt) {
   if (!opt.bias) return codegen::BiasKind::none;
   return opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32 : codegen::BiasKind::bf16;
 }
 
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
+  return gemm_executable(spec, isa, {});
+}
+
+GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa,
+                                const codegen::PlanOverrides& tuned) {
   bool hit = false;
   GemmExecutable& exe = jit::FrontCache<PlanKey, GemmExecutable, PlanKeyHash>::get(
-      {spec, isa}, build_executable, &hit);
+      {spec, isa, tuned}, build_executable, &hit);
   if (hit) jit::KernelCache::global().count_hit();
   return exe;
 }
@@ -240,15 +265,18 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   if (M == 0) return;
   const PackedWeight::Impl& p = *w.impl();
   if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
-  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
+  const Isa path = runtime::active_isa();
+  const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+  const codegen::PlanOverrides tuned = ops::tuned_gemm(path, spec, M);
+  const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
   if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
 
-  const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
-  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa);
+  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa, tuned);
   if (runtime::verbose_level() > 0)
-    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s\n",
+    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s%s%s\n",
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 isa_name(isa), exe.plan().name().c_str());
+                 isa_name(isa), exe.plan().name().c_str(),
+                 tuned.empty() ? "" : " tuned=", tuned.entry.c_str());
   ops::GemmRun r = ops::GemmRun::of(x, y, opt);
   r.b = p.bytes();
   r.block_bytes = p.layout.block_elems() * 2;

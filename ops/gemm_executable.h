@@ -31,6 +31,12 @@ class GemmExecutable {
 // The executable for a spec on the active ISA: builds the IR, verifies and
 // lowers it on first use; later calls are a lookup.
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa);
+// The same with a tuning database entry's overrides (tuned_gemm).
+GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa,
+                                const codegen::PlanOverrides& tuned);
+// The tuned overrides for a bf16 GEMM of m rows on `path` (none when the
+// loaded tuning database has no entry for its shape class).
+codegen::PlanOverrides tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m);
 
 codegen::BiasKind bias_kind(const GemmOptions& opt);
 

@@ -20,11 +20,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "codegen/gemm_plan.h"
 #include "codegen/packed_layout.h"
 #include "ir/activation.h"
+#include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/moe_quant.h"
@@ -547,7 +549,15 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   int64_t streaming_blocks = 0;
   for (const Group& g : groups)
     if (g.rows <= kStreamingRows) streaming_blocks += (g.w13->n + 31) / 32;
-  const int64_t run_blocks = std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8);
+  // A tuning database entry for bf16 experts of this shape class sets the
+  // run length of both streaming phases (the task split only: same kernels).
+  std::optional<int64_t> tuned_run;
+  if (w13.format == WeightFormat::bf16 && jit::tuning_db_active())
+    if (const jit::TunedEntry* e = jit::find_tuned(
+            "moe", jit::moe_shape_class(isa, static_cast<int>(threads), d.E, d.k, d.H, d.I, d.T)))
+      tuned_run = e->knob("run_blocks");
+  const int64_t run_blocks =
+      tuned_run.value_or(std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8));
   struct UpTask {
     int32_t g;
     int32_t block, blocks;
@@ -598,7 +608,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   // run of blocks is one sequential read, as in phase 2).
   const int64_t n_down_blocks = (H + 63) / 64;
   const int64_t down_run =
-      T <= kStreamingRows ? std::clamp<int64_t>(n_down_blocks / (4 * threads), 1, 8) : 1;
+      T <= kStreamingRows
+          ? tuned_run.value_or(std::clamp<int64_t>(n_down_blocks / (4 * threads), 1, 8))
+          : 1;
   runtime::parallel_for((n_down_blocks + down_run - 1) / down_run, [&](int64_t task) {
     const int64_t nb0 = task * down_run, nb1 = std::min(n_down_blocks, nb0 + down_run);
     const int64_t width = (nb1 - nb0) * 64;

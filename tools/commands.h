@@ -72,7 +72,20 @@ struct GenNpyOptions {
   uint64_t seed = 1;
 };
 
+// `tilejit tune` (docs/tuning.md).
+struct TuneOptions {
+  std::string workload;                     // a workload JSON file, or
+  std::string model_config;                 // a Hugging Face config.json to build it from
+  std::string save_workload;                // with --model-config: also write the workload here
+  std::string out = "tilejit_tuning.json";  // the database (read, updated, rewritten)
+  std::string budget = "10m";
+  int threads = 0;
+  bool resume = false;     // skip entries already in the database
+  bool no_search = false;  // only the warm-up (fill the kernel cache with the DB's plans)
+};
+
 int run_llama_layer_job(const LlamaJobOptions& opt);
+int run_tune(const TuneOptions& opt);
 int run_cpuinfo();
 int run_dump(const DumpOptions& opt);
 int run_program(const RunOptions& opt);

@@ -108,6 +108,25 @@ void add_gen_npy(CLI::App& app, GenNpyOptions& o) {
   c->add_option("--seed", o.seed, "seed")->check(kSeed);
 }
 
+void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
+  auto* c = app.add_subcommand(
+      "tune",
+      "search plan knobs for a workload's shapes, keep those that beat the default on the whole "
+      "operator call, write the tuning database, and fill the kernel cache (docs/tuning.md)");
+  c->add_option("workload", o.workload, "the workload JSON (examples/tune/*.json)");
+  c->add_option("--model-config", o.model_config,
+                "build the workload from a Hugging Face config.json instead");
+  c->add_option("--save-workload", o.save_workload,
+                "with --model-config: write the workload it builds to this file and stop");
+  c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)");
+  c->add_option("--budget", o.budget, "time budget of the search, e.g. 90s, 10m (default 10m)");
+  c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
+      ->check(CLI::PositiveNumber);
+  c->add_flag("--resume", o.resume, "skip the entries the database already holds");
+  c->add_flag("--no-search", o.no_search,
+              "only the warm-up: run the workload once with the database's plans");
+}
+
 // The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set
 // (empty = off), else the per-user cache directory. With the variable set
 // the library already opened that directory (and warned, once, if it is not
@@ -154,6 +173,8 @@ int main(int argc, char** argv) {
   add_bench(app, bench);
   GenNpyOptions gen;
   add_gen_npy(app, gen);
+  tilejit::tools::TuneOptions tune;
+  add_tune(app, tune);
 
   try {
     app.parse(argc, argv);
@@ -182,6 +203,7 @@ int main(int argc, char** argv) {
     if (name == "dump") return tilejit::tools::run_dump(dump);
     if (name == "run") return tilejit::tools::run_program(run);
     if (name == "bench") return tilejit::tools::run_bench(bench);
+    if (name == "tune") return tilejit::tools::run_tune(tune);
     return tilejit::tools::run_llama_layer_job(llama);
   } catch (const tilejit::tools::UsageError& e) {
     std::fflush(stdout);

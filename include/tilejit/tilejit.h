@@ -572,8 +572,15 @@ struct CacheStats {
   uint64_t disk_loads = 0;     // kernels loaded from TILEJIT_CACHE_DIR instead of compiled
   uint64_t disk_stores = 0;    // kernels written to it
   std::string disk_dir;        // "" when the on-disk cache is off
+  uint64_t tuned_plans = 0;    // tuning database entries applied so far (docs/tuning.md)
 };
 CacheStats cache_stats();
+
+// Loads a tuning database written by `tilejit tune` (docs/tuning.md) in place
+// of the one TILEJIT_TUNING_DB names: entries of this CPU and tilejit build
+// pick the plans of the shapes they cover; the others are ignored. A file
+// that is not a valid database is an Error naming it and the line.
+void load_tuning_db(const std::string& path);
 
 // Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the cores).
 void set_num_threads(int n);

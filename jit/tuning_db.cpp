@@ -1,0 +1,522 @@
+#include "jit/tuning_db.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "ir/activation.h"
+#include "ir/types.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "runtime/verbose.h"
+#include "tilejit/error.h"
+#include "tilejit/tilejit.h"
+
+#ifndef TILEJIT_BUILD_ID
+#define TILEJIT_BUILD_ID "unknown"
+#endif
+
+namespace tilejit::jit {
+
+using nlohmann::json;
+
+namespace {
+
+// The knobs each family takes and their ranges: the one list (load checks
+// against it, docs/tuning.md describes it, tune searches inside it).
+struct KnobRule {
+  const char* family;
+  const char* knob;
+  int64_t lo, hi;
+  const char* what;
+};
+constexpr KnobRule kKnobs[] = {
+    {"gemm", "mr", 1, 32, "rows per micro-kernel call"},
+    {"gemm", "task_rows", 1, 4096, "rows per driver task"},
+    {"gemm", "max_kc", 32, 65536, "deepest K chunk"},
+    {"gemm", "amx", 0, 1, "1: AMX tiles, 0: AVX-512 at this M (AMX path only)"},
+    {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
+    {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
+};
+
+constexpr int kFormatVersion = 1;
+
+std::string allowed_families() {
+  std::set<std::string> f;
+  for (const KnobRule& r : kKnobs) f.insert(r.family);
+  std::string s;
+  for (const auto& x : f) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+std::string allowed_knobs(const std::string& family) {
+  std::string s;
+  for (const KnobRule& r : kKnobs)
+    if (family == r.family)
+      s += fmt::format("{}{} ({} .. {})", s.empty() ? "" : ", ", r.knob, r.lo, r.hi);
+  return s;
+}
+
+// The shape fields a family's entries carry: those its builder sets.
+std::set<std::string> shape_fields(const std::string& family) {
+  ShapeClass s;
+  if (family == "gemm")
+    s = gemm_shape_class(Isa::scalar, 1, 1, 1, codegen::BiasKind::none, Activation::none,
+                         DType::bf16, 1);
+  else if (family == "decode_attention")
+    s = decode_shape_class(Isa::scalar, 1, 1, 1, 1, 1, 1, DType::bf16, 1, 1);
+  else if (family == "moe")
+    s = moe_shape_class(Isa::scalar, 1, 1, 1, 1, 1, 1);
+  std::set<std::string> out;
+  for (const auto& [k, v] : s.fields) out.insert(k);
+  return out;
+}
+
+int64_t to_int(const TunedEntry& e, const std::string& field) {
+  const auto it = e.shape.fields.find(field);
+  if (it == e.shape.fields.end()) throw Error(fmt::format("shape has no field '{}'", field));
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("shape field {}='{}'; allowed: an integer >= 1", field, it->second));
+}
+
+// The lowest count of a bucket ("5-16" -> 5, "1025+" -> 1025).
+int64_t bucket_low(const std::string& b) {
+  try {
+    return std::stoll(b);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("shape field m='{}'; allowed: a bucket such as 1, 2-4, 5-16", b));
+  }
+}
+
+// The gemm plan an entry names, with its overrides: plan_gemm checks them.
+void validate_gemm_plan(const TunedEntry& e) {
+  const auto& f = e.shape.fields;
+  codegen::GemmSpec spec;
+  spec.n = to_int(e, "n");
+  spec.k = to_int(e, "k");
+  const std::string& bias = f.at("bias");
+  spec.bias =
+      bias == "none"  ? codegen::BiasKind::none
+      : bias == "f32" ? codegen::BiasKind::f32
+      : bias == "bf16"
+          ? codegen::BiasKind::bf16
+          : throw Error(fmt::format("shape field bias='{}'; allowed: none, f32, bf16", bias));
+  const auto act = ir::activation_from_name(f.at("act"));
+  if (!act)
+    throw Error(
+        fmt::format("shape field act='{}'; allowed: {}", f.at("act"), ir::activation_list(false)));
+  spec.act = *act;
+  const auto out = ir::dtype_from_name(f.at("out"));
+  if (!out || (*out != DType::bf16 && *out != DType::f32))
+    throw Error(fmt::format("shape field out='{}'; allowed: bf16, f32", f.at("out")));
+  spec.out = *out;
+  if (f.at("fmt") != "bf16")
+    throw Error(fmt::format("shape field fmt='{}'; allowed: bf16", f.at("fmt")));
+  const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");
+  const codegen::PlanOverrides o = gemm_overrides(e);
+  if (o.isa && path != Isa::amx)
+    throw Error(fmt::format("knob amx on path={}; allowed: only on path=amx", isa_name(path)));
+  const Isa isa = codegen::gemm_isa_for_rows(path, bucket_low(f.at("m")), o);
+  if (isa == Isa::scalar) throw Error("shape field path=scalar; allowed: a JIT path");
+  (void)codegen::plan_gemm(spec, isa, o);
+}
+
+// Lines of the text at which each entry object starts: nlohmann keeps no
+// positions, so a scan (outside strings) finds the '{' one level inside the
+// "entries" array.
+std::vector<int64_t> entry_lines(const std::string& text) {
+  std::vector<int64_t> lines;
+  int depth = 0;
+  int64_t line = 1;
+  bool in_str = false, esc = false;
+  for (char c : text) {
+    if (c == '\n') ++line;
+    if (in_str) {
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    if (c == '{' || c == '[') {
+      if (c == '{' && depth == 2) lines.push_back(line);
+      ++depth;
+    }
+    if (c == '}' || c == ']') --depth;
+  }
+  return lines;
+}
+
+int64_t line_of_byte(const std::string& text, size_t byte) {
+  int64_t line = 1;
+  for (size_t i = 0; i < std::min(byte, text.size()); ++i) line += text[i] == '\n';
+  return line;
+}
+
+std::string get_string(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string())
+    throw Error(fmt::format("field '{}' missing or not a string", key));
+  return j[key].get<std::string>();
+}
+
+TunedEntry entry_from_json(const json& j) {
+  if (!j.is_object()) throw Error("an entry is not a JSON object");
+  TunedEntry e;
+  e.family = get_string(j, "family");
+  e.cpu = get_string(j, "cpu");
+  e.version = get_string(j, "tilejit");
+  if (!j.contains("shape") || !j["shape"].is_object())
+    throw Error("field 'shape' missing or not an object");
+  for (const auto& [k, v] : j["shape"].items()) {
+    if (!v.is_string() && !v.is_number_integer())
+      throw Error(fmt::format("shape field '{}' is neither a string nor an integer", k));
+    e.shape.fields[k] = v.is_string() ? v.get<std::string>() : std::to_string(v.get<int64_t>());
+  }
+  if (!j.contains("knobs") || !j["knobs"].is_object())
+    throw Error("field 'knobs' missing or not an object");
+  for (const auto& [k, v] : j["knobs"].items()) {
+    if (!v.is_number_integer())
+      throw Error(fmt::format("knob '{}' = {}; allowed: an integer", k, v.dump()));
+    e.knobs[k] = v.get<int64_t>();
+  }
+  if (j.contains("measured")) {
+    const json& m = j["measured"];
+    e.default_us = m.value("default_us", 0.0);
+    e.tuned_us = m.value("tuned_us", 0.0);
+    e.noise_us = m.value("noise_us", 0.0);
+    e.candidates = m.value("candidates", int64_t{0});
+  }
+  validate_entry(e);
+  return e;
+}
+
+json entry_to_json(const TunedEntry& e) {
+  json shape = json::object();
+  for (const auto& [k, v] : e.shape.fields) shape[k] = v;
+  json knobs = json::object();
+  for (const auto& [k, v] : e.knobs) knobs[k] = v;
+  return json{{"family", e.family},
+              {"shape", shape},
+              {"knobs", knobs},
+              {"cpu", e.cpu},
+              {"tilejit", e.version},
+              {"measured",
+               {{"default_us", e.default_us},
+                {"tuned_us", e.tuned_us},
+                {"noise_us", e.noise_us},
+                {"candidates", e.candidates}}}};
+}
+
+}  // namespace
+
+std::string ShapeClass::text() const {
+  std::string s;
+  for (const auto& [k, v] : fields) s += fmt::format("{}{}={}", s.empty() ? "" : ";", k, v);
+  return s;
+}
+
+std::string count_bucket(int64_t n) {
+  constexpr int64_t kEdges[] = {1, 4, 16, 64, 256, 1024};
+  int64_t lo = 1;
+  for (int64_t hi : kEdges) {
+    if (n <= hi) return lo == hi ? fmt::format("{}", hi) : fmt::format("{}-{}", lo, hi);
+    lo = hi + 1;
+  }
+  return fmt::format("{}+", lo);
+}
+
+std::string seq_bucket(int64_t n) {
+  constexpr int64_t kEdges[] = {256, 1024, 4096, 16384};
+  int64_t lo = 1;
+  for (int64_t hi : kEdges) {
+    if (n <= hi) return fmt::format("{}-{}", lo, hi);
+    lo = hi + 1;
+  }
+  return fmt::format("{}+", lo);
+}
+
+ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen::BiasKind bias,
+                            Activation act, DType out, int64_t m) {
+  return {{{"path", isa_name(path)},
+           {"threads", std::to_string(threads)},
+           {"fmt", "bf16"},
+           {"n", std::to_string(n)},
+           {"k", std::to_string(k)},
+           {"bias", codegen::bias_kind_name(bias)},
+           {"act", activation_name(act)},
+           {"out", dtype_name(out)},
+           {"m", count_bucket(m)}}};
+}
+
+ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
+                              int64_t block_size, DType kv, int64_t batch, int64_t longest) {
+  return {{{"path", isa_name(path)},
+           {"threads", std::to_string(threads)},
+           {"d", std::to_string(d)},
+           {"dv", std::to_string(dv)},
+           {"hq", std::to_string(hq)},
+           {"hkv", std::to_string(hkv)},
+           {"block", std::to_string(block_size)},
+           {"kv", dtype_name(kv)},
+           {"batch", count_bucket(batch)},
+           {"seq", seq_bucket(longest)}}};
+}
+
+ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
+                           int64_t t) {
+  return {{{"path", isa_name(path)},
+           {"threads", std::to_string(threads)},
+           {"fmt", "bf16"},
+           {"e", std::to_string(e)},
+           {"topk", std::to_string(k)},
+           {"h", std::to_string(h)},
+           {"i", std::to_string(i)},
+           {"t", count_bucket(t)}}};
+}
+
+std::optional<int64_t> TunedEntry::knob(const std::string& name) const {
+  const auto it = knobs.find(name);
+  return it == knobs.end() ? std::nullopt : std::optional<int64_t>(it->second);
+}
+
+codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
+  codegen::PlanOverrides o;
+  if (auto v = e.knob("mr")) o.mr = static_cast<int>(*v);
+  o.task_rows = e.knob("task_rows");
+  o.max_kc = e.knob("max_kc");
+  if (auto v = e.knob("amx")) o.isa = *v ? Isa::amx : Isa::avx512;
+  o.entry = e.id();
+  return o;
+}
+
+std::string tuning_db_version() {
+  return TILEJIT_BUILD_ID;
+}
+
+void validate_entry(const TunedEntry& e) {
+  const std::set<std::string> want = shape_fields(e.family);
+  if (want.empty())
+    throw Error(fmt::format("family '{}'; allowed: {}", e.family, allowed_families()));
+  for (const auto& [k, v] : e.shape.fields)
+    if (!want.count(k))
+      throw Error(fmt::format("shape field '{}' is not one of family {}'s", k, e.family));
+  for (const std::string& k : want)
+    if (!e.shape.fields.count(k))
+      throw Error(fmt::format("shape field '{}' missing (family {})", k, e.family));
+  // No knobs: tune measured the default as the best plan (kept so --resume
+  // skips it); nothing to apply.
+  for (const auto& [k, v] : e.knobs) {
+    const KnobRule* rule = nullptr;
+    for (const KnobRule& r : kKnobs)
+      if (e.family == r.family && k == r.knob) rule = &r;
+    if (rule == nullptr)
+      throw Error(fmt::format("knob '{}' for family {}; allowed: {}", k, e.family,
+                              allowed_knobs(e.family)));
+    if (v < rule->lo || v > rule->hi)
+      throw Error(
+          fmt::format("knob {}={}; allowed: {} .. {} ({})", k, v, rule->lo, rule->hi, rule->what));
+  }
+  if (e.family == "gemm" && !e.knobs.empty()) validate_gemm_plan(e);
+}
+
+TuningDb TuningDb::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot read the tuning database", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // e.byte: 1-based position of the byte at which parsing failed.
+    throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: {}", path,
+                            line_of_byte(text, e.byte == 0 ? 0 : e.byte - 1), e.what()));
+  }
+  if (!j.is_object() || !j.contains("tilejit_tuning_db") ||
+      !j["tilejit_tuning_db"].is_number_integer() ||
+      j["tilejit_tuning_db"].get<int>() != kFormatVersion || !j.contains("entries") ||
+      !j["entries"].is_array())
+    throw Error(
+        fmt::format("{}:1: error: not a tilejit tuning database; allowed: an object with "
+                    "\"tilejit_tuning_db\": {} and an \"entries\" array",
+                    path, kFormatVersion));
+  const std::vector<int64_t> lines = entry_lines(text);
+  TuningDb db;
+  std::set<std::string> ids;
+  for (size_t i = 0; i < j["entries"].size(); ++i) {
+    const int64_t line = i < lines.size() ? lines[i] : 1;
+    try {
+      TunedEntry e = entry_from_json(j["entries"][i]);
+      if (!ids.insert(e.id() + "|" + e.cpu + "|" + e.version).second)
+        throw Error(fmt::format("a second entry for {}", e.id()));
+      db.entries.push_back(std::move(e));
+    } catch (const Error& e) {
+      throw Error(
+          fmt::format("{}:{}: error: tuning database entry {}: {}", path, line, i, e.what()));
+    }
+  }
+  return db;
+}
+
+void TuningDb::save(const std::string& path) const {
+  json list = json::array();
+  for (const TunedEntry& e : entries) list.push_back(entry_to_json(e));
+  const json j{{"tilejit_tuning_db", kFormatVersion}, {"entries", list}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(fmt::format("{}: cannot write the tuning database", tmp));
+    out << j.dump(1) << "\n";
+    out.flush();
+    if (!out) throw Error(fmt::format("{}: write failed", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error(fmt::format("{}: cannot rename {} over it", path, tmp));
+}
+
+void TuningDb::put(TunedEntry e) {
+  for (TunedEntry& x : entries)
+    if (x.id() == e.id() && x.cpu == e.cpu && x.version == e.version) {
+      x = std::move(e);
+      return;
+    }
+  entries.push_back(std::move(e));
+}
+
+const TunedEntry* TuningDb::find(const std::string& id) const {
+  for (const TunedEntry& e : entries)
+    if (e.id() == id) return &e;
+  return nullptr;
+}
+
+TuningDb TuningDb::current(int64_t* stale) const {
+  TuningDb out;
+  const std::string cpu = runtime::cpu_signature(), version = tuning_db_version();
+  int64_t n = 0;
+  for (const TunedEntry& e : entries) {
+    if (e.cpu == cpu && e.version == version)
+      out.entries.push_back(e);
+    else
+      ++n;
+  }
+  if (stale) *stale = n;
+  return out;
+}
+
+// ---- the process-wide database ---------------------------------------------
+
+namespace {
+
+struct Slot {
+  TunedEntry entry;
+  std::atomic<bool> used{false};
+};
+using Index = std::unordered_map<std::string, std::unique_ptr<Slot>>;
+
+struct Global {
+  std::mutex mu;
+  std::shared_ptr<const Index> index;
+  // Installed indexes stay alive: an entry pointer handed out stays valid.
+  std::vector<std::shared_ptr<const Index>> all;
+  std::atomic<bool> any{false};
+  std::atomic<bool> installed{false};  // a database was installed (API or env)
+  std::atomic<uint64_t> used{0};
+  std::once_flag env_once;
+};
+Global& global() {
+  static Global g;
+  return g;
+}
+
+void load_from_env() {
+  const char* p = std::getenv("TILEJIT_TUNING_DB");
+  // load_tuning_db before the first lookup wins over the environment.
+  if (p == nullptr || *p == '\0' || global().installed.load()) return;
+  install_tuning_db(TuningDb::load(p), p);
+}
+
+}  // namespace
+
+void install_tuning_db(TuningDb db, const std::string& source) {
+  int64_t stale = 0;
+  const size_t total = db.entries.size();
+  TuningDb cur = db.current(&stale);
+  auto index = std::make_shared<Index>();
+  for (TunedEntry& e : cur.entries) {
+    if (e.knobs.empty()) continue;  // the default measured best: nothing to apply
+    auto slot = std::make_unique<Slot>();
+    slot->entry = std::move(e);
+    const std::string id = slot->entry.id();
+    (*index)[id] = std::move(slot);
+  }
+  if (runtime::verbose_level() > 0 && !source.empty())
+    std::fprintf(stderr,
+                 "tilejit: tuning db %s: %zu of %zu entries for this CPU and build; %lld stale "
+                 "(another CPU or tilejit build) ignored\n",
+                 source.c_str(), index->size(), total, static_cast<long long>(stale));
+  Global& g = global();
+  std::lock_guard<std::mutex> lk(g.mu);
+  g.installed.store(true);
+  g.any.store(!index->empty(), std::memory_order_release);
+  g.index = index;
+  g.all.push_back(std::move(index));
+}
+
+bool tuning_db_active() {
+  Global& g = global();
+  std::call_once(g.env_once, load_from_env);
+  return g.any.load(std::memory_order_acquire);
+}
+
+const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape) {
+  Global& g = global();
+  if (!tuning_db_active()) return nullptr;
+  std::shared_ptr<const Index> index;
+  {
+    std::lock_guard<std::mutex> lk(g.mu);
+    index = g.index;
+  }
+  const auto it = index->find(family + ":" + shape.text());
+  if (it == index->end()) return nullptr;
+  Slot& s = *it->second;
+  if (!s.used.exchange(true, std::memory_order_relaxed)) {
+    g.used.fetch_add(1, std::memory_order_relaxed);
+    if (runtime::verbose_level() > 0) {
+      std::string knobs;
+      for (const auto& [k, v] : s.entry.knobs) knobs += fmt::format(" {}={}", k, v);
+      std::fprintf(stderr, "tilejit: tuned plan %s:%s\n", s.entry.id().c_str(), knobs.c_str());
+    }
+  }
+  return &s.entry;
+}
+
+uint64_t tuned_plans_used() {
+  return global().used.load(std::memory_order_relaxed);
+}
+
+}  // namespace tilejit::jit
+
+namespace tilejit {
+
+void load_tuning_db(const std::string& path) {
+  jit::install_tuning_db(jit::TuningDb::load(path), path);
+}
+
+}  // namespace tilejit

@@ -1,0 +1,103 @@
+// The tuning database (docs/tuning.md): plan knobs that `tilejit tune`
+// measured to beat the heuristics on the full operator call, one entry per
+// (CPU, tilejit build, kernel family, shape class). The library loads it
+// from TILEJIT_TUNING_DB or tilejit::load_tuning_db; ops/ looks entries up
+// by the shape class of each call and applies their knobs as plan overrides.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codegen/gemm_plan.h"
+
+namespace tilejit::jit {
+
+// A shape class: the fields that pick a tuned entry, e.g. {path: amx, n:
+// 4096, k: 4096, ..., m: "5-16"}; text() is its canonical "k=v;k=v" form.
+struct ShapeClass {
+  std::map<std::string, std::string> fields;
+  std::string text() const;
+};
+
+// Buckets of a row / batch / token count (1, 2-4, 5-16, 17-64, 65-256,
+// 257-1024, 1025+): one tuned entry serves every count of its bucket.
+std::string count_bucket(int64_t n);
+// Buckets of a sequence length (1-256, 257-1024, 1025-4096, 4097-16384, 16385+).
+std::string seq_bucket(int64_t n);
+
+// The shape classes of the tuned families (one home: ops/ and the tune tool
+// build them here). path: the active ISA path; threads: the pool size.
+ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen::BiasKind bias,
+                            Activation act, DType out, int64_t m);
+ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
+                              int64_t block_size, DType kv, int64_t batch, int64_t longest);
+ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
+                           int64_t t);
+
+struct TunedEntry {
+  std::string family;  // "gemm" | "decode_attention" | "moe"
+  ShapeClass shape;
+  // Knob -> value; the allowed knobs per family and their ranges live in
+  // tuning_db.cpp (kKnobs). gemm: mr, task_rows, max_kc, amx (1: AMX tiles,
+  // 0: AVX-512 at this M); decode_attention: splits; moe: run_blocks.
+  std::map<std::string, int64_t> knobs;
+  std::string cpu;      // runtime::cpu_signature() of the machine it was measured on
+  std::string version;  // tuning_db_version() of the build that measured it
+  // What tune measured (medians over interleaved runs, microseconds): the
+  // default plan, this entry's, and the noise (the larger median absolute
+  // deviation); candidates: how many plans were timed.
+  double default_us = 0, tuned_us = 0, noise_us = 0;
+  int64_t candidates = 0;
+
+  // "gemm:path=amx;n=4096;...": how dump, TILEJIT_VERBOSE and tune name it.
+  std::string id() const { return family + ":" + shape.text(); }
+  std::optional<int64_t> knob(const std::string& name) const;
+};
+
+// The plan overrides of a gemm entry (validated at load).
+codegen::PlanOverrides gemm_overrides(const TunedEntry& e);
+
+struct TuningDb {
+  std::vector<TunedEntry> entries;  // in file order; id() unique
+
+  // Reads a database file. A file that is not JSON, or an entry with a field
+  // missing or a knob not allowed, is an Error naming the file and the line.
+  // Entries of another CPU or build are kept (tune --resume rewrites them);
+  // current() is what the library applies.
+  static TuningDb load(const std::string& path);
+  // Writes to path.tmp then renames over path: a reader (or a ^C) never
+  // sees half a file.
+  void save(const std::string& path) const;
+  // Adds or replaces the entry with e's id.
+  void put(TunedEntry e);
+  const TunedEntry* find(const std::string& id) const;
+  // Only the entries of this CPU and build; `stale` counts the others.
+  TuningDb current(int64_t* stale = nullptr) const;
+};
+
+// The build the entries are tied to (the disk cache's build id).
+std::string tuning_db_version();
+// Checks an entry's family, knobs and ranges (and, for gemm, that the plan
+// takes them); throws Error naming the knob, value and what is allowed.
+void validate_entry(const TunedEntry& e);
+
+// The process-wide database: installed by load_tuning_db (or, on the first
+// lookup, from TILEJIT_TUNING_DB); holds only current entries. `source`
+// names it in the one TILEJIT_VERBOSE line ("": no line, for tune's
+// per-sample installs).
+void install_tuning_db(TuningDb db, const std::string& source);
+// The entry for a shape class of a family, or nullptr. Cheap when no
+// database is loaded (one atomic load). A returned entry is counted once
+// in cache_stats().tuned_plans and logged once under TILEJIT_VERBOSE.
+const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape);
+// Whether a database with entries is loaded (callers skip building shape
+// classes when not): one atomic load after the first call.
+bool tuning_db_active();
+// Tuned entries applied so far in this process (CacheStats::tuned_plans).
+uint64_t tuned_plans_used();
+
+}  // namespace tilejit::jit

@@ -1,0 +1,375 @@
+// The tuning database (jit/tuning_db.h) and the tune workload files
+// (tools/tune_workload.h): round trips, stale and corrupt databases, bad
+// fields, and a tuned plan that the operators actually run (docs/tuning.md).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "codegen/gemm_plan.h"
+#include "jit/tuning_db.h"
+#include "ops/gemm_executable.h"
+#include "runtime/bf16.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "runtime/reference_error_bounds.h"
+#include "runtime/reference_gemm.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+#include "tools/tune_workload.h"
+
+namespace tilejit {
+namespace {
+
+namespace fs = std::filesystem;
+using test::expect_tilejit_error;
+
+std::string temp_path(const std::string& name) {
+  return (fs::temp_directory_path() /
+          (name + "." + std::to_string(::getpid()) + "." +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+      .string();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A gemm entry of this machine and build.
+jit::TunedEntry gemm_entry(Isa path, int64_t n, int64_t k, int64_t m,
+                           std::map<std::string, int64_t> knobs = {}) {
+  jit::TunedEntry e;
+  e.family = "gemm";
+  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                  Activation::none, DType::bf16, m);
+  e.knobs = std::move(knobs);
+  e.cpu = runtime::cpu_signature();
+  e.version = jit::tuning_db_version();
+  return e;
+}
+
+// ---- workload files -----------------------------------------------------------
+
+TEST(TuneWorkload, RoundTrip) {
+  const std::string text = R"({"name": "w", "ops": [
+    {"op": "gemm", "name": "qkv", "n": 6144, "k": 4096, "act": "silu", "out": "f32", "m": [1, 16, 512]},
+    {"op": "decode_attention", "d": 128, "hq": 32, "hkv": 8, "batch": [1, 16], "seq_len": [4096]},
+    {"op": "prefill_attention", "d": 128, "hq": 32, "hkv": 8, "causal": false, "seq_len": [512]},
+    {"op": "moe", "name": "experts", "e": 128, "topk": 8, "h": 2048, "i": 768, "t": {"from": 1, "to": 64}}
+  ]})";
+  const tools::Workload w = tools::parse_workload(text, "w.json");
+  ASSERT_EQ(w.ops.size(), 4u);
+  EXPECT_EQ(w.ops[0].n, 6144);
+  EXPECT_EQ(w.ops[0].act, "silu");
+  EXPECT_EQ(w.ops[1].dv, 128);  // dv defaults to d
+  EXPECT_EQ(w.ops[1].name, "decode_attention");
+  EXPECT_FALSE(w.ops[2].causal);
+  // {from, to}: the ends and the powers of two between.
+  EXPECT_EQ(w.ops[3].m, (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));
+  const tools::Workload back = tools::parse_workload(tools::workload_json(w), "back.json");
+  EXPECT_EQ(back, w);
+}
+
+TEST(TuneWorkload, BadFieldsNamed) {
+  auto parse = [](const std::string& ops) {
+    return tools::parse_workload(R"({"ops": [)" + ops + "]}", "w.json");
+  };
+  expect_tilejit_error([&] { parse(R"({"op": "gemm", "n": -1, "k": 8, "m": [1]})"); },
+                       "w.json: ops[0].n: -1; allowed: an integer in [1, ");
+  expect_tilejit_error([&] { parse(R"({"op": "gemm", "n": 8, "m": [1]})"); }, "ops[0].k: missing");
+  expect_tilejit_error([&] { parse(R"({"op": "gemm", "n": 8, "k": 8, "mm": [1]})"); },
+                       "ops[0].mm: not a field of op gemm; allowed: n, k,");
+  expect_tilejit_error(
+      [&] { parse(R"({"op": "gemm", "n": 8, "k": 8, "m": [1], "format": "int4"})"); },
+      "ops[0].format: \"int4\"; allowed: bf16");
+  expect_tilejit_error([&] { parse(R"({"op": "gemm", "n": 8, "k": 8, "m": [1], "act": "tanh"})"); },
+                       "ops[0].act: \"tanh\"; allowed: none, relu, silu");
+  expect_tilejit_error([&] { parse(R"({"op": "gemm", "n": 8, "k": 8, "m": []})"); }, "ops[0].m:");
+  expect_tilejit_error([&] { parse(R"({"op": "conv", "n": 8})"); },
+                       "ops[0].op: \"conv\"; allowed: gemm, decode_attention");
+  expect_tilejit_error(
+      [&] {
+        parse(
+            R"({"op": "decode_attention", "d": 64, "hq": 6, "hkv": 4, "batch": [1], "seq_len": [8]})");
+      },
+      "ops[0].hq: 6 with hkv=4; allowed: a multiple of hkv");
+  expect_tilejit_error(
+      [&] { parse(R"({"op": "moe", "e": 4, "topk": 5, "h": 64, "i": 64, "t": [1]})"); },
+      "ops[0].topk: 5; allowed: an integer in [1, 4]");
+  expect_tilejit_error([&] { tools::parse_workload("{\"ops\": [\n  {\"op\": }]}", "w.json"); },
+                       "w.json:2: error: not valid JSON");
+}
+
+TEST(TuneWorkload, FromModelConfig) {
+  const tools::Workload w =
+      tools::load_workload(std::string(TILEJIT_EXAMPLES_DIR) + "/tune/llama3-8b.json");
+  EXPECT_EQ(w.name, "llama3-8b");
+  const std::string cfg = R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "intermediate_size": 14336})";
+  const tools::Workload m = tools::workload_from_model_config(cfg, "config.json");
+  ASSERT_GE(m.ops.size(), 4u);
+  EXPECT_EQ(m.ops[0].name, "qkv_proj");
+  EXPECT_EQ(m.ops[0].n, 6144);  // (32 + 2·8)·128
+  EXPECT_EQ(m.ops[2].name, "gate_up_proj");
+  EXPECT_EQ(m.ops[2].n, 2 * 14336);
+  // The shipped example is what the config builds (the file documents the workload).
+  tools::Workload from_example = tools::workload_from_model_config(
+      [] {
+        std::ifstream in(std::string(TILEJIT_EXAMPLES_DIR) + "/tune/llama3-8b-config.json");
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      }(),
+      "llama3-8b-config.json");
+  from_example.name = w.name;
+  EXPECT_EQ(from_example, w);
+  const std::string moe =
+      R"({"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768})";
+  const tools::Workload q = tools::workload_from_model_config(moe, "qwen.json");
+  bool has_moe = false;
+  for (const auto& o : q.ops)
+    if (o.op == "moe") has_moe = o.e == 128 && o.topk == 8 && o.i == 768 && o.h == 2048;
+  EXPECT_TRUE(has_moe);
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 64,
+                "quantization_config": {"quant_method": "awq"}})",
+            "q.json");
+      },
+      "q.json: quantization_config (awq)");
+  expect_tilejit_error(
+      [&] { tools::workload_from_model_config(R"({"num_attention_heads": 2})", "c.json"); },
+      "hidden_size: missing");
+}
+
+// ---- the database ------------------------------------------------------------
+
+TEST(TuningDb, RoundTrip) {
+  jit::TuningDb db;
+  jit::TunedEntry g = gemm_entry(Isa::avx512, 256, 512, 16, {{"mr", 4}, {"task_rows", 8}});
+  g.default_us = 12.5;
+  g.tuned_us = 10.25;
+  g.noise_us = 0.5;
+  g.candidates = 7;
+  db.put(g);
+  jit::TunedEntry d;
+  d.family = "decode_attention";
+  d.shape = jit::decode_shape_class(Isa::avx512, 2, 128, 128, 32, 8, 16, DType::bf16, 1, 4096);
+  d.knobs = {{"splits", 4}};
+  d.cpu = "another-cpu";
+  d.version = "0.0.0-old";
+  db.put(d);
+  jit::TunedEntry none = gemm_entry(Isa::avx512, 256, 512, 1);  // measured: the default won
+  db.put(none);
+  const std::string path = temp_path("db.json");
+  db.save(path);
+  const jit::TuningDb back = jit::TuningDb::load(path);
+  ASSERT_EQ(back.entries.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(back.entries[i].id(), db.entries[i].id());
+    EXPECT_EQ(back.entries[i].knobs, db.entries[i].knobs);
+    EXPECT_EQ(back.entries[i].cpu, db.entries[i].cpu);
+    EXPECT_EQ(back.entries[i].version, db.entries[i].version);
+  }
+  EXPECT_EQ(back.entries[0].tuned_us, 10.25);
+  EXPECT_EQ(back.entries[0].candidates, 7);
+  // put replaces the entry of the same id, machine and build.
+  jit::TuningDb again = back;
+  g.knobs = {{"mr", 2}};
+  again.put(g);
+  EXPECT_EQ(again.entries.size(), 3u);
+  EXPECT_EQ(again.find(g.id())->knobs.at("mr"), 2);
+  fs::remove(path);
+}
+
+TEST(TuningDb, StaleEntriesIgnored) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t n = 192, k = 96, m = 7;
+  jit::TuningDb db;
+  jit::TunedEntry other_cpu = gemm_entry(path, n, k, m, {{"task_rows", 32}});
+  other_cpu.cpu = "AuthenticAMD-25-17-1-other";
+  db.put(other_cpu);
+  jit::TunedEntry other_build = gemm_entry(path, n, k + 32, m, {{"task_rows", 32}});
+  other_build.version = "0.0.1-somewhere-else";
+  db.put(other_build);
+  int64_t stale = 0;
+  EXPECT_TRUE(db.current(&stale).entries.empty());
+  EXPECT_EQ(stale, 2);
+  jit::install_tuning_db(db, "stale test");
+  EXPECT_EQ(jit::find_tuned("gemm", other_cpu.shape), nullptr);
+  EXPECT_EQ(jit::find_tuned("gemm", other_build.shape), nullptr);
+  EXPECT_FALSE(jit::tuning_db_active());
+  jit::install_tuning_db({}, "");
+}
+
+TEST(TuningDb, CorruptFileNamesTheLine) {
+  const std::string path = temp_path("bad.json");
+  write_file(path,
+             "{\n \"tilejit_tuning_db\": 1,\n \"entries\": [ {\"family\": \"gemm\",, } ]\n}\n");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":3: error: the tuning database is not valid JSON");
+  write_file(path, "[1, 2]\n");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":1: error: not a tilejit tuning database");
+  // A well-formed entry with a knob outside its range: the entry's line.
+  jit::TuningDb db;
+  db.put(gemm_entry(Isa::avx512, 256, 512, 16, {{"mr", 4}}));
+  db.put(gemm_entry(Isa::avx512, 256, 512, 64, {{"mr", 40}}));
+  db.save(path);
+  std::ifstream in(path);
+  std::string line;
+  int64_t n = 0, second = 0, opened = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line == "  {" && ++opened == 2) second = n;
+  }
+  ASSERT_GT(second, 0);
+  expect_tilejit_error(
+      [&] { jit::TuningDb::load(path); },
+      fmt::format("{}:{}: error: tuning database entry 1: knob mr=40; allowed: 1 .. 32", path,
+                  second));
+  // In range for the knob table but not for this plan: plan_gemm's rule.
+  jit::TuningDb db2;
+  db2.put(gemm_entry(Isa::avx512, 256, 512, 16, {{"mr", 9}}));
+  db2.save(path);
+  expect_tilejit_error([&] { jit::TuningDb::load(path); }, "tuned mr=9 for gemm_avx512");
+  jit::TuningDb db3;
+  db3.put(gemm_entry(Isa::avx512, 256, 512, 16, {{"mr", 4}, {"task_rows", 6}}));
+  db3.save(path);
+  expect_tilejit_error([&] { jit::TuningDb::load(path); }, "tuned task_rows=6");
+  jit::TuningDb db4;
+  db4.put(gemm_entry(Isa::avx512, 256, 512, 16, {{"unroll", 4}}));
+  db4.save(path);
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       "knob 'unroll' for family gemm; allowed: mr (1 .. 32), task_rows");
+  expect_tilejit_error([&] { load_tuning_db(path + ".missing"); },
+                       "cannot read the tuning database");
+  fs::remove(path);
+}
+
+// ---- a tuned plan is used, and computes what the default computes -----------------
+
+TEST(TuningDb, TunedGemmPlanUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t m = 40, n = 200, k = 320;  // N tail 8, M tail at mr 4: 0, task tails
+  // On the AMX path the entry moves this M to AVX-512 (amx=0) and blocks it by 4 rows.
+  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
+  if (path == Isa::amx) knobs["amx"] = 0;
+  jit::TuningDb db;
+  db.put(gemm_entry(path, n, k, m, knobs));
+  const std::string file = temp_path("tuned.json");
+  db.save(file);
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<uint16_t> x(size_t(m * k)), w(size_t(n * k)), y(size_t(m * n));
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  for (auto& v : w) v = runtime::f32_to_bf16(dist(rng) / 8);
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {n, k}));
+  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::bf16, {m, n}));
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+
+  // The plan tilejit::gemm ran: the entry's, named by it, keyed by its mr.
+  const codegen::GemmSpec spec{n, k, codegen::BiasKind::none, Activation::none, DType::bf16};
+  const codegen::PlanOverrides o = ops::tuned_gemm(path, spec, m);
+  ASSERT_FALSE(o.empty());
+  const codegen::GemmPlan& plan =
+      ops::gemm_executable(spec, codegen::gemm_isa_for_rows(path, m, o), o).plan();
+  EXPECT_EQ(plan.mr, 4);
+  EXPECT_EQ(plan.task_rows(), 8);
+  EXPECT_EQ(plan.tuned_entry, db.entries[0].id());
+  EXPECT_NE(plan.key().find(";mr=4"), std::string::npos) << plan.key();
+  EXPECT_NE(plan.str().find("tuned        entry gemm:"), std::string::npos) << plan.str();
+  // Another M bucket has no entry: the heuristics.
+  EXPECT_TRUE(ops::tuned_gemm(path, spec, 1).empty());
+
+  // Every output against the scalar reference, under the GEMM bound
+  // (runtime/reference_error_bounds.h), as for any plan.
+  auto bf = [](uint16_t h) { return double(runtime::bf16_to_f32(h)); };
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<uint16_t> ref(static_cast<size_t>(n));
+    runtime::ReferenceGemmArgs a;
+    a.x = x.data() + r * k;
+    a.ldx = k;
+    a.m = 1;
+    a.n = n;
+    a.k = k;
+    a.y = ref.data();
+    a.y_dtype = DType::bf16;
+    a.ldy = n;
+    runtime::reference_gemm(a, [&](int64_t j, int64_t kk) { return w[size_t(j * k + kk)]; });
+    for (int64_t j = 0; j < n; ++j) {
+      double abs_sum = 0, pre = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double t = bf(x[size_t(r * k + kk)]) * bf(w[size_t(j * k + kk)]);
+        abs_sum += std::fabs(t);
+        pre += t;
+      }
+      const double want = bf(ref[size_t(j)]);
+      const double tol =
+          runtime::gemm_output_bound(Activation::none, DType::bf16, k, abs_sum, 0, pre, want);
+      ASSERT_LE(std::fabs(bf(y[size_t(r * n + j)]) - want), tol) << "row " << r << " col " << j;
+    }
+  }
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
+TEST(TuningDb, TunedDecodeSplitUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t b = 1, hq = 4, hkv = 2, d = 64, bs = 16, len = 700, nb = (len + bs - 1) / bs;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  auto fill = [&](size_t count) {
+    std::vector<uint16_t> v(count);
+    for (auto& e : v) e = runtime::f32_to_bf16(dist(rng));
+    return v;
+  };
+  const auto q = fill(size_t(b * hq * d)), kc = fill(size_t(nb * bs * hkv * d)),
+             vc = fill(size_t(nb * bs * hkv * d));
+  std::vector<int32_t> table(static_cast<size_t>(nb)), lens = {int32_t(len)};
+  for (int64_t i = 0; i < nb; ++i) table[size_t(i)] = int32_t(i);
+  auto run = [&] {
+    std::vector<uint16_t> out(size_t(b * hq * d));
+    decode_attention(TensorView(q.data(), DType::bf16, {b, hq, d}),
+                     TensorView(kc.data(), DType::bf16, {nb, bs, hkv, d}),
+                     TensorView(vc.data(), DType::bf16, {nb, bs, hkv, d}),
+                     TensorView(out.data(), DType::bf16, {b, hq, d}),
+                     TensorView(table.data(), DType::i32, {b, nb}),
+                     TensorView(lens.data(), DType::i32, {b}));
+    return out;
+  };
+  const auto dflt = run();
+  jit::TuningDb db;
+  jit::TunedEntry e;
+  e.family = "decode_attention";
+  e.shape =
+      jit::decode_shape_class(path, runtime::num_threads(), d, d, hq, hkv, bs, DType::bf16, b, len);
+  e.knobs = {{"splits", 5}};
+  e.cpu = runtime::cpu_signature();
+  e.version = jit::tuning_db_version();
+  db.put(e);
+  const uint64_t before = cache_stats().tuned_plans;
+  jit::install_tuning_db(db, "split test");
+  const auto tuned = run();
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+  // Five partials merged in another order: the default's result within a few
+  // bf16 ulps of the output (|out| <= 1: softmax-weighted v in [-1, 1]).
+  for (size_t i = 0; i < dflt.size(); ++i)
+    EXPECT_NEAR(runtime::bf16_to_f32(tuned[i]), runtime::bf16_to_f32(dflt[i]), 4.0 / 256) << i;
+  jit::install_tuning_db({}, "");
+}
+
+}  // namespace
+}  // namespace tilejit

@@ -1,0 +1,597 @@
+// `tilejit tune`: searches plan knobs for the shapes of a workload, keeps a
+// candidate only where it beats the default plan by more than the measured
+// noise on the whole operator call, writes the tuning database, then runs
+// every operator of the workload once with the chosen plans so that every
+// kernel is in the on-disk cache (docs/tuning.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "codegen/gemm_plan.h"
+#include "codegen/xbyak/emitters.h"
+#include "ir/activation.h"
+#include "jit/registry.h"
+#include "jit/tuning_db.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "tilejit/tilejit.h"
+#include "tools/commands.h"
+#include "tools/program_io.h"
+#include "tools/tune_measure.h"
+#include "tools/tune_workload.h"
+
+namespace tilejit::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Knobs = std::map<std::string, int64_t>;
+
+// xorshift: fills the large weights fast (values in ±scale).
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
+  std::vector<uint16_t> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float f = (static_cast<float>(s >> 40) / 16777216.0f * 2 - 1) * scale;
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    v[i] = static_cast<uint16_t>(b >> 16);
+  }
+  return v;
+}
+
+// One tuned entry (or, for prefill, one warm-up call): an op of the
+// workload at one count (and sequence length).
+struct Point {
+  size_t op = 0;
+  int64_t count = 0, seq = 0;
+  std::string family;  // "" = warm-up only (no knob to tune)
+  jit::ShapeClass shape;
+  std::string label;
+  std::vector<Knobs> candidates;
+  std::string pruned;  // what the cost model dropped, for the report
+};
+
+Activation act_of(const std::string& s) {
+  return *ir::activation_from_name(s);
+}
+codegen::BiasKind bias_of(const std::string& s) {
+  return s == "f32"    ? codegen::BiasKind::f32
+         : s == "bf16" ? codegen::BiasKind::bf16
+                       : codegen::BiasKind::none;
+}
+codegen::GemmSpec gemm_spec(const WorkloadOp& o) {
+  return {o.n, o.k, bias_of(o.bias), act_of(o.act), o.out == "f32" ? DType::f32 : DType::bf16};
+}
+
+// ---- the search space and the cost model -----------------------------------------
+
+// A relative cost (no unit): compute at the ISA's rate with rows padded to
+// the blocking, times the load imbalance of the tasks over the threads, plus
+// the weight re-reads of every row chunk and a per-task overhead. Only used
+// to drop candidates that cannot win; the timing decides.
+double gemm_model(Isa isa, int64_t m, int64_t n, int64_t k, int mr, int64_t task_rows,
+                  int threads) {
+  // bf16 flops per cycle per core, AMX at the 4x over AVX-512 its small-M
+  // kernels reach (tile loads and stores, the A repack), not its 16x peak.
+  const double rate = isa == Isa::amx ? 256 : 64;
+  const int64_t tile_rows = isa == Isa::amx ? 16 : mr;
+  const int64_t padded = (m + tile_rows - 1) / tile_rows * tile_rows;
+  const int64_t n_blocks = (n + 63) / 64, chunks = (m + task_rows - 1) / task_rows;
+  const int64_t tasks = n_blocks * chunks;
+  const double per_thread = std::ceil(double(tasks) / threads) / (double(tasks) / threads);
+  const double compute = 2.0 * padded * n * k / rate / std::min<int64_t>(threads, tasks);
+  // B is streamed once per row chunk (16 bytes per cycle per core), and per
+  // micro-kernel call on AVX-512 (B reloaded for every mr rows, from L2).
+  const double weights = 2.0 * n * k * chunks / 16 / threads +
+                         (isa == Isa::amx ? 0 : 2.0 * n * k * (padded / mr) / 64 / threads);
+  return std::max(compute * per_thread, weights) + 2000.0 * tasks / threads;
+}
+
+std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int threads,
+                                   std::string* pruned) {
+  const codegen::GemmSpec spec = gemm_spec(o);
+  const Isa dflt_isa = codegen::gemm_isa_for_rows(path, m);
+  std::vector<Isa> isas = {dflt_isa};
+  if (path == Isa::amx) isas.push_back(dflt_isa == Isa::amx ? Isa::avx512 : Isa::amx);
+  struct Cand {
+    Knobs knobs;
+    double cost;
+    std::string effective;  // what the plan does at this M: duplicates dropped
+  };
+  std::vector<Cand> all;
+  double default_cost = 0;
+  for (Isa isa : isas) {
+    const codegen::GemmPlan base = codegen::plan_gemm(spec, isa);
+    std::set<int> mrs = {base.mr};
+    if (isa != Isa::amx && m >= 2)
+      for (int v : {4, 6, 8})
+        if (v < base.mr) mrs.insert(v);
+    for (int mr : mrs) {
+      std::set<int64_t> trs = {0};  // 0: the heuristic
+      for (int64_t t : {32, 64, 128, 512})
+        if (t < m) trs.insert(std::max<int64_t>(1, t / mr) * mr);
+      std::set<int64_t> kcs = {0};
+      if (spec.k > 1024 && m > mr)
+        for (int64_t v : {1024, 4096}) kcs.insert(v);
+      for (int64_t tr : trs)
+        for (int64_t kc : kcs) {
+          codegen::PlanOverrides ov;
+          if (mr != base.mr) ov.mr = mr;
+          if (tr) ov.task_rows = tr;
+          if (kc) ov.max_kc = kc;
+          codegen::GemmPlan p;
+          try {
+            p = codegen::plan_gemm(spec, isa, ov);
+          } catch (const Error&) {
+            continue;  // a value this plan does not take
+          }
+          const auto sched = p.schedule(m);
+          Cand c;
+          if (ov.mr) c.knobs["mr"] = mr;
+          if (ov.task_rows) c.knobs["task_rows"] = tr;
+          if (ov.max_kc) c.knobs["max_kc"] = kc;
+          if (isa != dflt_isa) c.knobs["amx"] = isa == Isa::amx;
+          c.cost = gemm_model(isa, m, spec.n, spec.k, p.mr, sched.task_rows, threads);
+          c.effective = fmt::format("{} mr{} rc{} kp{} kc{}", isa_name(isa), p.mr,
+                                    sched.row_chunks(std::min(sched.slice_rows, m)), sched.k_passes,
+                                    sched.k_passes > 1 ? p.kc : 0);
+          if (c.knobs.empty()) default_cost = c.cost;
+          all.push_back(c);
+        }
+    }
+  }
+  // The default's effective plan and duplicates of one another go.
+  std::set<std::string> seen;
+  for (const Cand& c : all)
+    if (c.knobs.empty()) seen.insert(c.effective);
+  std::vector<Cand> uniq;
+  for (const Cand& c : all)
+    if (!c.knobs.empty() && seen.insert(c.effective).second) uniq.push_back(c);
+  // Cost model: keep those within 3x of the best modeled cost (the default
+  // included), at most 6, cheapest first, and the 3 cheapest whatever their
+  // cost (the model is coarse).
+  double best = default_cost;
+  for (const Cand& c : uniq) best = std::min(best, c.cost);
+  std::sort(uniq.begin(), uniq.end(), [](const Cand& a, const Cand& b) { return a.cost < b.cost; });
+  std::vector<Knobs> out;
+  int dropped = 0;
+  for (const Cand& c : uniq) {
+    if ((c.cost > 3 * best && out.size() >= 3) || out.size() >= 6) {
+      ++dropped;
+      continue;
+    }
+    out.push_back(c.knobs);
+  }
+  *pruned = fmt::format("{} distinct plans, {} pruned by the cost model", uniq.size(), dropped);
+  return out;
+}
+
+std::vector<Knobs> decode_candidates(const WorkloadOp& o, int64_t batch, int64_t seq, int threads,
+                                     std::string* pruned) {
+  // Tasks are sequences x splits (the LLVM kernel); a split costs a merge of
+  // hq x dv partials and must keep >= 64 keys.
+  (void)o;
+  struct Cand {
+    int64_t s;
+    double cost;
+  };
+  std::vector<Cand> all;
+  for (int64_t s : {1, 2, 3, 4, 6, 8, 16}) {
+    if (s > 1 && seq / s < 64) continue;
+    const int64_t tasks = batch * s;
+    const double per_thread = std::ceil(double(tasks) / threads) / (double(tasks) / threads);
+    const double work = double(batch) * seq / std::min<int64_t>(threads, tasks) * per_thread;
+    all.push_back({s, work + 32.0 * batch * s});
+  }
+  double best = 1e300;
+  for (const Cand& c : all) best = std::min(best, c.cost);
+  std::vector<Knobs> out;
+  int dropped = 0;
+  for (const Cand& c : all) {
+    if (c.cost > 1.5 * best) {
+      ++dropped;
+      continue;
+    }
+    out.push_back({{"splits", c.s}});
+  }
+  *pruned = fmt::format("{} split counts, {} pruned by the cost model", all.size(), dropped);
+  return out;
+}
+
+std::vector<Knobs> moe_candidates(const WorkloadOp& o, int64_t t, int threads,
+                                  std::string* pruned) {
+  // Runs of column blocks per streaming task: longer runs read weights
+  // sequentially, shorter ones balance better; beyond blocks / threads a
+  // thread would idle.
+  const int64_t touched = std::min(o.e, t * o.topk);
+  const int64_t blocks = touched * ((2 * o.i + 31) / 32 / 2);
+  std::vector<Knobs> out;
+  int dropped = 0;
+  for (int64_t r : {1, 2, 4, 8, 16}) {
+    if (r > 1 && blocks / r < threads) {
+      ++dropped;
+      continue;
+    }
+    out.push_back({{"run_blocks", r}});
+  }
+  *pruned = fmt::format("5 run lengths, {} pruned (fewer tasks than threads)", dropped);
+  return out;
+}
+
+std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
+  std::vector<Point> pts;
+  for (size_t i = 0; i < w.ops.size(); ++i) {
+    const WorkloadOp& o = w.ops[i];
+    if (o.op == "gemm") {
+      std::set<std::string> buckets;
+      for (int64_t m : o.m) {
+        Point p{i, m, 0};
+        p.label = fmt::format("gemm {} N={} K={} M={}", o.name, o.n, o.k, m);
+        p.shape = jit::gemm_shape_class(path, threads, o.n, o.k, bias_of(o.bias), act_of(o.act),
+                                        o.out == "f32" ? DType::f32 : DType::bf16, m);
+        // One entry per bucket: a second M of the same bucket is warm-up only.
+        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+          p.family = "gemm";
+          p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
+        }
+        pts.push_back(p);
+      }
+    } else if (o.op == "decode_attention") {
+      std::set<std::string> buckets;
+      for (int64_t b : o.m)
+        for (int64_t s : o.seq_len) {
+          Point p{i, b, s};
+          p.label = fmt::format("decode_attention {} B={} ctx={} Hq={} Hkv={} D={}", o.name, b, s,
+                                o.hq, o.hkv, o.d);
+          p.shape = jit::decode_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
+                                            DType::bf16, b, s);
+          if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+            p.family = "decode_attention";
+            p.candidates = decode_candidates(o, b, s, threads, &p.pruned);
+          }
+          pts.push_back(p);
+        }
+    } else if (o.op == "moe") {
+      std::set<std::string> buckets;
+      for (int64_t t : o.m) {
+        Point p{i, t, 0};
+        p.label = fmt::format("moe {} E={} k={} H={} I={} T={}", o.name, o.e, o.topk, o.h, o.i, t);
+        p.shape = jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t);
+        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+          p.family = "moe";
+          p.candidates = moe_candidates(o, t, threads, &p.pruned);
+        }
+        pts.push_back(p);
+      }
+    } else {  // prefill_attention: warm-up only
+      for (int64_t s : o.seq_len) {
+        Point p{i, 1, s};
+        p.label =
+            fmt::format("prefill_attention {} T={} Hq={} Hkv={} D={}", o.name, s, o.hq, o.hkv, o.d);
+        pts.push_back(p);
+      }
+    }
+  }
+  return pts;
+}
+
+// ---- the operator calls ----------------------------------------------------------
+
+// The weights of one op, shared by its points (packed once, as at model load).
+struct OpWeights {
+  PackedWeight w;
+  PackedExperts w13, w2;
+};
+
+// Buffers of one call, kept alive by the returned closure.
+struct CallBuffers {
+  std::vector<uint16_t> a, b, c, d;
+  std::vector<float> f;
+  std::vector<int32_t> i, j;
+};
+
+std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& ow) {
+  auto buf = std::make_shared<CallBuffers>();
+  const uint64_t seed = 1000 + p.op * 97 + uint64_t(p.count) * 13 + uint64_t(p.seq);
+  if (o.op == "gemm") {
+    if (ow.w.empty()) {
+      const auto w = random_bf16(size_t(o.n * o.k), seed, 1.0f / 16);
+      ow.w = pack_weight(TensorView(w.data(), DType::bf16, {o.n, o.k}));
+    }
+    const int64_t m = p.count;
+    buf->a = random_bf16(size_t(m * o.k), seed + 1, 1.0f);
+    const DType out = o.out == "f32" ? DType::f32 : DType::bf16;
+    buf->c.resize(size_t(m * o.n) * (out == DType::f32 ? 2 : 1));
+    GemmOptions opt;
+    opt.act = act_of(o.act);
+    if (o.bias == "f32") {
+      buf->f.assign(size_t(o.n), 0.5f);
+      opt.bias = TensorView(buf->f.data(), DType::f32, {o.n});
+    } else if (o.bias == "bf16") {
+      buf->b = random_bf16(size_t(o.n), seed + 2, 1.0f);
+      opt.bias = TensorView(buf->b.data(), DType::bf16, {o.n});
+    }
+    const TensorView x(buf->a.data(), DType::bf16, {m, o.k});
+    const TensorView y(buf->c.data(), out, {m, o.n});
+    PackedWeight* w = &ow.w;
+    return [buf, x, y, w, opt] { gemm(x, *w, y, opt); };
+  }
+  if (o.op == "decode_attention") {
+    const int64_t b = p.count, len = p.seq, bs = o.block_size;
+    const int64_t per_seq = (len + bs - 1) / bs, nb = b * per_seq;
+    buf->a = random_bf16(size_t(nb * bs * o.hkv * o.d), seed, 1.0f);
+    buf->b = random_bf16(size_t(nb * bs * o.hkv * o.dv), seed + 1, 1.0f);
+    buf->c = random_bf16(size_t(b * o.hq * o.d), seed + 2, 1.0f);
+    buf->d.resize(size_t(b * o.hq * o.dv));
+    buf->i.resize(size_t(nb));
+    std::iota(buf->i.begin(), buf->i.end(), 0);
+    buf->j.assign(size_t(b), int32_t(len));
+    const TensorView q(buf->c.data(), DType::bf16, {b, o.hq, o.d});
+    const TensorView kc(buf->a.data(), DType::bf16, {nb, bs, o.hkv, o.d});
+    const TensorView vc(buf->b.data(), DType::bf16, {nb, bs, o.hkv, o.dv});
+    const TensorView out(buf->d.data(), DType::bf16, {b, o.hq, o.dv});
+    const TensorView table(buf->i.data(), DType::i32, {b, per_seq});
+    const TensorView lens(buf->j.data(), DType::i32, {b});
+    return [buf, q, kc, vc, out, table, lens] { decode_attention(q, kc, vc, out, table, lens); };
+  }
+  if (o.op == "moe") {
+    if (ow.w13.empty()) {
+      auto w13 = random_bf16(size_t(o.e * 2 * o.i * o.h), seed, 1.0f / 16);
+      ow.w13 = pack_experts(TensorView(w13.data(), DType::bf16, {o.e, 2 * o.i, o.h}),
+                            ExpertProj::gate_up);
+      w13 = {};
+      const auto w2 = random_bf16(size_t(o.e * o.h * o.i), seed + 1, 1.0f / 16);
+      ow.w2 = pack_experts(TensorView(w2.data(), DType::bf16, {o.e, o.h, o.i}), ExpertProj::down);
+    }
+    const int64_t t = p.count;
+    buf->a = random_bf16(size_t(t * o.h), seed + 2, 1.0f);
+    buf->d.resize(size_t(t * o.h));
+    // Routing: k distinct experts per token spread over all E (a fixed
+    // pseudo-random pattern), equal weights.
+    buf->f.assign(size_t(t * o.topk), 1.0f / float(o.topk));
+    buf->i.resize(size_t(t * o.topk));
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t j = 0; j < o.topk; ++j)
+        buf->i[size_t(r * o.topk + j)] = int32_t((r * 7919 + j * (o.e / o.topk + 1)) % o.e);
+    const TensorView x(buf->a.data(), DType::bf16, {t, o.h});
+    const TensorView tw(buf->f.data(), DType::f32, {t, o.topk});
+    const TensorView ids(buf->i.data(), DType::i32, {t, o.topk});
+    const TensorView out(buf->d.data(), DType::bf16, {t, o.h});
+    const PackedExperts* w13 = &ow.w13;
+    const PackedExperts* w2 = &ow.w2;
+    return [buf, x, tw, ids, out, w13, w2] { fused_experts(x, *w13, *w2, tw, ids, out); };
+  }
+  // prefill_attention: one sequence of p.seq tokens.
+  const int64_t s = p.seq;
+  buf->a = random_bf16(size_t(s * o.hq * o.d), seed, 1.0f);
+  buf->b = random_bf16(size_t(s * o.hkv * o.d), seed + 1, 1.0f);
+  buf->c = random_bf16(size_t(s * o.hkv * o.dv), seed + 2, 1.0f);
+  buf->d.resize(size_t(s * o.hq * o.dv));
+  buf->i = {0, int32_t(s)};
+  const TensorView q(buf->a.data(), DType::bf16, {s, o.hq, o.d});
+  const TensorView k(buf->b.data(), DType::bf16, {s, o.hkv, o.d});
+  const TensorView v(buf->c.data(), DType::bf16, {s, o.hkv, o.dv});
+  const TensorView out(buf->d.data(), DType::bf16, {s, o.hq, o.dv});
+  const TensorView cu(buf->i.data(), DType::i32, {2});
+  AttentionOptions aopt;
+  aopt.causal = o.causal;
+  return [buf, q, k, v, out, cu, aopt] { flash_attn_varlen(q, k, v, out, cu, cu, aopt); };
+}
+
+std::string knobs_str(const Knobs& k) {
+  if (k.empty()) return "default";
+  std::string s;
+  for (const auto& [n, v] : k) s += fmt::format("{}{}={}", s.empty() ? "" : " ", n, v);
+  return s;
+}
+
+jit::TunedEntry make_entry(const Point& p, const Knobs& k) {
+  jit::TunedEntry e;
+  e.family = p.family;
+  e.shape = p.shape;
+  e.knobs = k;
+  e.cpu = runtime::cpu_signature();
+  e.version = jit::tuning_db_version();
+  return e;
+}
+
+// Makes the operator calls use `k` for p's shape class (none: the default).
+void select_plan(const Point& p, const Knobs& k) {
+  jit::TuningDb db;
+  if (!k.empty()) db.entries.push_back(make_entry(p, k));
+  jit::install_tuning_db(std::move(db), "");  // "": not logged (once per sample)
+}
+
+// A report row, printed at the end.
+struct Result {
+  std::string label, choice;
+  double dflt = 0, tuned = 0, noise = 0;
+  int tried = 0;
+  bool kept = false;
+};
+
+}  // namespace
+
+int run_tune(const TuneOptions& opt) {
+  set_threads_option(opt.threads);
+  if (opt.workload.empty() == opt.model_config.empty())
+    throw UsageError("give a WORKLOAD file or --model-config config.json (one of them)");
+  const double budget = parse_budget(opt.budget);
+  const auto deadline = Clock::now() + std::chrono::microseconds(int64_t(budget * 1e6));
+  Workload w;
+  if (!opt.model_config.empty()) {
+    std::ifstream in(opt.model_config, std::ios::binary);
+    if (!in) throw Error(fmt::format("{}: cannot read the model config", opt.model_config));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    w = workload_from_model_config(ss.str(), opt.model_config);
+    if (!opt.save_workload.empty()) {
+      std::ofstream out(opt.save_workload, std::ios::binary | std::ios::trunc);
+      out << workload_json(w);
+      if (!out) throw Error(fmt::format("{}: cannot write the workload", opt.save_workload));
+      fmt::print("tilejit tune: wrote the workload of {} to {}\n", opt.model_config,
+                 opt.save_workload);
+      return 0;
+    }
+  } else {
+    w = load_workload(opt.workload);
+  }
+  const CpuInfo cpu = cpu_info();
+  const Isa path = cpu.isa;
+  const int threads = num_threads();
+
+  // The database so far: an existing file is kept (other machines' entries
+  // too) and updated entry by entry.
+  jit::TuningDb db;
+  if (std::filesystem::exists(opt.out)) db = jit::TuningDb::load(opt.out);
+  std::set<std::string> done_ids;
+  for (const jit::TunedEntry& e : db.current().entries) done_ids.insert(e.id());
+
+  std::vector<Point> pts = plan_points(w, path, threads);
+  std::vector<size_t> todo;
+  int64_t resumed = 0;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if (pts[i].family.empty() || opt.no_search) continue;
+    if (opt.resume && done_ids.count(jit::TunedEntry{pts[i].family, pts[i].shape}.id())) {
+      ++resumed;
+      continue;
+    }
+    todo.push_back(i);
+  }
+  fmt::print(
+      "tilejit tune: workload {} ({} ops, {} entries to tune{}), path {}{}, {} threads, budget "
+      "{}, database {}\n",
+      w.name, w.ops.size(), todo.size(),
+      resumed ? fmt::format(", {} already in the database (--resume)", resumed) : "",
+      isa_name(path), cpu.amx_emulated ? " (AMX EMULATED: times are the emulator's)" : "", threads,
+      duration_str(budget), opt.out);
+  fmt::print("kernel cache {}\n",
+             cache_stats().disk_dir.empty() ? "off (TILEJIT_CACHE_DIR=)" : cache_stats().disk_dir);
+  std::fflush(stdout);
+
+  install_sigint_handler();
+  Progress progress(static_cast<int64_t>(todo.size()), budget);
+  std::vector<Result> results;
+  Stop stop = Stop::none;
+  std::map<size_t, OpWeights> weights;
+  const double per_entry = todo.empty() ? 0 : std::clamp(budget / double(todo.size()), 0.5, 20.0);
+  for (size_t ti = 0; ti < todo.size() && stop == Stop::none; ++ti) {
+    const Point& p = pts[todo[ti]];
+    const WorkloadOp& o = w.ops[p.op];
+    // Only this op's weights stay in memory.
+    for (auto it = weights.begin(); it != weights.end();)
+      it = it->first == p.op ? std::next(it) : weights.erase(it);
+    progress.start(static_cast<int64_t>(ti), p.label);
+    const std::function<void()> call = make_call(o, p, weights[p.op]);
+    Result res{p.label, "default"};
+    res.tried = static_cast<int>(p.candidates.size());
+    // 1. The default against every candidate, interleaved.
+    std::vector<Contender> cs;
+    cs.push_back({[&] { select_plan(p, {}); }, {}});
+    for (const Knobs& k : p.candidates) cs.push_back({[&p, &k] { select_plan(p, k); }, {}});
+    stop =
+        measure_interleaved(cs, call, 5, 15, per_entry * 0.6, deadline, [&] { progress.tick(); });
+    if (stop != Stop::none) break;
+    const Stats d = stats_of(cs[0].samples);
+    size_t best = 0;
+    for (size_t c = 1; c < cs.size(); ++c)
+      if (stats_of(cs[c].samples).median < stats_of(cs[best].samples).median) best = c;
+    Knobs chosen;
+    Stats sd = d, sc = d;
+    if (best != 0 && beats(d, stats_of(cs[best].samples))) {
+      // 2. The winner again, against the default alone: the best of several
+      // noisy medians is biased low, a fresh interleaved run is not.
+      const Knobs& k = p.candidates[best - 1];
+      std::vector<Contender> confirm = {{[&] { select_plan(p, {}); }, {}},
+                                        {[&] { select_plan(p, k); }, {}}};
+      stop = measure_interleaved(confirm, call, 5, 9, per_entry * 0.4, deadline,
+                                 [&] { progress.tick(); });
+      if (stop != Stop::none) break;
+      sd = stats_of(confirm[0].samples);
+      sc = stats_of(confirm[1].samples);
+      if (beats(sd, sc)) chosen = k;
+      res.choice =
+          chosen.empty() ? fmt::format("default ({} did not hold up)", knobs_str(k)) : knobs_str(k);
+    } else {
+      sc = best ? stats_of(cs[best].samples) : d;
+      res.choice =
+          best ? fmt::format("default (best {} within noise)", knobs_str(p.candidates[best - 1]))
+               : "default";
+    }
+    select_plan(p, {});
+    jit::TunedEntry e = make_entry(p, chosen);
+    e.default_us = sd.median * 1e6;
+    e.tuned_us = (chosen.empty() ? sd.median : sc.median) * 1e6;
+    e.noise_us = noise_of(sd, sc) * 1e6;
+    e.candidates = static_cast<int64_t>(p.candidates.size());
+    db.put(e);
+    db.save(opt.out);  // after every entry: a kill leaves every finished one
+    res.dflt = sd.median;
+    res.tuned = chosen.empty() ? sd.median : sc.median;
+    res.noise = noise_of(sd, sc);
+    res.kept = !chosen.empty();
+    progress.done(fmt::format(
+        "{}: default {} ± {}, {} -> {} ({}; {} candidates: {})", p.label, us_str(sd.median),
+        us_str(sd.mad), res.kept ? "kept" : "not kept", res.choice,
+        res.kept ? fmt::format("tuned/default {:.3f}", res.tuned / res.dflt) : "defaults stay",
+        res.tried, p.pruned));
+    results.push_back(res);
+  }
+  progress.clear();
+  db.save(opt.out);
+  if (stop == Stop::interrupted) {
+    fmt::print(
+        "tilejit tune: interrupted: the entry in progress was abandoned; {} entries written to "
+        "{} (valid); `--resume` continues\n",
+        results.size(), opt.out);
+    return 130;
+  }
+  if (stop == Stop::budget)
+    fmt::print(
+        "tilejit tune: budget of {} reached: {} of {} entries tuned (the others keep the default "
+        "plans); `--resume` continues\n",
+        duration_str(budget), results.size(), todo.size());
+
+  // The report.
+  if (!results.empty()) {
+    fmt::print("\n{:<64} {:>11} {:>11} {:>8} {}\n", "entry", "default", "tuned", "ratio", "choice");
+    for (const Result& r : results)
+      fmt::print("{:<64} {:>11} {:>11} {:>8.3f} {}\n", r.label, us_str(r.dflt), us_str(r.tuned),
+                 r.tuned / r.dflt, r.choice);
+  }
+
+  // Warm-up: every operator of the workload once, with the chosen plans, so
+  // that each kernel it needs is in the on-disk cache.
+  jit::install_tuning_db(db, opt.out);
+  const CacheStats before = cache_stats();
+  weights.clear();
+  int64_t calls = 0;
+  for (const Point& p : pts) {
+    for (auto it = weights.begin(); it != weights.end();)
+      it = it->first == p.op ? std::next(it) : weights.erase(it);
+    make_call(w.ops[p.op], p, weights[p.op])();
+    ++calls;
+  }
+  const CacheStats after = cache_stats();
+  fmt::print(
+      "\nwarm-up: {} operator calls: {} kernels compiled, {} loaded from the disk cache ({}); "
+      "{} tuned plans applied\n",
+      calls, after.compiles - before.compiles, after.disk_loads - before.disk_loads,
+      after.disk_dir.empty() ? "off" : after.disk_dir, after.tuned_plans - before.tuned_plans);
+  return 0;
+}
+
+}  // namespace tilejit::tools
