@@ -1,5 +1,139 @@
+// flash_attn_varlen, decode_attention, extend_attention, store_kv.
+#include <pybind11/pybind11.h>
+
 #include "bind.h"
 
+namespace py = pybind11;
+
 namespace tilejit::python {
-void bind_attention(pybind11::module_&) {}
+namespace {
+
+// The keyword arguments every attention call shares, with the tensors they
+// borrow.
+struct AttentionArgs {
+  std::optional<DlpackTensor> sinks, alibi, k_head_scales, v_head_scales;
+  AttentionOptions opt;
+};
+
+void scale_args(AttentionArgs& a, float k_scale, float v_scale, const py::handle& k_head_scales,
+                const py::handle& v_head_scales, StorageAs as) {
+  a.opt.kv_scales.k_scale = k_scale;
+  a.opt.kv_scales.v_scale = v_scale;
+  a.k_head_scales = optional_tensor(k_head_scales, "k_head_scales", as);
+  a.v_head_scales = optional_tensor(v_head_scales, "v_head_scales", as);
+  a.opt.kv_scales.k_head_scales = view_of(a.k_head_scales);
+  a.opt.kv_scales.v_head_scales = view_of(a.v_head_scales);
+}
+
+void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale, int window_left,
+                    int window_right, float softcap, const py::handle& sinks,
+                    const py::handle& alibi_slopes, StorageAs as) {
+  a.opt.causal = causal;
+  if (!sm_scale.is_none()) {
+    try {
+      a.opt.sm_scale = sm_scale.cast<float>();
+    } catch (const py::cast_error&) {
+      throw Error("sm_scale: expected None or a float, got " +
+                  py::repr(sm_scale).cast<std::string>());
+    }
+  }
+  a.opt.window_left = window_left;
+  a.opt.window_right = window_right;
+  a.opt.softcap = softcap;
+  a.sinks = optional_tensor(sinks, "sinks", as);
+  a.alibi = optional_tensor(alibi_slopes, "alibi_slopes", as);
+  a.opt.sinks = view_of(a.sinks);
+  a.opt.alibi_slopes = view_of(a.alibi);
+}
+
+// A KV cache argument: uint8 storage holds e4m3 codes.
+StorageAs cache_storage(StorageAs as) {
+  as.u8_is_f8e4m3 = true;
+  return as;
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def("flash_attn_varlen", [](const py::handle& q, const py::handle& k, const py::handle& v,
+                                const py::handle& cu_seqlens_q, const py::handle& cu_seqlens_k,
+                                const py::handle& out, bool causal, const py::handle& sm_scale,
+                                int window_left, int window_right, float softcap,
+                                const py::handle& sinks, const py::handle& alibi_slopes,
+                                const py::handle& dtype) {
+    const StorageAs as{parse_dtype_override(dtype)};
+    AttentionArgs a;
+    attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
+                   as);
+    DlpackTensor tq(q, "q", as), tk(k, "k", as), tv(v, "v", as), to(out, "out", as),
+        tcq(cu_seqlens_q, "cu_seqlens_q", as), tck(cu_seqlens_k, "cu_seqlens_k", as);
+    py::gil_scoped_release release;
+    flash_attn_varlen(tq.view(), tk.view(), tv.view(), to.view(), tcq.view(), tck.view(), a.opt);
+  });
+
+  m.def("decode_attention",
+        [](const py::handle& q, const py::handle& k_cache, const py::handle& v_cache,
+           const py::handle& block_table, const py::handle& seq_lens, const py::handle& out,
+           bool causal, const py::handle& sm_scale, int window_left, int window_right,
+           float softcap, const py::handle& sinks, const py::handle& alibi_slopes, float k_scale,
+           float v_scale, const py::handle& k_head_scales, const py::handle& v_head_scales,
+           const py::handle& dtype) {
+          const StorageAs as{parse_dtype_override(dtype)};
+          AttentionArgs a;
+          attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks,
+                         alibi_slopes, as);
+          scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+          DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
+              tvc(v_cache, "v_cache", cache_storage(as)), tbt(block_table, "block_table", as),
+              tsl(seq_lens, "seq_lens", as), to(out, "out", as);
+          py::gil_scoped_release release;
+          decode_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tbt.view(), tsl.view(),
+                           a.opt);
+        });
+
+  m.def(
+      "extend_attention",
+      [](const py::handle& q, const py::handle& k_cache, const py::handle& v_cache,
+         const py::handle& qo_indptr, const py::handle& block_table, const py::handle& prefix_lens,
+         const py::handle& out, bool causal, const py::handle& sm_scale, int window_left,
+         int window_right, float softcap, const py::handle& sinks, const py::handle& alibi_slopes,
+         float k_scale, float v_scale, const py::handle& k_head_scales,
+         const py::handle& v_head_scales, const py::handle& k_new, const py::handle& v_new,
+         const py::handle& tree_mask, bool deterministic, const py::handle& dtype) {
+        const StorageAs as{parse_dtype_override(dtype)};
+        AttentionArgs a;
+        attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
+                       as);
+        scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+        DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
+            tvc(v_cache, "v_cache", cache_storage(as)), tqo(qo_indptr, "qo_indptr", as),
+            tbt(block_table, "block_table", as), tpl(prefix_lens, "prefix_lens", as),
+            to(out, "out", as);
+        std::optional<DlpackTensor> tkn = optional_tensor(k_new, "k_new", as),
+                                    tvn = optional_tensor(v_new, "v_new", as),
+                                    ttm = optional_tensor(tree_mask, "tree_mask", as);
+        ExtendOptions ext;
+        ext.k_new = view_of(tkn);
+        ext.v_new = view_of(tvn);
+        ext.tree_mask = view_of(ttm);
+        ext.deterministic = deterministic;
+        py::gil_scoped_release release;
+        extend_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tqo.view(), tbt.view(),
+                         tpl.view(), a.opt, ext);
+      });
+
+  m.def("store_kv", [](const py::handle& k, const py::handle& v, const py::handle& k_cache,
+                       const py::handle& v_cache, const py::handle& slot_mapping, float k_scale,
+                       float v_scale, const py::handle& k_head_scales,
+                       const py::handle& v_head_scales, const py::handle& dtype) {
+    const StorageAs as{parse_dtype_override(dtype)};
+    AttentionArgs a;
+    scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+    DlpackTensor tk(k, "k", as), tv(v, "v", as), tkc(k_cache, "k_cache", cache_storage(as)),
+        tvc(v_cache, "v_cache", cache_storage(as)), tsm(slot_mapping, "slot_mapping", as);
+    py::gil_scoped_release release;
+    store_kv(tk.view(), tv.view(), tkc.view(), tvc.view(), tsm.view(), a.opt.kv_scales);
+  });
+}
+
 }  // namespace tilejit::python

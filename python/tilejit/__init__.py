@@ -203,3 +203,218 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
         out, dtype = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype, dtype)
     _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, dtype)
     return out
+
+
+# ---- Attention ----------------------------------------------------------------
+# Shared keywords: causal, sm_scale (None: 1/sqrt(D)), window_left /
+# window_right (-1: unbounded), softcap (0: off), sinks and alibi_slopes
+# ([Hq] f32). fp8 caches (uint8 e4m3 codes): k_scale / v_scale per tensor or
+# k_head_scales / v_head_scales [Hkv] f32. See docs/attention.md.
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=False, sm_scale=None,
+                      window_left=-1, window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None,
+                      dtype=None):
+    """Prefill over sequences packed along T: q [Tq, Hq, D], k [Tk, Hkv, D],
+    v [Tk, Hkv, Dv] bf16, cu_seqlens_* int32 [B+1]; out [Tq, Hq, Dv] bf16."""
+    if out is None:
+        t, h, _ = _shape(q, "q", 3, dtype)
+        out, dtype = _new(q, (t, h, _shape(v, "v", 3, dtype)[2]), "bf16", dtype)
+    _core.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, causal, sm_scale,
+                            window_left, window_right, softcap, sinks, alibi_slopes, dtype)
+    return out
+
+
+def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causal=False,
+                     sm_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
+                     alibi_slopes=None, k_scale=1.0, v_scale=1.0, k_head_scales=None,
+                     v_head_scales=None, dtype=None):
+    """One new token per sequence over a paged cache: q [B, Hq, D]; caches
+    [num_blocks, block_size, Hkv, D / Dv]; block_table int32 [B, max_blocks];
+    seq_lens int32 [B]; out [B, Hq, Dv] bf16."""
+    if out is None:
+        b, h, _ = _shape(q, "q", 3, dtype)
+        out, dtype = _new(q, (b, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16", dtype)
+    _core.decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, causal, sm_scale,
+                           window_left, window_right, softcap, sinks, alibi_slopes, k_scale,
+                           v_scale, k_head_scales, v_head_scales, dtype)
+    return out
+
+
+def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out=None,
+                     causal=False, sm_scale=None, window_left=-1, window_right=-1, softcap=0.0,
+                     sinks=None, alibi_slopes=None, k_scale=1.0, v_scale=1.0, k_head_scales=None,
+                     v_head_scales=None, k_new=None, v_new=None, tree_mask=None,
+                     deterministic=False, dtype=None):
+    """sglang's extend: new tokens q [T, Hq, D] (qo_indptr int32 [B+1]) over
+    their prefix in the paged cache (prefix_lens int32 [B]) and causally over
+    each other (k_new / v_new [T, Hkv, D / Dv], or the cache when both are
+    None; tree_mask uint8 replaces the causal rule); out [T, Hq, Dv] bf16.
+    Causal among the new tokens is implied: causal has no effect here."""
+    if out is None:
+        t, h, _ = _shape(q, "q", 3, dtype)
+        out, dtype = _new(q, (t, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16", dtype)
+    _core.extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out, causal,
+                           sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
+                           k_scale, v_scale, k_head_scales, v_head_scales, k_new, v_new,
+                           tree_mask, deterministic, dtype)
+    return out
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0, k_head_scales=None,
+             v_head_scales=None, dtype=None):
+    """Writes k [T, Hkv, D], v [T, Hkv, Dv] into the paged caches at
+    slot_mapping (int32 / int64 [T], block * block_size + offset; < 0 skips)."""
+    _core.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, k_head_scales,
+                   v_head_scales, dtype)
+
+
+# ---- RoPE ---------------------------------------------------------------------
+
+def rope(q, k, positions, cos_sin_cache, style="neox", rotary_dim=0, ndim=1, mrope_section=None,
+         dtype=None):
+    """In place on q [T, Hq, D] and k [T, Hk, D] (k may be None); returns
+    (q, k). cos_sin_cache [max_position, W]: cos then sin per row; positions
+    int32 / int64 [T] or [streams, T]. See docs/rope.md."""
+    _core.rope(q, k, positions, cos_sin_cache, style, rotary_dim, ndim, mrope_section, dtype)
+    return q, k
+
+
+# ---- Mixture of experts ---------------------------------------------------------
+
+def pack_experts(w, proj="gate_up", glu_rows="halves", dtype=None):
+    """bf16 experts: w [E, 2I, H] (gate_up: the I gate rows then the I up
+    rows, or interleaved) or [E, H, I] (down). A PackedExperts passes
+    through (proj must match)."""
+    if isinstance(w, PackedExperts):
+        return _core.pack_experts(w, proj, glu_rows, dtype)
+    return _tag(_core.pack_experts(w, proj, glu_rows, dtype), w, ("bf16", _describe(w, dtype)))
+
+
+def _first(w, key):
+    try:
+        e = w[0]
+        return e[key]
+    except (IndexError, KeyError, TypeError):
+        return None
+
+
+def pack_experts_int8(w, proj="gate_up", glu_rows="halves"):
+    """w: one (weight int8, scales f32) pair per expert."""
+    src = [(_describe(a), _describe(b)) for a, b in w]
+    return _tag(_core.pack_experts_int8(w, proj, glu_rows), _first(w, 0), ("int8", src))
+
+
+def pack_experts_fp8(w, block_n=0, block_k=0, proj="gate_up", glu_rows="halves"):
+    """w: one (weight uint8 e4m3 codes, scales f32) pair per expert."""
+    src = [(_describe(a), _describe(b)) for a, b in w]
+    packed = _core.pack_experts_fp8(w, block_n, block_k, proj, glu_rows)
+    return _tag(packed, _first(w, 0), ("fp8", {"list": src, "block_n": block_n,
+                                                "block_k": block_k}))
+
+
+_INT4_KEYS = ("qweight", "scales", "qzeros", "g_idx")
+
+
+def pack_experts_int4(w, format="gptq", group_size=128, gptq_v2=False, proj="gate_up",
+                      glu_rows="halves", dtype=None):
+    """w: one dict per expert with qweight, scales and optional qzeros,
+    g_idx, n, k (pack_int4's arguments)."""
+    src = [{key: _describe(d[key], dtype) for key in _INT4_KEYS if d.get(key) is not None}
+           for d in w]
+    packed = _core.pack_experts_int4(w, format, group_size, gptq_v2, proj, glu_rows, dtype)
+    extra = [{key: d[key] for key in ("n", "k") if key in d} for d in w]
+    return _tag(packed, _first(w, "qweight"),
+                ("int4", {"list": src, "extra": extra, "format": format,
+                          "group_size": group_size, "gptq_v2": gptq_v2}))
+
+
+def pack_experts_mxfp4(w, k=0, proj="gate_up", glu_rows="halves"):
+    """w: one (blocks uint8, scales uint8) pair per expert (GPT-OSS: gate_up
+    with glu_rows="interleaved")."""
+    src = [(_describe(a), _describe(b)) for a, b in w]
+    return _tag(_core.pack_experts_mxfp4(w, k, proj, glu_rows), _first(w, 0),
+                ("mxfp4", {"list": src, "k": k}))
+
+
+def _experts_unpack(self, out=None):
+    """bf16: the [E, 2I, H] / [E, H, I] tensor back. Quantized: the list of
+    per-expert checkpoint tensors (pairs, or dicts for int4), bit for bit."""
+    fmt, src = getattr(self, "_src", (self.format, None))
+    kind = getattr(self, "_kind", None)
+    if src is None:
+        raise Error("unpack: these PackedExperts were not made by a tilejit pack_experts* call, "
+                    "so the shapes of their tensors are unknown")
+    if fmt == "bf16":
+        if out is None:
+            out = _empty(kind, src[0], "bf16", None)[0]
+        self._unpack(out)
+        return out
+    if fmt == "int4":
+        if out is None:
+            out = [dict({key: _alloc_src(kind, d) for key, d in e.items()}, **x)
+                   for e, x in zip(src["list"], src["extra"])]
+        self._unpack_int4(out, src["format"], src["group_size"], src["gptq_v2"], "bf16")
+        return out
+    pairs = src if fmt == "int8" else src["list"]
+    if out is None:
+        out = [(_alloc_src(kind, a), _alloc_src(kind, b)) for a, b in pairs]
+    if fmt == "int8":
+        self._unpack_int8(out)
+    elif fmt == "fp8":
+        self._unpack_fp8(out, src["block_n"], src["block_k"])
+    else:
+        self._unpack_mxfp4(out, src["k"])
+    return out
+
+
+def _experts_dequantize(self, out=None, out_dtype="f32"):
+    """The logical weights [E, 2I, H] (gate_up) or [E, H, I] (down), f32 or bf16."""
+    if out is None:
+        rows = 2 * self.n if self.proj == "gate_up" else self.n
+        out = _empty(getattr(self, "_kind", None), (self.num_experts, rows, self.k), out_dtype,
+                     None)[0]
+    self._dequantize(out, "bf16")
+    return out
+
+
+PackedExperts.unpack = _experts_unpack
+PackedExperts.dequantize = _experts_dequantize
+PackedExperts.__copy__ = lambda self: self
+PackedExperts.__deepcopy__ = lambda self, memo: self
+
+
+def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
+                  clamped_swiglu=False, swiglu_alpha=1.702, swiglu_limit=7.0, b13=None, b2=None,
+                  routed_scaling_factor=1.0, shared_w13=None, shared_w2=None,
+                  act_quant="dynamic_sym", out_dtype="bf16", dtype=None):
+    """out[T, H] = rsf * sum_j topk_weights[t, j] * expert_j(hidden[t]) +
+    shared(hidden[t]); hidden bf16 [T, H], topk_weights f32 [T, k],
+    topk_ids int32 [T, k]. See docs/moe.md."""
+    if out is None:
+        out, dtype = _new(hidden, _shape(hidden, "hidden", 2, dtype), out_dtype, dtype)
+    _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
+                        swiglu_alpha, swiglu_limit, b13, b2, routed_scaling_factor, shared_w13,
+                        shared_w2, act_quant, dtype)
+    return out
+
+
+def topk_softmax(logits, topk_weights, topk_ids, renormalize=True, dtype=None):
+    """softmax over the E experts of logits [T, E], then the k best
+    (k = topk_weights.shape[1]) into topk_weights f32 / topk_ids int32 [T, k]."""
+    _core.topk_softmax(logits, topk_weights, topk_ids, renormalize, dtype)
+    return topk_weights, topk_ids
+
+
+def topk_sigmoid(logits, topk_weights, topk_ids, renormalize=True, dtype=None):
+    """sigmoid per expert, then the k best (as topk_softmax)."""
+    _core.topk_sigmoid(logits, topk_weights, topk_ids, renormalize, dtype)
+    return topk_weights, topk_ids
+
+
+def grouped_topk(logits, topk_weights, topk_ids, score="sigmoid", num_expert_group=1,
+                 topk_group=1, renormalize=True, routed_scaling_factor=1.0, correction_bias=None,
+                 dtype=None):
+    """DeepSeek's grouped top-k (correction_bias [E] f32: DeepSeek-V3)."""
+    _core.grouped_topk(logits, topk_weights, topk_ids, score, num_expert_group, topk_group,
+                       renormalize, routed_scaling_factor, correction_bias, dtype)
+    return topk_weights, topk_ids

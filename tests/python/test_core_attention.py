@@ -1,0 +1,214 @@
+"""Attention and store_kv from torch and numpy against a float64 reference.
+
+Bound (docs/attention.md "Accuracy"): |out - ref| <= 2^-7 max|v| + 2^-8 |ref|
+(P rounded to bf16 moves the output by <= 2^-9 max|v|, the bf16 output adds
+2^-9 |ref|); an fp8 cache is compared on its dequantized values.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import tilejit
+from conftest import bf16, bf16_to_u16, to_f64, u16_to_f64
+
+
+def ref_attn(q, k, v, causal=False, scale=None, wl=-1, wr=-1, softcap=0.0, sinks=None,
+             alibi=None):
+    """One sequence: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, Dv] float64;
+    query i sits at position m - n + i (bottom-right alignment)."""
+    n, hq, d = q.shape
+    m, hkv, _ = k.shape
+    g = hq // hkv
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    out = np.zeros((n, hq, v.shape[2]))
+    ipos = m - n + np.arange(n)[:, None]
+    j = np.arange(m)[None, :]
+    for h in range(hq):
+        s = q[:, h] @ k[:, h // g].T * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        if alibi is not None:
+            s = s + alibi[h] * (j - ipos)
+        vis = np.ones(s.shape, bool)
+        if causal:
+            vis &= j <= ipos
+        if wl >= 0:
+            vis &= j >= ipos - wl
+        if wr >= 0:
+            vis &= j <= ipos + wr
+        s = np.where(vis, s, -np.inf)
+        mx = s.max(axis=1, keepdims=True)
+        if sinks is not None:
+            mx = np.maximum(mx, sinks[h])
+        mx = np.where(np.isfinite(mx), mx, 0)
+        e = np.exp(s - mx)
+        den = e.sum(axis=1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(sinks[h] - mx)
+        p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+        out[:, h] = p @ v[:, h // g]
+    return out
+
+
+def check(out, ref, vmax):
+    err = np.abs(to_f64(out) - ref)
+    tol = 2.0**-7 * vmax + 2.0**-8 * np.abs(ref)
+    assert (err <= tol).all(), f"max err {err.max()}"
+
+
+@pytest.mark.parametrize("opts", [
+    {},
+    {"causal": True},
+    {"causal": True, "window_left": 2, "softcap": 5.0},
+    {"sm_scale": 0.3, "sinks": True, "alibi": True},
+])
+def test_flash_attn_varlen_torch(opts):
+    lq, lk = [5, 3], [5, 7]
+    hq, hkv, d, dv = 4, 2, 64, 32
+    q, k, v = bf16((8, hq, d), 1), bf16((12, hkv, d), 2), bf16((12, hkv, dv), 3)
+    cu_q = torch.tensor([0, 5, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0]) if opts.get("sinks") else None
+    alibi = torch.tensor([0.1, 0.2, 0.05, 0.0]) if opts.get("alibi") else None
+    kw = {key: val for key, val in opts.items() if key not in ("sinks", "alibi")}
+    out = tilejit.flash_attn_varlen(q, k, v, cu_q, cu_k, sinks=sinks, alibi_slopes=alibi, **kw)
+    assert isinstance(out, torch.Tensor) and out.shape == (8, hq, dv)
+    assert out.dtype == torch.bfloat16
+    rk = {"causal": kw.get("causal", False), "scale": kw.get("sm_scale"),
+          "wl": kw.get("window_left", -1), "softcap": kw.get("softcap", 0.0),
+          "sinks": None if sinks is None else to_f64(sinks),
+          "alibi": None if alibi is None else to_f64(alibi)}
+    for b in range(2):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ref = ref_attn(to_f64(q[qs]), to_f64(k[ks]), to_f64(v[ks]), **rk)
+        check(out[qs], ref, np.abs(to_f64(v[ks])).max())
+
+
+def test_flash_attn_varlen_numpy_fused_qkv_strided():
+    # q, k, v: head slices of one fused [T, 3, H, D] buffer (non-contiguous).
+    t, h, d = 6, 2, 32
+    qkv = bf16_to_u16(bf16((t, 3, h, d), 4))
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    assert not q.flags.c_contiguous
+    cu = np.array([0, t], np.int32)
+    out = tilejit.flash_attn_varlen(q, k, v, cu, cu, causal=True, dtype="bf16")
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint16 and out.shape == (t, h, d)
+    vf = u16_to_f64(v)
+    ref = ref_attn(u16_to_f64(q), u16_to_f64(k), vf, causal=True)
+    check(u16_to_f64(out), ref, np.abs(vf).max())
+
+
+def paged(keys, block_size, num_blocks, seed, capacity=None):
+    """A paged cache holding each sequence's rows [L, Hkv, D] in a random
+    permutation of blocks, room for capacity[b] rows (default L); returns
+    cache, block_table int32."""
+    rng = np.random.default_rng(seed)
+    hkv, d = keys[0].shape[1:]
+    cache = bf16((num_blocks, block_size, hkv, d), seed + 100)
+    perm = rng.permutation(num_blocks)
+    capacity = capacity or [len(x) for x in keys]
+    blocks = [-(-c // block_size) for c in capacity]
+    table = np.zeros((len(keys), max(blocks)), np.int32)
+    used = 0
+    for b, x in enumerate(keys):
+        table[b, :blocks[b]] = perm[used:used + blocks[b]]
+        used += blocks[b]
+        for p in range(len(x)):
+            cache[table[b, p // block_size], p % block_size] = x[p]
+    assert used <= num_blocks
+    return cache, torch.from_numpy(table)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_decode_attention_paged(block_size):
+    lens = [5, 9, 1]
+    hq, hkv, d = 8, 2, 64
+    ks = [bf16((n, hkv, d), 10 + i) for i, n in enumerate(lens)]
+    vs = [bf16((n, hkv, d), 20 + i) for i, n in enumerate(lens)]
+    nblk = sum(-(-n // block_size) for n in lens) + 2
+    k_cache, table = paged(ks, block_size, nblk, 30)
+    v_cache, _ = paged(vs, block_size, nblk, 30)  # same permutation: the same table
+    q = bf16((3, hq, d), 40)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out = tilejit.decode_attention(q, k_cache, v_cache, table, seq_lens, softcap=20.0)
+    assert out.shape == (3, hq, d)
+    for b in range(3):
+        ref = ref_attn(to_f64(q[b:b + 1]), to_f64(ks[b]), to_f64(vs[b]), softcap=20.0)
+        check(out[b:b + 1], ref, np.abs(to_f64(vs[b])).max())
+
+
+def e4m3_to_f64(codes):
+    c = np.asarray(codes).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 3) & 15, c & 7
+    mag = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * 2.0**(e - 7))
+    return sign * mag
+
+
+def test_decode_attention_fp8_cache_uint8_codes():
+    rng = np.random.default_rng(50)
+    nb, bs, hkv, d = 4, 8, 2, 32
+    k_codes = rng.integers(0, 256, (nb, bs, hkv, d), dtype=np.uint8)
+    v_codes = rng.integers(0, 256, (nb, bs, hkv, d), dtype=np.uint8)
+    for c in (k_codes, v_codes):
+        c[(c & 0x7F) == 0x7F] = 0x30  # no NaN codes
+        c[((c >> 3) & 15) > 9] &= 0xCF  # magnitudes <= 2^3: softmax not saturated
+    q = bf16_to_u16(bf16((1, 4, d), 51))
+    table = np.array([[2, 0, 3]], np.int32)
+    seq_len = 20
+    out = tilejit.decode_attention(q, k_codes, v_codes, table, np.array([seq_len], np.int32),
+                                   k_scale=0.25, v_scale=2.0, dtype="bf16")
+    rows = [(table[0, p // bs], p % bs) for p in range(seq_len)]
+    kf = np.stack([e4m3_to_f64(k_codes[b, o]) for b, o in rows]) * 0.25
+    vf = np.stack([e4m3_to_f64(v_codes[b, o]) for b, o in rows]) * 2.0
+    ref = ref_attn(u16_to_f64(q), kf, vf)
+    check(u16_to_f64(out), ref, np.abs(vf).max())
+
+
+def test_store_kv_then_extend_both_modes():
+    prefix, new = [3, 5], [2, 3]
+    hq, hkv, d, bs = 4, 2, 32, 4
+    total = [p + n for p, n in zip(prefix, new)]
+    ks = [bf16((t, hkv, d), 60 + i) for i, t in enumerate(total)]
+    vs = [bf16((t, hkv, d), 70 + i) for i, t in enumerate(total)]
+    nblk = sum(-(-t // bs) for t in total) + 1
+    # The caches hold the prefixes only; the new rows arrive through store_kv.
+    k_cache, table = paged([x[:p] for x, p in zip(ks, prefix)], bs, nblk, 80, total)
+    v_cache, _ = paged([x[:p] for x, p in zip(vs, prefix)], bs, nblk, 80, total)
+    k_new = torch.cat([x[p:] for x, p in zip(ks, prefix)])
+    v_new = torch.cat([x[p:] for x, p in zip(vs, prefix)])
+    q = bf16((sum(new), hq, d), 90)
+    qo = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+    pl = torch.tensor(prefix, dtype=torch.int32)
+    out_new = tilejit.extend_attention(q, k_cache, v_cache, qo, table, pl, k_new=k_new,
+                                       v_new=v_new)
+    slots = []
+    for b in range(2):
+        for p in range(prefix[b], total[b]):
+            slots.append(int(table[b, p // bs]) * bs + p % bs)
+    slots = torch.tensor(slots, dtype=torch.int64)
+    before = k_cache.clone()
+    tilejit.store_kv(k_new, v_new, k_cache, v_cache, slots)
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(k_cache[s // bs, s % bs], k_new[i])
+        assert torch.equal(v_cache[s // bs, s % bs], v_new[i])
+    changed = (k_cache != before).flatten(2).any(dim=2)
+    assert changed.sum() <= len(slots)  # nothing else written
+    out_cache = tilejit.extend_attention(q, k_cache, v_cache, qo, table, pl)
+    for out in (out_new, out_cache):
+        for b in range(2):
+            qs = slice(int(qo[b]), int(qo[b + 1]))
+            ref = ref_attn(to_f64(q[qs]), to_f64(ks[b]), to_f64(vs[b]), causal=True)
+            check(out[qs], ref, np.abs(to_f64(vs[b])).max())
+
+
+def test_store_kv_negative_slot_skips():
+    k_cache = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16)
+    v_cache = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16)
+    k, v = bf16((2, 1, 8), 95), bf16((2, 1, 8), 96)
+    tilejit.store_kv(k, v, k_cache, v_cache, torch.tensor([-1, 5], dtype=torch.int32))
+    assert torch.equal(k_cache[1, 1], k[1]) and torch.equal(v_cache[1, 1], v[1])
+    assert int((k_cache != 0).sum()) == int((k[1] != 0).sum())
+    with pytest.raises(tilejit.Error, match="slot_mapping"):
+        tilejit.store_kv(k, v, k_cache, v_cache, torch.tensor([0, 8], dtype=torch.int32))
