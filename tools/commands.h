@@ -33,6 +33,9 @@ struct LlamaJobOptions {
   std::vector<std::string> moe_weights = {"bf16", "int4"};
   // "dense": only the Llama layer; "moe": only the MoE block; "": both.
   std::string only;
+  // A tuning database to load (tilejit::load_tuning_db); rows whose plan
+  // came from it say "tuned".
+  std::string tuning_db;
 };
 
 struct DumpOptions {

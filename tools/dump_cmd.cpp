@@ -15,6 +15,7 @@
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "jit/registry.h"
+#include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
@@ -336,6 +337,14 @@ int run_dump(const DumpOptions& opt) {
     plan = codegen::plan_gemm(spec, isa);
   } else {
     plan = codegen::lower_gemm(prog.lowered, isa);
+    // With a tuning database (TILEJIT_TUNING_DB) entry for this shape at the
+    // bound M, the plan tilejit::gemm runs is the entry's: shown, and named.
+    if (m && opt.isa.empty()) {
+      const codegen::GemmSpec spec = codegen::match_gemm(prog.lowered);
+      const codegen::PlanOverrides tuned = ops::tuned_gemm(isa, spec, *m);
+      if (!tuned.empty())
+        plan = codegen::plan_gemm(spec, codegen::gemm_isa_for_rows(isa, *m, tuned), tuned);
+    }
   }
   const std::optional<QuantKernel> qk = quant_kernel(f, prog, isa);
   if (all || opt.stage == "plan") {

@@ -21,6 +21,7 @@
 #include "codegen/llvm/llvm_rope.h"
 #include "jit/peak.h"
 #include "jit/registry.h"
+#include "jit/tuning_db.h"
 #include "ops/attention_descs.h"
 #include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
@@ -509,6 +510,14 @@ void gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64_t>& m
     const TensorView yv(y.data(), DType::bf16, {m, g.n});
     const GemmOptions go{.bias = std::nullopt, .act = g.act};
     Row row{.op = g.name, .m = m, .shape = fmt::format("N={} K={}", g.n, g.k), .kernel = kernel};
+    // A tuning database entry for this M: the entry's plan, marked.
+    const codegen::GemmSpec spec{g.n, g.k, codegen::BiasKind::none, g.act, DType::bf16};
+    if (const codegen::PlanOverrides tuned = ops::tuned_gemm(env.cpu.isa, spec, m); !tuned.empty())
+      row.kernel =
+          ops::gemm_executable(spec, codegen::gemm_isa_for_rows(env.cpu.isa, m, tuned), tuned)
+              .plan()
+              .name() +
+          " (tuned)";
     measure(
         row, env, [&] { gemm(xv, pw, yv, go); },
         [&](double* err) { return check_gemm_rows(x, w, y, m, g, err); });
@@ -703,6 +712,13 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed, bool fp8 = false) {
                                kHeadDim, fp8 ? " e4m3 cache" : ""),
           .kernel = kernel,
           .bytes = true};
+  if (env.cpu.isa != Isa::scalar)
+    if (const jit::TunedEntry* e =
+            jit::find_tuned("decode_attention",
+                            jit::decode_shape_class(
+                                env.cpu.isa, num_threads(), kHeadDim, kHeadDim, kHq, kHkv,
+                                kBlockSize, fp8 ? DType::f8e4m3 : DType::bf16, b, kDecodeContext)))
+      row.kernel += fmt::format(" (tuned splits={})", e->knobs.at("splits"));
   measure(
       row, env, [&] { decode_attention(qv, kv, vv, ov, tv, lv, aopt); }, check);
   row.rate = double(b * kDecodeContext * kHkv * 2 * kHeadDim * (fp8 ? 1 : 2)) / row.seconds / 1e9;
@@ -1208,6 +1224,10 @@ void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, con
                 .m = m,
                 .shape = fmt::format("E={} k={} H={} I={}", E, K, H, I),
                 .kernel = fmt::format("fused_experts ({} experts touched)", touched.size())};
+    if (env.cpu.isa != Isa::scalar)
+      if (const jit::TunedEntry* e = jit::find_tuned(
+              "moe", jit::moe_shape_class(env.cpu.isa, num_threads(), E, K, H, I, m)))
+        experts.kernel += fmt::format(" (tuned run_blocks={})", e->knobs.at("run_blocks"));
     measure(
         experts, env, [&] { fused_experts(xv, p13, p2, wv, iv, ov); },
         [&](double* err) { return check_moe_rows(x, w13, w2, tw, ids, out, m, err); });
@@ -1272,6 +1292,7 @@ void print_row(const Env& env, const Row& r) {
 int run_llama_layer_job(const LlamaJobOptions& opt) {
   set_threads_option(opt.threads);
   check_seconds_option(opt.seconds);
+  if (!opt.tuning_db.empty()) load_tuning_db(opt.tuning_db);
   Env env;
   env.cpu = cpu_info();
   env.opt = opt;
@@ -1349,8 +1370,10 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   }
   if (opt.only != "dense") moe_rows(env, all_m, 5000, emit);
   const CacheStats st = cache_stats();
-  fmt::print("\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses\n",
-             st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses);
+  fmt::print(
+      "\ncache: {} kernels, {} compiles, {:.2f} ms compiling, {} hits, {} misses, {} tuned plans "
+      "(rows marked \"tuned\")\n",
+      st.kernels, st.compiles, st.compile_seconds * 1e3, st.hits, st.misses, st.tuned_plans);
   if (!all_ok) {
     fmt::print(stderr, "tilejit llama-layer: some results differ from the scalar reference\n");
     return 1;

@@ -163,6 +163,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "int8", "fp8", "fp8_block", "int4", "awq", "mxfp4", "all"}));
   job->add_option("--only", llama.only, "run only the Llama layer (dense) or the MoE block (moe)")
       ->check(CLI::IsMember({"dense", "moe"}));
+  job->add_option("--tuning-db", llama.tuning_db,
+                  "load this tuning database (`tilejit tune`); rows that ran a tuned plan say so");
   app.add_subcommand(
       "cpuinfo", "detected ISA features, AMX permission, active path, threads, kernel cache dir");
   DumpOptions dump;

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# End-to-end test of `tilejit tune` (docs/tuning.md) on a tiny workload:
+#
+#   tests/tune_tool_test.sh <path to tilejit>
+#
+# non-TTY progress lines, a valid database, a second process that compiles
+# no kernel (the warm-up filled the disk cache), --budget stopping cleanly,
+# --resume skipping finished entries, ^C leaving a valid database, a tuned
+# entry named by `dump --stage plan` and run by `run --check`, a stale
+# entry ignored with one verbose line, bad workload fields named.
+set -u
+
+TJ=${1:?usage: tune_tool_test.sh <tilejit binary>}
+PY=/usr/bin/python3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tilejit_tune_test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+export TILEJIT_CACHE_DIR=$WORK/cache
+unset TILEJIT_TUNING_DB TILEJIT_VERBOSE
+
+failures=0
+checks=0
+OUT=$WORK/out
+ERR=$WORK/err
+
+fail() {
+  echo "FAIL: $*"
+  echo "  --- stdout (head) ---"
+  head -n 30 "$OUT" | sed 's/^/  /'
+  echo "  --- stderr ---"
+  head -n 30 "$ERR" | sed 's/^/  /'
+  failures=$((failures + 1))
+}
+check() {  # check <description> <condition command...>
+  local what=$1
+  shift
+  checks=$((checks + 1))
+  "$@" || fail "$what"
+}
+entries() {  # entries <db>: the number of entries of a valid database (error otherwise)
+  $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["tilejit_tuning_db"] == 1; print(len(d["entries"]))' "$1"
+}
+
+cat >"$WORK/tiny.json" <<'EOF'
+{"name": "tiny", "ops": [
+ {"op": "gemm", "name": "proj", "n": 256, "k": 512, "m": [1, 16, 40]},
+ {"op": "decode_attention", "name": "dec", "d": 64, "hq": 4, "hkv": 2, "batch": [1], "seq_len": [512]},
+ {"op": "prefill_attention", "name": "pre", "d": 64, "hq": 4, "hkv": 2, "seq_len": [32]},
+ {"op": "moe", "name": "exp", "e": 4, "topk": 2, "h": 128, "i": 64, "t": [1, 4]}
+]}
+EOF
+NENTRIES=6  # 3 gemm M buckets, 1 decode, 2 moe (prefill is warm-up only)
+
+# 1. A full run, stdout a file (not a TTY): plain lines, no \r bar.
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --budget 2m >"$OUT" 2>"$ERR"
+rc=$?
+check "tune exits 0 (got $rc)" test $rc -eq 0
+check "one progress line per entry" test "$(grep -c '^tune \[[0-9]/6\] ' "$OUT")" -eq $NENTRIES
+check "no carriage return off a TTY" bash -c "! grep -q $'\r' '$OUT' '$ERR'"
+check "a result line per entry" test "$(grep -c -- '-> ' "$OUT")" -eq $NENTRIES
+check "the warm-up line" grep -q '^warm-up: 7 operator calls: ' "$OUT"
+check "database valid with every entry" test "$(entries "$WORK/db.json")" = $NENTRIES
+
+# 2. A second process: every kernel of the workload from the disk cache.
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --no-search >"$OUT" 2>"$ERR"
+check "second process compiles 0 kernels, loads from disk" \
+  grep -Eq '^warm-up: 7 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
+
+# 3. --budget: a budget smaller than one entry stops cleanly with a valid
+# (empty) database; --resume then tunes everything.
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/db2.json" --budget 0.01s >"$OUT" 2>"$ERR"
+rc=$?
+check "tiny budget exits 0 (got $rc)" test $rc -eq 0
+check "budget message" grep -q 'budget of .* reached' "$OUT"
+check "database valid after the budget" test "$(entries "$WORK/db2.json")" -lt $NENTRIES
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/db2.json" --resume --budget 2m >"$OUT" 2>"$ERR"
+check "--resume completes the database" test "$(entries "$WORK/db2.json")" = $NENTRIES
+
+# 4. --resume skips what is there: drop two entries, two are tuned again.
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d["entries"]=d["entries"][:-2]; json.dump(d, open(sys.argv[2],"w"))' \
+  "$WORK/db.json" "$WORK/db3.json"
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/db3.json" --resume --budget 2m >"$OUT" 2>"$ERR"
+check "--resume names the entries it skips" grep -q '2 entries to tune, 4 already in the database (--resume)' "$OUT"
+check "--resume tunes only the missing ones" test "$(grep -c '^tune \[' "$OUT")" -eq 2
+check "database complete again" test "$(entries "$WORK/db3.json")" = $NENTRIES
+
+# 5. ^C: the measurement in progress is abandoned, the database is valid.
+cat >"$WORK/long.json" <<'EOF'
+{"name": "long", "ops": [{"op": "gemm", "n": 2048, "k": 2048, "m": {"from": 1, "to": 4096}}]}
+EOF
+"$TJ" tune "$WORK/long.json" --out "$WORK/db4.json" --budget 5m >"$OUT" 2>"$ERR" &
+pid=$!
+# Wait for the first finished entry, then interrupt.
+for _ in $(seq 100); do
+  grep -q -- '-> ' "$OUT" 2>/dev/null && break
+  sleep 0.1
+done
+kill -INT $pid
+wait $pid
+rc=$?
+check "^C exits 130 (got $rc)" test $rc -eq 130
+check "^C says how to continue" grep -q 'interrupted: .*--resume' "$OUT"
+n4=$(entries "$WORK/db4.json")
+check "database valid after ^C" test -n "$n4"
+check "^C kept the finished entries" test "${n4:-0}" -ge 1
+
+# 6. A tuned entry: dump names it, run --check passes with it, verbose logs it.
+cat >"$WORK/proj.tir" <<'EOF'
+func @proj(%x: tensor<?Mx512xbf16>, %w: tensor<256x512xbf16, packed<vnni2, n_block=64, k_pair=2>>)
+    -> (tensor<?Mx256xbf16>) {
+  %acc = gemm %x, %w : tensor<?Mx256xf32>
+  %y = cast %acc {to = bf16} : tensor<?Mx256xbf16>
+  return %y
+}
+EOF
+# The M = 40 entry (bucket 17-64) of this machine, with knobs that are valid
+# on its path (AMX: whole 32-row blocks; AVX-512 / LLVM: mr 4).
+$PY - "$WORK/db.json" "$WORK/tuned.json" "$WORK/stale.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+e = [x for x in d["entries"] if x["family"] == "gemm" and x["shape"]["m"] == "17-64"][0]
+e["knobs"] = {"task_rows": 32} if e["shape"]["path"] == "amx" else {"mr": 4, "task_rows": 8}
+json.dump({"tilejit_tuning_db": 1, "entries": [e]}, open(sys.argv[2], "w"), indent=1)
+e = dict(e, cpu="AuthenticAMD-25-17-1-elsewhere")
+json.dump({"tilejit_tuning_db": 1, "entries": [e]}, open(sys.argv[3], "w"), indent=1)
+EOF
+TILEJIT_TUNING_DB=$WORK/tuned.json "$TJ" dump "$WORK/proj.tir" --stage plan --dim M=40 >"$OUT" 2>"$ERR"
+check "dump --stage plan names the tuned entry" grep -q 'tuned        entry gemm:.*m=17-64.*n=256' "$OUT"
+TILEJIT_TUNING_DB=$WORK/tuned.json "$TJ" dump "$WORK/proj.tir" --stage plan --dim M=1 >"$OUT" 2>"$ERR"
+check "no entry at another M bucket" bash -c "! grep -q 'tuned ' '$OUT'"
+TILEJIT_TUNING_DB=$WORK/tuned.json TILEJIT_VERBOSE=1 "$TJ" run "$WORK/proj.tir" --random-inputs 3 \
+  --dim M=40 --check >"$OUT" 2>"$ERR"
+rc=$?
+check "run --check with the tuned plan passes (rc $rc)" test $rc -eq 0
+check "run --check PASS" grep -q 'PASS' "$OUT"
+check "verbose logs the tuned plan" grep -q 'tilejit: tuned plan gemm:.*m=17-64' "$ERR"
+TILEJIT_TUNING_DB=$WORK/stale.json TILEJIT_VERBOSE=1 "$TJ" run "$WORK/proj.tir" --random-inputs 3 \
+  --dim M=40 --check >"$OUT" 2>"$ERR"
+check "a stale entry: one verbose line" test "$(grep -c '1 stale' "$ERR")" -eq 1
+check "a stale entry is not applied" bash -c "! grep -q 'tuned plan' '$ERR'"
+
+# 7. Bad input: one-line errors naming the field (exit 1), bad options (exit 2).
+echo '{"ops": [{"op": "gemm", "n": 8, "k": 0, "m": [1]}]}' >"$WORK/bad.json"
+"$TJ" tune "$WORK/bad.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "bad workload exits 1 (got $rc)" test $rc -eq 1
+check "bad workload names the field" grep -q 'bad.json: ops\[0\].k: 0; allowed: an integer in \[1, ' "$ERR"
+"$TJ" tune "$WORK/tiny.json" --budget 10x >"$OUT" 2>"$ERR"
+check "bad --budget exits 2" test $? -eq 2
+printf '{"tilejit_tuning_db": 1,\n "entries": [\n  {"family": "gemm", "shape": }\n]}\n' >"$WORK/corrupt.json"
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/corrupt.json" >"$OUT" 2>"$ERR"
+check "corrupt database: exit 1" test $? -eq 1
+check "corrupt database: file and line" grep -q "corrupt.json:3: error: the tuning database is not valid JSON" "$ERR"
+
+echo "$checks checks, $failures failures"
+[ $failures -eq 0 ]
