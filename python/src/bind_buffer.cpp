@@ -51,6 +51,30 @@ DLDataType dl_dtype(DType t) {
   }
 }
 
+// The buffer protocol's format of the storage: numpy has no bf16 or fp8, so
+// their bits show as uint16 / uint8 (what numpy callers pass with dtype="bf16").
+const char* buffer_format(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "f";
+    case DType::f16:
+      return "e";
+    case DType::bf16:
+      return "H";
+    case DType::i8:
+      return "b";
+    case DType::u8:
+    case DType::f8e4m3:
+      return "B";
+    case DType::i32:
+      return "i";
+    case DType::i64:
+      return "q";
+    default:
+      throw Error(fmt::format("Buffer: dtype \"{}\" has no buffer format", dtype_name(t)));
+  }
+}
+
 // What a capsule's DLManagedTensor owns: a reference to the storage and the
 // shape and strides arrays DLTensor points to.
 struct Export {
@@ -123,8 +147,16 @@ Buffer make_buffer(const std::vector<int64_t>& shape, std::string_view dtype) {
 }  // namespace
 
 void bind_buffer(py::module_& m) {
-  py::class_<Buffer>(m, "Buffer",
-                     "A tilejit-allocated CPU tensor (zeroed, row-major) that speaks DLPack.")
+  py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
+                     "A tilejit-allocated CPU tensor (zeroed, row-major) that speaks DLPack "
+                     "and the buffer protocol (bf16 as uint16, f8e4m3 as uint8).")
+      .def_buffer([](Buffer& b) {
+        std::vector<py::ssize_t> shape(b.shape.begin(), b.shape.end()), strides;
+        const py::ssize_t item = dtype_bits(b.dtype) / 8;
+        for (int64_t s : b.strides) strides.push_back(s * item);
+        return py::buffer_info(b.data.get(), item, buffer_format(b.dtype),
+                               static_cast<py::ssize_t>(shape.size()), shape, strides);
+      })
       .def(py::init([](const std::vector<int64_t>& shape, const py::handle& dtype) {
              return make_buffer(shape, str_arg(dtype, "dtype"));
            }),

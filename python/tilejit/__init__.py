@@ -65,21 +65,30 @@ def _check_dtype_name(arg, dt):
                     + ", ".join(_TORCH_NAMES))
 
 
-def _empty(kind, shape, dt, dtype, arg="out_dtype"):
-    """A new tensor of the kind; returns it and the call's dtype override
-    ("bf16" when a numpy bf16 output is a uint16 array)."""
+def _empty(kind, shape, dt, arg="out_dtype"):
+    """A new tensor of the kind: (what the call writes into, what it returns).
+    The two differ for a numpy bf16 / f8e4m3 output only: the call writes
+    through a tilejit.Buffer (typed bf16, so the call's dtype override stays
+    the caller's and a uint16 input still needs dtype="bf16") and returns
+    the numpy uint16 / uint8 array over the same memory."""
     _check_dtype_name(arg, dt)
     if kind == "torch":
         torch = _sys.modules["torch"]
-        return torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dt])), dtype
+        t = torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dt]))
+        return t, t
     if kind == "numpy":
         np = _sys.modules["numpy"]
-        return np.empty(shape, dtype=_NUMPY_NAMES[dt]), ("bf16" if dt == "bf16" else dtype)
-    return Buffer(list(shape), dt), dtype
+        if dt in ("bf16", "f8e4m3"):
+            b = Buffer(list(shape), dt)
+            return b, np.asarray(b)
+        t = np.empty(shape, dtype=_NUMPY_NAMES[dt])
+        return t, t
+    b = Buffer(list(shape), dt)
+    return b, b
 
 
-def _new(like, shape, dt, dtype):
-    return _empty(_kind(like), shape, dt, dtype)
+def _new(like, shape, dt):
+    return _empty(_kind(like), shape, dt)
 
 
 def _shape(t, arg, ndim, dtype):
@@ -146,8 +155,18 @@ def pack_mxfp4(blocks, scales, k=0):
 
 
 def _alloc_src(kind, desc):
+    """(call, returned) tensors like a recorded (shape, dtype); (None, None) for None."""
+    if desc is None:
+        return None, None
     shape, dt = desc
-    return _empty(kind, shape, dt, None)[0]
+    return _empty(kind, shape, dt, "unpack")
+
+
+def _split(pairs):
+    """A structure of (call, returned) pairs -> (the calls, the returned)."""
+    if isinstance(pairs, dict):
+        return ({k: v[0] for k, v in pairs.items()}, {k: v[1] for k, v in pairs.items()})
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _weight_unpack(self, out=None):
@@ -160,32 +179,35 @@ def _weight_unpack(self, out=None):
         raise Error(f"unpack: this PackedWeight ({self.format}) was not made by a tilejit "
                     "pack_* call, so the shapes of its tensors are unknown")
     if fmt == "bf16":
-        if out is None:
-            out = _empty(kind, src[0], "bf16", None)[0]
-        self._unpack(out, "bf16")
-        return out
+        call, ret = _alloc_src(kind, src) if out is None else (out, out)
+        self._unpack(call, "bf16")  # uint16 can only be bf16 here
+        return ret
     if out is None:
-        out = {name: (None if d is None else _alloc_src(kind, d))
-               for name, d in src.items() if isinstance(d, tuple) or d is None}
+        call, ret = _split({name: _alloc_src(kind, d) for name, d in src.items()
+                            if isinstance(d, tuple) or d is None})
+    else:
+        call = ret = out
     if fmt == "int8":
-        self._unpack_int8(out["weight"], out["scales"])
+        self._unpack_int8(call["weight"], call["scales"])
     elif fmt == "fp8":
-        self._unpack_fp8(out["weight"], out["scales"], src["block_n"], src["block_k"])
+        self._unpack_fp8(call["weight"], call["scales"], src["block_n"], src["block_k"])
     elif fmt == "int4":
-        self._unpack_int4(out["qweight"], out["scales"], out.get("qzeros"), out.get("g_idx"),
-                          src["format"], src["group_size"], src["gptq_v2"], src["n"], src["k"],
-                          "bf16")
+        self._unpack_int4(call["qweight"], call["scales"], call.get("qzeros"),
+                          call.get("g_idx"), src["format"], src["group_size"], src["gptq_v2"],
+                          src["n"], src["k"], "bf16")
     elif fmt == "mxfp4":
-        self._unpack_mxfp4(out["blocks"], out["scales"], src["k"])
-    return out
+        self._unpack_mxfp4(call["blocks"], call["scales"], src["k"])
+    return ret
 
 
 def _weight_dequantize(self, out=None, out_dtype="f32"):
     """The logical weight [N, K] (dequantized codes, rounded once to f32 or bf16)."""
     if out is None:
-        out = _empty(getattr(self, "_kind", None), (self.n, self.k), out_dtype, None)[0]
-    self._dequantize(out, "bf16")
-    return out
+        call, ret = _empty(getattr(self, "_kind", None), (self.n, self.k), out_dtype)
+    else:
+        call = ret = out
+    self._dequantize(call, "bf16")
+    return ret
 
 
 PackedWeight.unpack = _weight_unpack
@@ -200,9 +222,11 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     """out[M, N] = act(x[M, K] @ w.T + bias); x bf16 (K stride 1), out bf16
     or f32 (out_dtype when allocated), bias [N] f32 or bf16."""
     if out is None and isinstance(w, PackedWeight):
-        out, dtype = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype, dtype)
+        out, ret = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype)
+    else:
+        ret = out
     _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, dtype)
-    return out
+    return ret
 
 
 # ---- Attention ----------------------------------------------------------------
@@ -218,10 +242,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=Fals
     v [Tk, Hkv, Dv] bf16, cu_seqlens_* int32 [B+1]; out [Tq, Hq, Dv] bf16."""
     if out is None:
         t, h, _ = _shape(q, "q", 3, dtype)
-        out, dtype = _new(q, (t, h, _shape(v, "v", 3, dtype)[2]), "bf16", dtype)
+        out, ret = _new(q, (t, h, _shape(v, "v", 3, dtype)[2]), "bf16")
+    else:
+        ret = out
     _core.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, causal, sm_scale,
                             window_left, window_right, softcap, sinks, alibi_slopes, dtype)
-    return out
+    return ret
 
 
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causal=False,
@@ -233,11 +259,13 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causa
     seq_lens int32 [B]; out [B, Hq, Dv] bf16."""
     if out is None:
         b, h, _ = _shape(q, "q", 3, dtype)
-        out, dtype = _new(q, (b, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16", dtype)
+        out, ret = _new(q, (b, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16")
+    else:
+        ret = out
     _core.decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, causal, sm_scale,
                            window_left, window_right, softcap, sinks, alibi_slopes, k_scale,
                            v_scale, k_head_scales, v_head_scales, dtype)
-    return out
+    return ret
 
 
 def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out=None,
@@ -252,12 +280,14 @@ def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, o
     Causal among the new tokens is implied: causal has no effect here."""
     if out is None:
         t, h, _ = _shape(q, "q", 3, dtype)
-        out, dtype = _new(q, (t, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16", dtype)
+        out, ret = _new(q, (t, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16")
+    else:
+        ret = out
     _core.extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out, causal,
                            sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
                            k_scale, v_scale, k_head_scales, v_head_scales, k_new, v_new,
                            tree_mask, deterministic, dtype)
-    return out
+    return ret
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0, k_head_scales=None,
@@ -345,36 +375,46 @@ def _experts_unpack(self, out=None):
         raise Error("unpack: these PackedExperts were not made by a tilejit pack_experts* call, "
                     "so the shapes of their tensors are unknown")
     if fmt == "bf16":
-        if out is None:
-            out = _empty(kind, src[0], "bf16", None)[0]
-        self._unpack(out)
-        return out
+        call, ret = _alloc_src(kind, src) if out is None else (out, out)
+        self._unpack(call)
+        return ret
     if fmt == "int4":
         if out is None:
-            out = [dict({key: _alloc_src(kind, d) for key, d in e.items()}, **x)
-                   for e, x in zip(src["list"], src["extra"])]
-        self._unpack_int4(out, src["format"], src["group_size"], src["gptq_v2"], "bf16")
-        return out
+            calls, rets = [], []
+            for e, x in zip(src["list"], src["extra"]):
+                c, r = _split({key: _alloc_src(kind, d) for key, d in e.items()})
+                calls.append(dict(c, **x))
+                rets.append(dict(r, **x))
+        else:
+            calls = rets = out
+        self._unpack_int4(calls, src["format"], src["group_size"], src["gptq_v2"], "bf16")
+        return rets
     pairs = src if fmt == "int8" else src["list"]
     if out is None:
-        out = [(_alloc_src(kind, a), _alloc_src(kind, b)) for a, b in pairs]
-    if fmt == "int8":
-        self._unpack_int8(out)
-    elif fmt == "fp8":
-        self._unpack_fp8(out, src["block_n"], src["block_k"])
+        both = [(_alloc_src(kind, a), _alloc_src(kind, b)) for a, b in pairs]
+        calls = [(a[0], b[0]) for a, b in both]
+        rets = [(a[1], b[1]) for a, b in both]
     else:
-        self._unpack_mxfp4(out, src["k"])
-    return out
+        calls = rets = out
+    if fmt == "int8":
+        self._unpack_int8(calls)
+    elif fmt == "fp8":
+        self._unpack_fp8(calls, src["block_n"], src["block_k"])
+    else:
+        self._unpack_mxfp4(calls, src["k"])
+    return rets
 
 
 def _experts_dequantize(self, out=None, out_dtype="f32"):
     """The logical weights [E, 2I, H] (gate_up) or [E, H, I] (down), f32 or bf16."""
     if out is None:
         rows = 2 * self.n if self.proj == "gate_up" else self.n
-        out = _empty(getattr(self, "_kind", None), (self.num_experts, rows, self.k), out_dtype,
-                     None)[0]
-    self._dequantize(out, "bf16")
-    return out
+        call, ret = _empty(getattr(self, "_kind", None), (self.num_experts, rows, self.k),
+                           out_dtype)
+    else:
+        call = ret = out
+    self._dequantize(call, "bf16")
+    return ret
 
 
 PackedExperts.unpack = _experts_unpack
@@ -391,11 +431,13 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
     shared(hidden[t]); hidden bf16 [T, H], topk_weights f32 [T, k],
     topk_ids int32 [T, k]. See docs/moe.md."""
     if out is None:
-        out, dtype = _new(hidden, _shape(hidden, "hidden", 2, dtype), out_dtype, dtype)
+        out, ret = _new(hidden, _shape(hidden, "hidden", 2, dtype), out_dtype)
+    else:
+        ret = out
     _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
                         swiglu_alpha, swiglu_limit, b13, b2, routed_scaling_factor, shared_w13,
                         shared_w2, act_quant, dtype)
-    return out
+    return ret
 
 
 def topk_softmax(logits, topk_weights, topk_ids, renormalize=True, dtype=None):

@@ -1,0 +1,187 @@
+"""Errors, devices, threads, pickling, the info calls and Buffer."""
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tilejit
+from conftest import bf16, bf16_to_u16
+
+
+class FakeCuda:
+    """A DLPack producer on device (kDLCUDA, 0): refused before __dlpack__."""
+
+    def __init__(self):
+        self.exported = False
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        self.exported = True
+        raise AssertionError("a non-CPU tensor must be refused before it is exported")
+
+
+@pytest.fixture(scope="module")
+def pw():
+    return tilejit.pack_weight(bf16((16, 32), 1))
+
+
+def test_error_is_an_exception_class():
+    assert issubclass(tilejit.Error, Exception)
+    assert issubclass(tilejit.InternalError, tilejit.Error)
+
+
+def test_non_dlpack_object(pw):
+    with pytest.raises(tilejit.Error, match="x: an object of type 'list' is not a DLPack tensor"):
+        tilejit.gemm([[1.0] * 32], pw, out=torch.empty(1, 16))
+    with pytest.raises(tilejit.Error, match="out: an object of type 'str'"):
+        tilejit.gemm(bf16((1, 32), 2), pw, out="y")
+
+
+def test_wrong_device(pw):
+    fake = FakeCuda()
+    with pytest.raises(tilejit.Error, match=r"x: a tensor on DLPack device \(2, 0\) \(CUDA\); "
+                                            "tilejit runs on CPU memory only"):
+        tilejit.gemm(fake, pw, out=torch.empty(1, 16))
+    assert not fake.exported
+
+
+def test_wrong_dtype_is_the_library_text(pw):
+    # The C++ check's message, unchanged.
+    with pytest.raises(tilejit.Error) as e:
+        tilejit.gemm(torch.zeros(1, 32), pw)
+    assert str(e.value) == "gemm: x.dtype=f32 is not allowed; allowed: bf16"
+    with pytest.raises(tilejit.Error, match=r'uint16 array holding bfloat16 needs dtype="bf16"'):
+        tilejit.gemm(np.zeros((1, 32), np.uint16), pw)
+    with pytest.raises(tilejit.Error, match=r"has no tilejit type"):
+        tilejit.gemm(np.zeros((1, 32), np.complex64), pw)
+    with pytest.raises(tilejit.Error, match=r"dtype: 'f16' is not allowed; allowed: None"):
+        tilejit.gemm(np.zeros((1, 32), np.uint16), pw, dtype="f16")
+    with pytest.raises(tilejit.Error, match='act: "swish" is not allowed; allowed: none, relu, '
+                                            "silu, gelu_tanh, gelu_erf"):
+        tilejit.gemm(bf16((1, 32), 3), pw, act="swish")
+    with pytest.raises(tilejit.Error, match="w: expected a tilejit.PackedWeight"):
+        tilejit.gemm(bf16((1, 32), 3), bf16((16, 32), 4), out=torch.empty(1, 16))
+    with pytest.raises(tilejit.Error, match="x: expected 2 dims"):
+        tilejit.gemm(bf16((32,), 3), pw)
+
+
+def test_readonly_numpy_is_an_error_not_a_crash(pw):
+    a = bf16_to_u16(bf16((1, 32), 5)).copy()
+    a.setflags(write=False)
+    with pytest.raises(tilejit.Error, match="x: __dlpack__.*failed"):
+        tilejit.gemm(a, pw, dtype="bf16")
+
+
+def test_many_bad_calls_leave_the_interpreter_working(pw):
+    bad = [None, 3, object(), torch.zeros(2, 2, 2), np.zeros(4, np.float64), FakeCuda()]
+    for x in bad:
+        with pytest.raises(tilejit.Error):
+            tilejit.gemm(x, pw, out=torch.empty(1, 16))
+    y = tilejit.gemm(bf16((1, 32), 6), pw)
+    assert y.shape == (1, 16)
+
+
+def test_requires_grad_parameters_pack():
+    w = torch.nn.Parameter(bf16((8, 32), 7))  # torch's __dlpack__ refuses these; tilejit reads them
+    assert torch.equal(tilejit.pack_weight(w).unpack(), w.detach())
+
+
+def test_pickling_packed_experts_refused():
+    p = tilejit.pack_experts(bf16((2, 64, 32), 8), "gate_up")
+    with pytest.raises(tilejit.Error, match="PackedExperts cannot be pickled"):
+        pickle.dumps(p)
+
+
+def test_threads_concurrent_gemm_correct():
+    # Several Python threads calling gemm at once (the GIL is released in the
+    # C++ call): every result equals the same call made alone.
+    weights = [tilejit.pack_weight(bf16((64, 96), 10 + i)) for i in range(4)]
+    xs = [bf16((9, 96), 20 + i) for i in range(8)]
+    expected = {(i, j): tilejit.gemm(xs[j], weights[i]) for i in range(4) for j in range(8)}
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                for j in range(8):
+                    y = tilejit.gemm(xs[j], weights[i])
+                    if not torch.equal(y, expected[(i, j)]):
+                        errors.append((i, j))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_cpu_info_and_cache_stats():
+    info = tilejit.cpu_info()
+    assert info["isa"] in ("scalar", "llvm", "avx512", "amx")
+    assert info["max_isa"] in ("scalar", "llvm", "avx512", "amx")
+    assert isinstance(info["vendor"], str) and isinstance(info["amx_bf16"], bool)
+    assert info["num_threads"] == tilejit.num_threads()
+    before = tilejit.cache_stats()
+    assert set(before) >= {"hits", "misses", "compiles", "compile_seconds", "kernels",
+                           "disk_loads", "disk_stores", "disk_dir"}
+    tilejit.gemm(bf16((3, 64), 30), tilejit.pack_weight(bf16((8, 64), 31)))
+    after = tilejit.cache_stats()
+    assert after["hits"] + after["misses"] > before["hits"] + before["misses"]
+
+
+def test_set_num_threads():
+    tilejit.set_num_threads(1)
+    assert tilejit.num_threads() == 1
+    assert tilejit.cpu_info()["num_threads"] == 1
+    with pytest.raises(tilejit.Error) as e:
+        tilejit.set_num_threads(0)
+    assert str(e.value) == "set_num_threads: n=0 is not allowed; allowed: 1 to 4096"
+
+
+def test_env_knobs_read_at_first_call():
+    # TILEJIT_ISA / TILEJIT_NUM_THREADS set before the first call apply (a
+    # fresh interpreter: the path is chosen once per process).
+    env = dict(os.environ, TILEJIT_ISA="scalar", TILEJIT_NUM_THREADS="1")
+    code = "import tilejit; i = tilejit.cpu_info(); print(i['isa'], i['num_threads'])"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["scalar", "1"]
+
+
+def test_import_needs_neither_torch_nor_numpy():
+    code = ("import sys, tilejit; assert 'torch' not in sys.modules and 'numpy' not in "
+            "sys.modules, sorted(m for m in sys.modules if m in ('torch', 'numpy')); "
+            "b = tilejit.Buffer([2, 3], 'f32'); print(b.shape, b.dtype)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(2, 3) f32"
+
+
+def test_buffer_dlpack():
+    b = tilejit.Buffer([3, 4], "f32")
+    assert b.shape == (3, 4) and b.strides == (4, 1) and b.dtype == "f32"
+    a = np.from_dlpack(b)
+    assert a.shape == (3, 4) and (a == 0).all()
+    torch.from_dlpack(b)[1, 2] = 5.0  # zero-copy: the same memory (numpy's import is read-only)
+    assert a[1, 2] == 5.0
+    u = np.asarray(tilejit.Buffer([2, 3], "bf16"))  # the buffer protocol: bf16 bits as uint16
+    assert u.dtype == np.uint16 and u.shape == (2, 3) and u.flags.writeable
+    b.__dlpack__()  # an unconsumed capsule frees its reference on its own
+    assert b.__dlpack_device__() == (1, 0)
+    with pytest.raises(tilejit.Error, match='dtype: "float" is not allowed'):
+        tilejit.Buffer([1], "float")
+    with pytest.raises(tilejit.Error, match="shape"):
+        tilejit.Buffer([-1], "f32")
+    assert tilejit.__version__.count(".") == 2
