@@ -1,0 +1,511 @@
+"""tilejit.sgl (sgl-kernel's CPU op signatures) against torch float64
+references of sgl-kernel's semantics, written here from its kernels and
+sglang's native paths; shapes sgl-kernel rejects (N = 33, head sizes 80 / 96
+/ 112 / 192, fp8 block 32 x 64, E = 10) included.
+
+Bounds, each with its reason:
+- linear: |y - ref| <= 2^-8 |ref| + 2^-20 (|x| @ |w|^T): the bf16 output
+  rounding (half an ulp is 2^-9 relative, doubled) plus fp32 accumulation of
+  exact bf16 products (K 2^-24 relative to the magnitude sum, K <= 96).
+- attention: 2^-7 max|v| + 2^-8 |ref| (docs/attention.md: P rounded to
+  bf16 moves the output by <= 2^-9 max|v|; the bf16 output adds 2^-9 |ref|).
+- RoPE: 2^-7 |ref| + 2^-21 mag, mag = |x cos| + |x' sin| (docs/rope.md: one
+  bf16 ulp of the result plus the f32 product / fma error).
+- MoE (bf16): 2^-7 mag + 2^-8 |ref| (the bf16 intermediate activation may
+  round to either neighbour; mag = sum_j |w_j| |W2| @ |a|); quantized: 5 %
+  of max|ref| (per-token activation quantization feeds through both
+  projections; the int8 / fp8 weight values themselves are exact).
+- routers: weights rtol 2^-20 (double arithmetic, f32 store), ids exact.
+"""
+
+import math
+
+import pytest
+import torch
+
+import tilejit
+from tilejit import sgl
+
+F64 = torch.float64
+
+
+def rnd(shape, seed, scale=1.0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def within(got, ref, tol, what=""):
+    err = (got.to(F64) - ref).abs()
+    bad = err > tol
+    assert not bool(bad.any()), f"{what}: max err {err.max().item()} (tol at worst " \
+        f"{tol.expand_as(err)[bad].min().item() if bad.any() else 0})"
+
+
+# ---- linear -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [64, 33])
+def test_weight_packed_linear(n):
+    k = 96
+    w, x, b = rnd((n, k), 1, 0.1), rnd((5, k), 2), rnd((n,), 3, dtype=torch.float32)
+    ref = x.to(F64) @ w.to(F64).T + b.to(F64)
+    mag = x.to(F64).abs() @ w.to(F64).abs().T
+    packed = sgl.convert_weight_packed(w)
+    assert packed.shape == w.shape and packed.weight is w
+    for mat2, vnni in ((packed, True), (w, False)):
+        y = sgl.weight_packed_linear(x, mat2, b, vnni)
+        assert y.dtype == torch.bfloat16 and y.shape == (5, n)
+        within(y, ref, 2.0**-8 * ref.abs() + 2.0**-20 * mag, f"n={n} vnni={vnni}")
+    y3 = sgl.weight_packed_linear(x.view(1, 5, k), packed, None, True)
+    assert y3.shape == (1, 5, n)
+    within(y3[0], ref - b.to(F64), 2.0**-8 * (ref - b.to(F64)).abs() + 2.0**-20 * mag, "3-D")
+
+
+def test_linear_errors():
+    w = rnd((32, 16), 4)
+    with pytest.raises(tilejit.Error, match="mat1.dtype"):
+        sgl.weight_packed_linear(torch.randn(2, 16), sgl.convert_weight_packed(w), None, True)
+    with pytest.raises(tilejit.Error, match="allowed: a 2-D torch.bfloat16"):
+        sgl.weight_packed_linear(rnd((2, 16), 5), sgl.convert_weight_packed(rnd((2, 32, 16), 6)),
+                                 None, True)
+    with pytest.raises(tilejit.Error, match="allowed: 2"):
+        sgl.convert_weight_packed(torch.zeros(4))
+
+
+# ---- MoE ---------------------------------------------------------------------------
+
+def ref_experts(x, w13, w2, tw, ti, act=None):
+    """sgl-kernel fused_experts: sum_j w_j W2[e] (silu(g) * u), g, u the halves
+    of W13[e] x; the activation rounded to bf16 as the kernel stores it."""
+    x, tw = x.to(F64), tw.to(F64)
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=F64)
+    mag = torch.zeros_like(out)
+    for t in range(x.shape[0]):
+        for j in range(ti.shape[1]):
+            e = int(ti[t, j])
+            if e < 0:
+                continue
+            gu = w13[e] @ x[t]
+            g, u = gu[:inter], gu[inter:]
+            a = (g * torch.sigmoid(g) * u if act is None else act(g, u))
+            a = a.to(torch.bfloat16).to(F64)
+            out[t] += tw[t, j] * (w2[e] @ a)
+            mag[t] += tw[t, j].abs() * (w2[e].abs() @ a.abs())
+    return out, mag
+
+
+def routed(t, e, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, e, generator=g)
+    tw, ti = torch.topk(torch.softmax(logits, -1), k)
+    return tw, ti.to(torch.int32)
+
+
+def test_fused_experts_bf16_odd_sizes_inplace_and_padding():
+    # H = 72, I = 24: neither a multiple of 32 (sgl-kernel's block).
+    e, h, inter, t, k = 5, 72, 24, 7, 2
+    w1, w2 = rnd((e, 2 * inter, h), 7, 0.1), rnd((e, h, inter), 8, 0.1)
+    x = rnd((t, h), 9)
+    tw, ti = routed(t, e, k, 10)
+    ti[6, 1] = -1  # a padded slot: contributes nothing
+    ref, mag = ref_experts(x, w1.to(F64), w2.to(F64), tw, ti)
+    p1, p2 = sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2)
+    out = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False)
+    within(out, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs(), "packed")
+    again = sgl.fused_experts_cpu(x, p1, p2, tw, ti.to(torch.int64), False)  # packed once
+    assert torch.equal(out, again)
+    plain = sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, is_vnni=False)
+    assert torch.equal(out, plain)
+    xi = x.clone()
+    res = sgl.fused_experts_cpu(xi, p1, p2, tw, ti, True)
+    assert res is xi and torch.equal(xi, out)
+
+
+def test_fused_experts_clamped_swiglu_with_bias():
+    e, h, inter, t, k = 3, 64, 32, 4, 2
+    w1, w2 = rnd((e, 2 * inter, h), 11, 0.1), rnd((e, h, inter), 12, 0.1)
+    b1, b2 = rnd((e, 2 * inter), 13, 0.1, torch.float32), rnd((e, h), 14, 0.1, torch.float32)
+    x = rnd((t, h), 15)
+    tw, ti = routed(t, e, k, 16)
+    alpha, limit = 1.702, 7.0
+
+    def act(g, u):
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+        return (u + 1) * g * torch.sigmoid(alpha * g)
+
+    w1b = torch.cat([w1.to(F64), b1.to(F64)[:, :, None]], 2)
+    xb = torch.cat([x.to(F64), torch.ones(t, 1, dtype=F64)], 1)
+    ref, mag = ref_experts(xb, w1b, w2.to(F64), tw, ti, act)
+    for j in range(k):
+        ref += tw[:, j:j + 1].to(F64) * b2.to(F64)[ti[:, j].long()]
+    out = sgl.fused_experts_cpu(x, sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2),
+                                tw, ti, False, w1_bias=b1, w2_bias=b2, alpha=alpha, limit=limit)
+    within(out, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs() + 2.0**-8 * b2.abs().max(), "swiglu")
+
+
+def e4m3_to_f64(codes):
+    c = codes.to(torch.int64)
+    sign = torch.where(c >= 128, -1.0, 1.0).to(F64)
+    ex, m = (c >> 3) & 15, (c & 7).to(F64)
+    val = torch.where(ex == 0, m * 2.0**-9, (1 + m / 8) * torch.pow(2.0, (ex - 7).to(F64)))
+    return sign * val
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_block", "fp8_channel"])
+def test_fused_experts_quantized(fmt):
+    e, h, inter, t, k = 4, 128, 64, 6, 2
+    g = torch.Generator().manual_seed(17)
+    x = rnd((t, h), 18)
+    tw, ti = routed(t, e, k, 19)
+    kw = {}
+    if fmt == "int8":
+        w1 = torch.randint(-127, 128, (e, 2 * inter, h), generator=g, dtype=torch.int8)
+        w2 = torch.randint(-127, 128, (e, h, inter), generator=g, dtype=torch.int8)
+        s1 = torch.rand(e, 2 * inter, generator=g) * 0.002 + 0.0005
+        s2 = torch.rand(e, h, generator=g) * 0.002 + 0.0005
+        d1, d2 = w1.to(F64) * s1.to(F64)[:, :, None], w2.to(F64) * s2.to(F64)[:, :, None]
+        kw = dict(use_int8_w8a8=True, w1_scale=s1, w2_scale=s2)
+    else:
+        def codes(shape):  # finite e4m3 codes of magnitude <= 1 (no NaN 0x7f / 0xff)
+            c = torch.randint(0, 0x38, shape, generator=g, dtype=torch.int64)
+            return (c + 128 * torch.randint(0, 2, shape, generator=g)).to(torch.uint8)
+        w1, w2 = codes((e, 2 * inter, h)), codes((e, h, inter))
+        if fmt == "fp8_block":  # block 32 x 64 (sgl-kernel: 128 x 128 only)
+            bn, bk = 32, 64
+            s1 = torch.rand(e, 2 * inter // bn, h // bk, generator=g) * 0.05 + 0.01
+            s2 = torch.rand(e, h // bn, inter // bk, generator=g) * 0.05 + 0.01
+            d1 = e4m3_to_f64(w1) * s1.to(F64).repeat_interleave(bn, 1).repeat_interleave(bk, 2)
+            d2 = e4m3_to_f64(w2) * s2.to(F64).repeat_interleave(bn, 1).repeat_interleave(bk, 2)
+            kw = dict(use_fp8_w8a16=True, w1_scale=s1, w2_scale=s2, block_size=[bn, bk])
+        else:
+            s1 = torch.rand(e, 2 * inter, generator=g) * 0.05 + 0.01
+            s2 = torch.rand(e, h, generator=g) * 0.05 + 0.01
+            d1 = e4m3_to_f64(w1) * s1.to(F64)[:, :, None]
+            d2 = e4m3_to_f64(w2) * s2.to(F64)[:, :, None]
+            kw = dict(use_fp8_w8a16=True, w1_scale=s1, w2_scale=s2)
+    ref, _ = ref_experts(x, d1, d2, tw, ti)
+    out = sgl.fused_experts_cpu(x, sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2),
+                                tw, ti, False, **kw)
+    err = (out.to(F64) - ref).abs().max()
+    assert err <= 0.05 * ref.abs().max(), f"{fmt}: max err {err} of {ref.abs().max()}"
+
+
+def test_fused_experts_errors():
+    w1, w2 = rnd((2, 64, 32), 20), rnd((2, 32, 32), 21)
+    x, tw, ti = rnd((3, 32), 22), torch.ones(3, 1), torch.zeros(3, 1, dtype=torch.int32)
+    with pytest.raises(tilejit.Error, match="a1_scale"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, a1_scale=torch.ones(1))
+    with pytest.raises(tilejit.Error, match="use_int8_w8a8 needs w1 int8"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, use_int8_w8a8=True)
+    with pytest.raises(tilejit.Error, match="hidden_states.dtype"):
+        sgl.fused_experts_cpu(x.float(), w1, w2, tw, ti, False)
+    with pytest.raises(tilejit.Error, match="out of range"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti + 5, False)
+
+
+# ---- routers -------------------------------------------------------------------------
+
+def ref_topk(scores, k, renormalize):
+    w, ids = torch.topk(scores, k)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids
+
+
+def same_topk(w, ids, rw, rids):
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert torch.equal(ids.long(), rids), f"{ids} vs {rids}"
+    torch.testing.assert_close(w.to(F64), rw, rtol=2.0**-20, atol=0)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_topk_softmax_and_sigmoid(renormalize):
+    logits = rnd((6, 10), 23, dtype=torch.float32)  # E = 10: not in sgl-kernel's list
+    w, ids = sgl.topk_softmax_cpu(None, logits, 3, renormalize)
+    same_topk(w, ids, *ref_topk(torch.softmax(logits.to(F64), -1), 3, renormalize))
+    w, ids = sgl.topk_sigmoid_cpu(None, logits, 3, renormalize)
+    same_topk(w, ids, *ref_topk(torch.sigmoid(logits.to(F64)), 3, renormalize))
+
+
+def ref_grouped(scores, bias, k, groups, topk_group, renormalize):
+    t, e = scores.shape
+    key = scores if bias is None else scores + bias
+    g = key.view(t, groups, e // groups)
+    gscore = g.max(-1).values if bias is None else g.topk(2, -1).values.sum(-1)
+    keep = torch.zeros(t, groups, dtype=torch.bool)
+    keep.scatter_(1, gscore.topk(topk_group, -1).indices, True)
+    masked = key.masked_fill(~keep.repeat_interleave(e // groups, 1), -math.inf)
+    ids = masked.topk(k, -1).indices
+    w = scores.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids
+
+
+def test_grouped_topk_and_biased():
+    t, e, groups, tg, k = 5, 12, 3, 2, 3  # 12 experts in 3 groups: sizes sgl-kernel refuses
+    logits = rnd((t, e), 24, dtype=torch.float32)
+    bias = rnd((e,), 25, 0.3, torch.float32)
+    w, ids = sgl.grouped_topk_cpu(None, logits, k, True, groups, tg)
+    same_topk(w, ids, *ref_grouped(torch.softmax(logits.to(F64), -1), None, k, groups, tg, True))
+    w, ids = sgl.biased_grouped_topk_cpu(None, logits, bias, k, False, groups, tg, 0, 2.5)
+    rw, rids = ref_grouped(torch.sigmoid(logits.to(F64)), bias.to(F64), k, groups, tg, False)
+    same_topk(w, ids, rw, rids)  # routed_scaling_factor not applied (sgl-kernel's rule)
+    _, ids = sgl.biased_grouped_topk_cpu(None, logits, bias, k, True, groups, tg, 0, None,
+                                         torch.tensor(3))
+    assert bool((ids[3:] == -1).all()) and bool((ids[:3] >= 0).all())
+    with pytest.raises(tilejit.Error, match="num_fused_shared_experts=1"):
+        sgl.grouped_topk_cpu(None, logits, k, True, groups, tg, 1)
+
+
+# ---- RoPE --------------------------------------------------------------------------
+
+def ref_rope(x, pos_rows, cos_sin, neox, rd):
+    """x [T, H, D] float64; cos_sin [T, rd] float64 (the row of each token):
+    vLLM / sglang forward_native."""
+    x = x.clone()
+    cos, sin = cos_sin[:, None, :rd // 2], cos_sin[:, None, rd // 2:]
+    r = x[..., :rd]
+    if neox:
+        a, b = r[..., :rd // 2], r[..., rd // 2:]
+    else:
+        a, b = r[..., 0::2], r[..., 1::2]
+    oa, ob = a * cos - b * sin, b * cos + a * sin
+    mag = torch.cat([(a * cos).abs() + (b * sin).abs(), (b * cos).abs() + (a * sin).abs()], -1)
+    if neox:
+        x[..., :rd] = torch.cat([oa, ob], -1)
+    else:
+        x[..., :rd] = torch.stack([oa, ob], -1).flatten(-2)
+        mag = torch.stack([mag[..., :rd // 2], mag[..., rd // 2:]], -1).flatten(-2)
+    full = torch.zeros_like(x)
+    full[..., :rd] = mag
+    return x, full
+
+
+def rope_tol(ref, mag):
+    return 2.0**-7 * ref.abs() + 2.0**-21 * mag
+
+
+@pytest.mark.parametrize("d,rd,neox,layout", [
+    (128, 128, True, 2), (80, 80, True, 2), (96, 64, False, 2), (112, 112, True, 4),
+    (192, 96, True, 3), (64, 64, False, 3)])
+def test_rotary_embedding(d, rd, neox, layout):
+    t, hq, hk = 9, 4, 2
+    q0, k0 = rnd((t, hq, d), 26), rnd((t, hk, d), 27)
+    cache = rnd((64, rd), 28, dtype=torch.float32)
+    pos = torch.randint(0, 64, (t,), generator=torch.Generator().manual_seed(29))
+    rq, mq = ref_rope(q0.to(F64), pos, cache.to(F64)[pos], neox, rd)
+    rk, mk = ref_rope(k0.to(F64), pos, cache.to(F64)[pos], neox, rd)
+    if layout == 2:
+        q, k = q0.reshape(t, hq * d).clone(), k0.reshape(t, hk * d).clone()
+    elif layout == 4:
+        q, k = q0.view(1, t, hq, d).clone(), k0.view(1, t, hk, d).clone()
+    else:
+        q, k = q0.clone(), k0.clone()
+    oq, ok = sgl.rotary_embedding_cpu(pos, q, k, d, cache, neox)
+    if layout == 3:  # out of place: inputs untouched
+        assert torch.equal(q, q0) and torch.equal(k, k0)
+    else:
+        assert oq is q and ok is k
+    within(oq.reshape(t, hq, d), rq, rope_tol(rq, mq), "q")
+    within(ok.reshape(t, hk, d), rk, rope_tol(rk, mk), "k")
+
+
+def test_multimodal_rotary_embedding():
+    t, hq, hk, d, section = 6, 2, 1, 64, [8, 12, 12]
+    q0, k0 = rnd((t, hq * d), 30), rnd((t, hk * d), 31)
+    cache = rnd((40, d), 32, dtype=torch.float32)
+    pos = torch.randint(0, 40, (3, t), generator=torch.Generator().manual_seed(33))
+    # sglang's MRotaryEmbedding.forward_native: cos / sin of section s from positions[s].
+    rows = cache.to(F64)[pos]  # [3, T, d]
+    cos, sin = rows[..., :d // 2], rows[..., d // 2:]
+    sel = torch.cat([torch.full((n,), s) for s, n in enumerate(section)])
+    cs = torch.cat([cos[sel, :, torch.arange(d // 2)].T, sin[sel, :, torch.arange(d // 2)].T], 1)
+    rq, mq = ref_rope(q0.to(F64).view(t, hq, d), None, cs, True, d)
+    rk, mk = ref_rope(k0.to(F64).view(t, hk, d), None, cs, True, d)
+    q, k = q0.clone(), k0.clone()
+    sgl.multimodal_rotary_embedding_cpu(pos, q, k, d, cache, section, False, True)
+    within(q.view(t, hq, d), rq, rope_tol(rq, mq), "q")
+    within(k.view(t, hk, d), rk, rope_tol(rk, mk), "k")
+    # Text-only batch: 1-D positions are plain RoPE.
+    q, k = q0.clone(), k0.clone()
+    sgl.multimodal_rotary_embedding_cpu(pos[0], q, k, d, cache, None, False, True)
+    rq, mq = ref_rope(q0.to(F64).view(t, hq, d), None, cache.to(F64)[pos[0]], True, d)
+    within(q.view(t, hq, d), rq, rope_tol(rq, mq), "text-only q")
+    with pytest.raises(tilejit.Error, match="mrope_interleaved"):
+        sgl.multimodal_rotary_embedding_cpu(pos, q, k, d, cache, section, True, True)
+
+
+def test_apply_multidimensional_rope():
+    t, hq, hk, d = 5, 3, 2, 96  # chunks of 48
+    q0, k0 = rnd((t, hq, d), 34), rnd((t, hk, d), 35)
+    c = d // 2
+    freqs = rnd((t, 2, c // 2), 36, dtype=torch.float32)  # per token, per chunk
+    emb = torch.cat([freqs, freqs], -1).reshape(t, d)     # cat(freqs, freqs) per chunk
+    cos, sin = emb.cos(), emb.sin()
+
+    def ref(x):  # sglang's _apply_multidimensional_rope_ref
+        outs, mags = [], []
+        for ch in range(2):
+            part = x[..., ch * c:(ch + 1) * c].to(F64)
+            cc, ss = cos[:, None, ch * c:(ch + 1) * c].to(F64), sin[:, None, ch * c:(ch + 1) * c].to(F64)
+            rot = torch.cat([-part[..., c // 2:], part[..., :c // 2]], -1)
+            outs.append(part * cc + rot * ss)
+            mags.append((part * cc).abs() + (rot * ss).abs())
+        return torch.cat(outs, -1), torch.cat(mags, -1)
+
+    rq, mq = ref(q0)
+    rk, mk = ref(k0)
+    q, k = q0.clone(), k0.clone()
+    oq, ok = sgl.apply_multidimensional_rope_cpu(q, k, cos, sin)
+    assert oq is q and ok is k
+    within(q, rq, rope_tol(rq, mq), "q")
+    within(k, rk, rope_tol(rk, mk), "k")
+    bad = cos.clone()
+    bad[0, 1] += 0.5
+    with pytest.raises(tilejit.Error, match="does not repeat its first half"):
+        sgl.apply_multidimensional_rope_cpu(q, k, bad, sin)
+
+
+# ---- attention -------------------------------------------------------------------------
+
+def ref_attn(q, k, v, causal=False, scale=None, window=-1, cap=0.0, sinks=None):
+    """One sequence, float64: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, Dv];
+    query i at position m - n + i."""
+    n, hq, d = q.shape
+    m, hkv, _ = k.shape
+    grp = hq // hkv
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    ipos = (m - n + torch.arange(n))[:, None]
+    j = torch.arange(m)[None, :]
+    out = torch.zeros(n, hq, v.shape[2], dtype=F64)
+    for h in range(hq):
+        s = q[:, h] @ k[:, h // grp].T * scale
+        if cap:
+            s = cap * torch.tanh(s / cap)
+        vis = torch.ones_like(s, dtype=torch.bool)
+        if causal:
+            vis &= j <= ipos
+        if window >= 0:
+            vis &= j >= ipos - window
+        s = s.masked_fill(~vis, -math.inf)
+        if sinks is not None:
+            s = torch.cat([s, torch.full((n, 1), float(sinks[h]), dtype=F64)], 1)
+        p = torch.softmax(s, -1)
+        out[:, h] = p[:, :m] @ v[:, h // grp]
+    return out
+
+
+def attn_tol(ref, v):
+    return 2.0**-7 * v.abs().max() + 2.0**-8 * ref.abs()
+
+
+@pytest.mark.parametrize("d,causal", [(80, True), (192, False), (112, True)])
+def test_flash_attn_varlen_func(d, causal):
+    hq, hkv, dv = 4, 2, 64
+    lq, lk = [3, 5], [6, 5]
+    q, k, v = rnd((8, hq, d), 37), rnd((11, hkv, d), 38), rnd((11, hkv, dv), 39)
+    cu_q = torch.tensor([0, 3, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 11], dtype=torch.int32)
+    out = sgl.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, causal, 0.2)
+    assert out.shape == (8, hq, dv) and out.dtype == torch.bfloat16
+    for b in range(2):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ref = ref_attn(q[sq].to(F64), k[sk].to(F64), v[sk].to(F64), causal, 0.2)
+        within(out[sq], ref, attn_tol(ref, v), f"seq {b}")
+
+
+def token_pool(n_slots, seq_lens, seed):
+    """sglang's pools: req_to_token rows of shuffled slots for requests 2, 0, 3."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_slots, generator=g)
+    req_to_token = torch.zeros(4, 16, dtype=torch.int32)
+    req_pool_indices = torch.tensor([2, 0, 3])
+    at = 0
+    for r, n in zip(req_pool_indices.tolist(), seq_lens):
+        req_to_token[r, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return req_to_token, req_pool_indices
+
+
+@pytest.mark.parametrize("d,opts", [
+    (96, {}), (128, {"logit_cap": 30.0, "sliding_window_size": 3}),
+    (112, {"sinks": True}), (192, {})])
+def test_decode_attention_cpu(d, opts):
+    hq, hkv, dv, n_slots = 8, 2, d, 40
+    seq_lens = [5, 1, 9]
+    req_to_token, rpi = token_pool(n_slots, seq_lens, 40)
+    kb, vb = rnd((n_slots, hkv, d), 41), rnd((n_slots, hkv, dv), 42)
+    q, key, value = rnd((3, hq, d), 43), rnd((3, hkv, d), 44), rnd((3, hkv, dv), 45)
+    loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rpi.tolist(), seq_lens)]).long()
+    sinks = rnd((hq,), 46, dtype=torch.float32) if opts.get("sinks") else None
+    cap, win = opts.get("logit_cap", 0.0), opts.get("sliding_window_size", -1)
+    out = torch.empty(3, hq, dv, dtype=torch.bfloat16)
+    attn_logits = torch.empty(3, hq, 4, dv + 1)
+    sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, attn_logits, req_to_token, rpi,
+                             torch.tensor(seq_lens), 0.15, cap, win, sinks)
+    assert torch.equal(kb[loc], key) and torch.equal(vb[loc], value)  # stored first
+    for b, (r, n) in enumerate(zip(rpi.tolist(), seq_lens)):
+        slots = req_to_token[r, :n].long()
+        ref = ref_attn(q[b:b + 1].to(F64), kb[slots].to(F64), vb[slots].to(F64), False, 0.15,
+                       win, cap, sinks)
+        within(out[b:b + 1], ref, attn_tol(ref, vb[slots]), f"seq {b}")
+
+
+@pytest.mark.parametrize("d,mask", [(80, False), (128, True)])
+def test_extend_attention_cpu(d, mask):
+    hq, hkv, dv, n_slots = 4, 1, 64, 40
+    prefix, ext = [3, 0, 6], [4, 2, 3]
+    seq_lens = [p + e for p, e in zip(prefix, ext)]
+    req_to_token, rpi = token_pool(n_slots, seq_lens, 47)
+    kb, vb = rnd((n_slots, hkv, d), 48), rnd((n_slots, hkv, dv), 49)
+    tq = sum(ext)
+    q, ke, ve = rnd((tq, hq, d), 50), rnd((tq, hkv, d), 51), rnd((tq, hkv, dv), 52)
+    start = torch.tensor([0, 4, 6])
+    custom = None
+    if mask:  # sglang's layout: per request [n_b, seq_len_b], prefix columns set
+        g = torch.Generator().manual_seed(53)
+        parts = []
+        for p, e in zip(prefix, ext):
+            m = torch.ones(e, p + e, dtype=torch.bool)
+            m[:, p:] = torch.rand(e, e, generator=g) < 0.6
+            m[torch.arange(e), p + torch.arange(e)] = True
+            parts.append(m.reshape(-1))
+        custom = torch.cat(parts)
+    out = torch.empty(tq, hq, dv, dtype=torch.bfloat16)
+    sgl.extend_attention_cpu(q, ke, ve, out, kb, vb, req_to_token, rpi, torch.tensor(seq_lens),
+                             torch.tensor(ext), start, max(ext), 0.125, 0.0, -1, None, custom)
+    at_mask = 0
+    for b, (r, p, e) in enumerate(zip(rpi.tolist(), prefix, ext)):
+        s = slice(int(start[b]), int(start[b]) + e)
+        slots = req_to_token[r, :p].long()
+        kk = torch.cat([kb[slots], ke[s]]).to(F64)
+        vv = torch.cat([vb[slots], ve[s]]).to(F64)
+        if custom is None:
+            ref = ref_attn(q[s].to(F64), kk, vv, True, 0.125)
+        else:
+            mb = custom[at_mask:at_mask + e * (p + e)].view(e, p + e)
+            ref = torch.zeros(e, hq, dv, dtype=F64)
+            for i in range(e):  # row by row: keys visible by the mask
+                vis = mb[i].nonzero().flatten()
+                ref[i] = ref_attn(q[s][i:i + 1].to(F64), kk[vis], vv[vis], False, 0.125)[0]
+        at_mask += e * (p + e)
+        within(out[s], ref, attn_tol(ref, vv), f"seq {b}")
+
+
+def test_attention_errors():
+    kb, vb = rnd((8, 1, 64), 54), rnd((8, 1, 64), 55)
+    req_to_token, rpi = torch.zeros(1, 4, dtype=torch.int32), torch.tensor([0])
+    q, out = rnd((2, 2, 64), 56), torch.empty(2, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(tilejit.Error, match="extend_start_loc"):
+        sgl.extend_attention_cpu(q, q[:, :1], q[:, :1], out, kb, vb, req_to_token, rpi,
+                                 torch.tensor([2]), torch.tensor([2]), torch.tensor([1]), 2, 0.1)
+    with pytest.raises(tilejit.Error, match="req_pool_indices"):
+        sgl.decode_attention_cpu(q[:1], kb, vb, out[:1], q[:1, :1], q[:1, :1], torch.tensor([0]),
+                                 None, req_to_token, torch.tensor([3]), torch.tensor([1]), 0.1)
+    with pytest.raises(tilejit.Error, match="seq_lens"):
+        sgl.decode_attention_cpu(q[:1], kb, vb, out[:1], q[:1, :1], q[:1, :1], torch.tensor([0]),
+                                 None, req_to_token, rpi, torch.tensor([9]), 0.1)
+    with pytest.raises(tilejit.Error):  # the library's own check: out of bf16
+        sgl.flash_attn_varlen_func(q.float(), q, q, torch.tensor([0, 2], dtype=torch.int32),
+                                   torch.tensor([0, 2], dtype=torch.int32), 2, 2, False)
