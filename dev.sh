@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine:
 #   ./dev.sh run    install dependencies, build, run the main job (tilejit llama-layer)
-#   ./dev.sh test   install dependencies, build, run the test suite (ctest)
+#   ./dev.sh test   install dependencies, build, run the test suite (ctest; with the
+#                   Python module's pytest suite, ctest's python_tests)
+#   ./dev.sh python install dependencies, build, install the library and the Python
+#                   package (import tilejit) under /usr/local
 #   ./dev.sh asan   the test suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   ./dev.sh asan-ci  the part of it CI runs (after ./dev.sh test): clang, ASan + UBSan,
 #                   in the build the fuzzers link against (build-asan-clang)
@@ -18,6 +21,9 @@ cd "$(dirname "$0")"
 
 PACKAGES=(cmake ninja-build g++ libxbyak-dev llvm-19-dev libfmt-dev googletest libgtest-dev
           libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev)
+# The Python package (python/, docs/python.md) and its tests.
+PACKAGES+=(pybind11-dev python3-pybind11 libdlpack-dev python3-dev python3-numpy python3-pytest
+           python3-torch)
 
 install_deps() {
   local missing=()
@@ -96,8 +102,21 @@ case "$cmd" in
     ;;
   test)
     install_deps
-    build build -DCMAKE_BUILD_TYPE=Release -DTILEJIT_WERROR=ON
+    # TILEJIT_PYTHON: the module too; ctest's python_tests runs tests/python
+    # (pytest) against it.
+    build build -DCMAKE_BUILD_TYPE=Release -DTILEJIT_WERROR=ON -DTILEJIT_PYTHON=ON
     ctest --test-dir build --output-on-failure -j "$(nproc)"
+    ;;
+  python)
+    # The library and the Python package into /usr/local (Debian's
+    # /usr/bin/python3 reads /usr/local/lib/python3.X/dist-packages):
+    # docs/python.md "Install".
+    install_deps
+    build build -DCMAKE_BUILD_TYPE=Release -DTILEJIT_PYTHON=ON
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo cmake --install build
+    (cd / && /usr/bin/python3 -c "import tilejit; print('tilejit', tilejit.__version__, tilejit.cpu_info()['isa'])")
     ;;
   asan)
     install_deps
@@ -143,7 +162,7 @@ case "$cmd" in
     fuzz/run.sh $ASAN_DIR "$seconds"
     ;;
   *)
-    echo "usage: ./dev.sh run|test|asan|asan-ci|tsan|tsan-ci|fuzz [seconds]|fuzz-ci|nollvm-ci|format-check" >&2
+    echo "usage: ./dev.sh run|test|python|asan|asan-ci|tsan|tsan-ci|fuzz [seconds]|fuzz-ci|nollvm-ci|format-check" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+
 #include "bind.h"
 
 namespace py = pybind11;
@@ -153,6 +155,20 @@ void bind_gemm(py::module_& m) {
     gemm(tx.view(), pw, ty.view(), o);
   });
 
+  // The C++ side of the call-overhead measurement (tests/python/overhead_bench.py):
+  // ns per tilejit::gemm call on views converted once, the loop in C++.
+  m.def("_time_gemm_ns", [](const py::handle& x, const py::handle& w, const py::handle& out,
+                            int64_t iters, const py::handle& dtype) {
+    const PackedWeight& pw = packed_weight_arg(w, "w");
+    const StorageAs as{parse_dtype_override(dtype)};
+    DlpackTensor tx(x, "x", as), ty(out, "out", as);
+    py::gil_scoped_release release;
+    gemm(tx.view(), pw, ty.view());  // compiled and warm
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) gemm(tx.view(), pw, ty.view());
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iters);
+  });
   // (shape, dtype name) of any DLPack tensor: what unpack() allocates.
   m.def("_describe", [](const py::handle& t, const py::handle& dtype) {
     DlpackTensor d(t, "tensor", {parse_dtype_override(dtype)});
