@@ -46,9 +46,18 @@ void bind_info(py::module_& m) {
         d["disk_loads"] = s.disk_loads;
         d["disk_stores"] = s.disk_stores;
         d["disk_dir"] = s.disk_dir;
+        d["tuned_plans"] = s.tuned_plans;
         return d;
       },
       "The kernel cache's counters (in memory, and TILEJIT_CACHE_DIR's when set).");
+  m.def(
+      "load_tuning_db",
+      [](const std::string& path) {
+        py::gil_scoped_release release;
+        load_tuning_db(path);
+      },
+      py::arg("path"),
+      "Loads a tuning database written by `tilejit tune` in place of TILEJIT_TUNING_DB's.");
   m.def(
       "set_num_threads",
       [](int n) {

@@ -25,13 +25,14 @@ from ._core import (
     __version__,
     cache_stats,
     cpu_info,
+    load_tuning_db,
     num_threads,
     set_num_threads,
 )
 
 __all__ = [
     "Buffer", "Error", "InternalError", "PackedExperts", "PackedWeight", "__version__",
-    "cache_stats", "cpu_info", "num_threads", "set_num_threads",
+    "cache_stats", "cpu_info", "load_tuning_db", "num_threads", "set_num_threads",
     "pack_weight", "pack_int8", "pack_fp8", "pack_int4", "pack_mxfp4", "gemm",
     "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
     "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",

@@ -134,10 +134,17 @@ def test_cpu_info_and_cache_stats():
     assert info["num_threads"] == tilejit.num_threads()
     before = tilejit.cache_stats()
     assert set(before) >= {"hits", "misses", "compiles", "compile_seconds", "kernels",
-                           "disk_loads", "disk_stores", "disk_dir"}
+                           "disk_loads", "disk_stores", "disk_dir", "tuned_plans"}
     tilejit.gemm(bf16((3, 64), 30), tilejit.pack_weight(bf16((8, 64), 31)))
     after = tilejit.cache_stats()
     assert after["hits"] + after["misses"] > before["hits"] + before["misses"]
+
+
+def test_load_tuning_db_error_is_the_library_text(tmp_path):
+    bad = tmp_path / "db.json"
+    bad.write_text("not json")
+    with pytest.raises(tilejit.Error, match=str(bad)):
+        tilejit.load_tuning_db(str(bad))
 
 
 def test_set_num_threads():
@@ -185,3 +192,30 @@ def test_buffer_dlpack():
     with pytest.raises(tilejit.Error, match="shape"):
         tilejit.Buffer([-1], "f32")
     assert tilejit.__version__.count(".") == 2
+
+
+class MlDtypesBf16:
+    """Stands for an ml_dtypes bfloat16 numpy array: numpy cannot export the
+    dtype through DLPack, the same bytes viewed as uint16 can."""
+
+    def __init__(self, bits):
+        self.bits = bits
+        self.dtype = "bfloat16"
+
+    def __dlpack__(self, stream=None):
+        raise BufferError("DLPack only supports signed/unsigned integers, float and complex")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def view(self, dtype):
+        assert dtype == "uint16"
+        return self.bits
+
+
+def test_ml_dtypes_bfloat16_arrays_are_bf16():
+    x, w = bf16((2, 32), 40), bf16((8, 32), 41)
+    pw = tilejit.pack_weight(MlDtypesBf16(bf16_to_u16(w)))  # no dtype="bf16" needed
+    assert torch.equal(torch.from_dlpack(pw.unpack()), w)  # a tilejit.Buffer: neither kind
+    y = tilejit.gemm(MlDtypesBf16(bf16_to_u16(x)), pw, out=torch.empty(2, 8))
+    assert torch.equal(y, tilejit.gemm(x, tilejit.pack_weight(w), out=torch.empty(2, 8)))
