@@ -80,28 +80,42 @@ std::optional<DType> map_dtype(const DLDataType& t, StorageAs as) {
       u16 ? " (a uint16 array holding bfloat16 needs dtype=\"bf16\")" : ""));
 }
 
-// torch.Tensor and torch._C._to_dlpack once torch has been imported by the
-// caller (never imported here). Borrowed for the life of the process.
-struct TorchHooks {
-  PyObject* tensor_type = nullptr;
-  PyObject* to_dlpack = nullptr;
+// A module the caller has imported (never imported here), or null.
+py::object imported(const char* name) {
+  PyObject* mod = PyImport_GetModule(py::str(name).ptr());
+  if (mod == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(mod);
+}
+
+// torch.Tensor with torch._C._to_dlpack, and numpy.ndarray, once their
+// modules are imported: the fast paths. Borrowed for the life of the process.
+struct Hooks {
+  PyObject* torch_tensor = nullptr;
+  PyObject* torch_to_dlpack = nullptr;
+  PyObject* ndarray = nullptr;
 };
 
-const TorchHooks& torch_hooks() {
-  static TorchHooks hooks;
-  if (hooks.tensor_type != nullptr) return hooks;
-  PyObject* torch = PyImport_GetModule(py::str("torch").ptr());
-  if (torch == nullptr) {
-    PyErr_Clear();
-    return hooks;
+const Hooks& hooks() {
+  static Hooks h;
+  if (h.torch_tensor == nullptr) {
+    py::object torch = imported("torch");
+    // A partly imported torch lacks them until its import finishes.
+    if (torch && py::hasattr(torch, "Tensor") && py::hasattr(torch, "_C") &&
+        py::hasattr(torch.attr("_C"), "_to_dlpack")) {
+      h.torch_to_dlpack = py::object(torch.attr("_C").attr("_to_dlpack")).release().ptr();
+      h.torch_tensor = py::object(torch.attr("Tensor")).release().ptr();
+    }
   }
-  py::object mod = py::reinterpret_steal<py::object>(torch);
-  if (!py::hasattr(mod, "Tensor") || !py::hasattr(mod, "_C")) return hooks;  // partly imported
-  py::object c = mod.attr("_C");
-  if (!py::hasattr(c, "_to_dlpack")) return hooks;
-  hooks.to_dlpack = py::object(c.attr("_to_dlpack")).release().ptr();
-  hooks.tensor_type = py::object(mod.attr("Tensor")).release().ptr();
-  return hooks;
+  if (h.ndarray == nullptr) {
+    py::object np = imported("numpy");
+    if (np && py::hasattr(np, "ndarray"))
+      h.ndarray = py::object(np.attr("ndarray")).release().ptr();
+  }
+  return h;
+}
+
+bool is_instance(const py::handle& obj, PyObject* type) {
+  return type != nullptr && PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(type));
 }
 
 std::string type_name(const py::handle& obj) {
@@ -117,25 +131,26 @@ std::string python_error_text(py::error_already_set& e) {
 }
 
 py::object export_capsule(const py::handle& obj, const char* arg, StorageAs& as) {
-  const TorchHooks& torch = torch_hooks();
-  if (torch.tensor_type != nullptr &&
-      PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(torch.tensor_type))) {
+  const Hooks& h = hooks();
+  if (is_instance(obj, h.torch_tensor)) {
     // torch's __dlpack__ is Python code (and refuses tensors that require
     // grad); _to_dlpack is the C function under it.
     try {
-      return py::reinterpret_borrow<py::object>(torch.to_dlpack)(obj);
+      return py::reinterpret_borrow<py::object>(h.torch_to_dlpack)(obj);
     } catch (py::error_already_set& e) {
       throw Error(fmt::format("{}: torch could not export the tensor through DLPack: {}", arg,
                               python_error_text(e)));
     }
   }
-  if (!py::hasattr(obj, "__dlpack__")) {
+  // numpy arrays live in CPU memory: no __dlpack_device__ round trip.
+  const bool cpu_known = is_instance(obj, h.ndarray);
+  if (!cpu_known && !py::hasattr(obj, "__dlpack__")) {
     throw Error(fmt::format(
         "{}: an object of type '{}' is not a DLPack tensor (no __dlpack__ method); pass a torch "
         "tensor, a numpy array or another object with __dlpack__ / __dlpack_device__",
         arg, type_name(obj)));
   }
-  if (py::hasattr(obj, "__dlpack_device__")) {
+  if (!cpu_known && py::hasattr(obj, "__dlpack_device__")) {
     int type = 0, id = 0;
     try {
       py::tuple dev = obj.attr("__dlpack_device__")();
@@ -173,7 +188,8 @@ py::object export_capsule(const py::handle& obj, const char* arg, StorageAs& as)
 
 bool parse_dtype_override(const py::handle& dtype) {
   if (dtype.is_none()) return false;
-  if (py::isinstance<py::str>(dtype) && dtype.cast<std::string>() == "bf16") return true;
+  if (PyUnicode_Check(dtype.ptr()) && PyUnicode_CompareWithASCIIString(dtype.ptr(), "bf16") == 0)
+    return true;
   throw Error(fmt::format(
       "dtype: {} is not allowed; allowed: None (the tensors' own dtypes) or \"bf16\" (uint16 "
       "arrays hold bfloat16)",
