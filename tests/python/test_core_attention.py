@@ -14,9 +14,10 @@ from conftest import bf16, bf16_to_u16, to_f64, u16_to_f64
 
 
 def ref_attn(q, k, v, causal=False, scale=None, wl=-1, wr=-1, softcap=0.0, sinks=None,
-             alibi=None):
+             alibi=None, visible=None):
     """One sequence: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, Dv] float64;
-    query i sits at position m - n + i (bottom-right alignment)."""
+    query i sits at position m - n + i (bottom-right alignment). visible
+    [n, m] bool, when given, is the mask itself."""
     n, hq, d = q.shape
     m, hkv, _ = k.shape
     g = hq // hkv
@@ -37,6 +38,8 @@ def ref_attn(q, k, v, causal=False, scale=None, wl=-1, wr=-1, softcap=0.0, sinks
             vis &= j >= ipos - wl
         if wr >= 0:
             vis &= j <= ipos + wr
+        if visible is not None:
+            vis = visible
         s = np.where(vis, s, -np.inf)
         mx = s.max(axis=1, keepdims=True)
         if sinks is not None:
@@ -212,3 +215,33 @@ def test_store_kv_negative_slot_skips():
     assert int((k_cache != 0).sum()) == int((k[1] != 0).sum())
     with pytest.raises(tilejit.Error, match="slot_mapping"):
         tilejit.store_kv(k, v, k_cache, v_cache, torch.tensor([0, 8], dtype=torch.int32))
+
+
+def test_extend_numpy_tree_mask_and_store_kv_numpy():
+    # One sequence: a prefix of 4 in the cache, 3 new tokens in a tree (token
+    # 2 sees 0 and itself, not 1), K/V of the new tokens stored with
+    # store_kv from numpy (int64 slots), then read from the cache.
+    prefix, n, hq, hkv, d, bs = 4, 3, 2, 1, 16, 4
+    ks, vs = bf16((prefix + n, hkv, d), 200), bf16((prefix + n, hkv, d), 201)
+    k_cache, table = paged([ks[:prefix]], bs, 3, 202, [prefix + n])
+    v_cache, _ = paged([vs[:prefix]], bs, 3, 202, [prefix + n])
+    k_cache, v_cache = bf16_to_u16(k_cache).copy(), bf16_to_u16(v_cache).copy()
+    table = table.numpy()
+    slots = np.array([table[0, p // bs] * bs + p % bs for p in range(prefix, prefix + n)],
+                     np.int64)
+    tilejit.store_kv(bf16_to_u16(ks[prefix:]), bf16_to_u16(vs[prefix:]), k_cache, v_cache, slots,
+                     dtype="bf16")
+    for i, sl in enumerate(slots):
+        assert (k_cache[sl // bs, sl % bs] == bf16_to_u16(ks[prefix + i])).all()
+    mask = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], np.uint8)
+    q = bf16_to_u16(bf16((n, hq, d), 203))
+    out = tilejit.extend_attention(q, k_cache, v_cache, np.array([0, n], np.int32), table,
+                                   np.array([prefix], np.int32), tree_mask=mask.flatten(),
+                                   dtype="bf16")
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint16
+    visible = np.concatenate([np.ones((n, prefix), bool), mask.astype(bool)], axis=1)
+    ref = ref_attn(u16_to_f64(q), to_f64(ks), to_f64(vs), visible=visible)
+    check(u16_to_f64(out), ref, np.abs(to_f64(vs)).max())
+    # The mask matters: the causal answer differs from it for token 2.
+    causal = ref_attn(u16_to_f64(q), to_f64(ks), to_f64(vs), causal=True)
+    assert np.abs(causal[2] - ref[2]).max() > 1e-2

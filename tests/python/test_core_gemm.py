@@ -151,12 +151,13 @@ def test_pickling_refused():
         pickle.dumps(pw)
 
 
-def test_int8_w8a8():
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_int8_w8a8(kind):
     g = torch.Generator().manual_seed(18)
     n, k = 24, 64
     wq = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     scales = torch.rand(n, generator=g) * 0.01 + 0.001
-    pw = tilejit.pack_int8(wq, scales)
+    pw = tilejit.pack_int8(*((wq, scales) if kind == "torch" else (wq.numpy(), scales.numpy())))
     assert pw.format == "int8" and pw.dtype == "i8"
     x = bf16((5, k), 19)
     y = tilejit.gemm(x, pw, out_dtype="f32")
@@ -167,8 +168,30 @@ def test_int8_w8a8():
     tol = 0.5 * sx * np.abs(wd).sum(axis=1)[None, :] + 2.0**-16 * np.abs(to_f64(x)) @ np.abs(wd).T
     check(y, ref, tol)
     u = pw.unpack()
-    assert torch.equal(u["weight"], wq) and torch.equal(u["scales"], scales)
+    assert isinstance(u["weight"], torch.Tensor if kind == "torch" else np.ndarray)
+    np.testing.assert_array_equal(to_f64(u["weight"]), to_f64(wq))
+    np.testing.assert_array_equal(to_f64(u["scales"]), to_f64(scales))
     np.testing.assert_array_equal(to_f64(pw.dequantize()), wd.astype(np.float32))
+
+
+def test_int8_fixed_act_quant_bf16_bias():
+    # ActQuant::fixed: x quantized with the one given scale and zero point.
+    g = torch.Generator().manual_seed(25)
+    n, k = 16, 32
+    wq = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scales = torch.full((1,), 0.01)
+    bias = bf16((n,), 26)
+    x = bf16((3, k), 27)
+    s, zp = 0.02, 128
+    y = tilejit.gemm(x, tilejit.pack_int8(wq, scales), bias=bias, act_quant="fixed",
+                     act_scale=s, act_zero_point=zp, out_dtype="f32")
+    xq = (np.clip(np.round(to_f64(x) / s) + zp, 0, 255) - zp) * s  # the codes x is read as
+    wd = to_f64(wq) * 0.01
+    ref = xq @ wd.T + to_f64(bias)
+    # Exact int32 dot products, then fp32 scaling: a few fp32 roundings.
+    check(y, ref, 2.0**-20 * (np.abs(xq) @ np.abs(wd).T + np.abs(to_f64(bias))))
+    with pytest.raises(tilejit.Error, match="act_scale"):
+        tilejit.gemm(x, tilejit.pack_int8(wq, scales), act_quant="fixed", act_scale=0.0)
 
 
 def test_fp8_block_scales():

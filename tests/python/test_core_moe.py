@@ -77,14 +77,17 @@ def test_topk_softmax_and_sigmoid():
     np.testing.assert_allclose(w, rw, rtol=2**-20)
 
 
-def test_grouped_topk_deepseek_v3():
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_grouped_topk_deepseek_v3(kind):
     g = torch.Generator().manual_seed(2)
     e, groups, topk_group, k = 16, 4, 2, 3
     logits = torch.randn(T, e, generator=g)
     bias = torch.randn(e, generator=g) * 0.1
     tw, ti = torch.empty(T, k), torch.empty(T, k, dtype=torch.int32)
-    tilejit.grouped_topk(logits, tw, ti, score="sigmoid", num_expert_group=groups,
-                         topk_group=topk_group, routed_scaling_factor=2.5, correction_bias=bias)
+    args = (logits, tw, ti) if kind == "torch" else (logits.numpy(), tw.numpy(), ti.numpy())
+    tilejit.grouped_topk(*args, score="sigmoid", num_expert_group=groups,
+                         topk_group=topk_group, routed_scaling_factor=2.5,
+                         correction_bias=bias if kind == "torch" else bias.numpy())
     s = 1 / (1 + np.exp(-to_f64(logits)))
     sel = s + to_f64(bias)
     for t in range(T):

@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -219,3 +220,29 @@ def test_ml_dtypes_bfloat16_arrays_are_bf16():
     assert torch.equal(torch.from_dlpack(pw.unpack()), w)  # a tilejit.Buffer: neither kind
     y = tilejit.gemm(MlDtypesBf16(bf16_to_u16(x)), pw, out=torch.empty(2, 8))
     assert torch.equal(y, tilejit.gemm(x, tilejit.pack_weight(w), out=torch.empty(2, 8)))
+
+
+def test_gil_released_during_the_kernel():
+    # While one thread is inside a long tilejit call, another runs Python:
+    # impossible if the call held the GIL (no Python code runs without it).
+    tilejit.set_num_threads(1)
+    w = tilejit.pack_weight(bf16((2048, 2048), 50))
+    x = bf16((512, 2048), 51)
+    out = torch.empty(512, 2048)
+    tilejit.gemm(x, w, out=out)  # compiled and warm
+    window = []
+
+    def worker():
+        t0 = time.perf_counter()
+        tilejit.gemm(x, w, out=out)
+        window.extend([t0, time.perf_counter()])
+
+    samples = []
+    t = threading.Thread(target=worker)
+    t.start()
+    while t.is_alive():
+        samples.append(time.perf_counter())
+    t.join()
+    t0, t1 = window
+    inside = [s for s in samples if t0 < s < t1]
+    assert len(inside) > 10, f"{len(inside)} samples in a {1e3 * (t1 - t0):.1f} ms call"
