@@ -85,6 +85,8 @@ struct TuneOptions {
   int threads = 0;
   bool resume = false;     // skip entries already in the database
   bool no_search = false;  // only the warm-up (fill the kernel cache with the DB's plans)
+  bool verify = false;     // time each tuned entry against the default, write nothing
+  int rounds = 9;          // --verify: interleaved rounds
 };
 
 int run_llama_layer_job(const LlamaJobOptions& opt);

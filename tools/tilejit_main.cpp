@@ -125,6 +125,11 @@ void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
   c->add_flag("--resume", o.resume, "skip the entries the database already holds");
   c->add_flag("--no-search", o.no_search,
               "only the warm-up: run the workload once with the database's plans");
+  c->add_flag("--verify", o.verify,
+              "time every tuned entry of the database against the default plan (interleaved, "
+              "medians) and write nothing");
+  c->add_option("--rounds", o.rounds, "--verify: interleaved rounds (default 9)")
+      ->check(CLI::Range(5, 1000));
 }
 
 // The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set

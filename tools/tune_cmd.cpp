@@ -419,9 +419,44 @@ void select_plan(const Point& p, const Knobs& k) {
 struct Result {
   std::string label, choice;
   double dflt = 0, tuned = 0, noise = 0;
+  double best_ratio = 1;  // the fastest candidate's median / the default's (first run)
   int tried = 0;
   bool kept = false;
 };
+
+// --verify: every entry of the database with knobs, default against tuned
+// in a process of its own (no selection bias: only these two plans, timed
+// interleaved), the medians, their MADs and the ratio.
+int verify(const Workload& w, const std::vector<Point>& pts, const jit::TuningDb& db, int rounds,
+           Clock::time_point deadline) {
+  const jit::TuningDb cur = db.current();
+  fmt::print("\n{:<64} {:>18} {:>18} {:>7} {}\n", "entry", "default (MAD)", "tuned (MAD)", "ratio",
+             "knobs");
+  std::map<size_t, OpWeights> weights;
+  int64_t verified = 0;
+  for (const Point& p : pts) {
+    if (p.family.empty()) continue;
+    const jit::TunedEntry* e = cur.find(jit::TunedEntry{p.family, p.shape}.id());
+    if (e == nullptr || e->knobs.empty()) continue;
+    for (auto it = weights.begin(); it != weights.end();)
+      it = it->first == p.op ? std::next(it) : weights.erase(it);
+    const std::function<void()> call = make_call(w.ops[p.op], p, weights[p.op]);
+    std::vector<Contender> cs = {{[&] { select_plan(p, {}); }, {}},
+                                 {[&] { select_plan(p, e->knobs); }, {}}};
+    if (measure_interleaved(cs, call, rounds, rounds, 0, deadline, [] {}) != Stop::none) {
+      fmt::print("tilejit tune --verify: stopped (^C or budget)\n");
+      return 130;
+    }
+    const Stats d = stats_of(cs[0].samples), t = stats_of(cs[1].samples);
+    fmt::print("{:<64} {:>18} {:>18} {:>7.3f} {} ({} interleaved rounds)\n", p.label,
+               fmt::format("{} ({})", us_str(d.median), us_str(d.mad)),
+               fmt::format("{} ({})", us_str(t.median), us_str(t.mad)), t.median / d.median,
+               knobs_str(e->knobs), d.samples);
+    ++verified;
+  }
+  fmt::print("{} tuned entries verified; the other entries run the default plan\n", verified);
+  return 0;
+}
 
 }  // namespace
 
@@ -480,9 +515,19 @@ int run_tune(const TuneOptions& opt) {
       duration_str(budget), opt.out);
   fmt::print("kernel cache {}\n",
              cache_stats().disk_dir.empty() ? "off (TILEJIT_CACHE_DIR=)" : cache_stats().disk_dir);
+  // Interleaving keeps default and candidates on equal terms under load, but
+  // a loaded machine widens the noise (fewer wins pass the rule) and favours
+  // finer task splits: say so.
+  double load = 0;
+  if (std::ifstream la("/proc/loadavg"); la >> load && load > 0.5)
+    fmt::print(
+        "note: load average {:.2f} before tuning: other processes compete for the cores; "
+        "timings are noisier and a win under load may not be one on a quiet machine\n",
+        load);
   std::fflush(stdout);
 
   install_sigint_handler();
+  if (opt.verify) return verify(w, pts, db, opt.rounds, deadline);
   Progress progress(static_cast<int64_t>(todo.size()), budget);
   std::vector<Result> results;
   Stop stop = Stop::none;
@@ -511,6 +556,7 @@ int run_tune(const TuneOptions& opt) {
       if (stats_of(cs[c].samples).median < stats_of(cs[best].samples).median) best = c;
     Knobs chosen;
     Stats sd = d, sc = d;
+    res.best_ratio = best ? stats_of(cs[best].samples).median / d.median : 1.0;
     if (best != 0 && beats(d, stats_of(cs[best].samples))) {
       // 2. The winner again, against the default alone: the best of several
       // noisy medians is biased low, a fresh interleaved run is not.
@@ -567,10 +613,14 @@ int run_tune(const TuneOptions& opt) {
 
   // The report.
   if (!results.empty()) {
-    fmt::print("\n{:<64} {:>11} {:>11} {:>8} {}\n", "entry", "default", "tuned", "ratio", "choice");
+    // ratio: tuned / default (a kept entry: from the confirmation run; else
+    // 1, the default runs); best: the fastest candidate / default in the
+    // first run, kept or not.
+    fmt::print("\n{:<64} {:>11} {:>11} {:>7} {:>6} {:>5} {}\n", "entry", "default", "tuned",
+               "ratio", "best", "tried", "choice");
     for (const Result& r : results)
-      fmt::print("{:<64} {:>11} {:>11} {:>8.3f} {}\n", r.label, us_str(r.dflt), us_str(r.tuned),
-                 r.tuned / r.dflt, r.choice);
+      fmt::print("{:<64} {:>11} {:>11} {:>7.3f} {:>6.3f} {:>5} {}\n", r.label, us_str(r.dflt),
+                 us_str(r.tuned), r.tuned / r.dflt, r.best_ratio, r.tried, r.choice);
   }
 
   // Warm-up: every operator of the workload once, with the chosen plans, so
