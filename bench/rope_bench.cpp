@@ -43,7 +43,15 @@ void run(const Shape& s) {
   std::vector<uint8_t> q(size_t(s.t * s.hq * s.d * eb), 0x3c),
       k(size_t(s.t * s.hk * s.d * eb), 0x3c);
   std::vector<float> cache(size_t(maxpos * s.rd));
-  for (size_t i = 0; i < cache.size(); ++i) cache[i] = std::cos(double(i));
+  // A real cos / sin table: the bench rotates q and k in place thousands of
+  // times, and only true rotations keep the values from drifting into
+  // subnormals (slow arithmetic, the kernel's integer-rounding branch) or Inf.
+  for (int64_t p = 0; p < maxpos; ++p)
+    for (int64_t i = 0; i < s.rd / 2; ++i) {
+      const double th = double(p) * std::pow(500000.0, -2.0 * double(i) / double(s.rd));
+      cache[size_t(p * s.rd + i)] = float(std::cos(th));
+      cache[size_t(p * s.rd + s.rd / 2 + i)] = float(std::sin(th));
+    }
   std::vector<int32_t> pos(size_t(s.t));
   for (int64_t i = 0; i < s.t; ++i) pos[i] = int32_t((i * 7919) % maxpos);
   tilejit::TensorView qv(q.data(), s.dtype, {s.t, s.hq, s.d}),
