@@ -125,34 +125,37 @@ def pack_weight(w, dtype=None):
 
 def pack_int8(weight, scales):
     """int8 W8A8: weight int8 [N, K], scales f32 [N] or [1]."""
+    packed = _core.pack_int8(weight, scales)  # first: its checks name the arguments
     src = {"weight": _describe(weight), "scales": _describe(scales)}
-    return _tag(_core.pack_int8(weight, scales), weight, ("int8", src))
+    return _tag(packed, weight, ("int8", src))
 
 
 def pack_fp8(weight, scales, block_n=0, block_k=0):
     """fp8 e4m3 W8A16: weight uint8 codes, logically [N, K] (any strides),
     scales f32 [1], [N] or block scales [ceil(N/block_n), ceil(K/block_k)]."""
+    packed = _core.pack_fp8(weight, scales, block_n, block_k)
     src = {"weight": _describe(weight), "scales": _describe(scales),
            "block_n": block_n, "block_k": block_k}
-    return _tag(_core.pack_fp8(weight, scales, block_n, block_k), weight, ("fp8", src))
+    return _tag(packed, weight, ("fp8", src))
 
 
 def pack_int4(qweight, scales, qzeros=None, g_idx=None, format="gptq", group_size=128,
               gptq_v2=False, n=0, k=0, dtype=None):
     """int4 W4A16 (GPTQ or AWQ checkpoints); see docs/quantized.md."""
+    packed = _core.pack_int4(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
+                             dtype)
     src = {"qweight": _describe(qweight), "scales": _describe(scales, dtype),
            "qzeros": None if qzeros is None else _describe(qzeros),
            "g_idx": None if g_idx is None else _describe(g_idx),
            "format": format, "group_size": group_size, "gptq_v2": gptq_v2, "n": n, "k": k}
-    packed = _core.pack_int4(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
-                             dtype)
     return _tag(packed, qweight, ("int4", src))
 
 
 def pack_mxfp4(blocks, scales, k=0):
     """MXFP4 W4A16: blocks uint8 [N, K/32, 16] or [N, K/2], scales uint8 [N, ceil(K/32)]."""
+    packed = _core.pack_mxfp4(blocks, scales, k)
     src = {"blocks": _describe(blocks), "scales": _describe(scales), "k": k}
-    return _tag(_core.pack_mxfp4(blocks, scales, k), blocks, ("mxfp4", src))
+    return _tag(packed, blocks, ("mxfp4", src))
 
 
 def _alloc_src(kind, desc):
@@ -331,14 +334,15 @@ def _first(w, key):
 
 def pack_experts_int8(w, proj="gate_up", glu_rows="halves"):
     """w: one (weight int8, scales f32) pair per expert."""
+    packed = _core.pack_experts_int8(w, proj, glu_rows)  # first: its checks name the entries
     src = [(_describe(a), _describe(b)) for a, b in w]
-    return _tag(_core.pack_experts_int8(w, proj, glu_rows), _first(w, 0), ("int8", src))
+    return _tag(packed, _first(w, 0), ("int8", src))
 
 
 def pack_experts_fp8(w, block_n=0, block_k=0, proj="gate_up", glu_rows="halves"):
     """w: one (weight uint8 e4m3 codes, scales f32) pair per expert."""
-    src = [(_describe(a), _describe(b)) for a, b in w]
     packed = _core.pack_experts_fp8(w, block_n, block_k, proj, glu_rows)
+    src = [(_describe(a), _describe(b)) for a, b in w]
     return _tag(packed, _first(w, 0), ("fp8", {"list": src, "block_n": block_n,
                                                 "block_k": block_k}))
 
@@ -350,9 +354,9 @@ def pack_experts_int4(w, format="gptq", group_size=128, gptq_v2=False, proj="gat
                       glu_rows="halves", dtype=None):
     """w: one dict per expert with qweight, scales and optional qzeros,
     g_idx, n, k (pack_int4's arguments)."""
+    packed = _core.pack_experts_int4(w, format, group_size, gptq_v2, proj, glu_rows, dtype)
     src = [{key: _describe(d[key], dtype) for key in _INT4_KEYS if d.get(key) is not None}
            for d in w]
-    packed = _core.pack_experts_int4(w, format, group_size, gptq_v2, proj, glu_rows, dtype)
     extra = [{key: d[key] for key in ("n", "k") if key in d} for d in w]
     return _tag(packed, _first(w, "qweight"),
                 ("int4", {"list": src, "extra": extra, "format": format,
@@ -362,9 +366,9 @@ def pack_experts_int4(w, format="gptq", group_size=128, gptq_v2=False, proj="gat
 def pack_experts_mxfp4(w, k=0, proj="gate_up", glu_rows="halves"):
     """w: one (blocks uint8, scales uint8) pair per expert (GPT-OSS: gate_up
     with glu_rows="interleaved")."""
+    packed = _core.pack_experts_mxfp4(w, k, proj, glu_rows)
     src = [(_describe(a), _describe(b)) for a, b in w]
-    return _tag(_core.pack_experts_mxfp4(w, k, proj, glu_rows), _first(w, 0),
-                ("mxfp4", {"list": src, "k": k}))
+    return _tag(packed, _first(w, 0), ("mxfp4", {"list": src, "k": k}))
 
 
 def _experts_unpack(self, out=None):

@@ -173,6 +173,10 @@ def test_pack_experts_errors():
         tilejit.pack_experts(bf16((E, 2 * I, H), 15), proj="up")
     with pytest.raises(tilejit.Error, match=r"w\[0\]: expected a \(weight, scales\) pair"):
         tilejit.pack_experts_int8([torch.zeros(2, 2)])
+    with pytest.raises(tilejit.Error, match=r"w\[1\]: expected a \(weight, scales\) pair"):
+        tilejit.pack_experts_int8([(torch.zeros(2, 2, dtype=torch.int8), torch.ones(2)), 3])
+    with pytest.raises(tilejit.Error, match="weight: an object of type 'int'"):
+        tilejit.pack_int8(3, torch.ones(2))
     p13 = tilejit.pack_experts(bf16((E, 2 * I, H), 16), "gate_up")
     _, tw, ti = routed(17)
     with pytest.raises(tilejit.Error, match="w2: expected a tilejit.PackedExperts"):
