@@ -18,20 +18,31 @@ def bf16_round(a):
     return torch.from_numpy(a).to(torch.bfloat16).double().numpy()
 
 
-def ref_moe(x, w13, w2, tw, ti, rsf=1.0):
+def ref_moe(x, w13, w2, tw, ti, rsf=1.0, with_wmag=False):
+    """(out, mag), and with with_wmag the effect of the kernel's weights
+    being within 2^-8 |w| of these (quantized experts dequantized to bf16
+    inside the GEMMs): gate / up off by dg = 2^-8 (|W13| @ |x|), so
+    |da| <= |silu'(g)| dg |u| + |silu(g)| du (|silu'| <= 1.1), carried
+    through |W2|, plus 2^-8 (|W2| @ |a|) for the down weights."""
     x, w13, w2, tw = to_f64(x), to_f64(w13), to_f64(w2), to_f64(tw)
     ti = np.asarray(ti)
     i = w2.shape[2]
     out, mag = np.zeros((x.shape[0], w2.shape[1])), np.zeros((x.shape[0], w2.shape[1]))
+    wmag = np.zeros_like(out)
     for t in range(x.shape[0]):
         for j in range(ti.shape[1]):
             e = ti[t, j]
             gu = w13[e] @ x[t]
             g, u = gu[:i], gu[i:]
-            a = bf16_round(g / (1 + np.exp(-g)) * u)
+            silu = g / (1 + np.exp(-g))
+            a = bf16_round(silu * u)
+            wt = abs(rsf * tw[t, j])
             out[t] += rsf * tw[t, j] * (w2[e] @ a)
-            mag[t] += abs(rsf * tw[t, j]) * (np.abs(w2[e]) @ np.abs(a))
-    return out, mag
+            mag[t] += wt * (np.abs(w2[e]) @ np.abs(a))
+            d = 2.0**-8 * (np.abs(w13[e]) @ np.abs(x[t]))
+            da = 1.1 * d[:i] * np.abs(u) + np.abs(silu) * d[i:]
+            wmag[t] += wt * (np.abs(w2[e]) @ (da + 2.0**-8 * np.abs(a)))
+    return (out, mag, wmag) if with_wmag else (out, mag)
 
 
 def check_moe(out, ref, mag, is_bf16):
@@ -181,3 +192,71 @@ def test_pack_experts_errors():
     _, tw, ti = routed(17)
     with pytest.raises(tilejit.Error, match="w2: expected a tilejit.PackedExperts"):
         tilejit.fused_experts(bf16((T, H), 18), p13, torch.zeros(1), tw, ti)
+
+
+def fp8_codes(shape, rng):
+    c = rng.integers(0, 256, shape, dtype=np.uint8)
+    c[(c & 0x7F) == 0x7F] = 0x38  # no NaN codes (refused)
+    c[((c >> 3) & 15) > 8] &= 0xC7  # |w| <= 2: the GEMMs stay in a sane range
+    return c
+
+
+def test_fp8_experts_block_scales_torch():
+    rng = np.random.default_rng(20)
+    w13 = [(torch.from_numpy(fp8_codes((2 * I, H), rng)), torch.rand(1, 1) * 0.05 + 0.01)
+           for _ in range(E)]
+    w2 = [(torch.from_numpy(fp8_codes((H, I), rng)), torch.rand(1, 1) * 0.05 + 0.01)
+          for _ in range(E)]
+    p13 = tilejit.pack_experts_fp8(w13, block_n=128, block_k=128, proj="gate_up")
+    p2 = tilejit.pack_experts_fp8(w2, block_n=128, block_k=128, proj="down")
+    assert p13.format == "fp8_e4m3" and p2.num_experts == E
+    for (a, b), (ua, ub) in zip(w13, p13.unpack()):
+        assert torch.equal(a, ua) and torch.equal(b, ub)
+    x = bf16((T, H), 21)
+    _, tw, ti = routed(22)
+    out = tilejit.fused_experts(x, p13, p2, tw, ti, out_dtype="f32")
+    ref, mag, wmag = ref_moe(x, p13.dequantize(), p2.dequantize(), tw, ti, with_wmag=True)
+    err = np.abs(to_f64(out) - ref)
+    assert (err <= 2.0**-7 * mag + wmag + 1e-30).all(), err.max()
+
+
+def test_int4_experts_numpy_roundtrip():
+    rng = np.random.default_rng(23)
+    gs = 32
+
+    def expert(n, k):
+        return {"qweight": rng.integers(-2**31, 2**31, (k // 8, n), dtype=np.int64).astype(np.int32),
+                "scales": (rng.random((k // gs, n)) * 0.01 + 0.001).astype(np.float32)}
+
+    w13 = [expert(2 * I, H) for _ in range(E)]
+    w2 = [expert(H, I) for _ in range(E)]
+    p13 = tilejit.pack_experts_int4(w13, format="gptq", group_size=gs, proj="gate_up")
+    p2 = tilejit.pack_experts_int4(w2, format="gptq", group_size=gs, proj="down")
+    assert p13.format == "int4_gptq" and (p13.n, p13.k) == (I, H)
+    for e, u in zip(w13, p13.unpack()):
+        np.testing.assert_array_equal(u["qweight"], e["qweight"])
+        np.testing.assert_array_equal(u["scales"], e["scales"])
+    # Symmetric (no qzeros): z = 8. Expert 0's gate/up rows by the GPTQ rule.
+    q = (w13[0]["qweight"].astype(np.uint32)[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 15
+    q = q.reshape(H, 2 * I).astype(np.float64)
+    wd = ((q - 8) * np.repeat(w13[0]["scales"].astype(np.float64), gs, axis=0)).T
+    np.testing.assert_allclose(to_f64(p13.dequantize()[0]), wd, rtol=2**-23, atol=0)
+    x = bf16_to_u16(bf16((T, H), 24))
+    _, tw, ti = routed(25)
+    out = tilejit.fused_experts(x, p13, p2, tw.numpy(), ti.numpy(), out_dtype="f32", dtype="bf16")
+    ref, mag, wmag = ref_moe(u16_to_f64(x), p13.dequantize(), p2.dequantize(), tw, ti,
+                             with_wmag=True)
+    err = np.abs(out - ref)
+    assert (err <= 2.0**-7 * mag + wmag + 1e-30).all(), err.max()
+
+
+def test_topk_softmax_bf16_logits():
+    logits = bf16((T, E), 26)
+    tw, ti = torch.empty(T, K), torch.empty(T, K, dtype=torch.int32)
+    tilejit.topk_softmax(logits, tw, ti, renormalize=False)
+    lf = to_f64(logits)
+    p = np.exp(lf - lf.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    rw, rid = ref_topk(p, K, False)
+    assert np.array_equal(ti.numpy(), rid)  # ties in bf16 logits: lower id first (stable sort)
+    np.testing.assert_allclose(to_f64(tw), rw, rtol=2**-20)
