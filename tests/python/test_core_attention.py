@@ -67,7 +67,6 @@ def check(out, ref, vmax):
     {"sm_scale": 0.3, "sinks": True, "alibi": True},
 ])
 def test_flash_attn_varlen_torch(opts):
-    lq, lk = [5, 3], [5, 7]
     hq, hkv, d, dv = 4, 2, 64, 32
     q, k, v = bf16((8, hq, d), 1), bf16((12, hkv, d), 2), bf16((12, hkv, dv), 3)
     cu_q = torch.tensor([0, 5, 8], dtype=torch.int32)
