@@ -509,3 +509,30 @@ def test_attention_errors():
     with pytest.raises(tilejit.Error):  # the library's own check: out of bf16
         sgl.flash_attn_varlen_func(q.float(), q, q, torch.tensor([0, 2], dtype=torch.int32),
                                    torch.tensor([0, 2], dtype=torch.int32), 2, 2, False)
+
+
+def test_rotary_embedding_fused_qkv_views():
+    # q and k as column slices of one qkv buffer (row stride (Hq + 2 Hk) D), as sglang passes them.
+    t, hq, hk, d = 7, 4, 2, 64
+    qkv = rnd((t, (hq + 2 * hk) * d), 57)
+    q, k = qkv[:, :hq * d], qkv[:, hq * d:(hq + hk) * d]
+    v0 = qkv[:, (hq + hk) * d:].clone()
+    cache = rnd((16, d), 58, dtype=torch.float32)
+    pos = torch.arange(t) % 16
+    rq, mq = ref_rope(q.to(F64).reshape(t, hq, d), pos, cache.to(F64)[pos], True, d)
+    oq, _ = sgl.rotary_embedding_cpu(pos, q, k, d, cache, True)
+    assert oq is q
+    within(qkv[:, :hq * d].reshape(t, hq, d), rq, rope_tol(rq, mq), "fused q")
+    assert torch.equal(qkv[:, (hq + hk) * d:], v0)  # v untouched
+
+
+def test_fused_experts_takes_packed_experts():
+    # int4 and other formats without an sgl-kernel flag: PackedExperts passed as w1 / w2.
+    e, h, inter, t = 3, 64, 32, 4
+    w1, w2 = rnd((e, 2 * inter, h), 59, 0.1), rnd((e, h, inter), 60, 0.1)
+    x = rnd((t, h), 61)
+    tw, ti = routed(t, e, 2, 62)
+    out = sgl.fused_experts_cpu(x, tilejit.pack_experts(w1, proj="gate_up"),
+                                tilejit.pack_experts(w2, proj="down"), tw, ti, False)
+    ref, mag = ref_experts(x, w1.to(F64), w2.to(F64), tw, ti)
+    within(out, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs(), "PackedExperts")
