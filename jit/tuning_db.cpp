@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "ir/activation.h"
@@ -231,14 +232,22 @@ std::string ShapeClass::text() const {
   return s;
 }
 
+namespace {
+// The upper ends of the count buckets (the last bucket is open).
+constexpr int64_t kCountEdges[] = {1, 4, 16, 64, 256, 1024};
+int count_bucket_index(int64_t n) {
+  int i = 0;
+  while (i < static_cast<int>(std::size(kCountEdges)) && n > kCountEdges[i]) ++i;
+  return i;
+}
+}  // namespace
+
 std::string count_bucket(int64_t n) {
-  constexpr int64_t kEdges[] = {1, 4, 16, 64, 256, 1024};
-  int64_t lo = 1;
-  for (int64_t hi : kEdges) {
-    if (n <= hi) return lo == hi ? fmt::format("{}", hi) : fmt::format("{}-{}", lo, hi);
-    lo = hi + 1;
-  }
-  return fmt::format("{}+", lo);
+  const int i = count_bucket_index(n);
+  const int64_t lo = i == 0 ? 1 : kCountEdges[i - 1] + 1;
+  if (i == static_cast<int>(std::size(kCountEdges))) return fmt::format("{}+", lo);
+  const int64_t hi = kCountEdges[i];
+  return lo == hi ? fmt::format("{}", hi) : fmt::format("{}-{}", lo, hi);
 }
 
 std::string seq_bucket(int64_t n) {
@@ -438,6 +447,7 @@ struct Global {
   std::atomic<bool> any{false};
   std::atomic<bool> installed{false};  // a database was installed (API or env)
   std::atomic<uint64_t> used{0};
+  std::atomic<uint64_t> generation{0};  // installs so far (find_tuned_gemm's tables)
   std::once_flag env_once;
 };
 Global& global() {
@@ -477,6 +487,7 @@ void install_tuning_db(TuningDb db, const std::string& source) {
   g.any.store(!index->empty(), std::memory_order_release);
   g.index = index;
   g.all.push_back(std::move(index));
+  g.generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool tuning_db_active() {
@@ -505,6 +516,39 @@ const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape)
     }
   }
   return &s.entry;
+}
+
+const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, int64_t k,
+                                              codegen::BiasKind bias, Activation act, DType out,
+                                              int64_t m) {
+  static const codegen::PlanOverrides kNone;
+  if (!tuning_db_active()) return kNone;
+  Global& g = global();
+  // The M bucket's index stands for the bucket; the generation for the
+  // database installed.
+  const int bucket = count_bucket_index(m);
+  using Key = std::tuple<uint64_t, int, int, int64_t, int64_t, int, int, int, int>;
+  struct KeyHash {
+    size_t operator()(const Key& x) const {
+      return std::hash<uint64_t>()(std::get<0>(x) * 1000003u ^ uint64_t(std::get<3>(x)) * 31 ^
+                                   uint64_t(std::get<4>(x)) * 131 ^ uint64_t(std::get<8>(x)));
+    }
+  };
+  thread_local std::unordered_map<Key, codegen::PlanOverrides, KeyHash> cache;
+  const Key key{g.generation.load(std::memory_order_acquire),
+                static_cast<int>(path),
+                threads,
+                n,
+                k,
+                static_cast<int>(bias),
+                static_cast<int>(act),
+                static_cast<int>(out),
+                bucket};
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() > 4096) cache.clear();  // old generations
+  const TunedEntry* e =
+      find_tuned("gemm", gemm_shape_class(path, threads, n, k, bias, act, out, m));
+  return cache.emplace(key, e ? gemm_overrides(*e) : kNone).first->second;
 }
 
 uint64_t tuned_plans_used() {

@@ -94,6 +94,14 @@ void install_tuning_db(TuningDb db, const std::string& source);
 // database is loaded (one atomic load). A returned entry is counted once
 // in cache_stats().tuned_plans and logged once under TILEJIT_VERBOSE.
 const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape);
+// The plan overrides of the entry for a bf16 GEMM's shape class
+// (gemm_shape_class; empty: none), answered from a per-thread table after
+// the first call per shape and database: what tilejit::gemm asks on every
+// call when a database is loaded. The reference is valid until this thread's
+// next call.
+const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, int64_t k,
+                                              codegen::BiasKind bias, Activation act, DType out,
+                                              int64_t m);
 // Whether a database with entries is loaded (callers skip building shape
 // classes when not): one atomic load after the first call.
 bool tuning_db_active();

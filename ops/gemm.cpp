@@ -80,12 +80,11 @@ GemmExecutable& build_executable(const PlanKey& key) {
 
 }  // namespace
 
-codegen::PlanOverrides tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m) {
-  if (path == Isa::scalar || !jit::tuning_db_active()) return {};
-  const jit::TunedEntry* e =
-      jit::find_tuned("gemm", jit::gemm_shape_class(path, runtime::num_threads(), spec.n, spec.k,
-                                                    spec.bias, spec.act, spec.out, m));
-  return e ? jit::gemm_overrides(*e) : codegen::PlanOverrides{};
+const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m) {
+  static const codegen::PlanOverrides kNone;
+  if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
+  return jit::find_tuned_gemm(path, runtime::num_threads(), spec.n, spec.k, spec.bias, spec.act,
+                              spec.out, m);
 }
 
 codegen::BiasKind bias_kind(const GemmOptions& opt) {
@@ -267,7 +266,7 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
   if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
   const Isa path = runtime::active_isa();
   const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
-  const codegen::PlanOverrides tuned = ops::tuned_gemm(path, spec, M);
+  const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
   if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
 

@@ -35,8 +35,9 @@ GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa);
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa,
                                 const codegen::PlanOverrides& tuned);
 // The tuned overrides for a bf16 GEMM of m rows on `path` (none when the
-// loaded tuning database has no entry for its shape class).
-codegen::PlanOverrides tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m);
+// loaded tuning database has no entry for its shape class). Valid until the
+// thread's next call.
+const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m);
 
 codegen::BiasKind bias_kind(const GemmOptions& opt);
 
