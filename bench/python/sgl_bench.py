@@ -6,9 +6,8 @@ the same sgl-kernel semantics, on the same tensors.
 
 sgl-kernel's and vLLM's CPU ops are not installable here (no PyPI on this
 machine), so the peer is plain torch: what an engine runs when those ops are
-missing (sglang's forward_native paths). Debian's torch 1.13 is built with
-the generic (reference) BLAS, so its matmuls are far slower than a pip
-torch's: the GEMM-bound rows measure that, not a tuned torch. Each number is
+missing (sglang's forward_native paths): bf16 matmuls (oneDNN in Debian's
+torch 1.13, with AMX here) and f32 element-wise math. Each number is
 the median of --reps calls after one warm-up call (the warm-up compiles
 tilejit's kernels), tilejit and torch on the same thread count (OpenMP
 waiting passively, see below); every row also checks that both sides agree (max
@@ -67,8 +66,12 @@ def row(name, shape, f_tj, f_torch, reps, check):
 
 # ---- plain-torch versions of the sgl-kernel ops ------------------------------------
 
+# The torch side computes as an engine's native bf16 path does: matmuls on
+# bf16 tensors (oneDNN in this torch build; its f32 matmul is the generic
+# reference BLAS, ~200x slower), element-wise math in f32.
+
 def torch_linear(x, w, b):
-    return (x.float() @ w.float().T + b).to(BF)
+    return (x @ w.T + b).to(BF)
 
 
 def torch_experts(x, w1, w2, tw, ti):
@@ -76,9 +79,9 @@ def torch_experts(x, w1, w2, tw, ti):
     inter = w2.shape[2]
     for e in ti.unique().tolist():
         tok, slot = (ti == e).nonzero(as_tuple=True)
-        gu = x[tok].float() @ w1[e].float().T
-        a = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(BF).float()
-        out.index_add_(0, tok, tw[tok, slot, None] * (a @ w2[e].float().T))
+        gu = (x[tok] @ w1[e].T).float()
+        a = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(BF)
+        out.index_add_(0, tok, tw[tok, slot, None] * (a @ w2[e].T).float())
     return out.to(BF)
 
 
@@ -113,14 +116,14 @@ def torch_rope(pos, q, k, d, cache):
 def torch_attn(q, k, v, causal, scale):
     """One sequence; q [n, Hq, D], k/v [m, Hkv, D]; bottom-right causal."""
     grp = q.shape[1] // k.shape[1]
-    kf = k.float().repeat_interleave(grp, 1)
-    vf = v.float().repeat_interleave(grp, 1)
-    s = torch.einsum("nhd,mhd->hnm", q.float(), kf) * scale
+    kh = k.repeat_interleave(grp, 1).transpose(0, 1)  # [H, m, D] bf16
+    vh = v.repeat_interleave(grp, 1).transpose(0, 1)
+    s = torch.matmul(q.transpose(0, 1), kh.transpose(1, 2)).float() * scale  # [H, n, m]
     if causal:
         n, m = q.shape[0], k.shape[0]
         mask = torch.arange(m)[None, :] > (m - n + torch.arange(n))[:, None]
         s = s.masked_fill(mask, -math.inf)
-    return torch.einsum("hnm,mhd->nhd", torch.softmax(s, -1), vf).to(BF)
+    return torch.matmul(torch.softmax(s, -1).to(BF), vh).transpose(0, 1)
 
 
 def main():
