@@ -456,7 +456,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     (query i of a sequence with Tq queries and Tk keys sees keys
     j <= Tk - Tq + i, FlashAttention 2.1+). max_seqlen_q / max_seqlen_k have
     no meaning here (ignored). Extras: logit_cap (softcap), sliding_window_size
-    (window left), sinks [Hq]. Any head size (sgl-kernel: a fixed list)."""
+    (window left), sinks [Hq]. Any even head size up to 576 (sgl-kernel: a fixed
+    list)."""
     return tilejit.flash_attn_varlen(q, k, v, _i32("cu_seqlens_q", cu_seqlens_q),
                                      _i32("cu_seqlens_k", cu_seqlens_k), causal=causal,
                                      sm_scale=sm_scale, softcap=float(logit_cap),
@@ -504,7 +505,7 @@ def decode_attention_cpu(query, k_cache, v_cache, output, key, value, loc, attn_
     convention); ``sinks`` [Hq] (GPT-OSS) joins the softmax denominator.
     fp8 caches: uint8 e4m3 codes with ``k_scale`` / ``v_scale``.
     ``attn_logits`` (sgl-kernel's split-KV scratch) has no meaning here and is
-    not touched. Any head size, any GQA ratio."""
+    not touched. Any even head size up to 576 (tilejit::Limits), any GQA ratio."""
     kc, vc = _paged("k_cache", k_cache), _paged("v_cache", v_cache)
     tilejit.store_kv(key, value, kc, vc, _tensor("loc", loc), k_scale=k_scale, v_scale=v_scale)
     bt = _block_table(req_to_token, req_pool_indices, _tensor("seq_lens", seq_lens))
