@@ -219,7 +219,8 @@ class RopeEmitter : public KernelEmitter {
         name);
   }
 
-  // One rotated vector of a head: `active` f32 lanes for elements offset...
+  // One rotated vector of a head: f32 lanes 0 .. active - 1 are the results
+  // for elements offset .. offset + active - 1 (the other lanes hold 0).
   struct Out {
     int64_t offset;
     llvm::Value* v;
