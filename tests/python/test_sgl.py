@@ -536,3 +536,28 @@ def test_fused_experts_takes_packed_experts():
                                 tilejit.pack_experts(w2, proj="down"), tw, ti, False)
     ref, mag = ref_experts(x, w1.to(F64), w2.to(F64), tw, ti)
     within(out, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs(), "PackedExperts")
+
+
+def test_decode_attention_cpu_fp8_cache():
+    # uint8 e4m3 codes with sglang's k_scale / v_scale (cache holds e4m3(x / scale)); the
+    # reference reads the same codes (the new token's as store_kv wrote them) times the scale.
+    hq, hkv, d, n_slots, ks, vs = 4, 2, 96, 24, 0.05, 0.02
+    seq_lens = [4, 7, 2]
+    req_to_token, rpi = token_pool(n_slots, seq_lens, 63)
+    g = torch.Generator().manual_seed(64)
+    kb = torch.randint(0, 0x70, (n_slots, hkv, d), generator=g, dtype=torch.int64)
+    kb = (kb + 128 * torch.randint(0, 2, kb.shape, generator=g)).to(torch.uint8)
+    vb = torch.randint(0, 0x70, (n_slots, hkv, d), generator=g, dtype=torch.int64).to(torch.uint8)
+    q, key, value = rnd((3, hq, d), 65), rnd((3, hkv, d), 66, 0.5), rnd((3, hkv, d), 67, 0.5)
+    loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rpi.tolist(), seq_lens)]).long()
+    out = torch.empty(3, hq, d, dtype=torch.bfloat16)
+    sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, None, req_to_token, rpi,
+                             torch.tensor(seq_lens), 0.1, 0.0, -1, None, ks, vs)
+    # The new rows were quantized: within half an e4m3 step (2^-4 relative) of key / scale.
+    kn = e4m3_to_f64(kb[loc]) * ks
+    assert bool(((kn - key.to(F64)).abs() <= 2.0**-4 * key.to(F64).abs() + 2.0**-9 * ks).all())
+    for b, (r, n) in enumerate(zip(rpi.tolist(), seq_lens)):
+        slots = req_to_token[r, :n].long()
+        kk, vv = e4m3_to_f64(kb[slots]) * ks, e4m3_to_f64(vb[slots]) * vs
+        ref = ref_attn(q[b:b + 1].to(F64), kk, vv, False, 0.1)
+        within(out[b:b + 1], ref, attn_tol(ref, vv), f"fp8 seq {b}")
