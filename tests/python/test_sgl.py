@@ -403,7 +403,6 @@ def attn_tol(ref, v):
 @pytest.mark.parametrize("d,causal", [(80, True), (192, False), (112, True)])
 def test_flash_attn_varlen_func(d, causal):
     hq, hkv, dv = 4, 2, 64
-    lq, lk = [3, 5], [6, 5]
     q, k, v = rnd((8, hq, d), 37), rnd((11, hkv, d), 38), rnd((11, hkv, dv), 39)
     cu_q = torch.tensor([0, 3, 8], dtype=torch.int32)
     cu_k = torch.tensor([0, 6, 11], dtype=torch.int32)
