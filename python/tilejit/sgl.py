@@ -536,7 +536,7 @@ def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
 def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
                          req_to_token, req_pool_indices, seq_lens, extend_seq_lens,
                          extend_start_loc, max_len_extend, sm_scale, logit_cap=0.0,
-                         sliding_window_size=-1, sinks=None, custom_mask=None):
+                         sliding_window_size=-1, sinks=None, custom_mask=None, tree_mask=None):
     """sgl-kernel ``extend_attention_cpu``: request b's new tokens
     q_extend[extend_start_loc[b] : + extend_seq_lens[b]] (positions
     prefix_len + i, prefix_len = seq_lens[b] - extend_seq_lens[b]) attend to
@@ -548,8 +548,12 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     otherwise). ``max_len_extend`` has no meaning here (ignored).
     ``custom_mask`` (speculative decoding, sglang's layout: per request
     [n_b, seq_len_b] row-major, flattened) replaces the causal rule among
-    the new tokens; its prefix columns must all be set. logit_cap,
+    the new tokens; its prefix columns must all be set. ``tree_mask``
+    instead takes tilejit's layout directly (uint8 [sum_b n_b^2], new token
+    i against new token j per request); not both. logit_cap,
     sliding_window_size and sinks as in :func:`decode_attention_cpu`."""
+    _need(custom_mask is None or tree_mask is None,
+          "extend_attention_cpu: custom_mask and tree_mask both given; allowed: one")
     lens = _i32("extend_seq_lens", extend_seq_lens)
     start = _i32("extend_start_loc", extend_start_loc)
     sl = _i32("seq_lens", seq_lens)
@@ -561,7 +565,7 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     _need(bool((prefix >= 0).all()), f"seq_lens={sl.tolist()} < extend_seq_lens="
           f"{lens.tolist()}; allowed: seq_lens >= extend_seq_lens")
     bt = _block_table(req_to_token, req_pool_indices, sl)
-    tm = None if custom_mask is None else _extend_tree_mask(custom_mask, lens, sl)
+    tm = tree_mask if custom_mask is None else _extend_tree_mask(custom_mask, lens, sl)
     tilejit.extend_attention(q_extend, _paged("k_buffer", k_buffer),
                              _paged("v_buffer", v_buffer), indptr, bt, prefix, out=o_extend,
                              sm_scale=sm_scale, softcap=float(logit_cap),

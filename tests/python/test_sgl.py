@@ -474,6 +474,23 @@ def test_extend_attention_cpu(d, mask):
     out = torch.empty(tq, hq, dv, dtype=torch.bfloat16)
     sgl.extend_attention_cpu(q, ke, ve, out, kb, vb, req_to_token, rpi, torch.tensor(seq_lens),
                              torch.tensor(ext), start, max(ext), 0.125, 0.0, -1, None, custom)
+    if custom is not None:  # the same mask in tilejit's layout (new x new per request)
+        tm, at = [], 0
+        for p, e in zip(prefix, ext):
+            tm.append(custom[at:at + e * (p + e)].view(e, p + e)[:, p:].reshape(-1))
+            at += e * (p + e)
+        out2 = torch.empty_like(out)
+        sgl.extend_attention_cpu(q, ke, ve, out2, kb, vb, req_to_token, rpi,
+                                 torch.tensor(seq_lens), torch.tensor(ext), start, max(ext),
+                                 0.125, tree_mask=torch.cat(tm).to(torch.uint8))
+        # Not bit-equal by contract (split-KV may order sums per thread): within one
+        # output rounding of each other, 2^-8 |out| + 2^-9 max|v| (P's bf16 rounding).
+        within(out2, out.to(F64), 2.0**-8 * out.to(F64).abs() + 2.0**-9 * ve.abs().max()
+               + 2.0**-9 * vb.abs().max(), "tree_mask layout")
+        with pytest.raises(tilejit.Error, match="custom_mask and tree_mask both given"):
+            sgl.extend_attention_cpu(q, ke, ve, out2, kb, vb, req_to_token, rpi,
+                                     torch.tensor(seq_lens), torch.tensor(ext), start, max(ext),
+                                     0.125, custom_mask=custom, tree_mask=torch.cat(tm))
     at_mask = 0
     for b, (r, p, e) in enumerate(zip(rpi.tolist(), prefix, ext)):
         s = slice(int(start[b]), int(start[b]) + e)
