@@ -60,6 +60,15 @@ check "a result line per entry" test "$(grep -c -- '-> ' "$OUT")" -eq $NENTRIES
 check "the warm-up line" grep -q '^warm-up: 7 operator calls: ' "$OUT"
 check "database valid with every entry" test "$(entries "$WORK/db.json")" = $NENTRIES
 
+# 1b. On a terminal (a pty from script(1), where installed): the one-line
+# bar with an ETA, redrawn with \r, instead of the plain lines.
+if command -v script >/dev/null; then
+  script -qfec "'$TJ' tune '$WORK/tiny.json' --out '$WORK/dbtty.json' --budget 2m" /dev/null \
+    >"$OUT" 2>"$ERR"
+  check "TTY: a bar with an ETA redrawn with \\r" grep -aq $'\r\[[#-]*\] [0-9]/6 ETA ' "$OUT"
+  check "TTY: no plain progress lines" bash -c "! grep -aq '^tune \[' '$OUT'"
+fi
+
 # 2. A second process: every kernel of the workload from the disk cache.
 "$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --no-search >"$OUT" 2>"$ERR"
 check "second process compiles 0 kernels, loads from disk" \
