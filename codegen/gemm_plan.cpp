@@ -64,7 +64,8 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
 
 Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o) {
   constexpr int64_t kAmxMinRows = 3;
-  if (o.isa && path == Isa::amx) return *o.isa;
+  // A tuned ISA at or below the path (the lattice: scalar < llvm < avx512 < amx).
+  if (o.isa && *o.isa <= path && *o.isa != Isa::scalar) return *o.isa;
   return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
 }
 
@@ -72,8 +73,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o) {
   GemmSpec s = spec;
   if (o.max_kc) s.max_kc = *o.max_kc;
   GemmPlan p = plan_gemm(s, isa);
-  if (o.isa && *o.isa != Isa::amx && *o.isa != Isa::avx512)
-    throw Error(fmt::format("plan_gemm: tuned isa={}; allowed: amx, avx512", isa_name(*o.isa)));
+  if (o.isa && *o.isa == Isa::scalar)
+    throw Error(
+        fmt::format("plan_gemm: tuned isa={}; allowed: amx, avx512, llvm", isa_name(*o.isa)));
   if (o.mr) {
     // AMX: two 16-row tiles per call, and PackedA's 32-row blocks are what a
     // task's first row must start (the M tails still run 1..31 rows).

@@ -148,7 +148,7 @@ struct PlanOverrides {
   std::optional<int> mr;             // rows per micro-kernel call
   std::optional<int64_t> task_rows;  // rows per driver task (thread split only)
   std::optional<int64_t> max_kc;     // the deepest K chunk (GemmSpec::max_kc)
-  std::optional<Isa> isa;            // at this M, AMX or AVX-512 (on the AMX path)
+  std::optional<Isa> isa;            // at this M: amx, avx512 or llvm (at or below the path)
   std::string entry;                 // the database entry they come from
   bool empty() const { return !mr && !task_rows && !max_kc && !isa; }
   bool operator==(const PlanOverrides&) const = default;
@@ -162,7 +162,7 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o);
 // The path a GEMM of `m` rows runs on when `path` is the active one. At m ≤ 2
 // the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:
 // docs/gemm-performance.md), so such GEMMs take the AVX-512 plan.
-// With o.isa set (amx or avx512) and the AMX path active, the entry's choice instead.
+// With o.isa set (a JIT path at or below `path`), the entry's choice instead.
 Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o = {});
 
 // One micro-kernel a plan runs, with why (for `tilejit dump --stage key|asm`).

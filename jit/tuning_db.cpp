@@ -44,6 +44,7 @@ constexpr KnobRule kKnobs[] = {
     {"gemm", "task_rows", 1, 4096, "rows per driver task"},
     {"gemm", "max_kc", 32, 65536, "deepest K chunk"},
     {"gemm", "amx", 0, 1, "1: AMX tiles, 0: AVX-512 at this M (AMX path only)"},
+    {"gemm", "llvm", 1, 1, "1: the LLVM backend's kernels at this M instead of Xbyak's"},
     {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
 };
@@ -128,8 +129,16 @@ void validate_gemm_plan(const TunedEntry& e) {
     throw Error(fmt::format("shape field fmt='{}'; allowed: bf16", f.at("fmt")));
   const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");
   const codegen::PlanOverrides o = gemm_overrides(e);
-  if (o.isa && path != Isa::amx)
+  if (e.knob("amx") && path != Isa::amx)
     throw Error(fmt::format("knob amx on path={}; allowed: only on path=amx", isa_name(path)));
+  if (e.knob("llvm")) {
+    if (e.knob("amx")) throw Error("knobs amx and llvm together; allowed: one ISA choice");
+    if (path != Isa::amx && path != Isa::avx512)
+      throw Error(
+          fmt::format("knob llvm on path={}; allowed: on path=amx or avx512", isa_name(path)));
+    if (!cpu_info().llvm_backend)
+      throw Error("knob llvm: this tilejit is built without the LLVM backend");
+  }
   const Isa isa = codegen::gemm_isa_for_rows(path, bucket_low(f.at("m")), o);
   if (isa == Isa::scalar) throw Error("shape field path=scalar; allowed: a JIT path");
   (void)codegen::plan_gemm(spec, isa, o);
@@ -310,6 +319,7 @@ codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
   o.task_rows = e.knob("task_rows");
   o.max_kc = e.knob("max_kc");
   if (auto v = e.knob("amx")) o.isa = *v ? Isa::amx : Isa::avx512;
+  if (e.knob("llvm")) o.isa = Isa::llvm;
   o.entry = e.id();
   return o;
 }

@@ -256,45 +256,10 @@ TEST(TuningDb, CorruptFileNamesTheLine) {
 
 // ---- a tuned plan is used, and computes what the default computes -----------------
 
-TEST(TuningDb, TunedGemmPlanUsed) {
-  const Isa path = runtime::active_isa();
-  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
-  const int64_t m = 40, n = 200, k = 320;  // N tail 8, M tail at mr 4: 0, task tails
-  // On the AMX path the entry moves this M to AVX-512 (amx=0) and blocks it by 4 rows.
-  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
-  if (path == Isa::amx) knobs["amx"] = 0;
-  jit::TuningDb db;
-  db.put(gemm_entry(path, n, k, m, knobs));
-  const std::string file = temp_path("tuned.json");
-  db.save(file);
-  const uint64_t before = cache_stats().tuned_plans;
-  load_tuning_db(file);
-
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<uint16_t> x(size_t(m * k)), w(size_t(n * k)), y(size_t(m * n));
-  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
-  for (auto& v : w) v = runtime::f32_to_bf16(dist(rng) / 8);
-  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {n, k}));
-  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::bf16, {m, n}));
-  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
-
-  // The plan tilejit::gemm ran: the entry's, named by it, keyed by its mr.
-  const codegen::GemmSpec spec{n, k, codegen::BiasKind::none, Activation::none, DType::bf16};
-  const codegen::PlanOverrides o = ops::tuned_gemm(path, spec, m);
-  ASSERT_FALSE(o.empty());
-  const codegen::GemmPlan& plan =
-      ops::gemm_executable(spec, codegen::gemm_isa_for_rows(path, m, o), o).plan();
-  EXPECT_EQ(plan.mr, 4);
-  EXPECT_EQ(plan.task_rows(), 8);
-  EXPECT_EQ(plan.tuned_entry, db.entries[0].id());
-  EXPECT_NE(plan.key().find(";mr=4"), std::string::npos) << plan.key();
-  EXPECT_NE(plan.str().find("tuned        entry gemm:"), std::string::npos) << plan.str();
-  // Another M bucket has no entry: the heuristics.
-  EXPECT_TRUE(ops::tuned_gemm(path, spec, 1).empty());
-
-  // Every output against the scalar reference, under the GEMM bound
-  // (runtime/reference_error_bounds.h), as for any plan.
+// Every output of y = x·wᵀ against the scalar reference, under the GEMM
+// bound (runtime/reference_error_bounds.h), as for any plan.
+void expect_matches_reference(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
+                              const std::vector<uint16_t>& y, int64_t m, int64_t n, int64_t k) {
   auto bf = [](uint16_t h) { return double(runtime::bf16_to_f32(h)); };
   for (int64_t r = 0; r < m; ++r) {
     std::vector<uint16_t> ref(static_cast<size_t>(n));
@@ -321,6 +286,88 @@ TEST(TuningDb, TunedGemmPlanUsed) {
       ASSERT_LE(std::fabs(bf(y[size_t(r * n + j)]) - want), tol) << "row " << r << " col " << j;
     }
   }
+}
+
+// y = x·wᵀ by tilejit::gemm on random bf16 data; x, w and y returned.
+struct GemmRun {
+  std::vector<uint16_t> x, w, y;
+};
+GemmRun run_gemm(int64_t m, int64_t n, int64_t k) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  GemmRun g{std::vector<uint16_t>(size_t(m * k)), std::vector<uint16_t>(size_t(n * k)),
+            std::vector<uint16_t>(size_t(m * n))};
+  for (auto& v : g.x) v = runtime::f32_to_bf16(dist(rng));
+  for (auto& v : g.w) v = runtime::f32_to_bf16(dist(rng) / 8);
+  const PackedWeight pw = pack_weight(TensorView(g.w.data(), DType::bf16, {n, k}));
+  gemm(TensorView(g.x.data(), DType::bf16, {m, k}), pw,
+       TensorView(g.y.data(), DType::bf16, {m, n}));
+  return g;
+}
+
+TEST(TuningDb, TunedGemmPlanUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t m = 40, n = 200, k = 320;  // N tail 8, M tail at mr 4: 0, task tails
+  // On the AMX path the entry moves this M to AVX-512 (amx=0) and blocks it by 4 rows.
+  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
+  if (path == Isa::amx) knobs["amx"] = 0;
+  jit::TuningDb db;
+  db.put(gemm_entry(path, n, k, m, knobs));
+  const std::string file = temp_path("tuned.json");
+  db.save(file);
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+
+  const auto [x, w, y] = run_gemm(m, n, k);
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+
+  // The plan tilejit::gemm ran: the entry's, named by it, keyed by its mr.
+  const codegen::GemmSpec spec{n, k, codegen::BiasKind::none, Activation::none, DType::bf16};
+  const codegen::PlanOverrides o = ops::tuned_gemm(path, spec, m);
+  ASSERT_FALSE(o.empty());
+  const codegen::GemmPlan& plan =
+      ops::gemm_executable(spec, codegen::gemm_isa_for_rows(path, m, o), o).plan();
+  EXPECT_EQ(plan.mr, 4);
+  EXPECT_EQ(plan.task_rows(), 8);
+  EXPECT_EQ(plan.tuned_entry, db.entries[0].id());
+  EXPECT_NE(plan.key().find(";mr=4"), std::string::npos) << plan.key();
+  EXPECT_NE(plan.str().find("tuned        entry gemm:"), std::string::npos) << plan.str();
+  // Another M bucket has no entry: the heuristics.
+  EXPECT_TRUE(ops::tuned_gemm(path, spec, 1).empty());
+
+  expect_matches_reference(x, w, y, m, n, k);
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
+TEST(TuningDb, TunedGemmOnTheLlvmBackend) {
+  const Isa path = runtime::active_isa();
+  if ((path != Isa::amx && path != Isa::avx512) || !cpu_info().llvm_backend)
+    GTEST_SKIP() << "the llvm knob needs the amx or avx512 path and the LLVM backend";
+  const int64_t m = 3, n = 130, k = 96;
+  jit::TuningDb db;
+  db.put(gemm_entry(path, n, k, m, {{"llvm", 1}, {"mr", 2}}));
+  jit::install_tuning_db(db, "llvm test");
+  const auto [x, w, y] = run_gemm(m, n, k);
+  const codegen::GemmSpec spec{n, k, codegen::BiasKind::none, Activation::none, DType::bf16};
+  const codegen::PlanOverrides o = ops::tuned_gemm(path, spec, m);
+  EXPECT_EQ(o.isa, Isa::llvm);
+  const codegen::GemmPlan& plan =
+      ops::gemm_executable(spec, codegen::gemm_isa_for_rows(path, m, o), o).plan();
+  EXPECT_EQ(plan.isa, Isa::llvm);
+  EXPECT_EQ(plan.mr, 2);
+  expect_matches_reference(x, w, y, m, n, k);
+  // amx with llvm, or llvm on a path below avx512: refused at load.
+  jit::TuningDb bad;
+  bad.put(gemm_entry(Isa::amx, n, k, m, {{"llvm", 1}, {"amx", 1}}));
+  const std::string file = temp_path("llvm.json");
+  bad.save(file);
+  expect_tilejit_error([&] { jit::TuningDb::load(file); }, "knobs amx and llvm together");
+  jit::TuningDb bad2;
+  bad2.put(gemm_entry(Isa::llvm, n, k, m, {{"llvm", 1}}));
+  bad2.save(file);
+  expect_tilejit_error([&] { jit::TuningDb::load(file); }, "knob llvm on path=llvm");
   jit::install_tuning_db({}, "");
   fs::remove(file);
 }

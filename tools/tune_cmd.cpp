@@ -106,6 +106,9 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
   const Isa dflt_isa = codegen::gemm_isa_for_rows(path, m);
   std::vector<Isa> isas = {dflt_isa};
   if (path == Isa::amx) isas.push_back(dflt_isa == Isa::amx ? Isa::avx512 : Isa::amx);
+  // The LLVM backend's kernels for the same blocking (Xbyak vs LLVM).
+  if ((path == Isa::amx || path == Isa::avx512) && cpu_info().llvm_backend)
+    isas.push_back(Isa::llvm);
   struct Cand {
     Knobs knobs;
     double cost;
@@ -143,7 +146,10 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
           if (ov.mr) c.knobs["mr"] = mr;
           if (ov.task_rows) c.knobs["task_rows"] = tr;
           if (ov.max_kc) c.knobs["max_kc"] = kc;
-          if (isa != dflt_isa) c.knobs["amx"] = isa == Isa::amx;
+          if (isa == Isa::llvm)
+            c.knobs["llvm"] = 1;
+          else if (isa != dflt_isa)
+            c.knobs["amx"] = isa == Isa::amx;
           c.cost = gemm_model(isa, m, spec.n, spec.k, p.mr, sched.task_rows, threads);
           c.effective = fmt::format("{} mr{} rc{} kp{} kc{}", isa_name(isa), p.mr,
                                     sched.row_chunks(std::min(sched.slice_rows, m)), sched.k_passes,
