@@ -448,8 +448,41 @@ void BM_DramReadBandwidth(benchmark::State& state) {
   state.counters["GBs_cpu"] = r.cpu_gbs;
 }
 
+// The routers on their own: T tokens of random logits over E experts, top k
+// (renormalized softmax, or sigmoid), tokens per second. Arguments:
+// {T, E, k, sigmoid, threads}.
+void BM_Routing(benchmark::State& state) {
+  const int64_t t = state.range(0), e = state.range(1), k = state.range(2);
+  const bool sig = state.range(3) != 0;
+  tilejit::set_num_threads(static_cast<int>(state.range(4)));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> logits(size_t(t * e)), w(size_t(t * k));
+  std::vector<int32_t> ids(w.size());
+  for (float& l : logits) l = nd(rng);
+  const TensorView lv(logits.data(), DType::f32, {t, e});
+  const TensorView wv(w.data(), DType::f32, {t, k}), iv(ids.data(), DType::i32, {t, k});
+  for (auto _ : state) {
+    if (sig)
+      tilejit::topk_sigmoid(lv, wv, iv);
+    else
+      tilejit::topk_softmax(lv, wv, iv);
+    benchmark::DoNotOptimize(w.data());
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(double(t), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
   using benchmark::RegisterBenchmark;
+  for (int64_t e : {64, 128, 256})
+    for (int sig : {0, 1})
+      for (int threads : {1, 2})
+        RegisterBenchmark("BM_Routing", BM_Routing)
+            ->Args({256, e, 8, sig, threads})
+            ->ArgNames({"T", "E", "k", "sigmoid", "threads"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   for (int threads : {1, 2})
     RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
         ->Arg(threads)

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -102,6 +104,41 @@ void select_top(std::vector<int32_t>& idx, int64_t k, const std::vector<double>&
   });
 }
 
+// select_top over logits (exact doubles of f32 / bf16 values), by integer
+// keys: the logit's f32 bits mapped so that unsigned order is numeric order
+// (NaN lowest, −0 as +0 so they tie), the complement of the id below them
+// (a tie goes to the lower id). The same order as ranks_above / ranks_equal,
+// by one integer compare instead of a NaN-aware double one.
+constexpr int64_t kInsertionTopK = 32;  // larger k: partial_sort
+void select_top_logits(std::vector<int32_t>& idx, int64_t k, const std::vector<double>& logit,
+                       std::vector<uint64_t>& keys) {
+  const auto e = static_cast<int64_t>(idx.size());
+  for (int64_t i = 0; i < e; ++i) {
+    const float f = static_cast<float>(logit[i]) + 0.0f;  // −0 + 0 = +0
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    const uint32_t ord = std::isnan(f) ? 0u : (b >> 31) != 0 ? ~b : b | 0x80000000u;
+    keys[i] = uint64_t{ord} << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+  }
+  if (k > kInsertionTopK) {
+    std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
+  } else {
+    // keys[0..k) kept sorted, descending; a key enters only when it beats the
+    // k-th, which random logits do about k·ln(E/k) times. The heap of
+    // partial_sort mispredicts a branch or more per key and per sift level:
+    // the routers took ~0.9 µs a token at E = 64 before.
+    std::sort(keys.begin(), keys.begin() + k, std::greater<>());
+    for (int64_t i = k; i < e; ++i) {
+      const uint64_t x = keys[i];
+      if (x <= keys[k - 1]) continue;
+      int64_t j = k - 1;
+      for (; j > 0 && keys[j - 1] < x; --j) keys[j] = keys[j - 1];
+      keys[j] = x;
+    }
+  }
+  for (int64_t j = 0; j < k; ++j) idx[j] = static_cast<int32_t>(0xFFFFFFFFu - uint32_t(keys[j]));
+}
+
 // In place: logits -> softmax probabilities (max subtracted for range).
 // IEEE where IEEE has an answer, the limit where it would give 0/0 or
 // ∞ − ∞ instead: a NaN logit makes every probability of the token NaN (its
@@ -133,6 +170,35 @@ void sigmoid(std::vector<double>& s, int64_t e) {
   for (int64_t i = 0; i < e; ++i) s[i] = 1.0 / (1.0 + std::exp(-s[i]));
 }
 
+// The scores of the k chosen experts idx[0..k) only, in place in s (the
+// others are left as logits): what write_row reads when the softmax weights
+// are renormalized over the chosen experts, where softmax's denominator
+// cancels (p_j / Σ_chosen p = e_j / Σ_chosen e, e = exp(l − max)), and for
+// σ, which is per expert. k exps instead of E: the routers' cost was E exps
+// in double per token. The rules of softmax() carry over: a NaN logit
+// anywhere makes the token's weights NaN; +inf logits share the weight, the
+// rest get 0; an all −inf row is uniform. The selection put the largest
+// number first (NaN ranks last), so s[idx[0]] is the max.
+void chosen_scores(bool use_softmax, std::vector<double>& s, int64_t e,
+                   const std::vector<int32_t>& idx, int64_t k) {
+  if (!use_softmax) {
+    for (int64_t j = 0; j < k; ++j) s[idx[j]] = 1.0 / (1.0 + std::exp(-s[idx[j]]));
+    return;
+  }
+  bool nan = false;
+  for (int64_t i = 0; i < e; ++i) nan = nan || std::isnan(s[i]);
+  const double mx = s[idx[0]];
+  for (int64_t j = 0; j < k; ++j) {
+    double& v = s[idx[j]];
+    if (nan)
+      v = std::numeric_limits<double>::quiet_NaN();
+    else if (std::isinf(mx))
+      v = v == mx ? 1.0 : 0.0;  // exp(0) for the tied top, exp(−inf) for the rest
+    else
+      v = std::exp(v - mx);
+  }
+}
+
 // Writes the k chosen experts of token t: weight = score · scale, divided by
 // the sum of the chosen scores when renormalizing (skipped if that sum is 0,
 // e.g. every σ underflowed: dividing would turn the row into NaN).
@@ -159,15 +225,15 @@ void plain_topk(const char* op, bool use_softmax, const TensorView& logits,
   runtime::parallel_for(tasks, [&](int64_t task) {
     std::vector<double> row(c.e);
     std::vector<int32_t> idx(c.e);
+    std::vector<uint64_t> keys(c.e);
     const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
     for (int64_t t = task * kTokensPerTask; t < end; ++t) {
       load_row(logits, t, row);
-      for (int64_t i = 0; i < c.e; ++i) idx[i] = static_cast<int32_t>(i);
-      select_top(idx, c.k, row);
-      if (use_softmax)
-        softmax(row, c.e);
+      select_top_logits(idx, c.k, row, keys);
+      if (use_softmax && !renormalize)
+        softmax(row, c.e);  // the weights are the probabilities: the whole denominator
       else
-        sigmoid(row, c.e);
+        chosen_scores(use_softmax, row, c.e, idx, c.k);
       write_row(weights, ids, t, c.k, idx, row, renormalize, 1.0);
     }
   });
