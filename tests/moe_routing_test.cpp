@@ -285,12 +285,14 @@ std::vector<RoutingCase> topk_cases() {
             c.kind = kind, c.e = e, c.k = k, c.dtype = dt, c.renormalize = renorm;
             v.push_back(c);
           }
-  // k = E: every expert, sorted.
-  for (Kind kind : {Kind::softmax, Kind::sigmoid}) {
-    RoutingCase c;
-    c.kind = kind, c.e = 6, c.k = 6;
-    v.push_back(c);
-  }
+  // k = E: every expert, sorted. k past the insertion list (32, see
+  // ops/moe_routing.cpp): the partial_sort branch.
+  for (Kind kind : {Kind::softmax, Kind::sigmoid})
+    for (auto [e, k] : {std::pair<int64_t, int64_t>{6, 6}, {64, 64}, {384, 40}, {128, 33}}) {
+      RoutingCase c;
+      c.kind = kind, c.e = e, c.k = k;
+      v.push_back(c);
+    }
   return v;
 }
 
@@ -395,6 +397,17 @@ TEST_F(RoutingTies, EqualLogitsPickLowerIds) {
                TensorView(ids.data(), DType::i32, {1, 3}));
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 2, 4}));
   for (float f : w) EXPECT_NEAR(f, 1.0 / 3, 1e-7);
+  // −0 and +0 are equal logits: a tie, so the lower id first whichever sign
+  // it has (the selection compares bits, where they differ).
+  for (const std::vector<float>& z :
+       {std::vector<float>{-1, 0.0f, -0.0f, -2}, std::vector<float>{-1, -0.0f, 0.0f, -2}}) {
+    std::vector<float> w2(2);
+    std::vector<int32_t> ids2(2);
+    topk_sigmoid(TensorView(z.data(), DType::f32, {1, 4}),
+                 TensorView(w2.data(), DType::f32, {1, 2}),
+                 TensorView(ids2.data(), DType::i32, {1, 2}));
+    EXPECT_EQ(ids2, (std::vector<int32_t>{1, 2}));
+  }
 }
 
 TEST_F(RoutingTies, EqualGroupsPickLowerGroups) {
