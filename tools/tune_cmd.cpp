@@ -168,19 +168,29 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
     if (!c.knobs.empty() && seen.insert(c.effective).second) uniq.push_back(c);
   // Cost model: keep those within 3x of the best modeled cost (the default
   // included), at most 6, cheapest first, and the 3 cheapest whatever their
-  // cost (the model is coarse).
+  // cost (the model is coarse). The cheapest plan of each ISA / backend is
+  // kept first: the model cannot tell Xbyak's kernels from LLVM's, a tie
+  // must not leave one of them untimed.
   double best = default_cost;
   for (const Cand& c : uniq) best = std::min(best, c.cost);
-  std::sort(uniq.begin(), uniq.end(), [](const Cand& a, const Cand& b) { return a.cost < b.cost; });
+  std::stable_sort(uniq.begin(), uniq.end(),
+                   [](const Cand& a, const Cand& b) { return a.cost < b.cost; });
   std::vector<Knobs> out;
-  int dropped = 0;
-  for (const Cand& c : uniq) {
-    if ((c.cost > 3 * best && out.size() >= 3) || out.size() >= 6) {
-      ++dropped;
-      continue;
+  std::vector<bool> taken(uniq.size(), false);
+  std::set<std::string> isa_seen;
+  for (size_t i = 0; i < uniq.size(); ++i) {
+    const std::string isa = uniq[i].effective.substr(0, uniq[i].effective.find(' '));
+    if (isa_seen.insert(isa).second && (uniq[i].cost <= 3 * best || out.size() < 3)) {
+      out.push_back(uniq[i].knobs);
+      taken[i] = true;
     }
-    out.push_back(c.knobs);
   }
+  for (size_t i = 0; i < uniq.size() && out.size() < 6; ++i)
+    if (!taken[i] && (uniq[i].cost <= 3 * best || out.size() < 3)) {
+      out.push_back(uniq[i].knobs);
+      taken[i] = true;
+    }
+  const int dropped = static_cast<int>(std::count(taken.begin(), taken.end(), false));
   *pruned = fmt::format("{} distinct plans, {} pruned by the cost model", uniq.size(), dropped);
   return out;
 }
@@ -600,10 +610,16 @@ int run_tune(const TuneOptions& opt) {
         us_str(sd.mad), res.kept ? "kept" : "not kept", res.choice,
         res.kept ? fmt::format("tuned/default {:.3f}", res.tuned / res.dflt) : "defaults stay",
         res.tried, p.pruned));
+    // What was tried, each with its median / the default's (first run).
+    std::string tried;
+    for (size_t c = 1; c < cs.size(); ++c)
+      tried += fmt::format("{}{} {:.3f}", tried.empty() ? "" : "; ", knobs_str(p.candidates[c - 1]),
+                           stats_of(cs[c].samples).median / d.median);
+    if (!tried.empty()) fmt::print("    tried: {}\n", tried);
     results.push_back(res);
   }
   progress.clear();
-  db.save(opt.out);
+  if (!opt.no_search) db.save(opt.out);
   if (stop == Stop::interrupted) {
     fmt::print(
         "tilejit tune: interrupted: the entry in progress was abandoned; {} entries written to "
