@@ -652,6 +652,13 @@ int run_tune(const TuneOptions& opt) {
   weights.clear();
   int64_t calls = 0;
   for (const Point& p : pts) {
+    if (stop_requested(Clock::time_point::max()) == Stop::interrupted) {
+      fmt::print(
+          "tilejit tune: interrupted during the warm-up: the database {} is complete, the kernel "
+          "cache has the kernels of the first {} calls\n",
+          opt.out, calls);
+      return 130;
+    }
     for (auto it = weights.begin(); it != weights.end();)
       it = it->first == p.op ? std::next(it) : weights.erase(it);
     make_call(w.ops[p.op], p, weights[p.op])();

@@ -40,8 +40,12 @@ bool beats(const Stats& dflt, const Stats& cand) {
 
 namespace {
 std::atomic<bool> g_interrupted{false};
+// The first ^C asks for a clean stop; a second one kills as ^C always does.
 extern "C" void on_sigint(int) {
-  g_interrupted.store(true);
+  if (g_interrupted.exchange(true)) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
 }
 }  // namespace
 

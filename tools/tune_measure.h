@@ -28,7 +28,7 @@ bool beats(const Stats& dflt, const Stats& cand);
 // Why a measurement stopped early.
 enum class Stop { none, interrupted, budget };
 // Installs the SIGINT handler (the first ^C sets the flag; the measurement
-// in progress is abandoned and the database written).
+// in progress is abandoned and the database written; a second ^C kills).
 void install_sigint_handler();
 Stop stop_requested(std::chrono::steady_clock::time_point deadline);
 
