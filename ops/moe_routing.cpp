@@ -107,9 +107,14 @@ void select_top(std::vector<int32_t>& idx, int64_t k, const std::vector<double>&
 // select_top over logits (exact doubles of f32 / bf16 values), by integer
 // keys: the logit's f32 bits mapped so that unsigned order is numeric order
 // (NaN lowest, −0 as +0 so they tie), the complement of the id below them
-// (a tie goes to the lower id). The same order as ranks_above / ranks_equal,
-// by one integer compare instead of a NaN-aware double one.
-constexpr int64_t kInsertionTopK = 32;  // larger k: partial_sort
+// (a tie goes to the lower id). The same order as ranks_above / ranks_equal.
+// Branch-free where the data decides: a logit's sign is a coin flip, and a
+// branch on it (or a NaN-aware double compare, or partial_sort's heap)
+// mispredicted about once a key: the routers took ~0.9 µs a token at E = 64.
+// For k <= kMaxPassTopK, k passes of a max over the keys (4 independent
+// chains, the winner's key zeroed), which costs k·E compares and no
+// misprediction; larger k: partial_sort.
+constexpr int64_t kMaxPassTopK = 16;
 void select_top_logits(std::vector<int32_t>& idx, int64_t k, const std::vector<double>& logit,
                        std::vector<uint64_t>& keys) {
   const auto e = static_cast<int64_t>(idx.size());
@@ -117,26 +122,28 @@ void select_top_logits(std::vector<int32_t>& idx, int64_t k, const std::vector<d
     const float f = static_cast<float>(logit[i]) + 0.0f;  // −0 + 0 = +0
     uint32_t b;
     std::memcpy(&b, &f, sizeof b);
-    const uint32_t ord = std::isnan(f) ? 0u : (b >> 31) != 0 ? ~b : b | 0x80000000u;
+    // Negative: all bits flipped; positive: the sign bit set; NaN: 0.
+    const auto neg = static_cast<uint32_t>(static_cast<int32_t>(b) >> 31);
+    const uint32_t ord = (b ^ (neg | 0x80000000u)) & -static_cast<uint32_t>(f == f);
     keys[i] = uint64_t{ord} << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(i));
   }
-  if (k > kInsertionTopK) {
+  auto id_of = [](uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - uint32_t(key)); };
+  if (k > kMaxPassTopK) {
     std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
-  } else {
-    // keys[0..k) kept sorted, descending; a key enters only when it beats the
-    // k-th, which random logits do about k·ln(E/k) times. The heap of
-    // partial_sort mispredicts a branch or more per key and per sift level:
-    // the routers took ~0.9 µs a token at E = 64 before.
-    std::sort(keys.begin(), keys.begin() + k, std::greater<>());
-    for (int64_t i = k; i < e; ++i) {
-      const uint64_t x = keys[i];
-      if (x <= keys[k - 1]) continue;
-      int64_t j = k - 1;
-      for (; j > 0 && keys[j - 1] < x; --j) keys[j] = keys[j - 1];
-      keys[j] = x;
-    }
+    for (int64_t j = 0; j < k; ++j) idx[j] = id_of(keys[j]);
+    return;
   }
-  for (int64_t j = 0; j < k; ++j) idx[j] = static_cast<int32_t>(0xFFFFFFFFu - uint32_t(keys[j]));
+  // Every key is > 0 (its id part is), so a zeroed key is never a max again.
+  for (int64_t j = 0; j < k; ++j) {
+    uint64_t m[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= e; i += 4)
+      for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], keys[i + l]);
+    for (; i < e; ++i) m[0] = std::max(m[0], keys[i]);
+    const int32_t id = id_of(std::max(std::max(m[0], m[1]), std::max(m[2], m[3])));
+    idx[j] = id;
+    keys[id] = 0;
+  }
 }
 
 // In place: logits -> softmax probabilities (max subtracted for range).

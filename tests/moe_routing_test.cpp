@@ -285,10 +285,11 @@ std::vector<RoutingCase> topk_cases() {
             c.kind = kind, c.e = e, c.k = k, c.dtype = dt, c.renormalize = renorm;
             v.push_back(c);
           }
-  // k = E: every expert, sorted. k past the insertion list (32, see
+  // k = E: every expert, sorted. k past the max passes (16, see
   // ops/moe_routing.cpp): the partial_sort branch.
   for (Kind kind : {Kind::softmax, Kind::sigmoid})
-    for (auto [e, k] : {std::pair<int64_t, int64_t>{6, 6}, {64, 64}, {384, 40}, {128, 33}}) {
+    for (auto [e, k] :
+         {std::pair<int64_t, int64_t>{6, 6}, {64, 16}, {128, 17}, {64, 64}, {384, 40}}) {
       RoutingCase c;
       c.kind = kind, c.e = e, c.k = k;
       v.push_back(c);
