@@ -125,8 +125,26 @@ void validate_gemm_plan(const TunedEntry& e) {
   if (!out || (*out != DType::bf16 && *out != DType::f32))
     throw Error(fmt::format("shape field out='{}'; allowed: bf16, f32", f.at("out")));
   spec.out = *out;
-  if (f.at("fmt") != "bf16")
-    throw Error(fmt::format("shape field fmt='{}'; allowed: bf16", f.at("fmt")));
+  const auto wf = weight_format_from_name(f.at("fmt"));
+  if (!wf)
+    throw Error(
+        fmt::format("shape field fmt='{}'; allowed: {}", f.at("fmt"), weight_format_list()));
+  if (*wf != WeightFormat::bf16) {
+    // A quantized GEMM's plan (ops/gemm_quant.cpp): the dequant route's and
+    // W8A8's K chunk is the route's own (the dequant scratch, the s8 groups
+    // of four), and the LLVM backend is not offered there: only the row
+    // blocking, the task split and AMX vs AVX-512 are tuned.
+    for (const char* k : {"max_kc", "llvm"})
+      if (e.knob(k))
+        throw Error(fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx (quantized)", k,
+                                f.at("fmt")));
+    if (*wf == WeightFormat::int8) {
+      spec.b_type = DType::i8;
+      spec.k = (spec.k + 3) / 4 * 4;
+    } else {
+      spec.k = (spec.k + 31) / 32 * 32;  // the packed K of the dequantized tiles
+    }
+  }
   const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");
   const codegen::PlanOverrides o = gemm_overrides(e);
   if (e.knob("amx") && path != Isa::amx)
@@ -269,11 +287,25 @@ std::string seq_bucket(int64_t n) {
   return fmt::format("{}+", lo);
 }
 
+std::optional<WeightFormat> weight_format_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(WeightFormat::mxfp4); ++i)
+    if (name == weight_format_name(static_cast<WeightFormat>(i)))
+      return static_cast<WeightFormat>(i);
+  return std::nullopt;
+}
+
+std::string weight_format_list() {
+  std::string s;
+  for (int i = 0; i <= static_cast<int>(WeightFormat::mxfp4); ++i)
+    s += fmt::format("{}{}", i ? ", " : "", weight_format_name(static_cast<WeightFormat>(i)));
+  return s;
+}
+
 ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen::BiasKind bias,
-                            Activation act, DType out, int64_t m) {
+                            Activation act, DType out, int64_t m, WeightFormat fmt) {
   return {{{"path", isa_name(path)},
            {"threads", std::to_string(threads)},
-           {"fmt", "bf16"},
+           {"fmt", weight_format_name(fmt)},
            {"n", std::to_string(n)},
            {"k", std::to_string(k)},
            {"bias", codegen::bias_kind_name(bias)},
@@ -297,10 +329,10 @@ ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int6
 }
 
 ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
-                           int64_t t) {
+                           int64_t t, WeightFormat fmt) {
   return {{{"path", isa_name(path)},
            {"threads", std::to_string(threads)},
-           {"fmt", "bf16"},
+           {"fmt", weight_format_name(fmt)},
            {"e", std::to_string(e)},
            {"topk", std::to_string(k)},
            {"h", std::to_string(h)},
@@ -530,14 +562,14 @@ const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape)
 
 const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, int64_t k,
                                               codegen::BiasKind bias, Activation act, DType out,
-                                              int64_t m) {
+                                              int64_t m, WeightFormat fmt) {
   static const codegen::PlanOverrides kNone;
   if (!tuning_db_active()) return kNone;
   Global& g = global();
   // The M bucket's index stands for the bucket; the generation for the
   // database installed.
   const int bucket = count_bucket_index(m);
-  using Key = std::tuple<uint64_t, int, int, int64_t, int64_t, int, int, int, int>;
+  using Key = std::tuple<uint64_t, int, int, int64_t, int64_t, int, int, int, int, int>;
   struct KeyHash {
     size_t operator()(const Key& x) const {
       return std::hash<uint64_t>()(std::get<0>(x) * 1000003u ^ uint64_t(std::get<3>(x)) * 31 ^
@@ -553,11 +585,12 @@ const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, 
                 static_cast<int>(bias),
                 static_cast<int>(act),
                 static_cast<int>(out),
-                bucket};
+                bucket,
+                static_cast<int>(fmt)};
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   if (cache.size() > 4096) cache.clear();  // old generations
   const TunedEntry* e =
-      find_tuned("gemm", gemm_shape_class(path, threads, n, k, bias, act, out, m));
+      find_tuned("gemm", gemm_shape_class(path, threads, n, k, bias, act, out, m, fmt));
   return cache.emplace(key, e ? gemm_overrides(*e) : kNone).first->second;
 }
 

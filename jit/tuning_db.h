@@ -31,12 +31,20 @@ std::string seq_bucket(int64_t n);
 
 // The shape classes of the tuned families (one home: ops/ and the tune tool
 // build them here). path: the active ISA path; threads: the pool size.
+// fmt: the weight format (a quantized GEMM's entries are its own: its
+// routes run other kernels; docs/tuning.md "Quantized weights").
 ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen::BiasKind bias,
-                            Activation act, DType out, int64_t m);
+                            Activation act, DType out, int64_t m,
+                            WeightFormat fmt = WeightFormat::bf16);
 ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
                               int64_t block_size, DType kv, int64_t batch, int64_t longest);
 ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
-                           int64_t t);
+                           int64_t t, WeightFormat fmt = WeightFormat::bf16);
+
+// The weight format of a name (weight_format_name's inverse over the enum:
+// the one list), or nullopt; weight_format_list() names them all for messages.
+std::optional<WeightFormat> weight_format_from_name(const std::string& name);
+std::string weight_format_list();
 
 struct TunedEntry {
   std::string family;  // "gemm" | "decode_attention" | "moe"
@@ -94,14 +102,14 @@ void install_tuning_db(TuningDb db, const std::string& source);
 // database is loaded (one atomic load). A returned entry is counted once
 // in cache_stats().tuned_plans and logged once under TILEJIT_VERBOSE.
 const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape);
-// The plan overrides of the entry for a bf16 GEMM's shape class
+// The plan overrides of the entry for a GEMM's shape class
 // (gemm_shape_class; empty: none), answered from a per-thread table after
 // the first call per shape and database: what tilejit::gemm asks on every
 // call when a database is loaded. The reference is valid until this thread's
 // next call.
 const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, int64_t k,
                                               codegen::BiasKind bias, Activation act, DType out,
-                                              int64_t m);
+                                              int64_t m, WeightFormat fmt = WeightFormat::bf16);
 // Whether a database with entries is loaded (callers skip building shape
 // classes when not): one atomic load after the first call.
 bool tuning_db_active();

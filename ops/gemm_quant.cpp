@@ -18,6 +18,7 @@
 #include "codegen/quant_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
+#include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/quant_weight.h"
@@ -140,11 +141,11 @@ void log_plan(const char* what, const TensorView& x, const PackedWeight::Impl& p
 // ---- W8A8 -------------------------------------------------------------------------
 
 void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-              const GemmOptions& opt, Isa isa) {
+              const GemmOptions& opt, Isa isa, const codegen::PlanOverrides& tuned) {
   const int64_t K = p.layout.k;
   const codegen::GemmSpec spec = quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, x.shape[0]);
   const int64_t k4 = spec.k;
-  GemmExecutable& exe = gemm_executable(spec, isa);
+  GemmExecutable& exe = gemm_executable(spec, isa, tuned);
   log_plan("w8a8", x, p, isa, exe.plan());
   const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
                                  act_quant_mode(opt.act_quant)};
@@ -261,11 +262,11 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
 }
 
 void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-                 const GemmOptions& opt, Isa isa) {
+                 const GemmOptions& opt, Isa isa, const codegen::PlanOverrides& tuned) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], kp = q.k_packed;
   GemmExecutable& exe =
-      gemm_executable(quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, M), isa);
+      gemm_executable(quant_gemm_spec(p, bias_kind(opt), opt.act, y.dtype, M), isa, tuned);
   const codegen::GemmPlan& plan = exe.plan();
   log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
   const auto dequant = jit::get(quant_dequant_desc(p, isa)).entry<codegen::DequantFn>();
@@ -453,11 +454,24 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
                       opt.act_scale, opt.act_zero_point));
   }
   const int64_t M = x.shape[0];
-  const Isa isa = codegen::gemm_isa_for_rows(runtime::active_isa(), M);
-  if (isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
-  if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa);
-  if (quant_gemm_fused(p, isa, M)) return run_fused(x, p, y, opt);
-  run_dequant(x, p, y, opt, isa);
+  const Isa path = runtime::active_isa();
+  if (codegen::gemm_isa_for_rows(path, M) == Isa::scalar) return run_scalar_quant(x, p, y, opt);
+  // The fused decode kernel has no plan (one kernel per M): no tuned knob
+  // applies there, nor is one looked up (docs/tuning.md "Quantized weights").
+  if (p.format != WeightFormat::int8 && quant_gemm_fused(p, codegen::gemm_isa_for_rows(path, M), M))
+    return run_fused(x, p, y, opt);
+  // W8A8 and the dequant route run a GemmPlan: a tuning database entry of
+  // this format and shape class sets its row blocking, task split and ISA
+  // (validated at load: jit/tuning_db.cpp).
+  static const codegen::PlanOverrides kNone;
+  const codegen::PlanOverrides& tuned =
+      jit::tuning_db_active()
+          ? jit::find_tuned_gemm(path, runtime::num_threads(), p.layout.n, p.layout.k,
+                                 bias_kind(opt), opt.act, y.dtype, M, p.format)
+          : kNone;
+  const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+  if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);
+  run_dequant(x, p, y, opt, isa, tuned);
 }
 
 }  // namespace tilejit::ops

@@ -160,5 +160,28 @@ printf '{"tilejit_tuning_db": 1,\n "entries": [\n  {"family": "gemm", "shape": }
 check "corrupt database: exit 1" test $? -eq 1
 check "corrupt database: file and line" grep -q "corrupt.json:3: error: the tuning database is not valid JSON" "$ERR"
 
+# 8. Quantized entries (synthetic checkpoints of each route: int4 fused
+# decode kernel at M=1, the dequant route at M=40, W8A8, fp8 experts): tuned,
+# and a second process compiles none of their kernels either.
+cat >"$WORK/quant.json" <<'EOF'
+{"name": "quant", "ops": [
+ {"op": "gemm", "name": "q4", "n": 256, "k": 512, "format": "int4_gptq", "group_size": 128, "m": [1, 40]},
+ {"op": "gemm", "name": "q8", "n": 256, "k": 512, "format": "int8", "m": [16]},
+ {"op": "moe", "name": "qexp", "e": 4, "topk": 2, "h": 128, "i": 64, "format": "fp8_e4m3", "t": [4]}
+]}
+EOF
+"$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --budget 1m >"$OUT" 2>"$ERR"
+rc=$?
+check "quantized tune exits 0 (got $rc)" test $rc -eq 0
+check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 4
+check "the fused route times the default only" grep -q 'M=1 int4_gptq: .*the fused decode kernel: no plan knob' "$OUT"
+check "quantized entries carry their format" grep -q '"fmt": *"int4_gptq"' "$WORK/dbq.json"
+"$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --no-search >"$OUT" 2>"$ERR"
+check "quantized: second process compiles 0 kernels" \
+  grep -Eq '^warm-up: 4 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
+echo '{"ops": [{"op": "gemm", "n": 8, "k": 64, "format": "int3", "m": [1]}]}' >"$WORK/badq.json"
+"$TJ" tune "$WORK/badq.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
+check "bad format named with the allowed ones" grep -q 'ops\[0\].format: "int3"; allowed: bf16, int8, fp8_e4m3' "$ERR"
+
 echo "$checks checks, $failures failures"
 [ $failures -eq 0 ]

@@ -139,13 +139,123 @@ TEST(TuneWorkload, FromModelConfig) {
       [&] {
         tools::workload_from_model_config(
             R"({"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 64,
-                "quantization_config": {"quant_method": "awq"}})",
+                "quantization_config": {"quant_method": "hqq"}})",
             "q.json");
       },
-      "q.json: quantization_config (awq)");
+      "q.json: quantization_config.quant_method: \"hqq\"; allowed:");
   expect_tilejit_error(
       [&] { tools::workload_from_model_config(R"({"num_attention_heads": 2})", "c.json"); },
       "hidden_size: missing");
+}
+
+TEST(TuneWorkload, QuantizedFormatsRoundTrip) {
+  const std::string text = R"({"name": "q", "ops": [
+    {"op": "gemm", "name": "a", "n": 256, "k": 512, "format": "int4_awq", "group_size": 64, "m": [1, 64]},
+    {"op": "gemm", "name": "g", "n": 256, "k": 512, "format": "int4_gptq", "group_size": -1,
+     "desc_act": true, "m": [1]},
+    {"op": "gemm", "name": "f", "n": 256, "k": 512, "format": "fp8_e4m3", "block_n": 128, "block_k": 128, "m": [1]},
+    {"op": "gemm", "name": "c", "n": 256, "k": 512, "format": "fp8_e4m3", "m": [1]},
+    {"op": "gemm", "name": "i", "n": 256, "k": 512, "format": "int8", "m": [1]},
+    {"op": "gemm", "name": "x", "n": 256, "k": 512, "format": "mxfp4", "m": [1]},
+    {"op": "moe", "name": "e", "e": 8, "topk": 2, "h": 256, "i": 128, "format": "int4_gptq", "sym": false, "t": [1]}
+  ]})";
+  const tools::Workload w = tools::parse_workload(text, "q.json");
+  ASSERT_EQ(w.ops.size(), 7u);
+  EXPECT_EQ(w.ops[0].format, "int4_awq");
+  EXPECT_EQ(w.ops[0].group_size, 64);
+  EXPECT_FALSE(w.ops[0].sym);  // AWQ checkpoints carry zero points
+  EXPECT_TRUE(w.ops[1].desc_act);
+  EXPECT_TRUE(w.ops[1].sym);
+  EXPECT_EQ(w.ops[2].block_k, 128);
+  EXPECT_EQ(w.ops[3].block_n, 0);
+  EXPECT_FALSE(w.ops[6].sym);
+  EXPECT_EQ(tools::parse_workload(tools::workload_json(w), "back.json"), w);
+  // Every format's synthetic checkpoint packs, in its format.
+  for (const tools::WorkloadOp& o : w.ops) {
+    if (o.op != "gemm") continue;
+    const PackedWeight p = tools::synthetic_weight(o, o.n, o.k, 7);
+    EXPECT_STREQ(weight_format_name(p.format()), o.format.c_str());
+  }
+  const PackedExperts pe = tools::synthetic_experts(w.ops[6], 8, 256, 128, ExpertProj::down, 3);
+  EXPECT_EQ(pe.format(), WeightFormat::int4_gptq);
+}
+
+TEST(TuneWorkload, BadFormatFieldsNamed) {
+  auto parse = [](const std::string& op) {
+    tools::parse_workload(R"({"ops": [)" + op + "]}", "w.json");
+  };
+  const std::string g = R"({"op": "gemm", "n": 64, "k": 256, "m": [1], )";
+  expect_tilejit_error([&] { parse(g + R"("format": "int3"})"); },
+                       "w.json: ops[0].format: \"int3\"; allowed: bf16, int8, fp8_e4m3, int4_awq, "
+                       "int4_gptq, mxfp4");
+  // The group size's rule is pack_weight's, quoted.
+  expect_tilejit_error([&] { parse(g + R"("format": "int4_gptq", "group_size": 0})"); },
+                       "ops[0].group_size: 0; pack_weight:");
+  expect_tilejit_error([&] { parse(g + R"("format": "fp8_e4m3", "block_n": 128, "block_k": 3})"); },
+                       "ops[0].block_k: block_n=128 block_k=3; pack_weight:");
+  expect_tilejit_error([&] { parse(g + R"("format": "fp8_e4m3", "block_n": 128})"); },
+                       "ops[0].block_k: 0 with the other block size set");
+  expect_tilejit_error([&] { parse(g + R"("format": "int8", "group_size": 128})"); },
+                       "ops[0].group_size: given with format int8; allowed: only with format "
+                       "int4_awq or int4_gptq");
+  expect_tilejit_error([&] { parse(g + R"("format": "int4_awq", "desc_act": true})"); },
+                       "ops[0].desc_act: true with format int4_awq");
+}
+
+TEST(TuneWorkload, QuantizationConfig) {
+  auto cfg = [](const std::string& q) {
+    return tools::workload_from_model_config(
+        R"({"hidden_size": 256, "num_attention_heads": 2, "intermediate_size": 512,
+            "quantization_config": )" +
+            q + "}",
+        "c.json");
+  };
+  auto op = [](const tools::Workload& w, const std::string& name) {
+    for (const tools::WorkloadOp& o : w.ops)
+      if (o.name == name) return o;
+    ADD_FAILURE() << "no op " << name;
+    return tools::WorkloadOp{};
+  };
+  tools::Workload w =
+      cfg(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true})");
+  EXPECT_EQ(op(w, "qkv_proj").format, "int4_awq");
+  EXPECT_EQ(op(w, "down_proj").group_size, 128);
+  EXPECT_FALSE(op(w, "down_proj").sym);
+  w = cfg(
+      R"({"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": true, "sym": true})");
+  EXPECT_EQ(op(w, "gate_up_proj").format, "int4_gptq");
+  EXPECT_EQ(op(w, "gate_up_proj").group_size, 64);
+  EXPECT_TRUE(op(w, "gate_up_proj").desc_act);
+  EXPECT_TRUE(op(w, "gate_up_proj").sym);
+  w = cfg(
+      R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})");
+  EXPECT_EQ(op(w, "o_proj").format, "fp8_e4m3");
+  EXPECT_EQ(op(w, "o_proj").block_n, 128);
+  EXPECT_EQ(op(w, "o_proj").block_k, 128);
+  w = cfg(R"({"quant_method": "fp8"})");
+  EXPECT_EQ(op(w, "o_proj").block_n, 0);  // per channel
+  w = cfg(R"({"quant_method": "mxfp4"})");
+  EXPECT_EQ(op(w, "qkv_proj").format, "bf16");  // GPT-OSS: attention unquantized
+  EXPECT_EQ(op(w, "down_proj").format, "mxfp4");
+  w = cfg(R"({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights":
+      {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": true}}}})");
+  EXPECT_EQ(op(w, "qkv_proj").format, "int8");
+  w = cfg(R"({"quant_method": "w8a8_int8"})");
+  EXPECT_EQ(op(w, "down_proj").format, "int8");
+  // MoE: experts in the format, the router bf16.
+  const tools::Workload moe = tools::workload_from_model_config(
+      R"({"hidden_size": 256, "num_attention_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 128, "quantization_config": {"quant_method": "gptq", "bits": 4}})",
+      "m.json");
+  EXPECT_EQ(op(moe, "experts").format, "int4_gptq");
+  EXPECT_EQ(op(moe, "router").format, "bf16");
+  expect_tilejit_error([&] { cfg(R"({"quant_method": "bitsandbytes"})"); },
+                       "c.json: quantization_config.quant_method: \"bitsandbytes\"; allowed: awq, "
+                       "gptq, fp8, mxfp4, compressed-tensors, w8a8_int8");
+  expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "bits": 8})"); },
+                       "quantization_config.bits: 8; allowed: 4");
+  expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "bits": 4, "group_size": 0})"); },
+                       "group_size: 0; pack_weight:");
 }
 
 // ---- the database ------------------------------------------------------------
@@ -337,6 +447,67 @@ TEST(TuningDb, TunedGemmPlanUsed) {
   EXPECT_TRUE(ops::tuned_gemm(path, spec, 1).empty());
 
   expect_matches_reference(x, w, y, m, n, k);
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
+// A tuned entry of an int4 GPTQ weight at M = 40 (the dequant route: a
+// GemmPlan) is applied, counted, and gives the quantized GEMM's result
+// within quant_gemm_test's bound for that route (gemm_output_bound on the
+// dequantized weights + dequant_weight_bound, the bf16 rounding of w).
+TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t m = 40, n = 200, k = 320;
+  tools::WorkloadOp o;
+  o.op = "gemm";
+  o.format = "int4_gptq";
+  o.group_size = 64;
+  const PackedWeight pw = tools::synthetic_weight(o, n, k, 11);
+  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
+  if (path == Isa::amx) knobs["amx"] = 0;
+  jit::TunedEntry e = gemm_entry(path, n, k, m, knobs);
+  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                  Activation::none, DType::f32, m, WeightFormat::int4_gptq);
+  jit::TuningDb db;
+  db.put(e);
+  const std::string file = temp_path("tuned_q.json");
+  db.save(file);
+  // A bf16-only knob on a quantized entry is refused at load.
+  jit::TunedEntry bad = e;
+  bad.knobs = {{"max_kc", 64}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); }, "knob max_kc with fmt=int4_gptq");
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+
+  std::vector<uint16_t> x(size_t(m * k));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  std::vector<float> y(size_t(m * n));
+  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+  const codegen::PlanOverrides& ov =
+      jit::find_tuned_gemm(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                           Activation::none, DType::f32, m, WeightFormat::int4_gptq);
+  ASSERT_FALSE(ov.empty());
+  EXPECT_EQ(ov.entry, e.id());
+  EXPECT_EQ(ov.mr, 4);
+
+  std::vector<float> wd(size_t(n * k));
+  pw.dequantize(TensorView(wd.data(), DType::f32, {n, k}));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, abs = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double v = double(runtime::bf16_to_f32(x[size_t(i * k + c)])) * wd[size_t(j * k + c)];
+        ref += v, abs += std::fabs(v);
+      }
+      ASSERT_NEAR(y[size_t(i * n + j)], ref,
+                  runtime::gemm_output_bound(Activation::none, DType::f32, k, abs, 0, ref, ref) +
+                      runtime::dequant_weight_bound(Activation::none, abs))
+          << "y[" << i << ", " << j << "]";
+    }
   jit::install_tuning_db({}, "");
   fs::remove(file);
 }

@@ -22,6 +22,7 @@
 #include "ir/activation.h"
 #include "jit/registry.h"
 #include "jit/tuning_db.h"
+#include "ops/quant_weight.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
@@ -72,8 +73,25 @@ codegen::BiasKind bias_of(const std::string& s) {
          : s == "bf16" ? codegen::BiasKind::bf16
                        : codegen::BiasKind::none;
 }
+WeightFormat format_of(const std::string& s) {
+  return *jit::weight_format_from_name(s);
+}
+bool quantized(const WorkloadOp& o) {
+  return format_of(o.format) != WeightFormat::bf16;
+}
+// The spec of the plan the op's GEMM runs: a quantized weight's as
+// ops::quant_gemm_spec makes it (int8: s8 codes, K in groups of four; the
+// dequant route: the packed K of its bf16 tiles).
 codegen::GemmSpec gemm_spec(const WorkloadOp& o) {
-  return {o.n, o.k, bias_of(o.bias), act_of(o.act), o.out == "f32" ? DType::f32 : DType::bf16};
+  codegen::GemmSpec s{o.n, o.k, bias_of(o.bias), act_of(o.act),
+                      o.out == "f32" ? DType::f32 : DType::bf16};
+  if (o.format == "int8") {
+    s.b_type = DType::i8;
+    s.k = (s.k + 3) / 4 * 4;
+  } else if (quantized(o)) {
+    s.k = (s.k + 31) / 32 * 32;
+  }
+  return s;
 }
 
 // ---- the search space and the cost model -----------------------------------------
@@ -107,7 +125,8 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
   std::vector<Isa> isas = {dflt_isa};
   if (path == Isa::amx) isas.push_back(dflt_isa == Isa::amx ? Isa::avx512 : Isa::amx);
   // The LLVM backend's kernels for the same blocking (Xbyak vs LLVM).
-  if ((path == Isa::amx || path == Isa::avx512) && cpu_info().llvm_backend)
+  // Not for quantized weights: their routes take no llvm knob (tuning_db.cpp).
+  if ((path == Isa::amx || path == Isa::avx512) && cpu_info().llvm_backend && !quantized(o))
     isas.push_back(Isa::llvm);
   struct Cand {
     Knobs knobs;
@@ -127,7 +146,7 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
       for (int64_t t : {32, 64, 128, 512})
         if (t < m) trs.insert(std::max<int64_t>(1, t / mr) * mr);
       std::set<int64_t> kcs = {0};
-      if (spec.k > 1024 && m > mr)
+      if (spec.k > 1024 && m > mr && !quantized(o))  // a quantized route's K chunk is its own
         for (int64_t v : {1024, 4096}) kcs.insert(v);
       for (int64_t tr : trs)
         for (int64_t kc : kcs) {
@@ -256,12 +275,20 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t m : o.m) {
         Point p{i, m, 0};
         p.label = fmt::format("gemm {} N={} K={} M={}", o.name, o.n, o.k, m);
+        if (quantized(o)) p.label += " " + o.format;
         p.shape = jit::gemm_shape_class(path, threads, o.n, o.k, bias_of(o.bias), act_of(o.act),
-                                        o.out == "f32" ? DType::f32 : DType::bf16, m);
+                                        o.out == "f32" ? DType::f32 : DType::bf16, m,
+                                        format_of(o.format));
         // One entry per bucket: a second M of the same bucket is warm-up only.
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "gemm";
-          p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
+          // fp8 / int4 / mxfp4 at decode M run the fused kernel: no plan, no
+          // knob (the default is timed, an entry without knobs written).
+          if (quantized(o) && o.format != "int8" &&
+              ops::quant_gemm_fused(codegen::gemm_isa_for_rows(path, m), m))
+            p.pruned = "the fused decode kernel: no plan knob";
+          else
+            p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
         }
         pts.push_back(p);
       }
@@ -285,10 +312,16 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t t : o.m) {
         Point p{i, t, 0};
         p.label = fmt::format("moe {} E={} k={} H={} I={} T={}", o.name, o.e, o.topk, o.h, o.i, t);
-        p.shape = jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t);
+        if (quantized(o)) p.label += " " + o.format;
+        p.shape =
+            jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t, format_of(o.format));
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "moe";
-          p.candidates = moe_candidates(o, t, threads, &p.pruned);
+          // ops/moe.cpp applies run_blocks to bf16 experts only.
+          if (quantized(o))
+            p.pruned = "run_blocks is applied to bf16 experts only";
+          else
+            p.candidates = moe_candidates(o, t, threads, &p.pruned);
         }
         pts.push_back(p);
       }
@@ -323,7 +356,9 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
   auto buf = std::make_shared<CallBuffers>();
   const uint64_t seed = 1000 + p.op * 97 + uint64_t(p.count) * 13 + uint64_t(p.seq);
   if (o.op == "gemm") {
-    if (ow.w.empty()) {
+    if (ow.w.empty() && quantized(o)) {
+      ow.w = synthetic_weight(o, o.n, o.k, seed);
+    } else if (ow.w.empty()) {
       const auto w = random_bf16(size_t(o.n * o.k), seed, 1.0f / 16);
       ow.w = pack_weight(TensorView(w.data(), DType::bf16, {o.n, o.k}));
     }
@@ -364,7 +399,10 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     return [buf, q, kc, vc, out, table, lens] { decode_attention(q, kc, vc, out, table, lens); };
   }
   if (o.op == "moe") {
-    if (ow.w13.empty()) {
+    if (ow.w13.empty() && quantized(o)) {
+      ow.w13 = synthetic_experts(o, o.e, 2 * o.i, o.h, ExpertProj::gate_up, seed);
+      ow.w2 = synthetic_experts(o, o.e, o.h, o.i, ExpertProj::down, seed + 1);
+    } else if (ow.w13.empty()) {
       auto w13 = random_bf16(size_t(o.e * 2 * o.i * o.h), seed, 1.0f / 16);
       ow.w13 = pack_experts(TensorView(w13.data(), DType::bf16, {o.e, 2 * o.i, o.h}),
                             ExpertProj::gate_up);

@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <sstream>
 
 #include "ir/activation.h"
+#include "jit/tuning_db.h"
 
 namespace tilejit::tools {
 
@@ -23,10 +26,14 @@ struct OpFields {
 };
 const std::vector<OpFields>& op_fields() {
   static const std::vector<OpFields> f = {
-      {"gemm", {"n", "k", "bias", "act", "out", "format", "m"}},
+      {"gemm",
+       {"n", "k", "bias", "act", "out", "format", "group_size", "sym", "desc_act", "block_n",
+        "block_k", "m"}},
       {"decode_attention", {"d", "dv", "hq", "hkv", "block_size", "kv", "batch", "seq_len"}},
       {"prefill_attention", {"d", "dv", "hq", "hkv", "causal", "seq_len"}},
-      {"moe", {"e", "topk", "h", "i", "format", "t"}},
+      {"moe",
+       {"e", "topk", "h", "i", "format", "group_size", "sym", "desc_act", "block_n", "block_k",
+        "t"}},
   };
   return f;
 }
@@ -94,6 +101,64 @@ std::vector<std::string> activation_choices() {
   return out;
 }
 
+// The format and its parameters. The names are the WeightFormat enum's;
+// the parameter values are checked by the library itself: a small
+// synthetic checkpoint with them goes through pack_weight, whose Error
+// (naming what it allows) becomes the field's.
+void parse_format(const Reader& r, WorkloadOp& o) {
+  const json& j = r.j;
+  if (j.contains("format")) {
+    const json& v = j["format"];
+    if (!v.is_string() || !jit::weight_format_from_name(v.get<std::string>()))
+      r.fail("format", fmt::format("{}; allowed: {}", v.dump(), jit::weight_format_list()));
+    o.format = v.get<std::string>();
+  }
+  const bool int4 = o.format == "int4_awq" || o.format == "int4_gptq";
+  const bool fp8 = o.format == "fp8_e4m3";
+  auto only = [&](const char* field, bool ok, const char* formats) {
+    if (j.contains(field) && !ok)
+      r.fail(field,
+             fmt::format("given with format {}; allowed: only with format {}", o.format, formats));
+  };
+  only("group_size", int4, "int4_awq or int4_gptq");
+  only("sym", int4, "int4_awq or int4_gptq");
+  only("desc_act", int4, "int4_awq or int4_gptq");
+  only("block_n", fp8, "fp8_e4m3");
+  only("block_k", fp8, "fp8_e4m3");
+  for (const char* b : {"sym", "desc_act"})
+    if (j.contains(b) && !j[b].is_boolean()) r.fail(b, "allowed: true, false");
+  o.sym = j.value("sym", o.format != "int4_awq");  // AWQ checkpoints carry zero points
+  o.desc_act = j.value("desc_act", false);
+  if (o.desc_act && o.format != "int4_gptq")
+    r.fail("desc_act", "true with format int4_awq; allowed: act-order with int4_gptq only");
+  auto int_field = [&](const char* field, int64_t dflt) -> int64_t {
+    if (!j.contains(field)) return dflt;
+    if (!j[field].is_number_integer())
+      r.fail(field, fmt::format("{}; allowed: an integer", j[field].dump()));
+    return j[field].get<int64_t>();
+  };
+  o.group_size = int_field("group_size", 128);
+  o.block_n = int_field("block_n", 0);
+  o.block_k = int_field("block_k", 0);
+  if ((o.block_n == 0) != (o.block_k == 0))
+    r.fail(o.block_n == 0 ? "block_n" : "block_k",
+           "0 with the other block size set; allowed: both (block scales) or neither");
+  // The library's rules: a probe checkpoint with these parameters.
+  if (!int4 && !fp8) return;
+  try {
+    const int64_t k = std::max<int64_t>({64, 2 * o.group_size, 2 * o.block_k});
+    (void)synthetic_weight(o, 8, k, 1);
+  } catch (const Error& e) {
+    const char* field = !fp8                                  ? "group_size"
+                        : o.block_k % 2 != 0 || o.block_k < 0 ? "block_k"
+                                                              : "block_n";
+    r.fail(field, fmt::format("{}; pack_weight: {}",
+                              fp8 ? fmt::format("block_n={} block_k={}", o.block_n, o.block_k)
+                                  : std::to_string(o.group_size),
+                              e.what()));
+  }
+}
+
 WorkloadOp parse_op(const json& j, const std::string& where) {
   if (!j.is_object()) throw Error(fmt::format("{}: not a JSON object", where));
   const Reader r{j, where};
@@ -113,8 +178,7 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
       r.fail(key,
              fmt::format("not a field of op {}; allowed: {}", o.op, fmt::join(spec.fields, ", ")));
   }
-  if (o.op == "gemm" || o.op == "moe")
-    (void)r.choice("format", "bf16", {"bf16"});  // the tuner searches bf16 plans only
+  if (o.op == "gemm" || o.op == "moe") parse_format(r, o);
   if (o.op == "gemm") {
     o.n = r.integer("n");
     o.k = r.integer("k");
@@ -198,6 +262,11 @@ std::string workload_json(const Workload& w) {
   json ops = json::array();
   for (const WorkloadOp& o : w.ops) {
     json j{{"op", o.op}, {"name", o.name}};
+    if (o.format != "bf16") j["format"] = o.format;
+    if (o.format == "int4_awq" || o.format == "int4_gptq")
+      j.update({{"group_size", o.group_size}, {"sym", o.sym}, {"desc_act", o.desc_act}});
+    if (o.format == "fp8_e4m3" && o.block_n)
+      j.update({{"block_n", o.block_n}, {"block_k", o.block_k}});
     if (o.op == "gemm") {
       j.update(
           {{"n", o.n}, {"k", o.k}, {"bias", o.bias}, {"act", o.act}, {"out", o.out}, {"m", o.m}});
@@ -225,6 +294,105 @@ std::string workload_json(const Workload& w) {
   return json{{"name", w.name}, {"ops", ops}}.dump(1) + "\n";
 }
 
+const std::vector<std::string>& quant_methods() {
+  static const std::vector<std::string> m = {
+      "awq", "gptq", "fp8", "mxfp4", "compressed-tensors", "w8a8_int8"};
+  return m;
+}
+
+namespace {
+
+void copy_format(const WorkloadOp& f, WorkloadOp* o) {
+  o->format = f.format;
+  o->group_size = f.group_size;
+  o->sym = f.sym;
+  o->desc_act = f.desc_act;
+  o->block_n = f.block_n;
+  o->block_k = f.block_k;
+}
+
+// A Hugging Face quantization_config into the formats of the linear layers
+// (attention and dense MLP) and of the experts.
+void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
+                   WorkloadOp* experts) {
+  const std::string where = source + ": quantization_config";
+  if (!q.is_object()) throw Error(fmt::format("{}: allowed: an object", where));
+  const std::string method = q.contains("quant_method") && q["quant_method"].is_string()
+                                 ? q["quant_method"].get<std::string>()
+                                 : std::string();
+  auto bad = [&](const std::string& field, const std::string& msg) {
+    throw Error(fmt::format("{}.{}: {}", where, field, msg));
+  };
+  WorkloadOp f;
+  if (method == "awq" || method == "gptq") {
+    const Reader r{q, where};
+    const int64_t bits = r.integer("bits", false, 4);
+    if (bits != 4)
+      bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
+    f.format = method == "awq" ? "int4_awq" : "int4_gptq";
+    // -1: per channel (GPTQ's convention, Int4Weight's too).
+    f.group_size = q.contains("group_size") && q["group_size"].is_number_integer()
+                       ? q["group_size"].get<int64_t>()
+                       : (q.contains("q_group_size") ? q.value("q_group_size", int64_t{128}) : 128);
+    f.sym = method == "awq" ? !q.value("zero_point", true) : q.value("sym", true);
+    f.desc_act = method == "gptq" && q.value("desc_act", false);
+  } else if (method == "fp8") {
+    f.format = "fp8_e4m3";
+    if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
+        bad("weight_block_size", fmt::format("{}; allowed: [block_n, block_k]", b.dump()));
+      f.block_n = b[0].get<int64_t>();
+      f.block_k = b[1].get<int64_t>();
+    }
+  } else if (method == "mxfp4") {
+    f.format = "mxfp4";
+  } else if (method == "w8a8_int8") {
+    f.format = "int8";
+  } else if (method == "compressed-tensors") {
+    // The simple schemes only: one config group of 8-bit int (W8A8) or
+    // float (fp8) weights.
+    const json* w = nullptr;
+    if (q.contains("config_groups") && q["config_groups"].is_object() &&
+        q["config_groups"].size() == 1) {
+      const json& g = q["config_groups"].begin().value();
+      if (g.is_object() && g.contains("weights") && g["weights"].is_object()) w = &g["weights"];
+    }
+    const std::string type = w ? w->value("type", std::string()) : "";
+    const int64_t bits = w ? w->value("num_bits", int64_t{0}) : 0;
+    if (w == nullptr || bits != 8 || (type != "int" && type != "float"))
+      bad("config_groups",
+          fmt::format("{}; allowed: one group with weights of num_bits 8, type int (W8A8) or "
+                      "float (fp8)",
+                      q.contains("config_groups") ? q["config_groups"].dump() : "missing"));
+    f.format = type == "int" ? "int8" : "fp8_e4m3";
+    if (type == "float" && w->contains("block_structure") && (*w)["block_structure"].is_array() &&
+        (*w)["block_structure"].size() == 2) {
+      f.block_n = (*w)["block_structure"][0].get<int64_t>();
+      f.block_k = (*w)["block_structure"][1].get<int64_t>();
+    }
+  } else {
+    bad("quant_method",
+        fmt::format("{}; allowed: {}",
+                    q.contains("quant_method") ? q["quant_method"].dump() : "missing",
+                    fmt::join(quant_methods(), ", ")));
+  }
+  // The parameters through the workload's own checks (the library's rules).
+  json probe = json::parse(workload_json(Workload{"probe", {[&] {
+                                                    WorkloadOp o = f;
+                                                    o.op = "gemm";
+                                                    o.name = "probe";
+                                                    o.n = o.k = 64;
+                                                    o.m = {1};
+                                                    return o;
+                                                  }()}}));
+  (void)parse_workload(probe.dump(), where);
+  *experts = f;
+  if (f.format != "mxfp4") *linear = f;  // GPT-OSS's attention is bf16 (modules_to_not_convert)
+}
+
+}  // namespace
+
 Workload workload_from_model_config(const std::string& text, const std::string& source,
                                     const std::vector<int64_t>& m, int64_t context) {
   json j;
@@ -234,11 +402,10 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
   if (!j.is_object()) throw Error(fmt::format("{}: allowed: a config.json object", source));
+  // The formats of the linear layers and of the experts.
+  WorkloadOp fmt_linear, fmt_experts;
   if (j.contains("quantization_config"))
-    throw Error(fmt::format(
-        "{}: quantization_config ({}): quantized checkpoints are not tuned yet; allowed: an "
-        "unquantized (bf16) config",
-        source, j["quantization_config"].value("quant_method", std::string("?"))));
+    quant_formats(j["quantization_config"], source, &fmt_linear, &fmt_experts);
   const Reader r{j, source + ":"};
   auto opt_int = [&](const char* f, int64_t dflt) { return r.integer(f, false, dflt); };
   const int64_t hidden = r.integer("hidden_size");
@@ -261,10 +428,12 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     o.k = k;
     o.out = out;
     o.m = m;
+    if (std::string(out) != "f32") copy_format(fmt_linear, &o);  // the router stays bf16
     w.ops.push_back(o);
   };
   gemm("qkv_proj", (hq + 2 * hkv) * hd, hidden);
   gemm("o_proj", hidden, hq * hd);
+  fmt_linear = fmt_experts;  // mxfp4 (GPT-OSS) leaves attention bf16; others: the same format
   if (experts > 0) {
     WorkloadOp o;
     o.op = "moe";
@@ -274,6 +443,7 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     o.h = hidden;
     o.i = r.integer("moe_intermediate_size");
     o.m = m;
+    copy_format(fmt_experts, &o);
     gemm("router", experts, hidden, "f32");
     w.ops.push_back(o);
   } else {
@@ -297,6 +467,143 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   pre.seq_len = {m.back()};
   w.ops.push_back(pre);
   return w;
+}
+
+namespace {
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint32_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return static_cast<uint32_t>(s >> 32);
+  }
+};
+
+// One matrix's checkpoint tensors (owned) and the format's description of
+// them (views into those tensors).
+struct Checkpoint {
+  std::vector<int32_t> qweight, qzeros, g_idx;
+  std::vector<uint8_t> codes, e8m0;
+  std::vector<float> scales;
+  std::vector<uint16_t> bf16;
+  Int8Weight i8;
+  Fp8Weight f8;
+  Int4Weight i4;
+  Mxfp4Weight mx;
+
+  Checkpoint(const WorkloadOp& o, int64_t n, int64_t k, uint64_t seed) {
+    Rng rng(seed);
+    const std::string& f = o.format;
+    if (f == "bf16") {
+      bf16.resize(size_t(n * k));
+      for (uint16_t& v : bf16) {
+        // ±1/16 · [0, 1): sign, exponent 2^-5 .. 2^-4, random mantissa.
+        const uint32_t r = rng.next();
+        v = static_cast<uint16_t>((r & 0x8000u) | (0x7Au << 7) | (r & 0x7Fu));
+      }
+    } else if (f == "int8") {
+      codes.resize(size_t(n * k));
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(int8_t(int(rng.next() % 255) - 127));
+      scales.assign(size_t(n), 1.0f / (127 * 16));  // |w| <= 1/16
+      i8 = {TensorView(codes.data(), DType::i8, {n, k}),
+            TensorView(scales.data(), DType::f32, {n})};
+    } else if (f == "fp8_e4m3") {
+      // Exponent fields 0..7 (|code| < 2, never NaN), scale 1/32.
+      codes.resize(size_t(n * k));
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.next() & 0xBF);
+      const int64_t gn = o.block_n ? (n + o.block_n - 1) / o.block_n : n;
+      const int64_t gk = o.block_n ? (k + o.block_k - 1) / o.block_k : 1;
+      scales.assign(size_t(gn * gk), 1.0f / 32);
+      f8.weight = TensorView(codes.data(), DType::f8e4m3, {n, k});
+      f8.scales = o.block_n ? TensorView(scales.data(), DType::f32, {gn, gk})
+                            : TensorView(scales.data(), DType::f32, {n});
+      f8.block_n = o.block_n;
+      f8.block_k = o.block_k;
+    } else if (f == "int4_awq" || f == "int4_gptq") {
+      const bool awq = f == "int4_awq";
+      const int64_t g =
+          o.group_size < 0 ? 1 : (k + o.group_size - 1) / std::max<int64_t>(1, o.group_size);
+      const int64_t n8 = (n + 7) / 8, k8 = (k + 7) / 8;
+      qweight.resize(size_t(awq ? k * n8 : k8 * n));
+      for (int32_t& q : qweight) q = static_cast<int32_t>(rng.next());
+      scales.assign(size_t(g * n), 1.0f / 128);  // |q - z| <= 15: |w| < 1/8
+      i4.format = awq ? Int4Format::awq : Int4Format::gptq;
+      i4.qweight = awq ? TensorView(qweight.data(), DType::i32, {k, n8})
+                       : TensorView(qweight.data(), DType::i32, {k8, n});
+      i4.scales = TensorView(scales.data(), DType::f32, {g, n});
+      if (!o.sym) {
+        qzeros.resize(size_t(g * n8));
+        for (int32_t& z : qzeros)
+          z = static_cast<int32_t>(0x77777777u + (rng.next() & 0x11111111u));
+        i4.qzeros = TensorView(qzeros.data(), DType::i32, {g, n8});
+      }
+      if (o.desc_act) {
+        // Act order: input channel c in group perm(c) / group_size, perm(c) =
+        // c · stride mod K for a stride coprime to K (a bijection: every group
+        // gets group_size channels, scattered).
+        g_idx.resize(size_t(k));
+        int64_t stride = k / 2 + 1;
+        while (std::gcd(stride, k) != 1) ++stride;
+        for (int64_t c = 0; c < k; ++c)
+          g_idx[size_t(c)] =
+              static_cast<int32_t>(o.group_size < 0 ? 0 : (c * stride % k) / o.group_size);
+        i4.g_idx = TensorView(g_idx.data(), DType::i32, {k});
+      }
+      i4.group_size = o.group_size;
+      i4.n = n;
+      i4.k = k;
+    } else if (f == "mxfp4") {
+      const int64_t kb = (k + 31) / 32;
+      codes.resize(size_t(n * kb * 16));
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.next());
+      e8m0.assign(size_t(n * kb), 127 - 7);  // |e2m1| <= 6: |w| < 1/16
+      mx = {TensorView(codes.data(), DType::u8, {n, kb, 16}),
+            TensorView(e8m0.data(), DType::u8, {n, kb}), k};
+    } else {
+      throw Error(fmt::format("format {}; allowed: {}", f, jit::weight_format_list()));
+    }
+  }
+};
+
+}  // namespace
+
+PackedWeight synthetic_weight(const WorkloadOp& o, int64_t n, int64_t k, uint64_t seed) {
+  const Checkpoint c(o, n, k, seed);
+  const std::string& f = o.format;
+  if (f == "bf16") return pack_weight(TensorView(c.bf16.data(), DType::bf16, {n, k}));
+  if (f == "int8") return pack_weight(c.i8);
+  if (f == "fp8_e4m3") return pack_weight(c.f8);
+  if (f == "mxfp4") return pack_weight(c.mx);
+  return pack_weight(c.i4);
+}
+
+PackedExperts synthetic_experts(const WorkloadOp& o, int64_t e, int64_t n, int64_t k,
+                                ExpertProj proj, uint64_t seed) {
+  if (o.format == "bf16") {
+    std::vector<uint16_t> all;
+    all.reserve(size_t(e * n * k));
+    for (int64_t x = 0; x < e; ++x) {
+      const Checkpoint c(o, n, k, seed + uint64_t(x));
+      all.insert(all.end(), c.bf16.begin(), c.bf16.end());
+    }
+    return pack_experts(TensorView(all.data(), DType::bf16, {e, n, k}), proj);
+  }
+  std::vector<std::unique_ptr<Checkpoint>> cs;
+  for (int64_t x = 0; x < e; ++x)
+    cs.push_back(std::make_unique<Checkpoint>(o, n, k, seed + uint64_t(x)));
+  auto views = [&](auto member) {
+    std::vector<std::remove_reference_t<decltype(cs[0].get()->*member)>> v;
+    for (const auto& c : cs) v.push_back(c.get()->*member);
+    return v;
+  };
+  const std::string& f = o.format;
+  if (f == "int8") return pack_experts(views(&Checkpoint::i8), proj);
+  if (f == "fp8_e4m3") return pack_experts(views(&Checkpoint::f8), proj);
+  if (f == "mxfp4") return pack_experts(views(&Checkpoint::mx), proj);
+  return pack_experts(views(&Checkpoint::i4), proj);
 }
 
 }  // namespace tilejit::tools

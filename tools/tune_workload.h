@@ -12,11 +12,14 @@
 namespace tilejit::tools {
 
 // One operator of the workload. `op` picks which fields apply:
-//   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), m (list)
+//   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), format, m (list)
 //   decode_attention: d, dv, hq, hkv, block_size, kv (bf16), batch (list), seq_len (list)
 //   prefill_attention (warm-up only, no knob is tuned): d, dv, hq, hkv, causal, seq_len (list)
-//   moe:              e, topk, h, i, t (list)
-// Every format is bf16 (the tuner searches bf16 plans only).
+//   moe:              e, topk, h, i, format, t (list)
+// format: a weight format name (weight_format_name: bf16, int8, fp8_e4m3,
+// int4_awq, int4_gptq, mxfp4); the format's parameters: group_size, sym,
+// desc_act (int4), block_n, block_k (fp8_e4m3 block scales; 0: per channel).
+// The tuner times synthetic checkpoints of that format (synthetic_weight).
 struct WorkloadOp {
   std::string op;
   std::string name;  // e.g. "qkv_proj" (for the report)
@@ -26,6 +29,10 @@ struct WorkloadOp {
   std::string kv = "bf16";
   bool causal = true;
   int64_t e = 0, topk = 0, h = 0, i = 0;
+  std::string format = "bf16";
+  int64_t group_size = 128;           // int4
+  bool sym = true, desc_act = false;  // int4: no zero points; act-order g_idx
+  int64_t block_n = 0, block_k = 0;   // fp8_e4m3 block scales (0: per output channel)
   // The counts tuned: gemm M, decode batch, moe T (in `m`), and sequence lengths.
   std::vector<int64_t> m;
   std::vector<int64_t> seq_len;
@@ -52,10 +59,25 @@ std::string workload_json(const Workload& w);
 
 // A workload from a Hugging Face config.json: the attention projections,
 // the dense MLP or the MoE experts (+ router), decode and prefill attention,
-// for the given counts. An unquantized config only (a quantization_config
-// is an Error naming it: the tuner searches bf16 plans).
+// for the given counts. A quantization_config sets the format of the
+// linear layers and experts (quant_method awq, gptq, fp8 (weight_block_size:
+// block scales), mxfp4, compressed-tensors / w8a8 int8; bits, group_size,
+// sym, desc_act); another method is an Error naming it and the allowed ones.
+// The router stays bf16 (checkpoints leave it unquantized).
 Workload workload_from_model_config(const std::string& json_text, const std::string& source,
                                     const std::vector<int64_t>& m = {1, 16, 512},
                                     int64_t context = 4096);
+
+// The quant_method values workload_from_model_config reads (for messages).
+const std::vector<std::string>& quant_methods();
+
+// A synthetic checkpoint of op's format for a [n, k] weight (random codes,
+// scales that keep |w| near 1/16, zero points / g_idx as op says), packed
+// with the public pack_weight overload: what the tuner times and a test
+// checks. bf16: random values. Errors are pack_weight's.
+PackedWeight synthetic_weight(const WorkloadOp& op, int64_t n, int64_t k, uint64_t seed);
+// The same for e experts of [n, k] each, packed with pack_experts.
+PackedExperts synthetic_experts(const WorkloadOp& op, int64_t e, int64_t n, int64_t k,
+                                ExpertProj proj, uint64_t seed);
 
 }  // namespace tilejit::tools
