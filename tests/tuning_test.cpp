@@ -249,6 +249,13 @@ TEST(TuneWorkload, QuantizationConfig) {
       "m.json");
   EXPECT_EQ(op(moe, "experts").format, "int4_gptq");
   EXPECT_EQ(op(moe, "router").format, "bf16");
+  // The shipped AWQ example is what its config builds.
+  auto read = [](const std::string& f) {
+    std::ifstream in(std::string(TILEJIT_EXAMPLES_DIR) + "/tune/" + f);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(tools::workload_from_model_config(read("qwen3-8b-awq-config.json"), "qwen3-awq"),
+            tools::parse_workload(read("qwen3-8b-awq.json"), "qwen3-8b-awq.json"));
   expect_tilejit_error([&] { cfg(R"({"quant_method": "bitsandbytes"})"); },
                        "c.json: quantization_config.quant_method: \"bitsandbytes\"; allowed: awq, "
                        "gptq, fp8, mxfp4, compressed-tensors, w8a8_int8");
