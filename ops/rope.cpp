@@ -33,6 +33,7 @@ codegen::llvm_backend::RopeDesc rope_desc(const RopeOptions& opt, DType dtype, D
   r.hk = hk;
   r.ndim = opt.ndim;
   r.mrope_section = opt.mrope_section;
+  r.mrope_interleaved = opt.mrope_interleaved;
   r.pos_dtype = pos_dtype;
   return r;
 }
@@ -111,6 +112,11 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
                       "rotary_dim/2 = {}",
                       kOp, shape_str(d.mrope_section), d.rotary_dim / 2));
   }
+  if (d.mrope_interleaved && d.mrope_section.size() != 3)
+    throw Error(
+        fmt::format("{}: mrope_interleaved=true with mrope_section={}; allowed: 3 sections "
+                    "[t, h, w] summing to rotary_dim/2 = {}",
+                    kOp, shape_str(d.mrope_section), d.rotary_dim / 2));
 
   const int64_t streams = d.streams();
   ops::check_index_dtype(kOp, "positions", positions);
@@ -179,6 +185,7 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
   r.rotary_dim = c.desc.rotary_dim;
   r.ndim = c.desc.ndim;
   r.mrope_section = c.desc.mrope_section;
+  r.mrope_interleaved = c.desc.mrope_interleaved;
   runtime::parallel_for(c.t, [&](int64_t t) {
     const auto row = [&](int64_t s, int64_t col) {
       const int64_t p = ops::index_at(positions, s * c.pos_stream_stride + t * c.pos_token_stride);

@@ -15,11 +15,25 @@ struct ReferenceRope {
   int64_t rotary_dim = 0;              // even, <= the head size
   int64_t ndim = 1;                    // equal chunks of the rotary part, one position stream each
   std::vector<int64_t> mrope_section;  // frequency sections, one stream each (ndim == 1)
+  bool mrope_interleaved = false;      // 3 sections dealt out round-robin (docs/rope.md)
 };
+
+// Interleaved M-RoPE, written as sglang's apply_interleaved_rope (mrope.py)
+// writes it: start from the t row everywhere, then overwrite the slices
+// [1 : 3·h : 3] from the h row and [2 : 3·w : 3] from the w row.
+inline int64_t reference_interleaved_stream(const std::vector<int64_t>& sec, int64_t j) {
+  int64_t stream = 0;
+  for (int64_t i = 1; i < 3 * sec[1]; i += 3)
+    if (i == j) stream = 1;
+  for (int64_t i = 2; i < 3 * sec[2]; i += 3)
+    if (i == j) stream = 2;
+  return stream;
+}
 
 // The position stream that frequency j of chunk c reads.
 inline int64_t reference_rope_stream(const ReferenceRope& r, int64_t chunk, int64_t j) {
   if (r.ndim > 1) return chunk;
+  if (r.mrope_interleaved) return reference_interleaved_stream(r.mrope_section, j);
   int64_t end = 0;
   for (size_t s = 0; s < r.mrope_section.size(); ++s) {
     end += r.mrope_section[s];

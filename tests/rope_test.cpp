@@ -37,6 +37,7 @@ struct RopeCase {
   int64_t hq = 4, hk = 2;           // hk 0: k absent
   Mode mode = Mode::plain;
   std::vector<int64_t> sections;  // mrope
+  bool interleaved = false;       // mrope: Qwen3-VL's interleaved sections
   int64_t t = 7, max_position = 50;
   bool fused = false;      // q and k as views of one [T, (Hq + 2·Hk)·D + pad] qkv buffer
   int64_t head_pad = 0;    // fused: extra elements between heads
@@ -55,7 +56,7 @@ std::string case_str(const RopeCase& c) {
     << dtype_name(c.cache_dtype) << "_d" << c.d << "_rd" << rd_of(c) << "_hq" << c.hq << "_hk"
     << c.hk
     << (c.mode == Mode::ndim2   ? "_nd2"
-        : c.mode == Mode::mrope ? "_mrope"
+        : c.mode == Mode::mrope ? (c.interleaved ? "_mropeil" : "_mrope")
                                 : "")
     << "_t" << c.t << (c.fused ? "_fused" : "") << (c.pos_dtype == DType::i64 ? "_pos64" : "");
   return s.str();
@@ -75,6 +76,7 @@ RopeOptions options_of(const RopeCase& c) {
   o.rotary_dim = c.rotary_dim;
   if (c.mode == Mode::ndim2) o.ndim = 2;
   if (c.mode == Mode::mrope) o.mrope_section = c.sections;
+  o.mrope_interleaved = c.interleaved;
   return o;
 }
 
@@ -103,8 +105,9 @@ void run_case(const RopeCase& c) {
   SCOPED_TRACE(case_str(c));
   const int64_t rd = rd_of(c), ndim = c.mode == Mode::ndim2 ? 2 : 1, width = rd / ndim;
   const int64_t eb = dtype_bits(c.dtype) / 8, S = streams_of(c);
-  const uint32_t seed = seed_of({c.d, rd, c.hq, c.hk, int64_t(c.mode), int64_t(c.style),
-                                 int64_t(c.dtype), int64_t(c.cache_dtype), c.t});
+  const uint32_t seed =
+      seed_of({c.d, rd, c.hq, c.hk, int64_t(c.mode), int64_t(c.style), int64_t(c.dtype),
+               int64_t(c.cache_dtype), c.t, int64_t(c.interleaved)});
   // Activations: one buffer for q (and k, when fused), ending at a guard page.
   const int64_t hstride = c.d + c.head_pad;
   const int64_t qrow = c.fused ? (c.hq + 2 * c.hk) * hstride + 8 : c.hq * hstride;
@@ -157,6 +160,7 @@ void run_case(const RopeCase& c) {
   r.rotary_dim = rd;
   r.ndim = ndim;
   r.mrope_section = c.mode == Mode::mrope ? c.sections : std::vector<int64_t>{};
+  r.mrope_interleaved = c.interleaved;
   std::vector<double> x(c.d), ref(c.d), mag(c.d);
   // Bytes the call may change: the rotary part of every q / k head.
   std::vector<uint8_t> qmay(q0.size()), kmay(k0.size());
@@ -252,6 +256,81 @@ TEST_F(Rope, QwenMropeSections16x24x24) {
     c.style = st, c.d = 128, c.mode = Mode::mrope, c.sections = {16, 24, 24}, c.hq = 4, c.hk = 1;
     run_case(c);
   }
+}
+
+// Interleaved M-RoPE (Qwen3-VL): the streams alternate at every frequency,
+// so each kernel block blends its cos/sin lanes from three rows. Sections:
+// Qwen3-VL's [24, 20, 20] (D = 128, a t-only tail of 4 frequencies), odd
+// sizes on a partial rotary of 2·15 (h's 3·7 reaches past R/2 = 15: its
+// slice ends at the table's end, as in sglang), a long t-only tail ([13, 3,
+// 4]: the last block has one stream, plain loads) and h, w larger than t.
+// Every style × q/k dtype × cache dtype; token counts 1 and 33 (several
+// chunks per thread); fused qkv views with strided positions.
+TEST_F(Rope, InterleavedMrope) {
+  struct Shape {
+    int64_t d, rd;
+    std::vector<int64_t> sections;
+  };
+  const Shape shapes[] = {
+      {128, 0, {24, 20, 20}}, {40, 30, {5, 7, 3}}, {48, 40, {13, 3, 4}}, {80, 80, {6, 17, 17}}};
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (DType ct : {DType::f32, DType::bf16})
+        for (const Shape& sh : shapes) {
+          RopeCase c;
+          c.style = st, c.dtype = dt, c.cache_dtype = ct, c.d = sh.d, c.rotary_dim = sh.rd;
+          c.mode = Mode::mrope, c.sections = sh.sections, c.interleaved = true;
+          c.hq = 3, c.hk = 1, c.t = sh.d == 128 ? 33 : 1, c.max_position = 300;
+          run_case(c);
+        }
+  RopeCase fused;
+  fused.d = 128, fused.hq = 4, fused.hk = 2, fused.t = 9, fused.mode = Mode::mrope;
+  fused.sections = {24, 20, 20}, fused.interleaved = true;
+  fused.fused = true, fused.head_pad = 6, fused.cache_pad = 2, fused.pos_stride = 3;
+  fused.pos_dtype = DType::i64;
+  for (RopeStyle st : {RopeStyle::neox, RopeStyle::gptj}) {
+    fused.style = st;
+    run_case(fused);
+  }
+}
+
+// The reference's stream map on Qwen3-VL's sections, spelled out: the
+// oracle itself must deal t, h, w round-robin (t = 24, h = w = 20 of 64),
+// with frequencies 60..63 left to t.
+TEST_F(Rope, ReferenceInterleavedStreamsOfQwen3Vl) {
+  const std::vector<int64_t> sec = {24, 20, 20};
+  int64_t count[3] = {0, 0, 0};
+  for (int64_t j = 0; j < 64; ++j) {
+    const int64_t s = runtime::reference_interleaved_stream(sec, j);
+    ++count[s];
+    EXPECT_EQ(s, j < 60 ? j % 3 : 0) << "frequency " << j;
+  }
+  EXPECT_EQ(count[0], 24);
+  EXPECT_EQ(count[1], 20);
+  EXPECT_EQ(count[2], 20);
+}
+
+// The interleaving changes the emitted kernel, so it is part of the key:
+// the same shape with and without it compiles two kernels, and the results
+// differ (streams hold different positions).
+TEST_F(Rope, InterleavedIsItsOwnKernel) {
+  if (cpu_info().isa == Isa::scalar || !cpu_info().llvm_backend) GTEST_SKIP() << "no kernel";
+  const int64_t t = 2, d = 16;
+  std::vector<float> q0(t * d), q1;
+  for (size_t i = 0; i < q0.size(); ++i) q0[i] = float(i % 7) - 3.0f;
+  q1 = q0;
+  std::vector<float> cache(8 * d);
+  fill_cache(cache.data(), DType::f32, 8, d, d);
+  std::vector<int32_t> pos = {1, 2, 3, 4, 5, 6};  // t, h, w rows differ
+  const TensorView pv(pos.data(), DType::i32, {3, t}), cv(cache.data(), DType::f32, {8, d});
+  RopeOptions o;
+  o.mrope_section = {2, 3, 3};
+  rope({q0.data(), DType::f32, {t, 1, d}}, nullptr, pv, cv, o);
+  const uint64_t before = cache_stats().compiles;
+  o.mrope_interleaved = true;
+  rope({q1.data(), DType::f32, {t, 1, d}}, nullptr, pv, cv, o);
+  EXPECT_EQ(cache_stats().compiles, before + 1);
+  EXPECT_NE(q0, q1);
 }
 
 TEST_F(Rope, GemmaVision2d) {
@@ -473,6 +552,19 @@ TEST_F(Rope, Errors) {
         call(f.qv, nullptr, f.pv, f.cv, {.ndim = 2, .mrope_section = {2, 2}});
       },
       "mrope_section with ndim=2");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, {f.pos.data(), DType::i32, {2, 2}}, f.cv,
+             {.mrope_section = {2, 2}, .mrope_interleaved = true});
+      },
+      "mrope_interleaved=true with mrope_section=[2, 2]; allowed: 3 sections");
+  expect_error([&] { call(f.qv, nullptr, f.pv, f.cv, {.mrope_interleaved = true}); },
+               "mrope_interleaved=true with mrope_section=[]");
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, f.pv, f.cv, {.mrope_section = {1, 2, 2}, .mrope_interleaved = true});
+      },
+      "mrope_section=[1, 2, 2]; allowed: positive sizes summing to rotary_dim/2 = 4");
   TensorView q_col(f.q.data(), DType::f32, {2, 2, 4}, {16, 8, 2});
   expect_error(
       [&] {

@@ -13,6 +13,9 @@
 // pair and the partner swapped in by a shuffle. Blocks end at chunk and
 // M-RoPE section boundaries; a short block uses masked loads and stores, so
 // nothing past the rotary part (or the cache row) is read or written.
+// Interleaved M-RoPE changes stream at every frequency: its blocks are
+// plain runs of 16 / 8 frequencies whose cos/sin lanes are blended, once
+// per token, from the three streams' rows.
 #include "codegen/llvm/llvm_rope.h"
 
 #include <llvm/IR/IRBuilder.h>
@@ -61,20 +64,59 @@ void check(const RopeDesc& d) {
                   "; allowed: positive sizes summing to rotary_dim/2 = " +
                   std::to_string(d.rotary_dim / 2));
   }
+  if (d.mrope_interleaved && d.mrope_section.size() != 3)
+    fail(d, "mrope_interleaved with " + std::to_string(d.mrope_section.size()) +
+                " sections; allowed: 3 (t, h, w)");
 }
 
-// Up to 16 (neox) or 8 (gptj) rotation pairs of one position stream.
+// Up to 16 (neox) or 8 (gptj) rotation pairs of consecutive frequencies.
 struct Block {
-  int64_t stream = 0;
+  int64_t stream = 0;  // the position stream of every pair, unless lane_stream is set
+  // Interleaved M-RoPE: the stream of pair l (size n), when the pairs of the
+  // block take more than one; cos/sin are then blended per lane from the rows.
+  std::vector<int64_t> lane_stream;
   int64_t a = 0;    // first element: x1 (neox) or the first pair (gptj)
   int64_t b = 0;    // neox: first element of x2
   int64_t col = 0;  // cos column of the first pair; sin at col + W/2
   int n = 0;        // pairs
 };
 
+// Interleaved M-RoPE's stream of frequency j (the rule in tilejit.h's
+// RopeOptions::mrope_interleaved): h and w take every third frequency from
+// 1 and 2 while their sections last, t everything else.
+int64_t interleaved_stream(const RopeDesc& d, int64_t j) {
+  if (j % 3 == 1 && j < 3 * d.mrope_section[1]) return 1;
+  if (j % 3 == 2 && j < 3 * d.mrope_section[2]) return 2;
+  return 0;
+}
+
+// Interleaved: the streams alternate at every frequency, so blocks do not
+// end at stream changes (they would hold one pair each); a block holds
+// per_block consecutive frequencies and records each lane's stream.
+std::vector<Block> make_interleaved_blocks(const RopeDesc& d, int64_t per_block) {
+  const int64_t half = d.rotary_dim / 2;
+  std::vector<Block> blocks;
+  for (int64_t j = 0; j < half; j += per_block) {
+    Block bl;
+    bl.n = static_cast<int>(std::min(per_block, half - j));
+    bl.col = j;
+    bl.a = d.neox ? j : 2 * j;
+    bl.b = half + j;
+    for (int64_t l = 0; l < bl.n; ++l) bl.lane_stream.push_back(interleaved_stream(d, j + l));
+    const auto& ls = bl.lane_stream;
+    if (std::all_of(ls.begin(), ls.end(), [&](int64_t s) { return s == ls.front(); })) {
+      bl.stream = ls.front();  // one stream after all (the t-only tail): plain loads
+      bl.lane_stream.clear();
+    }
+    blocks.push_back(bl);
+  }
+  return blocks;
+}
+
 std::vector<Block> make_blocks(const RopeDesc& d) {
   const int64_t width = d.rotary_dim / d.ndim, half = width / 2;
   const int64_t per_block = d.neox ? kLanes : kLanes / 2;
+  if (d.mrope_interleaved) return make_interleaved_blocks(d, per_block);
   // Stream boundaries within [0, half): the M-RoPE sections, else none.
   std::vector<int64_t> ends;
   for (int64_t e = 0; int64_t s : d.mrope_section) ends.push_back(e += s);
@@ -178,10 +220,12 @@ class RopeEmitter : public KernelEmitter {
     cos_.clear();
     sin_.clear();
     for (const Block& bl : blocks_) {
-      llvm::Value* row = rows[bl.stream];
+      const int lanes = d_.neox ? kLanes : kLanes / 2;
+      // cos (half = 0) or sin (half = W/2) of the block's pairs, one lane per pair.
+      const auto pairs = [&](int64_t at) { return cache_pairs(rows, bl, at, lanes); };
       if (d_.neox) {
-        cos_.push_back(load(row, d_.cache_dtype, bl.col, kLanes, bl.n));
-        sin_.push_back(load(row, d_.cache_dtype, half + bl.col, kLanes, bl.n));
+        cos_.push_back(pairs(bl.col));
+        sin_.push_back(pairs(half + bl.col));
         continue;
       }
       // gptj: lane 2i and 2i+1 use pair i; the even lane subtracts x_odd·sin.
@@ -190,16 +234,38 @@ class RopeEmitter : public KernelEmitter {
       std::vector<llvm::Constant*> sign;
       for (int l = 0; l < kLanes; ++l)
         sign.push_back(llvm::ConstantFP::get(b_.getFloatTy(), l % 2 ? 1.0 : -1.0));
-      cos_.push_back(shuffle(load(row, d_.cache_dtype, bl.col, kLanes / 2, bl.n), dup));
+      cos_.push_back(shuffle(pairs(bl.col), dup));
       sin_.push_back(
-          b_.CreateFMul(shuffle(load(row, d_.cache_dtype, half + bl.col, kLanes / 2, bl.n), dup),
-                        llvm::ConstantVector::get(sign)));
+          b_.CreateFMul(shuffle(pairs(half + bl.col), dup), llvm::ConstantVector::get(sign)));
     }
     heads(arg(TILEJIT_ARG(Args, q)), arg(TILEJIT_ARG(Args, q_token_stride)),
           arg(TILEJIT_ARG(Args, q_head_stride)), d_.hq, t, "qhead");
     if (d_.hk > 0)
       heads(arg(TILEJIT_ARG(Args, k)), arg(TILEJIT_ARG(Args, k_token_stride)),
             arg(TILEJIT_ARG(Args, k_head_stride)), d_.hk, t, "khead");
+  }
+
+  // Columns at .. at + n - 1 of the block's cache row(s), widened to f32 in
+  // `lanes` lanes. A block of interleaved M-RoPE reads the same columns of
+  // each stream's row and keeps, per lane, the one of that pair's stream:
+  // 3 loads and 2 blends per token, shared by every head.
+  llvm::Value* cache_pairs(const std::vector<llvm::Value*>& rows, const Block& bl, int64_t at,
+                           int lanes) {
+    if (bl.lane_stream.empty()) return load(rows[bl.stream], d_.cache_dtype, at, lanes, bl.n);
+    llvm::Value* v = nullptr;
+    for (int64_t s = 0; s < d_.streams(); ++s) {
+      std::vector<llvm::Constant*> take;
+      bool any = false;
+      for (int l = 0; l < lanes; ++l) {
+        const bool mine = l < bl.n && bl.lane_stream[l] == s;
+        any |= mine;
+        take.push_back(b_.getInt1(mine));
+      }
+      if (!any) continue;
+      llvm::Value* x = load(rows[s], d_.cache_dtype, at, lanes, bl.n);
+      v = v ? b_.CreateSelect(llvm::ConstantVector::get(take), x, v) : x;
+    }
+    return v;
   }
 
   void heads(llvm::Value* base, llvm::Value* ts, llvm::Value* hs, int64_t count, llvm::Value* t,

@@ -26,6 +26,7 @@ struct RopeDesc {
   int64_t hq = 0, hk = 0;              // heads; hk = 0: no k
   int64_t ndim = 1;                    // chunks of the rotary part, one position stream each
   std::vector<int64_t> mrope_section;  // frequency sections (ndim == 1), sum rotary_dim / 2
+  bool mrope_interleaved = false;      // 3 sections, frequencies dealt t,h,w,t,h,w,... (tilejit.h)
   DType pos_dtype = DType::i32;        // positions: i32 or i64 (the load width)
 
   // Position streams: ndim chunks, or one per M-RoPE section, else one. Inline:
@@ -43,10 +44,11 @@ struct RopeDesc {
                            field("rd", &D::rotary_dim, "_rd"), field("hq", &D::hq, "_hq"),
                            field("hk", &D::hk, "_hk"), field("nd", &D::ndim, "_nd", unless_default),
                            field("mrope", &D::mrope_section, "_mrope", unless_default),
+                           field("il", &D::mrope_interleaved, "_interleaved", flag),
                            field("pos", &D::pos_dtype, "_pos", unless_default));
   }
   bool operator==(const RopeDesc& o) const { return same_fields(*this, o); }
-  // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24][_posi64]
+  // rope_llvm_neox_bf16_cachef32_d128_rd64_hq32_hk8[_nd2 | _mrope16x24x24[_interleaved]][_posi64]
   // (i32 positions add nothing, so the names of the int32 kernels stay as they were).
   std::string name() const { return desc_name(*this); }
 };

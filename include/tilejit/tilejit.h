@@ -390,6 +390,11 @@ struct RopeOptions {
   // index i < rotary_dim / 2 in section s takes its cos/sin from row
   // positions[s]; sum = rotary_dim / 2; positions [sections, T]; W = rotary_dim.
   std::vector<int64_t> mrope_section;
+  // Interleaved M-RoPE (Qwen3-VL; sglang/vLLM mrope_interleaved): needs 3
+  // sections {t, h, w} summing to rotary_dim / 2; frequency index i <
+  // rotary_dim / 2 takes row positions[1] if i % 3 == 1 and i < 3·h,
+  // positions[2] if i % 3 == 2 and i < 3·w, else positions[0] (t is implied).
+  bool mrope_interleaved = false;
 };
 
 // Rotates q and, when k is non-null, k in one pass over the tokens.

@@ -13,12 +13,13 @@ namespace tilejit::python {
 void bind_rope(py::module_& m) {
   m.def("rope", [](const py::handle& q, const py::handle& k, const py::handle& positions,
                    const py::handle& cos_sin_cache, const py::handle& style, int64_t rotary_dim,
-                   int ndim, const py::handle& mrope_section, const py::handle& dtype) {
+                   int ndim, const py::handle& mrope_section, const py::handle& dtype, bool il) {
     const StorageAs as{parse_dtype_override(dtype)};
     RopeOptions o;
     o.style = parse_enum("style", str_arg(style, "style"), rope_style_table());
     o.rotary_dim = rotary_dim;
     o.ndim = ndim;
+    o.mrope_interleaved = il;
     if (!mrope_section.is_none()) {
       try {
         o.mrope_section = mrope_section.cast<std::vector<int64_t>>();

@@ -305,11 +305,13 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0, k_h
 # ---- RoPE ---------------------------------------------------------------------
 
 def rope(q, k, positions, cos_sin_cache, style="neox", rotary_dim=0, ndim=1, mrope_section=None,
-         dtype=None):
+         dtype=None, mrope_interleaved=False):
     """In place on q [T, Hq, D] and k [T, Hk, D] (k may be None); returns
     (q, k). cos_sin_cache [max_position, W]: cos then sin per row; positions
-    int32 / int64 [T] or [streams, T]. See docs/rope.md."""
-    _core.rope(q, k, positions, cos_sin_cache, style, rotary_dim, ndim, mrope_section, dtype)
+    int32 / int64 [T] or [streams, T]. mrope_interleaved=True (Qwen3-VL):
+    the 3 sections dealt out round-robin. See docs/rope.md."""
+    _core.rope(q, k, positions, cos_sin_cache, style, rotary_dim, ndim, mrope_section, dtype,
+               bool(mrope_interleaved))
     return q, k
 
 

@@ -382,11 +382,10 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
     positions [3, T] with ``mrope_section = [t, h, w]`` (frequency counts,
     summing to rotary_dim / 2), or [T] for text-only batches (plain RoPE);
     in place on query [T, Hq*D] / key [T, Hk*D], returns (query, key).
-    ``mrope_interleaved=True`` (Qwen3-VL) is not supported here: an Error.
-    Any number of sections (sgl-kernel: exactly 3)."""
-    _need(not mrope_interleaved,
-          "multimodal_rotary_embedding_cpu: mrope_interleaved=True; allowed: False "
-          "(interleaved M-RoPE is not implemented in tilejit)")
+    ``mrope_interleaved=True`` (Qwen3-VL): frequency i takes the h row when
+    i % 3 == 1 and i < 3*h, the w row when i % 3 == 2 and i < 3*w, else the
+    t row (sglang's ``apply_interleaved_rope``); it needs exactly 3 sections.
+    Not interleaved, any number of sections (sgl-kernel: exactly 3)."""
     q = _heads("query", query, head_size)
     k = _heads("key", key, head_size)
     style = "neox" if is_neox else "gptj"
@@ -398,7 +397,8 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
               f"{tuple(positions.shape)} and mrope_section=None; allowed: a section list "
               "with 2-D positions")
         tilejit.rope(q, k, positions, cos_sin_cache, style=style, rotary_dim=rd,
-                     mrope_section=[int(s) for s in mrope_section])
+                     mrope_section=[int(s) for s in mrope_section],
+                     mrope_interleaved=bool(mrope_interleaved))
     return query, key
 
 

@@ -97,6 +97,33 @@ def test_rope_mrope_sections():
     check(to_f64(q), ref, mag, False)
 
 
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_rope_mrope_interleaved(style, dt):
+    # Odd sections: h's slice 1:3*7:3 runs past d / 2 = 15 (it ends at the
+    # table's end, as in sglang); t takes the rest.
+    t, h, d, section = 6, 2, 30, [5, 7, 3]
+    q = torch.randn(t, h, d, generator=torch.Generator().manual_seed(4)).to(dt)
+    q0 = to_f64(q)
+    pos = torch.randint(0, 16, (3, t), generator=torch.Generator().manual_seed(5))
+    cache = torch.from_numpy(cos_sin(16, d))
+    tilejit.rope(q, None, pos, cache, style=style, mrope_section=section,
+                 mrope_interleaved=True)
+    # sglang's apply_interleaved_rope on the gathered [3, T, d] rows, in float64.
+    rows = torch.from_numpy(cache.numpy().astype(np.float64))[pos]
+    cs = rows[0].clone()
+    for s in (1, 2):
+        for part in (slice(0, d // 2), slice(d // 2, d)):
+            sub = cs[:, part]
+            sub[:, s:section[s] * 3:3] = rows[s][:, part][:, s:section[s] * 3:3]
+    # One cache row per token: the plain reference over it.
+    ref, mag = ref_rope(q0, np.arange(t), cs.numpy(), style, d)
+    check(to_f64(q), ref, mag, dt == torch.bfloat16)
+    with pytest.raises(tilejit.Error,
+                       match=r"mrope_interleaved=true with mrope_section=\[5, 10\]"):
+        tilejit.rope(q, None, pos[:2], cache, mrope_section=[5, 10], mrope_interleaved=True)
+
+
 def test_rope_position_out_of_range_is_the_library_error():
     q = torch.zeros(2, 1, 8)
     with pytest.raises(tilejit.Error, match="positions"):

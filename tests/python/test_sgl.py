@@ -332,8 +332,43 @@ def test_multimodal_rotary_embedding():
     sgl.multimodal_rotary_embedding_cpu(pos[0], q, k, d, cache, None, False, True)
     rq, mq = ref_rope(q0.to(F64).view(t, hq, d), None, cache.to(F64)[pos[0]], True, d)
     within(q.view(t, hq, d), rq, rope_tol(rq, mq), "text-only q")
-    with pytest.raises(tilejit.Error, match="mrope_interleaved"):
-        sgl.multimodal_rotary_embedding_cpu(pos, q, k, d, cache, section, True, True)
+
+
+def sglang_interleave(x, section):
+    """sglang's apply_interleaved_rope (mrope.py): x [3, T, half] -> [T, half]."""
+    out = x[0].clone()
+    out[..., 1:section[1] * 3:3] = x[1, ..., 1:section[1] * 3:3]
+    out[..., 2:section[2] * 3:3] = x[2, ..., 2:section[2] * 3:3]
+    return out
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_multimodal_rotary_embedding_interleaved(neox):
+    # Qwen3-VL's sections on D = 128 (frequencies 60..63 take the t row), a
+    # partial rotary (cache width 96 < D), and T = 37 (several chunks).
+    for t, d, rd, section in ((37, 128, 128, [24, 20, 20]), (5, 128, 96, [16, 17, 15])):
+        hq, hk = 3, 1
+        q0, k0 = rnd((t, hq * d), 60), rnd((t, hk * d), 61)
+        cache = rnd((50, rd), 62, dtype=torch.float32)
+        pos = torch.randint(0, 50, (3, t), generator=torch.Generator().manual_seed(63))
+        # sglang's MRotaryEmbedding.forward_native with mrope_interleaved=True.
+        rows = cache.to(F64)[pos]  # [3, T, rd]
+        cs = torch.cat([sglang_interleave(rows[..., :rd // 2], section),
+                        sglang_interleave(rows[..., rd // 2:], section)], -1)
+        rq, mq = ref_rope(q0.to(F64).view(t, hq, d), None, cs, neox, rd)
+        rk, mk = ref_rope(k0.to(F64).view(t, hk, d), None, cs, neox, rd)
+        q, k = q0.clone(), k0.clone()
+        sgl.multimodal_rotary_embedding_cpu(pos, q, k, d, cache, section, True, neox)
+        within(q.view(t, hq, d), rq, rope_tol(rq, mq), "q")
+        within(k.view(t, hk, d), rk, rope_tol(rk, mk), "k")
+        # Not the non-interleaved result: the flag reaches the kernel.
+        q2, k2 = q0.clone(), k0.clone()
+        sgl.multimodal_rotary_embedding_cpu(pos, q2, k2, d, cache, section, False, neox)
+        assert not torch.equal(q2, q)
+    # Interleaving needs exactly 3 sections (these 2 sum to rd / 2 = 48).
+    with pytest.raises(tilejit.Error,
+                       match=r"mrope_interleaved=true with mrope_section=\[24, 24\]"):
+        sgl.multimodal_rotary_embedding_cpu(pos, q, k, d, cache, [24, 24], True, neox)
 
 
 def test_apply_multidimensional_rope():
