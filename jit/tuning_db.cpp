@@ -142,7 +142,9 @@ void validate_gemm_plan(const TunedEntry& e) {
       spec.b_type = DType::i8;
       spec.k = (spec.k + 3) / 4 * 4;
     } else {
-      spec.k = (spec.k + 31) / 32 * 32;  // the packed K of the dequantized tiles
+      // The dequantized tiles' K (k_packed: K plus a pad per odd-length group
+      // run; the checks of mr / task_rows / amx do not depend on it).
+      spec.k = (spec.k + 1) / 2 * 2;
     }
   }
   const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");

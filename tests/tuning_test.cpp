@@ -259,6 +259,8 @@ TEST(TuneWorkload, QuantizationConfig) {
   expect_tilejit_error([&] { cfg(R"({"quant_method": "bitsandbytes"})"); },
                        "c.json: quantization_config.quant_method: \"bitsandbytes\"; allowed: awq, "
                        "gptq, fp8, mxfp4, compressed-tensors, w8a8_int8");
+  expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "sym": "yes"})"); },
+                       "c.json: quantization_config (gptq):");
   expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "bits": 8})"); },
                        "quantization_config.bits: 8; allowed: 4");
   expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "bits": 4, "group_size": 0})"); },

@@ -81,7 +81,7 @@ bool quantized(const WorkloadOp& o) {
 }
 // The spec of the plan the op's GEMM runs: a quantized weight's as
 // ops::quant_gemm_spec makes it (int8: s8 codes, K in groups of four; the
-// dequant route: the packed K of its bf16 tiles).
+// dequant route: the packed K of its bf16 tiles, for the cost model).
 codegen::GemmSpec gemm_spec(const WorkloadOp& o) {
   codegen::GemmSpec s{o.n, o.k, bias_of(o.bias), act_of(o.act),
                       o.out == "f32" ? DType::f32 : DType::bf16};
@@ -89,7 +89,7 @@ codegen::GemmSpec gemm_spec(const WorkloadOp& o) {
     s.b_type = DType::i8;
     s.k = (s.k + 3) / 4 * 4;
   } else if (quantized(o)) {
-    s.k = (s.k + 31) / 32 * 32;
+    s.k = (s.k + 1) / 2 * 2;  // about k_packed (K plus the pads of odd group runs)
   }
   return s;
 }

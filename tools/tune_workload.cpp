@@ -324,58 +324,62 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
     throw Error(fmt::format("{}.{}: {}", where, field, msg));
   };
   WorkloadOp f;
-  if (method == "awq" || method == "gptq") {
-    const Reader r{q, where};
-    const int64_t bits = r.integer("bits", false, 4);
-    if (bits != 4)
-      bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
-    f.format = method == "awq" ? "int4_awq" : "int4_gptq";
-    // -1: per channel (GPTQ's convention, Int4Weight's too).
-    f.group_size = q.contains("group_size") && q["group_size"].is_number_integer()
-                       ? q["group_size"].get<int64_t>()
-                       : (q.contains("q_group_size") ? q.value("q_group_size", int64_t{128}) : 128);
-    f.sym = method == "awq" ? !q.value("zero_point", true) : q.value("sym", true);
-    f.desc_act = method == "gptq" && q.value("desc_act", false);
-  } else if (method == "fp8") {
-    f.format = "fp8_e4m3";
-    if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
-      const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
-        bad("weight_block_size", fmt::format("{}; allowed: [block_n, block_k]", b.dump()));
-      f.block_n = b[0].get<int64_t>();
-      f.block_k = b[1].get<int64_t>();
+  try {
+    if (method == "awq" || method == "gptq") {
+      const Reader r{q, where};
+      const int64_t bits = r.integer("bits", false, 4);
+      if (bits != 4)
+        bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
+      f.format = method == "awq" ? "int4_awq" : "int4_gptq";
+      // -1: per channel (GPTQ's convention, Int4Weight's too).
+      f.group_size = r.integer(q.contains("q_group_size") ? "q_group_size" : "group_size", false,
+                               128, -1);  // -1: per channel (pack_weight checks the rest)
+      f.sym = method == "awq" ? !q.value("zero_point", true) : q.value("sym", true);
+      f.desc_act = method == "gptq" && q.value("desc_act", false);
+    } else if (method == "fp8") {
+      f.format = "fp8_e4m3";
+      if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+        const json& b = q["weight_block_size"];
+        if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+            !b[1].is_number_integer())
+          bad("weight_block_size", fmt::format("{}; allowed: [block_n, block_k]", b.dump()));
+        f.block_n = b[0].get<int64_t>();
+        f.block_k = b[1].get<int64_t>();
+      }
+    } else if (method == "mxfp4") {
+      f.format = "mxfp4";
+    } else if (method == "w8a8_int8") {
+      f.format = "int8";
+    } else if (method == "compressed-tensors") {
+      // The simple schemes only: one config group of 8-bit int (W8A8) or
+      // float (fp8) weights.
+      const json* w = nullptr;
+      if (q.contains("config_groups") && q["config_groups"].is_object() &&
+          q["config_groups"].size() == 1) {
+        const json& g = q["config_groups"].begin().value();
+        if (g.is_object() && g.contains("weights") && g["weights"].is_object()) w = &g["weights"];
+      }
+      const std::string type = w ? w->value("type", std::string()) : "";
+      const int64_t bits = w ? w->value("num_bits", int64_t{0}) : 0;
+      if (w == nullptr || bits != 8 || (type != "int" && type != "float"))
+        bad("config_groups",
+            fmt::format("{}; allowed: one group with weights of num_bits 8, type int (W8A8) or "
+                        "float (fp8)",
+                        q.contains("config_groups") ? q["config_groups"].dump() : "missing"));
+      f.format = type == "int" ? "int8" : "fp8_e4m3";
+      if (type == "float" && w->contains("block_structure") && (*w)["block_structure"].is_array() &&
+          (*w)["block_structure"].size() == 2) {
+        f.block_n = (*w)["block_structure"][0].get<int64_t>();
+        f.block_k = (*w)["block_structure"][1].get<int64_t>();
+      }
+    } else {
+      bad("quant_method",
+          fmt::format("{}; allowed: {}",
+                      q.contains("quant_method") ? q["quant_method"].dump() : "missing",
+                      fmt::join(quant_methods(), ", ")));
     }
-  } else if (method == "mxfp4") {
-    f.format = "mxfp4";
-  } else if (method == "w8a8_int8") {
-    f.format = "int8";
-  } else if (method == "compressed-tensors") {
-    // The simple schemes only: one config group of 8-bit int (W8A8) or
-    // float (fp8) weights.
-    const json* w = nullptr;
-    if (q.contains("config_groups") && q["config_groups"].is_object() &&
-        q["config_groups"].size() == 1) {
-      const json& g = q["config_groups"].begin().value();
-      if (g.is_object() && g.contains("weights") && g["weights"].is_object()) w = &g["weights"];
-    }
-    const std::string type = w ? w->value("type", std::string()) : "";
-    const int64_t bits = w ? w->value("num_bits", int64_t{0}) : 0;
-    if (w == nullptr || bits != 8 || (type != "int" && type != "float"))
-      bad("config_groups",
-          fmt::format("{}; allowed: one group with weights of num_bits 8, type int (W8A8) or "
-                      "float (fp8)",
-                      q.contains("config_groups") ? q["config_groups"].dump() : "missing"));
-    f.format = type == "int" ? "int8" : "fp8_e4m3";
-    if (type == "float" && w->contains("block_structure") && (*w)["block_structure"].is_array() &&
-        (*w)["block_structure"].size() == 2) {
-      f.block_n = (*w)["block_structure"][0].get<int64_t>();
-      f.block_k = (*w)["block_structure"][1].get<int64_t>();
-    }
-  } else {
-    bad("quant_method",
-        fmt::format("{}; allowed: {}",
-                    q.contains("quant_method") ? q["quant_method"].dump() : "missing",
-                    fmt::join(quant_methods(), ", ")));
+  } catch (const json::exception& e) {  // a field of the wrong JSON type
+    throw Error(fmt::format("{} ({}): {}", where, method, e.what()));
   }
   // The parameters through the workload's own checks (the library's rules).
   json probe = json::parse(workload_json(Workload{"probe", {[&] {
