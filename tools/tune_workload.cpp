@@ -131,15 +131,11 @@ void parse_format(const Reader& r, WorkloadOp& o) {
   o.desc_act = j.value("desc_act", false);
   if (o.desc_act && o.format != "int4_gptq")
     r.fail("desc_act", "true with format int4_awq; allowed: act-order with int4_gptq only");
-  auto int_field = [&](const char* field, int64_t dflt) -> int64_t {
-    if (!j.contains(field)) return dflt;
-    if (!j[field].is_number_integer())
-      r.fail(field, fmt::format("{}; allowed: an integer", j[field].dump()));
-    return j[field].get<int64_t>();
-  };
-  o.group_size = int_field("group_size", 128);
-  o.block_n = int_field("block_n", 0);
-  o.block_k = int_field("block_k", 0);
+  // Only the range a dimension can have here (the probe below is sized by
+  // them); the format's own rules are pack_weight's.
+  o.group_size = r.integer("group_size", false, 128, -1);
+  o.block_n = r.integer("block_n", false, 0, 0);
+  o.block_k = r.integer("block_k", false, 0, 0);
   if ((o.block_n == 0) != (o.block_k == 0))
     r.fail(o.block_n == 0 ? "block_n" : "block_k",
            "0 with the other block size set; allowed: both (block scales) or neither");
