@@ -413,13 +413,31 @@ codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
           q.zeros != nullptr, q.normal_products};
 }
 
+namespace {
+
+// The tuning database entry of a quantized GEMM's plan (W8A8, the dequant
+// route), or none: what gemm_quantized and quant_gemm_kernel_name apply.
+const codegen::PlanOverrides& quant_tuned(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                          Activation act, DType out, Isa path, int64_t m) {
+  static const codegen::PlanOverrides kNone;
+  if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
+  return jit::find_tuned_gemm(path, runtime::num_threads(), p.layout.n, p.layout.k, bias, act, out,
+                              m, p.format);
+}
+
+}  // namespace
+
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
     return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m).name();
-  return gemm_executable(quant_gemm_spec(p, bias, act, out, m), isa).plan().name();
+  const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
+  return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
+                         codegen::gemm_isa_for_rows(path, m, tuned), tuned)
+      .plan()
+      .name();
 }
 
 bool quant_gemm_fused(Isa path, int64_t m) {
@@ -463,12 +481,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // W8A8 and the dequant route run a GemmPlan: a tuning database entry of
   // this format and shape class sets its row blocking, task split and ISA
   // (validated at load: jit/tuning_db.cpp).
-  static const codegen::PlanOverrides kNone;
-  const codegen::PlanOverrides& tuned =
-      jit::tuning_db_active()
-          ? jit::find_tuned_gemm(path, runtime::num_threads(), p.layout.n, p.layout.k,
-                                 bias_kind(opt), opt.act, y.dtype, M, p.format)
-          : kNone;
+  const codegen::PlanOverrides& tuned = quant_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);
   run_dequant(x, p, y, opt, isa, tuned);
