@@ -7,15 +7,15 @@
 //     for h < Hq: rotate every block of q[t][h]     static count
 //     for h < Hk: rotate every block of k[t][h]
 //
-// A block is up to 16 rotation pairs that share a position stream: for neox
+// A block is up to 16 rotation pairs of consecutive frequencies: for neox
 // two <16 x float> halves x1 = x[a..], x2 = x[a + W/2..]; for gptj one
 // <16 x float> of 8 interleaved pairs, with cos/sin duplicated across each
-// pair and the partner swapped in by a shuffle. Blocks end at chunk and
-// M-RoPE section boundaries; a short block uses masked loads and stores, so
-// nothing past the rotary part (or the cache row) is read or written.
-// Interleaved M-RoPE changes stream at every frequency: its blocks are
-// plain runs of 16 / 8 frequencies whose cos/sin lanes are blended, once
-// per token, from the three streams' rows.
+// pair and the partner swapped in by a shuffle. Blocks end at chunk
+// boundaries; a short block uses masked loads and stores, so nothing past
+// the rotary part (or the cache row) is read or written. M-RoPE blocks are
+// plain runs of 16 / 8 frequencies too, whose cos/sin lanes are blended once
+// per token from the streams' rows where a block spans several streams
+// (interleaved M-RoPE changes stream at every frequency).
 #include "codegen/llvm/llvm_rope.h"
 
 #include <llvm/IR/IRBuilder.h>
@@ -90,10 +90,20 @@ int64_t interleaved_stream(const RopeDesc& d, int64_t j) {
   return 0;
 }
 
-// Interleaved: the streams alternate at every frequency, so blocks do not
-// end at stream changes (they would hold one pair each); a block holds
+// M-RoPE's stream of frequency j: interleaved, or the section holding j.
+int64_t mrope_stream(const RopeDesc& d, int64_t j) {
+  if (d.mrope_interleaved) return interleaved_stream(d, j);
+  int64_t end = 0;
+  for (size_t s = 0; s < d.mrope_section.size(); ++s)
+    if (j < (end += d.mrope_section[s])) return static_cast<int64_t>(s);
+  return 0;  // unreachable: the sections sum to rotary_dim / 2
+}
+
+// M-RoPE: blocks do not end at stream changes (interleaved, they would hold
+// one pair each; sectioned, [16, 24, 24] would give blocks of 16, 16, 8, 16,
+// 8 with half-empty vectors and unpaired bf16 stores); a block holds
 // per_block consecutive frequencies and records each lane's stream.
-std::vector<Block> make_interleaved_blocks(const RopeDesc& d, int64_t per_block) {
+std::vector<Block> make_mrope_blocks(const RopeDesc& d, int64_t per_block) {
   const int64_t half = d.rotary_dim / 2;
   std::vector<Block> blocks;
   for (int64_t j = 0; j < half; j += per_block) {
@@ -102,10 +112,10 @@ std::vector<Block> make_interleaved_blocks(const RopeDesc& d, int64_t per_block)
     bl.col = j;
     bl.a = d.neox ? j : 2 * j;
     bl.b = half + j;
-    for (int64_t l = 0; l < bl.n; ++l) bl.lane_stream.push_back(interleaved_stream(d, j + l));
+    for (int64_t l = 0; l < bl.n; ++l) bl.lane_stream.push_back(mrope_stream(d, j + l));
     const auto& ls = bl.lane_stream;
     if (std::all_of(ls.begin(), ls.end(), [&](int64_t s) { return s == ls.front(); })) {
-      bl.stream = ls.front();  // one stream after all (the t-only tail): plain loads
+      bl.stream = ls.front();  // one stream after all (e.g. the t-only tail): plain loads
       bl.lane_stream.clear();
     }
     blocks.push_back(bl);
@@ -116,26 +126,18 @@ std::vector<Block> make_interleaved_blocks(const RopeDesc& d, int64_t per_block)
 std::vector<Block> make_blocks(const RopeDesc& d) {
   const int64_t width = d.rotary_dim / d.ndim, half = width / 2;
   const int64_t per_block = d.neox ? kLanes : kLanes / 2;
-  if (d.mrope_interleaved) return make_interleaved_blocks(d, per_block);
-  // Stream boundaries within [0, half): the M-RoPE sections, else none.
-  std::vector<int64_t> ends;
-  for (int64_t e = 0; int64_t s : d.mrope_section) ends.push_back(e += s);
-  if (ends.empty()) ends.push_back(half);
+  if (!d.mrope_section.empty()) return make_mrope_blocks(d, per_block);
   std::vector<Block> blocks;
   for (int64_t c = 0; c < d.ndim; ++c) {
     const int64_t base = c * width;
-    int64_t j = 0;
-    for (size_t s = 0; s < ends.size(); ++s) {
-      for (; j < ends[s]; j += per_block) {
-        Block bl;
-        bl.stream = d.ndim > 1 ? c : static_cast<int64_t>(s);
-        bl.n = static_cast<int>(std::min(per_block, ends[s] - j));
-        bl.col = j;
-        bl.a = base + (d.neox ? j : 2 * j);
-        bl.b = base + half + j;
-        blocks.push_back(bl);
-      }
-      j = ends[s];
+    for (int64_t j = 0; j < half; j += per_block) {
+      Block bl;
+      bl.stream = c;  // chunk c reads stream c (0 for plain RoPE)
+      bl.n = static_cast<int>(std::min(per_block, half - j));
+      bl.col = j;
+      bl.a = base + (d.neox ? j : 2 * j);
+      bl.b = base + half + j;
+      blocks.push_back(bl);
     }
   }
   return blocks;
