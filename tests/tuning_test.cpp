@@ -19,6 +19,7 @@
 #include "runtime/isa.h"
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
+#include "runtime/reference_quant.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
@@ -517,6 +518,68 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
                       runtime::dequant_weight_bound(Activation::none, abs))
           << "y[" << i << ", " << j << "]";
     }
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
+// The same for an int8 (W8A8) entry at M = 24: applied, and every output
+// within quant_gemm_test's W8A8 bound (int8_output_bound around the exact
+// integer sums of the codes the reference quantizer makes).
+TEST(TuningDb, TunedInt8GemmPlanUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t m = 24, n = 136, k = 256;
+  tools::WorkloadOp o;
+  o.op = "gemm";
+  o.format = "int8";
+  const PackedWeight pw = tools::synthetic_weight(o, n, k, 13);
+  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
+  if (path == Isa::amx) knobs["amx"] = 0;
+  jit::TunedEntry e = gemm_entry(path, n, k, m, knobs);
+  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                  Activation::none, DType::f32, m, WeightFormat::int8);
+  jit::TuningDb db;
+  db.put(e);
+  const std::string file = temp_path("tuned_i8.json");
+  db.save(file);
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+
+  std::vector<uint16_t> x(size_t(m * k));
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  std::vector<float> y(size_t(m * n));
+  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+  EXPECT_EQ(jit::find_tuned_gemm(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                 Activation::none, DType::f32, m, WeightFormat::int8)
+                .mr,
+            4);
+
+  std::vector<int8_t> codes(size_t(n * k));
+  std::vector<float> sw(static_cast<size_t>(n));
+  pw.unpack(Int8Weight{TensorView(codes.data(), DType::i8, {n, k}),
+                       TensorView(sw.data(), DType::f32, {n})});
+  std::vector<uint8_t> qa(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    float sa = 1;
+    int32_t za = 0;
+    runtime::reference_act_quant_row(runtime::ActQuantRule::sym, &x[size_t(i * k)], k, k, 1, 1, 128,
+                                     qa.data(), &sa, &za);
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t acc = 0, wabs = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t p = int64_t(qa[size_t(c)] - za) * codes[size_t(j * k + c)];
+        acc += p, wabs += std::abs(p);
+      }
+      const double pre = double(acc) * sa * sw[size_t(j)];
+      ASSERT_NEAR(y[size_t(i * n + j)], pre,
+                  runtime::int8_output_bound(Activation::none, DType::f32,
+                                             double(wabs) * sa * sw[size_t(j)], 0, pre, pre))
+          << "y[" << i << ", " << j << "]";
+    }
+  }
   jit::install_tuning_db({}, "");
   fs::remove(file);
 }
