@@ -498,7 +498,10 @@ Call make_rope(Case& c) {
     const int64_t b = f.ConsumeIntegralInRange<int64_t>(0, half - a);
     opt.mrope_section = {a, b, half - a - b};
     if (f.ConsumeIntegralInRange(0, 7) == 0) opt.mrope_section[0] = c.small(-2, 200);
+    opt.mrope_interleaved = f.ConsumeBool();  // Qwen3-VL's frequency-interleaved rows
     streams = 3;
+  } else if (f.ConsumeIntegralInRange(0, 15) == 0) {
+    opt.mrope_interleaved = true;  // without three sections: an Error
   }
   const int64_t p = c.dim({1, 4, 16, 64});
   const bool pos64 = f.ConsumeBool();
@@ -513,7 +516,8 @@ Call make_rope(Case& c) {
   Call call;
   call.op = "rope style=" + std::to_string(int(opt.style)) +
             " rotary_dim=" + std::to_string(opt.rotary_dim) + " ndim=" + std::to_string(opt.ndim) +
-            " mrope_section=" + std::to_string(opt.mrope_section.size());
+            " mrope_section=" + std::to_string(opt.mrope_section.size()) +
+            (opt.mrope_interleaved ? " interleaved" : "");
   call.work = product({t, sat_add(hq, hk), d}) * double(streams);
   call.index_fill = [&c, pi, p, wild] {
     // Positions in [0, P), unless the description asks for wild ones.
