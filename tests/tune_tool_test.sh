@@ -45,10 +45,13 @@ cat >"$WORK/tiny.json" <<'EOF'
  {"op": "gemm", "name": "proj", "n": 256, "k": 512, "m": [1, 16, 40]},
  {"op": "decode_attention", "name": "dec", "d": 64, "hq": 4, "hkv": 2, "batch": [1], "seq_len": [512]},
  {"op": "prefill_attention", "name": "pre", "d": 64, "hq": 4, "hkv": 2, "seq_len": [32]},
- {"op": "moe", "name": "exp", "e": 4, "topk": 2, "h": 128, "i": 64, "t": [1, 4]}
+ {"op": "moe", "name": "exp", "e": 4, "topk": 2, "h": 128, "i": 64, "t": [1, 4]},
+ {"op": "extend_attention", "name": "ext", "d": 64, "hq": 4, "hkv": 2, "prefix_len": 40, "seq_len": [24]},
+ {"op": "rope", "name": "rope", "d": 64, "hq": 4, "hkv": 2, "style": "gptj", "t": [3, 16]}
 ]}
 EOF
-NENTRIES=6  # 3 gemm M buckets, 1 decode, 2 moe (prefill is warm-up only)
+NENTRIES=6  # 3 gemm M buckets, 1 decode, 2 moe (prefill, extend and rope are warm-up only)
+NCALLS=10   # 3 gemm + 1 decode + 1 prefill + 2 moe + 1 extend + 2 rope
 
 # 1. A full run, stdout a file (not a TTY): plain lines, no \r bar.
 "$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --budget 2m >"$OUT" 2>"$ERR"
@@ -57,7 +60,7 @@ check "tune exits 0 (got $rc)" test $rc -eq 0
 check "one progress line per entry" test "$(grep -c '^tune \[[0-9]/6\] ' "$OUT")" -eq $NENTRIES
 check "no carriage return off a TTY" bash -c "! grep -q $'\r' '$OUT' '$ERR'"
 check "a result line per entry" test "$(grep -c -- '-> ' "$OUT")" -eq $NENTRIES
-check "the warm-up line" grep -q '^warm-up: 7 operator calls: ' "$OUT"
+check "the warm-up line" grep -q "^warm-up: $NCALLS operator calls: " "$OUT"
 check "database valid with every entry" test "$(entries "$WORK/db.json")" = $NENTRIES
 
 # 1b. On a terminal (a pty from script(1), where installed): the one-line
@@ -72,7 +75,7 @@ fi
 # 2. A second process: every kernel of the workload from the disk cache.
 "$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --no-search >"$OUT" 2>"$ERR"
 check "second process compiles 0 kernels, loads from disk" \
-  grep -Eq '^warm-up: 7 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
+  grep -Eq "^warm-up: $NCALLS operator calls: 0 kernels compiled, [1-9][0-9]* loaded" "$OUT"
 
 # 3. --budget: a budget smaller than one entry stops cleanly with a valid
 # (empty) database; --resume then tunes everything.

@@ -325,6 +325,20 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
         }
         pts.push_back(p);
       }
+    } else if (o.op == "rope") {  // warm-up only
+      for (int64_t t : o.m) {
+        Point p{i, t, 0};
+        p.label =
+            fmt::format("rope {} T={} Hq={} Hk={} D={} {}", o.name, t, o.hq, o.hkv, o.d, o.style);
+        pts.push_back(p);
+      }
+    } else if (o.op == "extend_attention") {  // warm-up only
+      for (int64_t s : o.seq_len) {
+        Point p{i, 1, s};
+        p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}", o.name, s,
+                              o.prefix_len, o.hq, o.hkv, o.d);
+        pts.push_back(p);
+      }
     } else {  // prefill_attention: warm-up only
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
@@ -427,6 +441,58 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     const PackedExperts* w13 = &ow.w13;
     const PackedExperts* w2 = &ow.w2;
     return [buf, x, tw, ids, out, w13, w2] { fused_experts(x, *w13, *w2, tw, ids, out); };
+  }
+  if (o.op == "rope") {
+    // In place on q [T, Hq, D] and k [T, Hk, D]; positions 0..T-1 of a
+    // cache of T rows (the kernel does not depend on the values).
+    const int64_t t = p.count, rd = o.rotary_dim ? o.rotary_dim : o.d;
+    const DType dt = o.dtype == "f32" ? DType::f32 : DType::bf16;
+    const DType ct = o.cache == "f32" ? DType::f32 : DType::bf16;
+    const int64_t qn = t * o.hq * o.d, kn = t * o.hkv * o.d;
+    const int words = dt == DType::f32 ? 2 : 1, cwords = ct == DType::f32 ? 2 : 1;
+    buf->a = random_bf16(size_t(qn * words), seed, 1.0f);
+    buf->b = random_bf16(size_t(kn * words), seed + 1, 1.0f);
+    // f32 tensors are pairs of these bf16 words: the high word (a value in
+    // ±1) sets the f32's sign and exponent, so every value is finite.
+    buf->c = random_bf16(size_t(t * rd * cwords), seed + 2, 1.0f);
+    buf->i.resize(size_t(t));
+    std::iota(buf->i.begin(), buf->i.end(), 0);
+    const TensorView q(buf->a.data(), dt, {t, o.hq, o.d});
+    const TensorView k(buf->b.data(), dt, {t, o.hkv, o.d});
+    const TensorView pos(buf->i.data(), DType::i32, {t});
+    const TensorView cache(buf->c.data(), ct, {t, rd});
+    RopeOptions ropt;
+    ropt.style = o.style == "gptj" ? RopeStyle::gptj : RopeStyle::neox;
+    ropt.rotary_dim = o.rotary_dim;
+    const bool with_k = o.hkv > 0;
+    return
+        [buf, q, k, pos, cache, ropt, with_k] { rope(q, with_k ? &k : nullptr, pos, cache, ropt); };
+  }
+  if (o.op == "extend_attention") {
+    // One sequence: p.seq new tokens (k_new / v_new) over a cached prefix.
+    const int64_t n = p.seq, pre = o.prefix_len, bs = o.block_size;
+    const int64_t blocks = std::max<int64_t>((pre + bs - 1) / bs, 1);
+    buf->a = random_bf16(size_t(blocks * bs * o.hkv * o.d), seed, 1.0f);
+    buf->b = random_bf16(size_t(blocks * bs * o.hkv * o.dv), seed + 1, 1.0f);
+    buf->c = random_bf16(size_t(n * (o.hq + o.hkv) * o.d + n * o.hkv * o.dv), seed + 2, 1.0f);
+    buf->d.resize(size_t(n * o.hq * o.dv));
+    buf->i.resize(size_t(blocks));
+    std::iota(buf->i.begin(), buf->i.end(), 0);
+    buf->j = {0, int32_t(n), int32_t(pre)};  // qo_indptr, then prefix_lens
+    uint16_t* qp = buf->c.data();
+    const TensorView q(qp, DType::bf16, {n, o.hq, o.d});
+    const TensorView kc(buf->a.data(), DType::bf16, {blocks, bs, o.hkv, o.d});
+    const TensorView vc(buf->b.data(), DType::bf16, {blocks, bs, o.hkv, o.dv});
+    const TensorView out(buf->d.data(), DType::bf16, {n, o.hq, o.dv});
+    const TensorView indptr(buf->j.data(), DType::i32, {2});
+    const TensorView table(buf->i.data(), DType::i32, {1, blocks});
+    const TensorView prefix(buf->j.data() + 2, DType::i32, {1});
+    ExtendOptions ext;
+    ext.k_new = TensorView(qp + n * o.hq * o.d, DType::bf16, {n, o.hkv, o.d});
+    ext.v_new = TensorView(qp + n * (o.hq + o.hkv) * o.d, DType::bf16, {n, o.hkv, o.dv});
+    return [buf, q, kc, vc, out, indptr, table, prefix, ext] {
+      extend_attention(q, kc, vc, out, indptr, table, prefix, {}, ext);
+    };
   }
   // prefill_attention: one sequence of p.seq tokens.
   const int64_t s = p.seq;

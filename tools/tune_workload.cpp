@@ -31,6 +31,8 @@ const std::vector<OpFields>& op_fields() {
         "block_k", "m"}},
       {"decode_attention", {"d", "dv", "hq", "hkv", "block_size", "kv", "batch", "seq_len"}},
       {"prefill_attention", {"d", "dv", "hq", "hkv", "causal", "seq_len"}},
+      {"extend_attention", {"d", "dv", "hq", "hkv", "block_size", "prefix_len", "seq_len"}},
+      {"rope", {"d", "hq", "hkv", "rotary_dim", "style", "dtype", "cache", "t"}},
       {"moe",
        {"e", "topk", "h", "i", "format", "group_size", "sym", "desc_act", "block_n", "block_k",
         "t"}},
@@ -182,7 +184,19 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
     o.act = r.choice("act", "none", activation_choices());
     o.out = r.choice("out", "bf16", {"bf16", "f32"});
     o.m = r.counts("m");
-  } else if (o.op == "decode_attention" || o.op == "prefill_attention") {
+  } else if (o.op == "rope") {
+    // The operator's own rules (even d, rotary_dim <= d, ...) are checked by
+    // its first call, which names the argument.
+    o.d = r.integer("d");
+    o.hq = r.integer("hq");
+    o.hkv = r.integer("hkv", false, 0, 0);
+    o.rotary_dim = r.integer("rotary_dim", false, 0, 0);
+    o.style = r.choice("style", "neox", {"neox", "gptj"});
+    o.dtype = r.choice("dtype", "bf16", {"bf16", "f32"});
+    o.cache = r.choice("cache", "f32", {"f32", "bf16"});
+    o.m = r.counts("t");
+  } else if (o.op == "decode_attention" || o.op == "prefill_attention" ||
+             o.op == "extend_attention") {
     o.d = r.integer("d");
     o.dv = r.integer("dv", false, o.d);
     o.hq = r.integer("hq");
@@ -193,6 +207,9 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
       o.block_size = r.integer("block_size", false, 16);
       o.kv = r.choice("kv", "bf16", {"bf16"});
       o.m = r.counts("batch");
+    } else if (o.op == "extend_attention") {
+      o.block_size = r.integer("block_size", false, 16);
+      o.prefix_len = r.integer("prefix_len", false, 0, 0);
     } else {
       if (j.contains("causal") && !j["causal"].is_boolean())
         r.fail("causal", "allowed: true, false");
@@ -282,6 +299,23 @@ std::string workload_json(const Workload& w) {
                 {"hkv", o.hkv},
                 {"causal", o.causal},
                 {"seq_len", o.seq_len}});
+    } else if (o.op == "extend_attention") {
+      j.update({{"d", o.d},
+                {"dv", o.dv},
+                {"hq", o.hq},
+                {"hkv", o.hkv},
+                {"block_size", o.block_size},
+                {"prefix_len", o.prefix_len},
+                {"seq_len", o.seq_len}});
+    } else if (o.op == "rope") {
+      j.update({{"d", o.d},
+                {"hq", o.hq},
+                {"hkv", o.hkv},
+                {"rotary_dim", o.rotary_dim},
+                {"style", o.style},
+                {"dtype", o.dtype},
+                {"cache", o.cache},
+                {"t", o.m}});
     } else {
       j.update({{"e", o.e}, {"topk", o.topk}, {"h", o.h}, {"i", o.i}, {"t", o.m}});
     }
@@ -466,6 +500,21 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   pre.m.clear();
   pre.seq_len = {m.back()};
   w.ops.push_back(pre);
+  // A chunked prefill / a follow-up turn: the largest count of new tokens
+  // over a cached prefix of the context.
+  WorkloadOp ext = pre;
+  ext.op = "extend_attention";
+  ext.name = "attn_extend";
+  ext.prefix_len = context;
+  w.ops.push_back(ext);
+  WorkloadOp rope;
+  rope.op = "rope";
+  rope.name = "rope";
+  rope.d = hd;
+  rope.hq = hq;
+  rope.hkv = hkv;
+  rope.m = m;
+  w.ops.push_back(rope);
   return w;
 }
 

@@ -15,6 +15,10 @@ namespace tilejit::tools {
 //   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), format, m (list)
 //   decode_attention: d, dv, hq, hkv, block_size, kv (bf16), batch (list), seq_len (list)
 //   prefill_attention (warm-up only, no knob is tuned): d, dv, hq, hkv, causal, seq_len (list)
+//   extend_attention (warm-up only): d, dv, hq, hkv, block_size, prefix_len, seq_len (list:
+//                     new tokens of one sequence over a cached prefix of prefix_len)
+//   rope (warm-up only): d, hq, hkv, rotary_dim (0: d), style (neox | gptj),
+//                     dtype (bf16 | f32: q and k), cache (f32 | bf16: cos_sin_cache), t (list)
 //   moe:              e, topk, h, i, format, t (list)
 // format: a weight format name (weight_format_name: bf16, int8, fp8_e4m3,
 // int4_awq, int4_gptq, mxfp4); the format's parameters: group_size, sym,
@@ -26,6 +30,9 @@ struct WorkloadOp {
   int64_t n = 0, k = 0;
   std::string bias = "none", act = "none", out = "bf16";
   int64_t d = 0, dv = 0, hq = 0, hkv = 0, block_size = 16;
+  int64_t prefix_len = 0;                                     // extend_attention
+  int64_t rotary_dim = 0;                                     // rope (0: d)
+  std::string style = "neox", dtype = "bf16", cache = "f32";  // rope
   std::string kv = "bf16";
   bool causal = true;
   int64_t e = 0, topk = 0, h = 0, i = 0;
@@ -33,7 +40,7 @@ struct WorkloadOp {
   int64_t group_size = 128;           // int4
   bool sym = true, desc_act = false;  // int4: no zero points; act-order g_idx
   int64_t block_n = 0, block_k = 0;   // fp8_e4m3 block scales (0: per output channel)
-  // The counts tuned: gemm M, decode batch, moe T (in `m`), and sequence lengths.
+  // The counts tuned: gemm M, decode batch, moe and rope T (in `m`), and sequence lengths.
   std::vector<int64_t> m;
   std::vector<int64_t> seq_len;
   bool operator==(const WorkloadOp&) const = default;
