@@ -62,10 +62,19 @@ TEST(TuneWorkload, RoundTrip) {
     {"op": "gemm", "name": "qkv", "n": 6144, "k": 4096, "act": "silu", "out": "f32", "m": [1, 16, 512]},
     {"op": "decode_attention", "d": 128, "hq": 32, "hkv": 8, "batch": [1, 16], "seq_len": [4096]},
     {"op": "prefill_attention", "d": 128, "hq": 32, "hkv": 8, "causal": false, "seq_len": [512]},
-    {"op": "moe", "name": "experts", "e": 128, "topk": 8, "h": 2048, "i": 768, "t": {"from": 1, "to": 64}}
+    {"op": "moe", "name": "experts", "e": 128, "topk": 8, "h": 2048, "i": 768, "t": {"from": 1, "to": 64}},
+    {"op": "extend_attention", "d": 64, "dv": 32, "hq": 8, "hkv": 2, "prefix_len": 100, "seq_len": [7, 33]},
+    {"op": "rope", "d": 128, "hq": 32, "hkv": 0, "rotary_dim": 64, "style": "gptj", "dtype": "f32",
+     "cache": "bf16", "t": [1, 512]}
   ]})";
   const tools::Workload w = tools::parse_workload(text, "w.json");
-  ASSERT_EQ(w.ops.size(), 4u);
+  ASSERT_EQ(w.ops.size(), 6u);
+  EXPECT_EQ(w.ops[4].prefix_len, 100);
+  EXPECT_EQ(w.ops[4].dv, 32);
+  EXPECT_EQ(w.ops[4].seq_len, (std::vector<int64_t>{7, 33}));
+  EXPECT_EQ(w.ops[5].style, "gptj");
+  EXPECT_EQ(w.ops[5].cache, "bf16");
+  EXPECT_EQ(w.ops[5].m, (std::vector<int64_t>{1, 512}));
   EXPECT_EQ(w.ops[0].n, 6144);
   EXPECT_EQ(w.ops[0].act, "silu");
   EXPECT_EQ(w.ops[1].dv, 128);  // dv defaults to d
@@ -103,6 +112,15 @@ TEST(TuneWorkload, BadFieldsNamed) {
   expect_tilejit_error(
       [&] { parse(R"({"op": "moe", "e": 4, "topk": 5, "h": 64, "i": 64, "t": [1]})"); },
       "ops[0].topk: 5; allowed: an integer in [1, 4]");
+  expect_tilejit_error(
+      [&] { parse(R"({"op": "rope", "d": 64, "hq": 4, "style": "yarn", "t": [1]})"); },
+      "ops[0].style: \"yarn\"; allowed: neox, gptj");
+  expect_tilejit_error(
+      [&] {
+        parse(R"({"op": "extend_attention", "d": 64, "hq": 4, "hkv": 4, "prefix_len": -3,
+                  "seq_len": [1]})");
+      },
+      "ops[0].prefix_len: -3; allowed: an integer in [0, ");
   expect_tilejit_error([&] { tools::parse_workload("{\"ops\": [\n  {\"op\": }]}", "w.json"); },
                        "w.json:2: error: not valid JSON");
 }
