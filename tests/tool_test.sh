@@ -19,19 +19,8 @@ trap 'rm -rf "$WORK"' EXIT
 # Compile counts and timings stay out of the user's cache.
 export TILEJIT_CACHE_DIR=
 
-failures=0
-checks=0
-OUT=$WORK/out
-ERR=$WORK/err
-
-fail() {
-  echo "FAIL: $*"
-  echo "  --- stdout (head) ---"
-  head -n 20 "$OUT" | sed 's/^/  /'
-  echo "  --- stderr ---"
-  sed 's/^/  /' "$ERR"
-  failures=$((failures + 1))
-}
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "$0")/check_lib.sh"
 
 # ok <description> <command...>: exit 0 expected.
 ok() {
@@ -799,5 +788,4 @@ sed -e 's/%w_scale: tensor<192xf32>/%w_scale: tensor<192xf32>, %z: tensor<1x192x
 input_error "fp8: a zero operand" "z.tir: error: %0 = gemm: operand 'zero' \\(%z\\): an f8e4m3 weight has no zero point" \
   "$TJ" dump "$Q/z.tir" --stage verified
 
-echo "tool_test: $checks checks, $failures failed"
-[ $failures -eq 0 ]
+check_summary tool_test

@@ -17,19 +17,8 @@ trap 'rm -rf "$WORK"' EXIT
 export TILEJIT_CACHE_DIR=$WORK/cache
 unset TILEJIT_TUNING_DB TILEJIT_VERBOSE
 
-failures=0
-checks=0
-OUT=$WORK/out
-ERR=$WORK/err
-
-fail() {
-  echo "FAIL: $*"
-  echo "  --- stdout (head) ---"
-  head -n 30 "$OUT" | sed 's/^/  /'
-  echo "  --- stderr ---"
-  head -n 30 "$ERR" | sed 's/^/  /'
-  failures=$((failures + 1))
-}
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "$0")/check_lib.sh"
 check() {  # check <description> <condition command...>
   local what=$1
   shift
@@ -186,5 +175,4 @@ echo '{"ops": [{"op": "gemm", "n": 8, "k": 64, "format": "int3", "m": [1]}]}' >"
 "$TJ" tune "$WORK/badq.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
 check "bad format named with the allowed ones" grep -q 'ops\[0\].format: "int3"; allowed: bf16, int8, fp8_e4m3' "$ERR"
 
-echo "$checks checks, $failures failures"
-[ $failures -eq 0 ]
+check_summary tune_tool_test
