@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "codegen/gemm_plan.h"
@@ -97,14 +98,33 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
     throw Error(fmt::format("{}: w13 is {} ({}) but w2 is {} ({}); allowed: both in one format",
                             kOp, weight_format_name(w13.format), w13.layout_name,
                             weight_format_name(w2.format), w2.layout_name));
-  if (w13.format == WeightFormat::int8 ||
-      (opt.shared_w13 != nullptr && opt.shared_w13->impl() != nullptr &&
-       opt.shared_w13->impl()->format == WeightFormat::int8))
-    if (opt.act_quant != ActQuant::dynamic_sym && opt.act_quant != ActQuant::dynamic_asym)
+  const bool any_int8 = w13.format == WeightFormat::int8 ||
+                        (opt.shared_w13 != nullptr && opt.shared_w13->impl() != nullptr &&
+                         opt.shared_w13->impl()->format == WeightFormat::int8);
+  if (opt.act_quant == ActQuant::fixed) {
+    if (!any_int8)
       throw Error(fmt::format(
-          "{}: act_quant={} with int8 experts; allowed: dynamic_sym, dynamic_asym (a fixed "
-          "scale would need one per projection)",
-          kOp, static_cast<int>(opt.act_quant)));
+          "{}: act_quant=fixed with {} experts and no int8 shared expert; allowed: fixed only "
+          "with int8 (W8A8) experts (other formats do not quantize activations)",
+          kOp, weight_format_name(w13.format)));
+    const std::pair<const char*, float> scales[] = {{"act_scale13", opt.act_scale13},
+                                                    {"act_scale2", opt.act_scale2}};
+    for (const auto& [name, v] : scales)
+      if (!(v > 0) || !std::isfinite(v))
+        throw Error(
+            fmt::format("{}: act_quant=fixed with {}={}; allowed: finite > 0", kOp, name, v));
+    const std::pair<const char*, int> zeros[] = {{"act_zero_point13", opt.act_zero_point13},
+                                                 {"act_zero_point2", opt.act_zero_point2}};
+    for (const auto& [name, v] : zeros)
+      if (v < 0 || v > 255)
+        throw Error(fmt::format("{}: act_quant=fixed with {}={}; allowed: [0, 255]", kOp, name, v));
+  } else if (any_int8 && opt.act_quant != ActQuant::dynamic_sym &&
+             opt.act_quant != ActQuant::dynamic_asym) {
+    throw Error(
+        fmt::format("{}: act_quant={} with int8 experts; allowed: dynamic_sym, "
+                    "dynamic_asym, fixed",
+                    kOp, static_cast<int>(opt.act_quant)));
+  }
   if (w2.experts != d.E)
     throw Error(fmt::format("{}: w2 has {} experts; allowed: w13's {}", kOp, w2.experts, d.E));
   if (w2.n != d.H || w2.k != d.I)
@@ -201,7 +221,7 @@ double expert_weight(const PackedExperts::Impl& w, int64_t e, int64_t r, int64_t
 // int8 weights their per-token quantization (the act_quant kernels' rule,
 // runtime/reference_quant.h) as (q − z)·s.
 std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_t* x, int64_t k,
-                                     const MoeOptions& opt) {
+                                     const MoeOptions& opt, bool down) {
   std::vector<double> in(static_cast<size_t>(k));
   if (w.format != WeightFormat::int8) {
     for (int64_t i = 0; i < k; ++i) in[i] = runtime::bf16_to_f32(x[i]);
@@ -210,10 +230,12 @@ std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_
   std::vector<uint8_t> q(static_cast<size_t>(k));
   float s = 0;
   int32_t z = 0;
-  runtime::reference_act_quant_row(opt.act_quant == ActQuant::dynamic_asym
-                                       ? runtime::ActQuantRule::asym
-                                       : runtime::ActQuantRule::sym,
-                                   x, k, k, 1.0f, 0.0f, 0, q.data(), &s, &z);
+  const ops::RowQuant rq = ops::row_quant(opt, down);
+  runtime::ActQuantRule rule = runtime::ActQuantRule::sym;
+  if (rq.mode == ActQuant::dynamic_asym) rule = runtime::ActQuantRule::asym;
+  if (rq.mode == ActQuant::fixed) rule = runtime::ActQuantRule::fixed;
+  const float inv = rq.mode == ActQuant::fixed ? 1.0f / rq.scale : 1.0f;
+  runtime::reference_act_quant_row(rule, x, k, k, inv, rq.scale, rq.zero, q.data(), &s, &z);
   for (int64_t i = 0; i < k; ++i) in[i] = double(int32_t(q[i]) - z) * double(s);
   return in;
 }
@@ -224,7 +246,7 @@ void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2
                    const uint16_t* x, const float* b13, const float* b2, float w,
                    const MoeOptions& opt, float* acc) {
   const int64_t H = w13.k, I = w13.n;
-  const std::vector<double> xin = projection_input(w13, x, H, opt);
+  const std::vector<double> xin = projection_input(w13, x, H, opt, false);
   std::vector<uint16_t> act(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
@@ -239,7 +261,7 @@ void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2
     // The JIT path stores the activation as bf16: round it the same way.
     act[i] = runtime::f32_to_bf16(gated(opt, static_cast<float>(g), static_cast<float>(u)));
   }
-  const std::vector<double> ain = projection_input(w2, act.data(), I, opt);
+  const std::vector<double> ain = projection_input(w2, act.data(), I, opt, true);
   for (int64_t h = 0; h < H; ++h) {
     double s = b2 != nullptr ? b2[h] : 0.0;
     for (int64_t i = 0; i < I; ++i) s += ain[i] * expert_weight(w2, e, h, i);
@@ -379,7 +401,7 @@ size_t sz(int64_t v) {
 // weight's packed K order when it has one (act-order), or quantized to u8
 // rows for int8 weights; else the source rows themselves.
 template <class Src>
-void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, ActQuant aq,
+void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, const ops::RowQuant& aq,
                       std::vector<uint16_t>& gathered, std::vector<uint8_t>& q,
                       std::vector<float>& scale, std::vector<int32_t>& zero, int64_t total_rows,
                       Src src, int64_t ld_src) {
@@ -527,7 +549,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       std::memcpy(sc.a.data() + r * H, hb + sc.row_token[r] * hidden.strides[0], H * 2);
   });
   prepare_operands(
-      groups, false, isa, opt.act_quant, sc.a_g, sc.q_up, sc.s_up, sc.z_up, total,
+      groups, false, isa, ops::row_quant(opt, false), sc.a_g, sc.q_up, sc.s_up, sc.z_up, total,
       [&](const Group& g) { return static_cast<const uint16_t*>(sc.a.data() + g.row0 * H); }, H);
   pack_operands(groups, false, ops::kMoeA);
 
@@ -599,8 +621,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 
   // The down inputs: the act rows, reordered or quantized as the weights need.
   prepare_operands(
-      groups, true, isa, opt.act_quant, sc.act_g, sc.q_down, sc.s_down, sc.z_down, total,
-      [&](const Group& g) { return static_cast<const uint16_t*>(g.act); }, ld_act);
+      groups, true, isa, ops::row_quant(opt, true), sc.act_g, sc.q_down, sc.s_down, sc.z_down,
+      total, [&](const Group& g) { return static_cast<const uint16_t*>(g.act); }, ld_act);
   pack_operands(groups, true, ops::kMoeAct);
 
   // 3. Down projection + weighted sum, a run of 64-column blocks of H per

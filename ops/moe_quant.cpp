@@ -101,11 +101,22 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
   }
 }
 
-void quantize_rows(ActQuant mode, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows, int64_t k,
-                   uint8_t* q, int64_t ldq, float* scale, int32_t* zero) {
-  const codegen::ActQuantDesc qd{
-      isa == Isa::llvm ? Isa::llvm : Isa::avx512,
-      mode == ActQuant::dynamic_asym ? codegen::ActQuantMode::asym : codegen::ActQuantMode::sym};
+RowQuant row_quant(const MoeOptions& opt, bool down) {
+  RowQuant rq;
+  rq.mode = opt.act_quant;
+  if (opt.act_quant == ActQuant::fixed) {
+    rq.scale = down ? opt.act_scale2 : opt.act_scale13;
+    rq.zero = down ? opt.act_zero_point2 : opt.act_zero_point13;
+  }
+  return rq;
+}
+
+void quantize_rows(const RowQuant& rq, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows,
+                   int64_t k, uint8_t* q, int64_t ldq, float* scale, int32_t* zero) {
+  codegen::ActQuantMode mode = codegen::ActQuantMode::sym;
+  if (rq.mode == ActQuant::dynamic_asym) mode = codegen::ActQuantMode::asym;
+  if (rq.mode == ActQuant::fixed) mode = codegen::ActQuantMode::fixed;
+  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512, mode};
   codegen::ActQuantArgs a{};
   a.x = x;
   a.ldx = ldx;
@@ -116,7 +127,11 @@ void quantize_rows(ActQuant mode, Isa isa, const uint16_t* x, int64_t ldx, int64
   a.ld_out = ldq;
   a.scale = scale;
   a.zero = zero;
-  a.inv_scale = 1.0f;
+  // fixed: the kernel multiplies by 1/s rounded to f32, as gemm's fixed mode
+  // (ops/gemm_quant.cpp fixed_inv_scale); the scalar oracle uses the same.
+  a.inv_scale = rq.mode == ActQuant::fixed ? 1.0f / rq.scale : 1.0f;
+  a.fixed_scale = rq.scale;
+  a.fixed_zero = rq.zero;
   jit::get(qd).entry<codegen::ActQuantFn>()(&a);
 }
 

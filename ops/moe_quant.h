@@ -64,10 +64,21 @@ class ExpertGemm {
   codegen::DequantFn dequant_ = nullptr;
 };
 
+// How one projection's input rows are quantized: MoeOptions::act_quant and,
+// for ActQuant::fixed, that projection's scale and zero point (checked
+// before: finite > 0, [0, 255]).
+struct RowQuant {
+  ActQuant mode = ActQuant::dynamic_sym;
+  float scale = 0;
+  int32_t zero = 128;
+};
+// w13's input (down = false) or w2's (down = true).
+RowQuant row_quant(const MoeOptions& opt, bool down);
+
 // int8 experts: quantizes `rows` bf16 rows (k columns, ldx elements apart)
 // to u8 rows of ldq bytes with per-row scale and zero point (the act_quant
-// kernel; ActQuant dynamic_sym or dynamic_asym), on the calling thread.
-void quantize_rows(ActQuant mode, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows, int64_t k,
-                   uint8_t* q, int64_t ldq, float* scale, int32_t* zero);
+// kernel gemm's W8A8 uses, in rq's mode), on the calling thread.
+void quantize_rows(const RowQuant& rq, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows,
+                   int64_t k, uint8_t* q, int64_t ldq, float* scale, int32_t* zero);
 
 }  // namespace tilejit::ops

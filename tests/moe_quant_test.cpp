@@ -7,9 +7,10 @@
 // The oracle: per token and routed expert, gate/up = x·W13ᵀ (+ b13), the
 // activation glu(gate, up) rounded to bf16 (the kernels store it as bf16),
 // y = act·W2ᵀ (+ b2), out = rsf·Σ w·y + shared. For int8 experts x and the
-// activation row are first quantized per token with the kernels' documented
-// rule (runtime/reference_quant.h, the act_quant contract), so the oracle
-// sees (q − z)·s as they do.
+// activation row are first quantized per token (or, int8_fixed, with static
+// per-projection scales, saturating) with the kernels' documented rule
+// (runtime/reference_quant.h, the act_quant contract), so the oracle sees
+// (q − z)·s as they do.
 //
 // The oracle follows the route each expert's GEMMs take (ops::quant_gemm_fused,
 // the library's one rule for it): the fused decode kernel and int8 read the
@@ -28,11 +29,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ops/quant_weight.h"
@@ -50,6 +54,7 @@ namespace {
 enum class QFmt {
   int8_sym,
   int8_asym,
+  int8_fixed,  // ActQuant::fixed: static per-projection scales (fixed_quant)
   fp8_channel,
   fp8_block,
   gptq_actorder,
@@ -64,6 +69,8 @@ const char* qfmt_name(QFmt f) {
       return "int8sym";
     case QFmt::int8_asym:
       return "int8asym";
+    case QFmt::int8_fixed:
+      return "int8fixed";
     case QFmt::fp8_channel:
       return "fp8ch";
     case QFmt::fp8_block:
@@ -81,7 +88,7 @@ const char* qfmt_name(QFmt f) {
 }
 
 bool is_int8(QFmt f) {
-  return f == QFmt::int8_sym || f == QFmt::int8_asym;
+  return f == QFmt::int8_sym || f == QFmt::int8_asym || f == QFmt::int8_fixed;
 }
 
 struct QCase {
@@ -94,7 +101,22 @@ struct QCase {
   DType out = DType::bf16;
   bool hot = false;          // every token on experts 0..k-1 (the rest cold)
   bool interleaved = false;  // gate_up rows as GPT-OSS's: 2i gate i, 2i + 1 up i
+  bool saturate = false;     // int8_fixed: scales too small, many codes clip at 0 / 255
 };
+
+// int8_fixed's static scale and zero point of w13's (down = false) or w2's
+// input. hidden is drawn in [-1, 1]: 1/127 with z = 120 clips only the
+// lowest few codes (an asymmetric zero point); the activations here reach
+// |a| ~ 4..300 per row (median row max ~ 44), so w2's symmetric scale 1 clips
+// only the largest. saturate: 1/4 and 1/20 of those, so codes of both
+// inputs clip (check_case requires some).
+std::pair<float, int32_t> fixed_quant(const QCase& c, bool down) {
+  if (down) return {c.saturate ? 0.05f : 1.0f, 128};
+  return {(c.saturate ? 0.25f : 1.0f) / 127.0f, 120};
+}
+bool uses_fixed(const QCase& c) {
+  return c.fmt == QFmt::int8_fixed || (c.shared_i != 0 && c.shared_fmt == QFmt::int8_fixed);
+}
 
 std::string case_str(const QCase& c) {
   std::ostringstream s;
@@ -106,6 +128,7 @@ std::string case_str(const QCase& c) {
   if (c.out == DType::f32) s << "_outf32";
   if (c.hot) s << "_hot";
   if (c.interleaved) s << "_interleaved";
+  if (c.saturate) s << "_saturate";
   return s.str();
 }
 
@@ -141,7 +164,8 @@ Matrix make_matrix(QFmt f, int64_t N, int64_t K, double a, uint32_t seed) {
   m.mag.assign(static_cast<size_t>(N * K), 0);
   switch (f) {
     case QFmt::int8_sym:
-    case QFmt::int8_asym: {
+    case QFmt::int8_asym:
+    case QFmt::int8_fixed: {
       m.i8.resize(static_cast<size_t>(N * K));
       m.scales.resize(static_cast<size_t>(N));
       for (int64_t n = 0; n < N; ++n) {
@@ -358,9 +382,10 @@ struct InputRow {
   std::vector<double> v, mag;
   double scale = 0;        // int8: the row's scale
   int64_t lo = 0, hi = 0;  // int8: the elements that set the row's scale / zero point
+  int64_t clipped = 0;     // int8_fixed: codes saturated at 0 / 255
 };
 
-InputRow input_row(QFmt f, const uint16_t* x, int64_t k) {
+InputRow input_row(QFmt f, const uint16_t* x, int64_t k, const QCase& c, bool down) {
   InputRow in;
   in.v.resize(static_cast<size_t>(k));
   in.mag.resize(static_cast<size_t>(k));
@@ -371,9 +396,20 @@ InputRow input_row(QFmt f, const uint16_t* x, int64_t k) {
   std::vector<uint8_t> q(static_cast<size_t>(k));
   float s = 0;
   int32_t z = 0;
-  runtime::reference_act_quant_row(
-      f == QFmt::int8_asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym, x, k, k,
-      1.0f, 0.0f, 0, q.data(), &s, &z);
+  if (f == QFmt::int8_fixed) {
+    // The contract's fixed rule: x·(1/s) with 1/s rounded to f32 (as gemm's).
+    const auto [fs, fz] = fixed_quant(c, down);
+    runtime::reference_act_quant_row(runtime::ActQuantRule::fixed, x, k, k, 1.0f / fs, fs, fz,
+                                     q.data(), &s, &z);
+    for (int64_t i = 0; i < k; ++i) {
+      const double code = std::nearbyint(double(bf16_to_f32(x[i])) / fs) + fz;
+      in.clipped += code < 0 || code > 255;
+    }
+  } else {
+    runtime::reference_act_quant_row(
+        f == QFmt::int8_asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym, x, k, k,
+        1.0f, 0.0f, 0, q.data(), &s, &z);
+  }
   for (int64_t i = 0; i < k; ++i) {
     in.v[i] = double(int32_t(q[i]) - z) * double(s);
     in.mag[i] = (std::fabs(double(int32_t(q[i]) - z)) + 2.0 * std::abs(z)) * double(s);
@@ -388,6 +424,7 @@ InputRow input_row(QFmt f, const uint16_t* x, int64_t k) {
 
 struct Oracle {
   std::vector<double> out, abs_sum, act_term;  // [T, H]
+  int64_t clipped13 = 0, clipped2 = 0;         // int8_fixed: saturated input codes
 };
 
 // Weight (n, k) as the route reads it: exact, or rounded once to bf16 by the
@@ -413,7 +450,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
   runtime::ReferenceGlu glu;
   glu.act = c.act;
   glu.clamped_swiglu = c.clamped;
-  const InputRow xin = input_row(f, x, H);
+  const InputRow xin = input_row(f, x, H, c, false);
   std::vector<uint16_t> act(static_cast<size_t>(I));
   std::vector<double> slack(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
@@ -435,10 +472,14 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     p.act_bf16 = bf16_to_f32(act[i]);
     slack[i] = runtime::moe_act_slack(glu, p, kSumUlps * kU);
   }
-  const InputRow ain = input_row(f, act.data(), I);
+  const InputRow ain = input_row(f, act.data(), I, c, true);
+  o.clipped13 += xin.clipped;
+  o.clipped2 += ain.clipped;
   // int8: where the kernel's activation may differ, its requantized row may
-  // too (one code step each; everything when the scale-setting element does).
-  const bool row_shift = is_int8(f) && (slack[ain.lo] > 0 || slack[ain.hi] > 0);
+  // too (one code step each; everything when the scale-setting element does,
+  // which a fixed scale never is).
+  const bool row_shift =
+      is_int8(f) && f != QFmt::int8_fixed && (slack[ain.lo] > 0 || slack[ain.hi] > 0);
   for (int64_t hh = 0; hh < H; ++hh) {
     double y = b2 ? b2[hh] : 0, mag = b2 ? std::fabs(b2[hh]) : 0, term = 0, wabs = 0;
     for (int64_t i = 0; i < I; ++i) {
@@ -484,6 +525,11 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
   o.clamped_swiglu = c.clamped;
   o.routed_scaling_factor = 0.75f;
   o.act_quant = c.fmt == QFmt::int8_asym ? ActQuant::dynamic_asym : ActQuant::dynamic_sym;
+  if (uses_fixed(c)) {
+    o.act_quant = ActQuant::fixed;
+    std::tie(o.act_scale13, o.act_zero_point13) = fixed_quant(c, false);
+    std::tie(o.act_scale2, o.act_zero_point2) = fixed_quant(c, true);
+  }
   if (c.b13) o.b13 = TensorView(b13.data(), DType::f32, {c.e, 2 * c.i});
   if (c.b2) o.b2 = TensorView(b2.data(), DType::f32, {c.e, c.h});
   if (sh) {
@@ -518,6 +564,10 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     if (sh)
       add_expert(c, c.shared_fmt, sh->w13[0], sh->w2[0], c.t, xr, nullptr, nullptr, 1.0, t, ref);
   }
+  // The saturating cases must saturate both inputs (else they test nothing).
+  if (c.saturate && (ref.clipped13 == 0 || ref.clipped2 == 0))
+    return ::testing::AssertionFailure() << case_str(c) << ": clipped codes " << ref.clipped13
+                                         << " (w13), " << ref.clipped2 << " (w2); want both > 0";
   int64_t bad = 0;
   double worst = 0;
   std::ostringstream msg;
@@ -547,7 +597,9 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     return ::testing::AssertionFailure()
            << case_str(c) << " (path " << isa_name(cpu_info().isa) << "): " << bad << " of "
            << c.t * c.h << " outputs outside the bound" << msg.str();
-  return ::testing::AssertionSuccess() << case_str(c) << ": worst err/tol " << worst;
+  return ::testing::AssertionSuccess()
+         << case_str(c) << ": worst err/tol " << worst << ", clipped codes " << ref.clipped13
+         << " / " << ref.clipped2;
 }
 
 class QuantExperts : public IsaTestWithParam<QCase> {};
@@ -560,8 +612,9 @@ TEST_P(QuantExperts, MatchesOracle) {
 
 std::vector<QCase> battery() {
   std::vector<QCase> v;
-  const QFmt fmts[] = {QFmt::int8_sym, QFmt::int8_asym,     QFmt::fp8_channel, QFmt::fp8_block,
-                       QFmt::mxfp4,    QFmt::gptq_actorder, QFmt::awq,         QFmt::gptq_sym_ch};
+  const QFmt fmts[] = {QFmt::int8_sym,      QFmt::int8_asym, QFmt::int8_fixed,
+                       QFmt::fp8_channel,   QFmt::fp8_block, QFmt::mxfp4,
+                       QFmt::gptq_actorder, QFmt::awq,       QFmt::gptq_sym_ch};
   for (QFmt f : fmts) {
     // T = 1 and 5: every expert's run is <= 4 rows (the fused decode kernel
     // on amx / avx512); 77 and 512: the dequant / int8 kernels, hot and cold
@@ -615,6 +668,24 @@ std::vector<QCase> battery() {
       c.out = DType::f32;
       v.push_back(c);
     }
+  // Static activation scales: saturating codes (decode and prefill), and the
+  // fixed scales on an int8 shared expert, with int8 or fp8 routed experts.
+  for (int64_t t : {5, 77}) {
+    QCase c;
+    c.fmt = QFmt::int8_fixed;
+    c.t = t;
+    c.saturate = true;
+    c.b13 = true;
+    v.push_back(c);
+  }
+  for (QFmt f : {QFmt::int8_fixed, QFmt::fp8_channel}) {
+    QCase c;
+    c.fmt = f;
+    c.t = 9;
+    c.shared_i = 40;
+    c.shared_fmt = QFmt::int8_fixed;
+    v.push_back(c);
+  }
   // GPT-OSS: MXFP4 experts with interleaved gate_up rows and the clamped
   // swiglu, decode and prefill; the interleaving on other formats too.
   for (QFmt f : {QFmt::mxfp4, QFmt::int8_sym, QFmt::fp8_channel})
@@ -824,10 +895,29 @@ TEST(QuantExpertsErrors, PackAndCall) {
   // Experts packed for a different number of experts in w2.
   const Experts a3 = make_experts(QFmt::awq, 3, H, I, 12);
   expect_tilejit_error([&] { call(a.p13, a3.p2, {}); }, "w2 has 3 experts");
-  // A fixed activation scale with int8 experts.
+  // Static activation scales: each field named with its value and the
+  // allowed range; fixed with experts that quantize no activation.
   MoeOptions fixed;
   fixed.act_quant = ActQuant::fixed;
-  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_quant");
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_scale13=0; allowed: finite > 0");
+  fixed.act_scale13 = 0.01f;
+  fixed.act_scale2 = -1;
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_scale2=-1; allowed: finite > 0");
+  fixed.act_scale2 = std::numeric_limits<float>::quiet_NaN();
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_scale2=nan; allowed: finite > 0");
+  fixed.act_scale2 = std::numeric_limits<float>::infinity();
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); }, "act_scale2=inf; allowed: finite > 0");
+  fixed.act_scale2 = 0.01f;
+  fixed.act_zero_point13 = 256;
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); },
+                       "act_zero_point13=256; allowed: [0, 255]");
+  fixed.act_zero_point13 = 128;
+  fixed.act_zero_point2 = -1;
+  expect_tilejit_error([&] { call(i8.p13, i8.p2, fixed); },
+                       "act_zero_point2=-1; allowed: [0, 255]");
+  fixed.act_zero_point2 = 128;
+  EXPECT_NO_THROW(call(i8.p13, i8.p2, fixed));
+  expect_tilejit_error([&] { call(f8.p13, f8.p2, fixed); }, "fixed only with int8");
   // Scales for the wrong number of channels, in expert 1: the expert is named.
   std::vector<Fp8Weight> bad;
   for (const Matrix& m : f8.w13) bad.push_back(m.fp8);

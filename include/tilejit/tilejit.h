@@ -502,10 +502,21 @@ struct MoeOptions {
   // another format than the routed experts.
   const PackedExperts* shared_w13 = nullptr;
   const PackedExperts* shared_w2 = nullptr;
-  // int8 (W8A8) experts: how both projections' inputs are quantized per
-  // token (dynamic_sym or dynamic_asym; a fixed scale would need one per
-  // projection and is refused).
+  // int8 (W8A8) experts: how both projections' inputs are quantized: per
+  // token (dynamic_sym, dynamic_asym) or with static per-tensor scales
+  // (fixed: the four fields below). fixed needs int8 routed or shared
+  // experts (an Error otherwise); dynamic modes are ignored by other formats.
   ActQuant act_quant = ActQuant::dynamic_sym;
+  // ActQuant::fixed: the per-tensor scale and u8 zero point of each
+  // projection's input, as sglang / vLLM's a1_scale (hidden, the input of
+  // w13) and a2_scale (the gated activation, the input of w2): codes
+  // q = clamp(rne(x·(1/s)) + z, 0, 255), 1/s in f32, saturating as gemm's
+  // fixed mode does.
+  // Scales finite > 0, zero points in [0, 255] (128: symmetric s8 codes).
+  // A shared int8 expert uses the same two (its inputs are the same tensors'
+  // kind: hidden, then its own activation).
+  float act_scale13 = 0, act_scale2 = 0;
+  int act_zero_point13 = 128, act_zero_point2 = 128;
 };
 
 // out[t] = rsf · Σ_j topk_weights[t, j] · (glu(x_t·W13_eᵀ + b13_e) · W2_eᵀ + b2_e)

@@ -270,7 +270,8 @@ void bind_moe(py::module_& m) {
            const py::handle& act, bool clamped_swiglu, float swiglu_alpha, float swiglu_limit,
            const py::handle& b13, const py::handle& b2, float routed_scaling_factor,
            const py::handle& shared_w13, const py::handle& shared_w2, const py::handle& act_quant,
-           const py::handle& dtype) {
+           const py::handle& dtype, float act_scale13, float act_scale2, int act_zero_point13,
+           int act_zero_point2) {
           const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
           const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
           MoeOptions o;
@@ -282,6 +283,10 @@ void bind_moe(py::module_& m) {
           o.shared_w13 = optional_experts(shared_w13, "shared_w13");
           o.shared_w2 = optional_experts(shared_w2, "shared_w2");
           o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
+          o.act_scale13 = act_scale13;
+          o.act_scale2 = act_scale2;
+          o.act_zero_point13 = act_zero_point13;
+          o.act_zero_point2 = act_zero_point2;
           const StorageAs as{parse_dtype_override(dtype)};
           DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
               ti(topk_ids, "topk_ids", as), to(out, "out", as);

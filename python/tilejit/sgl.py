@@ -188,6 +188,34 @@ def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
     return holder.experts(key, make)
 
 
+def _static_act_scales(a1_scale, a2_scale, use_int8):
+    """fused_experts' kwargs for a1_scale / a2_scale: {} (dynamic per-token
+    quantization) when both are None, else act_quant="fixed" with their
+    values (checked finite > 0 by tilejit as act_scale13 / act_scale2)."""
+    if a1_scale is None and a2_scale is None:
+        return {}
+    _need(use_int8, "fused_experts_cpu: a1_scale / a2_scale given without use_int8_w8a8; "
+          "allowed: static activation scales only with int8 (W8A8) experts")
+    _need(a1_scale is not None and a2_scale is not None,
+          f"fused_experts_cpu: a1_scale is {'None' if a1_scale is None else 'given'} and a2_scale "
+          f"is {'None' if a2_scale is None else 'given'}; allowed: both (static scales for "
+          "both projections) or neither (per-token dynamic)")
+
+    def one(arg, v):
+        if isinstance(v, torch.Tensor):
+            _need(v.numel() == 1,
+                  f"fused_experts_cpu: {arg} has shape {tuple(v.shape)}; allowed: one element "
+                  "(a per-tensor static scale; per-token or per-expert scales are not supported)")
+            return float(v.reshape(()).item())
+        _need(isinstance(v, (float, int)) and not isinstance(v, bool),
+              f"fused_experts_cpu: {arg} is a {type(v).__name__}; allowed: a one-element tensor "
+              "or a float")
+        return float(v)
+    # zero point 128: the u8 codes of s8 clamp(rne(x / s), -128, 127).
+    return dict(act_quant="fixed", act_scale13=one("a1_scale", a1_scale),
+                act_scale2=one("a2_scale", a2_scale), act_zero_point13=128, act_zero_point2=128)
+
+
 def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
                       use_int8_w8a8=False, use_fp8_w8a16=False, w1_scale=None, w2_scale=None,
                       block_size=None, a1_scale=None, a2_scale=None, w1_bias=None, w2_bias=None,
@@ -206,9 +234,12 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
 
     - ``use_int8_w8a8``: w1 / w2 int8 with per-channel f32 scales
       w1_scale [E, 2I] (or [E, 2I, 1]), w2_scale [E, H]; activations are
-      quantized per token, dynamically (symmetric), as sgl-kernel does.
-      ``a1_scale`` / ``a2_scale`` (static activation scales) are not
-      supported: an Error.
+      quantized per token, dynamically (symmetric), as sgl-kernel does;
+      or, given ``a1_scale`` and ``a2_scale`` (one element each: static
+      per-tensor scales of w1's and w2's inputs, as vLLM / sglang's triton
+      fused_moe; sgl-kernel's CPU kernel refuses them), with those:
+      s8 codes ``clamp(rne(x * (1 / s)), -128, 127)`` (act_quant="fixed",
+      zero point 128). Per-token or per-expert a-scales are an Error.
     - ``use_fp8_w8a16``: e4m3 codes (uint8 tensors) with block scales
       w1_scale [E, ceil(2I/bn), ceil(H/bk)] and ``block_size = [bn, bk]``
       (any block size; sgl-kernel: 128 x 128), or per-channel scales
@@ -223,9 +254,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     _tensor("hidden_states", hidden_states)
     _need(not (use_int8_w8a8 and use_fp8_w8a16),
           "fused_experts_cpu: use_int8_w8a8 and use_fp8_w8a16 both set; allowed: one")
-    _need(a1_scale is None and a2_scale is None,
-          "fused_experts_cpu: a1_scale / a2_scale (static activation scales) given; allowed: "
-          "None (activations are quantized per token at run time)")
+    aq = _static_act_scales(a1_scale, a2_scale, use_int8_w8a8)
     _need(hidden_states.dtype == torch.bfloat16,
           f"fused_experts_cpu: hidden_states.dtype={hidden_states.dtype}; allowed: torch.bfloat16")
     w13 = _expert_pack(w1, "gate_up", "w1", use_int8_w8a8, use_fp8_w8a16, w1_scale, block_size)
@@ -247,7 +276,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
                   swiglu_limit=7.0 if limit is None else float(limit))
     b13 = None if w1_bias is None else w1_bias.to(torch.float32).contiguous()
     b2 = None if w2_bias is None else w2_bias.to(torch.float32).contiguous()
-    tilejit.fused_experts(x, w13, w2p, weights, ids, out=out, b13=b13, b2=b2, **kw)
+    tilejit.fused_experts(x, w13, w2p, weights, ids, out=out, b13=b13, b2=b2, **kw, **aq)
     if inplace:
         hidden_states.copy_(out)
         return hidden_states

@@ -190,10 +190,69 @@ def test_fused_experts_quantized(fmt):
     assert err <= 0.05 * ref.abs().max(), f"{fmt}: max err {err} of {ref.abs().max()}"
 
 
+def test_fused_experts_int8_static_act_scales():
+    # vLLM / sglang's static per-tensor a1_scale / a2_scale: s8 codes
+    # clamp(round(x / s), -128, 127) of each projection's input, both scales
+    # powers of two so x / s is exact (x * (1 / s) in tilejit: the same codes),
+    # small enough that codes saturate in both. Bound: the bf16 output
+    # (2^-8 |ref|), f32 sums (2^-16 mag), and each activation code one step
+    # (s2) off where tilejit's f32 activation rounds to the other bf16
+    # neighbour (one bf16 ulp of an unclipped a, <= 2^-7 * 128 s2 = s2, crosses
+    # one code midpoint at most).
+    e, h, inter, t, k = 4, 128, 64, 6, 2
+    g = torch.Generator().manual_seed(23)
+    x = rnd((t, h), 24)
+    tw, ti = routed(t, e, k, 25)
+    w1 = torch.randint(-127, 128, (e, 2 * inter, h), generator=g, dtype=torch.int8)
+    w2 = torch.randint(-127, 128, (e, h, inter), generator=g, dtype=torch.int8)
+    s1 = torch.rand(e, 2 * inter, generator=g) * 0.002 + 0.0005
+    s2 = torch.rand(e, h, generator=g) * 0.002 + 0.0005
+    d1, d2 = w1.to(F64) * s1.to(F64)[:, :, None], w2.to(F64) * s2.to(F64)[:, :, None]
+    as1, as2 = 2.0**-6, 2.0**-7
+
+    def q(v, s):
+        return (v.to(F64) / s).round().clamp(-128, 127) * s
+
+    xq = q(x, as1)
+    ref = torch.zeros(t, h, dtype=F64)
+    slack = torch.zeros_like(ref)
+    mag = torch.zeros_like(ref)
+    clipped = int(((x.to(F64) / as1).abs() > 127.5).sum())
+    for tt in range(t):
+        for j in range(k):
+            ex = int(ti[tt, j])
+            gu = d1[ex] @ xq[tt]
+            a = (gu[:inter] * torch.sigmoid(gu[:inter]) * gu[inter:]).to(torch.bfloat16)
+            clipped += int(((a.to(F64) / as2).abs() > 127.5).sum())
+            aq = q(a, as2)
+            ref[tt] += tw[tt, j] * (d2[ex] @ aq)
+            mag[tt] += tw[tt, j].abs() * (d2[ex].abs() @ aq.abs())
+            slack[tt] += tw[tt, j].abs() * as2 * d2[ex].abs().sum(1)
+    assert clipped > 0  # the saturation is exercised
+    p1, p2 = sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2)
+    kw = dict(use_int8_w8a8=True, w1_scale=s1, w2_scale=s2)
+    out = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=torch.tensor([as1]),
+                                a2_scale=torch.tensor(as2), **kw)
+    within(out, ref, 2.0**-8 * ref.abs() + 2.0**-16 * mag + slack, "static a-scales")
+    same = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=as1, a2_scale=as2, **kw)
+    assert torch.equal(out, same)
+    dyn = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, **kw)  # per token: other codes
+    assert not torch.equal(out, dyn)
+    with pytest.raises(tilejit.Error, match="a1_scale has shape \\(6, 1\\); allowed: one"):
+        sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=torch.ones(t, 1),
+                              a2_scale=as2, **kw)
+    with pytest.raises(tilejit.Error, match="a2_scale is None; allowed: both"):
+        sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=as1, **kw)
+    with pytest.raises(tilejit.Error, match="act_scale2=0; allowed: finite > 0"):
+        sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=as1, a2_scale=0.0, **kw)
+    with pytest.raises(tilejit.Error, match="act_scale13=nan"):
+        sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, a1_scale=math.nan, a2_scale=as2, **kw)
+
+
 def test_fused_experts_errors():
     w1, w2 = rnd((2, 64, 32), 20), rnd((2, 32, 32), 21)
     x, tw, ti = rnd((3, 32), 22), torch.ones(3, 1), torch.zeros(3, 1, dtype=torch.int32)
-    with pytest.raises(tilejit.Error, match="a1_scale"):
+    with pytest.raises(tilejit.Error, match="a1_scale / a2_scale given without use_int8_w8a8"):
         sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, a1_scale=torch.ones(1))
     with pytest.raises(tilejit.Error, match="use_int8_w8a8 needs w1 int8"):
         sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, use_int8_w8a8=True)
