@@ -372,7 +372,8 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
     case OpKind::moe:
       int_at_least("top_k", 1);
       one_of("format", {"awq", "gptq"});
-      // A fixed activation scale would need one per projection: the API refuses it too.
+      // A fixed activation scale needs one per projection (MoeOptions::act_scale13 /
+      // act_scale2): the IR op has no attributes for them yet, so it stays dynamic.
       one_of("act_quant", {"dynamic_sym", "dynamic_asym"});
       one_of("activation", [] {
         std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
