@@ -16,7 +16,7 @@ build=${1:?usage: fuzz/run.sh BUILD_DIR SECONDS [harness...]}
 seconds=${2:?usage: fuzz/run.sh BUILD_DIR SECONDS [harness...]}
 shift 2
 harnesses=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(ir_pipeline npy disk_cache api quant_pack)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(ir_pipeline npy disk_cache api quant_pack experts)
 
 mkdir -p "$build/fuzz-work" "$build/fuzz-crashes"
 for h in "${harnesses[@]}"; do

@@ -567,6 +567,24 @@ PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
                                      : runtime::gptq_zero_at(zw, zstride, g, n, !w.gptq_v2));
       }
   }
+  // The padding positions (past K, and after an odd-length act-order group)
+  // hold their group's zero point, not 0: the dequant kernels compute
+  // (q − z)·s there too, and (0 − z)·s is ±Inf in bf16 for a finite scale
+  // past ~2^124, which the zero activations there turn into NaN outputs of
+  // a row whose weights are all 0 (fuzz/crashes/experts-int4-pad-huge-scale).
+  std::vector<bool> real(2 * t.groups.size(), false);
+  for (int64_t k = 0; k < K; ++k) real[static_cast<size_t>(t.pos_of[k])] = true;
+  const auto* zp = t.zeros ? reinterpret_cast<const uint8_t*>(t.zeros.get()) : nullptr;
+  for (size_t pos = 0; pos < real.size(); ++pos) {
+    if (real[pos]) continue;
+    const int64_t g = t.groups[pos / 2];
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t pr = t.packed_row(n);
+      const int z = zp != nullptr ? zp[(pr / kBlockN * G + g) * kBlockN + pr % kBlockN] : 8;
+      codes[pr / kBlockN * impl->code_block_bytes() + int64_t(pos) / 2 * 64 + pr % kBlockN] |=
+          static_cast<uint8_t>(z << (4 * (pos % 2)));
+    }
+  }
   impl->layout_name = ops::quant_layout_name(*impl);
   return PackedWeight(std::move(impl));
 }

@@ -937,5 +937,35 @@ TEST(QuantExpertsErrors, PackAndCall) {
   expect_tilejit_error([&] { call(a.p13, a.p2, so); }, "shared_w13");
 }
 
+// fuzz/crashes/experts-int4-pad-huge-scale: an int4 gate row whose codes all
+// equal the zero point (weights 0) under a finite scale of 3e38, H = 1 (31
+// padding positions in the k32 block). The dequant route (8 rows to one
+// expert) decoded the padding codes 0 as (0 − 8)·3e38 = −Inf, which the zero
+// activations there made NaN: the output must be the exact 0 of the scalar path.
+TEST(QuantExpertsErrors, Int4PaddingUnderHugeScaleStaysZero) {
+  const int64_t T = 8, H = 1, I = 1;
+  std::vector<int32_t> q13{8, 9}, q2{9};  // gptq [K/8, N]: gate q = z = 8, up and down q = 9
+  std::vector<float> s13{3e38f, 1.0f}, s2{1.0f};
+  auto int4 = [](std::vector<int32_t>& q, std::vector<float>& s, int64_t n) {
+    Int4Weight w;
+    w.qweight = TensorView(q.data(), DType::i32, {1, n});
+    w.scales = TensorView(s.data(), DType::f32, {1, n});
+    w.group_size = 32;
+    w.n = n, w.k = 1;
+    return w;
+  };
+  const PackedExperts p13 =
+      pack_experts(std::vector<Int4Weight>{int4(q13, s13, 2 * I)}, ExpertProj::gate_up);
+  const PackedExperts p2 = pack_experts(std::vector<Int4Weight>{int4(q2, s2, H)}, ExpertProj::down);
+  std::vector<uint16_t> hidden(static_cast<size_t>(T * H), f32_to_bf16(0.5f));
+  std::vector<float> w(static_cast<size_t>(T), 1.0f), out(static_cast<size_t>(T * H), -1.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(T), 0);
+  fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), p13, p2,
+                TensorView(w.data(), DType::f32, {T, 1}),
+                TensorView(ids.data(), DType::i32, {T, 1}),
+                TensorView(out.data(), DType::f32, {T, H}));
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(out[t], 0.0f) << "token " << t;
+}
+
 }  // namespace
 }  // namespace tilejit::test
