@@ -90,8 +90,10 @@ cat >"$WORK/long.json" <<'EOF'
 EOF
 "$TJ" tune "$WORK/long.json" --out "$WORK/db4.json" --budget 5m >"$OUT" 2>"$ERR" &
 pid=$!
-# Wait for the first finished entry, then interrupt.
-for _ in $(seq 100); do
+# Wait for the first finished entry (up to 60 s: under a loaded ctest -j the
+# first entry once took longer than the 10 s this waited before, and the
+# interrupt came before any entry was kept), then interrupt.
+for _ in $(seq 600); do
   grep -q -- '-> ' "$OUT" 2>/dev/null && break
   sleep 0.1
 done
