@@ -219,13 +219,15 @@ void make_fp8(Mat& m, Rng& r, double a) {
   m.fp8.scales = p.fp8_kind == 2 ? TensorView(m.sf.data(), DType::f32, {gn, gk})
                                  : TensorView(m.sf.data(), DType::f32, {gn});
   if (p.fp8_kind == 2) m.fp8.block_n = p.bn, m.fp8.block_k = p.bk;
-  const bool defined = p.fp8_kind != 2 || (p.bn > 0 && p.bk > 0);
-  if (!defined) return;
+  // Block sizes 0 x 0 with a [1, 1] scale table: pack_weight takes that as
+  // the per-tensor scale.
+  const bool blocks = p.fp8_kind == 2 && !(p.bn == 0 && p.bk == 0 && m.sf.size() == 1);
+  if (blocks && !(p.bn > 0 && p.bk > 0)) return;  // no defined weights: pack must refuse
   m.w.resize(static_cast<size_t>(N * K));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t c = p.kn ? m.u8[k * N + n] : m.u8[n * K + k];
-      const float s = p.fp8_kind == 2 ? m.sf[(n / p.bn) * gk + k / p.bk] : m.sf[p.fp8_kind ? n : 0];
+      const float s = blocks ? m.sf[(n / p.bn) * gk + k / p.bk] : m.sf[p.fp8_kind == 1 ? n : 0];
       m.w[n * K + k] = double(runtime::e4m3_to_f32(c)) * s;
     }
   m.mag = m.w;
@@ -298,8 +300,10 @@ void make_int4(Mat& m, Rng& r, double a) {
   d.gptq_v2 = p.v2;
   d.bits = p.bits;
   d.n = N, d.k = K;
+  // With g_idx the groups are the scale rows (gw: one more when the width is
+  // wrong on purpose) and, with zero points, the qzeros rows (G) too.
   for (int32_t v : m.g)
-    if (v < 0 || v >= G) return;  // no defined weights: pack must refuse
+    if (v < 0 || v >= (p.zp ? G : gw)) return;  // no defined weights: pack must refuse
   if (!p.gidx && p.gs <= 0 && p.gs != -1) return;
   m.w.resize(static_cast<size_t>(N * K));
   m.mag.resize(m.w.size());
@@ -521,9 +525,12 @@ Proj build_proj(FuzzedDataProvider& f, Rng& r, const Params& p, int64_t E, int64
     if (m.n != N || m.k != K)
       die(std::string(what) + ": pack_experts accepted experts of different shapes");
     if (m.w.empty())
-      die(std::string(what) +
-          ": pack_experts accepted a checkpoint with no defined weights (g_idx out of range, "
-          "block or group size <= 0)");
+      die(std::string(what) + ": pack_experts accepted a " + fmt_name(m.p.fmt) +
+          " checkpoint with no defined weights (g_idx out of range, block or group size <= 0): "
+          "group_size " +
+          std::to_string(m.p.gs) + ", g_idx " + std::to_string(m.p.gidx) + " (" +
+          std::to_string(m.g.size()) + " entries), fp8 blocks " + std::to_string(m.p.bn) + " x " +
+          std::to_string(m.p.bk) + ", scales " + std::to_string(m.sf.size()));
   }
   const int64_t want_n = proj == ExpertProj::gate_up ? N / 2 : N;
   if (pk.num_experts() != E || pk.n() != want_n || pk.k() != K || pk.proj() != proj)
