@@ -192,8 +192,21 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
   // must not leave one of them untimed.
   double best = default_cost;
   for (const Cand& c : uniq) best = std::min(best, c.cost);
-  std::stable_sort(uniq.begin(), uniq.end(),
-                   [](const Cand& a, const Cand& b) { return a.cost < b.cost; });
+  // Cheapest first, ties in generation order. (std::sort over an index, not
+  // std::stable_sort: with clang 19 over libstdc++ 12, stable_sort of this
+  // type instantiates the deprecated get_temporary_buffer, an error under
+  // -Werror.)
+  {
+    std::vector<size_t> order(uniq.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return uniq[a].cost < uniq[b].cost || (uniq[a].cost == uniq[b].cost && a < b);
+    });
+    std::vector<Cand> sorted;
+    sorted.reserve(uniq.size());
+    for (size_t i : order) sorted.push_back(uniq[i]);
+    uniq = std::move(sorted);
+  }
   std::vector<Knobs> out;
   std::vector<bool> taken(uniq.size(), false);
   std::set<std::string> isa_seen;
