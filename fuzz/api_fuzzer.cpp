@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "runtime/bf16.h"
 #include "tilejit/tilejit.h"
 
@@ -51,9 +52,7 @@ constexpr size_t kArenaBytes = size_t(256) << 10;
 constexpr double kMaxWork = 4e6;
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "api_fuzzer: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
+  fuzz::die("api_fuzzer", what);
 }
 
 // ---------------------------------------------------------------------------

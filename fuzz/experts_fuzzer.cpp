@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
@@ -52,20 +53,11 @@ namespace {
 using namespace tilejit;
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "experts_fuzzer: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
+  fuzz::die("experts_fuzzer", what);
 }
 
-// TILEJIT_FUZZ_DESCRIBE=1: print the decoded case before packing it.
-bool describe() {
-  static const bool on = std::getenv("TILEJIT_FUZZ_DESCRIBE") != nullptr;
-  return on;
-}
-
-bool same_value(double a, double b) {
-  return (std::isnan(a) && std::isnan(b)) || a == b;
-}
+using fuzz::describe;
+using fuzz::same_value;
 
 // The bulk bytes: xorshift64 seeded by the input.
 struct Rng {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
@@ -33,20 +34,11 @@ namespace {
 using namespace tilejit;
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "quant_pack_fuzzer: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
+  fuzz::die("quant_pack_fuzzer", what);
 }
 
-// TILEJIT_FUZZ_DESCRIBE=1: print the decoded checkpoint before packing it.
-bool describe() {
-  static const bool on = std::getenv("TILEJIT_FUZZ_DESCRIBE") != nullptr;
-  return on;
-}
-
-bool same_value(double a, double b) {
-  return (std::isnan(a) && std::isnan(b)) || a == b;
-}
+using fuzz::describe;
+using fuzz::same_value;
 
 // Fuzzed bytes for a tensor.
 template <class T>
