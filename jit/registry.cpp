@@ -45,7 +45,8 @@ constexpr const char* kAvx512Limits =
 constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32)";
+    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); or the fused decode kernel "
+    "(a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32, 1 <= mr <= 4, the whole K, batch 1)";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
@@ -127,19 +128,22 @@ const Kernel& front(const D& d, Slow slow) {
   return k;
 }
 
-// The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3 | f4e2m1) of the avx512 row
-// (the amx path's small-M quantized GEMMs use the avx512 plan too).
+// The fused W4A16 / W8A16 decode kernel (b = u4 | f8e4m3 | f4e2m1): Xbyak on
+// the avx512 row (the amx path's small-M quantized GEMMs use the avx512 plan
+// too), LLVM on the llvm row; both take the same descriptors.
 constexpr const char* kQuantLimits =
-    "a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 on the avx512 row: 1 <= mr <= 4, 1 <= nr <= 64 (GLU: "
+    "a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 on the avx512 and llvm rows: 1 <= mr <= 4, 1 <= nr <= 64 "
+    "(GLU: "
     "nr <= 32 outputs of the 64 computed columns), kb >= 1 (the whole K, batch 1), b_row_bytes "
     "64 (u4, f4e2m1) | 128 (f8e4m3), zeros with u4 only, no acc_in, row-major A, out f32|bf16";
 
-const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
+const Kernel& quant_brgemm(const codegen::BrgemmDesc& d, const KernelRow& row) {
   auto refuse = [&](const std::string& what) -> Error {
     return Error(fmt::format("brgemm: quantized descriptor {} has {}; allowed: {}", d.key(), what,
                              kQuantLimits));
   };
-  if (d.isa != Isa::avx512) throw refuse(fmt::format("isa={}", isa_name(d.isa)));
+  if (d.isa != Isa::avx512 && d.isa != Isa::llvm)
+    throw refuse(fmt::format("isa={}", isa_name(d.isa)));
   if (d.a_type != DType::bf16 || d.acc_type != DType::f32)
     throw refuse(fmt::format("a={} acc={}", dtype_name(d.a_type), dtype_name(d.acc_type)));
   if (d.b_zeros && d.b_type != DType::u4)
@@ -158,14 +162,24 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d) {
   if (d.a_packed) throw refuse("apack=1");
   if (d.out != DType::f32 && d.out != DType::bf16)
     throw refuse(fmt::format("out={}", dtype_name(d.out)));
-  return compile(cache_key(d), d.name(),
-                 xbyak_recipe([d] { return codegen::xbyak::emit_quant_brgemm(d); }));
+  if (row.backend == Backend::xbyak)
+    return compile(cache_key(d), d.name(),
+                   xbyak_recipe([d] { return codegen::xbyak::emit_quant_brgemm(d); }));
+#ifdef TILEJIT_HAVE_LLVM
+  const std::string symbol = lb::llvm_brgemm_name(d);
+  return compile(cache_key(d), symbol,
+                 llvm_kernel_recipe(symbol, [d] { return lb::compile_llvm_brgemm(d); }));
+#else
+  throw InternalError("jit: the llvm brgemm row without LLVM");
+#endif
 }
 
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
   if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1) {
-    if (row.path == Isa::avx512 && row.backend == Backend::xbyak) return quant_brgemm(d);
+    if ((row.path == Isa::avx512 && row.backend == Backend::xbyak) ||
+        (row.path == Isa::llvm && row.backend == Backend::llvm))
+      return quant_brgemm(d, row);
     throw Error(fmt::format("brgemm: descriptor {} has b={}; allowed on the {} row: {}", d.key(),
                             dtype_name(d.b_type), isa_name(row.path), row.limits));
   }

@@ -205,28 +205,27 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
   return g;
 }
 
-// Decode shapes (M <= kFusedMaxRows on the amx / avx512 paths): the fused
-// micro-kernel reads the codes and group tables itself, one call per column
-// block over the whole K (codegen/xbyak/quant_brgemm.cpp).
-constexpr int64_t kFusedMaxRows = 4;
+// Decode shapes (M <= fused_max_rows(path)): the fused micro-kernel reads
+// the codes and group tables itself, one call per column block over the
+// whole K (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
 
 void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-               const GemmOptions& opt) {
+               const GemmOptions& opt, Isa isa) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
   const codegen::BrgemmDesc d = quant_fused_desc(
-      p, codegen::GemmSpec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype}, M);
+      p, codegen::GemmSpec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype}, M, isa);
   codegen::BrgemmDesc tail = d;
   tail.nr = static_cast<int>(N % kBlockN);
   const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
   // The kernels' own scratch (a per-thread one; the N tail's need is no larger).
-  const int64_t scratch_bytes = std::max(codegen::xbyak::quant_brgemm_scratch_bytes(d),
-                                         codegen::xbyak::quant_brgemm_scratch_bytes(tail));
+  const int64_t scratch_bytes =
+      std::max(quant_fused_scratch_bytes(d), quant_fused_scratch_bytes(tail));
   const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
   if (runtime::verbose_level() > 0)
-    std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=avx512 weight=%s kernel=%s\n",
+    std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s\n",
                  d.b_type == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
-                 static_cast<long long>(N), static_cast<long long>(p.layout.k),
+                 static_cast<long long>(N), static_cast<long long>(p.layout.k), isa_name(d.isa),
                  p.layout_name.c_str(), (main_k != nullptr ? main_k : tail_k)->name.c_str());
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   int64_t lda = x.strides[0] * 2;
@@ -388,10 +387,10 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
 }
 
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m) {
+                                     int64_t m, Isa path) {
   const QuantTables& q = *p.quant;
   codegen::BrgemmDesc d;
-  d.isa = Isa::avx512;
+  d.isa = path == Isa::llvm ? Isa::llvm : Isa::avx512;
   d.b_type = p.dtype;  // f8e4m3, u4 or f4e2m1
   d.b_zeros = q.zeros != nullptr;
   d.mr = static_cast<int>(m);
@@ -432,7 +431,8 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
-    return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m).name();
+    return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa)
+        .name();
   const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
                          codegen::gemm_isa_for_rows(path, m, tuned), tuned)
@@ -440,11 +440,19 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
       .name();
 }
 
+int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d) {
+  return d.isa == Isa::llvm ? 0 : codegen::xbyak::quant_brgemm_scratch_bytes(d);
+}
+
 bool quant_gemm_fused(Isa path, int64_t m) {
-  // The fused kernel's int4 codes come from vpmultishiftqb (AVX512-VBMI: every
+  // The Xbyak kernel's int4 codes come from vpmultishiftqb (AVX512-VBMI: every
   // AVX512-BF16 CPU but Cooper Lake has it; there the dequant path runs).
   static const bool vbmi = runtime::detected_features().has(runtime::Feature::avx512_vbmi);
-  return m <= kFusedMaxRows && (path == Isa::avx512 || path == Isa::amx) && vbmi;
+  // Both kernels take up to 4 rows (registry.cpp, kQuantLimits).
+  constexpr int64_t kFusedMaxRows = 4;
+  if (m > kFusedMaxRows) return false;
+  if (path == Isa::llvm) return true;
+  return (path == Isa::avx512 || path == Isa::amx) && vbmi;
 }
 
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
@@ -477,7 +485,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // The fused decode kernel has no plan (one kernel per M): no tuned knob
   // applies there, nor is one looked up (docs/tuning.md "Quantized weights").
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, codegen::gemm_isa_for_rows(path, M), M))
-    return run_fused(x, p, y, opt);
+    return run_fused(x, p, y, opt, codegen::gemm_isa_for_rows(path, M));
   // W8A8 and the dequant route run a GemmPlan: a tuning database entry of
   // this format and shape class sets its row blocking, task split and ISA
   // (validated at load: jit/tuning_db.cpp).

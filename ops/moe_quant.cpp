@@ -37,13 +37,13 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
     fused_rows_ = rows;
-    const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows);
+    const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows, isa);
     codegen::BrgemmDesc tail = d;
     tail.nr = static_cast<int>(spec.n % d.nr);
     if (spec.n >= d.nr) fused_[0] = &jit::get(d);
     if (tail.nr != 0) fused_[1] = &jit::get(tail);
-    fused_scratch_ = std::max(codegen::xbyak::quant_brgemm_scratch_bytes(d),
-                              tail.nr != 0 ? codegen::xbyak::quant_brgemm_scratch_bytes(tail) : 0);
+    fused_scratch_ =
+        std::max(quant_fused_scratch_bytes(d), tail.nr != 0 ? quant_fused_scratch_bytes(tail) : 0);
     return;
   }
   route_ = Route::dequant;

@@ -41,8 +41,9 @@ const char* layout_tag_prefix(WeightFormat f);
 bool layout_tag_ok(const PackedWeight::Impl& p);
 
 // Whether an fp8 / int4 GEMM of m rows on `path` runs the fused decode
-// micro-kernel (codegen/xbyak/quant_brgemm.cpp: exact weights, per-group
-// fp32 sums) instead of dequantizing to bf16 chunks for the bf16 kernels.
+// micro-kernel (codegen/xbyak/quant_brgemm.cpp on amx / avx512, the LLVM
+// brgemm's quantized mode on llvm: exact weights, per-group fp32 sums)
+// instead of dequantizing to bf16 chunks for the bf16 kernels.
 bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
@@ -62,10 +63,13 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
 // projections): K and b_type of the weight's plan, its K chunk for m rows.
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m);
 
-// The fused decode kernel for m rows, a full 64-column block (nr 64, or 32
-// outputs with the spec's GLU) and the spec's epilogue; the N tail sets nr.
+// The fused decode kernel for m rows on `path` (llvm: the LLVM row, else the
+// avx512 one), a full 64-column block (nr 64, or 32 outputs with the spec's
+// GLU) and the spec's epilogue; the N tail sets nr.
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m);
+                                     int64_t m, Isa path);
+// The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
+int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 
 // The dequant kernel of an fp8 / int4 / MXFP4 weight on `path` (avx512 serves amx).
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);

@@ -1,5 +1,6 @@
-// The fused W4A16 / W8A16 decode micro-kernel (codegen/xbyak/quant_brgemm.cpp)
-// through jit::get(desc) on the avx512 row, with hand-built code blocks and
+// The fused W4A16 / W8A16 decode micro-kernel through jit::get(desc) on the
+// avx512 row (codegen/xbyak/quant_brgemm.cpp) and on the llvm row (the LLVM
+// brgemm's quantized mode, codegen/llvm/llvm_brgemm.cpp), with hand-built code blocks and
 // group tables (the packed k-pair order of ops/packed_weight_impl.h):
 //   fp8: codes[kp][c][2] bytes (128 a k-pair row); int4 and MXFP4 (e2m1):
 //   codes[kp][c] bytes, low nibble = even k (64 a row); groups[kp] the scale row of k-pair row
@@ -18,6 +19,10 @@
 //   groups_*  every format × every pattern at kb 1000, every mr;
 //   fp8all_*  every e4m3 code (zero, ±0, subnormals, ±448) in every column;
 //   zeros_*   u4 zero points all 0 / all 16 with codes 0 / 15.
+// The llvm row (llvm_* names) takes every case of epi_ / groups_ / codes_ too,
+// and of shape_ every format × mr with the nr and kb lists zipped (each an
+// LLVM compile: the full cross product would take minutes), plus MXCSR's
+// DAZ / FTZ set for the e4m3 subnormal codes (mxcsr_*).
 // Reference: double, from the logical weights (q − z)·s (e4m3(q)·s), bound
 // runtime::quant_brgemm_output_bound (sum_abs = Σ|a|·(|q| + |z|)·|s|; int4
 // offset_abs = Σ|a|·32·|s| for the table-free path's 16 + q codes).
@@ -40,6 +45,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
@@ -86,6 +93,7 @@ const char* groups_name(Groups g) {
 
 struct QCase {
   std::string group;
+  Isa isa = Isa::avx512;  // the registry row: avx512 (Xbyak) or llvm
   Fmt fmt = Fmt::u4;
   int mr = 1, nr = 64;
   int64_t kb = 64;
@@ -94,11 +102,12 @@ struct QCase {
   Activation act = Activation::none;
   DType out = DType::f32;
   Codes codes = Codes::random;
-  int zero = -1;  // u4zp: -1 random 0..16, else every zero point
+  int zero = -1;     // u4zp: -1 random 0..16, else every zero point
+  bool daz = false;  // run with MXCSR's DAZ and FTZ set
 
   BrgemmDesc desc() const {
     BrgemmDesc d;
-    d.isa = Isa::avx512;
+    d.isa = isa;
     d.b_type = fmt == Fmt::fp8 ? DType::f8e4m3 : fmt == Fmt::mx ? DType::f4e2m1 : DType::u4;
     d.b_zeros = fmt == Fmt::u4zp;
     d.b_row_bytes = fmt == Fmt::fp8 ? 128 : 64;
@@ -107,8 +116,10 @@ struct QCase {
     return d;
   }
   std::string str() const {
-    std::string s = fmt::format("{}_{}_m{}n{}k{}_{}_{}", group, fmt_name(fmt), mr, nr, kb,
-                                groups_name(groups), activation_name(act));
+    std::string s =
+        fmt::format("{}{}_{}_m{}n{}k{}_{}_{}", isa == Isa::llvm ? "llvm_" : "", group,
+                    fmt_name(fmt), mr, nr, kb, groups_name(groups), activation_name(act));
+    if (daz) s += "_daz";
     if (bias != BiasKind::none) s += fmt::format("_bias{}", codegen::bias_kind_name(bias));
     if (codes == Codes::all_fp8) s += "_allcodes";
     if (codes == Codes::min) s += "_qmin";
@@ -331,13 +342,22 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
   args.q_scales = d.scales_ptr;
   args.q_zeros = d.zeros_ptr;
   // The kernel's scratch (its f32 copy of A), guarded: it must stay inside.
-  const int64_t scratch = codegen::xbyak::quant_brgemm_scratch_bytes(c.desc());
+  const int64_t scratch =
+      c.isa == Isa::llvm ? 0 : codegen::xbyak::quant_brgemm_scratch_bytes(c.desc());
   std::optional<GuardedBuffer> sbuf;
   if (scratch > 0) {
     sbuf.emplace(static_cast<size_t>(scratch));
     args.q_scratch = sbuf->data();
   }
-  fn(&args);
+  if (c.daz) {
+    // DAZ (bit 6) and FTZ (bit 15): an engine's threads may run so.
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | 0x8040u);
+    fn(&args);
+    _mm_setcsr(saved);
+  } else {
+    fn(&args);
+  }
   return buf;
 }
 
@@ -378,15 +398,16 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
                                        << touched << " elements outside C written" << msg;
 }
 
-bool avx512_runs() {
-  const jit::KernelRow* row = jit::find_row(jit::Family::brgemm, Isa::avx512);
+bool row_runs(Isa isa) {
+  const jit::KernelRow* row = jit::find_row(jit::Family::brgemm, isa);
   return row != nullptr && jit::row_runs_here(*row);
 }
 
 class QuantBrgemm : public ::testing::TestWithParam<QCase> {
  protected:
   void SetUp() override {
-    if (!avx512_runs()) GTEST_SKIP() << "the avx512 brgemm row does not run on this CPU";
+    if (!row_runs(GetParam().isa))
+      GTEST_SKIP() << "the " << isa_name(GetParam().isa) << " brgemm row does not run here";
   }
 };
 
@@ -481,6 +502,44 @@ std::vector<QCase> code_cases() {
   return v;
 }
 
+// The llvm row's share (header): shape_ with nr and kb zipped, the rest whole.
+std::vector<QCase> on_llvm(std::vector<QCase> v) {
+  for (QCase& c : v) c.isa = Isa::llvm;
+  return v;
+}
+std::vector<QCase> llvm_shape_cases() {
+  std::vector<QCase> v;
+  const Groups pats[] = {Groups::constant, Groups::every16, Groups::every32, Groups::every64,
+                         Groups::irregular};
+  const int nrs[] = {1, 15, 16, 17, 33, 64};
+  const int64_t kbs[] = {1, 2, 3, 31, 64, 127, 256, 1000};
+  int i = 0;
+  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
+    for (int mr = 1; mr <= 4; ++mr)
+      for (int t = 0; t < 8; ++t) {
+        QCase c;
+        c.group = "shape";
+        c.isa = Isa::llvm;
+        c.fmt = f, c.mr = mr, c.nr = nrs[(t + mr) % 6], c.kb = kbs[t];
+        c.groups = pats[i++ % 5];
+        c.out = i % 3 == 0 ? DType::bf16 : DType::f32;
+        v.push_back(c);
+      }
+  return v;
+}
+std::vector<QCase> llvm_mxcsr_cases() {
+  std::vector<QCase> v;
+  for (Fmt f : {Fmt::fp8, Fmt::mx, Fmt::u4zp}) {
+    QCase c;
+    c.group = "mxcsr";
+    c.isa = Isa::llvm;
+    c.fmt = f, c.mr = 2, c.kb = 257, c.daz = true;
+    c.codes = f == Fmt::fp8 ? Codes::all_fp8 : Codes::random;
+    v.push_back(c);
+  }
+  return v;
+}
+
 std::string case_name(const ::testing::TestParamInfo<QCase>& info) {
   return info.param.str();
 }
@@ -489,24 +548,36 @@ INSTANTIATE_TEST_SUITE_P(Shape, QuantBrgemm, ::testing::ValuesIn(shape_cases()),
 INSTANTIATE_TEST_SUITE_P(Epilogue, QuantBrgemm, ::testing::ValuesIn(epilogue_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Groups, QuantBrgemm, ::testing::ValuesIn(group_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Codes, QuantBrgemm, ::testing::ValuesIn(code_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(LlvmShape, QuantBrgemm, ::testing::ValuesIn(llvm_shape_cases()),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(LlvmEpilogue, QuantBrgemm, ::testing::ValuesIn(on_llvm(epilogue_cases())),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(LlvmGroups, QuantBrgemm, ::testing::ValuesIn(on_llvm(group_cases())),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(LlvmCodes, QuantBrgemm, ::testing::ValuesIn(on_llvm(code_cases())),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(LlvmMxcsr, QuantBrgemm, ::testing::ValuesIn(llvm_mxcsr_cases()),
+                         case_name);
 
 // A NaN in A row r makes row r NaN and no other.
 TEST(QuantBrgemmNan, RowStaysInItsRow) {
-  if (!avx512_runs()) GTEST_SKIP() << "the avx512 brgemm row does not run on this CPU";
-  for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx}) {
-    QCase c;
-    c.group = "nan";
-    c.fmt = f, c.mr = 4, c.nr = 64, c.kb = 100, c.groups = Groups::every32;
-    QData d = make_data(c);
-    uint16_t* a = const_cast<uint16_t*>(static_cast<const uint16_t*>(d.a_ptr));
-    a[2 * d.lda + 41] = kNan;
-    const std::vector<uint8_t> got = run(d, jit::get(c.desc()).entry<BrgemmFn>());
-    const uint8_t* body = got.data() + kGuard * 4;
-    for (int r = 0; r < c.mr; ++r)
-      for (int j = 0; j < c.nr; ++j)
-        EXPECT_EQ(std::isnan(read_out(body, DType::f32, r * d.ldc + j)), r == 2)
-            << fmt_name(f) << " r " << r << " c " << j;
-  }
+  for (Isa isa : {Isa::avx512, Isa::llvm})
+    for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx}) {
+      if (!row_runs(isa)) continue;
+      QCase c;
+      c.group = "nan";
+      c.isa = isa;
+      c.fmt = f, c.mr = 4, c.nr = 64, c.kb = 100, c.groups = Groups::every32;
+      QData d = make_data(c);
+      uint16_t* a = const_cast<uint16_t*>(static_cast<const uint16_t*>(d.a_ptr));
+      a[2 * d.lda + 41] = kNan;
+      const std::vector<uint8_t> got = run(d, jit::get(c.desc()).entry<BrgemmFn>());
+      const uint8_t* body = got.data() + kGuard * 4;
+      for (int r = 0; r < c.mr; ++r)
+        for (int j = 0; j < c.nr; ++j)
+          EXPECT_EQ(std::isnan(read_out(body, DType::f32, r * d.ldc + j)), r == 2)
+              << fmt_name(f) << " r " << r << " c " << j;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -556,6 +627,15 @@ TEST(QuantBrgemmErrors, RefusedDescriptorsNameTheField) {
   f8.fmt = Fmt::fp8;
   d = f8.desc(), d.b_zeros = true;
   expect_refused(d, "zeros=1 with b=f8e4m3");
+  // The llvm row takes the same descriptors and refuses the same ones.
+  if (row_runs(Isa::llvm)) {
+    d = ok, d.isa = Isa::llvm, d.mr = 5;
+    expect_refused(d, "mr=5");
+    d = ok, d.isa = Isa::llvm, d.b_row_bytes = 256;
+    expect_refused(d, "b_row_bytes=256");
+    d = f8.desc(), d.isa = Isa::llvm, d.b_zeros = true;
+    expect_refused(d, "zeros=1 with b=f8e4m3");
+  }
   BrgemmDesc bf;  // a bf16 kernel with zero points
   bf.b_zeros = true;
   expect_refused(bf, "zeros=1 with b=bf16");
@@ -567,6 +647,8 @@ TEST(QuantBrgemmErrors, NameSaysWhatItIs) {
   EXPECT_EQ(c.desc().name(), "brgemm_avx512_bf16xu4_zp_f32acc_m1n64k4096_bf16out");
   c.fmt = Fmt::fp8, c.out = DType::f32;
   EXPECT_EQ(c.desc().name(), "brgemm_avx512_bf16xf8e4m3_f32acc_m1n64k4096_f32out");
+  c.isa = Isa::llvm;
+  EXPECT_EQ(c.desc().name(), "brgemm_llvm_bf16xf8e4m3_f32acc_m1n64k4096_f32out");
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ for sub in dump run bench cpuinfo llama-layer; do
   ok "$sub --help" "$TJ" "$sub" --help && has "$sub --help" "$OUT" "Usage|Options"
 done
 TILEJIT_CACHE_DIR=$WORK/cache ok "cpuinfo" "$TJ" cpuinfo
-has "cpuinfo: active path" "$OUT" "^active path +(amx|avx512|scalar)"
+has "cpuinfo: active path" "$OUT" "^active path +(amx|avx512|llvm|scalar)"
 has "cpuinfo: threads" "$OUT" "^threads +[0-9]+"
 has "cpuinfo: usable features" "$OUT" "^usable features "
 has "cpuinfo: the registry's brgemm rows" "$OUT" "^  brgemm +avx512 +xbyak +(yes|no) +avx512f avx512bw avx512vl avx512_bf16( avx512_vnni)?$"
@@ -414,6 +414,14 @@ M=(-i "hidden=$G/hidden.npy" -i "w13=$G/w13.npy" -i "w2=$G/w2.npy"
   -i "topk_weights=$G/topk_weights.npy" -i "topk_ids=$G/topk_ids.npy")
 RA=("${R[@]}" -i "k=$G/k.npy" -i "v=$G/v.npy")
 active=$(sed -nE 's/^active path +([a-z0-9]+).*/\1/p' <("$TJ" cpuinfo))
+# The paths this host runs (TILEJIT_ISA caps: a path the CPU lacks falls back,
+# e.g. avx512 on an AVX2-only host runs llvm).
+runnable=""
+for p in amx avx512 llvm scalar; do
+  [ "$(sed -nE 's/^active path +([a-z0-9]+).*/\1/p' <(TILEJIT_ISA=$p "$TJ" cpuinfo))" = "$p" ] &&
+    runnable+=" $p"
+done
+runs_here() { [[ " $runnable " == *" $1 "* ]]; }
 for ex in rope:R attention_causal:A moe_silu:M rope_attention:RA; do
   name=${ex%%:*}
   declare -n args=${ex#*:}
@@ -451,6 +459,7 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq; do
   ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
   has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
   for isa in $active avx512 llvm scalar; do
+    runs_here $isa || continue
     for t in 1 3 64; do
       TILEJIT_ISA=$isa ok "$name: run T=$t --check, TILEJIT_ISA=$isa" "$TJ" run "$tir" --random-inputs 7 --dim T=$t --check
       has "$name: $isa path (T=$t)" "$OUT" "on the $isa path"

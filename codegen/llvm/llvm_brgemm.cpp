@@ -104,6 +104,7 @@ class BrgemmEmitter : public KernelEmitter {
         idot_(idot),
         int8_(idot != IntDot::none),
         vnni_(idot == IntDot::vpdpbusd512 || idot == IntDot::vpdpbusd256),
+        quant_(d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1),
         vm_(b_, kLanes) {
     nz_ = (d.computed_cols() + kLanes - 1) / kLanes;
   }
@@ -115,6 +116,11 @@ class BrgemmEmitter : public KernelEmitter {
   void generate() override {
     sums_ = b_.CreateAlloca(acc_vt(), b_.getInt32(d_.mr * nz_), "sums");
     sums_->setAlignment(llvm::Align(64));
+    if (quant_) {
+      quant_passes();
+      epilogue();
+      return;
+    }
 
     // Column groups of nzg vectors, each with its own pass over K. With 32
     // registers all columns fit in one group (B is loaded once per k-pair for
@@ -370,6 +376,275 @@ class BrgemmEmitter : public KernelEmitter {
     }
   }
 
+  // ---- the fused W4A16 / W8A16 decode kernel (b = u4, f8e4m3, f4e2m1) ------
+  //
+  // Passes over K, one per (column group, row block) (the static lists
+  // below: a pass keeps 2·rows·vectors <16 x float> group sums live, at most
+  // half the register file), each walking the k-pair rows in runs of one
+  // scale group (q_groups[kp]; act-order and odd groups are runs like any
+  // other), then folding the run into sums[row][vector]:
+  //   u4:    acc0 += a_even·q_even, acc1 += a_odd·q_odd (q the nibble, exact
+  //          in f32), Σa += a_even + a_odd;
+  //          fold: sums += s ⊙ ((acc0 + acc1) − z ⊙ Σa)   (z: zeros, or 8)
+  //   e2m1:  the nibbles as f16 bits S<<15 | (q & 7)<<9, i.e. the e2m1 value
+  //          × 2⁻¹⁴ exactly (vcvtph2ps); fold: sums += s ⊙ ((acc0 + acc1)·2¹⁴)
+  //   e4m3:  the code pairs as f16 bits (sext(c) << 7) & 0xBF80, i.e. the
+  //          e4m3 value × 2⁻⁸ exactly (subnormals too: f16 denormals,
+  //          converted exactly whatever MXCSR says), still in the k-pair
+  //          order, so acc0 holds columns 0..7 and acc1 8..15 of a vector as
+  //          (even, odd) lanes multiplied by an [a_even, a_odd] pattern;
+  //          fold: sums += s ⊙ ((even + odd lanes)·2⁸)
+  // No weight is rounded: the bound is runtime::quant_brgemm_output_bound's,
+  // as for the Xbyak kernel. The last, unpaired k of an odd kb is a run of
+  // its own with A's odd half zero (its code partner is padding).
+  struct QuantPass {
+    int j0, nv;    // first column vector, vectors
+    int row0, mb;  // first row, rows
+  };
+
+  std::vector<QuantPass> quant_pass_list() const {
+    // Group sums per pass: 2 per row and vector, each kLanes·32 bits.
+    const int w = std::max(1, (kLanes * 32) / mc_.host.vector_bits);
+    const int cap = std::max(1, mc_.host.vector_regs / 2 / (2 * w));  // rows × vectors
+    int mb = std::min(d_.mr, cap);
+    const int blocks = (d_.mr + mb - 1) / mb;
+    mb = (d_.mr + blocks - 1) / blocks;
+    const int nvg = std::max(1, std::min(nz_, cap / mb));
+    std::vector<QuantPass> passes;
+    for (int j0 = 0; j0 < nz_; j0 += nvg)
+      for (int r0 = 0; r0 < d_.mr; r0 += mb)
+        passes.push_back({j0, std::min(nvg, nz_ - j0), r0, std::min(mb, d_.mr - r0)});
+    return passes;
+  }
+
+  void quant_passes() {
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < nz_; ++j)
+        b_.CreateAlignedStore(llvm::Constant::getNullValue(vm_.f32v()), sums_slot(i64(r), i64(j)),
+                              llvm::Align(64));
+    a_rows_.clear();
+    llvm::Value* a = b_.CreateAlignedLoad(ptr_ty(), arg(TILEJIT_ARG(Args, a)), llvm::Align(8));
+    for (int r = 0; r < d_.mr; ++r)
+      a_rows_.push_back(byte_gep(a, b_.CreateMul(i64(r), arg(TILEJIT_ARG(Args, lda)))));
+    b_ptr_ = b_.CreateAlignedLoad(ptr_ty(), arg(TILEJIT_ARG(Args, b)), llvm::Align(8));
+    const int64_t full = d_.kb / 2;
+    for (const QuantPass& qp : quant_pass_list()) {
+      if (full > 0) quant_runs(qp, full);
+      if (d_.kb % 2 != 0) {
+        // The unpaired last k: one run of its own (a fold is linear, so its
+        // group may repeat the one before).
+        llvm::Value* g = load_group(i64(full));
+        std::vector<llvm::Value*> acc = zero_run(qp);
+        quant_pair(qp, i64(full), /*odd_only=*/true, acc);
+        quant_fold(qp, g, acc);
+      }
+    }
+  }
+
+  llvm::Value* load_group(llvm::Value* kp) {
+    return b_.CreateSExt(
+        invariant_load(b_.getInt32Ty(),
+                       b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, q_groups)), kp), 4),
+        b_.getInt64Ty());
+  }
+
+  // The carried values of one run: acc0, acc1 per (row, vector), then Σa per row (u4).
+  std::vector<llvm::Value*> zero_run(const QuantPass& qp) {
+    std::vector<llvm::Value*> v(size_t(2 * qp.mb * qp.nv),
+                                llvm::Constant::getNullValue(vm_.f32v()));
+    if (d_.b_type == DType::u4)
+      for (int r = 0; r < qp.mb; ++r) v.push_back(llvm::ConstantFP::get(b_.getFloatTy(), 0.0));
+    return v;
+  }
+  size_t qi(const QuantPass& qp, int r, int j, int h) const {
+    return (size_t(r) * qp.nv + j) * 2 + h;
+  }
+
+  // for (kp = 0; kp < full;) { g = groups[kp]; run while groups[kp] == g; fold }
+  void quant_runs(const QuantPass& qp, int64_t full) {
+    llvm::LLVMContext& ctx = b_.getContext();
+    llvm::Function* f = b_.GetInsertBlock()->getParent();
+    llvm::BasicBlock* pre = b_.GetInsertBlock();
+    auto* head = llvm::BasicBlock::Create(ctx, "run", f);
+    auto* body = llvm::BasicBlock::Create(ctx, "run.pair", f);
+    auto* fold = llvm::BasicBlock::Create(ctx, "run.fold", f);
+    auto* exit = llvm::BasicBlock::Create(ctx, "run.end", f);
+    llvm::Type* i64t = b_.getInt64Ty();
+    b_.CreateBr(head);
+
+    b_.SetInsertPoint(head);
+    llvm::PHINode* kp = b_.CreatePHI(i64t, 2, "run.kp");
+    kp->addIncoming(i64(0), pre);
+    llvm::Value* g = load_group(kp);
+    b_.CreateBr(body);
+
+    b_.SetInsertPoint(body);
+    llvm::PHINode* p = b_.CreatePHI(i64t, 2, "run.p");
+    p->addIncoming(kp, head);
+    const std::vector<llvm::Value*> init = zero_run(qp);
+    std::vector<llvm::PHINode*> phis;
+    std::vector<llvm::Value*> acc;
+    for (llvm::Value* v : init) {
+      llvm::PHINode* ph = b_.CreatePHI(v->getType(), 2);
+      ph->addIncoming(v, head);
+      phis.push_back(ph);
+      acc.push_back(ph);
+    }
+    quant_prefetch(qp, p);
+    quant_pair(qp, p, /*odd_only=*/false, acc);
+    llvm::Value* next = b_.CreateAdd(p, i64(1));
+    // groups[min(next, full − 1)]: never read past the table.
+    llvm::Value* more = b_.CreateICmpSLT(next, i64(full));
+    llvm::Value* ng = load_group(b_.CreateSelect(more, next, i64(full - 1)));
+    llvm::Value* same = b_.CreateAnd(more, b_.CreateICmpEQ(ng, g));
+    llvm::BasicBlock* latch = b_.GetInsertBlock();
+    p->addIncoming(next, latch);
+    for (size_t i = 0; i < phis.size(); ++i) phis[i]->addIncoming(acc[i], latch);
+    b_.CreateCondBr(same, body, fold);
+
+    b_.SetInsertPoint(fold);
+    quant_fold(qp, g, acc);
+    kp->addIncoming(next, b_.GetInsertBlock());
+    b_.CreateCondBr(more, head, exit);
+    b_.SetInsertPoint(exit);
+  }
+
+  // The code row of k-pair `kp` streams from DRAM at M = 1: the first pass
+  // pulls the row kPrefetchRows ahead (one line per 64 code bytes).
+  void quant_prefetch(const QuantPass& qp, llvm::Value* kp) {
+    if (qp.j0 != 0 || qp.row0 != 0) return;
+    constexpr int64_t kPrefetchBytes = 4096;
+    const int64_t rb = d_.b_row_bytes;
+    llvm::Value* ahead =
+        byte_gep(b_ptr_, b_.CreateAdd(b_.CreateMul(kp, i64(rb)), i64(kPrefetchBytes)));
+    for (int64_t off = 0; off < rb; off += 64)
+      b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {b_.getPtrTy()},
+                         {byte_gep(ahead, off), b_.getInt32(0), b_.getInt32(2), b_.getInt32(1)});
+  }
+
+  llvm::FixedVectorType* vec(llvm::Type* t, int n) { return llvm::FixedVectorType::get(t, n); }
+
+  // f16 bits (<n x i16>) -> f32, exactly: vcvtph2ps on F16C hosts (fpext),
+  // else VectorMath's integer conversion.
+  llvm::Value* half_to_f32(llvm::Value* h16, int n) {
+    if (mc_.host.f16c)
+      return b_.CreateFPExt(b_.CreateBitCast(h16, vec(b_.getHalfTy(), n)), vec(b_.getFloatTy(), n));
+    VectorMath vmn(b_, static_cast<unsigned>(n));
+    return vmn.f16_to_f32(h16);
+  }
+
+  // Column vector j (16 columns) of k-pair row kp, decoded: (v0, v1) as the
+  // header above lays them out.
+  std::pair<llvm::Value*, llvm::Value*> quant_decode(llvm::Value* kp, int j) {
+    llvm::Type* i8 = b_.getInt8Ty();
+    llvm::Value* row = byte_gep(b_ptr_, b_.CreateMul(kp, i64(d_.b_row_bytes)));
+    if (d_.b_type == DType::f8e4m3) {
+      llvm::Value* c =
+          b_.CreateAlignedLoad(vec(i8, 32), byte_gep(row, i64(32 * j)), llvm::Align(1));
+      llvm::Value* w = b_.CreateSExt(c, vec(b_.getInt16Ty(), 32));
+      llvm::Value* h = b_.CreateAnd(b_.CreateShl(w, llvm::ConstantInt::get(w->getType(), 7)),
+                                    llvm::ConstantInt::get(w->getType(), 0xBF80));
+      std::vector<int> lo, hi;
+      for (int l = 0; l < 16; ++l) lo.push_back(l), hi.push_back(16 + l);
+      return {half_to_f32(b_.CreateShuffleVector(h, lo), 16),
+              half_to_f32(b_.CreateShuffleVector(h, hi), 16)};
+    }
+    llvm::Value* c = b_.CreateZExt(
+        b_.CreateAlignedLoad(vec(i8, 16), byte_gep(row, i64(16 * j)), llvm::Align(1)), vm_.i32v());
+    llvm::Value* q0 = b_.CreateAnd(c, vm_.i32(0xF));
+    llvm::Value* q1 = b_.CreateLShr(c, vm_.i32(4));
+    if (d_.b_type == DType::u4)
+      return {b_.CreateUIToFP(q0, vm_.f32v()), b_.CreateUIToFP(q1, vm_.f32v())};
+    auto e2m1 = [&](llvm::Value* q) {
+      llvm::Value* h = b_.CreateOr(b_.CreateShl(b_.CreateAnd(q, vm_.i32(7)), vm_.i32(9)),
+                                   b_.CreateShl(b_.CreateAnd(q, vm_.i32(8)), vm_.i32(12)));
+      return half_to_f32(b_.CreateTrunc(h, vm_.i16v()), 16);
+    };
+    return {e2m1(q0), e2m1(q1)};
+  }
+
+  // One k-pair row of the pass: decode, multiply-add, Σa.
+  void quant_pair(const QuantPass& qp, llvm::Value* kp, bool odd_only,
+                  std::vector<llvm::Value*>& acc) {
+    std::vector<std::pair<llvm::Value*, llvm::Value*>> v;
+    for (int j = 0; j < qp.nv; ++j) v.push_back(quant_decode(kp, qp.j0 + j));
+    const bool fp8 = d_.b_type == DType::f8e4m3;
+    for (int r = 0; r < qp.mb; ++r) {
+      llvm::Value* pair;
+      if (odd_only)
+        pair = b_.CreateZExt(
+            b_.CreateAlignedLoad(b_.getInt16Ty(),
+                                 byte_gep(a_rows_[size_t(qp.row0 + r)], b_.CreateMul(kp, i64(4))),
+                                 llvm::Align(2)),
+            b_.getInt32Ty());
+      else
+        pair = load_a_pair(qp.row0 + r, kp);
+      llvm::Value* ae = as_float(b_.CreateShl(pair, b_.getInt32(16)));
+      llvm::Value* ao = as_float(b_.CreateAnd(pair, b_.getInt32(0xffff0000u)));
+      llvm::Value *a0, *a1;
+      if (fp8) {
+        // [a_even, a_odd] in every lane pair.
+        std::vector<llvm::Constant*> sh;
+        for (int l = 0; l < kLanes; ++l) sh.push_back(b_.getInt32(l % 2 == 0 ? 16 : 0));
+        llvm::Value* pat = b_.CreateAnd(
+            b_.CreateShl(vm_.splat(pair), llvm::ConstantVector::get(sh)), vm_.i32(0xffff0000u));
+        a0 = a1 = b_.CreateBitCast(pat, vm_.f32v());
+      } else {
+        a0 = vm_.splat(ae);
+        a1 = vm_.splat(ao);
+      }
+      for (int j = 0; j < qp.nv; ++j) {
+        acc[qi(qp, r, j, 0)] = vm_.fma(a0, v[size_t(j)].first, acc[qi(qp, r, j, 0)]);
+        acc[qi(qp, r, j, 1)] = vm_.fma(a1, v[size_t(j)].second, acc[qi(qp, r, j, 1)]);
+      }
+      if (d_.b_type == DType::u4) {
+        const size_t si = size_t(2 * qp.mb * qp.nv + r);
+        acc[si] = b_.CreateFAdd(acc[si], b_.CreateFAdd(ae, ao));
+      }
+    }
+  }
+
+  // sums[row][vector] += s ⊙ d of the run (header above).
+  void quant_fold(const QuantPass& qp, llvm::Value* g, const std::vector<llvm::Value*>& acc) {
+    llvm::Value* grow = b_.CreateMul(g, i64(64));
+    llvm::Value* srow = b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, q_scales)), grow);
+    for (int j = 0; j < qp.nv; ++j) {
+      const int64_t c0 = 16 * int64_t(qp.j0 + j);
+      llvm::Value* s = invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(c0)), 4);
+      llvm::Value* z = nullptr;
+      if (d_.b_type == DType::u4) {
+        z = vm_.f32(8.0f);
+        if (d_.b_zeros)
+          z = b_.CreateUIToFP(b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
+                                                           byte_gep(arg(TILEJIT_ARG(Args, q_zeros)),
+                                                                    b_.CreateAdd(grow, i64(c0))),
+                                                           1),
+                                            vm_.i32v()),
+                              vm_.f32v());
+      }
+      for (int r = 0; r < qp.mb; ++r) {
+        llvm::Value* a0 = acc[qi(qp, r, j, 0)];
+        llvm::Value* a1 = acc[qi(qp, r, j, 1)];
+        llvm::Value* dv;
+        if (d_.b_type == DType::f8e4m3) {
+          std::vector<int> ev, od;
+          for (int l = 0; l < kLanes; ++l) ev.push_back(2 * l), od.push_back(2 * l + 1);
+          dv = b_.CreateFMul(
+              b_.CreateFAdd(b_.CreateShuffleVector(a0, a1, ev), b_.CreateShuffleVector(a0, a1, od)),
+              vm_.f32(256.0f));
+        } else if (d_.b_type == DType::f4e2m1) {
+          dv = b_.CreateFMul(b_.CreateFAdd(a0, a1), vm_.f32(16384.0f));
+        } else {
+          llvm::Value* sa = vm_.splat(acc[size_t(2 * qp.mb * qp.nv + r)]);
+          dv = vm_.fma(b_.CreateFNeg(z), sa, b_.CreateFAdd(a0, a1));
+        }
+        llvm::Value* slot = sums_slot(i64(qp.row0 + r), i64(qp.j0 + j));
+        llvm::Value* cur = b_.CreateAlignedLoad(vm_.f32v(), slot, llvm::Align(64));
+        b_.CreateAlignedStore(vm_.fma(s, dv, cur), slot, llvm::Align(64));
+      }
+    }
+  }
+
   llvm::Value* tail_mask(int lanes) {
     std::vector<llvm::Constant*> m;
     for (int l = 0; l < kLanes; ++l) m.push_back(b_.getInt1(l < lanes));
@@ -492,6 +767,7 @@ class BrgemmEmitter : public KernelEmitter {
   bool dpbf16_;
   IntDot idot_;
   bool int8_, vnni_;
+  bool quant_;  // b = u4, f8e4m3 or f4e2m1: the fused decode kernel (quant_passes)
   VectorMath vm_;
   int nz_ = 1;                 // column vectors of C
   int nzg_ = 1;                // column vectors per group (one pass over K each)
@@ -514,15 +790,30 @@ void check_desc(const BrgemmDesc& d) {
   const bool types_bf16 =
       d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
   const bool types_int8 = int8 && d.b_type == DType::i8 && d.acc_type == DType::i32;
-  if (!types_bf16 && !types_int8)
+  const bool quant =
+      d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1;
+  const bool types_quant = quant && d.a_type == DType::bf16 && d.acc_type == DType::f32;
+  if (!types_bf16 && !types_int8 && !types_quant)
     bad(std::string("a/b/acc types ") + dtype_name(d.a_type) + "/" + dtype_name(d.b_type) + "/" +
-        dtype_name(d.acc_type) + " are not supported (bf16/bf16/f32 or u8/i8/i32)");
+        dtype_name(d.acc_type) +
+        " are not supported (bf16/bf16/f32, u8/i8/i32, or bf16/u4|f8e4m3|f4e2m1/f32)");
+  if (d.b_zeros && d.b_type != DType::u4) bad("zero points (zeros = 1) are for b = u4 only");
+  if (quant) {
+    // The fused decode kernel: one batch item of the whole K, codes rows of
+    // 64 (u4, e2m1) or 128 (e4m3) bytes.
+    if (d.accumulate || d.a_packed) bad("a quantized B takes no acc_in and no packed A");
+    if (d.kb < 1) bad("kb = " + std::to_string(d.kb) + " must be >= 1 with a quantized B");
+    const int64_t row = d.b_type == DType::f8e4m3 ? 128 : 64;
+    if (d.b_row_bytes != row)
+      bad("b_row_bytes = " + std::to_string(d.b_row_bytes) + " must be " + std::to_string(row) +
+          " for b = " + dtype_name(d.b_type));
+  }
   if (int8 && d.kb % 4 != 0)
     bad("kb = " + std::to_string(d.kb) + " is not a multiple of 4 (int8 k-quads)");
   if (d.glu != Glu::none && d.nr > 32)
     bad("a GLU stores nr = " + std::to_string(d.nr) + " > 32 columns");
   const int64_t need = (d.computed_cols() + kLanes - 1) / kLanes * 64;
-  if (d.b_row_bytes < need || d.b_row_bytes % 4 != 0)
+  if (!quant && (d.b_row_bytes < need || d.b_row_bytes % 4 != 0))
     bad("b_row_bytes = " + std::to_string(d.b_row_bytes) +
         " must be a multiple of 4 and at least " + std::to_string(need) + " for " +
         std::to_string(d.computed_cols()) + " columns");
@@ -592,6 +883,13 @@ LlvmKernel compile_llvm_brgemm(const BrgemmDesc& d, const LlvmBrgemmOptions& opt
     std::string name = llvm_brgemm_name(d);
     if (options.dot != BrgemmDot::best) name += idot == IntDot::imul ? "_imul" : "_vpdpbusd";
     return compile_emitter<BrgemmEmitter>(name, options.opt, d, false, idot);
+  }
+  if (d.b_type != DType::bf16) {
+    // The fused quantized decode kernel: f32 FMAs on exact weights.
+    if (options.dot != BrgemmDot::best && options.dot != BrgemmDot::fma)
+      throw Error("compile_llvm_brgemm: the quantized kernel " + llvm_brgemm_name(d) +
+                  " takes dot = best or fma");
+    return compile_emitter<BrgemmEmitter>(llvm_brgemm_name(d), options.opt, d, false, IntDot::none);
   }
   if (options.dot != BrgemmDot::best && options.dot != BrgemmDot::fma &&
       options.dot != BrgemmDot::dpbf16)

@@ -32,9 +32,13 @@ int avx512_brgemm_max_mr(int nz);
 int64_t amx_b_prefetch_bytes(const BrgemmDesc& d);
 
 // Peak-throughput probes for the benchmarks: `void f(int64_t iters)` running
-// iters × 16 independent vdpbf16ps (zmm) or iters × 8 tdpbf16ps on operands
-// held in registers. FLOPs per iteration: see peak_flops_per_iter().
-// op = u8: the int8 probes (tdpbusd, vpdpbusd; "FLOPs" are int8 ops, 2 per product).
+// iters × 8 tdpbf16ps (isa amx) or, for any other isa, the host's best
+// vector dot product on independent accumulators held in registers:
+// vdpbf16ps zmm (AVX512-BF16), else vfmadd231ps zmm (AVX-512) or ymm (AVX2:
+// what the llvm path's widened bf16 kernels run). FLOPs per iteration: see
+// peak_flops_per_iter(). op = u8: the int8 probes (tdpbusd; vpdpbusd zmm with
+// AVX512-VNNI, else vpmaddwd: the i16 products the widened int8 kernels cannot
+// beat); "FLOPs" are int8 ops, 2 per product.
 std::vector<uint8_t> emit_peak_probe(Isa isa, DType op = DType::bf16);
 double peak_flops_per_iter(Isa isa, DType op = DType::bf16);
 

@@ -3,11 +3,36 @@
 #include "codegen/xbyak/amx_tile_config.h"
 #include "codegen/xbyak/emitters.h"
 #include "codegen/xbyak/jit_generator.h"
+#include "runtime/cpu_features.h"
 
 namespace tilejit::codegen::xbyak {
 namespace {
 
 using namespace Xbyak::util;
+using runtime::Feature;
+
+// The vector instruction a non-AMX probe runs: the best dot product of the
+// host (the llvm path runs on any AVX2 host, so the probe must too).
+enum class VecOp { dpbf16, vpdpbusd, fma, vpmaddwd };
+struct VecProbe {
+  VecOp op;
+  bool zmm;
+  int accs;  // independent accumulators (instructions per iteration)
+};
+
+VecProbe vec_probe(bool int8) {
+  const runtime::FeatureSet f = runtime::detected_features();
+  const bool zmm = f.has(Feature::avx512f) && f.has(Feature::avx512bw);
+  // ymm: 12 accumulators + 2 sources of the 16 registers (enough to cover a
+  // 4-cycle latency on 2 ports); zmm: 16 of 32.
+  const int accs = zmm ? 16 : 12;
+  if (int8) {
+    if (zmm && f.has(Feature::avx512_vnni)) return {VecOp::vpdpbusd, true, accs};
+    return {VecOp::vpmaddwd, zmm, accs};
+  }
+  if (zmm && f.has(Feature::avx512_bf16)) return {VecOp::dpbf16, true, accs};
+  return {VecOp::fma, zmm, accs};
+}
 
 class PeakProbe : public JitGenerator {
  public:
@@ -34,15 +59,36 @@ class PeakProbe : public JitGenerator {
       L(done);
       tilerelease();
     } else {
-      for (int i = 0; i < 18; ++i) vpxord(Xbyak::Zmm(i), Xbyak::Zmm(i), Xbyak::Zmm(i));
+      const VecProbe v = vec_probe(int8);
+      auto reg = [&](int i) -> Xbyak::Xmm {
+        if (v.zmm) return Xbyak::Zmm(i);
+        return Xbyak::Ymm(i);
+      };
+      const int src0 = v.accs, src1 = v.accs + 1;
+      for (int i = 0; i < v.accs + 2; ++i) {
+        if (v.zmm)
+          vpxord(Xbyak::Zmm(i), Xbyak::Zmm(i), Xbyak::Zmm(i));
+        else
+          vpxor(Xbyak::Ymm(i), Xbyak::Ymm(i), Xbyak::Ymm(i));
+      }
       test(rdi, rdi);
       jle(done, T_NEAR);
       L(loop);
-      for (int i = 0; i < 16; ++i) {
-        if (int8)
-          vpdpbusd(Xbyak::Zmm(i), zmm16, zmm17);
-        else
-          vdpbf16ps(Xbyak::Zmm(i), zmm16, zmm17);
+      for (int i = 0; i < v.accs; ++i) {
+        switch (v.op) {
+          case VecOp::dpbf16:
+            vdpbf16ps(reg(i), reg(src0), reg(src1));
+            break;
+          case VecOp::vpdpbusd:
+            vpdpbusd(reg(i), reg(src0), reg(src1), Xbyak::EvexEncoding);
+            break;
+          case VecOp::fma:
+            vfmadd231ps(reg(i), reg(src0), reg(src1));
+            break;
+          case VecOp::vpmaddwd:
+            vpmaddwd(reg(i), reg(src0), reg(src1));
+            break;
+        }
       }
       dec(rdi);
       jnz(loop);
@@ -110,10 +156,14 @@ std::vector<uint8_t> emit_peak_probe(Isa isa, DType op) {
 
 double peak_flops_per_iter(Isa isa, DType op) {
   // tdpbf16ps: 16×16 outputs × 32 products × 2 FLOPs; 8 per iteration.
-  // vdpbf16ps zmm: 16 lanes × 2 products × 2 FLOPs; 16 per iteration.
-  // The int8 ones (tdpbusd, vpdpbusd) take 4 bytes per VNNI group: twice the products.
-  const double products = op == DType::u8 ? 2 : 1;
-  return products * (isa == Isa::amx ? 8.0 * 16 * 16 * 32 * 2 : 16.0 * 16 * 2 * 2);
+  // The int8 tdpbusd takes 4 bytes per VNNI group: twice the products.
+  if (isa == Isa::amx) return (op == DType::u8 ? 2 : 1) * 8.0 * 16 * 16 * 32 * 2;
+  // Vector probes: accs instructions of lanes 32-bit lanes, each lane
+  // vdpbf16ps / vpmaddwd 2 products, vpdpbusd 4, vfmadd231ps 1; 2 ops each.
+  const VecProbe v = vec_probe(op == DType::u8);
+  const double lanes = v.zmm ? 16 : 8;
+  const double products = v.op == VecOp::vpdpbusd ? 4 : v.op == VecOp::fma ? 1 : 2;
+  return v.accs * lanes * products * 2;
 }
 
 }  // namespace tilejit::codegen::xbyak
