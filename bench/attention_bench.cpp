@@ -487,7 +487,8 @@ double dram_gbs(int threads) {
 }
 
 void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!tilejit::cpu_info().avx512f) return skip(state, "the streaming probe needs AVX-512F");
+  if (!tilejit::bench::stream_read_usable())
+    return skip(state, "the streaming probe needs AVX-512F or AVX2");
   const int threads = static_cast<int>(state.range(0));
   const Mapping& b = dram_buffer();
   for (auto _ : state) benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));

@@ -243,7 +243,7 @@ const DramBuffer& dram_buffer(bool huge) {
 }
 
 bool dram_probe_usable() {
-  return tilejit::cpu_info().avx512f;
+  return tilejit::bench::stream_read_usable();
 }
 
 struct DramRate {
@@ -280,7 +280,7 @@ DramRefs measure_dram_refs(int threads) {
 // whose weights are read once per call from L3.
 void BM_L3ReadBandwidth(benchmark::State& state) {
   if (!dram_probe_usable()) {
-    state.SkipWithError("the streaming probe needs AVX-512F");
+    state.SkipWithError("the streaming probe needs AVX-512F or AVX2");
     for (auto _ : state) {
     }
     return;
@@ -300,7 +300,7 @@ void BM_L3ReadBandwidth(benchmark::State& state) {
 
 void BM_DramReadBandwidth(benchmark::State& state) {
   if (!dram_probe_usable()) {
-    state.SkipWithError("the streaming probe needs AVX-512F");
+    state.SkipWithError("the streaming probe needs AVX-512F or AVX2");
     for (auto _ : state) {
     }
     return;

@@ -440,7 +440,8 @@ void BM_QuantExperts(benchmark::State& state, LayerShape s, QFormat f) {
 }
 
 void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!tilejit::cpu_info().avx512f) return skip(state, "the streaming probe needs AVX-512F");
+  if (!tilejit::bench::stream_read_usable())
+    return skip(state, "the streaming probe needs AVX-512F or AVX2");
   const int threads = static_cast<int>(state.range(0));
   DramRate r;
   for (auto _ : state) r = measure_dram(threads);  // one measurement per repetition

@@ -345,7 +345,7 @@ const DramBuffer& dram_buffer(bool huge) {
   return *b[huge];
 }
 bool dram_probe_usable() {
-  return tilejit::cpu_info().avx512f;
+  return tilejit::bench::stream_read_usable();
 }
 
 struct DramRate {
@@ -374,7 +374,7 @@ DramRefs measure_dram_refs(int threads) {
 }
 
 void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!dram_probe_usable()) return skip(state, "the streaming probe needs AVX-512F");
+  if (!dram_probe_usable()) return skip(state, "the streaming probe needs AVX-512F or AVX2");
   const int threads = static_cast<int>(state.range(0));
   const DramBuffer& b = dram_buffer(state.range(1) != 0);
   const Meter t(threads);

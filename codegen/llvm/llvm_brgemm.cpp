@@ -379,15 +379,15 @@ class BrgemmEmitter : public KernelEmitter {
   // ---- the fused W4A16 / W8A16 decode kernel (b = u4, f8e4m3, f4e2m1) ------
   //
   // Passes over K, one per (column group, row block) (the static lists
-  // below: a pass keeps 2·rows·vectors <16 x float> group sums live, at most
-  // half the register file), each walking the k-pair rows in runs of one
+  // below: a pass keeps quant_sums()·rows·vectors <16 x float> group sums
+  // live, at most half the register file), each walking the k-pair rows in runs of one
   // scale group (q_groups[kp]; act-order and odd groups are runs like any
   // other), then folding the run into sums[row][vector]:
-  //   u4:    acc0 += a_even·q_even, acc1 += a_odd·q_odd (q the nibble, exact
-  //          in f32), Σa += a_even + a_odd;
-  //          fold: sums += s ⊙ ((acc0 + acc1) − z ⊙ Σa)   (z: zeros, or 8)
+  //   u4:    acc += a_even·q_even, then acc += a_odd·q_odd (q the nibble,
+  //          exact in f32), Σa += a_even + a_odd;
+  //          fold: sums += s ⊙ (acc − z ⊙ Σa)   (z: zeros, or 8)
   //   e2m1:  the nibbles as f16 bits S<<15 | (q & 7)<<9, i.e. the e2m1 value
-  //          × 2⁻¹⁴ exactly (vcvtph2ps); fold: sums += s ⊙ ((acc0 + acc1)·2¹⁴)
+  //          × 2⁻¹⁴ exactly (vcvtph2ps), into acc as u4; fold: sums += s ⊙ (acc·2¹⁴)
   //   e4m3:  the code pairs as f16 bits (sext(c) << 7) & 0xBF80, i.e. the
   //          e4m3 value × 2⁻⁸ exactly (subnormals too: f16 denormals,
   //          converted exactly whatever MXCSR says), still in the k-pair
@@ -403,9 +403,9 @@ class BrgemmEmitter : public KernelEmitter {
   };
 
   std::vector<QuantPass> quant_pass_list() const {
-    // Group sums per pass: 2 per row and vector, each kLanes·32 bits.
+    // Group sums per pass: quant_sums() per row and vector, each kLanes·32 bits.
     const int w = std::max(1, (kLanes * 32) / mc_.host.vector_bits);
-    const int cap = std::max(1, mc_.host.vector_regs / 2 / (2 * w));  // rows × vectors
+    const int cap = std::max(1, mc_.host.vector_regs / 2 / (quant_sums() * w));  // rows × vectors
     int mb = std::min(d_.mr, cap);
     const int blocks = (d_.mr + mb - 1) / mb;
     mb = (d_.mr + blocks - 1) / blocks;
@@ -440,6 +440,12 @@ class BrgemmEmitter : public KernelEmitter {
       }
     }
   }
+
+  // Group sums per (row, column vector): e4m3 keeps columns 0..7 and 8..15
+  // of a vector apart (2); u4 / e2m1 add the even and the odd products into
+  // one (2 dependent FMAs per k-pair: with 8 such chains in a pass the FMA
+  // ports, not the latency, bound it), so a row's 64 columns fit one AVX2 pass.
+  int quant_sums() const { return d_.b_type == DType::f8e4m3 ? 2 : 1; }
 
   llvm::Value* load_group(llvm::Value* kp) {
     return b_.CreateSExt(
@@ -594,8 +600,9 @@ class BrgemmEmitter : public KernelEmitter {
         a1 = vm_.splat(ao);
       }
       for (int j = 0; j < qp.nv; ++j) {
-        acc[qi(qp, r, j, 0)] = vm_.fma(a0, v[size_t(j)].first, acc[qi(qp, r, j, 0)]);
-        acc[qi(qp, r, j, 1)] = vm_.fma(a1, v[size_t(j)].second, acc[qi(qp, r, j, 1)]);
+        const size_t i0 = qi(qp, r, j, 0), i1 = quant_sums() == 2 ? qi(qp, r, j, 1) : i0;
+        acc[i0] = vm_.fma(a0, v[size_t(j)].first, acc[i0]);
+        acc[i1] = vm_.fma(a1, v[size_t(j)].second, acc[i1]);
       }
       if (d_.b_type == DType::u4) {
         const size_t si = size_t(2 * qp.mb * qp.nv + r);
@@ -624,7 +631,7 @@ class BrgemmEmitter : public KernelEmitter {
       }
       for (int r = 0; r < qp.mb; ++r) {
         llvm::Value* a0 = acc[qi(qp, r, j, 0)];
-        llvm::Value* a1 = acc[qi(qp, r, j, 1)];
+        llvm::Value* a1 = acc[qi(qp, r, j, 1)];  // e4m3 only (else the unused zero)
         llvm::Value* dv;
         if (d_.b_type == DType::f8e4m3) {
           std::vector<int> ev, od;
@@ -633,10 +640,10 @@ class BrgemmEmitter : public KernelEmitter {
               b_.CreateFAdd(b_.CreateShuffleVector(a0, a1, ev), b_.CreateShuffleVector(a0, a1, od)),
               vm_.f32(256.0f));
         } else if (d_.b_type == DType::f4e2m1) {
-          dv = b_.CreateFMul(b_.CreateFAdd(a0, a1), vm_.f32(16384.0f));
+          dv = b_.CreateFMul(a0, vm_.f32(16384.0f));
         } else {
           llvm::Value* sa = vm_.splat(acc[size_t(2 * qp.mb * qp.nv + r)]);
-          dv = vm_.fma(b_.CreateFNeg(z), sa, b_.CreateFAdd(a0, a1));
+          dv = vm_.fma(b_.CreateFNeg(z), sa, a0);
         }
         llvm::Value* slot = sums_slot(i64(qp.row0 + r), i64(qp.j0 + j));
         llvm::Value* cur = b_.CreateAlignedLoad(vm_.f32v(), slot, llvm::Align(64));
