@@ -386,16 +386,15 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
   return quant_gemm_spec(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m);
 }
 
-codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m, Isa path) {
-  const QuantTables& q = *p.quant;
+codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
+                                     const codegen::GemmSpec& spec, int64_t m, Isa path) {
   codegen::BrgemmDesc d;
   d.isa = path == Isa::llvm ? Isa::llvm : Isa::avx512;
-  d.b_type = p.dtype;  // f8e4m3, u4 or f4e2m1
-  d.b_zeros = q.zeros != nullptr;
+  d.b_type = code;  // f8e4m3, u4 or f4e2m1
+  d.b_zeros = zeros;
   d.mr = static_cast<int>(m);
-  d.kb = q.k_packed;
-  d.b_row_bytes = q.code_row_bytes;
+  d.kb = k_packed;
+  d.b_row_bytes = code == DType::f8e4m3 ? 128 : 64;  // a k-pair row of codes
   d.bias = spec.bias;
   d.act = spec.act;
   d.out = spec.out;
@@ -404,6 +403,12 @@ codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen:
   d.glu_limit = spec.glu_limit;
   if (d.glu != codegen::Glu::none) d.nr = 32;
   return d;
+}
+
+codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
+                                     int64_t m, Isa path) {
+  const QuantTables& q = *p.quant;
+  return quant_fused_desc(p.dtype, q.zeros != nullptr, q.k_packed, spec, m, path);
 }
 
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {

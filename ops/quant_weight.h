@@ -68,6 +68,11 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec
 // GLU) and the spec's epilogue; the N tail sets nr.
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
                                      int64_t m, Isa path);
+// The same from the weight's code type (f8e4m3, u4 or f4e2m1), whether it
+// has zero points and its packed K (QuantTables::k_packed): what
+// `tilejit dump` shows for a program's quantized gemm at m <= 4.
+codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
+                                     const codegen::GemmSpec& spec, int64_t m, Isa path);
 // The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 

@@ -195,6 +195,13 @@ for tir in "${examples[@]}"; do
     ok "$name: dump --stage asm --isa llvm" "$TJ" dump "$tir" --stage asm --isa llvm "${dims[@]}"
     has "$name: llvm brgemm asm" "$OUT" "^; kernel brgemm_llvm_${acc}_m[0-9]+n[0-9]+k[0-9]+[a-z0-9_]*  \\([0-9]+ bytes\\)"
     has "$name: llvm helper asm" "$OUT" "^; kernel ${helper}_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+    if [ $kind = dequant ]; then
+      # M <= 4: the fused decode kernel instead of the dequant route.
+      ok "$name: dump --stage plan --isa llvm (M=2)" "$TJ" dump "$tir" --stage plan --isa llvm --dim M=2
+      has "$name: fused kernel named (llvm, M=2)" "$OUT" "^  fused +brgemm_llvm_bf16x(u4|f8e4m3)[a-z0-9_]*_m2n64k[0-9]+"
+      ok "$name: dump --stage asm --isa llvm (M=2)" "$TJ" dump "$tir" --stage asm --isa llvm --dim M=2
+      has "$name: fused kernel asm (llvm, M=2)" "$OUT" "^; kernel brgemm_llvm_bf16x(u4|f8e4m3)[a-z0-9_]*_m2n64k[0-9]+"
+    fi
     ok "$name: dump --stage plan --isa scalar" "$TJ" dump "$tir" --stage plan --isa scalar
     has "$name: scalar plan" "$OUT" "^  kernel +none \\(the scalar path computes from the logical weights in double\\)"
     ok "$name: dump --stage asm --isa scalar" "$TJ" dump "$tir" --stage asm --isa scalar

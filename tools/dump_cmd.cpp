@@ -148,8 +148,20 @@ const jit::Kernel& quant_kernel_code(const QuantKernel& q) {
   return q.dequant ? jit::get(*q.dequant) : jit::get(*q.act_quant);
 }
 
+// The fused decode kernel an fp8 / int4 gemm of m rows runs instead of the
+// dequant route (ops::quant_gemm_fused's rule; K taken as the packed K).
+std::optional<codegen::BrgemmDesc> fused_kernel(const GemmProgram& p, Isa isa,
+                                                std::optional<int64_t> m) {
+  if (!p.quantized() || p.format == WeightFormat::int8 || !m) return std::nullopt;
+  const Isa run = codegen::gemm_isa_for_rows(isa, *m);
+  if (!ops::quant_gemm_fused(run, *m)) return std::nullopt;
+  return ops::quant_fused_desc(p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4,
+                               p.zero >= 0, p.spec.k, p.spec, *m, run);
+}
+
 // How the weight of a quantized program is packed and run.
-void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa) {
+void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
+                      std::optional<int64_t> m) {
   const ir::Value& w = f.value(p.w);
   const char* api = p.format == WeightFormat::int8       ? "Int8Weight"
                     : p.format == WeightFormat::fp8_e4m3 ? "Fp8Weight"
@@ -172,6 +184,12 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa) {
   else
     fmt::print(
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
+  if (const auto fd = fused_kernel(p, isa, m))
+    fmt::print(
+        "  fused        {} (M = {} <= 4: this decode kernel reads the codes and group tables "
+        "itself, one call per 64-column block over the whole K, instead of the dequant route "
+        "above)\n",
+        fd->name(), *m);
 }
 
 // Every kernel is compiled through the registry and disassembled from
@@ -350,7 +368,7 @@ int run_dump(const DumpOptions& opt) {
   if (all || opt.stage == "plan") {
     header("plan");
     print_plan(f, prog, plan, m);
-    if (prog.quantized()) print_quant_plan(f, prog, isa);
+    if (prog.quantized()) print_quant_plan(f, prog, isa, m);
   }
   if (all || opt.stage == "key") {
     header("key");
@@ -358,6 +376,8 @@ int run_dump(const DumpOptions& opt) {
     if (qk)
       fmt::print("{}  {}\n{}  {}\n", qk->dequant ? "dequant  " : "act_quant",
                  quant_kernel_name(*qk), std::string(9, ' '), quant_kernel_key(*qk));
+    if (const auto fd = fused_kernel(prog, isa, m))
+      fmt::print("fused      {}\n           {}\n", fd->name(), jit::cache_key(*fd));
   }
   if (all || opt.stage == "asm") {
     header("asm");
@@ -365,6 +385,10 @@ int run_dump(const DumpOptions& opt) {
     if (qk)
       print_kernel_asm(quant_kernel_code(*qk),
                        fmt::format("{}: {}", qk->role, quant_kernel_key(*qk)), opt.syntax);
+    if (const auto fd = fused_kernel(prog, isa, m))
+      print_kernel_asm(jit::get(*fd),
+                       fmt::format("the fused decode kernel (M <= 4): {}", jit::cache_key(*fd)),
+                       opt.syntax);
   }
   return 0;
 }
