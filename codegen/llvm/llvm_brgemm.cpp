@@ -383,8 +383,9 @@ class BrgemmEmitter : public KernelEmitter {
   // live, at most half the register file), each walking the k-pair rows in runs of one
   // scale group (q_groups[kp]; act-order and odd groups are runs like any
   // other), then folding the run into sums[row][vector]:
-  //   u4:    acc += a_even·q_even, then acc += a_odd·q_odd (q the nibble,
-  //          exact in f32), Σa += a_even + a_odd;
+  //   u4:    in nibble planes (below): acc_j += a_even·q_even, then
+  //          acc_j += a_odd·q_odd (q the nibble, exact in f32, ×256 in
+  //          planes 1, 3), Σa += a_even + a_odd;
   //          fold: sums += s ⊙ (acc − z ⊙ Σa)   (z: zeros, or 8)
   //   e2m1:  the nibbles as f16 bits S<<15 | (q & 7)<<9, i.e. the e2m1 value
   //          × 2⁻¹⁴ exactly (vcvtph2ps), into acc as u4; fold: sums += s ⊙ (acc·2¹⁴)
@@ -406,6 +407,14 @@ class BrgemmEmitter : public KernelEmitter {
     // Group sums per pass: quant_sums() per row and vector, each kLanes·32 bits.
     const int w = std::max(1, (kLanes * 32) / mc_.host.vector_bits);
     const int cap = std::max(1, mc_.host.vector_regs / 2 / (quant_sums() * w));  // rows × vectors
+    if (planes()) {
+      // All 64 columns (4 nibble planes) of mb rows per pass.
+      const int mbp = std::max(1, std::min(d_.mr, cap / 4));
+      std::vector<QuantPass> passes;
+      for (int r0 = 0; r0 < d_.mr; r0 += mbp)
+        passes.push_back({0, 4, r0, std::min(mbp, d_.mr - r0)});
+      return passes;
+    }
     int mb = std::min(d_.mr, cap);
     const int blocks = (d_.mr + mb - 1) / mb;
     mb = (d_.mr + blocks - 1) / blocks;
@@ -418,9 +427,13 @@ class BrgemmEmitter : public KernelEmitter {
   }
 
   void quant_passes() {
+    if (planes()) {
+      planes_ = b_.CreateAlloca(vm_.f32v(), b_.getInt32(d_.mr * 4), "planes");
+      planes_->setAlignment(llvm::Align(64));
+    }
     for (int r = 0; r < d_.mr; ++r)
-      for (int j = 0; j < nz_; ++j)
-        b_.CreateAlignedStore(llvm::Constant::getNullValue(vm_.f32v()), sums_slot(i64(r), i64(j)),
+      for (int j = 0; j < (planes() ? 4 : nz_); ++j)
+        b_.CreateAlignedStore(llvm::Constant::getNullValue(vm_.f32v()), quant_slot(r, j),
                               llvm::Align(64));
     a_rows_.clear();
     llvm::Value* a = b_.CreateAlignedLoad(ptr_ty(), arg(TILEJIT_ARG(Args, a)), llvm::Align(8));
@@ -439,6 +452,78 @@ class BrgemmEmitter : public KernelEmitter {
         quant_fold(qp, g, acc);
       }
     }
+    if (planes()) unpermute_planes();
+  }
+
+  // ---- u4 in nibble planes ---------------------------------------------------
+  //
+  // A k-pair row of u4 codes is 64 bytes, one per column (low nibble even k);
+  // read as <16 x i32>, lane l holds columns 4l .. 4l + 3. Plane j (0..3)
+  // is column 4l + j of every lane: its even nibble is bits 8j..8j+3, its
+  // odd one 8j+4..8j+7. Masks and three shifts (x >> 4, >> 16, >> 20) put
+  // each at bit 0 (planes 0, 2) or 8 (planes 1, 3), vcvtdq2ps makes it exact
+  // f32 (q or 256·q), so a row's 128 weights cost one load, 3 shifts, 8 ands,
+  // 8 conversions and 8 FMAs per <16 x float>, with no byte widening (on
+  // AVX2 the shuffle ports bounded the widened form: llvm-mca, znver3). Plane
+  // sums go to planes_[row][j]; the fold takes the scales and zero points of
+  // the plane's columns (a stride-4 shuffle, once per run) and 2⁻⁸ for planes
+  // 1 and 3 (exact); unpermute_planes() puts the columns back in order for
+  // the epilogue. The 256·q terms leave the f32 range 2⁸ earlier than q·a
+  // would (|a| ≳ 2¹⁰⁴).
+  bool planes() const { return d_.b_type == DType::u4; }
+
+  // Where the fold accumulates: planes_[row][j] (u4) or sums[row][vector j].
+  llvm::Value* quant_slot(int r, int j) {
+    if (planes()) return b_.CreateGEP(vm_.f32v(), planes_, i64(int64_t(r) * 4 + j));
+    return sums_slot(i64(r), i64(j));
+  }
+
+  // The 16 lanes 4l + j of a 64-lane vector (v0..v3 concatenated).
+  llvm::Value* plane_lanes(const std::vector<llvm::Value*>& v, int j) {
+    llvm::Value* lo = b_.CreateShuffleVector(v[0], v[1], iota_mask(0, 32));
+    llvm::Value* hi = b_.CreateShuffleVector(v[2], v[3], iota_mask(0, 32));
+    llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
+    std::vector<int> m;
+    for (int l = 0; l < kLanes; ++l) m.push_back(4 * l + j);
+    return b_.CreateShuffleVector(all, m);
+  }
+  static std::vector<int> iota_mask(int start, int n) {
+    std::vector<int> m;
+    for (int i = 0; i < n; ++i) m.push_back(start + i);
+    return m;
+  }
+
+  // sums[row][v] lane c = column 16v + c = plane (c % 4), lane 4v + c / 4.
+  void unpermute_planes() {
+    for (int r = 0; r < d_.mr; ++r) {
+      std::vector<llvm::Value*> p;
+      for (int j = 0; j < 4; ++j)
+        p.push_back(b_.CreateAlignedLoad(vm_.f32v(), quant_slot(r, j), llvm::Align(64)));
+      llvm::Value* lo = b_.CreateShuffleVector(p[0], p[1], iota_mask(0, 32));
+      llvm::Value* hi = b_.CreateShuffleVector(p[2], p[3], iota_mask(0, 32));
+      llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
+      for (int v = 0; v < nz_; ++v) {
+        std::vector<int> m;
+        for (int c = 0; c < kLanes; ++c) m.push_back((c % 4) * kLanes + 4 * v + c / 4);
+        b_.CreateAlignedStore(b_.CreateShuffleVector(all, m), sums_slot(i64(r), i64(v)),
+                              llvm::Align(64));
+      }
+    }
+  }
+
+  // The 8 plane vectors (even j, odd j for j = 0..3) of k-pair row kp, as
+  // exact f32 (q for planes 0, 2; 256·q for planes 1, 3).
+  std::vector<llvm::Value*> plane_decode(llvm::Value* kp) {
+    llvm::Value* row = byte_gep(b_ptr_, b_.CreateMul(kp, i64(d_.b_row_bytes)));
+    llvm::Value* x = b_.CreateAlignedLoad(vm_.i32v(), row, llvm::Align(4));
+    llvm::Value* x4 = b_.CreateLShr(x, vm_.i32(4));
+    llvm::Value* x16 = b_.CreateLShr(x, vm_.i32(16));
+    llvm::Value* x20 = b_.CreateLShr(x, vm_.i32(20));
+    auto f = [&](llvm::Value* v, uint32_t mask) {
+      return b_.CreateSIToFP(b_.CreateAnd(v, vm_.i32(mask)), vm_.f32v());
+    };
+    return {f(x, 0xF),   f(x4, 0xF),  f(x, 0xF00),   f(x4, 0xF00),
+            f(x16, 0xF), f(x20, 0xF), f(x16, 0xF00), f(x20, 0xF00)};
   }
 
   // Group sums per (row, column vector): e4m3 keeps columns 0..7 and 8..15
@@ -573,7 +658,12 @@ class BrgemmEmitter : public KernelEmitter {
   void quant_pair(const QuantPass& qp, llvm::Value* kp, bool odd_only,
                   std::vector<llvm::Value*>& acc) {
     std::vector<std::pair<llvm::Value*, llvm::Value*>> v;
-    for (int j = 0; j < qp.nv; ++j) v.push_back(quant_decode(kp, qp.j0 + j));
+    if (planes()) {
+      const std::vector<llvm::Value*> pl = plane_decode(kp);
+      for (int j = 0; j < 4; ++j) v.push_back({pl[size_t(2 * j)], pl[size_t(2 * j + 1)]});
+    } else {
+      for (int j = 0; j < qp.nv; ++j) v.push_back(quant_decode(kp, qp.j0 + j));
+    }
     const bool fp8 = d_.b_type == DType::f8e4m3;
     for (int r = 0; r < qp.mb; ++r) {
       llvm::Value* pair;
@@ -615,11 +705,31 @@ class BrgemmEmitter : public KernelEmitter {
   void quant_fold(const QuantPass& qp, llvm::Value* g, const std::vector<llvm::Value*>& acc) {
     llvm::Value* grow = b_.CreateMul(g, i64(64));
     llvm::Value* srow = b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, q_scales)), grow);
+    std::vector<llvm::Value*> s_all, z_all;
+    if (planes()) {
+      for (int v = 0; v < 4; ++v) {
+        s_all.push_back(
+            invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(16 * v)), 4));
+        z_all.push_back(
+            d_.b_zeros ? b_.CreateUIToFP(
+                             b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
+                                                          byte_gep(arg(TILEJIT_ARG(Args, q_zeros)),
+                                                                   b_.CreateAdd(grow, i64(16 * v))),
+                                                          1),
+                                           vm_.i32v()),
+                             vm_.f32v())
+                       : vm_.f32(8.0f));
+      }
+    }
     for (int j = 0; j < qp.nv; ++j) {
       const int64_t c0 = 16 * int64_t(qp.j0 + j);
-      llvm::Value* s = invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(c0)), 4);
+      llvm::Value* s =
+          planes() ? plane_lanes(s_all, j)
+                   : invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(c0)), 4);
       llvm::Value* z = nullptr;
-      if (d_.b_type == DType::u4) {
+      if (planes()) {
+        z = plane_lanes(z_all, j);
+      } else if (d_.b_type == DType::u4) {
         z = vm_.f32(8.0f);
         if (d_.b_zeros)
           z = b_.CreateUIToFP(b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
@@ -643,9 +753,11 @@ class BrgemmEmitter : public KernelEmitter {
           dv = b_.CreateFMul(a0, vm_.f32(16384.0f));
         } else {
           llvm::Value* sa = vm_.splat(acc[size_t(2 * qp.mb * qp.nv + r)]);
+          // Planes 1 and 3 hold 256·q (exact ×2⁻⁸).
+          if (planes() && j % 2 == 1) a0 = b_.CreateFMul(a0, vm_.f32(0x1p-8f));
           dv = vm_.fma(b_.CreateFNeg(z), sa, a0);
         }
-        llvm::Value* slot = sums_slot(i64(qp.row0 + r), i64(qp.j0 + j));
+        llvm::Value* slot = quant_slot(qp.row0 + r, qp.j0 + j);
         llvm::Value* cur = b_.CreateAlignedLoad(vm_.f32v(), slot, llvm::Align(64));
         b_.CreateAlignedStore(vm_.fma(s, dv, cur), slot, llvm::Align(64));
       }
@@ -783,6 +895,7 @@ class BrgemmEmitter : public KernelEmitter {
   int unroll_ = 2;
   llvm::Value* b_ptr_ = nullptr;
   llvm::AllocaInst* sums_ = nullptr;
+  llvm::AllocaInst* planes_ = nullptr;  // u4 fused kernel: [mr][4 planes]
   std::vector<llvm::Value*> a_rows_;
 };
 
