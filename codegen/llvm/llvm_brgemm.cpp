@@ -379,7 +379,7 @@ class BrgemmEmitter : public KernelEmitter {
   // ---- the fused W4A16 / W8A16 decode kernel (b = u4, f8e4m3, f4e2m1) ------
   //
   // Passes over K, one per (column group, row block) (the static lists
-  // below: a pass keeps quant_sums()·rows·vectors <16 x float> group sums
+  // below: a pass keeps rows·vectors <16 x float> group sums
   // live, at most half the register file), each walking the k-pair rows in runs of one
   // scale group (q_groups[kp]; act-order and odd groups are runs like any
   // other), then folding the run into sums[row][vector]:
@@ -389,12 +389,11 @@ class BrgemmEmitter : public KernelEmitter {
   //          fold: sums += s ⊙ (acc − z ⊙ Σa)   (z: zeros, or 8)
   //   e2m1:  the nibbles as f16 bits S<<15 | (q & 7)<<9, i.e. the e2m1 value
   //          × 2⁻¹⁴ exactly (vcvtph2ps), into acc as u4; fold: sums += s ⊙ (acc·2¹⁴)
-  //   e4m3:  the code pairs as f16 bits (sext(c) << 7) & 0xBF80, i.e. the
-  //          e4m3 value × 2⁻⁸ exactly (subnormals too: f16 denormals,
-  //          converted exactly whatever MXCSR says), still in the k-pair
-  //          order, so acc0 holds columns 0..7 and acc1 8..15 of a vector as
-  //          (even, odd) lanes multiplied by an [a_even, a_odd] pattern;
-  //          fold: sums += s ⊙ ((even + odd lanes)·2⁸)
+  //   e4m3:  a column's code pair read as one i16, each code made f16 bits
+  //          S 0 EEEE MMM 0000000 (even: (w << 8) >>ₐ 1, odd: w >>ₐ 1, then
+  //          & 0xBF80), i.e. the e4m3 value × 2⁻⁸ exactly (subnormals too:
+  //          f16 denormals, converted exactly whatever MXCSR says), into acc
+  //          as u4; fold: sums += s ⊙ (acc·2⁸)
   // No weight is rounded: the bound is runtime::quant_brgemm_output_bound's,
   // as for the Xbyak kernel. The last, unpaired k of an odd kb is a run of
   // its own with A's odd half zero (its code partner is padding).
@@ -404,9 +403,9 @@ class BrgemmEmitter : public KernelEmitter {
   };
 
   std::vector<QuantPass> quant_pass_list() const {
-    // Group sums per pass: quant_sums() per row and vector, each kLanes·32 bits.
+    // Group sums per pass: one per row and vector, each kLanes·32 bits.
     const int w = std::max(1, (kLanes * 32) / mc_.host.vector_bits);
-    const int cap = std::max(1, mc_.host.vector_regs / 2 / (quant_sums() * w));  // rows × vectors
+    const int cap = std::max(1, mc_.host.vector_regs / 2 / w);  // rows × vectors
     if (planes()) {
       // All 64 columns (4 nibble planes) of mb rows per pass.
       const int mbp = std::max(1, std::min(d_.mr, cap / 4));
@@ -526,12 +525,6 @@ class BrgemmEmitter : public KernelEmitter {
             f(x16, 0xF), f(x20, 0xF), f(x16, 0xF00), f(x20, 0xF00)};
   }
 
-  // Group sums per (row, column vector): e4m3 keeps columns 0..7 and 8..15
-  // of a vector apart (2); u4 / e2m1 add the even and the odd products into
-  // one (2 dependent FMAs per k-pair: with 8 such chains in a pass the FMA
-  // ports, not the latency, bound it), so a row's 64 columns fit one AVX2 pass.
-  int quant_sums() const { return d_.b_type == DType::f8e4m3 ? 2 : 1; }
-
   llvm::Value* load_group(llvm::Value* kp) {
     return b_.CreateSExt(
         invariant_load(b_.getInt32Ty(),
@@ -539,17 +532,17 @@ class BrgemmEmitter : public KernelEmitter {
         b_.getInt64Ty());
   }
 
-  // The carried values of one run: acc0, acc1 per (row, vector), then Σa per row (u4).
+  // The carried values of one run: one group sum per (row, vector), then Σa
+  // per row (u4). The even and the odd products go into the same sum (2
+  // dependent FMAs per k-pair: with 8 such chains in a pass the FMA ports,
+  // not the latency, bound it), so a row's 64 columns fit one AVX2 pass.
   std::vector<llvm::Value*> zero_run(const QuantPass& qp) {
-    std::vector<llvm::Value*> v(size_t(2 * qp.mb * qp.nv),
-                                llvm::Constant::getNullValue(vm_.f32v()));
+    std::vector<llvm::Value*> v(size_t(qp.mb * qp.nv), llvm::Constant::getNullValue(vm_.f32v()));
     if (d_.b_type == DType::u4)
       for (int r = 0; r < qp.mb; ++r) v.push_back(llvm::ConstantFP::get(b_.getFloatTy(), 0.0));
     return v;
   }
-  size_t qi(const QuantPass& qp, int r, int j, int h) const {
-    return (size_t(r) * qp.nv + j) * 2 + h;
-  }
+  size_t qi(const QuantPass& qp, int r, int j) const { return size_t(r) * qp.nv + j; }
 
   // for (kp = 0; kp < full;) { g = groups[kp]; run while groups[kp] == g; fold }
   void quant_runs(const QuantPass& qp, int64_t full) {
@@ -630,15 +623,15 @@ class BrgemmEmitter : public KernelEmitter {
     llvm::Type* i8 = b_.getInt8Ty();
     llvm::Value* row = byte_gep(b_ptr_, b_.CreateMul(kp, i64(d_.b_row_bytes)));
     if (d_.b_type == DType::f8e4m3) {
-      llvm::Value* c =
-          b_.CreateAlignedLoad(vec(i8, 32), byte_gep(row, i64(32 * j)), llvm::Align(1));
-      llvm::Value* w = b_.CreateSExt(c, vec(b_.getInt16Ty(), 32));
-      llvm::Value* h = b_.CreateAnd(b_.CreateShl(w, llvm::ConstantInt::get(w->getType(), 7)),
-                                    llvm::ConstantInt::get(w->getType(), 0xBF80));
-      std::vector<int> lo, hi;
-      for (int l = 0; l < 16; ++l) lo.push_back(l), hi.push_back(16 + l);
-      return {half_to_f32(b_.CreateShuffleVector(h, lo), 16),
-              half_to_f32(b_.CreateShuffleVector(h, hi), 16)};
+      // A column's code pair as one i16 (even code in the low byte): each
+      // code to f16 bits S 0 EEEE MMM 0000000 by a shift to the top, an
+      // arithmetic shift by 1 (the sign into bit 14 too) and a mask.
+      llvm::Value* w = b_.CreateAlignedLoad(vec(b_.getInt16Ty(), 16), byte_gep(row, i64(32 * j)),
+                                            llvm::Align(2));
+      auto c16 = [&](int v) { return llvm::ConstantInt::get(w->getType(), v); };
+      llvm::Value* he = b_.CreateAnd(b_.CreateAShr(b_.CreateShl(w, c16(8)), c16(1)), c16(0xBF80));
+      llvm::Value* ho = b_.CreateAnd(b_.CreateAShr(w, c16(1)), c16(0xBF80));
+      return {half_to_f32(he, 16), half_to_f32(ho, 16)};
     }
     llvm::Value* c = b_.CreateZExt(
         b_.CreateAlignedLoad(vec(i8, 16), byte_gep(row, i64(16 * j)), llvm::Align(1)), vm_.i32v());
@@ -664,7 +657,6 @@ class BrgemmEmitter : public KernelEmitter {
     } else {
       for (int j = 0; j < qp.nv; ++j) v.push_back(quant_decode(kp, qp.j0 + j));
     }
-    const bool fp8 = d_.b_type == DType::f8e4m3;
     for (int r = 0; r < qp.mb; ++r) {
       llvm::Value* pair;
       if (odd_only)
@@ -677,25 +669,15 @@ class BrgemmEmitter : public KernelEmitter {
         pair = load_a_pair(qp.row0 + r, kp);
       llvm::Value* ae = as_float(b_.CreateShl(pair, b_.getInt32(16)));
       llvm::Value* ao = as_float(b_.CreateAnd(pair, b_.getInt32(0xffff0000u)));
-      llvm::Value *a0, *a1;
-      if (fp8) {
-        // [a_even, a_odd] in every lane pair.
-        std::vector<llvm::Constant*> sh;
-        for (int l = 0; l < kLanes; ++l) sh.push_back(b_.getInt32(l % 2 == 0 ? 16 : 0));
-        llvm::Value* pat = b_.CreateAnd(
-            b_.CreateShl(vm_.splat(pair), llvm::ConstantVector::get(sh)), vm_.i32(0xffff0000u));
-        a0 = a1 = b_.CreateBitCast(pat, vm_.f32v());
-      } else {
-        a0 = vm_.splat(ae);
-        a1 = vm_.splat(ao);
-      }
+      llvm::Value* a0 = vm_.splat(ae);
+      llvm::Value* a1 = vm_.splat(ao);
       for (int j = 0; j < qp.nv; ++j) {
-        const size_t i0 = qi(qp, r, j, 0), i1 = quant_sums() == 2 ? qi(qp, r, j, 1) : i0;
-        acc[i0] = vm_.fma(a0, v[size_t(j)].first, acc[i0]);
-        acc[i1] = vm_.fma(a1, v[size_t(j)].second, acc[i1]);
+        const size_t i = qi(qp, r, j);
+        acc[i] = vm_.fma(a0, v[size_t(j)].first, acc[i]);
+        acc[i] = vm_.fma(a1, v[size_t(j)].second, acc[i]);
       }
       if (d_.b_type == DType::u4) {
-        const size_t si = size_t(2 * qp.mb * qp.nv + r);
+        const size_t si = size_t(qp.mb * qp.nv + r);
         acc[si] = b_.CreateFAdd(acc[si], b_.CreateFAdd(ae, ao));
       }
     }
@@ -740,19 +722,14 @@ class BrgemmEmitter : public KernelEmitter {
                               vm_.f32v());
       }
       for (int r = 0; r < qp.mb; ++r) {
-        llvm::Value* a0 = acc[qi(qp, r, j, 0)];
-        llvm::Value* a1 = acc[qi(qp, r, j, 1)];  // e4m3 only (else the unused zero)
+        llvm::Value* a0 = acc[qi(qp, r, j)];
         llvm::Value* dv;
         if (d_.b_type == DType::f8e4m3) {
-          std::vector<int> ev, od;
-          for (int l = 0; l < kLanes; ++l) ev.push_back(2 * l), od.push_back(2 * l + 1);
-          dv = b_.CreateFMul(
-              b_.CreateFAdd(b_.CreateShuffleVector(a0, a1, ev), b_.CreateShuffleVector(a0, a1, od)),
-              vm_.f32(256.0f));
+          dv = b_.CreateFMul(a0, vm_.f32(256.0f));
         } else if (d_.b_type == DType::f4e2m1) {
           dv = b_.CreateFMul(a0, vm_.f32(16384.0f));
         } else {
-          llvm::Value* sa = vm_.splat(acc[size_t(2 * qp.mb * qp.nv + r)]);
+          llvm::Value* sa = vm_.splat(acc[size_t(qp.mb * qp.nv + r)]);
           // Planes 1 and 3 hold 256·q (exact ×2⁻⁸).
           if (planes() && j % 2 == 1) a0 = b_.CreateFMul(a0, vm_.f32(0x1p-8f));
           dv = vm_.fma(b_.CreateFNeg(z), sa, a0);
