@@ -469,7 +469,16 @@ class BrgemmEmitter : public KernelEmitter {
   // 1 and 3 (exact); unpermute_planes() puts the columns back in order for
   // the epilogue. The 256·q terms leave the f32 range 2⁸ earlier than q·a
   // would (|a| ≳ 2¹⁰⁴).
-  bool planes() const { return d_.b_type == DType::u4; }
+  // e2m1 (MXFP4) codes take planes of i16 words instead: the row read as
+  // 32 words (word i = columns 2i, 2i + 1), each nibble shifted to the top of
+  // its word, >>ₐ 3 and & 0x8E00: f16 bits S 000 mag 000000000, the e2m1
+  // value × 2⁻¹⁴ (vcvtph2ps); accumulator j = 2h + p holds columns
+  // 32h + 2l + p (lane l).
+  bool planes() const { return d_.b_type == DType::u4 || d_.b_type == DType::f4e2m1; }
+  // The column of lane l of plane accumulator j.
+  int plane_column(int j, int l) const {
+    return d_.b_type == DType::u4 ? 4 * l + j : 32 * (j / 2) + 2 * l + j % 2;
+  }
 
   // Where the fold accumulates: planes_[row][j] (u4) or sums[row][vector j].
   llvm::Value* quant_slot(int r, int j) {
@@ -483,7 +492,7 @@ class BrgemmEmitter : public KernelEmitter {
     llvm::Value* hi = b_.CreateShuffleVector(v[2], v[3], iota_mask(0, 32));
     llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
     std::vector<int> m;
-    for (int l = 0; l < kLanes; ++l) m.push_back(4 * l + j);
+    for (int l = 0; l < kLanes; ++l) m.push_back(plane_column(j, l));
     return b_.CreateShuffleVector(all, m);
   }
   static std::vector<int> iota_mask(int start, int n) {
@@ -492,8 +501,11 @@ class BrgemmEmitter : public KernelEmitter {
     return m;
   }
 
-  // sums[row][v] lane c = column 16v + c = plane (c % 4), lane 4v + c / 4.
+  // sums[row][v] lane c = column 16v + c: the (plane, lane) plane_column names.
   void unpermute_planes() {
+    std::vector<int> where(64);  // column -> index in the 64 concatenated plane lanes
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < kLanes; ++l) where[size_t(plane_column(j, l))] = j * kLanes + l;
     for (int r = 0; r < d_.mr; ++r) {
       std::vector<llvm::Value*> p;
       for (int j = 0; j < 4; ++j)
@@ -503,7 +515,7 @@ class BrgemmEmitter : public KernelEmitter {
       llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
       for (int v = 0; v < nz_; ++v) {
         std::vector<int> m;
-        for (int c = 0; c < kLanes; ++c) m.push_back((c % 4) * kLanes + 4 * v + c / 4);
+        for (int c = 0; c < kLanes; ++c) m.push_back(where[size_t(16 * v + c)]);
         b_.CreateAlignedStore(b_.CreateShuffleVector(all, m), sums_slot(i64(r), i64(v)),
                               llvm::Align(64));
       }
@@ -514,6 +526,26 @@ class BrgemmEmitter : public KernelEmitter {
   // exact f32 (q for planes 0, 2; 256·q for planes 1, 3).
   std::vector<llvm::Value*> plane_decode(llvm::Value* kp) {
     llvm::Value* row = byte_gep(b_ptr_, b_.CreateMul(kp, i64(d_.b_row_bytes)));
+    if (d_.b_type == DType::f4e2m1) {
+      llvm::Value* w = b_.CreateAlignedLoad(vec(b_.getInt16Ty(), 32), row, llvm::Align(2));
+      auto c16 = [&](int v) { return llvm::ConstantInt::get(w->getType(), v); };
+      // The nibble at bit b as 32 f32 values (column 2i + b / 8 in lane i).
+      auto nib = [&](int b) {
+        llvm::Value* t = b == 12 ? w : b_.CreateShl(w, c16(12 - b));
+        llvm::Value* h = b_.CreateAnd(b_.CreateAShr(t, c16(3)), c16(0x8E00));
+        return half_to_f32(h, 32);
+      };
+      auto half = [&](llvm::Value* v32, int h) {
+        return b_.CreateShuffleVector(v32, iota_mask(16 * h, 16));
+      };
+      llvm::Value* e0 = nib(0);  // even k of the low-byte columns
+      llvm::Value* o0 = nib(4);
+      llvm::Value* e1 = nib(8);  // the high-byte columns
+      llvm::Value* o1 = nib(12);
+      // Plane j = 2h + p: (even, odd) of its columns.
+      return {half(e0, 0), half(o0, 0), half(e1, 0), half(o1, 0),
+              half(e0, 1), half(o0, 1), half(e1, 1), half(o1, 1)};
+    }
     llvm::Value* x = b_.CreateAlignedLoad(vm_.i32v(), row, llvm::Align(4));
     llvm::Value* x4 = b_.CreateLShr(x, vm_.i32(4));
     llvm::Value* x16 = b_.CreateLShr(x, vm_.i32(16));
@@ -692,15 +724,17 @@ class BrgemmEmitter : public KernelEmitter {
       for (int v = 0; v < 4; ++v) {
         s_all.push_back(
             invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(16 * v)), 4));
-        z_all.push_back(
-            d_.b_zeros ? b_.CreateUIToFP(
-                             b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
-                                                          byte_gep(arg(TILEJIT_ARG(Args, q_zeros)),
-                                                                   b_.CreateAdd(grow, i64(16 * v))),
-                                                          1),
-                                           vm_.i32v()),
-                             vm_.f32v())
-                       : vm_.f32(8.0f));
+        if (d_.b_type == DType::u4)
+          z_all.push_back(
+              d_.b_zeros
+                  ? b_.CreateUIToFP(
+                        b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
+                                                     byte_gep(arg(TILEJIT_ARG(Args, q_zeros)),
+                                                              b_.CreateAdd(grow, i64(16 * v))),
+                                                     1),
+                                      vm_.i32v()),
+                        vm_.f32v())
+                  : vm_.f32(8.0f));
       }
     }
     for (int j = 0; j < qp.nv; ++j) {
@@ -709,7 +743,7 @@ class BrgemmEmitter : public KernelEmitter {
           planes() ? plane_lanes(s_all, j)
                    : invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(c0)), 4);
       llvm::Value* z = nullptr;
-      if (planes()) {
+      if (planes() && d_.b_type == DType::u4) {
         z = plane_lanes(z_all, j);
       } else if (d_.b_type == DType::u4) {
         z = vm_.f32(8.0f);
@@ -731,7 +765,7 @@ class BrgemmEmitter : public KernelEmitter {
         } else {
           llvm::Value* sa = vm_.splat(acc[size_t(qp.mb * qp.nv + r)]);
           // Planes 1 and 3 hold 256·q (exact ×2⁻⁸).
-          if (planes() && j % 2 == 1) a0 = b_.CreateFMul(a0, vm_.f32(0x1p-8f));
+          if (j % 2 == 1) a0 = b_.CreateFMul(a0, vm_.f32(0x1p-8f));  // planes 1, 3: 256·q
           dv = vm_.fma(b_.CreateFNeg(z), sa, a0);
         }
         llvm::Value* slot = quant_slot(qp.row0 + r, qp.j0 + j);
