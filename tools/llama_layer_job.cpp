@@ -1328,9 +1328,10 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       "GEMM weights: {}; at M = 1 each GEMM row also prints the weight stream in GB/s "
       "(PackedWeight::packed_bytes() per call)\n",
       opt.weights == "int8"   ? "int8 W8A8 (per-channel f32 scales, x quantized per token)"
-      : opt.weights == "fp8"  ? "fp8 e4m3 (128x128 block scales), dequantized to bf16 in the GEMM"
-      : opt.weights == "int4" ? "int4 GPTQ (groups of 128, zero points), dequantized to bf16 in "
-                                "the GEMM"
+      : opt.weights == "fp8"  ? "fp8 e4m3 (128x128 block scales): exact weights in the fused "
+                                "decode kernel at M <= 4, dequantized to bf16 chunks above"
+      : opt.weights == "int4" ? "int4 GPTQ (groups of 128, zero points): exact weights in the "
+                                "fused decode kernel at M <= 4, dequantized to bf16 chunks above"
                               : "bf16");
   std::string moe_formats;
   if (moe_format_selected(opt, "bf16")) moe_formats = "bf16";
