@@ -418,22 +418,28 @@ TEST_P(QuantBrgemm, MatchesReference) {
   EXPECT_TRUE(check(d, run(d, k.entry<BrgemmFn>())));
 }
 
-std::vector<QCase> shape_cases() {
-  std::vector<QCase> v;
+// The shape lists, and case i of them (its group pattern and output cycle).
+constexpr int kShapeNr[] = {1, 15, 16, 17, 33, 64};
+constexpr int64_t kShapeKb[] = {1, 2, 3, 31, 64, 127, 256, 1000};
+QCase shape_case(Isa isa, Fmt f, int mr, int nr, int64_t kb, int i) {
   const Groups pats[] = {Groups::constant, Groups::every16, Groups::every32, Groups::every64,
                          Groups::irregular};
-  int i = 0;
+  QCase c;
+  c.group = "shape";
+  c.isa = isa;
+  c.fmt = f, c.mr = mr, c.nr = nr, c.kb = kb;
+  c.groups = pats[i % 5];
+  c.out = (i + 1) % 3 == 0 ? DType::bf16 : DType::f32;
+  return c;
+}
+
+std::vector<QCase> shape_cases() {
+  std::vector<QCase> v;
   for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (int mr = 1; mr <= 4; ++mr)
-      for (int nr : {1, 15, 16, 17, 33, 64})
-        for (int64_t kb : {1, 2, 3, 31, 64, 127, 256, 1000}) {
-          QCase c;
-          c.group = "shape";
-          c.fmt = f, c.mr = mr, c.nr = nr, c.kb = kb;
-          c.groups = pats[i++ % 5];
-          c.out = i % 3 == 0 ? DType::bf16 : DType::f32;
-          v.push_back(c);
-        }
+      for (int nr : kShapeNr)
+        for (int64_t kb : kShapeKb)
+          v.push_back(shape_case(Isa::avx512, f, mr, nr, kb, int(v.size())));
   return v;
 }
 
@@ -509,22 +515,11 @@ std::vector<QCase> on_llvm(std::vector<QCase> v) {
 }
 std::vector<QCase> llvm_shape_cases() {
   std::vector<QCase> v;
-  const Groups pats[] = {Groups::constant, Groups::every16, Groups::every32, Groups::every64,
-                         Groups::irregular};
-  const int nrs[] = {1, 15, 16, 17, 33, 64};
-  const int64_t kbs[] = {1, 2, 3, 31, 64, 127, 256, 1000};
-  int i = 0;
   for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (int mr = 1; mr <= 4; ++mr)
-      for (int t = 0; t < 8; ++t) {
-        QCase c;
-        c.group = "shape";
-        c.isa = Isa::llvm;
-        c.fmt = f, c.mr = mr, c.nr = nrs[(t + mr) % 6], c.kb = kbs[t];
-        c.groups = pats[i++ % 5];
-        c.out = i % 3 == 0 ? DType::bf16 : DType::f32;
-        v.push_back(c);
-      }
+      for (int t = 0; t < 8; ++t)
+        v.push_back(
+            shape_case(Isa::llvm, f, mr, kShapeNr[(t + mr) % 6], kShapeKb[t], int(v.size())));
   return v;
 }
 std::vector<QCase> llvm_mxcsr_cases() {
