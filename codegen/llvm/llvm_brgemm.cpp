@@ -480,13 +480,13 @@ class BrgemmEmitter : public KernelEmitter {
     return d_.b_type == DType::u4 ? 4 * l + j : 32 * (j / 2) + 2 * l + j % 2;
   }
 
-  // Where the fold accumulates: planes_[row][j] (u4) or sums[row][vector j].
+  // Where the fold accumulates: planes_[row][j] (u4, e2m1) or sums[row][vector j] (e4m3).
   llvm::Value* quant_slot(int r, int j) {
     if (planes()) return b_.CreateGEP(vm_.f32v(), planes_, i64(int64_t(r) * 4 + j));
     return sums_slot(i64(r), i64(j));
   }
 
-  // The 16 lanes 4l + j of a 64-lane vector (v0..v3 concatenated).
+  // The 16 lanes plane_column(j, l) of a 64-lane vector (v0..v3 concatenated).
   llvm::Value* plane_lanes(const std::vector<llvm::Value*>& v, int j) {
     llvm::Value* lo = b_.CreateShuffleVector(v[0], v[1], iota_mask(0, 32));
     llvm::Value* hi = b_.CreateShuffleVector(v[2], v[3], iota_mask(0, 32));
@@ -649,34 +649,18 @@ class BrgemmEmitter : public KernelEmitter {
     return vmn.f16_to_f32(h16);
   }
 
-  // Column vector j (16 columns) of k-pair row kp, decoded: (v0, v1) as the
-  // header above lays them out.
-  std::pair<llvm::Value*, llvm::Value*> quant_decode(llvm::Value* kp, int j) {
-    llvm::Type* i8 = b_.getInt8Ty();
+  // Column vector j (16 columns) of e4m3 k-pair row kp as (even k, odd k)
+  // f32 vectors: a column's code pair read as one i16 (even code in the low
+  // byte), each code to f16 bits S 0 EEEE MMM 0000000 by a shift to the
+  // top, an arithmetic shift by 1 (the sign into bit 14 too) and a mask.
+  std::pair<llvm::Value*, llvm::Value*> e4m3_decode(llvm::Value* kp, int j) {
     llvm::Value* row = byte_gep(b_ptr_, b_.CreateMul(kp, i64(d_.b_row_bytes)));
-    if (d_.b_type == DType::f8e4m3) {
-      // A column's code pair as one i16 (even code in the low byte): each
-      // code to f16 bits S 0 EEEE MMM 0000000 by a shift to the top, an
-      // arithmetic shift by 1 (the sign into bit 14 too) and a mask.
-      llvm::Value* w = b_.CreateAlignedLoad(vec(b_.getInt16Ty(), 16), byte_gep(row, i64(32 * j)),
-                                            llvm::Align(2));
-      auto c16 = [&](int v) { return llvm::ConstantInt::get(w->getType(), v); };
-      llvm::Value* he = b_.CreateAnd(b_.CreateAShr(b_.CreateShl(w, c16(8)), c16(1)), c16(0xBF80));
-      llvm::Value* ho = b_.CreateAnd(b_.CreateAShr(w, c16(1)), c16(0xBF80));
-      return {half_to_f32(he, 16), half_to_f32(ho, 16)};
-    }
-    llvm::Value* c = b_.CreateZExt(
-        b_.CreateAlignedLoad(vec(i8, 16), byte_gep(row, i64(16 * j)), llvm::Align(1)), vm_.i32v());
-    llvm::Value* q0 = b_.CreateAnd(c, vm_.i32(0xF));
-    llvm::Value* q1 = b_.CreateLShr(c, vm_.i32(4));
-    if (d_.b_type == DType::u4)
-      return {b_.CreateUIToFP(q0, vm_.f32v()), b_.CreateUIToFP(q1, vm_.f32v())};
-    auto e2m1 = [&](llvm::Value* q) {
-      llvm::Value* h = b_.CreateOr(b_.CreateShl(b_.CreateAnd(q, vm_.i32(7)), vm_.i32(9)),
-                                   b_.CreateShl(b_.CreateAnd(q, vm_.i32(8)), vm_.i32(12)));
-      return half_to_f32(b_.CreateTrunc(h, vm_.i16v()), 16);
-    };
-    return {e2m1(q0), e2m1(q1)};
+    llvm::Value* w =
+        b_.CreateAlignedLoad(vec(b_.getInt16Ty(), 16), byte_gep(row, i64(32 * j)), llvm::Align(2));
+    auto c16 = [&](int v) { return llvm::ConstantInt::get(w->getType(), v); };
+    llvm::Value* he = b_.CreateAnd(b_.CreateAShr(b_.CreateShl(w, c16(8)), c16(1)), c16(0xBF80));
+    llvm::Value* ho = b_.CreateAnd(b_.CreateAShr(w, c16(1)), c16(0xBF80));
+    return {half_to_f32(he, 16), half_to_f32(ho, 16)};
   }
 
   // One k-pair row of the pass: decode, multiply-add, Σa.
@@ -687,7 +671,7 @@ class BrgemmEmitter : public KernelEmitter {
       const std::vector<llvm::Value*> pl = plane_decode(kp);
       for (int j = 0; j < 4; ++j) v.push_back({pl[size_t(2 * j)], pl[size_t(2 * j + 1)]});
     } else {
-      for (int j = 0; j < qp.nv; ++j) v.push_back(quant_decode(kp, qp.j0 + j));
+      for (int j = 0; j < qp.nv; ++j) v.push_back(e4m3_decode(kp, qp.j0 + j));
     }
     for (int r = 0; r < qp.mb; ++r) {
       llvm::Value* pair;
@@ -743,18 +727,7 @@ class BrgemmEmitter : public KernelEmitter {
           planes() ? plane_lanes(s_all, j)
                    : invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(c0)), 4);
       llvm::Value* z = nullptr;
-      if (planes() && d_.b_type == DType::u4) {
-        z = plane_lanes(z_all, j);
-      } else if (d_.b_type == DType::u4) {
-        z = vm_.f32(8.0f);
-        if (d_.b_zeros)
-          z = b_.CreateUIToFP(b_.CreateZExt(invariant_load(vec(b_.getInt8Ty(), 16),
-                                                           byte_gep(arg(TILEJIT_ARG(Args, q_zeros)),
-                                                                    b_.CreateAdd(grow, i64(c0))),
-                                                           1),
-                                            vm_.i32v()),
-                              vm_.f32v());
-      }
+      if (d_.b_type == DType::u4) z = plane_lanes(z_all, j);
       for (int r = 0; r < qp.mb; ++r) {
         llvm::Value* a0 = acc[qi(qp, r, j)];
         llvm::Value* dv;
