@@ -132,10 +132,10 @@ const Kernel& front(const D& d, Slow slow) {
 // the avx512 row (the amx path's small-M quantized GEMMs use the avx512 plan
 // too), LLVM on the llvm row; both take the same descriptors.
 constexpr const char* kQuantLimits =
-    "a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 on the avx512 and llvm rows: 1 <= mr <= 4, 1 <= nr <= 64 "
-    "(GLU: "
-    "nr <= 32 outputs of the 64 computed columns), kb >= 1 (the whole K, batch 1), b_row_bytes "
-    "64 (u4, f4e2m1) | 128 (f8e4m3), zeros with u4 only, no acc_in, row-major A, out f32|bf16";
+    "a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 on the avx512 and llvm rows: 1 <= mr <= 4, "
+    "1 <= nr <= 64 (GLU: nr <= 32 outputs of the 64 computed columns), kb >= 1 (the whole K, "
+    "batch 1), b_row_bytes 64 (u4, f4e2m1) | 128 (f8e4m3), zeros with u4 only, no acc_in, "
+    "row-major A, out f32|bf16";
 
 const Kernel& quant_brgemm(const codegen::BrgemmDesc& d, const KernelRow& row) {
   auto refuse = [&](const std::string& what) -> Error {

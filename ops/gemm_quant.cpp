@@ -205,7 +205,7 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
   return g;
 }
 
-// Decode shapes (M <= fused_max_rows(path)): the fused micro-kernel reads
+// Decode shapes (quant_gemm_fused: M <= 4): the fused micro-kernel reads
 // the codes and group tables itself, one call per column block over the
 // whole K (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
 
