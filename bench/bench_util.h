@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen/xbyak/emitters.h"
+#include "jit/peak.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
@@ -62,39 +62,12 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Per-core peak (GFLOP/s; int8: GOP/s) of the register-only JIT probe of
-// `isa` for `op` (bf16: vdpbf16ps / tdpbf16ps, u8: vpdpbusd / tdpbusd):
-// median of 7 probe runs of ~50 ms, timed with the thread's CPU clock (the
-// probe touches no memory, so CPU time is the core's own speed).
-inline double probe_peak_gflops(Isa isa, DType op = DType::bf16) {
-  const std::vector<uint8_t> code = codegen::xbyak::emit_peak_probe(isa, op);
-  const runtime::ExecutableMemory mem(code.data(), code.size());
-  const auto fn = reinterpret_cast<void (*)(int64_t)>(const_cast<void*>(mem.data()));
-  const double flops_per_iter = codegen::xbyak::peak_flops_per_iter(isa, op);
-  fn(100000);  // warm up (clocks)
-  double t0 = thread_cpu_seconds();
-  fn(1000000);
-  const int64_t iters = std::max<int64_t>(
-      100000, static_cast<int64_t>(1000000 * 0.05 / std::max(thread_cpu_seconds() - t0, 1e-6)));
-  std::vector<double> g;
-  for (int r = 0; r < 7; ++r) {
-    t0 = thread_cpu_seconds();
-    fn(iters);
-    g.push_back(flops_per_iter * double(iters) / (thread_cpu_seconds() - t0) * 1e-9);
-  }
-  return median(g);
-}
-
-// Per-core bf16 peak (GFLOP/s) of the best ISA the CPU and OS allow (0 when
-// neither AMX nor AVX-512 runs), measured once. The peak of T threads is T
-// times this.
+// Per-core bf16 peak (GFLOP/s) of the best path the CPU and OS allow
+// (jit::path_peak_gflops: the AMX tiles, or the host's best vector dot product
+// for the avx512 and llvm paths; 0 on scalar or emulated AMX), measured once.
+// The peak of T threads is T times this.
 inline double per_core_peak_gflops() {
-  static const double peak = [] {
-    const Isa isa = cpu_info().max_isa;
-    if (isa != Isa::amx && isa != Isa::avx512) return 0.0;
-    return probe_peak_gflops(isa);
-  }();
-  return peak;
+  return jit::path_peak_gflops(cpu_info().max_isa);
 }
 
 // A 64-byte aligned scratch of `bytes` bytes (activations, outputs).

@@ -9,6 +9,8 @@
 //
 // Sections (benchmark names):
 //   BM_PeakAvx512Bf16/T, BM_PeakAmxBf16/T    register-only dot-product peak
+//   BM_PeakLlvmVector/T                      the same, the host's best vector FMA
+//                                            (vdpbf16ps / vfmadd231ps zmm or ymm)
 //   BM_DramReadBandwidth/T/hugepages         streaming read over a 2 GiB buffer
 //   BM_L3ReadBandwidth/T                     the same over 32 MiB, hot in the LLC
 //   BM_OnednnMatmul/M/N/K/T                  oneDNN bf16 matmul (packed weights)
@@ -118,6 +120,9 @@ struct Probe {
 bool isa_usable(Isa isa) {
   const tilejit::CpuInfo ci = tilejit::cpu_info();
   if (isa == Isa::amx) return ci.max_isa == Isa::amx;
+  // The llvm probe is the host's best vector FMA (ymm on an AVX2-only host):
+  // what the LLVM backend's kernels run on.
+  if (isa == Isa::llvm) return ci.max_isa != Isa::scalar;
   return ci.avx512_bf16;
 }
 
@@ -159,13 +164,15 @@ int64_t probe_iters(Isa isa) {
 Isa best_isa() {
   if (isa_usable(Isa::amx)) return Isa::amx;
   if (isa_usable(Isa::avx512)) return Isa::avx512;
+  if (isa_usable(Isa::llvm)) return Isa::llvm;
   return Isa::scalar;
 }
 
 void BM_Peak(benchmark::State& state, Isa isa) {
   if (!isa_usable(isa)) {
-    state.SkipWithError(isa == Isa::amx ? "AMX not available (cpu_info().max_isa != amx)"
-                                        : "AVX-512 BF16 not available");
+    state.SkipWithError(isa == Isa::amx    ? "AMX not available (cpu_info().max_isa != amx)"
+                        : isa == Isa::llvm ? "no vector ISA (cpu_info().max_isa == scalar)"
+                                           : "AVX-512 BF16 not available");
     for (auto _ : state) {
     }
     return;
@@ -884,6 +891,12 @@ void register_all() {
   using benchmark::RegisterBenchmark;
   for (int t : {1, 2}) {
     RegisterBenchmark("BM_PeakAvx512Bf16", BM_Peak, Isa::avx512)
+        ->Arg(t)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (int t : {1, 2}) {
+    RegisterBenchmark("BM_PeakLlvmVector", BM_Peak, Isa::llvm)
         ->Arg(t)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

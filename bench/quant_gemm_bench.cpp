@@ -303,19 +303,10 @@ std::string path_name(int64_t m) {
   return tilejit::isa_name(isa);
 }
 
-// Per-core bf16 peak (GFLOP/s) of `isa`'s register-only JIT probe, 0 where
-// there is none (scalar, llvm) or AMX is emulated.
+// Per-core peak (GFLOP/s; u8: GOP/s) of the path `isa` (jit/peak.h): 0 on
+// scalar and emulated AMX.
 double path_peak_per_core(Isa isa, DType op = DType::bf16) {
-  static std::map<std::pair<Isa, DType>, double> peaks;
-  auto it = peaks.find({isa, op});
-  if (it != peaks.end()) return it->second;
-  const tilejit::CpuInfo ci = tilejit::cpu_info();
-  double peak = 0;
-  const bool usable = isa == Isa::amx ? ci.max_isa == Isa::amx && !ci.amx_emulated
-                                      : isa == Isa::avx512 && ci.avx512_bf16;
-  if (usable) peak = probe_peak_gflops(isa, op);
-  peaks[{isa, op}] = peak;
-  return peak;
+  return tilejit::jit::path_peak_gflops(isa, op);
 }
 
 // ---------------------------------------------------------------- DRAM

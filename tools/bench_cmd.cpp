@@ -30,6 +30,21 @@ void print_first_call(const CacheStats& before, const CacheStats& after) {
 // FLOP-counted ops (attention over its visible pairs, moe's routed GEMMs) give
 // GFLOP/s against the bf16 peak; a program of RoPE alone, which streams
 // memory, gives GB/s of what it reads and writes.
+// "% of peak" against the path's measured per-core peak (jit/peak.h) times
+// the threads; n/a where there is none (scalar, emulated AMX).
+void print_pct_of_peak(double gflops, const CpuInfo& cpu) {
+  const double core = jit::path_peak_gflops(cpu.isa);
+  if (core <= 0) {
+    fmt::print("  % of peak   n/a (the {} path has no measured hardware peak)\n",
+               cpu.amx_emulated && cpu.isa == Isa::amx ? "emulated amx" : isa_name(cpu.isa));
+    return;
+  }
+  const double peak = core * cpu.num_threads;
+  fmt::print(
+      "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x {})\n",
+      100 * gflops / peak, peak, isa_name(cpu.isa), core, cpu.num_threads);
+}
+
 void report_operators(const ProgramRunner& runner, const CpuInfo& cpu, double t, int64_t calls,
                       const CacheStats& before, const CacheStats& after) {
   const OperatorRunner& o = *runner.operators();
@@ -52,16 +67,7 @@ void report_operators(const ProgramRunner& runner, const CpuInfo& cpu, double t,
     const double gflops = w.flops / t / 1e9;
     fmt::print("  GFLOP/s     {:.2f} ({:.4g} GFLOP per call; {})\n", gflops, w.flops / 1e9,
                w.counted);
-    if (cpu.isa == Isa::scalar) {
-      fmt::print("  % of peak   n/a (the scalar path has no measured peak)\n");
-    } else {
-      const double core = jit::measure_peak_gflops(cpu.isa);
-      const double peak = core * cpu.num_threads;
-      fmt::print(
-          "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x "
-          "{})\n",
-          peak > 0 ? 100 * gflops / peak : 0.0, peak, isa_name(cpu.isa), core, cpu.num_threads);
-    }
+    print_pct_of_peak(gflops, cpu);
   } else {
     fmt::print("  GB/s        {:.2f} ({:.4g} MB per call; {})\n", w.bytes / t / 1e9, w.bytes / 1e6,
                w.counted);
@@ -126,15 +132,7 @@ int run_bench(const BenchOptions& opt) {
   fmt::print("  time/call   {:.4g} ms (median of {} batches of {} call{})\n", t * 1e3, kBatches,
              calls, calls == 1 ? "" : "s");
   fmt::print("  GFLOP/s     {:.1f} (2·M·N·K = {:.4g} GFLOP per call)\n", gflops, flops / 1e9);
-  if (cpu.isa == Isa::scalar) {
-    fmt::print("  % of peak   n/a (the scalar path has no measured peak)\n");
-  } else {
-    const double core = jit::measure_peak_gflops(cpu.isa);
-    const double peak = core * cpu.num_threads;
-    fmt::print(
-        "  % of peak   {:.1f}% of {:.1f} GFLOP/s (measured {} bf16 peak {:.1f} per core x {})\n",
-        peak > 0 ? 100 * gflops / peak : 0.0, peak, isa_name(cpu.isa), core, cpu.num_threads);
-  }
+  print_pct_of_peak(gflops, cpu);
   print_first_call(before, after);
   return 0;
 }

@@ -1297,8 +1297,8 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   env.cpu = cpu_info();
   env.opt = opt;
   const Isa peak_isa = env.cpu.isa == Isa::scalar ? env.cpu.max_isa : env.cpu.isa;
-  // Emulated AMX has no hardware peak to measure (and the probe would crawl).
-  const double peak_core = env.cpu.amx_emulated ? 0.0 : jit::measure_peak_gflops(peak_isa);
+  // Emulated AMX has no hardware peak to measure: 0 (jit/peak.h).
+  const double peak_core = jit::path_peak_gflops(peak_isa);
   env.peak_gflops = peak_core * env.cpu.num_threads;
   env.read_gbs = measure_read_gbs();
   fmt::print(
