@@ -55,7 +55,8 @@ double path_peak_gflops(Isa isa, DType op) {
   static std::map<std::pair<Isa, DType>, double> peaks;
   const std::lock_guard<std::mutex> lock(mu);
   auto it = peaks.find({isa, op});
-  if (it == peaks.end()) it = peaks.emplace(std::pair{isa, op}, measure_peak_gflops(isa, 7, op)).first;
+  if (it == peaks.end())
+    it = peaks.emplace(std::pair{isa, op}, measure_peak_gflops(isa, 7, op)).first;
   return it->second;
 }
 
