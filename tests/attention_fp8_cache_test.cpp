@@ -25,6 +25,8 @@
 #include <random>
 #include <vector>
 
+#include <xmmintrin.h>
+
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
 #include "test_util.h"
@@ -466,10 +468,8 @@ TEST_F(Fp8Decode, NanCodes) {
   for (int64_t c = 0; c < d; ++c) EXPECT_EQ(std::isnan(bf16_to_f32(out[c])), c == 7) << c;
 }
 
-// Every finite code through the kernel's conversion, bit for bit: one
-// visible key has weight exactly 1, so out = v · v_scale exactly (a power of
-// two), while the attention bound alone would not see a wrong subnormal.
-TEST_F(Fp8Decode, EveryCodeReadExactly) {
+// One pass of EveryCodeReadExactly under the calling thread's MXCSR.
+void every_code_read_exactly() {
   const int64_t d = 64, dv = 256, bs = 16;
   std::vector<uint8_t> kc(static_cast<size_t>(bs * d), 0x38), vc(static_cast<size_t>(bs * dv));
   for (int64_t c = 0; c < dv; ++c) vc[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
@@ -489,6 +489,28 @@ TEST_F(Fp8Decode, EveryCodeReadExactly) {
       for (int64_t c = 0; c < dv; ++c)
         ASSERT_EQ(bf16_to_f32(out[h * dv + c]), static_cast<float>(e4m3_value(vc[c]) * vs))
             << "code 0x" << std::hex << int(vc[c]);
+  }
+}
+
+// Every finite code through the kernel's conversion, bit for bit: one
+// visible key has weight exactly 1, so out = v · v_scale exactly (a power of
+// two), while the attention bound alone would not see a wrong subnormal. The
+// second pass runs with the caller's MXCSR.DAZ and FTZ set (engines do: torch's
+// set_flush_denormal), on one thread so the kernel runs under that MXCSR: the
+// conversion must not go through f32 subnormals (the llvm path's on AVX2
+// hosts did, and read every subnormal code as 0).
+TEST_F(Fp8Decode, EveryCodeReadExactly) {
+  for (const bool daz : {false, true}) {
+    SCOPED_TRACE(daz ? "MXCSR DAZ + FTZ" : "MXCSR default");
+    const unsigned saved_csr = _mm_getcsr();
+    const int saved_threads = num_threads();
+    if (daz) {
+      set_num_threads(1);
+      _mm_setcsr(saved_csr | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+    }
+    every_code_read_exactly();
+    _mm_setcsr(saved_csr);
+    set_num_threads(saved_threads);
   }
 }
 

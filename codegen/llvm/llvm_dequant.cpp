@@ -12,8 +12,8 @@
 //
 // Every step is exact or one IEEE operation, as the contract writes it, and
 // none depends on MXCSR's DAZ / FTZ beyond that multiply (which the scalar
-// reference shares): e4m3 subnormals are converted as m · 2^-9 from the
-// integer m (normal f32 operands), the bf16 rounding is integer arithmetic
+// reference shares): e4m3 codes are converted by VectorMath::f8e4m3_to_f32
+// (integer arithmetic and normal f32 operands), the bf16 rounding is integer arithmetic
 // (vcvtneps2bf16 would flush subnormal products to zero).
 #include "codegen/llvm/llvm_dequant.h"
 
@@ -62,22 +62,6 @@ class DequantEmitter : public KernelEmitter {
     return v;
   }
 
-  // e4m3 codes (<L x i8>, never NaN) -> f32, exactly: a normal code's 7
-  // magnitude bits shifted to f32's exponent / mantissa boundary, rebiased
-  // by 120 in the exponent field; a subnormal one (e = 0) is m · 2^-9; the
-  // sign bit or-ed in (0x80 is −0).
-  llvm::Value* e4m3_to_f32(llvm::Value* bits) {
-    llvm::Value* v = b_.CreateZExt(bits, vm_.i32v());
-    llvm::Value* mag = b_.CreateAnd(v, vm_.i32(0x7f));
-    llvm::Value* normal = b_.CreateAdd(b_.CreateShl(mag, vm_.i32(20)), vm_.i32(120u << 23));
-    llvm::Value* sub = b_.CreateBitCast(
-        b_.CreateFMul(b_.CreateSIToFP(mag, vm_.f32v()), vm_.f32(0x1.0p-9f)), vm_.i32v());
-    llvm::Value* is_sub = b_.CreateICmpULT(mag, vm_.i32(8));
-    llvm::Value* m = b_.CreateSelect(is_sub, sub, normal);
-    llvm::Value* sign = b_.CreateShl(b_.CreateAnd(v, vm_.i32(0x80)), vm_.i32(24));
-    return b_.CreateBitCast(b_.CreateOr(m, sign), vm_.f32v());
-  }
-
   // e2m1 nibbles (<L x i32> in 0..15) -> f32, exactly: with m = q & 7 (two
   // exponent bits, one mantissa bit), m >= 2 is the normal value
   // (1 + (m & 1)/2) · 2^((m >> 1) − 1), whose f32 bits are (m << 22) + (126 << 23);
@@ -115,8 +99,8 @@ class DequantEmitter : public KernelEmitter {
       if (fp8) {
         llvm::Value* bytes = b_.CreateAlignedLoad(vec(i8, 2 * lanes_),
                                                   byte_gep(code_row, i64(2 * c0)), llvm::Align(1));
-        ve = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(0, 2)));
-        vo = e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(1, 2)));
+        ve = vm_.f8e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(0, 2)));
+        vo = vm_.f8e4m3_to_f32(b_.CreateShuffleVector(bytes, iota(1, 2)));
       } else if (d_.code == DType::f4e2m1) {
         llvm::Value* bytes = b_.CreateZExt(
             b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(code_row, i64(c0)), llvm::Align(1)),

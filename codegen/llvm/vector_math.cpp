@@ -169,10 +169,16 @@ llvm::Value* VectorMath::f8e4m3_to_f32(llvm::Value* bits) const {
   auto& b = b_;
   llvm::Value* v = b.CreateZExt(bits, i32v());
   llvm::Value* mag = b.CreateAnd(v, i32(0x7f));
-  // The 7 magnitude bits placed at f32's exponent/mantissa boundary read as
-  // 2^(e−127)·(1 + m/8) (or m·2^−129 when e = 0); 2^120 rebiases to e4m3's
-  // 2^(e−7), exactly, subnormals included.
-  llvm::Value* f = b.CreateFMul(as_f32(b.CreateShl(mag, i32(20))), f32(0x1.0p+120f));
+  // The 7 magnitude bits placed at f32's exponent/mantissa boundary, the
+  // exponent rebiased by 120: 2^(e−7)·(1 + m/8) for e ≥ 1, exactly. For
+  // e = 0 (m·2^−9) the rebias is 121 and 2^−6 is taken off: 2^−6·(1 + m/8) −
+  // 2^−6, exact. Integer arithmetic and a subtraction of normal numbers only:
+  // a form that multiplied the f32 subnormal m·2^−129 by 2^120 read 0 for
+  // every subnormal code when the caller had MXCSR.DAZ set.
+  llvm::Value* sub = b.CreateICmpULT(mag, i32(8));
+  llvm::Value* bias = b.CreateSelect(sub, i32(121u << 23), i32(120u << 23));
+  llvm::Value* f = as_f32(b.CreateAdd(b.CreateShl(mag, i32(20)), bias));
+  f = b.CreateFSub(f, b.CreateSelect(sub, f32(0x1.0p-6f), f32(0.0f)));
   f = b.CreateSelect(b.CreateICmpEQ(mag, i32(0x7f)), as_f32(i32(0x7fc00000u)), f);
   llvm::Value* sign = b.CreateShl(b.CreateAnd(v, i32(0x80)), i32(24));
   return as_f32(b.CreateOr(as_i32(f), sign));
