@@ -475,7 +475,7 @@ const Mapping& dram_buffer() {
 }
 
 double dram_gbs(int threads) {
-  if (!tilejit::cpu_info().avx512f) return 0;
+  if (!tilejit::bench::stream_read_usable()) return 0;
   const Mapping& b = dram_buffer();
   std::vector<double> g;
   for (int i = 0; i < 3; ++i) {

@@ -100,7 +100,7 @@ struct DramRate {
 // not comparable. The buffer stays mapped (touched once).
 DramRate measure_dram(int threads) {
   DramRate r;
-  if (!tilejit::cpu_info().avx512f) return r;
+  if (!tilejit::bench::stream_read_usable()) return r;
   constexpr size_t bytes = 2 * kGiB;
   static void* const buf = [] {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
