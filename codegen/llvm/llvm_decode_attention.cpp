@@ -463,10 +463,11 @@ class DecodeEmitter : public KernelEmitter {
   // e4m3_to_bf16 without AVX512-BW, in 16-bit lanes (16 codes a ymm op): a
   // normal magnitude's bf16 is (mag << 4) + (120 << 7); the 8 subnormal ones
   // (mag < 8) come from one vpshufb per ymm over a 16-byte table (bytes 0-7
-  // the bf16s' low bytes, 8-15 their high bytes, indexed by mag | mag + 8 <<
-  // 8); NaN selected; the sign or-ed in. Integer operations only (MXCSR
-  // cannot touch them): ~15 ops per 16 codes, where the route through
-  // f32 (VectorMath::f8e4m3_to_f32, then the top halves) took ~30.
+  // the bf16s' low bytes, 8-15 their high bytes; each word's index bytes are
+  // (mag, mag | 8), i.e. (m, m + 8) where it is selected); NaN selected; the
+  // sign or-ed in. Integer operations only (MXCSR cannot touch them): ~15
+  // ops per 16 codes, where the route through f32 (VectorMath::f8e4m3_to_f32,
+  // then the top halves) took ~30.
   template <class MagBf16>
   llvm::Value* e4m3_to_bf16_avx2(llvm::Value* codes, MagBf16 mag_bf16) {
     auto* v32 = llvm::FixedVectorType::get(i16t(), 32);
