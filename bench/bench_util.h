@@ -22,7 +22,6 @@
 #include "jit/peak.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
-#include "runtime/exec_memory.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::bench {

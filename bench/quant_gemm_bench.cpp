@@ -65,7 +65,6 @@
 
 #include "bench_util.h"
 #include "codegen/gemm_plan.h"
-#include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
 #include "onednn_context.h"
 #include "runtime/aligned_buffer.h"

@@ -29,6 +29,7 @@
 // block has too few to hide the FMA latency (decode shapes).
 #include "codegen/llvm/llvm_brgemm.h"
 
+#include <llvm/Analysis/VectorUtils.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/IntrinsicsX86.h>
@@ -309,16 +310,23 @@ class BrgemmEmitter : public KernelEmitter {
     if (idot_ == IntDot::vpdpbusd512)
       return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_512, {},
                                 {acc, a_i32v, b_i32v});
-    // AVX-VNNI: two 256-bit halves.
-    auto half = [&](llvm::Value* v, int h) {
-      return b_.CreateShuffleVector(
-          v, {8 * h, 8 * h + 1, 8 * h + 2, 8 * h + 3, 8 * h + 4, 8 * h + 5, 8 * h + 6, 8 * h + 7});
-    };
-    llvm::Value* lo = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_256, {},
-                                         {half(acc, 0), half(a_i32v, 0), half(b_i32v, 0)});
-    llvm::Value* hi = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_vpdpbusd_256, {},
-                                         {half(acc, 1), half(a_i32v, 1), half(b_i32v, 1)});
-    return b_.CreateShuffleVector(lo, hi, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+    return on_ymm_halves(llvm::Intrinsic::x86_avx512_vpdpbusd_256, {acc, a_i32v, b_i32v});
+  }
+
+  // The 256-bit intrinsic `id` on the low and the high halves of 512-bit
+  // operands, the two results joined (AVX-VNNI's vpdpbusd, AVX2's vpmaddwd).
+  llvm::Value* on_ymm_halves(llvm::Intrinsic::ID id, const std::vector<llvm::Value*>& ops) {
+    llvm::Value* r[2];
+    for (int h = 0; h < 2; ++h) {
+      std::vector<llvm::Value*> hv;
+      for (llvm::Value* v : ops) {
+        const int n =
+            static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements());
+        hv.push_back(b_.CreateShuffleVector(v, iota_mask(h * n / 2, n / 2)));
+      }
+      r[h] = b_.CreateIntrinsic(id, {}, hv);
+    }
+    return llvm::concatenateVectors(b_, r);
   }
 
   // One k-quad row of the int8 kernel: 4 K elements of every row and column.
@@ -373,27 +381,7 @@ class BrgemmEmitter : public KernelEmitter {
   llvm::Value* pmaddwd(llvm::Value* a, llvm::Value* b) {
     if (mc_.host.vector_bits >= 512 && mc_.host.avx512bw)
       return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_pmaddw_d_512, {}, {a, b});
-    std::vector<llvm::Value*> parts;
-    const int n = 2 * kLanes, per = 16;  // i16 lanes, per ymm
-    for (int h = 0; h < n / per; ++h) {
-      std::vector<int> m;
-      for (int i = 0; i < per; ++i) m.push_back(h * per + i);
-      parts.push_back(
-          b_.CreateIntrinsic(llvm::Intrinsic::x86_avx2_pmadd_wd, {},
-                             {b_.CreateShuffleVector(a, m), b_.CreateShuffleVector(b, m)}));
-    }
-    // Pairwise joins: shufflevector concatenates equal widths only.
-    while (parts.size() > 1) {
-      std::vector<llvm::Value*> next;
-      for (size_t i = 0; i + 1 < parts.size(); i += 2) {
-        const unsigned w = llvm::cast<llvm::FixedVectorType>(parts[i]->getType())->getNumElements();
-        std::vector<int> cat;
-        for (unsigned k = 0; k < 2 * w; ++k) cat.push_back(static_cast<int>(k));
-        next.push_back(b_.CreateShuffleVector(parts[i], parts[i + 1], cat));
-      }
-      parts = std::move(next);
-    }
-    return parts[0];
+    return on_ymm_halves(llvm::Intrinsic::x86_avx2_pmadd_wd, {a, b});
   }
 
   // The last, unpaired k: read only its own bf16 (its neighbour may lie past
@@ -530,9 +518,7 @@ class BrgemmEmitter : public KernelEmitter {
 
   // The 16 lanes plane_column(j, l) of a 64-lane vector (v0..v3 concatenated).
   llvm::Value* plane_lanes(const std::vector<llvm::Value*>& v, int j) {
-    llvm::Value* lo = b_.CreateShuffleVector(v[0], v[1], iota_mask(0, 32));
-    llvm::Value* hi = b_.CreateShuffleVector(v[2], v[3], iota_mask(0, 32));
-    llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
+    llvm::Value* all = llvm::concatenateVectors(b_, v);
     std::vector<int> m;
     for (int l = 0; l < kLanes; ++l) m.push_back(plane_column(j, l));
     return b_.CreateShuffleVector(all, m);
@@ -552,9 +538,7 @@ class BrgemmEmitter : public KernelEmitter {
       std::vector<llvm::Value*> p;
       for (int j = 0; j < 4; ++j)
         p.push_back(b_.CreateAlignedLoad(vm_.f32v(), quant_slot(r, j), llvm::Align(64)));
-      llvm::Value* lo = b_.CreateShuffleVector(p[0], p[1], iota_mask(0, 32));
-      llvm::Value* hi = b_.CreateShuffleVector(p[2], p[3], iota_mask(0, 32));
-      llvm::Value* all = b_.CreateShuffleVector(lo, hi, iota_mask(0, 64));
+      llvm::Value* all = llvm::concatenateVectors(b_, p);
       for (int v = 0; v < nz_; ++v) {
         std::vector<int> m;
         for (int c = 0; c < kLanes; ++c) m.push_back(where[size_t(16 * v + c)]);
