@@ -16,7 +16,8 @@
 //   BM_QuantColdDecode/fmt/N/K/T          the same with quantized weights; vs DRAM, vs bf16
 //   BM_Bf16Gemm/M/N/K/T                   bf16 GEMM, hot weights
 //   BM_QuantGemm/fmt/M/N/K/T              quantized GEMM, hot weights; vs_bf16 (and
-//                                         vs_onednn for int8)
+//                                         vs_onednn for int8); int4 also as
+//                                         fmt_w4a16 / fmt_w4a8 (GemmOptions::int4_route)
 //   BM_OnednnInt8Matmul/M/N/K/T           oneDNN u8 x s8 -> bf16 with per-N output scales
 //                                         (its label: the implementation that ran)
 //
@@ -422,9 +423,11 @@ double rel_l2(const float* a, const float* ref, size_t n) {
 // Once per (format, shape, M): y of the quantized gemm against the bf16 gemm
 // on the weight's own dequantize() (rounded to bf16, as the dequant kernels
 // round it), both f32 out. Returns an error text, or "" when it agrees.
-std::string check_quant(QFmt fmt, int64_t m, int64_t n, int64_t k, const tilejit::PackedWeight& w) {
-  static std::map<std::tuple<QFmt, int64_t, int64_t, int64_t>, std::string> checked;
-  const auto key = std::make_tuple(fmt, m, n, k);
+std::string check_quant(QFmt fmt, int64_t m, int64_t n, int64_t k, const tilejit::PackedWeight& w,
+                        const tilejit::GemmOptions& opt = {}) {
+  static std::map<std::tuple<QFmt, int64_t, int64_t, int64_t, tilejit::Int4Route>, std::string>
+      checked;
+  const auto key = std::make_tuple(fmt, m, n, k, opt.int4_route);
   if (auto it = checked.find(key); it != checked.end()) return it->second;
   std::string msg;
   try {
@@ -436,9 +439,11 @@ std::string check_quant(QFmt fmt, int64_t m, int64_t n, int64_t k, const tilejit
     std::vector<float> ref(size_t(m) * n);
     tilejit::gemm(x, ref_w, TensorView(ref.data(), DType::f32, {m, n}));
     auto* y = static_cast<float*>(output_buffer());
-    tilejit::gemm(x, w, TensorView(y, DType::f32, {m, n}));
+    tilejit::gemm(x, w, TensorView(y, DType::f32, {m, n}), opt);
     const double rel = rel_l2(y, ref.data(), ref.size());
-    const double tol = fmt == QFmt::int8 ? 3e-2 : 1e-2;
+    // x quantized per token (W8A8, W4A8): 3e-2.
+    const bool int8_x = fmt == QFmt::int8 || opt.int4_route == tilejit::Int4Route::w4a8;
+    const double tol = int8_x ? 3e-2 : 1e-2;
     if (!(rel <= tol)) {
       char buf[200];
       std::snprintf(buf, sizeof buf,
@@ -748,25 +753,30 @@ const RateLog* onednn_int8_log(int64_t m, int64_t n, int64_t k, int threads) {
 
 // ---------------------------------------------------------------- quantized hot
 
-void BM_QuantGemm(benchmark::State& state, QFmt fmt) {
+void BM_QuantGemm(benchmark::State& state, QFmt fmt, tilejit::Int4Route route) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const int threads = static_cast<int>(state.range(3));
   QWeight& qw = qweight(fmt, n, k);
   if (!qw.pack_error.empty()) return skip(state, qw.pack_error);
   tilejit::set_num_threads(threads);
-  if (const std::string err = check_quant(fmt, m, n, k, qw.packed); !err.empty())
+  tilejit::GemmOptions opt;
+  opt.int4_route = route;
+  if (const std::string err = check_quant(fmt, m, n, k, qw.packed, opt); !err.empty())
     return skip(state, err);
   const RateLog& bf16 = bf16_hot_log(m, n, k, threads);
   const RateLog* dnnl = fmt == QFmt::int8 ? onednn_int8_log(m, n, k, threads) : nullptr;
   tilejit::set_num_threads(threads);
   const TensorView x(activations().u16(), DType::bf16, {m, k});
   const TensorView y(output_buffer(), DType::bf16, {m, n});
-  tilejit::gemm(x, qw.packed, y);  // warm-up (compile)
+  tilejit::gemm(x, qw.packed, y, opt);  // warm-up (compile)
   const Meter t(threads);
-  for (auto _ : state) tilejit::gemm(x, qw.packed, y);
+  for (auto _ : state) tilejit::gemm(x, qw.packed, y, opt);
   const double s = t.wall(), cpu = t.cpu(), flops = 2.0 * m * n * k * double(state.iterations());
   const double g = flops / s * 1e-9, g_cpu = flops / cpu * 1e-9;
-  set_hot_counters(state, t, m, n, k, threads, double(qw.packed.packed_bytes()), fmt != QFmt::int8);
+  // W8A8 and W4A8 run the int8 kernels: their peak is the int8 one.
+  const bool int8_kernels = fmt == QFmt::int8 || (route == tilejit::Int4Route::w4a8 &&
+                                                  (fmt == QFmt::gptq || fmt == QFmt::awq));
+  set_hot_counters(state, t, m, n, k, threads, double(qw.packed.packed_bytes()), !int8_kernels);
   state.counters["bf16_GFLOPs"] = bf16.rate();
   state.counters["vs_bf16"] = bf16.rate() > 0 ? g / bf16.rate() : 0.0;
   state.counters["vs_bf16_cpu"] = bf16.cpu_rate() > 0 ? g_cpu / bf16.cpu_rate() : 0.0;
@@ -775,7 +785,9 @@ void BM_QuantGemm(benchmark::State& state, QFmt fmt) {
     state.counters["vs_onednn"] = dnnl->rate() > 0 ? g / dnnl->rate() : 0.0;
     state.counters["vs_onednn_cpu"] = dnnl->cpu_rate() > 0 ? g_cpu / dnnl->cpu_rate() : 0.0;
   }
-  state.SetLabel(label_for(m, qw.packed));
+  state.SetLabel(label_for(m, qw.packed) + (route == tilejit::Int4Route::w4a8    ? " w4a8"
+                                            : route == tilejit::Int4Route::w4a16 ? " w4a16"
+                                                                                 : ""));
 }
 
 // ---------------------------------------------------------------- registration
@@ -796,6 +808,7 @@ void register_all() {
   const QFmt int4[] = {QFmt::gptq, QFmt::awq, QFmt::mxfp4};
   const QFmt fp8[] = {QFmt::fp8_channel, QFmt::fp8_block};
   auto name = [](const char* bm, QFmt f) { return std::string(bm) + "/" + qfmt_name(f); };
+  constexpr tilejit::Int4Route kAuto = tilejit::Int4Route::automatic;
 
   // 1, 3: M = 1, cold weights; per shape the bf16 reference first (its pool,
   // then each format's, are built once for both thread counts).
@@ -823,16 +836,36 @@ void register_all() {
             ->Unit(benchmark::kMillisecond);
         if (m == 512)
           for (QFmt f : int4)
-            RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f)
+            RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f, kAuto)
+                ->Args({m, n, k, t})
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+        // int4 on each route, whatever the automatic choice at this M.
+        for (QFmt f : {QFmt::gptq, QFmt::awq})
+          for (auto [route, suffix] : {std::pair{tilejit::Int4Route::w4a16, "_w4a16"},
+                                       std::pair{tilejit::Int4Route::w4a8, "_w4a8"}})
+            RegisterBenchmark((name("BM_QuantGemm", f) + suffix).c_str(), BM_QuantGemm, f, route)
                 ->Args({m, n, k, t})
                 ->UseRealTime()
                 ->Unit(benchmark::kMillisecond);
         for (QFmt f : fp8)
-          RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f)
+          RegisterBenchmark(name("BM_QuantGemm", f).c_str(), BM_QuantGemm, f, kAuto)
               ->Args({m, n, k, t})
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
       }
+
+  // int4's two routes at the small M where the automatic choice switches
+  // (ops::kW4A8MinRows).
+  for (int64_t m : {8, 16, 32, 64})
+    for (int t : threads)
+      for (auto [route, suffix] : {std::pair{tilejit::Int4Route::w4a16, "_w4a16"},
+                                   std::pair{tilejit::Int4Route::w4a8, "_w4a8"}})
+        RegisterBenchmark((name("BM_QuantGemm", QFmt::gptq) + suffix).c_str(), BM_QuantGemm,
+                          QFmt::gptq, route)
+            ->Args({m, 4096, 4096, t})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
 
   // 4: int8 W8A8 against oneDNN u8s8 (oneDNN right before).
   for (auto [n, k] : nk)
@@ -842,7 +875,7 @@ void register_all() {
             ->Args({m, n, k, t})
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
-        RegisterBenchmark(name("BM_QuantGemm", QFmt::int8).c_str(), BM_QuantGemm, QFmt::int8)
+        RegisterBenchmark(name("BM_QuantGemm", QFmt::int8).c_str(), BM_QuantGemm, QFmt::int8, kAuto)
             ->Args({m, n, k, t})
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);

@@ -140,6 +140,16 @@ struct BrgemmDesc {
   Glu glu = Glu::none;
   float glu_alpha = 0, glu_limit = 0;  // clamped_swiglu only (0 otherwise)
   DType out = DType::f32;              // f32 or bf16
+  // W4A8 (int4 weights, int8 activations; ops/gemm_w4a8.cpp): an int8 kernel
+  // (a = u8, b = i8, acc = i32) for one scale group of int4 weights, whose B
+  // values are int4 codes minus zero points, in [−16, 15], so a pair of
+  // u8·s8 products is at most 2·255·16 = 8160 in magnitude and four k-quads'
+  // pairs sum to at most 32640: they fit s16 exactly (vpmaddubsw, paddw)
+  // before widening. kb a multiple of 16; out f32 or bf16 (scaled); with
+  // `accumulate`, acc_in is f32 and added after the scaling:
+  //   v = float(acc − a_zero[r]·b_comp[c])·a_scale[r]·b_scale[c] + acc_in[r][c]  (+ bias, act)
+  // (the earlier groups' fold).
+  bool w4a8 = false;
 
   static constexpr auto field_list() {
     using D = BrgemmDesc;
@@ -154,7 +164,8 @@ struct BrgemmDesc {
         field("bias", &D::bias, "_bias", unless_default),
         field("act", &D::act, "_", unless_default), field("glu", &D::glu, "_", unless_default),
         field("alpha", &D::glu_alpha, "_a", unless_default),
-        field("limit", &D::glu_limit, "_l", unless_default), field("out", &D::out, "_", "out"));
+        field("limit", &D::glu_limit, "_l", unless_default), field("out", &D::out, "_", "out"),
+        field("w4a8", &D::w4a8, "_w4a8", flag));
   }
 
   // K elements one VNNI group of B holds (a k-group row of the packed block),

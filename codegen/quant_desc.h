@@ -39,17 +39,27 @@ namespace tilejit::codegen {
 //   out[r·128 + 2c + p] = bf16(w)                      (round to nearest even)
 // i.e. out is `rows` k-pair rows of the bf16 packed layout (PackedLayout:
 // 64 columns × 2 bf16 = 256 bytes a row).
+//
+// out = i8 (u4 codes only; W4A8, ops/gemm_w4a8.cpp): no scale, the exact
+// integer v = q − z (in [−16, 15]) as s8 in the int8 k-quad layout
+// (Int8Layout's rows: k-pair rows 2j and 2j + 1 make quad row j):
+//   out[(r / 2)·256 + 4c + 2·(r % 2) + p] = q − z
+// with the bytes of the missing odd row 0 when rows is odd (so out holds
+// ⌈rows/2⌉ quad rows), and, when comp is not null,
+//   comp[c] = Σ_{r < rows, p} (q − z)   (the zero-point compensation of B).
 struct DequantArgs {
   const uint8_t* codes;   // the chunk's first k-pair row of codes
   const int32_t* groups;  // [rows] scale group of each k-pair row
   const float* scales;    // [G][64] f32: this column block's scale rows
   const uint8_t* zeros;   // [G][64] u8: this column block's zero points (int4 with zeros), or null
-  uint16_t* out;          // [rows][64][2] bf16
+  void* out;              // [rows][64][2] bf16, or (out i8) [⌈rows/2⌉][64][4] s8
   int64_t rows;           // k-pair rows (>= 0)
+  int32_t* comp;          // out i8: [64] Σ (q − z) per column, or null; unused for bf16
 };
 static_assert(offsetof(DequantArgs, codes) == 0 && offsetof(DequantArgs, groups) == 8 &&
               offsetof(DequantArgs, scales) == 16 && offsetof(DequantArgs, zeros) == 24 &&
-              offsetof(DequantArgs, out) == 32 && offsetof(DequantArgs, rows) == 40);
+              offsetof(DequantArgs, out) == 32 && offsetof(DequantArgs, rows) == 40 &&
+              offsetof(DequantArgs, comp) == 48);
 using DequantFn = void (*)(const DequantArgs*);
 
 struct DequantDesc {
@@ -63,13 +73,17 @@ struct DequantDesc {
   // overflow: the kernel may skip its per-product check. The result is the
   // same either way.
   bool normal_products = false;
+  // bf16 (scaled, the W4A16 / W8A16 chunk) or i8 (u4 only, LLVM only: the
+  // W4A8 chunk of q − z and its column sums).
+  DType out = DType::bf16;
 
   static constexpr auto field_list() {
     using D = DequantDesc;
     using enum NameRule;
     return std::make_tuple(field("isa", &D::isa, "_"), field("code", &D::code, "_"),
                            field("zeros", &D::zeros, "_zp", flag),
-                           field("normal", &D::normal_products, "_nosub", flag));
+                           field("normal", &D::normal_products, "_nosub", flag),
+                           field("out", &D::out, "_", unless_default));
   }
   // The smallest |scale| whose products with the smallest nonzero code value
   // (e4m3: 2^-9; int4: |q − z| = 1; e2m1: 0.5) are normal f32 numbers.

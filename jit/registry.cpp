@@ -46,7 +46,9 @@ constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
     "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); or the fused decode kernel "
-    "(a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32, 1 <= mr <= 4, the whole K, batch 1)";
+    "(a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32, 1 <= mr <= 4, the whole K, batch 1); "
+    "w4a8 (a=u8 b=i8 acc=i32, B in [-16, 15]) with kb % 16 == 0, out f32|bf16, no GLU, "
+    "row-major A";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
@@ -78,7 +80,8 @@ const KernelRow kRows[] = {
      "xbyak::emit_act_quant", "mode sym | asym | fixed"},
 #ifdef TILEJIT_HAVE_LLVM
     {Family::dequant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
-     "llvm_backend::compile_llvm_dequant", "code f8e4m3 | u4 (zeros: u4 only)"},
+     "llvm_backend::compile_llvm_dequant",
+     "code f8e4m3 | u4 | f4e2m1 (zeros: u4 only); out bf16, or i8 with u4 (W4A8)"},
     {Family::act_quant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_act_quant", "mode sym | asym | fixed"},
 #endif
@@ -160,6 +163,7 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d, const KernelRow& row) {
                     d.b_row_bytes, code_row));
   if (d.accumulate) throw refuse("acc_in=1 (the kernel takes the whole K in one call)");
   if (d.a_packed) throw refuse("apack=1");
+  if (d.w4a8) throw refuse("w4a8=1");
   if (d.out != DType::f32 && d.out != DType::bf16)
     throw refuse(fmt::format("out={}", dtype_name(d.out)));
   if (row.backend == Backend::xbyak)
@@ -186,6 +190,11 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   if (d.b_zeros)
     throw Error(fmt::format("brgemm: descriptor {} has zeros=1 with b={}; allowed: zeros with b=u4",
                             d.key(), dtype_name(d.b_type)));
+  if (d.w4a8 && !(d.a_type == DType::u8 && d.b_type == DType::i8 && d.acc_type == DType::i32))
+    throw Error(
+        fmt::format("brgemm: descriptor {} has w4a8=1 with a={} b={} acc={}; allowed: "
+                    "w4a8 with a=u8 b=i8 acc=i32",
+                    d.key(), dtype_name(d.a_type), dtype_name(d.b_type), dtype_name(d.acc_type)));
   const bool bf16 = d.a_type == DType::bf16 && d.b_type == DType::bf16 && d.acc_type == DType::f32;
   // Int8 (u8 × i8 → i32): every row (Xbyak amx / avx512, LLVM).
   const bool int8 = d.a_type == DType::u8 && d.b_type == DType::i8 && d.acc_type == DType::i32;
@@ -211,6 +220,15 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
                       "allowed: bias=none act=none glu=none (i32 is the raw partial sums)",
                       d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act),
                       codegen::glu_name(d.glu)));
+    if (d.w4a8) {
+      // The W4A8 group kernel (BrgemmDesc::w4a8): LLVM only.
+      if (row.backend != Backend::llvm || d.kb % 16 != 0 || d.out == DType::i32 ||
+          d.glu != codegen::Glu::none || d.a_packed)
+        throw Error(fmt::format(
+            "brgemm: w4a8 descriptor {} on the {} row; allowed: the llvm row with kb % 16 == 0, "
+            "out f32|bf16, glu=none, apack=0",
+            d.key(), isa_name(row.path)));
+    }
     if (d.isa == Isa::amx && !d.a_packed)
       throw Error(
           fmt::format("brgemm: AMX int8 descriptor {} has a_packed=0; allowed: a_packed "
@@ -382,6 +400,11 @@ const Kernel& get(const codegen::DequantDesc& d) {
     if (x.zeros && x.code != DType::u4)
       throw Error(fmt::format("dequant: zero points with code={}; allowed: zeros with u4 only",
                               dtype_name(x.code)));
+    if (x.out != DType::bf16 && !(x.out == DType::i8 && x.code == DType::u4 && x.isa == Isa::llvm))
+      throw Error(fmt::format(
+          "dequant: out={} with code={} isa={}; allowed: out bf16, or out i8 with code u4 on "
+          "the llvm row (the W4A8 chunk)",
+          dtype_name(x.out), dtype_name(x.code), isa_name(x.isa)));
     return two_backend_family(
         Family::dequant, x,
         [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },

@@ -41,38 +41,6 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 // the chunk in L1 (256 deep: 32 KiB of bf16).
 constexpr int64_t kShallowChunkRows = 16, kShallowChunk = 256;
 
-codegen::ActQuantMode act_quant_mode(ActQuant q) {
-  switch (q) {
-    case ActQuant::dynamic_sym:
-      return codegen::ActQuantMode::sym;
-    case ActQuant::dynamic_asym:
-      return codegen::ActQuantMode::asym;
-    case ActQuant::fixed:
-      return codegen::ActQuantMode::fixed;
-  }
-  throw Error(
-      fmt::format("gemm: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
-                  "dynamic_asym, fixed",
-                  static_cast<int>(q)));
-}
-
-// ActQuant::fixed's 1 / s (checked > 0 and finite before); unused otherwise.
-float fixed_inv_scale(const GemmOptions& opt) {
-  return opt.act_quant == ActQuant::fixed ? 1.0f / opt.act_scale : 1.0f;
-}
-
-runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
-  switch (m) {
-    case codegen::ActQuantMode::sym:
-      return runtime::ActQuantRule::sym;
-    case codegen::ActQuantMode::asym:
-      return runtime::ActQuantRule::asym;
-    case codegen::ActQuantMode::fixed:
-      break;
-  }
-  return runtime::ActQuantRule::fixed;
-}
-
 void store(const TensorView& y, int64_t i, int64_t j, double v) {
   if (y.dtype == DType::f32)
     static_cast<float*>(y.data)[i * y.strides[0] + j] = static_cast<float>(v);
@@ -147,9 +115,6 @@ void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
   const int64_t k4 = spec.k;
   GemmExecutable& exe = gemm_executable(spec, isa, tuned);
   log_plan("w8a8", x, p, isa, exe.plan());
-  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
-                                 act_quant_mode(opt.act_quant)};
-  const auto quantize = jit::get(qd).entry<codegen::ActQuantFn>();
   // u8 rows padded to whole AMX K steps (the pack_a copy reads 64-byte steps).
   const int64_t ldq = (k4 + 63) / 64 * 64;
 
@@ -164,24 +129,8 @@ void run_int8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
     uint8_t* q = packed_a_scratch(kQuantX, rows * ldq);
     scale.resize(static_cast<size_t>(rows));
     zero.resize(static_cast<size_t>(rows));
-    constexpr int64_t kRowsPerTask = 16;
-    runtime::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-      const int64_t r0 = t * kRowsPerTask;
-      codegen::ActQuantArgs a{};
-      a.x = static_cast<const uint16_t*>(x.data) + (s0 + r0) * x.strides[0];
-      a.ldx = x.strides[0];
-      a.rows = std::min(kRowsPerTask, rows - r0);
-      a.k = K;
-      a.k_padded = ldq;
-      a.out = q + r0 * ldq;
-      a.ld_out = ldq;
-      a.scale = scale.data() + r0;
-      a.zero = zero.data() + r0;
-      a.inv_scale = fixed_inv_scale(opt);
-      a.fixed_scale = opt.act_scale;
-      a.fixed_zero = opt.act_zero_point;
-      quantize(&a);
-    });
+    quantize_rows(static_cast<const uint16_t*>(x.data) + s0 * x.strides[0], x.strides[0], rows, K,
+                  ldq, opt, isa, q, scale.data(), zero.data());
     r.a_scale = scale.data();
     r.a_zero = zero.data();
     *lda = ldq;
@@ -308,6 +257,63 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
 }
 
 }  // namespace
+
+codegen::ActQuantMode act_quant_mode(ActQuant q) {
+  switch (q) {
+    case ActQuant::dynamic_sym:
+      return codegen::ActQuantMode::sym;
+    case ActQuant::dynamic_asym:
+      return codegen::ActQuantMode::asym;
+    case ActQuant::fixed:
+      return codegen::ActQuantMode::fixed;
+  }
+  throw Error(
+      fmt::format("gemm: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
+                  "dynamic_asym, fixed",
+                  static_cast<int>(q)));
+}
+
+// ActQuant::fixed's 1 / s (checked > 0 and finite before); unused otherwise.
+float fixed_inv_scale(const GemmOptions& opt) {
+  return opt.act_quant == ActQuant::fixed ? 1.0f / opt.act_scale : 1.0f;
+}
+
+runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
+  switch (m) {
+    case codegen::ActQuantMode::sym:
+      return runtime::ActQuantRule::sym;
+    case codegen::ActQuantMode::asym:
+      return runtime::ActQuantRule::asym;
+    case codegen::ActQuantMode::fixed:
+      break;
+  }
+  return runtime::ActQuantRule::fixed;
+}
+
+void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int64_t ldq,
+                   const GemmOptions& opt, Isa isa, uint8_t* q, float* scale, int32_t* zero) {
+  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+                                 act_quant_mode(opt.act_quant)};
+  const auto quantize = jit::get(qd).entry<codegen::ActQuantFn>();
+  constexpr int64_t kRowsPerTask = 16;
+  runtime::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    const int64_t r0 = t * kRowsPerTask;
+    codegen::ActQuantArgs a{};
+    a.x = x + r0 * ldx;
+    a.ldx = ldx;
+    a.rows = std::min(kRowsPerTask, rows - r0);
+    a.k = k;
+    a.k_padded = ldq;
+    a.out = q + r0 * ldq;
+    a.ld_out = ldq;
+    a.scale = scale + r0;
+    a.zero = zero + r0;
+    a.inv_scale = fixed_inv_scale(opt);
+    a.fixed_scale = opt.act_scale;
+    a.fixed_zero = opt.act_zero_point;
+    quantize(&a);
+  });
+}
 
 void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratch_bytes,
                       codegen::BrgemmArgs& args) {
@@ -474,7 +480,12 @@ bool layout_tag_ok(const PackedWeight::Impl& p) {
 
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                     const GemmOptions& opt) {
-  if (p.format == WeightFormat::int8) {
+  const int64_t M = x.shape[0];
+  const Isa path = runtime::active_isa();
+  const Isa rows_isa = codegen::gemm_isa_for_rows(path, M);
+  // W4A8 (int4 weights, int8 activations): opt.int4_route, by path and M.
+  const bool w4a8 = w4a8_route(p, opt, rows_isa, M);
+  if (p.format == WeightFormat::int8 || w4a8) {
     act_quant_mode(opt.act_quant);  // Error for a value outside the enum
     if (opt.act_quant == ActQuant::fixed &&
         (!(opt.act_scale > 0) || !std::isfinite(opt.act_scale) || opt.act_zero_point < 0 ||
@@ -484,13 +495,17 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
                       "allowed: a finite act_scale > 0 and act_zero_point in [0, 255]",
                       opt.act_scale, opt.act_zero_point));
   }
-  const int64_t M = x.shape[0];
-  const Isa path = runtime::active_isa();
-  if (codegen::gemm_isa_for_rows(path, M) == Isa::scalar) return run_scalar_quant(x, p, y, opt);
+  if (w4a8) {
+    // Its kernels are LLVM code (on any path whose host runs it); without
+    // them, the oracle computes the same W4A8 result.
+    if (rows_isa == Isa::scalar || !w4a8_kernels_usable()) return run_scalar_w4a8(x, p, y, opt);
+    return run_w4a8(x, p, y, opt);
+  }
+  if (rows_isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
   // The fused decode kernel has no plan (one kernel per M): no tuned knob
   // applies there, nor is one looked up (docs/tuning.md "Quantized weights").
-  if (p.format != WeightFormat::int8 && quant_gemm_fused(p, codegen::gemm_isa_for_rows(path, M), M))
-    return run_fused(x, p, y, opt, codegen::gemm_isa_for_rows(path, M));
+  if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M))
+    return run_fused(x, p, y, opt, rows_isa);
   // W8A8 and the dequant route run a GemmPlan: a tuning database entry of
   // this format and shape class sets its row blocking, task split and ISA
   // (validated at load: jit/tuning_db.cpp).

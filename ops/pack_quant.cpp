@@ -189,6 +189,27 @@ void QuantTables::set_row_map(std::vector<int64_t> map, int64_t n) {
   row_of = std::move(map);
 }
 
+Int4Term int4_term(const PackedWeight::Impl& p, int64_t n, int64_t k) {
+  const QuantTables& q = *p.quant;
+  const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
+  const uint8_t byte =
+      p.bytes()[pr / kBlockN * p.code_block_bytes() + pos / 2 * q.code_row_bytes + pr % kBlockN];
+  Int4Term t;
+  t.code = (byte >> (4 * (pos % 2))) & 0xF;
+  t.group = q.g_idx_in.present ? saved_at<int32_t>(q.g_idx_in, k)
+            : q.group_size < 0 ? 0
+                               : k / q.group_size;
+  if (q.qzeros_in.present) {
+    const auto* zw = reinterpret_cast<const int32_t*>(q.qzeros_in.bytes.data());
+    const int64_t words = q.qzeros_in.shape[1];
+    t.zero = p.format == WeightFormat::int4_awq
+                 ? runtime::awq_at(zw, words, t.group, n)
+                 : runtime::gptq_zero_at(zw, words, t.group, n, !q.gptq_v2);
+  }
+  t.scale = scale_value(q.scales_in, t.group, n);
+  return t;
+}
+
 double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
   if (p.quant == nullptr) return runtime::bf16_to_f32(p.bf16()[p.layout.index(n, k)]);
   const QuantTables& q = *p.quant;
@@ -213,21 +234,8 @@ double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k) {
     }
     case WeightFormat::int4_awq:
     case WeightFormat::int4_gptq: {
-      const int64_t pos = q.pos_of[k], pr = q.packed_row(n);
-      const uint8_t byte = p.bytes()[pr / kBlockN * p.code_block_bytes() +
-                                     pos / 2 * q.code_row_bytes + pr % kBlockN];
-      const int code = (byte >> (4 * (pos % 2))) & 0xF;
-      const int64_t g = q.g_idx_in.present ? saved_at<int32_t>(q.g_idx_in, k)
-                        : q.group_size < 0 ? 0
-                                           : k / q.group_size;
-      int z = 8;
-      if (q.qzeros_in.present) {
-        const auto* zw = reinterpret_cast<const int32_t*>(q.qzeros_in.bytes.data());
-        const int64_t words = q.qzeros_in.shape[1];
-        z = p.format == WeightFormat::int4_awq ? runtime::awq_at(zw, words, g, n)
-                                               : runtime::gptq_zero_at(zw, words, g, n, !q.gptq_v2);
-      }
-      return runtime::dequant_int4(code, z, scale_value(q.scales_in, g, n));
+      const Int4Term t = int4_term(p, n, k);
+      return runtime::dequant_int4(t.code, t.zero, t.scale);
     }
     case WeightFormat::mxfp4: {  // int4's code layout; scales_in: the e8m0 bytes [N, G]
       const int64_t pos = q.pos_of[k], pr = q.packed_row(n);

@@ -12,6 +12,7 @@
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/packed_weight_impl.h"
+#include "runtime/reference_quant.h"
 
 namespace tilejit::ops {
 
@@ -30,6 +31,15 @@ PackedWeight pack_mxfp4(const Mxfp4Weight& w, std::vector<int64_t> row_of);  // 
 // own scale / zero tensors (kept verbatim) and the packed codes: the oracle
 // of dequantize() and of the scalar path.
 double weight_value(const PackedWeight::Impl& p, int64_t n, int64_t k);
+
+// One int4 (AWQ / GPTQ) weight as its checkpoint holds it: w[n, k] =
+// (code − zero) · scale, of scale group `group` (8 when there are no zeros).
+struct Int4Term {
+  int code = 0, zero = 8;
+  int64_t group = 0;
+  double scale = 0;
+};
+Int4Term int4_term(const PackedWeight::Impl& p, int64_t n, int64_t k);
 
 // The layout tag of a packed weight, from its format and parameters.
 std::string quant_layout_name(const PackedWeight::Impl& p);
@@ -95,6 +105,39 @@ void run_dequant_block(const PackedWeight::Impl& p, const GemmExecutable& exe,
 // per-thread scratch of scratch_bytes, or none).
 void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratch_bytes,
                       codegen::BrgemmArgs& args);
+
+// ---- int8 activations (W8A8, W4A8) ----------------------------------------------
+
+// opt.act_quant as the act_quant kernel's mode (Error for a value outside the enum).
+codegen::ActQuantMode act_quant_mode(ActQuant q);
+// ActQuant::fixed's 1 / s (checked > 0 and finite before); 1 otherwise.
+float fixed_inv_scale(const GemmOptions& opt);
+// The scalar reference's name for the same rule.
+runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m);
+// Rows [0, rows) of bf16 x (k elements, ldx elements between rows) quantized
+// by the act_quant kernel of `isa` per opt: u8 rows of ldq bytes (zero bytes
+// from k to ldq), one scale and zero point per row. Splits over the pool.
+void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int64_t ldq,
+                   const GemmOptions& opt, Isa isa, uint8_t* q, float* scale, int32_t* zero);
+
+// ---- W4A8 (ops/gemm_w4a8.cpp) ------------------------------------------------------
+
+// From this many rows the automatic route runs int4 GEMMs as W4A8 on the
+// llvm path (docs/quantized.md: where it beat W4A16 on an AVX2 host).
+inline constexpr int64_t kW4A8MinRows = 8;
+// Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
+// path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
+// opt.int4_route (automatic: the llvm path from kW4A8MinRows rows on).
+bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m);
+// y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
+// per row by opt.act_quant, exact int32 sums per scale group folded in f32.
+// The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see
+// w4a8_kernels_usable) and the oracle in double (run_scalar_w4a8).
+bool w4a8_kernels_usable();
+void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+              const GemmOptions& opt);
+void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                     const GemmOptions& opt);
 
 // gemm() for fp8, int4 and int8 weights (arguments already checked).
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,

@@ -70,6 +70,27 @@ inline double int8_output_bound(Activation act, DType out, double pre_abs, doubl
   return tol;
 }
 
+// W4A8 (int4 weights, int8 activations): per scale group g the exact int32
+// sum S_g (float(S_g) exact below 2^24, one rounding above), scaled by s_x
+// and s_g (two roundings) and added to the f32 sum of the earlier groups
+// (one), then the bias (one): within (G + 4)·u·Σ_g|S_g·s_x·s_g| + u·|bias|
+// of the exact W4A8 value; the activation and the bf16 output as
+// int8_output_bound.
+inline double w4a8_output_bound(Activation act, DType out, int64_t groups, double pre_abs,
+                                double bias_abs, double pre, double v) {
+  double tol = activation_lipschitz(act) *
+               ((static_cast<double>(groups) + 4) * kF32Unit * pre_abs + kF32Unit * bias_abs);
+  tol += activation_math_error(act, pre) + kF32Unit * std::fabs(v);
+  if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(std::fabs(v), -7);
+  return tol;
+}
+// What quantizing x per row moves a W4A8 output by, against the same GEMM on
+// the bf16 x: each x_k is within half a code, s_x/2, of its code's value
+// (plus the f32 rounding of x·(1/s_x): we allow 0.51·s_x), times |w_k|.
+inline double w4a8_activation_bound(Activation act, double s_x, double w_abs) {
+  return activation_lipschitz(act) * 0.51 * s_x * w_abs;
+}
+
 // Dot product. Products of two bf16 values are exact in fp32; vdpbf16ps /
 // tdpbf16ps (and the LLVM FMAs) then add them into fp32 accumulators with one
 // rounding per addition, in whatever order the blocking (k-split

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/gemm_plan.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
@@ -63,8 +64,9 @@ struct QCase {
   DType scale_dtype = DType::f16;
   // mxfp4: blocks as [N, K/32, 16] (GPT-OSS's form) or [N, K/2]
   bool mx3d = false;
-  // int8
+  // int8, and int4 on the W4A8 route
   ActQuant aq = ActQuant::dynamic_sym;
+  Int4Route route = Int4Route::automatic;  // int4
   bool per_tensor = false;
   Activation act = Activation::none;
   Bias bias = Bias::none;
@@ -83,6 +85,11 @@ struct QCase {
       if (act_order) s += "_actorder";
       if (v2) s += "_v2";
       s += fmt::format("_s{}", dtype_name(scale_dtype));
+      if (route == Int4Route::w4a8)
+        s += aq == ActQuant::dynamic_sym    ? "_w4a8sym"
+             : aq == ActQuant::dynamic_asym ? "_w4a8asym"
+                                            : "_w4a8fixed";
+      if (route == Int4Route::w4a16) s += "_w4a16";
     }
     if (fmt == Fmt::mxfp4) s += mx3d ? "_3d" : "_2d";
     if (fmt == Fmt::int8) {
@@ -135,6 +142,11 @@ struct Checkpoint {
   std::vector<double> w_bf16;  // [N, K] rounded as the dequant kernels do (fp8 / int4)
   std::vector<double> qz_s;    // [N, K] (|q| + |z|)·|s| (fp8: |w|): the fused kernel's bound
   std::vector<double> off_s;   // [N, K] 32·|s| for int4 (the fused kernel's offset of 16), fp8 0
+  // int4: q − z per [N, K], the group of each k, the scales [G, N] (W4A8's reference).
+  std::vector<int> qmz;
+  std::vector<int32_t> group_of;
+  std::vector<float> s4;
+  int64_t groups = 0;
 };
 
 // An MXFP4 checkpoint: code q[n, k] and exponent e[n, g] from the given
@@ -280,9 +292,14 @@ Checkpoint make_checkpoint(const QCase& c) {
           ck.scales_16[i] =
               c.scale_dtype == DType::bf16 ? f32_to_bf16(s[i]) : f32_to_f16_exact(s[i]);
       }
+      ck.qmz.resize(static_cast<size_t>(N * K));
+      ck.group_of = group_of;
+      ck.s4 = s;
+      ck.groups = G;
       for (int64_t n = 0; n < N; ++n)
         for (int64_t k = 0; k < K; ++k) {
           const int64_t g = group_of[k];
+          ck.qmz[n * K + k] = q[n * K + k] - z[g * N + n];
           const float v = static_cast<float>(q[n * K + k] - z[g * N + n]);
           ck.w[n * K + k] = double(v) * s[g * N + n];
           ck.w_bf16[n * K + k] = bf16_to_f32(f32_to_bf16(v * s[g * N + n]));
@@ -356,6 +373,7 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
     opt.bias = TensorView(bb.data(), DType::bf16, {N});
   }
   opt.act_quant = c.aq;
+  opt.int4_route = c.route;
   if (c.aq == ActQuant::fixed) opt.act_scale = 2.0f / 127, opt.act_zero_point = 128;
   const size_t ysz = c.out == DType::f32 ? 4 : 2;
   const int64_t ldy = N + 5;
@@ -367,7 +385,10 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
   // The dequant path rounds w to bf16 (a tight check against those weights);
   // the fused decode kernel (M <= 4 on amx / avx512) keeps w exact, within
   // its own bound.
-  const bool fused = ops::quant_gemm_fused(*pw.impl(), cpu_info().isa, c.m);
+  // W4A8 (int4 weights, x quantized per row): the route the library takes.
+  const bool w4a8 =
+      ops::w4a8_route(*pw.impl(), opt, codegen::gemm_isa_for_rows(cpu_info().isa, M), M);
+  const bool fused = !w4a8 && ops::quant_gemm_fused(*pw.impl(), cpu_info().isa, c.m);
   const bool int8 = c.fmt == Fmt::int8;
   std::vector<uint8_t> qa(static_cast<size_t>(K));
   int bad = 0;
@@ -375,7 +396,7 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
   for (int64_t i = 0; i < M; ++i) {
     float sa = 1;
     int32_t za = 0;
-    if (int8)
+    if (int8 || w4a8)
       runtime::reference_act_quant_row(c.aq == ActQuant::dynamic_sym ? runtime::ActQuantRule::sym
                                        : c.aq == ActQuant::dynamic_asym
                                            ? runtime::ActQuantRule::asym
@@ -386,7 +407,38 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
       const double b = bias_value(c, bf, bb, j);
       double ref, tol;
       double pre, sum_abs = 0;
-      if (int8) {
+      if (w4a8) {
+        // Exact integer sums per group of the codes the kernels' quantizer
+        // makes, scaled per group: the kernels' contract.
+        std::vector<int64_t> sums(static_cast<size_t>(ck.groups), 0);
+        double exact = 0, w_abs = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          sums[ck.group_of[k]] += int64_t(qa[k] - za) * ck.qmz[j * K + k];
+          exact += double(bf16_to_f32(xv[i * K + k])) * ck.w[j * K + k];
+          sum_abs += std::fabs(double(bf16_to_f32(xv[i * K + k])) * ck.w[j * K + k]);
+          w_abs += std::fabs(ck.w[j * K + k]);
+        }
+        double acc = 0, pre_abs = 0;
+        for (int64_t g = 0; g < ck.groups; ++g) {
+          const double t = double(sums[g]) * double(ck.s4[g * N + j]) * double(sa);
+          acc += t;
+          pre_abs += std::fabs(t);
+        }
+        pre = acc + b;
+        ref = runtime::reference_activation(c.act, pre);
+        tol = runtime::w4a8_output_bound(c.act, c.out, ck.groups, pre_abs, std::fabs(b), pre, ref);
+        // Against the bf16 activations (the W4A16 result, exact weights):
+        // the quantization of x moves each product by at most half a code,
+        // s_x/2 · Σ|w| (documented in docs/quantized.md).
+        const double pre_x = exact + b, ref_x = runtime::reference_activation(c.act, pre_x);
+        const double tol_x =
+            runtime::gemm_output_bound(c.act, c.out, K, sum_abs, std::fabs(b), pre_x, ref_x) +
+            runtime::w4a8_activation_bound(c.act, sa, w_abs) + tol;
+        const double got_x = read_out(ybuf.data(), c.out, i * ldy + j);
+        if (!(std::fabs(got_x - ref_x) <= tol_x) && bad++ == 0)
+          first = fmt::format("y[{}, {}] = {} vs the bf16-activation reference {} (tol {})", i, j,
+                              got_x, ref_x, tol_x);
+      } else if (int8) {
         // Exact integer sums of the codes the kernels' quantizer makes.
         int64_t acc = 0, wabs = 0;
         const double sw = ck.scales_f32[c.per_tensor ? 0 : j];
@@ -506,6 +558,26 @@ std::vector<QCase> battery() {
       QCase q = c;
       q.fmt = Fmt::gptq, q.group = 32, q.zp = true, q.act_order = true;
       add(q);
+    }
+    // W4A8 forced at every M (every path: the scalar path's oracle too) and
+    // W4A16 forced where the automatic route would take W4A8: each group
+    // size, zero points, act-order, each activation quantization.
+    {
+      int w = 0;
+      for (int64_t group : {32, 128, -1, 64}) {
+        QCase q = c;
+        q.fmt = w % 2 ? Fmt::awq : Fmt::gptq, q.group = group, q.zp = w != 2;
+        q.act_order = !(w % 2) && group != -1;
+        q.route = Int4Route::w4a8;
+        q.aq = w == 1 ? ActQuant::dynamic_asym : w == 3 ? ActQuant::fixed : ActQuant::dynamic_sym;
+        add(q);
+        ++w;
+      }
+      if (c.m >= ops::kW4A8MinRows) {
+        QCase q = c;
+        q.fmt = Fmt::gptq, q.group = 128, q.zp = true, q.route = Int4Route::w4a16;
+        add(q);
+      }
     }
     // MXFP4: both blocks forms (K % 32 != 0: the last block padded).
     for (bool mx3d : {false, true}) {

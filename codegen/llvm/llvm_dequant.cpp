@@ -9,6 +9,9 @@
 //       mxfp4: as int4; e2m1 nibble -> f32 by bit arithmetic and a select
 //       v = exact f32 value of each; w = v · s[c0..]        (one multiply)
 //       even / odd bf16 (RNE, NaN quiet) interleaved into 2L outputs, stored
+//   out = i8 (W4A8, u4 only): per pair of k-pair rows, q − z of both as the
+//   bytes of one dword per column (the int8 k-quad layout), no scale; the
+//   column sums carried through the loop and stored once (generate_i8)
 //
 // Every step is exact or one IEEE operation, as the contract writes it, and
 // none depends on MXCSR's DAZ / FTZ beyond that multiply (which the scalar
@@ -43,6 +46,7 @@ class DequantEmitter : public KernelEmitter {
   using Args = DequantArgs;
 
   void generate() override {
+    if (d_.out == DType::i8) return generate_i8();
     emit_loop(
         b_, arg(TILEJIT_ARG(Args, rows)), {},
         [&](llvm::Value* r, const std::vector<llvm::Value*>&) {
@@ -129,6 +133,80 @@ class DequantEmitter : public KernelEmitter {
     }
   }
 
+  // out = i8 (W4A8): per quad row j (k-pair rows r0 = 2j and r1 = 2j + 1;
+  // r1 = rows is the missing row of an odd count, read as r0 and masked to
+  // 0), per L columns: the dword of column c is the bytes (q − z) of
+  // (r0 even, r0 odd, r1 even, r1 odd); the column sums ride the loop.
+  void generate_i8() {
+    llvm::Value* rows = arg(TILEJIT_ARG(Args, rows));
+    llvm::Value* quads = b_.CreateUDiv(b_.CreateAdd(rows, i64(1)), i64(2));
+    std::vector<llvm::Value*> sums(kCols / lanes_, llvm::Constant::getNullValue(vm_.i32v()));
+    sums = emit_loop(
+        b_, quads, sums,
+        [&](llvm::Value* j, const std::vector<llvm::Value*>& in) {
+          std::vector<llvm::Value*> cur = in;
+          llvm::Value* r0 = b_.CreateMul(j, i64(2));
+          llvm::Value* r1 = b_.CreateAdd(r0, i64(1));
+          llvm::Value* has_r1 = b_.CreateICmpULT(r1, rows);
+          r1 = b_.CreateSelect(has_r1, r1, r0);
+          llvm::Value* keep = b_.CreateSelect(has_r1, vm_.i32(-1), vm_.i32(0));
+          llvm::Value* out_row =
+              byte_gep(arg(TILEJIT_ARG(Args, out)), b_.CreateMul(j, i64(4 * kCols)));
+          for (int c0 = 0, v = 0; c0 < kCols; c0 += lanes_, ++v) {
+            llvm::Value *e0, *o0, *e1, *o1;
+            nibbles(r0, c0, &e0, &o0);
+            nibbles(r1, c0, &e1, &o1);
+            e1 = b_.CreateAnd(e1, keep);
+            o1 = b_.CreateAnd(o1, keep);
+            cur[v] = b_.CreateAdd(cur[v], b_.CreateAdd(b_.CreateAdd(e0, o0), b_.CreateAdd(e1, o1)));
+            auto byte = [&](llvm::Value* x, int at) {
+              return b_.CreateShl(b_.CreateAnd(x, vm_.i32(0xFF)), vm_.i32(8 * at));
+            };
+            llvm::Value* word = b_.CreateOr(b_.CreateOr(byte(e0, 0), byte(o0, 1)),
+                                            b_.CreateOr(byte(e1, 2), byte(o1, 3)));
+            b_.CreateAlignedStore(word, byte_gep(out_row, i64(4 * c0)), llvm::Align(4));
+          }
+          return cur;
+        },
+        "quad");
+    // comp, when given: the column sums (the zero-point compensation).
+    llvm::Value* comp = arg(TILEJIT_ARG(Args, comp));
+    llvm::Function* fn = b_.GetInsertBlock()->getParent();
+    llvm::BasicBlock* store_bb = llvm::BasicBlock::Create(b_.getContext(), "comp", fn);
+    llvm::BasicBlock* done_bb = llvm::BasicBlock::Create(b_.getContext(), "done", fn);
+    b_.CreateCondBr(b_.CreateIsNotNull(comp), store_bb, done_bb);
+    b_.SetInsertPoint(store_bb);
+    for (int v = 0; v < kCols / lanes_; ++v)
+      b_.CreateAlignedStore(sums[v], b_.CreateGEP(b_.getInt32Ty(), comp, i64(v * lanes_)),
+                            llvm::Align(4));
+    b_.CreateBr(done_bb);
+    b_.SetInsertPoint(done_bb);
+  }
+
+  // The u4 codes of k-pair row r, columns c0 .. c0 + L − 1, minus their
+  // zero points (the row's group; 8 without zeros): even and odd k, as i32.
+  void nibbles(llvm::Value* r, int c0, llvm::Value** even, llvm::Value** odd) {
+    llvm::Value* g = b_.CreateSExt(
+        b_.CreateAlignedLoad(b_.getInt32Ty(),
+                             b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, groups)), r),
+                             llvm::Align(4)),
+        b_.getInt64Ty());
+    llvm::Type* i8 = b_.getInt8Ty();
+    llvm::Value* code_row = byte_gep(arg(TILEJIT_ARG(Args, codes)), b_.CreateMul(r, i64(kCols)));
+    llvm::Value* bytes = b_.CreateZExt(
+        b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(code_row, i64(c0)), llvm::Align(1)),
+        vm_.i32v());
+    llvm::Value* z = vm_.i32(8);
+    if (d_.zeros) {
+      llvm::Value* zero_row = byte_gep(arg(TILEJIT_ARG(Args, zeros)), b_.CreateMul(g, i64(kCols)));
+      z = b_.CreateZExt(
+          b_.CreateAlignedLoad(vec(i8, lanes_), byte_gep(zero_row, i64(c0)), llvm::Align(1)),
+          vm_.i32v());
+    }
+    *even = b_.CreateSub(b_.CreateAnd(bytes, vm_.i32(0xF)), z);
+    *odd = b_.CreateSub(b_.CreateLShr(bytes, vm_.i32(4)), z);
+  }
+
   const DequantDesc& d_;
   int lanes_;
   VectorMath vm_;
@@ -141,6 +219,9 @@ void check(const DequantDesc& d) {
   if (d.code != DType::f8e4m3 && d.code != DType::u4 && d.code != DType::f4e2m1)
     bad(std::string("code = ") + dtype_name(d.code) + " is not supported (f8e4m3, u4 or f4e2m1)");
   if (d.zeros && d.code != DType::u4) bad("zero points are for u4 codes only");
+  if (d.out != DType::bf16 && !(d.out == DType::i8 && d.code == DType::u4))
+    bad(std::string("out = ") + dtype_name(d.out) + " with code = " + dtype_name(d.code) +
+        " is not supported (bf16, or i8 with u4 codes)");
 }
 
 }  // namespace

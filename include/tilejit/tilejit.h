@@ -240,10 +240,20 @@ enum class ActQuant {
   fixed,         // one given scale and zero point for the tensor (act_scale, act_zero_point)
 };
 
+// How a GEMM with int4 weights (AWQ / GPTQ) computes (docs/quantized.md, "W4A8").
+enum class Int4Route {
+  automatic,  // the plan's choice by path and M: W4A8 on the llvm path from
+              // 8 rows on (ops::kW4A8MinRows), W4A16 otherwise
+  w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4)
+  w4a8,       // x quantized per opt.act_quant to u8, exact int32 sums per group
+};
+
 struct GemmOptions {
   std::optional<TensorView> bias;  // [N], f32 or bf16
   Activation act = Activation::none;
-  // int8 weights only (ignored otherwise).
+  // int4 (AWQ / GPTQ) weights only (ignored otherwise).
+  Int4Route int4_route = Int4Route::automatic;
+  // int8 weights, and int4 weights on the W4A8 route (ignored otherwise).
   ActQuant act_quant = ActQuant::dynamic_sym;
   float act_scale = 0;       // ActQuant::fixed: > 0 and finite
   int act_zero_point = 128;  // ActQuant::fixed: u8 zero point in [0, 255] (128: symmetric)
