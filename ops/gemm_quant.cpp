@@ -440,6 +440,12 @@ const codegen::PlanOverrides& quant_tuned(const PackedWeight::Impl& p, codegen::
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
+  // The automatic route (GemmOptions' default).
+  if (w4a8_route(p, GemmOptions{}, isa, m)) {
+    if (isa == Isa::scalar || !w4a8_kernels_usable())
+      return "scalar reference (W4A8: x quantized per row, double)";
+    return w4a8_kernel_name(p, bias, act, out);
+  }
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
     return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa)

@@ -30,6 +30,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/quant_desc.h"
 #include "jit/registry.h"
+#include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
@@ -99,8 +100,8 @@ QuadOrder quad_order(const PackedWeight::Impl& p) {
 // one), rows 1..mr and the N tail, looked up once each.
 enum Role { kFirst = 0, kMiddle = 1, kLast = 2, kOnly = 3 };
 
-codegen::BrgemmDesc w4a8_desc(const QuadOrder& o, const GemmOptions& opt, DType out, Role role,
-                              int rows, int cols) {
+codegen::BrgemmDesc w4a8_desc(const QuadOrder& o, codegen::BiasKind bias, Activation act, DType out,
+                              Role role, int rows, int cols) {
   codegen::BrgemmDesc d;
   d.isa = Isa::llvm;
   d.a_type = DType::u8;
@@ -115,12 +116,17 @@ codegen::BrgemmDesc w4a8_desc(const QuadOrder& o, const GemmOptions& opt, DType 
   const bool final_call = role == kLast || role == kOnly;
   d.out = final_call ? out : DType::f32;
   if (final_call) {
-    d.bias = opt.bias ? (opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32
-                                                       : codegen::BiasKind::bf16)
-                      : codegen::BiasKind::none;
-    d.act = opt.act;
+    d.bias = bias;
+    d.act = act;
   }
   return d;
+}
+
+// The int8 plan over the quad K order: its row blocking (mr) and task rows.
+codegen::GemmPlan w4a8_plan(int64_t n, const QuadOrder& o) {
+  codegen::GemmSpec spec{n, o.k_total};
+  spec.b_type = DType::i8;
+  return codegen::plan_gemm(spec, Isa::llvm);
 }
 
 }  // namespace
@@ -151,6 +157,13 @@ bool w4a8_kernels_usable() {
 #else
   return false;
 #endif
+}
+
+std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
+                             DType out) {
+  const QuadOrder o = quad_order(p);
+  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, o);
+  return w4a8_desc(o, bias, act, out, o.runs.size() == 1 ? kOnly : kLast, plan.mr, 64).name();
 }
 
 void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
@@ -199,10 +212,7 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
   const int64_t M = x.shape[0], N = p.layout.n, K = p.layout.k;
   const QuadOrder o = quad_order(p);
   const int64_t ldq = (o.k_total + 63) / 64 * 64;
-  const codegen::GemmPlan plan =
-      codegen::plan_gemm(codegen::GemmSpec{N, o.k_total, codegen::BiasKind::none, Activation::none,
-                                           DType::f32, codegen::Glu::none, 0, 0, DType::i8},
-                         Isa::llvm);
+  const codegen::GemmPlan plan = w4a8_plan(N, o);
   const int mr = plan.mr;
   const int64_t task_rows = plan.task_rows();
   const int64_t n_blocks = (N + kBlockN - 1) / kBlockN;
@@ -215,8 +225,9 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
                  "tilejit: gemm w4a8 M=%lld N=%lld K=%lld path=llvm weight=%s kernel=%s "
                  "(%zu groups, quad K %lld%s)\n",
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 p.layout_name.c_str(), w4a8_desc(o, opt, y.dtype, kOnly, mr, 64).name().c_str(),
-                 o.runs.size(), static_cast<long long>(o.k_total), o.identity ? "" : ", gathered");
+                 p.layout_name.c_str(),
+                 w4a8_kernel_name(p, bias_kind(opt), opt.act, y.dtype).c_str(), o.runs.size(),
+                 static_cast<long long>(o.k_total), o.identity ? "" : ", gathered");
 
   // Slices of M whose u8 copy (and gathered bf16 copy) stay below 64 MiB.
   const int64_t row_bytes = ldq + (o.identity ? 0 : 2 * o.k_total);
@@ -271,7 +282,8 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
       const jit::Kernel* kernels[4][33] = {};  // rows <= mr <= 32
       auto kernel = [&](Role role, int r) {
         const jit::Kernel*& k = kernels[role][r];
-        if (k == nullptr) k = &jit::get(w4a8_desc(o, opt, y.dtype, role, r, cols));
+        if (k == nullptr)
+          k = &jit::get(w4a8_desc(o, bias_kind(opt), opt.act, y.dtype, role, r, cols));
         return k->entry<codegen::BrgemmFn>();
       };
       const float* block_scales = scales + nb * G * kBlockN;

@@ -134,6 +134,9 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
 // The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see
 // w4a8_kernels_usable) and the oracle in double (run_scalar_w4a8).
 bool w4a8_kernels_usable();
+// The main-block kernel of a W4A8 GEMM with weight p and this epilogue.
+std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
+                             DType out);
 void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
               const GemmOptions& opt);
 void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,

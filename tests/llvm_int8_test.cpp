@@ -82,6 +82,9 @@ struct Int8Case {
   Zero zero = Zero::random;
   Values values = Values::random;
   lb::BrgemmDot dot = lb::BrgemmDot::best;
+  // W4A8 (BrgemmDesc::w4a8): B in [−16, 15], kb % 16 == 0, acc_in f32 added
+  // after the scaling.
+  bool w4a8 = false;
 
   BrgemmDesc desc() const {
     BrgemmDesc d;
@@ -91,6 +94,7 @@ struct Int8Case {
     d.b_row_bytes = Int8Layout::kRowBytes;
     d.accumulate = accumulate;
     d.bias = bias, d.act = act, d.out = out;
+    d.w4a8 = w4a8;
     return d;
   }
   std::string str() const {
@@ -102,6 +106,7 @@ struct Int8Case {
     s += zero == Zero::none ? "_z0" : zero == Zero::z128 ? "_z128" : "_zrand";
     if (values == Values::extreme) s += "_extreme";
     if (dot == lb::BrgemmDot::imul) s += "_imul";
+    if (w4a8) s += "_w4a8";
     return s + "_" + dtype_name(out);
   }
 };
@@ -144,8 +149,10 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
     for (int n = 0; n < 64; ++n)
       for (int64_t k = 0; k < c.kb; ++k)
         w[b][size_t(n * c.kb + k)] =
-            int8_t(c.values == Values::extreme ? (n % 2 == 0 ? -128 : 127)
-                                               : (k % 5 == 0 ? -128 : uni(-128, 127)));
+            c.w4a8 ? int8_t(c.values == Values::extreme ? (n % 2 == 0 ? -16 : 15)
+                                                        : (k % 5 == 0 ? -16 : uni(-16, 15)))
+                   : int8_t(c.values == Values::extreme ? (n % 2 == 0 ? -128 : 127)
+                                                        : (k % 5 == 0 ? -128 : uni(-128, 127)));
     // A: rows of lda bytes, the padding random; the last row ends at the guard.
     const size_t a_bytes = size_t((c.mr - 1) * lda + c.kb);
     uint8_t* ap = mem.make<uint8_t>(a_bytes);
@@ -169,8 +176,11 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
           sum[size_t(r * c.nr + n)] +=
               int64_t(x[b][size_t(r * c.kb + k)]) * int64_t(w[b][size_t(n * c.kb + k)]);
   std::vector<int32_t> acc_in(size_t(c.mr * c.nr), 0);
-  if (c.accumulate)
+  std::vector<float> acc_in_f(size_t(c.mr * c.nr), 0.0f);  // W4A8: f32, after the scaling
+  if (c.accumulate && !c.w4a8)
     for (auto& v : acc_in) v = uni(-(1 << 20), 1 << 20);
+  if (c.accumulate && c.w4a8)
+    for (auto& v : acc_in_f) v = float(uni(-8000, 8000) / 1000.0);
   int32_t* comp = mem.make<int32_t>(64);
   for (int n = 0; n < 64; ++n) {
     int64_t s = 0;
@@ -237,7 +247,10 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
       int32_t* p = mem.make<int32_t>(n);
       for (size_t i = 0; i < n; ++i) p[i] = uni(-1000000000, 1000000000);
       for (int r = 0; r < c.mr; ++r)
-        std::memcpy(p + r * ld_acc, &acc_in[size_t(r * c.nr)], size_t(c.nr) * 4);
+        std::memcpy(p + r * ld_acc,
+                    c.w4a8 ? static_cast<const void*>(&acc_in_f[size_t(r * c.nr)])
+                           : static_cast<const void*>(&acc_in[size_t(r * c.nr)]),
+                    size_t(c.nr) * 4);
       args.acc_in = reinterpret_cast<const float*>(p);
       args.ld_acc_in = ld_acc * 4;
     }
@@ -275,10 +288,12 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
       }
       const double got = read_out(cp, c.out, e);
       const double p = double(t[i]) * a_scale[r] * b_scale[n];
-      const double pre = p + bias[n];
+      // W4A8: the f32 acc_in joins after the scaling (one more rounding).
+      const double pre = p + double(acc_in_f[i]) + bias[n];
       const double v = runtime::reference_activation(c.act, pre);
-      const double tol =
-          runtime::gemm_output_bound(c.act, c.out, 2, std::fabs(p), std::fabs(bias[n]), pre, v);
+      const double tol = runtime::gemm_output_bound(c.act, c.out, c.w4a8 ? 3 : 2,
+                                                    std::fabs(p) + std::fabs(acc_in_f[i]),
+                                                    std::fabs(bias[n]), pre, v);
       if (!std::isfinite(got) || !(std::fabs(got - v) <= tol))
         fail(fmt::format("C[{}, {}] = {}, reference {}, |err| {:.3g} > tol {:.3g}", r, n, got, v,
                          std::fabs(got - v), tol));
@@ -286,6 +301,7 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
         float f = static_cast<float>(static_cast<int32_t>(t[i]));
         f *= a_scale[r];
         f *= b_scale[n];
+        if (c.w4a8 && c.accumulate) f += acc_in_f[i];
         if (c.bias != BiasKind::none) f += bias[n];
         if (c.act == Activation::relu) f = f > 0 ? f : 0.0f;
         const double want =
@@ -416,6 +432,32 @@ std::vector<Int8Case> imul_sweep() {
   return v;
 }
 
+// W4A8 kernels (B in [−16, 15], kb a multiple of 16, f32 acc_in): every mr
+// with rotating nr / kb / epilogues, and the extremes a = 255 against
+// b = −16 / 15 (the 16-bit sums of four k-quads at ±32640, one step from
+// overflow: a kernel that summed more would fail), on the host's best dot
+// product and the widening one.
+std::vector<Int8Case> w4a8_sweep() {
+  std::vector<Int8Case> v;
+  const int64_t kbs[] = {16, 32, 48, 128, 1024};
+  int i = 0;
+  for (lb::BrgemmDot dot : {lb::BrgemmDot::best, lb::BrgemmDot::imul})
+    for (int mr = 1; mr <= 32; mr += (mr < 8 ? 1 : 5)) {
+      Int8Case c;
+      c.group = "w4a8";
+      c.w4a8 = true, c.dot = dot;
+      c.mr = mr, c.nr = kNr[i % 7], c.kb = kbs[i % 5];
+      rotate_epilogue(c, i++);
+      if (c.out == DType::i32) c.out = DType::f32;
+      c.in_place = false;  // acc_in is f32 here, C may be bf16
+      v.push_back(c);
+      c.values = Values::extreme;
+      c.zero = Zero::random;
+      v.push_back(c);
+    }
+  return v;
+}
+
 class Int8Brgemm : public ::testing::TestWithParam<Int8Case> {};
 
 TEST_P(Int8Brgemm, MatchesExactReference) {
@@ -433,6 +475,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Int8Brgemm, ::testing::ValuesIn(shape_sweep()),
 INSTANTIATE_TEST_SUITE_P(Epilogues, Int8Brgemm, ::testing::ValuesIn(epilogue_sweep()), case_name);
 INSTANTIATE_TEST_SUITE_P(Extreme, Int8Brgemm, ::testing::ValuesIn(extreme_sweep()), case_name);
 INSTANTIATE_TEST_SUITE_P(Imul, Int8Brgemm, ::testing::ValuesIn(imul_sweep()), case_name);
+INSTANTIATE_TEST_SUITE_P(W4A8, Int8Brgemm, ::testing::ValuesIn(w4a8_sweep()), case_name);
 
 // ---------------------------------------------------------------------------
 // The int8 GLU epilogue (BrgemmDesc::glu with a = u8; its statement:
@@ -735,6 +778,19 @@ TEST(Int8BrgemmCode, VpdpbusdWhereTheTargetHasVnni) {
   EXPECT_NE(best.name, imul.name);
 }
 
+// W4A8 without VNNI multiplies bytes directly (vpmaddubsw: its B cannot
+// saturate the s16 pairs); with VNNI it is the W8A8 kernel's vpdpbusd.
+TEST(Int8BrgemmCode, W4A8UsesVpmaddubswWithoutVnni) {
+  Int8Case c;
+  c.mr = 4, c.nr = 64, c.kb = 128, c.w4a8 = true;
+  const std::string b = kernel_asm(lb::compile_llvm_brgemm(c.desc()));
+  const std::string m = kernel_asm(lb::compile_llvm_brgemm(c.desc(), {.dot = lb::BrgemmDot::imul}));
+  const bool vnni = target_has("avx512vnni") || target_has("avxvnni");
+  EXPECT_EQ(b.find("vpmaddubsw") != std::string::npos, !vnni) << b;
+  EXPECT_EQ(b.find("vpdpbusd") != std::string::npos, vnni) << b;
+  EXPECT_NE(m.find("vpmaddubsw"), std::string::npos) << m;
+}
+
 TEST(Int8BrgemmErrors, OutOfContractDescriptorsRaise) {
   Int8Case c;
   BrgemmDesc d = c.desc();
@@ -761,6 +817,17 @@ TEST(Int8BrgemmErrors, OutOfContractDescriptorsRaise) {
   d = c.desc();
   d.out = DType::i8;
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  // W4A8: kb a multiple of 16, a scaled output, no GLU, the int8 dtypes.
+  d = c.desc();
+  d.w4a8 = true, d.kb = 24;
+  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  d.kb = 32, d.out = DType::i32;
+  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  d.out = DType::bf16, d.glu = codegen::Glu::act_mul, d.nr = 32, d.act = Activation::silu;
+  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  BrgemmDesc w4;
+  w4.w4a8 = true, w4.kb = 32;  // bf16 dtypes
+  EXPECT_THROW(lb::compile_llvm_brgemm(w4), Error);
   // The dot products of the other dtype.
   EXPECT_THROW(lb::compile_llvm_brgemm(c.desc(), {.dot = lb::BrgemmDot::fma}), Error);
   EXPECT_THROW(lb::compile_llvm_brgemm(c.desc(), {.dot = lb::BrgemmDot::dpbf16}), Error);

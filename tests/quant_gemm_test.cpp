@@ -857,6 +857,40 @@ TEST(QuantErrors, Int4Checkpoints) {
   EXPECT_EQ(a, b);
 }
 
+// GemmOptions::int4_route: a value outside the enum is an Error naming it
+// (for every quantized weight format: read before the format matters);
+// the W4A8 route checks act_quant like W8A8; a route on a non-int4 weight is
+// ignored.
+TEST(QuantErrors, Int4RouteOptions) {
+  QCase c;
+  c.fmt = Fmt::gptq, c.m = 3, c.n = 20, c.k = 64, c.group = 32;
+  const Checkpoint ck = make_checkpoint(c);
+  const PackedWeight w = pack(c, ck);
+  std::vector<uint16_t> x(static_cast<size_t>(c.m * c.k), 0x3f80);
+  std::vector<float> y(static_cast<size_t>(c.m * c.n));
+  const TensorView xv(x.data(), DType::bf16, {c.m, c.k}), yv(y.data(), DType::f32, {c.m, c.n});
+  GemmOptions opt;
+  opt.int4_route = static_cast<Int4Route>(7);
+  expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "int4_route=7");
+  opt.int4_route = Int4Route::w4a8;
+  opt.act_quant = ActQuant::fixed;
+  opt.act_scale = 0;
+  expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_scale=0");
+  opt.act_quant = static_cast<ActQuant>(9);
+  expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_quant=9");
+  // On fp8 weights the route is ignored (the fp8 GEMM runs), an invalid one is not.
+  QCase f;
+  f.fmt = Fmt::fp8, f.n = 20, f.k = 64;
+  const Checkpoint fk = make_checkpoint(f);
+  const PackedWeight fw = pack(f, fk);
+  GemmOptions fo;
+  fo.int4_route = Int4Route::w4a8;
+  fo.act_quant = ActQuant::fixed;  // with act_scale 0: not read for fp8
+  EXPECT_NO_THROW(gemm(xv, fw, yv, fo));
+  fo.int4_route = static_cast<Int4Route>(7);
+  expect_tilejit_error([&] { gemm(xv, fw, yv, fo); }, "int4_route=7");
+}
+
 TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   QCase c;
   c.fmt = Fmt::fp8, c.n = 20, c.k = 40, c.scale = Scale::block, c.bn = 16, c.bk = 16;

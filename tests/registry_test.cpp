@@ -12,6 +12,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
+#include "codegen/quant_desc.h"
 #include "jit/kernel_cache.h"
 #include "jit/registry.h"
 #include "runtime/cpu_features.h"
@@ -210,6 +211,24 @@ TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
   d = {};
   d.isa = Isa::scalar;  // no row: the reference path has no kernels
   EXPECT_THROW(jit::get(d), Error);
+  // W4A8 group kernels are LLVM code only, with the int8 dtypes.
+  d = {};
+  d.isa = Isa::avx512;
+  d.a_type = DType::u8, d.b_type = DType::i8, d.acc_type = DType::i32;
+  d.kb = 32, d.w4a8 = true;
+  EXPECT_THROW(jit::get(d), Error);
+  d.a_type = DType::bf16, d.b_type = DType::bf16, d.acc_type = DType::f32;
+  d.isa = Isa::llvm;
+  EXPECT_THROW(jit::get(d), Error);
+  d.b_type = DType::u4, d.b_row_bytes = 64;  // the fused decode kernel takes no w4a8
+  EXPECT_THROW(jit::get(d), Error);
+  // The dequant kernel's i8 output: u4 codes on the llvm row only.
+  EXPECT_THROW(
+      jit::get(codegen::DequantDesc{.isa = Isa::avx512, .code = DType::u4, .out = DType::i8}),
+      Error);
+  EXPECT_THROW(
+      jit::get(codegen::DequantDesc{.isa = Isa::llvm, .code = DType::f8e4m3, .out = DType::i8}),
+      Error);
 }
 
 TEST(Registry, LlvmRowsKeyOnTheHost) {

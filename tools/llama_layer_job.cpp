@@ -57,6 +57,7 @@ constexpr int64_t kDecodeContext = 4096, kBlockSize = 16;
 struct Env {
   CpuInfo cpu;
   double peak_gflops = 0;  // measured bf16 compute peak, all threads
+  double peak_int8 = 0;    // measured int8 peak (GOP/s), all threads: W8A8 / W4A8 rows
   double read_gbs = 0;     // measured streaming-read bandwidth, all threads
   LlamaJobOptions opt;
 };
@@ -70,6 +71,7 @@ struct Row {
   double seconds = 0;  // per call, median of the timed batches
   double rate = 0;
   bool bytes = false;  // rate is GB/s (memory-bound op), else GFLOP/s
+  bool int8 = false;   // GFLOP/s of int8 kernels (W8A8, W4A8): %peak of the int8 peak
   double compile_ms = 0;
   uint64_t hits = 0;
   std::string check;
@@ -402,7 +404,7 @@ PackedWeight pack_checkpoint(const QuantCheckpoint& ck) {
 // (runtime/reference_error_bounds.h), as tests/quant_gemm_test.cpp checks.
 bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
                       const std::vector<uint16_t>& y, int64_t m, const LayerGemm& g, Isa isa,
-                      double* max_err) {
+                      bool w4a8, double* max_err) {
   std::vector<int64_t> rows = {0, m / 2, m - 1};
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   std::vector<double> errs(rows.size() * g.n), tols(errs.size());
@@ -435,7 +437,22 @@ bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
       }
       ref = runtime::reference_activation(g.act, pre);
       tol = runtime::gemm_output_bound(g.act, DType::bf16, g.k, abs_sum, 0, pre, ref);
-      if (isa != Isa::scalar) tol += runtime::dequant_weight_bound(g.act, abs_sum) * 1.01;
+      if (w4a8) {
+        // x quantized per row (sym): half a code per element, then the
+        // group folds' roundings (docs/quantized.md, W4A8).
+        std::vector<uint8_t> q(static_cast<size_t>(g.k));
+        float sa = 1;
+        int32_t za = 0;
+        runtime::reference_act_quant_row(runtime::ActQuantRule::sym, xr, g.k, g.k, 1, 1, 128,
+                                         q.data(), &sa, &za);
+        double w_abs = 0;
+        for (int64_t c = 0; c < g.k; ++c) w_abs += std::fabs(ck.w(j, c));
+        tol += runtime::w4a8_activation_bound(g.act, sa, w_abs) +
+               runtime::w4a8_output_bound(g.act, DType::bf16, ck.groups(),
+                                          abs_sum + 0.51 * sa * w_abs, 0, pre, ref);
+      } else if (isa != Isa::scalar) {
+        tol += runtime::dequant_weight_bound(g.act, abs_sum) * 1.01;
+      }
     }
     errs[t] = std::fabs(bf(y[r * g.n + j]) - ref);
     tols[t] = tol;
@@ -481,9 +498,15 @@ void quant_gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64
             .m = m,
             .shape = fmt::format("N={} K={} {}", g.n, g.k, env.opt.weights),
             .kernel = kernel};
+    // W8A8, and int4 on the W4A8 route, run the int8 kernels.
+    row.int8 = pw.format() == WeightFormat::int8 ||
+               ops::w4a8_route(*pw.impl(), go, codegen::gemm_isa_for_rows(env.cpu.isa, m), m);
     measure(
         row, env, [&] { gemm(xv, pw, yv, go); },
-        [&](double* err) { return check_quant_rows(x, ck, y, m, g, env.cpu.isa, err); });
+        [&](double* err) {
+          return check_quant_rows(x, ck, y, m, g, env.cpu.isa,
+                                  row.int8 && pw.format() != WeightFormat::int8, err);
+        });
     row.rate = 2.0 * double(m) * double(g.n) * double(g.k) / row.seconds / 1e9;
     row.note = weight_note(pw, row);
     emit(row);
@@ -1276,7 +1299,7 @@ void print_row(const Env& env, const Row& r) {
   // %peak: of the bf16 compute peak for GFLOP/s rows; for GB/s rows of the
   // DRAM streaming read, with the op's data hot in cache ("hot" marks it: a
   // figure above 100 % means the op ran from cache, not that it beat DRAM).
-  const double limit = r.bytes ? env.read_gbs : env.peak_gflops;
+  const double limit = r.bytes ? env.read_gbs : r.int8 ? env.peak_int8 : env.peak_gflops;
   std::string pct =
       fmt::format("{:.1f}%{}", limit > 0 ? 100 * r.rate / limit : 0.0, r.bytes ? " hot" : "");
   if (env.cpu.amx_emulated) pct = "n/a";  // emulated: no percentage of a hardware peak
@@ -1300,6 +1323,8 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   // Emulated AMX has no hardware peak to measure: 0 (jit/peak.h).
   const double peak_core = jit::path_peak_gflops(peak_isa);
   env.peak_gflops = peak_core * env.cpu.num_threads;
+  const double peak_int8_core = jit::path_peak_gflops(peak_isa, DType::u8);
+  env.peak_int8 = peak_int8_core * env.cpu.num_threads;
   env.read_gbs = measure_read_gbs();
   fmt::print(
       "tilejit llama-layer: one Llama-3-8B decoder layer (hidden {}, {} q / {} kv heads of {}, "
@@ -1308,17 +1333,19 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       "out\n",
       kHidden, kHq, kHkv, kHeadDim);
   fmt::print(
-      "path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total | "
-      "streaming read {:.1f} GB/s\n",
+      "path {} | threads {} | measured {} bf16 peak {:.1f} GFLOP/s per core, {:.1f} total, "
+      "int8 peak {:.1f} GOP/s per core | streaming read {:.1f} GB/s\n",
       env.cpu.isa == Isa::amx ? (env.cpu.amx_emulated ? "amx (emulated)" : "amx (native)")
                               : isa_name(env.cpu.isa),
-      env.cpu.num_threads, isa_name(peak_isa), peak_core, env.peak_gflops, env.read_gbs);
+      env.cpu.num_threads, isa_name(peak_isa), peak_core, env.peak_gflops, peak_int8_core,
+      env.read_gbs);
   if (env.cpu.amx_emulated)
     fmt::print(
         "AMX is EMULATED (TILEJIT_AMX_EMULATE): times are the emulator's, not hardware "
         "figures; %peak is not printed\n");
   fmt::print(
-      "%peak: of the bf16 peak for GFLOP/s rows; of the streaming read for GB/s rows, measured "
+      "%peak: of the bf16 peak for GFLOP/s rows (of the int8 peak for int8 and W4A8 GEMMs); of "
+      "the streaming read for GB/s rows, measured "
       "with the op's data hot in cache (\"hot\": above 100 % it ran from cache)\n");
   fmt::print(
       "M = tokens of the engine step: 1 = one decode token (context {}), 16 = a decode batch "
