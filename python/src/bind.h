@@ -26,6 +26,7 @@ using EnumTable = std::vector<std::pair<std::string_view, E>>;
 
 const EnumTable<Activation>& activation_table();
 const EnumTable<ActQuant>& act_quant_table();
+const EnumTable<Int4Route>& int4_route_table();
 const EnumTable<RopeStyle>& rope_style_table();
 const EnumTable<ExpertProj>& expert_proj_table();
 const EnumTable<GluRows>& glu_rows_table();

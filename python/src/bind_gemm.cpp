@@ -140,9 +140,11 @@ void bind_gemm(py::module_& m) {
   // defaults: the fewest conversions per call.
   m.def("gemm", [](const py::handle& x, const py::handle& w, const py::handle& out,
                    const py::handle& bias, const py::handle& act, const py::handle& act_quant,
-                   float act_scale, int act_zero_point, const py::handle& dtype) {
+                   float act_scale, int act_zero_point, const py::handle& int4_route,
+                   const py::handle& dtype) {
     const PackedWeight& pw = packed_weight_arg(w, "w");
     GemmOptions o;
+    o.int4_route = parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
     o.act = parse_enum("act", str_arg(act, "act"), activation_table());
     o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
     o.act_scale = act_scale;

@@ -34,6 +34,7 @@ std::string_view enum_name(E value, const EnumTable<E>& table) {
   template std::string_view enum_name<E>(E, const EnumTable<E>&);
 TILEJIT_INSTANTIATE(Activation)
 TILEJIT_INSTANTIATE(ActQuant)
+TILEJIT_INSTANTIATE(Int4Route)
 TILEJIT_INSTANTIATE(RopeStyle)
 TILEJIT_INSTANTIATE(ExpertProj)
 TILEJIT_INSTANTIATE(GluRows)
@@ -58,6 +59,11 @@ const EnumTable<ActQuant>& act_quant_table() {
   static const EnumTable<ActQuant> t = {{"dynamic_sym", ActQuant::dynamic_sym},
                                         {"dynamic_asym", ActQuant::dynamic_asym},
                                         {"fixed", ActQuant::fixed}};
+  return t;
+}
+const EnumTable<Int4Route>& int4_route_table() {
+  static const EnumTable<Int4Route> t = {
+      {"automatic", Int4Route::automatic}, {"w4a16", Int4Route::w4a16}, {"w4a8", Int4Route::w4a8}};
   return t;
 }
 const EnumTable<RopeStyle>& rope_style_table() {

@@ -222,14 +222,16 @@ PackedWeight.__deepcopy__ = lambda self, memo: self
 
 
 def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_scale=0.0,
-         act_zero_point=128, out_dtype="bf16", dtype=None):
+         act_zero_point=128, out_dtype="bf16", dtype=None, int4_route="automatic"):
     """out[M, N] = act(x[M, K] @ w.T + bias); x bf16 (K stride 1), out bf16
-    or f32 (out_dtype when allocated), bias [N] f32 or bf16."""
+    or f32 (out_dtype when allocated), bias [N] f32 or bf16. int4 weights:
+    int4_route "w4a16" (bf16 x), "w4a8" (x quantized per act_quant) or
+    "automatic" (W4A8 on the llvm path from 8 rows on)."""
     if out is None and isinstance(w, PackedWeight):
         out, ret = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype)
     else:
         ret = out
-    _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, dtype)
+    _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, int4_route, dtype)
     return ret
 
 

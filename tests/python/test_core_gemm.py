@@ -238,6 +238,13 @@ def test_int4_gptq_numpy():
     y = tilejit.gemm(bf16_to_u16(x), pw, out_dtype="f32", dtype="bf16")
     tol = (2.0**-8 + 2.0**-16) * np.abs(to_f64(x)) @ np.abs(wd).T
     check(y, to_f64(x) @ wd.T, tol)
+    # W4A8: x quantized per row (s = max|x| / 127): half a code per element.
+    y8 = tilejit.gemm(bf16_to_u16(x), pw, out_dtype="f32", dtype="bf16", int4_route="w4a8")
+    s_x = np.abs(to_f64(x)).max(axis=1, keepdims=True) / 127
+    check(y8, to_f64(x) @ wd.T, tol + 0.51 * s_x * np.abs(wd).sum(axis=1)[None, :])
+    assert not np.array_equal(y8, y)  # the route was taken
+    with pytest.raises(tilejit.Error, match="int4_route"):
+        tilejit.gemm(bf16_to_u16(x), pw, out_dtype="f32", dtype="bf16", int4_route="w4a4")
 
 
 def test_mxfp4():
