@@ -264,7 +264,8 @@ struct GemmOptions {
 // a fused decode kernel (M ≤ 4 on amx / avx512) or dequantized to bf16
 // inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
 // dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
-// exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32.
+// exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32; int4
+// weights on the W4A8 route (opt.int4_route) likewise per scale group.
 // NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE
 // propagation, the same on every path: a NaN in x row m, w row n or bias[n]
 // makes y row m / column n NaN, and nothing else (except relu(NaN) = 0).
