@@ -107,6 +107,9 @@ constexpr AttrSpec kGemmAttrs[] = {
      "u4 gptq weights: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
     {"group_size", AttrKind::integer, false,
      "u4 weights: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
+    {"int4_route", AttrKind::string, false,
+     "u4 weights: \"automatic\" (default: W4A8 on the llvm path from M = 8), \"w4a16\" or "
+     "\"w4a8\" (x quantized per token, dynamic_sym)"},
 };
 constexpr AttrSpec kCastAttrs[] = {
     {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},
@@ -368,6 +371,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
     case OpKind::gemm:
       one_of("format", {"awq", "gptq"});
       one_of("act_quant", {"dynamic_sym", "dynamic_asym", "fixed"});
+      one_of("int4_route", {"automatic", "w4a16", "w4a8"});
       break;
     case OpKind::moe:
       int_at_least("top_k", 1);

@@ -7,7 +7,7 @@
 //   i8 [N, K]      W8A8: scale f32 [N] or [1]; act_quant / act_scale / act_zero_point
 //   f8e4m3 [N, K]  scale f32 [1], [N], or [ceil(N/block_n), ceil(K/block_k)] with block_n, block_k
 //   u4 [N, K]      AWQ / GPTQ: scale [G, N] f16/bf16/f32, zero u4 [G, N], g_idx i32 [K];
-//                  format ("awq" | "gptq"), group_size, bits, gptq_v2
+//                  format ("awq" | "gptq"), group_size, bits, gptq_v2, int4_route
 #include <array>
 
 #include "ir/op_rules.h"
@@ -23,7 +23,7 @@ struct AttrOwner {
   const char* attr;
   DType dtype;
 };
-constexpr std::array<AttrOwner, 9> kAttrOwners = {{
+constexpr std::array<AttrOwner, 10> kAttrOwners = {{
     {"act_quant", DType::i8},
     {"act_scale", DType::i8},
     {"act_zero_point", DType::i8},
@@ -33,6 +33,7 @@ constexpr std::array<AttrOwner, 9> kAttrOwners = {{
     {"format", DType::u4},
     {"gptq_v2", DType::u4},
     {"group_size", DType::u4},
+    {"int4_route", DType::u4},
 }};
 
 int64_t ceil_div(int64_t a, int64_t b) {

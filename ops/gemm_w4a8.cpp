@@ -132,6 +132,10 @@ codegen::GemmPlan w4a8_plan(int64_t n, const QuadOrder& o) {
 }  // namespace
 
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m) {
+  return w4a8_route(p.format, opt, path, m);
+}
+
+bool w4a8_route(WeightFormat format, const GemmOptions& opt, Isa path, int64_t m) {
   bool w4a8 = false;
   switch (opt.int4_route) {
     case Int4Route::w4a16:
@@ -147,7 +151,7 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
           fmt::format("gemm: int4_route={} is not an Int4Route; allowed: automatic, w4a16, w4a8",
                       static_cast<int>(opt.int4_route)));
   }
-  return w4a8 && (p.format == WeightFormat::int4_awq || p.format == WeightFormat::int4_gptq);
+  return w4a8 && (format == WeightFormat::int4_awq || format == WeightFormat::int4_gptq);
 }
 
 bool w4a8_kernels_usable() {

@@ -129,6 +129,7 @@ inline constexpr int64_t kW4A8MinRows = 8;
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
 // opt.int4_route (automatic: the llvm path from kW4A8MinRows rows on).
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m);
+bool w4a8_route(WeightFormat format, const GemmOptions& opt, Isa path, int64_t m);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
 // The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see

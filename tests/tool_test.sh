@@ -213,7 +213,8 @@ for tir in "${examples[@]}"; do
       has "$name: tolerance" "$OUT" "tolerance +int8_output_bound: .*K=[0-9]+"
       has "$name: reference" "$OUT" "reference_act_quant_row"
     else
-      has "$name: tolerance" "$OUT" "tolerance +gemm_output_bound .* \\+ dequant_weight_bound .*K=[0-9]+"
+      # int4 at this M on the llvm path: the automatic route is W4A8.
+      has "$name: tolerance" "$OUT" "tolerance +gemm_output_bound .* \\+ (dequant_weight_bound|W4A8 .*w4a8_activation_bound) .*K=[0-9]+"
     fi
     inputs=()
     for f in "$WORK/$name.in"/*.npy; do inputs+=(--input "$(basename "$f" .npy)=$f"); done
@@ -796,6 +797,18 @@ fi
 sed -e 's/group_size = 128/group_size = 0/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/g0.tir"
 input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: a group size >= 1 \\(32, 64, 128, ...\\) or -1" \
   "$TJ" dump "$Q/g0.tir" --stage plan
+# int4_route: W4A8 on request (every path: LLVM kernels, or the scalar oracle),
+# checked against its own bound and named by dump; a value outside the three is
+# a verifier error.
+sed -e 's/group_size = 128}/group_size = 128, int4_route = "w4a8"}/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/w4a8.tir"
+ok "int4: W4A8 run --check" "$TJ" run "$Q/w4a8.tir" --random-inputs 5 --dim M=19 --check
+has "int4: W4A8 check passes" "$OUT" "^PASS"
+has "int4: W4A8 check names its bound" "$OUT" "w4a8_activation_bound"
+ok "int4: W4A8 dump" "$TJ" dump "$Q/w4a8.tir" --dim M=3 --stage plan
+has "int4: dump names the W4A8 route" "$OUT" "^  w4a8 +M = 3: int4_route w4a8 takes W4A8"
+sed -e 's/group_size = 128}/group_size = 128, int4_route = "w4a4"}/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/w4a4.tir"
+input_error "int4: int4_route outside the enum" "w4a4.tir: error: %0 = gemm: attribute 'int4_route' = \"w4a4\" must be one of \"automatic\", \"w4a16\", \"w4a8\"" \
+  "$TJ" dump "$Q/w4a4.tir" --stage verified
 sed -e 's/{block_k = 128, block_n = 128}/{block_k = 64, block_n = 128}/' "$EXAMPLES/gemm_fp8_block.tir" >"$Q/bk.tir"
 input_error "fp8: block scale shape" "bk.tir: error: %0 = gemm: operand 'scale' \\(%w_scale\\) has shape \\[3, 3\\]; block scales of 128x64" \
   "$TJ" run "$Q/bk.tir" --random-inputs 1 --dim M=2 --check

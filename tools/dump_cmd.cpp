@@ -184,6 +184,17 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
   else
     fmt::print(
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
+  GemmOptions route_opt;
+  route_opt.int4_route = p.int4_route;
+  if (m && ops::w4a8_route(p.format, route_opt, codegen::gemm_isa_for_rows(isa, *m), *m)) {
+    fmt::print(
+        "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
+        "into the quad K order and quantized per row, the codes as s8 (q − z) chunks "
+        "(dequant out = i8), one W4A8 brgemm call per scale group folded in f32 "
+        "(docs/quantized.md, W4A8); its kernels are LLVM code\n",
+        *m, p.int4_route == Int4Route::w4a8 ? "w4a8" : "automatic");
+    return;
+  }
   if (const auto fd = fused_kernel(p, isa, m))
     fmt::print(
         "  fused        {} (M = {} <= 4: this decode kernel reads the codes and group tables "

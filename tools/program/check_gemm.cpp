@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "codegen/gemm_plan.h"
+#include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
@@ -88,10 +90,7 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
   if (prog_.format == WeightFormat::int8) {
     const ir::Attrs& a = g.attrs;
     const GemmOptions opt = gemm_options();
-    const runtime::ActQuantRule rule =
-        opt.act_quant == ActQuant::fixed          ? runtime::ActQuantRule::fixed
-        : opt.act_quant == ActQuant::dynamic_asym ? runtime::ActQuantRule::asym
-                                                  : runtime::ActQuantRule::sym;
+    const runtime::ActQuantRule rule = ops::act_quant_rule(ops::act_quant_mode(opt.act_quant));
     const auto* w8 = wq.data<int8_t>();
     const bool per_tensor = s.shape.at(0) == 1;
     std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
@@ -99,8 +98,8 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
       std::vector<uint8_t> q(static_cast<size_t>(k));
       float sa = 1;
       int32_t za = 0;
-      runtime::reference_act_quant_row(rule, xd + i * k, k, k, 1.0f / opt.act_scale, opt.act_scale,
-                                       opt.act_zero_point, q.data(), &sa, &za);
+      runtime::reference_act_quant_row(rule, xd + i * k, k, k, ops::fixed_inv_scale(opt),
+                                       opt.act_scale, opt.act_zero_point, q.data(), &sa, &za);
       for (int64_t j = 0; j < n; ++j) {
         int64_t acc = 0, wabs = 0;
         for (int64_t c = 0; c < k; ++c) {
@@ -147,15 +146,30 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
   qm.group_size = g.attrs.get_int("group_size").value_or(128);
   qm.gptq_v2 = g.attrs.get_bool("gptq_v2").value_or(false);
   dequantize_exact(qm, w.data());
-  const bool dequantized = cpu_info().isa != Isa::scalar;
+  // int4 on the W4A8 route (the library's own choice for this path and M):
+  // x quantized per row, half a code per element, then the group folds.
+  const GemmOptions opt = gemm_options();
+  const bool w4a8 =
+      ops::w4a8_route(prog_.format, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m);
+  const int64_t groups = s.shape.at(0);  // int4 scales are [G, N]
+  const bool dequantized = cpu_info().isa != Isa::scalar && !w4a8;
   std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
   runtime::parallel_for(m, [&](int64_t i) {
+    float sa = 0;
+    if (w4a8) {
+      std::vector<uint8_t> q(static_cast<size_t>(k));
+      int32_t za = 0;
+      runtime::reference_act_quant_row(ops::act_quant_rule(ops::act_quant_mode(opt.act_quant)),
+                                       xd + i * k, k, k, ops::fixed_inv_scale(opt), opt.act_scale,
+                                       opt.act_zero_point, q.data(), &sa, &za);
+    }
     for (int64_t j = 0; j < n; ++j) {
-      double acc = 0, sum_abs = 0;
+      double acc = 0, sum_abs = 0, w_abs = 0;
       for (int64_t c = 0; c < k; ++c) {
         const double t = double(runtime::bf16_to_f32(xd[i * k + c])) * w[j * k + c];
         acc += t;
         sum_abs += std::fabs(t);
+        w_abs += std::fabs(w[j * k + c]);
       }
       const double b = reference_bias_at(ba, j);
       const double pre = acc + b;
@@ -165,6 +179,10 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
       // The kernels round each w to bf16 (tests/quant_gemm_test.cpp: ×1.01
       // for the bf16 output's rounding of the moved value).
       if (dequantized) t += runtime::dequant_weight_bound(act, sum_abs) * (bf16_out ? 1.01 : 1);
+      if (w4a8)
+        t += runtime::w4a8_activation_bound(act, sa, w_abs) +
+             runtime::w4a8_output_bound(act, y.dtype, groups, sum_abs + 0.51 * sa * w_abs,
+                                        std::fabs(b), pre, ref);
       tol[i * n + j] = t;
     }
   });
@@ -175,8 +193,11 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
       "gemm_output_bound (L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + "
       "2⁻²⁴·|ref|{}){}, K={}, L={} (runtime/reference_error_bounds.h)",
       bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "",
-      dequantized ? " + dequant_weight_bound (L·(2⁻⁸ + 2⁻²³)·Σ|x·w|: w rounded to bf16)" : "", k,
-      runtime::activation_lipschitz(act));
+      dequantized ? " + dequant_weight_bound (L·(2⁻⁸ + 2⁻²³)·Σ|x·w|: w rounded to bf16)"
+      : w4a8      ? " + W4A8 (x quantized per row): w4a8_activation_bound (L·0.51·s_x·Σ|w|) + "
+                    "w4a8_output_bound ((G+4)·2⁻²⁴ of the group sums)"
+                  : "",
+      k, runtime::activation_lipschitz(act));
   for (int64_t i = 0; i < m * n; ++i)
     if (rep.add(got_at(i), want[i], tol[i])) rep.worst_index = {i / n, i % n};
   return rep;

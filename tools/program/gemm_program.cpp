@@ -68,6 +68,11 @@ GemmProgram match_quantized(const ir::Function& f, GemmProgram p) {
              : wdt == DType::f8e4m3                                   ? WeightFormat::fp8_e4m3
              : g.attrs.get_string("format").value_or("gptq") == "awq" ? WeightFormat::int4_awq
                                                                       : WeightFormat::int4_gptq;
+  // The verifier allowed only these three values (ir/ops.cpp).
+  const std::string route = g.attrs.get_string("int4_route").value_or("automatic");
+  p.int4_route = route == "w4a8"    ? Int4Route::w4a8
+                 : route == "w4a16" ? Int4Route::w4a16
+                                    : Int4Route::automatic;
   for (size_t i = 0; i < g.operand_names.size(); ++i) {
     const int id = g.operands.at(2 + i);
     if (g.operand_names[i] == "scale") p.scale = id;

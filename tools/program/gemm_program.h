@@ -26,6 +26,8 @@ struct GemmProgram {
   // the packed weight's), next to the dequant kernel.
   WeightFormat format = WeightFormat::bf16;
   int scale = -1, zero = -1, g_idx = -1;
+  // u4: the gemm's int4_route attribute (GemmOptions::int4_route).
+  Int4Route int4_route = Int4Route::automatic;
   bool quantized() const { return format != WeightFormat::bf16; }
   int result = -1;  // the returned value id (of `lowered`)
 

@@ -180,6 +180,7 @@ GemmOptions ProgramRunner::gemm_options() const {
     opt.act_scale = static_cast<float>(a.get_double("act_scale").value_or(0));
     opt.act_zero_point = static_cast<int>(a.get_int("act_zero_point").value_or(128));
   }
+  opt.int4_route = prog_.int4_route;
   return opt;
 }
 
