@@ -21,6 +21,7 @@
 #include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
 #include "ops/gemm_task.h"
+#include "ops/moe_quant.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
@@ -274,8 +275,12 @@ codegen::ActQuantMode act_quant_mode(ActQuant q) {
 }
 
 // ActQuant::fixed's 1 / s (checked > 0 and finite before); unused otherwise.
+float fixed_inv_scale(ActQuant mode, float scale) {
+  return mode == ActQuant::fixed ? 1.0f / scale : 1.0f;
+}
+
 float fixed_inv_scale(const GemmOptions& opt) {
-  return opt.act_quant == ActQuant::fixed ? 1.0f / opt.act_scale : 1.0f;
+  return fixed_inv_scale(opt.act_quant, opt.act_scale);
 }
 
 runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
@@ -292,26 +297,12 @@ runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m) {
 
 void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int64_t ldq,
                    const GemmOptions& opt, Isa isa, uint8_t* q, float* scale, int32_t* zero) {
-  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
-                                 act_quant_mode(opt.act_quant)};
-  const auto quantize = jit::get(qd).entry<codegen::ActQuantFn>();
+  const RowQuant rq{opt.act_quant, opt.act_scale, opt.act_zero_point};
   constexpr int64_t kRowsPerTask = 16;
   runtime::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
     const int64_t r0 = t * kRowsPerTask;
-    codegen::ActQuantArgs a{};
-    a.x = x + r0 * ldx;
-    a.ldx = ldx;
-    a.rows = std::min(kRowsPerTask, rows - r0);
-    a.k = k;
-    a.k_padded = ldq;
-    a.out = q + r0 * ldq;
-    a.ld_out = ldq;
-    a.scale = scale + r0;
-    a.zero = zero + r0;
-    a.inv_scale = fixed_inv_scale(opt);
-    a.fixed_scale = opt.act_scale;
-    a.fixed_zero = opt.act_zero_point;
-    quantize(&a);
+    quantize_rows(rq, isa, x + r0 * ldx, ldx, std::min(kRowsPerTask, rows - r0), k, q + r0 * ldq,
+                  ldq, scale + r0, zero + r0);
   });
 }
 

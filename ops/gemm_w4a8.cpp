@@ -132,10 +132,10 @@ codegen::GemmPlan w4a8_plan(int64_t n, const QuadOrder& o) {
 }  // namespace
 
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m) {
-  return w4a8_route(p.format, opt, path, m);
+  return w4a8_route(p.format, p.layout.k, opt, path, m);
 }
 
-bool w4a8_route(WeightFormat format, const GemmOptions& opt, Isa path, int64_t m) {
+bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m) {
   bool w4a8 = false;
   switch (opt.int4_route) {
     case Int4Route::w4a16:
@@ -144,14 +144,21 @@ bool w4a8_route(WeightFormat format, const GemmOptions& opt, Isa path, int64_t m
       w4a8 = true;
       break;
     case Int4Route::automatic:
-      w4a8 = path == Isa::llvm && m >= kW4A8MinRows;
+      w4a8 = path == Isa::llvm && m >= kW4A8MinRows && k <= kW4A8MaxK;
       break;
     default:
       throw Error(
           fmt::format("gemm: int4_route={} is not an Int4Route; allowed: automatic, w4a16, w4a8",
                       static_cast<int>(opt.int4_route)));
   }
-  return w4a8 && (format == WeightFormat::int4_awq || format == WeightFormat::int4_gptq);
+  if (!w4a8 || (format != WeightFormat::int4_awq && format != WeightFormat::int4_gptq))
+    return false;
+  if (k > kW4A8MaxK)
+    throw Error(fmt::format(
+        "gemm: int4_route=w4a8 with K={}; allowed: K <= {} (a scale group's int32 sums of "
+        "u8 x 4-bit products stay exact up to there; int4_route=w4a16 takes any K)",
+        k, kW4A8MaxK));
+  return true;
 }
 
 bool w4a8_kernels_usable() {

@@ -231,11 +231,9 @@ std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_
   float s = 0;
   int32_t z = 0;
   const ops::RowQuant rq = ops::row_quant(opt, down);
-  runtime::ActQuantRule rule = runtime::ActQuantRule::sym;
-  if (rq.mode == ActQuant::dynamic_asym) rule = runtime::ActQuantRule::asym;
-  if (rq.mode == ActQuant::fixed) rule = runtime::ActQuantRule::fixed;
-  const float inv = rq.mode == ActQuant::fixed ? 1.0f / rq.scale : 1.0f;
-  runtime::reference_act_quant_row(rule, x, k, k, inv, rq.scale, rq.zero, q.data(), &s, &z);
+  const runtime::ActQuantRule rule = ops::act_quant_rule(ops::act_quant_mode(rq.mode));
+  runtime::reference_act_quant_row(rule, x, k, k, ops::fixed_inv_scale(rq.mode, rq.scale),
+                                   rq.scale, rq.zero, q.data(), &s, &z);
   for (int64_t i = 0; i < k; ++i) in[i] = double(int32_t(q[i]) - z) * double(s);
   return in;
 }

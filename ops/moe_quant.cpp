@@ -113,10 +113,8 @@ RowQuant row_quant(const MoeOptions& opt, bool down) {
 
 void quantize_rows(const RowQuant& rq, Isa isa, const uint16_t* x, int64_t ldx, int64_t rows,
                    int64_t k, uint8_t* q, int64_t ldq, float* scale, int32_t* zero) {
-  codegen::ActQuantMode mode = codegen::ActQuantMode::sym;
-  if (rq.mode == ActQuant::dynamic_asym) mode = codegen::ActQuantMode::asym;
-  if (rq.mode == ActQuant::fixed) mode = codegen::ActQuantMode::fixed;
-  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512, mode};
+  const codegen::ActQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+                                 act_quant_mode(rq.mode)};
   codegen::ActQuantArgs a{};
   a.x = x;
   a.ldx = ldx;
@@ -127,9 +125,9 @@ void quantize_rows(const RowQuant& rq, Isa isa, const uint16_t* x, int64_t ldx, 
   a.ld_out = ldq;
   a.scale = scale;
   a.zero = zero;
-  // fixed: the kernel multiplies by 1/s rounded to f32, as gemm's fixed mode
-  // (ops/gemm_quant.cpp fixed_inv_scale); the scalar oracle uses the same.
-  a.inv_scale = rq.mode == ActQuant::fixed ? 1.0f / rq.scale : 1.0f;
+  // fixed: the kernel multiplies by 1/s rounded to f32; the scalar oracle
+  // uses the same (fixed_inv_scale).
+  a.inv_scale = fixed_inv_scale(rq.mode, rq.scale);
   a.fixed_scale = rq.scale;
   a.fixed_zero = rq.zero;
   jit::get(qd).entry<codegen::ActQuantFn>()(&a);

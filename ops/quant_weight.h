@@ -110,7 +110,9 @@ void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratc
 
 // opt.act_quant as the act_quant kernel's mode (Error for a value outside the enum).
 codegen::ActQuantMode act_quant_mode(ActQuant q);
-// ActQuant::fixed's 1 / s (checked > 0 and finite before); 1 otherwise.
+// ActQuant::fixed's 1 / s rounded to f32 (s checked > 0 and finite before);
+// 1 otherwise: what the act_quant kernel multiplies by.
+float fixed_inv_scale(ActQuant mode, float scale);
 float fixed_inv_scale(const GemmOptions& opt);
 // The scalar reference's name for the same rule.
 runtime::ActQuantRule act_quant_rule(codegen::ActQuantMode m);
@@ -128,8 +130,12 @@ inline constexpr int64_t kW4A8MinRows = 8;
 // Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
 // opt.int4_route (automatic: the llvm path from kW4A8MinRows rows on).
+// K above kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is
+// an Error (a group's int32 sums, up to 255·16·K, must not overflow).
+inline constexpr int64_t kW4A8MaxK = int64_t{1} << 19;
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m);
-bool w4a8_route(WeightFormat format, const GemmOptions& opt, Isa path, int64_t m);
+// The same from the weight's format and logical K.
+bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
 // The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see

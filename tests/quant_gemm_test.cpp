@@ -878,6 +878,14 @@ TEST(QuantErrors, Int4RouteOptions) {
   expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_scale=0");
   opt.act_quant = static_cast<ActQuant>(9);
   expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_quant=9");
+  // K past kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is an Error.
+  GemmOptions big;
+  EXPECT_FALSE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK + 8, big, Isa::llvm, 64));
+  EXPECT_TRUE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK, big, Isa::llvm, 64));
+  big.int4_route = Int4Route::w4a8;
+  expect_tilejit_error(
+      [&] { ops::w4a8_route(WeightFormat::int4_awq, ops::kW4A8MaxK + 8, big, Isa::scalar, 1); },
+      "K=524296");
   // On fp8 weights the route is ignored (the fp8 GEMM runs), an invalid one is not.
   QCase f;
   f.fmt = Fmt::fp8, f.n = 20, f.k = 64;

@@ -513,7 +513,13 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
   std::uniform_real_distribution<float> dist(-1, 1);
   for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
   std::vector<float> y(size_t(m * n));
-  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+  // The dequant route's plan is what the entry tunes: W4A16 asked for (the
+  // automatic route at this M on the llvm path is W4A8, which has no plan
+  // knob: docs/tuning.md).
+  GemmOptions opt;
+  opt.int4_route = Int4Route::w4a16;
+  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}),
+       opt);
   EXPECT_EQ(cache_stats().tuned_plans, before + 1);
   const codegen::PlanOverrides& ov =
       jit::find_tuned_gemm(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
@@ -568,7 +574,13 @@ TEST(TuningDb, TunedInt8GemmPlanUsed) {
   std::uniform_real_distribution<float> dist(-1, 1);
   for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
   std::vector<float> y(size_t(m * n));
-  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+  // The dequant route's plan is what the entry tunes: W4A16 asked for (the
+  // automatic route at this M on the llvm path is W4A8, which has no plan
+  // knob: docs/tuning.md).
+  GemmOptions opt;
+  opt.int4_route = Int4Route::w4a16;
+  gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}),
+       opt);
   EXPECT_EQ(cache_stats().tuned_plans, before + 1);
   EXPECT_EQ(jit::find_tuned_gemm(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
                                  Activation::none, DType::f32, m, WeightFormat::int8)

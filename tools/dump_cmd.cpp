@@ -186,7 +186,8 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
   GemmOptions route_opt;
   route_opt.int4_route = p.int4_route;
-  if (m && ops::w4a8_route(p.format, route_opt, codegen::gemm_isa_for_rows(isa, *m), *m)) {
+  if (m &&
+      ops::w4a8_route(p.format, p.spec.k, route_opt, codegen::gemm_isa_for_rows(isa, *m), *m)) {
     fmt::print(
         "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
         "into the quad K order and quantized per row, the codes as s8 (q − z) chunks "

@@ -150,7 +150,7 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
   // x quantized per row, half a code per element, then the group folds.
   const GemmOptions opt = gemm_options();
   const bool w4a8 =
-      ops::w4a8_route(prog_.format, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m);
+      ops::w4a8_route(prog_.format, k, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m);
   const int64_t groups = s.shape.at(0);  // int4 scales are [G, N]
   const bool dequantized = cpu_info().isa != Isa::scalar && !w4a8;
   std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
