@@ -155,28 +155,38 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
   return g;
 }
 
-// Decode shapes (quant_gemm_fused: M <= 4): the fused micro-kernel reads
-// the codes and group tables itself, one call per column block over the
-// whole K (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
+// Decode shapes (quant_gemm_fused: M <= 4, or <= 16 on llvm): the fused
+// micro-kernel reads the codes and group tables itself, one call per column
+// block over the whole K and group of <= kFusedMaxMr rows
+// (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
 
 void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                const GemmOptions& opt, Isa isa) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
-  const codegen::BrgemmDesc d = quant_fused_desc(
-      p, codegen::GemmSpec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype}, M, isa);
-  codegen::BrgemmDesc tail = d;
-  tail.nr = static_cast<int>(N % kBlockN);
-  const jit::Kernel* main_k = N >= kBlockN ? &jit::get(d) : nullptr;
-  // The kernels' own scratch (a per-thread one; the N tail's need is no larger).
-  const int64_t scratch_bytes =
-      std::max(quant_fused_scratch_bytes(d), quant_fused_scratch_bytes(tail));
-  const jit::Kernel* tail_k = tail.nr != 0 ? &jit::get(tail) : nullptr;
+  const codegen::GemmSpec spec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype};
+  // Kernels by [row group kind][N tail]: groups of mr rows, then one of M % mr.
+  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, M, isa);
+  const int64_t rem = M > d.mr ? M % d.mr : 0;
+  const jit::Kernel* kernels[2][2] = {};
+  int64_t scratch_bytes = 0;
+  for (int g = 0; g < 2; ++g) {
+    if (g == 1 && rem == 0) continue;
+    codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, isa);
+    codegen::BrgemmDesc tail = dg;
+    tail.nr = static_cast<int>(N % kBlockN);
+    if (N >= kBlockN) kernels[g][0] = &jit::get(dg);
+    if (tail.nr != 0) kernels[g][1] = &jit::get(tail);
+    // The kernels' own scratch (a per-thread one; the N tail's need is no larger).
+    scratch_bytes =
+        std::max({scratch_bytes, quant_fused_scratch_bytes(dg), quant_fused_scratch_bytes(tail)});
+  }
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s\n",
                  d.b_type == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
                  static_cast<long long>(N), static_cast<long long>(p.layout.k), isa_name(d.isa),
-                 p.layout_name.c_str(), (main_k != nullptr ? main_k : tail_k)->name.c_str());
+                 p.layout_name.c_str(),
+                 (kernels[0][0] != nullptr ? kernels[0][0] : kernels[0][1])->name.c_str());
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   int64_t lda = x.strides[0] * 2;
   if (!q.perm.empty()) {
@@ -188,24 +198,29 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
   // Runs of consecutive column blocks per task: the kernel's prefetch runs on
-  // from one block's codes into the next.
+  // from one block's codes into the next; a block's row groups reread its
+  // codes from cache.
   constexpr int64_t kBlocksPerTask = 8;
   runtime::parallel_for((n_blocks + kBlocksPerTask - 1) / kBlocksPerTask, [&](int64_t t) {
     for (int64_t nb = t * kBlocksPerTask; nb < std::min(n_blocks, (t + 1) * kBlocksPerTask); ++nb) {
-      const void* a_ptr = a;
-      const void* b_ptr = p.bytes() + nb * p.code_block_bytes();
-      codegen::BrgemmArgs args{};
-      args.a = &a_ptr;
-      args.b = &b_ptr;
-      args.batch = 1;
-      args.lda = lda;
-      args.c = static_cast<uint8_t*>(y.data) + nb * kBlockN * y_elem;
-      args.ldc = y.strides[0] * y_elem;
-      args.bias = opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
-                           : nullptr;
-      set_fused_tables(p, nb, scratch_bytes, args);
-      const bool last = nb == n_blocks - 1 && tail_k != nullptr;
-      (last ? tail_k : main_k)->entry<codegen::BrgemmFn>()(&args);
+      const bool n_tail = nb == n_blocks - 1 && N % kBlockN != 0;
+      for (int64_t r0 = 0; r0 < M; r0 += d.mr) {
+        const int g = M - r0 < d.mr ? 1 : 0;
+        const void* a_ptr = a + r0 * lda;
+        const void* b_ptr = p.bytes() + nb * p.code_block_bytes();
+        codegen::BrgemmArgs args{};
+        args.a = &a_ptr;
+        args.b = &b_ptr;
+        args.batch = 1;
+        args.lda = lda;
+        args.c = static_cast<uint8_t*>(y.data) + (r0 * y.strides[0] + nb * kBlockN) * y_elem;
+        args.ldc = y.strides[0] * y_elem;
+        args.bias = opt.bias
+                        ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
+                        : nullptr;
+        set_fused_tables(p, nb, scratch_bytes, args);
+        kernels[g][n_tail ? 1 : 0]->entry<codegen::BrgemmFn>()(&args);
+      }
     }
   });
 }
@@ -389,7 +404,7 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
   d.isa = path == Isa::llvm ? Isa::llvm : Isa::avx512;
   d.b_type = code;  // f8e4m3, u4 or f4e2m1
   d.b_zeros = zeros;
-  d.mr = static_cast<int>(m);
+  d.mr = static_cast<int>(std::min<int64_t>(m, kFusedMaxMr));  // rows per call
   d.kb = k_packed;
   d.b_row_bytes = code == DType::f8e4m3 ? 128 : 64;  // a k-pair row of codes
   d.bias = spec.bias;
@@ -456,10 +471,11 @@ bool quant_gemm_fused(Isa path, int64_t m) {
   // The Xbyak kernel's int4 codes come from vpmultishiftqb (AVX512-VBMI: every
   // AVX512-BF16 CPU but Cooper Lake has it; there the dequant path runs).
   static const bool vbmi = runtime::detected_features().has(runtime::Feature::avx512_vbmi);
-  // Both kernels take up to 4 rows (registry.cpp, kQuantLimits).
-  constexpr int64_t kFusedMaxRows = 4;
-  if (m > kFusedMaxRows) return false;
-  if (path == Isa::llvm) return true;
+  // llvm: up to kFusedMaxRowsLlvm rows in calls of <= kFusedMaxMr rows (the
+  // dequant route's bf16 kernels are slower there below that); Xbyak: one
+  // call of <= 4 rows (the AMX / AVX-512 bf16 kernels take over above).
+  if (path == Isa::llvm) return m <= kFusedMaxRowsLlvm;
+  if (m > kFusedMaxMr) return false;
   return (path == Isa::avx512 || path == Isa::amx) && vbmi;
 }
 

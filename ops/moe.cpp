@@ -232,8 +232,8 @@ std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_
   int32_t z = 0;
   const ops::RowQuant rq = ops::row_quant(opt, down);
   const runtime::ActQuantRule rule = ops::act_quant_rule(ops::act_quant_mode(rq.mode));
-  runtime::reference_act_quant_row(rule, x, k, k, ops::fixed_inv_scale(rq.mode, rq.scale),
-                                   rq.scale, rq.zero, q.data(), &s, &z);
+  runtime::reference_act_quant_row(rule, x, k, k, ops::fixed_inv_scale(rq.mode, rq.scale), rq.scale,
+                                   rq.zero, q.data(), &s, &z);
   for (int64_t i = 0; i < k; ++i) in[i] = double(int32_t(q[i]) - z) * double(s);
   return in;
 }

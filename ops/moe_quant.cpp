@@ -36,14 +36,20 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   }
   if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
-    fused_rows_ = rows;
+    // Row groups of mr = min(rows, kFusedMaxMr) rows, then one of rows % mr.
     const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows, isa);
-    codegen::BrgemmDesc tail = d;
-    tail.nr = static_cast<int>(spec.n % d.nr);
-    if (spec.n >= d.nr) fused_[0] = &jit::get(d);
-    if (tail.nr != 0) fused_[1] = &jit::get(tail);
-    fused_scratch_ =
-        std::max(quant_fused_scratch_bytes(d), tail.nr != 0 ? quant_fused_scratch_bytes(tail) : 0);
+    fused_mr_ = d.mr;
+    const int64_t rem = rows > d.mr ? rows % d.mr : 0;
+    for (int g = 0; g < 2; ++g) {
+      if (g == 1 && rem == 0) continue;
+      const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(*q_, spec, rem, isa);
+      codegen::BrgemmDesc tail = dg;
+      tail.nr = static_cast<int>(spec.n % dg.nr);
+      if (spec.n >= dg.nr) fused_[g][0] = &jit::get(dg);
+      if (tail.nr != 0) fused_[g][1] = &jit::get(tail);
+      fused_scratch_ = std::max({fused_scratch_, quant_fused_scratch_bytes(dg),
+                                 tail.nr != 0 ? quant_fused_scratch_bytes(tail) : int64_t{0}});
+    }
     return;
   }
   route_ = Route::dequant;
@@ -52,8 +58,8 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
 }
 
 int64_t ExpertGemm::task_rows() const {
-  // The fused kernel takes every row of its (<= 4-row) group in one call.
-  return route_ == Route::fused ? 4 : exe_->plan().task_rows();
+  // The fused kernel takes a group of <= kFusedMaxMr rows a call.
+  return route_ == Route::fused ? kFusedMaxMr : exe_->plan().task_rows();
 }
 
 const std::vector<int32_t>* ExpertGemm::perm() const {
@@ -76,23 +82,28 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
       return;
     }
     case Route::fused: {
-      const jit::Kernel* k = job.n_tail ? fused_[1] : fused_[0];
-      // The kernel is compiled for the group's row count (its mr).
-      if (k == nullptr || job.rows != fused_rows_)
-        throw Error(fmt::format("fused_experts: internal: no fused kernel for {} rows (has {})",
-                                job.rows, fused_rows_));
-      const void* a_ptr = job.a;
-      const void* b_ptr = q_->bytes() + block * q_->code_block_bytes();
-      codegen::BrgemmArgs args{};
-      args.a = &a_ptr;
-      args.b = &b_ptr;
-      args.batch = 1;
-      args.lda = job.lda;
-      args.c = job.c;
-      args.ldc = job.ldc;
-      args.bias = job.bias;
-      set_fused_tables(*q_, block, fused_scratch_, args);
-      k->entry<codegen::BrgemmFn>()(&args);
+      // Groups of fused_mr_ rows, then the remainder (the kernels of both
+      // were compiled for the expert's row count).
+      for (int64_t r0 = 0; r0 < job.rows; r0 += fused_mr_) {
+        const int64_t rr = std::min(fused_mr_, job.rows - r0);
+        const int g = rr < fused_mr_ ? 1 : 0;
+        const jit::Kernel* k = fused_[g][job.n_tail ? 1 : 0];
+        if (k == nullptr)
+          throw InternalError(fmt::format(
+              "fused_experts: no fused kernel for a group of {} rows (mr {})", rr, fused_mr_));
+        const void* a_ptr = job.a + r0 * job.lda;
+        const void* b_ptr = q_->bytes() + block * q_->code_block_bytes();
+        codegen::BrgemmArgs args{};
+        args.a = &a_ptr;
+        args.b = &b_ptr;
+        args.batch = 1;
+        args.lda = job.lda;
+        args.c = job.c + r0 * job.ldc;
+        args.ldc = job.ldc;
+        args.bias = job.bias;
+        set_fused_tables(*q_, block, fused_scratch_, args);
+        k->entry<codegen::BrgemmFn>()(&args);
+      }
       return;
     }
     case Route::dequant:

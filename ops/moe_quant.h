@@ -1,8 +1,10 @@
 // One projection (gate_up with its act-and-mul, or down) of one expert, run
 // by fused_experts' tasks on whatever format the experts were packed in:
 //   bf16:    the bf16 brgemm kernels on the packed block;
-//   fused:   fp8 / int4 at <= 4 rows on amx / avx512: the fused decode kernel
-//            (exact weights, codegen/xbyak/quant_brgemm.cpp), one call per block;
+//   fused:   fp8 / int4 at <= 4 rows on amx / avx512, <= 16 on llvm: the
+//            fused decode kernel (exact weights, codegen/xbyak/quant_brgemm.cpp,
+//            the LLVM brgemm's quantized mode), one call per block and group
+//            of <= kFusedMaxMr rows;
 //   dequant: fp8 / int4 otherwise: per K chunk the dequant kernel fills a bf16
 //            chunk that the bf16 kernels run on (as ops/gemm_quant.cpp does);
 //   int8:    u8 rows (quantized by the caller with quantize_rows) × the i8
@@ -58,9 +60,10 @@ class ExpertGemm {
   int64_t e_ = 0;
   int64_t a_cols_ = 0;
   GemmExecutable* exe_ = nullptr;
-  const jit::Kernel* fused_[2] = {nullptr, nullptr};  // full block, N tail
+  // [row group: mr rows, the remainder][full block, N tail]
+  const jit::Kernel* fused_[2][2] = {};
   int64_t fused_scratch_ = 0;
-  int64_t fused_rows_ = 0;
+  int64_t fused_mr_ = 0;
   codegen::DequantFn dequant_ = nullptr;
 };
 

@@ -54,6 +54,11 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // micro-kernel (codegen/xbyak/quant_brgemm.cpp on amx / avx512, the LLVM
 // brgemm's quantized mode on llvm: exact weights, per-group fp32 sums)
 // instead of dequantizing to bf16 chunks for the bf16 kernels.
+// Both fused kernels take up to kFusedMaxMr rows a call (registry.cpp,
+// kQuantLimits); on the llvm path a GEMM of up to kFusedMaxRowsLlvm rows calls
+// them once per group of <= kFusedMaxMr rows (fused_row_groups).
+inline constexpr int64_t kFusedMaxMr = 4;
+inline constexpr int64_t kFusedMaxRowsLlvm = 16;
 bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
@@ -74,8 +79,9 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m);
 
 // The fused decode kernel for m rows on `path` (llvm: the LLVM row, else the
-// avx512 one), a full 64-column block (nr 64, or 32 outputs with the spec's
-// GLU) and the spec's epilogue; the N tail sets nr.
+// avx512 one): mr = min(m, kFusedMaxMr) rows a call, a full 64-column block
+// (nr 64, or 32 outputs with the spec's GLU) and the spec's epilogue; the N
+// tail sets nr.
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
                                      int64_t m, Isa path);
 // The same from the weight's code type (f8e4m3, u4 or f4e2m1), whether it

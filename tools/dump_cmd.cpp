@@ -198,9 +198,9 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
   }
   if (const auto fd = fused_kernel(p, isa, m))
     fmt::print(
-        "  fused        {} (M = {} <= 4: this decode kernel reads the codes and group tables "
-        "itself, one call per 64-column block over the whole K, instead of the dequant route "
-        "above)\n",
+        "  fused        {} (M = {}: this decode kernel reads the codes and group tables "
+        "itself, one call per 64-column block over the whole K and group of <= 4 rows, "
+        "instead of the dequant route above)\n",
         fd->name(), *m);
 }
 
