@@ -244,7 +244,7 @@ enum class ActQuant {
 enum class Int4Route {
   automatic,  // the plan's choice by path and M: W4A8 on the llvm path from
               // 8 rows on (ops::kW4A8MinRows), W4A16 otherwise
-  w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4)
+  w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4, <= 16 on llvm)
   w4a8,       // x quantized per opt.act_quant to u8, exact int32 sums per group
 };
 
@@ -261,7 +261,7 @@ struct GemmOptions {
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
 // Quantized w (docs/quantized.md): fp8 and int4 weights run either exact in
-// a fused decode kernel (M ≤ 4 on amx / avx512) or dequantized to bf16
+// a fused decode kernel (M ≤ 4 on amx / avx512, ≤ 16 on llvm) or dequantized to bf16
 // inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
 // dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
 // exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32; int4
