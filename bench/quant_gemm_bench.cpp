@@ -856,8 +856,8 @@ void register_all() {
       }
 
   // int4's two routes at the small M where the automatic choice switches
-  // (ops::kW4A8MinRows).
-  for (int64_t m : {8, 16, 32, 64})
+  // (ops::kW4A8MinRows; hot weights: the compute side of decode).
+  for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
     for (int t : threads)
       for (auto [route, suffix] : {std::pair{tilejit::Int4Route::w4a16, "_w4a16"},
                                    std::pair{tilejit::Int4Route::w4a8, "_w4a8"}})

@@ -108,7 +108,7 @@ constexpr AttrSpec kGemmAttrs[] = {
     {"group_size", AttrKind::integer, false,
      "u4 weights: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
     {"int4_route", AttrKind::string, false,
-     "u4 weights: \"automatic\" (default: W4A8 on the llvm path from M = 8), \"w4a16\" or "
+     "u4 weights: \"automatic\" (default: W4A8 on the llvm path from M = 4), \"w4a16\" or "
      "\"w4a8\" (x quantized per token, dynamic_sym)"},
 };
 constexpr AttrSpec kCastAttrs[] = {

@@ -132,7 +132,7 @@ void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int6
 
 // From this many rows the automatic route runs int4 GEMMs as W4A8 on the
 // llvm path (docs/quantized.md: where it beat W4A16 on an AVX2 host).
-inline constexpr int64_t kW4A8MinRows = 8;
+inline constexpr int64_t kW4A8MinRows = 4;
 // Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
 // opt.int4_route (automatic: the llvm path from kW4A8MinRows rows on).

@@ -243,7 +243,7 @@ enum class ActQuant {
 // How a GEMM with int4 weights (AWQ / GPTQ) computes (docs/quantized.md, "W4A8").
 enum class Int4Route {
   automatic,  // the plan's choice by path and M: W4A8 on the llvm path from
-              // 8 rows on (ops::kW4A8MinRows), W4A16 otherwise
+              // 4 rows on (ops::kW4A8MinRows), W4A16 otherwise
   w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4, <= 16 on llvm)
   w4a8,       // x quantized per opt.act_quant to u8, exact int32 sums per group
 };

@@ -226,7 +226,7 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     """out[M, N] = act(x[M, K] @ w.T + bias); x bf16 (K stride 1), out bf16
     or f32 (out_dtype when allocated), bias [N] f32 or bf16. int4 weights:
     int4_route "w4a16" (bf16 x), "w4a8" (x quantized per act_quant) or
-    "automatic" (W4A8 on the llvm path from 8 rows on)."""
+    "automatic" (W4A8 on the llvm path from 4 rows on)."""
     if out is None and isinstance(w, PackedWeight):
         out, ret = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype)
     else:
