@@ -19,9 +19,11 @@
 // int8 each, A's quad one i32 splat, the sums <16 x i32> and exact:
 // llvm.x86.avx512.vpdpbusd (512 bits, or 256 twice on AVX-VNNI) where the
 // target has it, else the bytes widened to 16 bits (zext A, sext B) and
-// multiplied-added in pairs by vpmaddwd into i32 (never vpmaddubsw: it
-// saturates). Its epilogue is integer up to the
-// zero-point correction, then BrgemmArgs' f32 scaling (or the raw sums, out i32);
+// multiplied-added in pairs by vpmaddwd into i32 (never vpmaddubsw on 8-bit
+// weights: it saturates; the W4A8 kernel's 4-bit-range B cannot make it
+// saturate, so there it does: k_quad16). Its epilogue is integer up to the
+// zero-point correction, then BrgemmArgs' f32 scaling (or the raw sums, out i32;
+// W4A8: plus the f32 acc_in of the earlier scale groups);
 // with a GLU, gate and up are each scaled so before the same gated function
 // as the bf16 kernel's (codegen/brgemm_desc.h states it).
 //
