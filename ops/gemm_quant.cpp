@@ -165,28 +165,12 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
   const codegen::GemmSpec spec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype};
-  // Kernels by [row group kind][N tail]: groups of mr rows, then one of M % mr.
-  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, M, isa);
-  const int64_t rem = M > d.mr ? M % d.mr : 0;
-  const jit::Kernel* kernels[2][2] = {};
-  int64_t scratch_bytes = 0;
-  for (int g = 0; g < 2; ++g) {
-    if (g == 1 && rem == 0) continue;
-    codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, isa);
-    codegen::BrgemmDesc tail = dg;
-    tail.nr = static_cast<int>(N % kBlockN);
-    if (N >= kBlockN) kernels[g][0] = &jit::get(dg);
-    if (tail.nr != 0) kernels[g][1] = &jit::get(tail);
-    // The kernels' own scratch (a per-thread one; the N tail's need is no larger).
-    scratch_bytes =
-        std::max({scratch_bytes, quant_fused_scratch_bytes(dg), quant_fused_scratch_bytes(tail)});
-  }
+  const FusedKernels kernels(p, spec, M, isa);
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s\n",
-                 d.b_type == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
-                 static_cast<long long>(N), static_cast<long long>(p.layout.k), isa_name(d.isa),
-                 p.layout_name.c_str(),
-                 (kernels[0][0] != nullptr ? kernels[0][0] : kernels[0][1])->name.c_str());
+                 p.dtype == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
+                 static_cast<long long>(N), static_cast<long long>(p.layout.k), isa_name(isa),
+                 p.layout_name.c_str(), kernels.name().c_str());
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   int64_t lda = x.strides[0] * 2;
   if (!q.perm.empty()) {
@@ -202,26 +186,11 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   // codes from cache.
   constexpr int64_t kBlocksPerTask = 8;
   runtime::parallel_for((n_blocks + kBlocksPerTask - 1) / kBlocksPerTask, [&](int64_t t) {
-    for (int64_t nb = t * kBlocksPerTask; nb < std::min(n_blocks, (t + 1) * kBlocksPerTask); ++nb) {
-      const bool n_tail = nb == n_blocks - 1 && N % kBlockN != 0;
-      for (int64_t r0 = 0; r0 < M; r0 += d.mr) {
-        const int g = M - r0 < d.mr ? 1 : 0;
-        const void* a_ptr = a + r0 * lda;
-        const void* b_ptr = p.bytes() + nb * p.code_block_bytes();
-        codegen::BrgemmArgs args{};
-        args.a = &a_ptr;
-        args.b = &b_ptr;
-        args.batch = 1;
-        args.lda = lda;
-        args.c = static_cast<uint8_t*>(y.data) + (r0 * y.strides[0] + nb * kBlockN) * y_elem;
-        args.ldc = y.strides[0] * y_elem;
-        args.bias = opt.bias
-                        ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
-                        : nullptr;
-        set_fused_tables(p, nb, scratch_bytes, args);
-        kernels[g][n_tail ? 1 : 0]->entry<codegen::BrgemmFn>()(&args);
-      }
-    }
+    for (int64_t nb = t * kBlocksPerTask; nb < std::min(n_blocks, (t + 1) * kBlocksPerTask); ++nb)
+      kernels.run(p, nb, nb == n_blocks - 1 && N % kBlockN != 0, a, lda, M,
+                  static_cast<uint8_t*>(y.data) + nb * kBlockN * y_elem, y.strides[0] * y_elem,
+                  opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
+                           : nullptr);
   });
 }
 
@@ -465,6 +434,54 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
 
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d) {
   return d.isa == Isa::llvm ? 0 : codegen::xbyak::quant_brgemm_scratch_bytes(d);
+}
+
+FusedKernels::FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
+                           Isa path) {
+  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path);
+  mr_ = d.mr;
+  const int64_t rem = rows > d.mr ? rows % d.mr : 0;
+  for (int g = 0; g < 2; ++g) {
+    if (g == 1 && rem == 0) continue;
+    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path);
+    codegen::BrgemmDesc tail = dg;
+    tail.nr = static_cast<int>(spec.n % dg.nr);
+    if (spec.n >= dg.nr) k_[g][0] = &jit::get(dg);
+    if (tail.nr != 0) k_[g][1] = &jit::get(tail);
+    // One per-thread scratch serves them all (the N tail's need is no larger).
+    scratch_ = std::max({scratch_, quant_fused_scratch_bytes(dg),
+                         tail.nr != 0 ? quant_fused_scratch_bytes(tail) : int64_t{0}});
+  }
+}
+
+const std::string& FusedKernels::name() const {
+  return (k_[0][0] != nullptr ? k_[0][0] : k_[0][1])->name;
+}
+
+void FusedKernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, const uint8_t* a,
+                       int64_t lda, int64_t rows, uint8_t* c, int64_t ldc, const void* bias) const {
+  // Groups of mr rows, then the remainder; a block's later groups reread its
+  // codes from cache.
+  for (int64_t r0 = 0; r0 < rows; r0 += mr_) {
+    const int64_t rr = std::min(mr_, rows - r0);
+    const jit::Kernel* k = k_[rr < mr_ ? 1 : 0][n_tail ? 1 : 0];
+    if (k == nullptr)
+      throw InternalError(
+          fmt::format("quantized gemm: no fused kernel for a group of {} rows (mr {}, n_tail {})",
+                      rr, mr_, n_tail));
+    const void* a_ptr = a + r0 * lda;
+    const void* b_ptr = p.bytes() + block * p.code_block_bytes();
+    codegen::BrgemmArgs args{};
+    args.a = &a_ptr;
+    args.b = &b_ptr;
+    args.batch = 1;
+    args.lda = lda;
+    args.c = c + r0 * ldc;
+    args.ldc = ldc;
+    args.bias = bias;
+    set_fused_tables(p, block, scratch_, args);
+    k->entry<codegen::BrgemmFn>()(&args);
+  }
 }
 
 bool quant_gemm_fused(Isa path, int64_t m) {

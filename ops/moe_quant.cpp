@@ -36,20 +36,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   }
   if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
-    // Row groups of mr = min(rows, kFusedMaxMr) rows, then one of rows % mr.
-    const codegen::BrgemmDesc d = quant_fused_desc(*q_, spec, rows, isa);
-    fused_mr_ = d.mr;
-    const int64_t rem = rows > d.mr ? rows % d.mr : 0;
-    for (int g = 0; g < 2; ++g) {
-      if (g == 1 && rem == 0) continue;
-      const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(*q_, spec, rem, isa);
-      codegen::BrgemmDesc tail = dg;
-      tail.nr = static_cast<int>(spec.n % dg.nr);
-      if (spec.n >= dg.nr) fused_[g][0] = &jit::get(dg);
-      if (tail.nr != 0) fused_[g][1] = &jit::get(tail);
-      fused_scratch_ = std::max({fused_scratch_, quant_fused_scratch_bytes(dg),
-                                 tail.nr != 0 ? quant_fused_scratch_bytes(tail) : int64_t{0}});
-    }
+    fused_ = FusedKernels(*q_, spec, rows, isa);
     return;
   }
   route_ = Route::dequant;
@@ -81,31 +68,9 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
       run_row_block(*exe_, job);
       return;
     }
-    case Route::fused: {
-      // Groups of fused_mr_ rows, then the remainder (the kernels of both
-      // were compiled for the expert's row count).
-      for (int64_t r0 = 0; r0 < job.rows; r0 += fused_mr_) {
-        const int64_t rr = std::min(fused_mr_, job.rows - r0);
-        const int g = rr < fused_mr_ ? 1 : 0;
-        const jit::Kernel* k = fused_[g][job.n_tail ? 1 : 0];
-        if (k == nullptr)
-          throw InternalError(fmt::format(
-              "fused_experts: no fused kernel for a group of {} rows (mr {})", rr, fused_mr_));
-        const void* a_ptr = job.a + r0 * job.lda;
-        const void* b_ptr = q_->bytes() + block * q_->code_block_bytes();
-        codegen::BrgemmArgs args{};
-        args.a = &a_ptr;
-        args.b = &b_ptr;
-        args.batch = 1;
-        args.lda = job.lda;
-        args.c = job.c + r0 * job.ldc;
-        args.ldc = job.ldc;
-        args.bias = job.bias;
-        set_fused_tables(*q_, block, fused_scratch_, args);
-        k->entry<codegen::BrgemmFn>()(&args);
-      }
+    case Route::fused:
+      fused_.run(*q_, block, job.n_tail, job.a, job.lda, job.rows, job.c, job.ldc, job.bias);
       return;
-    }
     case Route::dequant:
       run_dequant_block(*q_, *exe_, dequant_, job, block);
       return;

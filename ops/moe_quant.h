@@ -22,6 +22,7 @@
 #include "ops/gemm_task.h"
 #include "ops/packed_experts_impl.h"
 #include "ops/packed_weight_impl.h"
+#include "ops/quant_weight.h"
 
 namespace tilejit::ops {
 
@@ -60,10 +61,7 @@ class ExpertGemm {
   int64_t e_ = 0;
   int64_t a_cols_ = 0;
   GemmExecutable* exe_ = nullptr;
-  // [row group: mr rows, the remainder][full block, N tail]
-  const jit::Kernel* fused_[2][2] = {};
-  int64_t fused_scratch_ = 0;
-  int64_t fused_mr_ = 0;
+  FusedKernels fused_;
   codegen::DequantFn dequant_ = nullptr;
 };
 

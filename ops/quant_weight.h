@@ -92,6 +92,26 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
 // The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 
+// The fused decode kernels one GEMM (or one expert projection) of `rows` rows
+// runs: calls of mr = min(rows, kFusedMaxMr) rows, then one of rows % mr,
+// each for the full block (nr of quant_fused_desc) and the N tail.
+class FusedKernels {
+ public:
+  FusedKernels() = default;
+  FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path);
+  int64_t mr() const { return mr_; }
+  const std::string& name() const;  // of the first kernel (for logs)
+  // Column block `block` (the N tail when n_tail) for `rows` rows: A row 0
+  // at a (lda bytes apart, the packed K order), C row 0 at c (ldc bytes
+  // apart, the block's first column), the block's bias or null.
+  void run(const PackedWeight::Impl& p, int64_t block, bool n_tail, const uint8_t* a, int64_t lda,
+           int64_t rows, uint8_t* c, int64_t ldc, const void* bias) const;
+
+ private:
+  const jit::Kernel* k_[2][2] = {};  // [mr rows, the remainder][full block, N tail]
+  int64_t mr_ = 0, scratch_ = 0;
+};
+
 // The dequant kernel of an fp8 / int4 / MXFP4 weight on `path` (avx512 serves amx).
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);
 
