@@ -148,7 +148,8 @@ struct BrgemmDesc {
   // before widening. kb a multiple of 16; out f32 or bf16 (scaled); with
   // `accumulate`, acc_in is f32 and added after the scaling:
   //   v = float(acc − a_zero[r]·b_comp[c])·a_scale[r]·b_scale[c] + acc_in[r][c]  (+ bias, act)
-  // (the earlier groups' fold).
+  // (the earlier groups' fold). With a GLU (fused_experts' gate/up) the last
+  // group's call gates the 64 computed columns' v, acc_in covering all 64.
   bool w4a8 = false;
 
   static constexpr auto field_list() {

@@ -47,8 +47,8 @@ constexpr const char* kLlvmLimits =
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
     "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); or the fused decode kernel "
     "(a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32, 1 <= mr <= 4, the whole K, batch 1); "
-    "w4a8 (a=u8 b=i8 acc=i32, B in [-16, 15]) with kb % 16 == 0, out f32|bf16, no GLU, "
-    "row-major A";
+    "w4a8 (a=u8 b=i8 acc=i32, B in [-16, 15]) with kb % 16 == 0, out f32|bf16 "
+    "(GLU: nr <= 32), row-major A";
 // The table: one row per (family, path) this build can make, best path first.
 const KernelRow kRows[] = {
     {Family::brgemm, Isa::amx, isa_features(Isa::amx), Backend::xbyak, "xbyak::emit_amx_brgemm",
@@ -222,11 +222,10 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
                       codegen::glu_name(d.glu)));
     if (d.w4a8) {
       // The W4A8 group kernel (BrgemmDesc::w4a8): LLVM only.
-      if (row.backend != Backend::llvm || d.kb % 16 != 0 || d.out == DType::i32 ||
-          d.glu != codegen::Glu::none || d.a_packed)
+      if (row.backend != Backend::llvm || d.kb % 16 != 0 || d.out == DType::i32 || d.a_packed)
         throw Error(fmt::format(
             "brgemm: w4a8 descriptor {} on the {} row; allowed: the llvm row with kb % 16 == 0, "
-            "out f32|bf16, glu=none, apack=0",
+            "out f32|bf16, apack=0",
             d.key(), isa_name(row.path)));
     }
     if (d.isa == Isa::amx && !d.a_packed)

@@ -50,29 +50,33 @@ constexpr int64_t kStep = 16;  // K elements of the kernel's 16-bit step (Brgemm
 // chunk of its own): 128 KiB for a 64-column block, L2-resident.
 constexpr int64_t kChunkK = 2048;
 
+}  // namespace
+
 // A scale group's run of k-pair rows in the packed K order and its place in
 // the quad K order.
-struct Run {
+struct W4A8Run {
   int64_t pair0 = 0, pairs = 0;  // k-pair rows [pair0, pair0 + pairs) of the codes
   int32_t group = 0;             // the scales' row
   int64_t k0 = 0, klen = 0;      // quad-order K offset and length (multiples of kStep)
 };
 
-struct QuadOrder {
-  std::vector<Run> runs;
+struct W4A8Order {
+  std::vector<W4A8Run> runs;
   int64_t k_total = 0;
   int64_t kb = kStep;     // the kernels' K per batch item: divides every run's klen
   bool identity = false;  // the quad order is x's own K order: no gather
 };
 
-QuadOrder quad_order(const PackedWeight::Impl& p) {
+namespace {
+
+W4A8Order quad_order(const PackedWeight::Impl& p) {
   const QuantTables& q = *p.quant;
-  QuadOrder o;
+  W4A8Order o;
   // The k-pair rows that hold channels (q.groups goes on over the layout's
   // zero padding to whole K steps).
   const int64_t pairs = (q.k_packed + 1) / 2;
   for (int64_t r = 0; r < pairs;) {
-    Run run;
+    W4A8Run run;
     run.pair0 = r;
     run.group = q.groups[static_cast<size_t>(r)];
     while (r < pairs && q.groups[static_cast<size_t>(r)] == run.group) ++r;
@@ -83,47 +87,30 @@ QuadOrder quad_order(const PackedWeight::Impl& p) {
     o.runs.push_back(run);
   }
   for (int64_t kb : {128, 64, 32}) {
-    if (std::all_of(o.runs.begin(), o.runs.end(), [&](const Run& r) { return r.klen % kb == 0; })) {
+    if (std::all_of(o.runs.begin(), o.runs.end(),
+                    [&](const W4A8Run& r) { return r.klen % kb == 0; })) {
       o.kb = kb;
       break;
     }
   }
   // No gather when x's K is the quad order with nothing to pad: every run
   // starts where the packed order puts it and K fills the last one.
-  o.identity =
-      q.perm.empty() && o.k_total == p.layout.k &&
-      std::all_of(o.runs.begin(), o.runs.end(), [](const Run& r) { return r.k0 == 2 * r.pair0; });
+  o.identity = q.perm.empty() && o.k_total == p.layout.k &&
+               std::all_of(o.runs.begin(), o.runs.end(),
+                           [](const W4A8Run& r) { return r.k0 == 2 * r.pair0; });
   return o;
 }
 
-// The kernels of one GEMM: per role (first / middle / last group, or the only
-// one), rows 1..mr and the N tail, looked up once each.
+// The roles of a group's brgemm call: the first / a middle / the last group
+// of the K sum, or the only one.
 enum Role { kFirst = 0, kMiddle = 1, kLast = 2, kOnly = 3 };
 
-codegen::BrgemmDesc w4a8_desc(const QuadOrder& o, codegen::BiasKind bias, Activation act, DType out,
-                              Role role, int rows, int cols) {
-  codegen::BrgemmDesc d;
-  d.isa = Isa::llvm;
-  d.a_type = DType::u8;
-  d.b_type = DType::i8;
-  d.acc_type = DType::i32;
-  d.w4a8 = true;
-  d.mr = rows;
-  d.nr = cols;
-  d.kb = o.kb;
-  d.b_row_bytes = codegen::PackedLayout::kRowBytes;
-  d.accumulate = role == kMiddle || role == kLast;
-  const bool final_call = role == kLast || role == kOnly;
-  d.out = final_call ? out : DType::f32;
-  if (final_call) {
-    d.bias = bias;
-    d.act = act;
-  }
-  return d;
+Role role_of(size_t i, size_t n_runs) {
+  return n_runs == 1 ? kOnly : i == 0 ? kFirst : i == n_runs - 1 ? kLast : kMiddle;
 }
 
 // The int8 plan over the quad K order: its row blocking (mr) and task rows.
-codegen::GemmPlan w4a8_plan(int64_t n, const QuadOrder& o) {
+codegen::GemmPlan w4a8_plan(int64_t n, const W4A8Order& o) {
   codegen::GemmSpec spec{n, o.k_total};
   spec.b_type = DType::i8;
   return codegen::plan_gemm(spec, Isa::llvm);
@@ -136,28 +123,29 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
 }
 
 bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m) {
-  bool w4a8 = false;
-  switch (opt.int4_route) {
-    case Int4Route::w4a16:
-      break;
-    case Int4Route::w4a8:
-      w4a8 = true;
-      break;
-    case Int4Route::automatic:
-      w4a8 = path == Isa::llvm && m >= kW4A8MinRows && k <= kW4A8MaxK;
-      break;
-    default:
-      throw Error(
-          fmt::format("gemm: int4_route={} is not an Int4Route; allowed: automatic, w4a16, w4a8",
-                      static_cast<int>(opt.int4_route)));
-  }
+  return w4a8_route(format, k, opt.int4_route, path, m, "gemm");
+}
+
+void check_int4_route(Int4Route route, const char* op) {
+  if (route != Int4Route::automatic && route != Int4Route::w4a16 && route != Int4Route::w4a8)
+    throw Error(
+        fmt::format("{}: int4_route={} is not an Int4Route; allowed: automatic, w4a16, w4a8", op,
+                    static_cast<int>(route)));
+}
+
+bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64_t m,
+                const char* op) {
+  check_int4_route(route, op);
+  const bool w4a8 =
+      route == Int4Route::w4a8 ||
+      (route == Int4Route::automatic && path == Isa::llvm && m >= kW4A8MinRows && k <= kW4A8MaxK);
   if (!w4a8 || (format != WeightFormat::int4_awq && format != WeightFormat::int4_gptq))
     return false;
   if (k > kW4A8MaxK)
     throw Error(fmt::format(
-        "gemm: int4_route=w4a8 with K={}; allowed: K <= {} (a scale group's int32 sums of "
+        "{}: int4_route=w4a8 with K={}; allowed: K <= {} (a scale group's int32 sums of "
         "u8 x 4-bit products stay exact up to there; int4_route=w4a16 takes any K)",
-        k, kW4A8MaxK));
+        op, k, kW4A8MaxK));
   return true;
 }
 
@@ -172,9 +160,178 @@ bool w4a8_kernels_usable() {
 
 std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
                              DType out) {
-  const QuadOrder o = quad_order(p);
-  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, o);
-  return w4a8_desc(o, bias, act, out, o.runs.size() == 1 ? kOnly : kLast, plan.mr, 64).name();
+  return W4A8Kernels(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, 0, false).name();
+}
+
+// ---- W4A8Kernels ---------------------------------------------------------------
+
+W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
+                         bool compile)
+    : o_(std::make_shared<const W4A8Order>(quad_order(p))), spec_(spec) {
+  const QuantTables& q = *p.quant;
+  // The plan over the weight's packed columns (a GLU's gate and up both).
+  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, *o_);
+  mr_ = plan.mr;
+  task_rows_ = plan.task_rows();
+  // Tasks take whole mr blocks but the last one's (task_rows is a multiple of mr).
+  rem_ = static_cast<int>(rows % mr_);
+  if (!compile) return;
+  dequant_ = jit::get(codegen::DequantDesc{Isa::llvm, DType::u4, q.zeros != nullptr,
+                                           q.normal_products, DType::i8})
+                 .entry<codegen::DequantFn>();
+  const bool glu = spec_.glu != codegen::Glu::none;
+  const int64_t out_block = glu ? 32 : kBlockN;
+  const size_t n_runs = o_->runs.size();
+  for (int role = 0; role < 4; ++role) {
+    const bool used =
+        n_runs == 1 ? role == kOnly : role != kOnly && (role != kMiddle || n_runs > 2);
+    for (int g = 0; g < 2 && used; ++g) {
+      const int r = g == 0 ? mr_ : rem_;
+      if (r == 0) continue;
+      if (spec_.n >= out_block) k_[role][g][0] = &jit::get(desc(role, r, false));
+      if (spec_.n % out_block != 0) k_[role][g][1] = &jit::get(desc(role, r, true));
+    }
+  }
+}
+
+int64_t W4A8Kernels::k_quad() const {
+  return o_->k_total;
+}
+
+bool W4A8Kernels::identity() const {
+  return o_->identity;
+}
+
+void W4A8Kernels::gather_row(const PackedWeight::Impl& p, const uint16_t* x, uint16_t* dst) const {
+  const QuantTables& q = *p.quant;
+  const int64_t K = p.layout.k;
+  for (const W4A8Run& r : o_->runs) {
+    int64_t k = 0;
+    for (; k < 2 * r.pairs; ++k) {
+      const int64_t pos = 2 * r.pair0 + k;
+      const int64_t ch = q.perm.empty()     ? (pos < K ? pos : -1)
+                         : pos < q.k_packed ? q.perm[pos]
+                                            : -1;
+      dst[r.k0 + k] = ch >= 0 ? x[ch] : 0;
+    }
+    for (; k < r.klen; ++k) dst[r.k0 + k] = 0;
+  }
+}
+
+codegen::BrgemmDesc W4A8Kernels::desc(int role, int rows, bool n_tail) const {
+  codegen::BrgemmDesc d;
+  d.isa = Isa::llvm;
+  d.a_type = DType::u8;
+  d.b_type = DType::i8;
+  d.acc_type = DType::i32;
+  d.w4a8 = true;
+  d.mr = rows;
+  d.kb = o_->kb;
+  d.b_row_bytes = codegen::PackedLayout::kRowBytes;
+  d.accumulate = role == kMiddle || role == kLast;
+  const bool final_call = role == kLast || role == kOnly;
+  const bool glu = spec_.glu != codegen::Glu::none;
+  // Outputs of this call: the earlier groups' f32 sums cover the whole
+  // computed block (a GLU's gate and up: 64 columns); the last call writes
+  // the spec's outputs.
+  const int64_t cols = glu && !final_call ? kBlockN : glu ? 32 : kBlockN;
+  d.nr = static_cast<int>(n_tail && !(glu && !final_call) ? spec_.n % cols : cols);
+  d.out = final_call ? spec_.out : DType::f32;
+  if (final_call) {
+    d.bias = spec_.bias;
+    d.act = spec_.act;
+    d.glu = spec_.glu;
+    d.glu_alpha = spec_.glu_alpha;
+    d.glu_limit = spec_.glu_limit;
+  }
+  return d;
+}
+
+codegen::BrgemmFn W4A8Kernels::kernel(int role, int rows, bool n_tail) const {
+  const int g = rows == mr_ ? 0 : rows == rem_ ? 1 : -1;
+  const jit::Kernel* k = g >= 0 ? k_[role][g][n_tail ? 1 : 0] : nullptr;
+  // Another remainder (a caller's rows split otherwise): the registry's cache.
+  if (k == nullptr) k = &jit::get(desc(role, rows, n_tail));
+  return k->entry<codegen::BrgemmFn>();
+}
+
+std::string W4A8Kernels::name() const {
+  const bool full = spec_.n >= (spec_.glu != codegen::Glu::none ? 32 : kBlockN);
+  return desc(o_->runs.size() == 1 ? kOnly : kLast, mr_, !full).name();
+}
+
+void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, const uint8_t* a,
+                      int64_t lda, const float* a_scale, const int32_t* a_zero, int64_t rows,
+                      uint8_t* c, int64_t ldc, const void* bias) const {
+  const QuantTables& q = *p.quant;
+  const W4A8Order& o = *o_;
+  const int64_t G = q.n_groups;
+  const float* block_scales = reinterpret_cast<const float*>(q.scales.get()) + block * G * kBlockN;
+  const uint8_t* block_zeros =
+      q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) + block * G * kBlockN
+                         : nullptr;
+  const uint8_t* codes = p.bytes() + block * p.code_block_bytes();
+  auto* partial = reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, rows * kBlockN * 4));
+  const size_t n_runs = o.runs.size();
+  thread_local std::vector<const void*> a_ptrs, b_ptrs;
+  for (size_t c0 = 0; c0 < n_runs;) {
+    // A K chunk of whole runs.
+    size_t c1 = c0 + 1;
+    while (c1 < n_runs && o.runs[c1].k0 + o.runs[c1].klen - o.runs[c0].k0 <= kChunkK) ++c1;
+    const int64_t ck0 = o.runs[c0].k0;
+    const int64_t ck = o.runs[c1 - 1].k0 + o.runs[c1 - 1].klen - ck0;
+    uint8_t* chunk = packed_a_scratch(kQuantB, ck * kBlockN + int64_t(c1 - c0) * kBlockN * 4);
+    auto* comp = reinterpret_cast<int32_t*>(chunk + ck * kBlockN);
+    for (size_t i = c0; i < c1; ++i) {
+      const W4A8Run& r = o.runs[i];
+      uint8_t* out = chunk + (r.k0 - ck0) * kBlockN;
+      codegen::DequantArgs d{};
+      d.codes = codes + r.pair0 * q.code_row_bytes;
+      d.groups = q.groups.data() + r.pair0;
+      d.scales = block_scales;
+      d.zeros = block_zeros;
+      d.out = out;
+      d.rows = r.pairs;
+      d.comp = comp + (i - c0) * kBlockN;
+      dequant_(&d);
+      // The run's padding to kStep: weights 0 (quad rows of 256 bytes).
+      const int64_t done = (r.pairs + 1) / 2 * 256;
+      std::memset(out + done, 0, static_cast<size_t>(r.klen * kBlockN - done));
+    }
+    for (int64_t mb = 0; mb < rows; mb += mr_) {
+      const int rr = static_cast<int>(std::min<int64_t>(mr_, rows - mb));
+      const uint8_t* a_row = a + mb * lda;
+      float* part = partial + mb * kBlockN;
+      for (size_t i = c0; i < c1; ++i) {
+        const W4A8Run& r = o.runs[i];
+        const Role role = role_of(i, n_runs);
+        const int64_t batch = r.klen / o.kb;
+        a_ptrs.resize(static_cast<size_t>(batch));
+        b_ptrs.resize(static_cast<size_t>(batch));
+        for (int64_t b = 0; b < batch; ++b) {
+          a_ptrs[b] = a_row + r.k0 + b * o.kb;
+          b_ptrs[b] = chunk + (r.k0 - ck0 + b * o.kb) * kBlockN;
+        }
+        const bool final_call = role == kLast || role == kOnly;
+        codegen::BrgemmArgs args{};
+        args.a = a_ptrs.data();
+        args.b = b_ptrs.data();
+        args.batch = batch;
+        args.lda = lda;
+        args.c = final_call ? static_cast<void*>(c + mb * ldc) : part;
+        args.ldc = final_call ? ldc : kBlockN * 4;
+        args.bias = bias;
+        args.acc_in = part;
+        args.ld_acc_in = kBlockN * 4;
+        args.a_scale = a_scale + mb;
+        args.a_zero = a_zero + mb;
+        args.b_scale = block_scales + r.group * kBlockN;
+        args.b_comp = comp + (i - c0) * kBlockN;
+        kernel(role, rr, n_tail)(&args);
+      }
+    }
+    c0 = c1;
+  }
 }
 
 void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
@@ -219,64 +376,40 @@ void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const Ten
 
 void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
               const GemmOptions& opt) {
-  const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n, K = p.layout.k;
-  const QuadOrder o = quad_order(p);
-  const int64_t ldq = (o.k_total + 63) / 64 * 64;
-  const codegen::GemmPlan plan = w4a8_plan(N, o);
-  const int mr = plan.mr;
-  const int64_t task_rows = plan.task_rows();
+  const W4A8Kernels kern(p, codegen::GemmSpec{N, K, bias_kind(opt), opt.act, y.dtype}, M);
+  const int64_t ldq = kern.ldq(), k_quad = kern.k_quad();
+  const int64_t task_rows = kern.task_rows();
   const int64_t n_blocks = (N + kBlockN - 1) / kBlockN;
-  const int n_tail = static_cast<int>(N % kBlockN);
-  const auto dequant = jit::get(codegen::DequantDesc{Isa::llvm, DType::u4, q.zeros != nullptr,
-                                                     q.normal_products, DType::i8})
-                           .entry<codegen::DequantFn>();
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr,
                  "tilejit: gemm w4a8 M=%lld N=%lld K=%lld path=llvm weight=%s kernel=%s "
-                 "(%zu groups, quad K %lld%s)\n",
+                 "(quad K %lld%s)\n",
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 p.layout_name.c_str(),
-                 w4a8_kernel_name(p, bias_kind(opt), opt.act, y.dtype).c_str(), o.runs.size(),
-                 static_cast<long long>(o.k_total), o.identity ? "" : ", gathered");
+                 p.layout_name.c_str(), kern.name().c_str(), static_cast<long long>(k_quad),
+                 kern.identity() ? "" : ", gathered");
 
   // Slices of M whose u8 copy (and gathered bf16 copy) stay below 64 MiB.
-  const int64_t row_bytes = ldq + (o.identity ? 0 : 2 * o.k_total);
+  const int64_t row_bytes = ldq + (kern.identity() ? 0 : 2 * k_quad);
   const int64_t slice_rows =
       std::max(task_rows, (int64_t{64} << 20) / row_bytes / task_rows * task_rows);
   std::vector<float> a_scale;
   std::vector<int32_t> a_zero;
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
-  const int64_t G = q.n_groups;
-  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
-  const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
 
   for (int64_t s0 = 0; s0 < M; s0 += slice_rows) {
     const int64_t rows = std::min(slice_rows, M - s0);
     const auto* xs = static_cast<const uint16_t*>(x.data) + s0 * x.strides[0];
     int64_t ldx = x.strides[0], kx = K;
-    if (!o.identity) {
+    if (!kern.identity()) {
       // x in the quad K order, padding positions exactly 0.
-      auto* g = reinterpret_cast<uint16_t*>(packed_a_scratch(kQuantAPacked, rows * o.k_total * 2));
-      runtime::parallel_for(rows, [&](int64_t i) {
-        const uint16_t* src = xs + i * x.strides[0];
-        uint16_t* dst = g + i * o.k_total;
-        for (const Run& r : o.runs) {
-          int64_t k = 0;
-          for (; k < 2 * r.pairs; ++k) {
-            const int64_t pos = 2 * r.pair0 + k;
-            const int64_t ch = q.perm.empty()     ? (pos < K ? pos : -1)
-                               : pos < q.k_packed ? q.perm[pos]
-                                                  : -1;
-            dst[r.k0 + k] = ch >= 0 ? src[ch] : 0;
-          }
-          for (; k < r.klen; ++k) dst[r.k0 + k] = 0;
-        }
-      });
+      auto* g = reinterpret_cast<uint16_t*>(packed_a_scratch(kQuantAPacked, rows * k_quad * 2));
+      runtime::parallel_for(
+          rows, [&](int64_t i) { kern.gather_row(p, xs + i * x.strides[0], g + i * k_quad); });
       xs = g;
-      ldx = o.k_total;
-      kx = o.k_total;
+      ldx = k_quad;
+      kx = k_quad;
     }
     uint8_t* xq = packed_a_scratch(kQuantX, rows * ldq);
     a_scale.resize(static_cast<size_t>(rows));
@@ -287,87 +420,13 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
     runtime::parallel_for(n_blocks * row_chunks, [&](int64_t t) {
       const int64_t nb = t % n_blocks, m0 = t / n_blocks * task_rows;
       const int64_t t_rows = std::min(task_rows, rows - m0);
-      const int cols = nb == n_blocks - 1 && n_tail != 0 ? n_tail : static_cast<int>(kBlockN);
-      auto* partial = reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, t_rows * 256));
-      // The kernels this task calls, by role and rows (cols is the task's).
-      const jit::Kernel* kernels[4][33] = {};  // rows <= mr <= 32
-      auto kernel = [&](Role role, int r) {
-        const jit::Kernel*& k = kernels[role][r];
-        if (k == nullptr)
-          k = &jit::get(w4a8_desc(o, bias_kind(opt), opt.act, y.dtype, role, r, cols));
-        return k->entry<codegen::BrgemmFn>();
-      };
-      const float* block_scales = scales + nb * G * kBlockN;
-      const uint8_t* block_zeros = zeros != nullptr ? zeros + nb * G * kBlockN : nullptr;
-      const uint8_t* codes = p.bytes() + nb * p.code_block_bytes();
       uint8_t* yb =
           static_cast<uint8_t*>(y.data) + ((s0 + m0) * y.strides[0] + nb * kBlockN) * y_elem;
       const void* bias =
           opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
                    : nullptr;
-      const size_t n_runs = o.runs.size();
-      std::vector<const void*> a_ptrs, b_ptrs;
-      for (size_t c0 = 0; c0 < n_runs;) {
-        // A K chunk of whole runs.
-        size_t c1 = c0 + 1;
-        while (c1 < n_runs && o.runs[c1].k0 + o.runs[c1].klen - o.runs[c0].k0 <= kChunkK) ++c1;
-        const int64_t ck0 = o.runs[c0].k0;
-        const int64_t ck = o.runs[c1 - 1].k0 + o.runs[c1 - 1].klen - ck0;
-        uint8_t* chunk = packed_a_scratch(kQuantB, ck * kBlockN + (c1 - c0) * kBlockN * 4);
-        auto* comp = reinterpret_cast<int32_t*>(chunk + ck * kBlockN);
-        for (size_t i = c0; i < c1; ++i) {
-          const Run& r = o.runs[i];
-          uint8_t* out = chunk + (r.k0 - ck0) * kBlockN;
-          codegen::DequantArgs d{};
-          d.codes = codes + r.pair0 * q.code_row_bytes;
-          d.groups = q.groups.data() + r.pair0;
-          d.scales = block_scales;
-          d.zeros = block_zeros;
-          d.out = out;
-          d.rows = r.pairs;
-          d.comp = comp + (i - c0) * kBlockN;
-          dequant(&d);
-          // The run's padding to kStep: weights 0 (quad rows of 256 bytes).
-          const int64_t done = (r.pairs + 1) / 2 * 256;
-          std::memset(out + done, 0, static_cast<size_t>(r.klen * kBlockN - done));
-        }
-        for (int64_t mb = 0; mb < t_rows; mb += mr) {
-          const int rr = static_cast<int>(std::min<int64_t>(mr, t_rows - mb));
-          const uint8_t* a_row = xq + (m0 + mb) * ldq;
-          float* part = partial + mb * kBlockN;
-          for (size_t i = c0; i < c1; ++i) {
-            const Run& r = o.runs[i];
-            const Role role = n_runs == 1       ? kOnly
-                              : i == 0          ? kFirst
-                              : i == n_runs - 1 ? kLast
-                                                : kMiddle;
-            const int64_t batch = r.klen / o.kb;
-            a_ptrs.resize(static_cast<size_t>(batch));
-            b_ptrs.resize(static_cast<size_t>(batch));
-            for (int64_t b = 0; b < batch; ++b) {
-              a_ptrs[b] = a_row + r.k0 + b * o.kb;
-              b_ptrs[b] = chunk + (r.k0 - ck0 + b * o.kb) * kBlockN;
-            }
-            const bool final_call = role == kLast || role == kOnly;
-            codegen::BrgemmArgs args{};
-            args.a = a_ptrs.data();
-            args.b = b_ptrs.data();
-            args.batch = batch;
-            args.lda = ldq;
-            args.c = final_call ? static_cast<void*>(yb + mb * y.strides[0] * y_elem) : part;
-            args.ldc = final_call ? y.strides[0] * y_elem : kBlockN * 4;
-            args.bias = bias;
-            args.acc_in = part;
-            args.ld_acc_in = kBlockN * 4;
-            args.a_scale = a_scale.data() + m0 + mb;
-            args.a_zero = a_zero.data() + m0 + mb;
-            args.b_scale = block_scales + r.group * kBlockN;
-            args.b_comp = comp + (i - c0) * kBlockN;
-            kernel(role, rr)(&args);
-          }
-        }
-        c0 = c1;
-      }
+      kern.run(p, nb, nb == n_blocks - 1 && N % kBlockN != 0, xq + m0 * ldq, ldq,
+               a_scale.data() + m0, a_zero.data() + m0, t_rows, yb, y.strides[0] * y_elem, bias);
     });
   }
 }

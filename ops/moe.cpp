@@ -118,13 +118,13 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
     for (const auto& [name, v] : zeros)
       if (v < 0 || v > 255)
         throw Error(fmt::format("{}: act_quant=fixed with {}={}; allowed: [0, 255]", kOp, name, v));
-  } else if (any_int8 && opt.act_quant != ActQuant::dynamic_sym &&
-             opt.act_quant != ActQuant::dynamic_asym) {
+  } else if (opt.act_quant != ActQuant::dynamic_sym && opt.act_quant != ActQuant::dynamic_asym) {
     throw Error(
-        fmt::format("{}: act_quant={} with int8 experts; allowed: dynamic_sym, "
+        fmt::format("{}: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
                     "dynamic_asym, fixed",
                     kOp, static_cast<int>(opt.act_quant)));
   }
+  ops::check_int4_route(opt.int4_route, kOp);
   if (w2.experts != d.E)
     throw Error(fmt::format("{}: w2 has {} experts; allowed: w13's {}", kOp, w2.experts, d.E));
   if (w2.n != d.H || w2.k != d.I)
@@ -218,12 +218,14 @@ double expert_weight(const PackedExperts::Impl& w, int64_t e, int64_t r, int64_t
 }
 
 // A projection's input row as its kernels see it: the bf16 values, or for
-// int8 weights their per-token quantization (the act_quant kernels' rule,
-// runtime/reference_quant.h) as (q − z)·s.
+// int8 weights and int4 ones on the W4A8 route (forced: the automatic route
+// runs W4A16 on this path) their per-token quantization (the act_quant
+// kernels' rule, runtime/reference_quant.h) as (q − z)·s.
 std::vector<double> projection_input(const PackedExperts::Impl& w, const uint16_t* x, int64_t k,
                                      const MoeOptions& opt, bool down) {
   std::vector<double> in(static_cast<size_t>(k));
-  if (w.format != WeightFormat::int8) {
+  if (w.format != WeightFormat::int8 &&
+      !ops::w4a8_route(w.format, w.k, opt.int4_route, Isa::scalar, 1, kOp)) {
     for (int64_t i = 0; i < k; ++i) in[i] = runtime::bf16_to_f32(x[i]);
     return in;
   }
@@ -397,7 +399,8 @@ size_t sz(int64_t v) {
 // Fills each group's operand for one projection from its bf16 source rows
 // (src(g): the group's first row, ld_src elements apart): gathered into the
 // weight's packed K order when it has one (act-order), or quantized to u8
-// rows for int8 weights; else the source rows themselves.
+// rows for int8 weights and the W4A8 route (gathered into its quad K order
+// first unless that is the rows' own); else the source rows themselves.
 template <class Src>
 void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, const ops::RowQuant& aq,
                       std::vector<uint16_t>& gathered, std::vector<uint8_t>& q,
@@ -406,7 +409,8 @@ void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, const ops:
   int64_t ldg = 0, ldq = 0;
   for (const Group& g : groups) {
     const ops::ExpertGemm& gm = down ? g.down : g.up;
-    if (gm.perm() != nullptr) ldg = std::max(ldg, (gm.a_cols() + 31) / 32 * 32);
+    const bool quad = gm.w4a8() != nullptr && !gm.w4a8()->identity();
+    if (gm.perm() != nullptr || quad) ldg = std::max(ldg, (gm.a_cols() + 31) / 32 * 32);
     if (gm.int8()) ldq = std::max(ldq, (gm.a_cols() + 63) / 64 * 64);
   }
   if (ldg > 0) gathered.resize(sz(total_rows * ldg));
@@ -450,8 +454,17 @@ void prepare_operands(std::vector<Group>& groups, bool down, Isa isa, const ops:
         for (int64_t j = 0; j < gm.a_cols(); ++j) d[j] = (*perm)[j] >= 0 ? s[(*perm)[j]] : 0;
       }
     } else if (gm.int8()) {
-      const int64_t k = down ? g.w2->k : g.w13->k;
-      ops::quantize_rows(aq, isa, s0, ld_src, r1 - r0, k, q.data() + (g.row0 + r0) * ldq, ldq,
+      const uint16_t* in = s0;
+      int64_t ld_in = ld_src, k = down ? g.w2->k : g.w13->k;
+      if (const ops::W4A8Kernels* w4 = gm.w4a8(); w4 != nullptr && !w4->identity()) {
+        // W4A8: the rows in the quad K order, then quantized from there.
+        const PackedWeight::Impl& p = (down ? g.w2 : g.w13)->q(g.expert);
+        uint16_t* d = gathered.data() + (g.row0 + r0) * ldg;
+        for (int64_t r = r0; r < r1; ++r)
+          w4->gather_row(p, s0 + (r - r0) * ld_src, d + (r - r0) * ldg);
+        in = d, ld_in = ldg, k = w4->k_quad();
+      }
+      ops::quantize_rows(aq, isa, in, ld_in, r1 - r0, k, q.data() + (g.row0 + r0) * ldq, ldq,
                          scale.data() + g.row0 + r0, zero.data() + g.row0 + r0);
     }
   });
@@ -521,8 +534,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       g.b13 = pb;
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
-    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa);
-    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa);
+    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route);
+    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route);
     groups.push_back(std::move(g));
   }
   if (shared) {
@@ -531,8 +544,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.w2 = opt.shared_w2->impl();
     g.row0 = routed;
     g.rows = T;
-    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa);
-    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa);
+    g.up =
+        ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa, opt.int4_route);
+    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route);
     groups.push_back(std::move(g));
   }
 
@@ -687,7 +701,19 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
                  static_cast<long long>(d.T), static_cast<long long>(d.H),
                  static_cast<long long>(d.I), static_cast<long long>(d.E),
                  static_cast<long long>(d.k), isa_name(isa));
-  if (isa == Isa::scalar) return run_scalar(d, hidden, p13, p2, topk_weights, topk_ids, out, opt);
+  // A forced W4A8 route needs its LLVM kernels (a build without LLVM, or
+  // TILEJIT_BACKEND=xbyak, has none): the scalar path computes the same
+  // W4A8 result, as gemm() does.
+  const auto int4 = [](const PackedExperts::Impl* w) {
+    return w != nullptr &&
+           (w->format == WeightFormat::int4_awq || w->format == WeightFormat::int4_gptq);
+  };
+  const bool w4a8_scalar =
+      opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable() &&
+      (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
+       (opt.shared_w2 && int4(opt.shared_w2->impl())));
+  if (isa == Isa::scalar || w4a8_scalar)
+    return run_scalar(d, hidden, p13, p2, topk_weights, topk_ids, out, opt);
   run_jit(d, isa, hidden, p13, p2, topk_weights, topk_ids, out, opt);
 }
 

@@ -17,7 +17,7 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 }  // namespace
 
 ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec,
-                       int64_t rows, Isa isa)
+                       int64_t rows, Isa isa, Int4Route int4_route)
     : w_(&w), e_(e) {
   // AMX or AVX-512 by the GEMM's own rule for `rows` (very few rows: AVX-512).
   const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows);
@@ -34,6 +34,14 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     exe_ = &gemm_executable(qs, plan_isa);
     return;
   }
+  if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts")) {
+    if (isa == Isa::scalar || !w4a8_kernels_usable())
+      throw InternalError("fused_experts: the W4A8 route needs the LLVM kernels");
+    route_ = Route::w4a8;
+    w4a8_ = W4A8Kernels(*q_, spec, rows);
+    a_cols_ = w4a8_.k_quad();
+    return;
+  }
   if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
     fused_ = FusedKernels(*q_, spec, rows, isa);
@@ -46,11 +54,15 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
 
 int64_t ExpertGemm::task_rows() const {
   // The fused kernel takes a group of <= kFusedMaxMr rows a call.
-  return route_ == Route::fused ? kFusedMaxMr : exe_->plan().task_rows();
+  if (route_ == Route::fused) return kFusedMaxMr;
+  if (route_ == Route::w4a8) return w4a8_.task_rows();
+  return exe_->plan().task_rows();
 }
 
 const std::vector<int32_t>* ExpertGemm::perm() const {
-  if (q_ == nullptr || q_->format == WeightFormat::int8 || q_->quant->perm.empty()) return nullptr;
+  if (q_ == nullptr || q_->format == WeightFormat::int8 || route_ == Route::w4a8 ||
+      q_->quant->perm.empty())
+    return nullptr;
   return &q_->quant->perm;
 }
 
@@ -73,6 +85,10 @@ void ExpertGemm::run(RowBlockJob job, int64_t block) const {
       return;
     case Route::dequant:
       run_dequant_block(*q_, *exe_, dequant_, job, block);
+      return;
+    case Route::w4a8:
+      w4a8_.run(*q_, block, job.n_tail, job.a, job.lda, job.a_scale, job.a_zero, job.rows, job.c,
+                job.ldc, job.bias);
       return;
   }
 }

@@ -8,7 +8,10 @@
 //   dequant: fp8 / int4 otherwise: per K chunk the dequant kernel fills a bf16
 //            chunk that the bf16 kernels run on (as ops/gemm_quant.cpp does);
 //   int8:    u8 rows (quantized by the caller with quantize_rows) × the i8
-//            block on the int8 kernels, with the scaled epilogue.
+//            block on the int8 kernels, with the scaled epilogue;
+//   w4a8:    int4 experts by MoeOptions::int4_route (w4a8_route, the rows
+//            as M): u8 rows in the weight's quad K order (W4A8Kernels), one
+//            int8 call per scale group, the GLU in the last one.
 // A's rows must be in the weight's packed K order (gather_row), a_cols wide.
 #pragma once
 
@@ -28,13 +31,13 @@ namespace tilejit::ops {
 
 class ExpertGemm {
  public:
-  enum class Route { bf16, fused, dequant, int8 };
+  enum class Route { bf16, fused, dequant, int8, w4a8 };
 
   // Expert e of w for a run of `rows` rows; spec: n (outputs), k, bias, out,
   // act or GLU as for bf16 experts (k is replaced by the weight's own).
   ExpertGemm() = default;
   ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec, int64_t rows,
-             Isa isa);
+             Isa isa, Int4Route int4_route);
 
   Route route() const { return route_; }
   // Rows per task (a multiple of the kernels' row block).
@@ -44,9 +47,13 @@ class ExpertGemm {
   bool a_packed() const { return exe_ != nullptr && exe_->plan().a_packed; }
   codegen::PackedA packed_a() const { return exe_->plan().packed_a(); }
   // A's columns: K (bf16), k_packed (fp8 / int4: act-order order with
-  // padding), or K rounded up to 4 (int8, u8 bytes).
+  // padding), K rounded up to 4 (int8, u8 bytes) or the quad K (W4A8).
   int64_t a_cols() const { return a_cols_; }
-  bool int8() const { return route_ == Route::int8; }
+  // A is u8 rows quantized per row (int8 and W4A8).
+  bool int8() const { return route_ == Route::int8 || route_ == Route::w4a8; }
+  // W4A8: its kernels (the quad order A's rows must be gathered into unless
+  // identity()), else null.
+  const W4A8Kernels* w4a8() const { return route_ == Route::w4a8 ? &w4a8_ : nullptr; }
   // fp8 / int4 act-order: A column j holds input channel perm[j] (−1: zero).
   const std::vector<int32_t>* perm() const;
 
@@ -62,6 +69,7 @@ class ExpertGemm {
   int64_t a_cols_ = 0;
   GemmExecutable* exe_ = nullptr;
   FusedKernels fused_;
+  W4A8Kernels w4a8_;
   codegen::DequantFn dequant_ = nullptr;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,12 @@ inline constexpr int64_t kW4A8MaxK = int64_t{1} << 19;
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m);
 // The same from the weight's format and logical K.
 bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m);
+// The one rule, for any operator (`op` names it in the Errors): fused_experts'
+// int4 experts choose per expert by the rows routed to it.
+bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64_t m,
+                const char* op);
+// An Error naming `op` unless route is one of Int4Route's values.
+void check_int4_route(Int4Route route, const char* op);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
 // The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see
@@ -170,6 +177,49 @@ bool w4a8_kernels_usable();
 // The main-block kernel of a W4A8 GEMM with weight p and this epilogue.
 std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
                              DType out);
+
+struct W4A8Order;  // the quad K order of one weight (ops/gemm_w4a8.cpp)
+
+// The W4A8 kernels one GEMM or one expert projection runs with int4 weight
+// p: the quad K order its u8 rows must be in, the int8 plan's row blocking,
+// and per column block the dequant (out = i8) chunks and one brgemm call per
+// scale group, the last with spec's epilogue (bias, act or GLU, out; n is
+// the outputs: with a GLU, 32 per 64-column block).
+class W4A8Kernels {
+ public:
+  W4A8Kernels() = default;
+  // rows: the call's rows (its remainder by mr gets its kernels up front);
+  // compile = false: names and layout only (the tool's tables), no kernel.
+  W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
+              bool compile = true);
+  // x's K in the quad order (a multiple of 16), and the u8 rows' stride.
+  int64_t k_quad() const;
+  int64_t ldq() const { return (k_quad() + 63) / 64 * 64; }
+  // The quad order is x's own K order: x quantizes as it is.
+  bool identity() const;
+  // One bf16 row of x (logical K order) in the quad order: k_quad() elements,
+  // padding exactly 0.
+  void gather_row(const PackedWeight::Impl& p, const uint16_t* x, uint16_t* dst) const;
+  int mr() const { return mr_; }
+  int64_t task_rows() const { return task_rows_; }
+  std::string name() const;  // the main block's last-group kernel
+  // Column block `block` (the N tail when n_tail) for `rows` rows of u8 A
+  // (quad order, lda bytes apart, per-row a_scale / a_zero), C row 0 at c
+  // (ldc bytes apart, the block's first output), the block's bias or null.
+  void run(const PackedWeight::Impl& p, int64_t block, bool n_tail, const uint8_t* a, int64_t lda,
+           const float* a_scale, const int32_t* a_zero, int64_t rows, uint8_t* c, int64_t ldc,
+           const void* bias) const;
+
+ private:
+  codegen::BrgemmDesc desc(int role, int rows, bool n_tail) const;
+  codegen::BrgemmFn kernel(int role, int rows, bool n_tail) const;
+  std::shared_ptr<const W4A8Order> o_;
+  codegen::GemmSpec spec_;
+  codegen::DequantFn dequant_ = nullptr;
+  int mr_ = 0, rem_ = 0;
+  int64_t task_rows_ = 0;
+  const jit::Kernel* k_[4][2][2] = {};  // [role][mr rows, the remainder][full block, N tail]
+};
 void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
               const GemmOptions& opt);
 void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,

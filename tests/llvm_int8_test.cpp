@@ -43,6 +43,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "brgemm_test_util.h"
@@ -508,6 +509,9 @@ struct GluCase {
   Activation act = Activation::silu;  // act_mul's
   Zero zero = Zero::random;
   lb::BrgemmDot dot = lb::BrgemmDot::best;
+  // W4A8's last-group call (fused_experts' int4 gate/up): B in [−16, 15],
+  // kb % 16 == 0, acc_in f32 added after the scaling, before the bias.
+  bool w4a8 = false;
 
   static constexpr float kAlpha = 1.702f, kLimit = 2.5f;  // the clamps bite at ±2.5
 
@@ -518,6 +522,7 @@ struct GluCase {
     d.mr = mr, d.nr = nr, d.kb = kb;
     d.b_row_bytes = Int8Layout::kRowBytes;
     d.accumulate = accumulate;
+    d.w4a8 = w4a8;
     d.bias = bias, d.out = out, d.glu = glu;
     if (glu == codegen::Glu::clamped_swiglu)
       d.glu_alpha = kAlpha, d.glu_limit = kLimit;
@@ -534,6 +539,7 @@ struct GluCase {
     if (accumulate) s += "_accin";
     s += zero == Zero::none ? "_z0" : zero == Zero::z128 ? "_z128" : "_zrand";
     if (dot == lb::BrgemmDot::imul) s += "_imul";
+    if (w4a8) s += "_w4a8";
     return s + "_" + dtype_name(out);
   }
 };
@@ -557,7 +563,7 @@ std::string run_glu_case(const GluCase& c, BrgemmFn fn) {
     x[b].resize(size_t(c.mr * c.kb));
     w[b].resize(size_t(64 * c.kb));
     for (auto& v : x[b]) v = uint8_t(uni(0, 255));
-    for (auto& v : w[b]) v = int8_t(uni(-128, 127));
+    for (auto& v : w[b]) v = int8_t(c.w4a8 ? uni(-16, 15) : uni(-128, 127));
     const size_t a_bytes = size_t((c.mr - 1) * lda + c.kb);
     uint8_t* ap = mem.make<uint8_t>(a_bytes);
     for (size_t i = 0; i < a_bytes; ++i) ap[i] = uint8_t(uni(0, 255));  // row padding junk
@@ -571,8 +577,17 @@ std::string run_glu_case(const GluCase& c, BrgemmFn fn) {
   }
   // acc_in [mr][64] (rows of ld_acc, padding junk), compensation, zero points.
   std::vector<int32_t> acc_in(size_t(c.mr * 64), 0);
+  std::vector<float> acc_in_f(size_t(c.mr * 64), 0.0f);  // W4A8: f32, after the scaling
   int32_t* acc_ptr = nullptr;
-  if (c.accumulate) {
+  if (c.accumulate && c.w4a8) {
+    const size_t n = size_t((c.mr - 1) * ld_acc + 64);
+    auto* f = mem.make<float>(n);
+    for (size_t i = 0; i < n; ++i) f[i] = float(uni(-1000000, 1000000));  // padding junk
+    for (int r = 0; r < c.mr; ++r)
+      for (int n2 = 0; n2 < 64; ++n2)
+        f[r * ld_acc + n2] = acc_in_f[size_t(r * 64 + n2)] = float(uni(-3000, 3000) / 1000.0);
+    acc_ptr = reinterpret_cast<int32_t*>(f);
+  } else if (c.accumulate) {
     const size_t n = size_t((c.mr - 1) * ld_acc + 64);
     acc_ptr = mem.make<int32_t>(n);
     for (size_t i = 0; i < n; ++i) acc_ptr[i] = uni(-1000000000, 1000000000);
@@ -665,6 +680,7 @@ std::string run_glu_case(const GluCase& c, BrgemmFn fn) {
         float v = float(int32_t(t[size_t(r * 64 + col)]));
         v *= a_scale[r];
         v *= b_scale[col];
+        if (c.w4a8 && c.accumulate) v += acc_in_f[size_t(r * 64 + col)];
         if (c.bias != BiasKind::none) v += bias[size_t(col)];
         pre[h] = v;
       }
@@ -734,6 +750,14 @@ std::vector<GluCase> glu_sweep() {
     c.dot = lb::BrgemmDot::imul;
     v.push_back(c);
   }
+  // W4A8's last group with a GLU: every kind, f32 acc_in or none, row and N
+  // tails, kb multiples of 16 and a batch.
+  const size_t before = v.size();
+  for (auto [mr, nr, kb, batch] :
+       {std::tuple{1, 32, 16, 1}, std::tuple{4, 17, 32, 1}, std::tuple{7, 32, 128, 2},
+        std::tuple{3, 1, 144, 1}, std::tuple{13, 31, 64, 3}, std::tuple{32, 32, 48, 1}})
+    for (bool acc : {false, true}) add("gluw4a8", mr, nr, kb, batch, acc);
+  for (size_t k = before; k < v.size(); ++k) v[k].w4a8 = true;
   return v;
 }
 
@@ -817,14 +841,14 @@ TEST(Int8BrgemmErrors, OutOfContractDescriptorsRaise) {
   d = c.desc();
   d.out = DType::i8;
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
-  // W4A8: kb a multiple of 16, a scaled output, no GLU, the int8 dtypes.
+  // W4A8: kb a multiple of 16, a scaled output, the int8 dtypes.
   d = c.desc();
   d.w4a8 = true, d.kb = 24;
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
   d.kb = 32, d.out = DType::i32;
   EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
-  d.out = DType::bf16, d.glu = codegen::Glu::act_mul, d.nr = 32, d.act = Activation::silu;
-  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);
+  d.out = DType::bf16, d.glu = codegen::Glu::act_mul, d.nr = 33, d.act = Activation::silu;
+  EXPECT_THROW(lb::compile_llvm_brgemm(d), Error);  // a GLU stores at most 32 columns
   BrgemmDesc w4;
   w4.w4a8 = true, w4.kb = 32;  // bf16 dtypes
   EXPECT_THROW(lb::compile_llvm_brgemm(w4), Error);

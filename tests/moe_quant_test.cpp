@@ -6,8 +6,10 @@
 //
 // The oracle: per token and routed expert, gate/up = x·W13ᵀ (+ b13), the
 // activation glu(gate, up) rounded to bf16 (the kernels store it as bf16),
-// y = act·W2ᵀ (+ b2), out = rsf·Σ w·y + shared. For int8 experts x and the
-// activation row are first quantized per token (or, int8_fixed, with static
+// y = act·W2ᵀ (+ b2), out = rsf·Σ w·y + shared. For int8 experts, and int4
+// experts on the W4A8 route (ops::w4a8_route by MoeOptions::int4_route, the
+// path and the rows routed to the expert), x and the activation row are
+// first quantized per token (or, act_quant = fixed, with static
 // per-projection scales, saturating) with the kernels' documented rule
 // (runtime/reference_quant.h, the act_quant contract), so the oracle sees
 // (q − z)·s as they do.
@@ -102,6 +104,8 @@ struct QCase {
   bool hot = false;          // every token on experts 0..k-1 (the rest cold)
   bool interleaved = false;  // gate_up rows as GPT-OSS's: 2i gate i, 2i + 1 up i
   bool saturate = false;     // int8_fixed: scales too small, many codes clip at 0 / 255
+  bool asym = false;         // act_quant = dynamic_asym for int4 experts on W4A8
+  Int4Route int4_route = Int4Route::automatic;
 };
 
 // int8_fixed's static scale and zero point of w13's (down = false) or w2's
@@ -117,6 +121,11 @@ std::pair<float, int32_t> fixed_quant(const QCase& c, bool down) {
 bool uses_fixed(const QCase& c) {
   return c.fmt == QFmt::int8_fixed || (c.shared_i != 0 && c.shared_fmt == QFmt::int8_fixed);
 }
+// The case's MoeOptions::act_quant: one mode for every quantized input.
+ActQuant act_quant(const QCase& c) {
+  if (uses_fixed(c)) return ActQuant::fixed;
+  return c.fmt == QFmt::int8_asym || c.asym ? ActQuant::dynamic_asym : ActQuant::dynamic_sym;
+}
 
 std::string case_str(const QCase& c) {
   std::ostringstream s;
@@ -129,6 +138,9 @@ std::string case_str(const QCase& c) {
   if (c.hot) s << "_hot";
   if (c.interleaved) s << "_interleaved";
   if (c.saturate) s << "_saturate";
+  if (c.asym) s << "_asym";
+  if (c.int4_route == Int4Route::w4a8) s << "_w4a8";
+  if (c.int4_route == Int4Route::w4a16) s << "_w4a16";
   return s.str();
 }
 
@@ -385,18 +397,29 @@ struct InputRow {
   int64_t clipped = 0;     // int8_fixed: codes saturated at 0 / 255
 };
 
-InputRow input_row(QFmt f, const uint16_t* x, int64_t k, const QCase& c, bool down) {
+// Whether an expert in format f with `rows` rows quantizes its inputs: int8
+// always, int4 on the W4A8 route (the library's one rule, by the case's
+// int4_route, this path and the rows as M).
+bool quantized_input(const QCase& c, QFmt f, int64_t k, int64_t rows) {
+  if (is_int8(f)) return true;
+  if (f != QFmt::awq && f != QFmt::gptq_actorder && f != QFmt::gptq_sym_ch) return false;
+  const WeightFormat wf = f == QFmt::awq ? WeightFormat::int4_awq : WeightFormat::int4_gptq;
+  return ops::w4a8_route(wf, k, c.int4_route, cpu_info().isa, rows, "moe_quant_test");
+}
+
+InputRow input_row(bool quant, const uint16_t* x, int64_t k, const QCase& c, bool down) {
   InputRow in;
   in.v.resize(static_cast<size_t>(k));
   in.mag.resize(static_cast<size_t>(k));
-  if (!is_int8(f)) {
+  if (!quant) {
     for (int64_t i = 0; i < k; ++i) in.mag[i] = std::fabs(in.v[i] = bf16_to_f32(x[i]));
     return in;
   }
   std::vector<uint8_t> q(static_cast<size_t>(k));
   float s = 0;
   int32_t z = 0;
-  if (f == QFmt::int8_fixed) {
+  const ActQuant mode = act_quant(c);
+  if (mode == ActQuant::fixed) {
     // The contract's fixed rule: x·(1/s) with 1/s rounded to f32 (as gemm's).
     const auto [fs, fz] = fixed_quant(c, down);
     runtime::reference_act_quant_row(runtime::ActQuantRule::fixed, x, k, k, 1.0f / fs, fs, fz,
@@ -407,15 +430,16 @@ InputRow input_row(QFmt f, const uint16_t* x, int64_t k, const QCase& c, bool do
     }
   } else {
     runtime::reference_act_quant_row(
-        f == QFmt::int8_asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym, x, k, k,
-        1.0f, 0.0f, 0, q.data(), &s, &z);
+        mode == ActQuant::dynamic_asym ? runtime::ActQuantRule::asym : runtime::ActQuantRule::sym,
+        x, k, k, 1.0f, 0.0f, 0, q.data(), &s, &z);
   }
   for (int64_t i = 0; i < k; ++i) {
     in.v[i] = double(int32_t(q[i]) - z) * double(s);
     in.mag[i] = (std::fabs(double(int32_t(q[i]) - z)) + 2.0 * std::abs(z)) * double(s);
     if (bf16_to_f32(x[i]) < bf16_to_f32(x[in.lo])) in.lo = i;
     if (bf16_to_f32(x[i]) > bf16_to_f32(x[in.hi])) in.hi = i;
-    if (f == QFmt::int8_sym && std::fabs(bf16_to_f32(x[i])) > std::fabs(bf16_to_f32(x[in.hi])))
+    if (mode == ActQuant::dynamic_sym &&
+        std::fabs(bf16_to_f32(x[i])) > std::fabs(bf16_to_f32(x[in.hi])))
       in.hi = i;
   }
   in.scale = s;
@@ -433,24 +457,29 @@ double route_weight(const Matrix& m, int64_t at, bool exact) {
   return exact ? m.w[at] : double(bf16_to_f32(f32_to_bf16(static_cast<float>(m.w[at]))));
 }
 
-// Whether an expert's GEMMs over `rows` rows read exact weights on this path.
-bool exact_route(QFmt f, int64_t rows) {
+// Whether an expert's GEMMs over `rows` rows read exact weights on this path
+// (quant: its inputs are quantized, int8 or W4A8).
+bool exact_route(bool quant, int64_t rows) {
   const Isa isa = cpu_info().isa;
-  return is_int8(f) || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows);
+  return quant || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows);
 }
 
 void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int64_t rows,
                 const uint16_t* x, const float* b13, const float* b2, double scale, int64_t t,
                 Oracle& o) {
   const int64_t H = c.h, I = w13.n / 2;
-  const bool exact = exact_route(f, rows);
-  // The fused int4 kernel's terms are larger than |a·w| (see the top).
-  const bool fold = exact && !is_int8(f) &&
-                    (f == QFmt::gptq_actorder || f == QFmt::awq || f == QFmt::gptq_sym_ch);
+  // Both projections take the same route (their K differ, but W4A8's only
+  // limit on K is far beyond these shapes).
+  const bool quant = quantized_input(c, f, H, rows);
+  const bool exact = exact_route(quant, rows);
+  // The fused int4 kernel's terms are larger than |a·w| (see the top); W4A8's
+  // group sums are exact int32.
+  const bool fold =
+      exact && !quant && (f == QFmt::gptq_actorder || f == QFmt::awq || f == QFmt::gptq_sym_ch);
   runtime::ReferenceGlu glu;
   glu.act = c.act;
   glu.clamped_swiglu = c.clamped;
-  const InputRow xin = input_row(f, x, H, c, false);
+  const InputRow xin = input_row(quant, x, H, c, false);
   std::vector<uint16_t> act(static_cast<size_t>(I));
   std::vector<double> slack(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
@@ -472,14 +501,14 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     p.act_bf16 = bf16_to_f32(act[i]);
     slack[i] = runtime::moe_act_slack(glu, p, kSumUlps * kU);
   }
-  const InputRow ain = input_row(f, act.data(), I, c, true);
+  const InputRow ain = input_row(quant, act.data(), I, c, true);
   o.clipped13 += xin.clipped;
   o.clipped2 += ain.clipped;
   // int8: where the kernel's activation may differ, its requantized row may
   // too (one code step each; everything when the scale-setting element does,
   // which a fixed scale never is).
   const bool row_shift =
-      is_int8(f) && f != QFmt::int8_fixed && (slack[ain.lo] > 0 || slack[ain.hi] > 0);
+      quant && act_quant(c) != ActQuant::fixed && (slack[ain.lo] > 0 || slack[ain.hi] > 0);
   for (int64_t hh = 0; hh < H; ++hh) {
     double y = b2 ? b2[hh] : 0, mag = b2 ? std::fabs(b2[hh]) : 0, term = 0, wabs = 0;
     for (int64_t i = 0; i < I; ++i) {
@@ -488,7 +517,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
       y += ain.v[i] * w;
       mag += ain.mag[i] * (fold ? w2.mag[at] : std::fabs(w));
       wabs += std::fabs(w);
-      if (slack[i] > 0) term += (is_int8(f) ? ain.scale + slack[i] : slack[i]) * std::fabs(w);
+      if (slack[i] > 0) term += (quant ? ain.scale + slack[i] : slack[i]) * std::fabs(w);
     }
     if (row_shift) term = ain.scale * wabs + std::ldexp(mag, -7);
     o.out[t * H + hh] += scale * y;
@@ -524,9 +553,9 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
   o.act = c.act;
   o.clamped_swiglu = c.clamped;
   o.routed_scaling_factor = 0.75f;
-  o.act_quant = c.fmt == QFmt::int8_asym ? ActQuant::dynamic_asym : ActQuant::dynamic_sym;
+  o.act_quant = act_quant(c);
+  o.int4_route = c.int4_route;
   if (uses_fixed(c)) {
-    o.act_quant = ActQuant::fixed;
     std::tie(o.act_scale13, o.act_zero_point13) = fixed_quant(c, false);
     std::tie(o.act_scale2, o.act_zero_point2) = fixed_quant(c, true);
   }
@@ -668,6 +697,28 @@ std::vector<QCase> battery() {
       c.out = DType::f32;
       v.push_back(c);
     }
+  // int4's routes forced: W4A8 at decode sizes (its kernels' row remainders,
+  // T = 1 and 5 on every path) and prefill, per-token asymmetric too, and
+  // W4A16 at prefill size (which automatic leaves to W4A8 on llvm).
+  for (QFmt f : {QFmt::awq, QFmt::gptq_actorder, QFmt::gptq_sym_ch}) {
+    for (int64_t t : {1, 5, 77}) {
+      QCase c;
+      c.fmt = f;
+      c.t = t;
+      c.int4_route = Int4Route::w4a8;
+      c.asym = t == 5;
+      c.b13 = c.b2 = t == 77;
+      c.act = t == 77 ? Activation::gelu_tanh : Activation::silu;
+      c.out = t == 1 ? DType::f32 : DType::bf16;
+      v.push_back(c);
+    }
+    QCase c;
+    c.fmt = f;
+    c.t = 77;
+    c.int4_route = Int4Route::w4a16;
+    c.b13 = true;
+    v.push_back(c);
+  }
   // Static activation scales: saturating codes (decode and prefill), and the
   // fixed scales on an int8 shared expert, with int8 or fp8 routed experts.
   for (int64_t t : {5, 77}) {
@@ -930,6 +981,15 @@ TEST(QuantExpertsErrors, PackAndCall) {
   std::vector<Int8Weight> odd{make_matrix(QFmt::int8_sym, 7, H, 1.0, 3).int8};
   expect_tilejit_error([&] { pack_experts(odd, ExpertProj::gate_up); }, "2I");
   expect_tilejit_error([&] { pack_experts(std::vector<Int8Weight>{}, ExpertProj::down); }, "empty");
+  // A value outside the enums, on every format (a bad cast from a binding).
+  MoeOptions route;
+  route.int4_route = static_cast<Int4Route>(7);
+  expect_tilejit_error([&] { call(a.p13, a.p2, route); },
+                       "int4_route=7 is not an Int4Route; allowed: automatic, w4a16, w4a8");
+  expect_tilejit_error([&] { call(f8.p13, f8.p2, route); }, "int4_route=7");
+  MoeOptions aq;
+  aq.act_quant = static_cast<ActQuant>(9);
+  expect_tilejit_error([&] { call(a.p13, a.p2, aq); }, "act_quant=9 is not an ActQuant");
   // A quantized shared expert whose two halves disagree.
   MoeOptions so;
   so.shared_w13 = &a.p13;

@@ -968,6 +968,16 @@ MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
   return in;
 }
 
+// Whether an expert of kind `kind` with `rows` routed rows quantizes its
+// inputs per token: int8 always, int4 on the W4A8 route (ops::w4a8_route,
+// automatic, the rows as M).
+bool moe_quantized_input(QKind kind, int64_t rows, Isa isa) {
+  if (kind == QKind::int8) return true;
+  if (kind != QKind::gptq && kind != QKind::awq) return false;
+  return ops::w4a8_route(kind == QKind::gptq ? WeightFormat::int4_gptq : WeightFormat::int4_awq,
+                         kMoeHidden, Int4Route::automatic, isa, rows, "llama-layer");
+}
+
 // Tokens {0, M/2, M−1} of fused_experts on quantized experts against a double
 // oracle on the experts' logical weights (QuantCheckpoint::w), the oracle and
 // bound of tests/moe_quant_test.cpp, correct for every route an expert's GEMMs
@@ -976,8 +986,9 @@ MoeInputRow moe_input_row(bool int8, const uint16_t* x, int64_t k) {
 //  - fused decode kernel (fp8 / int4 / MXFP4, <= 4 rows, amx / avx512), int8
 //    and the scalar fallback read the exact weights; the dequant route reads
 //    them rounded once to bf16 (bf16(f32(w))), so the oracle does too;
-//  - int8: x and the bf16 activation row quantized per token as the kernels
-//    do (runtime::reference_act_quant_row), so the oracle sees (q − z)·s;
+//  - int8, and int4 on the W4A8 route (moe_quantized_input; exact weights):
+//    x and the bf16 activation row quantized per token as the kernels do
+//    (runtime::reference_act_quant_row), so the oracle sees (q − z)·s;
 //  - bound (runtime/reference_error_bounds.h): each fp32 sum within
 //    8·u·Σ|terms| (the fused int4 kernel's terms (q + z + 32)·s; int8's
 //    int32 sums are exact, so its gate / up only carry the f32 epilogue's
@@ -1006,12 +1017,16 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
   *worst_ratio = 0;
   for (int64_t r : rows) {
     std::vector<double> ref(size_t(H), 0), abs_sum(size_t(H), 0), act_term(size_t(H), 0);
-    const MoeInputRow xin = moe_input_row(int8, st.x.data() + r * H, H);
+    const MoeInputRow xin_b = moe_input_row(false, st.x.data() + r * H, H);
+    const MoeInputRow xin_q = moe_input_row(true, st.x.data() + r * H, H);
     for (int64_t j = 0; j < K; ++j) {
       const int32_t e = st.ids[size_t(r * K + j)];
       const double scale = st.tw[size_t(r * K + j)];
-      const bool exact = int8 || isa == Isa::scalar || ops::quant_gemm_fused(isa, count[size_t(e)]);
-      const bool fused = exact && !int8;
+      const bool quant = moe_quantized_input(q.kind, count[size_t(e)], isa);
+      const MoeInputRow& xin = quant ? xin_q : xin_b;
+      const bool exact =
+          quant || isa == Isa::scalar || ops::quant_gemm_fused(isa, count[size_t(e)]);
+      const bool fused = exact && !quant;
       const QuantCheckpoint& w13 = q.w13[size_t(e)];
       const QuantCheckpoint& w2 = q.w2[size_t(e)];
       auto wt = [&](const QuantCheckpoint& ck, int64_t a, int64_t b) {
@@ -1043,8 +1058,8 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
         lo_act[size_t(i)] = bf(runtime::f32_to_bf16(static_cast<float>(p.act - ea)));
         hi_act[size_t(i)] = bf(runtime::f32_to_bf16(static_cast<float>(p.act + ea)));
       });
-      const MoeInputRow ain = moe_input_row(int8, act.data(), I);
-      // int8: the kernel quantizes its own bf16 activations a'_i ∈ [lo_i, hi_i]
+      const MoeInputRow ain = moe_input_row(quant, act.data(), I);
+      // int8 / W4A8: the kernel quantizes its own bf16 activations a'_i ∈ [lo_i, hi_i]
       // at scale max|a'|/127. Every value that max can take (an activation near
       // the row's largest) gives the row requantized at that scale (the fixed
       // rule with dynamic_sym's f32 inv and scale): alt rows, whose outputs
@@ -1053,7 +1068,7 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
       // largest value change over the scales.
       std::vector<std::vector<double>> alt;
       std::vector<double> code_step(static_cast<size_t>(I), 0.0);
-      if (int8) {
+      if (quant) {
         std::vector<uint16_t> lo_row(static_cast<size_t>(I)), hi_row(lo_row);
         double m_ref = 0, m_min = 0;
         for (int64_t i = 0; i < I; ++i) {
@@ -1104,7 +1119,7 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
           y += ain.v[i] * w;
           mag += ain.mag[i] * (fused ? w2.mag(hh, i, true) : std::fabs(w));
           for (size_t a = 0; a < alt.size(); ++a) y_alt[a] += alt[a][size_t(i)] * w;
-          term += (int8 ? code_step[size_t(i)] : slack[size_t(i)]) * std::fabs(w);
+          term += (quant ? code_step[size_t(i)] : slack[size_t(i)]) * std::fabs(w);
         }
         double shift = 0;
         for (double ya : y_alt) shift = std::max(shift, std::fabs(ya - y));
@@ -1131,16 +1146,21 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
 std::string quant_moe_kernel(const MoeQuantFormat& f, const MoeStep& st, Isa isa) {
   std::vector<int64_t> count(size_t(kMoeExperts), 0);
   for (int32_t e : st.ids) ++count[size_t(e)];
-  int64_t touched = 0, fused = 0;
+  int64_t touched = 0, fused = 0, w4a8 = 0;
   for (int64_t c : count) {
     touched += c > 0;
     fused += c > 0 && ops::quant_gemm_fused(isa, c);
+    w4a8 += c > 0 && f.kind != QKind::int8 && moe_quantized_input(f.kind, c, isa);
   }
   std::string route;
   if (isa == Isa::scalar)
     route = "scalar fallback";
   else if (f.kind == QKind::int8)
     route = "int8 kernels";
+  else if (w4a8 == touched)
+    route = "W4A8 int8 kernels";
+  else if (w4a8 > 0)
+    route = fmt::format("{} W4A8, {} dequant", w4a8, touched - w4a8);
   else if (fused == touched)
     route = "fused decode kernel";
   else if (fused == 0)

@@ -996,8 +996,8 @@ void check_desc(const BrgemmDesc& d) {
   }
   if (int8 && d.kb % 4 != 0)
     bad("kb = " + std::to_string(d.kb) + " is not a multiple of 4 (int8 k-quads)");
-  if (d.w4a8 && (!types_int8 || d.kb % 16 != 0 || d.out == DType::i32 || d.glu != Glu::none))
-    bad("w4a8 takes a=u8 b=i8 acc=i32, kb a multiple of 16, out f32 or bf16 and no GLU");
+  if (d.w4a8 && (!types_int8 || d.kb % 16 != 0 || d.out == DType::i32))
+    bad("w4a8 takes a=u8 b=i8 acc=i32, kb a multiple of 16 and out f32 or bf16");
   if (d.glu != Glu::none && d.nr > 32)
     bad("a GLU stores nr = " + std::to_string(d.nr) + " > 32 columns");
   const int64_t need = (d.computed_cols() + kLanes - 1) / kLanes * 64;

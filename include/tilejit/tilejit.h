@@ -513,10 +513,16 @@ struct MoeOptions {
   // another format than the routed experts.
   const PackedExperts* shared_w13 = nullptr;
   const PackedExperts* shared_w2 = nullptr;
-  // int8 (W8A8) experts: how both projections' inputs are quantized: per
-  // token (dynamic_sym, dynamic_asym) or with static per-tensor scales
-  // (fixed: the four fields below). fixed needs int8 routed or shared
-  // experts (an Error otherwise); dynamic modes are ignored by other formats.
+  // int4 (AWQ / GPTQ) experts: W4A16 or W4A8 per expert, by GemmOptions::
+  // int4_route's rule with the rows routed to the expert as M (automatic:
+  // W4A8 on the llvm path from 4 rows on). On W4A8 both projections' inputs
+  // are quantized per act_quant, as for int8 experts.
+  Int4Route int4_route = Int4Route::automatic;
+  // int8 (W8A8) experts and int4 experts on the W4A8 route: how both
+  // projections' inputs are quantized: per token (dynamic_sym, dynamic_asym)
+  // or with static per-tensor scales (fixed: the four fields below). fixed
+  // needs int8 routed or shared experts (an Error otherwise); dynamic modes
+  // are ignored by other formats.
   ActQuant act_quant = ActQuant::dynamic_sym;
   // ActQuant::fixed: the per-tensor scale and u8 zero point of each
   // projection's input, as sglang / vLLM's a1_scale (hidden, the input of

@@ -199,7 +199,8 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
 // dequant route the weights rounded once to bf16):
 //  - gate/up sums within fp32_sum_ulps(H)·u·Σ|x·mag| (mag = |w|, or for int4
 //    on the fused route that kernel's terms, (q + z + 32)·|s|);
-//  - int8: x and the bf16 activation row as the kernels quantize them
+//  - int8, and int4 experts on the W4A8 route (ops::w4a8_route, their routed
+//    rows as M; exact weights): x and the bf16 activation row as the kernels quantize them
 //    (runtime::reference_act_quant_row: the oracle reads (q − z)·s); an
 //    activation with slack may take the code one step s_a further, and if
 //    it can set the row's scale (its max, or min for dynamic_asym), every
@@ -228,10 +229,15 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
   std::vector<int64_t> rows(static_cast<size_t>(e_count), 0);
   for (int64_t i = 0; i < ti.numel(); ++i) ++rows[ti.data<int32_t>()[i]];
   const Isa isa = cpu_info().isa;
+  // Per expert: its inputs quantized per token (int8, or int4 on the W4A8
+  // route: ops::w4a8_route, the rows routed to it as M), its weights exact.
+  std::vector<char> quant(static_cast<size_t>(e_count));
+  for (int64_t e = 0; e < e_count; ++e)
+    quant[e] = int8 || ops::w4a8_route(mq.format, h, c.moe.int4_route, isa, rows[e], "check");
   runtime::parallel_for(e_count, [&](int64_t e) {
     dequantize_exact(expert_matrix(f, c, inputs, 0, e), w13.data() + e * n13, m13.data() + e * n13);
     dequantize_exact(expert_matrix(f, c, inputs, 1, e), w2.data() + e * n2, m2.data() + e * n2);
-    if (int8 || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows[e])) return;
+    if (quant[e] || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows[e])) return;
     // The dequant route: the weights rounded once to bf16, bf16(f32(v·s)).
     for (auto [w, m, n] : {std::tuple{w13.data() + e * n13, m13.data() + e * n13, n13},
                            {w2.data() + e * n2, m2.data() + e * n2, n2}})
@@ -254,20 +260,21 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
   const double eps_out = (runtime::fp32_sum_ulps(inter) + runtime::fp32_sum_ulps(k + 1)) * kU;
   runtime::parallel_for(t, [&](int64_t tok) {
     const uint16_t* xr = hidden.data<uint16_t>() + tok * h;
-    std::vector<double> x(static_cast<size_t>(h)), y(x.size(), 0.0), abs_sum(x.size(), 0.0),
-        act_term(x.size(), 0.0);
-    if (int8) {
+    // The token's row as bf16 values, and as the kernels quantize it.
+    std::vector<double> xb(static_cast<size_t>(h)), xq(xb.size()), y(xb.size(), 0.0),
+        abs_sum(xb.size(), 0.0), act_term(xb.size(), 0.0);
+    for (int64_t i = 0; i < h; ++i) xb[i] = runtime::bf16_to_f32(xr[i]);
+    {
       std::vector<uint8_t> q(static_cast<size_t>(h));
       float sx = 1;
       int32_t zx = 0;
       runtime::reference_act_quant_row(rule, xr, h, h, 1, 1, 128, q.data(), &sx, &zx);
-      for (int64_t i = 0; i < h; ++i) x[i] = double(int(q[i]) - zx) * sx;
-    } else {
-      for (int64_t i = 0; i < h; ++i) x[i] = runtime::bf16_to_f32(xr[i]);
+      for (int64_t i = 0; i < h; ++i) xq[i] = double(int(q[i]) - zx) * sx;
     }
     std::vector<double> a(static_cast<size_t>(inter)), slack(a.size());
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ti.data<int32_t>()[tok * k + j];
+      const std::vector<double>& x = quant[e] ? xq : xb;
       const double scale = double(c.moe.routed_scaling_factor) * tw.data<float>()[tok * k + j];
       const double* wg = w13.data() + e * n13;
       const double* mg = m13.data() + e * n13;
@@ -289,7 +296,7 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
       // every code and the scale if the scale-setting element has.
       double step = 0;
       bool row_shift = false;
-      if (int8) {
+      if (quant[e]) {
         std::vector<uint16_t> ab(static_cast<size_t>(inter));
         for (int64_t i = 0; i < inter; ++i) ab[i] = runtime::f32_to_bf16(static_cast<float>(a[i]));
         std::vector<uint8_t> q(static_cast<size_t>(inter));
@@ -344,7 +351,9 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
       int8 ? ", x and the activation row quantized as the kernels do, + one code step where an "
              "activation has slack"
            : ", rounded to bf16 for the experts on the dequant route (ops::quant_gemm_fused "
-             "on their routed rows)",
+             "on their routed rows); for int4 experts on the W4A8 route (ops::w4a8_route on "
+             "their routed rows) x and the activation row quantized as the kernels do, + one "
+             "code step where an activation has slack",
       mq.format == WeightFormat::int4_awq || mq.format == WeightFormat::int4_gptq
           ? ", int4 terms at (q + z + 32)·|s| (the fused decode kernel)"
           : "");
