@@ -271,7 +271,7 @@ void bind_moe(py::module_& m) {
            const py::handle& b13, const py::handle& b2, float routed_scaling_factor,
            const py::handle& shared_w13, const py::handle& shared_w2, const py::handle& act_quant,
            const py::handle& dtype, float act_scale13, float act_scale2, int act_zero_point13,
-           int act_zero_point2) {
+           int act_zero_point2, const py::handle& int4_route) {
           const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
           const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
           MoeOptions o;
@@ -287,6 +287,8 @@ void bind_moe(py::module_& m) {
           o.act_scale2 = act_scale2;
           o.act_zero_point13 = act_zero_point13;
           o.act_zero_point2 = act_zero_point2;
+          o.int4_route =
+              parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
           const StorageAs as{parse_dtype_override(dtype)};
           DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
               ti(topk_ids, "topk_ids", as), to(out, "out", as);

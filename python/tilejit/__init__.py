@@ -436,12 +436,16 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
                   clamped_swiglu=False, swiglu_alpha=1.702, swiglu_limit=7.0, b13=None, b2=None,
                   routed_scaling_factor=1.0, shared_w13=None, shared_w2=None,
                   act_quant="dynamic_sym", out_dtype="bf16", dtype=None, act_scale13=0.0,
-                  act_scale2=0.0, act_zero_point13=128, act_zero_point2=128):
+                  act_scale2=0.0, act_zero_point13=128, act_zero_point2=128,
+                  int4_route="automatic"):
     """out[T, H] = rsf * sum_j topk_weights[t, j] * expert_j(hidden[t]) +
     shared(hidden[t]); hidden bf16 [T, H], topk_weights f32 [T, k],
     topk_ids int32 [T, k]. int8 experts with act_quant="fixed": static
     per-tensor scales / zero points of w13's and w2's inputs (act_scale13,
-    act_zero_point13; act_scale2, act_zero_point2). See docs/moe.md."""
+    act_zero_point13; act_scale2, act_zero_point2). int4 experts:
+    int4_route "w4a16" (bf16 inputs), "w4a8" (inputs quantized per
+    act_quant) or "automatic" (per expert by the rows routed to it, as
+    gemm's rule takes M). See docs/moe.md."""
     if out is None:
         out, ret = _new(hidden, _shape(hidden, "hidden", 2, dtype), out_dtype)
     else:
@@ -449,7 +453,7 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
     _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
                         swiglu_alpha, swiglu_limit, b13, b2, routed_scaling_factor, shared_w13,
                         shared_w2, act_quant, dtype, act_scale13, act_scale2, act_zero_point13,
-                        act_zero_point2)
+                        act_zero_point2, int4_route)
     return ret
 
 

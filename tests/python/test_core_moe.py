@@ -248,6 +248,39 @@ def test_int4_experts_numpy_roundtrip():
                              with_wmag=True)
     err = np.abs(out - ref)
     assert (err <= 2.0**-7 * mag + wmag + 1e-30).all(), err.max()
+    # W4A8: x and the activation row quantized per token (dynamic_sym,
+    # s = max|v| / 127: half a code per element), the weights exact.
+    out8 = tilejit.fused_experts(x, p13, p2, tw.numpy(), ti.numpy(), out_dtype="f32",
+                                 dtype="bf16", int4_route="w4a8")
+    assert not np.array_equal(out8, out)  # the route was taken
+    err8 = np.abs(out8 - ref)
+    assert (err8 <= 2.0**-7 * mag + w4a8_bound(u16_to_f64(x), p13.dequantize(),
+                                               p2.dequantize(), tw, ti) + 1e-30).all(), err8.max()
+    with pytest.raises(tilejit.Error, match="int4_route"):
+        tilejit.fused_experts(x, p13, p2, tw.numpy(), ti.numpy(), dtype="bf16", int4_route="w4a4")
+
+
+def w4a8_bound(x, w13, w2, tw, ti):
+    """What quantizing x and the activation row per token (half a code
+    each, 0.51 for the f32 steps) adds to ref_moe's error: gate / up off by
+    dg = 0.51 s_x |W13| @ 1, so |da| <= 1.1 dg |u| + |silu(g)| du + 1.1 dg du,
+    then half a code s_a of the requantized row, through |W2|."""
+    x, w13, w2, tw = to_f64(x), to_f64(w13), to_f64(w2), to_f64(tw)
+    ti = np.asarray(ti)
+    i = w2.shape[2]
+    b = np.zeros((x.shape[0], w2.shape[1]))
+    for t in range(x.shape[0]):
+        s_x = np.abs(x[t]).max() / 127
+        for j in range(ti.shape[1]):
+            e = ti[t, j]
+            gu = w13[e] @ x[t]
+            g, u = gu[:i], gu[i:]
+            silu = g / (1 + np.exp(-g))
+            d = 0.51 * s_x * np.abs(w13[e]).sum(axis=1)
+            da = 1.1 * d[:i] * np.abs(u) + np.abs(silu) * d[i:] + 1.1 * d[:i] * d[i:]
+            s_a = (np.abs(silu * u).max() * (1 + 2.0**-7) + da.max()) / 127
+            b[t] += abs(tw[t, j]) * (np.abs(w2[e]) @ (da + 0.51 * s_a))
+    return b
 
 
 def test_topk_softmax_bf16_logits():
