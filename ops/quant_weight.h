@@ -151,12 +151,17 @@ void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int6
 
 // ---- W4A8 (ops/gemm_w4a8.cpp) ------------------------------------------------------
 
-// From this many rows the automatic route runs int4 GEMMs as W4A8 on the
-// llvm path (docs/quantized.md: where it beat W4A16 on an AVX2 host).
+// From this many rows the automatic route may run int4 GEMMs as W4A8
+// (docs/quantized.md: where it beat W4A16 on an AVX2 host).
 inline constexpr int64_t kW4A8MinRows = 4;
+// The automatic route's rule for m rows on `path` (the rows' path,
+// gemm_isa_for_rows): llvm from kW4A8MinRows rows, avx512 where the fused
+// decode kernel does not run (from 5 rows), never amx or scalar, and only
+// where the LLVM kernels are usable.
+bool w4a8_automatic(Isa path, int64_t m);
 // Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
-// opt.int4_route (automatic: the llvm path from kW4A8MinRows rows on).
+// opt.int4_route (automatic: w4a8_automatic).
 // K above kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is
 // an Error (a group's int32 sums, up to 255·16·K, must not overflow).
 inline constexpr int64_t kW4A8MaxK = int64_t{1} << 19;

@@ -881,7 +881,18 @@ TEST(QuantErrors, Int4RouteOptions) {
   // K past kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is an Error.
   GemmOptions big;
   EXPECT_FALSE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK + 8, big, Isa::llvm, 64));
-  EXPECT_TRUE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK, big, Isa::llvm, 64));
+  // (automatic needs the LLVM kernels: not under TILEJIT_ISA=scalar or without LLVM.)
+  const bool llvm = ops::w4a8_kernels_usable();
+  EXPECT_EQ(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK, big, Isa::llvm, 64), llvm);
+  // The automatic rule by path and M: llvm from 4 rows; avx512 above the
+  // fused decode kernel's rows; never amx or scalar.
+  EXPECT_FALSE(ops::w4a8_automatic(Isa::llvm, ops::kW4A8MinRows - 1));
+  EXPECT_EQ(ops::w4a8_automatic(Isa::llvm, ops::kW4A8MinRows), llvm);
+  for (int64_t m : {4, 5, 64})
+    EXPECT_EQ(ops::w4a8_automatic(Isa::avx512, m), llvm && !ops::quant_gemm_fused(Isa::avx512, m))
+        << m;
+  EXPECT_FALSE(ops::w4a8_automatic(Isa::amx, 512));
+  EXPECT_FALSE(ops::w4a8_automatic(Isa::scalar, 512));
   big.int4_route = Int4Route::w4a8;
   expect_tilejit_error(
       [&] { ops::w4a8_route(WeightFormat::int4_awq, ops::kW4A8MaxK + 8, big, Isa::scalar, 1); },

@@ -242,8 +242,9 @@ enum class ActQuant {
 
 // How a GEMM with int4 weights (AWQ / GPTQ) computes (docs/quantized.md, "W4A8").
 enum class Int4Route {
-  automatic,  // the plan's choice by path and M: W4A8 on the llvm path from
-              // 4 rows on (ops::kW4A8MinRows), W4A16 otherwise
+  automatic,  // the plan's choice by path and M (ops::w4a8_automatic): W4A8 on
+              // llvm from 4 rows, on avx512 from 5 (above the fused decode
+              // kernel's 4), W4A16 otherwise and on amx
   w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4, <= 16 on llvm)
   w4a8,       // x quantized per opt.act_quant to u8, exact int32 sums per group
 };
@@ -515,7 +516,7 @@ struct MoeOptions {
   const PackedExperts* shared_w2 = nullptr;
   // int4 (AWQ / GPTQ) experts: W4A16 or W4A8 per expert, by GemmOptions::
   // int4_route's rule with the rows routed to the expert as M (automatic:
-  // W4A8 on the llvm path from 4 rows on). On W4A8 both projections' inputs
+  // W4A8 on llvm from 4 rows, on avx512 from 5). On W4A8 both projections' inputs
   // are quantized per act_quant, as for int8 experts.
   Int4Route int4_route = Int4Route::automatic;
   // int8 (W8A8) experts and int4 experts on the W4A8 route: how both
