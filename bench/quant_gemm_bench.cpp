@@ -856,8 +856,9 @@ void register_all() {
       }
 
   // int4's two routes at the small M where the automatic choice switches
-  // (ops::kW4A8MinRows; hot weights: the compute side of decode).
-  for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
+  // (ops::w4a8_automatic: 4 rows on llvm, 5 on avx512; hot weights: the
+  // compute side of decode).
+  for (int64_t m : {1, 2, 4, 5, 8, 16, 32, 64})
     for (int t : threads)
       for (auto [route, suffix] : {std::pair{tilejit::Int4Route::w4a16, "_w4a16"},
                                    std::pair{tilejit::Int4Route::w4a8, "_w4a8"}})

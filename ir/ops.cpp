@@ -88,6 +88,9 @@ constexpr AttrSpec kMoeAttrs[] = {
      "u4 gptq experts: zero points stored as z (gptq_v2) instead of z - 1 (default false)"},
     {"group_size", AttrKind::integer, false,
      "u4 experts: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
+    {"int4_route", AttrKind::string, false,
+     "u4 experts: \"automatic\" (default: W4A8 per expert by its routed rows, on llvm from 4, "
+     "on avx512 from 5), \"w4a16\" or \"w4a8\" (inputs quantized per token, dynamic_sym)"},
 };
 // The quantized weight's attributes; which apply to which weight dtype is a
 // rule of rules_gemm.cpp.
@@ -108,8 +111,8 @@ constexpr AttrSpec kGemmAttrs[] = {
     {"group_size", AttrKind::integer, false,
      "u4 weights: K per scale group, >= 1 (128 default; 32, 64, ...) or -1 (one group)"},
     {"int4_route", AttrKind::string, false,
-     "u4 weights: \"automatic\" (default: W4A8 on the llvm path from M = 4), \"w4a16\" or "
-     "\"w4a8\" (x quantized per token, dynamic_sym)"},
+     "u4 weights: \"automatic\" (default: W4A8 on llvm from M = 4, on avx512 from M = 5), "
+     "\"w4a16\" or \"w4a8\" (x quantized per token, dynamic_sym)"},
 };
 constexpr AttrSpec kCastAttrs[] = {
     {"to", AttrKind::dtype, true, "target dtype: f32, bf16 or f16"},
@@ -379,6 +382,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       // A fixed activation scale needs one per projection (MoeOptions::act_scale13 /
       // act_scale2): the IR op has no attributes for them yet, so it stays dynamic.
       one_of("act_quant", {"dynamic_sym", "dynamic_asym"});
+      one_of("int4_route", {"automatic", "w4a16", "w4a8"});
       one_of("activation", [] {
         std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
         v.push_back("clamped_swiglu");

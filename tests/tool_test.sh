@@ -477,6 +477,24 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq; do
   has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_moe.h's oracle on the exact dequantized experts"
   has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq) weights"
 done
+# int4 experts' int4_route: forced W4A8 (and W4A16) checked on every path
+# (the oracle follows the route per expert); dump names the route; a value
+# outside the three is a verifier error.
+for route in w4a8 w4a16; do
+  sed -e "s/{format = \"gptq\", group_size = 128, top_k = 2}/{format = \"gptq\", group_size = 128, int4_route = \"$route\", top_k = 2}/" \
+    "$EXAMPLES/moe_int4_gptq.tir" >"$WORK/moe_$route.tir"
+  for isa in $active llvm scalar; do
+    runs_here $isa || continue
+    TILEJIT_ISA=$isa ok "moe int4_route=$route: run T=9 --check ($isa)" "$TJ" run "$WORK/moe_$route.tir" --random-inputs 4 --dim T=9 --check
+    has "moe int4_route=$route: PASS ($isa)" "$OUT" "^PASS \\("
+  done
+done
+ok "moe int4_route=w4a8: dump --stage plan" "$TJ" dump "$WORK/moe_w4a8.tir" --stage plan --isa llvm --dim T=4
+has "moe int4_route=w4a8: dump names the route" "$OUT" "int4_route w4a8: every expert .* take W4A8"
+sed -e 's/{format = "gptq", group_size = 128, top_k = 2}/{format = "gptq", group_size = 128, int4_route = "w4a4", top_k = 2}/' \
+  "$EXAMPLES/moe_int4_gptq.tir" >"$WORK/moe_w4a4.tir"
+input_error "moe int4_route outside the enum" "error: %o = moe: attribute 'int4_route' = \"w4a4\" must be one of \"automatic\", \"w4a16\", \"w4a8\"" \
+  "$TJ" dump "$WORK/moe_w4a4.tir" --stage verified
 # A computed scale is refused: the experts are packed once, when the inputs are bound.
 printf 'func @q(%%h: tensor<?Tx256xbf16>, %%w13: tensor<2x64x256xi8>, %%w2: tensor<2x256x32xi8>, %%tw: tensor<?Tx1xf32>, %%ti: tensor<?Tx1xi32>, %%s13: tensor<2x64xf32>, %%s2: tensor<2x256xf32>) -> (tensor<?Tx256xbf16>) {\n  %%a = moe %%h, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13, scale2 = %%s2 {top_k = 1} : tensor<?Tx256xbf16>\n  %%o = moe %%a, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13, scale2 = %%s2 {top_k = 1} : tensor<?Tx256xbf16>\n  return %%o\n}\n' >"$WORK/moe_q2.tir"
 ok "quantized experts, two calls: run --check" "$TJ" run "$WORK/moe_q2.tir" --random-inputs 3 --dim T=5 --check

@@ -7,6 +7,7 @@
 #include "codegen/quant_desc.h"
 #include "ir/printer.h"
 #include "jit/registry.h"
+#include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
 
 namespace tilejit::tools {
@@ -217,7 +218,8 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
               helpers.at(0).name(), isa_name(isa));
         } else {
           const std::string fused =
-              isa == Isa::llvm ? "no fused decode kernel on llvm: always the dequant route"
+              isa == Isa::llvm ? "<= 16 rows for the expert: the LLVM fused decode kernel "
+                                 "(exact weights; ops::quant_gemm_fused), else the dequant route"
                                : "<= 4 rows for the expert: the fused decode kernel (exact "
                                  "weights; ops::quant_gemm_fused), else the dequant route";
           for (const MoeHelperKernel& k : helpers)
@@ -225,6 +227,22 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                 "{}{}: {}: per K chunk {} (or its _normal variant, by the scales) fills bf16 "
                 "packed rows for brgemm_{}_bf16_f32acc_m<rows>n64...",
                 routes.empty() ? "" : "; ", k.proj, fused, k.name(), isa_name(isa));
+          if (q.format == WeightFormat::int4_awq || q.format == WeightFormat::int4_gptq) {
+            // The automatic rule's first row count on this path (ops::w4a8_automatic).
+            int64_t from = 0;
+            for (int64_t m = 1; m <= 64 && from == 0; ++m)
+              if (ops::w4a8_automatic(isa, m)) from = m;
+            const std::string when =
+                c.moe.int4_route == Int4Route::w4a8    ? "w4a8: every expert"
+                : c.moe.int4_route == Int4Route::w4a16 ? "w4a16: no expert"
+                : from > 0 ? fmt::format("automatic: experts with >= {} rows", from)
+                           : "automatic: no expert on this path";
+            routes += fmt::format(
+                "; int4_route {} (ops::w4a8_route) take W4A8 instead: the rows quantized per "
+                "token into the weight's quad K order, then LLVM u8 x int4 brgemm calls per "
+                "scale group, the GLU in the last",
+                when);
+          }
         }
         return {
             fmt::format("{}: {} experts, per (expert, projection) one route by the "

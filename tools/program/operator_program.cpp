@@ -137,6 +137,11 @@ OperatorProgram match_operator_program(const ir::Function& f) {
         c.moe.act_quant = a.get_string("act_quant").value_or("dynamic_sym") == "dynamic_asym"
                               ? ActQuant::dynamic_asym
                               : ActQuant::dynamic_sym;
+        // The verifier allowed only the three names.
+        const std::string route = a.get_string("int4_route").value_or("automatic");
+        c.moe.int4_route = route == "w4a8"    ? Int4Route::w4a8
+                           : route == "w4a16" ? Int4Route::w4a16
+                                              : Int4Route::automatic;
         c.top_k = *a.get_int("top_k");
         // The verifier allowed only the gated activations or clamped_swiglu.
         const std::string act = a.get_string("activation").value_or("silu");
