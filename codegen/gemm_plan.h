@@ -149,8 +149,11 @@ struct PlanOverrides {
   std::optional<int64_t> task_rows;  // rows per driver task (thread split only)
   std::optional<int64_t> max_kc;     // the deepest K chunk (GemmSpec::max_kc)
   std::optional<Isa> isa;            // at this M: amx, avx512 or llvm (at or below the path)
-  std::string entry;                 // the database entry they come from
-  bool empty() const { return !mr && !task_rows && !max_kc && !isa; }
+  // int4 weights with int4_route automatic: W4A8 (true) or W4A16 at this M
+  // (not a plan knob: ops::w4a8_route reads it before any plan is made).
+  std::optional<bool> w4a8;
+  std::string entry;  // the database entry they come from
+  bool empty() const { return !mr && !task_rows && !max_kc && !isa && !w4a8; }
   bool operator==(const PlanOverrides&) const = default;
 };
 // The plan for `spec` on `isa` with `o` applied: max_kc before planning, then

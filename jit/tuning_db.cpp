@@ -45,6 +45,7 @@ constexpr KnobRule kKnobs[] = {
     {"gemm", "max_kc", 32, 65536, "deepest K chunk"},
     {"gemm", "amx", 0, 1, "1: AMX tiles, 0: AVX-512 at this M (AMX path only)"},
     {"gemm", "llvm", 1, 1, "1: the LLVM backend's kernels at this M instead of Xbyak's"},
+    {"gemm", "w4a8", 0, 1, "int4 weights: 1 the W4A8 route, 0 W4A16 at this M"},
     {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
 };
@@ -129,6 +130,8 @@ void validate_gemm_plan(const TunedEntry& e) {
   if (!wf)
     throw Error(
         fmt::format("shape field fmt='{}'; allowed: {}", f.at("fmt"), weight_format_list()));
+  if (e.knob("w4a8") && *wf != WeightFormat::int4_awq && *wf != WeightFormat::int4_gptq)
+    throw Error(fmt::format("knob w4a8 with fmt={}; allowed: int4_awq, int4_gptq", f.at("fmt")));
   if (*wf != WeightFormat::bf16) {
     // A quantized GEMM's plan (ops/gemm_quant.cpp): the dequant route's and
     // W8A8's K chunk is the route's own (the dequant scratch, the s8 groups
@@ -136,8 +139,24 @@ void validate_gemm_plan(const TunedEntry& e) {
     // blocking, the task split and AMX vs AVX-512 are tuned.
     for (const char* k : {"max_kc", "llvm"})
       if (e.knob(k))
-        throw Error(fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx (quantized)", k,
-                                f.at("fmt")));
+        throw Error(
+            fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx, w4a8 (int4) "
+                        "(quantized)",
+                        k, f.at("fmt")));
+    // The int4 route: W4A8 has no plan knob (its kernels' blocking is fixed)
+    // and needs the LLVM kernels.
+    if (auto v = e.knob("w4a8")) {
+      if (*v == 1) {
+        for (const char* k : {"mr", "task_rows", "amx"})
+          if (e.knob(k))
+            throw Error(
+                fmt::format("knobs w4a8=1 and {} together; allowed: w4a8=1 alone (the "
+                            "W4A8 kernels have no plan knob)",
+                            k));
+        if (!cpu_info().llvm_backend)
+          throw Error("knob w4a8=1: this tilejit is built without the LLVM backend");
+      }
+    }
     if (*wf == WeightFormat::int8) {
       spec.b_type = DType::i8;
       spec.k = (spec.k + 3) / 4 * 4;
@@ -354,6 +373,7 @@ codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
   o.max_kc = e.knob("max_kc");
   if (auto v = e.knob("amx")) o.isa = *v ? Isa::amx : Isa::avx512;
   if (e.knob("llvm")) o.isa = Isa::llvm;
+  if (auto v = e.knob("w4a8")) o.w4a8 = *v != 0;
   o.entry = e.id();
   return o;
 }

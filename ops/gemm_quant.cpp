@@ -415,8 +415,9 @@ const codegen::PlanOverrides& quant_tuned(const PackedWeight::Impl& p, codegen::
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
-  // The automatic route (GemmOptions' default).
-  if (w4a8_route(p, GemmOptions{}, isa, m)) {
+  const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
+  // The automatic route (GemmOptions' default), or the tuned one.
+  if (w4a8_route(p, GemmOptions{}, isa, m, tuned)) {
     if (isa == Isa::scalar || !w4a8_kernels_usable())
       return "scalar reference (W4A8: x quantized per row, double)";
     return w4a8_kernel_name(p, bias, act, out);
@@ -425,7 +426,6 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   if (quant_gemm_fused(p, isa, m))
     return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa)
         .name();
-  const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
                          codegen::gemm_isa_for_rows(path, m, tuned), tuned)
       .plan()
@@ -513,8 +513,12 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   const int64_t M = x.shape[0];
   const Isa path = runtime::active_isa();
   const Isa rows_isa = codegen::gemm_isa_for_rows(path, M);
+  // A tuning database entry of this format and shape class: the int4 route
+  // and, for W8A8 and the dequant route, the GemmPlan's row blocking, task
+  // split and ISA (validated at load: jit/tuning_db.cpp).
+  const codegen::PlanOverrides& tuned = quant_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
   // W4A8 (int4 weights, int8 activations): opt.int4_route, by path and M.
-  const bool w4a8 = w4a8_route(p, opt, rows_isa, M);
+  const bool w4a8 = w4a8_route(p, opt, rows_isa, M, tuned);
   if (p.format == WeightFormat::int8 || w4a8) {
     act_quant_mode(opt.act_quant);  // Error for a value outside the enum
     if (opt.act_quant == ActQuant::fixed &&
@@ -536,10 +540,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // applies there, nor is one looked up (docs/tuning.md "Quantized weights").
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M))
     return run_fused(x, p, y, opt, rows_isa);
-  // W8A8 and the dequant route run a GemmPlan: a tuning database entry of
-  // this format and shape class sets its row blocking, task split and ISA
-  // (validated at load: jit/tuning_db.cpp).
-  const codegen::PlanOverrides& tuned = quant_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
+  // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);
   run_dequant(x, p, y, opt, isa, tuned);

@@ -122,6 +122,15 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
   return w4a8_route(p.format, p.layout.k, opt, path, m);
 }
 
+bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m,
+                const codegen::PlanOverrides& tuned) {
+  if (opt.int4_route == Int4Route::automatic && tuned.w4a8 &&
+      (p.format == WeightFormat::int4_awq || p.format == WeightFormat::int4_gptq) &&
+      p.layout.k <= kW4A8MaxK && w4a8_kernels_usable())
+    return *tuned.w4a8;
+  return w4a8_route(p, opt, path, m);
+}
+
 bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m) {
   return w4a8_route(format, k, opt.int4_route, path, m, "gemm");
 }

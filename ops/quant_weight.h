@@ -166,6 +166,11 @@ bool w4a8_automatic(Isa path, int64_t m);
 // an Error (a group's int32 sums, up to 255·16·K, must not overflow).
 inline constexpr int64_t kW4A8MaxK = int64_t{1} << 19;
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m);
+// What gemm runs: the same, but under int4_route automatic a tuning
+// database entry's choice (tuned.w4a8, docs/tuning.md) where it has one and
+// W4A8 can run here (K, the LLVM kernels).
+bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m,
+                const codegen::PlanOverrides& tuned);
 // The same from the weight's format and logical K.
 bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m);
 // The one rule, for any operator (`op` names it in the Errors): fused_experts'

@@ -14,6 +14,7 @@
 #include "codegen/gemm_plan.h"
 #include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
+#include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
@@ -542,6 +543,65 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
                       runtime::dequant_weight_bound(Activation::none, abs))
           << "y[" << i << ", " << j << "]";
     }
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
+// The int4 route knob: an entry choosing the route the automatic rule does
+// not take at M = 40 (W4A8 on llvm / avx512, W4A16 on amx) is applied and
+// counted, and gives bit for bit what asking for that route gives; a bad
+// w4a8 knob is refused at load.
+TEST(TuningDb, TunedInt4RouteUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar || !ops::w4a8_kernels_usable())
+    GTEST_SKIP() << "no JIT path or no W4A8 kernels: the route is not tuned";
+  const int64_t m = 40, n = 200, k = 320;
+  tools::WorkloadOp o;
+  o.op = "gemm";
+  o.format = "int4_gptq";
+  o.group_size = 64;
+  const PackedWeight pw = tools::synthetic_weight(o, n, k, 12);
+  const bool dflt = ops::w4a8_route(WeightFormat::int4_gptq, k, Int4Route::automatic,
+                                    codegen::gemm_isa_for_rows(path, m), m, "tuning_test");
+  jit::TunedEntry e = gemm_entry(path, n, k, m, {{"w4a8", dflt ? 0 : 1}});
+  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                  Activation::none, DType::f32, m, WeightFormat::int4_gptq);
+  jit::validate_entry(e);
+  jit::TunedEntry bad = e;
+  bad.knobs = {{"w4a8", 1}, {"mr", 4}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); }, "knobs w4a8=1 and mr together");
+  bad = e;
+  bad.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                    Activation::none, DType::f32, m, WeightFormat::fp8_e4m3);
+  expect_tilejit_error([&] { jit::validate_entry(bad); },
+                       "knob w4a8 with fmt=fp8_e4m3; allowed: int4_awq, int4_gptq");
+
+  std::vector<uint16_t> x(size_t(m * k));
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  auto run = [&](Int4Route route) {
+    std::vector<float> y(size_t(m * n));
+    GemmOptions opt;
+    opt.int4_route = route;
+    gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}),
+         opt);
+    return y;
+  };
+  const std::vector<float> untuned = run(Int4Route::automatic);
+  const std::vector<float> other = run(dflt ? Int4Route::w4a16 : Int4Route::w4a8);
+  ASSERT_NE(untuned, other) << "the two routes must differ for this test to tell them apart";
+
+  jit::TuningDb db;
+  db.put(e);
+  const std::string file = temp_path("tuned_route.json");
+  db.save(file);
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+  EXPECT_EQ(run(Int4Route::automatic), other);
+  EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+  // A route asked for explicitly is not overridden.
+  EXPECT_EQ(run(dflt ? Int4Route::w4a8 : Int4Route::w4a16), untuned);
   jit::install_tuning_db({}, "");
   fs::remove(file);
 }

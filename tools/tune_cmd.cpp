@@ -295,13 +295,27 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
         // One entry per bucket: a second M of the same bucket is warm-up only.
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "gemm";
-          // fp8 / int4 / mxfp4 at decode M run the fused kernel: no plan, no
-          // knob (the default is timed, an entry without knobs written).
-          if (quantized(o) && o.format != "int8" &&
-              ops::quant_gemm_fused(codegen::gemm_isa_for_rows(path, m), m))
-            p.pruned = "the fused decode kernel: no plan knob";
-          else
-            p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
+          const Isa rows_isa = codegen::gemm_isa_for_rows(path, m);
+          const WeightFormat wf = format_of(o.format);
+          const bool int4 = wf == WeightFormat::int4_awq || wf == WeightFormat::int4_gptq;
+          // int4: the automatic route's choice at this M (ops::w4a8_route);
+          // the other route is a candidate (knob w4a8) where W4A8 can run.
+          const bool dflt_w4a8 =
+              int4 && ops::w4a8_route(wf, o.k, Int4Route::automatic, rows_isa, m, "tune");
+          const bool other_route = int4 && ops::w4a8_kernels_usable() && o.k <= ops::kW4A8MaxK;
+          if (dflt_w4a8) {
+            // W4A8 has no plan knob: only W4A16 (its default plan) against it.
+            p.pruned = "W4A8 (the automatic route) has no plan knob: W4A16 tried";
+            p.candidates.push_back({{"w4a8", 0}});
+          } else {
+            // fp8 / int4 / mxfp4 at decode M run the fused kernel: no plan,
+            // no plan knob (the default is timed, an entry without knobs written).
+            if (quantized(o) && o.format != "int8" && ops::quant_gemm_fused(rows_isa, m))
+              p.pruned = "the fused decode kernel: no plan knob";
+            else
+              p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
+            if (other_route) p.candidates.push_back({{"w4a8", 1}});
+          }
         }
         pts.push_back(p);
       }
