@@ -583,12 +583,14 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   int64_t streaming_blocks = 0;
   for (const Group& g : groups)
     if (g.rows <= kStreamingRows) streaming_blocks += (g.w13->n + 31) / 32;
-  // A tuning database entry for bf16 experts of this shape class sets the
-  // run length of both streaming phases (the task split only: same kernels).
+  // A tuning database entry for experts of this format and shape class sets
+  // the run length of both streaming phases (the task split only: the same
+  // kernels on the same rows, so the same result).
   std::optional<int64_t> tuned_run;
-  if (w13.format == WeightFormat::bf16 && jit::tuning_db_active())
-    if (const jit::TunedEntry* e = jit::find_tuned(
-            "moe", jit::moe_shape_class(isa, static_cast<int>(threads), d.E, d.k, d.H, d.I, d.T)))
+  if (jit::tuning_db_active())
+    if (const jit::TunedEntry* e =
+            jit::find_tuned("moe", jit::moe_shape_class(isa, static_cast<int>(threads), d.E, d.k,
+                                                        d.H, d.I, d.T, w13.format)))
       tuned_run = e->knob("run_blocks");
   const int64_t run_blocks =
       tuned_run.value_or(std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8));

@@ -56,6 +56,24 @@ jit::TunedEntry gemm_entry(Isa path, int64_t n, int64_t k, int64_t m,
   return e;
 }
 
+// The same for an f32-out GEMM of weight format fmt.
+jit::TunedEntry quant_entry(Isa path, int64_t n, int64_t k, int64_t m, WeightFormat fmt,
+                            std::map<std::string, int64_t> knobs) {
+  jit::TunedEntry e = gemm_entry(path, n, k, m, std::move(knobs));
+  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
+                                  Activation::none, DType::f32, m, fmt);
+  return e;
+}
+
+// A synthetic int4 GPTQ weight [n, k], group 64 (the tuner's own).
+PackedWeight int4_weight(int64_t n, int64_t k, uint32_t seed) {
+  tools::WorkloadOp o;
+  o.op = "gemm";
+  o.format = "int4_gptq";
+  o.group_size = 64;
+  return tools::synthetic_weight(o, n, k, seed);
+}
+
 // ---- workload files -----------------------------------------------------------
 
 TEST(TuneWorkload, RoundTrip) {
@@ -488,16 +506,10 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
   const Isa path = runtime::active_isa();
   if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
   const int64_t m = 40, n = 200, k = 320;
-  tools::WorkloadOp o;
-  o.op = "gemm";
-  o.format = "int4_gptq";
-  o.group_size = 64;
-  const PackedWeight pw = tools::synthetic_weight(o, n, k, 11);
+  const PackedWeight pw = int4_weight(n, k, 11);
   std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
   if (path == Isa::amx) knobs["amx"] = 0;
-  jit::TunedEntry e = gemm_entry(path, n, k, m, knobs);
-  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
-                                  Activation::none, DType::f32, m, WeightFormat::int4_gptq);
+  jit::TunedEntry e = quant_entry(path, n, k, m, WeightFormat::int4_gptq, knobs);
   jit::TuningDb db;
   db.put(e);
   const std::string file = temp_path("tuned_q.json");
@@ -556,25 +568,23 @@ TEST(TuningDb, TunedInt4RouteUsed) {
   if (path == Isa::scalar || !ops::w4a8_kernels_usable())
     GTEST_SKIP() << "no JIT path or no W4A8 kernels: the route is not tuned";
   const int64_t m = 40, n = 200, k = 320;
-  tools::WorkloadOp o;
-  o.op = "gemm";
-  o.format = "int4_gptq";
-  o.group_size = 64;
-  const PackedWeight pw = tools::synthetic_weight(o, n, k, 12);
+  const PackedWeight pw = int4_weight(n, k, 12);
   const bool dflt = ops::w4a8_route(WeightFormat::int4_gptq, k, Int4Route::automatic,
                                     codegen::gemm_isa_for_rows(path, m), m, "tuning_test");
-  jit::TunedEntry e = gemm_entry(path, n, k, m, {{"w4a8", dflt ? 0 : 1}});
-  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
-                                  Activation::none, DType::f32, m, WeightFormat::int4_gptq);
+  const jit::TunedEntry e =
+      quant_entry(path, n, k, m, WeightFormat::int4_gptq, {{"w4a8", dflt ? 0 : 1}});
   jit::validate_entry(e);
-  jit::TunedEntry bad = e;
-  bad.knobs = {{"w4a8", 1}, {"mr", 4}};
-  expect_tilejit_error([&] { jit::validate_entry(bad); }, "knobs w4a8=1 and mr together");
-  bad = e;
-  bad.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
-                                    Activation::none, DType::f32, m, WeightFormat::fp8_e4m3);
-  expect_tilejit_error([&] { jit::validate_entry(bad); },
-                       "knob w4a8 with fmt=fp8_e4m3; allowed: int4_awq, int4_gptq");
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(
+            quant_entry(path, n, k, m, WeightFormat::int4_gptq, {{"w4a8", 1}, {"mr", 4}}));
+      },
+      "knobs w4a8=1 and mr together");
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(quant_entry(path, n, k, m, WeightFormat::fp8_e4m3, {{"w4a8", 0}}));
+      },
+      "knob w4a8 with fmt=fp8_e4m3; allowed: int4_awq, int4_gptq");
 
   std::vector<uint16_t> x(size_t(m * k));
   std::mt19937 rng(6);
@@ -619,9 +629,7 @@ TEST(TuningDb, TunedInt8GemmPlanUsed) {
   const PackedWeight pw = tools::synthetic_weight(o, n, k, 13);
   std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
   if (path == Isa::amx) knobs["amx"] = 0;
-  jit::TunedEntry e = gemm_entry(path, n, k, m, knobs);
-  e.shape = jit::gemm_shape_class(path, runtime::num_threads(), n, k, codegen::BiasKind::none,
-                                  Activation::none, DType::f32, m, WeightFormat::int8);
+  const jit::TunedEntry e = quant_entry(path, n, k, m, WeightFormat::int8, knobs);
   jit::TuningDb db;
   db.put(e);
   const std::string file = temp_path("tuned_i8.json");
@@ -749,6 +757,73 @@ TEST(TuningDb, TunedDecodeSplitUsed) {
   for (size_t i = 0; i < dflt.size(); ++i)
     EXPECT_NEAR(runtime::bf16_to_f32(tuned[i]), runtime::bf16_to_f32(dflt[i]), 4.0 / 256) << i;
   jit::install_tuning_db({}, "");
+}
+
+// A moe entry's run_blocks (the streaming phases' task split) is applied to
+// bf16 and quantized experts alike, counted, and leaves the result bit for
+// bit as it was (the same kernels on the same rows; only the tasks differ).
+TEST(TuningDb, TunedMoeRunUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t E = 4, K = 2, H = 320, I = 192, T = 3;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<uint16_t> x(size_t(T * H));
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  std::vector<float> tw(size_t(T * K), 0.5f);
+  std::vector<int32_t> ids(size_t(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) ids[size_t(t * K + j)] = int32_t((t + j) % E);
+  for (const char* fmt : {"bf16", "int4_gptq", "int8"}) {
+    SCOPED_TRACE(fmt);
+    tools::WorkloadOp o;
+    o.op = "moe";
+    o.format = fmt;
+    if (o.format == "int4_gptq") o.group_size = 64;
+    PackedExperts w13, w2;
+    if (o.format == "bf16") {
+      std::vector<uint16_t> a(size_t(E * 2 * I * H)), b(size_t(E * H * I));
+      for (auto& v : a) v = runtime::f32_to_bf16(dist(rng) / 16);
+      for (auto& v : b) v = runtime::f32_to_bf16(dist(rng) / 16);
+      w13 = pack_experts(TensorView(a.data(), DType::bf16, {E, 2 * I, H}), ExpertProj::gate_up);
+      w2 = pack_experts(TensorView(b.data(), DType::bf16, {E, H, I}), ExpertProj::down);
+    } else {
+      w13 = tools::synthetic_experts(o, E, 2 * I, H, ExpertProj::gate_up, 21);
+      w2 = tools::synthetic_experts(o, E, H, I, ExpertProj::down, 22);
+    }
+    auto run = [&] {
+      std::vector<uint16_t> out(size_t(T * H));
+      fused_experts(TensorView(x.data(), DType::bf16, {T, H}), w13, w2,
+                    TensorView(tw.data(), DType::f32, {T, K}),
+                    TensorView(ids.data(), DType::i32, {T, K}),
+                    TensorView(out.data(), DType::bf16, {T, H}));
+      return out;
+    };
+    const auto dflt = run();
+    jit::TunedEntry e;
+    e.family = "moe";
+    e.shape = jit::moe_shape_class(path, runtime::num_threads(), E, K, H, I, T, w13.format());
+    e.knobs = {{"run_blocks", 3}};
+    e.cpu = runtime::cpu_signature();
+    e.version = jit::tuning_db_version();
+    jit::TuningDb db;
+    db.put(e);
+    const uint64_t before = cache_stats().tuned_plans;
+    jit::install_tuning_db(db, "moe run test");
+    EXPECT_EQ(run(), dflt);
+    EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+    // Another format's entry is not this one's.
+    jit::TuningDb other;
+    e.shape = jit::moe_shape_class(
+        path, runtime::num_threads(), E, K, H, I, T,
+        w13.format() == WeightFormat::bf16 ? WeightFormat::int8 : WeightFormat::bf16);
+    other.put(e);
+    jit::install_tuning_db(other, "");
+    const uint64_t before_other = cache_stats().tuned_plans;
+    EXPECT_EQ(run(), dflt);
+    EXPECT_EQ(cache_stats().tuned_plans, before_other);
+    jit::install_tuning_db({}, "");
+  }
 }
 
 }  // namespace

@@ -344,11 +344,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
             jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t, format_of(o.format));
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "moe";
-          // ops/moe.cpp applies run_blocks to bf16 experts only.
-          if (quantized(o))
-            p.pruned = "run_blocks is applied to bf16 experts only";
-          else
-            p.candidates = moe_candidates(o, t, threads, &p.pruned);
+          p.candidates = moe_candidates(o, t, threads, &p.pruned);
         }
         pts.push_back(p);
       }
