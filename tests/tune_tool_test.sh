@@ -168,7 +168,13 @@ EOF
 rc=$?
 check "quantized tune exits 0 (got $rc)" test $rc -eq 0
 check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 4
-check "the fused route times the default only" grep -q 'M=1 int4_gptq: .*the fused decode kernel: no plan knob' "$OUT"
+check "the fused route has no plan knob" grep -q 'M=1 int4_gptq: .*the fused decode kernel: no plan knob' "$OUT"
+# The int4 route is a candidate wherever the LLVM W4A8 kernels run (a build
+# with LLVM on a JIT path): M=1 and M=40 each try the route they do not take.
+if "$TJ" cpuinfo | grep -Eq '^  brgemm +llvm +llvm +yes'; then
+  check "int4: the other route tried at M=1" grep -Eq 'tried: .*w4a8=[01]' "$OUT"
+  check "int4: both M buckets try a route" test "$(grep -Ec 'tried: .*w4a8=[01]' "$OUT")" -ge 2
+fi
 check "quantized entries carry their format" grep -q '"fmt": *"int4_gptq"' "$WORK/dbq.json"
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --no-search >"$OUT" 2>"$ERR"
 check "quantized: second process compiles 0 kernels" \
