@@ -232,11 +232,11 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
             int64_t from = 0;
             for (int64_t m = 1; m <= 64 && from == 0; ++m)
               if (ops::w4a8_automatic(isa, m)) from = m;
-            const std::string when =
-                c.moe.int4_route == Int4Route::w4a8    ? "w4a8: every expert"
-                : c.moe.int4_route == Int4Route::w4a16 ? "w4a16: no expert"
-                : from > 0 ? fmt::format("automatic: experts with >= {} rows", from)
-                           : "automatic: no expert on this path";
+            const std::string when = c.moe.int4_route == Int4Route::w4a8    ? "w4a8: every expert"
+                                     : c.moe.int4_route == Int4Route::w4a16 ? "w4a16: no expert"
+                                     : from > 0
+                                         ? fmt::format("automatic: experts with >= {} rows", from)
+                                         : "automatic: no expert on this path";
             routes += fmt::format(
                 "; int4_route {} (ops::w4a8_route) take W4A8 instead: the rows quantized per "
                 "token into the weight's quad K order, then LLVM u8 x int4 brgemm calls per "
