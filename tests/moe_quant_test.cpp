@@ -888,9 +888,16 @@ TEST(QuantExpertsPack, Bf16InterleavedRowsMatchHalves) {
 // quantization, per-row accumulators), the NaN row is NaN.
 TEST(QuantExpertsNan, TokenOfNanStaysInItsRow) {
   const int64_t E = 4, H = 72, I = 40, K = 2;
-  for (QFmt f : {QFmt::int8_asym, QFmt::fp8_block, QFmt::mxfp4, QFmt::gptq_actorder})
+  // (AWQ with W4A8 forced: its quantized rows at T = 3 too, where the
+  // automatic route keeps W4A16.)
+  for (auto [f, route] : {std::pair{QFmt::int8_asym, Int4Route::automatic},
+                          {QFmt::fp8_block, Int4Route::automatic},
+                          {QFmt::mxfp4, Int4Route::automatic},
+                          {QFmt::gptq_actorder, Int4Route::automatic},
+                          {QFmt::awq, Int4Route::w4a8}})
     for (int64_t T : {3, 40}) {
-      SCOPED_TRACE(std::string(qfmt_name(f)) + " T=" + std::to_string(T));
+      SCOPED_TRACE(std::string(qfmt_name(f)) + " T=" + std::to_string(T) +
+                   (route == Int4Route::w4a8 ? " w4a8" : ""));
       const Experts x = make_experts(f, E, H, I, 21);
       std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(T * H), 22, -1, 1);
       std::vector<float> w(static_cast<size_t>(T * K), 0.5f);
@@ -898,6 +905,7 @@ TEST(QuantExpertsNan, TokenOfNanStaysInItsRow) {
       for (size_t j = 0; j < ids.size(); ++j) ids[j] = static_cast<int32_t>(j % E);
       MoeOptions o;
       o.act_quant = ActQuant::dynamic_asym;
+      o.int4_route = route;
       auto run = [&](std::vector<float>& out) {
         out.assign(static_cast<size_t>(T * H), 0);
         fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), x.p13, x.p2,
