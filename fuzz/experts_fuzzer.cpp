@@ -22,7 +22,8 @@
 // a pack that succeeded, is a finding.
 //
 // The oracle is tests/moe_quant_test.cpp's (add_expert there: the route each
-// expert's GEMMs take, ops::quant_gemm_fused; int8 inputs quantized per token
+// expert's GEMMs take, ops::quant_gemm_fused and ops::w4a8_route; int8 and
+// W4A8 inputs quantized per token
 // by runtime::reference_act_quant_row; the fused int4 kernel's larger terms;
 // the activation's bf16 slack), on the exact double weights decoded here;
 // its bound functions are runtime/reference_error_bounds.h's.
@@ -594,10 +595,17 @@ void add_expert(const runtime::ReferenceGlu& glu, ActQuant aq, const ExpertRef& 
                 const uint16_t* xr, const float* b13, const float* b2, double scale, int64_t t,
                 Oracle& o) {
   const int64_t H = x.w13->k, I = x.w13->n / 2;
-  const bool int8 = x.fmt == Fmt::int8;
+  // Inputs quantized per token: int8, and int4 on the W4A8 route (the
+  // library's rule, ops::w4a8_route, with the expert's rows as M; the call
+  // leaves int4_route automatic). Both read the exact weights.
+  const bool int8 =
+      x.fmt == Fmt::int8 ||
+      (x.fmt == Fmt::int4 &&
+       ops::w4a8_route(x.w13->p.awq ? WeightFormat::int4_awq : WeightFormat::int4_gptq, H,
+                       Int4Route::automatic, cpu_info().isa, rows, "experts_fuzzer"));
   const bool exact =
       int8 || cpu_info().isa == Isa::scalar || ops::quant_gemm_fused(cpu_info().isa, rows);
-  const bool fold = exact && x.fmt == Fmt::int4;
+  const bool fold = exact && !int8 && x.fmt == Fmt::int4;
   auto weight = [&](const Mat& m, int64_t at) {
     return exact ? m.w[at] : double(runtime::bf16_to_f32(runtime::f32_to_bf16(float(m.w[at]))));
   };
