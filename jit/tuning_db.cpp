@@ -130,7 +130,7 @@ void validate_gemm_plan(const TunedEntry& e) {
   if (!wf)
     throw Error(
         fmt::format("shape field fmt='{}'; allowed: {}", f.at("fmt"), weight_format_list()));
-  if (e.knob("w4a8") && *wf != WeightFormat::int4_awq && *wf != WeightFormat::int4_gptq)
+  if (e.knob("w4a8") && !is_int4(*wf))
     throw Error(fmt::format("knob w4a8 with fmt={}; allowed: int4_awq, int4_gptq", f.at("fmt")));
   if (*wf != WeightFormat::bf16) {
     // A quantized GEMM's plan (ops/gemm_quant.cpp): the dequant route's and

@@ -124,8 +124,7 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
 
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m,
                 const codegen::PlanOverrides& tuned) {
-  if (opt.int4_route == Int4Route::automatic && tuned.w4a8 &&
-      (p.format == WeightFormat::int4_awq || p.format == WeightFormat::int4_gptq) &&
+  if (opt.int4_route == Int4Route::automatic && tuned.w4a8 && is_int4(p.format) &&
       p.layout.k <= kW4A8MaxK && w4a8_kernels_usable())
     return *tuned.w4a8;
   return w4a8_route(p, opt, path, m);
@@ -159,8 +158,7 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
   check_int4_route(route, op);
   const bool w4a8 = route == Int4Route::w4a8 ||
                     (route == Int4Route::automatic && w4a8_automatic(path, m) && k <= kW4A8MaxK);
-  if (!w4a8 || (format != WeightFormat::int4_awq && format != WeightFormat::int4_gptq))
-    return false;
+  if (!w4a8 || !is_int4(format)) return false;
   if (k > kW4A8MaxK)
     throw Error(fmt::format(
         "{}: int4_route=w4a8 with K={}; allowed: K <= {} (a scale group's int32 sums of "

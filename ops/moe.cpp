@@ -706,10 +706,7 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
   // A forced W4A8 route needs its LLVM kernels (a build without LLVM, or
   // TILEJIT_BACKEND=xbyak, has none): the scalar path computes the same
   // W4A8 result, as gemm() does.
-  const auto int4 = [](const PackedExperts::Impl* w) {
-    return w != nullptr &&
-           (w->format == WeightFormat::int4_awq || w->format == WeightFormat::int4_gptq);
-  };
+  const auto int4 = [](const PackedExperts::Impl* w) { return w != nullptr && is_int4(w->format); };
   const bool w4a8_scalar =
       opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable() &&
       (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||

@@ -297,7 +297,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
           p.family = "gemm";
           const Isa rows_isa = codegen::gemm_isa_for_rows(path, m);
           const WeightFormat wf = format_of(o.format);
-          const bool int4 = wf == WeightFormat::int4_awq || wf == WeightFormat::int4_gptq;
+          const bool int4 = is_int4(wf);
           // int4: the automatic route's choice at this M (ops::w4a8_route);
           // the other route is a candidate (knob w4a8) where W4A8 can run.
           const bool dflt_w4a8 =

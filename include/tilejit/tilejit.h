@@ -96,6 +96,11 @@ const char* isa_name(Isa isa);
 // gemm() call runs; format() and layout() say which it is.
 enum class WeightFormat { bf16, int8, fp8_e4m3, int4_awq, int4_gptq, mxfp4 };
 const char* weight_format_name(WeightFormat f);
+// The int4 checkpoint formats (AWQ, GPTQ): the ones GemmOptions::int4_route
+// and MoeOptions::int4_route apply to.
+constexpr bool is_int4(WeightFormat f) {
+  return f == WeightFormat::int4_awq || f == WeightFormat::int4_gptq;
+}
 
 // int8 W8A8: weight i8 [N, K] (K stride 1); scales f32 [N] (per output
 // channel) or [1] (per tensor). w = weight · scale. Activations are quantized

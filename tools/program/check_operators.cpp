@@ -354,9 +354,7 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
              "on their routed rows); for int4 experts on the W4A8 route (ops::w4a8_route on "
              "their routed rows) x and the activation row quantized as the kernels do, + one "
              "code step where an activation has slack",
-      mq.format == WeightFormat::int4_awq || mq.format == WeightFormat::int4_gptq
-          ? ", int4 terms at (q + z + 32)·|s| (the fused decode kernel)"
-          : "");
+      is_int4(mq.format) ? ", int4 terms at (q + z + 32)·|s| (the fused decode kernel)" : "");
   return ex;
 }
 

@@ -146,7 +146,7 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
         std::string params;
         if (q.format == WeightFormat::fp8_e4m3 && q.block_n > 0)
           params = fmt::format(", block {}x{}", q.block_n, q.block_k);
-        if (q.format == WeightFormat::int4_awq || q.format == WeightFormat::int4_gptq)
+        if (is_int4(q.format))
           params = fmt::format(", {}, group_size {}{}", weight_format_name(q.format), q.group_size,
                                q.gptq_v2 ? ", gptq_v2" : "");
         return fmt::format(
@@ -227,7 +227,7 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                 "{}{}: {}: per K chunk {} (or its _normal variant, by the scales) fills bf16 "
                 "packed rows for brgemm_{}_bf16_f32acc_m<rows>n64...",
                 routes.empty() ? "" : "; ", k.proj, fused, k.name(), isa_name(isa));
-          if (q.format == WeightFormat::int4_awq || q.format == WeightFormat::int4_gptq) {
+          if (is_int4(q.format)) {
             // The automatic rule's first row count on this path (ops::w4a8_automatic).
             int64_t from = 0;
             for (int64_t m = 1; m <= 64 && from == 0; ++m)
