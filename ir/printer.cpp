@@ -18,12 +18,11 @@ std::string type_of(const Function& f, int id) {
 
 std::string print(const Function& f, const Op& op) {
   std::string s = ref(f, op.result) + " = " + name(op.kind);
-  const size_t positional = operand_roles(op.kind).size();
+  const size_t named = first_named_operand(op);
   for (size_t i = 0; i < op.operands.size(); ++i) {
     s += i ? ", " : " ";
     // Named operands (a quantized gemm's scale, zero, g_idx): `scale = %s`.
-    if (i >= positional && i - positional < op.operand_names.size())
-      s += op.operand_names[i - positional] + " = ";
+    if (i >= named) s += op.operand_names[i - named] + " = ";
     s += ref(f, op.operands[i]);
   }
   if (!op.attrs.empty()) {

@@ -1,13 +1,20 @@
 #include "ir/program.h"
 
+#include <algorithm>
+
 #include "ir/text_util.h"
 
 namespace tilejit::ir {
 
+size_t first_named_operand(const Op& op) {
+  return op.operands.size() - std::min(op.operand_names.size(), op.operands.size());
+}
+
 std::string operand_role(const Op& op, size_t i) {
+  const size_t named = first_named_operand(op);
+  if (i >= named && i < op.operands.size()) return op.operand_names[i - named];
   auto roles = operand_roles(op.kind);
   if (i < roles.size()) return roles[i];
-  if (i - roles.size() < op.operand_names.size()) return op.operand_names[i - roles.size()];
   return cat("#", i);
 }
 

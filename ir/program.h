@@ -34,6 +34,12 @@ struct Op {
   bool operator==(const Op&) const = default;
 };
 
+// Where op's named operands start: they are always its last
+// operand_names.size() operands (the parser puts them there), whatever the
+// number of positional ones a malformed op holds; the printer, operand_role
+// and the verifier all go by this one rule.
+size_t first_named_operand(const Op& op);
+
 // The role of operand i of op: a positional role, a named one, or "#i".
 std::string operand_role(const Op& op, size_t i);
 

@@ -794,6 +794,21 @@ TEST(IrQuant, NamedOperandsAreCanonical) {
   EXPECT_EQ(operand_role(f.ops[0], 4), "g_idx");
 }
 
+TEST(IrQuant, NamedOperandsAfterExtraPositionalsRoundTrip) {
+  // Found by fuzz/ir_pipeline_fuzzer: a `moe` renamed `cast` keeps five
+  // positional operands and two named ones. The printer named operands by
+  // cast's one positional role, so its output put a positional operand
+  // after a named one and did not parse. The named ones are the last ones.
+  const Function f = parse(quant_text(
+      "%w: tensor<64x128xi8>, %s: tensor<64xf32>, %z: tensor<64xf32>", "%w, %s, scale = %z", ""));
+  ASSERT_EQ(f.ops[0].operand_names.size(), 1u);
+  EXPECT_THAT(print(f), HasSubstr("gemm %x, %w, %s, scale = %z :"));
+  EXPECT_EQ(parse(print(f)), f);
+  EXPECT_EQ(operand_role(f.ops[0], 2), "#2");
+  EXPECT_EQ(operand_role(f.ops[0], 3), "scale");
+  EXPECT_THAT(verify_error(f), HasSubstr("operands"));
+}
+
 TEST(IrQuant, BuilderMatchesParser) {
   Builder b("q");
   int x = b.param("x", T(DType::bf16, {S("M"), F(128)}));
