@@ -151,6 +151,28 @@ struct BrgemmDesc {
   // (the earlier groups' fold). With a GLU (fused_experts' gate/up) the last
   // group's call gates the 64 computed columns' v, acc_in covering all 64.
   bool w4a8 = false;
+  // Software prefetch of the B stream into L2, in KiB ahead of the k row in
+  // use: -1 the kernel's own distance (32 KiB for the AVX-512 brgemm, 8 KiB
+  // for the fused quantized kernel), 0 none, else that distance
+  // (kPrefetchKibMax at most). A tuning knob (docs/tuning.md `prefetch`): the
+  // best distance depends on the CPU's hardware prefetchers and its DRAM
+  // latency, not on the shape alone. Xbyak AVX-512 kernels only.
+  int prefetch_kib = -1;
+  static constexpr int kPrefetchKibMax = 1024;
+  // The one rule for a distance on a kernel of `isa` (the registry's rows,
+  // plan_gemm's tuned value), and its text for the Errors.
+  static bool prefetch_allowed(int kib, Isa isa) {
+    return kib == -1 || (isa == Isa::avx512 && kib >= 0 && kib <= kPrefetchKibMax);
+  }
+  static constexpr const char* kPrefetchAllowed =
+      "-1 (the kernel's default), or 0 .. 1024 KiB on avx512 (the Xbyak AVX-512 kernels)";
+  // The distance the kernel runs: prefetch_kib, or its default (the fused
+  // quantized kernel streams a quarter / half the bytes of bf16 per k row).
+  int effective_prefetch_kib() const {
+    if (prefetch_kib >= 0) return prefetch_kib;
+    const bool fused = b_type == DType::u4 || b_type == DType::f8e4m3 || b_type == DType::f4e2m1;
+    return fused ? 8 : 32;
+  }
 
   static constexpr auto field_list() {
     using D = BrgemmDesc;
@@ -166,7 +188,8 @@ struct BrgemmDesc {
         field("act", &D::act, "_", unless_default), field("glu", &D::glu, "_", unless_default),
         field("alpha", &D::glu_alpha, "_a", unless_default),
         field("limit", &D::glu_limit, "_l", unless_default), field("out", &D::out, "_", "out"),
-        field("w4a8", &D::w4a8, "_w4a8", flag));
+        field("w4a8", &D::w4a8, "_w4a8", flag),
+        field("pf", &D::prefetch_kib, "_pf", "k", unless_default));
   }
 
   // K elements one VNNI group of B holds (a k-group row of the packed block),

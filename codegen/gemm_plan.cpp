@@ -69,6 +69,12 @@ Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o) {
   return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
 }
 
+void check_prefetch_kib(int kib, Isa isa) {
+  if (kib == -1 || !BrgemmDesc::prefetch_allowed(kib, isa))
+    throw Error(fmt::format("plan_gemm: tuned prefetch={} on isa={}; allowed: {}", kib,
+                            isa_name(isa), BrgemmDesc::kPrefetchAllowed));
+}
+
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o) {
   GemmSpec s = spec;
   if (o.max_kc) s.max_kc = *o.max_kc;
@@ -93,6 +99,10 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o) {
           fmt::format("plan_gemm: tuned task_rows={} for {}; allowed: a multiple of mr={} up to {}",
                       *o.task_rows, p.name(), p.mr, kMaxTaskRows));
     p.tuned_task_rows = *o.task_rows;
+  }
+  if (o.prefetch_kib) {
+    check_prefetch_kib(*o.prefetch_kib, isa);
+    p.tuned_prefetch_kib = *o.prefetch_kib;
   }
   if (!o.empty()) p.tuned_entry = o.entry.empty() ? "(unnamed)" : o.entry;
   return p;
@@ -181,6 +191,7 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   d.out = epilogue ? spec.out : spec.int8() ? DType::i32 : DType::f32;
   d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
   d.a_packed = a_packed;
+  d.prefetch_kib = tuned_prefetch_kib;
   if (spec.glu != Glu::none) {
     // Partial chunks carry all 64 pre-activation columns; the last one pairs them.
     if (epilogue) {
@@ -211,9 +222,11 @@ std::string GemmPlan::name() const {
 // rest of the plan follows from them).
 std::string GemmPlan::key() const {
   const std::string spec_key = desc_key(spec);
-  // A tuned mr changes the micro-kernels; a tuned task split does not.
-  return fmt::format("gemm;isa={}{}{}", isa_name(isa), spec_key.substr(spec_key.find(';')),
-                     tuned_mr ? fmt::format(";mr={}", mr) : "");
+  // A tuned mr or prefetch distance changes the micro-kernels; a tuned task
+  // split does not.
+  return fmt::format("gemm;isa={}{}{}{}", isa_name(isa), spec_key.substr(spec_key.find(';')),
+                     tuned_mr ? fmt::format(";mr={}", mr) : "",
+                     tuned_prefetch_kib >= 0 ? fmt::format(";pf={}", tuned_prefetch_kib) : "");
 }
 
 std::string GemmPlan::str() const {
@@ -237,8 +250,10 @@ std::string GemmPlan::str() const {
   s += fmt::format("  weights      packed {}",
                    spec.int8() ? "i8_vnni4_n64k64" : "bf16_vnni2_n64k32");
   if (!tuned_entry.empty())
-    s += fmt::format("\n  tuned        entry {}: mr={}{} task_rows={} max_kc={}", tuned_entry, mr,
-                     tuned_mr ? " (tuned)" : "", task_rows(), spec.max_kc);
+    s += fmt::format("\n  tuned        entry {}: mr={}{} task_rows={} max_kc={}{}", tuned_entry, mr,
+                     tuned_mr ? " (tuned)" : "", task_rows(), spec.max_kc,
+                     tuned_prefetch_kib >= 0 ? fmt::format(" prefetch={} KiB", tuned_prefetch_kib)
+                                             : std::string());
   return s;
 }
 

@@ -74,6 +74,9 @@ struct GemmPlan {
   std::string tuned_entry;
   bool tuned_mr = false;
   int64_t tuned_task_rows = 0;
+  // The entry's prefetch distance for every micro-kernel (-1: the kernels'
+  // default; BrgemmDesc::prefetch_kib). Changes the code, so key() spells it.
+  int tuned_prefetch_kib = -1;
 
   // Which part of a K-chunked reduction a micro-kernel computes.
   enum class Chunk { whole, first, middle, last };
@@ -152,15 +155,23 @@ struct PlanOverrides {
   // int4 weights with int4_route automatic: W4A8 (true) or W4A16 at this M
   // (not a plan knob: ops::w4a8_route reads it before any plan is made).
   std::optional<bool> w4a8;
+  // The B stream's prefetch distance in KiB (BrgemmDesc::prefetch_kib): the
+  // Xbyak AVX-512 kernels of the plan, or the fused quantized decode kernel.
+  std::optional<int> prefetch_kib;
   std::string entry;  // the database entry they come from
-  bool empty() const { return !mr && !task_rows && !max_kc && !isa && !w4a8; }
+  bool empty() const { return !mr && !task_rows && !max_kc && !isa && !w4a8 && !prefetch_kib; }
   bool operator==(const PlanOverrides&) const = default;
 };
 // The plan for `spec` on `isa` with `o` applied: max_kc before planning, then
 // mr and task_rows. Throws Error naming the field, its value and what this
 // plan allows (mr: 1 .. the heuristic mr on avx512 / llvm, 32 on amx;
-// task_rows: a multiple of mr up to 4096; max_kc: plan_gemm's rule).
+// task_rows: a multiple of mr up to 4096; max_kc: plan_gemm's rule;
+// prefetch_kib: 0 .. BrgemmDesc::kPrefetchKibMax, on an avx512 plan only).
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o);
+// The one rule for a tuned prefetch distance (plan_gemm, the fused quantized
+// decode kernel): 0 .. BrgemmDesc::kPrefetchKibMax KiB, on avx512 only.
+// Throws Error naming the value and the ISA.
+void check_prefetch_kib(int kib, Isa isa);
 
 // The path a GEMM of `m` rows runs on when `path` is the active one. At m ≤ 2
 // the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:

@@ -180,6 +180,12 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d, const KernelRow& row) {
 
 const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   const KernelRow& row = row_for(Family::brgemm, d.isa);
+  // The prefetch distance is an operand of the Xbyak AVX-512 kernels only
+  // (AMX prefetches through args.b_prefetch, LLVM's kernels have their own).
+  if (!codegen::BrgemmDesc::prefetch_allowed(d.prefetch_kib, row.path))
+    throw Error(fmt::format("brgemm: descriptor {} has pf={} on the {} row; allowed: {}", d.key(),
+                            d.prefetch_kib, isa_name(row.path),
+                            codegen::BrgemmDesc::kPrefetchAllowed));
   if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1) {
     if ((row.path == Isa::avx512 && row.backend == Backend::xbyak) ||
         (row.path == Isa::llvm && row.backend == Backend::llvm))

@@ -46,6 +46,8 @@ constexpr KnobRule kKnobs[] = {
     {"gemm", "amx", 0, 1, "1: AMX tiles, 0: AVX-512 at this M (AMX path only)"},
     {"gemm", "llvm", 1, 1, "1: the LLVM backend's kernels at this M instead of Xbyak's"},
     {"gemm", "w4a8", 0, 1, "int4 weights: 1 the W4A8 route, 0 W4A16 at this M"},
+    {"gemm", "prefetch", 0, codegen::BrgemmDesc::kPrefetchKibMax,
+     "KiB of the weight stream prefetched ahead (Xbyak AVX-512 kernels)"},
     {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
 };
@@ -140,14 +142,14 @@ void validate_gemm_plan(const TunedEntry& e) {
     for (const char* k : {"max_kc", "llvm"})
       if (e.knob(k))
         throw Error(
-            fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx, w4a8 (int4) "
-                        "(quantized)",
+            fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx, prefetch, w4a8 "
+                        "(int4) (quantized)",
                         k, f.at("fmt")));
     // The int4 route: W4A8 has no plan knob (its kernels' blocking is fixed)
     // and needs the LLVM kernels.
     if (auto v = e.knob("w4a8")) {
       if (*v == 1) {
-        for (const char* k : {"mr", "task_rows", "amx"})
+        for (const char* k : {"mr", "task_rows", "amx", "prefetch"})
           if (e.knob(k))
             throw Error(
                 fmt::format("knobs w4a8=1 and {} together; allowed: w4a8=1 alone (the "
@@ -178,6 +180,11 @@ void validate_gemm_plan(const TunedEntry& e) {
     if (!cpu_info().llvm_backend)
       throw Error("knob llvm: this tilejit is built without the LLVM backend");
   }
+  // The prefetch distance is the Xbyak AVX-512 kernels' (plan_gemm checks
+  // it): on the AMX path only with amx=0, so every M of the bucket (AMX
+  // from 3 rows) runs them.
+  if (e.knob("prefetch") && path == Isa::amx && e.knob("amx") != 0)
+    throw Error("knob prefetch on path=amx without amx=0; allowed: on path=avx512, or with amx=0");
   const Isa isa = codegen::gemm_isa_for_rows(path, bucket_low(f.at("m")), o);
   if (isa == Isa::scalar) throw Error("shape field path=scalar; allowed: a JIT path");
   (void)codegen::plan_gemm(spec, isa, o);
@@ -374,6 +381,7 @@ codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
   if (auto v = e.knob("amx")) o.isa = *v ? Isa::amx : Isa::avx512;
   if (e.knob("llvm")) o.isa = Isa::llvm;
   if (auto v = e.knob("w4a8")) o.w4a8 = *v != 0;
+  if (auto v = e.knob("prefetch")) o.prefetch_kib = static_cast<int>(*v);
   o.entry = e.id();
   return o;
 }

@@ -161,11 +161,11 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
 // (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
 
 void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-               const GemmOptions& opt, Isa isa) {
+               const GemmOptions& opt, Isa isa, const codegen::PlanOverrides& tuned) {
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
   const codegen::GemmSpec spec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype};
-  const FusedKernels kernels(p, spec, M, isa);
+  const FusedKernels kernels(p, spec, M, isa, tuned.prefetch_kib.value_or(-1));
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s\n",
                  p.dtype == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
@@ -368,8 +368,10 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
 }
 
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
-                                     const codegen::GemmSpec& spec, int64_t m, Isa path) {
+                                     const codegen::GemmSpec& spec, int64_t m, Isa path,
+                                     int prefetch_kib) {
   codegen::BrgemmDesc d;
+  d.prefetch_kib = prefetch_kib;
   d.isa = path == Isa::llvm ? Isa::llvm : Isa::avx512;
   d.b_type = code;  // f8e4m3, u4 or f4e2m1
   d.b_zeros = zeros;
@@ -387,9 +389,9 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
 }
 
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m, Isa path) {
+                                     int64_t m, Isa path, int prefetch_kib) {
   const QuantTables& q = *p.quant;
-  return quant_fused_desc(p.dtype, q.zeros != nullptr, q.k_packed, spec, m, path);
+  return quant_fused_desc(p.dtype, q.zeros != nullptr, q.k_packed, spec, m, path, prefetch_kib);
 }
 
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
@@ -424,7 +426,8 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   }
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
-    return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa)
+    return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa,
+                            tuned.prefetch_kib.value_or(-1))
         .name();
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
                          codegen::gemm_isa_for_rows(path, m, tuned), tuned)
@@ -437,13 +440,13 @@ int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d) {
 }
 
 FusedKernels::FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
-                           Isa path) {
-  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path);
+                           Isa path, int prefetch_kib) {
+  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path, prefetch_kib);
   mr_ = d.mr;
   const int64_t rem = rows > d.mr ? rows % d.mr : 0;
   for (int g = 0; g < 2; ++g) {
     if (g == 1 && rem == 0) continue;
-    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path);
+    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path, prefetch_kib);
     codegen::BrgemmDesc tail = dg;
     tail.nr = static_cast<int>(spec.n % dg.nr);
     if (spec.n >= dg.nr) k_[g][0] = &jit::get(dg);
@@ -536,10 +539,10 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
     return run_w4a8(x, p, y, opt);
   }
   if (rows_isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
-  // The fused decode kernel has no plan (one kernel per M): no tuned knob
-  // applies there, nor is one looked up (docs/tuning.md "Quantized weights").
+  // The fused decode kernel has no plan (one kernel per M): of the tuned
+  // knobs only the prefetch distance applies there (docs/tuning.md).
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M))
-    return run_fused(x, p, y, opt, rows_isa);
+    return run_fused(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);

@@ -82,14 +82,15 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec
 // The fused decode kernel for m rows on `path` (llvm: the LLVM row, else the
 // avx512 one): mr = min(m, kFusedMaxMr) rows a call, a full 64-column block
 // (nr 64, or 32 outputs with the spec's GLU) and the spec's epilogue; the N
-// tail sets nr.
+// tail sets nr. prefetch_kib: a tuned prefetch distance (BrgemmDesc::prefetch_kib).
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m, Isa path);
+                                     int64_t m, Isa path, int prefetch_kib = -1);
 // The same from the weight's code type (f8e4m3, u4 or f4e2m1), whether it
 // has zero points and its packed K (QuantTables::k_packed): what
 // `tilejit dump` shows for a program's quantized gemm at m <= 4.
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
-                                     const codegen::GemmSpec& spec, int64_t m, Isa path);
+                                     const codegen::GemmSpec& spec, int64_t m, Isa path,
+                                     int prefetch_kib = -1);
 // The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 
@@ -99,7 +100,8 @@ int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 class FusedKernels {
  public:
   FusedKernels() = default;
-  FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path);
+  FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path,
+               int prefetch_kib = -1);
   int64_t mr() const { return mr_; }
   const std::string& name() const;  // of the first kernel (for logs)
   // Column block `block` (the N tail when n_tail) for `rows` rows: A row 0

@@ -231,6 +231,38 @@ TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
       Error);
 }
 
+// A prefetch distance (BrgemmDesc::prefetch_kib, a tuning knob) is another
+// kernel on the Xbyak AVX-512 row: other code (none: no prefetch
+// instructions, so shorter), another key. Elsewhere, or out of range, an Error naming it.
+TEST(Registry, PrefetchDistanceIsAnXbyakAvx512Operand) {
+  const jit::KernelRow* row = jit::find_row(jit::Family::brgemm, Isa::avx512);
+  ASSERT_NE(row, nullptr);
+  if (!jit::row_runs_here(*row)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  codegen::BrgemmDesc d;
+  d.isa = Isa::avx512;
+  d.mr = 4, d.kb = 256;
+  const jit::Kernel& dflt = jit::get(d);
+  d.prefetch_kib = 0;
+  const jit::Kernel& none = jit::get(d);
+  EXPECT_NE(none.key, dflt.key);
+  EXPECT_LT(none.size, dflt.size) << "pf=0 emits no prefetch";
+  d.prefetch_kib = 64;
+  EXPECT_EQ(jit::get(d).size, dflt.size) << "another distance is another displacement";
+  EXPECT_NE(jit::get(d).name.find("_pf64k"), std::string::npos) << jit::get(d).name;
+  d.prefetch_kib = codegen::BrgemmDesc::kPrefetchKibMax + 1;
+  EXPECT_THROW(jit::get(d), Error);
+  d.prefetch_kib = -2;
+  EXPECT_THROW(jit::get(d), Error);
+  d.prefetch_kib = 16;
+  d.isa = Isa::llvm;
+  try {
+    jit::get(d);
+    FAIL() << "a prefetch distance compiled on the llvm row";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pf=16 on the llvm row"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Registry, LlvmRowsKeyOnTheHost) {
   if (!jit::family_built(jit::Family::rope)) GTEST_SKIP() << "built without LLVM";
   lb::RopeDesc r;

@@ -616,6 +616,93 @@ TEST(TuningDb, TunedInt4RouteUsed) {
   fs::remove(file);
 }
 
+// The prefetch knob: the Xbyak AVX-512 kernels' B-stream prefetch distance.
+// An entry for a bf16 GEMM at M = 40 (the plan's kernels) and one for an
+// int4 GEMM at M = 1 (the fused decode kernel) are applied, counted, named
+// in the plan key / kernel name, and give bit for bit the default's result
+// (a prefetch moves no arithmetic). Where the knob cannot apply (another
+// ISA, out of range, with w4a8=1) the entry is refused at load.
+TEST(TuningDb, TunedPrefetchUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t m = 40, n = 200, k = 320;
+  const std::map<std::string, int64_t> amx0 = path == Isa::amx
+                                                  ? std::map<std::string, int64_t>{{"amx", 0}}
+                                                  : std::map<std::string, int64_t>{};
+  auto with = [&](std::map<std::string, int64_t> knobs) {
+    knobs.insert(amx0.begin(), amx0.end());
+    return knobs;
+  };
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(gemm_entry(path, n, k, m, with({{"prefetch", 2000}})));
+      },
+      "knob prefetch=2000; allowed: 0 .. 1024");
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(
+            quant_entry(path, n, k, m, WeightFormat::int4_gptq, {{"w4a8", 1}, {"prefetch", 16}}));
+      },
+      "knobs w4a8=1 and prefetch together");
+  if (path == Isa::amx)
+    expect_tilejit_error(
+        [&] {
+          jit::validate_entry(gemm_entry(path, n, k, m, {{"prefetch", 16}}));
+        },
+        "knob prefetch on path=amx without amx=0");
+  if (path == Isa::llvm) {
+    expect_tilejit_error(
+        [&] {
+          jit::validate_entry(gemm_entry(path, n, k, m, {{"prefetch", 16}}));
+        },
+        "tuned prefetch=16 on isa=llvm; allowed: -1 (the kernel's default), or 0 .. 1024 KiB on "
+        "avx512");
+    GTEST_SKIP() << "the llvm path has no Xbyak kernel to prefetch for";
+  }
+
+  // bf16 at M = 40: no prefetch at all.
+  const GemmRun dflt = run_gemm(m, n, k);
+  jit::TuningDb db;
+  db.put(gemm_entry(path, n, k, m, with({{"prefetch", 0}})));
+  // int4 GPTQ at M = 1 (the fused decode kernel, W4A16): 16 KiB ahead.
+  const int64_t n4 = 136, k4 = 512;
+  const PackedWeight pw = int4_weight(n4, k4, 13);
+  db.put(quant_entry(path, n4, k4, 1, WeightFormat::int4_gptq, with({{"prefetch", 16}})));
+  std::vector<uint16_t> x(static_cast<size_t>(k4));
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  auto run_int4 = [&] {
+    std::vector<float> y(static_cast<size_t>(n4));
+    gemm(TensorView(x.data(), DType::bf16, {1, k4}), pw, TensorView(y.data(), DType::f32, {1, n4}));
+    return y;
+  };
+  const std::vector<float> int4_dflt = run_int4();
+  const std::string file = temp_path("tuned_prefetch.json");
+  db.save(file);
+  const uint64_t before = cache_stats().tuned_plans;
+  load_tuning_db(file);
+
+  EXPECT_EQ(run_gemm(m, n, k).y, dflt.y);
+  const codegen::GemmSpec spec{n, k, codegen::BiasKind::none, Activation::none, DType::bf16};
+  const codegen::PlanOverrides o = ops::tuned_gemm(path, spec, m);
+  ASSERT_EQ(o.prefetch_kib, 0);
+  const codegen::GemmPlan& plan =
+      ops::gemm_executable(spec, codegen::gemm_isa_for_rows(path, m, o), o).plan();
+  EXPECT_EQ(plan.isa, Isa::avx512);
+  EXPECT_NE(plan.key().find(";pf=0"), std::string::npos) << plan.key();
+  EXPECT_NE(plan.str().find("prefetch=0 KiB"), std::string::npos) << plan.str();
+  EXPECT_NE(plan.ukernel(plan.mr, plan.nb).name().find("_pf0k"), std::string::npos);
+
+  EXPECT_EQ(run_int4(), int4_dflt);
+  EXPECT_EQ(cache_stats().tuned_plans, before + 2);
+  const std::string fused = ops::quant_gemm_kernel_name(*pw.impl(), codegen::BiasKind::none,
+                                                        Activation::none, DType::f32, path, 1);
+  EXPECT_NE(fused.find("_pf16k"), std::string::npos) << fused;
+  jit::install_tuning_db({}, "");
+  fs::remove(file);
+}
+
 // The same for an int8 (W8A8) entry at M = 24: applied, and every output
 // within quant_gemm_test's W8A8 bound (int8_output_bound around the exact
 // integer sums of the codes the reference quantizer makes).

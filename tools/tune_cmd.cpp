@@ -227,6 +227,26 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
   return out;
 }
 
+// Prefetch distances of the Xbyak AVX-512 kernels the default runs at this
+// M (the plan's, or the fused quantized decode kernel's): none, half and
+// twice the default. The cost model has no term for them (they trade DRAM
+// latency against L2 pollution, which depends on the CPU's own
+// prefetchers), so all three are timed. On the AMX path only where the
+// default already runs AVX-512 (M <= 2), with amx=0 (tuning_db.cpp's rule).
+std::vector<Knobs> prefetch_candidates(Isa path, Isa rows_isa, bool fused) {
+  if (rows_isa != Isa::avx512) return {};
+  codegen::BrgemmDesc d;
+  if (fused) d.b_type = DType::u4;
+  const int dflt = d.effective_prefetch_kib();
+  std::vector<Knobs> out;
+  for (int kib : {0, dflt / 2, dflt * 2}) {
+    Knobs k{{"prefetch", kib}};
+    if (path == Isa::amx) k["amx"] = 0;
+    out.push_back(k);
+  }
+  return out;
+}
+
 std::vector<Knobs> decode_candidates(const WorkloadOp& o, int64_t batch, int64_t seq, int threads,
                                      std::string* pruned) {
   // Tasks are sequences x splits (the LLVM kernel); a split costs a merge of
@@ -310,10 +330,14 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
           } else {
             // fp8 / int4 / mxfp4 at decode M run the fused kernel: no plan,
             // no plan knob (the default is timed, an entry without knobs written).
-            if (quantized(o) && o.format != "int8" && ops::quant_gemm_fused(rows_isa, m))
-              p.pruned = "the fused decode kernel: no plan knob";
+            const bool fused =
+                quantized(o) && o.format != "int8" && ops::quant_gemm_fused(rows_isa, m);
+            if (fused)
+              p.pruned = "the fused decode kernel: no plan knob, its prefetch distance tried";
             else
               p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
+            for (Knobs& k : prefetch_candidates(path, rows_isa, fused))
+              p.candidates.push_back(std::move(k));
             if (other_route) p.candidates.push_back({{"w4a8", 1}});
           }
         }

@@ -37,7 +37,11 @@ class Avx512Brgemm : public JitGenerator {
 
  private:
   static constexpr int kUnroll = 4;  // k-groups per loop iteration (multiple of ksplit)
-  static constexpr int kPrefetchPairs = 128;
+  // B rows (k-groups) prefetched ahead: BrgemmDesc::prefetch_kib, by default
+  // 32 KiB (128 rows of 256 bytes).
+  int64_t prefetch_rows() const {
+    return int64_t{d_.effective_prefetch_kib()} * 1024 / d_.b_row_bytes;
+  }
 
   Xbyak::Zmm acc(int s, int r, int j) const { return Xbyak::Zmm(s * d_.mr * nz_ + r * nz_ + j); }
   Xbyak::Zmm breg(int j) const { return Xbyak::Zmm(ksplit_ * d_.mr * nz_ + j); }
@@ -60,12 +64,12 @@ class Avx512Brgemm : public JitGenerator {
     // B for this k-group: nz vectors of 16 column pairs (quads), b_regs_ of
     // them in registers.
     for (int j = 0; j < b_regs_; ++j) vmovups(breg(j), ptr[b_ + u * d_.b_row_bytes + j * 64]);
-    // B lines 128 k-pairs (32 KiB) ahead into L2: the hardware prefetchers
+    // B lines 128 k-pairs (32 KiB, the default) ahead into L2: the hardware prefetchers
     // alone left a cold M = 1 decode at 67-70 % of the DRAM read rate on the
     // AMX Xeon; with this it reaches 97-99 % (and hot or compute-bound calls
     // gained 2-6 %). Prefetches past the panel's end are harmless.
-    for (int j = 0; j < nz_; ++j)
-      prefetcht1(ptr[b_ + (u + kPrefetchPairs) * d_.b_row_bytes + j * 64]);
+    if (const int64_t ahead = prefetch_rows(); ahead > 0)
+      for (int j = 0; j < nz_; ++j) prefetcht1(ptr[b_ + (u + ahead) * d_.b_row_bytes + j * 64]);
     if (int8_) {
       for (int r = 0; r < d_.mr; ++r) {
         vpbroadcastd(a_reg(), dword[a_exp(r, u * 4)]);

@@ -61,7 +61,7 @@
 // f32 accumulators acc take mr × nz more when they fit in the 32 zmm, else
 // they live in a 64-byte aligned stack block (mr·nz·64 bytes) and the fold
 // loads, updates and stores them. The code stream is prefetched
-// kPrefetchBytes ahead into L2 (the M = 1 case streams it from DRAM).
+// prefetch_bytes() ahead into L2 (the M = 1 case streams it from DRAM).
 //
 // A is read two bf16 (one dword) per k-pair; for an odd kb the last pair's
 // single A element is zero-extended from a word load, never reading past the
@@ -104,8 +104,10 @@ class QuantBrgemm : public JitGenerator {
   }
 
  private:
-  static constexpr int kUnroll = 4;                // k-pair rows per loop iteration
-  static constexpr int64_t kPrefetchBytes = 8192;  // code bytes ahead (L2)
+  static constexpr int kUnroll = 4;  // k-pair rows per loop iteration
+  // Code bytes prefetched ahead into L2: BrgemmDesc::prefetch_kib, by
+  // default 8 KiB (0: none).
+  int64_t prefetch_bytes() const { return int64_t{d_.effective_prefetch_kib()} * 1024; }
 
   // The f32 FMA variant of the table-free int4 path: A converted to f32 in
   // args.q_scratch, [a_even, a_odd, a_even + a_odd, 0] per k-pair and row.
@@ -230,7 +232,7 @@ class QuantBrgemm : public JitGenerator {
   void k_pair_fp(int64_t u) {
     const int set = static_cast<int>(u % ks_);
     const int64_t boff = u * 64, aoff = u * 16;
-    prefetcht1(ptr[b_ + boff + kPrefetchBytes]);
+    if (prefetch_bytes() > 0) prefetcht1(ptr[b_ + boff + prefetch_bytes()]);
     if (d_.mr == 1) {
       vbroadcastss(ae_, ptr[a_ + aoff]);
       vbroadcastss(ao_, ptr[a_ + aoff + 4]);
@@ -309,8 +311,9 @@ class QuantBrgemm : public JitGenerator {
     if (tf_) vmovdqu8(a_odd_, zword[b_ + u * row_bytes_]);  // the code row, once
     const int set = static_cast<int>(u % ks_);
     const int64_t boff = u * row_bytes_;
-    for (int line = 0; line < row_bytes_ / 64; ++line)
-      prefetcht1(ptr[b_ + boff + kPrefetchBytes + 64 * line]);
+    if (prefetch_bytes() > 0)
+      for (int line = 0; line < row_bytes_ / 64; ++line)
+        prefetcht1(ptr[b_ + boff + prefetch_bytes() + 64 * line]);
     for (int j = 0; j < nz_; ++j) convert(j, boff);
     for (int r = 0; r < d_.mr; ++r) {
       const Xbyak::Address a = ptr_b[a_exp(r, u * 4)];
