@@ -164,8 +164,11 @@ struct BrgemmDesc {
   static bool prefetch_allowed(int kib, Isa isa) {
     return kib == -1 || (isa == Isa::avx512 && kib >= 0 && kib <= kPrefetchKibMax);
   }
-  static constexpr const char* kPrefetchAllowed =
-      "-1 (the kernel's default), or 0 .. 1024 KiB on avx512 (the Xbyak AVX-512 kernels)";
+  static std::string prefetch_allowed_text() {
+    return fmt::format(
+        "-1 (the kernel's default), or 0 .. {} KiB on avx512 (the Xbyak AVX-512 kernels)",
+        kPrefetchKibMax);
+  }
   // The distance the kernel runs: prefetch_kib, or its default (the fused
   // quantized kernel streams a quarter / half the bytes of bf16 per k row).
   int effective_prefetch_kib() const {

@@ -72,7 +72,7 @@ Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o) {
 void check_prefetch_kib(int kib, Isa isa) {
   if (kib == -1 || !BrgemmDesc::prefetch_allowed(kib, isa))
     throw Error(fmt::format("plan_gemm: tuned prefetch={} on isa={}; allowed: {}", kib,
-                            isa_name(isa), BrgemmDesc::kPrefetchAllowed));
+                            isa_name(isa), BrgemmDesc::prefetch_allowed_text()));
 }
 
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o) {

@@ -168,9 +168,8 @@ struct PlanOverrides {
 // task_rows: a multiple of mr up to 4096; max_kc: plan_gemm's rule;
 // prefetch_kib: 0 .. BrgemmDesc::kPrefetchKibMax, on an avx512 plan only).
 GemmPlan plan_gemm(const GemmSpec& spec, Isa isa, const PlanOverrides& o);
-// The one rule for a tuned prefetch distance (plan_gemm, the fused quantized
-// decode kernel): 0 .. BrgemmDesc::kPrefetchKibMax KiB, on avx512 only.
-// Throws Error naming the value and the ISA.
+// plan_gemm's check of a tuned prefetch distance (BrgemmDesc::prefetch_allowed,
+// without the default -1). Throws Error naming the value and the ISA.
 void check_prefetch_kib(int kib, Isa isa);
 
 // The path a GEMM of `m` rows runs on when `path` is the active one. At m ≤ 2

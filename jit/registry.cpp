@@ -185,7 +185,7 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
   if (!codegen::BrgemmDesc::prefetch_allowed(d.prefetch_kib, row.path))
     throw Error(fmt::format("brgemm: descriptor {} has pf={} on the {} row; allowed: {}", d.key(),
                             d.prefetch_kib, isa_name(row.path),
-                            codegen::BrgemmDesc::kPrefetchAllowed));
+                            codegen::BrgemmDesc::prefetch_allowed_text()));
   if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1) {
     if ((row.path == Isa::avx512 && row.backend == Backend::xbyak) ||
         (row.path == Isa::llvm && row.backend == Backend::llvm))
