@@ -82,8 +82,10 @@ static void observe(KernelCache::Impl& s, const Kernel& k) {
       std::fclose(f);
     }
   }
-  // Xbyak kernels dump their code; LLVM kernels their relocatable object.
-  if (!s.dump_dir.empty() && k.backend == "xbyak") {
+  // The entry function's machine code, of either backend (an LLVM kernel's
+  // size is its entry symbol's, from the object's symbol table): for
+  // `objdump -D -b binary -m i386:x86-64` next to a perf profile.
+  if (!s.dump_dir.empty() && k.size > 0) {
     const std::vector<uint8_t> bytes(static_cast<const uint8_t*>(k.entry_ptr),
                                      static_cast<const uint8_t*>(k.entry_ptr) + k.size);
     const std::string path = s.dump_dir + "/" + k.name + ".bin";

@@ -835,4 +835,20 @@ sed -e 's/%w_scale: tensor<192xf32>/%w_scale: tensor<192xf32>, %z: tensor<1x192x
 input_error "fp8: a zero operand" "z.tir: error: %0 = gemm: operand 'zero' \\(%z\\): an f8e4m3 weight has no zero point" \
   "$TJ" dump "$Q/z.tir" --stage verified
 
+# ---- TILEJIT_JIT_DUMP: each kernel's machine code, of either backend ----------
+JD="$WORK/jit_dump"
+mkdir -p "$JD"
+TILEJIT_JIT_DUMP="$JD" TILEJIT_ISA=llvm ok "jit dump: an LLVM kernel" \
+  "$TJ" run "$EXAMPLES/linear_silu.tir" --random-inputs 3 --dim M=5
+checks=$((checks + 1))
+llvm_bins=$(find "$JD" -name '*llvm*.bin' -size +0 | wc -l)
+[ "$llvm_bins" -ge 1 ] || fail "jit dump: no non-empty LLVM kernel .bin in $JD ($(ls "$JD" | head -3))"
+if grep -qw avx512bw /proc/cpuinfo; then
+  TILEJIT_JIT_DUMP="$JD" TILEJIT_ISA=avx512 ok "jit dump: an Xbyak kernel" \
+    "$TJ" run "$EXAMPLES/linear_silu.tir" --random-inputs 3 --dim M=5
+  checks=$((checks + 1))
+  [ "$(find "$JD" -name '*avx512*.bin' -size +0 | wc -l)" -ge 1 ] ||
+    fail "jit dump: no non-empty Xbyak kernel .bin in $JD"
+fi
+
 check_summary tool_test
