@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "codegen/llvm/llvm_decode_attention.h"
 #include "ir/activation.h"
 #include "ir/types.h"
 #include "runtime/cpu_features.h"
@@ -49,6 +50,9 @@ constexpr KnobRule kKnobs[] = {
     {"gemm", "prefetch", 0, codegen::BrgemmDesc::kPrefetchKibMax,
      "KiB of the weight stream prefetched ahead (Xbyak AVX-512 kernels)"},
     {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
+    {"decode_attention", "prefetch_chunks", 1,
+     codegen::llvm_backend::DecodeAttentionDesc::kPrefetchChunksMax,
+     "16-key chunks the LLVM decode kernel prefetches ahead"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
 };
 
@@ -414,6 +418,10 @@ void validate_entry(const TunedEntry& e) {
           fmt::format("knob {}={}; allowed: {} .. {} ({})", k, v, rule->lo, rule->hi, rule->what));
   }
   if (e.family == "gemm" && !e.knobs.empty()) validate_gemm_plan(e);
+  // The prefetch distance is the LLVM decode kernel's (a build without LLVM
+  // decodes with the brgemm engine, which has no such distance).
+  if (e.family == "decode_attention" && e.knob("prefetch_chunks") && !cpu_info().llvm_backend)
+    throw Error("knob prefetch_chunks: this tilejit is built without the LLVM backend");
 }
 
 TuningDb TuningDb::load(const std::string& path) {

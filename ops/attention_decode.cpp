@@ -128,15 +128,18 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const Isa isa = runtime::active_isa();
   const bool llvm_kernel = isa != Isa::scalar && jit::family_built(jit::Family::decode_attention);
   // A tuning database entry for this shape class sets the split count (the
-  // task split only: the same kernels run, the partials merge as always).
-  std::optional<int64_t> tuned_splits;
+  // task split only: the same kernels run, the partials merge as always)
+  // and the LLVM kernel's prefetch distance (no arithmetic changes).
+  std::optional<int64_t> tuned_splits, tuned_prefetch;
   if (isa != Isa::scalar && jit::tuning_db_active())
     if (const jit::TunedEntry* e =
             jit::find_tuned("decode_attention",
                             jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
                                                     kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
-                                                    *std::max_element(lens.begin(), lens.end()))))
+                                                    *std::max_element(lens.begin(), lens.end())))) {
       tuned_splits = e->knob("splits");
+      tuned_prefetch = e->knob("prefetch_chunks");
+    }
   // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
   // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
   attn::Bf16CacheCopy copy;
@@ -187,8 +190,9 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     // each 16-key chunk reads whole cache rows (every head) instead of
     // 256-byte pieces of them.
     namespace lb = codegen::llvm_backend;
-    const lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
+    lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
         d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
+    if (tuned_prefetch) desc.prefetch_chunks = *tuned_prefetch;
     const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
     const int64_t base_tasks = batch;
     const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "codegen/gemm_plan.h"
+#include "jit/registry.h"
 #include "jit/tuning_db.h"
 #include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
@@ -800,31 +801,50 @@ TEST(TuningDb, TunedGemmOnTheLlvmBackend) {
   fs::remove(file);
 }
 
-TEST(TuningDb, TunedDecodeSplitUsed) {
-  const Isa path = runtime::active_isa();
-  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
-  const int64_t b = 1, hq = 4, hkv = 2, d = 64, bs = 16, len = 700, nb = (len + bs - 1) / bs;
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  auto fill = [&](size_t count) {
-    std::vector<uint16_t> v(count);
-    for (auto& e : v) e = runtime::f32_to_bf16(dist(rng));
-    return v;
-  };
-  const auto q = fill(size_t(b * hq * d)), kc = fill(size_t(nb * bs * hkv * d)),
-             vc = fill(size_t(nb * bs * hkv * d));
-  std::vector<int32_t> table(static_cast<size_t>(nb)), lens = {int32_t(len)};
-  for (int64_t i = 0; i < nb; ++i) table[size_t(i)] = int32_t(i);
-  auto run = [&] {
-    std::vector<uint16_t> out(size_t(b * hq * d));
+// A paged decode problem on random bf16 data: b sequences of len keys, the
+// block table in order (reversed: each sequence's blocks read back to
+// front, scattered rows); run() is decode_attention's output.
+struct PagedDecode {
+  int64_t b, hq, hkv, d, bs, len, nb;
+  std::vector<uint16_t> q, kc, vc;
+  std::vector<int32_t> table, lens;
+  PagedDecode(int64_t b_, int64_t hq_, int64_t hkv_, int64_t d_, int64_t bs_, int64_t len_,
+              bool reversed, uint32_t seed)
+      : b(b_), hq(hq_), hkv(hkv_), d(d_), bs(bs_), len(len_), nb((len_ + bs_ - 1) / bs_) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    auto fill = [&](int64_t count) {
+      std::vector<uint16_t> v(static_cast<size_t>(count));
+      for (auto& e : v) e = runtime::f32_to_bf16(dist(rng));
+      return v;
+    };
+    q = fill(b * hq * d);
+    kc = fill(b * nb * bs * hkv * d);
+    vc = fill(b * nb * bs * hkv * d);
+    table.resize(static_cast<size_t>(b * nb));
+    lens.assign(static_cast<size_t>(b), static_cast<int32_t>(len));
+    for (int64_t s = 0; s < b; ++s)
+      for (int64_t i = 0; i < nb; ++i)
+        table[size_t(s * nb + i)] = static_cast<int32_t>(s * nb + (reversed ? nb - 1 - i : i));
+  }
+  std::vector<uint16_t> run() const {
+    std::vector<uint16_t> out(static_cast<size_t>(b * hq * d));
     decode_attention(TensorView(q.data(), DType::bf16, {b, hq, d}),
-                     TensorView(kc.data(), DType::bf16, {nb, bs, hkv, d}),
-                     TensorView(vc.data(), DType::bf16, {nb, bs, hkv, d}),
+                     TensorView(kc.data(), DType::bf16, {b * nb, bs, hkv, d}),
+                     TensorView(vc.data(), DType::bf16, {b * nb, bs, hkv, d}),
                      TensorView(out.data(), DType::bf16, {b, hq, d}),
                      TensorView(table.data(), DType::i32, {b, nb}),
                      TensorView(lens.data(), DType::i32, {b}));
     return out;
-  };
+  }
+};
+
+TEST(TuningDb, TunedDecodeSplitUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t b = 1, hq = 4, hkv = 2, d = 64, bs = 16, len = 700;
+  const PagedDecode p(b, hq, hkv, d, bs, len, false, 3);
+  auto run = [&] { return p.run(); };
   const auto dflt = run();
   jit::TuningDb db;
   jit::TunedEntry e;
@@ -844,6 +864,50 @@ TEST(TuningDb, TunedDecodeSplitUsed) {
   for (size_t i = 0; i < dflt.size(); ++i)
     EXPECT_NEAR(runtime::bf16_to_f32(tuned[i]), runtime::bf16_to_f32(dflt[i]), 4.0 / 256) << i;
   jit::install_tuning_db({}, "");
+}
+
+// A decode_attention entry's prefetch_chunks (the LLVM kernel's prefetch
+// distance) selects another kernel (one more in the cache, or a disk load)
+// that gives bit for bit the default's output: over aligned cache blocks
+// and over block sizes that are not multiples of 16 (the kernel's ring of
+// row-offset lists, sized by the distance), at the shortest and longest
+// distance. Out of range: refused at load.
+TEST(TuningDb, TunedDecodePrefetchUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar || !jit::family_built(jit::Family::decode_attention))
+    GTEST_SKIP() << "no LLVM decode kernel on this path";
+  jit::TunedEntry bad;
+  bad.family = "decode_attention";
+  bad.shape =
+      jit::decode_shape_class(path, runtime::num_threads(), 64, 64, 4, 2, 16, DType::bf16, 1, 700);
+  bad.knobs = {{"prefetch_chunks", 9}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); },
+                       "knob prefetch_chunks=9; allowed: 1 .. 8");
+  for (const int64_t bs : {16, 5})
+    for (const int64_t pf : {1, 8}) {
+      SCOPED_TRACE(fmt::format("block size {}, prefetch_chunks {}", bs, pf));
+      const int64_t b = 2, hq = 4, hkv = 2, d = 64, len = 700;
+      // Every sequence reads its blocks back to front: scattered rows.
+      const PagedDecode p(b, hq, hkv, d, bs, len, true, uint32_t(bs * 10 + pf));
+      auto run = [&] { return p.run(); };
+      const auto dflt = run();
+      jit::TuningDb db;
+      jit::TunedEntry e = bad;
+      e.shape = jit::decode_shape_class(path, runtime::num_threads(), d, d, hq, hkv, bs,
+                                        DType::bf16, b, len);
+      e.knobs = {{"prefetch_chunks", pf}};
+      e.cpu = runtime::cpu_signature();
+      e.version = jit::tuning_db_version();
+      db.put(e);
+      const CacheStats before = cache_stats();
+      jit::install_tuning_db(db, "prefetch test");
+      EXPECT_EQ(run(), dflt);
+      const CacheStats after = cache_stats();
+      EXPECT_EQ(after.tuned_plans, before.tuned_plans + 1);
+      EXPECT_EQ(after.compiles + after.disk_loads, before.compiles + before.disk_loads + 1)
+          << "the tuned distance is another kernel";
+      jit::install_tuning_db({}, "");
+    }
 }
 
 // A moe entry's run_blocks (the streaming phases' task split) is applied to

@@ -276,6 +276,11 @@ std::vector<Knobs> decode_candidates(const WorkloadOp& o, int64_t batch, int64_t
     out.push_back({{"splits", c.s}});
   }
   *pruned = fmt::format("{} split counts, {} pruned by the cost model", all.size(), dropped);
+  // The LLVM kernel's prefetch distance (default 2 chunks of 16 keys): half,
+  // twice and four times it, with the default split. No cost model term (it
+  // trades DRAM latency against L2 room), so all are timed.
+  if (cpu_info().llvm_backend)
+    for (int64_t c : {int64_t{1}, int64_t{4}, int64_t{8}}) out.push_back({{"prefetch_chunks", c}});
   return out;
 }
 

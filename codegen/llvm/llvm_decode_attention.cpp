@@ -3,7 +3,7 @@
 //   entry: q packed (P rows per vector, see pack_q), O permuted (dpbf16)
 //   for each chunk of 16 keys (aligned, so inside one cache block):  runtime count
 //     K, V = the block's rows (block table lookup); the same for the chunk
-//       kPrefetchChunks ahead, whose rows are prefetched into L2 while this
+//       prefetch_chunks ahead (2), whose rows are prefetched into L2 while this
 //       chunk is computed: the table indirection defeats the hardware
 //       prefetcher at every block boundary
 //     for h in 0 .. heads (one more iteration than kv heads):          runtime count
@@ -64,7 +64,8 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
-// Prefetch distance in chunks, hint and placement, measured on Zen 4 (B 16,
+// Prefetch distance in chunks (DecodeAttentionDesc::prefetch_chunks, default
+// 2), hint and placement, measured on Zen 4 (B 16,
 // 8k keys, block 16, cold cache, noisy shared box): prefetcht2 beats
 // prefetcht1 and prefetcht0 (into L1 the lines evict the chunk in use); one
 // burst per chunk stalls on the miss buffers (~10 GB/s on 2 threads); the
@@ -72,11 +73,7 @@ constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
 // score loop, each prefetch a couple of dot instructions after the last:
 // ~15 GB/s on 1 thread and ~22-24 on 2, against ~13 and ~18-23 with K and V
 // requests issued back to back, V during the P·V pass, or rows interleaved.
-constexpr int kPrefetchChunks = 2;
 constexpr int kPrefetchLocality = 1;  // llvm.prefetch locality 1 = prefetcht2
-// Row-offset lists kept for unaligned block sizes: this chunk's and the
-// prefetched ones'.
-constexpr int64_t kRing = kPrefetchChunks + 1;
 
 [[noreturn]] void fail(const DecodeAttentionDesc& d, const std::string& what) {
   throw Error("compile_llvm_decode_attention: " + d.name() + ": " + what);
@@ -101,6 +98,9 @@ void check(const DecodeAttentionDesc& d) {
   dim("d", d.d);
   dim("dv", d.dv);
   if (d.g < 1 || d.g > 1024) fail(d, "g=" + std::to_string(d.g) + "; allowed: 1 .. 1024");
+  if (d.prefetch_chunks < 1 || d.prefetch_chunks > DecodeAttentionDesc::kPrefetchChunksMax)
+    fail(d, "prefetch_chunks=" + std::to_string(d.prefetch_chunks) + "; allowed: 1 .. " +
+                std::to_string(DecodeAttentionDesc::kPrefetchChunksMax));
   if (d.block_size < 1) fail(d, "block_size=" + std::to_string(d.block_size) + "; allowed: >= 1");
   // O rows are written in 16-column vectors up to dv rounded up to 16.
   const int64_t dv16 = (d.dv + 15) / 16 * 16;
@@ -153,6 +153,11 @@ class DecodeEmitter : public KernelEmitter {
   DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d, bool dp)
       : KernelEmitter(mc), d_(d), dp_(dp), vm_(b_, kLanes) {}
 
+  // The prefetch distance in chunks, and the row-offset lists kept for
+  // unaligned block sizes: this chunk's and the prefetched ones'.
+  int64_t pf_chunks() const { return d_.prefetch_chunks; }
+  int64_t ring() const { return d_.prefetch_chunks + 1; }
+
  private:
   using Args = DecodeAttentionArgs;
 
@@ -190,7 +195,7 @@ class DecodeEmitter : public KernelEmitter {
         i16t(),
         b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
     cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
-    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(kRing * 2 * kChunk));
+    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(ring() * 2 * kChunk));
     if (fp8_) {
       // The chunk's K rows of one head and its V rows of two (by head
       // parity: P·V of head h − 1 runs while head h is scored), as bf16.
@@ -208,19 +213,19 @@ class DecodeEmitter : public KernelEmitter {
     c_last_ = b_.CreateAnd(b_.CreateSub(j1, i64(1)), i64(~int64_t{kChunk - 1}));
     llvm::Value* chunks =
         b_.CreateUDiv(b_.CreateAdd(b_.CreateSub(j1, c_begin), i64(kChunk - 1)), i64(kChunk));
-    // Offset lists: a ring of kRing chunks. Chunk i's list is written when
-    // chunk i − kPrefetchChunks runs (its prefetches use it), so each chunk
+    // Offset lists: a ring of ring() chunks. Chunk i's list is written when
+    // chunk i − prefetch_chunks runs (its prefetches use it), so each chunk
     // looks up 16 keys, not 32; the first lists are written here.
     if (!aligned_)
-      for (int64_t i = 0; i < kPrefetchChunks; ++i)
+      for (int64_t i = 0; i < pf_chunks(); ++i)
         key_offsets(b_.CreateAdd(c_begin, i64(i * kChunk)), j1, i64(i * 2 * kChunk));
     emit_loop(
         b_, chunks, {},
         [&](llvm::Value* ci, const std::vector<llvm::Value*>&) {
           llvm::Value* c0 = b_.CreateAdd(c_begin, b_.CreateMul(ci, i64(kChunk)));
           if (!aligned_) {
-            cur_ = b_.CreateMul(b_.CreateURem(ci, i64(kRing)), i64(2 * kChunk));
-            fut_ = b_.CreateMul(b_.CreateURem(b_.CreateAdd(ci, i64(kPrefetchChunks)), i64(kRing)),
+            cur_ = b_.CreateMul(b_.CreateURem(ci, i64(ring())), i64(2 * kChunk));
+            fut_ = b_.CreateMul(b_.CreateURem(b_.CreateAdd(ci, i64(pf_chunks())), i64(ring())),
                                 i64(2 * kChunk));
           }
           llvm::Value* full = b_.CreateAnd(b_.CreateICmpSGE(c0, j0),
@@ -583,19 +588,19 @@ class DecodeEmitter : public KernelEmitter {
     }
     // std::tie, not structured bindings: the lambdas below capture these,
     // which clang accepts only from version 16 (Debian 12's clang is 14).
-    // The chunk kPrefetchChunks ahead, clamped to the last one (so the table
+    // The chunk prefetch_chunks ahead, clamped to the last one (so the table
     // read stays inside the entries the sequence uses).
-    llvm::Value* cf = b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks));
+    llvm::Value* cf = b_.CreateAdd(c0, i64(kChunk * pf_chunks()));
     cf = b_.CreateSelect(b_.CreateICmpSLT(cf, c_last_), cf, c_last_);
     llvm::Value *kp, *vp, *kf, *vf;
     if (aligned_) {
       std::tie(kp, vp) = chunk_rows(c0);
       std::tie(kf, vf) = chunk_rows(cf);
     } else {
-      // The list of chunk c0 + kPrefetchChunks·16 (unclamped: past the range
+      // The list of chunk c0 + prefetch_chunks·16 (unclamped: past the range
       // its keys map to the last block), used now for prefetches and later
       // as that chunk's rows.
-      key_offsets(b_.CreateAdd(c0, i64(kChunk * kPrefetchChunks)), j1, fut_);
+      key_offsets(b_.CreateAdd(c0, i64(kChunk * pf_chunks())), j1, fut_);
       kp = kf = arg(TILEJIT_ARG(Args, k));
       vp = vf = arg(TILEJIT_ARG(Args, v));
     }

@@ -36,6 +36,13 @@ struct DecodeAttentionDesc {
   // The K / V cache dtype: bf16, or f8e4m3 (fp8 KV cache: codes converted to
   // bf16 exactly in registers; the scales are folded, see DecodeAttentionArgs).
   DType kv = DType::bf16;
+  // How many 16-key chunks ahead the kernel prefetches K and V rows (the
+  // block table defeats the hardware prefetcher at every block boundary):
+  // kPrefetchChunksMax at most. A tuning knob (docs/tuning.md
+  // `prefetch_chunks`): the best distance depends on the CPU's DRAM latency
+  // and its own prefetchers. Changes no arithmetic.
+  int64_t prefetch_chunks = 2;
+  static constexpr int64_t kPrefetchChunksMax = 8;
 
   static constexpr auto field_list() {
     using D = DecodeAttentionDesc;
@@ -44,7 +51,8 @@ struct DecodeAttentionDesc {
         field("d", &D::d, "_d"), field("dv", &D::dv, "_dv"), field("g", &D::g, "_g"),
         field("bs", &D::block_size, "_bs"), field("ldo", &D::ldo, "_ldo"),
         field("softcap", &D::softcap, "_softcap", flag), field("alibi", &D::alibi, "_alibi", flag),
-        field("dot", &D::dot, "_"), field("kv", &D::kv, "_kv", unless_default));
+        field("dot", &D::dot, "_"), field("kv", &D::kv, "_kv", unless_default),
+        field("pf", &D::prefetch_chunks, "_pf", unless_default));
   }
   bool operator==(const DecodeAttentionDesc& o) const { return same_fields(*this, o); }
 
