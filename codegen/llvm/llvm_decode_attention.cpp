@@ -153,13 +153,13 @@ class DecodeEmitter : public KernelEmitter {
   DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d, bool dp)
       : KernelEmitter(mc), d_(d), dp_(dp), vm_(b_, kLanes) {}
 
+ private:
+  using Args = DecodeAttentionArgs;
+
   // The prefetch distance in chunks, and the row-offset lists kept for
   // unaligned block sizes: this chunk's and the prefetched ones'.
   int64_t pf_chunks() const { return d_.prefetch_chunks; }
   int64_t ring() const { return d_.prefetch_chunks + 1; }
-
- private:
-  using Args = DecodeAttentionArgs;
 
   void generate() override {
     f32_ = b_.getFloatTy();
