@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "codegen/attention_blocking.h"
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "ir/activation.h"
 #include "ir/types.h"
@@ -39,7 +40,9 @@ struct KnobRule {
   const char* knob;
   int64_t lo, hi;
   const char* what;
+  int64_t step = 1;  // the value is a multiple of it
 };
+using Blocking = codegen::AttentionBlocking;
 constexpr KnobRule kKnobs[] = {
     {"gemm", "mr", 1, 32, "rows per micro-kernel call"},
     {"gemm", "task_rows", 1, 4096, "rows per driver task"},
@@ -54,6 +57,15 @@ constexpr KnobRule kKnobs[] = {
      codegen::llvm_backend::DecodeAttentionDesc::kPrefetchChunksMax,
      "16-key chunks the LLVM decode kernel prefetches ahead"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
+    {"prefill_attention", "rows", Blocking::kRowsStep, Blocking::kRowsMax, "query rows per task",
+     Blocking::kRowsStep},
+    {"prefill_attention", "key_block", Blocking::kKeyBlockStep, Blocking::kKeyBlockMax,
+     "keys per online-softmax step", Blocking::kKeyBlockStep},
+    {"extend_attention", "rows", Blocking::kRowsStep, Blocking::kRowsMax, "query rows per task",
+     Blocking::kRowsStep},
+    {"extend_attention", "key_block", Blocking::kKeyBlockStep, Blocking::kKeyBlockMax,
+     "keys per online-softmax step", Blocking::kKeyBlockStep},
+    {"extend_attention", "splits", 1, 64, "split-KV chunks per task"},
 };
 
 constexpr int kFormatVersion = 1;
@@ -70,7 +82,8 @@ std::string allowed_knobs(const std::string& family) {
   std::string s;
   for (const KnobRule& r : kKnobs)
     if (family == r.family)
-      s += fmt::format("{}{} ({} .. {})", s.empty() ? "" : ", ", r.knob, r.lo, r.hi);
+      s += fmt::format("{}{} ({} .. {}{})", s.empty() ? "" : ", ", r.knob, r.lo, r.hi,
+                       r.step > 1 ? fmt::format(", multiples of {}", r.step) : "");
   return s;
 }
 
@@ -84,6 +97,10 @@ std::set<std::string> shape_fields(const std::string& family) {
     s = decode_shape_class(Isa::scalar, 1, 1, 1, 1, 1, 1, DType::bf16, 1, 1);
   else if (family == "moe")
     s = moe_shape_class(Isa::scalar, 1, 1, 1, 1, 1, 1);
+  else if (family == "prefill_attention")
+    s = prefill_shape_class(Isa::scalar, 1, 1, 1, 1, 1, false, 1, 1);
+  else if (family == "extend_attention")
+    s = extend_shape_class(Isa::scalar, 1, 1, 1, 1, 1, 1, DType::bf16, 1, 1, 1);
   std::set<std::string> out;
   for (const auto& [k, v] : s.fields) out.insert(k);
   return out;
@@ -360,6 +377,35 @@ ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int6
            {"seq", seq_bucket(longest)}}};
 }
 
+ShapeClass prefill_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq,
+                               int64_t hkv, bool causal, int64_t batch, int64_t longest) {
+  return {{{"path", isa_name(path)},
+           {"threads", std::to_string(threads)},
+           {"d", std::to_string(d)},
+           {"dv", std::to_string(dv)},
+           {"hq", std::to_string(hq)},
+           {"hkv", std::to_string(hkv)},
+           {"causal", causal ? "1" : "0"},
+           {"batch", count_bucket(batch)},
+           {"seq", seq_bucket(longest)}}};
+}
+
+ShapeClass extend_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
+                              int64_t block_size, DType kv, int64_t batch, int64_t longest_new,
+                              int64_t longest) {
+  return {{{"path", isa_name(path)},
+           {"threads", std::to_string(threads)},
+           {"d", std::to_string(d)},
+           {"dv", std::to_string(dv)},
+           {"hq", std::to_string(hq)},
+           {"hkv", std::to_string(hkv)},
+           {"block", std::to_string(block_size)},
+           {"kv", dtype_name(kv)},
+           {"batch", count_bucket(batch)},
+           {"new", count_bucket(longest_new)},
+           {"seq", seq_bucket(longest)}}};
+}
+
 ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
                            int64_t t, WeightFormat fmt) {
   return {{{"path", isa_name(path)},
@@ -413,9 +459,10 @@ void validate_entry(const TunedEntry& e) {
     if (rule == nullptr)
       throw Error(fmt::format("knob '{}' for family {}; allowed: {}", k, e.family,
                               allowed_knobs(e.family)));
-    if (v < rule->lo || v > rule->hi)
-      throw Error(
-          fmt::format("knob {}={}; allowed: {} .. {} ({})", k, v, rule->lo, rule->hi, rule->what));
+    if (v < rule->lo || v > rule->hi || v % rule->step != 0)
+      throw Error(fmt::format("knob {}={}; allowed: {} .. {}{} ({})", k, v, rule->lo, rule->hi,
+                              rule->step > 1 ? fmt::format(", a multiple of {}", rule->step) : "",
+                              rule->what));
   }
   if (e.family == "gemm" && !e.knobs.empty()) validate_gemm_plan(e);
   // The prefetch distance is the LLVM decode kernel's (a build without LLVM

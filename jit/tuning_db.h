@@ -38,6 +38,14 @@ ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen
                             WeightFormat fmt = WeightFormat::bf16);
 ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
                               int64_t block_size, DType kv, int64_t batch, int64_t longest);
+// Prefill (flash_attn_varlen): batch = sequences, longest = the longest
+// sequence's keys. Extend: longest_new = the most new tokens of a sequence,
+// longest = the most keys (prefix + new) of one.
+ShapeClass prefill_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq,
+                               int64_t hkv, bool causal, int64_t batch, int64_t longest);
+ShapeClass extend_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
+                              int64_t block_size, DType kv, int64_t batch, int64_t longest_new,
+                              int64_t longest);
 ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
                            int64_t t, WeightFormat fmt = WeightFormat::bf16);
 
@@ -47,11 +55,14 @@ std::optional<WeightFormat> weight_format_from_name(const std::string& name);
 std::string weight_format_list();
 
 struct TunedEntry {
-  std::string family;  // "gemm" | "decode_attention" | "moe"
+  // "gemm" | "decode_attention" | "prefill_attention" | "extend_attention" | "moe"
+  std::string family;
   ShapeClass shape;
   // Knob -> value; the allowed knobs per family and their ranges live in
   // tuning_db.cpp (kKnobs). gemm: mr, task_rows, max_kc, amx (1: AMX tiles,
-  // 0: AVX-512 at this M); decode_attention: splits; moe: run_blocks.
+  // 0: AVX-512 at this M); decode_attention: splits, prefetch_chunks;
+  // prefill_attention: rows, key_block; extend_attention: the same and
+  // splits; moe: run_blocks.
   std::map<std::string, int64_t> knobs;
   std::string cpu;      // runtime::cpu_signature() of the machine it was measured on
   std::string version;  // tuning_db_version() of the build that measured it

@@ -341,7 +341,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     std::vector<uint16_t*> orows;
     const auto [b, h] = rows_of(task, qr, orows);
     const int64_t per = (lens[b] + splits - 1) / splits;
-    const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
+    const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
     attn::Partial& st = parts[t];
     st.reset(static_cast<int64_t>(qr.size()), dv_padded);
     const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);

@@ -1,5 +1,7 @@
 #include "ops/attention_engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -48,8 +50,8 @@ constexpr float kLazyRescale = lb::kSoftmaxLazyRescale;
 // of a packed variant number, not a descriptor hash. It lives for one call
 // on the stack; the registry's front cache serves the next call. Scores
 // Sᵀ = K·Qᵀ: mr ∈ [1, mr limit] × nr ∈ {16, 32, 48, 64} (Qᵀ is zero-padded to
-// 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr × kb ∈ {32, 64, 96, 128} (the
-// block's keys rounded up to 32), accumulating in place.
+// 16 columns). Oᵀ += Vᵀ·Pᵀ: the same mr × nr × kb ∈ {32, 64, ..., key block}
+// (the block's keys rounded up to 32), accumulating in place.
 class Kernels {
  public:
   Kernels(Isa isa, int64_t d) : isa_(isa), d_(d) {}
@@ -89,7 +91,8 @@ class Kernels {
     return d;
   }
   // Every descriptor field that varies between this object's kernels, packed
-  // (rows ≤ 32, nz ≤ 4, kb ≤ 128 for P·V): equal numbers, equal descriptors.
+  // (rows ≤ 32, nz ≤ 4, kb ≤ 256 for P·V): equal numbers, equal descriptors.
+  static_assert(Blocking::kKeyBlockMax < 1024, "kb has 10 bits in the variant number");
   static uint32_t variant(int kind, int rows, int nz, int64_t kb, bool acc) {
     return static_cast<uint32_t>(kind) | static_cast<uint32_t>(rows) << 1 |
            static_cast<uint32_t>(nz) << 7 | static_cast<uint32_t>(kb) << 10 |
@@ -141,16 +144,18 @@ struct AlignedArray {
   }
 };
 
-// Per-thread scratch, reused across blocks and calls.
+// Per-thread scratch, reused across blocks and calls. Sized by the key
+// block on use (heap, not thread_local arrays: up to 96 KiB at 256 keys).
 struct Scratch {
-  std::vector<uint32_t> q_packed;                  // Qᵀ vnni2: [D/2 pairs (padded)][64 rows]
-  alignas(64) float s[kKeyBlock * kRowsPerBlock];  // Sᵀ [128 keys][64 rows]
-  alignas(64) uint32_t pt[kKeyBlock / 2 * kRowsPerBlock];    // Pᵀ vnni2: [64 key pairs][64 rows]
+  std::vector<uint32_t> q_packed;  // Qᵀ vnni2: [D/2 pairs (padded)][64 rows]
+  AlignedArray<float> s;           // Sᵀ [key block][64 rows]
+  AlignedArray<uint32_t> pt;       // Pᵀ vnni2: [key block / 2 pairs][64 rows]
   alignas(64) float m[kRowsPerBlock], l[kRowsPerBlock];      // reference max, sum
   alignas(64) int32_t lo[kRowsPerBlock], hi[kRowsPerBlock];  // visible keys per row
   AlignedArray<float> ot;                                    // Oᵀ [Dv][64 rows]
-  AlignedArray<uint16_t> vt;                                 // Vᵀ of one key block [Dv][128 keys]
-  AlignedArray<uint16_t> kg;  // K rows of one key block gathered from small cache blocks [128][D]
+  AlignedArray<uint16_t> vt;  // Vᵀ of one key block [Dv][key block]
+  AlignedArray<uint16_t>
+      kg;  // K rows of one key block gathered from small cache blocks [key block][D]
   alignas(64) uint16_t a_tail[32 * 32];
 };
 thread_local Scratch tls;
@@ -517,18 +522,25 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
                     std::any_of(rows.begin(), rows.end(), [](const QueryRow& r) { return r.mask; });
   pack_q(rows, p.d);
   const bool gather_k = scattered(k);
+  const int64_t key_block = p.key_block;
+  if (!Blocking::key_block_allowed(key_block))  // set from a validated tuning entry
+    throw Error(fmt::format("attention: key block {}; allowed: a multiple of {} in [{}, {}]",
+                            key_block, Blocking::kKeyBlockStep, Blocking::kKeyBlockStep,
+                            Blocking::kKeyBlockMax));
+  float* const s_buf = tls.s.get(static_cast<size_t>(key_block * kRowsPerBlock));
+  uint32_t* const pt_buf = tls.pt.get(static_cast<size_t>(key_block / 2 * kRowsPerBlock));
   const void* q_ptr = tls.q_packed.data();
-  const void* pt_ptr = tls.pt;
+  const void* pt_ptr = pt_buf;
 
-  for (int64_t j0 = jb0; j0 < jb1; j0 += kKeyBlock) {
-    const int64_t n = std::min(kKeyBlock, jb1 - j0);
-    prefetch_block(p, k, v, vt, j0 + kKeyBlock, std::min(kKeyBlock, jb1 - j0 - kKeyBlock));
+  for (int64_t j0 = jb0; j0 < jb1; j0 += key_block) {
+    const int64_t n = std::min(key_block, jb1 - j0);
+    prefetch_block(p, k, v, vt, j0 + key_block, std::min(key_block, jb1 - j0 - key_block));
     // Rows scattered over small cache blocks (block size 1, 8, ...) are
     // gathered first, so the score GEMM runs on whole row blocks rather than
     // one call per cache block.
     RowSource kd = k;
     if (gather_k) {
-      uint16_t* dst = tls.kg.get(static_cast<size_t>(kKeyBlock * p.d));
+      uint16_t* dst = tls.kg.get(static_cast<size_t>(key_block * p.d));
       for (int64_t j = 0; j < n; ++j)
         std::memcpy(dst + j * p.d, k.row(j0 + j), static_cast<size_t>(p.d) * 2);
       kd = RowSource{dst, p.d};
@@ -546,7 +558,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
         args.b = &q_ptr;
         args.batch = 1;
         args.lda = ks.row_stride * 2;
-        args.c = tls.s + (jl + r0) * kRowsPerBlock;
+        args.c = s_buf + (jl + r0) * kRowsPerBlock;
         args.ldc = kRowsPerBlock * 4;
         if (amx_tail) {
           // AMX K tail: zero-padded copy of the last D % 32 columns of each row.
@@ -561,7 +573,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
     }
 
     const int64_t kb = round_up(n, 32);
-    lb::SoftmaxStepArgs step{tls.s, tls.pt, ot, tls.m, tls.l,   tls.lo, tls.hi,
+    lb::SoftmaxStepArgs step{s_buf, pt_buf, ot, tls.m, tls.l,   tls.lo, tls.hi,
                              j0,    n,      kb, p.dv,  p.scale, 1};
     if (slow) {
       // Final scores in place (masked keys −inf), then a step with scale 1.
@@ -569,7 +581,7 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
         const QueryRow& row = rows[r];
         const float slope = p.slopes ? p.slopes[row.head * p.slopes_stride] : 0.f;
         for (int64_t j = 0; j < n; ++j) {
-          float& x = tls.s[j * kRowsPerBlock + r];
+          float& x = s_buf[j * kRowsPerBlock + r];
           x *= p.scale;
           if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
           const int64_t key = j0 + j;
@@ -593,13 +605,13 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
       a_base = vt->base + (j0 - vt->first);
       lda = vt->ld;
     } else {
-      uint16_t* blk = tls.vt.get(static_cast<size_t>(p.dv * kKeyBlock));
-      transpose_v_with(transpose_fn, v, j0, n, p.dv, blk, kKeyBlock);
+      uint16_t* blk = tls.vt.get(static_cast<size_t>(p.dv * key_block));
+      transpose_v_with(transpose_fn, v, j0, n, p.dv, blk, key_block);
       if (n < kb)
         for (int64_t c = 0; c < p.dv; ++c)
-          std::memset(blk + c * kKeyBlock + n, 0, static_cast<size_t>(kb - n) * 2);
+          std::memset(blk + c * key_block + n, 0, static_cast<size_t>(kb - n) * 2);
       a_base = blk;
-      lda = kKeyBlock;
+      lda = key_block;
     }
     for_chunks(p.dv, mr, [&](int64_t c0, int rr) {
       const void* a = a_base + c0 * lda;

@@ -18,14 +18,15 @@
 #include <limits>
 #include <vector>
 
+#include "codegen/attention_blocking.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::ops::attn {
 
-inline constexpr int64_t kRowsPerBlock = 64;  // query rows per block (one packed B block)
-// Keys per online-softmax step: 128 rather than 64 halves the P·V
-// micro-kernel's accumulator loads and stores per FMA (+2-5% prefill).
-inline constexpr int64_t kKeyBlock = 128;
+// Query rows per block at most (one packed B block): the row stride of the
+// engine's transposed state. A task may take fewer (Blocking::rows).
+inline constexpr int64_t kRowsPerBlock = codegen::AttentionBlocking::kRowsMax;
+using Blocking = codegen::AttentionBlocking;
 inline constexpr int64_t kMaxHeadDim = Limits::max_head_dim;
 
 // Where key (or value) row j of one kv head lives: a dense tensor, or a paged
@@ -78,6 +79,10 @@ struct Params {
   // values read; the K scale is folded into `scale` (per kv head: tasks of
   // one kv head take a Params of their own).
   float v_scale = 1;
+  // Keys per online-softmax step (Blocking::key_block_allowed). The default
+  // 128 rather than 64 halves the P·V micro-kernel's accumulator loads and
+  // stores per FMA (+2-5% prefill); a tuning database may set another.
+  int64_t key_block = Blocking{}.key_block;
 };
 
 // Params of a call (scale defaults to 1/√D; head vectors may be strided).
@@ -108,12 +113,18 @@ void visible_keys(const Params& p, int64_t i_pos, int64_t tk, int64_t& lo, int64
 
 // V of one kv head already transposed (prefill transposes it once per call):
 // Vᵀ[c][j] at base[c·ld + j − first], with zeros from column tk − first up to
-// at least column tk − first + kKeyBlock, so a key block may run past tk.
+// at least column tk − first + p.key_block, so a key block may run past tk
+// (transposed_v_ld gives such a row length).
 struct TransposedV {
   const uint16_t* base = nullptr;
   int64_t ld = 0;
   int64_t first = 0;
 };
+// The row length of a TransposedV of nk keys: nk rounded up to the key
+// block, plus one block (a block may start at any visible key).
+inline int64_t transposed_v_ld(int64_t nk, int64_t key_block) {
+  return (nk + key_block - 1) / key_block * key_block + key_block;
+}
 
 // Writes Vᵀ of keys [j0, j0 + n) into out[c·ld + (j − j0)], c < dv, and
 // zeros in the columns up to n rounded up to 16 (ld must leave room for them).

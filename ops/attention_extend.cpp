@@ -12,8 +12,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
+#include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_fp8.h"
@@ -220,21 +222,45 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     return;
   }
 
+  int64_t longest = 0, longest_new = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    if (qo[b + 1] > qo[b])
+      longest = std::max(longest, keys_of(b)),
+      longest_new = std::max(longest_new, qo[b + 1] - qo[b]);
+  const int64_t threads = runtime::num_threads();
+  // A tuning database entry for this shape class sets the blocking (as in
+  // prefill) and the split count. Not under `deterministic`: an entry is per
+  // thread count, and the key block and splits change the order of the sums.
+  attn::Blocking blocking;
+  std::optional<int64_t> tuned_splits;
+  if (!ext.deterministic && jit::tuning_db_active())
+    if (const jit::TunedEntry* e =
+            jit::find_tuned("extend_attention",
+                            jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv,
+                                                    bs, kvs.fp8 ? DType::f8e4m3 : DType::bf16,
+                                                    batch, longest_new, longest))) {
+      blocking.rows = e->knob("rows").value_or(blocking.rows);
+      blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
+      tuned_splits = e->knob("splits");
+    }
+  p.key_block = blocking.key_block;
+  for (attn::Params& ph : pc) ph.key_block = blocking.key_block;
+  const int64_t block_rows = blocking.rows;
+
   struct Task {
     int64_t b, h, r0;
   };
   std::vector<Task> tasks;
-  int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t rows = (qo[b + 1] - qo[b]) * g;
-    if (rows > 0) longest = std::max(longest, keys_of(b));
     for (int64_t h = 0; h < hkv; ++h)
-      for (int64_t r0 = 0; r0 < rows; r0 += attn::kRowsPerBlock) tasks.push_back({b, h, r0});
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) tasks.push_back({b, h, r0});
   }
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
-  const int64_t threads = runtime::num_threads();
   int64_t splits = 1;
-  if (!ext.deterministic && threads > 1 && ntasks < 2 * threads)
+  if (tuned_splits)
+    splits = *tuned_splits;
+  else if (!ext.deterministic && threads > 1 && ntasks < 2 * threads)
     splits = std::max<int64_t>(
         1, std::min((2 * threads + ntasks - 1) / ntasks, longest / kMinSplitKeys));
   const int64_t dv_padded = (dv + 63) / 64 * 64;
@@ -242,7 +268,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,
                      std::vector<uint16_t*>& orows) {
     const int64_t n = qo[task.b + 1] - qo[task.b];
-    const int64_t rows = std::min(attn::kRowsPerBlock, n * g - task.r0);
+    const int64_t rows = std::min(block_rows, n * g - task.r0);
     qr.resize(static_cast<size_t>(rows));
     orows.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
@@ -302,7 +328,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     std::vector<uint16_t*> orows;
     rows_of(task, qr, orows);
     const int64_t per = (tk + splits - 1) / splits;
-    const int64_t chunk = (per + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock;
+    const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
     attn::Partial& st = parts[t];
     st.reset(static_cast<int64_t>(qr.size()), dv_padded);
     const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
@@ -78,7 +79,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   // No query rows: nothing to write, and q / out may be null (empty views'
   // pointers are not checked), so no row address may be formed from them.
   if (tq == 0) return;
-  const attn::Params p = attn::make_params(opt, d, dv);
+  attn::Params p = attn::make_params(opt, d, dv);
   const int64_t g = hq / hkv;
   const auto* qd = static_cast<const uint16_t*>(q.data);
   const auto* kd = static_cast<const uint16_t*>(k.data);
@@ -102,6 +103,23 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     return;
   }
 
+  // A tuning database entry for this shape class sets the blocking: rows per
+  // task (the task split only: each row's arithmetic is the same) and the
+  // key block (the online softmax's steps: sums in another order).
+  attn::Blocking blocking;
+  if (jit::tuning_db_active()) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, ck[b + 1] - ck[b]);
+    if (const jit::TunedEntry* e = jit::find_tuned(
+            "prefill_attention", jit::prefill_shape_class(isa, runtime::num_threads(), d, dv, hq,
+                                                          hkv, opt.causal, batch, longest))) {
+      blocking.rows = e->knob("rows").value_or(blocking.rows);
+      blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
+    }
+  }
+  p.key_block = blocking.key_block;
+  const int64_t block_rows = blocking.rows;
+
   // Rows of a sequence's kv head are (query position, head of the group),
   // position-major, so a block holds whole groups and consecutive positions.
   struct Task {
@@ -111,7 +129,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t rows = (cq[b + 1] - cq[b]) * g;
     for (int64_t h = 0; h < hkv; ++h)
-      for (int64_t r0 = 0; r0 < rows; r0 += attn::kRowsPerBlock) tasks.push_back({b, h, r0});
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) tasks.push_back({b, h, r0});
   }
   // Longer sequences first (they cost the most); within a sequence, one kv
   // head after the other, so a thread's consecutive tasks reuse that head's K
@@ -128,7 +146,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   // Per (sequence, kv head), once for every query block of the sequence:
   //  - Vᵀ [Dv][ld]: the P·V GEMM reads Vᵀ rows as its A operand. Columns are
   //    zero-padded up to a multiple of the key block plus one block (a block
-  //    may start at any visible key and run kKeyBlock keys).
+  //    may start at any visible key and run key_block keys).
   //  - K [nk][D] contiguous: the score GEMM's A rows, 256 bytes apart instead
   //    of Hkv·D·2 (one 4 KiB page per two keys at Hkv = 8, D = 128, so each key
   //    block of K missed the L1 TLB 64 times): +2-3% for one copy of K.
@@ -150,17 +168,14 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     for (int64_t h = 0; h < hkv; ++h) {
       prep.offset[b * hkv + h] = total;
       const int64_t nk = ck[b + 1] - ck[b];
-      total +=
-          dv * ((nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock) +
-          nk * d;
+      total += dv * attn::transposed_v_ld(nk, p.key_block) + nk * d;
     }
   uint16_t* vt_all = prep.ensure(static_cast<size_t>(total) * 2);
   // (prep is this thread's; the pool's workers see it through these pointers.)
   const int64_t* vt_offset = prep.offset.data();
   runtime::parallel_for(batch * hkv, [&](int64_t t) {
     const int64_t b = t / hkv, h = t % hkv, nk = ck[b + 1] - ck[b];
-    const int64_t ld =
-        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock;
+    const int64_t ld = attn::transposed_v_ld(nk, p.key_block);
     uint16_t* dst = vt_all + vt_offset[t];
     attn::transpose_v(sources(b, h).second, 0, nk, dv, dst, ld);
     for (int64_t c = 0; c < dv; ++c)
@@ -174,7 +189,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   runtime::parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const Task& task = tasks[t];
     const int64_t nq = cq[task.b + 1] - cq[task.b], nk = ck[task.b + 1] - ck[task.b];
-    const int64_t rows = std::min(attn::kRowsPerBlock, nq * g - task.r0);
+    const int64_t rows = std::min(block_rows, nq * g - task.r0);
     std::vector<attn::QueryRow> qr(static_cast<size_t>(rows));
     std::vector<uint16_t*> orows(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
@@ -186,7 +201,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     // neighbour's) into L2: packing Qᵀ otherwise waits on their misses.
     if (t + 1 < static_cast<int64_t>(tasks.size())) {
       const Task& nt = tasks[t + 1];
-      const int64_t nrows = std::min(attn::kRowsPerBlock, (cq[nt.b + 1] - cq[nt.b]) * g - nt.r0);
+      const int64_t nrows = std::min(block_rows, (cq[nt.b + 1] - cq[nt.b]) * g - nt.r0);
       for (int64_t r = 0; r < nrows; ++r) {
         const int64_t i = (nt.r0 + r) / g, h = nt.h * g + (nt.r0 + r) % g;
         const char* row =
@@ -195,8 +210,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       }
     }
     const auto [ks0, vs] = sources(task.b, task.h);
-    const int64_t ldv =
-        (nk + attn::kKeyBlock - 1) / attn::kKeyBlock * attn::kKeyBlock + attn::kKeyBlock;
+    const int64_t ldv = attn::transposed_v_ld(nk, p.key_block);
     const attn::TransposedV vt{vt_all + vt_offset[task.b * hkv + task.h], ldv, 0};
     const attn::RowSource ks{vt.base + dv * ldv, d};
     attn::attend_finish(isa, p, qr, ks, vs, nk, &vt, orows);
