@@ -15,10 +15,12 @@
 #include <random>
 #include <vector>
 
+#include "runtime/isa.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
+#include "tuned_entry.h"
 
 namespace tilejit::test {
 namespace {
@@ -398,6 +400,55 @@ TEST_F(ExtendAttention, DeterministicAcrossThreadCounts) {
     run_extend(pr, 2);
     run_extend(pr, 8);
     if (HasFatalFailure()) return;
+  }
+}
+
+// A tuned blocking and split count (docs/tuning.md) against the reference:
+// key blocks of 32 .. 256 over aligned and 5-row cache blocks (the gathered
+// K of a key block), tasks of 16 .. 64 rows, split-KV forced on (8 chunks,
+// some of them empty) and off, K/V new or in the cache, options. Each entry
+// is applied (counted); under `deterministic` it is not (its result must not
+// depend on the thread count an entry is keyed by).
+TEST_F(ExtendAttention, TunedBlockingAndSplits) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "the scalar path has no blocking to tune";
+  struct Case {
+    int64_t rows, key_block, splits, bs;
+    bool in_cache, options;
+  };
+  const Case cases[] = {{16, 32, 3, 16, false, false},
+                        {48, 256, 1, 5, true, false},
+                        {32, 96, 8, 5, false, true},
+                        {64, 160, 2, 16, true, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << ", key_block " << c.key_block
+                                      << ", splits " << c.splits << ", block size " << c.bs);
+    Extend pr;
+    pr.prefix = {0, 5, 100, 700, 16, 3};
+    pr.n_new = {9, 1, 64, 70, 0, 17};
+    pr.hq = 4, pr.hkv = 2, pr.d = 72, pr.dv = 72, pr.bs = c.bs;
+    pr.in_cache = c.in_cache;
+    if (c.options) {
+      pr.opt.window_left = 300;
+      pr.opt.softcap = 20.f;
+      pr.sinks = {-1.f, 0.5f, 3.f, 40.f};
+      pr.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+    }
+    const int threads = 2;
+    const TunedEntryScope tuned(
+        "extend_attention",
+        jit::extend_shape_class(path, threads, pr.d, pr.dv, pr.hq, pr.hkv, pr.bs, DType::bf16, 6,
+                                70, 770),
+        {{"rows", c.rows}, {"key_block", c.key_block}, {"splits", c.splits}});
+    uint64_t before = cache_stats().tuned_plans;
+    run_extend(pr, threads);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(cache_stats().tuned_plans, before + 1) << "the entry was not applied";
+    pr.deterministic = true;
+    before = cache_stats().tuned_plans;
+    run_extend(pr, threads);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(cache_stats().tuned_plans, before) << "applied under deterministic";
   }
 }
 

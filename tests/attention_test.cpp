@@ -18,10 +18,12 @@
 #include <random>
 #include <vector>
 
+#include "runtime/isa.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
+#include "tuned_entry.h"
 
 namespace tilejit::test {
 namespace {
@@ -305,6 +307,49 @@ TEST_F(Prefill, LongCausal) {
   pr.hq = 2, pr.hkv = 1, pr.d = 64, pr.dv = 64;
   pr.opt.causal = true;
   run_varlen(pr, /*sample=*/true);
+}
+
+// A tuned blocking (docs/tuning.md: rows per task, keys per online-softmax
+// step) over the shapes, tails and options of the tests above, against the
+// reference under the same bound: key blocks of 32 .. 256 (one not a power
+// of two), tasks of 16 .. 64 rows, head sizes with AMX K tails, Dv != D,
+// windows, softcap, sinks and ALiBi. Each entry is applied (counted).
+TEST_F(Prefill, TunedBlocking) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "the scalar path has no blocking to tune";
+  const std::pair<int64_t, int64_t> blockings[] = {{16, 32}, {48, 64}, {64, 256}, {32, 160}};
+  for (const auto& [rows, key_block] : blockings)
+    for (int problem = 0; problem < 3; ++problem) {
+      SCOPED_TRACE(::testing::Message()
+                   << "rows " << rows << ", key_block " << key_block << ", problem " << problem);
+      Varlen pr;
+      pr.lq = {1, 17, 100, 64, 300};
+      pr.lk = {1, 40, 100, 200, 300};
+      pr.hq = 4, pr.hkv = 2, pr.d = 72, pr.dv = 72;
+      pr.opt.causal = true;
+      if (problem == 1) {  // every option at once
+        pr.opt.window_left = 130;
+        pr.opt.softcap = 20.f;
+        pr.opt.sm_scale = 0.3f;
+        pr.sinks = {-1.f, 0.5f, 3.f, 40.f};
+        pr.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+      } else if (problem == 2) {  // not causal, Dv != D, one group of 8
+        pr.hq = 8, pr.hkv = 1, pr.d = 112, pr.dv = 64;
+        pr.opt.causal = false;
+        pr.lq = {33, 250};
+        pr.lk = {290, 250};
+      }
+      const int64_t longest = *std::max_element(pr.lk.begin(), pr.lk.end());
+      const TunedEntryScope tuned(
+          "prefill_attention",
+          jit::prefill_shape_class(path, num_threads(), pr.d, pr.dv, pr.hq, pr.hkv, pr.opt.causal,
+                                   static_cast<int64_t>(pr.lq.size()), longest),
+          {{"rows", rows}, {"key_block", key_block}});
+      const uint64_t before = cache_stats().tuned_plans;
+      run_varlen(pr);
+      if (HasFatalFailure()) return;
+      EXPECT_EQ(cache_stats().tuned_plans, before + 1) << "the entry was not applied";
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -910,6 +910,44 @@ TEST(TuningDb, TunedDecodePrefetchUsed) {
     }
 }
 
+// prefill / extend attention entries: their knobs (rows, key_block; extend
+// also splits) are checked against the engine's limits at load, steps
+// included, and their shape fields are their families' own. That the
+// operators apply them is tested with the attention batteries
+// (attention_test Prefill.TunedBlocking, attention_extend_test
+// ExtendAttention.TunedBlockingAndSplits), on every path.
+TEST(TuningDb, AttentionBlockingKnobsChecked) {
+  jit::TunedEntry e;
+  e.family = "prefill_attention";
+  e.shape = jit::prefill_shape_class(Isa::avx512, 2, 128, 128, 32, 8, true, 1, 2048);
+  e.knobs = {{"rows", 32}, {"key_block", 256}};
+  EXPECT_NO_THROW(jit::validate_entry(e));
+  e.knobs = {{"key_block", 100}};
+  expect_tilejit_error([&] { jit::validate_entry(e); },
+                       "knob key_block=100; allowed: 32 .. 256, a multiple of 32");
+  e.knobs = {{"key_block", 288}};
+  expect_tilejit_error([&] { jit::validate_entry(e); }, "knob key_block=288; allowed: 32 .. 256");
+  e.knobs = {{"rows", 24}};
+  expect_tilejit_error([&] { jit::validate_entry(e); },
+                       "knob rows=24; allowed: 16 .. 64, a multiple of 16");
+  e.knobs = {{"splits", 2}};
+  expect_tilejit_error([&] { jit::validate_entry(e); },
+                       "knob 'splits' for family prefill_attention; allowed: rows (16 .. 64, "
+                       "multiples of 16), key_block (32 .. 256, multiples of 32)");
+  jit::TunedEntry x;
+  x.family = "extend_attention";
+  x.shape = jit::extend_shape_class(Isa::avx512, 2, 128, 128, 32, 8, 16, DType::bf16, 4, 512, 4096);
+  x.knobs = {{"rows", 64}, {"key_block", 64}, {"splits", 4}};
+  EXPECT_NO_THROW(jit::validate_entry(x));
+  x.knobs = {{"splits", 65}};
+  expect_tilejit_error([&] { jit::validate_entry(x); }, "knob splits=65; allowed: 1 .. 64");
+  // A prefill shape under the extend family: its fields are not extend's.
+  x.shape = e.shape;
+  x.knobs = {};
+  expect_tilejit_error([&] { jit::validate_entry(x); },
+                       "shape field 'causal' is not one of family extend_attention's");
+}
+
 // A moe entry's run_blocks (the streaming phases' task split) is applied to
 // bf16 and quantized experts alike, counted, and leaves the result bit for
 // bit as it was (the same kernels on the same rows; only the tasks differ).
