@@ -423,6 +423,12 @@ std::optional<int64_t> TunedEntry::knob(const std::string& name) const {
   return it == knobs.end() ? std::nullopt : std::optional<int64_t>(it->second);
 }
 
+std::string knobs_text(const std::map<std::string, int64_t>& knobs) {
+  std::string s;
+  for (const auto& [k, v] : knobs) s += fmt::format("{}{}={}", s.empty() ? "" : " ", k, v);
+  return s;
+}
+
 codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
   codegen::PlanOverrides o;
   if (auto v = e.knob("mr")) o.mr = static_cast<int>(*v);
@@ -636,11 +642,9 @@ const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape)
   Slot& s = *it->second;
   if (!s.used.exchange(true, std::memory_order_relaxed)) {
     g.used.fetch_add(1, std::memory_order_relaxed);
-    if (runtime::verbose_level() > 0) {
-      std::string knobs;
-      for (const auto& [k, v] : s.entry.knobs) knobs += fmt::format(" {}={}", k, v);
-      std::fprintf(stderr, "tilejit: tuned plan %s:%s\n", s.entry.id().c_str(), knobs.c_str());
-    }
+    if (runtime::verbose_level() > 0)
+      std::fprintf(stderr, "tilejit: tuned plan %s: %s\n", s.entry.id().c_str(),
+                   knobs_text(s.entry.knobs).c_str());
   }
   return &s.entry;
 }

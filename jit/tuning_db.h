@@ -77,6 +77,10 @@ struct TunedEntry {
   std::optional<int64_t> knob(const std::string& name) const;
 };
 
+// "splits=5 prefetch_chunks=4": knobs as the report, the main job and
+// TILEJIT_VERBOSE print them ("" for none).
+std::string knobs_text(const std::map<std::string, int64_t>& knobs);
+
 // The plan overrides of a gemm entry (validated at load).
 codegen::PlanOverrides gemm_overrides(const TunedEntry& e);
 

@@ -28,17 +28,10 @@ namespace attn = ops::attn;
 
 namespace {
 
-// Keys per split chunk at least, so a split pays for its merge.
-constexpr int64_t kMinSplitKeys = 256;
-
-// Split count: tasks too few for the pool (and long sequences) split each
-// sequence's keys into chunks merged afterwards.
+// The split count of attn::default_splits for these sequences.
 int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
-  const int64_t threads = runtime::num_threads();
-  if (threads <= 1 || base_tasks >= 2 * threads) return 1;
-  const int64_t longest = *std::max_element(lens.begin(), lens.end());
-  return std::max<int64_t>(
-      1, std::min((2 * threads + base_tasks - 1) / base_tasks, longest / kMinSplitKeys));
+  return attn::default_splits(base_tasks, runtime::num_threads(),
+                              *std::max_element(lens.begin(), lens.end()));
 }
 
 // Floats between the rows of a partial O: dv rounded up to whole 64-float blocks.

@@ -14,6 +14,7 @@
 // need the reduced dimension in pairs: K's pairs are its own row elements.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -84,6 +85,16 @@ struct Params {
   // stores per FMA (+2-5% prefill); a tuning database may set another.
   int64_t key_block = Blocking{}.key_block;
 };
+
+// The split-KV rule of decode and extend (without a tuned count): tasks too
+// few for the pool (fewer than 2 per thread) split each sequence's keys into
+// chunks merged afterwards, enough for 2 tasks per thread, each chunk at
+// least kMinSplitKeys keys so that a split pays for its merge.
+inline constexpr int64_t kMinSplitKeys = 256;
+inline int64_t default_splits(int64_t tasks, int64_t threads, int64_t longest) {
+  if (threads <= 1 || tasks <= 0 || tasks >= 2 * threads) return 1;
+  return std::max<int64_t>(1, std::min((2 * threads + tasks - 1) / tasks, longest / kMinSplitKeys));
+}
 
 // Params of a call (scale defaults to 1/√D; head vectors may be strided).
 Params make_params(const AttentionOptions& opt, int64_t d, int64_t dv);

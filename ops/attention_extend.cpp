@@ -31,9 +31,6 @@ namespace attn = ops::attn;
 
 namespace {
 
-// Keys per split chunk at least, so a split pays for its merge.
-constexpr int64_t kMinSplitKeys = 256;
-
 void check_new_rows(const char* op, const char* arg, const TensorView& t, int64_t tokens,
                     int64_t hkv, int64_t head_dim) {
   attn::check_bf16_rows(op, arg, t, 3);
@@ -260,9 +257,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   int64_t splits = 1;
   if (tuned_splits)
     splits = *tuned_splits;
-  else if (!ext.deterministic && threads > 1 && ntasks < 2 * threads)
-    splits = std::max<int64_t>(
-        1, std::min((2 * threads + ntasks - 1) / ntasks, longest / kMinSplitKeys));
+  else if (!ext.deterministic)
+    splits = attn::default_splits(ntasks, threads, longest);
   const int64_t dv_padded = (dv + 63) / 64 * 64;
 
   auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,

@@ -39,14 +39,14 @@ cat >"$WORK/tiny.json" <<'EOF'
  {"op": "rope", "name": "rope", "d": 64, "hq": 4, "hkv": 2, "style": "gptj", "t": [3, 16]}
 ]}
 EOF
-NENTRIES=6  # 3 gemm M buckets, 1 decode, 2 moe (prefill, extend and rope are warm-up only)
+NENTRIES=8  # 3 gemm M buckets, 1 decode, 1 prefill, 2 moe, 1 extend (rope is warm-up only)
 NCALLS=10   # 3 gemm + 1 decode + 1 prefill + 2 moe + 1 extend + 2 rope
 
 # 1. A full run, stdout a file (not a TTY): plain lines, no \r bar.
 "$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --budget 2m >"$OUT" 2>"$ERR"
 rc=$?
 check "tune exits 0 (got $rc)" test $rc -eq 0
-check "one progress line per entry" test "$(grep -c '^tune \[[0-9]/6\] ' "$OUT")" -eq $NENTRIES
+check "one progress line per entry" test "$(grep -c '^tune \[[0-9]/8\] ' "$OUT")" -eq $NENTRIES
 check "no carriage return off a TTY" bash -c "! grep -q $'\r' '$OUT' '$ERR'"
 check "a result line per entry" test "$(grep -c -- '-> ' "$OUT")" -eq $NENTRIES
 check "the warm-up line" grep -q "^warm-up: $NCALLS operator calls: " "$OUT"
@@ -57,7 +57,7 @@ check "database valid with every entry" test "$(entries "$WORK/db.json")" = $NEN
 if command -v script >/dev/null; then
   script -qfec "'$TJ' tune '$WORK/tiny.json' --out '$WORK/dbtty.json' --budget 2m" /dev/null \
     >"$OUT" 2>"$ERR"
-  check "TTY: a bar with an ETA redrawn with \\r" grep -aq $'\r\[[#-]*\] [0-9]/6 ETA ' "$OUT"
+  check "TTY: a bar with an ETA redrawn with \\r" grep -aq $'\r\[[#-]*\] [0-9]/8 ETA ' "$OUT"
   check "TTY: no plain progress lines" bash -c "! grep -aq '^tune \[' '$OUT'"
 fi
 
@@ -80,7 +80,7 @@ check "--resume completes the database" test "$(entries "$WORK/db2.json")" = $NE
 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); d["entries"]=d["entries"][:-2]; json.dump(d, open(sys.argv[2],"w"))' \
   "$WORK/db.json" "$WORK/db3.json"
 "$TJ" tune "$WORK/tiny.json" --out "$WORK/db3.json" --resume --budget 2m >"$OUT" 2>"$ERR"
-check "--resume names the entries it skips" grep -q '2 entries to tune, 4 already in the database (--resume)' "$OUT"
+check "--resume names the entries it skips" grep -q '2 entries to tune, 6 already in the database (--resume)' "$OUT"
 check "--resume tunes only the missing ones" test "$(grep -c '^tune \[' "$OUT")" -eq 2
 check "database complete again" test "$(entries "$WORK/db3.json")" = $NENTRIES
 

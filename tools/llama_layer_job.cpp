@@ -741,7 +741,7 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed, bool fp8 = false) {
                             jit::decode_shape_class(
                                 env.cpu.isa, num_threads(), kHeadDim, kHeadDim, kHq, kHkv,
                                 kBlockSize, fp8 ? DType::f8e4m3 : DType::bf16, b, kDecodeContext)))
-      row.kernel += fmt::format(" (tuned splits={})", e->knobs.at("splits"));
+      row.kernel += fmt::format(" (tuned {})", jit::knobs_text(e->knobs));
   measure(
       row, env, [&] { decode_attention(qv, kv, vv, ov, tv, lv, aopt); }, check);
   row.rate = double(b * kDecodeContext * kHkv * 2 * kHeadDim * (fp8 ? 1 : 2)) / row.seconds / 1e9;
@@ -805,6 +805,11 @@ Row prefill_row(const Env& env, int64_t m, uint64_t seed) {
           .m = m,
           .shape = fmt::format("T={} Hq={} Hkv={} D={} causal", m, kHq, kHkv, kHeadDim),
           .kernel = kernel};
+  if (env.cpu.isa != Isa::scalar)
+    if (const jit::TunedEntry* e = jit::find_tuned(
+            "prefill_attention", jit::prefill_shape_class(env.cpu.isa, num_threads(), kHeadDim,
+                                                          kHeadDim, kHq, kHkv, true, 1, m)))
+      row.kernel += fmt::format(" (tuned {})", jit::knobs_text(e->knobs));
   measure(
       row, env, [&] { flash_attn_varlen(q, k, v, ov, cuv, cuv, opt); }, check);
   row.rate = double(kHq) * double(m) * double(m + 1) / 2 * 4 * kHeadDim / row.seconds / 1e9;
@@ -1270,7 +1275,7 @@ void moe_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, con
     if (env.cpu.isa != Isa::scalar)
       if (const jit::TunedEntry* e = jit::find_tuned(
               "moe", jit::moe_shape_class(env.cpu.isa, num_threads(), E, K, H, I, m)))
-        experts.kernel += fmt::format(" (tuned run_blocks={})", e->knobs.at("run_blocks"));
+        experts.kernel += fmt::format(" (tuned {})", jit::knobs_text(e->knobs));
     measure(
         experts, env, [&] { fused_experts(xv, p13, p2, wv, iv, ov); },
         [&](double* err) { return check_moe_rows(x, w13, w2, tw, ids, out, m, err); });

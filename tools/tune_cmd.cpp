@@ -17,11 +17,13 @@
 #include <set>
 #include <sstream>
 
+#include "codegen/attention_blocking.h"
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
 #include "ir/activation.h"
 #include "jit/registry.h"
 #include "jit/tuning_db.h"
+#include "ops/attention_engine.h"
 #include "ops/quant_weight.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
@@ -284,6 +286,51 @@ std::vector<Knobs> decode_candidates(const WorkloadOp& o, int64_t batch, int64_t
   return out;
 }
 
+// Prefill and extend attention: the block engine's blocking. rows (query
+// rows per task) only matters where the default's tasks balance badly over
+// the threads (fewer than 4 per thread); a key block only where the longest
+// sequence has more keys than the default block (else it is the same
+// schedule). extend also times the split counts other than its default
+// (ops::attn::default_splits) that leave at most 4 tasks per thread and
+// chunks of at least attn::kMinSplitKeys keys.
+std::vector<Knobs> blocking_candidates(const WorkloadOp& o, int64_t new_rows, int64_t keys,
+                                       int threads, bool extend, std::string* pruned) {
+  const codegen::AttentionBlocking dflt;
+  const int64_t g = o.hq / o.hkv;
+  auto tasks = [&](int64_t rows) { return o.hkv * ((new_rows * g + rows - 1) / rows); };
+  std::vector<Knobs> out;
+  int tried = 0, dropped = 0;
+  for (int64_t r : {int64_t{16}, int64_t{32}}) {
+    ++tried;
+    if (tasks(dflt.rows) >= 4 * threads || tasks(r) == tasks(dflt.rows)) {
+      ++dropped;
+      continue;
+    }
+    out.push_back({{"rows", r}});
+  }
+  for (int64_t kb : {int64_t{64}, int64_t{256}}) {
+    ++tried;
+    if (keys <= std::min(kb, dflt.key_block)) {
+      ++dropped;
+      continue;
+    }
+    out.push_back({{"key_block", kb}});
+  }
+  const int64_t dflt_splits = ops::attn::default_splits(tasks(dflt.rows), threads, keys);
+  if (extend)
+    for (int64_t sp : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+      ++tried;
+      if (sp == dflt_splits || tasks(dflt.rows) * sp > 4 * threads ||
+          (sp > 1 && keys / sp < ops::attn::kMinSplitKeys)) {
+        ++dropped;
+        continue;
+      }
+      out.push_back({{"splits", sp}});
+    }
+  *pruned = fmt::format("{} blockings, {} pruned by the cost model", tried, dropped);
+  return out;
+}
+
 std::vector<Knobs> moe_candidates(const WorkloadOp& o, int64_t t, int threads,
                                   std::string* pruned) {
   // Runs of column blocks per streaming task: longer runs read weights
@@ -384,18 +431,31 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
             fmt::format("rope {} T={} Hq={} Hk={} D={} {}", o.name, t, o.hq, o.hkv, o.d, o.style);
         pts.push_back(p);
       }
-    } else if (o.op == "extend_attention") {  // warm-up only
+    } else if (o.op == "extend_attention") {
+      std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
         p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}", o.name, s,
                               o.prefix_len, o.hq, o.hkv, o.d);
+        p.shape = jit::extend_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
+                                          DType::bf16, 1, s, o.prefix_len + s);
+        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+          p.family = "extend_attention";
+          p.candidates = blocking_candidates(o, s, o.prefix_len + s, threads, true, &p.pruned);
+        }
         pts.push_back(p);
       }
-    } else {  // prefill_attention: warm-up only
+    } else {  // prefill_attention
+      std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
         p.label =
             fmt::format("prefill_attention {} T={} Hq={} Hkv={} D={}", o.name, s, o.hq, o.hkv, o.d);
+        p.shape = jit::prefill_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.causal, 1, s);
+        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+          p.family = "prefill_attention";
+          p.candidates = blocking_candidates(o, s, s, threads, false, &p.pruned);
+        }
         pts.push_back(p);
       }
     }
@@ -564,10 +624,7 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
 }
 
 std::string knobs_str(const Knobs& k) {
-  if (k.empty()) return "default";
-  std::string s;
-  for (const auto& [n, v] : k) s += fmt::format("{}{}={}", s.empty() ? "" : " ", n, v);
-  return s;
+  return k.empty() ? "default" : jit::knobs_text(k);
 }
 
 jit::TunedEntry make_entry(const Point& p, const Knobs& k) {

@@ -14,9 +14,9 @@ namespace tilejit::tools {
 // One operator of the workload. `op` picks which fields apply:
 //   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), format, m (list)
 //   decode_attention: d, dv, hq, hkv, block_size, kv (bf16), batch (list), seq_len (list)
-//   prefill_attention (warm-up only, no knob is tuned): d, dv, hq, hkv, causal, seq_len (list)
-//   extend_attention (warm-up only): d, dv, hq, hkv, block_size, prefix_len, seq_len (list:
-//                     new tokens of one sequence over a cached prefix of prefix_len)
+//   prefill_attention: d, dv, hq, hkv, causal, seq_len (list)
+//   extend_attention: d, dv, hq, hkv, block_size, prefix_len, seq_len (list: new tokens
+//                     of one sequence over a cached prefix of prefix_len)
 //   rope (warm-up only): d, hq, hkv, rotary_dim (0: d), style (neox | gptj),
 //                     dtype (bf16 | f32: q and k), cache (f32 | bf16: cos_sin_cache), t (list)
 //   moe:              e, topk, h, i, format, t (list)
