@@ -159,6 +159,15 @@ struct BrgemmDesc {
   // latency, not on the shape alone. Xbyak AVX-512 kernels only.
   int prefetch_kib = -1;
   static constexpr int kPrefetchKibMax = 1024;
+  // The fused u4 decode kernel's arithmetic at mr <= 3 on full blocks (Xbyak
+  // AVX-512, b = u4): false, f32 FMAs on A converted to f32 (one FMA per 16
+  // weights); true, vdpbf16ps on the bf16 pairs (one per 32 weights), as at
+  // mr = 4 and on N tails. Which is faster is the CPU's: on the Intel Xeons
+  // measured vdpbf16ps takes two cycles of both FMA ports (the FMAs won); on
+  // AMD Zen 5 it issues like an FMA and the bf16 form ran 1.6x faster (hot
+  // int4 M = 1). ops sets it from runtime::bf16_dot_at_fma_rate(); a tuning
+  // knob (`u4_dot`) may override.
+  bool u4_bf16_dot = false;
   // The one rule for a distance on a kernel of `isa` (the registry's rows,
   // plan_gemm's tuned value), and its text for the Errors.
   static bool prefetch_allowed(int kib, Isa isa) {
@@ -192,7 +201,8 @@ struct BrgemmDesc {
         field("alpha", &D::glu_alpha, "_a", unless_default),
         field("limit", &D::glu_limit, "_l", unless_default), field("out", &D::out, "_", "out"),
         field("w4a8", &D::w4a8, "_w4a8", flag),
-        field("pf", &D::prefetch_kib, "_pf", "k", unless_default));
+        field("pf", &D::prefetch_kib, "_pf", "k", unless_default),
+        field("dot", &D::u4_bf16_dot, "_dot", flag));
   }
 
   // K elements one VNNI group of B holds (a k-group row of the packed block),

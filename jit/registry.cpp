@@ -186,6 +186,13 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
     throw Error(fmt::format("brgemm: descriptor {} has pf={} on the {} row; allowed: {}", d.key(),
                             d.prefetch_kib, isa_name(row.path),
                             codegen::BrgemmDesc::prefetch_allowed_text()));
+  // The arithmetic choice of the Xbyak fused u4 kernel, and of nothing else.
+  if (d.u4_bf16_dot &&
+      !(d.b_type == DType::u4 && row.path == Isa::avx512 && row.backend == Backend::xbyak))
+    throw Error(fmt::format(
+        "brgemm: descriptor {} has dot=1 on the {} row; allowed: dot=1 with b=u4 on the avx512 "
+        "(Xbyak) row",
+        d.key(), isa_name(row.path)));
   if (d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1) {
     if ((row.path == Isa::avx512 && row.backend == Backend::xbyak) ||
         (row.path == Isa::llvm && row.backend == Backend::llvm))

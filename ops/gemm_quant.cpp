@@ -385,6 +385,9 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
   d.glu_alpha = spec.glu_alpha;
   d.glu_limit = spec.glu_limit;
   if (d.glu != codegen::Glu::none) d.nr = 32;
+  // The Xbyak u4 kernel's arithmetic for this CPU (the LLVM kernel has one).
+  d.u4_bf16_dot = d.isa == Isa::avx512 && code == DType::u4 &&
+                  runtime::bf16_dot_at_fma_rate(runtime::cpu_features());
   return d;
 }
 

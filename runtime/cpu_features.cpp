@@ -151,6 +151,10 @@ bool request_amx_permission() {
   return request_permission_once();
 }
 
+bool bf16_dot_at_fma_rate(const CpuFeatures& f) {
+  return f.vendor == "AuthenticAMD" && f.avx512_bf16;
+}
+
 std::string cpu_signature() {
   const CpuFeatures& f = cpu_features();
   const Regs l1 = cpuid(1);

@@ -78,6 +78,12 @@ FeatureSet detected_features();
 // feature bits the emitters depend on, e.g. "AuthenticAMD-25-17-1-f1bw1vl1bf161fp160amx000".
 std::string cpu_signature();
 
+// Whether vdpbf16ps zmm issues at about the rate of an FMA (AMD Zen 4 / 5:
+// one slot), rather than taking two cycles of both FMA ports (the Intel
+// Xeons measured): the fused int4 decode kernel then multiplies bf16 pairs
+// (BrgemmDesc::u4_bf16_dot) instead of converting A to f32 for FMAs.
+bool bf16_dot_at_fma_rate(const CpuFeatures& f);
+
 // TILEJIT_AMX_EMULATE: 0 or unset (off), 1 (emulate), auto (emulate where
 // the CPU/OS cannot run AMX natively). Any other value throws tilejit::Error.
 enum class AmxEmulation { off, on, automatic };

@@ -106,6 +106,7 @@ struct QCase {
   int zero = -1;     // u4zp: -1 random 0..16, else every zero point
   bool daz = false;  // run with MXCSR's DAZ and FTZ set
   int x_exp = 0;     // A scaled by 2^x_exp and the scales by 2^-x_exp (exact)
+  bool dot = false;  // u4: BrgemmDesc::u4_bf16_dot (vdpbf16ps at mr <= 3 too)
 
   BrgemmDesc desc() const {
     BrgemmDesc d;
@@ -115,6 +116,7 @@ struct QCase {
     d.b_row_bytes = fmt == Fmt::fp8 ? 128 : 64;
     d.mr = mr, d.nr = nr, d.kb = kb;
     d.bias = bias, d.act = act, d.out = out;
+    d.u4_bf16_dot = dot;
     return d;
   }
   std::string str() const {
@@ -128,6 +130,7 @@ struct QCase {
     if (codes == Codes::min) s += "_qmin";
     if (codes == Codes::max) s += "_qmax";
     if (zero >= 0) s += fmt::format("_z{}", zero);
+    if (dot) s += "_dot";
     return s + "_" + dtype_name(out);
   }
 };
@@ -531,6 +534,37 @@ std::vector<QCase> llvm_shape_cases() {
 // ordinary numbers): no partial sum may overflow. (The LLVM u4 planes hold
 // 256·q·a, so above |a| ~ 2^104 they overflow where a·q would not: at 2^112
 // this case fails there; docs/quantized.md states the limit.)
+// The vdpbf16ps arithmetic of the u4 kernel at mr <= 3 (u4_bf16_dot, what
+// the planner picks on AMD), over the shapes, group patterns and epilogues
+// the FMA form above is checked on: full blocks (the table-free path it
+// changes) and tails (whose arithmetic it leaves as it was).
+std::vector<QCase> dot_cases() {
+  std::vector<QCase> v;
+  for (Fmt f : {Fmt::u4, Fmt::u4zp})
+    for (int mr = 1; mr <= 4; ++mr)
+      for (int nr : {33, 64})
+        for (int64_t kb : kShapeKb) {
+          QCase c = shape_case(Isa::avx512, f, mr, nr, kb, int(v.size()));
+          c.group = "dot";
+          c.dot = true;
+          v.push_back(c);
+        }
+  for (QCase c : epilogue_cases())
+    if (c.fmt == Fmt::u4 || c.fmt == Fmt::u4zp) {
+      c.group = "dotepi";
+      c.dot = true;
+      c.mr = c.mr == 4 ? 2 : 1;
+      v.push_back(c);
+    }
+  for (Groups g : {Groups::constant, Groups::every16, Groups::every32, Groups::irregular}) {
+    QCase c;
+    c.group = "dotgroups";
+    c.fmt = Fmt::u4zp, c.groups = g, c.mr = 3, c.nr = 64, c.kb = 1000, c.dot = true;
+    v.push_back(c);
+  }
+  return v;
+}
+
 std::vector<QCase> huge_x_cases() {
   std::vector<QCase> v;
   for (Isa isa : {Isa::avx512, Isa::llvm})
@@ -574,6 +608,7 @@ INSTANTIATE_TEST_SUITE_P(LlvmGroups, QuantBrgemm, ::testing::ValuesIn(on_llvm(gr
                          case_name);
 INSTANTIATE_TEST_SUITE_P(LlvmCodes, QuantBrgemm, ::testing::ValuesIn(on_llvm(code_cases())),
                          case_name);
+INSTANTIATE_TEST_SUITE_P(Dot, QuantBrgemm, ::testing::ValuesIn(dot_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HugeX, QuantBrgemm, ::testing::ValuesIn(huge_x_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(LlvmMxcsr, QuantBrgemm, ::testing::ValuesIn(llvm_mxcsr_cases()),
                          case_name);
@@ -642,6 +677,15 @@ TEST(QuantBrgemmErrors, RefusedDescriptorsNameTheField) {
   expect_refused(d, "acc=i32");
   d = ok, d.isa = Isa::amx;
   expect_refused(d, "b=u4");
+  // vdpbf16ps instead of FMAs is the Xbyak u4 kernel's choice only.
+  QCase f8d;
+  f8d.fmt = Fmt::fp8;
+  d = f8d.desc(), d.u4_bf16_dot = true;
+  expect_refused(d, "dot=1");
+  if (row_runs(Isa::llvm)) {
+    d = ok, d.isa = Isa::llvm, d.u4_bf16_dot = true;
+    expect_refused(d, "dot=1");
+  }
   QCase f8;
   f8.fmt = Fmt::fp8;
   d = f8.desc(), d.b_zeros = true;

@@ -27,11 +27,16 @@
 //         permutation, undone once on acc at the end, the scales and zero
 //         points gathered into it at the fold) and vpternlogd masks it and
 //         ors in the exponent: 2 ops per 16 or 32 weights, no table.
-//         mr ≤ 3 (and mr·K small enough for a stack copy) uses f32 FMAs:
+//         mr ≤ 3 (and mr·K small enough for a stack copy) uses f32 FMAs
+//         unless the descriptor asks for vdpbf16ps (u4_bf16_dot, the CPUs
+//         where it issues at the FMA rate):
 //         A is converted once to f32 [a_even, a_odd, a_even + a_odd] per
 //         k-pair, and every k-pair row is 8 × (vpmultishiftqb, vpternlogd,
-//         vfmadd231ps) + one Σa add — vdpbf16ps costs ~2 cycles of both
-//         vector ports here, the FMAs half of that per weight; mr = 4 keeps
+//         vfmadd231ps) + one Σa add — on the Intel Xeons vdpbf16ps costs ~2
+//         cycles of both vector ports, the FMAs half of that per weight; on
+//         AMD Zen 5 the 4 × (vpmultishiftqb, vpternlogd, vdpbf16ps) of the
+//         bf16 form take half the time of the 8 FMA triples (a register-only
+//         probe: 1.15 against 2.35 ns per 128 weights). mr = 4 keeps
 //         vdpbf16ps on the bf16 pairs. 16 + q needs the Σa of every group:
 //         the fold computes d = acc_g − (16 + z)·Σa (one fma, exact integer
 //         16 + z, 24 without zero points; exactly 0 when every q = z) and
@@ -118,6 +123,7 @@ class QuantBrgemm : public JitGenerator {
   static constexpr int64_t kFpBufferMax = 128 * 1024;
   // Whether a descriptor takes the f32 FMA variant (then its scratch).
   static bool fp_variant(const BrgemmDesc& d) {
+    if (d.u4_bf16_dot) return false;
     const int nz = (d.computed_cols() + 15) / 16;
     const bool table_free = d.b_type == DType::u4 && nz == 4;
     return table_free && d.mr * fp_row_bytes_of(d) <= kFpBufferMax && d.mr * nz + d.mr + 17 <= 32;
