@@ -168,6 +168,9 @@ struct BrgemmDesc {
   // int4 M = 1). ops sets it from runtime::bf16_dot_at_fma_rate(); a tuning
   // knob (`u4_dot`) may override.
   bool u4_bf16_dot = false;
+  // Rows one call of a fused quantized decode kernel takes at most (b = u4,
+  // f8e4m3, f4e2m1: the Xbyak kernel and the LLVM brgemm's quantized mode).
+  static constexpr int kQuantMaxMr = 4;
   // The one rule for a distance on a kernel of `isa` (the registry's rows,
   // plan_gemm's tuned value), and its text for the Errors.
   static bool prefetch_allowed(int kib, Isa isa) {

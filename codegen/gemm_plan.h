@@ -158,8 +158,13 @@ struct PlanOverrides {
   // The B stream's prefetch distance in KiB (BrgemmDesc::prefetch_kib): the
   // Xbyak AVX-512 kernels of the plan, or the fused quantized decode kernel.
   std::optional<int> prefetch_kib;
+  // int4 weights at decode M (the fused kernel, no plan): its arithmetic
+  // (BrgemmDesc::u4_bf16_dot: vdpbf16ps, or f32 FMAs at mr <= 3).
+  std::optional<bool> u4_dot;
   std::string entry;  // the database entry they come from
-  bool empty() const { return !mr && !task_rows && !max_kc && !isa && !w4a8 && !prefetch_kib; }
+  bool empty() const {
+    return !mr && !task_rows && !max_kc && !isa && !w4a8 && !prefetch_kib && !u4_dot;
+  }
   bool operator==(const PlanOverrides&) const = default;
 };
 // The plan for `spec` on `isa` with `o` applied: max_kc before planning, then

@@ -151,7 +151,7 @@ const Kernel& quant_brgemm(const codegen::BrgemmDesc& d, const KernelRow& row) {
     throw refuse(fmt::format("a={} acc={}", dtype_name(d.a_type), dtype_name(d.acc_type)));
   if (d.b_zeros && d.b_type != DType::u4)
     throw refuse(fmt::format("zeros=1 with b={}", dtype_name(d.b_type)));
-  if (d.mr < 1 || d.mr > 4) throw refuse(fmt::format("mr={}", d.mr));
+  if (d.mr < 1 || d.mr > codegen::BrgemmDesc::kQuantMaxMr) throw refuse(fmt::format("mr={}", d.mr));
   if (d.nr < 1 || d.nr > (d.glu != codegen::Glu::none ? 32 : 64))
     throw refuse(fmt::format("nr={} with glu={}", d.nr, codegen::glu_name(d.glu)));
   if (d.kb < 1) throw refuse(fmt::format("kb={}", d.kb));

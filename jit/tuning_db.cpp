@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -52,6 +53,8 @@ constexpr KnobRule kKnobs[] = {
     {"gemm", "w4a8", 0, 1, "int4 weights: 1 the W4A8 route, 0 W4A16 at this M"},
     {"gemm", "prefetch", 0, codegen::BrgemmDesc::kPrefetchKibMax,
      "KiB of the weight stream prefetched ahead (Xbyak AVX-512 kernels)"},
+    {"gemm", "u4_dot", 0, 1,
+     "int4 at decode M: 1 the fused kernel multiplies bf16 pairs (vdpbf16ps), 0 f32 FMAs"},
     {"decode_attention", "splits", 1, 64, "split-KV chunks per sequence"},
     {"decode_attention", "prefetch_chunks", 1,
      codegen::llvm_backend::DecodeAttentionDesc::kPrefetchChunksMax,
@@ -125,6 +128,13 @@ int64_t bucket_low(const std::string& b) {
   } catch (const std::exception&) {
     throw Error(fmt::format("shape field m='{}'; allowed: a bucket such as 1, 2-4, 5-16", b));
   }
+}
+
+// The highest count of a bucket ("5-16" -> 16, "1" -> 1, "1025+" -> no bound).
+int64_t bucket_high(const std::string& b) {
+  if (!b.empty() && b.back() == '+') return std::numeric_limits<int64_t>::max();
+  const size_t dash = b.find('-');
+  return bucket_low(dash == std::string::npos ? b : b.substr(dash + 1));
 }
 
 // The gemm plan an entry names, with its overrides: plan_gemm checks them.
@@ -208,6 +218,19 @@ void validate_gemm_plan(const TunedEntry& e) {
     throw Error("knob prefetch on path=amx without amx=0; allowed: on path=avx512, or with amx=0");
   const Isa isa = codegen::gemm_isa_for_rows(path, bucket_low(f.at("m")), o);
   if (isa == Isa::scalar) throw Error("shape field path=scalar; allowed: a JIT path");
+  // The arithmetic of the Xbyak fused int4 kernel: int4 weights, a bucket
+  // whose every M it runs (W4A16 at <= 4 rows on the amx / avx512 paths).
+  if (e.knob("u4_dot")) {
+    const bool int4 = wf && is_int4(*wf);
+    const int64_t hi = bucket_high(f.at("m"));
+    if (!int4 || (path != Isa::amx && path != Isa::avx512) ||
+        hi > codegen::BrgemmDesc::kQuantMaxMr || e.knob("w4a8") == 1)
+      throw Error(fmt::format(
+          "knob u4_dot with fmt={} path={} m={}{}; allowed: int4 weights (int4_awq, "
+          "int4_gptq) on path amx or avx512 at m <= {} (the fused kernel), without w4a8=1",
+          f.at("fmt"), isa_name(path), f.at("m"), e.knob("w4a8") == 1 ? " w4a8=1" : "",
+          codegen::BrgemmDesc::kQuantMaxMr));
+  }
   (void)codegen::plan_gemm(spec, isa, o);
 }
 
@@ -438,6 +461,7 @@ codegen::PlanOverrides gemm_overrides(const TunedEntry& e) {
   if (e.knob("llvm")) o.isa = Isa::llvm;
   if (auto v = e.knob("w4a8")) o.w4a8 = *v != 0;
   if (auto v = e.knob("prefetch")) o.prefetch_kib = static_cast<int>(*v);
+  if (auto v = e.knob("u4_dot")) o.u4_dot = *v != 0;
   o.entry = e.id();
   return o;
 }

@@ -165,7 +165,7 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const QuantTables& q = *p.quant;
   const int64_t M = x.shape[0], N = p.layout.n;
   const codegen::GemmSpec spec{p.layout.n, p.layout.k, bias_kind(opt), opt.act, y.dtype};
-  const FusedKernels kernels(p, spec, M, isa, tuned.prefetch_kib.value_or(-1));
+  const FusedKernels kernels(p, spec, M, isa, tuned);
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr, "tilejit: gemm %s M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s\n",
                  p.dtype == DType::f8e4m3 ? "w8a16" : "w4a16", static_cast<long long>(M),
@@ -369,9 +369,9 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind
 
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
                                      const codegen::GemmSpec& spec, int64_t m, Isa path,
-                                     int prefetch_kib) {
+                                     const codegen::PlanOverrides& tuned) {
   codegen::BrgemmDesc d;
-  d.prefetch_kib = prefetch_kib;
+  d.prefetch_kib = tuned.prefetch_kib.value_or(-1);
   d.isa = path == Isa::llvm ? Isa::llvm : Isa::avx512;
   d.b_type = code;  // f8e4m3, u4 or f4e2m1
   d.b_zeros = zeros;
@@ -385,16 +385,17 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
   d.glu_alpha = spec.glu_alpha;
   d.glu_limit = spec.glu_limit;
   if (d.glu != codegen::Glu::none) d.nr = 32;
-  // The Xbyak u4 kernel's arithmetic for this CPU (the LLVM kernel has one).
+  // The Xbyak u4 kernel's arithmetic: tuned, or this CPU's (the LLVM kernel
+  // has one).
   d.u4_bf16_dot = d.isa == Isa::avx512 && code == DType::u4 &&
-                  runtime::bf16_dot_at_fma_rate(runtime::cpu_features());
+                  tuned.u4_dot.value_or(runtime::bf16_dot_at_fma_rate(runtime::cpu_features()));
   return d;
 }
 
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m, Isa path, int prefetch_kib) {
+                                     int64_t m, Isa path, const codegen::PlanOverrides& tuned) {
   const QuantTables& q = *p.quant;
-  return quant_fused_desc(p.dtype, q.zeros != nullptr, q.k_packed, spec, m, path, prefetch_kib);
+  return quant_fused_desc(p.dtype, q.zeros != nullptr, q.k_packed, spec, m, path, tuned);
 }
 
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
@@ -430,7 +431,7 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
     return quant_fused_desc(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m, isa,
-                            tuned.prefetch_kib.value_or(-1))
+                            tuned)
         .name();
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
                          codegen::gemm_isa_for_rows(path, m, tuned), tuned)
@@ -443,13 +444,13 @@ int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d) {
 }
 
 FusedKernels::FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
-                           Isa path, int prefetch_kib) {
-  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path, prefetch_kib);
+                           Isa path, const codegen::PlanOverrides& tuned) {
+  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path, tuned);
   mr_ = d.mr;
   const int64_t rem = rows > d.mr ? rows % d.mr : 0;
   for (int g = 0; g < 2; ++g) {
     if (g == 1 && rem == 0) continue;
-    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path, prefetch_kib);
+    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path, tuned);
     codegen::BrgemmDesc tail = dg;
     tail.nr = static_cast<int>(spec.n % dg.nr);
     if (spec.n >= dg.nr) k_[g][0] = &jit::get(dg);

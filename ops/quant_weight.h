@@ -58,7 +58,7 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // Both fused kernels take up to kFusedMaxMr rows a call (registry.cpp,
 // kQuantLimits); on the llvm path a GEMM of up to kFusedMaxRowsLlvm rows calls
 // them once per group of <= kFusedMaxMr rows (fused_row_groups).
-inline constexpr int64_t kFusedMaxMr = 4;
+inline constexpr int64_t kFusedMaxMr = codegen::BrgemmDesc::kQuantMaxMr;
 inline constexpr int64_t kFusedMaxRowsLlvm = 16;
 bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
@@ -82,15 +82,17 @@ codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec
 // The fused decode kernel for m rows on `path` (llvm: the LLVM row, else the
 // avx512 one): mr = min(m, kFusedMaxMr) rows a call, a full 64-column block
 // (nr 64, or 32 outputs with the spec's GLU) and the spec's epilogue; the N
-// tail sets nr. prefetch_kib: a tuned prefetch distance (BrgemmDesc::prefetch_kib).
+// tail sets nr. tuned: a tuning entry's prefetch distance
+// (BrgemmDesc::prefetch_kib) and int4 arithmetic (u4_dot: BrgemmDesc::u4_bf16_dot,
+// else the CPU's default, runtime::bf16_dot_at_fma_rate).
 codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen::GemmSpec& spec,
-                                     int64_t m, Isa path, int prefetch_kib = -1);
+                                     int64_t m, Isa path, const codegen::PlanOverrides& tuned = {});
 // The same from the weight's code type (f8e4m3, u4 or f4e2m1), whether it
 // has zero points and its packed K (QuantTables::k_packed): what
 // `tilejit dump` shows for a program's quantized gemm at m <= 4.
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
                                      const codegen::GemmSpec& spec, int64_t m, Isa path,
-                                     int prefetch_kib = -1);
+                                     const codegen::PlanOverrides& tuned = {});
 // The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 
@@ -101,7 +103,7 @@ class FusedKernels {
  public:
   FusedKernels() = default;
   FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path,
-               int prefetch_kib = -1);
+               const codegen::PlanOverrides& tuned = {});
   int64_t mr() const { return mr_; }
   const std::string& name() const;  // of the first kernel (for logs)
   // Column block `block` (the N tail when n_tail) for `rows` rows: A row 0

@@ -704,6 +704,80 @@ TEST(TuningDb, TunedPrefetchUsed) {
   fs::remove(file);
 }
 
+// A gemm entry's u4_dot (the Xbyak fused int4 decode kernel's arithmetic:
+// vdpbf16ps on bf16 pairs, or f32 FMAs at mr <= 3; docs/tuning.md) at M = 1
+// and 3, the arithmetic this CPU's rule does not pick: applied and counted,
+// in the kernel's name, and every output (N tail included) within the fused
+// kernel's bound of the double reference on the logical weights. Refused
+// off int4, above the fused kernel's rows, with w4a8=1 and on the llvm path.
+TEST(TuningDb, TunedU4DotUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t n = 136, k = 512;
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(quant_entry(path, n, k, 40, WeightFormat::int4_gptq, {{"u4_dot", 1}}));
+      },
+      "knob u4_dot with fmt=int4_gptq path=" + std::string(isa_name(path)) + " m=17-64; allowed");
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(quant_entry(path, n, k, 1, WeightFormat::fp8_e4m3, {{"u4_dot", 0}}));
+      },
+      "knob u4_dot with fmt=fp8_e4m3");
+  expect_tilejit_error(
+      [&] {
+        jit::validate_entry(
+            quant_entry(path, n, k, 1, WeightFormat::int4_gptq, {{"u4_dot", 1}, {"w4a8", 1}}));
+      },
+      "w4a8=1; allowed");
+  if (path == Isa::llvm) {
+    expect_tilejit_error(
+        [&] {
+          jit::validate_entry(quant_entry(path, n, k, 1, WeightFormat::int4_gptq, {{"u4_dot", 1}}));
+        },
+        "knob u4_dot with fmt=int4_gptq path=llvm");
+    GTEST_SKIP() << "the llvm path's fused kernel has one arithmetic";
+  }
+  if (!ops::quant_gemm_fused(codegen::gemm_isa_for_rows(path, 1), 1))
+    GTEST_SKIP() << "no Xbyak fused int4 kernel on this CPU (AVX512-VBMI)";
+  const bool dflt = runtime::bf16_dot_at_fma_rate(runtime::cpu_features());
+  const PackedWeight pw = int4_weight(n, k, 17);
+  std::vector<float> wd(size_t(n * k));
+  pw.dequantize(TensorView(wd.data(), DType::f32, {n, k}));
+  std::mt19937 rng(10);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (const int64_t m : {int64_t{1}, int64_t{3}}) {
+    SCOPED_TRACE(fmt::format("M = {}, u4_dot = {}", m, !dflt));
+    std::vector<uint16_t> x(size_t(m * k));
+    for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+    jit::TuningDb db;
+    db.put(quant_entry(path, n, k, m, WeightFormat::int4_gptq, {{"u4_dot", dflt ? 0 : 1}}));
+    jit::install_tuning_db(db, "u4_dot test");
+    const uint64_t before = cache_stats().tuned_plans;
+    std::vector<float> y(size_t(m * n));
+    gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+    EXPECT_EQ(cache_stats().tuned_plans, before + 1);
+    const std::string name = ops::quant_gemm_kernel_name(*pw.impl(), codegen::BiasKind::none,
+                                                         Activation::none, DType::f32, path, m);
+    EXPECT_EQ(name.find("_dot") != std::string::npos, !dflt) << name;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0, abs = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const double v =
+              double(runtime::bf16_to_f32(x[size_t(i * k + c)])) * wd[size_t(j * k + c)];
+          ref += v, abs += std::fabs(v);
+        }
+        ASSERT_NEAR(
+            y[size_t(i * n + j)], ref,
+            runtime::quant_brgemm_output_bound(Activation::none, DType::f32, k, abs, 0, ref, ref) +
+                runtime::dequant_weight_bound(Activation::none, abs))
+            << "y[" << i << ", " << j << "]";
+      }
+    jit::install_tuning_db({}, "");
+  }
+}
+
 // The same for an int8 (W8A8) entry at M = 24: applied, and every output
 // within quant_gemm_test's W8A8 bound (int8_output_bound around the exact
 // integer sums of the codes the reference quantizer makes).

@@ -390,6 +390,11 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
               p.candidates = gemm_candidates(o, path, m, threads, &p.pruned);
             for (Knobs& k : prefetch_candidates(path, rows_isa, fused))
               p.candidates.push_back(std::move(k));
+            // int4 in the Xbyak fused kernel: the other arithmetic (vdpbf16ps
+            // or f32 FMAs) than the one this CPU's rule picks.
+            if (fused && int4 && path != Isa::llvm)
+              p.candidates.push_back(
+                  {{"u4_dot", runtime::bf16_dot_at_fma_rate(runtime::cpu_features()) ? 0 : 1}});
             if (other_route) p.candidates.push_back({{"w4a8", 1}});
           }
         }

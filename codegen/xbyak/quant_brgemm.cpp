@@ -100,7 +100,8 @@ class QuantBrgemm : public JitGenerator {
         row_bytes_(fp8_ ? 128 : 64) {
     if (d.b_type != DType::u4 && d.b_type != DType::f8e4m3 && d.b_type != DType::f4e2m1)
       throw std::invalid_argument("emit_quant_brgemm: b must be u4, f8e4m3 or f4e2m1");
-    if (d.mr < 1 || d.mr > 4 || d.nr < 1 || d.nr > (d.glu != Glu::none ? 32 : 64) || d.kb < 1)
+    if (d.mr < 1 || d.mr > BrgemmDesc::kQuantMaxMr || d.nr < 1 ||
+        d.nr > (d.glu != Glu::none ? 32 : 64) || d.kb < 1)
       throw std::invalid_argument("emit_quant_brgemm: mr 1..4, nr 1..64 (GLU: 1..32), kb >= 1");
     if (d.accumulate || d.a_packed)
       throw std::invalid_argument("emit_quant_brgemm: no acc_in or packed A");
