@@ -386,47 +386,48 @@ ShapeClass gemm_shape_class(Isa path, int threads, int64_t n, int64_t k, codegen
            {"m", count_bucket(m)}}};
 }
 
-ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
-                              int64_t block_size, DType kv, int64_t batch, int64_t longest) {
+namespace {
+// The fields every attention family's class starts with: path, threads and
+// the head geometry.
+ShapeClass attention_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv) {
   return {{{"path", isa_name(path)},
            {"threads", std::to_string(threads)},
            {"d", std::to_string(d)},
            {"dv", std::to_string(dv)},
            {"hq", std::to_string(hq)},
-           {"hkv", std::to_string(hkv)},
-           {"block", std::to_string(block_size)},
-           {"kv", dtype_name(kv)},
-           {"batch", count_bucket(batch)},
-           {"seq", seq_bucket(longest)}}};
+           {"hkv", std::to_string(hkv)}}};
+}
+}  // namespace
+
+ShapeClass decode_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
+                              int64_t block_size, DType kv, int64_t batch, int64_t longest) {
+  ShapeClass s = attention_class(path, threads, d, dv, hq, hkv);
+  s.fields.insert({{"block", std::to_string(block_size)},
+                   {"kv", dtype_name(kv)},
+                   {"batch", count_bucket(batch)},
+                   {"seq", seq_bucket(longest)}});
+  return s;
 }
 
 ShapeClass prefill_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq,
                                int64_t hkv, bool causal, int64_t batch, int64_t longest) {
-  return {{{"path", isa_name(path)},
-           {"threads", std::to_string(threads)},
-           {"d", std::to_string(d)},
-           {"dv", std::to_string(dv)},
-           {"hq", std::to_string(hq)},
-           {"hkv", std::to_string(hkv)},
-           {"causal", causal ? "1" : "0"},
-           {"batch", count_bucket(batch)},
-           {"seq", seq_bucket(longest)}}};
+  ShapeClass s = attention_class(path, threads, d, dv, hq, hkv);
+  s.fields.insert({{"causal", causal ? "1" : "0"},
+                   {"batch", count_bucket(batch)},
+                   {"seq", seq_bucket(longest)}});
+  return s;
 }
 
 ShapeClass extend_shape_class(Isa path, int threads, int64_t d, int64_t dv, int64_t hq, int64_t hkv,
                               int64_t block_size, DType kv, int64_t batch, int64_t longest_new,
                               int64_t longest) {
-  return {{{"path", isa_name(path)},
-           {"threads", std::to_string(threads)},
-           {"d", std::to_string(d)},
-           {"dv", std::to_string(dv)},
-           {"hq", std::to_string(hq)},
-           {"hkv", std::to_string(hkv)},
-           {"block", std::to_string(block_size)},
-           {"kv", dtype_name(kv)},
-           {"batch", count_bucket(batch)},
-           {"new", count_bucket(longest_new)},
-           {"seq", seq_bucket(longest)}}};
+  ShapeClass s = attention_class(path, threads, d, dv, hq, hkv);
+  s.fields.insert({{"block", std::to_string(block_size)},
+                   {"kv", dtype_name(kv)},
+                   {"batch", count_bucket(batch)},
+                   {"new", count_bucket(longest_new)},
+                   {"seq", seq_bucket(longest)}});
+  return s;
 }
 
 ShapeClass moe_shape_class(Isa path, int threads, int64_t e, int64_t k, int64_t h, int64_t i,
