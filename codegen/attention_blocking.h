@@ -25,9 +25,6 @@ struct AttentionBlocking {
   int64_t rows = kRowsMax;
   int64_t key_block = 128;
 
-  static bool rows_allowed(int64_t v) {
-    return v >= kRowsStep && v <= kRowsMax && v % kRowsStep == 0;
-  }
   static bool key_block_allowed(int64_t v) {
     return v >= kKeyBlockStep && v <= kKeyBlockMax && v % kKeyBlockStep == 0;
   }

@@ -154,8 +154,8 @@ struct Scratch {
   alignas(64) int32_t lo[kRowsPerBlock], hi[kRowsPerBlock];  // visible keys per row
   AlignedArray<float> ot;                                    // Oᵀ [Dv][64 rows]
   AlignedArray<uint16_t> vt;  // Vᵀ of one key block [Dv][key block]
-  AlignedArray<uint16_t>
-      kg;  // K rows of one key block gathered from small cache blocks [key block][D]
+  // K rows of one key block gathered from small cache blocks [key block][D].
+  AlignedArray<uint16_t> kg;
   alignas(64) uint16_t a_tail[32 * 32];
 };
 thread_local Scratch tls;
