@@ -40,6 +40,10 @@ bool RuleContext::rank(size_t i, int r, const char* shape) {
 }
 
 bool RuleContext::dtype(size_t i, std::initializer_list<DType> allowed) {
+  return dtype(i, std::span<const DType>(allowed.begin(), allowed.size()));
+}
+
+bool RuleContext::dtype(size_t i, std::span<const DType> allowed) {
   if (std::find(allowed.begin(), allowed.end(), type(i).dtype) != allowed.end()) return true;
   std::string list = join(allowed, ", ", [](DType t) { return dtype_name(t); });
   return fail(cat("operand ", who(i), " has dtype ", dtype_name(type(i).dtype), ": ", name(kind_),
@@ -165,6 +169,8 @@ std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> op
       return check_cast(c);
     case OpKind::attention:
       return check_attention(c);
+    case OpKind::decode_attention:
+      return check_decode_attention(c);
     case OpKind::rope:
       return check_rope(c);
     case OpKind::moe:

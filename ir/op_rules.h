@@ -49,6 +49,7 @@ class RuleContext {
   // whether it held. `shape` reads like "[M, K]".
   bool rank(size_t i, int rank, const char* shape);
   bool dtype(size_t i, std::initializer_list<DType> allowed);
+  bool dtype(size_t i, std::span<const DType> allowed);
   bool same_dtype(size_t i, size_t j, const char* rule);
   // row_major, with unit stride on the last dim (strided rows are fine).
   bool unit_stride_rows(size_t i);
@@ -108,6 +109,7 @@ std::optional<TensorType> check_binary(RuleContext& c);
 std::optional<TensorType> check_activation(RuleContext& c);
 std::optional<TensorType> check_cast(RuleContext& c);
 std::optional<TensorType> check_attention(RuleContext& c);
+std::optional<TensorType> check_decode_attention(RuleContext& c);
 std::optional<TensorType> check_rope(RuleContext& c);
 std::optional<TensorType> check_moe(RuleContext& c);
 

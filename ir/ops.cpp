@@ -21,6 +21,8 @@ struct KindInfo {
 
 constexpr const char* kGemmRoles[] = {"x", "w"};
 constexpr const char* kAttentionRoles[] = {"q", "k", "v"};
+constexpr const char* kDecodeAttentionRoles[] = {"q", "k_cache", "v_cache", "block_table",
+                                                 "seq_lens"};
 constexpr const char* kRopeRoles[] = {"q", "positions", "cos_sin"};
 constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "topk_ids"};
 constexpr const char* kBinaryRoles[] = {"a", "b"};
@@ -30,9 +32,10 @@ constexpr const char* kGemmNamedRoles[] = {"scale", "zero", "g_idx"};
 constexpr const char* kMoeNamedRoles[] = {"scale13", "zero13", "g_idx13",
                                           "scale2",  "zero2",  "g_idx2"};
 
-constexpr std::array<KindInfo, 11> kKinds = {{
+constexpr std::array<KindInfo, 12> kKinds = {{
     {OpKind::gemm, "gemm", kGemmRoles},
     {OpKind::attention, "attention", kAttentionRoles},
+    {OpKind::decode_attention, "decode_attention", kDecodeAttentionRoles},
     {OpKind::rope, "rope", kRopeRoles},
     {OpKind::moe, "moe", kMoeRoles},
     {OpKind::add, "add", kBinaryRoles},
@@ -44,9 +47,11 @@ constexpr std::array<KindInfo, 11> kKinds = {{
     {OpKind::cast, "cast", kUnaryRoles},
 }};
 
-constexpr std::array<OpKind, 11> kAllKinds = {
-    OpKind::gemm, OpKind::attention, OpKind::rope,      OpKind::moe,      OpKind::add, OpKind::mul,
-    OpKind::relu, OpKind::silu,      OpKind::gelu_tanh, OpKind::gelu_erf, OpKind::cast};
+constexpr std::array<OpKind, 12> kAllKinds = {
+    OpKind::gemm,      OpKind::attention, OpKind::decode_attention,
+    OpKind::rope,      OpKind::moe,       OpKind::add,
+    OpKind::mul,       OpKind::relu,      OpKind::silu,
+    OpKind::gelu_tanh, OpKind::gelu_erf,  OpKind::cast};
 
 const KindInfo& info(OpKind kind) {
   for (const KindInfo& k : kKinds) {
@@ -61,6 +66,19 @@ constexpr AttrSpec kAttentionAttrs[] = {
     {"window_left", AttrKind::integer, false, "keys visible before the query, -1 = all (default)"},
     {"window_right", AttrKind::integer, false, "keys visible after the query, -1 = all (default)"},
     {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
+};
+// tilejit::decode_attention's options: the new token is the last position,
+// so there is no causal flag or right window; k_scale / v_scale exactly with
+// an f8e4m3 cache (rules_attention.cpp).
+constexpr AttrSpec kDecodeAttentionAttrs[] = {
+    {"sm_scale", AttrKind::real, false, "softmax scale, > 0 (default 1/sqrt(D))"},
+    {"window_left", AttrKind::integer, false,
+     "keys visible before the new token, -1 = all (default)"},
+    {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
+    {"k_scale", AttrKind::real, false,
+     "f8e4m3 cache: K is read as code * k_scale, finite and > 0 (default 1)"},
+    {"v_scale", AttrKind::real, false,
+     "f8e4m3 cache: V is read as code * v_scale, finite and > 0 (default 1)"},
 };
 constexpr AttrSpec kRopeAttrs[] = {
     {"style", AttrKind::string, false, "\"neox\" (rotate halves, default) or \"gptj\" (pairs)"},
@@ -305,6 +323,8 @@ std::span<const AttrSpec> attr_specs(OpKind kind) {
   switch (kind) {
     case OpKind::attention:
       return kAttentionAttrs;
+    case OpKind::decode_attention:
+      return kDecodeAttentionAttrs;
     case OpKind::rope:
       return kRopeAttrs;
     case OpKind::moe:
@@ -356,16 +376,26 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
     std::string list = join(allowed, ", ", [](std::string_view a) { return cat('"', a, '"'); });
     problems.push_back(cat("attribute '", n, "' = \"", *v, "\" must be one of ", list));
   };
+  // The score options both attention ops take (AttentionOptions).
+  auto score_attrs = [&] {
+    if (auto s = attrs.get_double("sm_scale"); s && !(*s > 0)) {
+      problems.push_back(cat("attribute 'sm_scale' = ", *s, " must be > 0"));
+    }
+    if (auto c = attrs.get_double("softcap"); c && *c < 0) {
+      problems.push_back(cat("attribute 'softcap' = ", *c, " must be >= 0 (0 = off)"));
+    }
+    int_at_least("window_left", -1);
+  };
   switch (kind) {
     case OpKind::attention:
-      if (auto s = attrs.get_double("sm_scale"); s && !(*s > 0)) {
-        problems.push_back(cat("attribute 'sm_scale' = ", *s, " must be > 0"));
-      }
-      if (auto c = attrs.get_double("softcap"); c && *c < 0) {
-        problems.push_back(cat("attribute 'softcap' = ", *c, " must be >= 0 (0 = off)"));
-      }
-      int_at_least("window_left", -1);
+      score_attrs();
       int_at_least("window_right", -1);
+      break;
+    case OpKind::decode_attention:
+      score_attrs();
+      for (const char* n : {"k_scale", "v_scale"})
+        if (auto v = attrs.get_double(n); v && !(*v > 0))
+          problems.push_back(cat("attribute '", n, "' = ", *v, " must be > 0"));
       break;
     case OpKind::rope:
       one_of("style", {"neox", "gptj"});

@@ -18,7 +18,20 @@
 
 namespace tilejit::ir {
 
-enum class OpKind { gemm, attention, rope, moe, add, mul, relu, silu, gelu_tanh, gelu_erf, cast };
+enum class OpKind {
+  gemm,
+  attention,
+  decode_attention,
+  rope,
+  moe,
+  add,
+  mul,
+  relu,
+  silu,
+  gelu_tanh,
+  gelu_erf,
+  cast
+};
 
 // The spelling in the text form ("gemm", "gelu_tanh", ...).
 const char* name(OpKind kind);

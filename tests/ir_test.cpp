@@ -666,6 +666,67 @@ TEST(IrVerifier, AttentionRules) {
               HasSubstr("attribute 'causal' is a int (1), expected a bool"));
 }
 
+std::string decode_text(const std::string& q, const std::string& kc, const std::string& vc,
+                        const std::string& table, const std::string& lens, const std::string& attrs,
+                        const std::string& r) {
+  return "func @d(%q: " + q + ", %kc: " + kc + ", %vc: " + vc + ", %bt: " + table +
+         ", %sl: " + lens + ") -> (" + r + ") {\n  %0 = decode_attention %q, %kc, %vc, %bt, %sl " +
+         attrs + " : " + r + "\n  return %0\n}\n";
+}
+
+TEST(IrVerifier, DecodeAttentionRules) {
+  auto t = [](const char* s) { return std::string("tensor<") + s + ">"; };
+  const std::string q = t("?Bx32x128xbf16"), kc = t("?Nx16x8x128xbf16"), table = t("?Bx?Mxi32"),
+                    lens = t("?Bxi32"), r = t("?Bx32x128xbf16");
+  auto err = [&](const std::string& q_, const std::string& kc_, const std::string& vc_,
+                 const std::string& table_, const std::string& lens_, const std::string& attrs,
+                 const std::string& r_) {
+    return verify_error(decode_text(q_, kc_, vc_, table_, lens_, attrs, r_));
+  };
+  EXPECT_EQ(err(q, kc, kc, table, lens, "{softcap = 30.0, window_left = 100}", r), "");
+  // An fp8 cache with its scales; MLA-like D != Dv; token-granular blocks.
+  EXPECT_EQ(err(t("2x16x576xbf16"), t("9x1x1x576xf8e4m3"), t("9x1x1x512xf8e4m3"), t("2x5xi32"),
+                t("2xi32"), "{k_scale = 0.5, v_scale = 2.0}", t("2x16x512xbf16")),
+            "");
+  // The printer gives back what the parser read.
+  const std::string text = decode_text(q, kc, kc, table, lens, "{sm_scale = 0.125}", r);
+  EXPECT_EQ(print(parse(text)), text);
+
+  EXPECT_THAT(err(q, t("?Nx16x8x128xf16"), t("?Nx16x8x128xf16"), table, lens, "", r),
+              HasSubstr("operand 'k_cache' (%kc) has dtype f16: decode_attention takes k_cache as "
+                        "bf16, f8e4m3"));
+  EXPECT_THAT(err(q, kc, t("?Nx16x8x128xf8e4m3"), table, lens, "", r),
+              HasSubstr("operand 'v_cache' (%vc) has dtype f8e4m3 but 'k_cache' (%kc) has bf16: "
+                        "k_cache and v_cache share one dtype"));
+  EXPECT_THAT(err(t("?Bx32x128xf32"), kc, kc, table, lens, "", r),
+              HasSubstr("operand 'q' (%q) has dtype f32: decode_attention takes q as bf16"));
+  EXPECT_THAT(err(q, t("?Nx8x128xbf16"), kc, table, lens, "", r),
+              HasSubstr("operand 'k_cache' (%kc) has rank 3"));
+  EXPECT_THAT(err(q, kc, kc, t("?Bx?Mxi64"), lens, "", r),
+              HasSubstr("operand 'block_table' (%bt) has dtype i64"));
+  EXPECT_THAT(err(q, kc, kc, t("?Cx?Mxi32"), lens, "", r),
+              HasSubstr("operand 'block_table' (%bt) has B=?C but 'q' (%q) has B=?B: one "
+                        "block-table row per sequence"));
+  EXPECT_THAT(err(q, kc, t("?Nx8x8x128xbf16"), table, lens, "", r),
+              HasSubstr("k_cache and v_cache have one block size"));
+  EXPECT_THAT(err(q, t("?Nx0x8x128xbf16"), t("?Nx0x8x128xbf16"), table, lens, "", r),
+              HasSubstr("has block_size=0"));
+  EXPECT_THAT(err(t("?Bx12x128xbf16"), kc, kc, table, lens, "", t("?Bx12x128xbf16")),
+              HasSubstr("operand 'q' (%q) has Hq=12 but 'k_cache' (%kc) has Hkv=8: Hq must be a "
+                        "multiple of Hkv"));
+  EXPECT_THAT(err(t("?Bx32x99xbf16"), t("?Nx16x8x99xbf16"), t("?Nx16x8x99xbf16"), table, lens, "",
+                  t("?Bx32x99xbf16")),
+              HasSubstr("has head dim D=99: head dims must be even"));
+  EXPECT_THAT(err(q, kc, kc, table, lens, "{k_scale = 0.5}", r),
+              HasSubstr("attribute 'k_scale' needs an f8e4m3 cache; 'k_cache' (%kc) is bf16"));
+  EXPECT_THAT(
+      err(q, t("?Nx16x8x128xf8e4m3"), t("?Nx16x8x128xf8e4m3"), table, lens, "{v_scale = 0.0}", r),
+      HasSubstr("attribute 'v_scale' = 0 must be > 0"));
+  EXPECT_THAT(err(q, kc, kc, table, lens, "{causal = true}", r),
+              HasSubstr("unknown attribute 'causal' (decode_attention takes sm_scale, "
+                        "window_left, softcap, k_scale, v_scale)"));
+}
+
 std::string rope_text(const std::string& q, const std::string& pos, const std::string& cs,
                       const std::string& attrs) {
   return "func @r(%q: " + q + ", %pos: " + pos + ", %cs: " + cs + ") -> (" + q +

@@ -112,7 +112,7 @@ for tir in "${examples[@]}"; do
     dims+=(--dim "$s=10")
   done
 
-  if ! grep -Eq '= *(gemm|attention|rope|moe) ' "$tir"; then
+  if ! grep -Eq '= *(gemm|attention|decode_attention|rope|moe) ' "$tir"; then
     # Elementwise only: one loop compiled by LLVM, shown through the registry.
     ok "$name: dump --stage plan (no gemm)" "$TJ" dump "$tir" --stage plan
     has "$name: elementwise plan" "$OUT" "^plan +elementwise: @[A-Za-z0-9_]+ as one fused loop compiled by LLVM"
@@ -137,14 +137,14 @@ for tir in "${examples[@]}"; do
       "$TJ" bench "$tir" "${dims[@]}" --seconds 0.01
     continue
   fi
-  if grep -Eq '= *(attention|rope|moe) ' "$tir"; then
+  if grep -Eq '= *(attention|decode_attention|rope|moe) ' "$tir"; then
     # Operator programs: one public API call per op (tools/program/operator_runner.h).
     ok "$name: dump (all stages)" "$TJ" dump "$tir" "${dims[@]}"
     for stage in ir verified plan key asm; do has "$name: all has $stage" "$OUT" "^// ---- $stage ----"; done
-    has "$name: plan names the call" "$OUT" "^call 1 of [0-9]+: %[A-Za-z0-9_]+ = (rope|attention|moe) "
-    has "$name: plan has the API call" "$OUT" "^  api +(tilejit::rope|tilejit::flash_attn_varlen|w13p = tilejit::pack_experts)\\("
+    has "$name: plan names the call" "$OUT" "^call 1 of [0-9]+: %[A-Za-z0-9_]+ = (rope|attention|decode_attention|moe) "
+    has "$name: plan has the API call" "$OUT" "^  api +(tilejit::rope|tilejit::flash_attn_varlen|tilejit::decode_attention|w13p = tilejit::pack_experts)\\("
     # asm lists the kernels the shapes fix (RoPE's) and names the rest.
-    has "$name: asm lists or explains" "$OUT" "(kernels are chosen and compiled inside the operator at run time|^; kernel rope_llvm_)"
+    has "$name: asm lists or explains" "$OUT" "(kernels are chosen and compiled inside the operator at run time|^; kernel (rope|decode_attn)_llvm_)"
     ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
     has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
     ok "$name: run --random-inputs --check" \
@@ -501,6 +501,49 @@ ok "quantized experts, two calls: run --check" "$TJ" run "$WORK/moe_q2.tir" --ra
 has "quantized experts, two calls: PASS" "$OUT" "^PASS \\("
 printf 'func @q(%%h: tensor<?Tx256xbf16>, %%w13: tensor<2x64x256xi8>, %%w2: tensor<2x256x32xi8>, %%tw: tensor<?Tx1xf32>, %%ti: tensor<?Tx1xi32>, %%s13: tensor<2x64xf32>) -> (tensor<?Tx256xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13 {top_k = 1} : tensor<?Tx256xbf16>\n  return %%o\n}\n' >"$WORK/moe_q_bad.tir"
 bad "quantized experts without scale2" "error: %o = moe: operand 'w2' \\(%w2\\) is i8: a quantized weight needs a 'scale2' operand" "$TJ" run "$WORK/moe_q_bad.tir" --random-inputs 1 --dim T=2
+# ---- decode_attention over a paged cache (bf16, and f8e4m3 with k_scale / v_scale) ----
+# Every runnable path against the reference over the block table's rows; dump
+# names the operator's one LLVM kernel, its key and its code.
+for name in decode_attention decode_attention_fp8; do
+  tir=$EXAMPLES/$name.tir
+  [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }
+  for isa in $active avx512 llvm scalar; do
+    runs_here $isa || continue
+    TILEJIT_ISA=$isa ok "$name: run --check, TILEJIT_ISA=$isa" "$TJ" run "$tir" --random-inputs 5 --check
+    has "$name: $isa path" "$OUT" "on the $isa path: decode_attention B=[0-9]+ Hq=[0-9]+ Hkv=[0-9]+ "
+    has "$name: PASS ($isa)" "$OUT" "^PASS \\("
+  done
+  has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_attention.h over the cache rows of the block table"
+  ok "$name: dump --stage plan" "$TJ" dump "$tir" --stage plan --isa llvm
+  has "$name: plan api" "$OUT" "^  api +tilejit::decode_attention\\(q = %q bf16 \\[[0-9]+, [0-9]+, [0-9]+\\], k_cache = %k_cache (bf16|f8e4m3) "
+  has "$name: plan kernel" "$OUT" "^  kernels +decode_attn_llvm_d[0-9]+_dv[0-9]+_g[0-9]+_bs[0-9]+_"
+  ok "$name: dump --stage key" "$TJ" dump "$tir" --stage key --isa llvm
+  key=$(sed -nE 's/^  key +(decode_attn_llvm;[^ ]+)$/\1/p' "$OUT")
+  checks=$((checks + 1))
+  [ -n "$key" ] || fail "$name: dump --stage key prints no decode_attn_llvm key"
+  ok "$name: dump --stage asm" "$TJ" dump "$tir" --stage asm --isa llvm
+  has "$name: asm header" "$OUT" "^; kernel decode_attn_llvm_[a-z0-9_]+  \\([0-9]+ bytes\\)"
+  # The kernel dump names is the one the call compiles.
+  TILEJIT_ISA=llvm TILEJIT_VERBOSE=1 ok "$name: run, TILEJIT_VERBOSE=1" "$TJ" run "$tir" --random-inputs 5
+  has "$name: the compiled kernel has dump's key" "$ERR" "^tilejit: compiled decode_attn_llvm_[a-z0-9_]+ .* key=$key\$"
+  ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
+  has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
+done
+ok "decode_attention_fp8: dump --stage key" "$TJ" dump "$EXAMPLES/decode_attention_fp8.tir" --stage key --isa avx512
+has "decode_attention_fp8: the fp8 cache's kernel" "$OUT" "^  key     decode_attn_llvm;d=96;dv=64;g=8;bs=1;.*;kv=f8e4m3;"
+# Bad input reaches the call's own Error: block ids past the cache (gen-npy's
+# plain i32 values lie in [0, 16), the cache has 4 blocks).
+printf 'func @d(%%q: tensor<2x4x64xbf16>, %%k_cache: tensor<4x16x2x64xbf16>, %%v_cache: tensor<4x16x2x64xbf16>, %%bt: tensor<2x2xi32>, %%sl: tensor<2xi32>) -> (tensor<2x4x64xbf16>) {\n  %%0 = decode_attention %%q, %%k_cache, %%v_cache, %%bt, %%sl : tensor<2x4x64xbf16>\n  return %%0\n}\n' >"$WORK/decode_small.tir"
+ok "decode_attention: small cache, generated table" "$TJ" run "$WORK/decode_small.tir" --random-inputs 2 --check
+has "decode_attention: small cache PASS" "$OUT" "^PASS \\("
+"$TJ" gen-npy "$WORK/bt.npy" --dtype '<i4' --shape 2,2 --seed 3 || fail "gen-npy bt"
+bad "decode_attention: block id past the cache" "error: decode_attention: block_table\\[0, 0\\]=8; allowed: 0 \\.\\. num_blocks-1 = 3" \
+  "$TJ" run "$WORK/decode_small.tir" --random-inputs 2 --input bt="$WORK/bt.npy"
+sed -e 's/{k_scale = 0.02, v_scale = 0.05, window_left = 100}/{v_scale = 0.05}/' \
+  -e 's/xf8e4m3>/xbf16>/g' "$EXAMPLES/decode_attention_fp8.tir" >"$WORK/decode_scale_bf16.tir"
+input_error "decode_attention: a cache scale on a bf16 cache" "error: %0 = decode_attention: attribute 'v_scale' needs an f8e4m3 cache; 'k_cache' \\(%k_cache\\) is bf16" \
+  "$TJ" dump "$WORK/decode_scale_bf16.tir" --stage verified
+
 # The RoPE kernel and key that dump names are the ones the call compiles.
 if [ "$active" != scalar ]; then
   # Its code too, through the registry (LLVM code); attention's kernels are
@@ -572,7 +615,7 @@ bad "attention f32: run" "attn_f32.tir: error: %o = attention .*operand 'q' \\(%
   "$TJ" run "$WORK/attn_f32.tir" --random-inputs 1 --dim T=2 --dim S=2
 bad "attention f32: dump" "attn_f32.tir: error: cannot produce --stage plan: .*takes bf16" "$TJ" dump "$WORK/attn_f32.tir"
 printf 'func @g(%%x: tensor<?Tx64xbf16>, %%w: tensor<64x64xbf16>, %%q: tensor<?Tx2x64xbf16>, %%pos: tensor<?Txi32>, %%cs: tensor<?Px64xf32>) -> (tensor<?Tx64xf32>, tensor<?Tx2x64xbf16>) {\n  %%0 = gemm %%x, %%w : tensor<?Tx64xf32>\n  %%1 = rope %%q, %%pos, %%cs : tensor<?Tx2x64xbf16>\n  return %%0, %%1\n}\n' >"$WORK/mixed.tir"
-bad "gemm and rope in one program" "mixed.tir: error: no lowering for op 'gemm' .* in a program with rope, attention or moe ops" \
+bad "gemm and rope in one program" "mixed.tir: error: no lowering for op 'gemm' .* in a program with rope, attention, decode_attention or moe ops" \
   "$TJ" run "$WORK/mixed.tir" --random-inputs 1 --dim T=2 --dim P=2
 bad "positions without a cache size" "random input 'pos' .*must lie in \\[0, \\?P\\) \\(%cos_sin dim 0\\).*give --dim P=SIZE" \
   "$TJ" run "$EXAMPLES/rope.tir" --random-inputs 1 --dim T=3

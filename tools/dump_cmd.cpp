@@ -288,6 +288,12 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
                          opt.syntax);
         continue;
       }
+      // decode_attention's one LLVM kernel follows from the shapes too.
+      if (const auto dec = call_decode_kernel(f, c, isa, dims)) {
+        print_kernel_asm(jit::get(*dec), fmt::format("{}: {}", c.api(), jit::cache_key(*dec)),
+                         opt.syntax);
+        continue;
+      }
       // Quantized experts: their helper kernels (act_quant / dequant) are
       // fixed by the format; the brgemm kernels are chosen at run time.
       std::string shown;  // w13 and w2 often share one: listed once
@@ -303,7 +309,8 @@ int dump_operators(const ir::Function& f, const std::string& file, const DumpOpt
       fmt::print(
           "; @{} runs {}: the kernels are chosen and compiled inside the operator at run time, "
           "so there is no listing here (`dump --stage asm` disassembles gemm micro-kernels, "
-          "RoPE and elementwise kernels); TILEJIT_VERBOSE=1 logs each kernel compiled, "
+          "RoPE, decode attention and elementwise kernels); TILEJIT_VERBOSE=1 logs each kernel "
+          "compiled, "
           "TILEJIT_PERF_MAP=1 names them for perf\n",
           f.name, fmt::join(apis, ", then "));
   }

@@ -255,6 +255,17 @@ InputRole input_role(const ir::Function& f, int id, const DimBindings& dims, int
       }
       if (op.kind == ir::OpKind::rope && i == 2) return InputRole::cos_sin;
       if (op.kind == ir::OpKind::moe && i == 3) return InputRole::topk_weights;
+      if (op.kind == ir::OpKind::decode_attention && i == 3) {
+        *range_of = op.operands[1];
+        *range = bind_shape(f.value(*range_of).type, dims).at(0);
+        return InputRole::block_table;
+      }
+      if (op.kind == ir::OpKind::decode_attention && i == 4) {
+        const int64_t mb = bind_shape(f.value(op.operands[3]).type, dims).at(1);
+        const int64_t bs = bind_shape(f.value(op.operands[1]).type, dims).at(1);
+        *range = mb < 0 || bs < 0 ? -1 : mb * bs;
+        return InputRole::seq_lens;
+      }
       if (op.kind == ir::OpKind::gemm && ir::operand_role(op, i) == "g_idx") {
         // The groups are the scale's rows.
         *range_of = op.operands[2];
@@ -357,6 +368,28 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
       }
       return;
     }
+    case InputRole::block_table: {
+      need(t.dtype == DType::i32 && rank == 2, "a block table is i32 [B, max_blocks_per_seq]");
+      need(range >= 1, "the cache's block count is unbound or 0: give --dim for it");
+      // A shuffled pool, handed out in order: every row's blocks scattered
+      // over the cache, as an engine's allocator leaves them after a while.
+      std::vector<int32_t> pool(static_cast<size_t>(range));
+      for (int64_t i = 0; i < range; ++i) pool[i] = static_cast<int32_t>(i);
+      for (int64_t i = range - 1; i > 0; --i)
+        std::swap(pool[i], pool[static_cast<int64_t>(r.next() % static_cast<uint64_t>(i + 1))]);
+      for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = pool[i % range];
+      return;
+    }
+    case InputRole::seq_lens:
+      need(t.dtype == DType::i32 && rank == 1, "sequence lengths are i32 [B]");
+      need(range >= 1, "max_blocks_per_seq or block_size is unbound: give --dim for them");
+      need(range <= INT32_MAX, fmt::format("max_blocks_per_seq·block_size = {} keys: lengths are "
+                                           "int32, at most {}",
+                                           range, INT32_MAX));
+      for (int64_t i = 0; i < n; ++i)
+        t.data<int32_t>()[i] =
+            static_cast<int32_t>(i == 0 ? range : 1 + int64_t(r.next() % uint64_t(range)));
+      return;
     case InputRole::g_idx: {
       // Act-order: every group holds ceil(K/G) channels (k / ceil(K/G)), shuffled;
       // [E, K] (a moe op's experts): each expert's row so.

@@ -62,6 +62,10 @@ enum class InputRole {
   cos_sin,  // rope cos/sin cache [P, R]: row p = cos(p·θ_j), then sin(p·θ_j), θ_j = 10000^(-2j/R)
   topk_ids,      // moe expert ids [T, k]: k distinct ids per row in [0, range) (range = E)
   topk_weights,  // moe routing weights [T, k]: positive, each row summing to 1
+  block_table,   // decode_attention's block table [B, MB]: block ids in [0, range) (range =
+                 // the cache's blocks), distinct over the whole table while there are enough
+  seq_lens,      // decode_attention's lengths [B]: in [1, range] (range = MB·block_size),
+                 // the first sequence full
 };
 // The role of param `id` in f (the first op reading it decides) and, for
 // positions and topk_ids, the bound range (-1 when its dim is unbound) and

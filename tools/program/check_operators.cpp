@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <tuple>
 
 #include "ir/printer.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_quant.h"
@@ -78,53 +80,127 @@ Expected rope_expected(const OperatorCall& c, const HostTensor& q, const HostTen
   return e;
 }
 
+// One attention sequence as the reference reads it: tq query rows over tk
+// keys of Hq query heads sharing Hkv kv heads; elements by accessor (a
+// paged cache, fp8 codes times their scale).
+struct AttnSeq {
+  int64_t tq = 0, tk = 0, hq = 0, hkv = 0, d = 0, dv = 0;
+  std::function<double(int64_t h, int64_t i, int64_t col)> q;
+  std::function<double(int64_t g, int64_t j, int64_t col)> k, v;
+  // Where out[i][h][col] goes in the result.
+  std::function<int64_t(int64_t h, int64_t i, int64_t col)> out_at;
+};
+
+constexpr const char* kAttentionTolerance =
+    "2⁻⁷·max|v| + 2⁻⁸·|ref| + 5·(D+2)·2⁻²⁴·sm_scale·‖q_i‖₁·max|k|·max|v| (fp32 scores)";
+
 // Bound of tests/attention_test.cpp, 2⁻⁷·max|v| + 2⁻⁸·|ref| (P rounded to
 // bf16 before P·v, the bf16 output, headroom for fp32 exp and sums), plus
 // what fp32 score errors can do with inputs larger than the tests': a score
 // off by δ moves each softmax weight by a factor e^{±2δ}, the output by
 // ≤ 5δ·max|v| (δ small), with δ ≤ (D+2)·u·sm_scale·‖q_i‖₁·max|k| for query
-// row i (softcap is 1-Lipschitz).
-Expected attention_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& k,
-                            const HostTensor& v) {
-  const int64_t t = q.shape[0], hq = q.shape[1], d = q.shape[2];
-  const int64_t s = k.shape[0], hkv = k.shape[1], dv = v.shape[2];
-  const int64_t group = hq / hkv;
-  const double scale = sm_scale_of(c, d);
-  double max_v = 0, max_k = 0;
-  for (int64_t i = 0; i < v.numel(); ++i) max_v = std::max(max_v, std::fabs(real_at(v, i)));
-  for (int64_t i = 0; i < k.numel(); ++i) max_k = std::max(max_k, std::fabs(real_at(k, i)));
-  Expected e;
-  e.ref.assign(static_cast<size_t>(t * hq * dv), 0.0);
-  e.tol.assign(e.ref.size(), 0.0);
-  runtime::parallel_for(hq, [&](int64_t h) {
+// row i (softcap is 1-Lipschitz). max|k|, max|v| over what the call may read.
+void attention_rows(const OperatorCall& c, const AttnSeq& a, double max_k, double max_v,
+                    Expected& e) {
+  const int64_t group = a.hq / a.hkv;
+  const double scale = sm_scale_of(c, a.d);
+  runtime::parallel_for(a.hq, [&](int64_t h) {
     const int64_t g = h / group;
     runtime::ReferenceAttentionHead r;
-    r.tq = t;
-    r.tk = s;
-    r.d = d;
-    r.dv = dv;
+    r.tq = a.tq;
+    r.tk = a.tk;
+    r.d = a.d;
+    r.dv = a.dv;
     r.sm_scale = scale;
     r.causal = c.attention.causal;
     r.window_left = c.attention.window_left;
     r.window_right = c.attention.window_right;
     r.softcap = c.attention.softcap;
-    r.q_at = [&](int64_t i, int64_t col) { return real_at(q, (i * hq + h) * d + col); };
-    r.k_at = [&](int64_t j, int64_t col) { return real_at(k, (j * hkv + g) * d + col); };
-    r.v_at = [&](int64_t j, int64_t col) { return real_at(v, (j * hkv + g) * dv + col); };
-    std::vector<double> delta(static_cast<size_t>(t));  // per query row: the score bound
-    for (int64_t i = 0; i < t; ++i) {
+    r.q_at = [&](int64_t i, int64_t col) { return a.q(h, i, col); };
+    r.k_at = [&](int64_t j, int64_t col) { return a.k(g, j, col); };
+    r.v_at = [&](int64_t j, int64_t col) { return a.v(g, j, col); };
+    std::vector<double> delta(static_cast<size_t>(a.tq));  // per query row: the score bound
+    for (int64_t i = 0; i < a.tq; ++i) {
       double q1 = 0;
-      for (int64_t cc = 0; cc < d; ++cc) q1 += std::fabs(real_at(q, (i * hq + h) * d + cc));
-      delta[i] = double(d + 2) * kU * scale * q1 * max_k;
+      for (int64_t cc = 0; cc < a.d; ++cc) q1 += std::fabs(a.q(h, i, cc));
+      delta[i] = double(a.d + 2) * kU * scale * q1 * max_k;
     }
     r.out = [&](int64_t i, int64_t col, double val) {
-      const int64_t at = (i * hq + h) * dv + col;
+      const int64_t at = a.out_at(h, i, col);
       e.ref[at] = val;
       e.tol[at] = runtime::attention_output_bound(max_v, val) + 5 * delta[i] * max_v;
     };
     runtime::reference_attention_head(r);
   });
-  e.tolerance = "2⁻⁷·max|v| + 2⁻⁸·|ref| + 5·(D+2)·2⁻²⁴·sm_scale·‖q_i‖₁·max|k|·max|v| (fp32 scores)";
+  e.tolerance = kAttentionTolerance;
+}
+
+Expected attention_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& k,
+                            const HostTensor& v) {
+  AttnSeq a;
+  a.tq = q.shape[0], a.hq = q.shape[1], a.d = q.shape[2];
+  a.tk = k.shape[0], a.hkv = k.shape[1], a.dv = v.shape[2];
+  a.q = [&](int64_t h, int64_t i, int64_t col) { return real_at(q, (i * a.hq + h) * a.d + col); };
+  a.k = [&](int64_t g, int64_t j, int64_t col) { return real_at(k, (j * a.hkv + g) * a.d + col); };
+  a.v = [&](int64_t g, int64_t j, int64_t col) { return real_at(v, (j * a.hkv + g) * a.dv + col); };
+  a.out_at = [&](int64_t h, int64_t i, int64_t col) { return (i * a.hq + h) * a.dv + col; };
+  double max_v = 0, max_k = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) max_v = std::max(max_v, std::fabs(real_at(v, i)));
+  for (int64_t i = 0; i < k.numel(); ++i) max_k = std::max(max_k, std::fabs(real_at(k, i)));
+  Expected e;
+  e.ref.assign(static_cast<size_t>(a.tq * a.hq * a.dv), 0.0);
+  e.tol.assign(e.ref.size(), 0.0);
+  attention_rows(c, a, max_k, max_v, e);
+  return e;
+}
+
+// decode_attention: sequence b's one query row (its last position) over keys
+// 0 .. seq_lens[b] − 1, key j in cache block block_table[b][j / block_size]
+// at row j % block_size; an f8e4m3 cache read as code · scale, exactly as
+// the call reads it (every e4m3 value times a float scale is exact in double).
+Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& kc,
+                         const HostTensor& vc, const HostTensor& table, const HostTensor& lens) {
+  const int64_t b = q.shape[0], hq = q.shape[1], d = q.shape[2];
+  const int64_t nb = kc.shape[0], bs = kc.shape[1], hkv = kc.shape[2], dv = vc.shape[3];
+  const int64_t mb = table.shape[1];
+  const bool fp8 = kc.dtype == DType::f8e4m3;
+  const KvCacheScales& sc = c.attention.kv_scales;
+  auto cache_at = [&](const HostTensor& t, double scale, int64_t i) {
+    return fp8 ? double(runtime::e4m3_to_f32(t.data<uint8_t>()[i])) * scale : real_at(t, i);
+  };
+  Expected e;
+  e.ref.assign(static_cast<size_t>(b * hq * dv), 0.0);
+  e.tol.assign(e.ref.size(), 0.0);
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t len = int_at(lens, s);
+    if (len < 1 || len > mb * bs)
+      throw Error(fmt::format("check: seq_lens[{}] = {}; allowed: 1 .. {} (block table row)", s,
+                              len, mb * bs));
+    std::vector<int64_t> row(static_cast<size_t>(len));  // key j's row in the cache
+    double max_k = 0, max_v = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t blk = int_at(table, s * mb + j / bs);
+      if (blk < 0 || blk >= nb)
+        throw Error(fmt::format("check: block_table[{}][{}] = {}; allowed: 0 .. {}", s, j / bs, blk,
+                                nb - 1));
+      row[j] = blk * bs + j % bs;
+      for (int64_t i = 0; i < hkv * d; ++i)
+        max_k = std::max(max_k, std::fabs(cache_at(kc, sc.k_scale, row[j] * hkv * d + i)));
+      for (int64_t i = 0; i < hkv * dv; ++i)
+        max_v = std::max(max_v, std::fabs(cache_at(vc, sc.v_scale, row[j] * hkv * dv + i)));
+    }
+    AttnSeq a;
+    a.tq = 1, a.tk = len, a.hq = hq, a.hkv = hkv, a.d = d, a.dv = dv;
+    a.q = [&](int64_t h, int64_t, int64_t col) { return real_at(q, (s * hq + h) * d + col); };
+    a.k = [&](int64_t g, int64_t j, int64_t col) {
+      return cache_at(kc, sc.k_scale, (row[j] * hkv + g) * d + col);
+    };
+    a.v = [&](int64_t g, int64_t j, int64_t col) {
+      return cache_at(vc, sc.v_scale, (row[j] * hkv + g) * dv + col);
+    };
+    a.out_at = [&](int64_t h, int64_t, int64_t col) { return (s * hq + h) * dv + col; };
+    attention_rows(c, a, max_k, max_v, e);
+  }
   return e;
 }
 
@@ -388,6 +464,10 @@ CheckReport OperatorRunner::check(const TensorMap& outputs) const {
       case ir::OpKind::attention:
         e = attention_expected(c, in(0), in(1), in(2));
         ref = "runtime/reference_attention.h";
+        break;
+      case ir::OpKind::decode_attention:
+        e = decode_expected(c, in(0), in(1), in(2), in(3), in(4));
+        ref = "runtime/reference_attention.h over the cache rows of the block table";
         break;
       default:
         if (c.moe_quant.quantized()) {

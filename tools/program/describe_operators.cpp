@@ -7,6 +7,7 @@
 #include "codegen/quant_desc.h"
 #include "ir/printer.h"
 #include "jit/registry.h"
+#include "ops/attention_descs.h"
 #include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
 
@@ -130,6 +131,21 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           dim_text(f, op.operands[1], 0, dims), o.causal, sm_scale_of(c, d),
           o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.window_right, o.softcap);
     }
+    case ir::OpKind::decode_attention: {
+      const AttentionOptions& o = c.attention;
+      const int64_t d = f.value(op.operands[0]).type.dims[2].value;
+      const std::string scales =
+          f.value(op.operands[1]).type.dtype == DType::f8e4m3
+              ? fmt::format(", .kv_scales = {{.k_scale = {:g}, .v_scale = {:g}}}",
+                            o.kv_scales.k_scale, o.kv_scales.v_scale)
+              : "";
+      return fmt::format(
+          "tilejit::decode_attention(q = {}, k_cache = {}, v_cache = {}, out = {}, block_table = "
+          "{}, seq_lens = {}, {{.sm_scale = {:.6g}{}, .window_left = {}, .softcap = {:g}{}}}): "
+          "one new token per sequence",
+          arg(0), arg(1), arg(2), out, arg(3), arg(4), sm_scale_of(c, d),
+          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.softcap, scales);
+    }
     default:
       if (c.moe_quant.quantized()) {
         // One checkpoint description per expert, views at e of the [E, ...] inputs.
@@ -182,6 +198,11 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
       case ir::OpKind::attention:
         return {"scalar: one query head at a time in fp32 (ops/attention_scalar.h)",
                 "none (no JIT code on the scalar path)"};
+      case ir::OpKind::decode_attention:
+        return {
+            "scalar: one query head at a time in fp32 over the cache rows (an f8e4m3 cache "
+            "through an exact bf16 copy of the blocks the call reads)",
+            "none (no JIT code on the scalar path)"};
       default:
         return {"scalar: the packed experts read in fp32 (ops/moe.cpp)",
                 "none (no JIT code on the scalar path)"};
@@ -195,6 +216,21 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                           "rotary_dim, heads, position dtype); tokens split over the threads",
                           isa_name(isa)),
               name};
+    }
+    case ir::OpKind::decode_attention: {
+      if (!jit::family_built(jit::Family::decode_attention))
+        return {
+            fmt::format("{}: the attention engine's decode (no LLVM in this build; an "
+                        "f8e4m3 cache through an exact bf16 copy of the blocks it reads)",
+                        isa_name(isa)),
+            fmt::format("chosen at run time by {} (brgemm_{} micro-kernels)", api, isa_name(isa))};
+      const auto d = call_decode_kernel(f, c, isa, dims);
+      return {fmt::format("{}: one LLVM-compiled kernel per specialisation (D, Dv, query heads "
+                          "per kv head, block size, softcap, cache dtype): tasks are sequences "
+                          "x KV splits, all heads of a 16-key chunk at once, the splits' "
+                          "partials merged (docs/attention.md)",
+                          isa_name(isa)),
+              d ? d->name() : "fixed once the block size and head counts are bound (--dim)"};
     }
     case ir::OpKind::attention:
       return {fmt::format("{}: the attention engine (docs/attention.md): q·kᵀ and P·v on "
@@ -301,6 +337,9 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
     }
     if (!helpers.empty()) {
       s += fmt::format("  kernels {}\n", kernels);
+    } else if (const auto d = call_decode_kernel(f, c, isa, dims)) {
+      s += fmt::format("  kernel  {}\n", d->name());
+      s += fmt::format("  key     {}\n", jit::cache_key(*d));
     } else if (isa != Isa::scalar && c.kind == ir::OpKind::rope && kernels != "-") {
       s += fmt::format("  kernel  {}\n", kernels);
       s += fmt::format("  key     {}\n", call_rope_kernel_key(f, c, dims));
@@ -309,6 +348,24 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
     }
   }
   return s;
+}
+
+std::optional<codegen::llvm_backend::DecodeAttentionDesc> call_decode_kernel(
+    const ir::Function& f, const OperatorCall& c, Isa isa, const DimBindings& dims) {
+  if (isa == Isa::scalar || c.kind != ir::OpKind::decode_attention ||
+      !jit::family_built(jit::Family::decode_attention))
+    return std::nullopt;
+  // A static dim, or a symbolic one bound by --dim; -1 otherwise.
+  auto size = [&](int id, int axis) -> int64_t {
+    const std::string t = dim_text(f, id, axis, dims);
+    return !t.empty() && std::isdigit(static_cast<unsigned char>(t[0])) ? std::stoll(t) : -1;
+  };
+  const int q = operand(f, c, 0), kc = operand(f, c, 1), vc = operand(f, c, 2);
+  const int64_t hq = size(q, 1), hkv = size(kc, 2), bs = size(kc, 1);
+  if (hq < 1 || hkv < 1 || bs < 1 || hq % hkv != 0) return std::nullopt;
+  return ops::decode_attention_desc(f.value(q).type.dims[2].value, f.value(vc).type.dims[3].value,
+                                    hq / hkv, bs, c.attention.softcap > 0, /*alibi=*/false,
+                                    f.value(kc).type.dtype);
 }
 
 std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Function& f,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
 #include "codegen/quant_desc.h"
 #include "jit/kernel.h"
@@ -29,6 +30,13 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
 std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Function& f,
                                                                 const OperatorCall& c, Isa isa,
                                                                 const DimBindings& dims);
+
+// The descriptor of a decode_attention call's LLVM kernel (the operator's own,
+// ops::decode_attention_desc) when the shapes fix it: an LLVM build, a JIT
+// path, a static or bound block size and head counts. Without a tuning
+// database entry: one may change its prefetch distance at run time.
+std::optional<codegen::llvm_backend::DecodeAttentionDesc> call_decode_kernel(
+    const ir::Function& f, const OperatorCall& c, Isa isa, const DimBindings& dims);
 
 // A helper kernel of a moe call with quantized experts, for one projection
 // ("w13" or "w2"): the act_quant kernel (int8: the rows quantized per token)

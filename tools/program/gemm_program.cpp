@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kLowered =
     "a program must be a gemm chain (gemm → add bias → activation → cast) or a chain of "
-    "rope, attention and moe ops";
+    "rope, attention, decode_attention and moe ops";
 
 #ifdef TILEJIT_HAVE_LLVM
 // ops[from..] of f as a function of its own: `first` (if >= 0) becomes the
@@ -147,8 +147,8 @@ GemmProgram match_program(const ir::Function& f, bool allow_elementwise) {
   for (const ir::Op& op : f.ops)
     if (is_operator_op(op.kind))
       throw Error(fmt::format(
-          "no gemm lowering for op '{}' ({}): rope, attention and moe run as calls of the "
-          "public API (match_operator_program), not as a gemm chain",
+          "no gemm lowering for op '{}' ({}): rope, attention, decode_attention and moe run as "
+          "calls of the public API (match_operator_program), not as a gemm chain",
           ir::name(op.kind), ir::print(f, op)));
   if (f.ops.empty())
     throw Error(fmt::format("no lowering for @{}: it has no ops; {}", f.name, kLowered));

@@ -40,7 +40,8 @@ double sm_scale_of(const OperatorCall& c, int64_t d) {
 }
 
 bool is_operator_op(ir::OpKind k) {
-  return k == ir::OpKind::rope || k == ir::OpKind::attention || k == ir::OpKind::moe;
+  return k == ir::OpKind::rope || k == ir::OpKind::attention || k == ir::OpKind::decode_attention ||
+         k == ir::OpKind::moe;
 }
 
 const char* OperatorCall::api() const {
@@ -49,6 +50,8 @@ const char* OperatorCall::api() const {
       return "tilejit::rope";
     case ir::OpKind::attention:
       return "tilejit::flash_attn_varlen";
+    case ir::OpKind::decode_attention:
+      return "tilejit::decode_attention";
     default:
       return "tilejit::fused_experts";
   }
@@ -65,7 +68,8 @@ OperatorProgram match_operator_program(const ir::Function& f) {
     const ir::Op& op = f.ops[i];
     if (!is_operator_op(op.kind))
       throw Error(fmt::format(
-          "no lowering for op '{}' ({}) in a program with rope, attention or moe ops: each of "
+          "no lowering for op '{}' ({}) in a program with rope, attention, decode_attention or "
+          "moe ops: each of "
           "those runs as one call of the public API, and a program may chain only them; a gemm "
           "or elementwise op needs a program of its own",
           ir::name(op.kind), ir::print(f, op)));
@@ -97,6 +101,16 @@ OperatorProgram match_operator_program(const ir::Function& f) {
         c.attention.window_left = static_cast<int>(a.get_int("window_left").value_or(-1));
         c.attention.window_right = static_cast<int>(a.get_int("window_right").value_or(-1));
         c.attention.softcap = static_cast<float>(a.get_double("softcap").value_or(0.0));
+        break;
+      }
+      case ir::OpKind::decode_attention: {
+        // The verifier allowed bf16 q and a bf16 or f8e4m3 cache (the call's own
+        // rule); the new token is the last position, so no causal flag.
+        if (auto s = a.get_double("sm_scale")) c.attention.sm_scale = static_cast<float>(*s);
+        c.attention.window_left = static_cast<int>(a.get_int("window_left").value_or(-1));
+        c.attention.softcap = static_cast<float>(a.get_double("softcap").value_or(0.0));
+        c.attention.kv_scales.k_scale = static_cast<float>(a.get_double("k_scale").value_or(1.0));
+        c.attention.kv_scales.v_scale = static_cast<float>(a.get_double("v_scale").value_or(1.0));
         break;
       }
       default: {  // moe

@@ -5,6 +5,9 @@
 //   rope       %o = rope %q, %pos, %cos_sin    q copied to %o, then tilejit::rope in place (no k)
 //   attention  %o = attention %q, %k, %v       tilejit::flash_attn_varlen, one sequence:
 //                                              cu_seqlens_q = [0, T], cu_seqlens_k = [0, S]
+//   decode_attention  %o = decode_attention %q, %k_cache, %v_cache, %block_table, %seq_lens
+//                                              tilejit::decode_attention over the paged cache
+//                                              as given (bf16 or f8e4m3 with k_scale, v_scale)
 //   moe        %o = moe %h, %w13, %w2, %tw, %ti  pack_experts (w13, w2 given row-major), then
 //                                              tilejit::fused_experts; quantized experts
 //                                              (scale13 = ..., scale2 = ...): pack_experts of
@@ -32,7 +35,8 @@
 
 namespace tilejit::tools {
 
-// True for rope, attention and moe: the ops an OperatorProgram runs.
+// True for rope, attention, decode_attention and moe: the ops an
+// OperatorProgram runs.
 bool is_operator_op(ir::OpKind k);
 
 // A moe call's quantized experts (docs/ir.md, "Quantized experts"): the
@@ -67,9 +71,9 @@ struct OperatorProgram {
   std::vector<OperatorCall> calls;  // in program order
 };
 
-// Whether f (verified) has any rope, attention or moe op.
+// Whether f (verified) has any of those ops.
 bool has_operator_ops(const ir::Function& f);
-// Matches a verified function made only of rope, attention and moe ops.
+// Matches a verified function made only of those ops.
 // Throws tilejit::Error naming the op and the rule for what the public API
 // cannot take: another op in the same program, an operand dtype the call does
 // not accept (attention: bf16 q/k/v; rope: f32 or bf16 q), or a moe weight

@@ -251,6 +251,11 @@ void OperatorRunner::run_calls(TensorMap& outputs, bool copy_rope_input) {
                           view(op.operands[2], outputs), out, cu_q, cu_k, c.attention);
         break;
       }
+      case ir::OpKind::decode_attention:
+        decode_attention(view(op.operands[0], outputs), view(op.operands[1], outputs),
+                         view(op.operands[2], outputs), out, view(op.operands[3], outputs),
+                         view(op.operands[4], outputs), c.attention);
+        break;
       default:
         fused_experts(view(op.operands[0], outputs), bound_->w13[i], bound_->w2[i],
                       view(op.operands[3], outputs), view(op.operands[4], outputs), out, c.moe);
@@ -291,6 +296,22 @@ OperatorWork OperatorRunner::work() const {
                                      q[1], k[1], q[2], v[2], c.attention.causal ? " causal" : ""));
         break;
       }
+      case ir::OpKind::decode_attention: {
+        // Memory-bound: the K and V rows of every visible key, per kv head,
+        // read once; q read and out written.
+        if (!bound_) throw Error("OperatorRunner::work: bind() first (decode reads seq_lens)");
+        const auto q = shape(0), kc = shape(1), vc = shape(2);
+        const HostTensor& lens = value(op.operands[4], TensorMap{});
+        const DType cache = f_.value(op.operands[1]).type.dtype;
+        double keys = 0;
+        for (int64_t b = 0; b < q[0]; ++b)
+          keys += double(visible_keys(c.attention, 1, lens.data<int32_t>()[b], 0));
+        w.bytes += keys * double(kc[2]) * double(kc[3] + vc[3]) * elem_bytes(cache) +
+                   double(q[0] * q[1]) * double(q[2] + vc[3]) * 2.0;
+        shapes.push_back(fmt::format("decode_attention B={} Hq={} Hkv={} D={} Dv={} block={} {}",
+                                     q[0], q[1], kc[2], q[2], vc[3], kc[1], dtype_name(cache)));
+        break;
+      }
       default: {
         const auto h = shape(0), w2 = shape(2);
         // Per routed (token, expert): 2·H·2I for gate/up, 2·I·H for down.
@@ -303,16 +324,22 @@ OperatorWork OperatorRunner::work() const {
   }
   w.shape = fmt::format("{}", fmt::join(shapes, "; "));
   std::vector<std::string> counted;
-  for (ir::OpKind k : {ir::OpKind::rope, ir::OpKind::attention, ir::OpKind::moe}) {
+  for (ir::OpKind k :
+       {ir::OpKind::rope, ir::OpKind::attention, ir::OpKind::decode_attention, ir::OpKind::moe}) {
     if (std::none_of(prog_.calls.begin(), prog_.calls.end(),
                      [&](const OperatorCall& c) { return c.kind == k; }))
       continue;
     // A chain with FLOP-counted calls reports GFLOP/s of all of its time.
     const char* rope = w.flops > 0 ? "rope: no FLOPs counted (it streams memory), its time included"
                                    : "rope: q read and written, positions, one cache row per token";
+    const char* decode =
+        w.flops > 0 ? "decode_attention: no FLOPs counted (it streams the cache), its time included"
+                    : "decode_attention: the K and V rows of each visible key, q and out";
     counted.push_back(k == ir::OpKind::rope ? rope
                       : k == ir::OpKind::attention
                           ? "attention: 2·(D+Dv) FLOP per visible (query, key) pair and head"
+                      : k == ir::OpKind::decode_attention
+                          ? decode
                           : "moe: 6·H·I FLOP per routed (token, expert)");
   }
   w.counted = fmt::format("{}", fmt::join(counted, "; "));
