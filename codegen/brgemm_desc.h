@@ -72,6 +72,12 @@ struct BrgemmArgs {
   // call may overwrite (its f32 copy of A), when that is nonzero: kept off
   // the stack, whose size an embedding engine's threads choose.
   void* q_scratch;
+  // W4A8 kernels (desc.w4a8) only: per batch item, the b_scale and b_comp
+  // rows ([64] each) of the scale group that ends with that item, or null
+  // where the group goes on into the next item. Null arrays: one group over
+  // the whole batch, with b_scale and b_comp.
+  const float* const* w4a8_scales;
+  const int32_t* const* w4a8_comps;
 };
 static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, batch) == 16 && offsetof(BrgemmArgs, lda) == 24 &&
@@ -82,7 +88,8 @@ static_assert(offsetof(BrgemmArgs, a) == 0 && offsetof(BrgemmArgs, b) == 8 &&
               offsetof(BrgemmArgs, a_zero) == 96 && offsetof(BrgemmArgs, b_scale) == 104 &&
               offsetof(BrgemmArgs, b_comp) == 112 && offsetof(BrgemmArgs, q_groups) == 120 &&
               offsetof(BrgemmArgs, q_scales) == 128 && offsetof(BrgemmArgs, q_zeros) == 136 &&
-              offsetof(BrgemmArgs, q_scratch) == 144);
+              offsetof(BrgemmArgs, q_scratch) == 144 && offsetof(BrgemmArgs, w4a8_scales) == 152 &&
+              offsetof(BrgemmArgs, w4a8_comps) == 160);
 
 using BrgemmFn = void (*)(const BrgemmArgs*);
 
@@ -145,11 +152,16 @@ struct BrgemmDesc {
   // values are int4 codes minus zero points, in [−16, 15], so a pair of
   // u8·s8 products is at most 2·255·16 = 8160 in magnitude and four k-quads'
   // pairs sum to at most 32640: they fit s16 exactly (vpmaddubsw, paddw)
-  // before widening. kb a multiple of 16; out f32 or bf16 (scaled); with
-  // `accumulate`, acc_in is f32 and added after the scaling:
-  //   v = float(acc − a_zero[r]·b_comp[c])·a_scale[r]·b_scale[c] + acc_in[r][c]  (+ bias, act)
-  // (the earlier groups' fold). With a GLU (fused_experts' gate/up) the last
-  // group's call gates the 64 computed columns' v, acc_in covering all 64.
+  // before widening. kb a multiple of 16; out f32 or bf16 (scaled). The
+  // batch holds whole scale groups (args.w4a8_scales / w4a8_comps mark where
+  // each ends); at the end of group g the kernel folds its exact int32 sums
+  // into f32 sums that start at acc_in (`accumulate`: the earlier K chunks'
+  // f32 sums) or at −0, in this order:
+  //   f[r][c] = float(acc_g − a_zero[r]·comp_g[c])·a_scale[r]·scale_g[c] + f[r][c]
+  // and resets acc_g; the epilogue then adds the bias and applies the
+  // activation (one group with acc_in: the order of one call per group).
+  // With a GLU (fused_experts' gate/up) the last call gates the 64 computed
+  // columns, acc_in covering all 64.
   bool w4a8 = false;
   // Software prefetch of the B stream into L2, in KiB ahead of the k row in
   // use: -1 the kernel's own distance (32 KiB for the AVX-512 brgemm, 8 KiB

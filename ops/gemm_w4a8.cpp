@@ -12,10 +12,11 @@
 //   2. per task (a 64-column block × a row chunk) and K chunk of whole runs,
 //      the dequant kernel (out = i8) writes the codes as s8 q − z in the
 //      int8 k-quad layout and each run's column sums Σ (q − z);
-//   3. per row block, one W4A8 brgemm call per run (BrgemmDesc::w4a8): the
-//      exact int32 sums of the group, scaled by s_x · s_g and added to the f32
-//      sums of the earlier groups; the last group's call applies bias,
-//      activation and the output conversion.
+//   3. per row block, one W4A8 brgemm call per K chunk (BrgemmDesc::w4a8):
+//      at the end of each run (BrgemmArgs::w4a8_scales) the group's exact
+//      int32 sums, scaled by s_x · s_g, are added to the f32 sums of the
+//      earlier groups; the last chunk's call applies bias, activation and
+//      the output conversion.
 // Padding positions of x are exactly 0 before quantization, so their codes
 // equal the row's zero point and (x_q − z_x)·w is 0 whatever w is there;
 // the chunk's own padding (an odd pair count, the run's tail to 16) is w = 0
@@ -62,6 +63,10 @@ struct W4A8Run {
 
 struct W4A8Order {
   std::vector<W4A8Run> runs;
+  // K chunks of whole runs, [first, end) run indices: each is converted to
+  // s8 at once (kChunkK deep, or one longer run) and taken by one kernel
+  // call per row block, which folds each run's scale group in turn.
+  std::vector<std::pair<size_t, size_t>> chunks;
   int64_t k_total = 0;
   int64_t kb = kStep;     // the kernels' K per batch item: divides every run's klen
   bool identity = false;  // the quad order is x's own K order: no gather
@@ -86,6 +91,12 @@ W4A8Order quad_order(const PackedWeight::Impl& p) {
     o.k_total += run.klen;
     o.runs.push_back(run);
   }
+  for (size_t c0 = 0; c0 < o.runs.size();) {
+    size_t c1 = c0 + 1;
+    while (c1 < o.runs.size() && o.runs[c1].k0 + o.runs[c1].klen - o.runs[c0].k0 <= kChunkK) ++c1;
+    o.chunks.emplace_back(c0, c1);
+    c0 = c1;
+  }
   for (int64_t kb : {128, 64, 32}) {
     if (std::all_of(o.runs.begin(), o.runs.end(),
                     [&](const W4A8Run& r) { return r.klen % kb == 0; })) {
@@ -101,12 +112,12 @@ W4A8Order quad_order(const PackedWeight::Impl& p) {
   return o;
 }
 
-// The roles of a group's brgemm call: the first / a middle / the last group
-// of the K sum, or the only one.
+// The roles of a K chunk's brgemm call: the first / a middle / the last
+// chunk of the K sum, or the only one.
 enum Role { kFirst = 0, kMiddle = 1, kLast = 2, kOnly = 3 };
 
-Role role_of(size_t i, size_t n_runs) {
-  return n_runs == 1 ? kOnly : i == 0 ? kFirst : i == n_runs - 1 ? kLast : kMiddle;
+Role role_of(size_t i, size_t n_chunks) {
+  return n_chunks == 1 ? kOnly : i == 0 ? kFirst : i == n_chunks - 1 ? kLast : kMiddle;
 }
 
 // The int8 plan over the quad K order: its row blocking (mr) and task rows.
@@ -199,10 +210,10 @@ W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& s
                  .entry<codegen::DequantFn>();
   const bool glu = spec_.glu != codegen::Glu::none;
   const int64_t out_block = glu ? 32 : kBlockN;
-  const size_t n_runs = o_->runs.size();
+  const size_t n_chunks = o_->chunks.size();
   for (int role = 0; role < 4; ++role) {
     const bool used =
-        n_runs == 1 ? role == kOnly : role != kOnly && (role != kMiddle || n_runs > 2);
+        n_chunks == 1 ? role == kOnly : role != kOnly && (role != kMiddle || n_chunks > 2);
     for (int g = 0; g < 2 && used; ++g) {
       const int r = g == 0 ? mr_ : rem_;
       if (r == 0) continue;
@@ -275,7 +286,7 @@ codegen::BrgemmFn W4A8Kernels::kernel(int role, int rows, bool n_tail) const {
 
 std::string W4A8Kernels::name() const {
   const bool full = spec_.n >= (spec_.glu != codegen::Glu::none ? 32 : kBlockN);
-  return desc(o_->runs.size() == 1 ? kOnly : kLast, mr_, !full).name();
+  return desc(o_->chunks.size() == 1 ? kOnly : kLast, mr_, !full).name();
 }
 
 void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, const uint8_t* a,
@@ -290,16 +301,23 @@ void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, c
                          : nullptr;
   const uint8_t* codes = p.bytes() + block * p.code_block_bytes();
   auto* partial = reinterpret_cast<float*>(packed_a_scratch(kQuantPartial, rows * kBlockN * 4));
-  const size_t n_runs = o.runs.size();
+  const size_t n_chunks = o.chunks.size();
+  // Per batch item of a chunk's call: A's K offset, B's block, and the scale
+  // and column-sum rows of the group it ends (null inside a group).
+  thread_local std::vector<int64_t> a_offs;
   thread_local std::vector<const void*> a_ptrs, b_ptrs;
-  for (size_t c0 = 0; c0 < n_runs;) {
-    // A K chunk of whole runs.
-    size_t c1 = c0 + 1;
-    while (c1 < n_runs && o.runs[c1].k0 + o.runs[c1].klen - o.runs[c0].k0 <= kChunkK) ++c1;
+  thread_local std::vector<const float*> scale_rows;
+  thread_local std::vector<const int32_t*> comp_rows;
+  for (size_t ci = 0; ci < n_chunks; ++ci) {
+    const auto [c0, c1] = o.chunks[ci];
     const int64_t ck0 = o.runs[c0].k0;
     const int64_t ck = o.runs[c1 - 1].k0 + o.runs[c1 - 1].klen - ck0;
     uint8_t* chunk = packed_a_scratch(kQuantB, ck * kBlockN + int64_t(c1 - c0) * kBlockN * 4);
     auto* comp = reinterpret_cast<int32_t*>(chunk + ck * kBlockN);
+    a_offs.clear();
+    b_ptrs.clear();
+    scale_rows.clear();
+    comp_rows.clear();
     for (size_t i = c0; i < c1; ++i) {
       const W4A8Run& r = o.runs[i];
       uint8_t* out = chunk + (r.k0 - ck0) * kBlockN;
@@ -315,40 +333,39 @@ void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, c
       // The run's padding to kStep: weights 0 (quad rows of 256 bytes).
       const int64_t done = (r.pairs + 1) / 2 * 256;
       std::memset(out + done, 0, static_cast<size_t>(r.klen * kBlockN - done));
+      const int64_t items = r.klen / o.kb;
+      for (int64_t b = 0; b < items; ++b) {
+        const bool end = b == items - 1;
+        a_offs.push_back(r.k0 + b * o.kb);
+        b_ptrs.push_back(out + b * o.kb * kBlockN);
+        scale_rows.push_back(end ? block_scales + r.group * kBlockN : nullptr);
+        comp_rows.push_back(end ? comp + (i - c0) * kBlockN : nullptr);
+      }
     }
+    const Role role = role_of(ci, n_chunks);
+    const bool final_call = role == kLast || role == kOnly;
+    a_ptrs.resize(a_offs.size());
     for (int64_t mb = 0; mb < rows; mb += mr_) {
       const int rr = static_cast<int>(std::min<int64_t>(mr_, rows - mb));
       const uint8_t* a_row = a + mb * lda;
       float* part = partial + mb * kBlockN;
-      for (size_t i = c0; i < c1; ++i) {
-        const W4A8Run& r = o.runs[i];
-        const Role role = role_of(i, n_runs);
-        const int64_t batch = r.klen / o.kb;
-        a_ptrs.resize(static_cast<size_t>(batch));
-        b_ptrs.resize(static_cast<size_t>(batch));
-        for (int64_t b = 0; b < batch; ++b) {
-          a_ptrs[b] = a_row + r.k0 + b * o.kb;
-          b_ptrs[b] = chunk + (r.k0 - ck0 + b * o.kb) * kBlockN;
-        }
-        const bool final_call = role == kLast || role == kOnly;
-        codegen::BrgemmArgs args{};
-        args.a = a_ptrs.data();
-        args.b = b_ptrs.data();
-        args.batch = batch;
-        args.lda = lda;
-        args.c = final_call ? static_cast<void*>(c + mb * ldc) : part;
-        args.ldc = final_call ? ldc : kBlockN * 4;
-        args.bias = bias;
-        args.acc_in = part;
-        args.ld_acc_in = kBlockN * 4;
-        args.a_scale = a_scale + mb;
-        args.a_zero = a_zero + mb;
-        args.b_scale = block_scales + r.group * kBlockN;
-        args.b_comp = comp + (i - c0) * kBlockN;
-        kernel(role, rr, n_tail)(&args);
-      }
+      for (size_t t = 0; t < a_offs.size(); ++t) a_ptrs[t] = a_row + a_offs[t];
+      codegen::BrgemmArgs args{};
+      args.a = a_ptrs.data();
+      args.b = b_ptrs.data();
+      args.batch = static_cast<int64_t>(a_offs.size());
+      args.lda = lda;
+      args.c = final_call ? static_cast<void*>(c + mb * ldc) : part;
+      args.ldc = final_call ? ldc : kBlockN * 4;
+      args.bias = bias;
+      args.acc_in = part;
+      args.ld_acc_in = kBlockN * 4;
+      args.a_scale = a_scale + mb;
+      args.a_zero = a_zero + mb;
+      args.w4a8_scales = scale_rows.data();
+      args.w4a8_comps = comp_rows.data();
+      kernel(role, rr, n_tail)(&args);
     }
-    c0 = c1;
   }
 }
 

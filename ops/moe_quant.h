@@ -11,7 +11,8 @@
 //            block on the int8 kernels, with the scaled epilogue;
 //   w4a8:    int4 experts by MoeOptions::int4_route (w4a8_route, the rows
 //            as M): u8 rows in the weight's quad K order (W4A8Kernels), one
-//            int8 call per scale group, the GLU in the last one.
+//            int8 call per K chunk folding each scale group, the GLU in the
+//            last one.
 // A's rows must be in the weight's packed K order (gather_row), a_cols wide.
 #pragma once
 

@@ -802,6 +802,126 @@ TEST(Int8BrgemmCode, VpdpbusdWhereTheTargetHasVnni) {
   EXPECT_NE(best.name, imul.name);
 }
 
+// W4A8 with several scale groups in one call (BrgemmArgs::w4a8_scales /
+// w4a8_comps, what ops/gemm_w4a8.cpp passes per K chunk): each group's exact
+// int32 sums are folded in turn, f = float(t_g)·a_scale·scale_g + f from
+// acc_in or −0, then the bias: checked bit for bit against that float order,
+// on the best dot and the widening one, with groups of 1 to 3 batch items,
+// N tails, acc_in, and the extremes a = 255 against b = −16 / 15.
+TEST(Int8BrgemmW4A8, GroupsFoldedInOneCall) {
+  struct Shape {
+    int mr, nr;
+    int64_t kb;
+    std::vector<int> group_items;  // batch items per group, in order
+    bool accumulate, extreme;
+  };
+  const Shape shapes[] = {
+      {1, 64, 32, {1, 1, 1}, false, false},   {3, 37, 16, {2, 1, 3}, true, false},
+      {7, 64, 128, {1, 2}, true, false},      {5, 17, 48, {3}, false, false},
+      {8, 64, 64, {1, 1, 2, 1}, false, true}, {2, 1, 16, {1, 4}, true, false},
+  };
+  for (lb::BrgemmDot dot : {lb::BrgemmDot::best, lb::BrgemmDot::imul})
+    for (const Shape& sh : shapes) {
+      int batch = 0;
+      for (int g : sh.group_items) batch += g;
+      const std::string what =
+          fmt::format("mr {} nr {} kb {} groups {} acc {} extreme {} dot {}", sh.mr, sh.nr, sh.kb,
+                      sh.group_items.size(), sh.accumulate, sh.extreme, static_cast<int>(dot));
+      SCOPED_TRACE(what);
+      BrgemmDesc d;
+      d.isa = Isa::llvm;
+      d.a_type = DType::u8, d.b_type = DType::i8, d.acc_type = DType::i32;
+      d.mr = sh.mr, d.nr = sh.nr, d.kb = sh.kb, d.w4a8 = true, d.accumulate = sh.accumulate;
+      d.b_row_bytes = Int8Layout::kRowBytes, d.bias = BiasKind::f32, d.out = DType::f32;
+      const lb::LlvmKernel k = lb::compile_llvm_brgemm(d, {.dot = dot});
+      std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(what)));
+      auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+      Buffers mem;
+      const int64_t lda = sh.kb + 5, ldc = sh.nr + 3;
+      const Int8Layout layout{64, sh.kb};
+      std::vector<const void*> a_list, b_list;
+      std::vector<std::vector<uint8_t>> x(static_cast<size_t>(batch));
+      std::vector<std::vector<int8_t>> w(static_cast<size_t>(batch));
+      for (int b = 0; b < batch; ++b) {
+        x[b].resize(size_t(sh.mr * lda));
+        for (auto& v : x[b]) v = uint8_t(sh.extreme ? 255 : uni(0, 255));
+        w[b].resize(size_t(64 * sh.kb));
+        for (int n = 0; n < 64; ++n)
+          for (int64_t kk = 0; kk < sh.kb; ++kk)
+            w[b][size_t(n * sh.kb + kk)] =
+                int8_t(sh.extreme ? (n % 2 == 0 ? -16 : 15) : uni(-16, 15));
+        uint8_t* ap = mem.make<uint8_t>(x[b].size());
+        std::memcpy(ap, x[b].data(), x[b].size());
+        a_list.push_back(ap);
+        int8_t* bp = mem.make<int8_t>(size_t(sh.kb / 4 * Int8Layout::kRowBytes));
+        for (int n = 0; n < 64; ++n)
+          for (int64_t kk = 0; kk < sh.kb; ++kk)
+            bp[layout.index(n, kk)] = w[b][size_t(n * sh.kb + kk)];
+        b_list.push_back(bp);
+      }
+      float* a_scale = mem.make<float>(size_t(sh.mr));
+      int32_t* a_zero = mem.make<int32_t>(size_t(sh.mr));
+      for (int r = 0; r < sh.mr; ++r) {
+        a_scale[r] = float(uni(1, 1000)) / 65536.0f;
+        a_zero[r] = sh.extreme ? 0 : uni(0, 255);
+      }
+      float* bias = mem.make<float>(size_t(sh.nr));
+      for (int n = 0; n < sh.nr; ++n) bias[n] = float(uni(-100, 100)) / 64.0f;
+      float* acc_in = mem.make<float>(size_t(sh.mr * 64));
+      for (int i = 0; i < sh.mr * 64; ++i) acc_in[i] = float(uni(-8000, 8000)) / 1000.0f;
+      // Per group: its scale and column-sum rows ([64], 0 past nr), set on
+      // its last item.
+      std::vector<const float*> scale_rows(static_cast<size_t>(batch), nullptr);
+      std::vector<const int32_t*> comp_rows(static_cast<size_t>(batch), nullptr);
+      std::vector<std::pair<int, int>> groups;  // [first item, end item)
+      for (int g = 0, b0 = 0; g < int(sh.group_items.size());
+           b0 += sh.group_items[size_t(g)], ++g) {
+        const int b1 = b0 + sh.group_items[size_t(g)];
+        groups.emplace_back(b0, b1);
+        float* sc = mem.make<float>(64);
+        int32_t* cp = mem.make<int32_t>(64);
+        for (int n = 0; n < 64; ++n) {
+          int64_t sum = 0;
+          for (int b = b0; b < b1; ++b)
+            for (int64_t kk = 0; kk < sh.kb; ++kk) sum += w[b][size_t(n * sh.kb + kk)];
+          sc[n] = n < sh.nr ? float(uni(1, 1000)) / 4096.0f : 0.0f;
+          cp[n] = n < sh.nr ? int32_t(sum) : 0;
+        }
+        scale_rows[size_t(b1 - 1)] = sc;
+        comp_rows[size_t(b1 - 1)] = cp;
+      }
+      float* c = mem.make<float>(size_t(sh.mr * ldc));
+      BrgemmArgs args{};
+      args.a = a_list.data(), args.b = b_list.data(), args.batch = batch;
+      args.lda = lda, args.c = c, args.ldc = ldc * 4, args.bias = bias;
+      args.acc_in = acc_in, args.ld_acc_in = 64 * 4;
+      args.a_scale = a_scale, args.a_zero = a_zero;
+      args.w4a8_scales = scale_rows.data(), args.w4a8_comps = comp_rows.data();
+      k.fn<BrgemmFn>()(&args);
+      int bad = 0;
+      for (int r = 0; r < sh.mr && bad < 3; ++r)
+        for (int n = 0; n < sh.nr; ++n) {
+          float f = sh.accumulate ? acc_in[r * 64 + n] : -0.0f;
+          for (size_t g = 0; g < groups.size(); ++g) {
+            int64_t t = 0;
+            for (int b = groups[g].first; b < groups[g].second; ++b)
+              for (int64_t kk = 0; kk < sh.kb; ++kk)
+                t += int64_t(x[b][size_t(r * lda + kk)]) * w[b][size_t(n * sh.kb + kk)];
+            const int32_t* cp = comp_rows[size_t(groups[g].second - 1)];
+            const float* sc = scale_rows[size_t(groups[g].second - 1)];
+            float v = float(int32_t(t - int64_t(a_zero[r]) * cp[n]));
+            v *= a_scale[r];
+            v *= sc[n];
+            f = v + f;
+          }
+          f += bias[n];
+          const float got = c[r * ldc + n];
+          if (std::memcmp(&got, &f, sizeof f) != 0 && bad++ < 3)
+            ADD_FAILURE() << fmt::format("C[{}, {}] = {}, the fold order gives {}", r, n, got, f);
+        }
+    }
+}
+
 // W4A8 without VNNI multiplies bytes directly (vpmaddubsw: its B cannot
 // saturate the s16 pairs); with VNNI it is the W8A8 kernel's vpdpbusd.
 TEST(Int8BrgemmCode, W4A8UsesVpmaddubswWithoutVnni) {

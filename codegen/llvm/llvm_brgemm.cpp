@@ -108,6 +108,7 @@ class BrgemmEmitter : public KernelEmitter {
         idot_(idot),
         int8_(idot != IntDot::none),
         vnni_(idot == IntDot::vpdpbusd512 || idot == IntDot::vpdpbusd256),
+        fold_(int8_ && d.w4a8),
         quant_(d.b_type == DType::u4 || d.b_type == DType::f8e4m3 || d.b_type == DType::f4e2m1),
         vm_(b_, kLanes) {
     nz_ = (d.computed_cols() + kLanes - 1) / kLanes;
@@ -120,6 +121,10 @@ class BrgemmEmitter : public KernelEmitter {
   void generate() override {
     sums_ = b_.CreateAlloca(acc_vt(), b_.getInt32(d_.mr * nz_), "sums");
     sums_->setAlignment(llvm::Align(64));
+    if (fold_) {
+      fsums_ = b_.CreateAlloca(vm_.f32v(), b_.getInt32(d_.mr * nz_), "fsums");
+      fsums_->setAlignment(llvm::Align(64));
+    }
     if (quant_) {
       quant_passes();
       epilogue();
@@ -191,12 +196,15 @@ class BrgemmEmitter : public KernelEmitter {
     unroll_ = one_op_dot() ? std::max(2, sets) : 2;
     std::vector<llvm::Value*> acc(size_t(sets_) * mbs * nzg_,
                                   llvm::Constant::getNullValue(acc_vt()));
+    if (fold_) init_fsums(row0);
     acc = emit_loop(
         b_, arg(TILEJIT_ARG(Args, batch)), acc,
         [&](llvm::Value* i, const std::vector<llvm::Value*>& in) {
           return batch_item(i, row0, in);
         },
         "batch");
+    // W4A8: the last item ended a group, whose fold left the sums at zero.
+    if (fold_) return;
     for (int r = 0; r < mbs; ++r) {
       for (int j = 0; j < nzg_; ++j) {
         llvm::Value* v = acc[ai(0, r, j)];
@@ -229,7 +237,7 @@ class BrgemmEmitter : public KernelEmitter {
     if (int8_ && d_.w4a8 && !vnni_) {
       // W4A8 without VNNI: four k-quads a step, summed in 16 bits (k_quad16).
       const int64_t steps = d_.kb / 16;  // check_desc: kb % 16 == 0
-      return emit_loop(
+      acc = emit_loop(
           b_, i64(steps), acc,
           [&](llvm::Value* it, const std::vector<llvm::Value*>& in) {
             std::vector<llvm::Value*> cur = in;
@@ -237,6 +245,7 @@ class BrgemmEmitter : public KernelEmitter {
             return cur;
           },
           "kloop16");
+      return fold_at_group_end(i, row0, acc);
     }
     if (int8_) {
       const int64_t kq = d_.kb / 4;  // check_desc: kb % 4 == 0
@@ -251,7 +260,7 @@ class BrgemmEmitter : public KernelEmitter {
           "kloop");
       const int64_t rem = kq % unroll_;
       for (int64_t u = 0; u < rem; ++u) k_quad(i64(kq - rem + u), static_cast<int>(u), acc);
-      return acc;
+      return fold_ ? fold_at_group_end(i, row0, acc) : acc;
     }
     const int64_t kp = d_.kb / 2;
     acc = emit_loop(
@@ -267,6 +276,107 @@ class BrgemmEmitter : public KernelEmitter {
     for (int64_t u = 0; u < rem; ++u) k_pair(i64(kp - rem + u), static_cast<int>(u), acc);
     if (d_.kb % 2 != 0) odd_k(i64(kp), acc);
     return acc;
+  }
+
+  // W4A8: the f32 sums of this row block's groups start at acc_in (the
+  // earlier K chunks) or at −0 (the additive identity of every float, so the
+  // first fold's value is kept bit for bit).
+  void init_fsums(llvm::Value* row0) {
+    const int tail = d_.nr % kLanes;
+    const bool glu = d_.glu != Glu::none;
+    for (int r = 0; r < mbs_; ++r) {
+      llvm::Value* row = b_.CreateAdd(row0, i64(r));
+      llvm::Value* in_row = d_.accumulate
+                                ? byte_gep(arg(TILEJIT_ARG(Args, acc_in)),
+                                           b_.CreateMul(row, arg(TILEJIT_ARG(Args, ld_acc_in))))
+                                : nullptr;
+      for (int j = 0; j < nzg_; ++j) {
+        llvm::Value* jj = b_.CreateAdd(j0_, i64(j));
+        llvm::Value* v = vm_.f32(-0.0f);
+        if (in_row != nullptr) {
+          // acc_in covers the columns the epilogue reads (a GLU's 64, else
+          // nr): lanes of column c < nr, loaded under a mask built from the
+          // vector's runtime index when nr has a tail.
+          llvm::Value* p = byte_gep(in_row, b_.CreateMul(jj, i64(64)));
+          if (glu || tail == 0) {
+            v = b_.CreateAlignedLoad(vm_.f32v(), p, llvm::Align(4));
+          } else {
+            std::vector<llvm::Constant*> iota;
+            for (int l = 0; l < kLanes; ++l) iota.push_back(b_.getInt64(uint64_t(l)));
+            llvm::Value* cols = b_.CreateAdd(llvm::ConstantVector::get(iota),
+                                             vm_.splat(b_.CreateMul(jj, i64(kLanes))));
+            llvm::Value* mask = b_.CreateICmpULT(cols, vm_.splat(i64(d_.nr)));
+            v = b_.CreateMaskedLoad(vm_.f32v(), p, llvm::Align(4), mask,
+                                    llvm::Constant::getNullValue(vm_.f32v()));
+          }
+        }
+        b_.CreateAlignedStore(v, fsum_slot(row, jj), llvm::Align(64));
+      }
+    }
+  }
+  llvm::Value* fsum_slot(llvm::Value* row, llvm::Value* j) {
+    return b_.CreateGEP(vm_.f32v(), fsums_, b_.CreateAdd(b_.CreateMul(row, i64(nz_)), j));
+  }
+
+  // W4A8: after batch item i, if a scale group ends there (its w4a8_scales
+  // entry is not null; without the arrays: the last item, with b_scale and
+  // b_comp), fold the group's exact int32 sums into the f32 ones,
+  //   f = float(acc − a_zero·comp)·a_scale·scale + f,
+  // and start the next group at zero.
+  std::vector<llvm::Value*> fold_at_group_end(llvm::Value* i, llvm::Value* row0,
+                                              const std::vector<llvm::Value*>& acc) {
+    llvm::Type* ptr = ptr_ty();
+    llvm::Value* scales = arg(TILEJIT_ARG(Args, w4a8_scales));
+    llvm::Value* comps = arg(TILEJIT_ARG(Args, w4a8_comps));
+    llvm::Value* null = llvm::ConstantPointerNull::get(b_.getPtrTy());
+    llvm::Value* last = b_.CreateICmpEQ(i, b_.CreateSub(arg(TILEJIT_ARG(Args, batch)), i64(1)));
+    const std::vector<llvm::Value*> rows = emit_if_else(
+        b_, b_.CreateICmpNE(scales, null),
+        [&] {
+          return std::vector<llvm::Value*>{
+              b_.CreateAlignedLoad(ptr, b_.CreateGEP(ptr, scales, i), llvm::Align(8)),
+              b_.CreateAlignedLoad(ptr, b_.CreateGEP(ptr, comps, i), llvm::Align(8))};
+        },
+        [&] {
+          return std::vector<llvm::Value*>{
+              b_.CreateSelect(last, arg(TILEJIT_ARG(Args, b_scale)), null),
+              b_.CreateSelect(last, arg(TILEJIT_ARG(Args, b_comp)), null)};
+        },
+        "w4a8.rows");
+    llvm::Value* scale = rows[0];
+    llvm::Value* comp = rows[1];
+    return emit_if_else(
+        b_, b_.CreateICmpNE(scale, null),
+        [&] {
+          for (int r = 0; r < mbs_; ++r) {
+            llvm::Value* row = b_.CreateAdd(row0, i64(r));
+            llvm::Value* a_zero = vm_.splat(b_.CreateAlignedLoad(
+                b_.getInt32Ty(), b_.CreateGEP(b_.getInt32Ty(), arg(TILEJIT_ARG(Args, a_zero)), row),
+                llvm::Align(4)));
+            llvm::Value* a_scale = vm_.splat(b_.CreateAlignedLoad(
+                b_.getFloatTy(),
+                b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, a_scale)), row),
+                llvm::Align(4)));
+            for (int j = 0; j < nzg_; ++j) {
+              llvm::Value* jj = b_.CreateAdd(j0_, i64(j));
+              llvm::Value* off = b_.CreateMul(jj, i64(64));
+              llvm::Value* v = acc[ai(0, r, j)];
+              for (int s = 1; s < sets_; ++s) v = b_.CreateAdd(v, acc[ai(s, r, j)]);
+              llvm::Value* cv =
+                  b_.CreateAlignedLoad(vm_.i32v(), byte_gep(comp, off), llvm::Align(4));
+              llvm::Value* sv =
+                  b_.CreateAlignedLoad(vm_.f32v(), byte_gep(scale, off), llvm::Align(4));
+              llvm::Value* f =
+                  b_.CreateSIToFP(b_.CreateSub(v, b_.CreateMul(a_zero, cv)), vm_.f32v());
+              f = b_.CreateFMul(b_.CreateFMul(f, a_scale), sv);
+              llvm::Value* slot = fsum_slot(row, jj);
+              f = b_.CreateFAdd(f, b_.CreateAlignedLoad(vm_.f32v(), slot, llvm::Align(64)));
+              b_.CreateAlignedStore(f, slot, llvm::Align(64));
+            }
+          }
+          return std::vector<llvm::Value*>(acc.size(), llvm::Constant::getNullValue(acc_vt()));
+        },
+        [&] { return acc; }, "w4a8.fold");
   }
 
   // Column vector j of the current column group in k-pair row `pair` of B.
@@ -882,7 +992,7 @@ class BrgemmEmitter : public KernelEmitter {
     }
     // int8: the per-column scale and zero-point compensation ([64] each).
     std::vector<llvm::Value*> b_scale(size_t(nz_), nullptr), b_comp(size_t(nz_), nullptr);
-    const bool scaled = int8_ && d_.out != DType::i32;
+    const bool scaled = int8_ && d_.out != DType::i32 && !fold_;
     for (int j = 0; j < nz_ && scaled; ++j) {
       b_scale[j] =
           load(vm_.f32v(), byte_gep(arg(TILEJIT_ARG(Args, b_scale)), j * 64), in_lanes(j), 4);
@@ -913,17 +1023,20 @@ class BrgemmEmitter : public KernelEmitter {
           // int8: the exact sums (+ int32 acc_in); raw for out i32, else
           // float(acc − a_zero·b_comp) · a_scale · b_scale, then the bias.
           auto int_input = [&](int j) {
+            // W4A8: the folded groups' f32 sums (acc_in already in them).
+            if (fold_) {
+              llvm::Value* f =
+                  b_.CreateAlignedLoad(vm_.f32v(), fsum_slot(row, i64(j)), llvm::Align(64));
+              return bias[j] != nullptr ? b_.CreateFAdd(f, bias[j]) : f;
+            }
             llvm::Value* v =
                 b_.CreateAlignedLoad(vm_.i32v(), sums_slot(row, i64(j)), llvm::Align(64));
-            if (d_.accumulate && !d_.w4a8)
+            if (d_.accumulate)
               v = b_.CreateAdd(v, load(vm_.i32v(), byte_gep(in_row, j * 64), in_lanes(j), 4));
             if (!scaled) return v;
             v = b_.CreateSub(v, b_.CreateMul(a_zero, b_comp[j]));
             llvm::Value* f = b_.CreateSIToFP(v, vm_.f32v());
             f = b_.CreateFMul(b_.CreateFMul(f, a_scale), b_scale[j]);
-            // W4A8: the earlier groups' f32 sums, after this group's scaling.
-            if (d_.accumulate && d_.w4a8)
-              f = b_.CreateFAdd(f, load(vm_.f32v(), byte_gep(in_row, j * 64), in_lanes(j), 4));
             if (bias[j] != nullptr) f = b_.CreateFAdd(f, bias[j]);
             return f;
           };
@@ -952,6 +1065,7 @@ class BrgemmEmitter : public KernelEmitter {
   bool dpbf16_;
   IntDot idot_;
   bool int8_, vnni_;
+  bool fold_;   // W4A8: each scale group's int32 sums folded into f32 ones (fsums_)
   bool quant_;  // b = u4, f8e4m3 or f4e2m1: the fused decode kernel (quant_passes)
   VectorMath vm_;
   int nz_ = 1;                 // column vectors of C
@@ -961,6 +1075,7 @@ class BrgemmEmitter : public KernelEmitter {
   int unroll_ = 2;
   llvm::Value* b_ptr_ = nullptr;
   llvm::AllocaInst* sums_ = nullptr;
+  llvm::AllocaInst* fsums_ = nullptr;   // W4A8: [mr][nz] f32 sums of the folded groups
   llvm::AllocaInst* planes_ = nullptr;  // u4 fused kernel: [mr][4 planes]
   std::vector<llvm::Value*> a_rows_;
 };

@@ -276,7 +276,7 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
             routes += fmt::format(
                 "; int4_route {} (ops::w4a8_route) take W4A8 instead: the rows quantized per "
                 "token into the weight's quad K order, then LLVM u8 x int4 brgemm calls per "
-                "scale group, the GLU in the last",
+                "K chunk folding each scale group, the GLU in the last",
                 when);
           }
         }
