@@ -22,6 +22,14 @@ bool check_head_dim(RuleContext& c, size_t i, const char* dim_name) {
                     Limits::head_dim_step, ", ", Limits::max_head_dim, "]"));
 }
 
+// D (q's and k's last dim, the same) and Dv (v's last dim): static, allowed
+// head sizes.
+void check_head_dims(RuleContext& c, size_t q, size_t k, size_t v, const char* rule) {
+  check_head_dim(c, q, "D");
+  check_head_dim(c, v, "Dv");
+  if (c.ok()) c.same_dim(k, -1, q, -1, "D", rule);
+}
+
 // Hq (dim qa of q) and Hkv (dim ka of k) not 0, Hq a multiple of Hkv
 // (grouped-query heads): the rule of both attention ops.
 bool check_heads(RuleContext& c, size_t q, int qa, size_t k, int ka, const char* rule) {
@@ -56,9 +64,7 @@ std::optional<TensorType> check_attention(RuleContext& c) {
   for (size_t i : {q, k, v}) c.unit_stride_rows(i);
   if (!c.ok()) return std::nullopt;
 
-  check_head_dim(c, q, "D");
-  check_head_dim(c, v, "Dv");
-  if (c.ok()) c.same_dim(k, 2, q, 2, "D", "q and k share the head dim");
+  check_head_dims(c, q, k, v, "q and k share the head dim");
   c.same_dim(v, 0, k, 0, "S", "k and v hold the same keys");
   c.same_dim(v, 1, k, 1, "Hkv", "k and v have the same heads");
   if (!c.ok()) return std::nullopt;
@@ -86,9 +92,7 @@ std::optional<TensorType> check_decode_attention(RuleContext& c) {
   c.row_major(lens);
   if (!c.ok()) return std::nullopt;
 
-  check_head_dim(c, q, "D");
-  check_head_dim(c, vc, "Dv");
-  if (c.ok()) c.same_dim(kc, 3, q, 2, "D", "q and k_cache share the head dim");
+  check_head_dims(c, q, kc, vc, "q and k_cache share the head dim");
   c.same_dim(vc, 0, kc, 0, "num_blocks", "k_cache and v_cache hold the same blocks");
   c.same_dim(vc, 1, kc, 1, "block_size", "k_cache and v_cache have one block size");
   c.same_dim(vc, 2, kc, 2, "Hkv", "k_cache and v_cache have the same heads");
