@@ -223,13 +223,15 @@ void validate_gemm_plan(const TunedEntry& e) {
   if (e.knob("u4_dot")) {
     const bool int4 = wf && is_int4(*wf);
     const int64_t hi = bucket_high(f.at("m"));
+    const bool kernel = runtime::xbyak_fused_quant_kernel(runtime::cpu_features());
     if (!int4 || (path != Isa::amx && path != Isa::avx512) ||
-        hi > codegen::BrgemmDesc::kQuantMaxMr || e.knob("w4a8") == 1)
+        hi > codegen::BrgemmDesc::kQuantMaxMr || e.knob("w4a8") == 1 || !kernel)
       throw Error(fmt::format(
           "knob u4_dot with fmt={} path={} m={}{}; allowed: int4 weights (int4_awq, "
-          "int4_gptq) on path amx or avx512 at m <= {} (the fused kernel), without w4a8=1",
+          "int4_gptq) on path amx or avx512 at m <= {} (the fused kernel), without w4a8=1{}",
           f.at("fmt"), isa_name(path), f.at("m"), e.knob("w4a8") == 1 ? " w4a8=1" : "",
-          codegen::BrgemmDesc::kQuantMaxMr));
+          codegen::BrgemmDesc::kQuantMaxMr,
+          kernel ? "" : ", on a CPU with AVX512-VBMI (this one has none: the dequant route runs)"));
   }
   (void)codegen::plan_gemm(spec, isa, o);
 }

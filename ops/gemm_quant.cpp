@@ -492,9 +492,8 @@ void FusedKernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, 
 }
 
 bool quant_gemm_fused(Isa path, int64_t m) {
-  // The Xbyak kernel's int4 codes come from vpmultishiftqb (AVX512-VBMI: every
-  // AVX512-BF16 CPU but Cooper Lake has it; there the dequant path runs).
-  static const bool vbmi = runtime::detected_features().has(runtime::Feature::avx512_vbmi);
+  // The Xbyak kernel needs AVX512-VBMI (runtime::xbyak_fused_quant_kernel).
+  static const bool vbmi = runtime::xbyak_fused_quant_kernel(runtime::cpu_features());
   // llvm: up to kFusedMaxRowsLlvm rows in calls of <= kFusedMaxMr rows (the
   // dequant route's bf16 kernels are slower there below that); Xbyak: one
   // call of <= 4 rows (the AMX / AVX-512 bf16 kernels take over above).

@@ -155,6 +155,10 @@ bool bf16_dot_at_fma_rate(const CpuFeatures& f) {
   return f.vendor == "AuthenticAMD" && f.avx512_bf16;
 }
 
+bool xbyak_fused_quant_kernel(const CpuFeatures& f) {
+  return f.avx512_vbmi;
+}
+
 std::string cpu_signature() {
   const CpuFeatures& f = cpu_features();
   const Regs l1 = cpuid(1);

@@ -84,6 +84,13 @@ std::string cpu_signature();
 // (BrgemmDesc::u4_bf16_dot) instead of converting A to f32 for FMAs.
 bool bf16_dot_at_fma_rate(const CpuFeatures& f);
 
+// Whether the Xbyak fused quantized decode kernel runs on this CPU: its int4
+// codes come from vpmultishiftqb (AVX512-VBMI: every AVX512-BF16 CPU but
+// Cooper Lake has it). Without it the amx / avx512 paths take the dequant
+// route at every M (ops::quant_gemm_fused), and a tuned u4_dot has nothing
+// to apply to.
+bool xbyak_fused_quant_kernel(const CpuFeatures& f);
+
 // TILEJIT_AMX_EMULATE: 0 or unset (off), 1 (emulate), auto (emulate where
 // the CPU/OS cannot run AMX natively). Any other value throws tilejit::Error.
 enum class AmxEmulation { off, on, automatic };

@@ -738,8 +738,16 @@ TEST(TuningDb, TunedU4DotUsed) {
         "knob u4_dot with fmt=int4_gptq path=llvm");
     GTEST_SKIP() << "the llvm path's fused kernel has one arithmetic";
   }
-  if (!ops::quant_gemm_fused(codegen::gemm_isa_for_rows(path, 1), 1))
+  if (!runtime::xbyak_fused_quant_kernel(runtime::cpu_features())) {
+    // Accepted, the entry would change nothing: refused at load instead.
+    expect_tilejit_error(
+        [&] {
+          jit::validate_entry(quant_entry(path, n, k, 1, WeightFormat::int4_gptq, {{"u4_dot", 1}}));
+        },
+        "on a CPU with AVX512-VBMI (this one has none");
     GTEST_SKIP() << "no Xbyak fused int4 kernel on this CPU (AVX512-VBMI)";
+  }
+  ASSERT_TRUE(ops::quant_gemm_fused(codegen::gemm_isa_for_rows(path, 1), 1));
   const bool dflt = runtime::bf16_dot_at_fma_rate(runtime::cpu_features());
   const PackedWeight pw = int4_weight(n, k, 17);
   std::vector<float> wd(size_t(n * k));
