@@ -56,6 +56,11 @@ codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int6
           .kv = kv};
 }
 
+bool decode_attention_llvm_kernel(Isa isa, int64_t g) {
+  return isa != Isa::scalar && jit::family_built(jit::Family::decode_attention) &&
+         g <= codegen::llvm_backend::DecodeAttentionDesc::kMaxG;
+}
+
 }  // namespace ops
 
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -119,7 +124,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const auto* qd = static_cast<const uint16_t*>(q.data);
   auto* od = static_cast<uint16_t*>(out.data);
   const Isa isa = runtime::active_isa();
-  const bool llvm_kernel = isa != Isa::scalar && jit::family_built(jit::Family::decode_attention);
+  const bool llvm_kernel = ops::decode_attention_llvm_kernel(isa, g);
   // A tuning database entry for this shape class sets the split count (the
   // task split only: the same kernels run, the partials merge as always)
   // and the LLVM kernel's prefetch distance (no arithmetic changes).

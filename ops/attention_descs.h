@@ -18,4 +18,10 @@ codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int6
                                                                  bool alibi,
                                                                  DType kv = DType::bf16);
 
+// Whether tilejit::decode_attention runs that LLVM kernel on path `isa` for g
+// query heads per kv head: a JIT path of an LLVM build and g within the
+// kernel's kMaxG; otherwise the attention engine's decode (an fp8 cache
+// through an exact bf16 copy of the blocks it reads).
+bool decode_attention_llvm_kernel(Isa isa, int64_t g);
+
 }  // namespace tilejit::ops

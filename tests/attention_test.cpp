@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/attention_descs.h"
 #include "runtime/isa.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
@@ -558,6 +559,18 @@ TEST_F(Decode, GroupedAndHeadDims) {
     run_decode(pr, 4);
     if (HasFatalFailure()) return;
   }
+}
+
+// More query heads per kv head than the LLVM decode kernel unrolls
+// (DecodeAttentionDesc::kMaxG): the attention engine's decode runs instead
+// of the call raising the kernel compiler's Error.
+TEST_F(Decode, GroupPastTheKernelsUnrolling) {
+  Paged pr;
+  pr.lens = {5, 40};
+  pr.hq = codegen::llvm_backend::DecodeAttentionDesc::kMaxG + 64, pr.hkv = 1;
+  pr.d = 16, pr.dv = 16, pr.bs = 16;
+  EXPECT_FALSE(ops::decode_attention_llvm_kernel(runtime::active_isa(), pr.hq));
+  run_decode(pr, 2);
 }
 
 TEST_F(Decode, Options) {

@@ -529,6 +529,12 @@ for name in decode_attention decode_attention_fp8; do
   ok "$name: dump --stage key --isa scalar" "$TJ" dump "$tir" --stage key --isa scalar
   has "$name: scalar: no JIT code" "$OUT" "^  kernels none \\(no JIT code on the scalar path\\)"
 done
+# Past the LLVM kernel's 1024 query heads per kv head the engine's decode runs.
+printf 'func @d(%%q: tensor<1x1088x16xbf16>, %%k_cache: tensor<3x16x1x16xbf16>, %%v_cache: tensor<3x16x1x16xbf16>, %%bt: tensor<1x3xi32>, %%sl: tensor<1xi32>) -> (tensor<1x1088x16xbf16>) {\n  %%0 = decode_attention %%q, %%k_cache, %%v_cache, %%bt, %%sl : tensor<1x1088x16xbf16>\n  return %%0\n}\n' >"$WORK/decode_wide.tir"
+ok "decode_attention, 1088 heads per kv head: run --check" "$TJ" run "$WORK/decode_wide.tir" --random-inputs 3 --check
+has "decode_attention, 1088 heads per kv head: PASS" "$OUT" "^PASS \\("
+ok "decode_attention, 1088 heads per kv head: dump --stage plan" "$TJ" dump "$WORK/decode_wide.tir" --stage plan --isa llvm
+has "decode_attention, 1088 heads per kv head: the engine" "$OUT" "more query heads per kv head than the LLVM kernel unrolls"
 ok "decode_attention_fp8: dump --stage key" "$TJ" dump "$EXAMPLES/decode_attention_fp8.tir" --stage key --isa avx512
 has "decode_attention_fp8: the fp8 cache's kernel" "$OUT" "^  key     decode_attn_llvm;d=96;dv=64;g=8;bs=1;.*;kv=f8e4m3;"
 # Bad input reaches the call's own Error: block ids past the cache (gen-npy's

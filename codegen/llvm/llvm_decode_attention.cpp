@@ -97,7 +97,9 @@ void check(const DecodeAttentionDesc& d) {
   };
   dim("d", d.d);
   dim("dv", d.dv);
-  if (d.g < 1 || d.g > 1024) fail(d, "g=" + std::to_string(d.g) + "; allowed: 1 .. 1024");
+  if (d.g < 1 || d.g > DecodeAttentionDesc::kMaxG)
+    fail(d, "g=" + std::to_string(d.g) + "; allowed: 1 .. " +
+                std::to_string(DecodeAttentionDesc::kMaxG));
   if (d.prefetch_chunks < 1 || d.prefetch_chunks > DecodeAttentionDesc::kPrefetchChunksMax)
     fail(d, "prefetch_chunks=" + std::to_string(d.prefetch_chunks) + "; allowed: 1 .. " +
                 std::to_string(DecodeAttentionDesc::kPrefetchChunksMax));

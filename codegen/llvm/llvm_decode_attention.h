@@ -26,8 +26,12 @@ inline std::string field_text(DecodeDot d) {
 // What the emitted bytes depend on.
 struct DecodeAttentionDesc {
   static constexpr const char* kFamily = "decode_attn_llvm";
-  int64_t d = 0, dv = 0;   // head sizes, even
-  int64_t g = 0;           // query rows per kv head (Hq / Hkv)
+  int64_t d = 0, dv = 0;  // head sizes, even
+  int64_t g = 0;          // query rows per kv head (Hq / Hkv), 1 .. kMaxG
+  // The kernel unrolls its per-row code over g: past this many query heads
+  // per kv head the operators run the attention engine's decode instead
+  // (ops::decode_attention_llvm_kernel).
+  static constexpr int64_t kMaxG = 1024;
   int64_t block_size = 0;  // cache block, >= 1 (multiples of 16 take the fast row addressing)
   int64_t ldo = 0;         // floats between O rows of the partial
   bool softcap = false;    // s = cap·tanh(s / cap)

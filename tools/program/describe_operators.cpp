@@ -218,11 +218,20 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
               name};
     }
     case ir::OpKind::decode_attention: {
-      if (!jit::family_built(jit::Family::decode_attention))
+      // The group size when the shapes fix it (1 otherwise: unknown).
+      const ir::TensorType& q = f.value(operand(f, c, 0)).type;
+      const ir::TensorType& kc = f.value(operand(f, c, 1)).type;
+      const int64_t g = q.dims[1].is_static() && kc.dims[2].is_static() && kc.dims[2].value > 0
+                            ? q.dims[1].value / kc.dims[2].value
+                            : 1;
+      if (!ops::decode_attention_llvm_kernel(isa, g))
         return {
-            fmt::format("{}: the attention engine's decode (no LLVM in this build; an "
-                        "f8e4m3 cache through an exact bf16 copy of the blocks it reads)",
-                        isa_name(isa)),
+            fmt::format("{}: the attention engine's decode ({}; an f8e4m3 cache through an "
+                        "exact bf16 copy of the blocks it reads)",
+                        isa_name(isa),
+                        jit::family_built(jit::Family::decode_attention)
+                            ? "more query heads per kv head than the LLVM kernel unrolls"
+                            : "no LLVM in this build"),
             fmt::format("chosen at run time by {} (brgemm_{} micro-kernels)", api, isa_name(isa))};
       const auto d = call_decode_kernel(f, c, isa, dims);
       return {fmt::format("{}: one LLVM-compiled kernel per specialisation (D, Dv, query heads "
@@ -352,9 +361,7 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
 
 std::optional<codegen::llvm_backend::DecodeAttentionDesc> call_decode_kernel(
     const ir::Function& f, const OperatorCall& c, Isa isa, const DimBindings& dims) {
-  if (isa == Isa::scalar || c.kind != ir::OpKind::decode_attention ||
-      !jit::family_built(jit::Family::decode_attention))
-    return std::nullopt;
+  if (c.kind != ir::OpKind::decode_attention) return std::nullopt;
   // A static dim, or a symbolic one bound by --dim; -1 otherwise.
   auto size = [&](int id, int axis) -> int64_t {
     const std::string t = dim_text(f, id, axis, dims);
@@ -362,7 +369,9 @@ std::optional<codegen::llvm_backend::DecodeAttentionDesc> call_decode_kernel(
   };
   const int q = operand(f, c, 0), kc = operand(f, c, 1), vc = operand(f, c, 2);
   const int64_t hq = size(q, 1), hkv = size(kc, 2), bs = size(kc, 1);
-  if (hq < 1 || hkv < 1 || bs < 1 || hq % hkv != 0) return std::nullopt;
+  if (hq < 1 || hkv < 1 || bs < 1 || hq % hkv != 0 ||
+      !ops::decode_attention_llvm_kernel(isa, hq / hkv))
+    return std::nullopt;
   return ops::decode_attention_desc(f.value(q).type.dims[2].value, f.value(vc).type.dims[3].value,
                                     hq / hkv, bs, c.attention.softcap > 0, /*alibi=*/false,
                                     f.value(kc).type.dtype);
