@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
+#include <optional>
 
 #include "codegen/quant_desc.h"
 #include "ir/printer.h"
@@ -20,6 +20,25 @@ std::string dim_text(const ir::Function& f, int id, int i, const DimBindings& di
   if (d.is_static()) return std::to_string(d.value);
   auto it = dims.find(d.symbol);
   return it == dims.end() ? d.str() : std::to_string(it->second);
+}
+
+// The same dim's size when it is static or bound; nullopt when unbound.
+std::optional<int64_t> dim_size(const ir::Function& f, int id, int i, const DimBindings& dims) {
+  const ir::Dim& d = f.value(id).type.dims.at(i);
+  if (d.is_static()) return d.value;
+  auto it = dims.find(d.symbol);
+  if (it == dims.end()) return std::nullopt;
+  return it->second;
+}
+
+// A decode_attention call's query heads per kv head, when the head counts
+// are static or bound (the verifier made Hq a multiple of Hkv).
+std::optional<int64_t> decode_group(const ir::Function& f, const OperatorCall& c,
+                                    const DimBindings& dims) {
+  const auto hq = dim_size(f, operand(f, c, 0), 1, dims);
+  const auto hkv = dim_size(f, operand(f, c, 1), 2, dims);
+  if (!hq || !hkv || *hkv < 1) return std::nullopt;
+  return *hq / *hkv;
 }
 
 std::string operand_text(const ir::Function& f, int id, const DimBindings& dims) {
@@ -218,13 +237,8 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
               name};
     }
     case ir::OpKind::decode_attention: {
-      // The group size when the shapes fix it (1 otherwise: unknown).
-      const ir::TensorType& q = f.value(operand(f, c, 0)).type;
-      const ir::TensorType& kc = f.value(operand(f, c, 1)).type;
-      const int64_t g = q.dims[1].is_static() && kc.dims[2].is_static() && kc.dims[2].value > 0
-                            ? q.dims[1].value / kc.dims[2].value
-                            : 1;
-      if (!ops::decode_attention_llvm_kernel(isa, g))
+      // An unknown group (unbound heads) is taken as one the kernel runs.
+      if (!ops::decode_attention_llvm_kernel(isa, decode_group(f, c, dims).value_or(1)))
         return {
             fmt::format("{}: the attention engine's decode ({}; an f8e4m3 cache through an "
                         "exact bf16 copy of the blocks it reads)",
@@ -362,18 +376,13 @@ std::string describe_operator_keys(const ir::Function& f, const OperatorProgram&
 std::optional<codegen::llvm_backend::DecodeAttentionDesc> call_decode_kernel(
     const ir::Function& f, const OperatorCall& c, Isa isa, const DimBindings& dims) {
   if (c.kind != ir::OpKind::decode_attention) return std::nullopt;
-  // A static dim, or a symbolic one bound by --dim; -1 otherwise.
-  auto size = [&](int id, int axis) -> int64_t {
-    const std::string t = dim_text(f, id, axis, dims);
-    return !t.empty() && std::isdigit(static_cast<unsigned char>(t[0])) ? std::stoll(t) : -1;
-  };
   const int q = operand(f, c, 0), kc = operand(f, c, 1), vc = operand(f, c, 2);
-  const int64_t hq = size(q, 1), hkv = size(kc, 2), bs = size(kc, 1);
-  if (hq < 1 || hkv < 1 || bs < 1 || hq % hkv != 0 ||
-      !ops::decode_attention_llvm_kernel(isa, hq / hkv))
+  const auto g = decode_group(f, c, dims);
+  const auto bs = dim_size(f, kc, 1, dims);
+  if (!g || *g < 1 || !bs || *bs < 1 || !ops::decode_attention_llvm_kernel(isa, *g))
     return std::nullopt;
   return ops::decode_attention_desc(f.value(q).type.dims[2].value, f.value(vc).type.dims[3].value,
-                                    hq / hkv, bs, c.attention.softcap > 0, /*alibi=*/false,
+                                    *g, *bs, c.attention.softcap > 0, /*alibi=*/false,
                                     f.value(kc).type.dtype);
 }
 
@@ -384,9 +393,9 @@ std::optional<codegen::llvm_backend::RopeDesc> call_rope_kernel(const ir::Functi
     return std::nullopt;
   codegen::llvm_backend::RopeDesc d = call_rope_desc(f, c);
   if (d.hq == 0) {  // symbolic heads: the kernel exists once they are bound
-    const std::string h = dim_text(f, operand(f, c, 0), 1, dims);
-    if (h.empty() || !std::isdigit(static_cast<unsigned char>(h[0]))) return std::nullopt;
-    d.hq = std::stoll(h);
+    const auto h = dim_size(f, operand(f, c, 0), 1, dims);
+    if (!h) return std::nullopt;
+    d.hq = *h;
   }
   return d;
 }
