@@ -155,14 +155,17 @@ e1 = dict(dec, shape=dict(common, block="16", kv="bf16", batch="5-16", seq="1025
           knobs={"prefetch_chunks": 4})
 e2 = dict(dec, family="prefill_attention", shape=dict(common, causal="1", batch="1", seq="257-1024"),
           knobs={"key_block": 64, "rows": 32})
-json.dump({"tilejit_tuning_db": 1, "entries": [e1, e2]}, open(sys.argv[2], "w"), indent=1)
+e3 = dict(dec, shape=dict(common, block="16", kv="f8e4m3", batch="5-16", seq="1025-4096"),
+          knobs={"splits": 2})
+json.dump({"tilejit_tuning_db": 1, "entries": [e1, e2, e3]}, open(sys.argv[2], "w"), indent=1)
 EOF
 "$TJ" llama-layer --only dense --no-check --seconds 0.01 --tuning-db "$WORK/job.json" >"$OUT" 2>"$ERR"
 rc=$?
 check "llama-layer with attention entries exits 0 (got $rc)" test $rc -eq 0
 check "the B=16 decode row is marked tuned" grep -Eq '^attn_decode +16 .*\(tuned prefetch_chunks=4\)' "$OUT"
 check "the T=512 prefill row is marked tuned" grep -Eq '^attn_prefill +512 .*\(tuned key_block=64 rows=32\)' "$OUT"
-check "no other attention row is" test "$(grep -E '^attn_' "$OUT" | grep -c tuned)" -eq 2
+check "the fp8-cache decode row is marked with its own entry" grep -Eq '^attn_decode_f8 +16 .*\(tuned splits=2\)' "$OUT"
+check "no other attention row is" test "$(grep -E '^attn_' "$OUT" | grep -c tuned)" -eq 3
 
 # 7. Bad input: one-line errors naming the field (exit 1), bad options (exit 2).
 echo '{"ops": [{"op": "gemm", "n": 8, "k": 0, "m": [1]}]}' >"$WORK/bad.json"
@@ -184,13 +187,15 @@ cat >"$WORK/quant.json" <<'EOF'
 {"name": "quant", "ops": [
  {"op": "gemm", "name": "q4", "n": 256, "k": 512, "format": "int4_gptq", "group_size": 128, "m": [1, 40]},
  {"op": "gemm", "name": "q8", "n": 256, "k": 512, "format": "int8", "m": [16]},
- {"op": "moe", "name": "qexp", "e": 4, "topk": 2, "h": 128, "i": 64, "format": "fp8_e4m3", "t": [4]}
+ {"op": "moe", "name": "qexp", "e": 4, "topk": 2, "h": 128, "i": 64, "format": "fp8_e4m3", "t": [4]},
+ {"op": "decode_attention", "name": "dec8", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e4m3", "batch": [1], "seq_len": [512]},
+ {"op": "extend_attention", "name": "ext8", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e4m3", "prefix_len": 40, "seq_len": [24]}
 ]}
 EOF
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --budget 1m >"$OUT" 2>"$ERR"
 rc=$?
 check "quantized tune exits 0 (got $rc)" test $rc -eq 0
-check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 4
+check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 6
 check "the fused route has no plan knob" grep -q 'M=1 int4_gptq: .*the fused decode kernel: no plan knob' "$OUT"
 # The int4 route is a candidate wherever the LLVM W4A8 kernels run (a build
 # with LLVM on a JIT path): M=1 and M=40 each try the route they do not take.
@@ -199,11 +204,34 @@ if "$TJ" cpuinfo | grep -Eq '^  brgemm +llvm +llvm +yes'; then
   check "int4: both M buckets try a route" test "$(grep -Ec 'tried: .*w4a8=[01]' "$OUT")" -ge 2
 fi
 check "quantized entries carry their format" grep -q '"fmt": *"int4_gptq"' "$WORK/dbq.json"
+check "fp8 KV cache: decode and extend entries keyed by the cache dtype" \
+  test "$($PY -c 'import json,sys; print(sum(e["shape"].get("kv") == "f8e4m3" for e in json.load(open(sys.argv[1]))["entries"]))' "$WORK/dbq.json")" = 2
+check "fp8 KV cache: the labels say so" test "$(grep -c '^tune \[.*kv=f8e4m3$' "$OUT")" -eq 2
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --no-search >"$OUT" 2>"$ERR"
-check "quantized: second process compiles 0 kernels" \
-  grep -Eq '^warm-up: 4 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
+check "quantized and fp8 cache: second process compiles 0 kernels" \
+  grep -Eq '^warm-up: 6 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
 echo '{"ops": [{"op": "gemm", "n": 8, "k": 64, "format": "int3", "m": [1]}]}' >"$WORK/badq.json"
 "$TJ" tune "$WORK/badq.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
 check "bad format named with the allowed ones" grep -q 'ops\[0\].format: "int3"; allowed: bf16, int8, fp8_e4m3' "$ERR"
+echo '{"ops": [{"op": "extend_attention", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e5m2", "seq_len": [4]}]}' >"$WORK/badkv.json"
+"$TJ" tune "$WORK/badkv.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
+check "bad kv named with the allowed ones" grep -q 'ops\[0\].kv: "f8e5m2"; allowed: bf16, f8e4m3' "$ERR"
+
+# 9. --model-config with --kv-cache-dtype: the decode and extend ops over an
+# fp8 cache (prefill has no cache); a bad dtype or the flag without a config
+# is an error.
+CFG=$(dirname "$0")/../examples/tune/llama3-8b-config.json
+"$TJ" tune --model-config "$CFG" --kv-cache-dtype f8e4m3 --save-workload "$WORK/kv8.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "--kv-cache-dtype: workload written (rc $rc)" test $rc -eq 0 -a -s "$WORK/kv8.json"
+check "--kv-cache-dtype: decode and extend over f8e4m3, prefill without" \
+  test "$($PY -c 'import json,sys; print(sorted((o["op"], o.get("kv")) for o in json.load(open(sys.argv[1]))["ops"] if "attention" in o["op"]))' "$WORK/kv8.json")" = \
+  "[('decode_attention', 'f8e4m3'), ('extend_attention', 'f8e4m3'), ('prefill_attention', None)]"
+"$TJ" tune --model-config "$CFG" --kv-cache-dtype fp8 --save-workload "$WORK/x.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "bad --kv-cache-dtype: exit 1 (got $rc)" test $rc -eq 1
+check "bad --kv-cache-dtype named with the allowed ones" grep -q -- '--kv-cache-dtype: "fp8"; allowed: bf16, f8e4m3' "$ERR"
+"$TJ" tune "$WORK/tiny.json" --kv-cache-dtype f8e4m3 >"$OUT" 2>"$ERR"
+check "--kv-cache-dtype without --model-config: exit 2" test $? -eq 2
 
 check_summary tune_tool_test

@@ -85,10 +85,19 @@ TEST(TuneWorkload, RoundTrip) {
     {"op": "moe", "name": "experts", "e": 128, "topk": 8, "h": 2048, "i": 768, "t": {"from": 1, "to": 64}},
     {"op": "extend_attention", "d": 64, "dv": 32, "hq": 8, "hkv": 2, "prefix_len": 100, "seq_len": [7, 33]},
     {"op": "rope", "d": 128, "hq": 32, "hkv": 0, "rotary_dim": 64, "style": "gptj", "dtype": "f32",
-     "cache": "bf16", "t": [1, 512]}
+     "cache": "bf16", "t": [1, 512]},
+    {"op": "decode_attention", "d": 128, "hq": 32, "hkv": 8, "block_size": 1, "kv": "f8e4m3",
+     "batch": [16], "seq_len": [8192]},
+    {"op": "extend_attention", "d": 128, "hq": 32, "hkv": 8, "kv": "f8e4m3", "prefix_len": 4096,
+     "seq_len": [512]}
   ]})";
   const tools::Workload w = tools::parse_workload(text, "w.json");
-  ASSERT_EQ(w.ops.size(), 6u);
+  ASSERT_EQ(w.ops.size(), 8u);
+  EXPECT_EQ(w.ops[1].kv, "bf16");  // the default cache
+  EXPECT_EQ(w.ops[4].kv, "bf16");
+  EXPECT_EQ(w.ops[6].kv, "f8e4m3");
+  EXPECT_EQ(w.ops[6].block_size, 1);
+  EXPECT_EQ(w.ops[7].kv, "f8e4m3");
   EXPECT_EQ(w.ops[4].prefix_len, 100);
   EXPECT_EQ(w.ops[4].dv, 32);
   EXPECT_EQ(w.ops[4].seq_len, (std::vector<int64_t>{7, 33}));
@@ -130,6 +139,18 @@ TEST(TuneWorkload, BadFieldsNamed) {
       },
       "ops[0].hq: 6 with hkv=4; allowed: a multiple of hkv");
   expect_tilejit_error(
+      [&] {
+        parse(R"({"op": "decode_attention", "d": 64, "hq": 4, "hkv": 4, "kv": "fp8", "batch": [1],
+                  "seq_len": [8]})");
+      },
+      "ops[0].kv: \"fp8\"; allowed: bf16, f8e4m3");
+  expect_tilejit_error(
+      [&] {
+        parse(R"({"op": "prefill_attention", "d": 64, "hq": 4, "hkv": 4, "kv": "f8e4m3",
+                  "seq_len": [8]})");
+      },
+      "ops[0].kv: not a field of op prefill_attention");
+  expect_tilejit_error(
       [&] { parse(R"({"op": "moe", "e": 4, "topk": 5, "h": 64, "i": 64, "t": [1]})"); },
       "ops[0].topk: 5; allowed: an integer in [1, 4]");
   expect_tilejit_error(
@@ -157,6 +178,21 @@ TEST(TuneWorkload, FromModelConfig) {
   EXPECT_EQ(m.ops[0].n, 6144);  // (32 + 2·8)·128
   EXPECT_EQ(m.ops[2].name, "gate_up_proj");
   EXPECT_EQ(m.ops[2].n, 2 * 14336);
+  // The engine's KV cache dtype (a serving flag): decode and extend read it,
+  // prefill has no cache; everything else is the same workload.
+  const tools::Workload m8 =
+      tools::workload_from_model_config(cfg, "config.json", {1, 16, 512}, 4096, "f8e4m3");
+  ASSERT_EQ(m8.ops.size(), m.ops.size());
+  for (size_t i = 0; i < m.ops.size(); ++i) {
+    tools::WorkloadOp o = m8.ops[i];
+    const bool cache = o.op == "decode_attention" || o.op == "extend_attention";
+    EXPECT_EQ(o.kv, cache ? "f8e4m3" : "bf16") << o.op;
+    o.kv = m.ops[i].kv;
+    EXPECT_EQ(o, m.ops[i]) << o.op;
+  }
+  expect_tilejit_error(
+      [&] { tools::workload_from_model_config(cfg, "config.json", {1}, 4096, "e4m3"); },
+      "--kv-cache-dtype: \"e4m3\"; allowed: bf16, f8e4m3");
   // The shipped example is what the config builds (the file documents the workload).
   tools::Workload from_example = tools::workload_from_model_config(
       [] {

@@ -118,6 +118,9 @@ void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
                 "build the workload from a Hugging Face config.json instead");
   c->add_option("--save-workload", o.save_workload,
                 "with --model-config: write the workload it builds to this file and stop");
+  c->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                "with --model-config: the engine's paged KV cache dtype for the decode and "
+                "extend ops (bf16, f8e4m3; default bf16)");
   c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)");
   c->add_option("--budget", o.budget, "time budget of the search, e.g. 90s, 10m (default 10m)");
   c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")

@@ -23,10 +23,12 @@
 #include "ir/activation.h"
 #include "jit/registry.h"
 #include "jit/tuning_db.h"
+#include "ops/attention_checks.h"
 #include "ops/attention_engine.h"
 #include "ops/quant_weight.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "runtime/quant_formats.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program_io.h"
@@ -53,6 +55,18 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
     v[i] = static_cast<uint16_t>(b >> 16);
   }
   return v;
+}
+
+// The KV cache dtype of a decode / extend op (parse_workload checked the name).
+DType kv_dtype(const WorkloadOp& o) {
+  for (DType t : ops::attn::kKvCacheDtypes)
+    if (o.kv == dtype_name(t)) return t;
+  throw Error(fmt::format("{}: kv: \"{}\"; allowed: {}", o.name, o.kv,
+                          fmt::join(kv_cache_dtype_names(), ", ")));
+}
+// " kv=f8e4m3" for a label (nothing for the bf16 default).
+std::string kv_label(const WorkloadOp& o) {
+  return kv_dtype(o) == DType::bf16 ? "" : " kv=" + o.kv;
 }
 
 // One tuned entry (or, for prefill, one warm-up call): an op of the
@@ -405,10 +419,10 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t b : o.m)
         for (int64_t s : o.seq_len) {
           Point p{i, b, s};
-          p.label = fmt::format("decode_attention {} B={} ctx={} Hq={} Hkv={} D={}", o.name, b, s,
-                                o.hq, o.hkv, o.d);
+          p.label = fmt::format("decode_attention {} B={} ctx={} Hq={} Hkv={} D={}{}", o.name, b, s,
+                                o.hq, o.hkv, o.d, kv_label(o));
           p.shape = jit::decode_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
-                                            DType::bf16, b, s);
+                                            kv_dtype(o), b, s);
           if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
             p.family = "decode_attention";
             p.candidates = decode_candidates(o, b, s, threads, &p.pruned);
@@ -440,10 +454,10 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
-        p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}", o.name, s,
-                              o.prefix_len, o.hq, o.hkv, o.d);
+        p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}{}", o.name, s,
+                              o.prefix_len, o.hq, o.hkv, o.d, kv_label(o));
         p.shape = jit::extend_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
-                                          DType::bf16, 1, s, o.prefix_len + s);
+                                          kv_dtype(o), 1, s, o.prefix_len + s);
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "extend_attention";
           p.candidates = blocking_candidates(o, s, o.prefix_len + s, threads, true, &p.pruned);
@@ -481,7 +495,33 @@ struct CallBuffers {
   std::vector<uint16_t> a, b, c, d;
   std::vector<float> f;
   std::vector<int32_t> i, j;
+  std::vector<uint8_t> k8, v8;  // an fp8 KV cache's codes
 };
+
+// The scale of the tuner's fp8 KV caches: the random values (in ±1) are
+// stored as e4m3(x / scale), well inside e4m3's range (store_kv's rule).
+constexpr float kFp8CacheScale = 1.0f / 64;
+
+// A paged K or V cache [blocks, bs, Hkv, d] of op's kv dtype: random bf16
+// values in ±1, or their e4m3 codes (into `codes`).
+TensorView kv_cache(const WorkloadOp& o, int64_t blocks, int64_t bs, int64_t d, uint64_t seed,
+                    std::vector<uint16_t>& values, std::vector<uint8_t>& codes) {
+  values = random_bf16(size_t(blocks * bs * o.hkv * d), seed, 1.0f);
+  if (kv_dtype(o) == DType::bf16)
+    return TensorView(values.data(), DType::bf16, {blocks, bs, o.hkv, d});
+  codes.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    codes[i] = runtime::f32_to_e4m3(runtime::bf16_to_f32(values[i]) / kFp8CacheScale);
+  values = {};
+  return TensorView(codes.data(), DType::f8e4m3, {blocks, bs, o.hkv, d});
+}
+
+// The options of a call over op's cache: its scales when it is fp8.
+AttentionOptions cache_options(const WorkloadOp& o) {
+  AttentionOptions opt;
+  if (kv_dtype(o) == DType::f8e4m3) opt.kv_scales.k_scale = opt.kv_scales.v_scale = kFp8CacheScale;
+  return opt;
+}
 
 std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& ow) {
   auto buf = std::make_shared<CallBuffers>();
@@ -514,20 +554,20 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
   if (o.op == "decode_attention") {
     const int64_t b = p.count, len = p.seq, bs = o.block_size;
     const int64_t per_seq = (len + bs - 1) / bs, nb = b * per_seq;
-    buf->a = random_bf16(size_t(nb * bs * o.hkv * o.d), seed, 1.0f);
-    buf->b = random_bf16(size_t(nb * bs * o.hkv * o.dv), seed + 1, 1.0f);
+    const TensorView kc = kv_cache(o, nb, bs, o.d, seed, buf->a, buf->k8);
+    const TensorView vc = kv_cache(o, nb, bs, o.dv, seed + 1, buf->b, buf->v8);
     buf->c = random_bf16(size_t(b * o.hq * o.d), seed + 2, 1.0f);
     buf->d.resize(size_t(b * o.hq * o.dv));
     buf->i.resize(size_t(nb));
     std::iota(buf->i.begin(), buf->i.end(), 0);
     buf->j.assign(size_t(b), int32_t(len));
     const TensorView q(buf->c.data(), DType::bf16, {b, o.hq, o.d});
-    const TensorView kc(buf->a.data(), DType::bf16, {nb, bs, o.hkv, o.d});
-    const TensorView vc(buf->b.data(), DType::bf16, {nb, bs, o.hkv, o.dv});
     const TensorView out(buf->d.data(), DType::bf16, {b, o.hq, o.dv});
     const TensorView table(buf->i.data(), DType::i32, {b, per_seq});
     const TensorView lens(buf->j.data(), DType::i32, {b});
-    return [buf, q, kc, vc, out, table, lens] { decode_attention(q, kc, vc, out, table, lens); };
+    return [buf, q, kc, vc, out, table, lens, opt = cache_options(o)] {
+      decode_attention(q, kc, vc, out, table, lens, opt);
+    };
   }
   if (o.op == "moe") {
     if (ow.w13.empty() && quantized(o)) {
@@ -589,8 +629,8 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     // One sequence: p.seq new tokens (k_new / v_new) over a cached prefix.
     const int64_t n = p.seq, pre = o.prefix_len, bs = o.block_size;
     const int64_t blocks = std::max<int64_t>((pre + bs - 1) / bs, 1);
-    buf->a = random_bf16(size_t(blocks * bs * o.hkv * o.d), seed, 1.0f);
-    buf->b = random_bf16(size_t(blocks * bs * o.hkv * o.dv), seed + 1, 1.0f);
+    const TensorView kc = kv_cache(o, blocks, bs, o.d, seed, buf->a, buf->k8);
+    const TensorView vc = kv_cache(o, blocks, bs, o.dv, seed + 1, buf->b, buf->v8);
     buf->c = random_bf16(size_t(n * (o.hq + o.hkv) * o.d + n * o.hkv * o.dv), seed + 2, 1.0f);
     buf->d.resize(size_t(n * o.hq * o.dv));
     buf->i.resize(size_t(blocks));
@@ -598,8 +638,6 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     buf->j = {0, int32_t(n), int32_t(pre)};  // qo_indptr, then prefix_lens
     uint16_t* qp = buf->c.data();
     const TensorView q(qp, DType::bf16, {n, o.hq, o.d});
-    const TensorView kc(buf->a.data(), DType::bf16, {blocks, bs, o.hkv, o.d});
-    const TensorView vc(buf->b.data(), DType::bf16, {blocks, bs, o.hkv, o.dv});
     const TensorView out(buf->d.data(), DType::bf16, {n, o.hq, o.dv});
     const TensorView indptr(buf->j.data(), DType::i32, {2});
     const TensorView table(buf->i.data(), DType::i32, {1, blocks});
@@ -607,8 +645,8 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     ExtendOptions ext;
     ext.k_new = TensorView(qp + n * o.hq * o.d, DType::bf16, {n, o.hkv, o.d});
     ext.v_new = TensorView(qp + n * (o.hq + o.hkv) * o.d, DType::bf16, {n, o.hkv, o.dv});
-    return [buf, q, kc, vc, out, indptr, table, prefix, ext] {
-      extend_attention(q, kc, vc, out, indptr, table, prefix, {}, ext);
+    return [buf, q, kc, vc, out, indptr, table, prefix, ext, opt = cache_options(o)] {
+      extend_attention(q, kc, vc, out, indptr, table, prefix, opt, ext);
     };
   }
   // prefill_attention: one sequence of p.seq tokens.
@@ -698,6 +736,10 @@ int run_tune(const TuneOptions& opt) {
   set_threads_option(opt.threads);
   if (opt.workload.empty() == opt.model_config.empty())
     throw UsageError("give a WORKLOAD file or --model-config config.json (one of them)");
+  if (opt.model_config.empty() && opt.kv_cache_dtype != "bf16")
+    throw UsageError(
+        "--kv-cache-dtype goes with --model-config (a workload file names each "
+        "op's kv)");
   const double budget = parse_budget(opt.budget);
   const auto deadline = Clock::now() + std::chrono::microseconds(int64_t(budget * 1e6));
   Workload w;
@@ -706,7 +748,8 @@ int run_tune(const TuneOptions& opt) {
     if (!in) throw Error(fmt::format("{}: cannot read the model config", opt.model_config));
     std::stringstream ss;
     ss << in.rdbuf();
-    w = workload_from_model_config(ss.str(), opt.model_config);
+    w = workload_from_model_config(ss.str(), opt.model_config, {1, 16, 512}, 4096,
+                                   opt.kv_cache_dtype);
     if (!opt.save_workload.empty()) {
       std::ofstream out(opt.save_workload, std::ios::binary | std::ios::trunc);
       out << workload_json(w);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "ir/activation.h"
 #include "jit/tuning_db.h"
+#include "ops/attention_checks.h"
 
 namespace tilejit::tools {
 
@@ -31,7 +33,7 @@ const std::vector<OpFields>& op_fields() {
         "block_k", "m"}},
       {"decode_attention", {"d", "dv", "hq", "hkv", "block_size", "kv", "batch", "seq_len"}},
       {"prefill_attention", {"d", "dv", "hq", "hkv", "causal", "seq_len"}},
-      {"extend_attention", {"d", "dv", "hq", "hkv", "block_size", "prefix_len", "seq_len"}},
+      {"extend_attention", {"d", "dv", "hq", "hkv", "block_size", "kv", "prefix_len", "seq_len"}},
       {"rope", {"d", "hq", "hkv", "rotary_dim", "style", "dtype", "cache", "t"}},
       {"moe",
        {"e", "topk", "h", "i", "format", "group_size", "sym", "desc_act", "block_n", "block_k",
@@ -205,10 +207,11 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
       r.fail("hq", fmt::format("{} with hkv={}; allowed: a multiple of hkv", o.hq, o.hkv));
     if (o.op == "decode_attention") {
       o.block_size = r.integer("block_size", false, 16);
-      o.kv = r.choice("kv", "bf16", {"bf16"});
+      o.kv = r.choice("kv", "bf16", kv_cache_dtype_names());
       o.m = r.counts("batch");
     } else if (o.op == "extend_attention") {
       o.block_size = r.integer("block_size", false, 16);
+      o.kv = r.choice("kv", "bf16", kv_cache_dtype_names());
       o.prefix_len = r.integer("prefix_len", false, 0, 0);
     } else {
       if (j.contains("causal") && !j["causal"].is_boolean())
@@ -227,6 +230,15 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& kv_cache_dtype_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (DType t : ops::attn::kKvCacheDtypes) v.emplace_back(dtype_name(t));
+    return v;
+  }();
+  return names;
+}
 
 const std::vector<std::string>& workload_op_kinds() {
   static const std::vector<std::string> k = [] {
@@ -305,6 +317,7 @@ std::string workload_json(const Workload& w) {
                 {"hq", o.hq},
                 {"hkv", o.hkv},
                 {"block_size", o.block_size},
+                {"kv", o.kv},
                 {"prefix_len", o.prefix_len},
                 {"seq_len", o.seq_len}});
     } else if (o.op == "rope") {
@@ -428,7 +441,14 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
 }  // namespace
 
 Workload workload_from_model_config(const std::string& text, const std::string& source,
-                                    const std::vector<int64_t>& m, int64_t context) {
+                                    const std::vector<int64_t>& m, int64_t context,
+                                    const std::string& kv_cache) {
+  {
+    const auto& kv = kv_cache_dtype_names();
+    if (std::find(kv.begin(), kv.end(), kv_cache) == kv.end())
+      throw Error(
+          fmt::format("--kv-cache-dtype: \"{}\"; allowed: {}", kv_cache, fmt::join(kv, ", ")));
+  }
   json j;
   try {
     j = json::parse(text);
@@ -491,6 +511,7 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   dec.d = dec.dv = hd;
   dec.hq = hq;
   dec.hkv = hkv;
+  dec.kv = kv_cache;
   dec.m = {1, 16};
   dec.seq_len = {context};
   w.ops.push_back(dec);
@@ -498,6 +519,7 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   pre.op = "prefill_attention";
   pre.name = "attn_prefill";
   pre.m.clear();
+  pre.kv = "bf16";  // no cache: k, v given
   pre.seq_len = {m.back()};
   w.ops.push_back(pre);
   // A chunked prefill / a follow-up turn: the largest count of new tokens
@@ -506,6 +528,7 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   ext.op = "extend_attention";
   ext.name = "attn_extend";
   ext.prefix_len = context;
+  ext.kv = kv_cache;
   w.ops.push_back(ext);
   WorkloadOp rope;
   rope.op = "rope";

@@ -13,9 +13,10 @@ namespace tilejit::tools {
 
 // One operator of the workload. `op` picks which fields apply:
 //   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), format, m (list)
-//   decode_attention: d, dv, hq, hkv, block_size, kv (bf16), batch (list), seq_len (list)
+//   decode_attention: d, dv, hq, hkv, block_size, kv (bf16 | f8e4m3: the cache's dtype),
+//                     batch (list), seq_len (list)
 //   prefill_attention: d, dv, hq, hkv, causal, seq_len (list)
-//   extend_attention: d, dv, hq, hkv, block_size, prefix_len, seq_len (list: new tokens
+//   extend_attention: d, dv, hq, hkv, block_size, kv, prefix_len, seq_len (list: new tokens
 //                     of one sequence over a cached prefix of prefix_len)
 //   rope (warm-up only): d, hq, hkv, rotary_dim (0: d), style (neox | gptj),
 //                     dtype (bf16 | f32: q and k), cache (f32 | bf16: cos_sin_cache), t (list)
@@ -70,10 +71,17 @@ std::string workload_json(const Workload& w);
 // linear layers and experts (quant_method awq, gptq, fp8 (weight_block_size:
 // block scales), mxfp4, compressed-tensors / w8a8 int8; bits, group_size,
 // sym, desc_act); another method is an Error naming it and the allowed ones.
-// The router stays bf16 (checkpoints leave it unquantized).
+// The router stays bf16 (checkpoints leave it unquantized). kv_cache: the
+// dtype of the engine's paged KV cache (a serving flag, not in the config:
+// sglang / vLLM --kv-cache-dtype), for the decode and extend ops; an Error
+// naming the allowed ones otherwise.
 Workload workload_from_model_config(const std::string& json_text, const std::string& source,
                                     const std::vector<int64_t>& m = {1, 16, 512},
-                                    int64_t context = 4096);
+                                    int64_t context = 4096, const std::string& kv_cache = "bf16");
+
+// The KV cache dtypes a decode / extend op takes (`kv`, --kv-cache-dtype):
+// the names of ops::attn::kKvCacheDtypes.
+const std::vector<std::string>& kv_cache_dtype_names();
 
 // The quant_method values workload_from_model_config reads (for messages).
 const std::vector<std::string>& quant_methods();
