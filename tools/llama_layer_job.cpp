@@ -39,6 +39,7 @@
 #include "tools/commands.h"
 #include "tools/program/reference_rows.h"
 #include "tools/program_io.h"
+#include "tools/random_data.h"
 
 namespace tilejit::tools {
 namespace {
@@ -78,24 +79,6 @@ struct Row {
   bool ok = true;
   std::string note;  // printed after the check (the GEMMs' weight GB/s at M = 1)
 };
-
-// xorshift: the 235M-element gate/up weight would take seconds with mt19937.
-struct Rng {
-  uint64_t s;
-  float next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / float(1 << 23);
-  }
-};
-
-std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
-  Rng r{seed * 0x9E3779B97F4A7C15ull + 1};
-  std::vector<uint16_t> v(n);
-  for (auto& e : v) e = runtime::f32_to_bf16(r.next() * scale);
-  return v;
-}
 
 double bf(uint16_t h) {
   return runtime::bf16_to_f32(h);
@@ -649,23 +632,13 @@ Row decode_row(const Env& env, int64_t m, uint64_t seed, bool fp8 = false) {
   constexpr float kFp8Scale = 1.0f / 256;
   std::vector<uint8_t> kc8, vc8;
   if (fp8) {
-    kc8.resize(cache_elems);
-    vc8.resize(cache_elems);
-    for (size_t i = 0; i < cache_elems; ++i) {
-      kc8[i] = runtime::f32_to_e4m3(bf(kc[i]) / kFp8Scale);
-      vc8[i] = runtime::f32_to_e4m3(bf(vc[i]) / kFp8Scale);
-    }
+    kc8 = e4m3_codes(kc, kFp8Scale);
+    vc8 = e4m3_codes(vc, kFp8Scale);
   }
   const auto q = random_bf16(size_t(b * kHq * kHeadDim), seed + 2, 1.0f);
   std::vector<uint16_t> out(static_cast<size_t>(b * kHq * kHeadDim));
-  std::vector<int32_t> table(static_cast<size_t>(nb));
+  const std::vector<int32_t> table = shuffled_blocks(static_cast<size_t>(nb), seed);
   std::vector<int32_t> lens(static_cast<size_t>(b), int32_t(kDecodeContext));
-  std::iota(table.begin(), table.end(), 0);
-  Rng shuffle{seed};
-  for (size_t i = table.size(); i > 1; --i) {  // Fisher–Yates with the job's generator
-    shuffle.next();
-    std::swap(table[i - 1], table[size_t(shuffle.s % i)]);
-  }
   const TensorView qv(q.data(), DType::bf16, {b, kHq, kHeadDim});
   const TensorView kv =
       fp8 ? TensorView(kc8.data(), DType::f8e4m3, {nb, kBlockSize, kHkv, kHeadDim})

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,6 +31,7 @@
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program_io.h"
+#include "tools/random_data.h"
 #include "tools/tune_measure.h"
 #include "tools/tune_workload.h"
 
@@ -40,22 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Knobs = std::map<std::string, int64_t>;
-
-// xorshift: fills the large weights fast (values in ±scale).
-std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
-  std::vector<uint16_t> v(n);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    const float f = (static_cast<float>(s >> 40) / 16777216.0f * 2 - 1) * scale;
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    v[i] = static_cast<uint16_t>(b >> 16);
-  }
-  return v;
-}
 
 // The KV cache dtype of a decode / extend op (parse_workload checked the name).
 DType kv_dtype(const WorkloadOp& o) {
@@ -558,8 +542,7 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     const TensorView vc = kv_cache(o, nb, bs, o.dv, seed + 1, buf->b, buf->v8);
     buf->c = random_bf16(size_t(b * o.hq * o.d), seed + 2, 1.0f);
     buf->d.resize(size_t(b * o.hq * o.dv));
-    buf->i.resize(size_t(nb));
-    std::iota(buf->i.begin(), buf->i.end(), 0);
+    buf->i = shuffled_blocks(size_t(nb), seed);  // the blocks in an engine's steady-state order
     buf->j.assign(size_t(b), int32_t(len));
     const TensorView q(buf->c.data(), DType::bf16, {b, o.hq, o.d});
     const TensorView out(buf->d.data(), DType::bf16, {b, o.hq, o.dv});
@@ -633,8 +616,7 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     const TensorView vc = kv_cache(o, blocks, bs, o.dv, seed + 1, buf->b, buf->v8);
     buf->c = random_bf16(size_t(n * (o.hq + o.hkv) * o.d + n * o.hkv * o.dv), seed + 2, 1.0f);
     buf->d.resize(size_t(n * o.hq * o.dv));
-    buf->i.resize(size_t(blocks));
-    std::iota(buf->i.begin(), buf->i.end(), 0);
+    buf->i = shuffled_blocks(size_t(blocks), seed);
     buf->j = {0, int32_t(n), int32_t(pre)};  // qo_indptr, then prefix_lens
     uint16_t* qp = buf->c.data();
     const TensorView q(qp, DType::bf16, {n, o.hq, o.d});

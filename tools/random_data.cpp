@@ -1,0 +1,33 @@
+#include "tools/random_data.h"
+
+#include <numeric>
+#include <utility>
+
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
+
+namespace tilejit::tools {
+
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale) {
+  XorShift r{seed * 0x9E3779B97F4A7C15ull + 1};
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = runtime::f32_to_bf16(r.next() * scale);
+  return v;
+}
+
+std::vector<uint8_t> e4m3_codes(const std::vector<uint16_t>& bf16_values, float scale) {
+  std::vector<uint8_t> codes(bf16_values.size());
+  for (size_t i = 0; i < codes.size(); ++i)
+    codes[i] = runtime::f32_to_e4m3(runtime::bf16_to_f32(bf16_values[i]) / scale);
+  return codes;
+}
+
+std::vector<int32_t> shuffled_blocks(size_t n, uint64_t seed) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), 0);
+  XorShift r{seed};
+  for (size_t i = n; i > 1; --i) std::swap(t[i - 1], t[size_t(r.next_u64() % i)]);
+  return t;
+}
+
+}  // namespace tilejit::tools
