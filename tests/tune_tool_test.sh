@@ -144,15 +144,20 @@ check "a stale entry is not applied" bash -c "! grep -q 'tuned plan' '$ERR'"
 # 6b. The main job marks the attention rows that ran a tuned entry, whatever
 # knobs the entry holds (a decode entry with only prefetch_chunks once threw
 # there): Llama-3-8B decode at B = 16 and prefill at T = 512, this machine's
-# path and build (taken from the decode entry tune wrote).
-$PY - "$WORK/db.json" "$WORK/job.json" <<'EOF'
+# path and build (taken from the decode entry tune wrote). The decode knob:
+# prefetch_chunks where the LLVM decode kernel exists, splits otherwise
+# (a build without LLVM refuses prefetch_chunks at load).
+DEC_KNOB=splits=3
+"$TJ" cpuinfo | grep -Eq '^  decode_attention +llvm' && DEC_KNOB=prefetch_chunks=4
+$PY - "$WORK/db.json" "$WORK/job.json" "$DEC_KNOB" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
+knob, value = sys.argv[3].split("=")
 dec = [x for x in d["entries"] if x["family"] == "decode_attention"][0]
 common = {"path": dec["shape"]["path"], "threads": dec["shape"]["threads"], "d": "128", "dv": "128",
           "hq": "32", "hkv": "8"}
 e1 = dict(dec, shape=dict(common, block="16", kv="bf16", batch="5-16", seq="1025-4096"),
-          knobs={"prefetch_chunks": 4})
+          knobs={knob: int(value)})
 e2 = dict(dec, family="prefill_attention", shape=dict(common, causal="1", batch="1", seq="257-1024"),
           knobs={"key_block": 64, "rows": 32})
 e3 = dict(dec, shape=dict(common, block="16", kv="f8e4m3", batch="5-16", seq="1025-4096"),
@@ -162,7 +167,7 @@ EOF
 "$TJ" llama-layer --only dense --no-check --seconds 0.01 --tuning-db "$WORK/job.json" >"$OUT" 2>"$ERR"
 rc=$?
 check "llama-layer with attention entries exits 0 (got $rc)" test $rc -eq 0
-check "the B=16 decode row is marked tuned" grep -Eq '^attn_decode +16 .*\(tuned prefetch_chunks=4\)' "$OUT"
+check "the B=16 decode row is marked tuned" grep -Eq "^attn_decode +16 .*\(tuned $DEC_KNOB\)" "$OUT"
 check "the T=512 prefill row is marked tuned" grep -Eq '^attn_prefill +512 .*\(tuned key_block=64 rows=32\)' "$OUT"
 check "the fp8-cache decode row is marked with its own entry" grep -Eq '^attn_decode_f8 +16 .*\(tuned splits=2\)' "$OUT"
 check "no other attention row is" test "$(grep -E '^attn_' "$OUT" | grep -c tuned)" -eq 3
