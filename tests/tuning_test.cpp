@@ -180,8 +180,7 @@ TEST(TuneWorkload, FromModelConfig) {
   EXPECT_EQ(m.ops[2].n, 2 * 14336);
   // The engine's KV cache dtype (a serving flag): decode and extend read it,
   // prefill has no cache; everything else is the same workload.
-  const tools::Workload m8 =
-      tools::workload_from_model_config(cfg, "config.json", {1, 16, 512}, 4096, "f8e4m3");
+  const tools::Workload m8 = tools::workload_from_model_config(cfg, "config.json", "f8e4m3");
   ASSERT_EQ(m8.ops.size(), m.ops.size());
   for (size_t i = 0; i < m.ops.size(); ++i) {
     tools::WorkloadOp o = m8.ops[i];
@@ -190,9 +189,8 @@ TEST(TuneWorkload, FromModelConfig) {
     o.kv = m.ops[i].kv;
     EXPECT_EQ(o, m.ops[i]) << o.op;
   }
-  expect_tilejit_error(
-      [&] { tools::workload_from_model_config(cfg, "config.json", {1}, 4096, "e4m3"); },
-      "--kv-cache-dtype: \"e4m3\"; allowed: bf16, f8e4m3");
+  expect_tilejit_error([&] { tools::workload_from_model_config(cfg, "config.json", "e4m3"); },
+                       "--kv-cache-dtype: \"e4m3\"; allowed: bf16, f8e4m3");
   // The shipped example is what the config builds (the file documents the workload).
   tools::Workload from_example = tools::workload_from_model_config(
       [] {

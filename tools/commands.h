@@ -80,7 +80,7 @@ struct TuneOptions {
   std::string workload;                     // a workload JSON file, or
   std::string model_config;                 // a Hugging Face config.json to build it from
   std::string save_workload;                // with --model-config: also write the workload here
-  std::string kv_cache_dtype = "bf16";      // with --model-config: the paged KV cache's dtype
+  std::string kv_cache_dtype;               // with --model-config: the paged KV cache's dtype
   std::string out = "tilejit_tuning.json";  // the database (read, updated, rewritten)
   std::string budget = "10m";
   int threads = 0;

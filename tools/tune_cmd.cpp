@@ -27,7 +27,6 @@
 #include "ops/quant_weight.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
-#include "runtime/quant_formats.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program_io.h"
@@ -493,9 +492,7 @@ TensorView kv_cache(const WorkloadOp& o, int64_t blocks, int64_t bs, int64_t d, 
   values = random_bf16(size_t(blocks * bs * o.hkv * d), seed, 1.0f);
   if (kv_dtype(o) == DType::bf16)
     return TensorView(values.data(), DType::bf16, {blocks, bs, o.hkv, d});
-  codes.resize(values.size());
-  for (size_t i = 0; i < values.size(); ++i)
-    codes[i] = runtime::f32_to_e4m3(runtime::bf16_to_f32(values[i]) / kFp8CacheScale);
+  codes = e4m3_codes(values, kFp8CacheScale);
   values = {};
   return TensorView(codes.data(), DType::f8e4m3, {blocks, bs, o.hkv, d});
 }
@@ -718,10 +715,9 @@ int run_tune(const TuneOptions& opt) {
   set_threads_option(opt.threads);
   if (opt.workload.empty() == opt.model_config.empty())
     throw UsageError("give a WORKLOAD file or --model-config config.json (one of them)");
-  if (opt.model_config.empty() && opt.kv_cache_dtype != "bf16")
+  if (opt.model_config.empty() && !opt.kv_cache_dtype.empty())
     throw UsageError(
-        "--kv-cache-dtype goes with --model-config (a workload file names each "
-        "op's kv)");
+        "--kv-cache-dtype goes with --model-config (a workload file names each op's kv)");
   const double budget = parse_budget(opt.budget);
   const auto deadline = Clock::now() + std::chrono::microseconds(int64_t(budget * 1e6));
   Workload w;
@@ -730,8 +726,9 @@ int run_tune(const TuneOptions& opt) {
     if (!in) throw Error(fmt::format("{}: cannot read the model config", opt.model_config));
     std::stringstream ss;
     ss << in.rdbuf();
-    w = workload_from_model_config(ss.str(), opt.model_config, {1, 16, 512}, 4096,
-                                   opt.kv_cache_dtype);
+    w = workload_from_model_config(
+        ss.str(), opt.model_config,
+        opt.kv_cache_dtype.empty() ? WorkloadOp{}.kv : opt.kv_cache_dtype);
     if (!opt.save_workload.empty()) {
       std::ofstream out(opt.save_workload, std::ios::binary | std::ios::trunc);
       out << workload_json(w);

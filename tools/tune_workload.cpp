@@ -207,11 +207,11 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
       r.fail("hq", fmt::format("{} with hkv={}; allowed: a multiple of hkv", o.hq, o.hkv));
     if (o.op == "decode_attention") {
       o.block_size = r.integer("block_size", false, 16);
-      o.kv = r.choice("kv", "bf16", kv_cache_dtype_names());
+      o.kv = r.choice("kv", WorkloadOp{}.kv, kv_cache_dtype_names());
       o.m = r.counts("batch");
     } else if (o.op == "extend_attention") {
       o.block_size = r.integer("block_size", false, 16);
-      o.kv = r.choice("kv", "bf16", kv_cache_dtype_names());
+      o.kv = r.choice("kv", WorkloadOp{}.kv, kv_cache_dtype_names());
       o.prefix_len = r.integer("prefix_len", false, 0, 0);
     } else {
       if (j.contains("causal") && !j["causal"].is_boolean())
@@ -441,8 +441,8 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
 }  // namespace
 
 Workload workload_from_model_config(const std::string& text, const std::string& source,
-                                    const std::vector<int64_t>& m, int64_t context,
-                                    const std::string& kv_cache) {
+                                    const std::string& kv_cache, const std::vector<int64_t>& m,
+                                    int64_t context) {
   {
     const auto& kv = kv_cache_dtype_names();
     if (std::find(kv.begin(), kv.end(), kv_cache) == kv.end())
@@ -519,7 +519,7 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   pre.op = "prefill_attention";
   pre.name = "attn_prefill";
   pre.m.clear();
-  pre.kv = "bf16";  // no cache: k, v given
+  pre.kv = WorkloadOp{}.kv;  // no cache: k, v given
   pre.seq_len = {m.back()};
   w.ops.push_back(pre);
   // A chunked prefill / a follow-up turn: the largest count of new tokens

@@ -76,8 +76,9 @@ std::string workload_json(const Workload& w);
 // sglang / vLLM --kv-cache-dtype), for the decode and extend ops; an Error
 // naming the allowed ones otherwise.
 Workload workload_from_model_config(const std::string& json_text, const std::string& source,
+                                    const std::string& kv_cache = WorkloadOp{}.kv,
                                     const std::vector<int64_t>& m = {1, 16, 512},
-                                    int64_t context = 4096, const std::string& kv_cache = "bf16");
+                                    int64_t context = 4096);
 
 // The KV cache dtypes a decode / extend op takes (`kv`, --kv-cache-dtype):
 // the names of ops::attn::kKvCacheDtypes.
