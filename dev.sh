@@ -66,8 +66,9 @@ NOLLVM_TESTS='_llvm$|^(attention|rope|moe|attention_threads|nan_semantics|hostil
 NOLLVM_TESTS+='|^attention_extend_test_avx512$|^(glu_kernel_test|ir_test)$'
 # The quantized GEMMs and experts: Xbyak dequant / act_quant / int8 / fused kernels only.
 NOLLVM_TESTS+='|^(quant_gemm|int8_brgemm|moe_quant)_test_(amx|avx512)$'
-# The tuner and its database: knobs of LLVM kernels are refused at load there.
-NOLLVM_TESTS+='|^(tuning_test|tune_tool_test)$'
+# The tuner and its database (knobs of LLVM kernels are refused at load
+# there), the registry (no llvm rows, no disassembler).
+NOLLVM_TESTS+='|^(tuning_test|tune_tool_test|registry_test)$'
 NOLLVM_TESTS+='|^(dequant_kernel|quant_kernels|quant_brgemm)_test$'
 # A host without AVX-512 (AVX2-only, e.g. AMD Zen 2/3) has neither Xbyak path:
 # there the fallbacks are the scalar ones, so their variants run instead.

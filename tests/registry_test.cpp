@@ -190,7 +190,10 @@ TEST(Registry, GetCompilesOnceAndAnswersFromTheFront) {
   const jit::Kernel* other = nullptr;
   std::thread([&] { other = &jit::get(d); }).join();
   EXPECT_EQ(other, &k);
-  EXPECT_NE(jit::disassemble(k).find("vdpbf16ps"), std::string::npos);
+  // The disassembler is LLVM's: a build without it prints the raw bytes.
+  if (cpu_info().llvm_backend) {
+    EXPECT_NE(jit::disassemble(k).find("vdpbf16ps"), std::string::npos);
+  }
 }
 
 TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
@@ -259,7 +262,10 @@ TEST(Registry, PrefetchDistanceIsAnXbyakAvx512Operand) {
     jit::get(d);
     FAIL() << "a prefetch distance compiled on the llvm row";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("pf=16 on the llvm row"), std::string::npos) << e.what();
+    // Without LLVM there is no llvm row to refuse it: the path itself is refused.
+    const char* want = cpu_info().llvm_backend ? "pf=16 on the llvm row"
+                                               : "no brgemm kernel for the llvm path in this build";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
 }
 
