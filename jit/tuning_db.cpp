@@ -60,6 +60,10 @@ constexpr KnobRule kKnobs[] = {
      codegen::llvm_backend::DecodeAttentionDesc::kPrefetchChunksMax,
      "16-key chunks the LLVM decode kernel prefetches ahead"},
     {"moe", "run_blocks", 1, 64, "consecutive column blocks per streaming task"},
+    {"moe", "w4a8_rows", 0, int64_t{1} << 20,
+     "int4 experts: the fewest rows routed to an expert that run W4A8 (0: none)"},
+    {"moe", "prefetch", 0, codegen::BrgemmDesc::kPrefetchKibMax,
+     "KiB of the experts' weight streams prefetched ahead (Xbyak AVX-512 kernels)"},
     {"prefill_attention", "rows", Blocking::kRowsStep, Blocking::kRowsMax, "query rows per task",
      Blocking::kRowsStep},
     {"prefill_attention", "key_block", Blocking::kKeyBlockStep, Blocking::kKeyBlockMax,
@@ -234,6 +238,28 @@ void validate_gemm_plan(const TunedEntry& e) {
           kernel ? "" : ", on a CPU with AVX512-VBMI (this one has none: the dequant route runs)"));
   }
   (void)codegen::plan_gemm(spec, isa, o);
+}
+
+// A moe entry's route and prefetch knobs against its format and path (the
+// ranges are kKnobs'): W4A8 is an int4 route run by the LLVM kernels; the
+// prefetch distance is the Xbyak AVX-512 kernels' (the llvm path runs none).
+void validate_moe_knobs(const TunedEntry& e) {
+  const auto& f = e.shape.fields;
+  const auto wf = weight_format_from_name(f.at("fmt"));
+  if (!wf)
+    throw Error(
+        fmt::format("shape field fmt='{}'; allowed: {}", f.at("fmt"), weight_format_list()));
+  if (auto v = e.knob("w4a8_rows")) {
+    if (!is_int4(*wf))
+      throw Error(
+          fmt::format("knob w4a8_rows with fmt={}; allowed: int4_awq, int4_gptq", f.at("fmt")));
+    if (*v > 0 && !cpu_info().llvm_backend)
+      throw Error("knob w4a8_rows > 0: this tilejit is built without the LLVM backend");
+  }
+  const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");
+  if (e.knob("prefetch") && path != Isa::amx && path != Isa::avx512)
+    throw Error(
+        fmt::format("knob prefetch on path={}; allowed: on path amx or avx512", isa_name(path)));
 }
 
 // Lines of the text at which each entry object starts: nlohmann keeps no
@@ -498,6 +524,7 @@ void validate_entry(const TunedEntry& e) {
                               rule->what));
   }
   if (e.family == "gemm" && !e.knobs.empty()) validate_gemm_plan(e);
+  if (e.family == "moe") validate_moe_knobs(e);
   // The prefetch distance is the LLVM decode kernel's (a build without LLVM
   // decodes with the brgemm engine, which has no such distance).
   if (e.family == "decode_attention" && e.knob("prefetch_chunks") && !cpu_info().llvm_backend)

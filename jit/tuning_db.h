@@ -59,10 +59,7 @@ struct TunedEntry {
   std::string family;
   ShapeClass shape;
   // Knob -> value; the allowed knobs per family and their ranges live in
-  // tuning_db.cpp (kKnobs). gemm: mr, task_rows, max_kc, amx (1: AMX tiles,
-  // 0: AVX-512 at this M); decode_attention: splits, prefetch_chunks;
-  // prefill_attention: rows, key_block; extend_attention: the same and
-  // splits; moe: run_blocks.
+  // one place, tuning_db.cpp's kKnobs (docs/tuning.md lists them).
   std::map<std::string, int64_t> knobs;
   std::string cpu;      // runtime::cpu_signature() of the machine it was measured on
   std::string version;  // tuning_db_version() of the build that measured it

@@ -135,10 +135,16 @@ bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, i
 
 bool w4a8_route(const PackedWeight::Impl& p, const GemmOptions& opt, Isa path, int64_t m,
                 const codegen::PlanOverrides& tuned) {
-  if (opt.int4_route == Int4Route::automatic && tuned.w4a8 && is_int4(p.format) &&
-      p.layout.k <= kW4A8MaxK && w4a8_kernels_usable())
+  return w4a8_route(p.format, p.layout.k, opt.int4_route, path, m, "gemm", tuned);
+}
+
+bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64_t m,
+                const char* op, const codegen::PlanOverrides& tuned) {
+  check_int4_route(route, op);
+  if (route == Int4Route::automatic && tuned.w4a8 && is_int4(format) && k <= kW4A8MaxK &&
+      w4a8_kernels_usable())
     return *tuned.w4a8;
-  return w4a8_route(p, opt, path, m);
+  return w4a8_route(format, k, route, path, m, op);
 }
 
 bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path, int64_t m) {

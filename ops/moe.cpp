@@ -508,6 +508,26 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     }
   }
 
+  // A tuning database entry for experts of this format and shape class
+  // (docs/tuning.md, family moe): run_blocks sets the run length of both
+  // streaming phases below (the task split only); w4a8_rows the int4
+  // experts' route under int4_route automatic (experts routed at least that
+  // many rows run W4A8, 0: none does) and prefetch the distance of the
+  // experts' Xbyak AVX-512 kernels (no arithmetic changes).
+  const int64_t threads = runtime::num_threads();
+  const jit::TunedEntry* tuned = nullptr;
+  if (jit::tuning_db_active())
+    tuned = jit::find_tuned("moe", jit::moe_shape_class(isa, static_cast<int>(threads), d.E, d.k,
+                                                        d.H, d.I, d.T, w13.format));
+  auto expert_tuned = [&](int64_t rows) {
+    codegen::PlanOverrides o;
+    if (tuned == nullptr) return o;
+    if (auto w = tuned->knob("w4a8_rows")) o.w4a8 = *w > 0 && rows >= *w;
+    if (auto pf = tuned->knob("prefetch")) o.prefetch_kib = static_cast<int>(*pf);
+    o.entry = tuned->id();
+    return o;
+  };
+
   // Groups: the active experts, then the shared expert on every token.
   const bool b13 = opt.b13.has_value(), b2 = opt.b2.has_value();
   std::vector<Group> groups;
@@ -534,8 +554,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       g.b13 = pb;
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
-    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route);
-    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route);
+    const codegen::PlanOverrides et = expert_tuned(g.rows);
+    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route, et);
+    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route, et);
     groups.push_back(std::move(g));
   }
   if (shared) {
@@ -544,9 +565,11 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.w2 = opt.shared_w2->impl();
     g.row0 = routed;
     g.rows = T;
-    g.up =
-        ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa, opt.int4_route);
-    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route);
+    const codegen::PlanOverrides et = expert_tuned(T);
+    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa,
+                           opt.int4_route, et);
+    g.down =
+        ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et);
     groups.push_back(std::move(g));
   }
 
@@ -579,19 +602,12 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   // consecutive blocks per task keeps each thread's reads sequential (the
   // kernels' prefetch runs on into the next block), as many as still gives
   // every thread a few tasks.
-  const int64_t threads = runtime::num_threads();
   int64_t streaming_blocks = 0;
   for (const Group& g : groups)
     if (g.rows <= kStreamingRows) streaming_blocks += (g.w13->n + 31) / 32;
-  // A tuning database entry for experts of this format and shape class sets
-  // the run length of both streaming phases (the task split only: the same
-  // kernels on the same rows, so the same result).
-  std::optional<int64_t> tuned_run;
-  if (jit::tuning_db_active())
-    if (const jit::TunedEntry* e =
-            jit::find_tuned("moe", jit::moe_shape_class(isa, static_cast<int>(threads), d.E, d.k,
-                                                        d.H, d.I, d.T, w13.format)))
-      tuned_run = e->knob("run_blocks");
+  // The entry's run length: the same kernels on the same rows, so the same result.
+  const std::optional<int64_t> tuned_run =
+      tuned != nullptr ? tuned->knob("run_blocks") : std::nullopt;
   const int64_t run_blocks =
       tuned_run.value_or(std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8));
   struct UpTask {

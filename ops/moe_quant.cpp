@@ -17,12 +17,22 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 }  // namespace
 
 ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec,
-                       int64_t rows, Isa isa, Int4Route int4_route)
+                       int64_t rows, Isa isa, Int4Route int4_route,
+                       const codegen::PlanOverrides& tuned)
     : w_(&w), e_(e) {
   // AMX or AVX-512 by the GEMM's own rule for `rows` (very few rows: AVX-512).
   const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows);
+  // The tuned prefetch distance is the Xbyak AVX-512 kernels' (plan_gemm
+  // accepts it on an avx512 plan only; the fused kernel is Xbyak's off llvm).
+  codegen::PlanOverrides plan_tuned;
+  if (tuned.prefetch_kib && plan_isa == Isa::avx512) {
+    plan_tuned.prefetch_kib = tuned.prefetch_kib;
+    plan_tuned.entry = tuned.entry;
+  }
+  codegen::PlanOverrides fused_tuned;
+  if (tuned.prefetch_kib && isa != Isa::llvm) fused_tuned.prefetch_kib = tuned.prefetch_kib;
   if (w.quant.empty()) {
-    exe_ = &gemm_executable(spec, plan_isa);
+    exe_ = &gemm_executable(spec, plan_isa, plan_tuned);
     a_cols_ = spec.k;
     return;
   }
@@ -31,10 +41,10 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   a_cols_ = qs.k;
   if (q_->format == WeightFormat::int8) {
     route_ = Route::int8;
-    exe_ = &gemm_executable(qs, plan_isa);
+    exe_ = &gemm_executable(qs, plan_isa, plan_tuned);
     return;
   }
-  if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts")) {
+  if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts", tuned)) {
     if (isa == Isa::scalar || !w4a8_kernels_usable())
       throw InternalError("fused_experts: the W4A8 route needs the LLVM kernels");
     route_ = Route::w4a8;
@@ -44,11 +54,11 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
   }
   if (quant_gemm_fused(*q_, isa, rows)) {
     route_ = Route::fused;
-    fused_ = FusedKernels(*q_, spec, rows, isa);
+    fused_ = FusedKernels(*q_, spec, rows, isa, fused_tuned);
     return;
   }
   route_ = Route::dequant;
-  exe_ = &gemm_executable(qs, plan_isa);
+  exe_ = &gemm_executable(qs, plan_isa, plan_tuned);
   dequant_ = jit::get(quant_dequant_desc(*q_, isa)).entry<codegen::DequantFn>();
 }
 

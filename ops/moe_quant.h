@@ -36,9 +36,13 @@ class ExpertGemm {
 
   // Expert e of w for a run of `rows` rows; spec: n (outputs), k, bias, out,
   // act or GLU as for bf16 experts (k is replaced by the weight's own).
+  // tuned (fused_experts' moe tuning entry, docs/tuning.md): w4a8, this
+  // expert's int4 route under int4_route automatic; prefetch_kib, the
+  // distance of its Xbyak AVX-512 kernels (the plan's or the fused decode
+  // kernel's; ignored where none runs).
   ExpertGemm() = default;
   ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec, int64_t rows,
-             Isa isa, Int4Route int4_route);
+             Isa isa, Int4Route int4_route, const codegen::PlanOverrides& tuned = {});
 
   Route route() const { return route_; }
   // Rows per task (a multiple of the kernels' row block).

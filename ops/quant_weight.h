@@ -181,6 +181,11 @@ bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path
 // int4 experts choose per expert by the rows routed to it.
 bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64_t m,
                 const char* op);
+// The same with a tuning database entry's choice (tuned.w4a8) applied under
+// route automatic where W4A8 can run here (K, the LLVM kernels): gemm's
+// entries, and fused_experts' per expert (its moe entry's w4a8_rows).
+bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64_t m,
+                const char* op, const codegen::PlanOverrides& tuned);
 // An Error naming `op` unless route is one of Int4Route's values.
 void check_int4_route(Int4Route route, const char* op);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized

@@ -1133,5 +1133,102 @@ TEST(TuningDb, TunedMoeRunUsed) {
   }
 }
 
+// A moe entry's w4a8_rows (int4 experts' route under int4_route automatic,
+// per expert by its rows) and prefetch (the experts' Xbyak AVX-512 kernels).
+// w4a8_rows = 1 gives bit for bit what int4_route = w4a8 gives, 0 what w4a16
+// gives; a prefetch distance moves no arithmetic (bit for bit the default)
+// but compiles the experts' kernels anew (the distance is in their keys).
+// Refused: w4a8_rows off int4, prefetch on the llvm path.
+TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
+  const Isa path = runtime::active_isa();
+  if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
+  const int64_t E = 4, K = 2, H = 320, I = 192, T = 6;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<uint16_t> x(size_t(T * H));
+  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  std::vector<float> tw(size_t(T * K), 0.5f);
+  // Expert 0 on every token (6 rows), the others on two tokens each.
+  std::vector<int32_t> ids(size_t(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    ids[size_t(t * K)] = 0;
+    ids[size_t(t * K + 1)] = int32_t(1 + t % 3);
+  }
+  tools::WorkloadOp o;
+  o.op = "moe";
+  o.format = "int4_gptq";
+  o.group_size = 64;
+  const PackedExperts w13 = tools::synthetic_experts(o, E, 2 * I, H, ExpertProj::gate_up, 31);
+  const PackedExperts w2 = tools::synthetic_experts(o, E, H, I, ExpertProj::down, 32);
+  auto run = [&](Int4Route route) {
+    std::vector<uint16_t> out(size_t(T * H));
+    MoeOptions opt;
+    opt.int4_route = route;
+    fused_experts(TensorView(x.data(), DType::bf16, {T, H}), w13, w2,
+                  TensorView(tw.data(), DType::f32, {T, K}),
+                  TensorView(ids.data(), DType::i32, {T, K}),
+                  TensorView(out.data(), DType::bf16, {T, H}), opt);
+    return out;
+  };
+  jit::TunedEntry e;
+  e.family = "moe";
+  e.shape = jit::moe_shape_class(path, runtime::num_threads(), E, K, H, I, T, w13.format());
+  e.cpu = runtime::cpu_signature();
+  e.version = jit::tuning_db_version();
+  auto install = [&](std::map<std::string, int64_t> knobs) {
+    e.knobs = std::move(knobs);
+    jit::validate_entry(e);
+    jit::TuningDb db;
+    db.put(e);
+    jit::install_tuning_db(db, "moe route test");
+  };
+
+  // Refusals: w4a8_rows on another format; prefetch where no Xbyak kernel runs.
+  jit::TunedEntry bad = e;
+  bad.shape = jit::moe_shape_class(path, 1, E, K, H, I, T, WeightFormat::fp8_e4m3);
+  bad.knobs = {{"w4a8_rows", 2}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); },
+                       "knob w4a8_rows with fmt=fp8_e4m3; allowed: int4_awq, int4_gptq");
+  bad.shape = jit::moe_shape_class(Isa::llvm, 1, E, K, H, I, T, WeightFormat::int4_gptq);
+  bad.knobs = {{"prefetch", 16}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); },
+                       "knob prefetch on path=llvm; allowed: on path amx or avx512");
+
+  if (ops::w4a8_kernels_usable()) {
+    const auto w4a8 = run(Int4Route::w4a8), w4a16 = run(Int4Route::w4a16);
+    ASSERT_NE(w4a8, w4a16);  // the routes differ, so the checks below can fail
+    const uint64_t before = cache_stats().tuned_plans;
+    install({{"w4a8_rows", 1}});
+    EXPECT_EQ(run(Int4Route::automatic), w4a8);
+    // A route asked for is the caller's: the entry does not move it.
+    EXPECT_EQ(run(Int4Route::w4a16), w4a16);
+    install({{"w4a8_rows", 0}});
+    EXPECT_EQ(run(Int4Route::automatic), w4a16);
+    // From 3 rows: expert 0 (6 rows) W4A8, the others (2 rows) W4A16 —
+    // neither pure route's result.
+    install({{"w4a8_rows", 3}});
+    const auto mixed = run(Int4Route::automatic);
+    EXPECT_NE(mixed, w4a8);
+    EXPECT_NE(mixed, w4a16);
+    EXPECT_GE(cache_stats().tuned_plans, before + 3);
+    jit::install_tuning_db({}, "");
+  }
+
+  if (path == Isa::llvm) {
+    e.knobs = {{"prefetch", 16}};
+    expect_tilejit_error([&] { jit::validate_entry(e); }, "knob prefetch on path=llvm");
+    return;
+  }
+  // At 2 rows per expert every expert but 0 runs the fused decode kernel (amx
+  // / avx512 with VBMI) or an AVX-512 plan: a distance of 16 KiB compiles
+  // kernels of its own and changes no bit.
+  const auto dflt = run(Int4Route::w4a16);
+  const uint64_t misses = cache_stats().misses;
+  install({{"prefetch", 16}});
+  EXPECT_EQ(run(Int4Route::w4a16), dflt);
+  EXPECT_GT(cache_stats().misses, misses);
+  jit::install_tuning_db({}, "");
+}
+
 }  // namespace
 }  // namespace tilejit

@@ -328,7 +328,13 @@ std::vector<Knobs> blocking_candidates(const WorkloadOp& o, int64_t new_rows, in
   return out;
 }
 
-std::vector<Knobs> moe_candidates(const WorkloadOp& o, int64_t t, int threads,
+// The expert of token r's j-th slot in the tuner's MoE calls: k distinct
+// experts per token spread over all E (a fixed pseudo-random pattern).
+int32_t tune_moe_expert(int64_t r, int64_t j, int64_t e, int64_t topk) {
+  return int32_t((r * 7919 + j * (e / topk + 1)) % e);
+}
+
+std::vector<Knobs> moe_candidates(const WorkloadOp& o, Isa path, int64_t t, int threads,
                                   std::string* pruned) {
   // Runs of column blocks per streaming task: longer runs read weights
   // sequentially, shorter ones balance better; beyond blocks / threads a
@@ -344,7 +350,49 @@ std::vector<Knobs> moe_candidates(const WorkloadOp& o, int64_t t, int threads,
     }
     out.push_back({{"run_blocks", r}});
   }
-  *pruned = fmt::format("5 run lengths, {} pruned (fewer tasks than threads)", dropped);
+  std::string why = fmt::format("5 run lengths, {} pruned (fewer tasks than threads)", dropped);
+  // The rows each expert gets in the tuner's calls, which decide its route.
+  std::vector<int64_t> rows(size_t(o.e), 0);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t j = 0; j < o.topk; ++j) ++rows[size_t(tune_moe_expert(r, j, o.e, o.topk))];
+  const WeightFormat wf = format_of(o.format);
+  // int4 experts: W4A8 from another row count than the automatic rule's
+  // (ops::w4a8_route per expert). A threshold is tried only if it moves some
+  // expert of these calls to the other route, and once per distinct set.
+  if (is_int4(wf) && ops::w4a8_kernels_usable() && std::max(o.h, o.i) <= ops::kW4A8MaxK) {
+    std::set<std::vector<bool>> seen;
+    std::vector<bool> dflt;
+    for (int64_t n : rows)
+      dflt.push_back(n > 0 && ops::w4a8_route(wf, o.h, Int4Route::automatic,
+                                              codegen::gemm_isa_for_rows(path, n), n, "tune"));
+    seen.insert(dflt);
+    int tried = 0;
+    for (int64_t w : {0, 1, 2, 4, 8, 16, 32}) {
+      ++tried;
+      std::vector<bool> route;
+      for (int64_t n : rows) route.push_back(n > 0 && w > 0 && n >= w);
+      if (seen.insert(route).second) out.push_back({{"w4a8_rows", w}});
+    }
+    why += fmt::format("; {} W4A8 thresholds, {} change no expert's route", tried,
+                       tried + 1 - int(seen.size()));
+  }
+  // The experts' Xbyak AVX-512 kernels' prefetch distance (none, half and
+  // twice the default of the kernel most experts run: the fused decode
+  // kernel's or the brgemm's), where they run: on avx512, and on amx where
+  // the experts' rows leave AMX (<= 2 rows) or take the fused kernel.
+  int64_t most = 0;
+  for (int64_t n : rows) most = std::max(most, n);
+  const Isa rows_isa = codegen::gemm_isa_for_rows(path, std::max<int64_t>(most, 1));
+  const bool fused = quantized(o) && wf != WeightFormat::int8 &&
+                     ops::quant_gemm_fused(path, std::max<int64_t>(most, 1));
+  if (path != Isa::llvm && path != Isa::scalar && (rows_isa == Isa::avx512 || fused)) {
+    codegen::BrgemmDesc d;
+    if (fused) d.b_type = DType::u4;
+    const int dflt = d.effective_prefetch_kib();
+    for (int kib : {0, dflt / 2, dflt * 2}) out.push_back({{"prefetch", kib}});
+    why += "; 3 prefetch distances";
+  }
+  *pruned = why;
   return out;
 }
 
@@ -422,7 +470,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
             jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t, format_of(o.format));
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "moe";
-          p.candidates = moe_candidates(o, t, threads, &p.pruned);
+          p.candidates = moe_candidates(o, path, t, threads, &p.pruned);
         }
         pts.push_back(p);
       }
@@ -564,13 +612,12 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     const int64_t t = p.count;
     buf->a = random_bf16(size_t(t * o.h), seed + 2, 1.0f);
     buf->d.resize(size_t(t * o.h));
-    // Routing: k distinct experts per token spread over all E (a fixed
-    // pseudo-random pattern), equal weights.
+    // Routing: tune_moe_expert's pattern (what moe_candidates counted), equal weights.
     buf->f.assign(size_t(t * o.topk), 1.0f / float(o.topk));
     buf->i.resize(size_t(t * o.topk));
     for (int64_t r = 0; r < t; ++r)
       for (int64_t j = 0; j < o.topk; ++j)
-        buf->i[size_t(r * o.topk + j)] = int32_t((r * 7919 + j * (o.e / o.topk + 1)) % o.e);
+        buf->i[size_t(r * o.topk + j)] = tune_moe_expert(r, j, o.e, o.topk);
     const TensorView x(buf->a.data(), DType::bf16, {t, o.h});
     const TensorView tw(buf->f.data(), DType::f32, {t, o.topk});
     const TensorView ids(buf->i.data(), DType::i32, {t, o.topk});
