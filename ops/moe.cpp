@@ -566,10 +566,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.row0 = routed;
     g.rows = T;
     const codegen::PlanOverrides et = expert_tuned(T);
-    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa,
-                           opt.int4_route, et);
-    g.down =
-        ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et);
+    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa, opt.int4_route,
+                           et);
+    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et);
     groups.push_back(std::move(g));
   }
 
