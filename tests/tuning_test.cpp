@@ -1193,6 +1193,12 @@ TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
   bad.knobs = {{"prefetch", 16}};
   expect_tilejit_error([&] { jit::validate_entry(bad); },
                        "knob prefetch on path=llvm; allowed: on path amx or avx512");
+  if (!cpu_info().llvm_backend) {
+    bad.shape = e.shape;
+    bad.knobs = {{"w4a8_rows", 2}};
+    expect_tilejit_error([&] { jit::validate_entry(bad); },
+                         "knob w4a8_rows > 0: this tilejit is built without the LLVM backend");
+  }
 
   if (ops::w4a8_kernels_usable()) {
     const auto w4a8 = run(Int4Route::w4a8), w4a16 = run(Int4Route::w4a16);
