@@ -155,7 +155,7 @@ uint16_t* gather_rows(const TensorView& x, const QuantTables& q, int64_t s0, int
   return g;
 }
 
-// Decode shapes (quant_gemm_fused: M <= 4, or <= 16 on llvm): the fused
+// Decode shapes (quant_gemm_fused: M <= 16, or <= 4 on amx): the fused
 // micro-kernel reads the codes and group tables itself, one call per column
 // block over the whole K and group of <= kFusedMaxMr rows
 // (codegen/xbyak/quant_brgemm.cpp; the LLVM brgemm's quantized mode).
@@ -491,15 +491,26 @@ void FusedKernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, 
   }
 }
 
-bool quant_gemm_fused(Isa path, int64_t m) {
+int64_t fused_max_rows(Isa path) {
   // The Xbyak kernel needs AVX512-VBMI (runtime::xbyak_fused_quant_kernel).
   static const bool vbmi = runtime::xbyak_fused_quant_kernel(runtime::cpu_features());
-  // llvm: up to kFusedMaxRowsLlvm rows in calls of <= kFusedMaxMr rows (the
-  // dequant route's bf16 kernels are slower there below that); Xbyak: one
-  // call of <= 4 rows (the AMX / AVX-512 bf16 kernels take over above).
-  if (path == Isa::llvm) return m <= kFusedMaxRowsLlvm;
-  if (m > kFusedMaxMr) return false;
-  return (path == Isa::avx512 || path == Isa::amx) && vbmi;
+  // llvm and avx512: up to kFusedMaxRows rows in calls of <= kFusedMaxMr
+  // rows (the dequant route's bf16 kernels are slower there below that);
+  // amx: one call of <= kFusedMaxMr rows (the AMX bf16 kernels take over).
+  switch (path) {
+    case Isa::llvm:
+      return kFusedMaxRows;
+    case Isa::avx512:
+      return vbmi ? kFusedMaxRows : 0;
+    case Isa::amx:
+      return vbmi ? kFusedMaxMr : 0;
+    default:
+      return 0;
+  }
+}
+
+bool quant_gemm_fused(Isa path, int64_t m) {
+  return m <= fused_max_rows(path);
 }
 
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {

@@ -154,13 +154,14 @@ bool w4a8_route(WeightFormat format, int64_t k, const GemmOptions& opt, Isa path
 bool w4a8_automatic(Isa path, int64_t m) {
   // Measured (docs/quantized.md, "W4A8 against W4A16 by M"): on llvm W4A8
   // wins from 4 rows (1.6x on an AVX2 host, a tie on an AVX-512 one); on
-  // avx512 the Xbyak fused decode kernel wins while it runs (<= 4 rows),
-  // W4A8 beats the dequant route from there (1.4-1.5x on Zen 5). On amx the
-  // AMX bf16 kernels stay (W4A8 has no AMX kernel). Without the LLVM
-  // kernels W4A8 would be the scalar oracle: never automatic.
+  // avx512 the Xbyak fused decode kernel wins up to 8 rows, W4A8 beats it
+  // from 9-10 and the dequant route (hosts without VBMI) from 4-5 rows. On
+  // amx the AMX bf16 kernels stay (W4A8 has no AMX kernel). Without the
+  // LLVM kernels W4A8 would be the scalar oracle: never automatic.
   if (m < kW4A8MinRows || !w4a8_kernels_usable()) return false;
   if (path == Isa::llvm) return true;
-  return path == Isa::avx512 && !quant_gemm_fused(path, m);
+  if (path != Isa::avx512) return false;
+  return !quant_gemm_fused(path, m) || m >= kW4A8MinRowsOverXbyakFused;
 }
 
 void check_int4_route(Int4Route route, const char* op) {

@@ -1,7 +1,7 @@
 // One projection (gate_up with its act-and-mul, or down) of one expert, run
 // by fused_experts' tasks on whatever format the experts were packed in:
 //   bf16:    the bf16 brgemm kernels on the packed block;
-//   fused:   fp8 / int4 at <= 4 rows on amx / avx512, <= 16 on llvm: the
+//   fused:   fp8 / int4 at <= ops::fused_max_rows(path) rows: the
 //            fused decode kernel (exact weights, codegen/xbyak/quant_brgemm.cpp,
 //            the LLVM brgemm's quantized mode), one call per block and group
 //            of <= kFusedMaxMr rows;

@@ -56,10 +56,19 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // brgemm's quantized mode on llvm: exact weights, per-group fp32 sums)
 // instead of dequantizing to bf16 chunks for the bf16 kernels.
 // Both fused kernels take up to kFusedMaxMr rows a call (registry.cpp,
-// kQuantLimits); on the llvm path a GEMM of up to kFusedMaxRowsLlvm rows calls
-// them once per group of <= kFusedMaxMr rows (fused_row_groups).
+// kQuantLimits); on the llvm and avx512 paths a GEMM of up to kFusedMaxRows
+// rows calls them once per group of <= kFusedMaxMr rows (FusedKernels; a
+// column block's later groups reread its codes from L2): up to there they
+// beat the dequant route's bf16 kernels (docs/quantized.md: 1.1-1.6x at 5-12
+// rows on Zen 5 and Zen 3, a tie at 16). On amx one call of <= kFusedMaxMr
+// rows: the AMX bf16 kernels take over above (not measured against the
+// groups: no AMX host since).
 inline constexpr int64_t kFusedMaxMr = codegen::BrgemmDesc::kQuantMaxMr;
-inline constexpr int64_t kFusedMaxRowsLlvm = 16;
+inline constexpr int64_t kFusedMaxRows = 16;
+// The most rows a GEMM on `path` runs through the fused kernel (0: none, e.g.
+// amx / avx512 without AVX512-VBMI, or scalar): the rule quant_gemm_fused
+// applies and the tool's texts print.
+int64_t fused_max_rows(Isa path);
 bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
@@ -158,10 +167,15 @@ void quantize_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int6
 // From this many rows the automatic route may run int4 GEMMs as W4A8
 // (docs/quantized.md: where it beat W4A16 on an AVX2 host).
 inline constexpr int64_t kW4A8MinRows = 4;
+// On avx512, from this many rows W4A8 beats the Xbyak fused kernel's row
+// groups (docs/quantized.md, Zen 5: the fused kernel 1.1-1.3x ahead at 5-8
+// rows, W4A8 from 9-10).
+inline constexpr int64_t kW4A8MinRowsOverXbyakFused = 9;
 // The automatic route's rule for m rows on `path` (the rows' path,
-// gemm_isa_for_rows): llvm from kW4A8MinRows rows, avx512 where the fused
-// decode kernel does not run (from 5 rows), never amx or scalar, and only
-// where the LLVM kernels are usable.
+// gemm_isa_for_rows): llvm from kW4A8MinRows rows, avx512 from
+// kW4A8MinRowsOverXbyakFused where the Xbyak fused kernel runs (from
+// kW4A8MinRows where it cannot: no AVX512-VBMI), never amx or scalar, and
+// only where the LLVM kernels are usable.
 bool w4a8_automatic(Isa path, int64_t m);
 // Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by

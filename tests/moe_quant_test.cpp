@@ -646,9 +646,10 @@ std::vector<QCase> battery() {
                        QFmt::gptq_actorder, QFmt::awq,       QFmt::gptq_sym_ch};
   for (QFmt f : fmts) {
     // T = 1 and 5: every expert's run is <= 4 rows (the fused decode kernel
-    // on amx / avx512); 77 and 512: the dequant / int8 kernels, hot and cold
-    // experts. H = 80, I = 48: a full and a partial column block in both
-    // projections, K tails past every group of 32.
+    // in one call); 77: runs of up to 16 rows (the fused kernel's row groups
+    // on avx512 / llvm, the dequant route on amx) and past them; 512: the
+    // dequant / int8 kernels; hot and cold experts. H = 80, I = 48: a full and a partial column
+    // block in both projections, K tails past every group of 32.
     for (int64_t t : {1, 5, 77, 512}) {
       QCase c;
       c.fmt = f;

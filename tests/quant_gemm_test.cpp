@@ -19,6 +19,7 @@
 #include "codegen/gemm_plan.h"
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
+#include "runtime/cpu_features.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
@@ -383,7 +384,7 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
 
   const bool scalar = cpu_info().isa == Isa::scalar;
   // The dequant path rounds w to bf16 (a tight check against those weights);
-  // the fused decode kernel (M <= 4 on amx / avx512) keeps w exact, within
+  // the fused decode kernel (ops::fused_max_rows: M <= 16, <= 4 on amx) keeps w exact, within
   // its own bound.
   // W4A8 (int4 weights, x quantized per row): the route the library takes.
   const bool w4a8 =
@@ -507,12 +508,13 @@ std::vector<QCase> battery() {
   const Activation acts[] = {Activation::none, Activation::relu, Activation::silu,
                              Activation::gelu_tanh, Activation::gelu_erf};
   const Bias biases[] = {Bias::none, Bias::f32, Bias::bf16};
-  // M tails (1, the AVX-512 / AMX blocks and past them, > 16 for deep K
-  // chunks), N tails around 16 / 64, K tails, K below one group, and K past
-  // one 256 (small M) or 2048 (large M) chunk.
-  const int64_t shapes[][3] = {{1, 1, 1},     {1, 65, 20},   {3, 31, 100},   {5, 130, 300},
-                               {1, 64, 1000}, {17, 96, 64},  {40, 70, 2100}, {33, 200, 260},
-                               {2, 17, 127},  {64, 129, 513}};
+  // M tails (1, the AVX-512 / AMX blocks and past them, the fused kernel's
+  // row groups of 4 with and without a remainder up to its 16 rows, > 16 for
+  // deep K chunks), N tails around 16 / 64, K tails, K below one group, and
+  // K past one 256 (small M) or 2048 (large M) chunk.
+  const int64_t shapes[][3] = {{1, 1, 1},     {1, 65, 20},    {3, 31, 100},   {5, 130, 300},
+                               {1, 64, 1000}, {17, 96, 64},   {40, 70, 2100}, {33, 200, 260},
+                               {2, 17, 127},  {64, 129, 513}, {7, 90, 200},   {16, 33, 130}};
   int v = 0;
   auto add = [&](QCase c) {
     c.act = acts[v % 5];
@@ -884,13 +886,18 @@ TEST(QuantErrors, Int4RouteOptions) {
   // (automatic needs the LLVM kernels: not under TILEJIT_ISA=scalar or without LLVM.)
   const bool llvm = ops::w4a8_kernels_usable();
   EXPECT_EQ(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK, big, Isa::llvm, 64), llvm);
-  // The automatic rule by path and M: llvm from 4 rows; avx512 above the
-  // fused decode kernel's rows; never amx or scalar.
+  // The automatic rule by path and M: llvm from 4 rows; avx512 from 9 where
+  // the Xbyak fused kernel runs (AVX512-VBMI: it wins up to 8 rows), from 4
+  // where only the dequant route would; never amx or scalar.
   EXPECT_FALSE(ops::w4a8_automatic(Isa::llvm, ops::kW4A8MinRows - 1));
   EXPECT_EQ(ops::w4a8_automatic(Isa::llvm, ops::kW4A8MinRows), llvm);
-  for (int64_t m : {4, 5, 64})
-    EXPECT_EQ(ops::w4a8_automatic(Isa::avx512, m), llvm && !ops::quant_gemm_fused(Isa::avx512, m))
-        << m;
+  const bool vbmi = runtime::xbyak_fused_quant_kernel(runtime::cpu_features());
+  for (int64_t m : {3, 4, 5, 8, 9, 16, 17, 64})
+    EXPECT_EQ(ops::w4a8_automatic(Isa::avx512, m), llvm && m >= (vbmi ? 9 : 4)) << m;
+  for (int64_t m : {1, 4, 5, 16}) EXPECT_EQ(ops::quant_gemm_fused(Isa::avx512, m), vbmi) << m;
+  EXPECT_FALSE(ops::quant_gemm_fused(Isa::avx512, 17));
+  EXPECT_EQ(ops::quant_gemm_fused(Isa::amx, 4), vbmi);
+  EXPECT_FALSE(ops::quant_gemm_fused(Isa::amx, 5));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::amx, 512));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::scalar, 512));
   big.int4_route = Int4Route::w4a8;

@@ -445,8 +445,9 @@ has "rope_attention: checked call by call" "$OUT" "each call on the operands it 
 has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\|"
 
 # ---- quantized experts (docs/ir.md "Quantized experts"): every path, decode and prefill rows ----
-# T = 1 and 3: most experts take <= 4 rows (the fused decode kernel on amx /
-# avx512); T = 64: the dequant route (fp8, int4) and bigger int8 groups.
+# T = 1 and 3: most experts take <= 4 rows (the fused decode kernel in one
+# call); T = 64: runs around 16 rows (the fused kernel's row groups up to 16
+# on avx512 / llvm, the dequant route past them and on amx) and bigger int8 groups.
 for name in moe_int8 moe_fp8_block moe_int4_gptq; do
   tir=$EXAMPLES/$name.tir
   [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }

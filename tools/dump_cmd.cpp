@@ -406,7 +406,8 @@ int run_dump(const DumpOptions& opt) {
                        fmt::format("{}: {}", qk->role, quant_kernel_key(*qk)), opt.syntax);
     if (const auto fd = fused_kernel(prog, isa, m))
       print_kernel_asm(jit::get(*fd),
-                       fmt::format("the fused decode kernel (M <= 4): {}", jit::cache_key(*fd)),
+                       fmt::format("the fused decode kernel (M <= {}): {}",
+                                   ops::fused_max_rows(isa), jit::cache_key(*fd)),
                        opt.syntax);
   }
   return 0;

@@ -961,7 +961,7 @@ bool moe_quantized_input(QKind kind, int64_t rows, Isa isa) {
 // bound of tests/moe_quant_test.cpp, correct for every route an expert's GEMMs
 // take (ops/moe_quant.cpp; the oracle follows each expert's, by the library's
 // rule ops::quant_gemm_fused on its row count):
-//  - fused decode kernel (fp8 / int4 / MXFP4, <= 4 rows, amx / avx512), int8
+//  - fused decode kernel (fp8 / int4 / MXFP4, ops::fused_max_rows), int8
 //    and the scalar fallback read the exact weights; the dequant route reads
 //    them rounded once to bf16 (bf16(f32(w))), so the oracle does too;
 //  - int8, and int4 on the W4A8 route (moe_quantized_input; exact weights):
@@ -1349,15 +1349,21 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
       "M = tokens of the engine step: 1 = one decode token (context {}), 16 = a decode batch "
       "of 16 sequences or a 16-token prompt, 512 = a 512-token prompt\n",
       kDecodeContext);
+  const int64_t fused_rows = ops::fused_max_rows(env.cpu.isa);
   fmt::print(
       "GEMM weights: {}; at M = 1 each GEMM row also prints the weight stream in GB/s "
       "(PackedWeight::packed_bytes() per call)\n",
-      opt.weights == "int8"   ? "int8 W8A8 (per-channel f32 scales, x quantized per token)"
-      : opt.weights == "fp8"  ? "fp8 e4m3 (128x128 block scales): exact weights in the fused "
-                                "decode kernel at M <= 4, dequantized to bf16 chunks above"
-      : opt.weights == "int4" ? "int4 GPTQ (groups of 128, zero points): exact weights in the "
-                                "fused decode kernel at M <= 4, dequantized to bf16 chunks above"
-                              : "bf16");
+      opt.weights == "int8" ? "int8 W8A8 (per-channel f32 scales, x quantized per token)"
+      : opt.weights == "fp8"
+          ? fmt::format("fp8 e4m3 (128x128 block scales): exact weights in the fused decode "
+                        "kernel at M <= {}, dequantized to bf16 chunks above",
+                        fused_rows)
+      : opt.weights == "int4"
+          ? fmt::format("int4 GPTQ (groups of 128, zero points), the automatic route: exact "
+                        "weights in the fused decode kernel at M <= {} unless W4A8 (x quantized "
+                        "per token) is faster there, W4A8 or bf16 chunks above",
+                        fused_rows)
+          : std::string("bf16"));
   std::string moe_formats;
   if (moe_format_selected(opt, "bf16")) moe_formats = "bf16";
   for (const MoeQuantFormat& f : kMoeQuantFormats)

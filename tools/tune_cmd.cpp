@@ -436,8 +436,9 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
             for (Knobs& k : prefetch_candidates(path, rows_isa, fused))
               p.candidates.push_back(std::move(k));
             // int4 in the Xbyak fused kernel: the other arithmetic (vdpbf16ps
-            // or f32 FMAs) than the one this CPU's rule picks.
-            if (fused && int4 && path != Isa::llvm)
+            // or f32 FMAs) than the one this CPU's rule picks (a knob of the
+            // buckets of one call, <= kFusedMaxMr rows: tuning_db.cpp).
+            if (fused && int4 && path != Isa::llvm && m <= ops::kFusedMaxMr)
               p.candidates.push_back(
                   {{"u4_dot", runtime::bf16_dot_at_fma_rate(runtime::cpu_features()) ? 0 : 1}});
             if (other_route) p.candidates.push_back({{"w4a8", 1}});

@@ -276,11 +276,10 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
               "GLU) epilogue",
               helpers.at(0).name(), isa_name(isa));
         } else {
-          const std::string fused =
-              isa == Isa::llvm ? "<= 16 rows for the expert: the LLVM fused decode kernel "
-                                 "(exact weights; ops::quant_gemm_fused), else the dequant route"
-                               : "<= 4 rows for the expert: the fused decode kernel (exact "
-                                 "weights; ops::quant_gemm_fused), else the dequant route";
+          const std::string fused = fmt::format(
+              "<= {} rows for the expert: the {}fused decode kernel (exact weights; "
+              "ops::quant_gemm_fused), else the dequant route",
+              ops::fused_max_rows(isa), isa == Isa::llvm ? "LLVM " : "");
           for (const MoeHelperKernel& k : helpers)
             routes += fmt::format(
                 "{}{}: {}: per K chunk {} (or its _normal variant, by the scales) fills bf16 "
