@@ -232,7 +232,8 @@ void validate_gemm_plan(const TunedEntry& e) {
         hi > codegen::BrgemmDesc::kQuantMaxMr || e.knob("w4a8") == 1 || !kernel)
       throw Error(fmt::format(
           "knob u4_dot with fmt={} path={} m={}{}; allowed: int4 weights (int4_awq, "
-          "int4_gptq) on path amx or avx512 at m <= {} (one call of the fused kernel), without w4a8=1{}",
+          "int4_gptq) on path amx or avx512 at m <= {} (one call of the fused kernel), without "
+          "w4a8=1{}",
           f.at("fmt"), isa_name(path), f.at("m"), e.knob("w4a8") == 1 ? " w4a8=1" : "",
           codegen::BrgemmDesc::kQuantMaxMr,
           kernel ? "" : ", on a CPU with AVX512-VBMI (this one has none: the dequant route runs)"));
