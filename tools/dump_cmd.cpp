@@ -191,7 +191,8 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
     fmt::print(
         "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
         "into the quad K order and quantized per row, the codes as s8 (q − z) chunks "
-        "(dequant out = i8), one W4A8 brgemm call per scale group folded in f32 "
+        "(dequant out = i8), one W4A8 brgemm call per K chunk folding each scale group's "
+        "int32 sums into f32 where it ends "
         "(docs/quantized.md, W4A8); its kernels are LLVM code\n",
         *m, p.int4_route == Int4Route::w4a8 ? "w4a8" : "automatic");
     return;
