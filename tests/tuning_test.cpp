@@ -1066,6 +1066,30 @@ TEST(TuningDb, AttentionBlockingKnobsChecked) {
                        "shape field 'causal' is not one of family extend_attention's");
 }
 
+// A fused_experts call's inputs: T tokens of H random bf16 values, each
+// routed to K experts (ids, filled by the test) with weight 0.5.
+struct MoeCall {
+  int64_t T, H, K;
+  std::vector<uint16_t> x;
+  std::vector<float> tw;
+  std::vector<int32_t> ids;
+  MoeCall(int64_t t, int64_t h, int64_t k, uint32_t seed)
+      : T(t), H(h), K(k), x(size_t(t * h)), tw(size_t(t * k), 0.5f), ids(size_t(t * k)) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
+  }
+  std::vector<uint16_t> run(const PackedExperts& w13, const PackedExperts& w2,
+                            const MoeOptions& opt = {}) const {
+    std::vector<uint16_t> out(size_t(T * H));
+    fused_experts(TensorView(x.data(), DType::bf16, {T, H}), w13, w2,
+                  TensorView(tw.data(), DType::f32, {T, K}),
+                  TensorView(ids.data(), DType::i32, {T, K}),
+                  TensorView(out.data(), DType::bf16, {T, H}), opt);
+    return out;
+  }
+};
+
 // A moe entry's run_blocks (the streaming phases' task split) is applied to
 // bf16 and quantized experts alike, counted, and leaves the result bit for
 // bit as it was (the same kernels on the same rows; only the tasks differ).
@@ -1075,12 +1099,9 @@ TEST(TuningDb, TunedMoeRunUsed) {
   const int64_t E = 4, K = 2, H = 320, I = 192, T = 3;
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<uint16_t> x(size_t(T * H));
-  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
-  std::vector<float> tw(size_t(T * K), 0.5f);
-  std::vector<int32_t> ids(size_t(T * K));
+  MoeCall call(T, H, K, 8);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < K; ++j) ids[size_t(t * K + j)] = int32_t((t + j) % E);
+    for (int64_t j = 0; j < K; ++j) call.ids[size_t(t * K + j)] = int32_t((t + j) % E);
   for (const char* fmt : {"bf16", "int4_gptq", "int8"}) {
     SCOPED_TRACE(fmt);
     tools::WorkloadOp o;
@@ -1098,14 +1119,7 @@ TEST(TuningDb, TunedMoeRunUsed) {
       w13 = tools::synthetic_experts(o, E, 2 * I, H, ExpertProj::gate_up, 21);
       w2 = tools::synthetic_experts(o, E, H, I, ExpertProj::down, 22);
     }
-    auto run = [&] {
-      std::vector<uint16_t> out(size_t(T * H));
-      fused_experts(TensorView(x.data(), DType::bf16, {T, H}), w13, w2,
-                    TensorView(tw.data(), DType::f32, {T, K}),
-                    TensorView(ids.data(), DType::i32, {T, K}),
-                    TensorView(out.data(), DType::bf16, {T, H}));
-      return out;
-    };
+    auto run = [&] { return call.run(w13, w2); };
     const auto dflt = run();
     jit::TunedEntry e;
     e.family = "moe";
@@ -1143,16 +1157,11 @@ TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
   const Isa path = runtime::active_isa();
   if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
   const int64_t E = 4, K = 2, H = 320, I = 192, T = 6;
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<uint16_t> x(size_t(T * H));
-  for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
-  std::vector<float> tw(size_t(T * K), 0.5f);
+  MoeCall call(T, H, K, 9);
   // Expert 0 on every token (6 rows), the others on two tokens each.
-  std::vector<int32_t> ids(size_t(T * K));
   for (int64_t t = 0; t < T; ++t) {
-    ids[size_t(t * K)] = 0;
-    ids[size_t(t * K + 1)] = int32_t(1 + t % 3);
+    call.ids[size_t(t * K)] = 0;
+    call.ids[size_t(t * K + 1)] = int32_t(1 + t % 3);
   }
   tools::WorkloadOp o;
   o.op = "moe";
@@ -1161,14 +1170,9 @@ TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
   const PackedExperts w13 = tools::synthetic_experts(o, E, 2 * I, H, ExpertProj::gate_up, 31);
   const PackedExperts w2 = tools::synthetic_experts(o, E, H, I, ExpertProj::down, 32);
   auto run = [&](Int4Route route) {
-    std::vector<uint16_t> out(size_t(T * H));
     MoeOptions opt;
     opt.int4_route = route;
-    fused_experts(TensorView(x.data(), DType::bf16, {T, H}), w13, w2,
-                  TensorView(tw.data(), DType::f32, {T, K}),
-                  TensorView(ids.data(), DType::i32, {T, K}),
-                  TensorView(out.data(), DType::bf16, {T, H}), opt);
-    return out;
+    return call.run(w13, w2, opt);
   };
   jit::TunedEntry e;
   e.family = "moe";
