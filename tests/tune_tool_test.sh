@@ -50,6 +50,7 @@ check "one progress line per entry" test "$(grep -c '^tune \[[0-9]/8\] ' "$OUT")
 check "no carriage return off a TTY" bash -c "! grep -q $'\r' '$OUT' '$ERR'"
 check "a result line per entry" test "$(grep -c -- '-> ' "$OUT")" -eq $NENTRIES
 check "the warm-up line" grep -q "^warm-up: $NCALLS operator calls: " "$OUT"
+check "says its operands are cold" grep -q "^cold operands: .* past 4 x the [0-9]* MiB last-level cache" "$OUT"
 check "database valid with every entry" test "$(entries "$WORK/db.json")" = $NENTRIES
 
 # 1b. On a terminal (a pty from script(1), where installed): the one-line

@@ -25,6 +25,7 @@
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
+#include "tools/tune_measure.h"
 #include "tools/tune_workload.h"
 
 namespace tilejit {
@@ -1064,6 +1065,23 @@ TEST(TuningDb, AttentionBlockingKnobsChecked) {
   x.knobs = {};
   expect_tilejit_error([&] { jit::validate_entry(x); },
                        "shape field 'causal' is not one of family extend_attention's");
+}
+
+// The tuner's cold operands (docs/tuning.md): the last-level cache is read
+// from sysfs, and a call's data is copied until the rotation passes 4x it
+// (at most 16 copies; one where a copy alone is that big).
+TEST(TuneMeasure, ColdCopies) {
+  const int64_t llc = tools::llc_bytes();
+  EXPECT_GE(llc, int64_t{1} << 20) << "a last-level cache below 1 MiB: sysfs misread?";
+  EXPECT_EQ(tools::cold_copies(4 * llc), 1);
+  EXPECT_EQ(tools::cold_copies(100 * llc), 1);
+  EXPECT_EQ(tools::cold_copies(llc), 4);
+  EXPECT_EQ(tools::cold_copies(llc / 2), 8);
+  EXPECT_EQ(tools::cold_copies(1), 16);
+  EXPECT_EQ(tools::cold_copies(0), 16);
+  EXPECT_EQ(tools::cold_copies(llc / 5), 16);  // the cap: 3.2x the cache
+  for (int64_t b : {llc / 3, llc / 4, 3 * llc / 2})
+    EXPECT_GE(tools::cold_copies(b) * b, 4 * llc) << b;
 }
 
 // A fused_experts call's inputs: T tokens of H random bf16 values, each

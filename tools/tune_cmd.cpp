@@ -518,7 +518,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
 
 // The weights of one op, shared by its points (packed once, as at model load).
 struct OpWeights {
-  PackedWeight w;
+  std::vector<PackedWeight> w;  // a gemm's weight and its copies (cold_copies)
   PackedExperts w13, w2;
 };
 
@@ -553,16 +553,29 @@ AttentionOptions cache_options(const WorkloadOp& o) {
   return opt;
 }
 
-std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& ow) {
+// One call of op at point p. cold: the calls rotate over copies of their
+// streamed data (cold_copies), so each reads it from DRAM as an engine's
+// call does; the warm-up, which runs one call, passes false.
+std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& ow, bool cold) {
   auto buf = std::make_shared<CallBuffers>();
   const uint64_t seed = 1000 + p.op * 97 + uint64_t(p.count) * 13 + uint64_t(p.seq);
+  auto next = std::make_shared<size_t>(0);  // the rotation's position
   if (o.op == "gemm") {
-    if (ow.w.empty() && quantized(o)) {
-      ow.w = synthetic_weight(o, o.n, o.k, seed);
-    } else if (ow.w.empty()) {
-      const auto w = random_bf16(size_t(o.n * o.k), seed, 1.0f / 16);
-      ow.w = pack_weight(TensorView(w.data(), DType::bf16, {o.n, o.k}));
-    }
+    // Copies of the weight (the same shape and format, other random codes).
+    auto add_weight = [&] {
+      const uint64_t s = 5000 + p.op * 97 + ow.w.size() * 7919;
+      if (quantized(o)) {
+        ow.w.push_back(synthetic_weight(o, o.n, o.k, s));
+      } else {
+        const auto w = random_bf16(size_t(o.n * o.k), s, 1.0f / 16);
+        ow.w.push_back(pack_weight(TensorView(w.data(), DType::bf16, {o.n, o.k})));
+      }
+    };
+    if (ow.w.empty()) add_weight();
+    const size_t copies = cold ? size_t(cold_copies(int64_t(ow.w[0].packed_bytes()))) : size_t{1};
+    while (ow.w.size() < copies) add_weight();
+    std::vector<const PackedWeight*> ws;
+    for (size_t i = 0; i < copies; ++i) ws.push_back(&ow.w[i]);
     const int64_t m = p.count;
     buf->a = random_bf16(size_t(m * o.k), seed + 1, 1.0f);
     const DType out = o.out == "f32" ? DType::f32 : DType::bf16;
@@ -578,24 +591,29 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     }
     const TensorView x(buf->a.data(), DType::bf16, {m, o.k});
     const TensorView y(buf->c.data(), out, {m, o.n});
-    PackedWeight* w = &ow.w;
-    return [buf, x, y, w, opt] { gemm(x, *w, y, opt); };
+    return [buf, x, y, ws, opt, next] { gemm(x, *ws[(*next)++ % ws.size()], y, opt); };
   }
   if (o.op == "decode_attention") {
     const int64_t b = p.count, len = p.seq, bs = o.block_size;
     const int64_t per_seq = (len + bs - 1) / bs, nb = b * per_seq;
-    const TensorView kc = kv_cache(o, nb, bs, o.d, seed, buf->a, buf->k8);
-    const TensorView vc = kv_cache(o, nb, bs, o.dv, seed + 1, buf->b, buf->v8);
+    // A cache of `copies` times the blocks a call reads; each call's table
+    // names another nb of them (cold), in an engine's steady-state order.
+    const int64_t row_bytes = o.hkv * (o.d + o.dv) * (kv_dtype(o) == DType::bf16 ? 2 : 1);
+    const int64_t copies = cold ? cold_copies(nb * bs * row_bytes) : 1;
+    const TensorView kc = kv_cache(o, copies * nb, bs, o.d, seed, buf->a, buf->k8);
+    const TensorView vc = kv_cache(o, copies * nb, bs, o.dv, seed + 1, buf->b, buf->v8);
     buf->c = random_bf16(size_t(b * o.hq * o.d), seed + 2, 1.0f);
     buf->d.resize(size_t(b * o.hq * o.dv));
-    buf->i = shuffled_blocks(size_t(nb), seed);  // the blocks in an engine's steady-state order
+    buf->i = shuffled_blocks(size_t(copies * nb), seed);
     buf->j.assign(size_t(b), int32_t(len));
     const TensorView q(buf->c.data(), DType::bf16, {b, o.hq, o.d});
     const TensorView out(buf->d.data(), DType::bf16, {b, o.hq, o.dv});
-    const TensorView table(buf->i.data(), DType::i32, {b, per_seq});
+    std::vector<TensorView> tables;
+    for (int64_t c = 0; c < copies; ++c)
+      tables.emplace_back(buf->i.data() + c * nb, DType::i32, std::vector<int64_t>{b, per_seq});
     const TensorView lens(buf->j.data(), DType::i32, {b});
-    return [buf, q, kc, vc, out, table, lens, opt = cache_options(o)] {
-      decode_attention(q, kc, vc, out, table, lens, opt);
+    return [buf, q, kc, vc, out, tables, lens, next, opt = cache_options(o)] {
+      decode_attention(q, kc, vc, out, tables[(*next)++ % tables.size()], lens, opt);
     };
   }
   if (o.op == "moe") {
@@ -615,17 +633,30 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     buf->d.resize(size_t(t * o.h));
     // Routing: tune_moe_expert's pattern (what moe_candidates counted), equal weights.
     buf->f.assign(size_t(t * o.topk), 1.0f / float(o.topk));
-    buf->i.resize(size_t(t * o.topk));
-    for (int64_t r = 0; r < t; ++r)
-      for (int64_t j = 0; j < o.topk; ++j)
-        buf->i[size_t(r * o.topk + j)] = tune_moe_expert(r, j, o.e, o.topk);
+    // Cold: the calls rotate the experts (ids shifted by 1 per copy: the same
+    // rows per expert, other experts, whose weights come from DRAM).
+    const int64_t touched = std::min(o.e, t * o.topk);
+    const int64_t copies =
+        cold ? std::min(o.e, cold_copies(int64_t(ow.w13.packed_bytes() + ow.w2.packed_bytes()) /
+                                         o.e * touched))
+             : 1;
+    buf->i.resize(size_t(copies * t * o.topk));
+    for (int64_t c = 0; c < copies; ++c)
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t j = 0; j < o.topk; ++j)
+          buf->i[size_t((c * t + r) * o.topk + j)] =
+              int32_t((tune_moe_expert(r, j, o.e, o.topk) + c) % o.e);
     const TensorView x(buf->a.data(), DType::bf16, {t, o.h});
     const TensorView tw(buf->f.data(), DType::f32, {t, o.topk});
-    const TensorView ids(buf->i.data(), DType::i32, {t, o.topk});
+    std::vector<TensorView> ids;
+    for (int64_t c = 0; c < copies; ++c)
+      ids.emplace_back(buf->i.data() + c * t * o.topk, DType::i32, std::vector<int64_t>{t, o.topk});
     const TensorView out(buf->d.data(), DType::bf16, {t, o.h});
     const PackedExperts* w13 = &ow.w13;
     const PackedExperts* w2 = &ow.w2;
-    return [buf, x, tw, ids, out, w13, w2] { fused_experts(x, *w13, *w2, tw, ids, out); };
+    return [buf, x, tw, ids, out, w13, w2, next] {
+      fused_experts(x, *w13, *w2, tw, ids[(*next)++ % ids.size()], out);
+    };
   }
   if (o.op == "rope") {
     // In place on q [T, Hq, D] and k [T, Hk, D]; positions 0..T-1 of a
@@ -739,7 +770,7 @@ int verify(const Workload& w, const std::vector<Point>& pts, const jit::TuningDb
     if (e == nullptr || e->knobs.empty()) continue;
     for (auto it = weights.begin(); it != weights.end();)
       it = it->first == p.op ? std::next(it) : weights.erase(it);
-    const std::function<void()> call = make_call(w.ops[p.op], p, weights[p.op]);
+    const std::function<void()> call = make_call(w.ops[p.op], p, weights[p.op], true);
     std::vector<Contender> cs = {{[&] { select_plan(p, {}); }, {}},
                                  {[&] { select_plan(p, e->knobs); }, {}}};
     if (measure_interleaved(cs, call, rounds, rounds, 0, deadline, [] {}) != Stop::none) {
@@ -819,6 +850,10 @@ int run_tune(const TuneOptions& opt) {
       duration_str(budget), opt.out);
   fmt::print("kernel cache {}\n",
              cache_stats().disk_dir.empty() ? "off (TILEJIT_CACHE_DIR=)" : cache_stats().disk_dir);
+  fmt::print(
+      "cold operands: gemm weights, touched experts and decode KV rows rotate over copies past "
+      "4 x the {} MiB last-level cache, so each call reads them from DRAM as an engine's does\n",
+      llc_bytes() >> 20);
   // Interleaving keeps default and candidates on equal terms under load, but
   // a loaded machine widens the noise (fewer wins pass the rule) and favours
   // finer task splits: say so.
@@ -844,7 +879,7 @@ int run_tune(const TuneOptions& opt) {
     for (auto it = weights.begin(); it != weights.end();)
       it = it->first == p.op ? std::next(it) : weights.erase(it);
     progress.start(static_cast<int64_t>(ti), p.label);
-    const std::function<void()> call = make_call(o, p, weights[p.op]);
+    const std::function<void()> call = make_call(o, p, weights[p.op], true);
     Result res{p.label, "default"};
     res.tried = static_cast<int>(p.candidates.size());
     // 1. The default against every candidate, interleaved.
@@ -949,7 +984,7 @@ int run_tune(const TuneOptions& opt) {
     }
     for (auto it = weights.begin(); it != weights.end();)
       it = it->first == p.op ? std::next(it) : weights.erase(it);
-    make_call(w.ops[p.op], p, weights[p.op])();
+    make_call(w.ops[p.op], p, weights[p.op], false)();
     ++calls;
   }
   const CacheStats after = cache_stats();

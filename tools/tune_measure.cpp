@@ -8,6 +8,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "tools/commands.h"
 
@@ -95,6 +98,29 @@ Stop measure_interleaved(std::vector<Contender>& cs, const std::function<void()>
     }
   }
   return Stop::none;
+}
+
+int64_t llc_bytes() {
+  int64_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", i);
+    std::ifstream lv(dir + "level"), sz(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(lv >> level) || !(sz >> size) || size.empty()) continue;
+    int64_t bytes = std::atoll(size.c_str());
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    if (bytes > 0 && (level > best_level || (level == best_level && bytes > best)))
+      best_level = level, best = bytes;
+  }
+  return best > 0 ? best : int64_t{32} << 20;
+}
+
+int64_t cold_copies(int64_t bytes) {
+  static const int64_t llc = llc_bytes();
+  return std::clamp<int64_t>((4 * llc + bytes - 1) / std::max<int64_t>(bytes, 1), 1, 16);
 }
 
 std::string us_str(double s) {

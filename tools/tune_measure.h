@@ -25,6 +25,18 @@ Stats stats_of(std::vector<double> v);
 double noise_of(const Stats& dflt, const Stats& cand);
 bool beats(const Stats& dflt, const Stats& cand);
 
+// The last-level cache's bytes: the largest cache of the highest level sysfs
+// lists for cpu0 (32 MiB where it lists none).
+int64_t llc_bytes();
+// How many copies of a call's streamed data (a gemm's weight, the experts a
+// call touches, a decode call's KV rows) a rotation of calls runs over so
+// that each call reads its data from DRAM, as an engine's does: a layer's
+// weights and KV cache are read once per step, and the other layers' pass
+// through the caches in between. Copies past 4x the last-level cache (2x
+// left part of a rotation of 8 int4 weights of 9 MB in Zen 5's 32 MiB L3:
+// 171 us a call against 235-255 us truly cold), at most 16, 1 where one copy is that big.
+int64_t cold_copies(int64_t bytes);
+
 // Why a measurement stopped early.
 enum class Stop { none, interrupted, budget };
 // Installs the SIGINT handler (the first ^C sets the flag; the measurement
