@@ -59,8 +59,9 @@ bool layout_tag_ok(const PackedWeight::Impl& p);
 // kQuantLimits); on the llvm and avx512 paths a GEMM of up to kFusedMaxRows
 // rows calls them once per group of <= kFusedMaxMr rows (FusedKernels; a
 // column block's later groups reread its codes from L2): up to there they
-// beat the dequant route's bf16 kernels (docs/quantized.md: 1.1-1.6x at 5-12
-// rows on Zen 5 and Zen 3, a tie at 16). On amx one call of <= kFusedMaxMr
+// beat the dequant route's bf16 kernels (docs/quantized.md: on Zen 5 1.2-1.6x
+// at 5-8 rows, 1.1-1.2x at 12, a tie at 16; the llvm path's likewise on an
+// AVX2 Zen 3). On amx one call of <= kFusedMaxMr
 // rows: the AMX bf16 kernels take over above (not measured against the
 // groups: no AMX host since).
 inline constexpr int64_t kFusedMaxMr = codegen::BrgemmDesc::kQuantMaxMr;
