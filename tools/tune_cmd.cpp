@@ -553,13 +553,21 @@ AttentionOptions cache_options(const WorkloadOp& o) {
   return opt;
 }
 
+// The operands a rotation of calls cycles through (cold_copies): each call
+// takes the next one. Copies of the closure share the position.
+template <class T>
+struct Rotation {
+  std::vector<T> items;
+  std::shared_ptr<size_t> pos = std::make_shared<size_t>(0);
+  const T& next() const { return items[(*pos)++ % items.size()]; }
+};
+
 // One call of op at point p. cold: the calls rotate over copies of their
 // streamed data (cold_copies), so each reads it from DRAM as an engine's
 // call does; the warm-up, which runs one call, passes false.
 std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& ow, bool cold) {
   auto buf = std::make_shared<CallBuffers>();
   const uint64_t seed = 1000 + p.op * 97 + uint64_t(p.count) * 13 + uint64_t(p.seq);
-  auto next = std::make_shared<size_t>(0);  // the rotation's position
   if (o.op == "gemm") {
     // Copies of the weight (the same shape and format, other random codes).
     auto add_weight = [&] {
@@ -574,8 +582,8 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     if (ow.w.empty()) add_weight();
     const size_t copies = cold ? size_t(cold_copies(int64_t(ow.w[0].packed_bytes()))) : size_t{1};
     while (ow.w.size() < copies) add_weight();
-    std::vector<const PackedWeight*> ws;
-    for (size_t i = 0; i < copies; ++i) ws.push_back(&ow.w[i]);
+    Rotation<const PackedWeight*> ws;
+    for (size_t i = 0; i < copies; ++i) ws.items.push_back(&ow.w[i]);
     const int64_t m = p.count;
     buf->a = random_bf16(size_t(m * o.k), seed + 1, 1.0f);
     const DType out = o.out == "f32" ? DType::f32 : DType::bf16;
@@ -591,7 +599,7 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     }
     const TensorView x(buf->a.data(), DType::bf16, {m, o.k});
     const TensorView y(buf->c.data(), out, {m, o.n});
-    return [buf, x, y, ws, opt, next] { gemm(x, *ws[(*next)++ % ws.size()], y, opt); };
+    return [buf, x, y, ws, opt] { gemm(x, *ws.next(), y, opt); };
   }
   if (o.op == "decode_attention") {
     const int64_t b = p.count, len = p.seq, bs = o.block_size;
@@ -608,12 +616,13 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
     buf->j.assign(size_t(b), int32_t(len));
     const TensorView q(buf->c.data(), DType::bf16, {b, o.hq, o.d});
     const TensorView out(buf->d.data(), DType::bf16, {b, o.hq, o.dv});
-    std::vector<TensorView> tables;
+    Rotation<TensorView> tables;
     for (int64_t c = 0; c < copies; ++c)
-      tables.emplace_back(buf->i.data() + c * nb, DType::i32, std::vector<int64_t>{b, per_seq});
+      tables.items.emplace_back(buf->i.data() + c * nb, DType::i32,
+                                std::vector<int64_t>{b, per_seq});
     const TensorView lens(buf->j.data(), DType::i32, {b});
-    return [buf, q, kc, vc, out, tables, lens, next, opt = cache_options(o)] {
-      decode_attention(q, kc, vc, out, tables[(*next)++ % tables.size()], lens, opt);
+    return [buf, q, kc, vc, out, tables, lens, opt = cache_options(o)] {
+      decode_attention(q, kc, vc, out, tables.next(), lens, opt);
     };
   }
   if (o.op == "moe") {
@@ -648,15 +657,14 @@ std::function<void()> make_call(const WorkloadOp& o, const Point& p, OpWeights& 
               int32_t((tune_moe_expert(r, j, o.e, o.topk) + c) % o.e);
     const TensorView x(buf->a.data(), DType::bf16, {t, o.h});
     const TensorView tw(buf->f.data(), DType::f32, {t, o.topk});
-    std::vector<TensorView> ids;
+    Rotation<TensorView> ids;
     for (int64_t c = 0; c < copies; ++c)
-      ids.emplace_back(buf->i.data() + c * t * o.topk, DType::i32, std::vector<int64_t>{t, o.topk});
+      ids.items.emplace_back(buf->i.data() + c * t * o.topk, DType::i32,
+                             std::vector<int64_t>{t, o.topk});
     const TensorView out(buf->d.data(), DType::bf16, {t, o.h});
     const PackedExperts* w13 = &ow.w13;
     const PackedExperts* w2 = &ow.w2;
-    return [buf, x, tw, ids, out, w13, w2, next] {
-      fused_experts(x, *w13, *w2, tw, ids[(*next)++ % ids.size()], out);
-    };
+    return [buf, x, tw, ids, out, w13, w2] { fused_experts(x, *w13, *w2, tw, ids.next(), out); };
   }
   if (o.op == "rope") {
     // In place on q [T, Hq, D] and k [T, Hk, D]; positions 0..T-1 of a
