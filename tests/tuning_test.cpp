@@ -1211,6 +1211,12 @@ TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
   bad.knobs = {{"w4a8_rows", 2}};
   expect_tilejit_error([&] { jit::validate_entry(bad); },
                        "knob w4a8_rows with fmt=fp8_e4m3; allowed: int4_awq, int4_gptq");
+  bad.shape = e.shape;
+  bad.knobs = {{"w4a8_rows", -1}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); },
+                       "knob w4a8_rows=-1; allowed: 0 .. 1048576");
+  bad.knobs = {{"prefetch", 2000}};
+  expect_tilejit_error([&] { jit::validate_entry(bad); }, "knob prefetch=2000; allowed: 0 .. 1024");
   bad.shape = jit::moe_shape_class(Isa::llvm, 1, E, K, H, I, T, WeightFormat::int4_gptq);
   bad.knobs = {{"prefetch", 16}};
   expect_tilejit_error([&] { jit::validate_entry(bad); },
