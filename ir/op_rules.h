@@ -95,8 +95,14 @@ struct QuantWeight {
   const char* scale_role = "scale";          // for the missing-scale message
   const char* example = "";                  // how the op names it: "gemm %x, %w, scale = %s"
 };
+// The weight dtypes gemm and moe take (bf16, and the quantized ones of
+// check_quant_weight).
+inline constexpr DType kWeightDtypes[] = {DType::bf16, DType::i8, DType::f8e4m3, DType::u4,
+                                          DType::f4e2m1};
+// The layout rule of weight operand w of dtype wt, for gemm and moe.
+void check_weight_layout(RuleContext& c, size_t w, DType wt);
 // The scale / zero / g_idx rules and the format's attribute rules for a
-// weight of dtype wt (i8, f8e4m3 or u4).
+// weight of dtype wt (i8, f8e4m3, u4 or f4e2m1).
 void check_quant_weight(RuleContext& c, DType wt, const QuantWeight& q);
 // An attribute of another weight dtype (group_size on f8e4m3): "<w_is>"
 // says what the weight is.

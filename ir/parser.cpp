@@ -229,7 +229,7 @@ class Parser {
         std::string s = ident_chars();
         dtype = dtype_from_name(s);
         if (!dtype) {
-          fail(p, cat("unknown dtype '", s, "' (known: f32, bf16, f16, i8, u8, i32, f8e4m3, u4)",
+          fail(p, cat("unknown dtype '", s, "' (known: ", known_dtypes_text(), ")",
                       after_symbol ? "; note that dim symbols end at the first 'x'" : ""));
         }
         break;

@@ -52,9 +52,9 @@ std::optional<TensorType> check_cast(RuleContext& c) {
                " is not supported: cast converts to f32, bf16 or f16 "
                "(integer and fp8 targets need a scale, i.e. a quantize op)"));
   }
-  if (c.type(x).dtype == DType::u4) {
-    c.fail(cat("operand ", c.who(x),
-               " has dtype u4: 4-bit values have no meaning without their group scales"));
+  if (const DType from = c.type(x).dtype; from == DType::u4 || from == DType::f4e2m1) {
+    c.fail(cat("operand ", c.who(x), " has dtype ", dtype_name(from),
+               ": 4-bit values have no meaning without their group scales"));
   }
   if (!c.ok()) return std::nullopt;
   return result(to, c.type(x).dims);

@@ -8,6 +8,7 @@
 //   f8e4m3 [N, K]  scale f32 [1], [N], or [ceil(N/block_n), ceil(K/block_k)] with block_n, block_k
 //   u4 [N, K]      AWQ / GPTQ: scale [G, N] f16/bf16/f32, zero u4 [G, N], g_idx i32 [K];
 //                  format ("awq" | "gptq"), group_size, bits, gptq_v2, int4_route
+//   f4e2m1 [N, K]  MXFP4 (GPT-OSS): scale u8 [N, ceil(K/32)], the e8m0 exponents
 #include <array>
 
 #include "ir/op_rules.h"
@@ -206,7 +207,40 @@ void check_int4(RuleContext& c, const QuantWeight& q) {
              cat("g_idx is i32 ", spell(q, "K"), " (the group of each input channel, K=", k, ")"));
 }
 
+// MXFP4: e2m1 codes two per byte (the checkpoint's blocks, [N, ceil(K/2)]
+// bytes), one e8m0 exponent byte per 32 codes of a row.
+void check_mxfp4(RuleContext& c, const QuantWeight& q) {
+  const size_t scale = *q.scale;
+  if (!c.dtype(scale, {DType::u8}) || !dense(c, scale)) return;
+  const int64_t blocks = ceil_div(q.k, 32);
+  shape_is(c, scale, q, {q.n, blocks},
+           cat("an f4e2m1 weight of N=", q.n, ", K=", q.k, " takes ", c.role(scale),
+               " as its e8m0 exponents, u8 ", spell(q, "N, ceil(K/32)"), " = ",
+               shape_text(q.experts ? std::vector<int64_t>{q.e, q.n, blocks}
+                                    : std::vector<int64_t>{q.n, blocks})));
+}
+
 }  // namespace
+
+void check_weight_layout(RuleContext& c, size_t w, DType wt) {
+  const Layout& wl = c.type(w).layout;
+  const std::string op = name(c.kind());
+  if (wt == DType::bf16) {
+    c.weight_layout(w);
+  } else if (wt == DType::i8) {
+    c.unit_stride_rows(w);
+  } else if (wt == DType::f8e4m3) {
+    // Any strides: a [K, N] checkpoint is the logical [N, K] with strided<[1, N]>.
+    if (wl.kind != LayoutKind::row_major)
+      c.fail(cat("operand ", c.who(w), " has layout ", wl.str(), ": ", op,
+                 " takes an f8e4m3 weight row_major (any strides)"));
+  } else if (!wl.is_contiguous()) {
+    c.fail(cat("operand ", c.who(w), " has layout ", wl.str(), ": ", op, " takes ",
+               wt == DType::u4 ? "a u4 weight as the checkpoint's int32-packed qweight"
+                               : "an f4e2m1 weight as the checkpoint's blocks, two codes a byte",
+               ", contiguous"));
+  }
+}
 
 void check_quant_attr_owners(RuleContext& c, DType wt, const std::string& w_is) {
   for (const AttrOwner& o : kAttrOwners)
@@ -231,6 +265,7 @@ void check_quant_weight(RuleContext& c, DType wt, const QuantWeight& q) {
   if (wt == DType::i8) check_int8(c, q);
   if (wt == DType::f8e4m3) check_fp8(c, q);
   if (wt == DType::u4) check_int4(c, q);
+  if (wt == DType::f4e2m1) check_mxfp4(c, q);
 }
 
 namespace {
@@ -241,7 +276,7 @@ void check_quant(RuleContext& c, DType wt) {
   if (wt == DType::bf16) {
     for (size_t i = 2; i < c.size(); ++i)
       c.fail(cat("operand ", c.who(i), ": a bf16 weight takes no '", c.role(i),
-                 "' (scale, zero and g_idx describe i8, f8e4m3 and u4 weights)"));
+                 "' (scale, zero and g_idx describe i8, f8e4m3, u4 and f4e2m1 weights)"));
     return;
   }
   c.static_dim(kW, 0, "N", "a quantized weight has static dims");
@@ -266,24 +301,11 @@ std::optional<TensorType> check_gemm(RuleContext& c) {
   c.rank(kW, 2, "[N, K]");
   if (!c.ok()) return std::nullopt;
   c.dtype(kX, {DType::bf16});
-  c.dtype(kW, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
+  c.dtype(kW, kWeightDtypes);
   c.unit_stride_rows(kX);
   if (!c.ok()) return std::nullopt;
   const DType wt = c.type(kW).dtype;
-  const Layout& wl = c.type(kW).layout;
-  if (wt == DType::bf16) {
-    c.weight_layout(kW);
-  } else if (wt == DType::f8e4m3) {
-    // Any strides: a [K, N] checkpoint is the logical [N, K] with strided<[1, N]>.
-    if (wl.kind != LayoutKind::row_major)
-      c.fail(cat("operand ", c.who(kW), " has layout ", wl.str(),
-                 ": gemm takes an f8e4m3 weight row_major (any strides)"));
-  } else if (wt == DType::i8) {
-    c.unit_stride_rows(kW);
-  } else if (!wl.is_contiguous()) {
-    c.fail(cat("operand ", c.who(kW), " has layout ", wl.str(),
-               ": a u4 weight is the checkpoint's int32-packed qweight, contiguous"));
-  }
+  check_weight_layout(c, kW, wt);
   if (!c.ok()) return std::nullopt;
   if (!c.same_dim(kW, 1, kX, 1, "K", "the reduction dims must match")) return std::nullopt;
   c.nonzero_dim(kW, 0, "N", "tilejit::pack_weight takes no empty weight");

@@ -3,7 +3,7 @@
 // gate/up halves, gate_act(gate)*up, ·w2[e]ᵀ, summed with its routing weights.
 //
 // Quantized experts (docs/ir.md, "Quantized experts"): w13 and w2 both i8,
-// f8e4m3 or u4 with the named operands scale13, zero13, g_idx13 (w13's) and
+// f8e4m3, u4 or f4e2m1 with the named operands scale13, zero13, g_idx13 (w13's) and
 // scale2, zero2, g_idx2 (w2's), each tensor the gemm's with a leading [E];
 // the gemm's rules (QuantWeight, rules_gemm.cpp) per projection.
 #include <tuple>
@@ -21,7 +21,8 @@ void check_quant_experts(RuleContext& c, DType wt) {
   if (wt == DType::bf16) {
     for (size_t i = 5; i < c.size(); ++i)
       c.fail(cat("operand ", c.who(i), ": bf16 experts take no '", c.role(i),
-                 "' (the scale, zero and g_idx operands describe i8, f8e4m3 and u4 experts)"));
+                 "' (the scale, zero and g_idx operands describe i8, f8e4m3, u4 and f4e2m1 "
+                 "experts)"));
     return;
   }
   for (auto [w, name] : {std::tuple{w13, "2*I"}, {w2, "H"}})
@@ -67,8 +68,8 @@ std::optional<TensorType> check_moe(RuleContext& c) {
   c.rank(ti, 2, "[T, top_k]");
   if (!c.ok()) return std::nullopt;
   c.dtype(h, {DType::bf16});
-  c.dtype(w13, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
-  c.dtype(w2, {DType::bf16, DType::i8, DType::f8e4m3, DType::u4});
+  c.dtype(w13, kWeightDtypes);
+  c.dtype(w2, kWeightDtypes);
   c.dtype(tw, {DType::f32});
   c.dtype(ti, {DType::i32});
   c.unit_stride_rows(h);
@@ -77,21 +78,7 @@ std::optional<TensorType> check_moe(RuleContext& c) {
   if (!c.same_dtype(w2, w13, "w13 and w2 are packed in one format (tilejit::pack_experts)"))
     return std::nullopt;
   const DType wt = c.type(w13).dtype;
-  for (size_t w : {w13, w2}) {
-    const Layout& wl = c.type(w).layout;
-    if (wt == DType::bf16) {
-      c.weight_layout(w);
-    } else if (wt == DType::i8) {
-      c.unit_stride_rows(w);
-    } else if (wt == DType::f8e4m3) {
-      if (wl.kind != LayoutKind::row_major)
-        c.fail(cat("operand ", c.who(w), " has layout ", wl.str(),
-                   ": moe takes f8e4m3 experts row_major (any strides)"));
-    } else if (!wl.is_contiguous()) {
-      c.fail(cat("operand ", c.who(w), " has layout ", wl.str(),
-                 ": u4 experts are the checkpoint's int32-packed qweight, contiguous"));
-    }
-  }
+  for (size_t w : {w13, w2}) check_weight_layout(c, w, wt);
   c.unit_stride_rows(tw);
   c.unit_stride_rows(ti);
   if (!c.ok()) return std::nullopt;

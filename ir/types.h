@@ -24,6 +24,8 @@ namespace tilejit::ir {
 
 // Inverse of tilejit::dtype_name ("bf16" -> DType::bf16).
 std::optional<DType> dtype_from_name(std::string_view name);
+// The names dtype_from_name knows, for messages ("f32, bf16, ...").
+std::string known_dtypes_text();
 
 // One dimension: a static size, or a named runtime size ("M"). Two dims are the
 // same only if both are the same constant or the same symbol: symbols are how

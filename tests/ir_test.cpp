@@ -833,6 +833,11 @@ TEST(IrQuant, PrintParseRoundTrips) {
       // Any group size pack_weight takes (AutoRound exports, TP shards).
       quant_text("%w: tensor<64x128xu4>, %s: tensor<2x64xf16>", "%w, scale = %s",
                  "{format = \"gptq\", group_size = 96}"),
+      // MXFP4: any K (a partial last block of 32).
+      quant_text("%w: tensor<64x128xf4e2m1>, %s: tensor<64x4xu8>", "%w, scale = %s", ""),
+      "func @q(%x: tensor<?Mx100xbf16>, %w: tensor<64x100xf4e2m1>, %s: tensor<64x4xu8>) -> "
+      "(tensor<?Mx64xf32>) {\n  %0 = gemm %x, %w, scale = %s : tensor<?Mx64xf32>\n  return "
+      "%0\n}\n",
   };
   for (const std::string& t : texts) {
     SCOPED_TRACE(t);
@@ -913,6 +918,7 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
   const std::string i8 = "%w: tensor<64x128xi8>, ";
   const std::string f8 = "%w: tensor<64x128xf8e4m3>, ";
   const std::string u4 = "%w: tensor<64x128xu4>, ";
+  const std::string mx = "%w: tensor<64x128xf4e2m1>, ";
   const std::vector<Case> cases = {
       // i8
       {i8 + "%s: tensor<32xf32>", "%w, scale = %s", "",
@@ -980,7 +986,22 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {"%w: tensor<64x128xf32>", "%w", "",
        "operand 'w' (%w) has dtype f32: gemm takes w as bf16, i8, f8e4m3, u4"},
       {"%w: tensor<64x128xu4, strided<[256, 1]>>, %s: tensor<1x64xf16>", "%w, scale = %s",
-       "{format = \"gptq\"}", "a u4 weight is the checkpoint's int32-packed qweight, contiguous"},
+       "{format = \"gptq\"}",
+       "gemm takes a u4 weight as the checkpoint's int32-packed qweight, contiguous"},
+      // f4e2m1 (MXFP4): e8m0 exponent bytes [N, ceil(K/32)], nothing else
+      {mx + "%s: tensor<64x3xu8>", "%w, scale = %s", "",
+       "operand 'scale' (%s) has shape [64, 3]; an f4e2m1 weight of N=64, K=128 takes scale as "
+       "its e8m0 exponents, u8 [N, ceil(K/32)] = [64, 4]"},
+      {mx + "%s: tensor<64x4xf32>", "%w, scale = %s", "", "operand 'scale' (%s) has dtype f32"},
+      {"%w: tensor<64x128xf4e2m1>", "%w", "", "a quantized weight needs a 'scale' operand"},
+      {mx + "%s: tensor<64x4xu8>, %z: tensor<4x64xu4>", "%w, scale = %s, zero = %z", "",
+       "operand 'zero' (%z): an f4e2m1 weight has no zero point"},
+      {mx + "%s: tensor<64x4xu8>, %g: tensor<128xi32>", "%w, scale = %s, g_idx = %g", "",
+       "operand 'g_idx' (%g): an f4e2m1 weight has no g_idx"},
+      {mx + "%s: tensor<64x4xu8>", "%w, scale = %s", "{group_size = 32}",
+       "attribute 'group_size' applies to u4 weights only; 'w' (%w) is f4e2m1"},
+      {"%w: tensor<64x128xf4e2m1, strided<[256, 1]>>, %s: tensor<64x4xu8>", "%w, scale = %s", "",
+       "gemm takes an f4e2m1 weight as the checkpoint's blocks, two codes a byte, contiguous"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.params + " | " + c.operands + " | " + c.attrs);
@@ -1011,6 +1032,7 @@ std::string moe_quant_text(const std::string& wt, const std::string& params,
 
 const char* const kMoeI8Params = "%s13: tensor<4x128xf32>, %s2: tensor<4x1xf32>";
 const char* const kMoeF8Params = "%s13: tensor<4x2x2xf32>, %s2: tensor<4x2x1xf32>";
+const char* const kMoeMxParams = "%s13: tensor<4x128x4xu8>, %s2: tensor<4x128x2xu8>";
 const char* const kMoeU4Params =
     "%s13: tensor<4x2x128xf16>, %z13: tensor<4x2x128xu4>, %g13: "
     "tensor<4x128xi32>, "
@@ -1036,6 +1058,8 @@ TEST(IrQuantExperts, PrintParseRoundTrips) {
       moe_quant_text("u4", "%s13: tensor<4x3x128xf16>, %s2: tensor<4x2x128xf16>",
                      "scale13 = %s13, scale2 = %s2",
                      "{format = \"awq\", group_size = 48, top_k = 2}"),
+      moe_quant_text("f4e2m1", kMoeMxParams, "scale13 = %s13, scale2 = %s2",
+                     "{activation = \"clamped_swiglu\", top_k = 2}"),
   };
   for (const std::string& t : texts) {
     SCOPED_TRACE(t);
@@ -1131,6 +1155,12 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
       {"u4", kMoeU4Params, u4n, "{block_k = 64, format = \"gptq\", group_size = 64, top_k = 2}",
        "attribute 'block_k' applies to f8e4m3 weights only; 'w13' (%w13) is "
        "u4"},
+      // f4e2m1
+      {"f4e2m1", "%s13: tensor<4x128x4xu8>, %s2: tensor<4x128x1xu8>", i8n, "{top_k = 2}",
+       "operand 'scale2' (%s2) has shape [4, 128, 1]; an f4e2m1 weight of N=128, K=64 takes "
+       "scale2 as its e8m0 exponents, u8 [E, N, ceil(K/32)] = [4, 128, 2]"},
+      {"f4e2m1", kMoeMxParams, i8n, "{format = \"gptq\", top_k = 2}",
+       "attribute 'format' applies to u4 weights only; 'w13' (%w13) is f4e2m1"},
       // bf16, mixed formats and the named operands themselves
       {"bf16", "%s13: tensor<4x128xf32>", "scale13 = %s13", "{top_k = 2}",
        "operand 'scale13' (%s13): bf16 experts take no 'scale13'"},
@@ -1150,18 +1180,20 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
   t.replace(t.find("4x128x64xi8"), 11, "4x128x64xf8e4m3");
   EXPECT_THAT(verify_error(t), HasSubstr("operand 'w2' (%w2) has dtype f8e4m3 but 'w13' (%w13) "
                                          "has i8: w13 and w2 are packed in one format"));
-  // MXFP4 is no IR dtype: the parser refuses f4e2m1.
-  EXPECT_THROW(parse(moe_quant_text("f4e2m1", "", "", "{top_k = 2}")), ParseError);
+  // MXFP4 experts need their e8m0 exponents.
+  EXPECT_THAT(verify_error(moe_quant_text("f4e2m1", "", "", "{top_k = 2}")),
+              HasSubstr("operand 'w13' (%w13) is f4e2m1: a quantized weight needs a 'scale13' "
+                        "operand"));
 }
 
 // ---- examples/*.tir ---------------------------------------------------------------
 
 TEST(IrExamples, ParseAndVerify) {
 #ifdef TILEJIT_EXAMPLES_DIR
-  for (const char* file :
-       {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir", "gemm_fp8_channel.tir",
-        "gemm_fp8_block.tir", "gemm_int4_gptq.tir", "gemm_int4_awq.tir", "moe_silu.tir",
-        "moe_int8.tir", "moe_fp8_block.tir", "moe_int4_gptq.tir"}) {
+  for (const char* file : {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir",
+                           "gemm_fp8_channel.tir", "gemm_fp8_block.tir", "gemm_int4_gptq.tir",
+                           "gemm_int4_awq.tir", "moe_silu.tir", "moe_int8.tir", "moe_fp8_block.tir",
+                           "moe_int4_gptq.tir", "gemm_mxfp4.tir", "moe_mxfp4.tir"}) {
     SCOPED_TRACE(file);
     std::string path = std::string(TILEJIT_EXAMPLES_DIR) + "/" + file;
     std::ifstream in(path);

@@ -180,7 +180,7 @@ for tir in "${examples[@]}"; do
     for isa in avx512 amx; do
       ok "$name: dump --stage plan --isa $isa" "$TJ" dump "$tir" --stage plan --isa $isa "${dims[@]}"
       has "$name: plan ($isa)" "$OUT" "^plan gemm_${isa}_${acc}_m[0-9]+n64k[0-9]+"
-      has "$name: plan weight ($isa)" "$OUT" "^  weight +%[a-z_]+ (i8|f8e4m3|u4) \\[[0-9]+, [0-9]+\\]: tilejit::pack_weight\\((Int8|Fp8|Int4)Weight\\)"
+      has "$name: plan weight ($isa)" "$OUT" "^  weight +%[a-z_]+ (i8|f8e4m3|u4|f4e2m1) \\[[0-9]+, [0-9]+\\]: tilejit::pack_weight\\((Int8|Fp8|Int4|Mxfp4)Weight\\)"
       has "$name: plan helper kernel ($isa)" "$OUT" "^  kernel +${helper}_avx512_"
       ok "$name: dump --stage key --isa $isa" "$TJ" dump "$tir" --stage key --isa $isa "${dims[@]}"
       has "$name: plan key ($isa)" "$OUT" "^key +gemm;isa=$isa;n=[0-9]+;k=[0-9]+;"
@@ -198,9 +198,9 @@ for tir in "${examples[@]}"; do
     if [ $kind = dequant ]; then
       # M <= 4: the fused decode kernel instead of the dequant route.
       ok "$name: dump --stage plan --isa llvm (M=2)" "$TJ" dump "$tir" --stage plan --isa llvm --dim M=2
-      has "$name: fused kernel named (llvm, M=2)" "$OUT" "^  fused +brgemm_llvm_bf16x(u4|f8e4m3)[a-z0-9_]*_m2n64k[0-9]+"
+      has "$name: fused kernel named (llvm, M=2)" "$OUT" "^  fused +brgemm_llvm_bf16x(u4|f8e4m3|f4e2m1)[a-z0-9_]*_m2n64k[0-9]+"
       ok "$name: dump --stage asm --isa llvm (M=2)" "$TJ" dump "$tir" --stage asm --isa llvm --dim M=2
-      has "$name: fused kernel asm (llvm, M=2)" "$OUT" "^; kernel brgemm_llvm_bf16x(u4|f8e4m3)[a-z0-9_]*_m2n64k[0-9]+"
+      has "$name: fused kernel asm (llvm, M=2)" "$OUT" "^; kernel brgemm_llvm_bf16x(u4|f8e4m3|f4e2m1)[a-z0-9_]*_m2n64k[0-9]+"
     fi
     ok "$name: dump --stage plan --isa scalar" "$TJ" dump "$tir" --stage plan --isa scalar
     has "$name: scalar plan" "$OUT" "^  kernel +none \\(the scalar path computes from the logical weights in double\\)"
@@ -448,13 +448,13 @@ has "rope_attention: rope bound" "$OUT" "%qr \\(rope\\): bf16: 2⁻⁷·\\|ref\\
 # T = 1 and 3: most experts take <= 4 rows (the fused decode kernel in one
 # call); T = 64: runs around 16 rows (the fused kernel's row groups up to 16
 # on avx512 / llvm, the dequant route past them and on amx) and bigger int8 groups.
-for name in moe_int8 moe_fp8_block moe_int4_gptq; do
+for name in moe_int8 moe_fp8_block moe_int4_gptq moe_mxfp4; do
   tir=$EXAMPLES/$name.tir
   [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }
   if grep -Eq 'xi8>' "$tir"; then helper=act_quant; else helper=dequant; fi
   for isa in avx512 amx llvm; do
     ok "$name: dump --stage plan --isa $isa" "$TJ" dump "$tir" --stage plan --isa $isa --dim T=4
-    has "$name: plan api ($isa)" "$OUT" "^  api +w13p = tilejit::pack_experts\\(E (Int8|Fp8|Int4)Weight of %[a-z0-9_]+ (i8|f8e4m3|u4) \\[8, 192, 256\\] with scales %"
+    has "$name: plan api ($isa)" "$OUT" "^  api +w13p = tilejit::pack_experts\\(E (Int8|Fp8|Int4|Mxfp4)Weight of %[a-z0-9_]+ (i8|f8e4m3|u4|f4e2m1) \\[8, 192, 256\\] with scales %"
     has "$name: plan names the helper kernel ($isa)" "$OUT" "^  kernels +.*\\b${helper}_(avx512|llvm)_[a-z0-9]+"
   done
   for isa in avx512 llvm; do
@@ -476,7 +476,7 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq; do
     done
   done
   has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_moe.h's oracle on the exact dequantized experts"
-  has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq) weights"
+  has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq|mxfp4) weights"
 done
 # int4 experts' int4_route: forced W4A8 (and W4A16) checked on every path
 # (the oracle follows the route per expert); dump names the route; a value
@@ -862,6 +862,27 @@ if [ -f "$EXAMPLES/gemm_int4_gptq.tir" ]; then
     "$TJ" run "$EXAMPLES/gemm_int4_gptq.tir" -i x="$Q/in/x.npy" -i qweight="$Q/qw_u1.npy" \
     -i scales="$Q/in/scales.npy" -i qzeros="$Q/in/qzeros.npy" -i g_idx="$Q/in/g_idx.npy"
 fi
+# MXFP4: the weight is held as its code bytes [N, ceil(K/2)] ('|u1'), the
+# scales as e8m0 bytes [N, ceil(K/32)].
+if [ -f "$EXAMPLES/gemm_mxfp4.tir" ]; then
+  "$TJ" run "$EXAMPLES/gemm_mxfp4.tir" --random-inputs 3 --dim M=2 --save-inputs "$Q/mx" >/dev/null 2>&1 ||
+    fail "gemm_mxfp4: --save-inputs"
+  "$TJ" gen-npy "$Q/mx_bad.npy" --dtype '|u1' --shape 200,330 || fail "gen-npy mx_bad"
+  input_error "mxfp4: weight of the logical shape" \
+    "input 'w' \\(.*mx_bad.npy\\) has shape \\[200, 330\\]; expected \\[200, 165\\] \\(the MXFP4 code bytes, two codes a byte, of tensor<200x330xf4e2m1>\\)" \
+    "$TJ" run "$EXAMPLES/gemm_mxfp4.tir" -i x="$Q/mx/x.npy" -i w="$Q/mx_bad.npy" \
+    -i w_scales="$Q/mx/w_scales.npy" -i bias="$Q/mx/bias.npy"
+  "$TJ" gen-npy "$Q/mx_i4.npy" --dtype '<i4' --shape 200,165 || fail "gen-npy mx_i4"
+  input_error "mxfp4: weight not bytes" "input 'w' .* is a '<i4' array; .* needs '\\|u1' \\(the MXFP4 code bytes\\)" \
+    "$TJ" run "$EXAMPLES/gemm_mxfp4.tir" -i x="$Q/mx/x.npy" -i w="$Q/mx_i4.npy" \
+    -i w_scales="$Q/mx/w_scales.npy" -i bias="$Q/mx/bias.npy"
+fi
+sed -e 's/%w_scales: tensor<200x11xu8>/%w_scales: tensor<200x10xu8>/' "$EXAMPLES/gemm_mxfp4.tir" >"$Q/mxs.tir"
+input_error "mxfp4: scale shape" "mxs.tir: error: %0 = gemm: operand 'scale' \\(%w_scales\\) has shape \\[200, 10\\]; an f4e2m1 weight of N=200, K=330 takes scale as its e8m0 exponents, u8 \\[N, ceil\\(K/32\\)\\] = \\[200, 11\\]" \
+  "$TJ" dump "$Q/mxs.tir" --stage verified
+sed -e 's/scale = %w_scales/scale = %w_scales {group_size = 32}/' "$EXAMPLES/gemm_mxfp4.tir" >"$Q/mxg.tir"
+input_error "mxfp4: an int4 attribute" "mxg.tir: error: %0 = gemm: attribute 'group_size' applies to u4 weights only; 'w' \\(%w\\) is f4e2m1" \
+  "$TJ" dump "$Q/mxg.tir" --stage verified
 sed -e 's/group_size = 128/group_size = 0/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/g0.tir"
 input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: a group size >= 1 \\(32, 64, 128, ...\\) or -1" \
   "$TJ" dump "$Q/g0.tir" --stage plan

@@ -133,8 +133,7 @@ std::optional<QuantKernel> quant_kernel(const ir::Function& f, const GemmProgram
                                                                     : codegen::ActQuantMode::sym};
   } else {
     q.role = "dequant: a K chunk of the column block's codes -> bf16 packed rows";
-    q.dequant = codegen::DequantDesc{
-        kisa, p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, p.zero >= 0};
+    q.dequant = codegen::DequantDesc{kisa, weight_code_dtype(p.format), p.zero >= 0};
   }
   return q;
 }
@@ -155,17 +154,14 @@ std::optional<codegen::BrgemmDesc> fused_kernel(const GemmProgram& p, Isa isa,
   if (!p.quantized() || p.format == WeightFormat::int8 || !m) return std::nullopt;
   const Isa run = codegen::gemm_isa_for_rows(isa, *m);
   if (!ops::quant_gemm_fused(run, *m)) return std::nullopt;
-  return ops::quant_fused_desc(p.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4,
-                               p.zero >= 0, p.spec.k, p.spec, *m, run);
+  return ops::quant_fused_desc(weight_code_dtype(p.format), p.zero >= 0, p.spec.k, p.spec, *m, run);
 }
 
 // How the weight of a quantized program is packed and run.
 void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
                       std::optional<int64_t> m) {
   const ir::Value& w = f.value(p.w);
-  const char* api = p.format == WeightFormat::int8       ? "Int8Weight"
-                    : p.format == WeightFormat::fp8_e4m3 ? "Fp8Weight"
-                                                         : "Int4Weight";
+  const char* api = checkpoint_struct_name(p.format);
   fmt::print("  weight       %{} {} {}: tilejit::pack_weight({}), format {}\n", w.name,
              dtype_name(w.type.dtype), dims_str(w.type), api, weight_format_name(p.format));
   if (p.format == WeightFormat::int8)

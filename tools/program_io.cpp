@@ -169,6 +169,12 @@ HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std:
       if (a.dtype != NpyDtype::i4) throw mismatch("'<i4' (the int32-packed qweight / qzeros)");
       t.dtype = DType::i32;
       break;
+    case DType::f4e2m1:
+      // MXFP4 weights: the checkpoint's code bytes (two codes a byte, low
+      // nibble first; GPT-OSS's *_blocks), whose shape the runner checks.
+      if (a.dtype != NpyDtype::u1) throw mismatch("'|u1' (the MXFP4 code bytes)");
+      t.dtype = DType::u8;
+      break;
     case DType::i64: {
       // Index tensors (rope positions) may be int64 in the IR, as PyTorch
       // engines pass them; the .npy reader has no '<i8', so '<i4' is widened.
@@ -406,6 +412,12 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
       return;
     }
     case InputRole::quant_scale:
+      if (t.dtype == DType::u8) {
+        // MXFP4's e8m0 exponents: scales 2^-9 .. 2^-6 (|w| <= 6·2^-6).
+        for (int64_t i = 0; i < n; ++i)
+          t.data<uint8_t>()[i] = static_cast<uint8_t>(127 - 9 + static_cast<int>(r.next() % 4));
+        return;
+      }
       // Positive scales in [2^-8, 2^-6) with 3 mantissa bits, exact in f16, bf16 and f32.
       for (int64_t i = 0; i < n; ++i) {
         const int m = static_cast<int>(r.next() % 8), e = -8 + static_cast<int>(r.next() % 2);
@@ -461,11 +473,13 @@ HostTensor random_tensor(const ir::Function& f, int id, const DimBindings& dims,
       throw UsageError(fmt::format("random input '{}' ({}): {} has no size; give --dim {}=SIZE",
                                    param.name, param.type.str(), param.type.dims[i].str(),
                                    param.type.dims[i].symbol));
-  if (const auto u4 = u4_storage_shape(f, id)) {
-    // The int32-packed checkpoint tensor: eight random nibbles a word.
-    HostTensor t = HostTensor::zeros(DType::i32, *u4, fmt::format("random input '{}'", param.name));
+  if (const auto stored = checkpoint_storage(f, id)) {
+    // The int32-packed checkpoint tensor (eight random nibbles a word), or
+    // MXFP4's code bytes (two random e2m1 codes a byte: every code is finite).
+    HostTensor t = HostTensor::zeros(stored->dtype, stored->shape,
+                                     fmt::format("random input '{}'", param.name));
     Rng r{seed * 0x2545F4914F6CDD1Dull ^ name_hash(param.name)};
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<uint32_t>()[i] = static_cast<uint32_t>(r.next());
+    for (size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = static_cast<uint8_t>(r.next());
     return t;
   }
   HostTensor t =

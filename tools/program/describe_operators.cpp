@@ -10,6 +10,7 @@
 #include "ops/attention_descs.h"
 #include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
+#include "tools/program/gemm_program.h"
 
 namespace tilejit::tools {
 namespace {
@@ -116,8 +117,7 @@ std::vector<MoeHelperKernel> call_moe_quant_kernels(const ir::Function& f, const
                                                     ? codegen::ActQuantMode::asym
                                                     : codegen::ActQuantMode::sym};
     } else {
-      k.dequant = codegen::DequantDesc{
-          kisa, q.format == WeightFormat::fp8_e4m3 ? DType::f8e4m3 : DType::u4, q.zero[proj] >= 0};
+      k.dequant = codegen::DequantDesc{kisa, weight_code_dtype(q.format), q.zero[proj] >= 0};
     }
     out.push_back(k);
   }
@@ -169,9 +169,7 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
       if (c.moe_quant.quantized()) {
         // One checkpoint description per expert, views at e of the [E, ...] inputs.
         const MoeQuant& q = c.moe_quant;
-        const char* desc = q.format == WeightFormat::int8       ? "Int8Weight"
-                           : q.format == WeightFormat::fp8_e4m3 ? "Fp8Weight"
-                                                                : "Int4Weight";
+        const char* desc = checkpoint_struct_name(q.format);
         auto named = [&](int proj) {
           std::string n = "scales " + operand_text(f, q.scale[proj], dims);
           if (q.zero[proj] >= 0) n += ", qzeros " + operand_text(f, q.zero[proj], dims);

@@ -64,10 +64,7 @@ ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
 GemmProgram match_quantized(const ir::Function& f, GemmProgram p) {
   const ir::Op& g = f.ops.front();
   const DType wdt = f.value(p.w).type.dtype;
-  p.format = wdt == DType::i8                                         ? WeightFormat::int8
-             : wdt == DType::f8e4m3                                   ? WeightFormat::fp8_e4m3
-             : g.attrs.get_string("format").value_or("gptq") == "awq" ? WeightFormat::int4_awq
-                                                                      : WeightFormat::int4_gptq;
+  p.format = weight_format_of(wdt, g.attrs);
   // The verifier allowed only these three values (ir/ops.cpp).
   const std::string route = g.attrs.get_string("int4_route").value_or("automatic");
   p.int4_route = route == "w4a8"    ? Int4Route::w4a8
@@ -105,8 +102,9 @@ GemmProgram match_quantized(const ir::Function& f, GemmProgram p) {
 
 }  // namespace
 
+namespace {
+
 std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id) {
-  if (f.value(id).type.dtype != DType::u4) return std::nullopt;
   for (const ir::Op& op : f.ops) {
     if (op.kind == ir::OpKind::moe && op.operands.size() >= 3) {
       // Quantized experts: the same per expert, with a leading [E].
@@ -140,6 +138,70 @@ std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int 
       if (op.operand_names[i] == "zero" && op.operands.at(2 + i) == id)
         return std::vector<int64_t>{f.value(id).type.dims.at(0).value, (n + 7) / 8};
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+WeightFormat weight_format_of(DType wt, const ir::Attrs& attrs) {
+  switch (wt) {
+    case DType::i8:
+      return WeightFormat::int8;
+    case DType::f8e4m3:
+      return WeightFormat::fp8_e4m3;
+    case DType::f4e2m1:
+      return WeightFormat::mxfp4;
+    case DType::u4:
+      return attrs.get_string("format").value_or("gptq") == "awq" ? WeightFormat::int4_awq
+                                                                  : WeightFormat::int4_gptq;
+    default:
+      return WeightFormat::bf16;
+  }
+}
+
+DType weight_code_dtype(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::int8:
+      return DType::i8;
+    case WeightFormat::fp8_e4m3:
+      return DType::f8e4m3;
+    case WeightFormat::mxfp4:
+      return DType::f4e2m1;
+    case WeightFormat::int4_awq:
+    case WeightFormat::int4_gptq:
+      return DType::u4;
+    default:
+      return DType::bf16;
+  }
+}
+
+const char* checkpoint_struct_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::int8:
+      return "Int8Weight";
+    case WeightFormat::fp8_e4m3:
+      return "Fp8Weight";
+    case WeightFormat::mxfp4:
+      return "Mxfp4Weight";
+    case WeightFormat::int4_awq:
+    case WeightFormat::int4_gptq:
+      return "Int4Weight";
+    default:
+      return "TensorView";
+  }
+}
+
+std::optional<CheckpointStorage> checkpoint_storage(const ir::Function& f, int id) {
+  const ir::TensorType& t = f.value(id).type;
+  if (t.dtype == DType::f4e2m1 && t.rank() >= 1) {
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : t.dims) shape.push_back(d.value);
+    shape.back() = (shape.back() + 1) / 2;
+    return CheckpointStorage{DType::u8, shape, "MXFP4 code bytes, two codes a byte,"};
+  }
+  if (t.dtype != DType::u4) return std::nullopt;
+  if (auto shape = u4_storage_shape(f, id))
+    return CheckpointStorage{DType::i32, *shape, "int32-packed checkpoint tensor"};
   return std::nullopt;
 }
 

@@ -49,10 +49,28 @@ struct GemmProgram {
 // it); built without LLVM it is always refused.
 GemmProgram match_program(const ir::Function& f, bool allow_elementwise = false);
 
+// The weight format of a gemm or moe weight of dtype wt (its op's
+// attributes give int4's checkpoint layout): bf16 for a bf16 weight.
+WeightFormat weight_format_of(DType wt, const ir::Attrs& attrs);
+// The packed codes' dtype of a quantized format (the dequant and fused
+// kernels' b / code type): i8, f8e4m3, u4 or f4e2m1.
+DType weight_code_dtype(WeightFormat f);
+// The public checkpoint struct pack_weight / pack_experts take for it
+// ("Int4Weight"), for the tool's texts.
+const char* checkpoint_struct_name(WeightFormat f);
+
+// How a 4-bit param is held: as its checkpoint tensor.
+struct CheckpointStorage {
+  DType dtype;
+  std::vector<int64_t> shape;
+  const char* what;  // for messages: "int32-packed checkpoint tensor"
+};
 // A u4 param (a quantized gemm's w or zero) is held as its checkpoint's
 // int32 tensor: qweight [ceil(K/8), N] (gptq) or [K, ceil(N/8)] (awq), qzeros
 // [G, ceil(N/8)]; a moe op's u4 experts and zero13 / zero2 the same with a
-// leading [E]. That shape, or nullopt for any other param.
-std::optional<std::vector<int64_t>> u4_storage_shape(const ir::Function& f, int id);
+// leading [E]. An f4e2m1 param (MXFP4 weights) as u8 bytes, two codes each
+// (low nibble first), its last dim K stored as ceil(K/2). nullopt for any
+// other param.
+std::optional<CheckpointStorage> checkpoint_storage(const ir::Function& f, int id);
 
 }  // namespace tilejit::tools

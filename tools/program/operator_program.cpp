@@ -7,6 +7,7 @@
 
 #include "ir/activation.h"
 #include "ir/printer.h"
+#include "tools/program/gemm_program.h"
 
 namespace tilejit::tools {
 
@@ -137,12 +138,7 @@ OperatorProgram match_operator_program(const ir::Function& f) {
           if (role.rfind("g_idx", 0) == 0) c.moe_quant.g_idx[proj] = id;
         }
         const DType wdt = f.value(op.operands[1]).type.dtype;
-        c.moe_quant.format = wdt == DType::i8       ? WeightFormat::int8
-                             : wdt == DType::f8e4m3 ? WeightFormat::fp8_e4m3
-                             : wdt != DType::u4     ? WeightFormat::bf16
-                             : a.get_string("format").value_or("gptq") == "awq"
-                                 ? WeightFormat::int4_awq
-                                 : WeightFormat::int4_gptq;
+        c.moe_quant.format = weight_format_of(wdt, a);
         c.moe_quant.block_n = a.get_int("block_n").value_or(0);
         c.moe_quant.block_k = a.get_int("block_k").value_or(0);
         c.moe_quant.group_size = a.get_int("group_size").value_or(128);

@@ -64,6 +64,7 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
   std::vector<Int8Weight> i8;
   std::vector<Fp8Weight> f8;
   std::vector<Int4Weight> u4;
+  std::vector<Mxfp4Weight> mx;
   for (int64_t e = 0; e < experts; ++e) {
     const QuantMatrix m = expert_matrix(f, c, inputs, proj, e);
     const TensorView sv = view(m.scale, m.scale_dtype, m.scale_shape);
@@ -73,6 +74,9 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
         break;
       case WeightFormat::fp8_e4m3:
         f8.push_back(Fp8Weight{view(m.w, DType::f8e4m3, {m.n, m.k}), sv, m.block_n, m.block_k});
+        break;
+      case WeightFormat::mxfp4:
+        mx.push_back(Mxfp4Weight{view(m.w, DType::u8, {m.n, (m.k + 1) / 2}), sv, m.k});
         break;
       default: {
         Int4Weight q;
@@ -97,6 +101,7 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
   }
   if (mq.format == WeightFormat::int8) return pack_experts(i8, p);
   if (mq.format == WeightFormat::fp8_e4m3) return pack_experts(f8, p);
+  if (mq.format == WeightFormat::mxfp4) return pack_experts(mx, p);
   return pack_experts(u4, p);
 }
 

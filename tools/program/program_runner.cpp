@@ -43,26 +43,27 @@ void ProgramRunner::set_inputs(const TensorMap& inputs, const DimBindings& prese
     if (it == inputs.end())
       throw Error(fmt::format("missing input '{}' ({})", v.name, v.type.str()));
     const HostTensor& t = it->second;
-    // A u4 weight or zero point is held as its checkpoint's int32 tensor.
-    const std::optional<std::vector<int64_t>> u4 = u4_storage_shape(f_, p);
-    const DType want = u4 ? DType::i32 : v.type.dtype;
+    // A u4 weight or zero point is held as its checkpoint's int32 tensor, an
+    // f4e2m1 weight as its code bytes.
+    const std::optional<CheckpointStorage> stored = checkpoint_storage(f_, p);
+    const DType want = stored ? stored->dtype : v.type.dtype;
     if (t.dtype != want)
-      throw Error(fmt::format("input '{}' is {}; expected {} ({}{})", v.name, dtype_name(t.dtype),
-                              dtype_name(want), v.type.str(),
-                              u4 ? ": its int32-packed checkpoint tensor" : ""));
-    if (u4 && t.shape != *u4)
-      throw Error(
-          fmt::format("input '{}' has shape {}; expected {} (the int32-packed checkpoint "
-                      "tensor of {})",
-                      v.name, shape_str(t.shape), shape_str(*u4), v.type.str()));
-    bool ok = u4 || static_cast<int>(t.shape.size()) == v.type.rank();
-    for (int i = 0; ok && !u4 && i < v.type.rank(); ++i)
+      throw Error(fmt::format("input '{}' is {}; expected {} ({}{}{})", v.name, dtype_name(t.dtype),
+                              dtype_name(want), v.type.str(), stored ? ": its " : "",
+                              stored ? stored->what : ""));
+    if (stored && t.shape != stored->shape)
+      throw Error(fmt::format("input '{}' has shape {}; expected {} (the {} of {})", v.name,
+                              shape_str(t.shape), shape_str(stored->shape), stored->what,
+                              v.type.str()));
+    bool ok = stored || static_cast<int>(t.shape.size()) == v.type.rank();
+    for (int i = 0; ok && !stored && i < v.type.rank(); ++i)
       ok = !v.type.dims[i].is_static() || v.type.dims[i].value == t.shape[i];
     if (!ok)
       throw Error(fmt::format("input '{}' has shape {}; expected {} ({})", v.name,
                               shape_str(t.shape), dims_str(v.type), v.type.str()));
-    if (u4) {
-      const int64_t need = dense_bytes(t.shape, 4, fmt::format("input '{}'", v.name));
+    if (stored) {
+      const int64_t need =
+          dense_bytes(t.shape, elem_bytes(stored->dtype), fmt::format("input '{}'", v.name));
       if (static_cast<int64_t>(t.bytes.size()) != need)
         throw Error(fmt::format("input '{}' holds {} bytes; its shape {} needs {}", v.name,
                                 t.bytes.size(), shape_str(t.shape), need));
@@ -139,6 +140,11 @@ PackedWeight ProgramRunner::pack_quantized() const {
       Fp8Weight q{TensorView(w.data<uint8_t>(), DType::f8e4m3, {n, k}), sv};
       q.block_n = g.attrs.get_int("block_n").value_or(0);
       q.block_k = g.attrs.get_int("block_k").value_or(0);
+      return pack_weight(q);
+    }
+    case WeightFormat::mxfp4: {
+      Mxfp4Weight q{TensorView(w.data<uint8_t>(), DType::u8, w.shape), sv};
+      q.k = k;
       return pack_weight(q);
     }
     default: {

@@ -92,6 +92,24 @@ void dequantize_exact(const QuantMatrix& m, double* w, double* mag) {
       }
     return;
   }
+  if (m.format == WeightFormat::mxfp4) {
+    // e2m1 from its bit fields (sign, 2-bit exponent, 1-bit mantissa;
+    // exponent 0 is subnormal: 0 or 0.5) times 2^(e8m0 − 127), exact in double.
+    const auto* codes = static_cast<const uint8_t*>(m.w);
+    const auto* e8 = static_cast<const uint8_t*>(m.scale);
+    const int64_t row_bytes = (k + 1) / 2, blocks = (k + 31) / 32;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const unsigned q = (codes[r * row_bytes + c / 2] >> (4 * (c % 2))) & 0xF;
+        const int e = (q >> 1) & 3, mant = q & 1;
+        const double mag_q = e == 0 ? 0.5 * mant : std::ldexp(1.0 + 0.5 * mant, e - 1);
+        const double v =
+            (q & 8 ? -mag_q : mag_q) * std::ldexp(1.0, int(e8[r * blocks + c / 32]) - 127);
+        w[r * k + c] = v;
+        if (mag != nullptr) mag[r * k + c] = std::fabs(v);
+      }
+    return;
+  }
   const bool awq = m.format == WeightFormat::int4_awq;
   const int64_t gs = m.group_size;
   const int64_t n8 = (n + 7) / 8;

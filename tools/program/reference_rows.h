@@ -31,12 +31,12 @@ void moe_token_args(runtime::ReferenceMoeArgs& a, const uint16_t* hidden, const 
 // (docs/ir.md "Quantized weights"; an expert of a moe op is one of these,
 // views at expert e of the [E, ...] tensors).
 struct QuantMatrix {
-  WeightFormat format = WeightFormat::bf16;  // int8, fp8_e4m3, int4_awq or int4_gptq
+  WeightFormat format = WeightFormat::bf16;  // int8, fp8_e4m3, int4_awq, int4_gptq or mxfp4
   int64_t n = 0, k = 0;                      // the logical [N, K]
   // int8 i8 [N, K], fp8 e4m3 codes [N, K], int4 the int32 qweight
-  // (gptq [ceil(K/8), N], awq [K, ceil(N/8)]).
+  // (gptq [ceil(K/8), N], awq [K, ceil(N/8)]), mxfp4 code bytes [N, ceil(K/2)].
   const void* w = nullptr;
-  const void* scale = nullptr;  // f32 (int8, fp8), f16 / bf16 / f32 (int4)
+  const void* scale = nullptr;  // f32 (int8, fp8), f16 / bf16 / f32 (int4), u8 e8m0 (mxfp4)
   DType scale_dtype = DType::f32;
   std::vector<int64_t>
       scale_shape;                 // [1], [N], [G, N] or fp8 block scales [ceil(N/bn), ceil(K/bk)]
