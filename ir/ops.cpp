@@ -93,6 +93,9 @@ constexpr AttrSpec kMoeAttrs[] = {
     {"swiglu_limit", AttrKind::real, false,
      "clamped_swiglu: clamp of gate and up, > 0 (default 7)"},
     {"routed_scaling_factor", AttrKind::real, false, "scale of the routed sum (default 1)"},
+    {"glu_rows", AttrKind::string, false,
+     "w13's gate / up rows: \"halves\" (default: the I gate rows, then the I up rows) or "
+     "\"interleaved\" (GPT-OSS: gate i, up i alternate)"},
     // Quantized experts (one set for both projections; rules_gemm.cpp's rules).
     {"act_quant", AttrKind::string, false,
      "i8 experts: how both projections' inputs are quantized per token, \"dynamic_sym\" "
@@ -413,6 +416,7 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       // act_scale2): the IR op has no attributes for them yet, so it stays dynamic.
       one_of("act_quant", {"dynamic_sym", "dynamic_asym"});
       one_of("int4_route", {"automatic", "w4a16", "w4a8"});
+      one_of("glu_rows", {"halves", "interleaved"});
       one_of("activation", [] {
         std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
         v.push_back("clamped_swiglu");

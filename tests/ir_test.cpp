@@ -1060,6 +1060,8 @@ TEST(IrQuantExperts, PrintParseRoundTrips) {
                      "{format = \"awq\", group_size = 48, top_k = 2}"),
       moe_quant_text("f4e2m1", kMoeMxParams, "scale13 = %s13, scale2 = %s2",
                      "{activation = \"clamped_swiglu\", top_k = 2}"),
+      moe_quant_text("f4e2m1", kMoeMxParams, "scale13 = %s13, scale2 = %s2",
+                     "{activation = \"clamped_swiglu\", glu_rows = \"interleaved\", top_k = 2}"),
   };
   for (const std::string& t : texts) {
     SCOPED_TRACE(t);
@@ -1159,6 +1161,8 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
       {"f4e2m1", "%s13: tensor<4x128x4xu8>, %s2: tensor<4x128x1xu8>", i8n, "{top_k = 2}",
        "operand 'scale2' (%s2) has shape [4, 128, 1]; an f4e2m1 weight of N=128, K=64 takes "
        "scale2 as its e8m0 exponents, u8 [E, N, ceil(K/32)] = [4, 128, 2]"},
+      {"f4e2m1", kMoeMxParams, i8n, "{glu_rows = \"alternate\", top_k = 2}",
+       "attribute 'glu_rows' = \"alternate\" must be one of \"halves\", \"interleaved\""},
       {"f4e2m1", kMoeMxParams, i8n, "{format = \"gptq\", top_k = 2}",
        "attribute 'format' applies to u4 weights only; 'w13' (%w13) is f4e2m1"},
       // bf16, mixed formats and the named operands themselves

@@ -883,6 +883,20 @@ input_error "mxfp4: scale shape" "mxs.tir: error: %0 = gemm: operand 'scale' \\(
 sed -e 's/scale = %w_scales/scale = %w_scales {group_size = 32}/' "$EXAMPLES/gemm_mxfp4.tir" >"$Q/mxg.tir"
 input_error "mxfp4: an int4 attribute" "mxg.tir: error: %0 = gemm: attribute 'group_size' applies to u4 weights only; 'w' \\(%w\\) is f4e2m1" \
   "$TJ" dump "$Q/mxg.tir" --stage verified
+# glu_rows: GPT-OSS's interleaved gate / up rows (moe_mxfp4.tir has them) on
+# bf16 experts too, checked against the oracle on the rows put back in halves
+# order; dump names the pack_experts argument; another value is refused.
+sed -e 's/{activation = "silu", top_k = 2}/{activation = "silu", glu_rows = "interleaved", top_k = 2}/' \
+  "$EXAMPLES/moe_silu.tir" >"$Q/il.tir"
+for t in 1 9; do
+  ok "moe glu_rows interleaved (bf16): run T=$t --check" "$TJ" run "$Q/il.tir" --random-inputs 4 --dim T=$t --check
+  has "moe glu_rows interleaved (bf16): PASS (T=$t)" "$OUT" "^PASS \\("
+done
+ok "moe glu_rows interleaved: dump" "$TJ" dump "$Q/il.tir" --stage plan --dim T=2
+has "moe glu_rows interleaved: dump names it" "$OUT" "gate_up, GluRows::interleaved\\)"
+sed -e 's/glu_rows = "interleaved"/glu_rows = "alternate"/' "$Q/il.tir" >"$Q/il_bad.tir"
+input_error "moe glu_rows outside the enum" "il_bad.tir: error: %o = moe: attribute 'glu_rows' = \"alternate\" must be one of \"halves\", \"interleaved\"" \
+  "$TJ" dump "$Q/il_bad.tir" --stage verified
 sed -e 's/group_size = 128/group_size = 0/' "$EXAMPLES/gemm_int4_gptq.tir" >"$Q/g0.tir"
 input_error "int4: group_size 0" "g0.tir: error: %0 = gemm: attribute 'group_size' = 0; allowed: a group size >= 1 \\(32, 64, 128, ...\\) or -1" \
   "$TJ" dump "$Q/g0.tir" --stage plan

@@ -204,6 +204,19 @@ Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostT
   return e;
 }
 
+// One expert's w13 [2I, cols] from GPT-OSS's interleaved rows (gate i at
+// row 2i, up i at 2i + 1) to the halves order the oracle reads (the I gate
+// rows, then the I up rows); as given when the rows are already halves.
+template <class T>
+void w13_to_halves(GluRows rows, T* w, int64_t inter, int64_t cols) {
+  if (rows == GluRows::halves) return;
+  const std::vector<T> src(w, w + 2 * inter * cols);
+  for (int64_t i = 0; i < inter; ++i) {
+    std::copy_n(src.data() + (2 * i) * cols, cols, w + i * cols);
+    std::copy_n(src.data() + (2 * i + 1) * cols, cols, w + (inter + i) * cols);
+  }
+}
+
 // Bound of tests/moe_test.cpp (see its header for the derivation;
 // runtime/reference_error_bounds.h computes it), with its fp32 sums bounded
 // by fp32_sum_ulps(n)·u·Σ|t| instead of 8·u·Σ|t|, so that it holds for inputs of
@@ -223,6 +236,10 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
     if (ti.data<int32_t>()[i] < 0 || ti.data<int32_t>()[i] >= e_count)
       throw Error(fmt::format("check: topk_ids[{}, {}] = {} is outside [0, {})", i / k, i % k,
                               ti.data<int32_t>()[i], e_count));
+  // The gate / up rows in the oracle's halves order.
+  std::vector<uint16_t> w13h(w13.data<uint16_t>(), w13.data<uint16_t>() + w13.numel());
+  for (int64_t e = 0; e < e_count; ++e)
+    w13_to_halves(c.glu_rows, w13h.data() + e * 2 * inter * h, inter, h);
   runtime::ReferenceGlu glu;
   glu.act = c.moe.act;
   glu.clamped_swiglu = c.moe.clamped_swiglu;
@@ -240,8 +257,8 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
     a.i = inter;
     a.e = e_count;
     a.k = k;
-    moe_token_args(a, hidden.data<uint16_t>(), w13.data<uint16_t>(), w2.data<uint16_t>(),
-                   tw.data<float>(), ti.data<int32_t>(), tok, out.data() + tok * h);
+    moe_token_args(a, hidden.data<uint16_t>(), w13h.data(), w2.data<uint16_t>(), tw.data<float>(),
+                   ti.data<int32_t>(), tok, out.data() + tok * h);
     a.glu = glu;
     a.routed_scaling_factor = c.moe.routed_scaling_factor;
     a.abs_sum = abs_sum.data() + tok * h;
@@ -312,6 +329,8 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
     quant[e] = int8 || ops::w4a8_route(mq.format, h, c.moe.int4_route, isa, rows[e], "check");
   runtime::parallel_for(e_count, [&](int64_t e) {
     dequantize_exact(expert_matrix(f, c, inputs, 0, e), w13.data() + e * n13, m13.data() + e * n13);
+    w13_to_halves(c.glu_rows, w13.data() + e * n13, inter, h);
+    w13_to_halves(c.glu_rows, m13.data() + e * n13, inter, h);
     dequantize_exact(expert_matrix(f, c, inputs, 1, e), w2.data() + e * n2, m2.data() + e * n2);
     if (quant[e] || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows[e])) return;
     // The dequant route: the weights rounded once to bf16, bf16(f32(v·s)).

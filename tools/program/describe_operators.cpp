@@ -165,7 +165,8 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           arg(0), arg(1), arg(2), out, arg(3), arg(4), sm_scale_of(c, d),
           o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.softcap, scales);
     }
-    default:
+    default: {
+      const char* glu_rows = c.glu_rows == GluRows::interleaved ? ", GluRows::interleaved" : "";
       if (c.moe_quant.quantized()) {
         // One checkpoint description per expert, views at e of the [E, ...] inputs.
         const MoeQuant& q = c.moe_quant;
@@ -183,12 +184,12 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           params = fmt::format(", {}, group_size {}{}", weight_format_name(q.format), q.group_size,
                                q.gptq_v2 ? ", gptq_v2" : "");
         return fmt::format(
-            "w13p = tilejit::pack_experts(E {} of {} with {}{}, gate_up), w2p = "
+            "w13p = tilejit::pack_experts(E {} of {} with {}{}, gate_up{}), w2p = "
             "tilejit::pack_experts(E {} of {} with {}{}, down) once when the inputs are bound; "
             "then tilejit::fused_experts(hidden = {}, w13p, w2p, topk_weights = {}, topk_ids = {}, "
             "out = {}, {{.act = {}{}}})",
-            desc, arg(1), named(0), params, desc, arg(2), named(1), params, arg(0), arg(3), arg(4),
-            out, moe_act_text(c.moe),
+            desc, arg(1), named(0), params, glu_rows, desc, arg(2), named(1), params, arg(0),
+            arg(3), arg(4), out, moe_act_text(c.moe),
             q.format == WeightFormat::int8
                 ? fmt::format(", .act_quant = {}", c.moe.act_quant == ActQuant::dynamic_asym
                                                        ? "dynamic_asym"
@@ -196,10 +197,11 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
                 : "");
       }
       return fmt::format(
-          "w13p = tilejit::pack_experts({}, gate_up), w2p = tilejit::pack_experts({}, down) once "
-          "when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
+          "w13p = tilejit::pack_experts({}, gate_up{}), w2p = tilejit::pack_experts({}, down) "
+          "once when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
           "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}}})",
-          arg(1), arg(2), arg(0), arg(3), arg(4), out, moe_act_text(c.moe));
+          arg(1), glu_rows, arg(2), arg(0), arg(3), arg(4), out, moe_act_text(c.moe));
+    }
   }
 }
 

@@ -153,6 +153,9 @@ OperatorProgram match_operator_program(const ir::Function& f) {
                            : route == "w4a16" ? Int4Route::w4a16
                                               : Int4Route::automatic;
         c.top_k = *a.get_int("top_k");
+        c.glu_rows = a.get_string("glu_rows").value_or("halves") == "interleaved"
+                         ? GluRows::interleaved
+                         : GluRows::halves;
         // The verifier allowed only the gated activations or clamped_swiglu.
         const std::string act = a.get_string("activation").value_or("silu");
         c.moe.act = ir::activation_from_name(act).value_or(Activation::silu);

@@ -61,6 +61,7 @@ struct OperatorCall {
   AttentionOptions attention;
   MoeOptions moe;
   MoeQuant moe_quant;
+  GluRows glu_rows = GluRows::halves;  // moe: how w13 stacks its gate and up rows
   int64_t top_k = 0;
 
   // "tilejit::rope", "tilejit::flash_attn_varlen", "tilejit::fused_experts".

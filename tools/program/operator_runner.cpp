@@ -58,6 +58,7 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
   const MoeQuant& mq = c.moe_quant;
   const int64_t experts = f.value(operand(f, c, 1)).type.dims.at(0).value;
   const ExpertProj p = proj == 0 ? ExpertProj::gate_up : ExpertProj::down;
+  const GluRows rows = proj == 0 ? c.glu_rows : GluRows::halves;
   auto view = [](const void* data, DType t, std::vector<int64_t> shape) {
     return TensorView(const_cast<void*>(data), t, std::move(shape));
   };
@@ -99,10 +100,10 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
       }
     }
   }
-  if (mq.format == WeightFormat::int8) return pack_experts(i8, p);
-  if (mq.format == WeightFormat::fp8_e4m3) return pack_experts(f8, p);
-  if (mq.format == WeightFormat::mxfp4) return pack_experts(mx, p);
-  return pack_experts(u4, p);
+  if (mq.format == WeightFormat::int8) return pack_experts(i8, p, rows);
+  if (mq.format == WeightFormat::fp8_e4m3) return pack_experts(f8, p, rows);
+  if (mq.format == WeightFormat::mxfp4) return pack_experts(mx, p, rows);
+  return pack_experts(u4, p, rows);
 }
 
 struct OperatorRunner::Bound {
@@ -190,7 +191,7 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
       const HostTensor& w13 = inputs.at(f_.value(operand(f_, c, 1)).name);
       const HostTensor& w2 = inputs.at(f_.value(operand(f_, c, 2)).name);
       b->w13[i] = pack_experts(TensorView(w13.data<uint16_t>(), DType::bf16, w13.shape),
-                               ExpertProj::gate_up);
+                               ExpertProj::gate_up, c.glu_rows);
       b->w2[i] =
           pack_experts(TensorView(w2.data<uint16_t>(), DType::bf16, w2.shape), ExpertProj::down);
     } else if (c.kind == ir::OpKind::attention) {
