@@ -63,8 +63,9 @@ struct BrgemmArgs {
   // Quantized-weight kernels (b = u4 or f8e4m3, xbyak/quant_brgemm.cpp) only:
   // B = b[0] holds the column block's codes in the packed k-pair order
   // (ops/packed_weight_impl.h, QuantTables), q_groups[kp] names the scale row
-  // of k-pair row kp, q_scales is [G][64] f32 and q_zeros [G][64] u8 (with
-  // desc.b_zeros; otherwise every zero point is 8 for u4, none for fp8).
+  // of k-pair row kp, q_scales is [G][64] f32 (f4e2m1: the e8m0 exponent
+  // bytes u8 [G][64], 2^(e − 127) made at the fold) and q_zeros [G][64] u8
+  // (with desc.b_zeros; otherwise every zero point is 8 for u4, none for fp8).
   const int32_t* q_groups;
   const float* q_scales;
   const uint8_t* q_zeros;

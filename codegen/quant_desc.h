@@ -50,7 +50,9 @@ namespace tilejit::codegen {
 struct DequantArgs {
   const uint8_t* codes;   // the chunk's first k-pair row of codes
   const int32_t* groups;  // [rows] scale group of each k-pair row
-  const float* scales;    // [G][64] f32: this column block's scale rows
+  // [G][64] f32: this column block's scale rows; f4e2m1: the e8m0 exponent
+  // bytes u8 [G][64] (the kernel makes 2^(e − 127) per group).
+  const float* scales;
   const uint8_t* zeros;   // [G][64] u8: this column block's zero points (int4 with zeros), or null
   void* out;              // [rows][64][2] bf16, or (out i8) [⌈rows/2⌉][64][4] s8
   int64_t rows;           // k-pair rows (>= 0)

@@ -294,7 +294,7 @@ void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratc
                       codegen::BrgemmArgs& args) {
   const QuantTables& q = *p.quant;
   args.q_groups = q.groups.data();
-  args.q_scales = reinterpret_cast<const float*>(q.scales.get()) + block * q.n_groups * kBlockN;
+  args.q_scales = q.scale_rows(block);
   args.q_zeros = q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) +
                                           block * q.n_groups * kBlockN
                                     : nullptr;
@@ -314,7 +314,6 @@ void run_dequant_block(const PackedWeight::Impl& p, const GemmExecutable& exe,
   job.ld_partial = kBlockN * 4;
   job.b_block = reinterpret_cast<const uint8_t*>(chunk);
   job.b_is_chunk = true;
-  const auto* scales = reinterpret_cast<const float*>(q.scales.get());
   const auto* zeros = reinterpret_cast<const uint8_t*>(q.zeros.get());
   for (int64_t c = 0; c < plan.k_chunks; ++c) {
     const int64_t k0 = c * plan.kc;
@@ -322,7 +321,7 @@ void run_dequant_block(const PackedWeight::Impl& p, const GemmExecutable& exe,
     codegen::DequantArgs d{};
     d.codes = p.bytes() + block * p.code_block_bytes() + k0 / 2 * q.code_row_bytes;
     d.groups = q.groups.data() + k0 / 2;
-    d.scales = scales + block * q.n_groups * kBlockN;
+    d.scales = q.scale_rows(block);
     d.zeros = zeros != nullptr ? zeros + block * q.n_groups * kBlockN : nullptr;
     d.out = chunk;
     d.rows = (klen + 31) / 32 * 16;

@@ -302,7 +302,7 @@ void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, c
   const QuantTables& q = *p.quant;
   const W4A8Order& o = *o_;
   const int64_t G = q.n_groups;
-  const float* block_scales = reinterpret_cast<const float*>(q.scales.get()) + block * G * kBlockN;
+  const float* block_scales = q.scale_rows(block);  // int4: f32
   const uint8_t* block_zeros =
       q.zeros != nullptr ? reinterpret_cast<const uint8_t*>(q.zeros.get()) + block * G * kBlockN
                          : nullptr;

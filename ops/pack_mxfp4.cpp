@@ -122,16 +122,22 @@ PackedWeight pack_mxfp4(const Mxfp4Weight& w, std::vector<int64_t> row_of) {
       col[j * 64] = b;
     }
   }
-  t.scales = zeroed(static_cast<size_t>(geo.n_blocks() * G * kBlockN) * 4);
-  auto* s = reinterpret_cast<float*>(t.scales.get());
+  // The e8m0 bytes themselves (padding columns: e = 0 on zero codes, i.e.
+  // weight 0); the kernels make 2^(e − 127) once per group.
+  const size_t entries = static_cast<size_t>(geo.n_blocks() * G * kBlockN);
+  t.scales = zeroed(entries);
+  t.scale_entry_bytes = 1;
+  auto* s = reinterpret_cast<uint8_t*>(t.scales.get());
+  std::vector<float> values(entries, 0.0f);  // for normal_products
   for (int64_t n = 0; n < N; ++n) {
     const int64_t pr = t.packed_row(n);
-    for (int64_t g = 0; g < G; ++g)
-      s[(pr / kBlockN * G + g) * kBlockN + pr % kBlockN] =
-          runtime::e8m0_to_f32(sc[n * w.scales.strides[0] + g * w.scales.strides[1]]);
+    for (int64_t g = 0; g < G; ++g) {
+      const size_t at = static_cast<size_t>((pr / kBlockN * G + g) * kBlockN + pr % kBlockN);
+      s[at] = sc[n * w.scales.strides[0] + g * w.scales.strides[1]];
+      values[at] = runtime::e8m0_to_f32(s[at]);
+    }
   }
-  t.normal_products =
-      normal_products(s, static_cast<size_t>(geo.n_blocks() * G * kBlockN), DType::f4e2m1);
+  t.normal_products = normal_products(values.data(), entries, DType::f4e2m1);
   impl->layout_name = quant_layout_name(*impl);
   return PackedWeight(std::move(impl));
 }

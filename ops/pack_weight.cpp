@@ -48,7 +48,7 @@ size_t PackedWeight::packed_bytes() const {
   const ops::QuantTables& q = *p.quant;
   const int64_t cols = p.run_layout().n_blocks() * codegen::PackedLayout::kBlockN;
   size_t bytes = p.data_bytes + q.groups.size() * 4 + q.perm.size() * 4;
-  if (q.scales) bytes += static_cast<size_t>(cols * q.n_groups) * 4;
+  if (q.scales) bytes += static_cast<size_t>(cols * q.n_groups * q.scale_entry_bytes);
   if (q.zeros) bytes += static_cast<size_t>(cols * q.n_groups);
   if (q.col_scale) bytes += static_cast<size_t>(cols) * 8;
   return bytes;

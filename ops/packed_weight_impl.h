@@ -48,7 +48,15 @@ struct QuantTables {
   int64_t code_row_bytes = 0;   // 128 (fp8) or 64 (int4)
   int64_t n_groups = 1;         // G: scale rows per column block
   std::vector<int32_t> groups;  // [k_pairs] the scale row of each k-pair row
-  std::unique_ptr<std::byte[], runtime::FreeDeleter> scales;  // f32 [nb][G][64]
+  // f32 [nb][G][64]; MXFP4: its e8m0 exponent bytes u8 [nb][G][64] (the
+  // kernels make 2^(e − 127) per group: a quarter of the bytes an f32 table
+  // streams in decode).
+  std::unique_ptr<std::byte[], runtime::FreeDeleter> scales;
+  int64_t scale_entry_bytes = 4;  // 4 (f32), 1 (e8m0)
+  // The scale rows [G][64] of column block `block`, as the kernels take them.
+  const float* scale_rows(int64_t block) const {
+    return reinterpret_cast<const float*>(scales.get() + block * n_groups * 64 * scale_entry_bytes);
+  }
   std::unique_ptr<std::byte[], runtime::FreeDeleter> zeros;   // u8 [nb][G][64] (int4 with zeros)
   // perm[p] = the input channel at packed position p, −1 for padding; empty
   // when the order is the identity (no gather of x).

@@ -6,12 +6,15 @@
 // the 128 positions of a row; int4, every nibble value in both halves of every column, with the
 // default zero point 8 and with zero points 0..16 (GPTQ v1 can give 16); MXFP4 (e2m1), every
 // nibble value in both halves of every column under every e8m0 scale 2^(e − 127), e = 0..254
-// (e = 0 and 1 give f32 subnormal products), and under the general scales; scales normal, zero,
-// subnormal, huge (products overflowing to Inf), Inf and NaN (a NaN result stays NaN, with the
-// reference's bits); rows 0, 1, 2, 37, 254; groups changing every row, constant, monotone.
+// (e = 0 and 1 give f32 subnormal products), the scales passed as the raw exponent bytes
+// u8 [G][64] through the `const float*` DequantArgs::scales; fp8 and int4 under f32 scales
+// normal, zero, subnormal, huge (products overflowing to Inf), Inf and NaN (a NaN result stays
+// NaN, with the reference's bits); rows 0, 1, 2, 37, 254; groups changing every row, constant,
+// monotone.
 //
 // No tolerance: the contract is exact f32 arithmetic (one multiply, RNE) and
-// bf16 round-to-nearest-even, so every output must equal the reference's.
+// bf16 round-to-nearest-even, so every output must equal the reference's
+// (MXFP4: bf16(e2m1 value · 2^(e − 127)), computed here from the bytes).
 // Traps: codes, groups, scales and zeros end at a PROT_NONE page (reading
 // past them faults); out lies between sentinel zones (a store past the rows
 // fails).
@@ -19,6 +22,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +36,8 @@
 #include "codegen/quant_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/kernel.h"
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
 #include "runtime/reference_quant.h"
 #include "test_util.h"
 
@@ -121,7 +127,8 @@ struct DequantCase {
   int64_t groups = 1;              // G: scale rows
   std::vector<uint8_t> codes;      // [rows][128 or 64]
   std::vector<int32_t> group;      // [rows]
-  std::vector<float> scales;       // [G][64]
+  std::vector<float> scales;       // [G][64] (fp8, u4)
+  std::vector<uint8_t> e8m0;       // [G][64] (f4e2m1): exponent bytes, scale 2^(e − 127)
   std::vector<uint8_t> zero_rows;  // [G][64] (zeros only)
 
   DequantDesc desc(Isa isa) const {
@@ -132,7 +139,28 @@ struct DequantCase {
     return d;
   }
   int64_t row_bytes() const { return code == DType::f8e4m3 ? 128 : 64; }
+  // Every product code value · scale normal or zero (what DequantDesc::
+  // normal_products requires). f4e2m1: |v| >= 0.5 for v != 0, so 2^(e − 127)
+  // keeps every product normal iff e >= 2.
+  bool normal_products_only() const {
+    if (code != DType::f4e2m1) return true;  // fp8 / u4: the tame scale kinds
+    for (uint8_t e : e8m0)
+      if (e < 2) return false;
+    return true;
+  }
 };
+
+float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The e8m0 scale 2^(e − 127) as f32 from its bits: e = 0 is the subnormal
+// 0x00400000 (e = 255, NaN, never occurs: packing refuses it).
+float e8m0_f32(uint8_t e) {
+  return bits_f32(e == 0 ? 0x00400000u : uint32_t(e) << 23);
+}
 
 constexpr int64_t kGuard = 128;  // sentinel elements before and after out
 constexpr uint16_t kSentinel = 0x7fa5;
@@ -152,7 +180,8 @@ const T* guarded(std::vector<std::unique_ptr<GuardedBuffer>>& bufs, const std::v
   DequantArgs args{};
   args.codes = guarded(bufs, c.codes);
   args.groups = guarded(bufs, c.group);
-  args.scales = guarded(bufs, c.scales);
+  args.scales = c.code == DType::f4e2m1 ? reinterpret_cast<const float*>(guarded(bufs, c.e8m0))
+                                        : guarded(bufs, c.scales);
   args.zeros = c.zeros ? guarded(bufs, c.zero_rows) : nullptr;
   args.out = out.data() + kGuard;
   args.rows = c.rows;
@@ -163,9 +192,20 @@ const T* guarded(std::vector<std::unique_ptr<GuardedBuffer>>& bufs, const std::v
   std::vector<uint16_t> want(128);
   for (int64_t r = 0; r < c.rows; ++r) {
     const int32_t g = c.group[size_t(r)];
-    runtime::reference_dequant_row(c.code, &c.codes[size_t(r * c.row_bytes())],
-                                   &c.scales[size_t(g * 64)],
-                                   c.zeros ? &c.zero_rows[size_t(g * 64)] : nullptr, want.data());
+    if (c.code == DType::f4e2m1) {
+      // bf16(e2m1 value · 2^(e − 127)): the f32 product (exact or a rounded
+      // subnormal), rounded to bf16.
+      for (int i = 0; i < 128; ++i) {
+        const int col = i / 2;
+        const uint8_t nib = uint8_t((c.codes[size_t(r * 64 + col)] >> (4 * (i % 2))) & 0xF);
+        want[size_t(i)] =
+            f32_to_bf16(runtime::e2m1_to_f32(nib) * e8m0_f32(c.e8m0[size_t(g * 64 + col)]));
+      }
+    } else {
+      runtime::reference_dequant_row(c.code, &c.codes[size_t(r * c.row_bytes())],
+                                     &c.scales[size_t(g * 64)],
+                                     c.zeros ? &c.zero_rows[size_t(g * 64)] : nullptr, want.data());
+    }
     for (int i = 0; i < 128; ++i) {
       const uint16_t got = out[size_t(kGuard + r * 128 + i)];
       if (got != want[size_t(i)] && bad++ < 8) {
@@ -173,9 +213,13 @@ const T* guarded(std::vector<std::unique_ptr<GuardedBuffer>>& bufs, const std::v
         const uint8_t byte =
             c.code == DType::f8e4m3 ? c.codes[size_t(r * 128 + i)] : c.codes[size_t(r * 64 + col)];
         msg += fmt::format(
-            "\n  row {} column {} parity {}: code byte 0x{:02x}, group {}, scale {:a}{}: got "
+            "\n  row {} column {} parity {}: code byte 0x{:02x}, group {}, scale {}{}: got "
             "0x{:04x}, reference 0x{:04x}",
-            r, col, p, byte, g, c.scales[size_t(g * 64 + col)],
+            r, col, p, byte, g,
+            c.code == DType::f4e2m1
+                ? fmt::format("{:a} (e8m0 {})", e8m0_f32(c.e8m0[size_t(g * 64 + col)]),
+                              c.e8m0[size_t(g * 64 + col)])
+                : fmt::format("{:a}", c.scales[size_t(g * 64 + col)]),
             c.zeros ? fmt::format(", zero {}", c.zero_rows[size_t(g * 64 + col)]) : "", got,
             want[size_t(i)]);
       }
@@ -195,12 +239,6 @@ const T* guarded(std::vector<std::unique_ptr<GuardedBuffer>>& bufs, const std::v
 
 // ---------------------------------------------------------------------------
 // Inputs.
-
-float bits_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // A scale of one of the kinds the contract must survive, chosen by `kind`.
 float scale_of(std::mt19937& rng, int kind) {
@@ -304,10 +342,12 @@ DequantCase u4_case(int64_t rows, int64_t groups, bool zeros, Groups how, bool t
 }
 
 // MXFP4: the int4 case's nibble pattern (every value in both halves of every
-// column over 16 rows); scales the e8m0 values 2^(e − 127), column c of group
-// g taking e = (g·64 + c + shift) mod 255, so 4 groups hold every e in
-// [0, 254] (e = 255 is NaN: packing refuses it); `e8m0` false: the general
-// scale kinds of fill_scales instead (the kernel's contract is any f32 scale).
+// column over 16 rows); scales e8m0 exponent bytes e (scale 2^(e − 127); e = 255
+// is NaN: packing refuses it). `e8m0`: column c of group g takes
+// e = (g·64 + c + seed) mod 255, so 4 groups hold every e in [0, 254].
+// Otherwise `tame`: random e in 119..130 (every product normal: e >= 2); not
+// tame: the bytes 0..254 repeated over the G·64 slots in random places (every
+// byte once G >= 4; e = 0 and 1 give subnormal products).
 DequantCase mx_case(int64_t rows, int64_t groups, Groups how, bool e8m0, bool tame, uint32_t seed) {
   DequantCase c = u4_case(rows, groups, false, how, tame, seed);
   c.what = fmt::format("mxfp4 rows {} groups {} ({}){}", rows, groups, int(how),
@@ -315,10 +355,14 @@ DequantCase mx_case(int64_t rows, int64_t groups, Groups how, bool e8m0, bool ta
                        : tame ? " tame"
                               : "");
   c.code = DType::f4e2m1;
-  if (e8m0)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int col = 0; col < 64; ++col)
-        c.scales[size_t(g * 64 + col)] = std::ldexp(1.0f, int((g * 64 + col + seed) % 255) - 127);
+  c.scales.clear();
+  std::mt19937 rng(seed * 2654435761u + 17);
+  c.e8m0.resize(size_t(groups * 64));
+  for (int64_t i = 0; i < groups * 64; ++i)
+    c.e8m0[size_t(i)] = e8m0   ? uint8_t((i + seed) % 255)
+                        : tame ? uint8_t(127 - 8 + int(rng() % 12))
+                               : uint8_t(i % 255);
+  if (!e8m0 && !tame) std::shuffle(c.e8m0.begin(), c.e8m0.end(), rng);
   return c;
 }
 
@@ -393,11 +437,13 @@ TEST_P(DequantKernelTest, NormalProductsVariantOnTameScales) {
                                     std::pair{DType::u4, true}, std::pair{DType::f4e2m1, false}}) {
     const DequantKernel k = make(code, zeros, true);
     for (int64_t rows : kRows)
-      for (Groups how : kGroups)
-        EXPECT_TRUE(run_and_check(k, code == DType::u4 ? u4_case(rows, 5, zeros, how, true, seed++)
-                                     : code == DType::f4e2m1
-                                         ? mx_case(rows, 5, how, false, true, seed++)
-                                         : fp8_case(rows, 5, how, true, seed++)));
+      for (Groups how : kGroups) {
+        const DequantCase c = code == DType::u4       ? u4_case(rows, 5, zeros, how, true, seed++)
+                              : code == DType::f4e2m1 ? mx_case(rows, 5, how, false, true, seed++)
+                                                      : fp8_case(rows, 5, how, true, seed++);
+        ASSERT_TRUE(c.normal_products_only()) << c.what;
+        EXPECT_TRUE(run_and_check(k, c));
+      }
   }
 }
 
@@ -427,6 +473,17 @@ TEST_P(DequantKernelTest, RandomRows) {
 INSTANTIATE_TEST_SUITE_P(Makers, DequantKernelTest, ::testing::ValuesIn(maker_names()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DequantKernelTest);
+
+// The oracle's e8m0 decoding (from the f32 bits) is runtime::e8m0_to_f32's.
+TEST(DequantKernelOracle, E8m0BitsMatchRuntime) {
+  for (int e = 0; e < 255; ++e) {
+    const float a = e8m0_f32(uint8_t(e)), b = runtime::e8m0_to_f32(uint8_t(e));
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    EXPECT_EQ(ua, ub) << "e = " << e;
+  }
+}
 
 TEST(DequantKernelMakers, SomeKernelIsBuilt) {
   EXPECT_FALSE(maker_names().empty());

@@ -4,7 +4,9 @@
 // group tables (the packed k-pair order of ops/packed_weight_impl.h):
 //   fp8: codes[kp][c][2] bytes (128 a k-pair row); int4 and MXFP4 (e2m1):
 //   codes[kp][c] bytes, low nibble = even k (64 a row); groups[kp] the scale row of k-pair row
-//   kp; scales [G][64] f32, zeros [G][64] u8 (u4 with zeros).
+//   kp; scales [G][64] f32 (u4, fp8) or, for MXFP4, the e8m0 exponent bytes
+//   u8 [G][64] (s = 2^(e − 127), e = 0 the f32 subnormal 2^-127; passed through
+//   the `const float*` q_scales), zeros [G][64] u8 (u4 with zeros).
 // Contract: y[r][c] = act(Σ_g s[g][c]·Σ_{k∈g} a[r][k]·(q[k][c] − z[g][c]) + bias[c]),
 // fp8: the e4m3 value instead of q − z, MXFP4 the e2m1 value (decoded here
 // from its bit fields); z = 8 for u4 without zeros.
@@ -20,6 +22,9 @@
 //   fp8all_*  every e4m3 code (zero, ±0, subnormals, ±448) in every column;
 //   zeros_*   u4 zero points all 0 / all 16 with codes 0 / 15.
 //   hugex_*   every format with A ~2^100 and scales ~2^-100 (no overflow).
+//   e8m0ext_* MXFP4 with exponent bytes 0 and 254: A scaled by 2^±110 by
+//             group parity, each column mixing one extreme byte with a
+//             balancing one (34 / 220) so both halves count in every output.
 // The llvm row (llvm_* names) takes every case of epi_ / groups_ / codes_ too,
 // and of shape_ every format × mr with the nr and kb lists zipped (each an
 // LLVM compile: the full cross product would take minutes), plus MXCSR's
@@ -31,9 +36,9 @@
 // Traps: A, the code block, groups, scales, zeros and bias each end at a
 // PROT_NONE page (GuardedBuffer). A rows of an odd kb are followed by a NaN
 // (lda = kb + 1) and the last row ends at the guard: the kernel must never
-// read the element past a row. Scales past nr are NaN, codes past nr random:
-// masked lanes must not leak into stores. C sits between sentinel guard
-// zones with sentinel row padding.
+// read the element past a row. Scales past nr are NaN (MXFP4: random exponent
+// bytes), codes past nr random: masked lanes must not leak into stores. C
+// sits between sentinel guard zones with sentinel row padding.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -103,10 +108,11 @@ struct QCase {
   Activation act = Activation::none;
   DType out = DType::f32;
   Codes codes = Codes::random;
-  int zero = -1;     // u4zp: -1 random 0..16, else every zero point
-  bool daz = false;  // run with MXCSR's DAZ and FTZ set
-  int x_exp = 0;     // A scaled by 2^x_exp and the scales by 2^-x_exp (exact)
-  bool dot = false;  // u4: BrgemmDesc::u4_bf16_dot (vdpbf16ps at mr <= 3 too)
+  int zero = -1;       // u4zp: -1 random 0..16, else every zero point
+  bool daz = false;    // run with MXCSR's DAZ and FTZ set
+  int x_exp = 0;       // A scaled by 2^x_exp and the scales by 2^-x_exp (exact)
+  bool dot = false;    // u4: BrgemmDesc::u4_bf16_dot (vdpbf16ps at mr <= 3 too)
+  bool ext_e = false;  // mx: exponent bytes 0 / 254 (header: e8m0ext_)
 
   BrgemmDesc desc() const {
     BrgemmDesc d;
@@ -131,6 +137,7 @@ struct QCase {
     if (codes == Codes::max) s += "_qmax";
     if (zero >= 0) s += fmt::format("_z{}", zero);
     if (dot) s += "_dot";
+    if (ext_e) s += "_e0e254";
     return s + "_" + dtype_name(out);
   }
 };
@@ -150,13 +157,24 @@ double e2m1(int q) {
 }
 constexpr int64_t kGuard = kBrgemmGuard;
 
+// The e8m0 exponent byte of the power of two nearest to m > 0 (linearly:
+// f·2^x, f in [0.5, 1), is 2^(x-1) below f = 0.75, else 2^x), clamped to the
+// byte range 0..254 (255 is NaN: packing refuses it).
+uint8_t nearest_e8m0(double m) {
+  int x = 0;
+  const double f = std::frexp(m, &x);
+  const int p = f < 0.75 ? x - 1 : x;
+  return uint8_t(std::clamp(p + 127, 0, 254));
+}
+
 struct QData {
   QCase c;
   int64_t lda = 0, ldc = 0, pairs = 0, groups_n = 1;
   std::vector<uint16_t> x;      // [mr][kb]
   std::vector<uint8_t> q;       // [kb][64] code per (k, column): nibble or e4m3 byte
   std::vector<int32_t> groups;  // [pairs]
-  std::vector<float> scales;    // [G][64]
+  std::vector<float> scales;    // [G][64] (u4, fp8)
+  std::vector<uint8_t> e8m0;    // [G][64] (mx): exponent bytes, s = 2^(e − 127)
   std::vector<uint8_t> zeros;   // [G][64]
   std::vector<float> bias;      // [nr]
   std::vector<std::unique_ptr<GuardedBuffer>> bufs;
@@ -178,6 +196,11 @@ struct QData {
     return b.as<T>();
   }
   int group_of(int64_t k) const { return groups[size_t(k / 2)]; }
+  // The scale of group g, column j, exactly.
+  double scale(int g, int j) const {
+    if (c.fmt == Fmt::mx) return std::ldexp(1.0, int(e8m0[size_t(g * 64 + j)]) - 127);
+    return scales[size_t(g * 64 + j)];
+  }
   // The logical weight value (without the scale) of (k, column j).
   double value(int64_t k, int j) const {
     const uint8_t code = q[size_t(k * 64 + j)];
@@ -277,6 +300,14 @@ QData make_data(const QCase& c) {
   const double a = std::sqrt(3.0);
   d.x = random_bf16(size_t(c.mr * c.kb), uint32_t(rng()), float(-a), float(a));
   for (uint16_t& v : d.x) v = f32_to_bf16(std::ldexp(bf16_to_f32(v), c.x_exp));
+  // e8m0ext: A of even groups times 2^kExt, of odd groups times 2^-kExt (exact).
+  constexpr int kExt = 110;
+  if (c.ext_e)
+    for (int r = 0; r < c.mr; ++r)
+      for (int64_t k = 0; k < c.kb; ++k) {
+        uint16_t& v = d.x[size_t(r * c.kb + k)];
+        v = f32_to_bf16(std::ldexp(bf16_to_f32(v), d.group_of(k) % 2 == 0 ? kExt : -kExt));
+      }
   double wsq = 0;
   for (int64_t k = 0; k < c.kb; ++k)
     for (int j = 0; j < 64; ++j) {
@@ -285,13 +316,34 @@ QData make_data(const QCase& c) {
     }
   const double wrms = std::sqrt(wsq / double(c.kb * 64)) + 1e-3;
   const double sbase = 5.0 / (std::sqrt(double(c.kb)) * wrms);
-  d.scales.resize(size_t(d.groups_n * 64));
-  for (int64_t g = 0; g < d.groups_n; ++g)
-    for (int j = 0; j < 64; ++j)
-      d.scales[size_t(g * 64 + j)] = j < c.nr
-                                         ? float(std::ldexp(sbase * uniform(0.5, 1.5), -c.x_exp) *
-                                                 (uniform_int(0, 3) == 0 ? -1 : 1))
-                                         : std::nanf("");
+  if (c.fmt == Fmt::mx) {
+    // e8m0 scales are positive powers of two: the one nearest the same
+    // magnitude; past nr any byte. e8m0ext: even columns take byte 0 in even
+    // groups (a·v·2^(kExt − 127)) and 2·kExt in odd ones (the same
+    // magnitude), odd columns 254 in odd groups (a·v·2^(127 − kExt)) and
+    // 254 − 2·kExt in even ones.
+    d.e8m0.resize(size_t(d.groups_n * 64));
+    for (int64_t g = 0; g < d.groups_n; ++g)
+      for (int j = 0; j < 64; ++j) {
+        uint8_t e;
+        if (j >= c.nr)
+          e = uint8_t(uniform_int(0, 254));
+        else if (c.ext_e)
+          e = uint8_t(j % 2 == 0 ? (g % 2 == 0 ? 0 : 2 * kExt)
+                                 : (g % 2 == 0 ? 254 - 2 * kExt : 254));
+        else
+          e = nearest_e8m0(std::ldexp(sbase * uniform(0.5, 1.5), -c.x_exp));
+        d.e8m0[size_t(g * 64 + j)] = e;
+      }
+  } else {
+    d.scales.resize(size_t(d.groups_n * 64));
+    for (int64_t g = 0; g < d.groups_n; ++g)
+      for (int j = 0; j < 64; ++j)
+        d.scales[size_t(g * 64 + j)] = j < c.nr
+                                           ? float(std::ldexp(sbase * uniform(0.5, 1.5), -c.x_exp) *
+                                                   (uniform_int(0, 3) == 0 ? -1 : 1))
+                                           : std::nanf("");
+  }
 
   // A rows (lda elements, the padding NaN); the last row ends at the guard.
   {
@@ -319,7 +371,8 @@ QData make_data(const QCase& c) {
     d.b_ptr = d.guarded_copy(b);
   }
   d.groups_ptr = d.guarded_copy(d.groups);
-  d.scales_ptr = d.guarded_copy(d.scales);
+  d.scales_ptr = c.fmt == Fmt::mx ? reinterpret_cast<const float*>(d.guarded_copy(d.e8m0))
+                                  : d.guarded_copy(d.scales);
   if (c.fmt == Fmt::u4zp) d.zeros_ptr = d.guarded_copy(d.zeros);
   if (c.bias == BiasKind::f32) {
     d.bias = random_f32(size_t(c.nr), uint32_t(rng()), -5, 5);
@@ -380,7 +433,7 @@ std::vector<uint8_t> run(const QData& d, BrgemmFn fn) {
       double pre = 0, sabs = 0, oabs = 0;
       for (int64_t k = 0; k < c.kb; ++k) {
         const double a = bf16_to_f32(d.x[size_t(r * c.kb + k)]);
-        const double s = d.scales[size_t(d.group_of(k) * 64 + j)];
+        const double s = d.scale(d.group_of(k), j);
         pre += a * d.value(k, j) * s;
         sabs += std::fabs(a) * (d.code_abs(k, j) + d.zero_abs(k, j)) * std::fabs(s);
         if (c.fmt == Fmt::u4 || c.fmt == Fmt::u4zp)
@@ -574,6 +627,16 @@ std::vector<QCase> huge_x_cases() {
       c.isa = isa;
       c.fmt = f, c.mr = 2, c.kb = 1000, c.groups = Groups::every64, c.x_exp = 100;
       c.codes = Codes::max;
+      v.push_back(c);
+    }
+  // MXFP4 exponent bytes 0 and 254 (header: e8m0ext_).
+  for (Isa isa : {Isa::avx512, Isa::llvm})
+    for (Groups g : {Groups::every32, Groups::irregular}) {
+      QCase c;
+      c.group = "e8m0ext";
+      c.isa = isa;
+      c.fmt = Fmt::mx, c.mr = g == Groups::every32 ? 2 : 4, c.nr = 33, c.kb = 1000, c.groups = g;
+      c.ext_e = true;
       v.push_back(c);
     }
   return v;

@@ -895,8 +895,14 @@ class BrgemmEmitter : public KernelEmitter {
     std::vector<llvm::Value*> s_all, z_all;
     if (planes()) {
       for (int v = 0; v < 4; ++v) {
+        // MXFP4's q_scales are its e8m0 bytes, 64 per group row.
         s_all.push_back(
-            invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(16 * v)), 4));
+            d_.b_type == DType::f4e2m1
+                ? vm_.e8m0_to_f32(invariant_load(
+                      vec(b_.getInt8Ty(), int(vm_.lanes())),
+                      byte_gep(arg(TILEJIT_ARG(Args, q_scales)), b_.CreateAdd(grow, i64(16 * v))),
+                      1))
+                : invariant_load(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), srow, i64(16 * v)), 4));
         if (d_.b_type == DType::u4)
           z_all.push_back(
               d_.b_zeros

@@ -87,7 +87,11 @@ class DequantEmitter : public KernelEmitter {
                              llvm::Align(4)),
         b_.getInt64Ty());
     llvm::Value* grow = b_.CreateMul(g, i64(kCols));  // element index of the group's row
-    llvm::Value* scale_row = b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, scales)), grow);
+    // f32 scales, or MXFP4's e8m0 bytes (DequantArgs::scales).
+    const bool e8m0 = d_.code == DType::f4e2m1;
+    llvm::Value* scale_row =
+        e8m0 ? byte_gep(arg(TILEJIT_ARG(Args, scales)), grow)
+             : b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, scales)), grow);
     llvm::Value* zero_row =
         d_.zeros ? b_.CreateGEP(b_.getInt8Ty(), arg(TILEJIT_ARG(Args, zeros)), grow) : nullptr;
     const bool fp8 = d_.code == DType::f8e4m3;
@@ -97,8 +101,11 @@ class DequantEmitter : public KernelEmitter {
         b_.CreateGEP(b_.getInt16Ty(), arg(TILEJIT_ARG(Args, out)), b_.CreateMul(r, i64(2 * kCols)));
     llvm::Type* i8 = b_.getInt8Ty();
     for (int c0 = 0; c0 < kCols; c0 += lanes_) {
-      llvm::Value* s = b_.CreateAlignedLoad(
-          vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), scale_row, i64(c0)), llvm::Align(4));
+      llvm::Value* s =
+          e8m0 ? vm_.e8m0_to_f32(b_.CreateAlignedLoad(vec(b_.getInt8Ty(), lanes_),
+                                                      byte_gep(scale_row, i64(c0)), llvm::Align(1)))
+               : b_.CreateAlignedLoad(vm_.f32v(), b_.CreateGEP(b_.getFloatTy(), scale_row, i64(c0)),
+                                      llvm::Align(4));
       llvm::Value *ve, *vo;
       if (fp8) {
         llvm::Value* bytes = b_.CreateAlignedLoad(vec(i8, 2 * lanes_),

@@ -184,4 +184,10 @@ llvm::Value* VectorMath::f8e4m3_to_f32(llvm::Value* bits) const {
   return as_f32(b.CreateOr(as_i32(f), sign));
 }
 
+llvm::Value* VectorMath::e8m0_to_f32(llvm::Value* bits) const {
+  llvm::Value* e = b_.CreateZExt(bits, i32v());
+  llvm::Value* f = b_.CreateShl(e, i32(23));
+  return as_f32(b_.CreateSelect(b_.CreateICmpEQ(e, i32(0)), i32(0x00400000u), f));
+}
+
 }  // namespace tilejit::codegen::llvm_backend

@@ -47,6 +47,9 @@ class VectorMath {
   llvm::Value* f32_to_f16(llvm::Value* x) const;
   // fp8 e4m3 (OCP "FN": no inf, S.1111.111 is NaN) bits (<L x i8>) -> f32, exact.
   llvm::Value* f8e4m3_to_f32(llvm::Value* bits) const;
+  // MXFP4 e8m0 exponents (<L x i8>, 0..254) -> the f32 scales 2^(e − 127):
+  // e << 23, and 2^-127 (the subnormal 0x00400000) for e = 0.
+  llvm::Value* e8m0_to_f32(llvm::Value* bits) const;
 
  private:
   llvm::Value* as_f32(llvm::Value* v) const;

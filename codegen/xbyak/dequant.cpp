@@ -7,7 +7,8 @@
 //         the 16 even then the 16 odd words in one zmm, vpermw interleaves them.
 //   mxfp4: as int4, but v = a 16-entry f32 table of the e2m1 values, looked up
 //         by vpermps (it reads the low 4 bits of each index: b for even, b >> 4
-//         for odd), × the e8m0 scale 2^(e − 127).
+//         for odd), × the e8m0 scale 2^(e − 127), made from the group's u8
+//         exponent row when the group changes (DequantArgs::scales).
 //   fp8:  32 code bytes are already in output order (e0, o0, e1, o1, ...):
 //         vpmovzxbw, build f16 bits ((b & 0x80) << 8) | ((b & 0x7F) << 7), which
 //         are the e4m3 value × 2^-8 exactly (subnormals included); vcvtph2ps,
@@ -90,6 +91,16 @@ class DequantKernel : public JitGenerator {
       return;
     }
     mov(rdi, rax);
+    if (mx_) {
+      // MXFP4: the group's 64 e8m0 exponent bytes (a quarter of an f32 row).
+      shl(rdi, 6);
+      add(rdi, scales_);
+      for (int i = 0; i < 4; ++i) {
+        vpmovzxbd(S(i), xword[rdi + 16 * i]);
+        e8m0_to_f32(S(i), k2);
+      }
+      return;
+    }
     shl(rdi, 8);
     add(rdi, scales_);
     for (int i = 0; i < 4; ++i) vmovups(S(i), ptr[rdi + 64 * i]);

@@ -22,6 +22,15 @@ class JitGenerator : public Xbyak::CodeGenerator {
   Xbyak::Address bcst_u32(uint32_t v) { return ptr_b[rip + const_label(v)]; }
   Xbyak::Address f32_const(float v) { return dword[rip + const_label(bits_of(v))]; }
 
+  // Each dword lane of v holding an MXFP4 e8m0 exponent e (0..254, packing
+  // refuses the NaN 255) becomes the f32 scale 2^(e − 127): e << 23, and for
+  // e = 0 the subnormal 2^-127 (0x00400000). Clobbers k.
+  void e8m0_to_f32(const Xbyak::Zmm& v, const Xbyak::Opmask& k) {
+    vptestnmd(k, v, v);
+    vpslld(v, v, 23);
+    vpord(v | k, v, bcst_u32(0x00400000u));
+  }
+
   // Appends a 64-byte aligned blob to the pool (e.g. an AMX tile config).
   const Xbyak::Label& blob_label(const uint8_t* data, size_t size) {
     blobs_.push_back({std::vector<uint8_t>(data, data + size), {}});

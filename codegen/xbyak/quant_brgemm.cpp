@@ -18,7 +18,8 @@
 //         (blocks of nr ≤ 48 only).
 //   mxfp4: the same 3 ops with table[i] = bf16(e2m1(i & 15)) (exact: 0,
 //         ±0.5 .. ±6); no zero points, so the fold is acc += s ⊙ acc_g with
-//         s = 2^(e − 127). Full blocks (nz = 4) load the code row once and
+//         s = 2^(e − 127), made at the fold from the group's e8m0 bytes
+//         (q_scales holds them: 64 bytes a group row, not 256 of f32). Full blocks (nz = 4) load the code row once and
 //         take 2 ops per 32 weights: vpmultishiftqb puts each nibble in the
 //         low bits of its word in the column order of the table-free int4
 //         path below (undone the same way), vpermw looks it up (M = 1 hot
@@ -97,6 +98,7 @@ class QuantBrgemm : public JitGenerator {
   explicit QuantBrgemm(const BrgemmDesc& d)
       : d_(d),
         fp8_(d.b_type == DType::f8e4m3),
+        mx_(d.b_type == DType::f4e2m1),
         zp_(d.b_type == DType::u4 && d.b_zeros),
         nz_((d.computed_cols() + 15) / 16),
         ms_(nz_ == 4 && (d.b_type == DType::u4 || d.b_type == DType::f4e2m1)),
@@ -370,7 +372,7 @@ class QuantBrgemm : public JitGenerator {
       shl(r12, 6);  // 64 u8 per zero row
       add(r12, zeros_);
     }
-    shl(r11, 8);  // 64 f32 per scale row
+    shl(r11, mx_ ? 6 : 8);  // 64 f32 per scale row; MXFP4: 64 e8m0 bytes
     add(r11, scales_);
     const Zmm zs = breg(0);
     const Zmm t = fp8_ ? breg(0, 1) : a_odd_;
@@ -397,6 +399,10 @@ class QuantBrgemm : public JitGenerator {
         vpmovzxbd(zs, xword[r12 + 16 * j]);
         vcvtdq2ps(zs, zs);  // z, exact
       }
+      if (mx_) {
+        vpmovzxbd(zs, xword[r11 + 16 * j]);
+        e8m0_to_f32(zs, k2);  // s = 2^(e − 127)
+      }
       for (int r = 0; r < d_.mr; ++r) {
         const Zmm g = accg(0, r, j);
         if (fp8_) vmulps(g, g, bcst(256.0f));  // exact: the codes' 2^-8
@@ -407,7 +413,10 @@ class QuantBrgemm : public JitGenerator {
         if (zp_) vfnmadd231ps(g, sum(0, r), zs);
         const Zmm a = acc_in_regs_ ? acc(r, j) : t;
         if (!acc_in_regs_) vmovaps(a, ptr[accm_ + acc_mem_off(r, j)]);
-        vfmadd231ps(a, g, ptr[r11 + 64 * j]);
+        if (mx_)
+          vfmadd231ps(a, g, zs);
+        else
+          vfmadd231ps(a, g, ptr[r11 + 64 * j]);
         if (!acc_in_regs_) vmovaps(ptr[accm_ + acc_mem_off(r, j)], a);
         vpxord(g, g, g);
       }
@@ -424,12 +433,19 @@ class QuantBrgemm : public JitGenerator {
     const Zmm s = breg(0), y = breg(1), idx = breg(2), zf = breg(3);
     if (tf_ && !zp_) vbroadcastss(zf, f32_const(24.0f));
     for (int j = 0; j < 4; ++j) {
-      vmovdqu32(idx, ptr[rip + *sidx_[j]]);
-      vmovups(s, ptr[r11]);
-      vpermt2ps(s, idx, ptr[r11 + 64]);
-      vmovups(y, ptr[r11 + 128]);
-      vpermt2ps(y, idx, ptr[r11 + 192]);
-      vblendmps(s | k4, s, y);
+      if (mx_) {
+        // The group's e8m0 bytes of columns 8i + 2j + e into lane 2i+e.
+        vmovdqu8(s, ptr[rip + *zidx_[j]]);
+        vpermb(s | k5 | T_z, s, ptr[r11]);
+        e8m0_to_f32(s, k2);
+      } else {
+        vmovdqu32(idx, ptr[rip + *sidx_[j]]);
+        vmovups(s, ptr[r11]);
+        vpermt2ps(s, idx, ptr[r11 + 64]);
+        vmovups(y, ptr[r11 + 128]);
+        vpermt2ps(y, idx, ptr[r11 + 192]);
+        vblendmps(s | k4, s, y);
+      }
       if (zp_) {
         vmovdqu8(zf, ptr[rip + *zidx_[j]]);
         vpermb(zf | k5 | T_z, zf, ptr[r12]);
@@ -733,7 +749,7 @@ class QuantBrgemm : public JitGenerator {
   }
 
   const BrgemmDesc& d_;
-  const bool fp8_, zp_;
+  const bool fp8_, mx_, zp_;
   const int nz_;
   const bool ms_, tf_, sa_;
   bool fp_ = false;
