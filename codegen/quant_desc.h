@@ -53,10 +53,10 @@ struct DequantArgs {
   // [G][64] f32: this column block's scale rows; f4e2m1: the e8m0 exponent
   // bytes u8 [G][64] (the kernel makes 2^(e − 127) per group).
   const float* scales;
-  const uint8_t* zeros;   // [G][64] u8: this column block's zero points (int4 with zeros), or null
-  void* out;              // [rows][64][2] bf16, or (out i8) [⌈rows/2⌉][64][4] s8
-  int64_t rows;           // k-pair rows (>= 0)
-  int32_t* comp;          // out i8: [64] Σ (q − z) per column, or null; unused for bf16
+  const uint8_t* zeros;  // [G][64] u8: this column block's zero points (int4 with zeros), or null
+  void* out;             // [rows][64][2] bf16, or (out i8) [⌈rows/2⌉][64][4] s8
+  int64_t rows;          // k-pair rows (>= 0)
+  int32_t* comp;         // out i8: [64] Σ (q − z) per column, or null; unused for bf16
 };
 static_assert(offsetof(DequantArgs, codes) == 0 && offsetof(DequantArgs, groups) == 8 &&
               offsetof(DequantArgs, scales) == 16 && offsetof(DequantArgs, zeros) == 24 &&

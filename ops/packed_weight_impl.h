@@ -57,7 +57,7 @@ struct QuantTables {
   const float* scale_rows(int64_t block) const {
     return reinterpret_cast<const float*>(scales.get() + block * n_groups * 64 * scale_entry_bytes);
   }
-  std::unique_ptr<std::byte[], runtime::FreeDeleter> zeros;   // u8 [nb][G][64] (int4 with zeros)
+  std::unique_ptr<std::byte[], runtime::FreeDeleter> zeros;  // u8 [nb][G][64] (int4 with zeros)
   // perm[p] = the input channel at packed position p, −1 for padding; empty
   // when the order is the identity (no gather of x).
   std::vector<int32_t> perm;

@@ -19,11 +19,12 @@
 //   mxfp4: the same 3 ops with table[i] = bf16(e2m1(i & 15)) (exact: 0,
 //         ±0.5 .. ±6); no zero points, so the fold is acc += s ⊙ acc_g with
 //         s = 2^(e − 127), made at the fold from the group's e8m0 bytes
-//         (q_scales holds them: 64 bytes a group row, not 256 of f32). Full blocks (nz = 4) load the code row once and
-//         take 2 ops per 32 weights: vpmultishiftqb puts each nibble in the
-//         low bits of its word in the column order of the table-free int4
-//         path below (undone the same way), vpermw looks it up (M = 1 hot
-//         1.28x faster than the 3-op form on Zen 5).
+//         (q_scales holds them: 64 bytes a group row, not 256 of f32). Full
+//         blocks (nz = 4) load the code row once and take 2 ops per 32
+//         weights: vpmultishiftqb puts each nibble in the low bits of its
+//         word in the column order of the table-free int4 path below (undone
+//         the same way), vpermw looks it up (M = 1 hot 1.28x faster than the
+//         3-op form on Zen 5).
 //   int4, full blocks (nz = 4), table-free: bf16(16 + q) = 0x4180 | q << 3,
 //         f32(16 + q) = 0x41800000 | q << 19. The code row is loaded once;
 //         vpmultishiftqb moves each nibble into place (a qword's 8 bytes =
