@@ -1,6 +1,8 @@
 #include "jit/disk_cache.h"
 
+#include <elf.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +28,59 @@ constexpr uint32_t kFormat = 1;
 // Kernels are a few KiB of code (an LLVM object file at most a few hundred):
 // a larger file in the directory is not an entry this build wrote.
 constexpr int64_t kMaxEntryBytes = int64_t(64) << 20;
+
+// The GNU build-id note of the object this code is linked into
+// (libtilejit.so, or an executable that links tilejit statically), as hex;
+// empty if it has none. The linker hashes the whole output, so any change to
+// the code that emits kernels changes it, also where the git hash of
+// TILEJIT_BUILD_ID does not: a rebuild after `git pull` in a build directory
+// configured before it, or uncommitted edits. A cache keyed on the git hash
+// alone served such a rebuild the kernels of the previous code.
+std::string own_build_id() {
+  struct Search {
+    uintptr_t addr;
+    std::string hex;
+  } s{reinterpret_cast<uintptr_t>(&own_build_id), {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) -> int {
+        auto& found = *static_cast<Search*>(data);
+        bool mine = false;
+        for (int i = 0; i < info->dlpi_phnum && !mine; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          mine = ph.p_type == PT_LOAD && found.addr >= lo && found.addr < lo + ph.p_memsz;
+        }
+        if (!mine) return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_NOTE) continue;
+          const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+          const char* end = p + ph.p_memsz;
+          while (end - p >= static_cast<ptrdiff_t>(sizeof(ElfW(Nhdr)))) {
+            ElfW(Nhdr) n;
+            std::memcpy(&n, p, sizeof n);
+            const char* name = p + sizeof n;
+            const char* desc = name + ((n.n_namesz + 3) & ~3u);
+            const char* next = desc + ((n.n_descsz + 3) & ~3u);
+            if (next > end || next < desc) break;
+            if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 &&
+                std::memcmp(name, "GNU", 4) == 0) {
+              static constexpr char kHex[] = "0123456789abcdef";
+              for (uint32_t j = 0; j < n.n_descsz; ++j) {
+                const auto b = static_cast<uint8_t>(desc[j]);
+                found.hex += kHex[b >> 4];
+                found.hex += kHex[b & 15];
+              }
+              return 1;
+            }
+            p = next;
+          }
+        }
+        return 1;
+      },
+      &s);
+  return s.hex;
+}
 
 uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) {
   for (size_t i = 0; i < n; ++i) {
@@ -118,7 +173,8 @@ void DiskCache::disable(const std::string& why) {
 }
 
 std::string DiskCache::qualified_key(const std::string& key) {
-  return key + "|cpu=" + runtime::cpu_signature() + "|build=" + TILEJIT_BUILD_ID;
+  static const std::string build = std::string(TILEJIT_BUILD_ID) + "+" + own_build_id();
+  return key + "|cpu=" + runtime::cpu_signature() + "|build=" + build;
 }
 
 std::string DiskCache::path_for(const std::string& key) const {

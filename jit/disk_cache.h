@@ -39,7 +39,9 @@ class DiskCache {
   // Best effort, never throws: a failure loses this entry only (store_failures()).
   void store(const std::string& key, const std::vector<uint8_t>& payload);
 
-  // The full key an entry is filed under: key + CPU signature + build.
+  // The full key an entry is filed under: key + CPU signature + build (the
+  // version, git hash and the GNU build-id of the linked library: any
+  // rebuild with other code files its kernels apart).
   static std::string qualified_key(const std::string& key);
   std::string path_for(const std::string& key) const;
 

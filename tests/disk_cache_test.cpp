@@ -6,6 +6,7 @@
 // place are refused without reading or blocking; a failed store loses only
 // that entry; and runs stay correct while a vandal corrupts the directory.
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -84,6 +85,10 @@ TEST(DiskCache, QualifiedKeyCarriesCpuAndBuild) {
   const std::string q = jit::DiskCache::qualified_key("gemm;x");
   EXPECT_NE(q.find("cpu="), std::string::npos);
   EXPECT_NE(q.find("build="), std::string::npos);
+  // The linked library's GNU build-id (40 hex digits of sha1): a rebuild
+  // with other code never loads this build's kernels, even at the same git
+  // hash (a build directory configured before a `git pull`).
+  EXPECT_THAT(q, ::testing::MatchesRegex(".*\\|build=.*\\+[0-9a-f]{16,}$")) << q;
 }
 
 TEST(DiskCache, CorruptedAndTruncatedEntriesAreRejected) {
