@@ -869,7 +869,7 @@ if [ -f "$EXAMPLES/gemm_mxfp4.tir" ]; then
     fail "gemm_mxfp4: --save-inputs"
   "$TJ" gen-npy "$Q/mx_bad.npy" --dtype '|u1' --shape 200,330 || fail "gen-npy mx_bad"
   input_error "mxfp4: weight of the logical shape" \
-    "input 'w' \\(.*mx_bad.npy\\) has shape \\[200, 330\\]; expected \\[200, 165\\] \\(the MXFP4 code bytes, two codes a byte, of tensor<200x330xf4e2m1>\\)" \
+    "input 'w' \\(.*mx_bad.npy\\) has shape \\[200, 330\\]; expected \\[200, 165\\] \\(the MXFP4 code bytes \\(two codes a byte\\) of tensor<200x330xf4e2m1>\\)" \
     "$TJ" run "$EXAMPLES/gemm_mxfp4.tir" -i x="$Q/mx/x.npy" -i w="$Q/mx_bad.npy" \
     -i w_scales="$Q/mx/w_scales.npy" -i bias="$Q/mx/bias.npy"
   "$TJ" gen-npy "$Q/mx_i4.npy" --dtype '<i4' --shape 200,165 || fail "gen-npy mx_i4"

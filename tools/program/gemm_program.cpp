@@ -197,7 +197,7 @@ std::optional<CheckpointStorage> checkpoint_storage(const ir::Function& f, int i
     std::vector<int64_t> shape;
     for (const ir::Dim& d : t.dims) shape.push_back(d.value);
     shape.back() = (shape.back() + 1) / 2;
-    return CheckpointStorage{DType::u8, shape, "MXFP4 code bytes, two codes a byte,"};
+    return CheckpointStorage{DType::u8, shape, "MXFP4 code bytes (two codes a byte)"};
   }
   if (t.dtype != DType::u4) return std::nullopt;
   if (auto shape = u4_storage_shape(f, id))
