@@ -51,15 +51,18 @@ size_t PackedExperts::packed_bytes() const {
   return static_cast<size_t>(p.experts * p.expert_bytes);
 }
 
-PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {
-  const char* op = "pack_experts";
+void PackedExperts::Impl::check_proj_and_rows(const char* op, ExpertProj proj, GluRows order) {
   if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
-    throw Error(fmt::format("pack_experts: proj={} is not an ExpertProj; allowed: gate_up, down",
+    throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down", op,
                             static_cast<int>(proj)));
   if (order != GluRows::halves && order != GluRows::interleaved)
-    throw Error(
-        fmt::format("pack_experts: glu_rows={} is not a GluRows; allowed: halves, interleaved",
-                    static_cast<int>(order)));
+    throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", op,
+                            static_cast<int>(order)));
+}
+
+PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {
+  const char* op = "pack_experts";
+  PackedExperts::Impl::check_proj_and_rows(op, proj, order);
   ops::check_view(op, "w", w, 3);
   ops::check_dtype(op, "w", w, {DType::bf16});
   // Rows may not overlap (a row stride below H, e.g. 0, would pack one row

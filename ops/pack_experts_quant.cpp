@@ -83,12 +83,7 @@ void move_to_arena(std::vector<PackedWeight>& experts) {
 
 template <class W>
 PackedExperts pack_quantized(const std::vector<W>& w, ExpertProj proj, GluRows order) {
-  if (order != GluRows::halves && order != GluRows::interleaved)
-    throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", kOp,
-                            static_cast<int>(order)));
-  if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
-    throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down", kOp,
-                            static_cast<int>(proj)));
+  PackedExperts::Impl::check_proj_and_rows(kOp, proj, order);
   const int64_t E = static_cast<int64_t>(w.size());
   ops::check_count(kOp, "E (w.size())", E, 1, Limits::max_experts);
   const int64_t rows = logical_rows(w[0]);

@@ -44,6 +44,9 @@ struct PackedExperts::Impl {
     return i / 32 * 64 + (up ? 32 : 0) + i % 32;
   }
   int64_t glu_packed_row(int64_t r) const { return glu_packed_row(n, r, glu_interleaved); }
+  // The one rule for the enums every pack_experts overload takes: Error of
+  // `op` naming a value outside ExpertProj / GluRows.
+  static void check_proj_and_rows(const char* op, ExpertProj proj, GluRows order);
   static std::vector<int64_t> glu_row_map(int64_t I, bool interleaved = false) {
     std::vector<int64_t> m(static_cast<size_t>(2 * I));
     for (int64_t r = 0; r < 2 * I; ++r) m[r] = glu_packed_row(I, r, interleaved);
