@@ -26,6 +26,7 @@
 // activation row: a code one step off where an activation has slack, or
 // every code and the row scale if the row's max or min element has slack.
 // A 1 % error in any scale, a wrong group or nibble, a dropped tail fails it.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1034,6 +1035,36 @@ TEST(QuantExpertsErrors, Int4PaddingUnderHugeScaleStaysZero) {
                 TensorView(ids.data(), DType::i32, {T, 1}),
                 TensorView(out.data(), DType::f32, {T, H}));
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(out[t], 0.0f) << "token " << t;
+}
+
+// A value outside ExpertProj / GluRows (a cast from an engine's int) is an
+// Error naming the argument, the value and the allowed ones, for the bf16 and
+// the quantized overloads alike.
+TEST(QuantExpertsPack, BadProjOrRowsNamed) {
+  std::vector<uint16_t> w(size_t(2 * 64 * 32), 0x3f80);
+  const TensorView bf(w.data(), DType::bf16, {2, 64, 32});
+  std::vector<int8_t> codes(size_t(64 * 32), 1);
+  std::vector<float> scales(64, 1.0f);
+  const std::vector<Int8Weight> q = {Int8Weight{TensorView(codes.data(), DType::i8, {64, 32}),
+                                                TensorView(scales.data(), DType::f32, {64})}};
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no Error");
+  };
+  const auto bad_proj = static_cast<ExpertProj>(7);
+  const auto bad_rows = static_cast<GluRows>(9);
+  EXPECT_EQ(message([&] { pack_experts(bf, bad_proj); }),
+            "pack_experts: proj=7 is not an ExpertProj; allowed: gate_up, down");
+  EXPECT_EQ(message([&] { pack_experts(bf, ExpertProj::gate_up, bad_rows); }),
+            "pack_experts: glu_rows=9 is not a GluRows; allowed: halves, interleaved");
+  EXPECT_THAT(message([&] { pack_experts(q, bad_proj); }),
+              ::testing::HasSubstr("proj=7 is not an ExpertProj; allowed: gate_up, down"));
+  EXPECT_THAT(message([&] { pack_experts(q, ExpertProj::gate_up, bad_rows); }),
+              ::testing::HasSubstr("glu_rows=9 is not a GluRows; allowed: halves, interleaved"));
 }
 
 }  // namespace
