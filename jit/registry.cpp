@@ -41,7 +41,8 @@ constexpr const char* kAvx512Limits =
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
     "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); "
-    "or a=bf16 b=u4|f8e4m3 acc=f32 (the fused W4A16 / W8A16 decode kernel) with mr <= 4";
+    "or a=bf16 b=u4|f8e4m3|f4e2m1 acc=f32 (the fused decode kernel) with mr <= 4; "
+    "w4a8 (a=u8 b=i8 acc=i32, B in [-16, 15]) with kb % 16 == 0, out f32|bf16 (GLU: nr <= 32)";
 constexpr const char* kLlvmLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, out i32|f32|bf16 "
@@ -75,7 +76,7 @@ const KernelRow kRows[] = {
     // The quantized GEMMs' helpers: the Xbyak AVX-512 kernels serve the
     // avx512 and amx paths (a descriptor of either names isa=avx512).
     {Family::dequant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak, "xbyak::emit_dequant",
-     "code f8e4m3 | u4 (zeros: u4 only)"},
+     "code f8e4m3 | u4 | f4e2m1 (zeros: u4 only); out bf16, or i8 with u4 (W4A8)"},
     {Family::act_quant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
      "xbyak::emit_act_quant", "mode sym | asym | fixed"},
 #ifdef TILEJIT_HAVE_LLVM
@@ -234,11 +235,12 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
                       d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act),
                       codegen::glu_name(d.glu)));
     if (d.w4a8) {
-      // The W4A8 group kernel (BrgemmDesc::w4a8): LLVM only.
-      if (row.backend != Backend::llvm || d.kb % 16 != 0 || d.out == DType::i32 || d.a_packed)
+      // The W4A8 group kernel (BrgemmDesc::w4a8): LLVM, and Xbyak AVX-512
+      // (which the amx path's W4A8 runs too).
+      if (row.path == Isa::amx || d.kb % 16 != 0 || d.out == DType::i32 || d.a_packed)
         throw Error(fmt::format(
-            "brgemm: w4a8 descriptor {} on the {} row; allowed: the llvm row with kb % 16 == 0, "
-            "out f32|bf16, apack=0",
+            "brgemm: w4a8 descriptor {} on the {} row; allowed: the llvm or avx512 row with "
+            "kb % 16 == 0, out f32|bf16, apack=0",
             d.key(), isa_name(row.path)));
     }
     if (d.isa == Isa::amx && !d.a_packed)
@@ -412,11 +414,11 @@ const Kernel& get(const codegen::DequantDesc& d) {
     if (x.zeros && x.code != DType::u4)
       throw Error(fmt::format("dequant: zero points with code={}; allowed: zeros with u4 only",
                               dtype_name(x.code)));
-    if (x.out != DType::bf16 && !(x.out == DType::i8 && x.code == DType::u4 && x.isa == Isa::llvm))
+    if (x.out != DType::bf16 && !(x.out == DType::i8 && x.code == DType::u4))
       throw Error(fmt::format(
-          "dequant: out={} with code={} isa={}; allowed: out bf16, or out i8 with code u4 on "
-          "the llvm row (the W4A8 chunk)",
-          dtype_name(x.out), dtype_name(x.code), isa_name(x.isa)));
+          "dequant: out={} with code={}; allowed: out bf16, or out i8 with code u4 (the W4A8 "
+          "chunk)",
+          dtype_name(x.out), dtype_name(x.code)));
     return two_backend_family(
         Family::dequant, x,
         [](const codegen::DequantDesc& y) { return codegen::xbyak::emit_dequant(y); },

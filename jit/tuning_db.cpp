@@ -180,8 +180,8 @@ void validate_gemm_plan(const TunedEntry& e) {
             fmt::format("knob {} with fmt={}; allowed: mr, task_rows, amx, prefetch, w4a8 "
                         "(int4) (quantized)",
                         k, f.at("fmt")));
-    // The int4 route: W4A8 has no plan knob (its kernels' blocking is fixed)
-    // and needs the LLVM kernels.
+    // The int4 route: W4A8 has no plan knob (its kernels' blocking is fixed);
+    // on the llvm path its kernels are LLVM code.
     if (auto v = e.knob("w4a8")) {
       if (*v == 1) {
         for (const char* k : {"mr", "task_rows", "amx", "prefetch"})
@@ -190,8 +190,8 @@ void validate_gemm_plan(const TunedEntry& e) {
                 fmt::format("knobs w4a8=1 and {} together; allowed: w4a8=1 alone (the "
                             "W4A8 kernels have no plan knob)",
                             k));
-        if (!cpu_info().llvm_backend)
-          throw Error("knob w4a8=1: this tilejit is built without the LLVM backend");
+        if (f.at("path") == "llvm" && !cpu_info().llvm_backend)
+          throw Error("knob w4a8=1 on path=llvm: this tilejit is built without the LLVM backend");
       }
     }
     if (*wf == WeightFormat::int8) {
@@ -242,7 +242,7 @@ void validate_gemm_plan(const TunedEntry& e) {
 }
 
 // A moe entry's route and prefetch knobs against its format and path (the
-// ranges are kKnobs'): W4A8 is an int4 route run by the LLVM kernels; the
+// ranges are kKnobs'): W4A8 is an int4 route (LLVM kernels on path llvm); the
 // prefetch distance is the Xbyak AVX-512 kernels' (the llvm path runs none).
 void validate_moe_knobs(const TunedEntry& e) {
   const auto& f = e.shape.fields;
@@ -254,8 +254,9 @@ void validate_moe_knobs(const TunedEntry& e) {
     if (!is_int4(*wf))
       throw Error(
           fmt::format("knob w4a8_rows with fmt={}; allowed: int4_awq, int4_gptq", f.at("fmt")));
-    if (*v > 0 && !cpu_info().llvm_backend)
-      throw Error("knob w4a8_rows > 0: this tilejit is built without the LLVM backend");
+    if (*v > 0 && f.at("path") == "llvm" && !cpu_info().llvm_backend)
+      throw Error(
+          "knob w4a8_rows > 0 on path=llvm: this tilejit is built without the LLVM backend");
   }
   const Isa path = runtime::parse_isa(f.at("path").c_str(), "shape field path");
   if (e.knob("prefetch") && path != Isa::amx && path != Isa::avx512)

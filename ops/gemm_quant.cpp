@@ -423,9 +423,8 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
   const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
   // The automatic route (GemmOptions' default), or the tuned one.
   if (w4a8_route(p, GemmOptions{}, isa, m, tuned)) {
-    if (isa == Isa::scalar || !w4a8_kernels_usable())
-      return "scalar reference (W4A8: x quantized per row, double)";
-    return w4a8_kernel_name(p, bias, act, out);
+    if (!w4a8_kernels_usable(isa)) return "scalar reference (W4A8: x quantized per row, double)";
+    return w4a8_kernel_name(p, bias, act, out, isa);
   }
   if (isa == Isa::scalar) return "scalar reference (logical weights, double)";
   if (quant_gemm_fused(p, isa, m))
@@ -546,10 +545,10 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
                       opt.act_scale, opt.act_zero_point));
   }
   if (w4a8) {
-    // Its kernels are LLVM code (on any path whose host runs it); without
-    // them, the oracle computes the same W4A8 result.
-    if (rows_isa == Isa::scalar || !w4a8_kernels_usable()) return run_scalar_w4a8(x, p, y, opt);
-    return run_w4a8(x, p, y, opt);
+    // Without its kernels (the llvm path of a build without LLVM, scalar),
+    // the oracle computes the same W4A8 result.
+    if (!w4a8_kernels_usable(rows_isa)) return run_scalar_w4a8(x, p, y, opt);
+    return run_w4a8(x, p, y, opt, rows_isa);
   }
   if (rows_isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
   // The fused decode kernel has no plan (one kernel per M): of the tuned

@@ -120,11 +120,12 @@ Role role_of(size_t i, size_t n_chunks) {
   return n_chunks == 1 ? kOnly : i == 0 ? kFirst : i == n_chunks - 1 ? kLast : kMiddle;
 }
 
-// The int8 plan over the quad K order: its row blocking (mr) and task rows.
-codegen::GemmPlan w4a8_plan(int64_t n, const W4A8Order& o) {
+// The int8 plan over the quad K order on the kernels' ISA: its row
+// blocking (mr) and task rows.
+codegen::GemmPlan w4a8_plan(int64_t n, const W4A8Order& o, Isa kernel_isa) {
   codegen::GemmSpec spec{n, o.k_total};
   spec.b_type = DType::i8;
-  return codegen::plan_gemm(spec, Isa::llvm);
+  return codegen::plan_gemm(spec, kernel_isa);
 }
 
 }  // namespace
@@ -142,7 +143,7 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
                 const char* op, const codegen::PlanOverrides& tuned) {
   check_int4_route(route, op);
   if (route == Int4Route::automatic && tuned.w4a8 && is_int4(format) && k <= kW4A8MaxK &&
-      w4a8_kernels_usable())
+      w4a8_kernels_usable(path))
     return *tuned.w4a8;
   return w4a8_route(format, k, route, path, m, op);
 }
@@ -156,9 +157,9 @@ bool w4a8_automatic(Isa path, int64_t m) {
   // wins from 4 rows (1.6x on an AVX2 host, a tie on an AVX-512 one); on
   // avx512 the Xbyak fused decode kernel wins up to 8 rows, W4A8 beats it
   // from 9-10 and the dequant route (hosts without VBMI) from 4-5 rows. On
-  // amx the AMX bf16 kernels stay (W4A8 has no AMX kernel). Without the
-  // LLVM kernels W4A8 would be the scalar oracle: never automatic.
-  if (m < kW4A8MinRows || !w4a8_kernels_usable()) return false;
+  // amx the AMX bf16 kernels stay (W4A8 has no AMX kernel). Without its
+  // kernels W4A8 would be the scalar oracle: never automatic.
+  if (m < kW4A8MinRows || !w4a8_kernels_usable(path)) return false;
   if (path == Isa::llvm) return true;
   if (path != Isa::avx512) return false;
   return !quant_gemm_fused(path, m) || m >= kW4A8MinRowsOverXbyakFused;
@@ -185,35 +186,52 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
   return true;
 }
 
-bool w4a8_kernels_usable() {
+Isa w4a8_kernel_isa(Isa path) {
+  return path == Isa::llvm ? Isa::llvm : Isa::avx512;
+}
+
+bool w4a8_kernels_usable(Isa path) {
+  switch (path) {
+    case Isa::amx:
+    case Isa::avx512:
+      // The Xbyak AVX-512 kernels (VNNI's vpdpbusd: part of the avx512
+      // path's features), in every build.
+      return runtime::usable_features().contains(runtime::isa_features(Isa::avx512));
+    case Isa::llvm:
 #ifdef TILEJIT_HAVE_LLVM
-  return runtime::usable_features().contains(runtime::isa_features(Isa::llvm)) &&
-         runtime::backend_choice() != runtime::BackendChoice::xbyak;
+      return runtime::usable_features().contains(runtime::isa_features(Isa::llvm)) &&
+             runtime::backend_choice() != runtime::BackendChoice::xbyak;
 #else
-  return false;
+      return false;
 #endif
+    default:
+      return false;
+  }
 }
 
 std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
-                             DType out) {
-  return W4A8Kernels(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, 0, false).name();
+                             DType out, Isa path) {
+  return W4A8Kernels(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, 0, path, false)
+      .name();
 }
 
 // ---- W4A8Kernels ---------------------------------------------------------------
 
 W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
-                         bool compile)
-    : o_(std::make_shared<const W4A8Order>(quad_order(p))), spec_(spec) {
+                         Isa path, bool compile)
+    : o_(std::make_shared<const W4A8Order>(quad_order(p))),
+      spec_(spec),
+      isa_(w4a8_kernel_isa(path)) {
   const QuantTables& q = *p.quant;
   // The plan over the weight's packed columns (a GLU's gate and up both).
-  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, *o_);
+  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, *o_, isa_);
   mr_ = plan.mr;
   task_rows_ = plan.task_rows();
   // Tasks take whole mr blocks but the last one's (task_rows is a multiple of mr).
   rem_ = static_cast<int>(rows % mr_);
   if (!compile) return;
-  dequant_ = jit::get(codegen::DequantDesc{Isa::llvm, DType::u4, q.zeros != nullptr,
-                                           q.normal_products, DType::i8})
+  dequant_ = jit::get(codegen::DequantDesc{isa_, DType::u4, q.zeros != nullptr, q.normal_products,
+                                           DType::i8})
                  .entry<codegen::DequantFn>();
   const bool glu = spec_.glu != codegen::Glu::none;
   const int64_t out_block = glu ? 32 : kBlockN;
@@ -256,7 +274,7 @@ void W4A8Kernels::gather_row(const PackedWeight::Impl& p, const uint16_t* x, uin
 
 codegen::BrgemmDesc W4A8Kernels::desc(int role, int rows, bool n_tail) const {
   codegen::BrgemmDesc d;
-  d.isa = Isa::llvm;
+  d.isa = isa_;
   d.a_type = DType::u8;
   d.b_type = DType::i8;
   d.acc_type = DType::i32;
@@ -417,19 +435,19 @@ void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const Ten
 }
 
 void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-              const GemmOptions& opt) {
+              const GemmOptions& opt, Isa path) {
   const int64_t M = x.shape[0], N = p.layout.n, K = p.layout.k;
-  const W4A8Kernels kern(p, codegen::GemmSpec{N, K, bias_kind(opt), opt.act, y.dtype}, M);
+  const W4A8Kernels kern(p, codegen::GemmSpec{N, K, bias_kind(opt), opt.act, y.dtype}, M, path);
   const int64_t ldq = kern.ldq(), k_quad = kern.k_quad();
   const int64_t task_rows = kern.task_rows();
   const int64_t n_blocks = (N + kBlockN - 1) / kBlockN;
   if (runtime::verbose_level() > 0)
     std::fprintf(stderr,
-                 "tilejit: gemm w4a8 M=%lld N=%lld K=%lld path=llvm weight=%s kernel=%s "
+                 "tilejit: gemm w4a8 M=%lld N=%lld K=%lld path=%s weight=%s kernel=%s "
                  "(quad K %lld%s)\n",
                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 p.layout_name.c_str(), kern.name().c_str(), static_cast<long long>(k_quad),
-                 kern.identity() ? "" : ", gathered");
+                 isa_name(path), p.layout_name.c_str(), kern.name().c_str(),
+                 static_cast<long long>(k_quad), kern.identity() ? "" : ", gathered");
 
   // Slices of M whose u8 copy (and gathered bf16 copy) stay below 64 MiB.
   const int64_t row_bytes = ldq + (kern.identity() ? 0 : 2 * k_quad);
@@ -456,7 +474,7 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
     uint8_t* xq = packed_a_scratch(kQuantX, rows * ldq);
     a_scale.resize(static_cast<size_t>(rows));
     a_zero.resize(static_cast<size_t>(rows));
-    quantize_rows(xs, ldx, rows, kx, ldq, opt, Isa::llvm, xq, a_scale.data(), a_zero.data());
+    quantize_rows(xs, ldx, rows, kx, ldq, opt, kern.isa(), xq, a_scale.data(), a_zero.data());
 
     const int64_t row_chunks = (rows + task_rows - 1) / task_rows;
     runtime::parallel_for(n_blocks * row_chunks, [&](int64_t t) {

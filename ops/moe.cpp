@@ -718,12 +718,12 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
                  static_cast<long long>(d.T), static_cast<long long>(d.H),
                  static_cast<long long>(d.I), static_cast<long long>(d.E),
                  static_cast<long long>(d.k), isa_name(isa));
-  // A forced W4A8 route needs its LLVM kernels (a build without LLVM, or
-  // TILEJIT_BACKEND=xbyak, has none): the scalar path computes the same
-  // W4A8 result, as gemm() does.
+  // A forced W4A8 route needs its kernels (the llvm path of a build without
+  // LLVM has none): the scalar path computes the same W4A8 result, as
+  // gemm() does.
   const auto int4 = [](const PackedExperts::Impl* w) { return w != nullptr && is_int4(w->format); };
   const bool w4a8_scalar =
-      opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable() &&
+      opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable(isa) &&
       (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
        (opt.shared_w2 && int4(opt.shared_w2->impl())));
   if (isa == Isa::scalar || w4a8_scalar)

@@ -45,10 +45,10 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     return;
   }
   if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts", tuned)) {
-    if (isa == Isa::scalar || !w4a8_kernels_usable())
-      throw InternalError("fused_experts: the W4A8 route needs the LLVM kernels");
+    if (!w4a8_kernels_usable(plan_isa))
+      throw InternalError("fused_experts: the W4A8 route without its kernels");
     route_ = Route::w4a8;
-    w4a8_ = W4A8Kernels(*q_, spec, rows);
+    w4a8_ = W4A8Kernels(*q_, spec, rows, plan_isa);
     a_cols_ = w4a8_.k_quad();
     return;
   }

@@ -176,7 +176,7 @@ inline constexpr int64_t kW4A8MinRowsOverXbyakFused = 9;
 // gemm_isa_for_rows): llvm from kW4A8MinRows rows, avx512 from
 // kW4A8MinRowsOverXbyakFused where the Xbyak fused kernel runs (from
 // kW4A8MinRows where it cannot: no AVX512-VBMI), never amx or scalar, and
-// only where the LLVM kernels are usable.
+// only where its kernels are usable (w4a8_kernels_usable).
 bool w4a8_automatic(Isa path, int64_t m);
 // Whether a GEMM of m rows with weight p runs W4A8 when `path` (the rows'
 // path, gemm_isa_for_rows) is active: int4 AWQ / GPTQ weights only, by
@@ -205,12 +205,16 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
 void check_int4_route(Int4Route route, const char* op);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
-// The LLVM kernels (run_w4a8: any path whose host runs LLVM code, see
-// w4a8_kernels_usable) and the oracle in double (run_scalar_w4a8).
-bool w4a8_kernels_usable();
-// The main-block kernel of a W4A8 GEMM with weight p and this epilogue.
+// The JIT kernels (run_w4a8) and the oracle in double (run_scalar_w4a8).
+// The kernels' ISA on `path`: the Xbyak AVX-512 ones on amx and avx512
+// (AMX has no W4A8 kernel), the LLVM ones on llvm.
+Isa w4a8_kernel_isa(Isa path);
+// Whether they can run on `path` here (llvm: a build with LLVM, not
+// TILEJIT_BACKEND=xbyak; scalar: never).
+bool w4a8_kernels_usable(Isa path);
+// The main-block kernel of a W4A8 GEMM with weight p and this epilogue on `path`.
 std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
-                             DType out);
+                             DType out, Isa path);
 
 struct W4A8Order;  // the quad K order of one weight (ops/gemm_w4a8.cpp)
 
@@ -224,8 +228,9 @@ class W4A8Kernels {
   W4A8Kernels() = default;
   // rows: the call's rows (its remainder by mr gets its kernels up front);
   // compile = false: names and layout only (the tool's tables), no kernel.
-  W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
+  W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path,
               bool compile = true);
+  Isa isa() const { return isa_; }  // the kernels' (w4a8_kernel_isa of the path)
   // x's K in the quad order (a multiple of 16), and the u8 rows' stride.
   int64_t k_quad() const;
   int64_t ldq() const { return (k_quad() + 63) / 64 * 64; }
@@ -249,13 +254,14 @@ class W4A8Kernels {
   codegen::BrgemmFn kernel(int role, int rows, bool n_tail) const;
   std::shared_ptr<const W4A8Order> o_;
   codegen::GemmSpec spec_;
+  Isa isa_ = Isa::avx512;
   codegen::DequantFn dequant_ = nullptr;
   int mr_ = 0, rem_ = 0;
   int64_t task_rows_ = 0;
   const jit::Kernel* k_[4][2][2] = {};  // [role][mr rows, the remainder][full block, N tail]
 };
 void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
-              const GemmOptions& opt);
+              const GemmOptions& opt, Isa path);
 void run_scalar_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                      const GemmOptions& opt);
 

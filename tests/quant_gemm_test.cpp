@@ -883,8 +883,11 @@ TEST(QuantErrors, Int4RouteOptions) {
   // K past kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is an Error.
   GemmOptions big;
   EXPECT_FALSE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK + 8, big, Isa::llvm, 64));
-  // (automatic needs the LLVM kernels: not under TILEJIT_ISA=scalar or without LLVM.)
-  const bool llvm = ops::w4a8_kernels_usable();
+  // (automatic needs the path's kernels: on llvm the LLVM ones, not under
+  // TILEJIT_ISA=scalar or without LLVM; on avx512 the Xbyak ones.)
+  const bool llvm = ops::w4a8_kernels_usable(Isa::llvm);
+  const bool xbyak = ops::w4a8_kernels_usable(Isa::avx512);
+  EXPECT_FALSE(ops::w4a8_kernels_usable(Isa::scalar));
   EXPECT_EQ(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK, big, Isa::llvm, 64), llvm);
   // The automatic rule by path and M: llvm from 4 rows; avx512 from 9 where
   // the Xbyak fused kernel runs (AVX512-VBMI: it wins up to 8 rows), from 4
@@ -893,7 +896,7 @@ TEST(QuantErrors, Int4RouteOptions) {
   EXPECT_EQ(ops::w4a8_automatic(Isa::llvm, ops::kW4A8MinRows), llvm);
   const bool vbmi = runtime::xbyak_fused_quant_kernel(runtime::cpu_features());
   for (int64_t m : {3, 4, 5, 8, 9, 16, 17, 64})
-    EXPECT_EQ(ops::w4a8_automatic(Isa::avx512, m), llvm && m >= (vbmi ? 9 : 4)) << m;
+    EXPECT_EQ(ops::w4a8_automatic(Isa::avx512, m), xbyak && m >= (vbmi ? 9 : 4)) << m;
   for (int64_t m : {1, 4, 5, 16}) EXPECT_EQ(ops::quant_gemm_fused(Isa::avx512, m), vbmi) << m;
   EXPECT_FALSE(ops::quant_gemm_fused(Isa::avx512, 17));
   EXPECT_EQ(ops::quant_gemm_fused(Isa::amx, 4), vbmi);

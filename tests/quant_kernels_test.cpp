@@ -431,67 +431,91 @@ TEST(DequantKernels, MatchReferenceBitForBit) {
           }
 }
 
-#ifdef TILEJIT_HAVE_LLVM
-// The W4A8 chunk (DequantDesc::out = i8, LLVM only): q − z as s8 in the
-// int8 k-quad layout, the missing row of an odd count 0, the column sums;
-// nothing written past ⌈rows/2⌉ quad rows; comp null writes no sums.
+// The W4A8 chunk (DequantDesc::out = i8; Xbyak for the avx512 / amx paths,
+// LLVM for llvm): q − z as s8 in the int8 k-quad layout, the missing row of
+// an odd count 0, the column sums; nothing written past ⌈rows/2⌉ quad rows;
+// comp null writes no sums. Zero points up to 16 (GPTQ's old format stores
+// z − 1), so q − z spans all of [−16, 15].
 TEST(DequantKernels, W4A8ChunkExact) {
-  if (!llvm_here()) GTEST_SKIP() << "no LLVM path here";
-  for (bool zp : {false, true}) {
-    const DequantDesc d{.isa = Isa::llvm, .code = DType::u4, .zeros = zp, .out = DType::i8};
-    const codegen::llvm_backend::LlvmKernel k = codegen::llvm_backend::compile_llvm_dequant(d);
-    for (int64_t rows : {0, 1, 2, 3, 37}) {
-      for (bool with_comp : {true, false}) {
-        SCOPED_TRACE(fmt::format("zp={} rows={} comp={}", zp, rows, with_comp));
-        std::mt19937 rng(seed_of({rows, zp, with_comp}));
-        const int64_t G = 3;
-        GuardedBuffer codes(static_cast<size_t>(std::max<int64_t>(rows, 1) * 64));
-        for (int64_t i = 0; i < rows * 64; ++i) codes.as<uint8_t>()[i] = uint8_t(rng());
-        GuardedBuffer groups_buf(static_cast<size_t>(std::max<int64_t>(rows, 1)) * 4);
-        int32_t* groups = groups_buf.as<int32_t>();
-        for (int64_t r = 0; r < rows; ++r) groups[r] = int32_t(rng() % G);
-        GuardedBuffer zeros_buf(static_cast<size_t>(G * 64));
-        for (int64_t i = 0; i < G * 64; ++i) zeros_buf.as<uint8_t>()[i] = uint8_t(rng() % 17);
-        const int64_t quads = (rows + 1) / 2;
-        std::vector<uint8_t> out(static_cast<size_t>(quads * 256 + 64), 0xA5);
-        std::vector<int32_t> comp(64, 0x5A5A5A5A);
-        DequantArgs a{};
-        a.codes = codes.as<uint8_t>();
-        a.groups = groups;
-        a.zeros = zp ? zeros_buf.as<uint8_t>() : nullptr;
-        a.out = out.data();
-        a.rows = rows;
-        a.comp = with_comp ? comp.data() : nullptr;
-        k.fn<DequantFn>()(&a);
-        int bad = 0;
-        for (int64_t c = 0; c < 64; ++c) {
-          int32_t sum = 0;
-          for (int64_t r = 0; r < 2 * quads; ++r)
-            for (int p = 0; p < 2; ++p) {
-              int want = 0;
-              if (r < rows) {
-                const int q = (codes.as<uint8_t>()[r * 64 + c] >> (4 * p)) & 0xF;
-                const int z = zp ? zeros_buf.as<uint8_t>()[groups[r] * 64 + c] : 8;
-                want = q - z;
+  struct I8Kernel {
+    const char* name;
+    std::function<DequantFn(const DequantDesc&, std::shared_ptr<void>*)> make;
+  };
+  std::vector<I8Kernel> kernels;
+  if (xbyak_here())
+    kernels.push_back({"xbyak", [](const DequantDesc& d, std::shared_ptr<void>* keep) {
+                         std::shared_ptr<jit::Kernel> k =
+                             jit::make_xbyak_kernel(codegen::xbyak::emit_dequant(d));
+                         *keep = k;
+                         return k->entry<DequantFn>();
+                       }});
+#ifdef TILEJIT_HAVE_LLVM
+  if (llvm_here())
+    kernels.push_back({"llvm", [](DequantDesc d, std::shared_ptr<void>* keep) {
+                         d.isa = Isa::llvm;
+                         auto k = std::make_shared<codegen::llvm_backend::LlvmKernel>(
+                             codegen::llvm_backend::compile_llvm_dequant(d));
+                         *keep = k;
+                         return k->fn<DequantFn>();
+                       }});
+#endif
+  if (kernels.empty()) GTEST_SKIP() << "no JIT path here";
+  for (const I8Kernel& kern : kernels)
+    for (bool zp : {false, true}) {
+      const DequantDesc d{.isa = Isa::avx512, .code = DType::u4, .zeros = zp, .out = DType::i8};
+      std::shared_ptr<void> keep;
+      const DequantFn fn = kern.make(d, &keep);
+      for (int64_t rows : {0, 1, 2, 3, 37}) {
+        for (bool with_comp : {true, false}) {
+          SCOPED_TRACE(fmt::format("{} zp={} rows={} comp={}", kern.name, zp, rows, with_comp));
+          std::mt19937 rng(seed_of({rows, zp, with_comp}));
+          const int64_t G = 3;
+          GuardedBuffer codes(static_cast<size_t>(std::max<int64_t>(rows, 1) * 64));
+          for (int64_t i = 0; i < rows * 64; ++i) codes.as<uint8_t>()[i] = uint8_t(rng());
+          GuardedBuffer groups_buf(static_cast<size_t>(std::max<int64_t>(rows, 1)) * 4);
+          int32_t* groups = groups_buf.as<int32_t>();
+          for (int64_t r = 0; r < rows; ++r) groups[r] = int32_t(rng() % G);
+          GuardedBuffer zeros_buf(static_cast<size_t>(G * 64));
+          for (int64_t i = 0; i < G * 64; ++i) zeros_buf.as<uint8_t>()[i] = uint8_t(rng() % 17);
+          const int64_t quads = (rows + 1) / 2;
+          std::vector<uint8_t> out(static_cast<size_t>(quads * 256 + 64), 0xA5);
+          std::vector<int32_t> comp(64, 0x5A5A5A5A);
+          DequantArgs a{};
+          a.codes = codes.as<uint8_t>();
+          a.groups = groups;
+          a.zeros = zp ? zeros_buf.as<uint8_t>() : nullptr;
+          a.out = out.data();
+          a.rows = rows;
+          a.comp = with_comp ? comp.data() : nullptr;
+          fn(&a);
+          int bad = 0;
+          for (int64_t c = 0; c < 64; ++c) {
+            int32_t sum = 0;
+            for (int64_t r = 0; r < 2 * quads; ++r)
+              for (int p = 0; p < 2; ++p) {
+                int want = 0;
+                if (r < rows) {
+                  const int q = (codes.as<uint8_t>()[r * 64 + c] >> (4 * p)) & 0xF;
+                  const int z = zp ? zeros_buf.as<uint8_t>()[groups[r] * 64 + c] : 8;
+                  want = q - z;
+                }
+                sum += want;
+                const auto got =
+                    static_cast<int8_t>(out[size_t((r / 2) * 256 + 4 * c + 2 * (r % 2) + p)]);
+                if (got != want && bad++ < 5)
+                  ADD_FAILURE() << "row " << r << " col " << c << " parity " << p << ": got "
+                                << int(got) << ", want " << want;
               }
-              sum += want;
-              const auto got =
-                  static_cast<int8_t>(out[size_t((r / 2) * 256 + 4 * c + 2 * (r % 2) + p)]);
-              if (got != want && bad++ < 5)
-                ADD_FAILURE() << "row " << r << " col " << c << " parity " << p << ": got "
-                              << int(got) << ", want " << want;
-            }
-          const int32_t want_comp = with_comp ? sum : 0x5A5A5A5A;
-          if (comp[size_t(c)] != want_comp && bad++ < 5)
-            ADD_FAILURE() << "comp[" << c << "] = " << comp[size_t(c)] << ", want " << want_comp;
+            const int32_t want_comp = with_comp ? sum : 0x5A5A5A5A;
+            if (comp[size_t(c)] != want_comp && bad++ < 5)
+              ADD_FAILURE() << "comp[" << c << "] = " << comp[size_t(c)] << ", want " << want_comp;
+          }
+          for (size_t i = size_t(quads * 256); i < out.size(); ++i)
+            ASSERT_EQ(out[i], 0xA5) << "written past the quad rows at byte " << i;
         }
-        for (size_t i = size_t(quads * 256); i < out.size(); ++i)
-          ASSERT_EQ(out[i], 0xA5) << "written past the quad rows at byte " << i;
       }
     }
-  }
 }
-#endif
 
 }  // namespace
 }  // namespace tilejit::test

@@ -17,12 +17,14 @@
 #include "jit/registry.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "test_util.h"
 #include "tilejit/error.h"
 
 namespace tilejit {
 namespace {
 
 namespace lb = codegen::llvm_backend;
+using test::expect_tilejit_error;
 
 // Changing any one listed field of a default descriptor changes its key and
 // its equality (and, for these values, its hash): nothing in field_list() is
@@ -214,21 +216,27 @@ TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
   d = {};
   d.isa = Isa::scalar;  // no row: the reference path has no kernels
   EXPECT_THROW(jit::get(d), Error);
-  // W4A8 group kernels are LLVM code only, with the int8 dtypes.
+  // W4A8 group kernels: the llvm and avx512 rows (not AMX: no tile kernel),
+  // the int8 dtypes, kb a multiple of 16, no raw i32 out, row-major A.
   d = {};
-  d.isa = Isa::avx512;
+  d.isa = Isa::amx;
   d.a_type = DType::u8, d.b_type = DType::i8, d.acc_type = DType::i32;
-  d.kb = 32, d.w4a8 = true;
-  EXPECT_THROW(jit::get(d), Error);
+  d.kb = 32, d.w4a8 = true, d.a_packed = true;
+  expect_tilejit_error([&] { jit::get(d); }, "on the amx row; allowed: the llvm or avx512 row");
+  d.isa = Isa::avx512, d.a_packed = false, d.kb = 8;
+  expect_tilejit_error([&] { jit::get(d); }, "kb % 16 == 0");
+  d.kb = 32, d.out = DType::i32;
+  expect_tilejit_error([&] { jit::get(d); }, "on the avx512 row; allowed");
+  d.out = DType::f32;
+  if (jit::row_runs_here(*jit::find_row(jit::Family::brgemm, Isa::avx512))) {
+    EXPECT_NE(jit::get(d).entry<codegen::BrgemmFn>(), nullptr);
+  }
   d.a_type = DType::bf16, d.b_type = DType::bf16, d.acc_type = DType::f32;
   d.isa = Isa::llvm;
   EXPECT_THROW(jit::get(d), Error);
   d.b_type = DType::u4, d.b_row_bytes = 64;  // the fused decode kernel takes no w4a8
   EXPECT_THROW(jit::get(d), Error);
-  // The dequant kernel's i8 output: u4 codes on the llvm row only.
-  EXPECT_THROW(
-      jit::get(codegen::DequantDesc{.isa = Isa::avx512, .code = DType::u4, .out = DType::i8}),
-      Error);
+  // The dequant kernel's i8 output: u4 codes only.
   EXPECT_THROW(
       jit::get(codegen::DequantDesc{.isa = Isa::llvm, .code = DType::f8e4m3, .out = DType::i8}),
       Error);

@@ -601,7 +601,7 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
 // w4a8 knob is refused at load.
 TEST(TuningDb, TunedInt4RouteUsed) {
   const Isa path = runtime::active_isa();
-  if (path == Isa::scalar || !ops::w4a8_kernels_usable())
+  if (path == Isa::scalar || !ops::w4a8_kernels_usable(path))
     GTEST_SKIP() << "no JIT path or no W4A8 kernels: the route is not tuned";
   const int64_t m = 40, n = 200, k = 320;
   const PackedWeight pw = int4_weight(n, k, 12);
@@ -764,9 +764,15 @@ TEST(TuningDb, TunedU4DotUsed) {
         jit::validate_entry(
             quant_entry(path, n, k, 1, WeightFormat::int4_gptq, {{"u4_dot", 1}, {"w4a8", 1}}));
       },
-      // Without LLVM the W4A8 route itself is refused first.
-      cpu_info().llvm_backend ? "w4a8=1; allowed"
-                              : "knob w4a8=1: this tilejit is built without the LLVM backend");
+      "w4a8=1; allowed");
+  // The llvm path's W4A8 kernels are LLVM code: refused there without LLVM.
+  if (!cpu_info().llvm_backend)
+    expect_tilejit_error(
+        [&] {
+          jit::validate_entry(
+              quant_entry(Isa::llvm, n, k, 40, WeightFormat::int4_gptq, {{"w4a8", 1}}));
+        },
+        "knob w4a8=1 on path=llvm: this tilejit is built without the LLVM backend");
   if (path == Isa::llvm) {
     expect_tilejit_error(
         [&] {
@@ -1222,13 +1228,14 @@ TEST(TuningDb, TunedMoeRouteAndPrefetchUsed) {
   expect_tilejit_error([&] { jit::validate_entry(bad); },
                        "knob prefetch on path=llvm; allowed: on path amx or avx512");
   if (!cpu_info().llvm_backend) {
-    bad.shape = e.shape;
+    bad.shape = jit::moe_shape_class(Isa::llvm, 1, E, K, H, I, T, WeightFormat::int4_gptq);
     bad.knobs = {{"w4a8_rows", 2}};
-    expect_tilejit_error([&] { jit::validate_entry(bad); },
-                         "knob w4a8_rows > 0: this tilejit is built without the LLVM backend");
+    expect_tilejit_error(
+        [&] { jit::validate_entry(bad); },
+        "knob w4a8_rows > 0 on path=llvm: this tilejit is built without the LLVM backend");
   }
 
-  if (ops::w4a8_kernels_usable()) {
+  if (ops::w4a8_kernels_usable(path)) {
     const auto w4a8 = run(Int4Route::w4a8), w4a16 = run(Int4Route::w4a16);
     ASSERT_NE(w4a8, w4a16);  // the routes differ, so the checks below can fail
     const uint64_t before = cache_stats().tuned_plans;

@@ -182,15 +182,19 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
   GemmOptions route_opt;
   route_opt.int4_route = p.int4_route;
-  if (m &&
-      ops::w4a8_route(p.format, p.spec.k, route_opt, codegen::gemm_isa_for_rows(isa, *m), *m)) {
+  const Isa rows_isa = m ? codegen::gemm_isa_for_rows(isa, *m) : isa;
+  if (m && ops::w4a8_route(p.format, p.spec.k, route_opt, rows_isa, *m)) {
     fmt::print(
         "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
         "into the quad K order and quantized per row, the codes as s8 (q − z) chunks "
         "(dequant out = i8), one W4A8 brgemm call per K chunk folding each scale group's "
         "int32 sums into f32 where it ends "
-        "(docs/quantized.md, W4A8); its kernels are LLVM code\n",
-        *m, p.int4_route == Int4Route::w4a8 ? "w4a8" : "automatic");
+        "(docs/quantized.md, W4A8); its kernels: {}\n",
+        *m, p.int4_route == Int4Route::w4a8 ? "w4a8" : "automatic",
+        !ops::w4a8_kernels_usable(rows_isa) ? "none here (the scalar oracle computes it)"
+        : ops::w4a8_kernel_isa(rows_isa) == Isa::llvm
+            ? "LLVM"
+            : "Xbyak AVX-512 (vpdpbusd; no AMX tile kernel)");
     return;
   }
   if (const auto fd = fused_kernel(p, isa, m))

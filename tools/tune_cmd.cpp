@@ -359,7 +359,7 @@ std::vector<Knobs> moe_candidates(const WorkloadOp& o, Isa path, int64_t t, int 
   // int4 experts: W4A8 from another row count than the automatic rule's
   // (ops::w4a8_route per expert). A threshold is tried only if it moves some
   // expert of these calls to the other route, and once per distinct set.
-  if (is_int4(wf) && ops::w4a8_kernels_usable() && std::max(o.h, o.i) <= ops::kW4A8MaxK) {
+  if (is_int4(wf) && ops::w4a8_kernels_usable(path) && std::max(o.h, o.i) <= ops::kW4A8MaxK) {
     std::set<std::vector<bool>> seen;
     std::vector<bool> dflt;
     for (int64_t n : rows)
@@ -419,7 +419,8 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
           // the other route is a candidate (knob w4a8) where W4A8 can run.
           const bool dflt_w4a8 =
               int4 && ops::w4a8_route(wf, o.k, Int4Route::automatic, rows_isa, m, "tune");
-          const bool other_route = int4 && ops::w4a8_kernels_usable() && o.k <= ops::kW4A8MaxK;
+          const bool other_route =
+              int4 && ops::w4a8_kernels_usable(rows_isa) && o.k <= ops::kW4A8MaxK;
           if (dflt_w4a8) {
             // W4A8 has no plan knob: only W4A16 (its default plan) against it.
             p.pruned = "W4A8 (the automatic route) has no plan knob: W4A16 tried";

@@ -13,6 +13,14 @@
 // ([base], [base+lda], [base+2·lda]). Int8 kernels then apply the
 // zero-point compensation and scales of Avx512Epilogue::apply_int8_and_store
 // (with a GLU, apply_int8_glu_and_store: gate and up scaled, then the GLU).
+//
+// W4A8 (desc.w4a8, the contract in codegen/brgemm_desc.h): the same int8
+// loop, and at the end of each scale group (a batch item whose
+// args.w4a8_scales entry is not null) the group's int32 sums are folded into
+// f32 sums kept in a stack block (mr × the computed columns, in L1):
+// float(acc − a_zero·comp)·a_scale·scale + f, in that order, and the
+// accumulators restart at zero. The f32 sums start at acc_in or at −0 and
+// end in the f32 epilogue (bias, activation or GLU, the store).
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -27,7 +35,14 @@ using namespace Xbyak::util;
 
 class Avx512Brgemm : public JitGenerator {
  public:
-  explicit Avx512Brgemm(const BrgemmDesc& d) : d_(d), int8_(d.a_type == DType::u8) {
+  explicit Avx512Brgemm(const BrgemmDesc& d)
+      : d_(d), int8_(d.a_type == DType::u8), w4a8_(d.w4a8), epi_d_(d) {
+    if (w4a8_) {
+      // The epilogue sees the folded f32 sums (acc_in already in them).
+      epi_d_.a_type = epi_d_.b_type = DType::bf16;
+      epi_d_.acc_type = DType::f32;
+      epi_d_.accumulate = false;
+    }
     nz_ = (d.computed_cols() + 15) / 16;
     ksplit_ = avx512_brgemm_ksplit(d.mr, nz_);
     // Int8: one register holds the broadcast A row; B gets what is left.
@@ -86,6 +101,87 @@ class Avx512Brgemm : public JitGenerator {
       for (int j = 0; j < nz_; ++j) vdpbf16ps(acc(set, r, j), breg(j), a_addr(r, u * 4));
   }
 
+  // W4A8: the stack slot of the f32 sums of row r, vector j.
+  Xbyak::Address f_slot(int r, int j) const { return ptr[rsp + (r * nz_ + j) * 64]; }
+  int64_t f_bytes() const { return int64_t{d_.mr} * nz_ * 64; }
+
+  // W4A8: the f32 sums start at acc_in (accumulate; masked past nr, whose
+  // columns the caller need not hold) or at −0.
+  void w4a8_init() {
+    const Xbyak::Zmm t = acc(0, 0, 0);
+    if (d_.accumulate) {
+      const int tail = d_.computed_cols() % 16;
+      if (tail != 0) {
+        mov(edx, (1u << tail) - 1);
+        kmovw(k2, edx);
+      }
+      mov(rax, arg(offsetof(BrgemmArgs, acc_in)));
+      mov(rbx, arg(offsetof(BrgemmArgs, ld_acc_in)));
+      for (int r = 0; r < d_.mr; ++r) {
+        for (int j = 0; j < nz_; ++j) {
+          if (tail != 0 && j == nz_ - 1)
+            vmovups(t | k2 | T_z, ptr[rax + 64 * j]);
+          else
+            vmovups(t, ptr[rax + 64 * j]);
+          vmovups(f_slot(r, j), t);
+        }
+        if (r + 1 < d_.mr) add(rax, rbx);
+      }
+      return;
+    }
+    mov(eax, 0x80000000u);
+    vpbroadcastd(t, eax);
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < nz_; ++j) vmovups(f_slot(r, j), t);
+  }
+
+  // W4A8, after a batch item: when it ends a scale group (rdx = its scale
+  // row, rcx = its column sums; both [64]), f += float(acc − a_zero·comp) ·
+  // a_scale · scale and the accumulators restart. r11 / r14 walk the lists
+  // (null lists: one group, b_scale / b_comp, ending with the last item).
+  void w4a8_group_end() {
+    Xbyak::Label no_list, check, skip;
+    test(r11, r11);
+    jz(no_list, T_NEAR);
+    mov(rdx, ptr[r11]);
+    mov(rcx, ptr[r14]);
+    add(r11, 8);
+    add(r14, 8);
+    jmp(check, T_NEAR);
+    L(no_list);
+    cmp(r10, 1);
+    jne(skip, T_NEAR);
+    mov(rdx, arg(offsetof(BrgemmArgs, b_scale)));
+    mov(rcx, arg(offsetof(BrgemmArgs, b_comp)));
+    L(check);
+    test(rdx, rdx);
+    jz(skip, T_NEAR);
+    // The A base registers are reloaded by the next item.
+    mov(rax, arg(offsetof(BrgemmArgs, a_scale)));
+    mov(rbx, arg(offsetof(BrgemmArgs, a_zero)));
+    for (int s = 1; s < ksplit_; ++s)
+      for (int r = 0; r < d_.mr; ++r)
+        for (int j = 0; j < nz_; ++j) {
+          vpaddd(acc(0, r, j), acc(0, r, j), acc(s, r, j));
+          vpxord(acc(s, r, j), acc(s, r, j), acc(s, r, j));
+        }
+    const Xbyak::Zmm t = a_reg();
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < nz_; ++j) {
+        const Xbyak::Zmm a = acc(0, r, j);
+        vmovdqu32(t, ptr[rcx + 64 * j]);
+        vpmulld(t, t, ptr_b[rbx + 4 * r]);
+        vpsubd(a, a, t);
+        vcvtdq2ps(a, a);
+        vmulps(a, a, ptr_b[rax + 4 * r]);
+        vmulps(a, a, ptr[rdx + 64 * j]);
+        vaddps(a, a, f_slot(r, j));
+        vmovups(f_slot(r, j), a);
+        vpxord(a, a, a);
+      }
+    L(skip);
+  }
+
   void advance(int64_t pairs) {
     for (int i = 0; i < (d_.mr + 2) / 3; ++i) add(abase_[i], pairs * 4);
     add(b_, pairs * d_.b_row_bytes);
@@ -93,6 +189,12 @@ class Avx512Brgemm : public JitGenerator {
 
   void generate() {
     push_callee_saved();
+    if (w4a8_) {
+      sub(rsp, f_bytes());
+      w4a8_init();
+      mov(r11, arg(offsetof(BrgemmArgs, w4a8_scales)));
+      mov(r14, arg(offsetof(BrgemmArgs, w4a8_comps)));
+    }
     const int nbase = (d_.mr + 2) / 3;
     const Xbyak::Reg64 bases[] = {rax, rbx, r12, r13};
     for (int i = 0; i < nbase; ++i) abase_[i] = bases[i];
@@ -142,6 +244,7 @@ class Avx512Brgemm : public JitGenerator {
             vdpbf16ps(acc(0, r, j), a1, ptr[b_ + rem * d_.b_row_bytes + j * 64]);
         }
       }
+      if (w4a8_) w4a8_group_end();
       add(r8, 8);
       add(r9, 8);
       dec(r10);
@@ -149,8 +252,12 @@ class Avx512Brgemm : public JitGenerator {
     }
     L(batch_done);
 
+    // W4A8: the folded f32 sums (the k-split copies are in them).
+    if (w4a8_)
+      for (int r = 0; r < d_.mr; ++r)
+        for (int j = 0; j < nz_; ++j) vmovups(acc(0, r, j), f_slot(r, j));
     // Epilogue: fold the k-split copies, then bias/activation/convert/store row by row.
-    for (int s = 1; s < ksplit_; ++s)
+    for (int s = 1; s < ksplit_ && !w4a8_; ++s)
       for (int r = 0; r < d_.mr; ++r)
         for (int j = 0; j < nz_; ++j) {
           if (int8_)
@@ -159,7 +266,7 @@ class Avx512Brgemm : public JitGenerator {
             vaddps(acc(0, r, j), acc(0, r, j), acc(s, r, j));
         }
     const int first_free = d_.mr * nz_;
-    Avx512Epilogue epi(*this, d_,
+    Avx512Epilogue epi(*this, epi_d_,
                        {Xbyak::Zmm(first_free), Xbyak::Zmm(first_free + 1),
                         Xbyak::Zmm(first_free + 2), Xbyak::Zmm(first_free + 3)});
     const int tail_cols = d_.nr % 16;
@@ -170,13 +277,14 @@ class Avx512Brgemm : public JitGenerator {
     mov(rsi, arg(offsetof(BrgemmArgs, c)));     // C row pointer
     mov(r11, arg(offsetof(BrgemmArgs, ldc)));   // ldc
     mov(r14, arg(offsetof(BrgemmArgs, bias)));  // bias
-    if (d_.accumulate) {
+    if (epi_d_.accumulate) {
       mov(r8, arg(offsetof(BrgemmArgs, acc_in)));     // acc_in row
       mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));  // its stride
     }
     // Int8: the scales and zero points (the A base registers are free now).
     const Avx512Epilogue::Int8Regs q{rax, rbx, r12, r13};
-    if (int8_ && d_.out != DType::i32) {
+    const bool int8_epi = int8_ && !w4a8_;  // W4A8 stores f32 sums
+    if (int8_epi && d_.out != DType::i32) {
       mov(q.a_scale, arg(offsetof(BrgemmArgs, a_scale)));
       mov(q.a_zero, arg(offsetof(BrgemmArgs, a_zero)));
       mov(q.b_scale, arg(offsetof(BrgemmArgs, b_scale)));
@@ -188,10 +296,10 @@ class Avx512Brgemm : public JitGenerator {
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nout; ++j) {
         const bool last = j == nout - 1 && tail_cols != 0;
-        if (int8_ && d_.glu != Glu::none)
+        if (int8_epi && d_.glu != Glu::none)
           epi.apply_int8_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, r, q, rsi, r14,
                                        last ? &k1 : nullptr, r8);
-        else if (int8_)
+        else if (int8_epi)
           epi.apply_int8_and_store(acc(0, r, j), j, r, q, rsi, r14, last ? &k1 : nullptr, r8);
         else if (d_.glu != Glu::none)
           epi.apply_glu_and_store(acc(0, r, j), acc(0, r, j + 2), j, rsi, r14, last ? &k1 : nullptr,
@@ -201,16 +309,18 @@ class Avx512Brgemm : public JitGenerator {
       }
       if (r + 1 < d_.mr) {
         add(rsi, r11);
-        if (d_.accumulate) add(r8, r9);
+        if (epi_d_.accumulate) add(r8, r9);
       }
     }
     vzeroupper();
+    if (w4a8_) add(rsp, f_bytes());
     pop_callee_saved();
     ret();
   }
 
   const BrgemmDesc& d_;
-  const bool int8_;
+  const bool int8_, w4a8_;
+  BrgemmDesc epi_d_;  // what the epilogue sees (W4A8: f32 sums)
   int nz_ = 1, ksplit_ = 1, b_regs_ = 1;
   Xbyak::Reg64 abase_[4];
   const Xbyak::Reg64 lda_ = r15;

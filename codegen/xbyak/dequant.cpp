@@ -268,9 +268,130 @@ class DequantKernel : public JitGenerator {
   bool fp8_, mx_, zeros_, check_;
 };
 
+// out = i8 (W4A8, u4 codes; the contract in codegen/quant_desc.h): per quad
+// row j, k-pair rows r0 = 2j and r1 = 2j + 1 (absent for an odd count: its
+// bytes 0), per 16 columns: the code bytes widened to dwords (vpmovzxbd),
+// the nibbles minus the row's zero points in int32 (exact), their sum added
+// to the column sums, and the dword (e0, o0, e1, o1) of each column put
+// together by shifts that drop all but each value's low byte (its s8 code).
+class DequantI8Kernel : public JitGenerator {
+ public:
+  explicit DequantI8Kernel(const DequantDesc& d) : zeros_(d.zeros) {
+    if (d.code != DType::u4)
+      throw std::invalid_argument("emit_dequant: out i8 is for u4 codes only");
+    generate();
+  }
+
+ private:
+  const Xbyak::Reg64 codes_ = rsi, groups_ = rdx, zp_ = r9, out_ = r10, quads_ = rcx;
+  const Xbyak::Reg64 z0_ = rax, z1_ = r11;  // the two rows' zero-point rows
+  Zmm Sum(int i) const { return Zmm(16 + i); }
+  const Zmm c_mask_ = Zmm(24);   // 0xF
+  const Zmm c_byte_ = Zmm(25);   // 0xFF
+  const Zmm c_eight_ = Zmm(26);  // the zero point without zeros
+
+  // The zero-point row of the group of the k-pair row at groups_ + 4·r.
+  void zero_row(const Xbyak::Reg64& dst, int r) {
+    if (!zeros_) return;
+    movsxd(dst, dword[groups_ + 4 * r]);
+    shl(dst, 6);
+    add(dst, zp_);
+  }
+
+  // The 16 columns i of one k-pair row (r = 0 or 1 of the quad): even and
+  // odd codes minus the zero points, as int32 in e and o.
+  void nibbles(int r, int i, const Zmm& e, const Zmm& o, const Zmm& z) {
+    vpmovzxbd(o, xword[codes_ + 64 * r + 16 * i]);
+    vpandd(e, o, c_mask_);
+    vpsrld(o, o, 4);
+    if (zeros_) {
+      vpmovzxbd(z, xword[(r == 0 ? z0_ : z1_) + 16 * i]);
+      vpsubd(e, e, z);
+      vpsubd(o, o, z);
+    } else {
+      vpsubd(e, e, c_eight_);
+      vpsubd(o, o, c_eight_);
+    }
+  }
+
+  void quad(bool two_rows) {
+    zero_row(z0_, 0);
+    if (two_rows) zero_row(z1_, 1);
+    for (int line = 0; line < 2; ++line) prefetcht1(ptr[codes_ + kPrefetchBytes + 64 * line]);
+    const Zmm e0 = Zmm(0), o0 = Zmm(1), e1 = Zmm(2), o1 = Zmm(3), z = Zmm(4), t = Zmm(5);
+    for (int i = 0; i < 4; ++i) {
+      nibbles(0, i, e0, o0, z);
+      vpaddd(Sum(i), Sum(i), e0);
+      vpaddd(Sum(i), Sum(i), o0);
+      vpandd(e0, e0, c_byte_);
+      vpslld(o0, o0, 24);
+      vpsrld(o0, o0, 16);  // byte 1
+      vpord(e0, e0, o0);
+      if (two_rows) {
+        nibbles(1, i, e1, o1, z);
+        vpaddd(Sum(i), Sum(i), e1);
+        vpaddd(Sum(i), Sum(i), o1);
+        vpslld(t, e1, 24);
+        vpsrld(t, t, 8);              // byte 2
+        vpslld(o1, o1, 24);           // byte 3
+        vpternlogd(e0, t, o1, 0xFE);  // e0 | t | o1
+      }
+      vmovups(ptr[out_ + 64 * i], e0);
+    }
+  }
+
+  void generate() {
+    mov(codes_, arg(offsetof(DequantArgs, codes)));
+    mov(groups_, arg(offsetof(DequantArgs, groups)));
+    if (zeros_) mov(zp_, arg(offsetof(DequantArgs, zeros)));
+    mov(out_, arg(offsetof(DequantArgs, out)));
+    mov(r8, arg(offsetof(DequantArgs, rows)));
+    for (int i = 0; i < 4; ++i) vpxord(Sum(i), Sum(i), Sum(i));
+    mov(eax, 0xF);
+    vpbroadcastd(c_mask_, eax);
+    mov(eax, 0xFF);
+    vpbroadcastd(c_byte_, eax);
+    if (!zeros_) {
+      mov(eax, 8);
+      vpbroadcastd(c_eight_, eax);
+    }
+    Xbyak::Label quad_loop, pairs_done, done;
+    mov(quads_, r8);
+    sar(quads_, 1);  // whole quads (rows >= 0)
+    jle(pairs_done, T_NEAR);
+    L(quad_loop);
+    quad(true);
+    add(codes_, 128);
+    add(groups_, 8);
+    add(out_, 256);
+    dec(quads_);
+    jnz(quad_loop, T_NEAR);
+    L(pairs_done);
+    test(r8, 1);
+    jz(done, T_NEAR);
+    quad(false);  // the odd last k-pair row: the quad's second half is 0
+    L(done);
+    mov(rax, arg(offsetof(DequantArgs, comp)));
+    Xbyak::Label no_comp;
+    test(rax, rax);
+    jz(no_comp, T_NEAR);
+    for (int i = 0; i < 4; ++i) vmovups(ptr[rax + 64 * i], Sum(i));
+    L(no_comp);
+    vzeroupper();
+    ret();
+  }
+
+  bool zeros_;
+};
+
 }  // namespace
 
 std::vector<uint8_t> emit_dequant(const DequantDesc& d) {
+  if (d.out == DType::i8) {
+    DequantI8Kernel g(d);
+    return g.finish();
+  }
+  if (d.out != DType::bf16) throw std::invalid_argument("emit_dequant: out must be bf16 or i8");
   DequantKernel g(d);
   return g.finish();
 }
