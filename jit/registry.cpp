@@ -35,7 +35,8 @@ namespace {
 constexpr const char* kAmxLimits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= 32, 1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
     "or a=u8 b=i8 acc=i32 (W8A8) with kb % 4 == 0, a_packed, out i32|f32|bf16 "
-    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32)";
+    "(i32: the raw sums, no bias, act or GLU; GLU: nr <= 32); "
+    "w4a8 (a=u8 b=i8 acc=i32, B in [-16, 15]) with kb % 64 == 0, row-major A, out f32|bf16";
 constexpr const char* kAvx512Limits =
     "a=bf16 b=bf16 acc=f32, 1 <= mr <= avx512_brgemm_max_mr(nr) (the zmm budget), "
     "1 <= nr <= 64 (GLU: <= 32), kb >= 1, out f32|bf16; "
@@ -235,15 +236,16 @@ const Kernel& brgemm_slow(const codegen::BrgemmDesc& d) {
                       d.key(), codegen::bias_kind_name(d.bias), activation_name(d.act),
                       codegen::glu_name(d.glu)));
     if (d.w4a8) {
-      // The W4A8 group kernel (BrgemmDesc::w4a8): LLVM, and Xbyak AVX-512
-      // (which the amx path's W4A8 runs too).
-      if (row.path == Isa::amx || d.kb % 16 != 0 || d.out == DType::i32 || d.a_packed)
+      // The W4A8 group kernel (BrgemmDesc::w4a8): every row, over row-major
+      // A; AMX's items are whole tile K steps (64 bytes).
+      const int64_t kb_unit = row.path == Isa::amx ? 64 : 16;
+      if (d.kb % kb_unit != 0 || d.out == DType::i32 || d.a_packed)
         throw Error(fmt::format(
-            "brgemm: w4a8 descriptor {} on the {} row; allowed: the llvm or avx512 row with "
-            "kb % 16 == 0, out f32|bf16, apack=0",
-            d.key(), isa_name(row.path)));
+            "brgemm: w4a8 descriptor {} on the {} row; allowed: kb % {} == 0, out f32|bf16, "
+            "apack=0",
+            d.key(), isa_name(row.path), kb_unit));
     }
-    if (d.isa == Isa::amx && !d.a_packed)
+    if (d.isa == Isa::amx && !d.a_packed && !d.w4a8)
       throw Error(
           fmt::format("brgemm: AMX int8 descriptor {} has a_packed=0; allowed: a_packed "
                       "(A in the PackedA tile layout)",

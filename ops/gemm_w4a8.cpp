@@ -46,7 +46,11 @@ namespace tilejit::ops {
 namespace {
 
 constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
-constexpr int64_t kStep = 16;  // K elements of the kernel's 16-bit step (BrgemmDesc::w4a8)
+// K elements a run of the quad order is padded to: the vector kernels' 16-bit
+// step (BrgemmDesc::w4a8), AMX's tile K step (64 bytes of u8).
+int64_t quad_step(Isa kernel_isa) {
+  return kernel_isa == Isa::amx ? 64 : 16;
+}
 // K of the s8 chunk a task converts at once (whole runs; a longer run is a
 // chunk of its own): 128 KiB for a 64-column block, L2-resident.
 constexpr int64_t kChunkK = 2048;
@@ -58,7 +62,7 @@ constexpr int64_t kChunkK = 2048;
 struct W4A8Run {
   int64_t pair0 = 0, pairs = 0;  // k-pair rows [pair0, pair0 + pairs) of the codes
   int32_t group = 0;             // the scales' row
-  int64_t k0 = 0, klen = 0;      // quad-order K offset and length (multiples of kStep)
+  int64_t k0 = 0, klen = 0;      // quad-order K offset and length (multiples of quad_step)
 };
 
 struct W4A8Order {
@@ -68,15 +72,16 @@ struct W4A8Order {
   // call per row block, which folds each run's scale group in turn.
   std::vector<std::pair<size_t, size_t>> chunks;
   int64_t k_total = 0;
-  int64_t kb = kStep;     // the kernels' K per batch item: divides every run's klen
+  int64_t kb = 16;        // the kernels' K per batch item: divides every run's klen
   bool identity = false;  // the quad order is x's own K order: no gather
 };
 
 namespace {
 
-W4A8Order quad_order(const PackedWeight::Impl& p) {
+W4A8Order quad_order(const PackedWeight::Impl& p, int64_t step) {
   const QuantTables& q = *p.quant;
   W4A8Order o;
+  o.kb = step;
   // The k-pair rows that hold channels (q.groups goes on over the layout's
   // zero padding to whole K steps).
   const int64_t pairs = (q.k_packed + 1) / 2;
@@ -87,7 +92,7 @@ W4A8Order quad_order(const PackedWeight::Impl& p) {
     while (r < pairs && q.groups[static_cast<size_t>(r)] == run.group) ++r;
     run.pairs = r - run.pair0;
     run.k0 = o.k_total;
-    run.klen = (2 * run.pairs + kStep - 1) / kStep * kStep;
+    run.klen = (2 * run.pairs + step - 1) / step * step;
     o.k_total += run.klen;
     o.runs.push_back(run);
   }
@@ -98,6 +103,7 @@ W4A8Order quad_order(const PackedWeight::Impl& p) {
     c0 = c1;
   }
   for (int64_t kb : {128, 64, 32}) {
+    if (kb < step) break;
     if (std::all_of(o.runs.begin(), o.runs.end(),
                     [&](const W4A8Run& r) { return r.klen % kb == 0; })) {
       o.kb = kb;
@@ -157,7 +163,7 @@ bool w4a8_automatic(Isa path, int64_t m) {
   // wins from 4 rows (1.6x on an AVX2 host, a tie on an AVX-512 one); on
   // avx512 the Xbyak fused decode kernel wins up to 8 rows, W4A8 beats it
   // from 9-10 and the dequant route (hosts without VBMI) from 4-5 rows. On
-  // amx the AMX bf16 kernels stay (W4A8 has no AMX kernel). Without its
+  // amx the AMX bf16 kernels stay (W4A8's AMX kernel is unmeasured). Without its
   // kernels W4A8 would be the scalar oracle: never automatic.
   if (m < kW4A8MinRows || !w4a8_kernels_usable(path)) return false;
   if (path == Isa::llvm) return true;
@@ -187,16 +193,16 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
 }
 
 Isa w4a8_kernel_isa(Isa path) {
-  return path == Isa::llvm ? Isa::llvm : Isa::avx512;
+  return path;
 }
 
 bool w4a8_kernels_usable(Isa path) {
   switch (path) {
     case Isa::amx:
     case Isa::avx512:
-      // The Xbyak AVX-512 kernels (VNNI's vpdpbusd: part of the avx512
-      // path's features), in every build.
-      return runtime::usable_features().contains(runtime::isa_features(Isa::avx512));
+      // The Xbyak kernels (AMX's tdpbusd, AVX-512 VNNI's vpdpbusd: each
+      // part of its path's features), in every build.
+      return runtime::usable_features().contains(runtime::isa_features(path));
     case Isa::llvm:
 #ifdef TILEJIT_HAVE_LLVM
       return runtime::usable_features().contains(runtime::isa_features(Isa::llvm)) &&
@@ -219,7 +225,7 @@ std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias
 
 W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
                          Isa path, bool compile)
-    : o_(std::make_shared<const W4A8Order>(quad_order(p))),
+    : o_(std::make_shared<const W4A8Order>(quad_order(p, quad_step(w4a8_kernel_isa(path))))),
       spec_(spec),
       isa_(w4a8_kernel_isa(path)) {
   const QuantTables& q = *p.quant;
@@ -230,8 +236,9 @@ W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& s
   // Tasks take whole mr blocks but the last one's (task_rows is a multiple of mr).
   rem_ = static_cast<int>(rows % mr_);
   if (!compile) return;
-  dequant_ = jit::get(codegen::DequantDesc{isa_, DType::u4, q.zeros != nullptr, q.normal_products,
-                                           DType::i8})
+  // (The Xbyak dequant kernel serves the amx path too.)
+  dequant_ = jit::get(codegen::DequantDesc{isa_ == Isa::llvm ? Isa::llvm : Isa::avx512, DType::u4,
+                                           q.zeros != nullptr, q.normal_products, DType::i8})
                  .entry<codegen::DequantFn>();
   const bool glu = spec_.glu != codegen::Glu::none;
   const int64_t out_block = glu ? 32 : kBlockN;
@@ -355,7 +362,7 @@ void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, c
       d.rows = r.pairs;
       d.comp = comp + (i - c0) * kBlockN;
       dequant_(&d);
-      // The run's padding to kStep: weights 0 (quad rows of 256 bytes).
+      // The run's padding to its step: weights 0 (quad rows of 256 bytes).
       const int64_t done = (r.pairs + 1) / 2 * 256;
       std::memset(out + done, 0, static_cast<size_t>(r.klen * kBlockN - done));
       const int64_t items = r.klen / o.kb;

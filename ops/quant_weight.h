@@ -206,8 +206,9 @@ void check_int4_route(Int4Route route, const char* op);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
 // The JIT kernels (run_w4a8) and the oracle in double (run_scalar_w4a8).
-// The kernels' ISA on `path`: the Xbyak AVX-512 ones on amx and avx512
-// (AMX has no W4A8 kernel), the LLVM ones on llvm.
+// The kernels' ISA on `path` (the rows' path, gemm_isa_for_rows): the Xbyak
+// AMX ones (tdpbusd tiles) on amx, the Xbyak AVX-512 ones on avx512, the
+// LLVM ones on llvm.
 Isa w4a8_kernel_isa(Isa path);
 // Whether they can run on `path` here (llvm: a build with LLVM, not
 // TILEJIT_BACKEND=xbyak; scalar: never).

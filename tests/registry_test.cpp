@@ -216,14 +216,17 @@ TEST(Registry, DescriptorsOutsideTheRowsLimitsAreErrors) {
   d = {};
   d.isa = Isa::scalar;  // no row: the reference path has no kernels
   EXPECT_THROW(jit::get(d), Error);
-  // W4A8 group kernels: the llvm and avx512 rows (not AMX: no tile kernel),
-  // the int8 dtypes, kb a multiple of 16, no raw i32 out, row-major A.
+  // W4A8 group kernels: every row, the int8 dtypes, kb a multiple of 16 (of
+  // 64 on AMX: whole tile K steps), no raw i32 out, row-major A.
   d = {};
   d.isa = Isa::amx;
   d.a_type = DType::u8, d.b_type = DType::i8, d.acc_type = DType::i32;
-  d.kb = 32, d.w4a8 = true, d.a_packed = true;
-  expect_tilejit_error([&] { jit::get(d); }, "on the amx row; allowed: the llvm or avx512 row");
-  d.isa = Isa::avx512, d.a_packed = false, d.kb = 8;
+  d.kb = 64, d.w4a8 = true, d.a_packed = true;
+  expect_tilejit_error([&] { jit::get(d); },
+                       "on the amx row; allowed: kb % 64 == 0, out f32|bf16, apack=0");
+  d.a_packed = false, d.kb = 32;
+  expect_tilejit_error([&] { jit::get(d); }, "kb % 64 == 0");
+  d.isa = Isa::avx512, d.kb = 8;
   expect_tilejit_error([&] { jit::get(d); }, "kb % 16 == 0");
   d.kb = 32, d.out = DType::i32;
   expect_tilejit_error([&] { jit::get(d); }, "on the avx512 row; allowed");

@@ -21,6 +21,14 @@
 // in the tiles and finish with Avx512Epilogue::apply_int8_and_store (raw
 // int32 sums with out = i32: stored straight from whole tiles), or with a
 // GLU Avx512Epilogue::apply_int8_glu_and_store from the scratch of all passes.
+//
+// W4A8 (desc.w4a8, the contract in codegen/brgemm_desc.h): the int8 tiles
+// over row-major A (lda apart; kb a multiple of 64, so no K tail), and at the
+// end of each scale group (a batch item whose args.w4a8_scales entry is not
+// null) the pass's int32 tiles are stored to the scratch, folded into an f32
+// block on the stack (mr × the computed columns) as
+// float(acc − a_zero·comp)·a_scale·scale + f, in that order, and zeroed. The
+// f32 block starts at acc_in or at −0 and ends in the f32 epilogue.
 #include <algorithm>
 
 #include "codegen/packed_layout.h"
@@ -48,7 +56,8 @@ struct AmxShape {
 
 class AmxBrgemm : public JitGenerator {
  public:
-  explicit AmxBrgemm(const BrgemmDesc& d) : d_(d), int8_(d.a_type == DType::u8) {
+  explicit AmxBrgemm(const BrgemmDesc& d)
+      : d_(d), int8_(d.a_type == DType::u8 && !d.w4a8), w4a8_(d.w4a8) {
     const AmxShape shape(d);
     mt_ = shape.mt;
     nt_ = shape.nt;
@@ -66,7 +75,7 @@ class AmxBrgemm : public JitGenerator {
   // The GLU epilogue from the scratch: row r's gate vector j and up vector j + 2.
   template <class Slot>
   void glu_epilogue(Slot slot) {
-    Avx512Epilogue epi(*this, d_, {zmm2, zmm3, zmm4, zmm5});
+    Avx512Epilogue epi(*this, epi_desc(), {zmm2, zmm3, zmm4, zmm5});
     const int tail_cols = d_.nr % 16;
     if (tail_cols != 0) {
       mov(edx, (1u << tail_cols) - 1);
@@ -75,7 +84,7 @@ class AmxBrgemm : public JitGenerator {
     mov(rdx, arg(offsetof(BrgemmArgs, c)));
     mov(r14, arg(offsetof(BrgemmArgs, ldc)));
     mov(r12, arg(offsetof(BrgemmArgs, bias)));
-    if (d_.accumulate) {
+    if (epi_desc().accumulate) {
       mov(r8, arg(offsetof(BrgemmArgs, acc_in)));
       mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
     }
@@ -90,8 +99,13 @@ class AmxBrgemm : public JitGenerator {
     const int nout = (d_.nr + 15) / 16;
     for (int r = 0; r < d_.mr; ++r) {
       for (int j = 0; j < nout; ++j) {
-        vmovups(zmm0, ptr[rsp + slot(r / 16, j) * 1024 + (r % 16) * 64]);
-        vmovups(zmm1, ptr[rsp + slot(r / 16, j + 2) * 1024 + (r % 16) * 64]);
+        if (w4a8_) {
+          vmovups(zmm0, f_slot(r, j));
+          vmovups(zmm1, f_slot(r, j + 2));
+        } else {
+          vmovups(zmm0, ptr[rsp + slot(r / 16, j) * 1024 + (r % 16) * 64]);
+          vmovups(zmm1, ptr[rsp + slot(r / 16, j + 2) * 1024 + (r % 16) * 64]);
+        }
         const Xbyak::Opmask* tail = j == nout - 1 && tail_cols != 0 ? &k1 : nullptr;
         if (int8_)
           epi.apply_int8_glu_and_store(zmm0, zmm1, j, r, q, rdx, r12, tail, r8);
@@ -100,9 +114,100 @@ class AmxBrgemm : public JitGenerator {
       }
       if (r + 1 < d_.mr) {
         add(rdx, r14);
-        if (d_.accumulate) add(r8, r9);
+        if (epi_desc().accumulate) add(r8, r9);
       }
     }
+  }
+
+  // What the epilogue sees: W4A8's folded f32 sums (acc_in already in them).
+  BrgemmDesc epi_desc() const {
+    BrgemmDesc e = d_;
+    if (w4a8_) {
+      e.a_type = e.b_type = DType::bf16;
+      e.acc_type = DType::f32;
+      e.accumulate = false;
+    }
+    return e;
+  }
+
+  // W4A8: the f32 block after the tile scratch (rsp-relative), row r,
+  // column vector j of the computed columns.
+  Xbyak::Address f_slot(int r, int j) const {
+    return ptr[rsp + f_offset_ + (int64_t{r} * nt_ + j) * 64];
+  }
+
+  // W4A8: f starts at acc_in (masked past the computed columns) or at −0.
+  void w4a8_init() {
+    const int tail = d_.computed_cols() % 16;
+    if (d_.accumulate) {
+      if (tail != 0) {
+        mov(edx, (1u << tail) - 1);
+        kmovw(k2, edx);
+      }
+      mov(rax, arg(offsetof(BrgemmArgs, acc_in)));
+      mov(rbx, arg(offsetof(BrgemmArgs, ld_acc_in)));
+      for (int r = 0; r < d_.mr; ++r) {
+        for (int j = 0; j < nt_; ++j) {
+          if (tail != 0 && j == nt_ - 1)
+            vmovups(zmm0 | k2 | T_z, ptr[rax + 64 * j]);
+          else
+            vmovups(zmm0, ptr[rax + 64 * j]);
+          vmovups(f_slot(r, j), zmm0);
+        }
+        if (r + 1 < d_.mr) add(rax, rbx);
+      }
+      return;
+    }
+    mov(eax, 0x80000000u);
+    vpbroadcastd(zmm0, eax);
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < nt_; ++j) vmovups(f_slot(r, j), zmm0);
+  }
+
+  // W4A8, after a batch item of pass p: when it ends a scale group (rdx =
+  // its scale row, rcx = its column sums, [64] each), the pass's int32
+  // tiles go to the scratch (slots 0.., 1 KiB each), are folded into f and
+  // zeroed. r12 / r14 walk the lists (null lists: one group, b_scale /
+  // b_comp, ending with the last item).
+  void w4a8_group_end(int p, int ntp) {
+    Xbyak::Label no_list, check, skip;
+    test(r12, r12);
+    jz(no_list, T_NEAR);
+    mov(rdx, ptr[r12]);
+    mov(rcx, ptr[r14]);
+    add(r12, 8);
+    add(r14, 8);
+    jmp(check, T_NEAR);
+    L(no_list);
+    cmp(r10, 1);
+    jne(skip, T_NEAR);
+    mov(rdx, arg(offsetof(BrgemmArgs, b_scale)));
+    mov(rcx, arg(offsetof(BrgemmArgs, b_comp)));
+    L(check);
+    test(rdx, rdx);
+    jz(skip, T_NEAR);
+    for (int i = 0; i < mt_; ++i)
+      for (int j = 0; j < ntp; ++j)
+        tilestored(ptr[rsp + r13 + (i * ntp_max_ + j) * 1024], acc(i, j));
+    // rax / rbx (A rows) are reloaded by the next item.
+    mov(rax, arg(offsetof(BrgemmArgs, a_scale)));
+    mov(rbx, arg(offsetof(BrgemmArgs, a_zero)));
+    for (int r = 0; r < d_.mr; ++r)
+      for (int j = 0; j < ntp; ++j) {
+        const int col_vec = p * ntp_max_ + j;
+        vmovdqu32(zmm0, ptr[rsp + ((r / 16) * ntp_max_ + j) * 1024 + (r % 16) * 64]);
+        vmovdqu32(zmm1, ptr[rcx + 64 * col_vec]);
+        vpmulld(zmm1, zmm1, ptr_b[rbx + 4 * r]);
+        vpsubd(zmm0, zmm0, zmm1);
+        vcvtdq2ps(zmm0, zmm0);
+        vmulps(zmm0, zmm0, ptr_b[rax + 4 * r]);
+        vmulps(zmm0, zmm0, ptr[rdx + 64 * col_vec]);
+        vaddps(zmm0, zmm0, f_slot(r, col_vec));
+        vmovups(f_slot(r, col_vec), zmm0);
+      }
+    for (int i = 0; i < mt_; ++i)
+      for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
+    L(skip);
   }
 
   const Xbyak::Label& config() {
@@ -116,7 +221,7 @@ class AmxBrgemm : public JitGenerator {
   }
 
   void dot(const Xbyak::Tmm& c, const Xbyak::Tmm& a, const Xbyak::Tmm& b) {
-    if (int8_)
+    if (d_.a_type == DType::u8)
       tdpbusd(c, a, b);
     else
       tdpbf16ps(c, a, b);
@@ -168,7 +273,9 @@ class AmxBrgemm : public JitGenerator {
     // A GLU pairs column tiles of different passes (gate 0..1, up 2..3), so
     // its scratch keeps every pass and the epilogue runs after the last one.
     const bool glu = d_.glu != Glu::none;
-    const int scratch = mt_ * (glu ? nt_ : ntp_max_) * 1024;
+    // W4A8: the pass's int32 tiles (unpaired slots), then the f32 block.
+    f_offset_ = mt_ * (glu && !w4a8_ ? nt_ : ntp_max_) * 1024;
+    const int scratch = static_cast<int>(f_offset_ + (w4a8_ ? int64_t{d_.mr} * nt_ * 64 : 0));
     auto slot = [&](int i, int p, int j) {
       return glu ? i * nt_ + p * ntp_max_ + j : i * ntp_max_ + j;
     };
@@ -181,19 +288,20 @@ class AmxBrgemm : public JitGenerator {
     mov(r15, arg(offsetof(BrgemmArgs, lda)));  // lda
     mov(r11, d_.b_row_bytes);                  // B tile row stride
     mov(r13, 64);                              // a_tail and scratch row stride
+    if (w4a8_) w4a8_init();
 
     // Whole 16-column tiles (no N tail, no GLU pairing): the fp32 partial
     // sums of earlier K chunks are loaded straight into the accumulators, and
     // a plain fp32 result (the partial sums of a first or middle chunk, an f32
     // GEMM without bias or activation) is stored straight from them, without
     // the stack scratch and the vector epilogue.
-    const bool whole_tiles = !glu && d_.nr % 16 == 0;
+    const bool whole_tiles = !glu && d_.nr % 16 == 0 && !w4a8_;
     const bool acc_tiles = whole_tiles && d_.accumulate;
     // (Int8: only the raw int32 sums, out = i32, which takes no bias or act.)
     const bool direct_store = whole_tiles && d_.out == (int8_ ? DType::i32 : DType::f32) &&
                               d_.bias == BiasKind::none && d_.act == Activation::none;
-    BrgemmDesc epi_desc = d_;
-    epi_desc.accumulate = d_.accumulate && !acc_tiles;  // else added in the tiles already
+    BrgemmDesc epi_d = epi_desc();
+    epi_d.accumulate = epi_d.accumulate && !acc_tiles;  // else added in the tiles already
 
     const int passes = AmxShape(d_).passes;
     for (int p = 0; p < passes; ++p) {
@@ -214,6 +322,10 @@ class AmxBrgemm : public JitGenerator {
           for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
       }
       Xbyak::Label batch_loop, batch_done, k_loop;
+      if (w4a8_) {
+        mov(r12, arg(offsetof(BrgemmArgs, w4a8_scales)));
+        mov(r14, arg(offsetof(BrgemmArgs, w4a8_comps)));
+      }
       if (d_.a_packed) {
         // r12: this pass's share of args.b_prefetch, advanced by r14 per K
         // step; without one, r12 walks nothing (the stack, stride 0).
@@ -258,6 +370,7 @@ class AmxBrgemm : public JitGenerator {
           dec(rcx);
           jnz(k_loop, T_NEAR);
         }
+        if (w4a8_) w4a8_group_end(p, ntp);
         add(r8, 8);
         add(r9, 8);
         dec(r10);
@@ -282,11 +395,16 @@ class AmxBrgemm : public JitGenerator {
             tilestored(ptr[(i == 0 ? rdx : rax) + r14 + (p * ntp_max_ + j) * 64], acc(i, j));
         continue;
       }
-      for (int i = 0; i < mt_; ++i)
-        for (int j = 0; j < ntp; ++j) tilestored(ptr[rsp + r13 + slot(i, p, j) * 1024], acc(i, j));
-      if (glu) continue;
+      if (w4a8_) {
+        if (glu || p + 1 < passes) continue;  // the epilogue reads f after the last pass
+      } else {
+        for (int i = 0; i < mt_; ++i)
+          for (int j = 0; j < ntp; ++j)
+            tilestored(ptr[rsp + r13 + slot(i, p, j) * 1024], acc(i, j));
+        if (glu) continue;
+      }
 
-      Avx512Epilogue epi(*this, epi_desc, {zmm1, zmm2, zmm3, zmm4});
+      Avx512Epilogue epi(*this, epi_d, {zmm1, zmm2, zmm3, zmm4});
       const int tail_cols = d_.nr % 16;
       if (tail_cols != 0) {
         mov(edx, (1u << tail_cols) - 1);
@@ -295,7 +413,7 @@ class AmxBrgemm : public JitGenerator {
       mov(rdx, arg(offsetof(BrgemmArgs, c)));     // C
       mov(r14, arg(offsetof(BrgemmArgs, ldc)));   // ldc
       mov(r12, arg(offsetof(BrgemmArgs, bias)));  // bias
-      if (epi_desc.accumulate) {
+      if (epi_d.accumulate) {
         mov(r8, arg(offsetof(BrgemmArgs, acc_in)));  // acc_in row (the lists are reloaded per pass)
         mov(r9, arg(offsetof(BrgemmArgs, ld_acc_in)));
       }
@@ -308,11 +426,16 @@ class AmxBrgemm : public JitGenerator {
         mov(q.b_scale, arg(offsetof(BrgemmArgs, b_scale)));
         mov(q.b_comp, arg(offsetof(BrgemmArgs, b_comp)));
       }
+      // (W4A8: every column vector from f, after the last pass.)
+      const int p0 = w4a8_ ? 0 : p, ntp_epi = w4a8_ ? nt_ : ntp;
       for (int r = 0; r < d_.mr; ++r) {
-        for (int j = 0; j < ntp; ++j) {
-          const int col_vec = p * ntp_max_ + j;
+        for (int j = 0; j < ntp_epi; ++j) {
+          const int col_vec = w4a8_ ? j : p0 * ntp_max_ + j;
           const bool last = col_vec == nt_ - 1 && tail_cols != 0;
-          vmovups(zmm0, ptr[rsp + slot(r / 16, p, j) * 1024 + (r % 16) * 64]);
+          if (w4a8_)
+            vmovups(zmm0, f_slot(r, col_vec));
+          else
+            vmovups(zmm0, ptr[rsp + slot(r / 16, p, j) * 1024 + (r % 16) * 64]);
           if (int8_)
             epi.apply_int8_and_store(zmm0, col_vec, r, q, rdx, r12, last ? &k1 : nullptr, r8);
           else
@@ -320,7 +443,7 @@ class AmxBrgemm : public JitGenerator {
         }
         if (r + 1 < d_.mr) {
           add(rdx, r14);
-          if (epi_desc.accumulate) add(r8, r9);
+          if (epi_d.accumulate) add(r8, r9);
         }
       }
     }
@@ -337,8 +460,10 @@ class AmxBrgemm : public JitGenerator {
   }
 
   const BrgemmDesc& d_;
-  const bool int8_;
+  const bool int8_;  // the int8 epilogue (W4A8 folds into f32 instead)
+  const bool w4a8_;
   int mt_ = 1, nt_ = 1, ntp_max_ = 4, b_slots_ = 3;
+  int64_t f_offset_ = 0;
 };
 
 }  // namespace

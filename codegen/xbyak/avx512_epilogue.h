@@ -91,7 +91,7 @@ class Avx512Epilogue {
              const Xbyak::Opmask* tail);
 
   JitGenerator& g_;
-  const BrgemmDesc& d_;
+  const BrgemmDesc d_;  // a copy: callers pass descriptors adjusted for the epilogue
   std::array<Xbyak::Zmm, 4> t_;
 };
 
