@@ -126,12 +126,14 @@ Role role_of(size_t i, size_t n_chunks) {
   return n_chunks == 1 ? kOnly : i == 0 ? kFirst : i == n_chunks - 1 ? kLast : kMiddle;
 }
 
-// The int8 plan over the quad K order on the kernels' ISA: its row
-// blocking (mr) and task rows.
-codegen::GemmPlan w4a8_plan(int64_t n, const W4A8Order& o, Isa kernel_isa) {
-  codegen::GemmSpec spec{n, o.k_total};
-  spec.b_type = DType::i8;
-  return codegen::plan_gemm(spec, kernel_isa);
+// The int8 plan of `spec` (its outputs and epilogue: a GLU computes whole
+// 64-column blocks, which sets the register budget of the rows) over the
+// quad K order on the kernels' ISA: its row blocking (mr) and task rows.
+codegen::GemmPlan w4a8_plan(const codegen::GemmSpec& spec, const W4A8Order& o, Isa kernel_isa) {
+  codegen::GemmSpec s = spec;
+  s.k = o.k_total;
+  s.b_type = DType::i8;
+  return codegen::plan_gemm(s, kernel_isa);
 }
 
 }  // namespace
@@ -229,8 +231,7 @@ W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& s
       spec_(spec),
       isa_(w4a8_kernel_isa(path)) {
   const QuantTables& q = *p.quant;
-  // The plan over the weight's packed columns (a GLU's gate and up both).
-  const codegen::GemmPlan plan = w4a8_plan(p.layout.n, *o_, isa_);
+  const codegen::GemmPlan plan = w4a8_plan(spec_, *o_, isa_);
   mr_ = plan.mr;
   task_rows_ = plan.task_rows();
   // Tasks take whole mr blocks but the last one's (task_rows is a multiple of mr).

@@ -721,6 +721,18 @@ std::vector<QCase> battery() {
     c.b13 = true;
     v.push_back(c);
   }
+  // W4A8 with a narrow gate/up (2I = 34 rows): the GLU kernel still computes
+  // whole 64-column blocks, so its row blocking is that of 4 zmm columns
+  // (the plan once took 3 from N and asked the AVX-512 row for mr = 9: an
+  // Error, found by the experts fuzzer); ~10 rows per expert.
+  {
+    QCase c;
+    c.fmt = QFmt::awq;
+    c.t = 40;
+    c.i = 17;
+    c.int4_route = Int4Route::w4a8;
+    v.push_back(c);
+  }
   // Static activation scales: saturating codes (decode and prefill), and the
   // fixed scales on an int8 shared expert, with int8 or fp8 routed experts.
   for (int64_t t : {5, 77}) {
