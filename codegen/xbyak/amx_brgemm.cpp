@@ -35,6 +35,7 @@
 #include "codegen/xbyak/amx_tile_config.h"
 #include "codegen/xbyak/avx512_epilogue.h"
 #include "codegen/xbyak/emitters.h"
+#include "codegen/xbyak/w4a8_fold.h"
 
 namespace tilejit::codegen::xbyak {
 namespace {
@@ -136,74 +137,19 @@ class AmxBrgemm : public JitGenerator {
     return ptr[rsp + f_offset_ + (int64_t{r} * nt_ + j) * 64];
   }
 
-  // W4A8: f starts at acc_in (masked past the computed columns) or at −0.
-  void w4a8_init() {
-    const int tail = d_.computed_cols() % 16;
-    if (d_.accumulate) {
-      if (tail != 0) {
-        mov(edx, (1u << tail) - 1);
-        kmovw(k2, edx);
-      }
-      mov(rax, arg(offsetof(BrgemmArgs, acc_in)));
-      mov(rbx, arg(offsetof(BrgemmArgs, ld_acc_in)));
-      for (int r = 0; r < d_.mr; ++r) {
-        for (int j = 0; j < nt_; ++j) {
-          if (tail != 0 && j == nt_ - 1)
-            vmovups(zmm0 | k2 | T_z, ptr[rax + 64 * j]);
-          else
-            vmovups(zmm0, ptr[rax + 64 * j]);
-          vmovups(f_slot(r, j), zmm0);
-        }
-        if (r + 1 < d_.mr) add(rax, rbx);
-      }
-      return;
-    }
-    mov(eax, 0x80000000u);
-    vpbroadcastd(zmm0, eax);
-    for (int r = 0; r < d_.mr; ++r)
-      for (int j = 0; j < nt_; ++j) vmovups(f_slot(r, j), zmm0);
-  }
-
-  // W4A8, after a batch item of pass p: when it ends a scale group (rdx =
-  // its scale row, rcx = its column sums, [64] each), the pass's int32
-  // tiles go to the scratch (slots 0.., 1 KiB each), are folded into f and
-  // zeroed. r12 / r14 walk the lists (null lists: one group, b_scale /
-  // b_comp, ending with the last item).
+  // W4A8, after a batch item of pass p that ends a scale group: the pass's
+  // int32 tiles go to the scratch (slots 0.., 1 KiB each), are folded into
+  // f and zeroed.
   void w4a8_group_end(int p, int ntp) {
-    Xbyak::Label no_list, check, skip;
-    test(r12, r12);
-    jz(no_list, T_NEAR);
-    mov(rdx, ptr[r12]);
-    mov(rcx, ptr[r14]);
-    add(r12, 8);
-    add(r14, 8);
-    jmp(check, T_NEAR);
-    L(no_list);
-    cmp(r10, 1);
-    jne(skip, T_NEAR);
-    mov(rdx, arg(offsetof(BrgemmArgs, b_scale)));
-    mov(rcx, arg(offsetof(BrgemmArgs, b_comp)));
-    L(check);
-    test(rdx, rdx);
-    jz(skip, T_NEAR);
+    Xbyak::Label skip;
+    fold_.group_end(r12, r14, r10, skip);
     for (int i = 0; i < mt_; ++i)
       for (int j = 0; j < ntp; ++j)
         tilestored(ptr[rsp + r13 + (i * ntp_max_ + j) * 1024], acc(i, j));
-    // rax / rbx (A rows) are reloaded by the next item.
-    mov(rax, arg(offsetof(BrgemmArgs, a_scale)));
-    mov(rbx, arg(offsetof(BrgemmArgs, a_zero)));
     for (int r = 0; r < d_.mr; ++r)
       for (int j = 0; j < ntp; ++j) {
-        const int col_vec = p * ntp_max_ + j;
         vmovdqu32(zmm0, ptr[rsp + ((r / 16) * ntp_max_ + j) * 1024 + (r % 16) * 64]);
-        vmovdqu32(zmm1, ptr[rcx + 64 * col_vec]);
-        vpmulld(zmm1, zmm1, ptr_b[rbx + 4 * r]);
-        vpsubd(zmm0, zmm0, zmm1);
-        vcvtdq2ps(zmm0, zmm0);
-        vmulps(zmm0, zmm0, ptr_b[rax + 4 * r]);
-        vmulps(zmm0, zmm0, ptr[rdx + 64 * col_vec]);
-        vaddps(zmm0, zmm0, f_slot(r, col_vec));
-        vmovups(f_slot(r, col_vec), zmm0);
+        fold_.fold(zmm0, zmm1, r, p * ntp_max_ + j);
       }
     for (int i = 0; i < mt_; ++i)
       for (int j = 0; j < ntp; ++j) tilezero(acc(i, j));
@@ -288,7 +234,7 @@ class AmxBrgemm : public JitGenerator {
     mov(r15, arg(offsetof(BrgemmArgs, lda)));  // lda
     mov(r11, d_.b_row_bytes);                  // B tile row stride
     mov(r13, 64);                              // a_tail and scratch row stride
-    if (w4a8_) w4a8_init();
+    if (w4a8_) fold_.init(nt_, zmm0);
 
     // Whole 16-column tiles (no N tail, no GLU pairing): the fp32 partial
     // sums of earlier K chunks are loaded straight into the accumulators, and
@@ -464,6 +410,8 @@ class AmxBrgemm : public JitGenerator {
   const bool w4a8_;
   int mt_ = 1, nt_ = 1, ntp_max_ = 4, b_slots_ = 3;
   int64_t f_offset_ = 0;
+  // (After d_: it keeps a reference to it.)
+  W4A8Fold fold_{*this, d_, [this](int r, int j) { return f_slot(r, j); }};
 };
 
 }  // namespace

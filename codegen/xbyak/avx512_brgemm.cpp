@@ -27,6 +27,7 @@
 
 #include "codegen/xbyak/avx512_epilogue.h"
 #include "codegen/xbyak/emitters.h"
+#include "codegen/xbyak/w4a8_fold.h"
 
 namespace tilejit::codegen::xbyak {
 namespace {
@@ -105,79 +106,21 @@ class Avx512Brgemm : public JitGenerator {
   Xbyak::Address f_slot(int r, int j) const { return ptr[rsp + (r * nz_ + j) * 64]; }
   int64_t f_bytes() const { return int64_t{d_.mr} * nz_ * 64; }
 
-  // W4A8: the f32 sums start at acc_in (accumulate; masked past nr, whose
-  // columns the caller need not hold) or at −0.
-  void w4a8_init() {
-    const Xbyak::Zmm t = acc(0, 0, 0);
-    if (d_.accumulate) {
-      const int tail = d_.computed_cols() % 16;
-      if (tail != 0) {
-        mov(edx, (1u << tail) - 1);
-        kmovw(k2, edx);
-      }
-      mov(rax, arg(offsetof(BrgemmArgs, acc_in)));
-      mov(rbx, arg(offsetof(BrgemmArgs, ld_acc_in)));
-      for (int r = 0; r < d_.mr; ++r) {
-        for (int j = 0; j < nz_; ++j) {
-          if (tail != 0 && j == nz_ - 1)
-            vmovups(t | k2 | T_z, ptr[rax + 64 * j]);
-          else
-            vmovups(t, ptr[rax + 64 * j]);
-          vmovups(f_slot(r, j), t);
-        }
-        if (r + 1 < d_.mr) add(rax, rbx);
-      }
-      return;
-    }
-    mov(eax, 0x80000000u);
-    vpbroadcastd(t, eax);
-    for (int r = 0; r < d_.mr; ++r)
-      for (int j = 0; j < nz_; ++j) vmovups(f_slot(r, j), t);
-  }
-
-  // W4A8, after a batch item: when it ends a scale group (rdx = its scale
-  // row, rcx = its column sums; both [64]), f += float(acc − a_zero·comp) ·
-  // a_scale · scale and the accumulators restart. r11 / r14 walk the lists
-  // (null lists: one group, b_scale / b_comp, ending with the last item).
+  // W4A8, after a batch item that ends a scale group: fold every
+  // accumulator (the k-split copies added first) and restart them.
   void w4a8_group_end() {
-    Xbyak::Label no_list, check, skip;
-    test(r11, r11);
-    jz(no_list, T_NEAR);
-    mov(rdx, ptr[r11]);
-    mov(rcx, ptr[r14]);
-    add(r11, 8);
-    add(r14, 8);
-    jmp(check, T_NEAR);
-    L(no_list);
-    cmp(r10, 1);
-    jne(skip, T_NEAR);
-    mov(rdx, arg(offsetof(BrgemmArgs, b_scale)));
-    mov(rcx, arg(offsetof(BrgemmArgs, b_comp)));
-    L(check);
-    test(rdx, rdx);
-    jz(skip, T_NEAR);
-    // The A base registers are reloaded by the next item.
-    mov(rax, arg(offsetof(BrgemmArgs, a_scale)));
-    mov(rbx, arg(offsetof(BrgemmArgs, a_zero)));
+    Xbyak::Label skip;
+    fold_.group_end(r11, r14, r10, skip);
     for (int s = 1; s < ksplit_; ++s)
       for (int r = 0; r < d_.mr; ++r)
         for (int j = 0; j < nz_; ++j) {
           vpaddd(acc(0, r, j), acc(0, r, j), acc(s, r, j));
           vpxord(acc(s, r, j), acc(s, r, j), acc(s, r, j));
         }
-    const Xbyak::Zmm t = a_reg();
     for (int r = 0; r < d_.mr; ++r)
       for (int j = 0; j < nz_; ++j) {
-        const Xbyak::Zmm a = acc(0, r, j);
-        vmovdqu32(t, ptr[rcx + 64 * j]);
-        vpmulld(t, t, ptr_b[rbx + 4 * r]);
-        vpsubd(a, a, t);
-        vcvtdq2ps(a, a);
-        vmulps(a, a, ptr_b[rax + 4 * r]);
-        vmulps(a, a, ptr[rdx + 64 * j]);
-        vaddps(a, a, f_slot(r, j));
-        vmovups(f_slot(r, j), a);
-        vpxord(a, a, a);
+        fold_.fold(acc(0, r, j), a_reg(), r, j);
+        vpxord(acc(0, r, j), acc(0, r, j), acc(0, r, j));
       }
     L(skip);
   }
@@ -191,7 +134,7 @@ class Avx512Brgemm : public JitGenerator {
     push_callee_saved();
     if (w4a8_) {
       sub(rsp, f_bytes());
-      w4a8_init();
+      fold_.init(nz_, acc(0, 0, 0));  // (the accumulators are zeroed below)
       mov(r11, arg(offsetof(BrgemmArgs, w4a8_scales)));
       mov(r14, arg(offsetof(BrgemmArgs, w4a8_comps)));
     }
@@ -321,6 +264,8 @@ class Avx512Brgemm : public JitGenerator {
   const BrgemmDesc& d_;
   const bool int8_, w4a8_;
   BrgemmDesc epi_d_;  // what the epilogue sees (W4A8: f32 sums)
+  // (After d_: it keeps a reference to it.)
+  W4A8Fold fold_{*this, d_, [this](int r, int j) { return f_slot(r, j); }};
   int nz_ = 1, ksplit_ = 1, b_regs_ = 1;
   Xbyak::Reg64 abase_[4];
   const Xbyak::Reg64 lda_ = r15;

@@ -56,7 +56,6 @@ class JitGenerator : public Xbyak::CodeGenerator {
     return std::vector<uint8_t>(p, p + getSize());
   }
 
- protected:
   // The 64-bit field at byte `offset` of the argument struct the kernel gets
   // by pointer in rdi: called with offsetof(Args, field), so the emitted
   // displacement follows the struct and no literal offset can drift from it.
@@ -64,6 +63,7 @@ class JitGenerator : public Xbyak::CodeGenerator {
     return Xbyak::util::qword[Xbyak::util::rdi + static_cast<uint32_t>(offset)];
   }
 
+ protected:
   void push_callee_saved() {
     for (const auto& r : kCalleeSaved) push(r);
   }
