@@ -108,8 +108,6 @@ std::vector<W4A8Case> cases(Isa path) {
   return v;
 }
 
-constexpr int64_t kGuard = 64;  // sentinel elements before and after C
-
 std::string run_case(const W4A8Case& c, BrgemmFn fn) {
   std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(c.str())));
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -214,14 +212,8 @@ std::string run_case(const W4A8Case& c, BrgemmFn fn) {
       }
 
   const size_t es = c.out == DType::bf16 ? 2 : 4;
-  const int64_t elems = c.mr * ldc + 2 * kGuard;
-  std::vector<uint8_t> cbuf(size_t(elems) * es);
-  for (int64_t e = 0; e < elems; ++e)
-    std::memcpy(&cbuf[size_t(e) * es],
-                es == 4 ? static_cast<const void*>(&kSentinelF32)
-                        : static_cast<const void*>(&kSentinelBf16),
-                es);
-  uint8_t* cp = cbuf.data() + kGuard * es;
+  std::vector<uint8_t> cbuf = sentinel_c(c.mr, ldc, es);
+  uint8_t* cp = cbuf.data() + kBrgemmGuard * es;
   BrgemmArgs args{};
   args.a = a_list.data();
   args.b = b_list.data();
@@ -262,15 +254,7 @@ std::string run_case(const W4A8Case& c, BrgemmFn fn) {
         msg += fmt::format("\n  C[{}, {}] bits {:#x}, the contract's f32 order gives {:#x} ({})", r,
                            n, got, want, v);
     }
-  for (int64_t e = 0; e < elems; ++e) {
-    const int64_t idx = e - kGuard;
-    if (idx >= 0 && idx < c.mr * ldc && idx % ldc < c.nr) continue;
-    const bool sentinel = std::memcmp(&cbuf[size_t(e) * es],
-                                      es == 4 ? static_cast<const void*>(&kSentinelF32)
-                                              : static_cast<const void*>(&kSentinelBf16),
-                                      es) == 0;
-    if (!sentinel && bad++ < 5) msg += fmt::format("\n  wrote outside C at element {}", idx);
-  }
+  bad += static_cast<int>(touched_outside_c(cbuf, es, c.mr, ldc, c.nr, &msg));
   return bad == 0 ? "" : fmt::format("{} mismatches:{}", bad, msg);
 }
 
