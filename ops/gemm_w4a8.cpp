@@ -194,10 +194,6 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
   return true;
 }
 
-Isa w4a8_kernel_isa(Isa path) {
-  return path;
-}
-
 bool w4a8_kernels_usable(Isa path) {
   switch (path) {
     case Isa::amx:
@@ -227,9 +223,9 @@ std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias
 
 W4A8Kernels::W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
                          Isa path, bool compile)
-    : o_(std::make_shared<const W4A8Order>(quad_order(p, quad_step(w4a8_kernel_isa(path))))),
+    : o_(std::make_shared<const W4A8Order>(quad_order(p, quad_step(path)))),
       spec_(spec),
-      isa_(w4a8_kernel_isa(path)) {
+      isa_(path) {
   const QuantTables& q = *p.quant;
   const codegen::GemmPlan plan = w4a8_plan(spec_, *o_, isa_);
   mr_ = plan.mr;

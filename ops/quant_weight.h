@@ -206,12 +206,10 @@ void check_int4_route(Int4Route route, const char* op);
 // y = act(Σ_g s_g · s_x · Σ_{k in g} (x_q − z_x)(q − z) + bias): x quantized
 // per row by opt.act_quant, exact int32 sums per scale group folded in f32.
 // The JIT kernels (run_w4a8) and the oracle in double (run_scalar_w4a8).
-// The kernels' ISA on `path` (the rows' path, gemm_isa_for_rows): the Xbyak
-// AMX ones (tdpbusd tiles) on amx, the Xbyak AVX-512 ones on avx512, the
-// LLVM ones on llvm.
-Isa w4a8_kernel_isa(Isa path);
-// Whether they can run on `path` here (llvm: a build with LLVM, not
-// TILEJIT_BACKEND=xbyak; scalar: never).
+// The kernels are those of `path` (the rows' path, gemm_isa_for_rows): the
+// Xbyak AMX ones (tdpbusd tiles) on amx, the Xbyak AVX-512 ones on avx512,
+// the LLVM ones on llvm. Whether they can run on `path` here (llvm: a build
+// with LLVM, not TILEJIT_BACKEND=xbyak; scalar: never):
 bool w4a8_kernels_usable(Isa path);
 // The main-block kernel of a W4A8 GEMM with weight p and this epilogue on `path`.
 std::string w4a8_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias, Activation act,
@@ -231,7 +229,7 @@ class W4A8Kernels {
   // compile = false: names and layout only (the tool's tables), no kernel.
   W4A8Kernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows, Isa path,
               bool compile = true);
-  Isa isa() const { return isa_; }  // the kernels' (w4a8_kernel_isa of the path)
+  Isa isa() const { return isa_; }  // the kernels' (the path's)
   // x's K in the quad order (a multiple of 16), and the u8 rows' stride.
   int64_t k_quad() const;
   int64_t ldq() const { return (k_quad() + 63) / 64 * 64; }

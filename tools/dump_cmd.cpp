@@ -191,10 +191,10 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
         "int32 sums into f32 where it ends "
         "(docs/quantized.md, W4A8); its kernels: {}\n",
         *m, p.int4_route == Int4Route::w4a8 ? "w4a8" : "automatic",
-        !ops::w4a8_kernels_usable(rows_isa)           ? "none here (the scalar oracle computes it)"
-        : ops::w4a8_kernel_isa(rows_isa) == Isa::llvm ? "LLVM"
-        : ops::w4a8_kernel_isa(rows_isa) == Isa::amx  ? "Xbyak AMX (tdpbusd tiles)"
-                                                      : "Xbyak AVX-512 (vpdpbusd)");
+        !ops::w4a8_kernels_usable(rows_isa) ? "none here (the scalar oracle computes it)"
+        : rows_isa == Isa::llvm             ? "LLVM"
+        : rows_isa == Isa::amx              ? "Xbyak AMX (tdpbusd tiles)"
+                                            : "Xbyak AVX-512 (vpdpbusd)");
     return;
   }
   if (const auto fd = fused_kernel(p, isa, m))
