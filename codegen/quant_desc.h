@@ -75,7 +75,7 @@ struct DequantDesc {
   // overflow: the kernel may skip its per-product check. The result is the
   // same either way.
   bool normal_products = false;
-  // bf16 (scaled, the W4A16 / W8A16 chunk) or i8 (u4 only, LLVM only: the
+  // bf16 (scaled, the W4A16 / W8A16 chunk) or i8 (u4 only: the
   // W4A8 chunk of q − z and its column sums).
   DType out = DType::bf16;
 

@@ -1,6 +1,7 @@
 // AVX-512 dequant kernel (DequantArgs, codegen/quant_desc.h): `rows` k-pair
 // rows of fp8 e4m3, int4 or MXFP4 e2m1 codes -> bf16 packed rows, 4 × 16
-// columns a row.
+// columns a row (and, out = i8, int4 codes -> W4A8's s8 chunk: DequantI8Kernel
+// below).
 //
 //   int4: vpmovzxbd 16 code bytes; even = b & 0xF, odd = b >> 4; minus the
 //         zero points (int32, exact), vcvtdq2ps, × scale; vcvtne2ps2bf16 puts
