@@ -21,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "codegen/gemm_plan.h"
 #include "fuzz/fuzz_util.h"
+#include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_error_bounds.h"
@@ -72,9 +74,14 @@ float scale_from(FuzzedDataProvider& f) {
 
 // The run of a packed weight against logical weights w[N, K] (double):
 // dequantize() bit-exact, gemm within the bound.
+// int4 weights also fuzz the route (GemmOptions::int4_route) and reach M
+// where the automatic route takes W4A8; a W4A8 output is checked against the
+// exact weights times x quantized per row (the W4A8 contract), within the
+// bound of its per-group f32 fold (runtime/reference_error_bounds.h; the
+// groups' Σ|S_g·s_x·s_g| bounded by Σ|x_q·w|, their count by K).
 void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vector<double>& w,
                   int64_t N, int64_t K, bool int8, const std::vector<int8_t>& w8,
-                  const std::vector<float>& s8) {
+                  const std::vector<float>& s8, bool int4 = false) {
   if (pw.n() != N || pw.k() != K) die("n()/k() differ from the checkpoint");
   std::vector<float> dq(static_cast<size_t>(N * K));
   pw.dequantize(TensorView(dq.data(), DType::f32, {N, K}));
@@ -87,13 +94,31 @@ void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vect
     // dequantized bf16 value overflows, as specified), and 0·Inf is NaN.
     finite = finite && std::fabs(w[e]) <= 1e38;
   }
-  const int64_t M = f.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int64_t M = int4 && f.ConsumeIntegralInRange(0, 3) == 0
+                        ? f.ConsumeIntegralInRange<int64_t>(4, 20)
+                        : f.ConsumeIntegralInRange<int64_t>(1, 3);
   std::vector<uint16_t> x(static_cast<size_t>(M * K));
   for (auto& v : x)
     v = runtime::f32_to_bf16(static_cast<float>(f.ConsumeIntegralInRange(-64, 64)) / 32.0f);
   std::vector<float> y(static_cast<size_t>(M * N));
   GemmOptions opt;
-  if (int8) opt.act_quant = f.ConsumeBool() ? ActQuant::dynamic_sym : ActQuant::dynamic_asym;
+  if (int8 || int4) {
+    // fixed: 1/32 steps with zero point 128 hold every x of ±2 exactly.
+    static constexpr ActQuant kRules[] = {ActQuant::dynamic_sym, ActQuant::dynamic_asym,
+                                          ActQuant::fixed};
+    opt.act_quant = f.PickValueInArray(kRules);
+    opt.act_scale = 1.0f / 32;
+  }
+  if (int4) {
+    static constexpr Int4Route kRoutes[] = {Int4Route::automatic, Int4Route::w4a16,
+                                            Int4Route::w4a8};
+    opt.int4_route = f.PickValueInArray(kRoutes);
+  }
+  const bool w4a8 =
+      int4 && ops::w4a8_route(*pw.impl(), opt, codegen::gemm_isa_for_rows(cpu_info().isa, M), M);
+  if (describe())
+    std::fprintf(stderr, "gemm M=%lld act_quant=%d int4_route=%d w4a8=%d\n", (long long)M,
+                 int(opt.act_quant), int(opt.int4_route), int(w4a8));
   gemm(TensorView(x.data(), DType::bf16, {M, K}), pw, TensorView(y.data(), DType::f32, {M, N}),
        opt);
   if (!finite) return;  // NaN / Inf weights: it ran; IEEE says the rest
@@ -101,11 +126,13 @@ void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vect
   for (int64_t i = 0; i < M; ++i) {
     float sa = 1;
     int32_t za = 0;
-    if (int8)
-      runtime::reference_act_quant_row(opt.act_quant == ActQuant::dynamic_sym
-                                           ? runtime::ActQuantRule::sym
-                                           : runtime::ActQuantRule::asym,
-                                       &x[i * K], K, K, 1, 1, 0, q.data(), &sa, &za);
+    if (int8 || w4a8)
+      runtime::reference_act_quant_row(
+          opt.act_quant == ActQuant::dynamic_sym    ? runtime::ActQuantRule::sym
+          : opt.act_quant == ActQuant::dynamic_asym ? runtime::ActQuantRule::asym
+                                                    : runtime::ActQuantRule::fixed,
+          &x[i * K], K, K, 1.0f / opt.act_scale, opt.act_scale, opt.act_zero_point, q.data(), &sa,
+          &za);
     for (int64_t j = 0; j < N; ++j) {
       double ref = 0, abs = 0, tol;
       if (int8) {
@@ -118,6 +145,14 @@ void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vect
         ref = double(acc) * sa * sw;
         tol = runtime::int8_output_bound(Activation::none, DType::f32,
                                          double(aabs) * sa * std::fabs(sw), 0, ref, ref);
+      } else if (w4a8) {
+        // The exact W4A8 value: the quantized x (the library's quantizer,
+        // bit for bit) times the exact weights.
+        for (int64_t k = 0; k < K; ++k) {
+          const double v = double(q[k] - za) * sa * w[j * K + k];
+          ref += v, abs += std::fabs(v);
+        }
+        tol = runtime::w4a8_output_bound(Activation::none, DType::f32, K, abs, 0, ref, ref);
       } else {
         for (int64_t k = 0; k < K; ++k) {
           const double v = runtime::bf16_to_f32(x[i * K + k]) * w[j * K + k];
@@ -326,7 +361,7 @@ void fuzz_int4(FuzzedDataProvider& f) {
                                                     : runtime::f16_to_f32(s16[si]);
       lw[n * K + k] = double(q - z) * s;
     }
-  check_weight(f, pw, lw, N, K, false, {}, {});
+  check_weight(f, pw, lw, N, K, false, {}, {}, true);
 }
 
 void fuzz_mxfp4(FuzzedDataProvider& f) {
