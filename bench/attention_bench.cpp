@@ -15,7 +15,7 @@
 //                                        256 skips the key columns past each block's
 //                                        last row (~(1 + 256/T)/2 of the square).
 //   BM_PrefillTilejit/D/T/threads        tilejit::flash_attn_varlen, causal
-//   BM_DramReadBandwidth/threads         streaming read over a 2 GiB buffer
+//   BM_DramReadBandwidth/threads/hugepages  streaming read over a 2 GiB buffer
 //   BM_DecodeTilejit/B/ctx/block/threads tilejit::decode_attention, cold KV cache
 //                                        (block 1, 8, 16, 64: rows scattered per key
 //                                        at block 1, per 8 keys at block 8)
@@ -52,7 +52,6 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -73,7 +72,7 @@
 
 #include "bench_util.h"
 #include "codegen/xbyak/emitters.h"
-#include "dram_bandwidth.h"
+#include "dram_refs.h"
 #include "onednn_context.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
@@ -86,26 +85,6 @@ using tilejit::TensorView;
 using namespace tilejit::bench;
 
 constexpr int64_t kHq = 32, kHkv = 8;
-
-// Anonymous mapping with transparent huge pages requested (as a large KV cache
-// of an engine would get); the callers fill it, so every page is touched
-// before a measurement. (The prefill tensors are plain std::vectors: 4 KiB
-// pages under this machine's THP "madvise" setting.)
-struct Mapping {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Mapping(size_t n) : bytes(n) {
-    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    madvise(p, n, MADV_HUGEPAGE);
-  }
-  ~Mapping() { munmap(p, bytes); }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  uint16_t* u16() const { return static_cast<uint16_t*>(p); }
-};
-
-// ---------------------------------------------------------------- peak
 
 // ---------------------------------------------------------------- prefill data
 
@@ -458,44 +437,6 @@ void BM_PrefillTilejit(benchmark::State& state, int64_t d, int64_t t, int thread
   if (full_cpu > 0) state.counters["vs_full_square_cpu"] = cpu_gflops / full_cpu;
 }
 
-// ---------------------------------------------------------------- DRAM
-
-// Streaming read bandwidth (GB/s) of `threads` threads over a 2 GiB buffer in
-// huge pages, median of 3 passes. Measured again right before every decode
-// run: the memory bus is shared with the machine's other tenants, so the
-// yardstick has to be taken under the same conditions as the run.
-const Mapping& dram_buffer() {
-  static const std::unique_ptr<Mapping> b = [] {
-    auto m = std::make_unique<Mapping>(2 * kGiB);
-    auto* w = static_cast<uint64_t*>(m->p);
-    for (size_t i = 0; i < m->bytes / 8; ++i) w[i] = i;  // touch every page, non-zero data
-    return m;
-  }();
-  return *b;
-}
-
-double dram_gbs(int threads) {
-  if (!tilejit::bench::stream_read_usable()) return 0;
-  const Mapping& b = dram_buffer();
-  std::vector<double> g;
-  for (int i = 0; i < 3; ++i) {
-    const Meter m(threads);
-    benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
-    g.push_back(double(b.bytes) / m.wall() * 1e-9);
-  }
-  return median(g);
-}
-
-void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!tilejit::bench::stream_read_usable())
-    return skip(state, "the streaming probe needs AVX-512F or AVX2");
-  const int threads = static_cast<int>(state.range(0));
-  const Mapping& b = dram_buffer();
-  for (auto _ : state) benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
-  state.counters["GBs"] =
-      benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-}
-
 // ---------------------------------------------------------------- decode
 
 constexpr int64_t kDecodeD = 128;
@@ -508,6 +449,10 @@ int64_t cache_bytes(int64_t b, int64_t ctx, bool fp8 = false) {
 struct DecodeData {
   int64_t b, ctx, bs, copies, blocks_per_seq, num_blocks;
   bool fp8;
+  // Mappings with huge pages requested, as an engine's large KV cache would
+  // get; filled here, so every page is touched before a measurement. (The
+  // prefill tensors are plain std::vectors: 4 KiB pages under this machine's
+  // THP "madvise" setting.)
   std::unique_ptr<Mapping> k, v;
   std::vector<int32_t> tables;  // [copies][B][blocks_per_seq]
   std::vector<int32_t> seq_lens;
@@ -568,7 +513,7 @@ void run_decode_bench(benchmark::State& state, bool fp8) {
   const int64_t b = state.range(0), ctx = state.range(1), bs = state.range(2);
   const int threads = static_cast<int>(state.range(3));
   DecodeData& dd = decode_data(b, ctx, bs, fp8);
-  const double ref = dram_gbs(threads);
+  const double ref = measure_dram(threads).wall_gbs;
   tilejit::set_num_threads(threads);
   dd.run(0);  // warm-up: compiles the kernel
   int64_t copy = 0;
@@ -624,8 +569,8 @@ void register_all() {
 
   for (int threads : {1, 2})
     RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
-        ->Arg(threads)
-        ->ArgName("threads")
+        ->Args({threads, 1})
+        ->ArgNames({"threads", "hugepages"})
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
 

@@ -35,7 +35,6 @@
 // pct_dram_bw (weight bytes read per second, of the measured DRAM bandwidth).
 #include <benchmark/benchmark.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -58,6 +57,7 @@
 #include "codegen/gemm_plan.h"
 #include "codegen/xbyak/emitters.h"
 #include "dram_bandwidth.h"
+#include "dram_refs.h"
 #include "jit/registry.h"
 #include "onednn_context.h"
 #include "ops/packed_weight_impl.h"
@@ -223,75 +223,11 @@ void BM_AmxReloadCeiling(benchmark::State& state) {
 
 // ---------------------------------------------------------------- DRAM
 
-constexpr size_t kDramBufferBytes = 2 * kGiB;
-
-// The streaming buffer, with transparent huge pages requested (madvise) or in
-// plain 4 KiB pages. Huge pages are the machine's real ceiling (no page walks,
-// no prefetcher stops at 4 KiB boundaries); the 4 KiB figure is what a buffer
-// from plain malloc, such as a packed weight, can expect. Both stay mapped.
-struct DramBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  bool huge = false;
-  DramBuffer(size_t n, bool h) : bytes(n), huge(h) {
-    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    auto* w = static_cast<uint64_t*>(p);
-    for (size_t i = 0; i < n / 8; ++i) w[i] = i;  // touch every page, non-zero data
-  }
-  ~DramBuffer() { munmap(p, bytes); }
-};
-
-const DramBuffer& dram_buffer(bool huge) {
-  static std::unique_ptr<DramBuffer> b[2];
-  if (!b[huge]) b[huge] = std::make_unique<DramBuffer>(kDramBufferBytes, huge);
-  return *b[huge];
-}
-
-bool dram_probe_usable() {
-  return tilejit::bench::stream_read_usable();
-}
-
-struct DramRate {
-  double wall_gbs = 0, cpu_gbs = 0;
-};
-
-// Streaming read bandwidth now: median of `passes` reads of the 2 GiB buffer.
-DramRate measure_dram(int threads, int passes, bool huge) {
-  DramRate v;
-  if (!dram_probe_usable()) return v;
-  const DramBuffer& b = dram_buffer(huge);
-  std::vector<double> g, c;
-  for (int r = 0; r < passes; ++r) {
-    const Meter t(threads);
-    benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
-    g.push_back(double(b.bytes) / t.wall() * 1e-9);
-    c.push_back(double(b.bytes) / t.cpu() * 1e-9);
-  }
-  v.wall_gbs = median(g);
-  v.cpu_gbs = median(c);
-  return v;
-}
-
-// The references of a cold-weight run, measured right before it.
-struct DramRefs {
-  DramRate huge, small;
-};
-DramRefs measure_dram_refs(int threads) {
-  return {measure_dram(threads, 3, true), measure_dram(threads, 3, false)};
-}
-
 // The same streaming read over a 32 MiB buffer that stays in the last-level
 // cache (a 4096 × 4096 bf16 weight's size): the ceiling of a hot decode GEMM,
 // whose weights are read once per call from L3.
 void BM_L3ReadBandwidth(benchmark::State& state) {
-  if (!dram_probe_usable()) {
-    state.SkipWithError("the streaming probe needs AVX-512F or AVX2");
-    for (auto _ : state) {
-    }
-    return;
-  }
+  if (!dram_probe_usable()) return skip(state, "the streaming probe needs AVX-512F or AVX2");
   const int threads = static_cast<int>(state.range(0));
   constexpr size_t kBytes = size_t(32) << 20;
   static Buffer b(kBytes);
@@ -303,23 +239,6 @@ void BM_L3ReadBandwidth(benchmark::State& state) {
   state.counters["GBs"] =
       benchmark::Counter(double(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GBs_cpu"] = double(kBytes) * double(state.iterations()) / t.cpu() * 1e-9;
-}
-
-void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!dram_probe_usable()) {
-    state.SkipWithError("the streaming probe needs AVX-512F or AVX2");
-    for (auto _ : state) {
-    }
-    return;
-  }
-  const int threads = static_cast<int>(state.range(0));
-  const DramBuffer& b = dram_buffer(state.range(1) != 0);
-  const Meter t(threads);
-  for (auto _ : state) benchmark::DoNotOptimize(tilejit::bench::stream_read(b.p, b.bytes, threads));
-  const double cpu = t.cpu();
-  state.counters["GBs"] =
-      benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBs_cpu"] = double(b.bytes) * double(state.iterations()) / cpu * 1e-9;
 }
 
 // ---------------------------------------------------------------- oneDNN
@@ -547,31 +466,6 @@ const std::vector<tilejit::PackedWeight>& tilejit_cold_copies(int64_t n, int64_t
     p.tj_shape = {n, k};
   }
   return p.tj;
-}
-
-// `dram`: the streaming read bandwidth measured right before this run (the
-// machine is shared: a reference measured minutes apart is not comparable).
-// pct_dram_bw is against huge pages (the machine's ceiling), pct_dram_bw_4k
-// against 4 KiB pages (what a malloc'd buffer such as a packed weight gets).
-void set_cold_counters(benchmark::State& state, double bytes_per_call, const Meter& t,
-                       const DramRefs& dram, double flops) {
-  const double it = double(state.iterations());
-  const double gbs = bytes_per_call * it / t.wall() * 1e-9;
-  const double cpu_gbs = bytes_per_call * it / t.cpu() * 1e-9;
-  auto pct = [](double x, double ref) { return ref > 0 ? 100.0 * x / ref : 0.0; };
-  state.counters["GBs"] =
-      benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs"] =
-      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBs_cpu"] = cpu_gbs;
-  state.counters["pct_dram_bw"] = pct(gbs, dram.huge.wall_gbs);
-  state.counters["pct_dram_bw_cpu"] = pct(cpu_gbs, dram.huge.cpu_gbs);
-  state.counters["pct_dram_bw_4k"] = pct(gbs, dram.small.wall_gbs);
-  state.counters["pct_dram_bw_4k_cpu"] = pct(cpu_gbs, dram.small.cpu_gbs);
-  state.counters["dram_GBs"] = dram.huge.wall_gbs;
-  state.counters["dram_GBs_cpu"] = dram.huge.cpu_gbs;
-  state.counters["dram4k_GBs"] = dram.small.wall_gbs;
-  state.counters["dram4k_GBs_cpu"] = dram.small.cpu_gbs;
 }
 
 void BM_TilejitGemmColdWeights(benchmark::State& state) {
@@ -845,10 +739,10 @@ void BM_RawDecodeColdPages(benchmark::State& state) {
   const Weight& w = weight(n, k);
   const size_t bytes = w.packed.packed_bytes();
   const size_t copies = copies_for(bytes);
-  static std::unique_ptr<DramBuffer> pool[2];
+  static std::unique_ptr<Mapping> pool[2];
   if (!pool[huge]) {
     pool[!huge].reset();
-    pool[huge] = std::make_unique<DramBuffer>(bytes * copies, huge);
+    pool[huge] = std::make_unique<Mapping>(bytes * copies, huge);
     for (size_t c = 0; c < copies; ++c)
       std::memcpy(static_cast<char*>(pool[huge]->p) + c * bytes, w.packed.impl()->bf16(), bytes);
   }

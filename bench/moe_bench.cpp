@@ -55,7 +55,6 @@
 // process often gets a fraction of its cores); the *_cpu counters are the
 // stable view: the rate each thread sustains while it actually runs.
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -74,7 +73,7 @@
 
 #include "bench_util.h"
 #include "codegen/xbyak/emitters.h"
-#include "dram_bandwidth.h"
+#include "dram_refs.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
 #include "tilejit/tilejit.h"
@@ -84,44 +83,6 @@ namespace {
 using tilejit::DType;
 using tilejit::TensorView;
 using namespace tilejit::bench;
-
-// ---------------------------------------------------------------- peak
-
-// ---------------------------------------------------------------- DRAM
-
-struct DramRate {
-  double wall_gbs = 0, cpu_gbs = 0;
-};
-
-// Streaming read bandwidth of `threads` threads over a 2 GiB buffer in huge
-// pages (packed weights get 2 MiB-aligned MADV_HUGEPAGE pages too), median of
-// 3 passes, wall clock and process CPU time / threads. Measured right before
-// each decode run: on this shared machine a reference taken minutes apart is
-// not comparable. The buffer stays mapped (touched once).
-DramRate measure_dram(int threads) {
-  DramRate r;
-  if (!tilejit::bench::stream_read_usable()) return r;
-  constexpr size_t bytes = 2 * kGiB;
-  static void* const buf = [] {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return static_cast<void*>(nullptr);
-    madvise(p, bytes, MADV_HUGEPAGE);
-    auto* w = static_cast<uint64_t*>(p);
-    for (size_t i = 0; i < bytes / 8; ++i) w[i] = i;  // touch every page, non-zero data
-    return p;
-  }();
-  if (buf == nullptr) return r;
-  std::vector<double> g, c;
-  for (int i = 0; i < 3; ++i) {
-    const Meter m(threads);
-    benchmark::DoNotOptimize(tilejit::bench::stream_read(buf, bytes, threads));
-    g.push_back(double(bytes) / m.wall() * 1e-9);
-    c.push_back(double(bytes) / m.cpu() * 1e-9);
-  }
-  r.wall_gbs = median(g);
-  r.cpu_gbs = median(c);
-  return r;
-}
 
 // ---------------------------------------------------------------- layers
 
@@ -439,16 +400,6 @@ void BM_QuantExperts(benchmark::State& state, LayerShape s, QFormat f) {
   }
 }
 
-void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!tilejit::bench::stream_read_usable())
-    return skip(state, "the streaming probe needs AVX-512F or AVX2");
-  const int threads = static_cast<int>(state.range(0));
-  DramRate r;
-  for (auto _ : state) r = measure_dram(threads);  // one measurement per repetition
-  state.counters["GBs"] = r.wall_gbs;
-  state.counters["GBs_cpu"] = r.cpu_gbs;
-}
-
 // The routers on their own: T tokens of random logits over E experts, top k
 // (renormalized softmax, or sigmoid), tokens per second. Arguments:
 // {T, E, k, sigmoid, threads}.
@@ -486,8 +437,8 @@ void register_all() {
             ->Unit(benchmark::kMicrosecond);
   for (int threads : {1, 2})
     RegisterBenchmark("BM_DramReadBandwidth", BM_DramReadBandwidth)
-        ->Arg(threads)
-        ->ArgName("threads")
+        ->Args({threads, 1})
+        ->ArgNames({"threads", "hugepages"})
         ->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

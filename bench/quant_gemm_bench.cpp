@@ -46,7 +46,6 @@
 // with the message.
 #include <benchmark/benchmark.h>
 #include <omp.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -66,7 +65,7 @@
 
 #include "bench_util.h"
 #include "codegen/gemm_plan.h"
-#include "dram_bandwidth.h"
+#include "dram_refs.h"
 #include "onednn_context.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
@@ -310,72 +309,6 @@ double path_peak_per_core(Isa isa, DType op = DType::bf16) {
   return tilejit::jit::path_peak_gflops(isa, op);
 }
 
-// ---------------------------------------------------------------- DRAM
-
-constexpr size_t kDramBufferBytes = 2 * kGiB;
-
-// The streaming buffer with transparent huge pages requested or in 4 KiB pages
-// (as gemm_bench: the first is the machine's ceiling, the second what a
-// malloc'd packed weight gets).
-struct DramBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DramBuffer(size_t n, bool huge) : bytes(n) {
-    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    auto* w = static_cast<uint64_t*>(p);
-    for (size_t i = 0; i < n / 8; ++i) w[i] = i;
-  }
-  ~DramBuffer() { munmap(p, bytes); }
-  DramBuffer(const DramBuffer&) = delete;
-  DramBuffer& operator=(const DramBuffer&) = delete;
-};
-const DramBuffer& dram_buffer(bool huge) {
-  static std::unique_ptr<DramBuffer> b[2];
-  if (!b[huge]) b[huge] = std::make_unique<DramBuffer>(kDramBufferBytes, huge);
-  return *b[huge];
-}
-bool dram_probe_usable() {
-  return tilejit::bench::stream_read_usable();
-}
-
-struct DramRate {
-  double wall_gbs = 0, cpu_gbs = 0;
-};
-DramRate measure_dram(int threads, int passes, bool huge) {
-  DramRate v;
-  if (!dram_probe_usable()) return v;
-  const DramBuffer& b = dram_buffer(huge);
-  std::vector<double> g, c;
-  for (int r = 0; r < passes; ++r) {
-    const Meter t(threads);
-    benchmark::DoNotOptimize(stream_read(b.p, b.bytes, threads));
-    g.push_back(double(b.bytes) / t.wall() * 1e-9);
-    c.push_back(double(b.bytes) / t.cpu() * 1e-9);
-  }
-  v.wall_gbs = median(g);
-  v.cpu_gbs = median(c);
-  return v;
-}
-struct DramRefs {
-  DramRate huge, small;
-};
-DramRefs measure_dram_refs(int threads) {
-  return {measure_dram(threads, 3, true), measure_dram(threads, 3, false)};
-}
-
-void BM_DramReadBandwidth(benchmark::State& state) {
-  if (!dram_probe_usable()) return skip(state, "the streaming probe needs AVX-512F or AVX2");
-  const int threads = static_cast<int>(state.range(0));
-  const DramBuffer& b = dram_buffer(state.range(1) != 0);
-  const Meter t(threads);
-  for (auto _ : state) benchmark::DoNotOptimize(stream_read(b.p, b.bytes, threads));
-  state.counters["GBs"] =
-      benchmark::Counter(double(b.bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBs_cpu"] = double(b.bytes) * double(state.iterations()) / t.cpu() * 1e-9;
-}
-
 // ---------------------------------------------------------------- rate logs
 
 // Rates of the reference runs (bf16 GEMM, oneDNN) measured in this process:
@@ -503,28 +436,6 @@ const std::vector<tilejit::PackedWeight>& cold_copies(int fmt, int64_t n, int64_
     for (auto& t : th) t.join();
   }
   return pool.copies;
-}
-
-void set_cold_counters(benchmark::State& state, double bytes_per_call, const Meter& t,
-                       const DramRefs& dram, double flops) {
-  const double it = double(state.iterations());
-  const double gbs = bytes_per_call * it / t.wall() * 1e-9;
-  const double cpu_gbs = bytes_per_call * it / t.cpu() * 1e-9;
-  auto pct = [](double x, double ref) { return ref > 0 ? 100.0 * x / ref : 0.0; };
-  state.counters["GBs"] =
-      benchmark::Counter(bytes_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs"] =
-      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBs_cpu"] = cpu_gbs;
-  state.counters["pct_dram_bw"] = pct(gbs, dram.huge.wall_gbs);
-  state.counters["pct_dram_bw_cpu"] = pct(cpu_gbs, dram.huge.cpu_gbs);
-  state.counters["pct_dram_bw_4k"] = pct(gbs, dram.small.wall_gbs);
-  state.counters["pct_dram_bw_4k_cpu"] = pct(cpu_gbs, dram.small.cpu_gbs);
-  state.counters["dram_GBs"] = dram.huge.wall_gbs;
-  state.counters["dram_GBs_cpu"] = dram.huge.cpu_gbs;
-  state.counters["dram4k_GBs"] = dram.small.wall_gbs;
-  state.counters["dram4k_GBs_cpu"] = dram.small.cpu_gbs;
-  state.counters["bytes_per_call"] = bytes_per_call;
 }
 
 using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int>;  // M, N, K, T
