@@ -455,26 +455,36 @@ RateLog& bf16_cold_log(int64_t n, int64_t k, int threads) {
   return log;
 }
 
-void BM_Bf16ColdDecode(benchmark::State& state) {
-  const int64_t n = state.range(0), k = state.range(1);
-  const int threads = static_cast<int>(state.range(2));
-  const auto& copies = cold_copies(-1, n, k);
+// One cold M = 1 run over `copies` (the part the bf16 and quantized rows
+// share): warm-up, the DRAM references, the rotating calls, the counters.
+struct ColdRun {
+  double s, cpu, it;  // wall and CPU seconds, iterations
+};
+ColdRun run_cold_decode(benchmark::State& state, const std::vector<tilejit::PackedWeight>& copies,
+                        int64_t n, int64_t k, int threads) {
   tilejit::set_num_threads(threads);
   const TensorView x(activations().u16(), DType::bf16, {1, k});
   const TensorView y(output_buffer(), DType::bf16, {1, n});
   tilejit::gemm(x, copies[0], y);  // warm-up (compile)
   const DramRefs dram = measure_dram_refs(threads);
-  size_t next = 1;
+  size_t next = 1 % copies.size();
   const Meter t(threads);
   for (auto _ : state) {
     tilejit::gemm(x, copies[next], y);
     if (++next == copies.size()) next = 0;
   }
-  const double s = t.wall(), cpu = t.cpu(), it = double(state.iterations());
-  rate_logs()[{"bf16_cold", 1, n, k, threads}].add(it / s, s, it / cpu);
+  const ColdRun r{t.wall(), t.cpu(), double(state.iterations())};
   set_cold_counters(state, double(copies[0].packed_bytes()), t, dram, 2.0 * n * k);
   state.counters["copies"] = double(copies.size());
   state.SetLabel(label_for(1, copies[0]));
+  return r;
+}
+
+void BM_Bf16ColdDecode(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  const ColdRun r = run_cold_decode(state, cold_copies(-1, n, k), n, k, threads);
+  rate_logs()[{"bf16_cold", 1, n, k, threads}].add(r.it / r.s, r.s, r.it / r.cpu);
 }
 
 void BM_QuantColdDecode(benchmark::State& state, QFmt fmt) {
@@ -487,26 +497,12 @@ void BM_QuantColdDecode(benchmark::State& state, QFmt fmt) {
     return skip(state, err);
   const RateLog& bf16 = bf16_cold_log(n, k, threads);
   const double bf16_bytes = double(bf16_weight(n, k).packed.packed_bytes());
-  const auto& copies = cold_copies(int(fmt), n, k);
-  tilejit::set_num_threads(threads);
-  const TensorView x(activations().u16(), DType::bf16, {1, k});
-  const TensorView y(output_buffer(), DType::bf16, {1, n});
-  tilejit::gemm(x, copies[0], y);  // warm-up (compile)
-  const DramRefs dram = measure_dram_refs(threads);
-  size_t next = 1;
-  const Meter t(threads);
-  for (auto _ : state) {
-    tilejit::gemm(x, copies[next], y);
-    if (++next == copies.size()) next = 0;
-  }
-  const double s = t.wall(), cpu = t.cpu(), it = double(state.iterations());
-  set_cold_counters(state, double(copies[0].packed_bytes()), t, dram, 2.0 * n * k);
-  state.counters["copies"] = double(copies.size());
+  const ColdRun r = run_cold_decode(state, cold_copies(int(fmt), n, k), n, k, threads);
   state.counters["bf16_GBs"] = bf16.rate() * bf16_bytes * 1e-9;
   state.counters["bf16_GBs_cpu"] = bf16.cpu_rate() * bf16_bytes * 1e-9;
-  state.counters["speedup_vs_bf16"] = bf16.rate() > 0 ? it / s / bf16.rate() : 0.0;
-  state.counters["speedup_vs_bf16_cpu"] = bf16.cpu_rate() > 0 ? it / cpu / bf16.cpu_rate() : 0.0;
-  state.SetLabel(label_for(1, copies[0]));
+  state.counters["speedup_vs_bf16"] = bf16.rate() > 0 ? r.it / r.s / bf16.rate() : 0.0;
+  state.counters["speedup_vs_bf16_cpu"] =
+      bf16.cpu_rate() > 0 ? r.it / r.cpu / bf16.cpu_rate() : 0.0;
 }
 
 // ---------------------------------------------------------------- hot GEMMs

@@ -457,7 +457,24 @@ std::vector<uint16_t> run_decode(const Paged& pr, int threads) {
   return out;
 }
 
-class Decode : public IsaTest {};
+class Decode : public IsaTest {
+ protected:
+  // `pr` on 1 thread (no split) and on 8 (B·Hkv < 16: the long sequences
+  // split over KV) agree. Split placement moves the running max each P row is
+  // rounded against, so the two may differ by P's bf16 rounding (2⁻⁹·max|v|,
+  // max|v| ≤ 1 here) plus the output rounding; anything larger is a merge bug.
+  void expect_split_matches_unsplit(const Paged& pr) {
+    const auto one = run_decode(pr, 1);
+    if (HasFatalFailure()) return;
+    const auto many = run_decode(pr, 8);
+    if (HasFatalFailure()) return;
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double a = bf16_to_f32(one[i]), b = bf16_to_f32(many[i]);
+      ASSERT_LE(std::fabs(a - b), std::ldexp(1.0, -8) + std::ldexp(std::fabs(a), -7))
+          << "element " << i << ": " << a << " vs " << b;
+    }
+  }
+};
 
 TEST_F(Decode, BlockSizesSplitOnAndOff) {
   for (int64_t bs : {16, 32, 64, 128}) {
@@ -465,19 +482,8 @@ TEST_F(Decode, BlockSizesSplitOnAndOff) {
     Paged pr;
     pr.lens = {1, 100, 1500};
     pr.bs = bs;
-    // 1 thread: no split. 8 threads with B·Hkv = 6 < 16: the 1500-key sequence splits.
-    const auto one = run_decode(pr, 1);
+    expect_split_matches_unsplit(pr);
     if (HasFatalFailure()) return;
-    const auto many = run_decode(pr, 8);
-    if (HasFatalFailure()) return;
-    // Split placement moves the running max each P row is rounded against, so
-    // the two may differ by P's bf16 rounding (2⁻⁹·max|v|, max|v| ≤ 1 here)
-    // plus the output rounding; anything larger is a merge bug.
-    for (size_t i = 0; i < one.size(); ++i) {
-      const double a = bf16_to_f32(one[i]), b = bf16_to_f32(many[i]);
-      ASSERT_LE(std::fabs(a - b), std::ldexp(1.0, -8) + std::ldexp(std::fabs(a), -7))
-          << "element " << i << ": " << a << " vs " << b;
-    }
   }
 }
 
@@ -489,15 +495,8 @@ TEST_F(Decode, AnyBlockSize) {
     Paged pr;
     pr.lens = {1, 5, 100, 700};
     pr.bs = bs;
-    const auto one = run_decode(pr, 1);
+    expect_split_matches_unsplit(pr);
     if (HasFatalFailure()) return;
-    const auto many = run_decode(pr, 8);
-    if (HasFatalFailure()) return;
-    for (size_t i = 0; i < one.size(); ++i) {
-      const double a = bf16_to_f32(one[i]), b = bf16_to_f32(many[i]);
-      ASSERT_LE(std::fabs(a - b), std::ldexp(1.0, -8) + std::ldexp(std::fabs(a), -7))
-          << "element " << i << ": " << a << " vs " << b;
-    }
   }
 }
 
