@@ -140,6 +140,17 @@ void check_cache(const char* op, const char* arg, const TensorView& c, int64_t h
         op, arg, shape_str(c.shape), head_dim, k_cache.shape[0], k_cache.shape[1], hkv, head_dim));
 }
 
+void check_block_ids(const char* op, const TensorView& block_table, int64_t b, int64_t keys,
+                     int64_t block_size, int64_t num_blocks) {
+  const auto* table = static_cast<const int32_t*>(block_table.data);
+  for (int64_t i = 0; i < (keys + block_size - 1) / block_size; ++i) {
+    const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
+    if (blk < 0 || blk >= num_blocks)
+      throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op, b,
+                              i, blk, num_blocks - 1));
+  }
+}
+
 std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
                                      int64_t total) {
   check_view(op, arg, t, 1);

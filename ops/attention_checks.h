@@ -58,6 +58,10 @@ struct PagedDims {
 PagedDims check_paged_attention(const char* op, const char* rows, const TensorView& q,
                                 const TensorView& k_cache, const TensorView& v_cache,
                                 const TensorView& out);
+// Row b of block_table (int32 [B, max_blocks]): the block ids of its first
+// `keys` keys (ceil(keys / block_size) entries) are in [0, num_blocks).
+void check_block_ids(const char* op, const TensorView& block_table, int64_t b, int64_t keys,
+                     int64_t block_size, int64_t num_blocks);
 // int32 [B+1] prefix sums from 0 to total; returns them.
 std::vector<int64_t> read_cu_seqlens(const char* op, const char* arg, const TensorView& t,
                                      int64_t total);

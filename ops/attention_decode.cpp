@@ -106,12 +106,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     if (len < 1 || len > capacity)
       throw Error(fmt::format("{}: seq_lens[{}]={}; allowed: 1 .. max_blocks·block_size = {}", op,
                               b, len, capacity));
-    for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
-      const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
-      if (blk < 0 || blk >= num_blocks)
-        throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op,
-                                b, i, blk, num_blocks - 1));
-    }
+    attn::check_block_ids(op, block_table, b, len, bs, num_blocks);
     lens[b] = len;
   }
   if (batch == 0) return;

@@ -96,6 +96,26 @@ inline int64_t default_splits(int64_t tasks, int64_t threads, int64_t longest) {
   return std::max<int64_t>(1, std::min((2 * threads + tasks - 1) / tasks, longest / kMinSplitKeys));
 }
 
+// The unit of work of prefill and extend: rows [r0, r0 + block rows) of
+// sequence b's kv head h, its rows (query position, head of the group)
+// position-major, so a block holds whole groups and consecutive positions.
+struct RowBlock {
+  int64_t b, h, r0;
+};
+// Every row block of a batch whose query tokens have prefix sums `cu_q`
+// [B+1], groups of `g` heads per kv head: sequence by sequence, head by head.
+inline std::vector<RowBlock> row_blocks(const std::vector<int64_t>& cu_q, int64_t g, int64_t hkv,
+                                        int64_t block_rows) {
+  std::vector<RowBlock> blocks;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t rows = (cu_q[b + 1] - cu_q[b]) * g;
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows)
+        blocks.push_back({static_cast<int64_t>(b), h, r0});
+  }
+  return blocks;
+}
+
 // Params of a call (scale defaults to 1/√D; head vectors may be strided).
 Params make_params(const AttentionOptions& opt, int64_t d, int64_t dv);
 

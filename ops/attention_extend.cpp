@@ -95,7 +95,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const int64_t max_blocks = block_table.shape[1];
   // Saturating: a table wider than any int32 length needs is not an error.
   const int64_t capacity = ops::saturating_mul(max_blocks, bs);
-  const auto* table = static_cast<const int32_t*>(block_table.data);
   const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
   std::vector<int64_t> prefix(static_cast<size_t>(batch)), mask_off(static_cast<size_t>(batch) + 1);
   std::vector<int64_t> cached_keys(static_cast<size_t>(batch));
@@ -112,12 +111,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: <= max_blocks·block_size = {}", op,
                               b, pre, capacity));
     }
-    for (int64_t i = 0; i < (cached + bs - 1) / bs; ++i) {
-      const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
-      if (blk < 0 || blk >= num_blocks)
-        throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op,
-                                b, i, blk, num_blocks - 1));
-    }
+    attn::check_block_ids(op, block_table, b, cached, bs, num_blocks);
     prefix[b] = pre;
     cached_keys[b] = cached;
     mask_off[b + 1] = mask_off[b] + n * n;
@@ -244,15 +238,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
   for (attn::Params& ph : pc) ph.key_block = blocking.key_block;
   const int64_t block_rows = blocking.rows;
 
-  struct Task {
-    int64_t b, h, r0;
-  };
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t rows = (qo[b + 1] - qo[b]) * g;
-    for (int64_t h = 0; h < hkv; ++h)
-      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) tasks.push_back({b, h, r0});
-  }
+  using Task = attn::RowBlock;
+  const std::vector<Task> tasks = attn::row_blocks(qo, g, hkv, block_rows);
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
   int64_t splits = 1;
   if (tuned_splits)

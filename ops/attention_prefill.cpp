@@ -120,17 +120,8 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
   p.key_block = blocking.key_block;
   const int64_t block_rows = blocking.rows;
 
-  // Rows of a sequence's kv head are (query position, head of the group),
-  // position-major, so a block holds whole groups and consecutive positions.
-  struct Task {
-    int64_t b, h, r0;
-  };
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t rows = (cq[b + 1] - cq[b]) * g;
-    for (int64_t h = 0; h < hkv; ++h)
-      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) tasks.push_back({b, h, r0});
-  }
+  using Task = attn::RowBlock;
+  std::vector<Task> tasks = attn::row_blocks(cq, g, hkv, block_rows);
   // Longer sequences first (they cost the most); within a sequence, one kv
   // head after the other, so a thread's consecutive tasks reuse that head's K
   // and Vᵀ from its L2 (interleaving the heads sent every K/V read to L3:
