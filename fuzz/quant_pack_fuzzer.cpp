@@ -127,12 +127,9 @@ void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vect
     float sa = 1;
     int32_t za = 0;
     if (int8 || w4a8)
-      runtime::reference_act_quant_row(
-          opt.act_quant == ActQuant::dynamic_sym    ? runtime::ActQuantRule::sym
-          : opt.act_quant == ActQuant::dynamic_asym ? runtime::ActQuantRule::asym
-                                                    : runtime::ActQuantRule::fixed,
-          &x[i * K], K, K, 1.0f / opt.act_scale, opt.act_scale, opt.act_zero_point, q.data(), &sa,
-          &za);
+      runtime::reference_act_quant_row(ops::act_quant_rule(ops::act_quant_mode(opt.act_quant)),
+                                       &x[i * K], K, K, 1.0f / opt.act_scale, opt.act_scale,
+                                       opt.act_zero_point, q.data(), &sa, &za);
     for (int64_t j = 0; j < N; ++j) {
       double ref = 0, abs = 0, tol;
       if (int8) {

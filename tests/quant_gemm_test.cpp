@@ -398,11 +398,8 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
     float sa = 1;
     int32_t za = 0;
     if (int8 || w4a8)
-      runtime::reference_act_quant_row(c.aq == ActQuant::dynamic_sym ? runtime::ActQuantRule::sym
-                                       : c.aq == ActQuant::dynamic_asym
-                                           ? runtime::ActQuantRule::asym
-                                           : runtime::ActQuantRule::fixed,
-                                       &xv[i * K], K, K, 1.0f / opt.act_scale, opt.act_scale,
+      runtime::reference_act_quant_row(ops::act_quant_rule(ops::act_quant_mode(c.aq)), &xv[i * K],
+                                       K, K, 1.0f / opt.act_scale, opt.act_scale,
                                        opt.act_zero_point, qa.data(), &sa, &za);
     for (int64_t j = 0; j < N; ++j) {
       const double b = bias_value(c, bf, bb, j);

@@ -22,6 +22,7 @@
 #include "codegen/quant_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/kernel.h"
+#include "ops/quant_weight.h"
 #include "runtime/reference_quant.h"
 #include "test_util.h"
 #ifdef TILEJIT_HAVE_LLVM
@@ -83,18 +84,6 @@ std::vector<AqKernel> act_quant_kernels(ActQuantMode mode) {
   }
 #endif
   return v;
-}
-
-runtime::ActQuantRule rule_of(ActQuantMode m) {
-  switch (m) {
-    case ActQuantMode::sym:
-      return runtime::ActQuantRule::sym;
-    case ActQuantMode::asym:
-      return runtime::ActQuantRule::asym;
-    case ActQuantMode::fixed:
-      break;
-  }
-  return runtime::ActQuantRule::fixed;
 }
 
 enum class Pattern {
@@ -223,8 +212,9 @@ void run_act_quant(const AqKernel& kern, ActQuantMode mode, const AqCase& c) {
   for (int64_t r = 0; r < c.rows; ++r) {
     float ws = 0;
     int32_t wz = 0;
-    runtime::reference_act_quant_row(rule_of(mode), x + r * c.ldx, c.k, c.k_padded, c.inv_scale,
-                                     c.fixed_scale, c.fixed_zero, want.data(), &ws, &wz);
+    runtime::reference_act_quant_row(ops::act_quant_rule(mode), x + r * c.ldx, c.k, c.k_padded,
+                                     c.inv_scale, c.fixed_scale, c.fixed_zero, want.data(), &ws,
+                                     &wz);
     const uint8_t* got = out + r * c.ld_out;
     EXPECT_EQ(bits(scale[r]), bits(ws)) << "row " << r << " scale " << scale[r] << " want " << ws;
     EXPECT_EQ(zero[r], wz) << "row " << r;
