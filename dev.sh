@@ -174,6 +174,11 @@ case "$cmd" in
     install_clang
     asan_clang_build
     fuzz/run.sh $ASAN_DIR "$seconds"
+    # The paths the run above does not take (it runs the best one): the LLVM
+    # kernels, and the AMX kernels (under the emulator where the CPU lacks
+    # AMX), for the quantized-weight harnesses.
+    TILEJIT_ISA=llvm fuzz/run.sh $ASAN_DIR "$seconds" quant_pack experts
+    TILEJIT_ISA=amx TILEJIT_AMX_EMULATE=auto fuzz/run.sh $ASAN_DIR "$seconds" quant_pack experts
     ;;
   *)
     echo "usage: ./dev.sh run|test|python|asan|asan-ci|tsan|tsan-ci|fuzz [seconds]|fuzz-ci|nollvm-ci|format-check" >&2

@@ -9,7 +9,8 @@
 # Each harness grows its corpus under BUILD_DIR/fuzz-work/<name> from the
 # committed seeds in fuzz/corpus/<name>; a crash, leak, timeout or failed
 # check leaves its input in BUILD_DIR/fuzz-crashes/ and fails the run. Every
-# run appends "date harness seconds runs result" to BUILD_DIR/fuzz-work/log.
+# run appends "date harness path=TILEJIT_ISA seconds runs result" to
+# BUILD_DIR/fuzz-work/log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: fuzz/run.sh BUILD_DIR SECONDS [harness...]}
@@ -58,7 +59,7 @@ run_one() {
     result="FAILED(exit $rc)"
     failed=1
   fi
-  echo "$(date -u +%FT%TZ) $h ${took}s ${runs:-0} $result" | tee -a "$build/fuzz-work/log"
+  echo "$(date -u +%FT%TZ) $h path=${TILEJIT_ISA:-best} ${took}s ${runs:-0} $result" | tee -a "$build/fuzz-work/log"
   if [ $rc -ne 0 ]; then
     grep -E 'ERROR|SUMMARY|fuzzer: |Test unit written' "$log" | head -20 >&2
   fi
