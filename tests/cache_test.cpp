@@ -1,13 +1,16 @@
 // Compile-once and thread safety: tilejit::gemm on a fresh shape from 8
-// threads at once, jit::KernelCache directly (one emit per key, errors reach
-// every waiter and a later call retries), and runtime::parallel_for.
+// threads at once (bf16 and quantized weights), jit::KernelCache directly (one emit per key, errors
+// reach every waiter and a later call retries), and runtime::parallel_for.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <latch>
 #include <mutex>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -103,6 +106,95 @@ TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
   run_together([&](int t) { results[t] = run_and_compare(problems[t], &w); });
   for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t]) << "thread " << t;
   EXPECT_EQ(cache_stats().compiles, after.compiles);
+}
+
+// Quantized weights from 8 threads at once: int4 on both routes (the
+// automatic rule and forced), fp8 and MXFP4, fresh shapes, each thread its
+// own M (fused decode rows, row groups, the dequant and W4A8 routes). Each
+// output must equal, bit for bit, the same call made alone afterwards (same
+// plan, same bits): nothing a call builds (activation codes, dequantized
+// chunks, W4A8 group sums) may be shared between concurrent callers.
+TEST_F(GemmConcurrency, QuantizedCallsAgreeWithSerialCalls) {
+  const int64_t N = 136, K = 200;  // fresh; an 8-column N tail, K past every 64 / 128 block
+  std::mt19937 rng(41);
+  auto bytes = [&](size_t n, int lo, int hi) {
+    std::uniform_int_distribution<int> d(lo, hi);
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+    return v;
+  };
+  // int4 GPTQ, group 64 (G = 4, the last group 8 wide), zero points.
+  const int64_t G = (K + 63) / 64, n8 = N / 8;
+  std::vector<uint8_t> qw = bytes(size_t(K / 8 * N) * 4, 0, 255),
+                       qz = bytes(size_t(G * n8) * 4, 0, 255);
+  std::vector<float> s4(static_cast<size_t>(G * N));
+  for (auto& v : s4) v = std::uniform_real_distribution<float>(0.01f, 0.02f)(rng);
+  Int4Weight i4;
+  i4.qweight = TensorView(qw.data(), DType::i32, {K / 8, N});
+  i4.scales = TensorView(s4.data(), DType::f32, {G, N});
+  i4.qzeros = TensorView(qz.data(), DType::i32, {G, n8});
+  i4.group_size = 64;
+  // fp8 e4m3 per channel: every finite code (0x7F / 0xFF are NaN).
+  std::vector<uint8_t> w8 = bytes(size_t(N * K), 0, 0x7E);
+  for (auto& b : w8) b |= static_cast<uint8_t>(rng() & 0x80);
+  std::vector<float> s8(static_cast<size_t>(N), 1.0f / 64);
+  // MXFP4: e2m1 codes, e8m0 scales around 2^0.
+  const int64_t kb = (K + 31) / 32;
+  std::vector<uint8_t> mb = bytes(size_t(N * kb * 16), 0, 255),
+                       ms = bytes(size_t(N * kb), 122, 130);
+  const PackedWeight weights[] = {
+      pack_weight(i4),
+      pack_weight(Fp8Weight{TensorView(w8.data(), DType::f8e4m3, {N, K}),
+                            TensorView(s8.data(), DType::f32, {N})}),
+      pack_weight(Mxfp4Weight{TensorView(mb.data(), DType::u8, {N, kb, 16}),
+                              TensorView(ms.data(), DType::u8, {N, kb}), K})};
+  struct Call {
+    int w;
+    int64_t m;
+    Int4Route route;
+  };
+  const Call calls[kThreads] = {{0, 1, Int4Route::automatic}, {0, 12, Int4Route::automatic},
+                                {0, 5, Int4Route::w4a8},      {0, 33, Int4Route::w4a16},
+                                {1, 3, Int4Route::automatic}, {1, 40, Int4Route::automatic},
+                                {2, 2, Int4Route::automatic}, {2, 17, Int4Route::automatic}};
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(64 * K), 43, -1, 1);
+  auto run = [&](const Call& c, std::vector<float>& y) {
+    y.assign(static_cast<size_t>(c.m * N), -1.0f);
+    GemmOptions opt;
+    if (c.w == 0) opt.int4_route = c.route;
+    gemm(TensorView(x.data(), DType::bf16, {c.m, K}), weights[c.w],
+         TensorView(y.data(), DType::f32, {c.m, N}), opt);
+  };
+  // Round 0 on the fresh shapes (their kernels compile concurrently), then
+  // every call alone, then more rounds: a race shows in some rounds only.
+  constexpr int kRounds = 12;
+  std::vector<std::vector<std::vector<float>>> together(kRounds,
+                                                        std::vector<std::vector<float>>(kThreads));
+  std::vector<std::vector<float>> alone(kThreads);
+  std::vector<std::string> errors(kThreads);
+  auto round = [&](int r) {
+    run_together([&](int t) {
+      try {
+        run(calls[t], together[r][t]);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  };
+  round(0);
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << "thread " << t;
+    run(calls[t], alone[t]);
+    for (float v : alone[t]) ASSERT_TRUE(std::isfinite(v)) << "thread " << t;
+  }
+  for (int r = 1; r < kRounds; ++r) round(r);
+  for (int r = 0; r < kRounds; ++r)
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_EQ(errors[t], "") << "thread " << t;
+      EXPECT_EQ(std::memcmp(together[r][t].data(), alone[t].data(), alone[t].size() * 4), 0)
+          << "round " << r << ", thread " << t << " (weight " << calls[t].w << ", M " << calls[t].m
+          << "): a concurrent call's output differs from the same call alone";
+    }
 }
 
 // ---------------------------------------------------------------------------
