@@ -1,6 +1,7 @@
-// Attention (flash_attn_varlen, decode_attention) and tilejit::gemm called
-// from several host threads at once, interleaved, on shapes none of them has
-// compiled yet. What this exercises that the single-threaded tests do not:
+// Attention (flash_attn_varlen, decode_attention over bf16 and fp8 e4m3
+// caches) and tilejit::gemm called from several host threads at once,
+// interleaved, on shapes none of them has compiled yet. What this exercises
+// that the single-threaded tests do not:
 //  - per-thread state: on AMX the tile configuration is loaded by each kernel
 //    on its own thread, and prefill, decode and GEMM kernels want different
 //    configurations, so a thread that switches between them must never run on
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/quant_formats.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_gemm.h"
 #include "test_util.h"
@@ -174,6 +176,7 @@ struct DecodeShape {
   std::vector<int32_t> lens;
   int64_t hq, hkv, d, block_size;
   float softcap;
+  bool fp8 = false;  // an f8e4m3 cache (store_kv's rule, k / v scales 1/32, 1/64)
 };
 
 std::unique_ptr<Problem> decode_problem(const DecodeShape& s, uint32_t seed) {
@@ -182,7 +185,7 @@ std::unique_ptr<Problem> decode_problem(const DecodeShape& s, uint32_t seed) {
                 bs = s.block_size;
   p->name = "decode B=" + std::to_string(b) + " Hq=" + std::to_string(hq) +
             " Hkv=" + std::to_string(hkv) + " D=" + std::to_string(d) +
-            " block_size=" + std::to_string(bs);
+            " block_size=" + std::to_string(bs) + (s.fp8 ? " fp8 cache" : "");
   p->out_elems = static_cast<size_t>(b * hq * d);
   int64_t max_blocks = 1, used = 0;
   for (int32_t l : s.lens) max_blocks = std::max<int64_t>(max_blocks, (l + bs - 1) / bs);
@@ -202,21 +205,43 @@ std::unique_ptr<Problem> decode_problem(const DecodeShape& s, uint32_t seed) {
   auto q = std::make_shared<std::vector<uint16_t>>(random_bf16(b * hq * d, seed + 2, -2, 2));
   AttentionOptions opt;
   opt.softcap = s.softcap;
-  p->run = [=](void* out) {
+  // fp8: the e4m3 codes of the same values (|K| / k_scale <= 64, |V| / v_scale
+  // <= 64: no saturation), read by the reference as code value · scale.
+  const float k_scale = 1.0f / 32, v_scale = 1.0f / 64;
+  auto kc8 = std::make_shared<std::vector<uint8_t>>(),
+       vc8 = std::make_shared<std::vector<uint8_t>>();
+  if (s.fp8) {
+    for (uint16_t x : *kc) kc8->push_back(runtime::f32_to_e4m3(bf16_to_f32(x) / k_scale));
+    for (uint16_t x : *vc) vc8->push_back(runtime::f32_to_e4m3(bf16_to_f32(x) / v_scale));
+    opt.kv_scales.k_scale = k_scale;
+    opt.kv_scales.v_scale = v_scale;
+  }
+  const DType cache_dtype = s.fp8 ? DType::f8e4m3 : DType::bf16;
+  const bool fp8 = s.fp8;
+  p->run = [=](void* out) {  // holds the shared vectors: the caches live as long as the problem
+    void* const k_data = fp8 ? static_cast<void*>(kc8->data()) : kc->data();
+    void* const v_data = fp8 ? static_cast<void*>(vc8->data()) : vc->data();
     decode_attention(TensorView(q->data(), DType::bf16, {b, hq, d}),
-                     TensorView(kc->data(), DType::bf16, {nb, bs, hkv, d}),
-                     TensorView(vc->data(), DType::bf16, {nb, bs, hkv, d}),
+                     TensorView(k_data, cache_dtype, {nb, bs, hkv, d}),
+                     TensorView(v_data, cache_dtype, {nb, bs, hkv, d}),
                      TensorView(out, DType::bf16, {b, hq, d}),
                      TensorView(table->data(), DType::i32, {b, max_blocks}),
                      TensorView(lens->data(), DType::i32, {b}), opt);
   };
-  const auto cache_at = [&](const std::vector<uint16_t>& c, int64_t sq, int64_t j, int64_t h,
-                            int64_t col) {
+  // The cache element the kernels read, as a value.
+  const auto cache_at = [&](bool is_k, int64_t sq, int64_t j, int64_t h, int64_t col) -> double {
     const int64_t blk = (*table)[sq * max_blocks + j / bs];
-    return bf16_at(c, ((blk * bs + j % bs) * hkv + h) * d + col);
+    const int64_t at = ((blk * bs + j % bs) * hkv + h) * d + col;
+    if (!s.fp8) return bf16_at(is_k ? *kc : *vc, at);
+    return double(runtime::e4m3_to_f32((is_k ? *kc8 : *vc8)[static_cast<size_t>(at)])) *
+           (is_k ? k_scale : v_scale);
   };
   double max_v = 0;
-  for (uint16_t x : *vc) max_v = std::max(max_v, std::fabs(double(bf16_to_f32(x))));
+  if (s.fp8)
+    for (uint8_t c : *vc8)
+      max_v = std::max(max_v, std::fabs(double(runtime::e4m3_to_f32(c))) * v_scale);
+  else
+    for (uint16_t x : *vc) max_v = std::max(max_v, std::fabs(double(bf16_to_f32(x))));
   p->ref.assign(p->out_elems, 0);
   p->tol.assign(p->out_elems, 0);
   const int64_t g = hq / hkv;
@@ -229,8 +254,8 @@ std::unique_ptr<Problem> decode_problem(const DecodeShape& s, uint32_t seed) {
       rh.sm_scale = 1.0 / std::sqrt(double(d));
       rh.softcap = s.softcap;
       rh.q_at = [&](int64_t, int64_t c) { return bf16_at(*q, (sq * hq + h) * d + c); };
-      rh.k_at = [&](int64_t j, int64_t c) { return cache_at(*kc, sq, j, h / g, c); };
-      rh.v_at = [&](int64_t j, int64_t c) { return cache_at(*vc, sq, j, h / g, c); };
+      rh.k_at = [&](int64_t j, int64_t c) { return cache_at(true, sq, j, h / g, c); };
+      rh.v_at = [&](int64_t j, int64_t c) { return cache_at(false, sq, j, h / g, c); };
       rh.out = [&](int64_t, int64_t c, double x) {
         const auto at = static_cast<size_t>((sq * hq + h) * d + c);
         p->ref[at] = x;
@@ -326,6 +351,8 @@ TEST_F(AttentionThreads, PrefillGemmDecodeInterleavedOnFourHostThreads) {
   kinds[2].push_back(decode_problem({{1, 300, 1000}, 8, 2, 128, 16, 0.f}, 4));
   kinds[2].push_back(decode_problem({{513}, 32, 8, 128, 32, 0.f}, 5));
   kinds[2].push_back(decode_problem({{64, 65, 700}, 4, 1, 64, 64, 20.f}, 6));
+  kinds[2].push_back(decode_problem({{1, 90, 800}, 8, 2, 128, 16, 0.f, true}, 7));
+  kinds[2].push_back(decode_problem({{300}, 4, 1, 80, 1, 30.f, true}, 8));
 
   std::mutex mu;
   std::vector<std::string> failures;
@@ -338,8 +365,10 @@ TEST_F(AttentionThreads, PrefillGemmDecodeInterleavedOnFourHostThreads) {
       start.arrive_and_wait();
       for (int i = 0; i < kIterations; ++i) {
         // Thread w runs kind (i + w) % 3: at any moment the threads are in
-        // different operators, and shape (i / 3 + w) % 3 spreads the shapes.
-        Problem& p = *kinds[(i + w) % 3][static_cast<size_t>((i / 3 + w) % 3)];
+        // different operators, and shape (i / 3 + w) mod the kind's count
+        // spreads the shapes.
+        const auto& kind = kinds[(i + w) % 3];
+        Problem& p = *kind[static_cast<size_t>(i / 3 + w) % kind.size()];
         out.assign(p.out_bytes(), 0xFF);  // NaN in bf16 and f32: an unwritten element fails
         std::string err;
         try {
