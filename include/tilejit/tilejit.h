@@ -248,9 +248,11 @@ enum class ActQuant {
 // How a GEMM with int4 weights (AWQ / GPTQ) computes (docs/quantized.md, "W4A8").
 enum class Int4Route {
   automatic,  // the plan's choice by path and M (ops::w4a8_automatic): W4A8 on
-              // llvm from 4 rows, on avx512 from 5 (above the fused decode
-              // kernel's 4), W4A16 otherwise and on amx
-  w4a16,      // bf16 activations: the weights dequantized (or fused at M <= 4, <= 16 on llvm)
+              // llvm from 4 rows, on avx512 from 9 (the fused decode kernel
+              // wins below; from 4 on a CPU without VBMI), W4A16 otherwise
+              // and on amx
+  w4a16,      // bf16 activations: the weights dequantized, or fused at small M
+              // (ops::fused_max_rows: 16 rows on avx512 and llvm, 4 on amx)
   w4a8,       // x quantized per opt.act_quant to u8, exact int32 sums per group
 };
 
@@ -521,8 +523,8 @@ struct MoeOptions {
   const PackedExperts* shared_w2 = nullptr;
   // int4 (AWQ / GPTQ) experts: W4A16 or W4A8 per expert, by GemmOptions::
   // int4_route's rule with the rows routed to the expert as M (automatic:
-  // W4A8 on llvm from 4 rows, on avx512 from 5). On W4A8 both projections' inputs
-  // are quantized per act_quant, as for int8 experts.
+  // as Int4Route::automatic). On W4A8 both projections' inputs are
+  // quantized per act_quant, as for int8 experts.
   Int4Route int4_route = Int4Route::automatic;
   // int8 (W8A8) experts and int4 experts on the W4A8 route: how both
   // projections' inputs are quantized: per token (dynamic_sym, dynamic_asym)
