@@ -197,6 +197,106 @@ TEST_F(GemmConcurrency, QuantizedCallsAgreeWithSerialCalls) {
     }
 }
 
+// Quantized experts from 8 threads at once, as the GEMMs above: int4 (GPTQ,
+// both routes) and MXFP4 experts, each thread its own T and routing, every
+// output bit for bit the same call's alone.
+TEST_F(GemmConcurrency, QuantizedExpertsAgreeWithSerialCalls) {
+  constexpr int64_t E = 4, H = 128, I = 40, kTop = 2;  // fresh shapes; I not a multiple of 32
+  std::mt19937 rng(47);
+  auto bytes = [&](size_t n, int lo, int hi) {
+    std::uniform_int_distribution<int> d(lo, hi);
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+    return v;
+  };
+  // Per expert and projection (n rows of k): the int4 and MXFP4 tensors.
+  struct Tensors {
+    std::vector<uint8_t> qw, qz, mb, ms;
+    std::vector<float> s4;
+  };
+  std::vector<Tensors> t13(E), t2(E);
+  auto make = [&](Tensors& t, int64_t n, int64_t k, Int4Weight& i4, Mxfp4Weight& mx) {
+    const int64_t g = (k + 31) / 32;
+    t.qw = bytes(size_t(k / 8 * n) * 4, 0, 255);
+    t.qz = bytes(size_t(g * n / 8) * 4, 0, 255);
+    t.s4.resize(static_cast<size_t>(g * n));
+    for (auto& v : t.s4) v = std::uniform_real_distribution<float>(0.01f, 0.02f)(rng);
+    t.mb = bytes(size_t(n * g * 16), 0, 255);
+    t.ms = bytes(size_t(n * g), 122, 130);
+    i4.qweight = TensorView(t.qw.data(), DType::i32, {k / 8, n});
+    i4.scales = TensorView(t.s4.data(), DType::f32, {g, n});
+    i4.qzeros = TensorView(t.qz.data(), DType::i32, {g, n / 8});
+    i4.group_size = 32;
+    mx = Mxfp4Weight{TensorView(t.mb.data(), DType::u8, {n, g, 16}),
+                     TensorView(t.ms.data(), DType::u8, {n, g}), k};
+  };
+  std::vector<Int4Weight> i13(E), i2(E);
+  std::vector<Mxfp4Weight> m13(E), m2(E);
+  for (int64_t e = 0; e < E; ++e) {
+    make(t13[e], 2 * I, H, i13[e], m13[e]);
+    make(t2[e], H, I, i2[e], m2[e]);
+  }
+  const PackedExperts w13[] = {pack_experts(i13, ExpertProj::gate_up),
+                               pack_experts(m13, ExpertProj::gate_up)};
+  const PackedExperts w2[] = {pack_experts(i2, ExpertProj::down),
+                              pack_experts(m2, ExpertProj::down)};
+  struct Call {
+    int w;
+    int64_t t;
+    Int4Route route;
+  };
+  const Call calls[kThreads] = {{0, 1, Int4Route::automatic}, {0, 5, Int4Route::automatic},
+                                {0, 12, Int4Route::w4a8},     {0, 40, Int4Route::automatic},
+                                {0, 3, Int4Route::w4a16},     {1, 1, Int4Route::automatic},
+                                {1, 7, Int4Route::automatic}, {1, 20, Int4Route::automatic}};
+  constexpr int64_t kMaxT = 40;
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(kMaxT * H), 53, -1, 1);
+  std::vector<int32_t> ids(static_cast<size_t>(kMaxT * kTop));
+  std::vector<float> tw(ids.size());
+  for (int64_t r = 0; r < kMaxT; ++r) {
+    ids[r * kTop] = static_cast<int32_t>(rng() % E);
+    ids[r * kTop + 1] = static_cast<int32_t>((ids[r * kTop] + 1 + rng() % (E - 1)) % E);
+    tw[r * kTop] = 0.7f, tw[r * kTop + 1] = 0.3f;
+  }
+  auto run = [&](const Call& c, std::vector<float>& y) {
+    y.assign(static_cast<size_t>(c.t * H), -1.0f);
+    MoeOptions opt;
+    opt.int4_route = c.route;
+    fused_experts(TensorView(x.data(), DType::bf16, {c.t, H}), w13[c.w], w2[c.w],
+                  TensorView(tw.data(), DType::f32, {c.t, kTop}),
+                  TensorView(ids.data(), DType::i32, {c.t, kTop}),
+                  TensorView(y.data(), DType::f32, {c.t, H}), opt);
+  };
+  constexpr int kRounds = 8;
+  std::vector<std::vector<std::vector<float>>> together(kRounds,
+                                                        std::vector<std::vector<float>>(kThreads));
+  std::vector<std::vector<float>> alone(kThreads);
+  std::vector<std::string> errors(kThreads);
+  auto round = [&](int r) {
+    run_together([&](int t) {
+      try {
+        run(calls[t], together[r][t]);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  };
+  round(0);  // the fresh shapes' kernels compile concurrently
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << "thread " << t;
+    run(calls[t], alone[t]);
+    for (float v : alone[t]) ASSERT_TRUE(std::isfinite(v)) << "thread " << t;
+  }
+  for (int r = 1; r < kRounds; ++r) round(r);
+  for (int r = 0; r < kRounds; ++r)
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_EQ(errors[t], "") << "thread " << t;
+      EXPECT_EQ(std::memcmp(together[r][t].data(), alone[t].data(), alone[t].size() * 4), 0)
+          << "round " << r << ", thread " << t << " (experts " << calls[t].w << ", T " << calls[t].t
+          << "): a concurrent call's output differs from the same call alone";
+    }
+}
+
 // ---------------------------------------------------------------------------
 // jit::KernelCache directly (no ISA involved: the bytes are a tiny function).
 
