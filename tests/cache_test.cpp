@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <latch>
 #include <mutex>
 #include <random>
@@ -108,6 +109,52 @@ TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
   EXPECT_EQ(cache_stats().compiles, after.compiles);
 }
 
+// Random bytes in [lo, hi].
+std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
+// call(t, y) writes thread t's output into y. Round 0 runs every thread's
+// call at once (on fresh shapes their kernels compile concurrently), then
+// each call runs alone, then `rounds` − 1 more concurrent rounds (a race
+// shows in some rounds only): every concurrent output must be the alone one,
+// bit for bit (same plan, same bits), and finite. what(t) names the call.
+void expect_concurrent_calls_match_alone(int rounds,
+                                         const std::function<void(int, std::vector<float>&)>& call,
+                                         const std::function<std::string(int)>& what) {
+  std::vector<std::vector<std::vector<float>>> together(rounds,
+                                                        std::vector<std::vector<float>>(kThreads));
+  std::vector<std::vector<float>> alone(kThreads);
+  std::vector<std::string> errors(kThreads);
+  auto round = [&](int r) {
+    run_together([&](int t) {
+      try {
+        call(t, together[r][t]);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  };
+  round(0);
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << what(t);
+    call(t, alone[t]);
+    for (float v : alone[t]) ASSERT_TRUE(std::isfinite(v)) << what(t);
+  }
+  for (int r = 1; r < rounds; ++r) round(r);
+  for (int r = 0; r < rounds; ++r)
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_EQ(errors[t], "") << what(t);
+      ASSERT_EQ(together[r][t].size(), alone[t].size()) << what(t);
+      EXPECT_EQ(std::memcmp(together[r][t].data(), alone[t].data(), alone[t].size() * 4), 0)
+          << "round " << r << ", " << what(t)
+          << ": a concurrent call's output differs from the same call alone";
+    }
+}
+
 // Quantized weights from 8 threads at once: int4 on both routes (the
 // automatic rule and forced), fp8 and MXFP4, fresh shapes, each thread its
 // own M (fused decode rows, row groups, the dequant and W4A8 routes). Each
@@ -117,12 +164,7 @@ TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
 TEST_F(GemmConcurrency, QuantizedCallsAgreeWithSerialCalls) {
   const int64_t N = 136, K = 200;  // fresh; an 8-column N tail, K past every 64 / 128 block
   std::mt19937 rng(41);
-  auto bytes = [&](size_t n, int lo, int hi) {
-    std::uniform_int_distribution<int> d(lo, hi);
-    std::vector<uint8_t> v(n);
-    for (auto& b : v) b = static_cast<uint8_t>(d(rng));
-    return v;
-  };
+  auto bytes = [&](size_t n, int lo, int hi) { return random_bytes(rng, n, lo, hi); };
   // int4 GPTQ, group 64 (G = 4, the last group 8 wide), zero points.
   const int64_t G = (K + 63) / 64, n8 = N / 8;
   std::vector<uint8_t> qw = bytes(size_t(K / 8 * N) * 4, 0, 255),
@@ -165,36 +207,12 @@ TEST_F(GemmConcurrency, QuantizedCallsAgreeWithSerialCalls) {
     gemm(TensorView(x.data(), DType::bf16, {c.m, K}), weights[c.w],
          TensorView(y.data(), DType::f32, {c.m, N}), opt);
   };
-  // Round 0 on the fresh shapes (their kernels compile concurrently), then
-  // every call alone, then more rounds: a race shows in some rounds only.
-  constexpr int kRounds = 12;
-  std::vector<std::vector<std::vector<float>>> together(kRounds,
-                                                        std::vector<std::vector<float>>(kThreads));
-  std::vector<std::vector<float>> alone(kThreads);
-  std::vector<std::string> errors(kThreads);
-  auto round = [&](int r) {
-    run_together([&](int t) {
-      try {
-        run(calls[t], together[r][t]);
-      } catch (const std::exception& e) {
-        errors[t] = e.what();
-      }
-    });
-  };
-  round(0);
-  for (int t = 0; t < kThreads; ++t) {
-    ASSERT_EQ(errors[t], "") << "thread " << t;
-    run(calls[t], alone[t]);
-    for (float v : alone[t]) ASSERT_TRUE(std::isfinite(v)) << "thread " << t;
-  }
-  for (int r = 1; r < kRounds; ++r) round(r);
-  for (int r = 0; r < kRounds; ++r)
-    for (int t = 0; t < kThreads; ++t) {
-      ASSERT_EQ(errors[t], "") << "thread " << t;
-      EXPECT_EQ(std::memcmp(together[r][t].data(), alone[t].data(), alone[t].size() * 4), 0)
-          << "round " << r << ", thread " << t << " (weight " << calls[t].w << ", M " << calls[t].m
-          << "): a concurrent call's output differs from the same call alone";
-    }
+  expect_concurrent_calls_match_alone(
+      12, [&](int t, std::vector<float>& y) { run(calls[t], y); },
+      [&](int t) {
+        return "thread " + std::to_string(t) + " (weight " + std::to_string(calls[t].w) + ", M " +
+               std::to_string(calls[t].m) + ")";
+      });
 }
 
 // Quantized experts from 8 threads at once, as the GEMMs above: int4 (GPTQ,
@@ -203,12 +221,7 @@ TEST_F(GemmConcurrency, QuantizedCallsAgreeWithSerialCalls) {
 TEST_F(GemmConcurrency, QuantizedExpertsAgreeWithSerialCalls) {
   constexpr int64_t E = 4, H = 128, I = 40, kTop = 2;  // fresh shapes; I not a multiple of 32
   std::mt19937 rng(47);
-  auto bytes = [&](size_t n, int lo, int hi) {
-    std::uniform_int_distribution<int> d(lo, hi);
-    std::vector<uint8_t> v(n);
-    for (auto& b : v) b = static_cast<uint8_t>(d(rng));
-    return v;
-  };
+  auto bytes = [&](size_t n, int lo, int hi) { return random_bytes(rng, n, lo, hi); };
   // Per expert and projection (n rows of k): the int4 and MXFP4 tensors.
   struct Tensors {
     std::vector<uint8_t> qw, qz, mb, ms;
@@ -267,34 +280,12 @@ TEST_F(GemmConcurrency, QuantizedExpertsAgreeWithSerialCalls) {
                   TensorView(ids.data(), DType::i32, {c.t, kTop}),
                   TensorView(y.data(), DType::f32, {c.t, H}), opt);
   };
-  constexpr int kRounds = 8;
-  std::vector<std::vector<std::vector<float>>> together(kRounds,
-                                                        std::vector<std::vector<float>>(kThreads));
-  std::vector<std::vector<float>> alone(kThreads);
-  std::vector<std::string> errors(kThreads);
-  auto round = [&](int r) {
-    run_together([&](int t) {
-      try {
-        run(calls[t], together[r][t]);
-      } catch (const std::exception& e) {
-        errors[t] = e.what();
-      }
-    });
-  };
-  round(0);  // the fresh shapes' kernels compile concurrently
-  for (int t = 0; t < kThreads; ++t) {
-    ASSERT_EQ(errors[t], "") << "thread " << t;
-    run(calls[t], alone[t]);
-    for (float v : alone[t]) ASSERT_TRUE(std::isfinite(v)) << "thread " << t;
-  }
-  for (int r = 1; r < kRounds; ++r) round(r);
-  for (int r = 0; r < kRounds; ++r)
-    for (int t = 0; t < kThreads; ++t) {
-      ASSERT_EQ(errors[t], "") << "thread " << t;
-      EXPECT_EQ(std::memcmp(together[r][t].data(), alone[t].data(), alone[t].size() * 4), 0)
-          << "round " << r << ", thread " << t << " (experts " << calls[t].w << ", T " << calls[t].t
-          << "): a concurrent call's output differs from the same call alone";
-    }
+  expect_concurrent_calls_match_alone(
+      8, [&](int t, std::vector<float>& y) { run(calls[t], y); },
+      [&](int t) {
+        return "thread " + std::to_string(t) + " (experts " + std::to_string(calls[t].w) + ", T " +
+               std::to_string(calls[t].t) + ")";
+      });
 }
 
 // ---------------------------------------------------------------------------
