@@ -84,6 +84,20 @@ using tilejit::DType;
 using tilejit::TensorView;
 using namespace tilejit::bench;
 
+// A decode run's memory counters: GB/s of the touched experts' bytes
+// (weights + scales) over wall and CPU time, and their percent of the DRAM
+// probe measured right before the run.
+void set_decode_counters(benchmark::State& state, double bytes, double wall, double cpu,
+                         const DramRate& dram) {
+  const double gbs = bytes / wall * 1e-9, cpu_gbs = bytes / cpu * 1e-9;
+  state.counters["GBs"] = gbs;
+  state.counters["GBs_cpu"] = cpu_gbs;
+  state.counters["dram_GBs"] = dram.wall_gbs;
+  state.counters["dram_GBs_cpu"] = dram.cpu_gbs;
+  if (dram.wall_gbs > 0) state.counters["pct_dram"] = 100.0 * gbs / dram.wall_gbs;
+  if (dram.cpu_gbs > 0) state.counters["pct_dram_cpu"] = 100.0 * cpu_gbs / dram.cpu_gbs;
+}
+
 // ---------------------------------------------------------------- layers
 
 struct LayerShape {
@@ -212,16 +226,7 @@ void BM_FusedExperts(benchmark::State& state, LayerShape s) {
   state.counters["pct_peak"] = pct_of_peak(gflops, threads);
   state.counters["pct_peak_cpu"] = pct_of_peak(cpu_gflops, threads);
   state.counters["experts_touched"] = r.mean_unique;
-  if (t <= 16) {
-    const double gbs = bytes / wall * 1e-9;
-    const double cpu_gbs = bytes / cpu * 1e-9;
-    state.counters["GBs"] = gbs;
-    state.counters["GBs_cpu"] = cpu_gbs;
-    state.counters["dram_GBs"] = dram.wall_gbs;
-    state.counters["dram_GBs_cpu"] = dram.cpu_gbs;
-    if (dram.wall_gbs > 0) state.counters["pct_dram"] = 100.0 * gbs / dram.wall_gbs;
-    if (dram.cpu_gbs > 0) state.counters["pct_dram_cpu"] = 100.0 * cpu_gbs / dram.cpu_gbs;
-  }
+  if (t <= 16) set_decode_counters(state, bytes, wall, cpu, dram);
 }
 
 // ---------------------------------------------------------------- quantized experts
@@ -390,14 +395,7 @@ void BM_QuantExperts(benchmark::State& state, LayerShape s, QFormat f) {
   state.counters["GFLOPs"] = flops * it / wall * 1e-9;
   state.counters["GFLOPs_cpu"] = flops * it / cpu * 1e-9;
   state.counters["copies"] = double(copies);
-  if (t <= 16) {
-    const double gbs = bytes / wall * 1e-9, cpu_gbs = bytes / cpu * 1e-9;
-    state.counters["GBs"] = gbs;
-    state.counters["GBs_cpu"] = cpu_gbs;
-    state.counters["dram_GBs"] = dram.wall_gbs;
-    if (dram.wall_gbs > 0) state.counters["pct_dram"] = 100.0 * gbs / dram.wall_gbs;
-    if (dram.cpu_gbs > 0) state.counters["pct_dram_cpu"] = 100.0 * cpu_gbs / dram.cpu_gbs;
-  }
+  if (t <= 16) set_decode_counters(state, bytes, wall, cpu, dram);
 }
 
 // The routers on their own: T tokens of random logits over E experts, top k
