@@ -32,7 +32,9 @@ run_one() {
   local h=$1 bin="$build/fuzz/${1}_fuzzer" failed=0
   work="$build/fuzz-work/$h"
   mkdir -p "$work"
-  log="$build/fuzz-work/$h.last.log"
+  # One log per harness and path: runs of one harness on two paths side by
+  # side would otherwise write one file (and mix their stats).
+  log="$build/fuzz-work/$h.${TILEJIT_ISA:-best}.last.log"
   # The committed reproducers of past findings (fuzz/crashes/<harness>-*)
   # first: each is a regression test that must now pass.
   repro=(fuzz/crashes/"$h"-*)
