@@ -12,6 +12,7 @@
 #include <array>
 
 #include "ir/op_rules.h"
+#include "runtime/int_math.h"
 
 namespace tilejit::ir {
 
@@ -37,9 +38,7 @@ constexpr std::array<AttrOwner, 10> kAttrOwners = {{
     {"int4_route", DType::u4},
 }};
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+using runtime::ceil_div;
 
 // A contiguous row-major operand (scales, zero points, g_idx are dense tensors).
 bool dense(RuleContext& c, size_t i) {

@@ -15,6 +15,7 @@
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
+#include "runtime/int_math.h"
 #include "runtime/quant_formats.h"
 
 namespace tilejit {
@@ -375,7 +376,7 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
                       "even number >= 2 (or both 0 for per-tensor / per-channel scales)",
                       op, w.block_n, w.block_k));
     ops::check_view(op, "scales", w.scales, 2);
-    const int64_t gn = (N + w.block_n - 1) / w.block_n, gk = (K + w.block_k - 1) / w.block_k;
+    const int64_t gn = runtime::ceil_div(N, w.block_n), gk = runtime::ceil_div(K, w.block_k);
     if (w.scales.shape[0] != gn || w.scales.shape[1] != gk)
       throw Error(fmt::format(
           "{}: scales has shape {}; allowed: [ceil(N/block_n), "
@@ -415,7 +416,7 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
   q->block_k = block ? w.block_k : 0;
   q->scales_in = ops::save(w.scales);
   std::vector<int32_t> group_of(static_cast<size_t>(K), 0);
-  const int64_t G = block ? (K + w.block_k - 1) / w.block_k : 1;
+  const int64_t G = block ? runtime::ceil_div(K, w.block_k) : 1;
   if (block)
     for (int64_t k = 0; k < K; ++k) group_of[k] = static_cast<int32_t>(k / w.block_k);
   uint8_t* codes = ops::place_tables(*impl, std::move(q), group_of, G);
@@ -447,6 +448,16 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
 
 // ---- int4 ------------------------------------------------------------------------
 
+// The one rule for an int4 group size, for pack_weight and for the
+// AutoRound config that fills it.
+void check_int4_group_size(const char* op, int64_t group_size) {
+  if (group_size == 0 || group_size < -1)
+    throw Error(
+        fmt::format("{}: group_size={}; allowed: a group size >= 1 (32, 64, 128, ...) or "
+                    "-1 (per channel)",
+                    op, group_size));
+}
+
 PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int4)";
   if (w.format != Int4Format::awq && w.format != Int4Format::gptq)
@@ -454,11 +465,7 @@ PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
                             static_cast<int>(w.format)));
   const bool awq = w.format == Int4Format::awq;
   if (w.bits != 4) throw Error(fmt::format("{}: bits={}; allowed: 4", op, w.bits));
-  if (w.group_size == 0 || w.group_size < -1)
-    throw Error(
-        fmt::format("{}: group_size={}; allowed: a group size >= 1 (32, 64, 128, ...) or "
-                    "-1 (per channel)",
-                    op, w.group_size));
+  check_int4_group_size(op, w.group_size);
   if (awq && w.gptq_v2)
     throw Error(
         fmt::format("{}: gptq_v2=true with format=awq; allowed: gptq_v2 only with gptq "
@@ -481,7 +488,7 @@ PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
                     awq ? full_n - 7 : full_n, full_n, awq ? full_k : full_k - 7, full_k));
   const int64_t G = w.g_idx            ? (w.scales.shape.empty() ? 0 : w.scales.shape[0])
                     : w.group_size < 0 ? 1
-                                       : (K + w.group_size - 1) / w.group_size;
+                                       : runtime::ceil_div(K, w.group_size);
   ops::check_view(op, "scales", w.scales, 2);
   ops::check_dtype(op, "scales", w.scales, {DType::f16, DType::bf16, DType::f32});
   if (w.scales.shape[0] != G || w.scales.shape[1] != N || G < 1)
@@ -614,6 +621,7 @@ Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& q
                                    std::optional<TensorView> g_idx) {
   const char* op = "int4_weight_from_config";
   if (c.bits != 4) throw Error(fmt::format("{}: bits={}; allowed: 4", op, c.bits));
+  ops::check_int4_group_size(op, c.group_size);
   std::string fmt_name = c.checkpoint_format;
   if (fmt_name.rfind("auto_round:", 0) == 0) fmt_name = fmt_name.substr(11);
   Int4Weight w;

@@ -28,6 +28,10 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of);
 PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of);
 PackedWeight pack_mxfp4(const Mxfp4Weight& w, std::vector<int64_t> row_of);  // ops/pack_mxfp4.cpp
 
+// An Error unless group_size is >= 1 or -1 (per channel): Int4Weight's and
+// AutoRoundConfig's group_size.
+void check_int4_group_size(const char* op, int64_t group_size);
+
 // The logical weight w[n, k] of any format, in double, from the checkpoint's
 // own scale / zero tensors (kept verbatim) and the packed codes: the oracle
 // of dequantize() and of the scalar path.

@@ -950,6 +950,11 @@ TEST(IrQuant, VerifierErrorsNameTheOperandOrAttribute) {
       {f8 + "%s: tensor<1x2xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",
        "operand 'scale' (%s) has shape [1, 2]; block scales of 128x128 over N=64, K=128 are f32 "
        "[1, 1]"},
+      // Block sizes near INT64_MAX count one block (ceil_div without overflow).
+      {f8 + "%s: tensor<0x1xf32>", "%w, scale = %s",
+       "{block_k = 9223372036854775806, block_n = 9223372036854775807}",
+       "operand 'scale' (%s) has shape [0, 1]; block scales of "
+       "9223372036854775807x9223372036854775806 over N=64, K=128 are f32 [1, 1]"},
       {f8 + "%s: tensor<1x1xf32>", "%w, scale = %s", "{block_k = 127, block_n = 128}",
        "attribute 'block_k' = 127 must be even"},
       {f8 + "%s: tensor<64xf32>", "%w, scale = %s", "{block_k = 128, block_n = 128}",

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -977,6 +978,63 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
         p.dequantize(TensorView(y.data(), DType::f32, {1, 2}));
       },
       "out has shape [1, 2]");
+}
+
+// Block and group sizes up to INT64_MAX count blocks without overflow: one
+// block covers the whole matrix (ceil(N/block_n) was (N + block_n − 1) /
+// block_n, which wrapped to 0 near INT64_MAX: an empty scale tensor was
+// accepted, then read past by the kernels, a segfault on the scalar path).
+TEST(QuantErrors, HugeBlockAndGroupSizesAreOneBlock) {
+  const int64_t N = 20, K = 64;
+  std::vector<uint8_t> codes(static_cast<size_t>(N * K), 0x38);  // e4m3 1.0
+  std::vector<float> none, s2 = {0.5f, 0.25f}, s1 = {0.5f};
+  std::vector<uint16_t> x(static_cast<size_t>(K), 0x3f80);  // bf16 1.0
+  std::vector<float> y(static_cast<size_t>(N));
+  const auto weight = TensorView(codes.data(), DType::f8e4m3, {N, K});
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  expect_tilejit_error(
+      [&] {
+        pack_weight(Fp8Weight{weight, TensorView(none.data(), DType::f32, {0, 2}), kMax, 32});
+      },
+      "allowed: [ceil(N/block_n), ceil(K/block_k)] = [1, 2]");
+  expect_tilejit_error(
+      [&] {
+        pack_weight(
+            Fp8Weight{weight, TensorView(none.data(), DType::f32, {0, 0}), kMax - 1, kMax - 1});
+      },
+      "= [1, 1]");
+  // The valid forms: every row in block row 0; 32 columns a block (0.5, 0.25)
+  // or all of K in one (0.5).
+  const PackedWeight a =
+      pack_weight(Fp8Weight{weight, TensorView(s2.data(), DType::f32, {1, 2}), kMax, 32});
+  const PackedWeight b =
+      pack_weight(Fp8Weight{weight, TensorView(s1.data(), DType::f32, {1, 1}), kMax - 1, kMax - 1});
+  gemm(TensorView(x.data(), DType::bf16, {1, K}), a, TensorView(y.data(), DType::f32, {1, N}));
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(y[n], 32 * 0.5f + 32 * 0.25f) << "n=" << n;
+  gemm(TensorView(x.data(), DType::bf16, {1, K}), b, TensorView(y.data(), DType::f32, {1, N}));
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(y[n], 64 * 0.5f) << "n=" << n;
+
+  // int4: a group size past K is one group, G = 1 (as per channel).
+  QCase c;
+  c.fmt = Fmt::gptq, c.n = 16, c.k = 64, c.group = -1;
+  Checkpoint ck = make_checkpoint(c);
+  std::vector<float> want(static_cast<size_t>(c.n * c.k)), got(want.size());
+  pack_weight(ck.int4).dequantize(TensorView(want.data(), DType::f32, {c.n, c.k}));
+  for (const int64_t g : {kMax, kMax - 1}) {
+    Int4Weight w = ck.int4;
+    w.group_size = g;
+    pack_weight(w).dequantize(TensorView(got.data(), DType::f32, {c.n, c.k}));
+    EXPECT_EQ(got, want) << "group_size=" << g;
+  }
+  // AutoRoundConfig's group size is checked where the config is read, by the
+  // same rule as Int4Weight's.
+  AutoRoundConfig cfg;
+  cfg.group_size = 0;
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "int4_weight_from_config: group_size=0");
+  cfg.group_size = std::numeric_limits<int64_t>::min();
+  expect_tilejit_error([&] { int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales); },
+                       "group_size=-9223372036854775808");
 }
 
 }  // namespace

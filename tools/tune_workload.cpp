@@ -13,6 +13,7 @@
 #include "ir/activation.h"
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "runtime/int_math.h"
 
 namespace tilejit::tools {
 
@@ -586,8 +587,8 @@ struct Checkpoint {
       // Exponent fields 0..7 (|code| < 2, never NaN), scale 1/32.
       codes.resize(size_t(n * k));
       for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.next() & 0xBF);
-      const int64_t gn = o.block_n ? (n + o.block_n - 1) / o.block_n : n;
-      const int64_t gk = o.block_n ? (k + o.block_k - 1) / o.block_k : 1;
+      const int64_t gn = o.block_n ? runtime::ceil_div(n, o.block_n) : n;
+      const int64_t gk = o.block_n ? runtime::ceil_div(k, o.block_k) : 1;
       scales.assign(size_t(gn * gk), 1.0f / 32);
       f8.weight = TensorView(codes.data(), DType::f8e4m3, {n, k});
       f8.scales = o.block_n ? TensorView(scales.data(), DType::f32, {gn, gk})
@@ -597,7 +598,7 @@ struct Checkpoint {
     } else if (f == "int4_awq" || f == "int4_gptq") {
       const bool awq = f == "int4_awq";
       const int64_t g =
-          o.group_size < 0 ? 1 : (k + o.group_size - 1) / std::max<int64_t>(1, o.group_size);
+          o.group_size < 0 ? 1 : runtime::ceil_div(k, std::max<int64_t>(1, o.group_size));
       const int64_t n8 = (n + 7) / 8, k8 = (k + 7) / 8;
       qweight.resize(size_t(awq ? k * n8 : k8 * n));
       for (int32_t& q : qweight) q = static_cast<int32_t>(rng.next());

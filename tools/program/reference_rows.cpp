@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/bf16.h"
+#include "runtime/int_math.h"
 #include "runtime/quant_formats.h"
 #include "runtime/thread_pool.h"
 
@@ -77,7 +78,7 @@ void dequantize_exact(const QuantMatrix& m, double* w, double* mag) {
   if (m.format == WeightFormat::int8 || m.format == WeightFormat::fp8_e4m3) {
     const bool fp8 = m.format == WeightFormat::fp8_e4m3;
     const int64_t bn = m.block_n, bk = m.block_k;
-    const int64_t gk = bk > 0 ? (k + bk - 1) / bk : 1;
+    const int64_t gk = bk > 0 ? runtime::ceil_div(k, bk) : 1;
     for (int64_t r = 0; r < n; ++r)
       for (int64_t c = 0; c < k; ++c) {
         const double sc = m.scale_shape.size() == 2
