@@ -58,6 +58,20 @@ void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64
     std::memcpy(dst + h * cache.strides[2], src + h * rows.strides[1], static_cast<size_t>(d) * 2);
 }
 
+// The MLA form (DeepSeek's latent cache; sglang's MLA pool passes
+// v_buffer = k_buffer[..., :Dv] and value = key[..., :Dv]): v_cache is the
+// first Dv columns of k_cache and v the first Dv columns of k, so writing k
+// writes v as well, and the decode reads V from those bytes.
+bool mla_form(const TensorView& k, const TensorView& v, const TensorView& k_cache,
+              const TensorView& v_cache) {
+  for (int d = 0; d < 4; ++d)
+    if (v_cache.strides[d] != k_cache.strides[d]) return false;
+  for (int d = 0; d < 3; ++d)
+    if (v.strides[d] != k.strides[d]) return false;
+  return v_cache.data == k_cache.data && v.data == k.data && v_cache.dtype == k_cache.dtype &&
+         v.shape[2] <= k.shape[2];
+}
+
 }  // namespace
 
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
@@ -81,10 +95,22 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
   // Both caches are written while k, v and slot_mapping are read: no two of
   // them may share memory (k_cache == v_cache would keep only V), and neither
   // cache may overlap itself (a slot stride of 0 puts every token in one row).
+  // The one exception is the MLA form, where only k_cache is written.
+  const bool mla = mla_form(k, v, k_cache, v_cache);
+  if (mla && kvs.k != kvs.v)
+    throw Error(
+        fmt::format("{}: v_cache is the first {} columns of k_cache (MLA) with scales that "
+                    "differ between K and V; allowed: the same k and v scales (the V columns "
+                    "are stored once, with K's)",
+                    op, v_cache.shape[3]));
   ops::check_output(op, "k_cache", k_cache,
-                    {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}, {"v_cache", &v_cache}});
-  ops::check_output(op, "v_cache", v_cache,
-                    {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
+                    {{"k", &k},
+                     {"v", &v},
+                     {"slot_mapping", &slot_mapping},
+                     {"v_cache", mla ? nullptr : &v_cache}});
+  if (!mla)
+    ops::check_output(op, "v_cache", v_cache,
+                      {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
   // Fits: an output cache spans its slots in memory (check_writable).
   const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
   std::vector<int64_t> slots(static_cast<size_t>(t));
@@ -100,7 +126,7 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
   // data pointer may be null or unaligned (check_view does not look at the
   // pointer of an empty view): no address is formed from it.
   auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
-  const bool write_k = holds(k_cache), write_v = holds(v_cache);
+  const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
   runtime::parallel_for(t, [&](int64_t i) {
     if (slots[i] < 0) return;
     if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);

@@ -650,6 +650,41 @@ TEST_F(AllowedAliasing, DecodeWithVAsColumnsOfTheKCache) {
   EXPECT_EQ(o1, o2);
 }
 
+TEST_F(AllowedAliasing, StoreKvMlaFormWritesKOnce) {
+  // sglang's MLA pool: v_buffer = k_buffer[..., :Dv], value = key[..., :Dv].
+  // Only k is written (it holds v); the result equals a store into separate
+  // caches, and a v that is not k's columns still overlaps (an Error).
+  const int64_t nb = 2, bs = 8, D = 96, Dv = 64, T = 3;
+  std::vector<uint16_t> kc(nb * bs * D, 0), ref_k(nb * bs * D, 0), ref_v(nb * bs * Dv, 0);
+  std::vector<uint16_t> key = random_bf16(T * D, 51), other = random_bf16(T * Dv, 52);
+  std::vector<int64_t> slots = {3, -1, 12};
+  TensorView sm(slots.data(), DType::i64, {T});
+  TensorView k(key.data(), DType::bf16, {T, 1, D});
+  TensorView v(key.data(), DType::bf16, {T, 1, Dv}, {D, D, 1});
+  TensorView kcv(kc.data(), DType::bf16, {nb, bs, 1, D});
+  TensorView vcv(kc.data(), DType::bf16, {nb, bs, 1, Dv}, {bs * D, D, D, 1});
+  store_kv(k, v, kcv, vcv, sm);
+  store_kv(k, v, TensorView(ref_k.data(), DType::bf16, {nb, bs, 1, D}),
+           TensorView(ref_v.data(), DType::bf16, {nb, bs, 1, Dv}), sm);
+  EXPECT_EQ(kc, ref_k);
+  for (int64_t r = 0; r < nb * bs; ++r)
+    EXPECT_EQ(0, std::memcmp(&kc[r * D], &ref_v[r * Dv], Dv * 2)) << "slot " << r;
+  expect_error(
+      [&] {
+        store_kv(k, TensorView(other.data(), DType::bf16, {T, 1, Dv}), kcv, vcv, sm);
+      },
+      {"store_kv: k_cache", "overlaps v_cache"});
+  // fp8: one store of the shared columns, so K's and V's scales must agree.
+  std::vector<uint8_t> c8(nb * bs * D);
+  TensorView k8(c8.data(), DType::f8e4m3, {nb, bs, 1, D});
+  TensorView v8(c8.data(), DType::f8e4m3, {nb, bs, 1, Dv}, {bs * D, D, D, 1});
+  KvCacheScales sc;
+  sc.k_scale = 0.5f, sc.v_scale = 0.25f;
+  expect_error([&] { store_kv(k, v, k8, v8, sm, sc); }, {"store_kv: v_cache", "(MLA)"});
+  sc.v_scale = 0.5f;
+  store_kv(k, v, k8, v8, sm, sc);
+}
+
 TEST_F(AllowedAliasing, StoreKvIntoHalvesOfOneBlockBuffer) {
   // [num_blocks, 2, block_size, Hkv, D]: K then V inside each block.
   const int64_t nb = 2, bs = 16, H = 2, D = 32, blk = 2 * bs * H * D;

@@ -374,7 +374,10 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 // a negative slot skips its token; one ≥ num_blocks·block_size is an Error
 // raised before anything is written).
 // Aliasing: k_cache and v_cache share memory with neither each other (they
-// may be the two halves of each block of one buffer) nor k, v, slot_mapping.
+// may be the two halves of each block of one buffer) nor k, v, slot_mapping,
+// except in the MLA form: v_cache the first Dv columns of k_cache (the same
+// data pointer and strides) and v the first Dv columns of k; then only k is
+// written (it holds v), with K's scale (k and v scales must then be equal).
 // The caches are bf16 (rows copied) or both f8e4m3 (an fp8 KV cache): then
 // each element is stored as e4m3(x / scale), x / scale computed in f32 and
 // rounded to the nearest e4m3 value (ties to even), saturated: |x / scale|

@@ -671,3 +671,25 @@ def test_decode_attention_cpu_fp8_cache():
         kk, vv = e4m3_to_f64(kb[slots]) * ks, e4m3_to_f64(vb[slots]) * vs
         ref = ref_attn(q[b:b + 1].to(F64), kk, vv, False, 0.1)
         within(out[b:b + 1], ref, attn_tol(ref, vv), f"fp8 seq {b}")
+
+
+def test_decode_attention_cpu_mla_pool():
+    # sglang's MLA pool: v_buffer = k_buffer[..., :Dv] and value = key[..., :Dv] (one latent
+    # row per token); the store writes the key once and V is read from its first Dv columns.
+    hq, d, dv, n_slots = 4, 192, 128, 32
+    seq_lens = [4, 9, 1]
+    req_to_token, rpi = token_pool(n_slots, seq_lens, 68)
+    kb = rnd((n_slots, 1, d), 69)
+    vb = kb.narrow(2, 0, dv)
+    q, key = rnd((3, hq, d), 70), rnd((3, 1, d), 71)
+    value = key.narrow(2, 0, dv)
+    loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rpi.tolist(), seq_lens)]).long()
+    out = torch.empty(3, hq, dv, dtype=torch.bfloat16)
+    sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, None, req_to_token, rpi,
+                             torch.tensor(seq_lens), 1 / math.sqrt(d))
+    assert torch.equal(kb[loc], key)
+    for b, (r, n) in enumerate(zip(rpi.tolist(), seq_lens)):
+        slots = req_to_token[r, :n].long()
+        kk = kb[slots].to(F64)
+        ref = ref_attn(q[b:b + 1].to(F64), kk, kk[..., :dv], False, 1 / math.sqrt(d))
+        within(out[b:b + 1], ref, attn_tol(ref, kk[..., :dv]), f"mla seq {b}")
