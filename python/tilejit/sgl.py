@@ -87,14 +87,31 @@ class PackedWeight:
               f"{tuple(self.shape)}; allowed: a 2-D torch.bfloat16 weight [N, K]")
         return p
 
-    def experts(self, key, make):
-        p = self._packed.get(key)
-        if p is None:
-            p = self._packed[key] = make(self.weight)
+    def experts(self, key, scale, make):
+        """The experts packed for key (format, projection, block), packed
+        again when the call's scales differ from those of the last packing.
+        sgl-kernel reads the scales at every call, so a cache keyed by the
+        scale tensor's identity was wrong: a freed tensor's id comes back for
+        another tensor, and the same tensor may be changed in place. The
+        scales are compared bit for bit (NaN included); one packing per key
+        is kept, so new scales replace the old packing instead of adding one."""
+        snap = None if scale is None else scale.detach().to(torch.float32).contiguous()
+        entry = self._packed.get(key)
+        if entry is not None and _same_bits(entry[0], snap):
+            return entry[1]
+        p = make(self.weight)
+        self._packed[key] = (None if snap is None else snap.clone(), p)
         return p
 
     def __repr__(self):
         return f"tilejit.sgl.PackedWeight(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+def _same_bits(a, b):
+    """Whether two f32 tensors (or None) hold the same bits."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def convert_weight_packed(weight):
@@ -158,7 +175,7 @@ def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
         _need(t.dtype == torch.int8 and scale is not None,
               f"fused_experts_cpu: use_int8_w8a8 needs {arg} int8 (got {t.dtype}) and "
               f"{arg}_scale f32 [E, N] (got {None if scale is None else tuple(scale.shape)})")
-        key = ("int8", proj, id(scale))
+        key = ("int8", proj)
 
         def make(t):
             s = scale.to(torch.float32).reshape(t.shape[0], -1)
@@ -169,7 +186,7 @@ def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
               f"{t.dtype}; torch 1.13 has no float8: pass weight.view(torch.uint8)) and "
               f"{arg}_scale f32")
         bn, bk = (0, 0) if block_size is None else (int(block_size[0]), int(block_size[1]))
-        key = ("fp8", proj, id(scale), bn, bk)
+        key = ("fp8", proj, bn, bk)
 
         def make(t):
             s = scale.to(torch.float32)
@@ -185,7 +202,7 @@ def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
             return tilejit.pack_experts(t, proj=proj)
     if holder is None:
         return make(t)
-    return holder.experts(key, make)
+    return holder.experts(key, scale if (use_int8 or use_fp8) else None, make)
 
 
 def _static_act_scales(a1_scale, a2_scale, use_int8):

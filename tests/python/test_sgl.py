@@ -190,6 +190,39 @@ def test_fused_experts_quantized(fmt):
     assert err <= 0.05 * ref.abs().max(), f"{fmt}: max err {err} of {ref.abs().max()}"
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_fused_experts_packed_weight_follows_new_scales(fmt):
+    # One convert_weight_packed weight called with new scale tensors each time (temporaries
+    # whose ids come back, and one tensor changed in place): every call uses its own scales,
+    # as sgl-kernel does, and the weight keeps one packing per projection.
+    e, h, inter, t, k = 4, 64, 32, 3, 2
+    g = torch.Generator().manual_seed(72)
+    if fmt == "int8":
+        w1 = torch.randint(-127, 128, (e, 2 * inter, h), generator=g, dtype=torch.int8)
+        w2 = torch.randint(-127, 128, (e, h, inter), generator=g, dtype=torch.int8)
+        s1, s2 = torch.full((e, 2 * inter), 0.001), torch.full((e, h), 0.001)
+        flags = dict(use_int8_w8a8=True)
+    else:
+        w1 = torch.randint(0, 0x38, (e, 2 * inter, h), generator=g, dtype=torch.int64)
+        w1, w2 = w1.to(torch.uint8), w1[:, :h, :inter].contiguous().to(torch.uint8)
+        s1, s2 = torch.full((e, 2 * inter), 0.05), torch.full((e, h), 0.05)
+        flags = dict(use_fp8_w8a16=True)
+    p1, p2 = sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2)
+    x = rnd((t, h), 73)
+    tw, ti = routed(t, e, k, 74)
+    for f in (1.0, 2.0, 3.0, 4.0, 5.0):
+        got = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, w1_scale=s1 * f, w2_scale=s2,
+                                    **flags)
+        want = sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, w1_scale=s1 * f, w2_scale=s2,
+                                     **flags)
+        assert torch.equal(got, want), f"w1_scale x{f}"
+    s2[1:] *= 3  # in place: same tensor, new values
+    got = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, w1_scale=s1, w2_scale=s2, **flags)
+    want = sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, w1_scale=s1, w2_scale=s2, **flags)
+    assert torch.equal(got, want), "w2_scale changed in place"
+    assert len(p1._packed) == 1 and len(p2._packed) == 1
+
+
 def test_fused_experts_int8_static_act_scales():
     # vLLM / sglang's static per-tensor a1_scale / a2_scale: s8 codes
     # clamp(round(x / s), -128, 127) of each projection's input, both scales
