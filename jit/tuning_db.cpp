@@ -1,16 +1,20 @@
 #include "jit/tuning_db.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <tuple>
 #include <unordered_map>
 
@@ -18,6 +22,7 @@
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "ir/activation.h"
 #include "ir/types.h"
+#include "runtime/capped_file.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
 #include "runtime/verbose.h"
@@ -265,13 +270,14 @@ void validate_moe_knobs(const TunedEntry& e) {
 }
 
 // Lines of the text at which each entry object starts: nlohmann keeps no
-// positions, so a scan (outside strings) finds the '{' one level inside the
-// "entries" array.
+// positions, so a scan (outside strings) finds each '{' directly inside the
+// top-level "entries" array (not one inside another key's nested objects).
 std::vector<int64_t> entry_lines(const std::string& text) {
   std::vector<int64_t> lines;
-  int depth = 0;
+  int depth = 0, entries_depth = -1;  // the depth inside the "entries" array
   int64_t line = 1;
   bool in_str = false, esc = false;
+  std::string str, key;  // the last string at depth 1; the key it became
   for (char c : text) {
     if (c == '\n') ++line;
     if (in_str) {
@@ -281,14 +287,24 @@ std::vector<int64_t> entry_lines(const std::string& text) {
         esc = true;
       else if (c == '"')
         in_str = false;
+      else if (depth == 1)
+        str += c;
       continue;
     }
-    if (c == '"') in_str = true;
-    if (c == '{' || c == '[') {
-      if (c == '{' && depth == 2) lines.push_back(line);
+    if (c == '"') {
+      in_str = true;
+      str.clear();
+    } else if (c == ':' && depth == 1) {
+      key = str;
+    } else if (c == '{' || c == '[') {
+      if (c == '{' && depth == entries_depth) lines.push_back(line);
+      if (c == '[' && depth == 1 && key == "entries") entries_depth = 2;
       ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth < entries_depth) entries_depth = -1;
+    } else if (c == ',' && depth == 1) {
+      key.clear();
     }
-    if (c == '}' || c == ']') --depth;
   }
   return lines;
 }
@@ -305,38 +321,84 @@ std::string get_string(const json& j, const char* key) {
   return j[key].get<std::string>();
 }
 
+// The fields of an entry past its identity (family, cpu, build). strict: an
+// entry this build applies, every field checked; else (another CPU or
+// build: the fields may be another version's) what can be read is read and
+// the rest left empty, for id() and the report.
+void entry_fields(const json& j, bool strict, TunedEntry* e) {
+  auto bad = [&](const std::string& msg) {
+    if (strict) throw Error(msg);
+  };
+  if (!j.contains("shape") || !j["shape"].is_object()) {
+    bad("field 'shape' missing or not an object");
+  } else {
+    for (const auto& [k, v] : j["shape"].items()) {
+      if (v.is_string())
+        e->shape.fields[k] = v.get<std::string>();
+      else if (v.is_number_integer())
+        e->shape.fields[k] = v.dump();
+      else
+        bad(fmt::format("shape field '{}' = {}; allowed: a string or an integer", k, v.dump()));
+    }
+  }
+  if (!j.contains("knobs") || !j["knobs"].is_object()) {
+    bad("field 'knobs' missing or not an object");
+  } else {
+    for (const auto& [k, v] : j["knobs"].items()) {
+      // is_number_integer holds for a uint64 past INT64_MAX too: get<int64_t>
+      // would wrap it.
+      if (v.is_number_integer() &&
+          (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX)))
+        e->knobs[k] = v.get<int64_t>();
+      else
+        bad(fmt::format("knob '{}' = {}; allowed: an integer", k, v.dump()));
+    }
+  }
+  if (!j.contains("measured")) return;
+  const json& m = j["measured"];
+  if (!m.is_object())
+    return bad(fmt::format("field 'measured' = {}; allowed: an object", m.dump()));
+  // Other keys are ignored, as at the top of an entry.
+  for (auto [k, out] : {std::pair<const char*, double*>{"default_us", &e->default_us},
+                        {"tuned_us", &e->tuned_us},
+                        {"noise_us", &e->noise_us}}) {
+    if (!m.contains(k)) continue;
+    if (m[k].is_number())
+      *out = m[k].get<double>();
+    else
+      bad(fmt::format("measured.{} = {}; allowed: a number (microseconds)", k, m[k].dump()));
+  }
+  if (m.contains("candidates")) {
+    const json& v = m["candidates"];
+    if (v.is_number_integer() && v.get<int64_t>() >= 0)
+      e->candidates = v.get<int64_t>();
+    else
+      bad(fmt::format("measured.candidates = {}; allowed: an integer >= 0", v.dump()));
+  }
+}
+
+// Staleness is decided first, from the identity alone: an entry of another
+// CPU or build is kept verbatim (save writes it back unchanged) and not
+// checked beyond that, since another build may know families, knobs and
+// fields this one does not (docs/tuning.md "The database").
 TunedEntry entry_from_json(const json& j) {
   if (!j.is_object()) throw Error("an entry is not a JSON object");
   TunedEntry e;
   e.family = get_string(j, "family");
   e.cpu = get_string(j, "cpu");
   e.version = get_string(j, "tilejit");
-  if (!j.contains("shape") || !j["shape"].is_object())
-    throw Error("field 'shape' missing or not an object");
-  for (const auto& [k, v] : j["shape"].items()) {
-    if (!v.is_string() && !v.is_number_integer())
-      throw Error(fmt::format("shape field '{}' is neither a string nor an integer", k));
-    e.shape.fields[k] = v.is_string() ? v.get<std::string>() : std::to_string(v.get<int64_t>());
-  }
-  if (!j.contains("knobs") || !j["knobs"].is_object())
-    throw Error("field 'knobs' missing or not an object");
-  for (const auto& [k, v] : j["knobs"].items()) {
-    if (!v.is_number_integer())
-      throw Error(fmt::format("knob '{}' = {}; allowed: an integer", k, v.dump()));
-    e.knobs[k] = v.get<int64_t>();
-  }
-  if (j.contains("measured")) {
-    const json& m = j["measured"];
-    e.default_us = m.value("default_us", 0.0);
-    e.tuned_us = m.value("tuned_us", 0.0);
-    e.noise_us = m.value("noise_us", 0.0);
-    e.candidates = m.value("candidates", int64_t{0});
+  const bool stale = e.cpu != runtime::cpu_signature() || e.version != tuning_db_version();
+  entry_fields(j, !stale, &e);
+  if (stale) {
+    e.verbatim = j.dump();
+    return e;
   }
   validate_entry(e);
   return e;
 }
 
 json entry_to_json(const TunedEntry& e) {
+  if (!e.verbatim.empty()) return json::parse(e.verbatim);
   json shape = json::object();
   for (const auto& [k, v] : e.shape.fields) shape[k] = v;
   json knobs = json::object();
@@ -351,6 +413,14 @@ json entry_to_json(const TunedEntry& e) {
                 {"tuned_us", e.tuned_us},
                 {"noise_us", e.noise_us},
                 {"candidates", e.candidates}}}};
+}
+
+// What identifies an entry in a file: two with one key are one entry (put
+// replaces, save's merge keeps one). A stale entry whose shape could not
+// be read is its own text.
+std::string entry_key(const TunedEntry& e) {
+  if (!e.verbatim.empty() && e.shape.fields.empty()) return e.verbatim;
+  return e.id() + "|" + e.cpu + "|" + e.version;
 }
 
 }  // namespace
@@ -533,12 +603,19 @@ void validate_entry(const TunedEntry& e) {
     throw Error("knob prefetch_chunks: this tilejit is built without the LLVM backend");
 }
 
-TuningDb TuningDb::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read the tuning database", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+namespace {
+
+// The database text (runtime::CappedFile: a FIFO, /dev/zero or a directory
+// is an Error, not a hang or an unbounded read).
+std::string read_db_text(const std::string& path) {
+  try {
+    return runtime::CappedFile(path).read_all(kMaxTuningDbBytes, "tuning database");
+  } catch (const Error& e) {
+    throw Error(fmt::format("cannot read the tuning database: {}", e.what()));
+  }
+}
+
+TuningDb parse_db(const std::string& text, const std::string& path) {
   json j;
   try {
     j = json::parse(text);
@@ -547,9 +624,10 @@ TuningDb TuningDb::load(const std::string& path) {
     throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: {}", path,
                             line_of_byte(text, e.byte == 0 ? 0 : e.byte - 1), e.what()));
   }
+  // The version compared as JSON: get<int> would truncate 4294967297 to 1.
   if (!j.is_object() || !j.contains("tilejit_tuning_db") ||
       !j["tilejit_tuning_db"].is_number_integer() ||
-      j["tilejit_tuning_db"].get<int>() != kFormatVersion || !j.contains("entries") ||
+      j["tilejit_tuning_db"] != json(kFormatVersion) || !j.contains("entries") ||
       !j["entries"].is_array())
     throw Error(
         fmt::format("{}:1: error: not a tilejit tuning database; allowed: an object with "
@@ -557,12 +635,13 @@ TuningDb TuningDb::load(const std::string& path) {
                     path, kFormatVersion));
   const std::vector<int64_t> lines = entry_lines(text);
   TuningDb db;
-  std::set<std::string> ids;
+  std::set<std::string> keys;
   for (size_t i = 0; i < j["entries"].size(); ++i) {
     const int64_t line = i < lines.size() ? lines[i] : 1;
     try {
       TunedEntry e = entry_from_json(j["entries"][i]);
-      if (!ids.insert(e.id() + "|" + e.cpu + "|" + e.version).second)
+      // Another build's entries may repeat what this one calls one class.
+      if (e.verbatim.empty() && !keys.insert(entry_key(e)).second)
         throw Error(fmt::format("a second entry for {}", e.id()));
       db.entries.push_back(std::move(e));
     } catch (const Error& e) {
@@ -573,25 +652,121 @@ TuningDb TuningDb::load(const std::string& path) {
   return db;
 }
 
-void TuningDb::save(const std::string& path) const {
-  json list = json::array();
-  for (const TunedEntry& e : entries) list.push_back(entry_to_json(e));
-  const json j{{"tilejit_tuning_db", kFormatVersion}, {"entries", list}};
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("{}: cannot write the tuning database", tmp));
-    out << j.dump(1) << "\n";
-    out.flush();
-    if (!out) throw Error(fmt::format("{}: write failed", tmp));
+// The file a path names after its symbolic links: a database reached
+// through a link is written where the link points (the link stays).
+std::string resolve_links(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(fmt::format("{}: cannot rename {} over it", path, tmp));
+  return p.string();
+}
+
+// An exclusive flock(2) on "<db>.lock", held while in scope: the writers of
+// one database take turns at read-merge-write (readers need none: the file
+// is replaced by rename(2), never written in place).
+class DbLock {
+ public:
+  explicit DbLock(const std::string& db) {
+    const std::string lock = db + ".lock";
+    fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0)
+      throw Error(fmt::format("{}: cannot open the tuning database's lock file: {}", lock,
+                              std::strerror(errno)));
+    int r;
+    while ((r = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    if (r != 0) {
+      const int e = errno;
+      ::close(fd_);
+      throw Error(fmt::format("{}: cannot lock: {}", lock, std::strerror(e)));
+    }
+  }
+  ~DbLock() { ::close(fd_); }  // closing releases the lock
+  DbLock(const DbLock&) = delete;
+  DbLock& operator=(const DbLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes text to a temporary file of its own next to `target` (mkstemp:
+// two writers never share one) and renames it over target.
+void replace_file(const std::string& target, const std::string& text) {
+  std::string tmp = target + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot create a temporary file next to it: {}", target,
+                            std::strerror(errno)));
+  auto fail = [&](const char* what) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: {}: {}", tmp, what, std::strerror(e)));
+  };
+  // mkstemp makes 0600; a database is as readable as any file the user writes.
+  struct stat st;
+  const mode_t mode = ::stat(target.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
+  if (::fchmod(fd, mode) != 0) fail("cannot set its mode");
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("write failed");
+    done += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
+  }
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: cannot rename {} over it: {}", target, tmp, std::strerror(e)));
+  }
+}
+
+}  // namespace
+
+TuningDb TuningDb::load(const std::string& path) {
+  return parse_db(read_db_text(path), path);
+}
+
+void TuningDb::save(const std::string& path) const {
+  const std::string target = resolve_links(path);
+  DbLock lock(target);
+  // What other writers saved since this database was read: their entries
+  // are kept; this database's replace those of the same key.
+  // A file that is not a database (garbage, an entry this build refuses)
+  // is replaced, as tune replaces what it could not load.
+  TuningDb merged;
+  if (::access(target.c_str(), F_OK) == 0) {
+    try {
+      merged = parse_db(read_db_text(target), path);
+    } catch (const Error&) {
+      merged = {};
+    }
+  }
+  // Another CPU's or build's entries are never changed here: the file's
+  // copy (perhaps re-tuned by that machine since) wins.
+  std::set<std::string> on_disk;
+  for (const TunedEntry& e : merged.entries) on_disk.insert(entry_key(e));
+  for (const TunedEntry& e : entries)
+    if (e.verbatim.empty() || !on_disk.count(entry_key(e))) merged.put(e);
+  json list = json::array();
+  for (const TunedEntry& e : merged.entries) list.push_back(entry_to_json(e));
+  const json j{{"tilejit_tuning_db", kFormatVersion}, {"entries", list}};
+  replace_file(target, j.dump(1) + "\n");
 }
 
 void TuningDb::put(TunedEntry e) {
+  const std::string key = entry_key(e);
   for (TunedEntry& x : entries)
-    if (x.id() == e.id() && x.cpu == e.cpu && x.version == e.version) {
+    if (entry_key(x) == key) {
       x = std::move(e);
       return;
     }

@@ -63,6 +63,10 @@ struct TunedEntry {
   std::map<std::string, int64_t> knobs;
   std::string cpu;      // runtime::cpu_signature() of the machine it was measured on
   std::string version;  // tuning_db_version() of the build that measured it
+  // An entry of another CPU or build, as read (its JSON text): written back
+  // unchanged and never applied. Its other fields are what could be read
+  // (another build may have other families, knobs and fields).
+  std::string verbatim;
   // What tune measured (medians over interleaved runs, microseconds): the
   // default plan, this entry's, and the noise (the larger median absolute
   // deviation); candidates: how many plans were timed.
@@ -81,18 +85,31 @@ std::string knobs_text(const std::map<std::string, int64_t>& knobs);
 // The plan overrides of a gemm entry (validated at load).
 codegen::PlanOverrides gemm_overrides(const TunedEntry& e);
 
-struct TuningDb {
-  std::vector<TunedEntry> entries;  // in file order; id() unique
+// The largest database file read (runtime::CappedFile): an entry is ~400
+// bytes, so this holds ~150000 of them; /dev/zero stops here.
+inline constexpr int64_t kMaxTuningDbBytes = int64_t(64) << 20;
 
-  // Reads a database file. A file that is not JSON, or an entry with a field
-  // missing or a knob not allowed, is an Error naming the file and the line.
-  // Entries of another CPU or build are kept (tune --resume rewrites them);
-  // current() is what the library applies.
+struct TuningDb {
+  std::vector<TunedEntry> entries;  // in file order; id() unique per cpu and build
+
+  // Reads a database file (at most kMaxTuningDbBytes; a FIFO, a device or a
+  // directory is an Error, never a hang). A file that is not JSON, or an
+  // entry of this CPU and build with a field missing or of the wrong type
+  // or a knob not allowed, is an Error naming the file, the line and the
+  // field. Entries of another CPU or build are kept verbatim, checked only
+  // for being objects with string family, cpu and tilejit (tune --resume
+  // rewrites them); current() is what the library applies.
   static TuningDb load(const std::string& path);
-  // Writes to path.tmp then renames over path: a reader (or a ^C) never
-  // sees half a file.
+  // Writes the database to path (through a symbolic link: to its target).
+  // Under an flock(2) on "<path>.lock" it reads the file again and merges:
+  // entries another writer saved meanwhile are kept, this database's
+  // replace those of the same id, machine and build (stale ones excepted:
+  // the file's copy wins; a file that does not load as a database is
+  // replaced). The text goes to a temporary file of its own
+  // (mkstemp) renamed over path, so a reader (or a ^C) never sees half a
+  // file and two tune processes never lose each other's entries.
   void save(const std::string& path) const;
-  // Adds or replaces the entry with e's id.
+  // Adds or replaces the entry with e's id, machine and build.
   void put(TunedEntry e);
   const TunedEntry* find(const std::string& id) const;
   // Only the entries of this CPU and build; `stale` counts the others.
