@@ -240,4 +240,66 @@ check "bad --kv-cache-dtype named with the allowed ones" grep -q -- '--kv-cache-
 "$TJ" tune "$WORK/tiny.json" --kv-cache-dtype f8e4m3 >"$OUT" 2>"$ERR"
 check "--kv-cache-dtype without --model-config: exit 2" test $? -eq 2
 
+# 10. Hostile inputs: a wrong-typed config field or DB field is exit 1 naming
+# it (never 3); a FIFO, /dev/zero or a directory as a file is an error, not a
+# hang; a budget past a week and --threads 0 are usage errors (exit 2).
+printf '{"hidden_size":4096,"intermediate_size":14336,"num_attention_heads":32,"num_key_value_heads":8,"model_type":null,"hidden_act":5}' >"$WORK/c.json"
+"$TJ" tune --model-config "$WORK/c.json" --save-workload "$WORK/w.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "wrong-typed config field: exit 1 (got $rc)" test $rc -eq 1
+check "wrong-typed config field named" grep -q 'c.json: hidden_act: 5; allowed: a string' "$ERR"
+for cfg in mixtral gpt-oss; do
+  if [ $cfg = mixtral ]; then
+    printf '{"hidden_size":4096,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":14336,"num_local_experts":8,"num_experts_per_tok":2}' >"$WORK/$cfg.json"
+  else
+    printf '{"hidden_size":2880,"num_attention_heads":64,"num_key_value_heads":8,"head_dim":64,"intermediate_size":2880,"num_local_experts":32,"experts_per_token":4,"quantization_config":{"quant_method":"mxfp4"}}' >"$WORK/$cfg.json"
+  fi
+  "$TJ" tune --model-config "$WORK/$cfg.json" --save-workload "$WORK/$cfg-w.json" >"$OUT" 2>"$ERR"
+  rc=$?
+  check "$cfg config builds a workload (rc $rc)" test $rc -eq 0
+  check "$cfg workload has its experts" grep -q '"op": *"moe"' "$WORK/$cfg-w.json"
+done
+SHAPE=$($PY -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["entries"][0]["shape"]))' "$WORK/db.json")
+CPU=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["entries"][0]["cpu"])' "$WORK/db.json")
+VER=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["entries"][0]["tilejit"])' "$WORK/db.json")
+printf '{"tilejit_tuning_db":1,"entries":[{"family":"gemm","shape":%s,"knobs":{},"cpu":"%s","tilejit":"%s","measured":{"default_us":"fast"}}]}' \
+  "$SHAPE" "$CPU" "$VER" >"$WORK/badm.json"
+"$TJ" tune "$WORK/tiny.json" --no-search --out "$WORK/badm.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "wrong-typed measured: exit 1 (got $rc)" test $rc -eq 1
+check "wrong-typed measured named with its line" grep -q 'badm.json:1: error: tuning database entry 0: measured.default_us = "fast"' "$ERR"
+printf '{"tilejit_tuning_db":1,"entries":[{"family":"mla_attention","shape":{"x":"1"},"knobs":{"nr":32},"cpu":"other","tilejit":"0.0"}]}' >"$WORK/foreign.json"
+"$TJ" tune "$WORK/tiny.json" --no-search --out "$WORK/foreign.json" >"$OUT" 2>"$ERR"
+rc=$?
+check "a foreign entry of an unknown family loads (rc $rc)" test $rc -eq 0
+mkfifo "$WORK/ff"
+for args in "tune $WORK/ff" "tune $WORK/tiny.json --no-search --out $WORK/ff" "tune $WORK/tiny.json --out /dev/zero" "tune /dev/zero"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$TJ" $args >"$OUT" 2>"$ERR"
+  rc=$?
+  check "'$args': exit 1, no hang (got $rc)" test $rc -eq 1
+done
+check "/dev/zero: the cap named" grep -q '/dev/zero: holds more than the 16 MiB a tune workload may have' "$ERR"
+"$TJ" tune "$WORK/tiny.json" --out "$WORK" >"$OUT" 2>"$ERR"
+check "--out a directory: named" grep -q "$WORK: is a directory" "$ERR"
+for b in 1e10s 99999999999999999999m 1e300h; do
+  "$TJ" tune "$WORK/tiny.json" --out "$WORK/b.json" --budget $b >"$OUT" 2>"$ERR"
+  rc=$?
+  check "--budget $b: exit 2 (got $rc)" test $rc -eq 2
+done
+for cmd in "tune $WORK/tiny.json" "llama-layer"; do
+  # shellcheck disable=SC2086
+  "$TJ" $cmd --threads 0 >"$OUT" 2>"$ERR"
+  rc=$?
+  check "$cmd --threads 0: exit 2 (got $rc)" test $rc -eq 2
+  check "$cmd --threads 0: allowed named" grep -q "allowed: an integer >= 1" "$ERR"
+done
+printf '{"ops":[{"op":"gemm","name":"a\\nb\\u001b[31m","n":64,"k":64,"m":[1]}]}' >"$WORK/esc.json"
+"$TJ" tune "$WORK/esc.json" --out "$WORK/esc-db.json" --budget 1s >"$OUT" 2>"$ERR"
+check "control bytes of an op name escaped" grep -qF 'gemm a\x0ab\x1b[31m N=64' "$OUT"
+check "no raw ESC printed" test "$(tr -dc '\033' <"$OUT" | wc -c)" -eq 0
+ln -s "$WORK/real-db.json" "$WORK/link-db.json"
+"$TJ" tune "$WORK/esc.json" --out "$WORK/link-db.json" --budget 1s >"$OUT" 2>"$ERR"
+check "--out a symlink: written through it" test -L "$WORK/link-db.json" -a -s "$WORK/real-db.json"
+
 check_summary tune_tool_test

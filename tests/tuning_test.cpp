@@ -3,13 +3,17 @@
 // fields, and a tuned plan that the operators actually run (docs/tuning.md).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
+#include <tuple>
 
 #include "codegen/gemm_plan.h"
 #include "jit/registry.h"
@@ -25,6 +29,7 @@
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
+#include "tools/commands.h"
 #include "tools/tune_measure.h"
 #include "tools/tune_workload.h"
 
@@ -220,6 +225,108 @@ TEST(TuneWorkload, FromModelConfig) {
   expect_tilejit_error(
       [&] { tools::workload_from_model_config(R"({"num_attention_heads": 2})", "c.json"); },
       "hidden_size: missing");
+}
+
+// A config field of the wrong JSON type, a model part the builder does not
+// model, a head size that does not divide: an Error naming the field, never
+// a json exception or a silently wrong workload.
+TEST(TuneWorkload, ModelConfigFieldsChecked) {
+  const std::string base =
+      R"("hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "intermediate_size": 14336)";
+  auto cfg = [&](const std::string& extra) {
+    return tools::workload_from_model_config("{" + base + extra + "}", "c.json");
+  };
+  expect_tilejit_error([&] { cfg(R"(, "model_type": 5)"); },
+                       "c.json: model_type: 5; allowed: a string");
+  expect_tilejit_error([&] { cfg(R"(, "hidden_act": [1])"); },
+                       "c.json: hidden_act: [1]; allowed: a string");
+  EXPECT_EQ(cfg(R"(, "model_type": null, "hidden_act": null)").name, "model");
+  // DeepSeek-V3: MLA attention is refused by name (not hq heads of 7168 / 128).
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 7168, "num_attention_heads": 128, "intermediate_size": 18432,
+                "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "quantization_config": {"quant_method": "fp8",
+                "weight_block_size": [128, 128]}})",
+            "ds.json");
+      },
+      "ds.json: kv_lora_rank: 512: not modelled by --model-config");
+  // No head_dim and hidden / heads not whole: both fields named.
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 4000, "num_attention_heads": 48, "intermediate_size": 64})",
+            "c.json");
+      },
+      "c.json: hidden_size: 4000 with num_attention_heads=48 and no head_dim");
+  // What tune would refuse is refused here (parse_workload's checks).
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 5,
+                "head_dim": 128, "intermediate_size": 64})",
+            "c.json");
+      },
+      "hq: 32 with hkv=5; allowed: a multiple of hkv");
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 1048576, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+                "head_dim": 1024, "intermediate_size": 64})",
+            "c.json");
+      },
+      "ops[0].n: 3145728; allowed: an integer in [1, 1048576]");
+  // compressed-tensors block scales of 0: refused (was per channel).
+  expect_tilejit_error(
+      [&] {
+        cfg(R"(, "quantization_config": {"quant_method": "compressed-tensors", "config_groups":
+              {"g": {"weights": {"num_bits": 8, "type": "float", "block_structure": [0, 0]}}}})");
+      },
+      "block_structure: [0,0]; allowed: [block_n, block_k], both >= 1");
+}
+
+// Mixtral and GPT-OSS size their experts by intermediate_size and count them
+// as num_local_experts (GPT-OSS: experts_per_token, mxfp4 experts).
+TEST(TuneWorkload, MixtralAndGptOssConfigs) {
+  const tools::Workload mix = tools::workload_from_model_config(
+      R"({"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8,
+          "num_experts_per_tok": 2})",
+      "mixtral.json");
+  const tools::Workload oss = tools::workload_from_model_config(
+      R"({"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64,
+          "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+          "num_local_experts": 32, "experts_per_token": 4,
+          "quantization_config": {"quant_method": "mxfp4"}})",
+      "gpt-oss-20b.json");
+  auto moe_of = [](const tools::Workload& w) {
+    tools::WorkloadOp m;
+    for (const auto& o : w.ops) {
+      EXPECT_NE(o.name, "gate_up_proj");  // no dense MLP
+      if (o.op == "moe") m = o;
+    }
+    return m;
+  };
+  const tools::WorkloadOp a = moe_of(mix), b = moe_of(oss);
+  EXPECT_EQ(
+      std::tie(a.e, a.topk, a.h, a.i, a.format),
+      std::make_tuple(int64_t{8}, int64_t{2}, int64_t{4096}, int64_t{14336}, std::string("bf16")));
+  EXPECT_EQ(
+      std::tie(b.e, b.topk, b.h, b.i, b.format),
+      std::make_tuple(int64_t{32}, int64_t{4}, int64_t{2880}, int64_t{2880}, std::string("mxfp4")));
+  EXPECT_EQ(oss.ops[0].n, (64 + 2 * 8) * 64);  // qkv_proj, bf16 (GPT-OSS keeps attention bf16)
+  EXPECT_EQ(oss.ops[0].format, "bf16");
+  expect_tilejit_error(
+      [&] {
+        tools::workload_from_model_config(
+            R"({"hidden_size": 64, "num_attention_heads": 2, "num_local_experts": 4,
+                "num_experts_per_tok": 2})",
+            "m.json");
+      },
+      "m.json: intermediate_size: missing");
 }
 
 TEST(TuneWorkload, QuantizedFormatsRoundTrip) {
@@ -445,6 +552,180 @@ TEST(TuningDb, CorruptFileNamesTheLine) {
   expect_tilejit_error([&] { load_tuning_db(path + ".missing"); },
                        "cannot read the tuning database");
   fs::remove(path);
+}
+
+// A field of the wrong JSON type in an entry of this machine: an Error
+// naming the file, the entry's line and the field (was a json exception).
+TEST(TuningDb, WrongTypesNamed) {
+  const std::string path = temp_path("types.json");
+  const jit::TunedEntry e = gemm_entry(Isa::avx512, 256, 512, 16);
+  auto with = [&](const std::string& measured, const std::string& head = "1") {
+    nlohmann::json j = nlohmann::json::parse(R"({"entries": []})");
+    j["tilejit_tuning_db"] = nlohmann::json::parse(head);
+    nlohmann::json entry{{"family", e.family},
+                         {"knobs", nlohmann::json::object()},
+                         {"cpu", e.cpu},
+                         {"tilejit", e.version},
+                         {"measured", nlohmann::json::parse(measured)}};
+    for (const auto& [k, v] : e.shape.fields) entry["shape"][k] = v;
+    j["entries"].push_back(entry);
+    write_file(path, j.dump(1));
+  };
+  with(R"({"default_us": "fast"})");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":3: error: tuning database entry 0: measured.default_us = \"fast\"");
+  with("[1, 2]");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       "entry 0: field 'measured' = [1,2]; allowed: an object");
+  with(R"({"candidates": 1.5})");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); }, "measured.candidates = 1.5");
+  with(R"({"candidates": 3})");
+  EXPECT_EQ(jit::TuningDb::load(path).entries.at(0).candidates, 3);
+  // 2^32 + 1 is not version 1 (get<int> truncated it).
+  with("{}", "4294967297");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); }, "not a tilejit tuning database");
+  fs::remove(path);
+}
+
+// An entry's line when another key with nested objects comes before "entries".
+TEST(TuningDb, LineAfterNestedKey) {
+  const std::string path = temp_path("nested.json");
+  write_file(path,
+             "{\"meta\": {\"host\": {\"a\": 1}, \"x\": {\"b\": [{\"c\": 2}]}},\n"
+             " \"tilejit_tuning_db\": 1,\n"
+             " \"entries\": [\n"
+             "  {\"family\": \"gemm\", \"cpu\": \"c\", \"tilejit\": \"v\", \"shape\": {}, "
+             "\"knobs\": {}},\n"
+             "  {\"family\": 5}\n"
+             " ]}\n");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":5: error: tuning database entry 1: field 'family'");
+  fs::remove(path);
+}
+
+// Another CPU's or build's entries are kept verbatim and not validated:
+// families, knobs and fields this build does not know round-trip.
+TEST(TuningDb, StaleEntriesKeptVerbatim) {
+  const std::string path = temp_path("stale.json");
+  const std::string foreign =
+      R"({"family": "mla_attention", "cpu": "other-cpu", "tilejit": "9.9.9",
+          "shape": {"d": "576", "new_field": [1]}, "knobs": {"nr": 32, "x": "y"},
+          "measured": {"default_us": "n/a"}, "extra": true})";
+  const std::string foreign_gemm =
+      R"({"family": "gemm", "cpu": "other-cpu", "tilejit": "9.9.9",
+          "shape": {"m": "1", "wide": "1"}, "knobs": {"nr": 32}})";
+  write_file(path,
+             "{\"tilejit_tuning_db\": 1, \"entries\": [" + foreign + ",\n" + foreign_gemm + "]}");
+  jit::TuningDb db = jit::TuningDb::load(path);
+  ASSERT_EQ(db.entries.size(), 2u);
+  int64_t stale = 0;
+  EXPECT_TRUE(db.current(&stale).entries.empty());
+  EXPECT_EQ(stale, 2);
+  db.put(gemm_entry(Isa::avx512, 256, 512, 16));
+  db.save(path);
+  const auto back = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(back["entries"].size(), 3u);
+  EXPECT_EQ(back["entries"][0], nlohmann::json::parse(foreign));
+  EXPECT_EQ(back["entries"][1], nlohmann::json::parse(foreign_gemm));
+  // An entry whose identity cannot be read is still an error.
+  write_file(path, R"({"tilejit_tuning_db": 1, "entries": [{"family": "gemm", "cpu": 3}]})");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); }, "field 'cpu' missing or not a string");
+  fs::remove(path);
+}
+
+// Two writers of one database (two tune processes): each save merges with
+// the file under its lock, so neither loses the other's entries, and the
+// file is valid JSON at every moment (a unique temporary file, renamed).
+TEST(TuningDb, ConcurrentWritersMerge) {
+  const std::string path = temp_path("shared.json");
+  fs::remove(path);
+  // Interleaved: both read the (absent) file, then save in turn.
+  jit::TuningDb a, b;
+  a.put(gemm_entry(Isa::avx512, 256, 512, 1));
+  a.save(path);
+  b.put(gemm_entry(Isa::avx512, 256, 512, 16));
+  b.save(path);
+  a.put(gemm_entry(Isa::avx512, 256, 512, 64));
+  a.save(path);
+  EXPECT_EQ(jit::TuningDb::load(path).entries.size(), 3u);
+  // Concurrent: two threads saving 20 entries each while a third reads.
+  fs::remove(path);
+  std::atomic<bool> done{false};
+  std::atomic<int> bad_reads{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      try {
+        if (fs::exists(path)) jit::TuningDb::load(path);
+      } catch (const Error&) {
+        ++bad_reads;
+      }
+    }
+  });
+  auto writer = [&](int64_t n) {
+    jit::TuningDb db;
+    for (int64_t i = 1; i <= 20; ++i) {
+      db.put(gemm_entry(Isa::avx512, n, 32 * i, 1));
+      db.save(path);
+    }
+  };
+  std::thread w1(writer, 64), w2(writer, 96);
+  w1.join();
+  w2.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(bad_reads.load(), 0);
+  EXPECT_EQ(jit::TuningDb::load(path).entries.size(), 40u);
+  for (const auto& f : fs::directory_iterator(fs::path(path).parent_path()))
+    EXPECT_EQ(f.path().string().find(path + ".tmp"), std::string::npos) << f.path();
+  fs::remove(path);
+  fs::remove(path + ".lock");
+}
+
+// A database reached through a symbolic link is written where it points.
+TEST(TuningDb, SaveThroughSymlink) {
+  const std::string target = temp_path("target.json"), link = temp_path("link.json");
+  fs::remove(target);
+  fs::remove(link);
+  fs::create_symlink(target, link);
+  jit::TuningDb db;
+  db.put(gemm_entry(Isa::avx512, 256, 512, 1));
+  db.save(link);
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(jit::TuningDb::load(target).entries.size(), 1u);
+  fs::remove(link);
+  fs::remove(target);
+  fs::remove(target + ".lock");
+}
+
+// A FIFO, /dev/zero or a directory as the database: an Error, not a hang or
+// an unbounded read (runtime::CappedFile).
+TEST(TuningDb, SpecialFilesRefused) {
+  const std::string fifo = temp_path("db.fifo");
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_tilejit_error([&] { jit::TuningDb::load(fifo); }, "not valid JSON");
+  expect_tilejit_error([&] { tools::load_workload(fifo); }, "not valid JSON");
+  fs::remove(fifo);
+  expect_tilejit_error([&] { jit::TuningDb::load("/dev/zero"); },
+                       "/dev/zero: holds more than the 64 MiB a tuning database may have");
+  expect_tilejit_error([&] { tools::load_workload("/dev/zero"); },
+                       "/dev/zero: holds more than the 16 MiB a tune workload may have");
+  const std::string dir = fs::temp_directory_path().string();
+  expect_tilejit_error([&] { jit::TuningDb::load(dir); }, dir + ": is a directory");
+  expect_tilejit_error([&] { tools::load_workload(dir); }, dir + ": is a directory");
+}
+
+TEST(TuneMeasure, BudgetCapped) {
+  EXPECT_EQ(tools::parse_budget("10m"), 600);
+  EXPECT_EQ(tools::parse_budget("168h"), tools::kMaxBudgetSeconds);
+  for (const char* b : {"1e10s", "99999999999999999999m", "1e300h", "169h"}) {
+    try {
+      tools::parse_budget(b);
+      ADD_FAILURE() << b << " accepted";
+    } catch (const tools::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("at most 168h"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ---- a tuned plan is used, and computes what the default computes -----------------

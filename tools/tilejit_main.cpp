@@ -45,6 +45,21 @@ const CLI::Validator kSeed(
     },
     "UINT64");
 
+// --threads of bench, tune and llama-layer: 1 or more (the option absent
+// is the default; 0 is not a way to say it). The upper bound is
+// set_num_threads', which names it when the option is applied.
+const CLI::Validator kThreads(
+    [](std::string& s) {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      return ec == std::errc() && end == s.data() + s.size() && v >= 1
+                 ? std::string()
+                 : "'" + s +
+                       "' is not a thread count; allowed: an integer >= 1 (absent: "
+                       "TILEJIT_NUM_THREADS or the cores)";
+    },
+    "N >= 1");
+
 void add_dump(CLI::App& app, DumpOptions& o) {
   auto* c = app.add_subcommand("dump",
                                "print the stages of a .tir program: parsed IR, verified "
@@ -91,7 +106,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--dim", o.dims, "bind a symbolic dim, e.g. M=512 (every one must be bound)")
       ->allow_extra_args(false);
   c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(kThreads);
   c->add_option("--seconds", o.seconds, "timing budget (default 1)");
   c->add_option("--seed", o.seed, "seed of the random inputs (default 1)")->check(kSeed);
   c->add_option("--isa", o.isa, kIsaHelp)
@@ -124,7 +139,7 @@ void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
   c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)");
   c->add_option("--budget", o.budget, "time budget of the search, e.g. 90s, 10m (default 10m)");
   c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(kThreads);
   c->add_flag("--resume", o.resume, "skip the entries the database already holds");
   c->add_flag("--no-search", o.no_search,
               "only the warm-up: run the workload once with the database's plans");
@@ -156,7 +171,8 @@ int main(int argc, char** argv) {
       "JIT one Llama-3-8B decoder layer op by op (GEMMs for M in {1, 16, 512}, RoPE on q/k, "
       "decode and prefill attention), check each against the scalar reference and print "
       "speed (the default command)");
-  job->add_option("--threads", llama.threads, "threads (default: TILEJIT_NUM_THREADS or cores)");
+  job->add_option("--threads", llama.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
+      ->check(kThreads);
   job->add_option("--seconds", llama.seconds, "timing budget per shape");
   job->add_flag("!--no-check", llama.check, "skip the reference check");
   job->add_option("--weights", llama.weights,

@@ -29,6 +29,7 @@
 #include "runtime/isa.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
+#include "tools/file_limits.h"
 #include "tools/program_io.h"
 #include "tools/random_data.h"
 #include "tools/tune_measure.h"
@@ -400,11 +401,13 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
   std::vector<Point> pts;
   for (size_t i = 0; i < w.ops.size(); ++i) {
     const WorkloadOp& o = w.ops[i];
+    // Labels are printed in progress lines: a name's control bytes escaped.
+    const std::string name = one_line(o.name);
     if (o.op == "gemm") {
       std::set<std::string> buckets;
       for (int64_t m : o.m) {
         Point p{i, m, 0};
-        p.label = fmt::format("gemm {} N={} K={} M={}", o.name, o.n, o.k, m);
+        p.label = fmt::format("gemm {} N={} K={} M={}", name, o.n, o.k, m);
         if (quantized(o)) p.label += " " + o.format;
         p.shape = jit::gemm_shape_class(path, threads, o.n, o.k, bias_of(o.bias), act_of(o.act),
                                         o.out == "f32" ? DType::f32 : DType::bf16, m,
@@ -452,7 +455,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t b : o.m)
         for (int64_t s : o.seq_len) {
           Point p{i, b, s};
-          p.label = fmt::format("decode_attention {} B={} ctx={} Hq={} Hkv={} D={}{}", o.name, b, s,
+          p.label = fmt::format("decode_attention {} B={} ctx={} Hq={} Hkv={} D={}{}", name, b, s,
                                 o.hq, o.hkv, o.d, kv_label(o));
           p.shape = jit::decode_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
                                             kv_dtype(o), b, s);
@@ -466,7 +469,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       std::set<std::string> buckets;
       for (int64_t t : o.m) {
         Point p{i, t, 0};
-        p.label = fmt::format("moe {} E={} k={} H={} I={} T={}", o.name, o.e, o.topk, o.h, o.i, t);
+        p.label = fmt::format("moe {} E={} k={} H={} I={} T={}", name, o.e, o.topk, o.h, o.i, t);
         if (quantized(o)) p.label += " " + o.format;
         p.shape =
             jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t, format_of(o.format));
@@ -480,14 +483,14 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t t : o.m) {
         Point p{i, t, 0};
         p.label =
-            fmt::format("rope {} T={} Hq={} Hk={} D={} {}", o.name, t, o.hq, o.hkv, o.d, o.style);
+            fmt::format("rope {} T={} Hq={} Hk={} D={} {}", name, t, o.hq, o.hkv, o.d, o.style);
         pts.push_back(p);
       }
     } else if (o.op == "extend_attention") {
       std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
-        p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}{}", o.name, s,
+        p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}{}", name, s,
                               o.prefix_len, o.hq, o.hkv, o.d, kv_label(o));
         p.shape = jit::extend_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
                                           kv_dtype(o), 1, s, o.prefix_len + s);
@@ -502,7 +505,7 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
         p.label =
-            fmt::format("prefill_attention {} T={} Hq={} Hkv={} D={}", o.name, s, o.hq, o.hkv, o.d);
+            fmt::format("prefill_attention {} T={} Hq={} Hkv={} D={}", name, s, o.hq, o.hkv, o.d);
         p.shape = jit::prefill_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.causal, 1, s);
         if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
           p.family = "prefill_attention";
@@ -810,13 +813,9 @@ int run_tune(const TuneOptions& opt) {
   const auto deadline = Clock::now() + std::chrono::microseconds(int64_t(budget * 1e6));
   Workload w;
   if (!opt.model_config.empty()) {
-    std::ifstream in(opt.model_config, std::ios::binary);
-    if (!in) throw Error(fmt::format("{}: cannot read the model config", opt.model_config));
-    std::stringstream ss;
-    ss << in.rdbuf();
     w = workload_from_model_config(
-        ss.str(), opt.model_config,
-        opt.kv_cache_dtype.empty() ? WorkloadOp{}.kv : opt.kv_cache_dtype);
+        CappedFile(opt.model_config).read_all(kMaxModelConfigBytes, "model config"),
+        opt.model_config, opt.kv_cache_dtype.empty() ? WorkloadOp{}.kv : opt.kv_cache_dtype);
     if (!opt.save_workload.empty()) {
       std::ofstream out(opt.save_workload, std::ios::binary | std::ios::trunc);
       out << workload_json(w);
@@ -853,7 +852,7 @@ int run_tune(const TuneOptions& opt) {
   fmt::print(
       "tilejit tune: workload {} ({} ops, {} entries to tune{}), path {}{}, {} threads, budget "
       "{}, database {}\n",
-      w.name, w.ops.size(), todo.size(),
+      one_line(w.name), w.ops.size(), todo.size(),
       resumed ? fmt::format(", {} already in the database (--resume)", resumed) : "",
       isa_name(path), cpu.amx_emulated ? " (AMX EMULATED: times are the emulator's)" : "", threads,
       duration_str(budget), opt.out);

@@ -146,11 +146,13 @@ double parse_budget(const std::string& text) {
   }
   const std::string unit = text.substr(used);
   const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
-  if (used == 0 || scale < 0 || !(v > 0) || !std::isfinite(v))
+  // The cap keeps now + budget inside the clock's range (1e10 s as int64
+  // microseconds overflowed to a deadline in the past: nothing was tuned).
+  if (used == 0 || scale < 0 || !(v > 0) || !(v * scale <= kMaxBudgetSeconds))
     throw UsageError(fmt::format(
         "--budget '{}' is not a duration; allowed: a positive number with s, m or h (e.g. 90s, "
-        "10m)",
-        text));
+        "10m), at most {}h",
+        text, kMaxBudgetSeconds / 3600));
   return v * scale;
 }
 

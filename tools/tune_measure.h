@@ -83,7 +83,9 @@ class Progress {
 
 std::string us_str(double seconds);
 std::string duration_str(double seconds);
-// "90", "90s", "10m", "1h" -> seconds; Error naming --budget otherwise.
+// "90", "90s", "10m", "1h" -> seconds, at most kMaxBudgetSeconds (a week);
+// UsageError naming --budget otherwise.
+inline constexpr double kMaxBudgetSeconds = 7 * 24 * 3600;
 double parse_budget(const std::string& text);
 
 }  // namespace tilejit::tools

@@ -14,6 +14,7 @@
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
 #include "runtime/int_math.h"
+#include "tools/file_limits.h"
 
 namespace tilejit::tools {
 
@@ -49,8 +50,17 @@ struct Reader {
   const json& j;
   std::string where;  // "file: ops[2]"
 
+  // where "file: ops[2]" names a field as "file: ops[2].n"; a config's
+  // top level ("file:") as "file: n".
   [[noreturn]] void fail(const std::string& field, const std::string& msg) const {
-    throw Error(fmt::format("{}.{}: {}", where, field, msg));
+    throw Error(fmt::format("{}{}{}: {}", where, !where.empty() && where.back() == ':' ? " " : ".",
+                            field, msg));
+  }
+  // An optional string field (absent or null: dflt).
+  std::string string(const std::string& field, const std::string& dflt) const {
+    if (!j.contains(field) || j[field].is_null()) return dflt;
+    if (!j[field].is_string()) fail(field, fmt::format("{}; allowed: a string", j[field].dump()));
+    return j[field].get<std::string>();
   }
   int64_t integer(const std::string& field, bool required = true, int64_t dflt = 0, int64_t lo = 1,
                   int64_t hi = kMaxDim) const {
@@ -277,11 +287,7 @@ Workload parse_workload(const std::string& text, const std::string& source) {
 }
 
 Workload load_workload(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot read the workload file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_workload(ss.str(), path);
+  return parse_workload(CappedFile(path).read_all(kMaxWorkloadBytes, "tune workload"), path);
 }
 
 std::string workload_json(const Workload& w) {
@@ -385,8 +391,10 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
       if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
         const json& b = q["weight_block_size"];
         if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-            !b[1].is_number_integer())
-          bad("weight_block_size", fmt::format("{}; allowed: [block_n, block_k]", b.dump()));
+            !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
+          bad("weight_block_size",
+              fmt::format("{}; allowed: [block_n, block_k], both >= 1, or absent (per channel)",
+                          b.dump()));
         f.block_n = b[0].get<int64_t>();
         f.block_k = b[1].get<int64_t>();
       }
@@ -411,10 +419,15 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
                         "float (fp8)",
                         q.contains("config_groups") ? q["config_groups"].dump() : "missing"));
       f.format = type == "int" ? "int8" : "fp8_e4m3";
-      if (type == "float" && w->contains("block_structure") && (*w)["block_structure"].is_array() &&
-          (*w)["block_structure"].size() == 2) {
-        f.block_n = (*w)["block_structure"][0].get<int64_t>();
-        f.block_k = (*w)["block_structure"][1].get<int64_t>();
+      if (type == "float" && w->contains("block_structure") && !(*w)["block_structure"].is_null()) {
+        const json& b = (*w)["block_structure"];
+        if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+            !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
+          bad("config_groups.weights.block_structure",
+              fmt::format("{}; allowed: [block_n, block_k], both >= 1, or absent (per channel)",
+                          b.dump()));
+        f.block_n = b[0].get<int64_t>();
+        f.block_k = b[1].get<int64_t>();
       }
     } else {
       bad("quant_method",
@@ -462,19 +475,36 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   if (j.contains("quantization_config"))
     quant_formats(j["quantization_config"], source, &fmt_linear, &fmt_experts);
   const Reader r{j, source + ":"};
-  auto opt_int = [&](const char* f, int64_t dflt) { return r.integer(f, false, dflt); };
+  auto given = [&](const char* f) { return j.contains(f) && !j[f].is_null(); };
+  // What this builder does not model is refused by name, never built as
+  // something else: MLA (DeepSeek's latent KV: attention of D 576 / Dv 512
+  // over a compressed cache, not hq heads of hidden / hq) and shared experts
+  // (a dense MLP beside the routed ones).
+  for (const char* f : {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                        "v_head_dim", "n_shared_experts", "shared_expert_intermediate_size"})
+    if (given(f) && j[f] != json(0))
+      r.fail(f, fmt::format("{}: not modelled by --model-config (MLA attention, shared experts); "
+                            "allowed: absent (write the workload file by hand: docs/tuning.md)",
+                            j[f].dump()));
+  // The first of several names a field has among model families, or none.
+  auto first_of = [&](std::initializer_list<const char*> names) -> const char* {
+    for (const char* f : names)
+      if (given(f)) return f;
+    return nullptr;
+  };
   const int64_t hidden = r.integer("hidden_size");
   const int64_t hq = r.integer("num_attention_heads");
-  const int64_t hkv = opt_int("num_key_value_heads", hq);
-  const int64_t hd =
-      j.contains("head_dim") && !j["head_dim"].is_null() ? r.integer("head_dim") : hidden / hq;
-  const int64_t experts = j.contains("num_experts")         ? r.integer("num_experts")
-                          : j.contains("num_local_experts") ? r.integer("num_local_experts")
-                                                            : 0;
+  const int64_t hkv = r.integer("num_key_value_heads", false, hq);
+  if (!given("head_dim") && hidden % hq != 0)
+    r.fail("hidden_size", fmt::format("{} with num_attention_heads={} and no head_dim; allowed: "
+                                      "a multiple of num_attention_heads, or head_dim given",
+                                      hidden, hq));
+  const int64_t hd = given("head_dim") ? r.integer("head_dim") : hidden / hq;
+  const char* experts_field = first_of({"num_experts", "num_local_experts", "n_routed_experts"});
+  const int64_t experts = experts_field ? r.integer(experts_field) : 0;
   Workload w;
-  w.name = j.value("model_type", std::string("model"));
-  const std::string act = j.value("hidden_act", std::string("silu"));
-  (void)act;  // the GLU's activation runs in the MoE epilogue / a separate op
+  w.name = r.string("model_type", "model");
+  (void)r.string("hidden_act", "silu");  // checked; the GLU's activation runs in the epilogue
   auto gemm = [&](const char* name, int64_t n, int64_t k, const char* out = "bf16") {
     WorkloadOp o;
     o.op = "gemm";
@@ -494,9 +524,12 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     o.op = "moe";
     o.name = "experts";
     o.e = experts;
-    o.topk = r.integer("num_experts_per_tok", true, 0, 1, experts);
+    // GPT-OSS names the experts per token experts_per_token; Mixtral and
+    // GPT-OSS size the experts by intermediate_size (no dense MLP).
+    const char* topk = first_of({"num_experts_per_tok", "experts_per_token"});
+    o.topk = r.integer(topk ? topk : "num_experts_per_tok", true, 0, 1, experts);
     o.h = hidden;
-    o.i = r.integer("moe_intermediate_size");
+    o.i = r.integer(given("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size");
     o.m = m;
     copy_format(fmt_experts, &o);
     gemm("router", experts, hidden, "f32");
@@ -539,7 +572,9 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   rope.hkv = hkv;
   rope.m = m;
   w.ops.push_back(rope);
-  return w;
+  // The workload file's own checks (one home: parse_workload), so that what
+  // --save-workload writes is what tune reads.
+  return parse_workload(workload_json(w), source + " (the workload built from it)");
 }
 
 namespace {
