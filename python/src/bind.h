@@ -52,5 +52,11 @@ const PackedExperts& packed_experts_arg(const pybind11::handle& obj, const char*
 // The __reduce_ex__ of both packed types: packed bytes are tied to the
 // machine and build that made them.
 [[noreturn]] void refuse_pickle(const char* type);
+// The __new__ of both packed types: an instance made by __new__ alone has
+// no C++ object behind it (pybind11 constructs it in __init__, which these
+// types do not have), so every method would read uninitialised memory. The
+// library makes its instances without __new__ (pybind11 allocates them
+// directly), so refusing it costs nothing.
+[[noreturn]] void refuse_new(const char* type);
 
 }  // namespace tilejit::python

@@ -97,6 +97,7 @@ void bind_gemm(py::module_& m) {
              py::gil_scoped_release release;
              w.dequantize(o.view());
            })
+      .def_static("__new__", [](const py::args&, const py::kwargs&) { refuse_new("PackedWeight"); })
       .def("__reduce_ex__", [](const PackedWeight&, int) { refuse_pickle("PackedWeight"); })
       .def("__repr__", [](const PackedWeight& w) {
         if (w.empty()) return std::string("tilejit.PackedWeight(empty)");

@@ -206,6 +206,8 @@ void bind_moe(py::module_& m) {
              py::gil_scoped_release release;
              w.dequantize(o.view());
            })
+      .def_static("__new__",
+                  [](const py::args&, const py::kwargs&) { refuse_new("PackedExperts"); })
       .def("__reduce_ex__", [](const PackedExperts&, int) { refuse_pickle("PackedExperts"); })
       .def("__repr__", [](const PackedExperts& w) {
         if (w.empty()) return std::string("tilejit.PackedExperts(empty)");

@@ -137,6 +137,12 @@ void refuse_pickle(const char* type) {
       type));
 }
 
+void refuse_new(const char* type) {
+  throw py::type_error(fmt::format(
+      "tilejit.{0} cannot be created directly; allowed: the {0} that tilejit.{1} returns", type,
+      std::string_view(type) == "PackedWeight" ? "pack_weight()" : "pack_experts*()"));
+}
+
 }  // namespace tilejit::python
 
 PYBIND11_MODULE(_core, m) {

@@ -151,6 +151,13 @@ def test_pickling_refused():
         pickle.dumps(pw)
 
 
+def test_packed_types_refuse_bare_new():
+    # __new__ without __init__ left no C++ object behind the instance: .layout segfaulted.
+    for cls in (tilejit.PackedWeight, tilejit.PackedExperts):
+        with pytest.raises(TypeError, match="cannot be created directly"):
+            cls.__new__(cls)
+
+
 @pytest.mark.parametrize("kind", ["torch", "numpy"])
 def test_int8_w8a8(kind):
     g = torch.Generator().manual_seed(18)
