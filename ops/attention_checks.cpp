@@ -125,8 +125,7 @@ void check_options(const char* op, const AttentionOptions& opt) {
   if (!(opt.softcap >= 0) || !std::isfinite(opt.softcap))
     throw Error(
         fmt::format("{}: softcap={}; allowed: 0 (off) or a finite value > 0", op, opt.softcap));
-  if (opt.sm_scale && !std::isfinite(*opt.sm_scale))
-    throw Error(fmt::format("{}: sm_scale={}; allowed: a finite value", op, *opt.sm_scale));
+  if (opt.sm_scale) ops::check_finite(op, "sm_scale", *opt.sm_scale);
 }
 
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,

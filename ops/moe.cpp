@@ -142,6 +142,7 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   if (d.k > d.E)
     throw Error(fmt::format("{}: topk_ids has shape {}; allowed: k <= E = {}", kOp,
                             ops::shape_str(ids.shape), d.E));
+  ops::check_finite(kOp, "routed_scaling_factor", opt.routed_scaling_factor);
   if (opt.clamped_swiglu) {
     if (!std::isfinite(opt.swiglu_alpha) || !std::isfinite(opt.swiglu_limit) ||
         opt.swiglu_limit <= 0)

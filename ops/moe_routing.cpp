@@ -280,6 +280,7 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
   if (opt.score != RouterScore::softmax && opt.score != RouterScore::sigmoid)
     throw Error(
         fmt::format("{}: score = {}; allowed: softmax, sigmoid", op, static_cast<int>(opt.score)));
+  ops::check_finite(op, "routed_scaling_factor", opt.routed_scaling_factor);
   const TensorView* bias = opt.correction_bias ? &*opt.correction_bias : nullptr;
   if (bias != nullptr) {
     ops::check_view(op, "correction_bias", *bias, 1);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -183,6 +185,11 @@ int64_t checked_add(const char* op, const char* what, int64_t a, int64_t b) {
     throw Error(
         fmt::format("{}: {} = {} + {} overflows int64; allowed: a sum below 2^63", op, what, a, b));
   return r;
+}
+
+void check_finite(const char* op, const char* arg, float value) {
+  if (!std::isfinite(value))
+    throw Error(fmt::format("{}: {}={}; allowed: a finite value", op, arg, value));
 }
 
 int64_t saturating_mul(int64_t a, int64_t b) {

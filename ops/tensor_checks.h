@@ -58,6 +58,11 @@ inline const TensorView* opt_view(const std::optional<TensorView>& v) {
 // a·b and a + b, or an Error "{op}: {what} = a·b overflows int64".
 int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b);
 int64_t checked_add(const char* op, const char* what, int64_t a, int64_t b);
+
+// An Error "{op}: {arg}={value}; allowed: a finite value" for NaN / ±Inf: a
+// scalar option applies to every output, so a NaN there is a caller's bug,
+// not a value to propagate (NaN tensors elements propagate, docs/reliability.md).
+void check_finite(const char* op, const char* arg, float value);
 // a·b, or INT64_MAX when it overflows (a capacity compared against values that fit).
 int64_t saturating_mul(int64_t a, int64_t b);
 

@@ -575,6 +575,13 @@ TEST_F(RoutingErrors, Groups) {
   EXPECT_TRUE(throws_with([&] { run(16, 4, 2, 9); },
                           {"k = 9", "k <= topk_group * E / num_expert_group = 2 * 4 = 8"}));
   EXPECT_NO_THROW(run(16, 4, 2, 8));
+  GroupedTopkOptions o;
+  o.num_expert_group = 4, o.topk_group = 2, o.routed_scaling_factor = NAN;
+  EXPECT_TRUE(throws_with(
+      [&] {
+        grouped_topk(L({2, 16}), W({2, 8}), I({2, 8}), o);
+      },
+      {"grouped_topk", "routed_scaling_factor=nan", "a finite value"}));
 }
 
 TEST_F(RoutingErrors, CorrectionBias) {

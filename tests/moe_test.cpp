@@ -817,6 +817,16 @@ TEST_F(FusedExpertsErrors, UnsupportedActivation) {
   EXPECT_TRUE(untouched());
 }
 
+TEST_F(FusedExpertsErrors, NonFiniteRoutedScalingFactor) {
+  for (float v : {NAN, INFINITY, -INFINITY}) {
+    MoeOptions o;
+    o.routed_scaling_factor = v;
+    EXPECT_TRUE(throws_with([&] { call(o); },
+                            {"fused_experts", "routed_scaling_factor", "allowed: a finite value"}));
+  }
+  EXPECT_TRUE(untouched());
+}
+
 TEST_F(FusedExpertsErrors, OutAliasingHidden) {
   // Same buffer, same shape: the kernels read hidden rows after writing out
   // blocks, so aliasing would silently compute garbage.
