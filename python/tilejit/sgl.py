@@ -319,6 +319,9 @@ def _mask_padded(w, ids, num_token_non_padded):
     # sglang's _mask_topk_ids_padded_region: tokens past the real ones get id -1.
     if num_token_non_padded is not None:
         n = int(num_token_non_padded)
+        # ids[n:] with n < 0 would mask only the last -n tokens (Python's
+        # negative index), not sglang's "every token from n on".
+        _need(n >= 0, f"num_token_non_padded={n}; allowed: >= 0 (the count of real tokens)")
         ids[n:] = -1
     return w, ids
 

@@ -346,6 +346,9 @@ def test_grouped_topk_and_biased():
     _, ids = sgl.biased_grouped_topk_cpu(None, logits, bias, k, True, groups, tg, 0, None,
                                          torch.tensor(3))
     assert bool((ids[3:] == -1).all()) and bool((ids[:3] >= 0).all())
+    with pytest.raises(tilejit.Error, match="num_token_non_padded=-1; allowed: >= 0"):
+        sgl.biased_grouped_topk_cpu(None, logits, bias, k, True, groups, tg, 0, None,
+                                    torch.tensor(-1))
     with pytest.raises(tilejit.Error, match="num_fused_shared_experts=1"):
         sgl.grouped_topk_cpu(None, logits, k, True, groups, tg, 1)
 
