@@ -403,16 +403,21 @@ codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
           q.zeros != nullptr, q.normal_products};
 }
 
-namespace {
-
-// The tuning database entry of a quantized GEMM's plan (W8A8, the dequant
-// route), or none: what gemm_quantized and quant_gemm_kernel_name apply.
-const codegen::PlanOverrides& quant_tuned(const PackedWeight::Impl& p, codegen::BiasKind bias,
-                                          Activation act, DType out, Isa path, int64_t m) {
+const codegen::PlanOverrides& quant_tuned(WeightFormat format, int64_t n, int64_t k,
+                                          codegen::BiasKind bias, Activation act, DType out,
+                                          Isa path, int64_t m) {
   static const codegen::PlanOverrides kNone;
   if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
-  return jit::find_tuned_gemm(path, runtime::num_threads(), p.layout.n, p.layout.k, bias, act, out,
-                              m, p.format);
+  return jit::find_tuned_gemm(path, runtime::num_threads(), n, k, bias, act, out, m, format);
+}
+
+namespace {
+
+// The entry of a packed weight's GEMM: what gemm_quantized and
+// quant_gemm_kernel_name apply.
+const codegen::PlanOverrides& weight_tuned(const PackedWeight::Impl& p, codegen::BiasKind bias,
+                                           Activation act, DType out, Isa path, int64_t m) {
+  return quant_tuned(p.format, p.layout.n, p.layout.k, bias, act, out, path, m);
 }
 
 }  // namespace
@@ -420,7 +425,7 @@ const codegen::PlanOverrides& quant_tuned(const PackedWeight::Impl& p, codegen::
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const Isa isa = codegen::gemm_isa_for_rows(path, m);
-  const codegen::PlanOverrides& tuned = quant_tuned(p, bias, act, out, path, m);
+  const codegen::PlanOverrides& tuned = weight_tuned(p, bias, act, out, path, m);
   // The automatic route (GemmOptions' default), or the tuned one.
   if (w4a8_route(p, GemmOptions{}, isa, m, tuned)) {
     if (!w4a8_kernels_usable(isa)) return "scalar reference (W4A8: x quantized per row, double)";
@@ -441,22 +446,37 @@ int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d) {
   return d.isa == Isa::llvm ? 0 : codegen::xbyak::quant_brgemm_scratch_bytes(d);
 }
 
-FusedKernels::FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
-                           Isa path, const codegen::PlanOverrides& tuned) {
-  const codegen::BrgemmDesc d = quant_fused_desc(p, spec, rows, path, tuned);
-  mr_ = d.mr;
+FusedDescs quant_fused_descs(DType code, bool zeros, int64_t k_packed,
+                             const codegen::GemmSpec& spec, int64_t rows, Isa path,
+                             const codegen::PlanOverrides& tuned) {
+  FusedDescs out;
+  const codegen::BrgemmDesc d = quant_fused_desc(code, zeros, k_packed, spec, rows, path, tuned);
   const int64_t rem = rows > d.mr ? rows % d.mr : 0;
   for (int g = 0; g < 2; ++g) {
     if (g == 1 && rem == 0) continue;
-    const codegen::BrgemmDesc dg = g == 0 ? d : quant_fused_desc(p, spec, rem, path, tuned);
+    const codegen::BrgemmDesc dg =
+        g == 0 ? d : quant_fused_desc(code, zeros, k_packed, spec, rem, path, tuned);
     codegen::BrgemmDesc tail = dg;
     tail.nr = static_cast<int>(spec.n % dg.nr);
-    if (spec.n >= dg.nr) k_[g][0] = &jit::get(dg);
-    if (tail.nr != 0) k_[g][1] = &jit::get(tail);
-    // One per-thread scratch serves them all (the N tail's need is no larger).
-    scratch_ = std::max({scratch_, quant_fused_scratch_bytes(dg),
-                         tail.nr != 0 ? quant_fused_scratch_bytes(tail) : int64_t{0}});
+    if (spec.n >= dg.nr) out[g][0] = dg;
+    if (tail.nr != 0) out[g][1] = tail;
   }
+  return out;
+}
+
+FusedKernels::FusedKernels(const PackedWeight::Impl& p, const codegen::GemmSpec& spec, int64_t rows,
+                           Isa path, const codegen::PlanOverrides& tuned) {
+  const QuantTables& q = *p.quant;
+  const FusedDescs descs =
+      quant_fused_descs(p.dtype, q.zeros != nullptr, q.k_packed, spec, rows, path, tuned);
+  mr_ = (descs[0][0] ? *descs[0][0] : *descs[0][1]).mr;
+  for (int g = 0; g < 2; ++g)
+    for (int t = 0; t < 2; ++t) {
+      if (!descs[g][t]) continue;
+      k_[g][t] = &jit::get(*descs[g][t]);
+      // One per-thread scratch serves them all.
+      scratch_ = std::max(scratch_, quant_fused_scratch_bytes(*descs[g][t]));
+    }
 }
 
 const std::string& FusedKernels::name() const {
@@ -531,7 +551,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // A tuning database entry of this format and shape class: the int4 route
   // and, for W8A8 and the dequant route, the GemmPlan's row blocking, task
   // split and ISA (validated at load: jit/tuning_db.cpp).
-  const codegen::PlanOverrides& tuned = quant_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
+  const codegen::PlanOverrides& tuned = weight_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
   // W4A8 (int4 weights, int8 activations): opt.int4_route, by path and M.
   const bool w4a8 = w4a8_route(p, opt, rows_isa, M, tuned);
   if (p.format == WeightFormat::int8 || w4a8) {

@@ -2,8 +2,10 @@
 // PackedWeight besides its Impl (ops/packed_weight_impl.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,14 @@ codegen::BrgemmDesc quant_fused_desc(const PackedWeight::Impl& p, const codegen:
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
                                      const codegen::GemmSpec& spec, int64_t m, Isa path,
                                      const codegen::PlanOverrides& tuned = {});
+// Every fused decode kernel a GEMM of `rows` rows calls, [g][t]: g 0 the
+// groups of mr rows, g 1 the remainder group; t 0 the full 64-column block,
+// t 1 the N tail; nullopt where none is called (FusedKernels compiles these;
+// `tilejit dump` lists them).
+using FusedDescs = std::array<std::array<std::optional<codegen::BrgemmDesc>, 2>, 2>;
+FusedDescs quant_fused_descs(DType code, bool zeros, int64_t k_packed,
+                             const codegen::GemmSpec& spec, int64_t rows, Isa path,
+                             const codegen::PlanOverrides& tuned = {});
 // The per-thread scratch bytes a fused decode kernel's call needs (BrgemmArgs::q_scratch).
 int64_t quant_fused_scratch_bytes(const codegen::BrgemmDesc& d);
 
@@ -133,6 +143,14 @@ class FusedKernels {
 
 // The dequant kernel of an fp8 / int4 / MXFP4 weight on `path` (avx512 serves amx).
 codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa path);
+
+// The tuning database entry of a quantized GEMM of this format, [N, K]
+// (logical), epilogue and m rows on `path` (the int4 route, and for W8A8 and
+// the dequant route the plan's row blocking, task split and ISA), or none:
+// what gemm applies and `tilejit dump` shows.
+const codegen::PlanOverrides& quant_tuned(WeightFormat format, int64_t n, int64_t k,
+                                          codegen::BiasKind bias, Activation act, DType out,
+                                          Isa path, int64_t m);
 
 // What a quantized GEMM of m rows runs on `path`: the fused decode kernel's
 // name, or the plan's (for the tool's tables).

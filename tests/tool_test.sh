@@ -201,6 +201,17 @@ for tir in "${examples[@]}"; do
       has "$name: fused kernel named (llvm, M=2)" "$OUT" "^  fused +brgemm_llvm_bf16x(u4|f8e4m3|f4e2m1)[a-z0-9_]*_m2n64k[0-9]+"
       ok "$name: dump --stage asm --isa llvm (M=2)" "$TJ" dump "$tir" --stage asm --isa llvm --dim M=2
       has "$name: fused kernel asm (llvm, M=2)" "$OUT" "^; kernel brgemm_llvm_bf16x(u4|f8e4m3|f4e2m1)[a-z0-9_]*_m2n64k[0-9]+"
+      # The key stage lists exactly the fused kernels a run at that M compiles
+      # (row groups and N tails: ops::quant_fused_descs, one home for both).
+      ok "$name: dump --stage key --isa llvm (M=3)" "$TJ" dump "$tir" --stage key --isa llvm --dim M=3
+      grep -E '^  [0-9]+ rows(, N tail)? +brgemm_' "$OUT" | awk '{print $NF}' | sort >"$WORK/$name.keyed"
+      TILEJIT_ISA=llvm TILEJIT_VERBOSE=1 ok "$name: run on llvm (M=3)" \
+        "$TJ" run "$tir" --random-inputs 1 --dim M=3
+      grep -Eo 'compiled brgemm_[a-z0-9_]+' "$ERR" | awk '{print $2}' | sort >"$WORK/$name.ran"
+      checks=$((checks + 1))
+      if [ ! -s "$WORK/$name.keyed" ] || ! cmp -s "$WORK/$name.keyed" "$WORK/$name.ran"; then
+        fail "$name: dump --stage key (M=3) lists [$(tr '\n' ' ' <"$WORK/$name.keyed")], the run compiled [$(tr '\n' ' ' <"$WORK/$name.ran")]"
+      fi
     fi
     ok "$name: dump --stage plan --isa scalar" "$TJ" dump "$tir" --stage plan --isa scalar
     has "$name: scalar plan" "$OUT" "^  kernel +none \\(the scalar path computes from the logical weights in double\\)"

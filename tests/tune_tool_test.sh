@@ -213,6 +213,32 @@ check "quantized entries carry their format" grep -q '"fmt": *"int4_gptq"' "$WOR
 check "fp8 KV cache: decode and extend entries keyed by the cache dtype" \
   test "$($PY -c 'import json,sys; print(sum(e["shape"].get("kv") == "f8e4m3" for e in json.load(open(sys.argv[1]))["entries"]))' "$WORK/dbq.json")" = 2
 check "fp8 KV cache: the labels say so" test "$(grep -c '^tune \[.*kv=f8e4m3$' "$OUT")" -eq 2
+# dump names a quantized program's entry and follows its route: the M=40
+# int4 bucket's entry, made to say W4A16 (w4a8 = 0), applied to
+# examples/gemm_int4_gptq.tir (the same N, K, format) at M=40.
+EX=$(dirname "$0")/../examples/gemm_int4_gptq.tir
+$PY - "$WORK/dbq.json" "$WORK/dbw.json" <<'PYEOF'
+import json, sys
+db = json.load(open(sys.argv[1]))
+keep = []
+for e in db["entries"]:
+    s = e["shape"]
+    lo, _, hi = s.get("m", "").partition("-")
+    if s.get("fmt") == "int4_gptq" and lo.isdigit() and int(lo) <= 40 <= int(hi or lo):
+        s["out"] = "bf16"
+        e["knobs"] = {"w4a8": 0}
+        keep.append(e)
+db["entries"] = keep
+json.dump(db, open(sys.argv[2], "w"))
+PYEOF
+"$TJ" dump "$EX" --stage plan --dim M=40 >"$OUT" 2>"$ERR"
+if grep -q 'int4_route automatic takes W4A8' "$OUT"; then
+  TILEJIT_TUNING_DB="$WORK/dbw.json" "$TJ" dump "$EX" --stage plan --dim M=40 >"$OUT" 2>"$ERR"
+  check "dump names the tuned int4 entry" grep -Eq '^  tuned +gemm:.*fmt=int4_gptq' "$OUT"
+  check "dump follows the entry's route (W4A16)" bash -c "! grep -q 'takes W4A8' '$OUT'"
+  TILEJIT_TUNING_DB="$WORK/dbw.json" TILEJIT_VERBOSE=1 "$TJ" run "$EX" --random-inputs 1 --dim M=40 >"$OUT" 2>"$ERR"
+  check "the run takes the same route" grep -q 'gemm w4a16 M=40' "$ERR"
+fi
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --no-search >"$OUT" 2>"$ERR"
 check "quantized and fp8 cache: second process compiles 0 kernels" \
   grep -Eq '^warm-up: 6 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"

@@ -121,7 +121,12 @@ struct QuantKernel {
   std::optional<codegen::DequantDesc> dequant;
   std::optional<codegen::ActQuantDesc> act_quant;
 };
-std::optional<QuantKernel> quant_kernel(const ir::Function& f, const GemmProgram& p, Isa isa) {
+// w4a8: the program runs the W4A8 route at the bound M (the dequant kernel
+// then writes s8 q − z chunks). The key is that of scales whose products with
+// the codes are normal f32 numbers (`_nosub`, every real checkpoint's; the
+// pack decides from the scale values, which a program does not have).
+std::optional<QuantKernel> quant_kernel(const ir::Function& f, const GemmProgram& p, Isa isa,
+                                        bool w4a8) {
   if (!p.quantized() || isa == Isa::scalar) return std::nullopt;
   const Isa kisa = isa == Isa::llvm ? Isa::llvm : Isa::avx512;
   QuantKernel q;
@@ -132,8 +137,10 @@ std::optional<QuantKernel> quant_kernel(const ir::Function& f, const GemmProgram
                                               : m == "dynamic_asym" ? codegen::ActQuantMode::asym
                                                                     : codegen::ActQuantMode::sym};
   } else {
-    q.role = "dequant: a K chunk of the column block's codes -> bf16 packed rows";
-    q.dequant = codegen::DequantDesc{kisa, weight_code_dtype(p.format), p.zero >= 0};
+    q.role = w4a8 ? "dequant: a K chunk of the column block's codes -> s8 q - z chunks (W4A8)"
+                  : "dequant: a K chunk of the column block's codes -> bf16 packed rows";
+    q.dequant = codegen::DequantDesc{kisa, weight_code_dtype(p.format), p.zero >= 0,
+                                     /*normal_products=*/true, w4a8 ? DType::i8 : DType::bf16};
   }
   return q;
 }
@@ -150,16 +157,41 @@ const jit::Kernel& quant_kernel_code(const QuantKernel& q) {
 // The fused decode kernel an fp8 / int4 gemm of m rows runs instead of the
 // dequant route (ops::quant_gemm_fused's rule; K taken as the packed K).
 std::optional<codegen::BrgemmDesc> fused_kernel(const GemmProgram& p, Isa isa,
-                                                std::optional<int64_t> m) {
+                                                std::optional<int64_t> m,
+                                                const codegen::PlanOverrides& tuned) {
   if (!p.quantized() || p.format == WeightFormat::int8 || !m) return std::nullopt;
   const Isa run = codegen::gemm_isa_for_rows(isa, *m);
   if (!ops::quant_gemm_fused(run, *m)) return std::nullopt;
-  return ops::quant_fused_desc(weight_code_dtype(p.format), p.zero >= 0, p.spec.k, p.spec, *m, run);
+  return ops::quant_fused_desc(weight_code_dtype(p.format), p.zero >= 0, p.spec.k, p.spec, *m, run,
+                               tuned);
+}
+
+// The logical K of a quantized gemm program: the weight's [N, K] (spec.k is
+// the packed K).
+int64_t logical_k(const ir::Function& f, const GemmProgram& p) {
+  return f.value(p.w).type.dims.back().value;
+}
+
+// The tuning database entry gemm applies to a quantized program at M (the
+// int4 route, the plan's knobs), as ops/gemm_quant.cpp looks it up.
+codegen::PlanOverrides quant_program_tuned(const ir::Function& f, const GemmProgram& p, Isa isa,
+                                           std::optional<int64_t> m) {
+  if (!p.quantized() || !m) return {};
+  return ops::quant_tuned(p.format, p.spec.n, logical_k(f, p), p.spec.bias, p.spec.act, p.spec.out,
+                          isa, *m);
+}
+
+// Whether a quantized program runs the W4A8 route at M (ops::w4a8_route, the
+// tuned entry's choice under int4_route automatic).
+bool program_w4a8(const GemmProgram& p, Isa isa, std::optional<int64_t> m,
+                  const codegen::PlanOverrides& tuned) {
+  return m && ops::w4a8_route(p.format, p.spec.k, p.int4_route, codegen::gemm_isa_for_rows(isa, *m),
+                              *m, "gemm", tuned);
 }
 
 // How the weight of a quantized program is packed and run.
 void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
-                      std::optional<int64_t> m) {
+                      std::optional<int64_t> m, const codegen::PlanOverrides& tuned) {
   const ir::Value& w = f.value(p.w);
   const char* api = checkpoint_struct_name(p.format);
   fmt::print("  weight       %{} {} {}: tilejit::pack_weight({}), format {}\n", w.name,
@@ -175,15 +207,16 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
         "the bf16 plan above runs on (K = k_packed = {}: the packed K order; act-order "
         "gathers x's columns into it)\n",
         p.spec.k);
-  if (const auto q = quant_kernel(f, p, isa))
+  const bool w4a8 = program_w4a8(p, isa, m, tuned);
+  if (const auto q = quant_kernel(f, p, isa, w4a8))
     fmt::print("  kernel       {} ({})\n", quant_kernel_name(*q), q->role);
   else
     fmt::print(
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
-  GemmOptions route_opt;
-  route_opt.int4_route = p.int4_route;
+  if (!tuned.empty())
+    fmt::print("  tuned        {} (the tuning database's entry at M = {})\n", tuned.entry, *m);
   const Isa rows_isa = m ? codegen::gemm_isa_for_rows(isa, *m) : isa;
-  if (m && ops::w4a8_route(p.format, p.spec.k, route_opt, rows_isa, *m)) {
+  if (w4a8) {
     fmt::print(
         "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
         "into the quad K order and quantized per row, the codes as s8 (q − z) chunks "
@@ -197,7 +230,7 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
                                             : "Xbyak AVX-512 (vpdpbusd)");
     return;
   }
-  if (const auto fd = fused_kernel(p, isa, m))
+  if (const auto fd = fused_kernel(p, isa, m, tuned))
     fmt::print(
         "  fused        {} (M = {}: this decode kernel reads the codes and group tables "
         "itself, one call per 64-column block over the whole K and group of <= 4 rows, "
@@ -367,12 +400,18 @@ int run_dump(const DumpOptions& opt) {
   if (!prog.has_gemm) return dump_elementwise(prog, opt, all);
   const std::optional<int64_t> m = gemm_m(f, prog, dims);
   codegen::GemmPlan plan;
+  // A quantized program's tuning database entry at M (as for bf16 below:
+  // only on the path the library picks).
+  const codegen::PlanOverrides qtuned =
+      opt.isa.empty() ? quant_program_tuned(f, prog, isa, m) : codegen::PlanOverrides{};
   if (prog.quantized()) {
     // ops/gemm_quant.cpp's spec: shallow K chunks (L1-resident dequantized
-    // chunks) for fp8 / int4 at M <= 16.
+    // chunks) for fp8 / int4 at M <= 16; a tuned entry's knobs on top.
     codegen::GemmSpec spec = prog.spec;
     if (m) spec.max_kc = ops::quant_gemm_max_kc(spec.int8(), *m);
-    plan = codegen::plan_gemm(spec, isa);
+    plan = qtuned.empty()
+               ? codegen::plan_gemm(spec, isa)
+               : codegen::plan_gemm(spec, codegen::gemm_isa_for_rows(isa, *m, qtuned), qtuned);
   } else {
     plan = codegen::lower_gemm(prog.lowered, isa);
     // With a tuning database (TILEJIT_TUNING_DB) entry for this shape at the
@@ -384,11 +423,12 @@ int run_dump(const DumpOptions& opt) {
         plan = codegen::plan_gemm(spec, codegen::gemm_isa_for_rows(isa, *m, tuned), tuned);
     }
   }
-  const std::optional<QuantKernel> qk = quant_kernel(f, prog, isa);
+  const std::optional<QuantKernel> qk =
+      quant_kernel(f, prog, isa, program_w4a8(prog, isa, m, qtuned));
   if (all || opt.stage == "plan") {
     header("plan");
     print_plan(f, prog, plan, m);
-    if (prog.quantized()) print_quant_plan(f, prog, isa, m);
+    if (prog.quantized()) print_quant_plan(f, prog, isa, m, qtuned);
   }
   if (all || opt.stage == "key") {
     header("key");
@@ -396,8 +436,25 @@ int run_dump(const DumpOptions& opt) {
     if (qk)
       fmt::print("{}  {}\n{}  {}\n", qk->dequant ? "dequant  " : "act_quant",
                  quant_kernel_name(*qk), std::string(9, ' '), quant_kernel_key(*qk));
-    if (const auto fd = fused_kernel(prog, isa, m))
-      fmt::print("fused      {}\n           {}\n", fd->name(), jit::cache_key(*fd));
+    if (fused_kernel(prog, isa, m, qtuned)) {
+      // The set FusedKernels compiles for this M (ops::quant_fused_descs).
+      const ops::FusedDescs fds =
+          ops::quant_fused_descs(weight_code_dtype(prog.format), prog.zero >= 0, prog.spec.k,
+                                 prog.spec, *m, codegen::gemm_isa_for_rows(isa, *m), qtuned);
+      int count = 0;
+      for (const auto& g : fds)
+        for (const auto& d : g) count += d.has_value();
+      fmt::print(
+          "fused kernels for M={}: {} (called instead of the micro-kernels and the dequant "
+          "kernel above)\n",
+          *m, count);
+      for (int g = 0; g < 2; ++g)
+        for (int t = 0; t < 2; ++t)
+          if (const auto& d = fds[g][t])
+            fmt::print("  {:<26}{}\n  {:<26}{}\n",
+                       fmt::format("{} rows{}", d->mr, t == 1 ? ", N tail" : ""), d->name(), "",
+                       jit::cache_key(*d));
+    }
   }
   if (all || opt.stage == "asm") {
     header("asm");
@@ -405,7 +462,7 @@ int run_dump(const DumpOptions& opt) {
     if (qk)
       print_kernel_asm(quant_kernel_code(*qk),
                        fmt::format("{}: {}", qk->role, quant_kernel_key(*qk)), opt.syntax);
-    if (const auto fd = fused_kernel(prog, isa, m))
+    if (const auto fd = fused_kernel(prog, isa, m, qtuned))
       print_kernel_asm(jit::get(*fd),
                        fmt::format("the fused decode kernel (M <= {}): {}",
                                    ops::fused_max_rows(isa), jit::cache_key(*fd)),
