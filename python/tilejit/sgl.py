@@ -21,6 +21,8 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
   what is allowed (sgl-kernel raises RuntimeError from TORCH_CHECK).
 """
 
+import operator
+
 import torch
 
 import tilejit
@@ -304,6 +306,11 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
 
 def _router_out(gating_output, topk):
     _tensor("gating_output", gating_output)
+    try:
+        k = operator.index(topk)  # int, numpy and 0-d torch integers
+    except TypeError:
+        k = 0
+    _need(k >= 1, f"topk={topk!r}; allowed: an integer >= 1")
     _need(gating_output.dim() == 2,
           f"gating_output has shape {tuple(gating_output.shape)}; allowed: [T, E]")
     t = gating_output.shape[0]
@@ -389,6 +396,17 @@ def biased_grouped_topk_cpu(hidden_states, gating_output, correction_bias, topk,
 
 # ---- RoPE ------------------------------------------------------------------------
 
+def _in_place_view(arg, x, shape):
+    """x.view(shape), or a tilejit.Error naming arg where its strides do not
+    allow one: the rotation is in place, so a copy would not be written back."""
+    try:
+        return x.view(shape)
+    except RuntimeError:
+        _need(False, f"{arg} has shape {tuple(x.shape)} and strides {x.stride()}, which cannot "
+              f"be viewed as {tuple(shape)} (rotated in place: no copy); allowed: tokens one "
+              "row stride apart, each head's elements contiguous")
+
+
 def _heads(arg, x, head_size):
     """x as a [T, H, D] view (no copy): 2-D [T, H*D], 3-D [T, H, D] or 4-D
     [B, S, H, D]."""
@@ -397,9 +415,9 @@ def _heads(arg, x, head_size):
     if x.dim() == 2:
         _need(x.shape[1] % head_size == 0, f"{arg} has shape {tuple(x.shape)}; allowed: "
               f"[T, H * head_size] with head_size={head_size}")
-        return x.view(x.shape[0], x.shape[1] // head_size, head_size)
+        return _in_place_view(arg, x, (x.shape[0], x.shape[1] // head_size, head_size))
     if x.dim() == 4:
-        return x.view(-1, x.shape[2], x.shape[3])
+        return _in_place_view(arg, x, (-1, x.shape[2], x.shape[3]))
     _need(x.dim() == 3, f"{arg} has {x.dim()} dims (shape {tuple(x.shape)}); allowed: 2, 3, 4")
     return x
 
@@ -556,6 +574,9 @@ def decode_attention_cpu(query, k_cache, v_cache, output, key, value, loc, attn_
     ``attn_logits`` (sgl-kernel's split-KV scratch) has no meaning here and is
     not touched. Any even head size up to 576 (tilejit::Limits), any GQA ratio."""
     kc, vc = _paged("k_cache", k_cache), _paged("v_cache", v_cache)
+    # sglang passes the layer's k_scale / v_scale, None for a bf16 cache.
+    k_scale = 1.0 if k_scale is None else k_scale
+    v_scale = 1.0 if v_scale is None else v_scale
     tilejit.store_kv(key, value, kc, vc, _tensor("loc", loc), k_scale=k_scale, v_scale=v_scale)
     bt = _block_table(req_to_token, req_pool_indices, _tensor("seq_lens", seq_lens))
     tilejit.decode_attention(query, kc, vc, bt, _i32("seq_lens", seq_lens), out=output,
@@ -570,6 +591,9 @@ def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
     ([sum_b n_b^2], new tokens against new tokens). The prefix columns must
     be all visible (tilejit's tree mask covers the new tokens only)."""
     m = custom_mask.reshape(-1)
+    want = sum(n * s for n, s in zip(extend_lens.tolist(), seq_lens.tolist()))
+    _need(want == m.numel(), f"extend_attention_cpu: custom_mask has {m.numel()} elements; "
+          f"allowed: sum of extend_seq_lens * seq_lens = {want}")
     out, at = [], 0
     for n, s in zip(extend_lens.tolist(), seq_lens.tolist()):
         block = m[at:at + n * s].reshape(n, s)
@@ -577,8 +601,6 @@ def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
         _need(bool(block[:, :s - n].all()), "extend_attention_cpu: custom_mask hides a prefix "
               "key; allowed: masks over the new tokens only (the prefix visible to all)")
         out.append(block[:, s - n:].reshape(-1))
-    _need(at == m.numel(), f"extend_attention_cpu: custom_mask has {m.numel()} elements; "
-          f"allowed: sum of extend_seq_lens * seq_lens = {at}")
     return torch.cat(out).to(torch.uint8) if out else torch.zeros(0, dtype=torch.uint8)
 
 

@@ -334,6 +334,19 @@ def ref_grouped(scores, bias, k, groups, topk_group, renormalize):
     return w, ids
 
 
+def test_router_and_rope_argument_errors():
+    logits = rnd((4, 8), 75, dtype=torch.float32)
+    for bad in (-1, 0, 2.5):
+        with pytest.raises(tilejit.Error, match=f"topk={bad!r}; allowed: an integer >= 1"):
+            sgl.topk_softmax_cpu(None, logits, bad, True)
+    # A 4-D query whose [B, S] cannot be merged into one token dim (rotated in place).
+    q = rnd((2, 6, 4, 64), 76).transpose(0, 1)
+    k = rnd((6, 2, 1, 64), 77)
+    cache = rnd((16, 64), 78, dtype=torch.float32)
+    with pytest.raises(tilejit.Error, match="query has shape .* cannot be viewed"):
+        sgl.rotary_embedding_cpu(torch.zeros(6, 2, dtype=torch.int64), q, k, 64, cache, True)
+
+
 def test_grouped_topk_and_biased():
     t, e, groups, tg, k = 5, 12, 3, 2, 3  # 12 experts in 3 groups: sizes sgl-kernel refuses
     logits = rnd((t, e), 24, dtype=torch.float32)
@@ -652,6 +665,15 @@ def test_attention_errors():
     with pytest.raises(tilejit.Error, match="seq_lens"):
         sgl.decode_attention_cpu(q[:1], kb, vb, out[:1], q[:1, :1], q[:1, :1], torch.tensor([0]),
                                  None, req_to_token, rpi, torch.tensor([9]), 0.1)
+    # A custom_mask shorter than sum(extend_seq_lens * seq_lens): named, not a torch reshape error.
+    with pytest.raises(tilejit.Error, match="custom_mask has 3 elements; allowed: .* = 4"):
+        sgl.extend_attention_cpu(q, q[:, :1], q[:, :1], out, kb, vb, req_to_token, rpi,
+                                 torch.tensor([2]), torch.tensor([2]), torch.tensor([0]), 2, 0.1,
+                                 custom_mask=torch.ones(3, dtype=torch.bool))
+    # k_scale / v_scale None (sglang's value for a bf16 cache) are 1.
+    sgl.decode_attention_cpu(q[:1], kb, vb, out[:1], q[:1, :1], q[:1, :1], torch.tensor([0]),
+                             None, req_to_token, rpi, torch.tensor([1]), 0.1, k_scale=None,
+                             v_scale=None)
     with pytest.raises(tilejit.Error):  # the library's own check: out of bf16
         sgl.flash_attn_varlen_func(q.float(), q, q, torch.tensor([0, 2], dtype=torch.int32),
                                    torch.tensor([0, 2], dtype=torch.int32), 2, 2, False)
