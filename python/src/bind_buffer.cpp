@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "bind.h"
 
@@ -26,29 +27,48 @@ struct Buffer {
   std::vector<int64_t> strides;
 };
 
-DLDataType dl_dtype(DType t) {
+// The DLPack type of a dtype, none for the 4-bit ones (DLPack has no
+// sub-byte type a consumer would read as this layout).
+std::optional<DLDataType> dl_dtype_of(DType t) {
   switch (t) {
     case DType::f32:
-      return {kDLFloat, 32, 1};
+      return DLDataType{kDLFloat, 32, 1};
     case DType::f16:
-      return {kDLFloat, 16, 1};
+      return DLDataType{kDLFloat, 16, 1};
     case DType::bf16:
-      return {kDLBfloat, 16, 1};
+      return DLDataType{kDLBfloat, 16, 1};
     case DType::i8:
-      return {kDLInt, 8, 1};
+      return DLDataType{kDLInt, 8, 1};
     case DType::u8:
     case DType::f8e4m3:  // DLPack 0.6 has no float8: the codes as bytes
-      return {kDLUInt, 8, 1};
+      return DLDataType{kDLUInt, 8, 1};
     case DType::i32:
-      return {kDLInt, 32, 1};
+      return DLDataType{kDLInt, 32, 1};
     case DType::i64:
-      return {kDLInt, 64, 1};
+      return DLDataType{kDLInt, 64, 1};
     default:
-      throw Error(
-          fmt::format("Buffer: dtype \"{}\" has no DLPack type; allowed: f32, f16, bf16, "
-                      "i8, u8, f8e4m3, i32, i64",
-                      dtype_name(t)));
+      return std::nullopt;
   }
+}
+
+// The dtypes a Buffer holds: dtype_table's names that have a DLPack type.
+const EnumTable<DType>& buffer_dtype_table() {
+  static const EnumTable<DType> table = [] {
+    EnumTable<DType> t;
+    for (const auto& row : dtype_table())
+      if (dl_dtype_of(row.second)) t.push_back(row);
+    return t;
+  }();
+  return table;
+}
+
+DLDataType dl_dtype(DType t) {
+  if (const auto d = dl_dtype_of(t)) return *d;
+  std::string allowed;
+  for (const auto& [name, _] : buffer_dtype_table())
+    allowed += fmt::format("{}{}", allowed.empty() ? "" : ", ", name);
+  throw Error(
+      fmt::format("Buffer: dtype \"{}\" has no DLPack type; allowed: {}", dtype_name(t), allowed));
 }
 
 // The buffer protocol's format of the storage: numpy has no bf16 or fp8, so
@@ -120,8 +140,7 @@ py::object to_dlpack(const Buffer& b) {
 
 Buffer make_buffer(const std::vector<int64_t>& shape, std::string_view dtype) {
   Buffer b;
-  b.dtype = parse_enum("dtype", dtype, dtype_table());
-  dl_dtype(b.dtype);  // refuses the 4-bit types
+  b.dtype = parse_enum("dtype", dtype, buffer_dtype_table());
   b.shape = shape;
   b.strides.resize(shape.size());
   int64_t n = 1;

@@ -188,8 +188,12 @@ def test_buffer_dlpack():
     assert u.dtype == np.uint16 and u.shape == (2, 3) and u.flags.writeable
     b.__dlpack__()  # an unconsumed capsule frees its reference on its own
     assert b.__dlpack_device__() == (1, 0)
-    with pytest.raises(tilejit.Error, match='dtype: "float" is not allowed'):
+    with pytest.raises(tilejit.Error, match='dtype: "float" is not allowed') as e:
         tilejit.Buffer([1], "float")
+    # The allowed list is what a Buffer holds: no 4-bit types (no DLPack type).
+    assert "i64" in str(e.value) and "u4" not in str(e.value) and "f4e2m1" not in str(e.value)
+    with pytest.raises(tilejit.Error, match='dtype: "u4" is not allowed'):
+        tilejit.Buffer([2], "u4")
     with pytest.raises(tilejit.Error, match="shape"):
         tilejit.Buffer([-1], "f32")
     assert tilejit.__version__.count(".") == 2
