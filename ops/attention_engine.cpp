@@ -252,13 +252,25 @@ template <class V, class T>
 // The weights of one 16-row group for keys j < kb (pass 2 of the step):
 // Masked keeps only keys in [lo, hi_n] (hi_n ≤ the block's last key), with
 // all-vector masks so GCC keeps it in zmm registers.
+// A weight e^(s·scale − ref): the scaled score and ref rounded alike, then
+// subtracted (one statement each, so no FMA fuses them), so the key that set
+// ref gets exactly e^0 = 1 and the row's sum is at least 1. The FMA form
+// s·(scale·log2e) − ref·log2e rounds its two products apart: at scaled
+// scores near 2^31 their difference was hundreds of units off and every
+// weight of a row flushed to 0 (a row of zeros, not a convex combination of v).
+[[gnu::always_inline]] inline F16 weight(const float* s, F16 scale, F16 ref) {
+  const F16 x = load_v<F16>(s) * scale;
+  const F16 d = x - ref;
+  return exp2v(d * kLog2e);
+}
+
 template <bool Masked>
-[[gnu::always_inline]] inline F16 weights(const lb::SoftmaxStepArgs& a, int64_t r0, F16 c, F16 off,
-                                          I16 lo, I16 hi_n) {
+[[gnu::always_inline]] inline F16 weights(const lb::SoftmaxStepArgs& a, int64_t r0, F16 scale,
+                                          F16 ref, I16 lo, I16 hi_n) {
   F16 sum{};
   for (int64_t j = 0; j < a.kb; j += 2) {
-    F16 e0 = exp2v(load_v<F16>(a.s + j * 64 + r0) * c - off);
-    F16 e1 = exp2v(load_v<F16>(a.s + (j + 1) * 64 + r0) * c - off);
+    F16 e0 = weight(a.s + j * 64 + r0, scale, ref);
+    F16 e1 = weight(a.s + (j + 1) * 64 + r0, scale, ref);
     if constexpr (Masked) {
       const I16 k0 = I16{} + static_cast<int32_t>(a.j0 + j), k1 = k0 + 1;
       e0 = ((k0 >= lo) & (k0 <= hi_n)) ? e0 : F16{};
@@ -281,28 +293,29 @@ template <bool Masked>
 // which clang refuses across functions of different targets (a different ABI),
 // but accepts once they are inlined into a caller of the same target.
 [[gnu::always_inline]] inline void softmax_step_body(const lb::SoftmaxStepArgs& a, int nz) {
-  const F16 c = F16{} + a.scale * kLog2e;
+  const F16 scale = F16{} + a.scale;
   const bool masked = a.masked != 0;
   for (int64_t g = 0; g < nz; ++g) {
     const int64_t r0 = g * kLanes;
     const I16 lo = load_v<I16>(a.lo + r0), hi = load_v<I16>(a.hi + r0);
     const I16 last = I16{} + static_cast<int32_t>(a.j0 + a.n - 1);
     const I16 hi_n = hi < last ? hi : last;
-    // The block max of each row (masked keys excluded).
+    // The block max of each row's scaled scores (masked keys excluded):
+    // scaled first, so that a negative sm_scale takes the right key and the
+    // max is bit for bit the x that weight() computes for its key.
     F16 bm = F16{} + kNegInf;
     if (masked) {
       for (int64_t j = 0; j < a.n; ++j) {
-        const F16 v = load_v<F16>(a.s + j * 64 + r0);
+        const F16 v = load_v<F16>(a.s + j * 64 + r0) * scale;
         const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
         bm = ((key >= lo) & (key <= hi) & (v > bm)) ? v : bm;
       }
     } else {
       for (int64_t j = 0; j < a.kb; ++j) {
-        const F16 v = load_v<F16>(a.s + j * 64 + r0);
+        const F16 v = load_v<F16>(a.s + j * 64 + r0) * scale;
         bm = v > bm ? v : bm;
       }
     }
-    bm *= a.scale;
     F16 ref = load_v<F16>(a.m + r0);
     const I16 upd = bm > ref + kLazyRescale;
     if (any(upd)) {
@@ -321,9 +334,9 @@ template <bool Masked>
       store_v(a.m + r0, ref);
     }
     // A row with no visible key yet keeps ref = −inf; its weights are 0 anyway.
-    const F16 off = ref == kNegInf ? F16{} : ref * kLog2e;
-    const F16 sum =
-        masked ? weights<true>(a, r0, c, off, lo, hi_n) : weights<false>(a, r0, c, off, lo, hi_n);
+    const F16 r = ref == kNegInf ? F16{} : ref;
+    const F16 sum = masked ? weights<true>(a, r0, scale, r, lo, hi_n)
+                           : weights<false>(a, r0, scale, r, lo, hi_n);
     store_v(a.l + r0, load_v<F16>(a.l + r0) + sum);
   }
 }

@@ -356,6 +356,25 @@ TEST_F(ExtendAttention, Options) {
   }
 }
 
+// Scaled scores near ±1e10: one-hot rows over prefix and new keys, in both
+// K/V modes (the softmax step Prefill.HugeAndNegativeScales covers; extend
+// runs its cached keys and its new ones as two passes merged).
+TEST_F(ExtendAttention, HugeAndNegativeScales) {
+  for (const float scale : {1e10f, -1e10f}) {
+    for (bool in_cache : {false, true}) {
+      SCOPED_TRACE(std::to_string(scale) + " in_cache=" + std::to_string(in_cache));
+      Extend pr;
+      pr.prefix = {0, 6};
+      pr.n_new = {3, 4};
+      pr.hq = 2, pr.hkv = 1, pr.d = 64, pr.dv = 32;
+      pr.in_cache = in_cache;
+      pr.opt.sm_scale = scale;
+      run_extend(pr, 2);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 TEST_F(ExtendAttention, TreeMask) {
   for (Mask kind : {Mask::tree, Mask::arbitrary}) {
     for (bool in_cache : {false, true}) {

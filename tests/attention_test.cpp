@@ -293,6 +293,28 @@ TEST_F(Prefill, Options) {
   }
 }
 
+// Scaled scores near ±1e10 (a huge or negative sm_scale): the softmax is
+// one-hot on each row's best key, and the kernels must give that key's v. The
+// step's weights were s·(scale·log2e) − ref·log2e with the two products
+// rounded apart: past ~2^31 every weight of a row flushed to 0 and the row
+// came out as zeros; a negative scale took the row's smallest score as its
+// max. Few rows and keys, so no two keys of a row tie within fp32 rounding.
+TEST_F(Prefill, HugeAndNegativeScales) {
+  for (const float scale : {1e10f, -1e10f, 5e9f, -0.3f}) {
+    SCOPED_TRACE(scale);
+    Varlen pr;
+    pr.lq = {1, 5};
+    pr.lk = {6, 9};
+    pr.hq = 2, pr.hkv = 1, pr.d = 64, pr.dv = 32;
+    pr.opt.sm_scale = scale;
+    run_varlen(pr);
+    if (HasFatalFailure()) return;
+    pr.opt.causal = true;
+    run_varlen(pr);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_F(Prefill, PackedQkvStrides) {
   Varlen pr;
   pr.lq = pr.lk = {33, 80};

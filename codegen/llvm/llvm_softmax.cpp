@@ -57,7 +57,6 @@ class SoftmaxEmitter : public KernelEmitter {
     llvm::Value* scale = arg(TILEJIT_ARG(Args, scale));
     llvm::Value* masked = b_.CreateICmpNE(arg(TILEJIT_ARG(Args, masked)), b_.getInt32(0));
     scale_ = vm_.splat(scale);
-    c_ = vm_.splat(b_.CreateFMul(scale, llvm::ConstantFP::get(b_.getFloatTy(), kLog2e)));
     for (int g = 0; g < nz_; ++g) {
       lo_.push_back(load(i32v(), arg(TILEJIT_ARG(Args, lo)), g * kLanes));
       hi_.push_back(load(i32v(), arg(TILEJIT_ARG(Args, hi)), g * kLanes));
@@ -71,7 +70,7 @@ class SoftmaxEmitter : public KernelEmitter {
     Vals ref, nref, upd;
     llvm::Value* any_upd = b_.getFalse();
     for (int g = 0; g < nz_; ++g) {
-      llvm::Value* bmg = b_.CreateFMul(bm[g], scale_);
+      llvm::Value* bmg = bm[g];
       ref.push_back(load(f32v(), arg(TILEJIT_ARG(Args, m)), g * kLanes));
       upd.push_back(b_.CreateFCmpOGT(bmg, b_.CreateFAdd(ref[g], vm_.f32(kSoftmaxLazyRescale))));
       nref.push_back(b_.CreateSelect(upd[g], bmg, ref[g]));
@@ -90,7 +89,7 @@ class SoftmaxEmitter : public KernelEmitter {
     for (int g = 0; g < nz_; ++g) {
       // A row with no visible key yet keeps ref = −inf; its weights are 0 anyway.
       llvm::Value* none = b_.CreateFCmpOEQ(ref[g], vm_.f32(-INFINITY));
-      off.push_back(b_.CreateSelect(none, vm_.f32(0.0f), b_.CreateFMul(ref[g], vm_.f32(kLog2e))));
+      off.push_back(b_.CreateSelect(none, vm_.f32(0.0f), ref[g]));
     }
     const Vals sum = branch(
         masked, [&] { return weights(off, true); }, [&] { return weights(off, false); });
@@ -142,7 +141,10 @@ class SoftmaxEmitter : public KernelEmitter {
         [&](llvm::Value* j, const Vals& bm) {
           Vals out;
           for (int g = 0; g < nz_; ++g) {
-            llvm::Value* v = load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g));
+            // Scaled first (the x of the weights below, bit for bit; a
+            // negative sm_scale takes the right key).
+            llvm::Value* v =
+                b_.CreateFMul(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g)), scale_);
             llvm::Value* take = b_.CreateFCmpOGT(v, bm[g]);  // vmaxps
             if (masked) take = b_.CreateAnd(take, visible(j, g));
             out.push_back(b_.CreateSelect(take, v, bm[g]));
@@ -241,6 +243,18 @@ class SoftmaxEmitter : public KernelEmitter {
     return {word, sum};
   }
 
+  // log2 of key j's weight in group g: (s·scale − ref)·log2e, the scaled
+  // score rounded as block_max rounded it and ref subtracted before the
+  // log2e scaling (no FMA: IRBuilder sets no contract flag), so the key that
+  // set ref gets exactly 2^0 = 1 and a row's sum is at least 1. The FMA form
+  // s·(scale·log2e) − ref·log2e rounded its two products apart: at scaled
+  // scores near 2^31 the difference was hundreds of units off and every
+  // weight of a row flushed to 0.
+  llvm::Value* exponent(llvm::Value* j, int g, llvm::Value* ref) {
+    llvm::Value* x = b_.CreateFMul(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g)), scale_);
+    return b_.CreateFMul(b_.CreateFSub(x, ref), vm_.f32(kLog2e));
+  }
+
   Vals weights(const Vals& off, bool masked) {
     Vals init(nz_, vm_.f32(0.0f));
     return emit_loop(
@@ -250,11 +264,8 @@ class SoftmaxEmitter : public KernelEmitter {
           llvm::Value* j1 = b_.CreateAdd(j, i64(1));
           Vals out;
           for (int g = 0; g < nz_; ++g) {
-            llvm::Value* neg_off = b_.CreateFNeg(off[g]);
-            llvm::Value* e0 = exp2(
-                vm_.fma(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g)), c_, neg_off), masked);
-            llvm::Value* e1 = exp2(
-                vm_.fma(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j1, g)), c_, neg_off), masked);
+            llvm::Value* e0 = exp2(exponent(j, g, off[g]), masked);
+            llvm::Value* e1 = exp2(exponent(j1, g, off[g]), masked);
             if (masked) {
               llvm::Value* in0 = vm_.splat(b_.CreateICmpSLT(j, arg(TILEJIT_ARG(Args, n))));
               llvm::Value* in1 = vm_.splat(b_.CreateICmpSLT(j1, arg(TILEJIT_ARG(Args, n))));
@@ -275,7 +286,7 @@ class SoftmaxEmitter : public KernelEmitter {
   VectorMath vm_;
   bool scalef_ = false, cvtbf16_ = false;
   llvm::Value* j0_ = nullptr;
-  llvm::Value *scale_ = nullptr, *c_ = nullptr;
+  llvm::Value* scale_ = nullptr;
   Vals lo_, hi_;
 };
 
