@@ -947,4 +947,37 @@ if grep -qw avx512bw /proc/cpuinfo; then
     fail "jit dump: no non-empty Xbyak kernel .bin in $JD"
 fi
 
+# ---- found from outside (2026-12-06): f16 and scalar results, M = 0 dumps ----
+# An f16 result's summary read it as f32 (a heap over-read; garbage min/max);
+# f16 inputs are generated and --check compares f16 values.
+cat >"$WORK/f16.tir" <<'EOF'
+func @f16(%x: tensor<?Mx64xbf16>, %w: tensor<48x64xbf16>, %h: tensor<?Mx48xf16>) -> (tensor<?Mx48xf16>) {
+  %a = gemm %x, %w : tensor<?Mx48xf32>
+  %g = cast %h {to = f32} : tensor<?Mx48xf32>
+  %s = add %a, %g : tensor<?Mx48xf32>
+  %c = cast %s {to = f16} : tensor<?Mx48xf16>
+  return %c
+}
+EOF
+ok "f16 result and input: run --check" "$TJ" run "$WORK/f16.tir" --random-inputs 4 --dim M=3 --check
+has "f16: PASS" "$OUT" "^PASS \\("
+checks=$((checks + 1))
+read -r lo hi < <(sed -nE 's/^  %c \[3, 48\] f16: min (\S+) max (\S+) .*/\1 \2/p' "$OUT")
+awk -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(lo != "" && lo > -100 && hi < 100) }' ||
+  fail "f16: the summary's min/max ($lo, $hi) are not the result's (|v| < 100)"
+# A program of rank-0 values (scalars): it ran, then printing its M was exit 3.
+cat >"$WORK/scalar.tir" <<'EOF'
+func @s(%x: tensor<f32>, %y: tensor<f32>) -> (tensor<f32>) {
+  %z = add %x, %y : tensor<f32>
+  %r = relu %z : tensor<f32>
+  return %r
+}
+EOF
+ok "rank-0 program: run --check" "$TJ" run "$WORK/scalar.tir" --random-inputs 5 --check
+has "rank-0 program: PASS" "$OUT" "^PASS \\(1 elements"
+# M = 0: no kernel runs, so dump shows none (it asked the registry for mr = 0).
+for ex in gemm_fp8_channel gemm_int4_gptq gemm_mxfp4; do
+  ok "$ex: dump --stage asm --dim M=0" "$TJ" dump "$EXAMPLES/$ex.tir" --stage asm --dim M=0
+done
+
 check_summary tool_test

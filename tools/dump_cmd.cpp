@@ -159,7 +159,8 @@ const jit::Kernel& quant_kernel_code(const QuantKernel& q) {
 std::optional<codegen::BrgemmDesc> fused_kernel(const GemmProgram& p, Isa isa,
                                                 std::optional<int64_t> m,
                                                 const codegen::PlanOverrides& tuned) {
-  if (!p.quantized() || p.format == WeightFormat::int8 || !m) return std::nullopt;
+  // M = 0: the gemm returns before any kernel (nothing to show).
+  if (!p.quantized() || p.format == WeightFormat::int8 || !m || *m < 1) return std::nullopt;
   const Isa run = codegen::gemm_isa_for_rows(isa, *m);
   if (!ops::quant_gemm_fused(run, *m)) return std::nullopt;
   return ops::quant_fused_desc(weight_code_dtype(p.format), p.zero >= 0, p.spec.k, p.spec, *m, run,

@@ -442,6 +442,21 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
     case DType::f32:
       for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = r.uniform();
       break;
+    case DType::f16:
+      // The bf16-rounded uniform values, exact in f16 (8 significant bits);
+      // those below f16's normal range (2^-14) as 0.
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = runtime::bf16_to_f32(runtime::f32_to_bf16(r.uniform()));
+        uint16_t h = 0;
+        if (std::fabs(v) >= 0x1p-14f) {
+          int e;
+          const float m = std::frexp(std::fabs(v), &e);  // v = m·2^e, m in [0.5, 1)
+          h = static_cast<uint16_t>(((e - 1 + 15) << 10) |
+                                    static_cast<int>(std::ldexp(m, 11) - 1024));
+        }
+        t.data<uint16_t>()[i] = static_cast<uint16_t>(h | (v < 0 ? 0x8000 : 0));
+      }
+      break;
     case DType::i32:
       for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(r.next() % 16);
       break;

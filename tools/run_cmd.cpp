@@ -60,14 +60,17 @@ void print_summary(const std::string& name, const HostTensor& t) {
   double lo = INFINITY, hi = -INFINITY, sum = 0;
   const int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) {
-    const double v =
-        t.dtype == DType::bf16 ? runtime::bf16_to_f32(t.data<uint16_t>()[i]) : t.data<float>()[i];
+    const double v = t.at(i);
     lo = std::min(lo, v);
     hi = std::max(hi, v);
     sum += v;
   }
+  if (n == 0) {
+    fmt::print("  %{} {} {}: empty\n", name, shape_str(t.shape), dtype_name(t.dtype));
+    return;
+  }
   fmt::print("  %{} {} {}: min {:.6g} max {:.6g} mean {:.6g}\n", name, shape_str(t.shape),
-             dtype_name(t.dtype), lo, hi, n ? sum / n : 0.0);
+             dtype_name(t.dtype), lo, hi, sum / n);
 }
 
 void print_check(const CheckReport& c) {
@@ -153,7 +156,10 @@ int run_program(const RunOptions& opt) {
                f.name, isa_name(cpu_info().isa), o->work().shape, fmt::join(apis, ", then "), ms);
   } else {
     const auto& spec = runner.program().spec;
-    const int64_t m = inputs.at(f.value(runner.program().x).name).shape.at(0);
+    // x: the gemm's input, or an elementwise program's param of largest rank
+    // (rank 0 for a program of scalars: one row).
+    const std::vector<int64_t>& xs = inputs.at(f.value(runner.program().x).name).shape;
+    const int64_t m = xs.empty() ? 1 : xs[0];
     fmt::print(
         "ran @{} on the {} path: M={} N={} K={} in {:.3f} ms (first call, compiles included)\n",
         f.name, isa_name(cpu_info().isa), m, spec.n, spec.k, ms);

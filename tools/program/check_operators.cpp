@@ -25,8 +25,7 @@ namespace {
 constexpr double kU = runtime::kF32Unit;
 
 double real_at(const HostTensor& t, int64_t i) {
-  return t.dtype == DType::bf16 ? double(runtime::bf16_to_f32(t.data<uint16_t>()[i]))
-                                : double(t.data<float>()[i]);
+  return t.at(i);
 }
 
 int64_t int_at(const HostTensor& t, int64_t i) {

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "runtime/bf16.h"
+#include "runtime/quant_formats.h"
+
 namespace tilejit::tools {
 
 int64_t elem_bytes(DType t) {
@@ -42,6 +45,30 @@ int64_t HostTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+double HostTensor::at(int64_t i) const {
+  switch (dtype) {
+    case DType::bf16:
+      return runtime::bf16_to_f32(data<uint16_t>()[i]);
+    case DType::f16:
+      return runtime::f16_to_f32(data<uint16_t>()[i]);
+    case DType::f8e4m3:
+      return runtime::e4m3_to_f32(data<uint8_t>()[i]);
+    case DType::i8:
+      return data<int8_t>()[i];
+    case DType::i32:
+      return data<int32_t>()[i];
+    case DType::i64:
+      return static_cast<double>(data<int64_t>()[i]);
+    case DType::f32:
+      return data<float>()[i];
+    case DType::u8:
+      return data<uint8_t>()[i];
+    default:
+      // u4 / f4e2m1 params hold checkpoint words, not one element each.
+      throw Error(fmt::format("HostTensor::at: {} has no element view", dtype_name(dtype)));
+  }
 }
 
 std::vector<int64_t> bind_shape(const ir::TensorType& t, const DimBindings& dims) {
