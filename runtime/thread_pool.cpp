@@ -23,7 +23,8 @@ thread_local bool t_in_task = false;
 int default_threads() {
   if (const char* env = std::getenv("TILEJIT_NUM_THREADS"); env != nullptr && *env != '\0') {
     char* end = nullptr;
-    long v = std::strtol(env, &end, 10);
+    long v = std::strtol(env, &end, 10);  // leading blanks skipped; trailing ones too:
+    while (*end == ' ' || *end == '\t') ++end;
     if (end == env || *end != '\0' || v < 1 || v > 4096)
       throw Error(std::string("TILEJIT_NUM_THREADS='") + env +
                   "' is not a thread count; allowed: an integer from 1 to 4096");
@@ -143,8 +144,20 @@ class Pool {
   std::exception_ptr error_;
 };
 
+// The count calls use: TILEJIT_NUM_THREADS's (else the CPUs online) until
+// set_num_threads() sets one. 0 while the variable holds no valid count:
+// every call needing a count then raises its Error (default_threads()'s),
+// until set_num_threads() gives one, which overrides the variable (README)
+// instead of failing on it, as it did when the Error came from this static's
+// initialization (retried, and thrown, on every access).
 std::atomic<int>& thread_count() {
-  static std::atomic<int> n{default_threads()};
+  static std::atomic<int> n{[] {
+    try {
+      return default_threads();
+    } catch (const Error&) {
+      return 0;
+    }
+  }()};
   return n;
 }
 
@@ -176,7 +189,8 @@ Pool& pool() {
 }  // namespace
 
 int num_threads() {
-  return thread_count().load(std::memory_order_relaxed);
+  const int n = thread_count().load(std::memory_order_relaxed);
+  return n > 0 ? n : default_threads();  // 0: throws the variable's Error
 }
 
 void set_num_threads(int n) {

@@ -280,6 +280,27 @@ TEST(PackWeightErrors, UnpackWrongOutput) {
 // TILEJIT_ISA=bogus: the library reads the variable once, at the first call
 // that needs the path, and must report it as an Error (every time), not fall
 // back silently and not abort.
+// A TILEJIT_NUM_THREADS that is no count fails calls with an Error naming
+// it, until set_num_threads() gives one: the API call overrides the variable
+// (README). It failed too, so the process could not recover.
+TEST(ThreadsEnv, BadValueFailsCallsUntilSetNumThreads) {
+  const char* env = std::getenv("TILEJIT_NUM_THREADS");
+  if (env == nullptr || std::string(env) != "0")
+    GTEST_SKIP() << "runs only with TILEJIT_NUM_THREADS=0 (its own ctest entry)";
+  std::vector<uint16_t> x = random_bf16(2 * 8, 1), wv = random_bf16(3 * 8, 2);
+  std::vector<float> y(2 * 3, 0.5f);
+  const PackedWeight w = pack_weight(TensorView(wv.data(), DType::bf16, {3, 8}));
+  auto call = [&] {
+    gemm(TensorView(x.data(), DType::bf16, {2, 8}), w, TensorView(y.data(), DType::f32, {2, 3}));
+  };
+  EXPECT_THAT(error_of(call), AllOf(HasSubstr("TILEJIT_NUM_THREADS='0'"), HasSubstr("1 to 4096")));
+  EXPECT_THAT(error_of([] { num_threads(); }), HasSubstr("TILEJIT_NUM_THREADS"));
+  ASSERT_EQ(error_of([] { set_num_threads(2); }), "<no exception>");
+  EXPECT_EQ(num_threads(), 2);
+  EXPECT_EQ(error_of(call), "<no exception>");
+  EXPECT_NE(y, std::vector<float>(2 * 3, 0.5f));
+}
+
 TEST(GemmIsaEnv, BogusValueRaisesErrorNamingTheVariable) {
   const char* env = std::getenv("TILEJIT_ISA");
   if (env == nullptr || std::string(env) != "bogus")
