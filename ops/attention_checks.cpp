@@ -9,6 +9,7 @@
 
 #include "ops/attention_engine.h"
 #include "ops/tensor_checks.h"
+#include "runtime/int_math.h"
 
 namespace tilejit::ops::attn {
 
@@ -142,11 +143,11 @@ void check_cache(const char* op, const char* arg, const TensorView& c, int64_t h
 void check_block_ids(const char* op, const TensorView& block_table, int64_t b, int64_t keys,
                      int64_t block_size, int64_t num_blocks) {
   const auto* table = static_cast<const int32_t*>(block_table.data);
-  for (int64_t i = 0; i < (keys + block_size - 1) / block_size; ++i) {
+  for (int64_t i = 0; i < runtime::ceil_div(keys, block_size); ++i) {
     const int64_t blk = table[b * block_table.strides[0] + i * block_table.strides[1]];
     if (blk < 0 || blk >= num_blocks)
-      throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: 0 .. num_blocks-1 = {}", op, b,
-                              i, blk, num_blocks - 1));
+      throw Error(fmt::format("{}: block_table[{}, {}]={}; allowed: [0, num_blocks) = [0, {})", op,
+                              b, i, blk, num_blocks));
   }
 }
 

@@ -131,10 +131,12 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   const int64_t pos_t = positions.shape.back();
   const int64_t pos_s = positions.shape.size() == 2 ? positions.shape[0] : 1;
   if (pos_s != streams || pos_t != c.t)
-    throw Error(
-        fmt::format("{}: positions has shape {}; allowed: [{}] or [streams, T] = [{}, {}] "
-                    "(streams: ndim or the mrope sections)",
-                    kOp, shape_str(positions.shape), c.t, streams, c.t));
+    throw Error(streams == 1
+                    ? fmt::format("{}: positions has shape {}; allowed: [T] = [{}] or [1, {}]", kOp,
+                                  shape_str(positions.shape), c.t, c.t)
+                    : fmt::format("{}: positions has shape {}; allowed: [streams, T] = [{}, {}] "
+                                  "(streams: ndim or the mrope sections)",
+                                  kOp, shape_str(positions.shape), streams, c.t));
 
   c.width = d.rotary_dim / d.ndim;
   ops::check_view(kOp, "cos_sin_cache", cache, 2);

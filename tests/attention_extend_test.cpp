@@ -566,7 +566,7 @@ TEST(ExtendAttentionErrors, BadInputs) {
   // Block 4 would start past the end of the cache, inside the guard page.
   table = {0, 4, 2, 3};
   expect_tilejit_error([&] { extend_attention(q, k, v, o, qoi(), tab(), pl(), {}, sep); },
-                       "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
+                       "block_table[0, 1]=4; allowed: [0, num_blocks) = [0, 4)");
   table = {0, 1, 2, 3};
   // Separate mode reads only the prefix's blocks: sequence 1 (5 keys) uses one.
   table = {0, 1, 2, -7};

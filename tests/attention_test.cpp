@@ -826,7 +826,7 @@ TEST(AttentionErrors, Decode) {
   // start past the end of k_cache, inside the guard page.
   table = {0, 4, 2, 3};
   expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); },
-                       "block_table[0, 1]=4; allowed: 0 .. num_blocks-1 = 3");
+                       "block_table[0, 1]=4; allowed: [0, num_blocks) = [0, 4)");
   table = {0, 1, -1, 3};
   expect_tilejit_error([&] { decode_attention(q, k, v, o, tab(), sl()); }, "block_table[1, 0]=-1");
   // Entries past a sequence's length are never used, so they are not checked.
