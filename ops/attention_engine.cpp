@@ -300,22 +300,27 @@ template <bool Masked>
     const I16 lo = load_v<I16>(a.lo + r0), hi = load_v<I16>(a.hi + r0);
     const I16 last = I16{} + static_cast<int32_t>(a.j0 + a.n - 1);
     const I16 hi_n = hi < last ? hi : last;
-    // The block max of each row's scaled scores (masked keys excluded):
-    // scaled first, so that a negative sm_scale takes the right key and the
-    // max is bit for bit the x that weight() computes for its key.
+    // The block max of each row's scaled scores (masked keys excluded), bit
+    // for bit the x that weight() computes for its key. Rounding is
+    // monotonic, so for sm_scale >= 0 that is max(s)·scale: the multiply per
+    // score only serves a negative scale.
+    const bool neg = a.scale < 0;
     F16 bm = F16{} + kNegInf;
     if (masked) {
       for (int64_t j = 0; j < a.n; ++j) {
-        const F16 v = load_v<F16>(a.s + j * 64 + r0) * scale;
+        F16 v = load_v<F16>(a.s + j * 64 + r0);
+        if (neg) v *= scale;
         const I16 key = I16{} + static_cast<int32_t>(a.j0 + j);
         bm = ((key >= lo) & (key <= hi) & (v > bm)) ? v : bm;
       }
     } else {
       for (int64_t j = 0; j < a.kb; ++j) {
-        const F16 v = load_v<F16>(a.s + j * 64 + r0) * scale;
+        F16 v = load_v<F16>(a.s + j * 64 + r0);
+        if (neg) v *= scale;
         bm = v > bm ? v : bm;
       }
     }
+    if (!neg) bm *= scale;
     F16 ref = load_v<F16>(a.m + r0);
     const I16 upd = bm > ref + kLazyRescale;
     if (any(upd)) {

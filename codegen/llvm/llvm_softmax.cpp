@@ -63,8 +63,24 @@ class SoftmaxEmitter : public KernelEmitter {
     }
 
     // Pass 1: the block max of every row.
+    // Rounding is monotonic, so for sm_scale >= 0 max(s)·scale is bit for bit
+    // the max of the scaled scores: the scaled pass (a multiply per score)
+    // only serves a negative scale.
+    llvm::Value* neg = b_.CreateFCmpOLT(scale, llvm::ConstantFP::get(b_.getFloatTy(), 0.0));
     const Vals bm = branch(
-        masked, [&] { return block_max(true); }, [&] { return block_max(false); });
+        neg,
+        [&] {
+          return branch(
+              masked, [&] { return block_max(true, true); },
+              [&] { return block_max(false, true); });
+        },
+        [&] {
+          Vals m = branch(
+              masked, [&] { return block_max(true, false); },
+              [&] { return block_max(false, false); });
+          for (llvm::Value*& v : m) v = b_.CreateFMul(v, scale_);
+          return m;
+        });
 
     // The reference: moves only where the max outgrew it by more than τ.
     Vals ref, nref, upd;
@@ -134,17 +150,17 @@ class SoftmaxEmitter : public KernelEmitter {
     return b_.CreateAnd(b_.CreateICmpSGE(key, lo_[g]), b_.CreateICmpSLE(key, hi_[g]));
   }
 
-  Vals block_max(bool masked) {
+  // The block max of each row over its visible keys' scores: scaled first
+  // when `scaled` (a negative sm_scale), else unscaled.
+  Vals block_max(bool masked, bool scaled) {
     Vals init(nz_, vm_.f32(-INFINITY));
     return emit_loop(
         b_, masked ? arg(TILEJIT_ARG(Args, n)) : arg(TILEJIT_ARG(Args, kb)), init,
         [&](llvm::Value* j, const Vals& bm) {
           Vals out;
           for (int g = 0; g < nz_; ++g) {
-            // Scaled first (the x of the weights below, bit for bit; a
-            // negative sm_scale takes the right key).
-            llvm::Value* v =
-                b_.CreateFMul(load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g)), scale_);
+            llvm::Value* v = load(f32v(), arg(TILEJIT_ARG(Args, s)), at(j, g));
+            if (scaled) v = b_.CreateFMul(v, scale_);
             llvm::Value* take = b_.CreateFCmpOGT(v, bm[g]);  // vmaxps
             if (masked) take = b_.CreateAnd(take, visible(j, g));
             out.push_back(b_.CreateSelect(take, v, bm[g]));
