@@ -374,6 +374,15 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
     throw Error(fmt::format("{}.{}: {}", where, field, msg));
   };
   WorkloadOp f;
+  // fp8 block sizes [block_n, block_k] (weight_block_size, block_structure).
+  auto block_pair = [&](const json& b, const std::string& field) {
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+        b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
+      bad(field, fmt::format("{}; allowed: [block_n, block_k], both >= 1, or absent (per channel)",
+                             b.dump()));
+    f.block_n = b[0].get<int64_t>();
+    f.block_k = b[1].get<int64_t>();
+  };
   try {
     if (method == "awq" || method == "gptq") {
       const Reader r{q, where};
@@ -388,16 +397,8 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
       f.desc_act = method == "gptq" && q.value("desc_act", false);
     } else if (method == "fp8") {
       f.format = "fp8_e4m3";
-      if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
-        const json& b = q["weight_block_size"];
-        if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-            !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
-          bad("weight_block_size",
-              fmt::format("{}; allowed: [block_n, block_k], both >= 1, or absent (per channel)",
-                          b.dump()));
-        f.block_n = b[0].get<int64_t>();
-        f.block_k = b[1].get<int64_t>();
-      }
+      if (q.contains("weight_block_size") && !q["weight_block_size"].is_null())
+        block_pair(q["weight_block_size"], "weight_block_size");
     } else if (method == "mxfp4") {
       f.format = "mxfp4";
     } else if (method == "w8a8_int8") {
@@ -419,16 +420,8 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
                         "float (fp8)",
                         q.contains("config_groups") ? q["config_groups"].dump() : "missing"));
       f.format = type == "int" ? "int8" : "fp8_e4m3";
-      if (type == "float" && w->contains("block_structure") && !(*w)["block_structure"].is_null()) {
-        const json& b = (*w)["block_structure"];
-        if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-            !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
-          bad("config_groups.weights.block_structure",
-              fmt::format("{}; allowed: [block_n, block_k], both >= 1, or absent (per channel)",
-                          b.dump()));
-        f.block_n = b[0].get<int64_t>();
-        f.block_k = b[1].get<int64_t>();
-      }
+      if (type == "float" && w->contains("block_structure") && !(*w)["block_structure"].is_null())
+        block_pair((*w)["block_structure"], "config_groups.weights.block_structure");
     } else {
       bad("quant_method",
           fmt::format("{}; allowed: {}",
