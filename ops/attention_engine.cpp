@@ -253,7 +253,8 @@ template <class V, class T>
 // Masked keeps only keys in [lo, hi_n] (hi_n ≤ the block's last key), with
 // all-vector masks so GCC keeps it in zmm registers.
 // A weight e^(s·scale − ref): the scaled score and ref rounded alike, then
-// subtracted (one statement each, so no FMA fuses them), so the key that set
+// subtracted (no FMA may fuse them: this file is built with
+// -ffp-contract=off, CMakeLists.txt), so the key that set
 // ref gets exactly e^0 = 1 and the row's sum is at least 1. The FMA form
 // s·(scale·log2e) − ref·log2e rounds its two products apart: at scaled
 // scores near 2^31 their difference was hundreds of units off and every
