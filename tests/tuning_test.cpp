@@ -242,43 +242,28 @@ TEST(TuneWorkload, ModelConfigFieldsChecked) {
   expect_tilejit_error([&] { cfg(R"(, "hidden_act": [1])"); },
                        "c.json: hidden_act: [1]; allowed: a string");
   EXPECT_EQ(cfg(R"(, "model_type": null, "hidden_act": null)").name, "model");
-  // DeepSeek-V3: MLA attention is refused by name (not hq heads of 7168 / 128).
-  expect_tilejit_error(
-      [&] {
-        tools::workload_from_model_config(
-            R"({"hidden_size": 7168, "num_attention_heads": 128, "intermediate_size": 18432,
-                "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
-                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-                "v_head_dim": 128, "quantization_config": {"quant_method": "fp8",
-                "weight_block_size": [128, 128]}})",
-            "ds.json");
-      },
-      "ds.json: kv_lora_rank: 512: not modelled by --model-config");
-  // No head_dim and hidden / heads not whole: both fields named.
-  expect_tilejit_error(
-      [&] {
-        tools::workload_from_model_config(
-            R"({"hidden_size": 4000, "num_attention_heads": 48, "intermediate_size": 64})",
-            "c.json");
-      },
-      "c.json: hidden_size: 4000 with num_attention_heads=48 and no head_dim");
-  // What tune would refuse is refused here (parse_workload's checks).
-  expect_tilejit_error(
-      [&] {
-        tools::workload_from_model_config(
-            R"({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 5,
-                "head_dim": 128, "intermediate_size": 64})",
-            "c.json");
-      },
-      "hq: 32 with hkv=5; allowed: a multiple of hkv");
-  expect_tilejit_error(
-      [&] {
-        tools::workload_from_model_config(
-            R"({"hidden_size": 1048576, "num_attention_heads": 1024, "num_key_value_heads": 1024,
-                "head_dim": 1024, "intermediate_size": 64})",
-            "c.json");
-      },
-      "ops[0].n: 3145728; allowed: an integer in [1, 1048576]");
+  // Whole configs and the Error each must raise.
+  const std::pair<const char*, const char*> refused[] = {
+      // DeepSeek-V3: MLA attention is refused by name (not hq heads of 7168 / 128).
+      {R"({"hidden_size": 7168, "num_attention_heads": 128, "intermediate_size": 18432,
+           "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+           "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "quantization_config": {"quant_method": "fp8",
+           "weight_block_size": [128, 128]}})",
+       "c.json: kv_lora_rank: 512: not modelled by --model-config"},
+      // No head_dim and hidden / heads not whole: both fields named.
+      {R"({"hidden_size": 4000, "num_attention_heads": 48, "intermediate_size": 64})",
+       "c.json: hidden_size: 4000 with num_attention_heads=48 and no head_dim"},
+      // What tune would refuse is refused here (parse_workload's checks).
+      {R"({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 5,
+           "head_dim": 128, "intermediate_size": 64})",
+       "hq: 32 with hkv=5; allowed: a multiple of hkv"},
+      {R"({"hidden_size": 1048576, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+           "head_dim": 1024, "intermediate_size": 64})",
+       "ops[0].n: 3145728; allowed: an integer in [1, 1048576]"},
+  };
+  for (const auto& [config, error] : refused)
+    expect_tilejit_error([&] { tools::workload_from_model_config(config, "c.json"); }, error);
   // compressed-tensors block scales of 0: refused (was per channel).
   expect_tilejit_error(
       [&] {

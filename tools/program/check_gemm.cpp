@@ -51,7 +51,7 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
       bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_lipschitz(a.act));
   for (int64_t i = 0; i < m * n; ++i) {
     const double want = ref[i];
-    const double got = bf16_out ? runtime::bf16_to_f32(y.data<uint16_t>()[i]) : y.data<float>()[i];
+    const double got = y.at(i);
     const double tol = runtime::gemm_output_bound(
         a.act, y.dtype, k, abs_sum[i], std::fabs(reference_bias_at(a, i % n)), pre[i], want);
     if (rep.add(got, want, tol)) rep.worst_index = {i / n, i % n};
@@ -82,9 +82,7 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
     ba.bias = input(prog_.bias).bytes.data();
     ba.bias_dtype = input(prog_.bias).dtype;
   }
-  auto got_at = [&](int64_t i) -> double {
-    return bf16_out ? runtime::bf16_to_f32(y.data<uint16_t>()[i]) : y.data<float>()[i];
-  };
+  auto got_at = [&](int64_t i) -> double { return y.at(i); };
   CheckReport rep;
 
   if (prog_.format == WeightFormat::int8) {

@@ -24,10 +24,6 @@ namespace {
 
 constexpr double kU = runtime::kF32Unit;
 
-double real_at(const HostTensor& t, int64_t i) {
-  return t.at(i);
-}
-
 int64_t int_at(const HostTensor& t, int64_t i) {
   return t.dtype == DType::i64 ? t.data<int64_t>()[i] : int64_t{t.data<int32_t>()[i]};
 }
@@ -66,7 +62,7 @@ Expected rope_expected(const OperatorCall& c, const HostTensor& q, const HostTen
     std::vector<double> in(d), out(d), mag(d);
     for (int64_t hh = 0; hh < h; ++hh) {
       const int64_t base = (tok * h + hh) * d;
-      for (int64_t i = 0; i < d; ++i) in[i] = real_at(q, base + i);
+      for (int64_t i = 0; i < d; ++i) in[i] = q.at(base + i);
       runtime::reference_rope_head(r, d, in.data(), out.data(), cache, mag.data());
       for (int64_t i = 0; i < d; ++i) {
         e.ref[base + i] = out[i];
@@ -139,13 +135,13 @@ Expected attention_expected(const OperatorCall& c, const HostTensor& q, const Ho
   AttnSeq a;
   a.tq = q.shape[0], a.hq = q.shape[1], a.d = q.shape[2];
   a.tk = k.shape[0], a.hkv = k.shape[1], a.dv = v.shape[2];
-  a.q = [&](int64_t h, int64_t i, int64_t col) { return real_at(q, (i * a.hq + h) * a.d + col); };
-  a.k = [&](int64_t g, int64_t j, int64_t col) { return real_at(k, (j * a.hkv + g) * a.d + col); };
-  a.v = [&](int64_t g, int64_t j, int64_t col) { return real_at(v, (j * a.hkv + g) * a.dv + col); };
+  a.q = [&](int64_t h, int64_t i, int64_t col) { return q.at((i * a.hq + h) * a.d + col); };
+  a.k = [&](int64_t g, int64_t j, int64_t col) { return k.at((j * a.hkv + g) * a.d + col); };
+  a.v = [&](int64_t g, int64_t j, int64_t col) { return v.at((j * a.hkv + g) * a.dv + col); };
   a.out_at = [&](int64_t h, int64_t i, int64_t col) { return (i * a.hq + h) * a.dv + col; };
   double max_v = 0, max_k = 0;
-  for (int64_t i = 0; i < v.numel(); ++i) max_v = std::max(max_v, std::fabs(real_at(v, i)));
-  for (int64_t i = 0; i < k.numel(); ++i) max_k = std::max(max_k, std::fabs(real_at(k, i)));
+  for (int64_t i = 0; i < v.numel(); ++i) max_v = std::max(max_v, std::fabs(v.at(i)));
+  for (int64_t i = 0; i < k.numel(); ++i) max_k = std::max(max_k, std::fabs(k.at(i)));
   Expected e;
   e.ref.assign(static_cast<size_t>(a.tq * a.hq * a.dv), 0.0);
   e.tol.assign(e.ref.size(), 0.0);
@@ -165,7 +161,7 @@ Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostT
   const bool fp8 = kc.dtype == DType::f8e4m3;
   const KvCacheScales& sc = c.attention.kv_scales;
   auto cache_at = [&](const HostTensor& t, double scale, int64_t i) {
-    return fp8 ? double(runtime::e4m3_to_f32(t.data<uint8_t>()[i])) * scale : real_at(t, i);
+    return fp8 ? t.at(i) * scale : t.at(i);
   };
   Expected e;
   e.ref.assign(static_cast<size_t>(b * hq * dv), 0.0);
@@ -190,7 +186,7 @@ Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostT
     }
     AttnSeq a;
     a.tq = 1, a.tk = len, a.hq = hq, a.hkv = hkv, a.d = d, a.dv = dv;
-    a.q = [&](int64_t h, int64_t, int64_t col) { return real_at(q, (s * hq + h) * d + col); };
+    a.q = [&](int64_t h, int64_t, int64_t col) { return q.at((s * hq + h) * d + col); };
     a.k = [&](int64_t g, int64_t j, int64_t col) {
       return cache_at(kc, sc.k_scale, (row[j] * hkv + g) * d + col);
     };
@@ -456,7 +452,7 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
 void compare(CheckReport& rep, const std::string& value_name, const HostTensor& got,
              const Expected& e) {
   for (int64_t i = 0; i < got.numel(); ++i)
-    if (rep.add(real_at(got, i), e.ref[i], e.tol[i])) {
+    if (rep.add(got.at(i), e.ref[i], e.tol[i])) {
       rep.worst_index = unflatten(i, got.shape);
       rep.worst_value = value_name;
     }
