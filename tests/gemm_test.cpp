@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <tuple>
@@ -254,6 +256,49 @@ TEST_F(GemmCall, DeterministicAcrossCallsAndThreadCounts) {
   EXPECT_EQ(first.y_bytes, again.y_bytes);
   EXPECT_EQ(first.y_bytes, one_thread.y_bytes);
   EXPECT_EQ(first.y_bytes, three_threads.y_bytes);
+}
+
+// Pre-activations at the ends of the float range, where a JIT activation's
+// clamped exp or an intermediate overflow used to part from the definition:
+// silu / gelu_tanh of -2.5e38 gave about -1 (e^x capped at e^88.4), gelu_erf
+// of 2.5e38 gave +Inf (x·2 overflowed before the halving), silu / gelu of
+// -Inf gave -Inf where the definition's -Inf·0 is NaN. Each result must be the
+// double-precision definition's within 1e-6 relative (the exp and erf
+// approximations are good to ~2e-7) plus 1e-30 absolute (the definition's
+// tiny negative tails, e.g. silu(-100) = -3.7e-42, may come out as -0).
+TEST_F(GemmCall, ActivationsAtTheEndsOfTheFloatRange) {
+  const std::vector<float> pre = {2.5e38f, -2.5e38f, 3.38e38f, -3.38e38f, 88.5f,
+                                  -88.5f,  100.0f,   -100.0f,  1e30f,     -1e30f};
+  std::vector<uint16_t> x;
+  for (float v : pre) x.push_back(f32_to_bf16(v));
+  x.push_back(f32_to_bf16(std::numeric_limits<float>::infinity()));
+  x.push_back(f32_to_bf16(-std::numeric_limits<float>::infinity()));
+  const int64_t M = static_cast<int64_t>(x.size()), N = 3;
+  const std::vector<uint16_t> ones(N, f32_to_bf16(1.0f));
+  const PackedWeight w = pack_weight(TensorView(ones.data(), DType::bf16, {N, 1}));
+  for (Activation act :
+       {Activation::relu, Activation::silu, Activation::gelu_tanh, Activation::gelu_erf}) {
+    std::vector<float> y(static_cast<size_t>(M * N), 123.0f);
+    GemmOptions opt;
+    opt.act = act;
+    gemm(TensorView(x.data(), DType::bf16, {M, 1}), w, TensorView(y.data(), DType::f32, {M, N}),
+         opt);
+    for (int64_t i = 0; i < M; ++i) {
+      const double p = bf16_to_f32(x[i]);
+      const double want = runtime::reference_activation(act, p);
+      for (int64_t j = 0; j < N; ++j) {
+        const float got = y[i * N + j];
+        SCOPED_TRACE(std::string(activation_name(act)) + "(" + std::to_string(p) + ")");
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << got;
+        } else if (std::isinf(want)) {
+          EXPECT_EQ(got, want);
+        } else {
+          EXPECT_LE(std::abs(got - want), 1e-6 * std::abs(want) + 1e-30) << got << " want " << want;
+        }
+      }
+    }
+  }
 }
 
 // M = 0 is a valid empty problem: nothing is read or written.

@@ -41,8 +41,11 @@ llvm::Value* VectorMath::exp(llvm::Value* x) const {
   auto& b = b_;
   // min/max as compare + select, one vminps/vmaxps each, with x as the
   // operand x86 returns when one is NaN: exp(NaN) is NaN (an attention score
-  // or softcap argument that is NaN must not become a finite weight).
-  x = b.CreateSelect(b.CreateFCmpOGT(x, f32(88.3762626647949f)), f32(88.3762626647949f), x);
+  // or softcap argument that is NaN must not become a finite weight). The
+  // upper clamp lies past ln(FLT_MAX) = 88.72 so that e^x overflows to +Inf
+  // there (a finite cap made silu(−2.5e38) ≈ −1 instead of −0) and n stays
+  // ≤ 128; the lower one keeps 2^n normal.
+  x = b.CreateSelect(b.CreateFCmpOGT(x, f32(89.0f)), f32(89.0f), x);
   x = b.CreateSelect(b.CreateFCmpOLT(x, f32(-87.3365447505531f)), f32(-87.3365447505531f), x);
   llvm::Value* n = b.CreateFMul(x, f32(1.44269504088896341f));
   n = b.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, n);
@@ -103,7 +106,9 @@ llvm::Value* VectorMath::activation(Activation act, llvm::Value* x) const {
       llvm::Value* erf = b.CreateFAdd(neg(q), f32(1.0f));  // erf(|x|/√2)
       llvm::Value* sign = b.CreateAnd(as_i32(x), i32(kSignMask));
       erf = as_f32(b.CreateXor(as_i32(erf), sign));
-      return b.CreateFMul(b.CreateFMul(x, b.CreateFAdd(erf, f32(1.0f))), f32(0.5f));
+      // (0.5·x)·(1 + erf): the halving first (exact), so x near FLT_MAX does
+      // not overflow in x·2 before it.
+      return b.CreateFMul(b.CreateFMul(x, f32(0.5f)), b.CreateFAdd(erf, f32(1.0f)));
     }
   }
   return x;

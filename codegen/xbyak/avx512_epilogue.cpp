@@ -4,6 +4,9 @@ namespace tilejit::codegen::xbyak {
 namespace {
 constexpr uint32_t kSignMask = 0x80000000u;
 constexpr uint32_t kAbsMask = 0x7fffffffu;
+// exp's argument clamp from above: past ln(FLT_MAX) (88.72), below the point
+// where n = round(x·log2 e) would leave [−126, 128]; e^x is +Inf there.
+constexpr float kExpOverflowArg = 89.0f;
 }  // namespace
 
 void Avx512Epilogue::exp_inplace(JitGenerator& g, const Xbyak::Zmm& v, const Xbyak::Zmm& n,
@@ -11,8 +14,11 @@ void Avx512Epilogue::exp_inplace(JitGenerator& g, const Xbyak::Zmm& v, const Xby
   // exp(x) = 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 (Cody–Waite split
   // so r is exact enough), p a degree-6 Taylor polynomial (|r| ≤ ln2/2 gives a
   // truncation error below 1.2e-7); vscalefps applies 2^n without bit tricks
-  // and saturates to 0 / inf instead of wrapping.
-  g.vminps(v, v, g.bcst(88.3762626647949f));
+  // and saturates to 0 / inf instead of wrapping. The upper clamp lies past
+  // ln(FLT_MAX) = 88.72 so that e^x overflows to +Inf there, as it should: a
+  // finite cap made silu(−2.5e38) = x / (1 + e^88.4) ≈ −1 instead of −0. The
+  // lower one keeps 2^n normal (e^x ≥ FLT_MIN, never a denormal).
+  g.vminps(v, v, g.bcst(kExpOverflowArg));
   g.vmaxps(v, v, g.bcst(-87.3365447505531f));
   g.vmulps(n, v, g.bcst(1.44269504088896341f));
   g.vrndscaleps(n, n, 0);  // round to nearest even
@@ -80,8 +86,10 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
       g.vandps(t1, x, g.bcst_u32(kSignMask));
       g.vxorps(t2, t2, t1);  // erf(x/√2), odd in x
       g.vaddps(t2, t2, g.bcst(1.0f));
-      g.vmulps(x, x, t2);
+      // (0.5·x)·(1 + erf): the halving first (exact), so x near FLT_MAX does
+      // not overflow in x·2 before it.
       g.vmulps(x, x, g.bcst(0.5f));
+      g.vmulps(x, x, t2);
       return;
     }
   }
