@@ -331,6 +331,12 @@ if [ -f "$LB" ] && [ -f "$LS" ]; then
   "$TJ" gen-npy "$WORK/x_rank.npy" --dtype '<u2' --shape 5120
   bad "wrong-rank .npy" "input 'x' .* has shape \\[5120\\]; expected \\[\\?M, 1024\\]" \
     "$TJ" run "$LB" --input "x=$WORK/x_rank.npy" --random-inputs 1
+  # A gemm program that also returns its input: the error of the elementwise
+  # part names the program's own function and value, not the runner's split.
+  sed 's/    -> (tensor<?Mx11008xbf16>)/    -> (tensor<?Mx11008xbf16>, tensor<?Mx4096xbf16>)/; s/^  return %y$/  return %y, %x/' \
+    "$LS" >"$WORK/ret_param.tir"
+  bad "gemm program returning a param" "function @linear_silu: %x has shape \\[\\?M, 4096\\]: every value must have the shape \\[\\?M, 11008\\]" \
+    "$TJ" run "$WORK/ret_param.tir" --random-inputs 1 --dim M=3
   "$TJ" gen-npy "$WORK/x_i4.npy" --dtype '<i4' --shape 5,1024
   bad "wrong-dtype .npy" "input 'x' \\(.*x_i4.npy\\) is a '<i4' array; .* needs '<u2'" \
     "$TJ" run "$LB" --input "x=$WORK/x_i4.npy" --random-inputs 1
@@ -390,7 +396,7 @@ bad "verify error (run)" "verify.tir: error: %0 = gemm: .*K=100" "$TJ" run "$WOR
 printf 'func @r(%%x: tensor<?Mx64xf32>) -> (tensor<?Mx64xf32>) {\n  %%0 = relu %%x : tensor<?Mx64xf32>\n  return %%0\n}\n' >"$WORK/relu.tir"
 ok "elementwise only: verified" "$TJ" dump "$WORK/relu.tir" --stage verified
 ok "elementwise only: key" "$TJ" dump "$WORK/relu.tir" --stage key
-has "elementwise only: key names the IR" "$OUT" "^key +elementwise;func @r\\(%vx: tensor<\\?Mx64xf32>\\)"
+has "elementwise only: key names the IR" "$OUT" "^key +elementwise;func @r\\(%x: tensor<\\?Mx64xf32>\\)"
 ok "elementwise only: run --check" "$TJ" run "$WORK/relu.tir" --random-inputs 1 --dim M=5 --check
 has "elementwise only: PASS" "$OUT" "^PASS \\(320 elements"
 
@@ -754,11 +760,25 @@ has "dump --dim M=2^31-1: M tail" "$OUT" "micro-kernels for M=2147483647"
 
 # .npy files: read header first, the shape overflow-checked and capped.
 npy_header() {  # <file> <shape tuple>: a version-1.0 header for '<u2' and no data
-  local h="{'descr': '<u2', 'fortran_order': False, 'shape': $2, }"
+  npy_dict "$1" "{'descr': '<u2', 'fortran_order': False, 'shape': $2, }"
+}
+npy_dict() {  # <file> <header dict text>: a version-1.0 header and no data
+  local h="$2"
   while [ $(((${#h} + 11) % 64)) -ne 0 ]; do h="$h "; done
   h="$h"$'\n'
   { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((${#h} % 256)))\\x$(printf %02x $((${#h} / 256)))"; printf '%s' "$h"; } >"$1"
 }
+# The header is a Python literal (numpy reads it with ast.literal_eval): its
+# items and dims are separated by commas, and (5120) is an int, not a shape.
+npy_dict "$H/nocomma.npy" "{'descr': '<u2' 'fortran_order': False 'shape': (5, 1024) }"
+input_error ".npy header without commas" "nocomma.npy: bad .npy header \\(expected ',' at offset 16\\)" \
+  "$TJ" run "$LB" -i "x=$H/nocomma.npy" --random-inputs 1
+npy_header "$H/dimnocomma.npy" "(5 1024)"
+input_error ".npy shape without commas" "dimnocomma.npy: bad .npy header \\(expected ','" \
+  "$TJ" run "$LB" -i "x=$H/dimnocomma.npy" --random-inputs 1
+npy_header "$H/notuple.npy" "(5120)"
+input_error ".npy shape (5120) is no tuple" "notuple.npy: bad .npy header \\(expected ','" \
+  "$TJ" run "$LB" -i "x=$H/notuple.npy" --random-inputs 1
 npy_header "$H/wrap.npy" "(4503599627370496, 4096)"
 input_error ".npy shape product overflows" "wrap.npy: the .npy array \(<u2\) has shape \[4503599627370496, 4096\] .*more than 2\^63 bytes" \
   "$TJ" run "$LB" -i "x=$H/wrap.npy" --random-inputs 1

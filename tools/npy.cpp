@@ -55,8 +55,10 @@ class HeaderParser {
       std::string key = string();
       expect(':');
       out[key] = value();
-      ws();
-      if (peek() == ',') ++i_;
+      // Items are separated by commas, as Python's literal (numpy reads the
+      // header with ast.literal_eval): "{'a': 1 'b': 2}" is no header.
+      if (peek() == '}') break;
+      expect(',');
     }
     return out;
   }
@@ -109,7 +111,8 @@ class HeaderParser {
         }
         if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 longs
         dims.push_back(d);
-        if (peek() == ',') ++i_;
+        if (peek() == ')' && dims.size() > 1) break;
+        expect(',');  // "(3)" is an int in Python, not a shape: "(3,)"
       }
       ++i_;
       v.tuple = std::move(dims);

@@ -20,12 +20,12 @@ constexpr const char* kLowered =
 #ifdef TILEJIT_HAVE_LLVM
 // ops[from..] of f as a function of its own: `first` (if >= 0) becomes the
 // first param, typed `first_type`, then every param of f those ops read, in
-// f's order (each named "v" + its name in f: a number is no param name). Strides are dropped (the
+// f's order; every value keeps its name in f. Strides are dropped (the
 // runner's tensors are dense); a packed layout is kept so that the elementwise compiler names it.
 // Returns the function and, per param, the value id of f it stands for.
 ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
                               const ir::TensorType& first_type, std::vector<int>& inputs) {
-  ir::Builder b(f.name + (first >= 0 ? "_epilogue" : ""));
+  ir::Builder b(f.name);
   std::map<int, int> id;  // f value id -> builder value id
   inputs.clear();
   auto dense = [](ir::TensorType t) {
@@ -54,7 +54,15 @@ ir::Function elementwise_part(const ir::Function& f, size_t from, int first,
   std::vector<int> results;
   for (int r : f.results) results.push_back(id.at(r));
   b.ret(results);
-  return b.finish();
+  ir::Function e = b.finish();
+  // The elementwise compiler's errors name e's values: give each the name of
+  // the value of f it stands for (unique in f, so in e), not the builder's
+  // "v" + name or number, so that a user reads "%x" of their own program.
+  for (size_t i = 0; i < inputs.size(); ++i)
+    e.values.at(e.params.at(i)).name = f.value(inputs[i]).name;
+  for (size_t i = from; i < f.ops.size(); ++i)
+    e.values.at(e.ops.at(i - from).result).name = f.value(f.ops[i].result).name;
+  return e;
 }
 
 #endif  // TILEJIT_HAVE_LLVM
