@@ -18,7 +18,16 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
   ``max_seqlen_*``, ``max_len_extend``, ``is_vnni`` when a packed weight is
   given) have no meaning here; they are accepted and ignored.
 - A bad argument raises ``tilejit.Error`` naming the argument, the value and
-  what is allowed (sgl-kernel raises RuntimeError from TORCH_CHECK).
+  what is allowed (sgl-kernel raises RuntimeError from TORCH_CHECK). Errors
+  raised inside the tilejit core carry the op's name and a note mapping the
+  core's argument names to sgl-kernel's (e.g. ``slot_mapping`` is ``loc``).
+- torch.float16 is refused everywhere (a ``tilejit.Error``; sgl-kernel takes
+  f16 for most ops): convert to bf16 yourself; nothing converts silently.
+- Several sgl-kernel schema versions are accepted, told apart by the
+  positional types (see :func:`fused_experts_cpu`,
+  :func:`decode_attention_cpu`, :func:`extend_attention_cpu`).
+- ``flash_attn_varlen_func``'s causal mask is top-left aligned, as
+  sgl-kernel's CPU kernel (flash_attn.cpp), not FlashAttention's bottom-right.
 """
 
 import operator
@@ -45,6 +54,67 @@ def _tensor(arg, t):
     _need(isinstance(t, torch.Tensor),
           f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
     return t
+
+
+def _opt_tensor(arg, t):
+    return None if t is None else _tensor(arg, t)
+
+
+def _no_f16(op, **tensors):
+    """A tilejit.Error for any float16 tensor among tensors (sgl-kernel takes
+    f16; tilejit's kernels are bf16 and nothing is converted silently)."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float16:
+            raise Error(f"{op}: {arg}.dtype=torch.float16 is refused (sgl-kernel takes it; "
+                        "tilejit's kernels are bf16); allowed: torch.bfloat16 (convert with "
+                        ".to(torch.bfloat16))")
+
+
+def _core(op, note, fn, *args, **kwargs):
+    """fn(*args, **kwargs); a tilejit.Error from the tilejit core comes back
+    with the sgl op's name and a note mapping the core's argument names to
+    sgl-kernel's."""
+    try:
+        return fn(*args, **kwargs)
+    except Error as e:
+        raise Error(f"{op}: {e} ({note})") from None
+
+
+_MISSING = object()
+
+
+def _bind(op, names, defaults, args, kwargs):
+    """sgl-kernel's argument list names (of one schema version) bound to args
+    and kwargs as Python would, with tilejit.Errors naming the op; defaults
+    maps the optional names to their values. Returns a dict."""
+    _need(len(args) <= len(names), f"{op}: {len(args)} positional arguments after the "
+          f"fixed ones; allowed: at most {len(names)} ({', '.join(names)})")
+    out = dict(zip(names, args))
+    for k, v in kwargs.items():
+        _need(k in names, f"{op}: unexpected keyword argument {k!r} for this schema "
+              f"({', '.join(names)})")
+        _need(k not in out, f"{op}: {k} given both by position and by keyword")
+        out[k] = v
+    for k in names:
+        if k not in out:
+            _need(k in defaults, f"{op}: missing argument {k}")
+            out[k] = defaults[k]
+    return out
+
+
+def _is_bool(v):
+    return isinstance(v, bool)
+
+
+def _is_int(v):
+    """An integer that is not a bool (IntEnum included)."""
+    if isinstance(v, bool) or isinstance(v, torch.Tensor):
+        return False
+    try:
+        operator.index(v)
+        return True
+    except TypeError:
+        return False
 
 
 def _i32(arg, t):
@@ -141,10 +211,12 @@ def weight_packed_linear(mat1, mat2, bias=None, is_vnni=True):
     (``is_vnni=False``) a plain bf16 [N, K] tensor, packed for this call
     only; bias: [N] f32 or bf16. Differences: ``is_vnni`` only says whether
     mat2 is already packed (a packed mat2 is used whatever it says); any N
-    (sgl-kernel: N % 32 == 0); mat1 must be bf16 (sgl-kernel also takes f16
-    and f32).
+    (sgl-kernel: N % 32 == 0); mat1 must be bf16 (sgl-kernel also takes f16:
+    f16 is a tilejit.Error here, not converted).
     """
     _tensor("mat1", mat1)
+    _opt_tensor("bias", bias)
+    _no_f16("weight_packed_linear", mat1=mat1, mat2=getattr(mat2, "weight", mat2))
     _need(mat1.dtype == torch.bfloat16,
           f"weight_packed_linear: mat1.dtype={mat1.dtype}; allowed: torch.bfloat16")
     if isinstance(mat2, PackedWeight):
@@ -159,7 +231,8 @@ def weight_packed_linear(mat1, mat2, bias=None, is_vnni=True):
     if x.dim() == 2 and x.shape[-1] > 0 and x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty((x.shape[0], w.n), dtype=torch.bfloat16)
-    tilejit.gemm(x, w, out=out, bias=bias)
+    _core("weight_packed_linear", "tilejit.gemm's x is mat1, w is mat2", tilejit.gemm, x, w,
+          out=out, bias=bias)
     return out.reshape(*lead, w.n) if mat1.dim() != 2 else out
 
 
@@ -202,9 +275,11 @@ def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
 
         def make(t):
             return tilejit.pack_experts(t, proj=proj)
+    def packed(t):
+        return _core("fused_experts_cpu", f"packing {arg} with {arg}_scale", make, t)
     if holder is None:
-        return make(t)
-    return holder.experts(key, scale if (use_int8 or use_fp8) else None, make)
+        return packed(t)
+    return holder.experts(key, scale if (use_int8 or use_fp8) else None, packed)
 
 
 def _static_act_scales(a1_scale, a2_scale, use_int8):
@@ -235,14 +310,74 @@ def _static_act_scales(a1_scale, a2_scale, use_int8):
                 act_scale2=one("a2_scale", a2_scale), act_zero_point13=128, act_zero_point2=128)
 
 
-def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
-                      use_int8_w8a8=False, use_fp8_w8a16=False, w1_scale=None, w2_scale=None,
-                      block_size=None, a1_scale=None, a2_scale=None, w1_bias=None, w2_bias=None,
-                      alpha=None, limit=None, is_vnni=True):
+# The argument lists after (hidden_states, w1, w2, topk_weights, topk_ids, inplace)
+# of the sgl-kernel schema versions (torch_extension_cpu.cpp over 2025).
+_FE_A = ("use_int8_w8a8", "use_fp8_w8a16", "w1_scale", "w2_scale", "block_size", "a1_scale",
+         "a2_scale", "is_vnni")
+_FE_B = ("use_int8_w8a8", "use_fp8_w8a16", "w1_scale", "w2_scale", "block_size", "a1_scale",
+         "a2_scale", "w1_bias", "w2_bias", "alpha", "limit", "is_vnni")
+_FE_C = ("moe_comp_method", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "block_size",
+         "is_vnni")
+_FE_D = ("moe_comp_method", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "block_size",
+         "w1_bias", "w2_bias", "alpha", "limit", "is_vnni", "activation")
+_FE_DEFAULTS = dict(use_int8_w8a8=False, use_fp8_w8a16=False, moe_comp_method=0,
+                    w1_scale=None, w2_scale=None, w1_zero=None, w2_zero=None, block_size=None,
+                    a1_scale=None, a2_scale=None, w1_bias=None, w2_bias=None, alpha=None,
+                    limit=None, is_vnni=True, activation=None)
+# sglang's CPUQuantMethod (python/sglang/srt/layers/amx_utils.py).
+_MOE_METHODS = {0: "UNQUANT", 1: "INT8_W8A8", 2: "FP8_W8A16", 3: "INT4_W4A8", 4: "MXFP4"}
+# fused_experts_cpu's activation strings -> tilejit.fused_experts' act names.
+_MOE_ACTS = {None: "silu", "silu": "silu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}
+
+
+def _fe_schema(args, kwargs):
+    """Which sgl-kernel schema a fused_experts_cpu call is written against,
+    from the 7th positional argument's type (or the keywords): a bool is
+    use_int8_w8a8 (A / B), an int that is not a bool moe_comp_method (C / D)."""
+    first = args[0] if args else _MISSING
+    if "moe_comp_method" in kwargs or _is_int(first):
+        # C ends with is_vnni (a bool) at its 7th extra argument, where D has w1_bias.
+        return _FE_C if len(args) >= 7 and _is_bool(args[6]) else _FE_D
+    _need(first is _MISSING or _is_bool(first), "fused_experts_cpu: the argument after "
+          f"inplace is a {type(first).__name__} ({first!r}); allowed: a bool (use_int8_w8a8) "
+          "or an int (moe_comp_method, sglang's CPUQuantMethod)")
+    # A ends with is_vnni (a bool) at its 8th extra argument, where B has w1_bias.
+    return _FE_A if len(args) >= 8 and _is_bool(args[7]) else _FE_B
+
+
+def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False, *args,
+                      **kwargs):
     """sgl-kernel ``fused_experts_cpu``: ``out[t] = sum_j topk_weights[t, j] *
-    w2[e] @ (silu(gate) * up)`` with ``gate, up = halves of w1[e] @ x[t]``,
+    w2[e] @ (act(gate) * up)`` with ``gate, up = halves of w1[e] @ x[t]``,
     ``e = topk_ids[t, j]``; returns out [T, H] bf16 (hidden_states itself
     when ``inplace``).
+
+    The arguments after ``inplace`` follow one of sgl-kernel's schema
+    versions, told apart by the 7th argument's type (a bool is
+    ``use_int8_w8a8``, an int that is not a bool, e.g. sglang's
+    ``CPUQuantMethod``, is ``moe_comp_method``) and by the type at the
+    schema's last place:
+
+    - A (14 args): ``use_int8_w8a8, use_fp8_w8a16, w1_scale, w2_scale,
+      block_size, a1_scale, a2_scale, is_vnni`` (bool 14th).
+    - B (18 args): A with ``w1_bias, w2_bias, alpha, limit`` before is_vnni.
+    - C (13 args): ``moe_comp_method, w1_scale, w2_scale, w1_zero, w2_zero,
+      block_size, is_vnni`` (bool 13th).
+    - D (17 / 18 args): C with ``w1_bias, w2_bias, alpha, limit`` before
+      is_vnni and ``activation`` (str or None) after it.
+
+    Keyword calls take either family's names (``moe_comp_method=`` or
+    ``use_int8_w8a8=``); names of another schema than the one chosen are an
+    Error. moe_comp_method: 0 bf16, 1 int8 W8A8, 2 fp8 W8A16 (as the flags
+    below); 3 (INT4_W4A8) and 4 (MXFP4) need w1 / w2 as
+    ``tilejit.PackedExperts`` from ``tilejit.pack_experts_int4`` /
+    ``pack_experts_mxfp4`` (sgl-kernel's own prepacked int4 / mxfp4
+    tensors cannot be read here; raw tensors are an Error), run with
+    ``int4_route="w4a8"`` for 3; their scales / zeros are inside the
+    packing, so w1_scale / w2_scale / w1_zero / w2_zero must be None.
+    w1_zero / w2_zero must be None for 0-2. ``activation``: None or "silu"
+    (SiLU), "gelu" (erf GELU, as sgl-kernel's gelu_and_mul), "gelu_tanh";
+    anything else is an Error.
 
     w1 [E, 2I, H] (the I gate rows, then the I up rows), w2 [E, H, I]: from
     :func:`convert_weight_packed` (packed once, at the first call) or plain
@@ -250,6 +385,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     or int64 [T, k]; a negative id (sglang's padded tokens) contributes
     nothing (it is given weight 0 on expert 0, so a NaN / Inf in expert 0's
     output for that token would still show; sgl-kernel skips it).
+    hidden_states must be bf16 (float16, which sgl-kernel takes, is an Error).
 
     - ``use_int8_w8a8``: w1 / w2 int8 with per-channel f32 scales
       w1_scale [E, 2I] (or [E, 2I, 1]), w2_scale [E, H]; activations are
@@ -266,20 +402,65 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     - ``alpha`` / ``limit`` (GPT-OSS): the clamped SwiGLU
       ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``,
       ``g = clamp(gate, max=limit)``; w1_bias [E, 2I] / w2_bias [E, H] f32.
-    - int4 (``use_int4_w4a16`` in newer sgl-kernel builds) has no argument
-      here: pack with ``tilejit.pack_experts_int4`` and pass the
+    - Other formats (int4 with the A / B schemas too): pass
       ``tilejit.PackedExperts`` objects as w1 / w2 directly.
     """
+    op = "fused_experts_cpu"
+    a = _bind(op, _fe_schema(args, kwargs), _FE_DEFAULTS, args, kwargs)
     _tensor("hidden_states", hidden_states)
-    _need(not (use_int8_w8a8 and use_fp8_w8a16),
-          "fused_experts_cpu: use_int8_w8a8 and use_fp8_w8a16 both set; allowed: one")
-    aq = _static_act_scales(a1_scale, a2_scale, use_int8_w8a8)
+    _tensor("topk_weights", topk_weights)
+    for name in ("w1_scale", "w2_scale", "w1_zero", "w2_zero", "w1_bias", "w2_bias"):
+        _opt_tensor(name, a.get(name))
+    int4_route = None
+    if "moe_comp_method" in a:
+        m = a["moe_comp_method"]
+        _need(_is_int(m), f"{op}: moe_comp_method={m!r}; allowed: an int 0-4 "
+              "(sglang's CPUQuantMethod)")
+        m = operator.index(m)
+        _need(m in _MOE_METHODS, f"{op}: moe_comp_method={m}; allowed: " +
+              ", ".join(f"{k} ({v})" for k, v in _MOE_METHODS.items()))
+        use_int8, use_fp8 = m == 1, m == 2
+        a1_scale = a2_scale = None
+        if m in (3, 4):
+            want = "tilejit.pack_experts_int4" if m == 3 else "tilejit.pack_experts_mxfp4"
+            for arg, w in (("w1", w1), ("w2", w2)):
+                _need(isinstance(w, tilejit.PackedExperts), f"{op}: moe_comp_method={m} "
+                      f"({_MOE_METHODS[m]}) with {arg} a {type(w).__name__}; allowed: a "
+                      f"tilejit.PackedExperts from {want} (sgl-kernel's own prepacked "
+                      f"{'int4' if m == 3 else 'mxfp4'} tensors cannot be read by tilejit)")
+                ok = w.format.startswith("int4") if m == 3 else w.format == "mxfp4"
+                _need(ok, f"{op}: moe_comp_method={m} ({_MOE_METHODS[m]}) with {arg} packed as "
+                      f"{w.format}; allowed: experts from {want}")
+            for name in ("w1_scale", "w2_scale", "w1_zero", "w2_zero"):
+                _need(a.get(name) is None, f"{op}: {name} given with moe_comp_method={m}; allowed: "
+                      "None (the scales and zeros are inside the tilejit.PackedExperts)")
+            if m == 3:
+                int4_route = "w4a8"
+        else:
+            for name in ("w1_zero", "w2_zero"):
+                _need(a.get(name) is None, f"{op}: {name} given with moe_comp_method={m} "
+                      f"({_MOE_METHODS[m]}); allowed: None (zero points belong to int4 weights)")
+    else:
+        use_int8, use_fp8 = bool(a["use_int8_w8a8"]), bool(a["use_fp8_w8a16"])
+        a1_scale, a2_scale = a["a1_scale"], a["a2_scale"]
+    act = a.get("activation")
+    _need(act in _MOE_ACTS, f"{op}: activation={act!r}; allowed: None, " +
+          ", ".join(repr(k) for k in _MOE_ACTS if k is not None))
+    alpha, limit = a.get("alpha"), a.get("limit")
+    clamped = alpha is not None or limit is not None
+    _need(not clamped or _MOE_ACTS[act] == "silu", f"{op}: alpha / limit (the clamped "
+          f"SwiGLU) with activation={act!r}; allowed: activation None or 'silu' with them")
+    _need(not (use_int8 and use_fp8),
+          f"{op}: use_int8_w8a8 and use_fp8_w8a16 both set; allowed: one")
+    aq = _static_act_scales(a1_scale, a2_scale, use_int8)
+    _no_f16(op, hidden_states=hidden_states)
     _need(hidden_states.dtype == torch.bfloat16,
-          f"fused_experts_cpu: hidden_states.dtype={hidden_states.dtype}; allowed: torch.bfloat16")
-    w13 = _expert_pack(w1, "gate_up", "w1", use_int8_w8a8, use_fp8_w8a16, w1_scale, block_size)
-    w2p = _expert_pack(w2, "down", "w2", use_int8_w8a8, use_fp8_w8a16, w2_scale, block_size)
+          f"{op}: hidden_states.dtype={hidden_states.dtype}; allowed: torch.bfloat16")
+    bs = a["block_size"]
+    w13 = _expert_pack(w1, "gate_up", "w1", use_int8, use_fp8, a["w1_scale"], bs)
+    w2p = _expert_pack(w2, "down", "w2", use_int8, use_fp8, a["w2_scale"], bs)
     ids = _i32("topk_ids", topk_ids)
-    weights = _tensor("topk_weights", topk_weights).to(torch.float32)
+    weights = topk_weights.to(torch.float32)
     neg = ids < 0
     if bool(neg.any()):
         ids = torch.where(neg, torch.zeros_like(ids), ids)
@@ -288,14 +469,17 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     weights = weights.contiguous()
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
     out = torch.empty_like(x)
-    clamped = alpha is not None or limit is not None
-    kw = {}
+    kw = dict(act=_MOE_ACTS[act])
     if clamped:
-        kw = dict(clamped_swiglu=True, swiglu_alpha=1.702 if alpha is None else float(alpha),
+        kw.update(clamped_swiglu=True, swiglu_alpha=1.702 if alpha is None else float(alpha),
                   swiglu_limit=7.0 if limit is None else float(limit))
-    b13 = None if w1_bias is None else w1_bias.to(torch.float32).contiguous()
-    b2 = None if w2_bias is None else w2_bias.to(torch.float32).contiguous()
-    tilejit.fused_experts(x, w13, w2p, weights, ids, out=out, b13=b13, b2=b2, **kw, **aq)
+    if int4_route is not None:
+        kw["int4_route"] = int4_route
+    b13 = None if a.get("w1_bias") is None else a["w1_bias"].to(torch.float32).contiguous()
+    b2 = None if a.get("w2_bias") is None else a["w2_bias"].to(torch.float32).contiguous()
+    _core(op, "tilejit.fused_experts' hidden is hidden_states, w13 is w1, b13 / b2 are "
+          "w1_bias / w2_bias", tilejit.fused_experts, x, w13, w2p, weights, ids, out=out,
+          b13=b13, b2=b2, **kw, **aq)
     if inplace:
         hidden_states.copy_(out)
         return hidden_states
@@ -371,11 +555,15 @@ def grouped_topk_cpu(hidden_states, gating_output, topk, renormalize, num_expert
                      num_token_non_padded=None):
     """sgl-kernel ``grouped_topk_cpu`` (DeepSeek-V2): softmax scores, a
     group's score its best expert, the topk_group best groups, the topk
-    best experts in them. routed_scaling_factor is not applied to the
-    weights (sgl-kernel uses it only for fused shared experts, which are
-    refused here: ``num_fused_shared_experts`` must be 0).
-    num_token_non_padded: tokens from that index on get id -1 (sglang).
-    Any E, group count and k (sgl-kernel: fixed sizes)."""
+    best experts in them. ``routed_scaling_factor`` must be None or 1.0 (an
+    Error otherwise, as sgl-kernel's topk.cpp TORCH_CHECK: it is never
+    applied to the weights); ``num_fused_shared_experts`` must be 0.
+    num_token_non_padded: tokens from that index on get id -1 (sglang's
+    rule; sgl-kernel refuses the argument). Any E, group count and k
+    (sgl-kernel: fixed sizes)."""
+    _need(routed_scaling_factor is None or float(routed_scaling_factor) == 1.0,
+          f"grouped_topk_cpu: routed_scaling_factor={routed_scaling_factor!r}; allowed: None "
+          "or 1.0 (as sgl-kernel: the weights are not scaled by this op)")
     return _grouped("softmax", hidden_states, gating_output, None, topk, renormalize,
                     num_expert_group, topk_group, num_fused_shared_experts,
                     routed_scaling_factor, num_token_non_padded)
@@ -387,7 +575,10 @@ def biased_grouped_topk_cpu(hidden_states, gating_output, correction_bias, topk,
     """sgl-kernel ``biased_grouped_topk_cpu`` (DeepSeek-V3): sigmoid scores,
     selection on score + correction_bias, a group's score the sum of its
     two best biased scores; weights are the unbiased scores (renormalized
-    if asked). Otherwise as :func:`grouped_topk_cpu`."""
+    if asked). ``routed_scaling_factor`` is accepted and not applied, as
+    sgl-kernel's topk.cpp (sglang uses it only to weight fused shared
+    experts, which are refused: ``num_fused_shared_experts`` must be 0).
+    Otherwise as :func:`grouped_topk_cpu`."""
     _tensor("correction_bias", correction_bias)
     return _grouped("sigmoid", hidden_states, gating_output, correction_bias, topk,
                     renormalize, num_expert_group, topk_group, num_fused_shared_experts,
@@ -422,6 +613,9 @@ def _heads(arg, x, head_size):
     return x
 
 
+_ROPE_NOTE = "tilejit.rope's q / k are query / key as [T, H, head_size] views"
+
+
 def rotary_embedding_cpu(positions, query, key, head_size, cos_sin_cache, is_neox):
     """sgl-kernel ``rotary_embedding_cpu(positions, query, key, head_size,
     cos_sin_cache, is_neox) -> (query, key)``: vLLM / sglang RoPE, the first
@@ -434,10 +628,13 @@ def rotary_embedding_cpu(positions, query, key, head_size, cos_sin_cache, is_neo
     positions int32 or int64 (sgl-kernel: int64)."""
     q = _heads("query", query, head_size)
     k = _heads("key", key, head_size)
+    _tensor("positions", positions)
+    _tensor("cos_sin_cache", cos_sin_cache)
+    _no_f16("rotary_embedding_cpu", query=query, key=key, cos_sin_cache=cos_sin_cache)
     if query.dim() == 3:
         q, k = q.clone(), k.clone()
-    tilejit.rope(q, k, positions.reshape(-1), cos_sin_cache,
-                 style="neox" if is_neox else "gptj", rotary_dim=cos_sin_cache.shape[1])
+    _core("rotary_embedding_cpu", _ROPE_NOTE, tilejit.rope, q, k, positions.reshape(-1),
+          cos_sin_cache, style="neox" if is_neox else "gptj", rotary_dim=cos_sin_cache.shape[1])
     if query.dim() == 3:
         return q, k
     return query, key
@@ -455,17 +652,23 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
     Not interleaved, any number of sections (sgl-kernel: exactly 3)."""
     q = _heads("query", query, head_size)
     k = _heads("key", key, head_size)
+    _tensor("positions", positions)
+    _tensor("cos_sin_cache", cos_sin_cache)
+    _no_f16("multimodal_rotary_embedding_cpu", query=query, key=key,
+            cos_sin_cache=cos_sin_cache)
     style = "neox" if is_neox else "gptj"
     rd = cos_sin_cache.shape[1]
     if positions.dim() == 1:
-        tilejit.rope(q, k, positions, cos_sin_cache, style=style, rotary_dim=rd)
+        _core("multimodal_rotary_embedding_cpu", _ROPE_NOTE, tilejit.rope, q, k, positions,
+              cos_sin_cache, style=style, rotary_dim=rd)
     else:
         _need(mrope_section is not None, "multimodal_rotary_embedding_cpu: positions has shape "
               f"{tuple(positions.shape)} and mrope_section=None; allowed: a section list "
               "with 2-D positions")
-        tilejit.rope(q, k, positions, cos_sin_cache, style=style, rotary_dim=rd,
-                     mrope_section=[int(s) for s in mrope_section],
-                     mrope_interleaved=bool(mrope_interleaved))
+        _core("multimodal_rotary_embedding_cpu", _ROPE_NOTE, tilejit.rope, q, k, positions,
+              cos_sin_cache, style=style, rotary_dim=rd,
+              mrope_section=[int(s) for s in mrope_section],
+              mrope_interleaved=bool(mrope_interleaved))
     return query, key
 
 
@@ -510,25 +713,67 @@ def apply_multidimensional_rope_cpu(query, key, cos, sin):
 # ---- Attention ------------------------------------------------------------------
 
 def _sinks(sinks):
-    return None if sinks is None else sinks.to(torch.float32).contiguous()
+    return None if sinks is None else _tensor("sinks", sinks).to(torch.float32).contiguous()
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                            max_seqlen_k=None, causal=False, sm_scale=None, logit_cap=0.0,
                            sliding_window_size=-1, sinks=None):
     """sgl-kernel ``flash_attn_varlen_func(q, k, v, cu_seqlens_q,
-    cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal[, sm_scale])``:
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal)``:
     q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] bf16, cu_seqlens int32
-    [B+1]; returns out [Tq, Hq, Dv] bf16. Causal is bottom-right aligned
-    (query i of a sequence with Tq queries and Tk keys sees keys
-    j <= Tk - Tq + i, FlashAttention 2.1+). max_seqlen_q / max_seqlen_k have
-    no meaning here (ignored). Extras: logit_cap (softcap), sliding_window_size
-    (window left), sinks [Hq]. Any even head size up to 576 (sgl-kernel: a fixed
-    list)."""
-    return tilejit.flash_attn_varlen(q, k, v, _i32("cu_seqlens_q", cu_seqlens_q),
-                                     _i32("cu_seqlens_k", cu_seqlens_k), causal=causal,
-                                     sm_scale=sm_scale, softcap=float(logit_cap),
-                                     window_left=int(sliding_window_size), sinks=_sinks(sinks))
+    [B+1]; returns out [Tq, Hq, Dv] bf16.
+
+    Causal is top-left aligned, as sgl-kernel's CPU kernel (flash_attn.cpp:
+    query i of a sequence sees keys j <= i; with more queries than keys,
+    queries i >= Tk see all Tk keys), not FlashAttention's bottom-right.
+    Batches where every sequence has Tq == Tk (the two agree) are one
+    tilejit.flash_attn_varlen call; otherwise each sequence is called on its
+    own (keys cut to the first Tq, or the queries past Tk run without the
+    mask). max_seqlen_q / max_seqlen_k have no meaning here (ignored).
+    Extras (not in sgl-kernel, which fixes the scale to 1/sqrt(D)):
+    sm_scale, logit_cap (softcap), sliding_window_size (window left, keys
+    j >= i - w; not with causal Tq != Tk batches), sinks [Hq]. Any even head
+    size up to 576 (sgl-kernel: a fixed list); float16 is an Error."""
+    op = "flash_attn_varlen_func"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, t)
+    _no_f16(op, q=q, k=k, v=v)
+    cq, ck = _i32("cu_seqlens_q", cu_seqlens_q), _i32("cu_seqlens_k", cu_seqlens_k)
+    kw = dict(sm_scale=sm_scale, softcap=float(logit_cap), window_left=int(sliding_window_size),
+              sinks=_sinks(sinks))
+    note = "tilejit.flash_attn_varlen's names are sgl-kernel's"
+    lq, lk = cq.tolist(), ck.tolist()
+    _need(len(lq) == len(lk), f"{op}: cu_seqlens_q has {len(lq)} entries and cu_seqlens_k "
+          f"{len(lk)}; allowed: the same (B + 1)")
+    spans = [(lq[b], lq[b + 1], lk[b], lk[b + 1]) for b in range(len(lq) - 1)]
+    if not causal or all(q1 - q0 == k1 - k0 for q0, q1, k0, k1 in spans):
+        return _core(op, note, tilejit.flash_attn_varlen, q, k, v, cq, ck, causal=causal, **kw)
+    _need(int(sliding_window_size) < 0, f"{op}: sliding_window_size={sliding_window_size} with "
+          "causal=True and a sequence whose query and key counts differ; allowed: -1 there "
+          "(the window of the top-left rule is not implemented)")
+    out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+
+    def run(qs, ks, vs, is_causal, dst):
+        n, m = qs.shape[0], ks.shape[0]
+        if n == 0:
+            return
+        if m == 0:  # no keys: nothing to attend to
+            dst.zero_()
+            return
+        cu = torch.tensor([0, n], dtype=torch.int32)
+        cu_k = torch.tensor([0, m], dtype=torch.int32)
+        dst.copy_(_core(op, note, tilejit.flash_attn_varlen, qs, ks, vs, cu, cu_k,
+                        causal=is_causal, **kw))
+
+    for q0, q1, k0, k1 in spans:
+        n, m = q1 - q0, k1 - k0
+        if n <= m:  # top-left: query i sees keys 0..i of the first n keys
+            run(q[q0:q1], k[k0:k0 + n], v[k0:k0 + n], True, out[q0:q1])
+        else:       # the first m queries causal over the m keys, the rest see all m
+            run(q[q0:q0 + m], k[k0:k1], v[k0:k1], True, out[q0:q0 + m])
+            run(q[q0 + m:q1], k[k0:k1], v[k0:k1], False, out[q0 + m:q1])
+    return out
 
 
 def _paged(arg, buf):
@@ -557,32 +802,126 @@ def _block_table(req_to_token, req_pool_indices, seq_lens):
     return req_to_token[idx, :max(longest, 1)].to(torch.int32)
 
 
-def decode_attention_cpu(query, k_cache, v_cache, output, key, value, loc, attn_logits,
-                         req_to_token, req_pool_indices, seq_lens, sm_scale, logit_cap=0.0,
-                         sliding_window_size=-1, sinks=None, k_scale=1.0, v_scale=1.0):
+def _window_left(form, arg, value):
+    """tilejit's window_left from the call's sliding_window_size: the classic
+    (tilejit) form takes sglang's layer convention already (-1 none, w = keys
+    j >= i - w); the newer sgl-kernel forms take sglang's
+    ``layer.sliding_window_size + 1``, the number of keys including the
+    current one, and <= 0 for no window (decode.cpp / extend.cpp)."""
+    _need(_is_int(value), f"{arg}={value!r}; allowed: an int")
+    w = operator.index(value)
+    if form == "classic":
+        return w
+    return w - 1 if w > 0 else -1
+
+
+def _no_cross(op, a):
+    _need(not a.get("is_cross_attn"), f"{op}: is_cross_attn={a.get('is_cross_attn')!r}; "
+          "allowed: False (cross-attention is not supported by tilejit.sgl)")
+    _need(a.get("encoder_lens") is None, f"{op}: encoder_lens given; allowed: None "
+          "(encoder-decoder attention is not supported by tilejit.sgl)")
+
+
+_DEC_HEAD = ("query", "k_cache", "v_cache", "output", "key", "value", "loc", "attn_logits",
+             "req_to_token", "req_pool_indices", "seq_lens", "sm_scale", "logit_cap")
+_DEC_CLASSIC = _DEC_HEAD + ("sliding_window_size", "sinks", "k_scale", "v_scale")
+_DEC_NEW = _DEC_HEAD + ("is_cross_attn", "sliding_window_size", "encoder_lens", "sinks",
+                        "k_scale", "v_scale")
+_DEC_SCALED = ("query", "k_buffer", "v_buffer", "k_buf_scale", "v_buf_scale", "output", "key",
+               "value", "loc", "attn_logits", "req_to_token", "req_pool_indices", "seq_lens",
+               "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size", "encoder_lens",
+               "sinks")
+_ATT_DEFAULTS = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, k_scale=1.0,
+                     v_scale=1.0, is_cross_attn=False, encoder_lens=None, custom_mask=None,
+                     tree_mask=None, key=None, value=None, loc=None, attn_logits=None,
+                     max_len_extend=None)
+_NEW_KW = ("is_cross_attn", "encoder_lens")
+
+
+def _decode_form(args, kwargs):
+    if "k_buf_scale" in kwargs or "k_buffer" in kwargs or (
+            len(args) > 3 and not isinstance(args[3], torch.Tensor)):
+        return "scaled", _DEC_SCALED
+    if any(k in kwargs for k in _NEW_KW) or (len(args) > 13 and _is_bool(args[13])):
+        return "new", _DEC_NEW
+    return "classic", _DEC_CLASSIC
+
+
+def decode_attention_cpu(*args, **kwargs):
     """sgl-kernel ``decode_attention_cpu``: writes the new tokens' key /
     value [B, Hkv, D / Dv] into k_cache / v_cache [num_slots, Hkv, D / Dv]
     at slots ``loc`` [B], then attends each query [B, Hq, D] to its
     sequence's keys ``req_to_token[req_pool_indices[b], :seq_lens[b]]``
     (seq_lens counts the new token) into output [B, Hq, Dv] bf16.
 
+    Three argument lists, told apart by positional types:
+
+    - classic (sgl-kernel's 13-arg schema, plus tilejit extras):
+      ``query, k_cache, v_cache, output, key, value, loc, attn_logits,
+      req_to_token, req_pool_indices, seq_lens, sm_scale, logit_cap
+      [, sliding_window_size, sinks, k_scale, v_scale]``; here
+      ``sliding_window_size`` is sglang's layer value (window left: -1 none,
+      w >= 0 keeps keys j >= seq_len - 1 - w).
+    - new (sglang's intel_amx_backend; a bool 14th argument, or the
+      keywords is_cross_attn / encoder_lens): ``..., sm_scale, logit_cap,
+      is_cross_attn, sliding_window_size, encoder_lens, sinks``; here
+      ``sliding_window_size`` is what sglang passes,
+      ``layer.sliding_window_size + 1``: the number of keys kept including
+      the new one, <= 0 for no window (decode.cpp).
+    - scaled (a float 4th argument, or the keywords k_buf_scale /
+      k_buffer): ``query, k_buffer, v_buffer, k_buf_scale, v_buf_scale,
+      output, key, value, loc, attn_logits, req_to_token, req_pool_indices,
+      seq_lens, sm_scale, logit_cap, is_cross_attn, sliding_window_size,
+      encoder_lens, sinks``, the window as in "new", the buffer scales as
+      k_scale / v_scale.
+
+    ``key`` / ``value`` None (with loc None): nothing is stored (newer
+    sgl-kernel). ``loc`` must be in [0, num_slots): a negative slot is an
+    Error (tilejit's store_kv would skip it silently, vLLM's padding rule;
+    sgl-kernel would write out of bounds). is_cross_attn=True or
+    encoder_lens: Error (cross-attention is not supported).
     Scores ``logit_cap * tanh(q.k * sm_scale / logit_cap)`` when
-    logit_cap > 0. ``sliding_window_size`` >= 0 keeps keys
-    j >= seq_len - 1 - sliding_window_size (sglang's window-left
-    convention); ``sinks`` [Hq] (GPT-OSS) joins the softmax denominator.
-    fp8 caches: uint8 e4m3 codes with ``k_scale`` / ``v_scale``.
+    logit_cap > 0; ``sinks`` [Hq] (GPT-OSS) joins the softmax denominator.
+    fp8 caches: uint8 e4m3 codes with ``k_scale`` / ``v_scale`` (None is 1).
     ``attn_logits`` (sgl-kernel's split-KV scratch) has no meaning here and is
-    not touched. Any even head size up to 576 (tilejit::Limits), any GQA ratio."""
-    kc, vc = _paged("k_cache", k_cache), _paged("v_cache", v_cache)
+    not touched. Any even head size up to 576 (tilejit::Limits), any GQA
+    ratio; float16 is an Error (sgl-kernel takes it)."""
+    op = "decode_attention_cpu"
+    form, names = _decode_form(args, kwargs)
+    a = _bind(op, names, _ATT_DEFAULTS, args, kwargs)
+    if form == "scaled":
+        a["k_cache"], a["v_cache"] = a["k_buffer"], a["v_buffer"]
+        a["k_scale"], a["v_scale"] = a["k_buf_scale"], a["v_buf_scale"]
+    _no_cross(op, a)
+    query, key, value, loc = a["query"], a["key"], a["value"], a["loc"]
+    _tensor("query", query)
+    _tensor("output", a["output"])
+    _opt_tensor("key", key)
+    _opt_tensor("value", value)
+    _no_f16(op, query=query, k_cache=a["k_cache"], v_cache=a["v_cache"], key=key, value=value)
+    kc, vc = _paged("k_cache", a["k_cache"]), _paged("v_cache", a["v_cache"])
     # sglang passes the layer's k_scale / v_scale, None for a bf16 cache.
-    k_scale = 1.0 if k_scale is None else k_scale
-    v_scale = 1.0 if v_scale is None else v_scale
-    tilejit.store_kv(key, value, kc, vc, _tensor("loc", loc), k_scale=k_scale, v_scale=v_scale)
-    bt = _block_table(req_to_token, req_pool_indices, _tensor("seq_lens", seq_lens))
-    tilejit.decode_attention(query, kc, vc, bt, _i32("seq_lens", seq_lens), out=output,
-                             sm_scale=sm_scale, softcap=float(logit_cap),
-                             window_left=int(sliding_window_size), sinks=_sinks(sinks),
-                             k_scale=k_scale, v_scale=v_scale)
+    k_scale = 1.0 if a["k_scale"] is None else a["k_scale"]
+    v_scale = 1.0 if a["v_scale"] is None else a["v_scale"]
+    seq_lens = _tensor("seq_lens", a["seq_lens"])
+    note = ("store_kv's slot_mapping is loc, key / value are key / value, k_cache / v_cache "
+            "are k_cache / v_cache as [num_slots, 1, Hkv, D]; decode_attention's block_table "
+            "is req_to_token[req_pool_indices], query / out are query / output")
+    _need((key is None) == (value is None), f"{op}: key is {'None' if key is None else 'given'}"
+          f" and value is {'None' if value is None else 'given'}; allowed: both or neither")
+    if key is not None:
+        _tensor("loc", loc)
+        if loc.numel():
+            lo, hi = int(loc.min()), int(loc.max())
+            _need(lo >= 0 and hi < kc.shape[0], f"{op}: loc has {lo}..{hi}; allowed: "
+                  f"[0, {kc.shape[0]}) (k_cache's slots; a negative loc is not a skip here)")
+        _core(op, note, tilejit.store_kv, key, value, kc, vc, loc, k_scale=k_scale,
+              v_scale=v_scale)
+    bt = _block_table(a["req_to_token"], a["req_pool_indices"], seq_lens)
+    _core(op, note, tilejit.decode_attention, query, kc, vc, bt, _i32("seq_lens", seq_lens),
+          out=a["output"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
+          window_left=_window_left(form, "sliding_window_size", a["sliding_window_size"]),
+          sinks=_sinks(a["sinks"]), k_scale=k_scale, v_scale=v_scale)
 
 
 def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
@@ -604,10 +943,15 @@ def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
     return torch.cat(out).to(torch.uint8) if out else torch.zeros(0, dtype=torch.uint8)
 
 
-def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
-                         req_to_token, req_pool_indices, seq_lens, extend_seq_lens,
-                         extend_start_loc, max_len_extend, sm_scale, logit_cap=0.0,
-                         sliding_window_size=-1, sinks=None, custom_mask=None, tree_mask=None):
+_EXT_HEAD = ("q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer",
+             "req_to_token", "req_pool_indices", "seq_lens", "extend_seq_lens",
+             "extend_start_loc", "max_len_extend", "sm_scale", "logit_cap")
+_EXT_CLASSIC = _EXT_HEAD + ("sliding_window_size", "sinks", "custom_mask", "tree_mask")
+_EXT_NEW = _EXT_HEAD + ("is_cross_attn", "sliding_window_size", "encoder_lens", "sinks",
+                        "tree_mask")
+
+
+def extend_attention_cpu(*args, **kwargs):
     """sgl-kernel ``extend_attention_cpu``: request b's new tokens
     q_extend[extend_start_loc[b] : + extend_seq_lens[b]] (positions
     prefix_len + i, prefix_len = seq_lens[b] - extend_seq_lens[b]) attend to
@@ -615,19 +959,46 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     ``req_to_token[req_pool_indices[b], :prefix_len]`` and causally to the
     new tokens' own k_extend / v_extend; into o_extend [T, Hq, Dv] bf16.
 
+    Two argument lists after ``q_extend, k_extend, v_extend, o_extend,
+    k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+    extend_seq_lens, extend_start_loc, max_len_extend, sm_scale,
+    logit_cap``:
+
+    - classic (sgl-kernel's 14-arg schema plus tilejit extras):
+      ``[sliding_window_size, sinks, custom_mask, tree_mask]``, the window
+      in sglang's layer convention (window left, -1 none).
+    - new (sglang's intel_amx_backend; a bool 15th argument, or the
+      keywords is_cross_attn / encoder_lens): ``is_cross_attn,
+      sliding_window_size, encoder_lens, sinks[, tree_mask]``, the window
+      as sglang passes it (``layer.sliding_window_size + 1``: keys kept
+      including the query's own, <= 0 none; extend.cpp).
+
     extend_start_loc must be the running sum of extend_seq_lens (an Error
     otherwise). ``max_len_extend`` has no meaning here (ignored).
     ``custom_mask`` (speculative decoding, sglang's layout: per request
     [n_b, seq_len_b] row-major, flattened) replaces the causal rule among
     the new tokens; its prefix columns must all be set. ``tree_mask``
-    instead takes tilejit's layout directly (uint8 [sum_b n_b^2], new token
-    i against new token j per request); not both. logit_cap,
-    sliding_window_size and sinks as in :func:`decode_attention_cpu`."""
+    instead takes the new-token layout (bool or uint8 [sum_b n_b^2], new
+    token i against new token j per request: sgl-kernel's QLEN_ONLY layout
+    when every n_b is the same); not both. is_cross_attn=True, encoder_lens
+    or k_extend None: Error (cross-attention is not supported). logit_cap
+    and sinks as in :func:`decode_attention_cpu`; float16 is an Error."""
+    op = "extend_attention_cpu"
+    new = any(k in kwargs for k in _NEW_KW) or (len(args) > 14 and _is_bool(args[14]))
+    a = _bind(op, _EXT_NEW if new else _EXT_CLASSIC, _ATT_DEFAULTS, args, kwargs)
+    _no_cross(op, a)
+    custom_mask, tree_mask = a["custom_mask"], a["tree_mask"]
     _need(custom_mask is None or tree_mask is None,
-          "extend_attention_cpu: custom_mask and tree_mask both given; allowed: one")
-    lens = _i32("extend_seq_lens", extend_seq_lens)
-    start = _i32("extend_start_loc", extend_start_loc)
-    sl = _i32("seq_lens", seq_lens)
+          f"{op}: custom_mask and tree_mask both given; allowed: one")
+    for name in ("q_extend", "k_extend", "v_extend", "o_extend"):
+        _tensor(name, a[name])
+    _opt_tensor("custom_mask", custom_mask)
+    _opt_tensor("tree_mask", tree_mask)
+    _no_f16(op, q_extend=a["q_extend"], k_extend=a["k_extend"], v_extend=a["v_extend"],
+            k_buffer=a["k_buffer"], v_buffer=a["v_buffer"])
+    lens = _i32("extend_seq_lens", a["extend_seq_lens"])
+    start = _i32("extend_start_loc", a["extend_start_loc"])
+    sl = _i32("seq_lens", a["seq_lens"])
     indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32)
     torch.cumsum(lens, 0, out=indptr[1:])
     _need(torch.equal(indptr[:-1], start), f"extend_start_loc={start.tolist()}; allowed: the "
@@ -635,10 +1006,20 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     prefix = sl - lens
     _need(bool((prefix >= 0).all()), f"seq_lens={sl.tolist()} < extend_seq_lens="
           f"{lens.tolist()}; allowed: seq_lens >= extend_seq_lens")
-    bt = _block_table(req_to_token, req_pool_indices, sl)
-    tm = tree_mask if custom_mask is None else _extend_tree_mask(custom_mask, lens, sl)
-    tilejit.extend_attention(q_extend, _paged("k_buffer", k_buffer),
-                             _paged("v_buffer", v_buffer), indptr, bt, prefix, out=o_extend,
-                             sm_scale=sm_scale, softcap=float(logit_cap),
-                             window_left=int(sliding_window_size), sinks=_sinks(sinks),
-                             k_new=k_extend, v_new=v_extend, tree_mask=tm)
+    bt = _block_table(a["req_to_token"], a["req_pool_indices"], sl)
+    if custom_mask is not None:
+        tm = _extend_tree_mask(custom_mask, lens, sl)
+    elif tree_mask is not None and tree_mask.dtype == torch.bool:
+        tm = tree_mask.to(torch.uint8)
+    else:
+        tm = tree_mask
+    note = ("tilejit.extend_attention's k_new / v_new are k_extend / v_extend, k_cache / "
+            "v_cache are k_buffer / v_buffer as [num_slots, 1, Hkv, D], block_table is "
+            "req_to_token[req_pool_indices], qo_indptr the running sum of extend_seq_lens, "
+            "out is o_extend")
+    _core(op, note, tilejit.extend_attention, a["q_extend"], _paged("k_buffer", a["k_buffer"]),
+          _paged("v_buffer", a["v_buffer"]), indptr, bt, prefix, out=a["o_extend"],
+          sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
+          window_left=_window_left("new" if new else "classic", "sliding_window_size",
+                                   a["sliding_window_size"]),
+          sinks=_sinks(a["sinks"]), k_new=a["k_extend"], v_new=a["v_extend"], tree_mask=tm)

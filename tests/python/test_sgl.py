@@ -512,14 +512,15 @@ def test_apply_multidimensional_rope():
 
 # ---- attention -------------------------------------------------------------------------
 
-def ref_attn(q, k, v, causal=False, scale=None, window=-1, cap=0.0, sinks=None):
+def ref_attn(q, k, v, causal=False, scale=None, window=-1, cap=0.0, sinks=None,
+             top_left=False):
     """One sequence, float64: q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, Dv];
-    query i at position m - n + i."""
+    query i at position m - n + i (bottom-right), or i (top_left)."""
     n, hq, d = q.shape
     m, hkv, _ = k.shape
     grp = hq // hkv
     scale = 1 / math.sqrt(d) if scale is None else scale
-    ipos = (m - n + torch.arange(n))[:, None]
+    ipos = ((0 if top_left else m - n) + torch.arange(n))[:, None]
     j = torch.arange(m)[None, :]
     out = torch.zeros(n, hq, v.shape[2], dtype=F64)
     for h in range(hq):
@@ -551,9 +552,10 @@ def test_flash_attn_varlen_func(d, causal):
     cu_k = torch.tensor([0, 6, 11], dtype=torch.int32)
     out = sgl.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, causal, 0.2)
     assert out.shape == (8, hq, dv) and out.dtype == torch.bfloat16
-    for b in range(2):
+    for b in range(2):  # causal: top-left, as sgl-kernel's flash_attn.cpp
         sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        ref = ref_attn(q[sq].to(F64), k[sk].to(F64), v[sk].to(F64), causal, 0.2)
+        ref = ref_attn(q[sq].to(F64), k[sk].to(F64), v[sk].to(F64), causal, 0.2,
+                       top_left=True)
         within(out[sq], ref, attn_tol(ref, v), f"seq {b}")
 
 
