@@ -114,17 +114,19 @@ inline float e2m1_code_value(int q) {
 // Per row i < rows of x (bf16, k >= 1 elements, row stride ldx elements), all
 // arithmetic in f32 with IEEE round-to-nearest-even, in this order:
 //   sym (dynamic symmetric s8, stored as u8 = s8 + 128):
-//     a = max_k |x|; if a == 0: inv = 1, s = 1; else inv = 127 / a, s = a / 127
+//     a = max_k |x|; if a == 0: inv = 1, s = 1; else a' = max(a, 2^-119),
+//     inv = 127 / a', s = a' / 127  (runtime::act_quant_step: no Inf inv)
 //     q = clamp(rne(x · inv), −127, 127) + 128;  zero = 128
 //   asym (dynamic asymmetric u8):
 //     lo = min(0, min_k x), hi = max(0, max_k x), r = hi − lo
-//     if r == 0: inv = 1, s = 1; else inv = 255 / r, s = r / 255
+//     if r == 0: inv = 1, s = 1; else r' = max(r, 2^-119), inv = 255 / r', s = r' / 255
 //     zero = clamp(rne(−lo · inv), 0, 255);  q = clamp(rne(x · inv) + zero, 0, 255)
 //   fixed (a given per-tensor scale s > 0 and zero point z in [0, 255]):
 //     inv = 1 / s (computed once by the caller: args.inv_scale);
 //     q = clamp(rne(x · inv) + z, 0, 255);  zero = z
-// rne(v) is vcvtps2dq's: NaN and values outside int32 give INT32_MIN (so an
-// asym row of subnormals, whose inv is Inf, gets zero point 0).
+// rne(v) rounds to nearest even whatever the caller's MXCSR rounding mode
+// (a caller's round-down mode moved codes by a whole step past the error
+// bound); NaN and values outside int32 give INT32_MIN, as vcvtps2dq does.
 // For the codes, rne(v) is taken of clamp(v, −512, 512) (so a huge x·inv cannot overflow the
 // conversion; the clamps to the code range follow). In every mode a row
 // holding a NaN or ±Inf (any |x| bits >= 0x7F80) gets s = NaN (so its GEMM

@@ -40,12 +40,33 @@ inline void reference_dequant_row(bool fp8, const uint8_t* codes, const float* s
   reference_dequant_row(fp8 ? DType::f8e4m3 : DType::u4, codes, scale, zero, out);
 }
 
-// Round to nearest even, as vcvtps2dq does in the default MXCSR mode,
-// including its answer for NaN and values outside int32: INT32_MIN (the
-// "integer indefinite"), without the undefined C++ conversion.
+// Round to nearest even whatever the caller's MXCSR / fenv rounding mode (the
+// kernels use vcvtps2dq with {rn-sae}, LLVM's roundeven), including vcvtps2dq's
+// answer for NaN and values outside int32: INT32_MIN (the "integer
+// indefinite"), without the undefined C++ conversion. trunc and the
+// difference are exact, so no step depends on the rounding mode.
 inline int32_t rne_to_int(float x) {
   if (!(std::fabs(x) < 2147483648.0f)) return std::numeric_limits<int32_t>::min();
-  return static_cast<int32_t>(std::nearbyint(x));
+  const float t = std::trunc(x), f = std::fabs(x - t);
+  const bool odd = std::fmod(t, 2.0f) != 0;
+  const float up = f > 0.5f || (f == 0.5f && odd) ? (x < 0 ? -1.0f : 1.0f) : 0.0f;
+  return static_cast<int32_t>(t + up);
+}
+
+// The dynamic modes' step from a row's range (sym: max |x| over 127 levels,
+// asym: max − min over 255): inv = levels / range, s = range / levels; a zero
+// range gives 1 and 1. A range below kActQuantMinRange is taken as that: else
+// levels / range overflows to Inf, 0 · Inf is NaN and every zero of the row
+// became code −127 (a sign-flipped result ~100× too large at |x| ~ 1e-38).
+// The coarser step still keeps each code within s / 2 of x · inv.
+inline constexpr float kActQuantMinRange = 0x1p-119f;  // 255 / 2^-119 < FLT_MAX
+struct ActQuantStep {
+  float inv, s;
+};
+inline ActQuantStep act_quant_step(float range, float levels) {
+  if (range == 0) return {1.0f, 1.0f};
+  const float r = std::max(range, kActQuantMinRange);
+  return {levels / r, r / levels};
 }
 
 enum class ActQuantRule { sym, asym, fixed };
@@ -62,7 +83,8 @@ inline void reference_act_quant_row(ActQuantRule rule, const uint16_t* x, int64_
     case ActQuantRule::sym: {
       float a = 0;
       for (int64_t i = 0; i < k; ++i) a = std::max(a, std::fabs(bf16_to_f32(x[i])));
-      if (a != 0) inv = 127.0f / a, s = a / 127.0f;
+      const ActQuantStep st = act_quant_step(a, 127.0f);
+      inv = st.inv, s = st.s;
       z = 128, lo_q = 1, hi_q = 255;  // s8 −127..127, + 128
       break;
     }
@@ -73,7 +95,8 @@ inline void reference_act_quant_row(ActQuantRule rule, const uint16_t* x, int64_
         hi = std::max(hi, bf16_to_f32(x[i]));
       }
       const float r = hi - lo;
-      if (r != 0) inv = 255.0f / r, s = r / 255.0f;
+      const ActQuantStep st = act_quant_step(r, 255.0f);
+      inv = st.inv, s = st.s;
       z = std::clamp(rne_to_int(-lo * inv), 0, 255);
       break;
     }

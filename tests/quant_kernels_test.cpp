@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -273,6 +274,88 @@ TEST_P(ActQuantKernels, ZeroRowsWriteNothing) {
     for (uint8_t b : out) EXPECT_EQ(b, kGuard) << kern.name;
     EXPECT_EQ(scale, -7) << kern.name;
     EXPECT_EQ(zero, -7) << kern.name;
+  }
+}
+
+// A row whose range is tiny (max |x| below 127 / FLT_MAX ~ 3.7e-37, bf16
+// subnormals included) is quantized within half a step like any other: its
+// inverse step used to overflow to Inf, so 0 · Inf made every zero of the row
+// a NaN code, i.e. -127 (a result of the wrong sign, ~100x too large). Each
+// x must come back as (q - zero) · s within s / 2 (plus the rounding of
+// x · inv), in the reference and in every kernel.
+TEST_P(ActQuantKernels, TinyRangesStayWithinHalfAStep) {
+  const ActQuantMode mode = GetParam();
+  if (mode == ActQuantMode::fixed) GTEST_SKIP() << "the caller gives the step";
+  const int64_t k = 37;
+  for (float a : {1e-38f, 1e-37f, 0x1p-126f, 3e-37f, 4e-37f, 9.2e-41f, 1e-30f}) {
+    std::vector<uint16_t> x(static_cast<size_t>(k), 0);
+    x[0] = runtime::f32_to_bf16(a);
+    x[3] = runtime::f32_to_bf16(-a / 2);
+    x[5] = runtime::f32_to_bf16(a / 4);
+    x[9] = 0x8000;  // -0
+    auto check = [&](const std::string& who, const uint8_t* q, float s, int32_t z) {
+      SCOPED_TRACE(who + " a=" + fmt::format("{:g}", a));
+      ASSERT_TRUE(std::isfinite(s) && s > 0) << s;
+      for (int64_t j = 0; j < k; ++j) {
+        const double v = runtime::bf16_to_f32(x[size_t(j)]);
+        const double back = double(int32_t(q[j]) - z) * s;
+        EXPECT_LE(std::fabs(back - v), 0.5 * s * (1 + 1e-6))
+            << "x[" << j << "] = " << v << " came back as " << back;
+      }
+    };
+    std::vector<uint8_t> want(static_cast<size_t>(k + 3));
+    float ws = 0;
+    int32_t wz = 0;
+    runtime::reference_act_quant_row(ops::act_quant_rule(mode), x.data(), k, k + 3, 1, 1, 0,
+                                     want.data(), &ws, &wz);
+    check("reference", want.data(), ws, wz);
+    for (const AqKernel& kern : act_quant_kernels(mode)) {
+      std::vector<uint8_t> out(static_cast<size_t>(k + 3), kGuard);
+      float scale = -7;
+      int32_t zero = -7;
+      ActQuantArgs args{x.data(), k, 1, k, k + 3, out.data(), k + 3, &scale, &zero, 1, 1, 0};
+      kern.fn(&args);
+      check(kern.name, out.data(), scale, zero);
+      EXPECT_EQ(out, want) << kern.name;
+      EXPECT_EQ(bits(scale), bits(ws)) << kern.name;
+    }
+  }
+}
+
+// The codes round to nearest even whatever rounding mode the caller left in
+// MXCSR: in round-down mode x = 2.875 · s became code 2 instead of 3, which
+// moved a W8A8 result (sum over K) by far more than its stated s / 2 bound.
+TEST_P(ActQuantKernels, CodesIgnoreTheCallersRoundingMode) {
+  const ActQuantMode mode = GetParam();
+  const int64_t k = 200;
+  std::vector<uint16_t> x = row_values(Pattern::random, k, 77);
+  x[0] = runtime::f32_to_bf16(127.0f);  // sym: s = 1, so x = 2.875 is 2.875 steps
+  for (int64_t j = 1; j < 40; ++j) x[size_t(j)] = runtime::f32_to_bf16(j % 2 ? 2.875f : -2.5f);
+  std::vector<uint8_t> want(static_cast<size_t>(k));
+  float ws = 0;
+  int32_t wz = 0;
+  runtime::reference_act_quant_row(ops::act_quant_rule(mode), x.data(), k, k, 1.0f, 1.0f, 128,
+                                   want.data(), &ws, &wz);
+  const int saved = std::fegetround();
+  for (int rounding : {FE_DOWNWARD, FE_UPWARD, FE_TOWARDZERO}) {
+    ASSERT_EQ(std::fesetround(rounding), 0);
+    std::vector<uint8_t> ref(static_cast<size_t>(k));
+    float rs = 0;
+    int32_t rz = 0;
+    runtime::reference_act_quant_row(ops::act_quant_rule(mode), x.data(), k, k, 1.0f, 1.0f, 128,
+                                     ref.data(), &rs, &rz);
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> got = {{"reference", ref}};
+    for (const AqKernel& kern : act_quant_kernels(mode)) {
+      std::vector<uint8_t> out(static_cast<size_t>(k));
+      float scale = 0;
+      int32_t zero = 0;
+      ActQuantArgs args{x.data(), k, 1, k, k, out.data(), k, &scale, &zero, 1.0f, 1.0f, 128};
+      kern.fn(&args);
+      got.emplace_back(kern.name, out);
+      EXPECT_EQ(zero, wz) << kern.name << " rounding mode " << rounding;
+    }
+    std::fesetround(saved);
+    for (const auto& [who, q] : got) EXPECT_EQ(q, want) << who << " rounding mode " << rounding;
   }
 }
 

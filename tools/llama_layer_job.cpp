@@ -1071,8 +1071,9 @@ bool check_quant_moe_rows(const MoeStep& st, const QuantExperts& q,
           std::vector<uint8_t> qa(static_cast<size_t>(I));
           float sa = 0;
           int32_t za = 0;
-          runtime::reference_act_quant_row(runtime::ActQuantRule::fixed, row.data(), I, I,
-                                           127.0f / mx, mx / 127.0f, 128, qa.data(), &sa, &za);
+          const runtime::ActQuantStep step = runtime::act_quant_step(mx, 127.0f);
+          runtime::reference_act_quant_row(runtime::ActQuantRule::fixed, row.data(), I, I, step.inv,
+                                           step.s, 128, qa.data(), &sa, &za);
           std::vector<double> v(static_cast<size_t>(I));
           for (int64_t i = 0; i < I; ++i) v[size_t(i)] = double(int32_t(qa[size_t(i)]) - za) * sa;
           return v;

@@ -24,6 +24,7 @@
 #include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/vector_math.h"
+#include "runtime/reference_quant.h"
 
 namespace tilejit::codegen::llvm_backend {
 
@@ -89,11 +90,13 @@ class ActQuantEmitter : public KernelEmitter {
     return out;
   }
 
-  // clamp(v, −512, 512) with NaN -> −512, then rint and the i32 conversion.
+  // clamp(v, −512, 512) with NaN -> −512, then roundeven (vroundps with an
+  // immediate mode: RNE whatever the caller's MXCSR says; rint followed it) and
+  // the i32 conversion.
   llvm::Value* rne_clamped(llvm::Value* v, llvm::Type* it) {
     llvm::Value* c = b_.CreateSelect(b_.CreateFCmpOLT(f32like(v, 512), v), f32like(v, 512), v);
     c = b_.CreateSelect(b_.CreateFCmpOGE(c, f32like(v, -512)), c, f32like(v, -512));
-    return b_.CreateFPToSI(b_.CreateUnaryIntrinsic(llvm::Intrinsic::rint, c), it);
+    return b_.CreateFPToSI(b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, c), it);
   }
   llvm::Value* f32like(llvm::Value* v, float c) {
     if (v->getType()->isVectorTy()) return vm_.f32(c);
@@ -142,6 +145,7 @@ class ActQuantEmitter : public KernelEmitter {
         llvm::Value* a = b_.CreateBitCast(
             b_.CreateShl(b_.CreateZExt(amax, b_.getInt32Ty()), i32(16)), b_.getFloatTy());
         llvm::Value* is0 = b_.CreateICmpEQ(amax, b_.getInt16(0));
+        a = b_.CreateMaxNum(a, f32(runtime::kActQuantMinRange));  // runtime::act_quant_step
         inv = b_.CreateSelect(is0, f32(1), b_.CreateFDiv(f32(127), a));
         s = b_.CreateSelect(is0, f32(1), b_.CreateFDiv(a, f32(127)));
         zero = i32(128);
@@ -155,16 +159,16 @@ class ActQuantEmitter : public KernelEmitter {
         llvm::Value* hi = b_.CreateFPMaxReduce(acc[2]);
         llvm::Value* r = b_.CreateFSub(hi, lo);
         llvm::Value* r0 = b_.CreateFCmpOEQ(r, f32(0));
+        r = b_.CreateMaxNum(r, f32(runtime::kActQuantMinRange));  // runtime::act_quant_step
         inv = b_.CreateSelect(r0, f32(1), b_.CreateFDiv(f32(255), r));
         s = b_.CreateSelect(r0, f32(1), b_.CreateFDiv(r, f32(255)));
         // rne_to_int(−lo · inv) with no ±512 clamp: the reference's x86
-        // conversion gives INT_MIN (then 0) for NaN and |t| >= 2^31 (a
-        // subnormal range makes inv huge or Inf).
+        // conversion gives INT_MIN (then 0) for NaN and |t| >= 2^31.
         llvm::Value* t = b_.CreateFMul(b_.CreateFNeg(lo), inv);
         llvm::Value* valid =
             b_.CreateFCmpOLT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, t), f32(2147483648.0f));
         llvm::Value* z = b_.CreateFPToSI(
-            b_.CreateUnaryIntrinsic(llvm::Intrinsic::rint, b_.CreateSelect(valid, t, f32(0))),
+            b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, b_.CreateSelect(valid, t, f32(0))),
             b_.getInt32Ty());
         z = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, z, i32(0));
         z = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, z, i32(255));

@@ -9,7 +9,8 @@
 //   params:   scalar f32 divisions and the zero point, in the contract's order.
 //   quantize: 16 a step (masked tail): vpmovzxwd, << 16, × inv, clamp to
 //             ±512 (constant first: a NaN stays NaN and converts to INT_MIN,
-//             as the reference's conversion does), vcvtps2dq (RNE), + zero,
+//             as the reference's conversion does), vcvtps2dq {rn-sae} (RNE
+//             whatever MXCSR says), + zero,
 //             clamp to the code range, vpmovdb to memory.
 // Then zeros from k to k_padded. A row with a NaN / Inf gets scale NaN and
 // q = zero (a broadcast fill) instead of the quantize pass.
@@ -19,6 +20,7 @@
 #include "codegen/quant_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "codegen/xbyak/jit_generator.h"
+#include "runtime/reference_quant.h"
 
 namespace tilejit::codegen::xbyak {
 namespace {
@@ -158,7 +160,8 @@ class ActQuantKernel : public JitGenerator {
         test(eax, eax);
         jz(have, T_NEAR);
         shl(eax, 16);
-        vmovd(r, eax);  // a
+        vmovd(r, eax);                                        // a
+        vmaxss(r, r, f32_const(runtime::kActQuantMinRange));  // runtime::act_quant_step
         vmovss(t, f32_const(127.0f));
         vdivss(inv, t, r);
         vdivss(s, r, t);
@@ -172,6 +175,7 @@ class ActQuantKernel : public JitGenerator {
         vxorps(t, t, t);
         vucomiss(r, t);  // r >= 0, never NaN
         je(have, T_NEAR);
+        vmaxss(r, r, f32_const(runtime::kActQuantMinRange));  // runtime::act_quant_step
         vmovss(t, f32_const(255.0f));
         vdivss(inv, t, r);
         vdivss(s, r, t);
@@ -181,7 +185,7 @@ class ActQuantKernel : public JitGenerator {
         vmovd(eax, t);
         xor_(eax, 0x80000000);
         vmovd(t, eax);
-        vcvtss2si(eax, t);
+        vcvtss2si(eax, t | T_rn_sae);  // RNE whatever MXCSR says
         xor_(z_.cvt32(), z_.cvt32());
         test(eax, eax);
         cmovns(z_.cvt32(), eax);
@@ -226,9 +230,9 @@ class ActQuantKernel : public JitGenerator {
   void quantize(const Zmm& v) {
     vpslld(v, v, 16);
     vmulps(v, v, v_inv_);
-    vmaxps(v, c_neg512_, v);  // (-512 > v) ? -512 : v   (NaN: v)
-    vminps(v, c_pos512_, v);  // (512 < v) ? 512 : v     (NaN: v)
-    vcvtps2dq(v, v);
+    vmaxps(v, c_neg512_, v);     // (-512 > v) ? -512 : v   (NaN: v)
+    vminps(v, c_pos512_, v);     // (512 < v) ? 512 : v     (NaN: v)
+    vcvtps2dq(v | T_rn_sae, v);  // RNE whatever the caller's MXCSR says
     vpaddd(v, v, v_zero_);
     vpmaxsd(v, v, c_lo_q_);
     vpminsd(v, v, c_hi_q_);
