@@ -987,7 +987,7 @@ def extend_attention_cpu(*args, **kwargs):
     new = any(k in kwargs for k in _NEW_KW) or (len(args) > 14 and _is_bool(args[14]))
     a = _bind(op, _EXT_NEW if new else _EXT_CLASSIC, _ATT_DEFAULTS, args, kwargs)
     _no_cross(op, a)
-    custom_mask, tree_mask = a["custom_mask"], a["tree_mask"]
+    custom_mask, tree_mask = a.get("custom_mask"), a["tree_mask"]
     _need(custom_mask is None or tree_mask is None,
           f"{op}: custom_mask and tree_mask both given; allowed: one")
     for name in ("q_extend", "k_extend", "v_extend", "o_extend"):

@@ -753,3 +753,264 @@ def test_decode_attention_cpu_mla_pool():
         kk = kb[slots].to(F64)
         ref = ref_attn(q[b:b + 1].to(F64), kk, kk[..., :dv], False, 1 / math.sqrt(d))
         within(out[b:b + 1], ref, attn_tol(ref, kk[..., :dv]), f"mla seq {b}")
+
+
+# ---- sgl-kernel schema versions, errors by sgl argument name ------------------------
+
+class CPUQuantMethod(int):  # stands in for sglang's IntEnum (an int, not a bool)
+    pass
+
+
+def moe_case(seed=80, e=4, h=64, inter=32, t=5, k=2):
+    w1, w2 = rnd((e, 2 * inter, h), seed, 0.1), rnd((e, h, inter), seed + 1, 0.1)
+    x = rnd((t, h), seed + 2)
+    tw, ti = routed(t, e, k, seed + 3)
+    return x, w1, w2, tw, ti
+
+
+def test_fused_experts_schema_versions():
+    x, w1, w2, tw, ti = moe_case()
+    p1, p2 = sgl.convert_weight_packed(w1), sgl.convert_weight_packed(w2)
+    ref, mag = ref_experts(x, w1.to(F64), w2.to(F64), tw, ti)
+    b = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, False, False, None, None, None, None,
+                              None, None, None, None, None, True)        # B, 18 args
+    within(b, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs(), "B")
+    calls = {
+        "A 14": (False, False, None, None, None, None, None, True),
+        "C 13": (CPUQuantMethod(0), None, None, None, None, None, True),
+        "D 17": (0, None, None, None, None, None, None, None, None, None, True),
+        "D 18": (0, None, None, None, None, None, None, None, None, None, True, "silu"),
+    }
+    for name, rest in calls.items():
+        got = sgl.fused_experts_cpu(x, p1, p2, tw, ti, False, *rest)
+        assert torch.equal(got, b), name
+    kw = sgl.fused_experts_cpu(x, p1, p2, tw, ti, inplace=False, moe_comp_method=0,
+                               is_vnni=True, activation=None)
+    assert torch.equal(kw, b)
+    # int8 through moe_comp_method=1 (D) and use_int8_w8a8 (A) agree.
+    g = torch.Generator().manual_seed(84)
+    q1 = torch.randint(-127, 128, w1.shape, generator=g, dtype=torch.int8)
+    q2 = torch.randint(-127, 128, w2.shape, generator=g, dtype=torch.int8)
+    s1, s2 = torch.full(w1.shape[:2], 0.002), torch.full(w2.shape[:2], 0.002)
+    d = sgl.fused_experts_cpu(x, q1, q2, tw, ti, False, 1, s1, s2, None, None, None, None,
+                              None, None, None, False)
+    a = sgl.fused_experts_cpu(x, q1, q2, tw, ti, False, True, False, s1, s2, None, None, None,
+                              False)
+    assert torch.equal(a, d)
+
+
+def test_fused_experts_activation_gelu():
+    x, w1, w2, tw, ti = moe_case(90)
+
+    def gelu_erf(g, u):
+        return 0.5 * g * (1 + torch.erf(g / math.sqrt(2))) * u
+
+    def gelu_tanh(g, u):
+        return 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u
+
+    for name, f in (("gelu", gelu_erf), ("gelu_tanh", gelu_tanh)):
+        ref, mag = ref_experts(x, w1.to(F64), w2.to(F64), tw, ti, f)
+        out = sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, None, None, None, None, None,
+                                    None, None, None, None, False, name)
+        within(out, ref, 2.0**-7 * mag + 2.0**-8 * ref.abs(), name)
+    silu = sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, is_vnni=False)
+    assert not torch.equal(silu, out)
+    with pytest.raises(tilejit.Error, match="activation='relu'; allowed: None, 'silu'"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, activation="relu", is_vnni=False)
+    with pytest.raises(tilejit.Error, match="alpha / limit .* with activation='gelu'"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, alpha=1.7, activation="gelu",
+                              is_vnni=False)
+
+
+def test_fused_experts_int4_and_mxfp4_methods():
+    e, h, inter, t, gs = 3, 64, 32, 4, 32
+    rng = torch.Generator().manual_seed(95)
+
+    def expert(n, k):
+        return {"qweight": torch.randint(-2**31, 2**31 - 1, (k // 8, n), generator=rng,
+                                         dtype=torch.int64).to(torch.int32),
+                "scales": torch.rand(k // gs, n, generator=rng) * 0.01 + 0.001}
+
+    p13 = tilejit.pack_experts_int4([expert(2 * inter, h) for _ in range(e)], format="gptq",
+                                    group_size=gs, proj="gate_up")
+    p2 = tilejit.pack_experts_int4([expert(h, inter) for _ in range(e)], format="gptq",
+                                   group_size=gs, proj="down")
+    x = rnd((t, h), 96)
+    tw, ti = routed(t, e, 2, 97)
+    got = sgl.fused_experts_cpu(x, p13, p2, tw, ti, False, CPUQuantMethod(3), None, None, None,
+                                None, None, True)
+    want = torch.empty_like(x)
+    tilejit.fused_experts(x, p13, p2, tw, ti, out=want, int4_route="w4a8")
+    assert torch.equal(got, want)  # the W4A8 route, as sgl-kernel's INT4_W4A8
+    w1, w2 = rnd((e, 2 * inter, h), 98), rnd((e, h, inter), 99)
+    for m in (3, 4):
+        with pytest.raises(tilejit.Error, match=f"moe_comp_method={m} .* with w1 a Tensor; "
+                           "allowed: a tilejit.PackedExperts"):
+            sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, m, None, None, None, None, None,
+                                  True)
+    with pytest.raises(tilejit.Error, match="moe_comp_method=4 .* packed as int4_gptq"):
+        sgl.fused_experts_cpu(x, p13, p2, tw, ti, False, 4, None, None, None, None, None, True)
+    with pytest.raises(tilejit.Error, match="w1_scale given with moe_comp_method=3"):
+        sgl.fused_experts_cpu(x, p13, p2, tw, ti, False, 3, torch.ones(1), None, None, None,
+                              None, True)
+    with pytest.raises(tilejit.Error, match="moe_comp_method=5; allowed: 0 \\(UNQUANT\\)"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 5, is_vnni=False)
+
+
+def test_fused_experts_argument_errors():
+    x, w1, w2, tw, ti = moe_case(100)
+    with pytest.raises(tilejit.Error, match="w1_bias: expected a torch.Tensor, got list"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, False, False, None, None, None, None,
+                              None, [1.0], None, None, None, False)
+    with pytest.raises(tilejit.Error, match="unexpected keyword argument 'w1_zero'"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, False, w1_zero=torch.ones(1))
+    with pytest.raises(tilejit.Error, match="after inplace is a str"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, "int8")
+    with pytest.raises(tilejit.Error, match="w1_zero given with moe_comp_method=0"):
+        sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, None, None, torch.ones(1))
+    with pytest.raises(tilejit.Error, match="hidden_states.dtype=torch.float16 is refused"):
+        sgl.fused_experts_cpu(x.half(), w1, w2, tw, ti, False, 0, is_vnni=False)
+    # A core error names the sgl op and maps the core's names.
+    with pytest.raises(tilejit.Error, match=r"fused_experts_cpu: .*hidden.*\(tilejit.fused_"
+                       "experts' hidden is hidden_states"):
+        sgl.fused_experts_cpu(rnd((5, 66), 101), w1, w2, tw, ti, False, 0, is_vnni=False)
+
+
+def decode_case(seed=110, d=64, hq=4, hkv=2, n_slots=40, seq_lens=(5, 1, 9)):
+    req_to_token, rpi = token_pool(n_slots, list(seq_lens), seed)
+    kb, vb = rnd((n_slots, hkv, d), seed + 1), rnd((n_slots, hkv, d), seed + 2)
+    q, key, value = (rnd((3, hq, d), seed + 3), rnd((3, hkv, d), seed + 4),
+                     rnd((3, hkv, d), seed + 5))
+    loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rpi.tolist(), seq_lens)]).long()
+    return req_to_token, rpi, kb, vb, q, key, value, loc, torch.tensor(seq_lens)
+
+
+def check_decode(out, q, kb, vb, req_to_token, rpi, seq_lens, scale, window=-1):
+    for b, (r, n) in enumerate(zip(rpi.tolist(), seq_lens.tolist())):
+        slots = req_to_token[r, :n].long()
+        ref = ref_attn(q[b:b + 1].to(F64), kb[slots].to(F64), vb[slots].to(F64), False, scale,
+                       window)
+        within(out[b:b + 1], ref, attn_tol(ref, vb[slots]), f"seq {b}")
+
+
+def test_decode_attention_cpu_new_schemas():
+    r2t, rpi, kb, vb, q, key, value, loc, sl = decode_case()
+    # sglang's intel_amx_backend: (..., logit_cap, is_cross_attention, sliding_window_size + 1,
+    # encoder_lens, sinks). A layer without a window passes -1 + 1 = 0: no window.
+    for w in (-1, 3):
+        k1, v1, out = kb.clone(), vb.clone(), torch.empty(3, 4, 64, dtype=torch.bfloat16)
+        sgl.decode_attention_cpu(q, k1, v1, out, key, value, loc, None, r2t, rpi, sl, 0.125,
+                                 0.0, False, w + 1, None, None)
+        assert torch.equal(k1[loc], key) and torch.equal(v1[loc], value)
+        check_decode(out, q, k1, v1, r2t, rpi, sl, 0.125, w)
+        # The vendored form with buffer scales in 4th / 5th place (bf16 cache: 1.0).
+        k2, v2, out2 = kb.clone(), vb.clone(), torch.empty_like(out)
+        sgl.decode_attention_cpu(q, k2, v2, 1.0, 1.0, out2, key, value, loc, None, r2t, rpi, sl,
+                                 0.125, 0.0, False, w + 1, None, None)
+        assert torch.equal(out2, out)
+    # key / value / loc None: nothing stored (the new token already in the cache).
+    k3 = kb.clone()
+    k3[loc], v3 = key, vb.clone()
+    v3[loc] = value
+    out3 = torch.empty_like(out)
+    before = k3.clone()
+    sgl.decode_attention_cpu(q, k3, v3, out3, None, None, None, None, r2t, rpi, sl, 0.125, 0.0,
+                             False, 4, None, None)
+    assert torch.equal(k3, before)
+    assert torch.equal(out3, out)
+    with pytest.raises(tilejit.Error, match="is_cross_attn=True; allowed: False"):
+        sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, None, r2t, rpi, sl, 0.125,
+                                 0.0, True, 0, None, None)
+    with pytest.raises(tilejit.Error, match="encoder_lens given; allowed: None"):
+        sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, None, r2t, rpi, sl, 0.125,
+                                 0.0, False, 0, torch.zeros(3, dtype=torch.int64), None)
+
+
+def test_decode_attention_cpu_errors_name_sgl_arguments():
+    r2t, rpi, kb, vb, q, key, value, loc, sl = decode_case(120)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    args = (None, r2t, rpi, sl, 0.125, 0.0)
+    bad = loc.clone()
+    bad[1] = -1  # tilejit's store_kv would skip it silently
+    with pytest.raises(tilejit.Error, match=r"loc has -1\.\.\d+; allowed: \[0, 40\)"):
+        sgl.decode_attention_cpu(q, kb, vb, out, key, value, bad, *args)
+    with pytest.raises(tilejit.Error, match=r"loc has \d+\.\.1027; allowed: \[0, 40\)"):
+        sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc.clamp(max=5) + 1022 * (
+            torch.arange(3) == 2), *args)
+    far = r2t.clone()
+    far[2, 0] = 1000
+    with pytest.raises(tilejit.Error, match=r"decode_attention_cpu: .*block_table is "
+                       r"req_to_token\[req_pool_indices\]"):
+        sgl.decode_attention_cpu(q, kb, vb, out, key, value, loc, None, far, rpi, sl, 0.125, 0.0)
+    with pytest.raises(tilejit.Error, match="key is None and value is given"):
+        sgl.decode_attention_cpu(q, kb, vb, out, None, value, loc, *args)
+    with pytest.raises(tilejit.Error, match="query.dtype=torch.float16 is refused"):
+        sgl.decode_attention_cpu(q.half(), kb.half(), vb.half(), out.half(), key.half(),
+                                 value.half(), loc, *args)
+
+
+def test_extend_attention_cpu_new_schema_window():
+    hq, hkv, d, n_slots = 4, 2, 64, 40
+    prefix, ext = [3, 0, 6], [4, 2, 3]
+    seq_lens = [p + e for p, e in zip(prefix, ext)]
+    r2t, rpi = token_pool(n_slots, seq_lens, 130)
+    kb, vb = rnd((n_slots, hkv, d), 131), rnd((n_slots, hkv, d), 132)
+    tq = sum(ext)
+    q, ke, ve = rnd((tq, hq, d), 133), rnd((tq, hkv, d), 134), rnd((tq, hkv, d), 135)
+    start = torch.tensor([0, 4, 6])
+    for w in (-1, 2):  # sglang passes layer.sliding_window_size + 1
+        out = torch.empty(tq, hq, d, dtype=torch.bfloat16)
+        sgl.extend_attention_cpu(q, ke, ve, out, kb, vb, r2t, rpi, torch.tensor(seq_lens),
+                                 torch.tensor(ext), start, max(ext), 0.125, 0.0, False, w + 1,
+                                 None, None)
+        for b, (r, p, e) in enumerate(zip(rpi.tolist(), prefix, ext)):
+            s = slice(int(start[b]), int(start[b]) + e)
+            slots = r2t[r, :p].long()
+            kk, vv = torch.cat([kb[slots], ke[s]]).to(F64), torch.cat([vb[slots], ve[s]]).to(F64)
+            ref = ref_attn(q[s].to(F64), kk, vv, True, 0.125, w)
+            within(out[s], ref, attn_tol(ref, vv), f"w={w} seq {b}")
+    # A bool tree mask (sgl-kernel's QLEN_ONLY layout) is taken as tilejit's uint8 one.
+    tm = torch.cat([torch.tril(torch.ones(e, e, dtype=torch.bool)).reshape(-1) for e in ext])
+    o1, o2 = torch.empty_like(out), torch.empty_like(out)
+    args = (q, ke, ve, None, kb, vb, r2t, rpi, torch.tensor(seq_lens), torch.tensor(ext), start,
+            max(ext), 0.125, 0.0, False, 0, None, None)
+    sgl.extend_attention_cpu(*args[:3], o1, *args[4:], tm)
+    sgl.extend_attention_cpu(*args[:3], o2, *args[4:], tm.to(torch.uint8))
+    assert torch.equal(o1, o2)
+    with pytest.raises(tilejit.Error, match="is_cross_attn=True; allowed: False"):
+        sgl.extend_attention_cpu(*args[:3], o1, *args[4:14], True, 0, None, None)
+    with pytest.raises(tilejit.Error, match="k_extend: expected a torch.Tensor, got NoneType"):
+        sgl.extend_attention_cpu(q, None, None, o1, *args[4:])
+
+
+@pytest.mark.parametrize("lens_q,lens_k", [([2, 5], [5, 5]), ([6], [3]), ([3, 1, 4], [3, 6, 2])])
+def test_flash_attn_varlen_func_top_left(lens_q, lens_k):
+    # sgl-kernel's flash_attn.cpp: query i sees keys j <= i (top-left), whatever Tq / Tk.
+    hq, hkv, d = 2, 1, 64
+    tq, tk = sum(lens_q), sum(lens_k)
+    q, k, v = rnd((tq, hq, d), 140), rnd((tk, hkv, d), 141), rnd((tk, hkv, d), 142)
+    cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0).to(torch.int32)
+    out = sgl.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), True)
+    for b in range(len(lens_q)):
+        sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        ref = ref_attn(q[sq].to(F64), k[sk].to(F64), v[sk].to(F64), True, top_left=True)
+        within(out[sq], ref, attn_tol(ref, v[sk]), f"seq {b}")
+
+
+def test_routers_and_rope_refuse_what_they_would_ignore():
+    logits = rnd((4, 8), 150, dtype=torch.float32)
+    with pytest.raises(tilejit.Error, match="routed_scaling_factor=2.5; allowed: None or 1.0"):
+        sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, 0, 2.5, None)
+    w, _ = sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, 0, 1.0, None)
+    assert w.shape == (4, 2)
+    cache = rnd((16, 64), 151, dtype=torch.float32)
+    q, k = rnd((3, 128), 152), rnd((3, 64), 153)
+    with pytest.raises(tilejit.Error, match="positions: expected a torch.Tensor, got list"):
+        sgl.rotary_embedding_cpu([0, 1, 2], q, k, 64, cache, True)
+    with pytest.raises(tilejit.Error, match="key: expected a torch.Tensor, got NoneType"):
+        sgl.rotary_embedding_cpu(torch.arange(3), q, None, 64, cache, True)
+    with pytest.raises(tilejit.Error, match="query.dtype=torch.float16 is refused"):
+        sgl.rotary_embedding_cpu(torch.arange(3), q.half(), k.half(), 64, cache.half(), True)
+    with pytest.raises(tilejit.Error, match="mat1.dtype=torch.float16 is refused"):
+        sgl.weight_packed_linear(q.half(), rnd((8, 128), 154).half(), None, False)
