@@ -11,7 +11,7 @@ namespace {
 // The chain a GEMM plan fuses; the activations are those of ir/activation.h
 // that have an op.
 const std::string& chain() {
-  static const std::string s = [] {
+  static const std::string& s = *new std::string([] {
     std::string acts;
     for (const ir::ActivationInfo& r : ir::kActivations) {
       if (!r.op) continue;
@@ -22,7 +22,7 @@ const std::string& chain() {
         "allowed: gemm(x: ?xK bf16, w: NxK bf16 packed<vnni2, n_block=64>) → add(bias: [N] "
         "f32|bf16)? → {}? → cast(to = bf16|f32)? → return",
         acts);
-  }();
+  }());  // immortal: read by threads that may outlive static destruction
   return s;
 }
 

@@ -139,7 +139,7 @@ std::string desc_key(const D& d) {
 
 template <class D>
 std::string desc_name(const D& d) {
-  static const D defaults{};
+  static const D& defaults = *new D{};  // immortal: threads may outlive static destruction
   std::string s = D::kFamily;
   auto one = [&](const auto& f) {
     const auto& v = d.*(f.member);

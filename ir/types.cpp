@@ -16,7 +16,8 @@ constexpr std::array kAllDTypes = {DType::f32, DType::bf16,  DType::f16,    DTyp
 // The formats the IR knows. Adding a packed weight layout means adding a row
 // here (and its parameter rules in check_packed below).
 const std::array<PackedFormat, 1>& packed_formats() {
-  static const std::array<PackedFormat, 1> formats = {
+  // Immortal: read by threads that may outlive static destruction.
+  static const std::array<PackedFormat, 1>& formats = *new std::array<PackedFormat, 1>{
       PackedFormat{"vnni2", {"n_block", "k_pair"}, {DType::bf16}, 2},
   };
   return formats;

@@ -173,7 +173,9 @@ void DiskCache::disable(const std::string& why) {
 }
 
 std::string DiskCache::qualified_key(const std::string& key) {
-  static const std::string build = std::string(TILEJIT_BUILD_ID) + "+" + own_build_id();
+  // Immortal: looked up by threads that may outlive static destruction.
+  static const std::string& build =
+      *new std::string(std::string(TILEJIT_BUILD_ID) + "+" + own_build_id());
   return key + "|cpu=" + runtime::cpu_signature() + "|build=" + build;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,7 +23,11 @@ namespace tilejit::jit {
 
 struct KernelCache::Impl {
   std::mutex mu;
-  std::unordered_map<std::string, std::shared_future<const Kernel*>> map;
+  struct Entry {
+    std::shared_future<const Kernel*> future;
+    bool ready = false;  // the kernel is made: a forked child may use it (guarded by mu)
+  };
+  std::unordered_map<std::string, Entry> map;
   std::vector<std::unique_ptr<Kernel>> owned;  // guarded by mu
   std::atomic<uint64_t> hits{0}, misses{0}, compiles{0};
   std::atomic<uint64_t> compile_ns{0};
@@ -33,10 +38,7 @@ struct KernelCache::Impl {
     return disk;
   }
   // TILEJIT_PERF_MAP=1: name JIT code for `perf report` (/tmp/perf-<pid>.map).
-  const bool perf_map = [] {
-    const char* v = std::getenv("TILEJIT_PERF_MAP");
-    return v != nullptr && *v != '\0' && *v != '0';
-  }();
+  const bool perf_map = runtime::diagnostic_env_level("TILEJIT_PERF_MAP", 1) == 1;
   // TILEJIT_JIT_DUMP=DIR: write each kernel's bytes to DIR/<name>.bin.
   const std::string dump_dir = [] {
     const char* v = std::getenv("TILEJIT_JIT_DUMP");
@@ -47,7 +49,10 @@ struct KernelCache::Impl {
 };
 
 KernelCache::Impl& KernelCache::impl() const {
-  static Impl impl;
+  // Immortal (never destroyed): a host thread may still be inside an operator
+  // while static destructors run at exit (it crashed in DiskCache::path_for),
+  // and its kernels' code must stay mapped.
+  static Impl& impl = *new Impl;
   // fork() while another thread holds a cache lock would leave the child's
   // copy locked forever: hold both locks across fork, release them on each side.
   static const bool registered = [] {
@@ -61,6 +66,11 @@ KernelCache::Impl& KernelCache::impl() const {
           impl.mu.unlock();
         },
         [] {
+          // A kernel another thread was making at the fork never comes in
+          // the child (that thread is not there): drop its entry, so the
+          // child makes it itself instead of waiting on it forever.
+          for (auto it = impl.map.begin(); it != impl.map.end();)
+            it = it->second.ready ? std::next(it) : impl.map.erase(it);
           impl.disk_mu.unlock();
           impl.mu.unlock();
         });
@@ -99,7 +109,7 @@ static void observe(KernelCache::Impl& s, const Kernel& k) {
 }
 
 KernelCache& KernelCache::global() {
-  static KernelCache cache;
+  static KernelCache& cache = *new KernelCache;  // immortal, as impl()
   return cache;
 }
 
@@ -182,13 +192,13 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
     std::unique_lock<std::mutex> lk(s.mu);
     auto it = s.map.find(key);
     if (it != s.map.end()) {
-      std::shared_future<const Kernel*> f = it->second;
+      std::shared_future<const Kernel*> f = it->second.future;
       lk.unlock();
       const bool ready = f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
       (ready ? s.hits : s.misses).fetch_add(1, std::memory_order_relaxed);
       return *f.get();
     }
-    s.map.emplace(key, promise.get_future().share());
+    s.map.emplace(key, Impl::Entry{promise.get_future().share()});
     s.misses.fetch_add(1, std::memory_order_relaxed);
   }
   // This thread is the one creator for `key`; others wait on the future.
@@ -238,6 +248,10 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
       s.owned.push_back(std::move(k));
     }
     promise.set_value(result);
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      if (auto it = s.map.find(key); it != s.map.end()) it->second.ready = true;
+    }
     return *result;
   } catch (...) {
     {

@@ -51,8 +51,9 @@ double path_peak_gflops(Isa isa, DType op) {
   const CpuInfo ci = cpu_info();
   if (isa == Isa::scalar || (isa == Isa::amx && (ci.max_isa != Isa::amx || ci.amx_emulated)))
     return 0;
-  static std::mutex mu;
-  static std::map<std::pair<Isa, DType>, double> peaks;
+  // Immortal: threads may outlive static destruction.
+  static std::mutex& mu = *new std::mutex;
+  static auto& peaks = *new std::map<std::pair<Isa, DType>, double>;
   const std::lock_guard<std::mutex> lock(mu);
   auto it = peaks.find({isa, op});
   if (it == peaks.end())

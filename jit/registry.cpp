@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <new>
+
 #include "codegen/xbyak/emitters.h"
 #include "jit/front_cache.h"
 #include "jit/kernel_cache.h"
@@ -105,6 +107,9 @@ const Kernel& compile(const std::string& key, const std::string& name, const Ker
     return KernelCache::global().get(key, name, recipe);
   } catch (const Error&) {
     throw;
+  } catch (const std::bad_alloc&) {
+    // Not a bug: the process is short of memory (docs/reliability.md).
+    throw Error(fmt::format("jit: out of memory: making the kernel {} failed to allocate", name));
   } catch (const std::exception& e) {
     throw InternalError(fmt::format("jit: emitting {} failed: {}", name, e.what()));
   }

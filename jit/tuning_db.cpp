@@ -815,7 +815,7 @@ struct Global {
   std::once_flag env_once;
 };
 Global& global() {
-  static Global g;
+  static Global& g = *new Global;  // immortal: threads may outlive static destruction
   return g;
 }
 
@@ -883,7 +883,7 @@ const TunedEntry* find_tuned(const std::string& family, const ShapeClass& shape)
 const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, int64_t k,
                                               codegen::BiasKind bias, Activation act, DType out,
                                               int64_t m, WeightFormat fmt) {
-  static const codegen::PlanOverrides kNone;
+  static const codegen::PlanOverrides& kNone = *new codegen::PlanOverrides;  // immortal
   if (!tuning_db_active()) return kNone;
   Global& g = global();
   // The M bucket's index stands for the bucket; the generation for the

@@ -21,6 +21,8 @@
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 using ops::shape_str;
@@ -66,289 +68,293 @@ bool decode_attention_llvm_kernel(Isa isa, int64_t g) {
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
                       const TensorView& seq_lens, const AttentionOptions& opt) {
-  constexpr const char* op = "decode_attention";
-  const attn::PagedDims dims = attn::check_paged_attention(op, "B", q, k_cache, v_cache, out);
-  const int64_t batch = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
-  const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
-  ops::check_view(op, "block_table", block_table, 2);
-  ops::check_dtype(op, "block_table", block_table, {DType::i32});
-  ops::check_view(op, "seq_lens", seq_lens, 1);
-  ops::check_dtype(op, "seq_lens", seq_lens, {DType::i32});
-  if (block_table.shape[0] != batch)
-    throw Error(fmt::format("{}: block_table has shape {}; allowed: [B, max_blocks] with B = {}",
-                            op, shape_str(block_table.shape), batch));
-  if (seq_lens.shape[0] != batch)
-    throw Error(fmt::format("{}: seq_lens has shape {}; allowed: [B] = [{}]", op,
-                            shape_str(seq_lens.shape), batch));
-  attn::check_options(op, opt);
-  attn::check_head_vectors(op, opt, hq);
-  const attn::KvScales kvs =
-      attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
+  runtime::api_guard("decode_attention", [&] {
+    constexpr const char* op = "decode_attention";
+    const attn::PagedDims dims = attn::check_paged_attention(op, "B", q, k_cache, v_cache, out);
+    const int64_t batch = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
+    const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
+    ops::check_view(op, "block_table", block_table, 2);
+    ops::check_dtype(op, "block_table", block_table, {DType::i32});
+    ops::check_view(op, "seq_lens", seq_lens, 1);
+    ops::check_dtype(op, "seq_lens", seq_lens, {DType::i32});
+    if (block_table.shape[0] != batch)
+      throw Error(fmt::format("{}: block_table has shape {}; allowed: [B, max_blocks] with B = {}",
+                              op, shape_str(block_table.shape), batch));
+    if (seq_lens.shape[0] != batch)
+      throw Error(fmt::format("{}: seq_lens has shape {}; allowed: [B] = [{}]", op,
+                              shape_str(seq_lens.shape), batch));
+    attn::check_options(op, opt);
+    attn::check_head_vectors(op, opt, hq);
+    const attn::KvScales kvs =
+        attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
 
-  // k_cache and v_cache may share memory (MLA reads V as the first Dv
-  // columns of the K cache); out is written while every input is read.
-  attn::check_attention_out(op, out, opt,
-                            {{"q", &q},
-                             {"k_cache", &k_cache},
-                             {"v_cache", &v_cache},
-                             {"block_table", &block_table},
-                             {"seq_lens", &seq_lens}});
+    // k_cache and v_cache may share memory (MLA reads V as the first Dv
+    // columns of the K cache); out is written while every input is read.
+    attn::check_attention_out(op, out, opt,
+                              {{"q", &q},
+                               {"k_cache", &k_cache},
+                               {"v_cache", &v_cache},
+                               {"block_table", &block_table},
+                               {"seq_lens", &seq_lens}});
 
-  // Every block index a sequence uses is checked before any key is read.
-  const int64_t max_blocks = block_table.shape[1];
-  // Saturating: a table wider than any int32 length needs is not an error.
-  const int64_t capacity = ops::saturating_mul(max_blocks, bs);
-  const auto* table = static_cast<const int32_t*>(block_table.data);
-  const auto* lens_p = static_cast<const int32_t*>(seq_lens.data);
-  std::vector<int64_t> lens(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = lens_p[b * seq_lens.strides[0]];
-    if (len < 1 || len > capacity)
-      throw Error(fmt::format("{}: seq_lens[{}]={}; allowed: 1 .. max_blocks·block_size = {}", op,
-                              b, len, capacity));
-    attn::check_block_ids(op, block_table, b, len, bs, num_blocks);
-    lens[b] = len;
-  }
-  if (batch == 0) return;
-
-  const attn::Params p = attn::make_params(opt, d, dv);
-  // Per kv head: p with an fp8 cache's scales folded in (p itself for bf16).
-  std::vector<attn::Params> ph(static_cast<size_t>(hkv));
-  for (int64_t h = 0; h < hkv; ++h) ph[h] = attn::head_params(p, kvs, h);
-  const int64_t g = hq / hkv;
-  const auto* qd = static_cast<const uint16_t*>(q.data);
-  auto* od = static_cast<uint16_t*>(out.data);
-  const Isa isa = runtime::active_isa();
-  const bool llvm_kernel = ops::decode_attention_llvm_kernel(isa, g);
-  // A tuning database entry for this shape class sets the split count (the
-  // task split only: the same kernels run, the partials merge as always)
-  // and the LLVM kernel's prefetch distance (no arithmetic changes).
-  std::optional<int64_t> tuned_splits, tuned_prefetch;
-  if (isa != Isa::scalar && jit::tuning_db_active())
-    if (const jit::TunedEntry* e =
-            jit::find_tuned("decode_attention",
-                            jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
-                                                    kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
-                                                    *std::max_element(lens.begin(), lens.end())))) {
-      tuned_splits = e->knob("splits");
-      tuned_prefetch = e->knob("prefetch_chunks");
+    // Every block index a sequence uses is checked before any key is read.
+    const int64_t max_blocks = block_table.shape[1];
+    // Saturating: a table wider than any int32 length needs is not an error.
+    const int64_t capacity = ops::saturating_mul(max_blocks, bs);
+    const auto* table = static_cast<const int32_t*>(block_table.data);
+    const auto* lens_p = static_cast<const int32_t*>(seq_lens.data);
+    std::vector<int64_t> lens(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = lens_p[b * seq_lens.strides[0]];
+      if (len < 1 || len > capacity)
+        throw Error(fmt::format("{}: seq_lens[{}]={}; allowed: 1 .. max_blocks·block_size = {}", op,
+                                b, len, capacity));
+      attn::check_block_ids(op, block_table, b, len, bs, num_blocks);
+      lens[b] = len;
     }
-  // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
-  // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
-  attn::Bf16CacheCopy copy;
-  if (kvs.fp8 && !llvm_kernel) copy = attn::dequantize_cache(k_cache, v_cache, block_table, lens);
-  const bool copied = kvs.fp8 && !llvm_kernel;
-  const TensorView& kc = copied ? copy.k_cache : k_cache;
-  const TensorView& vc = copied ? copy.v_cache : v_cache;
-  const TensorView& bt = copied ? copy.block_table : block_table;
-  auto source = [&](const TensorView& c, int64_t b, int64_t h) {
-    return attn::paged_rows(c, bt, b, h);
-  };
+    if (batch == 0) return;
 
-  // Output rows of sequence b holding a NaN or an Inf, recomputed by the
-  // reference (the NaN/Inf rule of ops/attention_scalar.h).
-  auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
-                    const std::vector<uint16_t*>& orows) {
-    attn::repair_nonfinite(orows, dv, [&](size_t r) {
-      const int64_t h = qr[r].head / g;
-      if (kvs.fp8 && !copied) {  // the codes in place, a row at a time
-        std::vector<uint16_t> kb, vb;
+    const attn::Params p = attn::make_params(opt, d, dv);
+    // Per kv head: p with an fp8 cache's scales folded in (p itself for bf16).
+    std::vector<attn::Params> ph(static_cast<size_t>(hkv));
+    for (int64_t h = 0; h < hkv; ++h) ph[h] = attn::head_params(p, kvs, h);
+    const int64_t g = hq / hkv;
+    const auto* qd = static_cast<const uint16_t*>(q.data);
+    auto* od = static_cast<uint16_t*>(out.data);
+    const Isa isa = runtime::active_isa();
+    const bool llvm_kernel = ops::decode_attention_llvm_kernel(isa, g);
+    // A tuning database entry for this shape class sets the split count (the
+    // task split only: the same kernels run, the partials merge as always)
+    // and the LLVM kernel's prefetch distance (no arithmetic changes).
+    std::optional<int64_t> tuned_splits, tuned_prefetch;
+    if (isa != Isa::scalar && jit::tuning_db_active())
+      if (const jit::TunedEntry* e = jit::find_tuned(
+              "decode_attention",
+              jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
+                                      kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
+                                      *std::max_element(lens.begin(), lens.end())))) {
+        tuned_splits = e->knob("splits");
+        tuned_prefetch = e->knob("prefetch_chunks");
+      }
+    // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
+    // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
+    attn::Bf16CacheCopy copy;
+    if (kvs.fp8 && !llvm_kernel) copy = attn::dequantize_cache(k_cache, v_cache, block_table, lens);
+    const bool copied = kvs.fp8 && !llvm_kernel;
+    const TensorView& kc = copied ? copy.k_cache : k_cache;
+    const TensorView& vc = copied ? copy.v_cache : v_cache;
+    const TensorView& bt = copied ? copy.block_table : block_table;
+    auto source = [&](const TensorView& c, int64_t b, int64_t h) {
+      return attn::paged_rows(c, bt, b, h);
+    };
+
+    // Output rows of sequence b holding a NaN or an Inf, recomputed by the
+    // reference (the NaN/Inf rule of ops/attention_scalar.h).
+    auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
+                      const std::vector<uint16_t*>& orows) {
+      attn::repair_nonfinite(orows, dv, [&](size_t r) {
+        const int64_t h = qr[r].head / g;
+        if (kvs.fp8 && !copied) {  // the codes in place, a row at a time
+          std::vector<uint16_t> kb, vb;
+          attn::scalar_row(
+              ph[h], qr[r], lens[b],
+              [&](int64_t j) { return attn::fp8_row(k_cache, block_table, b, h, j, kb); },
+              [&](int64_t j) { return attn::fp8_row(v_cache, block_table, b, h, j, vb); },
+              orows[r]);
+          return;
+        }
+        const attn::RowSource ks = source(kc, b, h);
+        const attn::RowSource vs = source(vc, b, h);
         attn::scalar_row(
-            ph[h], qr[r], lens[b],
-            [&](int64_t j) { return attn::fp8_row(k_cache, block_table, b, h, j, kb); },
-            [&](int64_t j) { return attn::fp8_row(v_cache, block_table, b, h, j, vb); }, orows[r]);
+            ph[h], qr[r], lens[b], [&](int64_t j) { return ks.row(j); },
+            [&](int64_t j) { return vs.row(j); }, orows[r]);
+      });
+    };
+
+    if (isa == Isa::scalar) {
+      runtime::parallel_for(batch * hq, [&](int64_t t) {
+        const int64_t b = t / hq, h = t % hq;
+        attn::scalar_head(ph[h / g], h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
+                          source(kc, b, h / g), source(vc, b, h / g),
+                          od + b * out.strides[0] + h * out.strides[1], 0);
+      });
+      return;
+    }
+
+    const int64_t dv_padded = padded_dv(dv);
+    if (llvm_kernel) {
+      // The LLVM kernel: tasks are sequences × splits, all heads at once, so
+      // each 16-key chunk reads whole cache rows (every head) instead of
+      // 256-byte pieces of them.
+      namespace lb = codegen::llvm_backend;
+      lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
+          d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
+      if (tuned_prefetch) desc.prefetch_chunks = *tuned_prefetch;
+      const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
+      const int64_t base_tasks = batch;
+      const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
+      auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
+                         std::vector<uint16_t*>& orows) {
+        const int64_t b = task;
+        qr.resize(static_cast<size_t>(hq));
+        orows.resize(static_cast<size_t>(hq));
+        for (int64_t head = 0; head < hq; ++head) {
+          qr[head] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
+          orows[head] = od + b * out.strides[0] + head * out.strides[1];
+        }
+      };
+      // Keys [j0, j1) of task's sequence folded into st (reset here).
+      auto run = [&](int64_t task, int64_t j0, int64_t j1, const std::vector<attn::QueryRow>& qr,
+                     attn::Partial& st) {
+        const int64_t b = task;
+        st.reset(hq, dv_padded);
+        int64_t lo = 0, hi = 0;
+        attn::visible_keys(p, lens[b] - 1, lens[b], lo, hi);
+        j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
+        if (j0 >= j1) return;
+        // Slopes gathered once per task into the kernel's [Hq] order.
+        thread_local std::vector<float> slopes;
+        slopes.resize(static_cast<size_t>(hq));
+        if (p.slopes)
+          for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
+        // fp8: the score scale per kv head (sm_scale · k scale).
+        thread_local std::vector<float> k_scale;
+        k_scale.resize(static_cast<size_t>(hkv));
+        for (int64_t h = 0; h < hkv; ++h) k_scale[h] = ph[h].scale;
+        lb::DecodeAttentionArgs a{};
+        a.k_scale = k_scale.data();
+        a.q = qd + b * q.strides[0];
+        a.q_row_stride = q.strides[1];
+        a.k = static_cast<const uint16_t*>(k_cache.data);
+        a.v = static_cast<const uint16_t*>(v_cache.data);
+        a.heads = hkv;
+        a.k_head_stride = k_cache.strides[2];
+        a.v_head_stride = v_cache.strides[2];
+        a.table = table + b * block_table.strides[0];
+        a.table_stride = block_table.strides[1];
+        a.k_block_stride = k_cache.strides[0];
+        a.k_row_stride = k_cache.strides[1];
+        a.v_block_stride = v_cache.strides[0];
+        a.v_row_stride = v_cache.strides[1];
+        a.j0 = j0;
+        a.j1 = j1;
+        a.i_pos = lens[b] - 1;
+        a.slopes = slopes.data();
+        a.softcap = p.softcap;
+        a.scale = p.scale;
+        a.m = st.mx.data();
+        a.l = st.l.data();
+        a.o = st.o.data();
+        fn(&a);
+        // fp8: the kernel's O is in the V codes' units (DecodeAttentionArgs).
+        if (kvs.fp8)
+          for (int64_t r = 0; r < hq; ++r) {
+            const float vsc = ph[r / g].v_scale;
+            float* orow = st.o.data() + r * st.ldo;
+            for (int64_t c = 0; c < dv; ++c) orow[c] *= vsc;
+          }
+      };
+      if (splits == 1) {
+        runtime::parallel_for(base_tasks, [&](int64_t t) {
+          std::vector<attn::QueryRow> qr;
+          std::vector<uint16_t*> orows;
+          rows_of(t, qr, orows);
+          thread_local attn::Partial st;
+          run(t, 0, lens[t], qr, st);
+          attn::finish(p, qr, st, orows);
+          repair(t, qr, orows);
+        });
         return;
       }
-      const attn::RowSource ks = source(kc, b, h);
-      const attn::RowSource vs = source(vc, b, h);
-      attn::scalar_row(
-          ph[h], qr[r], lens[b], [&](int64_t j) { return ks.row(j); },
-          [&](int64_t j) { return vs.row(j); }, orows[r]);
-    });
-  };
+      std::vector<attn::Partial> parts(static_cast<size_t>(base_tasks * splits));
+      runtime::parallel_for(base_tasks * splits, [&](int64_t t) {
+        const int64_t task = t / splits, s = t % splits, len = lens[task];
+        std::vector<attn::QueryRow> qr;
+        std::vector<uint16_t*> orows;
+        rows_of(task, qr, orows);
+        // Chunks a multiple of 16 keys: the kernel walks 16-key chunks aligned to
+        // key 0, so a split boundary never cuts one of them in two (only a
+        // range's first and last chunk take the masked code), and with block
+        // sizes that are multiples of 16 never splits a cache block's run.
+        const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
+        const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
+        run(task, j0, j1, qr, parts[t]);
+      });
+      runtime::parallel_for(base_tasks, [&](int64_t task) {
+        std::vector<attn::QueryRow> qr;
+        std::vector<uint16_t*> orows;
+        rows_of(task, qr, orows);
+        attn::Partial& acc = parts[task * splits];
+        for (int64_t s = 1; s < splits; ++s) attn::merge(acc, parts[task * splits + s], hq, dv);
+        attn::finish(p, qr, acc, orows);
+        repair(task, qr, orows);
+      });
+      return;
+    }
 
-  if (isa == Isa::scalar) {
-    runtime::parallel_for(batch * hq, [&](int64_t t) {
-      const int64_t b = t / hq, h = t % hq;
-      attn::scalar_head(ph[h / g], h, 1, lens[b], qd + b * q.strides[0] + h * q.strides[1], 0,
-                        source(kc, b, h / g), source(vc, b, h / g),
-                        od + b * out.strides[0] + h * out.strides[1], 0);
-    });
-    return;
-  }
-
-  const int64_t dv_padded = padded_dv(dv);
-  if (llvm_kernel) {
-    // The LLVM kernel: tasks are sequences × splits, all heads at once, so
-    // each 16-key chunk reads whole cache rows (every head) instead of
-    // 256-byte pieces of them.
-    namespace lb = codegen::llvm_backend;
-    lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
-        d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
-    if (tuned_prefetch) desc.prefetch_chunks = *tuned_prefetch;
-    const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
-    const int64_t base_tasks = batch;
+    // Without LLVM: the brgemm engine, in blocks of ≤ 64 rows.
+    static std::once_flag logged;
+    runtime::log_fallback_once(logged,
+                               "decode_attention: no LLVM decode kernel in this build: the brgemm "
+                               "attention engine");
+    const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
+    const int64_t base_tasks = batch * hkv * row_blocks;
     const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
+
     auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                        std::vector<uint16_t*>& orows) {
-      const int64_t b = task;
-      qr.resize(static_cast<size_t>(hq));
-      orows.resize(static_cast<size_t>(hq));
-      for (int64_t head = 0; head < hq; ++head) {
-        qr[head] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
-        orows[head] = od + b * out.strides[0] + head * out.strides[1];
+      const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;
+      const int64_t r0 = task % row_blocks * attn::kRowsPerBlock;
+      const int64_t rows = std::min(attn::kRowsPerBlock, g - r0);
+      qr.resize(static_cast<size_t>(rows));
+      orows.resize(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t head = h * g + r0 + r;
+        qr[r] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
+        orows[r] = od + b * out.strides[0] + head * out.strides[1];
       }
+      return std::make_pair(b, h);
     };
-    // Keys [j0, j1) of task's sequence folded into st (reset here).
-    auto run = [&](int64_t task, int64_t j0, int64_t j1, const std::vector<attn::QueryRow>& qr,
-                   attn::Partial& st) {
-      const int64_t b = task;
-      st.reset(hq, dv_padded);
-      int64_t lo = 0, hi = 0;
-      attn::visible_keys(p, lens[b] - 1, lens[b], lo, hi);
-      j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
-      if (j0 >= j1) return;
-      // Slopes gathered once per task into the kernel's [Hq] order.
-      thread_local std::vector<float> slopes;
-      slopes.resize(static_cast<size_t>(hq));
-      if (p.slopes)
-        for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
-      // fp8: the score scale per kv head (sm_scale · k scale).
-      thread_local std::vector<float> k_scale;
-      k_scale.resize(static_cast<size_t>(hkv));
-      for (int64_t h = 0; h < hkv; ++h) k_scale[h] = ph[h].scale;
-      lb::DecodeAttentionArgs a{};
-      a.k_scale = k_scale.data();
-      a.q = qd + b * q.strides[0];
-      a.q_row_stride = q.strides[1];
-      a.k = static_cast<const uint16_t*>(k_cache.data);
-      a.v = static_cast<const uint16_t*>(v_cache.data);
-      a.heads = hkv;
-      a.k_head_stride = k_cache.strides[2];
-      a.v_head_stride = v_cache.strides[2];
-      a.table = table + b * block_table.strides[0];
-      a.table_stride = block_table.strides[1];
-      a.k_block_stride = k_cache.strides[0];
-      a.k_row_stride = k_cache.strides[1];
-      a.v_block_stride = v_cache.strides[0];
-      a.v_row_stride = v_cache.strides[1];
-      a.j0 = j0;
-      a.j1 = j1;
-      a.i_pos = lens[b] - 1;
-      a.slopes = slopes.data();
-      a.softcap = p.softcap;
-      a.scale = p.scale;
-      a.m = st.mx.data();
-      a.l = st.l.data();
-      a.o = st.o.data();
-      fn(&a);
-      // fp8: the kernel's O is in the V codes' units (DecodeAttentionArgs).
-      if (kvs.fp8)
-        for (int64_t r = 0; r < hq; ++r) {
-          const float vsc = ph[r / g].v_scale;
-          float* orow = st.o.data() + r * st.ldo;
-          for (int64_t c = 0; c < dv; ++c) orow[c] *= vsc;
-        }
-    };
+
     if (splits == 1) {
       runtime::parallel_for(base_tasks, [&](int64_t t) {
         std::vector<attn::QueryRow> qr;
         std::vector<uint16_t*> orows;
-        rows_of(t, qr, orows);
+        const auto [b, h] = rows_of(t, qr, orows);
         thread_local attn::Partial st;
-        run(t, 0, lens[t], qr, st);
-        attn::finish(p, qr, st, orows);
-        repair(t, qr, orows);
+        st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+        attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], 0, lens[b], st);
+        attn::finish(ph[h], qr, st, orows);
+        repair(b, qr, orows);
       });
       return;
     }
+
+    // Split-KV: chunk s of a sequence covers keys [s·chunk, (s+1)·chunk), chunk a
+    // multiple of the key block so splits fall on block boundaries.
     std::vector<attn::Partial> parts(static_cast<size_t>(base_tasks * splits));
     runtime::parallel_for(base_tasks * splits, [&](int64_t t) {
-      const int64_t task = t / splits, s = t % splits, len = lens[task];
+      const int64_t task = t / splits, s = t % splits;
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
-      rows_of(task, qr, orows);
-      // Chunks a multiple of 16 keys: the kernel walks 16-key chunks aligned to
-      // key 0, so a split boundary never cuts one of them in two (only a
-      // range's first and last chunk take the masked code), and with block
-      // sizes that are multiples of 16 never splits a cache block's run.
-      const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
-      const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
-      run(task, j0, j1, qr, parts[t]);
+      const auto [b, h] = rows_of(task, qr, orows);
+      const int64_t per = (lens[b] + splits - 1) / splits;
+      const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
+      attn::Partial& st = parts[t];
+      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);
+      attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], j0, j1, st);
     });
     runtime::parallel_for(base_tasks, [&](int64_t task) {
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
-      rows_of(task, qr, orows);
+      const auto [b, h] = rows_of(task, qr, orows);
       attn::Partial& acc = parts[task * splits];
-      for (int64_t s = 1; s < splits; ++s) attn::merge(acc, parts[task * splits + s], hq, dv);
-      attn::finish(p, qr, acc, orows);
-      repair(task, qr, orows);
-    });
-    return;
-  }
-
-  // Without LLVM: the brgemm engine, in blocks of ≤ 64 rows.
-  static std::once_flag logged;
-  runtime::log_fallback_once(logged,
-                             "decode_attention: no LLVM decode kernel in this build: the brgemm "
-                             "attention engine");
-  const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
-  const int64_t base_tasks = batch * hkv * row_blocks;
-  const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
-
-  auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr, std::vector<uint16_t*>& orows) {
-    const int64_t b = task / (hkv * row_blocks), h = task / row_blocks % hkv;
-    const int64_t r0 = task % row_blocks * attn::kRowsPerBlock;
-    const int64_t rows = std::min(attn::kRowsPerBlock, g - r0);
-    qr.resize(static_cast<size_t>(rows));
-    orows.resize(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t head = h * g + r0 + r;
-      qr[r] = {qd + b * q.strides[0] + head * q.strides[1], lens[b] - 1, head};
-      orows[r] = od + b * out.strides[0] + head * out.strides[1];
-    }
-    return std::make_pair(b, h);
-  };
-
-  if (splits == 1) {
-    runtime::parallel_for(base_tasks, [&](int64_t t) {
-      std::vector<attn::QueryRow> qr;
-      std::vector<uint16_t*> orows;
-      const auto [b, h] = rows_of(t, qr, orows);
-      thread_local attn::Partial st;
-      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-      attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], 0, lens[b], st);
-      attn::finish(ph[h], qr, st, orows);
+      for (int64_t s = 1; s < splits; ++s)
+        attn::merge(acc, parts[task * splits + s], static_cast<int64_t>(qr.size()), dv);
+      attn::finish(ph[h], qr, acc, orows);
       repair(b, qr, orows);
     });
-    return;
-  }
-
-  // Split-KV: chunk s of a sequence covers keys [s·chunk, (s+1)·chunk), chunk a
-  // multiple of the key block so splits fall on block boundaries.
-  std::vector<attn::Partial> parts(static_cast<size_t>(base_tasks * splits));
-  runtime::parallel_for(base_tasks * splits, [&](int64_t t) {
-    const int64_t task = t / splits, s = t % splits;
-    std::vector<attn::QueryRow> qr;
-    std::vector<uint16_t*> orows;
-    const auto [b, h] = rows_of(task, qr, orows);
-    const int64_t per = (lens[b] + splits - 1) / splits;
-    const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
-    attn::Partial& st = parts[t];
-    st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-    const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);
-    attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], j0, j1, st);
-  });
-  runtime::parallel_for(base_tasks, [&](int64_t task) {
-    std::vector<attn::QueryRow> qr;
-    std::vector<uint16_t*> orows;
-    const auto [b, h] = rows_of(task, qr, orows);
-    attn::Partial& acc = parts[task * splits];
-    for (int64_t s = 1; s < splits; ++s)
-      attn::merge(acc, parts[task * splits + s], static_cast<int64_t>(qr.size()), dv);
-    attn::finish(ph[h], qr, acc, orows);
-    repair(b, qr, orows);
   });
 }
 

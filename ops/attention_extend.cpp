@@ -24,6 +24,8 @@
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 using ops::shape_str;
@@ -45,287 +47,290 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                       const TensorView& out, const TensorView& qo_indptr,
                       const TensorView& block_table, const TensorView& prefix_lens,
                       const AttentionOptions& opt, const ExtendOptions& ext) {
-  constexpr const char* op = "extend_attention";
-  const attn::PagedDims dims = attn::check_paged_attention(op, "T", q, k_cache, v_cache, out);
-  const int64_t tokens = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
-  const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
-  if (ext.k_new.has_value() != ext.v_new.has_value())
-    throw Error(
-        fmt::format("{}: k_new is {}, v_new is {}; allowed: both given or both absent "
-                    "(the new K/V already in the cache)",
-                    op, ext.k_new ? "given" : "absent", ext.v_new ? "given" : "absent"));
-  const bool in_cache = !ext.k_new;
-  if (!in_cache) {
-    check_new_rows(op, "k_new", *ext.k_new, tokens, hkv, d);
-    check_new_rows(op, "v_new", *ext.v_new, tokens, hkv, dv);
-  }
-  attn::check_options(op, opt);
-  attn::check_head_vectors(op, opt, hq);
-  const attn::KvScales kvs =
-      attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
-  const auto qo = attn::read_cu_seqlens(op, "qo_indptr", qo_indptr, tokens);
-  const int64_t batch = static_cast<int64_t>(qo.size()) - 1;
-  ops::check_view(op, "block_table", block_table, 2);
-  ops::check_dtype(op, "block_table", block_table, {DType::i32});
-  ops::check_view(op, "prefix_lens", prefix_lens, 1);
-  ops::check_dtype(op, "prefix_lens", prefix_lens, {DType::i32});
-  if (block_table.shape[0] != batch)
-    throw Error(fmt::format(
-        "{}: block_table has shape {}; allowed: [B, max_blocks] with B = {} (qo_indptr)", op,
-        shape_str(block_table.shape), batch));
-  if (prefix_lens.shape[0] != batch)
-    throw Error(fmt::format("{}: prefix_lens has shape {}; allowed: [B] = [{}] (qo_indptr)", op,
-                            shape_str(prefix_lens.shape), batch));
-
-  // The caches and the new K/V may share memory with each other and with q
-  // (all are only read); out is written while every input is read.
-  attn::check_attention_out(op, out, opt,
-                            {{"q", &q},
-                             {"k_cache", &k_cache},
-                             {"v_cache", &v_cache},
-                             {"qo_indptr", &qo_indptr},
-                             {"block_table", &block_table},
-                             {"prefix_lens", &prefix_lens},
-                             {"k_new", ops::opt_view(ext.k_new)},
-                             {"v_new", ops::opt_view(ext.v_new)}});
-
-  // Per sequence: prefix length, cached keys (checked against the table's
-  // capacity and every block index they use, before any key is read), and
-  // the offset of its n² tree-mask block.
-  const int64_t max_blocks = block_table.shape[1];
-  // Saturating: a table wider than any int32 length needs is not an error.
-  const int64_t capacity = ops::saturating_mul(max_blocks, bs);
-  const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
-  std::vector<int64_t> prefix(static_cast<size_t>(batch)), mask_off(static_cast<size_t>(batch) + 1);
-  std::vector<int64_t> cached_keys(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t pre = prefix_p[b * prefix_lens.strides[0]], n = qo[b + 1] - qo[b];
-    if (pre < 0) throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: >= 0", op, b, pre));
-    const int64_t cached = in_cache ? pre + n : pre;
-    if (cached > capacity) {
-      if (in_cache)
-        throw Error(
-            fmt::format("{}: prefix_lens[{}] + new tokens = {} + {} = {}; allowed: <= "
-                        "max_blocks·block_size = {} (k_new absent: the new K/V are in the cache)",
-                        op, b, pre, n, cached, capacity));
-      throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: <= max_blocks·block_size = {}", op,
-                              b, pre, capacity));
+  runtime::api_guard("extend_attention", [&] {
+    constexpr const char* op = "extend_attention";
+    const attn::PagedDims dims = attn::check_paged_attention(op, "T", q, k_cache, v_cache, out);
+    const int64_t tokens = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
+    const int64_t num_blocks = dims.num_blocks, bs = dims.block_size;
+    if (ext.k_new.has_value() != ext.v_new.has_value())
+      throw Error(
+          fmt::format("{}: k_new is {}, v_new is {}; allowed: both given or both absent "
+                      "(the new K/V already in the cache)",
+                      op, ext.k_new ? "given" : "absent", ext.v_new ? "given" : "absent"));
+    const bool in_cache = !ext.k_new;
+    if (!in_cache) {
+      check_new_rows(op, "k_new", *ext.k_new, tokens, hkv, d);
+      check_new_rows(op, "v_new", *ext.v_new, tokens, hkv, dv);
     }
-    attn::check_block_ids(op, block_table, b, cached, bs, num_blocks);
-    prefix[b] = pre;
-    cached_keys[b] = cached;
-    mask_off[b + 1] = mask_off[b] + n * n;
-  }
-  const uint8_t* mask = nullptr;
-  int64_t mask_stride = 1;
-  if (ext.tree_mask) {
-    const TensorView& m = *ext.tree_mask;
-    ops::check_view(op, "tree_mask", m, 1);
-    ops::check_dtype(op, "tree_mask", m, {DType::u8});
-    if (m.shape[0] != mask_off[batch])
+    attn::check_options(op, opt);
+    attn::check_head_vectors(op, opt, hq);
+    const attn::KvScales kvs =
+        attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
+    const auto qo = attn::read_cu_seqlens(op, "qo_indptr", qo_indptr, tokens);
+    const int64_t batch = static_cast<int64_t>(qo.size()) - 1;
+    ops::check_view(op, "block_table", block_table, 2);
+    ops::check_dtype(op, "block_table", block_table, {DType::i32});
+    ops::check_view(op, "prefix_lens", prefix_lens, 1);
+    ops::check_dtype(op, "prefix_lens", prefix_lens, {DType::i32});
+    if (block_table.shape[0] != batch)
       throw Error(fmt::format(
-          "{}: tree_mask has shape {}; allowed: [Σ n_b²] = [{}] (n_b = new tokens of sequence b)",
-          op, shape_str(m.shape), mask_off[batch]));
-    ops::check_disjoint(op, "out", out, "tree_mask", m);
-    mask = static_cast<const uint8_t*>(m.data);
-    mask_stride = m.strides[0];
-  }
-  if (tokens == 0) return;
+          "{}: block_table has shape {}; allowed: [B, max_blocks] with B = {} (qo_indptr)", op,
+          shape_str(block_table.shape), batch));
+    if (prefix_lens.shape[0] != batch)
+      throw Error(fmt::format("{}: prefix_lens has shape {}; allowed: [B] = [{}] (qo_indptr)", op,
+                              shape_str(prefix_lens.shape), batch));
 
-  attn::Params p = attn::make_params(opt, d, dv);
-  // Causal among the new tokens unless the tree mask replaces that rule; the
-  // prefix keys lie before every new token, so causality never hides them.
-  p.causal = mask == nullptr;
-  const int64_t g = hq / hkv;
-  const auto* qd = static_cast<const uint16_t*>(q.data);
-  auto* od = static_cast<uint16_t*>(out.data);
-  // An fp8 cache: the blocks the call reads converted exactly to bf16
-  // (attention_fp8.h). The cached keys' K scale is folded into the score
-  // scale of the engine's cached-key pass (pc[h]); their V scale multiplies
-  // that pass's O before the new keys' pass is merged in (O is linear in V),
-  // so K and V are read as code · scale exactly.
-  attn::Bf16CacheCopy copy;
-  if (kvs.fp8) copy = attn::dequantize_cache(k_cache, v_cache, block_table, cached_keys);
-  const TensorView& kc_view = kvs.fp8 ? copy.k_cache : k_cache;
-  const TensorView& vc_view = kvs.fp8 ? copy.v_cache : v_cache;
-  const TensorView& bt = kvs.fp8 ? copy.block_table : block_table;
-  std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);
-  for (int64_t h = 0; h < hkv; ++h) pc[h].scale = p.scale * kvs.k[h];
-  auto cache_source = [&](bool is_v, int64_t b, int64_t h) {
-    return attn::paged_rows(is_v ? vc_view : kc_view, bt, b, h);
-  };
-  // New token i of sequence b is key prefix[b] + i.
-  auto new_source = [&](const TensorView& t, int64_t b, int64_t h) {
-    attn::RowSource s;
-    s.base = static_cast<const uint16_t*>(t.data) + qo[b] * t.strides[0] + h * t.strides[1];
-    s.row_stride = t.strides[0];
-    s.first = prefix[b];
-    return s;
-  };
-  auto query_row = [&](int64_t b, int64_t i, int64_t head) {
-    attn::QueryRow r{qd + (qo[b] + i) * q.strides[0] + head * q.strides[1], prefix[b] + i, head};
-    if (mask) {
-      r.mask = mask + (mask_off[b] + i * (qo[b + 1] - qo[b])) * mask_stride;
-      r.mask_first = prefix[b];
-      r.mask_stride = mask_stride;
-    }
-    return r;
-  };
-  auto keys_of = [&](int64_t b) { return prefix[b] + qo[b + 1] - qo[b]; };
-  // Keys [0, cached_end) come from the cache, the rest from k_new / v_new.
-  auto cached_end = [&](int64_t b) { return in_cache ? keys_of(b) : prefix[b]; };
+    // The caches and the new K/V may share memory with each other and with q
+    // (all are only read); out is written while every input is read.
+    attn::check_attention_out(op, out, opt,
+                              {{"q", &q},
+                               {"k_cache", &k_cache},
+                               {"v_cache", &v_cache},
+                               {"qo_indptr", &qo_indptr},
+                               {"block_table", &block_table},
+                               {"prefix_lens", &prefix_lens},
+                               {"k_new", ops::opt_view(ext.k_new)},
+                               {"v_new", ops::opt_view(ext.v_new)}});
 
-  // Output rows of sequence b holding a NaN or an Inf, recomputed by the
-  // reference (the NaN/Inf rule of ops/attention_scalar.h).
-  auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
-                    const std::vector<uint16_t*>& orows) {
-    attn::repair_nonfinite(orows, dv, [&](size_t r) {
-      const int64_t h = qr[r].head / g, split = cached_end(b);
-      const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
-      attn::RowSource kn, vn;
-      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
-      attn::scalar_row(
-          p, qr[r], keys_of(b), [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
-          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r],
-          [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
-          [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
-    });
-  };
-
-  const Isa isa = runtime::active_isa();
-  if (isa == Isa::scalar) {
-    runtime::parallel_for(tokens * hq, [&](int64_t t) {
-      const int64_t tok = t / hq, head = t % hq;
-      const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
-      const int64_t h = head / g;
-      const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
-      attn::RowSource kn, vn;
-      if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
-      const int64_t split = cached_end(b);
-      attn::scalar_row(
-          p, query_row(b, tok - qo[b], head), keys_of(b),
-          [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
-          [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
-          od + tok * out.strides[0] + head * out.strides[1],
-          [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
-          [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
-    });
-    return;
-  }
-
-  int64_t longest = 0, longest_new = 0;
-  for (int64_t b = 0; b < batch; ++b)
-    if (qo[b + 1] > qo[b])
-      longest = std::max(longest, keys_of(b)),
-      longest_new = std::max(longest_new, qo[b + 1] - qo[b]);
-  const int64_t threads = runtime::num_threads();
-  // A tuning database entry for this shape class sets the blocking (as in
-  // prefill) and the split count. Not under `deterministic`: an entry is per
-  // thread count, and the key block and splits change the order of the sums.
-  attn::Blocking blocking;
-  std::optional<int64_t> tuned_splits;
-  if (!ext.deterministic && jit::tuning_db_active())
-    if (const jit::TunedEntry* e =
-            jit::find_tuned("extend_attention",
-                            jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv,
-                                                    bs, kvs.fp8 ? DType::f8e4m3 : DType::bf16,
-                                                    batch, longest_new, longest))) {
-      blocking.rows = e->knob("rows").value_or(blocking.rows);
-      blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
-      tuned_splits = e->knob("splits");
-    }
-  p.key_block = blocking.key_block;
-  for (attn::Params& ph : pc) ph.key_block = blocking.key_block;
-  const int64_t block_rows = blocking.rows;
-
-  using Task = attn::RowBlock;
-  const std::vector<Task> tasks = attn::row_blocks(qo, g, hkv, block_rows);
-  const int64_t ntasks = static_cast<int64_t>(tasks.size());
-  int64_t splits = 1;
-  if (tuned_splits)
-    splits = *tuned_splits;
-  else if (!ext.deterministic)
-    splits = attn::default_splits(ntasks, threads, longest);
-  const int64_t dv_padded = (dv + 63) / 64 * 64;
-
-  auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,
-                     std::vector<uint16_t*>& orows) {
-    const int64_t n = qo[task.b + 1] - qo[task.b];
-    const int64_t rows = std::min(block_rows, n * g - task.r0);
-    qr.resize(static_cast<size_t>(rows));
-    orows.resize(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = (task.r0 + r) / g, head = task.h * g + (task.r0 + r) % g;
-      qr[r] = query_row(task.b, i, head);
-      orows[r] = od + (qo[task.b] + i) * out.strides[0] + head * out.strides[1];
-    }
-  };
-  // Keys [j0, j1) of a task: the cached part, then the new part (fixed order).
-  auto run = [&](const Task& task, const std::vector<attn::QueryRow>& qr, int64_t j0, int64_t j1,
-                 attn::Partial& st) {
-    const int64_t b = task.b, h = task.h, tk = keys_of(b), split = cached_end(b);
-    const int64_t rows = static_cast<int64_t>(qr.size());
-    if (j0 < split) {
-      attn::attend(isa, pc[h], qr, cache_source(false, b, h), cache_source(true, b, h), tk, j0,
-                   std::min(j1, split), st);
-      // st holds only the cached keys (the callers reset it): O in V's scale.
-      if (kvs.fp8 && kvs.v[h] != 1.0f)
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < dv; ++c) st.o[r * st.ldo + c] *= kvs.v[h];
-    }
-    if (!in_cache && j1 > split) {
-      if (!kvs.fp8 || j0 >= split) {
-        attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
-                     std::max(j0, split), j1, st);
-      } else {  // fp8: the new keys in a state of their own, merged in
-        thread_local attn::Partial fresh;
-        fresh.reset(rows, st.ldo);
-        attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
-                     split, j1, fresh);
-        attn::merge(st, fresh, rows, dv);
+    // Per sequence: prefix length, cached keys (checked against the table's
+    // capacity and every block index they use, before any key is read), and
+    // the offset of its n² tree-mask block.
+    const int64_t max_blocks = block_table.shape[1];
+    // Saturating: a table wider than any int32 length needs is not an error.
+    const int64_t capacity = ops::saturating_mul(max_blocks, bs);
+    const auto* prefix_p = static_cast<const int32_t*>(prefix_lens.data);
+    std::vector<int64_t> prefix(static_cast<size_t>(batch)),
+        mask_off(static_cast<size_t>(batch) + 1);
+    std::vector<int64_t> cached_keys(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t pre = prefix_p[b * prefix_lens.strides[0]], n = qo[b + 1] - qo[b];
+      if (pre < 0) throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: >= 0", op, b, pre));
+      const int64_t cached = in_cache ? pre + n : pre;
+      if (cached > capacity) {
+        if (in_cache)
+          throw Error(
+              fmt::format("{}: prefix_lens[{}] + new tokens = {} + {} = {}; allowed: <= "
+                          "max_blocks·block_size = {} (k_new absent: the new K/V are in the cache)",
+                          op, b, pre, n, cached, capacity));
+        throw Error(fmt::format("{}: prefix_lens[{}]={}; allowed: <= max_blocks·block_size = {}",
+                                op, b, pre, capacity));
       }
+      attn::check_block_ids(op, block_table, b, cached, bs, num_blocks);
+      prefix[b] = pre;
+      cached_keys[b] = cached;
+      mask_off[b + 1] = mask_off[b] + n * n;
     }
-  };
+    const uint8_t* mask = nullptr;
+    int64_t mask_stride = 1;
+    if (ext.tree_mask) {
+      const TensorView& m = *ext.tree_mask;
+      ops::check_view(op, "tree_mask", m, 1);
+      ops::check_dtype(op, "tree_mask", m, {DType::u8});
+      if (m.shape[0] != mask_off[batch])
+        throw Error(fmt::format(
+            "{}: tree_mask has shape {}; allowed: [Σ n_b²] = [{}] (n_b = new tokens of sequence b)",
+            op, shape_str(m.shape), mask_off[batch]));
+      ops::check_disjoint(op, "out", out, "tree_mask", m);
+      mask = static_cast<const uint8_t*>(m.data);
+      mask_stride = m.strides[0];
+    }
+    if (tokens == 0) return;
 
-  if (splits == 1) {
+    attn::Params p = attn::make_params(opt, d, dv);
+    // Causal among the new tokens unless the tree mask replaces that rule; the
+    // prefix keys lie before every new token, so causality never hides them.
+    p.causal = mask == nullptr;
+    const int64_t g = hq / hkv;
+    const auto* qd = static_cast<const uint16_t*>(q.data);
+    auto* od = static_cast<uint16_t*>(out.data);
+    // An fp8 cache: the blocks the call reads converted exactly to bf16
+    // (attention_fp8.h). The cached keys' K scale is folded into the score
+    // scale of the engine's cached-key pass (pc[h]); their V scale multiplies
+    // that pass's O before the new keys' pass is merged in (O is linear in V),
+    // so K and V are read as code · scale exactly.
+    attn::Bf16CacheCopy copy;
+    if (kvs.fp8) copy = attn::dequantize_cache(k_cache, v_cache, block_table, cached_keys);
+    const TensorView& kc_view = kvs.fp8 ? copy.k_cache : k_cache;
+    const TensorView& vc_view = kvs.fp8 ? copy.v_cache : v_cache;
+    const TensorView& bt = kvs.fp8 ? copy.block_table : block_table;
+    std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);
+    for (int64_t h = 0; h < hkv; ++h) pc[h].scale = p.scale * kvs.k[h];
+    auto cache_source = [&](bool is_v, int64_t b, int64_t h) {
+      return attn::paged_rows(is_v ? vc_view : kc_view, bt, b, h);
+    };
+    // New token i of sequence b is key prefix[b] + i.
+    auto new_source = [&](const TensorView& t, int64_t b, int64_t h) {
+      attn::RowSource s;
+      s.base = static_cast<const uint16_t*>(t.data) + qo[b] * t.strides[0] + h * t.strides[1];
+      s.row_stride = t.strides[0];
+      s.first = prefix[b];
+      return s;
+    };
+    auto query_row = [&](int64_t b, int64_t i, int64_t head) {
+      attn::QueryRow r{qd + (qo[b] + i) * q.strides[0] + head * q.strides[1], prefix[b] + i, head};
+      if (mask) {
+        r.mask = mask + (mask_off[b] + i * (qo[b + 1] - qo[b])) * mask_stride;
+        r.mask_first = prefix[b];
+        r.mask_stride = mask_stride;
+      }
+      return r;
+    };
+    auto keys_of = [&](int64_t b) { return prefix[b] + qo[b + 1] - qo[b]; };
+    // Keys [0, cached_end) come from the cache, the rest from k_new / v_new.
+    auto cached_end = [&](int64_t b) { return in_cache ? keys_of(b) : prefix[b]; };
+
+    // Output rows of sequence b holding a NaN or an Inf, recomputed by the
+    // reference (the NaN/Inf rule of ops/attention_scalar.h).
+    auto repair = [&](int64_t b, const std::vector<attn::QueryRow>& qr,
+                      const std::vector<uint16_t*>& orows) {
+      attn::repair_nonfinite(orows, dv, [&](size_t r) {
+        const int64_t h = qr[r].head / g, split = cached_end(b);
+        const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
+        attn::RowSource kn, vn;
+        if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+        attn::scalar_row(
+            p, qr[r], keys_of(b), [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
+            [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r],
+            [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
+            [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
+      });
+    };
+
+    const Isa isa = runtime::active_isa();
+    if (isa == Isa::scalar) {
+      runtime::parallel_for(tokens * hq, [&](int64_t t) {
+        const int64_t tok = t / hq, head = t % hq;
+        const int64_t b = std::upper_bound(qo.begin(), qo.end(), tok) - qo.begin() - 1;
+        const int64_t h = head / g;
+        const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
+        attn::RowSource kn, vn;
+        if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+        const int64_t split = cached_end(b);
+        attn::scalar_row(
+            p, query_row(b, tok - qo[b], head), keys_of(b),
+            [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
+            [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); },
+            od + tok * out.strides[0] + head * out.strides[1],
+            [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
+            [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
+      });
+      return;
+    }
+
+    int64_t longest = 0, longest_new = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      if (qo[b + 1] > qo[b])
+        longest = std::max(longest, keys_of(b)),
+        longest_new = std::max(longest_new, qo[b + 1] - qo[b]);
+    const int64_t threads = runtime::num_threads();
+    // A tuning database entry for this shape class sets the blocking (as in
+    // prefill) and the split count. Not under `deterministic`: an entry is per
+    // thread count, and the key block and splits change the order of the sums.
+    attn::Blocking blocking;
+    std::optional<int64_t> tuned_splits;
+    if (!ext.deterministic && jit::tuning_db_active())
+      if (const jit::TunedEntry* e = jit::find_tuned(
+              "extend_attention",
+              jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv, bs,
+                                      kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch, longest_new,
+                                      longest))) {
+        blocking.rows = e->knob("rows").value_or(blocking.rows);
+        blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
+        tuned_splits = e->knob("splits");
+      }
+    p.key_block = blocking.key_block;
+    for (attn::Params& ph : pc) ph.key_block = blocking.key_block;
+    const int64_t block_rows = blocking.rows;
+
+    using Task = attn::RowBlock;
+    const std::vector<Task> tasks = attn::row_blocks(qo, g, hkv, block_rows);
+    const int64_t ntasks = static_cast<int64_t>(tasks.size());
+    int64_t splits = 1;
+    if (tuned_splits)
+      splits = *tuned_splits;
+    else if (!ext.deterministic)
+      splits = attn::default_splits(ntasks, threads, longest);
+    const int64_t dv_padded = (dv + 63) / 64 * 64;
+
+    auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,
+                       std::vector<uint16_t*>& orows) {
+      const int64_t n = qo[task.b + 1] - qo[task.b];
+      const int64_t rows = std::min(block_rows, n * g - task.r0);
+      qr.resize(static_cast<size_t>(rows));
+      orows.resize(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = (task.r0 + r) / g, head = task.h * g + (task.r0 + r) % g;
+        qr[r] = query_row(task.b, i, head);
+        orows[r] = od + (qo[task.b] + i) * out.strides[0] + head * out.strides[1];
+      }
+    };
+    // Keys [j0, j1) of a task: the cached part, then the new part (fixed order).
+    auto run = [&](const Task& task, const std::vector<attn::QueryRow>& qr, int64_t j0, int64_t j1,
+                   attn::Partial& st) {
+      const int64_t b = task.b, h = task.h, tk = keys_of(b), split = cached_end(b);
+      const int64_t rows = static_cast<int64_t>(qr.size());
+      if (j0 < split) {
+        attn::attend(isa, pc[h], qr, cache_source(false, b, h), cache_source(true, b, h), tk, j0,
+                     std::min(j1, split), st);
+        // st holds only the cached keys (the callers reset it): O in V's scale.
+        if (kvs.fp8 && kvs.v[h] != 1.0f)
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < dv; ++c) st.o[r * st.ldo + c] *= kvs.v[h];
+      }
+      if (!in_cache && j1 > split) {
+        if (!kvs.fp8 || j0 >= split) {
+          attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
+                       std::max(j0, split), j1, st);
+        } else {  // fp8: the new keys in a state of their own, merged in
+          thread_local attn::Partial fresh;
+          fresh.reset(rows, st.ldo);
+          attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
+                       split, j1, fresh);
+          attn::merge(st, fresh, rows, dv);
+        }
+      }
+    };
+
+    if (splits == 1) {
+      runtime::parallel_for(ntasks, [&](int64_t t) {
+        std::vector<attn::QueryRow> qr;
+        std::vector<uint16_t*> orows;
+        rows_of(tasks[t], qr, orows);
+        thread_local attn::Partial st;
+        st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+        run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
+        attn::finish(p, qr, st, orows);
+        repair(tasks[t].b, qr, orows);
+      });
+      return;
+    }
+
+    // Split-KV: chunk s covers keys [s·chunk, (s+1)·chunk), chunk a multiple of
+    // the key block, then a log-sum-exp merge per task.
+    std::vector<attn::Partial> parts(static_cast<size_t>(ntasks * splits));
+    runtime::parallel_for(ntasks * splits, [&](int64_t t) {
+      const Task& task = tasks[t / splits];
+      const int64_t s = t % splits, tk = keys_of(task.b);
+      std::vector<attn::QueryRow> qr;
+      std::vector<uint16_t*> orows;
+      rows_of(task, qr, orows);
+      const int64_t per = (tk + splits - 1) / splits;
+      const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
+      attn::Partial& st = parts[t];
+      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
+      run(task, qr, j0, j1, st);
+    });
     runtime::parallel_for(ntasks, [&](int64_t t) {
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
       rows_of(tasks[t], qr, orows);
-      thread_local attn::Partial st;
-      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-      run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
-      attn::finish(p, qr, st, orows);
+      attn::Partial& acc = parts[t * splits];
+      for (int64_t s = 1; s < splits; ++s)
+        attn::merge(acc, parts[t * splits + s], static_cast<int64_t>(qr.size()), dv);
+      attn::finish(p, qr, acc, orows);
       repair(tasks[t].b, qr, orows);
     });
-    return;
-  }
-
-  // Split-KV: chunk s covers keys [s·chunk, (s+1)·chunk), chunk a multiple of
-  // the key block, then a log-sum-exp merge per task.
-  std::vector<attn::Partial> parts(static_cast<size_t>(ntasks * splits));
-  runtime::parallel_for(ntasks * splits, [&](int64_t t) {
-    const Task& task = tasks[t / splits];
-    const int64_t s = t % splits, tk = keys_of(task.b);
-    std::vector<attn::QueryRow> qr;
-    std::vector<uint16_t*> orows;
-    rows_of(task, qr, orows);
-    const int64_t per = (tk + splits - 1) / splits;
-    const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
-    attn::Partial& st = parts[t];
-    st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-    const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
-    run(task, qr, j0, j1, st);
-  });
-  runtime::parallel_for(ntasks, [&](int64_t t) {
-    std::vector<attn::QueryRow> qr;
-    std::vector<uint16_t*> orows;
-    rows_of(tasks[t], qr, orows);
-    attn::Partial& acc = parts[t * splits];
-    for (int64_t s = 1; s < splits; ++s)
-      attn::merge(acc, parts[t * splits + s], static_cast<int64_t>(qr.size()), dv);
-    attn::finish(p, qr, acc, orows);
-    repair(tasks[t].b, qr, orows);
   });
 }
 

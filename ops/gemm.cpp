@@ -25,6 +25,8 @@
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 namespace ops {
 
@@ -53,8 +55,9 @@ struct PlanKeyHash {
 
 // The process-wide table behind the per-thread front: built once per spec.
 GemmExecutable& build_executable(const PlanKey& key) {
-  static std::mutex mu;
-  static std::unordered_map<PlanKey, std::unique_ptr<GemmExecutable>, PlanKeyHash> map;
+  // Immortal: a host thread may still run a plan while static destructors run.
+  static std::mutex& mu = *new std::mutex;
+  static auto& map = *new std::unordered_map<PlanKey, std::unique_ptr<GemmExecutable>, PlanKeyHash>;
   {
     std::lock_guard<std::mutex> lk(mu);
     if (auto it = map.find(key); it != map.end()) return *it->second;
@@ -81,7 +84,7 @@ GemmExecutable& build_executable(const PlanKey& key) {
 }  // namespace
 
 const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m) {
-  static const codegen::PlanOverrides kNone;
+  static const codegen::PlanOverrides& kNone = *new codegen::PlanOverrides;  // immortal
   if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
   return jit::find_tuned_gemm(path, runtime::num_threads(), spec.n, spec.k, spec.bias, spec.act,
                               spec.out, m);
@@ -259,27 +262,29 @@ void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
 }  // namespace ops
 
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const GemmOptions& opt) {
-  check_gemm_args(x, w, y, opt);
-  const int64_t M = x.shape[0], N = w.n(), K = w.k();
-  if (M == 0) return;
-  const PackedWeight::Impl& p = *w.impl();
-  if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
-  const Isa path = runtime::active_isa();
-  const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
-  const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
-  const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
-  if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
+  runtime::api_guard("gemm", [&] {
+    check_gemm_args(x, w, y, opt);
+    const int64_t M = x.shape[0], N = w.n(), K = w.k();
+    if (M == 0) return;
+    const PackedWeight::Impl& p = *w.impl();
+    if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
+    const Isa path = runtime::active_isa();
+    const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+    const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
+    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+    if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
 
-  ops::GemmExecutable& exe = ops::gemm_executable(spec, isa, tuned);
-  if (runtime::verbose_level() > 0)
-    std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s%s%s\n",
-                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
-                 isa_name(isa), exe.plan().name().c_str(),
-                 tuned.empty() ? "" : " tuned=", tuned.entry.c_str());
-  ops::GemmRun r = ops::GemmRun::of(x, y, opt);
-  r.b = p.bytes();
-  r.block_bytes = p.layout.block_elems() * 2;
-  ops::run_gemm_plan(exe, r);
+    ops::GemmExecutable& exe = ops::gemm_executable(spec, isa, tuned);
+    if (runtime::verbose_level() > 0)
+      std::fprintf(stderr, "tilejit: gemm M=%lld N=%lld K=%lld path=%s plan=%s%s%s\n",
+                   static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                   isa_name(isa), exe.plan().name().c_str(),
+                   tuned.empty() ? "" : " tuned=", tuned.entry.c_str());
+    ops::GemmRun r = ops::GemmRun::of(x, y, opt);
+    r.b = p.bytes();
+    r.block_bytes = p.layout.block_elems() * 2;
+    ops::run_gemm_plan(exe, r);
+  });
 }
 
 }  // namespace tilejit

@@ -22,6 +22,8 @@
 #include "runtime/bf16.h"
 #include "runtime/thread_pool.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 using ops::shape_str;
@@ -250,103 +252,111 @@ void plain_topk(const char* op, bool use_softmax, const TensorView& logits,
 
 void topk_softmax(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, bool renormalize) {
-  plain_topk("topk_softmax", true, logits, topk_weights, topk_ids, renormalize);
+  runtime::api_guard("topk_softmax", [&] {
+    plain_topk("topk_softmax", true, logits, topk_weights, topk_ids, renormalize);
+  });
 }
 
 void topk_sigmoid(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, bool renormalize) {
-  plain_topk("topk_sigmoid", false, logits, topk_weights, topk_ids, renormalize);
+  runtime::api_guard("topk_sigmoid", [&] {
+    plain_topk("topk_sigmoid", false, logits, topk_weights, topk_ids, renormalize);
+  });
 }
 
 void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, const GroupedTopkOptions& opt) {
-  constexpr const char* op = "grouped_topk";
-  const RoutingCall c = check_routing(op, logits, topk_weights, topk_ids);
-  const int64_t groups = opt.num_expert_group;
-  if (groups < 1 || c.e % groups != 0)
-    throw Error(
-        fmt::format("{}: num_expert_group = {} with E = {} experts; allowed: >= 1 and dividing E",
-                    op, groups, c.e));
-  if (opt.topk_group < 1 || opt.topk_group > groups)
-    throw Error(
-        fmt::format("{}: topk_group = {}; allowed: 1 <= topk_group <= num_expert_group = {}", op,
-                    opt.topk_group, groups));
-  const int64_t group_size = c.e / groups;
-  if (c.k > opt.topk_group * group_size)
-    throw Error(fmt::format(
-        "{}: k = {} (topk_ids {}); allowed: k <= topk_group * E / num_expert_group = {} * {} = {}",
-        op, c.k, shape_str(topk_ids.shape), opt.topk_group, group_size,
-        opt.topk_group * group_size));
-  if (opt.score != RouterScore::softmax && opt.score != RouterScore::sigmoid)
-    throw Error(
-        fmt::format("{}: score = {}; allowed: softmax, sigmoid", op, static_cast<int>(opt.score)));
-  ops::check_finite(op, "routed_scaling_factor", opt.routed_scaling_factor);
-  const TensorView* bias = opt.correction_bias ? &*opt.correction_bias : nullptr;
-  if (bias != nullptr) {
-    ops::check_view(op, "correction_bias", *bias, 1);
-    ops::check_dtype(op, "correction_bias", *bias, {DType::f32});
-    if (bias->shape[0] != c.e)
-      throw Error(fmt::format("{}: correction_bias has shape {}; allowed: [E] = [{}]", op,
-                              shape_str(bias->shape), c.e));
-    ops::check_disjoint(op, "topk_weights", topk_weights, "correction_bias", *bias);
-    ops::check_disjoint(op, "topk_ids", topk_ids, "correction_bias", *bias);
-  }
-
-  const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;
-  runtime::parallel_for(tasks, [&](int64_t task) {
-    std::vector<double> score(c.e), key(c.e), group_score(groups);
-    std::vector<int32_t> idx, gidx(groups);
-    idx.reserve(c.e);
-    const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
-    for (int64_t t = task * kTokensPerTask; t < end; ++t) {
-      load_row(logits, t, score);
-      if (opt.score == RouterScore::softmax)
-        softmax(score, c.e);
-      else
-        sigmoid(score, c.e);
-      for (int64_t i = 0; i < c.e; ++i) {
-        key[i] = score[i];
-        if (bias != nullptr) key[i] += static_cast<const float*>(bias->data)[i * bias->strides[0]];
-      }
-      // Group scores: with a correction bias, the sum of the group's best two
-      // keys (DeepSeek-V3; the one key when a group holds a single expert);
-      // without, the group's best score.
-      for (int64_t g = 0; g < groups; ++g) {
-        const double* kg = key.data() + g * group_size;
-        if (bias != nullptr) {
-          // The best two by rank (NaN, the lowest rank, is also "none yet"):
-          // a NaN key counts only in a group with fewer than two numbers,
-          // whose score is then NaN, ranking last.
-          double first = std::numeric_limits<double>::quiet_NaN(), second = first;
-          for (int64_t i = 0; i < group_size; ++i) {
-            const double v = kg[i];
-            if (ranks_above(v, first)) {
-              second = first;
-              first = v;
-            } else if (ranks_above(v, second)) {
-              second = v;
-            }
-          }
-          group_score[g] = group_size >= 2 ? first + second : first;
-        } else {
-          double best = kg[0];
-          for (int64_t i = 1; i < group_size; ++i)
-            if (ranks_above(kg[i], best)) best = kg[i];
-          group_score[g] = best;
-        }
-        gidx[g] = static_cast<int32_t>(g);
-      }
-      select_top(gidx, opt.topk_group, group_score);
-      // Candidates: the experts of the kept groups only (never a masked-out
-      // expert, whatever its score).
-      idx.clear();
-      for (int64_t gi = 0; gi < opt.topk_group; ++gi)
-        for (int64_t i = 0; i < group_size; ++i)
-          idx.push_back(static_cast<int32_t>(gidx[gi] * group_size + i));
-      select_top(idx, c.k, key);
-      write_row(topk_weights, topk_ids, t, c.k, idx, score, opt.renormalize,
-                opt.routed_scaling_factor);
+  runtime::api_guard("grouped_topk", [&] {
+    constexpr const char* op = "grouped_topk";
+    const RoutingCall c = check_routing(op, logits, topk_weights, topk_ids);
+    const int64_t groups = opt.num_expert_group;
+    if (groups < 1 || c.e % groups != 0)
+      throw Error(
+          fmt::format("{}: num_expert_group = {} with E = {} experts; allowed: >= 1 and dividing E",
+                      op, groups, c.e));
+    if (opt.topk_group < 1 || opt.topk_group > groups)
+      throw Error(
+          fmt::format("{}: topk_group = {}; allowed: 1 <= topk_group <= num_expert_group = {}", op,
+                      opt.topk_group, groups));
+    const int64_t group_size = c.e / groups;
+    if (c.k > opt.topk_group * group_size)
+      throw Error(
+          fmt::format("{}: k = {} (topk_ids {}); allowed: k <= topk_group * E / num_expert_group = "
+                      "{} * {} = {}",
+                      op, c.k, shape_str(topk_ids.shape), opt.topk_group, group_size,
+                      opt.topk_group * group_size));
+    if (opt.score != RouterScore::softmax && opt.score != RouterScore::sigmoid)
+      throw Error(fmt::format("{}: score = {}; allowed: softmax, sigmoid", op,
+                              static_cast<int>(opt.score)));
+    ops::check_finite(op, "routed_scaling_factor", opt.routed_scaling_factor);
+    const TensorView* bias = opt.correction_bias ? &*opt.correction_bias : nullptr;
+    if (bias != nullptr) {
+      ops::check_view(op, "correction_bias", *bias, 1);
+      ops::check_dtype(op, "correction_bias", *bias, {DType::f32});
+      if (bias->shape[0] != c.e)
+        throw Error(fmt::format("{}: correction_bias has shape {}; allowed: [E] = [{}]", op,
+                                shape_str(bias->shape), c.e));
+      ops::check_disjoint(op, "topk_weights", topk_weights, "correction_bias", *bias);
+      ops::check_disjoint(op, "topk_ids", topk_ids, "correction_bias", *bias);
     }
+
+    const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;
+    runtime::parallel_for(tasks, [&](int64_t task) {
+      std::vector<double> score(c.e), key(c.e), group_score(groups);
+      std::vector<int32_t> idx, gidx(groups);
+      idx.reserve(c.e);
+      const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
+      for (int64_t t = task * kTokensPerTask; t < end; ++t) {
+        load_row(logits, t, score);
+        if (opt.score == RouterScore::softmax)
+          softmax(score, c.e);
+        else
+          sigmoid(score, c.e);
+        for (int64_t i = 0; i < c.e; ++i) {
+          key[i] = score[i];
+          if (bias != nullptr)
+            key[i] += static_cast<const float*>(bias->data)[i * bias->strides[0]];
+        }
+        // Group scores: with a correction bias, the sum of the group's best two
+        // keys (DeepSeek-V3; the one key when a group holds a single expert);
+        // without, the group's best score.
+        for (int64_t g = 0; g < groups; ++g) {
+          const double* kg = key.data() + g * group_size;
+          if (bias != nullptr) {
+            // The best two by rank (NaN, the lowest rank, is also "none yet"):
+            // a NaN key counts only in a group with fewer than two numbers,
+            // whose score is then NaN, ranking last.
+            double first = std::numeric_limits<double>::quiet_NaN(), second = first;
+            for (int64_t i = 0; i < group_size; ++i) {
+              const double v = kg[i];
+              if (ranks_above(v, first)) {
+                second = first;
+                first = v;
+              } else if (ranks_above(v, second)) {
+                second = v;
+              }
+            }
+            group_score[g] = group_size >= 2 ? first + second : first;
+          } else {
+            double best = kg[0];
+            for (int64_t i = 1; i < group_size; ++i)
+              if (ranks_above(kg[i], best)) best = kg[i];
+            group_score[g] = best;
+          }
+          gidx[g] = static_cast<int32_t>(g);
+        }
+        select_top(gidx, opt.topk_group, group_score);
+        // Candidates: the experts of the kept groups only (never a masked-out
+        // expert, whatever its score).
+        idx.clear();
+        for (int64_t gi = 0; gi < opt.topk_group; ++gi)
+          for (int64_t i = 0; i < group_size; ++i)
+            idx.push_back(static_cast<int32_t>(gidx[gi] * group_size + i));
+        select_top(idx, c.k, key);
+        write_row(topk_weights, topk_ids, t, c.k, idx, score, opt.renormalize,
+                  opt.routed_scaling_factor);
+      }
+    });
   });
 }
 

@@ -7,6 +7,8 @@
 #include "ops/tensor_checks.h"
 #include "runtime/thread_pool.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 PackedExperts::PackedExperts() = default;
@@ -61,47 +63,49 @@ void PackedExperts::Impl::check_proj_and_rows(const char* op, ExpertProj proj, G
 }
 
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {
-  const char* op = "pack_experts";
-  PackedExperts::Impl::check_proj_and_rows(op, proj, order);
-  ops::check_view(op, "w", w, 3);
-  ops::check_dtype(op, "w", w, {DType::bf16});
-  // Rows may not overlap (a row stride below H, e.g. 0, would pack one row
-  // many times: a weight no checkpoint holds); experts may (stride 0: E copies).
-  ops::check_row_major_rows(op, "w", w);
-  const int64_t E = w.shape[0], rows = w.shape[1], cols = w.shape[2];
-  if (E < 1 || rows < 1 || cols < 1)
-    throw Error(fmt::format("pack_experts: w has shape {}; allowed: every dim >= 1",
-                            ops::shape_str(w.shape)));
-  ops::check_count(op, "E (w.shape[0])", E, 1, Limits::max_experts);
-  if (proj == ExpertProj::gate_up && rows % 2 != 0)
-    throw Error(fmt::format(
-        "pack_experts: w has shape {} for gate_up; allowed: [E, 2I, H] (an even row count)",
-        ops::shape_str(w.shape)));
+  return runtime::api_guard("pack_experts", [&]() -> PackedExperts {
+    const char* op = "pack_experts";
+    PackedExperts::Impl::check_proj_and_rows(op, proj, order);
+    ops::check_view(op, "w", w, 3);
+    ops::check_dtype(op, "w", w, {DType::bf16});
+    // Rows may not overlap (a row stride below H, e.g. 0, would pack one row
+    // many times: a weight no checkpoint holds); experts may (stride 0: E copies).
+    ops::check_row_major_rows(op, "w", w);
+    const int64_t E = w.shape[0], rows = w.shape[1], cols = w.shape[2];
+    if (E < 1 || rows < 1 || cols < 1)
+      throw Error(fmt::format("pack_experts: w has shape {}; allowed: every dim >= 1",
+                              ops::shape_str(w.shape)));
+    ops::check_count(op, "E (w.shape[0])", E, 1, Limits::max_experts);
+    if (proj == ExpertProj::gate_up && rows % 2 != 0)
+      throw Error(fmt::format(
+          "pack_experts: w has shape {} for gate_up; allowed: [E, 2I, H] (an even row count)",
+          ops::shape_str(w.shape)));
 
-  auto impl = std::make_shared<PackedExperts::Impl>();
-  impl->layout_name = PackedExperts::Impl::layout_for(proj);
-  impl->proj = proj;
-  impl->glu_interleaved = order == GluRows::interleaved && proj == ExpertProj::gate_up;
-  impl->experts = E;
-  impl->n = proj == ExpertProj::gate_up ? rows / 2 : rows;
-  impl->k = cols;
-  impl->layout.n = proj == ExpertProj::gate_up ? (impl->n + 31) / 32 * 64 : rows;
-  impl->layout.k = cols;
-  impl->expert_bytes = impl->layout.total_elems() * 2;
-  impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(
-      ops::checked_mul(op, "packed bytes E·bytes per expert", E, impl->expert_bytes)));
-  const auto* src = static_cast<const uint16_t*>(w.data);
-  const PackedExperts::Impl& p = *impl;
-  runtime::parallel_for(E, [&](int64_t e) {
-    auto* dst = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(p.expert(e)));
-    for (int64_t r = 0; r < p.layout.n; ++r) {
-      const int64_t s = proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
-      if (s < 0) continue;  // zero padding (the buffer starts zeroed)
-      const uint16_t* row = src + e * w.strides[0] + s * w.strides[1];
-      for (int64_t c = 0; c < cols; ++c) dst[p.layout.index(r, c)] = row[c];
-    }
+    auto impl = std::make_shared<PackedExperts::Impl>();
+    impl->layout_name = PackedExperts::Impl::layout_for(proj);
+    impl->proj = proj;
+    impl->glu_interleaved = order == GluRows::interleaved && proj == ExpertProj::gate_up;
+    impl->experts = E;
+    impl->n = proj == ExpertProj::gate_up ? rows / 2 : rows;
+    impl->k = cols;
+    impl->layout.n = proj == ExpertProj::gate_up ? (impl->n + 31) / 32 * 64 : rows;
+    impl->layout.k = cols;
+    impl->expert_bytes = impl->layout.total_elems() * 2;
+    impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(
+        ops::checked_mul(op, "packed bytes E·bytes per expert", E, impl->expert_bytes)));
+    const auto* src = static_cast<const uint16_t*>(w.data);
+    const PackedExperts::Impl& p = *impl;
+    runtime::parallel_for(E, [&](int64_t e) {
+      auto* dst = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(p.expert(e)));
+      for (int64_t r = 0; r < p.layout.n; ++r) {
+        const int64_t s = proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
+        if (s < 0) continue;  // zero padding (the buffer starts zeroed)
+        const uint16_t* row = src + e * w.strides[0] + s * w.strides[1];
+        for (int64_t c = 0; c < cols; ++c) dst[p.layout.index(r, c)] = row[c];
+      }
+    });
+    return PackedExperts(std::move(impl));
   });
-  return PackedExperts(std::move(impl));
 }
 
 PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj) {

@@ -14,6 +14,8 @@
 #include "runtime/bf16.h"
 #include "runtime/thread_pool.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 namespace {
 
@@ -156,20 +158,28 @@ void unpack_quantized(const PackedExperts::Impl* impl, const std::vector<W>& out
 }  // namespace
 
 PackedExperts pack_experts(const std::vector<Int8Weight>& w, ExpertProj proj, GluRows rows) {
-  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj, rows);
+  return runtime::api_guard("pack_experts", [&]() -> PackedExperts {
+    if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+    return pack_quantized(w, proj, rows);
+  });
 }
 PackedExperts pack_experts(const std::vector<Fp8Weight>& w, ExpertProj proj, GluRows rows) {
-  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj, rows);
+  return runtime::api_guard("pack_experts", [&]() -> PackedExperts {
+    if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+    return pack_quantized(w, proj, rows);
+  });
 }
 PackedExperts pack_experts(const std::vector<Int4Weight>& w, ExpertProj proj, GluRows rows) {
-  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj, rows);
+  return runtime::api_guard("pack_experts", [&]() -> PackedExperts {
+    if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+    return pack_quantized(w, proj, rows);
+  });
 }
 PackedExperts pack_experts(const std::vector<Mxfp4Weight>& w, ExpertProj proj, GluRows rows) {
-  if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
-  return pack_quantized(w, proj, rows);
+  return runtime::api_guard("pack_experts", [&]() -> PackedExperts {
+    if (w.empty()) throw Error(fmt::format("{}: w is empty; allowed: one weight per expert", kOp));
+    return pack_quantized(w, proj, rows);
+  });
 }
 
 void PackedExperts::unpack(const std::vector<Int8Weight>& out) const {

@@ -17,6 +17,8 @@
 #include "ops/tensor_checks.h"
 #include "runtime/quant_formats.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 namespace ops {
@@ -145,7 +147,8 @@ PackedWeight pack_mxfp4(const Mxfp4Weight& w, std::vector<int64_t> row_of) {
 }  // namespace ops
 
 PackedWeight pack_weight(const Mxfp4Weight& w) {
-  return ops::pack_mxfp4(w, {});
+  return runtime::api_guard("pack_weight",
+                            [&]() -> PackedWeight { return ops::pack_mxfp4(w, {}); });
 }
 
 void PackedWeight::unpack(const Mxfp4Weight& out) const {

@@ -18,6 +18,8 @@
 #include "runtime/int_math.h"
 #include "runtime/quant_formats.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 namespace ops {
@@ -607,13 +609,13 @@ PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
 }  // namespace ops
 
 PackedWeight pack_weight(const Int8Weight& w) {
-  return ops::pack_int8(w, {});
+  return runtime::api_guard("pack_weight", [&]() -> PackedWeight { return ops::pack_int8(w, {}); });
 }
 PackedWeight pack_weight(const Fp8Weight& w) {
-  return ops::pack_fp8(w, {});
+  return runtime::api_guard("pack_weight", [&]() -> PackedWeight { return ops::pack_fp8(w, {}); });
 }
 PackedWeight pack_weight(const Int4Weight& w) {
-  return ops::pack_int4(w, {});
+  return runtime::api_guard("pack_weight", [&]() -> PackedWeight { return ops::pack_int4(w, {}); });
 }
 
 Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& qweight,

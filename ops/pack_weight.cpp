@@ -7,6 +7,8 @@
 #include "ops/packed_weight_impl.h"
 #include "ops/tensor_checks.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 PackedWeight::PackedWeight() = default;
@@ -55,25 +57,27 @@ size_t PackedWeight::packed_bytes() const {
 }
 
 PackedWeight pack_weight(const TensorView& w) {
-  ops::check_view("pack_weight", "w", w, 2);
-  ops::check_dtype("pack_weight", "w", w, {DType::bf16});
-  ops::check_row_major_rows("pack_weight", "w", w);
-  if (w.shape[0] < 1 || w.shape[1] < 1)
-    throw Error(fmt::format("pack_weight: w has shape {}; allowed: N >= 1 and K >= 1",
-                            ops::shape_str(w.shape)));
-  auto impl = std::make_shared<PackedWeight::Impl>();
-  impl->layout.n = w.shape[0];
-  impl->layout.k = w.shape[1];
-  const auto& L = impl->layout;
-  impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(L.total_elems()) * 2);
-  auto* dst = reinterpret_cast<uint16_t*>(impl->data.get());
-  const auto* src = static_cast<const uint16_t*>(w.data);
-  // Row by row: each source row is read once, sequentially.
-  for (int64_t n = 0; n < L.n; ++n) {
-    const uint16_t* row = src + n * w.strides[0];
-    for (int64_t k = 0; k < L.k; ++k) dst[L.index(n, k)] = row[k];
-  }
-  return PackedWeight(std::move(impl));
+  return runtime::api_guard("pack_weight", [&]() -> PackedWeight {
+    ops::check_view("pack_weight", "w", w, 2);
+    ops::check_dtype("pack_weight", "w", w, {DType::bf16});
+    ops::check_row_major_rows("pack_weight", "w", w);
+    if (w.shape[0] < 1 || w.shape[1] < 1)
+      throw Error(fmt::format("pack_weight: w has shape {}; allowed: N >= 1 and K >= 1",
+                              ops::shape_str(w.shape)));
+    auto impl = std::make_shared<PackedWeight::Impl>();
+    impl->layout.n = w.shape[0];
+    impl->layout.k = w.shape[1];
+    const auto& L = impl->layout;
+    impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(L.total_elems()) * 2);
+    auto* dst = reinterpret_cast<uint16_t*>(impl->data.get());
+    const auto* src = static_cast<const uint16_t*>(w.data);
+    // Row by row: each source row is read once, sequentially.
+    for (int64_t n = 0; n < L.n; ++n) {
+      const uint16_t* row = src + n * w.strides[0];
+      for (int64_t k = 0; k < L.k; ++k) dst[L.index(n, k)] = row[k];
+    }
+    return PackedWeight(std::move(impl));
+  });
 }
 
 PackedWeight pack_weight(const PackedWeight& w) {

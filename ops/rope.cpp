@@ -15,6 +15,8 @@
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 using ops::shape_str;
@@ -238,14 +240,16 @@ void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
 
 void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
           const TensorView& cos_sin_cache, const RopeOptions& opt) {
-  const RopeCall c = check(q, k, positions, cos_sin_cache, opt);
-  if (c.t == 0) return;
-  if (runtime::active_isa() != Isa::scalar) {
-    if (jit::family_built(jit::Family::rope)) return rope_jit(c, q, k, positions, cos_sin_cache);
-    static std::once_flag logged;
-    runtime::log_fallback_once(logged, "rope: no RoPE kernel in this build (no LLVM): reference");
-  }
-  rope_scalar(c, q, k, positions, cos_sin_cache);
+  runtime::api_guard("rope", [&] {
+    const RopeCall c = check(q, k, positions, cos_sin_cache, opt);
+    if (c.t == 0) return;
+    if (runtime::active_isa() != Isa::scalar) {
+      if (jit::family_built(jit::Family::rope)) return rope_jit(c, q, k, positions, cos_sin_cache);
+      static std::once_flag logged;
+      runtime::log_fallback_once(logged, "rope: no RoPE kernel in this build (no LLVM): reference");
+    }
+    rope_scalar(c, q, k, positions, cos_sin_cache);
+  });
 }
 
 }  // namespace tilejit

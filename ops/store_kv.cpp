@@ -17,6 +17,8 @@
 #include "runtime/quant_formats.h"
 #include "runtime/thread_pool.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 
 using ops::shape_str;
@@ -77,60 +79,62 @@ bool mla_form(const TensorView& k, const TensorView& v, const TensorView& k_cach
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
               const TensorView& v_cache, const TensorView& slot_mapping,
               const KvCacheScales& scales) {
-  constexpr const char* op = "store_kv";
-  ops::check_view(op, "slot_mapping", slot_mapping, 1);
-  ops::check_index_dtype(op, "slot_mapping", slot_mapping);
-  const int64_t t = slot_mapping.shape[0];
-  ops::check_view(op, "k", k, 3);
-  const int64_t hkv = k.shape[1];
-  check_rows_and_cache("k", k, "k_cache", k_cache, t, hkv);
-  check_rows_and_cache("v", v, "v_cache", v_cache, t, hkv);
-  if (v_cache.shape[0] != k_cache.shape[0] || v_cache.shape[1] != k_cache.shape[1])
-    throw Error(
-        fmt::format("{}: v_cache has shape {}; allowed: [num_blocks, block_size] of "
-                    "k_cache = [{}, {}, ...]",
-                    op, shape_str(v_cache.shape), k_cache.shape[0], k_cache.shape[1]));
-  const ops::attn::KvScales kvs =
-      ops::attn::check_kv_scales(op, "scales", k_cache, v_cache, scales, hkv);
-  // Both caches are written while k, v and slot_mapping are read: no two of
-  // them may share memory (k_cache == v_cache would keep only V), and neither
-  // cache may overlap itself (a slot stride of 0 puts every token in one row).
-  // The one exception is the MLA form, where only k_cache is written.
-  const bool mla = mla_form(k, v, k_cache, v_cache);
-  if (mla && kvs.k != kvs.v)
-    throw Error(
-        fmt::format("{}: v_cache is the first {} columns of k_cache (MLA) with scales that "
-                    "differ between K and V; allowed: the same k and v scales (the V columns "
-                    "are stored once, with K's)",
-                    op, v_cache.shape[3]));
-  ops::check_output(op, "k_cache", k_cache,
-                    {{"k", &k},
-                     {"v", &v},
-                     {"slot_mapping", &slot_mapping},
-                     {"v_cache", mla ? nullptr : &v_cache}});
-  if (!mla)
-    ops::check_output(op, "v_cache", v_cache,
-                      {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
-  // Fits: an output cache spans its slots in memory (check_writable).
-  const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
-  std::vector<int64_t> slots(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) {
-    slots[i] = ops::index_at(slot_mapping, i * slot_mapping.strides[0]);
-    if (slots[i] >= capacity)
+  runtime::api_guard("store_kv", [&] {
+    constexpr const char* op = "store_kv";
+    ops::check_view(op, "slot_mapping", slot_mapping, 1);
+    ops::check_index_dtype(op, "slot_mapping", slot_mapping);
+    const int64_t t = slot_mapping.shape[0];
+    ops::check_view(op, "k", k, 3);
+    const int64_t hkv = k.shape[1];
+    check_rows_and_cache("k", k, "k_cache", k_cache, t, hkv);
+    check_rows_and_cache("v", v, "v_cache", v_cache, t, hkv);
+    if (v_cache.shape[0] != k_cache.shape[0] || v_cache.shape[1] != k_cache.shape[1])
       throw Error(
-          fmt::format("{}: slot_mapping[{}]={}; allowed: < num_blocks·block_size = {} "
-                      "(negative: skip the token)",
-                      op, i, slots[i], capacity));
-  }
-  // A cache with Hkv = 0 or a head size of 0 holds nothing to write, and its
-  // data pointer may be null or unaligned (check_view does not look at the
-  // pointer of an empty view): no address is formed from it.
-  auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
-  const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
-  runtime::parallel_for(t, [&](int64_t i) {
-    if (slots[i] < 0) return;
-    if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);
-    if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v);
+          fmt::format("{}: v_cache has shape {}; allowed: [num_blocks, block_size] of "
+                      "k_cache = [{}, {}, ...]",
+                      op, shape_str(v_cache.shape), k_cache.shape[0], k_cache.shape[1]));
+    const ops::attn::KvScales kvs =
+        ops::attn::check_kv_scales(op, "scales", k_cache, v_cache, scales, hkv);
+    // Both caches are written while k, v and slot_mapping are read: no two of
+    // them may share memory (k_cache == v_cache would keep only V), and neither
+    // cache may overlap itself (a slot stride of 0 puts every token in one row).
+    // The one exception is the MLA form, where only k_cache is written.
+    const bool mla = mla_form(k, v, k_cache, v_cache);
+    if (mla && kvs.k != kvs.v)
+      throw Error(
+          fmt::format("{}: v_cache is the first {} columns of k_cache (MLA) with scales that "
+                      "differ between K and V; allowed: the same k and v scales (the V columns "
+                      "are stored once, with K's)",
+                      op, v_cache.shape[3]));
+    ops::check_output(op, "k_cache", k_cache,
+                      {{"k", &k},
+                       {"v", &v},
+                       {"slot_mapping", &slot_mapping},
+                       {"v_cache", mla ? nullptr : &v_cache}});
+    if (!mla)
+      ops::check_output(op, "v_cache", v_cache,
+                        {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
+    // Fits: an output cache spans its slots in memory (check_writable).
+    const int64_t capacity = k_cache.shape[0] * k_cache.shape[1];
+    std::vector<int64_t> slots(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) {
+      slots[i] = ops::index_at(slot_mapping, i * slot_mapping.strides[0]);
+      if (slots[i] >= capacity)
+        throw Error(
+            fmt::format("{}: slot_mapping[{}]={}; allowed: < num_blocks·block_size = {} "
+                        "(negative: skip the token)",
+                        op, i, slots[i], capacity));
+    }
+    // A cache with Hkv = 0 or a head size of 0 holds nothing to write, and its
+    // data pointer may be null or unaligned (check_view does not look at the
+    // pointer of an empty view): no address is formed from it.
+    auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
+    const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
+    runtime::parallel_for(t, [&](int64_t i) {
+      if (slots[i] < 0) return;
+      if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);
+      if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v);
+    });
   });
 }
 

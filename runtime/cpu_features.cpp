@@ -185,7 +185,8 @@ std::string cpu_signature() {
 }
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = detect();
+  // Immortal (it holds strings): threads may outlive static destruction.
+  static const CpuFeatures& f = *new CpuFeatures(detect());
   return f;
 }
 

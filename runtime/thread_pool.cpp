@@ -7,9 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -42,15 +44,18 @@ class Pool {
       stop_ = true;
       ++generation_;
     }
-    cv_.notify_all();
+    for (auto& cv : cvs_) cv.notify_one();
     for (auto& t : workers_) t.join();
   }
 
   void run(int threads, int64_t n, const std::function<void(int64_t)>& fn) {
     std::unique_lock<std::mutex> owner(owner_mu_, std::try_to_lock);
     if (!owner.owns_lock() || threads <= 1 || n <= 1) return run_inline(n, fn);
-    ensure_workers(threads - 1);
-    const int helpers = std::min<int64_t>(threads - 1, n - 1);
+    // Fewer workers than asked when the OS refuses more threads: the call
+    // runs on those (inline with none) instead of failing.
+    const int workers = ensure_workers(threads - 1);
+    const int helpers = static_cast<int>(std::min<int64_t>(workers, n - 1));
+    if (helpers == 0) return run_inline(n, fn);
     {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &fn;
@@ -61,7 +66,9 @@ class Pool {
       error_ = nullptr;
       ++generation_;
     }
-    cv_.notify_all();
+    // Only the helpers this call uses are woken: a pool grown by an earlier
+    // set_num_threads(64) must not wake (and spin) 63 idle threads per call.
+    for (int i = 0; i < helpers; ++i) cvs_[size_t(i)].notify_one();
     work();
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return pending_ == 0; });
@@ -99,31 +106,44 @@ class Pool {
     t_in_task = was;
   }
 
-  void ensure_workers(int count) {
+  // Grows the pool to `count` workers; returns how many there are (fewer
+  // when the OS refuses a thread: std::system_error is not the caller's).
+  int ensure_workers(int count) {
     while (static_cast<int>(workers_.size()) < count) {
       const int index = static_cast<int>(workers_.size());
-      workers_.emplace_back([this, index] { worker_loop(index); });
+      cvs_.emplace_back();  // a deque: the others stay where they are
+      try {
+        workers_.emplace_back([this, index] { worker_loop(index); });
+      } catch (const std::system_error&) {
+        cvs_.pop_back();
+        break;
+      }
     }
+    return static_cast<int>(workers_.size());
   }
 
   void worker_loop(int index) {
     uint64_t seen = 0;
+    bool was_active = false;
     for (;;) {
-      // Spin briefly before sleeping: decode-sized calls come back to back,
-      // and a condition-variable wake-up costs 10-30 µs on a VM, as long as a
-      // whole small GEMM. The lock-protected wait below stays the source of truth.
+      // Spin briefly before sleeping, if this worker helped the last call:
+      // decode-sized calls come back to back, and a condition-variable
+      // wake-up costs 10-30 µs on a VM, as long as a whole small GEMM. The
+      // lock-protected wait below stays the source of truth.
       const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
-      for (int i = 0; generation_.load(std::memory_order_acquire) == seen; ++i) {
+      for (int i = 0; was_active && generation_.load(std::memory_order_acquire) == seen; ++i) {
         __builtin_ia32_pause();
         if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) break;
       }
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return generation_ != seen; });
-        seen = generation_;
+        // Woken for a call that uses this worker, or to stop.
+        cvs_[size_t(index)].wait(
+            lk, [&] { return stop_ || (generation_ != seen && index < active_helpers_); });
         if (stop_) return;
-        if (index >= active_helpers_) continue;
+        seen = generation_;
       }
+      was_active = true;
       work();
       std::lock_guard<std::mutex> lk(mu_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -132,7 +152,8 @@ class Pool {
 
   std::mutex owner_mu_;  // one parallel region at a time
   std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::condition_variable> cvs_;  // one per worker: wake only the helpers
   std::vector<std::thread> workers_;
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
@@ -168,19 +189,22 @@ std::atomic<int>& thread_count() {
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex g_pool_mu;
 
-void reset_pool_in_child() {
-  g_pool.store(nullptr);
-}
+// Registered when the library loads, before any pool exists: g_pool_mu is
+// held across fork() (a thread creating the pool at that moment left the
+// child's copy locked forever), and the child starts without a pool.
+const bool g_fork_handlers = [] {
+  pthread_atfork([] { g_pool_mu.lock(); }, [] { g_pool_mu.unlock(); },
+                 [] {
+                   g_pool.store(nullptr);
+                   g_pool_mu.unlock();
+                 });
+  return true;
+}();
 
 Pool& pool() {
   if (Pool* p = g_pool.load(std::memory_order_acquire)) return *p;
   std::lock_guard<std::mutex> lk(g_pool_mu);
   if (Pool* p = g_pool.load()) return *p;
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, &reset_pool_in_child);
-    return true;
-  }();
-  (void)registered;
   Pool* p = new Pool();  // lives for the process: workers may outlive static destruction order
   g_pool.store(p, std::memory_order_release);
   return *p;

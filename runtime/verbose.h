@@ -9,11 +9,23 @@
 
 namespace tilejit::runtime {
 
+// A diagnostic knob's value: an integer in [0, max], or 0 when unset or
+// empty. Anything else is taken as 0 with one warning on stderr: a knob that
+// only adds output must not make every call fail, nor be ignored silently.
+inline int diagnostic_env_level(const char* name, int max) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end != v && *end == '\0' && n >= 0 && n <= max) return static_cast<int>(n);
+  std::fprintf(stderr,
+               "tilejit: warning: %s='%s' ignored: allowed: an integer from 0 to %d (unset: 0)\n",
+               name, v, max);
+  return 0;
+}
+
 inline int verbose_level() {
-  static const int level = [] {
-    const char* v = std::getenv("TILEJIT_VERBOSE");
-    return v != nullptr && *v != '\0' ? std::atoi(v) : 0;
-  }();
+  static const int level = diagnostic_env_level("TILEJIT_VERBOSE", 9);
   return level;
 }
 

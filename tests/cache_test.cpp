@@ -18,6 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "codegen/gemm_plan.h"
 #include "jit/kernel_cache.h"
 #include "runtime/thread_pool.h"
@@ -82,6 +87,38 @@ TEST_F(GemmConcurrency, FreshShapeCompilesOnceUnderEightThreads) {
 
 // Eight threads with eight different M on one fresh shape: the compiles are the
 // union of the variants they need, each once.
+// The process exits (static destructors run) while other threads are inside
+// gemm, making new kernels: it must end with its own status, not a crash (a
+// worker died in the kernel cache's destroyed disk-cache state, and on the
+// llvm path inside LLVM's destroyed statics). Ten children; the parent made
+// a kernel first, so the children start with LLVM's statics made (the first
+// compiles of a process stay a window: docs/reliability.md).
+TEST_F(GemmConcurrency, ProcessExitWhileCallsRun) {
+  ASSERT_TRUE(run_and_compare(random_problem(3, 70, 40)));
+  for (int child = 0; child < 10; ++child) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(60);
+      for (int t = 0; t < 4; ++t)
+        std::thread([t, child] {
+          for (int64_t k = 1;; ++k) {
+            const GemmProblem p = random_problem(16 + t, 64 + t, 100 + 40 * child + 4 * k + t);
+            (void)run_and_compare(p);
+          }
+        }).detach();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * child));
+      std::exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << child << ": "
+        << (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                : "exit " + std::to_string(WEXITSTATUS(status)));
+  }
+}
+
 TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
   const Isa isa = cpu_info().isa;
   const int64_t N = 100, K = 59;  // fresh; N has a 36-column tail
@@ -397,6 +434,41 @@ TEST_F(KernelCacheTest, FailedEmitReachesEveryWaiterAndCanBeRetried) {
   EXPECT_EQ(late, 0);
 }
 
+// fork() while another thread is making a kernel: the child's cache must not
+// wait for that kernel (its maker is not in the child, so the child hung
+// forever); the child makes it itself. The parent's maker blocks until the
+// child is done, so the fork surely lands mid-compile.
+TEST_F(KernelCacheTest, ForkDuringACompileDoesNotHangTheChild) {
+  auto& cache = jit::KernelCache::global();
+  const std::string key = unique_key("fork");
+  std::atomic<bool> inside{false}, release{false};
+  std::thread maker([&] {
+    cache.get(key, "test_fork_parent", [&] {
+      inside = true;
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return return_const(1);
+    });
+  });
+  while (!inside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(20);  // a hang ends as SIGALRM, which the parent reports
+    const jit::Kernel& k = cache.get(key, "test_fork_child", [] { return return_const(2); });
+    ::_exit(k.entry<int (*)()>()() == 2 ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  release = true;
+  maker.join();
+  EXPECT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status)
+                                 << (WTERMSIG(status) == SIGALRM ? " (hung)" : "");
+  if (WIFEXITED(status)) {
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+  EXPECT_EQ(cache.get(key, "x", [] { return return_const(9); }).entry<int (*)()>()(), 1);
+}
+
 // A non-tilejit exception from emit keeps its type.
 TEST_F(KernelCacheTest, EmitExceptionTypeIsPreserved) {
   auto& cache = jit::KernelCache::global();
@@ -510,6 +582,53 @@ TEST_F(ParallelFor, ConcurrentCallersAllComplete) {
     sums[t] = s.load();
   });
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(sums[t], 20 * 124750) << "caller " << t;
+}
+
+// Threads the system refuses (here: no address space for their stacks) are
+// not the caller's error: the call runs on the workers there are, or inline.
+// std::system_error escaped before. In a child process: the limit is its own.
+TEST_F(ParallelFor, ThreadsTheSystemRefusesRunWithFewer) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(60);
+    // The child starts without a pool (the fork handler): the 63 workers
+    // asked for below are made now, 8 MiB of stack each, past this limit.
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    lim.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                   (rlim_t(24) << 20);
+    if (pages == 0 || ::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(4);
+    runtime::set_num_threads(64);
+    std::atomic<int64_t> sum{0};
+    try {
+      runtime::parallel_for(1000, [&](int64_t i) { sum.fetch_add(i); });
+    } catch (...) {
+      ::_exit(5);
+    }
+    if (sum.load() != 499500) ::_exit(6);
+    // The limit must have refused some of the 63 workers, else this proves nothing.
+    int threads = 0;
+    if (FILE* f = std::fopen("/proc/self/status", "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "Threads: %d", &threads) == 1) break;
+      std::fclose(f);
+    }
+    ::_exit(threads > 0 && threads < 64 ? 0 : 7);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status);
+  EXPECT_NE(WEXITSTATUS(status), 4) << "could not set the address-space limit";
+  EXPECT_NE(WEXITSTATUS(status), 5) << "parallel_for threw";
+  EXPECT_NE(WEXITSTATUS(status), 7) << "the limit refused no thread: the test proves nothing";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(ParallelFor, ThreadCountIsValidated) {

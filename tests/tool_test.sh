@@ -337,6 +337,11 @@ if [ -f "$LB" ] && [ -f "$LS" ]; then
     "$LS" >"$WORK/ret_param.tir"
   bad "gemm program returning a param" "function @linear_silu: %x has shape \\[\\?M, 4096\\]: every value must have the shape \\[\\?M, 11008\\]" \
     "$TJ" run "$WORK/ret_param.tir" --random-inputs 1 --dim M=3
+  # Diagnostic knobs with a value that is no level: ignored with one warning
+  # (they were silently off), the run itself fine.
+  TILEJIT_PERF_MAP=yes TILEJIT_VERBOSE=abc ok "bad diagnostic knobs: run" "$TJ" run "$LB" --random-inputs 1 --dim M=2
+  has "TILEJIT_PERF_MAP=yes warned" "$ERR" "warning: TILEJIT_PERF_MAP='yes' ignored: allowed: an integer from 0 to 1"
+  has "TILEJIT_VERBOSE=abc warned" "$ERR" "warning: TILEJIT_VERBOSE='abc' ignored"
   "$TJ" gen-npy "$WORK/x_i4.npy" --dtype '<i4' --shape 5,1024
   bad "wrong-dtype .npy" "input 'x' \\(.*x_i4.npy\\) is a '<i4' array; .* needs '<u2'" \
     "$TJ" run "$LB" --input "x=$WORK/x_i4.npy" --random-inputs 1

@@ -20,7 +20,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <set>
+#include <shared_mutex>
+#include <thread>
 #include <type_traits>
 
 #include "codegen/llvm/module_context.h"
@@ -119,6 +122,52 @@ void apply_cpu_override(orc::JITTargetMachineBuilder& b) {
   b.setFeatures(features);
 }
 
+// LLVM's own statics (e.g. its table of extended value types) are destroyed
+// at exit, and a host thread still compiling then crashed inside LLVM. Every
+// compile and link holds this gate shared; an exit handler takes it
+// exclusively and never lets go: the compiles in flight finish, and a thread
+// asking for a new one while the process exits waits for the exit instead of
+// crashing it. Exit handlers run last-registered first, so the handler is
+// registered when the library loads, when the JIT is made and after each
+// compile (after the statics that compile made, hence before their
+// destructors); only the first one to run closes the gate. What stays open: a
+// static LLVM first makes in a compile still in flight at exit (a thread in
+// one of its process's first compiles when the process ends may still crash).
+std::shared_mutex& exit_gate() {
+  static std::shared_mutex& gate = *new std::shared_mutex;  // immortal
+  return gate;
+}
+std::atomic<bool> g_exiting{false};
+thread_local int t_llvm_depth = 0;  // this thread holds the gate (exit() from inside LLVM)
+void close_exit_gate() {
+  if (g_exiting.exchange(true) || t_llvm_depth > 0) return;  // no self-deadlock
+  exit_gate().lock();                                        // never unlocked
+}
+// The gate, held shared, for one compile or link. The flag is checked first:
+// glibc's rwlock prefers readers, so threads compiling back to back would
+// starve the exit handler's exclusive lock (the process hung at exit).
+class LlvmGate {
+ public:
+  LlvmGate() {
+    while (g_exiting.load()) std::this_thread::sleep_for(std::chrono::hours(1));  // until _exit
+    lock_ = std::shared_lock<std::shared_mutex>(exit_gate());
+    ++t_llvm_depth;
+  }
+  ~LlvmGate() { --t_llvm_depth; }
+  LlvmGate(const LlvmGate&) = delete;
+  LlvmGate& operator=(const LlvmGate&) = delete;
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
+void register_exit_gate() {
+  std::atexit(close_exit_gate);
+}
+// Also once when the library loads: before any compile has registered it,
+// the handler still runs ahead of the destructors of LLVM's own globals
+// (made when libLLVM loaded, before this library).
+const bool g_exit_gate_at_load = (register_exit_gate(), true);
+
 Jit* create_jit() {
   // Each returns true on failure (no target for the host compiled into LLVM).
   if (llvm::InitializeNativeTarget() || llvm::InitializeNativeTargetAsmPrinter() ||
@@ -140,7 +189,11 @@ Jit* create_jit() {
 // Leaked on purpose: kernels held by static caches may be destroyed after any
 // static JIT would be, and unlinking them needs the JIT.
 Jit& jit() {
-  static Jit* j = create_jit();  // a throw leaves it unset: the next call retries
+  static Jit* j = [] {  // a throw leaves it unset: the next call retries
+    Jit* made = create_jit();
+    register_exit_gate();  // after the statics the target and LLJIT made
+    return made;
+  }();
   return *j;
 }
 
@@ -292,7 +345,9 @@ size_t function_size(const std::vector<uint8_t>& object_file, const std::string&
 }
 }  // namespace
 
-LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
+namespace {
+// load_object_file with the exit gate held by the caller.
+LlvmKernel link_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
   const auto t0 = std::chrono::steady_clock::now();
   Jit& j = jit();
   // One JITDylib per kernel: symbols never collide (the same kernel may be
@@ -316,11 +371,20 @@ LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> obje
   k.code_size = function_size(object_file, symbol);
   k.object_file = std::move(object_file);
   k.compile_us = micros_since(t0);
+  register_exit_gate();
   return k;
+}
+}  // namespace
+
+LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
+  const LlvmGate gate;
+  return link_object_file(symbol, std::move(object_file));
 }
 
 LlvmKernel compile_module(const std::string& symbol,
                           const std::function<void(ModuleContext&)>& emit, OptLevel opt) {
+  // Held to the end, past the destruction of the context, module and machine.
+  const LlvmGate gate;
   const auto t0 = std::chrono::steady_clock::now();
   Jit& j = jit();
   // A TargetMachine per compile: codegen mutates it, so threads must not share one.
@@ -347,7 +411,7 @@ LlvmKernel compile_module(const std::string& symbol,
 
   optimize(m, *tm, opt);
   std::vector<uint8_t> object = emit_object(m, *tm);
-  LlvmKernel k = load_object_file(symbol, std::move(object));
+  LlvmKernel k = link_object_file(symbol, std::move(object));
   k.compile_us = micros_since(t0);
   return k;
 }

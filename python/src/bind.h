@@ -14,6 +14,23 @@
 
 namespace tilejit::python {
 
+// py::gil_scoped_release with a destructor that may throw. At interpreter
+// exit Python 3.11 ends a daemon thread inside PyEval_RestoreThread with
+// pthread_exit; its forced unwind through a noexcept destructor (pybind11's)
+// was std::terminate, an abort of the whole process. Through this one it
+// unwinds to pybind11's dispatcher, which rethrows abi::__forced_unwind, and
+// the thread ends as Python meant it to.
+class GilRelease {
+ public:
+  GilRelease() : state_(PyEval_SaveThread()) {}
+  ~GilRelease() noexcept(false) { PyEval_RestoreThread(state_); }
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 void bind_info(pybind11::module_& m);
 void bind_buffer(pybind11::module_& m);
 void bind_gemm(pybind11::module_& m);

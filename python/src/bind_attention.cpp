@@ -67,7 +67,7 @@ void bind_attention(py::module_& m) {
                    as);
     DlpackTensor tq(q, "q", as), tk(k, "k", as), tv(v, "v", as), to(out, "out", as),
         tcq(cu_seqlens_q, "cu_seqlens_q", as), tck(cu_seqlens_k, "cu_seqlens_k", as);
-    py::gil_scoped_release release;
+    GilRelease release;
     flash_attn_varlen(tq.view(), tk.view(), tv.view(), to.view(), tcq.view(), tck.view(), a.opt);
   });
 
@@ -86,7 +86,7 @@ void bind_attention(py::module_& m) {
           DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
               tvc(v_cache, "v_cache", cache_storage(as)), tbt(block_table, "block_table", as),
               tsl(seq_lens, "seq_lens", as), to(out, "out", as);
-          py::gil_scoped_release release;
+          GilRelease release;
           decode_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tbt.view(), tsl.view(),
                            a.opt);
         });
@@ -117,7 +117,7 @@ void bind_attention(py::module_& m) {
         ext.v_new = view_of(tvn);
         ext.tree_mask = view_of(ttm);
         ext.deterministic = deterministic;
-        py::gil_scoped_release release;
+        GilRelease release;
         extend_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tqo.view(), tbt.view(),
                          tpl.view(), a.opt, ext);
       });
@@ -131,7 +131,7 @@ void bind_attention(py::module_& m) {
     scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
     DlpackTensor tk(k, "k", as), tv(v, "v", as), tkc(k_cache, "k_cache", cache_storage(as)),
         tvc(v_cache, "v_cache", cache_storage(as)), tsm(slot_mapping, "slot_mapping", as);
-    py::gil_scoped_release release;
+    GilRelease release;
     store_kv(tk.view(), tv.view(), tkc.view(), tvc.view(), tsm.view(), a.opt.kv_scales);
   });
 }

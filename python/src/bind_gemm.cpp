@@ -59,20 +59,20 @@ void bind_gemm(py::module_& m) {
       .def("_unpack",
            [](const PackedWeight& w, const py::handle& out, const py::handle& dtype) {
              DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(o.view());
            })
       .def("_unpack_int8",
            [](const PackedWeight& w, const py::handle& weight, const py::handle& scales) {
              DlpackTensor tw(weight, "weight"), ts(scales, "scales");
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(Int8Weight{tw.view(), ts.view()});
            })
       .def("_unpack_fp8",
            [](const PackedWeight& w, const py::handle& weight, const py::handle& scales,
               int64_t block_n, int64_t block_k) {
              DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
            })
       .def("_unpack_int4",
@@ -81,20 +81,20 @@ void bind_gemm(py::module_& m) {
               int64_t group_size, bool gptq_v2, int64_t n, int64_t k, const py::handle& dtype) {
              Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n,
                                     k, {parse_dtype_override(dtype)});
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(a.w);
            })
       .def(
           "_unpack_mxfp4",
           [](const PackedWeight& w, const py::handle& blocks, const py::handle& scales, int64_t k) {
             DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
-            py::gil_scoped_release release;
+            GilRelease release;
             w.unpack(Mxfp4Weight{tb.view(), ts.view(), k});
           })
       .def("_dequantize",
            [](const PackedWeight& w, const py::handle& out, const py::handle& dtype) {
              DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
-             py::gil_scoped_release release;
+             GilRelease release;
              w.dequantize(o.view());
            })
       .def_static("__new__", [](const py::args&, const py::kwargs&) { refuse_new("PackedWeight"); })
@@ -108,18 +108,18 @@ void bind_gemm(py::module_& m) {
   m.def("pack_weight", [](const py::handle& w, const py::handle& dtype) {
     if (py::isinstance<PackedWeight>(w)) return pack_weight(w.cast<const PackedWeight&>());
     DlpackTensor t(w, "w", {parse_dtype_override(dtype)});
-    py::gil_scoped_release release;
+    GilRelease release;
     return pack_weight(t.view());
   });
   m.def("pack_int8", [](const py::handle& weight, const py::handle& scales) {
     DlpackTensor tw(weight, "weight"), ts(scales, "scales");
-    py::gil_scoped_release release;
+    GilRelease release;
     return pack_weight(Int8Weight{tw.view(), ts.view()});
   });
   m.def("pack_fp8",
         [](const py::handle& weight, const py::handle& scales, int64_t block_n, int64_t block_k) {
           DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
-          py::gil_scoped_release release;
+          GilRelease release;
           return pack_weight(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
         });
   m.def("pack_int4",
@@ -128,12 +128,12 @@ void bind_gemm(py::module_& m) {
            int64_t n, int64_t k, const py::handle& dtype) {
           Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
                                  {parse_dtype_override(dtype)});
-          py::gil_scoped_release release;
+          GilRelease release;
           return pack_weight(a.w);
         });
   m.def("pack_mxfp4", [](const py::handle& blocks, const py::handle& scales, int64_t k) {
     DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
-    py::gil_scoped_release release;
+    GilRelease release;
     return pack_weight(Mxfp4Weight{tb.view(), ts.view(), k});
   });
 
@@ -154,7 +154,7 @@ void bind_gemm(py::module_& m) {
     DlpackTensor tx(x, "x", as), ty(out, "out", as);
     std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
     o.bias = view_of(tb);
-    py::gil_scoped_release release;
+    GilRelease release;
     gemm(tx.view(), pw, ty.view(), o);
   });
 
@@ -165,7 +165,7 @@ void bind_gemm(py::module_& m) {
     const PackedWeight& pw = packed_weight_arg(w, "w");
     const StorageAs as{parse_dtype_override(dtype)};
     DlpackTensor tx(x, "x", as), ty(out, "out", as);
-    py::gil_scoped_release release;
+    GilRelease release;
     gemm(tx.view(), pw, ty.view());  // compiled and warm
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < iters; ++i) gemm(tx.view(), pw, ty.view());

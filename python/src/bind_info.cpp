@@ -53,7 +53,7 @@ void bind_info(py::module_& m) {
   m.def(
       "load_tuning_db",
       [](const std::string& path) {
-        py::gil_scoped_release release;
+        GilRelease release;
         load_tuning_db(path);
       },
       py::arg("path"),
@@ -61,7 +61,7 @@ void bind_info(py::module_& m) {
   m.def(
       "set_num_threads",
       [](int n) {
-        py::gil_scoped_release release;
+        GilRelease release;
         set_num_threads(n);
       },
       py::arg("n"),

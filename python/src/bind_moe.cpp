@@ -144,7 +144,7 @@ void route(const py::handle& logits, const py::handle& weights, const py::handle
            const py::handle& dtype, Router&& run) {
   const StorageAs as{parse_dtype_override(dtype)};
   DlpackTensor tl(logits, "logits", as), tw(weights, "topk_weights", as), ti(ids, "topk_ids", as);
-  py::gil_scoped_release release;
+  GilRelease release;
   run(tl.view(), tw.view(), ti.view());
 }
 
@@ -167,21 +167,21 @@ void bind_moe(py::module_& m) {
              StorageAs as;
              as.u16_is_bf16 = true;  // bf16 experts only: uint16 can only be bf16 here
              DlpackTensor o(out, "out", as);
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(o.view());
            })
       .def("_unpack_int8",
            [](const PackedExperts& w, const py::handle& out) {
              ExpertTensors t;
              std::vector<Int8Weight> v = int8_list(out, t);
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(v);
            })
       .def("_unpack_fp8",
            [](const PackedExperts& w, const py::handle& out, int64_t block_n, int64_t block_k) {
              ExpertTensors t;
              std::vector<Fp8Weight> v = fp8_list(out, block_n, block_k, t);
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(v);
            })
       .def("_unpack_int4",
@@ -190,20 +190,20 @@ void bind_moe(py::module_& m) {
              ExpertTensors t;
              std::vector<Int4Weight> v =
                  int4_list(out, format, group_size, gptq_v2, {parse_dtype_override(dtype)}, t);
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(v);
            })
       .def("_unpack_mxfp4",
            [](const PackedExperts& w, const py::handle& out, int64_t k) {
              ExpertTensors t;
              std::vector<Mxfp4Weight> v = mxfp4_list(out, k, t);
-             py::gil_scoped_release release;
+             GilRelease release;
              w.unpack(v);
            })
       .def("_dequantize",
            [](const PackedExperts& w, const py::handle& out, const py::handle& dtype) {
              DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
-             py::gil_scoped_release release;
+             GilRelease release;
              w.dequantize(o.view());
            })
       .def_static("__new__",
@@ -224,7 +224,7 @@ void bind_moe(py::module_& m) {
     if (py::isinstance<PackedExperts>(w)) return pack_experts(w.cast<const PackedExperts&>(), p);
     const GluRows r = rows_arg(rows);
     DlpackTensor t(w, "w", {parse_dtype_override(dtype)});
-    py::gil_scoped_release release;
+    GilRelease release;
     return pack_experts(t.view(), p, r);
   });
   m.def("pack_experts_int8",
@@ -233,7 +233,7 @@ void bind_moe(py::module_& m) {
           const GluRows r = rows_arg(rows);
           ExpertTensors t;
           std::vector<Int8Weight> v = int8_list(w, t);
-          py::gil_scoped_release release;
+          GilRelease release;
           return pack_experts(v, p, r);
         });
   m.def("pack_experts_fp8", [](const py::handle& w, int64_t block_n, int64_t block_k,
@@ -242,7 +242,7 @@ void bind_moe(py::module_& m) {
     const GluRows r = rows_arg(rows);
     ExpertTensors t;
     std::vector<Fp8Weight> v = fp8_list(w, block_n, block_k, t);
-    py::gil_scoped_release release;
+    GilRelease release;
     return pack_experts(v, p, r);
   });
   m.def("pack_experts_int4",
@@ -253,7 +253,7 @@ void bind_moe(py::module_& m) {
           ExpertTensors t;
           std::vector<Int4Weight> v =
               int4_list(w, format, group_size, gptq_v2, {parse_dtype_override(dtype)}, t);
-          py::gil_scoped_release release;
+          GilRelease release;
           return pack_experts(v, p, r);
         });
   m.def("pack_experts_mxfp4",
@@ -262,7 +262,7 @@ void bind_moe(py::module_& m) {
           const GluRows r = rows_arg(rows);
           ExpertTensors t;
           std::vector<Mxfp4Weight> v = mxfp4_list(w, k, t);
-          py::gil_scoped_release release;
+          GilRelease release;
           return pack_experts(v, p, r);
         });
 
@@ -298,7 +298,7 @@ void bind_moe(py::module_& m) {
                                       tb2 = optional_tensor(b2, "b2", as);
           o.b13 = view_of(tb13);
           o.b2 = view_of(tb2);
-          py::gil_scoped_release release;
+          GilRelease release;
           fused_experts(th.view(), pw13, pw2, tw.view(), ti.view(), to.view(), o);
         });
 

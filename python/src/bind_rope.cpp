@@ -31,7 +31,7 @@ void bind_rope(py::module_& m) {
     DlpackTensor tq(q, "q", as), tp(positions, "positions", as),
         tc(cos_sin_cache, "cos_sin_cache", as);
     std::optional<DlpackTensor> tk = optional_tensor(k, "k", as);
-    py::gil_scoped_release release;
+    GilRelease release;
     rope(tq.view(), tk ? &tk->view() : nullptr, tp.view(), tc.view(), o);
   });
 }
