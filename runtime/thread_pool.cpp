@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -53,7 +54,7 @@ class Pool {
     if (!owner.owns_lock() || threads <= 1 || n <= 1) return run_inline(n, fn);
     // Fewer workers than asked when the OS refuses more threads: the call
     // runs on those (inline with none) instead of failing.
-    const int workers = ensure_workers(threads - 1);
+    const int workers = std::min(ensure_workers(threads - 1), threads - 1);
     const int helpers = static_cast<int>(std::min<int64_t>(workers, n - 1));
     if (helpers == 0) return run_inline(n, fn);
     {
