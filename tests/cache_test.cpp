@@ -631,6 +631,23 @@ TEST_F(ParallelFor, ThreadsTheSystemRefusesRunWithFewer) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// A smaller count after a larger one uses no more threads than it says,
+// though the pool keeps the workers the larger count made.
+TEST_F(ParallelFor, ALowerCountAfterAHigherOneUsesOnlyIt) {
+  runtime::set_num_threads(8);
+  runtime::parallel_for(64,
+                        [](int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  runtime::set_num_threads(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  runtime::parallel_for(64, [&](int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard<std::mutex> lk(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_LE(ids.size(), 2u);
+}
+
 TEST_F(ParallelFor, ThreadCountIsValidated) {
   EXPECT_THROW(runtime::set_num_threads(0), Error);
   EXPECT_THROW(runtime::set_num_threads(-3), Error);
