@@ -406,7 +406,7 @@ codegen::DequantDesc quant_dequant_desc(const PackedWeight::Impl& p, Isa isa) {
 const codegen::PlanOverrides& quant_tuned(WeightFormat format, int64_t n, int64_t k,
                                           codegen::BiasKind bias, Activation act, DType out,
                                           Isa path, int64_t m) {
-  static const codegen::PlanOverrides kNone;
+  static const codegen::PlanOverrides& kNone = *new codegen::PlanOverrides;  // immortal
   if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
   return jit::find_tuned_gemm(path, runtime::num_threads(), n, k, bias, act, out, m, format);
 }
@@ -536,6 +536,13 @@ bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
          quant_gemm_fused(path, m);
 }
 
+bool bf16_rows_have_inf(const uint16_t* x, int64_t ld, int64_t rows, int64_t k) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < k; ++j)
+      if ((x[i * ld + j] & 0x7FFF) == 0x7F80) return true;
+  return false;
+}
+
 bool layout_tag_ok(const PackedWeight::Impl& p) {
   const char* prefix = layout_tag_prefix(p.format);
   if ((p.format == WeightFormat::bf16) != (p.quant == nullptr)) return false;
@@ -573,7 +580,9 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   if (rows_isa == Isa::scalar) return run_scalar_quant(x, p, y, opt);
   // The fused decode kernel has no plan (one kernel per M): of the tuned
   // knobs only the prefetch distance applies there (docs/tuning.md).
-  if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M))
+  if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M) &&
+      fused_keeps_infinities(p.format, bf16_rows_have_inf(static_cast<const uint16_t*>(x.data),
+                                                          x.strides[0], M, x.shape[1])))
     return run_fused(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);

@@ -40,6 +40,8 @@
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
+#include "runtime/api_guard.h"
+
 namespace tilejit {
 namespace {
 
@@ -255,9 +257,9 @@ void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2
       g += xin[h] * expert_weight(w13, e, w13.gate_row(i), h);
       u += xin[h] * expert_weight(w13, e, w13.up_row(i), h);
     }
-    if (b13 != nullptr) {
-      g += b13[i];
-      u += b13[I + i];
+    if (b13 != nullptr) {  // in w13's row order (halves or interleaved)
+      g += b13[w13.gate_row(i)];
+      u += b13[w13.up_row(i)];
     }
     // The JIT path stores the activation as bf16: round it the same way.
     act[i] = runtime::f32_to_bf16(gated(opt, static_cast<float>(g), static_cast<float>(u)));
@@ -391,6 +393,19 @@ struct Scratch {
   std::vector<float> s_up, s_down;    // int8: their per-row scales
   std::vector<int32_t> z_up, z_down;  // and zero points
   std::vector<float> b13;             // permuted biases of the active experts
+
+  // What a call leaves behind: past 64 MiB (one large prefill: T 8192, k 8,
+  // H 4096 gathers 512 MiB) the buffers are freed, so that one big call does
+  // not pin its peak for the life of the calling thread; decode-sized calls
+  // keep theirs and allocate nothing.
+  void trim() {
+    constexpr size_t kKeepBytes = size_t(64) << 20;
+    auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+    const size_t held = bytes(row_token) + bytes(row_weight) + bytes(a) + bytes(a_g) + bytes(act) +
+                        bytes(act_g) + bytes(q_up) + bytes(q_down) + bytes(s_up) + bytes(s_down) +
+                        bytes(z_up) + bytes(z_down) + bytes(b13);
+    if (held > kKeepBytes) *this = Scratch{};
+  }
 };
 
 size_t sz(int64_t v) {
@@ -478,6 +493,10 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   // scratch, not their own thread_local instance.
   thread_local Scratch tls_scratch;
   Scratch& sc = tls_scratch;
+  struct TrimOnReturn {
+    Scratch& s;
+    ~TrimOnReturn() { s.trim(); }
+  } trim_on_return{sc};
   const int64_t T = d.T, H = d.H, I = d.I, E = d.E, K = d.k;
   const int64_t routed = T * K;
 
@@ -531,6 +550,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 
   // Groups: the active experts, then the shared expert on every token.
   const bool b13 = opt.b13.has_value(), b2 = opt.b2.has_value();
+  const bool hidden_has_inf =
+      ops::bf16_rows_have_inf(static_cast<const uint16_t*>(hidden.data), hidden.strides[0], T, H);
   std::vector<Group> groups;
   const int64_t n_up_blocks = (I + 31) / 32;
   int64_t active = 0;
@@ -545,19 +566,26 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.row0 = start[e];
     g.rows = start[e + 1] - start[e];
     if (b13) {
-      // The bias in the packed block order: 32 gate entries, then the 32 up ones.
+      // The bias in the packed block order: 32 gate entries, then the 32 up
+      // ones; b13 comes in w13's row order (GPT-OSS's interleaved bias with
+      // interleaved rows: it was read as halves, a silently wrong bias).
       float* pb = sc.b13.data() + static_cast<int64_t>(groups.size()) * n_up_blocks * 64;
       const float* src = static_cast<const float*>(opt.b13->data) + e * opt.b13->strides[0];
       for (int64_t i = 0; i < I; ++i) {
-        pb[i / 32 * 64 + i % 32] = src[i];
-        pb[i / 32 * 64 + 32 + i % 32] = src[I + i];
+        pb[i / 32 * 64 + i % 32] = src[w13.gate_row(i)];
+        pb[i / 32 * 64 + 32 + i % 32] = src[w13.up_row(i)];
       }
       g.b13 = pb;
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
     const codegen::PlanOverrides et = expert_tuned(g.rows);
-    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route, et);
-    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route, et);
+    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route, et,
+                           hidden_has_inf);
+    // The down inputs come from the gate / up outputs: an Inf in hidden
+    // reaches them (one the activation makes from finite inputs does not
+    // count here: docs/reliability.md).
+    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route, et,
+                             hidden_has_inf);
     groups.push_back(std::move(g));
   }
   if (shared) {
@@ -568,8 +596,9 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.rows = T;
     const codegen::PlanOverrides et = expert_tuned(T);
     g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa, opt.int4_route,
-                           et);
-    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et);
+                           et, hidden_has_inf);
+    g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et,
+                             hidden_has_inf);
     groups.push_back(std::move(g));
   }
 
@@ -701,6 +730,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     }
     for (int64_t t = 0; t < T; ++t)
       store_row(acc.data() + t * width, out, t, nb0 * 64, std::min(width, H - nb0 * 64));
+    if (acc.capacity() * sizeof(float) > (size_t(64) << 20)) acc = {};  // as Scratch::trim
   });
 }
 
@@ -709,27 +739,31 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
                    const TensorView& topk_weights, const TensorView& topk_ids,
                    const TensorView& out, const MoeOptions& opt) {
-  const auto& p13 = need_experts(w13, "w13", ExpertProj::gate_up);
-  const auto& p2 = need_experts(w2, "w2", ExpertProj::down);
-  const Dims d = check_args(hidden, p13, p2, topk_weights, topk_ids, out, opt);
-  if (d.T == 0) return;
-  const Isa isa = runtime::active_isa();
-  if (runtime::verbose_level() > 0)
-    std::fprintf(stderr, "tilejit: fused_experts T=%lld H=%lld I=%lld E=%lld k=%lld path=%s\n",
-                 static_cast<long long>(d.T), static_cast<long long>(d.H),
-                 static_cast<long long>(d.I), static_cast<long long>(d.E),
-                 static_cast<long long>(d.k), isa_name(isa));
-  // A forced W4A8 route needs its kernels (the llvm path of a build without
-  // LLVM has none): the scalar path computes the same W4A8 result, as
-  // gemm() does.
-  const auto int4 = [](const PackedExperts::Impl* w) { return w != nullptr && is_int4(w->format); };
-  const bool w4a8_scalar =
-      opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable(isa) &&
-      (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
-       (opt.shared_w2 && int4(opt.shared_w2->impl())));
-  if (isa == Isa::scalar || w4a8_scalar)
-    return run_scalar(d, hidden, p13, p2, topk_weights, topk_ids, out, opt);
-  run_jit(d, isa, hidden, p13, p2, topk_weights, topk_ids, out, opt);
+  runtime::api_guard("fused_experts", [&] {
+    const auto& p13 = need_experts(w13, "w13", ExpertProj::gate_up);
+    const auto& p2 = need_experts(w2, "w2", ExpertProj::down);
+    const Dims d = check_args(hidden, p13, p2, topk_weights, topk_ids, out, opt);
+    if (d.T == 0) return;
+    const Isa isa = runtime::active_isa();
+    if (runtime::verbose_level() > 0)
+      std::fprintf(stderr, "tilejit: fused_experts T=%lld H=%lld I=%lld E=%lld k=%lld path=%s\n",
+                   static_cast<long long>(d.T), static_cast<long long>(d.H),
+                   static_cast<long long>(d.I), static_cast<long long>(d.E),
+                   static_cast<long long>(d.k), isa_name(isa));
+    // A forced W4A8 route needs its kernels (the llvm path of a build without
+    // LLVM has none): the scalar path computes the same W4A8 result, as
+    // gemm() does.
+    const auto int4 = [](const PackedExperts::Impl* w) {
+      return w != nullptr && is_int4(w->format);
+    };
+    const bool w4a8_scalar =
+        opt.int4_route == Int4Route::w4a8 && !ops::w4a8_kernels_usable(isa) &&
+        (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
+         (opt.shared_w2 && int4(opt.shared_w2->impl())));
+    if (isa == Isa::scalar || w4a8_scalar)
+      return run_scalar(d, hidden, p13, p2, topk_weights, topk_ids, out, opt);
+    run_jit(d, isa, hidden, p13, p2, topk_weights, topk_ids, out, opt);
+  });
 }
 
 }  // namespace tilejit

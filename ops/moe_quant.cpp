@@ -18,7 +18,7 @@ constexpr int64_t kBlockN = codegen::PackedLayout::kBlockN;
 
 ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec,
                        int64_t rows, Isa isa, Int4Route int4_route,
-                       const codegen::PlanOverrides& tuned)
+                       const codegen::PlanOverrides& tuned, bool x_has_inf)
     : w_(&w), e_(e) {
   // AMX or AVX-512 by the GEMM's own rule for `rows` (very few rows: AVX-512).
   const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows);
@@ -52,7 +52,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     a_cols_ = w4a8_.k_quad();
     return;
   }
-  if (quant_gemm_fused(*q_, isa, rows)) {
+  if (quant_gemm_fused(*q_, isa, rows) && fused_keeps_infinities(q_->format, x_has_inf)) {
     route_ = Route::fused;
     fused_ = FusedKernels(*q_, spec, rows, isa, fused_tuned);
     return;

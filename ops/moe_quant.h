@@ -41,8 +41,11 @@ class ExpertGemm {
   // distance of its Xbyak AVX-512 kernels (the plan's or the fused decode
   // kernel's; ignored where none runs).
   ExpertGemm() = default;
+  // x_has_inf: the call's inputs hold an ±Inf (int4 then avoids the fused
+  // kernel: ops::fused_keeps_infinities).
   ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec, int64_t rows,
-             Isa isa, Int4Route int4_route, const codegen::PlanOverrides& tuned = {});
+             Isa isa, Int4Route int4_route, const codegen::PlanOverrides& tuned = {},
+             bool x_has_inf = false);
 
   Route route() const { return route_; }
   // Rows per task (a multiple of the kernels' row block).

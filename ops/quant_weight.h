@@ -80,6 +80,17 @@ bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
 
+// Whether any of `rows` bf16 rows of k elements (row stride ld) is ±Inf.
+bool bf16_rows_have_inf(const uint16_t* x, int64_t ld, int64_t rows, int64_t k);
+// Whether the fused kernel gives the IEEE ±Inf / NaN outputs for inputs with
+// (or without) an ±Inf: its int4 form sums (16 + q)·a and a apart and takes
+// (16 + z)·s·Σa off per group, so an Inf activation made Inf − Inf = NaN in
+// every column where the exact (q − z)·s·Inf is ±Inf. int4 inputs with an
+// Inf take the dequant route (fp8 and MXFP4 scale each weight: exact already).
+inline bool fused_keeps_infinities(WeightFormat f, bool x_has_inf) {
+  return !x_has_inf || (f != WeightFormat::int4_awq && f != WeightFormat::int4_gptq);
+}
+
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
 // dequantize 256-deep chunks (32 KiB of bf16: L1-resident), the rest keep
 // GemmSpec's default. (Also what `tilejit dump` plans with.)

@@ -560,7 +560,16 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     std::tie(o.act_scale13, o.act_zero_point13) = fixed_quant(c, false);
     std::tie(o.act_scale2, o.act_zero_point2) = fixed_quant(c, true);
   }
-  if (c.b13) o.b13 = TensorView(b13.data(), DType::f32, {c.e, 2 * c.i});
+  // b13 comes in w13's row order: interleaved (gate i at 2i, up i at 2i + 1)
+  // with GPT-OSS's rows, as its checkpoint ships it; the oracle keeps halves.
+  std::vector<float> b13_given = b13;
+  if (c.b13 && c.interleaved)
+    for (int64_t e = 0; e < c.e; ++e)
+      for (int64_t i = 0; i < c.i; ++i) {
+        b13_given[size_t(e * 2 * c.i + 2 * i)] = b13[size_t(e * 2 * c.i + i)];
+        b13_given[size_t(e * 2 * c.i + 2 * i + 1)] = b13[size_t(e * 2 * c.i + c.i + i)];
+      }
+  if (c.b13) o.b13 = TensorView(b13_given.data(), DType::f32, {c.e, 2 * c.i});
   if (c.b2) o.b2 = TensorView(b2.data(), DType::f32, {c.e, c.h});
   if (sh) {
     o.shared_w13 = &sh->p13;

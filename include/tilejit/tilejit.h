@@ -515,8 +515,10 @@ struct MoeOptions {
   bool clamped_swiglu = false;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
-  std::optional<TensorView> b13;  // [E, 2I] f32: gate then up bias per expert
-  std::optional<TensorView> b2;   // [E, H] f32
+  // [E, 2I] f32, in w13's row order: gate then up biases per expert, or
+  // interleaved (2i gate, 2i + 1 up) when w13 was packed GluRows::interleaved.
+  std::optional<TensorView> b13;
+  std::optional<TensorView> b2;  // [E, H] f32
   // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + shared(x_t)
   float routed_scaling_factor = 1.0f;
   // Shared expert (DeepSeek, Qwen-MoE): one-expert packs (E = 1), same
