@@ -11,6 +11,13 @@ Bounds, each with its reason:
   bf16 moves the output by <= 2^-9 max|v|; the bf16 output adds 2^-9 |ref|).
 - RoPE: 2^-7 |ref| + 2^-21 mag, mag = |x cos| + |x' sin| (docs/rope.md: one
   bf16 ulp of the result plus the f32 product / fma error).
+- W8A8 linear (int8_scaled_mm_with_quant): the per-token quantization of x,
+  half a code per element, 0.51 s_x sum_k |w_deq| (s_x = max|x| / 127),
+  plus 2^-20 of the magnitude (f32 sums and scale products) and, for a bf16
+  output, 2^-8 |ref|; int8_scaled_mm_cpu (codes given): 2^-20 of the
+  magnitude (f32 roundings of exact int sums) plus the output rounding.
+- fp8 W8A16 linear: 2^-8 (|x| @ |w_deq|^T) (the weight dequantized to bf16,
+  2^-9 relative, and f32 sums) plus the output rounding.
 - MoE (bf16): 2^-7 mag + 2^-8 |ref| (the bf16 intermediate activation may
   round to either neighbour; mag = sum_j |w_j| |W2| @ |a|); quantized: 5 %
   of max|ref| (per-token activation quantization feeds through both
@@ -69,6 +76,197 @@ def test_linear_errors():
                                  None, True)
     with pytest.raises(tilejit.Error, match="allowed: 2"):
         sgl.convert_weight_packed(torch.zeros(4))
+
+
+# ---- quantized linear (W8A8 int8, fp8 W8A16) --------------------------------------
+
+def int8_case(m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = rnd((m, k), seed + 1)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    s = torch.rand(n, 1, generator=g) * 0.01 + 0.001  # sglang's layer.weight_scale [N, 1]
+    return x, w, s
+
+
+def w8a8_ref(x, w, s, b):
+    """The float64 linear of bf16 x and the dequantized weight, and the W8A8
+    bound: half a code of x per element, 0.51 s_x sum_k |w_deq| with
+    s_x = max|x| / 127 per row (tilejit and sgl-kernel quantize x per token),
+    plus the f32 sums and scale products (2^-20 of the magnitude)."""
+    wd = w.to(F64) * s.to(F64).reshape(-1, 1)
+    ref = x.to(F64) @ wd.T + (0 if b is None else b.to(F64))
+    sx = x.to(F64).abs().amax(dim=1, keepdim=True) / 127
+    tol = 0.51 * sx * wd.abs().sum(dim=1) + 2.0**-20 * (x.to(F64).abs() @ wd.abs().T)
+    return ref, tol
+
+
+@pytest.mark.parametrize("n,out_dtype,bias", [(64, torch.bfloat16, "f32"),
+                                              (70, torch.float32, None),
+                                              (70, torch.bfloat16, "bf16")])
+def test_int8_scaled_mm_with_quant(n, out_dtype, bias):
+    k = 96
+    x, w, s = int8_case(5, n, k, 200 + n)
+    b = None if bias is None else rnd((n,), 203, dtype=getattr(torch, {"f32": "float32",
+                                                                      "bf16": "bfloat16"}[bias]))
+    ref, tol = w8a8_ref(x, w, s, b)
+    if out_dtype == torch.bfloat16:
+        tol = tol + 2.0**-8 * ref.abs()
+    packed = sgl.convert_weight_packed(w)
+    for mat2, vnni in ((packed, True), (w, False)):
+        y = sgl.int8_scaled_mm_with_quant(x, mat2, s, b, out_dtype, vnni)
+        assert y.dtype == out_dtype and y.shape == (5, n)
+        within(y, ref, tol, f"n={n} vnni={vnni}")
+    y3 = sgl.int8_scaled_mm_with_quant(x.view(1, 5, k), packed, s.view(-1), b, out_dtype, True)
+    assert y3.shape == (1, 5, n)
+    within(y3[0], ref, tol, "3-D mat1, scales2 [N]")
+
+
+def test_per_token_quant_int8_cpu():
+    x = rnd((4, 40), 210, 3.0)
+    x[2] = 0                                   # a zero row: amax is sgl-kernel's eps 1e-7
+    x[3, :4] = torch.tensor([127.0, 0.5, 1.5, -2.5])  # x * 127 / amax at ties: rne
+    x[3, 4:] = 0
+    aq, a_s = sgl.per_token_quant_int8_cpu(x)
+    assert aq.dtype == torch.uint8 and aq.shape == (4, 40)
+    assert a_s.dtype == torch.float32 and a_s.shape == (4,)
+    amax = x.to(F64).abs().amax(dim=1).clamp(min=1e-7)
+    assert torch.equal(a_s, (amax / 127).to(torch.float32))
+    q = aq.to(F64) - 128
+    assert bool(((q - x.to(F64) * 127 / amax[:, None]).abs() <= 0.5 + 1e-5).all())
+    assert torch.equal(aq[2], torch.full((40,), 128, dtype=torch.uint8))
+    assert aq[3, :4].tolist() == [255, 128, 130, 126]
+    a16, s16 = sgl.per_token_quant_int8_cpu(x[:2].to(torch.float16))  # f16 widens exactly
+    assert torch.equal(a16, aq[:2]) and torch.equal(s16, a_s[:2])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_int8_scaled_mm_cpu(out_dtype):
+    n, k = 70, 96
+    x, w, s = int8_case(6, n, k, 220)
+    b = rnd((n,), 223, dtype=torch.float32)
+    aq, a_s = sgl.per_token_quant_int8_cpu(x)
+    q = aq.to(F64) - 128
+    # sgl-kernel's W8A8 on the given codes: exact int sums times scales1 * scales2, plus bias;
+    # here up to five f32 roundings.
+    ref = (q @ w.to(F64).T) * a_s.to(F64)[:, None] * s.to(F64).reshape(1, -1) + b.to(F64)
+    tol = 2.0**-20 * ((q.abs() @ w.to(F64).abs().T) * a_s.to(F64)[:, None] *
+                      s.to(F64).reshape(1, -1) + b.to(F64).abs())
+    if out_dtype == torch.bfloat16:
+        tol = tol + 2.0**-8 * ref.abs()
+    packed = sgl.convert_weight_packed(w)
+    y = sgl.int8_scaled_mm_cpu(aq, packed, a_s, s, b, out_dtype, True)
+    assert y.dtype == out_dtype and y.shape == (6, n)
+    within(y, ref, tol, "uint8 codes")
+    ys8 = sgl.int8_scaled_mm_cpu((aq.to(torch.int16) - 128).to(torch.int8), w, a_s.view(-1, 1),
+                                 s, b, out_dtype, False)
+    assert torch.equal(ys8, y), "int8 codes q give the uint8 codes q + 128's result"
+
+
+def fp8_case(n, k, bn, bk, seed):
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, 0x38, (n, k), generator=g, dtype=torch.int64)  # finite, |v| <= 1
+    w = (c + 128 * torch.randint(0, 2, (n, k), generator=g)).to(torch.uint8)
+    s = torch.rand(-(-n // bn), -(-k // bk), generator=g) * 0.05 + 0.01
+    wd = e4m3_to_f64(w) * s.to(F64).repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return w, s, wd
+
+
+@pytest.mark.parametrize("m,k,block,out_dtype,bias", [
+    (5, 130, (128, 128), torch.bfloat16, True),   # sglang's block; K = 130: a partial block
+    (20, 96, (128, 128), torch.float32, False),   # the dequant route (M > 16), one K block
+    (3, 130, (32, 64), torch.float32, True),      # sgl-kernel refuses bk != 128
+])
+def test_fp8_scaled_mm_cpu(m, k, block, out_dtype, bias):
+    n = 70
+    w, s, wd = fp8_case(n, k, *block, seed=230 + k)
+    x = rnd((m, k), 231)
+    b = rnd((n,), 232, dtype=torch.float32) if bias else None
+    ref = x.to(F64) @ wd.T + (0 if b is None else b.to(F64))
+    # The weight dequantized to bf16 (2^-9 relative) and f32 sums: 2^-8 of the magnitude;
+    # the bf16 output's rounding: 2^-8 |ref|.
+    tol = 2.0**-8 * (x.to(F64).abs() @ wd.abs().T)
+    if out_dtype == torch.bfloat16:
+        tol = tol + 2.0**-8 * ref.abs()
+    packed = sgl.convert_weight_packed(w)
+    for mat2, vnni in ((packed, True), (w, False)):
+        y = sgl.fp8_scaled_mm_cpu(x, mat2, s, list(block), b, out_dtype, vnni)
+        assert y.dtype == out_dtype and y.shape == (m, n)
+        within(y, ref, tol, f"k={k} block={block} vnni={vnni}")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_quantized_linear_follows_new_scales(fmt):
+    # One convert_weight_packed weight called with new scales2 tensors (temporaries whose ids
+    # come back, then one changed in place): each call uses its own scales, as sgl-kernel does,
+    # and the weight keeps one packing.
+    n, k = 40, 64
+    x = rnd((3, k), 240)
+    if fmt == "int8":
+        _, w, s = int8_case(3, n, k, 241)
+
+        def call(mat2, sc, vnni):
+            return sgl.int8_scaled_mm_with_quant(x, mat2, sc, None, torch.float32, vnni)
+    else:
+        w, s, _ = fp8_case(n, k, 32, 32, 242)
+
+        def call(mat2, sc, vnni):
+            return sgl.fp8_scaled_mm_cpu(x, mat2, sc, [32, 32], None, torch.float32, vnni)
+    p = sgl.convert_weight_packed(w)
+    first = call(p, s, True)
+    for f in (2.0, 3.0, 4.0):
+        got = call(p, s * f, True)
+        assert torch.equal(got, call(w, s * f, False)), f"scales2 x{f}"
+        assert not torch.equal(got, first)
+    s[1:] *= 3  # in place: same tensor, new values
+    got = call(p, s, True)
+    assert torch.equal(got, call(w, s, False)), "scales2 changed in place"
+    assert not torch.equal(got, first)
+    assert len(p._packed) == 1
+
+
+def test_quantized_linear_errors():
+    x, w, s = int8_case(2, 40, 64, 250)
+    wf, sf, _ = fp8_case(40, 64, 32, 32, 251)
+    bf = torch.bfloat16
+    i8 = sgl.int8_scaled_mm_with_quant
+    f8 = sgl.fp8_scaled_mm_cpu
+    cases = [
+        ("mat1.dtype", lambda: i8(x.float(), w, s, None, bf, False)),
+        ("float16", lambda: i8(x.half(), w, s, None, bf, False)),
+        ("float16", lambda: f8(x.half(), wf, sf, [32, 32], None, bf, False)),
+        ("mat2 is a torch.bfloat16", lambda: i8(x, w.to(bf), s, None, bf, False)),
+        ("mat2 is a list", lambda: i8(x, [w], s, None, bf, False)),
+        ("K \\+ 4", lambda: i8(x, torch.zeros(40, 68, dtype=torch.int8), s, None, bf, True)),
+        ("mat1 has K=64", lambda: i8(x, w[:, :32], s, None, bf, False)),
+        ("scales2 has shape", lambda: i8(x, w, s[:39], None, bf, False)),
+        ("scales2.dtype", lambda: i8(x, w, s.double(), None, bf, False)),
+        ("scales2: expected a torch.Tensor", lambda: i8(x, w, 0.01, None, bf, False)),
+        ("bias is a", lambda: i8(x, w, s, torch.zeros(41), bf, False)),
+        ("out_dtype=torch.float16", lambda: i8(x, w, s, None, torch.float16, False)),
+        ("out_dtype=torch.int32", lambda: i8(x, w, s, None, torch.int32, False)),
+        ("out_dtype='bf16'", lambda: f8(x, wf, sf, [32, 32], None, "bf16", False)),
+        ("out_dtype=torch.int8", lambda: f8(x, wf, sf, [32, 32], None, torch.int8, False)),
+        ("mat2 is a torch.int8", lambda: f8(x, w, sf, [32, 32], None, bf, False)),
+        ("scales2 has shape", lambda: f8(x, wf, sf[:1], [32, 32], None, bf, False)),
+        ("scales2.dtype", lambda: f8(x, wf, sf.to(bf), [32, 32], None, bf, False)),
+        ("block_k an even", lambda: f8(x, wf, torch.ones(2, 2), [32, 33], None, bf, False)),
+        ("scales1 has shape", lambda: sgl.int8_scaled_mm_cpu(
+            torch.zeros(2, 64, dtype=torch.uint8), w, torch.ones(3), s, None, bf, False)),
+        ("mat1.dtype", lambda: sgl.int8_scaled_mm_cpu(x, w, torch.ones(2), s, None, bf, False)),
+        ("out_dtype", lambda: sgl.int8_scaled_mm_cpu(
+            torch.zeros(2, 64, dtype=torch.uint8), w, torch.ones(2), s, None, torch.half, False)),
+        ("A.dtype", lambda: sgl.per_token_quant_int8_cpu(x.float())),
+        ("A has shape", lambda: sgl.per_token_quant_int8_cpu(x[0])),
+    ]
+    for bs in ([32], [0, 32], [True, 32], (32.0, 32), None, 32, [32, -2]):
+        cases.append(("block_size", lambda bs=bs: f8(x, wf, sf, bs, None, bf, False)))
+    for want, fn in cases:
+        with pytest.raises(tilejit.Error, match=want):
+            fn()
+    nan = wf.clone()
+    nan[0, 3] = 0x7F
+    with pytest.raises(tilejit.Error, match="fp8_scaled_mm_cpu: .*NaN code.*mat2"):
+        f8(x, sgl.convert_weight_packed(nan), sf, [32, 32], None, bf, True)
 
 
 # ---- MoE ---------------------------------------------------------------------------
