@@ -22,7 +22,12 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
   raised inside the tilejit core carry the op's name and a note mapping the
   core's argument names to sgl-kernel's (e.g. ``slot_mapping`` is ``loc``).
 - torch.float16 is refused everywhere (a ``tilejit.Error``; sgl-kernel takes
-  f16 for most ops): convert to bf16 yourself; nothing converts silently.
+  f16 for most ops): convert to bf16 yourself; nothing converts silently
+  (``per_token_quant_int8_cpu``, torch code, widens f16 to f32 exactly).
+- The quantized linear ops (``int8_scaled_mm_with_quant``,
+  ``int8_scaled_mm_cpu``, ``fp8_scaled_mm_cpu``) take ``out_dtype``
+  torch.float32 as well as torch.bfloat16 (sgl-kernel: mat1's dtype only)
+  and a bf16 bias as well as f32.
 - Several sgl-kernel schema versions are accepted, told apart by the
   positional types (see :func:`fused_experts_cpu`,
   :func:`decode_attention_cpu`, :func:`extend_attention_cpu`).
@@ -204,7 +209,10 @@ def convert_weight_packed(weight):
     blocked layout for its AMX / AVX-512 kernels, any N and K, where
     sgl-kernel needs N % 32 == 0 for its VNNI packing); 3-D expert weights
     (bf16, int8, or fp8 e4m3 codes as uint8: torch 1.13 has no float8) are
-    packed at first use by :func:`fused_experts_cpu`.
+    packed at first use by :func:`fused_experts_cpu`, 2-D int8 / fp8 weights
+    at first use by :func:`int8_scaled_mm_with_quant` /
+    :func:`int8_scaled_mm_cpu` / :func:`fp8_scaled_mm_cpu` with the call's
+    scales2 (packed again when a later call's scales2 holds other values).
     """
     _tensor("weight", weight)
     _need(weight.dim() in (2, 3), f"convert_weight_packed: weight has {weight.dim()} dims "
