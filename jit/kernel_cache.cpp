@@ -2,6 +2,9 @@
 #include "jit/tuning_db.h"
 
 #include "jit/disk_cache.h"
+#ifdef TILEJIT_HAVE_LLVM
+#include "codegen/llvm/llvm_jit.h"
+#endif
 #include "runtime/verbose.h"
 
 #include <pthread.h>
@@ -20,6 +23,20 @@
 #include <unordered_map>
 
 namespace tilejit::jit {
+
+// The LLVM JIT's fork rule (codegen/llvm/llvm_jit.h), where the build has it.
+void llvm_before_fork() {
+#ifdef TILEJIT_HAVE_LLVM
+  codegen::llvm_backend::before_fork();
+#endif
+}
+void llvm_after_fork(bool child) {
+#ifdef TILEJIT_HAVE_LLVM
+  codegen::llvm_backend::after_fork(child);
+#else
+  (void)child;
+#endif
+}
 
 struct KernelCache::Impl {
   std::mutex mu;
@@ -48,37 +65,54 @@ struct KernelCache::Impl {
   const bool verbose = runtime::verbose_level() > 0;
 };
 
+namespace {
+// The cache, once made (fork handlers may run before it is).
+std::atomic<KernelCache::Impl*> g_impl{nullptr};
+}  // namespace
+
 KernelCache::Impl& KernelCache::impl() const {
   // Immortal (never destroyed): a host thread may still be inside an operator
   // while static destructors run at exit (it crashed in DiskCache::path_for),
   // and its kernels' code must stay mapped.
   static Impl& impl = *new Impl;
-  // fork() while another thread holds a cache lock would leave the child's
-  // copy locked forever: hold both locks across fork, release them on each side.
-  static const bool registered = [] {
-    pthread_atfork(
-        [] {
-          impl.mu.lock();
-          impl.disk_mu.lock();
-        },
-        [] {
-          impl.disk_mu.unlock();
-          impl.mu.unlock();
-        },
-        [] {
-          // A kernel another thread was making at the fork never comes in
-          // the child (that thread is not there): drop its entry, so the
-          // child makes it itself instead of waiting on it forever.
-          for (auto it = impl.map.begin(); it != impl.map.end();)
-            it = it->second.ready ? std::next(it) : impl.map.erase(it);
-          impl.disk_mu.unlock();
-          impl.mu.unlock();
-        });
-    return true;
-  }();
-  (void)registered;
+  if (g_impl.load(std::memory_order_relaxed) == nullptr) g_impl.store(&impl);
   return impl;
 }
+
+namespace {
+// fork() while another thread holds a cache lock would leave the child's copy
+// locked forever: hold both locks across fork (after the LLVM JIT's gate: a
+// compile in flight takes them when it ends), release them on each side.
+// Registered when the library loads, so that a fork during the very first
+// kernel (the LLVM JIT being made) is covered too.
+void fork_prepare() {
+  llvm_before_fork();
+  if (KernelCache::Impl* p = g_impl.load()) {
+    p->mu.lock();
+    p->disk_mu.lock();
+  }
+}
+void fork_parent() {
+  if (KernelCache::Impl* p = g_impl.load()) {
+    p->disk_mu.unlock();
+    p->mu.unlock();
+  }
+  llvm_after_fork(false);
+}
+void fork_child() {
+  if (KernelCache::Impl* p = g_impl.load()) {
+    // A kernel another thread was making at the fork never comes in the
+    // child (that thread is not there): drop its entry, so the child makes
+    // it itself instead of waiting on it forever.
+    for (auto it = p->map.begin(); it != p->map.end();)
+      it = it->second.ready ? std::next(it) : p->map.erase(it);
+    p->disk_mu.unlock();
+    p->mu.unlock();
+  }
+  llvm_after_fork(true);
+}
+const bool g_fork_handlers = (pthread_atfork(fork_prepare, fork_parent, fork_child), true);
+}  // namespace
 
 // perf map and JIT dump: best effort, never an error for the caller.
 static void observe(KernelCache::Impl& s, const Kernel& k) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <new>
+#include <string_view>
 
 #include "codegen/xbyak/emitters.h"
 #include "jit/front_cache.h"
@@ -103,14 +104,20 @@ const KernelRow& row_for(Family family, Isa path) {
 // Compile through the cache; an exception an emitter raises that is not a
 // tilejit::Error (Xbyak's, a std:: one) is a bug in tilejit, not in the call.
 const Kernel& compile(const std::string& key, const std::string& name, const KernelRecipe& recipe) {
+  // Not a bug: the process is short of memory (docs/reliability.md).
+  auto out_of_memory = [&] {
+    return Error(fmt::format("jit: out of memory: making the kernel {} failed to allocate", name));
+  };
   try {
     return KernelCache::global().get(key, name, recipe);
   } catch (const Error&) {
     throw;
   } catch (const std::bad_alloc&) {
-    // Not a bug: the process is short of memory (docs/reliability.md).
-    throw Error(fmt::format("jit: out of memory: making the kernel {} failed to allocate", name));
+    throw out_of_memory();
   } catch (const std::exception& e) {
+    // Xbyak reports its own allocation failure (ERR_CANT_ALLOC) by this text;
+    // its header stays in codegen/xbyak, so the text is what we can match.
+    if (std::string_view(e.what()) == "can't alloc") throw out_of_memory();
     throw InternalError(fmt::format("jit: emitting {} failed: {}", name, e.what()));
   }
 }

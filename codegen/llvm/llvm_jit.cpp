@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <set>
 #include <shared_mutex>
 #include <thread>
@@ -146,11 +147,14 @@ void close_exit_gate() {
 // The gate, held shared, for one compile or link. The flag is checked first:
 // glibc's rwlock prefers readers, so threads compiling back to back would
 // starve the exit handler's exclusive lock (the process hung at exit).
+// Reentrant: a thread already inside (jit() from a compile) does not lock again.
 class LlvmGate {
  public:
   LlvmGate() {
-    while (g_exiting.load()) std::this_thread::sleep_for(std::chrono::hours(1));  // until _exit
-    lock_ = std::shared_lock<std::shared_mutex>(exit_gate());
+    if (t_llvm_depth == 0) {
+      while (g_exiting.load()) std::this_thread::sleep_for(std::chrono::hours(1));  // until _exit
+      lock_ = std::shared_lock<std::shared_mutex>(exit_gate());
+    }
     ++t_llvm_depth;
   }
   ~LlvmGate() { --t_llvm_depth; }
@@ -167,6 +171,7 @@ void register_exit_gate() {
 // the handler still runs ahead of the destructors of LLVM's own globals
 // (made when libLLVM loaded, before this library).
 const bool g_exit_gate_at_load = (register_exit_gate(), true);
+bool g_fork_locked = false;  // the forking thread holds the gate exclusively
 
 Jit* create_jit() {
   // Each returns true on failure (no target for the host compiled into LLVM).
@@ -279,7 +284,24 @@ double micros_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 const HostTarget& host_target() {
+  const LlvmGate gate;  // the JIT may be made here: a fork must not split that
   return jit().host;
+}
+
+void before_fork() {
+  if (g_exiting.load() || t_llvm_depth > 0) return;
+  exit_gate().lock();  // the compiles in flight finish; none starts
+  g_fork_locked = true;
+}
+
+void after_fork(bool child) {
+  if (!g_fork_locked) return;
+  g_fork_locked = false;
+  if (!child) return exit_gate().unlock();
+  // glibc's rwlock records its writer's thread id, which the child's thread
+  // does not have: unlocking it there corrupted it (the child's next compile
+  // hung). The child has no other thread: a fresh gate in its place.
+  new (&exit_gate()) std::shared_mutex;
 }
 
 void require_vector_host(const char* who) {

@@ -56,6 +56,15 @@ struct HostTarget {
 // AVX2 code on an AVX-512 machine (tests do).
 const HostTarget& host_target();
 
+// fork(): a thread inside LLVM at the fork left its locks (ORC's session, the
+// JIT's creation) taken in the child, which then hung on its first compile.
+// before_fork waits for the compiles in flight and holds new ones back;
+// after_fork (parent and child) lets them go. The kernel cache's fork
+// handlers call them, before taking their own locks (a compile takes those
+// when it ends).
+void before_fork();
+void after_fork(bool child);
+
 // Throws tilejit::Error naming `who` unless the target has AVX2 and FMA, the
 // floor of the LLVM kernels (below it llvm.fma becomes a libm call).
 void require_vector_host(const char* who);
