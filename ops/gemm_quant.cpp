@@ -581,8 +581,9 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // The fused decode kernel has no plan (one kernel per M): of the tuned
   // knobs only the prefetch distance applies there (docs/tuning.md).
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M) &&
-      fused_keeps_infinities(p.format, bf16_rows_have_inf(static_cast<const uint16_t*>(x.data),
-                                                          x.strides[0], M, x.shape[1])))
+      fused_keeps_infinities(p.format, fused_int4_form(p.format) &&
+                                           bf16_rows_have_inf(static_cast<const uint16_t*>(x.data),
+                                                              x.strides[0], M, x.shape[1])))
     return run_fused(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);

@@ -550,7 +550,12 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 
   // Groups: the active experts, then the shared expert on every token.
   const bool b13 = opt.b13.has_value(), b2 = opt.b2.has_value();
+  // Scanned only when an int4 projection could take the fused kernel.
+  const bool any_int4 = ops::fused_int4_form(w13.format) || ops::fused_int4_form(w2.format) ||
+                        (shared && (ops::fused_int4_form(opt.shared_w13->impl()->format) ||
+                                    ops::fused_int4_form(opt.shared_w2->impl()->format)));
   const bool hidden_has_inf =
+      any_int4 &&
       ops::bf16_rows_have_inf(static_cast<const uint16_t*>(hidden.data), hidden.strides[0], T, H);
   std::vector<Group> groups;
   const int64_t n_up_blocks = (I + 31) / 32;

@@ -87,8 +87,12 @@ bool bf16_rows_have_inf(const uint16_t* x, int64_t ld, int64_t rows, int64_t k);
 // (16 + z)·s·Σa off per group, so an Inf activation made Inf − Inf = NaN in
 // every column where the exact (q − z)·s·Inf is ±Inf. int4 inputs with an
 // Inf take the dequant route (fp8 and MXFP4 scale each weight: exact already).
+// Callers scan x only for int4 weights (the scan is on the decode path).
+inline bool fused_int4_form(WeightFormat f) {
+  return f == WeightFormat::int4_awq || f == WeightFormat::int4_gptq;
+}
 inline bool fused_keeps_infinities(WeightFormat f, bool x_has_inf) {
-  return !x_has_inf || (f != WeightFormat::int4_awq && f != WeightFormat::int4_gptq);
+  return !x_has_inf || !fused_int4_form(f);
 }
 
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
