@@ -624,9 +624,9 @@ void add_expert(const runtime::ReferenceGlu& glu, ActQuant aq, const ExpertRef& 
       p.gate_abs += xin.mag[h] * mag(*x.w13, ag, wg);
       p.up_abs += xin.mag[h] * mag(*x.w13, au, wu);
     }
-    if (b13 != nullptr) {
-      p.gate += b13[i], p.up += b13[I + i];
-      p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[I + i]);
+    if (b13 != nullptr) {  // in w13's row order (MoeOptions::b13)
+      p.gate += b13[gr], p.up += b13[ur];
+      p.gate_abs += std::fabs(b13[gr]), p.up_abs += std::fabs(b13[ur]);
     }
     p.act = runtime::reference_glu(glu, p.gate, p.up);
     act[i] = runtime::f32_to_bf16(static_cast<float>(p.act));
