@@ -1,0 +1,90 @@
+"""What every tilejit.sgl op shares: argument checks whose tilejit.Error
+names the argument (where sgl-kernel has a TORCH_CHECK), the float16
+refusal, the re-raise of the tilejit core's errors under the sgl op's name,
+and the binding of one sgl-kernel schema version's argument list."""
+
+import operator
+
+import torch
+
+from tilejit import Error
+
+
+def _need(cond, msg):
+    if not cond:
+        raise Error(msg)
+
+
+def _tensor(arg, t):
+    _need(isinstance(t, torch.Tensor),
+          f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _opt_tensor(arg, t):
+    return None if t is None else _tensor(arg, t)
+
+
+def _no_f16(op, **tensors):
+    """A tilejit.Error for any float16 tensor among tensors (sgl-kernel takes
+    f16; tilejit's kernels are bf16 and nothing is converted silently)."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float16:
+            raise Error(f"{op}: {arg}.dtype=torch.float16 is refused (sgl-kernel takes it; "
+                        "tilejit's kernels are bf16); allowed: torch.bfloat16 (convert with "
+                        ".to(torch.bfloat16))")
+
+
+def _core(op, note, fn, *args, **kwargs):
+    """fn(*args, **kwargs); a tilejit.Error from the tilejit core comes back
+    with the sgl op's name and a note mapping the core's argument names to
+    sgl-kernel's."""
+    try:
+        return fn(*args, **kwargs)
+    except Error as e:
+        raise Error(f"{op}: {e} ({note})") from None
+
+
+_MISSING = object()
+
+
+def _bind(op, names, defaults, args, kwargs):
+    """sgl-kernel's argument list names (of one schema version) bound to args
+    and kwargs as Python would, with tilejit.Errors naming the op; defaults
+    maps the optional names to their values. Returns a dict."""
+    _need(len(args) <= len(names), f"{op}: {len(args)} positional arguments after the "
+          f"fixed ones; allowed: at most {len(names)} ({', '.join(names)})")
+    out = dict(zip(names, args))
+    for k, v in kwargs.items():
+        _need(k in names, f"{op}: unexpected keyword argument {k!r} for this schema "
+              f"({', '.join(names)})")
+        _need(k not in out, f"{op}: {k} given both by position and by keyword")
+        out[k] = v
+    for k in names:
+        if k not in out:
+            _need(k in defaults, f"{op}: missing argument {k}")
+            out[k] = defaults[k]
+    return out
+
+
+def _is_bool(v):
+    return isinstance(v, bool)
+
+
+def _is_int(v):
+    """An integer that is not a bool (IntEnum included)."""
+    if isinstance(v, bool) or isinstance(v, torch.Tensor):
+        return False
+    try:
+        operator.index(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _i32(arg, t):
+    """An index tensor as int32 (tilejit's index dtype for these)."""
+    _tensor(arg, t)
+    _need(t.dtype in (torch.int32, torch.int64),
+          f"{arg}.dtype={t.dtype}; allowed: torch.int32, torch.int64")
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
