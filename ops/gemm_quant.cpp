@@ -559,8 +559,14 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // and, for W8A8 and the dequant route, the GemmPlan's row blocking, task
   // split and ISA (validated at load: jit/tuning_db.cpp).
   const codegen::PlanOverrides& tuned = weight_tuned(p, bias_kind(opt), opt.act, y.dtype, path, M);
+  // Whether x holds an ±Inf, asked only where it changes the route (int4
+  // weights): the fused kernel's zero-point form and W4A8 would make NaN of it.
+  const bool x_has_inf =
+      fused_int4_form(p.format) &&
+      bf16_rows_have_inf(static_cast<const uint16_t*>(x.data), x.strides[0], M, x.shape[1]);
   // W4A8 (int4 weights, int8 activations): opt.int4_route, by path and M.
-  const bool w4a8 = w4a8_route(p, opt, rows_isa, M, tuned);
+  const bool w4a8 =
+      w4a8_route(p, opt, rows_isa, M, tuned) && w4a8_keeps_infinities(opt.int4_route, x_has_inf);
   if (p.format == WeightFormat::int8 || w4a8) {
     act_quant_mode(opt.act_quant);  // Error for a value outside the enum
     if (opt.act_quant == ActQuant::fixed &&
@@ -581,9 +587,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // The fused decode kernel has no plan (one kernel per M): of the tuned
   // knobs only the prefetch distance applies there (docs/tuning.md).
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M) &&
-      fused_keeps_infinities(p.format, fused_int4_form(p.format) &&
-                                           bf16_rows_have_inf(static_cast<const uint16_t*>(x.data),
-                                                              x.strides[0], M, x.shape[1])))
+      fused_keeps_infinities(p.format, x_has_inf))
     return run_fused(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);

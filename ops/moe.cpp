@@ -550,7 +550,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
 
   // Groups: the active experts, then the shared expert on every token.
   const bool b13 = opt.b13.has_value(), b2 = opt.b2.has_value();
-  // Scanned only when an int4 projection could take the fused kernel.
+  // Scanned only when an int4 projection could take the fused kernel or
+  // W4A8 (an Inf in hidden keeps int4 experts on W4A16's IEEE results).
   const bool any_int4 = ops::fused_int4_form(w13.format) || ops::fused_int4_form(w2.format) ||
                         (shared && (ops::fused_int4_form(opt.shared_w13->impl()->format) ||
                                     ops::fused_int4_form(opt.shared_w2->impl()->format)));

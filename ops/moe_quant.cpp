@@ -44,7 +44,8 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
     exe_ = &gemm_executable(qs, plan_isa, plan_tuned);
     return;
   }
-  if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts", tuned)) {
+  if (w4a8_route(q_->format, q_->layout.k, int4_route, plan_isa, rows, "fused_experts", tuned) &&
+      w4a8_keeps_infinities(int4_route, x_has_inf)) {
     if (!w4a8_kernels_usable(plan_isa))
       throw InternalError("fused_experts: the W4A8 route without its kernels");
     route_ = Route::w4a8;

@@ -42,7 +42,8 @@ class ExpertGemm {
   // kernel's; ignored where none runs).
   ExpertGemm() = default;
   // x_has_inf: the call's inputs hold an ±Inf (int4 then avoids the fused
-  // kernel: ops::fused_keeps_infinities).
+  // kernel and, under int4_route automatic, W4A8: ops::fused_keeps_infinities,
+  // ops::w4a8_keeps_infinities).
   ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::GemmSpec& spec, int64_t rows,
              Isa isa, Int4Route int4_route, const codegen::PlanOverrides& tuned = {},
              bool x_has_inf = false);

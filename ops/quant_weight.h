@@ -94,6 +94,14 @@ inline bool fused_int4_form(WeightFormat f) {
 inline bool fused_keeps_infinities(WeightFormat f, bool x_has_inf) {
   return !x_has_inf || !fused_int4_form(f);
 }
+// Whether int4_route automatic may take W4A8 for inputs with (or without) an
+// ±Inf: W4A8 quantizes a row holding an Inf to a NaN scale (the W8A8 rule),
+// while W4A16 gives each column its IEEE ±Inf or NaN, so the automatic choice
+// keeps such inputs on W4A16 and the NaN set does not depend on the path or M
+// (docs/reliability.md). A requested int4_route=w4a8 keeps W8A8's rule.
+inline bool w4a8_keeps_infinities(Int4Route route, bool x_has_inf) {
+  return !x_has_inf || route != Int4Route::automatic;
+}
 
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
 // dequantize 256-deep chunks (32 KiB of bf16: L1-resident), the rest keep

@@ -955,6 +955,45 @@ TEST(QuantExpertsNan, TokenOfNanStaysInItsRow) {
     }
 }
 
+// An ±Inf in hidden keeps int4 experts on W4A16 under int4_route automatic:
+// W4A8 would quantize the token's row to a NaN scale (every output NaN),
+// W4A16 gives the IEEE ±Inf / NaN, so the route (path, rows per expert) must
+// not change the result. With I = 1 the token's outputs are act·w2[h]: ±Inf
+// where act is ±Inf, so the W4A16 row is not all NaN. T = 40 tokens on 2
+// experts: 20 rows each, W4A8 by the automatic rule on llvm and avx512.
+TEST(QuantExpertsNan, InfTokenTakesW4a16UnderAutomatic) {
+  const int64_t E = 2, H = 64, I = 1, K = 1, T = 40;
+  for (QFmt f : {QFmt::awq, QFmt::gptq_actorder}) {
+    SCOPED_TRACE(qfmt_name(f));
+    const Experts x = make_experts(f, E, H, I, 31);
+    std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(T * H), 32, -1, 1);
+    for (int64_t t = 0; t < T; t += 3) hidden[t * H + t % H] = t % 2 ? 0xff80 : 0x7f80;
+    std::vector<float> w(static_cast<size_t>(T * K), 1.0f);
+    std::vector<int32_t> ids(static_cast<size_t>(T * K));
+    for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>(t % E);
+    auto run = [&](Int4Route route) {
+      MoeOptions o;
+      o.int4_route = route;
+      std::vector<float> out(static_cast<size_t>(T * H), 0);
+      fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), x.p13, x.p2,
+                    TensorView(w.data(), DType::f32, {T, K}),
+                    TensorView(ids.data(), DType::i32, {T, K}),
+                    TensorView(out.data(), DType::f32, {T, H}), o);
+      return out;
+    };
+    const std::vector<float> automatic = run(Int4Route::automatic);
+    const std::vector<float> w4a16 = run(Int4Route::w4a16);
+    int64_t differ = 0, infinite = 0;
+    for (size_t j = 0; j < w4a16.size(); ++j) {
+      const float a = automatic[j], b = w4a16[j];
+      differ += std::isnan(a) != std::isnan(b) || (!std::isnan(b) && a != b);
+      infinite += std::isinf(b);
+    }
+    EXPECT_EQ(differ, 0) << "automatic and w4a16 differ";
+    EXPECT_GT(infinite, 0) << "no ±Inf output: the case does not tell the routes apart";
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Bad input: each an Error naming what is wrong.
 

@@ -1068,44 +1068,48 @@ TEST_P(QuantNan, RowOfNanStaysInItsRow) {
 // finite. The int4 fused decode kernel made every column of such a row NaN
 // (Inf − Inf in its zero-point form): int4 rows with an Inf now take the
 // dequant route. M 1 and 3 run the fused kernel on amx / avx512 / llvm, 20
-// the dequant route (int4 forced to W4A16: W4A8 quantizes a row with an Inf
+// the dequant route: int4 under W4A16 and under the automatic route, which
+// would take W4A8 at 20 rows on llvm and avx512 but keeps such x on W4A16
+// (ops::w4a8_keeps_infinities; a requested W4A8 quantizes a row with an Inf
 // to NaN, docs/quantized.md, as W8A8 does).
 TEST_P(QuantNan, InfInXGivesEachColumnItsIeeeInfOrNaN) {
   QCase c;
   c.fmt = GetParam(), c.n = 70, c.k = 96, c.group = 32, c.zp = true;
   if (c.fmt == Fmt::int8) GTEST_SKIP() << "W8A8: a row with an Inf quantizes to scale NaN";
-  for (int64_t m : {1, 3, 20}) {
-    c.m = m;
-    const Checkpoint ck = make_checkpoint(c);
-    const PackedWeight pw = pack(c, ck);
-    std::vector<float> w(static_cast<size_t>(c.n * c.k));
-    pw.dequantize(TensorView(w.data(), DType::f32, {c.n, c.k}));
-    std::vector<uint16_t> x = random_bf16(static_cast<size_t>(m * c.k), 5);
-    x[0] = 0x7f80;                             // +Inf at row 0, k 0
-    if (m > 1) x[(m - 1) * c.k + 5] = 0xff80;  // -Inf at the last row, k 5
-    std::vector<float> y(static_cast<size_t>(m * c.n));
-    GemmOptions opt;
-    opt.int4_route = Int4Route::w4a16;
-    gemm(TensorView(x.data(), DType::bf16, {m, c.k}), pw,
-         TensorView(y.data(), DType::f32, {m, c.n}), opt);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        const float got = y[i * c.n + j];
-        SCOPED_TRACE(std::string(fmt_name(c.fmt)) + " m=" + std::to_string(m) + " y[" +
-                     std::to_string(i) + ", " + std::to_string(j) + "] = " + std::to_string(got));
-        const bool inf_row = i == 0 || i == m - 1;
-        if (!inf_row) {
-          EXPECT_TRUE(std::isfinite(got));
-          continue;
+  for (const Int4Route route : {Int4Route::w4a16, Int4Route::automatic})
+    for (int64_t m : {1, 3, 20}) {
+      c.m = m;
+      const Checkpoint ck = make_checkpoint(c);
+      const PackedWeight pw = pack(c, ck);
+      std::vector<float> w(static_cast<size_t>(c.n * c.k));
+      pw.dequantize(TensorView(w.data(), DType::f32, {c.n, c.k}));
+      std::vector<uint16_t> x = random_bf16(static_cast<size_t>(m * c.k), 5);
+      x[0] = 0x7f80;                             // +Inf at row 0, k 0
+      if (m > 1) x[(m - 1) * c.k + 5] = 0xff80;  // -Inf at the last row, k 5
+      std::vector<float> y(static_cast<size_t>(m * c.n));
+      GemmOptions opt;
+      opt.int4_route = route;
+      gemm(TensorView(x.data(), DType::bf16, {m, c.k}), pw,
+           TensorView(y.data(), DType::f32, {m, c.n}), opt);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          const float got = y[i * c.n + j];
+          SCOPED_TRACE(std::string(fmt_name(c.fmt)) + " m=" + std::to_string(m) +
+                       (route == Int4Route::automatic ? " automatic" : " w4a16") + " y[" +
+                       std::to_string(i) + ", " + std::to_string(j) + "] = " + std::to_string(got));
+          const bool inf_row = i == 0 || i == m - 1;
+          if (!inf_row) {
+            EXPECT_TRUE(std::isfinite(got));
+            continue;
+          }
+          const float wv = w[j * c.k + (i == 0 ? 0 : 5)];
+          const float sign = i == 0 ? 1.0f : -1.0f;
+          if (wv == 0)
+            EXPECT_TRUE(std::isnan(got));
+          else
+            EXPECT_EQ(got, sign * wv > 0 ? INFINITY : -INFINITY);
         }
-        const float wv = w[j * c.k + (i == 0 ? 0 : 5)];
-        const float sign = i == 0 ? 1.0f : -1.0f;
-        if (wv == 0)
-          EXPECT_TRUE(std::isnan(got));
-        else
-          EXPECT_EQ(got, sign * wv > 0 ? INFINITY : -INFINITY);
-      }
-  }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantNan,
