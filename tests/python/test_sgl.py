@@ -1147,6 +1147,33 @@ def test_decode_attention_cpu_errors_name_sgl_arguments():
                                  value.half(), loc, *args)
 
 
+def test_decode_attention_cpu_mixed_schema_versions():
+    # The classic list's int sliding_window_size in 14th place with the newer
+    # list's keyword encoder_lens was bound to the newer list: -1 became
+    # is_cross_attn (an Error naming only is_cross_attn), and 0 became
+    # is_cross_attn=False with the window silently dropped. Now the message
+    # names the versions each argument fits.
+    r2t, rpi, kb, vb, q, key, value, loc, sl = decode_case(150)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    head = (q, kb, vb, out, key, value, loc, None, r2t, rpi, sl, 0.125, 0.0)
+    for w in (-1, 0):
+        with pytest.raises(tilejit.Error, match=(
+                r"decode_attention_cpu: the call mixes sgl-kernel schema versions: argument 4 "
+                rf"\(a Tensor\) and argument 14 \({w}, not a bool\) fit only the classic version, "
+                r"keyword encoder_lens only the new / scaled versions; allowed: the arguments of "
+                r"one version, classic \(.*logit_cap, sliding_window_size, sinks, k_scale, "
+                r"v_scale\); new \(.*logit_cap, is_cross_attn, sliding_window_size, "
+                r"encoder_lens, .*\); scaled \(query, k_buffer, v_buffer, k_buf_scale, ")):
+            sgl.decode_attention_cpu(*head, w, encoder_lens=None)
+    with pytest.raises(tilejit.Error, match=r"argument 4 \(a Tensor\) fits only the classic / "
+                       "new versions, keyword k_buf_scale only the scaled version"):
+        sgl.decode_attention_cpu(*head, k_buf_scale=1.0)
+    with pytest.raises(tilejit.Error, match=r"argument 4 \(1.0, not a Tensor\) fits only the "
+                       "scaled version, keyword k_scale only the classic / new versions"):
+        sgl.decode_attention_cpu(q, kb, vb, 1.0, 1.0, out, key, value, loc, None, r2t, rpi, sl,
+                                 0.125, 0.0, k_scale=1.0)
+
+
 def test_extend_attention_cpu_new_schema_window():
     hq, hkv, d, n_slots = 4, 2, 64, 40
     prefix, ext = [3, 0, 6], [4, 2, 3]
@@ -1177,6 +1204,14 @@ def test_extend_attention_cpu_new_schema_window():
     assert torch.equal(o1, o2)
     with pytest.raises(tilejit.Error, match="is_cross_attn=True; allowed: False"):
         sgl.extend_attention_cpu(*args[:3], o1, *args[4:14], True, 0, None, None)
+    # Mixed versions, as decode_attention_cpu's (test above), the bool one place later.
+    with pytest.raises(tilejit.Error, match=r"extend_attention_cpu: the call mixes sgl-kernel "
+                       r"schema versions: argument 15 \(-1, not a bool\) fits only the classic "
+                       "version, keyword encoder_lens only the new version"):
+        sgl.extend_attention_cpu(*args[:3], o1, *args[4:14], -1, encoder_lens=None)
+    with pytest.raises(tilejit.Error, match=r"argument 15 \(False\) fits only the new version, "
+                       "keyword custom_mask only the classic version"):
+        sgl.extend_attention_cpu(*args[:3], o1, *args[4:], custom_mask=None)
     with pytest.raises(tilejit.Error, match="k_extend: expected a torch.Tensor, got NoneType"):
         sgl.extend_attention_cpu(q, None, None, o1, *args[4:])
 

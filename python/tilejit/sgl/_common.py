@@ -67,6 +67,62 @@ def _bind(op, names, defaults, args, kwargs):
     return out
 
 
+def _pick_schema(op, forms, clues):
+    """The sgl-kernel schema version of a call: the first key of forms (name
+    -> argument list, the preferred first) that every clue fits. clues:
+    (what the call did, the versions that allow it), as
+    :func:`_positional_clue` and :func:`_keyword_clues` make them. Clues
+    that fit no one version are an Error naming the versions the earlier
+    clues left and the argument that fits none of them: bound to one
+    version, a mixed call would give an argument of the other the wrong name
+    (a classic sliding_window_size=-1 read as is_cross_attn, or 0 read as
+    is_cross_attn=False with the window silently dropped)."""
+    fit, seen = list(forms), []
+    for what, allows in clues:
+        left = [f for f in fit if f in allows]
+        if not left:
+            shown = [f for f in forms if f in fit or f in allows]
+            raise Error(f"{op}: the call mixes sgl-kernel schema versions: "
+                        f"{' and '.join(seen)} fit{'s' if len(seen) == 1 else ''} only "
+                        f"{_versions(fit)}, {what} only {_versions(allows)}; allowed: the "
+                        "arguments of one version, " + "; ".join(
+                            f"{f} ({', '.join(forms[f])})" for f in shown))
+        if len(left) < len(fit):
+            seen.append(what)
+        fit = left
+    return fit[0]
+
+
+def _versions(names):
+    names = list(names)
+    return f"the {' / '.join(names)} version{'s' if len(names) > 1 else ''}"
+
+
+def _positional_clue(args, i, test, kind, yes, no):
+    """[(what, versions)] for args[i], the versions yes when test(args[i])
+    holds and no otherwise ([] when the call has no args[i]). kind says what
+    test looks for ("a bool")."""
+    if len(args) <= i:
+        return []
+    v, ok = args[i], test(args[i])
+    shown = "a Tensor" if isinstance(v, torch.Tensor) else repr(v)
+    if len(shown) > 40:
+        shown = f"a {type(v).__name__}"
+    what = f"argument {i + 1} ({shown}{'' if ok else ', not ' + kind})"
+    return [(what, yes if ok else no)]
+
+
+def _keyword_clues(forms, kwargs):
+    """[(what, versions)] for each keyword that only some versions of forms
+    have (a name no version has is left to :func:`_bind`'s error)."""
+    out = []
+    for k in kwargs:
+        allows = [f for f, names in forms.items() if k in names]
+        if 0 < len(allows) < len(forms):
+            out.append((f"keyword {k}", allows))
+    return out
+
+
 def _is_bool(v):
     return isinstance(v, bool)
 

@@ -9,8 +9,8 @@ import torch
 
 import tilejit
 
-from ._common import _bind, _core, _i32, _is_bool, _is_int, _need, _no_f16, _opt_tensor, \
-    _tensor
+from ._common import _bind, _core, _i32, _is_bool, _is_int, _keyword_clues, _need, _no_f16, \
+    _opt_tensor, _pick_schema, _positional_clue, _tensor
 
 
 def _sinks(sinks):
@@ -136,25 +136,23 @@ _ATT_DEFAULTS = dict(logit_cap=0.0, sliding_window_size=-1, sinks=None, k_scale=
                      v_scale=1.0, is_cross_attn=False, encoder_lens=None, custom_mask=None,
                      tree_mask=None, key=None, value=None, loc=None, attn_logits=None,
                      max_len_extend=None)
-_NEW_KW = ("is_cross_attn", "encoder_lens")
-
-
-def _new_schema(head, args, kwargs):
-    """Whether a decode / extend call is written against sglang's newer list
-    (head, then is_cross_attn, ...): the keywords is_cross_attn /
-    encoder_lens, or a bool right after the head (where the classic list has
-    an int sliding_window_size)."""
-    return any(k in kwargs for k in _NEW_KW) or (len(args) > len(head) and
-                                                 _is_bool(args[len(head)]))
+_DEC_FORMS = {"classic": _DEC_CLASSIC, "new": _DEC_NEW, "scaled": _DEC_SCALED}
 
 
 def _decode_form(args, kwargs):
-    if "k_buf_scale" in kwargs or "k_buffer" in kwargs or (
-            len(args) > 3 and not isinstance(args[3], torch.Tensor)):
-        return "scaled", _DEC_SCALED
-    if _new_schema(_DEC_HEAD, args, kwargs):
-        return "new", _DEC_NEW
-    return "classic", _DEC_CLASSIC
+    """(version, argument list) of a decode_attention_cpu call: scaled when
+    the 4th argument is not a tensor (k_buf_scale) or a keyword only scaled
+    has (k_buffer, k_buf_scale, ...); new when the argument after the head is
+    a bool (is_cross_attn, where classic has sliding_window_size) or a
+    keyword only new and scaled have (is_cross_attn, encoder_lens); classic
+    otherwise. A call mixing versions is an Error (:func:`_pick_schema`)."""
+    clues = (_positional_clue(args, 3, lambda v: isinstance(v, torch.Tensor), "a Tensor",
+                              ("classic", "new"), ("scaled",))
+             + _positional_clue(args, len(_DEC_HEAD), _is_bool, "a bool", ("new", "scaled"),
+                                ("classic", "scaled"))
+             + _keyword_clues(_DEC_FORMS, kwargs))
+    form = _pick_schema("decode_attention_cpu", _DEC_FORMS, clues)
+    return form, _DEC_FORMS[form]
 
 
 def decode_attention_cpu(*args, **kwargs):
@@ -184,6 +182,11 @@ def decode_attention_cpu(*args, **kwargs):
       seq_lens, sm_scale, logit_cap, is_cross_attn, sliding_window_size,
       encoder_lens, sinks``, the window as in "new", the buffer scales as
       k_scale / v_scale.
+
+    A call whose arguments fit no one list (an int 14th argument, classic's
+    sliding_window_size, with the keyword encoder_lens; a tensor 4th
+    argument with k_buf_scale=) is an Error naming the versions each of
+    those arguments fits, not bound to one list by guess.
 
     ``key`` / ``value`` None (with loc None): nothing is stored (newer
     sgl-kernel). ``loc`` must be in [0, num_slots): a negative slot is an
@@ -259,6 +262,7 @@ _EXT_HEAD = ("q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buff
 _EXT_CLASSIC = _EXT_HEAD + ("sliding_window_size", "sinks", "custom_mask", "tree_mask")
 _EXT_NEW = _EXT_HEAD + ("is_cross_attn", "sliding_window_size", "encoder_lens", "sinks",
                         "tree_mask")
+_EXT_FORMS = {"classic": _EXT_CLASSIC, "new": _EXT_NEW}
 
 
 def extend_attention_cpu(*args, **kwargs):
@@ -283,6 +287,10 @@ def extend_attention_cpu(*args, **kwargs):
       as sglang passes it (``layer.sliding_window_size + 1``: keys kept
       including the query's own, <= 0 none; extend.cpp).
 
+    A call mixing the two (an int 15th argument with the keyword
+    encoder_lens, a bool 15th with custom_mask=) is an Error naming the
+    version each of those arguments fits.
+
     extend_start_loc must be the running sum of extend_seq_lens (an Error
     otherwise). ``max_len_extend`` has no meaning here (ignored).
     ``custom_mask`` (speculative decoding, sglang's layout: per request
@@ -294,8 +302,11 @@ def extend_attention_cpu(*args, **kwargs):
     or k_extend None: Error (cross-attention is not supported). logit_cap
     and sinks as in :func:`decode_attention_cpu`; float16 is an Error."""
     op = "extend_attention_cpu"
-    new = _new_schema(_EXT_HEAD, args, kwargs)
-    a = _bind(op, _EXT_NEW if new else _EXT_CLASSIC, _ATT_DEFAULTS, args, kwargs)
+    # As decode's classic / new (_decode_form), the bool one place later.
+    new = _pick_schema(op, _EXT_FORMS, _positional_clue(
+        args, len(_EXT_HEAD), _is_bool, "a bool", ("new",), ("classic",))
+        + _keyword_clues(_EXT_FORMS, kwargs)) == "new"
+    a = _bind(op, _EXT_FORMS["new" if new else "classic"], _ATT_DEFAULTS, args, kwargs)
     _no_cross(op, a)
     custom_mask, tree_mask = a.get("custom_mask"), a["tree_mask"]
     _need(custom_mask is None or tree_mask is None,
