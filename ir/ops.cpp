@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ir/activation.h"
+#include "ir/attention_rules.h"
 #include "ir/text_util.h"
 #include "ir/types.h"
 
@@ -62,7 +63,7 @@ const KindInfo& info(OpKind kind) {
 
 constexpr AttrSpec kAttentionAttrs[] = {
     {"causal", AttrKind::boolean, false, "mask keys after the query position (default false)"},
-    {"sm_scale", AttrKind::real, false, "softmax scale, > 0 (default 1/sqrt(D))"},
+    {"sm_scale", AttrKind::real, false, "softmax scale, finite (default 1/sqrt(D))"},
     {"window_left", AttrKind::integer, false, "keys visible before the query, -1 = all (default)"},
     {"window_right", AttrKind::integer, false, "keys visible after the query, -1 = all (default)"},
     {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
@@ -71,7 +72,7 @@ constexpr AttrSpec kAttentionAttrs[] = {
 // so there is no causal flag or right window; k_scale / v_scale exactly with
 // an f8e4m3 cache (rules_attention.cpp).
 constexpr AttrSpec kDecodeAttentionAttrs[] = {
-    {"sm_scale", AttrKind::real, false, "softmax scale, > 0 (default 1/sqrt(D))"},
+    {"sm_scale", AttrKind::real, false, "softmax scale, finite (default 1/sqrt(D))"},
     {"window_left", AttrKind::integer, false,
      "keys visible before the new token, -1 = all (default)"},
     {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
@@ -379,26 +380,31 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
     std::string list = join(allowed, ", ", [](std::string_view a) { return cat('"', a, '"'); });
     problems.push_back(cat("attribute '", n, "' = \"", *v, "\" must be one of ", list));
   };
+  // An attribute against the operators' own rule (ir/attention_rules.h).
+  auto real_rule = [&](const char* n, const char* (*refusal)(double)) {
+    if (auto v = attrs.get_double(n))
+      if (const char* allowed = refusal(*v))
+        problems.push_back(cat("attribute '", n, "' = ", *v, "; allowed: ", allowed));
+  };
+  auto int_rule = [&](const char* n, const char* (*refusal)(int64_t)) {
+    if (auto v = attrs.get_int(n))
+      if (const char* allowed = refusal(*v))
+        problems.push_back(cat("attribute '", n, "' = ", *v, "; allowed: ", allowed));
+  };
   // The score options both attention ops take (AttentionOptions).
   auto score_attrs = [&] {
-    if (auto s = attrs.get_double("sm_scale"); s && !(*s > 0)) {
-      problems.push_back(cat("attribute 'sm_scale' = ", *s, " must be > 0"));
-    }
-    if (auto c = attrs.get_double("softcap"); c && *c < 0) {
-      problems.push_back(cat("attribute 'softcap' = ", *c, " must be >= 0 (0 = off)"));
-    }
-    int_at_least("window_left", -1);
+    real_rule("sm_scale", sm_scale_refusal);
+    real_rule("softcap", softcap_refusal);
+    int_rule("window_left", window_refusal);
   };
   switch (kind) {
     case OpKind::attention:
       score_attrs();
-      int_at_least("window_right", -1);
+      int_rule("window_right", window_refusal);
       break;
     case OpKind::decode_attention:
       score_attrs();
-      for (const char* n : {"k_scale", "v_scale"})
-        if (auto v = attrs.get_double(n); v && !(*v > 0))
-          problems.push_back(cat("attribute '", n, "' = ", *v, " must be > 0"));
+      for (const char* n : {"k_scale", "v_scale"}) real_rule(n, kv_scale_refusal);
       break;
     case OpKind::rope:
       one_of("style", {"neox", "gptj"});

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <string>
 
+#include "ir/attention_rules.h"
 #include "ops/attention_engine.h"
 #include "ops/tensor_checks.h"
 #include "runtime/int_math.h"
@@ -78,8 +79,8 @@ KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_
       out.assign(static_cast<size_t>(hkv), 1.0f);
       return;
     }
-    if (!(scale > 0) || !std::isfinite(scale))
-      throw Error(fmt::format("{}: {}.{}={}; allowed: a finite value > 0", op, where, name, scale));
+    if (const char* allowed = ir::kv_scale_refusal(scale))
+      throw Error(fmt::format("{}: {}.{}={}; allowed: {}", op, where, name, scale, allowed));
     out.assign(static_cast<size_t>(hkv), scale);
     if (!heads) return;
     const std::string arg = fmt::format("{}.{}", where, heads_name);
@@ -91,8 +92,8 @@ KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_
     const auto* p = static_cast<const float*>(heads->data);
     for (int64_t h = 0; h < hkv; ++h) {
       const float x = p[h * heads->strides[0]];
-      if (!(x > 0) || !std::isfinite(x))
-        throw Error(fmt::format("{}: {}[{}]={}; allowed: a finite value > 0", op, arg, h, x));
+      if (const char* allowed = ir::kv_scale_refusal(x))
+        throw Error(fmt::format("{}: {}[{}]={}; allowed: {}", op, arg, h, x, allowed));
       out[static_cast<size_t>(h)] = x;
     }
   };
@@ -117,16 +118,15 @@ void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq)
 }
 
 void check_options(const char* op, const AttentionOptions& opt) {
-  if (opt.window_left < -1)
-    throw Error(
-        fmt::format("{}: window_left={}; allowed: -1 (unbounded) or >= 0", op, opt.window_left));
-  if (opt.window_right < -1)
-    throw Error(
-        fmt::format("{}: window_right={}; allowed: -1 (unbounded) or >= 0", op, opt.window_right));
-  if (!(opt.softcap >= 0) || !std::isfinite(opt.softcap))
-    throw Error(
-        fmt::format("{}: softcap={}; allowed: 0 (off) or a finite value > 0", op, opt.softcap));
-  if (opt.sm_scale) ops::check_finite(op, "sm_scale", *opt.sm_scale);
+  if (const char* allowed = ir::window_refusal(opt.window_left))
+    throw Error(fmt::format("{}: window_left={}; allowed: {}", op, opt.window_left, allowed));
+  if (const char* allowed = ir::window_refusal(opt.window_right))
+    throw Error(fmt::format("{}: window_right={}; allowed: {}", op, opt.window_right, allowed));
+  if (const char* allowed = ir::softcap_refusal(opt.softcap))
+    throw Error(fmt::format("{}: softcap={}; allowed: {}", op, opt.softcap, allowed));
+  if (opt.sm_scale)
+    if (const char* allowed = ir::sm_scale_refusal(*opt.sm_scale))
+      throw Error(fmt::format("{}: sm_scale={}; allowed: {}", op, *opt.sm_scale, allowed));
 }
 
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t hkv,

@@ -655,12 +655,20 @@ TEST(IrVerifier, AttentionRules) {
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Ux8x64xbf16"), "",
                                      q("?Tx8x64xbf16"))),
               HasSubstr("operand 'v' (%v) has S=?U but 'k' (%k) has S=?S"));
+  // The operators' rule (ir/attention_rules.h): any finite sm_scale, 0 and
+  // negative ones included (the IR refused them while the API ran them).
+  for (const char* s : {"{sm_scale = -1.0}", "{sm_scale = 0.0}"})
+    EXPECT_EQ(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"), s,
+                                     q("?Tx8x64xbf16"))),
+              "")
+        << s;
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
-                                     "{sm_scale = -1.0}", q("?Tx8x64xbf16"))),
-              HasSubstr("%0 = attention: attribute 'sm_scale' = -1 must be > 0"));
+                                     "{softcap = -1.0}", q("?Tx8x64xbf16"))),
+              HasSubstr("%0 = attention: attribute 'softcap' = -1; allowed: 0 (off) or a finite "
+                        "value > 0"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
                                      "{window_left = -2}", q("?Tx8x64xbf16"))),
-              HasSubstr("attribute 'window_left' = -2 must be >= -1"));
+              HasSubstr("attribute 'window_left' = -2; allowed: -1 (unbounded) or >= 0"));
   EXPECT_THAT(verify_error(attn_text(q("?Tx8x64xbf16"), q("?Sx8x64xbf16"), q("?Sx8x64xbf16"),
                                      "{causal = 1}", q("?Tx8x64xbf16"))),
               HasSubstr("attribute 'causal' is a int (1), expected a bool"));
@@ -721,7 +729,7 @@ TEST(IrVerifier, DecodeAttentionRules) {
               HasSubstr("attribute 'k_scale' needs an f8e4m3 cache; 'k_cache' (%kc) is bf16"));
   EXPECT_THAT(
       err(q, t("?Nx16x8x128xf8e4m3"), t("?Nx16x8x128xf8e4m3"), table, lens, "{v_scale = 0.0}", r),
-      HasSubstr("attribute 'v_scale' = 0 must be > 0"));
+      HasSubstr("attribute 'v_scale' = 0; allowed: a finite value > 0"));
   EXPECT_THAT(err(q, kc, kc, table, lens, "{causal = true}", r),
               HasSubstr("unknown attribute 'causal' (decode_attention takes sm_scale, "
                         "window_left, softcap, k_scale, v_scale)"));
