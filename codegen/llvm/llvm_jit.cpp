@@ -3,6 +3,7 @@
 #include "codegen/llvm/llvm_jit.h"
 
 #include <llvm/ADT/SmallVector.h>
+#include <llvm/CodeGen/SelectionDAGNodes.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/IR/LegacyPassManager.h>
@@ -131,9 +132,10 @@ void apply_cpu_override(orc::JITTargetMachineBuilder& b) {
 // crashing it. Exit handlers run last-registered first, so the handler is
 // registered when the library loads, when the JIT is made and after each
 // compile (after the statics that compile made, hence before their
-// destructors); only the first one to run closes the gate. What stays open: a
-// static LLVM first makes in a compile still in flight at exit (a thread in
-// one of its process's first compiles when the process ends may still crash).
+// destructors); only the first one to run closes the gate. A static LLVM
+// first makes in a compile still in flight at exit is younger than every
+// registration: the one the first compiles made (SelectionDAG's interned
+// value types) is made with the JIT instead (InternedValueTypes below).
 std::shared_mutex& exit_gate() {
   static std::shared_mutex& gate = *new std::shared_mutex;  // immortal
   return gate;
@@ -191,12 +193,29 @@ Jit* create_jit() {
   return j;
 }
 
+// The statics of SDNode::getValueTypeList (the interned value types every
+// SelectionDAG node points into), made now rather than by the first
+// instruction selection: a compile in flight at exit read the freed set
+// (a crash in EVT::isExtendedVector) when those statics were younger than
+// every exit handler (the process's first compiles). Made before the exit
+// handler is registered, they are destroyed after it has closed the gate.
+struct InternedValueTypes : llvm::SDNode {
+  static void make() {
+    (void)getSDVTList(llvm::EVT(llvm::MVT::i32));
+    // An extended type too (i17: the interned set's path). Its context is
+    // leaked, so the set's entry never names a freed type.
+    static llvm::LLVMContext& ctx = *new llvm::LLVMContext;
+    (void)getSDVTList(llvm::EVT::getIntegerVT(ctx, 17));
+  }
+};
+
 // Leaked on purpose: kernels held by static caches may be destroyed after any
 // static JIT would be, and unlinking them needs the JIT.
 Jit& jit() {
   static Jit* j = [] {  // a throw leaves it unset: the next call retries
     Jit* made = create_jit();
-    register_exit_gate();  // after the statics the target and LLJIT made
+    InternedValueTypes::make();
+    register_exit_gate();  // after the statics the target, LLJIT and SelectionDAG made
     return made;
   }();
   return *j;
