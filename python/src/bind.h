@@ -5,6 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <initializer_list>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -59,6 +61,45 @@ std::string_view enum_name(E value, const EnumTable<E>& table);
 
 // A keyword string argument ("act", "format", ...): a str, else an Error.
 std::string_view str_arg(const pybind11::handle& obj, const char* arg);
+
+// An integer argument (or dict field, list entry) as the C++ parameter of
+// type T takes it: any Python int (or object with __index__: numpy and
+// 0-d torch integers, bool) whose value fits T; else an Error naming arg,
+// the value (or its type) and T's range. The one home of the rule: every
+// integer parameter of the bindings is a py::handle read through it, so an
+// out-of-range value is never pybind11's "incompatible function arguments"
+// TypeError (which printed every argument's repr). T: int or int64_t.
+template <class T>
+T int_arg(const pybind11::handle& obj, std::string_view arg);
+
+// A dict argument (an int4 expert's {"qweight": ..., "n": ...}): the one
+// reader of dicts, so every field's error names it as arg['key'].
+class DictArg {
+ public:
+  // obj must be a dict whose keys are among `allowed`, with every key of
+  // `required`; what_dict says what arg holds ("a dict with qweight, ...").
+  DictArg(const pybind11::handle& obj, std::string arg, std::initializer_list<const char*> allowed,
+          std::initializer_list<const char*> required, std::string_view what_dict);
+  // The field, None when absent.
+  pybind11::object get(const char* key) const;
+  // arg['key'], the name errors give the field.
+  std::string name(const char* key) const;
+  // An integer field through int_arg; `fallback` when absent.
+  template <class T>
+  T int_field(const char* key, T fallback) const {
+    pybind11::object v = get(key);
+    return v.is_none() ? fallback : int_arg<T>(v, name(key));
+  }
+
+ private:
+  pybind11::dict dict_;
+  std::string arg_;
+};
+
+// A list argument of integers (mrope_section, Buffer's shape): a list,
+// tuple or other sequence (not a str), each entry through int_arg (named
+// arg[i]).
+std::vector<int64_t> int64_list_arg(const pybind11::handle& obj, std::string_view arg);
 
 // The PackedWeight / PackedExperts behind an argument, an Error naming the
 // argument when it is something else (a tensor passed where the packed

@@ -25,9 +25,9 @@ void scale_args(AttentionArgs& a, float k_scale, float v_scale, const py::handle
   a.opt.kv_scales.v_head_scales = view_of(a.v_head_scales);
 }
 
-void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale, int window_left,
-                    int window_right, float softcap, const py::handle& sinks,
-                    const py::handle& alibi_slopes, StorageAs as) {
+void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale,
+                    const py::handle& window_left, const py::handle& window_right, float softcap,
+                    const py::handle& sinks, const py::handle& alibi_slopes, StorageAs as) {
   a.opt.causal = causal;
   if (!sm_scale.is_none()) {
     try {
@@ -37,8 +37,8 @@ void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale, i
                   py::repr(sm_scale).cast<std::string>());
     }
   }
-  a.opt.window_left = window_left;
-  a.opt.window_right = window_right;
+  a.opt.window_left = int_arg<int>(window_left, "window_left");
+  a.opt.window_right = int_arg<int>(window_right, "window_right");
   a.opt.softcap = softcap;
   a.sinks = optional_tensor(sinks, "sinks", as);
   a.alibi = optional_tensor(alibi_slopes, "alibi_slopes", as);
@@ -58,9 +58,9 @@ void bind_attention(py::module_& m) {
   m.def("flash_attn_varlen", [](const py::handle& q, const py::handle& k, const py::handle& v,
                                 const py::handle& cu_seqlens_q, const py::handle& cu_seqlens_k,
                                 const py::handle& out, bool causal, const py::handle& sm_scale,
-                                int window_left, int window_right, float softcap,
-                                const py::handle& sinks, const py::handle& alibi_slopes,
-                                const py::handle& dtype) {
+                                const py::handle& window_left, const py::handle& window_right,
+                                float softcap, const py::handle& sinks,
+                                const py::handle& alibi_slopes, const py::handle& dtype) {
     const StorageAs as{parse_dtype_override(dtype)};
     AttentionArgs a;
     attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
@@ -71,35 +71,36 @@ void bind_attention(py::module_& m) {
     flash_attn_varlen(tq.view(), tk.view(), tv.view(), to.view(), tcq.view(), tck.view(), a.opt);
   });
 
-  m.def("decode_attention",
-        [](const py::handle& q, const py::handle& k_cache, const py::handle& v_cache,
-           const py::handle& block_table, const py::handle& seq_lens, const py::handle& out,
-           bool causal, const py::handle& sm_scale, int window_left, int window_right,
-           float softcap, const py::handle& sinks, const py::handle& alibi_slopes, float k_scale,
-           float v_scale, const py::handle& k_head_scales, const py::handle& v_head_scales,
-           const py::handle& dtype) {
-          const StorageAs as{parse_dtype_override(dtype)};
-          AttentionArgs a;
-          attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks,
-                         alibi_slopes, as);
-          scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
-          DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
-              tvc(v_cache, "v_cache", cache_storage(as)), tbt(block_table, "block_table", as),
-              tsl(seq_lens, "seq_lens", as), to(out, "out", as);
-          GilRelease release;
-          decode_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tbt.view(), tsl.view(),
-                           a.opt);
-        });
+  m.def("decode_attention", [](const py::handle& q, const py::handle& k_cache,
+                               const py::handle& v_cache, const py::handle& block_table,
+                               const py::handle& seq_lens, const py::handle& out, bool causal,
+                               const py::handle& sm_scale, const py::handle& window_left,
+                               const py::handle& window_right, float softcap,
+                               const py::handle& sinks, const py::handle& alibi_slopes,
+                               float k_scale, float v_scale, const py::handle& k_head_scales,
+                               const py::handle& v_head_scales, const py::handle& dtype) {
+    const StorageAs as{parse_dtype_override(dtype)};
+    AttentionArgs a;
+    attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
+                   as);
+    scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+    DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
+        tvc(v_cache, "v_cache", cache_storage(as)), tbt(block_table, "block_table", as),
+        tsl(seq_lens, "seq_lens", as), to(out, "out", as);
+    GilRelease release;
+    decode_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tbt.view(), tsl.view(), a.opt);
+  });
 
   m.def(
       "extend_attention",
       [](const py::handle& q, const py::handle& k_cache, const py::handle& v_cache,
          const py::handle& qo_indptr, const py::handle& block_table, const py::handle& prefix_lens,
-         const py::handle& out, bool causal, const py::handle& sm_scale, int window_left,
-         int window_right, float softcap, const py::handle& sinks, const py::handle& alibi_slopes,
-         float k_scale, float v_scale, const py::handle& k_head_scales,
-         const py::handle& v_head_scales, const py::handle& k_new, const py::handle& v_new,
-         const py::handle& tree_mask, bool deterministic, const py::handle& dtype) {
+         const py::handle& out, bool causal, const py::handle& sm_scale,
+         const py::handle& window_left, const py::handle& window_right, float softcap,
+         const py::handle& sinks, const py::handle& alibi_slopes, float k_scale, float v_scale,
+         const py::handle& k_head_scales, const py::handle& v_head_scales, const py::handle& k_new,
+         const py::handle& v_new, const py::handle& tree_mask, bool deterministic,
+         const py::handle& dtype) {
         const StorageAs as{parse_dtype_override(dtype)};
         AttentionArgs a;
         attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,

@@ -141,6 +141,11 @@ py::object to_dlpack(const Buffer& b) {
 Buffer make_buffer(const std::vector<int64_t>& shape, std::string_view dtype) {
   Buffer b;
   b.dtype = parse_enum("dtype", dtype, buffer_dtype_table());
+  if (shape.size() > kMaxDlpackRank)
+    throw Error(
+        fmt::format("Buffer: shape has {} dims; allowed: at most {} (what tilejit reads "
+                    "back through DLPack)",
+                    shape.size(), kMaxDlpackRank));
   b.shape = shape;
   b.strides.resize(shape.size());
   int64_t n = 1;
@@ -176,8 +181,8 @@ void bind_buffer(py::module_& m) {
         return py::buffer_info(b.data.get(), item, buffer_format(b.dtype),
                                static_cast<py::ssize_t>(shape.size()), shape, strides);
       })
-      .def(py::init([](const std::vector<int64_t>& shape, const py::handle& dtype) {
-             return make_buffer(shape, str_arg(dtype, "dtype"));
+      .def(py::init([](const py::handle& shape, const py::handle& dtype) {
+             return make_buffer(int64_list_arg(shape, "Buffer: shape"), str_arg(dtype, "dtype"));
            }),
            py::arg("shape"), py::arg("dtype") = "f32")
       .def_property_readonly("shape", [](const Buffer& b) { return py::tuple(py::cast(b.shape)); })

@@ -20,10 +20,14 @@ struct Int4Args {
 };
 
 Int4Args int4_args(const py::handle& qweight, const py::handle& scales, const py::handle& qzeros,
-                   const py::handle& g_idx, const py::handle& format, int64_t group_size,
-                   bool gptq_v2, int64_t n, int64_t k, StorageAs as) {
+                   const py::handle& g_idx, const py::handle& format, const py::handle& group_size,
+                   bool gptq_v2, const py::handle& n, const py::handle& k, StorageAs as) {
   Int4Args a;
   a.w.format = parse_enum("format", str_arg(format, "format"), int4_format_table());
+  a.w.group_size = int_arg<int64_t>(group_size, "group_size");
+  a.w.gptq_v2 = gptq_v2;
+  a.w.n = int_arg<int64_t>(n, "n");
+  a.w.k = int_arg<int64_t>(k, "k");
   a.qweight.emplace(qweight, "qweight", as);
   a.scales.emplace(scales, "scales", as);
   a.qzeros = optional_tensor(qzeros, "qzeros", as);
@@ -32,11 +36,15 @@ Int4Args int4_args(const py::handle& qweight, const py::handle& scales, const py
   a.w.scales = a.scales->view();
   a.w.qzeros = view_of(a.qzeros);
   a.w.g_idx = view_of(a.g_idx);
-  a.w.group_size = group_size;
-  a.w.gptq_v2 = gptq_v2;
-  a.w.n = n;
-  a.w.k = k;
   return a;
+}
+
+// block_n / block_k of an fp8 call (the tensors left empty).
+Fp8Weight fp8_blocks(const py::handle& block_n, const py::handle& block_k) {
+  Fp8Weight w;
+  w.block_n = int_arg<int64_t>(block_n, "block_n");
+  w.block_k = int_arg<int64_t>(block_k, "block_k");
+  return w;
 }
 
 StorageAs fp8_codes(StorageAs as) {
@@ -70,27 +78,30 @@ void bind_gemm(py::module_& m) {
            })
       .def("_unpack_fp8",
            [](const PackedWeight& w, const py::handle& weight, const py::handle& scales,
-              int64_t block_n, int64_t block_k) {
+              const py::handle& block_n, const py::handle& block_k) {
+             const Fp8Weight blocks = fp8_blocks(block_n, block_k);
              DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
              GilRelease release;
-             w.unpack(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
+             w.unpack(Fp8Weight{tw.view(), ts.view(), blocks.block_n, blocks.block_k});
            })
       .def("_unpack_int4",
            [](const PackedWeight& w, const py::handle& qweight, const py::handle& scales,
               const py::handle& qzeros, const py::handle& g_idx, const py::handle& format,
-              int64_t group_size, bool gptq_v2, int64_t n, int64_t k, const py::handle& dtype) {
+              const py::handle& group_size, bool gptq_v2, const py::handle& n, const py::handle& k,
+              const py::handle& dtype) {
              Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n,
                                     k, {parse_dtype_override(dtype)});
              GilRelease release;
              w.unpack(a.w);
            })
-      .def(
-          "_unpack_mxfp4",
-          [](const PackedWeight& w, const py::handle& blocks, const py::handle& scales, int64_t k) {
-            DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
-            GilRelease release;
-            w.unpack(Mxfp4Weight{tb.view(), ts.view(), k});
-          })
+      .def("_unpack_mxfp4",
+           [](const PackedWeight& w, const py::handle& blocks, const py::handle& scales,
+              const py::handle& k) {
+             const int64_t kk = int_arg<int64_t>(k, "k");
+             DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
+             GilRelease release;
+             w.unpack(Mxfp4Weight{tb.view(), ts.view(), kk});
+           })
       .def("_dequantize",
            [](const PackedWeight& w, const py::handle& out, const py::handle& dtype) {
              DlpackTensor o(out, "out", {parse_dtype_override(dtype)});
@@ -98,7 +109,8 @@ void bind_gemm(py::module_& m) {
              w.dequantize(o.view());
            })
       .def_static("__new__", [](const py::args&, const py::kwargs&) { refuse_new("PackedWeight"); })
-      .def("__reduce_ex__", [](const PackedWeight&, int) { refuse_pickle("PackedWeight"); })
+      .def("__reduce_ex__",
+           [](const PackedWeight&, const py::handle&) { refuse_pickle("PackedWeight"); })
       .def("__repr__", [](const PackedWeight& w) {
         if (w.empty()) return std::string("tilejit.PackedWeight(empty)");
         return fmt::format("tilejit.PackedWeight(n={}, k={}, format=\"{}\", layout=\"{}\")", w.n(),
@@ -116,32 +128,34 @@ void bind_gemm(py::module_& m) {
     GilRelease release;
     return pack_weight(Int8Weight{tw.view(), ts.view()});
   });
-  m.def("pack_fp8",
-        [](const py::handle& weight, const py::handle& scales, int64_t block_n, int64_t block_k) {
-          DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
-          GilRelease release;
-          return pack_weight(Fp8Weight{tw.view(), ts.view(), block_n, block_k});
-        });
+  m.def("pack_fp8", [](const py::handle& weight, const py::handle& scales,
+                       const py::handle& block_n, const py::handle& block_k) {
+    const Fp8Weight blocks = fp8_blocks(block_n, block_k);
+    DlpackTensor tw(weight, "weight", fp8_codes({})), ts(scales, "scales");
+    GilRelease release;
+    return pack_weight(Fp8Weight{tw.view(), ts.view(), blocks.block_n, blocks.block_k});
+  });
   m.def("pack_int4",
         [](const py::handle& qweight, const py::handle& scales, const py::handle& qzeros,
-           const py::handle& g_idx, const py::handle& format, int64_t group_size, bool gptq_v2,
-           int64_t n, int64_t k, const py::handle& dtype) {
+           const py::handle& g_idx, const py::handle& format, const py::handle& group_size,
+           bool gptq_v2, const py::handle& n, const py::handle& k, const py::handle& dtype) {
           Int4Args a = int4_args(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
                                  {parse_dtype_override(dtype)});
           GilRelease release;
           return pack_weight(a.w);
         });
-  m.def("pack_mxfp4", [](const py::handle& blocks, const py::handle& scales, int64_t k) {
+  m.def("pack_mxfp4", [](const py::handle& blocks, const py::handle& scales, const py::handle& k) {
+    const int64_t kk = int_arg<int64_t>(k, "k");
     DlpackTensor tb(blocks, "blocks"), ts(scales, "scales");
     GilRelease release;
-    return pack_weight(Mxfp4Weight{tb.view(), ts.view(), k});
+    return pack_weight(Mxfp4Weight{tb.view(), ts.view(), kk});
   });
 
   // Positional from the Python layer (tilejit.gemm), which owns the keyword
   // defaults: the fewest conversions per call.
   m.def("gemm", [](const py::handle& x, const py::handle& w, const py::handle& out,
                    const py::handle& bias, const py::handle& act, const py::handle& act_quant,
-                   float act_scale, int act_zero_point, const py::handle& int4_route,
+                   float act_scale, const py::handle& act_zero_point, const py::handle& int4_route,
                    const py::handle& dtype) {
     const PackedWeight& pw = packed_weight_arg(w, "w");
     GemmOptions o;
@@ -149,7 +163,7 @@ void bind_gemm(py::module_& m) {
     o.act = parse_enum("act", str_arg(act, "act"), activation_table());
     o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
     o.act_scale = act_scale;
-    o.act_zero_point = act_zero_point;
+    o.act_zero_point = int_arg<int>(act_zero_point, "act_zero_point");
     const StorageAs as{parse_dtype_override(dtype)};
     DlpackTensor tx(x, "x", as), ty(out, "out", as);
     std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
@@ -161,7 +175,8 @@ void bind_gemm(py::module_& m) {
   // The C++ side of the call-overhead measurement (tests/python/overhead_bench.py):
   // ns per tilejit::gemm call on views converted once, the loop in C++.
   m.def("_time_gemm_ns", [](const py::handle& x, const py::handle& w, const py::handle& out,
-                            int64_t iters, const py::handle& dtype) {
+                            const py::handle& iters_arg, const py::handle& dtype) {
+    const int64_t iters = int_arg<int64_t>(iters_arg, "iters");
     const PackedWeight& pw = packed_weight_arg(w, "w");
     const StorageAs as{parse_dtype_override(dtype)};
     DlpackTensor tx(x, "x", as), ty(out, "out", as);
@@ -176,12 +191,6 @@ void bind_gemm(py::module_& m) {
   m.def("_describe", [](const py::handle& t, const py::handle& dtype) {
     DlpackTensor d(t, "tensor", {parse_dtype_override(dtype)});
     return py::make_tuple(py::tuple(py::cast(d.view().shape)), dtype_name(d.view().dtype));
-  });
-  // The shape of any DLPack tensor (the Python layer sizes outputs with it
-  // when the caller's tensor has no .shape).
-  m.def("_shape", [](const py::handle& t, const std::string& arg, const py::handle& dtype) {
-    DlpackTensor d(t, arg.c_str(), {parse_dtype_override(dtype), true});
-    return py::tuple(py::cast(d.view().shape));
   });
 }
 

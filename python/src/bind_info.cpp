@@ -60,9 +60,10 @@ void bind_info(py::module_& m) {
       "Loads a tuning database written by `tilejit tune` in place of TILEJIT_TUNING_DB's.");
   m.def(
       "set_num_threads",
-      [](int n) {
+      [](const py::handle& n) {
+        const int threads = int_arg<int>(n, "n");
         GilRelease release;
-        set_num_threads(n);
+        set_num_threads(threads);
       },
       py::arg("n"),
       "Threads used by operator calls (default TILEJIT_NUM_THREADS, else the cores).");

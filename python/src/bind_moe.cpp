@@ -59,8 +59,10 @@ std::vector<Int8Weight> int8_list(const py::handle& obj, ExpertTensors& t) {
   return r;
 }
 
-std::vector<Fp8Weight> fp8_list(const py::handle& obj, int64_t block_n, int64_t block_k,
-                                ExpertTensors& t) {
+std::vector<Fp8Weight> fp8_list(const py::handle& obj, const py::handle& block_n_arg,
+                                const py::handle& block_k_arg, ExpertTensors& t) {
+  const int64_t block_n = int_arg<int64_t>(block_n_arg, "block_n");
+  const int64_t block_k = int_arg<int64_t>(block_k_arg, "block_k");
   py::sequence list = list_arg(obj, "w");
   std::vector<Fp8Weight> r;
   for (size_t e = 0; e < py::len(list); ++e) {
@@ -74,49 +76,34 @@ std::vector<Fp8Weight> fp8_list(const py::handle& obj, int64_t block_n, int64_t 
 }
 
 std::vector<Int4Weight> int4_list(const py::handle& obj, const py::handle& format,
-                                  int64_t group_size, bool gptq_v2, StorageAs as,
+                                  const py::handle& group_size_arg, bool gptq_v2, StorageAs as,
                                   ExpertTensors& t) {
   const Int4Format f = parse_enum("format", str_arg(format, "format"), int4_format_table());
+  const int64_t group_size = int_arg<int64_t>(group_size_arg, "group_size");
   py::sequence list = list_arg(obj, "w");
   std::vector<Int4Weight> r;
   for (size_t e = 0; e < py::len(list); ++e) {
-    py::object item = list[e];
-    if (!py::isinstance<py::dict>(item))
-      throw Error(
-          fmt::format("w[{}]: expected a dict with qweight, scales and optional qzeros, "
-                      "g_idx, n, k; got {}",
-                      e, py::repr(item).cast<std::string>()));
-    py::dict d = py::reinterpret_borrow<py::dict>(item);
-    for (auto kv : d) {
-      const std::string key = py::str(kv.first).cast<std::string>();
-      if (key != "qweight" && key != "scales" && key != "qzeros" && key != "g_idx" && key != "n" &&
-          key != "k")
-        throw Error(
-            fmt::format("w[{}]: key \"{}\" is not allowed; allowed: qweight, scales, "
-                        "qzeros, g_idx, n, k",
-                        e, key));
-    }
-    if (!d.contains("qweight") || !d.contains("scales"))
-      throw Error(fmt::format("w[{}]: qweight and scales are required", e));
-    const std::string p = fmt::format("w[{}].", e);
+    const DictArg d(list[e], fmt::format("w[{}]", e),
+                    {"qweight", "scales", "qzeros", "g_idx", "n", "k"}, {"qweight", "scales"},
+                    "a dict with qweight, scales and optional qzeros, g_idx, n, k");
     Int4Weight w;
     w.format = f;
-    w.qweight = t.add(d["qweight"], p + "qweight", as);
-    w.scales = t.add(d["scales"], p + "scales", as);
-    w.qzeros = t.add_optional(d.contains("qzeros") ? py::object(d["qzeros"]) : py::none(),
-                              p + "qzeros", as);
-    w.g_idx =
-        t.add_optional(d.contains("g_idx") ? py::object(d["g_idx"]) : py::none(), p + "g_idx", as);
+    w.qweight = t.add(d.get("qweight"), d.name("qweight"), as);
+    w.scales = t.add(d.get("scales"), d.name("scales"), as);
+    w.qzeros = t.add_optional(d.get("qzeros"), d.name("qzeros"), as);
+    w.g_idx = t.add_optional(d.get("g_idx"), d.name("g_idx"), as);
     w.group_size = group_size;
     w.gptq_v2 = gptq_v2;
-    if (d.contains("n")) w.n = d["n"].cast<int64_t>();
-    if (d.contains("k")) w.k = d["k"].cast<int64_t>();
+    w.n = d.int_field<int64_t>("n", 0);
+    w.k = d.int_field<int64_t>("k", 0);
     r.push_back(std::move(w));
   }
   return r;
 }
 
-std::vector<Mxfp4Weight> mxfp4_list(const py::handle& obj, int64_t k, ExpertTensors& t) {
+std::vector<Mxfp4Weight> mxfp4_list(const py::handle& obj, const py::handle& k_arg,
+                                    ExpertTensors& t) {
+  const int64_t k = int_arg<int64_t>(k_arg, "k");
   py::sequence list = list_arg(obj, "w");
   std::vector<Mxfp4Weight> r;
   for (size_t e = 0; e < py::len(list); ++e) {
@@ -178,7 +165,8 @@ void bind_moe(py::module_& m) {
              w.unpack(v);
            })
       .def("_unpack_fp8",
-           [](const PackedExperts& w, const py::handle& out, int64_t block_n, int64_t block_k) {
+           [](const PackedExperts& w, const py::handle& out, const py::handle& block_n,
+              const py::handle& block_k) {
              ExpertTensors t;
              std::vector<Fp8Weight> v = fp8_list(out, block_n, block_k, t);
              GilRelease release;
@@ -186,7 +174,7 @@ void bind_moe(py::module_& m) {
            })
       .def("_unpack_int4",
            [](const PackedExperts& w, const py::handle& out, const py::handle& format,
-              int64_t group_size, bool gptq_v2, const py::handle& dtype) {
+              const py::handle& group_size, bool gptq_v2, const py::handle& dtype) {
              ExpertTensors t;
              std::vector<Int4Weight> v =
                  int4_list(out, format, group_size, gptq_v2, {parse_dtype_override(dtype)}, t);
@@ -194,7 +182,7 @@ void bind_moe(py::module_& m) {
              w.unpack(v);
            })
       .def("_unpack_mxfp4",
-           [](const PackedExperts& w, const py::handle& out, int64_t k) {
+           [](const PackedExperts& w, const py::handle& out, const py::handle& k) {
              ExpertTensors t;
              std::vector<Mxfp4Weight> v = mxfp4_list(out, k, t);
              GilRelease release;
@@ -208,7 +196,8 @@ void bind_moe(py::module_& m) {
            })
       .def_static("__new__",
                   [](const py::args&, const py::kwargs&) { refuse_new("PackedExperts"); })
-      .def("__reduce_ex__", [](const PackedExperts&, int) { refuse_pickle("PackedExperts"); })
+      .def("__reduce_ex__",
+           [](const PackedExperts&, const py::handle&) { refuse_pickle("PackedExperts"); })
       .def("__repr__", [](const PackedExperts& w) {
         if (w.empty()) return std::string("tilejit.PackedExperts(empty)");
         return fmt::format(
@@ -236,18 +225,19 @@ void bind_moe(py::module_& m) {
           GilRelease release;
           return pack_experts(v, p, r);
         });
-  m.def("pack_experts_fp8", [](const py::handle& w, int64_t block_n, int64_t block_k,
-                               const py::handle& proj, const py::handle& rows) {
-    const ExpertProj p = proj_arg(proj);
-    const GluRows r = rows_arg(rows);
-    ExpertTensors t;
-    std::vector<Fp8Weight> v = fp8_list(w, block_n, block_k, t);
-    GilRelease release;
-    return pack_experts(v, p, r);
-  });
+  m.def("pack_experts_fp8",
+        [](const py::handle& w, const py::handle& block_n, const py::handle& block_k,
+           const py::handle& proj, const py::handle& rows) {
+          const ExpertProj p = proj_arg(proj);
+          const GluRows r = rows_arg(rows);
+          ExpertTensors t;
+          std::vector<Fp8Weight> v = fp8_list(w, block_n, block_k, t);
+          GilRelease release;
+          return pack_experts(v, p, r);
+        });
   m.def("pack_experts_int4",
-        [](const py::handle& w, const py::handle& format, int64_t group_size, bool gptq_v2,
-           const py::handle& proj, const py::handle& rows, const py::handle& dtype) {
+        [](const py::handle& w, const py::handle& format, const py::handle& group_size,
+           bool gptq_v2, const py::handle& proj, const py::handle& rows, const py::handle& dtype) {
           const ExpertProj p = proj_arg(proj);
           const GluRows r = rows_arg(rows);
           ExpertTensors t;
@@ -256,51 +246,51 @@ void bind_moe(py::module_& m) {
           GilRelease release;
           return pack_experts(v, p, r);
         });
-  m.def("pack_experts_mxfp4",
-        [](const py::handle& w, int64_t k, const py::handle& proj, const py::handle& rows) {
-          const ExpertProj p = proj_arg(proj);
-          const GluRows r = rows_arg(rows);
-          ExpertTensors t;
-          std::vector<Mxfp4Weight> v = mxfp4_list(w, k, t);
-          GilRelease release;
-          return pack_experts(v, p, r);
-        });
+  m.def("pack_experts_mxfp4", [](const py::handle& w, const py::handle& k, const py::handle& proj,
+                                 const py::handle& rows) {
+    const ExpertProj p = proj_arg(proj);
+    const GluRows r = rows_arg(rows);
+    ExpertTensors t;
+    std::vector<Mxfp4Weight> v = mxfp4_list(w, k, t);
+    GilRelease release;
+    return pack_experts(v, p, r);
+  });
 
-  m.def("fused_experts",
-        [](const py::handle& hidden, const py::handle& w13, const py::handle& w2,
-           const py::handle& topk_weights, const py::handle& topk_ids, const py::handle& out,
-           const py::handle& act, bool clamped_swiglu, float swiglu_alpha, float swiglu_limit,
-           const py::handle& b13, const py::handle& b2, float routed_scaling_factor,
-           const py::handle& shared_w13, const py::handle& shared_w2, const py::handle& act_quant,
-           const py::handle& dtype, float act_scale13, float act_scale2, int act_zero_point13,
-           int act_zero_point2, const py::handle& int4_route) {
-          const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
-          const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
-          MoeOptions o;
-          o.act = parse_enum("act", str_arg(act, "act"), activation_table());
-          o.clamped_swiglu = clamped_swiglu;
-          o.swiglu_alpha = swiglu_alpha;
-          o.swiglu_limit = swiglu_limit;
-          o.routed_scaling_factor = routed_scaling_factor;
-          o.shared_w13 = optional_experts(shared_w13, "shared_w13");
-          o.shared_w2 = optional_experts(shared_w2, "shared_w2");
-          o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
-          o.act_scale13 = act_scale13;
-          o.act_scale2 = act_scale2;
-          o.act_zero_point13 = act_zero_point13;
-          o.act_zero_point2 = act_zero_point2;
-          o.int4_route =
-              parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
-          const StorageAs as{parse_dtype_override(dtype)};
-          DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
-              ti(topk_ids, "topk_ids", as), to(out, "out", as);
-          std::optional<DlpackTensor> tb13 = optional_tensor(b13, "b13", as),
-                                      tb2 = optional_tensor(b2, "b2", as);
-          o.b13 = view_of(tb13);
-          o.b2 = view_of(tb2);
-          GilRelease release;
-          fused_experts(th.view(), pw13, pw2, tw.view(), ti.view(), to.view(), o);
-        });
+  m.def("fused_experts", [](const py::handle& hidden, const py::handle& w13, const py::handle& w2,
+                            const py::handle& topk_weights, const py::handle& topk_ids,
+                            const py::handle& out, const py::handle& act, bool clamped_swiglu,
+                            float swiglu_alpha, float swiglu_limit, const py::handle& b13,
+                            const py::handle& b2, float routed_scaling_factor,
+                            const py::handle& shared_w13, const py::handle& shared_w2,
+                            const py::handle& act_quant, const py::handle& dtype, float act_scale13,
+                            float act_scale2, const py::handle& act_zero_point13,
+                            const py::handle& act_zero_point2, const py::handle& int4_route) {
+    const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
+    const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
+    MoeOptions o;
+    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+    o.clamped_swiglu = clamped_swiglu;
+    o.swiglu_alpha = swiglu_alpha;
+    o.swiglu_limit = swiglu_limit;
+    o.routed_scaling_factor = routed_scaling_factor;
+    o.shared_w13 = optional_experts(shared_w13, "shared_w13");
+    o.shared_w2 = optional_experts(shared_w2, "shared_w2");
+    o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
+    o.act_scale13 = act_scale13;
+    o.act_scale2 = act_scale2;
+    o.act_zero_point13 = int_arg<int>(act_zero_point13, "act_zero_point13");
+    o.act_zero_point2 = int_arg<int>(act_zero_point2, "act_zero_point2");
+    o.int4_route = parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
+    const StorageAs as{parse_dtype_override(dtype)};
+    DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
+        ti(topk_ids, "topk_ids", as), to(out, "out", as);
+    std::optional<DlpackTensor> tb13 = optional_tensor(b13, "b13", as),
+                                tb2 = optional_tensor(b2, "b2", as);
+    o.b13 = view_of(tb13);
+    o.b2 = view_of(tb2);
+    GilRelease release;
+    fused_experts(th.view(), pw13, pw2, tw.view(), ti.view(), to.view(), o);
+  });
 
   m.def("topk_softmax", [](const py::handle& logits, const py::handle& w, const py::handle& ids,
                            bool renormalize, const py::handle& dtype) {
@@ -316,24 +306,25 @@ void bind_moe(py::module_& m) {
             topk_sigmoid(l, tw, ti, renormalize);
           });
   });
-  m.def("grouped_topk", [](const py::handle& logits, const py::handle& w, const py::handle& ids,
-                           const py::handle& score, int num_expert_group, int topk_group,
-                           bool renormalize, float routed_scaling_factor,
-                           const py::handle& correction_bias, const py::handle& dtype) {
-    GroupedTopkOptions o;
-    o.score = parse_enum("score", str_arg(score, "score"), router_score_table());
-    o.num_expert_group = num_expert_group;
-    o.topk_group = topk_group;
-    o.renormalize = renormalize;
-    o.routed_scaling_factor = routed_scaling_factor;
-    std::optional<DlpackTensor> tb =
-        optional_tensor(correction_bias, "correction_bias", {parse_dtype_override(dtype)});
-    o.correction_bias = view_of(tb);
-    route(logits, w, ids, dtype,
-          [&](const TensorView& l, const TensorView& tw, const TensorView& ti) {
-            grouped_topk(l, tw, ti, o);
-          });
-  });
+  m.def("grouped_topk",
+        [](const py::handle& logits, const py::handle& w, const py::handle& ids,
+           const py::handle& score, const py::handle& num_expert_group,
+           const py::handle& topk_group, bool renormalize, float routed_scaling_factor,
+           const py::handle& correction_bias, const py::handle& dtype) {
+          GroupedTopkOptions o;
+          o.score = parse_enum("score", str_arg(score, "score"), router_score_table());
+          o.num_expert_group = int_arg<int>(num_expert_group, "num_expert_group");
+          o.topk_group = int_arg<int>(topk_group, "topk_group");
+          o.renormalize = renormalize;
+          o.routed_scaling_factor = routed_scaling_factor;
+          std::optional<DlpackTensor> tb =
+              optional_tensor(correction_bias, "correction_bias", {parse_dtype_override(dtype)});
+          o.correction_bias = view_of(tb);
+          route(logits, w, ids, dtype,
+                [&](const TensorView& l, const TensorView& tw, const TensorView& ti) {
+                  grouped_topk(l, tw, ti, o);
+                });
+        });
 }
 
 }  // namespace tilejit::python

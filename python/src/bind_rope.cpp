@@ -1,6 +1,5 @@
 // rope: in place on q and k.
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include <vector>
 
@@ -12,22 +11,16 @@ namespace tilejit::python {
 
 void bind_rope(py::module_& m) {
   m.def("rope", [](const py::handle& q, const py::handle& k, const py::handle& positions,
-                   const py::handle& cos_sin_cache, const py::handle& style, int64_t rotary_dim,
-                   int ndim, const py::handle& mrope_section, const py::handle& dtype, bool il) {
+                   const py::handle& cos_sin_cache, const py::handle& style,
+                   const py::handle& rotary_dim, const py::handle& ndim,
+                   const py::handle& mrope_section, const py::handle& dtype, bool il) {
     const StorageAs as{parse_dtype_override(dtype)};
     RopeOptions o;
     o.style = parse_enum("style", str_arg(style, "style"), rope_style_table());
-    o.rotary_dim = rotary_dim;
-    o.ndim = ndim;
+    o.rotary_dim = int_arg<int64_t>(rotary_dim, "rotary_dim");
+    o.ndim = int_arg<int>(ndim, "ndim");
     o.mrope_interleaved = il;
-    if (!mrope_section.is_none()) {
-      try {
-        o.mrope_section = mrope_section.cast<std::vector<int64_t>>();
-      } catch (const py::cast_error&) {
-        throw Error("mrope_section: expected None or a list of ints, got " +
-                    py::repr(mrope_section).cast<std::string>());
-      }
-    }
+    if (!mrope_section.is_none()) o.mrope_section = int64_list_arg(mrope_section, "mrope_section");
     DlpackTensor tq(q, "q", as), tp(positions, "positions", as),
         tc(cos_sin_cache, "cos_sin_cache", as);
     std::optional<DlpackTensor> tk = optional_tensor(k, "k", as);

@@ -1,8 +1,12 @@
 #include "dlpack_tensor.h"
 
+#include <cpuid.h>
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -196,24 +200,61 @@ bool parse_dtype_override(const py::handle& dtype) {
       py::repr(dtype).cast<std::string>()));
 }
 
+namespace {
+
+// What a _core._Exported holds (bind_dlpack).
+struct Exported {
+  DlpackTensor tensor;
+  py::tuple shape;
+};
+
+// The _Exported type, set once by bind_dlpack: compared by pointer, the
+// cheapest test on every tensor argument.
+PyTypeObject* exported_type = nullptr;
+
+const Exported* as_exported(const py::handle& obj) {
+  if (exported_type == nullptr || Py_TYPE(obj.ptr()) != exported_type) return nullptr;
+  return &obj.cast<const Exported&>();
+}
+
+void delete_managed(DLManagedTensor* m) {
+  if (m->deleter != nullptr) m->deleter(m);
+}
+
+// The end of the user address space: 2^47 (4-level paging), 2^56 on a CPU
+// with 5-level paging (LA57), where Linux maps memory above 2^47 for
+// processes that ask for it.
+uintptr_t user_space_end() {
+  static const uintptr_t end = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool la57 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (c & (1u << 16)) != 0;
+    return uintptr_t{1} << (la57 ? 56 : 47);
+  }();
+  return end;
+}
+
+}  // namespace
+
 DlpackTensor::DlpackTensor(const py::handle& obj, const char* arg, StorageAs as) {
-  py::object capsule = export_capsule(obj, arg, as);
-  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
-    throw Error(
-        fmt::format("{}: __dlpack__() of '{}' did not return an unused \"dltensor\" capsule", arg,
-                    type_name(obj)));
+  if (const Exported* e = as_exported(obj)) {
+    managed_ = e->tensor.managed_;
+    exported_as_ = e->tensor.exported_as_;
+  } else {
+    py::object capsule = export_capsule(obj, arg, exported_as_);
+    if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+      throw Error(
+          fmt::format("{}: __dlpack__() of '{}' did not return an unused \"dltensor\" capsule", arg,
+                      type_name(obj)));
+    }
+    // The protocol: the consumer renames the capsule and calls the deleter
+    // itself (the capsule's own destructor then leaves the tensor alone),
+    // also when the tensor is refused below.
+    managed_.reset(static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor")),
+                   delete_managed);
+    PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   }
-  managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  // The protocol: the consumer renames the capsule and calls the deleter
-  // itself (the capsule's own destructor then leaves the tensor alone).
-  PyCapsule_SetName(capsule.ptr(), "used_dltensor");
-  try {
-    init_view(arg, as);
-  } catch (...) {  // the destructor does not run for a throwing constructor
-    if (managed_->deleter != nullptr) managed_->deleter(managed_);
-    managed_ = nullptr;
-    throw;
-  }
+  as.u16_is_bf16 = as.u16_is_bf16 || exported_as_.u16_is_bf16;
+  init_view(arg, as);
 }
 
 void DlpackTensor::init_view(const char* arg, StorageAs as) {
@@ -221,36 +262,55 @@ void DlpackTensor::init_view(const char* arg, StorageAs as) {
   if (t.device.device_type != kDLCPU) refuse_device(arg, t.device.device_type, t.device.device_id);
   std::optional<DType> dt = map_dtype(t.dtype, as);
   if (!dt) refuse_dtype(arg, t.dtype);
-  if (t.ndim < 0) throw Error(fmt::format("{}: DLPack ndim {} is negative", arg, t.ndim));
-  view_.data = static_cast<char*>(t.data) + t.byte_offset;
+  // Before the shape and strides arrays are read, which are ndim entries
+  // deep. A producer declaring more dims than its arrays hold, up to the
+  // cap, cannot be told from an honest one.
+  if (t.ndim < 0 || static_cast<size_t>(t.ndim) > kMaxDlpackRank)
+    throw Error(fmt::format("{}: DLPack ndim {} is not allowed; allowed: 0 to {} dims", arg, t.ndim,
+                            kMaxDlpackRank));
+  const auto ndim = static_cast<size_t>(t.ndim);
+  if (ndim > 0 && t.shape == nullptr)
+    throw Error(fmt::format("{}: DLPack shape is a null pointer for ndim {}; allowed: ndim dims",
+                            arg, ndim));
+  // data + byte_offset, checked only as far as arithmetic can tell: no
+  // wrap, and inside the user address space (an address past it would fault
+  // on the first access). A producer can always hand out a pointer to
+  // memory it does not own; nothing here can tell that.
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  uintptr_t first = 0;
+  if (t.data == nullptr && t.byte_offset != 0)
+    throw Error(
+        fmt::format("{}: DLPack data is null with byte_offset {}; allowed: byte_offset 0 "
+                    "with null data",
+                    arg, t.byte_offset));
+  if (__builtin_add_overflow(base, t.byte_offset, &first) || first >= user_space_end())
+    throw Error(fmt::format(
+        "{}: DLPack data {:#x} + byte_offset {} is past the user address space (which ends at "
+        "{:#x}); allowed: data + byte_offset below {:#x}",
+        arg, base, t.byte_offset, user_space_end(), user_space_end()));
+  view_.data = reinterpret_cast<void*>(first);
   view_.dtype = *dt;
-  view_.shape.assign(t.shape, t.shape + t.ndim);
+  view_.shape.assign(t.shape, t.shape + ndim);
+  // The shape first: the strides derived below (or the producer's) would
+  // otherwise take the blame for a negative dim.
+  for (size_t i = 0; i < ndim; ++i)
+    if (view_.shape[i] < 0)
+      throw Error(fmt::format("{}: DLPack shape [{}] has dim {} = {}; allowed: dims >= 0", arg,
+                              fmt::join(view_.shape, ", "), i, view_.shape[i]));
   if (t.strides != nullptr) {
-    view_.strides.assign(t.strides, t.strides + t.ndim);
+    view_.strides.assign(t.strides, t.strides + ndim);
   } else {  // NULL strides: compact row-major
-    view_.strides.resize(t.ndim);
+    view_.strides.resize(ndim);
     int64_t s = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
+    for (size_t i = ndim; i-- > 0;) {
       view_.strides[i] = s;
-      s *= t.shape[i];
+      if (i > 0 && __builtin_mul_overflow(s, view_.shape[i], &s))
+        throw Error(fmt::format(
+            "{}: DLPack shape [{}] with NULL strides (row-major): the strides overflow int64; "
+            "allowed: dims whose product is below 2^63",
+            arg, fmt::join(view_.shape, ", ")));
     }
   }
-}
-
-DlpackTensor::DlpackTensor(DlpackTensor&& o) noexcept
-    : managed_(std::exchange(o.managed_, nullptr)), view_(std::move(o.view_)) {}
-
-DlpackTensor& DlpackTensor::operator=(DlpackTensor&& o) noexcept {
-  if (this != &o) {
-    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
-    managed_ = std::exchange(o.managed_, nullptr);
-    view_ = std::move(o.view_);
-  }
-  return *this;
-}
-
-DlpackTensor::~DlpackTensor() {
-  if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
 }
 
 std::optional<DlpackTensor> optional_tensor(const py::handle& obj, const char* arg, StorageAs as) {
@@ -261,6 +321,24 @@ std::optional<DlpackTensor> optional_tensor(const py::handle& obj, const char* a
 std::optional<TensorView> view_of(const std::optional<DlpackTensor>& t) {
   if (!t) return std::nullopt;
   return t->view();
+}
+
+void bind_dlpack(py::module_& m) {
+  py::class_<Exported> cls(m, "_Exported",
+                           "A DLPack tensor exported once (tilejit's Python layer passes it in "
+                           "the producer's place).");
+  cls.def_readonly("shape", &Exported::shape);
+  exported_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  // The largest dim of any tensor (the Python layer checks an output's
+  // dims against it before allocating).
+  m.attr("_MAX_DIM") = Limits::max_dim;
+  m.def("_export", [](const py::handle& t, const std::string& arg, const py::handle& dtype) {
+    // Any dtype the call may read: the call maps it again with its own rules.
+    StorageAs as{parse_dtype_override(dtype), true};
+    DlpackTensor d(t, arg.c_str(), as);
+    py::tuple shape = py::cast(d.view().shape);
+    return Exported{std::move(d), std::move(shape)};
+  });
 }
 
 }  // namespace tilejit::python

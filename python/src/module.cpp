@@ -3,9 +3,14 @@
 #include <pybind11/pybind11.h>
 
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <exception>
+#include <limits>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "bind.h"
 
@@ -111,12 +116,106 @@ std::string_view str_arg(const py::handle& obj, const char* arg) {
 }
 
 namespace {
+
+std::string type_qualname(const py::handle& obj) {
+  return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+}
+
+// The value of an int for a message: its digits, or its size when it is too
+// long to print (Python 3.11 refuses str() past 4300 digits).
+std::string int_text(const py::handle& v) {
+  const auto bits = v.attr("bit_length")().cast<int64_t>();
+  if (bits > 256) return fmt::format("an int of {} bits", bits);
+  return py::str(v).cast<std::string>();
+}
+
+}  // namespace
+
+template <class T>
+T int_arg(const py::handle& obj, std::string_view arg) {
+  constexpr auto lo = static_cast<long long>(std::numeric_limits<T>::min());
+  constexpr auto hi = static_cast<long long>(std::numeric_limits<T>::max());
+  // Fast path: an exact int that fits (every call of the hot operators).
+  if (PyLong_CheckExact(obj.ptr())) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+    if (overflow == 0 && v >= lo && v <= hi) return static_cast<T>(v);
+  }
+  // A float has no __index__: 2.0 is refused, as pybind11 refused it.
+  if (!PyIndex_Check(obj.ptr())) {
+    std::string value = type_qualname(obj);
+    if (PyFloat_Check(obj.ptr())) value += " " + py::repr(obj).cast<std::string>();
+    throw Error(fmt::format("{}: expected an int, got {}; allowed: an int from {} to {}", arg,
+                            value, lo, hi));
+  }
+  auto index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0 || v < lo || v > hi)
+    throw Error(fmt::format("{}: {} is out of range; allowed: an int from {} to {}", arg,
+                            int_text(index), lo, hi));
+  return static_cast<T>(v);
+}
+template int int_arg<int>(const py::handle&, std::string_view);
+template int64_t int_arg<int64_t>(const py::handle&, std::string_view);
+
+std::vector<int64_t> int64_list_arg(const py::handle& obj, std::string_view arg) {
+  // Any sequence but a string, as pybind11's std::vector caster took (a
+  // range, a numpy array).
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) ||
+      py::isinstance<py::bytes>(obj))
+    throw Error(fmt::format("{}: expected a list of ints, got {}; allowed: a list or tuple of ints",
+                            arg, type_qualname(obj)));
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  std::vector<int64_t> r;
+  r.reserve(py::len(seq));
+  for (size_t i = 0; i < py::len(seq); ++i)
+    r.push_back(int_arg<int64_t>(seq[i], fmt::format("{}[{}]", arg, i)));
+  return r;
+}
+
+DictArg::DictArg(const py::handle& obj, std::string arg, std::initializer_list<const char*> allowed,
+                 std::initializer_list<const char*> required, std::string_view what_dict)
+    : arg_(std::move(arg)) {
+  auto list = [](std::initializer_list<const char*> keys) {
+    std::string s;
+    for (const char* k : keys) s += fmt::format("{}{}", s.empty() ? "" : ", ", k);
+    return s;
+  };
+  if (!py::isinstance<py::dict>(obj))
+    throw Error(fmt::format("{}: expected {}; got {}", arg_, what_dict, type_qualname(obj)));
+  dict_ = py::reinterpret_borrow<py::dict>(obj);
+  for (auto kv : dict_) {
+    const bool known = py::isinstance<py::str>(kv.first) &&
+                       std::any_of(allowed.begin(), allowed.end(), [&](const char* k) {
+                         return PyUnicode_CompareWithASCIIString(kv.first.ptr(), k) == 0;
+                       });
+    if (!known)
+      throw Error(fmt::format("{}: key {} is not allowed; allowed: {}", arg_,
+                              py::repr(kv.first).cast<std::string>(), list(allowed)));
+  }
+  for (const char* k : required)
+    if (!dict_.contains(k))
+      throw Error(fmt::format("{}: key '{}' is missing; required: {}", arg_, k, list(required)));
+}
+
+py::object DictArg::get(const char* key) const {
+  PyObject* v = PyDict_GetItemString(dict_.ptr(), key);  // borrowed, no exception
+  return v == nullptr ? py::none() : py::reinterpret_borrow<py::object>(v);
+}
+
+std::string DictArg::name(const char* key) const {
+  return fmt::format("{}['{}']", arg_, key);
+}
+
+namespace {
 template <class T>
 const T& packed_arg(const py::handle& obj, const char* arg, const char* type, const char* maker) {
   if (!py::isinstance<T>(obj)) {
-    throw Error(
-        fmt::format("{}: expected a tilejit.{} (from tilejit.{}), got '{}'", arg, type, maker,
-                    py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>()));
+    throw Error(fmt::format("{}: expected a tilejit.{} (from tilejit.{}), got '{}'", arg, type,
+                            maker, type_qualname(obj)));
   }
   return obj.cast<const T&>();
 }
@@ -178,6 +277,7 @@ PYBIND11_MODULE(_core, m) {
   });
 
   bind_info(m);
+  bind_dlpack(m);
   bind_buffer(m);
   bind_gemm(m);
   bind_attention(m);

@@ -92,13 +92,54 @@ def _new(like, shape, dt):
     return _empty(_kind(like), shape, dt)
 
 
+def _once(t, arg, dtype=None):
+    """What a call passes for tensor argument t when the layer reads t too
+    (its shape, to size an output; its shape and dtype, for unpack): t for
+    None, a torch tensor or a numpy array; else t exported once (a
+    tilejit._core._Exported, read by the call and by _describe), so a
+    producer's __dlpack__ runs once per tilejit call. What is not a DLPack
+    tensor is named by the export, with the call's message."""
+    if t is None or _kind(t) is not None or isinstance(t, _core._Exported):
+        return t
+    return _core._export(t, arg, dtype)
+
+
+def _once_entries(w, names, dtype=None):
+    """pack_experts_*'s list w with each entry's tensors through _once:
+    (a, b) pairs named w[e].<names[0]> / w[e].<names[1]>, or dicts (names:
+    the tensor keys) named w[e]['key']. Anything else is left as it is,
+    for the core's checks to name."""
+    if not isinstance(w, (list, tuple)):
+        return w
+    r = []
+    for e, item in enumerate(w):
+        if isinstance(item, dict):
+            item = {k: _once(v, f"w[{e}]['{k}']", dtype) if k in names else v
+                    for k, v in item.items()}
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            item = (_once(item[0], f"w[{e}].{names[0]}", dtype),
+                    _once(item[1], f"w[{e}].{names[1]}", dtype))
+        r.append(item)
+    return r
+
+
+_MAX_DIM = _core._MAX_DIM  # Limits::max_dim, 2^31 - 1
+
+
 def _shape(t, arg, ndim, dtype):
-    """The shape of a tensor argument, checked to have ndim dims (the
-    output's shape is computed from it)."""
-    s = t.shape if _kind(t) is not None else _core._shape(t, arg, dtype)
+    """(shape, t): the shape of a tensor argument, checked to have ndim dims
+    in [0, 2^31 - 1] before an output is allocated from it, and what the
+    call passes for t (_once)."""
+    if _kind(t) is None and not isinstance(t, _core._Exported):
+        t = _core._export(t, arg, dtype)  # None too: "q: an object of type 'NoneType' ..."
+    s = tuple(t.shape)
     if len(s) != ndim:
-        raise Error(f"{arg}: expected {ndim} dims, got shape {tuple(s)}")
-    return tuple(s)
+        raise Error(f"{arg}: expected {ndim} dims, got shape {s}")
+    for i, d in enumerate(s):
+        if not 0 <= d <= _MAX_DIM:
+            raise Error(f"{arg}: shape {list(s)} has dim {i} = {d}; allowed: dims from 0 to "
+                        f"{_MAX_DIM} (2^31 - 1)")
+    return s, t
 
 
 # ---- GEMM and weight packing -------------------------------------------------
@@ -120,11 +161,13 @@ def pack_weight(w, dtype=None):
     K stride 1) for gemm(). Packing a PackedWeight returns the same data."""
     if isinstance(w, PackedWeight):
         return w
+    w = _once(w, "w", dtype)
     return _tag(_core.pack_weight(w, dtype), w, ("bf16", _describe(w, dtype)))
 
 
 def pack_int8(weight, scales):
     """int8 W8A8: weight int8 [N, K], scales f32 [N] or [1]."""
+    weight, scales = _once(weight, "weight"), _once(scales, "scales")
     packed = _core.pack_int8(weight, scales)  # first: its checks name the arguments
     src = {"weight": _describe(weight), "scales": _describe(scales)}
     return _tag(packed, weight, ("int8", src))
@@ -133,6 +176,7 @@ def pack_int8(weight, scales):
 def pack_fp8(weight, scales, block_n=0, block_k=0):
     """fp8 e4m3 W8A16: weight uint8 codes, logically [N, K] (any strides),
     scales f32 [1], [N] or block scales [ceil(N/block_n), ceil(K/block_k)]."""
+    weight, scales = _once(weight, "weight"), _once(scales, "scales")
     packed = _core.pack_fp8(weight, scales, block_n, block_k)
     src = {"weight": _describe(weight), "scales": _describe(scales),
            "block_n": block_n, "block_k": block_k}
@@ -142,6 +186,8 @@ def pack_fp8(weight, scales, block_n=0, block_k=0):
 def pack_int4(qweight, scales, qzeros=None, g_idx=None, format="gptq", group_size=128,
               gptq_v2=False, n=0, k=0, dtype=None):
     """int4 W4A16 (GPTQ or AWQ checkpoints); see docs/quantized.md."""
+    qweight, scales = _once(qweight, "qweight", dtype), _once(scales, "scales", dtype)
+    qzeros, g_idx = _once(qzeros, "qzeros", dtype), _once(g_idx, "g_idx", dtype)
     packed = _core.pack_int4(qweight, scales, qzeros, g_idx, format, group_size, gptq_v2, n, k,
                              dtype)
     src = {"qweight": _describe(qweight), "scales": _describe(scales, dtype),
@@ -153,6 +199,7 @@ def pack_int4(qweight, scales, qzeros=None, g_idx=None, format="gptq", group_siz
 
 def pack_mxfp4(blocks, scales, k=0):
     """MXFP4 W4A16: blocks uint8 [N, K/32, 16] or [N, K/2], scales uint8 [N, ceil(K/32)]."""
+    blocks, scales = _once(blocks, "blocks"), _once(scales, "scales")
     packed = _core.pack_mxfp4(blocks, scales, k)
     src = {"blocks": _describe(blocks), "scales": _describe(scales), "k": k}
     return _tag(packed, blocks, ("mxfp4", src))
@@ -228,7 +275,8 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     int4_route "w4a16" (bf16 x), "w4a8" (x quantized per act_quant) or
     "automatic" (W4A8 on the llvm path from 4 rows on)."""
     if out is None and isinstance(w, PackedWeight):
-        out, ret = _new(x, (_shape(x, "x", 2, dtype)[0], w.n), out_dtype)
+        (m, _), x = _shape(x, "x", 2, dtype)
+        out, ret = _new(x, (m, w.n), out_dtype)
     else:
         ret = out
     _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, int4_route, dtype)
@@ -247,8 +295,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=Fals
     """Prefill over sequences packed along T: q [Tq, Hq, D], k [Tk, Hkv, D],
     v [Tk, Hkv, Dv] bf16, cu_seqlens_* int32 [B+1]; out [Tq, Hq, Dv] bf16."""
     if out is None:
-        t, h, _ = _shape(q, "q", 3, dtype)
-        out, ret = _new(q, (t, h, _shape(v, "v", 3, dtype)[2]), "bf16")
+        (t, h, _), q = _shape(q, "q", 3, dtype)
+        (_, _, dv), v = _shape(v, "v", 3, dtype)
+        out, ret = _new(q, (t, h, dv), "bf16")
     else:
         ret = out
     _core.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out, causal, sm_scale,
@@ -264,8 +313,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causa
     [num_blocks, block_size, Hkv, D / Dv]; block_table int32 [B, max_blocks];
     seq_lens int32 [B]; out [B, Hq, Dv] bf16."""
     if out is None:
-        b, h, _ = _shape(q, "q", 3, dtype)
-        out, ret = _new(q, (b, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16")
+        (b, h, _), q = _shape(q, "q", 3, dtype)
+        (_, _, _, dv), v_cache = _shape(v_cache, "v_cache", 4, dtype)
+        out, ret = _new(q, (b, h, dv), "bf16")
     else:
         ret = out
     _core.decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, causal, sm_scale,
@@ -285,8 +335,9 @@ def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, o
     None; tree_mask uint8 replaces the causal rule); out [T, Hq, Dv] bf16.
     Causal among the new tokens is implied: causal has no effect here."""
     if out is None:
-        t, h, _ = _shape(q, "q", 3, dtype)
-        out, ret = _new(q, (t, h, _shape(v_cache, "v_cache", 4, dtype)[3]), "bf16")
+        (t, h, _), q = _shape(q, "q", 3, dtype)
+        (_, _, _, dv), v_cache = _shape(v_cache, "v_cache", 4, dtype)
+        out, ret = _new(q, (t, h, dv), "bf16")
     else:
         ret = out
     _core.extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out, causal,
@@ -325,6 +376,7 @@ def pack_experts(w, proj="gate_up", glu_rows="halves", dtype=None):
     through (proj must match)."""
     if isinstance(w, PackedExperts):
         return _core.pack_experts(w, proj, glu_rows, dtype)
+    w = _once(w, "w", dtype)
     return _tag(_core.pack_experts(w, proj, glu_rows, dtype), w, ("bf16", _describe(w, dtype)))
 
 
@@ -338,6 +390,7 @@ def _first(w, key):
 
 def pack_experts_int8(w, proj="gate_up", glu_rows="halves"):
     """w: one (weight int8, scales f32) pair per expert."""
+    w = _once_entries(w, ("weight", "scales"))
     packed = _core.pack_experts_int8(w, proj, glu_rows)  # first: its checks name the entries
     src = [(_describe(a), _describe(b)) for a, b in w]
     return _tag(packed, _first(w, 0), ("int8", src))
@@ -345,6 +398,7 @@ def pack_experts_int8(w, proj="gate_up", glu_rows="halves"):
 
 def pack_experts_fp8(w, block_n=0, block_k=0, proj="gate_up", glu_rows="halves"):
     """w: one (weight uint8 e4m3 codes, scales f32) pair per expert."""
+    w = _once_entries(w, ("weight", "scales"))
     packed = _core.pack_experts_fp8(w, block_n, block_k, proj, glu_rows)
     src = [(_describe(a), _describe(b)) for a, b in w]
     return _tag(packed, _first(w, 0), ("fp8", {"list": src, "block_n": block_n,
@@ -358,6 +412,7 @@ def pack_experts_int4(w, format="gptq", group_size=128, gptq_v2=False, proj="gat
                       glu_rows="halves", dtype=None):
     """w: one dict per expert with qweight, scales and optional qzeros,
     g_idx, n, k (pack_int4's arguments)."""
+    w = _once_entries(w, _INT4_KEYS, dtype)
     packed = _core.pack_experts_int4(w, format, group_size, gptq_v2, proj, glu_rows, dtype)
     src = [{key: _describe(d[key], dtype) for key in _INT4_KEYS if d.get(key) is not None}
            for d in w]
@@ -370,6 +425,7 @@ def pack_experts_int4(w, format="gptq", group_size=128, gptq_v2=False, proj="gat
 def pack_experts_mxfp4(w, k=0, proj="gate_up", glu_rows="halves"):
     """w: one (blocks uint8, scales uint8) pair per expert (GPT-OSS: gate_up
     with glu_rows="interleaved")."""
+    w = _once_entries(w, ("blocks", "scales"))
     packed = _core.pack_experts_mxfp4(w, k, proj, glu_rows)
     src = [(_describe(a), _describe(b)) for a, b in w]
     return _tag(packed, _first(w, 0), ("mxfp4", {"list": src, "k": k}))
@@ -447,7 +503,8 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
     act_quant) or "automatic" (per expert by the rows routed to it, as
     gemm's rule takes M). See docs/moe.md."""
     if out is None:
-        out, ret = _new(hidden, _shape(hidden, "hidden", 2, dtype), out_dtype)
+        shape, hidden = _shape(hidden, "hidden", 2, dtype)
+        out, ret = _new(hidden, shape, out_dtype)
     else:
         ret = out
     _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
