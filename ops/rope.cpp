@@ -122,6 +122,9 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
 
   const int64_t streams = d.streams();
   ops::check_index_dtype(kOp, "positions", positions);
+  if (streams == 1 && positions.shape.size() != 1 && positions.shape.size() != 2)
+    throw Error(fmt::format("{}: positions has rank {}; allowed: [T] = [{}] or [1, {}]", kOp,
+                            positions.shape.size(), c.t, c.t));
   if (positions.shape.size() == 1 && streams == 1) {
     ops::check_view(kOp, "positions", positions, 1);
     c.pos_token_stride = positions.strides[0];

@@ -11,7 +11,12 @@
 namespace tilejit::ops {
 
 std::string shape_str(const std::vector<int64_t>& v) {
-  return fmt::format("[{}]", fmt::join(v, ", "));
+  // A list option (mrope_section, ...) may hold any number of entries: a
+  // message shows the first 8 and the last 2 (100001 entries made 300 KB).
+  constexpr size_t kHead = 8, kTail = 2;
+  if (v.size() <= kHead + kTail + 1) return fmt::format("[{}]", fmt::join(v, ", "));
+  return fmt::format("[{}, ... {} more ..., {}]", fmt::join(v.begin(), v.begin() + kHead, ", "),
+                     v.size() - kHead - kTail, fmt::join(v.end() - kTail, v.end(), ", "));
 }
 
 namespace {

@@ -14,6 +14,7 @@
 
 namespace tilejit::ops {
 
+// "[a, b, c]"; past 11 entries the first 8, how many more, and the last 2.
 std::string shape_str(const std::vector<int64_t>& v);
 
 // Rank, a valid dtype, non-null data, strides consistent with the shape, dims

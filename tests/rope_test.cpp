@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "runtime/reference_error_bounds.h"
@@ -537,11 +538,31 @@ TEST_F(Rope, Errors) {
         call(f.qv, nullptr, {f.pos.data(), DType::i32, {2, 2}}, f.cv);
       },
       "positions has shape [2, 2]");
+  // A rank other than 1 or 2 names both forms (it said "allowed: rank 2").
+  expect_error(
+      [&] {
+        call(f.qv, nullptr, {f.pos.data(), DType::i32, {}}, f.cv);
+      },
+      "positions has rank 0; allowed: [T] = [2] or [1, 2]");
   expect_error(
       [&] {
         call(f.qv, nullptr, f.pv, {f.cache.data(), DType::f32, {20, 4}});
       },
       "cos_sin_cache has shape [20, 4]");
+  // A long list option is elided in the message (100001 entries made 300 KB).
+  {
+    std::vector<int64_t> many(100001, 1);
+    try {
+      call(f.qv, nullptr, f.pv, f.cv, {.mrope_section = many});
+      ADD_FAILURE() << "no Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "mrope_section=[1, 1, 1, 1, 1, 1, 1, 1, ... 99991 more ..., 1, 1]; allowed"),
+                std::string::npos)
+          << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 400u);
+    }
+  }
   expect_error(
       [&] {
         call(f.qv, nullptr, f.pv, f.cv, {.mrope_section = {1, 2}});

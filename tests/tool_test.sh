@@ -351,6 +351,9 @@ if [ -f "$LB" ] && [ -f "$LS" ]; then
   printf 'not numpy' >"$WORK/garbage.npy"
   bad "not a .npy file" "garbage.npy: not a .npy file" \
     "$TJ" run "$LB" --input "x=$WORK/garbage.npy" --random-inputs 1
+  printf '\x93NUMPY' >"$WORK/magic_only.npy"  # the magic and nothing more: truncated, not "no magic"
+  bad "truncated .npy preamble" "magic_only.npy: truncated .npy header \\(6 bytes" \
+    "$TJ" run "$LB" --input "x=$WORK/magic_only.npy" --random-inputs 1
   bad "missing .npy file" "nothere.npy: cannot open" \
     "$TJ" run "$LB" --input "x=$WORK/nothere.npy" --random-inputs 1
   bad "missing input" "missing input 'bias' \\(tensor<1000xbf16>\\)" \

@@ -197,9 +197,12 @@ struct Preamble {
 
 // `bytes` holds at least the first 10 bytes of the file (12 for version 2+).
 Preamble parse_preamble(std::string_view bytes, const std::string& name) {
-  if (bytes.size() < kMagicLen + 4 ||
-      bytes.substr(0, kMagicLen) != std::string_view(kMagic, kMagicLen))
+  if (bytes.empty() || bytes.substr(0, std::min(bytes.size(), kMagicLen)) !=
+                           std::string_view(kMagic, std::min(bytes.size(), kMagicLen)))
     throw Error(fmt::format("{}: not a .npy file (no \\x93NUMPY magic)", name));
+  if (bytes.size() < kMagicLen + 4)  // the magic (or its start) and nothing after
+    throw Error(fmt::format("{}: truncated .npy header ({} bytes; the preamble alone is {})", name,
+                            bytes.size(), kMagicLen + 4));
   const auto u8 = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])); };
   const uint32_t major = u8(6);
   Preamble p;
