@@ -5,6 +5,7 @@
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_jit.h"
 #endif
+#include "runtime/lazy_statics.h"
 #include "runtime/verbose.h"
 
 #include <pthread.h>
@@ -74,6 +75,7 @@ KernelCache::Impl& KernelCache::impl() const {
   // Immortal (never destroyed): a host thread may still be inside an operator
   // while static destructors run at exit (it crashed in DiskCache::path_for),
   // and its kernels' code must stay mapped.
+  runtime::mark_library_used();  // a kernel asked for outside a public call (the tool's)
   static Impl& impl = *new Impl;
   if (g_impl.load(std::memory_order_relaxed) == nullptr) g_impl.store(&impl);
   return impl;
@@ -86,6 +88,19 @@ namespace {
 // Registered when the library loads, so that a fork during the very first
 // kernel (the LLVM JIT being made) is covered too.
 void fork_prepare() {
+  // First the lazy statics of a process that has used the library: one being
+  // made by another thread would stay half made in the child
+  // (runtime/lazy_statics.h). Before the LLVM gate: a make may compile.
+  if (runtime::library_used()) {
+    runtime::complete_runtime_statics();
+    (void)KernelCache::global().stats();  // makes impl() and the hit counters
+    (void)DiskCache::qualified_key("");
+    try {
+      (void)tuning_db_active();  // TILEJIT_TUNING_DB's load, once
+    } catch (const Error&) {
+    }
+    (void)tuned_plans_used();
+  }
   llvm_before_fork();
   if (KernelCache::Impl* p = g_impl.load()) {
     p->mu.lock();

@@ -8,12 +8,14 @@
 #include <string>
 #include <system_error>
 
+#include "runtime/lazy_statics.h"
 #include "tilejit/error.h"
 
 namespace tilejit::runtime {
 
 template <class F>
 decltype(auto) api_guard(const char* op, F&& body) {
+  mark_library_used();  // the fork handlers complete its lazy statics from now on
   try {
     return body();
   } catch (const std::bad_alloc&) {
