@@ -105,7 +105,15 @@ bool get(const std::vector<uint8_t>& in, size_t& pos, T* v) {
 }
 
 // Why an entry could not be read; `missing` is the ordinary cold-cache case.
-enum class ReadResult { ok, missing, refused };
+// `foreign`: a regular file that another user could have written (owned by
+// neither this user nor root, or writable by group or others). An entry is
+// machine code the process will run: one planted by someone else in a shared
+// or world-writable directory must not be (an outside tester's finding).
+enum class ReadResult { ok, missing, refused, foreign };
+
+bool trusted_writer(const struct stat& st) {
+  return (st.st_uid == ::geteuid() || st.st_uid == 0) && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
 
 // Reads the entry at `path` only if it is a regular file of at most
 // kMaxEntryBytes: a symlink (to /dev/zero, say), a FIFO, a device or a
@@ -123,6 +131,10 @@ ReadResult read_file(const std::string& path, std::vector<uint8_t>* out) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxEntryBytes) {
     ::close(fd);
     return ReadResult::refused;
+  }
+  if (!trusted_writer(st)) {
+    ::close(fd);
+    return ReadResult::foreign;
   }
   // One byte more than the size says, so that a file growing under us fails
   // the length check instead of being read without end.
@@ -194,6 +206,15 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
   std::vector<uint8_t> file;
   const ReadResult read = read_file(path, &file);
   if (read == ReadResult::missing) return std::nullopt;
+  if (read == ReadResult::foreign) {
+    // Left in place: it is not this process's file to remove (a store of
+    // the key renames the recompiled entry over it where the directory allows).
+    rejected_.fetch_add(1);
+    log("refused entry (owned by another user or writable by group / others: its code is not "
+        "run)",
+        path);
+    return std::nullopt;
+  }
   if (read == ReadResult::refused) {
     // Not a regular file of a sane size: never read, and unlinked (a
     // symlink, FIFO or device node loses its name only; a directory stays
@@ -257,6 +278,14 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return store_failed(std::string("cannot create: ") + std::strerror(errno), tmp);
+  // 0644 whatever the umask: a group-writable entry (umask 002) is one the
+  // loads refuse (trusted_writer).
+  if (::fchmod(fd, 0644) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return store_failed(std::string("cannot set the mode: ") + std::strerror(e), tmp);
+  }
   const bool written = write_all(fd, out.data(), out.size());
   const int write_errno = errno;
   const bool closed = ::close(fd) == 0;

@@ -268,6 +268,42 @@ TEST(DiskCacheHostile, SymlinkToAGoodEntryIsNotFollowed) {
   fs::remove_all(dir);
 }
 
+// An entry another user could have written is never run: a valid entry made
+// group- or world-writable, or (as root) owned by another user, is refused and
+// left in place; the store of the key then replaces it. Entries are stored
+// 0644 whatever the umask (umask 002 would make them group-writable).
+TEST(DiskCacheHostile, EntryOthersCouldWriteIsNotRun) {
+  const std::string dir = fresh_dir("foreign");
+  const mode_t old_umask = ::umask(002);
+  {
+    jit::DiskCache c(dir);
+    c.store("k", bytes(300, 9));
+    ::umask(old_umask);
+    const std::string path = c.path_for("k");
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0644u) << "stored under umask 002";
+    ASSERT_TRUE(c.load("k").has_value());
+    for (mode_t mode : {0664, 0646}) {
+      ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+      jit::DiskCache d(dir);
+      EXPECT_FALSE(d.load("k").has_value()) << std::oct << mode;
+      EXPECT_EQ(d.rejected(), 1u);
+      EXPECT_TRUE(fs::exists(path)) << "not this process's file to remove";
+    }
+    ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+    if (::geteuid() == 0) {  // another owner: only root can make one here
+      ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0) << std::strerror(errno);
+      jit::DiskCache d(dir);
+      EXPECT_FALSE(d.load("k").has_value()) << "owned by uid 65534";
+      d.store("k", bytes(300, 9));  // replaces it by rename
+      EXPECT_TRUE(d.load("k").has_value());
+    }
+  }
+  ::umask(old_umask);
+  fs::remove_all(dir);
+}
+
 TEST(DiskCacheHostile, FifoDoesNotBlock) {
   const std::string dir = dir_with_entry("fifo", [](const std::string& p) {
     ASSERT_EQ(mkfifo(p.c_str(), 0644), 0) << std::strerror(errno);
