@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
@@ -615,10 +616,87 @@ std::string read_db_text(const std::string& path) {
   }
 }
 
-TuningDb parse_db(const std::string& text, const std::string& path) {
+// The structure bounds of a database's text (kMaxTuningDbDepth,
+// kMaxTuningDbValues), by a scan outside strings that allocates nothing: what
+// load checks before nlohmann builds the document, and save before it
+// writes (a save never leaves a file load refuses).
+void check_db_structure(const std::string& text, const std::string& path) {
+  int depth = 0;
+  int64_t values = 0;
+  bool in_str = false, esc = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_str) {
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
+      continue;
+    }
+    if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxTuningDbDepth)
+        throw Error(fmt::format(
+            "{}:{}: error: the tuning database nests more than {} JSON objects and arrays here; "
+            "allowed: at most {} levels (an entry's fields are 4 deep)",
+            path, line_of_byte(text, i), kMaxTuningDbDepth, kMaxTuningDbDepth));
+      ++values;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == ',') {
+      ++values;
+    }
+    if (values > kMaxTuningDbValues)
+      throw Error(fmt::format(
+          "{}:{}: error: the tuning database has more than {} JSON objects, arrays and items; "
+          "allowed: at most {} (about 170000 entries)",
+          path, line_of_byte(text, i), kMaxTuningDbValues, kMaxTuningDbValues));
+  }
+}
+
+// Empties a JSON value leaf first, allocating nothing: nlohmann's
+// destructor moves a container's children into a vector as large as the
+// container, and a std::bad_alloc there (memory ran out while the document
+// was built, or is still short) ends the process (a destructor is
+// noexcept). The depth is kMaxTuningDbDepth's (check_db_structure).
+void teardown(json& v) noexcept {
+  if (v.is_array()) {
+    auto& a = v.get_ref<json::array_t&>();
+    while (!a.empty()) {
+      teardown(a.back());
+      a.pop_back();
+    }
+  } else if (v.is_object()) {
+    auto& o = v.get_ref<json::object_t&>();
+    while (!o.empty()) {
+      teardown(o.begin()->second);
+      o.erase(o.begin());
+    }
+  }
+}
+
+// A JSON document torn down by teardown() when it goes out of scope, on
+// every path (a thrown Error or std::bad_alloc included).
+struct Document {
   json j;
+  Document() = default;
+  Document(const Document&) = delete;
+  Document& operator=(const Document&) = delete;
+  ~Document() { teardown(j); }
+};
+
+TuningDb parse_db(const std::string& text, const std::string& path) {
+  check_db_structure(text, path);
+  Document doc;
+  json& j = doc.j;
   try {
-    j = json::parse(text);
+    // Built in place (not json::parse's return value): what was built when
+    // memory ran out is doc's, torn down without allocating.
+    nlohmann::detail::json_sax_dom_parser<json> dom(j, true);
+    json::sax_parse(text, &dom);
   } catch (const json::parse_error& e) {
     // e.byte: 1-based position of the byte at which parsing failed.
     throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: {}", path,
@@ -732,11 +810,29 @@ void replace_file(const std::string& target, const std::string& text) {
 
 }  // namespace
 
+namespace {
+// Memory running out while a database is read or written (the structure
+// bounds keep a file's parse to a few hundred MB, which a process under a
+// low `ulimit -v` may still not have): an Error naming the file, not a
+// std::bad_alloc that a caller reports as its own.
+[[noreturn]] void out_of_memory(const std::string& path, const char* doing) {
+  throw Error(
+      fmt::format("{}: error: out of memory {} the tuning database (a file of up to {} and {} JSON "
+                  "objects, arrays and items)",
+                  path, doing, runtime::byte_size_str(kMaxTuningDbBytes), kMaxTuningDbValues));
+}
+}  // namespace
+
 TuningDb TuningDb::load(const std::string& path) {
-  return parse_db(read_db_text(path), path);
+  try {
+    return parse_db(read_db_text(path), path);
+  } catch (const std::bad_alloc&) {
+    out_of_memory(path, "reading");
+  }
 }
 
-void TuningDb::save(const std::string& path) const {
+namespace {
+void save_merged(const TuningDb& db, const std::string& path) {
   const std::string target = resolve_links(path);
   DbLock lock(target);
   // What other writers saved since this database was read: their entries
@@ -755,12 +851,38 @@ void TuningDb::save(const std::string& path) const {
   // copy (perhaps re-tuned by that machine since) wins.
   std::set<std::string> on_disk;
   for (const TunedEntry& e : merged.entries) on_disk.insert(entry_key(e));
-  for (const TunedEntry& e : entries)
+  for (const TunedEntry& e : db.entries)
     if (e.verbatim.empty() || !on_disk.count(entry_key(e))) merged.put(e);
-  json list = json::array();
+  Document doc;
+  json& j = doc.j;
+  j["tilejit_tuning_db"] = kFormatVersion;
+  json& list = j["entries"] = json::array();
   for (const TunedEntry& e : merged.entries) list.push_back(entry_to_json(e));
-  const json j{{"tilejit_tuning_db", kFormatVersion}, {"entries", list}};
-  replace_file(target, j.dump(1) + "\n");
+  // Indented (an entry's fields one per line) while that fits the read cap,
+  // else compact; what does not load is never written (the old file stays).
+  std::string text = j.dump(1) + "\n";
+  if (static_cast<int64_t>(text.size()) > kMaxTuningDbBytes) text = j.dump() + "\n";
+  if (static_cast<int64_t>(text.size()) > kMaxTuningDbBytes)
+    throw Error(fmt::format(
+        "{}: error: the tuning database would be {} bytes with {} entries, more than the {} a "
+        "tuning database may have; nothing written (the file is unchanged: move other "
+        "machines' entries to a database of their own)",
+        path, text.size(), merged.entries.size(), runtime::byte_size_str(kMaxTuningDbBytes)));
+  try {
+    check_db_structure(text, path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}; nothing written (the file is unchanged)", e.what()));
+  }
+  replace_file(target, text);
+}
+}  // namespace
+
+void TuningDb::save(const std::string& path) const {
+  try {
+    save_merged(*this, path);
+  } catch (const std::bad_alloc&) {
+    out_of_memory(path, "writing");
+  }
 }
 
 void TuningDb::put(TunedEntry e) {
@@ -823,7 +945,15 @@ void load_from_env() {
   const char* p = std::getenv("TILEJIT_TUNING_DB");
   // load_tuning_db before the first lookup wins over the environment.
   if (p == nullptr || *p == '\0' || global().installed.load()) return;
-  install_tuning_db(TuningDb::load(p), p);
+  // Read inside an operator call: the variable named, not only the file.
+  try {
+    install_tuning_db(TuningDb::load(p), p);
+  } catch (const Error& e) {
+    throw Error(fmt::format("TILEJIT_TUNING_DB: {}", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw Error(
+        fmt::format("TILEJIT_TUNING_DB: {}: out of memory installing the tuning database", p));
+  }
 }
 
 }  // namespace

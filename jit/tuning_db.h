@@ -88,6 +88,14 @@ codegen::PlanOverrides gemm_overrides(const TunedEntry& e);
 // The largest database file read (runtime::CappedFile): an entry is ~400
 // bytes, so this holds ~150000 of them; /dev/zero stops here.
 inline constexpr int64_t kMaxTuningDbBytes = int64_t(64) << 20;
+// The JSON a database may hold, checked by a scan of the text before it is
+// parsed (and of the text save writes): nesting (an entry's fields are 4
+// levels deep; 16 leaves room for another build's fields) and objects,
+// arrays and items (an entry has ~25: ~170000 entries, what 64 MiB of real
+// entries hold). Without them a file of 10 MB of '[' or of 60 MB of tiny
+// items cost GBs of memory to parse.
+inline constexpr int kMaxTuningDbDepth = 16;
+inline constexpr int64_t kMaxTuningDbValues = int64_t(1) << 22;
 
 struct TuningDb {
   std::vector<TunedEntry> entries;  // in file order; id() unique per cpu and build
@@ -108,6 +116,9 @@ struct TuningDb {
   // replaced). The text goes to a temporary file of its own
   // (mkstemp) renamed over path, so a reader (or a ^C) never sees half a
   // file and two tune processes never lose each other's entries.
+  // The result is at most kMaxTuningDbBytes (indented while that fits, else
+  // compact) within the structure bounds, or an Error before the file is
+  // replaced: a save never leaves a file load refuses.
   void save(const std::string& path) const;
   // Adds or replaces the entry with e's id, machine and build.
   void put(TunedEntry e);

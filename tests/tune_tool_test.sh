@@ -328,4 +328,18 @@ ln -s "$WORK/real-db.json" "$WORK/link-db.json"
 "$TJ" tune "$WORK/esc.json" --out "$WORK/link-db.json" --budget 1s >"$OUT" 2>"$ERR"
 check "--out a symlink: written through it" test -L "$WORK/link-db.json" -a -s "$WORK/real-db.json"
 
+# 11. A database whose parse does not fit in memory (2M empty objects
+# within the structure bounds, ~300 MB parsed, under ulimit -v 200000): an
+# Error naming the variable and the file (was a std::bad_alloc the CLI
+# reported as "the tensors of this program ... do not fit"). Only where the
+# tool itself runs under that limit.
+$PY -c 'import sys; open(sys.argv[1], "w").write("{\"tilejit_tuning_db\":1,\"entries\":[" + ",".join(["{}"] * 2000000) + "]}")' "$WORK/huge.json"
+if (ulimit -v 200000 && "$TJ" dump "$WORK/proj.tir" --stage plan --dim M=40 >/dev/null 2>&1); then
+  (ulimit -v 200000 && TILEJIT_TUNING_DB="$WORK/huge.json" "$TJ" dump "$WORK/proj.tir" --stage plan --dim M=40) >"$OUT" 2>"$ERR"
+  rc=$?
+  check "database out of memory: exit 1 (got $rc)" test $rc -eq 1
+  check "database out of memory: the variable and file named" \
+    grep -q "^TILEJIT_TUNING_DB: $WORK/huge.json: error: out of memory reading the tuning database" "$ERR"
+fi
+
 check_summary tune_tool_test

@@ -50,6 +50,11 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // A gemm entry of this machine and build.
 jit::TunedEntry gemm_entry(Isa path, int64_t n, int64_t k, int64_t m,
                            std::map<std::string, int64_t> knobs = {}) {
@@ -616,6 +621,93 @@ TEST(TuningDb, StaleEntriesKeptVerbatim) {
   write_file(path, R"({"tilejit_tuning_db": 1, "entries": [{"family": "gemm", "cpu": 3}]})");
   expect_tilejit_error([&] { jit::TuningDb::load(path); }, "field 'cpu' missing or not a string");
   fs::remove(path);
+}
+
+// A database's structure is bounded before it is parsed: 5M nested '['
+// within the byte cap cost GBs (and a std::bad_alloc escaped load under a
+// low ulimit -v); 4M tiny items as much. Both are an Error naming the file
+// and the line before nlohmann builds anything.
+TEST(TuningDb, StructureBounded) {
+  const std::string path = temp_path("deep.json");
+  write_file(path, "{\"tilejit_tuning_db\": 1, \"entries\": [\n" + std::string(1000000, '[') +
+                       std::string(1000000, ']') + "]}");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path +
+                           ":2: error: the tuning database nests more than 16 JSON objects and "
+                           "arrays here; allowed: at most 16 levels");
+  expect_tilejit_error([&] { load_tuning_db(path); }, "nests more than 16");
+  std::string many = "{\"tilejit_tuning_db\": 1, \"entries\": [0";
+  for (int64_t i = 0; i < jit::kMaxTuningDbValues; ++i) many += ",0";
+  write_file(path, many + "]}");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       "error: the tuning database has more than 4194304 JSON objects, arrays and "
+                       "items; allowed: at most 4194304");
+  // 16 levels are allowed (another build's stale entry may nest its fields).
+  std::string deep = "{}";
+  for (int i = 0; i < 11; ++i) deep = "[" + deep + "]";
+  write_file(path, R"({"tilejit_tuning_db": 1, "entries": [{"family": "x", "cpu": "c", )"
+                   R"("tilejit": "t", "shape": {"a": )" +
+                       deep + "}}]}");
+  EXPECT_EQ(jit::TuningDb::load(path).entries.size(), 1u);
+  // save checks what it writes the same way: a stale entry nesting deeper
+  // than a file may is an Error, and the file is unchanged.
+  const std::string before = read_text(path);
+  jit::TuningDb db;
+  jit::TunedEntry e;
+  e.family = "x";
+  e.cpu = "c";
+  e.version = "t";
+  e.verbatim = R"({"family": "x", "cpu": "c", "tilejit": "t", "shape": {"a": )" +
+               std::string(20, '[') + std::string(20, ']') + "}}";
+  db.entries.push_back(e);
+  expect_tilejit_error([&] { db.save(path); }, "nothing written (the file is unchanged)");
+  EXPECT_EQ(read_text(path), before);
+  fs::remove(path);
+  fs::remove(path + ".lock");
+}
+
+// A save writes what load reads: indented while that fits the 64 MiB cap,
+// compact past it (tune rewrote a 63 MB database of other machines'
+// entries indented, 101 MB, which neither the library nor tune then read),
+// and an Error before replacing the file when even that does not fit.
+TEST(TuningDb, SaveKeepsTheByteCap) {
+  const std::string path = temp_path("big.json");
+  // Stale entries in the compact form save writes (sorted keys, no spaces):
+  // the file's size is the compact text's.
+  auto stale_db = [](int64_t bytes) {
+    const std::string head = R"({"entries":[)", tail = "],\"tilejit_tuning_db\":1}\n";
+    const int64_t n = 30000;
+    const std::string pre = R"({"cpu":"c","family":"x","pad":")", post = R"(","tilejit":"t"})";
+    const int64_t fixed = static_cast<int64_t>(head.size() + tail.size()) + (n - 1) +
+                          n * static_cast<int64_t>(pre.size() + post.size());
+    const int64_t pad = (bytes - fixed) / n, extra = (bytes - fixed) % n;
+    std::string text = head;
+    text.reserve(static_cast<size_t>(bytes));
+    for (int64_t i = 0; i < n; ++i) {
+      if (i) text += ',';
+      text += pre + fmt::format("{:0{}d}", i, pad + (i == n - 1 ? extra : 0)) + post;
+    }
+    text += tail;
+    EXPECT_EQ(static_cast<int64_t>(text.size()), bytes);
+    return text;
+  };
+  // Indented it would pass the cap; compact it fits.
+  write_file(path, stale_db(jit::kMaxTuningDbBytes - 4096));
+  jit::TuningDb db = jit::TuningDb::load(path);
+  ASSERT_EQ(db.entries.size(), 30000u);
+  db.put(gemm_entry(Isa::avx512, 256, 512, 16));
+  db.save(path);
+  EXPECT_LE(static_cast<int64_t>(fs::file_size(path)), jit::kMaxTuningDbBytes);
+  EXPECT_EQ(jit::TuningDb::load(path).entries.size(), 30001u);
+  // A database that fits in no form (a few more entries): an Error naming
+  // it, the file unchanged.
+  const auto size = fs::file_size(path);
+  for (int64_t n = 1; n <= 16; ++n) db.put(gemm_entry(Isa::avx512, 256 * n, 512, 16));
+  expect_tilejit_error([&] { db.save(path); },
+                       "more than the 64 MiB a tuning database may have; nothing written");
+  EXPECT_EQ(fs::file_size(path), size);
+  fs::remove(path);
+  fs::remove(path + ".lock");
 }
 
 // Two writers of one database (two tune processes): each save merges with
