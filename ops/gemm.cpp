@@ -146,6 +146,13 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
   if (ir::find_activation(opt.act) == nullptr)
     throw Error(fmt::format("gemm: act={} is not an activation; allowed: {}",
                             static_cast<int>(opt.act), ir::activation_list(false)));
+  // The int8-activation and int4 options, checked for every format (a bad
+  // value was accepted where the format ignores it).
+  ops::check_act_quant("gemm", opt.act_quant);
+  if (opt.act_quant == ActQuant::fixed)
+    ops::check_fixed_act_quant("gemm", "act_scale", opt.act_scale, "act_zero_point",
+                               opt.act_zero_point);
+  ops::check_int4_route(opt.int4_route, "gemm");
   // y is written while x and bias are still read (by other row and column blocks).
   ops::check_output("gemm", "y", y, {{"x", &x}, {"bias", ops::opt_view(opt.bias)}});
 }

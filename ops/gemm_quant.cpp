@@ -243,19 +243,34 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
 
 }  // namespace
 
+void check_act_quant(const char* op, ActQuant q) {
+  if (q != ActQuant::dynamic_sym && q != ActQuant::dynamic_asym && q != ActQuant::fixed)
+    throw Error(fmt::format(
+        "{}: act_quant={} is not an ActQuant; allowed: dynamic_sym, dynamic_asym, fixed", op,
+        static_cast<int>(q)));
+}
+
+void check_fixed_act_quant(const char* op, const char* scale_name, float scale,
+                           const char* zero_name, int zero) {
+  if (!(scale > 0) || !std::isfinite(scale))
+    throw Error(
+        fmt::format("{}: act_quant=fixed with {}={}; allowed: finite > 0", op, scale_name, scale));
+  if (zero < 0 || zero > 255)
+    throw Error(
+        fmt::format("{}: act_quant=fixed with {}={}; allowed: [0, 255]", op, zero_name, zero));
+}
+
 codegen::ActQuantMode act_quant_mode(ActQuant q) {
+  check_act_quant("gemm", q);
   switch (q) {
     case ActQuant::dynamic_sym:
       return codegen::ActQuantMode::sym;
     case ActQuant::dynamic_asym:
       return codegen::ActQuantMode::asym;
     case ActQuant::fixed:
-      return codegen::ActQuantMode::fixed;
+      break;
   }
-  throw Error(
-      fmt::format("gemm: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
-                  "dynamic_asym, fixed",
-                  static_cast<int>(q)));
+  return codegen::ActQuantMode::fixed;
 }
 
 // ActQuant::fixed's 1 / s (checked > 0 and finite before); unused otherwise.
@@ -567,16 +582,6 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   // W4A8 (int4 weights, int8 activations): opt.int4_route, by path and M.
   const bool w4a8 =
       w4a8_route(p, opt, rows_isa, M, tuned) && w4a8_keeps_infinities(opt.int4_route, x_has_inf);
-  if (p.format == WeightFormat::int8 || w4a8) {
-    act_quant_mode(opt.act_quant);  // Error for a value outside the enum
-    if (opt.act_quant == ActQuant::fixed &&
-        (!(opt.act_scale > 0) || !std::isfinite(opt.act_scale) || opt.act_zero_point < 0 ||
-         opt.act_zero_point > 255))
-      throw Error(
-          fmt::format("gemm: act_quant=fixed with act_scale={} act_zero_point={}; "
-                      "allowed: a finite act_scale > 0 and act_zero_point in [0, 255]",
-                      opt.act_scale, opt.act_zero_point));
-  }
   if (w4a8) {
     // Without its kernels (the llvm path of a build without LLVM, scalar),
     // the oracle computes the same W4A8 result.

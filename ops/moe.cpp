@@ -109,22 +109,12 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
           "{}: act_quant=fixed with {} experts and no int8 shared expert; allowed: fixed only "
           "with int8 (W8A8) experts (other formats do not quantize activations)",
           kOp, weight_format_name(w13.format)));
-    const std::pair<const char*, float> scales[] = {{"act_scale13", opt.act_scale13},
-                                                    {"act_scale2", opt.act_scale2}};
-    for (const auto& [name, v] : scales)
-      if (!(v > 0) || !std::isfinite(v))
-        throw Error(
-            fmt::format("{}: act_quant=fixed with {}={}; allowed: finite > 0", kOp, name, v));
-    const std::pair<const char*, int> zeros[] = {{"act_zero_point13", opt.act_zero_point13},
-                                                 {"act_zero_point2", opt.act_zero_point2}};
-    for (const auto& [name, v] : zeros)
-      if (v < 0 || v > 255)
-        throw Error(fmt::format("{}: act_quant=fixed with {}={}; allowed: [0, 255]", kOp, name, v));
-  } else if (opt.act_quant != ActQuant::dynamic_sym && opt.act_quant != ActQuant::dynamic_asym) {
-    throw Error(
-        fmt::format("{}: act_quant={} is not an ActQuant; allowed: dynamic_sym, "
-                    "dynamic_asym, fixed",
-                    kOp, static_cast<int>(opt.act_quant)));
+    ops::check_fixed_act_quant(kOp, "act_scale13", opt.act_scale13, "act_zero_point13",
+                               opt.act_zero_point13);
+    ops::check_fixed_act_quant(kOp, "act_scale2", opt.act_scale2, "act_zero_point2",
+                               opt.act_zero_point2);
+  } else {
+    ops::check_act_quant(kOp, opt.act_quant);
   }
   ops::check_int4_route(opt.int4_route, kOp);
   if (w2.experts != d.E)

@@ -194,6 +194,14 @@ void set_fused_tables(const PackedWeight::Impl& p, int64_t block, int64_t scratc
 
 // ---- int8 activations (W8A8, W4A8) ----------------------------------------------
 
+// The act_quant rules of every operator that takes them (gemm, fused_experts),
+// one home: q one of ActQuant's values; ActQuant::fixed's scale finite > 0
+// and zero point in [0, 255] (per projection: the names say which). Errors
+// name op and the field. Checked whenever given, also where the weights'
+// format ignores them (a bad value is the caller's bug either way).
+void check_act_quant(const char* op, ActQuant q);
+void check_fixed_act_quant(const char* op, const char* scale_name, float scale,
+                           const char* zero_name, int zero);
 // opt.act_quant as the act_quant kernel's mode (Error for a value outside the enum).
 codegen::ActQuantMode act_quant_mode(ActQuant q);
 // ActQuant::fixed's 1 / s rounded to f32 (s checked > 0 and finite before);

@@ -3,7 +3,9 @@
 // written. The TILEJIT_ISA=bogus case runs as its own ctest entry (the ISA is
 // read once per process).
 #include <gmock/gmock.h>
+
 #include <gtest/gtest.h>
+#include <cmath>
 
 #include <cstdlib>
 #include <cstring>
@@ -183,6 +185,33 @@ TEST_F(GemmErrors, InvalidActivation) {
               AllOf(HasSubstr("act=99"), HasSubstr("silu"), HasSubstr("gelu_erf")));
   opt.act = static_cast<Activation>(-1);
   EXPECT_THAT(error_of([&] { gemm(x(), w, y(), opt); }), HasSubstr("act=-1"));
+}
+
+// The quantized-activation options are checked for every format, also bf16
+// weights that ignore them (a bad act_scale was accepted there, while
+// fused_experts refused it: one rule, ops::check_act_quant /
+// check_fixed_act_quant).
+TEST_F(GemmErrors, BadQuantOptionsWithBf16Weights) {
+  GemmOptions opt;
+  opt.act_quant = ActQuant::fixed;
+  for (float s : {0.0f, -1.0f, NAN, INFINITY}) {
+    opt.act_scale = s;
+    EXPECT_THAT(error_of([&] { gemm(x(), w, y(), opt); }),
+                AllOf(HasSubstr("gemm: act_quant=fixed with act_scale="), HasSubstr("finite > 0")))
+        << s;
+  }
+  opt.act_scale = 0.5f;
+  opt.act_zero_point = -5;
+  EXPECT_THAT(error_of([&] { gemm(x(), w, y(), opt); }),
+              HasSubstr("act_zero_point=-5; allowed: [0, 255]"));
+  opt.act_zero_point = 128;
+  EXPECT_EQ(error_of([&] { gemm(x(), w, y(), opt); }), "<no exception>");
+  opt.act_quant = static_cast<ActQuant>(7);
+  EXPECT_THAT(error_of([&] { gemm(x(), w, y(), opt); }),
+              HasSubstr("act_quant=7 is not an ActQuant"));
+  opt = {};
+  opt.int4_route = static_cast<Int4Route>(9);
+  EXPECT_THAT(error_of([&] { gemm(x(), w, y(), opt); }), HasSubstr("int4_route=9"));
 }
 
 TEST_F(GemmErrors, EmptyWeight) {

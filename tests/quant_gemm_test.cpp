@@ -905,14 +905,17 @@ TEST(QuantErrors, Int4RouteOptions) {
   expect_tilejit_error(
       [&] { ops::w4a8_route(WeightFormat::int4_awq, ops::kW4A8MaxK + 8, big, Isa::scalar, 1); },
       "K=524296");
-  // On fp8 weights the route is ignored (the fp8 GEMM runs), an invalid one is not.
+  // On fp8 weights the route and act_quant are ignored (the fp8 GEMM runs);
+  // invalid values are not (fixed with act_scale 0 was accepted there).
   QCase f;
   f.fmt = Fmt::fp8, f.n = 20, f.k = 64;
   const Checkpoint fk = make_checkpoint(f);
   const PackedWeight fw = pack(f, fk);
   GemmOptions fo;
   fo.int4_route = Int4Route::w4a8;
-  fo.act_quant = ActQuant::fixed;  // with act_scale 0: not read for fp8
+  fo.act_quant = ActQuant::fixed;
+  expect_tilejit_error([&] { gemm(xv, fw, yv, fo); }, "act_scale=0; allowed: finite > 0");
+  fo.act_scale = 0.25f;
   EXPECT_NO_THROW(gemm(xv, fw, yv, fo));
   fo.int4_route = static_cast<Int4Route>(7);
   expect_tilejit_error([&] { gemm(xv, fw, yv, fo); }, "int4_route=7");

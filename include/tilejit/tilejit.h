@@ -259,9 +259,12 @@ enum class Int4Route {
 struct GemmOptions {
   std::optional<TensorView> bias;  // [N], f32 or bf16
   Activation act = Activation::none;
-  // int4 (AWQ / GPTQ) weights only (ignored otherwise).
+  // int4 (AWQ / GPTQ) weights only (ignored otherwise; a value outside the
+  // enum is an Error for every format).
   Int4Route int4_route = Int4Route::automatic;
-  // int8 weights, and int4 weights on the W4A8 route (ignored otherwise).
+  // int8 weights, and int4 weights on the W4A8 route (ignored otherwise; a
+  // value outside the enum, or fixed with a bad act_scale / act_zero_point,
+  // is an Error for every format).
   ActQuant act_quant = ActQuant::dynamic_sym;
   float act_scale = 0;       // ActQuant::fixed: > 0 and finite
   int act_zero_point = 128;  // ActQuant::fixed: u8 zero point in [0, 255] (128: symmetric)
