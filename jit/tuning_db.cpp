@@ -877,6 +877,18 @@ void save_merged(const TuningDb& db, const std::string& path) {
 }
 }  // namespace
 
+void check_db_writable(const std::string& path) {
+  const std::string target = resolve_links(path);
+  DbLock lock(target);
+  std::string tmp = target + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot create a temporary file next to it: {}", target,
+                            std::strerror(errno)));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
 void TuningDb::save(const std::string& path) const {
   try {
     save_merged(*this, path);

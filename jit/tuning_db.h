@@ -127,6 +127,12 @@ struct TuningDb {
   TuningDb current(int64_t* stale = nullptr) const;
 };
 
+// Whether save(path) can write there: the lock file and a temporary file
+// next to the target are made (and the temporary removed), as save makes
+// them; an Error naming what failed (no directory, a read-only file
+// system, a name too long). tune calls it before the first measurement.
+void check_db_writable(const std::string& path);
+
 // The build the entries are tied to (the disk cache's build id).
 std::string tuning_db_version();
 // Checks an entry's family, knobs and ranges (and, for gemm, that the plan

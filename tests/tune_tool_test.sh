@@ -328,6 +328,40 @@ ln -s "$WORK/real-db.json" "$WORK/link-db.json"
 "$TJ" tune "$WORK/esc.json" --out "$WORK/link-db.json" --budget 1s >"$OUT" 2>"$ERR"
 check "--out a symlink: written through it" test -L "$WORK/link-db.json" -a -s "$WORK/real-db.json"
 
+# 12. Output paths: --save-workload to a FIFO nobody reads is an error, not
+# a hang (the writer of `run --output`); an --out tune cannot write is
+# found before the first measurement (a name too long was exit 3, a missing
+# directory an error after the first entry); empty paths and options
+# without the one they go with are usage errors.
+mkfifo "$WORK/wfifo"
+timeout 20 "$TJ" tune --model-config "$CFG" --save-workload "$WORK/wfifo" >"$OUT" 2>"$ERR"
+rc=$?
+check "--save-workload a FIFO with no reader: exit 1, no hang (got $rc)" test $rc -eq 1
+check "--save-workload a FIFO: said so" grep -q "wfifo: cannot create: a FIFO with no reader" "$ERR"
+LONG=$WORK/$(printf 'a%.0s' $(seq 300)).json
+for out in "$WORK/no-such-dir/db.json" "$LONG"; do
+  "$TJ" tune "$WORK/tiny.json" --out "$out" --budget 1m >"$OUT" 2>"$ERR"
+  rc=$?
+  check "--out ${out:0:60}...: exit 1 (got $rc)" test $rc -eq 1
+  check "--out ${out:0:60}...: named before any measurement" \
+    bash -c "grep -q -- '--out .*: cannot write the tuning database: ' '$ERR' && ! grep -q '^tune \[' '$OUT'"
+done
+timeout 20 "$TJ" tune "$WORK/tiny.json" --out "" --budget 1m >"$OUT" 2>"$ERR"
+rc=$?
+check "--out '': usage error, exit 2 (got $rc)" test $rc -eq 2
+check "--out '': named" grep -q -- "--out: '' is not a file; allowed: a path" "$ERR"
+timeout 20 "$TJ" tune --model-config "$CFG" --save-workload "" --budget 1s --out "$WORK/sw-db.json" \
+  >"$OUT" 2>"$ERR"
+rc=$?
+check "--save-workload '': usage error, exit 2 (got $rc)" test $rc -eq 2
+for args in "--save-workload $WORK/sw.json" "--rounds 5"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$TJ" tune "$WORK/tiny.json" $args --budget 1s --out "$WORK/sw-db.json" >"$OUT" 2>"$ERR"
+  rc=$?
+  check "tune $args: usage error, exit 2 (got $rc)" test $rc -eq 2
+done
+check "--rounds without --verify named" grep -q -- '--rounds requires --verify' "$ERR"
+
 # 11. A database whose parse does not fit in memory (2M empty objects
 # within the structure bounds, ~300 MB parsed, under ulimit -v 200000): an
 # Error naming the variable and the file (was a std::bad_alloc the CLI

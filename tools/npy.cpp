@@ -330,7 +330,10 @@ std::string serialize_npy(const NpyArray& a) {
 }
 
 void write_npy(const std::string& path, const NpyArray& a) {
-  const std::string bytes = serialize_npy(a);
+  write_output_file(path, serialize_npy(a));
+}
+
+void write_output_file(const std::string& path, const std::string& bytes) {
   // O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait in
   // open(2); writes block again after the open.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);

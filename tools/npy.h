@@ -36,4 +36,10 @@ NpyArray parse_npy(std::string_view bytes, const std::string& name);
 void write_npy(const std::string& path, const NpyArray& a);
 std::string serialize_npy(const NpyArray& a);
 
+// Writes bytes to a file the user names (created or truncated, mode 0644):
+// the tool's one writer of output files (`run --output`, `gen-npy`, `tune
+// --save-workload`). A FIFO with no reader is an Error ("<path>: cannot
+// create: a FIFO with no reader"), never a wait in open(2).
+void write_output_file(const std::string& path, const std::string& bytes);
+
 }  // namespace tilejit::tools

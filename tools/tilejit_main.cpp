@@ -45,6 +45,13 @@ const CLI::Validator kSeed(
     },
     "UINT64");
 
+// A file the tool writes (tune --out, --save-workload): "" names none.
+const CLI::Validator kFilePath(
+    [](std::string& s) {
+      return s.empty() ? std::string("'' is not a file; allowed: a path") : std::string();
+    },
+    "FILE");
+
 // --threads of bench, tune and llama-layer: 1 or more (the option absent
 // is the default; 0 is not a way to say it). The upper bound is
 // set_num_threads', which names it when the option is applied.
@@ -129,25 +136,29 @@ void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
       "search plan knobs for a workload's shapes, keep those that beat the default on the whole "
       "operator call, write the tuning database, and fill the kernel cache (docs/tuning.md)");
   c->add_option("workload", o.workload, "the workload JSON (examples/tune/*.json)");
-  c->add_option("--model-config", o.model_config,
-                "build the workload from a Hugging Face config.json instead");
+  auto* config = c->add_option("--model-config", o.model_config,
+                               "build the workload from a Hugging Face config.json instead");
   c->add_option("--save-workload", o.save_workload,
-                "with --model-config: write the workload it builds to this file and stop");
+                "with --model-config: write the workload it builds to this file and stop")
+      ->check(kFilePath)
+      ->needs(config);
   c->add_option("--kv-cache-dtype", o.kv_cache_dtype,
                 "with --model-config: the engine's paged KV cache dtype for the decode and "
                 "extend ops (bf16, f8e4m3; default bf16)");
-  c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)");
+  c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)")
+      ->check(kFilePath);
   c->add_option("--budget", o.budget, "time budget of the search, e.g. 90s, 10m (default 10m)");
   c->add_option("--threads", o.threads, "threads (default: TILEJIT_NUM_THREADS or cores)")
       ->check(kThreads);
   c->add_flag("--resume", o.resume, "skip the entries the database already holds");
   c->add_flag("--no-search", o.no_search,
               "only the warm-up: run the workload once with the database's plans");
-  c->add_flag("--verify", o.verify,
-              "time every tuned entry of the database against the default plan (interleaved, "
-              "medians) and write nothing");
+  auto* verify = c->add_flag("--verify", o.verify,
+                             "time every tuned entry of the database against the default plan "
+                             "(interleaved, medians) and write nothing");
   c->add_option("--rounds", o.rounds, "--verify: interleaved rounds (default 9)")
-      ->check(CLI::Range(5, 1000));
+      ->check(CLI::Range(5, 1000))
+      ->needs(verify);
 }
 
 // The tool keeps compiled kernels across runs: TILEJIT_CACHE_DIR when set

@@ -30,6 +30,7 @@
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/file_limits.h"
+#include "tools/npy.h"
 #include "tools/program_io.h"
 #include "tools/random_data.h"
 #include "tools/tune_measure.h"
@@ -817,9 +818,8 @@ int run_tune(const TuneOptions& opt) {
         CappedFile(opt.model_config).read_all(kMaxModelConfigBytes, "model config"),
         opt.model_config, opt.kv_cache_dtype.empty() ? WorkloadOp{}.kv : opt.kv_cache_dtype);
     if (!opt.save_workload.empty()) {
-      std::ofstream out(opt.save_workload, std::ios::binary | std::ios::trunc);
-      out << workload_json(w);
-      if (!out) throw Error(fmt::format("{}: cannot write the workload", opt.save_workload));
+      // As `run --output` writes: a FIFO with no reader is an Error, not a hang.
+      write_output_file(opt.save_workload, workload_json(w));
       fmt::print("tilejit tune: wrote the workload of {} to {}\n", opt.model_config,
                  opt.save_workload);
       return 0;
@@ -834,7 +834,18 @@ int run_tune(const TuneOptions& opt) {
   // The database so far: an existing file is kept (other machines' entries
   // too) and updated entry by entry.
   jit::TuningDb db;
-  if (std::filesystem::exists(opt.out)) db = jit::TuningDb::load(opt.out);
+  std::error_code ec;  // a name the system refuses (too long) is the probe's Error below
+  if (std::filesystem::exists(opt.out, ec)) db = jit::TuningDb::load(opt.out);
+  // The search writes the database after every entry: a path it cannot
+  // write (no directory, a read-only file system, a name too long) is found
+  // now, not after the first measurement.
+  if (!opt.verify && !opt.no_search) {
+    try {
+      jit::check_db_writable(opt.out);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--out {}: cannot write the tuning database: {}", opt.out, e.what()));
+    }
+  }
   std::set<std::string> done_ids;
   for (const jit::TunedEntry& e : db.current().entries) done_ids.insert(e.id());
 
