@@ -40,6 +40,22 @@ codegen::llvm_backend::RopeDesc rope_desc(const RopeOptions& opt, DType dtype, D
   return r;
 }
 
+void check_rope_head_size(const char* op, const char* arg, int64_t d, const std::string& shape) {
+  if (d < 2 || d % 2)
+    throw Error(fmt::format("{}: {} has head size D={}{}; allowed: even, >= 2", op, arg, d, shape));
+  if (d > Limits::max_head_dim)
+    throw Error(fmt::format("{}: {} has head size D={}{}; allowed: <= {}", op, arg, d, shape,
+                            Limits::max_head_dim));
+}
+
+void check_rotary_dim(const char* op, int64_t rotary_dim, int64_t d, int64_t ndim) {
+  if (rotary_dim < 2 || rotary_dim > d || rotary_dim % (2 * ndim))
+    throw Error(
+        fmt::format("{}: rotary_dim={} with D={}, ndim={}; allowed: a multiple of 2·ndim "
+                    "in [2, D] (0: D)",
+                    op, rotary_dim, d, ndim));
+}
+
 }  // namespace ops
 
 namespace {
@@ -68,12 +84,7 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   d.hq = q.shape[1];
   d.d = q.shape[2];
   d.dtype = q.dtype;
-  if (d.d < 2 || d.d % 2)
-    throw Error(fmt::format("{}: q has head size D={} (shape {}); allowed: even, >= 2", kOp, d.d,
-                            shape_str(q.shape)));
-  if (d.d > Limits::max_head_dim)
-    throw Error(fmt::format("{}: q has head size D={} (shape {}); allowed: <= {}", kOp, d.d,
-                            shape_str(q.shape), Limits::max_head_dim));
+  ops::check_rope_head_size(kOp, "q", d.d, " (shape " + shape_str(q.shape) + ")");
   ops::check_count(kOp, "Hq (q.shape[1])", d.hq, 1, Limits::max_heads);
   if (k != nullptr) {
     check_heads("k", *k);
@@ -92,11 +103,7 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   d = ops::rope_desc(opt, q.dtype, cache.dtype, d.d, d.hq, d.hk, positions.dtype);
   // Bounded first, so 2·ndim below cannot overflow.
   ops::check_count(kOp, "ndim", opt.ndim, 1, d.d / 2);
-  if (d.rotary_dim < 2 || d.rotary_dim > d.d || d.rotary_dim % (2 * d.ndim))
-    throw Error(
-        fmt::format("{}: rotary_dim={} with D={}, ndim={}; allowed: a multiple of 2·ndim "
-                    "in [2, D] (0: D)",
-                    kOp, d.rotary_dim, d.d, d.ndim));
+  ops::check_rotary_dim(kOp, d.rotary_dim, d.d, d.ndim);
   if (!d.mrope_section.empty()) {
     if (d.ndim > 1)
       throw Error(

@@ -148,7 +148,7 @@ TEST(TuneWorkload, BadFieldsNamed) {
         parse(
             R"({"op": "decode_attention", "d": 64, "hq": 6, "hkv": 4, "batch": [1], "seq_len": [8]})");
       },
-      "ops[0].hq: 6 with hkv=4; allowed: a multiple of hkv");
+      "ops[0].hq: 6; decode_attention: Hq=6 (q) and Hkv=4 (k); allowed: Hq a multiple of Hkv");
   expect_tilejit_error(
       [&] {
         parse(R"({"op": "decode_attention", "d": 64, "hq": 4, "hkv": 4, "kv": "fp8", "batch": [1],
@@ -175,6 +175,72 @@ TEST(TuneWorkload, BadFieldsNamed) {
       "ops[0].prefix_len: -3; allowed: an integer in [0, ");
   expect_tilejit_error([&] { tools::parse_workload("{\"ops\": [\n  {\"op\": }]}", "w.json"); },
                        "w.json:2: error: not valid JSON");
+}
+
+// Each op's values under the library's own rules (the operators' checks,
+// quoted), not only the parser's ranges: these passed the parser, and tune
+// measured the ops before them and then died on the operator's Error, which
+// named neither the file nor the op.
+TEST(TuneWorkload, LibraryRulesChecked) {
+  auto parse = [](const std::string& ops) {
+    return tools::parse_workload(
+        R"({"ops": [{"op": "gemm", "n": 8, "k": 8, "m": [1]}, )" + ops + "]}", "w.json");
+  };
+  for (const char* op : {"decode_attention", "extend_attention", "prefill_attention"}) {
+    const std::string rest = std::string(op) == "prefill_attention" ? R"("seq_len": [8])"
+                             : std::string(op) == "decode_attention"
+                                 ? R"("batch": [1], "seq_len": [8])"
+                                 : R"("prefix_len": 8, "seq_len": [8])";
+    for (int d : {65, 578, 1000})
+      expect_tilejit_error(
+          [&] {
+            parse(fmt::format(R"({{"op": "{}", "d": {}, "hq": 4, "hkv": 1, {}}})", op, d, rest));
+          },
+          fmt::format("w.json: ops[1].d: {}; {}: D (q.shape[2])={}; allowed: an even size in [2, "
+                      "576]",
+                      d, op, d));
+    expect_tilejit_error(
+        [&] {
+          parse(
+              fmt::format(R"({{"op": "{}", "d": 64, "dv": 63, "hq": 4, "hkv": 1, {}}})", op, rest));
+        },
+        "w.json: ops[1].dv: 63; ");
+    expect_tilejit_error(
+        [&] {
+          parse(fmt::format(R"({{"op": "{}", "d": 64, "hq": 8192, "hkv": 8192, {}}})", op, rest));
+        },
+        fmt::format("w.json: ops[1].hq: 8192; {}: Hq=8192 (q) and Hkv=8192 (k); allowed: Hq a "
+                    "multiple of Hkv, both in 1 .. 4096",
+                    op));
+  }
+  expect_tilejit_error(
+      [&] { parse(R"({"op": "rope", "d": 64, "hq": 4, "hkv": 1, "rotary_dim": 33, "t": [1]})"); },
+      "w.json: ops[1].rotary_dim: 33; rope: rotary_dim=33 with D=64, ndim=1; allowed: a multiple "
+      "of 2·ndim in [2, D]");
+  expect_tilejit_error([&] { parse(R"({"op": "rope", "d": 7, "hq": 4, "t": [1]})"); },
+                       "w.json: ops[1].d: 7; rope: q has head size D=7; allowed: even, >= 2");
+  expect_tilejit_error([&] { parse(R"({"op": "rope", "d": 64, "hq": 5000, "t": [1]})"); },
+                       "w.json: ops[1].hq: 5000; rope: Hq (q.shape[1])=5000; allowed: 1 .. 4096");
+  expect_tilejit_error(
+      [&] { parse(R"({"op": "moe", "e": 70000, "topk": 2, "h": 32, "i": 32, "t": [1]})"); },
+      "w.json: ops[1].e: 70000; pack_experts: E (experts)=70000; allowed: 1 .. 65536");
+  // What the operators take still parses: D 66, 576, Dv != D, rotary_dim 0.
+  EXPECT_NO_THROW(parse(
+      R"({"op": "decode_attention", "d": 576, "dv": 512, "hq": 16, "hkv": 1, "batch": [1], "seq_len": [8]},
+         {"op": "prefill_attention", "d": 66, "hq": 4, "hkv": 2, "seq_len": [8]},
+         {"op": "rope", "d": 64, "hq": 4, "hkv": 1, "rotary_dim": 32, "t": [1]},
+         {"op": "moe", "e": 65536, "topk": 2, "h": 32, "i": 32, "t": [1]})"));
+  // --save-workload never writes what tune refuses: the builder's workload
+  // goes through the same checks (head_dim 65 was written, then refused).
+  nlohmann::json c = {{"hidden_size", 4096},
+                      {"intermediate_size", 14336},
+                      {"num_attention_heads", 32},
+                      {"num_key_value_heads", 8},
+                      {"head_dim", 65},
+                      {"num_hidden_layers", 32}};
+  expect_tilejit_error(
+      [&] { tools::workload_from_model_config(c.dump(), "c.json"); },
+      "c.json (the workload built from it): ops[4].d: 65; decode_attention: D (q.shape[2])=65");
 }
 
 TEST(TuneWorkload, FromModelConfig) {
@@ -262,7 +328,7 @@ TEST(TuneWorkload, ModelConfigFieldsChecked) {
       // What tune would refuse is refused here (parse_workload's checks).
       {R"({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 5,
            "head_dim": 128, "intermediate_size": 64})",
-       "hq: 32 with hkv=5; allowed: a multiple of hkv"},
+       "hq: 32; decode_attention: Hq=32 (q) and Hkv=5 (k); allowed: Hq a multiple of Hkv"},
       {R"({"hidden_size": 1048576, "num_attention_heads": 1024, "num_key_value_heads": 1024,
            "head_dim": 1024, "intermediate_size": 64})",
        "ops[0].n: 3145728; allowed: an integer in [1, 1048576]"},

@@ -13,6 +13,8 @@
 #include "ir/activation.h"
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "ops/rope_desc.h"
+#include "ops/tensor_checks.h"
 #include "runtime/int_math.h"
 #include "tools/file_limits.h"
 
@@ -170,6 +172,21 @@ void parse_format(const Reader& r, WorkloadOp& o) {
   }
 }
 
+// A field's value under the library's own rule (the operator's check,
+// which names its argument and what is allowed), quoted after the field:
+// "w.json: ops[3].d: 65; decode_attention: D (q.shape[2])=65; allowed: ...".
+// A workload tune would only refuse at its first call of the op (after
+// measuring the ops before it) is refused here, as is what --save-workload
+// would write.
+template <class Check>
+void library_rule(const Reader& r, const std::string& field, int64_t v, Check&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    r.fail(field, fmt::format("{}; {}", v, e.what()));
+  }
+}
+
 WorkloadOp parse_op(const json& j, const std::string& where) {
   if (!j.is_object()) throw Error(fmt::format("{}: not a JSON object", where));
   const Reader r{j, where};
@@ -208,14 +225,29 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
     o.dtype = r.choice("dtype", "bf16", {"bf16", "f32"});
     o.cache = r.choice("cache", "f32", {"f32", "bf16"});
     o.m = r.counts("t");
+    // tilejit::rope's rules (ops/rope_desc.h, Limits::max_heads).
+    library_rule(r, "d", o.d, [&] { ops::check_rope_head_size("rope", "q", o.d, ""); });
+    library_rule(r, "hq", o.hq,
+                 [&] { ops::check_count("rope", "Hq (q.shape[1])", o.hq, 1, Limits::max_heads); });
+    if (o.hkv > 0)
+      library_rule(r, "hkv", o.hkv, [&] {
+        ops::check_count("rope", "Hk (k.shape[1])", o.hkv, 1, Limits::max_heads);
+      });
+    library_rule(r, "rotary_dim", o.rotary_dim, [&] {
+      ops::check_rotary_dim("rope", o.rotary_dim == 0 ? o.d : o.rotary_dim, o.d, 1);
+    });
   } else if (o.op == "decode_attention" || o.op == "prefill_attention" ||
              o.op == "extend_attention") {
     o.d = r.integer("d");
     o.dv = r.integer("dv", false, o.d);
     o.hq = r.integer("hq");
     o.hkv = r.integer("hkv");
-    if (o.hq % o.hkv != 0)
-      r.fail("hq", fmt::format("{} with hkv={}; allowed: a multiple of hkv", o.hq, o.hkv));
+    // The attention operators' rules (ops/attention_checks.h: head sizes,
+    // head counts), which the IR verifier calls too.
+    const char* op = o.op.c_str();
+    library_rule(r, "d", o.d, [&] { ops::attn::check_head_dim(op, "D (q.shape[2])", o.d); });
+    library_rule(r, "dv", o.dv, [&] { ops::attn::check_head_dim(op, "Dv", o.dv); });
+    library_rule(r, "hq", o.hq, [&] { ops::attn::check_head_counts(op, o.hq, "q", o.hkv, "k"); });
     if (o.op == "decode_attention") {
       o.block_size = r.integer("block_size", false, 16);
       o.kv = r.choice("kv", WorkloadOp{}.kv, kv_cache_dtype_names());
@@ -232,6 +264,10 @@ WorkloadOp parse_op(const json& j, const std::string& where) {
     o.seq_len = r.counts("seq_len");
   } else {
     o.e = r.integer("e");
+    // The experts' rule (pack_experts, the routing: Limits::max_experts).
+    library_rule(r, "e", o.e, [&] {
+      ops::check_count("pack_experts", "E (experts)", o.e, 1, Limits::max_experts);
+    });
     o.topk = r.integer("topk", true, 0, 1, o.e);
     o.h = r.integer("h");
     o.i = r.integer("i");
