@@ -9,7 +9,14 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tilejit/tilejit.h"
+
 namespace tilejit::ir {
+
+// The dtypes a paged KV cache may have: bf16, or f8e4m3 (an fp8 cache read
+// as code · scale, KvCacheScales). The one list every cache check uses
+// (ops::attn::kKvCacheDtypes is this; the tuning database's `kv` field too).
+inline constexpr DType kKvCacheDtypes[] = {DType::bf16, DType::f8e4m3};
 
 // sm_scale: any finite value (0 and negative scales included: the scores'
 // order is taken after scaling, docs/attention.md).

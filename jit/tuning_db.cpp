@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,10 +24,12 @@
 #include "codegen/attention_blocking.h"
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "ir/activation.h"
+#include "ir/attention_rules.h"
 #include "ir/types.h"
 #include "runtime/capped_file.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "runtime/thread_limits.h"
 #include "runtime/verbose.h"
 #include "tilejit/error.h"
 #include "tilejit/tilejit.h"
@@ -450,10 +454,14 @@ std::string count_bucket(int64_t n) {
   return lo == hi ? fmt::format("{}", hi) : fmt::format("{}-{}", lo, hi);
 }
 
+namespace {
+// The upper ends of the sequence buckets (the last bucket is open).
+constexpr int64_t kSeqEdges[] = {256, 1024, 4096, 16384};
+}  // namespace
+
 std::string seq_bucket(int64_t n) {
-  constexpr int64_t kEdges[] = {256, 1024, 4096, 16384};
   int64_t lo = 1;
-  for (int64_t hi : kEdges) {
+  for (int64_t hi : kSeqEdges) {
     if (n <= hi) return fmt::format("{}-{}", lo, hi);
     lo = hi + 1;
   }
@@ -572,6 +580,76 @@ std::string tuning_db_version() {
   return TILEJIT_BUILD_ID;
 }
 
+namespace {
+
+// The names of every bucket of a bucketing function (its value at each
+// bucket's lowest count), for the check of an entry's bucket fields.
+template <class Edges, class Bucket>
+std::vector<std::string> bucket_names(const Edges& edges, Bucket bucket) {
+  std::vector<std::string> names = {bucket(1)};
+  for (int64_t hi : edges) names.push_back(bucket(hi + 1));
+  return names;
+}
+
+// An entry's shape value as the shape class builders write it: the lookup
+// compares the text, so a value they never write (m "5-4", "17-064", a kv
+// dtype that is no cache's, threads "abc") would be an entry never applied.
+// The allowed values are the builders' own (count_bucket, seq_bucket,
+// isa_name, the activation and weight format lists, ...).
+void check_shape_value(const std::string& field, const std::string& v) {
+  auto refuse = [&](const std::string& allowed) {
+    throw Error(fmt::format("shape field {}='{}'; allowed: {}", field, v, allowed));
+  };
+  auto one_of = [&](const std::vector<std::string>& names) {
+    if (std::find(names.begin(), names.end(), v) == names.end())
+      refuse(fmt::format("{}", fmt::join(names, ", ")));
+  };
+  // A count in [lo, hi] written as std::to_string writes it.
+  auto integer = [&](int64_t lo, int64_t hi) {
+    int64_t x = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi ||
+        std::to_string(x) != v)
+      refuse(
+          hi == std::numeric_limits<int64_t>::max()
+              ? fmt::format("an integer >= {} (decimal, no sign or leading zeros)", lo)
+              : fmt::format("an integer in [{}, {}] (decimal, no sign or leading zeros)", lo, hi));
+  };
+  if (field == "path") {
+    std::vector<std::string> isas;
+    for (Isa i : {Isa::amx, Isa::avx512, Isa::llvm, Isa::scalar}) isas.push_back(isa_name(i));
+    one_of(isas);
+  } else if (field == "threads") {
+    integer(1, runtime::kMaxThreads);
+  } else if (field == "fmt") {
+    if (!weight_format_from_name(v)) refuse(weight_format_list());
+  } else if (field == "bias") {
+    one_of({codegen::bias_kind_name(codegen::BiasKind::none),
+            codegen::bias_kind_name(codegen::BiasKind::f32),
+            codegen::bias_kind_name(codegen::BiasKind::bf16)});
+  } else if (field == "act") {
+    if (!ir::activation_from_name(v)) refuse(ir::activation_list(false));
+  } else if (field == "out") {
+    one_of({dtype_name(DType::bf16), dtype_name(DType::f32)});
+  } else if (field == "kv") {
+    std::vector<std::string> kvs;
+    for (DType t : ir::kKvCacheDtypes) kvs.emplace_back(dtype_name(t));
+    one_of(kvs);
+  } else if (field == "causal") {
+    one_of({"0", "1"});
+  } else if (field == "m" || field == "batch" || field == "t" || field == "new") {
+    one_of(bucket_names(kCountEdges, count_bucket));
+  } else if (field == "seq") {
+    one_of(bucket_names(kSeqEdges, seq_bucket));
+  } else {
+    // Sizes and counts (n, k, d, dv, hq, hkv, block, e, topk, h, i): the
+    // operators' own limits apply at the call; an entry holds a positive one.
+    integer(1, std::numeric_limits<int64_t>::max());
+  }
+}
+
+}  // namespace
+
 void validate_entry(const TunedEntry& e) {
   const std::set<std::string> want = shape_fields(e.family);
   if (want.empty())
@@ -582,6 +660,7 @@ void validate_entry(const TunedEntry& e) {
   for (const std::string& k : want)
     if (!e.shape.fields.count(k))
       throw Error(fmt::format("shape field '{}' missing (family {})", k, e.family));
+  for (const auto& [k, v] : e.shape.fields) check_shape_value(k, v);
   // No knobs: tune measured the default as the best plan (kept so --resume
   // skips it); nothing to apply.
   for (const auto& [k, v] : e.knobs) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ir/attention_rules.h"
 #include "ops/tensor_checks.h"
 #include "tilejit/tilejit.h"
 
@@ -23,9 +24,8 @@ void check_attention_out(const char* op, const TensorView& out, const AttentionO
                          std::initializer_list<ops::NamedView> inputs);
 // A bf16 tensor of the given rank with innermost stride 1.
 void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_t rank);
-// The dtypes a paged KV cache may have: bf16, or f8e4m3 (an fp8 cache read
-// as code · scale, KvCacheScales). The one list every cache check uses.
-inline constexpr DType kKvCacheDtypes[] = {DType::bf16, DType::f8e4m3};
+// The dtypes a paged KV cache may have (ir/attention_rules.h: the one list).
+using ir::kKvCacheDtypes;
 // A paged cache [num_blocks, block_size, Hkv, head_dim] view: rank 4, a
 // kKvCacheDtypes dtype, innermost stride 1.
 void check_cache_rows(const char* op, const char* arg, const TensorView& t);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/thread_limits.h"
 #include "tilejit/error.h"
 
 namespace tilejit::runtime {
@@ -28,9 +29,10 @@ int default_threads() {
     char* end = nullptr;
     long v = std::strtol(env, &end, 10);  // leading blanks skipped; trailing ones too:
     while (*end == ' ' || *end == '\t') ++end;
-    if (end == env || *end != '\0' || v < 1 || v > 4096)
+    if (end == env || *end != '\0' || v < 1 || v > kMaxThreads)
       throw Error(std::string("TILEJIT_NUM_THREADS='") + env +
-                  "' is not a thread count; allowed: an integer from 1 to 4096");
+                  "' is not a thread count; allowed: an integer from 1 to " +
+                  std::to_string(kMaxThreads));
     return static_cast<int>(v);
   }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -219,8 +221,9 @@ int num_threads() {
 }
 
 void set_num_threads(int n) {
-  if (n < 1 || n > 4096)
-    throw Error("set_num_threads: n=" + std::to_string(n) + " is not allowed; allowed: 1 to 4096");
+  if (n < 1 || n > kMaxThreads)
+    throw Error("set_num_threads: n=" + std::to_string(n) + " is not allowed; allowed: 1 to " +
+                std::to_string(kMaxThreads));
   thread_count().store(n);
 }
 

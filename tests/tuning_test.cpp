@@ -776,6 +776,69 @@ TEST(TuningDb, SaveKeepsTheByteCap) {
   fs::remove(path + ".lock");
 }
 
+// Every shape value of an entry of this machine and build is one the shape
+// class builders write (the lookup compares text): a malformed one is an
+// Error naming the entry's line, the field, the value and what is allowed
+// (m "5-4", threads "abc", a decode entry's kv "f16" loaded and were never
+// applied). Another machine's entry with such a value stays stale: loaded,
+// not checked, written back verbatim.
+TEST(TuningDb, ShapeValuesChecked) {
+  const std::string path = temp_path("shape.json");
+  const jit::TunedEntry g = gemm_entry(Isa::avx512, 256, 512, 40, {{"mr", 4}});
+  jit::TunedEntry d;
+  d.family = "decode_attention";
+  d.shape = jit::decode_shape_class(Isa::avx512, runtime::num_threads(), 64, 64, 4, 1, 16,
+                                    DType::bf16, 2, 512);
+  d.knobs = {{"splits", 2}};
+  d.cpu = runtime::cpu_signature();
+  d.version = jit::tuning_db_version();
+  auto load_with = [&](jit::TunedEntry e, const std::string& field, const std::string& value,
+                       bool stale = false) {
+    e.shape.fields[field] = value;
+    if (stale) e.cpu = "other-cpu";
+    nlohmann::json shape = e.shape.fields;
+    const nlohmann::json j = {{"tilejit_tuning_db", 1},
+                              {"entries",
+                               {{{"family", e.family},
+                                 {"shape", shape},
+                                 {"knobs", e.knobs},
+                                 {"cpu", e.cpu},
+                                 {"tilejit", e.version}}}}};
+    write_file(path, j.dump(1));
+    return jit::TuningDb::load(path);
+  };
+  const std::string buckets = "allowed: 1, 2-4, 5-16, 17-64, 65-256, 257-1024, 1025+";
+  for (const char* m : {"5-4", "0", "-1", "17-064", "40", "1-1", "17-64 "})
+    expect_tilejit_error([&] { load_with(g, "m", m); },
+                         fmt::format("{}:3: error: tuning database entry 0: shape field m='{}'; {}",
+                                     path, m, buckets));
+  for (const char* t : {"abc", "4097", "0", "02"})
+    expect_tilejit_error(
+        [&] { load_with(g, "threads", t); },
+        fmt::format("shape field threads='{}'; allowed: an integer in [1, 4096]", t));
+  expect_tilejit_error([&] { load_with(g, "n", "256.0"); },
+                       "shape field n='256.0'; allowed: an integer >= 1");
+  expect_tilejit_error([&] { load_with(g, "path", "sse"); },
+                       "shape field path='sse'; allowed: amx, avx512, llvm, scalar");
+  expect_tilejit_error([&] { load_with(d, "kv", "f16"); },
+                       "shape field kv='f16'; allowed: bf16, f8e4m3");
+  expect_tilejit_error([&] { load_with(d, "d", "0"); }, "shape field d='0'; allowed: an integer");
+  expect_tilejit_error([&] { load_with(d, "batch", "3"); }, "shape field batch='3'; " + buckets);
+  expect_tilejit_error([&] { load_with(d, "seq", "1-255"); },
+                       "shape field seq='1-255'; allowed: 1-256, 257-1024, 1025-4096, "
+                       "4097-16384, 16385+");
+  // The values the builders write load.
+  EXPECT_EQ(load_with(g, "m", "1025+").entries.size(), 1u);
+  EXPECT_EQ(load_with(d, "kv", "f8e4m3").entries.size(), 1u);
+  // Another machine's entry: not checked, written back as it was.
+  jit::TuningDb stale = load_with(g, "m", "5-4", true);
+  ASSERT_EQ(stale.entries.size(), 1u);
+  stale.save(path);
+  EXPECT_EQ(nlohmann::json::parse(read_text(path))["entries"][0]["shape"]["m"], "5-4");
+  fs::remove(path);
+  fs::remove(path + ".lock");
+}
+
 // Two writers of one database (two tune processes): each save merges with
 // the file under its lock, so neither loses the other's entries, and the
 // file is valid JSON at every moment (a unique temporary file, renamed).
