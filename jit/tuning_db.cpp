@@ -248,6 +248,18 @@ void validate_gemm_plan(const TunedEntry& e) {
           codegen::BrgemmDesc::kQuantMaxMr,
           kernel ? "" : ", on a CPU with AVX512-VBMI (this one has none: the dequant route runs)"));
   }
+  // W4A16's knobs name their route: where the automatic rule takes W4A8
+  // (from 4 rows on llvm, 9 on avx512: ops::w4a8_automatic, which this
+  // layer cannot ask) an entry without w4a8=0 was reported applied
+  // (TILEJIT_VERBOSE, tuned_plans, dump) while the call ran W4A8 and
+  // ignored it. With w4a8=0 the entry runs what it tuned at every M.
+  if (is_int4(*wf) && !e.knob("w4a8"))
+    for (const char* k : {"mr", "task_rows", "amx", "prefetch", "u4_dot"})
+      if (e.knob(k))
+        throw Error(
+            fmt::format("knob {} with fmt={} and no w4a8; allowed: with w4a8=0 (the W4A16 route it "
+                        "tunes: int4_route automatic takes W4A8 at some M, which has no plan knob)",
+                        k, f.at("fmt")));
   (void)codegen::plan_gemm(spec, isa, o);
 }
 

@@ -1030,9 +1030,18 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
   if (path == Isa::scalar) GTEST_SKIP() << "no JIT path: nothing is tuned";
   const int64_t m = 40, n = 200, k = 320;
   const PackedWeight pw = int4_weight(n, k, 11);
-  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}};
+  std::map<std::string, int64_t> knobs = {{"mr", 4}, {"task_rows", 8}, {"w4a8", 0}};
   if (path == Isa::amx) knobs["amx"] = 0;
   jit::TunedEntry e = quant_entry(path, n, k, m, WeightFormat::int4_gptq, knobs);
+  // W4A16's knobs without their route are refused: at this M the automatic
+  // route takes W4A8 on llvm and avx512, which ran while the entry was
+  // reported applied (TILEJIT_VERBOSE, tuned_plans, dump's "(tuned)").
+  jit::TunedEntry no_route = e;
+  no_route.knobs.erase("w4a8");
+  expect_tilejit_error([&] { jit::validate_entry(no_route); },
+                       "knob mr with fmt=int4_gptq and no w4a8; allowed: with w4a8=0");
+  no_route.knobs = {{"prefetch", 16}};
+  expect_tilejit_error([&] { jit::validate_entry(no_route); }, "and no w4a8; allowed: with w4a8=0");
   jit::TuningDb db;
   db.put(e);
   const std::string file = temp_path("tuned_q.json");
@@ -1190,7 +1199,8 @@ TEST(TuningDb, TunedPrefetchUsed) {
   // int4 GPTQ at M = 1 (the fused decode kernel, W4A16): 16 KiB ahead.
   const int64_t n4 = 136, k4 = 512;
   const PackedWeight pw = int4_weight(n4, k4, 13);
-  db.put(quant_entry(path, n4, k4, 1, WeightFormat::int4_gptq, with({{"prefetch", 16}})));
+  db.put(
+      quant_entry(path, n4, k4, 1, WeightFormat::int4_gptq, with({{"prefetch", 16}, {"w4a8", 0}})));
   std::vector<uint16_t> x(static_cast<size_t>(k4));
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> dist(-1, 1);
@@ -1289,7 +1299,8 @@ TEST(TuningDb, TunedU4DotUsed) {
     std::vector<uint16_t> x(size_t(m * k));
     for (auto& v : x) v = runtime::f32_to_bf16(dist(rng));
     jit::TuningDb db;
-    db.put(quant_entry(path, n, k, m, WeightFormat::int4_gptq, {{"u4_dot", dflt ? 0 : 1}}));
+    db.put(quant_entry(path, n, k, m, WeightFormat::int4_gptq,
+                       {{"u4_dot", dflt ? 0 : 1}, {"w4a8", 0}}));
     jit::install_tuning_db(db, "u4_dot test");
     const uint64_t before = cache_stats().tuned_plans;
     std::vector<float> y(size_t(m * n));

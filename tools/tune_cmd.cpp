@@ -446,6 +446,10 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
             if (fused && int4 && path != Isa::llvm && m <= ops::kFusedMaxMr)
               p.candidates.push_back(
                   {{"u4_dot", runtime::bf16_dot_at_fma_rate(runtime::cpu_features()) ? 0 : 1}});
+            // int4: W4A16's knobs name their route (w4a8=0: refused at load
+            // without it, since the automatic rule takes W4A8 at some M).
+            if (int4)
+              for (Knobs& k : p.candidates) k["w4a8"] = 0;
             if (other_route) p.candidates.push_back({{"w4a8", 1}});
           }
         }
