@@ -362,6 +362,28 @@ for args in "--save-workload $WORK/sw.json" "--rounds 5"; do
 done
 check "--rounds without --verify named" grep -q -- '--rounds requires --verify' "$ERR"
 
+# 13. Smaller things an outside tester found: a TILEJIT_CACHE_DIR that is a
+# regular file is named as unusable (was "off (TILEJIT_CACHE_DIR=)"); --verify
+# of a database that does not exist is an error (was "0 tuned entries
+# verified", exit 0); a budget without its unit or in hex is a usage error
+# (were seconds); two identical ops are one entry (were tuned twice).
+: >"$WORK/afile"
+TILEJIT_CACHE_DIR=$WORK/afile "$TJ" tune "$WORK/tiny.json" --out "$WORK/db.json" --no-search >"$OUT" 2>"$ERR"
+check "a cache dir that is a file: named as unusable" \
+  grep -q "^kernel cache off (TILEJIT_CACHE_DIR=$WORK/afile is not a usable directory" "$OUT"
+"$TJ" tune "$WORK/tiny.json" --out "$WORK/none.json" --verify >"$OUT" 2>"$ERR"
+rc=$?
+check "--verify of no database: exit 1 (got $rc)" test $rc -eq 1
+check "--verify of no database: said so" grep -q -- "--verify: the tuning database .*none.json does not exist" "$ERR"
+for b in 5 0x10s; do
+  "$TJ" tune "$WORK/tiny.json" --out "$WORK/b.json" --budget $b >"$OUT" 2>"$ERR"
+  rc=$?
+  check "--budget $b: exit 2 (got $rc)" test $rc -eq 2
+done
+echo '{"ops": [{"op": "gemm", "name": "a", "n": 64, "k": 64, "m": [1]}, {"op": "gemm", "name": "b", "n": 64, "k": 64, "m": [1]}]}' >"$WORK/dup.json"
+"$TJ" tune "$WORK/dup.json" --out "$WORK/dup-db.json" --budget 5s >"$OUT" 2>"$ERR"
+check "two identical ops: one entry tuned" grep -q "(2 ops, 1 entries to tune)" "$OUT"
+
 # 11. A database whose parse does not fit in memory (2M empty objects
 # within the structure bounds, ~300 MB parsed, under ulimit -v 200000): an
 # Error naming the variable and the file (was a std::bad_alloc the CLI

@@ -819,7 +819,9 @@ TEST(TuningDb, ShapeValuesChecked) {
   expect_tilejit_error([&] { load_with(g, "n", "256.0"); },
                        "shape field n='256.0'; allowed: an integer >= 1");
   expect_tilejit_error([&] { load_with(g, "path", "sse"); },
-                       "shape field path='sse'; allowed: amx, avx512, llvm, scalar");
+                       "shape field path='sse'; allowed: amx, avx512, llvm");
+  expect_tilejit_error([&] { load_with(g, "path", "scalar"); },
+                       "shape field path='scalar'; allowed: amx, avx512, llvm");
   expect_tilejit_error([&] { load_with(d, "kv", "f16"); },
                        "shape field kv='f16'; allowed: bf16, f8e4m3");
   expect_tilejit_error([&] { load_with(d, "d", "0"); }, "shape field d='0'; allowed: an integer");
@@ -924,6 +926,10 @@ TEST(TuningDb, SpecialFilesRefused) {
 TEST(TuneMeasure, BudgetCapped) {
   EXPECT_EQ(tools::parse_budget("10m"), 600);
   EXPECT_EQ(tools::parse_budget("168h"), tools::kMaxBudgetSeconds);
+  EXPECT_EQ(tools::parse_budget("1.5s"), 1.5);
+  // A number with its unit (docs/tuning.md): no unit, hex, inf refused.
+  for (const char* b : {"5", "0x10s", "infs", "nanm", "5 s", ""})
+    EXPECT_THROW(tools::parse_budget(b), tools::UsageError) << b;
   for (const char* b : {"1e10s", "99999999999999999999m", "1e300h", "169h"}) {
     try {
       tools::parse_budget(b);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -400,12 +401,16 @@ std::vector<Knobs> moe_candidates(const WorkloadOp& o, Isa path, int64_t t, int 
 
 std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
   std::vector<Point> pts;
+  // One entry per shape class of a family across the whole workload: a
+  // second op of the same shape (two identical ops, q_proj and o_proj of one
+  // size) is warm-up only (it was tuned twice, the second run overwriting
+  // the first's entry).
+  std::set<std::string> tuned_classes;
   for (size_t i = 0; i < w.ops.size(); ++i) {
     const WorkloadOp& o = w.ops[i];
     // Labels are printed in progress lines: a name's control bytes escaped.
     const std::string name = one_line(o.name);
     if (o.op == "gemm") {
-      std::set<std::string> buckets;
       for (int64_t m : o.m) {
         Point p{i, m, 0};
         p.label = fmt::format("gemm {} N={} K={} M={}", name, o.n, o.k, m);
@@ -414,7 +419,8 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
                                         o.out == "f32" ? DType::f32 : DType::bf16, m,
                                         format_of(o.format));
         // One entry per bucket: a second M of the same bucket is warm-up only.
-        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+        if (path != Isa::scalar &&
+            tuned_classes.insert(w.ops[i].op + ":" + p.shape.text()).second) {
           p.family = "gemm";
           const Isa rows_isa = codegen::gemm_isa_for_rows(path, m);
           const WeightFormat wf = format_of(o.format);
@@ -456,7 +462,6 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
         pts.push_back(p);
       }
     } else if (o.op == "decode_attention") {
-      std::set<std::string> buckets;
       for (int64_t b : o.m)
         for (int64_t s : o.seq_len) {
           Point p{i, b, s};
@@ -464,21 +469,22 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
                                 o.hq, o.hkv, o.d, kv_label(o));
           p.shape = jit::decode_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
                                             kv_dtype(o), b, s);
-          if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+          if (path != Isa::scalar &&
+              tuned_classes.insert(w.ops[i].op + ":" + p.shape.text()).second) {
             p.family = "decode_attention";
             p.candidates = decode_candidates(o, b, s, threads, &p.pruned);
           }
           pts.push_back(p);
         }
     } else if (o.op == "moe") {
-      std::set<std::string> buckets;
       for (int64_t t : o.m) {
         Point p{i, t, 0};
         p.label = fmt::format("moe {} E={} k={} H={} I={} T={}", name, o.e, o.topk, o.h, o.i, t);
         if (quantized(o)) p.label += " " + o.format;
         p.shape =
             jit::moe_shape_class(path, threads, o.e, o.topk, o.h, o.i, t, format_of(o.format));
-        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+        if (path != Isa::scalar &&
+            tuned_classes.insert(w.ops[i].op + ":" + p.shape.text()).second) {
           p.family = "moe";
           p.candidates = moe_candidates(o, path, t, threads, &p.pruned);
         }
@@ -492,27 +498,27 @@ std::vector<Point> plan_points(const Workload& w, Isa path, int threads) {
         pts.push_back(p);
       }
     } else if (o.op == "extend_attention") {
-      std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
         p.label = fmt::format("extend_attention {} new={} prefix={} Hq={} Hkv={} D={}{}", name, s,
                               o.prefix_len, o.hq, o.hkv, o.d, kv_label(o));
         p.shape = jit::extend_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.block_size,
                                           kv_dtype(o), 1, s, o.prefix_len + s);
-        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+        if (path != Isa::scalar &&
+            tuned_classes.insert(w.ops[i].op + ":" + p.shape.text()).second) {
           p.family = "extend_attention";
           p.candidates = blocking_candidates(o, s, o.prefix_len + s, threads, true, &p.pruned);
         }
         pts.push_back(p);
       }
     } else {  // prefill_attention
-      std::set<std::string> buckets;
       for (int64_t s : o.seq_len) {
         Point p{i, 1, s};
         p.label =
             fmt::format("prefill_attention {} T={} Hq={} Hkv={} D={}", name, s, o.hq, o.hkv, o.d);
         p.shape = jit::prefill_shape_class(path, threads, o.d, o.dv, o.hq, o.hkv, o.causal, 1, s);
-        if (path != Isa::scalar && buckets.insert(p.shape.text()).second) {
+        if (path != Isa::scalar &&
+            tuned_classes.insert(w.ops[i].op + ":" + p.shape.text()).second) {
           p.family = "prefill_attention";
           p.candidates = blocking_candidates(o, s, s, threads, false, &p.pruned);
         }
@@ -839,7 +845,15 @@ int run_tune(const TuneOptions& opt) {
   // too) and updated entry by entry.
   jit::TuningDb db;
   std::error_code ec;  // a name the system refuses (too long) is the probe's Error below
-  if (std::filesystem::exists(opt.out, ec)) db = jit::TuningDb::load(opt.out);
+  const bool db_exists = std::filesystem::exists(opt.out, ec);
+  if (db_exists) db = jit::TuningDb::load(opt.out);
+  // --verify times the entries of a database: none there is an error, not
+  // "0 tuned entries verified".
+  if (opt.verify && !db_exists)
+    throw Error(
+        fmt::format("--verify: the tuning database {} does not exist; allowed: a "
+                    "database tune wrote (--out)",
+                    opt.out));
   // The search writes the database after every entry: a path it cannot
   // write (no directory, a read-only file system, a name too long) is found
   // now, not after the first measurement.
@@ -871,8 +885,16 @@ int run_tune(const TuneOptions& opt) {
       resumed ? fmt::format(", {} already in the database (--resume)", resumed) : "",
       isa_name(path), cpu.amx_emulated ? " (AMX EMULATED: times are the emulator's)" : "", threads,
       duration_str(budget), opt.out);
+  // Off: the variable empty, or set to a directory the library could not
+  // use (a regular file, no permission), which must not read as "set empty".
+  const char* cache_env = std::getenv("TILEJIT_CACHE_DIR");
   fmt::print("kernel cache {}\n",
-             cache_stats().disk_dir.empty() ? "off (TILEJIT_CACHE_DIR=)" : cache_stats().disk_dir);
+             !cache_stats().disk_dir.empty() ? cache_stats().disk_dir
+             : cache_env != nullptr && *cache_env != '\0'
+                 ? fmt::format("off (TILEJIT_CACHE_DIR={} is not a usable directory: the warm-up "
+                               "fills nothing)",
+                               one_line(cache_env))
+                 : std::string("off (TILEJIT_CACHE_DIR=)"));
   fmt::print(
       "cold operands: gemm weights, touched experts and decode KV rows rotate over copies past "
       "4 x the {} MiB last-level cache, so each call reads them from DRAM as an engine's does\n",
@@ -999,10 +1021,11 @@ int run_tune(const TuneOptions& opt) {
   int64_t calls = 0;
   for (const Point& p : pts) {
     if (stop_requested(Clock::time_point::max()) == Stop::interrupted) {
+      // --no-search writes no database: say only what it does have.
       fmt::print(
-          "tilejit tune: interrupted during the warm-up: the database {} is complete, the kernel "
-          "cache has the kernels of the first {} calls\n",
-          opt.out, calls);
+          "tilejit tune: interrupted during the warm-up: {}the kernel cache has the kernels of "
+          "the first {} calls\n",
+          opt.no_search ? "" : fmt::format("the database {} is complete, ", opt.out), calls);
       return 130;
     }
     for (auto it = weights.begin(); it != weights.end();)
@@ -1016,6 +1039,14 @@ int run_tune(const TuneOptions& opt) {
       "{} tuned plans applied\n",
       calls, after.compiles - before.compiles, after.disk_loads - before.disk_loads,
       after.disk_dir.empty() ? "off" : after.disk_dir, after.tuned_plans - before.tuned_plans);
+  // Compiled but not stored (a read-only or full file system): the next
+  // process compiles them again, which is what the warm-up is for.
+  if (!after.disk_dir.empty() && after.compiles > before.compiles &&
+      after.disk_stores == before.disk_stores)
+    fmt::print(
+        "warning: the kernel cache {} could not be filled: {} kernels compiled, none stored (a "
+        "read-only or full file system?); a later process compiles them again\n",
+        after.disk_dir, after.compiles - before.compiles);
   return 0;
 }
 

@@ -144,8 +144,11 @@ double parse_budget(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
+  // A decimal number and its unit, as the docs say: "5" (no unit) and
+  // "0x10s" (stod reads hex) were taken as seconds.
+  if (text.find_first_not_of("0123456789.eE+-") < used) used = 0;
   const std::string unit = text.substr(used);
-  const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
+  const double scale = unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
   // The cap keeps now + budget inside the clock's range (1e10 s as int64
   // microseconds overflowed to a deadline in the past: nothing was tuned).
   if (used == 0 || scale < 0 || !(v > 0) || !(v * scale <= kMaxBudgetSeconds))
