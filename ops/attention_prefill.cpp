@@ -146,6 +146,12 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     //    block of K missed the L1 TLB 64 times): +2-3% for one copy of K.
     // Both live in one buffer (huge pages when ≥ 2 MiB) kept per calling thread
     // and reused across calls, unless it grew past 64 MiB.
+    // Only for a (sequence, kv head) whose rows take more than one task: the
+    // copies pay off by being read again. A short sequence's single task reads
+    // K and V in place (Vᵀ padded to a whole key block plus one is 64 KiB at
+    // D 128 even for one key: 1024 one-token sequences × 8 heads wrote 512 MiB
+    // of padding per call, 80-110x the time of one 256-token sequence of the
+    // same FLOPs, an outside tester's find).
     struct Prepared {
       std::vector<int64_t> offset;  // per (sequence, kv head): element offset of its Vᵀ, then K
       std::unique_ptr<std::byte[], runtime::FreeDeleter> buf;
@@ -156,18 +162,21 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       }
     };
     thread_local Prepared prep;
-    prep.offset.assign(static_cast<size_t>(batch * hkv), 0);
+    prep.offset.assign(static_cast<size_t>(batch * hkv), -1);  // -1: read in place
     int64_t total = 0;
-    for (int64_t b = 0; b < batch; ++b)
+    for (int64_t b = 0; b < batch; ++b) {
+      if ((cq[b + 1] - cq[b]) * g <= block_rows) continue;  // one task: no copy
       for (int64_t h = 0; h < hkv; ++h) {
         prep.offset[b * hkv + h] = total;
         const int64_t nk = ck[b + 1] - ck[b];
         total += dv * attn::transposed_v_ld(nk, p.key_block) + nk * d;
       }
+    }
     uint16_t* vt_all = prep.ensure(static_cast<size_t>(total) * 2);
     // (prep is this thread's; the pool's workers see it through these pointers.)
     const int64_t* vt_offset = prep.offset.data();
     runtime::parallel_for(batch * hkv, [&](int64_t t) {
+      if (vt_offset[t] < 0) return;
       const int64_t b = t / hkv, h = t % hkv, nk = ck[b + 1] - ck[b];
       const int64_t ld = attn::transposed_v_ld(nk, p.key_block);
       uint16_t* dst = vt_all + vt_offset[t];
@@ -204,8 +213,10 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
         }
       }
       const auto [ks0, vs] = sources(task.b, task.h);
+      const int64_t off = vt_offset[task.b * hkv + task.h];
+      if (off < 0) return attn::attend_finish(isa, p, qr, ks0, vs, nk, nullptr, orows);
       const int64_t ldv = attn::transposed_v_ld(nk, p.key_block);
-      const attn::TransposedV vt{vt_all + vt_offset[task.b * hkv + task.h], ldv, 0};
+      const attn::TransposedV vt{vt_all + off, ldv, 0};
       const attn::RowSource ks{vt.base + dv * ldv, d};
       attn::attend_finish(isa, p, qr, ks, vs, nk, &vt, orows);
     });
