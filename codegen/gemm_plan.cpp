@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -113,11 +114,26 @@ int64_t GemmPlan::task_rows() const {
   return std::max<int64_t>(1, 256 / mr) * mr;
 }
 
-GemmPlan::Schedule GemmPlan::schedule(int64_t m) const {
+GemmPlan::Schedule GemmPlan::schedule(int64_t m, int64_t threads) const {
   Schedule s;
   s.m = m;
   s.n_blocks = spec.n / nb + (spec.n % nb != 0);
   s.task_rows = task_rows();
+  // Where the column blocks alone cannot feed the threads, M is cut into
+  // row chunks of about equal size, at least enough for them: one column
+  // block (N <= 64: a MoE router, a small tensor-parallel shard) and M <= 256
+  // was one task, run by one thread while the other waited (an outside
+  // tester's find), and M = 256 two tasks of 252 and 4 rows. Whole mr
+  // blocks; a tuned task_rows stays as the entry gives it.
+  if (tuned_task_rows == 0 && threads > 1 && m > mr && s.n_blocks < threads) {
+    // A multiple of threads / gcd(n_blocks, threads) chunks: n_blocks · chunks
+    // tasks then split evenly over the threads (3 equal chunks of M = 512 on
+    // 2 threads ran 2 on one).
+    const int64_t step = threads / std::gcd(s.n_blocks, threads);
+    const int64_t chunks = ((m + s.task_rows - 1) / s.task_rows + step - 1) / step * step;
+    const int64_t rows = (m + chunks - 1) / chunks;
+    s.task_rows = std::max<int64_t>(mr, (rows + mr - 1) / mr * mr);
+  }
   // K chunked or not is decided for the whole M (as variants_for says).
   s.k_passes = k_chunks_for(m);
   s.ld_partial = s.k_passes > 1 ? s.n_blocks * nb * 4 : 0;
@@ -150,7 +166,7 @@ std::vector<GemmPlan::Variant> GemmPlan::variants_for(int64_t m) const {
   if (m >= mr) row_variants.push_back(mr);
   if (m % mr != 0) row_variants.push_back(static_cast<int>(m % mr));
   std::vector<Chunk> chunks = {Chunk::whole};
-  if (schedule(m).k_passes > 1) {
+  if (k_chunks_for(m) > 1) {  // as schedule(m, threads).k_passes, for any threads
     chunks = {Chunk::first, Chunk::last};
     if (k_chunks > 2) chunks.push_back(Chunk::middle);
   }

@@ -97,12 +97,14 @@ struct GemmPlan {
   // task's B panel stays hot in L2 while leaving enough tasks to balance two
   // noisy cores (tilejit::gemm and fused_experts' gate/up both cut M so).
   int64_t task_rows() const;
-  // How tilejit::gemm runs a GEMM of `m` rows with this plan: the one copy of
-  // the split, which `tilejit dump --dim` prints.
+  // How tilejit::gemm runs a GEMM of `m` rows on `threads` threads with this
+  // plan: the one copy of the split, which `tilejit dump --dim` prints.
   struct Schedule {
     int64_t m = 0;
     int64_t n_blocks = 0;    // column blocks of nb (the last one is the N tail, if any)
-    int64_t task_rows = 0;   // rows per task (task_rows()); a task is (row chunk, column block)
+    int64_t task_rows = 0;   // rows per task (task_rows(), fewer when the threads need more
+                             // tasks than the column blocks give); a task is (row chunk,
+                             // column block)
     int64_t slice_rows = 0;  // rows per slice: whole row chunks whose scratch fits kScratchBytes
     // K chunks run as separate passes over all tasks of a slice (1: each task
     // runs the whole K), so one K chunk of A stays in L2 while the column
@@ -121,7 +123,7 @@ struct GemmPlan {
     // x 172 column blocks = 688 tasks per K pass; 2 K passes".
     std::string str() const;
   };
-  Schedule schedule(int64_t m) const;
+  Schedule schedule(int64_t m, int64_t threads) const;
 
   // The tile layout the AMX drivers repack A into (PackedA counts K in bf16
   // units: an int8 GEMM's k bytes are k/2 of them).

@@ -207,11 +207,11 @@ void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
   const int64_t nb = plan.nb;
   // The task split (row chunks x column blocks, slices, K passes) is the
   // plan's: GemmPlan::schedule.
-  const codegen::GemmPlan::Schedule sched = plan.schedule(M);
+  const int64_t threads = runtime::num_threads();
+  const codegen::GemmPlan::Schedule sched = plan.schedule(M, threads);
   const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
   const bool chunked = sched.k_passes > 1;
   const int64_t ld_part = sched.ld_partial;
-  const int64_t threads = runtime::num_threads();
   const codegen::PackedA pa_layout = plan.packed_a();
 
   for (int64_t s0 = 0; s0 < M; s0 += sched.slice_rows) {

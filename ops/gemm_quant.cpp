@@ -204,7 +204,7 @@ void run_dequant(const TensorView& x, const PackedWeight::Impl& p, const TensorV
   log_plan(p.format == WeightFormat::fp8_e4m3 ? "w8a16" : "w4a16", x, p, isa, plan);
   const auto dequant = jit::get(quant_dequant_desc(p, isa)).entry<codegen::DequantFn>();
 
-  const codegen::GemmPlan::Schedule sched = plan.schedule(M);
+  const codegen::GemmPlan::Schedule sched = plan.schedule(M, runtime::num_threads());
   const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows;
   const codegen::PackedA pa_layout = plan.packed_a();
   GemmRun r = GemmRun::of(x, y, opt);

@@ -331,6 +331,47 @@ std::set<std::tuple<Isa, int, int>> variants_for(Isa path, int64_t M, int64_t N,
   return v;
 }
 
+// The task split feeds the threads when the column blocks cannot: a GEMM of
+// one column block (N <= 64) and M <= 256 was one task (one thread busy), and
+// M = 256 two tasks of 252 and 4 rows. Row chunks are whole mr blocks, of
+// about equal size, and n_blocks x chunks tasks divide evenly over the
+// threads; with enough column blocks, or one thread, the split is
+// task_rows() as before. (Planning only: any host.)
+TEST(GemmSchedule, ThreadsGetEvenTasksWhenColumnsCannot) {
+  const codegen::GemmPlan one = codegen::plan_gemm(
+      {64, 4096, codegen::BiasKind::none, Activation::none, DType::bf16}, Isa::avx512);
+  const int64_t mr = one.mr;
+  for (int64_t threads : {2, 3, 4})
+    for (int64_t m : {int64_t{2} * mr, int64_t{64}, int64_t{128}, int64_t{256}, int64_t{257},
+                      int64_t{512}, int64_t{1000}}) {
+      const codegen::GemmPlan::Schedule s = one.schedule(m, threads);
+      SCOPED_TRACE("threads " + std::to_string(threads) + " M " + std::to_string(m));
+      ASSERT_EQ(s.n_blocks, 1);
+      EXPECT_EQ(s.task_rows % mr, 0);
+      const int64_t chunks = s.row_chunks(m);
+      EXPECT_GE(chunks, std::min<int64_t>(threads, (m + mr - 1) / mr));
+      if (m >= threads * mr) {
+        EXPECT_EQ(chunks % threads, 0) << "uneven over the threads";
+      }
+      // About equal: every chunk has rows (no empty task), none more than the
+      // heuristic's task_rows.
+      EXPECT_GE(m - (chunks - 1) * s.task_rows, 1);
+      EXPECT_LE(s.task_rows, one.task_rows());
+    }
+  EXPECT_EQ(one.schedule(256, 1).task_rows, one.task_rows());
+  const codegen::GemmPlan wide = codegen::plan_gemm(
+      {256, 4096, codegen::BiasKind::none, Activation::none, DType::bf16}, Isa::avx512);
+  EXPECT_EQ(wide.schedule(300, 2).task_rows, wide.task_rows()) << "4 column blocks feed 2 threads";
+  codegen::PlanOverrides tuned;
+  tuned.task_rows = 4 * mr;
+  EXPECT_EQ(codegen::plan_gemm({64, 4096, codegen::BiasKind::none, Activation::none, DType::bf16},
+                               Isa::avx512, tuned)
+                .schedule(256, 2)
+                .task_rows,
+            4 * mr)
+      << "a tuned task_rows stays";
+}
+
 class GemmCompileBound : public IsaTest {
  protected:
   void SetUp() override {

@@ -18,6 +18,7 @@
 #include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
 #include "runtime/isa.h"
+#include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program/describe_operators.h"
@@ -92,7 +93,7 @@ void print_plan(const ir::Function& f, const GemmProgram& p, const codegen::Gemm
                plan.spec.n / plan.nb, plan.spec.n / plan.nb == 1 ? "" : "s", plan.nb,
                plan.n_tail ? fmt::format(" + 1 tail of {}", plan.n_tail) : "");
     // The task split tilejit::gemm runs (the plan's own schedule).
-    fmt::print("  tasks        {}\n", plan.schedule(*m).str());
+    fmt::print("  tasks        {}\n", plan.schedule(*m, runtime::num_threads()).str());
   }
 }
 

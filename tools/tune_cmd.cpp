@@ -162,7 +162,7 @@ std::vector<Knobs> gemm_candidates(const WorkloadOp& o, Isa path, int64_t m, int
           } catch (const Error&) {
             continue;  // a value this plan does not take
           }
-          const auto sched = p.schedule(m);
+          const auto sched = p.schedule(m, threads);
           Cand c;
           if (ov.mr) c.knobs["mr"] = mr;
           if (ov.task_rows) c.knobs["task_rows"] = tr;
