@@ -286,6 +286,42 @@ void validate_moe_knobs(const TunedEntry& e) {
         fmt::format("knob prefetch on path={}; allowed: on path amx or avx512", isa_name(path)));
 }
 
+// A walk over JSON text that tells strings from structure (escapes honoured),
+// allocating nothing: the two scans of a database's text (entry_lines,
+// check_db_structure) read it through this one rule.
+class JsonTextScan {
+ public:
+  enum Kind {
+    structure,   // outside every string, not a quote
+    open_quote,  // the quote that opens a string
+    content,     // a character of a string's value (not an escape's backslash or escaped char)
+    other,       // a backslash, the character it escapes, the closing quote
+  };
+  Kind next(char c) {
+    if (!in_str_) {
+      if (c != '"') return structure;
+      in_str_ = true;
+      return open_quote;
+    }
+    if (esc_) {
+      esc_ = false;
+      return other;
+    }
+    if (c == '\\') {
+      esc_ = true;
+      return other;
+    }
+    if (c == '"') {
+      in_str_ = false;
+      return other;
+    }
+    return content;
+  }
+
+ private:
+  bool in_str_ = false, esc_ = false;
+};
+
 // Lines of the text at which each entry object starts: nlohmann keeps no
 // positions, so a scan (outside strings) finds each '{' directly inside the
 // top-level "entries" array (not one inside another key's nested objects).
@@ -293,25 +329,15 @@ std::vector<int64_t> entry_lines(const std::string& text) {
   std::vector<int64_t> lines;
   int depth = 0, entries_depth = -1;  // the depth inside the "entries" array
   int64_t line = 1;
-  bool in_str = false, esc = false;
+  JsonTextScan scan;
   std::string str, key;  // the last string at depth 1; the key it became
   for (char c : text) {
     if (c == '\n') ++line;
-    if (in_str) {
-      if (esc)
-        esc = false;
-      else if (c == '\\')
-        esc = true;
-      else if (c == '"')
-        in_str = false;
-      else if (depth == 1)
-        str += c;
-      continue;
-    }
-    if (c == '"') {
-      in_str = true;
-      str.clear();
-    } else if (c == ':' && depth == 1) {
+    const JsonTextScan::Kind kind = scan.next(c);
+    if (kind == JsonTextScan::open_quote) str.clear();
+    if (kind == JsonTextScan::content && depth == 1) str += c;
+    if (kind != JsonTextScan::structure) continue;
+    if (c == ':' && depth == 1) {
       key = str;
     } else if (c == '{' || c == '[') {
       if (c == '{' && depth == entries_depth) lines.push_back(line);
@@ -716,21 +742,11 @@ std::string read_db_text(const std::string& path) {
 void check_db_structure(const std::string& text, const std::string& path) {
   int depth = 0;
   int64_t values = 0;
-  bool in_str = false, esc = false;
+  JsonTextScan scan;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_str) {
-      if (esc)
-        esc = false;
-      else if (c == '\\')
-        esc = true;
-      else if (c == '"')
-        in_str = false;
-      continue;
-    }
-    if (c == '"') {
-      in_str = true;
-    } else if (c == '{' || c == '[') {
+    if (scan.next(c) != JsonTextScan::structure) continue;
+    if (c == '{' || c == '[') {
       if (++depth > kMaxTuningDbDepth)
         throw Error(fmt::format(
             "{}:{}: error: the tuning database nests more than {} JSON objects and arrays here; "
