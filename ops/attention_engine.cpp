@@ -246,6 +246,16 @@ template <class V, class T>
   return p * reinterpret_cast<F16>((n + 127) << 23);
 }
 
+// Of a function's copies per target (the C++ softmax step, the score pass),
+// the one this CPU runs: AVX-512 with the OS state, else AVX2, else baseline.
+template <class Fn>
+Fn copy_for_cpu(Fn avx512, Fn avx2, Fn baseline) {
+  const runtime::CpuFeatures& f = runtime::cpu_features();
+  if (f.avx512f && f.os_avx512) return avx512;
+  if (f.avx2) return avx2;
+  return baseline;
+}
+
 // softcap·tanh(x / softcap) for 16 scores: tanh(y) = 1 − 2/(e^{2y} + 1), e^{2y}
 // by exp2v with 2y·log2 e clamped to ≤ 64 (tanh is 1 in f32 long before).
 // Absolute error ≲ 10⁻⁶·softcap (exp2v's 3·10⁻⁶), far below what P's bf16
@@ -297,13 +307,8 @@ void scale_scores_baseline(float* s, int64_t n, int nz, const ScoreTransform& t)
   scale_scores_body(s, n, nz, t);
 }
 void scale_scores(float* s, int64_t n, int nz, const ScoreTransform& t) {
-  using Fn = void (*)(float*, int64_t, int, const ScoreTransform&);
-  static const Fn fn = [] {
-    const runtime::CpuFeatures& f = runtime::cpu_features();
-    if (f.avx512f && f.os_avx512) return Fn{scale_scores_avx512};
-    if (f.avx2) return Fn{scale_scores_avx2};
-    return Fn{scale_scores_baseline};
-  }();
+  static const auto fn =
+      copy_for_cpu(scale_scores_avx512, scale_scores_avx2, scale_scores_baseline);
   fn(s, n, nz, t);
 }
 
@@ -418,15 +423,10 @@ void softmax_step_baseline(const lb::SoftmaxStepArgs& a, int nz) {
   softmax_step_body(a, nz);
 }
 
-// The copy for this CPU, chosen on first use (features with the OS state).
+// The copy for this CPU, chosen on first use.
 void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
-  using Fn = void (*)(const lb::SoftmaxStepArgs&, int);
-  static const Fn fn = [] {
-    const runtime::CpuFeatures& f = runtime::cpu_features();
-    if (f.avx512f && f.os_avx512) return Fn{softmax_step_avx512};
-    if (f.avx2) return Fn{softmax_step_avx2};
-    return Fn{softmax_step_baseline};
-  }();
+  static const auto fn =
+      copy_for_cpu(softmax_step_avx512, softmax_step_avx2, softmax_step_baseline);
   fn(a, nz);
 }
 
@@ -612,6 +612,18 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
   const void* q_ptr = tls.q_packed.data();
   const void* pt_ptr = pt_buf;
 
+  // The slow pass's per-row ALiBi terms, once for every key block.
+  ScoreTransform transform{p.scale, p.softcap};
+  alignas(64) float slope[kRowsPerBlock] = {};
+  alignas(64) int32_t i_pos[kRowsPerBlock] = {};
+  if (p.slopes != nullptr) {
+    for (int64_t r = 0; r < m; ++r) {
+      slope[r] = p.slopes[rows[r].head * p.slopes_stride];
+      i_pos[r] = static_cast<int32_t>(rows[r].i_pos);
+    }
+    transform.slope = slope, transform.i_pos = i_pos;
+  }
+
   for (int64_t j0 = jb0; j0 < jb1; j0 += key_block) {
     const int64_t n = std::min(key_block, jb1 - j0);
     prefetch_block(p, k, v, vt, j0 + key_block, std::min(key_block, jb1 - j0 - key_block));
@@ -657,20 +669,11 @@ bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, con
                              j0,    n,      kb, p.dv,  p.scale, 1};
     if (slow) {
       // Final scores in place (masked keys −inf), then a step with scale 1.
-      // Scale and softcap 16 rows a vector over the nz groups (rows past m
-      // are scratch the step ignores): a std::tanh per score made softcap
-      // prefill 3.6-6.7x slower than without it (an outside tester's find).
-      ScoreTransform tr{p.scale, p.softcap, j0};
-      alignas(64) float slope[kRowsPerBlock] = {};
-      alignas(64) int32_t i_pos[kRowsPerBlock] = {};
-      if (p.slopes != nullptr) {
-        for (int64_t r = 0; r < m; ++r) {
-          slope[r] = p.slopes[rows[r].head * p.slopes_stride];
-          i_pos[r] = static_cast<int32_t>(rows[r].i_pos);
-        }
-        tr.slope = slope, tr.i_pos = i_pos;
-      }
-      scale_scores(s_buf, n, nz, tr);
+      // Scale, softcap and ALiBi 16 rows a vector over the nz groups (rows
+      // past m are scratch the step ignores): a std::tanh per score made
+      // softcap prefill 3.6-6.7x slower than without it (an outside tester's find).
+      transform.j0 = j0;
+      scale_scores(s_buf, n, nz, transform);
       // Tree masks (speculative decoding's drafts): a per-row pass.
       for (int64_t r = 0; r < m; ++r) {
         const QueryRow& row = rows[r];
