@@ -82,8 +82,8 @@ fi
 # (cache_test), attention's thread pool and per-thread state
 # (attention_threads_test), processes and threads sharing a disk cache
 # (disk_cache_test).
-TSAN_TARGETS=(cache_test attention_threads_test disk_cache_test)
-TSAN_TESTS='^(cache_test_(avx512|llvm|amx)|attention_threads_test_(amx|avx512|llvm|scalar)|disk_cache_test)$'
+TSAN_TARGETS=(cache_test attention_threads_test disk_cache_test thread_pool_test)
+TSAN_TESTS='^(cache_test_(avx512|llvm|amx)|attention_threads_test_(amx|avx512|llvm|scalar)|disk_cache_test|thread_pool_test)$'
 tsan() {
   install_clang
   cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 \

@@ -22,6 +22,7 @@
 //   BM_GemmFirstCall                         a gemm call that misses the cache
 //   BM_OnednnPrimitiveCreate/M               oneDNN pd + primitive, cache disabled
 //   BM_CacheHitOverhead, BM_RawMicrokernel   per-call cost on a tiny shape
+//   BM_GemmAfterIdleGap/gap_us/threads       M=1 1024 x 1024 after an idle gap
 //   BM_BrgemmMicrokernel/mr/K                one micro-kernel over a warm 64 × K panel
 //   BM_RawDecodeColdPages/hugepages          M=1 cold decode, 4 KiB vs 2 MiB pages
 //
@@ -626,6 +627,27 @@ void BM_CacheHitOverhead(benchmark::State& state) {
       double(after.hits - before.hits) / double(std::max<int64_t>(1, state.iterations()));
 }
 
+// A decode-sized call (M = 1, 1024 x 1024, hot in L2) after an idle gap of
+// gap_us: what an engine's first call of a step pays when the pool's helpers
+// have gone to sleep (their wake-up costs 10-200 µs on a VM). Manual time:
+// only the call is timed, not the sleep.
+void BM_GemmAfterIdleGap(benchmark::State& state) {
+  const int gap_us = static_cast<int>(state.range(0));
+  tilejit::set_num_threads(static_cast<int>(state.range(1)));
+  constexpr int64_t kN = 1024, kK = 1024;
+  const Weight& w = weight(kN, kK);
+  const TensorView x(activations().u16(), DType::bf16, {1, kK});
+  const TensorView y(output_buffer(), DType::bf16, {1, kN});
+  for (int i = 0; i < 20; ++i) tilejit::gemm(x, w.packed, y);  // compile, warm
+  for (auto _ : state) {
+    if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+    const auto t0 = std::chrono::steady_clock::now();
+    tilejit::gemm(x, w.packed, y);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+}
+
 // The same tiny problem, calling the micro-kernel directly (no checks, no
 // lookup, no driver): the floor under BM_CacheHitOverhead.
 void BM_RawMicrokernel(benchmark::State& state) {
@@ -893,6 +915,14 @@ void register_all() {
         ->Arg(t)
         ->UseRealTime()
         ->Unit(benchmark::kNanosecond);
+  for (int gap : {0, 300, 1000, 5000})
+    for (int t : {1, 2})
+      RegisterBenchmark("BM_GemmAfterIdleGap", BM_GemmAfterIdleGap)
+          ->Args({gap, t})
+          ->ArgNames({"gap_us", "threads"})
+          ->UseManualTime()
+          ->Iterations(400)
+          ->Unit(benchmark::kMicrosecond);
   RegisterBenchmark("BM_RawMicrokernel", BM_RawMicrokernel)
       ->UseRealTime()
       ->Unit(benchmark::kNanosecond);

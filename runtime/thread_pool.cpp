@@ -65,7 +65,8 @@ class Pool {
       n_ = n;
       next_.store(0);
       active_helpers_ = helpers;
-      pending_ = helpers;
+      open_ = true;
+      joined_ = 0;
       error_ = nullptr;
       ++generation_;
     }
@@ -73,8 +74,14 @@ class Pool {
     // set_num_threads(64) must not wake (and spin) 63 idle threads per call.
     for (int i = 0; i < helpers; ++i) cvs_[size_t(i)].notify_one();
     work();
+    // The call waits only for helpers that joined it (they hold tasks), not
+    // for the ones still waking up: a sleeping vCPU takes 60-130 µs to run
+    // again on these VMs, three times a decode-sized call, and the caller has
+    // claimed every task by then. A helper that wakes after the close finds
+    // the call gone and sleeps again.
     std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    open_ = false;
+    done_cv_.wait(lk, [&] { return joined_ == 0; });
     fn_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -140,16 +147,22 @@ class Pool {
       }
       {
         std::unique_lock<std::mutex> lk(mu_);
-        // Woken for a call that uses this worker, or to stop.
-        cvs_[size_t(index)].wait(
-            lk, [&] { return stop_ || (generation_ != seen && index < active_helpers_); });
-        if (stop_) return;
-        seen = generation_;
+        for (;;) {
+          if (stop_) return;
+          if (generation_ != seen) {
+            seen = generation_;
+            // Join a call that uses this worker and is still open; a call
+            // that closed while this worker woke up is left alone.
+            if (open_ && index < active_helpers_) break;
+          }
+          cvs_[size_t(index)].wait(lk);
+        }
+        ++joined_;
       }
       was_active = true;
       work();
       std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (--joined_ == 0) done_cv_.notify_one();
     }
   }
 
@@ -162,7 +175,8 @@ class Pool {
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
   int active_helpers_ = 0;
-  int pending_ = 0;
+  bool open_ = false;                    // helpers may still join the current call
+  int joined_ = 0;                       // helpers inside the current call's work()
   std::atomic<uint64_t> generation_{0};  // written under mu_, read by spinners
   bool stop_ = false;
   std::exception_ptr error_;
