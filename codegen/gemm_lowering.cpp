@@ -1,4 +1,5 @@
 #include "codegen/gemm_lowering.h"
+#include "runtime/lazy_statics.h"
 
 #include <fmt/format.h>
 
@@ -25,6 +26,7 @@ const std::string& chain() {
   }());  // immortal: read by threads that may outlive static destruction
   return s;
 }
+const bool g_fork_hook = runtime::on_fork_complete([] { (void)chain(); });
 
 [[noreturn]] void reject(const ir::Function& f, const ir::Op& op, const std::string& why) {
   throw Error(fmt::format("lower gemm: {}: {}; {}", ir::print(f, op), why, chain()));

@@ -1,4 +1,5 @@
 #include "ir/types.h"
+#include "runtime/lazy_statics.h"
 
 #include <algorithm>
 #include <array>
@@ -22,6 +23,7 @@ const std::array<PackedFormat, 1>& packed_formats() {
   };
   return formats;
 }
+const bool g_fork_hook = runtime::on_fork_complete([] { (void)packed_formats(); });
 
 void check_packed(const TensorType& t, std::vector<std::string>& problems) {
   const Layout& l = t.layout;

@@ -1,4 +1,5 @@
 #include "jit/disk_cache.h"
+#include "runtime/lazy_statics.h"
 
 #include <elf.h>
 #include <fcntl.h>
@@ -190,6 +191,9 @@ std::string DiskCache::qualified_key(const std::string& key) {
       *new std::string(std::string(TILEJIT_BUILD_ID) + "+" + own_build_id());
   return key + "|cpu=" + runtime::cpu_signature() + "|build=" + build;
 }
+namespace {
+const bool g_fork_hook = runtime::on_fork_complete([] { (void)DiskCache::qualified_key(""); });
+}  // namespace
 
 std::string DiskCache::path_for(const std::string& key) const {
   const std::string q = qualified_key(key);

@@ -82,32 +82,30 @@ KernelCache::Impl& KernelCache::impl() const {
 }
 
 namespace {
-// fork() while another thread holds a cache lock would leave the child's copy
-// locked forever: hold both locks across fork (after the LLVM JIT's gate: a
-// compile in flight takes them when it ends), release them on each side.
-// Registered when the library loads, so that a fork during the very first
-// kernel (the LLVM JIT being made) is covered too.
+// The library's one fork handler. fork() while another thread holds a lock
+// would leave the child's copy locked forever: hold the cache's locks across
+// fork (after the LLVM JIT's gate: a compile in flight takes them when it
+// ends), then the leaf locks the other files registered, and release them on
+// each side. Registered when the library loads, so that a fork during the
+// very first kernel (the LLVM JIT being made) is covered too.
 void fork_prepare() {
   // First the lazy statics of a process that has used the library: one being
-  // made by another thread would stay half made in the child
-  // (runtime/lazy_statics.h). Before the LLVM gate: a make may compile.
+  // made by another thread would stay half made in the child. Each file
+  // registers its own (runtime/lazy_statics.h). Before the LLVM gate: a make
+  // may compile.
   if (runtime::library_used()) {
-    runtime::complete_runtime_statics();
+    runtime::fork_complete_statics();
     (void)KernelCache::global().stats();  // makes impl() and the hit counters
-    (void)DiskCache::qualified_key("");
-    try {
-      (void)tuning_db_active();  // TILEJIT_TUNING_DB's load, once
-    } catch (const Error&) {
-    }
-    (void)tuned_plans_used();
   }
   llvm_before_fork();
   if (KernelCache::Impl* p = g_impl.load()) {
     p->mu.lock();
     p->disk_mu.lock();
   }
+  runtime::fork_lock_leaves();
 }
 void fork_parent() {
+  runtime::fork_unlock_leaves();
   if (KernelCache::Impl* p = g_impl.load()) {
     p->disk_mu.unlock();
     p->mu.unlock();
@@ -115,6 +113,7 @@ void fork_parent() {
   llvm_after_fork(false);
 }
 void fork_child() {
+  runtime::fork_unlock_leaves();
   if (KernelCache::Impl* p = g_impl.load()) {
     // A kernel another thread was making at the fork never comes in the
     // child (that thread is not there): drop its entry, so the child makes
@@ -182,6 +181,9 @@ struct HitCounters {
     return n;
   }
 };
+
+const bool g_hits_fork_hook = runtime::on_fork_lock([] { HitCounters::global().mu.lock(); },
+                                                    [] { HitCounters::global().mu.unlock(); });
 
 struct ThreadHits {
   std::atomic<uint64_t> n{0};  // written by its thread only, read by stats()

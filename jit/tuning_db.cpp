@@ -1,4 +1,5 @@
 #include "jit/tuning_db.h"
+#include "runtime/lazy_statics.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -1076,6 +1077,11 @@ void load_from_env() {
         fmt::format("TILEJIT_TUNING_DB: {}: out of memory installing the tuning database", p));
   }
 }
+// TILEJIT_TUNING_DB's load runs once, under a once_flag: made (or waited
+// for) before a fork. Its mutex is a leaf (an index pointer swapped or read).
+const bool g_fork_hooks =
+    runtime::on_fork_complete([] { (void)tuning_db_active(); }) &&
+    runtime::on_fork_lock([] { global().mu.lock(); }, [] { global().mu.unlock(); });
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
+#include "runtime/lazy_statics.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
@@ -44,6 +45,9 @@ int64_t padded_dv(int64_t dv) {
 }  // namespace
 
 namespace ops {
+namespace {
+const bool g_fork_hook = runtime::on_fork_complete([] { (void)attn::e4m3_bf16_table(); });
+}  // namespace
 
 codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
                                                                  int64_t block_size, bool softcap,

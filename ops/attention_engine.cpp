@@ -20,6 +20,7 @@
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
+#include "runtime/lazy_statics.h"
 #include "runtime/verbose.h"
 
 // The softmax helpers pass 64-byte vectors by value; they are internal and
@@ -306,10 +307,13 @@ __attribute__((target("avx2"))) void scale_scores_avx2(float* s, int64_t n, int 
 void scale_scores_baseline(float* s, int64_t n, int nz, const ScoreTransform& t) {
   scale_scores_body(s, n, nz, t);
 }
-void scale_scores(float* s, int64_t n, int nz, const ScoreTransform& t) {
+auto scale_scores_copy() {
   static const auto fn =
       copy_for_cpu(scale_scores_avx512, scale_scores_avx2, scale_scores_baseline);
-  fn(s, n, nz, t);
+  return fn;
+}
+void scale_scores(float* s, int64_t n, int nz, const ScoreTransform& t) {
+  scale_scores_copy()(s, n, nz, t);
 }
 
 // The online-softmax step (contract: codegen/llvm/llvm_softmax.h) in C++ for
@@ -424,11 +428,16 @@ void softmax_step_baseline(const lb::SoftmaxStepArgs& a, int nz) {
 }
 
 // The copy for this CPU, chosen on first use.
-void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
+auto softmax_step_copy() {
   static const auto fn =
       copy_for_cpu(softmax_step_avx512, softmax_step_avx2, softmax_step_baseline);
-  fn(a, nz);
+  return fn;
 }
+void softmax_step_cxx(const lb::SoftmaxStepArgs& a, int nz) {
+  softmax_step_copy()(a, nz);
+}
+const bool g_fork_hooks = runtime::on_fork_complete([] { (void)scale_scores_copy(); }) &&
+                          runtime::on_fork_complete([] { (void)softmax_step_copy(); });
 
 // The step kernel for nz groups (compiled once per nz and host), or null:
 // the C++ loop above (no LLVM in this build).

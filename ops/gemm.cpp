@@ -21,6 +21,7 @@
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
 #include "runtime/isa.h"
+#include "runtime/lazy_statics.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
@@ -54,10 +55,21 @@ struct PlanKeyHash {
 };
 
 // The process-wide table behind the per-thread front: built once per spec.
-GemmExecutable& build_executable(const PlanKey& key) {
+struct PlanTable {
+  std::mutex mu;  // a leaf: held for a lookup or an insert, nothing else
+  std::unordered_map<PlanKey, std::unique_ptr<GemmExecutable>, PlanKeyHash> map;
+};
+PlanTable& plan_table() {
   // Immortal: a host thread may still run a plan while static destructors run.
-  static std::mutex& mu = *new std::mutex;
-  static auto& map = *new std::unordered_map<PlanKey, std::unique_ptr<GemmExecutable>, PlanKeyHash>;
+  static PlanTable& t = *new PlanTable;
+  return t;
+}
+const bool g_fork_hooks =
+    runtime::on_fork_complete([] { (void)plan_table(); }) &&
+    runtime::on_fork_lock([] { plan_table().mu.lock(); }, [] { plan_table().mu.unlock(); });
+
+GemmExecutable& build_executable(const PlanKey& key) {
+  auto& [mu, map] = plan_table();
   {
     std::lock_guard<std::mutex> lk(mu);
     if (auto it = map.find(key); it != map.end()) return *it->second;

@@ -26,6 +26,7 @@
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "runtime/lazy_statics.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
 #include "runtime/thread_pool.h"
@@ -541,6 +542,9 @@ int64_t fused_max_rows(Isa path) {
       return 0;
   }
 }
+namespace {
+const bool g_fork_hook = runtime::on_fork_complete([] { (void)fused_max_rows(Isa::avx512); });
+}  // namespace
 
 bool quant_gemm_fused(Isa path, int64_t m) {
   return m <= fused_max_rows(path);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/lazy_statics.h"
 #include "tilejit/error.h"
 
 namespace tilejit::runtime {
@@ -260,5 +261,10 @@ FeatureSet detected_features() {
   }();
   return set;
 }
+
+namespace {
+const bool g_fork_hooks = on_fork_complete([] { (void)cpu_features(); }) &&
+                          on_fork_complete([] { (void)detected_features(); });
+}  // namespace
 
 }  // namespace tilejit::runtime

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/cpu_features.h"
+#include "runtime/lazy_statics.h"
 
 namespace tilejit::runtime {
 
@@ -122,5 +123,11 @@ FeatureSet usable_features() {
     if (isa <= active_isa()) cap = cap | isa_features(isa);
   return detected_features() & cap;
 }
+
+namespace {
+const bool g_fork_hooks = on_fork_complete([] { (void)backend_choice(); }) &&
+                          on_fork_complete([] { (void)active_isa(); }) &&
+                          on_fork_complete([] { (void)usable_features(); });
+}  // namespace
 
 }  // namespace tilejit::runtime

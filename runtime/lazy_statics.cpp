@@ -1,28 +1,54 @@
 #include "runtime/lazy_statics.h"
 
-#include "runtime/cpu_features.h"
-#include "runtime/isa.h"
-#include "runtime/thread_pool.h"
+#include <vector>
+
+#include "runtime/verbose.h"
 #include "tilejit/error.h"
 
 namespace tilejit::runtime {
+namespace {
 
-void complete_runtime_statics() {
-  // Each in its own try: a bad TILEJIT_* value makes its static's initializer
-  // throw (the static stays unmade and the next access retries), which is the
-  // calls' Error to raise, not the fork's.
-  auto touch = [](auto f) {
+struct Hooks {
+  std::vector<void (*)()> makes;
+  std::vector<std::pair<void (*)(), void (*)()>> locks;
+};
+// Made by the first registration, while the library loads (one thread), so
+// never half made at a fork; immortal, as the handlers run to the end.
+Hooks& hooks() {
+  static Hooks& h = *new Hooks;
+  return h;
+}
+
+// runtime/verbose.h has no file of its own.
+const bool g_verbose_hook = on_fork_complete([] { (void)verbose_level(); });
+
+}  // namespace
+
+bool on_fork_complete(void (*make)()) {
+  hooks().makes.push_back(make);
+  return true;
+}
+
+bool on_fork_lock(void (*lock)(), void (*unlock)()) {
+  hooks().locks.emplace_back(lock, unlock);
+  return true;
+}
+
+void fork_complete_statics() {
+  for (auto* make : hooks().makes) {
     try {
-      f();
+      make();
     } catch (const Error&) {
     }
-  };
-  touch([] { (void)cpu_features(); });
-  touch([] { (void)detected_features(); });
-  touch([] { (void)usable_features(); });
-  touch([] { (void)backend_choice(); });
-  touch([] { (void)active_isa(); });
-  touch([] { (void)num_threads(); });
+  }
+}
+
+void fork_lock_leaves() {
+  for (const auto& l : hooks().locks) l.first();
+}
+
+void fork_unlock_leaves() {
+  for (auto it = hooks().locks.rbegin(); it != hooks().locks.rend(); ++it) it->second();
 }
 
 }  // namespace tilejit::runtime

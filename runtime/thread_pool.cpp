@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/lazy_statics.h"
 #include "runtime/thread_limits.h"
 #include "tilejit/error.h"
 
@@ -198,6 +199,7 @@ std::atomic<int>& thread_count() {
   }()};
   return n;
 }
+const bool g_count_fork_hook = on_fork_complete([] { (void)thread_count(); });
 
 // The pool is reached through a pointer so that a child of fork(), which has
 // none of the parent's worker threads, can start over with a fresh pool (the

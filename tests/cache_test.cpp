@@ -27,6 +27,7 @@
 
 #include "codegen/gemm_plan.h"
 #include "jit/kernel_cache.h"
+#include "runtime/lazy_statics.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 
@@ -547,6 +548,42 @@ TEST_F(KernelCacheTest, ForkDuringACompileDoesNotHangTheChild) {
     EXPECT_EQ(WEXITSTATUS(status), 0);
   }
   EXPECT_EQ(cache.get(key, "x", [] { return return_const(9); }).entry<int (*)()>()(), 1);
+}
+
+// The fork handler runs what files register next to their statics and locks
+// (runtime/lazy_statics.h): a leaf mutex another thread holds at the fork is
+// waited for and comes unlocked into the child; a registered make has run.
+std::mutex g_test_leaf;
+std::atomic<int> g_test_makes{0};
+const bool g_test_fork_hooks =
+    runtime::on_fork_complete([] { g_test_makes.fetch_add(1); }) &&
+    runtime::on_fork_lock([] { g_test_leaf.lock(); }, [] { g_test_leaf.unlock(); });
+
+TEST_F(KernelCacheTest, ForkWhileARegisteredLockIsHeldGivesTheChildItUnlocked) {
+  if (kUnderTsan) GTEST_SKIP() << "a fork of a threaded process: outside ThreadSanitizer's model";
+  runtime::mark_library_used();
+  std::atomic<bool> held{false};
+  std::thread holder([&] {
+    std::lock_guard<std::mutex> lk(g_test_leaf);
+    held = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  while (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int makes_before = g_test_makes.load();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(20);
+    if (!g_test_leaf.try_lock()) ::_exit(3);
+    ::_exit(g_test_makes.load() > makes_before ? 0 : 4);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  holder.join();
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the lock came locked into the child; 4: no make ran";
+  EXPECT_TRUE(g_test_leaf.try_lock()) << "the parent's copy stayed locked";
+  g_test_leaf.unlock();
 }
 
 // A non-tilejit exception from emit keeps its type.
