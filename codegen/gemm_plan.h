@@ -10,6 +10,7 @@
 
 #include "codegen/brgemm_desc.h"
 #include "codegen/packed_layout.h"
+#include "runtime/scratch_limits.h"
 
 namespace tilejit::codegen {
 
@@ -113,8 +114,8 @@ struct GemmPlan {
     int64_t k_passes = 1;
     int64_t ld_partial = 0;
     // A slice's scratch (packed A for AMX, partial sums) is at most this, so a
-    // huge M costs no huge allocation.
-    static constexpr int64_t kScratchBytes = int64_t{64} << 20;
+    // huge M costs no huge allocation and the buffer is kept between calls.
+    static constexpr int64_t kScratchBytes = runtime::kScratchKeepBytes;
 
     int64_t slices() const { return (m + slice_rows - 1) / slice_rows; }
     // Row chunks of a slice of `rows` rows; a pass runs row_chunks · n_blocks tasks.

@@ -38,6 +38,7 @@
 #include "runtime/isa.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
+#include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
@@ -453,10 +454,10 @@ void run_w4a8(const TensorView& x, const PackedWeight::Impl& p, const TensorView
                  isa_name(path), p.layout_name.c_str(), kern.name().c_str(),
                  static_cast<long long>(k_quad), kern.identity() ? "" : ", gathered");
 
-  // Slices of M whose u8 copy (and gathered bf16 copy) stay below 64 MiB.
+  // Slices of M whose u8 copy (and gathered bf16 copy) stay within the kept scratch.
   const int64_t row_bytes = ldq + (kern.identity() ? 0 : 2 * k_quad);
   const int64_t slice_rows =
-      std::max(task_rows, (int64_t{64} << 20) / row_bytes / task_rows * task_rows);
+      std::max(task_rows, runtime::kScratchKeepBytes / row_bytes / task_rows * task_rows);
   std::vector<float> a_scale;
   std::vector<int32_t> a_zero;
   const int64_t y_elem = y.dtype == DType::f32 ? 4 : 2;

@@ -37,6 +37,7 @@
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/reference_quant.h"
+#include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
@@ -384,17 +385,14 @@ struct Scratch {
   std::vector<int32_t> z_up, z_down;  // and zero points
   std::vector<float> b13;             // permuted biases of the active experts
 
-  // What a call leaves behind: past 64 MiB (one large prefill: T 8192, k 8,
-  // H 4096 gathers 512 MiB) the buffers are freed, so that one big call does
-  // not pin its peak for the life of the calling thread; decode-sized calls
-  // keep theirs and allocate nothing.
+  // What a call leaves behind: past runtime::kScratchKeepBytes (one large
+  // prefill: T 8192, k 8, H 4096 gathers 512 MiB) the buffers are freed.
   void trim() {
-    constexpr size_t kKeepBytes = size_t(64) << 20;
     auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
     const size_t held = bytes(row_token) + bytes(row_weight) + bytes(a) + bytes(a_g) + bytes(act) +
                         bytes(act_g) + bytes(q_up) + bytes(q_down) + bytes(s_up) + bytes(s_down) +
                         bytes(z_up) + bytes(z_down) + bytes(b13);
-    if (held > kKeepBytes) *this = Scratch{};
+    if (!runtime::scratch_kept(held)) *this = Scratch{};
   }
 };
 
@@ -726,7 +724,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     }
     for (int64_t t = 0; t < T; ++t)
       store_row(acc.data() + t * width, out, t, nb0 * 64, std::min(width, H - nb0 * 64));
-    if (acc.capacity() * sizeof(float) > (size_t(64) << 20)) acc = {};  // as Scratch::trim
+    if (!runtime::scratch_kept(acc.capacity() * sizeof(float))) acc = {};
   });
 }
 
