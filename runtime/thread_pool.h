@@ -1,5 +1,8 @@
-// A small persistent thread pool: parallel_for over task indices with dynamic
-// claiming (the machine is shared and noisy, so static splits straggle).
+// A small persistent thread pool: parallel_for over task indices, each
+// participant running its own contiguous range first (the same thread gets
+// the same indices call after call: cache affinity) and then taking what is
+// left of the others' (the machine is shared and noisy, so static splits
+// straggle).
 #pragma once
 
 #include <cstdint>
