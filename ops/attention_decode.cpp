@@ -17,6 +17,7 @@
 #include "ops/attention_fp8.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/isa.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/thread_pool.h"
@@ -65,6 +66,14 @@ codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int6
 bool decode_attention_llvm_kernel(Isa isa, int64_t g) {
   return isa != Isa::scalar && jit::family_built(jit::Family::decode_attention) &&
          g <= codegen::llvm_backend::DecodeAttentionDesc::kMaxG;
+}
+
+std::string attention_engine_plan(Isa isa, int64_t rows, int64_t key_block, int64_t tasks,
+                                  int64_t splits) {
+  return fmt::format(
+      "plan=attention_engine kernels=brgemm_{} glue={} rows={} key_block={} tasks={} splits={}",
+      isa_name(isa), jit::family_built(jit::Family::softmax_step) ? "llvm" : "c++", rows, key_block,
+      tasks, splits);
 }
 
 }  // namespace ops
@@ -130,21 +139,47 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     // A tuning database entry for this shape class sets the split count (the
     // task split only: the same kernels run, the partials merge as always)
     // and the LLVM kernel's prefetch distance (no arithmetic changes).
-    std::optional<int64_t> tuned_splits, tuned_prefetch;
+    const int64_t longest = *std::max_element(lens.begin(), lens.end());
+    const jit::TunedEntry* tuned = nullptr;
     if (isa != Isa::scalar && jit::tuning_db_active())
-      if (const jit::TunedEntry* e = jit::find_tuned(
-              "decode_attention",
-              jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
-                                      kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
-                                      *std::max_element(lens.begin(), lens.end())))) {
-        tuned_splits = e->knob("splits");
-        tuned_prefetch = e->knob("prefetch_chunks");
-      }
+      tuned = jit::find_tuned(
+          "decode_attention",
+          jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
+                                  kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch, longest));
+    const std::optional<int64_t> tuned_splits = tuned ? tuned->knob("splits") : std::nullopt;
+
+    // The LLVM kernel's tasks are sequences (all heads at once); the engine's
+    // are (sequence, kv head, block of <= 64 heads of the group).
+    namespace lb = codegen::llvm_backend;
+    std::optional<lb::DecodeAttentionDesc> desc;
+    if (llvm_kernel) {
+      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr,
+                                        kvs.fp8 ? DType::f8e4m3 : DType::bf16);
+      if (tuned)
+        if (const auto pf = tuned->knob("prefetch_chunks")) desc->prefetch_chunks = *pf;
+    }
+    const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
+    const int64_t base_tasks = llvm_kernel ? batch : batch * hkv * row_blocks;
+    const int64_t splits =
+        isa == Isa::scalar ? 1 : tuned_splits.value_or(split_count(base_tasks, lens));
     // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
     // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
-    attn::Bf16CacheCopy copy;
-    if (kvs.fp8 && !llvm_kernel) copy = attn::dequantize_cache(k_cache, v_cache, block_table, lens);
     const bool copied = kvs.fp8 && !llvm_kernel;
+    ops::log_call(op, isa, [&] {
+      std::string runs =
+          isa == Isa::scalar ? "plan=reference"
+          : desc ? fmt::format("kernel={} tasks={} splits={}", desc->name(), base_tasks, splits)
+                 : ops::attention_engine_plan(isa, std::min(attn::kRowsPerBlock, g), p.key_block,
+                                              base_tasks, splits);
+      if (copied) runs += " copy=bf16";
+      if (tuned) runs += " tuned=" + tuned->id();
+      return ops::CallLine{
+          fmt::format("B={} Hq={} Hkv={} D={} Dv={} bs={} max_len={} cache={}", batch, hq, hkv, d,
+                      dv, bs, longest, dtype_name(k_cache.dtype)),
+          std::move(runs)};
+    });
+    attn::Bf16CacheCopy copy;
+    if (copied) copy = attn::dequantize_cache(k_cache, v_cache, block_table, lens);
     const TensorView& kc = copied ? copy.k_cache : k_cache;
     const TensorView& vc = copied ? copy.v_cache : v_cache;
     const TensorView& bt = copied ? copy.block_table : block_table;
@@ -190,13 +225,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       // The LLVM kernel: tasks are sequences × splits, all heads at once, so
       // each 16-key chunk reads whole cache rows (every head) instead of
       // 256-byte pieces of them.
-      namespace lb = codegen::llvm_backend;
-      lb::DecodeAttentionDesc desc = ops::decode_attention_desc(
-          d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.fp8 ? DType::f8e4m3 : DType::bf16);
-      if (tuned_prefetch) desc.prefetch_chunks = *tuned_prefetch;
-      const auto fn = jit::get(desc).entry<lb::DecodeAttentionFn>();
-      const int64_t base_tasks = batch;
-      const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
+      const auto fn = jit::get(*desc).entry<lb::DecodeAttentionFn>();
       auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                          std::vector<uint16_t*>& orows) {
         const int64_t b = task;
@@ -301,9 +330,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     runtime::log_fallback_once(logged,
                                "decode_attention: no LLVM decode kernel in this build: the brgemm "
                                "attention engine");
-    const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
-    const int64_t base_tasks = batch * hkv * row_blocks;
-    const int64_t splits = tuned_splits.value_or(split_count(base_tasks, lens));
 
     auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                        std::vector<uint16_t*>& orows) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "codegen/llvm/llvm_decode_attention.h"
 
@@ -23,5 +24,14 @@ codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int6
 // kernel's kMaxG; otherwise the attention engine's decode (an fp8 cache
 // through an exact bf16 copy of the blocks it reads).
 bool decode_attention_llvm_kernel(Isa isa, int64_t g);
+
+// What the attention engine runs for one call on path `isa` (prefill,
+// extend, and decode without its LLVM kernel), as the TILEJIT_VERBOSE line
+// names it: "plan=attention_engine kernels=brgemm_<isa> glue=<llvm|c++>
+// rows=R key_block=KB tasks=N splits=S": its brgemm micro-kernels, its
+// softmax glue (LLVM kernels, or C++ in a build without LLVM), query rows per
+// task, keys per online-softmax step, tasks and key-range splits per task.
+std::string attention_engine_plan(Isa isa, int64_t rows, int64_t key_block, int64_t tasks,
+                                  int64_t splits);
 
 }  // namespace tilejit::ops

@@ -17,10 +17,12 @@
 
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_fp8.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 
@@ -143,6 +145,58 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t g = hq / hkv;
     const auto* qd = static_cast<const uint16_t*>(q.data);
     auto* od = static_cast<uint16_t*>(out.data);
+
+    // The plan, chosen before any work: the path, and on a JIT path the
+    // engine's blocking, tasks and split count.
+    const Isa isa = runtime::active_isa();
+    int64_t longest = 0, longest_new = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      if (qo[b + 1] > qo[b])
+        longest = std::max(longest, prefix[b] + qo[b + 1] - qo[b]),
+        longest_new = std::max(longest_new, qo[b + 1] - qo[b]);
+    const int64_t threads = runtime::num_threads();
+    // A tuning database entry for this shape class sets the blocking (as in
+    // prefill) and the split count. Not under `deterministic`: an entry is per
+    // thread count, and the key block and splits change the order of the sums.
+    attn::Blocking blocking;
+    const jit::TunedEntry* tuned = nullptr;
+    if (isa != Isa::scalar && !ext.deterministic && jit::tuning_db_active())
+      tuned =
+          jit::find_tuned("extend_attention",
+                          jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv,
+                                                  bs, kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
+                                                  longest_new, longest));
+    if (tuned) {
+      blocking.rows = tuned->knob("rows").value_or(blocking.rows);
+      blocking.key_block = tuned->knob("key_block").value_or(blocking.key_block);
+    }
+    p.key_block = blocking.key_block;
+    const int64_t block_rows = blocking.rows;
+
+    using Task = attn::RowBlock;
+    const std::vector<Task> tasks =
+        isa == Isa::scalar ? std::vector<Task>{} : attn::row_blocks(qo, g, hkv, block_rows);
+    const int64_t ntasks = static_cast<int64_t>(tasks.size());
+    int64_t splits = 1;
+    if (const auto tuned_splits = tuned ? tuned->knob("splits") : std::nullopt)
+      splits = *tuned_splits;
+    else if (isa != Isa::scalar && !ext.deterministic)
+      splits = attn::default_splits(ntasks, threads, longest);
+    ops::log_call(op, isa, [&] {
+      std::string runs = isa == Isa::scalar ? "plan=reference"
+                                            : ops::attention_engine_plan(
+                                                  isa, block_rows, p.key_block, ntasks, splits);
+      if (kvs.fp8) runs += " copy=bf16";  // the engine reads bf16 rows: attention_fp8.h
+      if (tuned) runs += " tuned=" + tuned->id();
+      return ops::CallLine{
+          fmt::format("T={} B={} Hq={} Hkv={} D={} Dv={} bs={} max_new={} max_keys={} cache={} "
+                      "new_kv={} mask={}{}",
+                      tokens, batch, hq, hkv, d, dv, bs, longest_new, longest,
+                      dtype_name(k_cache.dtype), in_cache ? "cache" : "k_new",
+                      mask ? "tree" : "causal", ext.deterministic ? " deterministic" : ""),
+          std::move(runs)};
+    });
+
     // An fp8 cache: the blocks the call reads converted exactly to bf16
     // (attention_fp8.h). The cached keys' K scale is folded into the score
     // scale of the engine's cached-key pass (pc[h]); their V scale multiplies
@@ -153,7 +207,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const TensorView& kc_view = kvs.fp8 ? copy.k_cache : k_cache;
     const TensorView& vc_view = kvs.fp8 ? copy.v_cache : v_cache;
     const TensorView& bt = kvs.fp8 ? copy.block_table : block_table;
-    std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);
+    std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);  // p's key block too
     for (int64_t h = 0; h < hkv; ++h) pc[h].scale = p.scale * kvs.k[h];
     auto cache_source = [&](bool is_v, int64_t b, int64_t h) {
       return attn::paged_rows(is_v ? vc_view : kc_view, bt, b, h);
@@ -196,7 +250,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       });
     };
 
-    const Isa isa = runtime::active_isa();
     if (isa == Isa::scalar) {
       runtime::parallel_for(tokens * hq, [&](int64_t t) {
         const int64_t tok = t / hq, head = t % hq;
@@ -217,39 +270,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       return;
     }
 
-    int64_t longest = 0, longest_new = 0;
-    for (int64_t b = 0; b < batch; ++b)
-      if (qo[b + 1] > qo[b])
-        longest = std::max(longest, keys_of(b)),
-        longest_new = std::max(longest_new, qo[b + 1] - qo[b]);
-    const int64_t threads = runtime::num_threads();
-    // A tuning database entry for this shape class sets the blocking (as in
-    // prefill) and the split count. Not under `deterministic`: an entry is per
-    // thread count, and the key block and splits change the order of the sums.
-    attn::Blocking blocking;
-    std::optional<int64_t> tuned_splits;
-    if (!ext.deterministic && jit::tuning_db_active())
-      if (const jit::TunedEntry* e = jit::find_tuned(
-              "extend_attention",
-              jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv, bs,
-                                      kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch, longest_new,
-                                      longest))) {
-        blocking.rows = e->knob("rows").value_or(blocking.rows);
-        blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
-        tuned_splits = e->knob("splits");
-      }
-    p.key_block = blocking.key_block;
-    for (attn::Params& ph : pc) ph.key_block = blocking.key_block;
-    const int64_t block_rows = blocking.rows;
-
-    using Task = attn::RowBlock;
-    const std::vector<Task> tasks = attn::row_blocks(qo, g, hkv, block_rows);
-    const int64_t ntasks = static_cast<int64_t>(tasks.size());
-    int64_t splits = 1;
-    if (tuned_splits)
-      splits = *tuned_splits;
-    else if (!ext.deterministic)
-      splits = attn::default_splits(ntasks, threads, longest);
     const int64_t dv_padded = (dv + 63) / 64 * 64;
 
     auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,

@@ -9,9 +9,11 @@
 
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_scalar.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
@@ -95,7 +97,19 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     };
 
     const Isa isa = runtime::active_isa();
+    // The TILEJIT_VERBOSE line: these shapes, then what runs.
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, ck[b + 1] - ck[b]);
+    auto log_call = [&](auto&& runs) {
+      ops::log_call(op, isa, [&] {
+        return ops::CallLine{
+            fmt::format("Tq={} Tk={} B={} Hq={} Hkv={} D={} Dv={} max_keys={} causal={}", tq, tk,
+                        batch, hq, hkv, d, dv, longest, opt.causal ? 1 : 0),
+            runs()};
+      });
+    };
     if (isa == Isa::scalar) {
+      log_call([] { return std::string("plan=reference"); });
       runtime::parallel_for(batch * hq, [&](int64_t t) {
         const int64_t b = t / hq, h = t % hq;
         const auto [ks, vs] = sources(b, h / g);
@@ -110,21 +124,26 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     // task (the task split only: each row's arithmetic is the same) and the
     // key block (the online softmax's steps: sums in another order).
     attn::Blocking blocking;
-    if (jit::tuning_db_active()) {
-      int64_t longest = 0;
-      for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, ck[b + 1] - ck[b]);
-      if (const jit::TunedEntry* e = jit::find_tuned(
-              "prefill_attention", jit::prefill_shape_class(isa, runtime::num_threads(), d, dv, hq,
-                                                            hkv, opt.causal, batch, longest))) {
-        blocking.rows = e->knob("rows").value_or(blocking.rows);
-        blocking.key_block = e->knob("key_block").value_or(blocking.key_block);
-      }
+    const jit::TunedEntry* tuned = nullptr;
+    if (jit::tuning_db_active())
+      tuned = jit::find_tuned("prefill_attention",
+                              jit::prefill_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv,
+                                                       opt.causal, batch, longest));
+    if (tuned) {
+      blocking.rows = tuned->knob("rows").value_or(blocking.rows);
+      blocking.key_block = tuned->knob("key_block").value_or(blocking.key_block);
     }
     p.key_block = blocking.key_block;
     const int64_t block_rows = blocking.rows;
 
     using Task = attn::RowBlock;
     std::vector<Task> tasks = attn::row_blocks(cq, g, hkv, block_rows);
+    // Every task sees all its keys: no split-KV in prefill.
+    log_call([&] {
+      return ops::attention_engine_plan(isa, block_rows, p.key_block,
+                                        static_cast<int64_t>(tasks.size()), 1) +
+             (tuned ? " tuned=" + tuned->id() : "");
+    });
     // Longer sequences first (they cost the most); within a sequence, one kv
     // head after the other, so a thread's consecutive tasks reuse that head's K
     // and Vᵀ from its L2 (interleaving the heads sent every K/V read to L3:

@@ -9,6 +9,7 @@
 #include "jit/registry.h"
 #include "ops/rope_desc.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/reference_rope.h"
@@ -191,6 +192,17 @@ void store(const TensorView& x, int64_t at, double v) {
     static_cast<uint16_t*>(x.data)[at] = runtime::f32_to_bf16(static_cast<float>(v));
 }
 
+// The TILEJIT_VERBOSE line of a call on `path` that runs `runs` (a callable:
+// the kernel or plan).
+template <class Runs>
+void log_rope(const RopeCall& c, Isa path, Runs&& runs) {
+  ops::log_call(kOp, path, [&] {
+    return ops::CallLine{fmt::format("T={} Hq={} Hk={} D={} dtype={}", c.t, c.desc.hq, c.desc.hk,
+                                     c.desc.d, dtype_name(c.desc.dtype)),
+                         runs()};
+  });
+}
+
 // The scalar path: the reference, one head row at a time.
 void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
                  const TensorView& positions, const TensorView& cache) {
@@ -219,15 +231,18 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
 }
 
 // Called only in a build with LLVM (the kernels are LLVM's).
-void rope_jit(const RopeCall& c, const TensorView& q, const TensorView* k,
+void rope_jit(const RopeCall& c, Isa path, const TensorView& q, const TensorView* k,
               const TensorView& positions, const TensorView& cache) {
   namespace lb = codegen::llvm_backend;
   const auto fn = jit::get(c.desc).entry<lb::RopeFn>();
   const int64_t qb = dtype_bits(q.dtype) / 8, pb = dtype_bits(positions.dtype) / 8;
   // A few chunks per thread: the machine is shared, dynamic claiming evens out.
   const int64_t tasks = std::min<int64_t>(c.t, 4 * runtime::num_threads());
-  const int64_t chunk = (c.t + tasks - 1) / tasks;
-  runtime::parallel_for((c.t + chunk - 1) / chunk, [&](int64_t i) {
+  const int64_t chunk = (c.t + tasks - 1) / tasks, chunks = (c.t + chunk - 1) / chunk;
+  log_rope(c, path, [&] {
+    return fmt::format("kernel={} tasks={} chunk={}", c.desc.name(), chunks, chunk);
+  });
+  runtime::parallel_for(chunks, [&](int64_t i) {
     const int64_t t0 = i * chunk;
     lb::RopeArgs a{};
     a.q = static_cast<char*>(q.data) + t0 * q.strides[0] * qb;
@@ -253,11 +268,14 @@ void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
   runtime::api_guard("rope", [&] {
     const RopeCall c = check(q, k, positions, cos_sin_cache, opt);
     if (c.t == 0) return;
-    if (runtime::active_isa() != Isa::scalar) {
-      if (jit::family_built(jit::Family::rope)) return rope_jit(c, q, k, positions, cos_sin_cache);
+    const Isa path = runtime::active_isa();
+    if (path != Isa::scalar) {
+      if (jit::family_built(jit::Family::rope))
+        return rope_jit(c, path, q, k, positions, cos_sin_cache);
       static std::once_flag logged;
       runtime::log_fallback_once(logged, "rope: no RoPE kernel in this build (no LLVM): reference");
     }
+    log_rope(c, path, [] { return std::string("plan=reference"); });
     rope_scalar(c, q, k, positions, cos_sin_cache);
   });
 }

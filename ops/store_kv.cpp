@@ -13,7 +13,9 @@
 
 #include "ops/attention_checks.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/bf16.h"
+#include "runtime/isa.h"
 #include "runtime/quant_formats.h"
 #include "runtime/thread_pool.h"
 
@@ -130,6 +132,13 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     // pointer of an empty view): no address is formed from it.
     auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
     const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
+    // No kernel on any path: C++ row copies (bf16) or conversions (f8e4m3).
+    ops::log_call(op, runtime::active_isa(), [&] {
+      return ops::CallLine{
+          fmt::format("T={} Hkv={} D={} Dv={} bs={} cache={}{}", t, hkv, k.shape[2], v.shape[2],
+                      k_cache.shape[1], dtype_name(k_cache.dtype), mla ? " mla" : ""),
+          kvs.fp8 ? "plan=c++_to_e4m3" : "plan=c++_copy"};
+    });
     runtime::parallel_for(t, [&](int64_t i) {
       if (slots[i] < 0) return;
       if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);
