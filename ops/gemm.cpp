@@ -20,6 +20,7 @@
 #include "ops/packed_weight_impl.h"
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/isa.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/reference_gemm.h"
@@ -291,7 +292,12 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
     const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
     const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
     const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
-    if (isa == Isa::scalar) return run_scalar(x, w, y, opt);
+    if (isa == Isa::scalar) {
+      ops::log_call("gemm", isa, [&] {
+        return ops::CallLine{fmt::format("M={} N={} K={}", M, N, K), "plan=reference"};
+      });
+      return run_scalar(x, w, y, opt);
+    }
 
     ops::GemmExecutable& exe = ops::gemm_executable(spec, isa, tuned);
     if (runtime::verbose_level() > 0)

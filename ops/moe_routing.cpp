@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "ops/tensor_checks.h"
+#include "ops/verbose_log.h"
 #include "runtime/bf16.h"
+#include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 
 #include "runtime/api_guard.h"
@@ -225,11 +227,19 @@ void write_row(const TensorView& weights, const TensorView& ids, int64_t t, int6
   }
 }
 
+// TILEJIT_VERBOSE's line: routing runs no JIT kernel on any path.
+void log_routing(const char* op, const RoutingCall& c) {
+  ops::log_call(op, runtime::active_isa(), [&] {
+    return ops::CallLine{fmt::format("T={} E={} k={}", c.t, c.e, c.k), "plan=c++"};
+  });
+}
+
 // Plain top-k: both scores are monotone in the logit, so the selection runs on
 // the logits themselves (exact ties, no rounding of exp can merge two experts).
 void plain_topk(const char* op, bool use_softmax, const TensorView& logits,
                 const TensorView& weights, const TensorView& ids, bool renormalize) {
   const RoutingCall c = check_routing(op, logits, weights, ids);
+  log_routing(op, c);
   const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;
   runtime::parallel_for(tasks, [&](int64_t task) {
     std::vector<double> row(c.e);
@@ -269,6 +279,7 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
   runtime::api_guard("grouped_topk", [&] {
     constexpr const char* op = "grouped_topk";
     const RoutingCall c = check_routing(op, logits, topk_weights, topk_ids);
+    log_routing(op, c);
     const int64_t groups = opt.num_expert_group;
     if (groups < 1 || c.e % groups != 0)
       throw Error(

@@ -200,5 +200,40 @@ TEST_F(VerboseLog, StoreKv) {
   }
 }
 
+// gemm names its plan on the JIT paths and "reference" on scalar (it printed
+// nothing there); the routing ops run C++ on every path.
+TEST_F(VerboseLog, GemmAndRouting) {
+  const int64_t m = 4, n = 16, k = 32;  // >= 3 rows: amx runs its own tiles (fewer: avx512)
+  const auto w = random_bf16(static_cast<size_t>(n * k), 11);
+  const auto x = random_bf16(static_cast<size_t>(m * k), 12);
+  std::vector<uint16_t> y(static_cast<size_t>(m * n));
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {n, k}));
+  const std::string g = one_line("gemm", [&] {
+    gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::bf16, {m, n}));
+  });
+  EXPECT_NE(g.find(scalar() ? " plan=reference" : " plan=gemm_"), std::string::npos) << g;
+
+  const int64_t t = 3, e = 8, topk = 2;
+  std::vector<float> logits(static_cast<size_t>(t * e));
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 5) - 2.0f;
+  std::vector<float> wts(static_cast<size_t>(t * topk));
+  std::vector<int32_t> ids(static_cast<size_t>(t * topk));
+  const TensorView lv(logits.data(), DType::f32, {t, e});
+  const TensorView wv(wts.data(), DType::f32, {t, topk}), iv(ids.data(), DType::i32, {t, topk});
+  for (const char* op : {"topk_softmax", "topk_sigmoid", "grouped_topk"}) {
+    SCOPED_TRACE(op);
+    const std::string line = one_line(op, [&] {
+      if (std::string(op) == "topk_softmax")
+        topk_softmax(lv, wv, iv, true);
+      else if (std::string(op) == "topk_sigmoid")
+        topk_sigmoid(lv, wv, iv, true);
+      else
+        grouped_topk(lv, wv, iv, GroupedTopkOptions{.num_expert_group = 2, .topk_group = 1});
+    });
+    EXPECT_NE(line.find("T=3 E=8 k=2"), std::string::npos) << line;
+    EXPECT_NE(line.find(" plan=c++"), std::string::npos) << line;
+  }
+}
+
 }  // namespace
 }  // namespace tilejit::test
