@@ -16,6 +16,7 @@
 #include "ops/verbose_log.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/isa.h"
+#include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
 
 #include "runtime/api_guard.h"
@@ -164,7 +165,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     //    of Hkv·D·2 (one 4 KiB page per two keys at Hkv = 8, D = 128, so each key
     //    block of K missed the L1 TLB 64 times): +2-3% for one copy of K.
     // Both live in one buffer (huge pages when ≥ 2 MiB) kept per calling thread
-    // and reused across calls, unless it grew past 64 MiB.
+    // and reused across calls, unless it grew past runtime::kScratchKeepBytes.
     // Only for a (sequence, kv head) whose rows take more than one task: the
     // copies pay off by being read again. A short sequence's single task reads
     // K and V in place (Vᵀ padded to a whole key block plus one is 64 KiB at
@@ -239,7 +240,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
       const attn::RowSource ks{vt.base + dv * ldv, d};
       attn::attend_finish(isa, p, qr, ks, vs, nk, &vt, orows);
     });
-    if (prep.bytes > (size_t(64) << 20)) prep.buf.reset(), prep.bytes = 0;
+    if (!runtime::scratch_kept(prep.bytes)) prep.buf.reset(), prep.bytes = 0;
   });
 }
 
