@@ -16,6 +16,7 @@
 #include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
+#include "jit/tuning_db.h"
 #include "ops/attention_scalar.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/bf16.h"
@@ -845,6 +846,15 @@ void finish(const Params& p, const std::vector<QueryRow>& rows, const Partial& s
     const float* o = st.o.data() + static_cast<int64_t>(r) * st.ldo;
     for (int64_t c = 0; c < p.dv; ++c) out[c] = runtime::f32_to_bf16(o[c] * f);
   }
+}
+
+Blocking tuned_blocking(const jit::TunedEntry* tuned) {
+  Blocking b;
+  if (tuned) {
+    b.rows = tuned->knob("rows").value_or(b.rows);
+    b.key_block = tuned->knob("key_block").value_or(b.key_block);
+  }
+  return b;
 }
 
 }  // namespace tilejit::ops::attn

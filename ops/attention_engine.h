@@ -22,12 +22,19 @@
 #include "codegen/attention_blocking.h"
 #include "tilejit/tilejit.h"
 
+namespace tilejit::jit {
+struct TunedEntry;
+}
+
 namespace tilejit::ops::attn {
 
 // Query rows per block at most (one packed B block): the row stride of the
 // engine's transposed state. A task may take fewer (Blocking::rows).
 inline constexpr int64_t kRowsPerBlock = codegen::AttentionBlocking::kRowsMax;
 using Blocking = codegen::AttentionBlocking;
+// The blocking of prefill and extend: a tuning database entry's rows /
+// key_block knobs (docs/tuning.md) where it sets them, else the defaults.
+Blocking tuned_blocking(const jit::TunedEntry* tuned);
 inline constexpr int64_t kMaxHeadDim = Limits::max_head_dim;
 
 // Where key (or value) row j of one kv head lives: a dense tensor, or a paged

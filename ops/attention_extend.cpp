@@ -158,7 +158,6 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     // A tuning database entry for this shape class sets the blocking (as in
     // prefill) and the split count. Not under `deterministic`: an entry is per
     // thread count, and the key block and splits change the order of the sums.
-    attn::Blocking blocking;
     const jit::TunedEntry* tuned = nullptr;
     if (isa != Isa::scalar && !ext.deterministic && jit::tuning_db_active())
       tuned =
@@ -166,10 +165,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
                           jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv,
                                                   bs, kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
                                                   longest_new, longest));
-    if (tuned) {
-      blocking.rows = tuned->knob("rows").value_or(blocking.rows);
-      blocking.key_block = tuned->knob("key_block").value_or(blocking.key_block);
-    }
+    const attn::Blocking blocking = attn::tuned_blocking(tuned);
     p.key_block = blocking.key_block;
     const int64_t block_rows = blocking.rows;
 

@@ -124,16 +124,12 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
     // A tuning database entry for this shape class sets the blocking: rows per
     // task (the task split only: each row's arithmetic is the same) and the
     // key block (the online softmax's steps: sums in another order).
-    attn::Blocking blocking;
     const jit::TunedEntry* tuned = nullptr;
     if (jit::tuning_db_active())
       tuned = jit::find_tuned("prefill_attention",
                               jit::prefill_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv,
                                                        opt.causal, batch, longest));
-    if (tuned) {
-      blocking.rows = tuned->knob("rows").value_or(blocking.rows);
-      blocking.key_block = tuned->knob("key_block").value_or(blocking.key_block);
-    }
+    const attn::Blocking blocking = attn::tuned_blocking(tuned);
     p.key_block = blocking.key_block;
     const int64_t block_rows = blocking.rows;
 
