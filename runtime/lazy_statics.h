@@ -33,9 +33,9 @@ inline bool library_used() {
   return g_library_used.load(std::memory_order_relaxed);
 }
 
-// An Error thrown by `make` (a bad TILEJIT_* value: the static stays unmade
-// and the next access retries) is the calls' to raise, not the fork's: it is
-// swallowed. Both return true (for the initializer).
+// An exception thrown by `make` (an Error for a bad TILEJIT_* value: the
+// static stays unmade and the next access retries) is the calls' to raise,
+// not the fork's: it is swallowed. Both return true (for the initializer).
 bool on_fork_complete(void (*make)());
 bool on_fork_lock(void (*lock)(), void (*unlock)());
 
