@@ -52,6 +52,30 @@ StorageAs cache_storage(StorageAs as) {
   return as;
 }
 
+// What decode and extend take alike: the options and kv scales, then q and
+// the two caches, converted in that order (the first bad argument is the one
+// an Error names).
+struct PagedCall {
+  StorageAs as;
+  AttentionArgs a;
+  std::optional<DlpackTensor> q, k_cache, v_cache;
+
+  PagedCall(const py::handle& q_obj, const py::handle& k_cache_obj, const py::handle& v_cache_obj,
+            bool causal, const py::handle& sm_scale, const py::handle& window_left,
+            const py::handle& window_right, float softcap, const py::handle& sinks,
+            const py::handle& alibi_slopes, float k_scale, float v_scale,
+            const py::handle& k_head_scales, const py::handle& v_head_scales,
+            const py::handle& dtype)
+      : as{parse_dtype_override(dtype)} {
+    attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
+                   as);
+    scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+    q.emplace(q_obj, "q", as);
+    k_cache.emplace(k_cache_obj, "k_cache", cache_storage(as));
+    v_cache.emplace(v_cache_obj, "v_cache", cache_storage(as));
+  }
+};
+
 }  // namespace
 
 void bind_attention(py::module_& m) {
@@ -79,16 +103,13 @@ void bind_attention(py::module_& m) {
                                const py::handle& sinks, const py::handle& alibi_slopes,
                                float k_scale, float v_scale, const py::handle& k_head_scales,
                                const py::handle& v_head_scales, const py::handle& dtype) {
-    const StorageAs as{parse_dtype_override(dtype)};
-    AttentionArgs a;
-    attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
-                   as);
-    scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
-    DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
-        tvc(v_cache, "v_cache", cache_storage(as)), tbt(block_table, "block_table", as),
-        tsl(seq_lens, "seq_lens", as), to(out, "out", as);
+    const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right, softcap,
+                      sinks, alibi_slopes, k_scale, v_scale, k_head_scales, v_head_scales, dtype);
+    DlpackTensor tbt(block_table, "block_table", c.as), tsl(seq_lens, "seq_lens", c.as),
+        to(out, "out", c.as);
     GilRelease release;
-    decode_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tbt.view(), tsl.view(), a.opt);
+    decode_attention(c.q->view(), c.k_cache->view(), c.v_cache->view(), to.view(), tbt.view(),
+                     tsl.view(), c.a.opt);
   });
 
   m.def(
@@ -101,15 +122,12 @@ void bind_attention(py::module_& m) {
          const py::handle& k_head_scales, const py::handle& v_head_scales, const py::handle& k_new,
          const py::handle& v_new, const py::handle& tree_mask, bool deterministic,
          const py::handle& dtype) {
-        const StorageAs as{parse_dtype_override(dtype)};
-        AttentionArgs a;
-        attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
-                       as);
-        scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
-        DlpackTensor tq(q, "q", as), tkc(k_cache, "k_cache", cache_storage(as)),
-            tvc(v_cache, "v_cache", cache_storage(as)), tqo(qo_indptr, "qo_indptr", as),
-            tbt(block_table, "block_table", as), tpl(prefix_lens, "prefix_lens", as),
-            to(out, "out", as);
+        const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right, softcap,
+                          sinks, alibi_slopes, k_scale, v_scale, k_head_scales, v_head_scales,
+                          dtype);
+        const StorageAs as = c.as;
+        DlpackTensor tqo(qo_indptr, "qo_indptr", as), tbt(block_table, "block_table", as),
+            tpl(prefix_lens, "prefix_lens", as), to(out, "out", as);
         std::optional<DlpackTensor> tkn = optional_tensor(k_new, "k_new", as),
                                     tvn = optional_tensor(v_new, "v_new", as),
                                     ttm = optional_tensor(tree_mask, "tree_mask", as);
@@ -119,8 +137,8 @@ void bind_attention(py::module_& m) {
         ext.tree_mask = view_of(ttm);
         ext.deterministic = deterministic;
         GilRelease release;
-        extend_attention(tq.view(), tkc.view(), tvc.view(), to.view(), tqo.view(), tbt.view(),
-                         tpl.view(), a.opt, ext);
+        extend_attention(c.q->view(), c.k_cache->view(), c.v_cache->view(), to.view(), tqo.view(),
+                         tbt.view(), tpl.view(), c.a.opt, ext);
       });
 
   m.def("store_kv", [](const py::handle& k, const py::handle& v, const py::handle& k_cache,
