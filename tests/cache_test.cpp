@@ -44,22 +44,6 @@ extern "C" int __lsan_is_turned_off() {
 namespace tilejit::test {
 namespace {
 
-// Which sanitizer this binary is built with (GCC's macros, clang's features).
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kUnderTsan = true;
-#elif defined(__has_feature)
-constexpr bool kUnderTsan = __has_feature(thread_sanitizer);
-#else
-constexpr bool kUnderTsan = false;
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderAsan = true;
-#elif defined(__has_feature)
-constexpr bool kUnderAsan = __has_feature(address_sanitizer);
-#else
-constexpr bool kUnderAsan = false;
-#endif
-
 using ::testing::HasSubstr;
 
 constexpr int kThreads = 8;

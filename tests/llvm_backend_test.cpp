@@ -40,6 +40,10 @@
 #include <tuple>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "brgemm_test_util.h"
 #include "codegen/brgemm_desc.h"
 #include "codegen/llvm/llvm_brgemm.h"
@@ -47,6 +51,7 @@
 #include "codegen/llvm/llvm_jit.h"
 #include "codegen/xbyak/emitters.h"
 #include "ir/parser.h"
+#include "jit/kernel_cache.h"
 #include "runtime/bf16.h"
 #include "runtime/exec_memory.h"
 #include "runtime/quant_formats.h"
@@ -1099,6 +1104,80 @@ func @bias_silu(%x: tensor<?Mx4096xbf16>, %b: tensor<4096xf32>) -> (tensor<?Mx40
       "elementwise bias_silu 256x4096 bf16: compile %.1f ms (cpu %.1f ms), %.1f GB/s, %.2f "
       "Gelem/s\n",
       wall, cpu, best, best / 4);
+}
+
+// ===========================================================================
+// Memory exhaustion: LLVM cannot fail an allocation and go on (it aborts, or
+// unwinds through frames without cleanups), so a compile must not start
+// without room for it. In children with the address space limited to what
+// they use plus 0..96 MiB, the first MLA decode call (the largest LLVM
+// compile) either runs or is an Error "out of memory"; never a signal. The
+// same child then runs the call with the limit lifted, so the refused
+// attempt left nothing behind. Before the headroom check, 2 of 9 limits
+// between +24 and +40 MB ended in "LLVM ERROR: out of memory" (SIGABRT).
+int run_mla_decode_once() {
+  constexpr int64_t kHq = 16, kD = 576, kDv = 512, kBlock = 13, kBlocks = 4, kLen = 40;
+  const std::vector<uint16_t> q = random_bf16(kHq * kD, 1);
+  const std::vector<uint16_t> kv = random_bf16(kBlocks * kBlock * kD, 2);
+  std::vector<uint16_t> out(kHq * kDv, 0);
+  const std::vector<int32_t> table = {3, 1, 0, 2};
+  const std::vector<int32_t> lens = {kLen};
+  try {
+    decode_attention(TensorView(q.data(), DType::bf16, {1, kHq, kD}),
+                     TensorView(kv.data(), DType::bf16, {kBlocks, kBlock, 1, kD}),
+                     // MLA: V is the first Dv columns of K.
+                     TensorView(const_cast<uint16_t*>(kv.data()), DType::bf16,
+                                {kBlocks, kBlock, 1, kDv}, {kBlock * kD, kD, kD, 1}),
+                     TensorView(out.data(), DType::bf16, {1, kHq, kDv}),
+                     TensorView(table.data(), DType::i32, {1, kBlocks}),
+                     TensorView(lens.data(), DType::i32, {1}));
+  } catch (const Error& e) {
+    return std::string(e.what()).find("out of memory") != std::string::npos ? 2 : 3;
+  } catch (...) {
+    return 4;
+  }
+  for (uint16_t v : out)
+    if (!std::isfinite(bf16_to_f32(v))) return 5;
+  return 0;
+}
+
+TEST(LlvmOutOfMemory, ACompileWithoutRoomIsAnErrorNotAnAbort) {
+  if (kUnderAsan || kUnderTsan)
+    GTEST_SKIP() << "an address-space limit starves the sanitizer's own shadow and fake stacks";
+  std::set<int> outcomes;
+  for (int mib = 0; mib <= 96; mib += 8) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(120);
+      jit::KernelCache::global().set_disk_dir("");  // compile, never load
+      long pages = 0;
+      if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+        std::fclose(f);
+      }
+      rlimit lim{};
+      ::getrlimit(RLIMIT_AS, &lim);
+      const rlim_t hard = lim.rlim_max;
+      lim.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                     (static_cast<rlim_t>(mib) << 20);
+      if (pages == 0 || ::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(10);
+      const int limited = run_mla_decode_once();
+      lim.rlim_cur = hard;
+      if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(11);
+      const int lifted = run_mla_decode_once();
+      ::_exit(limited == 2 && lifted == 0 ? 2 : limited != 0 ? 20 + limited : lifted);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status))
+        << "+" << mib << " MiB: the child ended by signal " << WTERMSIG(status);
+    const int code = WEXITSTATUS(status);
+    EXPECT_TRUE(code == 0 || code == 2) << "+" << mib << " MiB: exit " << code;
+    outcomes.insert(code);
+  }
+  // Else the sweep proves nothing: some limit must refuse, a larger one run.
+  EXPECT_TRUE(outcomes.count(0) && outcomes.count(2));
 }
 
 }  // namespace

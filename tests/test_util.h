@@ -33,6 +33,22 @@ namespace tilejit::test {
 using runtime::bf16_to_f32;
 using runtime::f32_to_bf16;
 
+// Which sanitizer this binary is built with (GCC's macros, clang's features).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#elif defined(__has_feature)
+inline constexpr bool kUnderTsan = __has_feature(thread_sanitizer);
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderAsan = true;
+#elif defined(__has_feature)
+inline constexpr bool kUnderAsan = __has_feature(address_sanitizer);
+#else
+inline constexpr bool kUnderAsan = false;
+#endif
+
 // ---------------------------------------------------------------------------
 // Random data
 

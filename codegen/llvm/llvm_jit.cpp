@@ -28,6 +28,8 @@
 #include <thread>
 #include <type_traits>
 
+#include <sys/mman.h>
+
 #include "codegen/llvm/module_context.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -209,10 +211,36 @@ struct InternedValueTypes : llvm::SDNode {
   }
 };
 
+// LLVM cannot fail an allocation and go on: its own allocators report "LLVM
+// ERROR: out of memory" and abort, and a std::bad_alloc from operator new
+// unwinds through frames built without exceptions, skipping their cleanups
+// (under `ulimit -v`, a decode kernel's compile ended in that abort, or in
+// "free(): invalid pointer", at 3 of 9 limits between 202 and 210 MB). So
+// work inside LLVM starts only when a mapping of this size could be made
+// now, which a limit on the address space (RLIMIT_AS) or strict overcommit
+// would refuse; it is never touched, so it costs no memory. The largest
+// compile, MLA decode (D 576), needed 48 MB of address space (the `ulimit -v`
+// at which it first succeeded, above the one at which the program's own
+// tensors failed); the D 128 decode kernel 12 MB.
+constexpr size_t kCompileHeadroomBytes = size_t{64} << 20;
+constexpr size_t kLinkHeadroomBytes = size_t{16} << 20;
+
+void require_headroom(size_t bytes, const std::string& what) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p != MAP_FAILED) {
+    munmap(p, bytes);
+    return;
+  }
+  throw Error("LLVM JIT: out of memory: " + what + " needs " + std::to_string(bytes >> 20) +
+              " MiB of address space free, which this process cannot map now (LLVM cannot "
+              "recover from a failed allocation, so it is not started)");
+}
+
 // Leaked on purpose: kernels held by static caches may be destroyed after any
 // static JIT would be, and unlinking them needs the JIT.
 Jit& jit() {
   static Jit* j = [] {  // a throw leaves it unset: the next call retries
+    require_headroom(kCompileHeadroomBytes, "making the LLVM JIT");
     Jit* made = create_jit();
     InternedValueTypes::make();
     register_exit_gate();  // after the statics the target, LLJIT and SelectionDAG made
@@ -419,6 +447,7 @@ LlvmKernel link_object_file(const std::string& symbol, std::vector<uint8_t> obje
 
 LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
   const LlvmGate gate;
+  require_headroom(kLinkHeadroomBytes, "linking " + symbol);
   return link_object_file(symbol, std::move(object_file));
 }
 
@@ -426,6 +455,7 @@ LlvmKernel compile_module(const std::string& symbol,
                           const std::function<void(ModuleContext&)>& emit, OptLevel opt) {
   // Held to the end, past the destruction of the context, module and machine.
   const LlvmGate gate;
+  require_headroom(kCompileHeadroomBytes, "compiling " + symbol);
   const auto t0 = std::chrono::steady_clock::now();
   Jit& j = jit();
   // A TargetMachine per compile: codegen mutates it, so threads must not share one.
