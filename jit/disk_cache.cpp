@@ -171,6 +171,12 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
 DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
   if (dir_.empty()) return;
   std::error_code ec;
+  // A relative directory is the one it names now: an embedding process that
+  // later changes its working directory kept storing into a path that no
+  // longer existed (every store failed, silently without TILEJIT_VERBOSE).
+  if (std::filesystem::path abs = std::filesystem::absolute(dir_, ec); !ec)
+    dir_ = abs.lexically_normal().string();
+  ec.clear();
   std::filesystem::create_directories(dir_, ec);
   if (ec || !std::filesystem::is_directory(dir_, ec)) disable("cannot create the directory");
 }

@@ -81,6 +81,27 @@ TEST(DiskCache, RoundTrip) {
   fs::remove_all(c.dir());
 }
 
+// A relative directory names the directory it names when it is set: an
+// embedding process that changes its working directory afterwards kept
+// storing into `<new cwd>/<dir>`, which did not exist (every store failed).
+TEST(DiskCache, ARelativeDirectoryStaysWhereItWasWhenSet) {
+  const fs::path base = fresh_dir("rel");
+  fs::create_directories(base / "elsewhere");
+  const fs::path old_cwd = fs::current_path();
+  fs::current_path(base);
+  jit::DiskCache c("kc");
+  fs::current_path(base / "elsewhere");
+  c.store("k1", bytes(100, 5));
+  fs::current_path(old_cwd);
+  EXPECT_EQ(c.stores(), 1u);
+  EXPECT_EQ(fs::path(c.dir()), base / "kc");
+  EXPECT_TRUE(fs::is_directory(base / "kc"));
+  EXPECT_FALSE(fs::exists(base / "elsewhere" / "kc"));
+  ASSERT_TRUE(c.load("k1").has_value());
+  EXPECT_EQ(*c.load("k1"), bytes(100, 5));
+  fs::remove_all(base);
+}
+
 TEST(DiskCache, QualifiedKeyCarriesCpuAndBuild) {
   const std::string q = jit::DiskCache::qualified_key("gemm;x");
   EXPECT_NE(q.find("cpu="), std::string::npos);
