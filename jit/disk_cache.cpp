@@ -15,6 +15,7 @@
 #include <random>
 
 #include "runtime/cpu_features.h"
+#include "runtime/file_size_limit.h"
 #include "runtime/verbose.h"
 
 #ifndef TILEJIT_BUILD_ID
@@ -284,6 +285,10 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
     return;
   }
   const std::string path = path_for(key);
+  if (!runtime::file_size_allowed(out.size())) {
+    store_failed("entry larger than the file size limit (RLIMIT_FSIZE), not stored", path);
+    return;
+  }
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);

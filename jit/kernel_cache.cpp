@@ -5,6 +5,7 @@
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_jit.h"
 #endif
+#include "runtime/file_size_limit.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/verbose.h"
 
@@ -134,9 +135,14 @@ static void observe(KernelCache::Impl& s, const Kernel& k) {
   std::lock_guard<std::mutex> lk(s.observe_mu);
   if (s.perf_map) {
     const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
+    char line[64];
+    const int n = std::snprintf(line, sizeof line, "%lx %zx ",
+                                reinterpret_cast<unsigned long>(k.entry_ptr), k.size);
+    const std::string text = std::string(line, static_cast<size_t>(std::max(n, 0))) + k.name + "\n";
     if (FILE* f = std::fopen(path.c_str(), "a")) {
-      std::fprintf(f, "%lx %zx %s\n", reinterpret_cast<unsigned long>(k.entry_ptr), k.size,
-                   k.name.c_str());
+      if (std::fseek(f, 0, SEEK_END) == 0 && std::ftell(f) >= 0 &&
+          runtime::file_size_allowed(static_cast<uint64_t>(std::ftell(f)) + text.size()))
+        std::fwrite(text.data(), 1, text.size(), f);
       std::fclose(f);
     }
   }
@@ -147,7 +153,10 @@ static void observe(KernelCache::Impl& s, const Kernel& k) {
     const std::vector<uint8_t> bytes(static_cast<const uint8_t*>(k.entry_ptr),
                                      static_cast<const uint8_t*>(k.entry_ptr) + k.size);
     const std::string path = s.dump_dir + "/" + k.name + ".bin";
-    if (FILE* f = std::fopen(path.c_str(), "wb")) {
+    if (!runtime::file_size_allowed(bytes.size())) {
+      std::fprintf(stderr, "tilejit: warning: TILEJIT_JIT_DUMP: %s is past the file size limit\n",
+                   path.c_str());
+    } else if (FILE* f = std::fopen(path.c_str(), "wb")) {
       std::fwrite(bytes.data(), 1, bytes.size(), f);
       std::fclose(f);
     } else {

@@ -29,6 +29,7 @@
 #include "ir/types.h"
 #include "runtime/capped_file.h"
 #include "runtime/cpu_features.h"
+#include "runtime/file_size_limit.h"
 #include "runtime/isa.h"
 #include "runtime/thread_limits.h"
 #include "runtime/verbose.h"
@@ -885,6 +886,9 @@ class DbLock {
 // Writes text to a temporary file of its own next to `target` (mkstemp:
 // two writers never share one) and renames it over target.
 void replace_file(const std::string& target, const std::string& text) {
+  if (!runtime::file_size_allowed(text.size()))
+    throw Error(fmt::format("{}: its {} would pass the file size limit (RLIMIT_FSIZE)", target,
+                            runtime::byte_size_str(static_cast<int64_t>(text.size()))));
   std::string tmp = target + ".tmp.XXXXXX";
   const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0)

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -100,6 +101,33 @@ TEST(DiskCache, ARelativeDirectoryStaysWhereItWasWhenSet) {
   ASSERT_TRUE(c.load("k1").has_value());
   EXPECT_EQ(*c.load("k1"), bytes(100, 5));
   fs::remove_all(base);
+}
+
+// Under a file size limit (RLIMIT_FSIZE) an entry that would pass it is not
+// written: writing it raised SIGXFSZ, which ended the process (exit 153). In
+// a child: the limit is its own.
+TEST(DiskCache, AnEntryPastTheFileSizeLimitIsSkippedNotFatal) {
+  const std::string dir = fresh_dir("fsize");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(60);
+    jit::DiskCache c(dir);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_FSIZE, &lim);
+    lim.rlim_cur = 1024;
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
+    c.store("big", bytes(4000, 1));  // past the limit: skipped
+    c.store("small", bytes(100, 2));
+    const bool ok = c.stores() == 1 && c.store_failures() == 1 && !c.load("big").has_value() &&
+                    c.load("small") == bytes(100, 2);
+    ::_exit(ok ? 0 : 11);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  fs::remove_all(dir);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(DiskCache, QualifiedKeyCarriesCpuAndBuild) {
