@@ -225,22 +225,50 @@ struct InternedValueTypes : llvm::SDNode {
 constexpr size_t kCompileHeadroomBytes = size_t{64} << 20;
 constexpr size_t kLinkHeadroomBytes = size_t{16} << 20;
 
-void require_headroom(size_t bytes, const std::string& what) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p != MAP_FAILED) {
-    munmap(p, bytes);
-    return;
+// Work inside LLVM in flight holds a claim on the headroom until it ends, so
+// two at once must find room for both: a gemm's first call compiled two
+// M-tail kernels on the caller and a pool worker, each check passed alone,
+// and the second compile ran out ("LLVM ERROR: out of memory", or a double
+// free unwinding through LLVM; 1 in 40-120 runs near the limit).
+class HeadroomClaim {
+ public:
+  HeadroomClaim(size_t bytes, const std::string& what) : bytes_(bytes) {
+    const std::lock_guard<std::mutex> lk(mu());
+    const size_t want = claimed() + bytes;
+    void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error("LLVM JIT: out of memory: " + what + " needs " + std::to_string(bytes >> 20) +
+                  " MiB of address space free (" + std::to_string(want >> 20) +
+                  " MiB with the LLVM work in flight), which this process cannot map now (LLVM "
+                  "cannot recover from a failed allocation, so it is not started)");
+    munmap(p, want);
+    claimed() += bytes;
   }
-  throw Error("LLVM JIT: out of memory: " + what + " needs " + std::to_string(bytes >> 20) +
-              " MiB of address space free, which this process cannot map now (LLVM cannot "
-              "recover from a failed allocation, so it is not started)");
-}
+  ~HeadroomClaim() {
+    const std::lock_guard<std::mutex> lk(mu());
+    claimed() -= bytes_;
+  }
+  HeadroomClaim(const HeadroomClaim&) = delete;
+  HeadroomClaim& operator=(const HeadroomClaim&) = delete;
+
+ private:
+  // Immortal: a compile may end after static destruction began.
+  static std::mutex& mu() {
+    static std::mutex& m = *new std::mutex;
+    return m;
+  }
+  static size_t& claimed() {
+    static size_t& c = *new size_t(0);
+    return c;
+  }
+  size_t bytes_;
+};
 
 // Leaked on purpose: kernels held by static caches may be destroyed after any
 // static JIT would be, and unlinking them needs the JIT.
 Jit& jit() {
   static Jit* j = [] {  // a throw leaves it unset: the next call retries
-    require_headroom(kCompileHeadroomBytes, "making the LLVM JIT");
+    const HeadroomClaim claim(kCompileHeadroomBytes, "making the LLVM JIT");
     Jit* made = create_jit();
     InternedValueTypes::make();
     register_exit_gate();  // after the statics the target, LLJIT and SelectionDAG made
@@ -447,7 +475,7 @@ LlvmKernel link_object_file(const std::string& symbol, std::vector<uint8_t> obje
 
 LlvmKernel load_object_file(const std::string& symbol, std::vector<uint8_t> object_file) {
   const LlvmGate gate;
-  require_headroom(kLinkHeadroomBytes, "linking " + symbol);
+  const HeadroomClaim claim(kLinkHeadroomBytes, "linking " + symbol);
   return link_object_file(symbol, std::move(object_file));
 }
 
@@ -455,7 +483,7 @@ LlvmKernel compile_module(const std::string& symbol,
                           const std::function<void(ModuleContext&)>& emit, OptLevel opt) {
   // Held to the end, past the destruction of the context, module and machine.
   const LlvmGate gate;
-  require_headroom(kCompileHeadroomBytes, "compiling " + symbol);
+  const HeadroomClaim claim(kCompileHeadroomBytes, "compiling " + symbol);
   const auto t0 = std::chrono::steady_clock::now();
   Jit& j = jit();
   // A TargetMachine per compile: codegen mutates it, so threads must not share one.
