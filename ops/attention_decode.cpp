@@ -226,6 +226,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       // each 16-key chunk reads whole cache rows (every head) instead of
       // 256-byte pieces of them.
       const auto fn = jit::get(*desc).entry<lb::DecodeAttentionFn>();
+      const size_t scratch_bytes =
+          static_cast<size_t>(lb::decode_attention_scratch_bytes(*desc, hkv));
       auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                          std::vector<uint16_t*>& orows) {
         const int64_t b = task;
@@ -278,6 +280,11 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         a.m = st.mx.data();
         a.l = st.l.data();
         a.o = st.o.data();
+        // The kernel's working memory, kept per thread (64-byte aligned).
+        thread_local std::vector<uint8_t> scratch;
+        if (scratch.size() < scratch_bytes + 63) scratch.resize(scratch_bytes + 63);
+        a.scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
+                                            ~uintptr_t{63});
         fn(&a);
         // fp8: the kernel's O is in the V codes' units (DecodeAttentionArgs).
         if (kvs.fp8)

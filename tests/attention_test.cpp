@@ -11,6 +11,9 @@
 // reference's bottom-right alignment, early rows of causal problems through a
 // truncated key range), so each variant stays well under a minute.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -612,6 +615,62 @@ TEST_F(Decode, Mla) {
   pr.opt.sm_scale = 0.1f;
   run_decode(pr, 2);
   run_decode(pr, 1);
+}
+
+// DeepSeek's MLA decode (Hq 128 over one latent head, D 576, Dv 512) on a
+// thread with a 64 KiB stack (musl's default is 128 KiB, some engines' pools
+// use less): the kernel's G·D-sized working memory lived on the stack (180
+// KiB here, 1.2 MB at G 1024) and the call died by SIGSEGV. Warm (the
+// compile is not this test's: LLVM itself needs ~80 KiB), on 1 thread, in a
+// child; the result is the main thread's, bit for bit.
+std::vector<uint16_t> mla_decode_g128() {
+  constexpr int64_t kHq = 128, kD = 576, kDv = 512, kBlock = 16, kBlocks = 4, kLen = 50;
+  const std::vector<uint16_t> q = random_bf16(kHq * kD, 11);
+  const std::vector<uint16_t> kv = random_bf16(kBlocks * kBlock * kD, 12);
+  std::vector<uint16_t> out(kHq * kDv, 0);
+  const std::vector<int32_t> table = {2, 0, 3, 1};
+  const std::vector<int32_t> lens = {kLen};
+  decode_attention(TensorView(q.data(), DType::bf16, {1, kHq, kD}),
+                   TensorView(kv.data(), DType::bf16, {kBlocks, kBlock, 1, kD}),
+                   TensorView(const_cast<uint16_t*>(kv.data()), DType::bf16,
+                              {kBlocks, kBlock, 1, kDv}, {kBlock * kD, kD, kD, 1}),
+                   TensorView(out.data(), DType::bf16, {1, kHq, kDv}),
+                   TensorView(table.data(), DType::i32, {1, kBlocks}),
+                   TensorView(lens.data(), DType::i32, {1}));
+  return out;
+}
+
+TEST_F(Decode, MlaOnASmallStackThread) {
+  const int saved = num_threads();
+  set_num_threads(1);
+  const std::vector<uint16_t> expected = mla_decode_g128();
+  set_num_threads(saved);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(120);
+    set_num_threads(1);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (pthread_attr_setstacksize(&attr, 64 << 10) != 0) ::_exit(10);
+    static std::vector<uint16_t> got;
+    pthread_t t;
+    auto body = [](void*) -> void* {
+      try {
+        got = mla_decode_g128();
+      } catch (...) {
+        ::_exit(11);
+      }
+      return nullptr;
+    };
+    if (pthread_create(&t, &attr, body, nullptr) != 0) ::_exit(12);
+    pthread_join(t, nullptr);
+    ::_exit(got == expected ? 0 : 13);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(Decode, Long32k) {

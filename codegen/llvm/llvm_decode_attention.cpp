@@ -56,6 +56,29 @@
 
 namespace tilejit::codegen::llvm_backend {
 
+namespace {
+constexpr int64_t kScratchAlign = 64;
+int64_t align_up(int64_t n) {
+  return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+// The fixed part of the scratch (everything but the packed q rows, which
+// come last and grow with `heads`), as a bound on any layout the emitter
+// picks: weights and α in f32 (bf16 takes half), rows padded to 32 elements.
+int64_t fixed_scratch_bound(const DecodeAttentionDesc& d) {
+  constexpr int64_t kChunkKeys = 16, kVecLanes = 16;
+  const int64_t pd = (d.d + 31) / 32 * 32, pdv = (d.dv + 31) / 32 * 32;
+  int64_t n = align_up(2 * d.g * kChunkKeys * 4) + align_up(2 * d.g * 4) +
+              align_up(4 * kVecLanes * 4) + align_up((d.prefetch_chunks + 1) * 2 * kChunkKeys * 8);
+  if (d.kv == DType::f8e4m3)
+    n += align_up(kChunkKeys * pd * 2) + align_up(2 * kChunkKeys * pdv * 2);
+  return n;
+}
+}  // namespace
+
+int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads) {
+  return fixed_scratch_bound(d) + align_up(heads * d.g * ((d.d + 31) / 32 * 32) * 2);
+}
+
 bool DecodeAttentionDesc::uses_dpbf16() const {
   return dot == DecodeDot::dpbf16 || (dot == DecodeDot::best && host_target().avx512bf16);
 }
@@ -171,11 +194,13 @@ class DecodeEmitter : public KernelEmitter {
     slopes_ = arg(TILEJIT_ARG(Args, slopes)), m_ = arg(TILEJIT_ARG(Args, m));
     l_ = arg(TILEJIT_ARG(Args, l)), o_ = arg(TILEJIT_ARG(Args, o));
 
+    // Working memory: carved from args->scratch (DecodeAttentionArgs says
+    // why not the stack), the packed q rows last.
+    scratch_ = arg(TILEJIT_ARG(Args, scratch));
     // Scratch of one chunk and head: the weights [G][16] (bf16 for dpbf16,
     // f32 for fma) and α [G].
-    probs_ = b_.CreateAlloca(dp_ ? b_.getInt16Ty() : f32_, i64(2 * d_.g * kChunk));
-    alpha_ = b_.CreateAlloca(f32_, i64(2 * d_.g));
-    cast<llvm::AllocaInst>(probs_)->setAlignment(llvm::Align(64));
+    probs_ = carve(2 * d_.g * kChunk * (dp_ ? 2 : 4));
+    alpha_ = carve(2 * d_.g * 4);
 
     // Rows per packed q vector: 4 (or 2) when G allows and the pack's q
     // fits in half the registers, else 1.
@@ -191,21 +216,19 @@ class DecodeEmitter : public KernelEmitter {
           break;
         }
     }
-    zscr_ = b_.CreateAlloca(f32_, i64(4 * kLanes));
-    cast<llvm::AllocaInst>(zscr_)->setAlignment(llvm::Align(64));
-    qpack_ = b_.CreateAlloca(
-        i16t(),
-        b_.CreateMul(b_.CreateMul(arg(TILEJIT_ARG(Args, heads)), i64(d_.g)), i64(qpitch())));
-    cast<llvm::AllocaInst>(qpack_)->setAlignment(llvm::Align(64));
-    if (!aligned_) offs_ = b_.CreateAlloca(b_.getInt64Ty(), i64(ring() * 2 * kChunk));
+    zscr_ = carve(4 * kLanes * 4);
+    if (!aligned_) offs_ = carve(ring() * 2 * kChunk * 8);
     if (fp8_) {
       // The chunk's K rows of one head and its V rows of two (by head
       // parity: P·V of head h − 1 runs while head h is scored), as bf16.
-      kscr_ = b_.CreateAlloca(i16t(), i64(kChunk * pitch(false)));
-      vscr_ = b_.CreateAlloca(i16t(), i64(2 * kChunk * pitch(true)));
-      cast<llvm::AllocaInst>(kscr_)->setAlignment(llvm::Align(64));
-      cast<llvm::AllocaInst>(vscr_)->setAlignment(llvm::Align(64));
+      kscr_ = carve(kChunk * pitch(false) * 2);
+      vscr_ = carve(2 * kChunk * pitch(true) * 2);
     }
+    // The bound the caller allocates by must hold this layout.
+    if (scratch_used_ > fixed_scratch_bound(d_) || qpitch() > (d_.d + 31) / 32 * 32)
+      throw InternalError("decode_attention_scratch_bytes is below the kernel's layout (" +
+                          std::to_string(scratch_used_) + " fixed bytes)");
+    qpack_ = carve(0);  // heads·G·qpitch bf16, the rest of the scratch
     pack_q();
     if (dp_) permute_o(/*to_kernel=*/true);
 
@@ -1215,6 +1238,14 @@ class DecodeEmitter : public KernelEmitter {
   llvm::Value *slopes_ = nullptr, *m_ = nullptr, *l_ = nullptr, *o_ = nullptr;
   llvm::Value *probs_ = nullptr, *alpha_ = nullptr, *c_last_ = nullptr, *qpack_ = nullptr,
               *zscr_ = nullptr;
+  // args->scratch and the bytes of it carved so far (64-byte aligned pieces).
+  llvm::Value* scratch_ = nullptr;
+  int64_t scratch_used_ = 0;
+  llvm::Value* carve(int64_t bytes) {
+    llvm::Value* p = b_.CreateGEP(b_.getInt8Ty(), scratch_, i64(scratch_used_));
+    scratch_used_ += align_up(bytes);
+    return p;
+  }
   int64_t pack_ = 1;
   // Softmax groups (first row, score vectors) of the head being scored (G ≤ 8).
   std::vector<std::pair<llvm::Value*, std::vector<llvm::Value*>>> pending_;

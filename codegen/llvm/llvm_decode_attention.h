@@ -98,12 +98,24 @@ struct DecodeAttentionArgs {
   // state's O by its v scale (O is linear in V, so the online rescaling and
   // the split-KV merge are unaffected).
   const float* k_scale;  // [heads]
+  // The call's working memory, 64-byte aligned, decode_attention_scratch_bytes
+  // (desc, heads) long: the packed q rows, the chunk's weights and (fp8) the
+  // converted rows. They grow with G·D (1.2 MB at G 1024, D 576), too large
+  // for a caller's stack: on the stack, a 128 KiB thread overflowed at
+  // DeepSeek's MLA decode, and a frame past the guard page wrote into the
+  // memory below it before faulting.
+  void* scratch;
 };
 static_assert(offsetof(DecodeAttentionArgs, j0) == 72 &&
               offsetof(DecodeAttentionArgs, scale) == 108 &&
               offsetof(DecodeAttentionArgs, o) == 128 &&
               offsetof(DecodeAttentionArgs, q_row_stride) == 160 &&
-              offsetof(DecodeAttentionArgs, k_scale) == 168);
+              offsetof(DecodeAttentionArgs, k_scale) == 168 &&
+              offsetof(DecodeAttentionArgs, scratch) == 176);
+
+// Bytes of DecodeAttentionArgs::scratch for a call over `heads` kv heads: a
+// bound the emitter checks its layout against when it compiles.
+int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads);
 
 using DecodeAttentionFn = void (*)(const DecodeAttentionArgs*);
 
