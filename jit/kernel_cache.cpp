@@ -7,6 +7,7 @@
 #endif
 #include "runtime/file_size_limit.h"
 #include "runtime/lazy_statics.h"
+#include "runtime/stack_room.h"
 #include "runtime/verbose.h"
 
 #include <pthread.h>
@@ -265,28 +266,33 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const std::shared_ptr<DiskCache> disk = s.disk_cache();
-    std::optional<std::vector<uint8_t>> stored = disk->load(key);
     std::unique_ptr<Kernel> k;
     bool from_disk = false;
-    if (stored) {
-      try {
-        k = recipe.load(std::move(*stored));
-        from_disk = true;
-      } catch (const Error& e) {
-        // A stored entry that passes its checksum but will not load (e.g. an
-        // object the linker rejects): compile instead.
-        if (s.verbose)
-          std::fprintf(stderr,
-                       "tilejit: fallback: disk cache entry of %s will not load (%s): "
-                       "compiling\n",
-                       name.c_str(), e.what());
+    // An LLVM compile took 76-80 KiB of the calling thread's stack (an Xbyak
+    // one 28-32): on a host's small-stack thread it runs on one of its own.
+    constexpr size_t kMakeStackBytes = size_t{256} << 10;
+    runtime::run_with_stack(kMakeStackBytes, [&] {
+      std::optional<std::vector<uint8_t>> stored = disk->load(key);
+      if (stored) {
+        try {
+          k = recipe.load(std::move(*stored));
+          from_disk = true;
+        } catch (const Error& e) {
+          // A stored entry that passes its checksum but will not load (e.g. an
+          // object the linker rejects): compile instead.
+          if (s.verbose)
+            std::fprintf(stderr,
+                         "tilejit: fallback: disk cache entry of %s will not load (%s): "
+                         "compiling\n",
+                         name.c_str(), e.what());
+        }
       }
-    }
-    if (!k) {
-      BuiltKernel built = recipe.compile();
-      disk->store(key, built.payload);
-      k = std::move(built.kernel);
-    }
+      if (!k) {
+        BuiltKernel built = recipe.compile();
+        disk->store(key, built.payload);
+        k = std::move(built.kernel);
+      }
+    });
     k->name = name;
     k->key = key;
     const auto ns =

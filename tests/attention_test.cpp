@@ -619,16 +619,19 @@ TEST_F(Decode, Mla) {
 
 // DeepSeek's MLA decode (Hq 128 over one latent head, D 576, Dv 512) on a
 // thread with a 64 KiB stack (musl's default is 128 KiB, some engines' pools
-// use less): the kernel's G·D-sized working memory lived on the stack (180
-// KiB here, 1.2 MB at G 1024) and the call died by SIGSEGV. Warm (the
-// compile is not this test's: LLVM itself needs ~80 KiB), on 1 thread, in a
-// child; the result is the main thread's, bit for bit.
-std::vector<uint16_t> mla_decode_g128() {
-  constexpr int64_t kHq = 128, kD = 576, kDv = 512, kBlock = 16, kBlocks = 4, kLen = 50;
+// use less), on 1 thread, in a child. Warm: the kernel's G·D-sized working
+// memory lived on the stack (180 KiB here, 1.2 MB at G 1024) and the call
+// died by SIGSEGV; the result must be the main thread's, bit for bit. Cold
+// (block size 8, a kernel the process has not made): the LLVM compile
+// itself needs ~80 KiB and died inside LLVM; it now runs on a thread of its
+// own (runtime::run_with_stack).
+std::vector<uint16_t> mla_decode_g128(int64_t block = 16) {
+  constexpr int64_t kHq = 128, kD = 576, kDv = 512, kBlocks = 8, kLen = 50;
+  const int64_t kBlock = block;
   const std::vector<uint16_t> q = random_bf16(kHq * kD, 11);
   const std::vector<uint16_t> kv = random_bf16(kBlocks * kBlock * kD, 12);
   std::vector<uint16_t> out(kHq * kDv, 0);
-  const std::vector<int32_t> table = {2, 0, 3, 1};
+  const std::vector<int32_t> table = {2, 0, 3, 1, 7, 5, 6, 4};
   const std::vector<int32_t> lens = {kLen};
   decode_attention(TensorView(q.data(), DType::bf16, {1, kHq, kD}),
                    TensorView(kv.data(), DType::bf16, {kBlocks, kBlock, 1, kD}),
@@ -652,11 +655,12 @@ TEST_F(Decode, MlaOnASmallStackThread) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     if (pthread_attr_setstacksize(&attr, 64 << 10) != 0) ::_exit(10);
-    static std::vector<uint16_t> got;
+    static std::vector<uint16_t> got, cold;
     pthread_t t;
     auto body = [](void*) -> void* {
       try {
         got = mla_decode_g128();
+        cold = mla_decode_g128(8);
       } catch (...) {
         ::_exit(11);
       }
@@ -664,6 +668,8 @@ TEST_F(Decode, MlaOnASmallStackThread) {
     };
     if (pthread_create(&t, &attr, body, nullptr) != 0) ::_exit(12);
     pthread_join(t, nullptr);
+    for (uint16_t v : cold)
+      if (!std::isfinite(bf16_to_f32(v))) ::_exit(14);
     ::_exit(got == expected ? 0 : 13);
   }
   ASSERT_GT(pid, 0);

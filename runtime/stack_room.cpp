@@ -1,0 +1,72 @@
+#include "runtime/stack_room.h"
+
+#include <pthread.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "tilejit/error.h"
+
+namespace tilejit::runtime {
+
+size_t stack_room() {
+  // This thread's stack bounds, asked once (for the main thread glibc reads
+  // /proc/self/maps to answer). Plain values: no TLS destructor to register.
+  thread_local uintptr_t t_lo = 0, t_hi = 0;
+  thread_local bool t_asked = false;
+  if (!t_asked) {
+    t_asked = true;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      void* lo = nullptr;
+      size_t size = 0;
+      if (pthread_attr_getstack(&attr, &lo, &size) == 0) {
+        t_lo = reinterpret_cast<uintptr_t>(lo);
+        t_hi = t_lo + size;
+      }
+      pthread_attr_destroy(&attr);
+    }
+  }
+  const auto frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (t_hi == 0 || frame < t_lo || frame > t_hi) return std::numeric_limits<size_t>::max();
+  return frame - t_lo;
+}
+
+namespace {
+struct Job {
+  const std::function<void()>* f;
+  std::exception_ptr error;
+};
+void* run_job(void* p) {
+  auto* job = static_cast<Job*>(p);
+  try {
+    (*job->f)();
+  } catch (...) {
+    job->error = std::current_exception();
+  }
+  return nullptr;
+}
+}  // namespace
+
+void run_with_stack(size_t need, const std::function<void()>& f) {
+  if (stack_room() >= need) return f();
+  constexpr size_t kStack = size_t{8} << 20;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kStack);
+  Job job{&f, nullptr};
+  pthread_t t;
+  const int rc = pthread_create(&t, &attr, run_job, &job);
+  pthread_attr_destroy(&attr);
+  if (rc != 0)
+    throw Error("this thread's stack has " + std::to_string(stack_room() >> 10) +
+                " KiB left, the work needs " + std::to_string(need >> 10) +
+                " KiB, and a thread with a larger stack could not be made: " + std::strerror(rc));
+  pthread_join(t, nullptr);
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+}  // namespace tilejit::runtime
