@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "codegen/kernel_desc.h"
+#include "runtime/per_thread.h"
 
 namespace tilejit::jit {
 
@@ -17,7 +18,7 @@ class FrontCache {
   // The value for `key`: this thread's copy, else slow(key) remembered.
   template <class Slow>
   static Value& get(const Key& key, Slow slow, bool* hit = nullptr) {
-    thread_local std::unordered_map<Key, Value*, Hash, Eq> map;
+    auto& map = runtime::per_thread<std::unordered_map<Key, Value*, Hash, Eq>>([] {});
     if (auto it = map.find(key); it != map.end()) {
       if (hit) *hit = true;
       return *it->second;

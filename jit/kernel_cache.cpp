@@ -7,6 +7,7 @@
 #endif
 #include "runtime/file_size_limit.h"
 #include "runtime/lazy_statics.h"
+#include "runtime/per_thread.h"
 #include "runtime/stack_room.h"
 #include "runtime/verbose.h"
 
@@ -213,7 +214,7 @@ struct ThreadHits {
 }  // namespace
 
 void KernelCache::count_hit() {
-  thread_local ThreadHits hits;
+  ThreadHits& hits = runtime::per_thread<ThreadHits>([] {});
   hits.n.store(hits.n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 

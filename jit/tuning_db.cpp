@@ -31,6 +31,7 @@
 #include "runtime/cpu_features.h"
 #include "runtime/file_size_limit.h"
 #include "runtime/isa.h"
+#include "runtime/per_thread.h"
 #include "runtime/thread_limits.h"
 #include "runtime/verbose.h"
 #include "tilejit/error.h"
@@ -1157,7 +1158,8 @@ const codegen::PlanOverrides& find_tuned_gemm(Isa path, int threads, int64_t n, 
                                    uint64_t(std::get<4>(x)) * 131 ^ uint64_t(std::get<8>(x)));
     }
   };
-  thread_local std::unordered_map<Key, codegen::PlanOverrides, KeyHash> cache;
+  auto& cache =
+      runtime::per_thread<std::unordered_map<Key, codegen::PlanOverrides, KeyHash>>([] {});
   const Key key{g.generation.load(std::memory_order_acquire),
                 static_cast<int>(path),
                 threads,

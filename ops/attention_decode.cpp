@@ -20,6 +20,7 @@
 #include "ops/verbose_log.h"
 #include "runtime/isa.h"
 #include "runtime/lazy_statics.h"
+#include "runtime/per_thread.h"
 #include "runtime/thread_pool.h"
 #include "runtime/verbose.h"
 
@@ -248,12 +249,12 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
         if (j0 >= j1) return;
         // Slopes gathered once per task into the kernel's [Hq] order.
-        thread_local std::vector<float> slopes;
+        auto& slopes = runtime::per_thread<std::vector<float>>([] {});
         slopes.resize(static_cast<size_t>(hq));
         if (p.slopes)
           for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
         // fp8: the score scale per kv head (sm_scale · k scale).
-        thread_local std::vector<float> k_scale;
+        auto& k_scale = runtime::per_thread<std::vector<float>>([] {});
         k_scale.resize(static_cast<size_t>(hkv));
         for (int64_t h = 0; h < hkv; ++h) k_scale[h] = ph[h].scale;
         lb::DecodeAttentionArgs a{};
@@ -281,7 +282,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         a.l = st.l.data();
         a.o = st.o.data();
         // The kernel's working memory, kept per thread (64-byte aligned).
-        thread_local std::vector<uint8_t> scratch;
+        auto& scratch = runtime::per_thread<std::vector<uint8_t>>([] {});
         if (scratch.size() < scratch_bytes + 63) scratch.resize(scratch_bytes + 63);
         a.scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
                                             ~uintptr_t{63});
@@ -299,7 +300,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
           std::vector<attn::QueryRow> qr;
           std::vector<uint16_t*> orows;
           rows_of(t, qr, orows);
-          thread_local attn::Partial st;
+          attn::Partial& st = runtime::per_thread<attn::Partial>([] {});
           run(t, 0, lens[t], qr, st);
           attn::finish(p, qr, st, orows);
           repair(t, qr, orows);
@@ -358,7 +359,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         std::vector<attn::QueryRow> qr;
         std::vector<uint16_t*> orows;
         const auto [b, h] = rows_of(t, qr, orows);
-        thread_local attn::Partial st;
+        attn::Partial& st = runtime::per_thread<attn::Partial>([] {});
         st.reset(static_cast<int64_t>(qr.size()), dv_padded);
         attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], 0, lens[b], st);
         attn::finish(ph[h], qr, st, orows);

@@ -22,6 +22,7 @@
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
 #include "runtime/lazy_statics.h"
+#include "runtime/per_thread.h"
 #include "runtime/verbose.h"
 
 // The softmax helpers pass 64-byte vectors by value; they are internal and
@@ -160,7 +161,10 @@ struct Scratch {
   AlignedArray<uint16_t> kg;
   alignas(64) uint16_t a_tail[32 * 32];
 };
-thread_local Scratch tls;
+// This thread's scratch (runtime::per_thread: no TLS destructor to register).
+Scratch& this_thread_scratch() {
+  return runtime::per_thread<Scratch>([] {});
+}
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -182,6 +186,7 @@ Fn glue_kernel(jit::Family family, const Desc& desc) {
 // Qᵀ as a packed "weight" with N = rows, K = D: word (kp, r) holds q_r[2kp],
 // q_r[2kp+1]; pairs past D/2 are 0 (AMX reads K padded to 32).
 void pack_q(const std::vector<QueryRow>& rows, int64_t d) {
+  Scratch& tls = this_thread_scratch();
   static const uint16_t kZeroRow[kMaxHeadDim] = {};
   const int64_t pairs = round_up(d, 32) / 2;
   const int64_t m = static_cast<int64_t>(rows.size());
@@ -560,6 +565,7 @@ namespace {
 bool run_blocks(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const RowSource& k,
                 const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end,
                 const TransposedV* vt, const Partial* init) {
+  Scratch& tls = this_thread_scratch();
   const int64_t m = static_cast<int64_t>(rows.size());
   const int nz = static_cast<int>((m + kLanes - 1) / kLanes);
   const int64_t mp = int64_t(nz) * kLanes;
@@ -758,6 +764,7 @@ float out_factor(const Params& p, const QueryRow& row, float mx, float l) {
 // or their factor is not finite (the NaN/Inf rule, ops/attention_scalar.h).
 uint64_t finish_transposed(const Params& p, const std::vector<QueryRow>& rows,
                            const std::vector<uint16_t*>& out_rows) {
+  Scratch& tls = this_thread_scratch();
   const auto fn = glue_kernel<lb::SoftmaxFinishFn>(jit::Family::softmax_glue,
                                                    lb::SoftmaxGlueDesc{lb::SoftmaxGlue::finish});
   const int64_t m = static_cast<int64_t>(rows.size());
@@ -798,6 +805,7 @@ void attend(Isa isa, const Params& p, const std::vector<QueryRow>& rows, const R
             const RowSource& v, int64_t tk, int64_t j_begin, int64_t j_end, Partial& st,
             const TransposedV* vt) {
   if (!run_blocks(isa, p, rows, k, v, tk, j_begin, j_end, vt, &st)) return;
+  Scratch& tls = this_thread_scratch();
   const float* ot = tls.ot.get(static_cast<size_t>(p.dv * kRowsPerBlock));
   for (size_t r = 0; r < rows.size(); ++r) {
     st.mx[r] = tls.m[r];

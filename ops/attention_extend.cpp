@@ -24,6 +24,7 @@
 #include "ops/tensor_checks.h"
 #include "ops/verbose_log.h"
 #include "runtime/isa.h"
+#include "runtime/per_thread.h"
 #include "runtime/thread_pool.h"
 
 #include "runtime/api_guard.h"
@@ -298,7 +299,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
           attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
                        std::max(j0, split), j1, st);
         } else {  // fp8: the new keys in a state of their own, merged in
-          thread_local attn::Partial fresh;
+          attn::Partial& fresh = runtime::per_thread<attn::Partial>([] {});
           fresh.reset(rows, st.ldo);
           attn::attend(isa, p, qr, new_source(*ext.k_new, b, h), new_source(*ext.v_new, b, h), tk,
                        split, j1, fresh);
@@ -312,7 +313,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
         std::vector<attn::QueryRow> qr;
         std::vector<uint16_t*> orows;
         rows_of(tasks[t], qr, orows);
-        thread_local attn::Partial st;
+        attn::Partial& st = runtime::per_thread<attn::Partial>([] {});
         st.reset(static_cast<int64_t>(qr.size()), dv_padded);
         run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
         attn::finish(p, qr, st, orows);

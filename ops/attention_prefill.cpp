@@ -16,6 +16,7 @@
 #include "ops/verbose_log.h"
 #include "runtime/aligned_buffer.h"
 #include "runtime/isa.h"
+#include "runtime/per_thread.h"
 #include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
 
@@ -177,7 +178,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
         return reinterpret_cast<uint16_t*>(buf.get());
       }
     };
-    thread_local Prepared prep;
+    Prepared& prep = runtime::per_thread<Prepared>([] {});
     prep.offset.assign(static_cast<size_t>(batch * hkv), -1);  // -1: read in place
     int64_t total = 0;
     for (int64_t b = 0; b < batch; ++b) {

@@ -1,6 +1,7 @@
 #include "ops/gemm_task.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "codegen/packed_layout.h"
 #include "codegen/xbyak/emitters.h"
 #include "runtime/aligned_buffer.h"
+#include "runtime/per_thread.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::ops {
@@ -22,7 +24,7 @@ void run_row_block(const GemmExecutable& exe, const RowBlockJob& job) {
   // Partial sums keep every computed column of the block (64, also for a GLU,
   // which pairs them only in the last chunk).
   constexpr int64_t kCols = codegen::PackedLayout::kBlockN;
-  thread_local std::vector<float> own_partial;
+  auto& own_partial = runtime::per_thread<std::vector<float>>([] {});
   float* partial = job.partial;
   int64_t ld_partial = job.ld_partial;
   if (k_chunks > 1 && !one_chunk) {
@@ -118,7 +120,7 @@ uint8_t* packed_a_scratch(int slot, int64_t bytes) {
     std::unique_ptr<std::byte[], runtime::FreeDeleter> mem;
     int64_t bytes = 0;
   };
-  thread_local Scratch s[8];
+  auto& s = runtime::per_thread<std::array<Scratch, 8>>([] {});
   Scratch& b = s[slot];
   if (b.bytes < bytes) {
     b.mem = runtime::aligned_alloc_bytes(static_cast<size_t>(bytes));

@@ -36,6 +36,7 @@
 #include "ops/quant_weight.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
+#include "runtime/per_thread.h"
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
 #include "runtime/scratch_limits.h"
@@ -334,10 +335,11 @@ void W4A8Kernels::run(const PackedWeight::Impl& p, int64_t block, bool n_tail, c
   const size_t n_chunks = o.chunks.size();
   // Per batch item of a chunk's call: A's K offset, B's block, and the scale
   // and column-sum rows of the group it ends (null inside a group).
-  thread_local std::vector<int64_t> a_offs;
-  thread_local std::vector<const void*> a_ptrs, b_ptrs;
-  thread_local std::vector<const float*> scale_rows;
-  thread_local std::vector<const int32_t*> comp_rows;
+  auto& a_offs = runtime::per_thread<std::vector<int64_t>>([] {});
+  auto& a_ptrs = runtime::per_thread<std::vector<const void*>>([] {});
+  auto& b_ptrs = runtime::per_thread<std::vector<const void*>>([] {});
+  auto& scale_rows = runtime::per_thread<std::vector<const float*>>([] {});
+  auto& comp_rows = runtime::per_thread<std::vector<const int32_t*>>([] {});
   for (size_t ci = 0; ci < n_chunks; ++ci) {
     const auto [c0, c1] = o.chunks[ci];
     const int64_t ck0 = o.runs[c0].k0;

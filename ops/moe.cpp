@@ -36,6 +36,7 @@
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
+#include "runtime/per_thread.h"
 #include "runtime/reference_quant.h"
 #include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
@@ -478,9 +479,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
              const PackedExperts::Impl& w2, const TensorView& weights, const TensorView& ids,
              const TensorView& out, const MoeOptions& opt) {
   // A named reference: lambdas running on pool threads must see this thread's
-  // scratch, not their own thread_local instance.
-  thread_local Scratch tls_scratch;
-  Scratch& sc = tls_scratch;
+  // scratch, not their own per-thread instance.
+  Scratch& sc = runtime::per_thread<Scratch>([] {});
   struct TrimOnReturn {
     Scratch& s;
     ~TrimOnReturn() { s.trim(); }
@@ -689,7 +689,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   runtime::parallel_for((n_down_blocks + down_run - 1) / down_run, [&](int64_t task) {
     const int64_t nb0 = task * down_run, nb1 = std::min(n_down_blocks, nb0 + down_run);
     const int64_t width = (nb1 - nb0) * 64;
-    thread_local std::vector<float> acc, tile;
+    auto& acc = runtime::per_thread<std::vector<float>>([] {});
+    auto& tile = runtime::per_thread<std::vector<float>>([] {});
     acc.assign(sz(T * width), 0.0f);
     constexpr int64_t kTileRows = 64;
     tile.resize(sz(kTileRows * 64));

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/per_thread.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::runtime {
@@ -90,4 +91,38 @@ TEST_F(ThreadPoolTest, NestedAndConcurrentCallsRunEveryIndex) {
 }
 
 }  // namespace
+
+// runtime::per_thread (the operators' per-thread scratch without C++
+// thread_local destructors): one object per call site and thread, made at
+// the first use, destroyed when its thread ends.
+std::atomic<int> g_made{0}, g_destroyed{0};
+struct Counted {
+  int value = 0;
+  Counted() { g_made.fetch_add(1); }
+  ~Counted() { g_destroyed.fetch_add(1); }
+};
+Counted& site_a() {
+  return runtime::per_thread<Counted>([] {});
+}
+Counted& site_b() {
+  return runtime::per_thread<Counted>([] {});
+}
+
+TEST(PerThread, OneObjectPerSiteAndThreadDestroyedWithTheThread) {
+  const int made0 = g_made.load(), destroyed0 = g_destroyed.load();
+  Counted* main_a = &site_a();
+  EXPECT_EQ(&site_a(), main_a);  // the same site again: the same object
+  EXPECT_NE(&site_b(), main_a);
+  site_a().value = 7;
+  std::thread t([&] {
+    EXPECT_NE(&site_a(), main_a);  // another thread: its own
+    EXPECT_EQ(site_a().value, 0);
+    site_a().value = 1;
+    site_b().value = 2;
+  });
+  t.join();
+  EXPECT_EQ(g_made.load() - made0, 4);
+  EXPECT_EQ(g_destroyed.load() - destroyed0, 2);  // the thread's two, not the main thread's
+  EXPECT_EQ(site_a().value, 7);
+}
 }  // namespace tilejit::runtime
