@@ -626,21 +626,7 @@ TEST_F(Decode, Mla) {
 // itself needs ~80 KiB and died inside LLVM; it now runs on a thread of its
 // own (runtime::run_with_stack).
 std::vector<uint16_t> mla_decode_g128(int64_t block = 16) {
-  constexpr int64_t kHq = 128, kD = 576, kDv = 512, kBlocks = 8, kLen = 50;
-  const int64_t kBlock = block;
-  const std::vector<uint16_t> q = random_bf16(kHq * kD, 11);
-  const std::vector<uint16_t> kv = random_bf16(kBlocks * kBlock * kD, 12);
-  std::vector<uint16_t> out(kHq * kDv, 0);
-  const std::vector<int32_t> table = {2, 0, 3, 1, 7, 5, 6, 4};
-  const std::vector<int32_t> lens = {kLen};
-  decode_attention(TensorView(q.data(), DType::bf16, {1, kHq, kD}),
-                   TensorView(kv.data(), DType::bf16, {kBlocks, kBlock, 1, kD}),
-                   TensorView(const_cast<uint16_t*>(kv.data()), DType::bf16,
-                              {kBlocks, kBlock, 1, kDv}, {kBlock * kD, kD, kD, 1}),
-                   TensorView(out.data(), DType::bf16, {1, kHq, kDv}),
-                   TensorView(table.data(), DType::i32, {1, kBlocks}),
-                   TensorView(lens.data(), DType::i32, {1}));
-  return out;
+  return mla_decode(/*hq=*/128, block, /*blocks=*/8, /*len=*/50, /*seed=*/11);
 }
 
 TEST_F(Decode, MlaOnASmallStackThread) {

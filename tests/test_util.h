@@ -461,4 +461,26 @@ inline std::set<std::string> gemm_kernel_keys(const codegen::GemmSpec& spec, Isa
   return keys;
 }
 
+// One MLA decode call, DeepSeek's cache layout: a single latent kv head, V
+// the first dv columns of K; `len` keys over `blocks` cache blocks of `block`
+// rows, the block table in reverse order; q and the cache from `seed`.
+// Returns out [1, hq, dv]; errors are the caller's to catch.
+inline std::vector<uint16_t> mla_decode(int64_t hq, int64_t block, int64_t blocks, int64_t len,
+                                        uint32_t seed, int64_t d = 576, int64_t dv = 512) {
+  const std::vector<uint16_t> q = random_bf16(static_cast<size_t>(hq * d), seed);
+  const std::vector<uint16_t> kv = random_bf16(static_cast<size_t>(blocks * block * d), seed + 1);
+  std::vector<uint16_t> out(static_cast<size_t>(hq * dv), 0);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(blocks - 1 - i);
+  const std::vector<int32_t> lens = {static_cast<int32_t>(len)};
+  decode_attention(TensorView(q.data(), DType::bf16, {1, hq, d}),
+                   TensorView(kv.data(), DType::bf16, {blocks, block, 1, d}),
+                   TensorView(const_cast<uint16_t*>(kv.data()), DType::bf16, {blocks, block, 1, dv},
+                              {block * d, d, d, 1}),
+                   TensorView(out.data(), DType::bf16, {1, hq, dv}),
+                   TensorView(table.data(), DType::i32, {1, blocks}),
+                   TensorView(lens.data(), DType::i32, {1}));
+  return out;
+}
+
 }  // namespace tilejit::test
