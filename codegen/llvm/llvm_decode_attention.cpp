@@ -56,29 +56,6 @@
 
 namespace tilejit::codegen::llvm_backend {
 
-namespace {
-constexpr int64_t kScratchAlign = 64;
-int64_t align_up(int64_t n) {
-  return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-}
-// The fixed part of the scratch (everything but the packed q rows, which
-// come last and grow with `heads`), as a bound on any layout the emitter
-// picks: weights and α in f32 (bf16 takes half), rows padded to 32 elements.
-int64_t fixed_scratch_bound(const DecodeAttentionDesc& d) {
-  constexpr int64_t kChunkKeys = 16, kVecLanes = 16;
-  const int64_t pd = (d.d + 31) / 32 * 32, pdv = (d.dv + 31) / 32 * 32;
-  int64_t n = align_up(2 * d.g * kChunkKeys * 4) + align_up(2 * d.g * 4) +
-              align_up(4 * kVecLanes * 4) + align_up((d.prefetch_chunks + 1) * 2 * kChunkKeys * 8);
-  if (d.kv == DType::f8e4m3)
-    n += align_up(kChunkKeys * pd * 2) + align_up(2 * kChunkKeys * pdv * 2);
-  return n;
-}
-}  // namespace
-
-int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads) {
-  return fixed_scratch_bound(d) + align_up(heads * d.g * ((d.d + 31) / 32 * 32) * 2);
-}
-
 bool DecodeAttentionDesc::uses_dpbf16() const {
   return dot == DecodeDot::dpbf16 || (dot == DecodeDot::best && host_target().avx512bf16);
 }
@@ -171,6 +148,21 @@ Mask interleave_mask(bool hi) {
       m.insert(m.end(), {c, 32 + c});
     }
   return m;
+}
+
+constexpr int64_t kScratchAlign = 64;
+int64_t align_up(int64_t n) {
+  return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+// The fixed part of DecodeAttentionArgs::scratch (everything but the packed q
+// rows, which come last and grow with `heads`), as a bound on any layout the
+// emitter picks: weights and α in f32 (bf16 takes half), rows padded to 32.
+int64_t fixed_scratch_bound(const DecodeAttentionDesc& d) {
+  const int64_t pd = (d.d + 31) / 32 * 32, pdv = (d.dv + 31) / 32 * 32;
+  int64_t n = align_up(2 * d.g * kChunk * 4) + align_up(2 * d.g * 4) + align_up(4 * kLanes * 4) +
+              align_up((d.prefetch_chunks + 1) * 2 * kChunk * 8);
+  if (d.kv == DType::f8e4m3) n += align_up(kChunk * pd * 2) + align_up(2 * kChunk * pdv * 2);
+  return n;
 }
 
 class DecodeEmitter : public KernelEmitter {
@@ -1266,6 +1258,10 @@ class DecodeEmitter : public KernelEmitter {
 };
 
 }  // namespace
+
+int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads) {
+  return fixed_scratch_bound(d) + align_up(heads * d.g * ((d.d + 31) / 32 * 32) * 2);
+}
 
 LlvmKernel compile_llvm_decode_attention(const DecodeAttentionDesc& desc, OptLevel opt) {
   check(desc);

@@ -215,7 +215,7 @@ struct InternedValueTypes : llvm::SDNode {
 // ERROR: out of memory" and abort, and a std::bad_alloc from operator new
 // unwinds through frames built without exceptions, skipping their cleanups
 // (under `ulimit -v`, a decode kernel's compile ended in that abort, or in
-// "free(): invalid pointer", at 3 of 9 limits between 202 and 210 MB). So
+// "free(): invalid pointer", at 4 of 8 limits between 202 and 210 MB). So
 // work inside LLVM starts only when a mapping of this size could be made
 // now, which a limit on the address space (RLIMIT_AS) or strict overcommit
 // would refuse; it is never touched, so it costs no memory. The largest
