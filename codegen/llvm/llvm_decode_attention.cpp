@@ -63,7 +63,7 @@ bool DecodeAttentionDesc::uses_dpbf16() const {
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kChunk = 16;  // keys per softmax step (= lanes of a score vector)
+constexpr int kChunk = static_cast<int>(kDecodeChunkKeys);
 // Prefetch distance in chunks (DecodeAttentionDesc::prefetch_chunks, default
 // 2), hint and placement, measured on Zen 4 (B 16,
 // 8k keys, block 16, cold cache, noisy shared box): prefetcht2 beats
@@ -150,21 +150,6 @@ Mask interleave_mask(bool hi) {
   return m;
 }
 
-constexpr int64_t kScratchAlign = 64;
-int64_t align_up(int64_t n) {
-  return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-}
-// The fixed part of DecodeAttentionArgs::scratch (everything but the packed q
-// rows, which come last and grow with `heads`), as a bound on any layout the
-// emitter picks: weights and α in f32 (bf16 takes half), rows padded to 32.
-int64_t fixed_scratch_bound(const DecodeAttentionDesc& d) {
-  const int64_t pd = (d.d + 31) / 32 * 32, pdv = (d.dv + 31) / 32 * 32;
-  int64_t n = align_up(2 * d.g * kChunk * 4) + align_up(2 * d.g * 4) + align_up(4 * kLanes * 4) +
-              align_up((d.prefetch_chunks + 1) * 2 * kChunk * 8);
-  if (d.kv == DType::f8e4m3) n += align_up(kChunk * pd * 2) + align_up(2 * kChunk * pdv * 2);
-  return n;
-}
-
 class DecodeEmitter : public KernelEmitter {
  public:
   DecodeEmitter(ModuleContext& mc, const DecodeAttentionDesc& d, bool dp)
@@ -217,7 +202,7 @@ class DecodeEmitter : public KernelEmitter {
       vscr_ = carve(2 * kChunk * pitch(true) * 2);
     }
     // The bound the caller allocates by must hold this layout.
-    if (scratch_used_ > fixed_scratch_bound(d_) || qpitch() > (d_.d + 31) / 32 * 32)
+    if (scratch_used_ > decode_attention_fixed_scratch(d_) || qpitch() > (d_.d + 31) / 32 * 32)
       throw InternalError("decode_attention_scratch_bytes is below the kernel's layout (" +
                           std::to_string(scratch_used_) + " fixed bytes)");
     qpack_ = carve(0);  // heads·G·qpitch bf16, the rest of the scratch
@@ -1235,7 +1220,7 @@ class DecodeEmitter : public KernelEmitter {
   int64_t scratch_used_ = 0;
   llvm::Value* carve(int64_t bytes) {
     llvm::Value* p = b_.CreateGEP(b_.getInt8Ty(), scratch_, i64(scratch_used_));
-    scratch_used_ += align_up(bytes);
+    scratch_used_ += decode_scratch_align(bytes);
     return p;
   }
   int64_t pack_ = 1;
@@ -1258,10 +1243,6 @@ class DecodeEmitter : public KernelEmitter {
 };
 
 }  // namespace
-
-int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads) {
-  return fixed_scratch_bound(d) + align_up(heads * d.g * ((d.d + 31) / 32 * 32) * 2);
-}
 
 LlvmKernel compile_llvm_decode_attention(const DecodeAttentionDesc& desc, OptLevel opt) {
   check(desc);

@@ -113,9 +113,32 @@ static_assert(offsetof(DecodeAttentionArgs, j0) == 72 &&
               offsetof(DecodeAttentionArgs, k_scale) == 168 &&
               offsetof(DecodeAttentionArgs, scratch) == 176);
 
-// Bytes of DecodeAttentionArgs::scratch for a call over `heads` kv heads: a
-// bound the emitter checks its layout against when it compiles.
-int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads);
+// Keys per softmax step of the kernel (the lanes of a score vector).
+inline constexpr int64_t kDecodeChunkKeys = 16;
+inline int64_t decode_scratch_align(int64_t n) {
+  return (n + 63) / 64 * 64;
+}
+// The fixed part of DecodeAttentionArgs::scratch (everything but the packed q
+// rows, which come last and grow with `heads`), as a bound on any layout the
+// emitter picks, which it checks when it compiles: weights and α in f32
+// (bf16 takes half), four 16-float vectors, the prefetched row offsets, rows
+// padded to 32 elements. Inline: the operators size the buffer in builds
+// without LLVM too.
+inline int64_t decode_attention_fixed_scratch(const DecodeAttentionDesc& d) {
+  constexpr int64_t c = kDecodeChunkKeys;
+  const int64_t pd = (d.d + 31) / 32 * 32, pdv = (d.dv + 31) / 32 * 32;
+  int64_t n = decode_scratch_align(2 * d.g * c * 4) + decode_scratch_align(2 * d.g * 4) +
+              decode_scratch_align(4 * 16 * 4) +
+              decode_scratch_align((d.prefetch_chunks + 1) * 2 * c * 8);
+  if (d.kv == DType::f8e4m3)
+    n += decode_scratch_align(c * pd * 2) + decode_scratch_align(2 * c * pdv * 2);
+  return n;
+}
+// Bytes of DecodeAttentionArgs::scratch for a call over `heads` kv heads.
+inline int64_t decode_attention_scratch_bytes(const DecodeAttentionDesc& d, int64_t heads) {
+  return decode_attention_fixed_scratch(d) +
+         decode_scratch_align(heads * d.g * ((d.d + 31) / 32 * 32) * 2);
+}
 
 using DecodeAttentionFn = void (*)(const DecodeAttentionArgs*);
 
