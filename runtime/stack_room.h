@@ -15,8 +15,9 @@ namespace tilejit::runtime {
 // that cannot be told.
 size_t stack_room();
 
-// Runs f here if stack_room() >= need, else on a new thread with an 8 MiB
-// stack, waiting for it; f's exception reaches the caller. A thread the
+// Runs f here if stack_room() >= need, else (or when the room cannot be
+// told: a fiber's stack) on a new thread with an 8 MiB stack, waiting for it
+// without being cancellable; f's exception reaches the caller. A thread the
 // system refuses is an Error naming what ran short.
 void run_with_stack(size_t need, const std::function<void()>& f);
 

@@ -630,6 +630,8 @@ std::vector<uint16_t> mla_decode_g128(int64_t block = 16) {
 }
 
 TEST_F(Decode, MlaOnASmallStackThread) {
+  if (kUnderAsan || kUnderTsan)
+    GTEST_SKIP() << "the sanitizers' instrumentation takes stack of its own";
   const int saved = num_threads();
   set_num_threads(1);
   const std::vector<uint16_t> expected = mla_decode_g128();

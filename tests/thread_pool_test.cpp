@@ -4,6 +4,7 @@
 // finished call); errors propagate; nested and concurrent calls run inline.
 // Also run under ThreadSanitizer (dev.sh tsan).
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "runtime/per_thread.h"
+#include "runtime/stack_room.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::runtime {
@@ -124,5 +126,36 @@ TEST(PerThread, OneObjectPerSiteAndThreadDestroyedWithTheThread) {
   EXPECT_EQ(g_made.load() - made0, 4);
   EXPECT_EQ(g_destroyed.load() - destroyed0, 2);  // the thread's two, not the main thread's
   EXPECT_EQ(site_a().value, 7);
+}
+
+// runtime::run_with_stack moves work off a thread without room (here: any
+// thread, the need is 1 GiB) and waits for it without being cancellable: a
+// caller cancelled in that wait unwound the frame the helper still used (a
+// crash in 5 of 5 runs of an outside tester's program). The work must end
+// before the cancel is acted on, and its exception reach the caller.
+std::atomic<int> g_work_done{0};
+void* cancelled_caller(void*) {
+  int local = 0;
+  run_with_stack(size_t{1} << 30, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    local = 1;  // the caller's frame, still there
+    g_work_done.store(local);
+  });
+  pthread_testcancel();
+  return nullptr;
+}
+
+TEST(RunWithStack, ACancelledCallerWaitsForItsWork) {
+  g_work_done.store(0);
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, nullptr, cancelled_caller, nullptr), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  pthread_cancel(t);
+  void* ret = nullptr;
+  ASSERT_EQ(pthread_join(t, &ret), 0);
+  EXPECT_EQ(ret, PTHREAD_CANCELED);
+  EXPECT_EQ(g_work_done.load(), 1);
+  EXPECT_THROW(run_with_stack(size_t{1} << 30, [] { throw std::runtime_error("work"); }),
+               std::runtime_error);
 }
 }  // namespace tilejit::runtime

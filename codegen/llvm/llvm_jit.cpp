@@ -143,7 +143,8 @@ std::shared_mutex& exit_gate() {
   return gate;
 }
 std::atomic<bool> g_exiting{false};
-thread_local int t_llvm_depth = 0;  // this thread holds the gate (exit() from inside LLVM)
+std::atomic<bool> g_fork_waiting{false};  // a fork handler wants the gate
+thread_local int t_llvm_depth = 0;        // this thread holds the gate (exit() from inside LLVM)
 void close_exit_gate() {
   if (g_exiting.exchange(true) || t_llvm_depth > 0) return;  // no self-deadlock
   exit_gate().lock();                                        // never unlocked
@@ -157,6 +158,9 @@ class LlvmGate {
   LlvmGate() {
     if (t_llvm_depth == 0) {
       while (g_exiting.load()) std::this_thread::sleep_for(std::chrono::hours(1));  // until _exit
+      // A fork waiting for the gate goes first, for the same reason: with two
+      // threads compiling back to back, fork() waited 17-48 s.
+      while (g_fork_waiting.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
       lock_ = std::shared_lock<std::shared_mutex>(exit_gate());
     }
     ++t_llvm_depth;
@@ -365,6 +369,7 @@ const HostTarget& host_target() {
 
 void before_fork() {
   if (g_exiting.load() || t_llvm_depth > 0) return;
+  g_fork_waiting.store(true);
   exit_gate().lock();  // the compiles in flight finish; none starts
   g_fork_locked = true;
 }
@@ -372,6 +377,7 @@ void before_fork() {
 void after_fork(bool child) {
   if (!g_fork_locked) return;
   g_fork_locked = false;
+  g_fork_waiting.store(false);
   if (!child) return exit_gate().unlock();
   // glibc's rwlock records its writer's thread id, which the child's thread
   // does not have: unlocking it there corrupted it (the child's next compile
