@@ -29,7 +29,7 @@ endfunction()
 step(install ${CMAKE_COMMAND} --install ${TILEJIT_BUILD_DIR} --prefix ${prefix})
 
 # The installed tree: the public headers, the library, the package files.
-foreach(f include/tilejit/tilejit.h include/tilejit/error.h)
+foreach(f include/tilejit/tilejit.h include/tilejit/error.h include/tilejit/tilejit_c.h)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install is missing ${f}")
   endif()
@@ -67,8 +67,14 @@ if(CHECK STREQUAL "tool")
   return()
 endif()
 
+# The C app's compiler: the C driver of the C++ one (clang++-19 -> clang-19,
+# g++ -> gcc, c++ -> cc), so a sanitized build's runtimes match.
+string(REGEX REPLACE "clang\\+\\+" "clang" c_compiler "${CXX_COMPILER}")
+string(REGEX REPLACE "g\\+\\+" "gcc" c_compiler "${c_compiler}")
+string(REGEX REPLACE "c\\+\\+" "cc" c_compiler "${c_compiler}")
 step(configure ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+     -DCMAKE_C_COMPILER=${c_compiler} "-DCMAKE_C_FLAGS=${CONSUMER_CXX_FLAGS}"
      -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
      -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF
      # A sanitized libtilejit needs the sanitizer runtime loaded first: the
@@ -77,3 +83,4 @@ step(configure ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -
 step(build ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 # The app must find the installed library by itself (no LD_LIBRARY_PATH).
 step(run ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${WORK_DIR}/build/app)
+step(run_c ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${WORK_DIR}/build/c_app)

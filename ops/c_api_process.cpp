@@ -1,0 +1,69 @@
+// The C API's process-wide functions (include/tilejit/tilejit_c.h): CPU
+// information, cache statistics, the tuning database, the thread count.
+#include <algorithm>
+
+#include "ops/c_api_support.h"
+
+using namespace tilejit;
+using namespace tilejit::c_api;
+
+extern "C" {
+
+tilejit_status tilejit_get_cpu_info(tilejit_cpu_info* out) {
+  return call([&] {
+    tilejit_cpu_info& o = deref(out, "out");
+    const CpuInfo c = cpu_info();
+    o = tilejit_cpu_info{};
+    const size_t n = std::min(c.vendor.size(), sizeof o.vendor - 1);
+    std::memcpy(o.vendor, c.vendor.data(), n);
+    o.vendor[n] = '\0';
+    o.avx512f = c.avx512f;
+    o.avx512bw = c.avx512bw;
+    o.avx512vl = c.avx512vl;
+    o.avx512_bf16 = c.avx512_bf16;
+    o.avx512_fp16 = c.avx512_fp16;
+    o.amx_tile = c.amx_tile;
+    o.amx_bf16 = c.amx_bf16;
+    o.amx_int8 = c.amx_int8;
+    o.amx_permitted = c.amx_permitted;
+    o.amx_emulated = c.amx_emulated;
+    o.avx2 = c.avx2;
+    o.fma = c.fma;
+    o.llvm_backend = c.llvm_backend;
+    o.max_isa = static_cast<tilejit_isa>(c.max_isa);
+    o.isa = static_cast<tilejit_isa>(c.isa);
+    o.num_threads = c.num_threads;
+  });
+}
+
+tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out) {
+  return call([&] {
+    tilejit_cache_stats& o = deref(out, "out");
+    const CacheStats s = cache_stats();
+    o.hits = s.hits;
+    o.misses = s.misses;
+    o.compiles = s.compiles;
+    o.compile_seconds = s.compile_seconds;
+    o.kernels = s.kernels;
+    o.disk_loads = s.disk_loads;
+    o.disk_stores = s.disk_stores;
+    o.tuned_plans = s.tuned_plans;
+  });
+}
+
+tilejit_status tilejit_load_tuning_db(const char* path) {
+  return call([&] {
+    deref(path, "path");
+    load_tuning_db(path);
+  });
+}
+
+tilejit_status tilejit_set_num_threads(int32_t n) {
+  return call([&] { set_num_threads(n); });
+}
+
+tilejit_status tilejit_get_num_threads(int32_t* out) {
+  return call([&] { deref(out, "out") = num_threads(); });
+}
+
+}  // extern "C"
