@@ -155,24 +155,29 @@ void select_top_logits(std::vector<int32_t>& idx, int64_t k, const std::vector<d
 // ∞ − ∞ instead: a NaN logit makes every probability of the token NaN (its
 // denominator sees it); +inf logits share probability 1 equally, the rest
 // get 0; a row of only −inf logits is uniform (the limit of equal logits).
-void softmax(std::vector<double>& s, int64_t e) {
+// Ranking (nan_poisons false): the softmax of the numbers alone, NaN logits
+// left NaN, so a NaN ranks below every probability and the others keep the
+// order of their logits (grouped_topk's selection keys: its ids are then the
+// best numbers, as topk_softmax's are, while its weights are all NaN).
+void softmax(std::vector<double>& s, int64_t e, bool nan_poisons = true) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   double mx = -inf;
   bool nan = false;
   for (int64_t i = 0; i < e; ++i) {
     nan = nan || std::isnan(s[i]);
-    mx = std::max(mx, s[i]);
+    if (!std::isnan(s[i])) mx = std::max(mx, s[i]);
   }
-  if (nan) {
+  if (nan && nan_poisons) {
     std::fill(s.begin(), s.begin() + e, std::numeric_limits<double>::quiet_NaN());
     return;
   }
   if (mx == inf || mx == -inf)
-    for (int64_t i = 0; i < e; ++i) s[i] = s[i] == mx ? 0.0 : -inf;  // the tied top at 0
+    for (int64_t i = 0; i < e; ++i)
+      if (!std::isnan(s[i])) s[i] = s[i] == mx ? 0.0 : -inf;  // the tied top at 0
   double sum = 0;
   for (int64_t i = 0; i < e; ++i) {
     s[i] = std::exp(s[i] - (mx == inf || mx == -inf ? 0.0 : mx));
-    sum += s[i];
+    if (!std::isnan(s[i])) sum += s[i];
   }
   for (int64_t i = 0; i < e; ++i) s[i] /= sum;
 }
@@ -212,7 +217,9 @@ void chosen_scores(bool use_softmax, std::vector<double>& s, int64_t e,
 
 // Writes the k chosen experts of token t: weight = score · scale, divided by
 // the sum of the chosen scores when renormalizing (skipped if that sum is 0,
-// e.g. every σ underflowed: dividing would turn the row into NaN).
+// e.g. every σ underflowed: dividing would turn the row into NaN). A NaN in
+// that sum (a chosen σ(NaN)) makes every weight of the token NaN, as a NaN
+// logit does under softmax: the others' shares are undefined.
 void write_row(const TensorView& weights, const TensorView& ids, int64_t t, int64_t k,
                const std::vector<int32_t>& chosen, const std::vector<double>& score,
                bool renormalize, double scale) {
@@ -220,7 +227,7 @@ void write_row(const TensorView& weights, const TensorView& ids, int64_t t, int6
   int32_t* id = static_cast<int32_t*>(ids.data) + t * ids.strides[0];
   double sum = 0;
   for (int64_t j = 0; j < k; ++j) sum += score[chosen[j]];
-  const double norm = renormalize && sum > 0 ? scale / sum : scale;
+  const double norm = renormalize && (sum > 0 || std::isnan(sum)) ? scale / sum : scale;
   for (int64_t j = 0; j < k; ++j) {
     id[j] = chosen[j];
     w[j] = static_cast<float>(score[chosen[j]] * norm);
@@ -319,12 +326,15 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
       const int64_t end = std::min(c.t, (task + 1) * kTokensPerTask);
       for (int64_t t = task * kTokensPerTask; t < end; ++t) {
         load_row(logits, t, score);
-        if (opt.score == RouterScore::softmax)
+        if (opt.score == RouterScore::softmax) {
+          key = score;
+          softmax(key, c.e, /*nan_poisons=*/false);
           softmax(score, c.e);
-        else
+        } else {
           sigmoid(score, c.e);
+          key = score;
+        }
         for (int64_t i = 0; i < c.e; ++i) {
-          key[i] = score[i];
           if (bias != nullptr)
             key[i] += static_cast<const float*>(bias->data)[i * bias->strides[0]];
         }

@@ -603,6 +603,50 @@ TEST(NanRouting, NaNRanksLastAndPoisonsOnlyItsToken) {
   EXPECT_TRUE(std::isnan(s2.w[3]));
 }
 
+// An outside tester's cases: a chosen σ(NaN) left the others' weights finite
+// and unnormalized (summing past 1) under renormalize, and grouped_topk's
+// softmax chose the NaN expert (every key NaN) where topk_softmax chose the
+// best numbers.
+TEST(NanRouting, AChosenNaNPoisonsRenormalizedWeightsAndNeverWinsASelection) {
+  const float nan = kNanF;
+  const std::vector<float> l{nan, nan, 1.0f, 0.0f};
+  const Routed r = route(l, 4, 3, 1, true);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3, 0}));
+  for (float w : r.w) EXPECT_TRUE(std::isnan(w)) << w;
+  const Routed p = route(l, 4, 3, 1, false);  // not renormalized: the NaN expert alone
+  EXPECT_FLOAT_EQ(p.w[0], 1.0f / (1.0f + std::exp(-1.0f)));
+  EXPECT_FLOAT_EQ(p.w[1], 0.5f);
+  EXPECT_TRUE(std::isnan(p.w[2]));
+  for (int64_t groups : {1, 2}) {
+    std::vector<float> w(3);
+    std::vector<int32_t> ids(3);
+    grouped_topk(
+        TensorView(l.data(), DType::f32, {1, 4}), TensorView(w.data(), DType::f32, {1, 3}),
+        TensorView(ids.data(), DType::i32, {1, 3}),
+        {.num_expert_group = static_cast<int>(groups), .topk_group = static_cast<int>(groups)});
+    EXPECT_EQ(ids, (std::vector<int32_t>{2, 3, 0})) << groups;
+    for (float x : w) EXPECT_TRUE(std::isnan(x)) << groups;
+  }
+  // Softmax: the ids are the best numbers on both routers, the weights NaN.
+  const std::vector<float> l2{1.0f, nan, 2.0f, 3.0f};
+  const Routed s = route(l2, 4, 2, 0);
+  EXPECT_EQ(s.ids, (std::vector<int32_t>{3, 2}));
+  const Routed g = route(l2, 4, 2, 2);
+  EXPECT_EQ(g.ids, (std::vector<int32_t>{3, 2}));
+  for (float x : g.w) EXPECT_TRUE(std::isnan(x));
+  for (int64_t groups : {1, 4}) {
+    std::vector<float> w(2);
+    std::vector<int32_t> ids(2);
+    grouped_topk(TensorView(l2.data(), DType::f32, {1, 4}),
+                 TensorView(w.data(), DType::f32, {1, 2}),
+                 TensorView(ids.data(), DType::i32, {1, 2}),
+                 {.score = RouterScore::softmax,
+                  .num_expert_group = static_cast<int>(groups),
+                  .topk_group = static_cast<int>(groups)});
+    EXPECT_EQ(ids, (std::vector<int32_t>{3, 2})) << groups;
+  }
+}
+
 TEST(NanRouting, InfiniteLogitsTakeTheirLimits) {
   const float inf = kInf;
   // Softmax: an all −inf row is uniform; +inf logits share probability 1.

@@ -137,7 +137,7 @@ struct Int4Weight {
   // or a tensor-parallel K shard that starts inside a group); absent: k / group_size.
   std::optional<TensorView> g_idx;
   int bits = 4;              // only 4 is supported (an Error otherwise)
-  int64_t group_size = 128;  // 32, 64, 128, or −1 (per channel: G = 1)
+  int64_t group_size = 128;  // any >= 1 (32, 64, 128 are usual), or −1 (per channel: G = 1)
   // GPTQ only: qzeros hold z itself ("gptq_v2") instead of z − 1 (the
   // original v1 format, AutoGPTQ "gptq", the default). AWQ stores z: true
   // with awq is an Error.

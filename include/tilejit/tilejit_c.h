@@ -131,7 +131,7 @@ typedef struct tilejit_int4_weight {
   const tilejit_tensor* qzeros; /* NULL: symmetric */
   const tilejit_tensor* g_idx;  /* NULL: k / group_size */
   int32_t bits;                 /* 4 */
-  int64_t group_size;           /* 32, 64, 128 or -1 */
+  int64_t group_size;           /* any >= 1, or -1 (per channel) */
   bool gptq_v2;
   int64_t n, k; /* 0: from qweight */
 } tilejit_int4_weight;
