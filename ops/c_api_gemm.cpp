@@ -1,26 +1,11 @@
 // The C API's weights and GEMM (include/tilejit/tilejit_c.h): packing each
 // format into a handle, its queries, unpack and dequantize, and gemm.
-#include <memory>
-
 #include "ops/c_api_support.h"
 
 using namespace tilejit;
 using namespace tilejit::c_api;
 
 namespace {
-
-// Packs through make() into a new handle; *out is NULL on failure.
-template <class F>
-tilejit_status pack_into(tilejit_packed_weight** out, F make) {
-  if (out != nullptr) *out = nullptr;
-  return call([&] {
-    deref(out, "out");
-    auto handle = std::make_unique<tilejit_packed_weight>();
-    handle->w = make();
-    handle->layout = handle->w.layout();
-    *out = handle.release();
-  });
-}
 
 const PackedWeight& weight(const tilejit_packed_weight* w) {
   return deref(w, "w").w;
@@ -77,20 +62,20 @@ tilejit_status tilejit_int4_weight_from_autoround(const tilejit_autoround_config
 }
 
 tilejit_status tilejit_pack_weight_bf16(const tilejit_tensor* w, tilejit_packed_weight** out) {
-  return pack_into(out, [&] { return pack_weight(view(w, "w")); });
+  return make_handle(out, [&] { return pack_weight(view(w, "w")); });
 }
 tilejit_status tilejit_pack_weight_int8(const tilejit_int8_weight* w, tilejit_packed_weight** out) {
-  return pack_into(out, [&] { return pack_weight(int8_weight(deref(w, "w"), "w")); });
+  return make_handle(out, [&] { return pack_weight(int8_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_fp8(const tilejit_fp8_weight* w, tilejit_packed_weight** out) {
-  return pack_into(out, [&] { return pack_weight(fp8_weight(deref(w, "w"), "w")); });
+  return make_handle(out, [&] { return pack_weight(fp8_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_int4(const tilejit_int4_weight* w, tilejit_packed_weight** out) {
-  return pack_into(out, [&] { return pack_weight(int4_weight(deref(w, "w"), "w")); });
+  return make_handle(out, [&] { return pack_weight(int4_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_mxfp4(const tilejit_mxfp4_weight* w,
                                          tilejit_packed_weight** out) {
-  return pack_into(out, [&] { return pack_weight(mxfp4_weight(deref(w, "w"), "w")); });
+  return make_handle(out, [&] { return pack_weight(mxfp4_weight(deref(w, "w"), "w")); });
 }
 
 void tilejit_packed_weight_destroy(tilejit_packed_weight* w) {

@@ -1,6 +1,4 @@
 // The C API's mixture of experts and routing (include/tilejit/tilejit_c.h).
-#include <memory>
-
 #include "ops/c_api_support.h"
 
 using namespace tilejit;
@@ -8,20 +6,24 @@ using namespace tilejit::c_api;
 
 namespace {
 
-template <class F>
-tilejit_status pack_into(tilejit_packed_experts** out, F make) {
-  if (out != nullptr) *out = nullptr;
-  return call([&] {
-    deref(out, "out");
-    auto handle = std::make_unique<tilejit_packed_experts>();
-    handle->w = make();
-    handle->layout = handle->w.layout();
-    *out = handle.release();
-  });
-}
-
 const PackedExperts& experts(const tilejit_packed_experts* w, const char* arg) {
   return deref(w, arg).w;
+}
+
+// The quantized pack_experts / unpack: one C description per expert,
+// converted by conv.
+template <class C, class Conv>
+tilejit_status pack_quantized(const C* w, int64_t num_experts, tilejit_expert_proj proj,
+                              tilejit_glu_rows rows, tilejit_packed_experts** out, Conv conv) {
+  return make_handle(out, [&] {
+    return pack_experts(weight_array(w, num_experts, "w", conv), to_enum<ExpertProj>(proj),
+                        to_enum<GluRows>(rows));
+  });
+}
+template <class C, class Conv>
+tilejit_status unpack_quantized(const tilejit_packed_experts* w, const C* out, int64_t num_experts,
+                                Conv conv) {
+  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", conv)); });
 }
 
 }  // namespace
@@ -30,41 +32,29 @@ extern "C" {
 
 tilejit_status tilejit_pack_experts_bf16(const tilejit_tensor* w, tilejit_expert_proj proj,
                                          tilejit_glu_rows rows, tilejit_packed_experts** out) {
-  return pack_into(out, [&] {
+  return make_handle(out, [&] {
     return pack_experts(view(w, "w"), to_enum<ExpertProj>(proj), to_enum<GluRows>(rows));
   });
 }
 tilejit_status tilejit_pack_experts_int8(const tilejit_int8_weight* w, int64_t num_experts,
                                          tilejit_expert_proj proj, tilejit_glu_rows rows,
                                          tilejit_packed_experts** out) {
-  return pack_into(out, [&] {
-    return pack_experts(weight_array(w, num_experts, "w", int8_weight), to_enum<ExpertProj>(proj),
-                        to_enum<GluRows>(rows));
-  });
+  return pack_quantized(w, num_experts, proj, rows, out, int8_weight);
 }
 tilejit_status tilejit_pack_experts_fp8(const tilejit_fp8_weight* w, int64_t num_experts,
                                         tilejit_expert_proj proj, tilejit_glu_rows rows,
                                         tilejit_packed_experts** out) {
-  return pack_into(out, [&] {
-    return pack_experts(weight_array(w, num_experts, "w", fp8_weight), to_enum<ExpertProj>(proj),
-                        to_enum<GluRows>(rows));
-  });
+  return pack_quantized(w, num_experts, proj, rows, out, fp8_weight);
 }
 tilejit_status tilejit_pack_experts_int4(const tilejit_int4_weight* w, int64_t num_experts,
                                          tilejit_expert_proj proj, tilejit_glu_rows rows,
                                          tilejit_packed_experts** out) {
-  return pack_into(out, [&] {
-    return pack_experts(weight_array(w, num_experts, "w", int4_weight), to_enum<ExpertProj>(proj),
-                        to_enum<GluRows>(rows));
-  });
+  return pack_quantized(w, num_experts, proj, rows, out, int4_weight);
 }
 tilejit_status tilejit_pack_experts_mxfp4(const tilejit_mxfp4_weight* w, int64_t num_experts,
                                           tilejit_expert_proj proj, tilejit_glu_rows rows,
                                           tilejit_packed_experts** out) {
-  return pack_into(out, [&] {
-    return pack_experts(weight_array(w, num_experts, "w", mxfp4_weight), to_enum<ExpertProj>(proj),
-                        to_enum<GluRows>(rows));
-  });
+  return pack_quantized(w, num_experts, proj, rows, out, mxfp4_weight);
 }
 
 void tilejit_packed_experts_destroy(tilejit_packed_experts* w) {
@@ -97,22 +87,22 @@ tilejit_status tilejit_packed_experts_unpack_bf16(const tilejit_packed_experts* 
 tilejit_status tilejit_packed_experts_unpack_int8(const tilejit_packed_experts* w,
                                                   const tilejit_int8_weight* out,
                                                   int64_t num_experts) {
-  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", int8_weight)); });
+  return unpack_quantized(w, out, num_experts, int8_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_fp8(const tilejit_packed_experts* w,
                                                  const tilejit_fp8_weight* out,
                                                  int64_t num_experts) {
-  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", fp8_weight)); });
+  return unpack_quantized(w, out, num_experts, fp8_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_int4(const tilejit_packed_experts* w,
                                                   const tilejit_int4_weight* out,
                                                   int64_t num_experts) {
-  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", int4_weight)); });
+  return unpack_quantized(w, out, num_experts, int4_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_mxfp4(const tilejit_packed_experts* w,
                                                    const tilejit_mxfp4_weight* out,
                                                    int64_t num_experts) {
-  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", mxfp4_weight)); });
+  return unpack_quantized(w, out, num_experts, mxfp4_weight);
 }
 
 void tilejit_moe_options_init(tilejit_moe_options* opt) {

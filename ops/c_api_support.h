@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -105,3 +106,21 @@ struct tilejit_packed_experts {
   tilejit::PackedExperts w;
   std::string layout;
 };
+
+namespace tilejit::c_api {
+
+// A tilejit_pack_* function: packs through make() into a new handle
+// (tilejit_packed_weight or tilejit_packed_experts); *out is NULL on failure.
+template <class Handle, class F>
+tilejit_status make_handle(Handle** out, F make) {
+  if (out != nullptr) *out = nullptr;
+  return call([&] {
+    deref(out, "out");
+    auto handle = std::make_unique<Handle>();
+    handle->w = make();
+    handle->layout = handle->w.layout();
+    *out = handle.release();
+  });
+}
+
+}  // namespace tilejit::c_api
