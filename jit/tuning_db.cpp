@@ -800,19 +800,39 @@ struct Document {
   ~Document() { teardown(j); }
 };
 
+// nlohmann's DOM builder, remembering where the parser failed: a number
+// out of double's range (1e400) is an out_of_range exception, which, unlike a
+// parse_error, carries no position.
+struct PositionedDom : nlohmann::detail::json_sax_dom_parser<json> {
+  using nlohmann::detail::json_sax_dom_parser<json>::json_sax_dom_parser;
+  size_t error_byte = 0;  // 1-based, as parse_error::byte
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& last_token, const Exception& ex) {
+    error_byte = position;
+    return nlohmann::detail::json_sax_dom_parser<json>::parse_error(position, last_token, ex);
+  }
+};
+
 TuningDb parse_db(const std::string& text, const std::string& path) {
   check_db_structure(text, path);
+  // nlohmann reads a NUL byte as the end of the input: what follows one
+  // would be ignored, not refused.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: a NUL byte at "
+                            "byte {}; allowed: JSON text",
+                            path, line_of_byte(text, nul), nul));
   Document doc;
   json& j = doc.j;
+  // Built in place (not json::parse's return value): what was built when
+  // memory ran out is doc's, torn down without allocating.
+  PositionedDom dom(j, true);
   try {
-    // Built in place (not json::parse's return value): what was built when
-    // memory ran out is doc's, torn down without allocating.
-    nlohmann::detail::json_sax_dom_parser<json> dom(j, true);
     json::sax_parse(text, &dom);
-  } catch (const json::parse_error& e) {
-    // e.byte: 1-based position of the byte at which parsing failed.
+  } catch (const json::exception& e) {
+    // dom.error_byte: 1-based position of the byte at which parsing failed.
     throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: {}", path,
-                            line_of_byte(text, e.byte == 0 ? 0 : e.byte - 1), e.what()));
+                            line_of_byte(text, dom.error_byte == 0 ? 0 : dom.error_byte - 1),
+                            e.what()));
   }
   // The version compared as JSON: get<int> would truncate 4294967297 to 1.
   if (!j.is_object() || !j.contains("tilejit_tuning_db") ||

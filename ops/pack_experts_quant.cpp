@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "ops/pack_quant_util.h"
 #include "ops/packed_experts_impl.h"
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
@@ -146,13 +147,15 @@ template <class W>
 void unpack_quantized(const PackedExperts::Impl* impl, const std::vector<W>& out) {
   const char* op = "PackedExperts::unpack";
   const PackedExperts::Impl& p = need_quant(impl, op, out.size());
+  // Every expert's outputs checked before any is written.
   for (size_t e = 0; e < out.size(); ++e) {
     try {
-      p.quant[e].unpack(out[e]);
+      ops::check_unpack(p.quant[e].impl(), out[e]);
     } catch (const Error& err) {
       throw Error(fmt::format("{}: expert {}: {}", op, e, err.what()));
     }
   }
+  for (size_t e = 0; e < out.size(); ++e) p.quant[e].unpack(out[e]);
 }
 
 }  // namespace

@@ -151,22 +151,36 @@ PackedWeight pack_weight(const Mxfp4Weight& w) {
                             [&]() -> PackedWeight { return ops::pack_mxfp4(w, {}); });
 }
 
-void PackedWeight::unpack(const Mxfp4Weight& out) const {
+namespace ops {
+
+void check_unpack(const PackedWeight::Impl* impl, const Mxfp4Weight& out) {
   const char* op = "PackedWeight::unpack(mxfp4)";
-  const Impl& p = ops::need_format(impl_.get(), op, {WeightFormat::mxfp4});
-  const ops::QuantTables& q = *p.quant;
+  const PackedWeight::Impl& p = need_format(impl, op, {WeightFormat::mxfp4});
   const int64_t N = p.layout.n, K = p.layout.k;
   int64_t n_out = 0, k_full = 0;
-  ops::check_blocks(op, out.blocks, &n_out, &k_full);
-  ops::check_writable(op, "blocks", out.blocks);
-  const int64_t bytes = (K + 1) / 2, G = (K + ops::kMxBlock - 1) / ops::kMxBlock;
+  check_blocks(op, out.blocks, &n_out, &k_full);
+  check_writable(op, "blocks", out.blocks);
+  const int64_t bytes = (K + 1) / 2, G = (K + kMxBlock - 1) / kMxBlock;
   const bool three_d = out.blocks.shape.size() == 3;
   if (n_out != N || (three_d ? out.blocks.shape[1] != G : out.blocks.shape[1] != bytes))
     throw Error(
         fmt::format("{}: blocks has shape {}; allowed: [{}, {}, 16] or [{}, {}] (as packed)", op,
-                    ops::shape_str(out.blocks.shape), N, G, N, bytes));
+                    shape_str(out.blocks.shape), N, G, N, bytes));
   if (out.k != 0 && out.k != K)
     throw Error(fmt::format("{}: k={}; allowed: 0 or {} (as packed)", op, out.k, K));
+  check_restore(op, "scales", p.quant->scales_in, out.scales);
+}
+
+}  // namespace ops
+
+void PackedWeight::unpack(const Mxfp4Weight& out) const {
+  const char* op = "PackedWeight::unpack(mxfp4)";
+  ops::check_unpack(impl_.get(), out);
+  const Impl& p = *impl_;
+  const ops::QuantTables& q = *p.quant;
+  const int64_t N = p.layout.n, K = p.layout.k;
+  const int64_t bytes = (K + 1) / 2, G = (K + ops::kMxBlock - 1) / ops::kMxBlock;
+  const bool three_d = out.blocks.shape.size() == 3;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t pr = q.packed_row(n);
     const uint8_t* col = p.bytes() + pr / 64 * p.code_block_bytes() + pr % 64;

@@ -72,13 +72,17 @@ SavedTensor save(const TensorView& t) {
   return s;
 }
 
-void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
+void check_restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
   check_view(op, arg, out, s.shape.size());
   check_dtype(op, arg, out, {s.dtype});
   check_writable(op, arg, out);
   if (out.shape != s.shape)
     throw Error(fmt::format("{}: {} has shape {}; allowed: {} (as packed)", op, arg,
                             shape_str(out.shape), shape_str(s.shape)));
+}
+
+void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
+  check_restore(op, arg, s, out);
   const int64_t eb = elem_bytes(s.dtype);
   auto* dst = static_cast<uint8_t*>(out.data);
   if (s.shape.size() == 1) {
@@ -683,16 +687,69 @@ const PackedWeight::Impl& need_format(const PackedWeight::Impl* impl, const char
 
 using ops::need_format;
 
+namespace ops {
+
+void check_unpack(const PackedWeight::Impl* impl, const Int8Weight& out) {
+  const char* op = "PackedWeight::unpack(int8)";
+  const PackedWeight::Impl& p = need_format(impl, op, {WeightFormat::int8});
+  check_view(op, "weight", out.weight, 2);
+  check_dtype(op, "weight", out.weight, {DType::i8});
+  check_writable(op, "weight", out.weight);
+  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
+    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op, shape_str(out.weight.shape),
+                            shape_of(p.layout.n, p.layout.k)));
+  check_restore(op, "scales", p.quant->scales_in, out.scales);
+}
+
+void check_unpack(const PackedWeight::Impl* impl, const Fp8Weight& out) {
+  const char* op = "PackedWeight::unpack(fp8)";
+  const PackedWeight::Impl& p = need_format(impl, op, {WeightFormat::fp8_e4m3});
+  const QuantTables& q = *p.quant;
+  check_view(op, "weight", out.weight, 2);
+  check_dtype(op, "weight", out.weight, {DType::f8e4m3});
+  check_writable(op, "weight", out.weight);
+  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
+    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op, shape_str(out.weight.shape),
+                            shape_of(p.layout.n, p.layout.k)));
+  if (out.block_n != q.block_n || out.block_k != q.block_k)
+    throw Error(fmt::format("{}: block_n={} block_k={}; allowed: {} and {} (as packed)", op,
+                            out.block_n, out.block_k, q.block_n, q.block_k));
+  check_restore(op, "scales", q.scales_in, out.scales);
+}
+
+void check_unpack(const PackedWeight::Impl* impl, const Int4Weight& out) {
+  const char* op = "PackedWeight::unpack(int4)";
+  const PackedWeight::Impl& p =
+      need_format(impl, op, {WeightFormat::int4_awq, WeightFormat::int4_gptq});
+  const QuantTables& q = *p.quant;
+  const bool awq = p.format == WeightFormat::int4_awq;
+  if (out.format != q.int4_format)
+    throw Error(fmt::format("{}: format={}; allowed: {} (as packed)", op,
+                            out.format == Int4Format::awq ? "awq" : "gptq", awq ? "awq" : "gptq"));
+  check_view(op, "qweight", out.qweight, 2);
+  check_dtype(op, "qweight", out.qweight, {DType::i32});
+  check_row_major_rows(op, "qweight", out.qweight);
+  check_writable(op, "qweight", out.qweight);
+  if (out.qweight.shape != q.qweight_shape)
+    throw Error(fmt::format("{}: qweight has shape {}; allowed: {} (as packed)", op,
+                            shape_str(out.qweight.shape), shape_str(q.qweight_shape)));
+  if (out.qzeros.has_value() != q.qzeros_in.present || out.g_idx.has_value() != q.g_idx_in.present)
+    throw Error(fmt::format(
+        "{}: qzeros {} and g_idx {}; allowed: qzeros {} and g_idx {} (as "
+        "packed)",
+        op, out.qzeros ? "given" : "absent", out.g_idx ? "given" : "absent",
+        q.qzeros_in.present ? "given" : "absent", q.g_idx_in.present ? "given" : "absent"));
+  check_restore(op, "scales", q.scales_in, out.scales);
+  if (out.qzeros) check_restore(op, "qzeros", q.qzeros_in, *out.qzeros);
+  if (out.g_idx) check_restore(op, "g_idx", q.g_idx_in, *out.g_idx);
+}
+
+}  // namespace ops
+
 void PackedWeight::unpack(const Int8Weight& out) const {
   const char* op = "PackedWeight::unpack(int8)";
-  const Impl& p = need_format(impl_.get(), op, {WeightFormat::int8});
-  ops::check_view(op, "weight", out.weight, 2);
-  ops::check_dtype(op, "weight", out.weight, {DType::i8});
-  ops::check_writable(op, "weight", out.weight);
-  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
-    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op,
-                            ops::shape_str(out.weight.shape),
-                            ops::shape_of(p.layout.n, p.layout.k)));
+  ops::check_unpack(impl_.get(), out);
+  const Impl& p = *impl_;
   auto* dst = static_cast<uint8_t*>(out.weight.data);
   for (int64_t n = 0; n < p.layout.n; ++n)
     for (int64_t k = 0; k < p.layout.k; ++k)
@@ -703,18 +760,9 @@ void PackedWeight::unpack(const Int8Weight& out) const {
 
 void PackedWeight::unpack(const Fp8Weight& out) const {
   const char* op = "PackedWeight::unpack(fp8)";
-  const Impl& p = need_format(impl_.get(), op, {WeightFormat::fp8_e4m3});
+  ops::check_unpack(impl_.get(), out);
+  const Impl& p = *impl_;
   const QuantTables& q = *p.quant;
-  ops::check_view(op, "weight", out.weight, 2);
-  ops::check_dtype(op, "weight", out.weight, {DType::f8e4m3});
-  ops::check_writable(op, "weight", out.weight);
-  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
-    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op,
-                            ops::shape_str(out.weight.shape),
-                            ops::shape_of(p.layout.n, p.layout.k)));
-  if (out.block_n != q.block_n || out.block_k != q.block_k)
-    throw Error(fmt::format("{}: block_n={} block_k={}; allowed: {} and {} (as packed)", op,
-                            out.block_n, out.block_k, q.block_n, q.block_k));
   auto* dst = static_cast<uint8_t*>(out.weight.data);
   for (int64_t n = 0; n < p.layout.n; ++n)
     for (int64_t k = 0; k < p.layout.k; ++k) {
@@ -727,25 +775,10 @@ void PackedWeight::unpack(const Fp8Weight& out) const {
 
 void PackedWeight::unpack(const Int4Weight& out) const {
   const char* op = "PackedWeight::unpack(int4)";
-  const Impl& p = need_format(impl_.get(), op, {WeightFormat::int4_awq, WeightFormat::int4_gptq});
+  ops::check_unpack(impl_.get(), out);
+  const Impl& p = *impl_;
   const QuantTables& q = *p.quant;
   const bool awq = p.format == WeightFormat::int4_awq;
-  if (out.format != q.int4_format)
-    throw Error(fmt::format("{}: format={}; allowed: {} (as packed)", op,
-                            out.format == Int4Format::awq ? "awq" : "gptq", awq ? "awq" : "gptq"));
-  ops::check_view(op, "qweight", out.qweight, 2);
-  ops::check_dtype(op, "qweight", out.qweight, {DType::i32});
-  ops::check_row_major_rows(op, "qweight", out.qweight);
-  ops::check_writable(op, "qweight", out.qweight);
-  if (out.qweight.shape != q.qweight_shape)
-    throw Error(fmt::format("{}: qweight has shape {}; allowed: {} (as packed)", op,
-                            ops::shape_str(out.qweight.shape), ops::shape_str(q.qweight_shape)));
-  if (out.qzeros.has_value() != q.qzeros_in.present || out.g_idx.has_value() != q.g_idx_in.present)
-    throw Error(fmt::format(
-        "{}: qzeros {} and g_idx {}; allowed: qzeros {} and g_idx {} (as "
-        "packed)",
-        op, out.qzeros ? "given" : "absent", out.g_idx ? "given" : "absent",
-        q.qzeros_in.present ? "given" : "absent", q.g_idx_in.present ? "given" : "absent"));
   auto* qw = static_cast<int32_t*>(out.qweight.data);
   const int64_t stride = out.qweight.strides[0];
   for (int64_t r = 0; r < q.qweight_shape[0]; ++r)

@@ -19,7 +19,10 @@ Buffer zeroed(size_t bytes);
 
 // A row-major copy of a checked 1-D or 2-D view, and its way back into a
 // view of the same shape and dtype (an Error naming `arg` otherwise).
+// check_restore refuses a view restore would refuse, writing nothing; an
+// unpack checks every output that way before it writes any of them.
 SavedTensor save(const TensorView& t);
+void check_restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out);
 void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out);
 
 // The fp8 / int4 / MXFP4 packing's common part: the packed K order of the
@@ -35,5 +38,13 @@ bool normal_products(const float* s, size_t count, DType code);
 // The weight's Impl if its format is one of `allowed`, else an Error of `op`.
 const PackedWeight::Impl& need_format(const PackedWeight::Impl* impl, const char* op,
                                       std::initializer_list<WeightFormat> allowed);
+
+// Every check of PackedWeight::unpack(out) of that format, nothing written:
+// an unpack (and PackedExperts::unpack, over all its experts) checks all its
+// outputs before it writes one, so a refused call leaves them as they were.
+void check_unpack(const PackedWeight::Impl* impl, const Int8Weight& out);
+void check_unpack(const PackedWeight::Impl* impl, const Fp8Weight& out);
+void check_unpack(const PackedWeight::Impl* impl, const Int4Weight& out);
+void check_unpack(const PackedWeight::Impl* impl, const Mxfp4Weight& out);
 
 }  // namespace tilejit::ops

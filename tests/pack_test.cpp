@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -215,6 +216,84 @@ TEST(PackedWeight, EmptyRaisesErrorEverywhere) {
   EXPECT_THROW(
       gemm(TensorView(x.data(), DType::bf16, {4, 4}), e, TensorView(y.data(), DType::f32, {4, 4})),
       Error);
+}
+
+// A refused unpack leaves every output as it was (an outside tester's C API
+// run: the weight tensor was written, then the scales view refused): all
+// outputs are checked before any is written, for each quantized format and
+// across a PackedExperts' experts.
+TEST(PackedWeight, ARefusedUnpackWritesNothing) {
+  constexpr int64_t N = 24, K = 64;
+  auto untouched = [](const std::vector<uint8_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](uint8_t b) { return b == 0xEE; });
+  };
+  std::vector<uint8_t> codes(N * K), wout(N * K, 0xEE);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 % 120);
+  std::vector<float> scales(N, 0.01f), sout(N + 1, 0.f);
+  const TensorView bad_scales(sout.data(), DType::f32, {N + 1});
+
+  const PackedWeight w8 =
+      pack_weight(Int8Weight{{codes.data(), DType::i8, {N, K}}, {scales.data(), DType::f32, {N}}});
+  EXPECT_THROW(w8.unpack(Int8Weight{{wout.data(), DType::i8, {N, K}}, bad_scales}), Error);
+  EXPECT_TRUE(untouched(wout)) << "int8";
+
+  Fp8Weight f;
+  f.weight = TensorView(codes.data(), DType::f8e4m3, {N, K});
+  f.scales = TensorView(scales.data(), DType::f32, {N});
+  const PackedWeight w8f = pack_weight(f);
+  Fp8Weight fo;
+  fo.weight = TensorView(wout.data(), DType::f8e4m3, {N, K});
+  fo.scales = bad_scales;
+  EXPECT_THROW(w8f.unpack(fo), Error);
+  EXPECT_TRUE(untouched(wout)) << "fp8";
+
+  std::vector<int32_t> qw(K / 8 * N, 0x12345678), qz(2 * N / 8, 0x33333333), gi(K);
+  for (int64_t k = 0; k < K; ++k) gi[k] = static_cast<int32_t>(k % 2);
+  std::vector<uint16_t> sc(2 * N, 0x2000);
+  Int4Weight q;
+  q.qweight = TensorView(qw.data(), DType::i32, {K / 8, N});
+  q.scales = TensorView(sc.data(), DType::f16, {2, N});
+  q.qzeros = TensorView(qz.data(), DType::i32, {2, N / 8});
+  q.g_idx = TensorView(gi.data(), DType::i32, {K});
+  q.group_size = 32;
+  const PackedWeight w4 = pack_weight(q);
+  std::vector<uint8_t> qwo(qw.size() * 4, 0xEE), sco(sc.size() * 2, 0xEE), qzo(qz.size() * 4, 0xEE);
+  std::vector<int32_t> gio(K + 1);
+  Int4Weight qo = q;
+  qo.qweight = TensorView(qwo.data(), DType::i32, {K / 8, N});
+  qo.scales = TensorView(sco.data(), DType::f16, {2, N});
+  qo.qzeros = TensorView(qzo.data(), DType::i32, {2, N / 8});
+  qo.g_idx = TensorView(gio.data(), DType::i32, {K + 1});  // the last output refused
+  EXPECT_THROW(w4.unpack(qo), Error);
+  EXPECT_TRUE(untouched(qwo) && untouched(sco) && untouched(qzo)) << "int4";
+
+  std::vector<uint8_t> blocks(N * K / 2, 0x21), mxs(N * K / 32, 127);
+  const PackedWeight wm = pack_weight(
+      Mxfp4Weight{{blocks.data(), DType::u8, {N, K / 2}}, {mxs.data(), DType::u8, {N, K / 32}}, 0});
+  std::vector<uint8_t> bo(blocks.size(), 0xEE), mso(mxs.size() + 1);
+  EXPECT_THROW(
+      wm.unpack(Mxfp4Weight{
+          {bo.data(), DType::u8, {N, K / 2}}, {mso.data(), DType::u8, {N, K / 32 + 1}}, 0}),
+      Error);
+  EXPECT_TRUE(untouched(bo)) << "mxfp4";
+
+  // Experts: expert 1's scales refused, expert 0's outputs untouched.
+  const std::vector<Int8Weight> experts(
+      2, Int8Weight{{codes.data(), DType::i8, {N, K}}, {scales.data(), DType::f32, {N}}});
+  const PackedExperts pe = pack_experts(experts, ExpertProj::down);
+  std::vector<uint8_t> w0(N * K, 0xEE), w1(N * K, 0xEE);
+  std::vector<float> s0(N, -1.f);
+  const std::vector<Int8Weight> eo = {
+      {{w0.data(), DType::i8, {N, K}}, {s0.data(), DType::f32, {N}}},
+      {{w1.data(), DType::i8, {N, K}}, bad_scales}};
+  try {
+    pe.unpack(eo);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expert 1"));
+  }
+  EXPECT_TRUE(untouched(w0) && untouched(w1)) << "experts";
+  EXPECT_EQ(s0, std::vector<float>(N, -1.f));
 }
 
 }  // namespace

@@ -610,6 +610,22 @@ TEST(TuningDb, CorruptFileNamesTheLine) {
   fs::remove(path);
 }
 
+// An outside tester's files: a number past double's range was nlohmann's
+// out_of_range escaping load_tuning_db (the C API's TILEJIT_INTERNAL_ERROR,
+// and every call failing under TILEJIT_TUNING_DB), and bytes after a NUL
+// were ignored (nlohmann reads NUL as the end of the input).
+TEST(TuningDb, OverflowingNumbersAndNulBytesAreErrorsWithTheirLine) {
+  const std::string path = temp_path("overflow.json");
+  write_file(path, "{\"tilejit_tuning_db\": 1,\n \"entries\": [],\n \"x\": 1e400}\n");
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":3: error: the tuning database is not valid JSON");
+  expect_tilejit_error([&] { load_tuning_db(path); }, "number overflow");
+  write_file(path, std::string("{\"tilejit_tuning_db\": 1, \"entries\": []}\n\0not JSON", 49));
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       path + ":2: error: the tuning database is not valid JSON: a NUL byte");
+  fs::remove(path);
+}
+
 // A field of the wrong JSON type in an entry of this machine: an Error
 // naming the file, the entry's line and the field (was a json exception).
 TEST(TuningDb, WrongTypesNamed) {

@@ -11,10 +11,11 @@
  *
  * Every function returns a tilejit_status; nothing throws, aborts or exits.
  * On failure the calling thread's tilejit_last_error() names the argument, its
- * value and what is allowed (the message of the C++ API's tilejit::Error), and
- * no output was written unless the message says so. Semantics, layouts,
- * aliasing rules and limits are those of the C++ function of the same name.
- * C99 or later; C++ callers may include it too. */
+ * value and what is allowed (the message of the C++ API's tilejit::Error);
+ * bad input writes no output (a resource failure in the middle of a call may
+ * leave one partly written). Semantics, layouts, aliasing rules and limits are
+ * those of the C++ function of the same name. C89 with <stdbool.h>, C99 or
+ * later; C++ callers (C++98 on) may include it too. */
 #ifndef TILEJIT_TILEJIT_C_H
 #define TILEJIT_TILEJIT_C_H
 
@@ -40,7 +41,7 @@ typedef enum tilejit_status {
   TILEJIT_ERROR = 1,
   /* A failure inside tilejit on an input it accepted (please report it):
    * tilejit::InternalError, or any other C++ exception. */
-  TILEJIT_INTERNAL_ERROR = 2,
+  TILEJIT_INTERNAL_ERROR = 2
 } tilejit_status;
 
 /* The message of the calling thread's last failed call ("" if none failed
@@ -62,7 +63,7 @@ typedef enum tilejit_dtype {
   TILEJIT_F8E4M3 = 6,
   TILEJIT_U4 = 7,
   TILEJIT_I64 = 8,
-  TILEJIT_F4E2M1 = 9,
+  TILEJIT_F4E2M1 = 9
 } tilejit_dtype;
 
 /* The most dims a tensor may declare (no operator takes more than 4). */
@@ -86,7 +87,7 @@ typedef enum tilejit_activation {
   TILEJIT_ACT_RELU = 1,
   TILEJIT_ACT_SILU = 2,
   TILEJIT_ACT_GELU_TANH = 3,
-  TILEJIT_ACT_GELU_ERF = 4,
+  TILEJIT_ACT_GELU_ERF = 4
 } tilejit_activation;
 
 /* Options structs: declare one, call its _init function (the defaults of
@@ -103,7 +104,7 @@ typedef enum tilejit_weight_format {
   TILEJIT_WEIGHT_FP8_E4M3 = 2,
   TILEJIT_WEIGHT_INT4_AWQ = 3,
   TILEJIT_WEIGHT_INT4_GPTQ = 4,
-  TILEJIT_WEIGHT_MXFP4 = 5,
+  TILEJIT_WEIGHT_MXFP4 = 5
 } tilejit_weight_format;
 
 /* The checkpoint tensors of each quantized format: tilejit::Int8Weight,
@@ -208,12 +209,12 @@ tilejit_status tilejit_packed_weight_unpack_mxfp4(const tilejit_packed_weight* w
 typedef enum tilejit_act_quant {
   TILEJIT_ACT_QUANT_DYNAMIC_SYM = 0,
   TILEJIT_ACT_QUANT_DYNAMIC_ASYM = 1,
-  TILEJIT_ACT_QUANT_FIXED = 2,
+  TILEJIT_ACT_QUANT_FIXED = 2
 } tilejit_act_quant;
 typedef enum tilejit_int4_route {
   TILEJIT_INT4_ROUTE_AUTOMATIC = 0,
   TILEJIT_INT4_ROUTE_W4A16 = 1,
-  TILEJIT_INT4_ROUTE_W4A8 = 2,
+  TILEJIT_INT4_ROUTE_W4A8 = 2
 } tilejit_int4_route;
 
 typedef struct tilejit_gemm_options {
@@ -304,11 +305,11 @@ tilejit_status tilejit_rope(const tilejit_tensor* q, const tilejit_tensor* k,
 /* ---- Mixture of experts (docs/moe.md) ----------------------------------- */
 typedef enum tilejit_expert_proj {
   TILEJIT_EXPERTS_GATE_UP = 0,
-  TILEJIT_EXPERTS_DOWN = 1,
+  TILEJIT_EXPERTS_DOWN = 1
 } tilejit_expert_proj;
 typedef enum tilejit_glu_rows {
   TILEJIT_GLU_HALVES = 0,
-  TILEJIT_GLU_INTERLEAVED = 1,
+  TILEJIT_GLU_INTERLEAVED = 1
 } tilejit_glu_rows;
 
 /* Packed experts (tilejit::PackedExperts), freed by tilejit_packed_experts_destroy. */
@@ -394,7 +395,7 @@ tilejit_status tilejit_topk_sigmoid(const tilejit_tensor* logits,
 
 typedef enum tilejit_router_score {
   TILEJIT_ROUTER_SOFTMAX = 0,
-  TILEJIT_ROUTER_SIGMOID = 1,
+  TILEJIT_ROUTER_SIGMOID = 1
 } tilejit_router_score;
 typedef struct tilejit_grouped_topk_options {
   uint32_t struct_size;
@@ -416,7 +417,7 @@ typedef enum tilejit_isa {
   TILEJIT_ISA_SCALAR = 0,
   TILEJIT_ISA_LLVM = 1,
   TILEJIT_ISA_AVX512 = 2,
-  TILEJIT_ISA_AMX = 3,
+  TILEJIT_ISA_AMX = 3
 } tilejit_isa;
 
 typedef struct tilejit_cpu_info {
