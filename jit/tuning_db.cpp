@@ -818,9 +818,10 @@ TuningDb parse_db(const std::string& text, const std::string& path) {
   // nlohmann reads a NUL byte as the end of the input: what follows one
   // would be ignored, not refused.
   if (const size_t nul = text.find('\0'); nul != std::string::npos)
-    throw Error(fmt::format("{}:{}: error: the tuning database is not valid JSON: a NUL byte at "
-                            "byte {}; allowed: JSON text",
-                            path, line_of_byte(text, nul), nul));
+    throw Error(
+        fmt::format("{}:{}: error: the tuning database is not valid JSON: a NUL byte at "
+                    "byte {}; allowed: JSON text",
+                    path, line_of_byte(text, nul), nul));
   Document doc;
   json& j = doc.j;
   // Built in place (not json::parse's return value): what was built when
