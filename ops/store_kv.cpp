@@ -1,6 +1,7 @@
 // tilejit::store_kv: scatters new K/V rows into the paged cache by slot.
 // A negative slot skips its token (vLLM's padding convention); a slot at or
-// past num_blocks·block_size is an Error, raised before anything is written.
+// past num_blocks·block_size is an Error, raised before anything is written;
+// of tokens sharing a slot, the last one's row is stored.
 // slot_mapping is int32 or int64 (vLLM passes int64); both are read as int64,
 // so a 64-bit slot that would wrap in 32 bits is still rejected, not truncated.
 // An f8e4m3 cache (both caches, KvCacheScales) stores e4m3(x / scale):
@@ -8,7 +9,9 @@
 // too; NaN -> 0x7F) of the f32 quotient.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "ops/attention_checks.h"
@@ -76,6 +79,17 @@ bool mla_form(const TensorView& k, const TensorView& v, const TensorView& k_cach
          v.shape[2] <= k.shape[2];
 }
 
+// Marks every token but the last of each slot as skipped (slot −1).
+void keep_last_writer(std::vector<int64_t>& slots) {
+  std::vector<std::pair<int64_t, int64_t>> by_slot;  // (slot, token)
+  by_slot.reserve(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i] >= 0) by_slot.emplace_back(slots[i], static_cast<int64_t>(i));
+  std::sort(by_slot.begin(), by_slot.end());
+  for (size_t j = 0; j + 1 < by_slot.size(); ++j)
+    if (by_slot[j].first == by_slot[j + 1].first) slots[by_slot[j].second] = -1;
+}
+
 }  // namespace
 
 void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache,
@@ -127,6 +141,11 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
                         "(negative: skip the token)",
                         op, i, slots[i], capacity));
     }
+    // Two tokens naming one slot (sglang maps padding tokens to a dummy slot;
+    // a speculative branch may rewrite one): the later token's row is stored,
+    // on every thread count. Without this the tokens' writers raced and the
+    // stored row (or, for fp8, a mix of both rows' bytes) depended on timing.
+    keep_last_writer(slots);
     // A cache with Hkv = 0 or a head size of 0 holds nothing to write, and its
     // data pointer may be null or unaligned (check_view does not look at the
     // pointer of an empty view): no address is formed from it.

@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 
 namespace tilejit::ops {
 
@@ -132,11 +132,69 @@ void check_writable(const char* op, const char* arg, const TensorView& t) {
   }
 }
 
+namespace {
+
+// Whether a and b, of one dtype (whole bytes) and the same strides, share a
+// byte, exactly: a's elements lie at Σ i_m·s_m, b's at d + Σ j_m·s_m (bytes,
+// d = b0 − a0), so they meet iff some δ_m = i_m − j_m ∈ [−(nb_m − 1),
+// na_m − 1] puts Σ δ_m·s_m within e of d. Dims from the largest stride
+// down; at each, the δ whose remainder the inner dims can still reach (two
+// at most when each stride steps past the inner dims' spans, as real layouts
+// do). nullopt when a dim would need more than kMaxCandidates.
+std::optional<bool> same_strides_overlap(const TensorView& a, const TensorView& b, int64_t d) {
+  constexpr int64_t kMaxCandidates = 64;
+  const int64_t e = bytes_of_elems(a.dtype, 1);
+  struct Dim {
+    int64_t stride, na, nb;
+  };
+  std::vector<Dim> dims;
+  for (size_t i = 0; i < a.shape.size(); ++i)
+    if (a.strides[i] != 0 && (a.shape[i] > 1 || b.shape[i] > 1))
+      dims.push_back({bytes_of_elems(a.dtype, a.strides[i]), a.shape[i], b.shape[i]});
+  std::sort(dims.begin(), dims.end(),
+            [](const Dim& x, const Dim& y) { return x.stride > y.stride; });
+  // reach_a[k], reach_b[k]: Σ over dims from k on of (n − 1)·stride.
+  std::vector<int64_t> reach_a(dims.size() + 1, 0), reach_b(dims.size() + 1, 0);
+  for (size_t k = dims.size(); k-- > 0;) {
+    reach_a[k] = reach_a[k + 1] + (dims[k].na - 1) * dims[k].stride;
+    reach_b[k] = reach_b[k + 1] + (dims[k].nb - 1) * dims[k].stride;
+  }
+  auto floor_div = [](int64_t x, int64_t y) {
+    return x / y - ((x % y != 0) && ((x < 0) != (y < 0)));
+  };
+  // Whether Σ_{m >= k} δ_m·s_m can lie in (r − e, r + e).
+  std::optional<bool> undecided;
+  auto meet = [&](auto& self, size_t k, int64_t r) -> bool {
+    if (k == dims.size()) return r > -e && r < e;
+    const Dim& dm = dims[k];
+    // δ·s must lie in (r − e − A, r + e + B), A / B the inner dims' reach.
+    const int64_t lo = std::max(floor_div(r - e - reach_a[k + 1], dm.stride), -(dm.nb - 1));
+    const int64_t hi = std::min(floor_div(r + e + reach_b[k + 1], dm.stride) + 1, dm.na - 1);
+    if (hi - lo + 1 > kMaxCandidates) {
+      undecided = true;
+      return true;
+    }
+    for (int64_t delta = lo; delta <= hi; ++delta)
+      if (self(self, k + 1, r - delta * dm.stride)) return true;
+    return false;
+  };
+  const bool overlap = meet(meet, 0, d);
+  if (undecided) return std::nullopt;
+  return overlap;
+}
+
+}  // namespace
+
 bool views_overlap(const TensorView& a, const TensorView& b) {
   if (is_empty(a) || is_empty(b)) return false;
   const uintptr_t a0 = address(a), a1 = a0 + static_cast<uintptr_t>(view_bytes(a));
   const uintptr_t b0 = address(b), b1 = b0 + static_cast<uintptr_t>(view_bytes(b));
   if (a1 <= b0 || b1 <= a0) return false;
+  // Views of one dtype and the same strides (K and V caches as column halves
+  // of one buffer, q / k / v as slices of a fused qkv): exact. The byte
+  // ranges intersect and each spans ≤ 2^56 bytes, so the distance fits.
+  if (a.dtype == b.dtype && dtype_bits(a.dtype) % 8 == 0 && a.strides == b.strides)
+    if (const auto exact = same_strides_overlap(a, b, static_cast<int64_t>(b0 - a0))) return *exact;
   // Interleaved views: one outermost period S (bytes) that both repeat with,
   // each one's part of a period an interval [lo mod S, lo mod S + footprint).
   auto period = [](const TensorView& t) -> int64_t {

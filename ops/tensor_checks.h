@@ -34,10 +34,12 @@ int64_t view_bytes(const TensorView& t);
 // overlap). Checked on a view that passed check_view.
 void check_writable(const char* op, const char* arg, const TensorView& t);
 // Whether two checked views may touch a common byte. Exact for the layouts
-// engines use: disjoint byte ranges, or views that interleave with the same
-// outermost stride (q, k and v as column slices of one fused qkv buffer, K
-// and V caches as halves of one block) without sharing a byte inside a period.
-// Anything else whose byte ranges intersect counts as overlapping.
+// engines use: disjoint byte ranges; views of one dtype with the same strides
+// (K and V as column halves of one cache buffer, q / k / v as slices of a
+// fused qkv), whatever their shapes; views that interleave with the same
+// outermost stride (K and V caches as halves of one block) without sharing a
+// byte inside a period. Anything else whose byte ranges intersect counts as
+// overlapping.
 bool views_overlap(const TensorView& a, const TensorView& b);
 // Error when out shares memory with in: "{op}: {out_arg} overlaps {in_arg}".
 void check_disjoint(const char* op, const char* out_arg, const TensorView& out, const char* in_arg,

@@ -715,6 +715,43 @@ TEST(StoreKv, ScattersSkipsNegativeAndRejectsOutOfRange) {
   EXPECT_EQ(kc, before) << "nothing is written when a slot is out of range";
 }
 
+// Tokens sharing a slot (sglang's padding tokens on its dummy slot 0): the
+// last token's row is stored, whatever the thread count (they raced before:
+// the row stored depended on which thread wrote last), bf16 and fp8.
+TEST(StoreKv, TokensSharingASlotStoreTheLastTokensRow) {
+  const int64_t t = 256, hkv = 2, d = 64, nb = 2, bs = 16;
+  const auto k = random_bf16(t * hkv * d, 3), v = random_bf16(t * hkv * d, 4);
+  std::vector<int64_t> slots(t);
+  for (int64_t i = 0; i < t; ++i) slots[i] = i % 3 == 0 ? 5 : (i * 7) % (nb * bs);
+  slots[t - 1] = 5;
+  const int threads_before = num_threads();
+  for (DType cache : {DType::bf16, DType::f8e4m3}) {
+    const int64_t eb = cache == DType::bf16 ? 2 : 1;
+    std::vector<uint8_t> kc(nb * bs * hkv * d * eb), vc(kc.size()), kr(kc.size()), vr(kc.size());
+    const TensorView kt(k.data(), DType::bf16, {t, hkv, d}), vt(v.data(), DType::bf16, {t, hkv, d});
+    // The expected cache: the tokens stored one at a time, in order.
+    for (int64_t i = 0; i < t; ++i)
+      store_kv(TensorView(k.data() + i * hkv * d, DType::bf16, {1, hkv, d}),
+               TensorView(v.data() + i * hkv * d, DType::bf16, {1, hkv, d}),
+               TensorView(kr.data(), cache, {nb, bs, hkv, d}),
+               TensorView(vr.data(), cache, {nb, bs, hkv, d}),
+               TensorView(&slots[i], DType::i64, {1}));
+    for (int threads : {1, 2, 4}) {
+      set_num_threads(threads);
+      for (int rep = 0; rep < 20; ++rep) {
+        std::fill(kc.begin(), kc.end(), 0);
+        std::fill(vc.begin(), vc.end(), 0);
+        store_kv(kt, vt, TensorView(kc.data(), cache, {nb, bs, hkv, d}),
+                 TensorView(vc.data(), cache, {nb, bs, hkv, d}),
+                 TensorView(slots.data(), DType::i64, {t}));
+        ASSERT_EQ(kc, kr) << dtype_name(cache) << " threads " << threads << " rep " << rep;
+        ASSERT_EQ(vc, vr) << dtype_name(cache) << " threads " << threads << " rep " << rep;
+      }
+    }
+  }
+  set_num_threads(threads_before);
+}
+
 // ---------------------------------------------------------------------------
 // Errors: each names the argument, the value and what is allowed.
 

@@ -7,13 +7,17 @@
 // accepted-aliasing results are computed by every path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "ops/tensor_checks.h"
 #include "test_util.h"
 #include "tilejit/tilejit.h"
 
@@ -417,6 +421,101 @@ TEST(HostileAliasing, StoreKv) {
                  TensorView(s.c.data(), DType::bf16, {2, 16, 1, 64}), sm);
       },
       {"k_cache", "overlaps k"});
+}
+
+// The overlap check against brute force: random views of up to 4 dims in one
+// buffer, their bytes marked. It may never call overlapping views disjoint
+// (a race or a silent wrong answer), and for views of one dtype with the
+// same strides it must be exact (an outside tester's store_kv with K and V as
+// column halves of one buffer was refused, though no element is shared).
+TEST(HostileAliasing, OverlapCheckAgainstBruteForce) {
+  std::mt19937 rng(7);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  constexpr int64_t kBytes = 4096;
+  alignas(64) static uint8_t buf[kBytes];
+  int64_t exact_disjoint = 0, exact_overlap = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    const DType dt = std::array{DType::u8, DType::bf16, DType::f32}[pick(0, 2)];
+    const int64_t e = dtype_bits(dt) / 8;
+    const int rank = pick(1, 4);
+    const bool same = pick(0, 3) != 0;
+    std::vector<int64_t> strides(rank), shape_a(rank), shape_b(rank);
+    for (int i = 0; i < rank; ++i) {
+      strides[i] = pick(0, 3) == 0 ? pick(0, 40) : int64_t{1} << (2 * (rank - 1 - i) + pick(0, 2));
+      shape_a[i] = pick(1, 4);
+      shape_b[i] = same && pick(0, 1) ? shape_a[i] : pick(1, 4);
+    }
+    std::vector<int64_t> strides_b = strides;
+    if (!same)
+      for (auto& x : strides_b) x = pick(0, 40);
+    auto bytes_of = [&](const std::vector<int64_t>& shape, const std::vector<int64_t>& st,
+                        int64_t off) {
+      std::vector<bool> m(kBytes, false);
+      std::vector<int64_t> idx(rank, 0);
+      for (;;) {
+        int64_t p = off;
+        for (int i = 0; i < rank; ++i) p += idx[i] * st[i] * e;
+        for (int64_t b = 0; b < e; ++b) m[p + b] = true;
+        int i = rank - 1;
+        while (i >= 0 && ++idx[i] == shape[i]) idx[i--] = 0;
+        if (i < 0) break;
+      }
+      return m;
+    };
+    auto extent = [&](const std::vector<int64_t>& shape, const std::vector<int64_t>& st) {
+      int64_t x = e;
+      for (int i = 0; i < rank; ++i) x += (shape[i] - 1) * st[i] * e;
+      return x;
+    };
+    const int64_t ea = extent(shape_a, strides), eb = extent(shape_b, strides_b);
+    if (ea + eb > kBytes) continue;
+    const int64_t off_a = pick(0, static_cast<int>((kBytes - ea) / e)) * e;
+    const int64_t off_b = std::clamp<int64_t>(off_a + pick(-64, 64) * e, 0, (kBytes - eb) / e * e);
+    const auto ma = bytes_of(shape_a, strides, off_a), mb = bytes_of(shape_b, strides_b, off_b);
+    bool truth = false;
+    for (int64_t i = 0; i < kBytes; ++i) truth = truth || (ma[i] && mb[i]);
+    const TensorView a(buf + off_a, dt, shape_a, strides), b(buf + off_b, dt, shape_b, strides_b);
+    const bool said = ops::views_overlap(a, b);
+    ASSERT_EQ(said, ops::views_overlap(b, a));
+    if (truth) {
+      ASSERT_TRUE(said) << "overlapping views called disjoint, iteration " << iter;
+    }
+    if (same) {
+      ASSERT_EQ(said, truth) << "same strides, iteration " << iter;
+      (truth ? exact_overlap : exact_disjoint) += 1;
+    }
+  }
+  EXPECT_GT(exact_disjoint, 1000);  // the sweep reaches both answers
+  EXPECT_GT(exact_overlap, 1000);
+
+  // store_kv with K and V as column halves of one [blocks, 16, Hkv, 2·D]
+  // buffer: no element shared, accepted, and each half written.
+  std::vector<uint16_t> kv(2 * 16 * 2 * 128, 0), k(2 * 2 * 64), v(2 * 2 * 64);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint16_t>(i + 1), v[i] = 0x8000 | i;
+  const std::vector<int64_t> slots = {3, 20};
+  const std::vector<int64_t> st = {16 * 2 * 128, 2 * 128, 128, 1};
+  store_kv(TensorView(k.data(), DType::bf16, {2, 2, 64}),
+           TensorView(v.data(), DType::bf16, {2, 2, 64}),
+           TensorView(kv.data(), DType::bf16, {2, 16, 2, 64}, st),
+           TensorView(kv.data() + 64, DType::bf16, {2, 16, 2, 64}, st),
+           TensorView(slots.data(), DType::i64, {2}));
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t c = 0; c < 64; ++c) {
+        const int64_t row = slots[t] * 2 * 128 + h * 128;
+        ASSERT_EQ(kv[row + c], k[(t * 2 + h) * 64 + c]);
+        ASSERT_EQ(kv[row + 64 + c], v[(t * 2 + h) * 64 + c]);
+      }
+  // Shifted by one element, the halves share a column: refused.
+  expect_error(
+      [&] {
+        store_kv(TensorView(k.data(), DType::bf16, {2, 2, 64}),
+                 TensorView(v.data(), DType::bf16, {2, 2, 64}),
+                 TensorView(kv.data(), DType::bf16, {2, 16, 2, 64}, st),
+                 TensorView(kv.data() + 63, DType::bf16, {2, 16, 2, 64}, st),
+                 TensorView(slots.data(), DType::i64, {2}));
+      },
+      {"store_kv: k_cache", "overlaps v_cache"});
 }
 
 TEST(HostileViews, StoreKvIntoEmptyCaches) {

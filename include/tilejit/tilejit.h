@@ -375,7 +375,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 // Writes new K/V rows into the paged cache: k [T, Hkv, D], v [T, Hkv, Dv] into
 // slot slot_mapping[t] (int32 or int64 [T]; slot = block·block_size + offset;
 // a negative slot skips its token; one ≥ num_blocks·block_size is an Error
-// raised before anything is written).
+// raised before anything is written; of tokens that share a slot, the last
+// one's row is stored).
 // Aliasing: k_cache and v_cache share memory with neither each other (they
 // may be the two halves of each block of one buffer) nor k, v, slot_mapping,
 // except in the MLA form: v_cache the first Dv columns of k_cache (the same
