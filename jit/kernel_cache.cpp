@@ -272,28 +272,31 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
     // An LLVM compile took 76-80 KiB of the calling thread's stack (an Xbyak
     // one 28-32): on a host's small-stack thread it runs on one of its own.
     constexpr size_t kMakeStackBytes = size_t{256} << 10;
-    runtime::run_with_stack(kMakeStackBytes, [&] {
-      std::optional<std::vector<uint8_t>> stored = disk->load(key);
-      if (stored) {
-        try {
-          k = recipe.load(std::move(*stored));
-          from_disk = true;
-        } catch (const Error& e) {
-          // A stored entry that passes its checksum but will not load (e.g. an
-          // object the linker rejects): compile instead.
-          if (s.verbose)
-            std::fprintf(stderr,
-                         "tilejit: fallback: disk cache entry of %s will not load (%s): "
-                         "compiling\n",
-                         name.c_str(), e.what());
-        }
-      }
-      if (!k) {
-        BuiltKernel built = recipe.compile();
-        disk->store(key, built.payload);
-        k = std::move(built.kernel);
-      }
-    });
+    runtime::run_with_stack(
+        kMakeStackBytes,
+        [&] {
+          std::optional<std::vector<uint8_t>> stored = disk->load(key);
+          if (stored) {
+            try {
+              k = recipe.load(std::move(*stored));
+              from_disk = true;
+            } catch (const Error& e) {
+              // A stored entry that passes its checksum but will not load (e.g. an
+              // object the linker rejects): compile instead.
+              if (s.verbose)
+                std::fprintf(stderr,
+                             "tilejit: fallback: disk cache entry of %s will not load (%s): "
+                             "compiling\n",
+                             name.c_str(), e.what());
+            }
+          }
+          if (!k) {
+            BuiltKernel built = recipe.compile();
+            disk->store(key, built.payload);
+            k = std::move(built.kernel);
+          }
+        },
+        "making kernel " + name);
     k->name = name;
     k->key = key;
     const auto ns =

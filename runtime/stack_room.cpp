@@ -51,7 +51,7 @@ void* run_job(void* p) {
 }
 }  // namespace
 
-void run_with_stack(size_t need, const std::function<void()>& f) {
+void run_with_stack(size_t need, const std::function<void()>& f, const std::string& what) {
   // Room unknown (a fiber's or an alternate signal stack, outside the
   // thread's bounds): the work goes to a thread of its own too.
   const size_t room = stack_room();
@@ -72,7 +72,7 @@ void run_with_stack(size_t need, const std::function<void()>& f) {
   if (rc == 0) pthread_join(t, nullptr);
   pthread_setcancelstate(cancel_state, nullptr);
   if (rc != 0)
-    throw Error("this thread's stack has " +
+    throw Error((what.empty() ? std::string() : what + ": ") + "this thread's stack has " +
                 (room == std::numeric_limits<size_t>::max() ? std::string("an unknown amount of")
                                                             : std::to_string(room >> 10) + " KiB") +
                 " left, making a kernel needs " + std::to_string(need >> 10) +

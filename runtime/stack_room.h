@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 
 namespace tilejit::runtime {
 
@@ -18,7 +19,8 @@ size_t stack_room();
 // Runs f here if stack_room() >= need, else (or when the room cannot be
 // told: a fiber's stack) on a new thread with an 8 MiB stack, waiting for it
 // without being cancellable; f's exception reaches the caller. A thread the
-// system refuses is an Error naming what ran short.
-void run_with_stack(size_t need, const std::function<void()>& f);
+// system refuses is an Error naming `what` (e.g. "making kernel <name>") and
+// what ran short.
+void run_with_stack(size_t need, const std::function<void()>& f, const std::string& what = "");
 
 }  // namespace tilejit::runtime

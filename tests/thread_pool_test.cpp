@@ -5,18 +5,24 @@
 // Also run under ThreadSanitizer (dev.sh tsan).
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "runtime/per_thread.h"
 #include "runtime/stack_room.h"
 #include "runtime/thread_pool.h"
+#include "test_util.h"
 
 namespace tilejit::runtime {
 namespace {
@@ -143,6 +149,41 @@ void* cancelled_caller(void*) {
   });
   pthread_testcancel();
   return nullptr;
+}
+
+// When no thread with a larger stack can be made (here: the address space
+// capped below its 8 MiB stack, in a child process), the Error names the work
+// it was for (the kernel cache passes "making kernel <name>") and nothing runs.
+TEST(RunWithStack, ARefusedHelperIsAnErrorNamingTheWork) {
+  if (test::kUnderAsan || test::kUnderTsan)
+    GTEST_SKIP() << "the sanitizers' shadow memory needs the address space";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (f == nullptr || std::fscanf(f, "%lu", &pages) != 1) _exit(2);
+    std::fclose(f);
+    const rlim_t cap = static_cast<rlim_t>(pages) * 4096 + (rlim_t{2} << 20);
+    const rlimit rl{cap, cap};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    bool ran = false;
+    try {
+      run_with_stack(
+          size_t{1} << 30, [&] { ran = true; }, "making kernel k1");
+      _exit(4);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      _exit(!ran && m.rfind("making kernel k1: ", 0) == 0 &&
+                    m.find("could not be made") != std::string::npos
+                ? 0
+                : 5);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(RunWithStack, ACancelledCallerWaitsForItsWork) {
