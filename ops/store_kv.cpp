@@ -69,13 +69,13 @@ void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64
 // v_buffer = k_buffer[..., :Dv] and value = key[..., :Dv]): v_cache is the
 // first Dv columns of k_cache and v the first Dv columns of k, so writing k
 // writes v as well, and the decode reads V from those bytes.
+bool mla_cache_form(const TensorView& k_cache, const TensorView& v_cache) {
+  return v_cache.data == k_cache.data && v_cache.strides == k_cache.strides &&
+         v_cache.dtype == k_cache.dtype && v_cache.shape[3] <= k_cache.shape[3];
+}
 bool mla_form(const TensorView& k, const TensorView& v, const TensorView& k_cache,
               const TensorView& v_cache) {
-  for (int d = 0; d < 4; ++d)
-    if (v_cache.strides[d] != k_cache.strides[d]) return false;
-  for (int d = 0; d < 3; ++d)
-    if (v.strides[d] != k.strides[d]) return false;
-  return v_cache.data == k_cache.data && v.data == k.data && v_cache.dtype == k_cache.dtype &&
+  return mla_cache_form(k_cache, v_cache) && v.data == k.data && v.strides == k.strides &&
          v.shape[2] <= k.shape[2];
 }
 
@@ -116,6 +116,18 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     // cache may overlap itself (a slot stride of 0 puts every token in one row).
     // The one exception is the MLA form, where only k_cache is written.
     const bool mla = mla_form(k, v, k_cache, v_cache);
+    // The cache side of the MLA form without its row side (v a copy of k's
+    // first Dv columns, e.g. after gathering both): writing v_cache would
+    // write k_cache's columns a second time, from another tensor.
+    if (!mla && mla_cache_form(k_cache, v_cache) && v_cache.shape[3] < k_cache.shape[3] &&
+        v_cache.shape[2] > 0 && v_cache.shape[3] > 0)
+      throw Error(fmt::format(
+          "{}: v_cache is the first {} columns of k_cache (the MLA form), but v (data {}, strides "
+          "{}) is not the first {} columns of k (data {}, strides {}); allowed: in the MLA form, v "
+          "a view of k's first Dv columns (only k is written), or v_cache in memory that k_cache "
+          "does not use",
+          op, v_cache.shape[3], v.data, shape_str(v.strides), v.shape[2], k.data,
+          shape_str(k.strides)));
     if (mla && kvs.k != kvs.v)
       throw Error(
           fmt::format("{}: v_cache is the first {} columns of k_cache (MLA) with scales that "

@@ -768,11 +768,14 @@ TEST_F(AllowedAliasing, StoreKvMlaFormWritesKOnce) {
   EXPECT_EQ(kc, ref_k);
   for (int64_t r = 0; r < nb * bs; ++r)
     EXPECT_EQ(0, std::memcmp(&kc[r * D], &ref_v[r * Dv], Dv * 2)) << "slot " << r;
+  // A v that is a copy of k's columns (an engine that gathered both): the
+  // Error says what the MLA form needs (it said only "overlaps").
   expect_error(
       [&] {
         store_kv(k, TensorView(other.data(), DType::bf16, {T, 1, Dv}), kcv, vcv, sm);
       },
-      {"store_kv: k_cache", "overlaps v_cache"});
+      {"store_kv: v_cache is the first 64 columns of k_cache (the MLA form)",
+       "is not the first 64 columns of k", "v a view of k's first Dv columns"});
   // fp8: one store of the shared columns, so K's and V's scales must agree.
   std::vector<uint8_t> c8(nb * bs * D);
   TensorView k8(c8.data(), DType::f8e4m3, {nb, bs, 1, D});
