@@ -140,7 +140,8 @@ namespace {
 // na_m − 1] puts Σ δ_m·s_m within e of d. Dims from the largest stride
 // down; at each, the δ whose remainder the inner dims can still reach (two
 // at most when each stride steps past the inner dims' spans, as real layouts
-// do). nullopt when a dim would need more than kMaxCandidates.
+// do). nullopt when a dim would need more than kMaxCandidates, or the
+// search more than kMaxVisits steps.
 std::optional<bool> same_strides_overlap(const TensorView& a, const TensorView& b, int64_t d) {
   constexpr int64_t kMaxCandidates = 64;
   const int64_t e = bytes_of_elems(a.dtype, 1);
@@ -162,7 +163,10 @@ std::optional<bool> same_strides_overlap(const TensorView& a, const TensorView& 
   auto floor_div = [](int64_t x, int64_t y) {
     return x / y - ((x % y != 0) && ((x < 0) != (y < 0)));
   };
-  // Whether Σ_{m >= k} δ_m·s_m can lie in (r − e, r + e).
+  // Whether Σ_{m >= k} δ_m·s_m can lie in (r − e, r + e). A search past
+  // kMaxVisits (strides that do not nest, in many dims) is left undecided.
+  constexpr int64_t kMaxVisits = 4096;
+  int64_t visits = 0;
   std::optional<bool> undecided;
   auto meet = [&](auto& self, size_t k, int64_t r) -> bool {
     if (k == dims.size()) return r > -e && r < e;
@@ -170,7 +174,7 @@ std::optional<bool> same_strides_overlap(const TensorView& a, const TensorView& 
     // δ·s must lie in (r − e − A, r + e + B), A / B the inner dims' reach.
     const int64_t lo = std::max(floor_div(r - e - reach_a[k + 1], dm.stride), -(dm.nb - 1));
     const int64_t hi = std::min(floor_div(r + e + reach_b[k + 1], dm.stride) + 1, dm.na - 1);
-    if (hi - lo + 1 > kMaxCandidates) {
+    if (hi - lo + 1 > kMaxCandidates || ++visits > kMaxVisits) {
       undecided = true;
       return true;
     }
