@@ -689,15 +689,23 @@ using ops::need_format;
 
 namespace ops {
 
+namespace {
+// The [N, K] code tensor an int8 / fp8 unpack writes.
+void check_codes_out(const char* op, const PackedWeight::Impl& p, const TensorView& weight,
+                     DType codes) {
+  check_view(op, "weight", weight, 2);
+  check_dtype(op, "weight", weight, {codes});
+  check_writable(op, "weight", weight);
+  if (weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
+    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op, shape_str(weight.shape),
+                            shape_of(p.layout.n, p.layout.k)));
+}
+}  // namespace
+
 void check_unpack(const PackedWeight::Impl* impl, const Int8Weight& out) {
   const char* op = "PackedWeight::unpack(int8)";
   const PackedWeight::Impl& p = need_format(impl, op, {WeightFormat::int8});
-  check_view(op, "weight", out.weight, 2);
-  check_dtype(op, "weight", out.weight, {DType::i8});
-  check_writable(op, "weight", out.weight);
-  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
-    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op, shape_str(out.weight.shape),
-                            shape_of(p.layout.n, p.layout.k)));
+  check_codes_out(op, p, out.weight, DType::i8);
   check_restore(op, "scales", p.quant->scales_in, out.scales);
 }
 
@@ -705,12 +713,7 @@ void check_unpack(const PackedWeight::Impl* impl, const Fp8Weight& out) {
   const char* op = "PackedWeight::unpack(fp8)";
   const PackedWeight::Impl& p = need_format(impl, op, {WeightFormat::fp8_e4m3});
   const QuantTables& q = *p.quant;
-  check_view(op, "weight", out.weight, 2);
-  check_dtype(op, "weight", out.weight, {DType::f8e4m3});
-  check_writable(op, "weight", out.weight);
-  if (out.weight.shape != std::vector<int64_t>{p.layout.n, p.layout.k})
-    throw Error(fmt::format("{}: weight has shape {}; allowed: {}", op, shape_str(out.weight.shape),
-                            shape_of(p.layout.n, p.layout.k)));
+  check_codes_out(op, p, out.weight, DType::f8e4m3);
   if (out.block_n != q.block_n || out.block_k != q.block_k)
     throw Error(fmt::format("{}: block_n={} block_k={}; allowed: {} and {} (as packed)", op,
                             out.block_n, out.block_k, q.block_n, q.block_k));
