@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -36,7 +37,8 @@ namespace {
 // The split count of attn::default_splits for these sequences.
 int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
   return attn::default_splits(base_tasks, runtime::num_threads(),
-                              *std::max_element(lens.begin(), lens.end()));
+                              *std::max_element(lens.begin(), lens.end()),
+                              std::accumulate(lens.begin(), lens.end(), int64_t{0}));
 }
 
 // Floats between the rows of a partial O: dv rounded up to whole 64-float blocks.

@@ -96,11 +96,21 @@ struct Params {
 // The split-KV rule of decode and extend (without a tuned count): tasks too
 // few for the pool (fewer than 2 per thread) split each sequence's keys into
 // chunks merged afterwards, enough for 2 tasks per thread, each chunk at
-// least kMinSplitKeys keys so that a split pays for its merge.
+// least kMinSplitKeys keys so that a split pays for its merge. With tasks
+// enough, a caller that gives the keys of all sequences (`total`) still
+// splits when the longest holds more than a thread's share of them (a long
+// context among short ones ran on one thread: 2 threads gained nothing):
+// into ceil(longest · threads / total) chunks, at most threads.
 inline constexpr int64_t kMinSplitKeys = 256;
-inline int64_t default_splits(int64_t tasks, int64_t threads, int64_t longest) {
-  if (threads <= 1 || tasks <= 0 || tasks >= 2 * threads) return 1;
-  return std::max<int64_t>(1, std::min((2 * threads + tasks - 1) / tasks, longest / kMinSplitKeys));
+inline int64_t default_splits(int64_t tasks, int64_t threads, int64_t longest, int64_t total = 0) {
+  if (threads <= 1 || tasks <= 0) return 1;
+  const int64_t by_keys = longest / kMinSplitKeys;
+  if (tasks < 2 * threads)
+    return std::max<int64_t>(1, std::min((2 * threads + tasks - 1) / tasks, by_keys));
+  if (total <= 0) return 1;
+  // longest ≤ total ≤ B · 2^31 keys and threads ≤ 4096: the product fits.
+  const int64_t share = (longest * threads + total - 1) / total;
+  return std::max<int64_t>(1, std::min({share, threads, by_keys}));
 }
 
 // The unit of work of prefill and extend: rows [r0, r0 + block rows) of

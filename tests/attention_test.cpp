@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ops/attention_descs.h"
+#include "ops/attention_engine.h"
 #include "runtime/isa.h"
 #include "runtime/reference_attention.h"
 #include "runtime/reference_error_bounds.h"
@@ -510,6 +511,24 @@ TEST_F(Decode, BlockSizesSplitOnAndOff) {
     expect_split_matches_unsplit(pr);
     if (HasFatalFailure()) return;
   }
+}
+
+// A long context among many short ones: enough tasks for the pool, yet one
+// sequence holds most of the keys. It splits (an outside tester's batch of
+// 1 × 31 000 + 63 × 16 keys ran on one thread: 2 threads gained nothing),
+// and the split result matches the unsplit one and the reference.
+TEST_F(Decode, ALongSequenceAmongManyShortOnesIsSplit) {
+  EXPECT_EQ(ops::attn::default_splits(64, 2, 31000, 31000 + 63 * 16), 2);
+  EXPECT_EQ(ops::attn::default_splits(64, 2, 512, 64 * 512), 1);  // uniform: as before
+  EXPECT_EQ(ops::attn::default_splits(64, 8, 31000, 31000 + 63 * 16), 8);
+  EXPECT_EQ(ops::attn::default_splits(64, 8, 300, 300 + 63 * 16), 1);  // too short to pay
+  EXPECT_EQ(ops::attn::default_splits(64, 1, 31000, 31000 + 63 * 16), 1);
+  EXPECT_EQ(ops::attn::default_splits(64, 2, 31000), 1);  // no total: the task rule only
+  EXPECT_EQ(ops::attn::default_splits(3, 8, 1500), 5);    // few tasks: unchanged
+  Paged pr;
+  pr.lens.assign(31, 16);
+  pr.lens.insert(pr.lens.begin() + 7, 3000);
+  expect_split_matches_unsplit(pr);
 }
 
 // Any block size: rows of a sequence scattered over blocks of 1, 3, 8, 17
