@@ -538,6 +538,72 @@ void BM_DecodeTilejitFp8(benchmark::State& state) {
   run_decode_bench(state, true);
 }
 
+// One long context among 63 short ones (skew 1) against a uniform batch of
+// the same keys (skew 0): decode's split rule for a dominant sequence
+// (docs/attention.md, "Decode tasks"). Block 16, blocks in order.
+void BM_DecodeSkewed(benchmark::State& state) {
+  const int64_t longest = state.range(0), skew = state.range(1), b = 64, bs = 16;
+  const int threads = static_cast<int>(state.range(2));
+  std::vector<int32_t> lens(size_t(b), 16);
+  lens[0] = static_cast<int32_t>(longest);
+  const int64_t total = std::accumulate(lens.begin(), lens.end(), int64_t{0});
+  if (skew == 0) lens.assign(size_t(b), static_cast<int32_t>(total / b));
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  const int64_t per_seq = (max_len + bs - 1) / bs, blocks = b * per_seq;
+  std::vector<uint16_t> k(size_t(blocks * bs * kHkv * kDecodeD)), v(k.size());
+  fill_repeating_bf16(k.data(), k.size(), 5);
+  fill_repeating_bf16(v.data(), v.size(), 6);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<uint16_t> q(size_t(b * kHq * kDecodeD)), out(q.size());
+  fill_random_bf16(q.data(), q.size(), 3);
+  auto run = [&] {
+    tilejit::decode_attention(TensorView(q.data(), DType::bf16, {b, kHq, kDecodeD}),
+                              TensorView(k.data(), DType::bf16, {blocks, bs, kHkv, kDecodeD}),
+                              TensorView(v.data(), DType::bf16, {blocks, bs, kHkv, kDecodeD}),
+                              TensorView(out.data(), DType::bf16, {b, kHq, kDecodeD}),
+                              TensorView(table.data(), DType::i32, {b, per_seq}),
+                              TensorView(lens.data(), DType::i32, {b}));
+  };
+  tilejit::set_num_threads(threads);
+  run();  // warm-up: compiles the kernel
+  const Meter m(threads);
+  for (auto _ : state) run();
+  state.counters["keys_per_s"] = double(total) * double(state.iterations()) / m.wall();
+}
+
+// store_kv of T tokens (Hkv 8, D 128) into a bf16 or an fp8 e4m3 cache,
+// slots shuffled: the copy against the conversion (docs/attention.md,
+// "Store rule"). GB/s of bf16 K and V read.
+void BM_StoreKv(benchmark::State& state) {
+  const int64_t t = state.range(0), bs = 16, blocks = (t + bs - 1) / bs;
+  const bool fp8 = state.range(1) != 0;
+  const int threads = static_cast<int>(state.range(2));
+  std::vector<uint16_t> k(size_t(t * kHkv * kDecodeD)), v(k.size());
+  fill_random_bf16(k.data(), k.size(), 7);
+  fill_random_bf16(v.data(), v.size(), 8);
+  const size_t cache_elems = size_t(blocks * bs * kHkv * kDecodeD);
+  std::vector<uint16_t> kc(cache_elems), vc(cache_elems);  // fp8 uses the first half
+  std::vector<int64_t> slots(static_cast<size_t>(t));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(9));
+  const DType ct = fp8 ? DType::f8e4m3 : DType::bf16;
+  tilejit::KvCacheScales sc;
+  if (fp8) sc.k_scale = 0.125f, sc.v_scale = 0.25f;
+  auto run = [&] {
+    tilejit::store_kv(TensorView(k.data(), DType::bf16, {t, kHkv, kDecodeD}),
+                      TensorView(v.data(), DType::bf16, {t, kHkv, kDecodeD}),
+                      TensorView(kc.data(), ct, {blocks, bs, kHkv, kDecodeD}),
+                      TensorView(vc.data(), ct, {blocks, bs, kHkv, kDecodeD}),
+                      TensorView(slots.data(), DType::i64, {t}), sc);
+  };
+  tilejit::set_num_threads(threads);
+  run();
+  const Meter m(threads);
+  for (auto _ : state) run();
+  state.counters["GBs"] = double(2 * k.size() * 2) * double(state.iterations()) / m.wall() * 1e-9;
+}
+
 void register_all() {
   using benchmark::RegisterBenchmark;
   char name[160];
@@ -590,6 +656,21 @@ void register_all() {
               ->Unit(benchmark::kMillisecond);
       }
     }
+  for (int threads : {1, 2})
+    for (int64_t skew : {0, 1})
+      RegisterBenchmark("BM_DecodeSkewed", BM_DecodeSkewed)
+          ->Args({31000, skew, threads})
+          ->ArgNames({"longest", "skew", "threads"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+  for (int64_t t : {64, 4096})
+    for (int64_t fp8 : {0, 1})
+      for (int threads : {1, 2})
+        RegisterBenchmark("BM_StoreKv", BM_StoreKv)
+            ->Args({t, fp8, threads})
+            ->ArgNames({"T", "fp8", "threads"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   // The fp8 e4m3 cache at B = 16, 8k (against the bf16 rows of the same shape above).
   for (int64_t bs : {16, 64})
     for (int threads : {1, 2})
