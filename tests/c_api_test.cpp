@@ -43,6 +43,14 @@ class CTensors {
 #define EXPECT_C_OK(call) EXPECT_EQ((call), TILEJIT_OK) << tilejit_last_error()
 #define ASSERT_C_OK(call) ASSERT_EQ((call), TILEJIT_OK) << tilejit_last_error()
 
+// Stores a raw int in a C enum field, as a C caller may (a C++ cast to the
+// enum would be undefined for a value outside it; UBSan reports the load).
+template <class E>
+void set_raw(E& field, int value) {
+  static_assert(sizeof(E) == sizeof(int));
+  std::memcpy(&field, &value, sizeof value);
+}
+
 // The call must fail with TILEJIT_ERROR and a message naming needle.
 void expect_c_error(tilejit_status s, const std::string& needle) {
   EXPECT_EQ(s, TILEJIT_ERROR) << tilejit_status_name(s);
@@ -85,7 +93,8 @@ TEST(CApi, VersionAndStatusNames) {
   EXPECT_STREQ(tilejit_status_name(TILEJIT_OK), "ok");
   EXPECT_STREQ(tilejit_status_name(TILEJIT_ERROR), "error");
   EXPECT_STREQ(tilejit_status_name(TILEJIT_INTERNAL_ERROR), "internal error");
-  EXPECT_STREQ(tilejit_status_name(static_cast<tilejit_status>(7)), "unknown status");
+  // Another value ("unknown status"): tests/consumer/c_main.c, in C, where
+  // an enum may hold it.
 }
 
 TEST(CApi, Bf16GemmMatchesTheCppCallWithEveryOption) {
@@ -614,9 +623,9 @@ TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
                  "tilejit_moe_options_init");
   expect_c_error(tilejit_fused_experts(&xt, nullptr, c2.p, &twt, &tit, &ot, nullptr),
                  "w13 is NULL");
-  expect_c_error(tilejit_pack_experts_bf16(&w13t, static_cast<tilejit_expert_proj>(9),
-                                           TILEJIT_GLU_HALVES, &s13.p),
-                 "9");
+  // (An enum argument outside its values is checked as for the fields above;
+  // a C++ caller cannot pass one without undefined behaviour, so the C
+  // consumer and the testers' C programs cover it.)
 }
 
 TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
@@ -642,10 +651,10 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "opt.struct_size = 0");
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "tilejit_gemm_options_init");
   tilejit_gemm_options_init(&o);
-  o.act = static_cast<tilejit_activation>(99);
+  set_raw(o.act, 99);
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "99");
   o.act = TILEJIT_ACT_NONE;
-  o.act_quant = static_cast<tilejit_act_quant>(-5);
+  set_raw(o.act_quant, -5);
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "-5");
 
   xt.ndim = TILEJIT_MAX_NDIM + 1;
@@ -655,7 +664,8 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   xt.ndim = 2;
   xt.shape = nullptr;
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "x.shape is NULL");
-  xt = c(x.data(), static_cast<tilejit_dtype>(42), {M, K});
+  xt = c(x.data(), TILEJIT_BF16, {M, K});
+  set_raw(xt.dtype, 42);
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "42");
   xt = c(x.data(), TILEJIT_BF16, {M, K + 1});
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "x");

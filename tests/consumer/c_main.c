@@ -77,6 +77,17 @@ int main(void) {
                       "options not set up by their init function");
   bad += expect_error(tilejit_gemm(&xt, NULL, &yt, NULL), "w is NULL", "a NULL weight");
 
+  if (strcmp(tilejit_status_name((tilejit_status)7), "unknown status") != 0) ++bad;
+  /* An enum argument outside its values: an error naming it (a C caller may pass any int). */
+  {
+    int64_t es[3] = {1, 2, K}; /* within w */
+    tilejit_tensor et = {w, TILEJIT_BF16, 3, es, NULL};
+    tilejit_packed_experts* pe = NULL;
+    bad += expect_error(
+        tilejit_pack_experts_bf16(&et, (tilejit_expert_proj)9, TILEJIT_GLU_HALVES, &pe), "9",
+        "an expert projection outside the enum");
+    if (pe != NULL) ++bad;
+  }
   if (tilejit_get_cpu_info(&cpu) != TILEJIT_OK) ++bad;
   printf("tilejit C consumer: vendor %s, layout %s, %s\n", cpu.vendor, info.layout,
          bad ? "FAILED" : "ok");
