@@ -614,10 +614,12 @@ TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
 
   // Errors: a wrong expert count, a bf16 unpack of int8 experts, moe options unset.
   expect_c_error(tilejit_packed_experts_unpack_int8(i13.p, back.data(), 0), "num_experts = 0");
+  // A failed pack sets its *out to NULL (here a non-owning dummy address).
+  tilejit_packed_experts* failed = reinterpret_cast<tilejit_packed_experts*>(&info);
   expect_c_error(tilejit_pack_experts_int8(cq13.data(), -3, TILEJIT_EXPERTS_GATE_UP,
-                                           TILEJIT_GLU_HALVES, &i13.p),
+                                           TILEJIT_GLU_HALVES, &failed),
                  "num_experts = -3");
-  EXPECT_EQ(i13.p, nullptr);  // a failed pack leaves no handle
+  EXPECT_EQ(failed, nullptr);
   tilejit_moe_options zero{};
   expect_c_error(tilejit_fused_experts(&xt, c13.p, c2.p, &twt, &tit, &ot, &zero),
                  "tilejit_moe_options_init");
