@@ -79,8 +79,18 @@ bool mla_form(const TensorView& k, const TensorView& v, const TensorView& k_cach
          v.shape[2] <= k.shape[2];
 }
 
-// Marks every token but the last of each slot as skipped (slot −1).
+// Marks every token but the last of each slot as skipped (slot −1). Slots
+// strictly increasing past the skipped ones (an engine's usual allocation)
+// cannot repeat: one pass, no sort.
 void keep_last_writer(std::vector<int64_t>& slots) {
+  int64_t last = -1;
+  bool increasing = true;
+  for (int64_t s : slots) {
+    if (s < 0) continue;
+    increasing = increasing && s > last;
+    last = s;
+  }
+  if (increasing) return;
   std::vector<std::pair<int64_t, int64_t>> by_slot;  // (slot, token)
   by_slot.reserve(slots.size());
   for (size_t i = 0; i < slots.size(); ++i)
