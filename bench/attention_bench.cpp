@@ -21,6 +21,7 @@
 //                                        at block 1, per 8 keys at block 8)
 //   BM_DecodeTilejitFp8/B/ctx/block/threads the same over an fp8 e4m3 cache
 //                                        (KvCacheScales, per-tensor scales)
+//   BM_DecodeSkewed, BM_ExtendOneToken, BM_StoreKv  see their comments
 //
 // Prefill: one sequence of T tokens, Hq = 32, Hkv = 8, D = Dv ∈ {64, 128},
 // causal. FLOPs count only the visible (query, key) pairs: query i sees keys
@@ -572,6 +573,50 @@ void BM_DecodeSkewed(benchmark::State& state) {
   state.counters["keys_per_s"] = double(total) * double(state.iterations()) / m.wall();
 }
 
+// One new token per sequence through extend_attention (an engine's decode
+// tokens inside a mixed extend batch) against decode_attention over the same
+// cache: B = 64 sequences of `prefix` cached keys, block 16 or 1 (blocks in
+// a random order). mode 0: decode_attention over prefix + 1 keys; 1: extend,
+// the new K/V in the cache; 2: extend with k_new / v_new. keys_per_s counts
+// prefix + 1 keys per sequence.
+void BM_ExtendOneToken(benchmark::State& state) {
+  const int64_t prefix = state.range(0), bs = state.range(1), mode = state.range(2), b = 64;
+  const int threads = static_cast<int>(state.range(3));
+  const int64_t len = prefix + 1, per_seq = (len + bs - 1) / bs, blocks = b * per_seq;
+  std::vector<uint16_t> k(size_t(blocks * bs * kHkv * kDecodeD)), v(k.size());
+  fill_repeating_bf16(k.data(), k.size(), 5);
+  fill_repeating_bf16(v.data(), v.size(), 6);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937_64(42));
+  std::vector<uint16_t> q(size_t(b * kHq * kDecodeD)), out(q.size()),
+      kv_new(size_t(b * kHkv * kDecodeD));
+  fill_random_bf16(q.data(), q.size(), 3);
+  fill_random_bf16(kv_new.data(), kv_new.size(), 4);
+  std::vector<int32_t> lens(size_t(b), static_cast<int32_t>(len)),
+      pre(size_t(b), static_cast<int32_t>(prefix)), qo(size_t(b + 1));
+  std::iota(qo.begin(), qo.end(), 0);
+  const TensorView kc(k.data(), DType::bf16, {blocks, bs, kHkv, kDecodeD}),
+      vc(v.data(), DType::bf16, {blocks, bs, kHkv, kDecodeD}),
+      qv(q.data(), DType::bf16, {b, kHq, kDecodeD}),
+      ov(out.data(), DType::bf16, {b, kHq, kDecodeD}), tv(table.data(), DType::i32, {b, per_seq});
+  tilejit::ExtendOptions ext;
+  if (mode == 2)
+    ext.k_new = ext.v_new = TensorView(kv_new.data(), DType::bf16, {b, kHkv, kDecodeD});
+  auto run = [&] {
+    if (mode == 0)
+      tilejit::decode_attention(qv, kc, vc, ov, tv, TensorView(lens.data(), DType::i32, {b}));
+    else
+      tilejit::extend_attention(qv, kc, vc, ov, TensorView(qo.data(), DType::i32, {b + 1}), tv,
+                                TensorView(pre.data(), DType::i32, {b}), {}, ext);
+  };
+  tilejit::set_num_threads(threads);
+  run();  // warm-up: compiles the kernels
+  const Meter m(threads);
+  for (auto _ : state) run();
+  state.counters["keys_per_s"] = double(b * len) * double(state.iterations()) / m.wall();
+}
+
 // store_kv of T tokens (Hkv 8, D 128) into a bf16 or an fp8 e4m3 cache,
 // slots shuffled: the copy against the conversion (docs/attention.md,
 // "Store rule"). GB/s of bf16 K and V read.
@@ -663,6 +708,14 @@ void register_all() {
           ->ArgNames({"longest", "skew", "threads"})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
+  for (int64_t bs : {16, 1})
+    for (int64_t mode : {0, 1, 2})
+      for (int threads : {1, 2})
+        RegisterBenchmark("BM_ExtendOneToken", BM_ExtendOneToken)
+            ->Args({1024, bs, mode, threads})
+            ->ArgNames({"prefix", "block", "mode", "threads"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   for (int64_t t : {64, 4096})
     for (int64_t fp8 : {0, 1})
       for (int threads : {1, 2})

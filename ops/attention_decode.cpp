@@ -13,6 +13,7 @@
 #include "jit/registry.h"
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "ops/attention_decode_kernel.h"
 #include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_fp8.h"
@@ -41,11 +42,6 @@ int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
                               std::accumulate(lens.begin(), lens.end(), int64_t{0}));
 }
 
-// Floats between the rows of a partial O: dv rounded up to whole 64-float blocks.
-int64_t padded_dv(int64_t dv) {
-  return (dv + 63) / 64 * 64;
-}
-
 }  // namespace
 
 namespace ops {
@@ -60,7 +56,7 @@ codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int6
           .dv = dv,
           .g = g,
           .block_size = block_size,
-          .ldo = padded_dv(dv),
+          .ldo = attn::padded_dv(dv),
           .softcap = softcap,
           .alibi = alibi,
           .kv = kv};
@@ -117,7 +113,6 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t max_blocks = block_table.shape[1];
     // Saturating: a table wider than any int32 length needs is not an error.
     const int64_t capacity = ops::saturating_mul(max_blocks, bs);
-    const auto* table = static_cast<const int32_t*>(block_table.data);
     const auto* lens_p = static_cast<const int32_t*>(seq_lens.data);
     std::vector<int64_t> lens(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) {
@@ -223,14 +218,12 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       return;
     }
 
-    const int64_t dv_padded = padded_dv(dv);
+    const int64_t dv_padded = attn::padded_dv(dv);
     if (llvm_kernel) {
       // The LLVM kernel: tasks are sequences × splits, all heads at once, so
       // each 16-key chunk reads whole cache rows (every head) instead of
       // 256-byte pieces of them.
-      const auto fn = jit::get(*desc).entry<lb::DecodeAttentionFn>();
-      const size_t scratch_bytes =
-          static_cast<size_t>(lb::decode_attention_scratch_bytes(*desc, hkv));
+      const attn::DecodeKernel kernel(*desc, p, ph, kvs.fp8, q, k_cache, v_cache, block_table);
       auto rows_of = [&](int64_t task, std::vector<attn::QueryRow>& qr,
                          std::vector<uint16_t*>& orows) {
         const int64_t b = task;
@@ -241,61 +234,10 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
           orows[head] = od + b * out.strides[0] + head * out.strides[1];
         }
       };
-      // Keys [j0, j1) of task's sequence folded into st (reset here).
-      auto run = [&](int64_t task, int64_t j0, int64_t j1, const std::vector<attn::QueryRow>& qr,
+      // Keys [j0, j1) of sequence `task` folded into st (reset by the kernel).
+      auto run = [&](int64_t task, int64_t j0, int64_t j1, const std::vector<attn::QueryRow>&,
                      attn::Partial& st) {
-        const int64_t b = task;
-        st.reset(hq, dv_padded);
-        int64_t lo = 0, hi = 0;
-        attn::visible_keys(p, lens[b] - 1, lens[b], lo, hi);
-        j0 = std::max(j0, lo), j1 = std::min(j1, hi + 1);
-        if (j0 >= j1) return;
-        // Slopes gathered once per task into the kernel's [Hq] order.
-        auto& slopes = runtime::per_thread<std::vector<float>>([] {});
-        slopes.resize(static_cast<size_t>(hq));
-        if (p.slopes)
-          for (int64_t r = 0; r < hq; ++r) slopes[r] = p.slopes[qr[r].head * p.slopes_stride];
-        // fp8: the score scale per kv head (sm_scale · k scale).
-        auto& k_scale = runtime::per_thread<std::vector<float>>([] {});
-        k_scale.resize(static_cast<size_t>(hkv));
-        for (int64_t h = 0; h < hkv; ++h) k_scale[h] = ph[h].scale;
-        lb::DecodeAttentionArgs a{};
-        a.k_scale = k_scale.data();
-        a.q = qd + b * q.strides[0];
-        a.q_row_stride = q.strides[1];
-        a.k = static_cast<const uint16_t*>(k_cache.data);
-        a.v = static_cast<const uint16_t*>(v_cache.data);
-        a.heads = hkv;
-        a.k_head_stride = k_cache.strides[2];
-        a.v_head_stride = v_cache.strides[2];
-        a.table = table + b * block_table.strides[0];
-        a.table_stride = block_table.strides[1];
-        a.k_block_stride = k_cache.strides[0];
-        a.k_row_stride = k_cache.strides[1];
-        a.v_block_stride = v_cache.strides[0];
-        a.v_row_stride = v_cache.strides[1];
-        a.j0 = j0;
-        a.j1 = j1;
-        a.i_pos = lens[b] - 1;
-        a.slopes = slopes.data();
-        a.softcap = p.softcap;
-        a.scale = p.scale;
-        a.m = st.mx.data();
-        a.l = st.l.data();
-        a.o = st.o.data();
-        // The kernel's working memory, kept per thread (64-byte aligned).
-        auto& scratch = runtime::per_thread<std::vector<uint8_t>>([] {});
-        if (scratch.size() < scratch_bytes + 63) scratch.resize(scratch_bytes + 63);
-        a.scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) &
-                                            ~uintptr_t{63});
-        fn(&a);
-        // fp8: the kernel's O is in the V codes' units (DecodeAttentionArgs).
-        if (kvs.fp8)
-          for (int64_t r = 0; r < hq; ++r) {
-            const float vsc = ph[r / g].v_scale;
-            float* orow = st.o.data() + r * st.ldo;
-            for (int64_t c = 0; c < dv; ++c) orow[c] *= vsc;
-          }
+        kernel.run(task, task, lens[task] - 1, lens[task], j0, j1, st);
       };
       if (splits == 1) {
         runtime::parallel_for(base_tasks, [&](int64_t t) {

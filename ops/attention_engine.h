@@ -147,6 +147,12 @@ struct QueryRow {
   int64_t mask_stride = 1;
 };
 
+// Floats between the rows of a Partial's O: dv rounded up to whole 64-float
+// blocks (the engine's transposed O and the decode kernel both write such rows).
+inline int64_t padded_dv(int64_t dv) {
+  return (dv + 63) / 64 * 64;
+}
+
 // Unnormalised online-softmax state of ≤ 64 rows: running max, running sum,
 // and the fp32 O accumulator [rows × ldo].
 struct Partial {

@@ -17,6 +17,7 @@
 
 #include "jit/tuning_db.h"
 #include "ops/attention_checks.h"
+#include "ops/attention_decode_kernel.h"
 #include "ops/attention_descs.h"
 #include "ops/attention_engine.h"
 #include "ops/attention_fp8.h"
@@ -170,20 +171,57 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     p.key_block = blocking.key_block;
     const int64_t block_rows = blocking.rows;
 
+    // Sequences with one new token (an engine's decode tokens inside a mixed
+    // batch) run the LLVM decode kernel where this path has it: all heads of
+    // the token at once, as decode_attention does; the block engine, tiled for
+    // 64-row query blocks, took 2-3x decode's time on them. The others run
+    // the engine in row blocks.
+    const bool decode_kernel = isa != Isa::scalar && ops::decode_attention_llvm_kernel(isa, g);
+    std::vector<int64_t> singles;
+    std::vector<char> is_single(static_cast<size_t>(batch), 0);
+    int64_t longest_engine = 0, longest_single = 0, single_keys = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t n = qo[b + 1] - qo[b];
+      if (decode_kernel && n == 1) {
+        singles.push_back(b);
+        is_single[b] = 1;
+        longest_single = std::max(longest_single, prefix[b] + 1);
+        single_keys += prefix[b] + 1;
+      } else if (n > 0) {
+        longest_engine = std::max(longest_engine, prefix[b] + n);
+      }
+    }
     using Task = attn::RowBlock;
-    const std::vector<Task> tasks =
-        isa == Isa::scalar ? std::vector<Task>{} : attn::row_blocks(qo, g, hkv, block_rows);
+    std::vector<Task> tasks;
+    if (isa != Isa::scalar)
+      for (const Task& t : attn::row_blocks(qo, g, hkv, block_rows))
+        if (!is_single[t.b]) tasks.push_back(t);
     const int64_t ntasks = static_cast<int64_t>(tasks.size());
-    int64_t splits = 1;
-    if (const auto tuned_splits = tuned ? tuned->knob("splits") : std::nullopt)
-      splits = *tuned_splits;
-    else if (isa != Isa::scalar && !ext.deterministic)
-      splits = attn::default_splits(ntasks, threads, longest);
+    const int64_t nsingles = static_cast<int64_t>(singles.size());
+    // Key-range splits of an engine task and of a one-token sequence: the
+    // rule of decode for both (the units of the two kinds share the pool),
+    // with decode's long-context rule for the one-token sequences.
+    int64_t splits = 1, single_splits = 1;
+    if (const auto tuned_splits = tuned ? tuned->knob("splits") : std::nullopt) {
+      splits = single_splits = *tuned_splits;
+    } else if (isa != Isa::scalar && !ext.deterministic) {
+      splits = attn::default_splits(ntasks + nsingles, threads, longest_engine);
+      single_splits = attn::default_splits(ntasks + nsingles, threads, longest_single, single_keys);
+    }
+    namespace lb = codegen::llvm_backend;
+    std::optional<lb::DecodeAttentionDesc> desc;
+    if (nsingles > 0)
+      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr,
+                                        kvs.fp8 ? DType::f8e4m3 : DType::bf16);
     ops::log_call(op, isa, [&] {
       std::string runs = isa == Isa::scalar ? "plan=reference"
                                             : ops::attention_engine_plan(
                                                   isa, block_rows, p.key_block, ntasks, splits);
-      if (kvs.fp8) runs += " copy=bf16";  // the engine reads bf16 rows: attention_fp8.h
+      if (desc)
+        runs += fmt::format(" one_token_seqs={} kernel={} splits={}", nsingles, desc->name(),
+                            single_splits);
+      // The engine reads bf16 rows (attention_fp8.h); the decode kernel the codes.
+      if (kvs.fp8 && ntasks > 0) runs += " copy=bf16";
       if (tuned) runs += " tuned=" + tuned->id();
       return ops::CallLine{
           fmt::format("T={} B={} Hq={} Hkv={} D={} Dv={} bs={} max_new={} max_keys={} cache={} "
@@ -200,12 +238,18 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     // that pass's O before the new keys' pass is merged in (O is linear in V),
     // so K and V are read as code · scale exactly.
     attn::Bf16CacheCopy copy;
-    if (kvs.fp8) copy = attn::dequantize_cache(k_cache, v_cache, block_table, cached_keys);
+    if (kvs.fp8) {
+      std::vector<int64_t> engine_keys = cached_keys;  // the one-token sequences read the codes
+      for (int64_t b : singles) engine_keys[b] = 0;
+      copy = attn::dequantize_cache(k_cache, v_cache, block_table, engine_keys);
+    }
     const TensorView& kc_view = kvs.fp8 ? copy.k_cache : k_cache;
     const TensorView& vc_view = kvs.fp8 ? copy.v_cache : v_cache;
     const TensorView& bt = kvs.fp8 ? copy.block_table : block_table;
-    std::vector<attn::Params> pc(static_cast<size_t>(hkv), p);  // p's key block too
-    for (int64_t h = 0; h < hkv; ++h) pc[h].scale = p.scale * kvs.k[h];
+    // (pc[h].v_scale is read by the decode kernel's caller only: the engine's
+    // passes leave O unscaled, the finish takes p.)
+    std::vector<attn::Params> pc(static_cast<size_t>(hkv));  // p's key block too
+    for (int64_t h = 0; h < hkv; ++h) pc[h] = attn::head_params(p, kvs, h);
     auto cache_source = [&](bool is_v, int64_t b, int64_t h) {
       return attn::paged_rows(is_v ? vc_view : kc_view, bt, b, h);
     };
@@ -239,9 +283,19 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
         const attn::RowSource kc = cache_source(false, b, h), vc = cache_source(true, b, h);
         attn::RowSource kn, vn;
         if (!in_cache) kn = new_source(*ext.k_new, b, h), vn = new_source(*ext.v_new, b, h);
+        // A one-token sequence over an fp8 cache has no bf16 copy: its codes,
+        // a row at a time.
+        const bool codes = kvs.fp8 && is_single[b];
+        std::vector<uint16_t> kb, vb;
+        auto cached_row = [&](bool is_v, int64_t j) {
+          if (codes)
+            return attn::fp8_row(is_v ? v_cache : k_cache, block_table, b, h, j, is_v ? vb : kb);
+          return is_v ? vc.row(j) : kc.row(j);
+        };
         attn::scalar_row(
-            p, qr[r], keys_of(b), [&](int64_t j) { return j < split ? kc.row(j) : kn.row(j); },
-            [&](int64_t j) { return j < split ? vc.row(j) : vn.row(j); }, orows[r],
+            p, qr[r], keys_of(b),
+            [&](int64_t j) { return j < split ? cached_row(false, j) : kn.row(j); },
+            [&](int64_t j) { return j < split ? cached_row(true, j) : vn.row(j); }, orows[r],
             [&](int64_t j) { return j < split ? double(kvs.k[h]) : 1.0; },
             [&](int64_t j) { return j < split ? double(kvs.v[h]) : 1.0; });
       });
@@ -267,7 +321,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       return;
     }
 
-    const int64_t dv_padded = (dv + 63) / 64 * 64;
+    const int64_t dv_padded = attn::padded_dv(dv);
 
     auto rows_of = [&](const Task& task, std::vector<attn::QueryRow>& qr,
                        std::vector<uint16_t*>& orows) {
@@ -308,45 +362,115 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       }
     };
 
-    if (splits == 1) {
-      runtime::parallel_for(ntasks, [&](int64_t t) {
+    // The one-token sequences: the decode kernel over the cached keys the
+    // token sees, then (k_new given) its own key folded in as a one-key state.
+    std::optional<attn::DecodeKernel> kernel;
+    if (desc) kernel.emplace(*desc, p, pc, kvs.fp8, q, k_cache, v_cache, block_table);
+    auto single_rows = [&](int64_t b, std::vector<attn::QueryRow>& qr,
+                           std::vector<uint16_t*>& orows) {
+      qr.resize(static_cast<size_t>(hq));
+      orows.resize(static_cast<size_t>(hq));
+      for (int64_t head = 0; head < hq; ++head) {
+        qr[head] = query_row(b, 0, head);
+        orows[head] = od + qo[b] * out.strides[0] + head * out.strides[1];
+      }
+    };
+    auto run_single = [&](int64_t b, int64_t j0, int64_t j1, attn::Partial& st) {
+      const int64_t pre = prefix[b], tk = pre + 1;
+      // The token sees itself unless its 1×1 tree mask says no (windows and
+      // causality always leave a query its own position).
+      const bool self = mask == nullptr || mask[mask_off[b] * mask_stride] != 0;
+      kernel->run(b, qo[b], pre, tk, j0, std::min(j1, in_cache && self ? tk : pre), st);
+      if (in_cache || !self || j0 > pre || j1 <= pre) return;
+      // Its own key from k_new / v_new: score s (softcap; ALiBi adds 0 at
+      // distance 0), weight 1 against a max of s, O = v.
+      attn::Partial& own = runtime::per_thread<attn::Partial>([] {});
+      own.reset(hq, st.ldo);
+      for (int64_t head = 0; head < hq; ++head) {
+        const int64_t h = head / g;
+        const uint16_t* qrow = qd + qo[b] * q.strides[0] + head * q.strides[1];
+        const auto* krow = static_cast<const uint16_t*>(ext.k_new->data) +
+                           qo[b] * ext.k_new->strides[0] + h * ext.k_new->strides[1];
+        const auto* vrow = static_cast<const uint16_t*>(ext.v_new->data) +
+                           qo[b] * ext.v_new->strides[0] + h * ext.v_new->strides[1];
+        float dot = 0;
+        for (int64_t c = 0; c < d; ++c)
+          dot += runtime::bf16_to_f32(qrow[c]) * runtime::bf16_to_f32(krow[c]);
+        float x = dot * p.scale;
+        if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+        own.mx[head] = x;
+        own.l[head] = 1;
+        float* o = own.o.data() + head * own.ldo;
+        for (int64_t c = 0; c < dv; ++c) o[c] = runtime::bf16_to_f32(vrow[c]);
+      }
+      attn::merge(st, own, hq, dv);
+    };
+
+    // Units: the engine tasks, then the one-token sequences; each split into
+    // key-range chunks (units of both kinds share one parallel loop).
+    auto unit_rows = [&](int64_t u, std::vector<attn::QueryRow>& qr,
+                         std::vector<uint16_t*>& orows) {
+      if (u < ntasks) {
+        rows_of(tasks[u], qr, orows);
+        return tasks[u].b;
+      }
+      const int64_t b = singles[u - ntasks];
+      single_rows(b, qr, orows);
+      return b;
+    };
+    // Keys [j0, j1) of unit u into st, reset here.
+    auto unit_run = [&](int64_t u, const std::vector<attn::QueryRow>& qr, int64_t j0, int64_t j1,
+                        attn::Partial& st) {
+      if (u >= ntasks) return run_single(singles[u - ntasks], j0, j1, st);
+      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      run(tasks[u], qr, j0, j1, st);
+    };
+    const int64_t units = ntasks + nsingles;
+
+    if (splits == 1 && single_splits == 1) {
+      runtime::parallel_for(units, [&](int64_t u) {
         std::vector<attn::QueryRow> qr;
         std::vector<uint16_t*> orows;
-        rows_of(tasks[t], qr, orows);
+        const int64_t b = unit_rows(u, qr, orows);
         attn::Partial& st = runtime::per_thread<attn::Partial>([] {});
-        st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-        run(tasks[t], qr, 0, keys_of(tasks[t].b), st);
+        unit_run(u, qr, 0, keys_of(b), st);
         attn::finish(p, qr, st, orows);
-        repair(tasks[t].b, qr, orows);
+        repair(b, qr, orows);
       });
       return;
     }
 
-    // Split-KV: chunk s covers keys [s·chunk, (s+1)·chunk), chunk a multiple of
-    // the key block, then a log-sum-exp merge per task.
-    std::vector<attn::Partial> parts(static_cast<size_t>(ntasks * splits));
-    runtime::parallel_for(ntasks * splits, [&](int64_t t) {
-      const Task& task = tasks[t / splits];
-      const int64_t s = t % splits, tk = keys_of(task.b);
+    // Split-KV: chunk s of a unit covers keys [s·chunk, (s+1)·chunk), chunk a
+    // multiple of the engine's key block (of the decode kernel's 16-key chunk
+    // for a one-token sequence, so that only a range's ends are masked), then
+    // a log-sum-exp merge per unit.
+    auto unit_splits = [&](int64_t u) { return u < ntasks ? splits : single_splits; };
+    const int64_t engine_items = ntasks * splits;
+    const int64_t items = engine_items + nsingles * single_splits;
+    auto first_item = [&](int64_t u) {
+      return u < ntasks ? u * splits : engine_items + (u - ntasks) * single_splits;
+    };
+    std::vector<attn::Partial> parts(static_cast<size_t>(items));
+    runtime::parallel_for(items, [&](int64_t t) {
+      const int64_t u = t < engine_items ? t / splits : ntasks + (t - engine_items) / single_splits;
+      const int64_t s = t - first_item(u), n = unit_splits(u);
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
-      rows_of(task, qr, orows);
-      const int64_t per = (tk + splits - 1) / splits;
-      const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
-      attn::Partial& st = parts[t];
-      st.reset(static_cast<int64_t>(qr.size()), dv_padded);
+      const int64_t tk = keys_of(unit_rows(u, qr, orows));
+      const int64_t step = u < ntasks ? p.key_block : lb::kDecodeChunkKeys;
+      const int64_t chunk = ((tk + n - 1) / n + step - 1) / step * step;
       const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
-      run(task, qr, j0, j1, st);
+      unit_run(u, qr, j0, j1, parts[t]);
     });
-    runtime::parallel_for(ntasks, [&](int64_t t) {
+    runtime::parallel_for(units, [&](int64_t u) {
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
-      rows_of(tasks[t], qr, orows);
-      attn::Partial& acc = parts[t * splits];
-      for (int64_t s = 1; s < splits; ++s)
-        attn::merge(acc, parts[t * splits + s], static_cast<int64_t>(qr.size()), dv);
+      const int64_t b = unit_rows(u, qr, orows);
+      attn::Partial& acc = parts[first_item(u)];
+      for (int64_t s = 1; s < unit_splits(u); ++s)
+        attn::merge(acc, parts[first_item(u) + s], static_cast<int64_t>(qr.size()), dv);
       attn::finish(p, qr, acc, orows);
-      repair(tasks[t].b, qr, orows);
+      repair(b, qr, orows);
     });
   });
 }
