@@ -175,6 +175,52 @@ std::string TensorType::str() const {
   return s + ">";
 }
 
+namespace {
+
+// Strides that give two elements one address (rows closer than a row's
+// length, a stride 0 over a dim of 2 or more) describe no tensor an input
+// file can be laid out into: the tool would have to drop values. Checked
+// where strides and extents are static: taken in increasing stride order,
+// each stride must step over everything the smaller ones span.
+void check_no_overlap(const TensorType& t, std::vector<std::string>& problems) {
+  struct Axis {
+    size_t dim;
+    int64_t stride, extent;  // extent -1: dynamic
+  };
+  std::vector<Axis> axes;
+  for (size_t i = 0; i < t.dims.size(); ++i) {
+    const Dim& d = t.dims[i];
+    if (d.is_static() && d.value == 0) return;    // no elements
+    if (d.is_static() && d.value == 1) continue;  // its stride is never used
+    if (!t.layout.strides[i]) return;             // unknown: the view check at run time
+    axes.push_back({i, *t.layout.strides[i], d.is_static() ? d.value : -1});
+  }
+  std::stable_sort(axes.begin(), axes.end(),
+                   [](const Axis& a, const Axis& b) { return a.stride < b.stride; });
+  for (size_t j = 0; j < axes.size(); ++j) {
+    if (axes[j].stride == 0) {
+      problems.push_back(cat("stride 0 on dim ", axes[j].dim, " of extent ",
+                             t.dims[axes[j].dim].str(),
+                             " gives its elements one address; allowed: strides under which "
+                             "every element has its own address"));
+      return;
+    }
+    if (j == 0 || axes[j - 1].extent < 0) continue;
+    int64_t span = 0;  // past int64: more than any stride
+    if (__builtin_mul_overflow(axes[j - 1].stride, axes[j - 1].extent, &span) ||
+        axes[j].stride < span) {
+      problems.push_back(cat("strides ", t.layout.str(), " overlap: dim ", axes[j].dim,
+                             "'s stride ", axes[j].stride, " is less than the ", axes[j - 1].extent,
+                             " × ", axes[j - 1].stride, " elements dim ", axes[j - 1].dim,
+                             " spans; allowed: strides under which every element has its own "
+                             "address"));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 void check_type(const TensorType& t, std::vector<std::string>& problems) {
   for (const Dim& d : t.dims) {
     if (d.is_static() && d.value < 0) problems.push_back(cat("dim ", d.value, " is negative"));
@@ -201,6 +247,7 @@ void check_type(const TensorType& t, std::vector<std::string>& problems) {
   for (const auto& st : s) {
     if (st && *st < 0) problems.push_back(cat("stride ", *st, " is negative"));
   }
+  if (problems.empty() && s.size() == t.dims.size()) check_no_overlap(t, problems);
 }
 
 const PackedFormat* find_packed_format(std::string_view name) {

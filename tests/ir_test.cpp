@@ -63,6 +63,14 @@ std::string verify_error(const Function& f) {
 std::string verify_error(const std::string& text) {
   return verify_error(parse(text));
 }
+// The message of parsing and verifying `text` ("" when both succeed).
+std::string parse_or_verify_error(const std::string& text) {
+  try {
+    return verify_error(parse(text));
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
 
 // The message infer_type throws for `kind` on operands of the given types.
 std::string infer_error(OpKind kind, std::vector<std::pair<std::string, TensorType>> operands,
@@ -545,6 +553,38 @@ TEST(IrVerifier, ValueTypesAreWellFormed) {
   f.values[1].type.layout.format = "q4_0";
   EXPECT_THAT(verify_error(f), HasSubstr("value %w: "));
   EXPECT_THAT(verify_error(f), HasSubstr("unknown packed format 'q4_0'"));
+}
+
+// Strides that give two elements one address are refused where the type is
+// written: the tool would lay a dense input file into them and drop values
+// (x strided<[3, 1]> with K 64 ran as the dense program, silently).
+TEST(IrVerifier, OverlappingStridesAreRefused) {
+  const std::string r = "tensor<?Mx32xf32>";
+  EXPECT_THAT(parse_or_verify_error(
+                  gemm_text("tensor<?Mx64xbf16, strided<[3, 1]>>", "tensor<32x64xbf16>", r)),
+              HasSubstr("strides strided<[3, 1]> overlap: dim 0's stride 3 is less than the 64 × 1 "
+                        "elements dim 1 spans"));
+  EXPECT_THAT(parse_or_verify_error(
+                  gemm_text("tensor<4x64xbf16, strided<[0, 1]>>", "tensor<32x64xbf16>", r)),
+              HasSubstr("stride 0 on dim 0 of extent 4 gives its elements one address"));
+  // Allowed: rows wider than K, a dim of 1 with any stride, a dynamic stride,
+  // the transposed [K, N] form of an f8e4m3 weight, padded inner dims.
+  EXPECT_EQ(parse_or_verify_error(
+                gemm_text("tensor<?Mx64xbf16, strided<[64, 1]>>", "tensor<32x64xbf16>", r)),
+            "");
+  EXPECT_EQ(parse_or_verify_error(gemm_text("tensor<1x64xbf16, strided<[0, 1]>>",
+                                            "tensor<32x64xbf16>", "tensor<1x32xf32>")),
+            "");
+  EXPECT_EQ(parse_or_verify_error(
+                gemm_text("tensor<?Mx64xbf16, strided<[?, 1]>>", "tensor<32x64xbf16>", r)),
+            "");
+  EXPECT_NO_THROW(
+      TensorType::make(DType::f8e4m3, {Dim::fixed(32), Dim::fixed(64)}, Layout::strided({1, 32})));
+  EXPECT_NO_THROW(TensorType::make(DType::f32, {Dim::fixed(2), Dim::sym("T"), Dim::fixed(8)},
+                                   Layout::strided({100, 8, 1})));
+  EXPECT_THROW(
+      TensorType::make(DType::f32, {Dim::fixed(2), Dim::fixed(8)}, Layout::strided({8, 2})),
+      Error);  // columns 2 apart span 16 elements: row 1 starts inside row 0
 }
 
 TEST(IrVerifier, ResultTypeMustMatchInference) {
