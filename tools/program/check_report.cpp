@@ -6,15 +6,24 @@
 namespace tilejit::tools {
 
 bool CheckReport::add(double got, double want, double tol) {
+  // A reference of ±Inf or NaN is matched exactly (every path gives the same
+  // non-finite outputs, docs/reliability.md): its bound, which sums |x·w|,
+  // is infinite too and would pass any value.
   double err = std::fabs(got - want);
-  if (std::isnan(err)) err = INFINITY;
+  if (!std::isfinite(want))
+    err = (std::isnan(want) ? std::isnan(got) : got == want) ? 0.0 : INFINITY;
+  else if (std::isnan(err))
+    err = INFINITY;
   ++checked;
-  if (!(err <= tol)) ++failures;
+  if (!(std::isfinite(err) && err <= tol)) ++failures;  // an infinite error fails under any bound
   max_abs = std::max(max_abs, err);
   max_rel = std::max(max_rel, err / std::max(std::fabs(want), 1e-6));
-  const double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
+  const double ratio = std::isinf(err) ? INFINITY
+                       : tol > 0       ? err / tol
+                                       : (err > 0 ? INFINITY : 0.0);
   if (!(ratio > worst_ratio)) return false;
   worst_ratio = ratio;
+  worst_err = err;
   worst_got = got;
   worst_ref = want;
   worst_tol = tol;

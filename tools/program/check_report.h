@@ -18,11 +18,13 @@ struct CheckReport {
   std::vector<int64_t> worst_index;
   std::string worst_value;  // "%o": the result holding it, when several are compared
   double worst_got = 0, worst_ref = 0, worst_tol = 0;
+  double worst_err = 0;  // its error as counted (0 for a matched infinity)
   std::string tolerance;  // the formula used, for the report
   std::string reference;  // what the outputs were compared with
   bool pass() const { return failures == 0; }
 
-  // Counts one element: `got` against `want` under `tol` (a NaN error fails).
+  // Counts one element: `got` against `want` under `tol` (a NaN error fails;
+  // a non-finite `want` needs the same value: NaN, or the same infinity).
   // True when it is the new worst (got, ref and tol are then recorded): the
   // caller sets worst_index, and worst_value where several results are compared.
   bool add(double got, double want, double tol);
