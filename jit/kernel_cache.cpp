@@ -237,7 +237,12 @@ KernelRecipe xbyak_recipe(std::function<std::vector<uint8_t>()> emit) {
   };
   // Xbyak code is position independent (RIP-relative constants), so bytes
   // from another process run as they are.
-  r.load = [](std::vector<uint8_t> bytes) { return make_xbyak_kernel(bytes); };
+  // An empty entry (its checksum can match) holds no code: running it jumps
+  // into whatever follows the mapping. Refused, so the kernel is compiled.
+  r.load = [](std::vector<uint8_t> bytes) {
+    if (bytes.empty()) throw Error("an empty Xbyak code entry");
+    return make_xbyak_kernel(bytes);
+  };
   return r;
 }
 

@@ -404,6 +404,23 @@ TEST(DiskCacheHostile, OversizedEntryIsNotRead) {
   fs::remove_all(dir);
 }
 
+// An entry whose payload is empty passes its checksum: the Xbyak loader
+// refuses it and the kernel is compiled (it ran the empty mapping: SIGSEGV).
+TEST(DiskCacheHostile, AnEmptyCodeEntryIsCompiledNotRun) {
+  const std::string dir = fresh_dir("empty");
+  const std::string key = "test_empty_entry_" + std::to_string(::getpid());
+  jit::DiskCache(dir).store(key, {});
+  jit::KernelCache::global().set_disk_dir(dir);
+  const CacheStats before = cache_stats();
+  // mov eax, 42; ret
+  const jit::Kernel& k = jit::KernelCache::global().get(
+      key, "empty_entry_test", [] { return std::vector<uint8_t>{0xB8, 42, 0, 0, 0, 0xC3}; });
+  EXPECT_EQ(k.entry<int (*)()>()(), 42);
+  EXPECT_EQ(cache_stats().compiles, before.compiles + 1);
+  jit::KernelCache::global().set_disk_dir("");
+  fs::remove_all(dir);
+}
+
 TEST(DiskCacheHostile, ForgedPayloadLengthIsRejected) {
   // A well-formed entry whose payload length is 2^64 - 4 and whose checksum
   // matches: the length check must not wrap.
