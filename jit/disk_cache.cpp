@@ -4,10 +4,12 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,7 +113,10 @@ bool get(const std::vector<uint8_t>& in, size_t& pos, T* v) {
 // neither this user nor root, or writable by group or others). An entry is
 // machine code the process will run: one planted by someone else in a shared
 // or world-writable directory must not be (an outside tester's finding).
-enum class ReadResult { ok, missing, refused, foreign };
+// unreadable: lstat or open failed for another reason than a missing name
+// (EACCES in a directory this user cannot search): read_errno says which.
+enum class ReadResult { ok, missing, refused, foreign, unreadable };
+thread_local int read_errno = 0;
 
 bool trusted_writer(const struct stat& st) {
   return (st.st_uid == ::geteuid() || st.st_uid == 0) && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
@@ -123,11 +128,19 @@ bool trusted_writer(const struct stat& st) {
 // never blocks (O_NONBLOCK: a FIFO with no writer would wait in open(2)).
 ReadResult read_file(const std::string& path, std::vector<uint8_t>* out) {
   struct stat before;
-  if (::lstat(path.c_str(), &before) != 0)
-    return errno == ENOENT ? ReadResult::missing : ReadResult::refused;
+  if (::lstat(path.c_str(), &before) != 0) {
+    read_errno = errno;
+    return errno == ENOENT ? ReadResult::missing : ReadResult::unreadable;
+  }
   if (!S_ISREG(before.st_mode) || before.st_size > kMaxEntryBytes) return ReadResult::refused;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return errno == ENOENT ? ReadResult::missing : ReadResult::refused;
+  if (fd < 0) {
+    read_errno = errno;
+    // ELOOP: the name became a symlink after lstat (O_NOFOLLOW).
+    return errno == ENOENT  ? ReadResult::missing
+           : errno == ELOOP ? ReadResult::refused
+                            : ReadResult::unreadable;
+  }
   // The name may have been replaced between lstat and open: check what was opened.
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxEntryBytes) {
@@ -179,7 +192,37 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
     dir_ = abs.lexically_normal().string();
   ec.clear();
   std::filesystem::create_directories(dir_, ec);
-  if (ec || !std::filesystem::is_directory(dir_, ec)) disable("cannot create the directory");
+  std::error_code st;
+  if (!std::filesystem::is_directory(dir_, st)) {
+    disable(std::filesystem::exists(dir_, st)
+                ? std::string("it exists and is not a directory")
+                : "cannot create the directory: " + (ec ? ec.message() : std::string("unknown")));
+    return;
+  }
+  remove_orphans();
+}
+
+// A process killed between writing "<entry>.tmp.<pid>.<n>" and renaming it
+// left the temporary file for good (no later store has its name). Those of
+// this user whose writer no longer runs are removed, once per directory
+// opened; a live writer's (pid answers kill(0)) are left alone.
+void DiskCache::remove_orphans() const {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.find(".tjk.tmp.");
+    if (at == std::string::npos) continue;
+    const char* pid_text = name.c_str() + at + 9;
+    char* stop = nullptr;
+    const long pid = std::strtol(pid_text, &stop, 10);
+    if (stop == pid_text || *stop != '.' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat sb;
+    const std::string path = it->path().string();
+    if (::lstat(path.c_str(), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == ::geteuid() &&
+        ::unlink(path.c_str()) == 0)
+      log("removed an orphaned temporary file", path);
+  }
 }
 
 void DiskCache::disable(const std::string& why) {
@@ -224,6 +267,11 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
     log("refused entry (owned by another user or writable by group / others: its code is not "
         "run)",
         path);
+    return std::nullopt;
+  }
+  if (read == ReadResult::unreadable) {
+    // Not this process's to remove or replace: reported, then compiled.
+    log(std::string("unreadable entry (") + std::strerror(read_errno) + ")", path);
     return std::nullopt;
   }
   if (read == ReadResult::refused) {
@@ -338,11 +386,17 @@ std::string disk_cache_dir_from_env() {
 }
 
 std::string default_user_cache_dir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+  // Absolute paths only: the XDG spec ignores a relative XDG_CACHE_HOME (it
+  // would follow the working directory). With no home at all, no directory:
+  // a fixed name in the shared /tmp (the previous fallback) is one any other
+  // user can create first.
+  auto absolute = [](const char* p) { return p != nullptr && p[0] == '/'; };
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); absolute(x))
     return std::string(x) + "/tilejit";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
-    return std::string(h) + "/.cache/tilejit";
-  return "/tmp/tilejit-cache-" + std::to_string(::getuid());
+  if (const char* h = std::getenv("HOME"); absolute(h)) return std::string(h) + "/.cache/tilejit";
+  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && absolute(pw->pw_dir))
+    return std::string(pw->pw_dir) + "/.cache/tilejit";
+  return "";
 }
 
 }  // namespace tilejit::jit

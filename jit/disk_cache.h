@@ -54,6 +54,7 @@ class DiskCache {
   void disable(const std::string& why);
   void store_failed(const std::string& why, const std::string& path);
   void log(const std::string& what, const std::string& path) const;
+  void remove_orphans() const;
 
   std::string dir_;
   std::atomic<bool> disabled_{false};
@@ -63,7 +64,9 @@ class DiskCache {
 
 // The directory from TILEJIT_CACHE_DIR ("" = off, the library default).
 std::string disk_cache_dir_from_env();
-// The per-user default the `tilejit` tool uses: $XDG_CACHE_HOME/tilejit or ~/.cache/tilejit.
+// The per-user default the `tilejit` tool uses: $XDG_CACHE_HOME/tilejit or
+// ~/.cache/tilejit (absolute paths only; HOME unset: the passwd entry's
+// home), "" (memory only) when there is none.
 std::string default_user_cache_dir();
 
 }  // namespace tilejit::jit

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <functional>
 #include <new>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -166,11 +167,69 @@ TEST(DiskCache, UnusableDirectoryDegradesToMemory) {
   // A path below a regular file can never be a directory (even for root).
   const std::string file = fresh_dir("file");
   std::ofstream(file) << "x";
+  ::testing::internal::CaptureStderr();
   jit::DiskCache c(file + "/sub");
+  // The warning says why (it said "cannot create the directory" for a path
+  // that exists as a file too).
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              ::testing::HasSubstr("(cannot create the directory: Not a directory)"));
   EXPECT_FALSE(c.enabled());
   c.store("k", bytes(10, 1));  // no throw, no file
   EXPECT_FALSE(c.load("k").has_value());
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(jit::DiskCache(file).enabled());
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              ::testing::HasSubstr("(it exists and is not a directory)"));
   fs::remove(file);
+}
+
+// A temporary entry whose writer died before its rename is removed when the
+// directory is next opened; a running writer's is not (they stayed forever).
+TEST(DiskCache, OrphanedTemporaryFilesOfDeadWritersAreRemoved) {
+  const std::string dir = fresh_dir("orphans");
+  fs::create_directories(dir);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);  // reaped: its pid names no process
+  const std::string dead = dir + "/0123456789abcdef.tjk.tmp." + std::to_string(child) + ".7";
+  const std::string live = dir + "/0123456789abcdef.tjk.tmp." + std::to_string(::getpid()) + ".8";
+  const std::string other = dir + "/notes.txt";
+  for (const std::string& f : {dead, live, other}) std::ofstream(f) << "x";
+  jit::DiskCache c(dir);
+  EXPECT_TRUE(c.enabled());
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  fs::remove_all(dir);
+}
+
+// The tool's default directory: absolute XDG_CACHE_HOME, else absolute HOME,
+// else the passwd entry's home, else none (it was a fixed name in the shared
+// /tmp, which any user can create first).
+TEST(DiskCache, DefaultUserDirectoryIsAbsoluteAndNeverInSharedTmp) {
+  struct Saved {
+    std::string name;
+    std::optional<std::string> value;
+  };
+  std::vector<Saved> saved;
+  for (const char* n : {"XDG_CACHE_HOME", "HOME"}) {
+    const char* v = std::getenv(n);
+    saved.push_back({n, v ? std::optional<std::string>(v) : std::nullopt});
+  }
+  ::setenv("XDG_CACHE_HOME", "/x/cache", 1);
+  EXPECT_EQ(jit::default_user_cache_dir(), "/x/cache/tilejit");
+  ::setenv("XDG_CACHE_HOME", "relative/cache", 1);  // ignored, as the XDG spec says
+  ::setenv("HOME", "/h", 1);
+  EXPECT_EQ(jit::default_user_cache_dir(), "/h/.cache/tilejit");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("HOME");
+  const std::string d = jit::default_user_cache_dir();
+  EXPECT_TRUE(d.empty() || (d[0] == '/' && d.find("/.cache/tilejit") != std::string::npos)) << d;
+  EXPECT_EQ(d.rfind("/tmp/", 0), std::string::npos) << d;
+  for (const Saved& v : saved)
+    v.value ? ::setenv(v.name.c_str(), v.value->c_str(), 1) : ::unsetenv(v.name.c_str());
 }
 
 TEST(DiskCache, ANewProcessLoadsInsteadOfCompiling) {

@@ -818,6 +818,23 @@ b.npy" --random-inputs 1
 input_error "output to a FIFO with no reader" "fifo: cannot create: a FIFO with no reader" \
   "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/fifo"
 input_error "output to /dev/full" "/dev/full: write error" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o 1=/dev/full
+# Under `ulimit -f` an output that would not fit is an error (it was SIGXFSZ,
+# exit 153, and a truncated file), and nothing is left at its name.
+input_error "output past RLIMIT_FSIZE" "y.npy: its 12128 bytes would pass the file size limit" \
+  sh -c "ulimit -S -f 1; exec '$TJ' run '$LB' --random-inputs 1 --dim M=3 -o '1=$H/y.npy'"
+ok "no partial output past RLIMIT_FSIZE" test ! -e "$H/y.npy"
+input_error "inputs saved past RLIMIT_FSIZE" "bias.npy: its 2128 bytes would pass the file size limit" \
+  sh -c "ulimit -S -f 1; exec '$TJ' run '$LB' --random-inputs 1 --dim M=3 --save-inputs '$H/si'"
+ok "a written output leaves no temporary file" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/y2.npy"
+ok "... only the output itself" test "$(ls "$H" | grep -c '^y2\.npy')" -eq 1
+# Standard output that cannot be written is an error of every subcommand
+# (dump called it an internal error, exit 3; the others exited 0).
+for sub in "dump $LB" "cpuinfo" "run $LB --random-inputs 1 --dim M=1 --check"; do
+  input_error "$sub to a full stdout" "cannot write to standard output: No space left on device" \
+    sh -c "exec '$TJ' $sub >/dev/full"
+  input_error "$sub to a closed stdout" "cannot write to standard output: Bad file descriptor" \
+    sh -c "exec '$TJ' $sub >&-"
+done
 ok "bench of an empty problem (M=0) ends" timeout 30 "$TJ" bench "$LB" --dim M=0 --seconds 0.05
 # .tir files: at most 16 MiB.
 input_error ".tir from /dev/zero" "/dev/zero: holds more than the 16 MiB a .tir program may have" "$TJ" dump /dev/zero

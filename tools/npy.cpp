@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <map>
 #include <optional>
 
+#include "runtime/file_size_limit.h"
 #include "tilejit/error.h"
 #include "tools/file_limits.h"
 
@@ -334,20 +336,43 @@ void write_npy(const std::string& path, const NpyArray& a) {
 }
 
 void write_output_file(const std::string& path, const std::string& bytes) {
+  // A regular file (or a new name) is written beside as "<path>.tmp.<pid>"
+  // and renamed over it once complete, so a failed write (a full disk, an
+  // error) leaves the old file or none, never a truncated one. Anything else
+  // (a FIFO, /dev/stdout, a device) is written in place.
+  struct stat st {};
+  const bool in_place = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  // A write past the soft RLIMIT_FSIZE raises SIGXFSZ, which ends the process
+  // (exit 153): asked first, as the library's writers do.
+  if (!in_place && !runtime::file_size_allowed(bytes.size()))
+    throw Error(fmt::format("{}: its {} would pass the file size limit (RLIMIT_FSIZE)", path,
+                            byte_size_str(static_cast<int64_t>(bytes.size()))));
+  const std::string target = in_place ? path : fmt::format("{}.tmp.{}", path, ::getpid());
   // O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait in
   // open(2); writes block again after the open.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+  const int fd =
+      ::open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0)
     throw Error(fmt::format("{}: cannot create: {}", path,
                             errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno)));
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  FILE* f = ::fdopen(fd, "wb");
-  if (f == nullptr) {
-    ::close(fd);
-    throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  auto fail = [&](int err) {
+    if (!in_place) ::unlink(target.c_str());
+    throw Error(fmt::format("{}: write error: {}", path, std::strerror(err)));
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      fail(err);
+    }
+    done += static_cast<size_t>(n);
   }
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  if (std::fclose(f) != 0 || !ok) throw Error(fmt::format("{}: write error", path));
+  if (::close(fd) != 0) fail(errno);
+  if (!in_place && ::rename(target.c_str(), path.c_str()) != 0) fail(errno);
 }
 
 }  // namespace tilejit::tools

@@ -5,13 +5,16 @@
 // error.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
+#include <system_error>
 
 #include "jit/disk_cache.h"
 #include "jit/kernel_cache.h"
@@ -230,18 +233,31 @@ int main(int argc, char** argv) {
 
   const CLI::App* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
   const std::string name = sub ? sub->get_name() : "llama-layer";
+  // Output that could not be written (a closed stdout, /dev/full) is an
+  // error of the run, exit 1, in every subcommand: the output is what it
+  // was run for. (A pipe closed early ends the process by SIGPIPE, as it
+  // does any filter's.)
+  auto stdout_failed = [&] {
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return false;
+    std::fprintf(stderr, "tilejit %s: error: cannot write to standard output: %s\n", name.c_str(),
+                 std::strerror(errno));
+    return true;
+  };
   try {
-    // TILEJIT_ISA is read once, at the library's first ISA query: set it before any call.
-    const std::string isa = name == "run" ? run.isa : name == "bench" ? bench.isa : "";
-    if (!isa.empty()) setenv("TILEJIT_ISA", isa.c_str(), 1);
-    if (name == "gen-npy") return tilejit::tools::run_gen_npy(gen);
-    set_up_disk_cache();
-    if (name == "cpuinfo") return tilejit::tools::run_cpuinfo();
-    if (name == "dump") return tilejit::tools::run_dump(dump);
-    if (name == "run") return tilejit::tools::run_program(run);
-    if (name == "bench") return tilejit::tools::run_bench(bench);
-    if (name == "tune") return tilejit::tools::run_tune(tune);
-    return tilejit::tools::run_llama_layer_job(llama);
+    const int rc = [&] {
+      // TILEJIT_ISA is read once, at the library's first ISA query: set it before any call.
+      const std::string isa = name == "run" ? run.isa : name == "bench" ? bench.isa : "";
+      if (!isa.empty()) setenv("TILEJIT_ISA", isa.c_str(), 1);
+      if (name == "gen-npy") return tilejit::tools::run_gen_npy(gen);
+      set_up_disk_cache();
+      if (name == "cpuinfo") return tilejit::tools::run_cpuinfo();
+      if (name == "dump") return tilejit::tools::run_dump(dump);
+      if (name == "run") return tilejit::tools::run_program(run);
+      if (name == "bench") return tilejit::tools::run_bench(bench);
+      if (name == "tune") return tilejit::tools::run_tune(tune);
+      return tilejit::tools::run_llama_layer_job(llama);
+    }();
+    return stdout_failed() ? 1 : rc;
   } catch (const tilejit::tools::UsageError& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "tilejit %s: error: %s (see tilejit %s --help)\n", name.c_str(),
@@ -265,6 +281,12 @@ int main(int argc, char** argv) {
                  "tilejit %s: error: out of memory: the tensors of this program and shape do not "
                  "fit in this machine's memory\n",
                  name.c_str());
+    return 1;
+  } catch (const std::system_error& e) {
+    // fmt::print throws one when stdout refuses a write.
+    if (stdout_failed()) return 1;
+    std::fprintf(stderr, "tilejit %s: error: %s\n", name.c_str(),
+                 tilejit::tools::one_line(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
