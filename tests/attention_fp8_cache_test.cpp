@@ -422,7 +422,7 @@ TEST_F(Fp8Extend, BothModesHeadAndBlockSizes) {
 TEST_F(Fp8Extend, OptionsTreeDeterministicMla) {
   for (int which = 0; which < 6; ++which) {
     Fp8Problem p;
-    p.prefix = {300, 17}, p.n = {5, 9};
+    p.prefix = {300, 17, 60}, p.n = {5, 9, 1};  // the one-token sequence: decode's kernel
     p.k_new = which % 2 == 0, p.per_head = true, p.bs = which < 3 ? 16 : 1;
     if (which == 0) p.opt.window_left = 40, p.sinks = true;
     if (which == 1) p.opt.softcap = 4, p.alibi = true;
@@ -438,7 +438,7 @@ TEST_F(Fp8Extend, OptionsTreeDeterministicMla) {
 
 TEST_F(Fp8Extend, SplitKvLongPrefix) {
   Fp8Problem p;
-  p.prefix = {1500}, p.n = {2};
+  p.prefix = {1500, 1200}, p.n = {2, 1};
   p.k_new = true, p.per_head = true, p.hq = 4, p.hkv = 2;
   run_fp8(p, true, 2);
 }
