@@ -228,19 +228,19 @@ void PackedExperts::dequantize(const TensorView& out) const {
   runtime::parallel_for(p.experts * rows, [&](int64_t er) {
     const int64_t e = er / rows, r = er % rows;
     for (int64_t c = 0; c < p.k; ++c) {
-      float v;
+      double v;  // rounded once to out's dtype
       if (p.quant.empty()) {
         const int64_t s = map.empty() ? r : map[static_cast<size_t>(r)];
         v = runtime::bf16_to_f32(
             reinterpret_cast<const uint16_t*>(p.expert(e))[p.layout.index(s, c)]);
       } else {
-        v = static_cast<float>(ops::weight_value(p.q(e), r, c));
+        v = ops::weight_value(p.q(e), r, c);
       }
       const int64_t off = e * out.strides[0] + r * out.strides[1] + c;
       if (out.dtype == DType::f32)
-        static_cast<float*>(out.data)[off] = v;
+        static_cast<float*>(out.data)[off] = static_cast<float>(v);
       else
-        static_cast<uint16_t*>(out.data)[off] = runtime::f32_to_bf16(v);
+        static_cast<uint16_t*>(out.data)[off] = runtime::f64_to_bf16(v);
     }
   });
 }

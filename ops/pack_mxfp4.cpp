@@ -61,17 +61,30 @@ void check_blocks(const char* op, const TensorView& b, int64_t* n, int64_t* k_fu
   *k_full = rank == 3 ? b.shape[1] * kMxBlock : b.shape[1] * 2;
 }
 
+// Whether a 2-D blocks row of `width` bytes holds a K-code row: ceil(K/2)
+// bytes, or the ceil(K/32) whole blocks of a padded checkpoint (GPT-OSS's
+// [N, G, 16] reshaped to [N, 16·G]).
+bool mx_row_bytes_ok(int64_t width, int64_t K) {
+  return width == (K + 1) / 2 || width == (K + kMxBlock - 1) / kMxBlock * 16;
+}
+
 // The logical K of a description: k, or all that blocks holds; an Error
-// unless blocks holds exactly the bytes of ceil(K/32) blocks (3-D) or
-// ceil(K/2) bytes (2-D).
+// unless blocks holds exactly the bytes of ceil(K/32) blocks (3-D) or a row
+// mx_row_bytes_ok takes (2-D).
 int64_t logical_k(const char* op, const TensorView& b, int64_t k, int64_t k_full) {
   const int64_t K = k != 0 ? k : k_full;
-  const int64_t unit = b.shape.size() == 3 ? kMxBlock : 2;
-  if (K < 1 || K > k_full || (K + unit - 1) / unit != k_full / unit)
+  const bool ok = b.shape.size() == 3
+                      ? K >= 1 && K <= k_full && (K + kMxBlock - 1) / kMxBlock == k_full / kMxBlock
+                      : K >= 1 && K <= k_full && mx_row_bytes_ok(b.shape[1], K);
+  if (!ok)
     throw Error(fmt::format(
-        "{}: k={} with blocks {}; allowed: K in [{}, {}] (0: {}; a K that is not a multiple of "
+        "{}: k={} with blocks {}; allowed: K in [{}, {}]{} (0: {}; a K that is not a multiple of "
         "32 is padded: its last block's codes past K are ignored)",
-        op, k, shape_str(b.shape), k_full - unit + 1, k_full, k_full));
+        op, k, shape_str(b.shape), k_full - (b.shape.size() == 3 ? kMxBlock : 2) + 1, k_full,
+        b.shape.size() == 2 && k_full % (2 * kMxBlock) == 0
+            ? fmt::format(" or [{}, {}] (whole 32-code blocks)", k_full - kMxBlock + 1, k_full)
+            : "",
+        k_full));
   return K;
 }
 
@@ -162,10 +175,10 @@ void check_unpack(const PackedWeight::Impl* impl, const Mxfp4Weight& out) {
   check_writable(op, "blocks", out.blocks);
   const int64_t bytes = (K + 1) / 2, G = (K + kMxBlock - 1) / kMxBlock;
   const bool three_d = out.blocks.shape.size() == 3;
-  if (n_out != N || (three_d ? out.blocks.shape[1] != G : out.blocks.shape[1] != bytes))
-    throw Error(
-        fmt::format("{}: blocks has shape {}; allowed: [{}, {}, 16] or [{}, {}] (as packed)", op,
-                    shape_str(out.blocks.shape), N, G, N, bytes));
+  if (n_out != N || (three_d ? out.blocks.shape[1] != G : !mx_row_bytes_ok(out.blocks.shape[1], K)))
+    throw Error(fmt::format(
+        "{}: blocks has shape {}; allowed: [{}, {}, 16], [{}, {}] or [{}, {}] (as packed)", op,
+        shape_str(out.blocks.shape), N, G, N, bytes, N, G * 16));
   if (out.k != 0 && out.k != K)
     throw Error(fmt::format("{}: k={}; allowed: 0 or {} (as packed)", op, out.k, K));
   check_restore(op, "scales", p.quant->scales_in, out.scales);
@@ -185,7 +198,7 @@ void PackedWeight::unpack(const Mxfp4Weight& out) const {
     const int64_t pr = q.packed_row(n);
     const uint8_t* col = p.bytes() + pr / 64 * p.code_block_bytes() + pr % 64;
     // Bytes past K (the padding of a last partial block) come back as 0.
-    for (int64_t j = 0; j < (three_d ? G * 16 : bytes); ++j)
+    for (int64_t j = 0; j < (three_d ? G * 16 : out.blocks.shape[1]); ++j)
       *ops::block_byte_out(out.blocks, n, j) = j < bytes ? col[j * 64] : 0;
   }
   ops::restore(op, "scales", q.scales_in, out.scales);

@@ -72,6 +72,31 @@ SavedTensor save(const TensorView& t) {
   return s;
 }
 
+// ±Inf scales are refused at packing: a zero code times an infinite scale is
+// NaN on the kernels that scale each weight before the sum and ±Inf on those
+// that scale a group's sum, so the outputs depended on the path, M and the
+// int4 route (an outside tester's corrupt checkpoint). A NaN scale is kept:
+// its column is NaN on every kernel.
+void check_no_infinite_scale(const char* op, const TensorView& s) {
+  const bool two = s.shape.size() == 2;
+  const int64_t rows = s.shape[0], cols = two ? s.shape[1] : 1;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      float v = 0;
+      if (s.dtype == DType::f32) {
+        v = two ? at2<float>(s, i, j) : at1<float>(s, i);
+      } else {
+        const uint16_t b = two ? at2<uint16_t>(s, i, j) : at1<uint16_t>(s, i);
+        v = s.dtype == DType::f16 ? runtime::f16_to_f32(b) : runtime::bf16_to_f32(b);
+      }
+      if (std::isinf(v))
+        throw Error(
+            fmt::format("{}: scales[{}] = {}; allowed: finite scales (a NaN one makes its "
+                        "outputs NaN)",
+                        op, two ? fmt::format("{}, {}", i, j) : std::to_string(i), v));
+    }
+}
+
 void check_restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
   check_view(op, arg, out, s.shape.size());
   check_dtype(op, arg, out, {s.dtype});
@@ -331,6 +356,7 @@ PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of) {
   if (w.scales.shape[0] != N && w.scales.shape[0] != 1)
     throw Error(fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1]", op,
                             ops::shape_str(w.scales.shape), N));
+  ops::check_no_infinite_scale(op, w.scales);
   auto impl = std::make_shared<PackedWeight::Impl>();
   impl->format = WeightFormat::int8;
   impl->dtype = DType::i8;
@@ -400,6 +426,7 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
                               ops::shape_str(w.scales.shape), N));
   }
   ops::check_dtype(op, "scales", w.scales, {DType::f32});
+  ops::check_no_infinite_scale(op, w.scales);
   // NaN codes first: nothing is allocated for a bad checkpoint.
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
@@ -503,6 +530,7 @@ PackedWeight pack_int4(const Int4Weight& w, std::vector<int64_t> row_of) {
                             ops::shape_of(std::max<int64_t>(G, 1), N),
                             w.g_idx ? "g_idx's groups: scales.shape[0] >= 1"
                                     : fmt::format("ceil(K / group_size) = {}", G)));
+  ops::check_no_infinite_scale(op, w.scales);
   if (w.qzeros) {
     ops::check_view(op, "qzeros", *w.qzeros, 2);
     ops::check_dtype(op, "qzeros", *w.qzeros, {DType::i32});
@@ -819,11 +847,11 @@ void PackedWeight::dequantize(const TensorView& out) const {
                             ops::shape_of(p.layout.n, p.layout.k)));
   for (int64_t n = 0; n < p.layout.n; ++n)
     for (int64_t k = 0; k < p.layout.k; ++k) {
-      const float v = static_cast<float>(ops::weight_value(p, n, k));
+      const double v = ops::weight_value(p, n, k);  // rounded once to out's dtype
       if (out.dtype == DType::f32)
-        static_cast<float*>(out.data)[n * out.strides[0] + k] = v;
+        static_cast<float*>(out.data)[n * out.strides[0] + k] = static_cast<float>(v);
       else
-        static_cast<uint16_t*>(out.data)[n * out.strides[0] + k] = runtime::f32_to_bf16(v);
+        static_cast<uint16_t*>(out.data)[n * out.strides[0] + k] = runtime::f64_to_bf16(v);
     }
 }
 

@@ -22,6 +22,9 @@ Buffer zeroed(size_t bytes);
 // check_restore refuses a view restore would refuse, writing nothing; an
 // unpack checks every output that way before it writes any of them.
 SavedTensor save(const TensorView& t);
+// A weight's scales (f32 / f16 / bf16, rank 1 or 2, checked): an Error naming
+// the first ±Inf one (pack_quant.cpp says why).
+void check_no_infinite_scale(const char* op, const TensorView& s);
 void check_restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out);
 void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out);
 

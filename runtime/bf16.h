@@ -22,6 +22,26 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t((u + rounding) >> 16);
 }
 
+// double -> bf16 rounded once, to nearest with ties to even (the logical
+// weights of a quantized checkpoint, computed in double). Through f32
+// rounded to odd: f32 keeps 16 more bits than bf16, and an inexact first
+// step leaves its lowest bit set, so the second rounding sees it as the
+// sticky bit (f32 rounded to nearest first, then bf16, can round twice:
+// 1.0507813096 gave 1.046875 instead of 1.0546875).
+inline uint16_t f64_to_bf16(double x) {
+  float f = static_cast<float>(x);
+  if (x == x && static_cast<double>(f) != x) {  // inexact (NaN passes as it is)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    // Toward zero: one step back when rounding went away from it (or overflowed).
+    const double af = f < 0 ? -static_cast<double>(f) : static_cast<double>(f);
+    if (af > (x < 0 ? -x : x)) --u;  // the next f32 toward zero (Inf -> FLT_MAX)
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return f32_to_bf16(f);
+}
+
 // IEEE half -> f32, exact (subnormals, Inf and NaN included).
 inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;

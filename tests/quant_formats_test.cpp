@@ -4,11 +4,13 @@
 // packed here by hand and read back).
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 
 namespace tilejit::runtime {
@@ -21,6 +23,47 @@ double e4m3_spec(int code) {
   if (e == 15 && m == 7) return NAN;
   const double mag = e == 0 ? std::pow(2.0, -6) * (m / 8.0) : std::pow(2.0, e - 7) * (1 + m / 8.0);
   return s ? -mag : mag;
+}
+
+// double -> bf16 rounded once (dequantize's bf16 output), against the
+// rounding done in double: x / ulp rounded to an integer (nearest, ties to
+// even), times ulp. Random values, and values a hair off the midpoints
+// between bf16 neighbours, where rounding through f32 first rounds twice.
+TEST(Bf16, DoubleRoundsOnceToNearestEven) {
+  ASSERT_EQ(std::fegetround(), FE_TONEAREST);
+  auto want = [](double x) {
+    int e = 0;
+    std::frexp(std::fabs(x), &e);  // |x| in [2^(e-1), 2^e)
+    const double ulp = std::ldexp(1.0, e - 1 - 7);
+    const float r = static_cast<float>(std::nearbyint(x / ulp) * ulp);  // exact in f32
+    return f32_to_bf16(r);
+  };
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> ex(-100, 100);
+  int twice = 0;
+  for (int i = 0; i < 200000; ++i) {
+    double x = std::ldexp(mant(rng), ex(rng));
+    if (i % 2) {  // a midpoint, moved by less than half an f32 ulp
+      const double ulp = std::ldexp(1.0, std::ilogb(x) - 7);
+      x = (std::floor(x / ulp) + 0.5) * ulp;
+      x += (i % 4 == 1 ? 1 : -1) * std::ldexp(ulp, -20) * mant(rng);
+    }
+    if (rng() & 1) x = -x;
+    ASSERT_EQ(f64_to_bf16(x), want(x)) << x;
+    twice += f32_to_bf16(static_cast<float>(x)) != want(x);
+  }
+  EXPECT_GT(twice, 1000);  // the cases where the f32 route is wrong were hit
+  // Exact, non-finite and out-of-range values.
+  EXPECT_EQ(f64_to_bf16(1.0), 0x3f80);
+  EXPECT_EQ(f64_to_bf16(1.0507813096), 0x3f87);  // the tester's value (f32 first: 0x3f86)
+  EXPECT_EQ(f64_to_bf16(INFINITY), 0x7f80);
+  EXPECT_EQ(f64_to_bf16(-INFINITY), 0xff80);
+  EXPECT_EQ(f64_to_bf16(1e300), 0x7f80);
+  EXPECT_EQ(f64_to_bf16(3.3895313892515355e38), 0x7f7f);  // bf16's largest
+  EXPECT_EQ(f64_to_bf16(1e-300), 0x0000);
+  EXPECT_EQ(f64_to_bf16(-1e-300), 0x8000);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f64_to_bf16(NAN))));
 }
 
 TEST(Fp8E4m3, EveryCodeDecodesAsTheFormatSays) {

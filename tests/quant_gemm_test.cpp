@@ -785,6 +785,14 @@ TEST(QuantErrors, Int4Checkpoints) {
     return w;
   };
   expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 3; })); }, "bits=3");
+  {  // an f16 +Inf scale (0x7c00): refused, as for fp8 / int8
+    Int4Weight w = ck.int4;
+    std::vector<uint16_t> s16(static_cast<size_t>(w.scales.shape[0] * w.scales.shape[1]),
+                              0x3c00);  // 1.0
+    s16[1 * w.scales.shape[1] + 5] = 0x7c00;
+    w.scales = TensorView(s16.data(), DType::f16, w.scales.shape);
+    expect_tilejit_error([&] { pack_weight(w); }, "scales[1, 5] = inf");
+  }
   expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.bits = 8; })); }, "allowed: 4");
   expect_tilejit_error([&] { pack_weight(with([](Int4Weight& w) { w.group_size = 0; })); },
                        "group_size=0");
@@ -921,6 +929,32 @@ TEST(QuantErrors, Int4RouteOptions) {
   expect_tilejit_error([&] { gemm(xv, fw, yv, fo); }, "int4_route=7");
 }
 
+// dequantize to bf16 rounds the double weight once (docs/quantized.md): an
+// fp8 code of 1.5 times f32 scales whose product lies a hair past a bf16
+// midpoint that f32 cannot tell from the midpoint itself (rounding through
+// f32 first gave the even neighbour below; an outside tester's case).
+TEST(QuantDequantize, Bf16OutputIsRoundedOnce) {
+  const double mid = 1.05078125;  // between bf16 1.046875 and 1.0546875
+  float sc = static_cast<float>(mid / 1.5);
+  while (1.5 * double(sc) <= mid) sc = std::nextafter(sc, 2.0f);
+  ASSERT_EQ(static_cast<float>(1.5 * double(sc)), float(mid)) << "not a double-rounding case";
+  std::vector<uint8_t> codes(32, 0x3C);  // e4m3 1.5
+  std::vector<float> scales = {sc};
+  for (bool experts : {false, true}) {
+    std::vector<uint16_t> out(32, 0);
+    if (!experts) {
+      pack_weight(Fp8Weight{TensorView(codes.data(), DType::f8e4m3, {1, 32}),
+                            TensorView(scales.data(), DType::f32, {1})})
+          .dequantize(TensorView(out.data(), DType::bf16, {1, 32}));
+    } else {
+      const std::vector<Fp8Weight> w = {{TensorView(codes.data(), DType::f8e4m3, {1, 32}),
+                                         TensorView(scales.data(), DType::f32, {1})}};
+      pack_experts(w, ExpertProj::down).dequantize(TensorView(out.data(), DType::bf16, {1, 1, 32}));
+    }
+    for (uint16_t v : out) ASSERT_EQ(v, 0x3f87) << (experts ? "PackedExperts" : "PackedWeight");
+  }
+}
+
 TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   QCase c;
   c.fmt = Fmt::fp8, c.n = 20, c.k = 40, c.scale = Scale::block, c.bn = 16, c.bk = 16;
@@ -939,6 +973,13 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   expect_tilejit_error([&] { pack_weight(w); }, "weight");
   ck.f8[7] = 0xFF;
   expect_tilejit_error([&] { pack_weight(ck.fp8); }, "weight[0, 7] = 0xff");
+  // An infinite scale: refused (a zero code times it was NaN on one kernel and
+  // ±Inf on another). A NaN one is kept: its outputs are NaN on every path.
+  ck.f8[7] = 0x38;
+  ck.scales_f32[3] = std::numeric_limits<float>::infinity();
+  expect_tilejit_error([&] { pack_weight(ck.fp8); }, "scales[1, 0] = inf; allowed: finite scales");
+  ck.scales_f32[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NO_THROW(pack_weight(ck.fp8));
 
   std::vector<int8_t> big(65537, 1);
   std::vector<float> one(1, 1.0f), three(3, 1.0f);
@@ -954,6 +995,13 @@ TEST(QuantErrors, Fp8AndInt8Checkpoints) {
                                TensorView(three.data(), DType::f32, {3})});
       },
       "scales has shape [3]");
+  std::vector<float> inf_scales = {1.0f, -std::numeric_limits<float>::infinity()};
+  expect_tilejit_error(
+      [&] {
+        pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {2, 8}),
+                               TensorView(inf_scales.data(), DType::f32, {2})});
+      },
+      "scales[1] = -inf");
   // gemm: fixed activation quantization needs a scale and a u8 zero point.
   const PackedWeight p = pack_weight(Int8Weight{TensorView(big.data(), DType::i8, {2, 8}),
                                                 TensorView(one.data(), DType::f32, {1})});
@@ -1255,6 +1303,39 @@ TEST(QuantMxfp4, StridedViews) {
   EXPECT_EQ(out_s, scales);
 }
 
+// GPT-OSS's [N, G, 16] blocks of a K that is not a multiple of 32, reshaped
+// to 2-D as [N, 16·G] (the plain reshape a loader does): the same weight as
+// the 3-D form and as [N, ceil(K/2)]; unpack into any of the three forms
+// gives the bytes back, the padding as 0. (docs/quantized.md called the 2-D
+// form "the same bytes as [N, K/2]", and [N, 48] for K = 80 was refused.)
+TEST(QuantMxfp4, PaddedTwoDimensionalFormIsTheWholeBlocks) {
+  QCase c;
+  c.fmt = Fmt::mxfp4, c.n = 5, c.k = 80, c.mx3d = true;
+  const Checkpoint ck = make_checkpoint(c);
+  const int64_t N = 5, K = 80;
+  Mxfp4Weight flat = ck.mx;
+  flat.blocks = TensorView(ck.mx.blocks.data, DType::u8, {N, 48});
+  flat.k = K;
+  std::vector<float> a(static_cast<size_t>(N * K)), b(a.size());
+  pack_weight(ck.mx).dequantize(TensorView(a.data(), DType::f32, {N, K}));
+  const PackedWeight pf = pack_weight(flat);
+  pf.dequantize(TensorView(b.data(), DType::f32, {N, K}));
+  EXPECT_EQ(a, b);
+  std::vector<uint8_t> back(static_cast<size_t>(N * 48), 0xAA), sc(static_cast<size_t>(N * 3));
+  Mxfp4Weight out = flat;
+  out.blocks = TensorView(back.data(), DType::u8, {N, 48});
+  out.scales = TensorView(sc.data(), DType::u8, {N, 3});
+  pf.unpack(out);
+  EXPECT_EQ(back, ck.mx_unpacked);  // bytes past K/2 as 0
+  std::vector<uint8_t> half(static_cast<size_t>(N * 40));
+  out.blocks = TensorView(half.data(), DType::u8, {N, 40});
+  pf.unpack(out);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < 40; ++j) ASSERT_EQ(half[n * 40 + j], back[n * 48 + j]);
+  out.blocks = TensorView(half.data(), DType::u8, {N, 44});
+  expect_tilejit_error([&] { pf.unpack(out); }, "blocks has shape [5, 44]");
+}
+
 TEST(QuantErrors, Mxfp4Checkpoints) {
   QCase c;
   c.fmt = Fmt::mxfp4, c.n = 4, c.k = 64, c.mx3d = true;
@@ -1284,15 +1365,20 @@ TEST(QuantErrors, Mxfp4Checkpoints) {
                        "scales has shape [4, 3]");
   expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 65; })); }, "k=65");
   expect_tilejit_error([&] { pack_weight(with([](Mxfp4Weight& w) { w.k = 32; })); }, "k=32");
-  // A 2-D view of the same bytes ([4, 32]): K is 63 or 64.
+  // A 2-D view of the same bytes ([4, 32]): K is 63 or 64 (ceil(K/2) bytes)
+  // or 33 .. 64 (two whole 32-code blocks, a padded checkpoint reshaped).
   expect_tilejit_error(
       [&] {
         pack_weight(with([](Mxfp4Weight& w) {
           w.blocks = TensorView(w.blocks.data, DType::u8, {4, 32});
-          w.k = 62;
+          w.k = 31;
         }));
       },
-      "k=62");
+      "k=31");
+  EXPECT_NO_THROW(pack_weight(with([](Mxfp4Weight& w) {
+    w.blocks = TensorView(w.blocks.data, DType::u8, {4, 32});
+    w.k = 62;
+  })));
   const PackedWeight pw = pack_weight(ck.mx);
   expect_tilejit_error([&] { pw.unpack(ck.int4); }, "packed as mxfp4");
   expect_tilejit_error(
