@@ -840,6 +840,9 @@ int run_tune(const TuneOptions& opt) {
   const CpuInfo cpu = cpu_info();
   const Isa path = cpu.isa;
   const int threads = num_threads();
+  // Every kernel the run compiles (the search's too) is offered to the disk
+  // cache: those not stored are counted from here.
+  const CacheStats at_start = cache_stats();
 
   // The database so far: an existing file is kept (other machines' entries
   // too) and updated entry by entry.
@@ -1039,14 +1042,18 @@ int run_tune(const TuneOptions& opt) {
       "{} tuned plans applied\n",
       calls, after.compiles - before.compiles, after.disk_loads - before.disk_loads,
       after.disk_dir.empty() ? "off" : after.disk_dir, after.tuned_plans - before.tuned_plans);
-  // Compiled but not stored (a read-only or full file system): the next
-  // process compiles them again, which is what the warm-up is for.
-  if (!after.disk_dir.empty() && after.compiles > before.compiles &&
-      after.disk_stores == before.disk_stores)
+  // Compiled but not stored (a read-only or full file system, a file size
+  // limit), in the search or the warm-up: the next process compiles them
+  // again, which is what the warm-up is for. (The search compiles most of
+  // them: counting the warm-up alone said nothing when it compiled none.)
+  const uint64_t compiled = after.compiles - at_start.compiles,
+                 stored = after.disk_stores - at_start.disk_stores;
+  if (!after.disk_dir.empty() && compiled > stored)
     fmt::print(
-        "warning: the kernel cache {} could not be filled: {} kernels compiled, none stored (a "
-        "read-only or full file system?); a later process compiles them again\n",
-        after.disk_dir, after.compiles - before.compiles);
+        "warning: the kernel cache {} could not be filled: {} of the {} kernels compiled were not "
+        "stored (a read-only or full file system, or ulimit -f?); a later process compiles them "
+        "again\n",
+        after.disk_dir, compiled - stored, compiled);
   return 0;
 }
 
