@@ -827,6 +827,8 @@ input_error "inputs saved past RLIMIT_FSIZE" "bias.npy: its 2128 bytes would pas
   sh -c "ulimit -S -f 1; exec '$TJ' run '$LB' --random-inputs 1 --dim M=3 --save-inputs '$H/si'"
 ok "a written output leaves no temporary file" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/y2.npy"
 ok "... only the output itself" test "$(ls "$H" | grep -c '^y2\.npy')" -eq 1
+usage "--save-inputs ''" "--save-inputs: '' is not a directory" "$TJ" run "$LB" --random-inputs 1 --dim M=2 --save-inputs ''
+usage "--dim given twice" "--dim 'M=2': \?M is already given \(1\)" "$TJ" run "$LB" --random-inputs 1 --dim M=1 --dim M=2
 # Standard output that cannot be written is an error of every subcommand
 # (dump called it an internal error, exit 3; the others exited 0).
 for sub in "dump $LB" "cpuinfo" "run $LB --random-inputs 1 --dim M=1 --check"; do

@@ -113,6 +113,10 @@ DimBindings parse_dims(const std::vector<std::string>& args, const ir::Function&
       throw UsageError(fmt::format(
           "--dim '{}': @{} has no dim ?{}; its symbolic dims are {}", arg, f.name, name,
           syms.empty() ? std::string("(none)") : "?" + fmt::format("{}", fmt::join(syms, ", ?"))));
+    // Given twice: refused, as --input given twice is (the last one won, silently).
+    if (const auto it = dims.find(name); it != dims.end())
+      throw UsageError(fmt::format("--dim '{}': ?{} is already given ({}); allowed: each dim once",
+                                   arg, name, it->second));
     dims[name] = v;
   }
   return dims;

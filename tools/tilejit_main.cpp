@@ -55,6 +55,14 @@ const CLI::Validator kFilePath(
     },
     "FILE");
 
+// A directory the tool writes into (--save-inputs): "" named none and wrote
+// nothing, silently.
+const CLI::Validator kDirPath(
+    [](std::string& s) {
+      return s.empty() ? std::string("'' is not a directory; allowed: a path") : std::string();
+    },
+    "DIR");
+
 // --threads of bench, tune and llama-layer: 1 or more (the option absent
 // is the default; 0 is not a way to say it). The upper bound is
 // set_num_threads', which names it when the option is applied.
@@ -105,7 +113,8 @@ void add_run(CLI::App& app, RunOptions& o) {
   c->add_option("--dim", o.dims, "bind a symbolic dim for generated inputs, e.g. M=7")
       ->allow_extra_args(false);
   c->add_option("--save-inputs", o.save_inputs,
-                "write every input (given or generated) to DIR/NAME.npy");
+                "write every input (given or generated) to DIR/NAME.npy")
+      ->check(kDirPath);
 }
 
 void add_bench(CLI::App& app, BenchOptions& o) {
