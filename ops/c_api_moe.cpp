@@ -147,6 +147,7 @@ tilejit_status tilejit_fused_experts(const tilejit_tensor* hidden,
       o.act_scale2 = c->act_scale2;
       o.act_zero_point13 = c->act_zero_point13;
       o.act_zero_point2 = c->act_zero_point2;
+      o.shared_weights = optional_view(c->shared_weights, "opt.shared_weights");
     }
     fused_experts(view(hidden, "hidden"), experts(w13, "w13"), experts(w2, "w2"),
                   view(topk_weights, "topk_weights"), view(topk_ids, "topk_ids"), view(out, "out"),

@@ -49,6 +49,12 @@ namespace {
 
 constexpr const char* kOp = "fused_experts";
 
+// Token t's weight of the shared expert: MoeOptions::shared_weights[t], or 1.
+float shared_weight(const MoeOptions& opt, int64_t t) {
+  if (!opt.shared_weights) return 1.0f;
+  return static_cast<const float*>(opt.shared_weights->data)[t * opt.shared_weights->strides[0]];
+}
+
 const PackedExperts::Impl& need_experts(const PackedExperts& w, const char* arg, ExpertProj proj) {
   if (w.empty())
     throw Error(fmt::format(
@@ -155,10 +161,22 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
                      {"topk_weights", &weights},
                      {"topk_ids", &ids},
                      {"b13", ops::opt_view(opt.b13)},
-                     {"b2", ops::opt_view(opt.b2)}});
+                     {"b2", ops::opt_view(opt.b2)},
+                     {"shared_weights", ops::opt_view(opt.shared_weights)}});
   if ((opt.shared_w13 == nullptr) != (opt.shared_w2 == nullptr))
     throw Error(
         fmt::format("{}: only one of shared_w13 / shared_w2 is given; allowed: both or none", kOp));
+  if (opt.shared_weights) {
+    if (opt.shared_w13 == nullptr)
+      throw Error(fmt::format(
+          "{}: shared_weights given without a shared expert; allowed: with shared_w13 / shared_w2",
+          kOp));
+    ops::check_view(kOp, "shared_weights", *opt.shared_weights, 1);
+    ops::check_dtype(kOp, "shared_weights", *opt.shared_weights, {DType::f32});
+    if (opt.shared_weights->shape[0] != d.T)
+      throw Error(fmt::format("{}: shared_weights has shape {}; allowed: [T] = [{}]", kOp,
+                              ops::shape_str(opt.shared_weights->shape), d.T));
+  }
   if (opt.shared_w13 != nullptr) {
     const auto& s13 = need_experts(*opt.shared_w13, "shared_w13", ExpertProj::gate_up);
     const auto& s2 = need_experts(*opt.shared_w2, "shared_w2", ExpertProj::down);
@@ -291,8 +309,8 @@ void run_scalar(const Dims& d, const TensorView& hidden, const PackedExperts::Im
       scalar_expert(w13, w2, e, x, b13, b2, w * opt.routed_scaling_factor, opt, acc.data());
     }
     if (opt.shared_w13 != nullptr)
-      scalar_expert(*opt.shared_w13->impl(), *opt.shared_w2->impl(), 0, x, nullptr, nullptr, 1.0f,
-                    opt, acc.data());
+      scalar_expert(*opt.shared_w13->impl(), *opt.shared_w2->impl(), 0, x, nullptr, nullptr,
+                    shared_weight(opt, t), opt, acc.data());
     store_row(acc.data(), out, t, 0, d.H);
   });
 }
@@ -512,7 +530,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       }
     for (int64_t t = 0; t < T && shared; ++t) {
       sc.row_token[routed + t] = static_cast<int32_t>(t);
-      sc.row_weight[routed + t] = 1.0f;
+      sc.row_weight[routed + t] = shared_weight(opt, t);
     }
   }
 

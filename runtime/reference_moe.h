@@ -5,7 +5,8 @@
 //
 //   out[t] = rsf · Σ_j w[t, j] · (bf16(glu(x_t·W13_gate_eᵀ + b13_gate_e,
 //                                          x_t·W13_up_eᵀ + b13_up_e)) · W2_eᵀ + b2_e)
-//          + bf16(glu(x_t·W13sᵀ)) · W2sᵀ                     (shared expert, if any)
+//          + s[t] · bf16(glu(x_t·W13sᵀ)) · W2sᵀ              (shared expert, if any;
+//                                                             s = shared_weights or 1)
 //
 // with e = ids[t, j], rsf = routed_scaling_factor. One rounding is mirrored on
 // purpose: the intermediate activation glu(gate, up) is rounded to bf16 before
@@ -71,16 +72,18 @@ struct ReferenceMoeArgs {
   const float* b13 = nullptr;  // [E, 2I] or null
   const float* b2 = nullptr;   // [E, H] or null
   double routed_scaling_factor = 1.0;
-  // Shared expert (weight 1, no bias, not scaled by rsf), or null.
+  // Shared expert (weight shared_weights[t] or 1, no bias, not scaled by
+  // rsf), or null.
   int64_t shared_i = 0;
-  const uint16_t* w13s = nullptr;  // [2·shared_i, H]
-  const uint16_t* w2s = nullptr;   // [H, shared_i]
-  float* out = nullptr;            // [T, H] f32, row stride ld_out
+  const uint16_t* w13s = nullptr;         // [2·shared_i, H]
+  const uint16_t* w2s = nullptr;          // [H, shared_i]
+  const float* shared_weights = nullptr;  // [T] (indexed like the rows of hidden) or null
+  float* out = nullptr;                   // [T, H] f32, row stride ld_out
   int64_t ld_out = 0;
 
   // Optional error-bound ingredients, [T, H] each, row stride ld_out:
   //  abs_sum[t, h]  = Σ over the experts of |rsf·w| · (Σ_i |a_i·W2[h, i]| + |b2[h]|)
-  //                   (|1| for the shared one): the scale of the rounding error
+  //                   (|s[t]| for the shared one): the scale of the rounding error
   //                   of the down projections and of the weighted sum;
   //  act_term[t, h] = Σ over the experts of |rsf·w| · Σ_i act_slack(point_i)·|W2[h, i]|:
   //                   what a kernel's own bf16 activations, each at most
@@ -157,7 +160,8 @@ inline void reference_moe(const ReferenceMoeArgs& a) {
                                    act_term);
     }
     if (a.w13s != nullptr)
-      reference_moe_detail::expert(a, x, a.shared_i, a.w13s, a.w2s, nullptr, nullptr, 1.0, y.data(),
+      reference_moe_detail::expert(a, x, a.shared_i, a.w13s, a.w2s, nullptr, nullptr,
+                                   a.shared_weights ? double(a.shared_weights[t]) : 1.0, y.data(),
                                    abs_sum, act_term);
     for (int64_t hh = 0; hh < H; ++hh) a.out[t * a.ld_out + hh] = static_cast<float>(y[hh]);
   }

@@ -569,6 +569,17 @@ TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
   fused_experts({x.data(), DType::bf16, {T, H}}, p13, p2, {twcpp.data(), DType::f32, {T, topk}},
                 {ticpp.data(), DType::i32, {T, topk}}, {ocpp.data(), DType::f32, {T, H}}, co);
   EXPECT_TRUE(same_bytes(oc, ocpp));
+  // The gated shared expert (Qwen2-MoE): a weight per token.
+  std::vector<float> sw(T);
+  for (int64_t t = 0; t < T; ++t) sw[t] = 0.25f + 0.5f * static_cast<float>(t % 3);
+  const tilejit_tensor swt = c(sw.data(), TILEJIT_F32, {T});
+  o.shared_weights = &swt;
+  ASSERT_C_OK(tilejit_fused_experts(&xt, c13.p, c2.p, &twt, &tit, &ot, &o));
+  co.shared_weights = TensorView(sw.data(), DType::f32, {T});
+  fused_experts({x.data(), DType::bf16, {T, H}}, p13, p2, {twcpp.data(), DType::f32, {T, topk}},
+                {ticpp.data(), DType::i32, {T, topk}}, {ocpp.data(), DType::f32, {T, H}}, co);
+  EXPECT_TRUE(same_bytes(oc, ocpp));
+  o.shared_weights = nullptr;
 
   // int8 experts: one description per expert, packed, run, unpacked.
   std::vector<std::vector<uint8_t>> q13(E), q2(E);

@@ -79,7 +79,8 @@ struct MoeCase {
   bool clamped = false;
   bool b13 = false, b2 = false;
   float rsf = 1.0f;
-  int64_t shared_i = 0;  // 0: no shared expert
+  int64_t shared_i = 0;      // 0: no shared expert
+  bool shared_gate = false;  // MoeOptions::shared_weights (Qwen2-MoE's gated shared expert)
   int64_t hidden_pad = 0, out_pad = 0, route_pad = 0;
   DType out = DType::bf16;
   Route route = Route::random;
@@ -93,6 +94,7 @@ std::string case_str(const MoeCase& c) {
   if (c.b2) s << "_b2";
   if (c.rsf != 1.0f) s << "_rsf" << int(c.rsf * 100);
   if (c.shared_i) s << "_shared" << c.shared_i;
+  if (c.shared_gate) s << "_gated";
   if (c.hidden_pad) s << "_hpad" << c.hidden_pad;
   if (c.out_pad) s << "_opad" << c.out_pad;
   if (c.route_pad) s << "_rpad" << c.route_pad;
@@ -140,6 +142,7 @@ struct MoeData {
   std::vector<uint16_t> w13, w2;    // [E, 2I, H], [E, H, I]
   std::vector<float> b13, b2;       // [E, 2I], [E, H] (empty when off)
   std::vector<uint16_t> w13s, w2s;  // [2Is, H], [H, Is]
+  std::vector<float> shared_w;      // [T] (shared_gate)
   std::vector<float> weights;       // [T, k]
   std::vector<int32_t> ids;         // [T, k]
 };
@@ -164,6 +167,12 @@ MoeData make_data(const MoeCase& c) {
     const float as = static_cast<float>(3.0 / std::sqrt(double(c.shared_i)));
     d.w13s = random_bf16(static_cast<size_t>(2 * c.shared_i * c.h), seed + 5, -a13, a13);
     d.w2s = random_bf16(static_cast<size_t>(c.h * c.shared_i), seed + 6, -as, as);
+    // σ(gate) is in (0, 1); a 0, a negative and a large weight too.
+    if (c.shared_gate) {
+      d.shared_w = random_f32(static_cast<size_t>(c.t), seed + 9, 0.0f, 1.0f);
+      d.shared_w[0] = 0.0f;
+      if (c.t > 2) d.shared_w[1] = -0.75f, d.shared_w[2] = 3.5f;
+    }
   }
   d.weights = random_f32(static_cast<size_t>(c.t * c.k), seed + 7, 0.05f, 1.0f);
   d.ids.resize(static_cast<size_t>(c.t * c.k));
@@ -241,6 +250,7 @@ Reference run_reference(const MoeCase& c, const MoeData& d) {
       a.shared_i = c.shared_i;
       a.w13s = d.w13s.data();
       a.w2s = d.w2s.data();
+      if (c.shared_gate) a.shared_weights = d.shared_w.data() + t0;
     }
     a.out = r.out.data() + t0 * c.h;
     a.ld_out = c.h;
@@ -325,6 +335,7 @@ FusedRun run_fused(const MoeCase& c, const MoeData& d, const Packed& p) {
   if (c.shared_i) {
     o.shared_w13 = &p.w13s;
     o.shared_w2 = &p.w2s;
+    if (c.shared_gate) o.shared_weights = TensorView(d.shared_w.data(), DType::f32, {c.t});
   }
   const size_t esz = c.out == DType::f32 ? 4 : 2;
   const int64_t o_elems = c.t * ldo;
@@ -536,6 +547,15 @@ std::vector<MoeCase> option_cases() {
   v.push_back(c);
   c = mk(64, 130, 72, 8, 2);
   c.out = DType::f32, c.b13 = c.b2 = true, c.shared_i = 24, c.rsf = 2.0f;
+  v.push_back(c);
+  // Qwen2-MoE / Qwen3-Next: the shared expert weighted per token.
+  c.shared_gate = true;
+  v.push_back(c);
+  c = mk(5, 80, 48, 8, 2);
+  c.shared_i = 48, c.shared_gate = true, c.rsf = 0.5f;
+  v.push_back(c);
+  c = mk(1, 96, 40, 16, 4);  // decode
+  c.shared_i = 80, c.shared_gate = true;
   v.push_back(c);
   return v;
 }
@@ -869,6 +889,20 @@ TEST_F(FusedExpertsErrors, SharedExpert) {
   EXPECT_TRUE(throws_with([&] { call(o); }, {"shared", "4", "1"}));
   o.shared_w2 = nullptr;
   EXPECT_TRUE(throws_with([&] { call(o); }, {"shared_w13", "shared_w2"}));
+  // shared_weights: only with a shared expert, f32 [T].
+  std::vector<float> sw(T + 1, 0.5f);
+  o = {};
+  o.shared_weights = TensorView(sw.data(), DType::f32, {T});
+  EXPECT_TRUE(throws_with([&] { call(o); }, {"shared_weights given without a shared expert"}));
+  const PackedExperts s13 =
+      pack_experts(TensorView(d.w13.data(), DType::bf16, {1, 2 * I, H}), ExpertProj::gate_up);
+  const PackedExperts s2 =
+      pack_experts(TensorView(d.w2.data(), DType::bf16, {1, H, I}), ExpertProj::down);
+  o.shared_w13 = &s13, o.shared_w2 = &s2;
+  o.shared_weights = TensorView(sw.data(), DType::f32, {T + 1});
+  EXPECT_TRUE(throws_with([&] { call(o); }, {"shared_weights has shape [4]", "[T] = [3]"}));
+  o.shared_weights = TensorView(sw.data(), DType::bf16, {T});
+  EXPECT_TRUE(throws_with([&] { call(o); }, {"shared_weights", "bf16", "f32"}));
   EXPECT_TRUE(untouched());
 }
 

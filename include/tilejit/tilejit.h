@@ -523,13 +523,18 @@ struct MoeOptions {
   // interleaved (2i gate, 2i + 1 up) when w13 was packed GluRows::interleaved.
   std::optional<TensorView> b13;
   std::optional<TensorView> b2;  // [E, H] f32
-  // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + shared(x_t)
+  // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + s[t]·shared(x_t)
   float routed_scaling_factor = 1.0f;
   // Shared expert (DeepSeek, Qwen-MoE): one-expert packs (E = 1), same
-  // activation, no bias; its output is added unweighted. It may be packed in
-  // another format than the routed experts.
+  // activation, no bias. It may be packed in another format than the routed
+  // experts.
   const PackedExperts* shared_w13 = nullptr;
   const PackedExperts* shared_w2 = nullptr;
+  // The shared expert's weight s[t] per token, f32 [T] (Qwen2-MoE's and
+  // Qwen3-Next's gated shared expert: σ(shared_expert_gate(x_t)), computed by
+  // the caller); absent: 1 (DeepSeek). Not scaled by routed_scaling_factor;
+  // only with a shared expert.
+  std::optional<TensorView> shared_weights;
   // int4 (AWQ / GPTQ) experts: W4A16 or W4A8 per expert, by GemmOptions::
   // int4_route's rule with the rows routed to the expert as M (automatic:
   // as Int4Route::automatic). On W4A8 both projections' inputs are
@@ -554,7 +559,7 @@ struct MoeOptions {
 };
 
 // out[t] = rsf · Σ_j topk_weights[t, j] · (glu(x_t·W13_eᵀ + b13_e) · W2_eᵀ + b2_e)
-//          + shared(x_t),
+//          + s[t] · shared(x_t)   (s = shared_weights, or 1),
 // e = topk_ids[t, j], rsf = routed_scaling_factor, glu(gate, up) the gated
 // activation of MoeOptions; the intermediate glu(...) is stored as bf16.
 // hidden [T, H] bf16; topk_weights f32 [T, k]; topk_ids int32 [T, k] in

@@ -376,6 +376,8 @@ typedef struct tilejit_moe_options {
   tilejit_act_quant act_quant;
   float act_scale13, act_scale2;
   int32_t act_zero_point13, act_zero_point2;
+  const tilejit_tensor* shared_weights; /* [T] f32: the shared expert's weight per token, or
+                                           NULL: 1 */
 } tilejit_moe_options;
 void tilejit_moe_options_init(tilejit_moe_options* opt);
 

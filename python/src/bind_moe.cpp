@@ -256,41 +256,44 @@ void bind_moe(py::module_& m) {
     return pack_experts(v, p, r);
   });
 
-  m.def("fused_experts", [](const py::handle& hidden, const py::handle& w13, const py::handle& w2,
-                            const py::handle& topk_weights, const py::handle& topk_ids,
-                            const py::handle& out, const py::handle& act, bool clamped_swiglu,
-                            float swiglu_alpha, float swiglu_limit, const py::handle& b13,
-                            const py::handle& b2, float routed_scaling_factor,
-                            const py::handle& shared_w13, const py::handle& shared_w2,
-                            const py::handle& act_quant, const py::handle& dtype, float act_scale13,
-                            float act_scale2, const py::handle& act_zero_point13,
-                            const py::handle& act_zero_point2, const py::handle& int4_route) {
-    const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
-    const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
-    MoeOptions o;
-    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
-    o.clamped_swiglu = clamped_swiglu;
-    o.swiglu_alpha = swiglu_alpha;
-    o.swiglu_limit = swiglu_limit;
-    o.routed_scaling_factor = routed_scaling_factor;
-    o.shared_w13 = optional_experts(shared_w13, "shared_w13");
-    o.shared_w2 = optional_experts(shared_w2, "shared_w2");
-    o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
-    o.act_scale13 = act_scale13;
-    o.act_scale2 = act_scale2;
-    o.act_zero_point13 = int_arg<int>(act_zero_point13, "act_zero_point13");
-    o.act_zero_point2 = int_arg<int>(act_zero_point2, "act_zero_point2");
-    o.int4_route = parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
-    const StorageAs as{parse_dtype_override(dtype)};
-    DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
-        ti(topk_ids, "topk_ids", as), to(out, "out", as);
-    std::optional<DlpackTensor> tb13 = optional_tensor(b13, "b13", as),
-                                tb2 = optional_tensor(b2, "b2", as);
-    o.b13 = view_of(tb13);
-    o.b2 = view_of(tb2);
-    GilRelease release;
-    fused_experts(th.view(), pw13, pw2, tw.view(), ti.view(), to.view(), o);
-  });
+  m.def("fused_experts",
+        [](const py::handle& hidden, const py::handle& w13, const py::handle& w2,
+           const py::handle& topk_weights, const py::handle& topk_ids, const py::handle& out,
+           const py::handle& act, bool clamped_swiglu, float swiglu_alpha, float swiglu_limit,
+           const py::handle& b13, const py::handle& b2, float routed_scaling_factor,
+           const py::handle& shared_w13, const py::handle& shared_w2, const py::handle& act_quant,
+           const py::handle& dtype, float act_scale13, float act_scale2,
+           const py::handle& act_zero_point13, const py::handle& act_zero_point2,
+           const py::handle& int4_route, const py::handle& shared_weights) {
+          const PackedExperts& pw13 = packed_experts_arg(w13, "w13");
+          const PackedExperts& pw2 = packed_experts_arg(w2, "w2");
+          MoeOptions o;
+          o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+          o.clamped_swiglu = clamped_swiglu;
+          o.swiglu_alpha = swiglu_alpha;
+          o.swiglu_limit = swiglu_limit;
+          o.routed_scaling_factor = routed_scaling_factor;
+          o.shared_w13 = optional_experts(shared_w13, "shared_w13");
+          o.shared_w2 = optional_experts(shared_w2, "shared_w2");
+          o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
+          o.act_scale13 = act_scale13;
+          o.act_scale2 = act_scale2;
+          o.act_zero_point13 = int_arg<int>(act_zero_point13, "act_zero_point13");
+          o.act_zero_point2 = int_arg<int>(act_zero_point2, "act_zero_point2");
+          o.int4_route =
+              parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
+          const StorageAs as{parse_dtype_override(dtype)};
+          DlpackTensor th(hidden, "hidden", as), tw(topk_weights, "topk_weights", as),
+              ti(topk_ids, "topk_ids", as), to(out, "out", as);
+          std::optional<DlpackTensor> tb13 = optional_tensor(b13, "b13", as),
+                                      tb2 = optional_tensor(b2, "b2", as),
+                                      tsw = optional_tensor(shared_weights, "shared_weights", as);
+          o.b13 = view_of(tb13);
+          o.b2 = view_of(tb2);
+          o.shared_weights = view_of(tsw);
+          GilRelease release;
+          fused_experts(th.view(), pw13, pw2, tw.view(), ti.view(), to.view(), o);
+        });
 
   m.def("topk_softmax", [](const py::handle& logits, const py::handle& w, const py::handle& ids,
                            bool renormalize, const py::handle& dtype) {

@@ -493,9 +493,10 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
                   routed_scaling_factor=1.0, shared_w13=None, shared_w2=None,
                   act_quant="dynamic_sym", out_dtype="bf16", dtype=None, act_scale13=0.0,
                   act_scale2=0.0, act_zero_point13=128, act_zero_point2=128,
-                  int4_route="automatic"):
+                  int4_route="automatic", shared_weights=None):
     """out[T, H] = rsf * sum_j topk_weights[t, j] * expert_j(hidden[t]) +
-    shared(hidden[t]); hidden bf16 [T, H], topk_weights f32 [T, k],
+    s[t] * shared(hidden[t]), s = shared_weights (f32 [T], e.g. Qwen2-MoE's
+    sigmoid(shared_expert_gate(hidden)); absent: 1); hidden bf16 [T, H], topk_weights f32 [T, k],
     topk_ids int32 [T, k]. int8 experts with act_quant="fixed": static
     per-tensor scales / zero points of w13's and w2's inputs (act_scale13,
     act_zero_point13; act_scale2, act_zero_point2). int4 experts:
@@ -510,7 +511,7 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
     _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
                         swiglu_alpha, swiglu_limit, b13, b2, routed_scaling_factor, shared_w13,
                         shared_w2, act_quant, dtype, act_scale13, act_scale2, act_zero_point13,
-                        act_zero_point2, int4_route)
+                        act_zero_point2, int4_route, shared_weights)
     return ret
 
 

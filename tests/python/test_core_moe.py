@@ -144,6 +144,24 @@ def test_fused_experts_numpy_strided_hidden():
     check_moe(u16_to_f64(out), ref, mag, True)
 
 
+def test_gated_shared_expert():
+    """Qwen2-MoE: out += sigmoid(gate(x_t)) * shared(x_t), the weight per token."""
+    w13, w2 = bf16((E, 2 * I, H), 15, 0.2), bf16((E, H, I), 16, 0.2)
+    s13, s2 = bf16((1, 2 * 48, H), 17, 0.2), bf16((1, H, 48), 18, 0.2)
+    p13, p2 = tilejit.pack_experts(w13, "gate_up"), tilejit.pack_experts(w2, "down")
+    ps13, ps2 = tilejit.pack_experts(s13, "gate_up"), tilejit.pack_experts(s2, "down")
+    x = bf16((T, H), 19)
+    _, tw, ti = routed(20)
+    sw = torch.sigmoid(torch.randn(T, generator=torch.Generator().manual_seed(21)))
+    out = tilejit.fused_experts(x, p13, p2, tw, ti, shared_w13=ps13, shared_w2=ps2,
+                                shared_weights=sw, out_dtype="f32")
+    ref, mag = ref_moe(x, w13, w2, tw, ti)
+    sref, smag = ref_moe(x, s13, s2, sw[:, None], torch.zeros(T, 1, dtype=torch.int32))
+    check_moe(out, ref + sref, mag + smag, False)
+    with pytest.raises(tilejit.Error, match="shared_weights given without a shared expert"):
+        tilejit.fused_experts(x, p13, p2, tw, ti, shared_weights=sw)
+
+
 def test_int8_experts_roundtrip_and_run():
     g = torch.Generator().manual_seed(11)
     w13 = [(torch.randint(-127, 128, (2 * I, H), generator=g, dtype=torch.int8),
