@@ -68,9 +68,12 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) 
     PackedExperts::Impl::check_proj_and_rows(op, proj, order);
     ops::check_view(op, "w", w, 3);
     ops::check_dtype(op, "w", w, {DType::bf16});
-    // Rows may not overlap (a row stride below H, e.g. 0, would pack one row
-    // many times: a weight no checkpoint holds); experts may (stride 0: E copies).
-    ops::check_row_major_rows(op, "w", w);
+    // An expert's elements may not share an address (a row stride below H,
+    // e.g. 0, would pack one row many times: a weight no checkpoint holds);
+    // any strides otherwise: HF's GPT-OSS / Llama-4 experts are [E, H, 2I]
+    // for x @ W, the logical [E, 2I, H] with strides {2I·H, 1, 2I}. Experts
+    // may share (stride 0: E copies).
+    ops::check_distinct_matrix(op, "w", w);
     const int64_t E = w.shape[0], rows = w.shape[1], cols = w.shape[2];
     if (E < 1 || rows < 1 || cols < 1)
       throw Error(fmt::format("pack_experts: w has shape {}; allowed: every dim >= 1",
@@ -97,12 +100,17 @@ PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) 
     const PackedExperts::Impl& p = *impl;
     runtime::parallel_for(E, [&](int64_t e) {
       auto* dst = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(p.expert(e)));
-      for (int64_t r = 0; r < p.layout.n; ++r) {
-        const int64_t s = proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
-        if (s < 0) continue;  // zero padding (the buffer starts zeroed)
-        const uint16_t* row = src + e * w.strides[0] + s * w.strides[1];
-        for (int64_t c = 0; c < cols; ++c) dst[p.layout.index(r, c)] = row[c];
-      }
+      // Packed row r holds source row s (gate_up: the blocks' gate / up
+      // order; -1: zero padding, the buffer starts zeroed). In 64 × 64
+      // tiles: a transposed source is read a cache line at a time.
+      std::vector<int64_t> source(static_cast<size_t>(p.layout.n));
+      for (int64_t r = 0; r < p.layout.n; ++r)
+        source[r] = proj == ExpertProj::gate_up ? p.gate_up_source_row(r) : r;
+      const uint16_t* expert = src + e * w.strides[0];
+      ops::for_each_in_tiles(p.layout.n, cols, [&](int64_t r, int64_t c) {
+        if (source[r] >= 0)
+          dst[p.layout.index(r, c)] = expert[source[r] * w.strides[1] + c * w.strides[2]];
+      });
     });
     return PackedExperts(std::move(impl));
   });

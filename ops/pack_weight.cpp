@@ -60,7 +60,7 @@ PackedWeight pack_weight(const TensorView& w) {
   return runtime::api_guard("pack_weight", [&]() -> PackedWeight {
     ops::check_view("pack_weight", "w", w, 2);
     ops::check_dtype("pack_weight", "w", w, {DType::bf16});
-    ops::check_row_major_rows("pack_weight", "w", w);
+    ops::check_distinct_matrix("pack_weight", "w", w);
     if (w.shape[0] < 1 || w.shape[1] < 1)
       throw Error(fmt::format("pack_weight: w has shape {}; allowed: N >= 1 and K >= 1",
                               ops::shape_str(w.shape)));
@@ -71,11 +71,9 @@ PackedWeight pack_weight(const TensorView& w) {
     impl->data = runtime::aligned_alloc_bytes(static_cast<size_t>(L.total_elems()) * 2);
     auto* dst = reinterpret_cast<uint16_t*>(impl->data.get());
     const auto* src = static_cast<const uint16_t*>(w.data);
-    // Row by row: each source row is read once, sequentially.
-    for (int64_t n = 0; n < L.n; ++n) {
-      const uint16_t* row = src + n * w.strides[0];
-      for (int64_t k = 0; k < L.k; ++k) dst[L.index(n, k)] = row[k];
-    }
+    ops::for_each_in_tiles(L.n, L.k, [&](int64_t n, int64_t k) {
+      dst[L.index(n, k)] = src[n * w.strides[0] + k * w.strides[1]];
+    });
     return PackedWeight(std::move(impl));
   });
 }

@@ -4,6 +4,7 @@
 // operators and the drivers below them may then use plain int64 arithmetic.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -26,6 +27,21 @@ void check_dtype(const char* op, const char* arg, const TensorView& t,
                  std::initializer_list<DType> allowed);
 // The innermost dimension must be contiguous, the outer stride must cover it.
 void check_row_major_rows(const char* op, const char* arg, const TensorView& t);
+// The last two dims of t, any strides, with every element at its own address
+// (a weight packed once, read in any order: a [K, N] checkpoint is the
+// logical [N, K] with strides {1, N}); an Error naming the strides otherwise.
+void check_distinct_matrix(const char* op, const char* arg, const TensorView& t);
+// fn(r, c) over [rows, cols] in 64 × 64 tiles: a packer reading a matrix
+// of any strides (check_distinct_matrix) reads a transposed one a cache
+// line at a time, not a line per element.
+template <class Fn>
+void for_each_in_tiles(int64_t rows, int64_t cols, Fn fn) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) fn(r, c);
+}
 
 // Bytes from the first to one past the last element of a checked view (0 when empty).
 int64_t view_bytes(const TensorView& t);

@@ -550,7 +550,7 @@ TEST(HostileAliasing, Moe) {
         pack_experts(TensorView(s.a.data(), DType::bf16, {2, 64, 64}, {4096, 0, 1}),
                      ExpertProj::down);
       },
-      {"pack_experts", "row stride"});
+      {"pack_experts", "strides [4096, 0, 1]", "two elements share an address"});
   std::vector<float> logits(8 * 16, 0.5f);
   std::vector<float> w(8 * 2);
   std::vector<int32_t> ids(8 * 2);

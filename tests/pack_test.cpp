@@ -56,6 +56,42 @@ int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
 }
 
+// A [K, N] weight (x @ W, HF's Conv1D and its [E, H, 2I] experts) packs as
+// the logical [N, K] through the view {N, K} with strides {1, N}: the same
+// packed weight as its transposed copy, bit for bit (it needed a copy).
+TEST(PackedWeight, ATransposedViewPacksAsItsCopy) {
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{70, 130}, {1, 33}, {129, 1}}) {
+    std::vector<uint16_t> kn = random_bf16(static_cast<size_t>(k * n), 5);  // [K, N]
+    std::vector<uint16_t> nk(kn.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j) nk[i * k + j] = kn[j * n + i];
+    const PackedWeight a = pack_weight(TensorView(kn.data(), DType::bf16, {n, k}, {1, n}));
+    const PackedWeight b = pack_weight(TensorView(nk.data(), DType::bf16, {n, k}));
+    EXPECT_EQ(unpack_strided(a, k), nk) << n << "x" << k;
+    EXPECT_EQ(unpack_strided(b, k), nk);
+  }
+  // Experts: GPT-OSS's gate_up_proj [E, H, 2I] interleaved, as {E, 2I, H}.
+  const int64_t E = 3, H = 40, I = 24;
+  std::vector<uint16_t> hf = random_bf16(static_cast<size_t>(E * H * 2 * I), 6);
+  std::vector<uint16_t> copy(hf.size());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < 2 * I; ++r)
+      for (int64_t c = 0; c < H; ++c) copy[(e * 2 * I + r) * H + c] = hf[(e * H + c) * 2 * I + r];
+  const PackedExperts pa =
+      pack_experts(TensorView(hf.data(), DType::bf16, {E, 2 * I, H}, {H * 2 * I, 1, 2 * I}),
+                   ExpertProj::gate_up, GluRows::interleaved);
+  const PackedExperts pb = pack_experts(TensorView(copy.data(), DType::bf16, {E, 2 * I, H}),
+                                        ExpertProj::gate_up, GluRows::interleaved);
+  std::vector<uint16_t> ua(copy.size()), ub(copy.size());
+  pa.unpack(TensorView(ua.data(), DType::bf16, {E, 2 * I, H}));
+  pb.unpack(TensorView(ub.data(), DType::bf16, {E, 2 * I, H}));
+  EXPECT_EQ(ua, copy);
+  EXPECT_EQ(ub, copy);
+  EXPECT_THROW(pack_experts(TensorView(hf.data(), DType::bf16, {E, 2 * I, H}, {0, 1, 1}),
+                            ExpertProj::gate_up),
+               Error);
+}
+
 using PackShape = std::tuple<int64_t, int64_t>;  // N, K
 
 class PackRoundTrip : public ::testing::TestWithParam<PackShape> {};

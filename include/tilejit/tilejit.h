@@ -227,7 +227,9 @@ class PackedWeight {
   std::shared_ptr<const Impl> impl_;
 };
 
-// Packs w [N, K] bf16 (rows may be strided; the K stride must be 1).
+// Packs w [N, K] bf16, any strides under which every element has its own
+// address: strided rows, or a [K, N] tensor (x @ W) as the view {N, K} with
+// strides {1, N}.
 PackedWeight pack_weight(const TensorView& w);
 // Packing a packed weight is a no-op: it returns the same packed data.
 PackedWeight pack_weight(const PackedWeight& w);
@@ -482,7 +484,10 @@ class PackedExperts {
   std::shared_ptr<const Impl> impl_;
 };
 
-// w: [E, 2I, H] for gate_up, [E, H, I] for down; bf16, innermost stride 1.
+// w: [E, 2I, H] for gate_up, [E, H, I] for down; bf16, any strides under
+// which an expert's elements have their own addresses (HF's GPT-OSS and
+// Llama-4 experts, [E, H, 2I] for x @ W, are the view {E, 2I, H} with
+// strides {2I·H, 1, 2I}).
 // The order of a gate_up matrix's rows: `halves` (the I gate rows, then the
 // I up rows: sglang's and vLLM's w13) or `interleaved` (row 2i gate i, row
 // 2i + 1 up i: GPT-OSS's gate_up_proj); unpack and dequantize give the rows
