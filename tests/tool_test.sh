@@ -827,6 +827,15 @@ input_error "inputs saved past RLIMIT_FSIZE" "bias.npy: its 2128 bytes would pas
   sh -c "ulimit -S -f 1; exec '$TJ' run '$LB' --random-inputs 1 --dim M=3 --save-inputs '$H/si'"
 ok "a written output leaves no temporary file" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/y2.npy"
 ok "... only the output itself" test "$(ls "$H" | grep -c '^y2\.npy')" -eq 1
+# bench's plan line names the kernel a quantized weight runs at that M: the
+# one the library's verbose line names (it named the bf16 plan for an fp8
+# weight running the fused kernel).
+for m in 3 40; do
+  ok "bench fp8 at M=$m" env TILEJIT_VERBOSE=1 "$TJ" bench "$EXAMPLES/gemm_fp8_channel.tir" --dim M=$m --seconds 0.05
+  ran=$(grep -m1 '^tilejit: gemm w8a16' "$ERR" | grep -Eo '(kernel|plan)=[a-z0-9_]+' | cut -d= -f2)
+  checks=$((checks + 1))
+  [ -n "$ran" ] && grep -Eq "^  plan .*$ran" "$OUT" || fail "bench fp8 at M=$m: plan line does not name '$ran'"
+done
 usage "--save-inputs ''" "--save-inputs: '' is not a directory" "$TJ" run "$LB" --random-inputs 1 --dim M=2 --save-inputs ''
 usage "--dim given twice" "--dim 'M=2': \?M is already given \(1\)" "$TJ" run "$LB" --random-inputs 1 --dim M=1 --dim M=2
 # Standard output that cannot be written is an error of every subcommand

@@ -11,6 +11,7 @@
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program/program_runner.h"
+#include "tools/program/quant_route.h"
 #include "tools/program_io.h"
 
 namespace tilejit::tools {
@@ -126,9 +127,9 @@ int run_bench(const BenchOptions& opt) {
   const int64_t m = inputs.at(f.value(runner.program().x).name).shape.at(0);
   fmt::print("bench @{}: M={} N={} K={} on the {} path, {} thread{}\n", f.name, m, spec.n, spec.k,
              isa_name(cpu.isa), cpu.num_threads, cpu.num_threads == 1 ? "" : "s");
-  fmt::print("  plan        {}\n", cpu.isa == Isa::scalar
-                                       ? std::string("scalar reference (no JIT code)")
-                                       : codegen::plan_gemm(spec, cpu.isa).name());
+  // What runs at this M (a quantized weight's route: the line named the bf16
+  // plan for an fp8 weight running the fused kernel).
+  fmt::print("  plan        {}\n", program_route_line(f, runner.program(), cpu.isa, m));
   fmt::print("  time/call   {:.4g} ms (median of {} batches of {} call{})\n", t * 1e3, kBatches,
              calls, calls == 1 ? "" : "s");
   fmt::print("  GFLOP/s     {:.1f} (2·M·N·K = {:.4g} GFLOP per call)\n", gflops, flops / 1e9);
