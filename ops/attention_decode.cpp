@@ -261,9 +261,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
         // key 0, so a split boundary never cuts one of them in two (only a
         // range's first and last chunk take the masked code), and with block
         // sizes that are multiples of 16 never splits a cache block's run.
-        const int64_t chunk = ((len + splits - 1) / splits + 15) / 16 * 16;
-        const int64_t j0 = std::min(len, s * chunk), j1 = std::min(len, j0 + chunk);
-        run(task, j0, j1, qr, parts[t]);
+        const attn::KeyRange r = attn::split_range(len, splits, s, lb::kDecodeChunkKeys);
+        run(task, r.j0, r.j1, qr, parts[t]);
       });
       runtime::parallel_for(base_tasks, [&](int64_t task) {
         std::vector<attn::QueryRow> qr;
@@ -320,12 +319,10 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
       const auto [b, h] = rows_of(task, qr, orows);
-      const int64_t per = (lens[b] + splits - 1) / splits;
-      const int64_t chunk = (per + p.key_block - 1) / p.key_block * p.key_block;
       attn::Partial& st = parts[t];
       st.reset(static_cast<int64_t>(qr.size()), dv_padded);
-      const int64_t j0 = std::min(lens[b], s * chunk), j1 = std::min(lens[b], j0 + chunk);
-      attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], j0, j1, st);
+      const attn::KeyRange r = attn::split_range(lens[b], splits, s, p.key_block);
+      attn::attend(isa, ph[h], qr, source(kc, b, h), source(vc, b, h), lens[b], r.j0, r.j1, st);
     });
     runtime::parallel_for(base_tasks, [&](int64_t task) {
       std::vector<attn::QueryRow> qr;

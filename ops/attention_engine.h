@@ -113,6 +113,20 @@ inline int64_t default_splits(int64_t tasks, int64_t threads, int64_t longest, i
   return std::max<int64_t>(1, std::min({share, threads, by_keys}));
 }
 
+// Keys [j0, j1) of split s of `splits` over a range of `keys` keys: chunks of
+// ceil(keys / splits) rounded up to `step` (the engine's key block, or the
+// decode kernel's 16-key chunk, so a split boundary never cuts a step in
+// two); the last chunks may be short or empty. The one rule of decode's and
+// extend's split-KV.
+struct KeyRange {
+  int64_t j0, j1;
+};
+inline KeyRange split_range(int64_t keys, int64_t splits, int64_t s, int64_t step) {
+  const int64_t chunk = ((keys + splits - 1) / splits + step - 1) / step * step;
+  const int64_t j0 = std::min(keys, s * chunk);
+  return {j0, std::min(keys, j0 + chunk)};
+}
+
 // The unit of work of prefill and extend: rows [r0, r0 + block rows) of
 // sequence b's kv head h, its rows (query position, head of the group)
 // position-major, so a block holds whole groups and consecutive positions.

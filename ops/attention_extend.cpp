@@ -457,10 +457,9 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       std::vector<attn::QueryRow> qr;
       std::vector<uint16_t*> orows;
       const int64_t tk = keys_of(unit_rows(u, qr, orows));
-      const int64_t step = u < ntasks ? p.key_block : lb::kDecodeChunkKeys;
-      const int64_t chunk = ((tk + n - 1) / n + step - 1) / step * step;
-      const int64_t j0 = std::min(tk, s * chunk), j1 = std::min(tk, j0 + chunk);
-      unit_run(u, qr, j0, j1, parts[t]);
+      const attn::KeyRange r =
+          attn::split_range(tk, n, s, u < ntasks ? p.key_block : lb::kDecodeChunkKeys);
+      unit_run(u, qr, r.j0, r.j1, parts[t]);
     });
     runtime::parallel_for(units, [&](int64_t u) {
       std::vector<attn::QueryRow> qr;
