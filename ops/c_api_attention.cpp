@@ -8,8 +8,9 @@ namespace {
 
 AttentionOptions attention_options(const tilejit_attention_options* opt) {
   AttentionOptions o;
-  const auto* c = options(opt, "opt", "tilejit_attention_options_init");
-  if (c == nullptr) return o;
+  const auto c =
+      options(opt, "opt", "tilejit_attention_options_init", tilejit_attention_options_init);
+  if (!c) return o;
   o.causal = c->causal;
   if (c->has_sm_scale) o.sm_scale = c->sm_scale;
   o.window_left = c->window_left;
@@ -78,7 +79,8 @@ tilejit_status tilejit_extend_attention(const tilejit_tensor* q, const tilejit_t
                                         const tilejit_extend_options* ext) {
   return call([&] {
     ExtendOptions e;
-    if (const auto* c = options(ext, "ext", "tilejit_extend_options_init")) {
+    if (const auto c =
+            options(ext, "ext", "tilejit_extend_options_init", tilejit_extend_options_init)) {
       e.k_new = optional_view(c->k_new, "ext.k_new");
       e.v_new = optional_view(c->v_new, "ext.v_new");
       e.tree_mask = optional_view(c->tree_mask, "ext.tree_mask");
@@ -118,7 +120,8 @@ tilejit_status tilejit_rope(const tilejit_tensor* q, const tilejit_tensor* k,
                             const tilejit_rope_options* opt) {
   return call([&] {
     RopeOptions o;
-    if (const auto* c = options(opt, "opt", "tilejit_rope_options_init")) {
+    if (const auto c =
+            options(opt, "opt", "tilejit_rope_options_init", tilejit_rope_options_init)) {
       o.style = to_enum<RopeStyle>(c->style);
       o.rotary_dim = c->rotary_dim;
       o.ndim = c->ndim;

@@ -137,7 +137,8 @@ tilejit_status tilejit_gemm(const tilejit_tensor* x, const tilejit_packed_weight
                             const tilejit_tensor* y, const tilejit_gemm_options* opt) {
   return call([&] {
     GemmOptions o;
-    if (const auto* c = options(opt, "opt", "tilejit_gemm_options_init")) {
+    if (const auto c =
+            options(opt, "opt", "tilejit_gemm_options_init", tilejit_gemm_options_init)) {
       o.bias = optional_view(c->bias, "opt.bias");
       o.act = to_enum<Activation>(c->act);
       o.int4_route = to_enum<Int4Route>(c->int4_route);

@@ -131,7 +131,7 @@ tilejit_status tilejit_fused_experts(const tilejit_tensor* hidden,
                                      const tilejit_moe_options* opt) {
   return call([&] {
     MoeOptions o;
-    if (const auto* c = options(opt, "opt", "tilejit_moe_options_init")) {
+    if (const auto c = options(opt, "opt", "tilejit_moe_options_init", tilejit_moe_options_init)) {
       o.act = to_enum<Activation>(c->act);
       o.clamped_swiglu = c->clamped_swiglu;
       o.swiglu_alpha = c->swiglu_alpha;
@@ -190,7 +190,8 @@ tilejit_status tilejit_grouped_topk(const tilejit_tensor* logits,
                                     const tilejit_grouped_topk_options* opt) {
   return call([&] {
     GroupedTopkOptions o;
-    if (const auto* c = options(opt, "opt", "tilejit_grouped_topk_options_init")) {
+    if (const auto c = options(opt, "opt", "tilejit_grouped_topk_options_init",
+                               tilejit_grouped_topk_options_init)) {
       o.score = to_enum<RouterScore>(c->score);
       o.num_expert_group = c->num_expert_group;
       o.topk_group = c->topk_group;

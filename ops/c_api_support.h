@@ -7,6 +7,8 @@
 // _init function, an ndim past TILEJIT_MAX_NDIM).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -58,15 +60,42 @@ To to_enum(const From& e) {
   return static_cast<To>(enum_value(e));
 }
 
-// An options struct: NULL means the defaults (nullptr returned); one whose
-// struct_size is not this header's is an Error naming the init function.
+// The struct_size values of an options struct's earlier published layouts
+// (each the current layout's first fields: fields are only ever appended), so
+// a caller compiled against an older tilejit_c.h keeps working; none for a
+// struct that never grew.
 template <class T>
-const T* options(const T* opt, const char* arg, const char* init_fn) {
-  if (opt == nullptr) return nullptr;
-  if (opt->struct_size != sizeof(T))
-    throw Error(std::string(arg) + ".struct_size = " + std::to_string(opt->struct_size) +
-                "; allowed: " + std::to_string(sizeof(T)) + " (set by " + init_fn + ")");
-  return opt;
+struct EarlierLayouts {
+  static constexpr std::array<uint32_t, 0> sizes{};
+};
+// tilejit_moe_options before shared_weights (C API version 1's first layout).
+template <>
+struct EarlierLayouts<tilejit_moe_options> {
+  static constexpr std::array<uint32_t, 1> sizes{
+      static_cast<uint32_t>(offsetof(tilejit_moe_options, shared_weights))};
+};
+
+// An options struct, copied: NULL means the defaults (nullopt). Its
+// struct_size is this header's sizeof(T), or an earlier layout's (the fields
+// it lacks take init's defaults); any other (a zeroed or uninitialised
+// struct) is an Error naming the init function.
+template <class T>
+std::optional<T> options(const T* opt, const char* arg, const char* init_name, void (*init)(T*)) {
+  if (opt == nullptr) return std::nullopt;
+  if (opt->struct_size == sizeof(T)) return *opt;
+  std::string allowed = std::to_string(sizeof(T));
+  for (const uint32_t size : EarlierLayouts<T>::sizes) {
+    if (opt->struct_size == size) {
+      T full;
+      init(&full);
+      std::memcpy(static_cast<void*>(&full), opt, size);
+      full.struct_size = sizeof(T);
+      return full;
+    }
+    allowed += " or " + std::to_string(size) + " (an earlier header's)";
+  }
+  throw Error(std::string(arg) + ".struct_size = " + std::to_string(opt->struct_size) +
+              "; allowed: " + allowed + " (set by " + init_name + ")");
 }
 
 // A tensor argument (arg names it in messages).

@@ -579,6 +579,20 @@ TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
   fused_experts({x.data(), DType::bf16, {T, H}}, p13, p2, {twcpp.data(), DType::f32, {T, topk}},
                 {ticpp.data(), DType::i32, {T, topk}}, {ocpp.data(), DType::f32, {T, H}}, co);
   EXPECT_TRUE(same_bytes(oc, ocpp));
+  // A caller compiled against the header before shared_weights: its struct
+  // ends before the field (struct_size is the earlier layout's), and the
+  // bytes past it are the caller's, never read: the shared expert weighs 1.
+  tilejit_moe_options old = o;
+  old.struct_size = static_cast<uint32_t>(offsetof(tilejit_moe_options, shared_weights));
+  old.shared_weights = reinterpret_cast<const tilejit_tensor*>(uintptr_t{8});  // not a tensor
+  ASSERT_C_OK(tilejit_fused_experts(&xt, c13.p, c2.p, &twt, &tit, &ot, &old));
+  co.shared_weights.reset();
+  fused_experts({x.data(), DType::bf16, {T, H}}, p13, p2, {twcpp.data(), DType::f32, {T, topk}},
+                {ticpp.data(), DType::i32, {T, topk}}, {ocpp.data(), DType::f32, {T, H}}, co);
+  EXPECT_TRUE(same_bytes(oc, ocpp));
+  old.struct_size -= 4;  // no published layout
+  expect_c_error(tilejit_fused_experts(&xt, c13.p, c2.p, &twt, &tit, &ot, &old),
+                 "(an earlier header's)");
   o.shared_weights = nullptr;
 
   // int8 experts: one description per expert, packed, run, unpacked.
