@@ -299,7 +299,7 @@ void check_distinct_matrix(const char* op, const char* arg, const TensorView& t)
   };
   Axis a{t.strides[r - 2], t.shape[r - 2]}, b{t.strides[r - 1], t.shape[r - 1]};
   if (a.extent == 0 || b.extent == 0) return;  // no elements (the caller's shape check)
-  if (a.extent <= 1 || b.extent <= 1) {  // one axis: its stride must not be 0
+  if (a.extent <= 1 || b.extent <= 1) {        // one axis: its stride must not be 0
     const Axis& only = a.extent > 1 ? a : b;
     if (only.extent > 1 && only.stride == 0)
       throw Error(fmt::format(

@@ -80,8 +80,8 @@ void print_check(const CheckReport& c) {
   fmt::print("  tolerance    {}\n", c.tolerance);
   if (!c.worst_index.empty())
     fmt::print("  worst        {}[{}]: got {:.7g}, ref {:.7g}, |err| {:.3g} vs tol {:.3g}\n",
-               c.worst_value, fmt::join(c.worst_index, ", "), c.worst_got, c.worst_ref,
-               c.worst_err, c.worst_tol);
+               c.worst_value, fmt::join(c.worst_index, ", "), c.worst_got, c.worst_ref, c.worst_err,
+               c.worst_tol);
   if (c.pass())
     fmt::print("PASS ({} elements within tolerance)\n", c.checked);
   else

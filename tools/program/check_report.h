@@ -18,7 +18,7 @@ struct CheckReport {
   std::vector<int64_t> worst_index;
   std::string worst_value;  // "%o": the result holding it, when several are compared
   double worst_got = 0, worst_ref = 0, worst_tol = 0;
-  double worst_err = 0;  // its error as counted (0 for a matched infinity)
+  double worst_err = 0;   // its error as counted (0 for a matched infinity)
   std::string tolerance;  // the formula used, for the report
   std::string reference;  // what the outputs were compared with
   bool pass() const { return failures == 0; }
