@@ -5,6 +5,7 @@
 #include <array>
 
 #include "ir/text_util.h"
+#include "runtime/stride_clash.h"
 
 namespace tilejit::ir {
 
@@ -183,11 +184,7 @@ namespace {
 // where strides and extents are static: taken in increasing stride order,
 // each stride must step over everything the smaller ones span.
 void check_no_overlap(const TensorType& t, std::vector<std::string>& problems) {
-  struct Axis {
-    size_t dim;
-    int64_t stride, extent;  // extent -1: dynamic
-  };
-  std::vector<Axis> axes;
+  std::vector<runtime::StrideAxis> axes;
   for (size_t i = 0; i < t.dims.size(); ++i) {
     const Dim& d = t.dims[i];
     if (d.is_static() && d.value == 0) return;    // no elements
@@ -195,28 +192,19 @@ void check_no_overlap(const TensorType& t, std::vector<std::string>& problems) {
     if (!t.layout.strides[i]) return;             // unknown: the view check at run time
     axes.push_back({i, *t.layout.strides[i], d.is_static() ? d.value : -1});
   }
-  std::stable_sort(axes.begin(), axes.end(),
-                   [](const Axis& a, const Axis& b) { return a.stride < b.stride; });
-  for (size_t j = 0; j < axes.size(); ++j) {
-    if (axes[j].stride == 0) {
-      problems.push_back(cat("stride 0 on dim ", axes[j].dim, " of extent ",
-                             t.dims[axes[j].dim].str(),
-                             " gives its elements one address; allowed: strides under which "
-                             "every element has its own address"));
-      return;
-    }
-    if (j == 0 || axes[j - 1].extent < 0) continue;
-    int64_t span = 0;  // past int64: more than any stride
-    if (__builtin_mul_overflow(axes[j - 1].stride, axes[j - 1].extent, &span) ||
-        axes[j].stride < span) {
-      problems.push_back(cat("strides ", t.layout.str(), " overlap: dim ", axes[j].dim,
-                             "'s stride ", axes[j].stride, " is less than the ", axes[j - 1].extent,
-                             " × ", axes[j - 1].stride, " elements dim ", axes[j - 1].dim,
-                             " spans; allowed: strides under which every element has its own "
-                             "address"));
-      return;
-    }
-  }
+  const auto c = runtime::find_stride_clash(std::move(axes));
+  if (!c) return;
+  if (c->zero)
+    problems.push_back(cat("stride 0 on dim ", c->inner.dim, " of extent ",
+                           t.dims[c->inner.dim].str(),
+                           " gives its elements one address; allowed: strides under which every "
+                           "element has its own address"));
+  else
+    problems.push_back(cat("strides ", t.layout.str(), " overlap: dim ", c->outer.dim, "'s stride ",
+                           c->outer.stride, " is less than the ", c->inner.extent, " × ",
+                           c->inner.stride, " elements dim ", c->inner.dim,
+                           " spans; allowed: strides under which every element has its own "
+                           "address"));
 }
 
 }  // namespace

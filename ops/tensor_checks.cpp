@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <vector>
+
+#include "runtime/stride_clash.h"
 
 namespace tilejit::ops {
 
@@ -294,27 +297,22 @@ void check_row_major_rows(const char* op, const char* arg, const TensorView& t) 
 void check_distinct_matrix(const char* op, const char* arg, const TensorView& t) {
   const size_t r = t.shape.size();
   if (r < 2) return;
-  struct Axis {
-    int64_t stride, extent;
-  };
-  Axis a{t.strides[r - 2], t.shape[r - 2]}, b{t.strides[r - 1], t.shape[r - 1]};
-  if (a.extent == 0 || b.extent == 0) return;  // no elements (the caller's shape check)
-  if (a.extent <= 1 || b.extent <= 1) {        // one axis: its stride must not be 0
-    const Axis& only = a.extent > 1 ? a : b;
-    if (only.extent > 1 && only.stride == 0)
-      throw Error(fmt::format(
-          "{}: {} has strides {}: stride 0 over {} elements; allowed: every element at its own "
-          "address",
-          op, arg, shape_str(t.strides), only.extent));
-    return;
+  std::vector<runtime::StrideAxis> axes;
+  for (size_t i = r - 2; i < r; ++i) {
+    if (t.shape[i] == 0) return;  // no elements (the caller's shape check)
+    if (t.shape[i] > 1) axes.push_back({i, t.strides[i], t.shape[i]});
   }
-  if (a.stride > b.stride) std::swap(a, b);
-  int64_t span = 0;  // past int64: more than any stride
-  if (a.stride < 1 || __builtin_mul_overflow(a.stride, a.extent, &span) || b.stride < span)
+  const auto c = runtime::find_stride_clash(axes);
+  if (!c) return;
+  if (axes.size() == 1)  // one axis of stride 0
     throw Error(fmt::format(
-        "{}: {} has shape {} and strides {}, under which two elements share an address; allowed: "
-        "strides that give every element its own (row-major rows, or a transposed [K, N] view)",
-        op, arg, shape_str(t.shape), shape_str(t.strides)));
+        "{}: {} has strides {}: stride 0 over {} elements; allowed: every element at its own "
+        "address",
+        op, arg, shape_str(t.strides), c->inner.extent));
+  throw Error(fmt::format(
+      "{}: {} has shape {} and strides {}, under which two elements share an address; allowed: "
+      "strides that give every element its own (row-major rows, or a transposed [K, N] view)",
+      op, arg, shape_str(t.shape), shape_str(t.strides)));
 }
 
 void check_index_dtype(const char* op, const char* arg, const TensorView& t) {
