@@ -29,8 +29,11 @@ struct StrideClash {
 // the smaller ones span; the first pair that does not, or nullopt. An axis
 // of unknown extent says nothing about the next one.
 inline std::optional<StrideClash> find_stride_clash(std::vector<StrideAxis> axes) {
-  std::stable_sort(axes.begin(), axes.end(),
-                   [](const StrideAxis& a, const StrideAxis& b) { return a.stride < b.stride; });
+  // By stride, then dim (equal strides in their tensor's order). std::sort:
+  // stable_sort's temporary buffer is deprecated under clang + libstdc++ 12.
+  std::sort(axes.begin(), axes.end(), [](const StrideAxis& a, const StrideAxis& b) {
+    return a.stride != b.stride ? a.stride < b.stride : a.dim < b.dim;
+  });
   for (size_t j = 0; j < axes.size(); ++j) {
     if (axes[j].stride == 0) return StrideClash{axes[j], axes[j], true};
     if (j == 0 || axes[j - 1].extent < 0) continue;
