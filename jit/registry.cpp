@@ -15,6 +15,7 @@
 #include "codegen/llvm/llvm_brgemm.h"
 #include "codegen/llvm/llvm_dequant.h"
 #include "codegen/llvm/llvm_elementwise.h"
+#include "codegen/llvm/llvm_kv_quant.h"
 #include "codegen/llvm/mc_disassembler.h"
 #include "jit/llvm_kernels.h"
 // The LLVM maker of a two-backend family (nothing in a build without LLVM).
@@ -83,12 +84,17 @@ const KernelRow kRows[] = {
      "code f8e4m3 | u4 | f4e2m1 (zeros: u4 only); out bf16, or i8 with u4 (W4A8)"},
     {Family::act_quant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
      "xbyak::emit_act_quant", "mode sym | asym | fixed"},
+    // store_kv's conversion into an f8e4m3 cache (the scalar path converts in C++).
+    {Family::kv_quant, Isa::avx512, isa_features(Isa::avx512), Backend::xbyak,
+     "xbyak::emit_kv_quant", "shape-free"},
 #ifdef TILEJIT_HAVE_LLVM
     {Family::dequant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_dequant",
      "code f8e4m3 | u4 | f4e2m1 (zeros: u4 only); out bf16, or i8 with u4 (W4A8)"},
     {Family::act_quant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_act_quant", "mode sym | asym | fixed"},
+    {Family::kv_quant, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_kv_quant", "shape-free"},
 #endif
 };
 
@@ -333,6 +339,8 @@ const char* family_name(Family f) {
       return "dequant";
     case Family::act_quant:
       return "act_quant";
+    case Family::kv_quant:
+      return "kv_quant";
   }
   return "?";
 }
@@ -446,6 +454,15 @@ const Kernel& get(const codegen::ActQuantDesc& d) {
         Family::act_quant, x,
         [](const codegen::ActQuantDesc& y) { return codegen::xbyak::emit_act_quant(y); },
         TILEJIT_LLVM_MAKER(codegen::ActQuantDesc, lb::compile_llvm_act_quant(y)));
+  });
+}
+
+const Kernel& get(const codegen::KvQuantDesc& d) {
+  return front(d, [](const codegen::KvQuantDesc& x) -> const Kernel& {
+    return two_backend_family(
+        Family::kv_quant, x,
+        [](const codegen::KvQuantDesc& y) { return codegen::xbyak::emit_kv_quant(y); },
+        TILEJIT_LLVM_MAKER(codegen::KvQuantDesc, lb::compile_llvm_kv_quant(y)));
   });
 }
 

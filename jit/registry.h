@@ -17,6 +17,7 @@
 #include <string>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/kv_quant_desc.h"
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
 #include "codegen/llvm/llvm_softmax.h"
@@ -38,7 +39,8 @@ enum class Family {
   rope,
   elementwise,
   dequant,
-  act_quant
+  act_quant,
+  kv_quant
 };
 const char* family_name(Family f);
 
@@ -73,6 +75,7 @@ const Kernel& get(const codegen::llvm_backend::DecodeAttentionDesc& d);
 const Kernel& get(const codegen::llvm_backend::RopeDesc& d);
 const Kernel& get(const codegen::DequantDesc& d);
 const Kernel& get(const codegen::ActQuantDesc& d);
+const Kernel& get(const codegen::KvQuantDesc& d);
 // An elementwise IR function (the tool's fused epilogues), keyed on its
 // printed IR; without a front cache (the tool compiles a few per run).
 const Kernel& get_elementwise(const ir::Function& f);

@@ -6,14 +6,19 @@
 // so a 64-bit slot that would wrap in 32 bits is still rejected, not truncated.
 // An f8e4m3 cache (both caches, KvCacheScales) stores e4m3(x / scale):
 // runtime::f32_to_e4m3 (nearest, ties to even; saturating to ±448, ±Inf
-// too; NaN -> 0x7F) of the f32 quotient.
+// too; NaN -> 0x7F) of the f32 quotient: the kv_quant kernel on the JIT paths
+// (Xbyak on avx512 / amx, LLVM on llvm; codegen/kv_quant_desc.h), that
+// function itself on the scalar path.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "codegen/kv_quant_desc.h"
+#include "jit/registry.h"
 #include "ops/attention_checks.h"
 #include "ops/tensor_checks.h"
 #include "ops/verbose_log.h"
@@ -43,13 +48,20 @@ void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const ch
                             cache_arg, shape_str(cache.shape), hkv, rows.shape[2]));
 }
 
+// `to_e4m3`: the kv_quant kernel of the call's path (null on the scalar path).
 void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64_t slot,
-               const std::vector<float>& scales) {
+               const std::vector<float>& scales, codegen::KvQuantFn to_e4m3) {
   const int64_t bs = cache.shape[1], hkv = rows.shape[1], d = rows.shape[2];
   if (cache.dtype == DType::f8e4m3) {
     const auto* src = static_cast<const uint16_t*>(rows.data) + t * rows.strides[0];
     auto* dst = static_cast<uint8_t*>(cache.data) + (slot / bs) * cache.strides[0] +
                 (slot % bs) * cache.strides[1];
+    if (to_e4m3 != nullptr) {
+      const codegen::KvQuantArgs a{src, rows.strides[1], dst, cache.strides[2], scales.data(), hkv,
+                                   d};
+      to_e4m3(&a);
+      return;
+    }
     for (int64_t h = 0; h < hkv; ++h) {
       const float s = scales[static_cast<size_t>(h)];
       const uint16_t* x = src + h * rows.strides[1];
@@ -173,17 +185,28 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     // pointer of an empty view): no address is formed from it.
     auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
     const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
-    // No kernel on any path: C++ row copies (bf16) or conversions (f8e4m3).
-    ops::log_call(op, runtime::active_isa(), [&] {
+    // bf16: row copies (memcpy) on every path; f8e4m3: the kv_quant kernel
+    // on the JIT paths, the reference conversion on the scalar path.
+    const Isa isa = runtime::active_isa();
+    codegen::KvQuantFn to_e4m3 = nullptr;
+    std::string plan = "plan=c++_copy";
+    if (kvs.fp8 && isa != Isa::scalar) {
+      const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512};
+      to_e4m3 = jit::get(qd).entry<codegen::KvQuantFn>();
+      plan = "kernel=" + qd.name();
+    } else if (kvs.fp8) {
+      plan = "plan=c++_to_e4m3";
+    }
+    ops::log_call(op, isa, [&] {
       return ops::CallLine{
           fmt::format("T={} Hkv={} D={} Dv={} bs={} cache={}{}", t, hkv, k.shape[2], v.shape[2],
                       k_cache.shape[1], dtype_name(k_cache.dtype), mla ? " mla" : ""),
-          kvs.fp8 ? "plan=c++_to_e4m3" : "plan=c++_copy"};
+          plan};
     });
     runtime::parallel_for(t, [&](int64_t i) {
       if (slots[i] < 0) return;
-      if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k);
-      if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v);
+      if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k, to_e4m3);
+      if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v, to_e4m3);
     });
   });
 }

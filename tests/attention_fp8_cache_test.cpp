@@ -121,6 +121,37 @@ TEST(Fp8StoreKv, SaturatesAndKeepsNaN) {
   for (int64_t i = 0; i < d; ++i) EXPECT_EQ(kc[i], want[i]) << "x = " << x[i];
 }
 
+// On a JIT path the conversion is the kv_quant kernel (a kernel lookup per
+// call); on the scalar path it is the reference function (none).
+TEST(Fp8StoreKv, JitPathsRunTheKvQuantKernel) {
+  const int64_t hkv = 3, d = 40;
+  std::vector<uint16_t> k(static_cast<size_t>(hkv * d));
+  for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_bf16(0.01f * float(i) - 0.5f);
+  std::vector<uint8_t> kc(k.size()), vc(k.size());
+  const std::vector<int32_t> slot = {0};
+  const CacheStats before = cache_stats();
+  KvCacheScales s;
+  s.k_scale = 0.3f;
+  store_kv(TensorView(k.data(), DType::bf16, {1, hkv, d}),
+           TensorView(k.data(), DType::bf16, {1, hkv, d}),
+           TensorView(kc.data(), DType::f8e4m3, {1, 1, hkv, d}),
+           TensorView(vc.data(), DType::f8e4m3, {1, 1, hkv, d}),
+           TensorView(slot.data(), DType::i32, {1}), s);
+  const CacheStats after = cache_stats();
+  const uint64_t lookups = after.hits + after.misses - before.hits - before.misses;
+  if (cpu_info().isa == Isa::scalar)
+    EXPECT_EQ(lookups, 0u);
+  else
+    EXPECT_GE(lookups, 1u) << "store_kv did not ask for its kernel on the "
+                           << isa_name(cpu_info().isa) << " path";
+  // Whichever ran: the codes of the rule (k / 0.3, v / 1).
+  for (size_t i = 0; i < k.size(); ++i) {
+    const double x = bf16_to_f32(k[i]);
+    EXPECT_NEAR(e4m3_value(kc[i]), x / 0.3, std::abs(x / 0.3) / 16 + 0x1p-10) << i;
+    EXPECT_NEAR(e4m3_value(vc[i]), x, std::abs(x) / 16 + 0x1p-10) << i;
+  }
+}
+
 TEST(Fp8StoreKv, PerTensorAndPerHeadScales) {
   const int64_t t = 5, hkv = 3, d = 64, dv = 32, bs = 3, nb = 3;
   const auto k = random_bf16(static_cast<size_t>(t * hkv * d), 11, -3, 3);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "codegen/brgemm_desc.h"
+#include "codegen/kv_quant_desc.h"
 #include "codegen/quant_desc.h"
 
 namespace tilejit::codegen::xbyak {
@@ -23,6 +24,8 @@ int64_t quant_brgemm_scratch_bytes(const BrgemmDesc& d);
 // `void f(const DequantArgs*)` and `void f(const ActQuantArgs*)`.
 std::vector<uint8_t> emit_dequant(const DequantDesc& d);
 std::vector<uint8_t> emit_act_quant(const ActQuantDesc& d);
+// store_kv's bf16 -> e4m3 rows (codegen/kv_quant_desc.h): `void f(const KvQuantArgs*)`.
+std::vector<uint8_t> emit_kv_quant(const KvQuantDesc& d);
 
 // Register-blocking rules of the AVX-512 kernel, shared with the planner.
 int avx512_brgemm_ksplit(int mr, int nz);

@@ -1,0 +1,127 @@
+// LLVM IR for kv_quant (codegen/kv_quant_desc.h). Shape of the emitted function:
+//
+//   for h < heads:
+//     full 16-lane chunks of the head's row (plain loads and stores), then one
+//     masked chunk for the tail (never past the row):
+//       q = bf16_to_f32(x) / scale[h]   (fdiv: the caller's rounding mode, as
+//                                        the reference's division)
+//       runtime::f32_to_e4m3's rule on the bits of q, lane by lane (integer
+//       ops and selects; the subnormal codes by roundeven, which lowers to a
+//       rounding instruction with an immediate mode, not MXCSR's)
+//       trunc to i8, store
+#include "codegen/llvm/llvm_kv_quant.h"
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+
+#include <vector>
+
+#include "codegen/llvm/emitter_base.h"
+#include "codegen/llvm/ir_loop.h"
+#include "codegen/llvm/vector_math.h"
+
+namespace tilejit::codegen::llvm_backend {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+class KvQuantEmitter : public KernelEmitter {
+ public:
+  KvQuantEmitter(ModuleContext& mc, const KvQuantDesc& /*d*/)
+      : KernelEmitter(mc), vm_(b_, kLanes) {}
+
+ private:
+  using Args = KvQuantArgs;
+
+  void generate() override {
+    emit_loop(
+        b_, arg(TILEJIT_ARG(Args, heads)), {},
+        [&](llvm::Value* h, const std::vector<llvm::Value*>&) {
+          head(h);
+          return std::vector<llvm::Value*>{};
+        },
+        "head");
+  }
+
+  llvm::Type* i8v() { return llvm::FixedVectorType::get(b_.getInt8Ty(), kLanes); }
+
+  // Lanes l with l < n (n: i64, 0 <= n < 16).
+  llvm::Value* lane_mask(llvm::Value* n) {
+    std::vector<llvm::Constant*> iota;
+    for (int l = 0; l < kLanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
+    return b_.CreateICmpSLT(llvm::ConstantVector::get(iota), b_.CreateVectorSplat(kLanes, n));
+  }
+
+  // runtime::f32_to_e4m3 of each lane of q (<16 x float>), as <16 x i8>.
+  llvm::Value* to_e4m3(llvm::Value* q) {
+    llvm::Value* u = b_.CreateBitCast(q, vm_.i32v());
+    llvm::Value* a = b_.CreateAnd(u, vm_.i32(0x7FFFFFFFu));
+    llvm::Value* sign = b_.CreateAnd(b_.CreateLShr(u, vm_.i32(24)), vm_.i32(0x80));
+    // Normal: the mantissa rounded to 3 bits (nearest even), rebiased.
+    llvm::Value* r = b_.CreateAdd(b_.CreateAdd(a, vm_.i32(0x7FFFFu)),
+                                  b_.CreateAnd(b_.CreateLShr(a, vm_.i32(20)), vm_.i32(1)));
+    llvm::Value* normal = b_.CreateSub(b_.CreateLShr(r, vm_.i32(20)), vm_.i32(120u << 3));
+    // Subnormal (a < 2^-6): rne(|q|·512), exact; other lanes use 2^-6 so the
+    // conversion stays defined.
+    llvm::Value* is_sub = b_.CreateICmpULT(a, vm_.i32(0x3C800000u));
+    llvm::Value* mag =
+        b_.CreateBitCast(b_.CreateSelect(is_sub, a, vm_.i32(0x3C800000u)), vm_.f32v());
+    llvm::Value* m = b_.CreateFPToSI(
+        b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, b_.CreateFMul(mag, vm_.f32(512.0f))),
+        vm_.i32v());
+    llvm::Value* code = b_.CreateSelect(is_sub, m, normal);
+    code = b_.CreateSelect(b_.CreateICmpUGE(a, vm_.i32(0x43E00000u)), vm_.i32(0x7E), code);
+    code = b_.CreateOr(code, sign);
+    code = b_.CreateSelect(b_.CreateICmpUGT(a, vm_.i32(0x7F800000u)), vm_.i32(0x7F), code);
+    return b_.CreateTrunc(code, i8v());
+  }
+
+  void head(llvm::Value* h) {
+    llvm::Value* d = arg(TILEJIT_ARG(Args, d));
+    llvm::Value* xrow = b_.CreateGEP(b_.getInt16Ty(), arg(TILEJIT_ARG(Args, x)),
+                                     b_.CreateMul(h, arg(TILEJIT_ARG(Args, x_head))));
+    llvm::Value* orow = b_.CreateGEP(b_.getInt8Ty(), arg(TILEJIT_ARG(Args, out)),
+                                     b_.CreateMul(h, arg(TILEJIT_ARG(Args, out_head))));
+    llvm::Value* s = b_.CreateAlignedLoad(
+        b_.getFloatTy(), b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, scales)), h),
+        llvm::Align(4));
+    llvm::Value* sv = vm_.splat(s);
+    const auto chunk = [&](llvm::Value* at, llvm::Value* mask) {
+      llvm::Value* src = b_.CreateGEP(b_.getInt16Ty(), xrow, at);
+      llvm::Value* bits = nullptr;
+      if (mask == nullptr)
+        bits = b_.CreateAlignedLoad(vm_.i16v(), src, llvm::Align(2));
+      else
+        bits = b_.CreateMaskedLoad(vm_.i16v(), src, llvm::Align(2), mask,
+                                   llvm::Constant::getNullValue(vm_.i16v()));
+      llvm::Value* codes = to_e4m3(b_.CreateFDiv(vm_.bf16_to_f32(bits), sv));
+      llvm::Value* dst = b_.CreateGEP(b_.getInt8Ty(), orow, at);
+      if (mask == nullptr)
+        b_.CreateAlignedStore(codes, dst, llvm::Align(1));
+      else
+        b_.CreateMaskedStore(codes, dst, llvm::Align(1), mask);
+    };
+    llvm::Value* full = b_.CreateAShr(d, i64(4));
+    llvm::Value* tail_at = b_.CreateShl(full, i64(4));
+    emit_loop(
+        b_, full, {},
+        [&](llvm::Value* c, const std::vector<llvm::Value*>&) {
+          chunk(b_.CreateShl(c, i64(4)), nullptr);
+          return std::vector<llvm::Value*>{};
+        },
+        "chunk");
+    chunk(tail_at, lane_mask(b_.CreateSub(d, tail_at)));
+  }
+
+  VectorMath vm_;
+};
+
+}  // namespace
+
+LlvmKernel compile_llvm_kv_quant(const codegen::KvQuantDesc& d, OptLevel opt) {
+  require_vector_host("compile_llvm_kv_quant");
+  return compile_emitter<KvQuantEmitter>(d.name(), opt, d);
+}
+
+}  // namespace tilejit::codegen::llvm_backend
