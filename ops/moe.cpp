@@ -90,9 +90,10 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   ops::check_dtype(kOp, "out", out, {DType::bf16, DType::f32});
   ops::check_row_major_rows(kOp, "out", out);
   ops::check_view(kOp, "topk_weights", weights, 2);
-  ops::check_dtype(kOp, "topk_weights", weights, {DType::f32});
+  // f32, or bf16 (a bf16 router's softmax); int32 ids, or int64 (torch.topk's).
+  ops::check_dtype(kOp, "topk_weights", weights, {DType::f32, DType::bf16});
   ops::check_view(kOp, "topk_ids", ids, 2);
-  ops::check_dtype(kOp, "topk_ids", ids, {DType::i32});
+  ops::check_index_dtype(kOp, "topk_ids", ids);
   Dims d;
   d.T = hidden.shape[0];
   d.H = hidden.shape[1];
@@ -196,8 +197,8 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
   // Every id is checked before anything is read through it.
   for (int64_t t = 0; t < d.T; ++t)
     for (int64_t j = 0; j < d.k; ++j) {
-      const int32_t e =
-          static_cast<const int32_t*>(ids.data)[t * ids.strides[0] + j * ids.strides[1]];
+      // Widened: an int64 id past 2^31 is refused by its value, not wrapped.
+      const int64_t e = ops::index_at(ids, t * ids.strides[0] + j * ids.strides[1]);
       if (e < 0 || e >= d.E)
         throw Error(fmt::format("{}: topk_ids[{}, {}] = {} is out of range; allowed: [0, {})", kOp,
                                 t, j, e, d.E));
@@ -747,6 +748,34 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   });
 }
 
+// The routing tensors as the kernels read them: f32 weights and int32 ids,
+// the caller's views when they are that already, else dense copies.
+struct RoutingCopy {
+  RoutingCopy(const TensorView& w, const TensorView& i, int64_t t, int64_t k) : weights(w), ids(i) {
+    if (w.dtype == DType::bf16) {
+      w_.resize(sz(t * k));
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t j = 0; j < k; ++j)
+          w_[sz(r * k + j)] = runtime::bf16_to_f32(
+              static_cast<const uint16_t*>(w.data)[r * w.strides[0] + j * w.strides[1]]);
+      weights = TensorView(w_.data(), DType::f32, {t, k});
+    }
+    if (i.dtype == DType::i64) {
+      i_.resize(sz(t * k));
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t j = 0; j < k; ++j)
+          i_[sz(r * k + j)] =
+              static_cast<int32_t>(ops::index_at(i, r * i.strides[0] + j * i.strides[1]));
+      ids = TensorView(i_.data(), DType::i32, {t, k});
+    }
+  }
+  TensorView weights, ids;
+
+ private:
+  std::vector<float> w_;
+  std::vector<int32_t> i_;
+};
+
 }  // namespace
 
 void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
@@ -757,6 +786,9 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
     const auto& p2 = need_experts(w2, "w2", ExpertProj::down);
     const Dims d = check_args(hidden, p13, p2, topk_weights, topk_ids, out, opt);
     if (d.T == 0) return;
+    // int64 ids and bf16 weights are read once into dense int32 / f32 [T, k]
+    // copies (the ids are in [0, E) by now): everything below reads one form.
+    RoutingCopy routing(topk_weights, topk_ids, d.T, d.k);
     const Isa isa = runtime::active_isa();
     if (runtime::verbose_level() > 0)
       std::fprintf(stderr, "tilejit: fused_experts T=%lld H=%lld I=%lld E=%lld k=%lld path=%s\n",
@@ -774,8 +806,8 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
         (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
          (opt.shared_w2 && int4(opt.shared_w2->impl())));
     if (isa == Isa::scalar || w4a8_scalar)
-      return run_scalar(d, hidden, p13, p2, topk_weights, topk_ids, out, opt);
-    run_jit(d, isa, hidden, p13, p2, topk_weights, topk_ids, out, opt);
+      return run_scalar(d, hidden, p13, p2, routing.weights, routing.ids, out, opt);
+    run_jit(d, isa, hidden, p13, p2, routing.weights, routing.ids, out, opt);
   });
 }
 

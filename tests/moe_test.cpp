@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -668,6 +669,49 @@ TEST_F(FusedExpertsEdge, MatchesComposedGemms) {
   EXPECT_TRUE(compare(c, fused.out, as_ref, 2.0, "fused_experts vs composed gemm"));
 }
 
+// The routing tensors as PyTorch hands them over: int64 ids (torch.topk) and
+// bf16 weights (a bf16 router), strided views of wider tensors. The weights
+// are bf16 values, so the f32 call with the same values and int32 ids is the
+// same computation: bit-identical outputs on every path.
+TEST_F(FusedExpertsEdge, TorchRoutingDtypesMatchInt32AndF32) {
+  MoeCase c = mk(9, 96, 40, 6, 3);
+  MoeData d = make_data(c);
+  for (float& w : d.weights) w = bf16_to_f32(f32_to_bf16(w));
+  const Packed p = pack(c, d);
+  const int64_t T = c.t, K = c.k, H = c.h;
+  std::vector<uint16_t> want(static_cast<size_t>(T * H)), got(want.size(), kSentinelBf16);
+  fused_experts(TensorView(d.hidden.data(), DType::bf16, {T, H}), p.w13, p.w2,
+                TensorView(d.weights.data(), DType::f32, {T, K}),
+                TensorView(d.ids.data(), DType::i32, {T, K}),
+                TensorView(want.data(), DType::bf16, {T, H}));
+  // Column views with a row stride of 2K (the other half garbage).
+  std::vector<int64_t> ids64(static_cast<size_t>(T * 2 * K), 999);
+  std::vector<uint16_t> wb(static_cast<size_t>(T * 2 * K), f32_to_bf16(std::nanf("")));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      ids64[t * 2 * K + j] = d.ids[t * K + j];
+      wb[t * 2 * K + j] = f32_to_bf16(d.weights[t * K + j]);
+    }
+  fused_experts(TensorView(d.hidden.data(), DType::bf16, {T, H}), p.w13, p.w2,
+                TensorView(wb.data(), DType::bf16, {T, K}, {2 * K, 1}),
+                TensorView(ids64.data(), DType::i64, {T, K}, {2 * K, 1}),
+                TensorView(got.data(), DType::bf16, {T, H}));
+  EXPECT_EQ(got, want);
+  // Each on its own: int64 ids with f32 weights, int32 ids with bf16 weights.
+  std::fill(got.begin(), got.end(), kSentinelBf16);
+  fused_experts(TensorView(d.hidden.data(), DType::bf16, {T, H}), p.w13, p.w2,
+                TensorView(d.weights.data(), DType::f32, {T, K}),
+                TensorView(ids64.data(), DType::i64, {T, K}, {2 * K, 1}),
+                TensorView(got.data(), DType::bf16, {T, H}));
+  EXPECT_EQ(got, want);
+  std::fill(got.begin(), got.end(), kSentinelBf16);
+  fused_experts(TensorView(d.hidden.data(), DType::bf16, {T, H}), p.w13, p.w2,
+                TensorView(wb.data(), DType::bf16, {T, K}, {2 * K, 1}),
+                TensorView(d.ids.data(), DType::i32, {T, K}),
+                TensorView(got.data(), DType::bf16, {T, H}));
+  EXPECT_EQ(got, want);
+}
+
 // The oracle itself on a hand-computed case (a test of the test): E = 2,
 // H = 2, I = 1, silu, one token on expert 1 with weight 0.5, rsf 2.
 class ReferenceMoe : public IsaTest {};
@@ -741,6 +785,23 @@ TEST_F(FusedExpertsErrors, ExpertIdOutOfRange) {
   }
 }
 
+// int64 ids (torch.topk's) are checked by their 64-bit value: 2^32 would
+// wrap to expert 0 if it were narrowed first.
+TEST_F(FusedExpertsErrors, Int64ExpertIdOutOfRange) {
+  std::vector<int64_t> ids64(d.ids.begin(), d.ids.end());
+  for (int64_t bad : {int64_t{1} << 32, (int64_t{1} << 32) + 1, int64_t{-1}, int64_t{E},
+                      std::numeric_limits<int64_t>::min()}) {
+    ids64[T * K - 1] = bad;
+    const std::string v = std::to_string(bad);
+    EXPECT_TRUE(throws_with(
+        [&] {
+          fused_experts(X(), p.w13, p.w2, W(), TensorView(ids64.data(), DType::i64, {T, K}), Out());
+        },
+        {"fused_experts", "topk_ids", v.c_str(), "[0, 4)"}));
+    EXPECT_TRUE(untouched());
+  }
+}
+
 TEST_F(FusedExpertsErrors, MismatchedExperts) {
   // w2 with another H, another I, another E.
   auto w2_of = [&](int64_t e, int64_t h, int64_t i) {
@@ -789,14 +850,14 @@ TEST_F(FusedExpertsErrors, Dtypes) {
       {"hidden.dtype=f32", "allowed: bf16"}));
   EXPECT_TRUE(throws_with(
       [&] {
-        fused_experts(X(), p.w13, p.w2, TensorView(wb.data(), DType::bf16, {T, K}), Ids(), Out());
+        fused_experts(X(), p.w13, p.w2, TensorView(wb.data(), DType::f16, {T, K}), Ids(), Out());
       },
-      {"topk_weights.dtype=bf16", "allowed: f32"}));
+      {"topk_weights.dtype=f16", "allowed: f32, bf16"}));
   EXPECT_TRUE(throws_with(
       [&] {
         fused_experts(X(), p.w13, p.w2, W(), TensorView(d.ids.data(), DType::u8, {T, K}), Out());
       },
-      {"topk_ids.dtype=u8", "allowed: i32"}));
+      {"topk_ids.dtype=u8", "allowed: i32, i64"}));
   EXPECT_TRUE(throws_with(
       [&] {
         fused_experts(X(), p.w13, p.w2, W(), Ids(), TensorView(of.data(), DType::f16, {T, H}));

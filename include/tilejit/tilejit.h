@@ -567,9 +567,9 @@ struct MoeOptions {
 //          + s[t] · shared(x_t)   (s = shared_weights, or 1),
 // e = topk_ids[t, j], rsf = routed_scaling_factor, glu(gate, up) the gated
 // activation of MoeOptions; the intermediate glu(...) is stored as bf16.
-// hidden [T, H] bf16; topk_weights f32 [T, k]; topk_ids int32 [T, k] in
-// [0, E) (all checked before any expert is read); out [T, H] bf16 or f32 (may
-// not overlap hidden). Row strides free.
+// hidden [T, H] bf16; topk_weights f32 or bf16 [T, k]; topk_ids int32 or
+// int64 (torch.topk's) [T, k] in [0, E) (all checked before any expert is
+// read); out [T, H] bf16 or f32 (may not overlap hidden). Row strides free.
 // Aliasing: out shares memory with no input (hidden, topk_*, biases).
 void fused_experts(const TensorView& hidden, const PackedExperts& w13, const PackedExperts& w2,
                    const TensorView& topk_weights, const TensorView& topk_ids,

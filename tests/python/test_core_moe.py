@@ -130,6 +130,26 @@ def test_fused_experts_torch(out_dtype):
     check_moe(out, ref, mag, out_dtype == "bf16")
 
 
+def test_fused_experts_torch_topk_dtypes():
+    """Hugging Face's routing as it comes: torch.topk's int64 ids, bf16 weights
+    (a bf16 router's softmax). Same values as int32 / f32: the same output."""
+    w13, w2 = bf16((E, 2 * I, H), 3, 0.2), bf16((E, H, I), 4, 0.2)
+    p13, p2 = tilejit.pack_experts(w13, "gate_up"), tilejit.pack_experts(w2, "down")
+    x = bf16((T, H), 5)
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    tw, ti = torch.topk(torch.softmax(logits, dim=-1), K, dim=-1)
+    assert ti.dtype == torch.int64 and tw.dtype == torch.bfloat16
+    out = tilejit.fused_experts(x, p13, p2, tw, ti, out_dtype="f32")
+    want = tilejit.fused_experts(x, p13, p2, tw.float(), ti.to(torch.int32), out_dtype="f32")
+    assert torch.equal(out, want)
+    ref, mag = ref_moe(x, w13, w2, tw.float(), ti)
+    check_moe(out, ref, mag, False)
+    bad = ti.clone()
+    bad[-1, -1] = 2**32  # would wrap to expert 0 if narrowed
+    with pytest.raises(tilejit.Error, match=r"topk_ids\[5, 1\] = 4294967296 is out of range"):
+        tilejit.fused_experts(x, p13, p2, tw, bad)
+
+
 def test_fused_experts_numpy_strided_hidden():
     w13, w2 = bf16((E, 2 * I, H), 7, 0.2), bf16((E, H, I), 8, 0.2)
     p13 = tilejit.pack_experts(bf16_to_u16(w13), "gate_up", dtype="bf16")
