@@ -29,9 +29,11 @@ constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "top
 constexpr const char* kBinaryRoles[] = {"a", "b"};
 constexpr const char* kUnaryRoles[] = {"x"};
 constexpr const char* kGemmNamedRoles[] = {"scale", "zero", "g_idx"};
-// Per projection, the gemm's roles with the projection's suffix.
-constexpr const char* kMoeNamedRoles[] = {"scale13", "zero13", "g_idx13",
-                                          "scale2",  "zero2",  "g_idx2"};
+// Per projection, the gemm's roles with the projection's suffix; then the
+// MoeOptions tensors: biases, the shared expert and its per-token weight.
+constexpr const char* kMoeNamedRoles[] = {"scale13",    "zero13",    "g_idx13",       "scale2",
+                                          "zero2",      "g_idx2",    "b13",           "b2",
+                                          "shared_w13", "shared_w2", "shared_weights"};
 
 constexpr std::array<KindInfo, 12> kKinds = {{
     {OpKind::gemm, "gemm", kGemmRoles},

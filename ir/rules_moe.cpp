@@ -6,6 +6,7 @@
 // f8e4m3, u4 or f4e2m1 with the named operands scale13, zero13, g_idx13 (w13's) and
 // scale2, zero2, g_idx2 (w2's), each tensor the gemm's with a leading [E];
 // the gemm's rules (QuantWeight, rules_gemm.cpp) per projection.
+#include <string_view>
 #include <tuple>
 
 #include "ir/op_rules.h"
@@ -14,15 +15,74 @@ namespace tilejit::ir {
 
 namespace {
 
+// The named operands that describe quantized experts (scale13, zero2, ...).
+bool is_quant_role(std::string_view r) {
+  return r.starts_with("scale") || r.starts_with("zero") || r.starts_with("g_idx");
+}
+
+// The MoeOptions tensors (named operands b13, b2, shared_w13, shared_w2,
+// shared_weights): f32 biases [E, 2*I] in w13's row order and [E, H]; a bf16
+// shared expert [2*Is, H] / [H, Is] (row-major, its gate / up rows stacked as
+// w13's: the glu_rows attribute), both or neither; f32 shared_weights [T],
+// only with a shared expert.
+void check_moe_options(RuleContext& c) {
+  constexpr size_t h = 0, w13 = 1, w2 = 2;
+  auto vector_of = [&](size_t op, int rank, const char* shape) {
+    c.rank(op, rank, shape);
+    if (!c.ok()) return false;
+    c.dtype(op, {DType::f32});
+    c.unit_stride_rows(op);
+    return c.ok();
+  };
+  if (auto b13 = c.named("b13"); b13 && vector_of(*b13, 2, "[E, 2*I]")) {
+    c.same_dim(*b13, 0, w13, 0, "E", "one gate / up bias row per expert");
+    c.same_dim(*b13, 1, w13, 1, "2*I", "a bias per row of w13, in its row order");
+  }
+  if (auto b2 = c.named("b2"); b2 && vector_of(*b2, 2, "[E, H]")) {
+    c.same_dim(*b2, 0, w2, 0, "E", "one down bias row per expert");
+    c.same_dim(*b2, 1, h, 1, "H", "the down bias has one entry per hidden column");
+  }
+  const auto s13 = c.named("shared_w13"), s2 = c.named("shared_w2"), sw = c.named("shared_weights");
+  if (s13.has_value() != s2.has_value()) {
+    c.fail(cat("operand ", c.who(s13 ? *s13 : *s2), " without '", s13 ? "shared_w2" : "shared_w13",
+               "': the shared expert takes both projections"));
+    return;
+  }
+  if (sw && !s13) {
+    c.fail(cat("operand ", c.who(*sw), " without a shared expert (shared_w13, shared_w2)"));
+    return;
+  }
+  if (!s13) return;
+  c.rank(*s13, 2, "[2*Is, H]");
+  c.rank(*s2, 2, "[H, Is]");
+  if (!c.ok()) return;
+  for (size_t w : {*s13, *s2}) {
+    c.dtype(w, {DType::bf16});
+    c.unit_stride_rows(w);
+  }
+  if (!c.ok()) return;
+  c.same_dim(*s13, 1, h, 1, "H", "the shared expert's input dim is the hidden size");
+  c.same_dim(*s2, 0, h, 1, "H", "the shared expert's output dim is the hidden size");
+  const Dim& two_is = c.dim(*s13, 0);
+  const Dim& is = c.dim(*s2, 1);
+  if (!two_is.is_static() || !is.is_static() || two_is.value % 2 != 0 ||
+      two_is.value / 2 != is.value || is.value < 1)
+    c.fail(cat("operand ", c.who(*s13), " has 2*Is=", two_is.str(), " and ", c.who(*s2),
+               " has Is=", is.str(),
+               ": static, Is >= 1, and shared_w13 stacks the gate and up rows (twice Is)"));
+  if (sw && vector_of(*sw, 1, "[T]")) c.same_dim(*sw, 0, h, 0, "T", "one shared weight per token");
+}
+
 // The named operands and quantization attributes of experts of dtype wt.
 void check_quant_experts(RuleContext& c, DType wt) {
   constexpr size_t w13 = 1, w2 = 2;
   check_quant_attr_owners(c, wt, cat(c.who(w13), " is ", dtype_name(wt)));
   if (wt == DType::bf16) {
     for (size_t i = 5; i < c.size(); ++i)
-      c.fail(cat("operand ", c.who(i), ": bf16 experts take no '", c.role(i),
-                 "' (the scale, zero and g_idx operands describe i8, f8e4m3, u4 and f4e2m1 "
-                 "experts)"));
+      if (is_quant_role(c.role(i)))
+        c.fail(cat("operand ", c.who(i), ": bf16 experts take no '", c.role(i),
+                   "' (the scale, zero and g_idx operands describe i8, f8e4m3, u4 and f4e2m1 "
+                   "experts)"));
     return;
   }
   for (auto [w, name] : {std::tuple{w13, "2*I"}, {w2, "H"}})
@@ -117,6 +177,8 @@ std::optional<TensorType> check_moe(RuleContext& c) {
     }
   }
   check_quant_experts(c, wt);
+  if (!c.ok()) return std::nullopt;
+  check_moe_options(c);
   if (!c.ok()) return std::nullopt;
   return result(c.type(h).dtype, c.type(h).dims);
 }

@@ -1135,6 +1135,60 @@ TEST(IrQuantExperts, PrintParseRoundTrips) {
   EXPECT_EQ(operand_role(f.ops[0], 9), "zero2");
 }
 
+// MoeOptions' tensors as named operands: b13 [E, 2*I] / b2 [E, H] f32, a bf16
+// shared expert [2*Is, H] / [H, Is] and shared_weights [T] f32, on bf16 and
+// quantized experts; each misuse an error naming the operand.
+TEST(IrMoeOptions, BiasesAndSharedExpert) {
+  const std::string bias_params = "%b13: tensor<4x128xf32>, %b2: tensor<4x128xf32>";
+  const std::string shared_params =
+      "%s13w: tensor<96x128xbf16>, %s2w: tensor<128x48xbf16>, %sw: tensor<?Txf32>";
+  const std::string all =
+      "b13 = %b13, b2 = %b2, shared_w13 = %s13w, shared_w2 = %s2w, shared_weights = %sw";
+  const std::vector<std::string> valid = {
+      moe_quant_text("bf16", bias_params + ", " + shared_params, all, "{top_k = 2}"),
+      moe_quant_text("bf16", shared_params,
+                     "shared_w13 = %s13w, shared_w2 = %s2w, shared_weights = %sw", "{top_k = 2}"),
+      moe_quant_text("f4e2m1", std::string(kMoeMxParams) + ", " + bias_params,
+                     "scale13 = %s13, scale2 = %s2, b13 = %b13, b2 = %b2",
+                     "{activation = \"clamped_swiglu\", glu_rows = \"interleaved\", top_k = 2}"),
+  };
+  for (const std::string& t : valid) {
+    SCOPED_TRACE(t);
+    const Function f = parse(t);
+    EXPECT_EQ(verify_error(f), "");
+    EXPECT_EQ(print(parse(print(f))), print(f));
+  }
+  struct Bad {
+    std::string params, named, want;
+  };
+  const std::vector<Bad> bad = {
+      {"%b13: tensor<4x127xf32>", "b13 = %b13",
+       "operand 'b13' (%b13) has 2*I=127 but 'w13' (%w13) has 2*I=128"},
+      {"%b13: tensor<4x128xbf16>", "b13 = %b13", "operand 'b13' (%b13) has dtype bf16"},
+      {"%b2: tensor<3x128xf32>", "b2 = %b2", "operand 'b2' (%b2) has E=3 but 'w2' (%w2) has E=4"},
+      {"%b2: tensor<128xf32>", "b2 = %b2", "operand 'b2' (%b2)"},
+      {"%s13w: tensor<96x128xbf16>", "shared_w13 = %s13w",
+       "operand 'shared_w13' (%s13w) without 'shared_w2': the shared expert takes both "
+       "projections"},
+      {"%sw: tensor<?Txf32>", "shared_weights = %sw",
+       "operand 'shared_weights' (%sw) without a shared expert"},
+      {"%s13w: tensor<96x128xbf16>, %s2w: tensor<128x40xbf16>",
+       "shared_w13 = %s13w, shared_w2 = %s2w", "has 2*Is=96 and 'shared_w2' (%s2w) has Is=40"},
+      {"%s13w: tensor<96x128xf8e4m3>, %s2w: tensor<128x48xf8e4m3>",
+       "shared_w13 = %s13w, shared_w2 = %s2w", "operand 'shared_w13' (%s13w) has dtype f8e4m3"},
+      {"%s13w: tensor<96x64xbf16>, %s2w: tensor<128x48xbf16>",
+       "shared_w13 = %s13w, shared_w2 = %s2w", "operand 'shared_w13' (%s13w) has H=64"},
+      {"%s13w: tensor<96x128xbf16>, %s2w: tensor<128x48xbf16>, %sw: tensor<7xf32>",
+       "shared_w13 = %s13w, shared_w2 = %s2w, shared_weights = %sw",
+       "operand 'shared_weights' (%sw) has T=7"},
+  };
+  for (const Bad& b : bad) {
+    const std::string t = moe_quant_text("bf16", b.params, b.named, "{top_k = 2}");
+    SCOPED_TRACE(t);
+    EXPECT_THAT(verify_error(parse(t)), HasSubstr(b.want));
+  }
+}
+
 TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
   struct Case {
     std::string wt, params, named, attrs, message;
@@ -1222,9 +1276,8 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
       {"bf16", "%s13: tensor<4x128xf32>", "scale13 = %s13", "{top_k = 2}",
        "operand 'scale13' (%s13): bf16 experts take no 'scale13'"},
       {"i8", kMoeI8Params, "scale = %s13, scale2 = %s2", "{top_k = 2}",
-       "%0 = moe: has no operand 'scale' (its named operands are scale13, "
-       "zero13, g_idx13, "
-       "scale2, zero2, g_idx2)"},
+       "%0 = moe: has no operand 'scale' (its named operands are scale13, zero13, g_idx13, "
+       "scale2, zero2, g_idx2, b13, b2, shared_w13, shared_w2, shared_weights)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.wt + " | " + c.params + " | " + c.named + " | " + c.attrs);
@@ -1247,10 +1300,11 @@ TEST(IrQuantExperts, VerifierErrorsNameTheOperandOrAttribute) {
 
 TEST(IrExamples, ParseAndVerify) {
 #ifdef TILEJIT_EXAMPLES_DIR
-  for (const char* file : {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir",
-                           "gemm_fp8_channel.tir", "gemm_fp8_block.tir", "gemm_int4_gptq.tir",
-                           "gemm_int4_awq.tir", "moe_silu.tir", "moe_int8.tir", "moe_fp8_block.tir",
-                           "moe_int4_gptq.tir", "gemm_mxfp4.tir", "moe_mxfp4.tir"}) {
+  for (const char* file :
+       {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir", "gemm_fp8_channel.tir",
+        "gemm_fp8_block.tir", "gemm_int4_gptq.tir", "gemm_int4_awq.tir", "moe_silu.tir",
+        "moe_int8.tir", "moe_fp8_block.tir", "moe_int4_gptq.tir", "gemm_mxfp4.tir", "moe_mxfp4.tir",
+        "moe_shared_expert.tir"}) {
     SCOPED_TRACE(file);
     std::string path = std::string(TILEJIT_EXAMPLES_DIR) + "/" + file;
     std::ifstream in(path);

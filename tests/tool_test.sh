@@ -503,6 +503,26 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq moe_mxfp4; do
   has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_moe.h's oracle on the exact dequantized experts"
   has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq|mxfp4) weights"
 done
+# MoeOptions' tensors as named operands: GPT-OSS's biases (moe_mxfp4.tir, run
+# above on every path) and a gated bf16 shared expert (moe_shared_expert.tir)
+# checked against the oracle on every path; dump names them in the call; the
+# shared expert's weights without the expert is a verifier error.
+tir=$EXAMPLES/moe_shared_expert.tir
+for isa in $active avx512 llvm scalar; do
+  runs_here $isa || continue
+  for t in 1 9; do
+    TILEJIT_ISA=$isa ok "moe shared expert: run T=$t --check ($isa)" "$TJ" run "$tir" --random-inputs 3 --dim T=$t --check
+    has "moe shared expert: PASS ($isa, T=$t)" "$OUT" "^PASS \\("
+  done
+done
+ok "moe shared expert: dump --stage plan" "$TJ" dump "$tir" --stage plan --dim T=4
+has "moe shared expert: dump packs it" "$OUT" "sp13 = tilejit::pack_experts\\(%shared_w13 bf16 \\[320, 256\\] as \\[1, 2·Is, H\\], gate_up\\)"
+has "moe shared expert: dump passes it" "$OUT" "\\.shared_w13 = &sp13, \\.shared_w2 = &sp2, \\.shared_weights = %shared_gate f32 \\[4\\]"
+ok "moe biases: dump --stage plan" "$TJ" dump "$EXAMPLES/moe_mxfp4.tir" --stage plan --dim T=4
+has "moe biases: dump passes them" "$OUT" "\\.b13 = %w13_bias f32 \\[8, 192\\], \\.b2 = %w2_bias f32 \\[8, 256\\]"
+sed -e 's/shared_w13 = %shared_w13,//; s/shared_w2 = %shared_w2, //' "$tir" >"$WORK/sw_only.tir"
+input_error "moe shared_weights without a shared expert" "sw_only.tir: error: %o = moe: operand 'shared_weights' \\(%shared_gate\\) without a shared expert" \
+  "$TJ" dump "$WORK/sw_only.tir" --stage verified
 # int4 experts' int4_route: forced W4A8 (and W4A16) checked on every path
 # (the oracle follows the route per expert); dump names the route; a value
 # outside the three is a verifier error.

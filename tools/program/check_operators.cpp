@@ -212,6 +212,43 @@ void w13_to_halves(GluRows rows, T* w, int64_t inter, int64_t cols) {
   }
 }
 
+// A moe call's MoeOptions tensors as the oracles read them: b13 and the
+// shared expert's w13 in the halves order, the shared expert's size, and the
+// number of terms of each token's weighted sum (top_k, + 1 with a shared
+// expert) for the fp32 sum bound.
+struct MoeExtras {
+  std::vector<float> b13;  // [E, 2I] halves order, or empty
+  const float* b2 = nullptr;
+  std::vector<uint16_t> w13s;  // [2·Is, H] halves order, or empty
+  const uint16_t* w2s = nullptr;
+  int64_t shared_i = 0;
+  const float* shared_weights = nullptr;  // [T] or null
+  int64_t sum_terms(int64_t k) const { return k + (w2s != nullptr ? 1 : 0); }
+};
+
+// tensor(id): the call's value of a named operand.
+template <class Tensor>
+MoeExtras moe_extras(const OperatorCall& c, int64_t e_count, int64_t inter, Tensor tensor) {
+  MoeExtras x;
+  const MoeOperands& mo = c.moe_operands;
+  if (mo.b13 >= 0) {
+    const HostTensor& b = tensor(mo.b13);
+    x.b13.assign(b.data<float>(), b.data<float>() + b.numel());
+    for (int64_t e = 0; e < e_count; ++e)
+      w13_to_halves(c.glu_rows, x.b13.data() + e * 2 * inter, inter, 1);
+  }
+  if (mo.b2 >= 0) x.b2 = tensor(mo.b2).template data<float>();
+  if (mo.shared()) {
+    const HostTensor& s13 = tensor(mo.shared_w13);
+    x.shared_i = s13.shape[0] / 2;
+    x.w13s.assign(s13.data<uint16_t>(), s13.data<uint16_t>() + s13.numel());
+    w13_to_halves(c.glu_rows, x.w13s.data(), x.shared_i, s13.shape[1]);
+    x.w2s = tensor(mo.shared_w2).template data<uint16_t>();
+  }
+  if (mo.shared_weights >= 0) x.shared_weights = tensor(mo.shared_weights).template data<float>();
+  return x;
+}
+
 // Bound of tests/moe_test.cpp (see its header for the derivation;
 // runtime/reference_error_bounds.h computes it), with its fp32 sums bounded
 // by fp32_sum_ulps(n)·u·Σ|t| instead of 8·u·Σ|t|, so that it holds for inputs of
@@ -224,7 +261,7 @@ void w13_to_halves(GluRows rows, T* w, int64_t inter, int64_t cols) {
 //     (Σ|terms| + act_term), and the output rounding: runtime::moe_output_bound.
 Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const HostTensor& w13,
                       const HostTensor& w2, const HostTensor& tw, const HostTensor& ti,
-                      DType out_dtype) {
+                      const MoeExtras& extras, DType out_dtype) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1];
   const int64_t e_count = w13.shape[0], inter = w2.shape[2], k = tw.shape[1];
   for (int64_t i = 0; i < ti.numel(); ++i)
@@ -256,6 +293,14 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
                    ti.data<int32_t>(), tok, out.data() + tok * h);
     a.glu = glu;
     a.routed_scaling_factor = c.moe.routed_scaling_factor;
+    a.b13 = extras.b13.empty() ? nullptr : extras.b13.data();
+    a.b2 = extras.b2;
+    if (extras.w2s != nullptr) {
+      a.shared_i = extras.shared_i;
+      a.w13s = extras.w13s.data();
+      a.w2s = extras.w2s;
+      if (extras.shared_weights != nullptr) a.shared_weights = extras.shared_weights + tok;
+    }
     a.abs_sum = abs_sum.data() + tok * h;
     a.act_term = act_term.data() + tok * h;
     a.act_slack = act_slack;
@@ -264,7 +309,9 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
   Expected e;
   e.ref.resize(out.size());
   e.tol.resize(out.size());
-  const double eps_out = (runtime::fp32_sum_ulps(inter) + runtime::fp32_sum_ulps(k + 1)) * kU;
+  const double eps_out = (runtime::fp32_sum_ulps(std::max(inter, extras.shared_i)) +
+                          runtime::fp32_sum_ulps(extras.sum_terms(k) + 1)) *
+                         kU;
   for (size_t i = 0; i < out.size(); ++i) {
     const double ref = out[i];
     e.ref[i] = ref;
@@ -298,7 +345,7 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
 //    moe_output_bound as for bf16 experts.
 Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const TensorMap& inputs,
                             const HostTensor& hidden, const HostTensor& tw, const HostTensor& ti,
-                            DType out_dtype) {
+                            const MoeExtras& extras, DType out_dtype) {
   const MoeQuant& mq = c.moe_quant;
   const int64_t t = hidden.shape[0], h = hidden.shape[1], k = tw.shape[1];
   const ir::TensorType& w2t = f.value(operand(f, c, 2)).type;
@@ -347,7 +394,9 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
   Expected ex;
   ex.ref.assign(static_cast<size_t>(t * h), 0.0);
   ex.tol.assign(ex.ref.size(), 0.0);
-  const double eps_out = (runtime::fp32_sum_ulps(inter) + runtime::fp32_sum_ulps(k + 1)) * kU;
+  const double eps_out = (runtime::fp32_sum_ulps(std::max(inter, extras.shared_i)) +
+                          runtime::fp32_sum_ulps(extras.sum_terms(k) + 1)) *
+                         kU;
   runtime::parallel_for(t, [&](int64_t tok) {
     const uint16_t* xr = hidden.data<uint16_t>() + tok * h;
     // The token's row as bf16 values, and as the kernels quantize it.
@@ -368,6 +417,7 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
       const double scale = double(c.moe.routed_scaling_factor) * tw.data<float>()[tok * k + j];
       const double* wg = w13.data() + e * n13;
       const double* mg = m13.data() + e * n13;
+      const float* b13 = extras.b13.empty() ? nullptr : extras.b13.data() + e * 2 * inter;
       for (int64_t i = 0; i < inter; ++i) {
         runtime::MoeActPoint p;
         for (int64_t hh = 0; hh < h; ++hh) {
@@ -375,6 +425,10 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
           p.gate += tg, p.up += tu;
           p.gate_abs += std::fabs(x[hh]) * mg[i * h + hh];
           p.up_abs += std::fabs(x[hh]) * mg[(inter + i) * h + hh];
+        }
+        if (b13 != nullptr) {  // added in f32 by the kernels' epilogue
+          p.gate += b13[i], p.up += b13[inter + i];
+          p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[inter + i]);
         }
         p.act = runtime::reference_glu(glu, p.gate, p.up);
         p.act_bf16 = runtime::bf16_to_f32(runtime::f32_to_bf16(static_cast<float>(p.act)));
@@ -421,10 +475,28 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
           wabs += std::fabs(w);
         }
         if (row_shift) term = step * wabs + std::ldexp(mag, -7);
+        if (extras.b2 != nullptr) {
+          const double b = extras.b2[e * h + hh];
+          acc += b, mag += std::fabs(b);
+        }
         y[hh] += scale * acc;
         abs_sum[hh] += s * mag;
         act_term[hh] += s * term;
       }
+    }
+    // The bf16 shared expert on the bf16 row (never quantized: its GEMMs are
+    // bf16), the bf16 oracle's own term.
+    if (extras.w2s != nullptr) {
+      runtime::ReferenceMoeArgs sa;
+      sa.h = h;
+      sa.glu = glu;
+      sa.act_slack = [&](const runtime::MoeActPoint& p) {
+        return runtime::moe_act_slack(glu, p, eps_h);
+      };
+      runtime::reference_moe_detail::expert(
+          sa, xb, extras.shared_i, extras.w13s.data(), extras.w2s, nullptr, nullptr,
+          extras.shared_weights != nullptr ? double(extras.shared_weights[tok]) : 1.0, y.data(),
+          abs_sum.data(), act_term.data());
     }
     for (int64_t hh = 0; hh < h; ++hh) {
       const double ref = static_cast<float>(y[hh]);
@@ -483,15 +555,22 @@ CheckReport OperatorRunner::check(const TensorMap& outputs) const {
         e = decode_expected(c, in(0), in(1), in(2), in(3), in(4));
         ref = "runtime/reference_attention.h over the cache rows of the block table";
         break;
-      default:
+      default: {
+        // I from the IR type (static: the moe rule), not the stored tensor,
+        // whose last dim holds code bytes for MXFP4 (two codes each).
+        const int64_t inter = f_.value(op.operands.at(2)).type.dims.at(2).value;
+        const MoeExtras x =
+            moe_extras(c, in(2).shape.at(0), inter,
+                       [&](int id) -> const HostTensor& { return value(id, outputs); });
         if (c.moe_quant.quantized()) {
-          e = moe_quant_expected(f_, c, *inputs_, in(0), in(3), in(4), got.dtype);
+          e = moe_quant_expected(f_, c, *inputs_, in(0), in(3), in(4), x, got.dtype);
           ref = "runtime/reference_moe.h's oracle on the exact dequantized experts";
         } else {
-          e = moe_expected(c, in(0), in(1), in(2), in(3), in(4), got.dtype);
+          e = moe_expected(c, in(0), in(1), in(2), in(3), in(4), x, got.dtype);
           ref = "runtime/reference_moe.h";
         }
         break;
+      }
     }
     const std::string& name = f_.value(op.result).name;
     compare(rep, "%" + name, got, e);

@@ -167,6 +167,22 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
     }
     default: {
       const char* glu_rows = c.glu_rows == GluRows::interleaved ? ", GluRows::interleaved" : "";
+      // MoeOptions' tensors (named operands) and the bf16 shared expert's packs.
+      const MoeOperands& mo = c.moe_operands;
+      std::string opts, shared_packs;
+      if (mo.b13 >= 0) opts += ", .b13 = " + operand_text(f, mo.b13, dims);
+      if (mo.b2 >= 0) opts += ", .b2 = " + operand_text(f, mo.b2, dims);
+      if (c.moe.routed_scaling_factor != 1.0f)
+        opts += fmt::format(", .routed_scaling_factor = {:g}", c.moe.routed_scaling_factor);
+      if (mo.shared()) {
+        opts += ", .shared_w13 = &sp13, .shared_w2 = &sp2";
+        shared_packs = fmt::format(
+            ", sp13 = tilejit::pack_experts({} as [1, 2·Is, H], gate_up{}), sp2 = "
+            "tilejit::pack_experts({} as [1, H, Is], down)",
+            operand_text(f, mo.shared_w13, dims), glu_rows, operand_text(f, mo.shared_w2, dims));
+      }
+      if (mo.shared_weights >= 0)
+        opts += ", .shared_weights = " + operand_text(f, mo.shared_weights, dims);
       if (c.moe_quant.quantized()) {
         // One checkpoint description per expert, views at e of the [E, ...] inputs.
         const MoeQuant& q = c.moe_quant;
@@ -185,22 +201,24 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
                                q.gptq_v2 ? ", gptq_v2" : "");
         return fmt::format(
             "w13p = tilejit::pack_experts(E {} of {} with {}{}, gate_up{}), w2p = "
-            "tilejit::pack_experts(E {} of {} with {}{}, down) once when the inputs are bound; "
+            "tilejit::pack_experts(E {} of {} with {}{}, down){} once when the inputs are bound; "
             "then tilejit::fused_experts(hidden = {}, w13p, w2p, topk_weights = {}, topk_ids = {}, "
-            "out = {}, {{.act = {}{}}})",
-            desc, arg(1), named(0), params, glu_rows, desc, arg(2), named(1), params, arg(0),
-            arg(3), arg(4), out, moe_act_text(c.moe),
+            "out = {}, {{.act = {}{}{}}})",
+            desc, arg(1), named(0), params, glu_rows, desc, arg(2), named(1), params, shared_packs,
+            arg(0), arg(3), arg(4), out, moe_act_text(c.moe),
             q.format == WeightFormat::int8
                 ? fmt::format(", .act_quant = {}", c.moe.act_quant == ActQuant::dynamic_asym
                                                        ? "dynamic_asym"
                                                        : "dynamic_sym")
-                : "");
+                : "",
+            opts);
       }
       return fmt::format(
-          "w13p = tilejit::pack_experts({}, gate_up{}), w2p = tilejit::pack_experts({}, down) "
+          "w13p = tilejit::pack_experts({}, gate_up{}), w2p = tilejit::pack_experts({}, down){} "
           "once when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
-          "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}}})",
-          arg(1), glu_rows, arg(2), arg(0), arg(3), arg(4), out, moe_act_text(c.moe));
+          "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}{}}})",
+          arg(1), glu_rows, arg(2), shared_packs, arg(0), arg(3), arg(4), out, moe_act_text(c.moe),
+          opts);
     }
   }
 }

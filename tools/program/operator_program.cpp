@@ -122,16 +122,23 @@ OperatorProgram match_operator_program(const ir::Function& f) {
                 "program inputs, since they are packed once (pack_experts) when the inputs are "
                 "bound",
                 who, w == 1 ? "w13" : "w2", f.value(op.operands[w]).name));
-        // Quantized experts: their named operands are packed with them.
+        // Quantized experts' named operands are packed with them; the
+        // biases, the shared expert and its weights go into MoeOptions.
         for (size_t n = 0; n < op.operand_names.size(); ++n) {
           const int id = op.operands.at(5 + n);
           const std::string& role = op.operand_names[n];
           if (!is_param(f, id))
             throw Error(fmt::format(
                 "{}: operand '{}' (%{}) is computed by the program: the experts' checkpoint "
-                "tensors must be program inputs, since they are packed once (pack_experts) when "
-                "the inputs are bound",
+                "tensors, biases and shared expert must be program inputs, since they are packed "
+                "or bound once (pack_experts) when the inputs are bound",
                 who, role, f.value(id).name));
+          MoeOperands& mo = c.moe_operands;
+          if (role == "b13") mo.b13 = id;
+          if (role == "b2") mo.b2 = id;
+          if (role == "shared_w13") mo.shared_w13 = id;
+          if (role == "shared_w2") mo.shared_w2 = id;
+          if (role == "shared_weights") mo.shared_weights = id;
           const int proj = role.back() == '2' ? 1 : 0;
           if (role.rfind("scale", 0) == 0) c.moe_quant.scale[proj] = id;
           if (role.rfind("zero", 0) == 0) c.moe_quant.zero[proj] = id;

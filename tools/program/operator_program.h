@@ -52,6 +52,14 @@ struct MoeQuant {
   bool quantized() const { return format != WeightFormat::bf16; }
 };
 
+// A moe call's MoeOptions tensors (docs/ir.md): value ids of its named
+// operands b13, b2, shared_w13, shared_w2, shared_weights (-1: absent). The
+// shared expert is bf16 [2·Is, H] / [H, Is], its rows stacked as w13's.
+struct MoeOperands {
+  int b13 = -1, b2 = -1, shared_w13 = -1, shared_w2 = -1, shared_weights = -1;
+  bool shared() const { return shared_w13 >= 0; }
+};
+
 // One IR op and the public call that runs it, its attributes resolved to the
 // API's options (the IR defaults applied).
 struct OperatorCall {
@@ -61,6 +69,7 @@ struct OperatorCall {
   AttentionOptions attention;
   MoeOptions moe;
   MoeQuant moe_quant;
+  MoeOperands moe_operands;
   GluRows glu_rows = GluRows::halves;  // moe: how w13 stacks its gate and up rows
   int64_t top_k = 0;
 

@@ -115,6 +115,7 @@ struct OperatorRunner::Bound {
   };
   std::map<int, Strided> strided;
   std::vector<PackedExperts> w13, w2;              // per call (moe calls only)
+  std::vector<PackedExperts> s13, s2;              // the shared expert, where a moe call has one
   std::vector<std::array<int32_t, 2>> cu_q, cu_k;  // per call (attention calls only)
 };
 
@@ -176,11 +177,24 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
   }
   b->w13.resize(prog_.calls.size());
   b->w2.resize(prog_.calls.size());
+  b->s13.resize(prog_.calls.size());
+  b->s2.resize(prog_.calls.size());
   b->cu_q.resize(prog_.calls.size());
   b->cu_k.resize(prog_.calls.size());
   for (size_t i = 0; i < prog_.calls.size(); ++i) {
     const OperatorCall& c = prog_.calls[i];
     if (c.kind == ir::OpKind::moe) {
+      // The bf16 shared expert, [2·Is, H] and [H, Is]: one-expert packs.
+      if (c.moe_operands.shared()) {
+        const HostTensor& s13 = inputs.at(f_.value(c.moe_operands.shared_w13).name);
+        const HostTensor& s2 = inputs.at(f_.value(c.moe_operands.shared_w2).name);
+        b->s13[i] = pack_experts(
+            TensorView(s13.data<uint16_t>(), DType::bf16, {1, s13.shape[0], s13.shape[1]}),
+            ExpertProj::gate_up, c.glu_rows);
+        b->s2[i] = pack_experts(
+            TensorView(s2.data<uint16_t>(), DType::bf16, {1, s2.shape[0], s2.shape[1]}),
+            ExpertProj::down);
+      }
       // The engine's load-time step: the source weights are plain [E, 2I, H]
       // and [E, H, I], whatever layout the IR names (as a gemm's w is).
       if (c.moe_quant.quantized()) {
@@ -262,10 +276,20 @@ void OperatorRunner::run_calls(TensorMap& outputs, bool copy_rope_input) {
                          view(op.operands[2], outputs), out, view(op.operands[3], outputs),
                          view(op.operands[4], outputs), c.attention);
         break;
-      default:
+      default: {
+        MoeOptions o = c.moe;
+        const MoeOperands& mo = c.moe_operands;
+        if (mo.b13 >= 0) o.b13 = view(mo.b13, outputs);
+        if (mo.b2 >= 0) o.b2 = view(mo.b2, outputs);
+        if (mo.shared()) {
+          o.shared_w13 = &bound_->s13[i];
+          o.shared_w2 = &bound_->s2[i];
+        }
+        if (mo.shared_weights >= 0) o.shared_weights = view(mo.shared_weights, outputs);
         fused_experts(view(op.operands[0], outputs), bound_->w13[i], bound_->w2[i],
-                      view(op.operands[3], outputs), view(op.operands[4], outputs), out, c.moe);
+                      view(op.operands[3], outputs), view(op.operands[4], outputs), out, o);
         break;
+      }
     }
   }
   // A result that is a param is that input, unchanged.
