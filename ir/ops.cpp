@@ -29,6 +29,8 @@ constexpr const char* kMoeRoles[] = {"hidden", "w13", "w2", "topk_weights", "top
 constexpr const char* kBinaryRoles[] = {"a", "b"};
 constexpr const char* kUnaryRoles[] = {"x"};
 constexpr const char* kGemmNamedRoles[] = {"scale", "zero", "g_idx"};
+// AttentionOptions' per-head tensors (both attention ops).
+constexpr const char* kAttentionNamedRoles[] = {"sinks", "alibi_slopes"};
 // Per projection, the gemm's roles with the projection's suffix; then the
 // MoeOptions tensors: biases, the shared expert and its per-token weight.
 constexpr const char* kMoeNamedRoles[] = {"scale13",    "zero13",    "g_idx13",       "scale2",
@@ -193,6 +195,7 @@ std::span<const char* const> operand_roles(OpKind kind) {
 std::span<const char* const> named_operand_roles(OpKind kind) {
   if (kind == OpKind::gemm) return kGemmNamedRoles;
   if (kind == OpKind::moe) return kMoeNamedRoles;
+  if (kind == OpKind::attention || kind == OpKind::decode_attention) return kAttentionNamedRoles;
   return {};
 }
 

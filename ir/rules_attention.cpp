@@ -2,6 +2,7 @@
 // with grouped-query heads (each of Hkv kv heads serves Hq/Hkv query heads).
 // decode_attention %q, %k_cache, %v_cache, %block_table, %seq_lens: the same
 // for one new token per sequence over a paged KV cache (tilejit::decode_attention).
+// Both take the named operands sinks and alibi_slopes (f32 [Hq]: AttentionOptions).
 #include "ir/op_rules.h"
 #include "ops/attention_checks.h"
 
@@ -49,6 +50,19 @@ bool check_heads(RuleContext& c, size_t q, int qa, size_t k, int ka, const char*
   return true;
 }
 
+// AttentionOptions' per-head tensors, the named operands `sinks` and
+// `alibi_slopes`: f32 [Hq], Hq = dim 1 of q (operand 0).
+void check_head_vectors(RuleContext& c) {
+  for (const char* role : {"sinks", "alibi_slopes"}) {
+    const auto i = c.named(role);
+    if (!i) continue;
+    if (!c.rank(*i, 1, "[Hq]")) continue;
+    c.dtype(*i, {DType::f32});
+    c.row_major(*i);
+    c.same_dim(*i, 0, 0, 1, "Hq", "one value per query head");
+  }
+}
+
 }  // namespace
 
 std::optional<TensorType> check_attention(RuleContext& c) {
@@ -71,6 +85,8 @@ std::optional<TensorType> check_attention(RuleContext& c) {
 
   if (!check_heads(c, q, 1, k, 1, "tilejit::flash_attn_varlen takes 1 or more heads"))
     return std::nullopt;
+  check_head_vectors(c);
+  if (!c.ok()) return std::nullopt;
   return result(c.type(q).dtype, {c.dim(q, 0), c.dim(q, 1), c.dim(v, 2)});
 }
 
@@ -109,6 +125,7 @@ std::optional<TensorType> check_decode_attention(RuleContext& c) {
       if (c.attrs().has(n))
         c.fail(cat("attribute '", n, "' needs an f8e4m3 cache; ", c.who(kc), " is ",
                    dtype_name(c.type(kc).dtype)));
+  check_head_vectors(c);
   if (!c.ok()) return std::nullopt;
   return result(DType::bf16, {c.dim(q, 0), c.dim(q, 1), c.dim(vc, 3)});
 }

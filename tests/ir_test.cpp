@@ -714,6 +714,41 @@ TEST(IrVerifier, AttentionRules) {
               HasSubstr("attribute 'causal' is a int (1), expected a bool"));
 }
 
+// AttentionOptions' per-head tensors as named operands of both attention ops:
+// sinks and alibi_slopes, f32 [Hq].
+TEST(IrVerifier, AttentionSinksAndAlibiSlopes) {
+  const std::string prefill =
+      "func @a(%q: tensor<?Tx8x64xbf16>, %k: tensor<?Sx2x64xbf16>, %v: tensor<?Sx2x64xbf16>, "
+      "%s: PARAM) -> (tensor<?Tx8x64xbf16>) {\n  %0 = attention %q, %k, %v, NAMED {causal = true} "
+      ": tensor<?Tx8x64xbf16>\n  return %0\n}\n";
+  const std::string decode =
+      "func @d(%q: tensor<2x8x64xbf16>, %kc: tensor<9x1x2x64xbf16>, %vc: tensor<9x1x2x64xbf16>, "
+      "%bt: tensor<2x5xi32>, %sl: tensor<2xi32>, %s: PARAM) -> (tensor<2x8x64xbf16>) {\n  %0 = "
+      "decode_attention %q, %kc, %vc, %bt, %sl, NAMED : tensor<2x8x64xbf16>\n  return %0\n}\n";
+  auto text = [](std::string t, const std::string& param, const std::string& named) {
+    t.replace(t.find("PARAM"), 5, param);
+    t.replace(t.find("NAMED"), 5, named);
+    return t;
+  };
+  for (const std::string& t : {prefill, decode}) {
+    for (const char* named : {"sinks = %s", "alibi_slopes = %s"}) {
+      const std::string ok = text(t, "tensor<8xf32>", named);
+      SCOPED_TRACE(ok);
+      EXPECT_EQ(verify_error(ok), "");
+      EXPECT_EQ(print(parse(ok)), ok);
+    }
+    EXPECT_THAT(verify_error(text(t, "tensor<7xf32>", "sinks = %s")),
+                HasSubstr("operand 'sinks' (%s) has Hq=7 but 'q' (%q) has Hq=8: one value per "
+                          "query head"));
+    EXPECT_THAT(verify_error(text(t, "tensor<8xbf16>", "alibi_slopes = %s")),
+                HasSubstr("operand 'alibi_slopes' (%s) has dtype bf16"));
+    EXPECT_THAT(verify_error(text(t, "tensor<1x8xf32>", "sinks = %s")),
+                HasSubstr("operand 'sinks' (%s)"));
+    EXPECT_THAT(verify_error(text(t, "tensor<8xf32>", "scale = %s")),
+                HasSubstr("has no operand 'scale' (its named operands are sinks, alibi_slopes)"));
+  }
+}
+
 std::string decode_text(const std::string& q, const std::string& kc, const std::string& vc,
                         const std::string& table, const std::string& lens, const std::string& attrs,
                         const std::string& r) {
@@ -1304,7 +1339,7 @@ TEST(IrExamples, ParseAndVerify) {
        {"linear_silu.tir", "linear_bias.tir", "gemm_int8.tir", "gemm_fp8_channel.tir",
         "gemm_fp8_block.tir", "gemm_int4_gptq.tir", "gemm_int4_awq.tir", "moe_silu.tir",
         "moe_int8.tir", "moe_fp8_block.tir", "moe_int4_gptq.tir", "gemm_mxfp4.tir", "moe_mxfp4.tir",
-        "moe_shared_expert.tir"}) {
+        "moe_shared_expert.tir", "attention_sinks.tir"}) {
     SCOPED_TRACE(file);
     std::string path = std::string(TILEJIT_EXAMPLES_DIR) + "/" + file;
     std::ifstream in(path);

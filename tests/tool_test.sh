@@ -523,6 +523,31 @@ has "moe biases: dump passes them" "$OUT" "\\.b13 = %w13_bias f32 \\[8, 192\\], 
 sed -e 's/shared_w13 = %shared_w13,//; s/shared_w2 = %shared_w2, //' "$tir" >"$WORK/sw_only.tir"
 input_error "moe shared_weights without a shared expert" "sw_only.tir: error: %o = moe: operand 'shared_weights' \\(%shared_gate\\) without a shared expert" \
   "$TJ" dump "$WORK/sw_only.tir" --stage verified
+# AttentionOptions' per-head tensors as named operands: GPT-OSS's sinks with a
+# sliding window (attention_sinks.tir) and sinks + ALiBi slopes on the paged
+# decode, checked on every path at shapes where a dropped sink moves the
+# output past the bound (few keys) and at longer ones; dump names them.
+tir=$EXAMPLES/attention_sinks.tir
+sed -e 's/%seq_lens: tensor<4xi32>)/%seq_lens: tensor<4xi32>, %sinks: tensor<32xf32>, %slopes: tensor<32xf32>)/' \
+    -e 's/%block_table, %seq_lens {/%block_table, %seq_lens, sinks = %sinks, alibi_slopes = %slopes {/' \
+    "$EXAMPLES/decode_attention.tir" >"$WORK/decode_sinks.tir"
+for isa in $active avx512 llvm scalar; do
+  runs_here $isa || continue
+  for ts in "3 5" "37 300"; do
+    set -- $ts
+    TILEJIT_ISA=$isa ok "attention sinks: run T=$1 S=$2 --check ($isa)" "$TJ" run "$tir" --random-inputs 5 --dim T=$1 --dim S=$2 --check
+    has "attention sinks: PASS ($isa, T=$1 S=$2)" "$OUT" "^PASS \\("
+  done
+  TILEJIT_ISA=$isa ok "decode sinks + alibi: run --check ($isa)" "$TJ" run "$WORK/decode_sinks.tir" --random-inputs 5 --check
+  has "decode sinks + alibi: PASS ($isa)" "$OUT" "^PASS \\("
+done
+ok "attention sinks: dump --stage plan" "$TJ" dump "$tir" --stage plan --dim T=4 --dim S=9
+has "attention sinks: dump passes them" "$OUT" "\\.softcap = 0, \\.sinks = %sinks f32 \\[64\\]\\}\\): one sequence"
+ok "decode sinks + alibi: dump --stage plan" "$TJ" dump "$WORK/decode_sinks.tir" --stage plan
+has "decode sinks + alibi: dump passes them" "$OUT" "\\.sinks = %sinks f32 \\[32\\], \\.alibi_slopes = %slopes f32 \\[32\\]\\}"
+sed -e 's/%sinks: tensor<64xf32>/%sinks: tensor<63xf32>/' "$tir" >"$WORK/sinks_bad.tir"
+input_error "attention sinks of the wrong length" "sinks_bad.tir: error: %o = attention: operand 'sinks' \\(%sinks\\) has Hq=63 but 'q' \\(%q\\) has Hq=64" \
+  "$TJ" dump "$WORK/sinks_bad.tir" --stage verified
 # int4 experts' int4_route: forced W4A8 (and W4A16) checked on every path
 # (the oracle follows the route per expert); dump names the route; a value
 # outside the three is a verifier error.

@@ -84,10 +84,14 @@ struct AttnSeq {
   std::function<double(int64_t g, int64_t j, int64_t col)> k, v;
   // Where out[i][h][col] goes in the result.
   std::function<int64_t(int64_t h, int64_t i, int64_t col)> out_at;
+  // AttentionOptions' per-head sinks and ALiBi slopes [Hq], or null.
+  const float* sinks = nullptr;
+  const float* alibi_slopes = nullptr;
 };
 
 constexpr const char* kAttentionTolerance =
-    "2⁻⁷·max|v| + 2⁻⁸·|ref| + 5·(D+2)·2⁻²⁴·sm_scale·‖q_i‖₁·max|k|·max|v| (fp32 scores)";
+    "2⁻⁷·max|v| + 2⁻⁸·|ref| + 5·δ·max|v|, δ = (D+2)·2⁻²⁴·sm_scale·‖q_i‖₁·max|k| (fp32 scores) "
+    "+ 2·2⁻²⁴·|alibi_slope|·S (the fp32 ALiBi term)";
 
 // Bound of tests/attention_test.cpp, 2⁻⁷·max|v| + 2⁻⁸·|ref| (P rounded to
 // bf16 before P·v, the bf16 output, headroom for fp32 exp and sums), plus
@@ -111,6 +115,8 @@ void attention_rows(const OperatorCall& c, const AttnSeq& a, double max_k, doubl
     r.window_left = c.attention.window_left;
     r.window_right = c.attention.window_right;
     r.softcap = c.attention.softcap;
+    if (a.sinks != nullptr) r.has_sink = true, r.sink = a.sinks[h];
+    if (a.alibi_slopes != nullptr) r.alibi_slope = a.alibi_slopes[h];
     r.q_at = [&](int64_t i, int64_t col) { return a.q(h, i, col); };
     r.k_at = [&](int64_t j, int64_t col) { return a.k(g, j, col); };
     r.v_at = [&](int64_t j, int64_t col) { return a.v(g, j, col); };
@@ -118,7 +124,9 @@ void attention_rows(const OperatorCall& c, const AttnSeq& a, double max_k, doubl
     for (int64_t i = 0; i < a.tq; ++i) {
       double q1 = 0;
       for (int64_t cc = 0; cc < a.d; ++cc) q1 += std::fabs(a.q(h, i, cc));
-      delta[i] = double(a.d + 2) * kU * scale * q1 * max_k;
+      // + the ALiBi term slope·(j − i) rounded in fp32 and added to the score.
+      delta[i] = double(a.d + 2) * kU * scale * q1 * max_k +
+                 2 * kU * std::fabs(r.alibi_slope) * double(a.tk);
     }
     r.out = [&](int64_t i, int64_t col, double val) {
       const int64_t at = a.out_at(h, i, col);
@@ -131,8 +139,10 @@ void attention_rows(const OperatorCall& c, const AttnSeq& a, double max_k, doubl
 }
 
 Expected attention_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& k,
-                            const HostTensor& v) {
+                            const HostTensor& v, const float* sinks, const float* alibi_slopes) {
   AttnSeq a;
+  a.sinks = sinks;
+  a.alibi_slopes = alibi_slopes;
   a.tq = q.shape[0], a.hq = q.shape[1], a.d = q.shape[2];
   a.tk = k.shape[0], a.hkv = k.shape[1], a.dv = v.shape[2];
   a.q = [&](int64_t h, int64_t i, int64_t col) { return q.at((i * a.hq + h) * a.d + col); };
@@ -154,7 +164,8 @@ Expected attention_expected(const OperatorCall& c, const HostTensor& q, const Ho
 // at row j % block_size; an f8e4m3 cache read as code · scale, exactly as
 // the call reads it (every e4m3 value times a float scale is exact in double).
 Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& kc,
-                         const HostTensor& vc, const HostTensor& table, const HostTensor& lens) {
+                         const HostTensor& vc, const HostTensor& table, const HostTensor& lens,
+                         const float* sinks, const float* alibi_slopes) {
   const int64_t b = q.shape[0], hq = q.shape[1], d = q.shape[2];
   const int64_t nb = kc.shape[0], bs = kc.shape[1], hkv = kc.shape[2], dv = vc.shape[3];
   const int64_t mb = table.shape[1];
@@ -186,6 +197,8 @@ Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostT
     }
     AttnSeq a;
     a.tq = 1, a.tk = len, a.hq = hq, a.hkv = hkv, a.d = d, a.dv = dv;
+    a.sinks = sinks;
+    a.alibi_slopes = alibi_slopes;
     a.q = [&](int64_t h, int64_t, int64_t col) { return q.at((s * hq + h) * d + col); };
     a.k = [&](int64_t g, int64_t j, int64_t col) {
       return cache_at(kc, sc.k_scale, (row[j] * hkv + g) * d + col);
@@ -539,6 +552,10 @@ CheckReport OperatorRunner::check(const TensorMap& outputs) const {
   for (const OperatorCall& c : prog_.calls) {
     const ir::Op& op = op_of(f_, c);
     auto in = [&](size_t i) -> const HostTensor& { return value(op.operands.at(i), outputs); };
+    // A named per-head f32 operand's values, or null when absent.
+    auto head_vector = [&](int id) -> const float* {
+      return id >= 0 ? value(id, outputs).data<float>() : nullptr;
+    };
     const HostTensor& got = value(op.result, outputs);
     Expected e;
     const char* ref = "";
@@ -548,11 +565,14 @@ CheckReport OperatorRunner::check(const TensorMap& outputs) const {
         ref = "runtime/reference_rope.h";
         break;
       case ir::OpKind::attention:
-        e = attention_expected(c, in(0), in(1), in(2));
+        e = attention_expected(c, in(0), in(1), in(2), head_vector(c.attention_operands.sinks),
+                               head_vector(c.attention_operands.alibi_slopes));
         ref = "runtime/reference_attention.h";
         break;
       case ir::OpKind::decode_attention:
-        e = decode_expected(c, in(0), in(1), in(2), in(3), in(4));
+        e = decode_expected(c, in(0), in(1), in(2), in(3), in(4),
+                            head_vector(c.attention_operands.sinks),
+                            head_vector(c.attention_operands.alibi_slopes));
         ref = "runtime/reference_attention.h over the cache rows of the block table";
         break;
       default: {

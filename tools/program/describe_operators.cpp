@@ -130,6 +130,12 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
   const ir::Op& op = op_of(f, c);
   auto arg = [&](size_t i) { return operand_text(f, op.operands.at(i), dims); };
   const std::string out = operand_text(f, op.result, dims);
+  // AttentionOptions' per-head tensors, when the op names them.
+  std::string head_vectors;
+  if (c.attention_operands.sinks >= 0)
+    head_vectors += ", .sinks = " + operand_text(f, c.attention_operands.sinks, dims);
+  if (c.attention_operands.alibi_slopes >= 0)
+    head_vectors += ", .alibi_slopes = " + operand_text(f, c.attention_operands.alibi_slopes, dims);
   switch (c.kind) {
     case ir::OpKind::rope: {
       const int64_t d = f.value(op.operands[0]).type.dims[2].value;
@@ -145,10 +151,11 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
       return fmt::format(
           "tilejit::flash_attn_varlen(q = {}, k = {}, v = {}, out = {}, cu_seqlens_q = [0, {}], "
           "cu_seqlens_k = [0, {}], {{.causal = {}, .sm_scale = {:.6g}{}, .window_left = {}, "
-          ".window_right = {}, .softcap = {:g}}}): one sequence",
+          ".window_right = {}, .softcap = {:g}{}}}): one sequence",
           arg(0), arg(1), arg(2), out, dim_text(f, op.operands[0], 0, dims),
           dim_text(f, op.operands[1], 0, dims), o.causal, sm_scale_of(c, d),
-          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.window_right, o.softcap);
+          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.window_right, o.softcap,
+          head_vectors);
     }
     case ir::OpKind::decode_attention: {
       const AttentionOptions& o = c.attention;
@@ -160,10 +167,11 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
               : "";
       return fmt::format(
           "tilejit::decode_attention(q = {}, k_cache = {}, v_cache = {}, out = {}, block_table = "
-          "{}, seq_lens = {}, {{.sm_scale = {:.6g}{}, .window_left = {}, .softcap = {:g}{}}}): "
+          "{}, seq_lens = {}, {{.sm_scale = {:.6g}{}, .window_left = {}, .softcap = {:g}{}{}}}): "
           "one new token per sequence",
           arg(0), arg(1), arg(2), out, arg(3), arg(4), sm_scale_of(c, d),
-          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.softcap, scales);
+          o.sm_scale ? "" : fmt::format(" (1/√{})", d), o.window_left, o.softcap, scales,
+          head_vectors);
     }
     default: {
       const char* glu_rows = c.glu_rows == GluRows::interleaved ? ", GluRows::interleaved" : "";

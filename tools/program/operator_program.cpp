@@ -79,6 +79,15 @@ OperatorProgram match_operator_program(const ir::Function& f) {
     c.kind = op.kind;
     const ir::Attrs& a = op.attrs;
     const std::string who = ir::print(f, op);
+    if (op.kind == ir::OpKind::attention || op.kind == ir::OpKind::decode_attention) {
+      // The per-head tensors follow the positional operands.
+      const size_t first = ir::operand_roles(op.kind).size();
+      for (size_t n = 0; n < op.operand_names.size(); ++n) {
+        const int id = op.operands.at(first + n);
+        if (op.operand_names[n] == "sinks") c.attention_operands.sinks = id;
+        if (op.operand_names[n] == "alibi_slopes") c.attention_operands.alibi_slopes = id;
+      }
+    }
     switch (op.kind) {
       case ir::OpKind::rope: {
         const DType q = f.value(op.operands[0]).type.dtype;

@@ -60,6 +60,12 @@ struct MoeOperands {
   bool shared() const { return shared_w13 >= 0; }
 };
 
+// An attention call's per-head tensors (named operands sinks, alibi_slopes;
+// -1: absent): AttentionOptions::sinks / alibi_slopes.
+struct AttentionOperands {
+  int sinks = -1, alibi_slopes = -1;
+};
+
 // One IR op and the public call that runs it, its attributes resolved to the
 // API's options (the IR defaults applied).
 struct OperatorCall {
@@ -70,6 +76,7 @@ struct OperatorCall {
   MoeOptions moe;
   MoeQuant moe_quant;
   MoeOperands moe_operands;
+  AttentionOperands attention_operands;
   GluRows glu_rows = GluRows::halves;  // moe: how w13 stacks its gate and up rows
   int64_t top_k = 0;
 

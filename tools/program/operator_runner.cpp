@@ -221,6 +221,15 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
   bound_ = std::move(b);
 }
 
+AttentionOptions OperatorRunner::attention_options(const OperatorCall& c,
+                                                   const TensorMap& outputs) const {
+  AttentionOptions o = c.attention;
+  if (c.attention_operands.sinks >= 0) o.sinks = view(c.attention_operands.sinks, outputs);
+  if (c.attention_operands.alibi_slopes >= 0)
+    o.alibi_slopes = view(c.attention_operands.alibi_slopes, outputs);
+  return o;
+}
+
 const HostTensor& OperatorRunner::value(int id, const TensorMap& outputs) const {
   const std::string& name = f_.value(id).name;
   if (is_param(f_, id)) return inputs_->at(name);
@@ -268,13 +277,14 @@ void OperatorRunner::run_calls(TensorMap& outputs, bool copy_rope_input) {
         const TensorView cu_q(bound_->cu_q[i].data(), DType::i32, {2});
         const TensorView cu_k(bound_->cu_k[i].data(), DType::i32, {2});
         flash_attn_varlen(view(op.operands[0], outputs), view(op.operands[1], outputs),
-                          view(op.operands[2], outputs), out, cu_q, cu_k, c.attention);
+                          view(op.operands[2], outputs), out, cu_q, cu_k,
+                          attention_options(c, outputs));
         break;
       }
       case ir::OpKind::decode_attention:
         decode_attention(view(op.operands[0], outputs), view(op.operands[1], outputs),
                          view(op.operands[2], outputs), out, view(op.operands[3], outputs),
-                         view(op.operands[4], outputs), c.attention);
+                         view(op.operands[4], outputs), attention_options(c, outputs));
         break;
       default: {
         MoeOptions o = c.moe;

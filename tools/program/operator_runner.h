@@ -57,6 +57,8 @@ class OperatorRunner {
   void run_calls(TensorMap& outputs, bool copy_rope_input);
   const HostTensor& value(int id, const TensorMap& outputs) const;
   TensorView view(int id, const TensorMap& outputs) const;
+  // The call's AttentionOptions with its sinks / alibi_slopes operands bound.
+  AttentionOptions attention_options(const OperatorCall& c, const TensorMap& outputs) const;
 
   ir::Function f_;
   OperatorProgram prog_;
