@@ -193,7 +193,7 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     if (kvs.fp8 && isa != Isa::scalar) {
       const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512};
       to_e4m3 = jit::get(qd).entry<codegen::KvQuantFn>();
-      plan = "kernel=" + qd.name();
+      plan = "plan=" + qd.name();
     } else if (kvs.fp8) {
       plan = "plan=c++_to_e4m3";
     }
