@@ -316,6 +316,16 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
                                 shape_str(bias->shape), c.e));
       ops::check_disjoint(op, "topk_weights", topk_weights, "correction_bias", *bias);
       ops::check_disjoint(op, "topk_ids", topk_ids, "correction_bias", *bias);
+      // A checkpoint parameter, not data: a NaN would keep its expert (and
+      // often its group) out of every selection, an Inf pick it always,
+      // whatever the logits say. A corrupt checkpoint is refused, as NaN
+      // weight codes and KV scales are.
+      for (int64_t i = 0; i < c.e; ++i) {
+        const float b = static_cast<const float*>(bias->data)[i * bias->strides[0]];
+        if (!std::isfinite(b))
+          throw Error(
+              fmt::format("{}: correction_bias[{}] = {}; allowed: a finite value", op, i, b));
+      }
     }
 
     const int64_t tasks = (c.t + kTokensPerTask - 1) / kTokensPerTask;

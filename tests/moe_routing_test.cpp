@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -604,6 +605,22 @@ TEST_F(RoutingErrors, CorrectionBias) {
         grouped_topk(L({2, 16}), W({2, 2}), I({2, 2}), o);
       },
       {"correction_bias", "rank 2", "allowed: rank 1"}));
+  // A NaN or ±Inf bias (a corrupt checkpoint) would steer every selection
+  // whatever the logits: refused, naming the entry; the outputs untouched.
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::fill(bias.begin(), bias.end(), 0.0f);
+    bias[5] = bad;
+    std::fill(ids.begin(), ids.end(), -7);
+    o.correction_bias = TensorView(bias.data(), DType::f32, {16});
+    o.score = RouterScore::sigmoid;
+    EXPECT_TRUE(throws_with(
+        [&] {
+          grouped_topk(L({2, 16}), W({2, 2}), I({2, 2}), o);
+        },
+        {"grouped_topk", "correction_bias[5] =", "allowed: a finite value"}));
+    EXPECT_TRUE(std::all_of(ids.begin(), ids.end(), [](int32_t v) { return v == -7; }));
+  }
 }
 
 }  // namespace

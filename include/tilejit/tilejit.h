@@ -603,7 +603,7 @@ struct GroupedTopkOptions {
   int topk_group = 1;
   bool renormalize = true;
   float routed_scaling_factor = 1.0f;
-  std::optional<TensorView> correction_bias;  // [E] f32
+  std::optional<TensorView> correction_bias;  // [E] f32, finite
 };
 void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, const GroupedTopkOptions& opt = {});
