@@ -10,6 +10,7 @@
 #include "ir/attention_rules.h"
 #include "ops/attention_engine.h"
 #include "ops/tensor_checks.h"
+#include "runtime/bf16.h"
 #include "runtime/int_math.h"
 
 namespace tilejit::ops::attn {
@@ -103,18 +104,27 @@ KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_
 }
 
 namespace {
-void check_head_vector(const char* op, const char* arg, const TensorView& t, int64_t hq) {
-  check_view(op, arg, t, 1);
-  check_dtype(op, arg, t, {DType::f32});
-  if (t.shape[0] != hq)
+// Checks one per-head vector; a bf16 one is copied into `copy` (f32, dense)
+// and the view replaced by it.
+void check_head_vector(const char* op, const char* arg, std::optional<TensorView>& t, int64_t hq,
+                       std::vector<float>& copy) {
+  if (!t) return;
+  check_view(op, arg, *t, 1);
+  check_dtype(op, arg, *t, {DType::f32, DType::bf16});
+  if (t->shape[0] != hq)
     throw Error(
-        fmt::format("{}: {} has shape {}; allowed: [Hq] = [{}]", op, arg, shape_str(t.shape), hq));
+        fmt::format("{}: {} has shape {}; allowed: [Hq] = [{}]", op, arg, shape_str(t->shape), hq));
+  if (t->dtype == DType::f32) return;
+  copy.resize(static_cast<size_t>(hq));
+  const auto* src = static_cast<const uint16_t*>(t->data);
+  for (int64_t h = 0; h < hq; ++h) copy[h] = runtime::bf16_to_f32(src[h * t->strides[0]]);
+  t = TensorView(copy.data(), DType::f32, {hq});
 }
 }  // namespace
 
-void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq) {
-  if (opt.sinks) check_head_vector(op, "sinks", *opt.sinks, hq);
-  if (opt.alibi_slopes) check_head_vector(op, "alibi_slopes", *opt.alibi_slopes, hq);
+void HeadVectors::check_and_widen(const char* op, int64_t hq) {
+  check_head_vector(op, "sinks", options.sinks, hq, sinks_);
+  check_head_vector(op, "alibi_slopes", options.alibi_slopes, hq, slopes_);
 }
 
 void check_options(const char* op, const AttentionOptions& opt) {

@@ -40,8 +40,21 @@ struct KvScales {
 };
 KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_cache,
                          const TensorView& v_cache, const KvCacheScales& s, int64_t hkv);
-// sinks / alibi_slopes: f32 [Hq] when present.
-void check_head_vectors(const char* op, const AttentionOptions& opt, int64_t hq);
+// The caller's AttentionOptions with the per-head vectors (sinks,
+// alibi_slopes) as the kernels read them: f32. A bf16 vector (GPT-OSS's
+// checkpoints ship bf16 sinks) is replaced by a dense f32 copy, exact.
+// An entry point binds `const AttentionOptions& opt = hv.options` first and
+// calls check_and_widen once Hq is known, so nothing reads a bf16 vector.
+class HeadVectors {
+ public:
+  explicit HeadVectors(const AttentionOptions& o) : options(o) {}
+  // Each present vector: [Hq], f32 or bf16 (an Error naming it otherwise).
+  void check_and_widen(const char* op, int64_t hq);
+  AttentionOptions options;
+
+ private:
+  std::vector<float> sinks_, slopes_;
+};
 // window_left / window_right ≥ −1, softcap ≥ 0, sm_scale finite.
 void check_options(const char* op, const AttentionOptions& opt);
 // A paged cache [num_blocks, block_size, Hkv, head_dim] bf16 whose first two

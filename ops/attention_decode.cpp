@@ -79,8 +79,11 @@ std::string attention_engine_plan(Isa isa, int64_t rows, int64_t key_block, int6
 
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
-                      const TensorView& seq_lens, const AttentionOptions& opt) {
+                      const TensorView& seq_lens, const AttentionOptions& caller_opt) {
   runtime::api_guard("decode_attention", [&] {
+    // The options as the kernels read them (bf16 sinks / slopes widened below).
+    attn::HeadVectors head_vectors(caller_opt);
+    const AttentionOptions& opt = head_vectors.options;
     constexpr const char* op = "decode_attention";
     const attn::PagedDims dims = attn::check_paged_attention(op, "B", q, k_cache, v_cache, out);
     const int64_t batch = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
@@ -96,7 +99,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
       throw Error(fmt::format("{}: seq_lens has shape {}; allowed: [B] = [{}]", op,
                               shape_str(seq_lens.shape), batch));
     attn::check_options(op, opt);
-    attn::check_head_vectors(op, opt, hq);
+    head_vectors.check_and_widen(op, hq);
     const attn::KvScales kvs =
         attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
 

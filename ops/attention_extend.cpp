@@ -50,8 +50,11 @@ void check_new_rows(const char* op, const char* arg, const TensorView& t, int64_
 void extend_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& qo_indptr,
                       const TensorView& block_table, const TensorView& prefix_lens,
-                      const AttentionOptions& opt, const ExtendOptions& ext) {
+                      const AttentionOptions& caller_opt, const ExtendOptions& ext) {
   runtime::api_guard("extend_attention", [&] {
+    // The options as the kernels read them (bf16 sinks / slopes widened below).
+    attn::HeadVectors head_vectors(caller_opt);
+    const AttentionOptions& opt = head_vectors.options;
     constexpr const char* op = "extend_attention";
     const attn::PagedDims dims = attn::check_paged_attention(op, "T", q, k_cache, v_cache, out);
     const int64_t tokens = dims.rows, hq = dims.hq, d = dims.d, dv = dims.dv, hkv = dims.hkv;
@@ -67,7 +70,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       check_new_rows(op, "v_new", *ext.v_new, tokens, hkv, dv);
     }
     attn::check_options(op, opt);
-    attn::check_head_vectors(op, opt, hq);
+    head_vectors.check_and_widen(op, hq);
     const attn::KvScales kvs =
         attn::check_kv_scales(op, "opt.kv_scales", k_cache, v_cache, opt.kv_scales, hkv);
     const auto qo = attn::read_cu_seqlens(op, "qo_indptr", qo_indptr, tokens);

@@ -29,8 +29,11 @@ namespace attn = ops::attn;
 
 void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView& cu_seqlens_q,
-                       const TensorView& cu_seqlens_k, const AttentionOptions& opt) {
+                       const TensorView& cu_seqlens_k, const AttentionOptions& caller_opt) {
   runtime::api_guard("flash_attn_varlen", [&] {
+    // The options as the kernels read them (bf16 sinks / slopes widened below).
+    attn::HeadVectors head_vectors(caller_opt);
+    const AttentionOptions& opt = head_vectors.options;
     constexpr const char* op = "flash_attn_varlen";
     attn::check_bf16_rows(op, "q", q, 3);
     attn::check_bf16_rows(op, "k", k, 3);
@@ -59,7 +62,7 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
                       "cache)",
                       op, kvs.k_scale, kvs.v_scale,
                       kvs.k_head_scales || kvs.v_head_scales ? ", head scales" : ""));
-    attn::check_head_vectors(op, opt, hq);
+    head_vectors.check_and_widen(op, hq);
     const auto cq = attn::read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq);
     const auto ck = attn::read_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk);
     if (cq.size() != ck.size())

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -69,7 +70,7 @@ const PackedExperts::Impl& need_experts(const PackedExperts& w, const char* arg,
 void check_bias(const std::optional<TensorView>& b, const char* arg, int64_t e, int64_t n) {
   if (!b) return;
   ops::check_view(kOp, arg, *b, 2);
-  ops::check_dtype(kOp, arg, *b, {DType::f32});
+  ops::check_dtype(kOp, arg, *b, {DType::f32, DType::bf16});  // bf16: GPT-OSS's checkpoints
   ops::check_row_major_rows(kOp, arg, *b);
   if (b->shape[0] != e || b->shape[1] != n)
     throw Error(fmt::format("{}: {} has shape {}; allowed: [{}, {}]", kOp, arg,
@@ -173,7 +174,7 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
           "{}: shared_weights given without a shared expert; allowed: with shared_w13 / shared_w2",
           kOp));
     ops::check_view(kOp, "shared_weights", *opt.shared_weights, 1);
-    ops::check_dtype(kOp, "shared_weights", *opt.shared_weights, {DType::f32});
+    ops::check_dtype(kOp, "shared_weights", *opt.shared_weights, {DType::f32, DType::bf16});
     if (opt.shared_weights->shape[0] != d.T)
       throw Error(fmt::format("{}: shared_weights has shape {}; allowed: [T] = [{}]", kOp,
                               ops::shape_str(opt.shared_weights->shape), d.T));
@@ -748,18 +749,14 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   });
 }
 
-// The routing tensors as the kernels read them: f32 weights and int32 ids,
-// the caller's views when they are that already, else dense copies.
-struct RoutingCopy {
-  RoutingCopy(const TensorView& w, const TensorView& i, int64_t t, int64_t k) : weights(w), ids(i) {
-    if (w.dtype == DType::bf16) {
-      w_.resize(sz(t * k));
-      for (int64_t r = 0; r < t; ++r)
-        for (int64_t j = 0; j < k; ++j)
-          w_[sz(r * k + j)] = runtime::bf16_to_f32(
-              static_cast<const uint16_t*>(w.data)[r * w.strides[0] + j * w.strides[1]]);
-      weights = TensorView(w_.data(), DType::f32, {t, k});
-    }
+// The call's tensors as the kernels read them: f32 routing weights, int32
+// ids, and f32 biases and shared weights in the options; the caller's views
+// when they are that already, else dense copies (bf16 values widen exactly).
+struct KernelInputs {
+  KernelInputs(const TensorView& w, const TensorView& i, const MoeOptions& opt, int64_t t,
+               int64_t k)
+      : weights(w), ids(i), options(opt) {
+    if (w.dtype == DType::bf16) weights = widen(w, w_);
     if (i.dtype == DType::i64) {
       i_.resize(sz(t * k));
       for (int64_t r = 0; r < t; ++r)
@@ -768,11 +765,42 @@ struct RoutingCopy {
               static_cast<int32_t>(ops::index_at(i, r * i.strides[0] + j * i.strides[1]));
       ids = TensorView(i_.data(), DType::i32, {t, k});
     }
+    // Biases [E, n]: only the rows of the experts the call routes to (a
+    // decode step touches k of E), the others left unread.
+    const bool bf16_bias =
+        (opt.b13 && opt.b13->dtype == DType::bf16) || (opt.b2 && opt.b2->dtype == DType::bf16);
+    std::vector<char> used;
+    if (bf16_bias) {
+      used.assign(sz(opt.b13 ? opt.b13->shape[0] : opt.b2->shape[0]), 0);
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t j = 0; j < k; ++j)
+          used[sz(ops::index_at(i, r * i.strides[0] + j * i.strides[1]))] = 1;
+    }
+    if (opt.b13 && opt.b13->dtype == DType::bf16) options.b13 = widen(*opt.b13, b13_, &used);
+    if (opt.b2 && opt.b2->dtype == DType::bf16) options.b2 = widen(*opt.b2, b2_, &used);
+    if (opt.shared_weights && opt.shared_weights->dtype == DType::bf16)
+      options.shared_weights = widen(*opt.shared_weights, sw_);
   }
   TensorView weights, ids;
+  MoeOptions options;
 
  private:
-  std::vector<float> w_;
+  // A bf16 view of rank 1 or 2 as a dense f32 copy held in `buf`; with
+  // `rows`, only the rows marked there (the rest of buf is never read).
+  static TensorView widen(const TensorView& v, std::unique_ptr<float[]>& buf,
+                          const std::vector<char>* rows_used = nullptr) {
+    const int64_t rows = v.shape.size() == 2 ? v.shape[0] : 1, cols = v.shape.back();
+    const int64_t rs = v.shape.size() == 2 ? v.strides[0] : 0, cs = v.strides.back();
+    buf = std::make_unique_for_overwrite<float[]>(sz(rows * cols));
+    const auto* src = static_cast<const uint16_t*>(v.data);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (rows_used != nullptr && !(*rows_used)[sz(r)]) continue;
+      for (int64_t c = 0; c < cols; ++c)
+        buf[sz(r * cols + c)] = runtime::bf16_to_f32(src[r * rs + c * cs]);
+    }
+    return TensorView(buf.get(), DType::f32, v.shape);
+  }
+  std::unique_ptr<float[]> w_, b13_, b2_, sw_;
   std::vector<int32_t> i_;
 };
 
@@ -786,9 +814,10 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
     const auto& p2 = need_experts(w2, "w2", ExpertProj::down);
     const Dims d = check_args(hidden, p13, p2, topk_weights, topk_ids, out, opt);
     if (d.T == 0) return;
-    // int64 ids and bf16 weights are read once into dense int32 / f32 [T, k]
-    // copies (the ids are in [0, E) by now): everything below reads one form.
-    RoutingCopy routing(topk_weights, topk_ids, d.T, d.k);
+    // int64 ids and bf16 weights, biases and shared weights are read once
+    // into dense int32 / f32 copies (the ids are in [0, E) by now):
+    // everything below reads one form.
+    const KernelInputs in(topk_weights, topk_ids, opt, d.T, d.k);
     const Isa isa = runtime::active_isa();
     if (runtime::verbose_level() > 0)
       std::fprintf(stderr, "tilejit: fused_experts T=%lld H=%lld I=%lld E=%lld k=%lld path=%s\n",
@@ -806,8 +835,8 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
         (int4(&p13) || int4(&p2) || (opt.shared_w13 && int4(opt.shared_w13->impl())) ||
          (opt.shared_w2 && int4(opt.shared_w2->impl())));
     if (isa == Isa::scalar || w4a8_scalar)
-      return run_scalar(d, hidden, p13, p2, routing.weights, routing.ids, out, opt);
-    run_jit(d, isa, hidden, p13, p2, routing.weights, routing.ids, out, opt);
+      return run_scalar(d, hidden, p13, p2, in.weights, in.ids, out, in.options);
+    run_jit(d, isa, hidden, p13, p2, in.weights, in.ids, out, in.options);
   });
 }
 

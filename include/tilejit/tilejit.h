@@ -318,8 +318,8 @@ struct AttentionOptions {
   int window_left = -1;                    // -1: unbounded
   int window_right = -1;                   // -1: unbounded
   float softcap = 0;                       // 0: off; else cap·tanh(s/cap)
-  std::optional<TensorView> sinks;         // [Hq] f32
-  std::optional<TensorView> alibi_slopes;  // [Hq] f32
+  std::optional<TensorView> sinks;         // [Hq] f32 or bf16 (read as f32)
+  std::optional<TensorView> alibi_slopes;  // [Hq] f32 or bf16 (read as f32)
   // decode_attention / extend_attention over an f8e4m3 cache: its scales.
   // K and V are read as code · scale (exact e4m3 values, scales applied in
   // fp32), scores and P·V in fp32 as for bf16. flash_attn_varlen takes
@@ -524,10 +524,11 @@ struct MoeOptions {
   bool clamped_swiglu = false;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
-  // [E, 2I] f32, in w13's row order: gate then up biases per expert, or
-  // interleaved (2i gate, 2i + 1 up) when w13 was packed GluRows::interleaved.
+  // [E, 2I] f32 or bf16 (GPT-OSS's checkpoints; read as f32), in w13's row
+  // order: gate then up biases per expert, or interleaved (2i gate, 2i + 1
+  // up) when w13 was packed GluRows::interleaved.
   std::optional<TensorView> b13;
-  std::optional<TensorView> b2;  // [E, H] f32
+  std::optional<TensorView> b2;  // [E, H] f32 or bf16
   // out = routed_scaling_factor · Σ_j w[t, j]·expert_j(x_t) + s[t]·shared(x_t)
   float routed_scaling_factor = 1.0f;
   // Shared expert (DeepSeek, Qwen-MoE): one-expert packs (E = 1), same
@@ -535,7 +536,7 @@ struct MoeOptions {
   // experts.
   const PackedExperts* shared_w13 = nullptr;
   const PackedExperts* shared_w2 = nullptr;
-  // The shared expert's weight s[t] per token, f32 [T] (Qwen2-MoE's and
+  // The shared expert's weight s[t] per token, f32 or bf16 [T] (Qwen2-MoE's and
   // Qwen3-Next's gated shared expert: σ(shared_expert_gate(x_t)), computed by
   // the caller); absent: 1 (DeepSeek). Not scaled by routed_scaling_factor;
   // only with a shared expert.

@@ -246,8 +246,8 @@ typedef struct tilejit_attention_options {
   float sm_scale;
   int32_t window_left, window_right;  /* -1: unbounded */
   float softcap;                      /* 0: off */
-  const tilejit_tensor* sinks;        /* [Hq] f32 */
-  const tilejit_tensor* alibi_slopes; /* [Hq] f32 */
+  const tilejit_tensor* sinks;        /* [Hq] f32 or bf16 */
+  const tilejit_tensor* alibi_slopes; /* [Hq] f32 or bf16 */
   tilejit_kv_cache_scales kv_scales;  /* an f8e4m3 cache's scales (1, 1) */
 } tilejit_attention_options;
 void tilejit_attention_options_init(tilejit_attention_options* opt);
@@ -367,8 +367,8 @@ typedef struct tilejit_moe_options {
   tilejit_activation act; /* silu */
   bool clamped_swiglu;
   float swiglu_alpha, swiglu_limit;
-  const tilejit_tensor* b13; /* [E, 2I] f32 */
-  const tilejit_tensor* b2;  /* [E, H] f32 */
+  const tilejit_tensor* b13; /* [E, 2I] f32 or bf16 */
+  const tilejit_tensor* b2;  /* [E, H] f32 or bf16 */
   float routed_scaling_factor;
   const tilejit_packed_experts* shared_w13; /* both or neither */
   const tilejit_packed_experts* shared_w2;
@@ -376,7 +376,7 @@ typedef struct tilejit_moe_options {
   tilejit_act_quant act_quant;
   float act_scale13, act_scale2;
   int32_t act_zero_point13, act_zero_point2;
-  const tilejit_tensor* shared_weights; /* [T] f32: the shared expert's weight per token, or
+  const tilejit_tensor* shared_weights; /* [T] f32 or bf16: the shared expert's weight per token, or
                                            NULL: 1 */
 } tilejit_moe_options;
 void tilejit_moe_options_init(tilejit_moe_options* opt);

@@ -244,3 +244,34 @@ def test_extend_numpy_tree_mask_and_store_kv_numpy():
     # The mask matters: the causal answer differs from it for token 2.
     causal = ref_attn(u16_to_f64(q), to_f64(ks), to_f64(vs), causal=True)
     assert np.abs(causal[2] - ref[2]).max() > 1e-2
+
+
+def test_bf16_sinks_and_slopes_match_f32_on_every_op():
+    """GPT-OSS checkpoints ship bf16 sinks: prefill, decode and extend take bf16
+    sinks / ALiBi slopes as their exact f32 values (the same output, bit for bit)."""
+    hq, hkv, d, bs = 4, 2, 32, 4
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.25]).to(torch.bfloat16)
+    slopes = torch.tensor([0.125, 0.25, 0.0625, 0.5]).to(torch.bfloat16)
+    q, k, v = bf16((6, hq, d), 101), bf16((6, hkv, d), 102), bf16((6, hkv, d), 103)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    for kw in ({"sinks": sinks}, {"alibi_slopes": slopes}, {"sinks": sinks, "alibi_slopes": slopes}):
+        f32 = {key: val.float() for key, val in kw.items()}
+        a = tilejit.flash_attn_varlen(q, k, v, cu, cu, causal=True, **kw)
+        b = tilejit.flash_attn_varlen(q, k, v, cu, cu, causal=True, **f32)
+        assert torch.equal(a, b)
+        k_cache, table = paged([k], bs, 3, 104)
+        v_cache, _ = paged([v], bs, 3, 104)
+        lens = torch.tensor([6], dtype=torch.int32)
+        qd = q[-1:]
+        assert torch.equal(tilejit.decode_attention(qd, k_cache, v_cache, table, lens, **kw),
+                           tilejit.decode_attention(qd, k_cache, v_cache, table, lens, **f32))
+        qo = torch.tensor([0, 2], dtype=torch.int32)
+        pl = torch.tensor([4], dtype=torch.int32)
+        qe = q[4:]
+        assert torch.equal(tilejit.extend_attention(qe, k_cache, v_cache, qo, table, pl, **kw),
+                           tilejit.extend_attention(qe, k_cache, v_cache, qo, table, pl, **f32))
+    # The sinks act (else the check above proves nothing).
+    assert not torch.equal(tilejit.flash_attn_varlen(q, k, v, cu, cu, causal=True, sinks=sinks),
+                           tilejit.flash_attn_varlen(q, k, v, cu, cu, causal=True))
+    with pytest.raises(tilejit.Error, match=r"sinks.dtype=f16 is not allowed; allowed: f32, bf16"):
+        tilejit.flash_attn_varlen(q, k, v, cu, cu, sinks=sinks.to(torch.float16))
