@@ -40,6 +40,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -627,6 +628,41 @@ void BM_CacheHitOverhead(benchmark::State& state) {
       double(after.hits - before.hits) / double(std::max<int64_t>(1, state.iterations()));
 }
 
+// A batch of GEMMs of one shape, each entry its own weight (DeepSeek's
+// absorbed MLA: per head, q_nope [M, 128] · w_kc [512, 128]ᵀ and
+// o [M, 512] · w_vc [128, 512]ᵀ): tilejit::gemm_batched (one pass over the
+// pool) against a loop of tilejit::gemm calls (what an engine writes without
+// it: 2·H calls a layer). Args: B, M, N, K, threads, batched (0: the loop).
+// Weights hot (B·N·K·2 bytes, 16 MiB at B 128); GFLOPs counted 2·B·M·N·K.
+void BM_GemmBatched(benchmark::State& state) {
+  const int64_t b = state.range(0), m = state.range(1), n = state.range(2), k = state.range(3);
+  tilejit::set_num_threads(static_cast<int>(state.range(4)));
+  const bool batched = state.range(5) != 0;
+  std::vector<std::vector<uint16_t>> raw(static_cast<size_t>(b));
+  std::vector<tilejit::PackedWeight> w;
+  for (int64_t i = 0; i < b; ++i) {
+    raw[i].resize(static_cast<size_t>(n * k));
+    fill_random_bf16(raw[i].data(), raw[i].size(), uint64_t(i + 1));
+    w.push_back(tilejit::pack_weight(TensorView(raw[i].data(), DType::bf16, {n, k})));
+  }
+  std::vector<uint16_t> x(static_cast<size_t>(b * m * k)), y(static_cast<size_t>(b * m * n));
+  fill_random_bf16(x.data(), x.size(), 77);
+  auto run = [&] {
+    if (batched) {
+      tilejit::gemm_batched(TensorView(x.data(), DType::bf16, {b, m, k}), w,
+                            TensorView(y.data(), DType::bf16, {b, m, n}));
+      return;
+    }
+    for (int64_t i = 0; i < b; ++i)
+      tilejit::gemm(TensorView(x.data() + i * m * k, DType::bf16, {m, k}), w[size_t(i)],
+                    TensorView(y.data() + i * m * n, DType::bf16, {m, n}));
+  };
+  for (int i = 0; i < 3; ++i) run();  // compile, warm
+  for (auto _ : state) run();
+  state.counters["GFLOPs"] = benchmark::Counter(double(2 * b * m * n * k) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // A decode-sized call (M = 1, 1024 x 1024, hot in L2) after an idle gap of
 // gap_us: what an engine's first call of a step pays when the pool's helpers
 // have gone to sleep (their wake-up costs 10-200 µs on a VM). Manual time:
@@ -909,6 +945,15 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
 
+  // Batched GEMMs (DeepSeek's absorbed MLA, decode and a few tokens).
+  for (auto [b, m, n, k] : std::vector<std::array<int64_t, 4>>{
+           {128, 1, 512, 128}, {128, 1, 128, 512}, {16, 4, 512, 128}})
+    for (int t : {1, 2})
+      for (int batched : {0, 1})
+        RegisterBenchmark("BM_GemmBatched", BM_GemmBatched)
+            ->Args({b, m, n, k, t, batched})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   // Per-call overhead on a cache hit.
   for (int t : {1, 2})
     RegisterBenchmark("BM_CacheHitOverhead", BM_CacheHitOverhead)

@@ -214,6 +214,56 @@ GemmRun GemmRun::of(const TensorView& x, const TensorView& y, const GemmOptions&
   return r;
 }
 
+namespace {
+
+// Task t of one slice of a run (its A rows at xb, lda; C at yb): column block
+// t % n_blocks of row chunk t / n_blocks, the rule of every gemm pass.
+RowBlockJob slice_job(const codegen::GemmPlan& plan, const codegen::GemmPlan::Schedule& sched,
+                      const GemmRun& r, const uint8_t* xb, int64_t lda, uint8_t* yb, int64_t rows,
+                      int64_t t, int64_t threads) {
+  const int64_t n_blocks = sched.n_blocks, chunk_rows = sched.task_rows, nb = plan.nb;
+  const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
+  RowBlockJob job;
+  job.a = plan.a_packed ? xb + plan.packed_a().offset(m0, 0) : xb + m0 * lda;
+  job.lda = lda;
+  job.rows = std::min(rows, m0 + chunk_rows) - m0;
+  job.b_block = r.b + nbi * r.block_bytes;
+  job.c = yb + m0 * r.ldc + nbi * nb * r.y_elem;
+  job.ldc = r.ldc;
+  job.bias = r.bias ? r.bias + nbi * nb * r.bias_elem : nullptr;
+  job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
+  // The pool hands out tasks in order, one at a time: this thread's next
+  // one is about `threads` further on.
+  if (nbi + threads < n_blocks) job.b_next = r.b + (nbi + threads) * r.block_bytes;
+  if (r.a_scale != nullptr) {
+    job.a_scale = r.a_scale + m0;
+    job.a_zero = r.a_zero + m0;
+    job.b_scale = r.b_scale + nbi * nb;
+    job.b_comp = r.b_comp + nbi * nb;
+  }
+  return job;
+}
+
+}  // namespace
+
+void run_gemm_batch(const GemmExecutable& exe, std::vector<GemmRun>& runs) {
+  if (runs.empty()) return;
+  const codegen::GemmPlan& plan = exe.plan();
+  const int64_t M = runs[0].m, threads = runtime::num_threads();
+  const codegen::GemmPlan::Schedule sched = plan.schedule(M, threads);
+  bool one_pass = !plan.a_packed && sched.k_passes == 1 && sched.slice_rows >= M;
+  for (const GemmRun& r : runs) one_pass = one_pass && !r.prepare_slice && r.m == M;
+  if (!one_pass) {
+    for (GemmRun& r : runs) run_gemm_plan(exe, r);
+    return;
+  }
+  const int64_t per_run = sched.n_blocks * sched.row_chunks(M);
+  runtime::parallel_for(static_cast<int64_t>(runs.size()) * per_run, [&](int64_t t) {
+    const GemmRun& r = runs[static_cast<size_t>(t / per_run)];
+    run_row_block(exe, slice_job(plan, sched, r, r.x, r.lda, r.y, M, t % per_run, threads));
+  });
+}
+
 void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
   const codegen::GemmPlan& plan = exe.plan();
   const int64_t M = r.m, K = plan.spec.k;
@@ -242,26 +292,7 @@ void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
     uint8_t* yb = r.y + s0 * r.ldc;
     const int64_t m_chunks = sched.row_chunks(rows);
     auto job_at = [&](int64_t t) {
-      const int64_t nbi = t % n_blocks, m0 = t / n_blocks * chunk_rows;
-      RowBlockJob job;
-      job.a = plan.a_packed ? xb + pa_layout.offset(m0, 0) : xb + m0 * lda;
-      job.lda = lda;
-      job.rows = std::min(rows, m0 + chunk_rows) - m0;
-      job.b_block = r.b + nbi * r.block_bytes;
-      job.c = yb + m0 * r.ldc + nbi * nb * r.y_elem;
-      job.ldc = r.ldc;
-      job.bias = r.bias ? r.bias + nbi * nb * r.bias_elem : nullptr;
-      job.n_tail = nbi == n_blocks - 1 && plan.n_tail != 0;
-      // The pool hands out tasks in order, one at a time: this thread's next
-      // one is about `threads` further on.
-      if (nbi + threads < n_blocks) job.b_next = r.b + (nbi + threads) * r.block_bytes;
-      if (r.a_scale != nullptr) {
-        job.a_scale = r.a_scale + m0;
-        job.a_zero = r.a_zero + m0;
-        job.b_scale = r.b_scale + nbi * nb;
-        job.b_comp = r.b_comp + nbi * nb;
-      }
-      return job;
+      return slice_job(plan, sched, r, xb, lda, yb, rows, t, threads);
     };
     if (!chunked) {
       runtime::parallel_for(n_blocks * m_chunks, [&](int64_t t) { run_row_block(exe, job_at(t)); });
@@ -280,6 +311,83 @@ void run_gemm_plan(const GemmExecutable& exe, GemmRun& r) {
 }
 
 }  // namespace ops
+
+namespace {
+
+// Batch entry b of a rank-3 view: the rank-2 view [dim 1, dim 2].
+TensorView batch_entry(const TensorView& t, int64_t b) {
+  const int64_t esz = t.dtype == DType::f32 ? 4 : 2;
+  return TensorView(static_cast<uint8_t*>(t.data) + b * t.strides[0] * esz, t.dtype,
+                    {t.shape[1], t.shape[2]}, {t.strides[1], t.strides[2]});
+}
+
+}  // namespace
+
+void gemm_batched(const TensorView& x, const std::vector<PackedWeight>& w, const TensorView& y,
+                  const GemmOptions& opt) {
+  runtime::api_guard("gemm_batched", [&] {
+    constexpr const char* op = "gemm_batched";
+    ops::check_view(op, "x", x, 3);
+    ops::check_dtype(op, "x", x, {DType::bf16});
+    ops::check_view(op, "y", y, 3);
+    ops::check_dtype(op, "y", y, {DType::bf16, DType::f32});
+    const int64_t batch = x.shape[0];
+    if (static_cast<int64_t>(w.size()) != batch)
+      throw Error(fmt::format("{}: w holds {} weights; allowed: one per batch entry of x, B = {}",
+                              op, w.size(), batch));
+    if (y.shape[0] != batch)
+      throw Error(fmt::format("{}: y has shape {}; allowed: [B, M, N] with B = {} (x)", op,
+                              ops::shape_str(y.shape), batch));
+    if (batch == 0) return;
+    for (int64_t b = 0; b < batch; ++b) {
+      const PackedWeight& wb = w[static_cast<size_t>(b)];
+      if (b > 0 && !wb.empty() && !w[0].empty() &&
+          (wb.n() != w[0].n() || wb.k() != w[0].k() || wb.impl()->format != w[0].impl()->format))
+        throw Error(
+            fmt::format("{}: w[{}] is {} [{}, {}] but w[0] is {} [{}, {}]; allowed: one "
+                        "shape and format",
+                        op, b, weight_format_name(wb.impl()->format), wb.n(), wb.k(),
+                        weight_format_name(w[0].impl()->format), w[0].n(), w[0].k()));
+      // Each entry as its own gemm (shapes, dtypes, strides, options, aliasing).
+      try {
+        check_gemm_args(batch_entry(x, b), wb, batch_entry(y, b), opt);
+      } catch (const Error& e) {
+        throw Error(fmt::format("{}: batch entry {}: {}", op, b, e.what()));
+      }
+    }
+    // Across entries too: y[b] may not overlap another entry's x.
+    ops::check_output(op, "y", y, {{"x", &x}, {"bias", ops::opt_view(opt.bias)}});
+    const int64_t M = x.shape[1], N = w[0].n(), K = w[0].k();
+    if (M == 0) return;
+    const Isa path = runtime::active_isa();
+    const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+    const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
+    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+    if (w[0].impl()->quant != nullptr || isa == Isa::scalar) {
+      // Quantized weights (their own routes) and the scalar path: one gemm
+      // per entry, the same result as the caller's own loop.
+      for (int64_t b = 0; b < batch; ++b)
+        gemm(batch_entry(x, b), w[static_cast<size_t>(b)], batch_entry(y, b), opt);
+      return;
+    }
+    ops::GemmExecutable& exe = ops::gemm_executable(spec, isa, tuned);
+    if (runtime::verbose_level() > 0)
+      std::fprintf(stderr, "tilejit: gemm_batched B=%lld M=%lld N=%lld K=%lld path=%s plan=%s\n",
+                   static_cast<long long>(batch), static_cast<long long>(M),
+                   static_cast<long long>(N), static_cast<long long>(K), isa_name(isa),
+                   exe.plan().name().c_str());
+    std::vector<ops::GemmRun> runs;
+    runs.reserve(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      ops::GemmRun r = ops::GemmRun::of(batch_entry(x, b), batch_entry(y, b), opt);
+      const PackedWeight::Impl& p = *w[static_cast<size_t>(b)].impl();
+      r.b = p.bytes();
+      r.block_bytes = p.layout.block_elems() * 2;
+      runs.push_back(std::move(r));
+    }
+    ops::run_gemm_batch(exe, runs);
+  });
+}
 
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const GemmOptions& opt) {
   runtime::api_guard("gemm", [&] {

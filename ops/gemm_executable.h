@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "codegen/gemm_plan.h"
 #include "jit/kernel.h"
@@ -67,5 +68,9 @@ struct GemmRun {
   static GemmRun of(const TensorView& x, const TensorView& y, const GemmOptions& opt);
 };
 void run_gemm_plan(const GemmExecutable& exe, GemmRun& r);
+// Runs of one plan and one M (a batch of GEMMs of one shape): one parallel
+// pass over every run's tasks where the plan's schedule is a single pass
+// (no packed A, no K passes, one slice), else run_gemm_plan for each.
+void run_gemm_batch(const GemmExecutable& exe, std::vector<GemmRun>& runs);
 
 }  // namespace tilejit::ops

@@ -287,6 +287,18 @@ struct GemmOptions {
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
           const GemmOptions& opt = {});
 
+// A batch of GEMMs of one shape, each with its own weight (sgl-kernel's
+// bmm_cpu: DeepSeek's absorbed MLA multiplies each head's rows by that head's
+// w_kc / w_vc): y[b] = act(x[b]·w[b]ᵀ + bias) for b < B, every y[b] equal to
+// gemm(x[b], w[b], y[b], opt) bit for bit. x [B, M, K] bf16, y [B, M, N] bf16
+// or f32 (innermost stride 1, any other strides: head-major views of token-
+// major tensors), w: B weights of one shape [N, K] and one format, opt as
+// gemm's (bias [N] shared by the batch). bf16 weights run as one pass over
+// the thread pool (not B); quantized ones as B gemm calls.
+// Aliasing: y shares memory with neither x nor bias.
+void gemm_batched(const TensorView& x, const std::vector<PackedWeight>& w, const TensorView& y,
+                  const GemmOptions& opt = {});
+
 // ---- Attention (docs/attention.md) ------------------------------------------
 // Scores s = softcap(q·k·sm_scale) + alibi_slope[h]·(j − i_pos), where query
 // row i of a sequence with Tq queries and Tk keys sits at position

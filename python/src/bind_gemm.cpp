@@ -172,6 +172,21 @@ void bind_gemm(py::module_& m) {
     gemm(tx.view(), pw, ty.view(), o);
   });
 
+  m.def("gemm_batched", [](const py::handle& x, const py::list& w, const py::handle& out,
+                           const py::handle& bias, const py::handle& act, const py::handle& dtype) {
+    std::vector<PackedWeight> ws;
+    for (size_t i = 0; i < w.size(); ++i)
+      ws.push_back(packed_weight_arg(w[i], ("w[" + std::to_string(i) + "]").c_str()));
+    GemmOptions o;
+    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+    const StorageAs as{parse_dtype_override(dtype)};
+    DlpackTensor tx(x, "x", as), ty(out, "out", as);
+    std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
+    o.bias = view_of(tb);
+    GilRelease release;
+    gemm_batched(tx.view(), ws, ty.view(), o);
+  });
+
   // The C++ side of the call-overhead measurement (tests/python/overhead_bench.py):
   // ns per tilejit::gemm call on views converted once, the loop in C++.
   m.def("_time_gemm_ns", [](const py::handle& x, const py::handle& w, const py::handle& out,

@@ -33,7 +33,7 @@ from ._core import (
 __all__ = [
     "Buffer", "Error", "InternalError", "PackedExperts", "PackedWeight", "__version__",
     "cache_stats", "cpu_info", "load_tuning_db", "num_threads", "set_num_threads",
-    "pack_weight", "pack_int8", "pack_fp8", "pack_int4", "pack_mxfp4", "gemm",
+    "pack_weight", "pack_int8", "pack_fp8", "pack_int4", "pack_mxfp4", "gemm", "gemm_batched",
     "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
     "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",
     "pack_experts_mxfp4", "fused_experts", "topk_softmax", "topk_sigmoid", "grouped_topk",
@@ -280,6 +280,24 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     else:
         ret = out
     _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, int4_route, dtype)
+    return ret
+
+
+def gemm_batched(x, w, out=None, bias=None, act="none", out_dtype="bf16", dtype=None):
+    """out[b] = act(x[b] @ w[b].T + bias) for each of B entries (sgl-kernel's
+    bmm_cpu; DeepSeek's absorbed MLA): x [B, M, K] bf16 (any strides, K
+    stride 1: a head-major view of [M, B, K] works), w a list of B
+    PackedWeight of one shape [N, K], out [B, M, N] bf16 or f32; one pass
+    over the thread pool for bf16 weights."""
+    if out is None:
+        (b, m, _), x = _shape(x, "x", 3, dtype)
+        if len(w) != b or b == 0:
+            raise Error(f"gemm_batched: w holds {len(w)} weights; allowed: one per batch entry "
+                        f"of x, B = {b} >= 1 (with out given, B = 0 is a no-op)")
+        out, ret = _new(x, (b, m, w[0].n), out_dtype)
+    else:
+        ret = out
+    _core.gemm_batched(x, list(w), out, bias, act, dtype)
     return ret
 
 

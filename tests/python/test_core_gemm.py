@@ -269,3 +269,24 @@ def test_mxfp4():
     u = pw.unpack()
     np.testing.assert_array_equal(u["blocks"], blocks)
     np.testing.assert_array_equal(u["scales"], scales)
+
+
+def test_gemm_batched_absorbed_mla_views():
+    """DeepSeek's absorbed MLA (sgl-kernel's bmm_cpu): per head, q_nope [T, 128]
+    @ w_kc[h].T, x a head-major view of the token-major q; each entry equals
+    its own gemm bit for bit."""
+    heads, t, k, n = 6, 3, 128, 96
+    q = bf16((t, heads, k), 301)
+    ws = [bf16((n, k), 310 + h) for h in range(heads)]
+    pw = [tilejit.pack_weight(w) for w in ws]
+    out = tilejit.gemm_batched(q.transpose(0, 1), pw)
+    assert out.shape == (heads, t, n) and out.dtype == torch.bfloat16
+    for h in range(heads):
+        assert torch.equal(out[h], tilejit.gemm(q[:, h, :], pw[h]))
+    # Into a token-major output through its head-major view, f32.
+    y = torch.full((t, heads, n), float("nan"))
+    tilejit.gemm_batched(q.transpose(0, 1), pw, out=y.transpose(0, 1), act="silu")
+    for h in range(heads):
+        assert torch.equal(y[:, h, :], tilejit.gemm(q[:, h, :], pw[h], act="silu", out_dtype="f32"))
+    with pytest.raises(tilejit.Error, match=r"gemm_batched: w holds 5 weights"):
+        tilejit.gemm_batched(q.transpose(0, 1), pw[:5])
