@@ -2,6 +2,11 @@
 // format into a handle, its queries, unpack and dequantize, and gemm.
 #include "ops/c_api_support.h"
 
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
 using namespace tilejit;
 using namespace tilejit::c_api;
 
@@ -9,6 +14,20 @@ namespace {
 
 const PackedWeight& weight(const tilejit_packed_weight* w) {
   return deref(w, "w").w;
+}
+
+// The C options (NULL: the defaults) as GemmOptions.
+GemmOptions gemm_options(const tilejit_gemm_options* opt) {
+  GemmOptions o;
+  if (const auto c = options(opt, "opt", "tilejit_gemm_options_init", tilejit_gemm_options_init)) {
+    o.bias = optional_view(c->bias, "opt.bias");
+    o.act = to_enum<Activation>(c->act);
+    o.int4_route = to_enum<Int4Route>(c->int4_route);
+    o.act_quant = to_enum<ActQuant>(c->act_quant);
+    o.act_scale = c->act_scale;
+    o.act_zero_point = c->act_zero_point;
+  }
+  return o;
 }
 
 }  // namespace
@@ -135,18 +154,21 @@ void tilejit_gemm_options_init(tilejit_gemm_options* opt) {
 
 tilejit_status tilejit_gemm(const tilejit_tensor* x, const tilejit_packed_weight* w,
                             const tilejit_tensor* y, const tilejit_gemm_options* opt) {
+  return call([&] { gemm(view(x, "x"), weight(w), view(y, "y"), gemm_options(opt)); });
+}
+
+tilejit_status tilejit_gemm_batched(const tilejit_tensor* x, const tilejit_packed_weight* const* w,
+                                    size_t w_count, const tilejit_tensor* y,
+                                    const tilejit_gemm_options* opt) {
   return call([&] {
-    GemmOptions o;
-    if (const auto c =
-            options(opt, "opt", "tilejit_gemm_options_init", tilejit_gemm_options_init)) {
-      o.bias = optional_view(c->bias, "opt.bias");
-      o.act = to_enum<Activation>(c->act);
-      o.int4_route = to_enum<Int4Route>(c->int4_route);
-      o.act_quant = to_enum<ActQuant>(c->act_quant);
-      o.act_scale = c->act_scale;
-      o.act_zero_point = c->act_zero_point;
-    }
-    gemm(view(x, "x"), weight(w), view(y, "y"), o);
+    if (w == nullptr && w_count > 0)
+      throw Error(
+          fmt::format("w is NULL with w_count {}; allowed: an array of w_count weights", w_count));
+    std::vector<PackedWeight> ws;
+    ws.reserve(w_count);
+    for (size_t i = 0; i < w_count; ++i)
+      ws.push_back(deref(w[i], fmt::format("w[{}]", i).c_str()).w);
+    gemm_batched(view(x, "x"), ws, view(y, "y"), gemm_options(opt));
   });
 }
 

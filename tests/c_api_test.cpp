@@ -97,6 +97,44 @@ TEST(CApi, VersionAndStatusNames) {
   // an enum may hold it.
 }
 
+// tilejit_gemm_batched: the C++ call's bytes; a NULL array or entry is an Error naming it.
+TEST(CApi, GemmBatchedMatchesTheCppCall) {
+  constexpr int64_t B = 3, M = 2, N = 40, K = 64;
+  const auto x = random_bf16(B * M * K, 11);
+  CTensors c;
+  std::vector<std::vector<uint16_t>> raw;
+  std::vector<CWeight> cws(B);
+  std::vector<const tilejit_packed_weight*> handles;
+  std::vector<PackedWeight> pws;
+  for (int64_t b = 0; b < B; ++b) {
+    raw.push_back(random_bf16(N * K, 20 + static_cast<uint32_t>(b)));
+    const tilejit_tensor wt = c(raw.back().data(), TILEJIT_BF16, {N, K});
+    ASSERT_C_OK(tilejit_pack_weight_bf16(&wt, &cws[b].p));
+    handles.push_back(cws[b].p);
+    pws.push_back(pack_weight({raw.back().data(), DType::bf16, {N, K}}));
+  }
+  const tilejit_tensor xt = c(x.data(), TILEJIT_BF16, {B, M, K});
+  std::vector<float> yc(B * M * N), ycpp(B * M * N);
+  const tilejit_tensor yt = c(yc.data(), TILEJIT_F32, {B, M, N});
+  tilejit_gemm_options o;
+  tilejit_gemm_options_init(&o);
+  o.act = TILEJIT_ACT_SILU;
+  ASSERT_C_OK(tilejit_gemm_batched(&xt, handles.data(), handles.size(), &yt, &o));
+  GemmOptions co;
+  co.act = Activation::silu;
+  gemm_batched({const_cast<uint16_t*>(x.data()), DType::bf16, {B, M, K}}, pws,
+               {ycpp.data(), DType::f32, {B, M, N}}, co);
+  EXPECT_TRUE(same_bytes(yc, ycpp));
+  expect_c_error(tilejit_gemm_batched(&xt, nullptr, 3, &yt, nullptr), "w is NULL with w_count 3");
+  handles[1] = nullptr;
+  expect_c_error(tilejit_gemm_batched(&xt, handles.data(), handles.size(), &yt, nullptr),
+                 "w[1] is NULL");
+  expect_c_error(tilejit_gemm_batched(&xt, handles.data(), 2, &yt, nullptr), "w[1] is NULL");
+  handles[1] = cws[1].p;
+  expect_c_error(tilejit_gemm_batched(&xt, handles.data(), 2, &yt, nullptr),
+                 "gemm_batched: w holds 2 weights");
+}
+
 TEST(CApi, Bf16GemmMatchesTheCppCallWithEveryOption) {
   constexpr int64_t M = 5, N = 37, K = 70, ldx = 80;
   const auto x = random_bf16(M * ldx, 1), w = random_bf16(N * K, 2);

@@ -232,6 +232,13 @@ void tilejit_gemm_options_init(tilejit_gemm_options* opt);
 tilejit_status tilejit_gemm(const tilejit_tensor* x, const tilejit_packed_weight* w,
                             const tilejit_tensor* y, const tilejit_gemm_options* opt);
 
+/* y[b] = act(x[b] · w[b]ᵀ + bias) for b < B: tilejit::gemm_batched (x [B, M,
+   K], y [B, M, N], w an array of B weights of one shape; w may be NULL when
+   w_count is 0). */
+tilejit_status tilejit_gemm_batched(const tilejit_tensor* x, const tilejit_packed_weight* const* w,
+                                    size_t w_count, const tilejit_tensor* y,
+                                    const tilejit_gemm_options* opt);
+
 /* ---- Attention (docs/attention.md) -------------------------------------- */
 typedef struct tilejit_kv_cache_scales {
   float k_scale, v_scale;
