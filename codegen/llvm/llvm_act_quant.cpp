@@ -55,13 +55,6 @@ class ActQuantEmitter : public KernelEmitter {
   llvm::Value* f32(float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); }
   llvm::Value* i32(int32_t v) { return b_.getInt32(static_cast<uint32_t>(v)); }
 
-  // Lanes l with l < n (n: i64, may be <= 0 or >= 16).
-  llvm::Value* lane_mask(llvm::Value* n) {
-    std::vector<llvm::Constant*> iota;
-    for (int l = 0; l < kLanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
-    return b_.CreateICmpSLT(llvm::ConstantVector::get(iota), b_.CreateVectorSplat(kLanes, n));
-  }
-
   llvm::Value* load_chunk(llvm::Value* row, llvm::Value* at, llvm::Value* mask) {
     llvm::Value* p = b_.CreateGEP(b_.getInt16Ty(), row, at);
     if (mask == nullptr) return b_.CreateAlignedLoad(i16v(), p, llvm::Align(2));
@@ -119,7 +112,7 @@ class ActQuantEmitter : public KernelEmitter {
                                      b_.CreateMul(i, arg(TILEJIT_ARG(Args, ld_out))));
     llvm::Value* full = b_.CreateAShr(k, i64(4));  // whole chunks
     llvm::Value* tail_at = b_.CreateShl(full, i64(4));
-    llvm::Value* tail_mask = lane_mask(b_.CreateSub(k, tail_at));
+    llvm::Value* tail_mask = vm_.lane_mask(b_.CreateSub(k, tail_at));
 
     // Range.
     std::vector<llvm::Value*> acc = {llvm::Constant::getNullValue(i16v())};

@@ -46,13 +46,6 @@ class KvQuantEmitter : public KernelEmitter {
 
   llvm::Type* i8v() { return llvm::FixedVectorType::get(b_.getInt8Ty(), kLanes); }
 
-  // Lanes l with l < n (n: i64, 0 <= n < 16).
-  llvm::Value* lane_mask(llvm::Value* n) {
-    std::vector<llvm::Constant*> iota;
-    for (int l = 0; l < kLanes; ++l) iota.push_back(b_.getInt64(static_cast<uint64_t>(l)));
-    return b_.CreateICmpSLT(llvm::ConstantVector::get(iota), b_.CreateVectorSplat(kLanes, n));
-  }
-
   // runtime::f32_to_e4m3 of each lane of q (<16 x float>), as <16 x i8>.
   llvm::Value* to_e4m3(llvm::Value* q) {
     llvm::Value* u = b_.CreateBitCast(q, vm_.i32v());
@@ -111,7 +104,7 @@ class KvQuantEmitter : public KernelEmitter {
           return std::vector<llvm::Value*>{};
         },
         "chunk");
-    chunk(tail_at, lane_mask(b_.CreateSub(d, tail_at)));
+    chunk(tail_at, vm_.lane_mask(b_.CreateSub(d, tail_at)));
   }
 
   VectorMath vm_;

@@ -2,6 +2,8 @@
 
 #include <llvm/IR/Intrinsics.h>
 
+#include <vector>
+
 namespace tilejit::codegen::llvm_backend {
 namespace {
 constexpr uint32_t kSignMask = 0x80000000u;
@@ -25,6 +27,11 @@ llvm::Value* VectorMath::i32(uint32_t v) const {
 }
 llvm::Value* VectorMath::splat(llvm::Value* scalar) const {
   return b_.CreateVectorSplat(lanes_, scalar);
+}
+llvm::Value* VectorMath::lane_mask(llvm::Value* n) const {
+  std::vector<llvm::Constant*> iota;
+  for (unsigned l = 0; l < lanes_; ++l) iota.push_back(b_.getInt64(l));
+  return b_.CreateICmpSLT(llvm::ConstantVector::get(iota), b_.CreateVectorSplat(lanes_, n));
 }
 llvm::Value* VectorMath::as_f32(llvm::Value* v) const {
   return b_.CreateBitCast(v, f32v());

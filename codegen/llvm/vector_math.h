@@ -26,6 +26,9 @@ class VectorMath {
   llvm::Value* f32(float v) const;     // splat constant
   llvm::Value* i32(uint32_t v) const;  // splat constant
   llvm::Value* splat(llvm::Value* scalar) const;
+  // <L x i1>: lanes l with l < n (n an i64, any value: <= 0 none, >= L all),
+  // the mask of a row's tail chunk for masked loads and stores.
+  llvm::Value* lane_mask(llvm::Value* n) const;
   llvm::Value* fma(llvm::Value* a, llvm::Value* b, llvm::Value* c) const;  // a·b + c, one rounding
 
   // exp(x), x clamped to [-87.34, 88.38]: Cody–Waite reduction, degree-6

@@ -52,6 +52,18 @@ StorageAs fp8_codes(StorageAs as) {
   return as;
 }
 
+// The keyword options gemm and gemm_batched share (bias aside: a tensor).
+GemmOptions gemm_options(const py::handle& act, const py::handle& act_quant, float act_scale,
+                         const py::handle& act_zero_point, const py::handle& int4_route) {
+  GemmOptions o;
+  o.int4_route = parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
+  o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+  o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
+  o.act_scale = act_scale;
+  o.act_zero_point = int_arg<int>(act_zero_point, "act_zero_point");
+  return o;
+}
+
 }  // namespace
 
 void bind_gemm(py::module_& m) {
@@ -158,12 +170,7 @@ void bind_gemm(py::module_& m) {
                    float act_scale, const py::handle& act_zero_point, const py::handle& int4_route,
                    const py::handle& dtype) {
     const PackedWeight& pw = packed_weight_arg(w, "w");
-    GemmOptions o;
-    o.int4_route = parse_enum("int4_route", str_arg(int4_route, "int4_route"), int4_route_table());
-    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
-    o.act_quant = parse_enum("act_quant", str_arg(act_quant, "act_quant"), act_quant_table());
-    o.act_scale = act_scale;
-    o.act_zero_point = int_arg<int>(act_zero_point, "act_zero_point");
+    GemmOptions o = gemm_options(act, act_quant, act_scale, act_zero_point, int4_route);
     const StorageAs as{parse_dtype_override(dtype)};
     DlpackTensor tx(x, "x", as), ty(out, "out", as);
     std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
@@ -172,20 +179,22 @@ void bind_gemm(py::module_& m) {
     gemm(tx.view(), pw, ty.view(), o);
   });
 
-  m.def("gemm_batched", [](const py::handle& x, const py::list& w, const py::handle& out,
-                           const py::handle& bias, const py::handle& act, const py::handle& dtype) {
-    std::vector<PackedWeight> ws;
-    for (size_t i = 0; i < w.size(); ++i)
-      ws.push_back(packed_weight_arg(w[i], ("w[" + std::to_string(i) + "]").c_str()));
-    GemmOptions o;
-    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
-    const StorageAs as{parse_dtype_override(dtype)};
-    DlpackTensor tx(x, "x", as), ty(out, "out", as);
-    std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
-    o.bias = view_of(tb);
-    GilRelease release;
-    gemm_batched(tx.view(), ws, ty.view(), o);
-  });
+  m.def(
+      "gemm_batched",
+      [](const py::handle& x, const py::list& w, const py::handle& out, const py::handle& bias,
+         const py::handle& act, const py::handle& act_quant, float act_scale,
+         const py::handle& act_zero_point, const py::handle& int4_route, const py::handle& dtype) {
+        std::vector<PackedWeight> ws;
+        for (size_t i = 0; i < w.size(); ++i)
+          ws.push_back(packed_weight_arg(w[i], ("w[" + std::to_string(i) + "]").c_str()));
+        GemmOptions o = gemm_options(act, act_quant, act_scale, act_zero_point, int4_route);
+        const StorageAs as{parse_dtype_override(dtype)};
+        DlpackTensor tx(x, "x", as), ty(out, "out", as);
+        std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
+        o.bias = view_of(tb);
+        GilRelease release;
+        gemm_batched(tx.view(), ws, ty.view(), o);
+      });
 
   // The C++ side of the call-overhead measurement (tests/python/overhead_bench.py):
   // ns per tilejit::gemm call on views converted once, the loop in C++.

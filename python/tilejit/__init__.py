@@ -283,12 +283,13 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     return ret
 
 
-def gemm_batched(x, w, out=None, bias=None, act="none", out_dtype="bf16", dtype=None):
+def gemm_batched(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_scale=0.0,
+                 act_zero_point=128, out_dtype="bf16", dtype=None, int4_route="automatic"):
     """out[b] = act(x[b] @ w[b].T + bias) for each of B entries (sgl-kernel's
     bmm_cpu; DeepSeek's absorbed MLA): x [B, M, K] bf16 (any strides, K
     stride 1: a head-major view of [M, B, K] works), w a list of B
     PackedWeight of one shape [N, K], out [B, M, N] bf16 or f32; one pass
-    over the thread pool for bf16 weights."""
+    over the thread pool for bf16 weights. The options are gemm's."""
     if out is None:
         (b, m, _), x = _shape(x, "x", 3, dtype)
         if len(w) != b or b == 0:
@@ -297,7 +298,8 @@ def gemm_batched(x, w, out=None, bias=None, act="none", out_dtype="bf16", dtype=
         out, ret = _new(x, (b, m, w[0].n), out_dtype)
     else:
         ret = out
-    _core.gemm_batched(x, list(w), out, bias, act, dtype)
+    _core.gemm_batched(x, list(w), out, bias, act, act_quant, act_scale, act_zero_point,
+                       int4_route, dtype)
     return ret
 
 

@@ -290,3 +290,18 @@ def test_gemm_batched_absorbed_mla_views():
         assert torch.equal(y[:, h, :], tilejit.gemm(q[:, h, :], pw[h], act="silu", out_dtype="f32"))
     with pytest.raises(tilejit.Error, match=r"gemm_batched: w holds 5 weights"):
         tilejit.gemm_batched(q.transpose(0, 1), pw[:5])
+
+
+def test_gemm_batched_quantized_takes_gemm_options():
+    """int8 entries with act_quant="dynamic_asym": each entry is its gemm with
+    the same options (the options reach the per-entry route)."""
+    g = torch.Generator().manual_seed(330)
+    b, m, n, k = 3, 4, 40, 64
+    x = bf16((b, m, k), 331)
+    pw = [tilejit.pack_int8(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
+                            torch.rand(n, generator=g) * 0.01 + 0.001) for _ in range(b)]
+    out = tilejit.gemm_batched(x, pw, act_quant="dynamic_asym", out_dtype="f32")
+    for i in range(b):
+        assert torch.equal(out[i], tilejit.gemm(x[i], pw[i], act_quant="dynamic_asym",
+                                                out_dtype="f32"))
+    assert not torch.equal(out, tilejit.gemm_batched(x, pw, out_dtype="f32"))
