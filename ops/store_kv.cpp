@@ -188,20 +188,16 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     // bf16: row copies (memcpy) on every path; f8e4m3: the kv_quant kernel
     // on the JIT paths, the reference conversion on the scalar path.
     const Isa isa = runtime::active_isa();
-    codegen::KvQuantFn to_e4m3 = nullptr;
-    std::string plan = "plan=c++_copy";
-    if (kvs.fp8 && isa != Isa::scalar) {
-      const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512};
-      to_e4m3 = jit::get(qd).entry<codegen::KvQuantFn>();
-      plan = "plan=" + qd.name();
-    } else if (kvs.fp8) {
-      plan = "plan=c++_to_e4m3";
-    }
-    ops::log_call(op, isa, [&] {
+    const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512};
+    const bool kernel = kvs.fp8 && isa != Isa::scalar;
+    const codegen::KvQuantFn to_e4m3 = kernel ? jit::get(qd).entry<codegen::KvQuantFn>() : nullptr;
+    ops::log_call(op, isa, [&] {  // the line is made only when TILEJIT_VERBOSE asks
       return ops::CallLine{
           fmt::format("T={} Hkv={} D={} Dv={} bs={} cache={}{}", t, hkv, k.shape[2], v.shape[2],
                       k_cache.shape[1], dtype_name(k_cache.dtype), mla ? " mla" : ""),
-          plan};
+          kernel    ? "plan=" + qd.name()
+          : kvs.fp8 ? "plan=c++_to_e4m3"
+                    : "plan=c++_copy"};
     });
     runtime::parallel_for(t, [&](int64_t i) {
       if (slots[i] < 0) return;
