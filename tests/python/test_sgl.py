@@ -67,6 +67,29 @@ def test_weight_packed_linear(n):
     within(y3[0], ref - b.to(F64), 2.0**-8 * (ref - b.to(F64)).abs() + 2.0**-20 * mag, "3-D")
 
 
+def test_bmm_cpu_absorbed_mla():
+    """sglang's DeepSeek absorbed MLA: bmm_cpu(out, q_nope.transpose(0, 1), w_kc, True, None)
+    with w_kc from convert_weight_packed, out a head-major view of a token-major
+    tensor; against float64, and bit-equal to the unpacked (is_vnni=False) call."""
+    heads, t, k, n = 4, 3, 64, 48
+    q = rnd((t, heads, k), 40)
+    w_kc = rnd((heads, n, k), 41, 0.1)
+    packed = sgl.convert_weight_packed(w_kc)
+    out = torch.full((t, heads, n), float("nan")).to(torch.bfloat16)
+    ret = sgl.bmm_cpu(out.transpose(0, 1), q.transpose(0, 1), packed, True, None)
+    assert ret.data_ptr() == out.data_ptr()
+    ref = torch.einsum("thk,hnk->thn", q.to(F64), w_kc.to(F64))
+    mag = torch.einsum("thk,hnk->thn", q.to(F64).abs(), w_kc.to(F64).abs())
+    within(out, ref, 2.0**-8 * ref.abs() + 2.0**-20 * mag, "bmm_cpu")
+    again = torch.empty(heads, t, n, dtype=torch.bfloat16)
+    sgl.bmm_cpu(again, q.transpose(0, 1), w_kc, False, None)
+    assert torch.equal(again, out.transpose(0, 1))
+    with pytest.raises(tilejit.Error, match="bmm_cpu: scale is given"):
+        sgl.bmm_cpu(again, q.transpose(0, 1), packed, True, torch.ones(1))
+    with pytest.raises(tilejit.Error, match="bmm_cpu: .*w holds 3 weights"):
+        sgl.bmm_cpu(again, q.transpose(0, 1), w_kc[:3], False, None)
+
+
 def test_linear_errors():
     w = rnd((32, 16), 4)
     with pytest.raises(tilejit.Error, match="mat1.dtype"):

@@ -35,7 +35,7 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
   sgl-kernel's CPU kernel (flash_attn.cpp), not FlashAttention's bottom-right.
 
 The modules, one per op family (the public names are all here):
-``linear`` (weight_packed_linear, the int8 / fp8 scaled mm ops),
+``linear`` (weight_packed_linear, bmm_cpu, the int8 / fp8 scaled mm ops),
 ``packed_weight`` (convert_weight_packed, PackedWeight), ``moe``
 (fused_experts_cpu), ``routing`` (the top-k routers), ``rope``,
 ``attention``; ``_common`` holds the argument checks they share.
@@ -45,8 +45,8 @@ The modules, one per op family (the public names are all here):
 from tilejit import Error  # noqa: F401
 
 from .attention import decode_attention_cpu, extend_attention_cpu, flash_attn_varlen_func
-from .linear import fp8_scaled_mm_cpu, int8_scaled_mm_cpu, int8_scaled_mm_with_quant, \
-    per_token_quant_int8_cpu, weight_packed_linear
+from .linear import bmm_cpu, fp8_scaled_mm_cpu, int8_scaled_mm_cpu, \
+    int8_scaled_mm_with_quant, per_token_quant_int8_cpu, weight_packed_linear
 from .moe import fused_experts_cpu
 from .packed_weight import PackedWeight, convert_weight_packed
 from .rope import apply_multidimensional_rope_cpu, multimodal_rotary_embedding_cpu, \
@@ -55,7 +55,8 @@ from .routing import biased_grouped_topk_cpu, grouped_topk_cpu, topk_sigmoid_cpu
     topk_softmax_cpu
 
 __all__ = [
-    "PackedWeight", "convert_weight_packed", "weight_packed_linear", "int8_scaled_mm_with_quant",
+    "PackedWeight", "convert_weight_packed", "weight_packed_linear", "bmm_cpu",
+    "int8_scaled_mm_with_quant",
     "int8_scaled_mm_cpu", "per_token_quant_int8_cpu", "fp8_scaled_mm_cpu", "fused_experts_cpu",
     "topk_softmax_cpu", "topk_sigmoid_cpu", "grouped_topk_cpu", "biased_grouped_topk_cpu",
     "rotary_embedding_cpu", "multimodal_rotary_embedding_cpu", "apply_multidimensional_rope_cpu",

@@ -1,4 +1,5 @@
 """sgl-kernel's linear ops on tilejit.gemm: weight_packed_linear (bf16),
+bmm_cpu (tilejit.gemm_batched),
 the W8A8 int8 ops (int8_scaled_mm_with_quant, int8_scaled_mm_cpu,
 per_token_quant_int8_cpu) and the block-fp8 W8A16 op (fp8_scaled_mm_cpu)."""
 
@@ -63,6 +64,44 @@ def weight_packed_linear(mat1, mat2, bias=None, is_vnni=True):
 # float8_e4m3fn tensor is read as its codes (a view, no copy).
 _F8E4M3 = getattr(torch, "float8_e4m3fn", None)
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def bmm_cpu(out, mat1, mat2, is_vnni=True, scale=None):
+    """sgl-kernel ``bmm_cpu(out, mat1, mat2, is_vnni, scale)``: ``out[b] =
+    mat1[b] @ mat2[b].T`` for each of B entries, written into ``out`` (the
+    absorbed MLA of sglang's DeepSeek path: per head, ``q_nope`` times
+    ``w_kc``, the attention output times ``w_vc``).
+
+    mat1: bf16 [B, M, K], any strides with K stride 1 (``q.transpose(0, 1)``
+    as sglang passes it); mat2: what :func:`convert_weight_packed` returned for
+    a bf16 [B, N, K] weight (packed once, at the first call), or
+    (``is_vnni=False``) a plain bf16 [B, N, K] tensor, packed for this call
+    only; out: bf16 [B, M, N], any strides with N stride 1, written in place.
+    One ``tilejit.gemm_batched`` call (one pass over the thread pool).
+    Differences: ``scale`` (sgl-kernel's fp8 w_kc / w_vc) is refused: pass
+    bf16 weights; any N and K (sgl-kernel: multiples of its block sizes);
+    f16 is a tilejit.Error.
+    """
+    op = "bmm_cpu"
+    for arg, t in (("out", out), ("mat1", mat1)):
+        _tensor(arg, t)
+    _no_f16(op, out=out, mat1=mat1, mat2=getattr(mat2, "weight", mat2))
+    _need(scale is None, f"{op}: scale is given (sgl-kernel's fp8 mat2); allowed: None, with a "
+          "bf16 mat2 (dequantize fp8 w_kc / w_vc to bf16 once at load)")
+    _need(mat1.dtype == torch.bfloat16 and out.dtype == torch.bfloat16,
+          f"{op}: mat1.dtype={mat1.dtype}, out.dtype={out.dtype}; allowed: torch.bfloat16")
+    _need(mat1.dim() == 3, f"{op}: mat1 has shape {tuple(mat1.shape)}; allowed: [B, M, K]")
+    if isinstance(mat2, PackedWeight):
+        w = mat2.batched()
+    else:
+        _tensor("mat2", mat2)
+        _need(mat2.dim() == 3 and mat2.dtype == torch.bfloat16,
+              f"{op}: mat2 has shape {tuple(mat2.shape)} and dtype {mat2.dtype}; allowed: "
+              "bf16 [B, N, K], or convert_weight_packed of one")
+        w = [tilejit.pack_weight(mat2[b]) for b in range(mat2.shape[0])]
+    _core(op, "tilejit.gemm_batched's x is mat1, w is mat2, y is out", tilejit.gemm_batched,
+          mat1, w, out=out)
+    return out
 
 
 def _fp8_codes(t):

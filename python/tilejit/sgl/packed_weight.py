@@ -44,6 +44,18 @@ class PackedWeight:
               f"{tuple(self.shape)}; allowed: a 2-D torch.bfloat16 weight [N, K]")
         return p
 
+    def batched(self):
+        """A 3-D bf16 weight [B, N, K] as B ``tilejit.PackedWeight`` (bmm_cpu's
+        mat2), packed at the first call and kept."""
+        p = self._packed.get("batched")
+        if p is None:
+            _need(len(self.shape) == 3 and self.dtype == torch.bfloat16,
+                  f"bmm_cpu: mat2 is a packed {self.dtype} weight of shape {tuple(self.shape)}; "
+                  "allowed: a 3-D torch.bfloat16 weight [B, N, K]")
+            p = [tilejit.pack_weight(self.weight[b]) for b in range(self.shape[0])]
+            self._packed["batched"] = p
+        return p
+
     def experts(self, key, scale, make):
         """The experts packed for key (format, projection, block): see
         :meth:`packed`."""
