@@ -619,7 +619,8 @@ void BM_ExtendOneToken(benchmark::State& state) {
 
 // store_kv of T tokens (Hkv 8, D 128) into a bf16 or an fp8 e4m3 cache,
 // slots shuffled: the copy against the conversion (docs/attention.md,
-// "Store rule"). GB/s of bf16 K and V read.
+// "Store rule"). fp8 1: power-of-two scales (the kernel multiplies by 1/s);
+// fp8 2: other scales (it divides). GB/s of bf16 K and V read.
 void BM_StoreKv(benchmark::State& state) {
   const int64_t t = state.range(0), bs = 16, blocks = (t + bs - 1) / bs;
   const bool fp8 = state.range(1) != 0;
@@ -634,7 +635,8 @@ void BM_StoreKv(benchmark::State& state) {
   std::shuffle(slots.begin(), slots.end(), std::mt19937_64(9));
   const DType ct = fp8 ? DType::f8e4m3 : DType::bf16;
   tilejit::KvCacheScales sc;
-  if (fp8) sc.k_scale = 0.125f, sc.v_scale = 0.25f;
+  if (state.range(1) == 1) sc.k_scale = 0.125f, sc.v_scale = 0.25f;
+  if (state.range(1) == 2) sc.k_scale = 0.3f, sc.v_scale = 0.7f;
   auto run = [&] {
     tilejit::store_kv(TensorView(k.data(), DType::bf16, {t, kHkv, kDecodeD}),
                       TensorView(v.data(), DType::bf16, {t, kHkv, kDecodeD}),
@@ -717,7 +719,7 @@ void register_all() {
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
   for (int64_t t : {64, 4096})
-    for (int64_t fp8 : {0, 1})
+    for (int64_t fp8 : {0, 1, 2})
       for (int threads : {1, 2})
         RegisterBenchmark("BM_StoreKv", BM_StoreKv)
             ->Args({t, fp8, threads})

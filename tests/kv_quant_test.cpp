@@ -110,12 +110,18 @@ int64_t check(const KqKernel& kern, int64_t heads, int64_t d, const std::vector<
 }
 
 const std::vector<float>& scale_set() {
-  static const std::vector<float> s = {1.0f,
-                                       0.125f,
-                                       3.7f,
-                                       std::ldexp(1.0f, -120),
-                                       std::ldexp(1.0f, 100),
-                                       from_bits(0x00012345u)};  // an f32 subnormal
+  // Powers of two (the multiply route: 1/s exact) at both ends of it, 2^127
+  // just past it, and scales that divide.
+  static const std::vector<float> s = {
+      1.0f,
+      0.125f,
+      3.7f,
+      std::ldexp(1.0f, -120),
+      std::ldexp(1.0f, 100),
+      std::ldexp(1.0f, -126),
+      std::ldexp(1.0f, 126),
+      std::ldexp(1.0f, 127),
+      from_bits(0x00012345u)};  // an f32 subnormal  // an f32 subnormal
   return s;
 }
 
@@ -221,6 +227,30 @@ TEST(KvQuantKernel, FollowsTheCallersMxcsrLikeTheReference) {
   }
   // The pairs do tell the modes apart (else this test could not fail).
   EXPECT_NE(by_mode[1], by_mode[2]);
+  // Power-of-two scales (the kernel multiplies by 1/s): quotients that
+  // underflow to subnormals round by the mode too, as the division does.
+  std::vector<std::pair<uint16_t, float>> all;
+  for (float sc : {1.0f, std::ldexp(1.0f, 100), std::ldexp(1.0f, 126), std::ldexp(1.0f, -126)})
+    for (uint32_t i = 0; i < 65536; ++i) all.emplace_back(static_cast<uint16_t>(i), sc);
+  std::vector<uint16_t> xs;
+  std::vector<float> ss;
+  for (const auto& [xv, sc] : all) {
+    xs.push_back(xv);
+    ss.push_back(sc);
+  }
+  for (unsigned mode : {unsigned(_MM_ROUND_DOWN), unsigned(_MM_ROUND_UP), 0x8040u}) {
+    _mm_setcsr((saved & ~0xE040u) | mode);
+    const std::vector<uint8_t> want = references(all);
+    for (const KqKernel& k : kernels) {
+      std::vector<uint8_t> out(xs.size());
+      // One element a head, each with its own scale.
+      const KvQuantArgs a{xs.data(), 1, out.data(), 1, ss.data(), static_cast<int64_t>(xs.size()),
+                          1};
+      k.fn(&a);
+      EXPECT_EQ(out, want) << k.name << " MXCSR " << std::hex << mode;
+    }
+    _mm_setcsr(saved);
+  }
   // DAZ + FTZ with subnormal scales and quotients.
   _mm_setcsr(saved | 0x8040u);
   for (const KqKernel& k : kernels)

@@ -9,7 +9,9 @@
 //   a < 2^-6  m = rne(|q| · 512) (vcvtps2dq {rn-sae}: exact, 0..8)    (subnormal codes)
 //   a >= 448  0x7E (±Inf too);  then | sign;  a NaN: 0x7F
 // vpmovdb stores the 16 codes. The division is the cost (one vdivps per 16
-// codes); the rest is integer work on the four vector ports.
+// codes); the rest is integer work on the four vector ports. A power-of-two
+// scale (1.0 among them) multiplies by its exact reciprocal instead: the
+// same quotient, bit for bit, at the multiply's rate.
 #include <cstddef>
 #include <vector>
 
@@ -40,15 +42,19 @@ class KvQuantKernel : public JitGenerator {
     vpbroadcastd(z, t_.cvt32());
   }
 
-  // 16 codes from x_ + 2·j_ to out_ + j_ (under k1 when masked).
-  void step(bool masked) {
+  // 16 codes from x_ + 2·j_ to out_ + j_ (under k1 when masked); `mul`:
+  // scale_ holds 1/s of a power-of-two s, and x·(1/s) is x/s exactly.
+  void step(bool masked, bool mul) {
     const Zmm q = Zmm(0), a = Zmm(1), sign = Zmm(2), code = Zmm(3), m = Zmm(4);
     if (masked)
       vpmovzxwd(q | k1 | T_z, ptr[x_ + j_ * 2]);
     else
       vpmovzxwd(q, ptr[x_ + j_ * 2]);
     vpslld(q, q, 16);
-    vdivps(q, q, scale_);  // MXCSR's rounding, as the reference's division
+    if (mul)
+      vmulps(q, q, scale_);  // the same exact value, so the same rounding
+    else
+      vdivps(q, q, scale_);  // MXCSR's rounding, as the reference's division
     vpandd(a, q, c_abs_);
     vpsrld(sign, q, 24);
     vpandd(sign, sign, c_sign_);
@@ -74,6 +80,30 @@ class KvQuantKernel : public JitGenerator {
       vpmovdb(ptr[out_ + j_], code);
   }
 
+  // One head's row: full 16-lane steps, then the masked tail.
+  void row(bool mul) {
+    Xbyak::Label loop, tail, end;
+    xor_(j_, j_);
+    L(loop);
+    lea(t_, ptr[j_ + 16]);
+    cmp(t_, d_);
+    jg(tail, T_NEAR);
+    step(false, mul);
+    mov(j_, t_);
+    jmp(loop, T_NEAR);
+    L(tail);
+    mov(t_, d_);
+    sub(t_, j_);
+    jle(end, T_NEAR);
+    // k1 = the low (d − j) < 16 lanes (rdi: the arguments are loaded).
+    mov(edi, 1);
+    shlx(edi, edi, t_.cvt32());
+    dec(edi);
+    kmovw(k1, edi);
+    step(true, mul);
+    L(end);
+  }
+
   void generate() {
     push(rbx);
     mov(x_, arg(offsetof(KvQuantArgs, x)));
@@ -96,29 +126,35 @@ class KvQuantKernel : public JitGenerator {
     broadcast(c_7f_, 0x7F);
     broadcast(c_sign_, 0x80);
 
-    Xbyak::Label head, loop, tail, next, done;
+    Xbyak::Label head, div_row, next, done;
     test(heads_, heads_);
     jle(done, T_NEAR);
     L(head);
+    // A power-of-two scale 2^(e − 127) with e in [1, 253] (1.0, sglang's
+    // default, among them): 1/s = 2^(127 − e) is a normal float, and x·(1/s)
+    // the exact x/s, so a multiply (several per cycle) replaces the divide
+    // (the step's bound). Any other scale divides.
+    mov(eax, dword[scales_]);
+    mov(ecx, eax);
+    and_(ecx, 0x7FFFFF);
+    jnz(div_row, T_NEAR);
+    mov(ecx, eax);
+    shr(ecx, 23);
+    and_(ecx, 0xFF);
+    dec(ecx);  // e − 1, in [0, 252] when e is in [1, 253]
+    cmp(ecx, 252);
+    ja(div_row, T_NEAR);
+    mov(edi, 253);  // the exponent field of 1/s: 254 − e
+    sub(edi, ecx);
+    shl(edi, 23);
+    and_(eax, 0x80000000u);
+    or_(eax, edi);
+    vpbroadcastd(scale_, eax);
+    row(true);
+    jmp(next, T_NEAR);
+    L(div_row);
     vbroadcastss(scale_, dword[scales_]);
-    xor_(j_, j_);
-    L(loop);
-    lea(t_, ptr[j_ + 16]);
-    cmp(t_, d_);
-    jg(tail, T_NEAR);
-    step(false);
-    mov(j_, t_);
-    jmp(loop, T_NEAR);
-    L(tail);
-    mov(t_, d_);
-    sub(t_, j_);
-    jle(next, T_NEAR);
-    // k1 = the low (d − j) < 16 lanes (rdi: the arguments are loaded).
-    mov(edi, 1);
-    shlx(edi, edi, t_.cvt32());
-    dec(edi);
-    kmovw(k1, edi);
-    step(true);
+    row(false);
     L(next);
     add(x_, x_head_);
     add(out_, out_head_);

@@ -515,7 +515,7 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
                   act_scale2=0.0, act_zero_point13=128, act_zero_point2=128,
                   int4_route="automatic", shared_weights=None):
     """out[T, H] = rsf * sum_j topk_weights[t, j] * expert_j(hidden[t]) +
-    s[t] * shared(hidden[t]), s = shared_weights (f32 [T], e.g. Qwen2-MoE's
+    s[t] * shared(hidden[t]), s = shared_weights (f32 or bf16 [T], e.g. Qwen2-MoE's
     sigmoid(shared_expert_gate(hidden)); absent: 1); hidden bf16 [T, H], topk_weights f32 or
     bf16 [T, k], topk_ids int32 or int64 [T, k]. int8 experts with act_quant="fixed": static
     per-tensor scales / zero points of w13's and w2's inputs (act_scale13,
