@@ -105,7 +105,8 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
 
     // k_cache and v_cache may share memory (MLA reads V as the first Dv
     // columns of the K cache); out is written while every input is read.
-    attn::check_attention_out(op, out, opt,
+    // Aliasing against the caller's views (bf16 sinks too, not their f32 copy).
+    attn::check_attention_out(op, out, caller_opt,
                               {{"q", &q},
                                {"k_cache", &k_cache},
                                {"v_cache", &v_cache},

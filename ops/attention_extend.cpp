@@ -89,7 +89,8 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
 
     // The caches and the new K/V may share memory with each other and with q
     // (all are only read); out is written while every input is read.
-    attn::check_attention_out(op, out, opt,
+    // Aliasing against the caller's views (bf16 sinks too, not their f32 copy).
+    attn::check_attention_out(op, out, caller_opt,
                               {{"q", &q},
                                {"k_cache", &k_cache},
                                {"v_cache", &v_cache},

@@ -80,7 +80,8 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
 
     // q, k and v may share memory (views of one fused qkv tensor); out is
     // written while they are read.
-    attn::check_attention_out(op, out, opt,
+    // Aliasing against the caller's views (bf16 sinks too, not their f32 copy).
+    attn::check_attention_out(op, out, caller_opt,
                               {{"q", &q},
                                {"k", &k},
                                {"v", &v},

@@ -774,6 +774,21 @@ TEST(StoreKv, TokensSharingASlotStoreTheLastTokensRow) {
 // ---------------------------------------------------------------------------
 // Errors: each names the argument, the value and what is allowed.
 
+// out may not overlap the caller's sinks, whatever their dtype (a bf16
+// tensor is widened into a copy, but the check sees the caller's memory).
+TEST(AttentionErrors, OutOverlappingSinksOfEitherDtype) {
+  std::vector<uint16_t> qb(8 * 4 * 64, 0), kb(8 * 2 * 64, 0), vb(8 * 2 * 64, 0), ob(8 * 4 * 64, 0);
+  std::vector<int32_t> cu = {0, 8};
+  const TensorView q(qb.data(), DType::bf16, {8, 4, 64}), k(kb.data(), DType::bf16, {8, 2, 64}),
+      v(vb.data(), DType::bf16, {8, 2, 64}), o(ob.data(), DType::bf16, {8, 4, 64});
+  const TensorView c(cu.data(), DType::i32, {2});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    AttentionOptions opt;
+    opt.sinks = TensorView(ob.data() + 64, dt, {4});
+    expect_tilejit_error([&] { flash_attn_varlen(q, k, v, o, c, c, opt); }, "sinks");
+  }
+}
+
 TEST(AttentionErrors, Prefill) {
   std::vector<uint16_t> buf(64 * 8 * 128, 0);
   std::vector<float> f(64, 0);
