@@ -674,21 +674,29 @@ TEST(NanRouting, InfiniteLogitsTakeTheirLimits) {
   EXPECT_EQ(g.w[1], 0.0f);
   EXPECT_EQ(g.w[2], 0.5f);
   EXPECT_EQ(g.w[3], 0.5f);
-  // A NaN correction bias makes that expert's selection key NaN: it ranks
-  // last, and a group with fewer than two numbers among its keys scores NaN.
+  // A NaN correction bias is not data but a corrupt checkpoint constant (it
+  // would keep its expert, and often its group, out of every selection): an
+  // Error naming the entry, the outputs untouched (RoutingErrors.CorrectionBias
+  // has ±Inf too).
   {
     const std::vector<float> lg{2.0f, 1.0f, 0.5f, 0.0f};
     std::vector<float> bias{kNanF, 0.0f, 0.0f, 0.0f};
-    std::vector<float> w(2);
-    std::vector<int32_t> ids(2);
-    grouped_topk(TensorView(lg.data(), DType::f32, {1, 4}),
-                 TensorView(w.data(), DType::f32, {1, 2}),
-                 TensorView(ids.data(), DType::i32, {1, 2}),
-                 {.num_expert_group = 2,
-                  .topk_group = 1,
-                  .correction_bias = TensorView(bias.data(), DType::f32, {4})});
-    EXPECT_EQ(ids, (std::vector<int32_t>{2, 3}));  // group 0: σ(1) + NaN, last
-    for (float x : w) EXPECT_FALSE(std::isnan(x));
+    std::vector<float> w(2, -1.0f);
+    std::vector<int32_t> ids(2, -1);
+    try {
+      grouped_topk(TensorView(lg.data(), DType::f32, {1, 4}),
+                   TensorView(w.data(), DType::f32, {1, 2}),
+                   TensorView(ids.data(), DType::i32, {1, 2}),
+                   {.num_expert_group = 2,
+                    .topk_group = 1,
+                    .correction_bias = TensorView(bias.data(), DType::f32, {4})});
+      ADD_FAILURE() << "a NaN correction bias was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("correction_bias[0] = nan"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(ids, (std::vector<int32_t>{-1, -1}));
+    EXPECT_EQ(w, (std::vector<float>{-1.0f, -1.0f}));
   }
   // Grouped (softmax, 2 groups of 2): the same scores, never a NaN.
   const Routed gr = route(logits, 4, 2, 2);
