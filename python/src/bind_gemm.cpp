@@ -52,6 +52,20 @@ StorageAs fp8_codes(StorageAs as) {
   return as;
 }
 
+// x, out and the optional bias of a gemm or gemm_batched call, exported once
+// and alive for the call.
+struct GemmTensors {
+  GemmTensors(const py::handle& x_arg, const py::handle& out_arg, const py::handle& bias_arg,
+              const py::handle& dtype)
+      : as{parse_dtype_override(dtype)},
+        x(x_arg, "x", as),
+        out(out_arg, "out", as),
+        bias(optional_tensor(bias_arg, "bias", as)) {}
+  StorageAs as;
+  DlpackTensor x, out;
+  std::optional<DlpackTensor> bias;
+};
+
 // The keyword options gemm and gemm_batched share (bias aside: a tensor).
 GemmOptions gemm_options(const py::handle& act, const py::handle& act_quant, float act_scale,
                          const py::handle& act_zero_point, const py::handle& int4_route) {
@@ -171,12 +185,10 @@ void bind_gemm(py::module_& m) {
                    const py::handle& dtype) {
     const PackedWeight& pw = packed_weight_arg(w, "w");
     GemmOptions o = gemm_options(act, act_quant, act_scale, act_zero_point, int4_route);
-    const StorageAs as{parse_dtype_override(dtype)};
-    DlpackTensor tx(x, "x", as), ty(out, "out", as);
-    std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
-    o.bias = view_of(tb);
+    const GemmTensors t(x, out, bias, dtype);
+    o.bias = view_of(t.bias);
     GilRelease release;
-    gemm(tx.view(), pw, ty.view(), o);
+    gemm(t.x.view(), pw, t.out.view(), o);
   });
 
   m.def(
@@ -188,12 +200,10 @@ void bind_gemm(py::module_& m) {
         for (size_t i = 0; i < w.size(); ++i)
           ws.push_back(packed_weight_arg(w[i], ("w[" + std::to_string(i) + "]").c_str()));
         GemmOptions o = gemm_options(act, act_quant, act_scale, act_zero_point, int4_route);
-        const StorageAs as{parse_dtype_override(dtype)};
-        DlpackTensor tx(x, "x", as), ty(out, "out", as);
-        std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
-        o.bias = view_of(tb);
+        const GemmTensors t(x, out, bias, dtype);
+        o.bias = view_of(t.bias);
         GilRelease release;
-        gemm_batched(tx.view(), ws, ty.view(), o);
+        gemm_batched(t.x.view(), ws, t.out.view(), o);
       });
 
   // The C++ side of the call-overhead measurement (tests/python/overhead_bench.py):
