@@ -157,7 +157,7 @@ void check_weight(FuzzedDataProvider& f, const PackedWeight& pw, const std::vect
           ref += v, abs += std::fabs(v);
         }
         tol = runtime::gemm_output_bound(Activation::none, DType::f32, K, abs, 0, ref, ref) +
-              runtime::dequant_weight_bound(Activation::none, abs);
+              runtime::dequant_weight_bound(Activation::none, abs, 0);
       }
       // Products past the f32 range, or underflowing, are outside the model;
       // so are sums whose terms reach it: the kernels accumulate in f32, and

@@ -6,7 +6,7 @@
 //
 //   find_activation(Activation::silu)->name == "silu"
 //   activation_from_name("gelu_erf") == Activation::gelu_erf
-//   activation_list(false) == "none, relu, silu, gelu_tanh, gelu_erf"
+//   activation_list(false) == "none, relu, silu, gelu_tanh, gelu_erf, relu2"
 //   activation_of(OpKind::silu) == Activation::silu  (ir/ops.h, from the table)
 //
 // A new activation is a value of the enum (include/tilejit/tilejit.h), a row
@@ -42,6 +42,7 @@ inline constexpr ActivationInfo kActivations[] = {
     {Activation::silu, "silu", OpKind::silu, true, "silu_and_mul"},
     {Activation::gelu_tanh, "gelu_tanh", OpKind::gelu_tanh, true, "gelu_tanh_and_mul"},
     {Activation::gelu_erf, "gelu_erf", OpKind::gelu_erf, true, "gelu_and_mul"},
+    {Activation::relu2, "relu2", OpKind::relu2, false, nullptr},
 };
 
 // Rows in enum order, so a row's index is its value (a value past the last

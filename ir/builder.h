@@ -33,7 +33,7 @@ class Builder {
   int gemm_quant(int x, int w, int scale, Attrs attrs = {}, int zero = -1, int g_idx = -1);
   int add(int a, int b);
   int mul(int a, int b);
-  // act is relu, silu, gelu_tanh or gelu_erf.
+  // act is relu, silu, gelu_tanh, gelu_erf or relu2.
   int unary(OpKind act, int x);
   int cast(int x, DType to);
   int attention(int q, int k, int v, Attrs attrs = {});

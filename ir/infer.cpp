@@ -164,6 +164,7 @@ std::optional<TensorType> check_op(OpKind kind, std::span<const Value* const> op
     case OpKind::silu:
     case OpKind::gelu_tanh:
     case OpKind::gelu_erf:
+    case OpKind::relu2:
       return check_activation(c);
     case OpKind::cast:
       return check_cast(c);

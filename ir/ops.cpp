@@ -37,7 +37,7 @@ constexpr const char* kMoeNamedRoles[] = {"scale13",    "zero13",    "g_idx13", 
                                           "zero2",      "g_idx2",    "b13",           "b2",
                                           "shared_w13", "shared_w2", "shared_weights"};
 
-constexpr std::array<KindInfo, 12> kKinds = {{
+constexpr std::array<KindInfo, 13> kKinds = {{
     {OpKind::gemm, "gemm", kGemmRoles},
     {OpKind::attention, "attention", kAttentionRoles},
     {OpKind::decode_attention, "decode_attention", kDecodeAttentionRoles},
@@ -50,13 +50,15 @@ constexpr std::array<KindInfo, 12> kKinds = {{
     {OpKind::gelu_tanh, "gelu_tanh", kUnaryRoles},
     {OpKind::gelu_erf, "gelu_erf", kUnaryRoles},
     {OpKind::cast, "cast", kUnaryRoles},
+    {OpKind::relu2, "relu2", kUnaryRoles},
 }};
 
-constexpr std::array<OpKind, 12> kAllKinds = {
+constexpr std::array<OpKind, 13> kAllKinds = {
     OpKind::gemm,      OpKind::attention, OpKind::decode_attention,
     OpKind::rope,      OpKind::moe,       OpKind::add,
     OpKind::mul,       OpKind::relu,      OpKind::silu,
-    OpKind::gelu_tanh, OpKind::gelu_erf,  OpKind::cast};
+    OpKind::gelu_tanh, OpKind::gelu_erf,  OpKind::cast,
+    OpKind::relu2};
 
 const KindInfo& info(OpKind kind) {
   for (const KindInfo& k : kKinds) {

@@ -30,7 +30,8 @@ enum class OpKind {
   silu,
   gelu_tanh,
   gelu_erf,
-  cast
+  cast,
+  relu2
 };
 
 // The spelling in the text form ("gemm", "gelu_tanh", ...).
@@ -39,7 +40,7 @@ std::optional<OpKind> op_kind_from_name(std::string_view name);
 // Every kind, in declaration order (for tests and tools that enumerate).
 std::span<const OpKind> all_op_kinds();
 
-bool is_activation(OpKind kind);          // relu, silu, gelu_tanh, gelu_erf
+bool is_activation(OpKind kind);          // relu, silu, gelu_tanh, gelu_erf, relu2
 bool is_binary_elementwise(OpKind kind);  // add, mul
 // add, mul, the activations and cast: what an elementwise kernel (a fused
 // epilogue or an LLVM elementwise chain) can compute.

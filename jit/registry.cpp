@@ -76,7 +76,7 @@ const KernelRow kRows[] = {
     {Family::rope, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_rope", "d even, rotary_dim even <= d, f32|bf16 q/k and cache"},
     {Family::elementwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
-     "llvm_backend::compile_llvm_elementwise", "add mul relu silu gelu_tanh gelu_erf cast"},
+     "llvm_backend::compile_llvm_elementwise", "add mul relu silu gelu_tanh gelu_erf relu2 cast"},
 #endif
     // The quantized GEMMs' helpers: the Xbyak AVX-512 kernels serve the
     // avx512 and amx paths (a descriptor of either names isa=avx512).

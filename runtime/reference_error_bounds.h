@@ -29,6 +29,8 @@ inline constexpr double kVectorMathError = 4e-6;
 
 // How much an activation can stretch an error of its input: its largest slope.
 // silu: x·σ(x) has slope ≤ 1.0998; the gelus ≤ 1.129; relu and none 1.
+// relu2 has no such constant (slope 2x): NaN, so that a bound built on it
+// fails every comparison; bounds take activation_error below instead.
 inline double activation_lipschitz(Activation act) {
   switch (act) {
     case Activation::none:
@@ -39,13 +41,46 @@ inline double activation_lipschitz(Activation act) {
     case Activation::gelu_tanh:
     case Activation::gelu_erf:
       return 1.13;
+    case Activation::relu2:
+      return std::nan("");
   }
   return 1.0;
 }
 
-// The error the vector math adds to act(x) (none and relu are exact).
+// How far act moves when its input moves by at most `err` from `pre`: L·err
+// for the Lipschitz activations; relu2 (relu(x)², relu 1-Lipschitz, then
+// |a'² − a²| = |a' − a|·|a' + a|) at most (2·|pre| + err)·err. A bound made of
+// several input errors E_i stretched one call each needs (Σ E_i)² ≤ the sum
+// of the calls' quadratic terms: with 3·err instead of err, Cauchy–Schwarz
+// ((Σ E_i)² ≤ 3·Σ E_i² for up to three) covers the three sources the
+// quantized bounds add (dot product, weight rounding, activation codes).
+inline double activation_error(Activation act, double pre, double err) {
+  if (act == Activation::relu2) return (2 * std::fabs(pre) + 3 * err) * err;
+  return activation_lipschitz(act) * err;
+}
+
+// activation_error's factor for messages: "1.1", or relu2's "2·|pre| + 3·e".
+inline const char* activation_slope_text(Activation act) {
+  switch (act) {
+    case Activation::none:
+    case Activation::relu:
+      return "1";
+    case Activation::silu:
+      return "1.1";
+    case Activation::gelu_tanh:
+    case Activation::gelu_erf:
+      return "1.13";
+    case Activation::relu2:
+      return "2·|pre| + 3·e (relu2; e the error it multiplies)";
+  }
+  return "?";
+}
+
+// The error the vector math adds to act(x): none and relu are exact, relu2
+// rounds its square once (u·x²); the others are kVectorMathError·max(1, |x|).
 inline double activation_math_error(Activation act, double x) {
   if (act == Activation::none || act == Activation::relu) return 0;
+  if (act == Activation::relu2) return kF32Unit * x * x;
   return kVectorMathError * std::max(1.0, std::fabs(x));
 }
 
@@ -54,8 +89,8 @@ inline double activation_math_error(Activation act, double x) {
 // nearest even; the f32 product before it adds 2⁻²⁴), so against the exact
 // dequantized weights an output moves by at most that times Σ|x·w| more,
 // through the activation.
-inline double dequant_weight_bound(Activation act, double sum_abs) {
-  return activation_lipschitz(act) * (std::ldexp(1.0, -8) + std::ldexp(1.0, -23)) * sum_abs;
+inline double dequant_weight_bound(Activation act, double sum_abs, double pre) {
+  return activation_error(act, pre, (std::ldexp(1.0, -8) + std::ldexp(1.0, -23)) * sum_abs);
 }
 
 // The W8A8 epilogue (codegen/brgemm_desc.h): the int32 sum t is exact; float(t),
@@ -64,7 +99,7 @@ inline double dequant_weight_bound(Activation act, double sum_abs) {
 // the reference's own rounding and, for bf16 out, one bf16 ulp.
 inline double int8_output_bound(Activation act, DType out, double pre_abs, double bias_abs,
                                 double pre, double v) {
-  double tol = activation_lipschitz(act) * 4 * kF32Unit * (pre_abs + bias_abs);
+  double tol = activation_error(act, pre, 4 * kF32Unit * (pre_abs + bias_abs));
   tol += activation_math_error(act, pre) + kF32Unit * std::fabs(v);
   if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(std::fabs(v), -7);
   return tol;
@@ -78,8 +113,8 @@ inline double int8_output_bound(Activation act, DType out, double pre_abs, doubl
 // int8_output_bound.
 inline double w4a8_output_bound(Activation act, DType out, int64_t groups, double pre_abs,
                                 double bias_abs, double pre, double v) {
-  double tol = activation_lipschitz(act) *
-               ((static_cast<double>(groups) + 4) * kF32Unit * pre_abs + kF32Unit * bias_abs);
+  double tol = activation_error(
+      act, pre, (static_cast<double>(groups) + 4) * kF32Unit * pre_abs + kF32Unit * bias_abs);
   tol += activation_math_error(act, pre) + kF32Unit * std::fabs(v);
   if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + std::ldexp(std::fabs(v), -7);
   return tol;
@@ -87,8 +122,8 @@ inline double w4a8_output_bound(Activation act, DType out, int64_t groups, doubl
 // What quantizing x per row moves a W4A8 output by, against the same GEMM on
 // the bf16 x: each x_k is within half a code, s_x/2, of its code's value
 // (plus the f32 rounding of x·(1/s_x): we allow 0.51·s_x), times |w_k|.
-inline double w4a8_activation_bound(Activation act, double s_x, double w_abs) {
-  return activation_lipschitz(act) * 0.51 * s_x * w_abs;
+inline double w4a8_activation_bound(Activation act, double s_x, double w_abs, double pre) {
+  return activation_error(act, pre, 0.51 * s_x * w_abs);
 }
 
 // Dot product. Products of two bf16 values are exact in fp32; vdpbf16ps /
@@ -116,7 +151,7 @@ inline double bf16_ulp_bound(double v) {
 // perturbed, value).
 inline double gemm_output_bound(Activation act, DType out, int64_t k, double sum_abs,
                                 double bias_abs, double pre, double v) {
-  double tol = activation_lipschitz(act) * dot_bound(k, sum_abs, bias_abs);
+  double tol = activation_error(act, pre, dot_bound(k, sum_abs, bias_abs));
   tol += activation_math_error(act, pre);
   tol += kF32Unit * std::fabs(v);
   if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + bf16_ulp_bound(v);
@@ -154,9 +189,9 @@ inline double gemm_output_bound(Activation act, DType out, int64_t k, double sum
 inline double quant_brgemm_output_bound(Activation act, DType out, int64_t k, double sum_abs,
                                         double bias_abs, double pre, double v,
                                         double offset_abs = 0) {
-  double tol =
-      activation_lipschitz(act) *
-      ((static_cast<double>(k) + 4) * kF32Unit * (sum_abs + offset_abs) + kF32Unit * bias_abs);
+  double tol = activation_error(
+      act, pre,
+      (static_cast<double>(k) + 4) * kF32Unit * (sum_abs + offset_abs) + kF32Unit * bias_abs);
   tol += activation_math_error(act, pre);
   tol += kF32Unit * std::fabs(v);
   if (out == DType::bf16) tol = tol * (1 + std::ldexp(1.0, -8)) + bf16_ulp_bound(v);
@@ -201,10 +236,11 @@ inline double rope_output_bound(DType out, double mag, double ref) {
 // Steps 2 and 3 of the MoE bound, for one intermediate activation whose
 // fp32 gate and up sums are within eps_sum·Σ|x·w| (eps_sum in absolute
 // units, e.g. 8·u): glu(gate, up) in fp32 moves by εg through the gated
-// function's Lipschitz constant (1.1 for silu and σ-swiglu, 1.13 for gelu;
-// the clamps are 1-Lipschitz) times |up|, εu times |act(gate)|, the
-// vectorised exp/erf/tanh approximations (kVectorMathError·max(1, |gate|)
-// relative to |up|, times max(1, α) since exp sees α·gate) and a few fp32
+// function (activation_error: its Lipschitz constant, 1.1 for silu and
+// σ-swiglu, 1.13 for gelu, the clamps 1-Lipschitz; relu2's slope grows with
+// |gate|) times |up|, εu times |act(gate)|, the vectorised exp/erf/tanh
+// approximations (activation_math_error, kVectorMathError·max(1, |gate|)
+// relative to |up|, times max(1, α) for swiglu since exp sees α·gate) and a few fp32
 // roundings of the product: εa (moe_act_error), doubled for headroom. The
 // kernel's bf16 activation then lies between bf16(a − εa) and bf16(a + εa)
 // (rounding is monotone): the slack (moe_act_slack) is the larger distance of
@@ -213,23 +249,24 @@ inline double rope_output_bound(DType out, double mag, double ref) {
 inline double moe_act_error(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
   const double eg = eps_sum * p.gate_abs;
   const double eu = eps_sum * p.up_abs;
-  double lip, f, mult, g;
+  // df: how far act(gate) moves for εg; math: its vector math's own error.
+  double df, math, f, mult, g;
   if (glu.clamped_swiglu) {
     // d/dg g·σ(α·g) = h(α·g) with h(y) = σ(y) + y·σ'(y) ≤ 1.0998, for any α.
-    lip = 1.1;
     g = std::min(p.gate, glu.limit);
+    df = 1.1 * eg;
+    math = kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha);
     f = g / (1 + std::exp(-glu.alpha * g));
     mult = std::clamp(p.up, -glu.limit, glu.limit) + 1;
   } else {
-    lip = activation_lipschitz(glu.act);
     g = p.gate;
+    df = activation_error(glu.act, g, eg);
+    math = activation_math_error(glu.act, g);
     f = reference_activation(glu.act, g);
     mult = p.up;
   }
   const double m = std::fabs(mult) + eu;
-  const double ea = lip * eg * m + (std::fabs(f) + lip * eg) * eu +
-                    kVectorMathError * std::max(1.0, std::fabs(g)) * std::max(1.0, glu.alpha) * m +
-                    4 * kF32Unit * std::fabs(p.act);
+  const double ea = df * m + (std::fabs(f) + df) * eu + math * m + 4 * kF32Unit * std::fabs(p.act);
   return 2 * ea;
 }
 

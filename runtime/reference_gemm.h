@@ -16,6 +16,8 @@ inline double reference_activation(Activation act, double v) {
       return v;
     case Activation::relu:
       return v > 0 ? v : 0;
+    case Activation::relu2:
+      return v > 0 ? v * v : 0;
     case Activation::silu:
       return v / (1.0 + std::exp(-v));
     case Activation::gelu_tanh: {

@@ -40,6 +40,7 @@
 #include "ir/parser.h"
 #endif
 #include "test_util.h"
+#include "tests/support/activations.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::test {
@@ -153,8 +154,7 @@ void check_gemm(Format f, int64_t m, DType out, const std::vector<float>& pre) {
   for (int64_t i = 0; i < m; ++i) x[size_t(i * k)] = f32_to_bf16(1.0f);
   std::vector<float> bias(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) bias[size_t(j)] = rest_of(pre[size_t(j)]);
-  for (Activation act :
-       {Activation::relu, Activation::silu, Activation::gelu_tanh, Activation::gelu_erf}) {
+  for (Activation act : testing_support::applied_activations()) {
     GemmOptions opt;
     opt.act = act;
     opt.bias = TensorView(bias.data(), DType::f32, {n});
@@ -321,7 +321,7 @@ INSTANTIATE_TEST_SUITE_P(Glu, ActivationExtremesMoe,
 
 #if TILEJIT_HAVE_LLVM
 // The LLVM elementwise compiler (IR programs: `tilejit run`) evaluates the
-// same VectorMath activations: silu, gelu_tanh and gelu_erf of the 32
+// same VectorMath activations: silu, gelu_tanh, gelu_erf and relu2 of the 32
 // pre-activations, f32 in and out. The llvm variant only (it is the path
 // these kernels serve; the others would repeat it).
 TEST(ActivationExtremesElementwise, MatchesTheDefinition) {
@@ -329,24 +329,26 @@ TEST(ActivationExtremesElementwise, MatchesTheDefinition) {
   if (!want_isa || *want_isa != Isa::llvm) GTEST_SKIP() << "runs in the llvm variant";
   TILEJIT_SKIP_IF_ISA_MISSING();
   const ir::Function f = ir::parse(R"(
-func @acts(%x: tensor<1x32xf32>) -> (tensor<1x32xf32>, tensor<1x32xf32>, tensor<1x32xf32>) {
+func @acts(%x: tensor<1x32xf32>) -> (tensor<1x32xf32>, tensor<1x32xf32>, tensor<1x32xf32>, tensor<1x32xf32>) {
   %0 = silu %x : tensor<1x32xf32>
   %1 = gelu_tanh %x : tensor<1x32xf32>
   %2 = gelu_erf %x : tensor<1x32xf32>
-  return %0, %1, %2
+  %3 = relu2 %x : tensor<1x32xf32>
+  return %0, %1, %2, %3
 })");
   namespace lb = codegen::llvm_backend;
   const lb::LlvmKernel k = lb::compile_llvm_elementwise(f);
   const std::vector<float>& pre = pre_values();
   ASSERT_EQ(pre.size(), 32u);
-  std::vector<float> out[3] = {std::vector<float>(32), std::vector<float>(32),
-                               std::vector<float>(32)};
+  std::vector<float> out[4] = {std::vector<float>(32), std::vector<float>(32),
+                               std::vector<float>(32), std::vector<float>(32)};
   const void* params[] = {pre.data()};
-  void* results[] = {out[0].data(), out[1].data(), out[2].data()};
+  void* results[] = {out[0].data(), out[1].data(), out[2].data(), out[3].data()};
   const lb::ElementwiseArgs args{params, results, 1, nullptr, nullptr};
   k.fn<lb::ElementwiseFn>()(&args);
-  const Activation acts[] = {Activation::silu, Activation::gelu_tanh, Activation::gelu_erf};
-  for (int a = 0; a < 3; ++a)
+  const Activation acts[] = {Activation::silu, Activation::gelu_tanh, Activation::gelu_erf,
+                             Activation::relu2};
+  for (int a = 0; a < 4; ++a)
     for (size_t j = 0; j < 32; ++j)
       EXPECT_TRUE(
           close(out[a][j], runtime::reference_activation(acts[a], pre[j]), pre[j], DType::f32))

@@ -65,6 +65,7 @@
 #include "runtime/cpu_features.h"
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_brgemm.h"
+#include "tests/support/activations.h"
 #endif
 
 namespace tilejit::test {
@@ -180,8 +181,7 @@ std::vector<BrgemmCase> battery(Isa path) {
       }
   // Every epilogue, on an N- and K-tailed sub-tile and on a full tile with
   // batch 2 (AMX: there the accumulators load acc_in and store f32 directly).
-  const Activation acts[] = {Activation::none, Activation::relu, Activation::silu,
-                             Activation::gelu_tanh, Activation::gelu_erf};
+  const std::vector<Activation> acts = testing_support::all_activations();
   const BiasKind biases[] = {BiasKind::none, BiasKind::f32, BiasKind::bf16};
   int i = 0;
   for (int shape = 0; shape < 2; ++shape)

@@ -57,6 +57,7 @@
 #include "runtime/quant_formats.h"
 #include "runtime/reference_gemm.h"
 #include "test_util.h"
+#include "tests/support/activations.h"
 
 namespace tilejit::test {
 namespace {
@@ -91,8 +92,7 @@ BrgemmCase llvm_case(int mr, int nr, int64_t kb, int batch = 1) {
 const int kMr[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 32};
 const int kNr[] = {1, 15, 16, 17, 33, 64};
 const int64_t kKb[] = {1, 2, 30, 32, 33, 100, 4096};
-const Activation kActs[] = {Activation::none, Activation::relu, Activation::silu,
-                            Activation::gelu_tanh, Activation::gelu_erf};
+const std::vector<Activation> kActs = testing_support::all_activations();
 const BiasKind kBiases[] = {BiasKind::none, BiasKind::f32, BiasKind::bf16};
 
 std::vector<BrgemmCase> shape_sweep() {
@@ -102,7 +102,7 @@ std::vector<BrgemmCase> shape_sweep() {
     for (int nr : kNr)
       for (int64_t kb : kKb) {
         BrgemmCase c = llvm_case(mr, nr, kb, i % 2 ? 3 : 1);
-        c.act = kActs[i % 5];
+        c.act = kActs[size_t(i) % kActs.size()];
         c.bias = kBiases[i % 3];
         c.out = (i / 2) % 2 ? DType::bf16 : DType::f32;
         const int acc = (i / 3) % 3;
@@ -262,7 +262,7 @@ TEST(LlvmBrgemmApi, KernelsCompiledOnManyThreadsAtOnceAreCorrect) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 4; ++i) {
         BrgemmCase c = llvm_case(1 + t * 3 + i, 9 + 13 * i, 21 + 10 * t);
-        c.act = kActs[(t + i) % 5];
+        c.act = kActs[size_t(t + i) % kActs.size()];
         c.out = i % 2 ? DType::bf16 : DType::f32;
         try {
           const lb::LlvmKernel k = lb::compile_llvm_brgemm(
@@ -498,7 +498,7 @@ std::vector<RefVal> reference_eval(const ir::Function& f, const EwCall& call, in
       default: {
         const Activation act = ir::activation_of(op.kind);
         out.v = runtime::reference_activation(act, a.v);
-        out.err = runtime::activation_lipschitz(act) * a.err;
+        out.err = runtime::activation_error(act, a.v, a.err);
         out.err += runtime::activation_math_error(act, std::fabs(a.v) + a.err);
         out.err += u * (std::fabs(out.v) + out.err);
         break;

@@ -56,6 +56,7 @@
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "test_util.h"
+#include "tests/support/activations.h"
 
 namespace tilejit::test {
 namespace {
@@ -327,8 +328,7 @@ std::string run_case(const Int8Case& c, BrgemmFn fn) {
 
 const int kNr[] = {1, 15, 16, 17, 33, 63, 64};
 const int64_t kKb[] = {4, 8, 60, 64, 68, 132, 1024};
-const Activation kActs[] = {Activation::none, Activation::relu, Activation::silu,
-                            Activation::gelu_tanh, Activation::gelu_erf};
+const std::vector<Activation> kActs = testing_support::all_activations();
 const BiasKind kBiases[] = {BiasKind::none, BiasKind::f32, BiasKind::bf16};
 const DType kOuts[] = {DType::i32, DType::f32, DType::bf16};
 const Zero kZeros[] = {Zero::none, Zero::z128, Zero::random};
@@ -340,7 +340,7 @@ void rotate_epilogue(Int8Case& c, int i) {
   c.batch = (i / 2) % 2 ? 3 : 1;
   c.accumulate = (i / 5) % 2 != 0;
   if (c.out != DType::i32) {
-    c.act = kActs[(i / 7) % 5];
+    c.act = kActs[size_t(i / 7) % kActs.size()];
     c.bias = kBiases[(i / 4) % 3];
   } else {
     c.in_place = c.accumulate && (i / 11) % 2 != 0;

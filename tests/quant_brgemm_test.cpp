@@ -64,6 +64,7 @@
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_gemm.h"
 #include "test_util.h"
+#include "tests/support/activations.h"
 #include "tilejit/error.h"
 
 namespace tilejit::test {
@@ -508,8 +509,7 @@ std::vector<QCase> epilogue_cases() {
   std::vector<QCase> v;
   for (Fmt f : {Fmt::u4, Fmt::u4zp, Fmt::fp8, Fmt::mx})
     for (BiasKind b : {BiasKind::none, BiasKind::f32, BiasKind::bf16})
-      for (Activation a : {Activation::none, Activation::relu, Activation::silu,
-                           Activation::gelu_tanh, Activation::gelu_erf})
+      for (Activation a : testing_support::all_activations())
         for (DType o : {DType::f32, DType::bf16})
           for (int shape = 0; shape < 2; ++shape) {
             QCase c;

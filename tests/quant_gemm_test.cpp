@@ -26,6 +26,7 @@
 #include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
 #include "test_util.h"
+#include "tests/support/activations.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::test {
@@ -432,7 +433,7 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
         const double pre_x = exact + b, ref_x = runtime::reference_activation(c.act, pre_x);
         const double tol_x =
             runtime::gemm_output_bound(c.act, c.out, K, sum_abs, std::fabs(b), pre_x, ref_x) +
-            runtime::w4a8_activation_bound(c.act, sa, w_abs) + tol;
+            runtime::w4a8_activation_bound(c.act, sa, w_abs, pre_x) + tol;
         const double got_x = read_out(ybuf.data(), c.out, i * ldy + j);
         if (!(std::fabs(got_x - ref_x) <= tol_x) && bad++ == 0)
           first = fmt::format("y[{}, {}] = {} vs the bf16-activation reference {} (tol {})", i, j,
@@ -472,7 +473,8 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
           tol = runtime::quant_brgemm_output_bound(c.act, c.out, K, qz_abs, std::fabs(b), pre, ref,
                                                    off_abs);
         } else if (!scalar) {
-          tol += runtime::dequant_weight_bound(c.act, sum_abs) * (c.out == DType::bf16 ? 1.01 : 1);
+          tol += runtime::dequant_weight_bound(c.act, sum_abs, pre) *
+                 (c.out == DType::bf16 ? 1.01 : 1);
           // The tight check: the kernels' contract (w rounded to bf16) exactly.
           const double pre_r = acc_r + b, ref_r = runtime::reference_activation(c.act, pre_r);
           const double tol_r =
@@ -503,8 +505,7 @@ double bias_value(const QCase& c, const std::vector<float>& bf, const std::vecto
 
 std::vector<QCase> battery() {
   std::vector<QCase> out;
-  const Activation acts[] = {Activation::none, Activation::relu, Activation::silu,
-                             Activation::gelu_tanh, Activation::gelu_erf};
+  const std::vector<Activation> acts = testing_support::all_activations();
   const Bias biases[] = {Bias::none, Bias::f32, Bias::bf16};
   // M tails (1, the AVX-512 / AMX blocks and past them, the fused kernel's
   // row groups of 4 with and without a remainder up to its 16 rows, > 16 for
@@ -515,8 +516,9 @@ std::vector<QCase> battery() {
                                {2, 17, 127},  {64, 129, 513}, {7, 90, 200},   {16, 33, 130}};
   int v = 0;
   auto add = [&](QCase c) {
-    c.act = acts[v % 5];
-    c.bias = biases[(v / 5) % 3];
+    const int na = static_cast<int>(acts.size());
+    c.act = acts[size_t(v % na)];
+    c.bias = biases[(v / na) % 3];
     c.out = (v / 2) % 2 ? DType::bf16 : DType::f32;
     ++v;
     out.push_back(c);
@@ -769,7 +771,7 @@ TEST(QuantShards, NSliceAndKSliceInsideAGroup) {
       }
       EXPECT_NEAR(y[i * g.n + n], ref,
                   runtime::gemm_output_bound(Activation::none, DType::f32, K, abs, 0, ref, ref) +
-                      runtime::dequant_weight_bound(Activation::none, abs));
+                      runtime::dequant_weight_bound(Activation::none, abs, 0));
     }
 }
 

@@ -1106,7 +1106,7 @@ TEST(TuningDb, TunedQuantizedGemmPlanUsed) {
       }
       ASSERT_NEAR(y[size_t(i * n + j)], ref,
                   runtime::gemm_output_bound(Activation::none, DType::f32, k, abs, 0, ref, ref) +
-                      runtime::dequant_weight_bound(Activation::none, abs))
+                      runtime::dequant_weight_bound(Activation::none, abs, 0))
           << "y[" << i << ", " << j << "]";
     }
   jit::install_tuning_db({}, "");
@@ -1342,7 +1342,7 @@ TEST(TuningDb, TunedU4DotUsed) {
         ASSERT_NEAR(
             y[size_t(i * n + j)], ref,
             runtime::quant_brgemm_output_bound(Activation::none, DType::f32, k, abs, 0, ref, ref) +
-                runtime::dequant_weight_bound(Activation::none, abs))
+                runtime::dequant_weight_bound(Activation::none, abs, 0))
             << "y[" << i << ", " << j << "]";
       }
     jit::install_tuning_db({}, "");

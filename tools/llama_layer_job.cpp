@@ -430,11 +430,11 @@ bool check_quant_rows(const std::vector<uint16_t>& x, const QuantCheckpoint& ck,
                                          q.data(), &sa, &za);
         double w_abs = 0;
         for (int64_t c = 0; c < g.k; ++c) w_abs += std::fabs(ck.w(j, c));
-        tol += runtime::w4a8_activation_bound(g.act, sa, w_abs) +
+        tol += runtime::w4a8_activation_bound(g.act, sa, w_abs, pre) +
                runtime::w4a8_output_bound(g.act, DType::bf16, ck.groups(),
                                           abs_sum + 0.51 * sa * w_abs, 0, pre, ref);
       } else if (isa != Isa::scalar) {
-        tol += runtime::dequant_weight_bound(g.act, abs_sum) * 1.01;
+        tol += runtime::dequant_weight_bound(g.act, abs_sum, pre) * 1.01;
       }
     }
     errs[t] = std::fabs(bf(y[r * g.n + j]) - ref);

@@ -67,7 +67,7 @@ Plan make_plan(const ir::Function& f) {
     if (!ir::is_elementwise(op.kind))
       fail(f, value_ref(f, op.result) + " = " + ir::name(op.kind) +
                   " is not elementwise: the LLVM elementwise compiler takes add, mul, relu, "
-                  "silu, gelu_tanh, gelu_erf and cast");
+                  "silu, gelu_tanh, gelu_erf, relu2 and cast");
   }
   for (const ir::Value& v : f.values)
     if (v.type.rank() > static_cast<int>(p.space.size())) p.space = v.type.dims;

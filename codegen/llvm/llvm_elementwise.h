@@ -44,7 +44,7 @@ using ElementwiseFn = void (*)(const ElementwiseArgs*);
 // Verifies f (ir::verify), checks that it is an elementwise chain this
 // compiler covers, and compiles it. Throws tilejit::Error naming the op,
 // value or parameter otherwise: an op other than add, mul, relu, silu,
-// gelu_tanh, gelu_erf, cast; a value whose shape is neither S nor [N]; a
+// gelu_tanh, gelu_erf, relu2, cast; a value whose shape is neither S nor [N]; a
 // symbolic N; a u4 parameter; leading dims of rank ≥ 3 that strides do not
 // let collapse into rows.
 //

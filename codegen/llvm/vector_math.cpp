@@ -83,6 +83,10 @@ llvm::Value* VectorMath::activation(Activation act, llvm::Value* x) const {
       return x;
     case Activation::relu:
       return b.CreateSelect(b.CreateFCmpOGT(x, f32(0.0f)), x, f32(0.0f));
+    case Activation::relu2: {
+      llvm::Value* r = b.CreateSelect(b.CreateFCmpOGT(x, f32(0.0f)), x, f32(0.0f));
+      return b.CreateFMul(r, r);
+    }
     case Activation::silu: {
       // x · sigmoid(x) = x / (1 + e^{-x})
       llvm::Value* e = exp(neg(x));

@@ -37,7 +37,7 @@ class VectorMath {
   // exp(NaN) is NaN.
   llvm::Value* exp(llvm::Value* x) const;
   // relu, silu = x/(1+e^-x), gelu_tanh = x/(1+e^{-2u}), gelu_erf by
-  // Abramowitz–Stegun 7.1.26; none returns x.
+  // Abramowitz–Stegun 7.1.26, relu2 = relu(x)·relu(x); none returns x.
   llvm::Value* activation(Activation act, llvm::Value* x) const;
 
   // bf16 bits (<L x i16>) -> f32, exact.

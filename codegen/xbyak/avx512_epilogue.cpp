@@ -44,6 +44,12 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
     case Activation::relu:
       g.vmaxps(x, x, g.bcst(0.0f));
       return;
+    case Activation::relu2:
+      // relu first (vmaxps returns its second operand, 0, for a NaN x, as
+      // relu does), then one rounding of the square.
+      g.vmaxps(x, x, g.bcst(0.0f));
+      g.vmulps(x, x, x);
+      return;
     case Activation::silu:
       // x · sigmoid(x) = x / (1 + e^{-x})
       g.vxorps(t0, x, g.bcst_u32(kSignMask));

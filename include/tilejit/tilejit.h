@@ -80,7 +80,8 @@ struct TensorView {
       : TensorView(static_cast<void*>(nullptr), type, std::move(dims)) {}
 };
 
-enum class Activation { none, relu, silu, gelu_tanh, gelu_erf };
+// relu2 = relu(x)² (squared ReLU: Nemotron-H, Nemotron-4, Primer).
+enum class Activation { none, relu, silu, gelu_tanh, gelu_erf, relu2 };
 const char* activation_name(Activation a);
 
 // The instruction-set paths, lowest first: the scalar reference; LLVM ORC

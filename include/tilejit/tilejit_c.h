@@ -87,7 +87,8 @@ typedef enum tilejit_activation {
   TILEJIT_ACT_RELU = 1,
   TILEJIT_ACT_SILU = 2,
   TILEJIT_ACT_GELU_TANH = 3,
-  TILEJIT_ACT_GELU_ERF = 4
+  TILEJIT_ACT_GELU_ERF = 4,
+  TILEJIT_ACT_RELU2 = 5
 } tilejit_activation;
 
 /* Options structs: declare one, call its _init function (the defaults of

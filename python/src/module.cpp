@@ -50,12 +50,18 @@ TILEJIT_INSTANTIATE(DType)
 
 const EnumTable<Activation>& activation_table() {
   // The names are the library's (activation_name), so the IR text, the tool
-  // and Python spell them alike.
+  // and Python spell them alike; so is the list: every value activation_name
+  // knows (it refuses the first value past the enum's last).
   static const EnumTable<Activation> t = [] {
     EnumTable<Activation> r;
-    for (Activation a : {Activation::none, Activation::relu, Activation::silu,
-                         Activation::gelu_tanh, Activation::gelu_erf})
-      r.emplace_back(activation_name(a), a);
+    for (int i = 0;; ++i) {
+      const auto a = static_cast<Activation>(i);
+      try {
+        r.emplace_back(activation_name(a), a);
+      } catch (const Error&) {
+        break;
+      }
+    }
     return r;
   }();
   return t;

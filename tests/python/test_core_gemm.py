@@ -26,6 +26,8 @@ def ref_linear(x, w, bias=None, act="none"):
         y = y / (1 + np.exp(-y))
     elif act == "relu":
         y = np.maximum(y, 0)
+    elif act == "relu2":
+        y = np.maximum(y, 0) ** 2
     return y
 
 
@@ -58,6 +60,18 @@ def test_gemm_torch_f32_out_bias_silu():
     assert y.dtype == torch.float32
     ref = ref_linear(x, w, bias, "silu")
     check(y, ref, bound(x, w, ref, out_bf16=False))
+
+
+def test_gemm_relu2_nemotron_up_projection():
+    # Squared ReLU (Nemotron-H's MLP): relu2's slope 2|y| stretches the dot
+    # product's error e to (2|y| + 3e)·e (runtime::activation_error).
+    x, w = bf16((5, 96), 11), bf16((70, 96), 12)
+    y = tilejit.gemm(x, tilejit.pack_weight(w), act="relu2", out_dtype="f32")
+    pre = ref_linear(x, w)
+    ref = ref_linear(x, w, act="relu2")
+    e = 2.0**-16 * (np.abs(to_f64(x)) @ np.abs(to_f64(w)).T)
+    check(y, ref, (2 * np.abs(pre) + 3 * e) * e + 2.0**-23 * np.abs(ref) + 1e-30)
+    assert (to_f64(y)[pre < 0] == 0).all()
 
 
 def test_gemm_numpy_uint16_bf16():

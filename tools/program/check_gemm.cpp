@@ -46,9 +46,10 @@ CheckReport ProgramRunner::check(const TensorMap& outputs) const {
   CheckReport rep;
   rep.reference = "runtime/reference_gemm.h, double accumulation";
   rep.tolerance = fmt::format(
-      "L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + 2⁻²⁴·|ref|{}, K={}, L={} "
+      "L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + 2⁻²⁴·|ref|{}, K={}, L={}; L·e is "
+      "runtime::activation_error "
       "(runtime/reference_error_bounds.h)",
-      bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_lipschitz(a.act));
+      bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_slope_text(a.act));
   for (int64_t i = 0; i < m * n; ++i) {
     const double want = ref[i];
     const double got = y.at(i);
@@ -120,8 +121,9 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
         "weights, times both scales, in double";
     rep.tolerance = fmt::format(
         "int8_output_bound: L·4·2⁻²⁴·(Σ|q·w|·s_x·s_w + |bias|) + 4e-6·max(1,|pre|) + "
-        "2⁻²⁴·|ref|{}, K={}, L={} (runtime/reference_error_bounds.h)",
-        bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_lipschitz(act));
+        "2⁻²⁴·|ref|{}, K={}, L={}; L·e is runtime::activation_error "
+        "(runtime/reference_error_bounds.h)",
+        bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "", k, runtime::activation_slope_text(act));
     for (int64_t i = 0; i < m * n; ++i)
       if (rep.add(got_at(i), want[i], tol[i])) rep.worst_index = {i / n, i % n};
     return rep;
@@ -176,9 +178,10 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
       double t = runtime::gemm_output_bound(act, y.dtype, k, sum_abs, std::fabs(b), pre, ref);
       // The kernels round each w to bf16 (tests/quant_gemm_test.cpp: ×1.01
       // for the bf16 output's rounding of the moved value).
-      if (dequantized) t += runtime::dequant_weight_bound(act, sum_abs) * (bf16_out ? 1.01 : 1);
+      if (dequantized)
+        t += runtime::dequant_weight_bound(act, sum_abs, pre) * (bf16_out ? 1.01 : 1);
       if (w4a8)
-        t += runtime::w4a8_activation_bound(act, sa, w_abs) +
+        t += runtime::w4a8_activation_bound(act, sa, w_abs, pre) +
              runtime::w4a8_output_bound(act, y.dtype, groups, sum_abs + 0.51 * sa * w_abs,
                                         std::fabs(b), pre, ref);
       tol[i * n + j] = t;
@@ -189,13 +192,14 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
       "accumulation";
   rep.tolerance = fmt::format(
       "gemm_output_bound (L·((K+2)·2⁻²⁴·Σ|x·w| + 2⁻²⁴·|bias|) + 4e-6·max(1,|pre|) + "
-      "2⁻²⁴·|ref|{}){}, K={}, L={} (runtime/reference_error_bounds.h)",
+      "2⁻²⁴·|ref|{}){}, K={}, L={}; L·e is runtime::activation_error "
+      "(runtime/reference_error_bounds.h)",
       bf16_out ? ", then ×(1+2⁻⁸) + 2⁻⁷·|ref|" : "",
       dequantized ? " + dequant_weight_bound (L·(2⁻⁸ + 2⁻²³)·Σ|x·w|: w rounded to bf16)"
       : w4a8      ? " + W4A8 (x quantized per row): w4a8_activation_bound (L·0.51·s_x·Σ|w|) + "
                     "w4a8_output_bound ((G+4)·2⁻²⁴ of the group sums)"
                   : "",
-      k, runtime::activation_lipschitz(act));
+      k, runtime::activation_slope_text(act));
   for (int64_t i = 0; i < m * n; ++i)
     if (rep.add(got_at(i), want[i], tol[i])) rep.worst_index = {i / n, i % n};
   return rep;
@@ -302,10 +306,11 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
           case ir::OpKind::relu:
           case ir::OpKind::silu:
           case ir::OpKind::gelu_tanh:
-          case ir::OpKind::gelu_erf: {
+          case ir::OpKind::gelu_erf:
+          case ir::OpKind::relu2: {
             const Activation act = ir::activation_of(op.kind);
             v = runtime::reference_activation(act, a);
-            t = runtime::activation_lipschitz(act) * ta +
+            t = runtime::activation_error(act, a, ta) +
                 runtime::activation_math_error(act, std::fabs(a) + ta);
             break;
           }

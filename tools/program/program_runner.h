@@ -5,7 +5,7 @@
 // activation → cast; pack_weight + gemm), and programs of rope, attention and
 // moe ops, one API call per op (tools/program/operator_program.h).
 // With the LLVM backend (TILEJIT_HAVE_LLVM) a gemm may be followed by any
-// elementwise chain (add, mul, relu, silu, gelu_tanh, gelu_erf, cast): the
+// elementwise chain (add, mul, relu, silu, gelu_tanh, gelu_erf, relu2, cast): the
 // longest prefix codegen::match_gemm accepts runs as the fused gemm, the rest
 // as one loop compiled by codegen/llvm/llvm_elementwise.h; and a program with
 // no gemm at all that is such a chain runs as that loop alone.
