@@ -6,6 +6,8 @@
 
 #include <new>
 
+#include "runtime/no_cancel.h"
+
 namespace tilejit::c_api {
 
 namespace {
@@ -35,6 +37,7 @@ void set_last_error(const char* prefix, const char* msg) noexcept {
 }
 
 tilejit_status call(void (*body)(void*), void* ctx) {
+  const runtime::NoCancelScope no_cancel;  // as every C++ call (runtime/no_cancel.h)
   try {
     body(ctx);
     return TILEJIT_OK;

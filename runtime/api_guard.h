@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "runtime/lazy_statics.h"
+#include "runtime/no_cancel.h"
 #include "runtime/stack_room.h"
 #include "tilejit/error.h"
 
@@ -23,7 +24,8 @@ inline constexpr size_t kCallStackBytes = size_t{32} << 10;
 
 template <class F>
 decltype(auto) api_guard(const char* op, F&& body) {
-  mark_library_used();  // the fork handlers complete its lazy statics from now on
+  const NoCancelScope no_cancel;  // the call's waits are no cancellation points
+  mark_library_used();            // the fork handlers complete its lazy statics from now on
   if (const size_t room = stack_room(); room < kCallStackBytes)
     throw Error(std::string(op) + ": the calling thread has " + std::to_string(room >> 10) +
                 " KiB of stack left; a call needs " + std::to_string(kCallStackBytes >> 10) +

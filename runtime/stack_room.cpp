@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "runtime/no_cancel.h"
 #include "tilejit/error.h"
 
 namespace tilejit::runtime {
@@ -64,13 +65,14 @@ void run_with_stack(size_t need, const std::function<void()>& f, const std::stri
   // The wait must not be a cancellation point: a caller cancelled in
   // pthread_join unwound its frame while the helper still used it (a
   // crash in 5 of 5 runs); a pending cancel is acted on after the work.
-  int cancel_state = 0;
-  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-  pthread_t t;
-  const int rc = pthread_create(&t, &attr, run_job, &job);
-  pthread_attr_destroy(&attr);
-  if (rc == 0) pthread_join(t, nullptr);
-  pthread_setcancelstate(cancel_state, nullptr);
+  int rc = 0;
+  {
+    const NoCancelScope no_cancel;
+    pthread_t t;
+    rc = pthread_create(&t, &attr, run_job, &job);
+    pthread_attr_destroy(&attr);
+    if (rc == 0) pthread_join(t, nullptr);
+  }
   if (rc != 0)
     throw Error((what.empty() ? std::string() : what + ": ") + "this thread's stack has " +
                 (room == std::numeric_limits<size_t>::max() ? std::string("an unknown amount of")

@@ -26,6 +26,7 @@ namespace tilejit::runtime {
 namespace {
 
 thread_local bool t_in_task = false;
+thread_local bool t_exiting_thread = false;  // mark_exiting_thread
 
 int default_threads() {
   if (const char* env = std::getenv("TILEJIT_NUM_THREADS"); env != nullptr && *env != '\0') {
@@ -283,9 +284,16 @@ void set_num_threads(int n) {
   thread_count().store(n);
 }
 
+void mark_exiting_thread() {
+  t_exiting_thread = true;
+}
+bool on_exiting_thread() {
+  return t_exiting_thread;
+}
+
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
-  if (t_in_task) {
+  if (t_in_task || t_exiting_thread) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }

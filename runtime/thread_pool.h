@@ -21,4 +21,12 @@ void set_num_threads(int n);
 // The first exception thrown by a task is rethrown to the caller.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
 
+// The thread running the process's exit handlers (marked by the LLVM JIT's
+// exit gate, codegen/llvm/llvm_jit.cpp, when it closes): its parallel_for
+// calls run inline from then on, since a pool worker asking the closed gate
+// for a compile parks there until the process ends and the exiting thread
+// would wait for it forever; on that thread the gate refuses with an Error.
+void mark_exiting_thread();
+bool on_exiting_thread();
+
 }  // namespace tilejit::runtime

@@ -183,6 +183,98 @@ TEST_F(GemmConcurrency, ExitChildDuringFirstCompiles) {
   std::exit(0);
 }
 
+// An exit handler (or a static destructor) that needs a kernel the process
+// has not made: the exit gate refuses it with an Error on the exiting
+// thread, whose tasks run inline, instead of parking it (and the pool worker
+// it waited for) until an exit that never came; kernels made before still
+// run. The child below registers its handler before its first compile, so
+// the handler runs after the gate has closed.
+TEST_F(GemmConcurrency, AnExitHandlerNeedingANewKernelGetsAnError) {
+  if (cpu_info().isa != Isa::llvm) GTEST_SKIP() << "the LLVM JIT's exit gate";
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "TILEJIT_CACHE_DIR=", 18) != 0) env.emplace_back(*e);
+  env.emplace_back("TILEJIT_CACHE_DIR=");  // compiles, not loads
+  env.emplace_back("TILEJIT_TEST_EXIT_HANDLER=1");
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "/proc/self/exe", filter = "--gtest_filter=GemmConcurrency.ExitHandlerChild";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) +
+                                    (WTERMSIG(status) == SIGALRM ? " (hung at exit)" : "")
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
+}
+
+// The child of AnExitHandlerNeedingANewKernelGetsAnError.
+int g_exit_handler_code = 10;
+void exit_handler_calls_gemm() {
+  // A shape made before exit (warm) runs and is right; a new one is an Error.
+  const bool warm_ok = run_and_compare(random_problem(33, 96, 70));
+  const GemmProblem p = random_problem(21, 80, 1007);
+  const PackedWeight w = pack_weight(TensorView(p.w.data(), DType::bf16, {p.n, p.k}));
+  std::vector<float> y(size_t(p.m * p.n));
+  try {
+    gemm(TensorView(p.x.data(), DType::bf16, {p.m, p.k}), w,
+         TensorView(y.data(), DType::f32, {p.m, p.n}));
+    std::_Exit(11);  // compiled after the gate closed
+  } catch (const Error& e) {
+    const bool named = std::string(e.what()).find("the process is exiting") != std::string::npos;
+    std::_Exit(warm_ok && named ? 0 : 12);
+  }
+}
+TEST_F(GemmConcurrency, ExitHandlerChild) {
+  if (std::getenv("TILEJIT_TEST_EXIT_HANDLER") == nullptr)
+    GTEST_SKIP() << "run in a fresh process by AnExitHandlerNeedingANewKernelGetsAnError";
+  ::alarm(30);
+  g_lsan_off = 1;
+  std::atexit(exit_handler_calls_gemm);  // before the gate's registrations
+  ASSERT_TRUE(run_and_compare(random_problem(33, 96, 70)));
+  std::exit(g_exit_handler_code);  // the handler ends the process (0 on success)
+}
+
+// A caller cancelled (pthread_cancel) while its call waits for the pool's
+// workers: the cancel used to unwind the caller's frame under them (a
+// SIGSEGV on the scalar path, a later call's outputs never written on llvm,
+// the next caller waiting forever). Calls are no cancellation points now:
+// every call the thread began ends, and the next call is right.
+std::atomic<int64_t> g_calls_begun{0}, g_calls_ended{0};
+void* gemm_until_cancelled(void* arg) {
+  const auto* p = static_cast<const GemmProblem*>(arg);
+  const PackedWeight w = pack_weight(TensorView(p->w.data(), DType::bf16, {p->n, p->k}));
+  std::vector<float> y(size_t(p->m * p->n));
+  for (;;) {
+    pthread_testcancel();  // the only place the cancel may act
+    g_calls_begun.fetch_add(1);
+    gemm(TensorView(p->x.data(), DType::bf16, {p->m, p->k}), w,
+         TensorView(y.data(), DType::f32, {p->m, p->n}));
+    g_calls_ended.fetch_add(1);
+  }
+  return nullptr;
+}
+TEST_F(GemmConcurrency, ACancelledCallerLeavesThePoolWhole) {
+  const bool scalar = cpu_info().isa == Isa::scalar;
+  const GemmProblem big = scalar ? random_problem(32, 256, 256) : random_problem(128, 1024, 1024);
+  for (int round = 0; round < 6; ++round) {
+    g_calls_begun.store(0);
+    g_calls_ended.store(0);
+    pthread_t t;
+    ASSERT_EQ(pthread_create(&t, nullptr, gemm_until_cancelled, const_cast<GemmProblem*>(&big)), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 + 7 * round));
+    pthread_cancel(t);
+    void* res = nullptr;
+    ASSERT_EQ(pthread_join(t, &res), 0);
+    EXPECT_EQ(res, PTHREAD_CANCELED);
+    EXPECT_EQ(g_calls_begun.load(), g_calls_ended.load()) << "round " << round;
+    ASSERT_TRUE(run_and_compare(random_problem(16, 256, 256))) << "round " << round;
+  }
+}
+
 TEST_F(GemmConcurrency, MixedTailsCompileTheUnionOnce) {
   const Isa isa = cpu_info().isa;
   const int64_t N = 100, K = 59;  // fresh; N has a 36-column tail

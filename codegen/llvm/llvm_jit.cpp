@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 
 #include "codegen/llvm/module_context.h"
+#include "runtime/thread_pool.h"
 
 namespace tilejit::codegen::llvm_backend {
 namespace {
@@ -146,8 +147,13 @@ std::atomic<bool> g_exiting{false};
 std::atomic<bool> g_fork_waiting{false};  // a fork handler wants the gate
 thread_local int t_llvm_depth = 0;        // this thread holds the gate (exit() from inside LLVM)
 void close_exit_gate() {
-  if (g_exiting.exchange(true) || t_llvm_depth > 0) return;  // no self-deadlock
-  exit_gate().lock();                                        // never unlocked
+  if (g_exiting.exchange(true)) return;
+  // This thread runs the exit handlers: its own later calls (a handler or
+  // static destructor registered before the gate) get an Error from the
+  // gate and run their tasks inline, never parked (the process hung there).
+  runtime::mark_exiting_thread();
+  if (t_llvm_depth > 0) return;  // no self-deadlock
+  exit_gate().lock();            // never unlocked
 }
 // The gate, held shared, for one compile or link. The flag is checked first:
 // glibc's rwlock prefers readers, so threads compiling back to back would
@@ -157,6 +163,11 @@ class LlvmGate {
  public:
   LlvmGate() {
     if (t_llvm_depth == 0) {
+      if (g_exiting.load() && runtime::on_exiting_thread())
+        throw Error(
+            "LLVM JIT: the process is exiting (this call came from an exit handler or a static "
+            "destructor): no kernel is compiled any more (LLVM's own statics are being "
+            "destroyed); kernels made before still run");
       while (g_exiting.load()) std::this_thread::sleep_for(std::chrono::hours(1));  // until _exit
       // A fork waiting for the gate goes first, for the same reason: with two
       // threads compiling back to back, fork() waited 17-48 s.
@@ -268,6 +279,11 @@ class HeadroomClaim {
   size_t bytes_;
 };
 
+// The host the JIT was made for, once it is made (immutable from then on):
+// reading it needs no gate, so a cache lookup of a kernel made before exit
+// (its key names the host) still works in an exit handler.
+std::atomic<const HostTarget*> g_host{nullptr};
+
 // Leaked on purpose: kernels held by static caches may be destroyed after any
 // static JIT would be, and unlinking them needs the JIT.
 Jit& jit() {
@@ -276,6 +292,7 @@ Jit& jit() {
     Jit* made = create_jit();
     InternedValueTypes::make();
     register_exit_gate();  // after the statics the target, LLJIT and SelectionDAG made
+    g_host.store(&made->host, std::memory_order_release);
     return made;
   }();
   return *j;
@@ -363,6 +380,7 @@ double micros_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 const HostTarget& host_target() {
+  if (const HostTarget* h = g_host.load(std::memory_order_acquire)) return *h;
   const LlvmGate gate;  // the JIT may be made here: a fork must not split that
   return jit().host;
 }

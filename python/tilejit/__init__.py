@@ -15,8 +15,25 @@ only against modules the caller has already imported.
 
 import sys as _sys
 
-from . import _core
-from ._core import (
+
+def _refuse_subinterpreter():
+    # pybind11 extensions do not support subinterpreters: a first import of
+    # _core in one hung in pybind11's PyGILState_Ensure (and one after the
+    # main interpreter's shares its state with it unguarded). An ImportError
+    # instead.
+    try:
+        import _xxsubinterpreters as _subs
+    except ImportError:
+        return
+    if _subs.get_current() != _subs.get_main():
+        raise ImportError("tilejit cannot be imported in a Python subinterpreter (its pybind11 "
+                          "extension supports the main interpreter only)")
+
+
+_refuse_subinterpreter()
+
+from . import _core  # noqa: E402
+from ._core import (  # noqa: E402
     Buffer,
     Error,
     InternalError,

@@ -250,3 +250,18 @@ def test_gil_released_during_the_kernel():
     t0, t1 = window
     inside = [s for s in samples if t0 < s < t1]
     assert len(inside) > 10, f"{len(inside)} samples in a {1e3 * (t1 - t0):.1f} ms call"
+
+
+def test_import_in_a_subinterpreter_is_an_import_error():
+    # A first import of the pybind11 extension in a subinterpreter hung in
+    # PyGILState_Ensure; now an ImportError, in a child that must not hang.
+    subs = pytest.importorskip("_xxsubinterpreters")
+    del subs
+    path = os.path.dirname(os.path.dirname(tilejit.__file__))
+    inner = (f"import sys\nsys.path.insert(0, {path!r})\n"
+             "try:\n    import tilejit\n    print('imported')\n"
+             "except ImportError as e:\n    print('ImportError:', e)\n")
+    code = f"import _xxsubinterpreters as s\ns.run_string(s.create(), {inner!r})\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "ImportError: tilejit cannot be imported in a Python subinterpreter" in r.stdout
