@@ -38,6 +38,7 @@
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/per_thread.h"
+#include "runtime/reference_gemm.h"
 #include "runtime/reference_quant.h"
 #include "runtime/scratch_limits.h"
 #include "runtime/thread_pool.h"
@@ -56,14 +57,32 @@ float shared_weight(const MoeOptions& opt, int64_t t) {
   return static_cast<const float*>(opt.shared_weights->data)[t * opt.shared_weights->strides[0]];
 }
 
-const PackedExperts::Impl& need_experts(const PackedExperts& w, const char* arg, ExpertProj proj) {
+// The experts of one projection: w2's packed as down; w13's as gate_up or,
+// for a non-gated MLP, up (`first`: w13's, or the routed w13's proj for the
+// shared expert, which must match it).
+const PackedExperts::Impl& need_experts(const PackedExperts& w, const char* arg, ExpertProj proj,
+                                        std::optional<ExpertProj> first = std::nullopt) {
+  using Impl = PackedExperts::Impl;
   if (w.empty())
     throw Error(fmt::format(
         "{}: {} is an empty PackedExperts; allowed: experts from pack_experts()", kOp, arg));
-  if (w.impl()->proj != proj)
-    throw Error(fmt::format("{}: {} was packed as ExpertProj::{}; allowed: ExpertProj::{}", kOp,
-                            arg, proj == ExpertProj::gate_up ? "down" : "gate_up",
-                            proj == ExpertProj::gate_up ? "gate_up" : "down"));
+  const ExpertProj got = w.impl()->proj;
+  if (proj == ExpertProj::down) {
+    if (got != ExpertProj::down)
+      throw Error(fmt::format("{}: {} was packed as ExpertProj::{}; allowed: ExpertProj::down", kOp,
+                              arg, Impl::proj_name(got)));
+  } else if (first) {
+    if (got != *first)
+      throw Error(fmt::format(
+          "{}: {} was packed as ExpertProj::{}; allowed: ExpertProj::{}, as w13 (a gated and a "
+          "non-gated MLP take one activation rule each)",
+          kOp, arg, Impl::proj_name(got), Impl::proj_name(*first)));
+  } else if (got == ExpertProj::down) {
+    throw Error(fmt::format(
+        "{}: {} was packed as ExpertProj::down; allowed: ExpertProj::gate_up, or ExpertProj::up "
+        "(a non-gated MLP)",
+        kOp, arg));
+  }
   return *w.impl();
 }
 
@@ -145,7 +164,17 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
     throw Error(fmt::format("{}: topk_ids has shape {}; allowed: k <= E = {}", kOp,
                             ops::shape_str(ids.shape), d.E));
   ops::check_finite(kOp, "routed_scaling_factor", opt.routed_scaling_factor);
-  if (opt.clamped_swiglu) {
+  if (!w13.gated()) {
+    // A non-gated MLP (w13 packed ExpertProj::up): act(up) alone.
+    if (opt.clamped_swiglu)
+      throw Error(fmt::format(
+          "{}: clamped_swiglu with w13 packed as ExpertProj::up; allowed: a gated w13 (gate_up), "
+          "or a plain act ({}) for a non-gated one",
+          kOp, ir::activation_list(false)));
+    if (ir::find_activation(opt.act) == nullptr)
+      throw Error(fmt::format("{}: act={} is not an Activation; allowed: {}", kOp,
+                              ir::activation_str(opt.act), ir::activation_list(false)));
+  } else if (opt.clamped_swiglu) {
     if (!std::isfinite(opt.swiglu_alpha) || !std::isfinite(opt.swiglu_limit) ||
         opt.swiglu_limit <= 0)
       throw Error(fmt::format("{}: clamped swiglu alpha={} limit={}; allowed: finite, limit > 0",
@@ -155,7 +184,7 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
         fmt::format("{}: act={} is not a gated activation; allowed: {}, or clamped_swiglu = true",
                     kOp, ir::activation_str(opt.act), ir::activation_list(true)));
   }
-  check_bias(opt.b13, "b13", d.E, 2 * d.I);
+  check_bias(opt.b13, "b13", d.E, w13.gated() ? 2 * d.I : d.I);
   check_bias(opt.b2, "b2", d.E, d.H);
   // out is accumulated into while every input is still read.
   ops::check_output(kOp, "out", out,
@@ -180,7 +209,7 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
                               ops::shape_str(opt.shared_weights->shape), d.T));
   }
   if (opt.shared_w13 != nullptr) {
-    const auto& s13 = need_experts(*opt.shared_w13, "shared_w13", ExpertProj::gate_up);
+    const auto& s13 = need_experts(*opt.shared_w13, "shared_w13", ExpertProj::gate_up, w13.proj);
     const auto& s2 = need_experts(*opt.shared_w2, "shared_w2", ExpertProj::down);
     if (s13.format != s2.format)
       throw Error(
@@ -189,11 +218,12 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
     if (s13.experts != 1 || s2.experts != 1)
       throw Error(fmt::format("{}: the shared expert packs hold {} and {} experts; allowed: 1", kOp,
                               s13.experts, s2.experts));
-    if (s13.k != d.H || s2.n != d.H || s2.k != s13.n)
-      throw Error(
-          fmt::format("{}: shared expert is [2·{}, {}] / [{}, {}]; allowed: [2·Is, H] / "
-                      "[H, Is] with H = {}",
-                      kOp, s13.n, s13.k, s2.n, s2.k, d.H));
+    if (s13.k != d.H || s2.n != d.H || s2.k != s13.n) {
+      const char* rows = s13.gated() ? "2·" : "";
+      throw Error(fmt::format(
+          "{}: shared expert is [{}{}, {}] / [{}, {}]; allowed: [{}Is, H] / [H, Is] with H = {}",
+          kOp, rows, s13.n, s13.k, s2.n, s2.k, rows, d.H));
+    }
   }
   // Every id is checked before anything is read through it.
   for (int64_t t = 0; t < d.T; ++t)
@@ -264,6 +294,13 @@ void scalar_expert(const PackedExperts::Impl& w13, const PackedExperts::Impl& w2
   const std::vector<double> xin = projection_input(w13, x, H, opt, false);
   std::vector<uint16_t> act(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
+    if (!w13.gated()) {  // act(up) of a non-gated MLP
+      double u = b13 != nullptr ? b13[i] : 0.0;
+      for (int64_t h = 0; h < H; ++h) u += xin[h] * expert_weight(w13, e, i, h);
+      act[i] = runtime::f32_to_bf16(
+          static_cast<float>(runtime::reference_activation(opt.act, static_cast<float>(u))));
+      continue;
+    }
     double g = 0, u = 0;
     for (int64_t h = 0; h < H; ++h) {
       g += xin[h] * expert_weight(w13, e, w13.gate_row(i), h);
@@ -367,13 +404,18 @@ void pack_operands(std::vector<Group>& groups, bool down, int slot) {
   });
 }
 
-codegen::GemmSpec gate_up_spec(int64_t I, int64_t H, bool bias, const MoeOptions& opt) {
+// The first projection's GEMM: gate_up with the act-and-mul epilogue, or a
+// non-gated up projection (ExpertProj::up) with the plain act epilogue.
+codegen::GemmSpec gate_up_spec(const PackedExperts::Impl& w13, int64_t H, bool bias,
+                               const MoeOptions& opt) {
   codegen::GemmSpec s;
-  s.n = I;
+  s.n = w13.n;
   s.k = H;
   s.bias = bias ? codegen::BiasKind::f32 : codegen::BiasKind::none;
   s.out = DType::bf16;
-  if (opt.clamped_swiglu) {
+  if (!w13.gated()) {
+    s.act = opt.act;
+  } else if (opt.clamped_swiglu) {
     s.glu = codegen::Glu::clamped_swiglu;
     s.glu_alpha = opt.swiglu_alpha;
     s.glu_limit = opt.swiglu_limit;
@@ -567,7 +609,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       any_int4 &&
       ops::bf16_rows_have_inf(static_cast<const uint16_t*>(hidden.data), hidden.strides[0], T, H);
   std::vector<Group> groups;
-  const int64_t n_up_blocks = (I + 31) / 32;
+  const int64_t ob = w13.outputs_per_block();  // 32 gate_up, 64 up
+  const int64_t n_up_blocks = (I + ob - 1) / ob;
   int64_t active = 0;
   for (int64_t e = 0; e < E; ++e) active += start[e + 1] > start[e];
   if (b13) sc.b13.assign(sz(active * n_up_blocks * 64), 0.0f);
@@ -582,10 +625,15 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     if (b13) {
       // The bias in the packed block order: 32 gate entries, then the 32 up
       // ones; b13 comes in w13's row order (GPT-OSS's interleaved bias with
-      // interleaved rows: it was read as halves, a silently wrong bias).
+      // interleaved rows: it was read as halves, a silently wrong bias). A
+      // non-gated w13's is in its own order already.
       float* pb = sc.b13.data() + static_cast<int64_t>(groups.size()) * n_up_blocks * 64;
       const float* src = static_cast<const float*>(opt.b13->data) + e * opt.b13->strides[0];
       for (int64_t i = 0; i < I; ++i) {
+        if (!w13.gated()) {
+          pb[i] = src[i];
+          continue;
+        }
         pb[i / 32 * 64 + i % 32] = src[w13.gate_row(i)];
         pb[i / 32 * 64 + 32 + i % 32] = src[w13.up_row(i)];
       }
@@ -593,7 +641,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
     const codegen::PlanOverrides et = expert_tuned(g.rows);
-    g.up = ops::ExpertGemm(w13, e, gate_up_spec(I, H, b13, opt), g.rows, isa, opt.int4_route, et,
+    g.up = ops::ExpertGemm(w13, e, gate_up_spec(w13, H, b13, opt), g.rows, isa, opt.int4_route, et,
                            hidden_has_inf);
     // The down inputs come from the gate / up outputs: an Inf in hidden
     // reaches them (one the activation makes from finite inputs does not
@@ -609,7 +657,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     g.row0 = routed;
     g.rows = T;
     const codegen::PlanOverrides et = expert_tuned(T);
-    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(g.w13->n, H, false, opt), T, isa, opt.int4_route,
+    g.up = ops::ExpertGemm(*g.w13, 0, gate_up_spec(*g.w13, H, false, opt), T, isa, opt.int4_route,
                            et, hidden_has_inf);
     g.down = ops::ExpertGemm(*g.w2, 0, down_spec(H, g.w13->n, false), T, isa, opt.int4_route, et,
                              hidden_has_inf);
@@ -646,13 +694,18 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   // kernels' prefetch runs on into the next block), as many as still gives
   // every thread a few tasks.
   int64_t streaming_blocks = 0;
+  auto up_blocks = [](const Group& g) {
+    const int64_t per = g.w13->outputs_per_block();
+    return (g.w13->n + per - 1) / per;
+  };
   for (const Group& g : groups)
-    if (g.rows <= kStreamingRows) streaming_blocks += (g.w13->n + 31) / 32;
+    if (g.rows <= kStreamingRows) streaming_blocks += up_blocks(g);
   // The entry's run length: the same kernels on the same rows, so the same result.
-  const std::optional<int64_t> tuned_run =
-      tuned != nullptr ? tuned->knob("run_blocks") : std::nullopt;
+  // (A plain 0 for "none": GCC 12 saw the optional's value maybe
+  // uninitialized where it is read below.)
+  const int64_t tuned_run = tuned != nullptr ? tuned->knob("run_blocks").value_or(0) : 0;
   const int64_t run_blocks =
-      tuned_run.value_or(std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8));
+      tuned_run > 0 ? tuned_run : std::clamp<int64_t>(streaming_blocks / (4 * threads), 1, 8);
   struct UpTask {
     int32_t g;
     int32_t block, blocks;
@@ -662,7 +715,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
     const int64_t chunk = g.up.task_rows();
-    const int64_t blocks = (g.w13->n + 31) / 32;
+    const int64_t blocks = up_blocks(g);
     const int64_t run = g.rows <= kStreamingRows ? run_blocks : 1;
     for (int64_t m0 = 0; m0 < g.rows; m0 += chunk)
       for (int64_t b = 0; b < blocks; b += run)
@@ -673,17 +726,17 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   runtime::parallel_for(static_cast<int64_t>(up_tasks.size()), [&](int64_t ti) {
     const UpTask& t = up_tasks[ti];
     const Group& g = groups[t.g];
-    const int64_t blocks = (g.w13->n + 31) / 32;
+    const int64_t blocks = up_blocks(g), per = g.w13->outputs_per_block();
     for (int64_t b = t.block; b < t.block + t.blocks; ++b) {
       ops::RowBlockJob job;
       job.a = g.in_up.packed != nullptr ? g.in_up.packed + g.up.packed_a().offset(t.m0, 0)
                                         : g.in_up.rows + t.m0 * g.in_up.ld;
       job.lda = g.in_up.ld;
       job.rows = t.rows;
-      job.c = reinterpret_cast<uint8_t*>(g.act) + t.m0 * g.ld_act + b * 32 * 2;
+      job.c = reinterpret_cast<uint8_t*>(g.act) + t.m0 * g.ld_act + b * per * 2;
       job.ldc = g.ld_act;
       job.bias = g.b13 != nullptr ? g.b13 + b * 64 : nullptr;
-      job.n_tail = b == blocks - 1 && g.w13->n % 32 != 0;
+      job.n_tail = b == blocks - 1 && g.w13->n % per != 0;
       if (g.in_up.scale != nullptr) {
         job.a_scale = g.in_up.scale + t.m0;
         job.a_zero = g.in_up.zero + t.m0;
@@ -704,7 +757,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   const int64_t n_down_blocks = (H + 63) / 64;
   const int64_t down_run =
       T <= kStreamingRows
-          ? tuned_run.value_or(std::clamp<int64_t>(n_down_blocks / (4 * threads), 1, 8))
+          ? (tuned_run > 0 ? tuned_run : std::clamp<int64_t>(n_down_blocks / (4 * threads), 1, 8))
           : 1;
   runtime::parallel_for((n_down_blocks + down_run - 1) / down_run, [&](int64_t task) {
     const int64_t nb0 = task * down_run, nb1 = std::min(n_down_blocks, nb0 + down_run);
@@ -810,7 +863,7 @@ void fused_experts(const TensorView& hidden, const PackedExperts& w13, const Pac
                    const TensorView& topk_weights, const TensorView& topk_ids,
                    const TensorView& out, const MoeOptions& opt) {
   runtime::api_guard("fused_experts", [&] {
-    const auto& p13 = need_experts(w13, "w13", ExpertProj::gate_up);
+    const auto& p13 = need_experts(w13, "w13", ExpertProj::gate_up);  // or up
     const auto& p2 = need_experts(w2, "w2", ExpertProj::down);
     const Dims d = check_args(hidden, p13, p2, topk_weights, topk_ids, out, opt);
     if (d.T == 0) return;

@@ -54,8 +54,8 @@ size_t PackedExperts::packed_bytes() const {
 }
 
 void PackedExperts::Impl::check_proj_and_rows(const char* op, ExpertProj proj, GluRows order) {
-  if (proj != ExpertProj::gate_up && proj != ExpertProj::down)
-    throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down", op,
+  if (proj != ExpertProj::gate_up && proj != ExpertProj::down && proj != ExpertProj::up)
+    throw Error(fmt::format("{}: proj={} is not an ExpertProj; allowed: gate_up, down, up", op,
                             static_cast<int>(proj)));
   if (order != GluRows::halves && order != GluRows::interleaved)
     throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", op,
@@ -121,7 +121,7 @@ PackedExperts pack_experts(const PackedExperts& w, ExpertProj proj) {
   if (p.proj != proj)
     throw Error(fmt::format(
         "pack_experts: w is already packed as {} (layout {}); allowed: proj = that same value",
-        p.proj == ExpertProj::gate_up ? "gate_up" : "down", p.layout_name));
+        PackedExperts::Impl::proj_name(p.proj), p.layout_name));
   return w;  // already packed: the same immutable bytes, never a second transform
 }
 

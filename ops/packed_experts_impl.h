@@ -24,6 +24,14 @@ struct PackedExperts::Impl {
   static const char* layout_for(ExpertProj p) {
     return p == ExpertProj::gate_up ? kGateUpLayout : kDownLayout;
   }
+  // The spelling of an ExpertProj in messages ("gate_up", "down", "up").
+  static const char* proj_name(ExpertProj p) {
+    return p == ExpertProj::gate_up ? "gate_up" : p == ExpertProj::down ? "down" : "up";
+  }
+  // gate_up: the act-and-mul pairs 32 gate and 32 up columns in each packed
+  // 64-column block; down and up (non-gated) are plain: 64 outputs a block.
+  bool gated() const { return proj == ExpertProj::gate_up; }
+  int64_t outputs_per_block() const { return gated() ? 32 : 64; }
   WeightFormat format = WeightFormat::bf16;
   // Quantized formats: one packed weight per expert, the logical [2I, H] or
   // [H, I] matrix; gate_up ones with the GLU row map (glu_row_map), so their
@@ -55,8 +63,8 @@ struct PackedExperts::Impl {
   std::string layout_name;
   ExpertProj proj = ExpertProj::down;
   int64_t experts = 0;
-  int64_t n = 0;  // outputs per expert: I (gate_up) or H (down)
-  int64_t k = 0;  // inputs per expert: H (gate_up) or I (down)
+  int64_t n = 0;  // outputs per expert: I (gate_up, up) or H (down)
+  int64_t k = 0;  // inputs per expert: H (gate_up, up) or I (down)
   // One expert's packed matrix. gate_up: rows = ceil(I/32)·64, block b holding
   // gate rows 32b.. in columns 0..31 and up rows I + 32b.. in 32..63 (zero
   // past I); down: rows = H.

@@ -246,7 +246,10 @@ inline double rope_output_bound(DType out, double mag, double ref) {
 // (rounding is monotone): the slack (moe_act_slack) is the larger distance of
 // those from the reference's bf16(a), zero unless a sits within εa of a
 // rounding midpoint.
-inline double moe_act_error(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
+// Not inlined: inlined into tools/program/check_operators.cpp it made GCC 12
+// report a false -Wfree-nonheap-object on a vector of the caller.
+[[gnu::noinline]] inline double moe_act_error(const ReferenceGlu& glu, const MoeActPoint& p,
+                                              double eps_sum) {
   const double eg = eps_sum * p.gate_abs;
   const double eu = eps_sum * p.up_abs;
   // df: how far act(gate) moves for εg; math: its vector math's own error.

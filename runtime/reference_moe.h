@@ -36,8 +36,12 @@ namespace tilejit::runtime {
 // The gated activation glu(gate, up).
 struct ReferenceGlu {
   Activation act = Activation::silu;  // silu or gelu_tanh / gelu_erf: act(gate)·up
-  bool clamped_swiglu = false;        // GPT-OSS: g = min(gate, limit), u = clamp(up, ±limit)
-  double alpha = 1.702;               //          out = g·σ(alpha·g)·(u + 1)
+  // false: a non-gated MLP (ExpertProj::up): w13 holds I up rows per expert,
+  // b13 I entries, and the activation is act(up); the point below then has
+  // gate = the up pre-activation and up = 1 exactly (no error).
+  bool gated = true;
+  bool clamped_swiglu = false;  // GPT-OSS: g = min(gate, limit), u = clamp(up, ±limit)
+  double alpha = 1.702;         //          out = g·σ(alpha·g)·(u + 1)
   double limit = 7.0;
 };
 
@@ -62,8 +66,10 @@ struct ReferenceMoeArgs {
   int64_t t = 0, h = 0, i = 0, e = 0, k = 0;  // tokens, hidden, intermediate, experts, top-k
   const uint16_t* hidden = nullptr;           // [T, H] bf16, row stride ld_hidden
   int64_t ld_hidden = 0;
-  const uint16_t* w13 = nullptr;  // [E, 2I, H] bf16, contiguous: per expert I gate rows, I up rows
-  const uint16_t* w2 = nullptr;   // [E, H, I] bf16, contiguous
+  // [E, 2I, H] bf16, contiguous: per expert I gate rows, I up rows; [E, I, H]
+  // when !glu.gated (as b13 [E, I], w13s [shared_i, H]).
+  const uint16_t* w13 = nullptr;
+  const uint16_t* w2 = nullptr;         // [E, H, I] bf16, contiguous
   const float* topk_weights = nullptr;  // [T, k], row stride ld_weights
   int64_t ld_weights = 0;
   const int32_t* topk_ids = nullptr;  // [T, k] in [0, E) (the caller checks), row stride ld_ids
@@ -104,17 +110,27 @@ inline void expert(const ReferenceMoeArgs& a, const std::vector<double>& x, int6
   std::vector<double> act(static_cast<size_t>(I)), slack(static_cast<size_t>(I), 0.0);
   for (int64_t i = 0; i < I; ++i) {
     const uint16_t* wg = w13 + i * H;
-    const uint16_t* wu = w13 + (I + i) * H;
     MoeActPoint p;
-    for (int64_t hh = 0; hh < H; ++hh) {
-      const double pg = x[hh] * double(bf16_to_f32(wg[hh]));
-      const double pu = x[hh] * double(bf16_to_f32(wu[hh]));
-      p.gate += pg, p.up += pu;
-      p.gate_abs += std::fabs(pg), p.up_abs += std::fabs(pu);
-    }
-    if (b13 != nullptr) {
-      p.gate += b13[i], p.up += b13[I + i];
-      p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[I + i]);
+    if (!a.glu.gated) {  // act(up): the up row's sum in gate, an exact 1 in up
+      for (int64_t hh = 0; hh < H; ++hh) {
+        const double pu = x[hh] * double(bf16_to_f32(wg[hh]));
+        p.gate += pu;
+        p.gate_abs += std::fabs(pu);
+      }
+      if (b13 != nullptr) p.gate += b13[i], p.gate_abs += std::fabs(b13[i]);
+      p.up = 1;
+    } else {
+      const uint16_t* wu = w13 + (I + i) * H;
+      for (int64_t hh = 0; hh < H; ++hh) {
+        const double pg = x[hh] * double(bf16_to_f32(wg[hh]));
+        const double pu = x[hh] * double(bf16_to_f32(wu[hh]));
+        p.gate += pg, p.up += pu;
+        p.gate_abs += std::fabs(pg), p.up_abs += std::fabs(pu);
+      }
+      if (b13 != nullptr) {
+        p.gate += b13[i], p.up += b13[I + i];
+        p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[I + i]);
+      }
     }
     p.act = reference_glu(a.glu, p.gate, p.up);
     p.act_bf16 = bf16_to_f32(f32_to_bf16(static_cast<float>(p.act)));
@@ -154,8 +170,9 @@ inline void reference_moe(const ReferenceMoeArgs& a) {
     for (int64_t j = 0; j < a.k; ++j) {
       const int64_t e = a.topk_ids[t * a.ld_ids + j];
       const double w = a.routed_scaling_factor * double(a.topk_weights[t * a.ld_weights + j]);
-      reference_moe_detail::expert(a, x, I, a.w13 + e * 2 * I * H, a.w2 + e * H * I,
-                                   a.b13 != nullptr ? a.b13 + e * 2 * I : nullptr,
+      const int64_t rows13 = a.glu.gated ? 2 * I : I;
+      reference_moe_detail::expert(a, x, I, a.w13 + e * rows13 * H, a.w2 + e * H * I,
+                                   a.b13 != nullptr ? a.b13 + e * rows13 : nullptr,
                                    a.b2 != nullptr ? a.b2 + e * H : nullptr, w, y.data(), abs_sum,
                                    act_term);
     }

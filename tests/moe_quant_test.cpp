@@ -99,6 +99,7 @@ struct QCase {
   QFmt fmt = QFmt::fp8_channel;
   Activation act = Activation::silu;
   bool clamped = false, b13 = false, b2 = false;
+  bool plain = false;  // non-gated experts (ExpertProj::up, [I, H]; the shared one too)
   int64_t shared_i = 0;
   QFmt shared_fmt = QFmt::fp8_channel;
   DType out = DType::bf16;
@@ -132,6 +133,7 @@ std::string case_str(const QCase& c) {
   std::ostringstream s;
   s << qfmt_name(c.fmt) << "_T" << c.t << "_H" << c.h << "_I" << c.i << "_E" << c.e << "_k" << c.k
     << "_" << (c.clamped ? "swigluclamp" : activation_name(c.act));
+  if (c.plain) s << "_nongated";
   if (c.b13) s << "_b13";
   if (c.b2) s << "_b2";
   if (c.shared_i) s << "_shared" << c.shared_i << qfmt_name(c.shared_fmt);
@@ -364,12 +366,13 @@ Matrix interleave_rows(QFmt f, const Matrix& m) {
 }
 
 Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed,
-                     bool interleaved = false) {
+                     bool interleaved = false, bool plain = false) {
   Experts x;
   // x in [-1, 1] and |w13| <= 12/√H give pre-activations of a few units (both
   // tails of silu / gelu, the clamp of the swiglu); |w2| <= 3/√I.
   for (int64_t e = 0; e < E; ++e) {
-    x.w13.push_back(make_matrix(f, 2 * I, H, 12.0 / std::sqrt(double(H)), seed + 2 * e));
+    x.w13.push_back(
+        make_matrix(f, (plain ? 1 : 2) * I, H, 12.0 / std::sqrt(double(H)), seed + 2 * e));
     x.w2.push_back(make_matrix(f, H, I, 3.0 / std::sqrt(double(I)), seed + 2 * e + 1));
   }
   if (interleaved) {
@@ -377,7 +380,7 @@ Experts make_experts(QFmt f, int64_t E, int64_t H, int64_t I, uint32_t seed,
     for (const Matrix& m : x.w13) il.push_back(interleave_rows(f, m));
     x.p13 = pack_matrices(f, il, ExpertProj::gate_up, GluRows::interleaved);
   } else {
-    x.p13 = pack_matrices(f, x.w13, ExpertProj::gate_up, GluRows::halves);
+    x.p13 = pack_matrices(f, x.w13, plain ? ExpertProj::up : ExpertProj::gate_up, GluRows::halves);
   }
   x.p2 = pack_matrices(f, x.w2, ExpertProj::down, GluRows::halves);
   return x;
@@ -468,7 +471,7 @@ bool exact_route(bool quant, int64_t rows) {
 void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int64_t rows,
                 const uint16_t* x, const float* b13, const float* b2, double scale, int64_t t,
                 Oracle& o) {
-  const int64_t H = c.h, I = w13.n / 2;
+  const int64_t H = c.h, I = c.plain ? w13.n : w13.n / 2;
   // Both projections take the same route (their K differ, but W4A8's only
   // limit on K is far beyond these shapes).
   const bool quant = quantized_input(c, f, H, rows);
@@ -480,12 +483,22 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
   runtime::ReferenceGlu glu;
   glu.act = c.act;
   glu.clamped_swiglu = c.clamped;
+  glu.gated = !c.plain;
   const InputRow xin = input_row(quant, x, H, c, false);
   std::vector<uint16_t> act(static_cast<size_t>(I));
   std::vector<double> slack(static_cast<size_t>(I));
   for (int64_t i = 0; i < I; ++i) {
     runtime::MoeActPoint p;
-    for (int64_t hh = 0; hh < H; ++hh) {
+    if (c.plain) {  // act(up): the up sum in gate, an exact 1 in up (runtime/reference_moe.h)
+      for (int64_t hh = 0; hh < H; ++hh) {
+        const double w = route_weight(w13, i * H + hh, exact);
+        p.gate += xin.v[hh] * w;
+        p.gate_abs += xin.mag[hh] * (fold ? w13.mag[i * H + hh] : std::fabs(w));
+      }
+      if (b13 != nullptr) p.gate += b13[i], p.gate_abs += std::fabs(b13[i]);
+      p.up = 1;
+    }
+    for (int64_t hh = 0; hh < H && !c.plain; ++hh) {
       const int64_t ag = i * H + hh, au = (I + i) * H + hh;
       const double wg = route_weight(w13, ag, exact), wu = route_weight(w13, au, exact);
       p.gate += xin.v[hh] * wg;
@@ -493,7 +506,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
       p.gate_abs += xin.mag[hh] * (fold ? w13.mag[ag] : std::fabs(wg));
       p.up_abs += xin.mag[hh] * (fold ? w13.mag[au] : std::fabs(wu));
     }
-    if (b13 != nullptr) {
+    if (b13 != nullptr && !c.plain) {
       p.gate += b13[i], p.up += b13[I + i];
       p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[I + i]);
     }
@@ -531,15 +544,18 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
 // A case end to end.
 
 ::testing::AssertionResult check_case(const QCase& c) {
-  const uint32_t seed = seed_of({c.t, c.h, c.i, c.e, c.k, static_cast<int64_t>(c.fmt),
-                                 static_cast<int64_t>(c.act), c.clamped, c.b13, c.b2, c.shared_i});
-  const Experts x = make_experts(c.fmt, c.e, c.h, c.i, seed, c.interleaved);
+  const uint32_t seed =
+      seed_of({c.t, c.h, c.i, c.e, c.k, static_cast<int64_t>(c.fmt), static_cast<int64_t>(c.act),
+               c.clamped, c.b13, c.b2, c.shared_i, c.plain});
+  const Experts x = make_experts(c.fmt, c.e, c.h, c.i, seed, c.interleaved, c.plain);
   std::optional<Experts> sh;
-  if (c.shared_i) sh.emplace(make_experts(c.shared_fmt, 1, c.h, c.shared_i, seed + 1000));
+  if (c.shared_i)
+    sh.emplace(make_experts(c.shared_fmt, 1, c.h, c.shared_i, seed + 1000, false, c.plain));
+  const int64_t g13 = c.plain ? 1 : 2;  // w13 rows (and b13 entries) per intermediate unit
   const std::vector<uint16_t> hidden = random_bf16(static_cast<size_t>(c.t * c.h), seed + 1, -1, 1);
   const std::vector<float> weights = random_f32(static_cast<size_t>(c.t * c.k), seed + 2, 0.05f, 1);
   std::vector<float> b13, b2;
-  if (c.b13) b13 = random_f32(static_cast<size_t>(c.e * 2 * c.i), seed + 3, -2, 2);
+  if (c.b13) b13 = random_f32(static_cast<size_t>(c.e * g13 * c.i), seed + 3, -2, 2);
   if (c.b2) b2 = random_f32(static_cast<size_t>(c.e * c.h), seed + 4, -1, 1);
   std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
   std::mt19937 rng(seed + 5);
@@ -569,7 +585,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
         b13_given[size_t(e * 2 * c.i + 2 * i)] = b13[size_t(e * 2 * c.i + i)];
         b13_given[size_t(e * 2 * c.i + 2 * i + 1)] = b13[size_t(e * 2 * c.i + c.i + i)];
       }
-  if (c.b13) o.b13 = TensorView(b13_given.data(), DType::f32, {c.e, 2 * c.i});
+  if (c.b13) o.b13 = TensorView(b13_given.data(), DType::f32, {c.e, g13 * c.i});
   if (c.b2) o.b2 = TensorView(b2.data(), DType::f32, {c.e, c.h});
   if (sh) {
     o.shared_w13 = &sh->p13;
@@ -597,7 +613,7 @@ void add_expert(const QCase& c, QFmt f, const Matrix& w13, const Matrix& w2, int
     for (int64_t j = 0; j < c.k; ++j) {
       const int32_t e = ids[t * c.k + j];
       add_expert(c, c.fmt, x.w13[e], x.w2[e], rows[e], xr,
-                 c.b13 ? b13.data() + e * 2 * c.i : nullptr, c.b2 ? b2.data() + e * c.h : nullptr,
+                 c.b13 ? b13.data() + e * g13 * c.i : nullptr, c.b2 ? b2.data() + e * c.h : nullptr,
                  0.75 * weights[t * c.k + j], t, ref);
     }
     if (sh)
@@ -758,6 +774,32 @@ std::vector<QCase> battery() {
     c.t = 9;
     c.shared_i = 40;
     c.shared_fmt = QFmt::int8_fixed;
+    v.push_back(c);
+  }
+  // Non-gated experts (ExpertProj::up, Nemotron-H's relu2 MLPs) in every
+  // format, decode (the fused kernel's plain epilogue) and prefill, I with a
+  // 64-column tail, biases; a non-gated shared expert in another format.
+  for (QFmt f : {QFmt::int8_sym, QFmt::int8_fixed, QFmt::fp8_channel, QFmt::fp8_block,
+                 QFmt::gptq_actorder, QFmt::awq, QFmt::gptq_sym_ch, QFmt::mxfp4})
+    for (int64_t t : {1, 5, 77}) {
+      QCase c;
+      c.fmt = f;
+      c.t = t;
+      c.i = t == 5 ? 100 : 48;
+      c.plain = true;
+      c.act = t == 77 ? Activation::gelu_tanh : Activation::relu2;
+      c.b13 = c.b2 = t != 5;
+      c.out = t == 1 ? DType::f32 : DType::bf16;
+      v.push_back(c);
+    }
+  {
+    QCase c;
+    c.fmt = QFmt::fp8_block;
+    c.t = 9;
+    c.plain = true;
+    c.act = Activation::relu2;
+    c.shared_i = 40;
+    c.shared_fmt = QFmt::awq;
     v.push_back(c);
   }
   // GPT-OSS: MXFP4 experts with interleaved gate_up rows and the clamped
@@ -1118,11 +1160,11 @@ TEST(QuantExpertsPack, BadProjOrRowsNamed) {
   const auto bad_proj = static_cast<ExpertProj>(7);
   const auto bad_rows = static_cast<GluRows>(9);
   EXPECT_EQ(message([&] { pack_experts(bf, bad_proj); }),
-            "pack_experts: proj=7 is not an ExpertProj; allowed: gate_up, down");
+            "pack_experts: proj=7 is not an ExpertProj; allowed: gate_up, down, up");
   EXPECT_EQ(message([&] { pack_experts(bf, ExpertProj::gate_up, bad_rows); }),
             "pack_experts: glu_rows=9 is not a GluRows; allowed: halves, interleaved");
   EXPECT_THAT(message([&] { pack_experts(q, bad_proj); }),
-              ::testing::HasSubstr("proj=7 is not an ExpertProj; allowed: gate_up, down"));
+              ::testing::HasSubstr("proj=7 is not an ExpertProj; allowed: gate_up, down, up"));
   EXPECT_THAT(message([&] { pack_experts(q, ExpertProj::gate_up, bad_rows); }),
               ::testing::HasSubstr("glu_rows=9 is not a GluRows; allowed: halves, interleaved"));
 }

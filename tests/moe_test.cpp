@@ -58,6 +58,7 @@
 #include "runtime/reference_error_bounds.h"
 #include "runtime/reference_moe.h"
 #include "test_util.h"
+#include "tests/support/activations.h"
 #include "tilejit/tilejit.h"
 
 namespace tilejit::test {
@@ -78,6 +79,7 @@ struct MoeCase {
   int64_t t = 7, h = 80, i = 48, e = 8, k = 2;
   Activation act = Activation::silu;
   bool clamped = false;
+  bool plain = false;  // a non-gated MLP: w13 packed ExpertProj::up, [E, I, H], act(up)
   bool b13 = false, b2 = false;
   float rsf = 1.0f;
   int64_t shared_i = 0;      // 0: no shared expert
@@ -91,6 +93,7 @@ std::string case_str(const MoeCase& c) {
   std::ostringstream s;
   s << "T" << c.t << "_H" << c.h << "_I" << c.i << "_E" << c.e << "_k" << c.k << "_"
     << (c.clamped ? "swigluclamp" : activation_name(c.act));
+  if (c.plain) s << "_nongated";
   if (c.b13) s << "_b13";
   if (c.b2) s << "_b2";
   if (c.rsf != 1.0f) s << "_rsf" << int(c.rsf * 100);
@@ -124,6 +127,7 @@ runtime::ReferenceGlu glu_of(const MoeCase& c) {
   runtime::ReferenceGlu g;
   g.act = c.act;
   g.clamped_swiglu = c.clamped;
+  g.gated = !c.plain;
   return g;  // alpha, limit: MoeOptions' defaults (1.702, 7), the same in both structs
 }
 
@@ -140,9 +144,9 @@ MoeOptions options_of(const MoeCase& c) {
 
 struct MoeData {
   std::vector<uint16_t> hidden;     // [T, H]
-  std::vector<uint16_t> w13, w2;    // [E, 2I, H], [E, H, I]
-  std::vector<float> b13, b2;       // [E, 2I], [E, H] (empty when off)
-  std::vector<uint16_t> w13s, w2s;  // [2Is, H], [H, Is]
+  std::vector<uint16_t> w13, w2;    // [E, 2I, H] (non-gated: [E, I, H]), [E, H, I]
+  std::vector<float> b13, b2;       // [E, 2I] (non-gated: [E, I]), [E, H] (empty when off)
+  std::vector<uint16_t> w13s, w2s;  // [2Is, H] (non-gated: [Is, H]), [H, Is]
   std::vector<float> shared_w;      // [T] (shared_gate)
   std::vector<float> weights;       // [T, k]
   std::vector<int32_t> ids;         // [T, k]
@@ -155,18 +159,19 @@ struct MoeData {
 // b13 in [-2, 2]. w2 in [-3/√I, 3/√I] keeps the outputs O(10) for every I.
 MoeData make_data(const MoeCase& c) {
   const uint32_t seed = seed_of({c.t, c.h, c.i, c.e, c.k, static_cast<int64_t>(c.act), c.clamped,
-                                 c.b13, c.b2, c.shared_i, static_cast<int64_t>(c.route)});
+                                 c.b13, c.b2, c.shared_i, static_cast<int64_t>(c.route), c.plain});
+  const int64_t g = c.plain ? 1 : 2;  // w13 rows per intermediate unit
   MoeData d;
   const float a13 = static_cast<float>(12.0 / std::sqrt(double(c.h)));
   const float a2 = static_cast<float>(3.0 / std::sqrt(double(c.i)));
   d.hidden = random_bf16(static_cast<size_t>(c.t * c.h), seed, -1, 1);
-  d.w13 = random_bf16(static_cast<size_t>(c.e * 2 * c.i * c.h), seed + 1, -a13, a13);
+  d.w13 = random_bf16(static_cast<size_t>(c.e * g * c.i * c.h), seed + 1, -a13, a13);
   d.w2 = random_bf16(static_cast<size_t>(c.e * c.h * c.i), seed + 2, -a2, a2);
-  if (c.b13) d.b13 = random_f32(static_cast<size_t>(c.e * 2 * c.i), seed + 3, -2, 2);
+  if (c.b13) d.b13 = random_f32(static_cast<size_t>(c.e * g * c.i), seed + 3, -2, 2);
   if (c.b2) d.b2 = random_f32(static_cast<size_t>(c.e * c.h), seed + 4, -1, 1);
   if (c.shared_i) {
     const float as = static_cast<float>(3.0 / std::sqrt(double(c.shared_i)));
-    d.w13s = random_bf16(static_cast<size_t>(2 * c.shared_i * c.h), seed + 5, -a13, a13);
+    d.w13s = random_bf16(static_cast<size_t>(g * c.shared_i * c.h), seed + 5, -a13, a13);
     d.w2s = random_bf16(static_cast<size_t>(c.h * c.shared_i), seed + 6, -as, as);
     // σ(gate) is in (0, 1); a 0, a negative and a large weight too.
     if (c.shared_gate) {
@@ -284,12 +289,12 @@ struct Packed {
 
 Packed pack(const MoeCase& c, const MoeData& d) {
   Packed p;
-  p.w13 =
-      pack_experts(TensorView(d.w13.data(), DType::bf16, {c.e, 2 * c.i, c.h}), ExpertProj::gate_up);
+  const int64_t g = c.plain ? 1 : 2;
+  const ExpertProj first = c.plain ? ExpertProj::up : ExpertProj::gate_up;
+  p.w13 = pack_experts(TensorView(d.w13.data(), DType::bf16, {c.e, g * c.i, c.h}), first);
   p.w2 = pack_experts(TensorView(d.w2.data(), DType::bf16, {c.e, c.h, c.i}), ExpertProj::down);
   if (c.shared_i) {
-    p.w13s = pack_experts(TensorView(d.w13s.data(), DType::bf16, {1, 2 * c.shared_i, c.h}),
-                          ExpertProj::gate_up);
+    p.w13s = pack_experts(TensorView(d.w13s.data(), DType::bf16, {1, g * c.shared_i, c.h}), first);
     p.w2s =
         pack_experts(TensorView(d.w2s.data(), DType::bf16, {1, c.h, c.shared_i}), ExpertProj::down);
   }
@@ -326,7 +331,7 @@ FusedRun run_fused(const MoeCase& c, const MoeData& d, const Packed& p) {
   if (c.b13) {
     b13buf.emplace(d.b13.size() * 4);
     std::memcpy(b13buf->data(), d.b13.data(), d.b13.size() * 4);
-    o.b13 = TensorView(b13buf->data(), DType::f32, {c.e, 2 * c.i});
+    o.b13 = TensorView(b13buf->data(), DType::f32, {c.e, (c.plain ? 1 : 2) * c.i});
   }
   if (c.b2) {
     b2buf.emplace(d.b2.size() * 4);
@@ -496,6 +501,37 @@ std::vector<MoeCase> activation_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, FusedExperts, ::testing::ValuesIn(activation_cases()),
+                         [](const auto& p) { return case_str(p.param); });
+
+// Non-gated experts (w13 packed ExpertProj::up: Nemotron-H's relu2 MLPs):
+// every activation on I with and without a 64-column tail (48, 100, 128), H
+// tails, biases, a non-gated shared expert, the routed scaling factor, a
+// hot expert (row chunks) and decode.
+std::vector<MoeCase> nongated_cases() {
+  std::vector<MoeCase> v;
+  int variant = 0;
+  for (Activation act : testing_support::all_activations())
+    for (int64_t i : {48, 100}) {
+      MoeCase c = mk(variant % 2 ? 33 : 5, 80, i, 8, 2);
+      c.plain = true, c.act = act;
+      c.b13 = c.b2 = variant % 3 == 0;
+      if (variant % 4 == 1) c.out = DType::f32;
+      ++variant;
+      v.push_back(c);
+    }
+  // Nemotron-H-like: relu2, a shared expert, rsf 2.5, at decode and prefill.
+  for (int64_t t : {1, 64}) {
+    MoeCase c = mk(t, 130, 128, 16, 6);
+    c.plain = true, c.act = Activation::relu2, c.rsf = 2.5f, c.shared_i = 72;
+    v.push_back(c);
+  }
+  MoeCase c = mk(300, 64, 96, 4, 1);
+  c.plain = true, c.act = Activation::relu2, c.b13 = true, c.route = Route::one_expert;
+  v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(NonGated, FusedExperts, ::testing::ValuesIn(nongated_cases()),
                          [](const auto& p) { return case_str(p.param); });
 
 // Routing shapes: empty experts, every token on the same expert(s), an expert
@@ -925,12 +961,62 @@ TEST_F(FusedExpertsErrors, RoutingShapes) {
 }
 
 TEST_F(FusedExpertsErrors, UnsupportedActivation) {
-  for (Activation a : {Activation::relu, Activation::none}) {
+  for (Activation a : {Activation::relu, Activation::none, Activation::relu2}) {
     MoeOptions o;
     o.act = a;
     EXPECT_TRUE(throws_with([&] { call(o); },
                             {"act", activation_name(a), "silu", "gelu_tanh", "gelu_erf"}));
   }
+  EXPECT_TRUE(untouched());
+}
+
+// Non-gated experts (w13 packed ExpertProj::up): what only a gated w13 takes,
+// a b13 of the gated shape, a gated shared expert beside them, and an
+// activation outside the enum are Errors naming them.
+TEST_F(FusedExpertsErrors, NonGatedExperts) {
+  std::vector<uint16_t> w1(static_cast<size_t>(E * I * H), 0x3c00);
+  const PackedExperts up =
+      pack_experts(TensorView(w1.data(), DType::bf16, {E, I, H}), ExpertProj::up);
+  EXPECT_EQ(up.proj(), ExpertProj::up);
+  EXPECT_EQ(up.n(), I);
+  MoeOptions o;
+  o.act = Activation::relu2;
+  EXPECT_NO_THROW(fused_experts(X(), up, p.w2, W(), Ids(), Out(), o));
+  std::fill(out.begin(), out.end(), kSentinelBf16);
+  o.clamped_swiglu = true;
+  EXPECT_TRUE(throws_with([&] { fused_experts(X(), up, p.w2, W(), Ids(), Out(), o); },
+                          {"clamped_swiglu", "ExpertProj::up"}));
+  o.clamped_swiglu = false;
+  o.act = static_cast<Activation>(99);
+  EXPECT_TRUE(throws_with([&] { fused_experts(X(), up, p.w2, W(), Ids(), Out(), o); },
+                          {"act=99", "relu2"}));
+  o.act = Activation::relu2;
+  std::vector<float> b13(static_cast<size_t>(E * 2 * I), 0.0f);
+  o.b13 = TensorView(b13.data(), DType::f32, {E, 2 * I});
+  EXPECT_TRUE(throws_with([&] { fused_experts(X(), up, p.w2, W(), Ids(), Out(), o); },
+                          {"b13", "[4, 64]", "[4, 32]"}));
+  o.b13.reset();
+  // A gated shared expert beside non-gated routed ones, and the reverse.
+  std::vector<uint16_t> s13(static_cast<size_t>(2 * I * H), 0), s1(static_cast<size_t>(I * H), 0),
+      s2(static_cast<size_t>(H * I), 0);
+  const PackedExperts sh_gated =
+      pack_experts(TensorView(s13.data(), DType::bf16, {1, 2 * I, H}), ExpertProj::gate_up);
+  const PackedExperts sh_up =
+      pack_experts(TensorView(s1.data(), DType::bf16, {1, I, H}), ExpertProj::up);
+  const PackedExperts sh_down =
+      pack_experts(TensorView(s2.data(), DType::bf16, {1, H, I}), ExpertProj::down);
+  o.shared_w13 = &sh_gated;
+  o.shared_w2 = &sh_down;
+  EXPECT_TRUE(throws_with([&] { fused_experts(X(), up, p.w2, W(), Ids(), Out(), o); },
+                          {"shared_w13", "ExpertProj::gate_up", "ExpertProj::up"}));
+  MoeOptions g;
+  g.shared_w13 = &sh_up;
+  g.shared_w2 = &sh_down;
+  EXPECT_TRUE(
+      throws_with([&] { call(g); }, {"shared_w13", "ExpertProj::up", "ExpertProj::gate_up"}));
+  // w13 packed as down.
+  EXPECT_TRUE(throws_with([&] { fused_experts(X(), p.w2, p.w2, W(), Ids(), Out(), o); },
+                          {"w13", "ExpertProj::down", "ExpertProj::up"}));
   EXPECT_TRUE(untouched());
 }
 

@@ -452,7 +452,10 @@ void rope(const TensorView& q, const TensorView* k, const TensorView& positions,
 //            gate and the matching 32 up columns (the act-and-mul epilogue
 //            pairs them in registers).
 //   down:    w2 [E, H, I] bf16.
-enum class ExpertProj { gate_up, down };
+//   up:      w1 [E, I, H] bf16, a non-gated MLP's up projection (Nemotron-H's
+//            experts: down(relu(up(x))²)); fused_experts applies
+//            MoeOptions::act to it alone, and takes it where gate_up goes.
+enum class ExpertProj { gate_up, down, up };
 class PackedExperts {
  public:
   struct Impl;

@@ -313,7 +313,8 @@ tilejit_status tilejit_rope(const tilejit_tensor* q, const tilejit_tensor* k,
 /* ---- Mixture of experts (docs/moe.md) ----------------------------------- */
 typedef enum tilejit_expert_proj {
   TILEJIT_EXPERTS_GATE_UP = 0,
-  TILEJIT_EXPERTS_DOWN = 1
+  TILEJIT_EXPERTS_DOWN = 1,
+  TILEJIT_EXPERTS_UP = 2 /* non-gated up projection [E, I, H] (docs/moe.md) */
 } tilejit_expert_proj;
 typedef enum tilejit_glu_rows {
   TILEJIT_GLU_HALVES = 0,

@@ -82,8 +82,8 @@ const EnumTable<RopeStyle>& rope_style_table() {
   return t;
 }
 const EnumTable<ExpertProj>& expert_proj_table() {
-  static const EnumTable<ExpertProj> t = {{"gate_up", ExpertProj::gate_up},
-                                          {"down", ExpertProj::down}};
+  static const EnumTable<ExpertProj> t = {
+      {"gate_up", ExpertProj::gate_up}, {"down", ExpertProj::down}, {"up", ExpertProj::up}};
   return t;
 }
 const EnumTable<GluRows>& glu_rows_table() {

@@ -130,6 +130,28 @@ def test_fused_experts_torch(out_dtype):
     check_moe(out, ref, mag, out_dtype == "bf16")
 
 
+def test_fused_experts_non_gated_relu2():
+    # Nemotron-H's experts: down(relu(up(x))^2), w1 packed proj="up" [E, I, H].
+    w1, w2 = bf16((E, I, H), 31, 0.2), bf16((E, H, I), 32, 0.2)
+    p1, p2 = tilejit.pack_experts(w1, "up"), tilejit.pack_experts(w2, "down")
+    assert (p1.n, p1.k, p1.proj) == (I, H, "up") and torch.equal(p1.unpack(), w1)
+    x = bf16((T, H), 33)
+    _, tw, ti = routed(34)
+    out = tilejit.fused_experts(x, p1, p2, tw, ti, act="relu2", routed_scaling_factor=2.5,
+                                out_dtype="f32")
+    xd, w1d, w2d, twd = to_f64(x), to_f64(w1), to_f64(w2), to_f64(tw)
+    ref, mag = np.zeros((T, H)), np.zeros((T, H))
+    for t in range(T):
+        for j in range(ti.shape[1]):
+            e = int(ti[t, j])
+            a = bf16_round(np.maximum(w1d[e] @ xd[t], 0) ** 2)
+            ref[t] += 2.5 * twd[t, j] * (w2d[e] @ a)
+            mag[t] += abs(2.5 * twd[t, j]) * (np.abs(w2d[e]) @ np.abs(a))
+    check_moe(out, ref, mag, False)
+    with pytest.raises(tilejit.Error, match="clamped_swiglu with w13 packed as ExpertProj::up"):
+        tilejit.fused_experts(x, p1, p2, tw, ti, clamped_swiglu=True)
+
+
 def test_fused_experts_torch_topk_dtypes():
     """Hugging Face's routing as it comes: torch.topk's int64 ids, bf16 weights
     (a bf16 router's softmax). Same values as int32 / f32: the same output."""
@@ -218,8 +240,9 @@ def test_mxfp4_experts_unpack():
 
 
 def test_pack_experts_errors():
-    with pytest.raises(tilejit.Error, match='proj: "up" is not allowed; allowed: gate_up, down'):
-        tilejit.pack_experts(bf16((E, 2 * I, H), 15), proj="up")
+    with pytest.raises(tilejit.Error,
+                       match='proj: "sideways" is not allowed; allowed: gate_up, down, up'):
+        tilejit.pack_experts(bf16((E, 2 * I, H), 15), proj="sideways")
     with pytest.raises(tilejit.Error, match=r"w\[0\]: expected a \(weight, scales\) pair"):
         tilejit.pack_experts_int8([torch.zeros(2, 2)])
     with pytest.raises(tilejit.Error, match=r"w\[1\]: expected a \(weight, scales\) pair"):
