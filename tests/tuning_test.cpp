@@ -332,9 +332,33 @@ TEST(TuneWorkload, ModelConfigFieldsChecked) {
       {R"({"hidden_size": 1048576, "num_attention_heads": 1024, "num_key_value_heads": 1024,
            "head_dim": 1024, "intermediate_size": 64})",
        "ops[0].n: 3145728; allowed: an integer in [1, 1048576]"},
+      // Families it does not model (Phi-2's non-gated MLP, SigLIP's encoder),
+      // a softcap (its attention kernels are other ones), a partial rotary
+      // factor that leaves no even count of dims: refused by name, never
+      // built as a Llama.
+      {R"({"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32,
+           "intermediate_size": 10240, "partial_rotary_factor": 0.4, "hidden_act": "gelu_new"})",
+       "c.json: model_type: \"phi\": not modelled by --model-config"},
+      {R"({"model_type": "siglip_vision_model", "hidden_size": 1152, "num_attention_heads": 16,
+           "intermediate_size": 4304})",
+       "c.json: model_type: \"siglip_vision_model\": not modelled"},
+      {R"({"model_type": "gemma2", "hidden_size": 2304, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216,
+           "attn_logit_softcapping": 50.0})",
+       "c.json: attn_logit_softcapping: 50.0: not modelled by --model-config"},
+      {R"({"model_type": "stablelm", "hidden_size": 2560, "num_attention_heads": 32,
+           "intermediate_size": 6912, "partial_rotary_factor": 0.33})",
+       "c.json: partial_rotary_factor: 0.33 with head_dim 80"},
   };
   for (const auto& [config, error] : refused)
     expect_tilejit_error([&] { tools::workload_from_model_config(config, "c.json"); }, error);
+  // A partial rotary factor is modelled: the rope op rotates its share.
+  const tools::Workload slm = tools::workload_from_model_config(
+      R"({"model_type": "stablelm", "hidden_size": 2560, "num_attention_heads": 32,
+          "intermediate_size": 6912, "partial_rotary_factor": 0.25})",
+      "stablelm.json");
+  ASSERT_EQ(slm.ops.back().op, "rope");
+  EXPECT_EQ(slm.ops.back().rotary_dim, 20);
   // compressed-tensors block scales of 0: refused (was per channel).
   expect_tilejit_error(
       [&] {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -505,6 +506,25 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     quant_formats(j["quantization_config"], source, &fmt_linear, &fmt_experts);
   const Reader r{j, source + ":"};
   auto given = [&](const char* f) { return j.contains(f) && !j[f].is_null(); };
+  // The families whose layer this builder models: a decoder with rotary
+  // attention and a gated MLP (or routed experts). Anything else is refused
+  // by name rather than tuned as a Llama (Phi-2's non-gated fc1 / fc2 and
+  // partial rotary, SigLIP's non-causal encoder, GPT-2's learned
+  // positions...). An absent model_type is taken as such a decoder.
+  static const std::vector<std::string> kModelled = {
+      "llama",     "mistral",    "mixtral", "qwen2",   "qwen2_moe",  "qwen3",  "qwen3_moe",
+      "gemma",     "gemma2",      "gemma3_text", "phi3",   "phimoe",  "olmo",       "olmo2",  "olmoe",
+      "granite",   "granitemoe", "internlm2", "yi",    "baichuan",   "cohere", "minicpm",
+      "stablelm",  "exaone",     "deepseek", "deepseek_v2", "deepseek_v3", "gpt_oss"};
+  if (given("model_type")) {
+    const std::string type = r.string("model_type", "");
+    if (std::find(kModelled.begin(), kModelled.end(), type) == kModelled.end())
+      r.fail("model_type",
+             fmt::format("\"{}\": not modelled by --model-config (it builds decoders with rotary "
+                         "attention and a gated MLP or routed experts); allowed: {} (write the "
+                         "workload file by hand: docs/tuning.md)",
+                         type, fmt::join(kModelled, ", ")));
+  }
   // What this builder does not model is refused by name, never built as
   // something else: MLA (DeepSeek's latent KV: attention of D 576 / Dv 512
   // over a compressed cache, not hq heads of hidden / hq) and shared experts
@@ -514,6 +534,14 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     if (given(f) && j[f] != json(0))
       r.fail(f, fmt::format("{}: not modelled by --model-config (MLA attention, shared experts); "
                             "allowed: absent (write the workload file by hand: docs/tuning.md)",
+                            j[f].dump()));
+  // A logit softcap is a specialisation of the attention kernels (Gemma-2);
+  // the workload's attention ops have none.
+  for (const char* f : {"attn_logit_softcapping"})
+    if (given(f) && j[f] != json(0) && j[f] != json(0.0))
+      r.fail(f, fmt::format("{}: not modelled by --model-config (softcapped attention kernels); "
+                            "allowed: absent or null (write the workload file by hand: "
+                            "docs/tuning.md)",
                             j[f].dump()));
   // The first of several names a field has among model families, or none.
   auto first_of = [&](std::initializer_list<const char*> names) -> const char* {
@@ -597,6 +625,19 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   rope.op = "rope";
   rope.name = "rope";
   rope.d = hd;
+  // Partial rotary (StableLM, Phi-3-small, GLM): the leading
+  // partial_rotary_factor·head_dim dims, an even count.
+  if (given("partial_rotary_factor")) {
+    const json& f = j["partial_rotary_factor"];
+    const double factor = f.is_number() ? f.get<double>() : -1.0;
+    const double dims = factor * static_cast<double>(hd);
+    if (!(factor > 0 && factor <= 1) || dims != std::floor(dims) || int64_t(dims) % 2 != 0)
+      r.fail("partial_rotary_factor",
+             fmt::format("{} with head_dim {}; allowed: a number in (0, 1] whose share of "
+                         "head_dim is an even count of dims",
+                         f.dump(), hd));
+    if (factor < 1) rope.rotary_dim = static_cast<int64_t>(dims);
+  }
   rope.hq = hq;
   rope.hkv = hkv;
   rope.m = m;
