@@ -95,7 +95,10 @@ constexpr AttrSpec kMoeAttrs[] = {
     {"top_k", AttrKind::integer, true, "experts per token, >= 1"},
     {"activation", AttrKind::string, false,
      "gated activation: \"silu\" (default), \"gelu_tanh\", \"gelu_erf\" or \"clamped_swiglu\" "
-     "(GPT-OSS)"},
+     "(GPT-OSS); with gated = false any activation (\"relu2\": Nemotron-H)"},
+    {"gated", AttrKind::boolean, false,
+     "true (default): w13 [E, 2*I, H] stacks gate and up, act(gate)*up; false: a non-gated MLP, "
+     "w13 [E, I, H] the up projection alone, act(up) (tilejit::ExpertProj::up)"},
     {"swiglu_alpha", AttrKind::real, false, "clamped_swiglu: sigmoid slope, > 0 (default 1.702)"},
     {"swiglu_limit", AttrKind::real, false,
      "clamped_swiglu: clamp of gate and up, > 0 (default 7)"},
@@ -430,11 +433,20 @@ void check_attrs(OpKind kind, const Attrs& attrs, std::vector<std::string>& prob
       one_of("act_quant", {"dynamic_sym", "dynamic_asym"});
       one_of("int4_route", {"automatic", "w4a16", "w4a8"});
       one_of("glu_rows", {"halves", "interleaved"});
-      one_of("activation", [] {
-        std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
-        v.push_back("clamped_swiglu");
-        return v;
-      }());
+      if (!attrs.get_bool("gated").value_or(true)) {
+        // A non-gated MLP: any activation of act(up), no gate / up layout.
+        one_of("activation", activation_names(/*gated_only=*/false));
+        for (const char* n : {"glu_rows", "swiglu_alpha", "swiglu_limit"})
+          if (attrs.has(n))
+            problems.push_back(
+                cat("attribute '", n, "' with gated = false: it describes a gated w13"));
+      } else {
+        one_of("activation", [] {
+          std::vector<std::string_view> v = activation_names(/*gated_only=*/true);
+          v.push_back("clamped_swiglu");
+          return v;
+        }());
+      }
       for (const char* n : {"swiglu_alpha", "swiglu_limit"})
         if (auto v = attrs.get_double(n); v && !(*v > 0))
           problems.push_back(cat("attribute '", n, "' = ", *v, " must be > 0"));

@@ -25,7 +25,7 @@ bool is_quant_role(std::string_view r) {
 // shared expert [2*Is, H] / [H, Is] (row-major, its gate / up rows stacked as
 // w13's: the glu_rows attribute), both or neither; f32 shared_weights [T],
 // only with a shared expert.
-void check_moe_options(RuleContext& c) {
+void check_moe_options(RuleContext& c, bool gated) {
   constexpr size_t h = 0, w13 = 1, w2 = 2;
   auto vector_of = [&](size_t op, int rank, const char* shape) {
     c.rank(op, rank, shape);
@@ -34,9 +34,9 @@ void check_moe_options(RuleContext& c) {
     c.unit_stride_rows(op);
     return c.ok();
   };
-  if (auto b13 = c.named("b13"); b13 && vector_of(*b13, 2, "[E, 2*I]")) {
+  if (auto b13 = c.named("b13"); b13 && vector_of(*b13, 2, gated ? "[E, 2*I]" : "[E, I]")) {
     c.same_dim(*b13, 0, w13, 0, "E", "one gate / up bias row per expert");
-    c.same_dim(*b13, 1, w13, 1, "2*I", "a bias per row of w13, in its row order");
+    c.same_dim(*b13, 1, w13, 1, gated ? "2*I" : "I", "a bias per row of w13, in its row order");
   }
   if (auto b2 = c.named("b2"); b2 && vector_of(*b2, 2, "[E, H]")) {
     c.same_dim(*b2, 0, w2, 0, "E", "one down bias row per expert");
@@ -53,7 +53,7 @@ void check_moe_options(RuleContext& c) {
     return;
   }
   if (!s13) return;
-  c.rank(*s13, 2, "[2*Is, H]");
+  c.rank(*s13, 2, gated ? "[2*Is, H]" : "[Is, H]");
   c.rank(*s2, 2, "[H, Is]");
   if (!c.ok()) return;
   for (size_t w : {*s13, *s2}) {
@@ -63,18 +63,20 @@ void check_moe_options(RuleContext& c) {
   if (!c.ok()) return;
   c.same_dim(*s13, 1, h, 1, "H", "the shared expert's input dim is the hidden size");
   c.same_dim(*s2, 0, h, 1, "H", "the shared expert's output dim is the hidden size");
-  const Dim& two_is = c.dim(*s13, 0);
+  const Dim& rows_s = c.dim(*s13, 0);
   const Dim& is = c.dim(*s2, 1);
-  if (!two_is.is_static() || !is.is_static() || two_is.value % 2 != 0 ||
-      two_is.value / 2 != is.value || is.value < 1)
-    c.fail(cat("operand ", c.who(*s13), " has 2*Is=", two_is.str(), " and ", c.who(*s2),
-               " has Is=", is.str(),
-               ": static, Is >= 1, and shared_w13 stacks the gate and up rows (twice Is)"));
+  const int64_t per = gated ? 2 : 1;
+  if (!rows_s.is_static() || !is.is_static() || rows_s.value % per != 0 ||
+      rows_s.value / per != is.value || is.value < 1)
+    c.fail(cat("operand ", c.who(*s13), " has ", gated ? "2*Is=" : "Is=", rows_s.str(), " and ",
+               c.who(*s2), " has Is=", is.str(), ": static, Is >= 1, and ",
+               gated ? "shared_w13 stacks the gate and up rows (twice Is)"
+                     : "shared_w13 is the shared expert's up projection (gated = false)"));
   if (sw && vector_of(*sw, 1, "[T]")) c.same_dim(*sw, 0, h, 0, "T", "one shared weight per token");
 }
 
 // The named operands and quantization attributes of experts of dtype wt.
-void check_quant_experts(RuleContext& c, DType wt) {
+void check_quant_experts(RuleContext& c, DType wt, bool gated) {
   constexpr size_t w13 = 1, w2 = 2;
   check_quant_attr_owners(c, wt, cat(c.who(w13), " is ", dtype_name(wt)));
   if (wt == DType::bf16) {
@@ -85,7 +87,7 @@ void check_quant_experts(RuleContext& c, DType wt) {
                    "experts)"));
     return;
   }
-  for (auto [w, name] : {std::tuple{w13, "2*I"}, {w2, "H"}})
+  for (auto [w, name] : {std::tuple{w13, gated ? "2*I" : "I"}, {w2, "H"}})
     c.static_dim(w, 1, name, "quantized experts have static dims");
   c.static_dim(w13, 0, "E", "quantized experts have static dims");
   c.static_dim(w13, 2, "H", "quantized experts have static dims");
@@ -98,7 +100,7 @@ void check_quant_experts(RuleContext& c, DType wt) {
   };
   const Proj projs[] = {
       {w13, "scale13", "zero13", "g_idx13", "moe %h, %w13, %w2, %tw, %ti, scale13 = %s13, ...",
-       2 * i, h},
+       (gated ? 2 : 1) * i, h},
       {w2, "scale2", "zero2", "g_idx2", "moe %h, %w13, %w2, %tw, %ti, ..., scale2 = %s2", h, i},
   };
   for (const Proj& p : projs) {
@@ -121,8 +123,11 @@ void check_quant_experts(RuleContext& c, DType wt) {
 
 std::optional<TensorType> check_moe(RuleContext& c) {
   constexpr size_t h = 0, w13 = 1, w2 = 2, tw = 3, ti = 4;
+  // gated = false: a non-gated MLP, w13 [E, I, H] (tilejit::ExpertProj::up).
+  const bool gated = c.attrs().get_bool("gated").value_or(true);
+  const char* rows13 = gated ? "2*I" : "I";
   c.rank(h, 2, "[T, H]");
-  c.rank(w13, 3, "[E, 2*I, H]");
+  c.rank(w13, 3, gated ? "[E, 2*I, H]" : "[E, I, H]");
   c.rank(w2, 3, "[E, H, I]");
   c.rank(tw, 2, "[T, top_k]");
   c.rank(ti, 2, "[T, top_k]");
@@ -153,18 +158,20 @@ std::optional<TensorType> check_moe(RuleContext& c) {
   const Dim& two_i = c.dim(w13, 1);
   const Dim& i = c.dim(w2, 2);
   if (!two_i.is_static() || !i.is_static()) {
-    c.fail(cat("operand ", c.who(w13), " has 2*I=", two_i.str(), " and ", c.who(w2),
+    c.fail(cat("operand ", c.who(w13), " has ", rows13, "=", two_i.str(), " and ", c.who(w2),
                " has I=", i.str(), ": expert intermediate dims must be static"));
     return std::nullopt;
   }
   // Compared as a division: 2·I could overflow for a huge static I.
-  if (two_i.value % 2 != 0 || two_i.value / 2 != i.value) {
-    c.fail(cat("operand ", c.who(w13), " has 2*I=", two_i.value, " but ", c.who(w2),
+  const int64_t per = gated ? 2 : 1;
+  if (two_i.value % per != 0 || two_i.value / per != i.value) {
+    c.fail(cat("operand ", c.who(w13), " has ", rows13, "=", two_i.value, " but ", c.who(w2),
                " has I=", i.value,
-               ": w13 stacks the gate and up projections, so its dim 1 is twice w2's dim 2"));
+               gated ? ": w13 stacks the gate and up projections, so its dim 1 is twice w2's dim 2"
+                     : ": w13 is the up projection (gated = false), so its dim 1 is w2's dim 2"));
     return std::nullopt;
   }
-  for (auto [operand, axis, name] : {std::tuple{w13, 0, "E"}, {w13, 1, "2*I"}, {w13, 2, "H"}})
+  for (auto [operand, axis, name] : {std::tuple{w13, 0, "E"}, {w13, 1, rows13}, {w13, 2, "H"}})
     c.nonzero_dim(operand, axis, name, "tilejit::pack_experts takes no empty expert weights");
   if (!c.ok()) return std::nullopt;
   int64_t top_k = *c.attrs().get_int("top_k");
@@ -176,9 +183,9 @@ std::optional<TensorType> check_moe(RuleContext& c) {
       return std::nullopt;
     }
   }
-  check_quant_experts(c, wt);
+  check_quant_experts(c, wt, gated);
   if (!c.ok()) return std::nullopt;
-  check_moe_options(c);
+  check_moe_options(c, gated);
   if (!c.ok()) return std::nullopt;
   return result(c.type(h).dtype, c.type(h).dims);
 }

@@ -871,6 +871,24 @@ TEST(IrVerifier, MoeRules) {
                                     "{activation = \"clamped_swiglu\", swiglu_limit = 0.0, "
                                     "top_k = 2}")),
               HasSubstr("attribute 'swiglu_limit' = 0 must be > 0"));
+  // gated = false (Nemotron-H's non-gated experts): w13 is [E, I, H] and any
+  // activation applies; what describes a gated w13 is refused.
+  const std::string w1 = "tensor<4x64x256xbf16>";
+  EXPECT_EQ(verify_error(moe_text(w1, tw, "{activation = \"relu2\", gated = false, top_k = 2}")),
+            "");
+  EXPECT_THAT(verify_error(moe_text(w13, tw, "{activation = \"relu2\", gated = false, top_k = 2}")),
+              HasSubstr("operand 'w13' (%w13) has I=128 but 'w2' (%w2) has I=64: w13 is the up "
+                        "projection (gated = false)"));
+  EXPECT_THAT(verify_error(moe_text(w13, tw, "{activation = \"relu2\", top_k = 2}")),
+              HasSubstr("attribute 'activation' = \"relu2\" must be one of"));
+  EXPECT_THAT(verify_error(moe_text(w1, tw,
+                                    "{activation = \"clamped_swiglu\", gated = false, "
+                                    "top_k = 2}")),
+              HasSubstr("attribute 'activation' = \"clamped_swiglu\" must be one of"));
+  EXPECT_THAT(verify_error(moe_text(w1, tw,
+                                    "{gated = false, glu_rows = \"interleaved\", "
+                                    "top_k = 2}")),
+              HasSubstr("attribute 'glu_rows' with gated = false"));
 }
 
 TEST(IrVerifier, CheckCollectsEveryProblem) {

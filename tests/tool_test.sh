@@ -503,6 +503,23 @@ for name in moe_int8 moe_fp8_block moe_int4_gptq moe_mxfp4; do
   has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_moe.h's oracle on the exact dequantized experts"
   has "$name: tolerance" "$OUT" "^  tolerance +the bf16 experts' bound .* on the exact (int8|fp8_e4m3|int4_gptq|mxfp4) weights"
 done
+# Non-gated experts (gated = false, relu2: Nemotron-H): bf16 with a non-gated
+# shared expert and block fp8, against the oracles on every path (decode,
+# the fused kernel's rows, prefill); dump packs w13 as ExpertProj::up.
+for name in moe_relu2 moe_relu2_fp8; do
+  tir=$EXAMPLES/$name.tir
+  [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }
+  for isa in $active avx512 llvm scalar; do
+    runs_here $isa || continue
+    for t in 1 5 64; do
+      TILEJIT_ISA=$isa ok "$name: run T=$t --check ($isa)" "$TJ" run "$tir" --random-inputs 5 --dim T=$t --check
+      has "$name: PASS ($isa, T=$t)" "$OUT" "^PASS \\("
+    done
+  done
+  ok "$name: dump --stage plan" "$TJ" dump "$tir" --stage plan --dim T=4
+  has "$name: w13 packed as up" "$OUT" "w13p = tilejit::pack_experts\\(.*%w1 .*, up\\)"
+  has "$name: plain epilogue" "$OUT" "plain relu2 epilogue \\(non-gated\\)"
+done
 # MoeOptions' tensors as named operands: GPT-OSS's biases (moe_mxfp4.tir, run
 # above on every path) and a gated bf16 shared expert (moe_shared_expert.tir)
 # checked against the oracle on every path; dump names them in the call; the

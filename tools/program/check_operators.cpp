@@ -247,15 +247,16 @@ MoeExtras moe_extras(const OperatorCall& c, int64_t e_count, int64_t inter, Tens
   if (mo.b13 >= 0) {
     const HostTensor& b = tensor(mo.b13);
     x.b13.assign(b.data<float>(), b.data<float>() + b.numel());
-    for (int64_t e = 0; e < e_count; ++e)
-      w13_to_halves(c.glu_rows, x.b13.data() + e * 2 * inter, inter, 1);
+    if (c.gated)  // non-gated: [E, I], in order already
+      for (int64_t e = 0; e < e_count; ++e)
+        w13_to_halves(c.glu_rows, x.b13.data() + e * 2 * inter, inter, 1);
   }
   if (mo.b2 >= 0) x.b2 = tensor(mo.b2).template data<float>();
   if (mo.shared()) {
     const HostTensor& s13 = tensor(mo.shared_w13);
-    x.shared_i = s13.shape[0] / 2;
+    x.shared_i = c.gated ? s13.shape[0] / 2 : s13.shape[0];
     x.w13s.assign(s13.data<uint16_t>(), s13.data<uint16_t>() + s13.numel());
-    w13_to_halves(c.glu_rows, x.w13s.data(), x.shared_i, s13.shape[1]);
+    if (c.gated) w13_to_halves(c.glu_rows, x.w13s.data(), x.shared_i, s13.shape[1]);
     x.w2s = tensor(mo.shared_w2).template data<uint16_t>();
   }
   if (mo.shared_weights >= 0) x.shared_weights = tensor(mo.shared_weights).template data<float>();
@@ -283,9 +284,11 @@ Expected moe_expected(const OperatorCall& c, const HostTensor& hidden, const Hos
                               ti.data<int32_t>()[i], e_count));
   // The gate / up rows in the oracle's halves order.
   std::vector<uint16_t> w13h(w13.data<uint16_t>(), w13.data<uint16_t>() + w13.numel());
-  for (int64_t e = 0; e < e_count; ++e)
-    w13_to_halves(c.glu_rows, w13h.data() + e * 2 * inter * h, inter, h);
+  if (c.gated)  // non-gated: [E, I, H], the up rows in order
+    for (int64_t e = 0; e < e_count; ++e)
+      w13_to_halves(c.glu_rows, w13h.data() + e * 2 * inter * h, inter, h);
   runtime::ReferenceGlu glu;
+  glu.gated = c.gated;
   glu.act = c.moe.act;
   glu.clamped_swiglu = c.moe.clamped_swiglu;
   glu.alpha = c.moe.swiglu_alpha;
@@ -370,7 +373,8 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
   const bool int8 = mq.format == WeightFormat::int8;
   const bool asym = c.moe.act_quant == ActQuant::dynamic_asym;
   // The exact weights and their term magnitudes, per expert.
-  const size_t n13 = static_cast<size_t>(2 * inter * h), n2 = static_cast<size_t>(h * inter);
+  const int64_t g13 = c.gated ? 2 : 1;  // w13 rows per intermediate unit
+  const size_t n13 = static_cast<size_t>(g13 * inter * h), n2 = static_cast<size_t>(h * inter);
   std::vector<double> w13(n13 * e_count), m13(w13.size()), w2(n2 * e_count), m2(w2.size());
   // The route of each expert's GEMMs (tests/moe_quant_test.cpp: the library's
   // one rule, ops::quant_gemm_fused, on the expert's routed rows).
@@ -384,8 +388,10 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
     quant[e] = int8 || ops::w4a8_route(mq.format, h, c.moe.int4_route, isa, rows[e], "check");
   runtime::parallel_for(e_count, [&](int64_t e) {
     dequantize_exact(expert_matrix(f, c, inputs, 0, e), w13.data() + e * n13, m13.data() + e * n13);
-    w13_to_halves(c.glu_rows, w13.data() + e * n13, inter, h);
-    w13_to_halves(c.glu_rows, m13.data() + e * n13, inter, h);
+    if (c.gated) {
+      w13_to_halves(c.glu_rows, w13.data() + e * n13, inter, h);
+      w13_to_halves(c.glu_rows, m13.data() + e * n13, inter, h);
+    }
     dequantize_exact(expert_matrix(f, c, inputs, 1, e), w2.data() + e * n2, m2.data() + e * n2);
     if (quant[e] || isa == Isa::scalar || ops::quant_gemm_fused(isa, rows[e])) return;
     // The dequant route: the weights rounded once to bf16, bf16(f32(v·s)).
@@ -398,6 +404,7 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
   });
   const double eps_h = runtime::fp32_sum_ulps(h) * kU;
   runtime::ReferenceGlu glu;
+  glu.gated = c.gated;
   glu.act = c.moe.act;
   glu.clamped_swiglu = c.moe.clamped_swiglu;
   glu.alpha = c.moe.swiglu_alpha;
@@ -430,16 +437,24 @@ Expected moe_quant_expected(const ir::Function& f, const OperatorCall& c, const 
       const double scale = double(c.moe.routed_scaling_factor) * tw.data<float>()[tok * k + j];
       const double* wg = w13.data() + e * n13;
       const double* mg = m13.data() + e * n13;
-      const float* b13 = extras.b13.empty() ? nullptr : extras.b13.data() + e * 2 * inter;
+      const float* b13 = extras.b13.empty() ? nullptr : extras.b13.data() + e * g13 * inter;
       for (int64_t i = 0; i < inter; ++i) {
         runtime::MoeActPoint p;
-        for (int64_t hh = 0; hh < h; ++hh) {
+        if (!c.gated) {  // act(up): the sum in gate, an exact 1 in up (runtime/reference_moe.h)
+          for (int64_t hh = 0; hh < h; ++hh) {
+            p.gate += x[hh] * wg[i * h + hh];
+            p.gate_abs += std::fabs(x[hh]) * mg[i * h + hh];
+          }
+          if (b13 != nullptr) p.gate += b13[i], p.gate_abs += std::fabs(b13[i]);
+          p.up = 1;
+        }
+        for (int64_t hh = 0; hh < h && c.gated; ++hh) {
           const double tg = x[hh] * wg[i * h + hh], tu = x[hh] * wg[(inter + i) * h + hh];
           p.gate += tg, p.up += tu;
           p.gate_abs += std::fabs(x[hh]) * mg[i * h + hh];
           p.up_abs += std::fabs(x[hh]) * mg[(inter + i) * h + hh];
         }
-        if (b13 != nullptr) {  // added in f32 by the kernels' epilogue
+        if (b13 != nullptr && c.gated) {  // added in f32 by the kernels' epilogue
           p.gate += b13[i], p.up += b13[inter + i];
           p.gate_abs += std::fabs(b13[i]), p.up_abs += std::fabs(b13[inter + i]);
         }

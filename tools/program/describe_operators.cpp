@@ -175,6 +175,7 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
     }
     default: {
       const char* glu_rows = c.glu_rows == GluRows::interleaved ? ", GluRows::interleaved" : "";
+      const char* proj13 = c.gated ? "gate_up" : "up";  // ExpertProj of w13
       // MoeOptions' tensors (named operands) and the bf16 shared expert's packs.
       const MoeOperands& mo = c.moe_operands;
       std::string opts, shared_packs;
@@ -185,9 +186,10 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
       if (mo.shared()) {
         opts += ", .shared_w13 = &sp13, .shared_w2 = &sp2";
         shared_packs = fmt::format(
-            ", sp13 = tilejit::pack_experts({} as [1, 2·Is, H], gate_up{}), sp2 = "
+            ", sp13 = tilejit::pack_experts({} as [1, {}Is, H], {}{}), sp2 = "
             "tilejit::pack_experts({} as [1, H, Is], down)",
-            operand_text(f, mo.shared_w13, dims), glu_rows, operand_text(f, mo.shared_w2, dims));
+            operand_text(f, mo.shared_w13, dims), c.gated ? "2·" : "", proj13, glu_rows,
+            operand_text(f, mo.shared_w2, dims));
       }
       if (mo.shared_weights >= 0)
         opts += ", .shared_weights = " + operand_text(f, mo.shared_weights, dims);
@@ -208,12 +210,12 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
           params = fmt::format(", {}, group_size {}{}", weight_format_name(q.format), q.group_size,
                                q.gptq_v2 ? ", gptq_v2" : "");
         return fmt::format(
-            "w13p = tilejit::pack_experts(E {} of {} with {}{}, gate_up{}), w2p = "
+            "w13p = tilejit::pack_experts(E {} of {} with {}{}, {}{}), w2p = "
             "tilejit::pack_experts(E {} of {} with {}{}, down){} once when the inputs are bound; "
             "then tilejit::fused_experts(hidden = {}, w13p, w2p, topk_weights = {}, topk_ids = {}, "
             "out = {}, {{.act = {}{}{}}})",
-            desc, arg(1), named(0), params, glu_rows, desc, arg(2), named(1), params, shared_packs,
-            arg(0), arg(3), arg(4), out, moe_act_text(c.moe),
+            desc, arg(1), named(0), params, proj13, glu_rows, desc, arg(2), named(1), params,
+            shared_packs, arg(0), arg(3), arg(4), out, moe_act_text(c.moe),
             q.format == WeightFormat::int8
                 ? fmt::format(", .act_quant = {}", c.moe.act_quant == ActQuant::dynamic_asym
                                                        ? "dynamic_asym"
@@ -222,11 +224,11 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
             opts);
       }
       return fmt::format(
-          "w13p = tilejit::pack_experts({}, gate_up{}), w2p = tilejit::pack_experts({}, down){} "
+          "w13p = tilejit::pack_experts({}, {}{}), w2p = tilejit::pack_experts({}, down){} "
           "once when the inputs are bound; then tilejit::fused_experts(hidden = {}, w13p, w2p, "
           "topk_weights = {}, topk_ids = {}, out = {}, {{.act = {}{}}})",
-          arg(1), glu_rows, arg(2), shared_packs, arg(0), arg(3), arg(4), out, moe_act_text(c.moe),
-          opts);
+          arg(1), proj13, glu_rows, arg(2), shared_packs, arg(0), arg(3), arg(4), out,
+          moe_act_text(c.moe), opts);
     }
   }
 }
@@ -288,7 +290,11 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
               fmt::format("chosen at run time by {} (brgemm_{} micro-kernels; "
                           "TILEJIT_VERBOSE=1 logs each one compiled)",
                           api, isa_name(isa))};
-    default:
+    default: {
+      // w13's epilogue: the act-and-mul of a gated MLP, or act alone.
+      const std::string w13_epilogue =
+          c.gated ? fmt::format("{}-and-mul epilogue", moe_act_text(c.moe))
+                  : fmt::format("plain {} epilogue (non-gated)", moe_act_text(c.moe));
       if (c.moe_quant.quantized()) {
         // ops/moe_quant.h's routes, per (expert, projection) and the expert's rows;
         // the helper kernels named as the registry names them (avx512 serves amx).
@@ -328,22 +334,23 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                 when);
           }
         }
-        return {
-            fmt::format("{}: {} experts, per (expert, projection) one route by the "
-                        "expert's routed rows: w13 (gate_up, {}-and-mul epilogue), then w2 "
-                        "(down, scaled by the routing weights) (docs/moe.md, \"Quantized "
-                        "experts\")",
-                        isa_name(isa), weight_format_name(c.moe_quant.format), moe_act_text(c.moe)),
-            fmt::format("{}; chosen at run time by {} (TILEJIT_VERBOSE=1 logs each one "
-                        "compiled)",
-                        routes, api)};
+        return {fmt::format("{}: {} experts, per (expert, projection) one route by the "
+                            "expert's routed rows: w13 ({}, {}), then w2 "
+                            "(down, scaled by the routing weights) (docs/moe.md, \"Quantized "
+                            "experts\")",
+                            isa_name(isa), weight_format_name(c.moe_quant.format),
+                            c.gated ? "gate_up" : "up", w13_epilogue),
+                fmt::format("{}; chosen at run time by {} (TILEJIT_VERBOSE=1 logs each one "
+                            "compiled)",
+                            routes, api)};
       }
-      return {fmt::format("{}: gate/up GEMM with the {}-and-mul epilogue, then the down GEMM "
+      return {fmt::format("{}: {} GEMM with the {}, then the down GEMM "
                           "scaled by the routing weights (docs/moe.md)",
-                          isa_name(isa), moe_act_text(c.moe)),
+                          isa_name(isa), c.gated ? "gate/up" : "up", w13_epilogue),
               fmt::format("chosen at run time by {} (brgemm_{} micro-kernels; "
                           "TILEJIT_VERBOSE=1 logs each one compiled)",
                           api, isa_name(isa))};
+    }
   }
 }
 

@@ -172,7 +172,9 @@ OperatorProgram match_operator_program(const ir::Function& f) {
         c.glu_rows = a.get_string("glu_rows").value_or("halves") == "interleaved"
                          ? GluRows::interleaved
                          : GluRows::halves;
-        // The verifier allowed only the gated activations or clamped_swiglu.
+        c.gated = a.get_bool("gated").value_or(true);
+        // The verifier allowed only the gated activations or clamped_swiglu
+        // (any activation with gated = false).
         const std::string act = a.get_string("activation").value_or("silu");
         c.moe.act = ir::activation_from_name(act).value_or(Activation::silu);
         c.moe.clamped_swiglu = act == "clamped_swiglu";

@@ -78,6 +78,9 @@ struct OperatorCall {
   MoeOperands moe_operands;
   AttentionOperands attention_operands;
   GluRows glu_rows = GluRows::halves;  // moe: how w13 stacks its gate and up rows
+  bool gated = true;                   // moe: false: w13 is a non-gated up projection
+  // moe: how w13 is packed (ExpertProj::gate_up, or up when !gated).
+  ExpertProj w13_proj() const { return gated ? ExpertProj::gate_up : ExpertProj::up; }
   int64_t top_k = 0;
 
   // "tilejit::rope", "tilejit::flash_attn_varlen", "tilejit::fused_experts".

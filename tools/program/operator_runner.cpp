@@ -57,7 +57,7 @@ PackedExperts pack_quant_experts(const ir::Function& f, const OperatorCall& c,
                                  const TensorMap& inputs, int proj) {
   const MoeQuant& mq = c.moe_quant;
   const int64_t experts = f.value(operand(f, c, 1)).type.dims.at(0).value;
-  const ExpertProj p = proj == 0 ? ExpertProj::gate_up : ExpertProj::down;
+  const ExpertProj p = proj == 0 ? c.w13_proj() : ExpertProj::down;
   const GluRows rows = proj == 0 ? c.glu_rows : GluRows::halves;
   auto view = [](const void* data, DType t, std::vector<int64_t> shape) {
     return TensorView(const_cast<void*>(data), t, std::move(shape));
@@ -190,7 +190,7 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
         const HostTensor& s2 = inputs.at(f_.value(c.moe_operands.shared_w2).name);
         b->s13[i] = pack_experts(
             TensorView(s13.data<uint16_t>(), DType::bf16, {1, s13.shape[0], s13.shape[1]}),
-            ExpertProj::gate_up, c.glu_rows);
+            c.w13_proj(), c.glu_rows);
         b->s2[i] = pack_experts(
             TensorView(s2.data<uint16_t>(), DType::bf16, {1, s2.shape[0], s2.shape[1]}),
             ExpertProj::down);
@@ -205,7 +205,7 @@ void OperatorRunner::bind(const TensorMap& inputs, const DimBindings& dims) {
       const HostTensor& w13 = inputs.at(f_.value(operand(f_, c, 1)).name);
       const HostTensor& w2 = inputs.at(f_.value(operand(f_, c, 2)).name);
       b->w13[i] = pack_experts(TensorView(w13.data<uint16_t>(), DType::bf16, w13.shape),
-                               ExpertProj::gate_up, c.glu_rows);
+                               c.w13_proj(), c.glu_rows);
       b->w2[i] =
           pack_experts(TensorView(w2.data<uint16_t>(), DType::bf16, w2.shape), ExpertProj::down);
     } else if (c.kind == ir::OpKind::attention) {
