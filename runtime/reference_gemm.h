@@ -14,10 +14,12 @@ inline double reference_activation(Activation act, double v) {
   switch (act) {
     case Activation::none:
       return v;
+    // max(v, 0) with IEEE NaN propagation (relu(NaN) = NaN, as torch's) and
+    // relu(−0) = −0: the JIT epilogues' vmaxps with v as its second operand.
     case Activation::relu:
-      return v > 0 ? v : 0;
+      return v < 0 ? 0 : v;
     case Activation::relu2:
-      return v > 0 ? v * v : 0;
+      return v < 0 ? 0 : v * v;
     case Activation::silu:
       return v / (1.0 + std::exp(-v));
     case Activation::gelu_tanh: {

@@ -37,6 +37,11 @@ TEST(CheckReport, NonFiniteReferencesAreMatchedExactly) {
   EXPECT_FALSE(passes(kNaN, kInf, kInf));
   EXPECT_TRUE(passes(kNaN, kNaN, kInf));
   EXPECT_FALSE(passes(0.0, kNaN, kInf));
+  // A NaN input makes the bound NaN as well (|x·w| of a NaN): the NaN output
+  // it predicts passes (it FAILed: err 0 <= NaN is false), any other fails.
+  EXPECT_TRUE(passes(kNaN, kNaN, kNaN));
+  EXPECT_FALSE(passes(0.0, kNaN, kNaN));
+  EXPECT_FALSE(passes(1.0, 1.0, kNaN));
   CheckReport r;
   r.add(kInf, kInf, kInf);
   r.add(2.0, 2.0, 0.1);

@@ -455,19 +455,22 @@ TEST(NanGemm, PropagatesThroughProductsBiasAndActivations) {
   }
 }
 
-// relu(NaN) is 0 on every path (docs/reliability.md: not yet IEEE, but the
-// paths agree): x86 vmaxps x, x, 0 and the reference's v > 0 ? v : 0.
-TEST(NanGemm, ReluDropsNaNAlike) {
+// relu(NaN) and relu2(NaN) are NaN on every path, as torch's (IEEE
+// propagation; until 2026-12-07 vmaxps x, x, 0 and v > 0 ? v : 0 made them 0,
+// which let a NaN token through a relu2 expert as a finite row).
+TEST(NanGemm, ReluPropagatesNaN) {
   TILEJIT_SKIP_IF_ISA_MISSING();
   const int64_t m = 3, n = 32, k = 32;
   auto x = random_bf16(size_t(m * k), 15), w = random_bf16(size_t(n * k), 16);
   x[1 * k + 4] = kNaN;
-  std::vector<float> y(size_t(m * n));
-  gemm(TensorView(x.data(), DType::bf16, {m, k}),
-       pack_weight(TensorView(w.data(), DType::bf16, {n, k})),
-       TensorView(y.data(), DType::f32, {m, n}), {.act = Activation::relu});
-  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(y[1 * n + j], 0.0f) << j;
-  for (int64_t j = 0; j < n; ++j) EXPECT_FALSE(std::isnan(y[j]) || std::isnan(y[2 * n + j]));
+  for (Activation act : {Activation::relu, Activation::relu2}) {
+    std::vector<float> y(size_t(m * n));
+    gemm(TensorView(x.data(), DType::bf16, {m, k}),
+         pack_weight(TensorView(w.data(), DType::bf16, {n, k})),
+         TensorView(y.data(), DType::f32, {m, n}), {.act = act});
+    for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(y[1 * n + j])) << j;
+    for (int64_t j = 0; j < n; ++j) EXPECT_FALSE(std::isnan(y[j]) || std::isnan(y[2 * n + j]));
+  }
 }
 
 // ---- RoPE --------------------------------------------------------------------
@@ -514,18 +517,22 @@ TEST(NanRope, OnlyTheRotatedPairSeesTheNaN) {
 
 // Every gated activation, GPT-OSS's clamped SwiGLU included: its clamps
 // min(gate, limit) and clamp(up, ±limit) must keep a NaN (they returned the
-// limit on the JIT paths, so a NaN token came out finite).
+// limit on the JIT paths, so a NaN token came out finite); and non-gated
+// relu / relu2 experts (Nemotron-H), whose relu(NaN) was 0.
 class NanMoe : public IsaTestWithParam<int> {};
 
 TEST_P(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
   MoeOptions opt;
   if (GetParam() == 1) opt.act = Activation::gelu_tanh;
   if (GetParam() == 2) opt.clamped_swiglu = true;
-  const int64_t t = 6, h = 64, inter = 32, e = 4, k = 2;
-  const auto w13 = random_bf16(size_t(e * 2 * inter * h), 12, -0.1f, 0.1f);
+  const bool gated = GetParam() < 3;
+  if (GetParam() == 3) opt.act = Activation::relu;
+  if (GetParam() == 4) opt.act = Activation::relu2;
+  const int64_t t = 6, h = 64, inter = 32, e = 4, k = 2, rows13 = gated ? 2 * inter : inter;
+  const auto w13 = random_bf16(size_t(e * rows13 * h), 12, -0.1f, 0.1f);
   const auto w2 = random_bf16(size_t(e * h * inter), 13, -0.1f, 0.1f);
-  const PackedExperts p13 =
-      pack_experts(TensorView(w13.data(), DType::bf16, {e, 2 * inter, h}), ExpertProj::gate_up);
+  const PackedExperts p13 = pack_experts(TensorView(w13.data(), DType::bf16, {e, rows13, h}),
+                                         gated ? ExpertProj::gate_up : ExpertProj::up);
   const PackedExperts p2 =
       pack_experts(TensorView(w2.data(), DType::bf16, {e, h, inter}), ExpertProj::down);
   std::vector<int32_t> ids{0, 1, 1, 2, 0, 1, 3, 2, 0, 3, 1, 2};
@@ -555,7 +562,7 @@ TEST_P(NanMoe, ATokenWithNaNPoisonsOnlyItself) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Glu, NanMoe, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Glu, NanMoe, ::testing::Values(0, 1, 2, 3, 4));
 
 // ---- Routing -----------------------------------------------------------------
 

@@ -81,10 +81,11 @@ llvm::Value* VectorMath::activation(Activation act, llvm::Value* x) const {
   switch (act) {
     case Activation::none:
       return x;
+    // x < 0 ? 0 : x: NaN propagates and −0 stays −0 (the reference's rule).
     case Activation::relu:
-      return b.CreateSelect(b.CreateFCmpOGT(x, f32(0.0f)), x, f32(0.0f));
+      return b.CreateSelect(b.CreateFCmpOLT(x, f32(0.0f)), f32(0.0f), x);
     case Activation::relu2: {
-      llvm::Value* r = b.CreateSelect(b.CreateFCmpOGT(x, f32(0.0f)), x, f32(0.0f));
+      llvm::Value* r = b.CreateSelect(b.CreateFCmpOLT(x, f32(0.0f)), f32(0.0f), x);
       return b.CreateFMul(r, r);
     }
     case Activation::silu: {

@@ -42,13 +42,14 @@ void Avx512Epilogue::activation(const Xbyak::Zmm& x) {
     case Activation::none:
       return;
     case Activation::relu:
-      g.vmaxps(x, x, g.bcst(0.0f));
-      return;
     case Activation::relu2:
-      // relu first (vmaxps returns its second operand, 0, for a NaN x, as
-      // relu does), then one rounding of the square.
-      g.vmaxps(x, x, g.bcst(0.0f));
-      g.vmulps(x, x, x);
+      // max(0, x) with x as vmaxps's second operand, which it returns when
+      // either is NaN (relu(NaN) = NaN, IEEE propagation) and for two zeros
+      // (relu(−0) = −0), as the reference's v < 0 ? 0 : v. relu2 then rounds
+      // the square once.
+      g.vxorps(t0, t0, t0);
+      g.vmaxps(x, t0, x);
+      if (d_.act == Activation::relu2) g.vmulps(x, x, x);
       return;
     case Activation::silu:
       // x · sigmoid(x) = x / (1 + e^{-x})

@@ -275,14 +275,14 @@ struct GemmOptions {
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
 // Quantized w (docs/quantized.md): fp8 and int4 weights run either exact in
-// a fused decode kernel (M ≤ 4 on amx / avx512, ≤ 16 on llvm) or dequantized to bf16
+// a fused decode kernel (M ≤ 16 on avx512 with AVX512-VBMI and on llvm, ≤ 4 on amx) or dequantized to bf16
 // inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
 // dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
 // exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32; int4
 // weights on the W4A8 route (opt.int4_route) likewise per scale group.
 // NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE
 // propagation, the same on every path: a NaN in x row m, w row n or bias[n]
-// makes y row m / column n NaN, and nothing else (except relu(NaN) = 0).
+// makes y row m / column n NaN, and nothing else (relu(NaN) is NaN too).
 // x: [M, K] bf16, K stride 1, row stride ≥ K. y: [M, N] bf16 or f32, N stride 1.
 // Aliasing: y shares memory with neither x nor bias.
 void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y,
