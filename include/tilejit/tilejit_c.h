@@ -92,10 +92,12 @@ typedef enum tilejit_activation {
 } tilejit_activation;
 
 /* Options structs: declare one, call its _init function (the defaults of
- * the C++ options, and struct_size = sizeof the struct), then set fields. A
- * struct whose struct_size is not that of this header (e.g. not set up by
- * _init) is refused with TILEJIT_ERROR. A NULL options pointer means the
- * defaults. Optional tensors are pointers, NULL when absent. */
+ * the C++ options, and struct_size = sizeof the struct), then set fields.
+ * Fields are only ever appended: a struct of an earlier header's size is
+ * read up to it, later fields at their defaults; any other struct_size
+ * (e.g. not set up by _init) is refused with TILEJIT_ERROR (docs/c-api.md).
+ * A NULL options pointer means the defaults. Optional tensors are pointers,
+ * NULL when absent. */
 
 /* ---- Weights and GEMM (docs/gemm.md, docs/quantized.md) ------------------ */
 /* The values of tilejit::WeightFormat. */
