@@ -352,6 +352,35 @@ TEST(TuneWorkload, ModelConfigFieldsChecked) {
   };
   for (const auto& [config, error] : refused)
     expect_tilejit_error([&] { tools::workload_from_model_config(config, "c.json"); }, error);
+  // Projection biases are modelled (their kind is part of the kernels' key):
+  // Qwen2's q/k/v always, attention_bias (q, k, v, o), mlp_bias; Cohere's
+  // rope is GPT-J's; a Gemma-2 config without attn_logit_softcapping is
+  // softcapped (its config class's default 50): refused.
+  auto op_of = [](const tools::Workload& w, const std::string& name) {
+    for (const auto& o : w.ops)
+      if (o.name == name) return o;
+    ADD_FAILURE() << "no op " << name;
+    return tools::WorkloadOp{};
+  };
+  const tools::Workload q2 = tools::workload_from_model_config(
+      R"({"model_type": "qwen2", "hidden_size": 896, "num_attention_heads": 14,
+          "num_key_value_heads": 2, "intermediate_size": 4864})",
+      "qwen2.json");
+  EXPECT_EQ(op_of(q2, "qkv_proj").bias, "bf16");
+  EXPECT_EQ(op_of(q2, "o_proj").bias, "none");
+  EXPECT_EQ(op_of(q2, "gate_up_proj").bias, "none");
+  const tools::Workload lb =
+      cfg(R"(, "model_type": "llama", "attention_bias": true, "mlp_bias": true)");
+  for (const char* n : {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"})
+    EXPECT_EQ(op_of(lb, n).bias, "bf16") << n;
+  expect_tilejit_error([&] { cfg(R"(, "attention_bias": 1)"); },
+                       "c.json: attention_bias: 1; allowed: true, false");
+  EXPECT_EQ(op_of(cfg(R"(, "model_type": "cohere")"), "rope").style, "gptj");
+  EXPECT_EQ(op_of(cfg(R"(, "model_type": "llama")"), "rope").style, "neox");
+  expect_tilejit_error([&] { cfg(R"(, "model_type": "gemma2", "head_dim": 128)"); },
+                       "c.json: attn_logit_softcapping: absent (50 for gemma2)");
+  EXPECT_NO_THROW(
+      cfg(R"(, "model_type": "gemma2", "head_dim": 128, "attn_logit_softcapping": null)"));
   // A partial rotary factor is modelled: the rope op rotates its share.
   const tools::Workload slm = tools::workload_from_model_config(
       R"({"model_type": "stablelm", "hidden_size": 2560, "num_attention_heads": 32,

@@ -512,10 +512,10 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   // partial rotary, SigLIP's non-causal encoder, GPT-2's learned
   // positions...). An absent model_type is taken as such a decoder.
   static const std::vector<std::string> kModelled = {
-      "llama",     "mistral",    "mixtral", "qwen2",   "qwen2_moe",  "qwen3",  "qwen3_moe",
-      "gemma",     "gemma2",      "gemma3_text", "phi3",   "phimoe",  "olmo",       "olmo2",  "olmoe",
-      "granite",   "granitemoe", "internlm2", "yi",    "baichuan",   "cohere", "minicpm",
-      "stablelm",  "exaone",     "deepseek", "deepseek_v2", "deepseek_v3", "gpt_oss"};
+      "llama",   "mistral",  "mixtral",     "qwen2",     "qwen2_moe",   "qwen3",       "qwen3_moe",
+      "gemma",   "gemma2",   "gemma3_text", "phi3",      "phimoe",      "olmo",        "olmo2",
+      "olmoe",   "granite",  "granitemoe",  "internlm2", "yi",          "baichuan",    "cohere",
+      "minicpm", "stablelm", "exaone",      "deepseek",  "deepseek_v2", "deepseek_v3", "gpt_oss"};
   if (given("model_type")) {
     const std::string type = r.string("model_type", "");
     if (std::find(kModelled.begin(), kModelled.end(), type) == kModelled.end())
@@ -535,14 +535,18 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
       r.fail(f, fmt::format("{}: not modelled by --model-config (MLA attention, shared experts); "
                             "allowed: absent (write the workload file by hand: docs/tuning.md)",
                             j[f].dump()));
-  // A logit softcap is a specialisation of the attention kernels (Gemma-2);
-  // the workload's attention ops have none.
-  for (const char* f : {"attn_logit_softcapping"})
-    if (given(f) && j[f] != json(0) && j[f] != json(0.0))
+  // A logit softcap is a specialisation of the attention kernels (Gemma-2,
+  // whose config class defaults it to 50 when the file omits it); the
+  // workload's attention ops have none.
+  const std::string model_type = given("model_type") ? r.string("model_type", "") : "";
+  for (const char* f : {"attn_logit_softcapping"}) {
+    const bool defaulted = model_type == "gemma2" && !j.contains(f);
+    if (defaulted || (given(f) && j[f] != json(0) && j[f] != json(0.0)))
       r.fail(f, fmt::format("{}: not modelled by --model-config (softcapped attention kernels); "
-                            "allowed: absent or null (write the workload file by hand: "
-                            "docs/tuning.md)",
-                            j[f].dump()));
+                            "allowed: absent or null (gemma2: null; its config class defaults "
+                            "to 50) (write the workload file by hand: docs/tuning.md)",
+                            defaulted ? "absent (50 for gemma2)" : j[f].dump()));
+  }
   // The first of several names a field has among model families, or none.
   auto first_of = [&](std::initializer_list<const char*> names) -> const char* {
     for (const char* f : names)
@@ -562,19 +566,33 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   Workload w;
   w.name = r.string("model_type", "model");
   (void)r.string("hidden_act", "silu");  // checked; the GLU's activation runs in the epilogue
-  auto gemm = [&](const char* name, int64_t n, int64_t k, const char* out = "bf16") {
+  // Projection biases (bf16, the checkpoint's dtype; the bias kind is part of
+  // the kernels' key): Qwen2's q/k/v always; attention_bias (Llama, GPT-OSS:
+  // q, k, v and o), use_qkv_bias (StableLM), mlp_bias (Llama).
+  auto flag = [&](const char* f) {
+    if (!given(f)) return false;
+    if (!j[f].is_boolean()) r.fail(f, fmt::format("{}; allowed: true, false", j[f].dump()));
+    return j[f].get<bool>();
+  };
+  const bool attn_bias = flag("attention_bias");
+  const bool qkv_bias =
+      attn_bias || flag("use_qkv_bias") || model_type == "qwen2" || model_type == "qwen2_moe";
+  const bool mlp_bias = flag("mlp_bias");
+  auto gemm = [&](const char* name, int64_t n, int64_t k, const char* out = "bf16",
+                  bool bias = false) {
     WorkloadOp o;
     o.op = "gemm";
     o.name = name;
     o.n = n;
     o.k = k;
     o.out = out;
+    if (bias) o.bias = "bf16";
     o.m = m;
     if (std::string(out) != "f32") copy_format(fmt_linear, &o);  // the router stays bf16
     w.ops.push_back(o);
   };
-  gemm("qkv_proj", (hq + 2 * hkv) * hd, hidden);
-  gemm("o_proj", hidden, hq * hd);
+  gemm("qkv_proj", (hq + 2 * hkv) * hd, hidden, "bf16", qkv_bias);
+  gemm("o_proj", hidden, hq * hd, "bf16", attn_bias);
   fmt_linear = fmt_experts;  // mxfp4 (GPT-OSS) leaves attention bf16; others: the same format
   if (experts > 0) {
     WorkloadOp o;
@@ -593,8 +611,8 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     w.ops.push_back(o);
   } else {
     const int64_t inter = r.integer("intermediate_size");
-    gemm("gate_up_proj", 2 * inter, hidden);
-    gemm("down_proj", hidden, inter);
+    gemm("gate_up_proj", 2 * inter, hidden, "bf16", mlp_bias);
+    gemm("down_proj", hidden, inter, "bf16", mlp_bias);
   }
   WorkloadOp dec;
   dec.op = "decode_attention";
@@ -625,6 +643,8 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   rope.op = "rope";
   rope.name = "rope";
   rope.d = hd;
+  // Cohere rotates interleaved pairs (GPT-J's), the others halves (NeoX's).
+  if (model_type == "cohere") rope.style = "gptj";
   // Partial rotary (StableLM, Phi-3-small, GLM): the leading
   // partial_rotary_factor·head_dim dims, an even count.
   if (given("partial_rotary_factor")) {

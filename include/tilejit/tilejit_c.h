@@ -378,7 +378,7 @@ typedef struct tilejit_moe_options {
   tilejit_activation act; /* silu */
   bool clamped_swiglu;
   float swiglu_alpha, swiglu_limit;
-  const tilejit_tensor* b13; /* [E, 2I] f32 or bf16 */
+  const tilejit_tensor* b13; /* [E, 2I] f32 or bf16 ([E, I]: w13 packed TILEJIT_EXPERTS_UP) */
   const tilejit_tensor* b2;  /* [E, H] f32 or bf16 */
   float routed_scaling_factor;
   const tilejit_packed_experts* shared_w13; /* both or neither */
