@@ -134,6 +134,34 @@ TEST_F(GemmConcurrency, ProcessExitWhileCallsRun) {
   }
 }
 
+// Runs this test binary again in a fresh process with only the test
+// `filter`, its environment plus `extra` and an empty TILEJIT_CACHE_DIR
+// (compiles, not loads); its wait status.
+int run_child_test(const std::string& filter, const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "TILEJIT_CACHE_DIR=", 18) != 0) env.emplace_back(*e);
+  env.emplace_back("TILEJIT_CACHE_DIR=");
+  env.insert(env.end(), extra.begin(), extra.end());
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "/proc/self/exe", arg = "--gtest_filter=" + filter;
+  char* argv[] = {self.data(), arg.data(), nullptr};
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  int status = 0;
+  return ::waitpid(pid, &status, 0) == pid ? status : -1;
+}
+
+std::string wait_status_str(int status) {
+  if (status == -1) return "could not spawn or wait";
+  if (WIFSIGNALED(status))
+    return "signal " + std::to_string(WTERMSIG(status)) +
+           (WTERMSIG(status) == SIGALRM ? " (its alarm: hung)" : "");
+  return "exit " + std::to_string(WEXITSTATUS(status));
+}
+
 // The same in a fresh process, during its first compiles: this binary run
 // again with only ExitChildDuringFirstCompiles, which starts four threads
 // making LLVM kernels and exits `ms` later. LLVM made the statics of its
@@ -144,27 +172,13 @@ TEST_F(GemmConcurrency, ProcessExitWhileCallsRun) {
 TEST_F(GemmConcurrency, ExitDuringTheProcesssFirstCompiles) {
   if (kUnderTsan) GTEST_SKIP() << "ThreadSanitizer: exit with running threads is its report";
   if (cpu_info().isa != Isa::llvm) GTEST_SKIP() << "the LLVM JIT's first compiles";
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::strncmp(*e, "TILEJIT_CACHE_DIR=", 18) != 0) env.emplace_back(*e);
-  env.emplace_back("TILEJIT_CACHE_DIR=");  // compiles, not loads
   for (int child = 0; child < 16; ++child) {
-    std::vector<std::string> child_env = env;
-    child_env.push_back("TILEJIT_TEST_EXIT_AFTER_MS=" + std::to_string(2 + 3 * child));
-    std::vector<char*> envp;
-    for (std::string& e : child_env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe",
-                filter = "--gtest_filter=GemmConcurrency.ExitChildDuringFirstCompiles";
-    char* argv[] = {self.data(), filter.data(), nullptr};
-    pid_t pid = 0;
-    ASSERT_EQ(::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "child " << child << " (exit after " << 2 + 3 * child << " ms): "
-        << (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
-                                : "exit " + std::to_string(WEXITSTATUS(status)));
+    const int status =
+        run_child_test("GemmConcurrency.ExitChildDuringFirstCompiles",
+                       {"TILEJIT_TEST_EXIT_AFTER_MS=" + std::to_string(2 + 3 * child)});
+    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << child << " (exit after " << 2 + 3 * child
+        << " ms): " << wait_status_str(status);
   }
 }
 
@@ -191,24 +205,10 @@ TEST_F(GemmConcurrency, ExitChildDuringFirstCompiles) {
 // the handler runs after the gate has closed.
 TEST_F(GemmConcurrency, AnExitHandlerNeedingANewKernelGetsAnError) {
   if (cpu_info().isa != Isa::llvm) GTEST_SKIP() << "the LLVM JIT's exit gate";
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::strncmp(*e, "TILEJIT_CACHE_DIR=", 18) != 0) env.emplace_back(*e);
-  env.emplace_back("TILEJIT_CACHE_DIR=");  // compiles, not loads
-  env.emplace_back("TILEJIT_TEST_EXIT_HANDLER=1");
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::string self = "/proc/self/exe", filter = "--gtest_filter=GemmConcurrency.ExitHandlerChild";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) +
-                                    (WTERMSIG(status) == SIGALRM ? " (hung at exit)" : "")
-                              : "exit " + std::to_string(WEXITSTATUS(status)));
+  const int status =
+      run_child_test("GemmConcurrency.ExitHandlerChild", {"TILEJIT_TEST_EXIT_HANDLER=1"});
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << wait_status_str(status);
 }
 
 // The child of AnExitHandlerNeedingANewKernelGetsAnError.
