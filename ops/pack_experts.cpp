@@ -60,6 +60,13 @@ void PackedExperts::Impl::check_proj_and_rows(const char* op, ExpertProj proj, G
   if (order != GluRows::halves && order != GluRows::interleaved)
     throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", op,
                             static_cast<int>(order)));
+  // A non-gated up projection has no gate / up rows to order (the IR refuses
+  // glu_rows with gated = false alike).
+  if (proj == ExpertProj::up && order == GluRows::interleaved)
+    throw Error(fmt::format(
+        "{}: glu_rows=interleaved with proj=up: a non-gated up projection has no gate / up rows "
+        "to interleave; allowed: halves (the default)",
+        op));
 }
 
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {

@@ -42,6 +42,13 @@ TEST(CheckReport, NonFiniteReferencesAreMatchedExactly) {
   EXPECT_TRUE(passes(kNaN, kNaN, kNaN));
   EXPECT_FALSE(passes(0.0, kNaN, kNaN));
   EXPECT_FALSE(passes(1.0, 1.0, kNaN));
+  // The worst element of a FAIL is a failing one (a NaN bound's ratio is
+  // NaN: the report named a passing element beside its FAIL).
+  CheckReport w;
+  w.add(1.0, 1.1, 0.2);   // passes, err/tol 0.5
+  w.add(1.0, 1.0, kNaN);  // fails
+  EXPECT_EQ(w.failures, 1);
+  EXPECT_TRUE(std::isnan(w.worst_tol));
   CheckReport r;
   r.add(kInf, kInf, kInf);
   r.add(2.0, 2.0, 0.1);

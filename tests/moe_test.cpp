@@ -979,6 +979,12 @@ TEST_F(FusedExpertsErrors, NonGatedExperts) {
       pack_experts(TensorView(w1.data(), DType::bf16, {E, I, H}), ExpertProj::up);
   EXPECT_EQ(up.proj(), ExpertProj::up);
   EXPECT_EQ(up.n(), I);
+  EXPECT_TRUE(throws_with(
+      [&] {
+        pack_experts(TensorView(w1.data(), DType::bf16, {E, I, H}), ExpertProj::up,
+                     GluRows::interleaved);
+      },
+      {"glu_rows=interleaved with proj=up", "allowed: halves"}));
   MoeOptions o;
   o.act = Activation::relu2;
   EXPECT_NO_THROW(fused_experts(X(), up, p.w2, W(), Ids(), Out(), o));

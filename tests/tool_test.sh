@@ -676,6 +676,34 @@ for case in "rope:q=$G/q_nan.npy:${R[*]:2}" "moe_silu:hidden=$G/hidden_nan.npy:$
   has "$name: a NaN input PASSes" "$OUT" "^PASS \\("
   has "$name: the NaN reaches the output" "$OUT" "mean nan"
 done
+# Right answers --check failed (an outside tester): an elementwise chain
+# whose values reach ±Inf (relu(-Inf) = 0 carried a NaN bound; relu2(2e19)
+# and x*x overflow f32 where the reference stayed in double), and int4 with
+# an Inf in x on each route (automatic keeps W4A16; a requested w4a8 makes
+# the row NaN, W8A8's rule).
+printf 'func @e(%%x: tensor<4x20xf32>) -> (tensor<4x20xf32>, tensor<4x20xf32>, tensor<4x20xf32>) {\n  %%0 = relu %%x : tensor<4x20xf32>\n  %%1 = relu2 %%x : tensor<4x20xf32>\n  %%2 = mul %%x, %%x : tensor<4x20xf32>\n  return %%0, %%1, %%2\n}\n' >"$WORK/ew_inf.tir"
+"$TJ" gen-npy "$WORK/ew_x.npy" --dtype '<f4' --shape 4,20 --seed 9
+poison "$WORK/ew_x.npy" "$WORK/ew_minf.npy" 80 4 '\x00\x00\x80\xff'  # -Inf
+poison "$WORK/ew_x.npy" "$WORK/ew_big.npy" 80 4 '\x23\xc7\x8a\x5f'   # 2e19
+sed 's/group_size = 128}/group_size = 128, int4_route = "w4a8"}/' "$EXAMPLES/gemm_int4_gptq.tir" >"$WORK/g4_w4a8.tir"
+ok "int4 inputs for the Inf cases" "$TJ" run "$EXAMPLES/gemm_int4_gptq.tir" --random-inputs 4 --dim M=5 --save-inputs "$WORK/g4in"
+poison "$WORK/g4in/x.npy" "$WORK/g4in/x_inf.npy" $((5 * 256)) 2 '\x80\x7f'  # +Inf
+g4=()
+for f in "$WORK/g4in"/*.npy; do
+  b=$(basename "$f" .npy)
+  [ "$b" = x ] || [ "$b" = x_inf ] || g4+=(-i "$b=$f")
+done
+for isa in $active avx512 llvm scalar; do
+  runs_here $isa || continue
+  for x in minf big; do
+    TILEJIT_ISA=$isa ok "elementwise chain, x[0] = $x: --check ($isa)" "$TJ" run "$WORK/ew_inf.tir" -i x="$WORK/ew_$x.npy" --check
+    has "elementwise chain, x[0] = $x: PASS ($isa)" "$OUT" "^PASS \\("
+  done
+  for tir in "$EXAMPLES/gemm_int4_gptq.tir" "$WORK/g4_w4a8.tir"; do
+    TILEJIT_ISA=$isa ok "$(basename "$tir"), an Inf in x: --check ($isa)" "$TJ" run "$tir" -i x="$WORK/g4in/x_inf.npy" "${g4[@]}" --check
+    has "$(basename "$tir"), an Inf in x: PASS ($isa)" "$OUT" "^PASS \\("
+  done
+done
 
 # Options the IR has and the API takes: gptj, partial rotary, f32, int64
 # positions (saved and read back as '<i4'); windows, softcap, sm_scale, GQA, a

@@ -543,8 +543,9 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
     const bool defaulted = model_type == "gemma2" && !j.contains(f);
     if (defaulted || (given(f) && j[f] != json(0) && j[f] != json(0.0)))
       r.fail(f, fmt::format("{}: not modelled by --model-config (softcapped attention kernels); "
-                            "allowed: absent or null (gemma2: null; its config class defaults "
-                            "to 50) (write the workload file by hand: docs/tuning.md)",
+                            "allowed: null or 0 (or absent, except for gemma2, whose config "
+                            "class defaults it to 50) (write the workload file by hand: "
+                            "docs/tuning.md)",
                             defaulted ? "absent (50 for gemma2)" : j[f].dump()));
   }
   // The first of several names a field has among model families, or none.

@@ -149,12 +149,26 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
   // int4 on the W4A8 route (the library's own choice for this path and M):
   // x quantized per row, half a code per element, then the group folds.
   const GemmOptions opt = gemm_options();
+  // The library's own rules (ops/quant_weight.h): the automatic route keeps
+  // an x holding ±Inf on W4A16; a requested w4a8 quantizes a row holding a
+  // non-finite value to NaN (W8A8's rule).
+  const bool x_inf = ops::fused_int4_form(prog_.format) && ops::bf16_rows_have_inf(xd, k, m, k);
   const bool w4a8 =
-      ops::w4a8_route(prog_.format, k, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m);
+      ops::w4a8_route(prog_.format, k, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m) &&
+      ops::w4a8_keeps_infinities(opt.int4_route, x_inf);
   const int64_t groups = s.shape.at(0);  // int4 scales are [G, N]
   const bool dequantized = cpu_info().isa != Isa::scalar && !w4a8;
   std::vector<double> want(static_cast<size_t>(m * n)), tol(want.size());
   runtime::parallel_for(m, [&](int64_t i) {
+    if (w4a8) {
+      bool finite = true;
+      for (int64_t c = 0; c < k; ++c)
+        finite = finite && std::isfinite(runtime::bf16_to_f32(xd[i * k + c]));
+      if (!finite) {  // quantized to a NaN scale: the whole row is NaN
+        for (int64_t j = 0; j < n; ++j) want[i * n + j] = NAN, tol[i * n + j] = 0;
+        return;
+      }
+    }
     float sa = 0;
     if (w4a8) {
       std::vector<uint8_t> q(static_cast<size_t>(k));
@@ -328,11 +342,19 @@ CheckReport ProgramRunner::check_chain(const TensorMap& outputs) const {
             t += std::ldexp(std::fabs(v), -10) + std::ldexp(1.0, -24);
             break;
           default:
-            if (op.kind == ir::OpKind::cast) v = static_cast<float>(v);
+            // f32 values are f32 (the IR's rule): an overflow is ±Inf and an
+            // underflow 0 here too, as in the kernels (a relu2 of 2e19 is +Inf).
+            v = static_cast<float>(v);
             break;
         }
+        // A value made from non-finite operands, or one that is itself ±Inf /
+        // NaN, follows IEEE on every path: exact (its bound was Inf or NaN,
+        // and relu(−Inf) = 0 came with a NaN bound that failed it).
+        bool exact = !std::isfinite(v);
+        if (op.kind != ir::OpKind::gemm)
+          for (int operand : op.operands) exact = exact || !std::isfinite(val[operand]);
         val[o] = v;
-        err[o] = t;
+        err[o] = exact ? 0.0 : t;
       }
       for (size_t q = 0; q < nres; ++q) {
         want[q][r * n + c] = val[f.results[q]];

@@ -305,8 +305,8 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
           routes = fmt::format(
               "w13 and w2 each: int8: the expert's rows quantized per token by {}, then the "
               "u8 x s8 kernels (brgemm_{}_u8xi8_i32acc_m<rows>n64...) with the scaled (w13: and "
-              "GLU) epilogue",
-              helpers.at(0).name(), isa_name(isa));
+              "{}) epilogue",
+              helpers.at(0).name(), isa_name(isa), c.gated ? "GLU" : "activation");
         } else {
           const std::string fused = fmt::format(
               "<= {} rows for the expert: the {}fused decode kernel (exact weights; "
@@ -330,8 +330,8 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
             routes += fmt::format(
                 "; int4_route {} (ops::w4a8_route) take W4A8 instead: the rows quantized per "
                 "token into the weight's quad K order, then LLVM u8 x int4 brgemm calls per "
-                "K chunk folding each scale group, the GLU in the last",
-                when);
+                "K chunk folding each scale group, the {} in the last",
+                when, c.gated ? "GLU" : "activation");
           }
         }
         return {fmt::format("{}: {} experts, per (expert, projection) one route by the "
