@@ -275,9 +275,10 @@ struct GemmOptions {
 
 // y[M, N] = act(x[M, K] · wᵀ + bias), bf16 inputs, fp32 accumulation.
 // Quantized w (docs/quantized.md): fp8 and int4 weights run either exact in
-// a fused decode kernel (M ≤ 16 on avx512 with AVX512-VBMI and on llvm, ≤ 4 on amx) or dequantized to bf16
-// inside the GEMM (w rounded to bf16 once: within 2⁻⁸·|w| of the exact
-// dequantized value); int8 weights run W8A8: x quantized per opt.act_quant,
+// a fused decode kernel (M ≤ 16 on avx512 with AVX512-VBMI and on llvm, ≤ 4
+// on amx) or dequantized to bf16 inside the GEMM (w rounded to bf16 once:
+// within 2⁻⁸·|w| of the exact dequantized value); int8 weights run W8A8: x
+// quantized per opt.act_quant,
 // exact int32 dot products, then y = act(Σ·s_x·s_w + bias) in fp32; int4
 // weights on the W4A8 route (opt.int4_route) likewise per scale group.
 // NaN / Inf (every operator; docs/reliability.md "NaN and Inf"): IEEE

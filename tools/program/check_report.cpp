@@ -18,15 +18,14 @@ bool CheckReport::add(double got, double want, double tol) {
   // A non-finite reference matched exactly passes whatever its bound (a NaN
   // input makes the bound NaN too: the NaN output it predicts failed).
   const bool matched = !std::isfinite(want) && err == 0;
-  const bool failed = !(matched || (std::isfinite(err) && err <= tol));  // infinite: fails any bound
+  const bool failed =
+      !(matched || (std::isfinite(err) && err <= tol));  // infinite: fails any bound
   if (failed) ++failures;
   max_abs = std::max(max_abs, err);
   max_rel = std::max(max_rel, err / std::max(std::fabs(want), 1e-6));
   // A failing element is always worse than a passing one (a NaN bound made
   // the ratio NaN, and the report named a passing element beside its FAIL).
-  const double ratio = failed  ? INFINITY
-                       : tol > 0 ? err / tol
-                                 : 0.0;
+  const double ratio = failed ? INFINITY : tol > 0 ? err / tol : 0.0;
   if (!(ratio > worst_ratio)) return false;
   worst_ratio = ratio;
   worst_err = err;
