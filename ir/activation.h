@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ir/ops.h"
+#include "tilejit/error.h"
 
 namespace tilejit::ir {
 
@@ -96,6 +97,14 @@ inline std::string activation_list(bool gated_only, std::string_view sep = ", ")
 inline std::string activation_str(Activation a) {
   const ActivationInfo* r = find_activation(a);
   return r != nullptr ? std::string(r->name) : std::to_string(static_cast<int>(a));
+}
+
+// The Error of `op` for an act outside the enum (a cast from an int): gemm's
+// and a non-gated fused_experts' one rule.
+inline void check_activation(const char* op, Activation a) {
+  if (find_activation(a) == nullptr)
+    throw Error(std::string(op) + ": act=" + activation_str(a) +
+                " is not an activation; allowed: " + activation_list(false));
 }
 
 }  // namespace tilejit::ir

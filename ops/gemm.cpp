@@ -156,9 +156,7 @@ void check_gemm_args(const TensorView& x, const PackedWeight& w, const TensorVie
     if (opt.bias->strides[0] != 1 && w.n() > 1)
       throw Error(fmt::format("gemm: bias has stride {}; allowed: 1", opt.bias->strides[0]));
   }
-  if (ir::find_activation(opt.act) == nullptr)
-    throw Error(fmt::format("gemm: act={} is not an activation; allowed: {}",
-                            static_cast<int>(opt.act), ir::activation_list(false)));
+  ir::check_activation("gemm", opt.act);
   // The int8-activation and int4 options, checked for every format (a bad
   // value was accepted where the format ignores it).
   ops::check_act_quant("gemm", opt.act_quant);

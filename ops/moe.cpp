@@ -171,9 +171,7 @@ Dims check_args(const TensorView& hidden, const PackedExperts::Impl& w13,
           "{}: clamped_swiglu with w13 packed as ExpertProj::up; allowed: a gated w13 (gate_up), "
           "or a plain act ({}) for a non-gated one",
           kOp, ir::activation_list(false)));
-    if (ir::find_activation(opt.act) == nullptr)
-      throw Error(fmt::format("{}: act={} is not an Activation; allowed: {}", kOp,
-                              ir::activation_str(opt.act), ir::activation_list(false)));
+    ir::check_activation(kOp, opt.act);
   } else if (opt.clamped_swiglu) {
     if (!std::isfinite(opt.swiglu_alpha) || !std::isfinite(opt.swiglu_limit) ||
         opt.swiglu_limit <= 0)
@@ -609,8 +607,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
       any_int4 &&
       ops::bf16_rows_have_inf(static_cast<const uint16_t*>(hidden.data), hidden.strides[0], T, H);
   std::vector<Group> groups;
-  const int64_t ob = w13.outputs_per_block();  // 32 gate_up, 64 up
-  const int64_t n_up_blocks = (I + ob - 1) / ob;
+  const int64_t n_up_blocks = w13.output_blocks();
   int64_t active = 0;
   for (int64_t e = 0; e < E; ++e) active += start[e + 1] > start[e];
   if (b13) sc.b13.assign(sz(active * n_up_blocks * 64), 0.0f);
@@ -694,12 +691,8 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   // kernels' prefetch runs on into the next block), as many as still gives
   // every thread a few tasks.
   int64_t streaming_blocks = 0;
-  auto up_blocks = [](const Group& g) {
-    const int64_t per = g.w13->outputs_per_block();
-    return (g.w13->n + per - 1) / per;
-  };
   for (const Group& g : groups)
-    if (g.rows <= kStreamingRows) streaming_blocks += up_blocks(g);
+    if (g.rows <= kStreamingRows) streaming_blocks += g.w13->output_blocks();
   // The entry's run length: the same kernels on the same rows, so the same result.
   // (A plain 0 for "none": GCC 12 saw the optional's value maybe
   // uninitialized where it is read below.)
@@ -715,7 +708,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
     const int64_t chunk = g.up.task_rows();
-    const int64_t blocks = up_blocks(g);
+    const int64_t blocks = g.w13->output_blocks();
     const int64_t run = g.rows <= kStreamingRows ? run_blocks : 1;
     for (int64_t m0 = 0; m0 < g.rows; m0 += chunk)
       for (int64_t b = 0; b < blocks; b += run)
@@ -726,7 +719,7 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   runtime::parallel_for(static_cast<int64_t>(up_tasks.size()), [&](int64_t ti) {
     const UpTask& t = up_tasks[ti];
     const Group& g = groups[t.g];
-    const int64_t blocks = up_blocks(g), per = g.w13->outputs_per_block();
+    const int64_t blocks = g.w13->output_blocks(), per = g.w13->outputs_per_block();
     for (int64_t b = t.block; b < t.block + t.blocks; ++b) {
       ops::RowBlockJob job;
       job.a = g.in_up.packed != nullptr ? g.in_up.packed + g.up.packed_a().offset(t.m0, 0)

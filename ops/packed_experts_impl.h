@@ -32,6 +32,8 @@ struct PackedExperts::Impl {
   // 64-column block; down and up (non-gated) are plain: 64 outputs a block.
   bool gated() const { return proj == ExpertProj::gate_up; }
   int64_t outputs_per_block() const { return gated() ? 32 : 64; }
+  // The packed 64-column blocks of one expert's n outputs.
+  int64_t output_blocks() const { return (n + outputs_per_block() - 1) / outputs_per_block(); }
   WeightFormat format = WeightFormat::bf16;
   // Quantized formats: one packed weight per expert, the logical [2I, H] or
   // [H, I] matrix; gate_up ones with the GLU row map (glu_row_map), so their
