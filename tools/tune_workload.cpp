@@ -516,15 +516,14 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
       "gemma",   "gemma2",   "gemma3_text", "phi3",      "phimoe",      "olmo",        "olmo2",
       "olmoe",   "granite",  "granitemoe",  "internlm2", "yi",          "baichuan",    "cohere",
       "minicpm", "stablelm", "exaone",      "deepseek",  "deepseek_v2", "deepseek_v3", "gpt_oss"};
-  if (given("model_type")) {
-    const std::string type = r.string("model_type", "");
-    if (std::find(kModelled.begin(), kModelled.end(), type) == kModelled.end())
-      r.fail("model_type",
-             fmt::format("\"{}\": not modelled by --model-config (it builds decoders with rotary "
-                         "attention and a gated MLP or routed experts); allowed: {} (write the "
-                         "workload file by hand: docs/tuning.md)",
-                         type, fmt::join(kModelled, ", ")));
-  }
+  const std::string model_type = given("model_type") ? r.string("model_type", "") : "";
+  if (given("model_type") &&
+      std::find(kModelled.begin(), kModelled.end(), model_type) == kModelled.end())
+    r.fail("model_type",
+           fmt::format("\"{}\": not modelled by --model-config (it builds decoders with rotary "
+                       "attention and a gated MLP or routed experts); allowed: {} (write the "
+                       "workload file by hand: docs/tuning.md)",
+                       model_type, fmt::join(kModelled, ", ")));
   // What this builder does not model is refused by name, never built as
   // something else: MLA (DeepSeek's latent KV: attention of D 576 / Dv 512
   // over a compressed cache, not hq heads of hidden / hq) and shared experts
@@ -538,7 +537,6 @@ Workload workload_from_model_config(const std::string& text, const std::string& 
   // A logit softcap is a specialisation of the attention kernels (Gemma-2,
   // whose config class defaults it to 50 when the file omits it); the
   // workload's attention ops have none.
-  const std::string model_type = given("model_type") ? r.string("model_type", "") : "";
   for (const char* f : {"attn_logit_softcapping"}) {
     const bool defaulted = model_type == "gemma2" && !j.contains(f);
     if (defaulted || (given(f) && j[f] != json(0) && j[f] != json(0.0)))
