@@ -63,9 +63,9 @@
 #include "codegen/xbyak/emitters.h"
 #include "jit/registry.h"
 #include "runtime/cpu_features.h"
+#include "tests/support/activations.h"
 #ifdef TILEJIT_HAVE_LLVM
 #include "codegen/llvm/llvm_brgemm.h"
-#include "tests/support/activations.h"
 #endif
 
 namespace tilejit::test {
