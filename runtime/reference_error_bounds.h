@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #include "runtime/bf16.h"
 #include "runtime/reference_moe.h"
@@ -59,21 +61,13 @@ inline double activation_error(Activation act, double pre, double err) {
   return activation_lipschitz(act) * err;
 }
 
-// activation_error's factor for messages: "1.1", or relu2's "2·|pre| + 3·e".
-inline const char* activation_slope_text(Activation act) {
-  switch (act) {
-    case Activation::none:
-    case Activation::relu:
-      return "1";
-    case Activation::silu:
-      return "1.1";
-    case Activation::gelu_tanh:
-    case Activation::gelu_erf:
-      return "1.13";
-    case Activation::relu2:
-      return "2·|pre| + 3·e (relu2; e the error it multiplies)";
-  }
-  return "?";
+// activation_error's factor for messages: the Lipschitz constant ("1.1"),
+// or relu2's "2·|pre| + 3·e" (one home for the constants: activation_lipschitz).
+inline std::string activation_slope_text(Activation act) {
+  if (act == Activation::relu2) return "2·|pre| + 3·e (relu2; e the error it multiplies)";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", activation_lipschitz(act));
+  return buf;
 }
 
 // The error the vector math adds to act(x): none and relu are exact, relu2
