@@ -661,7 +661,10 @@ Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& q
   Int4Weight w;
   if (fmt_name == "auto_gptq" || fmt_name == "gptq") {
     w.format = Int4Format::gptq;
-  } else if (fmt_name == "gptq_v2") {
+  } else if (fmt_name == "gptq_v2" || fmt_name == "gptqmodel") {
+    // AutoRound's "auto_round:gptqmodel" packs GPTQ's layout with the zero
+    // points stored as they are (its torch QuantLinear, unlike the
+    // auto_gptq one, does not subtract 1): GPTQ v2.
     w.format = Int4Format::gptq;
     w.gptq_v2 = true;
   } else if (fmt_name == "auto_awq" || fmt_name == "awq") {
@@ -669,7 +672,7 @@ Int4Weight int4_weight_from_config(const AutoRoundConfig& c, const TensorView& q
   } else {
     throw Error(
         fmt::format("{}: checkpoint_format=\"{}\"; allowed: auto_gptq, gptq, gptq_v2, "
-                    "auto_awq, awq (optionally prefixed auto_round:)",
+                    "gptqmodel, auto_awq, awq (optionally prefixed auto_round:)",
                     op, c.checkpoint_format));
   }
   if (c.desc_act && !g_idx)

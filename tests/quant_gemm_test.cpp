@@ -865,6 +865,19 @@ TEST(QuantErrors, Int4Checkpoints) {
   pack_weight(w).dequantize(TensorView(a.data(), DType::f32, {c.n, c.k}));
   pack_weight(ck.int4).dequantize(TensorView(b.data(), DType::f32, {c.n, c.k}));
   EXPECT_EQ(a, b);
+  // AutoRound's "auto_round:gptqmodel" export stores the zero points as they
+  // are: the same tensors read as GPTQ v2, which differs from v1 by one step.
+  cfg.checkpoint_format = "auto_round:gptqmodel";
+  w = int4_weight_from_config(cfg, ck.int4.qweight, ck.int4.scales, ck.int4.qzeros, ck.int4.g_idx);
+  w.n = c.n, w.k = c.k;
+  EXPECT_TRUE(w.gptq_v2);
+  Int4Weight v2 = ck.int4;
+  v2.gptq_v2 = true;
+  std::vector<float> c2(a.size());
+  pack_weight(w).dequantize(TensorView(a.data(), DType::f32, {c.n, c.k}));
+  pack_weight(v2).dequantize(TensorView(c2.data(), DType::f32, {c.n, c.k}));
+  EXPECT_EQ(a, c2);
+  EXPECT_NE(a, b);
 }
 
 // GemmOptions::int4_route: a value outside the enum is an Error naming it

@@ -517,6 +517,22 @@ TEST(TuneWorkload, QuantizationConfig) {
   EXPECT_EQ(op(w, "gate_up_proj").group_size, 64);
   EXPECT_TRUE(op(w, "gate_up_proj").desc_act);
   EXPECT_TRUE(op(w, "gate_up_proj").sym);
+  // AutoRound: int4 in a GPTQ or AWQ packing (packing_format; older exports
+  // "intel/auto-round" with backend).
+  w = cfg(R"({"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": false,
+              "data_type": "int", "packing_format": "auto_round:auto_gptq"})");
+  EXPECT_EQ(op(w, "gate_up_proj").format, "int4_gptq");
+  EXPECT_FALSE(op(w, "gate_up_proj").sym);
+  w = cfg(R"({"quant_method": "intel/auto-round", "bits": 4, "group_size": 32,
+              "backend": "auto_round:auto_awq"})");
+  EXPECT_EQ(op(w, "o_proj").format, "int4_awq");
+  EXPECT_EQ(op(w, "o_proj").group_size, 32);
+  EXPECT_TRUE(op(w, "o_proj").sym);
+  expect_tilejit_error(
+      [&] { cfg(R"({"quant_method": "auto-round", "bits": 4, "data_type": "mx_fp"})"); },
+      "quantization_config.data_type: \"mx_fp\"; allowed: \"int\"");
+  expect_tilejit_error([&] { cfg(R"({"quant_method": "auto-round", "bits": 2})"); },
+                       "quantization_config.bits: 2; allowed: 4");
   w = cfg(
       R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})");
   EXPECT_EQ(op(w, "o_proj").format, "fp8_e4m3");
@@ -548,7 +564,7 @@ TEST(TuneWorkload, QuantizationConfig) {
             tools::parse_workload(read("qwen3-8b-awq.json"), "qwen3-8b-awq.json"));
   expect_tilejit_error([&] { cfg(R"({"quant_method": "bitsandbytes"})"); },
                        "c.json: quantization_config.quant_method: \"bitsandbytes\"; allowed: awq, "
-                       "gptq, fp8, mxfp4, compressed-tensors, w8a8_int8");
+                       "gptq, auto-round, fp8, mxfp4, compressed-tensors, w8a8_int8");
   expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "sym": "yes"})"); },
                        "c.json: quantization_config (gptq):");
   expect_tilejit_error([&] { cfg(R"({"quant_method": "gptq", "bits": 8})"); },

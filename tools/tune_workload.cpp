@@ -383,7 +383,7 @@ std::string workload_json(const Workload& w) {
 
 const std::vector<std::string>& quant_methods() {
   static const std::vector<std::string> m = {
-      "awq", "gptq", "fp8", "mxfp4", "compressed-tensors", "w8a8_int8"};
+      "awq", "gptq", "auto-round", "fp8", "mxfp4", "compressed-tensors", "w8a8_int8"};
   return m;
 }
 
@@ -432,6 +432,22 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
                                128, -1);  // -1: per channel (pack_weight checks the rest)
       f.sym = method == "awq" ? !q.value("zero_point", true) : q.value("sym", true);
       f.desc_act = method == "gptq" && q.value("desc_act", false);
+    } else if (method == "auto-round" || method == "intel/auto-round") {
+      // AutoRound (its older exports say "intel/auto-round"): int4 codes in
+      // a GPTQ or AWQ packing named by packing_format (older: backend).
+      const Reader r{q, where};
+      const int64_t bits = r.integer("bits", false, 4);
+      if (bits != 4)
+        bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
+      const std::string type = q.value("data_type", std::string("int"));
+      if (type != "int")
+        bad("data_type", fmt::format("\"{}\"; allowed: \"int\" (AutoRound's int4 exports)", type));
+      const char* pf = q.contains("packing_format") ? "packing_format" : "backend";
+      const std::string packing = q.value(pf, std::string("auto_round:auto_gptq"));
+      f.format = packing.find("awq") != std::string::npos ? "int4_awq" : "int4_gptq";
+      f.group_size = r.integer("group_size", false, 128, -1);
+      f.sym = q.value("sym", true);
+      f.desc_act = f.format == "int4_gptq" && q.value("desc_act", false);
     } else if (method == "fp8") {
       f.format = "fp8_e4m3";
       if (q.contains("weight_block_size") && !q["weight_block_size"].is_null())

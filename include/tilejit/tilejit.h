@@ -149,8 +149,9 @@ struct Int4Weight {
 };
 
 // The int4 fields of an AutoRound quantization_config: checkpoint_format is
-// "auto_gptq" / "gptq" (v1 zeros), "gptq_v2", or "auto_awq" / "awq", with or
-// without an "auto_round:" prefix. Checks bits == 4, the group size, that
+// "auto_gptq" / "gptq" (v1 zeros), "gptq_v2" or "gptqmodel" (v2 zeros: AutoRound's
+// "auto_round:gptqmodel" export), or "auto_awq" / "awq", with or without an
+// "auto_round:" prefix. Checks bits == 4, the group size, that
 // desc_act comes with g_idx and !sym with qzeros; an Error names the field.
 struct AutoRoundConfig {
   int bits = 4;

@@ -143,8 +143,8 @@ typedef struct tilejit_int4_weight {
 void tilejit_int4_weight_init(tilejit_int4_weight* w);
 
 /* An AutoRound quantization_config (tilejit::AutoRoundConfig):
- * checkpoint_format is "auto_gptq", "gptq", "gptq_v2", "auto_awq", "awq",
- * with or without an "auto_round:" prefix. */
+ * checkpoint_format is "auto_gptq", "gptq", "gptq_v2", "gptqmodel" (v2 zeros),
+ * "auto_awq", "awq", with or without an "auto_round:" prefix. */
 typedef struct tilejit_autoround_config {
   int32_t bits;
   int64_t group_size;
