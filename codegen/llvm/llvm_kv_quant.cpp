@@ -4,7 +4,10 @@
 //     full 16-lane chunks of the head's row (plain loads and stores), then one
 //     masked chunk for the tail (never past the row):
 //       q = bf16_to_f32(x) / scale[h]   (fdiv: the caller's rounding mode, as
-//                                        the reference's division)
+//                                        the reference's division; a
+//                                        power-of-two scale multiplies by its
+//                                        exact reciprocal instead, as the
+//                                        Xbyak kernel: the same q bit for bit)
 //       runtime::f32_to_e4m3's rule on the bits of q, lane by lane (integer
 //       ops and selects; the subnormal codes by roundeven, which lowers to a
 //       rounding instruction with an immediate mode, not MXCSR's)
@@ -71,7 +74,6 @@ class KvQuantEmitter : public KernelEmitter {
   }
 
   void head(llvm::Value* h) {
-    llvm::Value* d = arg(TILEJIT_ARG(Args, d));
     llvm::Value* xrow = b_.CreateGEP(b_.getInt16Ty(), arg(TILEJIT_ARG(Args, x)),
                                      b_.CreateMul(h, arg(TILEJIT_ARG(Args, x_head))));
     llvm::Value* orow = b_.CreateGEP(b_.getInt8Ty(), arg(TILEJIT_ARG(Args, out)),
@@ -79,7 +81,35 @@ class KvQuantEmitter : public KernelEmitter {
     llvm::Value* s = b_.CreateAlignedLoad(
         b_.getFloatTy(), b_.CreateGEP(b_.getFloatTy(), arg(TILEJIT_ARG(Args, scales)), h),
         llvm::Align(4));
-    llvm::Value* sv = vm_.splat(s);
+    // A power-of-two scale 2^(e − 127) with e in [1, 253] (1.0, sglang's
+    // default, among them): 1/s = 2^(127 − e) is a normal float and x·(1/s)
+    // the exact x/s in every rounding mode, so a multiply replaces the
+    // divide (the row's bound); any other scale divides.
+    llvm::Value* sbits = b_.CreateBitCast(s, b_.getInt32Ty());
+    llvm::Value* e = b_.CreateAnd(b_.CreateLShr(sbits, b_.getInt32(23)), b_.getInt32(0xFF));
+    llvm::Value* pow2 =
+        b_.CreateAnd(b_.CreateICmpEQ(b_.CreateAnd(sbits, b_.getInt32(0x7FFFFF)), b_.getInt32(0)),
+                     b_.CreateICmpULE(b_.CreateSub(e, b_.getInt32(1)), b_.getInt32(252)));
+    llvm::Value* recip = b_.CreateBitCast(
+        b_.CreateOr(b_.CreateAnd(sbits, b_.getInt32(0x80000000u)),
+                    b_.CreateShl(b_.CreateSub(b_.getInt32(254), e), b_.getInt32(23))),
+        b_.getFloatTy());
+    emit_if_else(
+        b_, pow2,
+        [&] {
+          row(xrow, orow, vm_.splat(recip), true);
+          return std::vector<llvm::Value*>{};
+        },
+        [&] {
+          row(xrow, orow, vm_.splat(s), false);
+          return std::vector<llvm::Value*>{};
+        },
+        "pow2");
+  }
+
+  // The codes of one head's row: q = x·sv (sv = 1/s exactly) or x / sv.
+  void row(llvm::Value* xrow, llvm::Value* orow, llvm::Value* sv, bool multiply) {
+    llvm::Value* d = arg(TILEJIT_ARG(Args, d));
     const auto chunk = [&](llvm::Value* at, llvm::Value* mask) {
       llvm::Value* src = b_.CreateGEP(b_.getInt16Ty(), xrow, at);
       llvm::Value* bits = nullptr;
@@ -88,7 +118,8 @@ class KvQuantEmitter : public KernelEmitter {
       else
         bits = b_.CreateMaskedLoad(vm_.i16v(), src, llvm::Align(2), mask,
                                    llvm::Constant::getNullValue(vm_.i16v()));
-      llvm::Value* codes = to_e4m3(b_.CreateFDiv(vm_.bf16_to_f32(bits), sv));
+      llvm::Value* x = vm_.bf16_to_f32(bits);
+      llvm::Value* codes = to_e4m3(multiply ? b_.CreateFMul(x, sv) : b_.CreateFDiv(x, sv));
       llvm::Value* dst = b_.CreateGEP(b_.getInt8Ty(), orow, at);
       if (mask == nullptr)
         b_.CreateAlignedStore(codes, dst, llvm::Align(1));
