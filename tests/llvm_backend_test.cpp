@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -301,6 +302,43 @@ TEST(LlvmBrgemmApi, DroppedKernelsAreUnlinked) {
     EXPECT_EQ(copy.entry, k.entry);
   }
   EXPECT_EQ(run_brgemm(d, held.fn<BrgemmFn>()), want);
+}
+
+// Linux caps a process at vm.max_map_count (~65 530) mappings, host and JIT
+// together. Linked kernels used to take two each (code RX, constants R, not
+// mergeable with the neighbours'): an outside tester's process stopped
+// compiling at ~32 700 LLVM kernels and its std::thread creation failed.
+// Kernels now share large mappings (codegen/llvm/jit_memory.cpp): 120 held
+// kernels add a handful, and each still computes what it should.
+TEST(LlvmJit, HeldKernelsShareMappings) {
+  auto mappings = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    int64_t n = 0;
+    while (std::getline(maps, line)) ++n;
+    return n;
+  };
+  // SiLU and a bf16 output: kernels with constant pools (read-only data),
+  // what split each kernel's memory in two.
+  BrgemmCase base = llvm_case(3, 16, 10);
+  base.act = Activation::silu, base.out = DType::bf16;
+  std::vector<lb::LlvmKernel> held;
+  held.push_back(lb::compile_llvm_brgemm(base.desc()));  // the JIT and its first reservation
+  const int64_t before = mappings();
+  constexpr int kKernels = 120;
+  for (int i = 0; i < kKernels; ++i) {
+    BrgemmDesc desc = base.desc();
+    desc.kb = 2 + i;
+    held.push_back(lb::compile_llvm_brgemm(desc));
+  }
+  const int64_t grown = mappings() - before;
+  EXPECT_LT(grown, kKernels / 4) << grown << " mappings for " << kKernels << " kernels";
+  const BrgemmData d = make_brgemm_data(base);
+  EXPECT_TRUE(check_brgemm(d, run_brgemm(d, held.front().fn<BrgemmFn>())));
+  BrgemmCase last = base;
+  last.kb = 2 + kKernels - 1;
+  const BrgemmData dl = make_brgemm_data(last);
+  EXPECT_TRUE(check_brgemm(dl, run_brgemm(dl, held.back().fn<BrgemmFn>())));
 }
 
 // ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@
 
 #include <sys/mman.h>
 
+#include "codegen/llvm/jit_memory.h"
 #include "codegen/llvm/module_context.h"
 #include "runtime/thread_pool.h"
 
@@ -204,7 +205,15 @@ Jit* create_jit() {
   jtmb.setRelocationModel(llvm::Reloc::PIC_);
   jtmb.setCodeModel(llvm::CodeModel::Small);
   auto lljit =
-      take(orc::LLJITBuilder().setJITTargetMachineBuilder(jtmb).create(), "creating the LLJIT");
+      take(orc::LLJITBuilder()
+               .setJITTargetMachineBuilder(jtmb)
+               .setObjectLinkingLayerCreator(
+                   [](orc::ExecutionSession& es,
+                      const llvm::Triple&) -> llvm::Expected<std::unique_ptr<orc::ObjectLayer>> {
+                     return make_kernel_linking_layer(es);
+                   })
+               .create(),
+           "creating the LLJIT");
   auto* j = new Jit{std::move(lljit), jtmb, {}};
   j->host = describe_host(j->jtmb);
   return j;
@@ -238,7 +247,9 @@ struct InternedValueTypes : llvm::SDNode {
 // at which it first succeeded, above the one at which the program's own
 // tensors failed); the D 128 decode kernel 12 MB.
 constexpr size_t kCompileHeadroomBytes = size_t{64} << 20;
-constexpr size_t kLinkHeadroomBytes = size_t{16} << 20;
+// A link: its working memory, and a new reservation of kernel memory
+// (jit_memory.h) when the current ones are full.
+constexpr size_t kLinkHeadroomBytes = (size_t{16} << 20) + kKernelReservationBytes;
 
 // Work inside LLVM in flight holds a claim on the headroom until it ends, so
 // two at once must find room for both: a gemm's first call compiled two
