@@ -339,7 +339,20 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
   }
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  auto create = [&] {
+    return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  };
+  int fd = create();
+  if (fd < 0 && errno == ENOENT) {
+    // The directory was removed while the process ran (a cleanup of the
+    // cache): made again, or every later store of the process would fail.
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(tmp).parent_path(), ec);
+    if (!ec) {
+      log("made the directory again", dir_);
+      fd = create();
+    }
+  }
   if (fd < 0) return store_failed(std::string("cannot create: ") + std::strerror(errno), tmp);
   // 0644 whatever the umask: a group-writable entry (umask 002) is one the
   // loads refuse (trusted_writer).

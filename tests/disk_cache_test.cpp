@@ -506,16 +506,26 @@ TEST(DiskCacheHostile, ForgedPayloadLengthIsRejected) {
   fs::remove_all(c.dir());
 }
 
-TEST(DiskCacheHostile, AStoreIntoAVanishedDirectoryFailsAloneAndTheNextOneWorks) {
+// The directory deleted underneath (a cleanup while a server runs): the next
+// store makes it again (an outside tester's process lost every later store:
+// 11 159 failures after 449 stores). Where it cannot be made (a file in its
+// place), that store fails alone, and the next one works once it can.
+TEST(DiskCacheHostile, AStoreIntoAVanishedDirectoryMakesItAgain) {
   jit::DiskCache c(fresh_dir("gone"));
   fs::remove_all(c.dir());  // deleted underneath, temporary files and all
   c.store("k", bytes(100, 1));
+  EXPECT_EQ(c.store_failures(), 0u);
+  EXPECT_EQ(c.stores(), 1u);
+  ASSERT_TRUE(c.load("k").has_value());
+  fs::remove_all(c.dir());
+  { std::ofstream(c.dir()) << "a file where the directory was"; }
+  c.store("k2", bytes(100, 2));
   EXPECT_EQ(c.store_failures(), 1u);
   EXPECT_TRUE(c.enabled());
-  fs::create_directories(c.dir());
-  c.store("k", bytes(100, 1));
-  ASSERT_TRUE(c.load("k").has_value());
-  EXPECT_EQ(c.stores(), 1u);
+  fs::remove(c.dir());
+  c.store("k2", bytes(100, 2));
+  ASSERT_TRUE(c.load("k2").has_value());
+  EXPECT_EQ(c.stores(), 2u);
   fs::remove_all(c.dir());
 }
 
