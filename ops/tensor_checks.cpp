@@ -126,11 +126,20 @@ void check_writable(const char* op, const char* arg, const TensorView& t) {
             [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
   int64_t inner = 1;  // elements spanned by the dims so far (fits: check_view bounded it)
   for (size_t i : dims) {
+    // A conservative rule: a layout that interleaves indices without sharing
+    // an element is refused too, so the message says what the layout does,
+    // not that an element is written twice.
     if (t.strides[i] < inner)
       throw Error(fmt::format(
-          "{}: {} has shape {} and strides {}: dim {} (stride {}) writes over elements of "
-          "another index; allowed: an output whose elements do not overlap (no stride 0)",
-          op, arg, shape_str(t.shape), shape_str(t.strides), i, t.strides[i]));
+          "{}: {} has shape {} and strides {}: {}; allowed: an output whose elements do not "
+          "overlap, each stride past the span of the dims with smaller strides (no stride 0, "
+          "no interleaved rows)",
+          op, arg, shape_str(t.shape), shape_str(t.strides),
+          t.strides[i] == 0
+              ? fmt::format("dim {} has stride 0 (each of its indices writes the same elements)", i)
+              : fmt::format("dim {} (stride {}) steps inside the {} elements that the dims with "
+                            "smaller strides span",
+                            i, t.strides[i], inner)));
     inner += (t.shape[i] - 1) * t.strides[i];
   }
 }
@@ -199,9 +208,20 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
   if (a1 <= b0 || b1 <= a0) return false;
   // Views of one dtype and the same strides (K and V caches as column halves
   // of one buffer, q / k / v as slices of a fused qkv): exact. The byte
-  // ranges intersect and each spans ≤ 2^56 bytes, so the distance fits.
-  if (a.dtype == b.dtype && dtype_bits(a.dtype) % 8 == 0 && a.strides == b.strides)
-    if (const auto exact = same_strides_overlap(a, b, static_cast<int64_t>(b0 - a0))) return *exact;
+  // ranges intersect and each spans ≤ 2^56 bytes, so the distance fits. A
+  // dim of size 1 never steps, so its stride is whatever the other view's
+  // is (DLPack exporters rewrite those strides: torch gives a one-head k
+  // stride 1 where q's head stride is D).
+  if (a.dtype == b.dtype && dtype_bits(a.dtype) % 8 == 0 && a.shape.size() == b.shape.size()) {
+    TensorView na = a, nb = b;
+    for (size_t i = 0; i < a.shape.size(); ++i) {
+      if (na.shape[i] == 1) na.strides[i] = nb.strides[i];
+      if (nb.shape[i] == 1) nb.strides[i] = na.strides[i];
+    }
+    if (na.strides == nb.strides)
+      if (const auto exact = same_strides_overlap(na, nb, static_cast<int64_t>(b0 - a0)))
+        return *exact;
+  }
   // Interleaved views: one outermost period S (bytes) that both repeat with,
   // each one's part of a period an interval [lo mod S, lo mod S + footprint).
   auto period = [](const TensorView& t) -> int64_t {
@@ -279,8 +299,16 @@ void check_dtype(const char* op, const char* arg, const TensorView& t,
     if (d == t.dtype) return;
     names.push_back(dtype_name(d));
   }
-  throw Error(fmt::format("{}: {}.dtype={} is not allowed; allowed: {}", op, arg,
-                          dtype_name(t.dtype), fmt::join(names, ", ")));
+  // A value outside the enum (a C++ caller's cast) is named here too: dtype_name
+  // would throw its own Error, naming neither the operator nor the argument.
+  std::string got;
+  try {
+    got = dtype_name(t.dtype);
+  } catch (const Error&) {
+    got = fmt::format("{} (not a DType enumerator)", static_cast<int>(t.dtype));
+  }
+  throw Error(fmt::format("{}: {}.dtype={} is not allowed; allowed: {}", op, arg, got,
+                          fmt::join(names, ", ")));
 }
 
 void check_row_major_rows(const char* op, const char* arg, const TensorView& t) {

@@ -356,7 +356,46 @@ TEST(HostileAliasing, Rope) {
       [&] {
         rope(TensorView(s.f.data(), DType::f32, {4, 2, 32}, {0, 32, 1}), nullptr, p, cache);
       },
-      {"rope: q", "do not overlap"});
+      {"rope: q", "dim 0 has stride 0"});
+  // Heads that interleave with the next token's (token stride 8 inside a
+  // token's 12-element span): refused, the message saying so.
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {3, 3, 2}, {8, 5, 1}), nullptr,
+             TensorView(pos.data(), DType::i32, {3}),
+             TensorView(s.f.data() + 8192, DType::f32, {8, 2}));
+      },
+      {"rope: q", "dim 0 (stride 8) steps inside the 12 elements"});
+  // q [2, 3, 2] and a one-head k [2, 1, 2] interleaved in one buffer (token
+  // stride 15, q's heads at 0, 5, 10, k at 17): no element shared, whatever
+  // stride k's size-1 head dim claims (torch's DLPack gives 1, not 5).
+  // Accepted, and the same as on separate buffers.
+  const std::vector<int64_t> qs = {15, 5, 1};
+  std::vector<float> buf(64), qa(12), ka(4);
+  std::vector<int32_t> pos2 = {1, 2};
+  const TensorView p2(pos2.data(), DType::i32, {2});
+  const TensorView cache2(s.f.data() + 8192, DType::f32, {8, 2});
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t c = 0; c < 2; ++c) qa[t * 6 + h * 2 + c] = buf[t * 15 + h * 5 + c];
+    for (int64_t c = 0; c < 2; ++c) ka[t * 2 + c] = buf[17 + t * 15 + c];
+  }
+  for (int64_t k_head_stride : {5, 1, 0, 99}) {
+    std::vector<float> b = buf;
+    TensorView qv(b.data(), DType::f32, {2, 3, 2}, qs);
+    TensorView kv(b.data() + 17, DType::f32, {2, 1, 2}, {15, k_head_stride, 1});
+    rope(qv, &kv, p2, cache2);
+    std::vector<float> q2 = qa, k2 = ka;
+    TensorView qc(q2.data(), DType::f32, {2, 3, 2}), kc(k2.data(), DType::f32, {2, 1, 2});
+    rope(qc, &kc, p2, cache2);
+    for (int64_t t = 0; t < 2; ++t) {
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t c = 0; c < 2; ++c)
+          ASSERT_EQ(b[t * 15 + h * 5 + c], q2[t * 6 + h * 2 + c]) << k_head_stride;
+      for (int64_t c = 0; c < 2; ++c) ASSERT_EQ(b[17 + t * 15 + c], k2[t * 2 + c]);
+    }
+  }
 }
 
 TEST(HostileAliasing, Attention) {
@@ -448,6 +487,16 @@ TEST(HostileAliasing, OverlapCheckAgainstBruteForce) {
     std::vector<int64_t> strides_b = strides;
     if (!same)
       for (auto& x : strides_b) x = pick(0, 40);
+    // The stride of a dim of size 1 never steps: DLPack exporters rewrite it
+    // (torch gives a one-head k stride 1 where q's head stride is D), and the
+    // views still count as of the same strides (an outside tester's rope
+    // with q and k as disjoint views of one buffer was refused).
+    std::vector<int64_t> strides_a = strides;
+    if (same)
+      for (int i = 0; i < rank; ++i) {
+        if (shape_a[i] == 1 && pick(0, 1)) strides_a[i] = pick(0, 40);
+        if (shape_b[i] == 1 && pick(0, 1)) strides_b[i] = pick(0, 40);
+      }
     auto bytes_of = [&](const std::vector<int64_t>& shape, const std::vector<int64_t>& st,
                         int64_t off) {
       std::vector<bool> m(kBytes, false);
@@ -467,14 +516,14 @@ TEST(HostileAliasing, OverlapCheckAgainstBruteForce) {
       for (int i = 0; i < rank; ++i) x += (shape[i] - 1) * st[i] * e;
       return x;
     };
-    const int64_t ea = extent(shape_a, strides), eb = extent(shape_b, strides_b);
+    const int64_t ea = extent(shape_a, strides_a), eb = extent(shape_b, strides_b);
     if (ea + eb > kBytes) continue;
     const int64_t off_a = pick(0, static_cast<int>((kBytes - ea) / e)) * e;
     const int64_t off_b = std::clamp<int64_t>(off_a + pick(-64, 64) * e, 0, (kBytes - eb) / e * e);
-    const auto ma = bytes_of(shape_a, strides, off_a), mb = bytes_of(shape_b, strides_b, off_b);
+    const auto ma = bytes_of(shape_a, strides_a, off_a), mb = bytes_of(shape_b, strides_b, off_b);
     bool truth = false;
     for (int64_t i = 0; i < kBytes; ++i) truth = truth || (ma[i] && mb[i]);
-    const TensorView a(buf + off_a, dt, shape_a, strides), b(buf + off_b, dt, shape_b, strides_b);
+    const TensorView a(buf + off_a, dt, shape_a, strides_a), b(buf + off_b, dt, shape_b, strides_b);
     const bool said = ops::views_overlap(a, b);
     ASSERT_EQ(said, ops::views_overlap(b, a));
     if (truth) {
@@ -654,6 +703,15 @@ TEST(HostileViews, Enums) {
              TensorView(s.c.data(), DType::bf16, {5, 64}));
       },
       {"gemm: x.dtype=77"});
+  // An index tensor checked by its allowed dtypes before its view (rope's
+  // positions): named with the operator and the argument, not by dtype_name.
+  expect_error(
+      [&] {
+        rope(TensorView(s.f.data(), DType::f32, {2, 1, 32}), nullptr,
+             TensorView(s.i32.data(), static_cast<DType>(77), {2}),
+             TensorView(s.f.data() + 4096, DType::f32, {8, 32}));
+      },
+      {"rope: positions.dtype=77 (not a DType enumerator)", "allowed: i32, i64"});
   GemmOptions g;
   g.act = static_cast<Activation>(9);
   expect_error(
