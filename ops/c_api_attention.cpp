@@ -51,7 +51,7 @@ tilejit_status tilejit_flash_attn_varlen(const tilejit_tensor* q, const tilejit_
                                          const tilejit_tensor* cu_seqlens_q,
                                          const tilejit_tensor* cu_seqlens_k,
                                          const tilejit_attention_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     flash_attn_varlen(view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"),
                       view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_k, "cu_seqlens_k"),
                       attention_options(opt));
@@ -63,7 +63,7 @@ tilejit_status tilejit_decode_attention(const tilejit_tensor* q, const tilejit_t
                                         const tilejit_tensor* block_table,
                                         const tilejit_tensor* seq_lens,
                                         const tilejit_attention_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     decode_attention(view(q, "q"), view(k_cache, "k_cache"), view(v_cache, "v_cache"),
                      view(out, "out"), view(block_table, "block_table"), view(seq_lens, "seq_lens"),
                      attention_options(opt));
@@ -77,7 +77,7 @@ tilejit_status tilejit_extend_attention(const tilejit_tensor* q, const tilejit_t
                                         const tilejit_tensor* prefix_lens,
                                         const tilejit_attention_options* opt,
                                         const tilejit_extend_options* ext) {
-  return call([&] {
+  return call(__func__, [&] {
     ExtendOptions e;
     if (const auto c =
             options(ext, "ext", "tilejit_extend_options_init", tilejit_extend_options_init)) {
@@ -97,7 +97,7 @@ tilejit_status tilejit_store_kv(const tilejit_tensor* k, const tilejit_tensor* v
                                 const tilejit_tensor* k_cache, const tilejit_tensor* v_cache,
                                 const tilejit_tensor* slot_mapping,
                                 const tilejit_kv_cache_scales* scales) {
-  return call([&] {
+  return call(__func__, [&] {
     store_kv(view(k, "k"), view(v, "v"), view(k_cache, "k_cache"), view(v_cache, "v_cache"),
              view(slot_mapping, "slot_mapping"),
              scales != nullptr ? kv_scales(*scales) : KvCacheScales{});
@@ -118,7 +118,7 @@ void tilejit_rope_options_init(tilejit_rope_options* opt) {
 tilejit_status tilejit_rope(const tilejit_tensor* q, const tilejit_tensor* k,
                             const tilejit_tensor* positions, const tilejit_tensor* cos_sin_cache,
                             const tilejit_rope_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     RopeOptions o;
     if (const auto c =
             options(opt, "opt", "tilejit_rope_options_init", tilejit_rope_options_init)) {
@@ -128,8 +128,8 @@ tilejit_status tilejit_rope(const tilejit_tensor* q, const tilejit_tensor* k,
       // A section count is a handful (3 for t/h/w); more than a head's
       // frequencies cannot be valid and would only be read for nothing.
       if (c->mrope_section_count < 0 || c->mrope_section_count > Limits::max_head_dim)
-        throw Error("opt.mrope_section_count = " + std::to_string(c->mrope_section_count) +
-                    "; allowed: 0.." + std::to_string(Limits::max_head_dim));
+        throw CArgError("opt.mrope_section_count = " + std::to_string(c->mrope_section_count) +
+                        "; allowed: 0.." + std::to_string(Limits::max_head_dim));
       if (c->mrope_section_count > 0) {
         deref(c->mrope_section, "opt.mrope_section");
         o.mrope_section.assign(c->mrope_section, c->mrope_section + c->mrope_section_count);

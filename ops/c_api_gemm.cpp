@@ -52,7 +52,7 @@ tilejit_status tilejit_int4_weight_from_autoround(const tilejit_autoround_config
                                                   const tilejit_tensor* qzeros,
                                                   const tilejit_tensor* g_idx,
                                                   tilejit_int4_weight* out) {
-  return call([&] {
+  return call(__func__, [&] {
     const tilejit_autoround_config& c = deref(config, "config");
     deref(out, "out");
     AutoRoundConfig cfg;
@@ -81,20 +81,20 @@ tilejit_status tilejit_int4_weight_from_autoround(const tilejit_autoround_config
 }
 
 tilejit_status tilejit_pack_weight_bf16(const tilejit_tensor* w, tilejit_packed_weight** out) {
-  return make_handle(out, [&] { return pack_weight(view(w, "w")); });
+  return make_handle(__func__, out, [&] { return pack_weight(view(w, "w")); });
 }
 tilejit_status tilejit_pack_weight_int8(const tilejit_int8_weight* w, tilejit_packed_weight** out) {
-  return make_handle(out, [&] { return pack_weight(int8_weight(deref(w, "w"), "w")); });
+  return make_handle(__func__, out, [&] { return pack_weight(int8_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_fp8(const tilejit_fp8_weight* w, tilejit_packed_weight** out) {
-  return make_handle(out, [&] { return pack_weight(fp8_weight(deref(w, "w"), "w")); });
+  return make_handle(__func__, out, [&] { return pack_weight(fp8_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_int4(const tilejit_int4_weight* w, tilejit_packed_weight** out) {
-  return make_handle(out, [&] { return pack_weight(int4_weight(deref(w, "w"), "w")); });
+  return make_handle(__func__, out, [&] { return pack_weight(int4_weight(deref(w, "w"), "w")); });
 }
 tilejit_status tilejit_pack_weight_mxfp4(const tilejit_mxfp4_weight* w,
                                          tilejit_packed_weight** out) {
-  return make_handle(out, [&] { return pack_weight(mxfp4_weight(deref(w, "w"), "w")); });
+  return make_handle(__func__, out, [&] { return pack_weight(mxfp4_weight(deref(w, "w"), "w")); });
 }
 
 void tilejit_packed_weight_destroy(tilejit_packed_weight* w) {
@@ -103,7 +103,7 @@ void tilejit_packed_weight_destroy(tilejit_packed_weight* w) {
 
 tilejit_status tilejit_packed_weight_get_info(const tilejit_packed_weight* w,
                                               tilejit_packed_weight_info* out) {
-  return call([&] {
+  return call(__func__, [&] {
     const PackedWeight& p = weight(w);
     tilejit_packed_weight_info& info = deref(out, "out");
     info.n = p.n();
@@ -117,27 +117,27 @@ tilejit_status tilejit_packed_weight_get_info(const tilejit_packed_weight* w,
 
 tilejit_status tilejit_packed_weight_dequantize(const tilejit_packed_weight* w,
                                                 const tilejit_tensor* out) {
-  return call([&] { weight(w).dequantize(view(out, "out")); });
+  return call(__func__, [&] { weight(w).dequantize(view(out, "out")); });
 }
 tilejit_status tilejit_packed_weight_unpack_bf16(const tilejit_packed_weight* w,
                                                  const tilejit_tensor* out) {
-  return call([&] { weight(w).unpack(view(out, "out")); });
+  return call(__func__, [&] { weight(w).unpack(view(out, "out")); });
 }
 tilejit_status tilejit_packed_weight_unpack_int8(const tilejit_packed_weight* w,
                                                  const tilejit_int8_weight* out) {
-  return call([&] { weight(w).unpack(int8_weight(deref(out, "out"), "out")); });
+  return call(__func__, [&] { weight(w).unpack(int8_weight(deref(out, "out"), "out")); });
 }
 tilejit_status tilejit_packed_weight_unpack_fp8(const tilejit_packed_weight* w,
                                                 const tilejit_fp8_weight* out) {
-  return call([&] { weight(w).unpack(fp8_weight(deref(out, "out"), "out")); });
+  return call(__func__, [&] { weight(w).unpack(fp8_weight(deref(out, "out"), "out")); });
 }
 tilejit_status tilejit_packed_weight_unpack_int4(const tilejit_packed_weight* w,
                                                  const tilejit_int4_weight* out) {
-  return call([&] { weight(w).unpack(int4_weight(deref(out, "out"), "out")); });
+  return call(__func__, [&] { weight(w).unpack(int4_weight(deref(out, "out"), "out")); });
 }
 tilejit_status tilejit_packed_weight_unpack_mxfp4(const tilejit_packed_weight* w,
                                                   const tilejit_mxfp4_weight* out) {
-  return call([&] { weight(w).unpack(mxfp4_weight(deref(out, "out"), "out")); });
+  return call(__func__, [&] { weight(w).unpack(mxfp4_weight(deref(out, "out"), "out")); });
 }
 
 void tilejit_gemm_options_init(tilejit_gemm_options* opt) {
@@ -154,15 +154,15 @@ void tilejit_gemm_options_init(tilejit_gemm_options* opt) {
 
 tilejit_status tilejit_gemm(const tilejit_tensor* x, const tilejit_packed_weight* w,
                             const tilejit_tensor* y, const tilejit_gemm_options* opt) {
-  return call([&] { gemm(view(x, "x"), weight(w), view(y, "y"), gemm_options(opt)); });
+  return call(__func__, [&] { gemm(view(x, "x"), weight(w), view(y, "y"), gemm_options(opt)); });
 }
 
 tilejit_status tilejit_gemm_batched(const tilejit_tensor* x, const tilejit_packed_weight* const* w,
                                     size_t w_count, const tilejit_tensor* y,
                                     const tilejit_gemm_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     if (w == nullptr && w_count > 0)
-      throw Error(
+      throw CArgError(
           fmt::format("w is NULL with w_count {}; allowed: an array of w_count weights", w_count));
     std::vector<PackedWeight> ws;
     ws.reserve(w_count);

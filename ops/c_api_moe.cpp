@@ -13,17 +13,18 @@ const PackedExperts& experts(const tilejit_packed_experts* w, const char* arg) {
 // The quantized pack_experts / unpack: one C description per expert,
 // converted by conv.
 template <class C, class Conv>
-tilejit_status pack_quantized(const C* w, int64_t num_experts, tilejit_expert_proj proj,
-                              tilejit_glu_rows rows, tilejit_packed_experts** out, Conv conv) {
-  return make_handle(out, [&] {
+tilejit_status pack_quantized(const char* fn, const C* w, int64_t num_experts,
+                              tilejit_expert_proj proj, tilejit_glu_rows rows,
+                              tilejit_packed_experts** out, Conv conv) {
+  return make_handle(fn, out, [&] {
     return pack_experts(weight_array(w, num_experts, "w", conv), to_enum<ExpertProj>(proj),
                         to_enum<GluRows>(rows));
   });
 }
 template <class C, class Conv>
-tilejit_status unpack_quantized(const tilejit_packed_experts* w, const C* out, int64_t num_experts,
-                                Conv conv) {
-  return call([&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", conv)); });
+tilejit_status unpack_quantized(const char* fn, const tilejit_packed_experts* w, const C* out,
+                                int64_t num_experts, Conv conv) {
+  return call(fn, [&] { experts(w, "w").unpack(weight_array(out, num_experts, "out", conv)); });
 }
 
 }  // namespace
@@ -32,29 +33,29 @@ extern "C" {
 
 tilejit_status tilejit_pack_experts_bf16(const tilejit_tensor* w, tilejit_expert_proj proj,
                                          tilejit_glu_rows rows, tilejit_packed_experts** out) {
-  return make_handle(out, [&] {
+  return make_handle(__func__, out, [&] {
     return pack_experts(view(w, "w"), to_enum<ExpertProj>(proj), to_enum<GluRows>(rows));
   });
 }
 tilejit_status tilejit_pack_experts_int8(const tilejit_int8_weight* w, int64_t num_experts,
                                          tilejit_expert_proj proj, tilejit_glu_rows rows,
                                          tilejit_packed_experts** out) {
-  return pack_quantized(w, num_experts, proj, rows, out, int8_weight);
+  return pack_quantized(__func__, w, num_experts, proj, rows, out, int8_weight);
 }
 tilejit_status tilejit_pack_experts_fp8(const tilejit_fp8_weight* w, int64_t num_experts,
                                         tilejit_expert_proj proj, tilejit_glu_rows rows,
                                         tilejit_packed_experts** out) {
-  return pack_quantized(w, num_experts, proj, rows, out, fp8_weight);
+  return pack_quantized(__func__, w, num_experts, proj, rows, out, fp8_weight);
 }
 tilejit_status tilejit_pack_experts_int4(const tilejit_int4_weight* w, int64_t num_experts,
                                          tilejit_expert_proj proj, tilejit_glu_rows rows,
                                          tilejit_packed_experts** out) {
-  return pack_quantized(w, num_experts, proj, rows, out, int4_weight);
+  return pack_quantized(__func__, w, num_experts, proj, rows, out, int4_weight);
 }
 tilejit_status tilejit_pack_experts_mxfp4(const tilejit_mxfp4_weight* w, int64_t num_experts,
                                           tilejit_expert_proj proj, tilejit_glu_rows rows,
                                           tilejit_packed_experts** out) {
-  return pack_quantized(w, num_experts, proj, rows, out, mxfp4_weight);
+  return pack_quantized(__func__, w, num_experts, proj, rows, out, mxfp4_weight);
 }
 
 void tilejit_packed_experts_destroy(tilejit_packed_experts* w) {
@@ -63,7 +64,7 @@ void tilejit_packed_experts_destroy(tilejit_packed_experts* w) {
 
 tilejit_status tilejit_packed_experts_get_info(const tilejit_packed_experts* w,
                                                tilejit_packed_experts_info* out) {
-  return call([&] {
+  return call(__func__, [&] {
     const PackedExperts& p = experts(w, "w");
     tilejit_packed_experts_info& info = deref(out, "out");
     info.num_experts = p.num_experts();
@@ -78,31 +79,31 @@ tilejit_status tilejit_packed_experts_get_info(const tilejit_packed_experts* w,
 
 tilejit_status tilejit_packed_experts_dequantize(const tilejit_packed_experts* w,
                                                  const tilejit_tensor* out) {
-  return call([&] { experts(w, "w").dequantize(view(out, "out")); });
+  return call(__func__, [&] { experts(w, "w").dequantize(view(out, "out")); });
 }
 tilejit_status tilejit_packed_experts_unpack_bf16(const tilejit_packed_experts* w,
                                                   const tilejit_tensor* out) {
-  return call([&] { experts(w, "w").unpack(view(out, "out")); });
+  return call(__func__, [&] { experts(w, "w").unpack(view(out, "out")); });
 }
 tilejit_status tilejit_packed_experts_unpack_int8(const tilejit_packed_experts* w,
                                                   const tilejit_int8_weight* out,
                                                   int64_t num_experts) {
-  return unpack_quantized(w, out, num_experts, int8_weight);
+  return unpack_quantized(__func__, w, out, num_experts, int8_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_fp8(const tilejit_packed_experts* w,
                                                  const tilejit_fp8_weight* out,
                                                  int64_t num_experts) {
-  return unpack_quantized(w, out, num_experts, fp8_weight);
+  return unpack_quantized(__func__, w, out, num_experts, fp8_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_int4(const tilejit_packed_experts* w,
                                                   const tilejit_int4_weight* out,
                                                   int64_t num_experts) {
-  return unpack_quantized(w, out, num_experts, int4_weight);
+  return unpack_quantized(__func__, w, out, num_experts, int4_weight);
 }
 tilejit_status tilejit_packed_experts_unpack_mxfp4(const tilejit_packed_experts* w,
                                                    const tilejit_mxfp4_weight* out,
                                                    int64_t num_experts) {
-  return unpack_quantized(w, out, num_experts, mxfp4_weight);
+  return unpack_quantized(__func__, w, out, num_experts, mxfp4_weight);
 }
 
 void tilejit_moe_options_init(tilejit_moe_options* opt) {
@@ -129,7 +130,7 @@ tilejit_status tilejit_fused_experts(const tilejit_tensor* hidden,
                                      const tilejit_tensor* topk_weights,
                                      const tilejit_tensor* topk_ids, const tilejit_tensor* out,
                                      const tilejit_moe_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     MoeOptions o;
     if (const auto c = options(opt, "opt", "tilejit_moe_options_init", tilejit_moe_options_init)) {
       o.act = to_enum<Activation>(c->act);
@@ -158,7 +159,7 @@ tilejit_status tilejit_fused_experts(const tilejit_tensor* hidden,
 tilejit_status tilejit_topk_softmax(const tilejit_tensor* logits,
                                     const tilejit_tensor* topk_weights,
                                     const tilejit_tensor* topk_ids, bool renormalize) {
-  return call([&] {
+  return call(__func__, [&] {
     topk_softmax(view(logits, "logits"), view(topk_weights, "topk_weights"),
                  view(topk_ids, "topk_ids"), renormalize);
   });
@@ -166,7 +167,7 @@ tilejit_status tilejit_topk_softmax(const tilejit_tensor* logits,
 tilejit_status tilejit_topk_sigmoid(const tilejit_tensor* logits,
                                     const tilejit_tensor* topk_weights,
                                     const tilejit_tensor* topk_ids, bool renormalize) {
-  return call([&] {
+  return call(__func__, [&] {
     topk_sigmoid(view(logits, "logits"), view(topk_weights, "topk_weights"),
                  view(topk_ids, "topk_ids"), renormalize);
   });
@@ -188,7 +189,7 @@ tilejit_status tilejit_grouped_topk(const tilejit_tensor* logits,
                                     const tilejit_tensor* topk_weights,
                                     const tilejit_tensor* topk_ids,
                                     const tilejit_grouped_topk_options* opt) {
-  return call([&] {
+  return call(__func__, [&] {
     GroupedTopkOptions o;
     if (const auto c = options(opt, "opt", "tilejit_grouped_topk_options_init",
                                tilejit_grouped_topk_options_init)) {

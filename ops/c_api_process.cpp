@@ -10,7 +10,7 @@ using namespace tilejit::c_api;
 extern "C" {
 
 tilejit_status tilejit_get_cpu_info(tilejit_cpu_info* out) {
-  return call([&] {
+  return call(__func__, [&] {
     tilejit_cpu_info& o = deref(out, "out");
     const CpuInfo c = cpu_info();
     o = tilejit_cpu_info{};
@@ -37,7 +37,7 @@ tilejit_status tilejit_get_cpu_info(tilejit_cpu_info* out) {
 }
 
 tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out) {
-  return call([&] {
+  return call(__func__, [&] {
     tilejit_cache_stats& o = deref(out, "out");
     const CacheStats s = cache_stats();
     o.hits = s.hits;
@@ -52,18 +52,18 @@ tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out) {
 }
 
 tilejit_status tilejit_load_tuning_db(const char* path) {
-  return call([&] {
+  return call(__func__, [&] {
     deref(path, "path");
     load_tuning_db(path);
   });
 }
 
 tilejit_status tilejit_set_num_threads(int32_t n) {
-  return call([&] { set_num_threads(n); });
+  return call(__func__, [&] { set_num_threads(n); });
 }
 
 tilejit_status tilejit_get_num_threads(int32_t* out) {
-  return call([&] { deref(out, "out") = num_threads(); });
+  return call(__func__, [&] { deref(out, "out") = num_threads(); });
 }
 
 }  // extern "C"

@@ -29,20 +29,24 @@ size_t append(size_t pos, const char* src) noexcept {
 }
 }  // namespace
 
-void set_last_error(const char* prefix, const char* msg) noexcept {
+void set_last_error(const char* prefix, const char* msg, const char* more) noexcept {
   t_last_error[0] = '\0';
   size_t pos = append(0, prefix);
   if (pos < kMessageBytes) pos = append(pos, msg);
+  if (pos < kMessageBytes) pos = append(pos, more);
   if (pos == kMessageBytes) std::memcpy(t_last_error + kMessageBytes - 4, "...", 4);
 }
 
-tilejit_status call(void (*body)(void*), void* ctx) {
+tilejit_status call(const char* fn, void (*body)(void*), void* ctx) {
   const runtime::NoCancelScope no_cancel;  // as every C++ call (runtime/no_cancel.h)
   try {
     body(ctx);
     return TILEJIT_OK;
   } catch (abi::__forced_unwind&) {
     throw;
+  } catch (const CArgError& e) {
+    set_last_error(fn, ": ", e.what());
+    return TILEJIT_ERROR;
   } catch (const InternalError& e) {
     set_last_error("", e.what());
     return TILEJIT_INTERNAL_ERROR;
@@ -66,11 +70,11 @@ tilejit_status call(void (*body)(void*), void* ctx) {
 TensorView view(const tilejit_tensor* t, const char* arg) {
   const tilejit_tensor& c = deref(t, arg);
   if (c.ndim < 0 || c.ndim > TILEJIT_MAX_NDIM)
-    throw Error(std::string(arg) + ".ndim = " + std::to_string(c.ndim) + "; allowed: 0.." +
-                std::to_string(TILEJIT_MAX_NDIM));
+    throw CArgError(std::string(arg) + ".ndim = " + std::to_string(c.ndim) + "; allowed: 0.." +
+                    std::to_string(TILEJIT_MAX_NDIM));
   if (c.ndim > 0 && c.shape == nullptr)
-    throw Error(std::string(arg) + ".shape is NULL with ndim " + std::to_string(c.ndim) +
-                "; allowed: ndim values");
+    throw CArgError(std::string(arg) + ".shape is NULL with ndim " + std::to_string(c.ndim) +
+                    "; allowed: ndim values");
   const auto n = static_cast<size_t>(c.ndim);
   std::vector<int64_t> shape(c.shape, c.shape + n);
   const auto dtype = to_enum<DType>(c.dtype);

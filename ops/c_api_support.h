@@ -24,22 +24,31 @@ namespace tilejit::c_api {
 
 // Stores msg (truncated to the buffer with "...") as the thread's last error.
 // Never allocates: it runs while handling std::bad_alloc.
-void set_last_error(const char* prefix, const char* msg) noexcept;
+void set_last_error(const char* prefix, const char* msg, const char* more = "") noexcept;
 
-// Runs body; TILEJIT_OK, or the status of what it threw with its message
-// recorded. A thread's cancellation (abi::__forced_unwind) passes through:
-// swallowing it would end the process.
-tilejit_status call(void (*body)(void*), void* ctx);
+// A C argument the C layer itself refuses (a NULL pointer, a tensor
+// description, an options struct's size), before any operator sees it: call()
+// puts the C function's name in front, as the operators name theirs.
+class CArgError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Runs body for the C function fn (its __func__); TILEJIT_OK, or the status of
+// what it threw with its message recorded. A thread's cancellation
+// (abi::__forced_unwind) passes through: swallowing it would end the process.
+tilejit_status call(const char* fn, void (*body)(void*), void* ctx);
 template <class F>
-tilejit_status call(F&& body) {
-  return call([](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); },
-              const_cast<void*>(static_cast<const void*>(&body)));
+tilejit_status call(const char* fn, F&& body) {
+  return call(
+      fn, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); },
+      const_cast<void*>(static_cast<const void*>(&body)));
 }
 
 // An argument a C caller passed as NULL where the call needs one.
 template <class T>
 T& deref(T* p, const char* arg) {
-  if (p == nullptr) throw Error(std::string(arg) + " is NULL; allowed: a pointer to a value");
+  if (p == nullptr) throw CArgError(std::string(arg) + " is NULL; allowed: a pointer to a value");
   return *p;
 }
 
@@ -94,8 +103,8 @@ std::optional<T> options(const T* opt, const char* arg, const char* init_name, v
     }
     allowed += " or " + std::to_string(size) + " (an earlier header's)";
   }
-  throw Error(std::string(arg) + ".struct_size = " + std::to_string(opt->struct_size) +
-              "; allowed: " + allowed + " (set by " + init_name + ")");
+  throw CArgError(std::string(arg) + ".struct_size = " + std::to_string(opt->struct_size) +
+                  "; allowed: " + allowed + " (set by " + init_name + ")");
 }
 
 // A tensor argument (arg names it in messages).
@@ -112,8 +121,8 @@ Mxfp4Weight mxfp4_weight(const tilejit_mxfp4_weight& w, const std::string& arg);
 template <class C, class F>
 auto weight_array(const C* w, int64_t count, const char* arg, F conv) {
   if (count < 1 || count > Limits::max_experts)
-    throw Error(std::string("num_experts = ") + std::to_string(count) + "; allowed: 1.." +
-                std::to_string(Limits::max_experts));
+    throw CArgError(std::string("num_experts = ") + std::to_string(count) + "; allowed: 1.." +
+                    std::to_string(Limits::max_experts));
   deref(w, arg);
   std::vector<decltype(conv(*w, std::string()))> out;
   out.reserve(static_cast<size_t>(count));
@@ -141,9 +150,9 @@ namespace tilejit::c_api {
 // A tilejit_pack_* function: packs through make() into a new handle
 // (tilejit_packed_weight or tilejit_packed_experts); *out is NULL on failure.
 template <class Handle, class F>
-tilejit_status make_handle(Handle** out, F make) {
+tilejit_status make_handle(const char* fn, Handle** out, F make) {
   if (out != nullptr) *out = nullptr;
-  return call([&] {
+  return call(fn, [&] {
     deref(out, "out");
     auto handle = std::make_unique<Handle>();
     handle->w = make();

@@ -125,7 +125,8 @@ TEST(CApi, GemmBatchedMatchesTheCppCall) {
   gemm_batched({const_cast<uint16_t*>(x.data()), DType::bf16, {B, M, K}}, pws,
                {ycpp.data(), DType::f32, {B, M, N}}, co);
   EXPECT_TRUE(same_bytes(yc, ycpp));
-  expect_c_error(tilejit_gemm_batched(&xt, nullptr, 3, &yt, nullptr), "w is NULL with w_count 3");
+  expect_c_error(tilejit_gemm_batched(&xt, nullptr, 3, &yt, nullptr),
+                 "tilejit_gemm_batched: w is NULL with w_count 3");
   handles[1] = nullptr;
   expect_c_error(tilejit_gemm_batched(&xt, handles.data(), handles.size(), &yt, nullptr),
                  "w[1] is NULL");
@@ -514,7 +515,8 @@ TEST(CApi, RopeMatchesTheCppCall) {
   expect_c_error(tilejit_rope(&qt, nullptr, &pt, &ct, &o), "mrope_section_count = -1");
   o.mrope_section_count = 3;
   o.mrope_section = nullptr;
-  expect_c_error(tilejit_rope(&qt, nullptr, &pt, &ct, &o), "opt.mrope_section is NULL");
+  expect_c_error(tilejit_rope(&qt, nullptr, &pt, &ct, &o),
+                 "tilejit_rope: opt.mrope_section is NULL");
 }
 
 TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
@@ -676,7 +678,8 @@ TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
   EXPECT_TRUE(same_bytes(deq, deqcpp));
 
   // Errors: a wrong expert count, a bf16 unpack of int8 experts, moe options unset.
-  expect_c_error(tilejit_packed_experts_unpack_int8(i13.p, back.data(), 0), "num_experts = 0");
+  expect_c_error(tilejit_packed_experts_unpack_int8(i13.p, back.data(), 0),
+                 "tilejit_packed_experts_unpack_int8: num_experts = 0");
   // A failed pack sets its *out to NULL (here a non-owning dummy address).
   tilejit_packed_experts* failed = reinterpret_cast<tilejit_packed_experts*>(&info);
   expect_c_error(tilejit_pack_experts_int8(cq13.data(), -3, TILEJIT_EXPERTS_GATE_UP,
@@ -705,15 +708,15 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   ASSERT_C_OK(tilejit_pack_weight_bf16(&wt, &cw.p));
   ASSERT_C_OK(tilejit_gemm(&xt, cw.p, &yt, nullptr));
 
-  expect_c_error(tilejit_gemm(nullptr, cw.p, &yt, nullptr), "x is NULL");
+  expect_c_error(tilejit_gemm(nullptr, cw.p, &yt, nullptr), "tilejit_gemm: x is NULL");
   expect_c_error(tilejit_gemm(&xt, nullptr, &yt, nullptr), "w is NULL");
   expect_c_error(tilejit_gemm(&xt, cw.p, nullptr, nullptr), "y is NULL");
   tilejit_packed_weight* out = reinterpret_cast<tilejit_packed_weight*>(&xt);
   expect_c_error(tilejit_pack_weight_bf16(nullptr, &out), "w is NULL");
   EXPECT_EQ(out, nullptr);
-  expect_c_error(tilejit_pack_weight_bf16(&wt, nullptr), "out is NULL");
+  expect_c_error(tilejit_pack_weight_bf16(&wt, nullptr), "tilejit_pack_weight_bf16: out is NULL");
   tilejit_gemm_options o{};
-  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "opt.struct_size = 0");
+  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "tilejit_gemm: opt.struct_size = 0");
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "tilejit_gemm_options_init");
   tilejit_gemm_options_init(&o);
   set_raw(o.act, 99);
@@ -723,12 +726,12 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, &o), "-5");
 
   xt.ndim = TILEJIT_MAX_NDIM + 1;
-  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "x.ndim = 9");
+  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "tilejit_gemm: x.ndim = 9");
   xt.ndim = -1;
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "x.ndim = -1");
   xt.ndim = 2;
   xt.shape = nullptr;
-  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "x.shape is NULL");
+  expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "tilejit_gemm: x.shape is NULL");
   xt = c(x.data(), TILEJIT_BF16, {M, K});
   set_raw(xt.dtype, 42);
   expect_c_error(tilejit_gemm(&xt, cw.p, &yt, nullptr), "42");
@@ -742,7 +745,7 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   int32_t n = 0;
   EXPECT_C_OK(tilejit_get_num_threads(&n));
   EXPECT_GE(n, 1);
-  expect_c_error(tilejit_get_num_threads(nullptr), "out is NULL");
+  expect_c_error(tilejit_get_num_threads(nullptr), "tilejit_get_num_threads: out is NULL");
   expect_c_error(tilejit_load_tuning_db(nullptr), "path is NULL");
   tilejit_cpu_info cpu;
   ASSERT_C_OK(tilejit_get_cpu_info(&cpu));
