@@ -337,8 +337,20 @@ const char* weight_format_name(WeightFormat f) {
 
 namespace ops {
 
-PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of) {
+namespace {
+// vLLM and compressed-tensors checkpoints keep per-channel (per-tensor)
+// scales as [N, 1] ([1, 1]): the same values as [N] ([1]), read as those.
+TensorView column_scales(const TensorView& s) {
+  if (s.shape.size() == 2 && s.shape[1] == 1 && s.strides.size() == 2)
+    return TensorView(s.data, s.dtype, {s.shape[0]}, {s.strides[0]});
+  return s;
+}
+}  // namespace
+
+PackedWeight pack_int8(const Int8Weight& w_in, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int8)";
+  Int8Weight w = w_in;
+  w.scales = column_scales(w.scales);
   ops::check_view(op, "weight", w.weight, 2);
   ops::check_dtype(op, "weight", w.weight, {DType::i8});
   ops::check_row_major_rows(op, "weight", w.weight);
@@ -354,8 +366,10 @@ PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of) {
   ops::check_view(op, "scales", w.scales, 1);
   ops::check_dtype(op, "scales", w.scales, {DType::f32});
   if (w.scales.shape[0] != N && w.scales.shape[0] != 1)
-    throw Error(fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1]", op,
-                            ops::shape_str(w.scales.shape), N));
+    throw Error(
+        fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1] (or [N, 1], "
+                    "[1, 1])",
+                    op, ops::shape_str(w.scales.shape), N));
   ops::check_no_infinite_scale(op, w.scales);
   auto impl = std::make_shared<PackedWeight::Impl>();
   impl->format = WeightFormat::int8;
@@ -392,8 +406,10 @@ PackedWeight pack_int8(const Int8Weight& w, std::vector<int64_t> row_of) {
 
 // ---- fp8 e4m3 --------------------------------------------------------------------
 
-PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
+PackedWeight pack_fp8(const Fp8Weight& w_in, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(fp8)";
+  Fp8Weight w = w_in;
+  if (w.block_n == 0 && w.block_k == 0) w.scales = column_scales(w.scales);
   ops::check_view(op, "weight", w.weight, 2);
   ops::check_dtype(op, "weight", w.weight, {DType::f8e4m3});
   const int64_t N = w.weight.shape[0], K = w.weight.shape[1];
@@ -417,13 +433,15 @@ PackedWeight pack_fp8(const Fp8Weight& w, std::vector<int64_t> row_of) {
   } else {
     if (w.scales.shape.size() != 1)
       throw Error(
-          fmt::format("{}: scales has rank {}; allowed: [1] or [N] (block scales need "
-                      "block_n and block_k)",
+          fmt::format("{}: scales has rank {}; allowed: [1] or [N], or [N, 1] (block scales "
+                      "need block_n and block_k)",
                       op, w.scales.shape.size()));
     ops::check_view(op, "scales", w.scales, 1);
     if (w.scales.shape[0] != N && w.scales.shape[0] != 1)
-      throw Error(fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1]", op,
-                              ops::shape_str(w.scales.shape), N));
+      throw Error(
+          fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1] (or [N, 1], "
+                      "[1, 1])",
+                      op, ops::shape_str(w.scales.shape), N));
   }
   ops::check_dtype(op, "scales", w.scales, {DType::f32});
   ops::check_no_infinite_scale(op, w.scales);

@@ -40,9 +40,13 @@ void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const ch
   constexpr const char* op = "store_kv";
   ops::attn::check_bf16_rows(op, rows_arg, rows, 3);
   ops::attn::check_cache_rows(op, cache_arg, cache);
+  // T is slot_mapping's length, Hkv k's head count: the message names both
+  // sources, since either side of a mismatch may be the wrong one.
   if (rows.shape[0] != t || rows.shape[1] != hkv)
-    throw Error(fmt::format("{}: {} has shape {}; allowed: [T, Hkv, ·] = [{}, {}, ·]", op, rows_arg,
-                            shape_str(rows.shape), t, hkv));
+    throw Error(fmt::format(
+        "{}: {} has shape {}; allowed: [T, Hkv, ·] = [{}, {}, ·] (T = slot_mapping's length "
+        "{}, Hkv = k's heads {})",
+        op, rows_arg, shape_str(rows.shape), t, hkv, t, hkv));
   if (cache.shape[2] != hkv || cache.shape[3] != rows.shape[2])
     throw Error(fmt::format("{}: {} has shape {}; allowed: [num_blocks, block_size, {}, {}]", op,
                             cache_arg, shape_str(cache.shape), hkv, rows.shape[2]));

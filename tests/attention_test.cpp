@@ -965,6 +965,17 @@ TEST(AttentionErrors, StoreKv) {
       kc(buf.data(), DType::bf16, {4, 16, 2, 64});
   expect_tilejit_error([&] { store_kv(k, k, kc, kc, TensorView(slots.data(), DType::f32, {2})); },
                        "slot_mapping.dtype=f32 is not allowed; allowed: i32");
+  // Three slots for two rows: the message names where T came from.
+  std::vector<uint16_t> out(4 * 16 * 2 * 64);
+  std::vector<int32_t> three = {0, 1, 2};
+  expect_tilejit_error(
+      [&] {
+        store_kv(k, k, TensorView(out.data(), DType::bf16, {4, 16, 2, 64}),
+                 TensorView(out.data(), DType::bf16, {4, 16, 2, 64}),
+                 TensorView(three.data(), DType::i32, {3}));
+      },
+      "store_kv: k has shape [2, 2, 64]; allowed: [T, Hkv, ·] = [3, 2, ·] (T = slot_mapping's "
+      "length 3");
   expect_tilejit_error(
       [&] {
         store_kv(k, k, TensorView(buf.data(), DType::bf16, {4, 16, 2, 32}), kc,

@@ -970,6 +970,39 @@ TEST(QuantDequantize, Bf16OutputIsRoundedOnce) {
   }
 }
 
+// vLLM's per-channel / per-tensor scales [N, 1] / [1, 1] (an outside
+// tester's port was refused): the same weight as with [N] / [1].
+TEST(QuantPack, ScalesOfShapeNx1AreReadAsN) {
+  const int64_t n = 5, k = 8;
+  std::vector<int8_t> i8(static_cast<size_t>(n * k));
+  std::vector<uint8_t> f8(i8.size());
+  for (size_t i = 0; i < i8.size(); ++i) {
+    i8[i] = static_cast<int8_t>(static_cast<int>(i * 7 % 255) - 127);
+    f8[i] = static_cast<uint8_t>((i * 13) % 0x7E);
+  }
+  std::vector<float> sc = {0.5f, 0.25f, 2.0f, 1.5f, 0.125f};
+  auto dq = [&](const PackedWeight& p) {
+    std::vector<float> out(static_cast<size_t>(n * k));
+    p.dequantize(TensorView(out.data(), DType::f32, {n, k}));
+    return out;
+  };
+  for (bool per_tensor : {false, true}) {
+    const int64_t rows = per_tensor ? 1 : n;
+    const TensorView flat(sc.data(), DType::f32, {rows}), col(sc.data(), DType::f32, {rows, 1});
+    const TensorView w8(i8.data(), DType::i8, {n, k}), wf(f8.data(), DType::f8e4m3, {n, k});
+    EXPECT_EQ(dq(pack_weight(Int8Weight{w8, col})), dq(pack_weight(Int8Weight{w8, flat})));
+    EXPECT_EQ(dq(pack_weight(Fp8Weight{wf, col})), dq(pack_weight(Fp8Weight{wf, flat})));
+  }
+  // [N, 2] is still refused, naming the shape.
+  std::vector<float> two(static_cast<size_t>(2 * n), 1.0f);
+  expect_tilejit_error(
+      [&] {
+        pack_weight(Int8Weight{TensorView(i8.data(), DType::i8, {n, k}),
+                               TensorView(two.data(), DType::f32, {n, 2})});
+      },
+      "scales has shape [5, 2] (rank 2); allowed: rank 1");
+}
+
 TEST(QuantErrors, Fp8AndInt8Checkpoints) {
   QCase c;
   c.fmt = Fmt::fp8, c.n = 20, c.k = 40, c.scale = Scale::block, c.bn = 16, c.bk = 16;

@@ -61,7 +61,8 @@ struct Limits {
 // data aligned to the element size (2 bytes for bf16, 4 for f32 and i32, 8
 // for i64), and the byte extent within Limits::max_view_bytes. Which outputs
 // may share memory with which inputs is said per operator; an output never
-// overlaps itself (no stride 0 or overlapping rows in an output).
+// overlaps itself (no stride 0, no rows or heads whose spans overlap or
+// interleave: docs/reliability.md "Aliasing").
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
@@ -104,7 +105,8 @@ constexpr bool is_int4(WeightFormat f) {
 }
 
 // int8 W8A8: weight i8 [N, K] (K stride 1); scales f32 [N] (per output
-// channel) or [1] (per tensor). w = weight · scale. Activations are quantized
+// channel) or [1] (per tensor), or the same as [N, 1] / [1, 1] (vLLM's
+// layout; unpack gives them back as [N] / [1]). w = weight · scale. Activations are quantized
 // per call (GemmOptions::act_quant).
 struct Int8Weight {
   TensorView weight;
@@ -114,9 +116,9 @@ struct Int8Weight {
 // fp8 e4m3 W8A16: weight f8e4m3, logically [N, K] with any strides (a
 // checkpoint stored [K, N], as for torch._scaled_mm, is passed as shape
 // {N, K} with strides {1, N}). scales f32: [1] per tensor, [N] per output
-// channel, or block scales [ceil(N / block_n), ceil(K / block_k)] (DeepSeek's
-// weight_scale_inv; partial last blocks allowed; block_n ≥ 1, block_k even).
-// w[n, k] = e4m3(weight[n, k]) · scale. NaN codes (0x7F, 0xFF) are refused.
+// channel ([1, 1] / [N, 1] read as those), or block scales [ceil(N / block_n), ceil(K / block_k)]
+// (DeepSeek's weight_scale_inv; partial last blocks allowed; block_n ≥ 1, block_k even). w[n, k] =
+// e4m3(weight[n, k]) · scale. NaN codes (0x7F, 0xFF) are refused.
 struct Fp8Weight {
   TensorView weight;
   TensorView scales;

@@ -109,6 +109,19 @@ def _new(like, shape, dt):
     return _empty(_kind(like), shape, dt)
 
 
+def _run_into(allocated, out_arg, out_dtype, call, *args):
+    """call(*args); when this layer allocated the output from out_dtype, the
+    core's refusal of that output's dtype (which it names by the core's
+    argument, e.g. gemm's y) also names out_dtype, the keyword the caller
+    set. The core stays the one home of which output dtypes are allowed."""
+    try:
+        return call(*args)
+    except Error as e:
+        if allocated and f"{out_arg}.dtype=" in str(e):
+            raise Error(f"{e} (the output was allocated from out_dtype={out_dtype!r})") from None
+        raise
+
+
 def _once(t, arg, dtype=None):
     """What a call passes for tensor argument t when the layer reads t too
     (its shape, to size an output; its shape and dtype, for unpack): t for
@@ -274,7 +287,7 @@ def _weight_dequantize(self, out=None, out_dtype="f32"):
         call, ret = _empty(getattr(self, "_kind", None), (self.n, self.k), out_dtype)
     else:
         call = ret = out
-    self._dequantize(call, "bf16")
+    _run_into(out is None, "out", out_dtype, self._dequantize, call, "bf16")
     return ret
 
 
@@ -291,12 +304,14 @@ def gemm(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym", act_sca
     or f32 (out_dtype when allocated), bias [N] f32 or bf16. int4 weights:
     int4_route "w4a16" (bf16 x), "w4a8" (x quantized per act_quant) or
     "automatic" (W4A8 on the llvm path from 4 rows on)."""
-    if out is None and isinstance(w, PackedWeight):
+    allocated = out is None and isinstance(w, PackedWeight)
+    if allocated:
         (m, _), x = _shape(x, "x", 2, dtype)
         out, ret = _new(x, (m, w.n), out_dtype)
     else:
         ret = out
-    _core.gemm(x, w, out, bias, act, act_quant, act_scale, act_zero_point, int4_route, dtype)
+    _run_into(allocated, "y", out_dtype, _core.gemm, x, w, out, bias, act, act_quant, act_scale,
+              act_zero_point, int4_route, dtype)
     return ret
 
 
@@ -307,7 +322,8 @@ def gemm_batched(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym",
     stride 1: a head-major view of [M, B, K] works), w a list of B
     PackedWeight of one shape [N, K], out [B, M, N] bf16 or f32; one pass
     over the thread pool for bf16 weights. The options are gemm's."""
-    if out is None:
+    allocated = out is None
+    if allocated:
         (b, m, _), x = _shape(x, "x", 3, dtype)
         if len(w) != b or b == 0:
             raise Error(f"gemm_batched: w holds {len(w)} weights; allowed: one per batch entry "
@@ -315,8 +331,8 @@ def gemm_batched(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym",
         out, ret = _new(x, (b, m, w[0].n), out_dtype)
     else:
         ret = out
-    _core.gemm_batched(x, list(w), out, bias, act, act_quant, act_scale, act_zero_point,
-                       int4_route, dtype)
+    _run_into(allocated, "y", out_dtype, _core.gemm_batched, x, list(w), out, bias, act,
+              act_quant, act_scale, act_zero_point, int4_route, dtype)
     return ret
 
 
@@ -515,7 +531,7 @@ def _experts_dequantize(self, out=None, out_dtype="f32"):
                            out_dtype)
     else:
         call = ret = out
-    self._dequantize(call, "bf16")
+    _run_into(out is None, "out", out_dtype, self._dequantize, call, "bf16")
     return ret
 
 
@@ -540,15 +556,16 @@ def fused_experts(hidden, w13, w2, topk_weights, topk_ids, out=None, act="silu",
     int4_route "w4a16" (bf16 inputs), "w4a8" (inputs quantized per
     act_quant) or "automatic" (per expert by the rows routed to it, as
     gemm's rule takes M). See docs/moe.md."""
-    if out is None:
+    allocated = out is None
+    if allocated:
         shape, hidden = _shape(hidden, "hidden", 2, dtype)
         out, ret = _new(hidden, shape, out_dtype)
     else:
         ret = out
-    _core.fused_experts(hidden, w13, w2, topk_weights, topk_ids, out, act, clamped_swiglu,
-                        swiglu_alpha, swiglu_limit, b13, b2, routed_scaling_factor, shared_w13,
-                        shared_w2, act_quant, dtype, act_scale13, act_scale2, act_zero_point13,
-                        act_zero_point2, int4_route, shared_weights)
+    _run_into(allocated, "out", out_dtype, _core.fused_experts, hidden, w13, w2, topk_weights,
+              topk_ids, out, act, clamped_swiglu, swiglu_alpha, swiglu_limit, b13, b2,
+              routed_scaling_factor, shared_w13, shared_w2, act_quant, dtype, act_scale13,
+              act_scale2, act_zero_point13, act_zero_point2, int4_route, shared_weights)
     return ret
 
 

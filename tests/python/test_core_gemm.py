@@ -195,6 +195,41 @@ def test_int8_w8a8(kind):
     np.testing.assert_array_equal(to_f64(pw.dequantize()), wd.astype(np.float32))
 
 
+@pytest.mark.parametrize("rule", ["dynamic_sym", "dynamic_asym"])
+def test_int8_activation_codes_follow_the_documented_rule(rule):
+    # docs/quantized.md "int8 activations", computed here in numpy float32,
+    # gives the kernel's codes bit for bit: read back through an identity
+    # weight (y[m, k] = (q - z) * s exactly up to one f32 rounding), rows
+    # with ties forced (x = max / 2: 63.5 in the reals, x times the rounded
+    # reciprocal is what decides).
+    f32 = np.float32
+    for k in (1, 3, 64, 130):
+        x = bf16((6, k), 32 + k)
+        if k > 1:
+            x[:, 1] = x[:, 0] * 0.5
+        x[5] = 0.0
+        w = tilejit.pack_int8(torch.eye(k, dtype=torch.int8), torch.ones(k))
+        y = tilejit.gemm(x, w, act_quant=rule, out_dtype="f32").numpy()
+        xf = x.float().numpy()
+        for r in range(6):
+            if rule == "dynamic_sym":
+                a = f32(np.abs(xf[r]).max())
+                inv, s = (f32(1), f32(1)) if a == 0 else (
+                    f32(127) / max(a, f32(2.0**-119)), max(a, f32(2.0**-119)) / f32(127))
+                z, lo_q, hi_q = 0, -127, 127
+            else:
+                lo, hi = min(f32(0), xf[r].min()), max(f32(0), xf[r].max())
+                rr = f32(hi - lo)
+                inv, s = (f32(1), f32(1)) if rr == 0 else (
+                    f32(255) / max(rr, f32(2.0**-119)), max(rr, f32(2.0**-119)) / f32(255))
+                z = int(np.clip(np.rint(f32(-lo * inv)), 0, 255))
+                lo_q, hi_q = 0, 255
+            v = np.clip((xf[r] * f32(inv)).astype(f32), -512, 512)
+            codes = np.clip(np.rint(v) + z, lo_q, hi_q) - z
+            got = np.rint(y[r].astype(np.float64) / np.float64(s))
+            np.testing.assert_array_equal(got, codes, err_msg=f"{rule} k={k} row {r}")
+
+
 def test_int8_fixed_act_quant_bf16_bias():
     # ActQuant::fixed: x quantized with the one given scale and zero point.
     g = torch.Generator().manual_seed(25)
