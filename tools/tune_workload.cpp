@@ -421,11 +421,16 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
     f.block_k = b[1].get<int64_t>();
   };
   try {
-    if (method == "awq" || method == "gptq") {
-      const Reader r{q, where};
+    // The int4 methods' bits: 4 or absent (one rule for awq, gptq and
+    // AutoRound's exports).
+    auto int4_bits = [&](const Reader& r) {
       const int64_t bits = r.integer("bits", false, 4);
       if (bits != 4)
         bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
+    };
+    if (method == "awq" || method == "gptq") {
+      const Reader r{q, where};
+      int4_bits(r);
       f.format = method == "awq" ? "int4_awq" : "int4_gptq";
       // -1: per channel (GPTQ's convention, Int4Weight's too).
       f.group_size = r.integer(q.contains("q_group_size") ? "q_group_size" : "group_size", false,
@@ -436,9 +441,7 @@ void quant_formats(const json& q, const std::string& source, WorkloadOp* linear,
       // AutoRound (its older exports say "intel/auto-round"): int4 codes in
       // a GPTQ or AWQ packing named by packing_format (older: backend).
       const Reader r{q, where};
-      const int64_t bits = r.integer("bits", false, 4);
-      if (bits != 4)
-        bad("bits", fmt::format("{}; allowed: 4 (Int4Weight: only 4-bit codes are packed)", bits));
+      int4_bits(r);
       const std::string type = q.value("data_type", std::string("int"));
       if (type != "int")
         bad("data_type", fmt::format("\"{}\"; allowed: \"int\" (AutoRound's int4 exports)", type));
