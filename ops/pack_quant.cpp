@@ -337,15 +337,14 @@ const char* weight_format_name(WeightFormat f) {
 
 namespace ops {
 
-namespace {
 // vLLM and compressed-tensors checkpoints keep per-channel (per-tensor)
-// scales as [N, 1] ([1, 1]): the same values as [N] ([1]), read as those.
-TensorView column_scales(const TensorView& s) {
+// scales as [N, 1] ([1, 1]): the same values as [N] ([1]), read as those by
+// the packers and written as those by unpack.
+static TensorView column_scales(const TensorView& s) {
   if (s.shape.size() == 2 && s.shape[1] == 1 && s.strides.size() == 2)
     return TensorView(s.data, s.dtype, {s.shape[0]}, {s.strides[0]});
   return s;
 }
-}  // namespace
 
 PackedWeight pack_int8(const Int8Weight& w_in, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int8)";
@@ -798,8 +797,10 @@ void check_unpack(const PackedWeight::Impl* impl, const Int4Weight& out) {
 
 }  // namespace ops
 
-void PackedWeight::unpack(const Int8Weight& out) const {
+void PackedWeight::unpack(const Int8Weight& out_in) const {
   const char* op = "PackedWeight::unpack(int8)";
+  Int8Weight out = out_in;
+  out.scales = ops::column_scales(out.scales);
   ops::check_unpack(impl_.get(), out);
   const Impl& p = *impl_;
   auto* dst = static_cast<uint8_t*>(out.weight.data);
@@ -810,8 +811,11 @@ void PackedWeight::unpack(const Int8Weight& out) const {
   ops::restore(op, "scales", p.quant->scales_in, out.scales);
 }
 
-void PackedWeight::unpack(const Fp8Weight& out) const {
+void PackedWeight::unpack(const Fp8Weight& out_in) const {
   const char* op = "PackedWeight::unpack(fp8)";
+  Fp8Weight out = out_in;
+  if (impl_ != nullptr && impl_->quant != nullptr && impl_->quant->block_n == 0)
+    out.scales = ops::column_scales(out.scales);
   ops::check_unpack(impl_.get(), out);
   const Impl& p = *impl_;
   const QuantTables& q = *p.quant;

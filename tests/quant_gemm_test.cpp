@@ -992,6 +992,23 @@ TEST(QuantPack, ScalesOfShapeNx1AreReadAsN) {
     const TensorView w8(i8.data(), DType::i8, {n, k}), wf(f8.data(), DType::f8e4m3, {n, k});
     EXPECT_EQ(dq(pack_weight(Int8Weight{w8, col})), dq(pack_weight(Int8Weight{w8, flat})));
     EXPECT_EQ(dq(pack_weight(Fp8Weight{wf, col})), dq(pack_weight(Fp8Weight{wf, flat})));
+    // unpack writes them back into the same [N, 1] layout (the experts
+    // fuzzer packed [1, 1] scales, then unpack refused that layout).
+    std::vector<int8_t> i8b(i8.size());
+    std::vector<uint8_t> f8b(f8.size());
+    std::vector<float> scb(sc.size(), -1.0f);
+    const TensorView colb(scb.data(), DType::f32, {rows, 1});
+    pack_weight(Int8Weight{w8, col})
+        .unpack(Int8Weight{TensorView(i8b.data(), DType::i8, {n, k}), colb});
+    EXPECT_EQ(i8b, i8);
+    EXPECT_EQ(std::vector<float>(scb.begin(), scb.begin() + rows),
+              std::vector<float>(sc.begin(), sc.begin() + rows));
+    std::fill(scb.begin(), scb.end(), -1.0f);
+    pack_weight(Fp8Weight{wf, col})
+        .unpack(Fp8Weight{TensorView(f8b.data(), DType::f8e4m3, {n, k}), colb});
+    EXPECT_EQ(f8b, f8);
+    EXPECT_EQ(std::vector<float>(scb.begin(), scb.begin() + rows),
+              std::vector<float>(sc.begin(), sc.begin() + rows));
   }
   // [N, 2] is still refused, naming the shape.
   std::vector<float> two(static_cast<size_t>(2 * n), 1.0f);
