@@ -97,7 +97,18 @@ void check_no_infinite_scale(const char* op, const TensorView& s) {
     }
 }
 
-void check_restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
+// vLLM and compressed-tensors checkpoints keep per-channel (per-tensor)
+// scales as [N, 1] ([1, 1]): the same values as [N] ([1]). The packers read
+// them as those, and a rank-1 saved tensor is restored into either form.
+static TensorView column_scales(const TensorView& s) {
+  if (s.shape.size() == 2 && s.shape[1] == 1 && s.strides.size() == 2)
+    return TensorView(s.data, s.dtype, {s.shape[0]}, {s.strides[0]});
+  return s;
+}
+
+void check_restore(const char* op, const char* arg, const SavedTensor& s,
+                   const TensorView& out_in) {
+  const TensorView out = s.shape.size() == 1 ? column_scales(out_in) : out_in;
   check_view(op, arg, out, s.shape.size());
   check_dtype(op, arg, out, {s.dtype});
   check_writable(op, arg, out);
@@ -106,8 +117,9 @@ void check_restore(const char* op, const char* arg, const SavedTensor& s, const 
                             shape_str(out.shape), shape_str(s.shape)));
 }
 
-void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out) {
-  check_restore(op, arg, s, out);
+void restore(const char* op, const char* arg, const SavedTensor& s, const TensorView& out_in) {
+  check_restore(op, arg, s, out_in);
+  const TensorView out = s.shape.size() == 1 ? column_scales(out_in) : out_in;
   const int64_t eb = elem_bytes(s.dtype);
   auto* dst = static_cast<uint8_t*>(out.data);
   if (s.shape.size() == 1) {
@@ -336,15 +348,6 @@ const char* weight_format_name(WeightFormat f) {
 // ---- int8 ------------------------------------------------------------------------
 
 namespace ops {
-
-// vLLM and compressed-tensors checkpoints keep per-channel (per-tensor)
-// scales as [N, 1] ([1, 1]): the same values as [N] ([1]), read as those by
-// the packers and written as those by unpack.
-static TensorView column_scales(const TensorView& s) {
-  if (s.shape.size() == 2 && s.shape[1] == 1 && s.strides.size() == 2)
-    return TensorView(s.data, s.dtype, {s.shape[0]}, {s.strides[0]});
-  return s;
-}
 
 PackedWeight pack_int8(const Int8Weight& w_in, std::vector<int64_t> row_of) {
   const char* op = "pack_weight(int8)";
@@ -797,10 +800,8 @@ void check_unpack(const PackedWeight::Impl* impl, const Int4Weight& out) {
 
 }  // namespace ops
 
-void PackedWeight::unpack(const Int8Weight& out_in) const {
+void PackedWeight::unpack(const Int8Weight& out) const {
   const char* op = "PackedWeight::unpack(int8)";
-  Int8Weight out = out_in;
-  out.scales = ops::column_scales(out.scales);
   ops::check_unpack(impl_.get(), out);
   const Impl& p = *impl_;
   auto* dst = static_cast<uint8_t*>(out.weight.data);
@@ -811,11 +812,8 @@ void PackedWeight::unpack(const Int8Weight& out_in) const {
   ops::restore(op, "scales", p.quant->scales_in, out.scales);
 }
 
-void PackedWeight::unpack(const Fp8Weight& out_in) const {
+void PackedWeight::unpack(const Fp8Weight& out) const {
   const char* op = "PackedWeight::unpack(fp8)";
-  Fp8Weight out = out_in;
-  if (impl_ != nullptr && impl_->quant != nullptr && impl_->quant->block_n == 0)
-    out.scales = ops::column_scales(out.scales);
   ops::check_unpack(impl_.get(), out);
   const Impl& p = *impl_;
   const QuantTables& q = *p.quant;
