@@ -253,7 +253,10 @@ void fuzz_fp8(FuzzedDataProvider& f) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t c = kn ? w[k * N + n] : w[n * K + k];
-      const float sc = kind == 2 ? s[(n / bn) * gk + k / bk] : s[kind == 1 ? n : 0];
+      // bn = bk = 0 with [1, 1] scales is per tensor (vLLM's [N, 1] / [1, 1]
+      // per-channel / per-tensor scales are read as [N] / [1]).
+      const bool block = kind == 2 && (bn != 0 || bk != 0);
+      const float sc = block ? s[(n / bn) * gk + k / bk] : s[kind == 1 ? n : 0];
       lw[n * K + k] = double(runtime::e4m3_to_f32(c)) * sc;
     }
   check_weight(f, pw, lw, N, K, false, {}, {});
