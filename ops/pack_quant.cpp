@@ -106,6 +106,16 @@ static TensorView column_scales(const TensorView& s) {
   return s;
 }
 
+// Per-channel or per-tensor scales, as column_scales gives them: [N] or [1].
+static void check_column_scales(const char* op, const TensorView& s, int64_t N) {
+  check_view(op, "scales", s, 1);
+  if (s.shape[0] != N && s.shape[0] != 1)
+    throw Error(
+        fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1] (or [N, 1], "
+                    "[1, 1])",
+                    op, shape_str(s.shape), N));
+}
+
 void check_restore(const char* op, const char* arg, const SavedTensor& s,
                    const TensorView& out_in) {
   const TensorView out = s.shape.size() == 1 ? column_scales(out_in) : out_in;
@@ -365,13 +375,8 @@ PackedWeight pack_int8(const Int8Weight& w_in, std::vector<int64_t> row_of) {
         fmt::format("{}: K={}; allowed: K <= {} (the int32 dot products of u8 x s8 "
                     "codes stay exact up to there)",
                     op, K, ops::kInt8MaxK));
-  ops::check_view(op, "scales", w.scales, 1);
+  check_column_scales(op, w.scales, N);
   ops::check_dtype(op, "scales", w.scales, {DType::f32});
-  if (w.scales.shape[0] != N && w.scales.shape[0] != 1)
-    throw Error(
-        fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1] (or [N, 1], "
-                    "[1, 1])",
-                    op, ops::shape_str(w.scales.shape), N));
   ops::check_no_infinite_scale(op, w.scales);
   auto impl = std::make_shared<PackedWeight::Impl>();
   impl->format = WeightFormat::int8;
@@ -438,12 +443,7 @@ PackedWeight pack_fp8(const Fp8Weight& w_in, std::vector<int64_t> row_of) {
           fmt::format("{}: scales has rank {}; allowed: [1] or [N], or [N, 1] (block scales "
                       "need block_n and block_k)",
                       op, w.scales.shape.size()));
-    ops::check_view(op, "scales", w.scales, 1);
-    if (w.scales.shape[0] != N && w.scales.shape[0] != 1)
-      throw Error(
-          fmt::format("{}: scales has shape {}; allowed: [N] = [{}] or [1] (or [N, 1], "
-                      "[1, 1])",
-                      op, ops::shape_str(w.scales.shape), N));
+    check_column_scales(op, w.scales, N);
   }
   ops::check_dtype(op, "scales", w.scales, {DType::f32});
   ops::check_no_infinite_scale(op, w.scales);

@@ -39,10 +39,26 @@ namespace {
 namespace fs = std::filesystem;
 using test::expect_tilejit_error;
 
+// Every file a test makes (the databases and the `DB.lock` files the library
+// leaves beside them by design) lives in one directory per process, removed
+// at exit, so runs do not pile lock files up in the temp directory.
+const fs::path& temp_dir() {
+  struct Dir {
+    fs::path path =
+        fs::temp_directory_path() / ("tilejit-tuning-test." + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
 std::string temp_path(const std::string& name) {
-  return (fs::temp_directory_path() /
-          (name + "." + std::to_string(::getpid()) + "." +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+  return (temp_dir() /
+          (name + "." + ::testing::UnitTest::GetInstance()->current_test_info()->name()))
       .string();
 }
 
