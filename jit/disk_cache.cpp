@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -182,7 +183,8 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
 
 }  // namespace
 
-DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
+DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
+    : dir_(std::move(dir)), max_bytes_(max_bytes) {
   if (dir_.empty()) return;
   std::error_code ec;
   // A relative directory is the one it names now: an embedding process that
@@ -200,6 +202,106 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
     return;
   }
   remove_orphans();
+  trim("");
+}
+
+std::optional<uint64_t> parse_cache_size(const char* text) {
+  if (text == nullptr || *text < '0' || *text > '9') return std::nullopt;
+  uint64_t v = 0;
+  const char* p = text;
+  for (; *p >= '0' && *p <= '9'; ++p) {
+    if (v > (uint64_t(1) << 60) / 10) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(*p - '0');
+  }
+  int shift = 0;
+  switch (*p) {
+    case '\0':
+      break;
+    case 'K':
+    case 'k':
+      shift = 10;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      break;
+    case 'T':
+    case 't':
+      shift = 40;
+      break;
+    default:
+      return std::nullopt;
+  }
+  if (*p != '\0' && p[1] != '\0') return std::nullopt;
+  if (v > (uint64_t(1) << (60 - shift))) return std::nullopt;
+  return v << shift;
+}
+
+uint64_t DiskCache::cache_max_bytes_from_env() {
+  const char* e = std::getenv("TILEJIT_CACHE_MAX_SIZE");
+  if (e == nullptr || *e == '\0') return kDefaultCacheMaxBytes;
+  if (const std::optional<uint64_t> v = parse_cache_size(e)) return *v;
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    std::fprintf(stderr,
+                 "tilejit: warning: TILEJIT_CACHE_MAX_SIZE='%s' is not a size (<n>[K|M|G|T], "
+                 "0 = no limit); using 1G\n",
+                 e);
+  });
+  return kDefaultCacheMaxBytes;
+}
+
+// Sums the entries' sizes and, past max_bytes_, removes the least recently
+// used (a load sets an entry's mtime, a store writes it) down to 90 % of the
+// cap, so a full cache is not trimmed again at every store. Entries of other
+// CPUs and builds are never loaded here, so they go first. `keep` (the entry
+// just stored) is never removed. A file another process removed or loads at
+// the same moment is harmless: a reader holds its open descriptor, and a
+// missing entry is a recompile. Entries of other users in a shared directory
+// are counted; removing them fails where the directory is sticky.
+void DiskCache::trim(const std::string& keep) {
+  if (max_bytes_ == 0 || !enabled()) return;
+  std::unique_lock<std::mutex> lk(trim_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return;  // another thread is at it
+  struct Entry {
+    struct timespec mtime;
+    uint64_t bytes;
+    std::string path;
+  };
+  std::vector<Entry> entries;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() != 20 || name.compare(16, 4, ".tjk") != 0) continue;
+    struct stat sb;
+    std::string path = it->path().string();
+    // Only what could be an entry: a larger file in an entry's name is
+    // refused (and unlinked) by the load of its key, not counted here.
+    if (::lstat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > kMaxEntryBytes)
+      continue;
+    total += static_cast<uint64_t>(sb.st_size);
+    entries.push_back({sb.st_mtim, static_cast<uint64_t>(sb.st_size), std::move(path)});
+  }
+  if (total > max_bytes_) {
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec
+                                              : a.mtime.tv_nsec < b.mtime.tv_nsec;
+    });
+    const uint64_t target = max_bytes_ - max_bytes_ / 10;
+    for (const Entry& e : entries) {
+      if (total <= target) break;
+      if (e.path == keep || ::unlink(e.path.c_str()) != 0) continue;
+      total -= e.bytes;
+      evictions_.fetch_add(1);
+      log("evicted (the directory passed TILEJIT_CACHE_MAX_SIZE)", e.path);
+    }
+  }
+  known_bytes_.store(total);
 }
 
 // A process killed between writing "<entry>.tmp.<pid>.<n>" and renaming it
@@ -305,6 +407,8 @@ std::optional<std::vector<uint8_t>> DiskCache::load(const std::string& key) {
          sum == fnv1a(file.data(), payload_pos + payload_len);
     if (ok) {
       loads_.fetch_add(1);
+      // Used now: the size cap's trim removes the least recently used entries.
+      ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
       return std::vector<uint8_t>(file.begin() + payload_pos,
                                   file.begin() + payload_pos + payload_len);
     }
@@ -377,6 +481,7 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
     return store_failed(std::string("cannot publish: ") + std::strerror(e), path);
   }
   stores_.fetch_add(1);
+  if (max_bytes_ != 0 && known_bytes_.fetch_add(out.size()) + out.size() > max_bytes_) trim(path);
 }
 
 // A store that fails (the temporary file deleted underneath, a directory in

@@ -26,10 +26,13 @@
 
 namespace tilejit::jit {
 
+// TILEJIT_CACHE_MAX_SIZE's default: 1 GiB (~80 000 GEMM weight shapes' kernels).
+constexpr uint64_t kDefaultCacheMaxBytes = uint64_t(1) << 30;
+
 class DiskCache {
  public:
-  // dir empty: disabled.
-  explicit DiskCache(std::string dir);
+  // dir empty: disabled. max_bytes: the directory's size cap (0: none).
+  explicit DiskCache(std::string dir, uint64_t max_bytes = cache_max_bytes_from_env());
 
   bool enabled() const { return !dir_.empty() && !disabled_.load(); }
   const std::string& dir() const { return dir_; }
@@ -49,18 +52,36 @@ class DiskCache {
   uint64_t stores() const { return stores_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
   uint64_t store_failures() const { return store_failures_.load(); }
+  // Entries removed to keep the directory under max_bytes (by this process).
+  uint64_t evictions() const { return evictions_.load(); }
+  uint64_t max_bytes() const { return max_bytes_; }
 
  private:
   void disable(const std::string& why);
   void store_failed(const std::string& why, const std::string& path);
   void log(const std::string& what, const std::string& path) const;
   void remove_orphans() const;
+  void trim(const std::string& keep);
+
+  static uint64_t cache_max_bytes_from_env();
 
   std::string dir_;
   std::atomic<bool> disabled_{false};
   std::once_flag warned_;
   std::atomic<uint64_t> loads_{0}, stores_{0}, rejected_{0}, store_failures_{0};
+  uint64_t max_bytes_ = 0;
+  // The entries' bytes at the last scan of the directory plus what this
+  // process stored since: a scan (and trim) runs when it passes max_bytes_.
+  // Other processes' stores are seen at the next scan only, so the directory
+  // can pass the cap by what they stored in between.
+  std::atomic<uint64_t> known_bytes_{0};
+  std::atomic<uint64_t> evictions_{0};
+  std::mutex trim_mu_;
 };
+
+// TILEJIT_CACHE_MAX_SIZE parsed: "<n>[K|M|G|T]" (powers of 1024), 0 = no
+// limit; nothing for a value that is not such a size (or is above 2^60).
+std::optional<uint64_t> parse_cache_size(const char* text);
 
 // The directory from TILEJIT_CACHE_DIR ("" = off, the library default).
 std::string disk_cache_dir_from_env();

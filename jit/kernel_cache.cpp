@@ -348,6 +348,7 @@ CacheStats KernelCache::stats() const {
   const std::shared_ptr<DiskCache> disk = s.disk_cache();
   st.disk_loads = disk->loads();
   st.disk_stores = disk->stores();
+  st.disk_evictions = disk->evictions();
   st.disk_dir = disk->enabled() ? disk->dir() : std::string();
   st.tuned_plans = tuned_plans_used();
   std::lock_guard<std::mutex> lk(s.mu);

@@ -232,6 +232,105 @@ TEST(DiskCache, DefaultUserDirectoryIsAbsoluteAndNeverInSharedTmp) {
     v.value ? ::setenv(v.name.c_str(), v.value->c_str(), 1) : ::unsetenv(v.name.c_str());
 }
 
+TEST(DiskCacheSize, TheSizeKnobParses) {
+  EXPECT_EQ(jit::parse_cache_size("0"), 0u);
+  EXPECT_EQ(jit::parse_cache_size("4096"), 4096u);
+  EXPECT_EQ(jit::parse_cache_size("1K"), 1024u);
+  EXPECT_EQ(jit::parse_cache_size("500m"), 500ull << 20);
+  EXPECT_EQ(jit::parse_cache_size("1G"), 1ull << 30);
+  EXPECT_EQ(jit::parse_cache_size("2t"), 2ull << 40);
+  EXPECT_EQ(jit::parse_cache_size("1048576T"), 1ull << 60);
+  for (const char* bad : {"", "-1", "1.5G", "1KB", "G", "1 G", " 1G", "0x10", "1e9",
+                          "99999999999999999999", "1048577T", "2000000000G"})
+    EXPECT_FALSE(jit::parse_cache_size(bad).has_value()) << bad;
+  EXPECT_FALSE(jit::parse_cache_size(nullptr).has_value());
+}
+
+// Sets an entry's modification time (the cache's "last used") to `sec`.
+void set_used(const std::string& path, time_t sec) {
+  const struct timespec t[2] = {{sec, 0}, {sec, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), t, 0), 0) << path;
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir)) total += fs::file_size(e.path());
+  return total;
+}
+
+// Past TILEJIT_CACHE_MAX_SIZE a store removes the least recently *used*
+// entries (a load counts as a use) down to 90 % of the cap; the entry just
+// stored stays.
+TEST(DiskCacheSize, AFullDirectoryLosesItsLeastRecentlyUsedEntries) {
+  const std::string dir = fresh_dir("cap");
+  const std::vector<uint8_t> payload = bytes(10000, 1);
+  uint64_t entry = 0;
+  {
+    jit::DiskCache probe(dir, 0);
+    probe.store("size-probe", payload);
+    entry = fs::file_size(probe.path_for("size-probe"));
+    fs::remove(probe.path_for("size-probe"));
+  }
+  // Room for three entries and a half: the fourth store passes the cap, and
+  // removing one entry brings the directory under 90 % of it.
+  jit::DiskCache c(dir, entry * 7 / 2);
+  for (const char* k : {"k0", "k1", "k2"}) c.store(k, payload);
+  EXPECT_EQ(c.evictions(), 0u);
+  set_used(c.path_for("k0"), 1000000);
+  set_used(c.path_for("k1"), 2000000);
+  set_used(c.path_for("k2"), 3000000);
+  ASSERT_TRUE(c.load("k0").has_value());  // k0 used now: k1 is the least recently used
+  c.store("k3", payload);
+  EXPECT_EQ(c.evictions(), 1u);
+  EXPECT_FALSE(fs::exists(c.path_for("k1")));
+  for (const char* k : {"k0", "k2", "k3"}) EXPECT_TRUE(c.load(k).has_value()) << k;
+  EXPECT_LE(dir_bytes(dir), entry * 7 / 2);
+
+  // A cap below one entry keeps the entry just stored, and only it.
+  jit::DiskCache tiny(dir, entry / 2);
+  EXPECT_EQ(tiny.evictions(), 3u);  // the directory was trimmed when opened
+  tiny.store("k4", payload);
+  EXPECT_TRUE(tiny.load("k4").has_value());
+  EXPECT_EQ(dir_bytes(dir), fs::file_size(tiny.path_for("k4")));
+  fs::remove_all(dir);
+}
+
+TEST(DiskCacheSize, ZeroMeansNoLimit) {
+  const std::string dir = fresh_dir("nocap");
+  jit::DiskCache c(dir, 0);
+  for (int i = 0; i < 20; ++i) {
+    std::string key = "n";  // (GCC 12's -Wrestrict misfires on "n" + std::to_string(i) at -O3)
+    key += std::to_string(i);
+    c.store(key, bytes(5000, uint8_t(i)));
+  }
+  EXPECT_EQ(c.evictions(), 0u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 20);
+  fs::remove_all(dir);
+}
+
+// The knob reaches the process's cache: a child with a 1 KiB cap and a fresh
+// directory keeps only the last entry it stored and counts the evictions.
+TEST(DiskCacheSize, TheEnvironmentCapReachesCacheStats) {
+  if (!jit_path()) GTEST_SKIP() << "the scalar path compiles nothing";
+  const std::string dir = fresh_dir("capenv");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv("TILEJIT_CACHE_MAX_SIZE", "1K", 1);
+    jit::KernelCache::global().set_disk_dir(dir);
+    (void)run_gemm(24, 40);
+    (void)run_gemm(40, 24);
+    const CacheStats st = cache_stats();
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+    _exit(st.disk_stores >= 2 && st.disk_evictions >= 1 && files == 1 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  fs::remove_all(dir);
+}
+
 TEST(DiskCache, ANewProcessLoadsInsteadOfCompiling) {
   if (!jit_path()) GTEST_SKIP() << "ISA path unavailable: the scalar path compiles nothing";
   const std::string dir = fresh_dir("proc");

@@ -645,15 +645,16 @@ struct CpuInfo {
 CpuInfo cpu_info();
 
 struct CacheStats {
-  uint64_t hits = 0;           // lookups served from the cache
-  uint64_t misses = 0;         // lookups that had to wait for (or do) a compile
-  uint64_t compiles = 0;       // kernels emitted
-  double compile_seconds = 0;  // total wall time spent emitting
-  size_t kernels = 0;          // kernels resident
-  uint64_t disk_loads = 0;     // kernels loaded from TILEJIT_CACHE_DIR instead of compiled
-  uint64_t disk_stores = 0;    // kernels written to it
-  std::string disk_dir;        // "" when the on-disk cache is off
-  uint64_t tuned_plans = 0;    // tuning database entries applied so far (docs/tuning.md)
+  uint64_t hits = 0;            // lookups served from the cache
+  uint64_t misses = 0;          // lookups that had to wait for (or do) a compile
+  uint64_t compiles = 0;        // kernels emitted
+  double compile_seconds = 0;   // total wall time spent emitting
+  size_t kernels = 0;           // kernels resident
+  uint64_t disk_loads = 0;      // kernels loaded from TILEJIT_CACHE_DIR instead of compiled
+  uint64_t disk_stores = 0;     // kernels written to it
+  std::string disk_dir;         // "" when the on-disk cache is off
+  uint64_t tuned_plans = 0;     // tuning database entries applied so far (docs/tuning.md)
+  uint64_t disk_evictions = 0;  // entries removed to keep it under TILEJIT_CACHE_MAX_SIZE
 };
 CacheStats cache_stats();
 

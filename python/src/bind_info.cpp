@@ -45,6 +45,7 @@ void bind_info(py::module_& m) {
         d["kernels"] = s.kernels;
         d["disk_loads"] = s.disk_loads;
         d["disk_stores"] = s.disk_stores;
+        d["disk_evictions"] = s.disk_evictions;
         d["disk_dir"] = s.disk_dir;
         d["tuned_plans"] = s.tuned_plans;
         return d;

@@ -135,7 +135,8 @@ def test_cpu_info_and_cache_stats():
     assert info["num_threads"] == tilejit.num_threads()
     before = tilejit.cache_stats()
     assert set(before) >= {"hits", "misses", "compiles", "compile_seconds", "kernels",
-                           "disk_loads", "disk_stores", "disk_dir", "tuned_plans"}
+                           "disk_loads", "disk_stores", "disk_dir", "tuned_plans",
+                           "disk_evictions"}
     tilejit.gemm(bf16((3, 64), 30), tilejit.pack_weight(bf16((8, 64), 31)))
     after = tilejit.cache_stats()
     assert after["hits"] + after["misses"] > before["hits"] + before["misses"]
