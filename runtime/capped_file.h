@@ -77,15 +77,24 @@ class CappedFile {
 
   // Appends up to n bytes (fewer only at the end of the file) to out, a
   // std::string or a std::vector<uint8_t>.
+  //
+  // Read straight into `out`, in chunks: a 64 KiB buffer on the stack here
+  // jumped a host's small-stack thread past its guard page (load_tuning_db on
+  // a 64 KiB pthread: SIGSEGV, or heap corruption where read(2) landed).
   template <class Buffer>
   void read_up_to(int64_t n, Buffer& out) {
-    char buf[1 << 16];
+    constexpr int64_t kChunk = int64_t(1) << 16;
     while (n > 0) {
-      const ssize_t r = ::read(fd_, buf, static_cast<size_t>(std::min<int64_t>(n, sizeof buf)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw Error(fmt::format("{}: read error: {}", name_, std::strerror(errno)));
+      const size_t at = out.size();
+      const auto want = static_cast<size_t>(std::min(n, kChunk));
+      out.resize(at + want);
+      ssize_t r = 0;
+      do r = ::read(fd_, out.data() + at, want);
+      while (r < 0 && errno == EINTR);
+      const int e = errno;
+      out.resize(at + static_cast<size_t>(std::max<ssize_t>(r, 0)));
+      if (r < 0) throw Error(fmt::format("{}: read error: {}", name_, std::strerror(e)));
       if (r == 0) return;
-      out.insert(out.end(), buf, buf + r);
       n -= r;
     }
   }

@@ -3,7 +3,9 @@
 // fields, and a tuned plan that the operators actually run (docs/tuning.md).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -626,6 +628,49 @@ TEST(TuningDb, RoundTrip) {
   again.put(g);
   EXPECT_EQ(again.entries.size(), 3u);
   EXPECT_EQ(again.find(g.id())->knobs.at("mr"), 2);
+  fs::remove(path);
+}
+
+// A host's small-stack thread (64 KiB: musl's default is 128, some engines'
+// pools use less) loads a database: the file reader kept a 64 KiB buffer on
+// the stack, so the call died by SIGSEGV or corrupted the heap (an outside
+// tester's find). In a child, on 48 KiB.
+TEST(TuningDb, LoadsOnASmallStackThread) {
+  if (test::kUnderAsan || test::kUnderTsan)
+    GTEST_SKIP() << "the sanitizers' instrumentation takes stack of its own";
+  jit::TuningDb db;
+  db.put(gemm_entry(Isa::avx512, 256, 512, 16, {{"mr", 4}, {"task_rows", 8}}));
+  static std::string path;
+  path = temp_path("db.json");
+  db.save(path);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(60);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (pthread_attr_setstacksize(&attr, 48 << 10) != 0) ::_exit(10);
+    pthread_t t;
+    static int rc = 11;
+    auto body = [](void*) -> void* {
+      try {
+        load_tuning_db(path);
+        rc = jit::TuningDb::load(path).entries.size() == 1 ? 0 : 12;
+      } catch (...) {
+        rc = 13;
+      }
+      return nullptr;
+    };
+    if (pthread_create(&t, &attr, body, nullptr) != 0) ::_exit(14);
+    pthread_join(t, nullptr);
+    ::_exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  if (WIFEXITED(status)) {
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
   fs::remove(path);
 }
 
