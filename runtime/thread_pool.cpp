@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,9 +40,53 @@ int default_threads() {
                   std::to_string(kMaxThreads));
     return static_cast<int>(v);
   }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+  return available_cpus();
 }
+
+// The smallest cgroup v2 quota (cpu.max "<quota> <period>", rounded up) on
+// the path from the process's cgroup to the root; 0 for none or unreadable.
+long cgroup_cpu_quota() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(self, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path.empty() || path[0] != '/') return 0;
+  long best = 0;
+  for (;;) {
+    std::ifstream max("/sys/fs/cgroup" + (path == "/" ? std::string() : path) + "/cpu.max");
+    std::string quota;
+    long period = 0;
+    if (max >> quota >> period && quota != "max" && period > 0) {
+      char* end = nullptr;
+      const long q = std::strtol(quota.c_str(), &end, 10);
+      if (*end == '\0' && q > 0) {
+        const long cpus = (q + period - 1) / period;
+        best = best == 0 ? cpus : std::min(best, cpus);
+      }
+    }
+    if (path == "/") break;
+    const size_t slash = path.find_last_of('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return best;
+}
+
+}  // namespace
+
+// Online cores counted threads the process could not run (an engine under
+// `taskset -c 0` got two workers time-sharing one CPU; docker --cpus 1 on a
+// 64-core host, 64 threads throttled by the quota): an outside tester's find.
+int available_cpus() {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 1) n = 1;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
+  if (const long quota = cgroup_cpu_quota(); quota > 0) n = std::min(n, quota);
+  return static_cast<int>(std::clamp<long>(n, 1, kMaxThreads));
+}
+
+namespace {
 
 class Pool {
  public:

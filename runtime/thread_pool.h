@@ -10,8 +10,13 @@
 
 namespace tilejit::runtime {
 
-// Threads used by parallel_for (TILEJIT_NUM_THREADS, else the online cores).
+// Threads used by parallel_for (TILEJIT_NUM_THREADS, else available_cpus()).
 int num_threads();
+// The default thread count without TILEJIT_NUM_THREADS: the CPUs the calling
+// thread may run on (its affinity mask: taskset, docker --cpuset-cpus,
+// numactl), capped by a cgroup v2 CPU quota rounded up (docker --cpus,
+// Kubernetes CPU limits); the online CPUs when neither can be read.
+int available_cpus();
 // Sets the thread count for later calls; n >= 1 (else Error).
 void set_num_threads(int n);
 

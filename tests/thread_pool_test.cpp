@@ -5,6 +5,7 @@
 // Also run under ThreadSanitizer (dev.sh tsan).
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,6 +116,25 @@ Counted& site_a() {
 }
 Counted& site_b() {
   return runtime::per_thread<Counted>([] {});
+}
+
+// The default thread count is the CPUs the thread may run on, not the
+// online cores (under `taskset -c 0` the pool made two workers sharing CPU 0).
+TEST(ThreadPool, DefaultCountFollowsTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  EXPECT_LE(available_cpus(), CPU_COUNT(&saved));
+  EXPECT_GE(available_cpus(), 1);
+  if (CPU_COUNT(&saved) < 2) GTEST_SKIP() << "one CPU allowed already";
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int pinned = available_cpus();
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
+  EXPECT_EQ(pinned, 1);
 }
 
 TEST(PerThread, OneObjectPerSiteAndThreadDestroyedWithTheThread) {
