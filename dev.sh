@@ -24,6 +24,17 @@ PACKAGES=(cmake ninja-build g++ libxbyak-dev llvm-19-dev libfmt-dev googletest l
 # The Python package (python/, docs/python.md) and its tests.
 PACKAGES+=(pybind11-dev python3-pybind11 libdlpack-dev python3-dev python3-numpy python3-pytest
            python3-torch)
+# A locale with a decimal comma for the locale tests (registry_test's
+# KernelKeys.*: kernel keys and IR text must not follow the host's locale).
+PACKAGES+=(locales)
+
+# de_DE.UTF-8 made once if missing (a test skips without such a locale).
+make_test_locale() {
+  locale -a 2>/dev/null | grep -qix 'de_DE.utf8' && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo localedef -i de_DE -f UTF-8 de_DE.UTF-8 2>/dev/null || echo "dev.sh: no de_DE locale (KernelKeys locale tests skip)"
+}
 
 install_deps() {
   local missing=()
@@ -112,6 +123,7 @@ case "$cmd" in
     ;;
   test)
     install_deps
+    make_test_locale
     # TILEJIT_PYTHON: the module too; ctest's python_tests runs tests/python
     # (pytest) against it.
     build build -DCMAKE_BUILD_TYPE=Release -DTILEJIT_WERROR=ON -DTILEJIT_PYTHON=ON

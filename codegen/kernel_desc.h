@@ -22,9 +22,12 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -78,9 +81,19 @@ template <class T>
 requires std::is_integral_v<T> std::string field_text(T v) {
   return std::to_string(v);
 }
-// Exact bits in keys: the value is baked into the code.
+// Exact bits in keys: the value is baked into the code. std::to_chars, not
+// fmt's "{:a}" (libfmt 9 formats hex floats through snprintf, which follows
+// the host's LC_NUMERIC: under de_DE a key read "0x1,b3b646p+0", so a host
+// that set a locale missed every float-keyed kernel that the C-locale
+// `tilejit tune` had cached).
 inline std::string field_text(float v) {
-  return fmt::format("{:a}", v);
+  char buf[64];
+  const double d = v;
+  const bool neg = std::signbit(d);
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, neg ? -d : d, std::chars_format::hex);
+  std::string digits(buf, ec == std::errc() ? end : buf);
+  if (std::isfinite(d)) digits.insert(0, "0x");
+  return neg ? "-" + digits : digits;
 }
 inline std::string field_text(const std::vector<int64_t>& v) {
   return fmt::format("{}", fmt::join(v, "x"));

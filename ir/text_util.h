@@ -2,6 +2,7 @@
 // Private to ir/.
 #pragma once
 
+#include <locale>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -12,6 +13,9 @@ namespace tilejit::ir {
 template <typename... Args>
 std::string cat(Args&&... args) {
   std::ostringstream os;
+  // The classic locale, not the global one a host may have set: under de_DE
+  // a stream writes 4096 as "4.096" and 0.5 as "0,5" (IR text and messages).
+  os.imbue(std::locale::classic());
   (os << ... << std::forward<Args>(args));
   return os.str();
 }

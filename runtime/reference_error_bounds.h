@@ -8,6 +8,8 @@
 //   ok  = std::fabs(got - ref) <= tol;
 #pragma once
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -65,9 +67,7 @@ inline double activation_error(Activation act, double pre, double err) {
 // or relu2's "2·|pre| + 3·e" (one home for the constants: activation_lipschitz).
 inline std::string activation_slope_text(Activation act) {
   if (act == Activation::relu2) return "2·|pre| + 3·e (relu2; e the error it multiplies)";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", activation_lipschitz(act));
-  return buf;
+  return fmt::format("{:g}", activation_lipschitz(act));  // fmt: not the host's LC_NUMERIC
 }
 
 // The error the vector math adds to act(x): none and relu are exact, relu2

@@ -2,7 +2,9 @@
 // (runtime/isa.h) and the kernel registry (jit/registry.h).
 #include <gtest/gtest.h>
 
+#include <clocale>
 #include <cmath>
+#include <locale>
 #include <set>
 #include <string>
 #include <thread>
@@ -13,10 +15,12 @@
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
 #include "codegen/quant_desc.h"
+#include "ir/text_util.h"
 #include "jit/kernel_cache.h"
 #include "jit/registry.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "runtime/reference_error_bounds.h"
 #include "test_util.h"
 #include "tilejit/error.h"
 
@@ -300,6 +304,55 @@ TEST(Errors, InternalErrorIsAnErrorThatSaysSo) {
     EXPECT_NE(std::string(e.what()).find("internal error"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("emitter x failed"), std::string::npos);
   }
+}
+
+}  // namespace
+}  // namespace tilejit
+
+namespace tilejit {
+namespace {
+
+// Keys hold floats exactly, as C's %a spells them, whatever the host's
+// locale: libfmt 9's "{:a}" went through snprintf, and under de_DE a key
+// read "0x1,b3b646p+0", so a host that set LC_NUMERIC missed every
+// float-keyed kernel the C-locale `tilejit tune` had cached (an outside
+// tester's find).
+TEST(KernelKeys, FloatsAreExactAndLocaleFree) {
+  EXPECT_EQ(codegen::field_text(1.702f), "0x1.b3b646p+0");
+  EXPECT_EQ(codegen::field_text(7.0f), "0x1.cp+2");
+  EXPECT_EQ(codegen::field_text(-0.5f), "-0x1p-1");
+  EXPECT_EQ(codegen::field_text(0.0f), "0x0p+0");
+  EXPECT_EQ(codegen::field_text(-0.0f), "-0x0p+0");
+  EXPECT_EQ(codegen::field_text(1e-45f), "0x1p-149");
+  EXPECT_EQ(codegen::field_text(INFINITY), "inf");
+  const std::string c_key = codegen::field_text(1.702f);
+  const std::string c_slope = runtime::activation_slope_text(Activation::gelu_tanh);
+  // A locale with a decimal comma, if the machine has one (dev.sh makes de_DE).
+  const char* got = nullptr;
+  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "ru_RU.UTF-8"})
+    if ((got = std::setlocale(LC_NUMERIC, name)) != nullptr) break;
+  if (got == nullptr) GTEST_SKIP() << "no locale with a decimal comma installed";
+  const bool comma = std::localeconv()->decimal_point[0] == ',';
+  const std::string de_key = codegen::field_text(1.702f);
+  const std::string de_slope = runtime::activation_slope_text(Activation::gelu_tanh);
+  std::setlocale(LC_NUMERIC, "C");
+  ASSERT_TRUE(comma) << got;
+  EXPECT_EQ(de_key, c_key);
+  EXPECT_EQ(de_slope, c_slope);
+}
+
+// The IR's text (dims, float attributes) and its messages under a host's
+// global C++ locale that groups thousands and writes a decimal comma.
+TEST(KernelKeys, IrTextIgnoresTheGlobalLocale) {
+  struct Comma : std::numpunct<char> {
+    char do_decimal_point() const override { return ','; }
+    char do_thousands_sep() const override { return '.'; }
+    std::string do_grouping() const override { return "\3"; }
+  };
+  const std::locale before = std::locale::global(std::locale(std::locale::classic(), new Comma));
+  const std::string text = ir::cat("K=", 4096, " scale=", 0.5);
+  std::locale::global(before);
+  EXPECT_EQ(text, "K=4096 scale=0.5");
 }
 
 }  // namespace
