@@ -181,6 +181,27 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
   return true;
 }
 
+// Makes `dir` and its missing parents with mode 0755 (less under a stricter
+// umask). create_directories used the process's umask alone: under umask 0
+// the cache was drwxrwxrwx, where any user could delete or flood entries.
+// Existing directories are left as they are; the caller checks that `dir` is
+// one at the end (a file in its place is not an error here).
+std::error_code make_directories(const std::string& dir) {
+  std::filesystem::path prefix;
+  for (const std::filesystem::path& part : std::filesystem::path(dir)) {
+    prefix /= part;
+    if (part.empty() || part.has_root_directory() || part == "." || part == "..") continue;
+    if (::mkdir(prefix.c_str(), 0755) == 0 || errno == EEXIST) continue;
+    // An existing directory can still fail with another errno first (EROFS,
+    // EACCES in a parent this user cannot write).
+    const int e = errno;
+    struct stat sb;
+    if (::stat(prefix.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) continue;
+    return std::error_code(e, std::generic_category());
+  }
+  return {};
+}
+
 }  // namespace
 
 DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
@@ -192,8 +213,7 @@ DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
   // longer existed (every store failed, silently without TILEJIT_VERBOSE).
   if (std::filesystem::path abs = std::filesystem::absolute(dir_, ec); !ec)
     dir_ = abs.lexically_normal().string();
-  ec.clear();
-  std::filesystem::create_directories(dir_, ec);
+  ec = make_directories(dir_);
   std::error_code st;
   if (!std::filesystem::is_directory(dir_, st)) {
     disable(std::filesystem::exists(dir_, st)
@@ -450,9 +470,7 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
   if (fd < 0 && errno == ENOENT) {
     // The directory was removed while the process ran (a cleanup of the
     // cache): made again, or every later store of the process would fail.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(tmp).parent_path(), ec);
-    if (!ec) {
+    if (!make_directories(dir_)) {
       log("made the directory again", dir_);
       fd = create();
     }

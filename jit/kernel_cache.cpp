@@ -11,19 +11,24 @@
 #include "runtime/stack_room.h"
 #include "runtime/verbose.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <unordered_map>
 
 namespace tilejit::jit {
@@ -66,6 +71,7 @@ struct KernelCache::Impl {
     return v != nullptr ? std::string(v) : std::string();
   }();
   std::mutex observe_mu;
+  pid_t perf_map_refused_pid = 0;  // the process whose perf map was refused (observe_mu)
   const bool verbose = runtime::verbose_level() > 0;
 };
 
@@ -131,22 +137,95 @@ void fork_child() {
 const bool g_fork_handlers = (pthread_atfork(fork_prepare, fork_parent, fork_child), true);
 }  // namespace
 
+namespace {
+
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Appends `text` to perf's map of this process. perf fixes the name, in /tmp
+// where any user may plant a symlink (a root process appended to its target)
+// or a FIFO (the open waited for a reader for ever, inside an operator call):
+// the name is opened without following a link or waiting, and written only if
+// what was opened is a regular file of this user. Anything else stops the map
+// for the process with one warning. Called under observe_mu.
+void append_perf_map(pid_t& refused_pid, const std::string& text) {
+  const pid_t pid = ::getpid();
+  if (refused_pid == pid) return;  // a forked child has its own map
+  const std::string path = "/tmp/perf-" + std::to_string(pid) + ".map";
+  const char* why = nullptr;
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (fd < 0) {
+    why = errno == ELOOP   ? "it is a symlink"
+          : errno == ENXIO ? "it is a FIFO with no reader"
+                           : std::strerror(errno);
+  } else if (::fstat(fd, &st) != 0) {
+    why = std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    why = "it is not a regular file";
+  } else if (st.st_uid != ::geteuid()) {
+    why = "it is owned by another user";
+  }
+  if (why != nullptr) {
+    if (fd >= 0) ::close(fd);
+    refused_pid = pid;
+    std::fprintf(stderr, "tilejit: warning: TILEJIT_PERF_MAP: not writing %s (%s)\n", path.c_str(),
+                 why);
+    return;
+  }
+  if (runtime::file_size_allowed(static_cast<uint64_t>(st.st_size) + text.size()))
+    (void)write_all(fd, text.data(), text.size());
+  ::close(fd);
+}
+
+// Writes `bytes` to `path` through a fresh file beside it, renamed over the
+// name: a symlink or FIFO planted at the predictable name is replaced, never
+// followed (a root process overwrote the link's target) or opened (the open
+// of a FIFO waited for ever). Returns why it failed, empty on success.
+std::string write_by_rename(const std::string& path, const std::vector<uint8_t>& bytes) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return std::string("cannot create ") + tmp + ": " + std::strerror(errno);
+  // 0644 whatever the umask: a dump others could rewrite is not the kernel's code.
+  const bool ok = ::fchmod(fd, 0644) == 0 &&
+                  write_all(fd, reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  int err = errno;
+  const bool closed = ::close(fd) == 0;
+  if (ok) err = errno;
+  if (!ok || !closed) {
+    ::unlink(tmp.c_str());
+    return std::string("cannot write ") + tmp + ": " + std::strerror(err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return std::string("cannot rename it over ") + path + ": " + std::strerror(e);
+  }
+  return {};
+}
+
+}  // namespace
+
 // perf map and JIT dump: best effort, never an error for the caller.
 static void observe(KernelCache::Impl& s, const Kernel& k) {
   if (!s.perf_map && s.dump_dir.empty()) return;
   std::lock_guard<std::mutex> lk(s.observe_mu);
   if (s.perf_map) {
-    const std::string path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
     char line[64];
     const int n = std::snprintf(line, sizeof line, "%lx %zx ",
                                 reinterpret_cast<unsigned long>(k.entry_ptr), k.size);
-    const std::string text = std::string(line, static_cast<size_t>(std::max(n, 0))) + k.name + "\n";
-    if (FILE* f = std::fopen(path.c_str(), "a")) {
-      if (std::fseek(f, 0, SEEK_END) == 0 && std::ftell(f) >= 0 &&
-          runtime::file_size_allowed(static_cast<uint64_t>(std::ftell(f)) + text.size()))
-        std::fwrite(text.data(), 1, text.size(), f);
-      std::fclose(f);
-    }
+    append_perf_map(s.perf_map_refused_pid,
+                    std::string(line, static_cast<size_t>(std::max(n, 0))) + k.name + "\n");
   }
   // The entry function's machine code, of either backend (an LLVM kernel's
   // size is its entry symbol's, from the object's symbol table): for
@@ -158,11 +237,8 @@ static void observe(KernelCache::Impl& s, const Kernel& k) {
     if (!runtime::file_size_allowed(bytes.size())) {
       std::fprintf(stderr, "tilejit: warning: TILEJIT_JIT_DUMP: %s is past the file size limit\n",
                    path.c_str());
-    } else if (FILE* f = std::fopen(path.c_str(), "wb")) {
-      std::fwrite(bytes.data(), 1, bytes.size(), f);
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr, "tilejit: warning: TILEJIT_JIT_DUMP: cannot write %s\n", path.c_str());
+    } else if (const std::string why = write_by_rename(path, bytes); !why.empty()) {
+      std::fprintf(stderr, "tilejit: warning: TILEJIT_JIT_DUMP: %s\n", why.c_str());
     }
   }
 }

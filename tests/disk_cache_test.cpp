@@ -628,6 +628,38 @@ TEST(DiskCacheHostile, AStoreIntoAVanishedDirectoryMakesItAgain) {
   fs::remove_all(c.dir());
 }
 
+// The directories the cache makes are 0755 whatever the umask: under umask 0
+// they were drwxrwxrwx (create_directories), where any user could delete or
+// flood the entries. Both places that make them: the constructor, and a store
+// into a directory removed underneath. Existing ones keep their mode. In a
+// child, whose umask is its own.
+TEST(DiskCacheHostile, MadeDirectoriesAreNotWritableByOthersUnderUmaskZero) {
+  const std::string base = fresh_dir("umask");
+  fs::create_directories(base);
+  ASSERT_EQ(::chmod(base.c_str(), 0711), 0);
+  const int code = in_child_within(60, [&] {
+    ::umask(0);
+    auto mode = [](const std::string& p) {
+      struct stat sb;
+      return ::lstat(p.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode) ? int(sb.st_mode & 07777) : -1;
+    };
+    const std::string dir = base + "/a/b/kc";
+    const std::vector<std::string> made = {base + "/a", base + "/a/b", dir};
+    int wrong = 0;  // bit 0: made by the constructor, bit 1: by the store
+    jit::DiskCache c(dir);
+    if (!c.enabled()) return 10;
+    if (mode(base) != 0711) return 11;  // existing: left as it was
+    for (const std::string& p : made) wrong |= mode(p) != 0755 ? 1 : 0;
+    fs::remove_all(base + "/a");
+    c.store("k", bytes(100, 1));
+    if (c.stores() != 1) return 12;
+    for (const std::string& p : made) wrong |= mode(p) != 0755 ? 2 : 0;
+    return wrong == 0 ? 0 : 20 + wrong;
+  });
+  fs::remove_all(base);
+  EXPECT_EQ(code, 0) << "21: the constructor's directories, 22: the store's, 23: both";
+}
+
 namespace {
 
 // y = x·wᵀ for a [5, k] x and an [n, k] w, bf16 bits.

@@ -920,6 +920,32 @@ input_error "inputs saved past RLIMIT_FSIZE" "bias.npy: its 2128 bytes would pas
   sh -c "ulimit -S -f 1; exec '$TJ' run '$LB' --random-inputs 1 --dim M=3 --save-inputs '$H/si'"
 ok "a written output leaves no temporary file" "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/y2.npy"
 ok "... only the output itself" test "$(ls "$H" | grep -c '^y2\.npy')" -eq 1
+# The temporary of an output was "<out>.tmp.<pid>": a symlink planted at that
+# name made the tool overwrite the link's target (and leave the link as the
+# output). The shell that execs the tool knows its pid ($$), as an attacker
+# watching the process list could. Now the temporary has a fresh random name
+# and is created O_EXCL | O_NOFOLLOW.
+echo precious >"$H/victim"
+cp "$H/victim" "$H/victim_was"
+mkdir -p "$H/si_link"
+# shellcheck disable=SC2016 # expanded by the inner shell
+plant_then_run='ln -s "$1" "$2.tmp.$$" || exit 99; shift 2; exec "$@"'
+ok "-o with a symlink at the old temporary name" sh -c "$plant_then_run" sh "$H/victim" "$H/o.npy" \
+  "$TJ" run "$LB" --random-inputs 1 --dim M=2 -o "1=$H/o.npy"
+ok "... the symlink's target untouched" cmp "$H/victim_was" "$H/victim"
+ok "... the output a regular file" test -f "$H/o.npy" -a ! -L "$H/o.npy"
+ok "--save-inputs with a symlink at the old temporary name" sh -c "$plant_then_run" sh "$H/victim" \
+  "$H/si_link/x.npy" "$TJ" run "$LB" --random-inputs 1 --dim M=2 --save-inputs "$H/si_link"
+ok "... the symlink's target untouched" cmp "$H/victim_was" "$H/victim"
+ok "... the input a regular file" test -f "$H/si_link/x.npy" -a ! -L "$H/si_link/x.npy"
+# The directories --save-inputs makes are 0755 whatever the umask (under
+# umask 0 they were world-writable); an existing one keeps its mode.
+mkdir -p "$H/um" && chmod 711 "$H/um"
+# shellcheck disable=SC2016
+ok "--save-inputs under umask 0" sh -c 'umask 0; exec "$@"' sh \
+  "$TJ" run "$LB" --random-inputs 1 --dim M=2 --save-inputs "$H/um/a/b"
+ok "... the directories it made 0755" test "$(stat -c %a "$H/um/a" "$H/um/a/b" | sort -u)" = 755
+ok "... the existing one as it was" test "$(stat -c %a "$H/um")" = 711
 # bench's plan line names the kernel a quantized weight runs at that M: the
 # one the library's verbose line names (it named the bf16 plan for an fp8
 # weight running the fused kernel).
@@ -1095,6 +1121,59 @@ if grep -qw avx512bw /proc/cpuinfo; then
   [ "$(find "$JD" -name '*avx512*.bin' -size +0 | wc -l)" -ge 1 ] ||
     fail "jit dump: no non-empty Xbyak kernel .bin in $JD"
 fi
+# A symlink or FIFO at a dump's predictable name (an outside review): the
+# dump was written through the link (a root server overwrote its target) or
+# waited for ever in open(2) for a FIFO reader, inside the operator call. Now
+# it is written under a fresh name and renamed over the planted one.
+JH="$WORK/jit_dump_hostile"
+mkdir -p "$JH"
+echo precious >"$WORK/dump_victim"
+cp "$WORK/dump_victim" "$WORK/victim_was"
+for bin in $(find "$JD" -name '*llvm*.bin' | head -1); do
+  name=$(basename "$bin")
+  for planted in symlink fifo; do
+    rm -f "${JH:?}/$name"
+    if [ $planted = symlink ]; then ln -s "$WORK/dump_victim" "$JH/$name"; else mkfifo "$JH/$name"; fi
+    TILEJIT_JIT_DUMP="$JH" TILEJIT_ISA=llvm ok "jit dump: a $planted at the name: no hang, --check passes" \
+      timeout 30 "$TJ" run "$EXAMPLES/linear_silu.tir" --random-inputs 3 --dim M=5 --check
+    ok "jit dump: a $planted at the name: the link's target untouched" \
+      cmp "$WORK/victim_was" "$WORK/dump_victim"
+    # shellcheck disable=SC2016 # (cmp would wait on a FIFO left in place)
+    ok "jit dump: a $planted at the name: replaced by a regular file of the kernel's bytes" \
+      sh -c 'test -f "$2" && test ! -L "$2" && cmp "$1" "$2"' sh "$bin" "$JH/$name"
+    ok "jit dump: a $planted at the name: no temporary file left" test "$(ls "$JH" | wc -l)" -eq 1
+  done
+done
+
+# ---- TILEJIT_PERF_MAP: perf's fixed name, /tmp/perf-<pid>.map ----------------
+# The name cannot move, and /tmp is everyone's: a FIFO planted there made the
+# first kernel wait for ever; a symlink was appended through. Now the map is
+# opened O_NOFOLLOW | O_NONBLOCK and written only if it is a regular file of
+# this user, else one warning and no map. The shell that execs the tool
+# plants at its own pid ($$); the run must pass its --check either way.
+cp "$WORK/victim_was" "$WORK/perf_victim"
+# shellcheck disable=SC2016 # expanded by the inner shell
+perf_plant_then_run='map=/tmp/perf-$$.map; echo "$map" >"$2"
+  case $1 in fifo) mkfifo "$map" || exit 99 ;; symlink) ln -s "$3" "$map" || exit 99 ;; esac
+  shift 3; TILEJIT_PERF_MAP=1 exec "$@"'
+for planted in none fifo symlink; do
+  ok "perf map, $planted at its name: no hang, --check passes" timeout 30 sh -c "$perf_plant_then_run" sh \
+    $planted "$WORK/perf_path" "$WORK/perf_victim" \
+    "$TJ" run "$EXAMPLES/linear_silu.tir" --random-inputs 3 --dim M=5 --check
+  map=$(cat "$WORK/perf_path")
+  warnings=$(grep -c TILEJIT_PERF_MAP "$ERR")
+  case $planted in
+    none) has "perf map: kernels named" "$map" '^[0-9a-f]+ [0-9a-f]+ [a-z0-9_]+$' ;;
+    fifo) has "perf map: a FIFO refused" "$ERR" "^tilejit: warning: TILEJIT_PERF_MAP: not writing $map \(it is a FIFO with no reader\)$" ;;
+    symlink)
+      has "perf map: a symlink refused" "$ERR" "^tilejit: warning: TILEJIT_PERF_MAP: not writing $map \(it is a symlink\)$"
+      ok "perf map: the symlink's target untouched" cmp "$WORK/victim_was" "$WORK/perf_victim"
+      ;;
+  esac
+  ok "perf map, $planted at its name: $([ $planted = none ] && echo no || echo one) warning" \
+    test "$warnings" -eq "$([ $planted = none ] && echo 0 || echo 1)"
+  rm -f "$map"
+done
 
 # ---- found from outside (2026-12-06): f16 and scalar results, M = 0 dumps ----
 # An f16 result's summary read it as f32 (a heap over-read; garbage min/max);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 
 #include "runtime/file_size_limit.h"
 #include "tilejit/error.h"
@@ -336,10 +337,10 @@ void write_npy(const std::string& path, const NpyArray& a) {
 }
 
 void write_output_file(const std::string& path, const std::string& bytes) {
-  // A regular file (or a new name) is written beside as "<path>.tmp.<pid>"
-  // and renamed over it once complete, so a failed write (a full disk, an
-  // error) leaves the old file or none, never a truncated one. Anything else
-  // (a FIFO, /dev/stdout, a device) is written in place.
+  // A regular file (or a new name) is written beside under a fresh name and
+  // renamed over it once complete, so a failed write (a full disk, an error)
+  // leaves the old file or none, never a truncated one. Anything else (a
+  // FIFO, /dev/stdout, a device) is written in place.
   struct stat st {};
   const bool in_place = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
   // A write past the soft RLIMIT_FSIZE raises SIGXFSZ, which ends the process
@@ -347,11 +348,24 @@ void write_output_file(const std::string& path, const std::string& bytes) {
   if (!in_place && !runtime::file_size_allowed(bytes.size()))
     throw Error(fmt::format("{}: its {} would pass the file size limit (RLIMIT_FSIZE)", path,
                             byte_size_str(static_cast<int64_t>(bytes.size()))));
-  const std::string target = in_place ? path : fmt::format("{}.tmp.{}", path, ::getpid());
-  // O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait in
-  // open(2); writes block again after the open.
-  const int fd =
-      ::open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+  std::string target = path;
+  int fd = -1;
+  if (in_place) {
+    // O_NONBLOCK: a FIFO nobody reads is an error (ENXIO) instead of a wait in
+    // open(2); writes block again after the open.
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+  } else {
+    // The temporary's name was "<path>.tmp.<pid>", which another user can
+    // predict and plant a symlink at: the tool then overwrote the link's
+    // target. A random suffix and O_EXCL | O_NOFOLLOW create a file of our
+    // own or fail; mode 0644 under the umask, as the output had before.
+    std::random_device rd;
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      target = fmt::format("{}.tmp.{}.{:08x}{:08x}", path, ::getpid(), rd(), rd());
+      fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd >= 0 || errno != EEXIST) break;
+    }
+  }
   if (fd < 0)
     throw Error(fmt::format("{}: cannot create: {}", path,
                             errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno)));

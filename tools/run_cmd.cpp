@@ -2,8 +2,10 @@
 // writes its outputs as .npy, and with --check compares them with the scalar
 // reference.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -45,10 +47,22 @@ std::map<std::string, std::string> file_options(const std::vector<std::string>& 
 }
 
 // --save-inputs DIR: created when missing; a path that exists and is not a
-// directory (a regular file, say) is a usage error, not a failed write.
+// directory (a regular file, say) is a usage error, not a failed write. Each
+// missing component is made 0755 (less under a stricter umask):
+// create_directories took the umask alone, and under umask 0 any user could
+// replace the saved inputs. Existing directories are left as they are.
 void make_save_dir(const std::string& dir) {
   std::error_code ec, stat_ec;
-  std::filesystem::create_directories(dir, ec);
+  std::filesystem::path prefix;
+  for (const std::filesystem::path& part : std::filesystem::path(dir)) {
+    prefix /= part;
+    if (part.empty() || part.has_root_directory() || part == "." || part == "..") continue;
+    if (::mkdir(prefix.c_str(), 0755) == 0) continue;
+    const int e = errno;
+    if (e == EEXIST || std::filesystem::is_directory(prefix, stat_ec)) continue;
+    ec = std::error_code(e, std::generic_category());
+    break;
+  }
   if (!ec && std::filesystem::is_directory(dir, stat_ec)) return;
   throw UsageError(
       fmt::format("--save-inputs '{}': {}; allowed: a directory (created if missing)", dir,
