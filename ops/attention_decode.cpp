@@ -79,7 +79,8 @@ std::string attention_engine_plan(Isa isa, int64_t rows, int64_t key_block, int6
 
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
-                      const TensorView& seq_lens, const AttentionOptions& caller_opt) {
+                      const TensorView& seq_lens, const AttentionOptions& caller_opt,
+                      const DecodeOptions& dec) {
   runtime::api_guard("decode_attention", [&] {
     // The options as the kernels read them (bf16 sinks / slopes widened below).
     attn::HeadVectors head_vectors(caller_opt);
@@ -148,7 +149,10 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
           "decode_attention",
           jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
                                   kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch, longest));
-    const std::optional<int64_t> tuned_splits = tuned ? tuned->knob("splits") : std::nullopt;
+    // Deterministic: one task per sequence, a tuned split count ignored (the
+    // prefetch distance is kept: it changes no arithmetic).
+    const std::optional<int64_t> tuned_splits =
+        tuned && !dec.deterministic ? tuned->knob("splits") : std::nullopt;
 
     // The LLVM kernel's tasks are sequences (all heads at once); the engine's
     // are (sequence, kv head, block of <= 64 heads of the group).
@@ -162,8 +166,9 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     }
     const int64_t row_blocks = (g + attn::kRowsPerBlock - 1) / attn::kRowsPerBlock;
     const int64_t base_tasks = llvm_kernel ? batch : batch * hkv * row_blocks;
-    const int64_t splits =
-        isa == Isa::scalar ? 1 : tuned_splits.value_or(split_count(base_tasks, lens));
+    const int64_t splits = isa == Isa::scalar || dec.deterministic
+                               ? 1
+                               : tuned_splits.value_or(split_count(base_tasks, lens));
     // An fp8 cache on the paths that read bf16 rows: the blocks the call reads,
     // converted exactly (attention_fp8.h); the LLVM kernel reads the codes.
     const bool copied = kvs.fp8 && !llvm_kernel;
@@ -174,6 +179,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
                  : ops::attention_engine_plan(isa, std::min(attn::kRowsPerBlock, g), p.key_block,
                                               base_tasks, splits);
       if (copied) runs += " copy=bf16";
+      if (dec.deterministic) runs += " deterministic";
       if (tuned) runs += " tuned=" + tuned->id();
       return ops::CallLine{
           fmt::format("B={} Hq={} Hkv={} D={} Dv={} bs={} max_len={} cache={}", batch, hq, hkv, d,

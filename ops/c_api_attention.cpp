@@ -58,16 +58,45 @@ tilejit_status tilejit_flash_attn_varlen(const tilejit_tensor* q, const tilejit_
   });
 }
 
+void tilejit_decode_options_init(tilejit_decode_options* opt) {
+  if (opt == nullptr) return;
+  *opt = tilejit_decode_options{};
+  opt->struct_size = sizeof *opt;
+  opt->deterministic = DecodeOptions{}.deterministic;
+}
+
+namespace {
+void decode_call(const tilejit_tensor* q, const tilejit_tensor* k_cache,
+                 const tilejit_tensor* v_cache, const tilejit_tensor* out,
+                 const tilejit_tensor* block_table, const tilejit_tensor* seq_lens,
+                 const tilejit_attention_options* opt, const tilejit_decode_options* dec) {
+  DecodeOptions d;
+  if (const auto c =
+          options(dec, "dec", "tilejit_decode_options_init", tilejit_decode_options_init))
+    d.deterministic = c->deterministic;
+  decode_attention(view(q, "q"), view(k_cache, "k_cache"), view(v_cache, "v_cache"),
+                   view(out, "out"), view(block_table, "block_table"), view(seq_lens, "seq_lens"),
+                   attention_options(opt), d);
+}
+}  // namespace
+
 tilejit_status tilejit_decode_attention(const tilejit_tensor* q, const tilejit_tensor* k_cache,
                                         const tilejit_tensor* v_cache, const tilejit_tensor* out,
                                         const tilejit_tensor* block_table,
                                         const tilejit_tensor* seq_lens,
                                         const tilejit_attention_options* opt) {
-  return call(__func__, [&] {
-    decode_attention(view(q, "q"), view(k_cache, "k_cache"), view(v_cache, "v_cache"),
-                     view(out, "out"), view(block_table, "block_table"), view(seq_lens, "seq_lens"),
-                     attention_options(opt));
-  });
+  return call(__func__,
+              [&] { decode_call(q, k_cache, v_cache, out, block_table, seq_lens, opt, nullptr); });
+}
+
+tilejit_status tilejit_decode_attention_ex(const tilejit_tensor* q, const tilejit_tensor* k_cache,
+                                           const tilejit_tensor* v_cache, const tilejit_tensor* out,
+                                           const tilejit_tensor* block_table,
+                                           const tilejit_tensor* seq_lens,
+                                           const tilejit_attention_options* opt,
+                                           const tilejit_decode_options* dec) {
+  return call(__func__,
+              [&] { decode_call(q, k_cache, v_cache, out, block_table, seq_lens, opt, dec); });
 }
 
 tilejit_status tilejit_extend_attention(const tilejit_tensor* q, const tilejit_tensor* k_cache,

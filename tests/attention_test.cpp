@@ -686,6 +686,73 @@ TEST_F(Decode, MlaOnASmallStackThread) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// DecodeOptions::deterministic: a sequence's output bit for bit the same
+// alone or in any batch (other sequences' number and lengths), on any thread
+// count. Without it the split-KV count follows the threads, the task count
+// and the longest sequence, so a sequence alone on 2 threads splits and in a
+// batch does not (an outside tester's batch-invariance check: ~1500 of 4096
+// outputs moved), and a long neighbour made a short sequence split.
+TEST_F(Decode, DeterministicIsBatchAndThreadInvariant) {
+  const int64_t hq = 32, hkv = 8, d = 128, bs = 16;
+  const std::vector<int64_t> lens = {1000, 6000, 40, 300};  // the target is sequence 0
+  int64_t blocks = 0;
+  for (int64_t l : lens) blocks += (l + bs - 1) / bs;
+  const auto kc = random_bf16(static_cast<size_t>(blocks * bs * hkv * d), 21, -2, 2);
+  const auto vc = random_bf16(static_cast<size_t>(blocks * bs * hkv * d), 22, -1, 1);
+  const TensorView k_cache(const_cast<uint16_t*>(kc.data()), DType::bf16, {blocks, bs, hkv, d});
+  const TensorView v_cache(const_cast<uint16_t*>(vc.data()), DType::bf16, {blocks, bs, hkv, d});
+  // Sequence s owns consecutive blocks, handed out in reverse.
+  std::vector<std::vector<int32_t>> owned(lens.size());
+  int64_t next = blocks;
+  for (size_t s = 0; s < lens.size(); ++s)
+    for (int64_t i = 0; i < (lens[s] + bs - 1) / bs; ++i)
+      owned[s].push_back(static_cast<int32_t>(--next));
+  const auto qs = random_bf16(static_cast<size_t>(lens.size() * hq * d), 23, -2, 2);
+  // The target's output rows when decoded in the batch `seqs` (the target at
+  // position `at`) on `threads` threads.
+  auto target = [&](std::vector<size_t> seqs, size_t at, int threads, bool deterministic) {
+    seqs.insert(seqs.begin() + static_cast<ptrdiff_t>(at), 0);
+    const auto b = static_cast<int64_t>(seqs.size());
+    int64_t max_blocks = 0;
+    for (size_t s : seqs) max_blocks = std::max<int64_t>(max_blocks, owned[s].size());
+    std::vector<int32_t> table(static_cast<size_t>(b * max_blocks), 0), lens32;
+    std::vector<uint16_t> q;
+    for (int64_t i = 0; i < b; ++i) {
+      const size_t s = seqs[static_cast<size_t>(i)];
+      std::copy(owned[s].begin(), owned[s].end(), table.begin() + i * max_blocks);
+      lens32.push_back(static_cast<int32_t>(lens[s]));
+      q.insert(q.end(), qs.begin() + static_cast<ptrdiff_t>(s * hq * d),
+               qs.begin() + static_cast<ptrdiff_t>((s + 1) * hq * d));
+    }
+    std::vector<uint16_t> out(static_cast<size_t>(b * hq * d));
+    const int saved = num_threads();
+    set_num_threads(threads);
+    DecodeOptions dec;
+    dec.deterministic = deterministic;
+    decode_attention(TensorView(q.data(), DType::bf16, {b, hq, d}), k_cache, v_cache,
+                     TensorView(out.data(), DType::bf16, {b, hq, d}),
+                     TensorView(table.data(), DType::i32, {b, max_blocks}),
+                     TensorView(lens32.data(), DType::i32, {b}), {}, dec);
+    set_num_threads(saved);
+    return std::vector<uint16_t>(out.begin() + static_cast<ptrdiff_t>(at * hq * d),
+                                 out.begin() + static_cast<ptrdiff_t>((at + 1) * hq * d));
+  };
+  const std::vector<uint16_t> alone = target({}, 0, 1, true);
+  struct Variant {
+    std::vector<size_t> others;
+    size_t at;
+    int threads;
+  };
+  for (const Variant& v :
+       {Variant{{}, 0, 2}, Variant{{}, 0, 8}, Variant{{1}, 1, 2}, Variant{{2, 3}, 0, 2},
+        Variant{{1, 2, 3, 2, 3, 2, 3}, 4, 3}, Variant{{3, 2, 1}, 3, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "batch of " << v.others.size() + 1 << ", target at "
+                                      << v.at << ", " << v.threads << " threads");
+    const std::vector<uint16_t> got = target(v.others, v.at, v.threads, true);
+    for (size_t i = 0; i < alone.size(); ++i) ASSERT_EQ(got[i], alone[i]) << "element " << i;
+  }
+}
+
 TEST_F(Decode, Long32k) {
   Paged pr;
   pr.lens = {32768};

@@ -389,6 +389,24 @@ TEST(CApi, AttentionAndStoreKvMatchTheCppCalls) {
                      {ocpp.data(), DType::bf16, {B, Hq, D}}, {table.data(), DType::i32, {B, mb}},
                      {lens.data(), DType::i32, {B}}, co);
     EXPECT_TRUE(same_bytes(oc, ocpp)) << "decode";
+    // With decode options: deterministic, and NULL (the defaults).
+    tilejit_decode_options dco;
+    tilejit_decode_options_init(&dco);
+    EXPECT_FALSE(dco.deterministic);
+    dco.deterministic = true;
+    DecodeOptions dcpp;
+    dcpp.deterministic = true;
+    ASSERT_C_OK(tilejit_decode_attention_ex(&qt, &kt, &vt, &ot, &bt, &lt, &o, &dco));
+    decode_attention({q.data(), DType::bf16, {B, Hq, D}},
+                     {kc.data(), DType::f8e4m3, {nblocks, block, Hkv, D}},
+                     {vc.data(), DType::f8e4m3, {nblocks, block, Hkv, D}},
+                     {ocpp.data(), DType::bf16, {B, Hq, D}}, {table.data(), DType::i32, {B, mb}},
+                     {lens.data(), DType::i32, {B}}, co, dcpp);
+    EXPECT_TRUE(same_bytes(oc, ocpp)) << "decode, deterministic";
+    ASSERT_C_OK(tilejit_decode_attention_ex(&qt, &kt, &vt, &ot, &bt, &lt, &o, nullptr));
+    tilejit_decode_options zero{};
+    expect_c_error(tilejit_decode_attention_ex(&qt, &kt, &vt, &ot, &bt, &lt, &o, &zero),
+                   "tilejit_decode_options_init");
   }
   {  // extend: 3 and 2 new tokens with their own K/V after prefixes of 9 and 4 keys
     const std::vector<int32_t> qo = {0, 3, 5}, prefix = {9, 4};

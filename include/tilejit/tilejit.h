@@ -360,9 +360,17 @@ void flash_attn_varlen(const TensorView& q, const TensorView& k, const TensorVie
 // token's included). The new token is the last position: i_pos = seq_len − 1.
 // Aliasing: k_cache and v_cache may share memory (MLA: V = the first Dv
 // columns of K); out shares memory with no input.
+struct DecodeOptions {
+  // Each sequence's output independent of the thread count and of the other
+  // sequences of the batch (their number and lengths), bit for bit: no
+  // split-KV (a sequence's keys in one fixed order, one task), so a long
+  // context no longer spreads over the cores. docs/attention.md, "Determinism".
+  bool deterministic = false;
+};
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
-                      const TensorView& seq_lens, const AttentionOptions& opt = {});
+                      const TensorView& seq_lens, const AttentionOptions& opt = {},
+                      const DecodeOptions& dec = {});
 
 // Extend (sglang): for each sequence b, the new tokens q[qo_indptr[b] ..
 // qo_indptr[b+1]) sit at positions prefix_lens[b] + i and attend to the
@@ -378,7 +386,8 @@ struct ExtendOptions {
   // mask[i·n_b + j] != 0 lets new token i see new token j (replaces the causal
   // rule among the new tokens; the prefix stays visible, subject to windows).
   std::optional<TensorView> tree_mask;
-  // Results independent of the thread count: no split-KV, fixed key order.
+  // Each sequence's output independent of the thread count and of the other
+  // sequences of the batch, bit for bit: no split-KV, fixed key order.
   bool deterministic = false;
 };
 
@@ -664,7 +673,8 @@ CacheStats cache_stats();
 // that is not a valid database is an Error naming it and the line.
 void load_tuning_db(const std::string& path);
 
-// Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the cores).
+// Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the CPUs
+// the process may run on: README).
 void set_num_threads(int n);
 int num_threads();
 

@@ -281,6 +281,18 @@ tilejit_status tilejit_decode_attention(const tilejit_tensor* q, const tilejit_t
                                         const tilejit_tensor* block_table,
                                         const tilejit_tensor* seq_lens,
                                         const tilejit_attention_options* opt);
+typedef struct tilejit_decode_options {
+  uint32_t struct_size;
+  bool deterministic; /* DecodeOptions::deterministic */
+} tilejit_decode_options;
+void tilejit_decode_options_init(tilejit_decode_options* opt);
+/* tilejit_decode_attention with decode options (dec NULL: the defaults). */
+tilejit_status tilejit_decode_attention_ex(const tilejit_tensor* q, const tilejit_tensor* k_cache,
+                                           const tilejit_tensor* v_cache, const tilejit_tensor* out,
+                                           const tilejit_tensor* block_table,
+                                           const tilejit_tensor* seq_lens,
+                                           const tilejit_attention_options* opt,
+                                           const tilejit_decode_options* dec);
 tilejit_status tilejit_extend_attention(const tilejit_tensor* q, const tilejit_tensor* k_cache,
                                         const tilejit_tensor* v_cache, const tilejit_tensor* out,
                                         const tilejit_tensor* qo_indptr,

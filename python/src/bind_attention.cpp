@@ -95,22 +95,25 @@ void bind_attention(py::module_& m) {
     flash_attn_varlen(tq.view(), tk.view(), tv.view(), to.view(), tcq.view(), tck.view(), a.opt);
   });
 
-  m.def("decode_attention", [](const py::handle& q, const py::handle& k_cache,
-                               const py::handle& v_cache, const py::handle& block_table,
-                               const py::handle& seq_lens, const py::handle& out, bool causal,
-                               const py::handle& sm_scale, const py::handle& window_left,
-                               const py::handle& window_right, float softcap,
-                               const py::handle& sinks, const py::handle& alibi_slopes,
-                               float k_scale, float v_scale, const py::handle& k_head_scales,
-                               const py::handle& v_head_scales, const py::handle& dtype) {
-    const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right, softcap,
-                      sinks, alibi_slopes, k_scale, v_scale, k_head_scales, v_head_scales, dtype);
-    DlpackTensor tbt(block_table, "block_table", c.as), tsl(seq_lens, "seq_lens", c.as),
-        to(out, "out", c.as);
-    GilRelease release;
-    decode_attention(c.q->view(), c.k_cache->view(), c.v_cache->view(), to.view(), tbt.view(),
-                     tsl.view(), c.a.opt);
-  });
+  m.def("decode_attention",
+        [](const py::handle& q, const py::handle& k_cache, const py::handle& v_cache,
+           const py::handle& block_table, const py::handle& seq_lens, const py::handle& out,
+           bool causal, const py::handle& sm_scale, const py::handle& window_left,
+           const py::handle& window_right, float softcap, const py::handle& sinks,
+           const py::handle& alibi_slopes, float k_scale, float v_scale,
+           const py::handle& k_head_scales, const py::handle& v_head_scales, bool deterministic,
+           const py::handle& dtype) {
+          const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right,
+                            softcap, sinks, alibi_slopes, k_scale, v_scale, k_head_scales,
+                            v_head_scales, dtype);
+          DlpackTensor tbt(block_table, "block_table", c.as), tsl(seq_lens, "seq_lens", c.as),
+              to(out, "out", c.as);
+          DecodeOptions dec;
+          dec.deterministic = deterministic;
+          GilRelease release;
+          decode_attention(c.q->view(), c.k_cache->view(), c.v_cache->view(), to.view(), tbt.view(),
+                           tsl.view(), c.a.opt, dec);
+        });
 
   m.def(
       "extend_attention",

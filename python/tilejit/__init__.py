@@ -361,10 +361,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=Fals
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causal=False,
                      sm_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
                      alibi_slopes=None, k_scale=1.0, v_scale=1.0, k_head_scales=None,
-                     v_head_scales=None, dtype=None):
+                     v_head_scales=None, deterministic=False, dtype=None):
     """One new token per sequence over a paged cache: q [B, Hq, D]; caches
     [num_blocks, block_size, Hkv, D / Dv]; block_table int32 [B, max_blocks];
-    seq_lens int32 [B]; out [B, Hq, Dv] bf16."""
+    seq_lens int32 [B]; out [B, Hq, Dv] bf16. deterministic: each sequence's
+    output independent of the thread count and of the rest of the batch
+    (no split-KV)."""
     if out is None:
         (b, h, _), q = _shape(q, "q", 3, dtype)
         (_, _, _, dv), v_cache = _shape(v_cache, "v_cache", 4, dtype)
@@ -373,7 +375,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causa
         ret = out
     _core.decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, causal, sm_scale,
                            window_left, window_right, softcap, sinks, alibi_slopes, k_scale,
-                           v_scale, k_head_scales, v_head_scales, dtype)
+                           v_scale, k_head_scales, v_head_scales, deterministic, dtype)
     return ret
 
 

@@ -140,6 +140,33 @@ def test_decode_attention_paged(block_size):
         check(out[b:b + 1], ref, np.abs(to_f64(vs[b])).max())
 
 
+def test_decode_attention_deterministic_is_batch_invariant():
+    # deterministic=True: a sequence's output is the same bits alone (split
+    # over 2 threads) and beside a longer one.
+    hq, hkv, d, bs = 8, 2, 64, 16
+    lens = [700, 3000]
+    ks = [bf16((n, hkv, d), 50 + i) for i, n in enumerate(lens)]
+    vs = [bf16((n, hkv, d), 60 + i) for i, n in enumerate(lens)]
+    nblk = sum(-(-n // bs) for n in lens) + 2
+    k_cache, table = paged(ks, bs, nblk, 70)
+    v_cache, _ = paged(vs, bs, nblk, 70)
+    q = bf16((2, hq, d), 80)
+    saved = tilejit.num_threads()
+    try:
+        tilejit.set_num_threads(2)
+        alone = tilejit.decode_attention(q[:1], k_cache, v_cache, table[:1],
+                                         torch.tensor(lens[:1], dtype=torch.int32),
+                                         deterministic=True)
+        both = tilejit.decode_attention(q, k_cache, v_cache, table,
+                                        torch.tensor(lens, dtype=torch.int32),
+                                        deterministic=True)
+    finally:
+        tilejit.set_num_threads(saved)
+    assert torch.equal(alone.view(torch.int16), both[:1].view(torch.int16))
+    ref = ref_attn(to_f64(q[:1]), to_f64(ks[0]), to_f64(vs[0]))
+    check(alone, ref, np.abs(to_f64(vs[0])).max())
+
+
 def e4m3_to_f64(codes):
     c = np.asarray(codes).astype(np.int64)
     sign = np.where(c & 0x80, -1.0, 1.0)
