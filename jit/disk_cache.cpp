@@ -221,6 +221,18 @@ DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
                 : "cannot create the directory: " + (ec ? ec.message() : std::string("unknown")));
     return;
   }
+  // An existing directory this process cannot write (a read-only image
+  // layer, another user's 0755 directory): loads work, every store fails.
+  // That was silent without TILEJIT_VERBOSE (an outside tester's find: each
+  // restart recompiled while the operator believed the cache on). Said once;
+  // the loads stay, a pre-filled read-only cache is a sound deployment.
+  if (::access(dir_.c_str(), W_OK | X_OK) != 0) {
+    const int e = errno;
+    std::fprintf(stderr,
+                 "tilejit: warning: kernel cache directory '%s' is not writable (%s); kernels "
+                 "are loaded from it but new ones are not stored\n",
+                 dir_.c_str(), std::strerror(e));
+  }
   remove_orphans();
   trim("");
 }

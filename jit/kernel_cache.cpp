@@ -12,6 +12,7 @@
 #include "runtime/verbose.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -389,9 +390,12 @@ const Kernel& KernelCache::get(const std::string& key, const std::string& name,
       s.compile_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
     }
     if (s.verbose)
-      std::fprintf(stderr, "tilejit: %s %s (%zu bytes, %.1f us) backend=%s key=%s\n",
-                   from_disk ? "loaded" : "compiled", name.c_str(), k->size, k->compile_us,
-                   k->backend.c_str(), key.c_str());
+      // fmt, not printf's %f: a host's LC_NUMERIC printed "7458,1 us".
+      std::fputs(fmt::format("tilejit: {} {} ({} bytes, {:.1f} us) backend={} key={}\n",
+                             from_disk ? "loaded" : "compiled", name, k->size, k->compile_us,
+                             k->backend, key)
+                     .c_str(),
+                 stderr);
     observe(s, *k);
     const Kernel* result = k.get();
     {

@@ -183,6 +183,44 @@ TEST(DiskCache, UnusableDirectoryDegradesToMemory) {
   fs::remove(file);
 }
 
+// An existing directory the process cannot write: one warning (it was silent
+// without TILEJIT_VERBOSE while every store failed), and loads still work.
+// In a child that is not root (root writes anywhere): nobody when run as root.
+TEST(DiskCache, AReadOnlyDirectoryIsSaidAndServesLoads) {
+  const std::string dir = fresh_dir("ro");
+  {
+    jit::DiskCache w(dir, 0);
+    w.store("k", bytes(10, 1));
+  }
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  char log_path[] = "/tmp/tilejit-ro-log-XXXXXX";
+  const int log_fd = ::mkstemp(log_path);
+  ASSERT_GE(log_fd, 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) _exit(20);
+    if (::dup2(log_fd, 2) < 0) _exit(21);
+    jit::DiskCache c(dir, 0);
+    if (!c.enabled()) _exit(22);
+    if (!c.load("k").has_value()) _exit(23);
+    c.store("k2", bytes(10, 2));
+    _exit(c.store_failures() == 1 ? 0 : 24);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ::close(log_fd);
+  std::ifstream in(log_path);
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  ::unlink(log_path);
+  ::chmod(dir.c_str(), 0755);
+  fs::remove_all(dir);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_THAT(log, ::testing::HasSubstr("is not writable"));
+  EXPECT_THAT(log, ::testing::HasSubstr("kernels are loaded from it but new ones are not stored"));
+}
+
 // A temporary entry whose writer died before its rename is removed when the
 // directory is next opened; a running writer's is not (they stayed forever).
 TEST(DiskCache, OrphanedTemporaryFilesOfDeadWritersAreRemoved) {
