@@ -18,6 +18,7 @@
 #include <random>
 
 #include "runtime/cpu_features.h"
+#include "runtime/env_text.h"
 #include "runtime/file_size_limit.h"
 #include "runtime/verbose.h"
 
@@ -282,7 +283,7 @@ uint64_t DiskCache::cache_max_bytes_from_env() {
     std::fprintf(stderr,
                  "tilejit: warning: TILEJIT_CACHE_MAX_SIZE='%s' is not a size (<n>[K|M|G|T], "
                  "0 = no limit); using 1G\n",
-                 e);
+                 runtime::shown_env_value(e).c_str());
   });
   return kDefaultCacheMaxBytes;
 }

@@ -409,10 +409,11 @@ void entry_fields(const json& j, bool strict, TunedEntry* e) {
                         {"tuned_us", &e->tuned_us},
                         {"noise_us", &e->noise_us}}) {
     if (!m.contains(k)) continue;
-    if (m[k].is_number())
+    // A time: >= 0 (a negative one was taken and reported as measured).
+    if (m[k].is_number() && m[k].get<double>() >= 0)
       *out = m[k].get<double>();
     else
-      bad(fmt::format("measured.{} = {}; allowed: a number (microseconds)", k, m[k].dump()));
+      bad(fmt::format("measured.{} = {}; allowed: a number >= 0 (microseconds)", k, m[k].dump()));
   }
   if (m.contains("candidates")) {
     const json& v = m["candidates"];

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/env_text.h"
 #include "runtime/lazy_statics.h"
 #include "tilejit/error.h"
 
@@ -139,7 +140,7 @@ AmxEmulation amx_emulation_choice() {
   if (env == nullptr || *env == '\0' || std::strcmp(env, "0") == 0) return AmxEmulation::off;
   if (std::strcmp(env, "1") == 0) return AmxEmulation::on;
   if (std::strcmp(env, "auto") == 0) return AmxEmulation::automatic;
-  throw Error(std::string("TILEJIT_AMX_EMULATE='") + env +
+  throw Error(std::string("TILEJIT_AMX_EMULATE='") + shown_env_value(env) +
               "' is not an emulation mode; allowed: 0, 1, auto");
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/cpu_features.h"
+#include "runtime/env_text.h"
 #include "runtime/lazy_statics.h"
 
 namespace tilejit::runtime {
@@ -15,7 +16,7 @@ Isa parse_isa(const char* text, const char* what) {
   if (std::strcmp(text, "avx512") == 0) return Isa::avx512;
   if (std::strcmp(text, "llvm") == 0) return Isa::llvm;
   if (std::strcmp(text, "scalar") == 0) return Isa::scalar;
-  throw Error(std::string(what) + "='" + text +
+  throw Error(std::string(what) + "='" + shown_env_value(text) +
               "' is not an ISA path; allowed: amx, avx512, llvm, scalar");
 }
 
@@ -25,7 +26,7 @@ BackendChoice backend_choice() {
     if (env == nullptr || *env == '\0') return BackendChoice::any;
     if (std::strcmp(env, "xbyak") == 0) return BackendChoice::xbyak;
     if (std::strcmp(env, "llvm") == 0) return BackendChoice::llvm;
-    throw Error(std::string("TILEJIT_BACKEND='") + env +
+    throw Error(std::string("TILEJIT_BACKEND='") + shown_env_value(env) +
                 "' is not a backend; allowed: xbyak, llvm");
   }();
   return b;

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/env_text.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/thread_limits.h"
 #include "tilejit/error.h"
@@ -35,7 +36,7 @@ int default_threads() {
     long v = std::strtol(env, &end, 10);  // leading blanks skipped; trailing ones too:
     while (*end == ' ' || *end == '\t') ++end;
     if (end == env || *end != '\0' || v < 1 || v > kMaxThreads)
-      throw Error(std::string("TILEJIT_NUM_THREADS='") + env +
+      throw Error(std::string("TILEJIT_NUM_THREADS='") + shown_env_value(env) +
                   "' is not a thread count; allowed: an integer from 1 to " +
                   std::to_string(kMaxThreads));
     return static_cast<int>(v);

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "runtime/env_text.h"
+
 namespace tilejit::runtime {
 
 // A diagnostic knob's value: an integer in [0, max], or 0 when unset or
@@ -16,11 +18,12 @@ inline int diagnostic_env_level(const char* name, int max) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;
   char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
+  const long n = std::strtol(v, &end, 10);    // blanks around the number taken, as
+  while (*end == ' ' || *end == '\t') ++end;  // TILEJIT_NUM_THREADS takes them
   if (end != v && *end == '\0' && n >= 0 && n <= max) return static_cast<int>(n);
   std::fprintf(stderr,
                "tilejit: warning: %s='%s' ignored: allowed: an integer from 0 to %d (unset: 0)\n",
-               name, v, max);
+               name, shown_env_value(v).c_str(), max);
   return 0;
 }
 

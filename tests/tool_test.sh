@@ -342,6 +342,16 @@ if [ -f "$LB" ] && [ -f "$LS" ]; then
   TILEJIT_PERF_MAP=yes TILEJIT_VERBOSE=abc ok "bad diagnostic knobs: run" "$TJ" run "$LB" --random-inputs 1 --dim M=2
   has "TILEJIT_PERF_MAP=yes warned" "$ERR" "warning: TILEJIT_PERF_MAP='yes' ignored: allowed: an integer from 0 to 1"
   has "TILEJIT_VERBOSE=abc warned" "$ERR" "warning: TILEJIT_VERBOSE='abc' ignored"
+  # A value with a newline is shown escaped on one line, a long one cut at 64
+  # bytes (raw, the newline split the warning and 5000 bytes were printed).
+  TILEJIT_VERBOSE="$(printf '1\nx')" ok "knob with a newline: run" "$TJ" run "$LB" --random-inputs 1 --dim M=2
+  has "knob value escaped" "$ERR" "warning: TILEJIT_VERBOSE='1.nx' ignored"
+  TILEJIT_ISA="$(head -c 5000 /dev/zero | tr '\0' a)" bad "long knob value cut" \
+    "TILEJIT_ISA='a{64}[.]{3} [(]5000 bytes[)]' is not an ISA path" "$TJ" run "$LB" --random-inputs 1 --dim M=2
+  # Blanks around a level are taken, as TILEJIT_NUM_THREADS takes them.
+  TILEJIT_VERBOSE='0 ' ok "knob with a trailing blank: run" "$TJ" run "$LB" --random-inputs 1 --dim M=2
+  checks=$((checks + 1))
+  ! grep -q TILEJIT_VERBOSE "$ERR" || fail "a trailing blank warned: $(cat "$ERR")"
   "$TJ" gen-npy "$WORK/x_i4.npy" --dtype '<i4' --shape 5,1024
   bad "wrong-dtype .npy" "input 'x' \\(.*x_i4.npy\\) is a '<i4' array; .* needs '<u2'" \
     "$TJ" run "$LB" --input "x=$WORK/x_i4.npy" --random-inputs 1

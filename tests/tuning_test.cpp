@@ -781,6 +781,9 @@ TEST(TuningDb, WrongTypesNamed) {
                        "entry 0: field 'measured' = [1,2]; allowed: an object");
   with(R"({"candidates": 1.5})");
   expect_tilejit_error([&] { jit::TuningDb::load(path); }, "measured.candidates = 1.5");
+  with(R"({"default_us": -3.5})");  // a time: a negative one was taken
+  expect_tilejit_error([&] { jit::TuningDb::load(path); },
+                       "measured.default_us = -3.5; allowed: a number >= 0 (microseconds)");
   with(R"({"candidates": 3})");
   EXPECT_EQ(jit::TuningDb::load(path).entries.at(0).candidates, 3);
   // 2^32 + 1 is not version 1 (get<int> truncated it).

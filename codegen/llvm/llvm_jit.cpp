@@ -32,6 +32,7 @@
 
 #include "codegen/llvm/jit_memory.h"
 #include "codegen/llvm/module_context.h"
+#include "runtime/env_text.h"
 #include "runtime/thread_pool.h"
 
 namespace tilejit::codegen::llvm_backend {
@@ -90,8 +91,8 @@ void apply_cpu_override(orc::JITTargetMachineBuilder& b) {
   if (env == nullptr || *env == '\0') return;
   const std::string cpu = env;
   if (llvm::X86::parseArchX86(cpu, /*Only64Bit=*/true) == llvm::X86::CK_None)
-    throw Error("TILEJIT_LLVM_CPU=" + cpu +
-                " is not an x86-64 CPU name LLVM knows (e.g. x86-64-v3)");
+    throw Error("TILEJIT_LLVM_CPU='" + runtime::shown_env_value(env) +
+                "' is not an x86-64 CPU name LLVM knows (e.g. x86-64-v3)");
   std::set<std::string> host;
   for (const std::string& f : b.getFeatures().getFeatures())
     if (!f.empty() && f[0] == '+') host.insert(f);
