@@ -20,6 +20,7 @@
 #include "runtime/cpu_features.h"
 #include "runtime/env_text.h"
 #include "runtime/file_size_limit.h"
+#include "runtime/make_directories.h"
 #include "runtime/verbose.h"
 
 #ifndef TILEJIT_BUILD_ID
@@ -182,27 +183,6 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
   return true;
 }
 
-// Makes `dir` and its missing parents with mode 0755 (less under a stricter
-// umask). create_directories used the process's umask alone: under umask 0
-// the cache was drwxrwxrwx, where any user could delete or flood entries.
-// Existing directories are left as they are; the caller checks that `dir` is
-// one at the end (a file in its place is not an error here).
-std::error_code make_directories(const std::string& dir) {
-  std::filesystem::path prefix;
-  for (const std::filesystem::path& part : std::filesystem::path(dir)) {
-    prefix /= part;
-    if (part.empty() || part.has_root_directory() || part == "." || part == "..") continue;
-    if (::mkdir(prefix.c_str(), 0755) == 0 || errno == EEXIST) continue;
-    // An existing directory can still fail with another errno first (EROFS,
-    // EACCES in a parent this user cannot write).
-    const int e = errno;
-    struct stat sb;
-    if (::stat(prefix.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) continue;
-    return std::error_code(e, std::generic_category());
-  }
-  return {};
-}
-
 }  // namespace
 
 DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
@@ -214,7 +194,7 @@ DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
   // longer existed (every store failed, silently without TILEJIT_VERBOSE).
   if (std::filesystem::path abs = std::filesystem::absolute(dir_, ec); !ec)
     dir_ = abs.lexically_normal().string();
-  ec = make_directories(dir_);
+  ec = runtime::make_directories(dir_);
   std::error_code st;
   if (!std::filesystem::is_directory(dir_, st)) {
     disable(std::filesystem::exists(dir_, st)
@@ -239,12 +219,15 @@ DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
 }
 
 std::optional<uint64_t> parse_cache_size(const char* text) {
-  if (text == nullptr || *text < '0' || *text > '9') return std::nullopt;
+  if (text == nullptr) return std::nullopt;
+  while (*text == ' ' || *text == '\t') ++text;  // blanks around, as the other knobs
+  if (*text < '0' || *text > '9') return std::nullopt;
   uint64_t v = 0;
   const char* p = text;
   for (; *p >= '0' && *p <= '9'; ++p) {
-    if (v > (uint64_t(1) << 60) / 10) return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(*p - '0');
+    const auto digit = static_cast<uint64_t>(*p - '0');
+    if (v > (UINT64_MAX - digit) / 10) return std::nullopt;
+    v = v * 10 + digit;
   }
   int shift = 0;
   switch (*p) {
@@ -266,11 +249,16 @@ std::optional<uint64_t> parse_cache_size(const char* text) {
     case 't':
       shift = 40;
       break;
+    case ' ':
+    case '\t':
+      break;
     default:
       return std::nullopt;
   }
-  if (*p != '\0' && p[1] != '\0') return std::nullopt;
-  if (v > (uint64_t(1) << (60 - shift))) return std::nullopt;
+  if (shift != 0) ++p;
+  while (*p == ' ' || *p == '\t') ++p;
+  if (*p != '\0') return std::nullopt;
+  if (shift != 0 && v > (UINT64_MAX >> shift)) return std::nullopt;  // past 2^64 bytes
   return v << shift;
 }
 
@@ -483,7 +471,7 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
   if (fd < 0 && errno == ENOENT) {
     // The directory was removed while the process ran (a cleanup of the
     // cache): made again, or every later store of the process would fail.
-    if (!make_directories(dir_)) {
+    if (!runtime::make_directories(dir_)) {
       log("made the directory again", dir_);
       fd = create();
     }

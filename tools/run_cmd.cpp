@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/bf16.h"
+#include "runtime/make_directories.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
 #include "tools/program/program_runner.h"
@@ -46,23 +47,12 @@ std::map<std::string, std::string> file_options(const std::vector<std::string>& 
   return out;
 }
 
-// --save-inputs DIR: created when missing; a path that exists and is not a
-// directory (a regular file, say) is a usage error, not a failed write. Each
-// missing component is made 0755 (less under a stricter umask):
-// create_directories took the umask alone, and under umask 0 any user could
-// replace the saved inputs. Existing directories are left as they are.
+// --save-inputs DIR: created when missing (runtime::make_directories: 0755,
+// whatever the umask); a path that exists and is not a directory (a regular
+// file, say) is a usage error, not a failed write.
 void make_save_dir(const std::string& dir) {
-  std::error_code ec, stat_ec;
-  std::filesystem::path prefix;
-  for (const std::filesystem::path& part : std::filesystem::path(dir)) {
-    prefix /= part;
-    if (part.empty() || part.has_root_directory() || part == "." || part == "..") continue;
-    if (::mkdir(prefix.c_str(), 0755) == 0) continue;
-    const int e = errno;
-    if (e == EEXIST || std::filesystem::is_directory(prefix, stat_ec)) continue;
-    ec = std::error_code(e, std::generic_category());
-    break;
-  }
+  std::error_code stat_ec;
+  const std::error_code ec = runtime::make_directories(dir);
   if (!ec && std::filesystem::is_directory(dir, stat_ec)) return;
   throw UsageError(
       fmt::format("--save-inputs '{}': {}; allowed: a directory (created if missing)", dir,
