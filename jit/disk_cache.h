@@ -79,8 +79,9 @@ class DiskCache {
   std::mutex trim_mu_;
 };
 
-// TILEJIT_CACHE_MAX_SIZE parsed: "<n>[K|M|G|T]" (powers of 1024), 0 = no
-// limit; nothing for a value that is not such a size (or is above 2^60).
+// TILEJIT_CACHE_MAX_SIZE parsed: "<n>[K|M|G|T]" (powers of 1024, either
+// case, blanks around taken), 0 = no limit; nothing for a value that is not
+// such a size or passes 2^64 bytes.
 std::optional<uint64_t> parse_cache_size(const char* text);
 
 // The directory from TILEJIT_CACHE_DIR ("" = off, the library default).

@@ -175,6 +175,11 @@ void append_perf_map(pid_t& refused_pid, const std::string& text) {
     why = "it is not a regular file";
   } else if (st.st_uid != ::geteuid()) {
     why = "it is owned by another user";
+  } else if (st.st_nlink != 1) {
+    // A hard link planted at perf's name (to a file of this user) would take
+    // the appended lines (an outside tester's find; fs.protected_hardlinks
+    // stops other users' links on most hosts, not this user's own).
+    why = "it has other hard links";
   }
   if (why != nullptr) {
     if (fd >= 0) ::close(fd);

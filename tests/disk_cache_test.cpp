@@ -278,8 +278,12 @@ TEST(DiskCacheSize, TheSizeKnobParses) {
   EXPECT_EQ(jit::parse_cache_size("1G"), 1ull << 30);
   EXPECT_EQ(jit::parse_cache_size("2t"), 2ull << 40);
   EXPECT_EQ(jit::parse_cache_size("1048576T"), 1ull << 60);
-  for (const char* bad : {"", "-1", "1.5G", "1KB", "G", "1 G", " 1G", "0x10", "1e9",
-                          "99999999999999999999", "1048577T", "2000000000G"})
+  // Large asks for "effectively no cap" are taken up to 2^64 bytes.
+  EXPECT_EQ(jit::parse_cache_size("8388607T"), 8388607ull << 40);
+  EXPECT_EQ(jit::parse_cache_size("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(jit::parse_cache_size(" 5M "), 5ull << 20);
+  for (const char* bad : {"", "-1", "1.5G", "1KB", "G", "1 G", "0x10", "1e9",
+                          "18446744073709551616", "99999999999999999999", "16777216T"})
     EXPECT_FALSE(jit::parse_cache_size(bad).has_value()) << bad;
   EXPECT_FALSE(jit::parse_cache_size(nullptr).has_value());
 }

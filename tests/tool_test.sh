@@ -1164,9 +1164,10 @@ done
 cp "$WORK/victim_was" "$WORK/perf_victim"
 # shellcheck disable=SC2016 # expanded by the inner shell
 perf_plant_then_run='map=/tmp/perf-$$.map; echo "$map" >"$2"
-  case $1 in fifo) mkfifo "$map" || exit 99 ;; symlink) ln -s "$3" "$map" || exit 99 ;; esac
+  case $1 in fifo) mkfifo "$map" || exit 99 ;; symlink) ln -s "$3" "$map" || exit 99 ;;
+    hardlink) ln "$3" "$map" || exit 99 ;; esac
   shift 3; TILEJIT_PERF_MAP=1 exec "$@"'
-for planted in none fifo symlink; do
+for planted in none fifo symlink hardlink; do
   ok "perf map, $planted at its name: no hang, --check passes" timeout 30 sh -c "$perf_plant_then_run" sh \
     $planted "$WORK/perf_path" "$WORK/perf_victim" \
     "$TJ" run "$EXAMPLES/linear_silu.tir" --random-inputs 3 --dim M=5 --check
@@ -1178,6 +1179,10 @@ for planted in none fifo symlink; do
     symlink)
       has "perf map: a symlink refused" "$ERR" "^tilejit: warning: TILEJIT_PERF_MAP: not writing $map \(it is a symlink\)$"
       ok "perf map: the symlink's target untouched" cmp "$WORK/victim_was" "$WORK/perf_victim"
+      ;;
+    hardlink)  # a hard link to a file of this user: the lines went into it
+      has "perf map: a hard link refused" "$ERR" "^tilejit: warning: TILEJIT_PERF_MAP: not writing $map \(it has other hard links\)$"
+      ok "perf map: the linked file untouched" cmp "$WORK/victim_was" "$WORK/perf_victim"
       ;;
   esac
   ok "perf map, $planted at its name: $([ $planted = none ] && echo no || echo one) warning" \

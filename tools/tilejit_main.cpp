@@ -74,7 +74,7 @@ const CLI::Validator kThreads(
                  ? std::string()
                  : "'" + s +
                        "' is not a thread count; allowed: an integer >= 1 (absent: "
-                       "TILEJIT_NUM_THREADS or the cores)";
+                       "TILEJIT_NUM_THREADS or the CPUs the process may run on)";
     },
     "N >= 1");
 

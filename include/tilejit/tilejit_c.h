@@ -465,7 +465,8 @@ tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out);
 
 tilejit_status tilejit_load_tuning_db(const char* path);
 /* Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the
- * cores; a bad TILEJIT_NUM_THREADS is an error of the first call that reads it). */
+ * CPUs the process may run on (README); a bad TILEJIT_NUM_THREADS is an error
+ * of the first call that reads it). */
 tilejit_status tilejit_set_num_threads(int32_t n);
 tilejit_status tilejit_get_num_threads(int32_t* out);
 

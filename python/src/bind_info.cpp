@@ -67,7 +67,8 @@ void bind_info(py::module_& m) {
         set_num_threads(threads);
       },
       py::arg("n"),
-      "Threads used by operator calls (default TILEJIT_NUM_THREADS, else the cores).");
+      "Threads used by operator calls (default TILEJIT_NUM_THREADS, else the CPUs the "
+      "process may run on).");
   m.def("num_threads", [] { return num_threads(); });
 }
 
