@@ -5,6 +5,7 @@
 #
 #   -DTILEJIT_BUILD_DIR=<the tilejit build tree>  -DCONSUMER_SOURCE_DIR=<tests/consumer>
 #   -DWORK_DIR=<scratch dir>  -DGENERATOR=<generator>  -DCXX_COMPILER=<c++ compiler>
+#   -DWANTED_VERSION=<MAJOR.MINOR find_package asks for; empty: any>
 if(NOT DEFINED CHECK)
   set(CHECK consumer)
 endif()
@@ -77,6 +78,7 @@ step(configure ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -
      -DCMAKE_C_COMPILER=${c_compiler} "-DCMAKE_C_FLAGS=${CONSUMER_CXX_FLAGS}"
      -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
      -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF
+     "-DTILEJIT_WANTED_VERSION=${WANTED_VERSION}"
      # A sanitized libtilejit needs the sanitizer runtime loaded first: the
      # app is built with the same flags (else it segfaults at start-up).
      "-DCMAKE_CXX_FLAGS=${CONSUMER_CXX_FLAGS}")
