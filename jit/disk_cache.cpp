@@ -15,11 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
 #include "runtime/cpu_features.h"
 #include "runtime/env_text.h"
 #include "runtime/file_size_limit.h"
+#include "runtime/fresh_file.h"
 #include "runtime/make_directories.h"
 #include "runtime/verbose.h"
 
@@ -168,19 +168,6 @@ ReadResult read_file(const std::string& path, std::vector<uint8_t>* out) {
   buf.resize(got);
   *out = std::move(buf);
   return ReadResult::ok;
-}
-
-bool write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
 }
 
 }  // namespace
@@ -462,30 +449,21 @@ void DiskCache::store(const std::string& key, const std::vector<uint8_t>& payloa
     store_failed("entry larger than the file size limit (RLIMIT_FSIZE), not stored", path);
     return;
   }
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
-  auto create = [&] {
-    return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  };
-  int fd = create();
-  if (fd < 0 && errno == ENOENT) {
+  // 0644 whatever the umask: a group-writable entry (umask 002) is one the
+  // loads refuse (trusted_writer).
+  runtime::FreshFile fresh = runtime::create_fresh_beside(path, 0644, /*exact_mode=*/true);
+  if (fresh.fd < 0 && errno == ENOENT) {
     // The directory was removed while the process ran (a cleanup of the
     // cache): made again, or every later store of the process would fail.
     if (!runtime::make_directories(dir_)) {
       log("made the directory again", dir_);
-      fd = create();
+      fresh = runtime::create_fresh_beside(path, 0644, /*exact_mode=*/true);
     }
   }
+  const int fd = fresh.fd;
+  const std::string& tmp = fresh.path;
   if (fd < 0) return store_failed(std::string("cannot create: ") + std::strerror(errno), tmp);
-  // 0644 whatever the umask: a group-writable entry (umask 002) is one the
-  // loads refuse (trusted_writer).
-  if (::fchmod(fd, 0644) != 0) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return store_failed(std::string("cannot set the mode: ") + std::strerror(e), tmp);
-  }
-  const bool written = write_all(fd, out.data(), out.size());
+  const bool written = runtime::write_all(fd, out.data(), out.size());
   const int write_errno = errno;
   const bool closed = ::close(fd) == 0;
   if (!written || !closed) {

@@ -6,6 +6,7 @@
 #include "codegen/llvm/llvm_jit.h"
 #endif
 #include "runtime/file_size_limit.h"
+#include "runtime/fresh_file.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/per_thread.h"
 #include "runtime/stack_room.h"
@@ -29,7 +30,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <unordered_map>
 
 namespace tilejit::jit {
@@ -140,17 +140,6 @@ const bool g_fork_handlers = (pthread_atfork(fork_prepare, fork_parent, fork_chi
 
 namespace {
 
-bool write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 // Appends `text` to perf's map of this process. perf fixes the name, in /tmp
 // where any user may plant a symlink (a root process appended to its target)
 // or a FIFO (the open waited for a reader for ever, inside an operator call):
@@ -189,7 +178,7 @@ void append_perf_map(pid_t& refused_pid, const std::string& text) {
     return;
   }
   if (runtime::file_size_allowed(static_cast<uint64_t>(st.st_size) + text.size()))
-    (void)write_all(fd, text.data(), text.size());
+    (void)runtime::write_all(fd, text.data(), text.size());
   ::close(fd);
 }
 
@@ -198,13 +187,12 @@ void append_perf_map(pid_t& refused_pid, const std::string& text) {
 // followed (a root process overwrote the link's target) or opened (the open
 // of a FIFO waited for ever). Returns why it failed, empty on success.
 std::string write_by_rename(const std::string& path, const std::vector<uint8_t>& bytes) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return std::string("cannot create ") + tmp + ": " + std::strerror(errno);
   // 0644 whatever the umask: a dump others could rewrite is not the kernel's code.
-  const bool ok = ::fchmod(fd, 0644) == 0 &&
-                  write_all(fd, reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const runtime::FreshFile fresh = runtime::create_fresh_beside(path, 0644, /*exact_mode=*/true);
+  const int fd = fresh.fd;
+  const std::string& tmp = fresh.path;
+  if (fd < 0) return std::string("cannot create ") + tmp + ": " + std::strerror(errno);
+  const bool ok = runtime::write_all(fd, bytes.data(), bytes.size());
   int err = errno;
   const bool closed = ::close(fd) == 0;
   if (ok) err = errno;

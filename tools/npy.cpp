@@ -12,9 +12,9 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <random>
 
 #include "runtime/file_size_limit.h"
+#include "runtime/fresh_file.h"
 #include "tilejit/error.h"
 #include "tools/file_limits.h"
 
@@ -355,16 +355,12 @@ void write_output_file(const std::string& path, const std::string& bytes) {
     // open(2); writes block again after the open.
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
   } else {
-    // The temporary's name was "<path>.tmp.<pid>", which another user can
-    // predict and plant a symlink at: the tool then overwrote the link's
-    // target. A random suffix and O_EXCL | O_NOFOLLOW create a file of our
-    // own or fail; mode 0644 under the umask, as the output had before.
-    std::random_device rd;
-    for (int attempt = 0; attempt < 16; ++attempt) {
-      target = fmt::format("{}.tmp.{}.{:08x}{:08x}", path, ::getpid(), rd(), rd());
-      fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-      if (fd >= 0 || errno != EEXIST) break;
-    }
+    // A fresh temporary of our own (runtime::create_fresh_beside: a name
+    // that can be predicted was a symlink another user planted, and the tool
+    // overwrote its target); mode 0644 under the umask, as outputs had before.
+    runtime::FreshFile fresh = runtime::create_fresh_beside(path, 0644, /*exact_mode=*/false);
+    fd = fresh.fd;
+    target = std::move(fresh.path);
   }
   if (fd < 0)
     throw Error(fmt::format("{}: cannot create: {}", path,
@@ -374,16 +370,10 @@ void write_output_file(const std::string& path, const std::string& bytes) {
     if (!in_place) ::unlink(target.c_str());
     throw Error(fmt::format("{}: write error: {}", path, std::strerror(err)));
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      fail(err);
-    }
-    done += static_cast<size_t>(n);
+  if (!runtime::write_all(fd, bytes.data(), bytes.size())) {
+    const int err = errno;
+    ::close(fd);
+    fail(err);
   }
   if (::close(fd) != 0) fail(errno);
   if (!in_place && ::rename(target.c_str(), path.c_str()) != 0) fail(errno);
