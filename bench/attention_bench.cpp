@@ -542,9 +542,12 @@ void BM_DecodeTilejitFp8(benchmark::State& state) {
 // One long context among 63 short ones (skew 1) against a uniform batch of
 // the same keys (skew 0): decode's split rule for a dominant sequence
 // (docs/attention.md, "Decode tasks"). Block 16, blocks in order.
+// deterministic 1: DecodeOptions::deterministic (no split: what it costs).
 void BM_DecodeSkewed(benchmark::State& state) {
   const int64_t longest = state.range(0), skew = state.range(1), b = 64, bs = 16;
   const int threads = static_cast<int>(state.range(2));
+  tilejit::DecodeOptions dec;
+  dec.deterministic = state.range(3) != 0;
   std::vector<int32_t> lens(size_t(b), 16);
   lens[0] = static_cast<int32_t>(longest);
   const int64_t total = std::accumulate(lens.begin(), lens.end(), int64_t{0});
@@ -564,7 +567,7 @@ void BM_DecodeSkewed(benchmark::State& state) {
                               TensorView(v.data(), DType::bf16, {blocks, bs, kHkv, kDecodeD}),
                               TensorView(out.data(), DType::bf16, {b, kHq, kDecodeD}),
                               TensorView(table.data(), DType::i32, {b, per_seq}),
-                              TensorView(lens.data(), DType::i32, {b}));
+                              TensorView(lens.data(), DType::i32, {b}), {}, dec);
   };
   tilejit::set_num_threads(threads);
   run();  // warm-up: compiles the kernel
@@ -705,11 +708,12 @@ void register_all() {
     }
   for (int threads : {1, 2})
     for (int64_t skew : {0, 1})
-      RegisterBenchmark("BM_DecodeSkewed", BM_DecodeSkewed)
-          ->Args({31000, skew, threads})
-          ->ArgNames({"longest", "skew", "threads"})
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      for (int64_t det : {0, 1})
+        RegisterBenchmark("BM_DecodeSkewed", BM_DecodeSkewed)
+            ->Args({31000, skew, threads, det})
+            ->ArgNames({"longest", "skew", "threads", "deterministic"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   for (int64_t bs : {16, 1})
     for (int64_t mode : {0, 1, 2})
       for (int threads : {1, 2})

@@ -61,7 +61,7 @@ long cgroup_cpu_quota() {
       char* end = nullptr;
       const long q = std::strtol(quota.c_str(), &end, 10);
       if (*end == '\0' && q > 0) {
-        const long cpus = (q + period - 1) / period;
+        const long cpus = q / period + (q % period != 0);  // (q + period - 1) could overflow
         best = best == 0 ? cpus : std::min(best, cpus);
       }
     }
