@@ -508,12 +508,75 @@ def test_fused_experts_errors():
     x, tw, ti = rnd((3, 32), 22), torch.ones(3, 1), torch.zeros(3, 1, dtype=torch.int32)
     with pytest.raises(tilejit.Error, match="a1_scale / a2_scale given without use_int8_w8a8"):
         sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, a1_scale=torch.ones(1))
-    with pytest.raises(tilejit.Error, match="use_int8_w8a8 needs w1 int8"):
+    with pytest.raises(tilejit.Error, match=r"w1.dtype=torch.bfloat16 with use_int8_w8a8=True; "
+                       "allowed: torch.int8"):
         sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, use_int8_w8a8=True)
     with pytest.raises(tilejit.Error, match="hidden_states.dtype"):
         sgl.fused_experts_cpu(x.float(), w1, w2, tw, ti, False)
     with pytest.raises(tilejit.Error, match="out of range"):
         sgl.fused_experts_cpu(x, w1, w2, tw, ti + 5, False)
+
+
+def raised(fn, *args, **kwargs):
+    """The message of the tilejit.Error fn(*args, **kwargs) raises."""
+    with pytest.raises(tilejit.Error) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def test_fused_experts_quantized_errors_name_the_wrong_argument():
+    # One message covered the weight's dtype and its scale: a missing w1_scale
+    # with a correct int8 w1 read "needs w1 int8 (got torch.int8) and w1_scale
+    # ... (got None)". Each branch now names only the argument that is wrong,
+    # and the flag as the call spelled it.
+    e, n2, h, n = 2, 64, 32, 32
+    g = torch.Generator().manual_seed(30)
+    w1 = torch.randint(-8, 8, (e, n2, h), generator=g, dtype=torch.int8)
+    w2 = torch.randint(-8, 8, (e, h, n), generator=g, dtype=torch.int8)
+    s1, s2 = torch.ones(e, n2), torch.ones(e, h)
+    x, tw, ti = rnd((3, h), 31), torch.ones(3, 1), torch.zeros(3, 1, dtype=torch.int32)
+    fe = sgl.fused_experts_cpu
+    int8_s1 = ("allowed: a float32 tensor of E·N = 128 values ([E, N] = [2, 64] or [E, N, 1]: "
+               "per-channel scales of w1) or of E = 2 (one per expert)")
+    msg = raised(fe, x, w1, w2, tw, ti, False, use_int8_w8a8=True, w2_scale=s2)
+    assert msg == "fused_experts_cpu: w1_scale=None with use_int8_w8a8=True; " + int8_s1
+    assert "dtype" not in msg and "got torch.int8" not in msg
+    assert raised(fe, x, w1, w2, tw, ti, False, CPUQuantMethod(1), w2_scale=s2) == (
+        "fused_experts_cpu: w1_scale=None with moe_comp_method=1 (INT8_W8A8); " + int8_s1)
+    assert raised(fe, x, w1, w2, tw, ti, False, use_int8_w8a8=True, w1_scale=s1) == (
+        "fused_experts_cpu: w2_scale=None with use_int8_w8a8=True; allowed: a float32 tensor "
+        "of E·N = 64 values ([E, N] = [2, 32] or [E, N, 1]: per-channel scales of w2) or of "
+        "E = 2 (one per expert)")
+    # A scale of another expert count: named (it was a torch reshape error in packing).
+    assert raised(fe, x, w1, w2, tw, ti, False, use_int8_w8a8=True, w1_scale=torch.ones(3),
+                  w2_scale=s2) == ("fused_experts_cpu: w1_scale has shape (3,) with "
+                                   "use_int8_w8a8=True; " + int8_s1)
+    # A wrong weight with a right scale: the weight's dtype only.
+    msg = raised(fe, x, w1.to(torch.bfloat16), w2, tw, ti, False, use_int8_w8a8=True,
+                 w1_scale=s1, w2_scale=s2)
+    assert msg == "fused_experts_cpu: w1.dtype=torch.bfloat16 with use_int8_w8a8=True; " \
+        "allowed: torch.int8"
+    # fp8 W8A16 (e4m3 codes as uint8), the same split.
+    c1, c2 = w1.view(torch.uint8) & 0x3f, w2.view(torch.uint8) & 0x3f  # finite codes
+    fp8_s1 = ("allowed: a float32 tensor [E, N] = [2, 64] with block_size=None, or "
+              "[E, ceil(N / block_n), ceil(K / block_k)] with a block_size (scales of w1)")
+    msg = raised(fe, x, c1, c2, tw, ti, False, use_fp8_w8a16=True, w2_scale=s2)
+    assert msg == "fused_experts_cpu: w1_scale=None with use_fp8_w8a16=True; " + fp8_s1
+    assert "uint8" not in msg
+    assert raised(fe, x, c1, c2, tw, ti, False, CPUQuantMethod(2), w1_scale=s1[:1],
+                  w2_scale=s2) == ("fused_experts_cpu: w1_scale has shape (1, 64) with w1 of 2 "
+                                   "experts; " + fp8_s1)
+    msg = raised(fe, x, w1, w2, tw, ti, False, use_fp8_w8a16=True, w1_scale=s1, w2_scale=s2)
+    assert msg == ("fused_experts_cpu: w1.dtype=torch.int8 with use_fp8_w8a16=True; allowed: "
+                   "torch.uint8 e4m3 codes (torch 1.13 has no float8: pass "
+                   "weight.view(torch.uint8))")
+    assert raised(fe, x, c1, c2, tw, ti, False, use_fp8_w8a16=True, w1_scale=s1, w2_scale=s2,
+                  block_size=128) == ("fused_experts_cpu: block_size=128 with "
+                                      "use_fp8_w8a16=True; allowed: None (per-channel scales) "
+                                      "or two positive ints [block_n, block_k]")
+    # The right arguments run (the checks refuse nothing valid).
+    assert fe(x, w1, w2, tw, ti, False, use_int8_w8a8=True, w1_scale=s1.view(e, n2, 1),
+              w2_scale=s2, is_vnni=False).shape == (3, h)
 
 
 # ---- routers -------------------------------------------------------------------------
@@ -566,6 +629,50 @@ def test_router_and_rope_argument_errors():
     cache = rnd((16, 64), 78, dtype=torch.float32)
     with pytest.raises(tilejit.Error, match="query has shape .* cannot be viewed"):
         sgl.rotary_embedding_cpu(torch.zeros(6, 2, dtype=torch.int64), q, k, 64, cache, True)
+
+
+def test_rope_errors_carry_the_op_name():
+    # The query / key checks shared by the RoPE ops raised without the op's
+    # name ("query has shape (2, 100); allowed: ..."), and a 1-D cache, a float
+    # head_size or an int mrope_section were torch / Python errors.
+    rope, mrope, md = (sgl.rotary_embedding_cpu, sgl.multimodal_rotary_embedding_cpu,
+                       sgl.apply_multidimensional_rope_cpu)
+    cache = rnd((16, 64), 79, dtype=torch.float32)
+    pos, q, k = torch.arange(2), rnd((2, 128), 80), rnd((2, 64), 81)
+    assert raised(rope, pos, rnd((2, 100), 82), k, 64, cache, True) == (
+        "rotary_embedding_cpu: query has shape (2, 100); allowed: [T, H * head_size] with "
+        "head_size=64")
+    assert raised(mrope, pos, q, rnd((2, 100), 82), 64, cache) == (
+        "multimodal_rotary_embedding_cpu: key has shape (2, 100); allowed: [T, H * head_size] "
+        "with head_size=64")
+    assert raised(rope, pos, q, k, 0, cache, True) == \
+        "rotary_embedding_cpu: head_size=0; allowed: an int > 0"
+    assert raised(rope, pos, q, k, 64.0, cache, True) == \
+        "rotary_embedding_cpu: head_size=64.0; allowed: an int > 0"
+    assert raised(rope, pos, q.view(1, 2, 2, 1, 64), k, 64, cache, True) == (
+        "rotary_embedding_cpu: query has 5 dims (shape (1, 2, 2, 1, 64)); allowed: 2, 3, 4")
+    assert raised(rope, [0, 1], q, k, 64, cache, True) == \
+        "rotary_embedding_cpu: positions: expected a torch.Tensor, got list"
+    assert raised(rope, pos, q, k, 64, cache[0], True) == (
+        "rotary_embedding_cpu: cos_sin_cache has shape (64,); allowed: [max_position, "
+        "rotary_dim]")
+    # [B, S] that cannot merge into one token dim (rotated in place, so not copied).
+    q4, k4 = rnd((2, 6, 4, 64), 85).transpose(0, 1), rnd((6, 2, 1, 64), 86)
+    assert raised(rope, torch.zeros(6, 2, dtype=torch.int64), q4, k4, 64, cache, True) == (
+        "rotary_embedding_cpu: query has shape (6, 2, 4, 64) and strides (256, 1536, 64, 1), "
+        "which cannot be viewed as (-1, 4, 64) (rotated in place: no copy); allowed: tokens "
+        "one row stride apart, each head's elements contiguous")
+    assert raised(mrope, torch.zeros(3, 2, dtype=torch.int64), q, k, 64, cache, 16) == (
+        "multimodal_rotary_embedding_cpu: mrope_section=16; allowed: a list of ints (frequency "
+        "counts per position row)")
+    q3, cs = rnd((2, 1, 8), 83), torch.ones(2, 8)
+    assert raised(md, None, q3, cs, cs) == \
+        "apply_multidimensional_rope_cpu: query: expected a torch.Tensor, got NoneType"
+    assert raised(md, q3.half(), q3.half(), cs, cs).startswith(
+        "apply_multidimensional_rope_cpu: query.dtype=torch.float16 is refused")
+    # The core's own check (key's token count) under the op's name, as the other ops'.
+    assert raised(md, q3, rnd((3, 1, 8), 84), cs, cs).startswith(
+        "apply_multidimensional_rope_cpu: rope: k has shape [3, 1, 8]")
 
 
 def test_grouped_topk_and_biased():
@@ -900,6 +1007,61 @@ def test_attention_errors():
     with pytest.raises(tilejit.Error):  # the library's own check: out of bf16
         sgl.flash_attn_varlen_func(q.float(), q, q, torch.tensor([0, 2], dtype=torch.int32),
                                    torch.tensor([0, 2], dtype=torch.int32), 2, 2, False)
+
+
+def test_attention_seq_lens_bounded_by_req_to_token():
+    # tilejit checked seq_lens against the block table cut here at the longest
+    # sequence, so seq_lens=[0] read "allowed: 1 .. max_blocks·block_size = 1",
+    # a width the sglang caller never chose; the bound is req_to_token.shape[1].
+    kb, vb = rnd((8, 1, 64), 90), rnd((8, 1, 64), 91)
+    r2t = torch.arange(16, dtype=torch.int32).view(2, 8) % 8
+    q, out = rnd((2, 2, 64), 92), torch.empty(2, 2, 64, dtype=torch.bfloat16)
+
+    def decode(seq_lens, rpi=(0,), key=None):
+        b = len(seq_lens)
+        loc = None if key is None else torch.arange(b)
+        return raised(sgl.decode_attention_cpu, q[:b], kb, vb, out[:b], key,
+                      None if key is None else key.clone(), loc, None, r2t, torch.tensor(rpi),
+                      torch.tensor(seq_lens), 0.1, 0.0)
+    assert decode([0]) == \
+        "decode_attention_cpu: seq_lens[0]=0; allowed: 1 .. req_to_token.shape[1] = 8"
+    assert decode([9]) == \
+        "decode_attention_cpu: seq_lens[0]=9; allowed: 1 .. req_to_token.shape[1] = 8"
+    assert decode([3, -1], (0, 1)) == \
+        "decode_attention_cpu: seq_lens[1]=-1; allowed: 1 .. req_to_token.shape[1] = 8"
+    # An int64 length past int32 is checked before the int32 cast (it would wrap to 3).
+    assert decode([2**32 + 3]) == ("decode_attention_cpu: seq_lens[0]=4294967299; allowed: "
+                                   "1 .. req_to_token.shape[1] = 8")
+    assert decode([[3]]) == ("decode_attention_cpu: seq_lens has shape (1, 1); allowed: [B] "
+                             "(one length per request)")
+    assert decode([3], (2,)) == \
+        "decode_attention_cpu: req_pool_indices has 2..2; allowed: [0, 2)"
+    # Checked before the new token is stored: the cache is untouched.
+    before = kb.clone()
+    assert decode([0], key=rnd((1, 1, 64), 93)).startswith("decode_attention_cpu: seq_lens[0]=0")
+    assert torch.equal(kb, before)
+
+    # extend: seq_lens[b] counts the prefix and the new tokens.
+    def extend(seq_lens, ext, start=(0,)):
+        return raised(sgl.extend_attention_cpu, q, q[:, :1], q[:, :1], out, kb, vb, r2t,
+                      torch.tensor([0]), torch.tensor(seq_lens), torch.tensor(ext),
+                      torch.tensor(start), 2, 0.1)
+    assert extend([1], [2]) == ("extend_attention_cpu: seq_lens[0]=1; allowed: "
+                                "extend_seq_lens[0] = 2 .. req_to_token.shape[1] = 8")
+    assert extend([9], [2]) == ("extend_attention_cpu: seq_lens[0]=9; allowed: "
+                                "extend_seq_lens[0] = 2 .. req_to_token.shape[1] = 8")
+    assert extend([2], [-1]) == "extend_attention_cpu: extend_seq_lens[0]=-1; allowed: >= 0"
+    assert extend([2, 2], [2]) == ("extend_attention_cpu: seq_lens has shape (2,) and "
+                                   "extend_seq_lens (1,); allowed: [B] each (one length per "
+                                   "request)")
+    assert extend([2], [2], (1,)) == ("extend_attention_cpu: extend_start_loc=[1]; allowed: the "
+                                      "running sum of extend_seq_lens = [0]")
+    # The bounds themselves run: a whole row of req_to_token, and a prefix of 0.
+    o = torch.empty(2, 2, 64, dtype=torch.bfloat16)
+    sgl.decode_attention_cpu(q, kb, vb, o, None, None, None, None, r2t, torch.tensor([0, 1]),
+                             torch.tensor([8, 1]), 0.1, 0.0)
+    sgl.extend_attention_cpu(q, q[:, :1], q[:, :1], o, kb, vb, r2t, torch.tensor([1]),
+                             torch.tensor([2]), torch.tensor([2]), torch.tensor([0]), 2, 0.1)
 
 
 def test_rotary_embedding_fused_qkv_views():

@@ -15,14 +15,21 @@ def _need(cond, msg):
         raise Error(msg)
 
 
-def _tensor(arg, t):
+def _tensor(arg, t, op=None):
+    """t, or a tilejit.Error naming arg (prefixed by op when given) where t
+    is not a tensor."""
     _need(isinstance(t, torch.Tensor),
-          f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
+          f"{_at(op)}{arg}: expected a torch.Tensor, got {type(t).__name__}")
     return t
 
 
-def _opt_tensor(arg, t):
-    return None if t is None else _tensor(arg, t)
+def _opt_tensor(arg, t, op=None):
+    return None if t is None else _tensor(arg, t, op)
+
+
+def _at(op):
+    """The "op: " prefix of a message (nothing without an op)."""
+    return "" if op is None else f"{op}: "
 
 
 def _no_f16(op, **tensors):
@@ -138,9 +145,9 @@ def _is_int(v):
         return False
 
 
-def _i32(arg, t):
+def _i32(arg, t, op=None):
     """An index tensor as int32 (tilejit's index dtype for these)."""
-    _tensor(arg, t)
+    _tensor(arg, t, op)
     _need(t.dtype in (torch.int32, torch.int64),
-          f"{arg}.dtype={t.dtype}; allowed: torch.int32, torch.int64")
+          f"{_at(op)}{arg}.dtype={t.dtype}; allowed: torch.int32, torch.int64")
     return t if t.dtype == torch.int32 else t.to(torch.int32)

@@ -85,20 +85,34 @@ def _paged(arg, buf):
     return buf.unsqueeze(1)
 
 
-def _block_table(req_to_token, req_pool_indices, seq_lens):
+def _block_table(op, req_to_token, req_pool_indices, seq_lens, least, least_name=None):
     """The block table of block size 1: req_to_token's rows of the batch,
-    cut at the longest sequence, as int32."""
-    _tensor("req_to_token", req_to_token)
-    _tensor("req_pool_indices", req_pool_indices)
-    _need(req_to_token.dim() == 2, f"req_to_token has shape {tuple(req_to_token.shape)}; "
-          "allowed: [max_num_reqs, max_context_len]")
+    cut at the longest sequence, as int32.
+
+    Every seq_lens[b] (int32 / int64, before any int32 cast) is checked here
+    to lie in least .. req_to_token.shape[1], least an int or, named
+    least_name, a tensor of one bound per request: tilejit's own check sees
+    only the cut table (at least one column wide), so it named that width,
+    which the sglang caller never chose (seq_lens=[0] read "allowed: 1 ..
+    max_blocks·block_size = 1")."""
+    _tensor("req_to_token", req_to_token, op)
+    _tensor("req_pool_indices", req_pool_indices, op)
+    _need(req_to_token.dim() == 2, f"{op}: req_to_token has shape "
+          f"{tuple(req_to_token.shape)}; allowed: [max_num_reqs, max_context_len]")
+    _need(seq_lens.dim() == 1, f"{op}: seq_lens has shape {tuple(seq_lens.shape)}; allowed: "
+          "[B] (one length per request)")
+    width = req_to_token.shape[1]
+    bad = (seq_lens < least) | (seq_lens > width)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0])
+        lo = least if least_name is None else f"{least_name}[{b}] = {int(least[b])}"
+        _need(False, f"{op}: seq_lens[{b}]={int(seq_lens[b])}; allowed: {lo} .. "
+              f"req_to_token.shape[1] = {width}")
     longest = int(seq_lens.max()) if seq_lens.numel() else 0
-    _need(longest <= req_to_token.shape[1], f"seq_lens has {longest}; allowed: <= "
-          f"req_to_token.shape[1] = {req_to_token.shape[1]}")
     idx = req_pool_indices.to(torch.int64)
     if idx.numel():
         lo, hi = int(idx.min()), int(idx.max())
-        _need(lo >= 0 and hi < req_to_token.shape[0], f"req_pool_indices has {lo}..{hi}; "
+        _need(lo >= 0 and hi < req_to_token.shape[0], f"{op}: req_pool_indices has {lo}..{hi}; "
               f"allowed: [0, {req_to_token.shape[0]})")
     return req_to_token[idx, :max(longest, 1)].to(torch.int32)
 
@@ -216,7 +230,11 @@ def decode_attention_cpu(*args, **kwargs):
     # sglang passes the layer's k_scale / v_scale, None for a bf16 cache.
     k_scale = 1.0 if a["k_scale"] is None else a["k_scale"]
     v_scale = 1.0 if a["v_scale"] is None else a["v_scale"]
-    seq_lens = _tensor("seq_lens", a["seq_lens"])
+    seq_lens = a["seq_lens"]
+    lens32 = _i32("seq_lens", seq_lens, op)
+    # Before store_kv: a bad seq_lens / req_to_token is an Error with the cache untouched.
+    # decode_attention counts the new token, so every length is 1 or more.
+    bt = _block_table(op, a["req_to_token"], a["req_pool_indices"], seq_lens, 1)
     note = ("store_kv's slot_mapping is loc, key / value are key / value, k_cache / v_cache "
             "are k_cache / v_cache as [num_slots, 1, Hkv, D]; decode_attention's block_table "
             "is req_to_token[req_pool_indices], query / out are query / output")
@@ -230,8 +248,7 @@ def decode_attention_cpu(*args, **kwargs):
                   f"[0, {kc.shape[0]}) (k_cache's slots; a negative loc is not a skip here)")
         _core(op, note, tilejit.store_kv, key, value, kc, vc, loc, k_scale=k_scale,
               v_scale=v_scale)
-    bt = _block_table(a["req_to_token"], a["req_pool_indices"], seq_lens)
-    _core(op, note, tilejit.decode_attention, query, kc, vc, bt, _i32("seq_lens", seq_lens),
+    _core(op, note, tilejit.decode_attention, query, kc, vc, bt, lens32,
           out=a["output"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
           window_left=_window_left(form, "sliding_window_size", a["sliding_window_size"]),
           sinks=_sinks(a["sinks"]), k_scale=k_scale, v_scale=v_scale)
@@ -317,17 +334,27 @@ def extend_attention_cpu(*args, **kwargs):
     _opt_tensor("tree_mask", tree_mask)
     _no_f16(op, q_extend=a["q_extend"], k_extend=a["k_extend"], v_extend=a["v_extend"],
             k_buffer=a["k_buffer"], v_buffer=a["v_buffer"])
-    lens = _i32("extend_seq_lens", a["extend_seq_lens"])
-    start = _i32("extend_start_loc", a["extend_start_loc"])
-    sl = _i32("seq_lens", a["seq_lens"])
+    raw_lens, raw_sl = a["extend_seq_lens"], a["seq_lens"]
+    lens = _i32("extend_seq_lens", raw_lens, op)
+    start = _i32("extend_start_loc", a["extend_start_loc"], op)
+    sl = _i32("seq_lens", raw_sl, op)
+    # Same shape before they are compared element-wise (a 1-element one would broadcast).
+    _need(lens.dim() == 1 and sl.shape == lens.shape, f"{op}: seq_lens has shape "
+          f"{tuple(sl.shape)} and extend_seq_lens {tuple(lens.shape)}; allowed: [B] each (one "
+          "length per request)")
+    neg = raw_lens < 0
+    if bool(neg.any()):
+        b = int(neg.nonzero()[0])
+        _need(False, f"{op}: extend_seq_lens[{b}]={int(raw_lens[b])}; allowed: >= 0")
     indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32)
     torch.cumsum(lens, 0, out=indptr[1:])
-    _need(torch.equal(indptr[:-1], start), f"extend_start_loc={start.tolist()}; allowed: the "
-          f"running sum of extend_seq_lens = {indptr[:-1].tolist()}")
+    _need(torch.equal(indptr[:-1], start), f"{op}: extend_start_loc={start.tolist()}; allowed: "
+          f"the running sum of extend_seq_lens = {indptr[:-1].tolist()}")
+    # seq_lens[b] counts the prefix and the new tokens: from extend_seq_lens[b] (prefix 0)
+    # to req_to_token.shape[1], checked on the uncast values (an int64 past int32 would wrap).
+    bt = _block_table(op, a["req_to_token"], a["req_pool_indices"], raw_sl, raw_lens,
+                      "extend_seq_lens")
     prefix = sl - lens
-    _need(bool((prefix >= 0).all()), f"seq_lens={sl.tolist()} < extend_seq_lens="
-          f"{lens.tolist()}; allowed: seq_lens >= extend_seq_lens")
-    bt = _block_table(a["req_to_token"], a["req_pool_indices"], sl)
     if custom_mask is not None:
         tm = _extend_tree_mask(custom_mask, lens, sl)
     elif tree_mask is not None and tree_mask.dtype == torch.bool:

@@ -13,29 +13,54 @@ from ._common import _MISSING, _bind, _core, _i32, _is_bool, _is_int, _need, _no
 from .packed_weight import PackedWeight
 
 
-def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size):
-    """The PackedExperts of w1 / w2 for this call (cached on a PackedWeight)."""
+def _expert_pack(w, proj, arg, use_int8, use_fp8, scale, block_size, quant):
+    """The PackedExperts of w1 / w2 for this call (cached on a PackedWeight).
+    quant names the argument that chose int8 / fp8 as the call spelled it
+    (use_int8_w8a8=True or moe_comp_method=1 (INT8_W8A8), ...)."""
     if isinstance(w, tilejit.PackedExperts):
         return w
     holder = w if isinstance(w, PackedWeight) else None
-    t = holder.weight if holder is not None else _tensor(arg, w)
-    _need(t.dim() == 3, f"fused_experts_cpu: {arg} has shape {tuple(t.shape)}; allowed: "
-          "[E, 2I, H] (w1) / [E, H, I] (w2)")
+    t = holder.weight if holder is not None else _tensor(arg, w, "fused_experts_cpu")
+    # E >= 1: the int8 scales are reshaped to [E, -1] below, a torch error for E = 0.
+    _need(t.dim() == 3 and t.shape[0] >= 1, f"fused_experts_cpu: {arg} has shape "
+          f"{tuple(t.shape)}; allowed: [E, 2I, H] (w1) / [E, H, I] (w2), E >= 1")
+    e, n = t.shape[0], t.shape[1]
+    # Each quantized branch checks the weight's dtype and its scale apart, so
+    # that the message names only what is wrong (one message for both named
+    # the weight's dtype when only the scale was missing).
     if use_int8:
-        _need(t.dtype == torch.int8 and scale is not None,
-              f"fused_experts_cpu: use_int8_w8a8 needs {arg} int8 (got {t.dtype}) and "
-              f"{arg}_scale f32 [E, N] (got {None if scale is None else tuple(scale.shape)})")
+        _need(t.dtype == torch.int8, f"fused_experts_cpu: {arg}.dtype={t.dtype} with {quant}; "
+              "allowed: torch.int8")
+        allowed = (f"a float32 tensor of E·N = {e * n} values ([E, N] = [{e}, {n}] or [E, N, 1]:"
+                   f" per-channel scales of {arg}) or of E = {e} (one per expert)")
+        _need(scale is not None, f"fused_experts_cpu: {arg}_scale=None with {quant}; allowed: "
+              f"{allowed}")
+        # What the reshape to [E, -1] and tilejit's per-expert check ([N] or [1]) take.
+        _need(scale.numel() in (e * n, e), f"fused_experts_cpu: {arg}_scale has shape "
+              f"{tuple(scale.shape)} with {quant}; allowed: {allowed}")
         key = ("int8", proj)
 
         def make(t):
             s = scale.to(torch.float32).reshape(t.shape[0], -1)
             return tilejit.pack_experts_int8([(t[e], s[e]) for e in range(t.shape[0])], proj=proj)
     elif use_fp8:
-        _need(t.dtype == torch.uint8 and scale is not None,
-              f"fused_experts_cpu: use_fp8_w8a16 needs {arg} as uint8 e4m3 codes (got "
-              f"{t.dtype}; torch 1.13 has no float8: pass weight.view(torch.uint8)) and "
-              f"{arg}_scale f32")
-        bn, bk = (0, 0) if block_size is None else (int(block_size[0]), int(block_size[1]))
+        _need(t.dtype == torch.uint8, f"fused_experts_cpu: {arg}.dtype={t.dtype} with {quant}; "
+              "allowed: torch.uint8 e4m3 codes (torch 1.13 has no float8: pass "
+              "weight.view(torch.uint8))")
+        ok = block_size is None or (
+            isinstance(block_size, (list, tuple, torch.Size)) and len(block_size) == 2
+            and all(_is_int(v) and operator.index(v) > 0 for v in block_size))
+        _need(ok, f"fused_experts_cpu: block_size={block_size!r} with {quant}; allowed: None "
+              "(per-channel scales) or two positive ints [block_n, block_k]")
+        bn, bk = (0, 0) if block_size is None else (operator.index(v) for v in block_size)
+        allowed = (f"a float32 tensor [E, N] = [{e}, {n}] with block_size=None, or "
+                   f"[E, ceil(N / block_n), ceil(K / block_k)] with a block_size (scales of "
+                   f"{arg})")
+        _need(scale is not None, f"fused_experts_cpu: {arg}_scale=None with {quant}; allowed: "
+              f"{allowed}")
+        # One row per expert (scale[e] below; the rest of the shape is tilejit's check).
+        _need(scale.dim() >= 1 and scale.shape[0] == e, f"fused_experts_cpu: {arg}_scale has "
+              f"shape {tuple(scale.shape)} with {arg} of {e} experts; allowed: {allowed}")
         key = ("fp8", proj, bn, bk)
 
         def make(t):
@@ -186,7 +211,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     _tensor("topk_weights", topk_weights)
     for name in ("w1_scale", "w2_scale", "w1_zero", "w2_zero", "w1_bias", "w2_bias"):
         _opt_tensor(name, a.get(name))
-    int4_route = None
+    int4_route, quant = None, None
     if "moe_comp_method" in a:
         m = a["moe_comp_method"]
         _need(_is_int(m), f"{op}: moe_comp_method={m!r}; allowed: an int 0-4 "
@@ -195,6 +220,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
         _need(m in _MOE_METHODS, f"{op}: moe_comp_method={m}; allowed: " +
               ", ".join(f"{k} ({v})" for k, v in _MOE_METHODS.items()))
         use_int8, use_fp8 = m == 1, m == 2
+        quant = f"moe_comp_method={m} ({_MOE_METHODS[m]})"
         a1_scale = a2_scale = None
         if m in (3, 4):
             want = "tilejit.pack_experts_int4" if m == 3 else "tilejit.pack_experts_mxfp4"
@@ -217,6 +243,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
                       f"({_MOE_METHODS[m]}); allowed: None (zero points belong to int4 weights)")
     else:
         use_int8, use_fp8 = bool(a["use_int8_w8a8"]), bool(a["use_fp8_w8a16"])
+        quant = "use_int8_w8a8=True" if use_int8 else "use_fp8_w8a16=True"
         a1_scale, a2_scale = a["a1_scale"], a["a2_scale"]
     act = a.get("activation")
     _need(act in _MOE_ACTS, f"{op}: activation={act!r}; allowed: None, " +
@@ -232,8 +259,8 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     _need(hidden_states.dtype == torch.bfloat16,
           f"{op}: hidden_states.dtype={hidden_states.dtype}; allowed: torch.bfloat16")
     bs = a["block_size"]
-    w13 = _expert_pack(w1, "gate_up", "w1", use_int8, use_fp8, a["w1_scale"], bs)
-    w2p = _expert_pack(w2, "down", "w2", use_int8, use_fp8, a["w2_scale"], bs)
+    w13 = _expert_pack(w1, "gate_up", "w1", use_int8, use_fp8, a["w1_scale"], bs, quant)
+    w2p = _expert_pack(w2, "down", "w2", use_int8, use_fp8, a["w2_scale"], bs, quant)
     ids = _i32("topk_ids", topk_ids)
     weights = topk_weights.to(torch.float32)
     neg = ids < 0
