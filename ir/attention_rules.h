@@ -13,10 +13,10 @@
 
 namespace tilejit::ir {
 
-// The dtypes a paged KV cache may have: bf16, or f8e4m3 (an fp8 cache read
-// as code · scale, KvCacheScales). The one list every cache check uses
-// (ops::attn::kKvCacheDtypes is this; the tuning database's `kv` field too).
-inline constexpr DType kKvCacheDtypes[] = {DType::bf16, DType::f8e4m3};
+// The dtypes a paged KV cache may have: bf16, or f8e4m3 / f8e5m2 (an fp8
+// cache read as code · scale, KvCacheScales; vLLM's "fp8_e4m3" / "fp8_e5m2"). The one list every
+// cache check uses (ops::attn::kKvCacheDtypes is this; the tuning database's `kv` field too).
+inline constexpr DType kKvCacheDtypes[] = {DType::bf16, DType::f8e4m3, DType::f8e5m2};
 
 // sm_scale: any finite value (0 and negative scales included: the scores'
 // order is taken after scaling, docs/attention.md).

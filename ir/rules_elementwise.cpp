@@ -56,6 +56,10 @@ std::optional<TensorType> check_cast(RuleContext& c) {
     c.fail(cat("operand ", c.who(x), " has dtype ", dtype_name(from),
                ": 4-bit values have no meaning without their group scales"));
   }
+  if (c.type(x).dtype == DType::f8e5m2)
+    c.fail(cat("operand ", c.who(x),
+               " has dtype f8e5m2: a KV cache element type only (its codes are read by "
+               "decode_attention / extend_attention with the cache's scales)"));
   if (!c.ok()) return std::nullopt;
   return result(to, c.type(x).dims);
 }

@@ -5,15 +5,12 @@
 #include <array>
 
 #include "ir/text_util.h"
+#include "runtime/dtype_list.h"
 #include "runtime/stride_clash.h"
 
 namespace tilejit::ir {
 
 namespace {
-
-constexpr std::array kAllDTypes = {DType::f32, DType::bf16,  DType::f16,    DType::i8,
-                                   DType::u8,  DType::i32,   DType::f8e4m3, DType::u4,
-                                   DType::i64, DType::f4e2m1};
 
 // The formats the IR knows. Adding a packed weight layout means adding a row
 // here (and its parameter rules in check_packed below).
@@ -61,14 +58,14 @@ void check_packed(const TensorType& t, std::vector<std::string>& problems) {
 }  // namespace
 
 std::optional<DType> dtype_from_name(std::string_view name) {
-  for (DType t : kAllDTypes) {
+  for (DType t : runtime::kAllDTypes) {
     if (name == dtype_name(t)) return t;
   }
   return std::nullopt;
 }
 
 std::string known_dtypes_text() {
-  return join(kAllDTypes, ", ", [](DType t) { return std::string(dtype_name(t)); });
+  return join(runtime::kAllDTypes, ", ", [](DType t) { return std::string(dtype_name(t)); });
 }
 
 bool is_identifier(std::string_view s) {

@@ -7,6 +7,7 @@
 #include "ir/activation.h"
 #include "jit/kernel_cache.h"
 #include "runtime/cpu_features.h"
+#include "runtime/dtype_list.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
@@ -18,6 +19,12 @@ namespace {
 // field) is a caller's error like any other.
 Error bad_enum(const char* fn, const char* type, int value, const char* allowed) {
   return Error(fmt::format("{}: {}({}) is not a {}; allowed: {}", fn, type, value, type, allowed));
+}
+// "f32, bf16, ..., f8e5m2": every DType's name (runtime::kAllDTypes).
+std::string all_dtype_names() {
+  std::string r;
+  for (DType d : runtime::kAllDTypes) r += (r.empty() ? "" : ", ") + std::string(dtype_name(d));
+  return r;
 }
 }  // namespace
 
@@ -43,9 +50,10 @@ const char* dtype_name(DType t) {
       return "i64";
     case DType::f4e2m1:
       return "f4e2m1";
+    case DType::f8e5m2:
+      return "f8e5m2";
   }
-  throw bad_enum("dtype_name", "DType", static_cast<int>(t),
-                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1");
+  throw bad_enum("dtype_name", "DType", static_cast<int>(t), all_dtype_names().c_str());
 }
 
 int dtype_bits(DType t) {
@@ -59,6 +67,7 @@ int dtype_bits(DType t) {
     case DType::i8:
     case DType::u8:
     case DType::f8e4m3:
+    case DType::f8e5m2:
       return 8;
     case DType::u4:
     case DType::f4e2m1:
@@ -66,8 +75,7 @@ int dtype_bits(DType t) {
     case DType::i64:
       return 64;
   }
-  throw bad_enum("dtype_bits", "DType", static_cast<int>(t),
-                 "f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1");
+  throw bad_enum("dtype_bits", "DType", static_cast<int>(t), all_dtype_names().c_str());
 }
 
 const char* activation_name(Activation a) {

@@ -12,6 +12,7 @@
 #include "ops/tensor_checks.h"
 #include "runtime/bf16.h"
 #include "runtime/int_math.h"
+#include "runtime/quant_formats.h"
 
 namespace tilejit::ops::attn {
 
@@ -45,16 +46,22 @@ void check_bf16_rows(const char* op, const char* arg, const TensorView& t, size_
                             shape_str(t.strides)));
 }
 
+namespace {
+// "bf16, f8e4m3, f8e5m2" (kKvCacheDtypes).
+std::string cache_dtype_names() {
+  std::string allowed;
+  for (DType d : kKvCacheDtypes)
+    allowed += (allowed.empty() ? "" : ", ") + std::string(dtype_name(d));
+  return allowed;
+}
+}  // namespace
+
 void check_cache_rows(const char* op, const char* arg, const TensorView& t) {
   check_view(op, arg, t, 4);
   if (std::find(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes), t.dtype) ==
-      std::end(kKvCacheDtypes)) {
-    std::string allowed;
-    for (DType d : kKvCacheDtypes)
-      allowed += (allowed.empty() ? "" : ", ") + std::string(dtype_name(d));
-    throw Error(
-        fmt::format("{}: {} has dtype {}; allowed: {}", op, arg, dtype_name(t.dtype), allowed));
-  }
+      std::end(kKvCacheDtypes))
+    throw Error(fmt::format("{}: {} has dtype {}; allowed: {}", op, arg, dtype_name(t.dtype),
+                            cache_dtype_names()));
   if (t.strides[3] != 1 && t.shape[3] > 1)
     throw Error(fmt::format("{}: {} has strides {}; allowed: innermost stride 1", op, arg,
                             shape_str(t.strides)));
@@ -63,19 +70,19 @@ void check_cache_rows(const char* op, const char* arg, const TensorView& t) {
 KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_cache,
                          const TensorView& v_cache, const KvCacheScales& s, int64_t hkv) {
   if (k_cache.dtype != v_cache.dtype)
-    throw Error(
-        fmt::format("{}: k_cache is {}, v_cache is {}; allowed: the same dtype (one of "
-                    "bf16, f8e4m3)",
-                    op, dtype_name(k_cache.dtype), dtype_name(v_cache.dtype)));
+    throw Error(fmt::format("{}: k_cache is {}, v_cache is {}; allowed: the same dtype (one of {})",
+                            op, dtype_name(k_cache.dtype), dtype_name(v_cache.dtype),
+                            cache_dtype_names()));
   KvScales r;
-  r.fp8 = k_cache.dtype == DType::f8e4m3;
+  r.code = k_cache.dtype;
+  r.fp8 = runtime::fp8_format_of(k_cache.dtype) != nullptr;
   auto side = [&](const char* name, float scale, const char* heads_name,
                   const std::optional<TensorView>& heads, std::vector<float>& out) {
     if (!r.fp8) {
       if (scale != 1 || heads)
         throw Error(fmt::format(
             "{}: {}.{}{}; allowed: the defaults (1, no head scales) with a "
-            "bf16 cache (scales apply to f8e4m3 caches)",
+            "bf16 cache (scales apply to fp8 caches)",
             op, where, heads ? heads_name : name, heads ? " given" : fmt::format("={}", scale)));
       out.assign(static_cast<size_t>(hkv), 1.0f);
       return;

@@ -30,12 +30,12 @@ using ir::kKvCacheDtypes;
 // kKvCacheDtypes dtype, innermost stride 1.
 void check_cache_rows(const char* op, const char* arg, const TensorView& t);
 // The scales of a call, resolved per kv head (k[h], v[h]); fp8 when the
-// caches are f8e4m3. Checks: k_cache and v_cache of one dtype; every scale
-// finite and > 0; head-scale tensors f32 [Hkv]; a bf16 cache only with the
-// default scales. `where` prefixes the argument names ("opt.kv_scales" or
-// "scales").
+// caches are f8e4m3 or f8e5m2 (code: the caches' dtype). Checks: k_cache and v_cache of one dtype;
+// every scale finite and > 0; head-scale tensors f32 [Hkv]; a bf16 cache only with the default
+// scales. `where` prefixes the argument names ("opt.kv_scales" or "scales").
 struct KvScales {
   bool fp8 = false;
+  DType code = DType::bf16;
   std::vector<float> k, v;  // [Hkv]
 };
 KvScales check_kv_scales(const char* op, const char* where, const TensorView& k_cache,

@@ -46,7 +46,8 @@ int64_t split_count(int64_t base_tasks, const std::vector<int64_t>& lens) {
 
 namespace ops {
 namespace {
-const bool g_fork_hook = runtime::on_fork_complete([] { (void)attn::e4m3_bf16_table(); });
+const bool g_fork_hook =
+    runtime::on_fork_complete([] { (void)attn::fp8_bf16_table(DType::f8e4m3); });
 }  // namespace
 
 codegen::llvm_backend::DecodeAttentionDesc decode_attention_desc(int64_t d, int64_t dv, int64_t g,
@@ -145,10 +146,9 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     const int64_t longest = *std::max_element(lens.begin(), lens.end());
     const jit::TunedEntry* tuned = nullptr;
     if (isa != Isa::scalar && jit::tuning_db_active())
-      tuned = jit::find_tuned(
-          "decode_attention",
-          jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv, bs,
-                                  kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch, longest));
+      tuned = jit::find_tuned("decode_attention",
+                              jit::decode_shape_class(isa, runtime::num_threads(), d, dv, hq, hkv,
+                                                      bs, kvs.code, batch, longest));
     // Deterministic: one task per sequence, a tuned split count ignored (the
     // prefetch distance is kept: it changes no arithmetic).
     const std::optional<int64_t> tuned_splits =
@@ -159,8 +159,7 @@ void decode_attention(const TensorView& q, const TensorView& k_cache, const Tens
     namespace lb = codegen::llvm_backend;
     std::optional<lb::DecodeAttentionDesc> desc;
     if (llvm_kernel) {
-      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr,
-                                        kvs.fp8 ? DType::f8e4m3 : DType::bf16);
+      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.code);
       if (tuned)
         if (const auto pf = tuned->knob("prefetch_chunks")) desc->prefetch_chunks = *pf;
     }

@@ -169,8 +169,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
       tuned =
           jit::find_tuned("extend_attention",
                           jit::extend_shape_class(isa, static_cast<int>(threads), d, dv, hq, hkv,
-                                                  bs, kvs.fp8 ? DType::f8e4m3 : DType::bf16, batch,
-                                                  longest_new, longest));
+                                                  bs, kvs.code, batch, longest_new, longest));
     const attn::Blocking blocking = attn::tuned_blocking(tuned);
     p.key_block = blocking.key_block;
     const int64_t block_rows = blocking.rows;
@@ -215,8 +214,7 @@ void extend_attention(const TensorView& q, const TensorView& k_cache, const Tens
     namespace lb = codegen::llvm_backend;
     std::optional<lb::DecodeAttentionDesc> desc;
     if (nsingles > 0)
-      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr,
-                                        kvs.fp8 ? DType::f8e4m3 : DType::bf16);
+      desc = ops::decode_attention_desc(d, dv, g, bs, p.softcap > 0, p.slopes != nullptr, kvs.code);
     ops::log_call(op, isa, [&] {
       std::string runs = isa == Isa::scalar ? "plan=reference"
                                             : ops::attention_engine_plan(

@@ -1,10 +1,10 @@
-// fp8 e4m3 KV caches on the attention paths that read bf16 rows (the block
-// engine of extend and of the non-LLVM decode, and the scalar path): the
-// blocks a call reads are converted, exactly and unscaled (every e4m3 value
-// is a bf16 number), into a bf16 copy with its own block table; the scales
-// are applied in fp32 (K's folded into the score scale, V's into the output
-// factor, Params::v_scale), so those paths compute on the exact values
-// code · scale. The LLVM decode kernel reads the codes in place instead.
+// fp8 (e4m3 or e5m2) KV caches on the attention paths that read bf16 rows
+// (the block engine of extend and of the non-LLVM decode, and the scalar
+// path): the blocks a call reads are converted, exactly and unscaled (every
+// e4m3 and e5m2 value, ±Inf included, is a bf16 number), into a bf16 copy with its own block table;
+// the scales are applied in fp32 (K's folded into the score scale, V's into the output factor,
+// Params::v_scale), so those paths compute on the exact values code · scale. The LLVM decode kernel
+// reads the codes in place instead.
 #pragma once
 
 #include <array>
@@ -19,16 +19,18 @@
 
 namespace tilejit::ops::attn {
 
-// bf16 of every e4m3 code, from the one home of the conversion.
-inline const std::array<uint16_t, 256>& e4m3_bf16_table() {
-  static const std::array<uint16_t, 256> t = [] {
+// bf16 of every code of an fp8 cache dtype (f8e4m3 or f8e5m2), from the one
+// home of the conversion (runtime::fp8_to_f32).
+inline const std::array<uint16_t, 256>& fp8_bf16_table(DType code) {
+  auto make = [](const runtime::Fp8Format& f) {
     std::array<uint16_t, 256> r{};
     for (int c = 0; c < 256; ++c)
       r[static_cast<size_t>(c)] =
-          runtime::f32_to_bf16(runtime::e4m3_to_f32(static_cast<uint8_t>(c)));
+          runtime::f32_to_bf16(runtime::fp8_to_f32(f, static_cast<uint8_t>(c)));
     return r;
-  }();
-  return t;
+  };
+  static const std::array<uint16_t, 256> e4m3 = make(runtime::kE4m3), e5m2 = make(runtime::kE5m2);
+  return code == DType::f8e5m2 ? e5m2 : e4m3;
 }
 
 // The bf16 copy: caches [used blocks, block_size, Hkv, D / Dv] and the block
@@ -59,7 +61,7 @@ inline Bf16CacheCopy dequantize_cache(const TensorView& k_cache, const TensorVie
   const int64_t n = static_cast<int64_t>(src.size());
   c.k.resize(static_cast<size_t>(n * bs * hkv * d));
   c.v.resize(static_cast<size_t>(n * bs * hkv * dv));
-  const auto& lut = e4m3_bf16_table();
+  const auto& lut = fp8_bf16_table(k_cache.dtype);  // v_cache's too (check_kv_scales)
   auto convert = [&](const TensorView& cache, int64_t width, uint16_t* dst, int64_t i) {
     const auto* base = static_cast<const uint8_t*>(cache.data) + src[i] * cache.strides[0];
     for (int64_t r = 0; r < bs; ++r)
@@ -88,7 +90,7 @@ inline const uint16_t* fp8_row(const TensorView& cache, const TensorView& block_
       block_table.data)[b * block_table.strides[0] + (j / bs) * block_table.strides[1]];
   const uint8_t* row = static_cast<const uint8_t*>(cache.data) + blk * cache.strides[0] +
                        (j % bs) * cache.strides[1] + h * cache.strides[2];
-  const auto& lut = e4m3_bf16_table();
+  const auto& lut = fp8_bf16_table(cache.dtype);
   buf.resize(static_cast<size_t>(width));
   for (int64_t e = 0; e < width; ++e) buf[static_cast<size_t>(e)] = lut[row[e]];
   return buf.data();

@@ -4,11 +4,11 @@
 // of tokens sharing a slot, the last one's row is stored.
 // slot_mapping is int32 or int64 (vLLM passes int64); both are read as int64,
 // so a 64-bit slot that would wrap in 32 bits is still rejected, not truncated.
-// An f8e4m3 cache (both caches, KvCacheScales) stores e4m3(x / scale):
-// runtime::f32_to_e4m3 (nearest, ties to even; saturating to ±448, ±Inf
-// too; NaN -> 0x7F) of the f32 quotient: the kv_quant kernel on the JIT paths
-// (Xbyak on avx512 / amx, LLVM on llvm; codegen/kv_quant_desc.h), that
-// function itself on the scalar path.
+// An fp8 cache (both caches f8e4m3 or both f8e5m2, KvCacheScales) stores
+// fp8(x / scale): runtime::f32_to_fp8 (nearest, ties to even; saturating to
+// the largest finite value, ±Inf too; NaN -> 0x7F) of the f32 quotient: the kv_quant kernel on the
+// JIT paths (Xbyak on avx512 / amx, LLVM on llvm; codegen/kv_quant_desc.h), that function itself on
+// the scalar path.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -52,25 +52,26 @@ void check_rows_and_cache(const char* rows_arg, const TensorView& rows, const ch
                             cache_arg, shape_str(cache.shape), hkv, rows.shape[2]));
 }
 
-// `to_e4m3`: the kv_quant kernel of the call's path (null on the scalar path).
+// `to_fp8`: the kv_quant kernel of the call's path (null on the scalar path).
 void copy_rows(const TensorView& rows, const TensorView& cache, int64_t t, int64_t slot,
-               const std::vector<float>& scales, codegen::KvQuantFn to_e4m3) {
+               const std::vector<float>& scales, codegen::KvQuantFn to_fp8) {
   const int64_t bs = cache.shape[1], hkv = rows.shape[1], d = rows.shape[2];
-  if (cache.dtype == DType::f8e4m3) {
+  if (const runtime::Fp8Format* f = runtime::fp8_format_of(cache.dtype)) {
     const auto* src = static_cast<const uint16_t*>(rows.data) + t * rows.strides[0];
     auto* dst = static_cast<uint8_t*>(cache.data) + (slot / bs) * cache.strides[0] +
                 (slot % bs) * cache.strides[1];
-    if (to_e4m3 != nullptr) {
+    if (to_fp8 != nullptr) {
       const codegen::KvQuantArgs a{src, rows.strides[1], dst, cache.strides[2], scales.data(), hkv,
                                    d};
-      to_e4m3(&a);
+      to_fp8(&a);
       return;
     }
     for (int64_t h = 0; h < hkv; ++h) {
       const float s = scales[static_cast<size_t>(h)];
       const uint16_t* x = src + h * rows.strides[1];
       uint8_t* y = dst + h * cache.strides[2];
-      for (int64_t e = 0; e < d; ++e) y[e] = runtime::f32_to_e4m3(runtime::bf16_to_f32(x[e]) / s);
+      for (int64_t e = 0; e < d; ++e)
+        y[e] = runtime::f32_to_fp8(*f, runtime::bf16_to_f32(x[e]) / s);
     }
     return;
   }
@@ -189,24 +190,25 @@ void store_kv(const TensorView& k, const TensorView& v, const TensorView& k_cach
     // pointer of an empty view): no address is formed from it.
     auto holds = [](const TensorView& c) { return c.shape[2] > 0 && c.shape[3] > 0; };
     const bool write_k = holds(k_cache), write_v = !mla && holds(v_cache);
-    // bf16: row copies (memcpy) on every path; f8e4m3: the kv_quant kernel
-    // on the JIT paths, the reference conversion on the scalar path.
+    // bf16: row copies (memcpy) on every path; fp8: the kv_quant kernel on
+    // the JIT paths, the reference conversion on the scalar path.
     const Isa isa = runtime::active_isa();
-    const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512};
+    const codegen::KvQuantDesc qd{isa == Isa::llvm ? Isa::llvm : Isa::avx512,
+                                  kvs.fp8 ? kvs.code : DType::f8e4m3};
     const bool kernel = kvs.fp8 && isa != Isa::scalar;
-    const codegen::KvQuantFn to_e4m3 = kernel ? jit::get(qd).entry<codegen::KvQuantFn>() : nullptr;
+    const codegen::KvQuantFn to_fp8 = kernel ? jit::get(qd).entry<codegen::KvQuantFn>() : nullptr;
     ops::log_call(op, isa, [&] {  // the line is made only when TILEJIT_VERBOSE asks
       return ops::CallLine{
           fmt::format("T={} Hkv={} D={} Dv={} bs={} cache={}{}", t, hkv, k.shape[2], v.shape[2],
                       k_cache.shape[1], dtype_name(k_cache.dtype), mla ? " mla" : ""),
           kernel    ? "plan=" + qd.name()
-          : kvs.fp8 ? "plan=c++_to_e4m3"
+          : kvs.fp8 ? fmt::format("plan=c++_to_{}", kvs.code == DType::f8e5m2 ? "e5m2" : "e4m3")
                     : "plan=c++_copy"};
     });
     runtime::parallel_for(t, [&](int64_t i) {
       if (slots[i] < 0) return;
-      if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k, to_e4m3);
-      if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v, to_e4m3);
+      if (write_k) copy_rows(k, k_cache, i, slots[i], kvs.k, to_fp8);
+      if (write_v) copy_rows(v, v_cache, i, slots[i], kvs.v, to_fp8);
     });
   });
 }

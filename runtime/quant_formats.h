@@ -11,53 +11,101 @@
 #include <cstring>
 #include <limits>
 
+#include "tilejit/tilejit.h"
+
 namespace tilejit::runtime {
 
-// ---- fp8 e4m3 ("fn"): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no
+// ---- fp8 codes: e4m3 ("fn", weights and KV caches) and e5m2 (KV caches).
+// A format's constants, the one home of what the scalar rule below, the
+// Xbyak and LLVM store kernels (codegen/kv_quant_desc.h) and the readers use.
+struct Fp8Format {
+  int man_bits;          // 3 (e4m3), 2 (e5m2)
+  int bias;              // 7, 15
+  uint32_t max_bits;     // the largest finite magnitude as f32 bits: 448, 57344
+  uint8_t max_code;      // its code: 0x7E, 0x7B
+  uint32_t normal_bits;  // the least normal magnitude 2^(1 − bias) as f32 bits
+  float sub_scale;       // 2^(bias − 1 + man_bits): |x| · this = the subnormal code
+  bool has_inf;          // e5m2: S.11111.00 is ±Inf (e4m3fn has none)
+};
+// e4m3 ("fn"): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no
 // infinities; S.1111.111 is NaN; max finite 448; subnormals down to 2^-9.
-inline float e4m3_to_f32(uint8_t v) {
-  const int sign = v >> 7, exp = (v >> 3) & 0xF, man = v & 0x7;
-  if (exp == 0xF && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  const float mag = exp == 0 ? std::ldexp(float(man), -9)                // subnormal: m·2^-9
-                             : std::ldexp(float(8 + man), exp - 7 - 3);  // 1.m·2^(e-7)
+inline constexpr Fp8Format kE4m3{3, 7, 0x43E00000u, 0x7E, 0x3C800000u, 512.0f, false};
+// e5m2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like (f16's
+// top byte): S.11111.00 is ±Inf, S.11111.{01,10,11} NaN; max finite 57344;
+// subnormals down to 2^-16.
+inline constexpr Fp8Format kE5m2{2, 15, 0x47600000u, 0x7B, 0x38800000u, 65536.0f, true};
+
+inline float fp8_to_f32(const Fp8Format& f, uint8_t v) {
+  const int exp_bits = 7 - f.man_bits, exp_max = (1 << exp_bits) - 1;
+  const int sign = v >> 7, exp = (v >> f.man_bits) & exp_max, man = v & ((1 << f.man_bits) - 1);
+  const float inf = std::numeric_limits<float>::infinity();
+  if (f.has_inf && exp == exp_max)
+    return man == 0 ? (sign ? -inf : inf) : std::numeric_limits<float>::quiet_NaN();
+  if (!f.has_inf && exp == exp_max && man == (1 << f.man_bits) - 1)
+    return std::numeric_limits<float>::quiet_NaN();
+  const float mag = exp == 0
+                        ? std::ldexp(float(man), 1 - f.bias - f.man_bits)  // subnormal
+                        : std::ldexp(float((1 << f.man_bits) + man), exp - f.bias - f.man_bits);
   return sign ? -mag : mag;
 }
 
-// Round to nearest even, saturating to ±448 (the sglang / vLLM convention for
-// scaled fp8 stores: stored = round(x / scale) clamped); NaN stays NaN (0x7F).
+// Round to nearest even, saturating to ± the largest finite value (the
+// sglang / vLLM convention for scaled fp8 stores, CUDA's SATFINITE: stored =
+// round(x / scale) clamped, ±Inf included); NaN stays NaN (0x7F).
 // Branch-free (masks, no selects a compiler may turn into branches), so a
 // loop of it vectorizes: store_kv's fp8 rows ran ~6.5 cycles an element with
 // branches (random signs and magnitudes mispredict), 12-30x the bf16 store.
 // Every step is exact or rounds in integers, so the caller's MXCSR rounding
 // mode cannot move a code.
-inline uint8_t f32_to_e4m3(float x) {
+inline uint8_t f32_to_fp8(const Fp8Format& f, float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   const uint32_t sign = (u >> 24) & 0x80, a = u & 0x7FFFFFFFu;
-  // Normal (a >= 2^-6): f32's mantissa rounded to its top 3 bits, nearest
-  // even (a carry moves into the exponent); a < 448 rounds to at most 448,
-  // never to the NaN code. The f32 exponent E + 127 becomes e4m3's E + 7.
-  const uint32_t r = a + 0x7FFFFu + ((a >> 20) & 1);
-  const uint32_t normal = (r >> 20) - (120u << 3);
-  // Subnormal codes m·2^-9, m = 0..8 (8: the least normal, 2^-6): |x|·2^9
-  // and its fraction f are exact (|x| < 2^-6; any other a is replaced by
-  // 2^-6 so the conversion stays defined). Nearest, ties to the even m: up
-  // when f > 1/2, or f = 1/2 and m odd, i.e. f > 1/2 − 2^-24 (an m >= 1
-  // means |x|·2^9 >= 1, whose f is a multiple of 2^-23: none lies between).
-  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < 0x3C800000u);  // 2^-6
-  const uint32_t clamped = (a & is_sub) | (0x3C800000u & ~is_sub);
+  // Normal (a >= the least normal): f32's mantissa rounded to its top
+  // man_bits bits, nearest even (a carry moves into the exponent); a below
+  // the largest finite value rounds to at most it, never to an Inf / NaN
+  // code. The f32 exponent E + 127 becomes the code's E + bias.
+  const int shift = 23 - f.man_bits;
+  const uint32_t r = a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1);
+  const uint32_t normal = (r >> shift) - (static_cast<uint32_t>(127 - f.bias) << f.man_bits);
+  // Subnormal codes m·2^(1 − bias − man_bits), m = 0..2^man_bits (the last:
+  // the least normal): |x|·sub_scale and its fraction f are exact (|x| below
+  // the least normal; any other a is replaced by it so the conversion stays
+  // defined). Nearest, ties to the even m: up when f > 1/2, or f = 1/2 and m
+  // odd, i.e. f > 1/2 − 2^-24 (an m >= 1 means |x|·sub_scale >= 1, whose f is
+  // a multiple of 2^-23: none lies between).
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < f.normal_bits);
+  const uint32_t clamped = (a & is_sub) | (f.normal_bits & ~is_sub);
   float mag;
   std::memcpy(&mag, &clamped, 4);
-  const float v = mag * 512.0f;
+  const float v = mag * f.sub_scale;
   const int32_t m = static_cast<int32_t>(v);
-  const float f = v - static_cast<float>(m);
+  const float fr = v - static_cast<float>(m);
   const float half = 0.5f - static_cast<float>(m & 1) * 0x1p-24f;
-  const uint32_t sub = static_cast<uint32_t>(m) + static_cast<uint32_t>(f > half);
+  const uint32_t sub = static_cast<uint32_t>(m) + static_cast<uint32_t>(fr > half);
   uint32_t code = (sub & is_sub) | (normal & ~is_sub);
-  const uint32_t sat = 0u - static_cast<uint32_t>(a >= 0x43E00000u);  // >= 448, ±Inf too
-  code = (0x7Eu & sat) | (code & ~sat);
+  const uint32_t sat = 0u - static_cast<uint32_t>(a >= f.max_bits);  // ±Inf too
+  code = (f.max_code & sat) | (code & ~sat);
   const uint32_t nan = 0u - static_cast<uint32_t>(a > 0x7F800000u);  // NaN: 0x7F
   return static_cast<uint8_t>((0x7Fu & nan) | ((sign | code) & ~nan));
+}
+
+// The format of an fp8 element type: f8e4m3 or f8e5m2; null for any other.
+inline const Fp8Format* fp8_format_of(DType t) {
+  return t == DType::f8e4m3 ? &kE4m3 : t == DType::f8e5m2 ? &kE5m2 : nullptr;
+}
+
+inline float e4m3_to_f32(uint8_t v) {
+  return fp8_to_f32(kE4m3, v);
+}
+inline uint8_t f32_to_e4m3(float x) {
+  return f32_to_fp8(kE4m3, x);
+}
+inline float e5m2_to_f32(uint8_t v) {
+  return fp8_to_f32(kE5m2, v);
+}
+inline uint8_t f32_to_e5m2(float x) {
+  return f32_to_fp8(kE5m2, x);
 }
 
 // ---- MXFP4 (OCP MX, GPT-OSS): e2m1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with a

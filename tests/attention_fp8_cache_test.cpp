@@ -1,11 +1,12 @@
-// The fp8 e4m3 KV cache (KvCacheScales): store_kv's quantization, and
-// decode_attention / extend_attention over an f8e4m3 cache against the
+// The fp8 KV caches (e4m3 and e5m2, KvCacheScales): store_kv's quantization,
+// and decode_attention / extend_attention over an f8e4m3 or f8e5m2 cache
+// against the
 // double-precision reference (runtime/reference_attention.h) computed on the
 // dequantized values code · scale, on the active ISA path.
 //
 // Error bound: the bf16 cache's, |out − ref| ≤ 2⁻⁷·max|v| + 2⁻⁸·|ref|
 // (runtime::attention_output_bound), with max|v| over the dequantized V.
-// Every e4m3 value is a bf16 number, so the kernels read K and V exactly
+// Every e4m3 and e5m2 value is a bf16 number, so the kernels read K and V exactly
 // (the LLVM decode kernel converts the codes in registers, the other paths
 // convert the blocks to an exact bf16 copy); the scales are applied in fp32
 // (the K scale folded into the score scale, the V scale into O), a relative
@@ -13,8 +14,8 @@
 // widens the bf16 cache's bound, and a kernel that reads one wrong code,
 // drops a scale or applies it twice fails it.
 //
-// The decoded values come from the e4m3 bit fields here (e4m3_value), not
-// from the library's conversion.
+// The decoded values come from the formats' bit fields here (e4m3_value,
+// e5m2_value), not from the library's conversion.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,15 +44,30 @@ double e4m3_value(uint8_t c) {
   return s ? -mag : mag;
 }
 
-// Random non-NaN codes, each of the 254 equally likely.
-std::vector<uint8_t> random_codes(size_t n, uint32_t seed) {
+// e5m2: sign, 5 exponent bits (bias 15), 2 mantissa bits; S.11111.00 ±Inf,
+// S.11111.{01,10,11} NaN (IEEE-like: the top byte of an f16).
+double e5m2_value(uint8_t c) {
+  const int s = c >> 7, e = (c >> 2) & 31, m = c & 3;
+  if (e == 31) return m ? std::nan("") : (s ? -INFINITY : INFINITY);
+  const double mag = e == 0 ? std::ldexp(m, -16) : std::ldexp(4 + m, e - 17);
+  return s ? -mag : mag;
+}
+
+double code_value(DType code, uint8_t c) {
+  return code == DType::f8e5m2 ? e5m2_value(c) : e4m3_value(c);
+}
+
+// Random finite codes, each equally likely (e4m3: all but the two NaNs;
+// e5m2: all but the Inf and NaN codes S.11111.xx).
+std::vector<uint8_t> random_codes(size_t n, uint32_t seed, DType code = DType::f8e4m3) {
+  std::vector<uint8_t> finite;
+  for (int c = 0; c < 256; ++c)
+    if (std::isfinite(code_value(code, static_cast<uint8_t>(c))))
+      finite.push_back(static_cast<uint8_t>(c));
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(0, 253);
+  std::uniform_int_distribution<size_t> d(0, finite.size() - 1);
   std::vector<uint8_t> v(n);
-  for (auto& c : v) {
-    const int x = d(rng);
-    c = static_cast<uint8_t>(x < 127 ? x : x + 1);  // skip 0x7F; 0xFF is past 253 + 1
-  }
+  for (auto& c : v) c = finite[d(rng)];
   return v;
 }
 
@@ -210,6 +226,7 @@ struct Fp8Problem {
   bool deterministic = false;
   AttentionOptions opt;
   bool sinks = false, alibi = false;
+  DType code = DType::f8e4m3;  // the caches' dtype
 };
 
 // decode (extend = false: n = 1, prefix = seq_len − 1, the new token in the
@@ -242,28 +259,29 @@ void run_fp8(const Fp8Problem& pr, bool extend, int threads = 0) {
   for (int64_t x : qo) qo32.push_back(static_cast<int32_t>(x));
   GuardedBuffer kbuf(num_blocks * bs * hkv * d);
   {
-    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * d), seed);
+    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * d), seed, pr.code);
     std::copy(c.begin(), c.end(), kbuf.as<uint8_t>());
   }
   std::optional<GuardedBuffer> vbuf;
-  TensorView k_cache(kbuf.as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, hkv, d}), v_cache;
+  TensorView k_cache(kbuf.as<uint8_t>(), pr.code, {num_blocks, bs, hkv, d}), v_cache;
   if (pr.mla) {
-    v_cache =
-        TensorView(kbuf.as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, 1, dv}, {bs * d, d, d, 1});
+    v_cache = TensorView(kbuf.as<uint8_t>(), pr.code, {num_blocks, bs, 1, dv}, {bs * d, d, d, 1});
   } else {
     vbuf.emplace(num_blocks * bs * hkv * dv);
-    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * dv), seed + 1);
+    const auto c = random_codes(static_cast<size_t>(num_blocks * bs * hkv * dv), seed + 1, pr.code);
     std::copy(c.begin(), c.end(), vbuf->as<uint8_t>());
-    v_cache = TensorView(vbuf->as<uint8_t>(), DType::f8e4m3, {num_blocks, bs, hkv, dv});
+    v_cache = TensorView(vbuf->as<uint8_t>(), pr.code, {num_blocks, bs, hkv, dv});
   }
-  // Scales: codes reach 448, so ~1/128 keeps scores and values moderate.
+  // Scales: e4m3 codes reach 448, so ~1/128 keeps scores and values
+  // moderate; e5m2's reach 57344, 128x more.
+  const float range = pr.code == DType::f8e5m2 ? 1.0f / 128 : 1.0f;
   std::vector<float> khs(static_cast<size_t>(hkv)), vhs(khs.size());
   std::mt19937 rng(seed + 7);
   std::uniform_real_distribution<float> sd(0.5f, 2.0f);
-  for (int64_t h = 0; h < hkv; ++h) khs[h] = sd(rng) / 128, vhs[h] = sd(rng) / 64;
+  for (int64_t h = 0; h < hkv; ++h) khs[h] = sd(rng) / 128 * range, vhs[h] = sd(rng) / 64 * range;
   AttentionOptions opt = pr.opt;
-  opt.kv_scales.k_scale = 1.0f / 160;
-  opt.kv_scales.v_scale = 1.0f / 48;
+  opt.kv_scales.k_scale = 1.0f / 160 * range;
+  opt.kv_scales.v_scale = 1.0f / 48 * range;
   if (pr.per_head) {
     opt.kv_scales.k_head_scales = TensorView(khs.data(), DType::f32, {hkv});
     opt.kv_scales.v_head_scales = TensorView(vhs.data(), DType::f32, {hkv});
@@ -312,8 +330,10 @@ void run_fp8(const Fp8Problem& pr, bool extend, int threads = 0) {
 
   auto cache_at = [&](const TensorView& c, int64_t s, int64_t j, int64_t h, int64_t col) {
     const int64_t blk = table[s * max_blocks + j / bs];
-    return e4m3_value(static_cast<const uint8_t*>(
-        c.data)[blk * c.strides[0] + (j % bs) * c.strides[1] + h * c.strides[2] + col]);
+    return code_value(
+        pr.code,
+        static_cast<const uint8_t*>(
+            c.data)[blk * c.strides[0] + (j % bs) * c.strides[1] + h * c.strides[2] + col]);
   };
   // Key j of sequence s, kv head h: cached (code · scale) or new (bf16).
   auto k_at = [&](int64_t s, int64_t j, int64_t h, int64_t c) {
@@ -594,6 +614,186 @@ TEST_F(Fp8Decode, StoreThenDecode) {
 }
 
 // ---------------------------------------------------------------------------
+// e5m2 caches (vLLM's kv_cache_dtype "fp8_e5m2"): the same battery on the
+// other code format, every path (IsaTest), tails of head and block size.
+
+TEST_F(Fp8Decode, E5m2HeadBlockSizesOptionsMla) {
+  int which = 0;
+  for (int64_t bs : {1, 16, 64})
+    for (auto [d, dv] : {std::pair<int64_t, int64_t>{128, 128}, {80, 80}, {72, 40}}) {
+      Fp8Problem p = decode_problem({1, 37, 300});
+      p.code = DType::f8e5m2, p.d = d, p.dv = dv, p.bs = bs, p.per_head = which % 2 == 1;
+      if (which % 4 == 1) p.opt.softcap = 5, p.sinks = true;
+      if (which % 4 == 2) p.opt.window_left = 50, p.alibi = true;
+      SCOPED_TRACE("bs " + std::to_string(bs) + " d " + std::to_string(d) + "/" +
+                   std::to_string(dv) + " case " + std::to_string(which % 4));
+      run_fp8(p, false, which % 3 == 0 ? 2 : 0);
+      if (HasFatalFailure()) return;
+      ++which;
+    }
+  Fp8Problem p = decode_problem({90, 33});
+  p.code = DType::f8e5m2, p.hq = 16, p.hkv = 1, p.d = 576, p.dv = 512, p.mla = true;
+  run_fp8(p, false);
+}
+
+TEST_F(Fp8Extend, E5m2BothModesOptionsMla) {
+  for (int which = 0; which < 6; ++which) {
+    Fp8Problem p;
+    p.code = DType::f8e5m2;
+    p.prefix = {0, 40, 130}, p.n = {3, 1, 20};
+    p.k_new = which % 2 == 0, p.per_head = which % 3 == 0, p.bs = which < 3 ? 16 : 1;
+    p.d = p.dv = which == 1 ? 66 : 128;
+    if (which == 2) p.tree = true, p.sinks = true;
+    if (which == 3) p.deterministic = true, p.opt.window_left = 20;
+    if (which == 4) p.hq = 16, p.hkv = 1, p.d = 576, p.dv = 512, p.mla = true, p.k_new = false;
+    if (which == 5) p.opt.softcap = 3, p.alibi = true;
+    SCOPED_TRACE("case " + std::to_string(which));
+    run_fp8(p, true, which == 3 ? 2 : 0);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Every e5m2 code through each path's conversion, bit for bit (one visible
+// key of weight 1: out = v · v_scale exactly), ±Inf and NaN codes included:
+// a V column holding ±Inf outputs ±Inf, a NaN code NaN. Under the default
+// MXCSR and under DAZ + FTZ (the subnormal codes must not read as 0).
+TEST_F(Fp8Decode, E5m2EveryCodeReadExactly) {
+  const int64_t d = 64, dv = 256, bs = 16;
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * d), 0x3C), vc(static_cast<size_t>(bs * dv));
+  for (int64_t c = 0; c < dv; ++c) vc[c] = static_cast<uint8_t>(c);  // every code
+  std::vector<int32_t> table = {0}, lens = {1};
+  const auto q = random_bf16(static_cast<size_t>(2 * d), 31, -1, 1);
+  std::vector<uint16_t> out(static_cast<size_t>(2 * dv));
+  for (const bool daz : {false, true}) {
+    SCOPED_TRACE(daz ? "MXCSR DAZ + FTZ" : "MXCSR default");
+    const unsigned saved_csr = _mm_getcsr();
+    const int saved_threads = num_threads();
+    if (daz) {
+      set_num_threads(1);
+      _mm_setcsr(saved_csr | 0x8040);
+    }
+    for (float vs : {1.0f, 0.125f}) {
+      AttentionOptions opt;
+      opt.kv_scales.v_scale = vs;
+      decode_attention(TensorView(q.data(), DType::bf16, {1, 2, d}),
+                       TensorView(kc.data(), DType::f8e5m2, {1, bs, 1, d}),
+                       TensorView(vc.data(), DType::f8e5m2, {1, bs, 1, dv}),
+                       TensorView(out.data(), DType::bf16, {1, 2, dv}),
+                       TensorView(table.data(), DType::i32, {1, 1}),
+                       TensorView(lens.data(), DType::i32, {1}), opt);
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t c = 0; c < dv; ++c) {
+          const double want = e5m2_value(vc[c]) * vs;
+          const float got = bf16_to_f32(out[h * dv + c]);
+          if (std::isnan(want))
+            EXPECT_TRUE(std::isnan(got)) << "code 0x" << std::hex << int(vc[c]);
+          else
+            EXPECT_EQ(got, static_cast<float>(want)) << "code 0x" << std::hex << int(vc[c]);
+        }
+    }
+    _mm_setcsr(saved_csr);
+    set_num_threads(saved_threads);
+  }
+}
+
+// store_kv into an e5m2 cache: every finite code's value round-trips, ties go
+// to the even code, |x| past 57344 (±Inf too) saturates to ±57344 (never an
+// Inf code: vLLM's and CUDA's SATFINITE), NaN is 0x7F; then decode reads
+// what was stored against the reference on the stored codes' values.
+TEST_F(Fp8Decode, E5m2StoreRoundTripSaturationThenDecode) {
+  const int64_t hkv = 2, hq = 4, d = 128, bs = 16;
+  // Token 0: every finite code's value (a power-of-two scale: exact in bf16);
+  // token 1: midpoints of neighbouring normal codes (ties), then the
+  // saturating and special values.
+  const float scale = 0.25f;
+  std::vector<uint16_t> k(static_cast<size_t>(2 * hkv * d)), v(k.size());
+  std::vector<uint8_t> want_k(k.size());
+  for (int64_t i = 0; i < hkv * d; ++i) {
+    const uint8_t c = static_cast<uint8_t>(i);
+    const bool finite = std::isfinite(e5m2_value(c));
+    k[i] = f32_to_bf16(finite ? static_cast<float>(e5m2_value(c) * scale) : 0.0f);
+    want_k[i] = finite ? c : 0;                    // Inf / NaN codes: a +0 stored in their place
+    const int lo = 4 + static_cast<int>(i % 110);  // normal codes 4 .. 0x71
+    const double mid =
+        (e5m2_value(static_cast<uint8_t>(lo)) + e5m2_value(static_cast<uint8_t>(lo + 1))) / 2;
+    k[hkv * d + i] = f32_to_bf16(static_cast<float>(mid * scale));  // exact: 3 bits
+    want_k[hkv * d + i] = static_cast<uint8_t>(lo % 2 == 0 ? lo : lo + 1);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<float, uint8_t> special[] = {
+      {1e6f, 0x7B},     {-1e6f, 0xFB},         {inf, 0x7B},  {-inf, 0xFB},
+      {61440.0f, 0x7B}, {std::nanf(""), 0x7F}, {1e-7f, 0x00}};
+  for (size_t i = 0; i < std::size(special); ++i) {
+    k[hkv * d + i] = f32_to_bf16(special[i].first * scale);
+    want_k[hkv * d + i] = special[i].second;
+  }
+  for (size_t i = 0; i < v.size(); ++i) v[i] = k[(i * 7) % k.size()];
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * hkv * d), 0xAA), vc(kc.size(), 0xAA);
+  const std::vector<int32_t> slots = {3, 5};
+  KvCacheScales s;
+  s.k_scale = s.v_scale = scale;
+  store_kv(TensorView(k.data(), DType::bf16, {2, hkv, d}),
+           TensorView(v.data(), DType::bf16, {2, hkv, d}),
+           TensorView(kc.data(), DType::f8e5m2, {1, bs, hkv, d}),
+           TensorView(vc.data(), DType::f8e5m2, {1, bs, hkv, d}),
+           TensorView(slots.data(), DType::i32, {2}), s);
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t e = 0; e < hkv * d; ++e) {
+      const uint8_t got = kc[slots[t] * hkv * d + e], want = want_k[t * hkv * d + e];
+      if (want == 0x7F)
+        EXPECT_EQ(got & 0x7F, 0x7F) << "NaN, element " << e;
+      else
+        EXPECT_EQ(got, want) << "token " << t << " element " << e;
+    }
+  for (int64_t e = 0; e < hkv * d; ++e) EXPECT_EQ(kc[e], 0xAA) << "slot 0 written";
+
+  // Decode over the cache store_kv filled (40 tokens of random values).
+  const int64_t len = 40;
+  const auto kr = random_bf16(static_cast<size_t>(len * hkv * d), 21, -2, 2);
+  const auto vr = random_bf16(static_cast<size_t>(len * hkv * d), 22, -1, 1);
+  std::vector<uint8_t> kc3(static_cast<size_t>(3 * bs * hkv * d)), vc3(kc3.size());
+  std::vector<int32_t> slots3;
+  for (int64_t t = 0; t < len; ++t)
+    slots3.push_back(static_cast<int32_t>((2 - t / bs) * bs + t % bs));
+  KvCacheScales s3;
+  s3.k_scale = 3.0f / 57344, s3.v_scale = 1.0f / 4096;
+  store_kv(TensorView(kr.data(), DType::bf16, {len, hkv, d}),
+           TensorView(vr.data(), DType::bf16, {len, hkv, d}),
+           TensorView(kc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
+           TensorView(vc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
+           TensorView(slots3.data(), DType::i32, {len}), s3);
+  const auto q = random_bf16(static_cast<size_t>(hq * d), 23, -2, 2);
+  std::vector<uint16_t> out(static_cast<size_t>(hq * d));
+  std::vector<int32_t> table = {2, 1, 0}, lens = {static_cast<int32_t>(len)};
+  AttentionOptions opt;
+  opt.kv_scales = s3;
+  decode_attention(TensorView(q.data(), DType::bf16, {1, hq, d}),
+                   TensorView(kc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
+                   TensorView(vc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
+                   TensorView(out.data(), DType::bf16, {1, hq, d}),
+                   TensorView(table.data(), DType::i32, {1, 3}),
+                   TensorView(lens.data(), DType::i32, {1}), opt);
+  double max_v = 0;
+  for (uint8_t c : vc3) max_v = std::max(max_v, std::fabs(e5m2_value(c) * s3.v_scale));
+  for (int64_t h = 0; h < hq; ++h) {
+    runtime::ReferenceAttentionHead rh;
+    rh.tq = 1, rh.tk = len, rh.d = d, rh.dv = d, rh.sm_scale = 1.0 / std::sqrt(double(d));
+    auto at = [&](const std::vector<uint8_t>& c, double sc, int64_t j, int64_t col) {
+      return e5m2_value(c[(slots3[j] * hkv + h / 2) * d + col]) * sc;
+    };
+    rh.q_at = [&](int64_t, int64_t c) { return double(bf16_to_f32(q[h * d + c])); };
+    rh.k_at = [&](int64_t j, int64_t c) { return at(kc3, s3.k_scale, j, c); };
+    rh.v_at = [&](int64_t j, int64_t c) { return at(vc3, s3.v_scale, j, c); };
+    rh.out = [&](int64_t, int64_t c, double ref) {
+      ASSERT_LE(std::fabs(bf16_to_f32(out[h * d + c]) - ref),
+                runtime::attention_output_bound(max_v, ref))
+          << h << " " << c;
+    };
+    runtime::reference_attention_head(rh);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Bad input
 
 TEST(Fp8CacheErrors, ScalesDtypesAndShapes) {
@@ -659,12 +859,19 @@ TEST(Fp8CacheErrors, ScalesDtypesAndShapes) {
   expect_tilejit_error([&] { store(k8, kbf, {}); }, "store_kv: k_cache is f8e4m3, v_cache is bf16");
   const TensorView k32(kb.data(), DType::f32, {1, bs, 1, d});
   expect_tilejit_error([&] { decode(k32, k32, {}); },
-                       "decode_attention: k_cache has dtype f32; allowed: bf16, f8e4m3");
+                       "decode_attention: k_cache has dtype f32; allowed: bf16, f8e4m3, f8e5m2");
+  // e4m3 keys with e5m2 values: one code format per cache pair.
+  const TensorView v52(vc.data(), DType::f8e5m2, {1, bs, 2, d});
+  expect_tilejit_error([&] { decode(k8, v52, {}); },
+                       "decode_attention: k_cache is f8e4m3, v_cache is f8e5m2; allowed: the same "
+                       "dtype (one of bf16, f8e4m3, f8e5m2)");
+  expect_tilejit_error([&] { store(k8, v52, {}); },
+                       "store_kv: k_cache is f8e4m3, v_cache is f8e5m2");
   expect_tilejit_error(
       [&] {
         store(TensorView(kc.data(), DType::u8, {1, bs, 2, d}), v8, {});
       },
-      "store_kv: k_cache has dtype u8; allowed: bf16, f8e4m3");
+      "store_kv: k_cache has dtype u8; allowed: bf16, f8e4m3, f8e5m2");
   // Scales with a bf16 cache; scales in prefill.
   {
     AttentionOptions o;

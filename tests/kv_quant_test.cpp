@@ -1,6 +1,7 @@
-// The kv_quant kernel (store_kv's bf16 -> e4m3 conversion; contract in
-// codegen/kv_quant_desc.h), Xbyak AVX-512 where the CPU has the avx512 path
-// and LLVM where built, bit for bit against runtime::f32_to_e4m3:
+// The kv_quant kernel (store_kv's bf16 -> e4m3 / e5m2 conversion; contract
+// in codegen/kv_quant_desc.h), Xbyak AVX-512 where the CPU has the avx512
+// path and LLVM where built, each for both cache formats, bit for bit
+// against runtime::f32_to_fp8:
 //   - every one of the 65536 bf16 patterns (NaN, ±Inf, subnormals, ±0
 //     included) under scales that move the values across e4m3's whole range
 //     (1, 0.125, 3.7, 2^-120, 2^100, a subnormal scale), as rows of every
@@ -43,26 +44,46 @@ struct KqKernel {
   std::string name;
   KvQuantFn fn = nullptr;
   std::shared_ptr<void> keepalive;
+  const runtime::Fp8Format* format = &runtime::kE4m3;
 };
 
 std::vector<KqKernel> kv_quant_kernels() {
   std::vector<KqKernel> v;
+  for (DType code : {DType::f8e4m3, DType::f8e5m2}) {
+    const runtime::Fp8Format* f = runtime::fp8_format_of(code);
+    if (cpu_info().max_isa >= Isa::avx512) {
+      std::shared_ptr<jit::Kernel> k = jit::make_xbyak_kernel(
+          codegen::xbyak::emit_kv_quant(KvQuantDesc{.isa = Isa::avx512, .code = code}));
+      v.push_back({std::string("xbyak ") + dtype_name(code), k->entry<KvQuantFn>(), k, f});
+    }
+#ifdef TILEJIT_HAVE_LLVM
+    const CpuInfo info = cpu_info();
+    if (info.llvm_backend && info.avx2 && info.fma) {
+      const KvQuantDesc d{.isa = Isa::llvm, .code = code};
+      auto k = std::make_shared<codegen::llvm_backend::LlvmKernel>(
+          codegen::llvm_backend::compile_llvm_kv_quant(d));
+      EXPECT_EQ(k->name, d.name());
+      v.push_back({std::string("llvm ") + dtype_name(code), k->fn<KvQuantFn>(), k, f});
+    }
+#endif
+  }
+  return v;
+}
+
+// An unknown code format is an Error, not a kernel for some other format.
+TEST(KvQuantKernel, RefusesANonFp8Code) {
   if (cpu_info().max_isa >= Isa::avx512) {
-    std::shared_ptr<jit::Kernel> k =
-        jit::make_xbyak_kernel(codegen::xbyak::emit_kv_quant(KvQuantDesc{.isa = Isa::avx512}));
-    v.push_back({"xbyak", k->entry<KvQuantFn>(), k});
+    EXPECT_THROW(codegen::xbyak::emit_kv_quant(KvQuantDesc{.isa = Isa::avx512, .code = DType::i8}),
+                 Error);
   }
 #ifdef TILEJIT_HAVE_LLVM
   const CpuInfo info = cpu_info();
   if (info.llvm_backend && info.avx2 && info.fma) {
-    const KvQuantDesc d{.isa = Isa::llvm};
-    auto k = std::make_shared<codegen::llvm_backend::LlvmKernel>(
-        codegen::llvm_backend::compile_llvm_kv_quant(d));
-    EXPECT_EQ(k->name, d.name());
-    v.push_back({"llvm", k->fn<KvQuantFn>(), k});
+    EXPECT_THROW(codegen::llvm_backend::compile_llvm_kv_quant(
+                     KvQuantDesc{.isa = Isa::llvm, .code = DType::bf16}),
+                 Error);
   }
 #endif
-  return v;
 }
 
 float from_bits(uint32_t u) {
@@ -72,8 +93,8 @@ float from_bits(uint32_t u) {
 }
 
 // The reference: what store_kv's scalar path computes.
-uint8_t reference(uint16_t x, float s) {
-  return runtime::f32_to_e4m3(runtime::bf16_to_f32(x) / s);
+uint8_t reference(const runtime::Fp8Format& f, uint16_t x, float s) {
+  return runtime::f32_to_fp8(f, runtime::bf16_to_f32(x) / s);
 }
 
 constexpr uint8_t kCanary = 0xA5;
@@ -96,7 +117,8 @@ int64_t check(const KqKernel& kern, int64_t heads, int64_t d, const std::vector<
     for (int64_t e = 0; e < out_head; ++e) {
       const uint8_t got = out[static_cast<size_t>(h * out_head + e)];
       const uint8_t want =
-          e < d ? reference(x[h * x_head + e], scales[static_cast<size_t>(h)]) : kCanary;
+          e < d ? reference(*kern.format, x[h * x_head + e], scales[static_cast<size_t>(h)])
+                : kCanary;
       if (got != want && ++bad <= 4)
         ADD_FAILURE() << kern.name << " heads " << heads << " d " << d << " head " << h
                       << " element " << e << ": got 0x" << std::hex << int(got) << ", want 0x"
@@ -139,10 +161,10 @@ TEST(KvQuantKernel, EveryBf16PatternUnderEveryScale) {
       k.fn(&a);
       int bad = 0;
       for (uint32_t i = 0; i < 65536; ++i)
-        if (out[i] != reference(static_cast<uint16_t>(i), s) && ++bad <= 4)
+        if (out[i] != reference(*k.format, static_cast<uint16_t>(i), s) && ++bad <= 4)
           ADD_FAILURE() << k.name << " scale " << s << " x 0x" << std::hex << i << ": got 0x"
                         << int(out[i]) << ", want 0x"
-                        << int(reference(static_cast<uint16_t>(i), s));
+                        << int(reference(*k.format, static_cast<uint16_t>(i), s));
       EXPECT_EQ(bad, 0) << k.name << " scale " << s;
     }
 }
@@ -170,15 +192,16 @@ TEST(KvQuantKernel, NothingToDo) {
 }
 
 // Pairs (x, s) whose quotient x / s lies within an f32 ulp of a point where
-// e4m3's rounding changes (the tie 1 + 1/16, between codes 0x38 and 0x39):
-// s = x / (1 + 1/16) rounded to f32. Which code they store depends on how the
-// division rounds.
-std::vector<std::pair<uint16_t, float>> tie_pairs() {
+// the format's rounding changes (the tie 1 + 2^-(M+1) above 1, M its mantissa
+// bits: 1 + 1/16 between e4m3's 0x38 and 0x39): s = x / tie rounded to f32.
+// Which code they store depends on how the division rounds.
+std::vector<std::pair<uint16_t, float>> tie_pairs(const runtime::Fp8Format& f) {
+  const double tie = 1 + std::ldexp(1.0, -(f.man_bits + 1));
   std::vector<std::pair<uint16_t, float>> v;
   for (uint32_t m = 0; m < 128; ++m)
     for (uint32_t e : {0x3F80u, 0x4000u, 0x4100u, 0x3E00u}) {
       const auto x = static_cast<uint16_t>(e | m);
-      v.emplace_back(x, static_cast<float>(double(runtime::bf16_to_f32(x)) / 1.0625));
+      v.emplace_back(x, static_cast<float>(double(runtime::bf16_to_f32(x)) / tie));
     }
   return v;
 }
@@ -186,18 +209,27 @@ std::vector<std::pair<uint16_t, float>> tie_pairs() {
 // The reference under the current MXCSR (out of line: computed after the
 // mode is set).
 [[gnu::noinline]] std::vector<uint8_t> references(
-    const std::vector<std::pair<uint16_t, float>>& p) {
+    const runtime::Fp8Format& f, const std::vector<std::pair<uint16_t, float>>& p) {
   std::vector<uint8_t> r;
-  for (const auto& [x, s] : p) r.push_back(reference(x, s));
+  for (const auto& [x, s] : p) r.push_back(reference(f, x, s));
   return r;
 }
 
 // The caller's MXCSR: the division rounds as it says (as the reference's
 // does); the rounding to a subnormal code does not depend on it.
+void follows_mxcsr(const runtime::Fp8Format& f, const std::vector<KqKernel>& all_kernels);
+
 TEST(KvQuantKernel, FollowsTheCallersMxcsrLikeTheReference) {
   const auto kernels = kv_quant_kernels();
   if (kernels.empty()) GTEST_SKIP() << "no JIT path here";
-  const auto pairs = tie_pairs();
+  for (const runtime::Fp8Format* f : {&runtime::kE4m3, &runtime::kE5m2}) follows_mxcsr(*f, kernels);
+}
+
+void follows_mxcsr(const runtime::Fp8Format& f, const std::vector<KqKernel>& all_kernels) {
+  std::vector<KqKernel> kernels;
+  for (const KqKernel& k : all_kernels)
+    if (k.format == &f) kernels.push_back(k);
+  const auto pairs = tie_pairs(f);
   const int64_t d = 17;  // one full 16-lane step and a tail of one
   std::vector<uint16_t> x;
   std::vector<float> scales;
@@ -209,7 +241,7 @@ TEST(KvQuantKernel, FollowsTheCallersMxcsrLikeTheReference) {
   std::vector<std::vector<uint8_t>> by_mode;
   for (unsigned mode : {0u, unsigned(_MM_ROUND_DOWN), unsigned(_MM_ROUND_UP)}) {
     _mm_setcsr((saved & ~0x6000u) | mode);
-    by_mode.push_back(references(pairs));
+    by_mode.push_back(references(f, pairs));
     for (const KqKernel& k : kernels) {
       std::vector<uint8_t> out(x.size());
       const KvQuantArgs a{
@@ -240,7 +272,7 @@ TEST(KvQuantKernel, FollowsTheCallersMxcsrLikeTheReference) {
   }
   for (unsigned mode : {unsigned(_MM_ROUND_DOWN), unsigned(_MM_ROUND_UP), 0x8040u}) {
     _mm_setcsr((saved & ~0xE040u) | mode);
-    const std::vector<uint8_t> want = references(all);
+    const std::vector<uint8_t> want = references(f, all);
     for (const KqKernel& k : kernels) {
       std::vector<uint8_t> out(xs.size());
       // One element a head, each with its own scale.

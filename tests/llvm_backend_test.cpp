@@ -458,6 +458,7 @@ double decode(DType t, const uint8_t* p) {
       return runtime::e4m3_to_f32(*p);
     case DType::u4:
     case DType::f4e2m1:
+    case DType::f8e5m2:  // a KV cache type only: no elementwise kernel reads it
     case DType::i64:
       break;
   }
@@ -662,6 +663,7 @@ Tensor make_tensor(DType t, int64_t rows, int64_t n, int64_t row_stride, int64_t
         }
         case DType::u4:
         case DType::f4e2m1:
+        case DType::f8e5m2:
         case DType::i64:
           break;
       }

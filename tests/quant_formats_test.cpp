@@ -104,6 +104,77 @@ TEST(Fp8E4m3, EncodeRoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);  // the tie with 2^-9: to even 0
 }
 
+// e5m2 from its fields, in double: (-1)^s · 2^(e−15) · (1 + m/4), 0 < e < 31;
+// (-1)^s · 2^−14 · m/4, e = 0; ±Inf at e = 31, m = 0; NaN otherwise.
+double e5m2_spec(int code) {
+  const int s = code >> 7, e = (code >> 2) & 31, m = code & 3;
+  if (e == 31) return m ? NAN : (s ? -INFINITY : INFINITY);
+  const double mag =
+      e == 0 ? std::pow(2.0, -14) * (m / 4.0) : std::pow(2.0, e - 15) * (1 + m / 4.0);
+  return s ? -mag : mag;
+}
+
+TEST(Fp8E5m2, EveryCodeDecodesAsTheFormatSays) {
+  for (int c = 0; c < 256; ++c) {
+    const double want = e5m2_spec(c);
+    const float got = e5m2_to_f32(static_cast<uint8_t>(c));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << c;
+    } else {
+      EXPECT_EQ(double(got), want) << "code 0x" << std::hex << c;
+    }
+  }
+  EXPECT_EQ(e5m2_to_f32(0x7B), 57344.0f);
+  EXPECT_EQ(e5m2_to_f32(0x3C), 1.0f);
+  EXPECT_EQ(e5m2_to_f32(0x01), std::ldexp(1.0f, -16));
+  EXPECT_EQ(e5m2_to_f32(0xFC), -INFINITY);
+}
+
+// The encoder against a brute force written from the format alone: the
+// nearest finite code in double, the even code (mantissa bit 0 clear) on a
+// tie, ± the largest finite value past it; over random f32 bit patterns of
+// every magnitude e5m2 distinguishes and midpoints a hair either side.
+TEST(Fp8E5m2, EncodeMatchesABruteForceNearestEven) {
+  auto brute = [](float x) -> int {
+    if (std::isnan(x)) return 0x7F;
+    const int sign = std::signbit(x) ? 0x80 : 0;
+    const double a = std::fabs(double(x));
+    int best = 0;
+    double best_d = INFINITY;
+    for (int c = 0; c <= 0x7B; ++c) {
+      const double d = std::fabs(e5m2_spec(c) - a);
+      if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+    }
+    return sign | best;
+  };
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> ex(-30, 18);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  for (int i = 0; i < 20000; ++i) {
+    float x = std::ldexp(mant(rng), ex(rng));
+    if (rng() & 1) x = -x;
+    ASSERT_EQ(f32_to_e5m2(x), brute(x)) << x;
+  }
+  for (int c = 0; c < 0x7B; ++c) {
+    const float a = e5m2_to_f32(static_cast<uint8_t>(c)), b = e5m2_to_f32(uint8_t(c + 1));
+    const float mid = (a + b) / 2;  // exact
+    for (float x : {mid, std::nextafter(mid, a), std::nextafter(mid, b), -mid})
+      ASSERT_EQ(f32_to_e5m2(x), brute(x)) << "near code " << c << ": " << x;
+    EXPECT_EQ(f32_to_e5m2(mid), c % 2 == 0 ? c : c + 1) << "tie above code " << c;
+  }
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7C) == 0x7C) continue;  // Inf / NaN
+    EXPECT_EQ(f32_to_e5m2(e5m2_to_f32(static_cast<uint8_t>(c))), c) << "code 0x" << std::hex << c;
+  }
+  EXPECT_EQ(f32_to_e5m2(1e6f), 0x7B);      // saturated, not Inf
+  EXPECT_EQ(f32_to_e5m2(61440.0f), 0x7B);  // the tie with Inf's place
+  EXPECT_EQ(f32_to_e5m2(INFINITY), 0x7B);
+  EXPECT_EQ(f32_to_e5m2(-INFINITY), 0xFB);
+  EXPECT_EQ(f32_to_e5m2(NAN) & 0x7F, 0x7F);
+  EXPECT_EQ(f32_to_e5m2(std::ldexp(1.0f, -17)), 0x00);  // the tie with 2^-16: to even 0
+  EXPECT_EQ(f32_to_e5m2(std::ldexp(1.0f, -200)), 0x00);
+}
+
 TEST(Mxfp4, E2m1AndE8m0) {
   const float mags[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
   for (int n = 0; n < 16; ++n)

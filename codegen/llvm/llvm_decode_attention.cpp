@@ -47,12 +47,15 @@
 #include <llvm/IR/IntrinsicsX86.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 
 #include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/vector_math.h"
+#include "runtime/quant_formats.h"
 
 namespace tilejit::codegen::llvm_backend {
 
@@ -109,8 +112,8 @@ void check(const DecodeAttentionDesc& d) {
   if (d.ldo < dv16)
     fail(d, "ldo=" + std::to_string(d.ldo) +
                 "; allowed: >= dv rounded up to 16 = " + std::to_string(dv16));
-  if (d.kv != DType::bf16 && d.kv != DType::f8e4m3)
-    fail(d, std::string("kv=") + dtype_name(d.kv) + "; allowed: bf16, f8e4m3");
+  if (d.kv != DType::bf16 && !runtime::fp8_format_of(d.kv))
+    fail(d, std::string("kv=") + dtype_name(d.kv) + "; allowed: bf16, f8e4m3, f8e5m2");
   if (d.dot == DecodeDot::dpbf16 && !host_target().avx512bf16)
     fail(d, "dot = dpbf16 needs AVX512-BF16, which this host (" + host_target().cpu + ") lacks");
 }
@@ -254,7 +257,7 @@ class DecodeEmitter : public KernelEmitter {
     return llvm::cast<T>(v);
   }
   llvm::Type* i16t() { return b_.getInt16Ty(); }
-  // The cache's element type: bf16 (i16) or e4m3 bytes (strides count them).
+  // The cache's element type: bf16 (i16) or fp8 bytes (strides count them).
   llvm::Type* et() { return fp8_ ? b_.getInt8Ty() : b_.getInt16Ty(); }
   // bf16 between the rows of the fp8 scratch: D (K) or Dv (V) rounded up to 32.
   int64_t pitch(bool is_v) const { return ((is_v ? d_.dv : d_.d) + 31) / 32 * 32; }
@@ -276,7 +279,7 @@ class DecodeEmitter : public KernelEmitter {
   // widened with zero lanes, so a row's tail never reads past its end.
   llvm::Value* load_part(llvm::Type* t, int64_t width, llvm::Value* p, int64_t n) {
     auto* full = llvm::FixedVectorType::get(t, static_cast<unsigned>(width));
-    const llvm::Align align(t->isIntegerTy(8) ? 1 : 2);  // e4m3 codes: bytes
+    const llvm::Align align(t->isIntegerTy(8) ? 1 : 2);  // fp8 codes: bytes
     if (n >= width) return b_.CreateAlignedLoad(full, p, align);
     auto* part = llvm::FixedVectorType::get(t, static_cast<unsigned>(n));
     llvm::Value* x = b_.CreateAlignedLoad(part, p, align);
@@ -467,21 +470,25 @@ class DecodeEmitter : public KernelEmitter {
                         b_.CreateMul(b_.CreateAnd(h, i64(1)), i64(kChunk * pitch(true))));
   }
 
-  // e4m3_to_bf16 without AVX512-BW, in 16-bit lanes (16 codes a ymm op): a
-  // normal magnitude's bf16 is (mag << 4) + (120 << 7); the 8 subnormal ones
-  // (mag < 8) come from one vpshufb per ymm over a 16-byte table (bytes 0-7
-  // the bf16s' low bytes, 8-15 their high bytes; each word's index bytes are
-  // (mag, mag | 8), i.e. (m, m + 8) where it is selected); NaN selected; the
-  // sign or-ed in. Integer operations only (MXCSR cannot touch them): ~15
-  // ops per 16 codes, where the route through f32 (VectorMath::f8e4m3_to_f32,
-  // then the top halves) took ~30.
+  // fp8_to_bf16 without AVX512-BW, in 16-bit lanes (16 codes a ymm op): a
+  // normal magnitude's bf16 is (mag << (7 − M)) + ((127 − bias) << 7) (M the
+  // mantissa bits); the subnormal ones (mag < 2^M: 8 for e4m3, 4 for e5m2)
+  // come from one vpshufb per ymm over a 16-byte table (bytes 0-7 the bf16s'
+  // low bytes, 8-15 their high bytes; each word's index bytes are (mag, mag |
+  // 8), i.e. (m, m + 8) where it is selected); Inf / NaN selected; the sign
+  // or-ed in. Integer operations only (MXCSR cannot touch them): ~15 ops per
+  // 16 codes, where the route through f32 (VectorMath::f8e4m3_to_f32, then
+  // the top halves) took ~30.
   template <class MagBf16>
-  llvm::Value* e4m3_to_bf16_avx2(llvm::Value* codes, MagBf16 mag_bf16) {
+  llvm::Value* fp8_to_bf16_avx2(llvm::Value* codes, MagBf16 mag_bf16) {
+    const runtime::Fp8Format& f = *runtime::fp8_format_of(d_.kv);
     auto* v32 = llvm::FixedVectorType::get(i16t(), 32);
     auto c16 = [&](uint16_t x) { return llvm::ConstantInt::get(v32, x); };
     llvm::Value* w = b_.CreateZExt(codes, v32);
     llvm::Value* mag = b_.CreateAnd(w, c16(0x7f));
-    llvm::Value* normal = b_.CreateAdd(b_.CreateShl(mag, c16(4)), c16(120 << 7));
+    llvm::Value* normal =
+        b_.CreateAdd(b_.CreateShl(mag, c16(static_cast<uint16_t>(7 - f.man_bits))),
+                     c16(static_cast<uint16_t>((127 - f.bias) << 7)));
     llvm::Value* idx = b_.CreateOr(b_.CreateOr(mag, b_.CreateShl(mag, c16(8))), c16(0x0800));
     std::vector<llvm::Constant*> t;
     for (int lane = 0; lane < 2; ++lane)
@@ -499,32 +506,39 @@ class DecodeEmitter : public KernelEmitter {
     Mask all;
     for (int i = 0; i < 64; ++i) all.push_back(i);
     llvm::Value* sub = b_.CreateBitCast(b_.CreateShuffleVector(halves[0], halves[1], all), v32);
-    llvm::Value* r = b_.CreateSelect(b_.CreateICmpULT(mag, c16(8)), sub, normal);
-    r = b_.CreateSelect(b_.CreateICmpEQ(mag, c16(0x7f)), c16(0x7FC0), r);
+    llvm::Value* r = b_.CreateSelect(
+        b_.CreateICmpULT(mag, c16(static_cast<uint16_t>(1 << f.man_bits))), sub, normal);
+    if (f.has_inf)  // S.11111.mm: 0x7F80 | mm << 5 (Inf for mm = 0, else a NaN)
+      r = b_.CreateSelect(b_.CreateICmpUGT(mag, c16(f.max_code)),
+                          b_.CreateOr(c16(0x7F80), b_.CreateShl(b_.CreateAnd(mag, c16(3)), c16(5))),
+                          r);
+    else
+      r = b_.CreateSelect(b_.CreateICmpEQ(mag, c16(0x7f)), c16(0x7FC0), r);
     return b_.CreateOr(r, b_.CreateAnd(b_.CreateShl(w, c16(8)), c16(0x8000)));
   }
 
-  // 32 e4m3 codes (<32 x i8>) -> their values as bf16 (<32 x i16>), exactly
-  // (every e4m3 value is a bf16; NaN codes S.1111.111 give a NaN). With
-  // AVX512-BW: w = the sign-extended code, the bf16 of its 7 magnitude bits
-  // from a 128-entry table (two vpermi2w of 64 entries, bit 6 picks one),
-  // the sign or-ed in: 6 ops for 32 codes, subnormals and NaN included (an
-  // arithmetic form, shift / mask / add for normals with an 8-entry table for
-  // e = 0 and a NaN select, took 10). Elsewhere: e4m3_to_bf16_avx2.
-  llvm::Value* e4m3_to_bf16(llvm::Value* codes) {
+  // 32 fp8 codes (<32 x i8>, the cache's format) -> their values as bf16
+  // (<32 x i16>), exactly (every e4m3 and e5m2 value is a bf16; NaN codes
+  // give a NaN, e5m2's Inf codes ±Inf). With AVX512-BW: w = the
+  // sign-extended code, the bf16 of its 7 magnitude bits from a 128-entry
+  // table (two vpermi2w of 64 entries, bit 6 picks one), the sign or-ed in:
+  // 6 ops for 32 codes, subnormals and NaN included (an arithmetic form,
+  // shift / mask / add for normals with an 8-entry table for e = 0 and a NaN
+  // select, took 10). Elsewhere: fp8_to_bf16_avx2.
+  llvm::Value* fp8_to_bf16(llvm::Value* codes) {
+    const runtime::Fp8Format& f = *runtime::fp8_format_of(d_.kv);
     auto* v32 = llvm::FixedVectorType::get(i16t(), 32);
     auto c16 = [&](uint16_t x) { return llvm::ConstantInt::get(v32, x); };
-    // bf16 of the magnitude code c = code & 0x7F.
-    auto mag_bf16 = [](int c) -> uint16_t {
-      const int e = c >> 3, m = c & 7;
-      if (e == 15 && m == 7) return 0x7FC0;                               // NaN
-      if (e != 0) return static_cast<uint16_t>((e + 120) << 7 | m << 4);  // 2^(e-7)·(1 + m/8)
-      if (m == 0) return 0;
-      int k = 0;  // m·2^-9 = 2^(k-9)·(1 + f), m = 2^k·(1 + f)
-      while ((m >> (k + 1)) != 0) ++k;
-      return static_cast<uint16_t>((k - 9 + 127) << 7 | (m - (1 << k)) << (7 - k));
+    // bf16 of the magnitude code c = code & 0x7F: the top half of its f32
+    // (exact: 2 or 3 mantissa bits), a quiet NaN for the NaN codes.
+    auto mag_bf16 = [&f](int c) -> uint16_t {
+      const float x = runtime::fp8_to_f32(f, static_cast<uint8_t>(c));
+      if (std::isnan(x)) return 0x7FC0;
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      return static_cast<uint16_t>(u >> 16);
     };
-    if (!mc_.host.avx512bw) return e4m3_to_bf16_avx2(codes, mag_bf16);
+    if (!mc_.host.avx512bw) return fp8_to_bf16_avx2(codes, mag_bf16);
     llvm::Value* w = b_.CreateSExt(codes, v32);
     // bf16 of the 128 magnitudes (code & 0x7F), four vectors of 32.
     std::vector<llvm::Value*> table;
@@ -559,7 +573,7 @@ class DecodeEmitter : public KernelEmitter {
           for (int64_t col = 0; col < n; col += 32) {
             llvm::Value* codes =
                 load_part(b_.getInt8Ty(), 32, b_.CreateGEP(b_.getInt8Ty(), src, i64(col)), n - col);
-            b_.CreateAlignedStore(e4m3_to_bf16(codes), b_.CreateGEP(i16t(), out, i64(col)),
+            b_.CreateAlignedStore(fp8_to_bf16(codes), b_.CreateGEP(i16t(), out, i64(col)),
                                   llvm::Align(64));
           }
           return std::vector<llvm::Value*>{};
@@ -696,7 +710,7 @@ class DecodeEmitter : public KernelEmitter {
   //
   // The line addresses of row `unit` (0 .. 31) of the list.
   std::vector<llvm::Value*> prefetch_row_lines(llvm::Value* unit) {
-    // Elements per 64-byte line: 32 bf16 or 64 e4m3 codes.
+    // Elements per 64-byte line: 32 bf16 or 64 fp8 codes.
     const int64_t per_line = fp8_ ? 64 : 32;
     const int64_t lk = (d_.d + per_line - 1) / per_line, lv = (d_.dv + per_line - 1) / per_line;
     llvm::Value* is_k = b_.CreateICmpULT(unit, i64(kChunk));
@@ -1236,7 +1250,7 @@ class DecodeEmitter : public KernelEmitter {
   // fp8 cache: each head's 16 K and V rows of the chunk are converted to bf16
   // into kscr_ / vscr_ (two V buffers by head parity) before the bf16 code
   // runs on them; hscale_ is the score scale of the head being scored.
-  const bool fp8_ = d_.kv == DType::f8e4m3;
+  const bool fp8_ = d_.kv != DType::bf16;
   llvm::Value *kscr_ = nullptr, *vscr_ = nullptr, *hscale_ = nullptr;
   llvm::Value* offs_ = nullptr;
   llvm::Value *cur_ = nullptr, *fut_ = nullptr;  // this chunk's / the prefetched list in offs_

@@ -37,7 +37,7 @@ struct DecodeAttentionDesc {
   bool softcap = false;    // s = cap·tanh(s / cap)
   bool alibi = false;      // s += slope_r · (j − i_pos)
   DecodeDot dot = DecodeDot::best;
-  // The K / V cache dtype: bf16, or f8e4m3 (fp8 KV cache: codes converted to
+  // The K / V cache dtype: bf16, or f8e4m3 / f8e5m2 (fp8 KV cache: codes converted to
   // bf16 exactly in registers; the scales are folded, see DecodeAttentionArgs).
   DType kv = DType::bf16;
   // How many 16-key chunks ahead the kernel prefetches K and V rows (the
@@ -62,7 +62,7 @@ struct DecodeAttentionDesc {
 
   // True when the kernel uses vdpbf16ps (dot resolved against the host).
   bool uses_dpbf16() const;
-  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]_{best,fma,dpbf16}[_kvf8e4m3]
+  // decode_attn_llvm_d128_dv128_g4_bs16_ldo128[_softcap][_alibi]_{best,fma,dpbf16}[_kvf8e4m3|_kvf8e5m2]
   std::string name() const { return desc_name(*this); }
 };
 static_assert(fields_cover<DecodeAttentionDesc>(), "a member is missing from field_list()");
@@ -91,8 +91,8 @@ struct DecodeAttentionArgs {
   int64_t heads;
   int64_t k_head_stride, v_head_stride;
   int64_t q_row_stride;
-  // kv = f8e4m3 only (k and v then point at e4m3 bytes, strides in bytes):
-  // the score of kv head h is k_scale[h] · q·k̂ (k̂ the e4m3 values of the
+  // fp8 kv only (k and v then point at code bytes, strides in bytes):
+  // the score of kv head h is k_scale[h] · q·k̂ (k̂ the fp8 values of the
   // codes; the caller passes sm_scale · its k scale, `scale` is unused), and
   // O accumulates Σ p · v̂ in the codes' own units: the caller multiplies the
   // state's O by its v scale (O is linear in V, so the online rescaling and
@@ -130,7 +130,7 @@ inline int64_t decode_attention_fixed_scratch(const DecodeAttentionDesc& d) {
   int64_t n = decode_scratch_align(2 * d.g * c * 4) + decode_scratch_align(2 * d.g * 4) +
               decode_scratch_align(4 * 16 * 4) +
               decode_scratch_align((d.prefetch_chunks + 1) * 2 * c * 8);
-  if (d.kv == DType::f8e4m3)
+  if (d.kv != DType::bf16)
     n += decode_scratch_align(c * pd * 2) + decode_scratch_align(2 * c * pdv * 2);
   return n;
 }

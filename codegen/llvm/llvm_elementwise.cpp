@@ -163,6 +163,7 @@ llvm::Type* storage_type(llvm::IRBuilder<>& b, DType t) {
       return b.getInt32Ty();
     case DType::u4:
     case DType::f4e2m1:
+    case DType::f8e5m2:
     case DType::i64:
       break;
   }
@@ -304,6 +305,7 @@ class ElementwiseEmitter : public KernelEmitter {
         return vm_.f8e4m3_to_f32(raw);
       case DType::u4:
       case DType::f4e2m1:
+      case DType::f8e5m2:
       case DType::i64:
         break;
     }

@@ -8,7 +8,7 @@
 //                                        power-of-two scale multiplies by its
 //                                        exact reciprocal instead, as the
 //                                        Xbyak kernel: the same q bit for bit)
-//       runtime::f32_to_e4m3's rule on the bits of q, lane by lane (integer
+//       runtime::f32_to_fp8's rule (the desc's code format) on the bits of q, lane by lane (integer
 //       ops and selects; the subnormal codes by roundeven, which lowers to a
 //       rounding instruction with an immediate mode, not MXCSR's)
 //       trunc to i8, store
@@ -22,6 +22,7 @@
 #include "codegen/llvm/emitter_base.h"
 #include "codegen/llvm/ir_loop.h"
 #include "codegen/llvm/vector_math.h"
+#include "runtime/quant_formats.h"
 
 namespace tilejit::codegen::llvm_backend {
 
@@ -31,8 +32,8 @@ constexpr int kLanes = 16;
 
 class KvQuantEmitter : public KernelEmitter {
  public:
-  KvQuantEmitter(ModuleContext& mc, const KvQuantDesc& /*d*/)
-      : KernelEmitter(mc), vm_(b_, kLanes) {}
+  KvQuantEmitter(ModuleContext& mc, const KvQuantDesc& d)
+      : KernelEmitter(mc), f_(format(d)), vm_(b_, kLanes) {}
 
  private:
   using Args = KvQuantArgs;
@@ -49,25 +50,37 @@ class KvQuantEmitter : public KernelEmitter {
 
   llvm::Type* i8v() { return llvm::FixedVectorType::get(b_.getInt8Ty(), kLanes); }
 
-  // runtime::f32_to_e4m3 of each lane of q (<16 x float>), as <16 x i8>.
-  llvm::Value* to_e4m3(llvm::Value* q) {
+  static const runtime::Fp8Format& format(const KvQuantDesc& d) {
+    const runtime::Fp8Format* f = runtime::fp8_format_of(d.code);
+    if (!f)
+      throw Error(std::string("kv_quant: code=") + dtype_name(d.code) +
+                  "; allowed: f8e4m3, f8e5m2");
+    return *f;
+  }
+
+  // runtime::f32_to_fp8(f_, ·) of each lane of q (<16 x float>), as <16 x i8>.
+  llvm::Value* to_fp8(llvm::Value* q) {
+    const uint32_t shift = 23 - f_.man_bits;
     llvm::Value* u = b_.CreateBitCast(q, vm_.i32v());
     llvm::Value* a = b_.CreateAnd(u, vm_.i32(0x7FFFFFFFu));
     llvm::Value* sign = b_.CreateAnd(b_.CreateLShr(u, vm_.i32(24)), vm_.i32(0x80));
-    // Normal: the mantissa rounded to 3 bits (nearest even), rebiased.
-    llvm::Value* r = b_.CreateAdd(b_.CreateAdd(a, vm_.i32(0x7FFFFu)),
-                                  b_.CreateAnd(b_.CreateLShr(a, vm_.i32(20)), vm_.i32(1)));
-    llvm::Value* normal = b_.CreateSub(b_.CreateLShr(r, vm_.i32(20)), vm_.i32(120u << 3));
-    // Subnormal (a < 2^-6): rne(|q|·512), exact; other lanes use 2^-6 so the
-    // conversion stays defined.
-    llvm::Value* is_sub = b_.CreateICmpULT(a, vm_.i32(0x3C800000u));
+    // Normal: the mantissa rounded to man_bits bits (nearest even), rebiased.
+    llvm::Value* r = b_.CreateAdd(b_.CreateAdd(a, vm_.i32((1u << (shift - 1)) - 1)),
+                                  b_.CreateAnd(b_.CreateLShr(a, vm_.i32(shift)), vm_.i32(1)));
+    llvm::Value* normal =
+        b_.CreateSub(b_.CreateLShr(r, vm_.i32(shift)),
+                     vm_.i32(static_cast<uint32_t>(127 - f_.bias) << f_.man_bits));
+    // Subnormal (a below the least normal): rne(|q|·sub_scale), exact; other
+    // lanes use the least normal so the conversion stays defined.
+    llvm::Value* is_sub = b_.CreateICmpULT(a, vm_.i32(f_.normal_bits));
     llvm::Value* mag =
-        b_.CreateBitCast(b_.CreateSelect(is_sub, a, vm_.i32(0x3C800000u)), vm_.f32v());
-    llvm::Value* m = b_.CreateFPToSI(
-        b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven, b_.CreateFMul(mag, vm_.f32(512.0f))),
-        vm_.i32v());
+        b_.CreateBitCast(b_.CreateSelect(is_sub, a, vm_.i32(f_.normal_bits)), vm_.f32v());
+    llvm::Value* m =
+        b_.CreateFPToSI(b_.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven,
+                                                b_.CreateFMul(mag, vm_.f32(f_.sub_scale))),
+                        vm_.i32v());
     llvm::Value* code = b_.CreateSelect(is_sub, m, normal);
-    code = b_.CreateSelect(b_.CreateICmpUGE(a, vm_.i32(0x43E00000u)), vm_.i32(0x7E), code);
+    code = b_.CreateSelect(b_.CreateICmpUGE(a, vm_.i32(f_.max_bits)), vm_.i32(f_.max_code), code);
     code = b_.CreateOr(code, sign);
     code = b_.CreateSelect(b_.CreateICmpUGT(a, vm_.i32(0x7F800000u)), vm_.i32(0x7F), code);
     return b_.CreateTrunc(code, i8v());
@@ -119,7 +132,7 @@ class KvQuantEmitter : public KernelEmitter {
         bits = b_.CreateMaskedLoad(vm_.i16v(), src, llvm::Align(2), mask,
                                    llvm::Constant::getNullValue(vm_.i16v()));
       llvm::Value* x = vm_.bf16_to_f32(bits);
-      llvm::Value* codes = to_e4m3(multiply ? b_.CreateFMul(x, sv) : b_.CreateFDiv(x, sv));
+      llvm::Value* codes = to_fp8(multiply ? b_.CreateFMul(x, sv) : b_.CreateFDiv(x, sv));
       llvm::Value* dst = b_.CreateGEP(b_.getInt8Ty(), orow, at);
       if (mask == nullptr)
         b_.CreateAlignedStore(codes, dst, llvm::Align(1));
@@ -138,6 +151,7 @@ class KvQuantEmitter : public KernelEmitter {
     chunk(tail_at, vm_.lane_mask(b_.CreateSub(d, tail_at)));
   }
 
+  const runtime::Fp8Format& f_;
   VectorMath vm_;
 };
 

@@ -1,8 +1,10 @@
 // AVX-512 kv_quant kernel (KvQuantArgs, codegen/kv_quant_desc.h): one token's
-// bf16 K or V rows -> e4m3 cache bytes, 16 elements a step (a masked step
-// for the tail: nothing past a row is read or written).
+// bf16 K or V rows -> e4m3 or e5m2 cache bytes, 16 elements a step (a masked
+// step for the tail: nothing past a row is read or written).
 //
-// The steps are runtime::f32_to_e4m3's branch-free rule in 16 lanes:
+// The steps are runtime::f32_to_fp8's branch-free rule in 16 lanes, with the
+// format's constants (runtime::Fp8Format; e4m3's shown, e5m2's: 21, 2^-14,
+// 65536, 57344, 0x7B):
 //   x = bf16 << 16;  q = x / s  (vdivps);  a = |q| bits; sign = q >> 24 & 0x80
 //   normal    (r >> 20) − 960 with r = a + 0x7FFFF + (a >> 20 & 1)  (mantissa to 3 bits, RNE;
 //             the exponent rebiased from 127 to 7)
@@ -13,11 +15,14 @@
 // scale (1.0 among them) multiplies by its exact reciprocal instead: the
 // same quotient, bit for bit, at the multiply's rate.
 #include <cstddef>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "codegen/kv_quant_desc.h"
 #include "codegen/xbyak/emitters.h"
 #include "codegen/xbyak/jit_generator.h"
+#include "runtime/quant_formats.h"
 
 namespace tilejit::codegen::xbyak {
 namespace {
@@ -27,11 +32,13 @@ using Xbyak::Zmm;
 
 class KvQuantKernel : public JitGenerator {
  public:
-  KvQuantKernel() { generate(); }
+  explicit KvQuantKernel(const runtime::Fp8Format& f) : f_(f) { generate(); }
 
  private:
   const Xbyak::Reg64 x_ = r8, x_head_ = r9, out_ = r10, out_head_ = r11, scales_ = rdx,
                      heads_ = rsi, d_ = rbx, j_ = rax, t_ = rcx;
+  const runtime::Fp8Format f_;
+  const int shift_ = 23 - f_.man_bits;  // f32 mantissa bits below the code's
   // Constants (zmm16+), the head's scale and the step's temporaries (zmm0..4).
   const Zmm c_abs_ = Zmm(16), c_one_ = Zmm(17), c_round_ = Zmm(18), c_bias_ = Zmm(19),
             c_sub_ = Zmm(20), c_512_ = Zmm(21), c_sat_ = Zmm(22), c_7e_ = Zmm(23), c_inf_ = Zmm(24),
@@ -59,17 +66,18 @@ class KvQuantKernel : public JitGenerator {
     vpsrld(sign, q, 24);
     vpandd(sign, sign, c_sign_);
     // Normal codes.
-    vpsrld(code, a, 20);
+    vpsrld(code, a, shift_);
     vpandd(code, code, c_one_);
     vpaddd(code, code, a);
     vpaddd(code, code, c_round_);
-    vpsrld(code, code, 20);
+    vpsrld(code, code, shift_);
     vpsubd(code, code, c_bias_);
-    // Subnormal codes (|q| < 2^-6), exact: |q|·512 < 8 rounded to an integer.
-    vpcmpud(k2, a, c_sub_, 1);  // a < 0x3C800000
+    // Subnormal codes (|q| below the least normal), exact: |q|·sub_scale
+    // < 2^man_bits rounded to an integer.
+    vpcmpud(k2, a, c_sub_, 1);  // a < normal_bits
     vmulps(m, a, c_512_);
     vcvtps2dq(code | k2, m | T_rn_sae);
-    vpcmpud(k3, a, c_sat_, 5);  // a >= 0x43E00000 (448): saturate, ±Inf and NaN included
+    vpcmpud(k3, a, c_sat_, 5);  // a >= max_bits: saturate, ±Inf and NaN included
     vmovdqa32(code | k3, c_7e_);
     vpord(code, code, sign);
     vpcmpud(k4, a, c_inf_, 6);  // a > 0x7F800000: NaN
@@ -116,12 +124,14 @@ class KvQuantKernel : public JitGenerator {
     mov(d_, arg(offsetof(KvQuantArgs, d)));
     broadcast(c_abs_, 0x7FFFFFFFu);
     broadcast(c_one_, 1);
-    broadcast(c_round_, 0x7FFFFu);
-    broadcast(c_bias_, 120u << 3);
-    broadcast(c_sub_, 0x3C800000u);  // 2^-6
-    broadcast(c_512_, 0x44000000u);  // 512.0f
-    broadcast(c_sat_, 0x43E00000u);  // 448.0f
-    broadcast(c_7e_, 0x7E);
+    broadcast(c_round_, (1u << (shift_ - 1)) - 1);
+    broadcast(c_bias_, static_cast<uint32_t>(127 - f_.bias) << f_.man_bits);
+    broadcast(c_sub_, f_.normal_bits);
+    uint32_t sub_scale_bits;
+    std::memcpy(&sub_scale_bits, &f_.sub_scale, 4);
+    broadcast(c_512_, sub_scale_bits);
+    broadcast(c_sat_, f_.max_bits);
+    broadcast(c_7e_, f_.max_code);
     broadcast(c_inf_, 0x7F800000u);
     broadcast(c_7f_, 0x7F);
     broadcast(c_sign_, 0x80);
@@ -171,8 +181,10 @@ class KvQuantKernel : public JitGenerator {
 }  // namespace
 
 std::vector<uint8_t> emit_kv_quant(const KvQuantDesc& d) {
-  (void)d;  // one kernel: the descriptor names its path only
-  KvQuantKernel k;
+  const runtime::Fp8Format* f = runtime::fp8_format_of(d.code);
+  if (!f)
+    throw Error(std::string("kv_quant: code=") + dtype_name(d.code) + "; allowed: f8e4m3, f8e5m2");
+  KvQuantKernel k(*f);
   return k.finish();
 }
 

@@ -22,7 +22,9 @@ namespace tilejit {
 // i64 is an index type only (slot_mapping, positions); no kernel computes in it.
 // f4e2m1 is the code type of MXFP4 weights (PackedWeight::dtype(); the
 // checkpoint's tensors are u8): no tensor view or IR value has it.
-enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1 };
+// f8e5m2 (1 sign, 5 exponent, 2 mantissa bits: f16's top byte) is a KV cache
+// element type only (vLLM's kv_cache_dtype "fp8_e5m2", its CPU backend's fp8).
+enum class DType { f32, bf16, f16, i8, u8, i32, f8e4m3, u4, i64, f4e2m1, f8e5m2 };
 
 // "f32", "bf16", ... (the spelling the IR text uses). A value outside the
 // enum raises an Error (as does every enum argument of every function).

@@ -63,7 +63,8 @@ typedef enum tilejit_dtype {
   TILEJIT_F8E4M3 = 6,
   TILEJIT_U4 = 7,
   TILEJIT_I64 = 8,
-  TILEJIT_F4E2M1 = 9
+  TILEJIT_F4E2M1 = 9,
+  TILEJIT_F8E5M2 = 10
 } tilejit_dtype;
 
 /* The most dims a tensor may declare (no operator takes more than 4). */

@@ -103,9 +103,15 @@ const EnumTable<Int4Format>& int4_format_table() {
 const EnumTable<DType>& dtype_table() {
   static const EnumTable<DType> t = [] {
     EnumTable<DType> r;
-    for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::u8, DType::i32,
-                    DType::f8e4m3, DType::u4, DType::i64, DType::f4e2m1})
-      r.emplace_back(dtype_name(d), d);
+    // Every value the library names (dtype_name refuses the first one past
+    // the enum): its list is the one home, this module sees only the API.
+    for (int i = 0;; ++i) {
+      try {
+        r.emplace_back(dtype_name(static_cast<DType>(i)), static_cast<DType>(i));
+      } catch (const Error&) {
+        break;
+      }
+    }
     return r;
   }();
   return t;
