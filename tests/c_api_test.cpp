@@ -495,6 +495,61 @@ TEST(CApi, AttentionAndStoreKvMatchTheCppCalls) {
   }
 }
 
+// An e5m2 cache (TILEJIT_F8E5M2): store_kv writes it and decode reads it as
+// the C++ calls do, bit for bit.
+TEST(CApi, E5m2CacheStoreAndDecodeMatchTheCppCalls) {
+  constexpr int64_t T = 12, Hq = 4, Hkv = 2, D = 64, block = 4, nblocks = 4;
+  const auto k = random_bf16(T * Hkv * D, 40, -4, 4), v = random_bf16(T * Hkv * D, 41, -4, 4);
+  std::vector<int32_t> slots(T);
+  for (int64_t t = 0; t < T; ++t) slots[t] = static_cast<int32_t>((t + 4) % 16);
+  CTensors c;
+  std::vector<uint8_t> kc(nblocks * block * Hkv * D, 0), vc(kc), kcpp(kc), vcpp(kc);
+  tilejit_kv_cache_scales s = {0.001f, 0.002f, nullptr, nullptr};
+  const tilejit_tensor ktt = c(k.data(), TILEJIT_BF16, {T, Hkv, D});
+  const tilejit_tensor vtt = c(v.data(), TILEJIT_BF16, {T, Hkv, D});
+  const tilejit_tensor kct = c(kc.data(), TILEJIT_F8E5M2, {nblocks, block, Hkv, D});
+  const tilejit_tensor vct = c(vc.data(), TILEJIT_F8E5M2, {nblocks, block, Hkv, D});
+  const tilejit_tensor slt = c(slots.data(), TILEJIT_I32, {T});
+  ASSERT_C_OK(tilejit_store_kv(&ktt, &vtt, &kct, &vct, &slt, &s));
+  KvCacheScales cs;
+  cs.k_scale = 0.001f;
+  cs.v_scale = 0.002f;
+  store_kv({k.data(), DType::bf16, {T, Hkv, D}}, {v.data(), DType::bf16, {T, Hkv, D}},
+           {kcpp.data(), DType::f8e5m2, {nblocks, block, Hkv, D}},
+           {vcpp.data(), DType::f8e5m2, {nblocks, block, Hkv, D}}, {slots.data(), DType::i32, {T}},
+           cs);
+  EXPECT_TRUE(same_bytes(kc, kcpp) && same_bytes(vc, vcpp));
+  // e5m2, not e4m3: the codes differ from what an e4m3 cache would hold.
+  std::vector<uint8_t> k43(kc.size(), 0), v43(kc.size(), 0);
+  store_kv({k.data(), DType::bf16, {T, Hkv, D}}, {v.data(), DType::bf16, {T, Hkv, D}},
+           {k43.data(), DType::f8e4m3, {nblocks, block, Hkv, D}},
+           {v43.data(), DType::f8e4m3, {nblocks, block, Hkv, D}}, {slots.data(), DType::i32, {T}},
+           cs);
+  EXPECT_FALSE(same_bytes(kc, k43));
+  const auto q = random_bf16(2 * Hq * D, 42);
+  const std::vector<int32_t> table = {1, 2, 3, 0, 1, 2, 3, 0}, lens = {12, 7};
+  const tilejit_tensor qt = c(q.data(), TILEJIT_BF16, {2, Hq, D});
+  const tilejit_tensor bt = c(table.data(), TILEJIT_I32, {2, 4});
+  const tilejit_tensor lt = c(lens.data(), TILEJIT_I32, {2});
+  tilejit_attention_options o;
+  tilejit_attention_options_init(&o);
+  o.kv_scales = s;
+  AttentionOptions co;
+  co.kv_scales = cs;
+  std::vector<uint16_t> oc(2 * Hq * D, 0xFFFF), ocpp(oc.size());
+  const tilejit_tensor ot = c(oc.data(), TILEJIT_BF16, {2, Hq, D});
+  ASSERT_C_OK(tilejit_decode_attention(&qt, &kct, &vct, &ot, &bt, &lt, &o));
+  decode_attention(
+      {q.data(), DType::bf16, {2, Hq, D}}, {kc.data(), DType::f8e5m2, {nblocks, block, Hkv, D}},
+      {vc.data(), DType::f8e5m2, {nblocks, block, Hkv, D}}, {ocpp.data(), DType::bf16, {2, Hq, D}},
+      {table.data(), DType::i32, {2, 4}}, {lens.data(), DType::i32, {2}}, co);
+  EXPECT_TRUE(same_bytes(oc, ocpp));
+  // e4m3 keys with e5m2 values: the C++ Error.
+  const tilejit_tensor k4 = c(k43.data(), TILEJIT_F8E4M3, {nblocks, block, Hkv, D});
+  expect_c_error(tilejit_decode_attention(&qt, &k4, &vct, &ot, &bt, &lt, &o),
+                 "k_cache is f8e4m3, v_cache is f8e5m2");
+}
+
 TEST(CApi, RopeMatchesTheCppCall) {
   constexpr int64_t T = 7, Hq = 3, Hk = 1, D = 64, rot = 48, P = 32;
   const auto q = random_f32(T * Hq * D, 40), k = random_f32(T * Hk * D, 41);
