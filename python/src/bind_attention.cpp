@@ -1,5 +1,9 @@
 // flash_attn_varlen, decode_attention, extend_attention, store_kv.
+#include <fmt/format.h>
 #include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
 
 #include "bind.h"
 
@@ -46,10 +50,39 @@ void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale,
   a.opt.alibi_slopes = view_of(a.alibi);
 }
 
-// A KV cache argument: uint8 storage holds e4m3 codes.
-StorageAs cache_storage(StorageAs as) {
-  as.u8_is_f8e4m3 = true;
+// The cache_dtype keyword of decode, extend and store_kv: what a uint8 KV
+// cache's codes are (torch 1.13 and DLPack 0.6 have no float8). None: e4m3
+// codes, as before the keyword.
+std::optional<DType> parse_cache_dtype(const py::handle& cache_dtype) {
+  if (cache_dtype.is_none()) return std::nullopt;
+  static const EnumTable<DType> fp8_caches = {{dtype_name(DType::f8e4m3), DType::f8e4m3},
+                                              {dtype_name(DType::f8e5m2), DType::f8e5m2}};
+  if (!py::isinstance<py::str>(cache_dtype))
+    throw Error(fmt::format(
+        "cache_dtype: {} is not allowed; allowed: None, \"f8e4m3\" or \"f8e5m2\" (the codes a "
+        "uint8 KV cache holds)",
+        py::repr(cache_dtype).cast<std::string>()));
+  return parse_enum("cache_dtype", str_arg(cache_dtype, "cache_dtype"), fp8_caches);
+}
+
+// A KV cache argument: uint8 storage holds e4m3 codes, or the codes
+// cache_dtype names.
+StorageAs cache_storage(StorageAs as, std::optional<DType> cache_dtype) {
+  as.u8_as = cache_dtype.value_or(DType::f8e4m3);
   return as;
+}
+
+// A cache converted with cache_storage: cache_dtype names the codes of a
+// uint8 cache only (a bf16 cache has its own dtype).
+DlpackTensor cache_tensor(const py::handle& obj, const char* arg, StorageAs as,
+                          std::optional<DType> cache_dtype) {
+  DlpackTensor t(obj, arg, cache_storage(as, cache_dtype));
+  if (cache_dtype && t.view().dtype != *cache_dtype)
+    throw Error(fmt::format(
+        "{}: cache_dtype=\"{}\" with a {} cache; allowed: cache_dtype=None for a cache of its "
+        "own dtype (cache_dtype names the codes of a uint8 cache)",
+        arg, dtype_name(*cache_dtype), dtype_name(t.view().dtype)));
+  return t;
 }
 
 // What decode and extend take alike: the options and kv scales, then q and
@@ -65,14 +98,15 @@ struct PagedCall {
             const py::handle& window_right, float softcap, const py::handle& sinks,
             const py::handle& alibi_slopes, float k_scale, float v_scale,
             const py::handle& k_head_scales, const py::handle& v_head_scales,
-            const py::handle& dtype)
+            const py::handle& cache_dtype_obj, const py::handle& dtype)
       : as{parse_dtype_override(dtype)} {
+    const std::optional<DType> cache_dtype = parse_cache_dtype(cache_dtype_obj);
     attention_args(a, causal, sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
                    as);
     scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
     q.emplace(q_obj, "q", as);
-    k_cache.emplace(k_cache_obj, "k_cache", cache_storage(as));
-    v_cache.emplace(v_cache_obj, "v_cache", cache_storage(as));
+    k_cache.emplace(cache_tensor(k_cache_obj, "k_cache", as, cache_dtype));
+    v_cache.emplace(cache_tensor(v_cache_obj, "v_cache", as, cache_dtype));
   }
 };
 
@@ -102,10 +136,10 @@ void bind_attention(py::module_& m) {
            const py::handle& window_right, float softcap, const py::handle& sinks,
            const py::handle& alibi_slopes, float k_scale, float v_scale,
            const py::handle& k_head_scales, const py::handle& v_head_scales, bool deterministic,
-           const py::handle& dtype) {
+           const py::handle& cache_dtype, const py::handle& dtype) {
           const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right,
                             softcap, sinks, alibi_slopes, k_scale, v_scale, k_head_scales,
-                            v_head_scales, dtype);
+                            v_head_scales, cache_dtype, dtype);
           DlpackTensor tbt(block_table, "block_table", c.as), tsl(seq_lens, "seq_lens", c.as),
               to(out, "out", c.as);
           DecodeOptions dec;
@@ -124,10 +158,10 @@ void bind_attention(py::module_& m) {
          const py::handle& sinks, const py::handle& alibi_slopes, float k_scale, float v_scale,
          const py::handle& k_head_scales, const py::handle& v_head_scales, const py::handle& k_new,
          const py::handle& v_new, const py::handle& tree_mask, bool deterministic,
-         const py::handle& dtype) {
+         const py::handle& cache_dtype, const py::handle& dtype) {
         const PagedCall c(q, k_cache, v_cache, causal, sm_scale, window_left, window_right, softcap,
                           sinks, alibi_slopes, k_scale, v_scale, k_head_scales, v_head_scales,
-                          dtype);
+                          cache_dtype, dtype);
         const StorageAs as = c.as;
         DlpackTensor tqo(qo_indptr, "qo_indptr", as), tbt(block_table, "block_table", as),
             tpl(prefix_lens, "prefix_lens", as), to(out, "out", as);
@@ -144,18 +178,22 @@ void bind_attention(py::module_& m) {
                          tbt.view(), tpl.view(), c.a.opt, ext);
       });
 
-  m.def("store_kv", [](const py::handle& k, const py::handle& v, const py::handle& k_cache,
-                       const py::handle& v_cache, const py::handle& slot_mapping, float k_scale,
-                       float v_scale, const py::handle& k_head_scales,
-                       const py::handle& v_head_scales, const py::handle& dtype) {
-    const StorageAs as{parse_dtype_override(dtype)};
-    AttentionArgs a;
-    scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
-    DlpackTensor tk(k, "k", as), tv(v, "v", as), tkc(k_cache, "k_cache", cache_storage(as)),
-        tvc(v_cache, "v_cache", cache_storage(as)), tsm(slot_mapping, "slot_mapping", as);
-    GilRelease release;
-    store_kv(tk.view(), tv.view(), tkc.view(), tvc.view(), tsm.view(), a.opt.kv_scales);
-  });
+  m.def("store_kv",
+        [](const py::handle& k, const py::handle& v, const py::handle& k_cache,
+           const py::handle& v_cache, const py::handle& slot_mapping, float k_scale, float v_scale,
+           const py::handle& k_head_scales, const py::handle& v_head_scales,
+           const py::handle& cache_dtype_obj, const py::handle& dtype) {
+          const StorageAs as{parse_dtype_override(dtype)};
+          const std::optional<DType> cache_dtype = parse_cache_dtype(cache_dtype_obj);
+          AttentionArgs a;
+          scale_args(a, k_scale, v_scale, k_head_scales, v_head_scales, as);
+          DlpackTensor tk(k, "k", as), tv(v, "v", as),
+              tkc = cache_tensor(k_cache, "k_cache", as, cache_dtype),
+              tvc = cache_tensor(v_cache, "v_cache", as, cache_dtype),
+              tsm(slot_mapping, "slot_mapping", as);
+          GilRelease release;
+          store_kv(tk.view(), tv.view(), tkc.view(), tvc.view(), tsm.view(), a.opt.kv_scales);
+        });
 }
 
 }  // namespace tilejit::python

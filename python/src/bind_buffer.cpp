@@ -41,6 +41,7 @@ std::optional<DLDataType> dl_dtype_of(DType t) {
       return DLDataType{kDLInt, 8, 1};
     case DType::u8:
     case DType::f8e4m3:  // DLPack 0.6 has no float8: the codes as bytes
+    case DType::f8e5m2:
       return DLDataType{kDLUInt, 8, 1};
     case DType::i32:
       return DLDataType{kDLInt, 32, 1};
@@ -85,6 +86,7 @@ const char* buffer_format(DType t) {
       return "b";
     case DType::u8:
     case DType::f8e4m3:
+    case DType::f8e5m2:
       return "B";
     case DType::i32:
       return "i";
@@ -173,7 +175,7 @@ Buffer make_buffer(const std::vector<int64_t>& shape, std::string_view dtype) {
 void bind_buffer(py::module_& m) {
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
                      "A tilejit-allocated CPU tensor (zeroed, row-major) that speaks DLPack "
-                     "and the buffer protocol (bf16 as uint16, f8e4m3 as uint8).")
+                     "and the buffer protocol (bf16 as uint16, f8e4m3 / f8e5m2 as uint8).")
       .def_buffer([](Buffer& b) {
         std::vector<py::ssize_t> shape(b.shape.begin(), b.shape.end()), strides;
         const py::ssize_t item = dtype_bits(b.dtype) / 8;

@@ -48,7 +48,7 @@ Fp8Weight fp8_blocks(const py::handle& block_n, const py::handle& block_k) {
 }
 
 StorageAs fp8_codes(StorageAs as) {
-  as.u8_is_f8e4m3 = true;
+  as.u8_as = DType::f8e4m3;
   return as;
 }
 

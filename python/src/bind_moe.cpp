@@ -69,7 +69,7 @@ std::vector<Fp8Weight> fp8_list(const py::handle& obj, const py::handle& block_n
     auto [w, s] = pair_at(list, e, "w", "weight", "scales");
     const std::string p = fmt::format("w[{}].", e);
     StorageAs codes;
-    codes.u8_is_f8e4m3 = true;
+    codes.u8_as = DType::f8e4m3;
     r.push_back({t.add(w, p + "weight", codes), t.add(s, p + "scales"), block_n, block_k});
   }
   return r;

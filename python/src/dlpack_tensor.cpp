@@ -66,7 +66,7 @@ std::optional<DType> map_dtype(const DLDataType& t, StorageAs as) {
       if (t.bits == 16 && as.u16_is_bf16) return DType::bf16;
       break;
     case kDLUInt:
-      if (t.bits == 8) return as.u8_is_f8e4m3 ? DType::f8e4m3 : DType::u8;
+      if (t.bits == 8) return as.u8_as;
       if (t.bits == 16 && as.u16_is_bf16) return DType::bf16;
       break;
     default:
@@ -334,7 +334,7 @@ void bind_dlpack(py::module_& m) {
   m.attr("_MAX_DIM") = Limits::max_dim;
   m.def("_export", [](const py::handle& t, const std::string& arg, const py::handle& dtype) {
     // Any dtype the call may read: the call maps it again with its own rules.
-    StorageAs as{parse_dtype_override(dtype), true};
+    StorageAs as{parse_dtype_override(dtype), DType::f8e4m3};
     DlpackTensor d(t, arg.c_str(), as);
     py::tuple shape = py::cast(d.view().shape);
     return Exported{std::move(d), std::move(shape)};

@@ -32,10 +32,11 @@ constexpr size_t kMaxDlpackRank = 64;
 
 // What raw integer storage of a width stands for. numpy (and torch 1.13)
 // have no bfloat16 or float8: a uint16 array holds bf16 when the call says
-// dtype="bf16"; a uint8 KV cache or fp8 weight holds e4m3 codes.
+// dtype="bf16"; a uint8 fp8 weight holds e4m3 codes, a uint8 KV cache e4m3
+// codes or, with the call's cache_dtype="f8e5m2", e5m2 codes.
 struct StorageAs {
-  bool u16_is_bf16 = false;   // the call's dtype="bf16"
-  bool u8_is_f8e4m3 = false;  // set by the binding for fp8-capable arguments
+  bool u16_is_bf16 = false;  // the call's dtype="bf16"
+  DType u8_as = DType::u8;   // set by the binding for fp8-capable arguments: f8e4m3 or f8e5m2
 };
 
 // The dtype="..." keyword of every operator: None or "bf16".

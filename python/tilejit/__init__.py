@@ -7,7 +7,8 @@ returned as the caller's kind: a torch tensor when the first tensor argument
 is one, a numpy array when it is one (bf16 as uint16: numpy has no
 bfloat16), else a ``tilejit.Buffer`` (which speaks DLPack). numpy bf16 data
 is passed as uint16 arrays with ``dtype="bf16"``; uint8 KV caches and fp8
-weights hold e4m3 codes. See docs/python.md.
+weights hold e4m3 codes (a KV cache e5m2 codes with ``cache_dtype="f8e5m2"``).
+See docs/python.md.
 
 Neither torch nor numpy is imported here: the kind of a tensor is checked
 only against modules the caller has already imported.
@@ -62,7 +63,8 @@ __all__ = [
 # names. numpy's bf16 is uint16 (the call then passes dtype="bf16"); the
 # fp8 codes are bytes in both (torch 1.13 has no float8).
 _TORCH_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i8": "int8",
-                "u8": "uint8", "f8e4m3": "uint8", "i32": "int32", "i64": "int64"}
+                "u8": "uint8", "f8e4m3": "uint8", "f8e5m2": "uint8", "i32": "int32",
+                "i64": "int64"}
 _NUMPY_NAMES = dict(_TORCH_NAMES, bf16="uint16")
 
 
@@ -85,7 +87,7 @@ def _check_dtype_name(arg, dt):
 
 def _empty(kind, shape, dt, arg="out_dtype"):
     """A new tensor of the kind: (what the call writes into, what it returns).
-    The two differ for a numpy bf16 / f8e4m3 output only: the call writes
+    The two differ for a numpy bf16 / fp8 output only: the call writes
     through a tilejit.Buffer (typed bf16, so the call's dtype override stays
     the caller's and a uint16 input still needs dtype="bf16") and returns
     the numpy uint16 / uint8 array over the same memory."""
@@ -96,7 +98,7 @@ def _empty(kind, shape, dt, arg="out_dtype"):
         return t, t
     if kind == "numpy":
         np = _sys.modules["numpy"]
-        if dt in ("bf16", "f8e4m3"):
+        if dt in ("bf16", "f8e4m3", "f8e5m2"):
             b = Buffer(list(shape), dt)
             return b, np.asarray(b)
         t = np.empty(shape, dtype=_NUMPY_NAMES[dt])
@@ -339,8 +341,9 @@ def gemm_batched(x, w, out=None, bias=None, act="none", act_quant="dynamic_sym",
 # ---- Attention ----------------------------------------------------------------
 # Shared keywords: causal, sm_scale (None: 1/sqrt(D)), window_left /
 # window_right (-1: unbounded), softcap (0: off), sinks and alibi_slopes
-# ([Hq] f32). fp8 caches (uint8 e4m3 codes): k_scale / v_scale per tensor or
-# k_head_scales / v_head_scales [Hkv] f32. See docs/attention.md.
+# ([Hq] f32). fp8 caches (uint8 e4m3 codes, or e5m2 codes with
+# cache_dtype="f8e5m2"): k_scale / v_scale per tensor or k_head_scales /
+# v_head_scales [Hkv] f32. See docs/attention.md.
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=False, sm_scale=None,
                       window_left=-1, window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None,
@@ -361,12 +364,13 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, out=None, causal=Fals
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causal=False,
                      sm_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
                      alibi_slopes=None, k_scale=1.0, v_scale=1.0, k_head_scales=None,
-                     v_head_scales=None, deterministic=False, dtype=None):
+                     v_head_scales=None, deterministic=False, cache_dtype=None, dtype=None):
     """One new token per sequence over a paged cache: q [B, Hq, D]; caches
     [num_blocks, block_size, Hkv, D / Dv]; block_table int32 [B, max_blocks];
     seq_lens int32 [B]; out [B, Hq, Dv] bf16. deterministic: each sequence's
     output independent of the thread count and of the rest of the batch
-    (no split-KV)."""
+    (no split-KV). cache_dtype: what uint8 caches hold, "f8e4m3" (None) or
+    "f8e5m2" codes."""
     if out is None:
         (b, h, _), q = _shape(q, "q", 3, dtype)
         (_, _, _, dv), v_cache = _shape(v_cache, "v_cache", 4, dtype)
@@ -375,7 +379,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, out=None, causa
         ret = out
     _core.decode_attention(q, k_cache, v_cache, block_table, seq_lens, out, causal, sm_scale,
                            window_left, window_right, softcap, sinks, alibi_slopes, k_scale,
-                           v_scale, k_head_scales, v_head_scales, deterministic, dtype)
+                           v_scale, k_head_scales, v_head_scales, deterministic, cache_dtype,
+                           dtype)
     return ret
 
 
@@ -383,12 +388,13 @@ def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, o
                      causal=False, sm_scale=None, window_left=-1, window_right=-1, softcap=0.0,
                      sinks=None, alibi_slopes=None, k_scale=1.0, v_scale=1.0, k_head_scales=None,
                      v_head_scales=None, k_new=None, v_new=None, tree_mask=None,
-                     deterministic=False, dtype=None):
+                     deterministic=False, cache_dtype=None, dtype=None):
     """sglang's extend: new tokens q [T, Hq, D] (qo_indptr int32 [B+1]) over
     their prefix in the paged cache (prefix_lens int32 [B]) and causally over
     each other (k_new / v_new [T, Hkv, D / Dv], or the cache when both are
     None; tree_mask uint8 replaces the causal rule); out [T, Hq, Dv] bf16.
-    Causal among the new tokens is implied: causal has no effect here."""
+    Causal among the new tokens is implied: causal has no effect here.
+    cache_dtype: as decode_attention's."""
     if out is None:
         (t, h, _), q = _shape(q, "q", 3, dtype)
         (_, _, _, dv), v_cache = _shape(v_cache, "v_cache", 4, dtype)
@@ -398,16 +404,18 @@ def extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, o
     _core.extend_attention(q, k_cache, v_cache, qo_indptr, block_table, prefix_lens, out, causal,
                            sm_scale, window_left, window_right, softcap, sinks, alibi_slopes,
                            k_scale, v_scale, k_head_scales, v_head_scales, k_new, v_new,
-                           tree_mask, deterministic, dtype)
+                           tree_mask, deterministic, cache_dtype, dtype)
     return ret
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0, k_head_scales=None,
-             v_head_scales=None, dtype=None):
+             v_head_scales=None, cache_dtype=None, dtype=None):
     """Writes k [T, Hkv, D], v [T, Hkv, Dv] into the paged caches at
-    slot_mapping (int32 / int64 [T], block * block_size + offset; < 0 skips)."""
+    slot_mapping (int32 / int64 [T], block * block_size + offset; < 0 skips).
+    uint8 caches receive fp8 codes of x / scale: e4m3 (cache_dtype None or
+    "f8e4m3") or e5m2 (cache_dtype="f8e5m2")."""
     _core.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, k_head_scales,
-                   v_head_scales, dtype)
+                   v_head_scales, cache_dtype, dtype)
 
 
 # ---- RoPE ---------------------------------------------------------------------

@@ -195,6 +195,192 @@ def test_decode_attention_fp8_cache_uint8_codes():
     check(u16_to_f64(out), ref, np.abs(vf).max())
 
 
+def e5m2_to_f64(codes):
+    """e5m2 codes from their bit fields: sign, 5 exponent bits (bias 15), 2
+    mantissa bits; exponent 31 is Inf (mantissa 0) or NaN."""
+    c = np.asarray(codes).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 2) & 31, c & 3
+    mag = np.where(e == 0, m * 2.0**-16, (1 + m / 4) * 2.0**(e - 15))
+    mag = np.where(e == 31, np.where(m == 0, np.inf, np.nan), mag)
+    return sign * mag
+
+
+def e5m2_nearest(x):
+    """store_kv's rule on float64 values x (already divided by the scale):
+    the nearest e5m2 code, ties to the even code, saturating at 0x7B
+    (57344)."""
+    x = np.asarray(x, np.float64).ravel()
+    pos = np.arange(0x7C)  # 0 .. 57344
+    vals = e5m2_to_f64(pos)
+    ax = np.minimum(np.abs(x), vals[-1])
+    dist = np.abs(vals[None, :] - ax[:, None])
+    best = dist.min(axis=1, keepdims=True)
+    # Among the nearest (one, or two on a tie), the even code.
+    tie_even = np.where(dist == best, np.where(pos % 2 == 0, 0, 1), 2)
+    code = tie_even.argmin(axis=1)
+    return (code | np.where(np.signbit(x) & (code != 0), 0x80, 0)).astype(np.uint8)
+
+
+def test_e5m2_reference_decoder():
+    # The test's own decoder against values anyone can check by hand.
+    assert e5m2_to_f64([0x3C, 0xBC, 0x01, 0x7B, 0x04])[:4].tolist() == [1.0, -1.0, 2.0**-16,
+                                                                         57344.0]
+    assert e5m2_to_f64(0x04) == 2.0**-14 and e5m2_to_f64(0x3D) == 1.25
+    assert np.isinf(e5m2_to_f64(0x7C)) and np.isnan(e5m2_to_f64(0x7F))
+    assert e5m2_nearest([1.125, 1.375, -3e9, 0.0]).tolist() == [0x3C, 0x3E, 0xFB, 0x00]
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_store_kv_e5m2_cache_then_decode_and_extend(block_size):
+    """cache_dtype="f8e5m2": store_kv writes e5m2(x / scale) into uint8
+    caches, decode and extend read them as code * scale."""
+    prefix, new = [6, 3], [2, 4]
+    hq, hkv, d, dv = 4, 2, 32, 16
+    ks_scale, vs_scale = 0.5, 2.0
+    total = [p + n for p, n in zip(prefix, new)]
+    ks = [bf16((t, hkv, d), 300 + i, scale=3.0) for i, t in enumerate(total)]
+    vs = [bf16((t, hkv, dv), 310 + i, scale=3.0) for i, t in enumerate(total)]
+    nblk = sum(-(-t // block_size) for t in total) + 1
+    perm = np.random.default_rng(320).permutation(nblk)
+    per_seq = max(-(-t // block_size) for t in total)
+    table = np.zeros((2, per_seq), np.int32)
+    used = 0
+    for b, t in enumerate(total):
+        nb = -(-t // block_size)
+        table[b, :nb] = perm[used:used + nb]
+        used += nb
+    slots = torch.tensor([int(table[b, p // block_size]) * block_size + p % block_size
+                          for b in range(2) for p in range(total[b])], dtype=torch.int64)
+    k_cache = torch.zeros(nblk, block_size, hkv, d, dtype=torch.uint8)
+    v_cache = torch.zeros(nblk, block_size, hkv, dv, dtype=torch.uint8)
+    k_all, v_all = torch.cat(ks), torch.cat(vs)
+    tilejit.store_kv(k_all, v_all, k_cache, v_cache, slots, k_scale=ks_scale, v_scale=vs_scale,
+                     cache_dtype="f8e5m2")
+    # The codes are store_kv's rule, to the bit.
+    s = slots.numpy()
+    got_k = k_cache.numpy()[s // block_size, s % block_size]
+    got_v = v_cache.numpy()[s // block_size, s % block_size]
+    assert (got_k.ravel() == e5m2_nearest(to_f64(k_all) / ks_scale)).all()
+    assert (got_v.ravel() == e5m2_nearest(to_f64(v_all) / vs_scale)).all()
+    # e4m3 codes (the default for uint8) of the same values differ.
+    k_e4 = torch.zeros_like(k_cache)
+    tilejit.store_kv(k_all, v_all, k_e4, torch.zeros_like(v_cache), slots, k_scale=ks_scale,
+                     v_scale=vs_scale)
+    assert not torch.equal(k_e4, k_cache)
+
+    # What the cache holds per sequence, as the kernels read it.
+    def rows(cache, b, n, scale):
+        c = cache.numpy()
+        return np.stack([e5m2_to_f64(c[table[b, p // block_size], p % block_size])
+                         for p in range(n)]) * scale
+
+    kd = [rows(k_cache, b, total[b], ks_scale) for b in range(2)]
+    vd = [rows(v_cache, b, total[b], vs_scale) for b in range(2)]
+    scales = dict(k_scale=ks_scale, v_scale=vs_scale, cache_dtype="f8e5m2")
+    # Decode: one query per sequence over all its rows.
+    q = bf16((2, hq, d), 330)
+    out = tilejit.decode_attention(q, k_cache, v_cache, torch.from_numpy(table),
+                                   torch.tensor(total, dtype=torch.int32), **scales)
+    assert out.shape == (2, hq, dv)
+    for b in range(2):
+        ref = ref_attn(to_f64(q[b:b + 1]), kd[b], vd[b])
+        check(out[b:b + 1], ref, np.abs(vd[b]).max())
+    # Read as e4m3 (no cache_dtype), the same bytes give another answer.
+    wrong = tilejit.decode_attention(q, k_cache, v_cache, torch.from_numpy(table),
+                                     torch.tensor(total, dtype=torch.int32), k_scale=ks_scale,
+                                     v_scale=vs_scale)
+    assert not torch.equal(wrong, out)
+    # Extend: the new tokens over their prefix, all rows from the cache.
+    qe = bf16((sum(new), hq, d), 340)
+    qo = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+    oute = tilejit.extend_attention(qe, k_cache, v_cache, qo, torch.from_numpy(table),
+                                    torch.tensor(prefix, dtype=torch.int32), **scales)
+    for b in range(2):
+        qs = slice(int(qo[b]), int(qo[b + 1]))
+        ref = ref_attn(to_f64(qe[qs]), kd[b], vd[b], causal=True)
+        check(oute[qs], ref, np.abs(vd[b]).max())
+
+
+def test_decode_attention_e5m2_cache_numpy_codes():
+    # Random e5m2 codes (no Inf / NaN; magnitudes <= 3.5: softmax not
+    # saturated), numpy uint8 caches, per-head scales.
+    rng = np.random.default_rng(350)
+    nb, bs, hkv, d = 4, 8, 2, 32
+
+    def codes():
+        e = rng.integers(0, 17, (nb, bs, hkv, d))
+        return ((rng.integers(0, 2, e.shape) << 7) | (e << 2)
+                | rng.integers(0, 4, e.shape)).astype(np.uint8)
+
+    k_codes, v_codes = codes(), codes()
+    q = bf16_to_u16(bf16((1, 4, d), 351))
+    table = np.array([[3, 1, 0]], np.int32)
+    seq_len = 19
+    khs, vhs = np.array([0.25, 0.5], np.float32), np.array([2.0, 1.0], np.float32)
+    out = tilejit.decode_attention(q, k_codes, v_codes, table, np.array([seq_len], np.int32),
+                                   k_head_scales=khs, v_head_scales=vhs, cache_dtype="f8e5m2",
+                                   dtype="bf16")
+    rows = [(table[0, p // bs], p % bs) for p in range(seq_len)]
+    kf = np.stack([e5m2_to_f64(k_codes[b, o]) for b, o in rows]) * khs[None, :, None]
+    vf = np.stack([e5m2_to_f64(v_codes[b, o]) for b, o in rows]) * vhs[None, :, None]
+    ref = ref_attn(u16_to_f64(q), kf, vf)
+    check(u16_to_f64(out), ref, np.abs(vf).max())
+
+
+def test_store_kv_e5m2_saturates_and_nan():
+    # Past 57344 (e5m2's largest finite value), Inf included, the code
+    # saturates to +-0x7B; NaN stores 0x7F. e4m3 (the default) saturates to
+    # +-0x7E (448).
+    x = torch.tensor([1e6, -1e6, float("inf"), float("-inf"), float("nan"), 57344.0, 1.0, 0.0])
+    k = x.to(torch.bfloat16).reshape(1, 1, 8)
+    for cache_dtype, want in (("f8e5m2", [0x7B, 0xFB, 0x7B, 0xFB, 0x7F, 0x7B, 0x3C, 0x00]),
+                              (None, [0x7E, 0xFE, 0x7E, 0xFE, 0x7F, 0x7E, 0x38, 0x00])):
+        kc = torch.zeros(1, 1, 1, 8, dtype=torch.uint8)
+        vc = torch.zeros(1, 1, 1, 8, dtype=torch.uint8)
+        tilejit.store_kv(k, k, kc, vc, torch.tensor([0]), cache_dtype=cache_dtype)
+        assert kc.flatten().tolist() == want, cache_dtype
+        assert vc.flatten().tolist() == want, cache_dtype
+
+
+def test_cache_dtype_refused_values():
+    k = bf16((1, 1, 8), 360)
+    u8 = torch.zeros(1, 1, 1, 8, dtype=torch.uint8)
+    b16 = torch.zeros(1, 1, 1, 8, dtype=torch.bfloat16)
+    q = bf16((1, 1, 8), 361)
+    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    calls = {
+        "store_kv": lambda c, cd: tilejit.store_kv(k, k, c, c.clone(), torch.tensor([0]),
+                                                   cache_dtype=cd),
+        "decode_attention": lambda c, cd: tilejit.decode_attention(q, c, c, table, lens,
+                                                                   cache_dtype=cd),
+        "extend_attention": lambda c, cd: tilejit.extend_attention(
+            q, c, c, torch.tensor([0, 1], dtype=torch.int32), table,
+            torch.zeros(1, dtype=torch.int32), k_new=k, v_new=k, cache_dtype=cd),
+    }
+    for name, call in calls.items():
+        for bad in ("f8e4m2", "fp8_e5m2", "bf16", "u8"):
+            with pytest.raises(tilejit.Error, match=f'^cache_dtype: "{bad}" is not allowed; '
+                               'allowed: f8e4m3, f8e5m2$'):
+                call(u8, bad)
+        with pytest.raises(tilejit.Error, match=r"^cache_dtype: 5 is not allowed; allowed: "
+                           r'None, "f8e4m3" or "f8e5m2"'):
+            call(u8, 5)
+        # cache_dtype names a uint8 cache's codes: a bf16 cache refuses it.
+        for cd in ("f8e4m3", "f8e5m2"):
+            with pytest.raises(tilejit.Error, match=f'^k_cache: cache_dtype="{cd}" with a bf16 '
+                               "cache; allowed: cache_dtype=None"):
+                call(b16, cd)
+        call(b16, None)  # the bf16 cache itself is fine
+        call(u8, "f8e4m3")  # the default spelled out
+
+
+def test_buffer_f8e5m2_is_uint8():
+    b = tilejit.Buffer([2, 3], "f8e5m2")
+    assert np.asarray(b).dtype == np.uint8 and np.asarray(b).shape == (2, 3)
+    assert torch.utils.dlpack.from_dlpack(b).dtype == torch.uint8
+
+
 def test_store_kv_then_extend_both_modes():
     prefix, new = [3, 5], [2, 3]
     hq, hkv, d, bs = 4, 2, 32, 4
