@@ -20,6 +20,7 @@
 //                                        (block 1, 8, 16, 64: rows scattered per key
 //                                        at block 1, per 8 keys at block 8)
 //   BM_DecodeTilejitFp8/B/ctx/block/threads the same over an fp8 e4m3 cache
+//   BM_DecodeTilejitE5m2/B/ctx/block/threads the same over an fp8 e5m2 cache
 //                                        (KvCacheScales, per-tensor scales)
 //   BM_DecodeSkewed, BM_ExtendOneToken, BM_StoreKv  see their comments
 //
@@ -449,6 +450,7 @@ int64_t cache_bytes(int64_t b, int64_t ctx, bool fp8 = false) {
 // A KV pool of `copies` caches of B sequences × ctx keys, blocks shuffled.
 struct DecodeData {
   int64_t b, ctx, bs, copies, blocks_per_seq, num_blocks;
+  DType kv;  // bf16, f8e4m3 or f8e5m2
   bool fp8;
   // Mappings with huge pages requested, as an engine's large KV cache would
   // get; filled here, so every page is touched before a measurement. (The
@@ -458,8 +460,8 @@ struct DecodeData {
   std::vector<int32_t> tables;  // [copies][B][blocks_per_seq]
   std::vector<int32_t> seq_lens;
   std::vector<uint16_t> q, out;
-  DecodeData(int64_t b_, int64_t ctx_, int64_t bs_, bool fp8_)
-      : b(b_), ctx(ctx_), bs(bs_), fp8(fp8_) {
+  DecodeData(int64_t b_, int64_t ctx_, int64_t bs_, DType kv_)
+      : b(b_), ctx(ctx_), bs(bs_), kv(kv_), fp8(kv_ != DType::bf16) {
     const int64_t bytes = cache_bytes(b, ctx, fp8);
     copies = std::max<int64_t>(1, (int64_t(kGiB) + bytes - 1) / bytes);
     blocks_per_seq = (ctx + bs - 1) / bs;
@@ -467,11 +469,14 @@ struct DecodeData {
     const size_t elems = size_t(num_blocks * bs * kHkv * kDecodeD);
     k = std::make_unique<Mapping>(elems * (fp8 ? 1 : 2));
     v = std::make_unique<Mapping>(elems * (fp8 ? 1 : 2));
-    if (fp8) {  // random e4m3 codes of magnitude 2^-3 .. 2^3 (never NaN)
+    if (fp8) {  // random codes of magnitude 2^-3 .. 2^3 (never Inf / NaN)
+      const bool e5m2 = kv == DType::f8e5m2;
       auto fill = [&](uint8_t* p, uint64_t seed) {
         std::mt19937_64 rng(seed);
         for (size_t i = 0; i < elems; ++i)
-          p[i] = static_cast<uint8_t>(((rng() & 1) << 7) | ((4 + rng() % 7) << 3) | (rng() & 7));
+          p[i] = static_cast<uint8_t>(((rng() & 1) << 7) |
+                                      (e5m2 ? ((12 + rng() % 7) << 2) | (rng() & 3)
+                                            : ((4 + rng() % 7) << 3) | (rng() & 7)));
       };
       fill(static_cast<uint8_t*>(static_cast<void*>(k->u16())), 5);
       fill(static_cast<uint8_t*>(static_cast<void*>(v->u16())), 6);
@@ -488,7 +493,7 @@ struct DecodeData {
     out.assign(q.size(), 0);
   }
   void run(int64_t copy) {
-    const DType t = fp8 ? DType::f8e4m3 : DType::bf16;
+    const DType t = kv;
     const TensorView cache_k(k->u16(), t, {num_blocks, bs, kHkv, kDecodeD});
     const TensorView cache_v(v->u16(), t, {num_blocks, bs, kHkv, kDecodeD});
     tilejit::AttentionOptions opt;
@@ -501,19 +506,20 @@ struct DecodeData {
   }
 };
 
-DecodeData& decode_data(int64_t b, int64_t ctx, int64_t bs, bool fp8) {
+DecodeData& decode_data(int64_t b, int64_t ctx, int64_t bs, DType kv) {
   static std::unique_ptr<DecodeData> cur;
-  if (!cur || cur->b != b || cur->ctx != ctx || cur->bs != bs || cur->fp8 != fp8) {
+  if (!cur || cur->b != b || cur->ctx != ctx || cur->bs != bs || cur->kv != kv) {
     cur.reset();
-    cur = std::make_unique<DecodeData>(b, ctx, bs, fp8);
+    cur = std::make_unique<DecodeData>(b, ctx, bs, kv);
   }
   return *cur;
 }
 
-void run_decode_bench(benchmark::State& state, bool fp8) {
+void run_decode_bench(benchmark::State& state, DType kv) {
+  const bool fp8 = kv != DType::bf16;
   const int64_t b = state.range(0), ctx = state.range(1), bs = state.range(2);
   const int threads = static_cast<int>(state.range(3));
-  DecodeData& dd = decode_data(b, ctx, bs, fp8);
+  DecodeData& dd = decode_data(b, ctx, bs, kv);
   const double ref = measure_dram(threads).wall_gbs;
   tilejit::set_num_threads(threads);
   dd.run(0);  // warm-up: compiles the kernel
@@ -533,10 +539,13 @@ void run_decode_bench(benchmark::State& state, bool fp8) {
 }
 
 void BM_DecodeTilejit(benchmark::State& state) {
-  run_decode_bench(state, false);
+  run_decode_bench(state, DType::bf16);
 }
 void BM_DecodeTilejitFp8(benchmark::State& state) {
-  run_decode_bench(state, true);
+  run_decode_bench(state, DType::f8e4m3);
+}
+void BM_DecodeTilejitE5m2(benchmark::State& state) {
+  run_decode_bench(state, DType::f8e5m2);
 }
 
 // One long context among 63 short ones (skew 1) against a uniform batch of
@@ -733,11 +742,15 @@ void register_all() {
   // The fp8 e4m3 cache at B = 16, 8k (against the bf16 rows of the same shape above).
   for (int64_t bs : {16, 64})
     for (int threads : {1, 2})
-      RegisterBenchmark("BM_DecodeTilejitFp8", BM_DecodeTilejitFp8)
-          ->Args({16, 8192, bs, threads})
-          ->ArgNames({"B", "ctx", "block", "threads"})
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
+      for (const auto& [bench_name, fn] : {std::pair<const char*, void (*)(benchmark::State&)>{
+                                               "BM_DecodeTilejitFp8", BM_DecodeTilejitFp8},
+                                           std::pair<const char*, void (*)(benchmark::State&)>{
+                                               "BM_DecodeTilejitE5m2", BM_DecodeTilejitE5m2}})
+        RegisterBenchmark(bench_name, fn)
+            ->Args({16, 8192, bs, threads})
+            ->ArgNames({"B", "ctx", "block", "threads"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
