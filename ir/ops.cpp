@@ -76,16 +76,16 @@ constexpr AttrSpec kAttentionAttrs[] = {
 };
 // tilejit::decode_attention's options: the new token is the last position,
 // so there is no causal flag or right window; k_scale / v_scale exactly with
-// an f8e4m3 cache (rules_attention.cpp).
+// an fp8 (f8e4m3 or f8e5m2) cache (rules_attention.cpp).
 constexpr AttrSpec kDecodeAttentionAttrs[] = {
     {"sm_scale", AttrKind::real, false, "softmax scale, finite (default 1/sqrt(D))"},
     {"window_left", AttrKind::integer, false,
      "keys visible before the new token, -1 = all (default)"},
     {"softcap", AttrKind::real, false, "logit soft-capping tanh(s/c)*c, 0 = off (default), >= 0"},
     {"k_scale", AttrKind::real, false,
-     "f8e4m3 cache: K is read as code * k_scale, finite and > 0 (default 1)"},
+     "fp8 cache: K is read as code * k_scale, finite and > 0 (default 1)"},
     {"v_scale", AttrKind::real, false,
-     "f8e4m3 cache: V is read as code * v_scale, finite and > 0 (default 1)"},
+     "fp8 cache: V is read as code * v_scale, finite and > 0 (default 1)"},
 };
 constexpr AttrSpec kRopeAttrs[] = {
     {"style", AttrKind::string, false, "\"neox\" (rotate halves, default) or \"gptj\" (pairs)"},

@@ -120,10 +120,10 @@ std::optional<TensorType> check_decode_attention(RuleContext& c) {
     return std::nullopt;
   // The cache scales are read only from an fp8 cache (KvCacheScales: a bf16
   // cache takes only the defaults).
-  if (c.type(kc).dtype != DType::f8e4m3)
+  if (const DType kd = c.type(kc).dtype; kd != DType::f8e4m3 && kd != DType::f8e5m2)
     for (const char* n : {"k_scale", "v_scale"})
       if (c.attrs().has(n))
-        c.fail(cat("attribute '", n, "' needs an f8e4m3 cache; ", c.who(kc), " is ",
+        c.fail(cat("attribute '", n, "' needs an fp8 (f8e4m3 or f8e5m2) cache; ", c.who(kc), " is ",
                    dtype_name(c.type(kc).dtype)));
   check_head_vectors(c);
   if (!c.ok()) return std::nullopt;

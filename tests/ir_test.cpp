@@ -771,15 +771,23 @@ TEST(IrVerifier, DecodeAttentionRules) {
   EXPECT_EQ(err(t("2x16x576xbf16"), t("9x1x1x576xf8e4m3"), t("9x1x1x512xf8e4m3"), t("2x5xi32"),
                 t("2xi32"), "{k_scale = 0.5, v_scale = 2.0}", t("2x16x512xbf16")),
             "");
+  // An e5m2 cache takes the same scales (vLLM's fp8_e5m2).
+  EXPECT_EQ(err(q, t("?Nx16x8x128xf8e5m2"), t("?Nx16x8x128xf8e5m2"), table, lens,
+                "{k_scale = 0.25, v_scale = 4.0}", r),
+            "");
+  EXPECT_EQ(err(q, t("?Nx16x8x128xf8e5m2"), t("?Nx16x8x128xf8e5m2"), table, lens, "", r), "");
   // The printer gives back what the parser read.
   const std::string text = decode_text(q, kc, kc, table, lens, "{sm_scale = 0.125}", r);
   EXPECT_EQ(print(parse(text)), text);
 
   EXPECT_THAT(err(q, t("?Nx16x8x128xf16"), t("?Nx16x8x128xf16"), table, lens, "", r),
               HasSubstr("operand 'k_cache' (%kc) has dtype f16: decode_attention takes k_cache as "
-                        "bf16, f8e4m3"));
+                        "bf16, f8e4m3, f8e5m2"));
   EXPECT_THAT(err(q, kc, t("?Nx16x8x128xf8e4m3"), table, lens, "", r),
               HasSubstr("operand 'v_cache' (%vc) has dtype f8e4m3 but 'k_cache' (%kc) has bf16: "
+                        "k_cache and v_cache share one dtype"));
+  EXPECT_THAT(err(q, t("?Nx16x8x128xf8e4m3"), t("?Nx16x8x128xf8e5m2"), table, lens, "", r),
+              HasSubstr("operand 'v_cache' (%vc) has dtype f8e5m2 but 'k_cache' (%kc) has f8e4m3: "
                         "k_cache and v_cache share one dtype"));
   EXPECT_THAT(err(t("?Bx32x128xf32"), kc, kc, table, lens, "", r),
               HasSubstr("operand 'q' (%q) has dtype f32: decode_attention takes q as bf16"));
@@ -801,7 +809,14 @@ TEST(IrVerifier, DecodeAttentionRules) {
                   t("?Bx32x99xbf16")),
               HasSubstr("has head dim D=99: head dims must be even"));
   EXPECT_THAT(err(q, kc, kc, table, lens, "{k_scale = 0.5}", r),
-              HasSubstr("attribute 'k_scale' needs an f8e4m3 cache; 'k_cache' (%kc) is bf16"));
+              HasSubstr("attribute 'k_scale' needs an fp8 (f8e4m3 or f8e5m2) cache; 'k_cache' "
+                        "(%kc) is bf16"));
+  EXPECT_THAT(err(q, kc, kc, table, lens, "{v_scale = 2.0}", r),
+              HasSubstr("attribute 'v_scale' needs an fp8 (f8e4m3 or f8e5m2) cache; 'k_cache' "
+                        "(%kc) is bf16"));
+  EXPECT_THAT(
+      err(q, t("?Nx16x8x128xf8e5m2"), t("?Nx16x8x128xf8e5m2"), table, lens, "{k_scale = -1.0}", r),
+      HasSubstr("attribute 'k_scale' = -1; allowed: a finite value > 0"));
   EXPECT_THAT(
       err(q, t("?Nx16x8x128xf8e4m3"), t("?Nx16x8x128xf8e4m3"), table, lens, "{v_scale = 0.0}", r),
       HasSubstr("attribute 'v_scale' = 0; allowed: a finite value > 0"));

@@ -645,7 +645,7 @@ bad "decode_attention: block id past the cache" "error: decode_attention: block_
   "$TJ" run "$WORK/decode_small.tir" --random-inputs 2 --input bt="$WORK/bt.npy"
 sed -e 's/{k_scale = 0.02, v_scale = 0.05, window_left = 100}/{v_scale = 0.05}/' \
   -e 's/xf8e4m3>/xbf16>/g' "$EXAMPLES/decode_attention_fp8.tir" >"$WORK/decode_scale_bf16.tir"
-input_error "decode_attention: a cache scale on a bf16 cache" "error: %0 = decode_attention: attribute 'v_scale' needs an f8e4m3 cache; 'k_cache' \\(%k_cache\\) is bf16" \
+input_error "decode_attention: a cache scale on a bf16 cache" "error: %0 = decode_attention: attribute 'v_scale' needs an fp8 \\(f8e4m3 or f8e5m2\\) cache; 'k_cache' \\(%k_cache\\) is bf16" \
   "$TJ" dump "$WORK/decode_scale_bf16.tir" --stage verified
 
 # The RoPE kernel and key that dump names are the ones the call compiles.
