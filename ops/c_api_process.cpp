@@ -51,6 +51,29 @@ tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out) {
   });
 }
 
+tilejit_status tilejit_get_cache_stats_ex(tilejit_cache_stats_ex* out) {
+  return call(__func__, [&] {
+    tilejit_cache_stats_ex& o = deref(out, "out");
+    // An output struct: its size says how much of it the caller has. Only
+    // this header's layout exists so far; a later one appends fields and
+    // lists this size as an earlier layout (filled up to it).
+    if (o.struct_size != sizeof(tilejit_cache_stats_ex))
+      throw CArgError("out.struct_size = " + std::to_string(o.struct_size) +
+                      "; allowed: " + std::to_string(sizeof(tilejit_cache_stats_ex)) +
+                      " (sizeof(tilejit_cache_stats_ex))");
+    const CacheStats s = cache_stats();
+    o.hits = s.hits;
+    o.misses = s.misses;
+    o.compiles = s.compiles;
+    o.compile_seconds = s.compile_seconds;
+    o.kernels = s.kernels;
+    o.disk_loads = s.disk_loads;
+    o.disk_stores = s.disk_stores;
+    o.tuned_plans = s.tuned_plans;
+    o.disk_evictions = s.disk_evictions;
+  });
+}
+
 tilejit_status tilejit_load_tuning_db(const char* path) {
   return call(__func__, [&] {
     deref(path, "path");

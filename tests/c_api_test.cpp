@@ -831,6 +831,19 @@ TEST(CApi, CallerMistakesAreErrorsNamingTheArgument) {
   ASSERT_C_OK(tilejit_get_cache_stats(&st));
   EXPECT_GE(st.kernels, 1u);
   EXPECT_EQ(st.hits + st.misses >= st.compiles, true);
+  // The growable form: the same counters plus disk_evictions; a struct_size
+  // it does not know is an error naming it (a zeroed struct included).
+  tilejit_cache_stats_ex ex{};
+  expect_c_error(tilejit_get_cache_stats_ex(&ex), "out.struct_size = 0; allowed: ");
+  expect_c_error(tilejit_get_cache_stats_ex(nullptr), "out is NULL");
+  ex.struct_size = sizeof ex;
+  ex.disk_evictions = 12345;  // overwritten with the library's count
+  ASSERT_C_OK(tilejit_get_cache_stats_ex(&ex));
+  const CacheStats cs = cache_stats();
+  EXPECT_EQ(ex.kernels, cs.kernels);
+  EXPECT_EQ(ex.disk_stores, cs.disk_stores);
+  EXPECT_EQ(ex.disk_evictions, cs.disk_evictions);
+  EXPECT_GE(ex.compiles, st.compiles);
   // The *_init functions take NULL without harm.
   tilejit_gemm_options_init(nullptr);
   tilejit_int4_weight_init(nullptr);

@@ -463,6 +463,18 @@ typedef struct tilejit_cache_stats {
   uint64_t kernels, disk_loads, disk_stores, tuned_plans;
 } tilejit_cache_stats;
 tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out);
+/* Every counter of the C++ CacheStats but disk_dir, in a struct that can
+ * grow: set struct_size = sizeof(tilejit_cache_stats_ex) first (fields are
+ * only ever appended; a size of this header's or an earlier one's is
+ * filled up to it, any other is an error naming struct_size). */
+typedef struct tilejit_cache_stats_ex {
+  uint32_t struct_size;
+  uint64_t hits, misses, compiles;
+  double compile_seconds;
+  uint64_t kernels, disk_loads, disk_stores, tuned_plans;
+  uint64_t disk_evictions; /* entries removed to stay under TILEJIT_CACHE_MAX_SIZE */
+} tilejit_cache_stats_ex;
+tilejit_status tilejit_get_cache_stats_ex(tilejit_cache_stats_ex* out);
 
 tilejit_status tilejit_load_tuning_db(const char* path);
 /* Threads used by operator calls (default: TILEJIT_NUM_THREADS, else the
