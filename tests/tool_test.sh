@@ -599,10 +599,10 @@ ok "quantized experts, two calls: run --check" "$TJ" run "$WORK/moe_q2.tir" --ra
 has "quantized experts, two calls: PASS" "$OUT" "^PASS \\("
 printf 'func @q(%%h: tensor<?Tx256xbf16>, %%w13: tensor<2x64x256xi8>, %%w2: tensor<2x256x32xi8>, %%tw: tensor<?Tx1xf32>, %%ti: tensor<?Tx1xi32>, %%s13: tensor<2x64xf32>) -> (tensor<?Tx256xbf16>) {\n  %%o = moe %%h, %%w13, %%w2, %%tw, %%ti, scale13 = %%s13 {top_k = 1} : tensor<?Tx256xbf16>\n  return %%o\n}\n' >"$WORK/moe_q_bad.tir"
 bad "quantized experts without scale2" "error: %o = moe: operand 'w2' \\(%w2\\) is i8: a quantized weight needs a 'scale2' operand" "$TJ" run "$WORK/moe_q_bad.tir" --random-inputs 1 --dim T=2
-# ---- decode_attention over a paged cache (bf16, and f8e4m3 with k_scale / v_scale) ----
+# ---- decode_attention over a paged cache (bf16, and f8e4m3 / f8e5m2 with k_scale / v_scale) ----
 # Every runnable path against the reference over the block table's rows; dump
 # names the operator's one LLVM kernel, its key and its code.
-for name in decode_attention decode_attention_fp8; do
+for name in decode_attention decode_attention_fp8 decode_attention_fp8_e5m2; do
   tir=$EXAMPLES/$name.tir
   [ -f "$tir" ] || { fail "missing examples/$name.tir"; continue; }
   for isa in $active avx512 llvm scalar; do
@@ -613,7 +613,7 @@ for name in decode_attention decode_attention_fp8; do
   done
   has "$name: reference" "$OUT" "^check  against the scalar reference \\(runtime/reference_attention.h over the cache rows of the block table"
   ok "$name: dump --stage plan" "$TJ" dump "$tir" --stage plan --isa llvm
-  has "$name: plan api" "$OUT" "^  api +tilejit::decode_attention\\(q = %q bf16 \\[[0-9]+, [0-9]+, [0-9]+\\], k_cache = %k_cache (bf16|f8e4m3) "
+  has "$name: plan api" "$OUT" "^  api +tilejit::decode_attention\\(q = %q bf16 \\[[0-9]+, [0-9]+, [0-9]+\\], k_cache = %k_cache (bf16|f8e4m3|f8e5m2) "
   has "$name: plan kernel" "$OUT" "^  kernels +decode_attn_llvm_d[0-9]+_dv[0-9]+_g[0-9]+_bs[0-9]+_"
   ok "$name: dump --stage key" "$TJ" dump "$tir" --stage key --isa llvm
   key=$(sed -nE 's/^  key +(decode_attn_llvm;[^ ]+)$/\1/p' "$OUT")
@@ -635,6 +635,28 @@ ok "decode_attention, 1088 heads per kv head: dump --stage plan" "$TJ" dump "$WO
 has "decode_attention, 1088 heads per kv head: the engine" "$OUT" "more query heads per kv head than the LLVM kernel unrolls"
 ok "decode_attention_fp8: dump --stage key" "$TJ" dump "$EXAMPLES/decode_attention_fp8.tir" --stage key --isa avx512
 has "decode_attention_fp8: the fp8 cache's kernel" "$OUT" "^  key     decode_attn_llvm;d=96;dv=64;g=8;bs=1;.*;kv=f8e4m3;"
+# An e5m2 cache (vLLM's fp8_e5m2): its own kernel, its scales in the call,
+# its codes through .npy files ('|u1') both ways, the reference reading them
+# as e5m2 (the same bytes read as e4m3 would fail the check).
+E5=$EXAMPLES/decode_attention_fp8_e5m2.tir
+ok "decode_attention_fp8_e5m2: dump --stage key" "$TJ" dump "$E5" --stage key --isa avx512
+has "decode_attention_fp8_e5m2: the e5m2 cache's kernel" "$OUT" "^  key     decode_attn_llvm;d=128;dv=128;g=8;bs=16;.*;kv=f8e5m2;"
+ok "decode_attention_fp8_e5m2: dump --stage plan" "$TJ" dump "$E5" --stage plan --isa scalar
+has "decode_attention_fp8_e5m2: the call's cache scales" "$OUT" "k_cache = %k_cache f8e5m2 \\[64, 16, 2, 128\\], .*\\.kv_scales = \\{\\.k_scale = 0\\.02, \\.v_scale = 0\\.05\\}"
+ok "decode_attention_fp8_e5m2: inputs" "$TJ" run "$E5" --random-inputs 7 --save-inputs "$WORK/e5in" --output 0="$WORK/e5out.npy" --check
+has "decode_attention_fp8_e5m2: PASS on saved inputs" "$OUT" "^PASS \\("
+checks=$((checks + 1))
+[ "$(head -c 64 "$WORK/e5in/k_cache.npy" | tr -d '\0' | grep -ao "'descr': '|u1'")" = "'descr': '|u1'" ] ||
+  fail "decode_attention_fp8_e5m2: the saved cache is not '|u1' codes"
+e5inputs=()
+for f in "$WORK/e5in"/*.npy; do e5inputs+=(--input "$(basename "$f" .npy)=$f"); done
+ok "decode_attention_fp8_e5m2: run --input ... --check" "$TJ" run "$E5" "${e5inputs[@]}" --output 0="$WORK/e5out2.npy" --check
+has "decode_attention_fp8_e5m2: PASS from files" "$OUT" "^PASS \\("
+checks=$((checks + 1))
+cmp -s "$WORK/e5out.npy" "$WORK/e5out2.npy" || fail "decode_attention_fp8_e5m2: outputs from saved inputs differ"
+"$TJ" gen-npy "$WORK/e5f4.npy" --dtype '<f4' --shape 64,16,2,128 --seed 3 || fail "gen-npy e5f4"
+input_error "decode_attention_fp8_e5m2: a float cache file" "error: input 'k_cache' \\(.*\\) is a '<f4' array; tensor<64x16x2x128xf8e5m2> needs '\\|u1' \\(e5m2 codes\\)" \
+  "$TJ" run "$E5" --input k_cache="$WORK/e5f4.npy" --random-inputs 7
 # Bad input reaches the call's own Error: block ids past the cache (gen-npy's
 # plain i32 values lie in [0, 16), the cache has 4 blocks).
 printf 'func @d(%%q: tensor<2x4x64xbf16>, %%k_cache: tensor<4x16x2x64xbf16>, %%v_cache: tensor<4x16x2x64xbf16>, %%bt: tensor<2x2xi32>, %%sl: tensor<2xi32>) -> (tensor<2x4x64xbf16>) {\n  %%0 = decode_attention %%q, %%k_cache, %%v_cache, %%bt, %%sl : tensor<2x4x64xbf16>\n  return %%0\n}\n' >"$WORK/decode_small.tir"

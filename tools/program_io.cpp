@@ -164,6 +164,9 @@ HostTensor tensor_from_npy(const NpyArray& a, const ir::Value& param, const std:
     case DType::f8e4m3:
       if (a.dtype != NpyDtype::u1) throw mismatch("'|u1' (e4m3 codes)");
       break;
+    case DType::f8e5m2:
+      if (a.dtype != NpyDtype::u1) throw mismatch("'|u1' (e5m2 codes)");
+      break;
     case DType::f16:
       if (a.dtype != NpyDtype::u2) throw mismatch("'<u2' (f16 bit patterns)");
       break;
@@ -219,6 +222,7 @@ NpyArray npy_from_tensor(const HostTensor& t, const std::string& what) {
       a.dtype = NpyDtype::i1;
       break;
     case DType::f8e4m3:
+    case DType::f8e5m2:
       a.dtype = NpyDtype::u1;
       break;
     case DType::f16:
@@ -476,6 +480,17 @@ void fill_role(HostTensor& t, InputRole role, int64_t range, uint64_t seed,
         uint8_t c;
         do c = static_cast<uint8_t>(r.next());
         while ((c & 0x7F) == 0x7F);
+        t.data<uint8_t>()[i] = c;
+      }
+      break;
+    case DType::f8e5m2:
+      // Codes of e4m3's range (exponent field <= 23: |x| <= 448), not Inf /
+      // NaN: random scores of an e5m2 cache stay what an e4m3 cache's are
+      // (the full range, to 57344, makes every softmax one-hot).
+      for (int64_t i = 0; i < n; ++i) {
+        uint8_t c;
+        do c = static_cast<uint8_t>(r.next());
+        while (((c >> 2) & 31) > 23);
         t.data<uint8_t>()[i] = c;
       }
       break;

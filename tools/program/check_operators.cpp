@@ -161,15 +161,16 @@ Expected attention_expected(const OperatorCall& c, const HostTensor& q, const Ho
 
 // decode_attention: sequence b's one query row (its last position) over keys
 // 0 .. seq_lens[b] − 1, key j in cache block block_table[b][j / block_size]
-// at row j % block_size; an f8e4m3 cache read as code · scale, exactly as
-// the call reads it (every e4m3 value times a float scale is exact in double).
+// at row j % block_size; an fp8 cache (f8e4m3, f8e5m2) read as code · scale,
+// exactly as the call reads it (every e4m3 or e5m2 value times a float scale
+// is exact in double).
 Expected decode_expected(const OperatorCall& c, const HostTensor& q, const HostTensor& kc,
                          const HostTensor& vc, const HostTensor& table, const HostTensor& lens,
                          const float* sinks, const float* alibi_slopes) {
   const int64_t b = q.shape[0], hq = q.shape[1], d = q.shape[2];
   const int64_t nb = kc.shape[0], bs = kc.shape[1], hkv = kc.shape[2], dv = vc.shape[3];
   const int64_t mb = table.shape[1];
-  const bool fp8 = kc.dtype == DType::f8e4m3;
+  const bool fp8 = runtime::fp8_format_of(kc.dtype) != nullptr;
   const KvCacheScales& sc = c.attention.kv_scales;
   auto cache_at = [&](const HostTensor& t, double scale, int64_t i) {
     return fp8 ? t.at(i) * scale : t.at(i);

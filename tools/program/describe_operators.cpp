@@ -10,6 +10,7 @@
 #include "ops/attention_descs.h"
 #include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
+#include "runtime/quant_formats.h"
 #include "tools/program/gemm_program.h"
 
 namespace tilejit::tools {
@@ -161,7 +162,7 @@ std::string api_text(const ir::Function& f, const OperatorCall& c, const DimBind
       const AttentionOptions& o = c.attention;
       const int64_t d = f.value(op.operands[0]).type.dims[2].value;
       const std::string scales =
-          f.value(op.operands[1]).type.dtype == DType::f8e4m3
+          runtime::fp8_format_of(f.value(op.operands[1]).type.dtype) != nullptr
               ? fmt::format(", .kv_scales = {{.k_scale = {:g}, .v_scale = {:g}}}",
                             o.kv_scales.k_scale, o.kv_scales.v_scale)
               : "";
@@ -247,7 +248,7 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
                 "none (no JIT code on the scalar path)"};
       case ir::OpKind::decode_attention:
         return {
-            "scalar: one query head at a time in fp32 over the cache rows (an f8e4m3 cache "
+            "scalar: one query head at a time in fp32 over the cache rows (an fp8 cache "
             "through an exact bf16 copy of the blocks the call reads)",
             "none (no JIT code on the scalar path)"};
       default:
@@ -268,7 +269,7 @@ std::pair<std::string, std::string> path_and_kernels(const ir::Function& f, cons
       // An unknown group (unbound heads) is taken as one the kernel runs.
       if (!ops::decode_attention_llvm_kernel(isa, decode_group(f, c, dims).value_or(1)))
         return {
-            fmt::format("{}: the attention engine's decode ({}; an f8e4m3 cache through an "
+            fmt::format("{}: the attention engine's decode ({}; an fp8 cache through an "
                         "exact bf16 copy of the blocks it reads)",
                         isa_name(isa),
                         jit::family_built(jit::Family::decode_attention)

@@ -54,7 +54,8 @@ double HostTensor::at(int64_t i) const {
     case DType::f16:
       return runtime::f16_to_f32(data<uint16_t>()[i]);
     case DType::f8e4m3:
-      return runtime::e4m3_to_f32(data<uint8_t>()[i]);
+    case DType::f8e5m2:
+      return runtime::fp8_to_f32(*runtime::fp8_format_of(dtype), data<uint8_t>()[i]);
     case DType::i8:
       return data<int8_t>()[i];
     case DType::i32:

@@ -39,7 +39,7 @@ struct HostTensor {
   static HostTensor zeros(DType dtype, std::vector<int64_t> shape,
                           const std::string& what = "a tensor");
   int64_t numel() const;
-  // Element i (row-major) as a double: f32, bf16, f16, f8e4m3, i8, u8, i32,
+  // Element i (row-major) as a double: f32, bf16, f16, f8e4m3, f8e5m2, i8, u8, i32,
   // i64 (every dtype a result can have); an Error for u4 / f4e2m1, whose
   // params hold checkpoint words, not one element each.
   double at(int64_t i) const;

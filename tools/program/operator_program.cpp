@@ -114,7 +114,7 @@ OperatorProgram match_operator_program(const ir::Function& f) {
         break;
       }
       case ir::OpKind::decode_attention: {
-        // The verifier allowed bf16 q and a bf16 or f8e4m3 cache (the call's own
+        // The verifier allowed bf16 q and a bf16, f8e4m3 or f8e5m2 cache (the call's own
         // rule); the new token is the last position, so no causal flag.
         if (auto s = a.get_double("sm_scale")) c.attention.sm_scale = static_cast<float>(*s);
         c.attention.window_left = static_cast<int>(a.get_int("window_left").value_or(-1));

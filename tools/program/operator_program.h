@@ -7,7 +7,8 @@
 //                                              cu_seqlens_q = [0, T], cu_seqlens_k = [0, S]
 //   decode_attention  %o = decode_attention %q, %k_cache, %v_cache, %block_table, %seq_lens
 //                                              tilejit::decode_attention over the paged cache
-//                                              as given (bf16 or f8e4m3 with k_scale, v_scale)
+//                                              as given (bf16, or f8e4m3 / f8e5m2 with k_scale,
+//                                              v_scale)
 //   moe        %o = moe %h, %w13, %w2, %tw, %ti  pack_experts (w13, w2 given row-major), then
 //                                              tilejit::fused_experts; quantized experts
 //                                              (scale13 = ..., scale2 = ...): pack_experts of
