@@ -195,13 +195,15 @@ cat >"$WORK/quant.json" <<'EOF'
  {"op": "gemm", "name": "q8", "n": 256, "k": 512, "format": "int8", "m": [16]},
  {"op": "moe", "name": "qexp", "e": 4, "topk": 2, "h": 128, "i": 64, "format": "fp8_e4m3", "t": [4]},
  {"op": "decode_attention", "name": "dec8", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e4m3", "batch": [1], "seq_len": [512]},
- {"op": "extend_attention", "name": "ext8", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e4m3", "prefix_len": 40, "seq_len": [24]}
+ {"op": "extend_attention", "name": "ext8", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e4m3", "prefix_len": 40, "seq_len": [24]},
+ {"op": "decode_attention", "name": "dec5", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e5m2", "batch": [1], "seq_len": [512]},
+ {"op": "extend_attention", "name": "ext5", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e5m2", "prefix_len": 40, "seq_len": [24]}
 ]}
 EOF
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --budget 1m >"$OUT" 2>"$ERR"
 rc=$?
 check "quantized tune exits 0 (got $rc)" test $rc -eq 0
-check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 6
+check "quantized database has every entry" test "$(entries "$WORK/dbq.json")" = 8
 check "the fused route has no plan knob" grep -q 'M=1 int4_gptq: .*the fused decode kernel: no plan knob' "$OUT"
 # The int4 route is a candidate wherever the LLVM W4A8 kernels run (a build
 # with LLVM on a JIT path): M=1 and M=40 each try the route they do not take.
@@ -213,6 +215,9 @@ check "quantized entries carry their format" grep -q '"fmt": *"int4_gptq"' "$WOR
 check "fp8 KV cache: decode and extend entries keyed by the cache dtype" \
   test "$($PY -c 'import json,sys; print(sum(e["shape"].get("kv") == "f8e4m3" for e in json.load(open(sys.argv[1]))["entries"]))' "$WORK/dbq.json")" = 2
 check "fp8 KV cache: the labels say so" test "$(grep -c '^tune \[.*kv=f8e4m3$' "$OUT")" -eq 2
+check "e5m2 KV cache: decode and extend entries keyed by the cache dtype" \
+  test "$($PY -c 'import json,sys; print(sum(e["shape"].get("kv") == "f8e5m2" for e in json.load(open(sys.argv[1]))["entries"]))' "$WORK/dbq.json")" = 2
+check "e5m2 KV cache: the labels say so" test "$(grep -c '^tune \[.*kv=f8e5m2$' "$OUT")" -eq 2
 # dump names a quantized program's entry and follows its route: the M=40
 # int4 bucket's entry, made to say W4A16 (w4a8 = 0), applied to
 # examples/gemm_int4_gptq.tir (the same N, K, format) at M=40.
@@ -241,13 +246,22 @@ if grep -q 'int4_route automatic takes W4A8' "$OUT"; then
 fi
 "$TJ" tune "$WORK/quant.json" --out "$WORK/dbq.json" --no-search >"$OUT" 2>"$ERR"
 check "quantized and fp8 cache: second process compiles 0 kernels" \
-  grep -Eq '^warm-up: 6 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
+  grep -Eq '^warm-up: 8 operator calls: 0 kernels compiled, [1-9][0-9]* loaded' "$OUT"
 echo '{"ops": [{"op": "gemm", "n": 8, "k": 64, "format": "int3", "m": [1]}]}' >"$WORK/badq.json"
 "$TJ" tune "$WORK/badq.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
 check "bad format named with the allowed ones" grep -q 'ops\[0\].format: "int3"; allowed: bf16, int8, fp8_e4m3' "$ERR"
-echo '{"ops": [{"op": "extend_attention", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e5m2", "seq_len": [4]}]}' >"$WORK/badkv.json"
+# The e5m2 ops time an e5m2 cache (store_kv's codes, read with the cache's
+# scales): the decode kernel the warm-up compiles is the e5m2 one.
+echo '{"ops": [{"op": "decode_attention", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e5m2", "batch": [1], "seq_len": [64]}]}' >"$WORK/kv5.json"
+TILEJIT_CACHE_DIR= TILEJIT_VERBOSE=1 "$TJ" tune "$WORK/kv5.json" --out "$WORK/db5.json" --no-search >"$OUT" 2>"$ERR"
+check "e5m2 decode warm-up exits 0" test $? -eq 0
+check "e5m2 decode: no e4m3 cache kernel" bash -c "! grep -q 'compiled decode_attn.*kvf8e4m3' '$ERR'"
+if grep -q 'compiled decode_attn_llvm' "$ERR"; then
+  check "e5m2 decode: the e5m2 cache kernel" grep -Eq 'compiled decode_attn_llvm_[a-z0-9_]*_kvf8e5m2' "$ERR"
+fi
+echo '{"ops": [{"op": "extend_attention", "d": 64, "hq": 4, "hkv": 2, "kv": "f8e3m4", "seq_len": [4]}]}' >"$WORK/badkv.json"
 "$TJ" tune "$WORK/badkv.json" --out "$WORK/x.json" >"$OUT" 2>"$ERR"
-check "bad kv named with the allowed ones" grep -q 'ops\[0\].kv: "f8e5m2"; allowed: bf16, f8e4m3' "$ERR"
+check "bad kv named with the allowed ones" grep -q 'ops\[0\].kv: "f8e3m4"; allowed: bf16, f8e4m3, f8e5m2' "$ERR"
 
 # 9. --model-config with --kv-cache-dtype: the decode and extend ops over an
 # fp8 cache (prefill has no cache); a bad dtype or the flag without a config
@@ -262,7 +276,7 @@ check "--kv-cache-dtype: decode and extend over f8e4m3, prefill without" \
 "$TJ" tune --model-config "$CFG" --kv-cache-dtype fp8 --save-workload "$WORK/x.json" >"$OUT" 2>"$ERR"
 rc=$?
 check "bad --kv-cache-dtype: exit 1 (got $rc)" test $rc -eq 1
-check "bad --kv-cache-dtype named with the allowed ones" grep -q -- '--kv-cache-dtype: "fp8"; allowed: bf16, f8e4m3' "$ERR"
+check "bad --kv-cache-dtype named with the allowed ones" grep -q -- '--kv-cache-dtype: "fp8"; allowed: bf16, f8e4m3, f8e5m2' "$ERR"
 "$TJ" tune "$WORK/tiny.json" --kv-cache-dtype f8e4m3 >"$OUT" 2>"$ERR"
 check "--kv-cache-dtype without --model-config: exit 2" test $? -eq 2
 

@@ -118,15 +118,22 @@ TEST(TuneWorkload, RoundTrip) {
     {"op": "decode_attention", "d": 128, "hq": 32, "hkv": 8, "block_size": 1, "kv": "f8e4m3",
      "batch": [16], "seq_len": [8192]},
     {"op": "extend_attention", "d": 128, "hq": 32, "hkv": 8, "kv": "f8e4m3", "prefix_len": 4096,
+     "seq_len": [512]},
+    {"op": "decode_attention", "d": 128, "hq": 32, "hkv": 8, "block_size": 16, "kv": "f8e5m2",
+     "batch": [16], "seq_len": [8192]},
+    {"op": "extend_attention", "d": 128, "hq": 32, "hkv": 8, "kv": "f8e5m2", "prefix_len": 4096,
      "seq_len": [512]}
   ]})";
   const tools::Workload w = tools::parse_workload(text, "w.json");
-  ASSERT_EQ(w.ops.size(), 8u);
+  ASSERT_EQ(w.ops.size(), 10u);
   EXPECT_EQ(w.ops[1].kv, "bf16");  // the default cache
   EXPECT_EQ(w.ops[4].kv, "bf16");
   EXPECT_EQ(w.ops[6].kv, "f8e4m3");
   EXPECT_EQ(w.ops[6].block_size, 1);
   EXPECT_EQ(w.ops[7].kv, "f8e4m3");
+  EXPECT_EQ(w.ops[8].kv, "f8e5m2");  // vLLM's fp8_e5m2 cache
+  EXPECT_EQ(w.ops[8].block_size, 16);
+  EXPECT_EQ(w.ops[9].kv, "f8e5m2");
   EXPECT_EQ(w.ops[4].prefix_len, 100);
   EXPECT_EQ(w.ops[4].dv, 32);
   EXPECT_EQ(w.ops[4].seq_len, (std::vector<int64_t>{7, 33}));
@@ -172,7 +179,7 @@ TEST(TuneWorkload, BadFieldsNamed) {
         parse(R"({"op": "decode_attention", "d": 64, "hq": 4, "hkv": 4, "kv": "fp8", "batch": [1],
                   "seq_len": [8]})");
       },
-      "ops[0].kv: \"fp8\"; allowed: bf16, f8e4m3");
+      "ops[0].kv: \"fp8\"; allowed: bf16, f8e4m3, f8e5m2");
   expect_tilejit_error(
       [&] {
         parse(R"({"op": "prefill_attention", "d": 64, "hq": 4, "hkv": 4, "kv": "f8e4m3",
@@ -284,8 +291,14 @@ TEST(TuneWorkload, FromModelConfig) {
     o.kv = m.ops[i].kv;
     EXPECT_EQ(o, m.ops[i]) << o.op;
   }
+  const tools::Workload m5 = tools::workload_from_model_config(cfg, "config.json", "f8e5m2");
+  ASSERT_EQ(m5.ops.size(), m.ops.size());
+  for (size_t i = 0; i < m.ops.size(); ++i) {
+    const bool cache = m5.ops[i].op == "decode_attention" || m5.ops[i].op == "extend_attention";
+    EXPECT_EQ(m5.ops[i].kv, cache ? "f8e5m2" : "bf16") << m5.ops[i].op;
+  }
   expect_tilejit_error([&] { tools::workload_from_model_config(cfg, "config.json", "e4m3"); },
-                       "--kv-cache-dtype: \"e4m3\"; allowed: bf16, f8e4m3");
+                       "--kv-cache-dtype: \"e4m3\"; allowed: bf16, f8e4m3, f8e5m2");
   // The shipped example is what the config builds (the file documents the workload).
   tools::Workload from_example = tools::workload_from_model_config(
       [] {
@@ -972,7 +985,7 @@ TEST(TuningDb, ShapeValuesChecked) {
   expect_tilejit_error([&] { load_with(g, "path", "scalar"); },
                        "shape field path='scalar'; allowed: amx, avx512, llvm");
   expect_tilejit_error([&] { load_with(d, "kv", "f16"); },
-                       "shape field kv='f16'; allowed: bf16, f8e4m3");
+                       "shape field kv='f16'; allowed: bf16, f8e4m3, f8e5m2");
   expect_tilejit_error([&] { load_with(d, "d", "0"); }, "shape field d='0'; allowed: an integer");
   expect_tilejit_error([&] { load_with(d, "batch", "3"); }, "shape field batch='3'; " + buckets);
   expect_tilejit_error([&] { load_with(d, "seq", "1-255"); },
@@ -981,6 +994,7 @@ TEST(TuningDb, ShapeValuesChecked) {
   // The values the builders write load.
   EXPECT_EQ(load_with(g, "m", "1025+").entries.size(), 1u);
   EXPECT_EQ(load_with(d, "kv", "f8e4m3").entries.size(), 1u);
+  EXPECT_EQ(load_with(d, "kv", "f8e5m2").entries.size(), 1u);
   // Another machine's entry: not checked, written back as it was.
   jit::TuningDb stale = load_with(g, "m", "5-4", true);
   ASSERT_EQ(stale.entries.size(), 1u);

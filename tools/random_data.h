@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tilejit/tilejit.h"
+
 namespace tilejit::tools {
 
 // xorshift64: the 235M-element gate/up weight of the main job would take
@@ -28,8 +30,12 @@ struct XorShift {
 // n bf16 values uniform in ±scale (rounded to nearest), from `seed`.
 std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float scale);
 
-// The e4m3 codes a KV cache stores for bf16 values with `scale`: store_kv's
-// rule, e4m3(x / scale) (runtime::f32_to_e4m3).
+// The codes an fp8 KV cache of dtype `cache` (f8e4m3 or f8e5m2; an Error
+// for any other) stores for bf16 values with `scale`: store_kv's rule,
+// fp8(x / scale) (runtime::f32_to_fp8 of the cache's format).
+std::vector<uint8_t> fp8_cache_codes(DType cache, const std::vector<uint16_t>& bf16_values,
+                                     float scale);
+// fp8_cache_codes of an f8e4m3 cache.
 std::vector<uint8_t> e4m3_codes(const std::vector<uint16_t>& bf16_values, float scale);
 
 // Block ids 0 .. n − 1 shuffled (Fisher–Yates, from `seed`): a paged cache's

@@ -156,7 +156,7 @@ void add_tune(CLI::App& app, tilejit::tools::TuneOptions& o) {
       ->needs(config);
   c->add_option("--kv-cache-dtype", o.kv_cache_dtype,
                 "with --model-config: the engine's paged KV cache dtype for the decode and "
-                "extend ops (bf16, f8e4m3; default bf16)");
+                "extend ops (bf16, f8e4m3, f8e5m2; default bf16)");
   c->add_option("--out", o.out, "the tuning database (default tilejit_tuning.json)")
       ->check(kFilePath);
   c->add_option("--budget", o.budget, "time budget of the search, e.g. 90s, 10m (default 10m)");

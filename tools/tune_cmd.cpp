@@ -50,7 +50,7 @@ DType kv_dtype(const WorkloadOp& o) {
   throw Error(fmt::format("{}: kv: \"{}\"; allowed: {}", o.name, o.kv,
                           fmt::join(kv_cache_dtype_names(), ", ")));
 }
-// " kv=f8e4m3" for a label (nothing for the bf16 default).
+// " kv=f8e4m3" / " kv=f8e5m2" for a label (nothing for the bf16 default).
 std::string kv_label(const WorkloadOp& o) {
   return kv_dtype(o) == DType::bf16 ? "" : " kv=" + o.kv;
 }
@@ -546,25 +546,26 @@ struct CallBuffers {
 };
 
 // The scale of the tuner's fp8 KV caches: the random values (in ±1) are
-// stored as e4m3(x / scale), well inside e4m3's range (store_kv's rule).
+// stored as fp8(x / scale) (store_kv's rule), well inside the range of e4m3
+// (±448) and e5m2 (±57344).
 constexpr float kFp8CacheScale = 1.0f / 64;
 
 // A paged K or V cache [blocks, bs, Hkv, d] of op's kv dtype: random bf16
-// values in ±1, or their e4m3 codes (into `codes`).
+// values in ±1, or their e4m3 / e5m2 codes (into `codes`).
 TensorView kv_cache(const WorkloadOp& o, int64_t blocks, int64_t bs, int64_t d, uint64_t seed,
                     std::vector<uint16_t>& values, std::vector<uint8_t>& codes) {
   values = random_bf16(size_t(blocks * bs * o.hkv * d), seed, 1.0f);
-  if (kv_dtype(o) == DType::bf16)
-    return TensorView(values.data(), DType::bf16, {blocks, bs, o.hkv, d});
-  codes = e4m3_codes(values, kFp8CacheScale);
+  const DType kv = kv_dtype(o);
+  if (kv == DType::bf16) return TensorView(values.data(), DType::bf16, {blocks, bs, o.hkv, d});
+  codes = fp8_cache_codes(kv, values, kFp8CacheScale);
   values = {};
-  return TensorView(codes.data(), DType::f8e4m3, {blocks, bs, o.hkv, d});
+  return TensorView(codes.data(), kv, {blocks, bs, o.hkv, d});
 }
 
 // The options of a call over op's cache: its scales when it is fp8.
 AttentionOptions cache_options(const WorkloadOp& o) {
   AttentionOptions opt;
-  if (kv_dtype(o) == DType::f8e4m3) opt.kv_scales.k_scale = opt.kv_scales.v_scale = kFp8CacheScale;
+  if (kv_dtype(o) != DType::bf16) opt.kv_scales.k_scale = opt.kv_scales.v_scale = kFp8CacheScale;
   return opt;
 }
 

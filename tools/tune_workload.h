@@ -13,7 +13,7 @@ namespace tilejit::tools {
 
 // One operator of the workload. `op` picks which fields apply:
 //   gemm:             n, k, bias (none | f32 | bf16), act, out (bf16 | f32), format, m (list)
-//   decode_attention: d, dv, hq, hkv, block_size, kv (bf16 | f8e4m3: the cache's dtype),
+//   decode_attention: d, dv, hq, hkv, block_size, kv (bf16 | f8e4m3 | f8e5m2: the cache's dtype),
 //                     batch (list), seq_len (list)
 //   prefill_attention: d, dv, hq, hkv, causal, seq_len (list)
 //   extend_attention: d, dv, hq, hkv, block_size, kv, prefix_len, seq_len (list: new tokens
