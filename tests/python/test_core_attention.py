@@ -209,7 +209,7 @@ def e5m2_to_f64(codes):
 def e5m2_nearest(x):
     """store_kv's rule on float64 values x (already divided by the scale):
     the nearest e5m2 code, ties to the even code, saturating at 0x7B
-    (57344)."""
+    (57344); a negative value rounding to zero is -0 (0x80)."""
     x = np.asarray(x, np.float64).ravel()
     pos = np.arange(0x7C)  # 0 .. 57344
     vals = e5m2_to_f64(pos)
@@ -219,7 +219,7 @@ def e5m2_nearest(x):
     # Among the nearest (one, or two on a tie), the even code.
     tie_even = np.where(dist == best, np.where(pos % 2 == 0, 0, 1), 2)
     code = tie_even.argmin(axis=1)
-    return (code | np.where(np.signbit(x) & (code != 0), 0x80, 0)).astype(np.uint8)
+    return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)  # -0 keeps its sign
 
 
 def test_e5m2_reference_decoder():
@@ -228,7 +228,8 @@ def test_e5m2_reference_decoder():
                                                                          57344.0]
     assert e5m2_to_f64(0x04) == 2.0**-14 and e5m2_to_f64(0x3D) == 1.25
     assert np.isinf(e5m2_to_f64(0x7C)) and np.isnan(e5m2_to_f64(0x7F))
-    assert e5m2_nearest([1.125, 1.375, -3e9, 0.0]).tolist() == [0x3C, 0x3E, 0xFB, 0x00]
+    assert e5m2_nearest([1.125, 1.375, -3e9, 0.0, -1e-9]).tolist() == [0x3C, 0x3E, 0xFB, 0x00,
+                                                                         0x80]
 
 
 @pytest.mark.parametrize("block_size", [1, 4])
@@ -300,6 +301,25 @@ def test_store_kv_e5m2_cache_then_decode_and_extend(block_size):
         qs = slice(int(qo[b]), int(qo[b + 1]))
         ref = ref_attn(to_f64(qe[qs]), kd[b], vd[b], causal=True)
         check(oute[qs], ref, np.abs(vd[b]).max())
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5, 3.0])
+def test_store_kv_e5m2_every_bf16_value(scale):
+    # All 65536 bf16 bit patterns (subnormals, ties, past the range, Inf,
+    # NaN) through store_kv into an e5m2 cache: fp8(f32(x) / scale) exactly.
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    k = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).reshape(1024, 1, 64)
+    kc = torch.zeros(1024, 1, 1, 64, dtype=torch.uint8)
+    vc = torch.zeros_like(kc)
+    tilejit.store_kv(k, k, kc, vc, torch.arange(1024), k_scale=scale, v_scale=scale,
+                     cache_dtype="f8e5m2")
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN bits, x / 0.5 past f32
+        x = u16_to_f64(bits)
+        q = (x.astype(np.float32) / np.float32(scale)).astype(np.float64)
+    want = e5m2_nearest(np.where(np.isnan(q), 0.0, q))
+    want[np.isnan(x)] = 0x7F
+    assert (kc.numpy().ravel() == want).all()
+    assert (vc.numpy().ravel() == want).all()
 
 
 def test_decode_attention_e5m2_cache_numpy_codes():
