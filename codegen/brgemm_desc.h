@@ -143,6 +143,11 @@ struct BrgemmDesc {
   // the K step, so lda and a_tail are unused and any kb works with any batch.
   bool a_packed = false;
   bool accumulate = false;  // add args.acc_in (K-chunked GEMMs) before the epilogue
+  // Batch-invariant mode (GemmSpec::invariant): one accumulator chain per
+  // output vector whatever mr, so a row's sum runs in the same K order in
+  // every row block and M tail (the kernels otherwise split K over 2-4
+  // accumulator sets when mr·nr leaves registers free: 1-row tails).
+  bool one_chain = false;
   BiasKind bias = BiasKind::none;
   Activation act = Activation::none;
   Glu glu = Glu::none;
@@ -212,6 +217,7 @@ struct BrgemmDesc {
         field("kb", &D::kb, "k"), field("brow", &D::b_row_bytes, "", never),
         field("apack", &D::a_packed, "_apack", flag),
         field("acc_in", &D::accumulate, "_accin", flag),
+        field("chain1", &D::one_chain, "_chain1", flag),
         field("bias", &D::bias, "_bias", unless_default),
         field("act", &D::act, "_", unless_default), field("glu", &D::glu, "_", unless_default),
         field("alpha", &D::glu_alpha, "_a", unless_default),

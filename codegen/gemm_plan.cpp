@@ -63,8 +63,9 @@ GemmPlan plan_gemm(const GemmSpec& spec, Isa isa) {
   return p;
 }
 
-Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o) {
+Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o, bool invariant) {
   constexpr int64_t kAmxMinRows = 3;
+  if (invariant) return path;
   // A tuned ISA at or below the path (the lattice: scalar < llvm < avx512 < amx).
   if (o.isa && *o.isa <= path && *o.isa != Isa::scalar) return *o.isa;
   return path == Isa::amx && m < kAmxMinRows ? Isa::avx512 : path;
@@ -206,6 +207,8 @@ BrgemmDesc GemmPlan::ukernel(int rows, int cols, Chunk chunk) const {
   d.act = epilogue ? spec.act : Activation::none;
   d.out = epilogue ? spec.out : spec.int8() ? DType::i32 : DType::f32;
   d.accumulate = chunk == Chunk::middle || chunk == Chunk::last;
+  // int8 sums are exact in int32: any chain split gives the same bits.
+  d.one_chain = spec.invariant && !spec.int8();
   d.a_packed = a_packed;
   d.prefetch_kib = tuned_prefetch_kib;
   if (spec.glu != Glu::none) {

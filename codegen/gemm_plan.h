@@ -33,6 +33,10 @@ struct GemmSpec {
   // max_kc/2 rows of 256 bytes is what stays in L2 (or, for dequantized
   // weights at small M, in L1).
   int64_t max_kc = 2048;
+  // Batch-invariant mode (tilejit::set_batch_invariant): every row summed in
+  // one K order whatever M: K chunks for every M (not only from two row
+  // blocks on) and one accumulator chain in every micro-kernel.
+  bool invariant = false;
 
   static constexpr auto field_list() {
     using D = GemmSpec;
@@ -45,7 +49,8 @@ struct GemmSpec {
                            field("alpha", &D::glu_alpha, "_a", unless_default),
                            field("limit", &D::glu_limit, "_l", unless_default),
                            field("b", &D::b_type, "_b", unless_default),
-                           field("kcmax", &D::max_kc, "_kc", unless_default));
+                           field("kcmax", &D::max_kc, "_kc", unless_default),
+                           field("inv", &D::invariant, "_inv", flag));
   }
   bool int8() const { return b_type == DType::i8; }
   // Bytes of one A element and K elements per B VNNI group.
@@ -84,7 +89,9 @@ struct GemmPlan {
   int64_t chunk_k(Chunk c) const;
   // K chunks run for a GEMM (or a driver job) of `rows` rows: they pay off
   // only when the B chunk is reused by more than one row block.
-  int64_t k_chunks_for(int64_t rows) const { return rows > mr ? k_chunks : 1; }
+  // Batch-invariant specs chunk every M alike (the chunks' partial sums are
+  // added at the end, so chunking changes a row's sum order).
+  int64_t k_chunks_for(int64_t rows) const { return rows > mr || spec.invariant ? k_chunks : 1; }
   // Every micro-kernel variant a GEMM of `m` rows runs with this plan
   // (distinct; ukernel(rows, cols, chunk) gives each one's descriptor).
   struct Variant {
@@ -184,7 +191,9 @@ void check_prefetch_kib(int kib, Isa isa);
 // the AMX kernels lose to AVX-512 (1-2 %, both bound by the weight stream:
 // docs/gemm-performance.md), so such GEMMs take the AVX-512 plan.
 // With o.isa set (a JIT path at or below `path`), the entry's choice instead.
-Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o = {});
+// Batch-invariant mode (`invariant`): `path` for every m (rows must not pick
+// the kernels).
+Isa gemm_isa_for_rows(Isa path, int64_t m, const PlanOverrides& o = {}, bool invariant = false);
 
 // One micro-kernel a plan runs, with why (for `tilejit dump --stage key|asm`).
 struct KernelUse {

@@ -6,6 +6,7 @@
 
 #include "ir/activation.h"
 #include "jit/kernel_cache.h"
+#include "runtime/batch_invariant.h"
 #include "runtime/cpu_features.h"
 #include "runtime/dtype_list.h"
 #include "runtime/isa.h"
@@ -147,6 +148,13 @@ void set_num_threads(int n) {
 }
 int num_threads() {
   return runtime::num_threads();
+}
+
+void set_batch_invariant(bool on) {
+  runtime::set_batch_invariant(on);
+}
+bool batch_invariant() {
+  return runtime::batch_invariant();
 }
 
 }  // namespace tilejit

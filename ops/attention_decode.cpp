@@ -27,6 +27,7 @@
 #include "runtime/verbose.h"
 
 #include "runtime/api_guard.h"
+#include "runtime/batch_invariant.h"
 
 namespace tilejit {
 
@@ -81,8 +82,11 @@ std::string attention_engine_plan(Isa isa, int64_t rows, int64_t key_block, int6
 void decode_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& block_table,
                       const TensorView& seq_lens, const AttentionOptions& caller_opt,
-                      const DecodeOptions& dec) {
+                      const DecodeOptions& caller_dec) {
   runtime::api_guard("decode_attention", [&] {
+    // Batch-invariant mode implies the deterministic decode.
+    DecodeOptions dec = caller_dec;
+    dec.deterministic = dec.deterministic || runtime::batch_invariant();
     // The options as the kernels read them (bf16 sinks / slopes widened below).
     attn::HeadVectors head_vectors(caller_opt);
     const AttentionOptions& opt = head_vectors.options;

@@ -29,6 +29,7 @@
 #include "runtime/thread_pool.h"
 
 #include "runtime/api_guard.h"
+#include "runtime/batch_invariant.h"
 
 namespace tilejit {
 
@@ -50,8 +51,11 @@ void check_new_rows(const char* op, const char* arg, const TensorView& t, int64_
 void extend_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                       const TensorView& out, const TensorView& qo_indptr,
                       const TensorView& block_table, const TensorView& prefix_lens,
-                      const AttentionOptions& caller_opt, const ExtendOptions& ext) {
+                      const AttentionOptions& caller_opt, const ExtendOptions& caller_ext) {
   runtime::api_guard("extend_attention", [&] {
+    // Batch-invariant mode implies the deterministic extend.
+    ExtendOptions ext = caller_ext;
+    ext.deterministic = ext.deterministic || runtime::batch_invariant();
     // The options as the kernels read them (bf16 sinks / slopes widened below).
     attn::HeadVectors head_vectors(caller_opt);
     const AttentionOptions& opt = head_vectors.options;

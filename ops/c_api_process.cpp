@@ -89,4 +89,12 @@ tilejit_status tilejit_get_num_threads(int32_t* out) {
   return call(__func__, [&] { deref(out, "out") = num_threads(); });
 }
 
+tilejit_status tilejit_set_batch_invariant(bool on) {
+  return call(__func__, [&] { set_batch_invariant(on); });
+}
+
+tilejit_status tilejit_get_batch_invariant(bool* out) {
+  return call(__func__, [&] { deref(out, "out") = batch_invariant(); });
+}
+
 }  // extern "C"

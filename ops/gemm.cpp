@@ -21,6 +21,7 @@
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
 #include "ops/verbose_log.h"
+#include "runtime/batch_invariant.h"
 #include "runtime/isa.h"
 #include "runtime/lazy_statics.h"
 #include "runtime/reference_gemm.h"
@@ -81,8 +82,10 @@ GemmExecutable& build_executable(const PlanKey& key) {
   const auto& [spec, isa, tuned] = key;
   // Quantized specs (b_type, max_kc) have no IR op yet either; a tuned plan
   // is the lowered one with the entry's overrides (plan_gemm checks them).
+  // So are batch-invariant ones (the IR op does not carry the mode).
   const bool planned_directly = spec.glu != codegen::Glu::none || spec.b_type != DType::bf16 ||
-                                spec.max_kc != codegen::GemmSpec{}.max_kc || !tuned.empty();
+                                spec.max_kc != codegen::GemmSpec{}.max_kc || spec.invariant ||
+                                !tuned.empty();
   LoweredGemm lowered = !planned_directly ? lower_gemm_spec(spec, isa)
                                           : LoweredGemm{codegen::plan_gemm(spec, isa, tuned), ""};
   std::lock_guard<std::mutex> lk(mu);
@@ -98,7 +101,8 @@ GemmExecutable& build_executable(const PlanKey& key) {
 
 const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m) {
   static const codegen::PlanOverrides& kNone = *new codegen::PlanOverrides;  // immortal
-  if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
+  // Batch-invariant specs take no tuned plan: entries are per M class.
+  if (path == Isa::scalar || spec.invariant || !jit::tuning_db_active()) return kNone;
   return jit::find_tuned_gemm(path, runtime::num_threads(), spec.n, spec.k, spec.bias, spec.act,
                               spec.out, m);
 }
@@ -106,6 +110,12 @@ const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec
 codegen::BiasKind bias_kind(const GemmOptions& opt) {
   if (!opt.bias) return codegen::BiasKind::none;
   return opt.bias->dtype == DType::f32 ? codegen::BiasKind::f32 : codegen::BiasKind::bf16;
+}
+
+codegen::GemmSpec bf16_gemm_spec(int64_t n, int64_t k, const GemmOptions& opt, DType out) {
+  codegen::GemmSpec s{n, k, bias_kind(opt), opt.act, out};
+  s.invariant = runtime::batch_invariant();
+  return s;
 }
 
 GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa) {
@@ -358,9 +368,9 @@ void gemm_batched(const TensorView& x, const std::vector<PackedWeight>& w, const
     const int64_t M = x.shape[1], N = w[0].n(), K = w[0].k();
     if (M == 0) return;
     const Isa path = runtime::active_isa();
-    const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+    const codegen::GemmSpec spec = ops::bf16_gemm_spec(N, K, opt, y.dtype);
     const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
-    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned, spec.invariant);
     if (w[0].impl()->quant != nullptr || isa == Isa::scalar) {
       // Quantized weights (their own routes) and the scalar path: one gemm
       // per entry, the same result as the caller's own loop.
@@ -395,9 +405,9 @@ void gemm(const TensorView& x, const PackedWeight& w, const TensorView& y, const
     const PackedWeight::Impl& p = *w.impl();
     if (p.quant != nullptr) return ops::gemm_quantized(x, p, y, opt);
     const Isa path = runtime::active_isa();
-    const codegen::GemmSpec spec{N, K, ops::bias_kind(opt), opt.act, y.dtype};
+    const codegen::GemmSpec spec = ops::bf16_gemm_spec(N, K, opt, y.dtype);
     const codegen::PlanOverrides& tuned = ops::tuned_gemm(path, spec, M);
-    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+    const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned, spec.invariant);
     if (isa == Isa::scalar) {
       ops::log_call("gemm", isa, [&] {
         return ops::CallLine{fmt::format("M={} N={} K={}", M, N, K), "plan=reference"};

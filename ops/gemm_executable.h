@@ -41,6 +41,10 @@ GemmExecutable& gemm_executable(const codegen::GemmSpec& spec, Isa isa,
 const codegen::PlanOverrides& tuned_gemm(Isa path, const codegen::GemmSpec& spec, int64_t m);
 
 codegen::BiasKind bias_kind(const GemmOptions& opt);
+// The spec of a bf16-weight gemm / gemm_batched call (n × k, opt's bias and
+// activation, out dtype), in batch-invariant mode when the process is
+// (runtime::batch_invariant).
+codegen::GemmSpec bf16_gemm_spec(int64_t n, int64_t k, const GemmOptions& opt, DType out);
 
 // One GEMM run of a plan over M rows: the driver every tilejit::gemm format
 // shares (the schedule's slices, tasks and K passes; run_row_block per task).

@@ -35,6 +35,7 @@
 #include "ops/packed_experts_impl.h"
 #include "ops/quant_weight.h"
 #include "ops/tensor_checks.h"
+#include "runtime/batch_invariant.h"
 #include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/per_thread.h"
@@ -411,6 +412,7 @@ codegen::GemmSpec gate_up_spec(const PackedExperts::Impl& w13, int64_t H, bool b
   s.k = H;
   s.bias = bias ? codegen::BiasKind::f32 : codegen::BiasKind::none;
   s.out = DType::bf16;
+  s.invariant = runtime::batch_invariant();
   if (!w13.gated()) {
     s.act = opt.act;
   } else if (opt.clamped_swiglu) {
@@ -430,6 +432,7 @@ codegen::GemmSpec down_spec(int64_t H, int64_t I, bool bias) {
   s.k = I;
   s.bias = bias ? codegen::BiasKind::f32 : codegen::BiasKind::none;
   s.out = DType::f32;
+  s.invariant = runtime::batch_invariant();
   return s;
 }
 

@@ -21,7 +21,7 @@ ExpertGemm::ExpertGemm(const PackedExperts::Impl& w, int64_t e, const codegen::G
                        const codegen::PlanOverrides& tuned, bool x_has_inf)
     : w_(&w), e_(e) {
   // AMX or AVX-512 by the GEMM's own rule for `rows` (very few rows: AVX-512).
-  const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows);
+  const Isa plan_isa = codegen::gemm_isa_for_rows(isa, rows, {}, spec.invariant);
   // The tuned prefetch distance is the Xbyak AVX-512 kernels' (plan_gemm
   // accepts it on an avx512 plan only; the fused kernel is Xbyak's off llvm).
   codegen::PlanOverrides plan_tuned;

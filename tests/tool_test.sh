@@ -310,11 +310,11 @@ LS=$EXAMPLES/linear_silu.tir
 if [ -f "$LB" ] && [ -f "$LS" ]; then
   ok "linear_silu: dump --stage key" "$TJ" dump "$LS" --stage key --isa avx512 --dim M=512
   has "linear_silu: plan name" "$OUT" "^plan +gemm_avx512_bf16_f32acc_m7n64k4096_silu_bf16out$"
-  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0(;b=bf16;kcmax=2048)?$"
+  has "linear_silu: plan key" "$OUT" "^key +gemm;isa=avx512;n=11008;k=4096;bias=none;act=silu;out=bf16;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0(;b=bf16;kcmax=2048)?(;inv=0)?$"
   has "linear_silu: M tail of 512 = 73*7 + 1" "$OUT" "M tail \\(1 row\\), last K chunk +brgemm_avx512_bf16_f32acc_m1n64k2048_accin_silu_bf16out"
   ok "linear_bias: dump --stage key" "$TJ" dump "$LB" --stage key --isa avx512
   has "linear_bias: N tail" "$OUT" "N tail \\(40 cols\\) +brgemm_avx512_bf16_f32acc_m7n40k1024_biasbf16_f32out"
-  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;a=bf16;b=bf16;(zeros=0;)?acc=f32;mr=7;nr=40;kb=1024;brow=256;apack=0;acc_in=0;bias=bf16;act=none;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0;out=f32"
+  has "linear_bias: N tail key" "$OUT" "brgemm;isa=avx512;a=bf16;b=bf16;(zeros=0;)?acc=f32;mr=7;nr=40;kb=1024;brow=256;apack=0;acc_in=0;(chain1=0;)?bias=bf16;act=none;glu=none;alpha=0x0p\\+0;limit=0x0p\\+0;out=f32"
   ok "linear_bias: dump --stage plan" "$TJ" dump "$LB" --stage plan
   has "linear_bias: row-major w is packed by run" "$OUT" "%w is row-major in the IR"
 

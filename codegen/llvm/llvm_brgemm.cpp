@@ -59,8 +59,13 @@ class Blocking {
  public:
   // dpbf16: any one-instruction dot product (vdpbf16ps, vpdpbusd); otherwise
   // a widening one (fp32 FMAs, int8 bytes widened to i32).
-  Blocking(int nz, bool dpbf16, const HostTarget& host)
-      : nz_(nz), dpbf16_(dpbf16), w_(std::max(1, 512 / host.vector_bits)), regs_(host.vector_regs) {
+  // one_chain (BrgemmDesc::one_chain): a single set, whatever the rows.
+  Blocking(int nz, bool dpbf16, const HostTarget& host, bool one_chain)
+      : nz_(nz),
+        dpbf16_(dpbf16),
+        one_chain_(one_chain),
+        w_(std::max(1, 512 / host.vector_bits)),
+        regs_(host.vector_regs) {
     // Live besides the accumulators: fma keeps B's even and odd halves of
     // every column vector (2·nz) and one row's two A splats; dpbf16 keeps nz B
     // vectors and one A splat (LLVM keeps a splat used nz times in a register
@@ -70,6 +75,7 @@ class Blocking {
 
   int sets(int mb) const {
     int s = 1;
+    if (one_chain_) return s;  // batch-invariant: one K order for every mb
     if (dpbf16_) {
       // The Xbyak kernel's rule (avx512_brgemm_ksplit), so that both kernels
       // add the products in the same order and agree bit for bit.
@@ -91,6 +97,7 @@ class Blocking {
  private:
   int nz_;
   bool dpbf16_;
+  bool one_chain_;
   int w_;  // registers per <16 x float>: 1 zmm, 2 ymm or 4 xmm
   int regs_;
   int fixed_ = 0;
@@ -141,7 +148,7 @@ class BrgemmEmitter : public KernelEmitter {
     // (AVX-VNNI's ymm vpdpbusd has the same register pressure as fma.)
     const bool split = !one_op_dot() || idot_ == IntDot::vpdpbusd256;
     nzg_ = split && w >= 2 && d_.mr >= 2 ? 1 : nz_;
-    const Blocking blk(nzg_, one_op_dot(), mc_.host);
+    const Blocking blk(nzg_, one_op_dot(), mc_.host, d_.one_chain);
     const int mb = blk.max_rows(d_.mr);
     // mr rows in nblocks blocks of `big` or `big - 1` rows, the big ones first.
     const int nblocks = (d_.mr + mb - 1) / mb;

@@ -45,7 +45,7 @@ class Avx512Brgemm : public JitGenerator {
       epi_d_.accumulate = false;
     }
     nz_ = (d.computed_cols() + 15) / 16;
-    ksplit_ = avx512_brgemm_ksplit(d.mr, nz_);
+    ksplit_ = d.one_chain ? 1 : avx512_brgemm_ksplit(d.mr, nz_);
     // Int8: one register holds the broadcast A row; B gets what is left.
     b_regs_ = int8_ ? std::min(nz_, 32 - ksplit_ * d.mr * nz_ - 1) : nz_;
     generate();

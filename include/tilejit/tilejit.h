@@ -680,4 +680,18 @@ void load_tuning_db(const std::string& path);
 void set_num_threads(int n);
 int num_threads();
 
+// Batch-invariant mode, for deterministic serving (sglang's
+// --enable-deterministic-inference, vLLM's VLLM_BATCH_INVARIANT): while on,
+// each row of gemm / gemm_batched / fused_experts with bf16 or int8 weights
+// and each sequence of decode_attention / extend_attention (as with their
+// `deterministic` option) gives the same bits whatever the other rows or
+// sequences of the call and the thread count: the kernels sum every row in
+// one fixed order (no row-count-dependent K split or accumulator
+// interleaving, one ISA for every M, tuning database plans not applied).
+// fp8 and int4 W4A16 weights are not covered (their route follows M;
+// docs/reliability.md "Determinism"). Default: TILEJIT_BATCH_INVARIANT (0 or
+// 1; unset: off); this call overrides it for the process.
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
 }  // namespace tilejit

@@ -482,6 +482,11 @@ tilejit_status tilejit_load_tuning_db(const char* path);
  * of the first call that reads it). */
 tilejit_status tilejit_set_num_threads(int32_t n);
 tilejit_status tilejit_get_num_threads(int32_t* out);
+/* Batch-invariant mode (tilejit::set_batch_invariant; default
+ * TILEJIT_BATCH_INVARIANT): a row's or sequence's output independent of
+ * the rest of the call and of the thread count (docs/reliability.md). */
+tilejit_status tilejit_set_batch_invariant(bool on);
+tilejit_status tilejit_get_batch_invariant(bool* out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -70,6 +70,19 @@ void bind_info(py::module_& m) {
       "Threads used by operator calls (default TILEJIT_NUM_THREADS, else the CPUs the "
       "process may run on).");
   m.def("num_threads", [] { return num_threads(); });
+  m.def(
+      "set_batch_invariant",
+      [](const py::handle& on) {
+        if (!py::isinstance<py::bool_>(on))
+          throw Error("set_batch_invariant: on=" + std::string(py::str(py::repr(on))) +
+                      "; allowed: True or False");
+        set_batch_invariant(on.cast<bool>());
+      },
+      py::arg("on"),
+      "Batch-invariant mode for deterministic serving: each row of gemm / fused_experts (bf16, "
+      "int8 weights) and each sequence of decode / extend attention independent of the rest of "
+      "the batch and of the thread count (default TILEJIT_BATCH_INVARIANT).");
+  m.def("batch_invariant", [] { return batch_invariant(); });
 }
 
 }  // namespace tilejit::python

@@ -41,16 +41,19 @@ from ._core import (  # noqa: E402
     PackedExperts,
     PackedWeight,
     __version__,
+    batch_invariant,
     cache_stats,
     cpu_info,
     load_tuning_db,
     num_threads,
+    set_batch_invariant,
     set_num_threads,
 )
 
 __all__ = [
     "Buffer", "Error", "InternalError", "PackedExperts", "PackedWeight", "__version__",
     "cache_stats", "cpu_info", "load_tuning_db", "num_threads", "set_num_threads",
+    "set_batch_invariant", "batch_invariant",
     "pack_weight", "pack_int8", "pack_fp8", "pack_int4", "pack_mxfp4", "gemm", "gemm_batched",
     "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
     "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",

@@ -266,3 +266,23 @@ def test_import_in_a_subinterpreter_is_an_import_error():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "ImportError: tilejit cannot be imported in a Python subinterpreter" in r.stdout
+
+
+def test_batch_invariant_mode_rows_alone_equal_rows_in_a_batch():
+    """set_batch_invariant(True): each gemm row alone = in a batch of 77, bit
+    for bit (K 2600: two K chunks; M tails of 1 row); a non-bool is refused."""
+    saved = tilejit.batch_invariant()
+    try:
+        tilejit.set_batch_invariant(True)
+        assert tilejit.batch_invariant() is True
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(77, 2600, generator=g).to(torch.bfloat16)
+        w = tilejit.pack_weight(torch.randn(200, 2600, generator=g).to(torch.bfloat16))
+        y = tilejit.gemm(x, w)
+        for r in range(77):
+            assert torch.equal(tilejit.gemm(x[r:r + 1], w)[0], y[r]), r
+        with pytest.raises(tilejit.Error, match="set_batch_invariant: on=1; allowed: True or False"):
+            tilejit.set_batch_invariant(1)
+    finally:
+        tilejit.set_batch_invariant(saved)
+    assert tilejit.batch_invariant() is saved

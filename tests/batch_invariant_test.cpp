@@ -1,0 +1,212 @@
+// Batch-invariant mode (tilejit::set_batch_invariant, TILEJIT_BATCH_INVARIANT):
+// on every path, a row of gemm / gemm_batched / fused_experts on bf16 weights
+// gives the same bits whatever M and the other rows are (each row computed
+// alone, M = 1, is the reference), and so does a sequence of decode_attention
+// whatever the batch and the thread count. The shapes reach the places where
+// the default kernels change a row's summation order with M: K past one K
+// chunk (2048: K-chunked from two row blocks on), 1-row M tails (extra
+// accumulator sets), M ≤ 2 on the AMX path (the AVX-512 kernels), N tails.
+// One test shows the default mode is not invariant on these shapes (so the
+// comparison can fail) where the JIT paths run.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "tilejit/tilejit.h"
+
+namespace tilejit::test {
+namespace {
+
+// Sets the mode for a scope (the tests leave the process as they found it).
+class Mode {
+ public:
+  explicit Mode(bool on) : saved_(batch_invariant()) { set_batch_invariant(on); }
+  ~Mode() { set_batch_invariant(saved_); }
+  Mode(const Mode&) = delete;
+  Mode& operator=(const Mode&) = delete;
+
+ private:
+  bool saved_;
+};
+
+struct GemmCase {
+  int64_t n, k;
+  bool bias;
+  Activation act;
+};
+
+// Rows of gemm(x[0:m]) that differ from the same row computed alone.
+int64_t gemm_row_mismatches(const GemmCase& c, const std::vector<int64_t>& ms, int threads) {
+  const int64_t max_m = ms.back();
+  const auto x = random_bf16(static_cast<size_t>(max_m * c.k), 11, -2, 2);
+  const auto w = random_bf16(static_cast<size_t>(c.n * c.k), 12, -1, 1);
+  const auto b = random_bf16(static_cast<size_t>(c.n), 13, -1, 1);
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {c.n, c.k}));
+  GemmOptions opt;
+  opt.act = c.act;
+  if (c.bias) opt.bias = TensorView(b.data(), DType::bf16, {c.n});
+  const int saved = num_threads();
+  set_num_threads(threads);
+  // Each row alone.
+  std::vector<uint16_t> alone(static_cast<size_t>(max_m * c.n));
+  for (int64_t r = 0; r < max_m; ++r)
+    gemm(TensorView(const_cast<uint16_t*>(x.data()) + r * c.k, DType::bf16, {1, c.k}), pw,
+         TensorView(alone.data() + r * c.n, DType::bf16, {1, c.n}), opt);
+  int64_t bad = 0;
+  for (int64_t m : ms) {
+    std::vector<uint16_t> y(static_cast<size_t>(m * c.n));
+    gemm(TensorView(const_cast<uint16_t*>(x.data()), DType::bf16, {m, c.k}), pw,
+         TensorView(y.data(), DType::bf16, {m, c.n}), opt);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < c.n; ++j) bad += y[r * c.n + j] != alone[r * c.n + j];
+  }
+  set_num_threads(saved);
+  return bad;
+}
+
+class BatchInvariant : public IsaTest {};
+
+TEST_F(BatchInvariant, GemmRowsAreTheSameAloneOrInAnyM) {
+  Mode on(true);
+  const bool emulated = cpu_info().amx_emulated;
+  // K 2600: two K chunks; K 96: one; N 200: a 64-column tail of 8.
+  const std::vector<GemmCase> cases = {{200, 2600, true, Activation::silu},
+                                       {64, 96, false, Activation::none},
+                                       {136, 2112, false, Activation::gelu_tanh}};
+  const std::vector<int64_t> ms =
+      emulated ? std::vector<int64_t>{2, 3, 9, 33}
+               : std::vector<int64_t>{2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 64, 65, 100};
+  for (const GemmCase& c : cases)
+    for (int threads : {1, 2}) {
+      if (emulated && (c.k > 2200 || threads == 2)) continue;  // ~10 k instructions/ms emulated
+      SCOPED_TRACE("N " + std::to_string(c.n) + " K " + std::to_string(c.k) + " threads " +
+                   std::to_string(threads));
+      EXPECT_EQ(gemm_row_mismatches(c, ms, threads), 0);
+    }
+}
+
+// The default mode is not batch invariant on these shapes (docs/reliability.md:
+// the K split from two row blocks on, the 1-row tails' accumulator sets), so
+// the comparison above can fail: it sees the difference where the mode is off.
+TEST_F(BatchInvariant, DefaultModeDiffersOnTheSameShapes) {
+  const Isa isa = cpu_info().isa;
+  if (isa == Isa::scalar) GTEST_SKIP() << "the reference is invariant in either mode";
+  if (cpu_info().amx_emulated) GTEST_SKIP() << "too slow emulated";
+  Mode off(false);
+  const std::vector<int64_t> ms = {2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 64, 65, 100};
+  EXPECT_GT(gemm_row_mismatches({200, 2600, true, Activation::silu}, ms, 1), 0);
+}
+
+TEST_F(BatchInvariant, GemmBatchedEntriesMatchAlone) {
+  Mode on(true);
+  const int64_t batch = 3, n = 72, k = 2200;
+  const int64_t m = cpu_info().amx_emulated ? 3 : 11;
+  const auto x = random_bf16(static_cast<size_t>(batch * m * k), 21, -2, 2);
+  std::vector<std::vector<uint16_t>> w;
+  std::vector<PackedWeight> pw;
+  for (int64_t b = 0; b < batch; ++b) {
+    w.push_back(random_bf16(static_cast<size_t>(n * k), 22 + static_cast<uint32_t>(b), -1, 1));
+    pw.push_back(pack_weight(TensorView(w.back().data(), DType::bf16, {n, k})));
+  }
+  std::vector<uint16_t> y(static_cast<size_t>(batch * m * n));
+  gemm_batched(TensorView(const_cast<uint16_t*>(x.data()), DType::bf16, {batch, m, k}), pw,
+               TensorView(y.data(), DType::bf16, {batch, m, n}));
+  int64_t bad = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<uint16_t> one(static_cast<size_t>(n));
+      gemm(TensorView(const_cast<uint16_t*>(x.data()) + (b * m + r) * k, DType::bf16, {1, k}),
+           pw[static_cast<size_t>(b)], TensorView(one.data(), DType::bf16, {1, n}));
+      for (int64_t j = 0; j < n; ++j) bad += one[j] != y[(b * m + r) * n + j];
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+// A token's fused_experts output alone equals its output in a batch whose
+// other tokens route to the same experts (so each expert sees 1 row alone
+// and many rows in the batch).
+TEST_F(BatchInvariant, FusedExpertsTokenAloneOrInABatch) {
+  Mode on(true);
+  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t T = cpu_info().amx_emulated ? 5 : 37;
+  const auto w13 = random_bf16(static_cast<size_t>(E * 2 * I * H), 31, -0.5f, 0.5f);
+  const auto w2 = random_bf16(static_cast<size_t>(E * H * I), 32, -0.5f, 0.5f);
+  const PackedExperts p13 =
+      pack_experts(TensorView(w13.data(), DType::bf16, {E, 2 * I, H}), ExpertProj::gate_up);
+  const PackedExperts p2 =
+      pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down);
+  const auto hidden = random_bf16(static_cast<size_t>(T * H), 33, -2, 2);
+  std::vector<int32_t> ids(static_cast<size_t>(T * topk));
+  std::vector<float> wts(ids.size());
+  for (int64_t t = 0; t < T; ++t) {
+    ids[t * topk] = static_cast<int32_t>(t % 2);  // experts 0 / 1: many rows each
+    ids[t * topk + 1] = static_cast<int32_t>(2 + t % 2);
+    wts[t * topk] = 0.625f, wts[t * topk + 1] = 0.375f;
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(T * H));
+  fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()), DType::bf16, {T, H}), p13, p2,
+                TensorView(wts.data(), DType::f32, {T, topk}),
+                TensorView(ids.data(), DType::i32, {T, topk}),
+                TensorView(out.data(), DType::bf16, {T, H}));
+  int64_t bad = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<uint16_t> one(static_cast<size_t>(H));
+    fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()) + t * H, DType::bf16, {1, H}),
+                  p13, p2, TensorView(wts.data() + t * topk, DType::f32, {1, topk}),
+                  TensorView(ids.data() + t * topk, DType::i32, {1, topk}),
+                  TensorView(one.data(), DType::bf16, {1, H}));
+    for (int64_t j = 0; j < H; ++j) bad += one[j] != out[t * H + j];
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// The mode implies decode's deterministic form: a sequence alone on one
+// thread equals it beside a long sequence on two threads (which would split
+// the long one's keys, and with them the task layout, without it).
+TEST_F(BatchInvariant, DecodeSequenceAloneOrInABatch) {
+  Mode on(true);
+  const int64_t hq = 4, hkv = 2, d = 64, bs = 16;
+  const int64_t short_len = 300, long_len = cpu_info().amx_emulated ? 600 : 5000;
+  const int64_t blocks_short = (short_len + bs - 1) / bs, blocks_long = (long_len + bs - 1) / bs;
+  const int64_t nb = blocks_short + blocks_long;
+  const auto kc = random_bf16(static_cast<size_t>(nb * bs * hkv * d), 41);
+  const auto vc = random_bf16(static_cast<size_t>(nb * bs * hkv * d), 42);
+  const auto q = random_bf16(static_cast<size_t>(2 * hq * d), 43);
+  std::vector<int32_t> table(static_cast<size_t>(2 * blocks_long), 0);
+  for (int64_t i = 0; i < blocks_short; ++i) table[i] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < blocks_long; ++i)
+    table[blocks_long + i] = static_cast<int32_t>(blocks_short + i);
+  const TensorView kcv(const_cast<uint16_t*>(kc.data()), DType::bf16, {nb, bs, hkv, d});
+  const TensorView vcv(const_cast<uint16_t*>(vc.data()), DType::bf16, {nb, bs, hkv, d});
+  const int saved = num_threads();
+  std::vector<uint16_t> alone(static_cast<size_t>(hq * d)), both(static_cast<size_t>(2 * hq * d));
+  std::vector<int32_t> len1 = {static_cast<int32_t>(short_len)};
+  set_num_threads(1);
+  decode_attention(TensorView(const_cast<uint16_t*>(q.data()), DType::bf16, {1, hq, d}), kcv, vcv,
+                   TensorView(alone.data(), DType::bf16, {1, hq, d}),
+                   TensorView(table.data(), DType::i32, {1, blocks_long}),
+                   TensorView(len1.data(), DType::i32, {1}));
+  std::vector<int32_t> len2 = {static_cast<int32_t>(short_len), static_cast<int32_t>(long_len)};
+  set_num_threads(2);
+  decode_attention(TensorView(const_cast<uint16_t*>(q.data()), DType::bf16, {2, hq, d}), kcv, vcv,
+                   TensorView(both.data(), DType::bf16, {2, hq, d}),
+                   TensorView(table.data(), DType::i32, {2, blocks_long}),
+                   TensorView(len2.data(), DType::i32, {2}));
+  set_num_threads(saved);
+  EXPECT_EQ(std::vector<uint16_t>(both.begin(), both.begin() + hq * d), alone);
+}
+
+TEST(BatchInvariantMode, SwitchAndEnvironment) {
+  const bool saved = batch_invariant();
+  set_batch_invariant(true);
+  EXPECT_TRUE(batch_invariant());
+  set_batch_invariant(false);
+  EXPECT_FALSE(batch_invariant());
+  set_batch_invariant(saved);
+}
+
+}  // namespace
+}  // namespace tilejit::test
