@@ -688,9 +688,10 @@ int num_threads();
 // sequences of the call and the thread count: the kernels sum every row in
 // one fixed order (no row-count-dependent K split or accumulator
 // interleaving, one ISA for every M, tuning database plans not applied).
-// fp8 and int4 W4A16 weights are not covered (their route follows M;
-// docs/reliability.md "Determinism"). Default: TILEJIT_BATCH_INVARIANT (0 or
-// 1; unset: off); this call overrides it for the process.
+// fp8, int4 W4A16 (and int4_route automatic) and MXFP4 weights are not
+// covered (their route follows M; docs/reliability.md "Determinism").
+// Default: TILEJIT_BATCH_INVARIANT (0 or 1; unset or empty: off); this call
+// overrides it for the process.
 void set_batch_invariant(bool on);
 bool batch_invariant();
 
