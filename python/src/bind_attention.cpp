@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "bind.h"
 
@@ -50,19 +51,36 @@ void attention_args(AttentionArgs& a, bool causal, const py::handle& sm_scale,
   a.opt.alibi_slopes = view_of(a.alibi);
 }
 
+// The fp8 codes a uint8 KV cache may hold, by their cache_dtype names.
+const EnumTable<DType>& fp8_cache_table() {
+  static const EnumTable<DType> t = {{dtype_name(DType::f8e4m3), DType::f8e4m3},
+                                     {dtype_name(DType::f8e5m2), DType::f8e5m2}};
+  return t;
+}
+
+// The error for a refused cache_dtype, shown as `value`. One text for a bad
+// string and a value of another type: each built its own list before (the
+// string's, parse_enum's, read "allowed: f8e4m3, f8e5m2", without None).
+[[noreturn]] void refuse_cache_dtype(const std::string& value) {
+  std::string allowed = "None";
+  for (const auto& [name, dtype] : fp8_cache_table()) allowed += fmt::format(", \"{}\"", name);
+  throw Error(
+      fmt::format("cache_dtype: {} is not allowed; allowed: {} (the codes a uint8 KV cache holds)",
+                  value, allowed));
+}
+
 // The cache_dtype keyword of decode, extend and store_kv: what a uint8 KV
 // cache's codes are (torch 1.13 and DLPack 0.6 have no float8). None: e4m3
 // codes, as before the keyword.
 std::optional<DType> parse_cache_dtype(const py::handle& cache_dtype) {
   if (cache_dtype.is_none()) return std::nullopt;
-  static const EnumTable<DType> fp8_caches = {{dtype_name(DType::f8e4m3), DType::f8e4m3},
-                                              {dtype_name(DType::f8e5m2), DType::f8e5m2}};
   if (!py::isinstance<py::str>(cache_dtype))
-    throw Error(fmt::format(
-        "cache_dtype: {} is not allowed; allowed: None, \"f8e4m3\" or \"f8e5m2\" (the codes a "
-        "uint8 KV cache holds)",
-        py::repr(cache_dtype).cast<std::string>()));
-  return parse_enum("cache_dtype", str_arg(cache_dtype, "cache_dtype"), fp8_caches);
+    refuse_cache_dtype(py::repr(cache_dtype).cast<std::string>());
+  const std::string_view name = str_arg(cache_dtype, "cache_dtype");
+  for (const auto& [known, dtype] : fp8_cache_table())
+    if (known == name) return dtype;
+  // Quoted as parse_enum quotes a refused keyword string.
+  refuse_cache_dtype(fmt::format("\"{}\"", name));
 }
 
 // A KV cache argument: uint8 storage holds e4m3 codes, or the codes

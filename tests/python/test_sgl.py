@@ -1432,3 +1432,230 @@ def test_routers_and_rope_refuse_what_they_would_ignore():
         sgl.rotary_embedding_cpu(torch.arange(3), q.half(), k.half(), 64, cache.half(), True)
     with pytest.raises(tilejit.Error, match="mat1.dtype=torch.float16 is refused"):
         sgl.weight_packed_linear(q.half(), rnd((8, 128), 154).half(), None, False)
+
+
+# ---- argument errors shared by every op ----------------------------------------------
+
+def bool_arg_calls():
+    """(op, argument, call(value)) for every bool parameter of every tilejit.sgl op,
+    each call otherwise valid (True / False run)."""
+    x, w1, w2, tw, ti = moe_case(160)
+    xl, wl, sl = int8_case(2, 40, 64, 161)
+    wf, sf, _ = fp8_case(40, 64, 32, 32, 162)
+    bf = torch.bfloat16
+    w16 = rnd((8, 64), 163)
+    logits = rnd((4, 8), 164, dtype=torch.float32)
+    bias = rnd((8,), 165, dtype=torch.float32)
+    cache = rnd((16, 64), 166, dtype=torch.float32)
+    pos, q, k = torch.arange(3), rnd((3, 128), 167), rnd((3, 64), 168)
+    qa, cu = rnd((4, 2, 64), 169), torch.tensor([0, 4], dtype=torch.int32)
+    r2t, rpi, kb, vb, qd, key, value, loc, lens = decode_case(170)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    ext = torch.tensor([1, 1, 1])
+    return [
+        ("rotary_embedding_cpu", "is_neox",
+         lambda v: sgl.rotary_embedding_cpu(pos, q.clone(), k.clone(), 64, cache, v)),
+        ("multimodal_rotary_embedding_cpu", "is_neox",
+         lambda v: sgl.multimodal_rotary_embedding_cpu(pos, q.clone(), k.clone(), 64, cache,
+                                                       None, False, v)),
+        ("multimodal_rotary_embedding_cpu", "mrope_interleaved",
+         lambda v: sgl.multimodal_rotary_embedding_cpu(pos, q.clone(), k.clone(), 64, cache,
+                                                       None, v, True)),
+        ("fused_experts_cpu", "inplace",
+         lambda v: sgl.fused_experts_cpu(x.clone(), w1, w2, tw, ti, v, is_vnni=False)),
+        ("fused_experts_cpu", "use_int8_w8a8",
+         lambda v: sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, use_int8_w8a8=v,
+                                         is_vnni=False)),
+        ("fused_experts_cpu", "use_fp8_w8a16",
+         lambda v: sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, False, use_fp8_w8a16=v,
+                                         is_vnni=False)),
+        ("fused_experts_cpu", "is_vnni",
+         lambda v: sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, 0, is_vnni=v)),
+        ("weight_packed_linear", "is_vnni",
+         lambda v: sgl.weight_packed_linear(rnd((2, 64), 171), w16, None, v)),
+        ("bmm_cpu", "is_vnni",
+         lambda v: sgl.bmm_cpu(torch.empty(1, 2, 8, dtype=bf), rnd((1, 2, 64), 172),
+                               w16.view(1, 8, 64), v)),
+        ("int8_scaled_mm_with_quant", "is_vnni",
+         lambda v: sgl.int8_scaled_mm_with_quant(xl, wl, sl, None, bf, v)),
+        ("int8_scaled_mm_cpu", "is_vnni",
+         lambda v: sgl.int8_scaled_mm_cpu(torch.zeros(2, 64, dtype=torch.uint8), wl,
+                                          torch.ones(2), sl, None, bf, v)),
+        ("fp8_scaled_mm_cpu", "is_vnni",
+         lambda v: sgl.fp8_scaled_mm_cpu(xl, wf, sf, [32, 32], None, bf, v)),
+        ("topk_softmax_cpu", "renormalize",
+         lambda v: sgl.topk_softmax_cpu(None, logits, 2, v)),
+        ("topk_sigmoid_cpu", "renormalize",
+         lambda v: sgl.topk_sigmoid_cpu(None, logits, 2, v)),
+        ("grouped_topk_cpu", "renormalize",
+         lambda v: sgl.grouped_topk_cpu(None, logits, 2, v, 2, 1)),
+        ("biased_grouped_topk_cpu", "renormalize",
+         lambda v: sgl.biased_grouped_topk_cpu(None, logits, bias, 2, v, 2, 1)),
+        ("flash_attn_varlen_func", "causal",
+         lambda v: sgl.flash_attn_varlen_func(qa, qa, qa, cu, cu, 4, 4, v)),
+        # is_cross_attn takes False only (cross-attention is not supported): its
+        # message says so rather than "True or False".
+        # By keyword: a positional non-bool there is the classic list's
+        # sliding_window_size (the schema versions are told apart by that type).
+        ("decode_attention_cpu", "is_cross_attn",
+         lambda v: sgl.decode_attention_cpu(qd, kb.clone(), vb.clone(), out, key, value, loc,
+                                            None, r2t, rpi, lens, 0.1, 0.0, is_cross_attn=v)),
+        ("extend_attention_cpu", "is_cross_attn",
+         lambda v: sgl.extend_attention_cpu(qd, key, value, out, kb, vb, r2t, rpi, lens, ext,
+                                            torch.tensor([0, 1, 2]), 1, 0.1, 0.0,
+                                            is_cross_attn=v)),
+    ]
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0, None, 1.0, torch.tensor(True)])
+def test_bool_arguments_refuse_other_types(bad):
+    # is_neox="yes" or inplace="x" ran, read by their truth value (and 0 / None
+    # as False): every bool parameter now takes a bool only, checked by one
+    # helper (_common._flag), the message naming the op, the argument, the
+    # value and what is allowed.
+    for op, arg, call in bool_arg_calls():
+        allowed = "False (cross-attention is not supported by tilejit.sgl)" \
+            if arg == "is_cross_attn" else "True or False"
+        got = raised(call, bad)
+        assert got == f"{op}: {arg}={bad!r}; allowed: {allowed}", (op, arg, got)
+
+
+def test_bool_arguments_take_bools():
+    for op, arg, call in bool_arg_calls():
+        for v in (False, True):
+            if arg == "is_cross_attn" and v:
+                assert "allowed: False" in raised(call, v)
+            elif arg in ("use_int8_w8a8", "use_fp8_w8a16") and v:
+                # bf16 experts: the flag is read (and refuses them), not ignored.
+                assert f"{arg}=True" in raised(call, v), (op, arg)
+            else:
+                call(v)
+
+
+def test_every_shim_error_carries_the_op_name():
+    # Argument checks shared by the ops (_tensor, _opt_tensor, _i32 called
+    # without op=, _paged, _window_left, the routers' helpers) and the
+    # routers' core errors raised without the sgl op's name: e.g.
+    # "topk_ids.dtype=torch.float32; allowed: ..." from fused_experts_cpu.
+    x, w1, w2, tw, ti = moe_case(180)
+    xl, wl, sl = int8_case(2, 40, 64, 181)
+    bf = torch.bfloat16
+    logits = rnd((4, 8), 182, dtype=torch.float32)
+    qa, cu = rnd((4, 2, 64), 183), torch.tensor([0, 4], dtype=torch.int32)
+    r2t, rpi, kb, vb, qd, key, value, loc, lens = decode_case(184)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    ext, start = torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2])
+
+    def dec(**kw):
+        a = dict(query=qd, k_cache=kb.clone(), v_cache=vb.clone(), output=out, key=key,
+                 value=value, loc=loc, attn_logits=None, req_to_token=r2t,
+                 req_pool_indices=rpi, seq_lens=lens, sm_scale=0.1, logit_cap=0.0)
+        a.update(kw)
+        return lambda: sgl.decode_attention_cpu(**a)
+
+    def extend(**kw):
+        a = dict(q_extend=qd, k_extend=key, v_extend=value, o_extend=out, k_buffer=kb,
+                 v_buffer=vb, req_to_token=r2t, req_pool_indices=rpi, seq_lens=lens,
+                 extend_seq_lens=ext, extend_start_loc=start, max_len_extend=1, sm_scale=0.1,
+                 logit_cap=0.0)
+        a.update(kw)
+        return lambda: sgl.extend_attention_cpu(**a)
+
+    fe = sgl.fused_experts_cpu
+    cases = [
+        ("fused_experts_cpu: topk_ids.dtype=torch.float32; allowed: torch.int32, torch.int64",
+         lambda: fe(x, w1, w2, tw, ti.float(), False, is_vnni=False)),
+        ("fused_experts_cpu: topk_ids: expected a torch.Tensor, got list",
+         lambda: fe(x, w1, w2, tw, [[0, 1]], False, is_vnni=False)),
+        ("fused_experts_cpu: hidden_states: expected a torch.Tensor, got NoneType",
+         lambda: fe(None, w1, w2, tw, ti, False, is_vnni=False)),
+        ("fused_experts_cpu: topk_weights: expected a torch.Tensor, got list",
+         lambda: fe(x, w1, w2, [1.0], ti, False, is_vnni=False)),
+        ("fused_experts_cpu: w1_scale: expected a torch.Tensor, got float",
+         lambda: fe(x, w1, w2, tw, ti, False, 1, 0.5, None, None, None, None, False)),
+        ("flash_attn_varlen_func: q: expected a torch.Tensor, got NoneType",
+         lambda: sgl.flash_attn_varlen_func(None, qa, qa, cu, cu)),
+        ("flash_attn_varlen_func: cu_seqlens_k.dtype=torch.float32; allowed: torch.int32, "
+         "torch.int64", lambda: sgl.flash_attn_varlen_func(qa, qa, qa, cu, cu.float())),
+        ("flash_attn_varlen_func: sinks: expected a torch.Tensor, got list",
+         lambda: sgl.flash_attn_varlen_func(qa, qa, qa, cu, cu, sinks=[0.0, 0.0])),
+        ("decode_attention_cpu: query: expected a torch.Tensor, got NoneType",
+         dec(query=None)),
+        ("decode_attention_cpu: output: expected a torch.Tensor, got NoneType",
+         dec(output=None)),
+        ("decode_attention_cpu: key: expected a torch.Tensor, got list", dec(key=[0])),
+        ("decode_attention_cpu: loc: expected a torch.Tensor, got list", dec(loc=[0, 1, 2])),
+        ("decode_attention_cpu: k_cache has shape (40, 128); allowed: [num_slots, Hkv, D]",
+         dec(k_cache=kb.reshape(40, 128))),
+        ("decode_attention_cpu: v_cache: expected a torch.Tensor, got NoneType",
+         dec(v_cache=None)),
+        ("decode_attention_cpu: sinks: expected a torch.Tensor, got list",
+         dec(sinks=[0.0] * 4)),
+        ("decode_attention_cpu: sliding_window_size=2.0; allowed: an int",
+         dec(sliding_window_size=2.0)),
+        ("decode_attention_cpu: req_to_token: expected a torch.Tensor, got list",
+         dec(req_to_token=[[0]])),
+        ("extend_attention_cpu: q_extend: expected a torch.Tensor, got NoneType",
+         extend(q_extend=None)),
+        ("extend_attention_cpu: tree_mask: expected a torch.Tensor, got list",
+         extend(tree_mask=[1])),
+        ("extend_attention_cpu: custom_mask: expected a torch.Tensor, got list",
+         extend(custom_mask=[1])),
+        ("extend_attention_cpu: k_buffer has shape (40, 128); allowed: [num_slots, Hkv, D]",
+         extend(k_buffer=kb.reshape(40, 128))),
+        ("extend_attention_cpu: sliding_window_size='1'; allowed: an int",
+         extend(sliding_window_size="1")),
+        ("weight_packed_linear: mat1: expected a torch.Tensor, got NoneType",
+         lambda: sgl.weight_packed_linear(None, rnd((8, 64), 185))),
+        ("weight_packed_linear: bias: expected a torch.Tensor, got list",
+         lambda: sgl.weight_packed_linear(rnd((2, 64), 185), rnd((8, 64), 186), [0.0])),
+        ("weight_packed_linear: mat2: expected a torch.Tensor, got list",
+         lambda: sgl.weight_packed_linear(rnd((2, 64), 185), [0.0], None, False)),
+        ("bmm_cpu: out: expected a torch.Tensor, got NoneType",
+         lambda: sgl.bmm_cpu(None, rnd((1, 2, 64), 187), rnd((1, 8, 64), 188), False)),
+        ("bmm_cpu: mat2: expected a torch.Tensor, got list",
+         lambda: sgl.bmm_cpu(torch.empty(1, 2, 8, dtype=bf), rnd((1, 2, 64), 187), [0],
+                             False)),
+        ("int8_scaled_mm_with_quant: mat1: expected a torch.Tensor, got NoneType",
+         lambda: sgl.int8_scaled_mm_with_quant(None, wl, sl, None, bf, False)),
+        ("int8_scaled_mm_with_quant: scales2: expected a torch.Tensor, got float",
+         lambda: sgl.int8_scaled_mm_with_quant(xl, wl, 0.01, None, bf, False)),
+        ("int8_scaled_mm_with_quant: bias: expected a torch.Tensor, got list",
+         lambda: sgl.int8_scaled_mm_with_quant(xl, wl, sl, [0.0], bf, False)),
+        ("int8_scaled_mm_cpu: mat1: expected a torch.Tensor, got NoneType",
+         lambda: sgl.int8_scaled_mm_cpu(None, wl, torch.ones(2), sl, None, bf, False)),
+        ("int8_scaled_mm_cpu: scales1: expected a torch.Tensor, got float",
+         lambda: sgl.int8_scaled_mm_cpu(torch.zeros(2, 64, dtype=torch.uint8), wl, 1.0, sl,
+                                        None, bf, False)),
+        ("per_token_quant_int8_cpu: A: expected a torch.Tensor, got list",
+         lambda: sgl.per_token_quant_int8_cpu([[1.0]])),
+        ("convert_weight_packed: weight: expected a torch.Tensor, got list",
+         lambda: sgl.convert_weight_packed([[1.0]])),
+        ("topk_softmax_cpu: gating_output: expected a torch.Tensor, got list",
+         lambda: sgl.topk_softmax_cpu(None, [[0.0]], 2, True)),
+        ("topk_sigmoid_cpu: topk=0; allowed: an integer >= 1",
+         lambda: sgl.topk_sigmoid_cpu(None, logits, 0, True)),
+        ("topk_softmax_cpu: gating_output has shape (32,); allowed: [T, E]",
+         lambda: sgl.topk_softmax_cpu(None, logits.view(-1), 2, True)),
+        ("grouped_topk_cpu: num_fused_shared_experts=1; allowed: 0 (pass the shared expert "
+         "to tilejit.fused_experts as shared_w13 / shared_w2 instead)",
+         lambda: sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, 1)),
+        ("biased_grouped_topk_cpu: num_token_non_padded=-1; allowed: >= 0 (the count of "
+         "real tokens)", lambda: sgl.biased_grouped_topk_cpu(
+             None, logits, logits[0], 2, True, 2, 1, 0, None, torch.tensor(-1))),
+        ("biased_grouped_topk_cpu: correction_bias: expected a torch.Tensor, got NoneType",
+         lambda: sgl.biased_grouped_topk_cpu(None, logits, None, 2, True, 2, 1)),
+    ]
+    for want, fn in cases:
+        assert raised(fn) == want
+    # The core's errors under the router's name, as the other ops' (_core).
+    for op, fn in (("topk_softmax_cpu: topk_softmax: k = 9",
+                    lambda: sgl.topk_softmax_cpu(None, logits, 9, True)),
+                   ("topk_sigmoid_cpu: topk_sigmoid: k = 9",
+                    lambda: sgl.topk_sigmoid_cpu(None, logits, 9, True)),
+                   ("grouped_topk_cpu: grouped_topk: num_expert_group = 3",
+                    lambda: sgl.grouped_topk_cpu(None, logits, 2, True, 3, 1)),
+                   ("biased_grouped_topk_cpu: grouped_topk: num_expert_group = 3",
+                    lambda: sgl.biased_grouped_topk_cpu(None, logits, logits[0], 2, True, 3,
+                                                        1))):
+        assert raised(fn).startswith(op)

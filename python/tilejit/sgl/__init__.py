@@ -17,10 +17,13 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
 - Scratch and sizing arguments of sgl-kernel's kernels (``attn_logits``,
   ``max_seqlen_*``, ``max_len_extend``, ``is_vnni`` when a packed weight is
   given) have no meaning here; they are accepted and ignored.
-- A bad argument raises ``tilejit.Error`` naming the argument, the value and
-  what is allowed (sgl-kernel raises RuntimeError from TORCH_CHECK). Errors
-  raised inside the tilejit core carry the op's name and a note mapping the
-  core's argument names to sgl-kernel's (e.g. ``slot_mapping`` is ``loc``).
+- A bad argument raises ``tilejit.Error`` starting with the op's name, naming
+  the argument, the value and what is allowed (sgl-kernel raises
+  RuntimeError from TORCH_CHECK). Errors raised inside the tilejit core carry
+  the op's name and a note mapping the core's argument names to sgl-kernel's
+  (e.g. ``slot_mapping`` is ``loc``). Bool arguments (``is_neox``,
+  ``inplace``, ``is_vnni``, ``renormalize``, ``causal``, ...) take a Python
+  bool only, as sglang passes them: not a str, an int or None.
 - torch.float16 is refused everywhere (a ``tilejit.Error``; sgl-kernel takes
   f16 for most ops): convert to bf16 yourself; nothing converts silently
   (``per_token_quant_int8_cpu``, torch code, widens f16 to f32 exactly).

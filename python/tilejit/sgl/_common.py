@@ -15,21 +15,33 @@ def _need(cond, msg):
         raise Error(msg)
 
 
-def _tensor(arg, t, op=None):
-    """t, or a tilejit.Error naming arg (prefixed by op when given) where t
-    is not a tensor."""
+def _tensor(arg, t, op):
+    """t, or a tilejit.Error "op: arg: ..." where t is not a tensor. op has
+    no default: a call site without it raised without the op's name
+    (fused_experts_cpu's "topk_ids.dtype=...")."""
     _need(isinstance(t, torch.Tensor),
-          f"{_at(op)}{arg}: expected a torch.Tensor, got {type(t).__name__}")
+          f"{op}: {arg}: expected a torch.Tensor, got {type(t).__name__}")
     return t
 
 
-def _opt_tensor(arg, t, op=None):
+def _opt_tensor(arg, t, op):
     return None if t is None else _tensor(arg, t, op)
 
 
-def _at(op):
-    """The "op: " prefix of a message (nothing without an op)."""
-    return "" if op is None else f"{op}: "
+def _flag(op, arg, v):
+    """v, a bool argument of op (is_neox, inplace, is_vnni, renormalize,
+    ...), or a tilejit.Error naming it: read by its truth value, is_neox="yes"
+    ran as True and 0 / None as False. Python bools only: sglang passes
+    literals and its layers' / configs' bool attributes there, never numpy or
+    torch bools (its CPU call sites of every op, checked)."""
+    _need(_is_bool(v), f"{op}: {arg}={_shown(v)}; allowed: True or False")
+    return v
+
+
+def _shown(v):
+    """v in a message: its repr, or "a <type>" where that is long (a tensor's)."""
+    shown = repr(v)
+    return shown if len(shown) <= 40 else f"a {type(v).__name__}"
 
 
 def _no_f16(op, **tensors):
@@ -112,9 +124,7 @@ def _positional_clue(args, i, test, kind, yes, no):
     if len(args) <= i:
         return []
     v, ok = args[i], test(args[i])
-    shown = "a Tensor" if isinstance(v, torch.Tensor) else repr(v)
-    if len(shown) > 40:
-        shown = f"a {type(v).__name__}"
+    shown = "a Tensor" if isinstance(v, torch.Tensor) else _shown(v)
     what = f"argument {i + 1} ({shown}{'' if ok else ', not ' + kind})"
     return [(what, yes if ok else no)]
 
@@ -145,9 +155,9 @@ def _is_int(v):
         return False
 
 
-def _i32(arg, t, op=None):
+def _i32(arg, t, op):
     """An index tensor as int32 (tilejit's index dtype for these)."""
     _tensor(arg, t, op)
     _need(t.dtype in (torch.int32, torch.int64),
-          f"{_at(op)}{arg}.dtype={t.dtype}; allowed: torch.int32, torch.int64")
+          f"{op}: {arg}.dtype={t.dtype}; allowed: torch.int32, torch.int64")
     return t if t.dtype == torch.int32 else t.to(torch.int32)

@@ -9,12 +9,12 @@ import torch
 
 import tilejit
 
-from ._common import _bind, _core, _i32, _is_bool, _is_int, _keyword_clues, _need, _no_f16, \
-    _opt_tensor, _pick_schema, _positional_clue, _tensor
+from ._common import _bind, _core, _flag, _i32, _is_bool, _is_int, _keyword_clues, _need, \
+    _no_f16, _opt_tensor, _pick_schema, _positional_clue, _shown, _tensor
 
 
-def _sinks(sinks):
-    return None if sinks is None else _tensor("sinks", sinks).to(torch.float32).contiguous()
+def _sinks(op, sinks):
+    return None if sinks is None else _tensor("sinks", sinks, op).to(torch.float32).contiguous()
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
@@ -38,11 +38,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     size up to 576 (sgl-kernel: a fixed list); float16 is an Error."""
     op = "flash_attn_varlen_func"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _tensor(name, t)
+        _tensor(name, t, op)
+    _flag(op, "causal", causal)
     _no_f16(op, q=q, k=k, v=v)
-    cq, ck = _i32("cu_seqlens_q", cu_seqlens_q), _i32("cu_seqlens_k", cu_seqlens_k)
+    cq, ck = _i32("cu_seqlens_q", cu_seqlens_q, op), _i32("cu_seqlens_k", cu_seqlens_k, op)
     kw = dict(sm_scale=sm_scale, softcap=float(logit_cap), window_left=int(sliding_window_size),
-              sinks=_sinks(sinks))
+              sinks=_sinks(op, sinks))
     note = "tilejit.flash_attn_varlen's names are sgl-kernel's"
     lq, lk = cq.tolist(), ck.tolist()
     _need(len(lq) == len(lk), f"{op}: cu_seqlens_q has {len(lq)} entries and cu_seqlens_k "
@@ -77,11 +78,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     return out
 
 
-def _paged(arg, buf):
+def _paged(op, arg, buf):
     """sglang's token-granular buffer [num_slots, Hkv, D] as a paged cache of
     block size 1: [num_slots, 1, Hkv, D] (a view)."""
-    _tensor(arg, buf)
-    _need(buf.dim() == 3, f"{arg} has shape {tuple(buf.shape)}; allowed: [num_slots, Hkv, D]")
+    _tensor(arg, buf, op)
+    _need(buf.dim() == 3, f"{op}: {arg} has shape {tuple(buf.shape)}; allowed: [num_slots, Hkv, D]")
     return buf.unsqueeze(1)
 
 
@@ -117,13 +118,13 @@ def _block_table(op, req_to_token, req_pool_indices, seq_lens, least, least_name
     return req_to_token[idx, :max(longest, 1)].to(torch.int32)
 
 
-def _window_left(form, arg, value):
+def _window_left(op, form, arg, value):
     """tilejit's window_left from the call's sliding_window_size: the classic
     (tilejit) form takes sglang's layer convention already (-1 none, w = keys
     j >= i - w); the newer sgl-kernel forms take sglang's
     ``layer.sliding_window_size + 1``, the number of keys including the
     current one, and <= 0 for no window (decode.cpp / extend.cpp)."""
-    _need(_is_int(value), f"{arg}={value!r}; allowed: an int")
+    _need(_is_int(value), f"{op}: {arg}={_shown(value)}; allowed: an int")
     w = operator.index(value)
     if form == "classic":
         return w
@@ -131,7 +132,11 @@ def _window_left(form, arg, value):
 
 
 def _no_cross(op, a):
-    _need(not a.get("is_cross_attn"), f"{op}: is_cross_attn={a.get('is_cross_attn')!r}; "
+    # False itself, not anything falsy (0, None): the one value taken, so a
+    # non-bool is refused as the other bool arguments are (_flag), with this
+    # message's allowed value (True is refused too).
+    v = a.get("is_cross_attn", False)
+    _need(_is_bool(v) and not v, f"{op}: is_cross_attn={_shown(v)}; "
           "allowed: False (cross-attention is not supported by tilejit.sgl)")
     _need(a.get("encoder_lens") is None, f"{op}: encoder_lens given; allowed: None "
           "(encoder-decoder attention is not supported by tilejit.sgl)")
@@ -221,12 +226,12 @@ def decode_attention_cpu(*args, **kwargs):
         a["k_scale"], a["v_scale"] = a["k_buf_scale"], a["v_buf_scale"]
     _no_cross(op, a)
     query, key, value, loc = a["query"], a["key"], a["value"], a["loc"]
-    _tensor("query", query)
-    _tensor("output", a["output"])
-    _opt_tensor("key", key)
-    _opt_tensor("value", value)
+    _tensor("query", query, op)
+    _tensor("output", a["output"], op)
+    _opt_tensor("key", key, op)
+    _opt_tensor("value", value, op)
     _no_f16(op, query=query, k_cache=a["k_cache"], v_cache=a["v_cache"], key=key, value=value)
-    kc, vc = _paged("k_cache", a["k_cache"]), _paged("v_cache", a["v_cache"])
+    kc, vc = _paged(op, "k_cache", a["k_cache"]), _paged(op, "v_cache", a["v_cache"])
     # sglang passes the layer's k_scale / v_scale, None for a bf16 cache.
     k_scale = 1.0 if a["k_scale"] is None else a["k_scale"]
     v_scale = 1.0 if a["v_scale"] is None else a["v_scale"]
@@ -241,7 +246,7 @@ def decode_attention_cpu(*args, **kwargs):
     _need((key is None) == (value is None), f"{op}: key is {'None' if key is None else 'given'}"
           f" and value is {'None' if value is None else 'given'}; allowed: both or neither")
     if key is not None:
-        _tensor("loc", loc)
+        _tensor("loc", loc, op)
         if loc.numel():
             lo, hi = int(loc.min()), int(loc.max())
             _need(lo >= 0 and hi < kc.shape[0], f"{op}: loc has {lo}..{hi}; allowed: "
@@ -250,8 +255,8 @@ def decode_attention_cpu(*args, **kwargs):
               v_scale=v_scale)
     _core(op, note, tilejit.decode_attention, query, kc, vc, bt, lens32,
           out=a["output"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
-          window_left=_window_left(form, "sliding_window_size", a["sliding_window_size"]),
-          sinks=_sinks(a["sinks"]), k_scale=k_scale, v_scale=v_scale)
+          window_left=_window_left(op, form, "sliding_window_size", a["sliding_window_size"]),
+          sinks=_sinks(op, a["sinks"]), k_scale=k_scale, v_scale=v_scale)
 
 
 def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
@@ -329,9 +334,9 @@ def extend_attention_cpu(*args, **kwargs):
     _need(custom_mask is None or tree_mask is None,
           f"{op}: custom_mask and tree_mask both given; allowed: one")
     for name in ("q_extend", "k_extend", "v_extend", "o_extend"):
-        _tensor(name, a[name])
-    _opt_tensor("custom_mask", custom_mask)
-    _opt_tensor("tree_mask", tree_mask)
+        _tensor(name, a[name], op)
+    _opt_tensor("custom_mask", custom_mask, op)
+    _opt_tensor("tree_mask", tree_mask, op)
     _no_f16(op, q_extend=a["q_extend"], k_extend=a["k_extend"], v_extend=a["v_extend"],
             k_buffer=a["k_buffer"], v_buffer=a["v_buffer"])
     raw_lens, raw_sl = a["extend_seq_lens"], a["seq_lens"]
@@ -365,9 +370,9 @@ def extend_attention_cpu(*args, **kwargs):
             "v_cache are k_buffer / v_buffer as [num_slots, 1, Hkv, D], block_table is "
             "req_to_token[req_pool_indices], qo_indptr the running sum of extend_seq_lens, "
             "out is o_extend")
-    _core(op, note, tilejit.extend_attention, a["q_extend"], _paged("k_buffer", a["k_buffer"]),
-          _paged("v_buffer", a["v_buffer"]), indptr, bt, prefix, out=a["o_extend"],
-          sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
-          window_left=_window_left("new" if new else "classic", "sliding_window_size",
+    _core(op, note, tilejit.extend_attention, a["q_extend"],
+          _paged(op, "k_buffer", a["k_buffer"]), _paged(op, "v_buffer", a["v_buffer"]), indptr,
+          bt, prefix, out=a["o_extend"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
+          window_left=_window_left(op, "new" if new else "classic", "sliding_window_size",
                                    a["sliding_window_size"]),
-          sinks=_sinks(a["sinks"]), k_new=a["k_extend"], v_new=a["v_extend"], tree_mask=tm)
+          sinks=_sinks(op, a["sinks"]), k_new=a["k_extend"], v_new=a["v_extend"], tree_mask=tm)

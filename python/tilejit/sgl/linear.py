@@ -10,7 +10,7 @@ import torch
 import tilejit
 from tilejit import Error
 
-from ._common import _core, _is_int, _need, _no_f16, _opt_tensor, _tensor
+from ._common import _core, _flag, _is_int, _need, _no_f16, _opt_tensor, _tensor
 from .packed_weight import PackedWeight
 
 
@@ -41,22 +41,22 @@ def weight_packed_linear(mat1, mat2, bias=None, is_vnni=True):
     (sgl-kernel: N % 32 == 0); mat1 must be bf16 (sgl-kernel also takes f16:
     f16 is a tilejit.Error here, not converted).
     """
-    _tensor("mat1", mat1)
-    _opt_tensor("bias", bias)
-    _no_f16("weight_packed_linear", mat1=mat1, mat2=getattr(mat2, "weight", mat2))
-    _need(mat1.dtype == torch.bfloat16,
-          f"weight_packed_linear: mat1.dtype={mat1.dtype}; allowed: torch.bfloat16")
+    op = "weight_packed_linear"
+    _tensor("mat1", mat1, op)
+    _opt_tensor("bias", bias, op)
+    _flag(op, "is_vnni", is_vnni)
+    _no_f16(op, mat1=mat1, mat2=getattr(mat2, "weight", mat2))
+    _need(mat1.dtype == torch.bfloat16, f"{op}: mat1.dtype={mat1.dtype}; allowed: torch.bfloat16")
     if isinstance(mat2, PackedWeight):
         w = mat2.linear()
     elif isinstance(mat2, tilejit.PackedWeight):
         w = mat2
     else:
-        _tensor("mat2", mat2)
+        _tensor("mat2", mat2, op)
         w = tilejit.pack_weight(mat2)
     x, lead = _flatten_rows(mat1)
     out = torch.empty((x.shape[0], w.n), dtype=torch.bfloat16)
-    _core("weight_packed_linear", "tilejit.gemm's x is mat1, w is mat2", tilejit.gemm, x, w,
-          out=out, bias=bias)
+    _core(op, "tilejit.gemm's x is mat1, w is mat2", tilejit.gemm, x, w, out=out, bias=bias)
     return _unflatten_rows(out, lead)
 
 
@@ -84,7 +84,8 @@ def bmm_cpu(out, mat1, mat2, is_vnni=True, scale=None):
     """
     op = "bmm_cpu"
     for arg, t in (("out", out), ("mat1", mat1)):
-        _tensor(arg, t)
+        _tensor(arg, t, op)
+    _flag(op, "is_vnni", is_vnni)
     _no_f16(op, out=out, mat1=mat1, mat2=getattr(mat2, "weight", mat2))
     _need(scale is None, f"{op}: scale is given (sgl-kernel's fp8 mat2); allowed: None, with a "
           "bf16 mat2 (dequantize fp8 w_kc / w_vc to bf16 once at load)")
@@ -94,7 +95,7 @@ def bmm_cpu(out, mat1, mat2, is_vnni=True, scale=None):
     if isinstance(mat2, PackedWeight):
         w = mat2.batched()
     else:
-        _tensor("mat2", mat2)
+        _tensor("mat2", mat2, op)
         _need(mat2.dim() == 3 and mat2.dtype == torch.bfloat16,
               f"{op}: mat2 has shape {tuple(mat2.shape)} and dtype {mat2.dtype}; allowed: "
               "bf16 [B, N, K], or convert_weight_packed of one")
@@ -117,7 +118,7 @@ def _out_dtype(op, v):
 def _mat1(op, mat1, dtypes=(torch.bfloat16,)):
     """mat1 checked (a tensor, dtype, 2 dims or more) and flattened by
     :func:`_flatten_rows`: (x [M, K], leading shape)."""
-    _tensor("mat1", mat1)
+    _tensor("mat1", mat1, op)
     _no_f16(op, mat1=mat1)
     _need(mat1.dtype in dtypes, f"{op}: mat1.dtype={mat1.dtype}; allowed: "
           + ", ".join(str(d) for d in dtypes))
@@ -128,7 +129,9 @@ def _mat1(op, mat1, dtypes=(torch.bfloat16,)):
 
 def _weight2d(op, mat2, is_vnni, dtype, k, what):
     """(holder or None, the weight tensor [N, K]) of a quantized linear call,
-    checked: dtype, 2-D, K equal to mat1's."""
+    checked: is_vnni a bool (each quantized op passes its own here), dtype,
+    2-D, K equal to mat1's."""
+    _flag(op, "is_vnni", is_vnni)
     holder = mat2 if isinstance(mat2, PackedWeight) else None
     _need(holder is not None or isinstance(mat2, torch.Tensor), f"{op}: mat2 is a "
           f"{type(mat2).__name__}; allowed: what tilejit.sgl.convert_weight_packed returned, "
@@ -147,7 +150,7 @@ def _weight2d(op, mat2, is_vnni, dtype, k, what):
 
 
 def _f32_scales(op, arg, s, shape, what):
-    _tensor(arg, s)
+    _tensor(arg, s, op)
     _need(s.dtype == torch.float32, f"{op}: {arg}.dtype={s.dtype}; allowed: torch.float32")
     ok = s.numel() == shape[0] if len(shape) == 1 else tuple(s.shape) == shape
     _need(ok, f"{op}: {arg} has shape {tuple(s.shape)}; allowed: {what}")
@@ -169,7 +172,7 @@ def _int8_packed(op, mat2, is_vnni, scales2, k):
 
 
 def _bias(op, bias, n):
-    _opt_tensor("bias", bias)
+    _opt_tensor("bias", bias, op)
     if bias is None:
         return None
     _no_f16(op, bias=bias)
@@ -240,7 +243,7 @@ def int8_scaled_mm_cpu(mat1, mat2, scales1, scales2, bias=None, out_dtype=torch.
     :func:`int8_scaled_mm_with_quant`.
     """
     op = "int8_scaled_mm_cpu"
-    _tensor("mat1", mat1)
+    _tensor("mat1", mat1, op)
     _need(mat1.dtype in (torch.uint8, torch.int8), f"{op}: mat1.dtype={mat1.dtype}; allowed: "
           "torch.uint8 (codes q + 128, as per_token_quant_int8_cpu returns) or torch.int8 (q)")
     _need(mat1.dim() >= 2, f"{op}: mat1 has shape {tuple(mat1.shape)}; allowed: [M, K]")
@@ -276,7 +279,7 @@ def per_token_quant_int8_cpu(A):
     :func:`int8_scaled_mm_with_quant` on A directly (one tilejit kernel).
     A NaN gives an unspecified code (as in sgl-kernel)."""
     op = "per_token_quant_int8_cpu"
-    _tensor("A", A)
+    _tensor("A", A, op)
     _need(A.dtype in (torch.bfloat16, torch.float16), f"{op}: A.dtype={A.dtype}; allowed: "
           "torch.bfloat16, torch.float16")
     _need(A.dim() == 2, f"{op}: A has shape {tuple(A.shape)}; allowed: [M, K]")

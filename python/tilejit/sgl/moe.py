@@ -8,7 +8,7 @@ import torch
 
 import tilejit
 
-from ._common import _MISSING, _bind, _core, _i32, _is_bool, _is_int, _need, _no_f16, \
+from ._common import _MISSING, _bind, _core, _flag, _i32, _is_bool, _is_int, _need, _no_f16, \
     _opt_tensor, _tensor
 from .packed_weight import PackedWeight
 
@@ -207,10 +207,14 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     """
     op = "fused_experts_cpu"
     a = _bind(op, _fe_schema(args, kwargs), _FE_DEFAULTS, args, kwargs)
-    _tensor("hidden_states", hidden_states)
-    _tensor("topk_weights", topk_weights)
+    _tensor("hidden_states", hidden_states, op)
+    _tensor("topk_weights", topk_weights, op)
     for name in ("w1_scale", "w2_scale", "w1_zero", "w2_zero", "w1_bias", "w2_bias"):
-        _opt_tensor(name, a.get(name))
+        _opt_tensor(name, a.get(name), op)
+    # Every schema's bools; is_vnni is not read (a packed weight is used as such), but
+    # is_vnni="x" is as wrong as inplace="x".
+    _flag(op, "inplace", inplace)
+    _flag(op, "is_vnni", a["is_vnni"])
     int4_route, quant = None, None
     if "moe_comp_method" in a:
         m = a["moe_comp_method"]
@@ -242,7 +246,8 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
                 _need(a.get(name) is None, f"{op}: {name} given with moe_comp_method={m} "
                       f"({_MOE_METHODS[m]}); allowed: None (zero points belong to int4 weights)")
     else:
-        use_int8, use_fp8 = bool(a["use_int8_w8a8"]), bool(a["use_fp8_w8a16"])
+        use_int8 = _flag(op, "use_int8_w8a8", a["use_int8_w8a8"])
+        use_fp8 = _flag(op, "use_fp8_w8a16", a["use_fp8_w8a16"])
         quant = "use_int8_w8a8=True" if use_int8 else "use_fp8_w8a16=True"
         a1_scale, a2_scale = a["a1_scale"], a["a2_scale"]
     act = a.get("activation")
@@ -261,7 +266,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     bs = a["block_size"]
     w13 = _expert_pack(w1, "gate_up", "w1", use_int8, use_fp8, a["w1_scale"], bs, quant)
     w2p = _expert_pack(w2, "down", "w2", use_int8, use_fp8, a["w2_scale"], bs, quant)
-    ids = _i32("topk_ids", topk_ids)
+    ids = _i32("topk_ids", topk_ids, op)
     weights = topk_weights.to(torch.float32)
     neg = ids < 0
     if bool(neg.any()):

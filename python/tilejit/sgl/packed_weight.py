@@ -103,7 +103,7 @@ def convert_weight_packed(weight):
     :func:`int8_scaled_mm_cpu` / :func:`fp8_scaled_mm_cpu` with the call's
     scales2 (packed again when a later call's scales2 holds other values).
     """
-    _tensor("weight", weight)
+    _tensor("weight", weight, "convert_weight_packed")
     _need(weight.dim() in (2, 3), f"convert_weight_packed: weight has {weight.dim()} dims "
           f"(shape {tuple(weight.shape)}); allowed: 2 ([N, K]) or 3 ([E, rows, cols])")
     return PackedWeight(weight)

@@ -7,7 +7,7 @@ import torch
 
 import tilejit
 
-from ._common import _core, _is_int, _need, _no_f16, _tensor
+from ._common import _core, _flag, _is_int, _need, _no_f16, _tensor
 
 
 def _in_place_view(op, arg, x, shape):
@@ -67,6 +67,7 @@ def rotary_embedding_cpu(positions, query, key, head_size, cos_sin_cache, is_neo
     k = _heads(op, "key", key, head_size)
     _tensor("positions", positions, op)
     _cache(op, cos_sin_cache)
+    _flag(op, "is_neox", is_neox)
     _no_f16(op, query=query, key=key, cos_sin_cache=cos_sin_cache)
     if query.dim() == 3:
         q, k = q.clone(), k.clone()
@@ -92,6 +93,8 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
     k = _heads(op, "key", key, head_size)
     _tensor("positions", positions, op)
     _cache(op, cos_sin_cache)
+    _flag(op, "mrope_interleaved", mrope_interleaved)
+    _flag(op, "is_neox", is_neox)
     _no_f16(op, query=query, key=key, cos_sin_cache=cos_sin_cache)
     style = "neox" if is_neox else "gptj"
     rd = cos_sin_cache.shape[1]
@@ -110,7 +113,7 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
         _need(sections is not None, f"{op}: mrope_section={mrope_section!r}; allowed: a list "
               "of ints (frequency counts per position row)")
         _core(op, _ROPE_NOTE, tilejit.rope, q, k, positions, cos_sin_cache, style=style,
-              rotary_dim=rd, mrope_section=sections, mrope_interleaved=bool(mrope_interleaved))
+              rotary_dim=rd, mrope_section=sections, mrope_interleaved=mrope_interleaved)
     return query, key
 
 

@@ -7,34 +7,43 @@ import torch
 
 import tilejit
 
-from ._common import _need, _tensor
+from ._common import _core, _flag, _need, _tensor
 
 
-def _router_out(gating_output, topk):
-    _tensor("gating_output", gating_output)
+def _router_out(op, gating_output, topk, renormalize):
+    """The empty (topk_weights, topk_ids) of a router call, its arguments
+    checked first (every router's: gating_output, topk, renormalize)."""
+    _tensor("gating_output", gating_output, op)
     try:
         k = operator.index(topk)  # int, numpy and 0-d torch integers
     except TypeError:
         k = 0
-    _need(k >= 1, f"topk={topk!r}; allowed: an integer >= 1")
+    _need(k >= 1, f"{op}: topk={topk!r}; allowed: an integer >= 1")
+    _flag(op, "renormalize", renormalize)
     _need(gating_output.dim() == 2,
-          f"gating_output has shape {tuple(gating_output.shape)}; allowed: [T, E]")
+          f"{op}: gating_output has shape {tuple(gating_output.shape)}; allowed: [T, E]")
     t = gating_output.shape[0]
     return (torch.empty((t, topk), dtype=torch.float32),
             torch.empty((t, topk), dtype=torch.int32))
+
+
+# The _core note of the routers: the core's argument names in sgl-kernel's terms (k is
+# topk; topk_weights / topk_ids are what the op returns, allocated here).
+_NOTE = ("tilejit's logits are gating_output, its topk_weights / topk_ids [T, topk] the "
+         "returned pair")
 
 
 def _logits(g):
     return g if g.dtype in (torch.float32, torch.bfloat16) else g.to(torch.float32)
 
 
-def _mask_padded(w, ids, num_token_non_padded):
+def _mask_padded(op, w, ids, num_token_non_padded):
     # sglang's _mask_topk_ids_padded_region: tokens past the real ones get id -1.
     if num_token_non_padded is not None:
         n = int(num_token_non_padded)
         # ids[n:] with n < 0 would mask only the last -n tokens (Python's
         # negative index), not sglang's "every token from n on".
-        _need(n >= 0, f"num_token_non_padded={n}; allowed: >= 0 (the count of real tokens)")
+        _need(n >= 0, f"{op}: num_token_non_padded={n}; allowed: >= 0 (the count of real tokens)")
         ids[n:] = -1
     return w, ids
 
@@ -44,32 +53,35 @@ def topk_softmax_cpu(hidden_states, gating_output, topk, renormalize):
     renormalize) -> (topk_weights f32, topk_ids int32)``: softmax over the E
     experts, the topk best. hidden_states is unused (as in sgl-kernel: only
     its token count matters). Any E (sgl-kernel: a fixed list)."""
-    w, ids = _router_out(gating_output, topk)
-    tilejit.topk_softmax(_logits(gating_output), w, ids, renormalize=renormalize)
+    op = "topk_softmax_cpu"
+    w, ids = _router_out(op, gating_output, topk, renormalize)
+    _core(op, _NOTE, tilejit.topk_softmax, _logits(gating_output), w, ids,
+          renormalize=renormalize)
     return w, ids
 
 
 def topk_sigmoid_cpu(hidden_states, gating_output, topk, renormalize):
     """sgl-kernel ``topk_sigmoid_cpu``: sigmoid per expert, the topk best,
     optionally renormalized. hidden_states is unused."""
-    w, ids = _router_out(gating_output, topk)
-    tilejit.topk_sigmoid(_logits(gating_output), w, ids, renormalize=renormalize)
+    op = "topk_sigmoid_cpu"
+    w, ids = _router_out(op, gating_output, topk, renormalize)
+    _core(op, _NOTE, tilejit.topk_sigmoid, _logits(gating_output), w, ids,
+          renormalize=renormalize)
     return w, ids
 
 
-def _grouped(score, hidden_states, gating_output, correction_bias, topk, renormalize,
+def _grouped(op, score, hidden_states, gating_output, correction_bias, topk, renormalize,
              num_expert_group, topk_group, num_fused_shared_experts, routed_scaling_factor,
              num_token_non_padded):
     _need(int(num_fused_shared_experts) == 0,
-          f"num_fused_shared_experts={num_fused_shared_experts}; allowed: 0 (pass the shared "
+          f"{op}: num_fused_shared_experts={num_fused_shared_experts}; allowed: 0 (pass the shared "
           "expert to tilejit.fused_experts as shared_w13 / shared_w2 instead)")
-    w, ids = _router_out(gating_output, topk)
+    w, ids = _router_out(op, gating_output, topk, renormalize)
     bias = None if correction_bias is None else correction_bias.to(torch.float32).contiguous()
-    tilejit.grouped_topk(_logits(gating_output), w, ids, score=score,
-                         num_expert_group=num_expert_group, topk_group=topk_group,
-                         renormalize=renormalize, routed_scaling_factor=1.0,
-                         correction_bias=bias)
-    return _mask_padded(w, ids, num_token_non_padded)
+    _core(op, _NOTE, tilejit.grouped_topk, _logits(gating_output), w, ids, score=score,
+          num_expert_group=num_expert_group, topk_group=topk_group, renormalize=renormalize,
+          routed_scaling_factor=1.0, correction_bias=bias)
+    return _mask_padded(op, w, ids, num_token_non_padded)
 
 
 def grouped_topk_cpu(hidden_states, gating_output, topk, renormalize, num_expert_group,
@@ -83,10 +95,11 @@ def grouped_topk_cpu(hidden_states, gating_output, topk, renormalize, num_expert
     num_token_non_padded: tokens from that index on get id -1 (sglang's
     rule; sgl-kernel refuses the argument). Any E, group count and k
     (sgl-kernel: fixed sizes)."""
+    op = "grouped_topk_cpu"
     _need(routed_scaling_factor is None or float(routed_scaling_factor) == 1.0,
-          f"grouped_topk_cpu: routed_scaling_factor={routed_scaling_factor!r}; allowed: None "
+          f"{op}: routed_scaling_factor={routed_scaling_factor!r}; allowed: None "
           "or 1.0 (as sgl-kernel: the weights are not scaled by this op)")
-    return _grouped("softmax", hidden_states, gating_output, None, topk, renormalize,
+    return _grouped(op, "softmax", hidden_states, gating_output, None, topk, renormalize,
                     num_expert_group, topk_group, num_fused_shared_experts,
                     routed_scaling_factor, num_token_non_padded)
 
@@ -101,7 +114,8 @@ def biased_grouped_topk_cpu(hidden_states, gating_output, correction_bias, topk,
     sgl-kernel's topk.cpp (sglang uses it only to weight fused shared
     experts, which are refused: ``num_fused_shared_experts`` must be 0).
     Otherwise as :func:`grouped_topk_cpu`."""
-    _tensor("correction_bias", correction_bias)
-    return _grouped("sigmoid", hidden_states, gating_output, correction_bias, topk,
+    op = "biased_grouped_topk_cpu"
+    _tensor("correction_bias", correction_bias, op)
+    return _grouped(op, "sigmoid", hidden_states, gating_output, correction_bias, topk,
                     renormalize, num_expert_group, topk_group, num_fused_shared_experts,
                     routed_scaling_factor, num_token_non_padded)
