@@ -7,6 +7,22 @@
 using namespace tilejit;
 using namespace tilejit::c_api;
 
+namespace {
+// The counters both C stats structs hold (tilejit_cache_stats and the
+// growable tilejit_cache_stats_ex), from one CacheStats.
+template <class C>
+void fill_counters(const CacheStats& s, C& o) {
+  o.hits = s.hits;
+  o.misses = s.misses;
+  o.compiles = s.compiles;
+  o.compile_seconds = s.compile_seconds;
+  o.kernels = s.kernels;
+  o.disk_loads = s.disk_loads;
+  o.disk_stores = s.disk_stores;
+  o.tuned_plans = s.tuned_plans;
+}
+}  // namespace
+
 extern "C" {
 
 tilejit_status tilejit_get_cpu_info(tilejit_cpu_info* out) {
@@ -37,18 +53,7 @@ tilejit_status tilejit_get_cpu_info(tilejit_cpu_info* out) {
 }
 
 tilejit_status tilejit_get_cache_stats(tilejit_cache_stats* out) {
-  return call(__func__, [&] {
-    tilejit_cache_stats& o = deref(out, "out");
-    const CacheStats s = cache_stats();
-    o.hits = s.hits;
-    o.misses = s.misses;
-    o.compiles = s.compiles;
-    o.compile_seconds = s.compile_seconds;
-    o.kernels = s.kernels;
-    o.disk_loads = s.disk_loads;
-    o.disk_stores = s.disk_stores;
-    o.tuned_plans = s.tuned_plans;
-  });
+  return call(__func__, [&] { fill_counters(cache_stats(), deref(out, "out")); });
 }
 
 tilejit_status tilejit_get_cache_stats_ex(tilejit_cache_stats_ex* out) {
@@ -62,14 +67,7 @@ tilejit_status tilejit_get_cache_stats_ex(tilejit_cache_stats_ex* out) {
                       "; allowed: " + std::to_string(sizeof(tilejit_cache_stats_ex)) +
                       " (sizeof(tilejit_cache_stats_ex))");
     const CacheStats s = cache_stats();
-    o.hits = s.hits;
-    o.misses = s.misses;
-    o.compiles = s.compiles;
-    o.compile_seconds = s.compile_seconds;
-    o.kernels = s.kernels;
-    o.disk_loads = s.disk_loads;
-    o.disk_stores = s.disk_stores;
-    o.tuned_plans = s.tuned_plans;
+    fill_counters(s, o);
     o.disk_evictions = s.disk_evictions;
   });
 }

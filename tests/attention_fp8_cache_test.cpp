@@ -566,7 +566,9 @@ TEST_F(Fp8Decode, EveryCodeReadExactly) {
 }
 
 // store_kv writes the cache decode then reads: the path an engine takes.
-TEST_F(Fp8Decode, StoreThenDecode) {
+// 40 tokens of random values into a cache of `code` with scales s, blocks in
+// reverse order; decode against the reference on the stored codes' values.
+void store_then_decode(DType code, const KvCacheScales& s) {
   const int64_t hkv = 2, hq = 4, d = 128, bs = 16, len = 40;
   const auto k = random_bf16(static_cast<size_t>(len * hkv * d), 21, -2, 2);
   const auto v = random_bf16(static_cast<size_t>(len * hkv * d), 22, -1, 1);
@@ -574,32 +576,27 @@ TEST_F(Fp8Decode, StoreThenDecode) {
   std::vector<int32_t> slots;
   for (int64_t t = 0; t < len; ++t)
     slots.push_back(static_cast<int32_t>((2 - t / bs) * bs + t % bs));
-  KvCacheScales s;
-  s.k_scale = 2.0f / 448, s.v_scale = 1.0f / 448;
   store_kv(TensorView(k.data(), DType::bf16, {len, hkv, d}),
            TensorView(v.data(), DType::bf16, {len, hkv, d}),
-           TensorView(kc.data(), DType::f8e4m3, {3, bs, hkv, d}),
-           TensorView(vc.data(), DType::f8e4m3, {3, bs, hkv, d}),
+           TensorView(kc.data(), code, {3, bs, hkv, d}),
+           TensorView(vc.data(), code, {3, bs, hkv, d}),
            TensorView(slots.data(), DType::i32, {len}), s);
   const auto q = random_bf16(static_cast<size_t>(hq * d), 23, -2, 2);
   std::vector<uint16_t> out(static_cast<size_t>(hq * d));
   std::vector<int32_t> table = {2, 1, 0}, lens = {static_cast<int32_t>(len)};
   AttentionOptions opt;
   opt.kv_scales = s;
-  decode_attention(TensorView(q.data(), DType::bf16, {1, hq, d}),
-                   TensorView(kc.data(), DType::f8e4m3, {3, bs, hkv, d}),
-                   TensorView(vc.data(), DType::f8e4m3, {3, bs, hkv, d}),
-                   TensorView(out.data(), DType::bf16, {1, hq, d}),
-                   TensorView(table.data(), DType::i32, {1, 3}),
-                   TensorView(lens.data(), DType::i32, {1}), opt);
-  // Against the reference on the stored codes' values.
+  decode_attention(
+      TensorView(q.data(), DType::bf16, {1, hq, d}), TensorView(kc.data(), code, {3, bs, hkv, d}),
+      TensorView(vc.data(), code, {3, bs, hkv, d}), TensorView(out.data(), DType::bf16, {1, hq, d}),
+      TensorView(table.data(), DType::i32, {1, 3}), TensorView(lens.data(), DType::i32, {1}), opt);
   double max_v = 0;
-  for (uint8_t c : vc) max_v = std::max(max_v, std::fabs(e4m3_value(c) * s.v_scale));
+  for (uint8_t c : vc) max_v = std::max(max_v, std::fabs(code_value(code, c) * s.v_scale));
   for (int64_t h = 0; h < hq; ++h) {
     runtime::ReferenceAttentionHead rh;
     rh.tq = 1, rh.tk = len, rh.d = d, rh.dv = d, rh.sm_scale = 1.0 / std::sqrt(double(d));
     auto at = [&](const std::vector<uint8_t>& c, double sc, int64_t j, int64_t col) {
-      return e4m3_value(c[(slots[j] * hkv + h / 2) * d + col]) * sc;
+      return code_value(code, c[(slots[j] * hkv + h / 2) * d + col]) * sc;
     };
     rh.q_at = [&](int64_t, int64_t c) { return double(bf16_to_f32(q[h * d + c])); };
     rh.k_at = [&](int64_t j, int64_t c) { return at(kc, s.k_scale, j, c); };
@@ -611,6 +608,12 @@ TEST_F(Fp8Decode, StoreThenDecode) {
     };
     runtime::reference_attention_head(rh);
   }
+}
+
+TEST_F(Fp8Decode, StoreThenDecode) {
+  KvCacheScales s;
+  s.k_scale = 2.0f / 448, s.v_scale = 1.0f / 448;
+  store_then_decode(DType::f8e4m3, s);
 }
 
 // ---------------------------------------------------------------------------
@@ -701,7 +704,7 @@ TEST_F(Fp8Decode, E5m2EveryCodeReadExactly) {
 // Inf code: vLLM's and CUDA's SATFINITE), NaN is 0x7F; then decode reads
 // what was stored against the reference on the stored codes' values.
 TEST_F(Fp8Decode, E5m2StoreRoundTripSaturationThenDecode) {
-  const int64_t hkv = 2, hq = 4, d = 128, bs = 16;
+  const int64_t hkv = 2, d = 128, bs = 16;
   // Token 0: every finite code's value (a power-of-two scale: exact in bf16);
   // token 1: midpoints of neighbouring normal codes (ties), then the
   // saturating and special values.
@@ -748,49 +751,9 @@ TEST_F(Fp8Decode, E5m2StoreRoundTripSaturationThenDecode) {
   for (int64_t e = 0; e < hkv * d; ++e) EXPECT_EQ(kc[e], 0xAA) << "slot 0 written";
 
   // Decode over the cache store_kv filled (40 tokens of random values).
-  const int64_t len = 40;
-  const auto kr = random_bf16(static_cast<size_t>(len * hkv * d), 21, -2, 2);
-  const auto vr = random_bf16(static_cast<size_t>(len * hkv * d), 22, -1, 1);
-  std::vector<uint8_t> kc3(static_cast<size_t>(3 * bs * hkv * d)), vc3(kc3.size());
-  std::vector<int32_t> slots3;
-  for (int64_t t = 0; t < len; ++t)
-    slots3.push_back(static_cast<int32_t>((2 - t / bs) * bs + t % bs));
   KvCacheScales s3;
   s3.k_scale = 3.0f / 57344, s3.v_scale = 1.0f / 4096;
-  store_kv(TensorView(kr.data(), DType::bf16, {len, hkv, d}),
-           TensorView(vr.data(), DType::bf16, {len, hkv, d}),
-           TensorView(kc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
-           TensorView(vc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
-           TensorView(slots3.data(), DType::i32, {len}), s3);
-  const auto q = random_bf16(static_cast<size_t>(hq * d), 23, -2, 2);
-  std::vector<uint16_t> out(static_cast<size_t>(hq * d));
-  std::vector<int32_t> table = {2, 1, 0}, lens = {static_cast<int32_t>(len)};
-  AttentionOptions opt;
-  opt.kv_scales = s3;
-  decode_attention(TensorView(q.data(), DType::bf16, {1, hq, d}),
-                   TensorView(kc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
-                   TensorView(vc3.data(), DType::f8e5m2, {3, bs, hkv, d}),
-                   TensorView(out.data(), DType::bf16, {1, hq, d}),
-                   TensorView(table.data(), DType::i32, {1, 3}),
-                   TensorView(lens.data(), DType::i32, {1}), opt);
-  double max_v = 0;
-  for (uint8_t c : vc3) max_v = std::max(max_v, std::fabs(e5m2_value(c) * s3.v_scale));
-  for (int64_t h = 0; h < hq; ++h) {
-    runtime::ReferenceAttentionHead rh;
-    rh.tq = 1, rh.tk = len, rh.d = d, rh.dv = d, rh.sm_scale = 1.0 / std::sqrt(double(d));
-    auto at = [&](const std::vector<uint8_t>& c, double sc, int64_t j, int64_t col) {
-      return e5m2_value(c[(slots3[j] * hkv + h / 2) * d + col]) * sc;
-    };
-    rh.q_at = [&](int64_t, int64_t c) { return double(bf16_to_f32(q[h * d + c])); };
-    rh.k_at = [&](int64_t j, int64_t c) { return at(kc3, s3.k_scale, j, c); };
-    rh.v_at = [&](int64_t j, int64_t c) { return at(vc3, s3.v_scale, j, c); };
-    rh.out = [&](int64_t, int64_t c, double ref) {
-      ASSERT_LE(std::fabs(bf16_to_f32(out[h * d + c]) - ref),
-                runtime::attention_output_bound(max_v, ref))
-          << h << " " << c;
-    };
-    runtime::reference_attention_head(rh);
-  }
+  store_then_decode(DType::f8e5m2, s3);
 }
 
 // ---------------------------------------------------------------------------
