@@ -519,11 +519,14 @@ TEST_F(Fp8Decode, NanCodes) {
   for (int64_t c = 0; c < d; ++c) EXPECT_EQ(std::isnan(bf16_to_f32(out[c])), c == 7) << c;
 }
 
-// One pass of EveryCodeReadExactly under the calling thread's MXCSR.
-void every_code_read_exactly() {
+// One pass of EveryCodeReadExactly under the calling thread's MXCSR: every
+// code of the format in V (NaN codes included: NaN in their column only;
+// e5m2's Inf codes: ±Inf), one key of 1.0.
+void every_code_read_exactly(DType code) {
   const int64_t d = 64, dv = 256, bs = 16;
-  std::vector<uint8_t> kc(static_cast<size_t>(bs * d), 0x38), vc(static_cast<size_t>(bs * dv));
-  for (int64_t c = 0; c < dv; ++c) vc[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
+  const uint8_t one = code == DType::f8e5m2 ? 0x3C : 0x38;
+  std::vector<uint8_t> kc(static_cast<size_t>(bs * d), one), vc(static_cast<size_t>(bs * dv));
+  for (int64_t c = 0; c < dv; ++c) vc[c] = static_cast<uint8_t>(c);
   std::vector<int32_t> table = {0}, lens = {1};
   const auto q = random_bf16(static_cast<size_t>(2 * d), 31, -1, 1);
   std::vector<uint16_t> out(static_cast<size_t>(2 * dv));
@@ -531,38 +534,45 @@ void every_code_read_exactly() {
     AttentionOptions opt;
     opt.kv_scales.v_scale = vs;
     decode_attention(TensorView(q.data(), DType::bf16, {1, 2, d}),
-                     TensorView(kc.data(), DType::f8e4m3, {1, bs, 1, d}),
-                     TensorView(vc.data(), DType::f8e4m3, {1, bs, 1, dv}),
+                     TensorView(kc.data(), code, {1, bs, 1, d}),
+                     TensorView(vc.data(), code, {1, bs, 1, dv}),
                      TensorView(out.data(), DType::bf16, {1, 2, dv}),
                      TensorView(table.data(), DType::i32, {1, 1}),
                      TensorView(lens.data(), DType::i32, {1}), opt);
     for (int64_t h = 0; h < 2; ++h)
-      for (int64_t c = 0; c < dv; ++c)
-        ASSERT_EQ(bf16_to_f32(out[h * dv + c]), static_cast<float>(e4m3_value(vc[c]) * vs))
-            << "code 0x" << std::hex << int(vc[c]);
+      for (int64_t c = 0; c < dv; ++c) {
+        const double want = code_value(code, vc[c]) * vs;
+        const float got = bf16_to_f32(out[h * dv + c]);
+        if (std::isnan(want))
+          ASSERT_TRUE(std::isnan(got)) << "code 0x" << std::hex << int(vc[c]);
+        else
+          ASSERT_EQ(got, static_cast<float>(want)) << "code 0x" << std::hex << int(vc[c]);
+      }
   }
 }
 
-// Every finite code through the kernel's conversion, bit for bit: one
-// visible key has weight exactly 1, so out = v · v_scale exactly (a power of
-// two), while the attention bound alone would not see a wrong subnormal. The
-// second pass runs with the caller's MXCSR.DAZ and FTZ set (engines do: torch's
-// set_flush_denormal), on one thread so the kernel runs under that MXCSR: the
-// conversion must not go through f32 subnormals (the llvm path's on AVX2
-// hosts did, and read every subnormal code as 0).
+// Every code of both formats through the kernel's conversion, bit for bit:
+// one visible key has weight exactly 1, so out = v · v_scale exactly (a
+// power of two), while the attention bound alone would not see a wrong
+// subnormal. The second pass runs with the caller's MXCSR.DAZ and FTZ set
+// (engines do: torch's set_flush_denormal), on one thread so the kernel
+// runs under that MXCSR: the conversion must not go through f32 subnormals
+// (the llvm path's on AVX2 hosts did, and read every subnormal code as 0).
 TEST_F(Fp8Decode, EveryCodeReadExactly) {
-  for (const bool daz : {false, true}) {
-    SCOPED_TRACE(daz ? "MXCSR DAZ + FTZ" : "MXCSR default");
-    const unsigned saved_csr = _mm_getcsr();
-    const int saved_threads = num_threads();
-    if (daz) {
-      set_num_threads(1);
-      _mm_setcsr(saved_csr | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+  for (const DType code : {DType::f8e4m3, DType::f8e5m2})
+    for (const bool daz : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(code)) + (daz ? ", MXCSR DAZ + FTZ" : ", MXCSR default"));
+      const unsigned saved_csr = _mm_getcsr();
+      const int saved_threads = num_threads();
+      if (daz) {
+        set_num_threads(1);
+        _mm_setcsr(saved_csr | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+      }
+      every_code_read_exactly(code);
+      _mm_setcsr(saved_csr);
+      set_num_threads(saved_threads);
+      if (HasFatalFailure()) return;
     }
-    every_code_read_exactly();
-    _mm_setcsr(saved_csr);
-    set_num_threads(saved_threads);
-  }
 }
 
 // store_kv writes the cache decode then reads: the path an engine takes.
@@ -653,49 +663,6 @@ TEST_F(Fp8Extend, E5m2BothModesOptionsMla) {
     SCOPED_TRACE("case " + std::to_string(which));
     run_fp8(p, true, which == 3 ? 2 : 0);
     if (HasFatalFailure()) return;
-  }
-}
-
-// Every e5m2 code through each path's conversion, bit for bit (one visible
-// key of weight 1: out = v · v_scale exactly), ±Inf and NaN codes included:
-// a V column holding ±Inf outputs ±Inf, a NaN code NaN. Under the default
-// MXCSR and under DAZ + FTZ (the subnormal codes must not read as 0).
-TEST_F(Fp8Decode, E5m2EveryCodeReadExactly) {
-  const int64_t d = 64, dv = 256, bs = 16;
-  std::vector<uint8_t> kc(static_cast<size_t>(bs * d), 0x3C), vc(static_cast<size_t>(bs * dv));
-  for (int64_t c = 0; c < dv; ++c) vc[c] = static_cast<uint8_t>(c);  // every code
-  std::vector<int32_t> table = {0}, lens = {1};
-  const auto q = random_bf16(static_cast<size_t>(2 * d), 31, -1, 1);
-  std::vector<uint16_t> out(static_cast<size_t>(2 * dv));
-  for (const bool daz : {false, true}) {
-    SCOPED_TRACE(daz ? "MXCSR DAZ + FTZ" : "MXCSR default");
-    const unsigned saved_csr = _mm_getcsr();
-    const int saved_threads = num_threads();
-    if (daz) {
-      set_num_threads(1);
-      _mm_setcsr(saved_csr | 0x8040);
-    }
-    for (float vs : {1.0f, 0.125f}) {
-      AttentionOptions opt;
-      opt.kv_scales.v_scale = vs;
-      decode_attention(TensorView(q.data(), DType::bf16, {1, 2, d}),
-                       TensorView(kc.data(), DType::f8e5m2, {1, bs, 1, d}),
-                       TensorView(vc.data(), DType::f8e5m2, {1, bs, 1, dv}),
-                       TensorView(out.data(), DType::bf16, {1, 2, dv}),
-                       TensorView(table.data(), DType::i32, {1, 1}),
-                       TensorView(lens.data(), DType::i32, {1}), opt);
-      for (int64_t h = 0; h < 2; ++h)
-        for (int64_t c = 0; c < dv; ++c) {
-          const double want = e5m2_value(vc[c]) * vs;
-          const float got = bf16_to_f32(out[h * dv + c]);
-          if (std::isnan(want))
-            EXPECT_TRUE(std::isnan(got)) << "code 0x" << std::hex << int(vc[c]);
-          else
-            EXPECT_EQ(got, static_cast<float>(want)) << "code 0x" << std::hex << int(vc[c]);
-        }
-    }
-    _mm_setcsr(saved_csr);
-    set_num_threads(saved_threads);
   }
 }
 
