@@ -620,7 +620,7 @@ def ref_grouped(scores, bias, k, groups, topk_group, renormalize):
 
 def test_router_and_rope_argument_errors():
     logits = rnd((4, 8), 75, dtype=torch.float32)
-    for bad in (-1, 0, 2.5):
+    for bad in (-1, 0, 2.5, True):  # True: operator.index read it as 1
         with pytest.raises(tilejit.Error, match=f"topk={bad!r}; allowed: an integer >= 1"):
             sgl.topk_softmax_cpu(None, logits, bad, True)
     # A 4-D query whose [B, S] cannot be merged into one token dim (rotated in place).
@@ -1659,3 +1659,224 @@ def test_every_shim_error_carries_the_op_name():
                     lambda: sgl.biased_grouped_topk_cpu(None, logits, logits[0], 2, True, 3,
                                                         1))):
         assert raised(fn).startswith(op)
+
+
+# ---- numeric scalar arguments ----------------------------------------------------------
+
+# What sglang's CPU call sites pass (python/sglang/srt/layers: the attention
+# backends' layer.logit_cap / sliding_window_size, the routers' config values,
+# GPT-OSS's gemm1_alpha / gemm1_clamp_limit): Python ints and floats, None
+# where the schema defaults it; num_token_non_padded is a 0-d int32 tensor.
+_REAL = "a finite int or float"
+_CAP = "0 (off) or a finite int or float > 0"
+
+
+def scalar_arg_calls():
+    """(op, argument, kind, allowed, call(value)) for every numeric scalar
+    argument the shim reads (kind "real", "int", or "list": an entry of a list of
+    ints), each call otherwise valid."""
+    x, w1, w2, tw, ti = moe_case(190)
+    logits = rnd((4, 8), 191, dtype=torch.float32)
+    bias = rnd((8,), 192, dtype=torch.float32)
+    qa, cu = rnd((4, 2, 64), 193), torch.tensor([0, 4], dtype=torch.int32)
+    r2t, rpi, kb, vb, qd, key, value, loc, lens = decode_case(194)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    ext, start = torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2])
+    cache = rnd((16, 64), 195, dtype=torch.float32)
+    pos3 = torch.zeros(3, 2, dtype=torch.int64)
+    q, k = rnd((2, 128), 196), rnd((2, 64), 197)
+
+    def dec(arg):
+        return lambda v: sgl.decode_attention_cpu(
+            qd, kb.clone(), vb.clone(), out, key, value, loc, None, r2t, rpi, lens, 0.1,
+            **{"logit_cap": 0.0, arg: v})
+
+    def ext_call(arg):
+        return lambda v: sgl.extend_attention_cpu(
+            qd, key, value, out, kb, vb, r2t, rpi, lens, ext, start, 1, 0.1,
+            **{"logit_cap": 0.0, arg: v})
+
+    rsf_g = "None or 1.0 (as sgl-kernel: the weights are not scaled by this op)"
+    rsf_b = f"None or {_REAL} (accepted and not applied, as sgl-kernel)"
+    return [
+        ("flash_attn_varlen_func", "logit_cap", "real", _CAP,
+         lambda v: sgl.flash_attn_varlen_func(qa, qa, qa, cu, cu, logit_cap=v)),
+        ("flash_attn_varlen_func", "sliding_window_size", "int", "an int",
+         lambda v: sgl.flash_attn_varlen_func(qa, qa, qa, cu, cu, sliding_window_size=v)),
+        ("decode_attention_cpu", "logit_cap", "real", _CAP, dec("logit_cap")),
+        ("decode_attention_cpu", "sliding_window_size", "int", "an int",
+         dec("sliding_window_size")),
+        ("extend_attention_cpu", "logit_cap", "real", _CAP, ext_call("logit_cap")),
+        ("extend_attention_cpu", "sliding_window_size", "int", "an int",
+         ext_call("sliding_window_size")),
+        ("grouped_topk_cpu", "routed_scaling_factor", "real", rsf_g,
+         lambda v: sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, 0, v)),
+        ("biased_grouped_topk_cpu", "routed_scaling_factor", "real", rsf_b,
+         lambda v: sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, 1, 0, v)),
+        ("grouped_topk_cpu", "num_fused_shared_experts", "int", "an int",
+         lambda v: sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, v)),
+        ("biased_grouped_topk_cpu", "num_fused_shared_experts", "int", "an int",
+         lambda v: sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, 1, v)),
+        ("grouped_topk_cpu", "num_expert_group", "int", "an int",
+         lambda v: sgl.grouped_topk_cpu(None, logits, 2, True, v, 1)),
+        ("biased_grouped_topk_cpu", "topk_group", "int", "an int",
+         lambda v: sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, v)),
+        ("fused_experts_cpu", "alpha", "real", f"None or {_REAL}",
+         lambda v: sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, alpha=v, is_vnni=False)),
+        ("fused_experts_cpu", "limit", "real", f"None or {_REAL} > 0",
+         lambda v: sgl.fused_experts_cpu(x, w1, w2, tw, ti, False, limit=v, is_vnni=False)),
+        ("multimodal_rotary_embedding_cpu", "mrope_section", "list",
+         "a list of ints (frequency counts per position row)",
+         lambda v: sgl.multimodal_rotary_embedding_cpu(pos3, q.clone(), k.clone(), 64, cache,
+                                                       [v, 16])),
+    ]
+
+
+# Each refused value with the reason it was a problem before: a plain Python
+# error (str, None, a list), or silently changed (2.5 cut to 2, True read as 1
+# or 1.0, a tensor read as its value); NaN / inf reach no kernel that could use
+# them. None is refused only where it is no documented default.
+_BAD_REAL = ["x", None, True, float("nan"), float("inf"), torch.tensor(1.0), [1.0]]
+_BAD_INT = [2.5, 2.0, "2", True, torch.tensor(2), None]
+
+
+def message(fn):
+    """What fn() raises, as "tilejit.Error: ..." / "TypeError: ...", or "no error"."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is what is checked
+        return f"{'tilejit.Error' if isinstance(e, tilejit.Error) else type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.parametrize("bad", _BAD_REAL + _BAD_INT, ids=repr)
+def test_numeric_arguments_refuse_other_types(bad):
+    # Every numeric scalar argument takes its type only (_common._real /
+    # _int), the message naming the op, the argument, the value and what is
+    # allowed; all calls are checked before the assert, so one run lists them all.
+    wrong = []
+    for op, arg, kind, allowed, call in scalar_arg_calls():
+        if not any(bad is b for b in (_BAD_REAL if kind == "real" else _BAD_INT)):
+            continue
+        if bad is None and (kind == "list" or allowed.startswith("None")):
+            continue  # a documented default ([None, 16]: the list's own message)
+        shown = f"[{bad!r}, 16]" if kind == "list" else repr(bad)
+        want = f"tilejit.Error: {op}: {arg}={shown}; allowed: {allowed}"
+        got = message(lambda: call(bad))
+        if got != want:
+            wrong.append((op, arg, got))
+    assert not wrong, "\n".join(map(str, wrong))
+
+
+def test_numeric_arguments_take_what_sglang_passes():
+    # The values of sglang's CPU call sites run, and an int reads as the same
+    # float (logit_cap 30 as 30.0, limit 7 as the default 7.0).
+    x, w1, w2, tw, ti = moe_case(200)
+    logits = rnd((4, 8), 201, dtype=torch.float32)
+    bias = rnd((8,), 202, dtype=torch.float32)
+    qa, cu = rnd((4, 2, 64), 203), torch.tensor([0, 4], dtype=torch.int32)
+    fa = sgl.flash_attn_varlen_func
+    for cap in (0.0, 0, 30.0, 30):
+        assert torch.equal(fa(qa, qa, qa, cu, cu, causal=True, logit_cap=cap),
+                           fa(qa, qa, qa, cu, cu, causal=True, logit_cap=float(cap)))
+    for w in (-1, 0, 2):
+        fa(qa, qa, qa, cu, cu, causal=True, sliding_window_size=w)
+    r2t, rpi, kb, vb, qd, key, value, loc, lens = decode_case(204)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    for cap, w in ((0.0, -1), (50, 3), (50.0, 0)):
+        sgl.decode_attention_cpu(qd, kb.clone(), vb.clone(), out, key, value, loc, None, r2t,
+                                 rpi, lens, 0.1, cap, False, w, None, None)
+        sgl.extend_attention_cpu(qd, key, value, out, kb, vb, r2t, rpi, lens,
+                                 torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2]), 1, 0.1, cap,
+                                 False, w, None, None)
+    ref = sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1)
+    for rsf in (None, 1.0, 1):
+        got = sgl.grouped_topk_cpu(None, logits, 2, True, 2, 1, 0, rsf, None)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    ref = sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, 1)
+    for rsf, ntnp in ((None, None), (2.5, torch.tensor(4, dtype=torch.int32)), (1, 4)):
+        got = sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, 1, 0, rsf, ntnp)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    # bf16 logits and bias (sglang's router output in the model dtype).
+    sgl.biased_grouped_topk_cpu(None, logits.bfloat16(), bias.bfloat16(), 2, True, 2, 1)
+    sgl.topk_softmax_cpu(None, logits.bfloat16(), 2, True)
+    fe = sgl.fused_experts_cpu
+    ref = fe(x, w1, w2, tw, ti, False, alpha=1.702, limit=7.0, is_vnni=False)
+    # Either one given is the clamped SwiGLU, the other its default.
+    for alpha, limit in ((1.702, None), (None, 7), (1.702, 7)):
+        got = fe(x, w1, w2, tw, ti, False, alpha=alpha, limit=limit, is_vnni=False)
+        assert torch.equal(got, ref), (alpha, limit)
+
+
+def test_num_token_non_padded_takes_sglangs_tensor():
+    # sglang passes ForwardBatch.num_token_non_padded, a 0-d int32 tensor; int()
+    # read a float tensor 2.7 as 2 and a str "2" as 2.
+    logits = rnd((4, 8), 205, dtype=torch.float32)
+    bias = rnd((8,), 206, dtype=torch.float32)
+    allowed = ("None, an int or a one-element integer tensor (the count of real tokens, "
+               ">= 0)")
+    for good in (2, torch.tensor(2, dtype=torch.int32), torch.tensor([2])):
+        _, ids = sgl.biased_grouped_topk_cpu(None, logits, bias, 2, True, 2, 1, 0, None, good)
+        assert bool((ids[2:] == -1).all()) and bool((ids[:2] >= 0).all())
+    for bad in (2.7, "2", True, torch.tensor(2.7), torch.tensor(True), torch.tensor([2, 3])):
+        for op, fn in (("grouped_topk_cpu", lambda: sgl.grouped_topk_cpu(
+                            None, logits, 2, True, 2, 1, 0, None, bad)),
+                       ("biased_grouped_topk_cpu", lambda: sgl.biased_grouped_topk_cpu(
+                            None, logits, bias, 2, True, 2, 1, 0, None, bad))):
+            shown = repr(bad)
+            assert message(fn) == (f"tilejit.Error: {op}: num_token_non_padded={shown}; "
+                                   f"allowed: {allowed}"), (op, bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float64, torch.float16,
+                                   torch.bool])
+def test_routers_refuse_logits_of_other_dtypes(dtype):
+    # sglang's router logits are float32 or bf16 (the gate's output); an int32
+    # tensor was silently converted to float32 and routed, so were float64
+    # (rounded) and float16.
+    logits = rnd((4, 8), 207, dtype=torch.float32)
+    bias = rnd((8,), 208, dtype=torch.float32)
+    bad = (logits * 4).to(dtype)
+    allowed = "torch.float32, torch.bfloat16"
+    calls = [
+        ("topk_softmax_cpu", "gating_output", lambda: sgl.topk_softmax_cpu(None, bad, 2, True)),
+        ("topk_sigmoid_cpu", "gating_output", lambda: sgl.topk_sigmoid_cpu(None, bad, 2, True)),
+        ("grouped_topk_cpu", "gating_output",
+         lambda: sgl.grouped_topk_cpu(None, bad, 2, True, 2, 1)),
+        ("biased_grouped_topk_cpu", "gating_output",
+         lambda: sgl.biased_grouped_topk_cpu(None, bad, bias, 2, True, 2, 1)),
+        ("biased_grouped_topk_cpu", "correction_bias",
+         lambda: sgl.biased_grouped_topk_cpu(None, logits, bias.to(dtype), 2, True, 2, 1)),
+    ]
+    for op, arg, fn in calls:
+        assert message(fn) == (f"tilejit.Error: {op}: {arg}.dtype={dtype}; allowed: "
+                               f"{allowed}"), (op, arg)
+
+
+def test_decode_attention_cpu_checks_scalars_before_storing():
+    # logit_cap, the window and sinks were read after store_kv had written the
+    # new token: an Error left the cache changed.
+    r2t, rpi, kb, vb, qd, key, value, loc, lens = decode_case(209)
+    out = torch.empty(3, 4, 64, dtype=torch.bfloat16)
+    for kw in (dict(logit_cap=-1.0), dict(logit_cap="x"), dict(sliding_window_size=2.5),
+               dict(sinks=[0.0] * 4)):
+        k1, v1 = kb.clone(), vb.clone()
+        args = {"logit_cap": 0.0, **kw}
+        msg = message(lambda: sgl.decode_attention_cpu(qd, k1, v1, out, key, value, loc, None,
+                                                       r2t, rpi, lens, 0.1, **args))
+        assert msg.startswith("tilejit.Error: decode_attention_cpu: "), msg
+        assert torch.equal(k1, kb) and torch.equal(v1, vb), kw
+
+
+def test_number_ranges_name_the_sgl_argument():
+    # A negative logit_cap / a limit <= 0 were refused by the core under its
+    # own names ("softcap=-1", "clamped swiglu alpha=1.702 limit=0").
+    calls = {c[:2]: (c[3], c[4]) for c in scalar_arg_calls()}
+    for op, arg, bad in (("flash_attn_varlen_func", "logit_cap", -1.0),
+                         ("decode_attention_cpu", "logit_cap", -0.5),
+                         ("extend_attention_cpu", "logit_cap", -2),
+                         ("fused_experts_cpu", "limit", 0),
+                         ("fused_experts_cpu", "limit", -7.0)):
+        allowed, call = calls[op, arg]
+        assert message(lambda: call(bad)) == \
+            f"tilejit.Error: {op}: {arg}={bad!r}; allowed: {allowed}"

@@ -23,7 +23,13 @@ and in the table of docs/python.md ("## tilejit.sgl"). In short:
   the op's name and a note mapping the core's argument names to sgl-kernel's
   (e.g. ``slot_mapping`` is ``loc``). Bool arguments (``is_neox``,
   ``inplace``, ``is_vnni``, ``renormalize``, ``causal``, ...) take a Python
-  bool only, as sglang passes them: not a str, an int or None.
+  bool only, as sglang passes them: not a str, an int or None. Number
+  arguments (``logit_cap``, ``alpha``, ``limit``, ``routed_scaling_factor``)
+  take a finite int or float, integer ones (``sliding_window_size``,
+  ``num_fused_shared_experts``, ``num_expert_group``, ``topk_group``,
+  ``mrope_section``'s entries) an int: not a str, a bool or a tensor, and a
+  float is not cut to an int (``num_token_non_padded`` also takes sglang's
+  0-d integer tensor). The routers take float32 / bf16 logits only.
 - torch.float16 is refused everywhere (a ``tilejit.Error``; sgl-kernel takes
   f16 for most ops): convert to bf16 yourself; nothing converts silently
   (``per_token_quant_int8_cpu``, torch code, widens f16 to f32 exactly).

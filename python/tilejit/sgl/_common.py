@@ -3,6 +3,8 @@ names the argument (where sgl-kernel has a TORCH_CHECK), the float16
 refusal, the re-raise of the tilejit core's errors under the sgl op's name,
 and the binding of one sgl-kernel schema version's argument list."""
 
+import math
+import numbers
 import operator
 
 import torch
@@ -36,6 +38,37 @@ def _flag(op, arg, v):
     torch bools (its CPU call sites of every op, checked)."""
     _need(_is_bool(v), f"{op}: {arg}={_shown(v)}; allowed: True or False")
     return v
+
+
+def _real(op, arg, v, allowed="a finite int or float"):
+    """v as a float, a number argument of op (logit_cap, alpha, limit,
+    routed_scaling_factor, ...), or a tilejit.Error naming it: float(v) read
+    "x" / None as a plain ValueError / TypeError and True as 1.0. Ints and
+    floats (numpy's scalars too), not bool, not a tensor: sglang's CPU call
+    sites pass Python numbers from its layers and configs there, never
+    tensors (checked). Finite: every such argument of the shim is a cap, a
+    slope, a clamp or a scale, none of which means anything at NaN / inf.
+    allowed: the message's text where the op takes more or less than that
+    (None, a range); a caller taking None checks it before."""
+    f = math.nan
+    if isinstance(v, numbers.Real) and not _is_bool(v):
+        try:
+            f = float(v)
+        except OverflowError:  # an int past float's range: not finite either
+            pass
+    _need(math.isfinite(f), f"{op}: {arg}={_shown(v)}; allowed: {allowed}")
+    return f
+
+
+def _int(op, arg, v, allowed="an int"):
+    """v as an int, an integer argument of op (sliding_window_size,
+    num_fused_shared_experts, num_expert_group, ...), or a tilejit.Error
+    naming it: int(v) cut 2.5 to 2 and read True as 1, "2" as 2. An integer
+    (numpy's too: :func:`_is_int`), not bool, not a float even when whole
+    (2.0): sglang passes its layers' / configs' ints there, so a float is a
+    caller's computation gone wrong, not a value to round."""
+    _need(_is_int(v), f"{op}: {arg}={_shown(v)}; allowed: {allowed}")
+    return operator.index(v)
 
 
 def _shown(v):

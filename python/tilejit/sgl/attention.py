@@ -3,14 +3,22 @@ flash_attn_varlen_func, decode_attention_cpu and extend_attention_cpu over
 sglang's token-granular KV cache (a paged cache of block size 1), with the
 sgl-kernel schema versions of decode / extend told apart here."""
 
-import operator
-
 import torch
 
 import tilejit
 
-from ._common import _bind, _core, _flag, _i32, _is_bool, _is_int, _keyword_clues, _need, \
-    _no_f16, _opt_tensor, _pick_schema, _positional_clue, _shown, _tensor
+from ._common import _bind, _core, _flag, _i32, _int, _is_bool, _keyword_clues, _need, \
+    _no_f16, _opt_tensor, _pick_schema, _positional_clue, _real, _shown, _tensor
+
+
+def _logit_cap(op, v):
+    """tilejit's softcap from the call's logit_cap (sglang: layer.logit_cap, a
+    float, 0.0 none). Its range is checked here too, not only by the core,
+    so that the message names logit_cap (the core's says softcap)."""
+    allowed = "0 (off) or a finite int or float > 0"
+    cap = _real(op, "logit_cap", v, allowed)
+    _need(cap >= 0, f"{op}: logit_cap={_shown(v)}; allowed: {allowed}")
+    return cap
 
 
 def _sinks(op, sinks):
@@ -42,7 +50,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     _flag(op, "causal", causal)
     _no_f16(op, q=q, k=k, v=v)
     cq, ck = _i32("cu_seqlens_q", cu_seqlens_q, op), _i32("cu_seqlens_k", cu_seqlens_k, op)
-    kw = dict(sm_scale=sm_scale, softcap=float(logit_cap), window_left=int(sliding_window_size),
+    window = _int(op, "sliding_window_size", sliding_window_size)
+    kw = dict(sm_scale=sm_scale, softcap=_logit_cap(op, logit_cap), window_left=window,
               sinks=_sinks(op, sinks))
     note = "tilejit.flash_attn_varlen's names are sgl-kernel's"
     lq, lk = cq.tolist(), ck.tolist()
@@ -51,7 +60,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     spans = [(lq[b], lq[b + 1], lk[b], lk[b + 1]) for b in range(len(lq) - 1)]
     if not causal or all(q1 - q0 == k1 - k0 for q0, q1, k0, k1 in spans):
         return _core(op, note, tilejit.flash_attn_varlen, q, k, v, cq, ck, causal=causal, **kw)
-    _need(int(sliding_window_size) < 0, f"{op}: sliding_window_size={sliding_window_size} with "
+    _need(window < 0, f"{op}: sliding_window_size={window} with "
           "causal=True and a sequence whose query and key counts differ; allowed: -1 there "
           "(the window of the top-left rule is not implemented)")
     out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
@@ -124,8 +133,7 @@ def _window_left(op, form, arg, value):
     j >= i - w); the newer sgl-kernel forms take sglang's
     ``layer.sliding_window_size + 1``, the number of keys including the
     current one, and <= 0 for no window (decode.cpp / extend.cpp)."""
-    _need(_is_int(value), f"{op}: {arg}={_shown(value)}; allowed: an int")
-    w = operator.index(value)
+    w = _int(op, arg, value)
     if form == "classic":
         return w
     return w - 1 if w > 0 else -1
@@ -237,9 +245,13 @@ def decode_attention_cpu(*args, **kwargs):
     v_scale = 1.0 if a["v_scale"] is None else a["v_scale"]
     seq_lens = a["seq_lens"]
     lens32 = _i32("seq_lens", seq_lens, op)
-    # Before store_kv: a bad seq_lens / req_to_token is an Error with the cache untouched.
-    # decode_attention counts the new token, so every length is 1 or more.
+    # Before store_kv: a bad seq_lens / req_to_token / logit_cap / window / sinks is an Error
+    # with the cache untouched. decode_attention counts the new token, so every length is
+    # 1 or more.
     bt = _block_table(op, a["req_to_token"], a["req_pool_indices"], seq_lens, 1)
+    cap = _logit_cap(op, a["logit_cap"])
+    window = _window_left(op, form, "sliding_window_size", a["sliding_window_size"])
+    sinks = _sinks(op, a["sinks"])
     note = ("store_kv's slot_mapping is loc, key / value are key / value, k_cache / v_cache "
             "are k_cache / v_cache as [num_slots, 1, Hkv, D]; decode_attention's block_table "
             "is req_to_token[req_pool_indices], query / out are query / output")
@@ -254,9 +266,8 @@ def decode_attention_cpu(*args, **kwargs):
         _core(op, note, tilejit.store_kv, key, value, kc, vc, loc, k_scale=k_scale,
               v_scale=v_scale)
     _core(op, note, tilejit.decode_attention, query, kc, vc, bt, lens32,
-          out=a["output"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
-          window_left=_window_left(op, form, "sliding_window_size", a["sliding_window_size"]),
-          sinks=_sinks(op, a["sinks"]), k_scale=k_scale, v_scale=v_scale)
+          out=a["output"], sm_scale=a["sm_scale"], softcap=cap, window_left=window,
+          sinks=sinks, k_scale=k_scale, v_scale=v_scale)
 
 
 def _extend_tree_mask(custom_mask, extend_lens, seq_lens):
@@ -337,6 +348,9 @@ def extend_attention_cpu(*args, **kwargs):
         _tensor(name, a[name], op)
     _opt_tensor("custom_mask", custom_mask, op)
     _opt_tensor("tree_mask", tree_mask, op)
+    cap = _logit_cap(op, a["logit_cap"])
+    window = _window_left(op, "new" if new else "classic", "sliding_window_size",
+                          a["sliding_window_size"])
     _no_f16(op, q_extend=a["q_extend"], k_extend=a["k_extend"], v_extend=a["v_extend"],
             k_buffer=a["k_buffer"], v_buffer=a["v_buffer"])
     raw_lens, raw_sl = a["extend_seq_lens"], a["seq_lens"]
@@ -372,7 +386,5 @@ def extend_attention_cpu(*args, **kwargs):
             "out is o_extend")
     _core(op, note, tilejit.extend_attention, a["q_extend"],
           _paged(op, "k_buffer", a["k_buffer"]), _paged(op, "v_buffer", a["v_buffer"]), indptr,
-          bt, prefix, out=a["o_extend"], sm_scale=a["sm_scale"], softcap=float(a["logit_cap"]),
-          window_left=_window_left(op, "new" if new else "classic", "sliding_window_size",
-                                   a["sliding_window_size"]),
+          bt, prefix, out=a["o_extend"], sm_scale=a["sm_scale"], softcap=cap, window_left=window,
           sinks=_sinks(op, a["sinks"]), k_new=a["k_extend"], v_new=a["v_extend"], tree_mask=tm)

@@ -9,7 +9,7 @@ import torch
 import tilejit
 
 from ._common import _MISSING, _bind, _core, _flag, _i32, _is_bool, _is_int, _need, _no_f16, \
-    _opt_tensor, _tensor
+    _opt_tensor, _real, _shown, _tensor
 from .packed_weight import PackedWeight
 
 
@@ -255,6 +255,15 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
           ", ".join(repr(k) for k in _MOE_ACTS if k is not None))
     alpha, limit = a.get("alpha"), a.get("limit")
     clamped = alpha is not None or limit is not None
+    # GPT-OSS's gemm1_alpha / gemm1_clamp_limit (Python floats); None: 1.702 / 7.0 when the
+    # other is given. float() read "x" as a ValueError and True as 1.0; limit > 0 here too,
+    # so that the message names limit alone.
+    real = "a finite int or float"
+    alpha = 1.702 if alpha is None else _real(op, "alpha", alpha, f"None or {real}")
+    if limit is not None:
+        limit = _real(op, "limit", limit, f"None or {real} > 0")
+        _need(limit > 0, f"{op}: limit={_shown(a['limit'])}; allowed: None or {real} > 0")
+    limit = 7.0 if limit is None else limit
     _need(not clamped or _MOE_ACTS[act] == "silu", f"{op}: alpha / limit (the clamped "
           f"SwiGLU) with activation={act!r}; allowed: activation None or 'silu' with them")
     _need(not (use_int8 and use_fp8),
@@ -278,8 +287,7 @@ def fused_experts_cpu(hidden_states, w1, w2, topk_weights, topk_ids, inplace=Fal
     out = torch.empty_like(x)
     kw = dict(act=_MOE_ACTS[act])
     if clamped:
-        kw.update(clamped_swiglu=True, swiglu_alpha=1.702 if alpha is None else float(alpha),
-                  swiglu_limit=7.0 if limit is None else float(limit))
+        kw.update(clamped_swiglu=True, swiglu_alpha=alpha, swiglu_limit=limit)
     if int4_route is not None:
         kw["int4_route"] = int4_route
     b13 = None if a.get("w1_bias") is None else a["w1_bias"].to(torch.float32).contiguous()

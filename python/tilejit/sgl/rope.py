@@ -3,6 +3,8 @@ multimodal_rotary_embedding_cpu (M-RoPE), apply_multidimensional_rope_cpu
 (2-D vision RoPE). The rotation is in place where sgl-kernel's is, so
 those inputs are viewed as [T, H, D], never copied."""
 
+import operator
+
 import torch
 
 import tilejit
@@ -105,13 +107,16 @@ def multimodal_rotary_embedding_cpu(positions, query, key, head_size, cos_sin_ca
         _need(mrope_section is not None, f"{op}: positions has shape "
               f"{tuple(positions.shape)} and mrope_section=None; allowed: a section list "
               "with 2-D positions")
-        # Not a list of ints (an int, a None inside): a TypeError / ValueError in int().
+        # A list of ints (sglang's rope_scaling["mrope_section"]), each an int itself:
+        # int() cut 2.5 to 2 and read "2" as 2, True as 1.
         try:
-            sections = [int(s) for s in mrope_section]
-        except (TypeError, ValueError):
+            sections = list(mrope_section)
+        except TypeError:  # not iterable (an int)
             sections = None
-        _need(sections is not None, f"{op}: mrope_section={mrope_section!r}; allowed: a list "
-              "of ints (frequency counts per position row)")
+        _need(sections is not None and all(map(_is_int, sections)),
+              f"{op}: mrope_section={mrope_section!r}; allowed: a list of ints (frequency "
+              "counts per position row)")
+        sections = [operator.index(s) for s in sections]
         _core(op, _ROPE_NOTE, tilejit.rope, q, k, positions, cos_sin_cache, style=style,
               rotary_dim=rd, mrope_section=sections, mrope_interleaved=mrope_interleaved)
     return query, key
