@@ -199,6 +199,32 @@ TEST_F(BatchInvariant, DecodeSequenceAloneOrInABatch) {
   EXPECT_EQ(std::vector<uint16_t>(both.begin(), both.begin() + hq * d), alone);
 }
 
+// TILEJIT_BATCH_INVARIANT is read once per process: a bad value gets its
+// own ctest entry (batch_invariant_test_bad_env), where every call that
+// reads it fails with an Error naming it, until set_batch_invariant.
+TEST(BatchInvariantEnv, ABadValueIsAnErrorOfEveryCallUntilSet) {
+  const char* env = std::getenv("TILEJIT_BATCH_INVARIANT");
+  if (env == nullptr || std::string(env) != "yes")
+    GTEST_SKIP() << "runs only with TILEJIT_BATCH_INVARIANT=yes (its own ctest entry)";
+  const std::string want = "TILEJIT_BATCH_INVARIANT='yes' is not a switch; allowed: 0, 1";
+  for (int i = 0; i < 2; ++i) {
+    try {
+      (void)batch_invariant();
+      ADD_FAILURE() << "no Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  std::vector<uint16_t> x(64, 0x3f80), w(64 * 64, 0x3f80), y(64);
+  const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {64, 64}));
+  EXPECT_THROW(gemm(TensorView(x.data(), DType::bf16, {1, 64}), pw,
+                    TensorView(y.data(), DType::bf16, {1, 64})),
+               Error);
+  set_batch_invariant(false);  // the API's value replaces the bad one
+  gemm(TensorView(x.data(), DType::bf16, {1, 64}), pw, TensorView(y.data(), DType::bf16, {1, 64}));
+  EXPECT_EQ(y[0], 0x4280);  // 64 · 1 · 1
+}
+
 TEST(BatchInvariantMode, SwitchAndEnvironment) {
   const bool saved = batch_invariant();
   set_batch_invariant(true);
