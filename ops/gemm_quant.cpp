@@ -23,6 +23,7 @@
 #include "ops/gemm_task.h"
 #include "ops/moe_quant.h"
 #include "ops/quant_weight.h"
+#include "runtime/batch_invariant.h"
 #include "runtime/bf16.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
@@ -365,21 +366,23 @@ const char* layout_tag_prefix(WeightFormat f) {
   return "?";
 }
 
-int64_t quant_gemm_max_kc(bool int8, int64_t m) {
-  return !int8 && m <= kShallowChunkRows ? kShallowChunk : codegen::GemmSpec{}.max_kc;
+int64_t quant_gemm_max_kc(bool int8, int64_t m, bool invariant) {
+  return !int8 && !invariant && m <= kShallowChunkRows ? kShallowChunk : codegen::GemmSpec{}.max_kc;
 }
 
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m) {
   const bool int8 = p.format == WeightFormat::int8;
   spec.k = int8 ? (p.layout.k + 3) / 4 * 4 : p.quant->k_packed;
   if (int8) spec.b_type = DType::i8;
-  spec.max_kc = quant_gemm_max_kc(int8, m);
+  spec.max_kc = quant_gemm_max_kc(int8, m, spec.invariant);
   return spec;
 }
 
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                   Activation act, DType out, int64_t m) {
-  return quant_gemm_spec(p, codegen::GemmSpec{p.layout.n, p.layout.k, bias, act, out}, m);
+  codegen::GemmSpec spec{p.layout.n, p.layout.k, bias, act, out};
+  spec.invariant = runtime::batch_invariant();
+  return quant_gemm_spec(p, spec, m);
 }
 
 codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
@@ -423,7 +426,8 @@ const codegen::PlanOverrides& quant_tuned(WeightFormat format, int64_t n, int64_
                                           codegen::BiasKind bias, Activation act, DType out,
                                           Isa path, int64_t m) {
   static const codegen::PlanOverrides& kNone = *new codegen::PlanOverrides;  // immortal
-  if (path == Isa::scalar || !jit::tuning_db_active()) return kNone;
+  // Batch-invariant mode takes no tuned plan (entries are per M class).
+  if (path == Isa::scalar || runtime::batch_invariant() || !jit::tuning_db_active()) return kNone;
   return jit::find_tuned_gemm(path, runtime::num_threads(), n, k, bias, act, out, m, format);
 }
 
@@ -440,7 +444,8 @@ const codegen::PlanOverrides& weight_tuned(const PackedWeight::Impl& p, codegen:
 
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
-  const Isa isa = codegen::gemm_isa_for_rows(path, m);
+  const bool invariant = runtime::batch_invariant();
+  const Isa isa = codegen::gemm_isa_for_rows(path, m, {}, invariant);
   const codegen::PlanOverrides& tuned = weight_tuned(p, bias, act, out, path, m);
   // The automatic route (GemmOptions' default), or the tuned one.
   if (w4a8_route(p, GemmOptions{}, isa, m, tuned)) {
@@ -453,7 +458,7 @@ std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKin
                             tuned)
         .name();
   return gemm_executable(quant_gemm_spec(p, bias, act, out, m),
-                         codegen::gemm_isa_for_rows(path, m, tuned), tuned)
+                         codegen::gemm_isa_for_rows(path, m, tuned, invariant), tuned)
       .plan()
       .name();
 }
@@ -546,8 +551,12 @@ namespace {
 const bool g_fork_hook = runtime::on_fork_complete([] { (void)fused_max_rows(Isa::avx512); });
 }  // namespace
 
+bool quant_routes_follow_rows() {
+  return !runtime::batch_invariant();
+}
+
 bool quant_gemm_fused(Isa path, int64_t m) {
-  return m <= fused_max_rows(path);
+  return m <= fused_max_rows(path) && quant_routes_follow_rows();
 }
 
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
@@ -573,7 +582,10 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
                     const GemmOptions& opt) {
   const int64_t M = x.shape[0];
   const Isa path = runtime::active_isa();
-  const Isa rows_isa = codegen::gemm_isa_for_rows(path, M);
+  // Batch-invariant mode: the path's ISA, and (quant_routes_follow_rows) the
+  // dequant route, for every M.
+  const bool invariant = runtime::batch_invariant();
+  const Isa rows_isa = codegen::gemm_isa_for_rows(path, M, {}, invariant);
   // A tuning database entry of this format and shape class: the int4 route
   // and, for W8A8 and the dequant route, the GemmPlan's row blocking, task
   // split and ISA (validated at load: jit/tuning_db.cpp).
@@ -599,7 +611,7 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
       fused_keeps_infinities(p.format, x_has_inf))
     return run_fused(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
-  const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned);
+  const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned, invariant);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);
   run_dequant(x, p, y, opt, isa, tuned);
 }

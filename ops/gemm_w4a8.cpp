@@ -153,7 +153,7 @@ bool w4a8_route(WeightFormat format, int64_t k, Int4Route route, Isa path, int64
                 const char* op, const codegen::PlanOverrides& tuned) {
   check_int4_route(route, op);
   if (route == Int4Route::automatic && tuned.w4a8 && is_int4(format) && k <= kW4A8MaxK &&
-      w4a8_kernels_usable(path))
+      w4a8_kernels_usable(path) && quant_routes_follow_rows())
     return *tuned.w4a8;
   return w4a8_route(format, k, route, path, m, op);
 }
@@ -169,7 +169,7 @@ bool w4a8_automatic(Isa path, int64_t m) {
   // from 9-10 and the dequant route (hosts without VBMI) from 4-5 rows. On
   // amx the AMX bf16 kernels stay (W4A8's AMX kernel is unmeasured). Without its
   // kernels W4A8 would be the scalar oracle: never automatic.
-  if (m < kW4A8MinRows || !w4a8_kernels_usable(path)) return false;
+  if (m < kW4A8MinRows || !w4a8_kernels_usable(path) || !quant_routes_follow_rows()) return false;
   if (path == Isa::llvm) return true;
   if (path != Isa::avx512) return false;
   return !quant_gemm_fused(path, m) || m >= kW4A8MinRowsOverXbyakFused;

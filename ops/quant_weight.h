@@ -76,6 +76,12 @@ inline constexpr int64_t kFusedMaxRows = 16;
 // amx / avx512 without AVX512-VBMI, or scalar): the rule quant_gemm_fused
 // applies and the tool's texts print.
 int64_t fused_max_rows(Isa path);
+// Batch-invariant mode (runtime::batch_invariant) gives no route by M: an
+// fp8 / int4 W4A16 / MXFP4 GEMM then takes the dequant route at every m (the
+// bf16 kernels with one accumulator chain, K chunked alike: GemmSpec::
+// invariant), and int4_route automatic W4A16; quant_gemm_fused and
+// w4a8_automatic are false, a tuning entry's route is not taken.
+bool quant_routes_follow_rows();
 bool quant_gemm_fused(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
@@ -105,17 +111,21 @@ inline bool w4a8_keeps_infinities(Int4Route route, bool x_has_inf) {
 
 // The deepest K chunk of a quantized GEMM of m rows: fp8 / int4 at m <= 16
 // dequantize 256-deep chunks (32 KiB of bf16: L1-resident), the rest keep
-// GemmSpec's default. (Also what `tilejit dump` plans with.)
-int64_t quant_gemm_max_kc(bool int8, int64_t m);
+// GemmSpec's default, as every m does in batch-invariant mode (`invariant`:
+// the chunks' partial sums must fall alike). (Also what `tilejit dump` plans
+// with.)
+int64_t quant_gemm_max_kc(bool int8, int64_t m, bool invariant);
 
 // The plan spec the driver uses for a quantized weight and m rows: int8 has
 // K rounded up to the VNNI group of 4 and b_type i8; fp8 / int4 plan the bf16
-// kernels over the packed K order (k_packed).
+// kernels over the packed K order (k_packed); invariant: the process's
+// batch-invariant mode.
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                   Activation act, DType out, int64_t m);
 
 // The same for a spec of the caller's (n, bias, epilogue, GLU: fused_experts'
-// projections): K and b_type of the weight's plan, its K chunk for m rows.
+// projections): K and b_type of the weight's plan, its K chunk for m rows
+// (by spec.invariant).
 codegen::GemmSpec quant_gemm_spec(const PackedWeight::Impl& p, codegen::GemmSpec spec, int64_t m);
 
 // The fused decode kernel for m rows on `path` (llvm: the LLVM row, else the

@@ -7,10 +7,14 @@
 // chunk (2048: K-chunked from two row blocks on), 1-row M tails (extra
 // accumulator sets), M ≤ 2 on the AMX path (the AVX-512 kernels), N tails.
 // One test shows the default mode is not invariant on these shapes (so the
-// comparison can fail) where the JIT paths run.
+// comparison can fail) where the JIT paths run. Weight-quantized GEMMs and
+// experts (fp8, int4 W4A16 and automatic, MXFP4) likewise: the default mode
+// routes them by M (the fused kernel to M 16, the dequant route above; int4
+// automatic W4A8 from a few rows), the mode keeps one route for every M.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -38,34 +42,159 @@ struct GemmCase {
   Activation act;
 };
 
-// Rows of gemm(x[0:m]) that differ from the same row computed alone.
-int64_t gemm_row_mismatches(const GemmCase& c, const std::vector<int64_t>& ms, int threads) {
+// Outputs of gemm(x[0:m], pw) (n columns of K k; out bf16 or f32) that
+// differ from the same row computed alone, over every m of ms.
+int64_t row_mismatches(const PackedWeight& pw, int64_t n, int64_t k, const GemmOptions& opt,
+                       DType out, const std::vector<int64_t>& ms, int threads) {
   const int64_t max_m = ms.back();
-  const auto x = random_bf16(static_cast<size_t>(max_m * c.k), 11, -2, 2);
+  const auto x = random_bf16(static_cast<size_t>(max_m * k), 11, -2, 2);
+  const int saved = num_threads();
+  set_num_threads(threads);
+  const int64_t elem = out == DType::f32 ? 4 : 2;
+  auto y_view = [&](std::vector<uint8_t>& y, int64_t r0, int64_t m) {
+    return TensorView(y.data() + r0 * n * elem, out, {m, n});
+  };
+  // Each row alone.
+  std::vector<uint8_t> alone(static_cast<size_t>(max_m * n * elem));
+  for (int64_t r = 0; r < max_m; ++r)
+    gemm(TensorView(const_cast<uint16_t*>(x.data()) + r * k, DType::bf16, {1, k}), pw,
+         y_view(alone, r, 1), opt);
+  int64_t bad = 0;
+  for (int64_t m : ms) {
+    std::vector<uint8_t> y(static_cast<size_t>(m * n * elem));
+    gemm(TensorView(const_cast<uint16_t*>(x.data()), DType::bf16, {m, k}), pw, y_view(y, 0, m),
+         opt);
+    for (int64_t i = 0; i < m * n; ++i)
+      bad += std::memcmp(y.data() + i * elem, alone.data() + i * elem, size_t(elem)) != 0;
+  }
+  set_num_threads(saved);
+  return bad;
+}
+
+int64_t gemm_row_mismatches(const GemmCase& c, const std::vector<int64_t>& ms, int threads) {
   const auto w = random_bf16(static_cast<size_t>(c.n * c.k), 12, -1, 1);
   const auto b = random_bf16(static_cast<size_t>(c.n), 13, -1, 1);
   const PackedWeight pw = pack_weight(TensorView(w.data(), DType::bf16, {c.n, c.k}));
   GemmOptions opt;
   opt.act = c.act;
   if (c.bias) opt.bias = TensorView(b.data(), DType::bf16, {c.n});
-  const int saved = num_threads();
-  set_num_threads(threads);
-  // Each row alone.
-  std::vector<uint16_t> alone(static_cast<size_t>(max_m * c.n));
-  for (int64_t r = 0; r < max_m; ++r)
-    gemm(TensorView(const_cast<uint16_t*>(x.data()) + r * c.k, DType::bf16, {1, c.k}), pw,
-         TensorView(alone.data() + r * c.n, DType::bf16, {1, c.n}), opt);
-  int64_t bad = 0;
-  for (int64_t m : ms) {
-    std::vector<uint16_t> y(static_cast<size_t>(m * c.n));
-    gemm(TensorView(const_cast<uint16_t*>(x.data()), DType::bf16, {m, c.k}), pw,
-         TensorView(y.data(), DType::bf16, {m, c.n}), opt);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < c.n; ++j) bad += y[r * c.n + j] != alone[r * c.n + j];
-  }
-  set_num_threads(saved);
-  return bad;
+  return row_mismatches(pw, c.n, c.k, opt, DType::bf16, ms, threads);
 }
+
+// The checkpoint tensors of one quantized [n, k] weight (kept alive for
+// packing), for each of the formats whose default route follows M.
+struct QuantTensors {
+  std::vector<uint8_t> codes, zeros, mx_scales;
+  std::vector<float> scales;
+};
+
+enum class QFormat { fp8_channel, int4_gptq_zp, int4_awq_sym, mxfp4 };
+
+int64_t int4_group(QFormat f) {
+  return f == QFormat::int4_gptq_zp ? 64 : 128;
+}
+
+const char* qformat_name(QFormat f) {
+  switch (f) {
+    case QFormat::fp8_channel:
+      return "fp8 per channel";
+    case QFormat::int4_gptq_zp:
+      return "int4 GPTQ g64 zero points";
+    case QFormat::int4_awq_sym:
+      return "int4 AWQ g128 symmetric";
+    case QFormat::mxfp4:
+      break;
+  }
+  return "MXFP4";
+}
+
+// Random checkpoint tensors of format f for an [n, k] weight (k: a multiple
+// of 8 for int4, GPTQ packs K by 8; n: of 8, AWQ and the zeros pack N by 8).
+void fill(QFormat f, int64_t n, int64_t k, uint32_t seed, QuantTensors& t) {
+  switch (f) {
+    case QFormat::fp8_channel:
+      t.codes = random_bytes(size_t(n * k), seed, 0, 255);
+      for (auto& c : t.codes)
+        if ((c & 0x7F) == 0x7F) c = 0x3C;  // no NaN codes (packing refuses them)
+      t.scales = random_f32(size_t(n), seed + 1, 0.01f, 0.03f);
+      return;
+    case QFormat::int4_gptq_zp:
+    case QFormat::int4_awq_sym: {
+      const int64_t groups = (k + int4_group(f) - 1) / int4_group(f);
+      t.codes = random_bytes(size_t(n * k / 2), seed, 0, 255);
+      t.scales = random_f32(size_t(groups * n), seed + 1, 0.01f, 0.03f);
+      if (f == QFormat::int4_gptq_zp)
+        t.zeros = random_bytes(size_t(groups * n / 2), seed + 2, 0, 255);
+      return;
+    }
+    case QFormat::mxfp4:
+      break;
+  }
+  const int64_t kb = (k + 31) / 32;
+  t.codes = random_bytes(size_t(n * kb * 16), seed, 0, 255);
+  t.mx_scales = random_bytes(size_t(n * kb), seed + 1, 120, 127);
+}
+
+Fp8Weight fp8_desc(QuantTensors& t, int64_t n, int64_t k) {
+  return {TensorView(t.codes.data(), DType::f8e4m3, {n, k}),
+          TensorView(t.scales.data(), DType::f32, {n})};
+}
+
+Int4Weight int4_desc(QFormat f, QuantTensors& t, int64_t n, int64_t k) {
+  const bool gptq = f == QFormat::int4_gptq_zp;
+  const int64_t groups = (k + int4_group(f) - 1) / int4_group(f);
+  Int4Weight w;
+  w.format = gptq ? Int4Format::gptq : Int4Format::awq;
+  w.group_size = int4_group(f);
+  w.qweight = gptq ? TensorView(t.codes.data(), DType::i32, {k / 8, n})
+                   : TensorView(t.codes.data(), DType::i32, {k, n / 8});
+  w.scales = TensorView(t.scales.data(), DType::f32, {groups, n});
+  if (gptq) w.qzeros = TensorView(t.zeros.data(), DType::i32, {groups, n / 8});
+  return w;
+}
+
+Mxfp4Weight mxfp4_desc(QuantTensors& t, int64_t n, int64_t k) {
+  const int64_t kb = (k + 31) / 32;
+  return {TensorView(t.codes.data(), DType::u8, {n, kb, 16}),
+          TensorView(t.mx_scales.data(), DType::u8, {n, kb}), k};
+}
+
+PackedWeight quant_weight(QFormat f, int64_t n, int64_t k, uint32_t seed, QuantTensors& t) {
+  fill(f, n, k, seed, t);
+  switch (f) {
+    case QFormat::fp8_channel:
+      return pack_weight(fp8_desc(t, n, k));
+    case QFormat::int4_gptq_zp:
+    case QFormat::int4_awq_sym:
+      return pack_weight(int4_desc(f, t, n, k));
+    case QFormat::mxfp4:
+      break;
+  }
+  return pack_weight(mxfp4_desc(t, n, k));
+}
+
+// E experts of format f, each [n, k], packed for proj.
+PackedExperts quant_experts(QFormat f, ExpertProj proj, int64_t n, int64_t k, uint32_t seed,
+                            std::vector<QuantTensors>& t) {
+  std::vector<Fp8Weight> v8;
+  std::vector<Int4Weight> v4;
+  std::vector<Mxfp4Weight> vmx;
+  for (size_t e = 0; e < t.size(); ++e) {
+    fill(f, n, k, seed + uint32_t(e) * 8, t[e]);
+    if (f == QFormat::fp8_channel)
+      v8.push_back(fp8_desc(t[e], n, k));
+    else if (f == QFormat::mxfp4)
+      vmx.push_back(mxfp4_desc(t[e], n, k));
+    else
+      v4.push_back(int4_desc(f, t[e], n, k));
+  }
+  if (f == QFormat::fp8_channel) return pack_experts(v8, proj);
+  if (f == QFormat::mxfp4) return pack_experts(vmx, proj);
+  return pack_experts(v4, proj);
+}
+
+constexpr QFormat kQFormats[] = {QFormat::fp8_channel, QFormat::int4_gptq_zp, QFormat::int4_awq_sym,
+                                 QFormat::mxfp4};
 
 class BatchInvariant : public IsaTest {};
 
@@ -98,6 +227,51 @@ TEST_F(BatchInvariant, DefaultModeDiffersOnTheSameShapes) {
   Mode off(false);
   const std::vector<int64_t> ms = {2, 3, 5, 7, 8, 9, 13, 16, 17, 31, 33, 64, 65, 100};
   EXPECT_GT(gemm_row_mismatches({200, 2600, true, Activation::silu}, ms, 1), 0);
+}
+
+// fp8, int4 (int4_route automatic: W4A16 at every M in the mode) and MXFP4
+// weights, f32 out (every bit of the sums shows), across the default mode's
+// route changes: the fused kernel's 1-4 row groups to M 16, W4A8 from a few
+// rows (int4 automatic), the dequant route above with its shallow K chunks
+// to M 16; K 2600 (two default K chunks) and 200, N tails.
+TEST_F(BatchInvariant, QuantizedGemmRowsAreTheSameAloneOrInAnyM) {
+  Mode on(true);
+  const bool emulated = cpu_info().amx_emulated;
+  const std::vector<int64_t> ms =
+      emulated ? std::vector<int64_t>{2, 5, 17}
+               : std::vector<int64_t>{2, 3, 4, 5, 8, 9, 13, 16, 17, 33, 64, 70};
+  struct Shape {
+    int64_t n, k;
+  };
+  for (const Shape sh : {Shape{200, 2600}, Shape{72, 200}})
+    for (QFormat f : kQFormats)
+      for (int threads : {1, 2}) {
+        if (emulated && (sh.k > 1000 || threads == 2)) continue;
+        QuantTensors t;
+        const PackedWeight pw = quant_weight(f, sh.n, sh.k, 61, t);
+        const auto b = random_f32(size_t(sh.n), 62, -1, 1);
+        GemmOptions opt;
+        opt.act = Activation::silu;
+        opt.bias = TensorView(const_cast<float*>(b.data()), DType::f32, {sh.n});
+        SCOPED_TRACE(std::string(qformat_name(f)) + " N " + std::to_string(sh.n) + " K " +
+                     std::to_string(sh.k) + " threads " + std::to_string(threads));
+        EXPECT_EQ(row_mismatches(pw, sh.n, sh.k, opt, DType::f32, ms, threads), 0);
+      }
+}
+
+// ... and the default mode is not invariant on them (the route changes at
+// M 16 / 17 on the paths with a fused kernel), so that comparison can fail.
+TEST_F(BatchInvariant, QuantizedDefaultModeDiffersOnTheSameShapes) {
+  const Isa isa = cpu_info().isa;
+  if (isa == Isa::scalar) GTEST_SKIP() << "the reference is invariant in either mode";
+  if (cpu_info().amx_emulated) GTEST_SKIP() << "too slow emulated";
+  Mode off(false);
+  for (QFormat f : kQFormats) {
+    QuantTensors t;
+    const PackedWeight pw = quant_weight(f, 200, 2600, 61, t);
+    SCOPED_TRACE(qformat_name(f));
+    EXPECT_GT(row_mismatches(pw, 200, 2600, GemmOptions{}, DType::f32, {2, 5, 17, 33}, 1), 0);
+  }
 }
 
 TEST_F(BatchInvariant, GemmBatchedEntriesMatchAlone) {
@@ -161,6 +335,44 @@ TEST_F(BatchInvariant, FusedExpertsTokenAloneOrInABatch) {
     for (int64_t j = 0; j < H; ++j) bad += one[j] != out[t * H + j];
   }
   EXPECT_EQ(bad, 0);
+}
+
+// The same with quantized experts (fp8, int4 automatic, MXFP4): a token's
+// experts see 1 row alone and ~T / 2 rows in the batch (the fused kernel
+// against the dequant route or W4A8 in the default mode).
+TEST_F(BatchInvariant, QuantizedExpertsTokenAloneOrInABatch) {
+  Mode on(true);
+  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t T = cpu_info().amx_emulated ? 5 : 45;
+  for (QFormat f : kQFormats) {
+    SCOPED_TRACE(qformat_name(f));
+    std::vector<QuantTensors> t13(E), t2(E);
+    const PackedExperts p13 = quant_experts(f, ExpertProj::gate_up, 2 * I, H, 71, t13);
+    const PackedExperts p2 = quant_experts(f, ExpertProj::down, H, I, 91, t2);
+    const auto hidden = random_bf16(static_cast<size_t>(T * H), 33, -2, 2);
+    std::vector<int32_t> ids(static_cast<size_t>(T * topk));
+    std::vector<float> wts(ids.size());
+    for (int64_t i = 0; i < T; ++i) {
+      ids[i * topk] = static_cast<int32_t>(i % 2);
+      ids[i * topk + 1] = static_cast<int32_t>(2 + i % 2);
+      wts[i * topk] = 0.625f, wts[i * topk + 1] = 0.375f;
+    }
+    std::vector<uint16_t> out(static_cast<size_t>(T * H));
+    fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()), DType::bf16, {T, H}), p13, p2,
+                  TensorView(wts.data(), DType::f32, {T, topk}),
+                  TensorView(ids.data(), DType::i32, {T, topk}),
+                  TensorView(out.data(), DType::bf16, {T, H}));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<uint16_t> one(static_cast<size_t>(H));
+      fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()) + i * H, DType::bf16, {1, H}),
+                    p13, p2, TensorView(wts.data() + i * topk, DType::f32, {1, topk}),
+                    TensorView(ids.data() + i * topk, DType::i32, {1, topk}),
+                    TensorView(one.data(), DType::bf16, {1, H}));
+      for (int64_t j = 0; j < H; ++j) bad += one[j] != out[i * H + j];
+    }
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 // The mode implies decode's deterministic form: a sequence alone on one

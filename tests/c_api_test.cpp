@@ -63,14 +63,6 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, int lo, int hi) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(lo, hi);
-  std::vector<uint8_t> v(n);
-  for (auto& e : v) e = static_cast<uint8_t>(d(rng));
-  return v;
-}
-
 // fp8 e4m3 codes without the NaN codes (0x7F, 0xFF), which packing refuses.
 std::vector<uint8_t> random_e4m3(size_t n, uint32_t seed) {
   auto v = random_bytes(n, seed, 0, 255);

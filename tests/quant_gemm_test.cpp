@@ -901,6 +901,10 @@ TEST(QuantErrors, Int4RouteOptions) {
   expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_scale=0");
   opt.act_quant = static_cast<ActQuant>(9);
   expect_tilejit_error([&] { gemm(xv, w, yv, opt); }, "act_quant=9");
+  // The routes by M below are the default mode's (the ctest variants run
+  // this battery with TILEJIT_BATCH_INVARIANT=1 too); the mode's are after.
+  const bool saved_mode = batch_invariant();
+  set_batch_invariant(false);
   // K past kW4A8MaxK: the automatic route keeps W4A16, a requested W4A8 is an Error.
   GemmOptions big;
   EXPECT_FALSE(ops::w4a8_route(WeightFormat::int4_gptq, ops::kW4A8MaxK + 8, big, Isa::llvm, 64));
@@ -924,6 +928,16 @@ TEST(QuantErrors, Int4RouteOptions) {
   EXPECT_FALSE(ops::quant_gemm_fused(Isa::amx, 5));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::amx, 512));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::scalar, 512));
+  // Batch-invariant mode: no route by M (the dequant route, W4A16, at every M).
+  set_batch_invariant(true);
+  for (int64_t m : {1, 4, 9, 16, 64}) {
+    EXPECT_FALSE(ops::quant_gemm_fused(Isa::avx512, m)) << m;
+    EXPECT_FALSE(ops::quant_gemm_fused(Isa::llvm, m)) << m;
+    EXPECT_FALSE(ops::w4a8_automatic(Isa::avx512, m)) << m;
+    EXPECT_FALSE(ops::w4a8_automatic(Isa::llvm, m)) << m;
+  }
+  EXPECT_FALSE(ops::w4a8_route(WeightFormat::int4_gptq, 4096, GemmOptions{}, Isa::llvm, 64));
+  set_batch_invariant(saved_mode);
   big.int4_route = Int4Route::w4a8;
   expect_tilejit_error(
       [&] { ops::w4a8_route(WeightFormat::int4_awq, ops::kW4A8MaxK + 8, big, Isa::scalar, 1); },

@@ -69,6 +69,15 @@ inline std::vector<float> random_f32(size_t n, uint32_t seed, float lo = -1, flo
   return v;
 }
 
+// n bytes drawn uniformly from [lo, hi], seeded (quantized codes and scales).
+inline std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, int lo, int hi) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<uint8_t> v(n);
+  for (auto& e : v) e = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
 // A small stable hash to derive a per-case seed from its parameters.
 // f() must throw a tilejit::Error whose message mentions `needle` (the
 // argument or value it names).

@@ -17,6 +17,7 @@
 #include "jit/registry.h"
 #include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
+#include "runtime/batch_invariant.h"
 #include "runtime/isa.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
@@ -340,18 +341,29 @@ int run_dump(const DumpOptions& opt) {
       opt.isa.empty() ? quant_program_tuned(f, prog, isa, m) : codegen::PlanOverrides{};
   if (prog.quantized()) {
     // ops/gemm_quant.cpp's spec: shallow K chunks (L1-resident dequantized
-    // chunks) for fp8 / int4 at M <= 16; a tuned entry's knobs on top.
+    // chunks) for fp8 / int4 at M <= 16 (not in batch-invariant mode); a
+    // tuned entry's knobs on top.
     codegen::GemmSpec spec = prog.spec;
-    if (m) spec.max_kc = ops::quant_gemm_max_kc(spec.int8(), *m);
+    spec.invariant = runtime::batch_invariant();
+    if (m) spec.max_kc = ops::quant_gemm_max_kc(spec.int8(), *m, spec.invariant);
     plan = qtuned.empty()
                ? codegen::plan_gemm(spec, isa)
                : codegen::plan_gemm(spec, codegen::gemm_isa_for_rows(isa, *m, qtuned), qtuned);
   } else {
     plan = codegen::lower_gemm(prog.lowered, isa);
+    // In batch-invariant mode tilejit::gemm plans the spec with the mode
+    // (ops::bf16_gemm_spec; one chain, K chunked for every M): that plan.
+    if (runtime::batch_invariant()) {
+      codegen::GemmSpec spec = codegen::match_gemm(prog.lowered);
+      spec.invariant = true;
+      plan = codegen::plan_gemm(spec, isa);
+    }
     // With a tuning database (TILEJIT_TUNING_DB) entry for this shape at the
-    // bound M, the plan tilejit::gemm runs is the entry's: shown, and named.
+    // bound M, the plan tilejit::gemm runs is the entry's: shown, and named
+    // (never in batch-invariant mode: ops::tuned_gemm).
     if (m && opt.isa.empty()) {
-      const codegen::GemmSpec spec = codegen::match_gemm(prog.lowered);
+      codegen::GemmSpec spec = codegen::match_gemm(prog.lowered);
+      spec.invariant = runtime::batch_invariant();
       const codegen::PlanOverrides tuned = ops::tuned_gemm(isa, spec, *m);
       if (!tuned.empty())
         plan = codegen::plan_gemm(spec, codegen::gemm_isa_for_rows(isa, *m, tuned), tuned);
