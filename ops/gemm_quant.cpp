@@ -185,12 +185,22 @@ void run_fused(const TensorView& x, const PackedWeight::Impl& p, const TensorVie
   const int64_t bias_elem = opt.bias && opt.bias->dtype == DType::f32 ? 4 : 2;
   // Runs of consecutive column blocks per task: the kernel's prefetch runs on
   // from one block's codes into the next; a block's row groups reread its
-  // codes from cache.
+  // codes from cache. More rows than kFusedMaxRows (batch-invariant mode)
+  // go in chunks of kFusedMaxRows (a multiple of kFusedMaxMr, so only the
+  // last chunk has the remainder group FusedKernels holds), x's chunk
+  // staying in cache across the run's blocks.
   constexpr int64_t kBlocksPerTask = 8;
-  runtime::parallel_for((n_blocks + kBlocksPerTask - 1) / kBlocksPerTask, [&](int64_t t) {
-    for (int64_t nb = t * kBlocksPerTask; nb < std::min(n_blocks, (t + 1) * kBlocksPerTask); ++nb)
-      kernels.run(p, nb, nb == n_blocks - 1 && N % kBlockN != 0, a, lda, M,
-                  static_cast<uint8_t*>(y.data) + nb * kBlockN * y_elem, y.strides[0] * y_elem,
+  static_assert(kFusedMaxRows % kFusedMaxMr == 0);
+  const int64_t runs = (n_blocks + kBlocksPerTask - 1) / kBlocksPerTask;
+  const int64_t chunk = std::min(M, kFusedMaxRows);
+  const int64_t chunks = (M + chunk - 1) / chunk;
+  runtime::parallel_for(runs * chunks, [&](int64_t t) {
+    const int64_t r0 = t / runs * chunk, rows = std::min(chunk, M - r0), run = t % runs;
+    uint8_t* yc = static_cast<uint8_t*>(y.data) + r0 * y.strides[0] * y_elem;
+    for (int64_t nb = run * kBlocksPerTask; nb < std::min(n_blocks, (run + 1) * kBlocksPerTask);
+         ++nb)
+      kernels.run(p, nb, nb == n_blocks - 1 && N % kBlockN != 0, a + r0 * lda, lda, rows,
+                  yc + nb * kBlockN * y_elem, y.strides[0] * y_elem,
                   opt.bias ? static_cast<const uint8_t*>(opt.bias->data) + nb * kBlockN * bias_elem
                            : nullptr);
   });
@@ -403,6 +413,10 @@ codegen::BrgemmDesc quant_fused_desc(DType code, bool zeros, int64_t k_packed,
   d.glu_alpha = spec.glu_alpha;
   d.glu_limit = spec.glu_limit;
   if (d.glu != codegen::Glu::none) d.nr = 32;
+  // Batch-invariant mode (quant_gemm_fused at every M): one accumulator
+  // chain and one arithmetic for every mr (the Xbyak kernel's vdpbf16ps
+  // form; the LLVM kernel has one).
+  d.one_chain = !quant_routes_follow_rows();
   // The Xbyak u4 kernel's arithmetic: tuned, or this CPU's (the LLVM kernel
   // has one).
   d.u4_bf16_dot = d.isa == Isa::avx512 && code == DType::u4 &&
@@ -445,7 +459,7 @@ const codegen::PlanOverrides& weight_tuned(const PackedWeight::Impl& p, codegen:
 std::string quant_gemm_kernel_name(const PackedWeight::Impl& p, codegen::BiasKind bias,
                                    Activation act, DType out, Isa path, int64_t m) {
   const bool invariant = runtime::batch_invariant();
-  const Isa isa = codegen::gemm_isa_for_rows(path, m, {}, invariant);
+  const Isa isa = quant_rows_isa(path, m);
   const codegen::PlanOverrides& tuned = weight_tuned(p, bias, act, out, path, m);
   // The automatic route (GemmOptions' default), or the tuned one.
   if (w4a8_route(p, GemmOptions{}, isa, m, tuned)) {
@@ -555,8 +569,13 @@ bool quant_routes_follow_rows() {
   return !runtime::batch_invariant();
 }
 
+Isa quant_rows_isa(Isa path, int64_t m) {
+  return codegen::gemm_isa_for_rows(path, m, {}, !quant_routes_follow_rows());
+}
+
 bool quant_gemm_fused(Isa path, int64_t m) {
-  return m <= fused_max_rows(path) && quant_routes_follow_rows();
+  if (!quant_routes_follow_rows()) return path != Isa::amx && fused_max_rows(path) > 0;
+  return m <= fused_max_rows(path);
 }
 
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m) {
@@ -582,10 +601,10 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
                     const GemmOptions& opt) {
   const int64_t M = x.shape[0];
   const Isa path = runtime::active_isa();
-  // Batch-invariant mode: the path's ISA, and (quant_routes_follow_rows) the
-  // dequant route, for every M.
+  // Batch-invariant mode: the path's ISA, and one route (quant_gemm_fused),
+  // for every M.
   const bool invariant = runtime::batch_invariant();
-  const Isa rows_isa = codegen::gemm_isa_for_rows(path, M, {}, invariant);
+  const Isa rows_isa = quant_rows_isa(path, M);
   // A tuning database entry of this format and shape class: the int4 route
   // and, for W8A8 and the dequant route, the GemmPlan's row blocking, task
   // split and ISA (validated at load: jit/tuning_db.cpp).

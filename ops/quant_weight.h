@@ -77,12 +77,19 @@ inline constexpr int64_t kFusedMaxRows = 16;
 // applies and the tool's texts print.
 int64_t fused_max_rows(Isa path);
 // Batch-invariant mode (runtime::batch_invariant) gives no route by M: an
-// fp8 / int4 W4A16 / MXFP4 GEMM then takes the dequant route at every m (the
-// bf16 kernels with one accumulator chain, K chunked alike: GemmSpec::
-// invariant), and int4_route automatic W4A16; quant_gemm_fused and
-// w4a8_automatic are false, a tuning entry's route is not taken.
+// fp8 / int4 W4A16 / MXFP4 GEMM then takes one route at every m — the fused
+// kernel where the path has one (llvm; avx512 with AVX512-VBMI), with one
+// accumulator chain and one arithmetic for every mr (BrgemmDesc::one_chain),
+// in chunks of kFusedMaxRows rows; else (amx, whose AMX bf16 kernels prefill
+// ~10x faster; avx512 without VBMI) the dequant route (the bf16 kernels with
+// one chain, K chunked alike: GemmSpec::invariant) — and int4_route automatic
+// W4A16: quant_gemm_fused is that rule, w4a8_automatic false, a tuning
+// entry's route is not taken.
 bool quant_routes_follow_rows();
 bool quant_gemm_fused(Isa path, int64_t m);
+// The ISA a quantized GEMM of m rows runs on `path` (gemm_isa_for_rows: the
+// AVX-512 kernels for very few rows on amx, except in batch-invariant mode).
+Isa quant_rows_isa(Isa path, int64_t m);
 // The same for a GEMM with weight p (fp8, int4 or MXFP4; int8 never).
 bool quant_gemm_fused(const PackedWeight::Impl& p, Isa path, int64_t m);
 

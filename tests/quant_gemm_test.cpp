@@ -928,11 +928,14 @@ TEST(QuantErrors, Int4RouteOptions) {
   EXPECT_FALSE(ops::quant_gemm_fused(Isa::amx, 5));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::amx, 512));
   EXPECT_FALSE(ops::w4a8_automatic(Isa::scalar, 512));
-  // Batch-invariant mode: no route by M (the dequant route, W4A16, at every M).
+  // Batch-invariant mode: no route by M (W4A16; the fused kernel at every M
+  // where the path has one, except amx: the dequant route there).
   set_batch_invariant(true);
-  for (int64_t m : {1, 4, 9, 16, 64}) {
-    EXPECT_FALSE(ops::quant_gemm_fused(Isa::avx512, m)) << m;
-    EXPECT_FALSE(ops::quant_gemm_fused(Isa::llvm, m)) << m;
+  for (int64_t m : {1, 4, 9, 16, 17, 64, 512}) {
+    EXPECT_EQ(ops::quant_gemm_fused(Isa::avx512, m), vbmi) << m;
+    EXPECT_TRUE(ops::quant_gemm_fused(Isa::llvm, m)) << m;
+    EXPECT_FALSE(ops::quant_gemm_fused(Isa::amx, m)) << m;
+    EXPECT_EQ(ops::quant_rows_isa(Isa::amx, m), Isa::amx) << m;
     EXPECT_FALSE(ops::w4a8_automatic(Isa::avx512, m)) << m;
     EXPECT_FALSE(ops::w4a8_automatic(Isa::llvm, m)) << m;
   }

@@ -150,7 +150,7 @@ void print_quant_plan(const ir::Function& f, const GemmProgram& p, Isa isa,
         "  kernel       none (the scalar path computes from the logical weights in double)\n");
   if (!tuned.empty())
     fmt::print("  tuned        {} (the tuning database's entry at M = {})\n", tuned.entry, *m);
-  const Isa rows_isa = m ? codegen::gemm_isa_for_rows(isa, *m) : isa;
+  const Isa rows_isa = m ? ops::quant_rows_isa(isa, *m) : isa;
   if (w4a8) {
     fmt::print(
         "  w4a8         M = {}: int4_route {} takes W4A8 instead of the plan above: x gathered "
@@ -386,7 +386,7 @@ int run_dump(const DumpOptions& opt) {
       // The set FusedKernels compiles for this M (ops::quant_fused_descs).
       const ops::FusedDescs fds =
           ops::quant_fused_descs(weight_code_dtype(prog.format), prog.zero >= 0, prog.spec.k,
-                                 prog.spec, *m, codegen::gemm_isa_for_rows(isa, *m), qtuned);
+                                 prog.spec, *m, ops::quant_rows_isa(isa, *m), qtuned);
       int count = 0;
       for (const auto& g : fds)
         for (const auto& d : g) count += d.has_value();

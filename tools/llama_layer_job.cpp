@@ -483,7 +483,7 @@ void quant_gemm_rows(const Env& env, const LayerGemm& g, const std::vector<int64
             .kernel = kernel};
     // W8A8, and int4 on the W4A8 route, run the int8 kernels.
     row.int8 = pw.format() == WeightFormat::int8 ||
-               ops::w4a8_route(*pw.impl(), go, codegen::gemm_isa_for_rows(env.cpu.isa, m), m);
+               ops::w4a8_route(*pw.impl(), go, ops::quant_rows_isa(env.cpu.isa, m), m);
     measure(
         row, env, [&] { gemm(xv, pw, yv, go); },
         [&](double* err) {

@@ -132,7 +132,9 @@ class QuantBrgemm : public JitGenerator {
   static constexpr int64_t kFpBufferMax = 128 * 1024;
   // Whether a descriptor takes the f32 FMA variant (then its scratch).
   static bool fp_variant(const BrgemmDesc& d) {
-    if (d.u4_bf16_dot) return false;
+    // one_chain (batch-invariant mode): every mr sums with vdpbf16ps, as
+    // mr = 4 does (the f32 FMAs would round otherwise).
+    if (d.u4_bf16_dot || d.one_chain) return false;
     const int nz = (d.computed_cols() + 15) / 16;
     const bool table_free = d.b_type == DType::u4 && nz == 4;
     return table_free && d.mr * fp_row_bytes_of(d) <= kFpBufferMax && d.mr * nz + d.mr + 17 <= 32;
@@ -177,9 +179,11 @@ class QuantBrgemm : public JitGenerator {
     auto fixed = [&](int ks) { return ks * rn + (sa_ ? ks * d_.mr + 1 : 0) + consts + btemps + 1; };
     // vdpbf16ps has a latency of ~8 cycles at one per cycle: keep 8
     // independent chains where the registers allow, by alternating k-pair
-    // rows between ks sets of acc_g (and Σa), summed at the fold.
+    // rows between ks sets of acc_g (and Σa), summed at the fold. one_chain
+    // (batch-invariant mode): one set whatever mr, so a row's sums do not
+    // depend on the rows beside it.
     ks_ = 1;
-    while (ks_ < 4 && 2 * ks_ * rn <= 8 && fixed(2 * ks_) + rn <= 32) ks_ *= 2;
+    while (!d_.one_chain && ks_ < 4 && 2 * ks_ * rn <= 8 && fixed(2 * ks_) + rn <= 32) ks_ *= 2;
     acc_in_regs_ = fixed(ks_) + rn <= 32;
     int next = 0;
     if (acc_in_regs_) next += rn;  // acc(r, j) = zmm(r·nz + j)

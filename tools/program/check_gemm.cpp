@@ -154,7 +154,7 @@ CheckReport ProgramRunner::check_quantized(const TensorMap& outputs) const {
   // non-finite value to NaN (W8A8's rule).
   const bool x_inf = ops::fused_int4_form(prog_.format) && ops::bf16_rows_have_inf(xd, k, m, k);
   const bool w4a8 =
-      ops::w4a8_route(prog_.format, k, opt, codegen::gemm_isa_for_rows(cpu_info().isa, m), m) &&
+      ops::w4a8_route(prog_.format, k, opt, ops::quant_rows_isa(cpu_info().isa, m), m) &&
       ops::w4a8_keeps_infinities(opt.int4_route, x_inf);
   const int64_t groups = s.shape.at(0);  // int4 scales are [G, N]
   const bool dequantized = cpu_info().isa != Isa::scalar && !w4a8;

@@ -35,7 +35,7 @@ std::optional<codegen::BrgemmDesc> fused_kernel(const GemmProgram& p, Isa isa,
                                                 const codegen::PlanOverrides& tuned) {
   // M = 0: the gemm returns before any kernel (nothing to show).
   if (!p.quantized() || p.format == WeightFormat::int8 || !m || *m < 1) return std::nullopt;
-  const Isa run = codegen::gemm_isa_for_rows(isa, *m);
+  const Isa run = ops::quant_rows_isa(isa, *m);
   if (!ops::quant_gemm_fused(run, *m)) return std::nullopt;
   return ops::quant_fused_desc(weight_code_dtype(p.format), p.zero >= 0, p.spec.k, p.spec, *m, run,
                                tuned);
@@ -60,7 +60,7 @@ codegen::PlanOverrides quant_program_tuned(const ir::Function& f, const GemmProg
 // tuned entry's choice under int4_route automatic).
 bool program_w4a8(const GemmProgram& p, Isa isa, std::optional<int64_t> m,
                   const codegen::PlanOverrides& tuned) {
-  return m && ops::w4a8_route(p.format, p.spec.k, p.int4_route, codegen::gemm_isa_for_rows(isa, *m),
+  return m && ops::w4a8_route(p.format, p.spec.k, p.int4_route, ops::quant_rows_isa(isa, *m),
                               *m, "gemm", tuned);
 }
 
