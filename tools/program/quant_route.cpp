@@ -60,8 +60,8 @@ codegen::PlanOverrides quant_program_tuned(const ir::Function& f, const GemmProg
 // tuned entry's choice under int4_route automatic).
 bool program_w4a8(const GemmProgram& p, Isa isa, std::optional<int64_t> m,
                   const codegen::PlanOverrides& tuned) {
-  return m && ops::w4a8_route(p.format, p.spec.k, p.int4_route, ops::quant_rows_isa(isa, *m),
-                              *m, "gemm", tuned);
+  return m && ops::w4a8_route(p.format, p.spec.k, p.int4_route, ops::quant_rows_isa(isa, *m), *m,
+                              "gemm", tuned);
 }
 
 std::string program_route_line(const ir::Function& f, const GemmProgram& p, Isa isa, int64_t m) {
