@@ -682,14 +682,18 @@ int num_threads();
 
 // Batch-invariant mode, for deterministic serving (sglang's
 // --enable-deterministic-inference, vLLM's VLLM_BATCH_INVARIANT): while on,
-// each row of gemm / gemm_batched / fused_experts with bf16 or int8 weights
+// each row of gemm / gemm_batched / fused_experts with any weight format
 // and each sequence of decode_attention / extend_attention (as with their
 // `deterministic` option) gives the same bits whatever the other rows or
 // sequences of the call and the thread count: the kernels sum every row in
 // one fixed order (no row-count-dependent K split or accumulator
 // interleaving, one ISA for every M, tuning database plans not applied).
-// fp8, int4 W4A16 (and int4_route automatic) and MXFP4 weights are not
-// covered (their route follows M; docs/reliability.md "Determinism").
+// fp8, int4 and MXFP4 weights take one route for every M (int4_route
+// automatic means W4A16): the fused decode kernel on the llvm and avx512
+// paths (prefill slower than the default mode's), the dequant route on amx.
+// Exception: a call whose x holds an ±Inf runs int4 weights on the dequant
+// route (IEEE infinities), so its rows may differ from the same rows alone
+// (docs/reliability.md "Determinism").
 // Default: TILEJIT_BATCH_INVARIANT (0 or 1; unset or empty: off); this call
 // overrides it for the process.
 void set_batch_invariant(bool on);

@@ -79,9 +79,9 @@ void bind_info(py::module_& m) {
         set_batch_invariant(on.cast<bool>());
       },
       py::arg("on"),
-      "Batch-invariant mode for deterministic serving: each row of gemm / fused_experts (bf16, "
-      "int8 weights) and each sequence of decode / extend attention independent of the rest of "
-      "the batch and of the thread count (default TILEJIT_BATCH_INVARIANT).");
+      "Batch-invariant mode for deterministic serving: each row of gemm / fused_experts (any "
+      "weight format) and each sequence of decode / extend attention independent of the rest "
+      "of the batch and of the thread count (default TILEJIT_BATCH_INVARIANT).");
   m.def("batch_invariant", [] { return batch_invariant(); });
 }
 
