@@ -597,6 +597,38 @@ bool layout_tag_ok(const PackedWeight::Impl& p) {
   return p.layout_name.rfind(prefix, 0) == 0;
 }
 
+namespace {
+
+// Rows [r0, r1) of a 2-D view.
+TensorView row_range(const TensorView& t, int64_t r0, int64_t r1) {
+  const int64_t elem = t.dtype == DType::f32 ? 4 : 2;
+  return TensorView(static_cast<uint8_t*>(t.data) + r0 * t.strides[0] * elem, t.dtype,
+                    {r1 - r0, t.shape[1]}, t.strides);
+}
+
+// Batch-invariant int4 GEMM with ±Inf activations: maximal runs of rows
+// with and without an ±Inf, the former on the dequant route, the latter on
+// the fused kernel (the route each run would take alone).
+void run_rows_by_inf(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
+                     const GemmOptions& opt, Isa rows_isa, const codegen::PlanOverrides& tuned) {
+  const auto* xd = static_cast<const uint16_t*>(x.data);
+  const int64_t M = x.shape[0], K = x.shape[1], ld = x.strides[0];
+  auto inf_row = [&](int64_t r) { return bf16_rows_have_inf(xd + r * ld, ld, 1, K); };
+  for (int64_t r0 = 0; r0 < M;) {
+    const bool inf = inf_row(r0);
+    int64_t r1 = r0 + 1;
+    while (r1 < M && inf_row(r1) == inf) ++r1;
+    const TensorView xs = row_range(x, r0, r1), ys = row_range(y, r0, r1);
+    if (inf)
+      run_dequant(xs, p, ys, opt, rows_isa, tuned);
+    else
+      run_fused(xs, p, ys, opt, rows_isa, tuned);
+    r0 = r1;
+  }
+}
+
+}  // namespace
+
 void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const TensorView& y,
                     const GemmOptions& opt) {
   const int64_t M = x.shape[0];
@@ -629,6 +661,13 @@ void gemm_quantized(const TensorView& x, const PackedWeight::Impl& p, const Tens
   if (p.format != WeightFormat::int8 && quant_gemm_fused(p, rows_isa, M) &&
       fused_keeps_infinities(p.format, x_has_inf))
     return run_fused(x, p, y, opt, rows_isa, tuned);
+  // Batch-invariant mode, int4 weights and an x holding an ±Inf: a route
+  // taken for the whole call would make the other rows' bits depend on that
+  // row, so each run of rows takes its own — the rows holding an ±Inf the
+  // dequant route (IEEE infinities; invariant in the mode too), the others
+  // the fused kernel, as alone.
+  if (invariant && x_has_inf && quant_gemm_fused(p, rows_isa, M))
+    return run_rows_by_inf(x, p, y, opt, rows_isa, tuned);
   // W8A8 and the dequant route run a GemmPlan (with the entry's knobs).
   const Isa isa = codegen::gemm_isa_for_rows(path, M, tuned, invariant);
   if (p.format == WeightFormat::int8) return run_int8(x, p, y, opt, isa, tuned);

@@ -609,6 +609,21 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
   const bool hidden_has_inf =
       any_int4 &&
       ops::bf16_rows_have_inf(static_cast<const uint16_t*>(hidden.data), hidden.strides[0], T, H);
+  // Per expert: whether a token routed to it holds the ±Inf (only those
+  // experts leave the fused kernel / W4A8, so a token's ±Inf moves no token
+  // that shares none of its experts).
+  std::vector<uint8_t> token_inf;
+  if (hidden_has_inf) {
+    token_inf.resize(sz(T));
+    for (int64_t t = 0; t < T; ++t)
+      token_inf[sz(t)] = ops::bf16_rows_have_inf(
+          static_cast<const uint16_t*>(hidden.data) + t * hidden.strides[0], H, 1, H);
+  }
+  auto rows_have_inf = [&](int64_t r0, int64_t rows) {
+    for (int64_t r = r0; r < r0 + rows && hidden_has_inf; ++r)
+      if (token_inf[sz(sc.row_token[sz(r)])]) return true;
+    return false;
+  };
   std::vector<Group> groups;
   const int64_t n_up_blocks = w13.output_blocks();
   int64_t active = 0;
@@ -641,13 +656,13 @@ void run_jit(const Dims& d, Isa isa, const TensorView& hidden, const PackedExper
     }
     if (b2) g.b2 = static_cast<const float*>(opt.b2->data) + e * opt.b2->strides[0];
     const codegen::PlanOverrides et = expert_tuned(g.rows);
+    const bool g_inf = rows_have_inf(g.row0, g.rows);
     g.up = ops::ExpertGemm(w13, e, gate_up_spec(w13, H, b13, opt), g.rows, isa, opt.int4_route, et,
-                           hidden_has_inf);
+                           g_inf);
     // The down inputs come from the gate / up outputs: an Inf in hidden
     // reaches them (one the activation makes from finite inputs does not
     // count here: docs/reliability.md).
-    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route, et,
-                             hidden_has_inf);
+    g.down = ops::ExpertGemm(w2, e, down_spec(H, I, b2), g.rows, isa, opt.int4_route, et, g_inf);
     groups.push_back(std::move(g));
   }
   if (shared) {

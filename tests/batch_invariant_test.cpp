@@ -13,6 +13,7 @@
 // automatic W4A8 from a few rows), the mode keeps one route for every M.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -373,6 +374,77 @@ TEST_F(BatchInvariant, QuantizedExpertsTokenAloneOrInABatch) {
     }
     EXPECT_EQ(bad, 0);
   }
+}
+
+// int4 rows holding an ±Inf take the dequant route (IEEE infinities; the
+// fused kernel's int4 form would make NaN of them): in the mode each run of
+// such rows on its own, so the other rows keep the bits they have alone,
+// and the Inf row its own (with ±Inf outputs, not only NaN).
+TEST_F(BatchInvariant, Int4InfRowMovesNoOtherRow) {
+  if (cpu_info().isa == Isa::scalar) GTEST_SKIP() << "the reference takes no route";
+  Mode on(true);
+  const int64_t n = 72, k = 256;
+  const int64_t m = cpu_info().amx_emulated ? 6 : 40;
+  for (QFormat f : {QFormat::int4_gptq_zp, QFormat::int4_awq_sym}) {
+    SCOPED_TRACE(qformat_name(f));
+    QuantTensors t;
+    const PackedWeight pw = quant_weight(f, n, k, 81, t);
+    auto x = random_bf16(static_cast<size_t>(m * k), 82, -2, 2);
+    for (int64_t r : {int64_t{2}, int64_t{3}, m - 1})  // a run of two, and the last row
+      x[static_cast<size_t>(r * k + 5 + r)] = r % 2 == 0 ? 0x7F80 : 0xFF80;  // ±Inf
+    std::vector<float> y(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+    gemm(TensorView(x.data(), DType::bf16, {m, k}), pw, TensorView(y.data(), DType::f32, {m, n}));
+    int64_t bad = 0, inf_outputs = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      gemm(TensorView(x.data() + r * k, DType::bf16, {1, k}), pw,
+           TensorView(one.data(), DType::f32, {1, n}));
+      bad += std::memcmp(one.data(), y.data() + r * n, size_t(n) * 4) != 0;
+      for (int64_t j = 0; j < n; ++j) inf_outputs += std::isinf(y[size_t(r * n + j)]);
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_GT(inf_outputs, 0) << "the Inf rows' IEEE ±Inf outputs";
+  }
+}
+
+// In fused_experts only the experts routed a token holding an ±Inf leave
+// the fused kernel: the tokens routed to other experts keep their bits, and
+// so does the Inf token (its experts take the dequant route alone or not).
+TEST_F(BatchInvariant, Int4InfTokenMovesNoTokenOnOtherExperts) {
+  if (cpu_info().isa == Isa::scalar) GTEST_SKIP() << "the reference takes no route";
+  Mode on(true);
+  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t T = cpu_info().amx_emulated ? 6 : 24, inf_token = 1;
+  std::vector<QuantTensors> t13(E), t2(E);
+  const PackedExperts p13 =
+      quant_experts(QFormat::int4_gptq_zp, ExpertProj::gate_up, 2 * I, H, 71, t13);
+  const PackedExperts p2 = quant_experts(QFormat::int4_gptq_zp, ExpertProj::down, H, I, 91, t2);
+  auto hidden = random_bf16(static_cast<size_t>(T * H), 34, -2, 2);
+  hidden[static_cast<size_t>(inf_token * H + 9)] = 0x7F80;
+  // The first half of the tokens on experts 0 / 1, the rest on 2 / 3.
+  std::vector<int32_t> ids(static_cast<size_t>(T * topk));
+  std::vector<float> wts(ids.size(), 0.5f);
+  for (int64_t i = 0; i < T; ++i) {
+    ids[i * topk] = i < T / 2 ? 0 : 2;
+    ids[i * topk + 1] = i < T / 2 ? 1 : 3;
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(T * H));
+  fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), p13, p2,
+                TensorView(wts.data(), DType::f32, {T, topk}),
+                TensorView(ids.data(), DType::i32, {T, topk}),
+                TensorView(out.data(), DType::bf16, {T, H}));
+  int64_t bad = 0, inf_outputs = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    if (i < T / 2 && i != inf_token) continue;  // they share an expert with it: may move
+    std::vector<uint16_t> one(static_cast<size_t>(H));
+    fused_experts(TensorView(hidden.data() + i * H, DType::bf16, {1, H}), p13, p2,
+                  TensorView(wts.data() + i * topk, DType::f32, {1, topk}),
+                  TensorView(ids.data() + i * topk, DType::i32, {1, topk}),
+                  TensorView(one.data(), DType::bf16, {1, H}));
+    for (int64_t j = 0; j < H; ++j) bad += one[j] != out[i * H + j];
+  }
+  for (int64_t j = 0; j < H; ++j) inf_outputs += (out[inf_token * H + j] & 0x7FFF) >= 0x7F80;
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(inf_outputs, 0) << "the Inf token's outputs";
 }
 
 // The mode implies decode's deterministic form: a sequence alone on one

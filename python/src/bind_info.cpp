@@ -74,8 +74,9 @@ void bind_info(py::module_& m) {
       "set_batch_invariant",
       [](const py::handle& on) {
         if (!py::isinstance<py::bool_>(on))
-          throw Error("set_batch_invariant: on=" + std::string(py::str(py::repr(on))) +
-                      "; allowed: True or False");
+          throw Error("set_batch_invariant: on=" + std::string(py::str(py::repr(on))) + " (a " +
+                      std::string(py::str(py::type::handle_of(on).attr("__name__"))) +
+                      "); allowed: a Python bool, True or False");
         set_batch_invariant(on.cast<bool>());
       },
       py::arg("on"),

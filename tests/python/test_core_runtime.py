@@ -281,7 +281,8 @@ def test_batch_invariant_mode_rows_alone_equal_rows_in_a_batch():
         y = tilejit.gemm(x, w)
         for r in range(77):
             assert torch.equal(tilejit.gemm(x[r:r + 1], w)[0], y[r]), r
-        with pytest.raises(tilejit.Error, match="set_batch_invariant: on=1; allowed: True or False"):
+        with pytest.raises(tilejit.Error, match=r"set_batch_invariant: on=1 \(a int\); allowed: "
+                           r"a Python bool, True or False"):
             tilejit.set_batch_invariant(1)
     finally:
         tilejit.set_batch_invariant(saved)
