@@ -60,13 +60,15 @@ void PackedExperts::Impl::check_proj_and_rows(const char* op, ExpertProj proj, G
   if (order != GluRows::halves && order != GluRows::interleaved)
     throw Error(fmt::format("{}: glu_rows={} is not a GluRows; allowed: halves, interleaved", op,
                             static_cast<int>(order)));
-  // A non-gated up projection has no gate / up rows to order (the IR refuses
-  // glu_rows with gated = false alike).
-  if (proj == ExpertProj::up && order == GluRows::interleaved)
+  // Only a gate_up matrix has gate / up rows to order: a non-gated up
+  // projection and a down one have none (the IR refuses glu_rows with gated
+  // = false alike; a down matrix's interleaved flag was ignored, which hid
+  // a caller's belief that it changed something).
+  if (proj != ExpertProj::gate_up && order == GluRows::interleaved)
     throw Error(fmt::format(
-        "{}: glu_rows=interleaved with proj=up: a non-gated up projection has no gate / up rows "
-        "to interleave; allowed: halves (the default)",
-        op));
+        "{}: glu_rows=interleaved with proj={}: only a gate_up matrix has gate / up rows to "
+        "interleave; allowed: halves (the default)",
+        op, proj == ExpertProj::up ? "up" : "down"));
 }
 
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows order) {

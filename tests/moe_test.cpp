@@ -985,6 +985,14 @@ TEST_F(FusedExpertsErrors, NonGatedExperts) {
                      GluRows::interleaved);
       },
       {"glu_rows=interleaved with proj=up", "allowed: halves"}));
+  // A down matrix has none either (the flag was ignored).
+  std::vector<uint16_t> w2(static_cast<size_t>(E * H * I), 0x3c00);
+  EXPECT_TRUE(throws_with(
+      [&] {
+        pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down,
+                     GluRows::interleaved);
+      },
+      {"glu_rows=interleaved with proj=down", "allowed: halves"}));
   MoeOptions o;
   o.act = Activation::relu2;
   EXPECT_NO_THROW(fused_experts(X(), up, p.w2, W(), Ids(), Out(), o));
