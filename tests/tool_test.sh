@@ -837,6 +837,16 @@ usage "unknown output is usage" "has no result 'y'" "$TJ" run "$LB" --random-inp
 usage "malformed --input is usage" "--input 'x': expected NAME=FILE.npy" "$TJ" run "$LB" --input x
 usage "input given twice" "input 'x' is given twice" \
   "$TJ" run "$LB" --input "x=$WORK/lb/x.npy" --input "x=$WORK/lb/x.npy" --random-inputs 1
+# --output onto an --input's file (by name, or through a symlink to it):
+# the run would replace the data it read; the input stays as it was.
+"$TJ" gen-npy "$H/xin.npy" --dtype '<u2' --shape 2,1024 --seed 5
+ln -sf "$H/xin.npy" "$H/x_link.npy"
+cp "$H/xin.npy" "$H/x_before.npy"
+usage "output onto an input" "--output '1=.*xin.npy': the file of --input 'x=.*xin.npy'; allowed: a file that is not one of the run's inputs" \
+  "$TJ" run "$LB" --input "x=$H/xin.npy" --random-inputs 1 --output "1=$H/xin.npy"
+usage "output onto an input via a symlink" "--output '1=.*x_link.npy': the file of --input 'x=" \
+  "$TJ" run "$LB" --input "x=$H/xin.npy" --random-inputs 1 --output "1=$H/x_link.npy"
+ok "the input kept" cmp "$H/xin.npy" "$H/x_before.npy"
 usage "unbound dim is usage" "\?M has no size; give --dim M=SIZE" "$TJ" run "$LB" --random-inputs 1
 usage "unknown option" "^tilejit run: error: .*--frobnicate" "$TJ" run "$LB" --frobnicate
 usage "unknown --stage" "--stage: bogus not in" "$TJ" dump "$LB" --stage bogus

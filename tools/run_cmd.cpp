@@ -47,6 +47,34 @@ std::map<std::string, std::string> file_options(const std::vector<std::string>& 
   return out;
 }
 
+// Whether two option paths name one file: the same file when both exist
+// (hard links and symlinks included), else the same lexical path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec) && !ec) return true;
+  return std::filesystem::path(a).lexically_normal() == std::filesystem::path(b).lexically_normal();
+}
+
+// An --output onto one of the run's --input files (the run would replace the
+// data it read, silently) or onto another --output's file (the second write
+// would replace the first) is a usage error.
+void check_output_files(const std::map<std::string, std::string>& in_files,
+                        const std::map<std::string, std::string>& out_files) {
+  for (auto o = out_files.begin(); o != out_files.end(); ++o) {
+    for (const auto& [name, path] : in_files)
+      if (same_file(o->second, path))
+        throw UsageError(fmt::format(
+            "--output '{}={}': the file of --input '{}={}'; allowed: a file that is not one of "
+            "the run's inputs",
+            o->first, o->second, name, path));
+    for (auto p = out_files.begin(); p != o; ++p)
+      if (same_file(o->second, p->second))
+        throw UsageError(fmt::format(
+            "--output '{}={}': the file of --output '{}={}'; allowed: one file per result",
+            o->first, o->second, p->first, p->second));
+  }
+}
+
 // --save-inputs DIR: created when missing (runtime::make_directories: 0755,
 // whatever the umask); a path that exists and is not a directory (a regular
 // file, say) is a usage error, not a failed write.
@@ -101,6 +129,7 @@ int run_program(const RunOptions& opt) {
   ProgramRunner runner = make_runner(f, opt.file);
   const auto in_files = file_options(opt.inputs, "--input", "input", f, f.params);
   const auto out_files = file_options(opt.outputs, "--output", "result", f, f.results);
+  check_output_files(in_files, out_files);
   note_isa_request(opt.isa);
 
   TensorMap inputs;
