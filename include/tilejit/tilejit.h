@@ -522,7 +522,7 @@ class PackedExperts {
 // The order of a gate_up matrix's rows: `halves` (the I gate rows, then the
 // I up rows: sglang's and vLLM's w13) or `interleaved` (row 2i gate i, row
 // 2i + 1 up i: GPT-OSS's gate_up_proj); unpack and dequantize give the rows
-// back in that order.
+// back in that order. interleaved with proj down or up is an Error.
 enum class GluRows { halves, interleaved };
 PackedExperts pack_experts(const TensorView& w, ExpertProj proj, GluRows rows = GluRows::halves);
 // Packing packed experts is a no-op (the same bytes) if proj matches, else an Error.
