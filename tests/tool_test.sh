@@ -847,6 +847,11 @@ usage "output onto an input" "--output '1=.*xin.npy': the file of --input 'x=.*x
 usage "output onto an input via a symlink" "--output '1=.*x_link.npy': the file of --input 'x=" \
   "$TJ" run "$LB" --input "x=$H/xin.npy" --random-inputs 1 --output "1=$H/x_link.npy"
 ok "the input kept" cmp "$H/xin.npy" "$H/x_before.npy"
+# Two --output onto one file: the second write would replace the first.
+printf 'func @two(%%x: tensor<?Mx16xf32>) -> (tensor<?Mx16xf32>, tensor<?Mx16xf32>) {\n  %%a = silu %%x : tensor<?Mx16xf32>\n  %%b = relu %%x : tensor<?Mx16xf32>\n  return %%a, %%b\n}\n' >"$H/two.tir"
+ok "two results: run" "$TJ" run "$H/two.tir" --random-inputs 1 --dim M=2 --output "a=$H/a.npy" --output "b=$H/b.npy"
+usage "two outputs onto one file" "--output 'b=.*same.npy': the file of --output 'a=.*same.npy'; allowed: one file per result" \
+  "$TJ" run "$H/two.tir" --random-inputs 1 --dim M=2 --output "a=$H/same.npy" --output "b=$H/./same.npy"
 usage "unbound dim is usage" "\?M has no size; give --dim M=SIZE" "$TJ" run "$LB" --random-inputs 1
 usage "unknown option" "^tilejit run: error: .*--frobnicate" "$TJ" run "$LB" --frobnicate
 usage "unknown --stage" "--stage: bogus not in" "$TJ" dump "$LB" --stage bogus
