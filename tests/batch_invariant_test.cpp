@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -300,12 +301,52 @@ TEST_F(BatchInvariant, GemmBatchedEntriesMatchAlone) {
   EXPECT_EQ(bad, 0);
 }
 
+// Routing of T tokens over 4 experts, top 2: token t to experts t % 2 and
+// 2 + t % 2 (each expert many rows in a batch, one alone).
+struct Routes {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+Routes alternating_routes(int64_t T) {
+  Routes r;
+  for (int64_t t = 0; t < T; ++t) {
+    r.ids.insert(r.ids.end(), {static_cast<int32_t>(t % 2), static_cast<int32_t>(2 + t % 2)});
+    r.weights.insert(r.weights.end(), {0.625f, 0.375f});
+  }
+  return r;
+}
+
+// Tokens t (those `checked` says) of fused_experts over hidden [T, H] whose
+// output differs from the same token's computed alone; out: the batch's.
+int64_t token_mismatches(const PackedExperts& p13, const PackedExperts& p2,
+                         const std::vector<uint16_t>& hidden, int64_t H, const Routes& r,
+                         std::vector<uint16_t>& out,
+                         const std::function<bool(int64_t)>& checked = nullptr) {
+  const int64_t topk = 2, T = static_cast<int64_t>(hidden.size()) / H;
+  auto call = [&](int64_t t0, int64_t n, uint16_t* y) {
+    fused_experts(TensorView(hidden.data() + t0 * H, DType::bf16, {n, H}), p13, p2,
+                  TensorView(r.weights.data() + t0 * topk, DType::f32, {n, topk}),
+                  TensorView(r.ids.data() + t0 * topk, DType::i32, {n, topk}),
+                  TensorView(y, DType::bf16, {n, H}));
+  };
+  out.assign(static_cast<size_t>(T * H), 0);
+  call(0, T, out.data());
+  int64_t bad = 0;
+  std::vector<uint16_t> one(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    if (checked && !checked(t)) continue;
+    call(t, 1, one.data());
+    for (int64_t j = 0; j < H; ++j) bad += one[j] != out[t * H + j];
+  }
+  return bad;
+}
+
 // A token's fused_experts output alone equals its output in a batch whose
 // other tokens route to the same experts (so each expert sees 1 row alone
 // and many rows in the batch).
 TEST_F(BatchInvariant, FusedExpertsTokenAloneOrInABatch) {
   Mode on(true);
-  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t E = 4, H = 128, I = 96;
   const int64_t T = cpu_info().amx_emulated ? 5 : 37;
   const auto w13 = random_bf16(static_cast<size_t>(E * 2 * I * H), 31, -0.5f, 0.5f);
   const auto w2 = random_bf16(static_cast<size_t>(E * H * I), 32, -0.5f, 0.5f);
@@ -314,28 +355,8 @@ TEST_F(BatchInvariant, FusedExpertsTokenAloneOrInABatch) {
   const PackedExperts p2 =
       pack_experts(TensorView(w2.data(), DType::bf16, {E, H, I}), ExpertProj::down);
   const auto hidden = random_bf16(static_cast<size_t>(T * H), 33, -2, 2);
-  std::vector<int32_t> ids(static_cast<size_t>(T * topk));
-  std::vector<float> wts(ids.size());
-  for (int64_t t = 0; t < T; ++t) {
-    ids[t * topk] = static_cast<int32_t>(t % 2);  // experts 0 / 1: many rows each
-    ids[t * topk + 1] = static_cast<int32_t>(2 + t % 2);
-    wts[t * topk] = 0.625f, wts[t * topk + 1] = 0.375f;
-  }
-  std::vector<uint16_t> out(static_cast<size_t>(T * H));
-  fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()), DType::bf16, {T, H}), p13, p2,
-                TensorView(wts.data(), DType::f32, {T, topk}),
-                TensorView(ids.data(), DType::i32, {T, topk}),
-                TensorView(out.data(), DType::bf16, {T, H}));
-  int64_t bad = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<uint16_t> one(static_cast<size_t>(H));
-    fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()) + t * H, DType::bf16, {1, H}),
-                  p13, p2, TensorView(wts.data() + t * topk, DType::f32, {1, topk}),
-                  TensorView(ids.data() + t * topk, DType::i32, {1, topk}),
-                  TensorView(one.data(), DType::bf16, {1, H}));
-    for (int64_t j = 0; j < H; ++j) bad += one[j] != out[t * H + j];
-  }
-  EXPECT_EQ(bad, 0);
+  std::vector<uint16_t> out;
+  EXPECT_EQ(token_mismatches(p13, p2, hidden, H, alternating_routes(T), out), 0);
 }
 
 // The same with quantized experts (fp8, int4 automatic, MXFP4): a token's
@@ -343,7 +364,7 @@ TEST_F(BatchInvariant, FusedExpertsTokenAloneOrInABatch) {
 // against the dequant route or W4A8 in the default mode).
 TEST_F(BatchInvariant, QuantizedExpertsTokenAloneOrInABatch) {
   Mode on(true);
-  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t E = 4, H = 128, I = 96;
   const int64_t T = cpu_info().amx_emulated ? 5 : 45;
   for (QFormat f : kQFormats) {
     SCOPED_TRACE(qformat_name(f));
@@ -351,28 +372,8 @@ TEST_F(BatchInvariant, QuantizedExpertsTokenAloneOrInABatch) {
     const PackedExperts p13 = quant_experts(f, ExpertProj::gate_up, 2 * I, H, 71, t13);
     const PackedExperts p2 = quant_experts(f, ExpertProj::down, H, I, 91, t2);
     const auto hidden = random_bf16(static_cast<size_t>(T * H), 33, -2, 2);
-    std::vector<int32_t> ids(static_cast<size_t>(T * topk));
-    std::vector<float> wts(ids.size());
-    for (int64_t i = 0; i < T; ++i) {
-      ids[i * topk] = static_cast<int32_t>(i % 2);
-      ids[i * topk + 1] = static_cast<int32_t>(2 + i % 2);
-      wts[i * topk] = 0.625f, wts[i * topk + 1] = 0.375f;
-    }
-    std::vector<uint16_t> out(static_cast<size_t>(T * H));
-    fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()), DType::bf16, {T, H}), p13, p2,
-                  TensorView(wts.data(), DType::f32, {T, topk}),
-                  TensorView(ids.data(), DType::i32, {T, topk}),
-                  TensorView(out.data(), DType::bf16, {T, H}));
-    int64_t bad = 0;
-    for (int64_t i = 0; i < T; ++i) {
-      std::vector<uint16_t> one(static_cast<size_t>(H));
-      fused_experts(TensorView(const_cast<uint16_t*>(hidden.data()) + i * H, DType::bf16, {1, H}),
-                    p13, p2, TensorView(wts.data() + i * topk, DType::f32, {1, topk}),
-                    TensorView(ids.data() + i * topk, DType::i32, {1, topk}),
-                    TensorView(one.data(), DType::bf16, {1, H}));
-      for (int64_t j = 0; j < H; ++j) bad += one[j] != out[i * H + j];
-    }
-    EXPECT_EQ(bad, 0);
+    std::vector<uint16_t> out;
+    EXPECT_EQ(token_mismatches(p13, p2, hidden, H, alternating_routes(T), out), 0);
   }
 }
 
@@ -412,7 +413,7 @@ TEST_F(BatchInvariant, Int4InfRowMovesNoOtherRow) {
 TEST_F(BatchInvariant, Int4InfTokenMovesNoTokenOnOtherExperts) {
   if (cpu_info().isa == Isa::scalar) GTEST_SKIP() << "the reference takes no route";
   Mode on(true);
-  const int64_t E = 4, H = 128, I = 96, topk = 2;
+  const int64_t E = 4, H = 128, I = 96;
   const int64_t T = cpu_info().amx_emulated ? 6 : 24, inf_token = 1;
   std::vector<QuantTensors> t13(E), t2(E);
   const PackedExperts p13 =
@@ -421,29 +422,18 @@ TEST_F(BatchInvariant, Int4InfTokenMovesNoTokenOnOtherExperts) {
   auto hidden = random_bf16(static_cast<size_t>(T * H), 34, -2, 2);
   hidden[static_cast<size_t>(inf_token * H + 9)] = 0x7F80;
   // The first half of the tokens on experts 0 / 1, the rest on 2 / 3.
-  std::vector<int32_t> ids(static_cast<size_t>(T * topk));
-  std::vector<float> wts(ids.size(), 0.5f);
+  Routes r;
   for (int64_t i = 0; i < T; ++i) {
-    ids[i * topk] = i < T / 2 ? 0 : 2;
-    ids[i * topk + 1] = i < T / 2 ? 1 : 3;
+    r.ids.insert(r.ids.end(), {i < T / 2 ? 0 : 2, i < T / 2 ? 1 : 3});
+    r.weights.insert(r.weights.end(), {0.5f, 0.5f});
   }
-  std::vector<uint16_t> out(static_cast<size_t>(T * H));
-  fused_experts(TensorView(hidden.data(), DType::bf16, {T, H}), p13, p2,
-                TensorView(wts.data(), DType::f32, {T, topk}),
-                TensorView(ids.data(), DType::i32, {T, topk}),
-                TensorView(out.data(), DType::bf16, {T, H}));
-  int64_t bad = 0, inf_outputs = 0;
-  for (int64_t i = 0; i < T; ++i) {
-    if (i < T / 2 && i != inf_token) continue;  // they share an expert with it: may move
-    std::vector<uint16_t> one(static_cast<size_t>(H));
-    fused_experts(TensorView(hidden.data() + i * H, DType::bf16, {1, H}), p13, p2,
-                  TensorView(wts.data() + i * topk, DType::f32, {1, topk}),
-                  TensorView(ids.data() + i * topk, DType::i32, {1, topk}),
-                  TensorView(one.data(), DType::bf16, {1, H}));
-    for (int64_t j = 0; j < H; ++j) bad += one[j] != out[i * H + j];
-  }
+  // The tokens sharing an expert with the Inf token may move; no other.
+  std::vector<uint16_t> out;
+  EXPECT_EQ(token_mismatches(p13, p2, hidden, H, r, out,
+                             [&](int64_t i) { return i >= T / 2 || i == inf_token; }),
+            0);
+  int64_t inf_outputs = 0;
   for (int64_t j = 0; j < H; ++j) inf_outputs += (out[inf_token * H + j] & 0x7FFF) >= 0x7F80;
-  EXPECT_EQ(bad, 0);
   EXPECT_GT(inf_outputs, 0) << "the Inf token's outputs";
 }
 
