@@ -540,6 +540,77 @@ Call make_rope(Case& c) {
   return call;
 }
 
+// rms_norm, fused_add_rms_norm or act_and_mul on [T, h] rows; the norms
+// sometimes in place (out is x itself, the one aliasing they allow).
+Call make_rowwise(Case& c) {
+  auto& f = c.fdp();
+  const int kind = f.ConsumeIntegralInRange(0, 2);  // rms_norm, fused add, act_and_mul
+  const int64_t t = c.dim({1, 2, 3, 7, 16});
+  const int64_t h = c.dim({1, 2, 7, 16, 17, 33, 64, 100});
+  const auto dtype = [&f] { return f.ConsumeBool() ? DType::f32 : DType::bf16; };
+  const bool in_place = kind != 2 && f.ConsumeBool();
+  NormOptions nopt;
+  if (f.ConsumeIntegralInRange(0, 7) == 0) {
+    const float odd[] = {0.0f,
+                         -1e-6f,
+                         std::numeric_limits<float>::quiet_NaN(),
+                         std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::denorm_min(),
+                         0.5f};
+    nopt.eps = f.PickValueInArray(odd);
+  }
+  nopt.weight_plus_one = f.ConsumeIntegralInRange(0, 3) == 0;
+  const bool with_w = kind != 2 && f.ConsumeIntegralInRange(0, 3) != 0;
+  GluOptions gopt;
+  gopt.act = fuzz_enum<Activation>(f, 6);
+  gopt.rows = fuzz_enum<GluRows>(f, 2);
+  gopt.clamped_swiglu = f.ConsumeIntegralInRange(0, 3) == 0;
+  if (f.ConsumeIntegralInRange(0, 15) == 0) gopt.swiglu_limit = f.ConsumeBool() ? 0.0f : -1.0f;
+  c.add("x", dtype(), {t, kind == 2 ? sat_mul(h, 2) : h}, in_place);
+  size_t ri = 0, wi = 0, oi = 0;
+  if (kind == 1) {
+    ri = c.tensors().size();
+    c.add("residual", dtype(), {t, h}, true);
+  }
+  if (with_w) {
+    wi = c.tensors().size();
+    c.add("weight", dtype(), {h}, false);
+  }
+  if (!in_place) {
+    oi = c.tensors().size();
+    c.add("out", dtype(), {t, h}, true);
+  }
+  Call call;
+  call.op = std::string(kind == 0   ? "rms_norm"
+                        : kind == 1 ? "fused_add_rms_norm"
+                                    : "act_and_mul") +
+            (in_place ? " in place" : "") + (with_w ? " weight" : "") +
+            (nopt.weight_plus_one ? " plus_one" : "") + " eps=" + std::to_string(nopt.eps) +
+            (kind == 2 ? " act=" + std::to_string(int(gopt.act)) + " rows=" +
+                             std::to_string(int(gopt.rows)) + (gopt.clamped_swiglu ? " swiglu" : "")
+                       : "");
+  call.work = product({t, h}) * 3;
+  call.run = [&c, kind, in_place, with_w, ri, wi, oi, nopt, gopt] {
+    const TensorView x = c[0].view();
+    const TensorView out = in_place ? x : c[oi].view();
+    const TensorView w = with_w ? c[wi].view() : TensorView();
+    if (kind == 0) return rms_norm(x, with_w ? &w : nullptr, out, nopt);
+    if (kind == 1) return fused_add_rms_norm(x, c[ri].view(), with_w ? &w : nullptr, out, nopt);
+    act_and_mul(x, out, gopt);
+  };
+  call.bound = [&c, kind, ri](const Tensor& out) {
+    const bool bf = out.dtype == DType::bf16;
+    // The residual: an f32 sum rounded once to its dtype on both paths.
+    if (kind == 1 && &out == &c[ri]) return Bound{0, 0};
+    // A norm: v·rstd·w, rounded once by the scalar path (from double) and
+    // in f32 steps by the kernel (docs/rowwise.md: 5 units); a bf16 result
+    // may round to the other neighbour. act_and_mul: the vector math's
+    // 4e-6·max(1, |gate|)·|up| with |x| ≤ 1, and the same roundings.
+    return Bound{kind == 2 ? 2e-5 : 1e-30, bf ? 0x1p-7 : 0x1p-20};
+  };
+  return call;
+}
+
 // The options every attention call takes; sinks and alibi slopes become
 // tensors of the case (their indices are returned).
 struct AttnExtras {
@@ -749,7 +820,7 @@ struct Result {
   std::string message;
 };
 
-constexpr int kOps = 6;
+constexpr int kOps = 7;
 
 struct Prepared {
   std::unique_ptr<FuzzedDataProvider> fdp;
@@ -781,6 +852,9 @@ Prepared prepare(const uint8_t* data, size_t size) {
       break;
     case 4:
       p.call = make_store_kv(c);
+      break;
+    case 5:
+      p.call = make_rowwise(c);
       break;
     default:
       p.call = make_topk(c);

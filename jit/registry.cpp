@@ -16,6 +16,7 @@
 #include "codegen/llvm/llvm_dequant.h"
 #include "codegen/llvm/llvm_elementwise.h"
 #include "codegen/llvm/llvm_kv_quant.h"
+#include "codegen/llvm/llvm_rowwise.h"
 #include "codegen/llvm/mc_disassembler.h"
 #include "jit/llvm_kernels.h"
 // The LLVM maker of a two-backend family (nothing in a build without LLVM).
@@ -75,6 +76,9 @@ const KernelRow kRows[] = {
      "d, dv even (Limits::attention_head_dim_ok), block_size >= 1"},
     {Family::rope, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_rope", "d even, rotary_dim even <= d, f32|bf16 q/k and cache"},
+    {Family::rowwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
+     "llvm_backend::compile_llvm_rowwise",
+     "rms_norm | add_rms_norm | glu, any h >= 1, f32|bf16 rows, weight and out"},
     {Family::elementwise, Isa::llvm, isa_features(Isa::llvm), Backend::llvm,
      "llvm_backend::compile_llvm_elementwise", "add mul relu silu gelu_tanh gelu_erf relu2 cast"},
 #endif
@@ -333,6 +337,8 @@ const char* family_name(Family f) {
       return "decode_attention";
     case Family::rope:
       return "rope";
+    case Family::rowwise:
+      return "rowwise";
     case Family::elementwise:
       return "elementwise";
     case Family::dequant:
@@ -405,6 +411,13 @@ const Kernel& get(const lb::RopeDesc& d) {
   return front(d, [](const lb::RopeDesc& x) -> const Kernel& {
     return llvm_family(Family::rope, x,
                        [](const lb::RopeDesc& y) { return lb::compile_llvm_rope(y); });
+  });
+}
+
+const Kernel& get(const lb::RowwiseDesc& d) {
+  return front(d, [](const lb::RowwiseDesc& x) -> const Kernel& {
+    return llvm_family(Family::rowwise, x,
+                       [](const lb::RowwiseDesc& y) { return lb::compile_llvm_rowwise(y); });
   });
 }
 
@@ -484,6 +497,10 @@ std::string cache_key(const codegen::BrgemmDesc& d) {
 }
 
 std::string cache_key(const lb::RopeDesc& d) {
+  return llvm_cache_key(codegen::desc_key(d));
+}
+
+std::string cache_key(const lb::RowwiseDesc& d) {
   return llvm_cache_key(codegen::desc_key(d));
 }
 

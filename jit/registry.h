@@ -20,6 +20,7 @@
 #include "codegen/kv_quant_desc.h"
 #include "codegen/llvm/llvm_decode_attention.h"
 #include "codegen/llvm/llvm_rope.h"
+#include "codegen/llvm/llvm_rowwise.h"
 #include "codegen/llvm/llvm_softmax.h"
 #include "codegen/quant_desc.h"
 #include "jit/kernel.h"
@@ -37,6 +38,7 @@ enum class Family {
   softmax_glue,
   decode_attention,
   rope,
+  rowwise,
   elementwise,
   dequant,
   act_quant,
@@ -73,6 +75,7 @@ const Kernel& get(const codegen::llvm_backend::SoftmaxStepDesc& d);
 const Kernel& get(const codegen::llvm_backend::SoftmaxGlueDesc& d);
 const Kernel& get(const codegen::llvm_backend::DecodeAttentionDesc& d);
 const Kernel& get(const codegen::llvm_backend::RopeDesc& d);
+const Kernel& get(const codegen::llvm_backend::RowwiseDesc& d);
 const Kernel& get(const codegen::DequantDesc& d);
 const Kernel& get(const codegen::ActQuantDesc& d);
 const Kernel& get(const codegen::KvQuantDesc& d);
@@ -84,6 +87,7 @@ const Kernel& get_elementwise(const ir::Function& f);
 // the descriptor's key text, plus the host target for the LLVM rows.
 std::string cache_key(const codegen::BrgemmDesc& d);
 std::string cache_key(const codegen::llvm_backend::RopeDesc& d);
+std::string cache_key(const codegen::llvm_backend::RowwiseDesc& d);
 std::string cache_key(const codegen::llvm_backend::DecodeAttentionDesc& d);
 std::string cache_key(const ir::Function& elementwise);
 

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "jit/registry.h"
+#include "ops/element_access.h"
 #include "ops/rope_desc.h"
 #include "ops/tensor_checks.h"
 #include "ops/verbose_log.h"
-#include "runtime/bf16.h"
 #include "runtime/isa.h"
 #include "runtime/reference_rope.h"
 #include "runtime/thread_pool.h"
@@ -180,18 +180,6 @@ RopeCall check(const TensorView& q, const TensorView* k, const TensorView& posit
   return c;
 }
 
-double load(const TensorView& x, int64_t at) {
-  if (x.dtype == DType::f32) return static_cast<const float*>(x.data)[at];
-  return runtime::bf16_to_f32(static_cast<const uint16_t*>(x.data)[at]);
-}
-
-void store(const TensorView& x, int64_t at, double v) {
-  if (x.dtype == DType::f32)
-    static_cast<float*>(x.data)[at] = static_cast<float>(v);
-  else
-    static_cast<uint16_t*>(x.data)[at] = runtime::f32_to_bf16(static_cast<float>(v));
-}
-
 // The TILEJIT_VERBOSE line of a call on `path` that runs `runs` (a callable:
 // the kernel or plan).
 template <class Runs>
@@ -215,16 +203,16 @@ void rope_scalar(const RopeCall& c, const TensorView& q, const TensorView* k,
   runtime::parallel_for(c.t, [&](int64_t t) {
     const auto row = [&](int64_t s, int64_t col) {
       const int64_t p = ops::index_at(positions, s * c.pos_stream_stride + t * c.pos_token_stride);
-      return load(cache, p * cache.strides[0] + col);
+      return ops::load_element(cache, p * cache.strides[0] + col);
     };
     std::vector<double> in(c.desc.d), out(c.desc.d);
     for (const TensorView* x : {&q, k}) {
       if (x == nullptr) continue;
       for (int64_t h = 0; h < x->shape[1]; ++h) {
         const int64_t base = t * x->strides[0] + h * x->strides[1];
-        for (int64_t i = 0; i < c.desc.d; ++i) in[i] = load(*x, base + i);
+        for (int64_t i = 0; i < c.desc.d; ++i) in[i] = ops::load_element(*x, base + i);
         runtime::reference_rope_head(r, c.desc.d, in.data(), out.data(), row);
-        for (int64_t i = 0; i < c.desc.rotary_dim; ++i) store(*x, base + i, out[i]);
+        for (int64_t i = 0; i < c.desc.rotary_dim; ++i) ops::store_element(*x, base + i, out[i]);
       }
     }
   });

@@ -267,6 +267,32 @@ inline double rope_output_bound(DType out, double mag, double ref) {
   return 2 * ea;
 }
 
+// act_and_mul (docs/rowwise.md): glu(gate, up) of exact inputs in f32 with
+// the epilogue's vector math, moe_act_error's terms with no input error,
+// then for bf16 out the final rounding (half a bf16 ulp of the f32 value:
+// 2⁻⁸ of it, rigorous) and the smallest bf16 subnormal's half.
+inline double glu_output_bound(const ReferenceGlu& glu, double gate, double up, DType out,
+                               double ref) {
+  MoeActPoint p;
+  p.gate = gate;
+  p.up = up;
+  p.act = ref;
+  double tol = moe_act_error(glu, p, 0) + 0x1p-147;
+  if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
+  return tol;
+}
+
+// rms_norm (docs/rowwise.md), against ref = v·rstd·w in double with the
+// kernel's v (the input, or the stored residual): rstd in double rounded to
+// f32, v·rstd, ·w and (1 + w) one f32 rounding each: 4 units, 5 for
+// headroom, plus the smallest f32 subnormal a product may round by four
+// times; a bf16 out then rounds once more (2⁻⁸ of its f32 value).
+inline double rms_norm_output_bound(DType out, double ref) {
+  double tol = 5 * kF32Unit * std::fabs(ref) + 0x1p-147;
+  if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
+  return tol;
+}
+
 inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {
   const double ea = moe_act_error(glu, p, eps_sum);
   auto round_bf16 = [](double v) {

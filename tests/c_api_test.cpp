@@ -584,6 +584,62 @@ TEST(CApi, RopeMatchesTheCppCall) {
                  "tilejit_rope: opt.mrope_section is NULL");
 }
 
+TEST(CApi, RowwiseOpsMatchTheCppCalls) {
+  constexpr int64_t T = 5, H = 72;
+  const auto x = random_bf16(T * H, 50), r = random_bf16(T * H, 51);
+  const auto w = random_f32(H, 52);
+  CTensors c;
+  // rms_norm into out, Gemma's (1 + w), eps set.
+  std::vector<uint16_t> out(T * H), out_cpp(T * H);
+  auto xc = x;
+  const tilejit_tensor xt = c(xc.data(), TILEJIT_BF16, {T, H});
+  const tilejit_tensor wt = c(w.data(), TILEJIT_F32, {H});
+  const tilejit_tensor ot = c(out.data(), TILEJIT_BF16, {T, H});
+  tilejit_norm_options no;
+  tilejit_norm_options_init(&no);
+  EXPECT_EQ(no.eps, NormOptions{}.eps);
+  no.eps = 1e-5f;
+  no.weight_plus_one = true;
+  ASSERT_C_OK(tilejit_rms_norm(&xt, &wt, &ot, &no));
+  NormOptions co;
+  co.eps = 1e-5f;
+  co.weight_plus_one = true;
+  const TensorView wv(const_cast<float*>(w.data()), DType::f32, {H});
+  rms_norm({xc.data(), DType::bf16, {T, H}}, &wv, {out_cpp.data(), DType::bf16, {T, H}}, co);
+  EXPECT_TRUE(same_bytes(out, out_cpp));
+  // fused add in place on x, no weight.
+  auto xa = x, ra = r, xb = x, rb = r;
+  const tilejit_tensor xat = c(xa.data(), TILEJIT_BF16, {T, H});
+  const tilejit_tensor rat = c(ra.data(), TILEJIT_BF16, {T, H});
+  ASSERT_C_OK(tilejit_fused_add_rms_norm(&xat, &rat, nullptr, &xat, nullptr));
+  const TensorView xbv(xb.data(), DType::bf16, {T, H});
+  fused_add_rms_norm(xbv, {rb.data(), DType::bf16, {T, H}}, nullptr, xbv);
+  EXPECT_TRUE(same_bytes(xa, xb) && same_bytes(ra, rb));
+  EXPECT_FALSE(same_bytes(ra, r));
+  // act_and_mul, GPT-OSS's interleaved clamped SwiGLU.
+  std::vector<float> g(T * H / 2), g_cpp(T * H / 2);
+  const tilejit_tensor gt = c(g.data(), TILEJIT_F32, {T, H / 2});
+  tilejit_glu_options go;
+  tilejit_glu_options_init(&go);
+  EXPECT_EQ(go.act, TILEJIT_ACT_SILU);
+  go.clamped_swiglu = true;
+  go.rows = TILEJIT_GLU_INTERLEAVED;
+  ASSERT_C_OK(tilejit_act_and_mul(&xt, &gt, &go));
+  GluOptions gc;
+  gc.clamped_swiglu = true;
+  gc.rows = GluRows::interleaved;
+  act_and_mul({xc.data(), DType::bf16, {T, H}}, {g_cpp.data(), DType::f32, {T, H / 2}}, gc);
+  EXPECT_TRUE(same_bytes(g, g_cpp));
+  // Mistakes: the operator's own messages, the C layer's for its structs.
+  no.eps = 0;
+  expect_c_error(tilejit_rms_norm(&xt, &wt, &ot, &no), "rms_norm: eps=0");
+  set_raw(go.rows, 9);
+  expect_c_error(tilejit_act_and_mul(&xt, &gt, &go), "act_and_mul: rows=GluRows(9)");
+  no.struct_size = 3;
+  expect_c_error(tilejit_rms_norm(&xt, &wt, &ot, &no), "tilejit_norm_options_init");
+  expect_c_error(tilejit_act_and_mul(nullptr, &gt, nullptr), "tilejit_act_and_mul: x is NULL");
+}
+
 TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
   constexpr int64_t E = 4, H = 64, I = 40, T = 5, topk = 2;
   const auto w13 = random_bf16(E * 2 * I * H, 50, -0.2f, 0.2f);

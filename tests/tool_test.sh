@@ -822,7 +822,7 @@ for m in 1 16 512; do
 done
 has "llama-layer: M=1 int4 experts name their route" "$OUT" "^moe_experts +1 .* int4 .*fused_experts \\(8 experts: (fused decode kernel|dequant \\+ bf16 kernels|scalar fallback)\\)"
 checks=$((checks + 1))
-! grep -Eq "^(qkv_proj|attn_decode|moe_experts .* I=768  )" "$OUT" || fail "llama-layer --only moe: rows other than the MoE block's int4 ones ran"
+! grep -Eq "^(input_norm|qkv_proj|attn_decode|silu_and_mul|moe_experts .* I=768  )" "$OUT" || fail "llama-layer --only moe: rows other than the MoE block's int4 ones ran"
 for seed in 18446744073709551616 -1 abc; do
   usage "--random-inputs $seed" "--random-inputs: '$seed' is not a seed; allowed: an integer in \[0, 18446744073709551615\]" \
     "$TJ" run "$LB" --random-inputs "$seed" --dim M=2

@@ -26,6 +26,7 @@
 #include "ops/gemm_executable.h"
 #include "ops/quant_weight.h"
 #include "ops/rope_desc.h"
+#include "ops/rowwise_desc.h"
 #include "runtime/bf16.h"
 #include "runtime/quant_formats.h"
 #include "runtime/reference_attention.h"
@@ -34,6 +35,7 @@
 #include "runtime/reference_moe.h"
 #include "runtime/reference_quant.h"
 #include "runtime/reference_rope.h"
+#include "runtime/reference_rowwise.h"
 #include "runtime/thread_pool.h"
 #include "tilejit/tilejit.h"
 #include "tools/commands.h"
@@ -602,6 +604,123 @@ void rope_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, co
         row, env, [&] { rope(q, &k, pv, cache_v); }, check);
     const double bytes = double(m) * double((kHq + kHkv) * kHeadDim * 2 * 2 + kHeadDim * 4);
     row.rate = bytes / row.seconds / 1e9;
+    emit(row);
+  }
+}
+
+// ---- Row-wise rows ---------------------------------------------------------------
+
+// The row-wise ops run the LLVM kernel on every JIT path of an LLVM build,
+// else the reference.
+std::string rowwise_kernel(const Env& env, const codegen::llvm_backend::RowwiseDesc& d) {
+  return env.cpu.isa != Isa::scalar && env.cpu.llvm_backend ? d.name() : "scalar reference";
+}
+
+// input_layernorm (rms_norm, out a new tensor) or, `fused`,
+// post_attention_layernorm (residual += x, x = norm(residual) in place, as
+// sglang calls it), bf16 rows of H with a bf16 weight, eps 1e-5 (Llama-3).
+// Rows {0, M/2, M−1} against the double reference under
+// rms_norm_output_bound (tests/rowwise_test.cpp's bound), the residual
+// bit-exact. GB/s counts the rows read and written (and the weight once).
+void norm_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, bool fused,
+               const Emit& emit) {
+  constexpr float kEps = 1e-5f;
+  const auto w = random_bf16(size_t(kHidden), seed, 1.0f);
+  const TensorView wv(w.data(), DType::bf16, {kHidden});
+  NormOptions opt;
+  opt.eps = kEps;
+  const auto desc =
+      ops::norm_desc(opt, fused, DType::bf16, DType::bf16, DType::bf16, DType::bf16, kHidden);
+  for (int64_t m : ms) {
+    const auto x0 = random_bf16(size_t(m * kHidden), seed + 1 + uint64_t(m), 2.0f);
+    const auto r0 = random_bf16(size_t(m * kHidden), seed + 2 + uint64_t(m), 2.0f);
+    auto x = x0, r = r0;
+    std::vector<uint16_t> out(size_t(m * kHidden));
+    const TensorView xv(x.data(), DType::bf16, {m, kHidden}),
+        rv(r.data(), DType::bf16, {m, kHidden}), ov(out.data(), DType::bf16, {m, kHidden});
+    // The first call's results (the timed calls go on adding to the residual).
+    std::vector<uint16_t> got, got_res;
+    auto call = [&] {
+      if (fused)
+        fused_add_rms_norm(xv, rv, &wv, xv, opt);
+      else
+        rms_norm(xv, &wv, ov, opt);
+      if (got.empty()) {
+        got = fused ? x : out;
+        got_res = r;
+      }
+    };
+    auto check = [&](double* max_err) {
+      bool ok = true;
+      *max_err = 0;
+      std::vector<double> v(size_t(kHidden));
+      for (int64_t t : {int64_t{0}, m / 2, m - 1}) {
+        for (int64_t i = 0; i < kHidden; ++i) {
+          const size_t at = size_t(t * kHidden + i);
+          if (!fused) {
+            v[size_t(i)] = bf(x0[at]);
+            continue;
+          }
+          const float sum = runtime::reference_residual_sum(
+              float(bf(x0[at])), float(bf(r0[at])),
+              [](float s) { return runtime::bf16_to_f32(runtime::f32_to_bf16(s)); });
+          ok &= bf(got_res[at]) == double(sum);
+          v[size_t(i)] = sum;
+        }
+        const double rstd = runtime::reference_rstd(v.data(), kHidden, kEps);
+        for (int64_t i = 0; i < kHidden; ++i) {
+          const double ref = runtime::reference_norm_value(v[size_t(i)], rstd, bf(w[size_t(i)]));
+          const double err = std::fabs(bf(got[size_t(t * kHidden + i)]) - ref);
+          *max_err = std::max(*max_err, err);
+          ok &= err <= runtime::rms_norm_output_bound(DType::bf16, ref);
+        }
+      }
+      return ok;
+    };
+    Row row{.op = fused ? "post_attn_norm" : "input_norm",
+            .m = m,
+            .shape = fmt::format("{}H={} eps=1e-5", fused ? "residual add, " : "", kHidden),
+            .kernel = rowwise_kernel(env, desc),
+            .bytes = true};
+    measure(row, env, call, check);
+    row.rate = double(m * kHidden * 2 * (fused ? 4 : 2) + kHidden * 2) / row.seconds / 1e9;
+    emit(row);
+  }
+}
+
+// silu_and_mul between gate_up_proj and down_proj: x [M, 2·14336] bf16 ->
+// [M, 14336] bf16; rows {0, M/2, M−1} against reference_glu under
+// glu_output_bound. GB/s counts x read and out written.
+void act_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, const Emit& emit) {
+  constexpr int64_t kI = 14336;
+  const GluOptions opt;  // silu, halves
+  const auto desc = ops::glu_desc(opt, DType::bf16, DType::bf16, kI);
+  for (int64_t m : ms) {
+    const auto x = random_bf16(size_t(m * 2 * kI), seed + uint64_t(m), 4.0f);
+    std::vector<uint16_t> out(size_t(m * kI));
+    const TensorView xv(x.data(), DType::bf16, {m, 2 * kI}), ov(out.data(), DType::bf16, {m, kI});
+    auto check = [&](double* max_err) {
+      runtime::ReferenceGlu glu;  // silu
+      bool ok = true;
+      *max_err = 0;
+      for (int64_t t : {int64_t{0}, m / 2, m - 1})
+        for (int64_t i = 0; i < kI; ++i) {
+          const double g = bf(x[size_t(t * 2 * kI + i)]), u = bf(x[size_t(t * 2 * kI + kI + i)]);
+          const double ref = runtime::reference_glu(glu, g, u);
+          const double err = std::fabs(bf(out[size_t(t * kI + i)]) - ref);
+          *max_err = std::max(*max_err, err);
+          ok &= err <= runtime::glu_output_bound(glu, g, u, DType::bf16, ref);
+        }
+      return ok;
+    };
+    Row row{.op = "silu_and_mul",
+            .m = m,
+            .shape = fmt::format("[{}, 2*{}] -> [{}, {}]", m, kI, m, kI),
+            .kernel = rowwise_kernel(env, desc),
+            .bytes = true};
+    measure(
+        row, env, [&] { act_and_mul(xv, ov, opt); }, check);
+    row.rate = double(m * kI * 2 * 3) / row.seconds / 1e9;
     emit(row);
   }
 }
@@ -1390,6 +1509,7 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
   // The layer, op by op (a dense MLP: gate_up + down), then one MoE block in
   // place of that MLP.
   if (opt.only != "moe") {
+    norm_rows(env, all_m, 50, /*fused=*/false, emit);
     gemm_rows(env, qkv, all_m, 1, emit);
     rope_rows(env, all_m, 100, emit);
     emit(decode_row(env, 1, 200));
@@ -1398,7 +1518,9 @@ int run_llama_layer_job(const LlamaJobOptions& opt) {
     emit(prefill_row(env, 16, 300));
     emit(prefill_row(env, 512, 310));
     gemm_rows(env, o, all_m, 2000, emit);
+    norm_rows(env, all_m, 2500, /*fused=*/true, emit);
     gemm_rows(env, gate_up, all_m, 3000, emit);
+    act_rows(env, all_m, 3500, emit);
     gemm_rows(env, down, all_m, 4000, emit);
   }
   if (opt.only != "dense") moe_rows(env, all_m, 5000, emit);

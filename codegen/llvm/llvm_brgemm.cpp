@@ -971,18 +971,8 @@ class BrgemmEmitter : public KernelEmitter {
 
   // The gated function of a GLU epilogue (see BrgemmDesc::glu).
   llvm::Value* gated(llvm::Value* g, llvm::Value* u) {
-    if (d_.glu == Glu::act_mul) return b_.CreateFMul(vm_.activation(d_.act, g), u);
-    // Clamps as compare + select with the value as the fall-through, so a
-    // NaN gate or up stays NaN (minnum / maxnum would return the limit).
-    llvm::Value* lim = vm_.f32(d_.glu_limit);
-    llvm::Value* nlim = vm_.f32(-d_.glu_limit);
-    g = b_.CreateSelect(b_.CreateFCmpOGT(g, lim), lim, g);
-    u = b_.CreateSelect(b_.CreateFCmpOGT(u, lim), lim, u);
-    u = b_.CreateSelect(b_.CreateFCmpOLT(u, nlim), nlim, u);
-    // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
-    llvm::Value* e = vm_.exp(b_.CreateFMul(g, vm_.f32(-d_.glu_alpha)));
-    llvm::Value* v = b_.CreateFDiv(g, b_.CreateFAdd(e, vm_.f32(1.0f)));
-    return b_.CreateFMul(v, b_.CreateFAdd(u, vm_.f32(1.0f)));
+    if (d_.glu == Glu::act_mul) return vm_.act_mul(d_.act, g, u);
+    return vm_.clamped_swiglu(g, u, d_.glu_alpha, d_.glu_limit);
   }
 
   // Output vector j = act(column vector j), or with a GLU f(gate vector j, up

@@ -75,6 +75,24 @@ llvm::Value* VectorMath::exp(llvm::Value* x) const {
   return b.CreateFMul(b.CreateFMul(p, pow2(n1)), pow2(n2));
 }
 
+llvm::Value* VectorMath::act_mul(Activation act, llvm::Value* g, llvm::Value* u) const {
+  return b_.CreateFMul(activation(act, g), u);
+}
+
+llvm::Value* VectorMath::clamped_swiglu(llvm::Value* g, llvm::Value* u, float alpha,
+                                        float limit) const {
+  auto& b = b_;
+  llvm::Value* lim = f32(limit);
+  llvm::Value* nlim = f32(-limit);
+  g = b.CreateSelect(b.CreateFCmpOGT(g, lim), lim, g);
+  u = b.CreateSelect(b.CreateFCmpOGT(u, lim), lim, u);
+  u = b.CreateSelect(b.CreateFCmpOLT(u, nlim), nlim, u);
+  // g·σ(alpha·g) = g / (1 + e^{−alpha·g})
+  llvm::Value* e = exp(b.CreateFMul(g, f32(-alpha)));
+  llvm::Value* v = b.CreateFDiv(g, b.CreateFAdd(e, f32(1.0f)));
+  return b.CreateFMul(v, b.CreateFAdd(u, f32(1.0f)));
+}
+
 llvm::Value* VectorMath::activation(Activation act, llvm::Value* x) const {
   auto& b = b_;
   auto neg = [&](llvm::Value* v) { return as_f32(b.CreateXor(as_i32(v), i32(kSignMask))); };

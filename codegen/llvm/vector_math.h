@@ -39,6 +39,13 @@ class VectorMath {
   // relu, silu = x/(1+e^-x), gelu_tanh = x/(1+e^{-2u}), gelu_erf by
   // Abramowitz–Stegun 7.1.26, relu2 = relu(x)·relu(x); none returns x.
   llvm::Value* activation(Activation act, llvm::Value* x) const;
+  // The gated functions of a GLU (the MoE gate/up epilogue, act_and_mul):
+  // act(g)·u, or GPT-OSS's clamped SwiGLU g' = min(g, limit), u' = clamp(u,
+  // ±limit), g'·σ(alpha·g')·(u' + 1). The clamps are compare + select with the
+  // value as the fall-through, so a NaN gate or up stays NaN (minnum / maxnum
+  // would return the limit).
+  llvm::Value* act_mul(Activation act, llvm::Value* g, llvm::Value* u) const;
+  llvm::Value* clamped_swiglu(llvm::Value* g, llvm::Value* u, float alpha, float limit) const;
 
   // bf16 bits (<L x i16>) -> f32, exact.
   llvm::Value* bf16_to_f32(llvm::Value* bits) const;

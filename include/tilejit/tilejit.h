@@ -640,6 +640,53 @@ struct GroupedTopkOptions {
 void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
                   const TensorView& topk_ids, const GroupedTopkOptions& opt = {});
 
+// ---- Row-wise layer ops (docs/rowwise.md) -----------------------------------
+// RMSNorm and the gated MLP activation, JIT-compiled per row length and dtype
+// (one LLVM kernel serving the llvm, avx512 and amx paths; the scalar path
+// runs the reference). Rows: x's last dim is the row, the leading dims (rank
+// 1-4) are rows, contiguous in the last dim, any outer strides. Each row is
+// computed alone, so results never depend on the batch (batch-invariant).
+struct NormOptions {
+  // rstd = 1 / sqrt(mean(v²) + eps): finite, >= the smallest positive f32
+  // (1.4e-45); 0 or negative is an Error (an all-zero row would be 0·∞).
+  float eps = 1e-6f;
+  // Gemma's RMSNorm: the weight is applied as (1 + w), in f32.
+  bool weight_plus_one = false;
+};
+// out = v · rstd(v) · w (or (1 + w)), v = x in f32, rstd over the row's h
+// values, the squares summed in double (no overflow or underflow for any
+// f32); x · rstd, then · w, each rounded in f32, then to out's dtype once.
+// x, out: [..., h] f32 or bf16 (dtypes may differ, shapes equal); weight:
+// [h] f32 or bf16, or null (no weight: Llama-4's L2 norm of q / k). out may be
+// x itself (in place) but may not otherwise overlap x or weight.
+void rms_norm(const TensorView& x, const TensorView* weight, const TensorView& out,
+              const NormOptions& opt = {});
+// The pre-norm block's add then norm (sglang / vLLM fused_add_rms_norm):
+// residual = x + residual, rounded to residual's dtype (f32 sum, one
+// rounding), then out = rms_norm(residual): the stored residual is what is
+// normalised (as the model's reference computes it). x, residual, out:
+// [..., h] f32 or bf16, equal shapes; out may be x itself (sglang's in-place
+// form); residual overlaps neither x nor out, and weight none of them.
+void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
+                        const TensorView& out, const NormOptions& opt = {});
+
+// The gated activation of a dense MLP (sgl-kernel's silu_and_mul,
+// gelu_and_mul, gelu_tanh_and_mul; GPT-OSS's clamped SwiGLU), the formula of
+// MoeOptions with the same vector math as fused_experts' epilogue.
+struct GluOptions {
+  Activation act = Activation::silu;  // act(gate)·up; any Activation (none: gate·up)
+  bool clamped_swiglu = false;        // instead of act, as MoeOptions::clamped_swiglu
+  float swiglu_alpha = 1.702f;        // finite
+  float swiglu_limit = 7.0f;          // finite, > 0
+  // x's row: the d gate values then the d up values (halves), or pairs
+  // (gate_i, up_i) (interleaved: GPT-OSS's gate_up_proj output).
+  GluRows rows = GluRows::halves;
+};
+// out[..., i] = glu(gate_i, up_i) in f32, rounded once to out's dtype.
+// x: [..., 2d] f32 or bf16; out: [..., d] f32 or bf16, the same leading dims;
+// out shares memory with no element of x.
+void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& opt = {});
+
 struct CpuInfo {
   std::string vendor;
   bool avx512f = false, avx512bw = false, avx512vl = false;

@@ -437,6 +437,33 @@ tilejit_status tilejit_grouped_topk(const tilejit_tensor* logits,
                                     const tilejit_tensor* topk_ids,
                                     const tilejit_grouped_topk_options* opt);
 
+/* ---- Row-wise layer ops (docs/rowwise.md) ------------------------------- */
+typedef struct tilejit_norm_options {
+  uint32_t struct_size;
+  float eps;            /* 1e-6; finite, >= the smallest positive float */
+  bool weight_plus_one; /* Gemma: (1 + w) */
+} tilejit_norm_options;
+void tilejit_norm_options_init(tilejit_norm_options* opt);
+/* weight may be NULL (no weight); out may be x (in place). */
+tilejit_status tilejit_rms_norm(const tilejit_tensor* x, const tilejit_tensor* weight,
+                                const tilejit_tensor* out, const tilejit_norm_options* opt);
+/* residual = x + residual; out = rms_norm(residual). out may be x. */
+tilejit_status tilejit_fused_add_rms_norm(const tilejit_tensor* x, const tilejit_tensor* residual,
+                                          const tilejit_tensor* weight, const tilejit_tensor* out,
+                                          const tilejit_norm_options* opt);
+
+typedef struct tilejit_glu_options {
+  uint32_t struct_size;
+  tilejit_activation act; /* silu */
+  bool clamped_swiglu;
+  float swiglu_alpha, swiglu_limit; /* 1.702, 7 */
+  tilejit_glu_rows rows;            /* halves */
+} tilejit_glu_options;
+void tilejit_glu_options_init(tilejit_glu_options* opt);
+/* out [..., d] = act(gate)·up of x [..., 2d]. */
+tilejit_status tilejit_act_and_mul(const tilejit_tensor* x, const tilejit_tensor* out,
+                                   const tilejit_glu_options* opt);
+
 /* ---- The process ---------------------------------------------------------- */
 /* The values of tilejit::Isa. */
 typedef enum tilejit_isa {

@@ -38,6 +38,7 @@ void bind_buffer(pybind11::module_& m);
 void bind_gemm(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 void bind_rope(pybind11::module_& m);
+void bind_rowwise(pybind11::module_& m);
 void bind_moe(pybind11::module_& m);
 
 template <class E>

@@ -294,5 +294,6 @@ PYBIND11_MODULE(_core, m) {
   bind_gemm(m);
   bind_attention(m);
   bind_rope(m);
+  bind_rowwise(m);
   bind_moe(m);
 }

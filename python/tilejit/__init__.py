@@ -58,6 +58,7 @@ __all__ = [
     "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
     "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",
     "pack_experts_mxfp4", "fused_experts", "topk_softmax", "topk_sigmoid", "grouped_topk",
+    "rms_norm", "fused_add_rms_norm", "act_and_mul",
 ]
 
 # ---- Output allocation ------------------------------------------------------
@@ -163,12 +164,12 @@ _MAX_DIM = _core._MAX_DIM  # Limits::max_dim, 2^31 - 1
 
 def _shape(t, arg, ndim, dtype):
     """(shape, t): the shape of a tensor argument, checked to have ndim dims
-    in [0, 2^31 - 1] before an output is allocated from it, and what the
+    (None: any number) before an output is allocated from it, and what the
     call passes for t (_once)."""
     if _kind(t) is None and not isinstance(t, _core._Exported):
         t = _core._export(t, arg, dtype)  # None too: "q: an object of type 'NoneType' ..."
     s = tuple(t.shape)
-    if len(s) != ndim:
+    if ndim is not None and len(s) != ndim:
         raise Error(f"{arg}: expected {ndim} dims, got shape {s}")
     for i, d in enumerate(s):
         if not 0 <= d <= _MAX_DIM:
@@ -432,6 +433,66 @@ def rope(q, k, positions, cos_sin_cache, style="neox", rotary_dim=0, ndim=1, mro
     _core.rope(q, k, positions, cos_sin_cache, style, rotary_dim, ndim, mrope_section, dtype,
                bool(mrope_interleaved))
     return q, k
+
+
+# ---- Row-wise layer ops ---------------------------------------------------------
+
+def _like(x, arg, out_dtype, dtype, halve=False):
+    """(out to write, out to return, x as passed, out's dtype): a new tensor
+    of x's kind and shape (halve: its last dim halved, act_and_mul's
+    gate | up -> out), of out_dtype or else x's dtype."""
+    shape, x = _shape(x, arg, None, dtype)
+    dt = out_dtype if out_dtype is not None else _describe(x, dtype)[1]
+    if halve:
+        if not shape or shape[-1] % 2:
+            raise Error(f"act_and_mul: {arg} has shape {list(shape)}; allowed: [..., 2*d] "
+                        "(gate and up)")
+        shape = shape[:-1] + (shape[-1] // 2,)
+    out, ret = _new(x, shape, dt)
+    return out, ret, x, dt
+
+
+def rms_norm(x, weight=None, out=None, eps=1e-6, weight_plus_one=False, out_dtype=None,
+             dtype=None):
+    """out = x * rstd(x) * weight (or (1 + weight): Gemma), rstd =
+    1 / sqrt(mean(x^2) + eps) per row of x [..., h] (f32 or bf16); weight
+    [h] or None. out may be x (in place); allocated of out_dtype (default:
+    x's dtype) when None. See docs/rowwise.md."""
+    allocated = out is None
+    if allocated:
+        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
+    else:
+        ret = out
+    _run_into(allocated, "out", out_dtype, _core.rms_norm, x, weight, out, eps,
+              bool(weight_plus_one), dtype)
+    return ret
+
+
+def fused_add_rms_norm(x, residual, weight=None, out=None, eps=1e-6, weight_plus_one=False,
+                       dtype=None):
+    """residual = x + residual (in place, rounded to residual's dtype); out =
+    rms_norm(residual). out defaults to x (in place, sglang's form); returns
+    (out, residual). See docs/rowwise.md."""
+    if out is None:
+        out = x
+    _core.fused_add_rms_norm(x, residual, weight, out, eps, bool(weight_plus_one), dtype)
+    return out, residual
+
+
+def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.702,
+                swiglu_limit=7.0, rows="halves", out_dtype=None, dtype=None):
+    """out[..., d] = act(gate) * up, x [..., 2d] holding the d gate values
+    then the d up values (rows="halves"), or (gate, up) pairs
+    ("interleaved"); clamped_swiglu: GPT-OSS's. Allocated of out_dtype
+    (default: x's dtype) when None. See docs/rowwise.md."""
+    allocated = out is None
+    if allocated:
+        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype, halve=True)
+    else:
+        ret = out
+    _run_into(allocated, "out", out_dtype, _core.act_and_mul, x, out, act, bool(clamped_swiglu),
+              swiglu_alpha, swiglu_limit, rows, dtype)
+    return ret
 
 
 # ---- Mixture of experts ---------------------------------------------------------

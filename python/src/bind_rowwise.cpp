@@ -1,0 +1,51 @@
+// rms_norm, fused_add_rms_norm (in place on residual, out may be x) and
+// act_and_mul.
+#include <pybind11/pybind11.h>
+
+#include "bind.h"
+
+namespace py = pybind11;
+
+namespace tilejit::python {
+
+void bind_rowwise(py::module_& m) {
+  m.def("rms_norm", [](const py::handle& x, const py::handle& weight, const py::handle& out,
+                       float eps, bool plus_one, const py::handle& dtype) {
+    const StorageAs as{parse_dtype_override(dtype)};
+    NormOptions o;
+    o.eps = eps;
+    o.weight_plus_one = plus_one;
+    DlpackTensor tx(x, "x", as), to(out, "out", as);
+    std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
+    GilRelease release;
+    rms_norm(tx.view(), tw ? &tw->view() : nullptr, to.view(), o);
+  });
+  m.def("fused_add_rms_norm",
+        [](const py::handle& x, const py::handle& residual, const py::handle& weight,
+           const py::handle& out, float eps, bool plus_one, const py::handle& dtype) {
+          const StorageAs as{parse_dtype_override(dtype)};
+          NormOptions o;
+          o.eps = eps;
+          o.weight_plus_one = plus_one;
+          DlpackTensor tx(x, "x", as), tr(residual, "residual", as), to(out, "out", as);
+          std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
+          GilRelease release;
+          fused_add_rms_norm(tx.view(), tr.view(), tw ? &tw->view() : nullptr, to.view(), o);
+        });
+  m.def("act_and_mul", [](const py::handle& x, const py::handle& out, const py::handle& act,
+                          bool clamped_swiglu, float swiglu_alpha, float swiglu_limit,
+                          const py::handle& rows, const py::handle& dtype) {
+    const StorageAs as{parse_dtype_override(dtype)};
+    GluOptions o;
+    o.act = parse_enum("act", str_arg(act, "act"), activation_table());
+    o.clamped_swiglu = clamped_swiglu;
+    o.swiglu_alpha = swiglu_alpha;
+    o.swiglu_limit = swiglu_limit;
+    o.rows = parse_enum("rows", str_arg(rows, "rows"), glu_rows_table());
+    DlpackTensor tx(x, "x", as), to(out, "out", as);
+    GilRelease release;
+    act_and_mul(tx.view(), to.view(), o);
+  });
+}
+
+}  // namespace tilejit::python

@@ -1,0 +1,33 @@
+// The scalar references of the row-wise ops (docs/rowwise.md): the oracle of
+// tests/rowwise_test.cpp and the scalar path of ops/rowwise.cpp. One row at a
+// time, in double, straight from the definitions; no code shared with the
+// JIT path (the residual add excepted: its f32 sum and rounding to the
+// residual's dtype are the definition, so the reference performs them too).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace tilejit::runtime {
+
+// 1 / sqrt(mean(v²) + eps) over the h values of a row.
+inline double reference_rstd(const double* v, int64_t h, double eps) {
+  double sum = 0;
+  for (int64_t i = 0; i < h; ++i) sum += v[i] * v[i];
+  return 1.0 / std::sqrt(sum / static_cast<double>(h) + eps);
+}
+
+// The normalised value of element i: v·rstd·w, w the weight (1 without one,
+// 1 + w for Gemma's weight_plus_one).
+inline double reference_norm_value(double v, double rstd, double w) {
+  return v * rstd * w;
+}
+
+// The residual add: x + residual in f32 (one rounding), then rounded to the
+// residual's dtype by `round` (f32: identity; bf16: round to nearest even).
+template <class Round>
+float reference_residual_sum(float x, float residual, Round round) {
+  return round(x + residual);
+}
+
+}  // namespace tilejit::runtime
