@@ -653,7 +653,7 @@ void norm_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, bo
     auto check = [&](double* max_err) {
       bool ok = true;
       *max_err = 0;
-      std::vector<double> v(size_t(kHidden));
+      std::vector<double> v(static_cast<size_t>(kHidden));
       for (int64_t t : {int64_t{0}, m / 2, m - 1}) {
         for (int64_t i = 0; i < kHidden; ++i) {
           const size_t at = size_t(t * kHidden + i);
