@@ -603,7 +603,7 @@ Call make_rowwise(Case& c) {
     // The residual: an f32 sum rounded once to its dtype on both paths.
     if (kind == 1 && &out == &c[ri]) return Bound{0, 0};
     // A norm: v·rstd·w, rounded once by the scalar path (from double) and
-    // in f32 steps by the kernel (docs/rowwise.md: 5 units); a bf16 result
+    // in f32 steps by the kernel (docs/rowwise.md: 8 units); a bf16 result
     // may round to the other neighbour. act_and_mul: the vector math's
     // 4e-6·max(1, |gate|)·|up| with |x| ≤ 1, and the same roundings.
     return Bound{kind == 2 ? 2e-5 : 1e-30, bf ? 0x1p-7 : 0x1p-20};

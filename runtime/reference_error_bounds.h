@@ -283,12 +283,14 @@ inline double glu_output_bound(const ReferenceGlu& glu, double gate, double up, 
 }
 
 // rms_norm (docs/rowwise.md), against ref = v·rstd·w in double with the
-// kernel's v (the input, or the stored residual): rstd in double rounded to
-// f32, v·rstd, ·w and (1 + w) one f32 rounding each: 4 units, 5 for
-// headroom, plus the smallest f32 subnormal a product may round by four
-// times; a bf16 out then rounds once more (2⁻⁸ of its f32 value).
+// kernel's v (the input, or the stored residual): Σ v² in f32 blocks of 8
+// squares per lane (≤ 7 roundings of positive terms: 7·2⁻²⁴ of the sum, half
+// of that in rstd), rstd rounded to f32, v·rstd, ·w and (1 + w) one f32
+// rounding each: 7.5 units, 8 for the bound, plus the smallest f32 subnormal
+// a product may round by, four times; a bf16 out then rounds once more
+// (2⁻⁸ of its f32 value).
 inline double rms_norm_output_bound(DType out, double ref) {
-  double tol = 5 * kF32Unit * std::fabs(ref) + 0x1p-147;
+  double tol = 8 * kF32Unit * std::fabs(ref) + 0x1p-147;
   if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
   return tol;
 }

@@ -1,12 +1,13 @@
 // rms_norm, fused_add_rms_norm and act_and_mul on the active ISA path against
 // the double references (runtime/reference_rowwise.h, reference_glu), over
-// row lengths that hit every tail of the 16-lane chunks and the 2-chunk sum
-// loop, every dtype pairing, weights (none, f32, bf16, Gemma's 1 + w),
+// row lengths that hit every tail of the 16-lane chunks and the 8-chunk sum
+// blocks, every dtype pairing, weights (none, f32, bf16, Gemma's 1 + w),
 // padded rows, 3-D views, in-place forms and threads.
 //
 // Bounds (runtime/reference_error_bounds.h, where each is argued):
-//  - norms: rms_norm_output_bound: 5 f32 units of |ref| (rstd rounded to f32,
-//    v·rstd, ·w, 1 + w), then for bf16 out one bf16 rounding (2⁻⁸);
+//  - norms: rms_norm_output_bound: 8 f32 units of |ref| (the blocked f32 sum
+//    of squares, rstd rounded to f32, v·rstd, ·w, 1 + w), then for bf16 out
+//    one bf16 rounding (2⁻⁸);
 //  - fused_add_rms_norm's residual: bit-exact (its f32 sum and one rounding
 //    to the residual's dtype are the definition);
 //  - act_and_mul: glu_output_bound (the activation's vector-math error,

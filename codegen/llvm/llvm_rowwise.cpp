@@ -3,21 +3,23 @@
 //   for r < rows:                                   runtime count
 //     rms_norm, add_rms_norm:
 //       pass 1, chunks of 16: v = x, or round(x + residual) stored to residual
-//                             Σ v² into four <8 x double> accumulators
+//                             Σ v² in f32 within blocks of 8 chunks, the
+//                             blocks' sums added in double
+//       a row whose sum is not finite or is tiny: Σ v² again, all in double
 //       rstd = 1 / sqrt(Σ / h + eps) in double, then f32
 //       pass 2, chunks of 16: out = v·rstd·w (v read again: x, or the stored
 //                             residual, i.e. what the next layer's add reads)
 //     glu, chunks of 16 outputs: out = f(gate, up)
 //
 // The last chunk of a row whose length is not a multiple of 16 is masked:
-// nothing past the row is read or written. The squares are summed in double:
-// the square of any f32 neither overflows nor underflows there, so a row of
-// huge or tiny values normalises as the definition does (an f32 sum overflows
-// from |x| ≈ 1.8e19 on and loses |x| < 1e-19 entirely), and the widening
-// costs nothing next to the row's memory traffic.
+// nothing past the row is read or written. f32 squares overflow from
+// |x| ≈ 1.8e19 and vanish below 1e-19; the rows where that could matter
+// (a sum that is not finite, or a mean + eps below 2^-100) take the double
+// sum, so a row of huge or tiny values normalises as the definition does.
 #include "codegen/llvm/llvm_rowwise.h"
 
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 #include <cmath>
 #include <functional>
@@ -33,6 +35,8 @@ namespace tilejit::codegen::llvm_backend {
 namespace {
 
 constexpr int kLanes = 16;
+// vfpclassps category bit: f32 subnormal (either sign).
+constexpr int kFpclassDenormal = 0x20;
 
 [[noreturn]] void fail(const RowwiseDesc& d, const std::string& what) {
   throw Error("compile_llvm_rowwise: " + d.name() + ": " + what);
@@ -70,7 +74,10 @@ void check(const RowwiseDesc& d) {
 class RowwiseEmitter : public KernelEmitter {
  public:
   RowwiseEmitter(ModuleContext& mc, const RowwiseDesc& d)
-      : KernelEmitter(mc), d_(d), vm_(b_, kLanes) {}
+      : KernelEmitter(mc),
+        d_(d),
+        vm_(b_, kLanes),
+        cvt_bf16_(mc.host.avx512bf16 && mc.host.vector_bits >= 512) {}
 
  private:
   using Args = RowwiseArgs;
@@ -119,13 +126,35 @@ class RowwiseEmitter : public KernelEmitter {
   // v rounded to t, its first `active` lanes stored at row[at]; returns the
   // stored values widened back to f32 (what reading them again gives).
   llvm::Value* store(llvm::Value* row, DType t, llvm::Value* at, llvm::Value* v, int active) {
-    llvm::Value* bits = t == DType::bf16 ? vm_.f32_to_bf16(v) : v;
+    llvm::Value* bits = t == DType::bf16 ? to_bf16(v) : v;
     llvm::Value* p = b_.CreateGEP(storage(t), row, at);
     if (active == kLanes)
       b_.CreateAlignedStore(bits, p, align(t));
     else
       b_.CreateMaskedStore(bits, p, align(t), mask(kLanes, active));
     return t == DType::bf16 ? vm_.bf16_to_f32(bits) : v;
+  }
+
+  // f32 -> bf16 bits, round to nearest even, NaN quieted. With AVX512-BF16
+  // one vcvtneps2bf16, which rounds and quiets alike but reads f32
+  // subnormals as zero: a vector holding one (tiny rows only) takes the
+  // integer rounding, so every host rounds alike. The integer form (9
+  // instructions and a vpmovdw store per 16 values) made the bf16 rows
+  // compute-bound at ~26 GB/s.
+  llvm::Value* to_bf16(llvm::Value* v) {
+    if (!cvt_bf16_) return vm_.f32_to_bf16(v);
+    llvm::Value* m = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_fpclass_ps_512, {},
+                                        {v, b_.getInt32(kFpclassDenormal)});
+    llvm::Value* sub = b_.CreateICmpNE(b_.CreateBitCast(m, b_.getInt16Ty()), b_.getInt16(0));
+    auto* words = llvm::FixedVectorType::get(b_.getInt16Ty(), kLanes);
+    return emit_if_else(
+        b_, sub, [&] { return std::vector<llvm::Value*>{vm_.f32_to_bf16(v)}; },
+        [&] {
+          llvm::Value* c =
+              b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_cvtneps2bf16_512, {}, {v});
+          return std::vector<llvm::Value*>{b_.CreateBitCast(c, words)};
+        },
+        "subnormal")[0];
   }
 
   // body(at, active) for every chunk of 16 of a row of n elements: the full
@@ -149,6 +178,83 @@ class RowwiseEmitter : public KernelEmitter {
     return b_.CreateIntrinsic(llvm::Intrinsic::fma, {acc->getType()}, {d, d, acc});
   }
 
+  using ChunkSource = std::function<llvm::Value*(llvm::Value* at, int active)>;
+
+  // Σ v² over the row's chunks of `src`, in double, as a double. Squares in
+  // f32 within blocks of 8 chunks (four accumulators of two chunks each: the
+  // fma latency, not the adds, would bound one chain), each block's sum
+  // widened and added in double: 7 f32 roundings per lane at most, a
+  // relative error ≤ 7·2⁻²⁴ of the sum (all terms are positive). Widening
+  // every chunk instead (vcvtps2pd) bounded the loop at ~2 cycles per 16
+  // values on this machine.
+  llvm::Value* sum_squares_blocked(const ChunkSource& src) {
+    constexpr int kBlock = 8;
+    auto* fv = llvm::FixedVectorType::get(b_.getFloatTy(), kLanes);
+    auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
+    llvm::Value* fz = llvm::Constant::getNullValue(fv);
+    llvm::Value* dz = llvm::Constant::getNullValue(dv);
+    // The f32 block sum of `a` added to the double accumulators d.
+    const auto fold = [&](const std::vector<llvm::Value*>& a, std::vector<llvm::Value*> d) {
+      llvm::Value* f = b_.CreateFAdd(b_.CreateFAdd(a[0], a[1]), b_.CreateFAdd(a[2], a[3]));
+      for (int half = 0; half < 2; ++half) {
+        std::vector<int> idx;
+        for (int l = 0; l < kLanes / 2; ++l) idx.push_back(half * kLanes / 2 + l);
+        d[half] = b_.CreateFAdd(d[half], b_.CreateFPExt(b_.CreateShuffleVector(f, idx), dv));
+      }
+      return d;
+    };
+    const auto square = [&](llvm::Value* acc, llvm::Value* v) { return vm_.fma(v, v, acc); };
+    const int64_t full = d_.h / kLanes, blocks = full / kBlock;
+    std::vector<llvm::Value*> d = emit_loop(
+        b_, i64(blocks), {dz, dz},
+        [&](llvm::Value* i, const std::vector<llvm::Value*>& dc) {
+          llvm::Value* base = b_.CreateMul(i, i64(kBlock * kLanes));
+          std::vector<llvm::Value*> a(4, fz);
+          for (int j = 0; j < kBlock; ++j)
+            a[j % 4] = square(a[j % 4], src(b_.CreateAdd(base, i64(j * kLanes)), kLanes));
+          return fold(a, dc);
+        },
+        "sumsq");
+    // The last < 8 full chunks and the masked tail: one more block.
+    std::vector<llvm::Value*> a(4, fz);
+    for (int64_t j = blocks * kBlock; j < full; ++j)
+      a[j % 4] = square(a[j % 4], src(i64(j * kLanes), kLanes));
+    if (d_.h % kLanes) a[3] = square(a[3], src(i64(full * kLanes), int(d_.h % kLanes)));
+    if (full % kBlock || d_.h % kLanes) d = fold(a, d);
+    return b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0),
+                               b_.CreateFAdd(d[0], d[1]));
+  }
+
+  // Σ v² in double throughout (rows the blocked sum cannot hold): two chunks
+  // per iteration into four <8 x double> accumulators.
+  llvm::Value* sum_squares_double(const ChunkSource& src) {
+    auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
+    llvm::Value* zero = llvm::Constant::getNullValue(dv);
+    const int64_t full = d_.h / kLanes;
+    std::vector<llvm::Value*> acc = emit_loop(
+        b_, i64(full / 2), {zero, zero, zero, zero},
+        [&](llvm::Value* i, const std::vector<llvm::Value*>& a) {
+          llvm::Value* at = b_.CreateMul(i, i64(2 * kLanes));
+          llvm::Value* v0 = src(at, kLanes);
+          llvm::Value* v1 = src(b_.CreateAdd(at, i64(kLanes)), kLanes);
+          return std::vector<llvm::Value*>{add_squares(a[0], v0, 0), add_squares(a[1], v0, 1),
+                                           add_squares(a[2], v1, 0), add_squares(a[3], v1, 1)};
+        },
+        "sumsq_exact");
+    if (full % 2) {
+      llvm::Value* v = src(i64((full - 1) * kLanes), kLanes);
+      acc[0] = add_squares(acc[0], v, 0);
+      acc[1] = add_squares(acc[1], v, 1);
+    }
+    if (d_.h % kLanes) {
+      llvm::Value* v = src(i64(full * kLanes), static_cast<int>(d_.h % kLanes));
+      acc[2] = add_squares(acc[2], v, 0);
+      acc[3] = add_squares(acc[3], v, 1);
+    }
+    llvm::Value* sum = b_.CreateFAdd(b_.CreateFAdd(acc[0], acc[1]), b_.CreateFAdd(acc[2], acc[3]));
+    return b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0), sum);
+  }
+
   void norm_row(llvm::Value* r) {
     const bool add = d_.op == RowOp::add_rms_norm;
     llvm::Value* x = row_of(arg(TILEJIT_ARG(Args, x)), d_.x, r, arg(TILEJIT_ARG(Args, x_stride)));
@@ -165,35 +271,25 @@ class RowwiseEmitter : public KernelEmitter {
       return store(res, d_.res, at, b_.CreateFAdd(v, load(res, d_.res, at, kLanes, active)),
                    active);
     };
-    auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
-    llvm::Value* zero = llvm::Constant::getNullValue(dv);
-    // Two chunks per iteration into four accumulators: one chain would wait
-    // on the fma latency for every 8 values.
-    const int64_t full = d_.h / kLanes;
-    std::vector<llvm::Value*> acc = emit_loop(
-        b_, i64(full / 2), {zero, zero, zero, zero},
-        [&](llvm::Value* i, const std::vector<llvm::Value*>& a) {
-          llvm::Value* at = b_.CreateMul(i, i64(2 * kLanes));
-          llvm::Value* v0 = first(at, kLanes);
-          llvm::Value* v1 = first(b_.CreateAdd(at, i64(kLanes)), kLanes);
-          return std::vector<llvm::Value*>{add_squares(a[0], v0, 0), add_squares(a[1], v0, 1),
-                                           add_squares(a[2], v1, 0), add_squares(a[3], v1, 1)};
-        },
-        "sumsq");
-    if (full % 2) {
-      llvm::Value* v = first(i64((full - 1) * kLanes), kLanes);
-      acc[0] = add_squares(acc[0], v, 0);
-      acc[1] = add_squares(acc[1], v, 1);
-    }
-    if (d_.h % kLanes) {
-      llvm::Value* v = first(i64(full * kLanes), static_cast<int>(d_.h % kLanes));
-      acc[2] = add_squares(acc[2], v, 0);
-      acc[3] = add_squares(acc[3], v, 1);
-    }
-    llvm::Value* sum = b_.CreateFAdd(b_.CreateFAdd(acc[0], acc[1]), b_.CreateFAdd(acc[2], acc[3]));
-    sum = b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0), sum);
-    llvm::Value* mean = b_.CreateFDiv(sum, llvm::ConstantFP::get(b_.getDoubleTy(), double(d_.h)));
+    // Pass 2's value of a chunk, as stored: x, or the residual written above.
+    const auto second = [&](llvm::Value* at, int active) {
+      return add ? load(res, d_.res, at, kLanes, active) : load(x, d_.x, at, kLanes, active);
+    };
+    llvm::Value* fast = sum_squares_blocked(first);
+    // The f32 squares overflow from |x| ≈ 1.8e19 and lose |x| < 1e-19: a row
+    // whose sum is not finite, or whose mean + eps is below 2^-100 (where a
+    // square lost to underflow could matter against eps), is summed again
+    // in double from what pass 2 reads. Only such rows pay for it.
+    llvm::Value* hd = llvm::ConstantFP::get(b_.getDoubleTy(), double(d_.h));
     llvm::Value* eps = b_.CreateFPExt(arg(TILEJIT_ARG(Args, eps)), b_.getDoubleTy());
+    llvm::Value* odd = b_.CreateOr(
+        b_.CreateFCmpUGE(fast, llvm::ConstantFP::getInfinity(b_.getDoubleTy())),
+        b_.CreateFCmpOLT(b_.CreateFAdd(b_.CreateFDiv(fast, hd), eps),
+                         llvm::ConstantFP::get(b_.getDoubleTy(), std::ldexp(1.0, -100))));
+    llvm::Value* sum = emit_if_else(
+        b_, odd, [&] { return std::vector<llvm::Value*>{sum_squares_double(second)}; },
+        [&] { return std::vector<llvm::Value*>{fast}; }, "exact")[0];
+    llvm::Value* mean = b_.CreateFDiv(sum, hd);
     llvm::Value* root = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(mean, eps));
     // ≤ 1/sqrt(eps) ≤ 2.7e22 for eps >= the smallest f32: finite in f32.
     llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(
@@ -203,9 +299,7 @@ class RowwiseEmitter : public KernelEmitter {
     for_chunks(
         d_.h,
         [&](llvm::Value* at, int active) {
-          llvm::Value* v =
-              add ? load(res, d_.res, at, kLanes, active) : load(x, d_.x, at, kLanes, active);
-          llvm::Value* y = b_.CreateFMul(v, rstd);
+          llvm::Value* y = b_.CreateFMul(second(at, active), rstd);
           if (w) {
             llvm::Value* wv = load(w, d_.w, at, kLanes, active);
             if (d_.plus_one) wv = b_.CreateFAdd(wv, vm_.f32(1.0f));
@@ -247,6 +341,7 @@ class RowwiseEmitter : public KernelEmitter {
 
   const RowwiseDesc& d_;
   VectorMath vm_;
+  const bool cvt_bf16_;  // bf16 rounding through vcvtneps2bf16
 };
 
 }  // namespace
