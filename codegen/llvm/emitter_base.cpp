@@ -1,5 +1,9 @@
 #include "codegen/llvm/emitter_base.h"
 
+#include <vector>
+
+#include "codegen/llvm/vector_math.h"
+
 namespace tilejit::codegen::llvm_backend {
 
 void KernelEmitter::emit(const std::string& name) {
@@ -22,6 +26,25 @@ llvm::LoadInst* load_invariant(llvm::IRBuilder<>& b, llvm::Type* t, llvm::Value*
 llvm::Value* KernelEmitter::invariant_load(llvm::Type* t, llvm::Value* p, unsigned align,
                                            const llvm::Twine& name) {
   return load_invariant(b_, t, p, align, name);
+}
+
+llvm::Value* KernelEmitter::const_mask(int lanes, int active) {
+  std::vector<llvm::Constant*> m;
+  for (int l = 0; l < lanes; ++l) m.push_back(b_.getInt1(l < active));
+  return llvm::ConstantVector::get(m);
+}
+
+llvm::Value* KernelEmitter::load_f32(llvm::Value* p, DType t, llvm::Value* at, int lanes,
+                                     int active) {
+  llvm::Type* et = storage(t);
+  auto* vt = llvm::FixedVectorType::get(et, lanes);
+  llvm::Value* q = b_.CreateGEP(et, p, at);
+  llvm::Value* raw = active == lanes
+                         ? static_cast<llvm::Value*>(b_.CreateAlignedLoad(vt, q, align(t)))
+                         : b_.CreateMaskedLoad(vt, q, align(t), const_mask(lanes, active),
+                                               llvm::Constant::getNullValue(vt));
+  if (t == DType::f32) return raw;
+  return VectorMath(b_, static_cast<unsigned>(lanes)).bf16_to_f32(raw);
 }
 
 llvm::Value* KernelEmitter::load_field(int64_t offset, llvm::Type* t, unsigned align,

@@ -29,6 +29,7 @@
 
 #include "codegen/llvm/llvm_jit.h"
 #include "codegen/llvm/module_context.h"
+#include "tilejit/tilejit.h"
 
 namespace tilejit::codegen::llvm_backend {
 
@@ -74,6 +75,17 @@ class KernelEmitter {
                               const llvm::Twine& name = "");
 
   llvm::Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+
+  // f32 / bf16 tensors as the row kernels (RoPE, the row-wise ops) address
+  // them: elements of float or i16 (bf16 bits), with their alignment.
+  llvm::Type* storage(DType t) { return t == DType::f32 ? b_.getFloatTy() : b_.getInt16Ty(); }
+  llvm::Align align(DType t) { return llvm::Align(t == DType::f32 ? 4 : 2); }
+  // The constant <lanes x i1> mask of the first `active` lanes.
+  llvm::Value* const_mask(int lanes, int active);
+  // `lanes` elements of dtype t (f32 or bf16) from p[at], the first `active`
+  // of them (a masked load when fewer: nothing past them is read; the other
+  // lanes are 0), widened to <lanes x float>.
+  llvm::Value* load_f32(llvm::Value* p, DType t, llvm::Value* at, int lanes, int active);
 
   ModuleContext& mc_;
   llvm::IRBuilder<> b_;

@@ -33,8 +33,6 @@ namespace tilejit::codegen::llvm_backend {
 namespace {
 
 constexpr int kLanes = 16;
-// vfpclassps category bit: f32 subnormal (either sign).
-constexpr int kFpclassDenormal = 0x20;
 
 [[noreturn]] void fail(const RopeDesc& d, const std::string& what) {
   throw Error("compile_llvm_rope: " + d.name() + ": " + what);
@@ -166,26 +164,9 @@ class RopeEmitter : public KernelEmitter {
         "token");
   }
 
-  llvm::Type* storage(DType t) { return t == DType::f32 ? b_.getFloatTy() : b_.getInt16Ty(); }
-  llvm::Align align(DType t) { return llvm::Align(t == DType::f32 ? 4 : 2); }
-
-  llvm::Value* mask(int lanes, int active) {
-    std::vector<llvm::Constant*> m;
-    for (int l = 0; l < lanes; ++l) m.push_back(b_.getInt1(l < active));
-    return llvm::ConstantVector::get(m);
-  }
-
   // `active` of `lanes` elements from base[offset], widened to f32 (inactive lanes 0).
   llvm::Value* load(llvm::Value* base, DType t, int64_t offset, int lanes, int active) {
-    llvm::Type* et = storage(t);
-    auto* vt = llvm::FixedVectorType::get(et, lanes);
-    llvm::Value* p = b_.CreateGEP(et, base, i64(offset));
-    llvm::Value* raw = active == lanes
-                           ? static_cast<llvm::Value*>(b_.CreateAlignedLoad(vt, p, align(t)))
-                           : b_.CreateMaskedLoad(vt, p, align(t), mask(lanes, active),
-                                                 llvm::Constant::getNullValue(vt));
-    if (t == DType::f32) return raw;
-    return (lanes == kLanes ? vm16_ : vm8_).bf16_to_f32(raw);
+    return load_f32(base, t, i64(offset), lanes, active);
   }
 
   void store(llvm::Value* base, int64_t offset, llvm::Value* v, int active) {
@@ -195,7 +176,7 @@ class RopeEmitter : public KernelEmitter {
     if (active == kLanes)
       b_.CreateAlignedStore(v, p, align(t));
     else
-      b_.CreateMaskedStore(v, p, align(t), mask(kLanes, active));
+      b_.CreateMaskedStore(v, p, align(t), const_mask(kLanes, active));
   }
 
   llvm::Value* shuffle(llvm::Value* v, const std::vector<int>& idx) {
@@ -336,8 +317,7 @@ class RopeEmitter : public KernelEmitter {
               [](const Out& x, const Out& y) { return x.offset < y.offset; });
     llvm::Value* any = nullptr;
     for (const Out& o : sorted) {
-      llvm::Value* m = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_fpclass_ps_512, {},
-                                          {o.v, b_.getInt32(kFpclassDenormal)});
+      llvm::Value* m = vm16_.subnormal_lanes(o.v);
       any = any ? b_.CreateOr(any, m) : m;
     }
     llvm::Value* sub = b_.CreateICmpNE(b_.CreateBitCast(any, b_.getInt16Ty()), b_.getInt16(0));
@@ -361,7 +341,7 @@ class RopeEmitter : public KernelEmitter {
             if (active == 2 * kLanes)
               b_.CreateAlignedStore(w, p, llvm::Align(2));
             else
-              b_.CreateMaskedStore(w, p, llvm::Align(2), mask(2 * kLanes, active));
+              b_.CreateMaskedStore(w, p, llvm::Align(2), const_mask(2 * kLanes, active));
           }
           return std::vector<llvm::Value*>{};
         },

@@ -35,8 +35,6 @@ namespace tilejit::codegen::llvm_backend {
 namespace {
 
 constexpr int kLanes = 16;
-// vfpclassps category bit: f32 subnormal (either sign).
-constexpr int kFpclassDenormal = 0x20;
 
 [[noreturn]] void fail(const RowwiseDesc& d, const std::string& what) {
   throw Error("compile_llvm_rowwise: " + d.name() + ": " + what);
@@ -95,32 +93,13 @@ class RowwiseEmitter : public KernelEmitter {
         "row");
   }
 
-  llvm::Type* storage(DType t) { return t == DType::f32 ? b_.getFloatTy() : b_.getInt16Ty(); }
-  llvm::Align align(DType t) { return llvm::Align(t == DType::f32 ? 4 : 2); }
-
-  llvm::Value* mask(int lanes, int active) {
-    std::vector<llvm::Constant*> m;
-    for (int l = 0; l < lanes; ++l) m.push_back(b_.getInt1(l < active));
-    return llvm::ConstantVector::get(m);
-  }
-
   // Row r of a [rows, ·] operand of dtype t, stride in elements.
   llvm::Value* row_of(llvm::Value* base, DType t, llvm::Value* r, llvm::Value* stride) {
     return b_.CreateGEP(storage(t), base, b_.CreateMul(r, stride));
   }
 
-  // `lanes` elements from row[at], the first `active` of them (the others 0),
-  // widened to f32.
   llvm::Value* load(llvm::Value* row, DType t, llvm::Value* at, int lanes, int active) {
-    llvm::Type* et = storage(t);
-    auto* vt = llvm::FixedVectorType::get(et, lanes);
-    llvm::Value* p = b_.CreateGEP(et, row, at);
-    llvm::Value* raw = active == lanes
-                           ? static_cast<llvm::Value*>(b_.CreateAlignedLoad(vt, p, align(t)))
-                           : b_.CreateMaskedLoad(vt, p, align(t), mask(lanes, active),
-                                                 llvm::Constant::getNullValue(vt));
-    if (t == DType::f32) return raw;
-    return VectorMath(b_, lanes).bf16_to_f32(raw);
+    return load_f32(row, t, at, lanes, active);
   }
 
   // v rounded to t, its first `active` lanes stored at row[at]; returns the
@@ -131,7 +110,7 @@ class RowwiseEmitter : public KernelEmitter {
     if (active == kLanes)
       b_.CreateAlignedStore(bits, p, align(t));
     else
-      b_.CreateMaskedStore(bits, p, align(t), mask(kLanes, active));
+      b_.CreateMaskedStore(bits, p, align(t), const_mask(kLanes, active));
     return t == DType::bf16 ? vm_.bf16_to_f32(bits) : v;
   }
 
@@ -143,8 +122,7 @@ class RowwiseEmitter : public KernelEmitter {
   // compute-bound at ~26 GB/s.
   llvm::Value* to_bf16(llvm::Value* v) {
     if (!cvt_bf16_) return vm_.f32_to_bf16(v);
-    llvm::Value* m = b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_fpclass_ps_512, {},
-                                        {v, b_.getInt32(kFpclassDenormal)});
+    llvm::Value* m = vm_.subnormal_lanes(v);
     llvm::Value* sub = b_.CreateICmpNE(b_.CreateBitCast(m, b_.getInt16Ty()), b_.getInt16(0));
     auto* words = llvm::FixedVectorType::get(b_.getInt16Ty(), kLanes);
     return emit_if_else(

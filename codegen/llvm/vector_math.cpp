@@ -1,5 +1,7 @@
 #include "codegen/llvm/vector_math.h"
 
+#include <llvm/IR/IntrinsicsX86.h>
+
 #include <llvm/IR/Intrinsics.h>
 
 #include <vector>
@@ -142,6 +144,12 @@ llvm::Value* VectorMath::activation(Activation act, llvm::Value* x) const {
     }
   }
   return x;
+}
+
+llvm::Value* VectorMath::subnormal_lanes(llvm::Value* v) const {
+  constexpr int kFpclassDenormal = 0x20;  // vfpclassps category: subnormal, either sign
+  return b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512_fpclass_ps_512, {},
+                            {v, b_.getInt32(kFpclassDenormal)});
 }
 
 llvm::Value* VectorMath::bf16_to_f32(llvm::Value* bits) const {

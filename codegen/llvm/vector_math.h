@@ -47,6 +47,11 @@ class VectorMath {
   llvm::Value* act_mul(Activation act, llvm::Value* g, llvm::Value* u) const;
   llvm::Value* clamped_swiglu(llvm::Value* g, llvm::Value* u, float alpha, float limit) const;
 
+  // <L x i1>: the lanes of v (<L x float>, L = 16) holding an f32 subnormal,
+  // by vfpclassps (an AVX-512 host only): the vcvtne*2bf16 instructions read
+  // those as zero, so a kernel that rounds with them takes f32_to_bf16 for a
+  // vector with one, and every host rounds alike.
+  llvm::Value* subnormal_lanes(llvm::Value* v) const;
   // bf16 bits (<L x i16>) -> f32, exact.
   llvm::Value* bf16_to_f32(llvm::Value* bits) const;
   // f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN.
