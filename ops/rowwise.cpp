@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <mutex>
 #include <vector>
 
+#include "ir/activation.h"
 #include "jit/registry.h"
 #include "ops/element_access.h"
 #include "ops/rowwise_desc.h"
@@ -65,10 +67,11 @@ using ops::shape_str;
 
 constexpr size_t kMaxRank = 4;
 
-// A [..., n] operand as rows of n: the leading dims must collapse into one
-// row stride (any stride on a dim of size 1).
+// A [..., n] operand: its leading dims (the rows, any strides) and n. Rank
+// 1..4, f32 or bf16, the last dim contiguous.
 struct Rows {
-  int64_t rows = 0, n = 0, stride = 0;
+  std::vector<int64_t> shape, strides;  // leading dims ([] for rank 1: one row)
+  int64_t n = 0;
 };
 
 Rows rows_of(const char* op, const char* arg, const TensorView& t) {
@@ -83,39 +86,50 @@ Rows rows_of(const char* op, const char* arg, const TensorView& t) {
   if (t.strides.back() != 1 && r.n > 1)
     throw Error(fmt::format("{}: {} has strides {}; allowed: the last dim contiguous (stride 1)",
                             op, arg, shape_str(t.strides)));
-  r.rows = 1;
-  for (size_t i = 0; i + 1 < rank; ++i)
-    if (t.shape[i] == 0) {
-      r.rows = 0;  // empty: nothing to check or to do
-      r.stride = r.n;
-      return r;
-    }
-  // The row stride: the innermost leading dim of size > 1 sets it, each outer
-  // one of size > 1 must step over the ones inside it. Checked before the
-  // product, which the view's checked extent then bounds (< 2^57).
-  int64_t span = 0;  // elements the inner leading dims cover, once one is set
-  for (size_t i = rank - 1; i-- > 0;) {
-    if (t.shape[i] == 1) continue;
-    if (span == 0) {
-      r.stride = t.strides[i];
-      if (r.stride < r.n)
-        throw Error(
-            fmt::format("{}: {} has strides {} with shape {}; allowed: rows of {} "
-                        "elements that do not overlap (row stride >= {})",
-                        op, arg, shape_str(t.strides), shape_str(t.shape), r.n, r.n));
-      span = t.shape[i] * t.strides[i];
-    } else {
-      if (t.strides[i] != span)
-        throw Error(
-            fmt::format("{}: {} has strides {} with shape {}; allowed: leading dims "
-                        "that collapse into rows (dim {} stride {})",
-                        op, arg, shape_str(t.strides), shape_str(t.shape), i, span));
-      span *= t.shape[i];
-    }
-    r.rows *= t.shape[i];
-  }
-  if (span == 0) r.stride = r.n;  // one row, or none
+  r.shape.assign(t.shape.begin(), t.shape.end() - 1);
+  r.strides.assign(t.strides.begin(), t.strides.end() - 1);
   return r;
+}
+
+// The operands' leading dims, coalesced where every operand allows it
+// (PyTorch's TensorIterator rule: dim i folds into dim i + 1 when each
+// operand's stride[i] = stride[i + 1]·shape[i + 1]; dims of size 1 drop).
+// The kernel walks the innermost dim's rows with each operand's stride; the
+// outer dims (a Q/K-norm over q = qkv[:, :Hq·D].view(T, Hq, D): T outer of
+// stride qkv_width, Hq inner of stride D) are walked here. Contiguous or
+// padded 2-D rows coalesce into one dim: one kernel call per task.
+struct RowPlan {
+  std::vector<int64_t> shape;                 // at least one dim
+  std::vector<std::vector<int64_t>> strides;  // [operand][dim]
+  int64_t rows = 0;                           // the product (0: nothing to do)
+};
+
+RowPlan plan_rows(const std::vector<const Rows*>& ops_rows) {
+  RowPlan p;
+  const std::vector<int64_t>& shape = ops_rows.front()->shape;  // checked equal for all
+  p.strides.resize(ops_rows.size());
+  p.rows = 1;
+  for (int64_t d : shape) p.rows *= d;  // ≤ the elements of a checked view, or 0
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 1) continue;
+    const bool fold = !p.shape.empty() && [&] {
+      for (size_t k = 0; k < ops_rows.size(); ++k)
+        if (p.strides[k].back() != ops_rows[k]->strides[i] * shape[i]) return false;
+      return true;
+    }();
+    if (fold) {
+      p.shape.back() *= shape[i];
+      for (size_t k = 0; k < ops_rows.size(); ++k) p.strides[k].back() = ops_rows[k]->strides[i];
+      continue;
+    }
+    p.shape.push_back(shape[i]);
+    for (size_t k = 0; k < ops_rows.size(); ++k) p.strides[k].push_back(ops_rows[k]->strides[i]);
+  }
+  if (p.shape.empty()) {  // one row
+    p.shape.push_back(1);
+    for (auto& st : p.strides) st.push_back(0);
+  }
+  return p;
 }
 
 void check_same_rows(const char* op, const char* arg, const TensorView& t, const char* of,
@@ -151,27 +165,42 @@ void check_eps(const char* op, float eps) {
                             eps, std::numeric_limits<float>::denorm_min()));
 }
 
-// The call, checked: the kernel descriptor and the operands as rows.
+// The call, checked: the kernel descriptor and the rows of x, residual
+// (norm with the add) and out, in that operand order.
 struct RowCall {
   lb::RowwiseDesc desc;
-  Rows x, res, out;
+  RowPlan plan;
   const TensorView* weight = nullptr;
   float eps = 0;
 };
+enum Operand { kX = 0, kRes = 1, kOut = 2 };
 
-// Chunks of rows per task: a few per thread (the machine is shared, dynamic
-// claiming evens it out), but no task under ~16 K elements, whose pool
-// hand-off would cost more than its rows (a decode token is one task).
-int64_t rows_per_task(const RowCall& c) {
+// Element offsets of flat row r in each operand (residual 0 without one).
+std::array<int64_t, 3> row_offsets(const RowCall& c, int64_t r) {
+  std::array<int64_t, 3> o{};
+  const RowPlan& p = c.plan;
+  for (size_t d = p.shape.size(); d-- > 0;) {
+    const int64_t i = r % p.shape[d];
+    r /= p.shape[d];
+    for (size_t k = 0; k < p.strides.size(); ++k) o[k] += i * p.strides[k][d];
+  }
+  return o;
+}
+
+// Rows per task, within one run of the innermost dim: a few tasks per
+// thread (the machine is shared, dynamic claiming evens it out), but none
+// under ~16 K elements, whose pool hand-off would cost more than its rows
+// (a decode token is one task).
+int64_t rows_per_task(const RowCall& c, int64_t n) {
   constexpr int64_t kMinElements = 16384;
   const int64_t tasks = std::max<int64_t>(1, 4 * runtime::num_threads());
-  const int64_t by_threads = (c.x.rows + tasks - 1) / tasks;
-  const int64_t by_work = (kMinElements + c.x.n - 1) / c.x.n;
-  return std::max<int64_t>(1, std::max(by_threads, by_work));
+  const int64_t by_threads = (c.plan.rows + tasks - 1) / tasks;
+  const int64_t by_work = (kMinElements + n - 1) / n;
+  return std::clamp<int64_t>(std::max(by_threads, by_work), 1, c.plan.shape.back());
 }
 
 std::string shapes_line(const RowCall& c) {
-  return fmt::format("rows={} h={} x={} out={}{}", c.x.rows, c.desc.h, dtype_name(c.desc.x),
+  return fmt::format("rows={} h={} x={} out={}{}", c.plan.rows, c.desc.h, dtype_name(c.desc.x),
                      dtype_name(c.desc.out),
                      c.desc.op == lb::RowOp::add_rms_norm
                          ? fmt::format(" residual={}", dtype_name(c.desc.res))
@@ -194,25 +223,30 @@ const char* op_name(lb::RowOp op) {
 void run_jit(const RowCall& c, Isa path, const TensorView& x, const TensorView* residual,
              const TensorView& out) {
   const auto fn = jit::get(c.desc).entry<lb::RowwiseFn>();
-  const int64_t chunk = rows_per_task(c), chunks = (c.x.rows + chunk - 1) / chunk;
+  // Tasks: chunks of the innermost dim's rows, for each index of the outer dims.
+  const int64_t inner = c.plan.shape.back(), outer = c.plan.rows / inner;
+  const int64_t chunk = rows_per_task(c, c.desc.op == lb::RowOp::glu ? 3 * c.desc.h : c.desc.h);
+  const int64_t per_outer = (inner + chunk - 1) / chunk;
   ops::log_call(op_name(c.desc.op), path, [&] {
-    return ops::CallLine{shapes_line(c),
-                         fmt::format("kernel={} tasks={} chunk={}", c.desc.name(), chunks, chunk)};
+    return ops::CallLine{shapes_line(c), fmt::format("kernel={} tasks={} chunk={}", c.desc.name(),
+                                                     outer * per_outer, chunk)};
   });
-  const auto at = [](const TensorView& t, int64_t stride, int64_t r0) {
-    return static_cast<char*>(t.data) + r0 * stride * (dtype_bits(t.dtype) / 8);
+  const auto at = [](const TensorView& t, int64_t offset) {
+    return static_cast<char*>(t.data) + offset * (dtype_bits(t.dtype) / 8);
   };
-  runtime::parallel_for(chunks, [&](int64_t i) {
-    const int64_t r0 = i * chunk;
+  const auto& st = c.plan.strides;
+  runtime::parallel_for(outer * per_outer, [&](int64_t i) {
+    const int64_t first = (i % per_outer) * chunk;
+    const auto off = row_offsets(c, (i / per_outer) * inner + first);
     lb::RowwiseArgs a{};
-    a.x = at(x, c.x.stride, r0);
-    a.residual = residual ? at(*residual, c.res.stride, r0) : nullptr;
+    a.x = at(x, off[kX]);
+    a.residual = residual ? at(*residual, off[kRes]) : nullptr;
     a.weight = c.weight ? c.weight->data : nullptr;
-    a.out = at(out, c.out.stride, r0);
-    a.rows = std::min(chunk, c.x.rows - r0);
-    a.x_stride = c.x.stride;
-    a.res_stride = c.res.stride;
-    a.out_stride = c.out.stride;
+    a.out = at(out, off[kOut]);
+    a.rows = std::min(chunk, inner - first);
+    a.x_stride = st[kX].back();
+    a.res_stride = st[kRes].back();
+    a.out_stride = st[kOut].back();
     a.eps = c.eps;
     fn(&a);
   });
@@ -225,8 +259,9 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
     return ops::CallLine{shapes_line(c), "plan=reference"};
   });
   const lb::RowwiseDesc& d = c.desc;
-  runtime::parallel_for(c.x.rows, [&](int64_t r) {
-    const int64_t xb = r * c.x.stride, ob = r * c.out.stride;
+  runtime::parallel_for(c.plan.rows, [&](int64_t r) {
+    const auto off = row_offsets(c, r);
+    const int64_t xb = off[kX], ob = off[kOut];
     if (d.op == lb::RowOp::glu) {
       for (int64_t i = 0; i < d.h; ++i) {
         const int64_t g = d.interleaved ? 2 * i : i, u = d.interleaved ? 2 * i + 1 : d.h + i;
@@ -242,7 +277,7 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
         v[i] = ops::load_element(x, xb + i);
         continue;
       }
-      const int64_t rb = r * c.res.stride + i;
+      const int64_t rb = off[kRes] + i;
       const float sum = runtime::reference_residual_sum(
           static_cast<float>(ops::load_element(x, xb + i)),
           static_cast<float>(ops::load_element(*residual, rb)), [&](float s) {
@@ -262,7 +297,7 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
 
 void run(const RowCall& c, const TensorView& x, const TensorView* residual, const TensorView& out,
          const runtime::ReferenceGlu& glu = {}) {
-  if (c.x.rows == 0) return;
+  if (c.plan.rows == 0) return;
   const Isa path = runtime::active_isa();
   if (path != Isa::scalar) {
     if (jit::family_built(jit::Family::rowwise)) return run_jit(c, path, x, residual, out);
@@ -278,11 +313,11 @@ void run(const RowCall& c, const TensorView& x, const TensorView* residual, cons
 RowCall check_norm(const char* op, const TensorView& x, const TensorView* residual,
                    const TensorView* weight, const TensorView& out, const NormOptions& opt) {
   RowCall c;
-  c.x = rows_of(op, "x", x);
-  const int64_t h = c.x.n;
+  const Rows xr = rows_of(op, "x", x);
+  const int64_t h = xr.n;
   if (h < 1)
     throw Error(fmt::format("{}: x has shape {}; allowed: h >= 1", op, shape_str(x.shape)));
-  c.out = rows_of(op, "out", out);
+  const Rows outr = rows_of(op, "out", out);
   check_same_rows(op, "out", out, "x", x, h);
   check_weight(op, weight, h);
   check_eps(op, opt.eps);
@@ -293,8 +328,11 @@ RowCall check_norm(const char* op, const TensorView& x, const TensorView* residu
   c.desc =
       ops::norm_desc(opt, residual != nullptr, x.dtype, residual ? residual->dtype : DType::bf16,
                      weight ? std::optional(weight->dtype) : std::nullopt, out.dtype, h);
+  // Written: the residual and out; read only: x and the weight (which may
+  // share memory with each other).
+  Rows resr;
   if (residual) {
-    c.res = rows_of(op, "residual", *residual);
+    resr = rows_of(op, "residual", *residual);
     check_same_rows(op, "residual", *residual, "x", x, h);
     ops::check_output(op, "residual", *residual, {{"x", &x}, {"out", &out}, {"weight", weight}});
   }
@@ -302,6 +340,7 @@ RowCall check_norm(const char* op, const TensorView& x, const TensorView* residu
     ops::check_output(op, "out", out, {{"weight", weight}});
   else
     ops::check_output(op, "out", out, {{"x", &x}, {"weight", weight}});
+  c.plan = plan_rows({&xr, residual ? &resr : &xr, &outr});
   return c;
 }
 
@@ -327,15 +366,16 @@ void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& o
   constexpr const char* kOp = "act_and_mul";
   runtime::api_guard(kOp, [&] {
     RowCall c;
-    c.x = rows_of(kOp, "x", x);
-    if (c.x.n < 2 || c.x.n % 2)
+    const Rows xr = rows_of(kOp, "x", x);
+    if (xr.n < 2 || xr.n % 2)
       throw Error(fmt::format("{}: x has shape {}; allowed: [..., 2·d] with d >= 1 (gate and up)",
                               kOp, shape_str(x.shape)));
-    const int64_t d = c.x.n / 2;
-    c.out = rows_of(kOp, "out", out);
+    const int64_t d = xr.n / 2;
+    const Rows outr = rows_of(kOp, "out", out);
     check_same_rows(kOp, "out", out, "x", x, d);
+    c.plan = plan_rows({&xr, &xr, &outr});
     ops::check_output(kOp, "out", out, {{"x", &x}});
-    activation_name(opt.act);  // an Error naming the value when outside the enum
+    if (!opt.clamped_swiglu) ir::check_activation(kOp, opt.act);  // else act is unused
     if (opt.rows != GluRows::halves && opt.rows != GluRows::interleaved)
       throw Error(fmt::format("{}: rows=GluRows({}); allowed: halves, interleaved", kOp,
                               static_cast<int>(opt.rows)));

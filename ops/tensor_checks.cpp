@@ -232,11 +232,21 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
     if (t.shape.size() < 2) return bytes_of_elems(t.dtype, 1);
     return t.shape[0] < 2 ? view_bytes(t) : bytes_of_elems(t.dtype, span_elems(t, 1));
   };
-  const int64_t pa = period(a), pb = period(b);
+  int64_t pa = period(a), pb = period(b);
+  int64_t fa = footprint(a), fb = footprint(b);
+  // A view no longer than the other's period (a weight or bias vector in a
+  // padded matrix's row padding) lies within one period of it: its part of
+  // the period is its whole extent.
+  if (pa != 0 && pb != pa && view_bytes(b) <= pa) {
+    pb = 0;
+    fb = view_bytes(b);
+  } else if (pb != 0 && pa != pb && view_bytes(a) <= pb) {
+    pa = 0;
+    fa = view_bytes(a);
+  }
   const int64_t s = pa != 0 ? pa : pb;
   if (s == 0 || (pa != 0 && pb != 0 && pa != pb)) return true;
   if (dtype_bits(a.dtype) == 4 || dtype_bits(b.dtype) == 4) return true;  // half-byte periods
-  const int64_t fa = footprint(a), fb = footprint(b);
   if (fa > s || fb > s) return true;
   // The byte ranges intersect and each spans ≤ 2^56 bytes, so the distance fits.
   const int64_t diff = static_cast<int64_t>(b0 - a0);

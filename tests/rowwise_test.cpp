@@ -375,6 +375,108 @@ TEST(NormValues, EpsDoesNotCompileAnotherKernel) {
   EXPECT_EQ(cache_stats().compiles, compiles);
 }
 
+// Leading dims that do not collapse into one row stride: a Q/K norm over the
+// heads of a fused qkv output (Qwen3's q_norm / k_norm, sglang's
+// qkv[:, :Hq·D].view(T, Hq, D)), in place and into a contiguous out, and a
+// transposed [H, T, D] view; the k / v columns and the padding keep their bits.
+TEST(NormValues, QkNormOverFusedQkvHeads) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  constexpr int64_t T = 5, Hq = 4, Hk = 2, D = 72, W = (Hq + 2 * Hk) * D + 8;
+  for (bool in_place : {true, false}) {
+    Operand qkv(DType::bf16, T, W);
+    qkv.fill_random(21);
+    std::vector<double> before(T * W);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < W; ++i) before[t * W + i] = qkv.get(t, i);
+    Operand w(DType::f32, 1, D), sep(DType::bf16, T * Hk, D);
+    w.fill_random(22);
+    TensorView wv = w.view();
+    wv.shape = {D};
+    wv.strides = {1};
+    TensorView q = qkv.view(), k = qkv.view();
+    q.shape = {T, Hq, D};
+    q.strides = {W, D, 1};
+    k.data = static_cast<uint16_t*>(k.data) + Hq * D;
+    k.shape = {T, Hk, D};
+    k.strides = {W, D, 1};
+    NormOptions o;
+    rms_norm(q, &wv, q, o);
+    TensorView kout = sep.view();
+    kout.shape = {T, Hk, D};
+    kout.strides = {Hk * D, D, 1};
+    rms_norm(k, &wv, in_place ? k : kout, o);
+    std::vector<double> v(D);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hq + Hk; ++h) {
+        const int64_t base = t * W + h * D;
+        for (int64_t i = 0; i < D; ++i) v[i] = before[base + i];
+        const double rstd = runtime::reference_rstd(v.data(), D, o.eps);
+        for (int64_t i = 0; i < D; ++i) {
+          const double ref = runtime::reference_norm_value(v[i], rstd, w.get(0, i));
+          const bool in_k = h >= Hq;
+          const double got =
+              in_k && !in_place ? sep.get(t * Hk + (h - Hq), i) : qkv.get(t, h * D + i);
+          ASSERT_LE(std::fabs(got - ref), runtime::rms_norm_output_bound(DType::bf16, ref))
+              << "token " << t << " head " << h << " element " << i;
+        }
+      }
+    // The v columns and the row padding are untouched; k too when out was separate.
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = (in_place ? Hq + Hk : Hq) * D; i < W; ++i)
+        ASSERT_EQ(qkv.get(t, i), before[t * W + i]) << "token " << t << " column " << i;
+  }
+  // A transposed view: rows of [H, T, D] over a [T, H, D] buffer.
+  Operand buf(DType::f32, 3 * 4, 16), out(DType::f32, 4 * 3, 16);
+  buf.fill_random(23);
+  TensorView tr = buf.view();
+  tr.shape = {4, 3, 16};
+  tr.strides = {16, 4 * 16, 1};
+  TensorView ov = out.view();
+  ov.shape = {4, 3, 16};
+  ov.strides = {3 * 16, 16, 1};
+  rms_norm(tr, nullptr, ov);
+  std::vector<double> v(16);
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t t = 0; t < 3; ++t) {
+      for (int64_t i = 0; i < 16; ++i) v[i] = buf.get(t * 4 + h, i);
+      const double rstd = runtime::reference_rstd(v.data(), 16, 1e-6);
+      for (int64_t i = 0; i < 16; ++i)
+        ASSERT_LE(std::fabs(out.get(h * 3 + t, i) - v[i] * rstd),
+                  runtime::rms_norm_output_bound(DType::f32, v[i] * rstd));
+    }
+}
+
+// A weight vector in the row padding of out (or of the residual) shares no
+// byte with it: accepted (the overlap check's one-period rule), and right.
+TEST(NormValues, WeightInTheRowPaddingOfOut) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  constexpr int64_t T = 4, H = 64;
+  Operand buf(DType::f32, T, 2 * H), x(DType::f32, T, H);
+  buf.fill_random(31);
+  x.fill_random(32);
+  TensorView out = buf.view(), w = buf.view();
+  out.shape = {T, H};
+  w.data = static_cast<float*>(w.data) + 2 * H + H;  // row 1's padding
+  w.shape = {H};
+  w.strides = {1};
+  std::vector<double> wv(H);
+  for (int64_t i = 0; i < H; ++i) wv[i] = buf.get(1, H + i);
+  ASSERT_NO_THROW(rms_norm(x.view(), &w, out));
+  std::vector<double> v(H);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < H; ++i) v[i] = x.get(t, i);
+    const double rstd = runtime::reference_rstd(v.data(), H, 1e-6);
+    for (int64_t i = 0; i < H; ++i) {
+      const double ref = v[i] * rstd * wv[i];
+      ASSERT_LE(std::fabs(buf.get(t, i) - ref), runtime::rms_norm_output_bound(DType::f32, ref));
+    }
+  }
+  for (int64_t i = 0; i < H; ++i) ASSERT_EQ(buf.get(1, H + i), wv[i]);  // the weight is intact
+  // One element further, the weight reaches into row 2: refused.
+  w.data = static_cast<float*>(w.data) + 1;
+  expect_tilejit_error([&] { rms_norm(x.view(), &w, out); }, ") overlaps weight (");
+}
+
 // ---- act_and_mul -------------------------------------------------------------
 
 struct GluCase {
@@ -501,10 +603,11 @@ TEST(RowwiseErrors, NormArguments) {
   strided.shape = {2, 4};
   strided.strides = {8, 2};
   expect_tilejit_error([&] { rms_norm(strided, nullptr, strided, o); }, "the last dim contiguous");
-  TensorView split = x.view();  // [2, 1, 4] whose outer stride skips the inner rows' span
-  split.shape = {2, 2, 2};
-  split.strides = {5, 2, 1};
-  expect_tilejit_error([&] { rms_norm(split, nullptr, split, o); }, "collapse into rows");
+  TensorView overlapping = x.view();  // rows 4 apart of 8: out's rows share elements
+  overlapping.shape = {3, 8};
+  overlapping.strides = {4, 1};
+  Operand x3(DType::bf16, 3, 8);
+  expect_tilejit_error([&] { rms_norm(x3.view(), nullptr, overlapping, o); }, "rms_norm: out");
   o.weight_plus_one = true;
   expect_tilejit_error([&] { rms_norm(x.view(), nullptr, out.view(), o); },
                        "weight_plus_one=true without a weight");
@@ -559,7 +662,10 @@ TEST(RowwiseErrors, ActAndMulArguments) {
   half.shape = {2, 4};
   expect_tilejit_error([&] { act_and_mul(x8.view(), half, o); }, ") overlaps x (");
   o.act = static_cast<Activation>(42);
-  expect_tilejit_error([&] { act_and_mul(x8.view(), out.view(), o); }, "42");
+  expect_tilejit_error([&] { act_and_mul(x8.view(), out.view(), o); },
+                       "act_and_mul: act=42 is not an activation; allowed: none, relu");
+  o.clamped_swiglu = true;  // act is unused then
+  EXPECT_NO_THROW(act_and_mul(x8.view(), out.view(), o));
   o = {};
   o.clamped_swiglu = true;
   o.swiglu_limit = 0;

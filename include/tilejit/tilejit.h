@@ -643,9 +643,10 @@ void grouped_topk(const TensorView& logits, const TensorView& topk_weights,
 // ---- Row-wise layer ops (docs/rowwise.md) -----------------------------------
 // RMSNorm and the gated MLP activation, JIT-compiled per row length and dtype
 // (one LLVM kernel serving the llvm, avx512 and amx paths; the scalar path
-// runs the reference). Rows: x's last dim is the row, the leading dims (rank
-// 1-4) are rows, contiguous in the last dim, any outer strides. Each row is
-// computed alone, so results never depend on the batch (batch-invariant).
+// runs the reference). Rows: x's last dim is the row (contiguous), the
+// leading dims (rank 1-4 in all) are rows with any strides (a Q/K norm over
+// the heads of a fused qkv output works in place). Each row is computed
+// alone, so results never depend on the batch (batch-invariant).
 struct NormOptions {
   // rstd = 1 / sqrt(mean(v²) + eps): finite, >= the smallest positive f32
   // (1.4e-45); 0 or negative is an Error (an all-zero row would be 0·∞).
@@ -666,7 +667,8 @@ void rms_norm(const TensorView& x, const TensorView* weight, const TensorView& o
 // rounding), then out = rms_norm(residual): the stored residual is what is
 // normalised (as the model's reference computes it). x, residual, out:
 // [..., h] f32 or bf16, equal shapes; out may be x itself (sglang's in-place
-// form); residual overlaps neither x nor out, and weight none of them.
+// form); residual overlaps neither x nor out, and the weight neither of the
+// written two (x and the weight are only read: they may share memory).
 void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
                         const TensorView& out, const NormOptions& opt = {});
 
@@ -674,7 +676,8 @@ void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const T
 // gelu_and_mul, gelu_tanh_and_mul; GPT-OSS's clamped SwiGLU), the formula of
 // MoeOptions with the same vector math as fused_experts' epilogue.
 struct GluOptions {
-  Activation act = Activation::silu;  // act(gate)·up; any Activation (none: gate·up)
+  // act(gate)·up; any Activation (none: gate·up); unused with clamped_swiglu.
+  Activation act = Activation::silu;
   bool clamped_swiglu = false;        // instead of act, as MoeOptions::clamped_swiglu
   float swiglu_alpha = 1.702f;        // finite
   float swiglu_limit = 7.0f;          // finite, > 0

@@ -431,7 +431,7 @@ def rope(q, k, positions, cos_sin_cache, style="neox", rotary_dim=0, ndim=1, mro
     int32 / int64 [T] or [streams, T]. mrope_interleaved=True (Qwen3-VL):
     the 3 sections dealt out round-robin. See docs/rope.md."""
     _core.rope(q, k, positions, cos_sin_cache, style, rotary_dim, ndim, mrope_section, dtype,
-               bool(mrope_interleaved))
+               mrope_interleaved)
     return q, k
 
 
@@ -464,7 +464,7 @@ def rms_norm(x, weight=None, out=None, eps=1e-6, weight_plus_one=False, out_dtyp
     else:
         ret = out
     _run_into(allocated, "out", out_dtype, _core.rms_norm, x, weight, out, eps,
-              bool(weight_plus_one), dtype)
+              weight_plus_one, dtype)
     return ret
 
 
@@ -475,7 +475,7 @@ def fused_add_rms_norm(x, residual, weight=None, out=None, eps=1e-6, weight_plus
     (out, residual). See docs/rowwise.md."""
     if out is None:
         out = x
-    _core.fused_add_rms_norm(x, residual, weight, out, eps, bool(weight_plus_one), dtype)
+    _core.fused_add_rms_norm(x, residual, weight, out, eps, weight_plus_one, dtype)
     return out, residual
 
 
@@ -490,7 +490,7 @@ def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.70
         out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype, halve=True)
     else:
         ret = out
-    _run_into(allocated, "out", out_dtype, _core.act_and_mul, x, out, act, bool(clamped_swiglu),
+    _run_into(allocated, "out", out_dtype, _core.act_and_mul, x, out, act, clamped_swiglu,
               swiglu_alpha, swiglu_limit, rows, dtype)
     return ret
 

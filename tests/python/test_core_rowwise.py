@@ -143,6 +143,34 @@ def test_sgl_ops():
     check(f64(y), r, 2.0**-8 * np.abs(r) + 1e-5 * np.abs(f64(both[:, 32:])) + 1e-30)
 
 
+def test_bool_keywords_take_bools():
+    """A str where a bool goes is pybind11's TypeError (docs/python.md), not
+    its truth value: weight_plus_one="no" ran Gemma's (1 + w)."""
+    x = torch.randn(2, 8).to(torch.bfloat16)
+    for kw in [dict(weight_plus_one="no"), dict(weight_plus_one=[])]:
+        with pytest.raises(TypeError):
+            tilejit.rms_norm(x, torch.ones(8), **kw)
+        with pytest.raises(TypeError):
+            tilejit.fused_add_rms_norm(x.clone(), x.clone(), torch.ones(8), **kw)
+    with pytest.raises(TypeError):
+        tilejit.act_and_mul(x, clamped_swiglu="false")
+    with pytest.raises(TypeError):
+        tilejit.rope(torch.ones(1, 1, 8), None, torch.zeros(1, dtype=torch.int32),
+                     torch.ones(4, 8), mrope_interleaved="no")
+
+
+def test_qk_norm_on_fused_qkv_heads_in_place():
+    t, hq, hk, d = 3, 4, 2, 64
+    qkv = torch.randn(t, (hq + 2 * hk) * d).to(torch.bfloat16)
+    before = qkv.clone()
+    w = torch.randn(d).to(torch.bfloat16)
+    q = qkv[:, :hq * d].view(t, hq, d)
+    tilejit.rms_norm(q, w, out=q)
+    ref = norm_ref(f64(before[:, :hq * d].view(t, hq, d)), f64(w), 1e-6)
+    check(f64(q), ref, norm_tol(ref, True))
+    assert torch.equal(qkv[:, hq * d:], before[:, hq * d:])
+
+
 def test_sgl_errors_name_the_op():
     x = torch.randn(2, 8).to(torch.bfloat16)
     with pytest.raises(tilejit.Error, match="rmsnorm_cpu: eps='a'"):

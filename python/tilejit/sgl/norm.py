@@ -2,8 +2,9 @@
 fused_add_rms_norm and act_and_mul: rmsnorm_cpu, l2norm_cpu,
 fused_add_rmsnorm_cpu, silu_and_mul_cpu, gelu_tanh_and_mul_cpu,
 gelu_and_mul_cpu. Shapes sgl-kernel refuses run here: any rank from 1 to 4
-([..., hidden]), padded rows (any row stride, the last dim contiguous), a
-weight of another dtype than the input (f32 with bf16 input)."""
+([..., hidden]), any strides on the leading dims (padded rows, a per-head
+view of a fused qkv output; the last dim contiguous), a weight of another
+dtype than the input (f32 with bf16 input)."""
 
 import tilejit
 
