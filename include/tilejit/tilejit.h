@@ -678,9 +678,9 @@ void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const T
 struct GluOptions {
   // act(gate)·up; any Activation (none: gate·up); unused with clamped_swiglu.
   Activation act = Activation::silu;
-  bool clamped_swiglu = false;        // instead of act, as MoeOptions::clamped_swiglu
-  float swiglu_alpha = 1.702f;        // finite
-  float swiglu_limit = 7.0f;          // finite, > 0
+  bool clamped_swiglu = false;  // instead of act, as MoeOptions::clamped_swiglu
+  float swiglu_alpha = 1.702f;  // finite
+  float swiglu_limit = 7.0f;    // finite, > 0
   // x's row: the d gate values then the d up values (halves), or pairs
   // (gate_i, up_i) (interleaved: GPT-OSS's gate_up_proj output).
   GluRows rows = GluRows::halves;
