@@ -132,6 +132,7 @@ void BM_Copy(benchmark::State& state) {
 void norm_args(benchmark::internal::Benchmark* b) {
   for (int64_t h : {4096, 7168})
     for (int64_t t : {1, 16, 512}) b->Args({t, h, 1});
+  b->Args({16, 4096, 2});
   b->Args({512, 4096, 2});
   b->ArgNames({"T", "H", "threads"})->UseRealTime();
 }
@@ -142,6 +143,7 @@ BENCHMARK(BM_FusedAddRmsNormTilejit)->Apply(norm_args);
 BENCHMARK(BM_SiluAndMulTilejit)
     ->Args({1, 14336, 1})
     ->Args({16, 14336, 1})
+    ->Args({16, 14336, 2})
     ->Args({512, 14336, 1})
     ->Args({512, 14336, 2})
     ->ArgNames({"T", "D", "threads"})
