@@ -109,7 +109,7 @@ RowPlan plan_rows(const std::vector<const Rows*>& ops_rows) {
   const std::vector<int64_t>& shape = ops_rows.front()->shape;  // checked equal for all
   p.strides.resize(ops_rows.size());
   p.rows = 1;
-  for (int64_t d : shape) p.rows *= d;  // ≤ the elements of a checked view, or 0
+  for (int64_t d : shape) p.rows *= d;  // out's elements (called after its checks), or 0
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 1) continue;
     const bool fold = !p.shape.empty() && [&] {
@@ -341,6 +341,7 @@ RowCall check_norm(const char* op, const TensorView& x, const TensorView* residu
     ops::check_output(op, "out", out, {{"weight", weight}});
   else
     ops::check_output(op, "out", out, {{"x", &x}, {"weight", weight}});
+  // After out's checks: a writable out bounds the rows' product (< 2^56).
   c.plan = plan_rows({&xr, residual ? &resr : &xr, &outr});
   return c;
 }
@@ -374,8 +375,9 @@ void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& o
     const int64_t d = xr.n / 2;
     const Rows outr = rows_of(kOp, "out", out);
     check_same_rows(kOp, "out", out, "x", x, d);
-    c.plan = plan_rows({&xr, &xr, &outr});
     ops::check_output(kOp, "out", out, {{"x", &x}});
+    // After out's checks: a writable out bounds the rows' product (< 2^56).
+    c.plan = plan_rows({&xr, &xr, &outr});
     if (!opt.clamped_swiglu) ir::check_activation(kOp, opt.act);  // else act is unused
     if (opt.rows != GluRows::halves && opt.rows != GluRows::interleaved)
       throw Error(fmt::format("{}: rows=GluRows({}); allowed: halves, interleaved", kOp,
