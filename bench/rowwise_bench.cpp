@@ -1,10 +1,12 @@
-// Row-wise layer ops (docs/rowwise.md): rms_norm, fused_add_rms_norm and
-// act_and_mul at decode (T 1, 16) and prefill (T 512) sizes of Llama-3-8B
-// (H 4096, I 14336) and DeepSeek-V3 (H 7168), bf16.
+// Row-wise layer ops (docs/rowwise.md): rms_norm, fused_add_rms_norm,
+// layer_norm and act_and_mul at decode (T 1, 16) and prefill (T 512) sizes
+// of Llama-3-8B (H 4096, I 14336) and DeepSeek-V3 (H 7168), and
+// rms_norm_gated over Qwen3-Next's linear-attention heads (32 of 128), bf16.
 //
 // Peers, in the same run: oneDNN's layer normalization (bf16 in / out, f32
-// scale; oneDNN 2.6 has no RMS flag, and LayerNorm's mean costs it one more
-// reduction over the same bytes: the nearest primitive an engine could call),
+// scale and shift): the same op as layer_norm, and for rms_norm the nearest
+// primitive an engine could call (oneDNN 2.6 has no RMS flag, and
+// LayerNorm's mean costs it one more reduction over the same bytes),
 // and a plain copy of the same bytes (memcpy: the memory system's rate for
 // that footprint, which a row-wise op can at best match). Counter GB/s:
 // bytes read + written per call over the wall time; a T 512 row set of
@@ -14,6 +16,7 @@
 
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
 #include <vector>
 
 #include "bench_util.h"
@@ -75,32 +78,76 @@ void BM_FusedAddRmsNormTilejit(benchmark::State& state) {
   report(state, 4.0 * t * h * 2 + 2.0 * h);
 }
 
-void BM_RmsNormOnednnLayerNorm(benchmark::State& state) {
+// oneDNN's layer normalization of [t, h] bf16 rows with an f32 scale (and
+// shift): the peer of rms_norm (scale) and of layer_norm (both).
+void onednn_layer_norm(benchmark::State& state, bool shift) {
   const int64_t t = state.range(0), h = state.range(1);
   threads_from(state, 2);
   using namespace dnnl;
   engine eng(engine::kind::cpu, 0);
   stream s(eng);
   const memory::desc md({t, h}, memory::data_type::bf16, memory::format_tag::ab);
-  const layer_normalization_forward::desc desc(prop_kind::forward_inference, md, 1e-6f,
-                                               normalization_flags::use_scale);
+  const auto flags = shift ? normalization_flags::use_scale | normalization_flags::use_shift
+                           : normalization_flags::use_scale;
+  const layer_normalization_forward::desc desc(prop_kind::forward_inference, md, 1e-6f, flags);
   const layer_normalization_forward::primitive_desc pd(desc, eng);
   auto x = bf16_values(t * h, 1);
   std::vector<uint16_t> out(t * h);
-  std::vector<float> scale(h, 1.0f);
+  std::vector<float> scale(h, 1.0f), bias(h, 0.5f);
   memory src(md, eng, x.data()), dst(md, eng, out.data());
-  memory sc(pd.weights_desc(), eng, scale.data());
+  memory sc(pd.weights_desc(), eng, scale.data()), sh(pd.weights_desc(), eng, bias.data());
   memory mean(pd.mean_desc(), eng), var(pd.variance_desc(), eng);
   layer_normalization_forward ln(pd);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                       {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCALE, sc},
+                                       {DNNL_ARG_MEAN, mean},
+                                       {DNNL_ARG_VARIANCE, var}};
+  if (shift) args.emplace(DNNL_ARG_SHIFT, sh);
   for (auto _ : state) {
-    ln.execute(s, {{DNNL_ARG_SRC, src},
-                   {DNNL_ARG_DST, dst},
-                   {DNNL_ARG_SCALE, sc},
-                   {DNNL_ARG_MEAN, mean},
-                   {DNNL_ARG_VARIANCE, var}});
+    ln.execute(s, args);
     s.wait();
   }
-  report(state, 2.0 * t * h * 2 + 4.0 * h);
+  report(state, 2.0 * t * h * 2 + (shift ? 8.0 : 4.0) * h);
+}
+
+void BM_RmsNormOnednnLayerNorm(benchmark::State& state) {
+  onednn_layer_norm(state, false);
+}
+void BM_LayerNormOnednn(benchmark::State& state) {
+  onednn_layer_norm(state, true);
+}
+
+// layer_norm with an f32 weight and bias (oneDNN's scale and shift).
+void BM_LayerNormTilejit(benchmark::State& state) {
+  const int64_t t = state.range(0), h = state.range(1);
+  threads_from(state, 2);
+  auto x = bf16_values(t * h, 1);
+  std::vector<float> w(h, 1.0f), b(h, 0.5f);
+  std::vector<uint16_t> out(t * h);
+  const TensorView xv(x.data(), DType::bf16, {t, h}), wv(w.data(), DType::f32, {h}),
+      bv(b.data(), DType::f32, {h}), ov(out.data(), DType::bf16, {t, h});
+  for (auto _ : state) {
+    layer_norm(xv, &wv, &bv, ov);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(state, 2.0 * t * h * 2 + 8.0 * h);
+}
+
+// Qwen3-Next's gated delta net output norm: T tokens × 32 heads of 128,
+// rms_norm(x)·w·silu(z). args: T, threads
+void BM_RmsNormGatedTilejit(benchmark::State& state) {
+  const int64_t t = state.range(0) * 32, h = 128;
+  threads_from(state, 1);
+  auto x = bf16_values(t * h, 1), z = bf16_values(t * h, 5), w = bf16_values(h, 2);
+  std::vector<uint16_t> out(t * h);
+  const TensorView xv(x.data(), DType::bf16, {t, h}), zv(z.data(), DType::bf16, {t, h}),
+      wv(w.data(), DType::bf16, {h}), ov(out.data(), DType::bf16, {t, h});
+  for (auto _ : state) {
+    rms_norm_gated(xv, zv, &wv, ov);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(state, 3.0 * t * h * 2 + 2.0 * h);
 }
 
 // args: T, D (out columns; x has 2·D), threads
@@ -140,6 +187,15 @@ void norm_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_RmsNormTilejit)->Apply(norm_args);
 BENCHMARK(BM_RmsNormOnednnLayerNorm)->Apply(norm_args);
 BENCHMARK(BM_FusedAddRmsNormTilejit)->Apply(norm_args);
+BENCHMARK(BM_LayerNormTilejit)->Apply(norm_args);
+BENCHMARK(BM_LayerNormOnednn)->Apply(norm_args);
+BENCHMARK(BM_RmsNormGatedTilejit)
+    ->Args({1, 1})
+    ->Args({16, 1})
+    ->Args({512, 1})
+    ->Args({512, 2})
+    ->ArgNames({"T", "threads"})
+    ->UseRealTime();
 BENCHMARK(BM_SiluAndMulTilejit)
     ->Args({1, 14336, 1})
     ->Args({16, 14336, 1})

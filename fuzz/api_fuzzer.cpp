@@ -540,15 +540,19 @@ Call make_rope(Case& c) {
   return call;
 }
 
-// rms_norm, fused_add_rms_norm or act_and_mul on [T, h] rows; the norms
-// sometimes in place (out is x itself, the one aliasing they allow).
+// The row-wise ops on [T, h] rows: rms_norm, fused_add_rms_norm,
+// act_and_mul, layer_norm (with the add, a bias, or neither) and
+// rms_norm_gated; the norms sometimes in place (out is x itself, the one
+// aliasing they allow).
 Call make_rowwise(Case& c) {
   auto& f = c.fdp();
-  const int kind = f.ConsumeIntegralInRange(0, 2);  // rms_norm, fused add, act_and_mul
+  enum Kind { kRms, kAddRms, kGlu, kLayer, kGated };
+  const int kind = f.ConsumeIntegralInRange(0, 4);
+  const bool add = kind == kAddRms || (kind == kLayer && f.ConsumeBool());
   const int64_t t = c.dim({1, 2, 3, 7, 16});
   const int64_t h = c.dim({1, 2, 7, 16, 17, 33, 64, 100});
   const auto dtype = [&f] { return f.ConsumeBool() ? DType::f32 : DType::bf16; };
-  const bool in_place = kind != 2 && f.ConsumeBool();
+  const bool in_place = kind != kGlu && f.ConsumeBool();
   NormOptions nopt;
   if (f.ConsumeIntegralInRange(0, 7) == 0) {
     const float odd[] = {0.0f,
@@ -560,15 +564,25 @@ Call make_rowwise(Case& c) {
     nopt.eps = f.PickValueInArray(odd);
   }
   nopt.weight_plus_one = f.ConsumeIntegralInRange(0, 3) == 0;
-  const bool with_w = kind != 2 && f.ConsumeIntegralInRange(0, 3) != 0;
+  const bool with_w = kind != kGlu && f.ConsumeIntegralInRange(0, 3) != 0;
+  const bool with_b = kind == kLayer && f.ConsumeBool();
   GluOptions gopt;
   gopt.act = fuzz_enum<Activation>(f, 6);
   gopt.rows = fuzz_enum<GluRows>(f, 2);
   gopt.clamped_swiglu = f.ConsumeIntegralInRange(0, 3) == 0;
   if (f.ConsumeIntegralInRange(0, 15) == 0) gopt.swiglu_limit = f.ConsumeBool() ? 0.0f : -1.0f;
-  c.add("x", dtype(), {t, kind == 2 ? sat_mul(h, 2) : h}, in_place);
-  size_t ri = 0, wi = 0, oi = 0;
-  if (kind == 1) {
+  GatedNormOptions gnopt;
+  gnopt.norm = nopt;
+  gnopt.act = gopt.act;
+  gnopt.norm_before_gate = f.ConsumeBool();
+  // The gate first: activations the vector math computes exactly (none,
+  // relu), so that the bound below stays the norm's (silu's error, divided
+  // by a small rms, is no fixed bound).
+  if (const int a = static_cast<int>(gnopt.act); !gnopt.norm_before_gate && a >= 1 && a <= 5)
+    gnopt.act = Activation::relu;  // out-of-range values stay: they must be refused
+  c.add("x", dtype(), {t, kind == kGlu ? sat_mul(h, 2) : h}, in_place);
+  size_t ri = 0, wi = 0, bi = 0, gi = 0, oi = 0;
+  if (add) {
     ri = c.tensors().size();
     c.add("residual", dtype(), {t, h}, true);
   }
@@ -576,37 +590,69 @@ Call make_rowwise(Case& c) {
     wi = c.tensors().size();
     c.add("weight", dtype(), {h}, false);
   }
+  if (with_b) {
+    bi = c.tensors().size();
+    c.add("bias", dtype(), {h}, false);
+  }
+  if (kind == kGated) {
+    gi = c.tensors().size();
+    c.add("gate", dtype(), {t, h}, false);
+  }
   if (!in_place) {
     oi = c.tensors().size();
     c.add("out", dtype(), {t, h}, true);
   }
+  const char* names[] = {"rms_norm", "fused_add_rms_norm", "act_and_mul", "layer_norm",
+                         "rms_norm_gated"};
   Call call;
-  call.op = std::string(kind == 0   ? "rms_norm"
-                        : kind == 1 ? "fused_add_rms_norm"
-                                    : "act_and_mul") +
-            (in_place ? " in place" : "") + (with_w ? " weight" : "") +
+  call.op = std::string(kind == kLayer && add ? "fused_add_layer_norm" : names[kind]) +
+            (in_place ? " in place" : "") + (with_w ? " weight" : "") + (with_b ? " bias" : "") +
             (nopt.weight_plus_one ? " plus_one" : "") + " eps=" + std::to_string(nopt.eps) +
-            (kind == 2 ? " act=" + std::to_string(int(gopt.act)) + " rows=" +
-                             std::to_string(int(gopt.rows)) + (gopt.clamped_swiglu ? " swiglu" : "")
-                       : "");
+            (kind == kGlu ? " act=" + std::to_string(int(gopt.act)) +
+                                " rows=" + std::to_string(int(gopt.rows)) +
+                                (gopt.clamped_swiglu ? " swiglu" : "")
+                          : "") +
+            (kind == kGated ? " act=" + std::to_string(int(gnopt.act)) +
+                                  (gnopt.norm_before_gate ? "" : " gate first")
+                            : "");
   call.work = product({t, h}) * 3;
-  call.run = [&c, kind, in_place, with_w, ri, wi, oi, nopt, gopt] {
+  call.run = [&c, kind, add, in_place, with_w, with_b, ri, wi, bi, gi, oi, nopt, gopt, gnopt] {
     const TensorView x = c[0].view();
     const TensorView out = in_place ? x : c[oi].view();
     const TensorView w = with_w ? c[wi].view() : TensorView();
-    if (kind == 0) return rms_norm(x, with_w ? &w : nullptr, out, nopt);
-    if (kind == 1) return fused_add_rms_norm(x, c[ri].view(), with_w ? &w : nullptr, out, nopt);
-    act_and_mul(x, out, gopt);
+    const TensorView b = with_b ? c[bi].view() : TensorView();
+    const TensorView* wp = with_w ? &w : nullptr;
+    const TensorView* bp = with_b ? &b : nullptr;
+    switch (kind) {
+      case kRms:
+        return rms_norm(x, wp, out, nopt);
+      case kAddRms:
+        return fused_add_rms_norm(x, c[ri].view(), wp, out, nopt);
+      case kGlu:
+        return act_and_mul(x, out, gopt);
+      case kLayer:
+        if (add) return fused_add_layer_norm(x, c[ri].view(), wp, bp, out, nopt);
+        return layer_norm(x, wp, bp, out, nopt);
+      default:
+        return rms_norm_gated(x, c[gi].view(), wp, out, gnopt);
+    }
   };
-  call.bound = [&c, kind, ri](const Tensor& out) {
+  call.bound = [&c, kind, add, ri, gnopt](const Tensor& out) {
     const bool bf = out.dtype == DType::bf16;
     // The residual: an f32 sum rounded once to its dtype on both paths.
-    if (kind == 1 && &out == &c[ri]) return Bound{0, 0};
+    if (add && &out == &c[ri]) return Bound{0, 0};
     // A norm: v·rstd·w, rounded once by the scalar path (from double) and
     // in f32 steps by the kernel (docs/rowwise.md: 8 units); a bf16 result
     // may round to the other neighbour. act_and_mul: the vector math's
-    // 4e-6·max(1, |gate|)·|up| with |x| ≤ 1, and the same roundings.
-    return Bound{kind == 2 ? 2e-5 : 1e-30, bf ? 0x1p-7 : 0x1p-20};
+    // 4e-6·max(1, |gate|)·|up| with |x| ≤ 1, and the same roundings; the
+    // gated norm's gate after the norm: that error times |n| ≤ sqrt(h)·|w|
+    // ≤ 10. The layer norm: the bias and the centred value's roundings, a
+    // few units of |b| + |(v - mean)·rstd·w| ≤ 11.
+    double abs = 1e-30;
+    if (kind == kGlu) abs = 2e-5;
+    if (kind == kLayer) abs = 1e-5;
+    if (kind == kGated && gnopt.norm_before_gate) abs = 1e-4;
+    return Bound{abs, bf ? 0x1p-7 : 0x1p-20};
   };
   return call;
 }

@@ -1,5 +1,5 @@
 // The C API of the row-wise layer ops (include/tilejit/tilejit_c.h): thin
-// wrappers over tilejit::rms_norm, fused_add_rms_norm and act_and_mul.
+// wrappers over tilejit's norms and act_and_mul.
 #include "ops/c_api_support.h"
 
 using namespace tilejit;
@@ -7,14 +7,21 @@ using namespace tilejit::c_api;
 
 namespace {
 
-NormOptions norm_options(const tilejit_norm_options* opt) {
+NormOptions norm_options(const tilejit_norm_options* opt, const char* arg = "opt") {
   NormOptions o;
-  if (const auto c = options(opt, "opt", "tilejit_norm_options_init", tilejit_norm_options_init)) {
+  if (const auto c = options(opt, arg, "tilejit_norm_options_init", tilejit_norm_options_init)) {
     o.eps = c->eps;
     o.weight_plus_one = c->weight_plus_one;
   }
   return o;
 }
+
+// An optional [h] operand as the C++ API takes it: a view, or null.
+struct OptionalView {
+  std::optional<TensorView> v;
+  OptionalView(const tilejit_tensor* t, const char* arg) : v(optional_view(t, arg)) {}
+  const TensorView* get() const { return v ? &*v : nullptr; }
+};
 
 }  // namespace
 
@@ -33,8 +40,8 @@ tilejit_status tilejit_rms_norm(const tilejit_tensor* x, const tilejit_tensor* w
                                 const tilejit_tensor* out, const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const std::optional<TensorView> w = optional_view(weight, "weight");
-    rms_norm(view(x, "x"), w ? &*w : nullptr, view(out, "out"), o);
+    const OptionalView w(weight, "weight");
+    rms_norm(view(x, "x"), w.get(), view(out, "out"), o);
   });
 }
 
@@ -43,9 +50,56 @@ tilejit_status tilejit_fused_add_rms_norm(const tilejit_tensor* x, const tilejit
                                           const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const std::optional<TensorView> w = optional_view(weight, "weight");
-    fused_add_rms_norm(view(x, "x"), view(residual, "residual"), w ? &*w : nullptr,
-                       view(out, "out"), o);
+    const OptionalView w(weight, "weight");
+    fused_add_rms_norm(view(x, "x"), view(residual, "residual"), w.get(), view(out, "out"), o);
+  });
+}
+
+tilejit_status tilejit_layer_norm(const tilejit_tensor* x, const tilejit_tensor* weight,
+                                  const tilejit_tensor* bias, const tilejit_tensor* out,
+                                  const tilejit_norm_options* opt) {
+  return call(__func__, [&] {
+    const NormOptions o = norm_options(opt);
+    const OptionalView w(weight, "weight"), b(bias, "bias");
+    layer_norm(view(x, "x"), w.get(), b.get(), view(out, "out"), o);
+  });
+}
+
+tilejit_status tilejit_fused_add_layer_norm(const tilejit_tensor* x, const tilejit_tensor* residual,
+                                            const tilejit_tensor* weight,
+                                            const tilejit_tensor* bias, const tilejit_tensor* out,
+                                            const tilejit_norm_options* opt) {
+  return call(__func__, [&] {
+    const NormOptions o = norm_options(opt);
+    const OptionalView w(weight, "weight"), b(bias, "bias");
+    fused_add_layer_norm(view(x, "x"), view(residual, "residual"), w.get(), b.get(),
+                         view(out, "out"), o);
+  });
+}
+
+void tilejit_gated_norm_options_init(tilejit_gated_norm_options* opt) {
+  if (opt == nullptr) return;
+  const GatedNormOptions d;
+  *opt = tilejit_gated_norm_options{};
+  opt->struct_size = sizeof *opt;
+  tilejit_norm_options_init(&opt->norm);
+  opt->act = static_cast<tilejit_activation>(d.act);
+  opt->norm_before_gate = d.norm_before_gate;
+}
+
+tilejit_status tilejit_rms_norm_gated(const tilejit_tensor* x, const tilejit_tensor* gate,
+                                      const tilejit_tensor* weight, const tilejit_tensor* out,
+                                      const tilejit_gated_norm_options* opt) {
+  return call(__func__, [&] {
+    GatedNormOptions o;
+    if (const auto c = options(opt, "opt", "tilejit_gated_norm_options_init",
+                               tilejit_gated_norm_options_init)) {
+      o.norm = norm_options(&c->norm, "opt.norm");
+      o.act = to_enum<Activation>(c->act);
+      o.norm_before_gate = c->norm_before_gate;
+    }
+    const OptionalView w(weight, "weight");
+    rms_norm_gated(view(x, "x"), view(gate, "gate"), w.get(), view(out, "out"), o);
   });
 }
 

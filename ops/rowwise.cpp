@@ -1,4 +1,5 @@
-// tilejit::rms_norm, fused_add_rms_norm and act_and_mul: argument checks,
+// tilejit's row-wise ops (rms_norm, fused_add_rms_norm, layer_norm,
+// fused_add_layer_norm, rms_norm_gated, act_and_mul): argument checks,
 // then the LLVM row-wise kernel (llvm, avx512 and amx paths: LLVM emits
 // AVX-512 code on such hosts) or the scalar reference, over chunks of rows
 // on the thread pool. Semantics: docs/rowwise.md.
@@ -19,6 +20,7 @@
 #include "ops/verbose_log.h"
 #include "runtime/api_guard.h"
 #include "runtime/isa.h"
+#include "runtime/reference_gemm.h"
 #include "runtime/reference_moe.h"
 #include "runtime/reference_rowwise.h"
 #include "runtime/thread_pool.h"
@@ -30,17 +32,29 @@ namespace lb = codegen::llvm_backend;
 
 namespace ops {
 
-lb::RowwiseDesc norm_desc(const NormOptions& opt, bool residual, DType x, DType res,
-                          std::optional<DType> weight, DType out, int64_t h) {
+lb::RowwiseDesc norm_desc(lb::RowOp op, const NormOptions& opt, DType x, DType res,
+                          std::optional<DType> weight, DType out, int64_t h,
+                          std::optional<DType> bias) {
   lb::RowwiseDesc d;
-  d.op = residual ? lb::RowOp::add_rms_norm : lb::RowOp::rms_norm;
+  d.op = op;
   d.x = x;
-  if (residual) d.res = res;
+  if (lb::adds_residual(op)) d.res = res;
   d.out = out;
   d.h = h;
   d.weight = weight.has_value();
   if (weight) d.w = *weight;
   d.plus_one = opt.weight_plus_one;
+  d.bias = bias.has_value();
+  if (bias) d.b = *bias;
+  return d;
+}
+
+lb::RowwiseDesc gated_norm_desc(const GatedNormOptions& opt, DType x, DType gate,
+                                std::optional<DType> weight, DType out, int64_t h) {
+  lb::RowwiseDesc d = norm_desc(lb::RowOp::gated_rms_norm, opt.norm, x, x, weight, out, h);
+  d.g = gate;
+  d.act = opt.act;
+  d.gate_first = !opt.norm_before_gate;
   return d;
 }
 
@@ -147,15 +161,16 @@ bool same_view(const TensorView& a, const TensorView& b) {
   return a.data == b.data && a.dtype == b.dtype && a.shape == b.shape && a.strides == b.strides;
 }
 
-void check_weight(const char* op, const TensorView* w, int64_t h) {
+// A norm's weight or bias: [h] f32 or bf16, contiguous, or none.
+void check_vector(const char* op, const char* arg, const TensorView* w, int64_t h) {
   if (w == nullptr) return;
-  ops::check_view(op, "weight", *w, 1);
-  ops::check_dtype(op, "weight", *w, {DType::f32, DType::bf16});
+  ops::check_view(op, arg, *w, 1);
+  ops::check_dtype(op, arg, *w, {DType::f32, DType::bf16});
   if (w->shape[0] != h)
     throw Error(
-        fmt::format("{}: weight has shape {}; allowed: [h] = [{}]", op, shape_str(w->shape), h));
+        fmt::format("{}: {} has shape {}; allowed: [h] = [{}]", op, arg, shape_str(w->shape), h));
   if (w->strides[0] != 1 && h > 1)
-    throw Error(fmt::format("{}: weight has strides {}; allowed: contiguous ([1])", op,
+    throw Error(fmt::format("{}: {} has strides {}; allowed: contiguous ([1])", op, arg,
                             shape_str(w->strides)));
 }
 
@@ -165,19 +180,22 @@ void check_eps(const char* op, float eps) {
                             eps, std::numeric_limits<float>::denorm_min()));
 }
 
-// The call, checked: the kernel descriptor and the rows of x, residual
-// (norm with the add) and out, in that operand order.
+// The call, checked: the public op's name, the kernel descriptor and the
+// rows of x, residual (the add norms), out and gate (the gated norm), in
+// that operand order.
 struct RowCall {
+  const char* op = "";
   lb::RowwiseDesc desc;
   RowPlan plan;
   const TensorView* weight = nullptr;
+  const TensorView* bias = nullptr;
   float eps = 0;
 };
-enum Operand { kX = 0, kRes = 1, kOut = 2 };
+enum Operand { kX = 0, kRes = 1, kOut = 2, kGate = 3 };
 
-// Element offsets of flat row r in each operand (residual 0 without one).
-std::array<int64_t, 3> row_offsets(const RowCall& c, int64_t r) {
-  std::array<int64_t, 3> o{};
+// Element offsets of flat row r in each operand (0 for one the op lacks).
+std::array<int64_t, 4> row_offsets(const RowCall& c, int64_t r) {
+  std::array<int64_t, 4> o{};
   const RowPlan& p = c.plan;
   for (size_t d = p.shape.size(); d-- > 0;) {
     const int64_t i = r % p.shape[d];
@@ -201,34 +219,23 @@ int64_t rows_per_task(const RowCall& c, int64_t n) {
 }
 
 std::string shapes_line(const RowCall& c) {
-  return fmt::format("rows={} h={} x={} out={}{}", c.plan.rows, c.desc.h, dtype_name(c.desc.x),
-                     dtype_name(c.desc.out),
-                     c.desc.op == lb::RowOp::add_rms_norm
-                         ? fmt::format(" residual={}", dtype_name(c.desc.res))
-                         : std::string());
-}
-
-const char* op_name(lb::RowOp op) {
-  switch (op) {
-    case lb::RowOp::rms_norm:
-      return "rms_norm";
-    case lb::RowOp::add_rms_norm:
-      return "fused_add_rms_norm";
-    case lb::RowOp::glu:
-      return "act_and_mul";
-  }
-  return "?";
+  const lb::RowwiseDesc& d = c.desc;
+  std::string s =
+      fmt::format("rows={} h={} x={} out={}", c.plan.rows, d.h, dtype_name(d.x), dtype_name(d.out));
+  if (lb::adds_residual(d.op)) s += fmt::format(" residual={}", dtype_name(d.res));
+  if (d.op == lb::RowOp::gated_rms_norm) s += fmt::format(" gate={}", dtype_name(d.g));
+  return s;
 }
 
 // Called only in a build with LLVM (the kernels are LLVM's).
 void run_jit(const RowCall& c, Isa path, const TensorView& x, const TensorView* residual,
-             const TensorView& out) {
+             const TensorView& out, const TensorView* gate) {
   const auto fn = jit::get(c.desc).entry<lb::RowwiseFn>();
   // Tasks: chunks of the innermost dim's rows, for each index of the outer dims.
   const int64_t inner = c.plan.shape.back(), outer = c.plan.rows / inner;
   const int64_t chunk = rows_per_task(c, c.desc.op == lb::RowOp::glu ? 3 * c.desc.h : c.desc.h);
   const int64_t per_outer = (inner + chunk - 1) / chunk;
-  ops::log_call(op_name(c.desc.op), path, [&] {
+  ops::log_call(c.op, path, [&] {
     return ops::CallLine{shapes_line(c), fmt::format("kernel={} tasks={} chunk={}", c.desc.name(),
                                                      outer * per_outer, chunk)};
   });
@@ -243,6 +250,9 @@ void run_jit(const RowCall& c, Isa path, const TensorView& x, const TensorView* 
     a.x = at(x, off[kX]);
     a.residual = residual ? at(*residual, off[kRes]) : nullptr;
     a.weight = c.weight ? c.weight->data : nullptr;
+    a.bias = c.bias ? c.bias->data : nullptr;
+    a.gate = gate ? at(*gate, off[kGate]) : nullptr;
+    a.gate_stride = st[kGate].back();
     a.out = at(out, off[kOut]);
     a.rows = std::min(chunk, inner - first);
     a.x_stride = st[kX].back();
@@ -255,10 +265,8 @@ void run_jit(const RowCall& c, Isa path, const TensorView& x, const TensorView* 
 
 // The scalar path: the references, one row at a time.
 void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorView* residual,
-                const TensorView& out, const runtime::ReferenceGlu& glu) {
-  ops::log_call(op_name(c.desc.op), path, [&] {
-    return ops::CallLine{shapes_line(c), "plan=reference"};
-  });
+                const TensorView& out, const TensorView* gate, const runtime::ReferenceGlu& glu) {
+  ops::log_call(c.op, path, [&] { return ops::CallLine{shapes_line(c), "plan=reference"}; });
   const lb::RowwiseDesc& d = c.desc;
   runtime::parallel_for(c.plan.rows, [&](int64_t r) {
     const auto off = row_offsets(c, r);
@@ -272,10 +280,14 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
       }
       return;
     }
+    const auto act_gate = [&](int64_t i) {
+      return runtime::reference_activation(d.act, ops::load_element(*gate, off[kGate] + i));
+    };
     std::vector<double> v(d.h);
     for (int64_t i = 0; i < d.h; ++i) {
-      if (d.op == lb::RowOp::rms_norm) {
+      if (!lb::adds_residual(d.op)) {
         v[i] = ops::load_element(x, xb + i);
+        if (d.gate_first) v[i] *= act_gate(i);
         continue;
       }
       const int64_t rb = off[kRes] + i;
@@ -287,63 +299,110 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
       ops::store_element(*residual, rb, sum);
       v[i] = sum;
     }
-    const double rstd = runtime::reference_rstd(v.data(), d.h, c.eps);
-    for (int64_t i = 0; i < d.h; ++i) {
-      double w = 1;
-      if (c.weight) w = ops::load_element(*c.weight, i) + (d.plus_one ? 1.0 : 0.0);
-      ops::store_element(out, ob + i, runtime::reference_norm_value(v[i], rstd, w));
+    const auto weight = [&](int64_t i) {
+      return c.weight ? ops::load_element(*c.weight, i) + (d.plus_one ? 1.0 : 0.0) : 1.0;
+    };
+    if (lb::centres_rows(d.op)) {
+      const runtime::ReferenceMoments m = runtime::reference_moments(v.data(), d.h, c.eps);
+      for (int64_t i = 0; i < d.h; ++i)
+        ops::store_element(out, ob + i,
+                           runtime::reference_layer_norm_value(
+                               v[i], m, weight(i), c.bias ? ops::load_element(*c.bias, i) : 0.0));
+      return;
     }
+    const double rstd = runtime::reference_rstd(v.data(), d.h, c.eps);
+    const bool gate_after = d.op == lb::RowOp::gated_rms_norm && !d.gate_first;
+    for (int64_t i = 0; i < d.h; ++i)
+      ops::store_element(
+          out, ob + i,
+          runtime::reference_norm_value(v[i], rstd, weight(i)) * (gate_after ? act_gate(i) : 1.0));
   });
 }
 
 void run(const RowCall& c, const TensorView& x, const TensorView* residual, const TensorView& out,
-         const runtime::ReferenceGlu& glu = {}) {
+         const TensorView* gate = nullptr, const runtime::ReferenceGlu& glu = {}) {
   if (c.plan.rows == 0) return;
   const Isa path = runtime::active_isa();
   if (path != Isa::scalar) {
-    if (jit::family_built(jit::Family::rowwise)) return run_jit(c, path, x, residual, out);
+    if (jit::family_built(jit::Family::rowwise)) return run_jit(c, path, x, residual, out, gate);
     static std::once_flag logged;
     runtime::log_fallback_once(logged,
-                               "rms_norm / act_and_mul: no row-wise kernel in this build (no "
-                               "LLVM): reference");
+                               "the row-wise ops (norms, act_and_mul): no row-wise kernel in this "
+                               "build (no LLVM): reference");
   }
-  run_scalar(c, path, x, residual, out, glu);
+  run_scalar(c, path, x, residual, out, gate, glu);
 }
 
-// The norms' checks; residual null for rms_norm.
-RowCall check_norm(const char* op, const TensorView& x, const TensorView* residual,
-                   const TensorView* weight, const TensorView& out, const NormOptions& opt) {
+// A norm's operands: residual for the add norms, bias for the layer norms,
+// gate for the gated norm (null where the op has none).
+struct NormOperands {
+  const TensorView* residual = nullptr;
+  const TensorView* weight = nullptr;
+  const TensorView* bias = nullptr;
+  const TensorView* gate = nullptr;
+};
+
+// The norms' checks, then the kernel descriptor `desc_of(h)` makes.
+template <class DescOf>
+RowCall check_norm(const char* op, const TensorView& x, const NormOperands& o,
+                   const TensorView& out, const NormOptions& opt, DescOf desc_of) {
   RowCall c;
+  c.op = op;
   const Rows xr = rows_of(op, "x", x);
   const int64_t h = xr.n;
   if (h < 1)
     throw Error(fmt::format("{}: x has shape {}; allowed: h >= 1", op, shape_str(x.shape)));
   const Rows outr = rows_of(op, "out", out);
   check_same_rows(op, "out", out, "x", x, h);
-  check_weight(op, weight, h);
+  check_vector(op, "weight", o.weight, h);
+  check_vector(op, "bias", o.bias, h);
   check_eps(op, opt.eps);
-  if (weight == nullptr && opt.weight_plus_one)
+  if (o.weight == nullptr && opt.weight_plus_one)
     throw Error(fmt::format("{}: weight_plus_one=true without a weight; allowed: a weight", op));
-  c.weight = weight;
+  c.weight = o.weight;
+  c.bias = o.bias;
   c.eps = opt.eps;
-  c.desc =
-      ops::norm_desc(opt, residual != nullptr, x.dtype, residual ? residual->dtype : DType::bf16,
-                     weight ? std::optional(weight->dtype) : std::nullopt, out.dtype, h);
-  // Written: the residual and out; read only: x and the weight (which may
-  // share memory with each other).
-  Rows resr;
-  if (residual) {
-    resr = rows_of(op, "residual", *residual);
-    check_same_rows(op, "residual", *residual, "x", x, h);
-    ops::check_output(op, "residual", *residual, {{"x", &x}, {"out", &out}, {"weight", weight}});
+  c.desc = desc_of(h);
+  // Written: the residual and out; read only: x, the gate, the weight and
+  // the bias (which may share memory with each other).
+  Rows resr, gater;
+  if (o.residual) {
+    resr = rows_of(op, "residual", *o.residual);
+    check_same_rows(op, "residual", *o.residual, "x", x, h);
+    ops::check_output(op, "residual", *o.residual,
+                      {{"x", &x}, {"out", &out}, {"weight", o.weight}, {"bias", o.bias}});
+  }
+  if (o.gate) {
+    gater = rows_of(op, "gate", *o.gate);
+    check_same_rows(op, "gate", *o.gate, "x", x, h);
   }
   if (same_view(out, x))
-    ops::check_output(op, "out", out, {{"weight", weight}});
+    ops::check_output(op, "out", out, {{"weight", o.weight}, {"bias", o.bias}, {"gate", o.gate}});
   else
-    ops::check_output(op, "out", out, {{"x", &x}, {"weight", weight}});
+    ops::check_output(op, "out", out,
+                      {{"x", &x}, {"weight", o.weight}, {"bias", o.bias}, {"gate", o.gate}});
   // After out's checks: a writable out bounds the rows' product (< 2^56).
-  c.plan = plan_rows({&xr, residual ? &resr : &xr, &outr});
+  c.plan = plan_rows({&xr, o.residual ? &resr : &xr, &outr, o.gate ? &gater : &xr});
   return c;
+}
+
+std::optional<DType> dtype_of(const TensorView* t) {
+  return t ? std::optional(t->dtype) : std::nullopt;
+}
+
+// rms_norm and the layer norms (a residual for the add forms).
+void plain_norm(const char* op, lb::RowOp kind, const TensorView& x, const TensorView* residual,
+                const TensorView* weight, const TensorView* bias, const TensorView& out,
+                const NormOptions& opt) {
+  NormOperands o;
+  o.residual = residual;
+  o.weight = weight;
+  o.bias = bias;
+  const RowCall c = check_norm(op, x, o, out, opt, [&](int64_t h) {
+    return ops::norm_desc(kind, opt, x.dtype, residual ? residual->dtype : DType::bf16,
+                          dtype_of(weight), out.dtype, h, dtype_of(bias));
+  });
+  run(c, x, residual, out);
 }
 
 }  // namespace
@@ -351,16 +410,45 @@ RowCall check_norm(const char* op, const TensorView& x, const TensorView* residu
 void rms_norm(const TensorView& x, const TensorView* weight, const TensorView& out,
               const NormOptions& opt) {
   runtime::api_guard("rms_norm", [&] {
-    const RowCall c = check_norm("rms_norm", x, nullptr, weight, out, opt);
-    run(c, x, nullptr, out);
+    plain_norm("rms_norm", lb::RowOp::rms_norm, x, nullptr, weight, nullptr, out, opt);
   });
 }
 
 void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
                         const TensorView& out, const NormOptions& opt) {
   runtime::api_guard("fused_add_rms_norm", [&] {
-    const RowCall c = check_norm("fused_add_rms_norm", x, &residual, weight, out, opt);
-    run(c, x, &residual, out);
+    plain_norm("fused_add_rms_norm", lb::RowOp::add_rms_norm, x, &residual, weight, nullptr, out,
+               opt);
+  });
+}
+
+void layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias,
+                const TensorView& out, const NormOptions& opt) {
+  runtime::api_guard("layer_norm", [&] {
+    plain_norm("layer_norm", lb::RowOp::layer_norm, x, nullptr, weight, bias, out, opt);
+  });
+}
+
+void fused_add_layer_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
+                          const TensorView* bias, const TensorView& out, const NormOptions& opt) {
+  runtime::api_guard("fused_add_layer_norm", [&] {
+    plain_norm("fused_add_layer_norm", lb::RowOp::add_layer_norm, x, &residual, weight, bias, out,
+               opt);
+  });
+}
+
+void rms_norm_gated(const TensorView& x, const TensorView& gate, const TensorView* weight,
+                    const TensorView& out, const GatedNormOptions& opt) {
+  constexpr const char* kOp = "rms_norm_gated";
+  runtime::api_guard(kOp, [&] {
+    ir::check_activation(kOp, opt.act);
+    NormOperands o;
+    o.weight = weight;
+    o.gate = &gate;
+    const RowCall c = check_norm(kOp, x, o, out, opt.norm, [&](int64_t h) {
+      return ops::gated_norm_desc(opt, x.dtype, gate.dtype, dtype_of(weight), out.dtype, h);
+    });
+    run(c, x, nullptr, out, &gate);
   });
 }
 
@@ -368,6 +456,7 @@ void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& o
   constexpr const char* kOp = "act_and_mul";
   runtime::api_guard(kOp, [&] {
     RowCall c;
+    c.op = kOp;
     const Rows xr = rows_of(kOp, "x", x);
     if (xr.n < 2 || xr.n % 2)
       throw Error(fmt::format("{}: x has shape {}; allowed: [..., 2·d] with d >= 1 (gate and up)",
@@ -377,7 +466,7 @@ void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& o
     check_same_rows(kOp, "out", out, "x", x, d);
     ops::check_output(kOp, "out", out, {{"x", &x}});
     // After out's checks: a writable out bounds the rows' product (< 2^56).
-    c.plan = plan_rows({&xr, &xr, &outr});
+    c.plan = plan_rows({&xr, &xr, &outr, &xr});
     if (!opt.clamped_swiglu) ir::check_activation(kOp, opt.act);  // else act is unused
     if (opt.rows != GluRows::halves && opt.rows != GluRows::interleaved)
       throw Error(fmt::format("{}: rows=GluRows({}); allowed: halves, interleaved", kOp,
@@ -394,7 +483,7 @@ void act_and_mul(const TensorView& x, const TensorView& out, const GluOptions& o
       glu.limit = opt.swiglu_limit;
     }
     c.desc = ops::glu_desc(opt, x.dtype, out.dtype, d);
-    run(c, x, nullptr, out, glu);
+    run(c, x, nullptr, out, nullptr, glu);
   });
 }
 

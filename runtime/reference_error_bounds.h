@@ -267,6 +267,13 @@ inline double rope_output_bound(DType out, double mag, double ref) {
   return 2 * ea;
 }
 
+// The final rounding of a row-wise op's f32 value to a bf16 out (half a bf16 ulp
+// of the kernel's value, 2⁻⁸ of it, and the smallest bf16 subnormal's half).
+inline double rowwise_out_rounding(DType out, double ref, double tol) {
+  if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
+  return tol;
+}
+
 // act_and_mul (docs/rowwise.md): glu(gate, up) of exact inputs in f32 with
 // the epilogue's vector math, moe_act_error's terms with no input error,
 // then for bf16 out the final rounding (half a bf16 ulp of the f32 value:
@@ -277,9 +284,7 @@ inline double glu_output_bound(const ReferenceGlu& glu, double gate, double up, 
   p.gate = gate;
   p.up = up;
   p.act = ref;
-  double tol = moe_act_error(glu, p, 0) + 0x1p-147;
-  if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
-  return tol;
+  return rowwise_out_rounding(out, ref, moe_act_error(glu, p, 0) + 0x1p-147);
 }
 
 // rms_norm (docs/rowwise.md), against ref = v·rstd·w in double with the
@@ -290,9 +295,92 @@ inline double glu_output_bound(const ReferenceGlu& glu, double gate, double up, 
 // a product may round by, four times; a bf16 out then rounds once more
 // (2⁻⁸ of its f32 value).
 inline double rms_norm_output_bound(DType out, double ref) {
-  double tol = 8 * kF32Unit * std::fabs(ref) + 0x1p-147;
-  if (out == DType::bf16) tol += std::ldexp(std::fabs(ref) + tol, -8) + 0x1p-134;
-  return tol;
+  return rowwise_out_rounding(out, ref, 8 * kF32Unit * std::fabs(ref) + 0x1p-147);
+}
+
+// layer_norm (docs/rowwise.md): what the bound needs of a row of the
+// kernel's v (the input, or the stored residual), in double.
+struct LayerNormRow {
+  double mean = 0, var = 0, rstd = 0;
+  double mean_abs = 0;  // Σ|v| / h
+  double dev_abs = 0;   // Σ|v - mean| / h
+};
+inline LayerNormRow layer_norm_row(const double* v, int64_t h, double eps) {
+  LayerNormRow r;
+  const double n = static_cast<double>(h);
+  for (int64_t i = 0; i < h; ++i) r.mean += v[i], r.mean_abs += std::fabs(v[i]);
+  r.mean /= n;
+  r.mean_abs /= n;
+  for (int64_t i = 0; i < h; ++i) {
+    r.var += (v[i] - r.mean) * (v[i] - r.mean);
+    r.dev_abs += std::fabs(v[i] - r.mean);
+  }
+  r.var /= n;
+  r.dev_abs /= n;
+  r.rstd = 1.0 / std::sqrt(r.var + eps);
+  return r;
+}
+// Against ref = (v - mean)·rstd·w + b, dev = v - mean. With u = 2⁻²⁴:
+//  - m, the f32 mean: Σv in f32 blocks (7 roundings: 7u of Σ|v|) rounded
+//    once more: δ = |m - mean| ≤ 8u·mean_abs;
+//  - d = v - m (one rounding), Σd in blocks (7u of Σ|d|): c = Σd/h in f32
+//    is mean - m within 9u·(dev_abs + δ); the kernel's centred value
+//    d - c is dev within e = 9u·(dev_abs + δ) + 2u·(|dev| + δ);
+//  - var = (Σd² - (Σd)²/h)/h: Σd² within 9u (d's rounding squared, the
+//    blocks), the correction within 16u·δ·(dev_abs + δ) + 64u²·(dev_abs +
+//    δ)²: var moves by E ≤ 9u·(var + δ²) + those, rstd by ½·E/(var + eps)
+//    and its rounding to f32, u;
+//  - ·rstd, ·w (and 1 + w), + b: 3 roundings of their values.
+// With eps, h and the values exact, the double path (rows an f32 sum
+// could not hold) is within this too.
+inline double layer_norm_output_bound(const LayerNormRow& r, double eps, DType out, double dev,
+                                      double w, double b, double ref) {
+  const double u = kF32Unit;
+  const double delta = 8 * u * r.mean_abs;
+  const double a = r.dev_abs + delta;
+  const double e = 9 * u * a + 2 * u * (std::fabs(dev) + delta);
+  const double var_err = 9 * u * (r.var + delta * delta) + 16 * u * delta * a + 64 * u * u * a * a;
+  const double rel = 0.5 * var_err / (r.var + eps) + 2 * u;
+  const double scaled = std::fabs(dev) * r.rstd * std::fabs(w);
+  const double tol = std::fabs(w) * r.rstd * e * (1 + rel) + scaled * (rel + 3 * u) +
+                     u * (std::fabs(b) + std::fabs(ref)) + 0x1p-147 * 4;
+  return rowwise_out_rounding(out, ref, tol);
+}
+
+// rms_norm_gated, the norm before the gate: out = n·a, n = v·rstd·w within
+// rms_norm_output_bound's 8 units, a = act(gate) within its vector math's
+// error, one more f32 rounding for the product.
+inline double gated_norm_output_bound(Activation act, double gate, DType out, double n,
+                                      double ref) {
+  const double a = reference_activation(act, gate);
+  const double tol = 9 * kF32Unit * std::fabs(n * a) +
+                     std::fabs(n) * activation_math_error(act, gate) * (1 + 8 * kF32Unit) +
+                     0x1p-147 * 5;
+  return rowwise_out_rounding(out, ref, tol);
+}
+
+// rms_norm_gated with the gate first: v_i = x_i·act(g_i) in f32 carries
+// e_i = |x_i|·activation_math_error(act, g_i) + u·|v_i| (gate_first_value_error);
+// the kernel's Σv² then moves by ≤ Σ(2|v_i| + e_i)·e_i, its rstd by half of
+// that over Σv² + h·eps (gate_first_rstd_error, relative); out_i = v_i·rstd·w
+// by |w|·rstd·e_i and |ref|·rel on top of rms_norm_output_bound's 8 units.
+inline double gate_first_value_error(Activation act, double x, double gate) {
+  return std::fabs(x) * activation_math_error(act, gate) +
+         kF32Unit * std::fabs(x * reference_activation(act, gate));
+}
+inline double gate_first_rstd_error(const double* v, const double* e, int64_t h, double eps) {
+  double sq = 0, moved = 0;
+  for (int64_t i = 0; i < h; ++i) {
+    sq += v[i] * v[i];
+    moved += (2 * std::fabs(v[i]) + e[i]) * e[i];
+  }
+  return 0.5 * moved / (sq + static_cast<double>(h) * eps);
+}
+inline double gate_first_output_bound(DType out, double e, double rstd, double w, double rel,
+                                      double ref) {
+  const double tol = 8 * kF32Unit * std::fabs(ref) + std::fabs(w) * rstd * e * (1 + rel) +
+                     std::fabs(ref) * rel + 0x1p-147 * 4;
+  return rowwise_out_rounding(out, ref, tol);
 }
 
 inline double moe_act_slack(const ReferenceGlu& glu, const MoeActPoint& p, double eps_sum) {

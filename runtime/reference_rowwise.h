@@ -23,6 +23,27 @@ inline double reference_norm_value(double v, double rstd, double w) {
   return v * rstd * w;
 }
 
+// LayerNorm's statistics of a row: the mean, and 1 / sqrt(var + eps) with
+// var the population variance, each by its definition (two passes).
+struct ReferenceMoments {
+  double mean = 0, rstd = 0;
+};
+inline ReferenceMoments reference_moments(const double* v, int64_t h, double eps) {
+  double sum = 0;
+  for (int64_t i = 0; i < h; ++i) sum += v[i];
+  ReferenceMoments m;
+  m.mean = sum / static_cast<double>(h);
+  double sq = 0;
+  for (int64_t i = 0; i < h; ++i) sq += (v[i] - m.mean) * (v[i] - m.mean);
+  m.rstd = 1.0 / std::sqrt(sq / static_cast<double>(h) + eps);
+  return m;
+}
+
+// LayerNorm's value of element i: (v - mean)·rstd·w + b (w 1, b 0 without).
+inline double reference_layer_norm_value(double v, const ReferenceMoments& m, double w, double b) {
+  return (v - m.mean) * m.rstd * w + b;
+}
+
 // The residual add: x + residual in f32 (one rounding), then rounded to the
 // residual's dtype by `round` (f32: identity; bf16: round to nearest even).
 template <class Round>

@@ -44,8 +44,9 @@ TEST(Abi, PublicStructsMatchThisVersionsTable) {
       {"PackedExperts", sizeof(PackedExperts), 16},
       {"MoeOptions", sizeof(MoeOptions), 280},
       {"GroupedTopkOptions", sizeof(GroupedTopkOptions), 96},
-      {"NormOptions", sizeof(NormOptions), 8},  // 0.2.3
-      {"GluOptions", sizeof(GluOptions), 20},   // 0.2.3
+      {"NormOptions", sizeof(NormOptions), 8},             // 0.2.3
+      {"GluOptions", sizeof(GluOptions), 20},              // 0.2.3
+      {"GatedNormOptions", sizeof(GatedNormOptions), 16},  // 0.2.4
       {"CpuInfo", sizeof(CpuInfo), 64},
       {"CacheStats", sizeof(CacheStats), 104},
       {"Error", sizeof(Error), 40},

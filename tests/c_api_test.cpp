@@ -640,6 +640,66 @@ TEST(CApi, RowwiseOpsMatchTheCppCalls) {
   expect_c_error(tilejit_act_and_mul(nullptr, &gt, nullptr), "tilejit_act_and_mul: x is NULL");
 }
 
+TEST(CApi, LayerAndGatedNormsMatchTheCppCalls) {
+  constexpr int64_t T = 4, H = 40;
+  const auto x = random_bf16(T * H, 60), r = random_bf16(T * H, 61), z = random_bf16(T * H, 62);
+  const auto w = random_f32(H, 63), b = random_f32(H, 64);
+  CTensors c;
+  auto xc = x, zc = z;
+  const tilejit_tensor xt = c(xc.data(), TILEJIT_BF16, {T, H});
+  const tilejit_tensor zt = c(zc.data(), TILEJIT_BF16, {T, H});
+  const tilejit_tensor wt = c(w.data(), TILEJIT_F32, {H});
+  const tilejit_tensor bt = c(b.data(), TILEJIT_F32, {H});
+  const TensorView wv(const_cast<float*>(w.data()), DType::f32, {H}),
+      bv(const_cast<float*>(b.data()), DType::f32, {H});
+  // layer_norm with weight and bias, then without either.
+  std::vector<uint16_t> out(T * H), out_cpp(T * H);
+  const tilejit_tensor ot = c(out.data(), TILEJIT_BF16, {T, H});
+  ASSERT_C_OK(tilejit_layer_norm(&xt, &wt, &bt, &ot, nullptr));
+  layer_norm({xc.data(), DType::bf16, {T, H}}, &wv, &bv, {out_cpp.data(), DType::bf16, {T, H}});
+  EXPECT_TRUE(same_bytes(out, out_cpp));
+  ASSERT_C_OK(tilejit_layer_norm(&xt, nullptr, nullptr, &ot, nullptr));
+  layer_norm({xc.data(), DType::bf16, {T, H}}, nullptr, nullptr,
+             {out_cpp.data(), DType::bf16, {T, H}});
+  EXPECT_TRUE(same_bytes(out, out_cpp));
+  // fused add in place on x.
+  auto xa = x, ra = r, xb = x, rb = r;
+  const tilejit_tensor xat = c(xa.data(), TILEJIT_BF16, {T, H});
+  const tilejit_tensor rat = c(ra.data(), TILEJIT_BF16, {T, H});
+  ASSERT_C_OK(tilejit_fused_add_layer_norm(&xat, &rat, &wt, nullptr, &xat, nullptr));
+  const TensorView xbv(xb.data(), DType::bf16, {T, H});
+  fused_add_layer_norm(xbv, {rb.data(), DType::bf16, {T, H}}, &wv, nullptr, xbv);
+  EXPECT_TRUE(same_bytes(xa, xb) && same_bytes(ra, rb));
+  EXPECT_FALSE(same_bytes(ra, r));
+  // The gated norm, gate first with gelu_tanh, eps set.
+  tilejit_gated_norm_options go;
+  tilejit_gated_norm_options_init(&go);
+  EXPECT_EQ(go.act, TILEJIT_ACT_SILU);
+  EXPECT_TRUE(go.norm_before_gate);
+  EXPECT_EQ(go.norm.eps, NormOptions{}.eps);
+  go.act = TILEJIT_ACT_GELU_TANH;
+  go.norm_before_gate = false;
+  go.norm.eps = 1e-5f;
+  ASSERT_C_OK(tilejit_rms_norm_gated(&xt, &zt, &wt, &ot, &go));
+  GatedNormOptions gc;
+  gc.act = Activation::gelu_tanh;
+  gc.norm_before_gate = false;
+  gc.norm.eps = 1e-5f;
+  rms_norm_gated({xc.data(), DType::bf16, {T, H}}, {zc.data(), DType::bf16, {T, H}}, &wv,
+                 {out_cpp.data(), DType::bf16, {T, H}}, gc);
+  EXPECT_TRUE(same_bytes(out, out_cpp));
+  // Mistakes: the operator's own messages, the C layer's for its structs.
+  const tilejit_tensor b3 = c(const_cast<float*>(b.data()), TILEJIT_F32, {3});
+  expect_c_error(tilejit_layer_norm(&xt, &wt, &b3, &ot, nullptr), "layer_norm: bias has shape [3]");
+  go.norm.struct_size = 5;
+  expect_c_error(tilejit_rms_norm_gated(&xt, &zt, &wt, &ot, &go), "opt.norm.struct_size = 5");
+  tilejit_gated_norm_options_init(&go);
+  set_raw(go.act, 42);
+  expect_c_error(tilejit_rms_norm_gated(&xt, &zt, &wt, &ot, &go), "rms_norm_gated");
+  expect_c_error(tilejit_rms_norm_gated(&xt, nullptr, &wt, &ot, nullptr),
+                 "tilejit_rms_norm_gated: gate is NULL");
+}
+
 TEST(CApi, ExpertsAndRoutingMatchTheCppCalls) {
   constexpr int64_t E = 4, H = 64, I = 40, T = 5, topk = 2;
   const auto w13 = random_bf16(E * 2 * I * H, 50, -0.2f, 0.2f);

@@ -629,8 +629,9 @@ void norm_rows(const Env& env, const std::vector<int64_t>& ms, uint64_t seed, bo
   const TensorView wv(w.data(), DType::bf16, {kHidden});
   NormOptions opt;
   opt.eps = kEps;
-  const auto desc =
-      ops::norm_desc(opt, fused, DType::bf16, DType::bf16, DType::bf16, DType::bf16, kHidden);
+  const auto desc = ops::norm_desc(
+      fused ? codegen::llvm_backend::RowOp::add_rms_norm : codegen::llvm_backend::RowOp::rms_norm,
+      opt, DType::bf16, DType::bf16, DType::bf16, DType::bf16, kHidden);
   for (int64_t m : ms) {
     const auto x0 = random_bf16(size_t(m * kHidden), seed + 1 + uint64_t(m), 2.0f);
     const auto r0 = random_bf16(size_t(m * kHidden), seed + 2 + uint64_t(m), 2.0f);

@@ -47,6 +47,9 @@ struct HostTarget {
   bool avx512f = false, avx512bw = false, avx512bf16 = false;
   int vector_bits = 128;  // widest vector register: 512, 256 or 128
   int vector_regs = 16;   // architectural vector registers (32 with AVX-512)
+  // The 512-bit vcvtneps2bf16 / vcvtne2ps2bf16 the kernels' bf16 stores use
+  // (the target has AVX512-BF16 and is not narrowed below 512-bit vectors).
+  bool bf16_convert() const { return avx512bf16 && vector_bits >= 512; }
 };
 
 // Initialises LLVM's native target and creates the JIT on first use

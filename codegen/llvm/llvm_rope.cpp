@@ -149,7 +149,7 @@ class RopeEmitter : public KernelEmitter {
         blocks_(make_blocks(d)),
         vm16_(b_, kLanes),
         vm8_(b_, kLanes / 2),
-        cvt_bf16_(d.dtype == DType::bf16 && mc.host.avx512bf16 && mc.host.vector_bits >= 512) {}
+        cvt_bf16_(d.dtype == DType::bf16 && mc.host.bf16_convert()) {}
 
  private:
   using Args = RopeArgs;

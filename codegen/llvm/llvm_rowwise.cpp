@@ -1,14 +1,21 @@
 // LLVM IR for the row-wise kernels. Shape of the emitted function:
 //
 //   for r < rows:                                   runtime count
-//     rms_norm, add_rms_norm:
-//       pass 1, chunks of 16: v = x, or round(x + residual) stored to residual
+//     rms_norm, add_rms_norm, gated_rms_norm:
+//       pass 1, chunks of 16: v = x, round(x + residual) stored to residual,
+//                             or x·act(gate) (the gate first)
 //                             Σ v² in f32 within blocks of 8 chunks, the
 //                             blocks' sums added in double
 //       a row whose sum is not finite or is tiny: Σ v² again, all in double
 //       rstd = 1 / sqrt(Σ / h + eps) in double, then f32
-//       pass 2, chunks of 16: out = v·rstd·w (v read again: x, or the stored
-//                             residual, i.e. what the next layer's add reads)
+//       pass 2, chunks of 16: out = v·rstd·w (·act(gate)) (v read again: x,
+//                             or the stored residual, i.e. what the next
+//                             layer's add reads)
+//     layer_norm, add_layer_norm:
+//       pass 1: v as above, Σ v (blocked) -> m = mean in f32
+//       pass 2: d = v - m, Σ d and Σ d² (blocked) -> var = (Σd² - (Σd)²/h) / h
+//       a row a sum lost: mean, Σ (v - mean)² and pass 3 in double
+//       pass 3: out = (d - Σd/h)·rstd·w + b
 //     glu, chunks of 16 outputs: out = f(gate, up)
 //
 // The last chunk of a row whose length is not a multiple of 16 is masked:
@@ -21,6 +28,7 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/IntrinsicsX86.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -47,14 +55,25 @@ void check(const RowwiseDesc& d) {
   };
   need_float("x", d.x);
   need_float("out", d.out);
-  if (d.op == RowOp::add_rms_norm) need_float("res", d.res);
+  if (adds_residual(d.op)) need_float("res", d.res);
   if (d.op != RowOp::glu && d.weight) need_float("w", d.w);
   if (d.h < 1 || d.h > Limits::max_dim)
     fail(d, "h=" + std::to_string(d.h) + "; allowed: 1 .. " + std::to_string(Limits::max_dim));
+  if (d.bias && !centres_rows(d.op)) fail(d, "a bias; allowed: the layer norms only");
+  if (d.bias) need_float("b", d.b);
+  if (d.gate_first && d.op != RowOp::gated_rms_norm)
+    fail(d, "gate_first; allowed: gated_rms_norm only");
   switch (d.op) {
     case RowOp::rms_norm:
     case RowOp::add_rms_norm:
+    case RowOp::layer_norm:
+    case RowOp::add_layer_norm:
+    case RowOp::gated_rms_norm:
       if (d.glu != Glu::none) fail(d, "a norm with a glu; allowed: glu=none");
+      if (d.op == RowOp::gated_rms_norm) {
+        need_float("g", d.g);
+        activation_name(d.act);  // an Error for a value outside the enum
+      }
       return;
     case RowOp::glu:
       if (d.glu == Glu::act_mul) {
@@ -72,10 +91,7 @@ void check(const RowwiseDesc& d) {
 class RowwiseEmitter : public KernelEmitter {
  public:
   RowwiseEmitter(ModuleContext& mc, const RowwiseDesc& d)
-      : KernelEmitter(mc),
-        d_(d),
-        vm_(b_, kLanes),
-        cvt_bf16_(mc.host.avx512bf16 && mc.host.vector_bits >= 512) {}
+      : KernelEmitter(mc), d_(d), vm_(b_, kLanes), cvt_bf16_(mc.host.bf16_convert()) {}
 
  private:
   using Args = RowwiseArgs;
@@ -148,144 +164,254 @@ class RowwiseEmitter : public KernelEmitter {
     if (n % kLanes) body(i64(n / kLanes * kLanes), static_cast<int>(n % kLanes));
   }
 
-  // acc + the squares of v's lanes lo·8 .. lo·8 + 7, in double.
-  llvm::Value* add_squares(llvm::Value* acc, llvm::Value* v, int half) {
-    std::vector<int> idx;
-    for (int l = 0; l < kLanes / 2; ++l) idx.push_back(half * kLanes / 2 + l);
-    llvm::Value* d = b_.CreateFPExt(b_.CreateShuffleVector(v, idx), acc->getType());
-    return b_.CreateIntrinsic(llvm::Intrinsic::fma, {acc->getType()}, {d, d, acc});
-  }
-
   using ChunkSource = std::function<llvm::Value*(llvm::Value* at, int active)>;
+  // acc + a chunk's term (<16 x float>), for the blocked sums.
+  using Term = std::function<llvm::Value*(llvm::Value* acc, llvm::Value* v)>;
+  // acc + a half chunk's term in double (<8 x double>); `active` of its 8
+  // lanes hold row values (the rest are 0, or must be masked by the term).
+  using DoubleTerm = std::function<llvm::Value*(llvm::Value* acc, llvm::Value* v, int active)>;
 
-  // Σ v² over the row's chunks of `src`, in double, as a double. Squares in
-  // f32 within blocks of 8 chunks (four accumulators of two chunks each: the
-  // fma latency, not the adds, would bound one chain), each block's sum
-  // widened and added in double: 7 f32 roundings per lane at most, a
-  // relative error ≤ 7·2⁻²⁴ of the sum (all terms are positive). Widening
-  // every chunk instead (vcvtps2pd) bounded the loop at ~2 cycles per 16
-  // values on this machine.
-  llvm::Value* sum_squares_blocked(const ChunkSource& src) {
+  // Σ term(v) over the row's chunks of `src`, each term's sum a double.
+  // In f32 within blocks of 8 chunks (four accumulators of two chunks each
+  // per term: the fma latency, not the adds, would bound one chain), each
+  // block's sum widened and added in double: 7 f32 roundings per lane at
+  // most, a relative error ≤ 7·2⁻²⁴ of Σ|term|. Widening every chunk
+  // instead (vcvtps2pd) bounded the loop at ~2 cycles per 16 values here.
+  std::vector<llvm::Value*> sums_blocked(const ChunkSource& src, const std::vector<Term>& terms) {
     constexpr int kBlock = 8;
+    const size_t nt = terms.size();
     auto* fv = llvm::FixedVectorType::get(b_.getFloatTy(), kLanes);
     auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
     llvm::Value* fz = llvm::Constant::getNullValue(fv);
     llvm::Value* dz = llvm::Constant::getNullValue(dv);
-    // The f32 block sum of `a` added to the double accumulators d.
-    const auto fold = [&](const std::vector<llvm::Value*>& a, std::vector<llvm::Value*> d) {
-      llvm::Value* f = b_.CreateFAdd(b_.CreateFAdd(a[0], a[1]), b_.CreateFAdd(a[2], a[3]));
-      for (int half = 0; half < 2; ++half) {
-        std::vector<int> idx;
-        for (int l = 0; l < kLanes / 2; ++l) idx.push_back(half * kLanes / 2 + l);
-        d[half] = b_.CreateFAdd(d[half], b_.CreateFPExt(b_.CreateShuffleVector(f, idx), dv));
+    using Accs = std::vector<llvm::Value*>;  // [term][4] f32, or [term][2] double
+    // The f32 block sums of `a` added to the double accumulators d.
+    const auto fold = [&](const Accs& a, Accs d) {
+      for (size_t t = 0; t < nt; ++t) {
+        llvm::Value* const* at = &a[4 * t];
+        llvm::Value* f = b_.CreateFAdd(b_.CreateFAdd(at[0], at[1]), b_.CreateFAdd(at[2], at[3]));
+        for (int half = 0; half < 2; ++half)
+          d[2 * t + half] = b_.CreateFAdd(d[2 * t + half], b_.CreateFPExt(half_of(f, half), dv));
       }
       return d;
     };
-    const auto square = [&](llvm::Value* acc, llvm::Value* v) { return vm_.fma(v, v, acc); };
+    const auto add = [&](Accs& a, int64_t j, llvm::Value* v) {
+      for (size_t t = 0; t < nt; ++t) a[4 * t + j % 4] = terms[t](a[4 * t + j % 4], v);
+    };
     const int64_t full = d_.h / kLanes, blocks = full / kBlock;
-    std::vector<llvm::Value*> d = emit_loop(
-        b_, i64(blocks), {dz, dz},
-        [&](llvm::Value* i, const std::vector<llvm::Value*>& dc) {
+    Accs d = emit_loop(
+        b_, i64(blocks), Accs(2 * nt, dz),
+        [&](llvm::Value* i, const Accs& dc) {
           llvm::Value* base = b_.CreateMul(i, i64(kBlock * kLanes));
-          std::vector<llvm::Value*> a(4, fz);
+          Accs a(4 * nt, fz);
           for (int j = 0; j < kBlock; ++j)
-            a[j % 4] = square(a[j % 4], src(b_.CreateAdd(base, i64(j * kLanes)), kLanes));
+            add(a, j, src(b_.CreateAdd(base, i64(j * kLanes)), kLanes));
           return fold(a, dc);
         },
-        "sumsq");
+        "sums");
     // The last < 8 full chunks and the masked tail: one more block.
-    std::vector<llvm::Value*> a(4, fz);
-    for (int64_t j = blocks * kBlock; j < full; ++j)
-      a[j % 4] = square(a[j % 4], src(i64(j * kLanes), kLanes));
-    if (d_.h % kLanes) a[3] = square(a[3], src(i64(full * kLanes), int(d_.h % kLanes)));
+    Accs a(4 * nt, fz);
+    for (int64_t j = blocks * kBlock; j < full; ++j) add(a, j, src(i64(j * kLanes), kLanes));
+    if (d_.h % kLanes) add(a, 3, src(i64(full * kLanes), int(d_.h % kLanes)));
     if (full % kBlock || d_.h % kLanes) d = fold(a, d);
-    return b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0),
-                               b_.CreateFAdd(d[0], d[1]));
+    std::vector<llvm::Value*> out;
+    for (size_t t = 0; t < nt; ++t) out.push_back(reduce(b_.CreateFAdd(d[2 * t], d[2 * t + 1])));
+    return out;
   }
 
-  // Σ v² in double throughout (rows the blocked sum cannot hold): two chunks
-  // per iteration into four <8 x double> accumulators.
-  llvm::Value* sum_squares_double(const ChunkSource& src) {
+  // Σ term(v) in double throughout (rows the blocked sums cannot hold):
+  // each chunk's halves widened, one accumulator per half.
+  llvm::Value* sum_double(const ChunkSource& src, const DoubleTerm& term) {
     auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
     llvm::Value* zero = llvm::Constant::getNullValue(dv);
+    const auto add = [&](std::vector<llvm::Value*> acc, llvm::Value* v, int active) {
+      for (int half = 0; half < 2; ++half) {
+        const int act = std::clamp(active - half * kLanes / 2, 0, kLanes / 2);
+        if (act > 0) acc[half] = term(acc[half], b_.CreateFPExt(half_of(v, half), dv), act);
+      }
+      return acc;
+    };
     const int64_t full = d_.h / kLanes;
     std::vector<llvm::Value*> acc = emit_loop(
-        b_, i64(full / 2), {zero, zero, zero, zero},
+        b_, i64(full), {zero, zero},
         [&](llvm::Value* i, const std::vector<llvm::Value*>& a) {
-          llvm::Value* at = b_.CreateMul(i, i64(2 * kLanes));
-          llvm::Value* v0 = src(at, kLanes);
-          llvm::Value* v1 = src(b_.CreateAdd(at, i64(kLanes)), kLanes);
-          return std::vector<llvm::Value*>{add_squares(a[0], v0, 0), add_squares(a[1], v0, 1),
-                                           add_squares(a[2], v1, 0), add_squares(a[3], v1, 1)};
+          return add(a, src(b_.CreateMul(i, i64(kLanes)), kLanes), kLanes);
         },
-        "sumsq_exact");
-    if (full % 2) {
-      llvm::Value* v = src(i64((full - 1) * kLanes), kLanes);
-      acc[0] = add_squares(acc[0], v, 0);
-      acc[1] = add_squares(acc[1], v, 1);
+        "sum_exact");
+    if (d_.h % kLanes)
+      acc = add(acc, src(i64(full * kLanes), int(d_.h % kLanes)), int(d_.h % kLanes));
+    return reduce(b_.CreateFAdd(acc[0], acc[1]));
+  }
+
+  // Lanes 8·half .. 8·half + 7 of a <16 x float>.
+  llvm::Value* half_of(llvm::Value* v, int half) {
+    std::vector<int> idx;
+    for (int l = 0; l < kLanes / 2; ++l) idx.push_back(half * kLanes / 2 + l);
+    return b_.CreateShuffleVector(v, idx);
+  }
+  llvm::Value* reduce(llvm::Value* v) {
+    return b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0), v);
+  }
+  llvm::Value* f64(double v) { return llvm::ConstantFP::get(b_.getDoubleTy(), v); }
+
+  // The squares' terms: v² in f32 (fma), in double.
+  Term square() {
+    return [&](llvm::Value* acc, llvm::Value* v) { return vm_.fma(v, v, acc); };
+  }
+  static llvm::Value* square_d(llvm::IRBuilder<>& b, llvm::Value* acc, llvm::Value* v) {
+    return b.CreateIntrinsic(llvm::Intrinsic::fma, {acc->getType()}, {v, v, acc});
+  }
+
+  // A row the f32 sums may have lost: a sum that is not finite (f32 squares
+  // overflow from |x| ≈ 1.8e19, sums from 3.4e38; NaN too), or a mean + eps
+  // below 2^-100 (where squares lost to underflow below 1e-19 could matter
+  // against eps). Only such rows pay for the sums in double.
+  llvm::Value* lost(const std::vector<llvm::Value*>& sums, llvm::Value* var, llvm::Value* eps) {
+    llvm::Value* odd = b_.CreateFCmpOLT(b_.CreateFAdd(var, eps), f64(std::ldexp(1.0, -100)));
+    for (llvm::Value* s : sums)
+      odd = b_.CreateOr(odd, b_.CreateFCmpUGE(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, s),
+                                              llvm::ConstantFP::getInfinity(b_.getDoubleTy())));
+    return odd;
+  }
+
+  // y·w (or (1 + w)) + b for the chunk at `at`, as the descriptor has them.
+  llvm::Value* affine(llvm::Value* y, llvm::Value* at, int active) {
+    if (d_.weight) {
+      llvm::Value* wv = load(arg(TILEJIT_ARG(Args, weight)), d_.w, at, kLanes, active);
+      if (d_.plus_one) wv = b_.CreateFAdd(wv, vm_.f32(1.0f));
+      y = b_.CreateFMul(y, wv);
     }
-    if (d_.h % kLanes) {
-      llvm::Value* v = src(i64(full * kLanes), static_cast<int>(d_.h % kLanes));
-      acc[2] = add_squares(acc[2], v, 0);
-      acc[3] = add_squares(acc[3], v, 1);
-    }
-    llvm::Value* sum = b_.CreateFAdd(b_.CreateFAdd(acc[0], acc[1]), b_.CreateFAdd(acc[2], acc[3]));
-    return b_.CreateFAddReduce(llvm::ConstantFP::get(b_.getDoubleTy(), 0.0), sum);
+    if (d_.bias) y = b_.CreateFAdd(y, load(arg(TILEJIT_ARG(Args, bias)), d_.b, at, kLanes, active));
+    return y;
   }
 
   void norm_row(llvm::Value* r) {
-    const bool add = d_.op == RowOp::add_rms_norm;
+    const bool add = adds_residual(d_.op), centre = centres_rows(d_.op);
+    const bool gated = d_.op == RowOp::gated_rms_norm;
     llvm::Value* x = row_of(arg(TILEJIT_ARG(Args, x)), d_.x, r, arg(TILEJIT_ARG(Args, x_stride)));
     llvm::Value* res = add ? row_of(arg(TILEJIT_ARG(Args, residual)), d_.res, r,
                                     arg(TILEJIT_ARG(Args, res_stride)))
                            : nullptr;
+    llvm::Value* gate =
+        gated ? row_of(arg(TILEJIT_ARG(Args, gate)), d_.g, r, arg(TILEJIT_ARG(Args, gate_stride)))
+              : nullptr;
     llvm::Value* out =
         row_of(arg(TILEJIT_ARG(Args, out)), d_.out, r, arg(TILEJIT_ARG(Args, out_stride)));
-    // Pass 1's value of a chunk: x, or x + residual rounded to the residual's
-    // dtype and stored (the masked lanes of a tail are 0 either way).
-    const auto first = [&](llvm::Value* at, int active) {
+    const auto act_gate = [&](llvm::Value* at, int active) {
+      return vm_.activation(d_.act, load(gate, d_.g, at, kLanes, active));
+    };
+    // The row's value v of a chunk as pass 2 reads it: x, the stored
+    // residual (what the next layer's add reads), or x·act(gate) (the gate
+    // first). The masked lanes of a tail are 0.
+    const auto second = [&](llvm::Value* at, int active) -> llvm::Value* {
+      if (add) return load(res, d_.res, at, kLanes, active);
       llvm::Value* v = load(x, d_.x, at, kLanes, active);
-      if (!add) return v;
+      return gated && d_.gate_first ? b_.CreateFMul(v, act_gate(at, active)) : v;
+    };
+    // Pass 1's: the same, but the residual is formed here: x + residual
+    // rounded to the residual's dtype, stored.
+    const auto first = [&](llvm::Value* at, int active) -> llvm::Value* {
+      if (!add) return second(at, active);
+      llvm::Value* v = load(x, d_.x, at, kLanes, active);
       return store(res, d_.res, at, b_.CreateFAdd(v, load(res, d_.res, at, kLanes, active)),
                    active);
     };
-    // Pass 2's value of a chunk, as stored: x, or the residual written above.
-    const auto second = [&](llvm::Value* at, int active) {
-      return add ? load(res, d_.res, at, kLanes, active) : load(x, d_.x, at, kLanes, active);
-    };
-    llvm::Value* fast = sum_squares_blocked(first);
-    // The f32 squares overflow from |x| ≈ 1.8e19 and lose |x| < 1e-19: a row
-    // whose sum is not finite, or whose mean + eps is below 2^-100 (where a
-    // square lost to underflow could matter against eps), is summed again
-    // in double from what pass 2 reads. Only such rows pay for it.
-    llvm::Value* hd = llvm::ConstantFP::get(b_.getDoubleTy(), double(d_.h));
+    llvm::Value* hd = f64(double(d_.h));
     llvm::Value* eps = b_.CreateFPExt(arg(TILEJIT_ARG(Args, eps)), b_.getDoubleTy());
-    llvm::Value* odd = b_.CreateOr(
-        b_.CreateFCmpUGE(fast, llvm::ConstantFP::getInfinity(b_.getDoubleTy())),
-        b_.CreateFCmpOLT(b_.CreateFAdd(b_.CreateFDiv(fast, hd), eps),
-                         llvm::ConstantFP::get(b_.getDoubleTy(), std::ldexp(1.0, -100))));
-    llvm::Value* sum = emit_if_else(
-        b_, odd, [&] { return std::vector<llvm::Value*>{sum_squares_double(second)}; },
-        [&] { return std::vector<llvm::Value*>{fast}; }, "exact")[0];
-    llvm::Value* mean = b_.CreateFDiv(sum, hd);
-    llvm::Value* root = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(mean, eps));
-    // ≤ 1/sqrt(eps) ≤ 2.7e22 for eps >= the smallest f32: finite in f32.
-    llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(
-        b_.CreateFDiv(llvm::ConstantFP::get(b_.getDoubleTy(), 1.0), root), b_.getFloatTy()));
-
-    llvm::Value* w = d_.weight ? arg(TILEJIT_ARG(Args, weight)) : nullptr;
-    for_chunks(
-        d_.h,
-        [&](llvm::Value* at, int active) {
-          llvm::Value* y = b_.CreateFMul(second(at, active), rstd);
-          if (w) {
-            llvm::Value* wv = load(w, d_.w, at, kLanes, active);
-            if (d_.plus_one) wv = b_.CreateFAdd(wv, vm_.f32(1.0f));
-            y = b_.CreateFMul(y, wv);
-          }
-          store(out, d_.out, at, y, active);
+    // rstd as an f32 splat from var + eps in double: ≤ 1/sqrt(eps) ≤ 2.7e22
+    // for eps >= the smallest f32, finite in f32.
+    const auto rstd_of = [&](llvm::Value* var) {
+      return b_.CreateFDiv(f64(1.0),
+                           b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, b_.CreateFAdd(var, eps)));
+    };
+    const auto scale_pass = [&](const std::function<llvm::Value*(llvm::Value*, int)>& scaled) {
+      for_chunks(
+          d_.h,
+          [&](llvm::Value* at, int active) {
+            llvm::Value* y = affine(scaled(at, active), at, active);
+            if (gated && !d_.gate_first) y = b_.CreateFMul(y, act_gate(at, active));
+            store(out, d_.out, at, y, active);
+          },
+          "scale");
+    };
+    if (!centre) {
+      llvm::Value* fast = sums_blocked(first, {square()})[0];
+      llvm::Value* sum = emit_if_else(
+          b_, lost({fast}, b_.CreateFDiv(fast, hd), eps),
+          [&] {
+            return std::vector<llvm::Value*>{sum_double(
+                second,
+                [&](llvm::Value* acc, llvm::Value* v, int) { return square_d(b_, acc, v); })};
+          },
+          [&] { return std::vector<llvm::Value*>{fast}; }, "exact")[0];
+      llvm::Value* rstd =
+          vm_.splat(b_.CreateFPTrunc(rstd_of(b_.CreateFDiv(sum, hd)), b_.getFloatTy()));
+      scale_pass(
+          [&](llvm::Value* at, int active) { return b_.CreateFMul(second(at, active), rstd); });
+      return;
+    }
+    // LayerNorm: the mean m (f32), then the deviations d = v - m: Σd² less
+    // (Σd)²/h is h·var whatever m's rounding (the corrected two-pass sum),
+    // and c = Σd/h (m's own error) is taken off each deviation again.
+    llvm::Value* sum_v = sums_blocked(
+        first, {[&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); }})[0];
+    llvm::Value* m = b_.CreateFPTrunc(b_.CreateFDiv(sum_v, hd), b_.getFloatTy());
+    llvm::Value* mv = vm_.splat(m);
+    const auto deviation = [&](llvm::Value* at, int active) {
+      llvm::Value* dv = b_.CreateFSub(second(at, active), mv);
+      if (active == kLanes) return dv;
+      return b_.CreateSelect(const_mask(kLanes, active), dv, vm_.f32(0.0f));
+    };
+    const std::vector<llvm::Value*> s = sums_blocked(
+        deviation,
+        {[&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); }, square()});
+    llvm::Value* c = b_.CreateFDiv(s[0], hd);
+    llvm::Value* var = b_.CreateFDiv(b_.CreateFSub(s[1], b_.CreateFMul(s[0], c)), hd);
+    var = b_.CreateMaxNum(var, f64(0.0));  // the correction's rounding may pass 0
+    emit_if_else(
+        b_, lost({sum_v, s[0], s[1]}, var, eps),
+        [&] {
+          // In double: the mean, the squared deviations from it, and the
+          // output's centred value (v - m in f32 may overflow for such rows).
+          llvm::Value* mean =
+              b_.CreateFDiv(sum_double(second, [&](llvm::Value* acc, llvm::Value* v,
+                                                   int) { return b_.CreateFAdd(acc, v); }),
+                            hd);
+          auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
+          llvm::Value* md = b_.CreateVectorSplat(kLanes / 2, mean);
+          llvm::Value* var_d = b_.CreateFDiv(
+              sum_double(second,
+                         [&](llvm::Value* acc, llvm::Value* v, int active) {
+                           llvm::Value* dev = b_.CreateFSub(v, md);
+                           if (active < kLanes / 2)
+                             dev = b_.CreateSelect(const_mask(kLanes / 2, active), dev,
+                                                   llvm::Constant::getNullValue(dv));
+                           return square_d(b_, acc, dev);
+                         }),
+              hd);
+          llvm::Value* rstd = b_.CreateVectorSplat(kLanes / 2, rstd_of(var_d));
+          scale_pass([&](llvm::Value* at, int active) {
+            llvm::Value* v = second(at, active);
+            llvm::Value* h0 =
+                b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 0), dv), md), rstd);
+            llvm::Value* h1 =
+                b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 1), dv), md), rstd);
+            std::vector<int> idx;
+            for (int l = 0; l < kLanes; ++l) idx.push_back(l);
+            return b_.CreateFPTrunc(b_.CreateShuffleVector(h0, h1, idx),
+                                    llvm::FixedVectorType::get(b_.getFloatTy(), kLanes));
+          });
+          return std::vector<llvm::Value*>{};
         },
-        "scale");
+        [&] {
+          llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(rstd_of(var), b_.getFloatTy()));
+          llvm::Value* cv = vm_.splat(b_.CreateFPTrunc(c, b_.getFloatTy()));
+          scale_pass([&](llvm::Value* at, int active) {
+            return b_.CreateFMul(b_.CreateFSub(b_.CreateFSub(second(at, active), mv), cv), rstd);
+          });
+          return std::vector<llvm::Value*>{};
+        },
+        "exact");
   }
 
   void glu_row(llvm::Value* r) {

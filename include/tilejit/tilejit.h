@@ -672,6 +672,37 @@ void rms_norm(const TensorView& x, const TensorView* weight, const TensorView& o
 void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
                         const TensorView& out, const NormOptions& opt = {});
 
+// LayerNorm (GPT-NeoX, Phi, Falcon, StarCoder; the vision towers of VLMs:
+// CLIP, SigLIP): out = (v - mean)·rstd·w + b, rstd = 1 / sqrt(var + eps),
+// var the population variance of the row (two passes: the mean, then the
+// squared deviations, in f32 blocks summed in double, corrected by the
+// deviations' own sum; rows no f32 sum holds are summed in double). weight
+// and bias: [h] f32 or bf16, each optional (opt.weight_plus_one: (1 + w)).
+// The rest as rms_norm (shapes, dtypes, in place, overlap).
+void layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias,
+                const TensorView& out, const NormOptions& opt = {});
+// residual = x + residual (rounded to its dtype), out = layer_norm(residual):
+// as fused_add_rms_norm (sgl-kernel's fused_add_layernorm_cpu).
+void fused_add_layer_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
+                          const TensorView* bias, const TensorView& out,
+                          const NormOptions& opt = {});
+
+// The gated RMSNorm of linear-attention and SSM layers (FLA's RMSNormGated:
+// Qwen3-Next's gated delta net, Mamba-2's output norm).
+struct GatedNormOptions {
+  NormOptions norm;
+  // The gate's activation: any Activation (none: the gate as it is).
+  Activation act = Activation::silu;
+  // true: out = rms_norm(x)·w·act(gate) (Qwen3-Next); false: the gated value
+  // is normalised, out = rms_norm(x·act(gate))·w (Mamba-2).
+  bool norm_before_gate = true;
+};
+// x, gate, out: [..., h] f32 or bf16, equal shapes (a group-wise norm, as
+// Mamba-2's ngroups, is a [..., g, h / g] view); in f32, rounded once. out
+// may be x itself; gate may share memory with x but not with out.
+void rms_norm_gated(const TensorView& x, const TensorView& gate, const TensorView* weight,
+                    const TensorView& out, const GatedNormOptions& opt = {});
+
 // The gated activation of a dense MLP (sgl-kernel's silu_and_mul,
 // gelu_and_mul, gelu_tanh_and_mul; GPT-OSS's clamped SwiGLU), the formula of
 // MoeOptions with the same vector math as fused_experts' epilogue.

@@ -451,6 +451,25 @@ tilejit_status tilejit_rms_norm(const tilejit_tensor* x, const tilejit_tensor* w
 tilejit_status tilejit_fused_add_rms_norm(const tilejit_tensor* x, const tilejit_tensor* residual,
                                           const tilejit_tensor* weight, const tilejit_tensor* out,
                                           const tilejit_norm_options* opt);
+/* out = (v - mean)·rstd·weight + bias; weight and bias may each be NULL. */
+tilejit_status tilejit_layer_norm(const tilejit_tensor* x, const tilejit_tensor* weight,
+                                  const tilejit_tensor* bias, const tilejit_tensor* out,
+                                  const tilejit_norm_options* opt);
+/* residual = x + residual; out = layer_norm(residual). out may be x. */
+tilejit_status tilejit_fused_add_layer_norm(const tilejit_tensor* x, const tilejit_tensor* residual,
+                                            const tilejit_tensor* weight,
+                                            const tilejit_tensor* bias, const tilejit_tensor* out,
+                                            const tilejit_norm_options* opt);
+typedef struct tilejit_gated_norm_options {
+  uint32_t struct_size;
+  tilejit_norm_options norm;
+  tilejit_activation act; /* silu */
+  bool norm_before_gate;  /* true: rms_norm(x)·w·act(gate); false: rms_norm(x·act(gate))·w */
+} tilejit_gated_norm_options;
+void tilejit_gated_norm_options_init(tilejit_gated_norm_options* opt);
+tilejit_status tilejit_rms_norm_gated(const tilejit_tensor* x, const tilejit_tensor* gate,
+                                      const tilejit_tensor* weight, const tilejit_tensor* out,
+                                      const tilejit_gated_norm_options* opt);
 
 typedef struct tilejit_glu_options {
   uint32_t struct_size;

@@ -58,7 +58,8 @@ __all__ = [
     "flash_attn_varlen", "decode_attention", "extend_attention", "store_kv", "rope",
     "pack_experts", "pack_experts_int8", "pack_experts_fp8", "pack_experts_int4",
     "pack_experts_mxfp4", "fused_experts", "topk_softmax", "topk_sigmoid", "grouped_topk",
-    "rms_norm", "fused_add_rms_norm", "act_and_mul",
+    "rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "rms_norm_gated",
+    "act_and_mul",
 ]
 
 # ---- Output allocation ------------------------------------------------------
@@ -477,6 +478,49 @@ def fused_add_rms_norm(x, residual, weight=None, out=None, eps=1e-6, weight_plus
         out = x
     _core.fused_add_rms_norm(x, residual, weight, out, eps, weight_plus_one, dtype)
     return out, residual
+
+
+def layer_norm(x, weight=None, bias=None, out=None, eps=1e-5, weight_plus_one=False,
+               out_dtype=None, dtype=None):
+    """out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)
+    (the population variance) per row of x [..., h] (f32 or bf16); weight
+    and bias [h] or None. out may be x (in place); allocated of out_dtype
+    (default: x's dtype) when None. See docs/rowwise.md."""
+    allocated = out is None
+    if allocated:
+        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
+    else:
+        ret = out
+    _run_into(allocated, "out", out_dtype, _core.layer_norm, x, weight, bias, out, eps,
+              weight_plus_one, dtype)
+    return ret
+
+
+def fused_add_layer_norm(x, residual, weight=None, bias=None, out=None, eps=1e-5,
+                         weight_plus_one=False, dtype=None):
+    """residual = x + residual (in place, rounded to residual's dtype); out =
+    layer_norm(residual). out defaults to x (in place); returns (out,
+    residual). See docs/rowwise.md."""
+    if out is None:
+        out = x
+    _core.fused_add_layer_norm(x, residual, weight, bias, out, eps, weight_plus_one, dtype)
+    return out, residual
+
+
+def rms_norm_gated(x, gate, weight=None, out=None, eps=1e-6, act="silu", norm_before_gate=True,
+                   out_dtype=None, dtype=None):
+    """The gated RMSNorm (FLA's RMSNormGated): out = rms_norm(x) * weight *
+    act(gate) (norm_before_gate, Qwen3-Next), or rms_norm(x * act(gate)) *
+    weight (Mamba-2). x, gate [..., h]; allocated of out_dtype (default:
+    x's dtype) when None. See docs/rowwise.md."""
+    allocated = out is None
+    if allocated:
+        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
+    else:
+        ret = out
+    _run_into(allocated, "out", out_dtype, _core.rms_norm_gated, x, gate, weight, out, eps, act,
+              norm_before_gate, dtype)
+    return ret
 
 
 def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.702,

@@ -47,7 +47,8 @@ The modules, one per op family (the public names are all here):
 ``linear`` (weight_packed_linear, bmm_cpu, the int8 / fp8 scaled mm ops),
 ``packed_weight`` (convert_weight_packed, PackedWeight), ``moe``
 (fused_experts_cpu), ``routing`` (the top-k routers), ``rope``,
-``attention``, ``norm`` (the RMSNorms and the act-and-mul activations);
+``attention``, ``norm`` (the RMS, Gemma, gated and layer norms and the
+act-and-mul activations);
 ``_common`` holds the argument checks they share.
 """
 
@@ -58,8 +59,10 @@ from .attention import decode_attention_cpu, extend_attention_cpu, flash_attn_va
 from .linear import bmm_cpu, fp8_scaled_mm_cpu, int8_scaled_mm_cpu, \
     int8_scaled_mm_with_quant, per_token_quant_int8_cpu, weight_packed_linear
 from .moe import fused_experts_cpu
-from .norm import fused_add_rmsnorm_cpu, gelu_and_mul_cpu, gelu_tanh_and_mul_cpu, l2norm_cpu, \
-    rmsnorm_cpu, silu_and_mul_cpu
+from .norm import fused_add_layernorm_cpu, fused_add_rmsnorm_cpu, fused_qk_gemma_rmsnorm_cpu, \
+    fused_rmsnorm_gated_cpu, gelu_and_mul_cpu, gelu_tanh_and_mul_cpu, gemma3_rmsnorm_cpu, \
+    gemma_fused_add_rmsnorm_cpu, gemma_rmsnorm_cpu, l2norm_cpu, layernorm_cpu, rmsnorm_cpu, \
+    silu_and_mul_cpu
 from .packed_weight import PackedWeight, convert_weight_packed
 from .rope import apply_multidimensional_rope_cpu, multimodal_rotary_embedding_cpu, \
     rotary_embedding_cpu
@@ -74,5 +77,7 @@ __all__ = [
     "rotary_embedding_cpu", "multimodal_rotary_embedding_cpu", "apply_multidimensional_rope_cpu",
     "flash_attn_varlen_func", "decode_attention_cpu", "extend_attention_cpu",
     "rmsnorm_cpu", "l2norm_cpu", "fused_add_rmsnorm_cpu", "silu_and_mul_cpu",
-    "gelu_tanh_and_mul_cpu", "gelu_and_mul_cpu",
+    "gelu_tanh_and_mul_cpu", "gelu_and_mul_cpu", "gemma_rmsnorm_cpu", "gemma3_rmsnorm_cpu",
+    "gemma_fused_add_rmsnorm_cpu", "fused_qk_gemma_rmsnorm_cpu", "layernorm_cpu",
+    "fused_add_layernorm_cpu", "fused_rmsnorm_gated_cpu",
 ]
