@@ -303,14 +303,20 @@ inline double rms_norm_output_bound(DType out, double ref) {
 struct LayerNormRow {
   double mean = 0, var = 0, rstd = 0;
   double mean_abs = 0;  // Σ|v| / h
+  double mean_sq = 0;   // Σv² / h
   double dev_abs = 0;   // Σ|v - mean| / h
 };
 inline LayerNormRow layer_norm_row(const double* v, int64_t h, double eps) {
   LayerNormRow r;
   const double n = static_cast<double>(h);
-  for (int64_t i = 0; i < h; ++i) r.mean += v[i], r.mean_abs += std::fabs(v[i]);
+  for (int64_t i = 0; i < h; ++i) {
+    r.mean += v[i];
+    r.mean_abs += std::fabs(v[i]);
+    r.mean_sq += v[i] * v[i];
+  }
   r.mean /= n;
   r.mean_abs /= n;
+  r.mean_sq /= n;
   for (int64_t i = 0; i < h; ++i) {
     r.var += (v[i] - r.mean) * (v[i] - r.mean);
     r.dev_abs += std::fabs(v[i] - r.mean);
@@ -320,16 +326,20 @@ inline LayerNormRow layer_norm_row(const double* v, int64_t h, double eps) {
   r.rstd = 1.0 / std::sqrt(r.var + eps);
   return r;
 }
-// Against ref = (v - mean)·rstd·w + b, dev = v - mean. With u = 2⁻²⁴:
-//  - m, the f32 mean: Σv in f32 blocks (7 roundings: 7u of Σ|v|) rounded
-//    once more: δ = |m - mean| ≤ 8u·mean_abs;
-//  - d = v - m (one rounding), Σd in blocks (7u of Σ|d|): c = Σd/h in f32
-//    is mean - m within 9u·(dev_abs + δ); the kernel's centred value
-//    d - c is dev within e = 9u·(dev_abs + δ) + 2u·(|dev| + δ);
-//  - var = (Σd² - (Σd)²/h)/h: Σd² within 9u (d's rounding squared, the
+// Against ref = (v - mean)·rstd·w + b, dev = v - mean. With u = 2⁻²⁴, the
+// kernel's two ways to var and the centred value, the larger error taken:
+//  - both: m, the f32 mean: Σv in f32 blocks (7 roundings: 7u of Σ|v|)
+//    rounded once more: δ = |m - mean| ≤ 8u·mean_abs;
+//  - one pass (taken where Σv²/h ≤ 2·var, computed; 2.01 with the sums'
+//    errors): var = Σv²/h - mean² within 7u·Σv²/h + 14u·|mean|·mean_abs
+//    + 49u²·mean_abs², the centred value v - m within δ(1 + u) + u·|dev|;
+//  - corrected two-pass: d = v - m (one rounding), Σd in blocks (7u of
+//    Σ|d|): c = Σd/h in f32 is mean - m within 9u·(dev_abs + δ); the
+//    centred value d - c is dev within 9u·(dev_abs + δ) + 2u·(|dev| + δ);
+//    var = (Σd² - (Σd)²/h)/h: Σd² within 9u (d's rounding squared, the
 //    blocks), the correction within 16u·δ·(dev_abs + δ) + 64u²·(dev_abs +
-//    δ)²: var moves by E ≤ 9u·(var + δ²) + those, rstd by ½·E/(var + eps)
-//    and its rounding to f32, u;
+//    δ)²: var within 9u·(var + δ²) + those;
+//  - rstd then moves by ½·E/(var + eps) and its rounding to f32, u;
 //  - ·rstd, ·w (and 1 + w), + b: 3 roundings of their values.
 // With eps, h and the values exact, the double path (rows an f32 sum
 // could not hold) is within this too.
@@ -338,8 +348,13 @@ inline double layer_norm_output_bound(const LayerNormRow& r, double eps, DType o
   const double u = kF32Unit;
   const double delta = 8 * u * r.mean_abs;
   const double a = r.dev_abs + delta;
-  const double e = 9 * u * a + 2 * u * (std::fabs(dev) + delta);
-  const double var_err = 9 * u * (r.var + delta * delta) + 16 * u * delta * a + 64 * u * u * a * a;
+  double e = 9 * u * a + 2 * u * (std::fabs(dev) + delta);
+  double var_err = 9 * u * (r.var + delta * delta) + 16 * u * delta * a + 64 * u * u * a * a;
+  if (r.mean_sq <= 2.01 * r.var) {
+    e = std::max(e, delta * (1 + u) + u * std::fabs(dev));
+    var_err = std::max(var_err, 7 * u * r.mean_sq + 14 * u * std::fabs(r.mean) * r.mean_abs +
+                                    49 * u * u * r.mean_abs * r.mean_abs);
+  }
   const double rel = 0.5 * var_err / (r.var + eps) + 2 * u;
   const double scaled = std::fabs(dev) * r.rstd * std::fabs(w);
   const double tol = std::fabs(w) * r.rstd * e * (1 + rel) + scaled * (rel + 3 * u) +

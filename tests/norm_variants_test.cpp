@@ -81,7 +81,8 @@ std::string layer_str(const LayerCase& c) {
   if (c.add) s << "_res" << dtype_name(c.res);
   s << "_w" << vec_str(c.weight) << "_b" << vec_str(c.bias) << (c.in_place ? "_inplace" : "")
     << (c.pad ? "_pad" + std::to_string(c.pad) : "") << (c.three_d ? "_3d" : "");
-  if (c.centre != 0) s << (c.centre < 0 ? "_atminus" : "_at") << int64_t(std::fabs(c.centre));
+  if (c.centre != 0)  // in tenths
+    s << (c.centre < 0 ? "_atminus" : "_at") << int64_t(std::fabs(c.centre) * 10);
   return s.str();
 }
 void PrintTo(const LayerCase& c, std::ostream* os) {
@@ -185,12 +186,14 @@ std::vector<LayerCase> layer_cases() {
       c.x = x, c.res = res, c.out = x;
       v.push_back(c);
     }
-  // Rows far from zero: the mean's rounding must not leak into the output.
-  for (float centre : {1000.0f, -3.0e5f})
+  // Rows far from zero (the mean's rounding must not leak into the
+  // output), and rows around the one-pass variance's limit (mean² = var:
+  // the values span centre ± 2, var 4/3).
+  for (float centre : {1000.0f, -3.0e5f, 1.0f, 1.2f, -1.5f})
     for (bool add : {false, true}) {
       LayerCase c;
       c.h = 777;
-      c.x = c.out = c.res = DType::f32;
+      c.x = c.out = c.res = std::fabs(centre) < 2 && add ? DType::bf16 : DType::f32;
       c.centre = centre;
       c.add = add;
       v.push_back(c);

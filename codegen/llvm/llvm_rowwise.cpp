@@ -12,10 +12,12 @@
 //                             or the stored residual, i.e. what the next
 //                             layer's add reads)
 //     layer_norm, add_layer_norm:
-//       pass 1: v as above, Σ v (blocked) -> m = mean in f32
-//       pass 2: d = v - m, Σ d and Σ d² (blocked) -> var = (Σd² - (Σd)²/h) / h
-//       a row a sum lost: mean, Σ (v - mean)² and pass 3 in double
-//       pass 3: out = (d - Σd/h)·rstd·w + b
+//       pass 1: v as above, Σ v and Σ v² (blocked) -> mean, m = mean in f32
+//       a row whose mean² ≤ var = Σv²/h - mean² (and no sum lost):
+//         pass 2: out = (v - m)·rstd·w + b
+//       else pass 2: d = v - m, Σ d and Σ d² -> var = (Σd² - (Σd)²/h) / h
+//         a row a sum lost: mean, Σ (v - mean)² and pass 3 in double
+//         pass 3: out = (d - Σd/h)·rstd·w + b
 //     glu, chunks of 16 outputs: out = f(gate, up)
 //
 // The last chunk of a row whose length is not a multiple of 16 is masked:
@@ -350,68 +352,92 @@ class RowwiseEmitter : public KernelEmitter {
           [&](llvm::Value* at, int active) { return b_.CreateFMul(second(at, active), rstd); });
       return;
     }
-    // LayerNorm: the mean m (f32), then the deviations d = v - m: Σd² less
-    // (Σd)²/h is h·var whatever m's rounding (the corrected two-pass sum),
-    // and c = Σd/h (m's own error) is taken off each deviation again.
-    llvm::Value* sum_v = sums_blocked(
-        first, {[&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); }})[0];
-    llvm::Value* m = b_.CreateFPTrunc(b_.CreateFDiv(sum_v, hd), b_.getFloatTy());
+    // LayerNorm. Pass 1 sums v and v²: where mean² ≤ var (the rows of a
+    // model's hidden states, centred near 0), var = Σv²/h - mean² loses
+    // little (≤ ~34 units of var: docs/rowwise.md) and pass 2 is the output,
+    // as for rms_norm. Other rows (far from 0 against their spread) take the
+    // corrected two-pass sum: with m the f32 mean, the deviations d = v - m,
+    // Σd² less (Σd)²/h is h·var whatever m's rounding, and c = Σd/h (m's
+    // own error) is taken off each deviation again.
+    const Term add_v = [&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); };
+    const std::vector<llvm::Value*> s1 = sums_blocked(first, {add_v, square()});
+    llvm::Value* sum_v = s1[0];
+    llvm::Value* mean1 = b_.CreateFDiv(sum_v, hd);
+    llvm::Value* mean_sq = b_.CreateFDiv(s1[1], hd);
+    llvm::Value* var1 =
+        b_.CreateMaxNum(b_.CreateFSub(mean_sq, b_.CreateFMul(mean1, mean1)), f64(0.0));
+    llvm::Value* m = b_.CreateFPTrunc(mean1, b_.getFloatTy());
     llvm::Value* mv = vm_.splat(m);
-    const auto deviation = [&](llvm::Value* at, int active) {
-      llvm::Value* dv = b_.CreateFSub(second(at, active), mv);
-      if (active == kLanes) return dv;
-      return b_.CreateSelect(const_mask(kLanes, active), dv, vm_.f32(0.0f));
+    // Ordered compares: a NaN sum is not fast (lost() sends it to double).
+    llvm::Value* fast = b_.CreateAnd(b_.CreateNot(lost({sum_v, s1[1]}, var1, eps)),
+                                     b_.CreateFCmpOLE(mean_sq, b_.CreateFMul(var1, f64(2.0))));
+    const auto fast_path = [&] {
+      llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(rstd_of(var1), b_.getFloatTy()));
+      scale_pass([&](llvm::Value* at, int active) {
+        return b_.CreateFMul(b_.CreateFSub(second(at, active), mv), rstd);
+      });
+      return std::vector<llvm::Value*>{};
     };
-    const std::vector<llvm::Value*> s = sums_blocked(
-        deviation,
-        {[&](llvm::Value* acc, llvm::Value* v) { return b_.CreateFAdd(acc, v); }, square()});
-    llvm::Value* c = b_.CreateFDiv(s[0], hd);
-    llvm::Value* var = b_.CreateFDiv(b_.CreateFSub(s[1], b_.CreateFMul(s[0], c)), hd);
-    var = b_.CreateMaxNum(var, f64(0.0));  // the correction's rounding may pass 0
     emit_if_else(
-        b_, lost({sum_v, s[0], s[1]}, var, eps),
+        b_, fast, fast_path,
         [&] {
-          // In double: the mean, the squared deviations from it, and the
-          // output's centred value (v - m in f32 may overflow for such rows).
-          llvm::Value* mean =
-              b_.CreateFDiv(sum_double(second, [&](llvm::Value* acc, llvm::Value* v,
-                                                   int) { return b_.CreateFAdd(acc, v); }),
-                            hd);
-          auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
-          llvm::Value* md = b_.CreateVectorSplat(kLanes / 2, mean);
-          llvm::Value* var_d = b_.CreateFDiv(
-              sum_double(second,
-                         [&](llvm::Value* acc, llvm::Value* v, int active) {
-                           llvm::Value* dev = b_.CreateFSub(v, md);
-                           if (active < kLanes / 2)
-                             dev = b_.CreateSelect(const_mask(kLanes / 2, active), dev,
-                                                   llvm::Constant::getNullValue(dv));
-                           return square_d(b_, acc, dev);
-                         }),
-              hd);
-          llvm::Value* rstd = b_.CreateVectorSplat(kLanes / 2, rstd_of(var_d));
-          scale_pass([&](llvm::Value* at, int active) {
-            llvm::Value* v = second(at, active);
-            llvm::Value* h0 =
-                b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 0), dv), md), rstd);
-            llvm::Value* h1 =
-                b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 1), dv), md), rstd);
-            std::vector<int> idx;
-            for (int l = 0; l < kLanes; ++l) idx.push_back(l);
-            return b_.CreateFPTrunc(b_.CreateShuffleVector(h0, h1, idx),
-                                    llvm::FixedVectorType::get(b_.getFloatTy(), kLanes));
-          });
+          const auto deviation = [&](llvm::Value* at, int active) {
+            llvm::Value* dv = b_.CreateFSub(second(at, active), mv);
+            if (active == kLanes) return dv;
+            return b_.CreateSelect(const_mask(kLanes, active), dv, vm_.f32(0.0f));
+          };
+          const std::vector<llvm::Value*> s = sums_blocked(deviation, {add_v, square()});
+          llvm::Value* c = b_.CreateFDiv(s[0], hd);
+          llvm::Value* var = b_.CreateFDiv(b_.CreateFSub(s[1], b_.CreateFMul(s[0], c)), hd);
+          var = b_.CreateMaxNum(var, f64(0.0));  // the correction's rounding may pass 0
+          emit_if_else(
+              b_, lost({sum_v, s[0], s[1]}, var, eps),
+              [&] {
+                // In double: the mean, the squared deviations from it, and the
+                // output's centred value (v - m in f32 may overflow for such rows).
+                llvm::Value* mean =
+                    b_.CreateFDiv(sum_double(second, [&](llvm::Value* acc, llvm::Value* v,
+                                                         int) { return b_.CreateFAdd(acc, v); }),
+                                  hd);
+                auto* dv = llvm::FixedVectorType::get(b_.getDoubleTy(), kLanes / 2);
+                llvm::Value* md = b_.CreateVectorSplat(kLanes / 2, mean);
+                llvm::Value* var_d = b_.CreateFDiv(
+                    sum_double(second,
+                               [&](llvm::Value* acc, llvm::Value* v, int active) {
+                                 llvm::Value* dev = b_.CreateFSub(v, md);
+                                 if (active < kLanes / 2)
+                                   dev = b_.CreateSelect(const_mask(kLanes / 2, active), dev,
+                                                         llvm::Constant::getNullValue(dv));
+                                 return square_d(b_, acc, dev);
+                               }),
+                    hd);
+                llvm::Value* rstd = b_.CreateVectorSplat(kLanes / 2, rstd_of(var_d));
+                scale_pass([&](llvm::Value* at, int active) {
+                  llvm::Value* v = second(at, active);
+                  llvm::Value* h0 =
+                      b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 0), dv), md), rstd);
+                  llvm::Value* h1 =
+                      b_.CreateFMul(b_.CreateFSub(b_.CreateFPExt(half_of(v, 1), dv), md), rstd);
+                  std::vector<int> idx;
+                  for (int l = 0; l < kLanes; ++l) idx.push_back(l);
+                  return b_.CreateFPTrunc(b_.CreateShuffleVector(h0, h1, idx),
+                                          llvm::FixedVectorType::get(b_.getFloatTy(), kLanes));
+                });
+                return std::vector<llvm::Value*>{};
+              },
+              [&] {
+                llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(rstd_of(var), b_.getFloatTy()));
+                llvm::Value* cv = vm_.splat(b_.CreateFPTrunc(c, b_.getFloatTy()));
+                scale_pass([&](llvm::Value* at, int active) {
+                  return b_.CreateFMul(b_.CreateFSub(b_.CreateFSub(second(at, active), mv), cv),
+                                       rstd);
+                });
+                return std::vector<llvm::Value*>{};
+              },
+              "exact");
           return std::vector<llvm::Value*>{};
         },
-        [&] {
-          llvm::Value* rstd = vm_.splat(b_.CreateFPTrunc(rstd_of(var), b_.getFloatTy()));
-          llvm::Value* cv = vm_.splat(b_.CreateFPTrunc(c, b_.getFloatTy()));
-          scale_pass([&](llvm::Value* at, int active) {
-            return b_.CreateFMul(b_.CreateFSub(b_.CreateFSub(second(at, active), mv), cv), rstd);
-          });
-          return std::vector<llvm::Value*>{};
-        },
-        "exact");
+        "layer_fast");
   }
 
   void glu_row(llvm::Value* r) {
