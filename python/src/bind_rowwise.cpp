@@ -8,13 +8,20 @@ namespace py = pybind11;
 
 namespace tilejit::python {
 
+namespace {
+NormOptions norm_options(float eps, bool plus_one) {
+  NormOptions o;
+  o.eps = eps;
+  o.weight_plus_one = plus_one;
+  return o;
+}
+}  // namespace
+
 void bind_rowwise(py::module_& m) {
   m.def("rms_norm", [](const py::handle& x, const py::handle& weight, const py::handle& out,
                        float eps, bool plus_one, const py::handle& dtype) {
     const StorageAs as{parse_dtype_override(dtype)};
-    NormOptions o;
-    o.eps = eps;
-    o.weight_plus_one = plus_one;
+    const NormOptions o = norm_options(eps, plus_one);
     DlpackTensor tx(x, "x", as), to(out, "out", as);
     std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
     GilRelease release;
@@ -24,9 +31,7 @@ void bind_rowwise(py::module_& m) {
         [](const py::handle& x, const py::handle& residual, const py::handle& weight,
            const py::handle& out, float eps, bool plus_one, const py::handle& dtype) {
           const StorageAs as{parse_dtype_override(dtype)};
-          NormOptions o;
-          o.eps = eps;
-          o.weight_plus_one = plus_one;
+          const NormOptions o = norm_options(eps, plus_one);
           DlpackTensor tx(x, "x", as), tr(residual, "residual", as), to(out, "out", as);
           std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
           GilRelease release;
@@ -35,9 +40,7 @@ void bind_rowwise(py::module_& m) {
   m.def("layer_norm", [](const py::handle& x, const py::handle& weight, const py::handle& bias,
                          const py::handle& out, float eps, bool plus_one, const py::handle& dtype) {
     const StorageAs as{parse_dtype_override(dtype)};
-    NormOptions o;
-    o.eps = eps;
-    o.weight_plus_one = plus_one;
+    const NormOptions o = norm_options(eps, plus_one);
     DlpackTensor tx(x, "x", as), to(out, "out", as);
     std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
     std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);
@@ -49,9 +52,7 @@ void bind_rowwise(py::module_& m) {
            const py::handle& bias, const py::handle& out, float eps, bool plus_one,
            const py::handle& dtype) {
           const StorageAs as{parse_dtype_override(dtype)};
-          NormOptions o;
-          o.eps = eps;
-          o.weight_plus_one = plus_one;
+          const NormOptions o = norm_options(eps, plus_one);
           DlpackTensor tx(x, "x", as), tr(residual, "residual", as), to(out, "out", as);
           std::optional<DlpackTensor> tw = optional_tensor(weight, "weight", as);
           std::optional<DlpackTensor> tb = optional_tensor(bias, "bias", as);

@@ -453,20 +453,27 @@ def _like(x, arg, out_dtype, dtype, halve=False):
     return out, ret, x, dt
 
 
+def _rows_into(x, out, out_dtype, dtype, call, halve=False):
+    """call(x, out) for a row-wise op whose out is x's shape (halve: its last
+    dim halved), allocated of out_dtype (default: x's dtype) when None;
+    returns out."""
+    allocated = out is None
+    if allocated:
+        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype, halve=halve)
+    else:
+        ret = out
+    _run_into(allocated, "out", out_dtype, call, x, out)
+    return ret
+
+
 def rms_norm(x, weight=None, out=None, eps=1e-6, weight_plus_one=False, out_dtype=None,
              dtype=None):
     """out = x * rstd(x) * weight (or (1 + weight): Gemma), rstd =
     1 / sqrt(mean(x^2) + eps) per row of x [..., h] (f32 or bf16); weight
     [h] or None. out may be x (in place); allocated of out_dtype (default:
     x's dtype) when None. See docs/rowwise.md."""
-    allocated = out is None
-    if allocated:
-        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
-    else:
-        ret = out
-    _run_into(allocated, "out", out_dtype, _core.rms_norm, x, weight, out, eps,
-              weight_plus_one, dtype)
-    return ret
+    return _rows_into(x, out, out_dtype, dtype,
+                      lambda x, out: _core.rms_norm(x, weight, out, eps, weight_plus_one, dtype))
 
 
 def fused_add_rms_norm(x, residual, weight=None, out=None, eps=1e-6, weight_plus_one=False,
@@ -486,14 +493,8 @@ def layer_norm(x, weight=None, bias=None, out=None, eps=1e-5, weight_plus_one=Fa
     (the population variance) per row of x [..., h] (f32 or bf16); weight
     and bias [h] or None. out may be x (in place); allocated of out_dtype
     (default: x's dtype) when None. See docs/rowwise.md."""
-    allocated = out is None
-    if allocated:
-        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
-    else:
-        ret = out
-    _run_into(allocated, "out", out_dtype, _core.layer_norm, x, weight, bias, out, eps,
-              weight_plus_one, dtype)
-    return ret
+    return _rows_into(x, out, out_dtype, dtype, lambda x, out: _core.layer_norm(
+        x, weight, bias, out, eps, weight_plus_one, dtype))
 
 
 def fused_add_layer_norm(x, residual, weight=None, bias=None, out=None, eps=1e-5,
@@ -513,14 +514,8 @@ def rms_norm_gated(x, gate, weight=None, out=None, eps=1e-6, act="silu", norm_be
     act(gate) (norm_before_gate, Qwen3-Next), or rms_norm(x * act(gate)) *
     weight (Mamba-2). x, gate [..., h]; allocated of out_dtype (default:
     x's dtype) when None. See docs/rowwise.md."""
-    allocated = out is None
-    if allocated:
-        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype)
-    else:
-        ret = out
-    _run_into(allocated, "out", out_dtype, _core.rms_norm_gated, x, gate, weight, out, eps, act,
-              norm_before_gate, dtype)
-    return ret
+    return _rows_into(x, out, out_dtype, dtype, lambda x, out: _core.rms_norm_gated(
+        x, gate, weight, out, eps, act, norm_before_gate, dtype))
 
 
 def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.702,
@@ -529,14 +524,8 @@ def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.70
     then the d up values (rows="halves"), or (gate, up) pairs
     ("interleaved"); clamped_swiglu: GPT-OSS's. Allocated of out_dtype
     (default: x's dtype) when None. See docs/rowwise.md."""
-    allocated = out is None
-    if allocated:
-        out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype, halve=True)
-    else:
-        ret = out
-    _run_into(allocated, "out", out_dtype, _core.act_and_mul, x, out, act, clamped_swiglu,
-              swiglu_alpha, swiglu_limit, rows, dtype)
-    return ret
+    return _rows_into(x, out, out_dtype, dtype, lambda x, out: _core.act_and_mul(
+        x, out, act, clamped_swiglu, swiglu_alpha, swiglu_limit, rows, dtype), halve=True)
 
 
 # ---- Mixture of experts ---------------------------------------------------------

@@ -22,25 +22,38 @@ def _eps(op, eps):
     return _real(op, "eps", eps)
 
 
+def _rms(op, input, weight, eps, plus_one=False, has_weight=True):
+    """tilejit.rms_norm into a new tensor for the sgl op (l2norm: no weight)."""
+    _tensor("input", input, op)
+    if has_weight:
+        _tensor("weight", weight, op)
+    _no_f16(op, input=input, weight=weight)
+    return _core(op, _NORM_NOTE, tilejit.rms_norm, input, weight, eps=_eps(op, eps),
+                 weight_plus_one=plus_one)
+
+
+def _fused_add_rms(op, input, residual, weight, eps, plus_one=False):
+    """tilejit.fused_add_rms_norm in place on input and residual."""
+    _tensor("input", input, op)
+    _tensor("residual", residual, op)
+    _tensor("weight", weight, op)
+    _no_f16(op, input=input, residual=residual, weight=weight)
+    _core(op, _NORM_NOTE, tilejit.fused_add_rms_norm, input, residual, weight, out=input,
+          eps=_eps(op, eps), weight_plus_one=plus_one)
+
+
 def rmsnorm_cpu(input, weight, eps):
     """sgl-kernel ``rmsnorm_cpu(input, weight, eps) -> Tensor``: each row
     times 1 / sqrt(mean(row^2) + eps) times weight, in a new tensor of
     input's dtype. The squares are summed in double and eps must be > 0
     (sgl-kernel: f32 sums, any eps)."""
-    op = "rmsnorm_cpu"
-    _tensor("input", input, op)
-    _tensor("weight", weight, op)
-    _no_f16(op, input=input, weight=weight)
-    return _core(op, _NORM_NOTE, tilejit.rms_norm, input, weight, eps=_eps(op, eps))
+    return _rms("rmsnorm_cpu", input, weight, eps)
 
 
 def l2norm_cpu(input, eps):
     """sgl-kernel ``l2norm_cpu(input, eps) -> Tensor`` (Llama-4's q / k
     norm): rmsnorm_cpu without a weight."""
-    op = "l2norm_cpu"
-    _tensor("input", input, op)
-    _no_f16(op, input=input)
-    return _core(op, _NORM_NOTE, tilejit.rms_norm, input, None, eps=_eps(op, eps))
+    return _rms("l2norm_cpu", input, None, eps, has_weight=False)
 
 
 def fused_add_rmsnorm_cpu(input, residual, weight, eps):
@@ -50,48 +63,26 @@ def fused_add_rmsnorm_cpu(input, residual, weight, eps):
     normalised, as the model's reference computes it; sgl-kernel normalises
     the f32 sum before rounding (within one bf16 rounding of each other).
     residual may be f32 with bf16 input (sgl-kernel: the same dtype)."""
-    op = "fused_add_rmsnorm_cpu"
-    _tensor("input", input, op)
-    _tensor("residual", residual, op)
-    _tensor("weight", weight, op)
-    _no_f16(op, input=input, residual=residual, weight=weight)
-    _core(op, _NORM_NOTE, tilejit.fused_add_rms_norm, input, residual, weight, out=input,
-          eps=_eps(op, eps))
+    _fused_add_rms("fused_add_rmsnorm_cpu", input, residual, weight, eps)
 
 
 def gemma_rmsnorm_cpu(input, weight, eps):
     """sgl-kernel ``gemma_rmsnorm_cpu(input, weight, eps) -> Tensor``:
     rmsnorm_cpu with the weight applied as (1 + weight), in f32."""
-    op = "gemma_rmsnorm_cpu"
-    _tensor("input", input, op)
-    _tensor("weight", weight, op)
-    _no_f16(op, input=input, weight=weight)
-    return _core(op, _NORM_NOTE, tilejit.rms_norm, input, weight, eps=_eps(op, eps),
-                 weight_plus_one=True)
+    return _rms("gemma_rmsnorm_cpu", input, weight, eps, plus_one=True)
 
 
 def gemma3_rmsnorm_cpu(input, weight, eps):
     """sgl-kernel ``gemma3_rmsnorm_cpu(input, weight, eps) -> Tensor``:
     Gemma 3's form, x * rstd * (1 + weight) all in f32 and rounded once,
     which is what gemma_rmsnorm_cpu computes here too."""
-    op = "gemma3_rmsnorm_cpu"
-    _tensor("input", input, op)
-    _tensor("weight", weight, op)
-    _no_f16(op, input=input, weight=weight)
-    return _core(op, _NORM_NOTE, tilejit.rms_norm, input, weight, eps=_eps(op, eps),
-                 weight_plus_one=True)
+    return _rms("gemma3_rmsnorm_cpu", input, weight, eps, plus_one=True)
 
 
 def gemma_fused_add_rmsnorm_cpu(input, residual, weight, eps):
     """sgl-kernel ``gemma_fused_add_rmsnorm_cpu(input, residual, weight,
     eps) -> ()``: fused_add_rmsnorm_cpu with (1 + weight)."""
-    op = "gemma_fused_add_rmsnorm_cpu"
-    _tensor("input", input, op)
-    _tensor("residual", residual, op)
-    _tensor("weight", weight, op)
-    _no_f16(op, input=input, residual=residual, weight=weight)
-    _core(op, _NORM_NOTE, tilejit.fused_add_rms_norm, input, residual, weight, out=input,
-          eps=_eps(op, eps), weight_plus_one=True)
+    _fused_add_rms("gemma_fused_add_rmsnorm_cpu", input, residual, weight, eps, plus_one=True)
 
 
 def fused_qk_gemma_rmsnorm_cpu(q, k, q_weight, k_weight, eps, head_dim):
