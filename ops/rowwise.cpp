@@ -280,14 +280,16 @@ void run_scalar(const RowCall& c, Isa path, const TensorView& x, const TensorVie
       }
       return;
     }
-    const auto act_gate = [&](int64_t i) {
-      return runtime::reference_activation(d.act, ops::load_element(*gate, off[kGate] + i));
+    const auto act_gate = [&](int64_t i) -> double {
+      return runtime::reference_gate(d.act, ops::load_element(*gate, off[kGate] + i));
     };
     std::vector<double> v(d.h);
     for (int64_t i = 0; i < d.h; ++i) {
       if (!lb::adds_residual(d.op)) {
         v[i] = ops::load_element(x, xb + i);
-        if (d.gate_first) v[i] *= act_gate(i);
+        if (d.gate_first)
+          v[i] =
+              runtime::reference_gated_value(d.act, v[i], ops::load_element(*gate, off[kGate] + i));
         continue;
       }
       const int64_t rb = off[kRes] + i;

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "runtime/reference_gemm.h"
+
 namespace tilejit::runtime {
 
 // 1 / sqrt(mean(v²) + eps) over the h values of a row.
@@ -42,6 +44,16 @@ inline ReferenceMoments reference_moments(const double* v, int64_t h, double eps
 // LayerNorm's value of element i: (v - mean)·rstd·w + b (w 1, b 0 without).
 inline double reference_layer_norm_value(double v, const ReferenceMoments& m, double w, double b) {
   return (v - m.mean) * m.rstd * w + b;
+}
+
+// The gated norm's gate, act(g), and with the gate first its value
+// x·act(g): f32 values by definition (the kernels form them in f32, and an
+// overflow there is ±Inf on every path), so the reference rounds them too.
+inline float reference_gate(Activation act, double g) {
+  return static_cast<float>(reference_activation(act, g));
+}
+inline float reference_gated_value(Activation act, double x, double g) {
+  return static_cast<float>(x * static_cast<double>(reference_gate(act, g)));
 }
 
 // The residual add: x + residual in f32 (one rounding), then rounded to the

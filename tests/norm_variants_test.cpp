@@ -320,7 +320,7 @@ int check_gated(const GatedCase& c, const std::vector<double>& x0, const Operand
   for (int64_t r = 0; r < c.rows; ++r) {
     for (int64_t i = 0; i < h; ++i) {
       const double g = gate.get(r, i), xi = x0[r * h + i];
-      v[i] = c.before ? xi : xi * runtime::reference_activation(c.act, g);
+      v[i] = c.before ? xi : runtime::reference_gated_value(c.act, xi, g);
       e[i] = c.before ? 0.0 : runtime::gate_first_value_error(c.act, xi, g);
     }
     const double rstd = runtime::reference_rstd(v.data(), h, eps);
@@ -328,7 +328,7 @@ int check_gated(const GatedCase& c, const std::vector<double>& x0, const Operand
     for (int64_t i = 0; i < h; ++i) {
       const double wi = w.get() ? w.at(i) : 1.0, g = gate.get(r, i);
       const double n = runtime::reference_norm_value(v[i], rstd, wi);
-      const double ref = c.before ? n * runtime::reference_activation(c.act, g) : n;
+      const double ref = c.before ? n * runtime::reference_gate(c.act, g) : n;
       const double tol = c.before
                              ? runtime::gated_norm_output_bound(c.act, g, c.out, n, ref)
                              : runtime::gate_first_output_bound(c.out, e[i], rstd, wi, rel, ref);
@@ -429,6 +429,26 @@ TEST(GatedValues, PerHeadViewsWithDifferentStrides) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H * D; ++i) x0[t * H * D + i] = xbuf.get(t, i);
   EXPECT_EQ(check_gated(c, x0, gbuf, w, out, GatedNormOptions{}.norm.eps), 0);
+}
+
+// x·act(gate) is an f32 value (the definition): where it overflows, the row
+// holds an Inf and follows the Inf rule (NaN there, 0 elsewhere) on every
+// path, the scalar one included; the norm before the gate stays finite.
+TEST(GatedValues, AGatedValueThatOverflowsIsInfOnEveryPath) {
+  TILEJIT_SKIP_IF_ISA_MISSING();
+  Operand x(DType::f32, 1, 4), gate(DType::f32, 1, 4), out(DType::f32, 1, 4);
+  for (int64_t i = 0; i < 4; ++i) {
+    x.set(0, i, 1e20);
+    gate.set(0, i, i == 0 ? 1e20 : 1.0);
+  }
+  GatedNormOptions first;
+  first.norm_before_gate = false;
+  rms_norm_gated(x.view(), gate.view(), nullptr, out.view(), first);
+  EXPECT_TRUE(std::isnan(out.get(0, 0)));
+  for (int64_t i = 1; i < 4; ++i) EXPECT_EQ(out.get(0, i), 0.0) << i;
+  rms_norm_gated(x.view(), gate.view(), nullptr, out.view());
+  EXPECT_NEAR(out.get(0, 0), 1e20, 1e14);  // 1·silu(1e20)
+  EXPECT_NEAR(out.get(0, 1), 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
 }
 
 // ---- bad input -----------------------------------------------------------------

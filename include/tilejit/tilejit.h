@@ -674,11 +674,13 @@ void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const T
 
 // LayerNorm (GPT-NeoX, Phi, Falcon, StarCoder; the vision towers of VLMs:
 // CLIP, SigLIP): out = (v - mean)·rstd·w + b, rstd = 1 / sqrt(var + eps),
-// var the population variance of the row (two passes: the mean, then the
-// squared deviations, in f32 blocks summed in double, corrected by the
-// deviations' own sum; rows no f32 sum holds are summed in double). weight
-// and bias: [h] f32 or bf16, each optional (opt.weight_plus_one: (1 + w)).
-// The rest as rms_norm (shapes, dtypes, in place, overlap).
+// var the population variance of the row: Σv and Σv² in one pass (f32
+// blocks summed in double) where mean² ≤ var; a row farther from 0 than its
+// spread takes the corrected two-pass sum (the squared deviations from the
+// f32 mean, less their sum's square); rows no f32 sum holds are computed in
+// double (docs/rowwise.md). weight and bias: [h] f32 or bf16, each optional
+// (opt.weight_plus_one: (1 + w)). The rest as rms_norm (shapes, dtypes, in
+// place, overlap); eps: NormOptions' default unless given.
 void layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias,
                 const TensorView& out, const NormOptions& opt = {});
 // residual = x + residual (rounded to its dtype), out = layer_norm(residual):
@@ -698,8 +700,10 @@ struct GatedNormOptions {
   bool norm_before_gate = true;
 };
 // x, gate, out: [..., h] f32 or bf16, equal shapes (a group-wise norm, as
-// Mamba-2's ngroups, is a [..., g, h / g] view); in f32, rounded once. out
-// may be x itself; gate may share memory with x but not with out.
+// Mamba-2's ngroups, is a [..., g, h / g] view). act(gate), and with the
+// gate first x·act(gate), are f32 values (the definition: one that
+// overflows is ±Inf, on every path), the rest in f32, rounded once to out.
+// out may be x itself; gate may share memory with x but not with out.
 void rms_norm_gated(const TensorView& x, const TensorView& gate, const TensorView* weight,
                     const TensorView& out, const GatedNormOptions& opt = {});
 

@@ -61,11 +61,11 @@ void bind_rowwise(py::module_& m) {
                                tb ? &tb->view() : nullptr, to.view(), o);
         });
   m.def("rms_norm_gated", [](const py::handle& x, const py::handle& gate, const py::handle& weight,
-                             const py::handle& out, float eps, const py::handle& act,
+                             const py::handle& out, float eps, bool plus_one, const py::handle& act,
                              bool norm_before_gate, const py::handle& dtype) {
     const StorageAs as{parse_dtype_override(dtype)};
     GatedNormOptions o;
-    o.norm.eps = eps;
+    o.norm = norm_options(eps, plus_one);
     o.act = parse_enum("act", str_arg(act, "act"), activation_table());
     o.norm_before_gate = norm_before_gate;
     DlpackTensor tx(x, "x", as), tg(gate, "gate", as), to(out, "out", as);

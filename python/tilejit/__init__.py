@@ -460,6 +460,9 @@ def _rows_into(x, out, out_dtype, dtype, call, halve=False):
     allocated = out is None
     if allocated:
         out, ret, x, out_dtype = _like(x, "x", out_dtype, dtype, halve=halve)
+    elif out_dtype is not None:
+        raise Error(f"out_dtype={out_dtype!r} with out given; allowed: out_dtype=None (it "
+                    "sizes an allocated output only: out's own dtype is the output's)")
     else:
         ret = out
     _run_into(allocated, "out", out_dtype, call, x, out)
@@ -487,7 +490,7 @@ def fused_add_rms_norm(x, residual, weight=None, out=None, eps=1e-6, weight_plus
     return out, residual
 
 
-def layer_norm(x, weight=None, bias=None, out=None, eps=1e-5, weight_plus_one=False,
+def layer_norm(x, weight=None, bias=None, out=None, eps=1e-6, weight_plus_one=False,
                out_dtype=None, dtype=None):
     """out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)
     (the population variance) per row of x [..., h] (f32 or bf16); weight
@@ -497,7 +500,7 @@ def layer_norm(x, weight=None, bias=None, out=None, eps=1e-5, weight_plus_one=Fa
         x, weight, bias, out, eps, weight_plus_one, dtype))
 
 
-def fused_add_layer_norm(x, residual, weight=None, bias=None, out=None, eps=1e-5,
+def fused_add_layer_norm(x, residual, weight=None, bias=None, out=None, eps=1e-6,
                          weight_plus_one=False, dtype=None):
     """residual = x + residual (in place, rounded to residual's dtype); out =
     layer_norm(residual). out defaults to x (in place); returns (out,
@@ -509,13 +512,14 @@ def fused_add_layer_norm(x, residual, weight=None, bias=None, out=None, eps=1e-5
 
 
 def rms_norm_gated(x, gate, weight=None, out=None, eps=1e-6, act="silu", norm_before_gate=True,
-                   out_dtype=None, dtype=None):
+                   weight_plus_one=False, out_dtype=None, dtype=None):
     """The gated RMSNorm (FLA's RMSNormGated): out = rms_norm(x) * weight *
     act(gate) (norm_before_gate, Qwen3-Next), or rms_norm(x * act(gate)) *
-    weight (Mamba-2). x, gate [..., h]; allocated of out_dtype (default:
-    x's dtype) when None. See docs/rowwise.md."""
+    weight (Mamba-2); weight_plus_one: (1 + weight). x, gate [..., h];
+    allocated of out_dtype (default: x's dtype) when None. See
+    docs/rowwise.md."""
     return _rows_into(x, out, out_dtype, dtype, lambda x, out: _core.rms_norm_gated(
-        x, gate, weight, out, eps, act, norm_before_gate, dtype))
+        x, gate, weight, out, eps, weight_plus_one, act, norm_before_gate, dtype))
 
 
 def act_and_mul(x, out=None, act="silu", clamped_swiglu=False, swiglu_alpha=1.702,

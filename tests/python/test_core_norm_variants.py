@@ -183,3 +183,28 @@ def test_sgl_gated_and_gemma():
         check(f64(o).reshape(4, -1, 64), ref, out_tol(ref, 8 * U * np.abs(ref), True))
     with pytest.raises(tilejit.Error, match="fused_qk_gemma_rmsnorm_cpu: q has shape"):
         sgl.fused_qk_gemma_rmsnorm_cpu(q, k, qw, kw, 1e-6, 50)
+
+
+def test_outside_tester_findings():
+    # out_dtype sizes an allocated output only: with out given it is refused.
+    x = torch.randn(2, 17)
+    with pytest.raises(tilejit.Error, match="out_dtype='bf16' with out given"):
+        tilejit.layer_norm(x, out=torch.empty(2, 17), out_dtype="bf16")
+    with pytest.raises(tilejit.Error, match="out_dtype='f32' with out given"):
+        tilejit.rms_norm_gated(x, x, out=torch.empty(2, 17), out_dtype="f32")
+    # The gated norm takes Gemma's (1 + w) from Python too.
+    w = torch.randn(17)
+    a = tilejit.rms_norm_gated(x, x, w, weight_plus_one=True)
+    b = tilejit.rms_norm_gated(x, x, w + 1)
+    assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    # x * act(gate) is an f32 value: an overflow is Inf, the row's Inf rule
+    # follows on every path (the scalar one in the C++ test).
+    big = torch.full((1, 4), 1e20)
+    z = torch.tensor([[1e20, 1.0, 1.0, 1.0]])
+    out = tilejit.rms_norm_gated(big, z, None, norm_before_gate=False)
+    assert torch.isnan(out[0, 0]) and (out[0, 1:] == 0).all()
+    # layer_norm's eps default is NormOptions' (1e-6), as in C and C++.
+    c = torch.tensor([[0.0, 1e-3]])
+    got = tilejit.layer_norm(c)
+    ref = (c - c.mean()) / torch.sqrt(c.var(unbiased=False) + 1e-6)
+    assert torch.allclose(got, ref, rtol=1e-5)
