@@ -1,6 +1,7 @@
 // The C API of the row-wise layer ops (include/tilejit/tilejit_c.h): thin
 // wrappers over tilejit's norms and act_and_mul.
 #include "ops/c_api_support.h"
+#include "ops/tensor_checks.h"
 
 using namespace tilejit;
 using namespace tilejit::c_api;
@@ -15,13 +16,6 @@ NormOptions norm_options(const tilejit_norm_options* opt, const char* arg = "opt
   }
   return o;
 }
-
-// An optional [h] operand as the C++ API takes it: a view, or null.
-struct OptionalView {
-  std::optional<TensorView> v;
-  OptionalView(const tilejit_tensor* t, const char* arg) : v(optional_view(t, arg)) {}
-  const TensorView* get() const { return v ? &*v : nullptr; }
-};
 
 }  // namespace
 
@@ -40,8 +34,8 @@ tilejit_status tilejit_rms_norm(const tilejit_tensor* x, const tilejit_tensor* w
                                 const tilejit_tensor* out, const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const OptionalView w(weight, "weight");
-    rms_norm(view(x, "x"), w.get(), view(out, "out"), o);
+    const auto w = optional_view(weight, "weight");
+    rms_norm(view(x, "x"), ops::opt_view(w), view(out, "out"), o);
   });
 }
 
@@ -50,8 +44,9 @@ tilejit_status tilejit_fused_add_rms_norm(const tilejit_tensor* x, const tilejit
                                           const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const OptionalView w(weight, "weight");
-    fused_add_rms_norm(view(x, "x"), view(residual, "residual"), w.get(), view(out, "out"), o);
+    const auto w = optional_view(weight, "weight");
+    fused_add_rms_norm(view(x, "x"), view(residual, "residual"), ops::opt_view(w), view(out, "out"),
+                       o);
   });
 }
 
@@ -60,8 +55,8 @@ tilejit_status tilejit_layer_norm(const tilejit_tensor* x, const tilejit_tensor*
                                   const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const OptionalView w(weight, "weight"), b(bias, "bias");
-    layer_norm(view(x, "x"), w.get(), b.get(), view(out, "out"), o);
+    const auto w = optional_view(weight, "weight"), b = optional_view(bias, "bias");
+    layer_norm(view(x, "x"), ops::opt_view(w), ops::opt_view(b), view(out, "out"), o);
   });
 }
 
@@ -71,9 +66,9 @@ tilejit_status tilejit_fused_add_layer_norm(const tilejit_tensor* x, const tilej
                                             const tilejit_norm_options* opt) {
   return call(__func__, [&] {
     const NormOptions o = norm_options(opt);
-    const OptionalView w(weight, "weight"), b(bias, "bias");
-    fused_add_layer_norm(view(x, "x"), view(residual, "residual"), w.get(), b.get(),
-                         view(out, "out"), o);
+    const auto w = optional_view(weight, "weight"), b = optional_view(bias, "bias");
+    fused_add_layer_norm(view(x, "x"), view(residual, "residual"), ops::opt_view(w),
+                         ops::opt_view(b), view(out, "out"), o);
   });
 }
 
@@ -98,8 +93,8 @@ tilejit_status tilejit_rms_norm_gated(const tilejit_tensor* x, const tilejit_ten
       o.act = to_enum<Activation>(c->act);
       o.norm_before_gate = c->norm_before_gate;
     }
-    const OptionalView w(weight, "weight");
-    rms_norm_gated(view(x, "x"), view(gate, "gate"), w.get(), view(out, "out"), o);
+    const auto w = optional_view(weight, "weight");
+    rms_norm_gated(view(x, "x"), view(gate, "gate"), ops::opt_view(w), view(out, "out"), o);
   });
 }
 
